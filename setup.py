@@ -1,0 +1,33 @@
+"""specdec_jax: exact speculative decoding for T5X-style encoder-decoder models in JAX."""
+import setuptools
+
+setuptools.setup(
+    name="specdec_jax",
+    version="0.1.0",
+    description=(
+        "Speculative decoding (Leviathan, Kalman & Matias, ICML 2023) for "
+        "T5 v1.1 encoder-decoder models in JAX/Flax, T5X-compatible."
+    ),
+    packages=setuptools.find_packages(include=["specdec_jax", "specdec_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.4.30",
+        "flax>=0.8",
+        "optax",
+        "orbax-checkpoint",
+        "tensorstore",
+        "msgpack",
+        "seqio",
+        "tensorflow-datasets",
+        "sentencepiece",
+        "absl-py",
+        "gin-config",
+        "numpy",
+        "scipy",
+        "sacrebleu",
+        "rouge-score",
+        "matplotlib",
+        "pyyaml",
+    ],
+    extras_require={"test": ["pytest"]},
+)

@@ -1,0 +1,75 @@
+"""T5 v1.1 model configuration, with the same fields and meaning as T5X's.
+
+Mirrors `t5x/examples/t5/network.py:T5Config` so that gin files written for
+T5X bind the same names (`T5Config.emb_dim = 512`, ...).
+"""
+from typing import Any, Sequence, Tuple
+
+import dataclasses
+
+import gin
+import jax.numpy as jnp
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Hyperparameters of a T5 v1.1 encoder-decoder Transformer.
+
+  Attributes:
+    vocab_size: size of the shared input/output vocabulary.
+    dtype: activation/computation dtype (float32 for CPU tests, bfloat16 on
+      TPU). Parameters are always stored in float32 (T5X's convention) unless
+      the loader is asked for another dtype.
+    emb_dim: model width d_model.
+    num_heads: attention heads.
+    num_encoder_layers / num_decoder_layers: depth of each stack.
+    head_dim: width of one head (d_kv).
+    mlp_dim: hidden width of the (gated) MLP (d_ff).
+    mlp_activations: activations of the MLP input projections; ('gelu',
+      'linear') is T5 v1.1's gated GELU, ('relu',) the original T5 MLP.
+    dropout_rate: dropout (0 at inference).
+    logits_via_embedding: tie the output projection to the input embedding
+      (False for T5 v1.1: a separate `decoder/logits_dense`).
+    float32_attention_logits: compute attention logits/softmax in float32.
+  """
+  vocab_size: int = 32128
+  dtype: Any = jnp.float32
+  emb_dim: int = 512
+  num_heads: int = 6
+  num_encoder_layers: int = 8
+  num_decoder_layers: int = 8
+  head_dim: int = 64
+  mlp_dim: int = 1024
+  mlp_activations: Sequence[str] = ("gelu", "linear")
+  dropout_rate: float = 0.0
+  logits_via_embedding: bool = False
+  float32_attention_logits: bool = False
+
+  def __post_init__(self):
+    # Gin and JSON give lists; a tuple keeps the config hashable (it is a
+    # static argument of jitted decode functions).
+    object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+    if isinstance(self.dtype, str):
+      object.__setattr__(self, "dtype", jnp.dtype(self.dtype).type)
+    for name in ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers",
+                 "num_decoder_layers", "head_dim", "mlp_dim"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"T5Config.{name} must be a positive integer, got {value!r}.")
+
+  def replace(self, **changes) -> "T5Config":
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def num_params(self) -> int:
+    """Number of parameters (T5X layout, untied logits unless configured)."""
+    e, h, d, m, v = (self.emb_dim, self.num_heads, self.head_dim, self.mlp_dim,
+                     self.vocab_size)
+    attn = 4 * e * h * d
+    mlp = len(self.mlp_activations) * e * m + m * e
+    enc = self.num_encoder_layers * (attn + mlp + 2 * e) + e + h * 32
+    dec = self.num_decoder_layers * (2 * attn + mlp + 3 * e) + e + h * 32
+    logits = 0 if self.logits_via_embedding else e * v
+    return v * e + enc + dec + logits

@@ -1,0 +1,565 @@
+"""A T5 v1.1 encoder-decoder in Flax with T5X's parameter tree and a chunked cache.
+
+The parameter tree is identical in names, shapes and kernel layout to T5X's
+`t5x/examples/t5/network.py:Transformer`, so T5X checkpoints load without
+renaming:
+
+  token_embedder/embedding                                [vocab, emb]
+  encoder/relpos_bias/rel_embedding                       [heads, 32]
+  encoder/layers_i/pre_attention_layer_norm/scale         [emb]
+  encoder/layers_i/attention/{query,key,value}/kernel     [emb, heads*head_dim]
+  encoder/layers_i/attention/out/kernel                   [heads*head_dim, emb]
+  encoder/layers_i/pre_mlp_layer_norm/scale               [emb]
+  encoder/layers_i/mlp/wi_0/kernel, wi_1/kernel           [emb, mlp]
+  encoder/layers_i/mlp/wo/kernel                          [mlp, emb]
+  encoder/encoder_norm/scale                              [emb]
+  decoder/relpos_bias/rel_embedding                       [heads, 32]
+  decoder/layers_i/{pre_self_attention_layer_norm, self_attention,
+                    pre_cross_attention_layer_norm, encoder_decoder_attention,
+                    pre_mlp_layer_norm, mlp}/...
+  decoder/decoder_norm/scale                              [emb]
+  decoder/logits_dense/kernel                             [emb, vocab]
+
+Decoding differs from T5X on purpose. T5X's cache takes one query token per
+call and writes keys by one-hot *addition*, so rewinding it would leave stale
+sums. Here a decoder call appends a chunk of K >= 1 tokens per row, written in
+place with `lax.dynamic_update_slice` at that row's own length, and attention
+is masked by length: rolling back after a rejection is just setting
+`DecodeCache.length` (nothing is copied or cleared). The encoder-decoder
+attention keys/values are projected once per input, not once per step.
+"""
+import functools
+from typing import Callable, Optional, Tuple
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from specdec_jax.models.config import T5Config
+
+Array = jax.Array
+
+NUM_RELPOS_BUCKETS = 32
+RELPOS_MAX_DISTANCE = 128
+_NEG_INF = -1e10  # T5X's mask bias value.
+
+
+# ---------------------------------------------------------------------------
+# Initializers (T5X's: variance scaling; the query's is scaled by 1/sqrt(d)).
+# ---------------------------------------------------------------------------
+def _kernel_init(scale=1.0):
+  return nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal")
+
+
+# ---------------------------------------------------------------------------
+# Relative position buckets.
+# ---------------------------------------------------------------------------
+def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool,
+                             num_buckets: int = NUM_RELPOS_BUCKETS,
+                             max_distance: int = RELPOS_MAX_DISTANCE
+                             ) -> np.ndarray:
+  """T5's bucketing of (key position - query position), in numpy float32.
+
+  Computed in numpy, as T5X does, so bucket boundaries match bit for bit.
+  """
+  ret = np.zeros_like(relative_position, dtype=np.int32)
+  n = -relative_position
+  if bidirectional:
+    num_buckets //= 2
+    ret += (n < 0).astype(np.int32) * num_buckets
+    n = np.abs(n)
+  else:
+    n = np.maximum(n, 0)
+  max_exact = num_buckets // 2
+  is_small = n < max_exact
+  with np.errstate(divide="ignore"):
+    val_if_large = max_exact + (
+        np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps) /
+        np.log(max_distance / max_exact) *
+        (num_buckets - max_exact)).astype(np.int32)
+  val_if_large = np.minimum(val_if_large, num_buckets - 1)
+  ret += np.where(is_small, n, val_if_large)
+  return ret
+
+
+@functools.lru_cache(maxsize=64)
+def _bucket_table(max_len: int, bidirectional: bool) -> np.ndarray:
+  """Buckets for every relative position in [-(max_len-1), max_len-1].
+
+  Entry `r + max_len - 1` is the bucket of relative position r. Indexing this
+  static table with traced positions keeps the bucket math in numpy.
+  """
+  rel = np.arange(-(max_len - 1), max_len, dtype=np.int32)
+  return relative_position_bucket(rel, bidirectional)
+
+
+class RelativePositionBiases(nn.Module):
+  """T5's learned relative position bias, shared by all layers of a stack."""
+  num_heads: int
+  dtype: jnp.dtype
+  bidirectional: bool
+
+  @nn.compact
+  def __call__(self, query_positions: Array, key_positions: Array,
+               max_len: int) -> Array:
+    """Bias for each (query, key) pair.
+
+    Args:
+      query_positions: [B, Q] int absolute positions.
+      key_positions: [K] int absolute positions.
+      max_len: static bound on |key - query| + 1.
+
+    Returns:
+      [B, heads, Q, K] bias in `dtype`.
+    """
+    rel_embedding = self.param(
+        "rel_embedding",
+        nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+        (self.num_heads, NUM_RELPOS_BUCKETS), jnp.float32)
+    table = jnp.asarray(_bucket_table(max_len, self.bidirectional))
+    relative = key_positions[None, None, :] - query_positions[:, :, None]
+    buckets = table[relative + max_len - 1]  # [B, Q, K]
+    # Gather per head: [heads, buckets] -> [B, heads, Q, K].
+    bias = jnp.take(rel_embedding.astype(self.dtype), buckets, axis=1)
+    return jnp.moveaxis(bias, 0, 1)
+
+
+# ---------------------------------------------------------------------------
+# Layers.
+# ---------------------------------------------------------------------------
+class LayerNorm(nn.Module):
+  """T5's RMS layer norm: no mean subtraction, no bias, computed in float32."""
+  dtype: jnp.dtype
+  epsilon: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x = jnp.asarray(x, jnp.float32)
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],),
+                       jnp.float32)
+    var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    y = jnp.asarray(x * lax.rsqrt(var + self.epsilon), self.dtype)
+    return y * jnp.asarray(scale, self.dtype)
+
+
+class DenseGeneral(nn.Module):
+  """A bias-free dense layer over arbitrary axes (T5X's DenseGeneral)."""
+  features: Tuple[int, ...]
+  axis: Tuple[int, ...] = (-1,)
+  dtype: jnp.dtype = jnp.float32
+  kernel_init: Callable = _kernel_init()
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    features = tuple(self.features)
+    axis = tuple(a % x.ndim for a in self.axis)
+    kernel_shape = tuple(x.shape[a] for a in axis) + features
+    # T5X stores every kernel flattened to 2-D [prod(in), prod(out)]
+    # (e.g. a query kernel is [emb, heads * head_dim]) and reshapes on use.
+    stored_shape = (int(np.prod(kernel_shape[:len(axis)])),
+                    int(np.prod(features)))
+    kernel = self.param("kernel", self.kernel_init, stored_shape, jnp.float32)
+    kernel = jnp.asarray(kernel, self.dtype).reshape(kernel_shape)
+    x = jnp.asarray(x, self.dtype)
+    contract = (axis, tuple(range(len(axis))))
+    return lax.dot_general(x, kernel, (contract, ((), ())))
+
+
+class MlpBlock(nn.Module):
+  """Gated MLP: prod_i act_i(x W_i) then W_o (T5 v1.1: gelu * linear)."""
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool = True) -> Array:
+    cfg = self.config
+    hidden = None
+    single = len(cfg.mlp_activations) == 1
+    for i, act in enumerate(cfg.mlp_activations):
+      h = DenseGeneral((cfg.mlp_dim,), dtype=cfg.dtype,
+                       kernel_init=_kernel_init(),
+                       name="wi" if single else f"wi_{i}")(x)
+      h = h if act == "linear" else getattr(nn, act)(h)
+      hidden = h if hidden is None else hidden * h
+    hidden = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(
+        hidden, deterministic=deterministic)
+    return DenseGeneral((x.shape[-1],), dtype=cfg.dtype,
+                        kernel_init=_kernel_init(), name="wo")(hidden)
+
+
+def _attend(query: Array, key: Array, value: Array, bias: Array,
+            config: T5Config) -> Array:
+  """Unscaled dot-product attention (T5 folds 1/sqrt(d) into the query init).
+
+  Args:
+    query: [B, Q, H, D]; key, value: [B, K, H, D]; bias: [B or 1, H, Q, K].
+
+  Returns:
+    [B, Q, H, D].
+  """
+  if config.float32_attention_logits:
+    query, key = query.astype(jnp.float32), key.astype(jnp.float32)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)
+  logits = logits + bias.astype(logits.dtype)
+  weights = jax.nn.softmax(logits).astype(config.dtype)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """T5X-layout attention whose projections can be used piecewise.
+
+  `project_kv` and `attend` let the decoder write projected keys/values into
+  its cache; `__call__` is the plain (uncached) use.
+  """
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    features = (cfg.num_heads, cfg.head_dim)
+    depth_scaling = float(np.sqrt(cfg.head_dim))
+    base = _kernel_init()
+    query_init = lambda *a: base(*a) / depth_scaling  # pylint: disable=unnecessary-lambda-assignment
+    self.query = DenseGeneral(features, dtype=cfg.dtype, kernel_init=query_init)
+    self.key = DenseGeneral(features, dtype=cfg.dtype, kernel_init=base)
+    self.value = DenseGeneral(features, dtype=cfg.dtype, kernel_init=base)
+    self.out = DenseGeneral((cfg.emb_dim,), axis=(-2, -1), dtype=cfg.dtype,
+                            kernel_init=_kernel_init())
+
+  def project_kv(self, x: Array) -> Tuple[Array, Array]:
+    """[B, L, emb] -> keys, values [B, L, H, D]."""
+    return self.key(x), self.value(x)
+
+  def attend(self, x: Array, keys: Array, values: Array, bias: Array) -> Array:
+    """Queries from x [B, Q, emb] over given keys/values; returns [B, Q, emb]."""
+    return self.out(_attend(self.query(x), keys, values, bias, self.config))
+
+  def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array) -> Array:
+    keys, values = self.project_kv(inputs_kv)
+    return self.attend(inputs_q, keys, values, bias)
+
+
+def _mask_to_bias(mask: Array, dtype) -> Array:
+  return jnp.where(mask, 0.0, _NEG_INF).astype(dtype)
+
+
+class EncoderLayer(nn.Module):
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, x: Array, bias: Array, deterministic: bool) -> Array:
+    cfg = self.config
+    drop = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+    y = LayerNorm(cfg.dtype, name="pre_attention_layer_norm")(x)
+    y = MultiHeadDotProductAttention(cfg, name="attention")(y, y, bias)
+    x = x + drop(y, deterministic=deterministic)
+    y = LayerNorm(cfg.dtype, name="pre_mlp_layer_norm")(x)
+    y = MlpBlock(cfg, name="mlp")(y, deterministic)
+    return x + drop(y, deterministic=deterministic)
+
+
+class Encoder(nn.Module):
+  config: T5Config
+  shared_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, encoder_input_tokens: Array,
+               deterministic: bool = True) -> Array:
+    """[B, S] tokens (0 = padding) -> [B, S, emb] encodings."""
+    cfg = self.config
+    length = encoder_input_tokens.shape[1]
+    valid = encoder_input_tokens > 0
+    positions = jnp.arange(length)
+    relpos = RelativePositionBiases(cfg.num_heads, cfg.dtype, True,
+                                    name="relpos_bias")(
+                                        positions[None], positions, length)
+    bias = relpos + _mask_to_bias(valid[:, None, :, None] & valid[:, None,
+                                                                   None, :],
+                                  cfg.dtype)
+    drop = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+    x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
+    x = drop(x, deterministic=deterministic).astype(cfg.dtype)
+    for i in range(cfg.num_encoder_layers):
+      x = EncoderLayer(cfg, name=f"layers_{i}")(x, bias, deterministic)
+    x = LayerNorm(cfg.dtype, name="encoder_norm")(x)
+    return drop(x, deterministic=deterministic)
+
+
+class Embed(nn.Module):
+  """Token embedding [vocab, emb] (T5X's `Embed`, param `embedding`)."""
+  num_embeddings: int
+  features: int
+  dtype: jnp.dtype
+
+  def setup(self):
+    self.embedding = self.param(
+        "embedding", nn.initializers.normal(stddev=1.0),
+        (self.num_embeddings, self.features), jnp.float32)
+
+  def __call__(self, tokens: Array) -> Array:
+    return jnp.take(jnp.asarray(self.embedding, self.dtype), tokens, axis=0)
+
+  def attend(self, query: Array) -> Array:
+    return jnp.dot(query, jnp.asarray(self.embedding, self.dtype).T)
+
+
+# ---------------------------------------------------------------------------
+# Decoder with a chunked, per-row-length cache.
+# ---------------------------------------------------------------------------
+@flax.struct.dataclass
+class DecodeCache:
+  """Decoder state for cached decoding; all layers stacked on axis 0.
+
+  Attributes:
+    keys, values: [layers, B, max_len, H, D] self-attention keys/values at
+      absolute decoder positions 0..max_len-1. Entries at positions
+      >= `length` are stale and masked out, never read.
+    cross_keys, cross_values: [layers, B, S, H, D] encoder-decoder attention
+      keys/values, projected once from the encoder output.
+    encoder_valid: [B, S] bool, False at encoder padding.
+    length: [B] int32, number of decoder positions whose keys/values are
+      valid, per row. Rolling back is `cache.replace(length=...)`.
+  """
+  keys: Array
+  values: Array
+  cross_keys: Array
+  cross_values: Array
+  encoder_valid: Array
+  length: Array
+
+  @property
+  def max_len(self) -> int:
+    return self.keys.shape[2]
+
+
+def _write_chunk(cache_rows: Array, chunk: Array, start: Array) -> Array:
+  """In-place write of a [B, K, H, D] chunk at per-row offsets start [B]."""
+  def write_row(row, new, s):
+    return lax.dynamic_update_slice(row, new, (s, 0, 0))
+  return jax.vmap(write_row)(cache_rows, chunk.astype(cache_rows.dtype), start)
+
+
+class DecoderLayer(nn.Module):
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.pre_self_attention_layer_norm = LayerNorm(cfg.dtype)
+    self.self_attention = MultiHeadDotProductAttention(cfg)
+    self.pre_cross_attention_layer_norm = LayerNorm(cfg.dtype)
+    self.encoder_decoder_attention = MultiHeadDotProductAttention(cfg)
+    self.pre_mlp_layer_norm = LayerNorm(cfg.dtype)
+    self.mlp = MlpBlock(cfg)
+    self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+
+  def _rest(self, x, y, cross_keys, cross_values, cross_bias, deterministic):
+    """Residual after self-attention, then cross-attention and MLP."""
+    x = x + self.dropout(y, deterministic=deterministic)
+    y = self.pre_cross_attention_layer_norm(x)
+    y = self.encoder_decoder_attention.attend(y, cross_keys, cross_values,
+                                              cross_bias)
+    x = x + self.dropout(y, deterministic=deterministic)
+    y = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
+    return x + self.dropout(y, deterministic=deterministic)
+
+  def __call__(self, x, encoded, self_bias, cross_bias, deterministic=True):
+    """Teacher-forced layer: x [B, T, emb], encoded [B, S, emb]."""
+    y = self.pre_self_attention_layer_norm(x)
+    y = self.self_attention(y, y, self_bias)
+    ck, cv = self.encoder_decoder_attention.project_kv(encoded)
+    return self._rest(x, y, ck, cv, cross_bias, deterministic)
+
+  def cross_kv(self, encoded):
+    return self.encoder_decoder_attention.project_kv(encoded)
+
+  def decode_chunk(self, x, keys, values, start, self_bias, cross_keys,
+                   cross_values, cross_bias):
+    """Appends a chunk to this layer's cache and runs the layer on it.
+
+    Args:
+      x: [B, K, emb] chunk inputs at positions start..start+K-1.
+      keys, values: [B, max_len, H, D] this layer's cache.
+      start: [B] write offset per row (the cache length before the chunk).
+      self_bias: [B, H, K, max_len] causal+length mask and relpos bias.
+      cross_keys, cross_values: [B, S, H, D]; cross_bias: [B, 1, 1, S].
+
+    Returns:
+      (outputs [B, K, emb], keys, values) with the chunk written in place.
+    """
+    y = self.pre_self_attention_layer_norm(x)
+    new_k, new_v = self.self_attention.project_kv(y)
+    keys = _write_chunk(keys, new_k, start)
+    values = _write_chunk(values, new_v, start)
+    y = self.self_attention.attend(y, keys, values, self_bias)
+    out = self._rest(x, y, cross_keys, cross_values, cross_bias, True)
+    return out, keys, values
+
+
+class Decoder(nn.Module):
+  config: T5Config
+  shared_embedding: nn.Module
+
+  def setup(self):
+    cfg = self.config
+    self.relpos_bias = RelativePositionBiases(cfg.num_heads, cfg.dtype, False)
+    # A list attribute names its modules layers_0, layers_1, ... as in T5X.
+    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    self.decoder_norm = LayerNorm(cfg.dtype)
+    self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+    if not cfg.logits_via_embedding:
+      self.logits_dense = DenseGeneral(
+          (cfg.vocab_size,), dtype=jnp.float32,
+          kernel_init=_kernel_init())
+
+  def _logits(self, y: Array) -> Array:
+    cfg = self.config
+    if cfg.logits_via_embedding:
+      return self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
+    return self.logits_dense(y)
+
+  def __call__(self, encoded, encoder_input_tokens, decoder_input_tokens,
+               decoder_target_tokens, deterministic=True):
+    """Teacher-forced decoder with T5X's masks: returns [B, T, vocab]."""
+    cfg = self.config
+    length = decoder_input_tokens.shape[1]
+    positions = jnp.arange(length)
+    relpos = self.relpos_bias(positions[None], positions, length)
+    target_valid = decoder_target_tokens > 0
+    causal = positions[:, None] >= positions[None, :]
+    self_mask = (causal[None, None] & target_valid[:, None, :, None]
+                 & target_valid[:, None, None, :])
+    self_bias = relpos + _mask_to_bias(self_mask, cfg.dtype)
+    enc_valid = encoder_input_tokens > 0
+    cross_bias = _mask_to_bias(
+        target_valid[:, None, :, None] & enc_valid[:, None, None, :],
+        cfg.dtype)
+    y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
+    y = self.dropout(y, deterministic=deterministic).astype(cfg.dtype)
+    for layer in self.layers:
+      y = layer(y, encoded, self_bias, cross_bias, deterministic)
+    y = self.decoder_norm(y)
+    y = self.dropout(y, deterministic=deterministic)
+    return self._logits(y)
+
+  def init_cache(self, encoded, encoder_input_tokens, max_len):
+    keys, values = zip(*[layer.cross_kv(encoded) for layer in self.layers])
+    batch = encoded.shape[0]
+    shape = (self.config.num_decoder_layers, batch, max_len,
+             self.config.num_heads, self.config.head_dim)
+    return DecodeCache(
+        keys=jnp.zeros(shape, self.config.dtype),
+        values=jnp.zeros(shape, self.config.dtype),
+        cross_keys=jnp.stack(keys), cross_values=jnp.stack(values),
+        encoder_valid=encoder_input_tokens > 0,
+        length=jnp.zeros((batch,), jnp.int32))
+
+  def decode_chunk(self, tokens, cache: DecodeCache):
+    cfg = self.config
+    start = cache.length
+    k = tokens.shape[1]
+    max_len = cache.max_len
+    query_pos = start[:, None] + jnp.arange(k)[None, :]  # [B, K]
+    key_pos = jnp.arange(max_len)
+    # Causal within the chunk; positions past the chunk are stale or empty.
+    mask = key_pos[None, None, :] <= query_pos[:, :, None]  # [B, K, L]
+    self_bias = (self.relpos_bias(query_pos, key_pos, max_len)
+                 + _mask_to_bias(mask[:, None], cfg.dtype))
+    cross_bias = _mask_to_bias(cache.encoder_valid[:, None, None, :],
+                               cfg.dtype)
+    y = self.shared_embedding(tokens.astype(jnp.int32)).astype(cfg.dtype)
+    new_keys, new_values = [], []
+    for i, layer in enumerate(self.layers):
+      y, lk, lv = layer.decode_chunk(y, cache.keys[i], cache.values[i], start,
+                                     self_bias, cache.cross_keys[i],
+                                     cache.cross_values[i], cross_bias)
+      new_keys.append(lk)
+      new_values.append(lv)
+    y = self.decoder_norm(y)
+    logits = self._logits(y)
+    cache = cache.replace(keys=jnp.stack(new_keys),
+                          values=jnp.stack(new_values), length=start + k)
+    return logits, cache
+
+
+class Transformer(nn.Module):
+  """T5 v1.1 encoder-decoder (T5X's `Transformer`), plus chunked decoding.
+
+  Methods (use with `model.apply(variables, ..., method=...)`):
+    __call__(encoder_input_tokens [B,S], decoder_input_tokens [B,T],
+      decoder_target_tokens [B,T]) -> logits [B,T,vocab]: teacher forcing.
+    encode(encoder_input_tokens [B,S]) -> [B,S,emb].
+    init_cache(encoded [B,S,emb], encoder_input_tokens [B,S], max_len)
+      -> DecodeCache with length 0 in every row.
+    decode_chunk(tokens [B,K], cache) -> (logits [B,K,vocab] float32, cache):
+      feeds K tokens per row at positions cache.length..cache.length+K-1.
+      The caller must keep cache.length + K <= max_len.
+  """
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
+    self.encoder = Encoder(cfg, self.token_embedder)
+    self.decoder = Decoder(cfg, self.token_embedder)
+
+  def encode(self, encoder_input_tokens, deterministic=True):
+    return self.encoder(encoder_input_tokens, deterministic)
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens,
+               decoder_target_tokens, deterministic=True):
+    encoded = self.encode(encoder_input_tokens, deterministic)
+    return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
+                        decoder_target_tokens, deterministic)
+
+  def init_cache(self, encoded, encoder_input_tokens, max_len: int):
+    return self.decoder.init_cache(encoded, encoder_input_tokens, max_len)
+
+  def decode_chunk(self, tokens, cache):
+    return self.decoder.decode_chunk(tokens, cache)
+
+
+def init_params(config: T5Config, rng: Array, encoder_length: int = 8,
+                decoder_length: int = 8):
+  """Random parameters in T5X's layout: {'params': {...}}."""
+  model = Transformer(config)
+  enc = jnp.ones((1, encoder_length), jnp.int32)
+  dec = jnp.ones((1, decoder_length), jnp.int32)
+  return model.init(rng, enc, dec, dec)
+
+
+def param_shapes(config: T5Config):
+  """Parameter shapes without allocating anything (for XL/XXL checks)."""
+  return jax.eval_shape(functools.partial(init_params, config),
+                        jax.random.PRNGKey(0))
+
+
+@flax.struct.dataclass
+class T5Model:
+  """A T5 `Transformer` bound to its parameters, as the decoders use it.
+
+  A pytree: `params` are traced leaves, `config` is static, so jitted decode
+  functions take it as an argument without baking weights into the program.
+  """
+  config: T5Config = flax.struct.field(pytree_node=False)
+  params: dict  # {'params': {...}} in T5X's layout.
+
+  @property
+  def module(self) -> Transformer:
+    return Transformer(self.config)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  def start(self, encoder_input_tokens: Array, max_len: int) -> DecodeCache:
+    """Encodes [B, S] inputs once; returns an empty cache of max_len slots."""
+    def fn(module, tokens):
+      return module.init_cache(module.encode(tokens), tokens, max_len)
+    return nn.apply(fn, self.module)(self.params, encoder_input_tokens)
+
+  def decode_chunk(self, tokens: Array, cache: DecodeCache
+                   ) -> Tuple[Array, DecodeCache]:
+    """Feeds tokens [B, K]; returns logits [B, K, V] and the advanced cache."""
+    return self.module.apply(self.params, tokens, cache,
+                             method=Transformer.decode_chunk)

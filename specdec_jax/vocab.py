@@ -1,0 +1,150 @@
+"""SentencePiece vocabularies following T5 conventions.
+
+T5 (and T5 v1.1) vocabularies use ``pad=0, eos=1, unk=2`` and no BOS. The
+standard one is ``gs://t5-data/vocabs/cc_all.32000/sentencepiece.model`` with
+100 extra (sentinel) ids, i.e. 32100 ids in total.
+
+``seqio`` (and with it TensorFlow) is imported lazily, so importing this module
+is cheap; :func:`get_vocabulary` does not read the model file either (seqio
+loads SentencePiece models lazily on first use).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Sequence, Union
+
+import gin
+
+DEFAULT_SPM_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
+DEFAULT_EXTRA_IDS = 100
+
+# T5 special ids.
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+
+
+@gin.configurable
+def get_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
+                   extra_ids: int = DEFAULT_EXTRA_IDS):
+  """Returns a ``seqio.SentencePieceVocabulary`` (model loaded lazily)."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  return seqio.SentencePieceVocabulary(spm_model_path, extra_ids=extra_ids)
+
+
+def train_sentencepiece(input_files: Union[str, os.PathLike,
+                                           Sequence[Union[str, os.PathLike]]],
+                        model_prefix: Union[str, os.PathLike],
+                        vocab_size: int,
+                        *,
+                        character_coverage: float = 1.0,
+                        model_type: str = "unigram",
+                        **trainer_kwargs) -> str:
+  """Trains a SentencePiece model with T5 special ids; returns the .model path.
+
+  The model uses ``pad_id=0, eos_id=1, unk_id=2, bos_id=-1`` (T5
+  conventions). Training happens in a temporary directory next to
+  ``model_prefix``; ``<model_prefix>.model`` and ``<model_prefix>.vocab`` are
+  then moved into place with ``os.replace`` so readers never see a partially
+  written model.
+
+  Args:
+    input_files: one path or a sequence of paths of plain-text training files
+      (one sentence per line).
+    model_prefix: output prefix; writes ``<model_prefix>.model/.vocab``.
+    vocab_size: size of the SentencePiece vocabulary (without extra ids).
+    character_coverage: SentencePiece ``character_coverage``.
+    model_type: SentencePiece ``model_type`` ('unigram', 'bpe', 'char',
+      'word').
+    **trainer_kwargs: further ``SentencePieceTrainer.train`` options.
+
+  Returns:
+    The path of the written ``.model`` file.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+  if isinstance(input_files, (str, os.PathLike)):
+    input_files = [input_files]
+  input_files = [os.fspath(f) for f in input_files]
+  if not input_files:
+    raise ValueError("train_sentencepiece needs at least one input file.")
+  for f in input_files:
+    if not os.path.isfile(f):
+      raise ValueError(f"SentencePiece training file not found: {f}")
+    if "," in f:
+      raise ValueError(
+          f"SentencePiece cannot take input paths containing ',': {f}")
+  for key in ("pad_id", "eos_id", "unk_id", "bos_id"):
+    if key in trainer_kwargs:
+      raise ValueError(
+          f"{key} is fixed by T5 conventions and cannot be overridden.")
+
+  trainer_kwargs.setdefault("minloglevel", 1)  # SentencePiece is chatty.
+  model_prefix = os.path.abspath(os.fspath(model_prefix))
+  out_dir = os.path.dirname(model_prefix)
+  os.makedirs(out_dir, exist_ok=True)
+  base = os.path.basename(model_prefix)
+  tmp_dir = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=out_dir)
+  try:
+    tmp_prefix = os.path.join(tmp_dir, base)
+    spm.SentencePieceTrainer.train(
+        input=",".join(input_files),
+        model_prefix=tmp_prefix,
+        vocab_size=vocab_size,
+        character_coverage=character_coverage,
+        model_type=model_type,
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        bos_id=-1,
+        **trainer_kwargs)
+    # .vocab first, so that once the .model exists its .vocab does too.
+    os.replace(tmp_prefix + ".vocab", model_prefix + ".vocab")
+    os.replace(tmp_prefix + ".model", model_prefix + ".model")
+  finally:
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+  return model_prefix + ".model"
+
+
+def _sp_processor(vocab):
+  """Returns the underlying ``SentencePieceProcessor`` of ``vocab``."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  if isinstance(vocab, spm.SentencePieceProcessor):
+    return vocab
+  if isinstance(vocab, (str, os.PathLike)):
+    path = os.fspath(vocab)
+    if "://" not in path and not os.path.isfile(path):
+      raise ValueError(f"SentencePiece model file not found: {path}")
+    return get_vocabulary(path, extra_ids=0).tokenizer
+  tokenizer = getattr(vocab, "tokenizer", None)
+  if tokenizer is None or not hasattr(tokenizer, "pad_id"):
+    raise TypeError(
+        "check_t5_vocabulary expects a seqio.SentencePieceVocabulary, a "
+        f"sentencepiece.SentencePieceProcessor or a model path, got {vocab!r}.")
+  return tokenizer
+
+
+def check_t5_vocabulary(vocab) -> None:
+  """Raises ValueError unless ``vocab`` uses T5 ids pad=0, eos=1, unk=2.
+
+  Args:
+    vocab: a ``seqio.SentencePieceVocabulary``, a
+      ``sentencepiece.SentencePieceProcessor``, or a path to a .model file.
+  """
+  sp = _sp_processor(vocab)
+  got = {"pad": sp.pad_id(), "eos": sp.eos_id(), "unk": sp.unk_id()}
+  want = {"pad": PAD_ID, "eos": EOS_ID, "unk": UNK_ID}
+  bad = [k for k in want if got[k] != want[k]]
+  if bad:
+    name = getattr(vocab, "sentencepiece_model_file", None) or (
+        os.fspath(vocab) if isinstance(vocab, (str, os.PathLike)) else
+        type(vocab).__name__)
+    raise ValueError(
+        f"SentencePiece vocabulary {name} does not follow T5 conventions: "
+        "expected pad_id=0, eos_id=1, unk_id=2 but got "
+        f"pad_id={got['pad']}, eos_id={got['eos']}, unk_id={got['unk']} "
+        f"(mismatched: {', '.join(bad)}). Train it with pad_id=0 eos_id=1 "
+        "unk_id=2 bos_id=-1 (see specdec_jax.vocab.train_sentencepiece).")

@@ -1,0 +1,305 @@
+"""Tests for specdec_jax.report on the tiny fixture in fixtures/results_small."""
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from specdec_jax import analysis
+from specdec_jax import report
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "results_small")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+ALL_OUTPUTS = [
+    "table2.md", "table2.csv", "table4.md", "speedup_vs_gamma.png",
+    "speedup_vs_gamma.svg", "alpha_by_draft.png", "alpha_by_draft.svg",
+    "example_trace.html", "example_trace.png", "timeline.png", "timeline.svg"
+]
+
+
+def _fixture_metrics():
+  out = {}
+  for name in sorted(os.listdir(FIXTURE)):
+    path = os.path.join(FIXTURE, name, "metrics.json")
+    if os.path.isfile(path):
+      with open(path) as f:
+        out[name] = json.load(f)
+  return out
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+  """Copy of the fixture rendered once via the CLI with the default output."""
+  root = tmp_path_factory.mktemp("report") / "results"
+  shutil.copytree(FIXTURE, root)
+  assert report.main([str(root)]) == 0
+  return root, root / "report"
+
+
+def _read_csv(path):
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def _snapshot(directory):
+  """{relative path: bytes} of every file under directory."""
+  out = {}
+  for dirpath, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(dirpath, name)
+      with open(path, "rb") as f:
+        out[os.path.relpath(path, directory)] = f.read()
+  return out
+
+
+class TestRender:
+
+  def test_all_files_written_and_non_empty(self, rendered):
+    _, out = rendered
+    assert sorted(os.listdir(out)) == sorted(ALL_OUTPUTS)  # No temp files.
+    for name in ALL_OUTPUTS:
+      assert (out / name).stat().st_size > 0, name
+    for name in ALL_OUTPUTS:
+      data = (out / name).read_bytes()
+      if name.endswith(".png"):
+        assert data.startswith(b"\x89PNG\r\n\x1a\n"), name
+      elif name.endswith(".svg"):
+        assert b"<svg" in data[:2000], name
+
+  def test_table2_csv_matches_fixture(self, rendered):
+    _, out = rendered
+    rows = _read_csv(out / "table2.csv")
+    metrics = _fixture_metrics()
+    assert len(rows) == len(metrics) == 8
+    for row in rows:
+      m = metrics[row["run_name"]]
+      assert row["task"] == m["task"] == "ende"
+      assert row["draft_model"] == m["draft_model"]
+      assert int(row["gamma"]) == m["gamma"]
+      assert float(row["temperature"]) == m["temperature"]
+      for key in ("alpha", "alpha_beta", "speedup", "theoretical_speedup",
+                  "cost_coefficient_c"):
+        assert float(row[key]) == m[key], key
+      assert row["quality_metric"] == "BLEU"
+      assert float(row["quality_baseline"]) == m["bleu"]["baseline"]
+      assert float(row["quality_speculative"]) == m["bleu"]["speculative"]
+
+  def test_starred_row_is_best(self, rendered):
+    _, out = rendered
+    rows = _read_csv(out / "table2.csv")
+    for temp in ("0.0", "1.0"):
+      group = [r for r in rows if r["temperature"] == temp]
+      starred = [r for r in group if r["starred"] == "1"]
+      assert len(starred) == 1
+      assert float(starred[0]["speedup"]) == max(
+          float(r["speedup"]) for r in group)
+    # Hand-checked against the fixture: T=0 best is small at gamma=7,
+    # T=1 best is base (gamma=5).
+    best = {r["temperature"]: (r["draft_model"], r["gamma"])
+            for r in rows if r["starred"] == "1"}
+    assert best == {"0.0": ("small", "7"), "1.0": ("base", "5")}
+    # One best-gamma row per (draft, temperature).
+    assert sorted((r["draft_model"], r["temperature"], r["gamma"])
+                  for r in rows if r["best_gamma_for_draft"] == "1") == [
+                      ("base", "0.0", "7"), ("base", "1.0", "5"),
+                      ("small", "0.0", "7"), ("small", "1.0", "5")]
+
+  def test_table2_md(self, rendered):
+    _, out = rendered
+    text = (out / "table2.md").read_text()
+    summary = text.split("## All sweep points")[0]
+    lines = [l for l in summary.splitlines() if l.startswith("| ende")]
+    assert len(lines) == 4
+    # Paper layout: TASK | M_q | TEMP | gamma | alpha | SPEED | ...
+    assert ("| ende | small ⋆ † | 0 | 7 | 0.75 | 2.98X | 3.16X | BLEU | "
+            "26.94 | 26.94 |") in lines
+    assert ("| ende | base ⋆ † | 1 | 5 | 0.72 | 2.26X | 2.36X | BLEU | "
+            "24.31 | 24.38 |") in lines
+    assert sum("⋆" in l for l in lines) == 2
+    assert "| TASK | M_q | TEMP | γ | α | SPEED |" in text
+
+  def test_table4_md(self, rendered):
+    _, out = rendered
+    text = (out / "table4.md").read_text()
+    m = _fixture_metrics()["ende_xxl_small_g7_t0"]
+    theory = analysis.expected_speedup(m["alpha"], m["gamma"],
+                                       m["cost_coefficient_c"])
+    tokens = m["tokens_generated"] / m["target_calls_speculative"]
+    row = (f"| ende | small † | 0 | 7 | 0.750 | 0.020 | {tokens:.2f} | "
+           f"{analysis.expected_tokens_per_iteration(0.75, 7):.2f} | "
+           f"{m['speedup']:.2f}X | {theory:.2f}X | "
+           f"{m['speedup'] / theory:.2f} |")
+    assert row in text
+    assert "Inconsistencies" not in text  # Fixture matches Theorem 3.8.
+
+  def test_trace_html(self, rendered):
+    _, out = rendered
+    text = (out / "example_trace.html").read_text()
+    assert '<span class="acc"> Das</span>' in text
+    assert '<del class="rej"> schön</del>' in text
+    assert '<span class="tgt"> wunder</span>' in text
+    assert '<span class="tgt">&lt;/s&gt;</span>' in text
+    assert text.count('<div class="line">') == 4
+
+  def test_load_results_skips_report_dir(self, rendered):
+    root, _ = rendered
+    runs = report.load_results(str(root))
+    assert len(runs) == 8
+    with_preds = [r["run_name"] for r in runs if r["predictions_path"]]
+    assert with_preds == ["ende_xxl_small_g5_t0"]
+
+  def test_trace_lines(self):
+    lines = report.trace_lines([
+        {"draft_tokens": ["▁a", "▁b", "▁c"], "num_accepted": 1,
+         "target_token": "▁x"},
+        {"draft_tokens": ["▁d"], "num_accepted": 1, "target_token": None},
+    ])
+    assert lines == [("", [" a"], [" b", " c"], " x"),
+                     (" a x", [" d"], [], "")]
+
+
+class TestRougeTable:
+
+  def test_rouge_quality_and_star(self):
+    base = dict(task="cnndm", target_model="xxl", gamma=5, temperature=0.0,
+                num_examples=4, tokens_generated=100,
+                target_calls_baseline=100, target_calls_speculative=40,
+                walltime_baseline_s=4.0, walltime_speculative_s=2.0,
+                cost_coefficient_c=0.02, theoretical_speedup=2.0,
+                rouge={"baseline": {"rouge1": 40.0, "rouge2": 18.0,
+                                    "rougeLsum": 37.5},
+                       "speculative": {"rouge1": 40.0, "rouge2": 18.0,
+                                       "rougeLsum": 37.5}},
+                predictions_path=None)
+    runs = [dict(base, draft_model="small", alpha=0.65, speedup=2.1,
+                 run_name="a"),
+            dict(base, draft_model="base", alpha=0.73, speedup=2.3,
+                 run_name="b")]
+    assert report.quality(runs[0]) == ("ROUGE-L", 37.5, 37.5)
+    md, text = report.render_table2(runs)
+    assert "| cnndm | base ⋆ | 0 | 5 | 0.73 | 2.30X |" in md
+    assert "ROUGE-L | 37.50 | 37.50" in md
+    rows = list(csv.DictReader(text.splitlines()))
+    assert [r["draft_model"] for r in rows] == ["small", "base"]  # By size.
+    assert [r["starred"] for r in rows] == ["0", "1"]
+
+
+def _copy_fixture(tmp_path):
+  root = tmp_path / "results"
+  shutil.copytree(FIXTURE, root)
+  return root
+
+
+def _corrupt(root):
+  path = root / "ende_xxl_base_g5_t0" / "metrics.json"
+  path.write_text('{"task": "ende", "gamma": 5,')  # Truncated JSON.
+  return path
+
+
+def _foreign(root):
+  path = root / "ende_xxl_small_g3_t0" / "metrics.json"
+  path.write_text(json.dumps({"loss": 1.23, "step": 1000}))
+  return path
+
+
+def _list_json(root):
+  path = root / "ende_xxl_small_g3_t0" / "metrics.json"
+  path.write_text("[1, 2, 3]")
+  return path
+
+
+def _bad_alpha(root):
+  path = root / "ende_xxl_base_g7_t0" / "metrics.json"
+  m = json.loads(path.read_text())
+  m["alpha"] = 1.5
+  path.write_text(json.dumps(m))
+  return path
+
+
+def _bad_predictions(root):
+  path = root / "ende_xxl_small_g5_t0" / "predictions.jsonl"
+  path.write_text(path.read_text().splitlines()[0] + "\n{not json\n")
+  return path
+
+
+class TestBadInput:
+
+  @pytest.mark.parametrize("make_bad,expect", [
+      (_corrupt, "not valid JSON"),
+      (_foreign, "missing required keys"),
+      (_list_json, "expected a JSON object"),
+      (_bad_alpha, "'alpha' must be a number in [0, 1], got 1.5"),
+      (_bad_predictions, "not valid JSON"),
+  ])
+  def test_bad_file_exit_2_nothing_written(self, tmp_path, capsys, make_bad,
+                                           expect):
+    root = _copy_fixture(tmp_path)
+    bad = make_bad(root)
+    # An existing output dir with an old report must stay untouched.
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "table2.md").write_text("old")
+    before = _snapshot(root), _snapshot(out)
+    assert report.main([str(root), "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    # Progress lines may precede it; the error itself is one (last) line.
+    errors = [l for l in err.splitlines() if l.startswith("report: error: ")]
+    assert len(errors) == 1 and err.splitlines()[-1] == errors[0], err
+    assert str(bad) in errors[0] and expect in errors[0]
+    assert (_snapshot(root), _snapshot(out)) == before
+    # With the default output dir, nothing is created.
+    assert report.main([str(root)]) == 2
+    assert not (root / "report").exists()
+
+  def test_missing_dir(self, tmp_path, capsys):
+    missing = tmp_path / "nope"
+    assert report.main([str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"{missing}: results directory does not exist" in err
+    assert not missing.exists()
+
+  def test_empty_dir(self, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    assert report.main([str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert f"{empty}: no run directories with a metrics.json found" in err
+    assert os.listdir(empty) == ["sub"]
+
+  def test_subprocess_cli(self, tmp_path):
+    root = _copy_fixture(tmp_path)
+    bad = _foreign(root)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec_jax.report", str(root)],
+        capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (root / "report").exists()
+
+
+def test_skips_absent_figures(tmp_path, caplog):
+  """Without predictions.jsonl, the trace and timeline are skipped, logged."""
+  root = tmp_path / "results"
+  run = root / "only"
+  run.mkdir(parents=True)
+  shutil.copy(os.path.join(FIXTURE, "ende_xxl_small_g5_t0", "metrics.json"),
+              run / "metrics.json")
+  caplog.set_level("INFO", logger=report.logger.name)
+  written = report.render_report(str(root), str(tmp_path / "out"))
+  assert sorted(written) == sorted(
+      n for n in ALL_OUTPUTS
+      if not n.startswith(("example_trace", "timeline")))
+  assert "skipping example_trace" in caplog.text
+  assert "skipping timeline" in caplog.text
+  for path in written.values():
+    assert os.path.getsize(path) > 0

@@ -1,0 +1,313 @@
+"""Tests for specdec_jax.vocab and specdec_jax.tasks (offline).
+
+A tiny SentencePiece model is trained in the test; the TFDS datasets are
+mocked with ``tfds.testing.mock_data(policy=MockPolicy.USE_CODE)``, which
+builds random examples from the dataset classes shipped with TFDS (no
+metadata files, no downloads, GCS access is mocked out).
+"""
+
+import os
+import random
+import string
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from specdec_jax import tasks
+from specdec_jax import vocab as vocab_lib
+
+TEST_SUFFIX = "_pytest_tiny_spm"
+
+
+def _write_corpus(path):
+  rng = random.Random(0)
+  syllables = ("ka ne ri to mu sa le di pho gra ber ung sch ein der die das "
+               "und the and of to in is was house haus").split()
+  lines = []
+  for _ in range(400):
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 3)))
+             for _ in range(rng.randint(3, 12))]
+    lines.append(" ".join(words))
+  # Cover all characters that mocked TFDS text / the task prefixes use.
+  lines.append(" ".join(string.ascii_letters + string.digits))
+  lines.append(tasks.WMT_ENDE_PREFIX + tasks.CNN_DM_PREFIX)
+  path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+  return path
+
+
+@pytest.fixture(scope="module")
+def spm_path(tmp_path_factory):
+  d = tmp_path_factory.mktemp("spm")
+  corpus = _write_corpus(d / "corpus.txt")
+  path = vocab_lib.train_sentencepiece([corpus], d / "tiny", vocab_size=160)
+  return path
+
+
+@pytest.fixture(scope="module")
+def vocab(spm_path):
+  return vocab_lib.get_vocabulary(spm_path, extra_ids=10)
+
+
+@pytest.fixture(scope="module")
+def task_names(spm_path):
+  return tasks.register_tasks(spm_path, extra_ids=10, suffix=TEST_SUFFIX)
+
+
+# ----------------------------------------------------------------------------
+# Vocabulary.
+# ----------------------------------------------------------------------------
+
+
+def test_import_does_not_load_tensorflow():
+  code = ("import sys, specdec_jax.tasks, specdec_jax.vocab, "
+          "specdec_jax.metrics; "
+          "bad = [m for m in ('tensorflow', 'seqio', 'tensorflow_datasets') "
+          "if m in sys.modules]; assert not bad, bad")
+  subprocess.run([sys.executable, "-c", code], check=True,
+                 cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
+def test_train_sentencepiece_uses_t5_ids(spm_path):
+  import sentencepiece as spm
+  assert spm_path.endswith("tiny.model") and os.path.isfile(spm_path)
+  assert os.path.isfile(spm_path[:-len(".model")] + ".vocab")
+  # Atomic write: the temporary training directory is gone.
+  assert sorted(os.listdir(os.path.dirname(spm_path))) == [
+      "corpus.txt", "tiny.model", "tiny.vocab"]
+  sp = spm.SentencePieceProcessor(model_file=spm_path)
+  assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
+  assert sp.get_piece_size() == 160
+  assert sp.id_to_piece(1) == "</s>"
+
+
+def test_seqio_vocabulary_ids(vocab, spm_path):
+  vocab_lib.check_t5_vocabulary(vocab)
+  vocab_lib.check_t5_vocabulary(spm_path)
+  assert vocab.eos_id == 1 and vocab.unk_id == 2 and vocab.pad_id == 0
+  assert vocab.vocab_size == 160 + 10
+
+
+def test_check_t5_vocabulary_rejects_default_spm_ids(tmp_path, spm_path):
+  import sentencepiece as spm
+  corpus = os.path.join(os.path.dirname(spm_path), "corpus.txt")
+  prefix = str(tmp_path / "default_ids")
+  spm.SentencePieceTrainer.train(input=corpus, model_prefix=prefix,
+                                 vocab_size=160, minloglevel=2)
+  bad = vocab_lib.get_vocabulary(prefix + ".model", extra_ids=0)
+  with pytest.raises(ValueError, match=r"pad_id=-1, eos_id=2, unk_id=0"):
+    vocab_lib.check_t5_vocabulary(bad)
+  with pytest.raises(ValueError, match="does not follow T5 conventions"):
+    vocab_lib.check_t5_vocabulary(prefix + ".model")
+
+
+def test_train_sentencepiece_validates_inputs(tmp_path):
+  with pytest.raises(ValueError, match="not found"):
+    vocab_lib.train_sentencepiece(tmp_path / "nope.txt", tmp_path / "m", 100)
+  (tmp_path / "c.txt").write_text("a b c\n")
+  with pytest.raises(ValueError, match="pad_id"):
+    vocab_lib.train_sentencepiece(tmp_path / "c.txt", tmp_path / "m", 100,
+                                  pad_id=3)
+
+
+def test_default_vocabulary_is_lazy():
+  v = vocab_lib.get_vocabulary()
+  assert v.sentencepiece_model_file == vocab_lib.DEFAULT_SPM_PATH
+  assert v.extra_ids == 100
+  assert v._model is None  # pylint: disable=protected-access
+
+
+# ----------------------------------------------------------------------------
+# encode_batch / decode_tokens.
+# ----------------------------------------------------------------------------
+
+
+def test_encode_batch_eos_truncation_padding(vocab):
+  texts = ["ka ne ri", "the house and the haus " * 5, "x"]
+  full = [vocab.encode(t) for t in texts]
+  out = tasks.encode_batch(vocab, texts, max_length=12)
+  assert out.shape == (3, 12) and out.dtype == np.int32
+  for row, ids in zip(out, full):
+    n = min(len(ids), 11)
+    np.testing.assert_array_equal(row[:n], ids[:n])
+    assert row[n] == 1  # EOS last
+    assert (row[n + 1:] == 0).all()  # padding
+  assert len(full[1]) > 11 and out[1, -1] == 1  # truncated, EOS kept
+  with pytest.raises(ValueError):
+    tasks.encode_batch(vocab, texts, max_length=0)
+
+
+def test_decode_tokens_stops_at_eos_and_ignores_pad(vocab):
+  texts = ["ka ne ri", "the house"]
+  enc = tasks.encode_batch(vocab, texts, max_length=16)
+  assert tasks.decode_tokens(vocab, enc) == texts
+  junk = enc.copy()
+  junk[0, len(vocab.encode(texts[0])) + 1:] = vocab.encode("was")[0]
+  # Leading pad (decoder start) is ignored too.
+  shifted = np.concatenate([np.zeros((2, 1), np.int32), junk], axis=1)
+  assert tasks.decode_tokens(vocab, shifted) == texts
+  with pytest.raises(ValueError, match="2-D"):
+    tasks.decode_tokens(vocab, enc[0])
+
+
+# ----------------------------------------------------------------------------
+# Local files.
+# ----------------------------------------------------------------------------
+
+
+def _write(path, text):
+  path.write_text(text, encoding="utf-8")
+  return str(path)
+
+
+def test_read_parallel_text_files_and_tsv(tmp_path):
+  en = _write(tmp_path / "x.en", "Hello world.\nGood morning.\n")
+  de = _write(tmp_path / "x.de", "Hallo Welt.\r\nGuten Morgen.")
+  pairs = tasks.read_parallel_text(en, de)
+  assert pairs == [("Hello world.", "Hallo Welt."),
+                   ("Good morning.", "Guten Morgen.")]
+  tsv = _write(tmp_path / "x.tsv", "Hello world.\tHallo Welt.\n"
+               "Good morning.\tGuten Morgen.\n")
+  assert tasks.read_parallel_text(tsv) == pairs
+
+
+@pytest.mark.parametrize("files,pattern", [
+    ({"a.en": "a\nb\nc\n", "a.de": "x\ny\n"},
+     r"a\.en has 3 lines but .*a\.de has 2 lines .*a\.en:3"),
+    ({"a.en": "a\n\nc\n", "a.de": "x\ny\nz\n"}, r"a\.en:2: empty source"),
+    ({"a.en": "a\nb\nc\n", "a.de": "x\ny\n  \n"},
+     r"a\.de:3: empty reference"),
+    ({"a.en": "", "a.de": ""}, r"a\.en is empty"),
+    ({"a.tsv": "a\tx\nb\ty\tz\n"}, r"a\.tsv:2: expected exactly 2 .* got 3"),
+    ({"a.tsv": "a\tx\nb\n"}, r"a\.tsv:2: expected exactly 2 .* got 1"),
+    ({"a.tsv": "a\tx\n\t y\n"}, r"a\.tsv:2: empty source"),
+    ({"a.tsv": "a\t\n"}, r"a\.tsv:1: empty reference"),
+    ({"a.en": "a\n"}, r"Reference file not found: .*a\.de"),
+    ({}, r"TSV file not found: .*a\.tsv"),
+])
+def test_read_parallel_text_errors(tmp_path, files, pattern):
+  for name, text in files.items():
+    _write(tmp_path / name, text)
+  if "a.tsv" in files or not files:
+    args = (str(tmp_path / "a.tsv"),)
+  else:
+    args = (str(tmp_path / "a.en"), str(tmp_path / "a.de"))
+  with pytest.raises(ValueError, match=pattern):
+    tasks.read_parallel_text(*args)
+  with pytest.raises(ValueError, match=pattern):
+    tasks.load_examples(source_file=args[0],
+                        reference_file=args[1] if len(args) > 1 else None)
+
+
+def test_load_examples_from_local_files(tmp_path):
+  en = _write(tmp_path / "x.en", "one\ntwo\nthree\n")
+  de = _write(tmp_path / "x.de", "eins\nzwei\ndrei\n")
+  got = tasks.load_examples(source_file=en, reference_file=de,
+                            input_prefix=tasks.WMT_ENDE_PREFIX,
+                            num_examples=2)
+  assert got == [
+      {"input": "translate English to German: one", "reference": "eins"},
+      {"input": "translate English to German: two", "reference": "zwei"},
+  ]
+  tsv = _write(tmp_path / "x.tsv", "an article\ta summary\n")
+  assert tasks.load_examples(source_file=tsv) == [
+      {"input": "an article", "reference": "a summary"}]
+
+
+def test_load_examples_argument_validation(tmp_path):
+  with pytest.raises(ValueError, match="exactly one of"):
+    tasks.load_examples()
+  with pytest.raises(ValueError, match="exactly one of"):
+    tasks.load_examples(mixture_or_task_name="x", source_file="y")
+
+
+# ----------------------------------------------------------------------------
+# seqio tasks (mocked TFDS).
+# ----------------------------------------------------------------------------
+
+
+def test_default_tasks_registered_without_touching_vocab():
+  import seqio
+  names = tasks.register_default_tasks()
+  assert names == [tasks.WMT_ENDE_TASK, tasks.CNN_DM_TASK]
+  for name in names:
+    task = seqio.get_mixture_or_task(name)
+    v = task.output_features["targets"].vocabulary
+    assert v.sentencepiece_model_file == vocab_lib.DEFAULT_SPM_PATH
+    assert v._model is None  # pylint: disable=protected-access
+  assert tasks.get_task_kind(tasks.WMT_ENDE_TASK) == "translation"
+  assert tasks.get_task_kind(tasks.CNN_DM_TASK) == "summarization"
+  src = seqio.get_mixture_or_task(tasks.WMT_ENDE_TASK).source
+  assert src.tfds_dataset.name == "wmt_t2t_translate/de-en:1.0.0"
+  src = seqio.get_mixture_or_task(tasks.CNN_DM_TASK).source
+  assert src.tfds_dataset.name == "cnn_dailymail:3.4.0"
+
+
+def test_register_tasks_is_idempotent(task_names, spm_path):
+  assert tasks.register_tasks(spm_path, extra_ids=10,
+                              suffix=TEST_SUFFIX) == task_names
+  with pytest.raises(ValueError, match="different configuration"):
+    tasks.register_tasks(spm_path, extra_ids=0, suffix=TEST_SUFFIX)
+
+
+@pytest.mark.parametrize("index,prefix", [(0, tasks.WMT_ENDE_PREFIX),
+                                          (1, tasks.CNN_DM_PREFIX)])
+def test_tfds_tasks_end_to_end_with_mock_data(task_names, vocab, index,
+                                              prefix):
+  import seqio
+  import tensorflow_datasets as tfds
+  name = task_names[index]
+  task = seqio.get_mixture_or_task(name)
+  assert task.output_features["inputs"].vocabulary.sentencepiece_model_file \
+      == vocab.sentencepiece_model_file
+  with tfds.testing.mock_data(num_examples=3,
+                              policy=tfds.testing.MockPolicy.USE_CODE):
+    ds = task.get_dataset(sequence_length={"inputs": 512, "targets": 512},
+                          split="validation", shuffle=False,
+                          try_in_mem_cache=False)
+    exs = list(ds.as_numpy_iterator())
+    loaded = tasks.load_examples(mixture_or_task_name=name, split="test",
+                                 num_examples=2)
+  assert len(exs) == 3
+  for ex in exs:
+    assert ex["inputs"][-1] == 1 and ex["targets"][-1] == 1
+    assert 1 not in ex["inputs"][:-1].tolist()
+    decoded = vocab.decode(ex["inputs"].tolist())
+    assert decoded.startswith(prefix.strip())
+    raw = ex["inputs_pretokenized"].decode()
+    assert raw.startswith(prefix)
+    # The tiny vocab covers the mock alphabet: decoding is lossless up to
+    # whitespace normalization.
+    assert decoded == " ".join(raw.split())
+  assert len(loaded) == 2
+  for ex, got in zip(exs, loaded):  # deterministic mock data, same order
+    assert set(got) == {"input", "reference"}
+    assert got["input"] == ex["inputs_pretokenized"].decode()
+    assert got["reference"] == ex["targets_pretokenized"].decode()
+    assert got["input"].startswith(prefix)
+
+
+def test_local_task_end_to_end(tmp_path, spm_path, vocab):
+  import seqio
+  en = _write(tmp_path / "x.en", "the house\nka ne ri\n")
+  de = _write(tmp_path / "x.de", "das haus\nmu sa le\n")
+  name = tasks.register_local_task("specdec_local" + TEST_SUFFIX, en, de,
+                                   spm_model_path=spm_path, extra_ids=10)
+  assert tasks.get_task_kind(name) == "translation"
+  ds = seqio.get_mixture_or_task(name).get_dataset(
+      sequence_length=None, split="validation", shuffle=False)
+  exs = list(ds.as_numpy_iterator())
+  assert [vocab.decode(e["inputs"].tolist()) for e in exs] == [
+      "translate English to German: the house",
+      "translate English to German: ka ne ri"]
+  assert [e["targets"][-1] for e in exs] == [1, 1]
+  assert tasks.load_examples(mixture_or_task_name=name) == [
+      {"input": "translate English to German: the house",
+       "reference": "das haus"},
+      {"input": "translate English to German: ka ne ri",
+       "reference": "mu sa le"}]
+  with pytest.raises(ValueError, match=r"x\.en:2: empty source"):
+    tasks.register_local_task("specdec_bad" + TEST_SUFFIX,
+                              _write(tmp_path / "x.en", "a\n\n"), de,
+                              spm_model_path=spm_path)
