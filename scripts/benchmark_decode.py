@@ -1,0 +1,20 @@
+#!/usr/bin/env python
+"""Decode benchmark CLI: baseline vs speculative decoding walltime.
+
+A thin wrapper over `specdec_jax.benchmarking` (see its docstring for what is
+measured and how). Acceptance is SYNTHETIC (each draft token accepted with
+probability alpha): the numbers are timings, not quality results.
+
+Example (CPU, a few minutes):
+  python scripts/benchmark_decode.py --target small --draft xsmall \
+      --max_decode_length 64 --output benchmarks/cpu_small.json
+
+Sizes: tiny, mini, xsmall, small, base, large, xl, xxl, or a gin file
+binding T5Config (e.g. gin/models/t5_1_1_small.gin).
+"""
+import sys
+
+from specdec_jax import benchmarking
+
+if __name__ == "__main__":
+  sys.exit(benchmarking.main(sys.argv[1:]))

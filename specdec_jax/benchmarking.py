@@ -1,0 +1,960 @@
+"""Decode benchmark: baseline vs speculative walltime, cost curves, c, overhead.
+
+What it measures, for a target and a draft T5 config with random weights, on
+the default JAX backend (see `scripts/benchmark_decode.py` for the CLI):
+
+* `baseline_ms_per_token`: `decoding.temperature_sample` (the target alone)
+  over `max_decode_length` tokens with eos_id=-1 (it never stops early),
+  walltime / max_decode_length. Includes the one-off encoding.
+* `target_cost_ratio_by_k`: the target's time for one `decode_chunk` call of
+  K new tokens (cache filled to `fill_length`), divided by K = 1's.
+* `draft_ms_per_step`, `target_ms_per_step` (one-token calls) and the cost
+  coefficient c = draft / target (Definition 3.7).
+* `iteration_split_ms[γ]`: one speculative iteration (Algorithm 1 as
+  `decoding.speculative_iteration` runs it) split into the draft loop
+  (`drafter.propose`, γ draft steps), the target's γ+1 chunk, and the rest
+  (total - the two: acceptance, standardization, bookkeeping, rollback).
+* `points`: for each (α, γ), the speculative decoder's walltime over the
+  same number of tokens with a *synthetic* acceptance rule (each draft token
+  accepted independently with probability α), the measured speedup over the
+  baseline, Theorem 3.8's prediction for α, γ and the measured c, and the
+  efficiency = measured / theoretical.
+
+Synthetic acceptance is for timing only: the emitted tokens are not samples
+of the target's distribution. It lives in this module only and is never
+reachable from `decoding.speculative_sample`; the output says
+`"synthetic_acceptance": true`.
+
+Timing method. Every timed function is jitted; the first call (compile and
+first run) is a warm-up whose excess over the median run is reported as
+`compile_time_s`, never part of a timing. Timings are medians over
+`repeats` runs, each ended by `jax.block_until_ready`. Per-call costs (K
+sweep, draft step, iteration split) run `inner_steps` calls inside one
+jitted `lax.fori_loop` (carrying the cache, so nothing is hoisted or
+dead-code eliminated) and divide: like the decode loops themselves, they then
+pay no per-call dispatch. Each call resets the cache length to the fill
+length (alternating +0/+1 so nothing is loop-invariant).
+"""
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from specdec_jax import analysis
+from specdec_jax import decoding
+from specdec_jax.models.config import T5Config
+from specdec_jax.models.t5 import T5Model
+from specdec_jax.models.t5 import init_params
+
+Array = jax.Array
+
+# ---------------------------------------------------------------------------
+# Model sizes.
+# ---------------------------------------------------------------------------
+_T5_VOCAB = 32128
+
+# T5 v1.1 sizes (T5X's t5_1_1/*.gin) plus small test/CPU configs.
+MODEL_SIZES: Dict[str, Dict[str, Any]] = {
+    # Tests only.
+    "tiny": dict(vocab_size=128, emb_dim=32, num_heads=4, head_dim=8,
+                 mlp_dim=64, num_encoder_layers=2, num_decoder_layers=2),
+    "mini": dict(vocab_size=128, emb_dim=16, num_heads=2, head_dim=8,
+                 mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1),
+    # A ~4-layer, 256-wide draft for T5 small (CPU benchmarks).
+    "xsmall": dict(vocab_size=_T5_VOCAB, emb_dim=256, num_heads=4,
+                   head_dim=64, mlp_dim=512, num_encoder_layers=4,
+                   num_decoder_layers=4),
+    "small": dict(vocab_size=_T5_VOCAB, emb_dim=512, num_heads=6, head_dim=64,
+                  mlp_dim=1024, num_encoder_layers=8, num_decoder_layers=8),
+    "base": dict(vocab_size=_T5_VOCAB, emb_dim=768, num_heads=12, head_dim=64,
+                 mlp_dim=2048, num_encoder_layers=12, num_decoder_layers=12),
+    "large": dict(vocab_size=_T5_VOCAB, emb_dim=1024, num_heads=16,
+                  head_dim=64, mlp_dim=2816, num_encoder_layers=24,
+                  num_decoder_layers=24),
+    "xl": dict(vocab_size=_T5_VOCAB, emb_dim=2048, num_heads=32, head_dim=64,
+               mlp_dim=5120, num_encoder_layers=24, num_decoder_layers=24),
+    "xxl": dict(vocab_size=_T5_VOCAB, emb_dim=4096, num_heads=64, head_dim=64,
+                mlp_dim=10240, num_encoder_layers=24, num_decoder_layers=24),
+}
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+# Peak HBM bandwidth in GB/s by (substring of) jax device_kind; first match
+# wins, so more specific names come first.
+DEVICE_BANDWIDTH_GBPS: List[Tuple[str, float]] = [
+    ("H100 PCIe", 2000.0),
+    ("H100 NVL", 3900.0),
+    ("H100", 3350.0),
+    ("H200", 4800.0),
+    ("A100-SXM4-40GB", 1555.0),
+    ("A100-PCIE-40GB", 1555.0),
+    ("A100", 2039.0),
+    ("TPU v4", 1200.0),
+    ("TPU v5 lite", 819.0),
+    ("TPU v5e", 819.0),
+    ("TPU v5p", 2765.0),
+]
+
+
+def default_bandwidth_gbps(device_kind: str) -> Optional[float]:
+  """Known peak memory bandwidth of a device kind, or None."""
+  for key, value in DEVICE_BANDWIDTH_GBPS:
+    if key.lower() in device_kind.lower():
+      return value
+  return None
+
+
+class BenchmarkFlagError(ValueError):
+  """A bad flag value; the message names the flag, the value and what is allowed."""
+
+
+def _flag_error(flag: str, value: Any, allowed: str) -> BenchmarkFlagError:
+  return BenchmarkFlagError(
+      f"--{flag}: invalid value {value!r} (allowed: {allowed}).")
+
+
+# ---------------------------------------------------------------------------
+# Gin files: only the T5Config bindings, without touching gin's global state.
+# ---------------------------------------------------------------------------
+_REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+class _GinMacro:
+
+  def __init__(self, name):
+    self.name = name
+
+
+class _GinReference:
+
+  def __init__(self, name):
+    self.name = name
+
+
+def _gin_delegate():
+  from gin import config_parser  # pylint: disable=g-import-not-at-top
+
+  class Delegate(config_parser.ParserDelegate):
+
+    def configurable_reference(self, scoped_configurable_name, evaluate):
+      return _GinReference(scoped_configurable_name)
+
+    def macro(self, macro_name):
+      return _GinMacro(macro_name)
+
+  return Delegate()
+
+
+def _resolve_include(name: str, including: pathlib.Path
+                     ) -> Optional[pathlib.Path]:
+  candidates = [pathlib.Path(name)]
+  if not os.path.isabs(name):
+    candidates += [including.parent / name, _REPO_ROOT / name,
+                   _REPO_ROOT / "gin" / name]
+  for c in candidates:
+    if c.is_file():
+      return c
+  return None
+
+
+def _read_gin(path: pathlib.Path, bindings: Dict[str, Any],
+              macros: Dict[str, Any], missing: List[str], depth: int = 0
+              ) -> None:
+  from gin import config_parser  # pylint: disable=g-import-not-at-top
+  if depth > 20:
+    raise ValueError(f"{path}: gin includes nested too deeply (a cycle?).")
+  parser = config_parser.ConfigParser(path.read_text(), _gin_delegate())
+  for statement in parser:
+    if isinstance(statement, config_parser.IncludeStatement):
+      included = _resolve_include(statement.filename, path)
+      if included is None:
+        missing.append(statement.filename)
+      else:
+        _read_gin(included, bindings, macros, missing, depth + 1)
+    elif isinstance(statement, config_parser.BindingStatement):
+      if statement.scope:
+        continue
+      if not statement.arg_name:  # A macro definition: NAME = value.
+        macros[statement.selector] = statement.value
+      elif statement.selector.split(".")[-1] == "T5Config":
+        bindings[statement.arg_name] = statement.value
+
+
+def _resolve_macros(value, macros, path):
+  for _ in range(50):
+    if not isinstance(value, _GinMacro):
+      break
+    name = value.name.split("/")[-1]
+    if name not in macros:
+      raise ValueError(f"{path}: gin macro %{value.name} is not defined.")
+    value = macros[name]
+  if isinstance(value, (list, tuple)):
+    return type(value)(_resolve_macros(v, macros, path) for v in value)
+  return value
+
+
+def load_gin_config(path: os.PathLike) -> Tuple[T5Config, List[str]]:
+  """The T5Config bound in a (T5X-style) gin file, plus unresolved includes.
+
+  Reads `T5Config.<field> = ...` bindings under any module prefix (e.g.
+  `network.T5Config`), in line or block form, following includes it can find
+  (relative to the file, the repository root or `gin/`) and macros. Gin's
+  global configuration is not touched. A `dtype` bound to a configurable
+  reference is ignored (the benchmark's --dtype decides).
+
+  Raises:
+    ValueError: unreadable file, no T5Config binding, unknown field, or an
+      unsupported value.
+  """
+  path = pathlib.Path(path)
+  bindings: Dict[str, Any] = {}
+  macros: Dict[str, Any] = {}
+  missing: List[str] = []
+  try:
+    _read_gin(path, bindings, macros, missing)
+  except OSError as e:
+    raise ValueError(f"{path}: cannot read ({e.strerror}).") from None
+  except SyntaxError as e:
+    raise ValueError(f"{path}: gin syntax error: {e}") from None
+  if not bindings:
+    raise ValueError(
+        f"{path}: no T5Config bindings found"
+        + (f" (includes not found: {', '.join(missing)})" if missing else "")
+        + ".")
+  fields = {f.name for f in dataclasses.fields(T5Config)}
+  kwargs = {}
+  for name, value in bindings.items():
+    if name not in fields:
+      raise ValueError(f"{path}: T5Config has no field {name!r} (fields: "
+                       f"{', '.join(sorted(fields))}).")
+    value = _resolve_macros(value, macros, path)
+    if isinstance(value, _GinReference):
+      if name == "dtype":
+        continue
+      raise ValueError(f"{path}: T5Config.{name} = @{value.name} is not "
+                       "supported by the benchmark's gin reader.")
+    kwargs[name] = value
+  return T5Config(**kwargs), missing
+
+
+def resolve_model_config(spec: str, flag: str
+                         ) -> Tuple[T5Config, str, List[str]]:
+  """A size name from MODEL_SIZES or a gin file path -> (config, label, warnings)."""
+  if spec in MODEL_SIZES:
+    return T5Config(**MODEL_SIZES[spec]), spec, []
+  looks_like_path = spec.endswith(".gin") or os.sep in spec
+  if not looks_like_path:
+    raise _flag_error(flag, spec, "one of " + ", ".join(MODEL_SIZES) +
+                      ", or the path of a gin file binding T5Config")
+  if not os.path.isfile(spec):
+    raise _flag_error(flag, spec, "an existing gin file or one of " +
+                      ", ".join(MODEL_SIZES))
+  try:
+    config, missing = load_gin_config(spec)
+  except ValueError as e:
+    raise BenchmarkFlagError(f"--{flag}: {e}") from None
+  warnings = [f"--{flag}: {spec}: include {m!r} not found (ignored)"
+              for m in missing]
+  return config, spec, warnings
+
+
+# ---------------------------------------------------------------------------
+# Flags.
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class BenchmarkConfig:
+  """Validated benchmark settings (see `parse_flags` for their meaning)."""
+  target: str = "small"
+  draft: str = "xsmall"
+  target_config: Optional[T5Config] = None
+  draft_config: Optional[T5Config] = None
+  alphas: Tuple[float, ...] = (0.5, 0.75, 0.9)
+  gammas: Tuple[int, ...] = (1, 3, 5, 7)
+  chunk_sizes: Tuple[int, ...] = (1, 2, 4, 8, 16)
+  batch_size: int = 1
+  input_length: int = 64
+  max_decode_length: int = 64
+  fill_length: Optional[int] = None  # Default: max_decode_length // 2.
+  repeats: int = 5
+  inner_steps: int = 8
+  temperature: float = 0.0
+  dtype: str = "float32"
+  device_bandwidth_gbps: Optional[float] = None
+  output: Optional[str] = "benchmark.json"
+  seed: int = 0
+  warnings: Tuple[str, ...] = ()
+
+
+def _default_dtype() -> str:
+  return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+
+def _parse_list(flag, text, kind, allowed, check):
+  items = [s.strip() for s in str(text).split(",")]
+  if not items or any(not s for s in items):
+    raise _flag_error(flag, text, allowed)
+  values = []
+  for s in items:
+    try:
+      v = kind(s)
+    except ValueError:
+      raise _flag_error(flag, s, allowed) from None
+    if not check(v):
+      raise _flag_error(flag, s, allowed)
+    values.append(v)
+  return tuple(dict.fromkeys(values))  # Dedupe, keep order.
+
+
+def _parse_int(flag, text, minimum, allowed=None):
+  allowed = allowed or f"an integer >= {minimum}"
+  try:
+    v = int(str(text).strip())
+  except ValueError:
+    raise _flag_error(flag, text, allowed) from None
+  if v < minimum:
+    raise _flag_error(flag, text, allowed)
+  return v
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog="benchmark_decode",
+      description="Decode benchmark: baseline vs speculative walltime "
+      "(synthetic acceptance), target cost vs chunk size, cost coefficient "
+      "c, iteration split, Theorem 3.8 efficiency.")
+  sizes = ", ".join(MODEL_SIZES)
+  p.add_argument("--target", default="small",
+                 help=f"target model: a size ({sizes}) or a gin file")
+  p.add_argument("--draft", default="xsmall",
+                 help=f"draft model: a size ({sizes}) or a gin file")
+  p.add_argument("--alphas", default="0.5,0.75,0.9",
+                 help="synthetic acceptance rates, comma-separated in [0, 1]")
+  p.add_argument("--gammas", default="1,3,5,7",
+                 help="draft tokens per iteration, comma-separated ints >= 1")
+  p.add_argument("--chunk_sizes", default="1,2,4,8,16",
+                 help="K values of the target cost curve (1 is always added)")
+  p.add_argument("--batch_size", default="1")
+  p.add_argument("--input_length", default="64",
+                 help="encoder input tokens per row")
+  p.add_argument("--max_decode_length", default="64",
+                 help="tokens generated per row (eos never stops a row)")
+  p.add_argument("--fill_length", default=None,
+                 help="decoder cache fill for per-call timings "
+                 "(default max_decode_length // 2)")
+  p.add_argument("--repeats", default="5", help="timed runs (median)")
+  p.add_argument("--inner_steps", default="8",
+                 help="calls per timed program for per-call costs")
+  p.add_argument("--temperature", default="0.0",
+                 help="sampling temperature of both decoders (0 = greedy)")
+  p.add_argument("--dtype", default=None,
+                 help="float32 or bfloat16 (default: bfloat16 on "
+                 "accelerators, float32 on CPU); params are cast to it")
+  p.add_argument("--device_bandwidth_gbps", default=None,
+                 help="peak memory bandwidth for the bandwidth bound "
+                 "(default: known value for the device kind, else omitted)")
+  p.add_argument("--seed", default="0")
+  p.add_argument("--output", default="benchmark.json",
+                 help="JSON output path ('' to skip)")
+  return p
+
+
+def parse_flags(argv: Optional[Sequence[str]] = None) -> BenchmarkConfig:
+  """Parses and validates flags; raises BenchmarkFlagError (no compilation)."""
+  args = build_arg_parser().parse_args(argv)
+  return validate(
+      target=args.target, draft=args.draft, alphas=args.alphas,
+      gammas=args.gammas, chunk_sizes=args.chunk_sizes,
+      batch_size=args.batch_size, input_length=args.input_length,
+      max_decode_length=args.max_decode_length, fill_length=args.fill_length,
+      repeats=args.repeats, inner_steps=args.inner_steps,
+      temperature=args.temperature, dtype=args.dtype,
+      device_bandwidth_gbps=args.device_bandwidth_gbps, seed=args.seed,
+      output=args.output)
+
+
+def validate(*, target="small", draft="xsmall", alphas="0.5,0.75,0.9",
+             gammas="1,3,5,7", chunk_sizes="1,2,4,8,16", batch_size=1,
+             input_length=64, max_decode_length=64, fill_length=None,
+             repeats=5, inner_steps=8, temperature=0.0, dtype=None,
+             device_bandwidth_gbps=None, seed=0, output="benchmark.json"
+             ) -> BenchmarkConfig:
+  """Checks every setting (strings or values) and returns a BenchmarkConfig.
+
+  Raises:
+    BenchmarkFlagError naming the flag, the bad value and what is allowed.
+  """
+  def as_text(x):
+    return ",".join(str(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+  alphas = _parse_list("alphas", as_text(alphas), float,
+                       "comma-separated numbers in [0, 1]",
+                       lambda a: 0.0 <= a <= 1.0)
+  gammas = _parse_list("gammas", as_text(gammas), int,
+                       "comma-separated integers >= 1", lambda g: g >= 1)
+  ks = _parse_list("chunk_sizes", as_text(chunk_sizes), int,
+                   "comma-separated integers >= 1", lambda k: k >= 1)
+  ks = tuple(sorted(set(ks) | {1}))
+  batch_size = _parse_int("batch_size", batch_size, 1)
+  input_length = _parse_int("input_length", input_length, 1)
+  max_decode_length = _parse_int("max_decode_length", max_decode_length, 1)
+  if fill_length is None:
+    fill_length = max_decode_length // 2
+  else:
+    fill_length = _parse_int(
+        "fill_length", fill_length, 0,
+        f"an integer in [0, max_decode_length - 1 = {max_decode_length - 1}]")
+    if fill_length >= max_decode_length:
+      raise _flag_error(
+          "fill_length", fill_length,
+          f"an integer in [0, max_decode_length - 1 = "
+          f"{max_decode_length - 1}]")
+  repeats = _parse_int("repeats", repeats, 1)
+  inner_steps = _parse_int("inner_steps", inner_steps, 1)
+  seed = _parse_int("seed", seed, 0)
+  try:
+    temperature = float(temperature)
+  except (TypeError, ValueError):
+    raise _flag_error("temperature", temperature, "a number >= 0") from None
+  if not temperature >= 0.0 or math.isinf(temperature):
+    raise _flag_error("temperature", temperature, "a finite number >= 0")
+  if dtype is None:
+    dtype = _default_dtype()
+  if dtype not in DTYPES:
+    raise _flag_error("dtype", dtype, ", ".join(DTYPES))
+  if device_bandwidth_gbps is not None:
+    try:
+      bw = float(device_bandwidth_gbps)
+    except (TypeError, ValueError):
+      raise _flag_error("device_bandwidth_gbps", device_bandwidth_gbps,
+                        "a number > 0 (GB/s)") from None
+    if not bw > 0.0 or math.isinf(bw):
+      raise _flag_error("device_bandwidth_gbps", device_bandwidth_gbps,
+                        "a finite number > 0 (GB/s)")
+    device_bandwidth_gbps = bw
+  if output:
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+      raise _flag_error("output", output,
+                        "a file path in an existing directory")
+  target_config, target_label, w1 = resolve_model_config(target, "target")
+  draft_config, draft_label, w2 = resolve_model_config(draft, "draft")
+  if draft_config.vocab_size != target_config.vocab_size:
+    raise BenchmarkFlagError(
+        f"--draft: {draft!r} has vocab_size {draft_config.vocab_size} but "
+        f"--target {target!r} has {target_config.vocab_size} (allowed: a "
+        "draft with the target's vocabulary).")
+  return BenchmarkConfig(
+      target=target_label, draft=draft_label,
+      target_config=target_config.replace(dtype=DTYPES[dtype]),
+      draft_config=draft_config.replace(dtype=DTYPES[dtype]),
+      alphas=alphas, gammas=gammas, chunk_sizes=ks, batch_size=batch_size,
+      input_length=input_length, max_decode_length=max_decode_length,
+      fill_length=fill_length, repeats=repeats, inner_steps=inner_steps,
+      temperature=temperature, dtype=dtype,
+      device_bandwidth_gbps=device_bandwidth_gbps, output=output or None,
+      seed=seed, warnings=tuple(w1 + w2))
+
+
+# ---------------------------------------------------------------------------
+# Synthetic acceptance (timing only; never used by speculative_sample).
+# ---------------------------------------------------------------------------
+def synthetic_accept(rng: Array, target_probs: Array, draft_probs: Array,
+                     draft_tokens: Array, *, alpha) -> Tuple[Array, Array]:
+  """An `accept_fn` that accepts each draft token with probability alpha.
+
+  n = number of leading successes of γ independent Bernoulli(alpha) trials
+  (u < alpha with u ~ U[0, 1): alpha = 1 accepts all, alpha = 0 none); the
+  next token is the argmax of the target's row n. For timing only: the
+  output is NOT distributed as the target's.
+
+  Args:
+    rng: PRNG key.
+    target_probs: [B, γ+1, V].
+    draft_probs: [B, γ, V] (unused).
+    draft_tokens: [B, γ].
+    alpha: acceptance probability (Python float or traced scalar).
+
+  Returns:
+    (num_accepted [B] int32, next_token [B] int32).
+  """
+  del draft_probs
+  batch, gamma = draft_tokens.shape
+  u = jax.random.uniform(rng, (batch, gamma))
+  accepted = (u < alpha).astype(jnp.int32)
+  n = jnp.sum(jnp.cumprod(accepted, axis=-1), axis=-1).astype(jnp.int32)
+  next_token = jnp.argmax(target_probs[jnp.arange(batch), n], axis=-1)
+  return n, next_token.astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticAccept:
+  """`synthetic_accept` at a fixed alpha, hashable (usable as a static arg)."""
+  alpha: float
+
+  def __call__(self, rng, target_probs, draft_probs, draft_tokens):
+    return synthetic_accept(rng, target_probs, draft_probs, draft_tokens,
+                            alpha=self.alpha)
+
+
+def expected_accepted(alpha: float, gamma: int) -> Tuple[float, float]:
+  """Mean and variance of n = leading successes of γ Bernoulli(alpha) trials."""
+  k = np.arange(gamma + 1)
+  prob = alpha**k * np.where(k < gamma, 1.0 - alpha, 1.0)
+  mean = float(np.sum(k * prob))
+  return mean, float(np.sum((k - mean)**2 * prob))
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_length",
+                                             "temperature"))
+def _synthetic_speculative_loop(target, drafter, encoder_input_tokens, rng,
+                                alpha, eos_id, *, gamma, max_decode_length,
+                                temperature):
+  # alpha is traced: one compilation per γ serves every α.
+  return decoding._speculative_loop(  # pylint: disable=protected-access
+      target, drafter, encoder_input_tokens, rng, gamma=gamma,
+      max_decode_length=max_decode_length, temperature=temperature, top_k=0,
+      top_p=1.0, eos_id=eos_id,
+      accept_fn=functools.partial(synthetic_accept, alpha=alpha))
+
+
+# ---------------------------------------------------------------------------
+# Jitted timing programs.
+# ---------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames=("max_len",))
+def _start(model, encoder_input_tokens, *, max_len):
+  return model.start(encoder_input_tokens, max_len)
+
+
+@jax.jit
+def _prefill(model, cache, tokens):
+  _, cache = model.decode_chunk(tokens, cache)
+  return cache
+
+
+@functools.partial(jax.jit, static_argnames=("steps",))
+def _chunk_loop(model, cache, tokens, fill, *, steps):
+  """`steps` decode_chunk calls of tokens [B, K], each at length fill(+1)."""
+  vocab = model.vocab_size
+
+  def body(i, carry):
+    cache, acc = carry
+    logits, cache = model.decode_chunk(
+        (tokens + i) % vocab, cache.replace(length=fill + i % 2))
+    return cache, acc + logits[0, -1, 0].astype(jnp.float32)
+
+  return lax.fori_loop(0, steps, body, (cache, jnp.float32(0.0)))
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "temperature", "steps"))
+def _propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma,
+                  temperature, steps):
+  """`steps` drafter.propose calls (γ draft steps each) at length fill(+1)."""
+
+  def body(i, carry):
+    state, acc = carry
+    n = fill + i % 2
+    state, tokens, probs = drafter.propose(
+        state.replace(length=n), buffer, n, jax.random.fold_in(rng, i),
+        gamma=gamma, temperature=temperature, top_k=0, top_p=1.0)
+    return state, acc + probs[0, -1, 0] + jnp.sum(tokens).astype(jnp.float32)
+
+  return lax.fori_loop(0, steps, body, (draft_state, jnp.float32(0.0)))
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_length",
+                                             "temperature", "steps"))
+def _iteration_loop(target, drafter, state, fill, rng, alpha, eos_id, *,
+                    gamma, max_decode_length, temperature, steps):
+  """`steps` full speculative iterations, each from length fill(+1)."""
+  accept_fn = functools.partial(synthetic_accept, alpha=alpha)
+
+  def body(i, s):
+    n = fill + i % 2
+    s = s.replace(length=n, done=jnp.zeros_like(s.done),
+                  target_cache=s.target_cache.replace(length=n),
+                  draft_state=s.draft_state.replace(length=n))
+    return decoding.speculative_iteration(
+        target, drafter, s, rng, gamma=gamma,
+        max_decode_length=max_decode_length, temperature=temperature,
+        top_k=0, top_p=1.0, eos_id=eos_id, accept_fn=accept_fn)
+
+  return lax.fori_loop(0, steps, body, state)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_length",
+                                             "fill"))
+def _make_state(target, drafter, encoder_input_tokens, target_cache,
+                draft_cache, prefix, *, gamma, max_decode_length, fill):
+  """A speculative loop state around caches that hold `fill` positions."""
+  s = decoding.init_speculative_state(target, drafter, encoder_input_tokens,
+                                      gamma=gamma,
+                                      max_decode_length=max_decode_length)
+  return s.replace(buffer=s.buffer.at[:, :prefix.shape[1]].set(prefix),
+                   target_cache=target_cache, draft_state=draft_cache,
+                   length=jnp.full_like(s.length, fill))
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _init_params(config, rng):
+  return init_params(config, rng)
+
+
+class _Timer:
+  """Warm-up then median-of-repeats timing; records compile estimates."""
+
+  def __init__(self, repeats: int, log: Callable[[str], None]):
+    self.repeats = repeats
+    self.compile_time_s: Dict[str, float] = {}
+    self.log = log
+
+  def __call__(self, name: str, fn: Callable[[], Any]) -> Tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(self.repeats):
+      t0 = time.perf_counter()
+      out = jax.block_until_ready(fn())
+      times.append(time.perf_counter() - t0)
+    median = statistics.median(times)
+    self.compile_time_s[name] = max(first - median, 0.0)
+    self.log(f"  {name}: {median * 1e3:.3f} ms (median of {self.repeats}; "
+             f"warm-up {first:.2f} s)")
+    return median, out
+
+
+def _decoder_param_bytes(params) -> int:
+  """Bytes of parameters read per decoder step: decoder stack + logits."""
+  tree = params["params"]
+  total = sum(x.size * x.dtype.itemsize
+              for x in jax.tree_util.tree_leaves(tree["decoder"]))
+  emb = tree["token_embedder"]["embedding"]
+  return int(total + emb.shape[1] * emb.dtype.itemsize)  # One embedding row.
+
+
+def _kv_bytes_per_step(config: T5Config, batch: int, max_len: int,
+                       input_length: int) -> int:
+  """Cache bytes read per decoder step (masked attention reads all slots)."""
+  itemsize = jnp.dtype(config.dtype).itemsize
+  per_pos = 2 * config.num_decoder_layers * config.num_heads * config.head_dim
+  return int(batch * per_pos * (max_len + input_length) * itemsize)
+
+
+def _cast_params(params, dtype):
+  return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+
+
+def _config_dict(config: T5Config) -> Dict[str, Any]:
+  d = dataclasses.asdict(config)
+  d["dtype"] = jnp.dtype(config.dtype).name
+  d["mlp_activations"] = list(config.mlp_activations)
+  d["num_params"] = config.num_params
+  return d
+
+
+# ---------------------------------------------------------------------------
+# The benchmark.
+# ---------------------------------------------------------------------------
+def run_benchmark(cfg: BenchmarkConfig,
+                  log: Callable[[str], None] = lambda s: None
+                  ) -> Dict[str, Any]:
+  """Runs every measurement of the module docstring; returns the JSON dict."""
+  for w in cfg.warnings:
+    log(f"warning: {w}")
+  device = jax.devices()[0]
+  backend = jax.default_backend()
+  device_kind = str(getattr(device, "device_kind", backend))
+  dtype = DTYPES[cfg.dtype]
+  mdl, fill, batch = cfg.max_decode_length, cfg.fill_length, cfg.batch_size
+  timer = _Timer(cfg.repeats, log)
+  eos_never = jnp.asarray(-1, jnp.int32)
+
+  # Models with random weights, stored in the compute dtype.
+  t0 = time.perf_counter()
+  keys = jax.random.split(jax.random.PRNGKey(cfg.seed), 5)
+  target_params = _cast_params(_init_params(cfg.target_config, keys[0]), dtype)
+  draft_params = _cast_params(_init_params(cfg.draft_config, keys[1]), dtype)
+  target = T5Model(cfg.target_config, target_params)
+  draft = T5Model(cfg.draft_config, draft_params)
+  drafter = decoding.T5Drafter(draft)
+  vocab = cfg.target_config.vocab_size
+  # Token ids in [2, V): no padding (0) and no EOS (1).
+  encoder_inputs = jax.random.randint(keys[2], (batch, cfg.input_length), 2,
+                                      vocab, jnp.int32)
+  prefix = jax.random.randint(keys[3], (batch, fill + 2), 2, vocab, jnp.int32)
+  prefix = prefix.at[:, 0].set(0)
+  rng = keys[4]
+  jax.block_until_ready((target_params, draft_params, encoder_inputs, prefix))
+  setup_s = time.perf_counter() - t0
+  log(f"backend {backend} ({device_kind}), dtype {cfg.dtype}, target "
+      f"{cfg.target} ({cfg.target_config.num_params / 1e6:.1f}M params), "
+      f"draft {cfg.draft} ({cfg.draft_config.num_params / 1e6:.1f}M)")
+
+  # Baseline: the target alone, never stopping early.
+  log("baseline (temperature_sample):")
+  baseline_s, out = timer("baseline", lambda: decoding.temperature_sample(
+      target, encoder_inputs, rng, max_decode_length=mdl,
+      temperature=cfg.temperature, eos_id=-1))
+  if not np.all(np.asarray(out.lengths) == mdl):
+    raise RuntimeError(f"baseline generated {out.lengths}, expected {mdl}")
+  baseline_ms_per_token = baseline_s * 1e3 / mdl
+
+  # Caches for per-call timings: one length for every K and every γ (the
+  # target's γ+1 chunk is one of the K sweep's points), filled to `fill`.
+  steps = cfg.inner_steps
+  ks = tuple(sorted(set(cfg.chunk_sizes) | {g + 1 for g in cfg.gammas}))
+  cache_len = mdl + max(ks) + 2
+  fill_vec = jnp.full((batch,), fill, jnp.int32)
+
+  # Fixed per-sequence cost: encoding + cache allocation.
+  log("start (encode + cache init):")
+  target_start_s, target_cache = timer("target_start", lambda: _start(
+      target, encoder_inputs, max_len=cache_len))
+  draft_start_s, draft_cache = timer("draft_start", lambda: _start(
+      draft, encoder_inputs, max_len=cache_len))
+  if fill:
+    target_cache = _prefill(target, target_cache, prefix[:, :fill])
+    draft_cache = _prefill(draft, draft_cache, prefix[:, :fill])
+
+  # Target cost vs chunk size K, and the draft's one-token step.
+  log(f"target decode_chunk by K (fill {fill}, {steps} calls per run):")
+  target_ms_by_k = {}
+  for k in ks:
+    tokens = jnp.tile(prefix[:, 1:2], (1, k))
+    s, _ = timer(f"target_chunk_k{k}", lambda: _chunk_loop(
+        target, target_cache, tokens, fill_vec, steps=steps))
+    target_ms_by_k[k] = s * 1e3 / steps
+  log("draft decode_chunk K=1:")
+  s, _ = timer("draft_chunk_k1", lambda: _chunk_loop(
+      draft, draft_cache, prefix[:, 1:2], fill_vec, steps=steps))
+  draft_ms_per_step = s * 1e3 / steps
+  target_ms_per_step = target_ms_by_k[1]
+  ratio_by_k = {k: v / target_ms_per_step for k, v in target_ms_by_k.items()}
+  c = float(analysis.cost_coefficient(draft_ms_per_step, target_ms_per_step))
+
+  # Per γ: the iteration split, then the full loop at every α.
+  split_alpha = float(cfg.alphas[len(cfg.alphas) // 2])
+  iteration_split = {}
+  points = []
+  for gamma in cfg.gammas:
+    log(f"gamma {gamma}: iteration split (alpha {split_alpha}):")
+    state = _make_state(target, drafter, encoder_inputs, target_cache,
+                        draft_cache, prefix, gamma=gamma,
+                        max_decode_length=mdl, fill=fill)
+    s, _ = timer(f"propose_g{gamma}", lambda: _propose_loop(
+        drafter, state.draft_state, state.buffer, fill_vec, rng, gamma=gamma,
+        temperature=cfg.temperature, steps=steps))
+    draft_ms = s * 1e3 / steps
+    target_ms = target_ms_by_k[gamma + 1]
+    s, _ = timer(f"iteration_g{gamma}", lambda: _iteration_loop(
+        target, drafter, state, fill_vec, rng, jnp.float32(split_alpha),
+        eos_never, gamma=gamma, max_decode_length=mdl,
+        temperature=cfg.temperature, steps=steps))
+    total_ms = s * 1e3 / steps
+    iteration_split[gamma] = {
+        "draft_ms": draft_ms, "target_ms": target_ms,
+        "other_ms": total_ms - draft_ms - target_ms, "total_ms": total_ms,
+        "draft_ms_model_only": gamma * draft_ms_per_step,
+        "target_cost_ratio": target_ms / target_ms_per_step,
+    }
+    del state
+
+    for alpha in cfg.alphas:
+      log(f"gamma {gamma}, alpha {alpha}: speculative loop:")
+      spec_s, out = timer(f"speculative_g{gamma}_a{alpha}", lambda: (
+          _synthetic_speculative_loop(
+              target, drafter, encoder_inputs, rng, jnp.float32(alpha),
+              eos_never, gamma=gamma, max_decode_length=mdl,
+              temperature=float(cfg.temperature))))
+      lengths = np.asarray(out.lengths)
+      if not np.all(lengths == mdl):
+        raise RuntimeError(f"speculative generated {lengths}, expected {mdl}")
+      stats = out.statistics()
+      iterations = int(np.max(np.asarray(out.target_calls)))
+      measured = baseline_s / spec_s
+      theoretical = float(analysis.expected_speedup(alpha, gamma, c))
+      expected_tokens = float(
+          analysis.expected_tokens_per_iteration(alpha, gamma))
+      split = iteration_split[gamma]
+      # Theorem 3.8 with the measured cost of the γ+1 chunk instead of 1.
+      chunk_adjusted = expected_tokens / (gamma * c + split["target_cost_ratio"])
+      # Walltime predicted from the measured pieces: per-sequence start cost
+      # plus iterations x measured iteration time.
+      modeled_ms = ((target_start_s + draft_start_s) * 1e3 +
+                    iterations * split["total_ms"])
+      points.append({
+          "alpha": float(alpha), "gamma": gamma,
+          "speculative_ms": spec_s * 1e3,
+          "speculative_ms_per_token": spec_s * 1e3 / mdl,
+          "measured_speedup": measured,
+          "theoretical_speedup": theoretical,
+          "efficiency": measured / theoretical,
+          "tokens_per_target_call": stats["tokens_per_target_call"],
+          "expected_tokens_per_call": expected_tokens,
+          "alpha_hat": stats["alpha_hat"],
+          "iterations": iterations,
+          "theoretical_speedup_chunk_adjusted": chunk_adjusted,
+          "efficiency_chunk_adjusted": measured / chunk_adjusted,
+          "modeled_speculative_ms": modeled_ms,
+          "unexplained_ms": spec_s * 1e3 - modeled_ms,
+      })
+
+  # Memory-bandwidth bound of the baseline.
+  bandwidth = cfg.device_bandwidth_gbps
+  bandwidth_source = "flag" if bandwidth is not None else None
+  if bandwidth is None:
+    bandwidth = default_bandwidth_gbps(device_kind)
+    bandwidth_source = "device_kind" if bandwidth is not None else None
+  param_bytes = _decoder_param_bytes(target_params)
+  kv_bytes = _kv_bytes_per_step(cfg.target_config, batch, mdl + 1,
+                                cfg.input_length)
+
+  result: Dict[str, Any] = {
+      "synthetic_acceptance": True,
+      "synthetic_acceptance_note": (
+          "timing only: each draft token accepted independently with "
+          "probability alpha; outputs are not target samples"),
+      "backend": backend,
+      "device_kind": device_kind,
+      "device_count": jax.device_count(),
+      "jax_version": jax.__version__,
+      "target": cfg.target,
+      "draft": cfg.draft,
+      "target_config": _config_dict(cfg.target_config),
+      "draft_config": _config_dict(cfg.draft_config),
+      "dtype": cfg.dtype,
+      "batch_size": batch,
+      "input_length": cfg.input_length,
+      "max_decode_length": mdl,
+      "fill_length": fill,
+      "repeats": cfg.repeats,
+      "inner_steps": steps,
+      "temperature": cfg.temperature,
+      "seed": cfg.seed,
+      "baseline_ms_per_token": baseline_ms_per_token,
+      "baseline_ms": baseline_s * 1e3,
+      "target_start_ms": target_start_s * 1e3,
+      "draft_start_ms": draft_start_s * 1e3,
+      "target_ms_by_k": {str(k): v for k, v in target_ms_by_k.items()},
+      "target_cost_ratio_by_k": {str(k): v for k, v in ratio_by_k.items()},
+      "target_ms_per_step": target_ms_per_step,
+      "draft_ms_per_step": draft_ms_per_step,
+      "cost_coefficient_c": c,
+      "iteration_split_alpha": split_alpha,
+      "iteration_split_ms": {str(g): v for g, v in iteration_split.items()},
+      "points": points,
+      "target_decoder_param_bytes_per_token": param_bytes,
+      "target_kv_cache_bytes_per_token": kv_bytes,
+      "setup_time_s": setup_s,
+      "compile_time_s": float(sum(timer.compile_time_s.values())),
+      "compile_time_s_by_function": timer.compile_time_s,
+      "warnings": list(cfg.warnings),
+  }
+  if bandwidth is not None:
+    bound_ms = param_bytes / (bandwidth * 1e9) * 1e3
+    result.update({
+        "device_bandwidth_gbps": bandwidth,
+        "device_bandwidth_source": bandwidth_source,
+        "baseline_bandwidth_bound_ms_per_token": bound_ms,
+        "baseline_bandwidth_bound_ms_per_token_with_kv":
+            (param_bytes + kv_bytes) / (bandwidth * 1e9) * 1e3,
+        # >= 1: how many times slower than streaming the params at peak.
+        "baseline_to_bandwidth_bound_ratio": baseline_ms_per_token / bound_ms,
+    })
+  return result
+
+
+# ---------------------------------------------------------------------------
+# Output.
+# ---------------------------------------------------------------------------
+def format_report(r: Dict[str, Any]) -> str:
+  """A readable multi-table summary of a `run_benchmark` result."""
+  lines = [
+      "SYNTHETIC ACCEPTANCE (timing only: draft tokens accepted i.i.d. with "
+      "probability alpha)",
+      f"backend {r['backend']} ({r['device_kind']}), jax {r['jax_version']}, "
+      f"dtype {r['dtype']}, batch {r['batch_size']}, input "
+      f"{r['input_length']}, decode {r['max_decode_length']} tokens",
+      f"target {r['target']} ({r['target_config']['num_params'] / 1e6:.1f}M)"
+      f", draft {r['draft']} ({r['draft_config']['num_params'] / 1e6:.1f}M)",
+      "",
+      f"baseline            {r['baseline_ms_per_token']:9.3f} ms/token",
+      f"target step (K=1)   {r['target_ms_per_step']:9.3f} ms",
+      f"draft step (K=1)    {r['draft_ms_per_step']:9.3f} ms",
+      f"cost coefficient c  {r['cost_coefficient_c']:9.4f}",
+      f"start (encode)      target {r['target_start_ms']:.3f} ms, draft "
+      f"{r['draft_start_ms']:.3f} ms",
+  ]
+  if "baseline_bandwidth_bound_ms_per_token" in r:
+    lines.append(
+        f"bandwidth bound     {r['baseline_bandwidth_bound_ms_per_token']:9.4f}"
+        f" ms/token at {r['device_bandwidth_gbps']:.0f} GB/s "
+        f"(baseline is {r['baseline_to_bandwidth_bound_ratio']:.2f}x it)")
+  lines += ["", "target decode_chunk cost by K (ratio to K=1):",
+            "     K     ms/call   ratio"]
+  for k, ratio in r["target_cost_ratio_by_k"].items():
+    lines.append(f"  {k:>4}  {r['target_ms_by_k'][k]:10.3f}  {ratio:6.2f}")
+  lines += ["", f"one speculative iteration (ms; alpha "
+            f"{r['iteration_split_alpha']}):",
+            "  gamma     draft    target     other     total"]
+  for g, s in r["iteration_split_ms"].items():
+    lines.append(f"  {g:>5}  {s['draft_ms']:8.3f}  {s['target_ms']:8.3f}  "
+                 f"{s['other_ms']:8.3f}  {s['total_ms']:8.3f}")
+  lines += ["", "speedup over the baseline (same tokens):",
+            "  alpha  gamma  tok/call  measured  theory(3.8)  efficiency"
+            "  theory(K-adj)  eff(K-adj)"]
+  for p in r["points"]:
+    lines.append(
+        f"  {p['alpha']:5.2f}  {p['gamma']:5d}  {p['tokens_per_target_call']:8.2f}"
+        f"  {p['measured_speedup']:8.3f}  {p['theoretical_speedup']:11.3f}"
+        f"  {p['efficiency']:10.3f}  {p['theoretical_speedup_chunk_adjusted']:13.3f}"
+        f"  {p['efficiency_chunk_adjusted']:10.3f}")
+  lines += ["", f"compile time (excluded from timings): "
+            f"{r['compile_time_s']:.1f} s"]
+  return "\n".join(lines)
+
+
+def write_json_atomic(path: os.PathLike, obj: Any) -> None:
+  """Writes JSON via a temp file in the same directory and os.replace."""
+  path = os.path.abspath(path)
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
+                             prefix=os.path.basename(path) + ".",
+                             suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(obj, f, indent=2, sort_keys=False)
+      f.write("\n")
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """CLI entry point; returns the exit status (2 on a bad flag)."""
+  try:
+    cfg = parse_flags(argv)
+  except BenchmarkFlagError as e:
+    print(f"benchmark_decode: error: {e}", file=sys.stderr)
+    return 2
+  log = functools.partial(print, file=sys.stderr, flush=True)
+  result = run_benchmark(cfg, log=log)
+  print(format_report(result))
+  if cfg.output:
+    write_json_atomic(cfg.output, result)
+    print(f"wrote {cfg.output}")
+  return 0

@@ -1,0 +1,255 @@
+"""Exactness of the decoders.
+
+* Greedy identity: speculative output == target-alone output, token for
+  token, for γ ∈ {1, 3, 7}, batch 1 and 4, EOS early and late.
+* Distribution: at temperature 1 (and with top-k, and with top-p) the joint
+  distribution of the first 3 generated tokens, over thousands of samples,
+  matches the target's exact distribution computed by enumeration from its
+  logits (chi-square, significance 1e-3, fixed seeds).
+* Bad arguments raise ValueError before anything is compiled.
+"""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from specdec_jax import decoding
+from specdec_jax import sampling
+from specdec_jax.models import Transformer
+
+from conftest import perturbed
+from conftest import random_model
+from conftest import tiny_config
+
+SIGNIFICANCE = 1e-3
+
+
+# ---------------------------------------------------------------------------
+# Greedy identity.
+# ---------------------------------------------------------------------------
+MAX_LEN = 14
+
+
+@pytest.fixture(scope="module")
+def greedy_setup():
+  config = tiny_config(vocab_size=32)
+  target = random_model(config, seed=11)
+  # A noisy copy agrees with the target on many but not all tokens, so both
+  # the accept and the reject paths are exercised.
+  draft = perturbed(target, scale=0.2, seed=12)
+  rng = np.random.default_rng(1)
+  inputs = rng.integers(2, 32, size=(4, 6)).astype(np.int32)
+  inputs[2, 3:] = 0
+  # Pick an EOS id that one row emits early and another late (or never),
+  # from the target's own greedy output with no EOS.
+  free = np.asarray(decoding.temperature_sample(
+      target, inputs, jax.random.PRNGKey(0), max_decode_length=MAX_LEN,
+      eos_id=-1).tokens)
+  def first(tok, row):
+    hits = np.flatnonzero(free[row] == tok)
+    return hits[0] if hits.size else MAX_LEN
+  for tok in range(2, 32):
+    firsts = [first(tok, r) for r in range(4)]
+    if min(firsts) <= 2 and max(firsts) >= MAX_LEN - 4:
+      return target, draft, inputs, tok
+  raise AssertionError("no token ends one row early and another late")
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 7])
+def test_greedy_speculative_equals_baseline(greedy_setup, gamma):
+  target, draft, inputs, eos = greedy_setup
+  base = decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
+                                     max_decode_length=MAX_LEN, eos_id=eos)
+  lengths = np.asarray(base.lengths)
+  assert lengths.min() <= 3 and lengths.max() >= MAX_LEN - 3, lengths
+  spec = decoding.speculative_sample(
+      target, draft, inputs, jax.random.PRNGKey(1), gamma=gamma,
+      max_decode_length=MAX_LEN, eos_id=eos)
+  np.testing.assert_array_equal(spec.tokens, base.tokens)
+  np.testing.assert_array_equal(spec.lengths, base.lengths)
+  stats_ = spec.statistics()
+  hist = np.asarray(stats_["accepted_histogram"])
+  # Both acceptances and rejections happened, and fewer target calls were
+  # needed than tokens generated.
+  assert hist[0] > 0 and hist[1:].sum() > 0, hist
+  assert stats_["target_calls"] < stats_["tokens_generated"]
+  assert np.all(np.asarray(spec.target_calls) <= lengths)
+  assert 0.0 < stats_["alpha_hat"] < 1.0
+  np.testing.assert_array_equal(np.asarray(spec.accepted_histogram).sum(1),
+                                spec.target_calls)
+
+
+def test_greedy_batch_of_one_and_self_draft(greedy_setup):
+  target, draft, inputs, eos = greedy_setup
+  for row in range(2):
+    one = inputs[row:row + 1]
+    base = decoding.temperature_sample(target, one, jax.random.PRNGKey(0),
+                                       max_decode_length=MAX_LEN, eos_id=eos)
+    spec = decoding.speculative_sample(target, draft, one,
+                                       jax.random.PRNGKey(2), gamma=3,
+                                       max_decode_length=MAX_LEN, eos_id=eos)
+    np.testing.assert_array_equal(spec.tokens, base.tokens)
+  # The target drafting for itself accepts everything: γ+1 tokens per call.
+  spec = decoding.speculative_sample(target, target, inputs[:1],
+                                     jax.random.PRNGKey(2), gamma=3,
+                                     max_decode_length=MAX_LEN, eos_id=-1)
+  assert spec.statistics()["alpha_hat"] == 1.0
+  assert int(spec.target_calls[0]) == int(np.ceil(MAX_LEN / 4))
+
+
+# ---------------------------------------------------------------------------
+# Distribution exactness at temperature > 0.
+# ---------------------------------------------------------------------------
+VOCAB = 5
+STEPS = 3
+SAMPLES = 12_000
+EOS = 1
+
+
+def _exact_sequence_distribution(model, inputs, temperature, top_k, top_p):
+  """P(first STEPS tokens) by enumeration of every prefix (EOS ends early).
+
+  Returns {tuple(tokens, 0-padded after EOS): probability}.
+  """
+  prefixes = [()]
+  for length in range(1, STEPS):
+    prefixes += list(itertools.product(range(VOCAB), repeat=length))
+  dec = np.zeros((len(prefixes), STEPS), np.int32)
+  for i, prefix in enumerate(prefixes):
+    dec[i, 1:len(prefix) + 1] = prefix
+  enc = np.repeat(inputs, len(prefixes), axis=0)
+  logits = jax.jit(Transformer(model.config).apply)(model.params, enc, dec,
+                                                    np.ones_like(dec))
+  lengths = np.array([len(p) for p in prefixes])
+  last = np.asarray(logits)[np.arange(len(prefixes)), lengths]
+  probs = np.asarray(sampling.standardize(jnp.asarray(last), temperature,
+                                          top_k, top_p), np.float64)
+  next_probs = {p: probs[i] for i, p in enumerate(prefixes)}
+  out = {}
+  def walk(prefix, mass):
+    if len(prefix) == STEPS or (prefix and prefix[-1] == EOS):
+      out[prefix + (0,) * (STEPS - len(prefix))] = mass
+      return
+    for tok in range(VOCAB):
+      if next_probs[prefix][tok] > 0:
+        walk(prefix + (tok,), mass * next_probs[prefix][tok])
+  walk((), 1.0)
+  return out
+
+
+def _chisquare_pvalue(observed, probs):
+  """Goodness of fit of counts to probabilities, sparse cells pooled."""
+  expected = probs / probs.sum() * observed.sum()  # float32 rounding
+  order = np.argsort(expected)
+  small = order[np.cumsum(expected[order]) < 20]
+  big = np.setdiff1d(np.arange(len(expected)), small)
+  obs, exp = observed[big], expected[big]
+  if small.size:
+    obs = np.append(obs, observed[small].sum())
+    exp = np.append(exp, expected[small].sum())
+  return stats.chisquare(obs, exp)[1]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,gamma", [
+    (1.0, 0, 1.0, 3),
+    (0.8, 3, 1.0, 2),
+    (1.0, 0, 0.8, 4),
+])
+def test_speculative_matches_target_distribution(temperature, top_k, top_p,
+                                                 gamma):
+  config = tiny_config(vocab_size=VOCAB)
+  # Scaled-up logits make the distributions far from uniform (top-k/top-p
+  # then cut real mass) and far from the draft's.
+  target = random_model(config, seed=21)
+  draft = random_model(config, seed=22)
+  inputs = np.array([[3, 4, 2, 1]], np.int32)
+  exact = _exact_sequence_distribution(target, inputs, temperature, top_k,
+                                       top_p)
+  assert abs(sum(exact.values()) - 1.0) < 1e-5
+  out = decoding.speculative_sample(
+      target, draft, np.repeat(inputs, SAMPLES, axis=0),
+      jax.random.PRNGKey(int(temperature * 10) + top_k + gamma), gamma=gamma,
+      max_decode_length=STEPS, temperature=temperature, top_k=top_k,
+      top_p=top_p, eos_id=EOS)
+  tokens = np.asarray(out.tokens)
+  keys = sorted(exact)
+  index = {k: i for i, k in enumerate(keys)}
+  observed = np.zeros(len(keys))
+  for row in map(tuple, tokens):
+    assert row in index, f"sequence {row} has probability 0 under the target"
+    observed[index[row]] += 1
+  expected = np.array([exact[k] for k in keys])
+  assert _chisquare_pvalue(observed, expected) > SIGNIFICANCE
+  # The draft really disagrees with the target, so rejections happened.
+  alpha = out.statistics()["alpha_hat"]
+  assert 0.1 < alpha < 0.95, alpha
+
+
+def test_baseline_matches_target_distribution():
+  """The baseline sampler itself samples the enumerated distribution."""
+  config = tiny_config(vocab_size=VOCAB)
+  target = random_model(config, seed=21)
+  inputs = np.array([[3, 4, 2, 1]], np.int32)
+  exact = _exact_sequence_distribution(target, inputs, 1.0, 0, 1.0)
+  out = decoding.temperature_sample(
+      target, np.repeat(inputs, SAMPLES, axis=0), jax.random.PRNGKey(5),
+      max_decode_length=STEPS, temperature=1.0, eos_id=EOS)
+  keys = sorted(exact)
+  counts = {k: 0 for k in keys}
+  for row in map(tuple, np.asarray(out.tokens)):
+    counts[row] += 1
+  observed = np.array([counts[k] for k in keys], float)
+  expected = np.array([exact[k] for k in keys])
+  assert _chisquare_pvalue(observed, expected) > SIGNIFICANCE
+
+
+# ---------------------------------------------------------------------------
+# Bad input: ValueError naming the argument, before any compilation.
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def no_compile(monkeypatch):
+  def fail(*args, **kwargs):
+    raise AssertionError("compiled/ran before validating arguments")
+  monkeypatch.setattr(decoding, "_jit_speculative_loop", fail)
+  monkeypatch.setattr(decoding, "_temperature_sample", fail)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(gamma=0), "gamma"),
+    (dict(gamma=2.0), "gamma"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-2), "top_k"),
+    (dict(max_decode_length=0), "max_decode_length"),
+])
+def test_speculative_rejects_bad_arguments(no_compile, kwargs, name):
+  config = tiny_config(vocab_size=8)
+  model = random_model(config, seed=0)
+  args = dict(gamma=2, max_decode_length=4)
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=name):
+    decoding.speculative_sample(model, model, np.ones((1, 3), np.int32),
+                                jax.random.PRNGKey(0), **args)
+
+
+def test_vocab_mismatch_and_baseline_args_rejected(no_compile):
+  target = random_model(tiny_config(vocab_size=8), seed=0)
+  draft = random_model(tiny_config(vocab_size=9), seed=0)
+  with pytest.raises(ValueError, match="vocab_size"):
+    decoding.speculative_sample(target, draft, np.ones((1, 3), np.int32),
+                                jax.random.PRNGKey(0), gamma=2,
+                                max_decode_length=4)
+  with pytest.raises(ValueError, match="max_decode_length"):
+    decoding.temperature_sample(target, np.ones((1, 3), np.int32),
+                                jax.random.PRNGKey(0), max_decode_length=0)
+  with pytest.raises(ValueError, match="temperature"):
+    decoding.temperature_sample(target, np.ones((1, 3), np.int32),
+                                jax.random.PRNGKey(0), max_decode_length=3,
+                                temperature=-0.5)
+  with pytest.raises(ValueError, match="encoder_input_tokens"):
+    decoding.temperature_sample(target, np.ones((3,), np.int32),
+                                jax.random.PRNGKey(0), max_decode_length=3)
