@@ -12,13 +12,20 @@ the default JAX backend (see `scripts/benchmark_decode.py` for the CLI):
   coefficient c = draft / target (Definition 3.7).
 * `iteration_split_ms[γ]`: one speculative iteration (Algorithm 1 as
   `decoding.speculative_iteration` runs it) split into the draft loop
-  (`drafter.propose`, γ draft steps), the target's γ+1 chunk, and the rest
-  (total - the two: acceptance, standardization, bookkeeping, rollback).
+  (`drafter.propose`, γ draft steps), the target's γ+1 chunk (the K = γ+1
+  point of the sweep, which always includes it), and the rest (total - the
+  two: standardization, acceptance, statistics/trace writes, rollback).
 * `points`: for each (α, γ), the speculative decoder's walltime over the
   same number of tokens with a *synthetic* acceptance rule (each draft token
   accepted independently with probability α), the measured speedup over the
   baseline, Theorem 3.8's prediction for α, γ and the measured c, and the
-  efficiency = measured / theoretical.
+  efficiency = measured / theoretical; also the prediction with the
+  measured cost of the γ+1 chunk in place of 1 target step
+  (`theoretical_speedup_chunk_adjusted`), and the walltime modeled as the
+  two encodings + iterations x the measured iteration time.
+* Memory-bandwidth bound of the baseline: decoder parameter bytes read per
+  token / device bandwidth (`--device_bandwidth_gbps`, else a known value for
+  the device kind; omitted when unknown, e.g. on CPU).
 
 Synthetic acceptance is for timing only: the emitted tokens are not samples
 of the target's distribution. It lives in this module only and is never
@@ -33,7 +40,8 @@ sweep, draft step, iteration split) run `inner_steps` calls inside one
 jitted `lax.fori_loop` (carrying the cache, so nothing is hoisted or
 dead-code eliminated) and divide: like the decode loops themselves, they then
 pay no per-call dispatch. Each call resets the cache length to the fill
-length (alternating +0/+1 so nothing is loop-invariant).
+length (alternating +0/+1 so nothing is loop-invariant); all per-call
+timings use one cache capacity (max_decode_length + max K + 2).
 """
 import argparse
 import dataclasses

