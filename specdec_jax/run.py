@@ -75,6 +75,7 @@ def vocabulary(spm_model_path: Optional[str] = vocab_lib.DEFAULT_SPM_PATH,
   import seqio  # pylint: disable=g-import-not-at-top
   if byte_level:
     return seqio.ByteVocabulary()
+  spm_model_path = _repo_relative(spm_model_path)
   if spm_model_path and not spm_model_path.startswith("gs://") and (
       not os.path.exists(spm_model_path)):
     raise ValueError(f"SPM_MODEL_PATH={spm_model_path!r} does not exist.")
@@ -88,6 +89,12 @@ def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,
   shapes = param_shapes(config)["params"]
   shardings = partitioning.param_shardings(mesh, shapes)
   if checkpoint_path:
+    # A model dir (as `train` writes) stands for its latest checkpoint.
+    latest = checkpoints.latest_checkpoint(_repo_relative(checkpoint_path))
+    if latest and not os.path.basename(
+        os.path.normpath(checkpoint_path)).startswith("checkpoint_"):
+      checkpoint_path = latest
+    checkpoint_path = _repo_relative(checkpoint_path)
     logging.info("Loading %s from %s", what, checkpoint_path)
     params = checkpoints.load_t5x_params(checkpoint_path, expected=shapes,
                                          dtype=config.dtype,
