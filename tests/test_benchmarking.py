@@ -4,6 +4,7 @@ No timing is asserted beyond positivity (the machine may be shared).
 """
 import json
 import math
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -143,13 +144,9 @@ def test_bad_flags_error_before_running(flag, value, monkeypatch, capsys):
     benchmarking.parse_flags([flag, value])
   message = str(e.value)
   assert flag in message and "allowed" in message
-  assert main_status([flag, value]) == 2
+  assert benchmarking.main([flag, value]) == 2
   err = capsys.readouterr().err
   assert flag in err and "error" in err
-
-
-def main_status(argv):
-  return benchmarking.main(argv)
 
 
 def test_vocab_mismatch_is_a_flag_error():
@@ -181,3 +178,33 @@ def test_gin_file_config(tmp_path):
   assert t.dtype == jnp.float32  # --dtype wins over the file's.
   assert cfg.target == str(gin)
   assert any("base.gin" in w for w in cfg.warnings)  # Missing include.
+
+
+def test_gin_file_scopes(tmp_path):
+  gin = tmp_path / "pair.gin"
+  gin.write_text(
+      "T5Config.vocab_size = 128\n"
+      "T5Config.num_heads = 2\n"
+      "target/T5Config.emb_dim = 64\n"
+      "draft/T5Config.emb_dim = 16\n")
+  target, _ = benchmarking.load_gin_config(gin, role="target")
+  draft, _ = benchmarking.load_gin_config(gin, role="draft")
+  assert (target.emb_dim, draft.emb_dim) == (64, 16)
+  assert target.num_heads == draft.num_heads == 2  # Unscoped base.
+  only_draft = tmp_path / "draft_only.gin"
+  only_draft.write_text("draft/T5Config.emb_dim = 24\n"
+                        "draft/T5Config.vocab_size = 128\n")
+  config, _ = benchmarking.load_gin_config(only_draft, role="target")
+  assert config.emb_dim == 24  # The file's only scope.
+
+
+@pytest.mark.parametrize("size", ["small", "base", "large", "xl", "xxl"])
+def test_repo_gin_files_match_sizes(size):
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  for path in [repo / "gin" / "models" / f"t5_1_1_{size}.gin",
+               repo / "gin" / "models" / "target" / f"t5_1_1_{size}.gin"]:
+    if not path.exists():
+      pytest.skip(f"{path} not in this checkout")
+    config, _ = benchmarking.load_gin_config(path, role="target")
+    expected = benchmarking.MODEL_SIZES[size]
+    assert {k: getattr(config, k) for k in expected} == expected, path
