@@ -51,7 +51,6 @@ import math
 import os
 import pathlib
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -62,6 +61,7 @@ from jax import lax
 
 from specdec_jax import analysis
 from specdec_jax import decoding
+from specdec_jax import io_utils
 from specdec_jax.models.config import T5Config
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.models.t5 import init_params
@@ -1082,26 +1082,6 @@ def format_report(r: Dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def write_json_atomic(path: os.PathLike, obj: Any) -> None:
-  """Writes JSON via a temp file in the same directory and os.replace."""
-  path = os.path.abspath(path)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
-                             prefix=os.path.basename(path) + ".",
-                             suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(obj, f, indent=2, sort_keys=False)
-      f.write("\n")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> a normal file's mode.
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """CLI entry point; returns the exit status (2 on a bad flag)."""
   try:
@@ -1113,6 +1093,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   result = run_benchmark(cfg, log=log)
   print(format_report(result))
   if cfg.output:
-    write_json_atomic(cfg.output, result)
+    io_utils.write_json(cfg.output, result)
     print(f"wrote {cfg.output}")
   return 0

@@ -36,12 +36,12 @@ import logging
 import math
 import os
 import sys
-import tempfile
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from specdec_jax import analysis
+from specdec_jax import io_utils
 
 logger = logging.getLogger(__name__)
 
@@ -870,28 +870,6 @@ def _find_example(runs, key: str, example_run: Optional[str],
 # ----------------------------------------------------------------------------
 
 
-def _umask() -> int:
-  mask = os.umask(0)
-  os.umask(mask)
-  return mask
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=directory,
-                             prefix="." + os.path.basename(path) + ".",
-                             suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates files with 0600.
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-
-
 def render_report(results_dir: str,
                   output_dir: Optional[str] = None,
                   example_run: Optional[str] = None,
@@ -973,7 +951,7 @@ def render_report(results_dir: str,
     written = {}
     for name, data in artifacts.items():
       path = os.path.join(output_dir, name)
-      _atomic_write(path, data)
+      io_utils.atomic_write(path, data)
       written[name] = path
   except OSError as e:
     raise ReportError(
