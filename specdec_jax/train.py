@@ -8,10 +8,11 @@ T5X-style command line: ``--gin_file`` and ``--gin_bindings`` are repeatable,
 folder is always on the search path, so bare names such as
 ``train/multi30k_target.gin`` or ``models/multi30k_draft_1m.gin`` resolve from
 any working directory. ``--gin.NAME=VALUE`` is shorthand for
-``--gin_bindings='NAME = VALUE'`` (as in T5X). Relative paths *inside* the gin
-files (data, vocabulary, model_dir) are relative to the current directory: run
-from the repository root, or bind ``MULTI30K_DIR``/``SPM_MODEL_PATH``/
-``MODEL_DIR``.
+``--gin_bindings='NAME = VALUE'`` (as in T5X). Relative paths (data, vocabulary,
+model_dir, distill_from) are taken from the current directory if they exist
+there, else from the repository root (as `specdec_jax.run` does), so the
+defaults (``../shared/data/multi30k``, ``outputs/multi30k/...``) mean the same
+from any directory; give absolute paths to write elsewhere.
 
 What `train` does, in order, all checks before the first step:
 
@@ -60,12 +61,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging as std_logging
 import math
 import os
 import pathlib
 import re
 import shutil
-import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -80,6 +81,7 @@ import optax
 
 import specdec_jax
 from specdec_jax import checkpoints
+from specdec_jax import gin_utils
 from specdec_jax import tasks
 from specdec_jax import vocab as vocab_lib
 from specdec_jax.models.config import T5Config
@@ -88,8 +90,8 @@ from specdec_jax.models.t5 import Transformer
 from specdec_jax.models.t5 import init_params
 from specdec_jax.models.t5 import param_shapes
 
-REPO_DIR = pathlib.Path(specdec_jax.__file__).resolve().parents[1]
-GIN_DIR = REPO_DIR / "gin"
+REPO_DIR = pathlib.Path(specdec_jax.__file__).parents[1]
+GIN_DIR = REPO_DIR / "gin"  # Always on the gin search path.
 
 TRAIN_STATE_FILE = "train_state.msgpack"
 MODEL_CONFIG_FILE = "model_config.json"
@@ -145,21 +147,25 @@ def _find_gin_file(path: str, search_paths: Sequence[str]) -> str:
 
 
 def t5_config_from_gin_file(path: str,
-                            search_paths: Optional[Sequence[str]] = None
-                            ) -> T5Config:
+                            search_paths: Optional[Sequence[str]] = None,
+                            scope: str = "") -> T5Config:
   """Reads the ``T5Config.*`` bindings of a model gin file into a T5Config.
 
   Lets a run use two model configs at once (e.g. a distillation teacher next
   to the student that the train config includes): the file is parsed on its
-  own, without touching the global gin configuration. Supports unscoped
-  ``T5Config.field = <literal>`` bindings, literal macros (``X = 3`` and
-  ``%X``) and ``include``; anything else (imports, references, other
-  configurables) raises ValueError.
+  own, without touching the global gin configuration. Reads the bindings
+  ``<scope>/T5Config.field = value`` of the given scope ('' for unscoped
+  ``T5Config.field``, as in models/multi30k_*.gin; 'target' for
+  models/target/*.gin), with literal values, macros defined in the files
+  (``X = 3`` and ``%X``) and ``include``. Other bindings and imports are
+  ignored; fields not bound keep the T5Config defaults (global gin bindings
+  never apply).
 
   Args:
     path: the gin file; relative paths are looked up in `search_paths`
       (default: the current directory, then the repository's gin/ folder).
     search_paths: folders to search, in order.
+    scope: the gin scope of the bindings to read.
   """
   from gin import config_parser  # pylint: disable=g-import-not-at-top
   if search_paths is None:
@@ -169,9 +175,7 @@ def t5_config_from_gin_file(path: str,
   class _Delegate(config_parser.ParserDelegate):
 
     def configurable_reference(self, scoped_configurable_name, evaluate):
-      raise ValueError(
-          f"{path}: configurable references (@{scoped_configurable_name}) are "
-          "not supported in a model gin file read as a T5Config.")
+      return ("%reference", scoped_configurable_name)
 
     def macro(self, macro_name):
       return ("%macro", macro_name)
@@ -182,12 +186,18 @@ def t5_config_from_gin_file(path: str,
   def resolve(value, where):
     if isinstance(value, tuple) and len(value) == 2 and value[0] == "%macro":
       if value[1] not in macros:
-        raise ValueError(f"{where}: macro %{value[1]} is not defined before "
-                         "use.")
+        raise ValueError(f"{where}: macro %{value[1]} is not defined in the "
+                         "model gin file(s).")
       return resolve(macros[value[1]], where)
+    if isinstance(value, tuple) and len(value) == 2 and (
+        value[0] == "%reference"):
+      raise ValueError(f"{where}: configurable reference @{value[1]} is not "
+                       "supported for a T5Config field.")
     if isinstance(value, (list, tuple)):
       return type(value)(resolve(v, where) for v in value)
     return value
+
+  bindings = []
 
   def parse(file_path, depth):
     if depth > 20:
@@ -203,18 +213,17 @@ def t5_config_from_gin_file(path: str,
         selector = st.selector.rsplit(".", 1)[-1]
         if not st.arg_name:  # A macro definition.
           macros[st.selector] = st.value
-        elif selector == "T5Config" and not st.scope:
-          fields[st.arg_name] = resolve(st.value, where)
-        else:
-          raise ValueError(
-              f"{where}: only unscoped T5Config.* bindings are supported in a "
-              f"model gin file, got {st.location.line_content.strip()!r}.")
-      else:
-        raise ValueError(f"{where}: unsupported statement "
-                         f"{st.location.line_content.strip()!r} in a model gin "
-                         "file.")
+        elif selector == "T5Config" and st.scope == scope:
+          bindings.append((st.arg_name, st.value, where))
 
   parse(path, 0)
+  # Macros resolve with their final values, as in gin.
+  for name, value, where in bindings:
+    fields[name] = resolve(value, where)
+  if not fields:
+    raise ValueError(
+        f"Model gin file {path} has no "
+        f"{scope + '/' if scope else ''}T5Config.* bindings.")
   return _make_config(fields, f"model gin file {path}")
 
 
@@ -255,8 +264,24 @@ def prepare_vocabulary(spm_model_path: str, *, train_vocab: bool,
                                   spm_model_path[:-len(".model")], vocab_size,
                                   **dict(spm_options or {}))
   sp = load_sentencepiece(spm_model_path)
-  vocab_lib.check_t5_vocabulary(sp)
+  try:
+    vocab_lib.check_t5_vocabulary(sp)
+  except ValueError as e:
+    raise ValueError(f"Vocabulary {spm_model_path}: {e}") from e
   return sp
+
+
+def resolve_path(path: Optional[str]) -> Optional[str]:
+  """A relative path: from the current directory if it exists there, else
+  from the repository root (as `specdec_jax.run` resolves gin paths)."""
+  if path is None:
+    return None
+  path = os.fspath(path)
+  if "://" in path or os.path.isabs(path):
+    return path
+  if os.path.exists(path):
+    return os.path.abspath(path)
+  return os.path.normpath(REPO_DIR / path)
 
 
 def _resolve(path: Optional[str], base: Optional[str]) -> Optional[str]:
@@ -264,8 +289,8 @@ def _resolve(path: Optional[str], base: Optional[str]) -> Optional[str]:
     return None
   path = os.fspath(path)
   if base is not None and not os.path.isabs(path) and "://" not in path:
-    return os.path.join(os.fspath(base), path)
-  return path
+    path = os.path.join(os.fspath(base), path)
+  return resolve_path(path)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -475,7 +500,8 @@ def _train_step_fn(config: T5Config, teacher_config: Optional[T5Config],
     (_, metrics), grads = grad_fn(params, batch, dropout_rng)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = jnp.sqrt(sum(
+        jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads)))
     metrics["input_tokens"] = (batch["encoder_input_tokens"] > 0).sum()
     return params, opt_state, metrics
 
@@ -489,6 +515,18 @@ def _schedule_from_key(opt_key):
 # ---------------------------------------------------------------------------
 # Checkpoints with optimizer state.
 # ---------------------------------------------------------------------------
+class _QuietAbsl:
+  """Hides INFO logs (Orbax logs every file it writes) inside the block."""
+
+  def __enter__(self):
+    self._level = logging.get_verbosity()
+    if self._level >= logging.INFO:
+      logging.set_verbosity(logging.WARNING)
+
+  def __exit__(self, *exc):
+    logging.set_verbosity(self._level)
+
+
 def _atomic_write(path: str, data, binary: bool = False) -> None:
   tmp = f"{path}.tmp-{os.getpid()}-{time.time_ns()}"
   with open(tmp, "wb" if binary else "w",
@@ -532,7 +570,8 @@ def save_checkpoint(model_dir: str, step: int, params, opt_state,
                          f"{_STAGING_PREFIX}{step}-{time.time_ns()}")
   try:
     host_params = jax.device_get(params)
-    path = checkpoints.save_params(host_params, staging, step=step)
+    with _QuietAbsl():
+      path = checkpoints.save_params(host_params, staging, step=step)
     state = {"step": np.asarray(step, np.int64),
              "opt_state": jax.device_get(opt_state)}
     _atomic_write(os.path.join(path, TRAIN_STATE_FILE),
@@ -557,7 +596,8 @@ def restore_checkpoint(ckpt: str, config: T5Config, opt_state_template
       optimizer state is missing or does not match the optimizer.
   """
   from flax import serialization  # pylint: disable=g-import-not-at-top
-  params = checkpoints.load_t5x_params(ckpt, expected=param_shapes(config))
+  with _QuietAbsl():
+    params = checkpoints.load_t5x_params(ckpt, expected=param_shapes(config))
   state_file = os.path.join(ckpt, TRAIN_STATE_FILE)
   if not os.path.isfile(state_file):
     raise checkpoints.CheckpointError(
@@ -773,6 +813,8 @@ def train(*,
     model_config: the model; None: ``T5Config()`` with the gin bindings
       ``T5Config.*`` (from a model gin file).
     data_dir: if set, relative data file names are taken inside it.
+      Relative paths (data_dir, files, model_dir, spm_model_path,
+      distill_from) are resolved by `resolve_path`.
     source_file, reference_file: training data (see
       `tasks.read_parallel_text`: line-aligned files, or one TSV file).
     input_prefix: prepended to every source sentence.
@@ -848,7 +890,10 @@ def train(*,
                      f"{OPTIMIZERS}.")
   if decay not in DECAYS:
     raise ValueError(f"Unknown decay {decay!r}; expected one of {DECAYS}.")
-  model_dir = os.path.abspath(os.fspath(model_dir))
+  model_dir = os.path.abspath(resolve_path(model_dir))
+  spm_model_path = resolve_path(spm_model_path)
+  if distill_from is not None:
+    distill_from = resolve_path(distill_from)
   source_file = _resolve(source_file, data_dir)
   reference_file = _resolve(reference_file, data_dir)
   eval_source_file = _resolve(eval_source_file, data_dir)
@@ -860,8 +905,9 @@ def train(*,
   try:
     pairs = tasks.read_parallel_text(source_file, reference_file)
   except ValueError as e:
-    raise ValueError(f"Training data: {e} (relative paths are resolved "
-                     f"against {os.getcwd()}).") from e
+    raise ValueError(f"Training data: {e} (relative paths are taken from "
+                     f"{os.getcwd()} if they exist there, else from "
+                     f"{REPO_DIR}).") from e
   if num_train_examples is not None:
     pairs = pairs[:num_train_examples]
   eval_examples = []
@@ -896,8 +942,9 @@ def train(*,
           f"{t_config.vocab_size} but the student has {config.vocab_size}: "
           "the KL loss compares their distributions token by token, so both "
           "must use the same vocabulary.")
-    teacher_params = {"params": checkpoints.load_t5x_params(
-        teacher_ckpt, expected=param_shapes(t_config))}
+    with _QuietAbsl():
+      teacher_params = {"params": checkpoints.load_t5x_params(
+          teacher_ckpt, expected=param_shapes(t_config))}
     logging.info("Distilling from %s (%d params, T=%g, weight=%g).",
                  teacher_ckpt, t_config.num_params, distill_temperature,
                  distill_weight)
@@ -911,7 +958,10 @@ def train(*,
   # 4. Optimizer, state, resume.
   sched_key = tuple(sorted(dict(
       learning_rate=float(learning_rate), warmup_steps=int(warmup_steps),
-      decay=decay, decay_steps=int(decay_steps or num_steps),
+      decay=decay,
+      # Only the cosine schedule depends on the run length: with the others,
+      # runs of different lengths share one compiled train step.
+      decay_steps=int(decay_steps or num_steps) if decay == "cosine" else 0,
       final_learning_rate_fraction=float(final_learning_rate_fraction)
   ).items()))
   opt_key = (sched_key, tuple(sorted(dict(
@@ -1073,36 +1123,43 @@ def train(*,
 # Command line.
 # ---------------------------------------------------------------------------
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string("gin_file", [], "Gin files (repeatable); bare names "
-                          "resolve against --gin_search_paths and gin/.")
-flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings (repeatable).")
-flags.DEFINE_list("gin_search_paths", ["."], "Comma-separated gin search "
-                  "paths; the repository's gin/ folder is always appended.")
+
+
+def define_flags() -> None:
+  """--gin_file/--gin_bindings/--gin_search_paths (`gin_utils`, idempotent)."""
+  gin_utils.define_gin_flags()
 
 
 def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
-              gin_search_paths: Sequence[str] = (".",)) -> List[str]:
-  """Adds the search paths (+ repo gin/) and parses files then bindings."""
-  paths = [os.path.abspath(p) for p in gin_search_paths]
-  if str(GIN_DIR) not in paths:
-    paths.append(str(GIN_DIR))
-  for p in paths:
-    gin.add_config_file_search_path(p)
-  gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
-                                      finalize_config=False)
-  return paths
+              gin_search_paths: Sequence[str] = ()) -> List[str]:
+  """Parses gin files then bindings; returns the search paths used.
+
+  The search path is the current directory, `gin_search_paths`, then the
+  repository's gin/ folder (`gin_utils.parse_gin`); the config is not
+  finalized.
+  """
+  # gin also tries each candidate path as a Python package resource and logs
+  # "Path not found" errors for every search path that lacks the file; those
+  # are not errors here.
+  quiet = _DropGinPathNotFound()
+  root = std_logging.getLogger()
+  root.addFilter(quiet)
+  try:
+    gin_utils.parse_gin(gin_files, gin_bindings, gin_search_paths,
+                        finalize=False)
+  finally:
+    root.removeFilter(quiet)
+  return gin_utils.search_paths(gin_search_paths)
 
 
-def rewrite_gin_args(argv: Sequence[str]) -> List[str]:
-  """T5X's shorthand: ``--gin.NAME=VALUE`` -> ``--gin_bindings=NAME = VALUE``."""
-  out = []
-  for arg in argv:
-    if arg.startswith("--gin.") and "=" in arg:
-      name, value = arg[len("--gin."):].split("=", 1)
-      out.append(f"--gin_bindings={name} = {value}")
-    else:
-      out.append(arg)
-  return out
+class _DropGinPathNotFound(std_logging.Filter):
+
+  def filter(self, record):
+    return not str(record.msg).startswith(
+        ("Path not found", "system_path_file_exists"))
+
+
+rewrite_gin_args = gin_utils.rewrite_gin_args
 
 
 def main(argv: Sequence[str]) -> None:
@@ -1124,5 +1181,5 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-  sys.argv = rewrite_gin_args(sys.argv)
-  app.run(main)
+  define_flags()
+  gin_utils.run_main(main)

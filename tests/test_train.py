@@ -1,0 +1,491 @@
+"""Tests of specdec_jax.train: train -> save -> load -> speculative decoding.
+
+A tiny target and draft (gin/train/tiny_ci.gin, tiny_ci_draft.gin) are trained
+once per module on a slice of Multi30k from ../shared (skipped with a message
+when absent); the other tests reuse their vocabulary, checkpoints and compiled
+train steps, which keeps the whole file within ~2 minutes on a 2-core CPU.
+"""
+import json
+import os
+import pathlib
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import MULTI30K
+from conftest import require_shared
+from specdec_jax import checkpoints
+from specdec_jax import decoding
+from specdec_jax import tasks
+from specdec_jax import train as train_lib
+from specdec_jax.models import T5Config
+from specdec_jax.models import T5Model
+from specdec_jax.models import init_params
+from specdec_jax.models import param_shapes
+
+STEPS = 200  # For the target and the draft; checkpoints every 100.
+
+
+def _gin_train(gin_file, bindings=(), **kwargs):
+  """Runs train() under a gin file from gin/, with macro bindings."""
+  gin.clear_config()
+  try:
+    train_lib.parse_gin([gin_file], list(bindings))
+    return train_lib.train(**kwargs)
+  finally:
+    gin.clear_config()
+
+
+def _macros(root, model_dir, spm_path, **extra):
+  out = [f"MULTI30K_DIR = '{MULTI30K}'", f"SPM_MODEL_PATH = '{spm_path}'",
+         f"MODEL_DIR = '{model_dir}'"]
+  out += [f"{k} = {v!r}" for k, v in extra.items()]
+  return out
+
+
+def _checkpoint_steps(model_dir):
+  return [s for s, _ in train_lib.list_checkpoints(str(model_dir))]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  require_shared(MULTI30K / "train.en")
+  return tmp_path_factory.mktemp("train")
+
+
+@pytest.fixture(scope="module")
+def spm_path(workdir):
+  return str(workdir / "spm" / "tiny.model")
+
+
+@pytest.fixture(scope="module")
+def target(workdir, spm_path):
+  """The tiny_ci target, trained with a vocabulary trained on the fly."""
+  assert not os.path.exists(spm_path)
+  return _gin_train("train/tiny_ci.gin",
+                    _macros(workdir, workdir / "target", spm_path,
+                            NUM_STEPS=STEPS))
+
+
+@pytest.fixture(scope="module")
+def draft(workdir, spm_path, target):
+  del target  # Trained first: it makes the vocabulary.
+  return _gin_train("train/tiny_ci_draft.gin",
+                    _macros(workdir, workdir / "draft", spm_path,
+                            NUM_STEPS=STEPS),
+                    eval_num_examples=0)
+
+
+def _first_last(history, key, n=20):
+  values = np.array([h[key] for h in history])
+  return values[:n].mean(), values[-n:].mean()
+
+
+def test_loss_decreases(target, draft):
+  for result in (target, draft):
+    assert result.start_step == 0 and result.step == STEPS
+    assert len(result.history) == STEPS
+    first, last = _first_last(result.history, "loss")
+    assert np.isfinite(last)
+    assert last < first - 1.5, (first, last)
+  # The bigger model fits better.
+  assert target.metrics["final_ce"] < draft.metrics["final_ce"]
+
+
+def test_checkpoints_and_metrics(workdir, target, draft):
+  for result, name in ((target, "target"), (draft, "draft")):
+    model_dir = workdir / name
+    # Saved every 100 steps, the last 2 kept.
+    assert _checkpoint_steps(model_dir) == [STEPS - 100, STEPS]
+    ckpt = checkpoints.latest_checkpoint(str(model_dir))
+    assert ckpt == str(model_dir / f"checkpoint_{STEPS}") == result.checkpoint
+    loaded = checkpoints.load_t5x_params(ckpt,
+                                         expected=param_shapes(result.config))
+    jax.tree_util.tree_map(np.testing.assert_array_equal, loaded,
+                           jax.device_get(result.params["params"]))
+    for f in ("train_state.msgpack", "model_config.json"):
+      assert (model_dir / f"checkpoint_{STEPS}" / f).is_file()
+    stored = json.loads((model_dir / "model_config.json").read_text())
+    assert train_lib.config_from_dict(stored) == result.config
+    metrics = json.loads((model_dir / "train_metrics.json").read_text())
+    assert metrics["step"] == STEPS and metrics["steps_per_second"] > 0
+    assert metrics["tokens_per_second"] > 0
+    assert metrics["final_loss"] < metrics["first_window_loss"]
+    assert not [n for n in os.listdir(model_dir) if n.startswith(".staging")]
+  # Greedy BLEU of the target on 32 validation sentences was computed.
+  ev = json.loads((workdir / "target" / "train_metrics.json").read_text())
+  assert ev["eval"]["num_examples"] == 32
+  assert 0.0 <= ev["eval"]["bleu"] <= 100.0
+  assert ev["eval"]["samples"][0]["prediction"] is not None
+  assert "eval" not in draft.metrics
+  assert target.config.num_params > 3 * draft.config.num_params
+
+
+def test_speculative_greedy_equals_target_greedy(workdir, spm_path, target,
+                                                 draft):
+  # Reload both from their checkpoints, as a decoding run would.
+  models = []
+  for name, result in (("target", target), ("draft", draft)):
+    ckpt = checkpoints.latest_checkpoint(str(workdir / name))
+    params = checkpoints.load_t5x_params(ckpt,
+                                         expected=param_shapes(result.config))
+    models.append(T5Model(result.config, {"params": params}))
+  target_model, draft_model = models
+  sp = train_lib.load_sentencepiece(spm_path)
+  examples = tasks.load_examples(source_file=MULTI30K / "val.en",
+                                 reference_file=MULTI30K / "val.de",
+                                 num_examples=32)
+  inputs = tasks.encode_batch(sp, [e["input"] for e in examples], 32)
+  inputs = inputs[:, :int((inputs > 0).sum(1).max())]
+  rng = jax.random.PRNGKey(0)
+  base = decoding.temperature_sample(target_model, inputs, rng,
+                                     max_decode_length=32)
+  spec = decoding.speculative_sample(target_model,
+                                     decoding.T5Drafter(draft_model), inputs,
+                                     rng, gamma=3, max_decode_length=32)
+  np.testing.assert_array_equal(np.asarray(spec.tokens),
+                                np.asarray(base.tokens))
+  np.testing.assert_array_equal(np.asarray(spec.lengths),
+                                np.asarray(base.lengths))
+  # Trained models produce German-looking, EOS-terminated output.
+  assert (np.asarray(base.lengths) < 32).mean() > 0.5
+  text = tasks.decode_tokens(sp, np.asarray(base.tokens))
+  assert any(w in " ".join(text).split() for w in ("Ein", "Eine", "Mann"))
+
+
+def test_resume_restores_params_optimizer_and_step(workdir, spm_path, draft):
+  del draft  # Compiled the step function that these runs reuse.
+  n = 10
+  resumed, straight = workdir / "resume", workdir / "straight"
+  args = dict(eval_num_examples=0, save_every_steps=n, keep_checkpoints=0)
+  first = _gin_train("train/tiny_ci_draft.gin",
+                     _macros(workdir, resumed, spm_path, NUM_STEPS=n), **args)
+  assert (first.start_step, first.step) == (0, n)
+  assert _checkpoint_steps(resumed) == [n]
+  step, _, opt_state = train_lib.restore_checkpoint(
+      str(resumed / f"checkpoint_{n}"), first.config,
+      jax.tree_util.tree_map(jnp.zeros_like, first.opt_state))
+  assert step == n
+  counts = [int(x) for x in jax.tree_util.tree_leaves(opt_state)
+            if np.ndim(x) == 0]
+  assert counts and all(c == n for c in counts)  # Adam's step counts.
+  jax.tree_util.tree_map(np.testing.assert_array_equal, opt_state,
+                         jax.device_get(first.opt_state))
+
+  # "Restart": the same command with twice the steps continues at step n.
+  second = _gin_train("train/tiny_ci_draft.gin",
+                      _macros(workdir, resumed, spm_path, NUM_STEPS=2 * n),
+                      **args)
+  assert (second.start_step, second.step) == (n, 2 * n)
+  assert [h["step"] for h in second.history] == list(range(n + 1, 2 * n + 1))
+  assert _checkpoint_steps(resumed) == [n, 2 * n]
+  fresh = init_params(second.config, jax.random.PRNGKey(0))
+  diffs = jax.tree_util.tree_map(
+      lambda a, b: float(jnp.abs(a - b).max()), second.params, fresh)
+  assert min(jax.tree_util.tree_leaves(diffs)) > 0
+
+  # Identical to an uninterrupted run: the optimizer state, the data order
+  # and the dropout keys were all restored, not restarted.
+  whole = _gin_train("train/tiny_ci_draft.gin",
+                     _macros(workdir, straight, spm_path, NUM_STEPS=2 * n),
+                     **args)
+  np.testing.assert_allclose(
+      [h["loss"] for h in whole.history[n:]],
+      [h["loss"] for h in second.history], rtol=1e-5)
+  jax.tree_util.tree_map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+      second.params, whole.params)
+
+  # Rerunning a finished run trains nothing and keeps its checkpoints.
+  again = _gin_train("train/tiny_ci_draft.gin",
+                     _macros(workdir, resumed, spm_path, NUM_STEPS=2 * n),
+                     **args)
+  assert (again.start_step, again.step, again.history) == (2 * n, 2 * n, [])
+
+
+def test_distillation_kl_decreases(workdir, spm_path, target, draft):
+  del draft
+  result = _gin_train(
+      "train/tiny_ci_draft.gin",
+      _macros(workdir, workdir / "distill", spm_path, NUM_STEPS=40),
+      distill_from=str(workdir / "target"), distill_temperature=1.0,
+      distill_weight=0.8, eval_num_examples=0)
+  kl = np.array([h["kl"] for h in result.history])
+  assert np.all(np.isfinite(kl)) and np.all(kl >= -1e-4)
+  first, last = kl[:5].mean(), kl[-5:].mean()
+  assert last < first - 0.5, (first, last)
+  assert result.metrics["distill_from"] == target.checkpoint
+  # The loss is 0.8 KL + 0.2 CE (+ z-loss).
+  h = result.history[-1]
+  np.testing.assert_allclose(h["loss"], 0.8 * h["kl"] + 0.2 * h["ce"] +
+                             1e-4 * h["z"], rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# Bad input: a clear ValueError before anything is trained or written.
+# ---------------------------------------------------------------------------
+def _tiny_call(tmp_path, spm_path, **overrides):
+  kwargs = dict(
+      model_dir=str(tmp_path / "model"), num_steps=5,
+      model_config=T5Config(vocab_size=1000, emb_dim=16, num_heads=2,
+                            head_dim=8, mlp_dim=32, num_encoder_layers=1,
+                            num_decoder_layers=1),
+      source_file=str(MULTI30K / "train.en"),
+      reference_file=str(MULTI30K / "train.de"), spm_model_path=spm_path,
+      batch_size=4, eval_num_examples=0)
+  kwargs.update(overrides)
+  return kwargs
+
+
+def _assert_nothing_trained(tmp_path):
+  assert not _checkpoint_steps(tmp_path / "model")
+
+
+def test_bad_corpus(tmp_path, spm_path, target):
+  del target  # The vocabulary exists.
+  src, ref = tmp_path / "x.en", tmp_path / "x.de"
+  src.write_text("a dog\na cat\nthe man\n")
+  ref.write_text("ein Hund\neine Katze\n")
+  with pytest.raises(ValueError, match=r"Line count mismatch.*x\.en.*3.*x\.de"):
+    train_lib.train(**_tiny_call(tmp_path, spm_path, source_file=str(src),
+                                 reference_file=str(ref)))
+  ref.write_text("ein Hund\n\nder Mann\n")
+  with pytest.raises(ValueError, match=r"x\.de:2: empty reference line"):
+    train_lib.train(**_tiny_call(tmp_path, spm_path, source_file=str(src),
+                                 reference_file=str(ref)))
+  with pytest.raises(ValueError, match=r"not found.*missing\.en"):
+    train_lib.train(**_tiny_call(tmp_path, spm_path,
+                                 source_file=str(tmp_path / "missing.en")))
+  _assert_nothing_trained(tmp_path)
+
+
+def test_bad_vocabulary(tmp_path, spm_path, target):
+  del target
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n".join(f"a small dog number {i} runs" for i in range(50))
+                    + "\n")
+  # SentencePiece's own defaults: unk 0, bos 1, eos 2, no pad.
+  spm.SentencePieceTrainer.train(input=str(corpus),
+                                 model_prefix=str(tmp_path / "bad"),
+                                 vocab_size=40, hard_vocab_limit=False,
+                                 minloglevel=2)
+  with pytest.raises(ValueError, match=r"bad\.model.*does not follow T5"):
+    train_lib.train(**_tiny_call(tmp_path, str(tmp_path / "bad.model")))
+  with pytest.raises(ValueError, match=r"nothere\.model does not exist"):
+    train_lib.train(**_tiny_call(tmp_path, str(tmp_path / "nothere.model")))
+  # A model vocab_size smaller than the vocabulary.
+  with pytest.raises(ValueError, match=r"1000 pieces.*vocab_size is 500"):
+    train_lib.train(**_tiny_call(
+        tmp_path, spm_path,
+        model_config=T5Config(vocab_size=500, emb_dim=16, num_heads=2,
+                              head_dim=8, mlp_dim=32, num_encoder_layers=1,
+                              num_decoder_layers=1)))
+  _assert_nothing_trained(tmp_path)
+
+
+def test_bad_teacher(tmp_path, workdir, spm_path, target):
+  student = T5Config(vocab_size=1024, emb_dim=16, num_heads=2, head_dim=8,
+                     mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1)
+  with pytest.raises(ValueError, match=r"vocab_size 1000 but the student has "
+                     r"1024"):
+    train_lib.train(**_tiny_call(tmp_path, spm_path, model_config=student,
+                                 distill_from=str(workdir / "target")))
+  # A teacher config that does not match the teacher's checkpoint.
+  with pytest.raises(ValueError, match=r"Teacher config mismatch.*emb_dim"):
+    train_lib.train(**_tiny_call(
+        tmp_path, spm_path, distill_from=target.checkpoint,
+        teacher_config=target.config.replace(emb_dim=32)))
+  with pytest.raises(ValueError, match=r"no checkpoint_<step> found"):
+    train_lib.train(**_tiny_call(tmp_path, spm_path,
+                                 distill_from=str(tmp_path / "nowhere")))
+  _assert_nothing_trained(tmp_path)
+
+
+# ---------------------------------------------------------------------------
+# gin files and the command line (no training).
+# ---------------------------------------------------------------------------
+def test_model_gin_files_sizes():
+  sizes = {}
+  for name in ("multi30k_target", "multi30k_draft_4m", "multi30k_draft_1m"):
+    config = train_lib.t5_config_from_gin_file(f"models/{name}.gin")
+    assert config.vocab_size == 8000
+    assert config.mlp_activations == ("gelu", "linear")
+    assert not config.logits_via_embedding
+    sizes[name] = config.num_params
+  assert 10e6 <= sizes["multi30k_target"] <= 20e6
+  assert 3e6 <= sizes["multi30k_draft_4m"] <= 5e6
+  assert 0.8e6 <= sizes["multi30k_draft_1m"] <= 1.2e6
+
+
+@pytest.mark.parametrize("name, model", [
+    ("multi30k_target", "multi30k_target"),
+    ("multi30k_draft_1m", "multi30k_draft_1m"),
+    ("multi30k_draft_4m", "multi30k_draft_4m"),
+    ("multi30k_draft_4m_distill", "multi30k_draft_4m"),
+])
+def test_train_gin_files_parse(name, model):
+  gin.clear_config()
+  try:
+    train_lib.parse_gin([f"train/{name}.gin"], [])
+    assert T5Config() == train_lib.t5_config_from_gin_file(
+        f"models/{model}.gin")
+    assert gin.query_parameter("%MODEL_DIR") == (
+        f"outputs/multi30k/{name[len('multi30k_'):]}")
+    assert gin.query_parameter("%SPM_MODEL_PATH") == (
+        "outputs/multi30k/spm/multi30k.model")
+    assert gin.query_parameter("%MULTI30K_DIR") == "../shared/data/multi30k"
+    assert gin.query_parameter("%NUM_STEPS") > 0
+    if name.endswith("distill"):
+      teacher = train_lib.t5_config_from_gin_file(
+          gin.query_parameter("train.teacher_model_gin"))
+      assert teacher == train_lib.t5_config_from_gin_file(
+          "models/multi30k_target.gin")
+      assert gin.query_parameter("%TEACHER_DIR") == "outputs/multi30k/target"
+  finally:
+    gin.clear_config()
+
+
+def test_t5_config_from_gin_file_scopes(tmp_path):
+  (tmp_path / "m.gin").write_text(
+      "W = 24\n"
+      "T5Config.emb_dim = 16\n"
+      "target/T5Config.emb_dim = %W\n"
+      "target/T5Config.mlp_activations = ('relu',)\n"
+      "other.thing = @foo()\n")
+  (tmp_path / "top.gin").write_text("include 'm.gin'\nW = 40\n")
+  assert train_lib.t5_config_from_gin_file(str(tmp_path / "m.gin")).emb_dim == 16
+  config = train_lib.t5_config_from_gin_file("top.gin", [str(tmp_path)],
+                                             scope="target")
+  assert (config.emb_dim, config.mlp_activations) == (40, ("relu",))
+  assert config.num_heads == T5Config.__dataclass_fields__["num_heads"].default
+  with pytest.raises(ValueError, match="not found"):
+    train_lib.t5_config_from_gin_file("nope.gin", [str(tmp_path)])
+
+
+def test_relative_paths_cwd_then_repository(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "here").mkdir()
+  assert train_lib.resolve_path("here") == str(tmp_path / "here")
+  assert train_lib.resolve_path("outputs/x") == str(
+      train_lib.REPO_DIR / "outputs" / "x")
+  assert train_lib.resolve_path("../shared/data/multi30k") == str(
+      train_lib.REPO_DIR.parent / "shared" / "data" / "multi30k")
+  assert train_lib.resolve_path("/abs/x") == "/abs/x"
+
+
+def test_gin_search_path_and_flag_rewrite():
+  assert train_lib.GIN_DIR == pathlib.Path(train_lib.__file__).parents[1] / "gin"
+  assert (train_lib.GIN_DIR / "train" / "tiny_ci.gin").is_file()
+  assert train_lib.rewrite_gin_args(
+      ["prog", "--gin.NUM_STEPS=5", "--gin_file=x.gin"]) == [
+          "prog", "--gin_bindings=NUM_STEPS=5", "--gin_file=x.gin"]
+  with pytest.raises(ValueError, match="nope.gin.*not found"):
+    train_lib.parse_gin(["train/nope.gin"], [])
+
+
+def test_command_line_resumes_finished_run(workdir, spm_path, draft):
+  """main() with T5X-style flags; the finished draft run has nothing to do."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  train_lib.define_flags()
+  train_lib.define_flags()  # Idempotent.
+  argv = train_lib.rewrite_gin_args([
+      "train", "--gin_file=train/tiny_ci_draft.gin",
+      f"--gin.MODEL_DIR='{workdir / 'draft'}'",
+      f"--gin.SPM_MODEL_PATH='{spm_path}'",
+      f"--gin.MULTI30K_DIR='{MULTI30K}'", f"--gin.NUM_STEPS={STEPS}",
+      "--gin_bindings=train.eval_num_examples = 0"])
+  gin.clear_config()
+  try:
+    flags.FLAGS(argv)
+    train_lib.main(["train"])
+  finally:
+    flags.FLAGS.unparse_flags()
+    gin.clear_config()
+  metrics = json.loads((workdir / "draft" / "train_metrics.json").read_text())
+  assert metrics["start_step"] == metrics["step"] == STEPS == draft.step
+  assert _checkpoint_steps(workdir / "draft") == [STEPS - 100, STEPS]
+
+
+# ---------------------------------------------------------------------------
+# Pieces (no model).
+# ---------------------------------------------------------------------------
+def test_schedules():
+  cos = train_lib.make_schedule(learning_rate=1.0, warmup_steps=10,
+                                decay="cosine", decay_steps=110,
+                                final_learning_rate_fraction=0.1)
+  np.testing.assert_allclose(
+      [float(cos(s)) for s in (0, 4, 9, 10, 60, 110, 200)],
+      [0.1, 0.5, 1.0, 1.0, 0.55, 0.1, 0.1], rtol=1e-5)
+  rsqrt = train_lib.make_schedule(learning_rate=1.0, warmup_steps=100,
+                                  decay="rsqrt", decay_steps=0)
+  np.testing.assert_allclose([float(rsqrt(s)) for s in (49, 99, 399)],
+                             [0.5, 1.0, 0.5], rtol=1e-5)
+  with pytest.raises(ValueError, match="Unknown decay"):
+    train_lib.make_schedule(learning_rate=1.0, warmup_steps=1, decay="step",
+                            decay_steps=1)
+
+
+@pytest.mark.parametrize("optimizer", train_lib.OPTIMIZERS)
+def test_optimizers_descend(optimizer):
+  tx = train_lib.make_optimizer(
+      optimizer=optimizer, schedule=lambda count: 0.01, weight_decay=0.01,
+      grad_clip_norm=1.0, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9)
+  params = {"w": jnp.ones((4, 3)), "scale": jnp.ones((3,))}
+  loss = lambda p: jnp.sum(jnp.square(p["w"])) + jnp.sum(p["scale"] ** 2)
+  state = tx.init(params)
+  before = loss(params)
+  for _ in range(3):
+    updates, state = tx.update(jax.grad(loss)(params), state, params)
+    params = jax.tree_util.tree_map(lambda p, u: p + u, params, updates)
+  assert loss(params) < before
+
+
+class _CharVocab:
+  """encode/eos_id like a SentencePiece model: one id per character."""
+
+  def eos_id(self):
+    return 1
+
+  def encode(self, text):
+    return [3 + ord(c) % 50 for c in text]
+
+
+def test_batches_deterministic_disjoint_and_shifted():
+  rng = np.random.default_rng(0)
+  pairs = [(f"{i:03d}" + "x" * int(rng.integers(0, 27)),
+            "y" * int(rng.integers(1, 30))) for i in range(203)]
+  kwargs = dict(input_prefix="> ", max_input_length=24, max_target_length=20,
+                batch_size=10, seed=3, length_bucket=8)
+  padding = {}
+  for window in (0, 5):
+    data = train_lib.ParallelData(_CharVocab(), pairs, sort_window=window,
+                                  **kwargs)
+    again = train_lib.ParallelData(_CharVocab(), pairs, sort_window=window,
+                                   **kwargs)
+    assert data.steps_per_epoch == 20
+    seen, real, total = set(), 0, 0
+    for step in range(data.steps_per_epoch):
+      b = data.batch(step)
+      for k, v in again.batch(step).items():
+        np.testing.assert_array_equal(b[k], v)
+      enc, dec_in = b["encoder_input_tokens"], b["decoder_input_tokens"]
+      tgt = b["decoder_target_tokens"]
+      assert enc.shape[1] % 8 == 0 or enc.shape[1] == 24
+      assert tgt.shape[1] % 8 == 0 or tgt.shape[1] == 20
+      assert (dec_in[:, 0] == 0).all()
+      np.testing.assert_array_equal(dec_in[:, 1:], tgt[:, :-1])
+      assert ((tgt == 1).sum(1) == 1).all()  # One EOS per row, kept.
+      rows = {(tuple(r[r > 0]), tuple(t[t > 0])) for r, t in zip(enc, tgt)}
+      assert not rows & seen
+      seen |= rows
+      real += (enc > 0).sum() + (tgt > 0).sum()
+      total += enc.size + tgt.size
+    padding[window] = 1 - real / total
+    # The next epoch is a different order.
+    assert not np.array_equal(data.batch(20)["decoder_target_tokens"],
+                              data.batch(0)["decoder_target_tokens"])
+  assert padding[5] < padding[0]
