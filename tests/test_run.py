@@ -155,3 +155,29 @@ def test_bad_run_arguments_fail_before_loading(tmp_path):
     with pytest.raises(ValueError, match=name):
       run_lib.run(overrides=override)
   assert not list(pathlib.Path(tmp_path).iterdir())
+
+
+@pytest.mark.parametrize("role,name", [
+    ("target", "multi30k_target"), ("draft", "multi30k_draft_1m"),
+    ("draft", "multi30k_draft_4m"),
+    *[(r, f"t5_1_1_{s}") for r in ("target", "draft") for s in T5X_SIZES]])
+def test_scoped_model_files_match_unscoped(role, name):
+  """models/<role>/X.gin binds exactly what the T5X-style models/X.gin does."""
+  from specdec_jax.models import T5Config  # pylint: disable=g-import-not-at-top
+  _parse([f"models/{name}.gin"], ["MODEL_DTYPE = 'float32'"]
+         if name.startswith("t5_1_1") else [])
+  unscoped = T5Config()  # pylint: disable=no-value-for-parameter
+  gin.clear_config()
+  _parse([f"models/{role}/{name}.gin"], [f"{role.upper()}_DTYPE = 'float32'"]
+         if name.startswith("t5_1_1") else [])
+  assert run_lib.model_config(role) == unscoped
+
+
+def test_multi30k_run_configs_parse():
+  for name in ("multi30k_1m", "multi30k_4m", "multi30k_4m_distill"):
+    gin.clear_config()
+    _parse([f"{name}.gin"])
+    target, draft = run_lib.model_config("target"), run_lib.model_config(
+        "draft")
+    assert target.vocab_size == draft.vocab_size == 8000
+    assert draft.num_params < target.num_params / 2
