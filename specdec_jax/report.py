@@ -46,6 +46,7 @@ from specdec_jax import io_utils
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.json"
+ALPHA_FILE = "alpha.json"  # Corollary 3.6 estimate from `run` in alpha mode
 PREDICTIONS_FILE = "predictions.jsonl"
 
 # Colours of Figure 1: accepted draft tokens, rejected draft tokens, and the
@@ -220,6 +221,15 @@ def load_results(results_dir: str,
     metrics["run_dir"] = dirpath
     pred = os.path.join(dirpath, PREDICTIONS_FILE)
     metrics["predictions_path"] = pred if os.path.isfile(pred) else None
+    if ALPHA_FILE in filenames:  # `run` in alpha mode, same settings
+      alpha_path = os.path.join(dirpath, ALPHA_FILE)
+      sampled = _read_json(alpha_path)
+      if not isinstance(sampled, dict) or not _is_number(
+          sampled.get("alpha_beta")):
+        raise ReportError(f"{alpha_path}: not an alpha.json written by "
+                          "`specdec_jax.run` in alpha mode")
+      metrics["alpha_sampled"] = float(sampled["alpha_beta"])
+      metrics["alpha_sampled_stderr"] = sampled.get("alpha_beta_stderr")
     runs.append(metrics)
   if not runs:
     raise ReportError(
@@ -426,7 +436,7 @@ def render_table2(runs: Sequence[Dict[str, Any]]) -> Tuple[str, str]:
 
   fields = [
       "task", "target_model", "draft_model", "temperature", "gamma", "alpha",
-      "alpha_beta", "speedup", "theoretical_speedup", "cost_coefficient_c",
+      "alpha_beta", "alpha_sampled", "speedup", "theoretical_speedup", "cost_coefficient_c",
       "quality_metric", "quality_baseline", "quality_speculative",
       "best_gamma_for_draft", "starred", "synthetic", "run_name"
   ]

@@ -303,3 +303,20 @@ def test_skips_absent_figures(tmp_path, caplog):
   assert "skipping timeline" in caplog.text
   for path in written.values():
     assert os.path.getsize(path) > 0
+
+
+def test_alpha_json_from_alpha_mode_is_merged(tmp_path):
+  root = _copy_fixture(tmp_path)
+  run_dir = sorted(d for d in os.listdir(root)
+                   if os.path.isdir(os.path.join(root, d)))[0]
+  with open(os.path.join(root, run_dir, "alpha.json"), "w") as f:
+    json.dump({"alpha_beta": 0.6543, "alpha_beta_stderr": 0.01}, f)
+  out = tmp_path / "out"
+  report.render_report(str(root), str(out))
+  rows = {r["run_name"]: r for r in _read_csv(str(out / "table2.csv"))}
+  assert float(rows[run_dir]["alpha_sampled"]) == pytest.approx(0.6543)
+  assert sum(1 for r in rows.values() if r["alpha_sampled"]) == 1
+  with open(os.path.join(root, run_dir, "alpha.json"), "w") as f:
+    f.write("[1, 2]")
+  assert report.main([str(root), "--output_dir", str(tmp_path / "out2")]) == 2
+  assert not (tmp_path / "out2").exists()
