@@ -29,3 +29,4 @@ for draft in 1m 4m 4m_distill; do
   done
 done
 python -m specdec_jax.report "$OUT/results"
+python scripts/multi30k_summary.py --out "$OUT" | tee "$OUT/summary.md"
