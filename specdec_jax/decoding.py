@@ -315,8 +315,11 @@ def _temperature_sample(target, encoder_input_tokens, rng, *,
   def body(s):
     logits, cache = target.decode_chunk(s.buffer[rows, s.length][:, None],
                                         s.cache)
-    probs = sampling.standardize(logits[:, 0], temperature, top_k, top_p)
-    token = sampling.sample_from(jax.random.fold_in(rng, s.step), probs)
+    if temperature == 0.0:  # Same token as sampling the one-hot; cheaper.
+      token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+    else:
+      probs = sampling.standardize(logits[:, 0], temperature, top_k, top_p)
+      token = sampling.sample_from(jax.random.fold_in(rng, s.step), probs)
     active = jnp.logical_not(s.done)
     buffer = s.buffer.at[rows, s.length + 1].set(
         jnp.where(active, token, s.buffer[rows, s.length + 1]))

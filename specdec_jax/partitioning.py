@@ -355,15 +355,16 @@ def shard_inputs(mesh: Mesh, tokens: Any) -> jax.Array:
 def cache_partition_specs(cache: DecodeCache, mesh: Mesh) -> DecodeCache:
   """Specs for a `DecodeCache`: batch over 'data', heads over 'model'.
 
-  keys/values and cross_keys/values are [layers, B, T, H, D]; each axis is
-  used only where it divides the dimension.
+  keys/values and cross_keys/values are per-layer [B, T, H, D] arrays; each
+  axis is used only where it divides the dimension.
   """
   def axis(name, dim):
     return name if _divides(mesh, name, dim) else None
 
-  def kv(x):
-    return PartitionSpec(None, axis(DATA_AXIS, x.shape[1]), None,
-                         axis(MODEL_AXIS, x.shape[3]), None)
+  def kv(layers):
+    return tuple(PartitionSpec(axis(DATA_AXIS, x.shape[0]), None,
+                               axis(MODEL_AXIS, x.shape[2]), None)
+                 for x in layers)
 
   batch = axis(DATA_AXIS, cache.length.shape[0])
   return DecodeCache(

@@ -309,28 +309,32 @@ class Embed(nn.Module):
 # ---------------------------------------------------------------------------
 @flax.struct.dataclass
 class DecodeCache:
-  """Decoder state for cached decoding; all layers stacked on axis 0.
+  """Decoder state for cached decoding.
+
+  One array per layer (tuples), so that each layer's chunk is written in
+  place into its own buffer; stacking layers would copy the whole cache on
+  every call.
 
   Attributes:
-    keys, values: [layers, B, max_len, H, D] self-attention keys/values at
-      absolute decoder positions 0..max_len-1. Entries at positions
+    keys, values: per layer, [B, max_len, H, D] self-attention keys/values
+      at absolute decoder positions 0..max_len-1. Entries at positions
       >= `length` are stale and masked out, never read.
-    cross_keys, cross_values: [layers, B, S, H, D] encoder-decoder attention
-      keys/values, projected once from the encoder output.
+    cross_keys, cross_values: per layer, [B, S, H, D] encoder-decoder
+      attention keys/values, projected once from the encoder output.
     encoder_valid: [B, S] bool, False at encoder padding.
     length: [B] int32, number of decoder positions whose keys/values are
       valid, per row. Rolling back is `cache.replace(length=...)`.
   """
-  keys: Array
-  values: Array
-  cross_keys: Array
-  cross_values: Array
+  keys: Tuple[Array, ...]
+  values: Tuple[Array, ...]
+  cross_keys: Tuple[Array, ...]
+  cross_values: Tuple[Array, ...]
   encoder_valid: Array
   length: Array
 
   @property
   def max_len(self) -> int:
-    return self.keys.shape[2]
+    return self.keys[0].shape[1]
 
 
 def _write_chunk(cache_rows: Array, chunk: Array, start: Array) -> Array:
@@ -445,12 +449,11 @@ class Decoder(nn.Module):
   def init_cache(self, encoded, encoder_input_tokens, max_len):
     keys, values = zip(*[layer.cross_kv(encoded) for layer in self.layers])
     batch = encoded.shape[0]
-    shape = (self.config.num_decoder_layers, batch, max_len,
-             self.config.num_heads, self.config.head_dim)
+    shape = (batch, max_len, self.config.num_heads, self.config.head_dim)
+    empty = tuple(jnp.zeros(shape, self.config.dtype) for _ in self.layers)
     return DecodeCache(
-        keys=jnp.zeros(shape, self.config.dtype),
-        values=jnp.zeros(shape, self.config.dtype),
-        cross_keys=jnp.stack(keys), cross_values=jnp.stack(values),
+        keys=empty, values=empty, cross_keys=tuple(keys),
+        cross_values=tuple(values),
         encoder_valid=encoder_input_tokens > 0,
         length=jnp.zeros((batch,), jnp.int32))
 
@@ -477,8 +480,8 @@ class Decoder(nn.Module):
       new_values.append(lv)
     y = self.decoder_norm(y)
     logits = self._logits(y)
-    cache = cache.replace(keys=jnp.stack(new_keys),
-                          values=jnp.stack(new_values), length=start + k)
+    cache = cache.replace(keys=tuple(new_keys), values=tuple(new_values),
+                          length=start + k)
     return logits, cache
 
 
