@@ -82,6 +82,7 @@ import optax
 import specdec_jax
 from specdec_jax import checkpoints
 from specdec_jax import gin_utils
+from specdec_jax import io_utils
 from specdec_jax import tasks
 from specdec_jax import vocab as vocab_lib
 from specdec_jax.models.config import T5Config
@@ -527,16 +528,6 @@ class _QuietAbsl:
     logging.set_verbosity(self._level)
 
 
-def _atomic_write(path: str, data, binary: bool = False) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}-{time.time_ns()}"
-  with open(tmp, "wb" if binary else "w",
-            **({} if binary else {"encoding": "utf-8"})) as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
-
-
 def list_checkpoints(model_dir: str) -> List[Tuple[int, str]]:
   """(step, path) of the complete checkpoint_<step> dirs, by step."""
   if not os.path.isdir(model_dir):
@@ -574,9 +565,9 @@ def save_checkpoint(model_dir: str, step: int, params, opt_state,
       path = checkpoints.save_params(host_params, staging, step=step)
     state = {"step": np.asarray(step, np.int64),
              "opt_state": jax.device_get(opt_state)}
-    _atomic_write(os.path.join(path, TRAIN_STATE_FILE),
-                  serialization.to_bytes(state), binary=True)
-    _atomic_write(os.path.join(path, MODEL_CONFIG_FILE),
+    io_utils.atomic_write(os.path.join(path, TRAIN_STATE_FILE),
+                          serialization.to_bytes(state))
+    io_utils.atomic_write(os.path.join(path, MODEL_CONFIG_FILE),
                   json.dumps(config_to_dict(config), indent=2))
     os.rename(path, final)
   finally:
@@ -988,10 +979,10 @@ def train(*,
     start_step, params, opt_state = restore_checkpoint(last_ckpt, config,
                                                        opt_state)
     logging.info("Resuming from %s at step %d.", last_ckpt, start_step)
-  _atomic_write(os.path.join(model_dir, MODEL_CONFIG_FILE),
+  io_utils.atomic_write(os.path.join(model_dir, MODEL_CONFIG_FILE),
                 json.dumps(config_to_dict(config), indent=2))
   try:
-    _atomic_write(os.path.join(model_dir, "config.gin"),
+    io_utils.atomic_write(os.path.join(model_dir, "config.gin"),
                   gin.operative_config_str())
   except Exception:  # pylint: disable=broad-except
     pass
@@ -1111,7 +1102,7 @@ def train(*,
                    s["prediction"])
     result_metrics["eval"] = ev
   result_metrics["wall_seconds"] = time.time() - t_begin
-  _atomic_write(os.path.join(model_dir, METRICS_FILE),
+  io_utils.atomic_write(os.path.join(model_dir, METRICS_FILE),
                 json.dumps(result_metrics, indent=2, ensure_ascii=False))
   return TrainResult(step=step, start_step=start_step, params=params,
                      opt_state=opt_state, history=history,
