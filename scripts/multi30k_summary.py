@@ -49,8 +49,9 @@ def model_bleu(out_dir, name, sources, references, vocab, max_len=64):
   """Greedy BLEU of one model alone on the given sources."""
   model_dir, gin_file = MODELS[name]
   ckpt = checkpoints.latest_checkpoint(os.path.join(out_dir, model_dir))
-  if ckpt is None:
-    return None
+  if ckpt is None or not os.path.exists(
+      os.path.join(out_dir, model_dir, "train_metrics.json")):
+    return None  # not trained, or training not finished
   config = _config(gin_file)
   params = checkpoints.load_t5x_params(ckpt)
   model = T5Model(config, {"params": params})
