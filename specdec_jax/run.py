@@ -518,7 +518,7 @@ def _traces(vocab, out: decoding.SpeculativeOutput, real: int) -> List[dict]:
   drafts = np.asarray(out.trace_draft_tokens)
   accepted = np.asarray(out.trace_num_accepted)
   nexts = np.asarray(out.trace_next_token)
-  piece = lambda t: vocab.decode([int(t)])  # pylint: disable=unnecessary-lambda-assignment
+  piece = functools.partial(_token_text, vocab)
   for r in range(real):
     n = int(calls[r])
     rows.append({
@@ -528,6 +528,16 @@ def _traces(vocab, out: decoding.SpeculativeOutput, real: int) -> List[dict]:
                    "target_token": piece(nexts[r, i])} for i in range(n)],
     })
   return rows
+
+
+def _token_text(vocab, token) -> str:
+  """One token as text, keeping SentencePiece's word-initial space
+  (`vocab.decode([t])` drops it, which glues a rendered trace together)."""
+  token = int(token)
+  tokenizer = getattr(vocab, "tokenizer", None)
+  if tokenizer is not None and 0 <= token < tokenizer.get_piece_size():
+    return tokenizer.id_to_piece(token).replace("\u2581", " ")
+  return vocab.decode([token])
 
 
 def _timeline(accepted_counts, gamma, t_draft, t_target) -> List[dict]:
