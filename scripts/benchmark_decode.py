@@ -9,8 +9,9 @@ Example (CPU, a few minutes):
   python scripts/benchmark_decode.py --target small --draft xsmall \
       --max_decode_length 64 --output benchmarks/cpu_small.json
 
-Sizes: tiny, mini, xsmall, small, base, large, xl, xxl, or a gin file
-binding T5Config (e.g. gin/models/t5_1_1_small.gin).
+Sizes: tiny, mini, xsmall (gin/models/bench_<size>.gin), small, base, large,
+xl, xxl (gin/models/t5_1_1_<size>.gin), or a gin file binding T5Config
+(e.g. gin/models/multi30k_target.gin, gin/local_tiny.gin).
 """
 import sys
 

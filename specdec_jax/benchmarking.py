@@ -49,11 +49,12 @@ import functools
 import json
 import math
 import os
-import pathlib
 import sys
 import time
+import tokenize
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,7 +62,11 @@ from jax import lax
 
 from specdec_jax import analysis
 from specdec_jax import decoding
+from specdec_jax import gin_utils
 from specdec_jax import io_utils
+from specdec_jax import run
+# Registers the train.* configurables that training gin files bind.
+from specdec_jax import train  # pylint: disable=unused-import
 from specdec_jax.models.config import T5Config
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.models.t5 import init_params
@@ -71,30 +76,14 @@ Array = jax.Array
 # ---------------------------------------------------------------------------
 # Model sizes.
 # ---------------------------------------------------------------------------
-_T5_VOCAB = 32128
-
-# T5 v1.1 sizes (T5X's t5_1_1/*.gin) plus small test/CPU configs.
-MODEL_SIZES: Dict[str, Dict[str, Any]] = {
-    # Tests only.
-    "tiny": dict(vocab_size=128, emb_dim=32, num_heads=4, head_dim=8,
-                 mlp_dim=64, num_encoder_layers=2, num_decoder_layers=2),
-    "mini": dict(vocab_size=128, emb_dim=16, num_heads=2, head_dim=8,
-                 mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1),
-    # A ~4-layer, 256-wide draft for T5 small (CPU benchmarks).
-    "xsmall": dict(vocab_size=_T5_VOCAB, emb_dim=256, num_heads=4,
-                   head_dim=64, mlp_dim=512, num_encoder_layers=4,
-                   num_decoder_layers=4),
-    "small": dict(vocab_size=_T5_VOCAB, emb_dim=512, num_heads=6, head_dim=64,
-                  mlp_dim=1024, num_encoder_layers=8, num_decoder_layers=8),
-    "base": dict(vocab_size=_T5_VOCAB, emb_dim=768, num_heads=12, head_dim=64,
-                 mlp_dim=2048, num_encoder_layers=12, num_decoder_layers=12),
-    "large": dict(vocab_size=_T5_VOCAB, emb_dim=1024, num_heads=16,
-                  head_dim=64, mlp_dim=2816, num_encoder_layers=24,
-                  num_decoder_layers=24),
-    "xl": dict(vocab_size=_T5_VOCAB, emb_dim=2048, num_heads=32, head_dim=64,
-               mlp_dim=5120, num_encoder_layers=24, num_decoder_layers=24),
-    "xxl": dict(vocab_size=_T5_VOCAB, emb_dim=4096, num_heads=64, head_dim=64,
-                mlp_dim=10240, num_encoder_layers=24, num_decoder_layers=24),
+# Size names of --target/--draft -> model gin files (under gin/): the T5 v1.1
+# sizes (T5X's t5_1_1/*.gin hyperparameters) plus small test/CPU configs.
+MODEL_SIZES: Dict[str, str] = {
+    "tiny": "models/bench_tiny.gin",  # Tests only.
+    "mini": "models/bench_mini.gin",  # Tests only.
+    "xsmall": "models/bench_xsmall.gin",  # A draft for small (CPU).
+    **{size: f"models/t5_1_1_{size}.gin"
+       for size in ("small", "base", "large", "xl", "xxl")},
 }
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -134,162 +123,91 @@ def _flag_error(flag: str, value: Any, allowed: str) -> BenchmarkFlagError:
 
 
 # ---------------------------------------------------------------------------
-# Gin files: only the T5Config bindings, without touching gin's global state.
+# Gin files: the T5Config a file binds, read with gin.
 # ---------------------------------------------------------------------------
-_REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Scopes that the repository's model files bind T5Config under.
+_ROLE_SCOPES = ("target", "draft")
 
 
-class _GinMacro:
-
-  def __init__(self, name):
-    self.name = name
-
-
-class _GinReference:
-
-  def __init__(self, name):
-    self.name = name
+def _binds_t5_config(scope: str) -> bool:
+  selector = f"{scope}/T5Config" if scope else "T5Config"
+  return bool(gin.get_bindings(selector, resolve_references=False,
+                               inherit_scopes=False))
 
 
-def _gin_delegate():
-  from gin import config_parser  # pylint: disable=g-import-not-at-top
+def load_gin_config(path: os.PathLike, role: str = "") -> Tuple[T5Config, str]:
+  """The T5Config that a gin file binds for `role`, and the scope read.
 
-  class Delegate(config_parser.ParserDelegate):
+  Parses the file with gin as `specdec_jax.run` does (includes are looked up
+  in the current directory, the file's folder and the repository's gin/
+  folder; run/train configurables are registered) and builds `T5Config`
+  under the `role` scope, as `run.model_config`: `role/T5Config.x` bindings
+  override unscoped ones. A file that binds T5Config under the other role's
+  scope only (a models/draft/ file given as the target) is read under that
+  scope.
 
-    def configurable_reference(self, scoped_configurable_name, evaluate):
-      return _GinReference(scoped_configurable_name)
+  Gin's configuration is global: it is cleared before parsing (so a file read
+  earlier, which may bind the same unscoped T5Config, does not leak in) and
+  after (a caller's own gin config does not survive the call), and gin's
+  search path is put back as it was.
 
-    def macro(self, macro_name):
-      return _GinMacro(macro_name)
-
-  return Delegate()
-
-
-def _resolve_include(name: str, including: pathlib.Path
-                     ) -> Optional[pathlib.Path]:
-  candidates = [pathlib.Path(name)]
-  if not os.path.isabs(name):
-    candidates += [including.parent / name, _REPO_ROOT / name,
-                   _REPO_ROOT / "gin" / name]
-  for c in candidates:
-    if c.is_file():
-      return c
-  return None
-
-
-def _read_gin(path: pathlib.Path, bindings: Dict[str, Any],
-              macros: Dict[str, Any], missing: List[str], depth: int = 0
-              ) -> None:
-  from gin import config_parser  # pylint: disable=g-import-not-at-top
-  if depth > 20:
-    raise ValueError(f"{path}: gin includes nested too deeply (a cycle?).")
-  parser = config_parser.ConfigParser(path.read_text(), _gin_delegate())
-  for statement in parser:
-    if isinstance(statement, config_parser.IncludeStatement):
-      included = _resolve_include(statement.filename, path)
-      if included is None:
-        missing.append(statement.filename)
-      else:
-        _read_gin(included, bindings, macros, missing, depth + 1)
-    elif isinstance(statement, config_parser.BindingStatement):
-      if not statement.arg_name:  # A macro definition: NAME = value.
-        macros[statement.selector] = statement.value
-      elif statement.selector.split(".")[-1] == "T5Config":
-        scope = statement.scope.split("/")[-1] if statement.scope else ""
-        bindings.setdefault(scope, {})[statement.arg_name] = statement.value
-
-
-def _resolve_macros(value, macros, path):
-  for _ in range(50):
-    if not isinstance(value, _GinMacro):
-      break
-    name = value.name.split("/")[-1]
-    if name not in macros:
-      raise ValueError(f"{path}: gin macro %{value.name} is not defined.")
-    value = macros[name]
-  if isinstance(value, (list, tuple)):
-    return type(value)(_resolve_macros(v, macros, path) for v in value)
-  return value
-
-
-def load_gin_config(path: os.PathLike, role: str = ""
-                    ) -> Tuple[T5Config, List[str]]:
-  """The T5Config bound in a (T5X-style) gin file, plus unresolved includes.
-
-  Reads `T5Config.<field> = ...` bindings under any module prefix (e.g.
-  `network.T5Config`), in line or block form, following includes it can find
-  (relative to the file, the repository root or `gin/`) and macros. Gin's
-  global configuration is not touched. A `dtype` bound to a configurable
-  reference is ignored (the benchmark's --dtype decides).
-
-  Scopes: bindings under the `role` scope (e.g. `target/T5Config.emb_dim`
-  for role "target") override unscoped ones; a file whose T5Config bindings
-  all sit under one other scope (a `draft/` file given as the target) uses
-  that scope.
+  Returns:
+    (config, scope): `scope` is `role`, or the other role's scope read.
 
   Raises:
-    ValueError: unreadable file, no T5Config binding, ambiguous scopes,
-      unknown field, or an unsupported value.
+    ValueError: gin cannot read or parse the file (or an include), or it binds
+      no T5Config for `role`.
   """
-  path = pathlib.Path(path)
-  scoped: Dict[str, Dict[str, Any]] = {}
-  macros: Dict[str, Any] = {}
-  missing: List[str] = []
+  path = os.path.abspath(path)
+  # Gin has no public way to remove a search path.
+  search_paths = gin.config._LOCATION_PREFIXES  # pylint: disable=protected-access
+  saved_search_paths = list(search_paths)
+  gin.clear_config()
   try:
-    _read_gin(path, scoped, macros, missing)
-  except OSError as e:
-    raise ValueError(f"{path}: cannot read ({e.strerror}).") from None
-  except SyntaxError as e:
-    raise ValueError(f"{path}: gin syntax error: {e}") from None
-  if not scoped:
-    raise ValueError(
-        f"{path}: no T5Config bindings found"
-        + (f" (includes not found: {', '.join(missing)})" if missing else "")
-        + ".")
-  bindings = dict(scoped.get("", {}))
-  if role and role in scoped:
-    bindings.update(scoped[role])
-  elif not bindings:
-    others = sorted(scoped)
-    if len(others) != 1:
-      raise ValueError(
-          f"{path}: T5Config is bound under scopes {others}, none of them "
-          f"{role!r} or unscoped.")
-    bindings = dict(scoped[others[0]])
-  fields = {f.name for f in dataclasses.fields(T5Config)}
-  kwargs = {}
-  for name, value in bindings.items():
-    if name not in fields:
-      raise ValueError(f"{path}: T5Config has no field {name!r} (fields: "
-                       f"{', '.join(sorted(fields))}).")
-    value = _resolve_macros(value, macros, path)
-    if isinstance(value, _GinReference):
-      if name == "dtype":
-        continue
-      raise ValueError(f"{path}: T5Config.{name} = @{value.name} is not "
-                       "supported by the benchmark's gin reader.")
-    kwargs[name] = value
-  return T5Config(**kwargs), missing
+    gin_utils.parse_gin([path], [], [os.path.dirname(path)], finalize=False)
+    scope = role
+    if not (_binds_t5_config(role) or _binds_t5_config("")):
+      others = [s for s in _ROLE_SCOPES if _binds_t5_config(s)]
+      if len(others) != 1:
+        raise ValueError(
+            f"{path}: binds no T5Config" +
+            (f" under the {role}/ scope or" if role else "") + " unscoped" +
+            (" (it binds both target/ and draft/T5Config)" if others else "")
+            + ".")
+      scope = others[0]
+    return run.model_config(scope), scope
+  # Gin's other errors: missing files, syntax, unknown imports, and
+  # undefined macros or ill-typed values (TypeError).
+  except (OSError, SyntaxError, tokenize.TokenError, ImportError,
+          TypeError) as e:
+    raise ValueError(f"{path}: {e}") from None
+  finally:
+    gin.clear_config()
+    search_paths[:] = saved_search_paths
 
 
 def resolve_model_config(spec: str, flag: str
                          ) -> Tuple[T5Config, str, List[str]]:
-  """A size name from MODEL_SIZES or a gin file path -> (config, label, warnings)."""
+  """A size name or a gin file path -> (config, label, warnings)."""
   if spec in MODEL_SIZES:
-    return T5Config(**MODEL_SIZES[spec]), spec, []
-  looks_like_path = spec.endswith(".gin") or os.sep in spec
-  if not looks_like_path:
+    path = gin_utils.GIN_DIR / MODEL_SIZES[spec]
+  elif not (spec.endswith(".gin") or os.sep in spec):
     raise _flag_error(flag, spec, "one of " + ", ".join(MODEL_SIZES) +
                       ", or the path of a gin file binding T5Config")
-  if not os.path.isfile(spec):
+  elif not os.path.isfile(spec):
     raise _flag_error(flag, spec, "an existing gin file or one of " +
                       ", ".join(MODEL_SIZES))
+  else:
+    path = spec
   try:
-    config, missing = load_gin_config(spec, role=flag)
+    config, scope = load_gin_config(path, role=flag)
   except ValueError as e:
-    raise BenchmarkFlagError(f"--{flag}: {e}") from None
-  warnings = [f"--{flag}: {spec}: include {m!r} not found (ignored)"
-              for m in missing]
+    raise _flag_error(flag, spec, f"a gin file binding T5Config; {e}"
+                      ) from None
+  warnings = []
+  if scope != flag:
+    warnings.append(f"--{flag}: {spec}: T5Config is bound under the "
+                    f"{scope}/ scope only; using it")
   return config, spec, warnings
 
 
@@ -493,42 +411,25 @@ def validate(*, target="small", draft="xsmall", alphas="0.5,0.75,0.9",
 # ---------------------------------------------------------------------------
 # Synthetic acceptance (timing only; never used by speculative_sample).
 # ---------------------------------------------------------------------------
-def synthetic_accept(rng: Array, target_probs: Array, draft_probs: Array,
-                     draft_tokens: Array, *, alpha) -> Tuple[Array, Array]:
-  """An `accept_fn` that accepts each draft token with probability alpha.
+def synthetic_accept(rng: Array, shape: Tuple[int, int], *, alpha) -> Array:
+  """A `synthetic_acceptance` mask: each guess kept with probability alpha.
 
-  n = number of leading successes of γ independent Bernoulli(alpha) trials
-  (u < alpha with u ~ U[0, 1): alpha = 1 accepts all, alpha = 0 none); the
-  next token is the argmax of the target's row n. For timing only: the
-  output is NOT distributed as the target's.
+  Replaces Algorithm 1's accept test in `decoding.speculative_iteration`, so
+  n = leading successes of γ independent Bernoulli(alpha) trials (u < alpha
+  with u ~ U[0, 1): alpha = 1 accepts all, alpha = 0 none); everything else
+  (probabilities, the residual or argmax token, statistics) runs as in a
+  real iteration. For timing only: the output is NOT the target's
+  distribution.
 
   Args:
     rng: PRNG key.
-    target_probs: [B, γ+1, V].
-    draft_probs: [B, γ, V] (unused).
-    draft_tokens: [B, γ].
+    shape: (B, γ).
     alpha: acceptance probability (Python float or traced scalar).
 
   Returns:
-    (num_accepted [B] int32, next_token [B] int32).
+    [B, γ] bool.
   """
-  del draft_probs
-  batch, gamma = draft_tokens.shape
-  u = jax.random.uniform(rng, (batch, gamma))
-  accepted = (u < alpha).astype(jnp.int32)
-  n = jnp.sum(jnp.cumprod(accepted, axis=-1), axis=-1).astype(jnp.int32)
-  next_token = jnp.argmax(target_probs[jnp.arange(batch), n], axis=-1)
-  return n, next_token.astype(jnp.int32)
-
-
-@dataclasses.dataclass(frozen=True)
-class SyntheticAccept:
-  """`synthetic_accept` at a fixed alpha, hashable (usable as a static arg)."""
-  alpha: float
-
-  def __call__(self, rng, target_probs, draft_probs, draft_tokens):
-    return synthetic_accept(rng, target_probs, draft_probs, draft_tokens,
-                            alpha=self.alpha)
+  return jax.random.uniform(rng, shape) < alpha
 
 
 def expected_accepted(alpha: float, gamma: int) -> Tuple[float, float]:
@@ -549,7 +450,7 @@ def _synthetic_speculative_loop(target, drafter, encoder_input_tokens, rng,
       target, drafter, encoder_input_tokens, rng, gamma=gamma,
       max_decode_length=max_decode_length, temperature=temperature, top_k=0,
       top_p=1.0, eos_id=eos_id,
-      accept_fn=functools.partial(synthetic_accept, alpha=alpha))
+      synthetic_acceptance=functools.partial(synthetic_accept, alpha=alpha))
 
 
 # ---------------------------------------------------------------------------
@@ -591,7 +492,9 @@ def _propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma,
     state, tokens, probs = drafter.propose(
         state.replace(length=n), buffer, n, jax.random.fold_in(rng, i),
         gamma=gamma, temperature=temperature, top_k=0, top_p=1.0)
-    return state, acc + probs[0, -1, 0] + jnp.sum(tokens).astype(jnp.float32)
+    # Depend on the outputs so nothing is optimized away (no q at T=0).
+    acc = acc + jnp.sum(tokens).astype(jnp.float32)
+    return state, acc if probs is None else acc + probs[0, -1, 0]
 
   return lax.fori_loop(0, steps, body, (draft_state, jnp.float32(0.0)))
 
@@ -601,7 +504,7 @@ def _propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma,
 def _iteration_loop(target, drafter, state, fill, rng, alpha, eos_id, *,
                     gamma, max_decode_length, temperature, steps):
   """`steps` full speculative iterations, each from length fill(+1)."""
-  accept_fn = functools.partial(synthetic_accept, alpha=alpha)
+  acceptance = functools.partial(synthetic_accept, alpha=alpha)
 
   def body(i, s):
     n = fill + i % 2
@@ -611,7 +514,7 @@ def _iteration_loop(target, drafter, state, fill, rng, alpha, eos_id, *,
     return decoding.speculative_iteration(
         target, drafter, s, rng, gamma=gamma,
         max_decode_length=max_decode_length, temperature=temperature,
-        top_k=0, top_p=1.0, eos_id=eos_id, accept_fn=accept_fn)
+        top_k=0, top_p=1.0, eos_id=eos_id, synthetic_acceptance=acceptance)
 
   return lax.fori_loop(0, steps, body, state)
 

@@ -6,8 +6,9 @@ Both are single jitted programs with no host round trip per token:
   `lax.while_loop` (the counterpart of T5X's `decoding.temperature_sample`).
 * `speculative_sample`: an outer `lax.while_loop` over iterations; each runs
   the drafter (a T5 draft model runs γ steps in a `lax.fori_loop`), one target
-  call over the γ+1 positions, `sampling.speculative_accept`, and a rollback
-  of both caches by setting their per-row lengths.
+  call over the γ+1 positions, Algorithm 1's accept step (`sampling`), and a
+  rollback of both caches by setting their per-row lengths. At temperature 0
+  everything works on argmax tokens: no [B, γ, V] probabilities are built.
 
 Sequence bookkeeping, per row: `buffer[:, 0]` is the decoder start token (0)
 and `buffer[:, t]` the t-th generated token. `length` n is the number of
@@ -17,7 +18,7 @@ next target input is `buffer[n]`. Rows finish on EOS or at
 """
 import abc
 import functools
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import flax
 import jax
@@ -173,6 +174,8 @@ class Drafter(abc.ABC):
     Returns:
       (state, draft_tokens [B, γ] int32, draft_probs [B, γ, V] float32): the
       guesses and the standardized distributions q_1..q_γ they came from.
+      At temperature 0 draft_probs may be None: the target is then one-hot
+      and Algorithm 1 does not depend on q (`sampling.greedy_accept`).
     """
 
   @abc.abstractmethod
@@ -206,9 +209,6 @@ class T5Drafter(Drafter):
               temperature, top_k, top_p):
     batch = buffer.shape[0]
     rows = jnp.arange(batch)
-    standardize = functools.partial(sampling.standardize,
-                                    temperature=temperature, top_k=top_k,
-                                    top_p=top_p)
     # Step 1: catch up (1 or 2 new tokens) and guess x_1. The 2-token chunk
     # is only paid when some row lags: a K=2 call costs up to 2x a K=1 call
     # on compute-bound backends such as CPU.
@@ -227,23 +227,31 @@ class T5Drafter(Drafter):
 
     logits, state = lax.cond(jnp.any(start < length), feed_two, feed_one,
                              state)
-    q = standardize(logits)
-    rngs = jax.random.split(rng, gamma)
-    token = sampling.sample_from(rngs[0], q)
     state = state.replace(length=length + 1)
+    rngs = jax.random.split(rng, gamma)
+    greedy = temperature == 0.0
+
+    def guess(logits, rng):
+      """(x_i [B], q_i [B, V] or None) from the draft's logits [B, V]."""
+      if greedy:  # q is one-hot and never needed (see `propose`).
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+      q = sampling.standardize(logits, temperature, top_k, top_p)
+      return sampling.sample_from(rng, q), q
+
+    token, q = guess(logits, rngs[0])
     draft_tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(token)
-    draft_probs = jnp.zeros((batch, gamma, q.shape[-1]),
-                            jnp.float32).at[:, 0].set(q)
+    draft_probs = None if greedy else jnp.zeros(
+        (batch, gamma, q.shape[-1]), jnp.float32).at[:, 0].set(q)
 
     # Steps 2..γ: feed x_{i-1}, guess x_i.
     def step(i, carry):
       state, draft_tokens, draft_probs = carry
       logits, state = self.model.decode_chunk(draft_tokens[:, i - 1, None],
                                               state)
-      q = standardize(logits[:, 0])
-      token = sampling.sample_from(rngs[i], q)
-      return (state, draft_tokens.at[:, i].set(token),
-              draft_probs.at[:, i].set(q))
+      token, q = guess(logits[:, 0], rngs[i])
+      if not greedy:
+        draft_probs = draft_probs.at[:, i].set(q)
+      return state, draft_tokens.at[:, i].set(token), draft_probs
 
     state, draft_tokens, draft_probs = lax.fori_loop(
         1, gamma, step, (state, draft_tokens, draft_probs))
@@ -390,8 +398,14 @@ def speculative_iteration(target: T5Model, drafter: Drafter,
                           s: _SpeculativeState, rng: Array, *, gamma: int,
                           max_decode_length: int, temperature: float,
                           top_k: int, top_p: float, eos_id: int,
-                          accept_fn: Callable) -> _SpeculativeState:
-  """One iteration of Algorithm 1 for every row of the batch."""
+                          synthetic_acceptance: Optional[Callable] = None
+                          ) -> _SpeculativeState:
+  """One iteration of Algorithm 1 for every row of the batch.
+
+  `synthetic_acceptance` is for timing only (`benchmarking`): a function
+  (rng, shape [B, γ]) -> bool [B, γ] that replaces the accept test, so the
+  loop runs at a chosen α. The output is then NOT the target's distribution.
+  """
   batch = s.buffer.shape[0]
   rows = jnp.arange(batch)
   draft_rng, accept_rng = jax.random.split(jax.random.fold_in(rng,
@@ -404,9 +418,25 @@ def speculative_iteration(target: T5Model, drafter: Drafter,
   # One target call over the γ+1 positions n..n+γ.
   chunk = jnp.concatenate([s.buffer[rows, n][:, None], draft_tokens], axis=1)
   logits, target_cache = target.decode_chunk(chunk, s.target_cache)
-  target_probs = sampling.standardize(logits, temperature, top_k, top_p)
-  num_accepted, next_token = accept_fn(accept_rng, target_probs, draft_probs,
-                                       draft_tokens)
+  accept_rng, residual_rng = jax.random.split(accept_rng)
+  if temperature == 0.0:
+    # One-hot p and q: no [B, γ+1, V] probabilities at all.
+    target_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    accepted = target_tokens[:, :gamma] == draft_tokens
+    beta = accepted.astype(jnp.float32)  # Σ min(p, q) of two one-hots.
+  else:
+    target_probs = sampling.standardize(logits, temperature, top_k, top_p)
+    accepted = sampling.acceptance_mask(accept_rng, target_probs, draft_probs,
+                                        draft_tokens)
+    beta = sampling.acceptance_beta(target_probs[:, :gamma], draft_probs)
+  if synthetic_acceptance is not None:
+    accepted = synthetic_acceptance(accept_rng, accepted.shape)
+  num_accepted = sampling.leading_accepted(accepted)
+  if temperature == 0.0:
+    next_token = target_tokens[rows, num_accepted]
+  else:
+    next_token = sampling.residual_sample(residual_rng, target_probs,
+                                          draft_probs, num_accepted)
 
   # Emit x_1..x_n then the extra token; stale guesses past it get overwritten
   # later or masked at the end.
@@ -427,7 +457,6 @@ def speculative_iteration(target: T5Model, drafter: Drafter,
   histogram = s.histogram.at[rows, num_accepted].add(act)
   visited = (jnp.arange(gamma)[None, :] <= num_accepted[:, None]) & active[
       :, None]  # positions 1..min(n+1, γ): their context is on the output.
-  beta = sampling.acceptance_beta(target_probs[:, :gamma], draft_probs)
   slot = jnp.minimum(s.target_calls, max_decode_length - 1)
   trace_draft = s.trace_draft.at[rows, slot].set(
       jnp.where(active[:, None], draft_tokens, s.trace_draft[rows, slot]))
@@ -473,14 +502,15 @@ def init_speculative_state(target: T5Model, drafter: Drafter,
 
 def _speculative_loop(target, drafter, encoder_input_tokens, rng, *, gamma,
                       max_decode_length, temperature, top_k, top_p, eos_id,
-                      accept_fn):
+                      synthetic_acceptance=None):
   state = init_speculative_state(target, drafter, encoder_input_tokens,
                                  gamma=gamma,
                                  max_decode_length=max_decode_length)
   iteration = functools.partial(
       speculative_iteration, target, drafter, rng=rng, gamma=gamma,
       max_decode_length=max_decode_length, temperature=temperature,
-      top_k=top_k, top_p=top_p, eos_id=eos_id, accept_fn=accept_fn)
+      top_k=top_k, top_p=top_p, eos_id=eos_id,
+      synthetic_acceptance=synthetic_acceptance)
   state = lax.while_loop(lambda s: jnp.logical_not(jnp.all(s.done)),
                          iteration, state)
   return SpeculativeOutput(
@@ -495,7 +525,7 @@ def _speculative_loop(target, drafter, encoder_input_tokens, rng, *, gamma,
 _jit_speculative_loop = jax.jit(
     _speculative_loop,
     static_argnames=("gamma", "max_decode_length", "temperature", "top_k",
-                     "top_p", "accept_fn"))
+                     "top_p"))
 
 
 def check_speculative_args(target, drafter, *, gamma, max_decode_length,
@@ -548,5 +578,4 @@ def speculative_sample(target: T5Model, drafter: Drafter,
       target, drafter, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
       gamma=gamma, max_decode_length=max_decode_length,
       temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
-      eos_id=jnp.asarray(eos_id, jnp.int32),
-      accept_fn=sampling.speculative_accept)
+      eos_id=jnp.asarray(eos_id, jnp.int32))

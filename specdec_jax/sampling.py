@@ -4,7 +4,7 @@ Both target p and draft q go through the same `standardize`, so that
 "exactly the target's distribution" means exactly the distribution a user of
 the target alone would sample from with the same temperature/top-k/top-p.
 """
-from typing import Tuple
+from typing import Callable, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -51,26 +51,148 @@ def standardize(logits: Array, temperature: float = 1.0, top_k: int = 0,
                           dtype=jnp.float32)
   logits = logits / temperature
   if 0 < top_k < vocab:
-    kth = lax.top_k(logits, top_k)[0][..., -1:]
-    logits = jnp.where(logits >= kth, logits, -jnp.inf)
+    # The k-th largest logit, found without a sort (see `_largest_key_where`).
+    keys = _order_keys(logits)
+    kth = _largest_key_where(
+        lambda t: jnp.sum(keys >= t, axis=-1) >= top_k, keys.shape[:-1])
+    logits = jnp.where(keys >= kth[..., None], logits, -jnp.inf)
   probs = jax.nn.softmax(logits, axis=-1)
   if top_p < 1.0:
-    sorted_probs = jnp.flip(jnp.sort(probs, axis=-1), axis=-1)
-    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-    # The least likely token kept is the last one whose preceding mass is
-    # still short of top_p; keep everything at least that likely.
-    kept = mass_before < top_p
-    threshold = jnp.min(jnp.where(kept, sorted_probs, jnp.inf), axis=-1,
-                        keepdims=True)
-    probs = jnp.where(probs >= threshold, probs, 0.0)
+    # Keep the smallest set of most likely tokens whose mass reaches top_p
+    # (and every token tied with the least likely of them): everything at
+    # least as likely as the largest threshold t with mass(p >= t) >= top_p.
+    # If rounding leaves even the full mass short of top_p, t stays at the
+    # smallest key and everything is kept.
+    keys = _order_keys(probs)
+    threshold = _largest_key_where(
+        lambda t: jnp.sum(jnp.where(keys >= t, probs, 0.0), axis=-1) >= top_p,
+        keys.shape[:-1])
+    probs = jnp.where(keys >= threshold[..., None], probs, 0.0)
     probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
   return probs
 
 
+def _order_keys(x: Array) -> Array:
+  """float32 [..., V] -> uint32 keys in the same order (NaN aside)."""
+  bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+  negative = (bits >> 31) == 1
+  return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _largest_key_where(holds: Callable[[Array], Array], batch_shape
+                       ) -> Array:
+  """The largest uint32 t per row with holds(t), for holds monotone in t.
+
+  `holds` maps thresholds [..., 1] to [...] bool and must be true for every
+  t up to some point and false after it. The answer is built bit by bit from
+  the top, 32 passes over the vocabulary and no sort: sorting V entries is
+  the slowest part of top-k/top-p on CPU and on TPU, and this runs once per
+  draft step and per target position. Returns 0 if holds is false for every
+  t > 0.
+  """
+  def set_bit(i, t):
+    candidate = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+    return jnp.where(holds(candidate[..., None]), candidate, t)
+
+  return lax.fori_loop(0, 32, set_bit, jnp.zeros(batch_shape, jnp.uint32))
+
+
+# Block width of `sample_from`'s two-level inverse CDF.
+_SAMPLE_BLOCK = 128
+
+
+def _last_positive(x: Array) -> Array:
+  """Index of the last entry > 0 along the last axis of [..., N] (0 if none)."""
+  n = x.shape[-1]
+  return n - 1 - jnp.argmax(jnp.flip(x > 0, axis=-1), axis=-1)
+
+
 def sample_from(rng: Array, probs: Array) -> Array:
-  """Draws one token per row from probabilities [..., V]; returns [...] int32."""
-  logp = jnp.where(probs > 0, jnp.log(jnp.maximum(probs, 1e-38)), -jnp.inf)
-  return jax.random.categorical(rng, logp, axis=-1).astype(jnp.int32)
+  """Draws one token per row from probabilities [..., V]; returns [...] int32.
+
+  Inverse CDF with one uniform per row, in two levels (which block of
+  `_SAMPLE_BLOCK` tokens, then which token in it), so a draw costs two short
+  cumulative sums instead of V random numbers (Gumbel-max): on CPU that is
+  most of a small draft's step. A token of probability 0 is never drawn,
+  whatever the rounding.
+  """
+  *lead, vocab = probs.shape
+  flat = probs.reshape(-1, vocab).astype(jnp.float32)
+  rows = jnp.arange(flat.shape[0])
+  num_blocks = -(-vocab // _SAMPLE_BLOCK)
+  blocks = jnp.pad(flat, ((0, 0), (0, num_blocks * _SAMPLE_BLOCK - vocab)))
+  blocks = blocks.reshape(-1, num_blocks, _SAMPLE_BLOCK)
+  block_mass = jnp.sum(blocks, axis=-1)
+  block_cdf = jnp.cumsum(block_mass, axis=-1)
+  u = jax.random.uniform(rng, (flat.shape[0],)) * block_cdf[:, -1]
+  # Block b is drawn when cdf[b-1] <= u < cdf[b]: never a block of mass 0.
+  # u can round up to the total; then take the last block with mass.
+  block = jnp.minimum(jnp.sum(block_cdf <= u[:, None], axis=-1),
+                      _last_positive(block_mass))
+  u = u - jnp.where(block > 0, block_cdf[rows, block - 1], 0.0)
+  in_block = blocks[rows, block]
+  index = jnp.minimum(
+      jnp.sum(jnp.cumsum(in_block, axis=-1) <= u[:, None], axis=-1),
+      _last_positive(in_block))
+  token = block * _SAMPLE_BLOCK + index
+  return token.reshape(lead).astype(jnp.int32)
+
+
+def acceptance_mask(rng: Array, target_probs: Array, draft_probs: Array,
+                    draft_tokens: Array) -> Array:
+  """Algorithm 1's accept test for each guess: r_i < p_i(x_i) / q_i(x_i).
+
+  Args:
+    rng: PRNG key.
+    target_probs: [B, γ(+1), V] p_1..p_γ (a trailing p_{γ+1} is ignored).
+    draft_probs: [B, γ, V] q_1..q_γ.
+    draft_tokens: [B, γ] int x_1..x_γ.
+
+  Returns:
+    [B, γ] bool; guess i would be kept if all guesses before it were.
+  """
+  gamma = draft_tokens.shape[1]
+  tokens = draft_tokens[..., None].astype(jnp.int32)
+  p_x = jnp.take_along_axis(target_probs[:, :gamma], tokens, axis=-1)[..., 0]
+  q_x = jnp.take_along_axis(draft_probs, tokens, axis=-1)[..., 0]
+  r = jax.random.uniform(rng, draft_tokens.shape)
+  # r < p/q without dividing: q == 0 (never sampled) can't produce NaN, and
+  # p >= q always accepts.
+  return r * q_x < p_x
+
+
+def leading_accepted(accepted: Array) -> Array:
+  """n = number of guesses kept before the first rejection: [B, γ] -> [B]."""
+  return jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=-1),
+                 axis=-1).astype(jnp.int32)
+
+
+def residual_sample(rng: Array, target_probs: Array, draft_probs: Array,
+                    num_accepted: Array) -> Array:
+  """The token after n kept guesses: from norm(max(0, p_{n+1} - q_{n+1})).
+
+  After all γ were kept (n = γ) this is p_{γ+1} itself (q_{γ+1} := 0).
+
+  Args:
+    rng: PRNG key.
+    target_probs: [B, γ+1, V] p_1..p_{γ+1}.
+    draft_probs: [B, γ, V] q_1..q_γ.
+    num_accepted: [B] int n in [0, γ].
+
+  Returns:
+    [B] int32 tokens.
+  """
+  rows = jnp.arange(target_probs.shape[0])
+  q_padded = jnp.concatenate(
+      [draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
+  p_n = target_probs[rows, num_accepted]
+  residual = jnp.maximum(p_n - q_padded[rows, num_accepted], 0.0)
+  mass = jnp.sum(residual, axis=-1, keepdims=True)
+  # p == q leaves no residual mass; a rejection then has probability 0, but
+  # guard against rounding by falling back to p itself.
+  residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0),
+                       p_n)
+  return sample_from(rng, residual)
 
 
 def speculative_accept(rng: Array, target_probs: Array, draft_probs: Array,
@@ -104,29 +226,33 @@ def speculative_accept(rng: Array, target_probs: Array, draft_probs: Array,
         f"[{batch}, {gamma}, {target_probs.shape[-1]}], got "
         f"{draft_probs.shape}.")
   accept_rng, residual_rng = jax.random.split(rng)
-  tokens = draft_tokens[..., None].astype(jnp.int32)
-  p_x = jnp.take_along_axis(target_probs[:, :gamma], tokens, axis=-1)[..., 0]
-  q_x = jnp.take_along_axis(draft_probs, tokens, axis=-1)[..., 0]
-  r = jax.random.uniform(accept_rng, (batch, gamma))
-  # r < p/q without dividing: q == 0 (never sampled) can't produce NaN, and
-  # p >= q always accepts.
-  accepted = r * q_x < p_x
-  num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=-1),
-                         axis=-1)
-  # q_{γ+1} := 0, so one formula covers both cases: after all γ are accepted
-  # the "residual" is p_{γ+1} itself.
-  q_padded = jnp.concatenate(
-      [draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
-  rows = jnp.arange(batch)
-  p_n = target_probs[rows, num_accepted]
-  residual = jnp.maximum(p_n - q_padded[rows, num_accepted], 0.0)
-  mass = jnp.sum(residual, axis=-1, keepdims=True)
-  # p == q leaves no residual mass; a rejection then has probability 0, but
-  # guard against rounding by falling back to p itself.
-  residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0),
-                       p_n)
-  next_token = sample_from(residual_rng, residual)
-  return num_accepted.astype(jnp.int32), next_token
+  num_accepted = leading_accepted(
+      acceptance_mask(accept_rng, target_probs, draft_probs, draft_tokens))
+  next_token = residual_sample(residual_rng, target_probs, draft_probs,
+                               num_accepted)
+  return num_accepted, next_token
+
+
+def greedy_accept(target_tokens: Array, draft_tokens: Array
+                  ) -> Tuple[Array, Array]:
+  """`speculative_accept` at temperature 0, from argmax tokens alone.
+
+  With one-hot p, x_i is kept iff it is the target's argmax (p/q is 1 or 0
+  whatever q is), and the residual after a rejection, like p_{γ+1}, is the
+  one-hot of the target's argmax: q drops out, so no [B, γ, V] tensors are
+  needed.
+
+  Args:
+    target_tokens: [B, γ+1] int the target's argmax at positions 1..γ+1.
+    draft_tokens: [B, γ] int x_1..x_γ.
+
+  Returns:
+    (num_accepted [B] int32, next_token [B] int32), as `speculative_accept`.
+  """
+  gamma = draft_tokens.shape[1]
+  num_accepted = leading_accepted(target_tokens[:, :gamma] == draft_tokens)
+  rows = jnp.arange(target_tokens.shape[0])
+  return num_accepted, target_tokens[rows, num_accepted].astype(jnp.int32)
 
 
 def acceptance_beta(target_probs: Array, draft_probs: Array) -> Array:

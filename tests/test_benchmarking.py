@@ -4,63 +4,46 @@ No timing is asserted beyond positivity (the machine may be shared).
 """
 import json
 import math
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import gin
 import pytest
 
 from specdec_jax import benchmarking
 from specdec_jax import decoding
+from specdec_jax import train as train_lib
+from specdec_jax.gin_utils import GIN_DIR
 
 ROWS = 20_000
 
 
-@jax.jit
-def _jit_accept(rng, target_probs, draft_probs, draft_tokens, alpha):
-  return benchmarking.synthetic_accept(rng, target_probs, draft_probs,
-                                       draft_tokens, alpha=alpha)
+GAMMA = 5
 
 
-def _accept(alpha, gamma, rows=ROWS, vocab=5, seed=0):
-  """One jitted call per (rows, γ) shape; alpha is traced."""
-  target_probs = np.random.default_rng(seed).random((rows, gamma + 1, vocab),
-                                                    dtype=np.float32)
-  draft_probs = np.full((rows, gamma, vocab), 1.0 / vocab, np.float32)
-  draft_tokens = np.zeros((rows, gamma), np.int32)
-  n, next_token = _jit_accept(jax.random.PRNGKey(seed), target_probs,
-                              draft_probs, draft_tokens, np.float32(alpha))
-  return np.asarray(n), np.asarray(next_token), target_probs
+def _accepted(alpha, gamma, seed=0):
+  """n for ROWS iterations of γ <= GAMMA guesses at acceptance rate alpha."""
+  mask = np.asarray(benchmarking.synthetic_accept(
+      jax.random.PRNGKey(seed), (ROWS, GAMMA), alpha=np.float32(alpha)))
+  assert mask.dtype == bool and mask.shape == (ROWS, GAMMA)
+  return np.asarray(decoding.sampling.leading_accepted(
+      jnp.asarray(mask[:, :gamma])))
 
 
 @pytest.mark.parametrize("alpha,gamma", [(0.5, 3), (0.8, 5), (0.9, 1)])
 def test_synthetic_accept_mean_matches_truncated_bernoulli_runs(alpha, gamma):
-  n, next_token, target_probs = _accept(alpha, gamma)
+  n = _accepted(alpha, gamma)
   mean, var = benchmarking.expected_accepted(alpha, gamma)
   # Closed form: E[n] = sum_{k=1..γ} α^k.
   assert mean == pytest.approx(sum(alpha**k for k in range(1, gamma + 1)))
   assert n.dtype == np.int32 and n.min() >= 0 and n.max() <= gamma
   assert abs(n.mean() - mean) < 5 * math.sqrt(var / ROWS)
-  # The next token is the argmax of the target's row n.
-  rows = np.arange(n.shape[0])
-  np.testing.assert_array_equal(next_token,
-                                target_probs[rows, n].argmax(axis=-1))
 
 
 def test_synthetic_accept_extremes():
-  n, _, _ = _accept(1.0, 3)
-  assert np.all(n == 3)
-  n, _, _ = _accept(0.0, 3)
-  assert np.all(n == 0)
-
-
-def test_synthetic_accept_is_a_valid_static_accept_fn():
-  fn = benchmarking.SyntheticAccept(0.5)
-  assert fn == benchmarking.SyntheticAccept(0.5)
-  assert hash(fn) == hash(benchmarking.SyntheticAccept(0.5))
-  # Never what the exact decoder uses.
-  assert fn is not decoding.sampling.speculative_accept
+  assert np.all(_accepted(1.0, 3) == 3)
+  assert np.all(_accepted(0.0, 3) == 0)
 
 
 @pytest.fixture(scope="module")
@@ -155,56 +138,140 @@ def test_vocab_mismatch_is_a_flag_error():
 
 
 def test_gin_file_config(tmp_path):
-  gin = tmp_path / "t5_1_1_test.gin"
-  gin.write_text(
-      "from __gin__ import dynamic_registration\n"
-      "include 't5x/examples/t5/t5_1_1/base.gin'\n"
+  """Parsed by gin: includes, macros, block form, other configurables."""
+  (tmp_path / "layers.gin").write_text("T5Config.num_encoder_layers = 2\n")
+  gin_file = tmp_path / "t5_1_1_test.gin"
+  gin_file.write_text(
+      "include 'models/t5_1_1_small.gin'\n"  # From the repository's gin/.
+      "include 'layers.gin'\n"  # Next to this file.
       "EMB = 48\n"
-      "network.T5Config:\n"
+      "T5Config:\n"
       "  vocab_size = 128\n"
       "  emb_dim = %EMB\n"
       "  num_heads = 3\n"
       "  head_dim = 16\n"
       "  mlp_dim = 96\n"
-      "  num_encoder_layers = 2\n"
       "  num_decoder_layers = 3\n"
       "  dtype = 'bfloat16'\n"
-      "network.Transformer.config = @network.T5Config()\n")
-  cfg = benchmarking.parse_flags(["--target", str(gin), "--draft", "mini",
-                                  "--dtype", "float32"])
+      "run.gamma = 3\n"
+      "train.num_steps = 10\n")
+  cfg = benchmarking.parse_flags(["--target", str(gin_file), "--draft",
+                                  "mini", "--dtype", "float32"])
   t = cfg.target_config
   assert (t.emb_dim, t.num_heads, t.head_dim, t.mlp_dim,
           t.num_encoder_layers, t.num_decoder_layers) == (48, 3, 16, 96, 2, 3)
+  assert t.mlp_activations == ("gelu", "linear")  # From t5_1_1_small.gin.
   assert t.dtype == jnp.float32  # --dtype wins over the file's.
-  assert cfg.target == str(gin)
-  assert any("base.gin" in w for w in cfg.warnings)  # Missing include.
+  assert cfg.target == str(gin_file)
+  assert not cfg.warnings
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("from __gin__ import dynamic_registration\n"
+     "include 't5x/examples/t5/t5_1_1/base.gin'\n"
+     "network.T5Config.emb_dim = 48\n", "t5x/examples/t5/t5_1_1/base.gin"),
+    ("T5Config.emb_dim = (\n", "EOF"),
+    ("T5Config.d_model = 512\n", "d_model"),
+    ("T5Config.emb_dim = 0\n", "emb_dim"),
+    ("T5Config.emb_dim = %UNDEFINED\n", "UNDEFINED"),
+    ("T5Config.mlp_activations = 3\n", "T5Config"),
+    ("run.gamma = 3\n", "binds no T5Config"),
+])
+def test_bad_gin_file_is_a_flag_error(text, reason, tmp_path, monkeypatch,
+                                      capsys):
+  def fail(*args, **kwargs):
+    raise AssertionError("run_benchmark must not be reached")
+  monkeypatch.setattr(benchmarking, "run_benchmark", fail)
+  path = tmp_path / "t.gin"
+  path.write_text(text)
+  search_path = list(gin.config._LOCATION_PREFIXES)  # pylint: disable=protected-access
+  with pytest.raises(benchmarking.BenchmarkFlagError) as e:
+    benchmarking.resolve_model_config(str(path), "model")
+  message = str(e.value)
+  assert "--model" in message and str(path) in message
+  assert "allowed" in message and reason in message
+  # Gin's state is restored on errors too.
+  assert not gin.config_str()
+  assert gin.config._LOCATION_PREFIXES == search_path  # pylint: disable=protected-access
+  assert benchmarking.main(["--target", str(path)]) == 2
+  assert "--target" in capsys.readouterr().err
 
 
 def test_gin_file_scopes(tmp_path):
-  gin = tmp_path / "pair.gin"
-  gin.write_text(
+  gin_file = tmp_path / "pair.gin"
+  gin_file.write_text(
       "T5Config.vocab_size = 128\n"
       "T5Config.num_heads = 2\n"
       "target/T5Config.emb_dim = 64\n"
       "draft/T5Config.emb_dim = 16\n")
-  target, _ = benchmarking.load_gin_config(gin, role="target")
-  draft, _ = benchmarking.load_gin_config(gin, role="draft")
+  target, scope = benchmarking.load_gin_config(gin_file, role="target")
+  assert scope == "target"
+  draft, _ = benchmarking.load_gin_config(gin_file, role="draft")
   assert (target.emb_dim, draft.emb_dim) == (64, 16)
   assert target.num_heads == draft.num_heads == 2  # Unscoped base.
   only_draft = tmp_path / "draft_only.gin"
   only_draft.write_text("draft/T5Config.emb_dim = 24\n"
                         "draft/T5Config.vocab_size = 128\n")
-  config, _ = benchmarking.load_gin_config(only_draft, role="target")
-  assert config.emb_dim == 24  # The file's only scope.
+  config, scope = benchmarking.load_gin_config(only_draft, role="target")
+  assert (config.emb_dim, scope) == (24, "draft")  # The file's only scope.
+  _, _, warnings = benchmarking.resolve_model_config(str(only_draft),
+                                                     "target")
+  assert warnings and "draft/" in warnings[0]
+  # Bound under both role scopes only: ambiguous for another role.
+  both = tmp_path / "both.gin"
+  both.write_text("target/T5Config.emb_dim = 8\n"
+                  "draft/T5Config.emb_dim = 4\n")
+  with pytest.raises(benchmarking.BenchmarkFlagError, match="binds both"):
+    benchmarking.resolve_model_config(str(both), "model")
 
 
-@pytest.mark.parametrize("size", ["small", "base", "large", "xl", "xxl"])
-def test_repo_gin_files_match_sizes(size):
-  repo = pathlib.Path(__file__).resolve().parents[1]
-  for path in [repo / "gin" / "models" / f"t5_1_1_{size}.gin",
-               repo / "gin" / "models" / "target" / f"t5_1_1_{size}.gin"]:
-    if not path.exists():
-      pytest.skip(f"{path} not in this checkout")
-    config, _ = benchmarking.load_gin_config(path, role="target")
-    expected = benchmarking.MODEL_SIZES[size]
-    assert {k: getattr(config, k) for k in expected} == expected, path
+def test_target_and_draft_files_do_not_leak_into_each_other():
+  """Both files bind unscoped T5Config; each is read on a clear config."""
+  search_path = list(gin.config._LOCATION_PREFIXES)  # pylint: disable=protected-access
+  cfg = benchmarking.parse_flags(["--target", "small", "--draft", "xsmall"])
+  assert (cfg.target_config.emb_dim, cfg.draft_config.emb_dim) == (512, 256)
+  assert (cfg.target_config.num_encoder_layers,
+          cfg.draft_config.num_encoder_layers) == (8, 4)
+  assert not gin.config_str()
+  assert gin.config._LOCATION_PREFIXES == search_path  # pylint: disable=protected-access
+
+
+def test_experiment_gin_file_as_target_and_draft():
+  """local_tiny.gin includes run.gin (run.* bindings) and both tiny models."""
+  cfg = benchmarking.parse_flags(["--target", "gin/local_tiny.gin",
+                                  "--draft", "gin/local_tiny.gin"])
+  for role, config in (("target", cfg.target_config),
+                       ("draft", cfg.draft_config)):
+    expected = train_lib.t5_config_from_gin_file(
+        f"models/{role}/tiny.gin", scope=role)
+    assert config == expected.replace(dtype=config.dtype), role
+  assert cfg.target_config.emb_dim != cfg.draft_config.emb_dim
+
+
+@pytest.mark.parametrize("size", list(benchmarking.MODEL_SIZES))
+def test_size_names_are_gin_files(size):
+  path = GIN_DIR / benchmarking.MODEL_SIZES[size]
+  assert path.is_file(), path
+  config, label, warnings = benchmarking.resolve_model_config(size, "target")
+  assert (label, warnings) == (size, [])
+  # train's own reader of model gin files agrees.
+  assert config == train_lib.t5_config_from_gin_file(str(path))
+  for role in ("target", "draft"):  # The scoped copies, where there are.
+    scoped = GIN_DIR / "models" / role / path.name
+    if scoped.exists():
+      assert config == benchmarking.load_gin_config(scoped, role)[0], scoped
+
+
+def test_t5_1_1_sizes_match_t5x():
+  """T5X's t5_1_1/{small,xxl}.gin hyperparameters."""
+  assert benchmarking.MODEL_SIZES["small"] == "models/t5_1_1_small.gin"
+  fields = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
+            "num_encoder_layers", "num_decoder_layers", "mlp_activations",
+            "logits_via_embedding")
+  published = {
+      "small": (32128, 512, 6, 64, 1024, 8, 8, ("gelu", "linear"), False),
+      "xxl": (32128, 4096, 64, 64, 10240, 24, 24, ("gelu", "linear"), False),
+  }
+  for size, values in published.items():
+    config, _, _ = benchmarking.resolve_model_config(size, "target")
+    assert tuple(getattr(config, f) for f in fields) == values, size

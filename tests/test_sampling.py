@@ -132,6 +132,25 @@ def test_tokens_per_call_follows_eq1(gamma, beta):
       per_call.mean(), expected, stderr)
 
 
+def test_greedy_accept_equals_speculative_accept_on_one_hot():
+  """Temperature 0's shortcut is Algorithm 1 with one-hot p and q."""
+  batch, gamma = 256, 4
+  rng = np.random.default_rng(5)
+  # Small vocabulary so guesses often match: every n in 0..γ occurs.
+  target_tokens = rng.integers(0, 3, (batch, gamma + 1))
+  draft_tokens = np.where(rng.random((batch, gamma)) < 0.7,
+                          target_tokens[:, :gamma], rng.integers(0, 3,
+                                                                 (batch, gamma)))
+  n, extra = sampling.greedy_accept(jnp.asarray(target_tokens),
+                                    jnp.asarray(draft_tokens))
+  ref_n, ref_extra = sampling.speculative_accept(
+      jax.random.PRNGKey(0), jax.nn.one_hot(target_tokens, 3),
+      jax.nn.one_hot(draft_tokens, 3), jnp.asarray(draft_tokens))
+  np.testing.assert_array_equal(n, ref_n)
+  np.testing.assert_array_equal(extra, ref_extra)
+  assert set(np.asarray(n).tolist()) == set(range(gamma + 1))
+
+
 def test_standardize_greedy_is_one_hot_argmax():
   logits = jnp.array([[0.1, 2.0, -1.0, 2.0], [5.0, 0.0, 0.0, 0.0]])
   probs = sampling.standardize(logits, temperature=0.0)
@@ -155,6 +174,74 @@ def test_standardize_temperature_top_k_top_p():
                              [4 / 9, 3 / 9, 2 / 9, 0], rtol=1e-6)
   np.testing.assert_allclose(sampling.standardize(logits, 1.0, top_p=0.3),
                              [1, 0, 0, 0], rtol=1e-6)
+
+
+def _reference_standardize(logits, temperature, top_k, top_p):
+  """Sort-based top-k/top-p in float64 (the textbook definitions)."""
+  x = np.asarray(logits, np.float64) / temperature
+  if 0 < top_k < x.shape[-1]:
+    kth = np.sort(x, axis=-1)[..., -top_k, None]
+    x = np.where(x >= kth, x, -np.inf)
+  probs = np.exp(x - x.max(axis=-1, keepdims=True))
+  probs /= probs.sum(axis=-1, keepdims=True)
+  if top_p < 1.0:
+    ordered = -np.sort(-probs, axis=-1)
+    before = np.cumsum(ordered, axis=-1) - ordered
+    threshold = np.min(np.where(before < top_p, ordered, np.inf), axis=-1,
+                       keepdims=True)
+    probs = np.where(probs >= threshold, probs, 0.0)
+    probs /= probs.sum(axis=-1, keepdims=True)
+  return probs
+
+
+@pytest.mark.parametrize("top_k,top_p", [(1, 1.0), (5, 1.0), (37, 1.0),
+                                         (0, 0.3), (0, 0.9), (0, 0.99),
+                                         (20, 0.8)])
+def test_sort_free_top_k_top_p_match_sorting(top_k, top_p):
+  """The bitwise threshold search keeps exactly the tokens a sort keeps."""
+  rng = np.random.default_rng(top_k * 100 + int(top_p * 100))
+  # Rounded logits give ties (kept together at the threshold), negative and
+  # positive values, and -inf entries (tokens already ruled out).
+  logits = np.round(rng.normal(0, 3, size=(16, 300)), 1).astype(np.float32)
+  logits[:, rng.choice(300, 10, replace=False)] = -np.inf
+  got = np.asarray(sampling.standardize(jnp.asarray(logits), 0.7, top_k,
+                                        top_p))
+  want = _reference_standardize(logits, 0.7, top_k, top_p)
+  np.testing.assert_array_equal(got > 0, want > 0)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+
+
+def test_sample_from_draws_each_row_from_its_distribution():
+  """Chi-square per row at 1e-3; tokens of probability 0 are never drawn.
+
+  V = 300 is not a multiple of the sampler's block width, and the rows put
+  mass only in the last (partial) block, only in the first token, on block
+  edges, and on isolated tokens between whole blocks of zeros.
+  """
+  vocab, draws = 300, 60_000
+  rng = np.random.default_rng(3)
+  probs = np.zeros((6, vocab))
+  probs[0] = rng.dirichlet(np.full(vocab, 0.3))
+  probs[1, 290:] = rng.dirichlet(np.ones(10))
+  probs[2, 0] = 1.0
+  probs[3, [127, 128, 255, 256, 299]] = [0.1, 0.2, 0.3, 0.15, 0.25]
+  probs[4, [5, 200]] = [1e-3, 1 - 1e-3]
+  probs[5] = rng.dirichlet(np.full(vocab, 0.3))
+  probs[5, rng.random(vocab) < 0.5] = 0.0
+  probs /= probs.sum(axis=-1, keepdims=True)
+  batch = jnp.broadcast_to(jnp.asarray(probs, jnp.float32),
+                           (draws, *probs.shape))
+  tokens = np.asarray(sampling.sample_from(jax.random.PRNGKey(11), batch))
+  assert tokens.shape == (draws, probs.shape[0])
+  for row, p in enumerate(probs):
+    counts = np.bincount(tokens[:, row], minlength=vocab)
+    assert counts[p == 0].sum() == 0, row
+    support = p * draws >= 5  # pool cells too small for chi-square
+    observed = np.append(counts[support], counts[~support].sum())
+    expected = np.append(p[support], p[~support].sum()) * draws
+    keep = expected > 0
+    if keep.sum() > 1:
+      assert stats.chisquare(observed[keep], expected[keep])[1] > SIGNIFICANCE
 
 
 @pytest.mark.parametrize("kwargs,name", [
