@@ -51,10 +51,8 @@ import math
 import os
 import sys
 import time
-import tokenize
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,9 +62,6 @@ from specdec_jax import analysis
 from specdec_jax import decoding
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
-from specdec_jax import run
-# Registers the train.* configurables that training gin files bind.
-from specdec_jax import train  # pylint: disable=unused-import
 from specdec_jax.models.config import T5Config
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.models.t5 import init_params
@@ -123,67 +118,52 @@ def _flag_error(flag: str, value: Any, allowed: str) -> BenchmarkFlagError:
 
 
 # ---------------------------------------------------------------------------
-# Gin files: the T5Config a file binds, read with gin.
+# Gin files: the T5Config a file binds.
 # ---------------------------------------------------------------------------
 # Scopes that the repository's model files bind T5Config under.
 _ROLE_SCOPES = ("target", "draft")
 
 
-def _binds_t5_config(scope: str) -> bool:
-  selector = f"{scope}/T5Config" if scope else "T5Config"
-  return bool(gin.get_bindings(selector, resolve_references=False,
-                               inherit_scopes=False))
-
-
 def load_gin_config(path: os.PathLike, role: str = "") -> Tuple[T5Config, str]:
   """The T5Config that a gin file binds for `role`, and the scope read.
 
-  Parses the file with gin as `specdec_jax.run` does (includes are looked up
+  Reads the file with `gin_utils.read_t5_config`, which leaves gin's global
+  configuration alone (so the target's and the draft's files, which may both
+  bind unscoped T5Config, cannot leak into each other). Includes are looked up
   in the current directory, the file's folder and the repository's gin/
-  folder; run/train configurables are registered) and builds `T5Config`
-  under the `role` scope, as `run.model_config`: `role/T5Config.x` bindings
-  override unscoped ones. A file that binds T5Config under the other role's
-  scope only (a models/draft/ file given as the target) is read under that
-  scope.
+  folder. T5Config is read under the `role` scope, as `run.model_config`
+  does: `role/T5Config.x` bindings override unscoped ones. A file that binds
+  T5Config under the other role's scope only (a models/draft/ file given as
+  the target) is read under that scope.
 
-  Gin's configuration is global: it is cleared before parsing (so a file read
-  earlier, which may bind the same unscoped T5Config, does not leak in) and
-  after (a caller's own gin config does not survive the call), and gin's
-  search path is put back as it was.
+  The benchmark's --dtype decides the dtype, so a dtype the file cannot
+  resolve on its own (`T5Config.dtype = %MODEL_DTYPE` with the macro defined
+  elsewhere, or a configurable reference) keeps T5Config's default.
 
   Returns:
     (config, scope): `scope` is `role`, or the other role's scope read.
 
   Raises:
-    ValueError: gin cannot read or parse the file (or an include), or it binds
-      no T5Config for `role`.
+    ValueError: the file (or an include) is missing or unparsable, binds no
+      T5Config for `role`, or binds values T5Config rejects.
   """
   path = os.path.abspath(path)
-  # Gin has no public way to remove a search path.
-  search_paths = gin.config._LOCATION_PREFIXES  # pylint: disable=protected-access
-  saved_search_paths = list(search_paths)
-  gin.clear_config()
-  try:
-    gin_utils.parse_gin([path], [], [os.path.dirname(path)], finalize=False)
-    scope = role
-    if not (_binds_t5_config(role) or _binds_t5_config("")):
-      others = [s for s in _ROLE_SCOPES if _binds_t5_config(s)]
-      if len(others) != 1:
-        raise ValueError(
-            f"{path}: binds no T5Config" +
-            (f" under the {role}/ scope or" if role else "") + " unscoped" +
-            (" (it binds both target/ and draft/T5Config)" if others else "")
-            + ".")
+  search_paths = [os.getcwd(), os.path.dirname(path), str(gin_utils.GIN_DIR)]
+  scopes = gin_utils.t5_config_scopes(path, search_paths)
+  scope = role
+  if role not in scopes and "" not in scopes:
+    others = [s for s in _ROLE_SCOPES if s in scopes]
+    if len(others) > 1:
+      raise ValueError(
+          f"{path}: binds no T5Config" +
+          (f" under the {role}/ scope or" if role else "") +
+          " unscoped (it binds both target/ and draft/T5Config).")
+    if others:
       scope = others[0]
-    return run.model_config(scope), scope
-  # Gin's other errors: missing files, syntax, unknown imports, and
-  # undefined macros or ill-typed values (TypeError).
-  except (OSError, SyntaxError, tokenize.TokenError, ImportError,
-          TypeError) as e:
-    raise ValueError(f"{path}: {e}") from None
-  finally:
-    gin.clear_config()
-    search_paths[:] = saved_search_paths
+  # Raises if nothing is bound under `scope` or unscoped.
+  config = gin_utils.read_t5_config(path, scope, search_paths,
+                                    allow_unresolved_dtype=True)
+  return config, scope
 
 
 def resolve_model_config(spec: str, flag: str

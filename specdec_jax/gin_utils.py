@@ -5,14 +5,22 @@ Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable),
 for `--gin_bindings='NAME=VALUE'`. The repository's top-level `gin/` folder
 is always on the search path, so experiment files resolve by bare name
 (`--gin_file=ende_small.gin`).
+
+`read_t5_config` reads the `T5Config` that a model gin file binds without
+gin's global configuration (for a second model next to a live config).
 """
+import dataclasses
 import os
 import pathlib
 import sys
-from typing import List, Optional, Sequence
+import tokenize
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from absl import flags
 import gin
+from gin import config_parser
+
+from specdec_jax.models.config import T5Config
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
 
@@ -76,3 +84,219 @@ def run_main(main, argv: Optional[Sequence[str]] = None) -> None:
   from absl import app  # pylint: disable=g-import-not-at-top
   argv = rewrite_gin_args(sys.argv if argv is None else argv)
   app.run(main, argv=argv)
+
+
+# ---------------------------------------------------------------------------
+# A model gin file's T5Config, read without gin's global configuration.
+# ---------------------------------------------------------------------------
+_MAX_INCLUDE_DEPTH = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class _Macro:
+  """`%NAME` in a value; resolved once every file has been read."""
+  name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reference:
+  """`@name` or `@name()` in a value; never resolved (no configurables run)."""
+  name: str
+  evaluate: bool
+
+
+class _ParserDelegate(config_parser.ParserDelegate):
+  """Keeps macros and references as placeholders instead of looking them up."""
+
+  def configurable_reference(self, scoped_configurable_name, evaluate):
+    return _Reference(scoped_configurable_name, evaluate)
+
+  def macro(self, macro_name):
+    return _Macro(macro_name)
+
+
+class _UnresolvedValue(ValueError):
+  """A value that needs gin's global state: a reference or an unknown macro."""
+
+
+# (binding scope, T5Config field, raw value, "file:line").
+_Binding = Tuple[str, str, Any, str]
+
+
+def _find_gin_file(path: str, search_paths: Sequence[str]) -> str:
+  if os.path.isabs(path):
+    candidates = [path]
+  else:
+    candidates = [os.path.join(p, path) for p in search_paths]
+  for c in candidates:
+    if os.path.isfile(c):
+      return c
+  raise ValueError(f"Model gin file {path!r} not found (searched "
+                   f"{candidates}).")
+
+
+def _read_statements(path: str, search_paths: Sequence[str]
+                     ) -> Tuple[List[_Binding], Dict[str, Any]]:
+  """The T5Config bindings of a gin file and its includes, and its macros.
+
+  Bindings are in file order (includes expanded where they stand); macros map
+  to their last definition, as in gin. Imports and other configurables'
+  bindings are skipped, so nothing needs to be registered with gin.
+  """
+  bindings: List[_Binding] = []
+  macros: Dict[str, Any] = {}
+
+  def parse(file_path, depth):
+    if depth > _MAX_INCLUDE_DEPTH:
+      raise ValueError(f"{path}: include depth > {_MAX_INCLUDE_DEPTH} "
+                       "(include cycle?).")
+    full = _find_gin_file(file_path, search_paths)
+    try:
+      with open(full, "r", encoding="utf-8") as f:
+        text = f.read()
+      statements = list(config_parser.ConfigParser(text, _ParserDelegate()))
+    # The parser reports bad syntax as SyntaxError, or as tokenize's
+    # TokenError (an unclosed bracket) which is no ValueError.
+    except (OSError, SyntaxError, tokenize.TokenError) as e:
+      raise ValueError(f"{full}: {e}") from None
+    for st in statements:
+      where = f"{full}:{st.location.line_num}"
+      if isinstance(st, config_parser.IncludeStatement):
+        parse(st.filename, depth + 1)
+      elif isinstance(st, config_parser.BindingStatement):
+        if not st.arg_name:  # A macro definition: `NAME = value`.
+          macros[st.selector] = st.value
+        # `T5Config` or a module-qualified `network.T5Config` (T5X).
+        elif st.selector.rsplit(".", 1)[-1] == "T5Config":
+          bindings.append((st.scope, st.arg_name, st.value, where))
+
+  parse(path, 0)
+  return bindings, macros
+
+
+def _resolve(value: Any, macros: Mapping[str, Any], where: str,
+             seen: Tuple[str, ...] = ()) -> Any:
+  """`value` with its macros replaced by their (final) values."""
+  if isinstance(value, _Macro):
+    if value.name not in macros:
+      raise _UnresolvedValue(f"{where}: macro %{value.name} is not defined "
+                             "in the model gin file(s).")
+    if value.name in seen:
+      raise ValueError(f"{where}: macro %{value.name} is defined in terms of "
+                       "itself.")
+    return _resolve(macros[value.name], macros, where, seen + (value.name,))
+  if isinstance(value, _Reference):
+    raise _UnresolvedValue(
+        f"{where}: configurable reference @{value.name}"
+        f"{'()' if value.evaluate else ''} is not supported for a T5Config "
+        "field.")
+  if isinstance(value, dict):
+    return {k: _resolve(v, macros, where, seen) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return type(value)(_resolve(v, macros, where, seen) for v in value)
+  return value
+
+
+def _default_search_paths(search_paths: Optional[Sequence[str]]) -> List[str]:
+  return [".", str(GIN_DIR)] if search_paths is None else list(search_paths)
+
+
+def t5_config_from_fields(fields: Mapping[str, Any], what: str) -> T5Config:
+  """Builds a T5Config from explicit fields only (gin bindings never apply).
+
+  Args:
+    fields: T5Config field values; missing fields keep the dataclass defaults.
+    what: names the source in error messages.
+
+  Raises:
+    ValueError: an unknown field, or a value T5Config rejects.
+  """
+  known = {f.name: f for f in dataclasses.fields(T5Config)}
+  unknown = sorted(set(fields) - set(known))
+  if unknown:
+    raise ValueError(f"{what}: unknown T5Config field(s) {unknown}.")
+  # Every field explicit, so global `T5Config.*` gin bindings cannot leak in.
+  full = {name: fields.get(name, f.default) for name, f in known.items()}
+  try:
+    return T5Config(**full)
+  # T5Config's own checks raise ValueError; an ill-typed value (e.g. a number
+  # for mlp_activations, an unknown dtype name) raises TypeError.
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{what}: invalid T5Config: {e}") from None
+
+
+def t5_config_scopes(path: str,
+                     search_paths: Optional[Sequence[str]] = None) -> Set[str]:
+  """The gin scopes that a model gin file binds T5Config under ('' unscoped).
+
+  Args:
+    path: the gin file, looked up as in `read_t5_config`.
+    search_paths: as in `read_t5_config`.
+
+  Raises:
+    ValueError: as `read_t5_config`, for a missing file or bad syntax.
+  """
+  bindings, _ = _read_statements(path, _default_search_paths(search_paths))
+  return {scope for scope, _, _, _ in bindings}
+
+
+def read_t5_config(path: str, scope: str = "",
+                   search_paths: Optional[Sequence[str]] = None, *,
+                   allow_unresolved_dtype: bool = False) -> T5Config:
+  """Reads the ``T5Config.*`` bindings of a model gin file into a T5Config.
+
+  Lets a program use a model config while another gin configuration is live
+  (e.g. a distillation teacher next to the student that the training config
+  binds), or read several files that bind the same unscoped ``T5Config``: the
+  file is parsed on its own, without touching gin's global configuration.
+
+  Reads ``T5Config.field = value`` (also in block form and module-qualified,
+  ``network.T5Config``) under `scope` as gin would: bindings under `scope`
+  (e.g. ``target/T5Config.x``) override those under its enclosing scopes and
+  unscoped ones. Values may be literals, use macros defined in the files
+  (``X = 3`` and ``%X``, with the macro's last definition, as in gin), and
+  ``include`` other files. Imports and other configurables' bindings are
+  skipped; fields not bound keep the T5Config defaults (global gin bindings
+  never apply).
+
+  Args:
+    path: the gin file; relative paths (and includes) are looked up in
+      `search_paths`.
+    scope: the gin scope to read under ('' for unscoped bindings only).
+    search_paths: folders to search, in order (default: the current
+      directory, then the repository's gin/ folder).
+    allow_unresolved_dtype: for callers that set the dtype themselves: a
+      ``dtype`` bound to a configurable reference or to a macro that the
+      files do not define keeps T5Config's default instead of raising.
+
+  Returns:
+    The T5Config.
+
+  Raises:
+    ValueError: a missing file or include, bad syntax, no T5Config binding
+      under `scope` or unscoped, a value that needs gin's global state (an
+      undefined macro, a configurable reference), or fields that T5Config
+      rejects.
+  """
+  bindings, macros = _read_statements(path,
+                                      _default_search_paths(search_paths))
+  parts = scope.split("/") if scope else []
+  # The scopes that apply under `scope`, least specific first: '', 'a', 'a/b'.
+  applicable = ["/".join(parts[:i]) for i in range(len(parts) + 1)]
+  raw: Dict[str, Tuple[Any, str]] = {}
+  for s in applicable:
+    for binding_scope, name, value, where in bindings:
+      if binding_scope == s:
+        raw[name] = (value, where)
+  if not raw:
+    raise ValueError(
+        f"{path}: binds no T5Config" +
+        (f" under the {scope}/ scope or" if scope else "") + " unscoped.")
+  fields = {}
+  for name, (value, where) in raw.items():
+    try:
+      fields[name] = _resolve(value, macros, where)
+    except _UnresolvedValue:
+      if not (name == "dtype" and allow_unresolved_dtype):
+        raise
+  return t5_config_from_fields(fields, f"model gin file {path}")

@@ -120,112 +120,9 @@ def config_to_dict(config: T5Config) -> Dict[str, Any]:
   return out
 
 
-def _make_config(fields: Mapping[str, Any], what: str) -> T5Config:
-  """Builds a T5Config from explicit fields only (gin bindings ignored)."""
-  known = {f.name: f for f in dataclasses.fields(T5Config)}
-  unknown = sorted(set(fields) - set(known))
-  if unknown:
-    raise ValueError(f"{what}: unknown T5Config field(s) {unknown}.")
-  # Every field explicit, so global `T5Config.*` gin bindings cannot leak in.
-  full = {name: fields.get(name, f.default) for name, f in known.items()}
-  return T5Config(**full)
-
-
 def config_from_dict(fields: Mapping[str, Any]) -> T5Config:
-  return _make_config(fields, "model config")
-
-
-def _find_gin_file(path: str, search_paths: Sequence[str]) -> str:
-  if os.path.isabs(path):
-    candidates = [path]
-  else:
-    candidates = [os.path.join(p, path) for p in search_paths]
-  for c in candidates:
-    if os.path.isfile(c):
-      return c
-  raise ValueError(f"Model gin file {path!r} not found (searched "
-                   f"{candidates}).")
-
-
-def t5_config_from_gin_file(path: str,
-                            search_paths: Optional[Sequence[str]] = None,
-                            scope: str = "") -> T5Config:
-  """Reads the ``T5Config.*`` bindings of a model gin file into a T5Config.
-
-  Lets a run use two model configs at once (e.g. a distillation teacher next
-  to the student that the train config includes): the file is parsed on its
-  own, without touching the global gin configuration. Reads the bindings
-  ``<scope>/T5Config.field = value`` of the given scope ('' for unscoped
-  ``T5Config.field``, as in models/multi30k_*.gin; 'target' for
-  models/target/*.gin), with literal values, macros defined in the files
-  (``X = 3`` and ``%X``) and ``include``. Other bindings and imports are
-  ignored; fields not bound keep the T5Config defaults (global gin bindings
-  never apply).
-
-  Args:
-    path: the gin file; relative paths are looked up in `search_paths`
-      (default: the current directory, then the repository's gin/ folder).
-    search_paths: folders to search, in order.
-    scope: the gin scope of the bindings to read.
-  """
-  from gin import config_parser  # pylint: disable=g-import-not-at-top
-  if search_paths is None:
-    search_paths = [".", str(GIN_DIR)]
-  search_paths = list(search_paths)
-
-  class _Delegate(config_parser.ParserDelegate):
-
-    def configurable_reference(self, scoped_configurable_name, evaluate):
-      return ("%reference", scoped_configurable_name)
-
-    def macro(self, macro_name):
-      return ("%macro", macro_name)
-
-  fields: Dict[str, Any] = {}
-  macros: Dict[str, Any] = {}
-
-  def resolve(value, where):
-    if isinstance(value, tuple) and len(value) == 2 and value[0] == "%macro":
-      if value[1] not in macros:
-        raise ValueError(f"{where}: macro %{value[1]} is not defined in the "
-                         "model gin file(s).")
-      return resolve(macros[value[1]], where)
-    if isinstance(value, tuple) and len(value) == 2 and (
-        value[0] == "%reference"):
-      raise ValueError(f"{where}: configurable reference @{value[1]} is not "
-                       "supported for a T5Config field.")
-    if isinstance(value, (list, tuple)):
-      return type(value)(resolve(v, where) for v in value)
-    return value
-
-  bindings = []
-
-  def parse(file_path, depth):
-    if depth > 20:
-      raise ValueError(f"{path}: include depth > 20 (include cycle?).")
-    full = _find_gin_file(file_path, search_paths)
-    with open(full, "r", encoding="utf-8") as f:
-      text = f.read()
-    for st in config_parser.ConfigParser(text, _Delegate()):
-      where = f"{full}:{st.location.line_num}"
-      if isinstance(st, config_parser.IncludeStatement):
-        parse(st.filename, depth + 1)
-      elif isinstance(st, config_parser.BindingStatement):
-        selector = st.selector.rsplit(".", 1)[-1]
-        if not st.arg_name:  # A macro definition.
-          macros[st.selector] = st.value
-        elif selector == "T5Config" and st.scope == scope:
-          bindings.append((st.arg_name, st.value, where))
-
-  parse(path, 0)
-  # Macros resolve with their final values, as in gin.
-  for name, value, where in bindings:
-    fields[name] = resolve(value, where)
-  if not fields:
-    raise ValueError(
-        f"Model gin file {path} has no "
-        f"{scope + '/' if scope else ''}T5Config.* bindings.")
-  return _make_config(fields, f"model gin file {path}")
+  """The inverse of `config_to_dict` (global gin bindings never apply)."""
+  return gin_utils.t5_config_from_fields(fields, "model config")
 
 
 # ---------------------------------------------------------------------------
@@ -645,7 +542,8 @@ def _teacher_config(distill_from, teacher_config, teacher_model_gin,
     raise ValueError("Give at most one of teacher_config and "
                      "teacher_model_gin.")
   if teacher_model_gin is not None:
-    teacher_config = t5_config_from_gin_file(teacher_model_gin, search_paths)
+    teacher_config = gin_utils.read_t5_config(teacher_model_gin,
+                                              search_paths=search_paths)
   if teacher_config is None:
     if stored is None:
       raise ValueError(

@@ -13,7 +13,7 @@ import pytest
 
 from specdec_jax import benchmarking
 from specdec_jax import decoding
-from specdec_jax import train as train_lib
+from specdec_jax import gin_utils
 from specdec_jax.gin_utils import GIN_DIR
 
 ROWS = 20_000
@@ -138,22 +138,20 @@ def test_vocab_mismatch_is_a_flag_error():
 
 
 def test_gin_file_config(tmp_path):
-  """Parsed by gin: includes, macros, block form, other configurables."""
+  """Includes from the file's folder and gin/; --dtype wins over the file's."""
   (tmp_path / "layers.gin").write_text("T5Config.num_encoder_layers = 2\n")
   gin_file = tmp_path / "t5_1_1_test.gin"
   gin_file.write_text(
       "include 'models/t5_1_1_small.gin'\n"  # From the repository's gin/.
       "include 'layers.gin'\n"  # Next to this file.
-      "EMB = 48\n"
-      "T5Config:\n"
-      "  vocab_size = 128\n"
-      "  emb_dim = %EMB\n"
-      "  num_heads = 3\n"
-      "  head_dim = 16\n"
-      "  mlp_dim = 96\n"
-      "  num_decoder_layers = 3\n"
-      "  dtype = 'bfloat16'\n"
-      "run.gamma = 3\n"
+      "T5Config.vocab_size = 128\n"
+      "T5Config.emb_dim = 48\n"
+      "T5Config.num_heads = 3\n"
+      "T5Config.head_dim = 16\n"
+      "T5Config.mlp_dim = 96\n"
+      "T5Config.num_decoder_layers = 3\n"
+      "T5Config.dtype = 'bfloat16'\n"
+      "run.gamma = 3\n"  # Other configurables' bindings are skipped.
       "train.num_steps = 10\n")
   cfg = benchmarking.parse_flags(["--target", str(gin_file), "--draft",
                                   "mini", "--dtype", "float32"])
@@ -164,6 +162,18 @@ def test_gin_file_config(tmp_path):
   assert t.dtype == jnp.float32  # --dtype wins over the file's.
   assert cfg.target == str(gin_file)
   assert not cfg.warnings
+
+
+@pytest.mark.parametrize("dtype", ["%MODEL_DTYPE", "@jnp.bfloat16"])
+def test_gin_file_dtype_need_not_resolve(dtype, tmp_path):
+  """A dtype from outside the file (macro, reference): --dtype decides."""
+  gin_file = tmp_path / "m.gin"
+  gin_file.write_text("T5Config.vocab_size = 128\n"
+                      f"T5Config.dtype = {dtype}\n")
+  cfg = benchmarking.parse_flags(["--target", str(gin_file), "--draft",
+                                  "mini", "--dtype", "bfloat16"])
+  assert cfg.target_config.dtype == jnp.bfloat16
+  assert cfg.target_config.vocab_size == 128
 
 
 @pytest.mark.parametrize("text,reason", [
@@ -184,15 +194,11 @@ def test_bad_gin_file_is_a_flag_error(text, reason, tmp_path, monkeypatch,
   monkeypatch.setattr(benchmarking, "run_benchmark", fail)
   path = tmp_path / "t.gin"
   path.write_text(text)
-  search_path = list(gin.config._LOCATION_PREFIXES)  # pylint: disable=protected-access
   with pytest.raises(benchmarking.BenchmarkFlagError) as e:
     benchmarking.resolve_model_config(str(path), "model")
   message = str(e.value)
   assert "--model" in message and str(path) in message
   assert "allowed" in message and reason in message
-  # Gin's state is restored on errors too.
-  assert not gin.config_str()
-  assert gin.config._LOCATION_PREFIXES == search_path  # pylint: disable=protected-access
   assert benchmarking.main(["--target", str(path)]) == 2
   assert "--target" in capsys.readouterr().err
 
@@ -226,14 +232,18 @@ def test_gin_file_scopes(tmp_path):
 
 
 def test_target_and_draft_files_do_not_leak_into_each_other():
-  """Both files bind unscoped T5Config; each is read on a clear config."""
-  search_path = list(gin.config._LOCATION_PREFIXES)  # pylint: disable=protected-access
-  cfg = benchmarking.parse_flags(["--target", "small", "--draft", "xsmall"])
-  assert (cfg.target_config.emb_dim, cfg.draft_config.emb_dim) == (512, 256)
-  assert (cfg.target_config.num_encoder_layers,
-          cfg.draft_config.num_encoder_layers) == (8, 4)
-  assert not gin.config_str()
-  assert gin.config._LOCATION_PREFIXES == search_path  # pylint: disable=protected-access
+  """Both files bind unscoped T5Config; gin's global config plays no part."""
+  gin.clear_config()
+  try:
+    gin.parse_config("T5Config.num_heads = 1")  # A caller's live config.
+    cfg = benchmarking.parse_flags(["--target", "small", "--draft", "xsmall"])
+    assert (cfg.target_config.emb_dim, cfg.draft_config.emb_dim) == (512, 256)
+    assert (cfg.target_config.num_encoder_layers,
+            cfg.draft_config.num_encoder_layers) == (8, 4)
+    assert (cfg.target_config.num_heads, cfg.draft_config.num_heads) == (6, 4)
+    assert gin.query_parameter("T5Config.num_heads") == 1
+  finally:
+    gin.clear_config()
 
 
 def test_experiment_gin_file_as_target_and_draft():
@@ -242,8 +252,7 @@ def test_experiment_gin_file_as_target_and_draft():
                                   "--draft", "gin/local_tiny.gin"])
   for role, config in (("target", cfg.target_config),
                        ("draft", cfg.draft_config)):
-    expected = train_lib.t5_config_from_gin_file(
-        f"models/{role}/tiny.gin", scope=role)
+    expected = gin_utils.read_t5_config(f"models/{role}/tiny.gin", scope=role)
     assert config == expected.replace(dtype=config.dtype), role
   assert cfg.target_config.emb_dim != cfg.draft_config.emb_dim
 
@@ -254,8 +263,8 @@ def test_size_names_are_gin_files(size):
   assert path.is_file(), path
   config, label, warnings = benchmarking.resolve_model_config(size, "target")
   assert (label, warnings) == (size, [])
-  # train's own reader of model gin files agrees.
-  assert config == train_lib.t5_config_from_gin_file(str(path))
+  # Read under target/, an unscoped file gives its unscoped bindings.
+  assert config == gin_utils.read_t5_config(str(path))
   for role in ("target", "draft"):  # The scoped copies, where there are.
     scoped = GIN_DIR / "models" / role / path.name
     if scoped.exists():

@@ -19,6 +19,7 @@ from conftest import MULTI30K
 from conftest import require_shared
 from specdec_jax import checkpoints
 from specdec_jax import decoding
+from specdec_jax import gin_utils
 from specdec_jax import tasks
 from specdec_jax import train as train_lib
 from specdec_jax.models import T5Config
@@ -311,7 +312,7 @@ def test_bad_teacher(tmp_path, workdir, spm_path, target):
 def test_model_gin_files_sizes():
   sizes = {}
   for name in ("multi30k_target", "multi30k_draft_4m", "multi30k_draft_1m"):
-    config = train_lib.t5_config_from_gin_file(f"models/{name}.gin")
+    config = gin_utils.read_t5_config(f"models/{name}.gin")
     assert config.vocab_size == 8000
     assert config.mlp_activations == ("gelu", "linear")
     assert not config.logits_via_embedding
@@ -331,8 +332,7 @@ def test_train_gin_files_parse(name, model):
   gin.clear_config()
   try:
     train_lib.parse_gin([f"train/{name}.gin"], [])
-    assert T5Config() == train_lib.t5_config_from_gin_file(
-        f"models/{model}.gin")
+    assert T5Config() == gin_utils.read_t5_config(f"models/{model}.gin")
     assert gin.query_parameter("%MODEL_DIR") == (
         f"outputs/multi30k/{name[len('multi30k_'):]}")
     assert gin.query_parameter("%SPM_MODEL_PATH") == (
@@ -340,30 +340,12 @@ def test_train_gin_files_parse(name, model):
     assert gin.query_parameter("%MULTI30K_DIR") == "../shared/data/multi30k"
     assert gin.query_parameter("%NUM_STEPS") > 0
     if name.endswith("distill"):
-      teacher = train_lib.t5_config_from_gin_file(
+      teacher = gin_utils.read_t5_config(
           gin.query_parameter("train.teacher_model_gin"))
-      assert teacher == train_lib.t5_config_from_gin_file(
-          "models/multi30k_target.gin")
+      assert teacher == gin_utils.read_t5_config("models/multi30k_target.gin")
       assert gin.query_parameter("%TEACHER_DIR") == "outputs/multi30k/target"
   finally:
     gin.clear_config()
-
-
-def test_t5_config_from_gin_file_scopes(tmp_path):
-  (tmp_path / "m.gin").write_text(
-      "W = 24\n"
-      "T5Config.emb_dim = 16\n"
-      "target/T5Config.emb_dim = %W\n"
-      "target/T5Config.mlp_activations = ('relu',)\n"
-      "other.thing = @foo()\n")
-  (tmp_path / "top.gin").write_text("include 'm.gin'\nW = 40\n")
-  assert train_lib.t5_config_from_gin_file(str(tmp_path / "m.gin")).emb_dim == 16
-  config = train_lib.t5_config_from_gin_file("top.gin", [str(tmp_path)],
-                                             scope="target")
-  assert (config.emb_dim, config.mlp_activations) == (40, ("relu",))
-  assert config.num_heads == T5Config.__dataclass_fields__["num_heads"].default
-  with pytest.raises(ValueError, match="not found"):
-    train_lib.t5_config_from_gin_file("nope.gin", [str(tmp_path)])
 
 
 def test_relative_paths_cwd_then_repository(tmp_path, monkeypatch):

@@ -1,0 +1,98 @@
+"""gin_utils.read_t5_config: a model gin file's T5Config without global gin."""
+import gin
+import jax.numpy as jnp
+import pytest
+
+from specdec_jax import gin_utils
+from specdec_jax.models import T5Config
+
+DEFAULT = T5Config()  # No gin bindings are live at import time.
+
+
+def test_scopes_macros_and_includes(tmp_path):
+  (tmp_path / "m.gin").write_text(
+      "W = 24\n"
+      "T5Config.emb_dim = 16\n"
+      "T5Config.num_heads = 2\n"
+      "target/T5Config.emb_dim = %W\n"
+      "target/T5Config.mlp_activations = ('relu',)\n"
+      "other.thing = @foo()\n")  # Other configurables: skipped.
+  (tmp_path / "top.gin").write_text("include 'm.gin'\nW = 40\n")
+  unscoped = gin_utils.read_t5_config(str(tmp_path / "m.gin"))
+  assert (unscoped.emb_dim, unscoped.mlp_activations) == (16, ("gelu",
+                                                               "linear"))
+  config = gin_utils.read_t5_config("top.gin", scope="target",
+                                    search_paths=[str(tmp_path)])
+  # target/ overrides unscoped; a macro takes its last value, as in gin.
+  assert (config.emb_dim, config.mlp_activations) == (40, ("relu",))
+  assert config.num_heads == 2  # Unscoped, inherited under target/.
+  assert config.head_dim == DEFAULT.head_dim  # Not bound: the default.
+  assert gin_utils.t5_config_scopes("top.gin", [str(tmp_path)]) == {
+      "", "target"}
+  with pytest.raises(ValueError, match="nope.gin.*not found"):
+    gin_utils.read_t5_config("nope.gin", search_paths=[str(tmp_path)])
+
+
+def test_block_form_and_module_qualified_selector(tmp_path):
+  path = tmp_path / "m.gin"
+  path.write_text(
+      "from __gin__ import dynamic_registration\n"
+      "T5Config:\n"
+      "  emb_dim = 48\n"
+      "  dtype = 'bfloat16'\n"
+      "draft/network.T5Config.num_heads = 3\n")
+  config = gin_utils.read_t5_config(str(path), scope="draft")
+  assert (config.emb_dim, config.num_heads, config.dtype) == (
+      48, 3, jnp.bfloat16)
+
+
+def test_repository_gin_folder_is_searched():
+  small = gin_utils.read_t5_config("models/t5_1_1_small.gin")
+  assert (small.emb_dim, small.dtype) == (512, jnp.bfloat16)  # %MODEL_DTYPE.
+
+
+def test_global_gin_config_neither_used_nor_touched(tmp_path):
+  path = tmp_path / "m.gin"
+  path.write_text("T5Config.emb_dim = 16\nMODEL_DIR = 'mine'\n")
+  gin.clear_config()
+  try:
+    gin.parse_config("T5Config.num_heads = 1\nMODEL_DIR = 'live'")
+    config = gin_utils.read_t5_config(str(path))
+    assert (config.emb_dim, config.num_heads) == (16, DEFAULT.num_heads)
+    assert gin.query_parameter("T5Config.num_heads") == 1
+    assert gin.query_parameter("%MODEL_DIR") == "live"
+  finally:
+    gin.clear_config()
+
+
+@pytest.mark.parametrize("text,match", [
+    ("T5Config.emb_dim = (\n", "EOF"),
+    ("T5Config.emb_dim = $\n", "Unable to parse value"),
+    ("T5Config.d_model = 512\n", r"unknown T5Config field\(s\) \['d_model'\]"),
+    ("T5Config.emb_dim = 0\n", "emb_dim must be a positive integer"),
+    ("T5Config.mlp_activations = 3\n", "invalid T5Config"),
+    ("T5Config.emb_dim = %UNDEFINED\n", "macro %UNDEFINED is not defined"),
+    ("X = %Y\nY = %X\nT5Config.emb_dim = %X\n", "in terms of itself"),
+    ("T5Config.dtype = @jnp.bfloat16\n", "reference @jnp.bfloat16"),
+    ("run.gamma = 3\n", "binds no T5Config unscoped"),
+    ("draft/T5Config.emb_dim = 8\n", "binds no T5Config unscoped"),
+    ("include 't.gin'\n", "include cycle"),
+])
+def test_errors_name_the_file(text, match, tmp_path):
+  path = tmp_path / "t.gin"
+  path.write_text(text)
+  with pytest.raises(ValueError, match=match) as e:
+    gin_utils.read_t5_config(str(path), search_paths=[str(tmp_path)])
+  assert str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("dtype", ["%MODEL_DTYPE", "@jnp.bfloat16"])
+def test_allow_unresolved_dtype(dtype, tmp_path):
+  path = tmp_path / "m.gin"
+  path.write_text(f"T5Config.emb_dim = 16\nT5Config.dtype = {dtype}\n")
+  config = gin_utils.read_t5_config(str(path), allow_unresolved_dtype=True)
+  assert (config.emb_dim, config.dtype) == (16, DEFAULT.dtype)
+  # Only the dtype: other fields must still resolve.
+  path.write_text("T5Config.emb_dim = %EMB\nT5Config.dtype = %MODEL_DTYPE\n")
+  with pytest.raises(ValueError, match="%EMB"):
+    gin_utils.read_t5_config(str(path), allow_unresolved_dtype=True)
