@@ -24,7 +24,6 @@ from specdec_jax import io_utils
 from specdec_jax import metrics
 from specdec_jax import tasks
 from specdec_jax import vocab as vocab_lib
-from specdec_jax.models import T5Config
 from specdec_jax.models import T5Model
 
 REPO = gin_utils.GIN_DIR.parent
@@ -36,15 +35,6 @@ MODELS = {  # name -> (model dir, model gin file)
 }
 
 
-def _config(gin_file: str) -> T5Config:
-  import gin  # pylint: disable=g-import-not-at-top
-  gin.clear_config()
-  gin_utils.parse_gin([gin_file], [], finalize=False)
-  config = T5Config()  # pylint: disable=no-value-for-parameter
-  gin.clear_config()
-  return config
-
-
 def model_bleu(out_dir, name, sources, references, vocab, max_len=64):
   """Greedy BLEU of one model alone on the given sources."""
   model_dir, gin_file = MODELS[name]
@@ -52,7 +42,7 @@ def model_bleu(out_dir, name, sources, references, vocab, max_len=64):
   if ckpt is None or not os.path.exists(
       os.path.join(out_dir, model_dir, "train_metrics.json")):
     return None  # not trained, or training not finished
-  config = _config(gin_file)
+  config = gin_utils.read_t5_config(gin_file)
   params = checkpoints.load_t5x_params(ckpt)
   model = T5Model(config, {"params": params})
   inputs = tasks.encode_batch(vocab, sources, max_len)
