@@ -215,6 +215,7 @@ class BenchmarkConfig:
   device_bandwidth_gbps: Optional[float] = None
   output: Optional[str] = "benchmark.json"
   seed: int = 0
+  check_greedy_identity: bool = False
   warnings: Tuple[str, ...] = ()
 
 
@@ -286,6 +287,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
                  help="peak memory bandwidth for the bandwidth bound "
                  "(default: known value for the device kind, else omitted)")
   p.add_argument("--seed", default="0")
+  p.add_argument("--check_greedy_identity", action="store_true",
+                 help="also decode greedily with both decoders (real "
+                 "acceptance) and compare tokens, and compare the target's "
+                 "(γ+1)-token logits with one-token calls: the temperature-0 "
+                 "exactness check for this backend and dtype")
   p.add_argument("--output", default="benchmark.json",
                  help="JSON output path ('' to skip)")
   return p
@@ -302,15 +308,15 @@ def parse_flags(argv: Optional[Sequence[str]] = None) -> BenchmarkConfig:
       repeats=args.repeats, inner_steps=args.inner_steps,
       temperature=args.temperature, dtype=args.dtype,
       device_bandwidth_gbps=args.device_bandwidth_gbps, seed=args.seed,
-      output=args.output)
+      output=args.output, check_greedy_identity=args.check_greedy_identity)
 
 
 def validate(*, target="small", draft="xsmall", alphas="0.5,0.75,0.9",
              gammas="1,3,5,7", chunk_sizes="1,2,4,8,16", batch_size=1,
              input_length=64, max_decode_length=64, fill_length=None,
              repeats=5, inner_steps=8, temperature=0.0, dtype=None,
-             device_bandwidth_gbps=None, seed=0, output="benchmark.json"
-             ) -> BenchmarkConfig:
+             device_bandwidth_gbps=None, seed=0, output="benchmark.json",
+             check_greedy_identity=False) -> BenchmarkConfig:
   """Checks every setting (strings or values) and returns a BenchmarkConfig.
 
   Raises:
@@ -385,7 +391,8 @@ def validate(*, target="small", draft="xsmall", alphas="0.5,0.75,0.9",
       fill_length=fill_length, repeats=repeats, inner_steps=inner_steps,
       temperature=temperature, dtype=dtype,
       device_bandwidth_gbps=device_bandwidth_gbps, output=output or None,
-      seed=seed, warnings=tuple(w1 + w2))
+      seed=seed, check_greedy_identity=bool(check_greedy_identity),
+      warnings=tuple(w1 + w2))
 
 
 # ---------------------------------------------------------------------------
@@ -641,6 +648,66 @@ def _config_dict(config: T5Config) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------
 # The benchmark.
 # ---------------------------------------------------------------------------
+@jax.jit
+def _decode_chunk(model, tokens, cache):
+  return model.decode_chunk(tokens, cache)
+
+
+def greedy_identity_check(target: T5Model, draft: T5Model,
+                          encoder_inputs: Array, *, gamma: int,
+                          max_decode_length: int) -> Dict[str, Any]:
+  """Temperature-0 exactness on this backend and dtype (not synthetic).
+
+  Greedy speculative decoding equals the target alone only if the target's
+  (γ+1)-token verification call picks the same argmax as one-token calls at
+  every position. In float32 on CPU their logits are bit-identical; in
+  bfloat16 on an accelerator the two matmul shapes may round differently and
+  flip a near-tie. This decodes `encoder_inputs` [B, S] with both decoders
+  (real acceptance, EOS never stops a row) and compares tokens, then feeds
+  the baseline's first γ+1 decoder tokens to the target as one chunk and as
+  γ+1 one-token calls and compares the logits.
+
+  Returns:
+    JSON-ready dict: rows, rows_identical, first_difference (per row, None
+    where identical), chunk_vs_step_max_abs_logit_diff,
+    chunk_vs_step_argmax_agreement (fraction of the B·(γ+1) positions),
+    alpha_hat of the speculative run, gamma.
+  """
+  base = decoding.temperature_sample(
+      target, encoder_inputs, jax.random.PRNGKey(0),
+      max_decode_length=max_decode_length, eos_id=-1)
+  spec = decoding.speculative_sample(
+      target, draft, encoder_inputs, jax.random.PRNGKey(1), gamma=gamma,
+      max_decode_length=max_decode_length, eos_id=-1)
+  base_tokens, spec_tokens = np.asarray(base.tokens), np.asarray(spec.tokens)
+  same = base_tokens == spec_tokens
+  first_difference = [None if row.all() else int(np.argmin(row))
+                      for row in same]
+
+  k = min(gamma + 1, max_decode_length)
+  decoder_inputs = jnp.concatenate(
+      [jnp.zeros_like(base.tokens[:, :1]), base.tokens[:, :k - 1]], axis=1)
+  cache = target.start(encoder_inputs, k + 1)
+  chunk_logits, _ = _decode_chunk(target, decoder_inputs, cache)
+  step_logits = []
+  for i in range(k):
+    logits, cache = _decode_chunk(target, decoder_inputs[:, i:i + 1], cache)
+    step_logits.append(logits[:, 0])
+  chunk_logits = np.asarray(chunk_logits, np.float32)
+  step_logits = np.asarray(jnp.stack(step_logits, axis=1), np.float32)
+  return {
+      "gamma": gamma,
+      "rows": int(same.shape[0]),
+      "rows_identical": int(same.all(axis=1).sum()),
+      "first_difference": first_difference,
+      "alpha_hat": float(spec.alpha_hat),
+      "chunk_vs_step_max_abs_logit_diff": float(
+          np.max(np.abs(chunk_logits - step_logits))),
+      "chunk_vs_step_argmax_agreement": float(np.mean(
+          chunk_logits.argmax(-1) == step_logits.argmax(-1))),
+  }
+
+
 def run_benchmark(cfg: BenchmarkConfig,
                   log: Callable[[str], None] = lambda s: None
                   ) -> Dict[str, Any]:
@@ -891,6 +958,16 @@ def run_benchmark(cfg: BenchmarkConfig,
       "compile_time_s_by_function": timer.compile_time_s,
       "warnings": list(cfg.warnings),
   }
+  if cfg.check_greedy_identity:
+    gamma = max(cfg.gammas)
+    log(f"greedy identity check (real acceptance, γ = {gamma}):")
+    check = greedy_identity_check(target, draft, encoder_inputs, gamma=gamma,
+                                  max_decode_length=mdl)
+    log(f"  {check['rows_identical']}/{check['rows']} rows identical; "
+        f"(γ+1)-token vs one-token logits: max |diff| "
+        f"{check['chunk_vs_step_max_abs_logit_diff']:.3g}, argmax agreement "
+        f"{check['chunk_vs_step_argmax_agreement']:.3f}")
+    result["greedy_identity"] = check
   if bandwidth is not None:
     bound_ms = param_bytes / (bandwidth * 1e9) * 1e3
     result.update({
@@ -960,6 +1037,13 @@ def format_report(r: Dict[str, Any]) -> str:
         f"{p['efficiency_realized_acceptance']:6.3f}    |  "
         f"{p['theoretical_speedup_chunk_adjusted']:6.3f}  "
         f"{p['efficiency_chunk_adjusted']:6.3f}")
+  if "greedy_identity" in r:
+    g = r["greedy_identity"]
+    lines += ["", f"greedy identity (REAL acceptance, γ = {g['gamma']}, "
+              f"alpha_hat {g['alpha_hat']:.3f}): {g['rows_identical']}/"
+              f"{g['rows']} rows identical; (γ+1)-token vs one-token logits "
+              f"max |diff| {g['chunk_vs_step_max_abs_logit_diff']:.3g}, "
+              f"argmax agreement {g['chunk_vs_step_argmax_agreement']:.3f}"]
   lines += ["", f"compile time (excluded from timings): "
             f"{r['compile_time_s']:.1f} s"]
   return "\n".join(lines)

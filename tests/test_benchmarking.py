@@ -15,6 +15,7 @@ from specdec_jax import benchmarking
 from specdec_jax import decoding
 from specdec_jax import gin_utils
 from specdec_jax.gin_utils import GIN_DIR
+from specdec_jax.models import T5Model
 
 ROWS = 20_000
 
@@ -58,7 +59,7 @@ def e2e_result(tmp_path_factory):
         "--gammas", "1", "--chunk_sizes", "1,2", "--input_length", "4",
         "--max_decode_length", "8", "--repeats", "1", "--inner_steps", "2",
         "--dtype", "float32", "--device_bandwidth_gbps", "100",
-        "--output", str(out)])
+        "--check_greedy_identity", "--output", str(out)])
   finally:
     jax.config.update("jax_disable_most_optimizations", previous)
   assert status == 0
@@ -103,6 +104,32 @@ def test_end_to_end_json(e2e_result):
       point["measured_speedup"] / point["theoretical_speedup"])
   # γ=1: 1 or 2 tokens per target call.
   assert 1.0 <= point["tokens_per_target_call"] <= 2.0
+  # The exactness check ran with real acceptance: float32 on CPU is exact.
+  g = r["greedy_identity"]
+  assert g["gamma"] == 1 and g["rows"] == 1
+  assert g["rows_identical"] == 1 and g["first_difference"] == [None]
+  assert g["chunk_vs_step_argmax_agreement"] == 1.0
+  assert g["chunk_vs_step_max_abs_logit_diff"] < 1e-4
+
+
+def test_greedy_identity_check_reports_a_difference(monkeypatch):
+  """A speculative decoder that diverges is reported row by row."""
+  config = benchmarking.resolve_model_config("tiny", "target")[0]
+  target = T5Model(config, benchmarking.random_params(
+      config, 0, jnp.float32))
+  inputs = jnp.full((2, 4), 5, jnp.int32)
+  real = decoding.speculative_sample
+
+  def diverging(*args, **kwargs):
+    out = real(*args, **kwargs)
+    return out.replace(tokens=out.tokens.at[1, 3].add(1))
+
+  monkeypatch.setattr(decoding, "speculative_sample", diverging)
+  g = benchmarking.greedy_identity_check(target, target, inputs, gamma=2,
+                                         max_decode_length=6)
+  assert g["rows"] == 2 and g["rows_identical"] == 1
+  assert g["first_difference"] == [None, 3]
+  assert g["alpha_hat"] == 1.0  # The target drafting for itself.
 
 
 @pytest.mark.parametrize("flag,value", [
