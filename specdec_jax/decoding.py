@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Tuple
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from specdec_jax import sampling
@@ -370,7 +371,7 @@ def temperature_sample(target: T5Model, encoder_input_tokens: Array,
       target, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
       max_decode_length=max_decode_length, temperature=float(temperature),
       top_k=int(top_k), top_p=float(top_p),
-      eos_id=jnp.asarray(eos_id, jnp.int32))
+      eos_id=np.int32(eos_id))
 
 
 # ---------------------------------------------------------------------------
@@ -578,4 +579,4 @@ def speculative_sample(target: T5Model, drafter: Drafter,
       target, drafter, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
       gamma=gamma, max_decode_length=max_decode_length,
       temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
-      eos_id=jnp.asarray(eos_id, jnp.int32))
+      eos_id=np.int32(eos_id))
