@@ -100,6 +100,25 @@ def test_greedy_batch_of_one_and_self_draft(greedy_setup):
   assert int(spec.target_calls[0]) == int(np.ceil(MAX_LEN / 4))
 
 
+def test_new_inputs_and_eos_do_not_recompile(greedy_setup):
+  """Same shapes, other token values / eos_id / rng: no new compilation."""
+  target, draft, inputs, eos = greedy_setup
+  other = (inputs + 3) % 32
+  for fn, kwargs in ((decoding.temperature_sample, {}),
+                     (decoding.speculative_sample,
+                      dict(drafter=draft, gamma=3))):
+    jitted = (decoding._temperature_sample if fn is decoding.temperature_sample
+              else decoding._jit_speculative_loop)
+    run = lambda x, e, seed: fn(  # pylint: disable=cell-var-from-loop
+        target, encoder_input_tokens=x, rng=jax.random.PRNGKey(seed),
+        max_decode_length=MAX_LEN, eos_id=e, **kwargs).tokens
+    jax.block_until_ready(run(inputs, eos, 0))
+    before = jitted._cache_size()
+    jax.block_until_ready(run(other, -1, 1))
+    jax.block_until_ready(run(other, eos + 1, 2))
+    assert jitted._cache_size() == before, fn.__name__
+
+
 # ---------------------------------------------------------------------------
 # Distribution exactness at temperature > 0.
 # ---------------------------------------------------------------------------
