@@ -404,8 +404,9 @@ def speculative_iteration(target: T5Model, drafter: Drafter,
   """One iteration of Algorithm 1 for every row of the batch.
 
   `synthetic_acceptance` is for timing only (`benchmarking`): a function
-  (rng, shape [B, γ]) -> bool [B, γ] that replaces the accept test, so the
-  loop runs at a chosen α. The output is then NOT the target's distribution.
+  (rng, shape [B, γ]) -> bool [B, γ] whose leading Trues replace the number
+  of accepted guesses, so the loop runs at a chosen α. The output is then
+  NOT the target's distribution.
   """
   batch = s.buffer.shape[0]
   rows = jnp.arange(batch)
@@ -419,25 +420,23 @@ def speculative_iteration(target: T5Model, drafter: Drafter,
   # One target call over the γ+1 positions n..n+γ.
   chunk = jnp.concatenate([s.buffer[rows, n][:, None], draft_tokens], axis=1)
   logits, target_cache = target.decode_chunk(chunk, s.target_cache)
-  accept_rng, residual_rng = jax.random.split(accept_rng)
   if temperature == 0.0:
-    # One-hot p and q: no [B, γ+1, V] probabilities at all.
+    # One-hot p and q: argmax tokens only, no [B, γ+1, V] probabilities.
     target_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    accepted = target_tokens[:, :gamma] == draft_tokens
-    beta = accepted.astype(jnp.float32)  # Σ min(p, q) of two one-hots.
+    num_accepted, next_token = sampling.greedy_accept(target_tokens,
+                                                      draft_tokens)
+    # Σ min(p, q) of two one-hots.
+    beta = (target_tokens[:, :gamma] == draft_tokens).astype(jnp.float32)
   else:
     target_probs = sampling.standardize(logits, temperature, top_k, top_p)
-    accepted = sampling.acceptance_mask(accept_rng, target_probs, draft_probs,
-                                        draft_tokens)
+    num_accepted, next_token = sampling.speculative_accept(
+        accept_rng, target_probs, draft_probs, draft_tokens)
     beta = sampling.acceptance_beta(target_probs[:, :gamma], draft_probs)
   if synthetic_acceptance is not None:
-    accepted = synthetic_acceptance(accept_rng, accepted.shape)
-  num_accepted = sampling.leading_accepted(accepted)
-  if temperature == 0.0:
-    next_token = target_tokens[rows, num_accepted]
-  else:
-    next_token = sampling.residual_sample(residual_rng, target_probs,
-                                          draft_probs, num_accepted)
+    # Timing only: n at a chosen α. The extra token is still computed (its
+    # cost is real), at the exact n; its value does not matter here.
+    num_accepted = sampling.leading_accepted(
+        synthetic_acceptance(accept_rng, draft_tokens.shape))
 
   # Emit x_1..x_n then the extra token; stale guesses past it get overwritten
   # later or masked at the end.
