@@ -401,12 +401,12 @@ def validate(*, target="small", draft="xsmall", alphas="0.5,0.75,0.9",
 def synthetic_accept(rng: Array, shape: Tuple[int, int], *, alpha) -> Array:
   """A `synthetic_acceptance` mask: each guess kept with probability alpha.
 
-  Replaces Algorithm 1's accept test in `decoding.speculative_iteration`, so
+  Replaces Algorithm 1's accepted count in `decoding.speculative_iteration`:
   n = leading successes of γ independent Bernoulli(alpha) trials (u < alpha
   with u ~ U[0, 1): alpha = 1 accepts all, alpha = 0 none); everything else
-  (probabilities, the residual or argmax token, statistics) runs as in a
-  real iteration. For timing only: the output is NOT the target's
-  distribution.
+  (probabilities, the accept test, the residual or argmax token,
+  statistics) still runs as in a real iteration, so its cost is measured.
+  For timing only: the output is NOT the target's distribution.
 
   Args:
     rng: PRNG key.
@@ -687,7 +687,7 @@ def greedy_identity_check(target: T5Model, draft: T5Model,
   k = min(gamma + 1, max_decode_length)
   decoder_inputs = jnp.concatenate(
       [jnp.zeros_like(base.tokens[:, :1]), base.tokens[:, :k - 1]], axis=1)
-  cache = target.start(encoder_inputs, k + 1)
+  cache = _start(target, encoder_inputs, max_len=k + 1)
   chunk_logits, _ = _decode_chunk(target, decoder_inputs, cache)
   step_logits = []
   for i in range(k):
