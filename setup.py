@@ -9,6 +9,9 @@ setuptools.setup(
         "T5 v1.1 encoder-decoder models in JAX/Flax, T5X-compatible."
     ),
     packages=setuptools.find_packages(include=["specdec_jax", "specdec_jax.*"]),
+    # The CPU matmul kernel's source, compiled on the user's machine by
+    # `python -m specdec_jax.kernels` (or at first use).
+    package_data={"specdec_jax.kernels": ["*.cc"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.4.30",

@@ -124,24 +124,33 @@ def expected_tokens_per_iteration(alpha: ArrayLike,
 
 
 def expected_speedup(alpha: ArrayLike, gamma: ArrayLike,
-                     cost_coefficient: ArrayLike) -> Union[float, np.ndarray]:
+                     cost_coefficient: ArrayLike, call_cost: ArrayLike = 1.0
+                     ) -> Union[float, np.ndarray]:
   """Expected walltime improvement factor, Theorem 3.8.
 
   (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)): Equation (1)'s tokens
   per iteration divided by the cost of one iteration (gamma draft steps of
-  relative cost c plus one target step), in units of target steps.
+  relative cost c plus one target call), in units of target steps.
 
   Args:
     alpha: acceptance rate(s) in [0, 1].
     gamma: draft tokens per iteration, >= 1.
     cost_coefficient: c >= 0, draft step time / target step time
       (Definition 3.7).
+    call_cost: the (gamma+1)-token target call in target steps. The theorem
+      assumes 1 (the call is as fast as a step, true where a step is
+      memory-bound); pass a measured ratio (`timing`) to price a backend
+      where it is not (the denominator becomes gamma c + call_cost).
   """
   c = _check_nonneg(cost_coefficient, "cost_coefficient")
+  call = _as_float_array("call_cost", call_cost)
+  if np.any(~(call > 0)):
+    raise ValueError(f"call_cost={_first_bad(call, ~(call > 0))!r} is "
+                     "outside the allowed range: a positive number.")
   tokens = np.asarray(expected_tokens_per_iteration(alpha, gamma))
   g = np.asarray(gamma, dtype=np.float64)
-  value = tokens / (g * c + 1.0)
-  return _maybe_scalar(value, alpha, gamma, cost_coefficient)
+  value = tokens / (g * c + call)
+  return _maybe_scalar(value, alpha, gamma, cost_coefficient, call_cost)
 
 
 def optimal_gamma(alpha: float, cost_coefficient: float,

@@ -28,8 +28,9 @@ the default JAX backend (see `scripts/benchmark_decode.py` for the CLI):
   the device kind; omitted when unknown, e.g. on CPU).
 
 Synthetic acceptance is for timing only: the emitted tokens are not samples
-of the target's distribution. It lives in this module only and is never
-reachable from `decoding.speculative_sample`; the output says
+of the target's distribution. The rule (`SyntheticAcceptance`) lives in this
+module only; `decoding` never uses it unless it is passed as the loop's
+acceptance rule, as this benchmark does. The output says
 `"synthetic_acceptance": true`.
 
 Timing method. Every timed function is jitted; the first call (compile and
@@ -53,6 +54,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,6 +64,8 @@ from specdec_jax import analysis
 from specdec_jax import decoding
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
+from specdec_jax import sampling
+from specdec_jax import timing
 from specdec_jax.models.config import T5Config
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.models.t5 import init_params
@@ -399,13 +403,10 @@ def validate(*, target="small", draft="xsmall", alphas="0.5,0.75,0.9",
 # Synthetic acceptance (timing only; never used by speculative_sample).
 # ---------------------------------------------------------------------------
 def synthetic_accept(rng: Array, shape: Tuple[int, int], *, alpha) -> Array:
-  """A `synthetic_acceptance` mask: each guess kept with probability alpha.
+  """`SyntheticAcceptance`'s mask: each guess kept with probability alpha.
 
-  Replaces Algorithm 1's accepted count in `decoding.speculative_iteration`:
   n = leading successes of γ independent Bernoulli(alpha) trials (u < alpha
-  with u ~ U[0, 1): alpha = 1 accepts all, alpha = 0 none); everything else
-  (probabilities, the accept test, the residual or argmax token,
-  statistics) still runs as in a real iteration, so its cost is measured.
+  with u ~ U[0, 1): alpha = 1 accepts all, alpha = 0 none).
   For timing only: the output is NOT the target's distribution.
 
   Args:
@@ -417,6 +418,27 @@ def synthetic_accept(rng: Array, shape: Tuple[int, int], *, alpha) -> Array:
     [B, γ] bool.
   """
   return jax.random.uniform(rng, shape) < alpha
+
+
+@flax.struct.dataclass
+class SyntheticAcceptance(decoding.AcceptanceRule):
+  """An acceptance rule at a chosen α, for timing only (not exact).
+
+  Runs Algorithm 1 (`decoding.ExactAcceptance`: probabilities, the accept
+  test, the residual or argmax token) so that its cost is measured, then
+  replaces its n by the leading successes of `synthetic_accept`; the extra
+  token stays the one drawn at the exact n (its value does not matter
+  here). `alpha` is a traced leaf: one compilation serves every α.
+  """
+  alpha: Any
+
+  def __call__(self, rng, target_logits, draft_tokens, draft_probs, method):
+    verdict = decoding.ExactAcceptance()(rng, target_logits, draft_tokens,
+                                         draft_probs, method)
+    mask = synthetic_accept(jax.random.fold_in(rng, 1), draft_tokens.shape,
+                            alpha=self.alpha)
+    return verdict._replace(
+        num_accepted=sampling.leading_accepted(mask))
 
 
 def expected_accepted(alpha: float, gamma: int) -> Tuple[float, float]:
@@ -433,11 +455,11 @@ def _synthetic_speculative_loop(target, drafter, encoder_input_tokens, rng,
                                 alpha, eos_id, *, gamma, max_decode_length,
                                 temperature):
   # alpha is traced: one compilation per γ serves every α.
-  return decoding._speculative_loop(  # pylint: disable=protected-access
-      target, drafter, encoder_input_tokens, rng, gamma=gamma,
-      max_decode_length=max_decode_length, temperature=temperature, top_k=0,
-      top_p=1.0, eos_id=eos_id,
-      synthetic_acceptance=functools.partial(synthetic_accept, alpha=alpha))
+  return decoding.speculative_loop(
+      target, drafter, encoder_input_tokens, rng, eos_id, gamma=gamma,
+      max_decode_length=max_decode_length,
+      method=sampling.make_method(temperature),
+      acceptance=SyntheticAcceptance(alpha), statistics=True)
 
 
 # ---------------------------------------------------------------------------
@@ -454,20 +476,6 @@ def _prefill(model, cache, tokens):
   return cache
 
 
-@functools.partial(jax.jit, static_argnames=("steps",))
-def _chunk_loop(model, cache, tokens, fill, *, steps):
-  """`steps` decode_chunk calls of tokens [B, K], each at length fill(+1)."""
-  vocab = model.vocab_size
-
-  def body(i, carry):
-    cache, acc = carry
-    logits, cache = model.decode_chunk(
-        (tokens + i) % vocab, cache.replace(length=fill + i % 2))
-    return cache, acc + logits[0, -1, 0].astype(jnp.float32)
-
-  return lax.fori_loop(0, steps, body, (cache, jnp.float32(0.0)))
-
-
 @functools.partial(jax.jit, static_argnames=("gamma", "temperature", "steps"))
 def _propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma,
                   temperature, steps):
@@ -476,9 +484,10 @@ def _propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma,
   def body(i, carry):
     state, acc = carry
     n = fill + i % 2
+    # Each call grows the state past n: rolling back resets it to n.
     state, tokens, probs = drafter.propose(
-        state.replace(length=n), buffer, n, jax.random.fold_in(rng, i),
-        gamma=gamma, temperature=temperature, top_k=0, top_p=1.0)
+        drafter.rollback(state, n), buffer, n, jax.random.fold_in(rng, i),
+        gamma=gamma, method=sampling.make_method(temperature))
     # Depend on the outputs so nothing is optimized away (no q at T=0).
     acc = acc + jnp.sum(tokens).astype(jnp.float32)
     return state, acc if probs is None else acc + probs[0, -1, 0]
@@ -491,17 +500,18 @@ def _propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma,
 def _iteration_loop(target, drafter, state, fill, rng, alpha, eos_id, *,
                     gamma, max_decode_length, temperature, steps):
   """`steps` full speculative iterations, each from length fill(+1)."""
-  acceptance = functools.partial(synthetic_accept, alpha=alpha)
+  acceptance = SyntheticAcceptance(alpha)
 
   def body(i, s):
     n = fill + i % 2
+    # Each iteration grows the states past n: rolling back resets them.
     s = s.replace(length=n, done=jnp.zeros_like(s.done),
-                  target_cache=s.target_cache.replace(length=n),
-                  draft_state=s.draft_state.replace(length=n))
+                  target_state=target.truncate(s.target_state, n),
+                  draft_state=drafter.rollback(s.draft_state, n))
     return decoding.speculative_iteration(
-        target, drafter, s, rng, gamma=gamma,
-        max_decode_length=max_decode_length, temperature=temperature,
-        top_k=0, top_p=1.0, eos_id=eos_id, synthetic_acceptance=acceptance)
+        target, drafter, acceptance, s, rng, eos_id, gamma=gamma,
+        max_decode_length=max_decode_length,
+        method=sampling.make_method(temperature))
 
   return lax.fori_loop(0, steps, body, state)
 
@@ -514,9 +524,12 @@ def _make_state(target, drafter, encoder_input_tokens, target_cache,
   s = decoding.init_speculative_state(target, drafter, encoder_input_tokens,
                                       gamma=gamma,
                                       max_decode_length=max_decode_length)
+  length = jnp.full_like(s.length, fill)
   return s.replace(buffer=s.buffer.at[:, :prefix.shape[1]].set(prefix),
-                   target_cache=target_cache, draft_state=draft_cache,
-                   length=jnp.full_like(s.length, fill))
+                   target_state=target_cache,
+                   draft_state=s.draft_state.replace(model_state=draft_cache,
+                                                     length=length),
+                   length=length)
 
 
 _POOL_SIZE = 1 << 22
@@ -726,8 +739,9 @@ def run_benchmark(cfg: BenchmarkConfig,
   t0 = time.perf_counter()
   target_params = random_params(cfg.target_config, cfg.seed, dtype)
   draft_params = random_params(cfg.draft_config, cfg.seed + 1, dtype)
-  target = T5Model(cfg.target_config, target_params)
-  draft = T5Model(cfg.draft_config, draft_params)
+  # Packed for the CPU kernel as `run` does (a no-op elsewhere).
+  target = T5Model(cfg.target_config, target_params).prepared_for_decoding()
+  draft = T5Model(cfg.draft_config, draft_params).prepared_for_decoding()
   drafter = decoding.T5Drafter(draft)
   vocab = cfg.target_config.vocab_size
   # Token ids in [2, V): no padding (0) and no EOS (1); host-generated.
@@ -786,8 +800,9 @@ def run_benchmark(cfg: BenchmarkConfig,
   log(f"decode_chunk by K (fill {fill}, {steps} calls per run):")
 
   def chunk_fn(model, cache, k):
-    tokens = jnp.tile(prefix[:, 1:2], (1, k))
-    return lambda r: _chunk_loop(model, cache, tokens, fill_vec, steps=steps)
+    # The program `run` times too (`timing`: one definition of a call's cost).
+    return lambda r: timing.call_loop(model, cache, fill_vec, k=k,
+                                      steps=steps)
 
   fns = {f"target_chunk_k{k}": chunk_fn(target, target_cache, k) for k in ks}
   fns["draft_chunk_k1"] = chunk_fn(draft, draft_cache, 1)

@@ -31,15 +31,24 @@ def tiny_config(vocab_size=16, **overrides) -> T5Config:
   return T5Config(**fields)
 
 
-def random_model(config: T5Config, seed: int) -> T5Model:
-  return T5Model(config, init_params(config, jax.random.PRNGKey(seed)))
+def random_model(config: T5Config, seed: int, prepared: bool = True
+                 ) -> T5Model:
+  """Random weights; `prepared` (default) packs the decoder as `run` does, so
+  decoder tests go through the CPU kernel (`specdec_jax.kernels`) where it
+  is built, and through XLA's dot where it is not."""
+  model = T5Model(config, init_params(config, jax.random.PRNGKey(seed)))
+  return model.prepared_for_decoding() if prepared else model
 
 
 def perturbed(model: T5Model, scale: float, seed: int) -> T5Model:
   """The same model with Gaussian noise on every parameter: a draft that
-  agrees with the target often but not always."""
-  leaves, treedef = jax.tree_util.tree_flatten(model.params)
+  agrees with the target often but not always (prepared like `model`)."""
+  base = model.unpacked()
+  leaves, treedef = jax.tree_util.tree_flatten(base.params)
   keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
   noisy = [x + scale * jax.numpy.std(x) * jax.random.normal(k, x.shape)
            for x, k in zip(leaves, keys)]
-  return T5Model(model.config, jax.tree_util.tree_unflatten(treedef, noisy))
+  noisy_model = T5Model(model.config,
+                        jax.tree_util.tree_unflatten(treedef, noisy))
+  return noisy_model.prepared_for_decoding() if model.is_packed else (
+      noisy_model)

@@ -212,3 +212,17 @@ class TestValidation:
   def test_array_error_names_bad_element(self):
     with pytest.raises(ValueError, match=r"alpha=1\.2"):
       analysis.expected_speedup([0.5, 1.2], 3, 0.1)
+
+
+def test_expected_speedup_with_a_measured_call_cost():
+  # alpha 0.6, gamma 3, c 0.1: 2.176 tokens per iteration.
+  tokens = (1 - 0.6 ** 4) / 0.4
+  assert analysis.expected_speedup(0.6, 3, 0.1) == pytest.approx(tokens / 1.3)
+  assert analysis.expected_speedup(0.6, 3, 0.1, call_cost=1.5) == (
+      pytest.approx(tokens / 1.8))
+  np.testing.assert_allclose(
+      analysis.expected_speedup(0.6, 3, 0.1, call_cost=np.array([1.0, 2.0])),
+      tokens / np.array([1.3, 2.3]))
+  for bad in (0.0, -1.0, float("nan")):
+    with pytest.raises(ValueError, match="call_cost"):
+      analysis.expected_speedup(0.6, 3, 0.1, call_cost=bad)

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from specdec_jax import kernels
 from specdec_jax.models.config import T5Config
 
 Array = jax.Array
@@ -161,9 +162,18 @@ class DenseGeneral(nn.Module):
     # (e.g. a query kernel is [emb, heads * head_dim]) and reshapes on use.
     stored_shape = (int(np.prod(kernel_shape[:len(axis)])),
                     int(np.prod(features)))
+    x = jnp.asarray(x, self.dtype)
+    if self.has_variable("params", "kernel") and (
+        self.get_variable("params", "kernel").ndim == 3):
+      # Packed for the CPU kernel (`T5Model.prepared_for_decoding`); read
+      # directly: `self.param` would reject the packed shape.
+      panels = self.get_variable("params", "kernel")
+      batch_shape = x.shape[:x.ndim - len(axis)]
+      y = kernels.dense(x.reshape(*batch_shape, stored_shape[0]), panels,
+                        stored_shape[1])
+      return y.reshape(*batch_shape, *features)
     kernel = self.param("kernel", self.kernel_init, stored_shape, jnp.float32)
     kernel = jnp.asarray(kernel, self.dtype).reshape(kernel_shape)
-    x = jnp.asarray(x, self.dtype)
     contract = (axis, tuple(range(len(axis))))
     return lax.dot_general(x, kernel, (contract, ((), ())))
 
@@ -207,6 +217,67 @@ def _attend(query: Array, key: Array, value: Array, bias: Array,
   return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
 
 
+def _attend_cached(query: Array, keys_t: Array, values_t: Array, bias: Array,
+                   config: T5Config) -> Array:
+  """`_attend` over a decode cache laid out [B, H, D, L] (see `DecodeCache`).
+
+  Args:
+    query: [B, Q, H, D]; keys_t, values_t: [B, H, D, L]; bias: [B or 1, H,
+      Q, L].
+
+  Returns:
+    [B, Q, H, D].
+  """
+  if config.float32_attention_logits:
+    query, keys_t = query.astype(jnp.float32), keys_t.astype(jnp.float32)
+  logits = jnp.einsum("bqhd,bhdk->bhqk", query, keys_t)
+  logits = logits + bias.astype(logits.dtype)
+  weights = jax.nn.softmax(logits).astype(config.dtype)
+  return jnp.einsum("bhqk,bhdk->bqhd", weights, values_t)
+
+
+def _attend_cache_and_chunk(query: Array, keys_t: Array, values_t: Array,
+                            chunk_keys: Array, chunk_values: Array,
+                            cache_bias: Array, chunk_bias: Array,
+                            config: T5Config) -> Array:
+  """Attention over a cache's earlier positions plus the chunk being fed.
+
+  The chunk's own keys/values are attended from the projections directly,
+  not read back from the cache after it is written: then the in-place
+  cache write has one user (the returned cache) and XLA does not copy the
+  cache buffers around it on every call. One softmax over both parts.
+
+  Args:
+    query: [B, K, H, D] the chunk's queries.
+    keys_t, values_t: [B, H, D, L] the cache before the chunk is written.
+    chunk_keys, chunk_values: [B, K, H, D] the chunk's keys/values.
+    cache_bias: [B, H, K, L] relative positions + mask of valid slots.
+    chunk_bias: [1, H, K, K] relative positions + causal mask in the chunk.
+
+  Returns:
+    [B, K, H, D].
+  """
+  if config.float32_attention_logits:
+    query = query.astype(jnp.float32)
+    keys_t, chunk_keys = keys_t.astype(jnp.float32), chunk_keys.astype(
+        jnp.float32)
+  cache_logits = jnp.einsum("bqhd,bhdk->bhqk", query, keys_t)
+  chunk_logits = jnp.einsum("bqhd,bkhd->bhqk", query, chunk_keys)
+  logits = jnp.concatenate(
+      [cache_logits + cache_bias.astype(cache_logits.dtype),
+       chunk_logits + chunk_bias.astype(chunk_logits.dtype)], axis=-1)
+  weights = jax.nn.softmax(logits).astype(config.dtype)
+  length = keys_t.shape[-1]
+  return (jnp.einsum("bhqk,bhdk->bqhd", weights[..., :length], values_t)
+          + jnp.einsum("bhqk,bkhd->bqhd", weights[..., length:],
+                       chunk_values))
+
+
+def _to_cache_layout(x: Array) -> Array:
+  """[B, L, H, D] keys or values -> the cache layout [B, H, D, L]."""
+  return jnp.transpose(x, (0, 2, 3, 1))
+
+
 class MultiHeadDotProductAttention(nn.Module):
   """T5X-layout attention whose projections can be used piecewise.
 
@@ -234,6 +305,19 @@ class MultiHeadDotProductAttention(nn.Module):
   def attend(self, x: Array, keys: Array, values: Array, bias: Array) -> Array:
     """Queries from x [B, Q, emb] over given keys/values; returns [B, Q, emb]."""
     return self.out(_attend(self.query(x), keys, values, bias, self.config))
+
+  def attend_cached(self, x: Array, keys_t: Array, values_t: Array,
+                    bias: Array) -> Array:
+    """Queries from x [B, Q, emb] over [B, H, D, L] keys/values (a cache)."""
+    return self.out(_attend_cached(self.query(x), keys_t, values_t, bias,
+                                   self.config))
+
+  def attend_cache_and_chunk(self, x, keys_t, values_t, chunk_keys,
+                             chunk_values, cache_bias, chunk_bias):
+    """`_attend_cache_and_chunk` with queries from x [B, K, emb]."""
+    return self.out(_attend_cache_and_chunk(
+        self.query(x), keys_t, values_t, chunk_keys, chunk_values,
+        cache_bias, chunk_bias, self.config))
 
   def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array) -> Array:
     keys, values = self.project_kv(inputs_kv)
@@ -316,10 +400,11 @@ class DecodeCache:
   every call.
 
   Attributes:
-    keys, values: per layer, [B, max_len, H, D] self-attention keys/values
-      at absolute decoder positions 0..max_len-1. Entries at positions
-      >= `length` are stale and masked out, never read.
-    cross_keys, cross_values: per layer, [B, S, H, D] encoder-decoder
+    keys, values: per layer, [B, H, D, max_len] self-attention keys/values
+      at absolute decoder positions 0..max_len-1 (position last: the layout
+      XLA:CPU's attention dots read without a transposing copy per call).
+      Entries at positions >= `length` are stale and masked out, never read.
+    cross_keys, cross_values: per layer, [B, H, D, S] encoder-decoder
       attention keys/values, projected once from the encoder output.
     encoder_valid: [B, S] bool, False at encoder padding.
     length: [B] int32, number of decoder positions whose keys/values are
@@ -334,14 +419,15 @@ class DecodeCache:
 
   @property
   def max_len(self) -> int:
-    return self.keys[0].shape[1]
+    return self.keys[0].shape[-1]
 
 
 def _write_chunk(cache_rows: Array, chunk: Array, start: Array) -> Array:
-  """In-place write of a [B, K, H, D] chunk at per-row offsets start [B]."""
+  """In-place write of a [B, K, H, D] chunk into [B, H, D, L] at start [B]."""
   def write_row(row, new, s):
-    return lax.dynamic_update_slice(row, new, (s, 0, 0))
-  return jax.vmap(write_row)(cache_rows, chunk.astype(cache_rows.dtype), start)
+    return lax.dynamic_update_slice(row, new, (0, 0, s))
+  chunk = _to_cache_layout(chunk).astype(cache_rows.dtype)
+  return jax.vmap(write_row)(cache_rows, chunk, start)
 
 
 class DecoderLayer(nn.Module):
@@ -358,11 +444,14 @@ class DecoderLayer(nn.Module):
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
   def _rest(self, x, y, cross_keys, cross_values, cross_bias, deterministic):
-    """Residual after self-attention, then cross-attention and MLP."""
+    """Residual after self-attention, then cross-attention and MLP.
+
+    cross_keys, cross_values: [B, H, D, S] (the cache layout).
+    """
     x = x + self.dropout(y, deterministic=deterministic)
     y = self.pre_cross_attention_layer_norm(x)
-    y = self.encoder_decoder_attention.attend(y, cross_keys, cross_values,
-                                              cross_bias)
+    y = self.encoder_decoder_attention.attend_cached(y, cross_keys,
+                                                     cross_values, cross_bias)
     x = x + self.dropout(y, deterministic=deterministic)
     y = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
     return x + self.dropout(y, deterministic=deterministic)
@@ -371,33 +460,37 @@ class DecoderLayer(nn.Module):
     """Teacher-forced layer: x [B, T, emb], encoded [B, S, emb]."""
     y = self.pre_self_attention_layer_norm(x)
     y = self.self_attention(y, y, self_bias)
-    ck, cv = self.encoder_decoder_attention.project_kv(encoded)
+    ck, cv = self.cross_kv(encoded)
     return self._rest(x, y, ck, cv, cross_bias, deterministic)
 
   def cross_kv(self, encoded):
-    return self.encoder_decoder_attention.project_kv(encoded)
+    """Encoder-decoder keys and values [B, H, D, S] (the cache layout)."""
+    keys, values = self.encoder_decoder_attention.project_kv(encoded)
+    return _to_cache_layout(keys), _to_cache_layout(values)
 
-  def decode_chunk(self, x, keys, values, start, self_bias, cross_keys,
-                   cross_values, cross_bias):
+  def decode_chunk(self, x, keys, values, start, self_bias, chunk_bias,
+                   cross_keys, cross_values, cross_bias):
     """Appends a chunk to this layer's cache and runs the layer on it.
 
     Args:
       x: [B, K, emb] chunk inputs at positions start..start+K-1.
-      keys, values: [B, max_len, H, D] this layer's cache.
+      keys, values: [B, H, D, max_len] this layer's cache.
       start: [B] write offset per row (the cache length before the chunk).
-      self_bias: [B, H, K, max_len] causal+length mask and relpos bias.
-      cross_keys, cross_values: [B, S, H, D]; cross_bias: [B, 1, 1, S].
+      self_bias: [B, H, K, max_len] relpos bias, and the mask of the slots
+        before `start` (the chunk's own positions are in chunk_bias).
+      chunk_bias: [1, H, K, K] relpos bias and causal mask within the chunk.
+      cross_keys, cross_values: [B, H, D, S]; cross_bias: [B, 1, 1, S].
 
     Returns:
       (outputs [B, K, emb], keys, values) with the chunk written in place.
     """
     y = self.pre_self_attention_layer_norm(x)
     new_k, new_v = self.self_attention.project_kv(y)
-    keys = _write_chunk(keys, new_k, start)
-    values = _write_chunk(values, new_v, start)
-    y = self.self_attention.attend(y, keys, values, self_bias)
-    out = self._rest(x, y, cross_keys, cross_values, cross_bias, True)
-    return out, keys, values
+    attended = self.self_attention.attend_cache_and_chunk(
+        y, keys, values, new_k, new_v, self_bias, chunk_bias)
+    out = self._rest(x, attended, cross_keys, cross_values, cross_bias, True)
+    return out, _write_chunk(keys, new_k, start), _write_chunk(values, new_v,
+                                                                start)
 
 
 class Decoder(nn.Module):
@@ -449,7 +542,7 @@ class Decoder(nn.Module):
   def init_cache(self, encoded, encoder_input_tokens, max_len):
     keys, values = zip(*[layer.cross_kv(encoded) for layer in self.layers])
     batch = encoded.shape[0]
-    shape = (batch, max_len, self.config.num_heads, self.config.head_dim)
+    shape = (batch, self.config.num_heads, self.config.head_dim, max_len)
     empty = tuple(jnp.zeros(shape, self.config.dtype) for _ in self.layers)
     return DecodeCache(
         keys=empty, values=empty, cross_keys=tuple(keys),
@@ -464,17 +557,24 @@ class Decoder(nn.Module):
     max_len = cache.max_len
     query_pos = start[:, None] + jnp.arange(k)[None, :]  # [B, K]
     key_pos = jnp.arange(max_len)
-    # Causal within the chunk; positions past the chunk are stale or empty.
-    mask = key_pos[None, None, :] <= query_pos[:, :, None]  # [B, K, L]
+    # Cache slots before the chunk; the chunk attends to itself causally
+    # (relative positions within it do not depend on start).
+    mask = key_pos[None, None, :] < start[:, None, None]  # [B, 1, L]
     self_bias = (self.relpos_bias(query_pos, key_pos, max_len)
                  + _mask_to_bias(mask[:, None], cfg.dtype))
+    chunk_pos = jnp.arange(k)
+    chunk_bias = (self.relpos_bias(chunk_pos[None], chunk_pos, max_len)
+                  + _mask_to_bias(chunk_pos[None, None, None, :]
+                                  <= chunk_pos[None, None, :, None],
+                                  cfg.dtype))
     cross_bias = _mask_to_bias(cache.encoder_valid[:, None, None, :],
                                cfg.dtype)
     y = self.shared_embedding(tokens.astype(jnp.int32)).astype(cfg.dtype)
     new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
       y, lk, lv = layer.decode_chunk(y, cache.keys[i], cache.values[i], start,
-                                     self_bias, cache.cross_keys[i],
+                                     self_bias, chunk_bias,
+                                     cache.cross_keys[i],
                                      cache.cross_values[i], cross_bias)
       new_keys.append(lk)
       new_values.append(lv)
@@ -537,6 +637,17 @@ def param_shapes(config: T5Config):
                         jax.random.PRNGKey(0))
 
 
+@jax.jit
+def _pack_decoder(decoder_params):
+  """Packs every 2-D kernel of the decoder (`kernels.pack`); one program."""
+  def pack(path, leaf):
+    name = getattr(path[-1], "key", None)
+    if name == "kernel" and leaf.ndim == 2:
+      return kernels.pack(leaf)
+    return leaf
+  return jax.tree_util.tree_map_with_path(pack, decoder_params)
+
+
 @flax.struct.dataclass
 class T5Model:
   """A T5 `Transformer` bound to its parameters, as the decoders use it.
@@ -551,6 +662,42 @@ class T5Model:
   def module(self) -> Transformer:
     return Transformer(self.config)
 
+  def prepared_for_decoding(self) -> "T5Model":
+    """The same model with its decoder weights packed for the CPU kernel.
+
+    Where `kernels.packing_enabled` (float32 on one CPU device, kernel
+    built), every decoder kernel [in, out] is replaced by its packed panels
+    (`kernels.pack`), once, so that decode calls of 1..16 rows read each
+    weight once and give bit-identical rows whatever their number. Elsewhere
+    (accelerators, meshes, bfloat16) it returns the model unchanged. Outputs
+    agree with the unpacked model to float32 rounding (the dot's summation
+    order differs).
+    """
+    if self.is_packed or not kernels.packing_enabled(self.config.dtype):
+      return self
+    params = dict(self.params["params"])
+    params["decoder"] = _pack_decoder(params["decoder"])
+    return self.replace(params={**self.params, "params": params})
+
+  def unpacked(self) -> "T5Model":
+    """The same model in T5X's layout (undoes `prepared_for_decoding`)."""
+    if not self.is_packed:
+      return self
+    shapes = param_shapes(self.config)["params"]["decoder"]
+    decoder = jax.tree_util.tree_map(
+        lambda x, shape: (kernels.unpack(x, shape.shape[1])
+                          if x.ndim == 3 else x),
+        self.params["params"]["decoder"], shapes)
+    params = dict(self.params["params"])
+    params["decoder"] = decoder
+    return self.replace(params={**self.params, "params": params})
+
+  @property
+  def is_packed(self) -> bool:
+    """Whether the decoder weights are packed (`prepared_for_decoding`)."""
+    leaves = jax.tree_util.tree_leaves(self.params["params"]["decoder"])
+    return any(getattr(leaf, "ndim", 0) == 3 for leaf in leaves)
+
   @property
   def vocab_size(self) -> int:
     return self.config.vocab_size
@@ -563,6 +710,52 @@ class T5Model:
 
   def decode_chunk(self, tokens: Array, cache: DecodeCache
                    ) -> Tuple[Array, DecodeCache]:
-    """Feeds tokens [B, K]; returns logits [B, K, V] and the advanced cache."""
+    """Feeds tokens [B, K]; returns logits [B, K, V] and the advanced cache.
+
+    Row b's tokens go to positions cache.length[b] .. cache.length[b]+K-1,
+    which must lie inside the cache (< cache.max_len): a write past the end
+    would be clamped by `dynamic_update_slice` onto valid slots.
+
+    Raises:
+      ValueError: K > cache.max_len, or (when cache.length is concrete, i.e.
+        outside jit) some row's cache.length + K > cache.max_len. With
+        traced lengths the same condition is a `checkify.debug_check`: free
+        and silent normally, an error under
+        `jax.experimental.checkify.checkify`.
+    """
+    self._check_chunk_fits(tokens.shape[1], cache)
     return self.module.apply(self.params, tokens, cache,
                              method=Transformer.decode_chunk)
+
+  @staticmethod
+  def _check_chunk_fits(k: int, cache: DecodeCache) -> None:
+    """The overflow check of `decode_chunk` (static, concrete or checkify)."""
+    from jax.experimental import checkify  # pylint: disable=g-import-not-at-top
+    max_len = cache.max_len
+    if k > max_len:
+      raise ValueError(
+          f"decode_chunk: a chunk of {k} tokens cannot fit a cache of "
+          f"max_len={max_len} positions.")
+    try:
+      length = np.asarray(cache.length)
+    except jax.errors.TracerArrayConversionError:
+      checkify.debug_check(
+          jnp.all(cache.length + k <= max_len),
+          f"decode_chunk: a chunk of {k} tokens at cache lengths {{length}} "
+          f"writes past the cache's max_len={max_len}.",
+          length=cache.length)
+      return
+    if np.any(length + k > max_len):
+      raise ValueError(
+          f"decode_chunk: a chunk of {k} tokens at cache lengths "
+          f"{length.tolist()} writes past the cache's max_len={max_len}; "
+          "start() a longer cache or truncate() it first.")
+
+  def truncate(self, cache: DecodeCache, length: Array) -> DecodeCache:
+    """Forgets every decoder position >= length [B] (int32), per row.
+
+    Rollback by index: the slots stay in memory, masked out, and the next
+    chunk overwrites them. A row whose cache holds fewer positions than
+    `length` is left as it is (length = min(cache.length, length)).
+    """
+    return cache.replace(length=jnp.minimum(cache.length, length))

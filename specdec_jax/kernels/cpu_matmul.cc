@@ -1,0 +1,229 @@
+// Small-M matrix product y[M, N] = x[M, D] @ w[D, N] for XLA:CPU, via XLA FFI.
+//
+// Why: a speculative decoder's verification call feeds K = gamma + 1 <= 16
+// tokens, so every decoder matmul has M = batch * K rows. XLA:CPU sends M = 1
+// to a matrix-vector routine but M >= 2 to a general GEMM library that packs
+// the whole weight matrix on every call, so a 6-row call costs ~3x a 1-row
+// call although it reads the same weights. Here the weights are packed once
+// (`specdec_jax.kernels.pack`) into panels of 16 columns, wp[P, D, 16], so
+// that a register tile of MT rows x 16*NP columns streams its weights
+// contiguously over all of D, each weight load feeding MT fused
+// multiply-adds, and the whole matrix is read once per call.
+//
+// Exactness: every output element is computed by the same sequence of
+// operations whatever M, the tile or the thread split:
+//   acc = 0; for d in 0..D-1: acc = fma(x[m, d], w[d, n], acc)
+// (one rounding per step), so row m of a K-row call is bit-identical to a
+// 1-row call on x[m]. The AVX2 path and the portable path use exactly
+// rounded FMAs, so they agree bit for bit too.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <thread>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define SPECDEC_X86 1
+#endif
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kMaxRows = 16;  // The Python side dispatches M <= 16 only.
+constexpr int64_t kPanel = 16;    // Columns per packed panel.
+
+// Portable reference for columns [n0, n1) of rows [0, rows): the same
+// per-element operation order as the AVX2 path. wp is the packed matrix.
+void ColumnsScalar(const float* x, const float* wp, float* y, int64_t rows,
+                   int64_t d_size, int64_t n_size, int64_t n0, int64_t n1) {
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* panel = wp + (n / kPanel) * d_size * kPanel + n % kPanel;
+      float acc = 0.0f;
+      for (int64_t d = 0; d < d_size; ++d) {
+        acc = std::fma(x[m * d_size + d], panel[d * kPanel], acc);
+      }
+      y[m * n_size + n] = acc;
+    }
+  }
+}
+
+#ifdef SPECDEC_X86
+// MT rows x NP panels (16 * NP columns) starting at panel p; all of D.
+// `full` is false for the last panel when N is not a multiple of 16: its
+// results go through a buffer so only the N valid columns are written.
+template <int MT, int NP>
+__attribute__((target("avx2,fma"))) void TileAvx2(
+    const float* x, const float* wp, float* y, int64_t d_size,
+    int64_t n_size, int64_t p) {
+  // Every loop over the tile is unrolled so that the accumulators live in
+  // registers (otherwise GCC keeps the array in memory, one store per FMA).
+  __m256 acc[MT][2 * NP];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MT; ++m)
+    _Pragma("GCC unroll 16") for (int v = 0; v < 2 * NP; ++v) acc[m][v] = _mm256_setzero_ps();
+  const float* w[NP];
+  _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j) w[j] = wp + (p + j) * d_size * kPanel;
+  for (int64_t d = 0; d < d_size; ++d) {
+    __m256 wv[2 * NP];
+    _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j) {
+      wv[2 * j] = _mm256_loadu_ps(w[j] + d * kPanel);
+      wv[2 * j + 1] = _mm256_loadu_ps(w[j] + d * kPanel + 8);
+    }
+    _Pragma("GCC unroll 16") for (int m = 0; m < MT; ++m) {
+      const __m256 xb = _mm256_broadcast_ss(x + m * d_size + d);
+      _Pragma("GCC unroll 16") for (int v = 0; v < 2 * NP; ++v)
+        acc[m][v] = _mm256_fmadd_ps(xb, wv[v], acc[m][v]);
+    }
+  }
+  const int64_t n0 = p * kPanel;
+  _Pragma("GCC unroll 16") for (int m = 0; m < MT; ++m) {
+    float* row = y + m * n_size;
+    if (n0 + NP * kPanel <= n_size) {
+      _Pragma("GCC unroll 16") for (int v = 0; v < 2 * NP; ++v)
+        _mm256_storeu_ps(row + n0 + 8 * v, acc[m][v]);
+    } else {
+      alignas(32) float buf[2 * NP * 8];
+      _Pragma("GCC unroll 16") for (int v = 0; v < 2 * NP; ++v) _mm256_store_ps(buf + 8 * v, acc[m][v]);
+      for (int64_t n = n0; n < n_size; ++n) row[n] = buf[n - n0];
+    }
+  }
+}
+
+// Panels [p0, p1) for a block of MT rows. Few rows: two panels per tile keep
+// 4-12 independent accumulators in flight (FMA latency x throughput).
+template <int MT>
+__attribute__((target("avx2,fma"))) void RowBlockAvx2(
+    const float* x, const float* wp, float* y, int64_t d_size,
+    int64_t n_size, int64_t p0, int64_t p1) {
+  constexpr int NP = MT <= 3 ? 2 : 1;
+  int64_t p = p0;
+  for (; p + NP <= p1; p += NP)
+    TileAvx2<MT, NP>(x, wp, y, d_size, n_size, p);
+  for (; p < p1; ++p) TileAvx2<MT, 1>(x, wp, y, d_size, n_size, p);
+}
+
+using RowBlockFn = void (*)(const float*, const float*, float*, int64_t,
+                            int64_t, int64_t, int64_t);
+constexpr RowBlockFn kRowBlocks[] = {nullptr, RowBlockAvx2<1>,
+                                     RowBlockAvx2<2>, RowBlockAvx2<3>,
+                                     RowBlockAvx2<4>};
+constexpr int64_t kMaxTileRows = 4;
+
+bool HasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2") &&
+                          __builtin_cpu_supports("fma");
+  return has;
+}
+#endif
+
+// All rows, panels [p0, p1).
+void Panels(const float* x, const float* wp, float* y, int64_t rows,
+            int64_t d_size, int64_t n_size, int64_t p0, int64_t p1) {
+#ifdef SPECDEC_X86
+  if (HasAvx2()) {
+    // Row blocks of <= 4, balanced (6 rows -> 3 + 3): a broadcast of x per
+    // 2-4 FMAs keeps the FMA pipes busy (6-row tiles stall on broadcasts).
+    // The blocks take turns on groups of panels small enough to stay in
+    // L2 (~256 KiB), so the weights still come from memory once per call.
+    const int64_t blocks = (rows + kMaxTileRows - 1) / kMaxTileRows;
+    const int64_t group = std::max<int64_t>(
+        2, ((256 << 10) / (d_size * kPanel * 4)) / 2 * 2);
+    for (int64_t g = p0; g < p1; g += group) {
+      const int64_t g1 = std::min(p1, g + group);
+      for (int64_t b = 0, m = 0; b < blocks; ++b) {
+        const int64_t block = (rows - m) / (blocks - b);
+        kRowBlocks[block](x + m * d_size, wp, y + m * n_size, d_size, n_size,
+                          g, g1);
+        m += block;
+      }
+    }
+    return;
+  }
+#endif
+  ColumnsScalar(x, wp, y, rows, d_size, n_size, p0 * kPanel,
+                std::min(n_size, p1 * kPanel));
+}
+
+// Work shared between the calling thread and one pool task: panel chunks
+// handed out by an atomic counter, so a task that starts late (or never, on
+// a busy pool) only finds less to do; the caller waits only for chunks that
+// were actually taken.
+struct SharedWork {
+  const float* x;
+  const float* wp;
+  float* y;
+  int64_t rows, d_size, n_size, num_panels, chunk, num_chunks;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void Run() {
+    for (int64_t c; (c = next.fetch_add(1)) < num_chunks;) {
+      const int64_t p0 = c * chunk;
+      Panels(x, wp, y, rows, d_size, n_size, p0,
+             std::min(num_panels, p0 + chunk));
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                            ffi::Buffer<ffi::F32> wp,
+                            ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions();
+  const auto wd = wp.dimensions();
+  const auto yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2 ||
+      wd[1] != xd[1] || wd[2] != kPanel || yd[0] != xd[0] ||
+      yd[1] > wd[0] * kPanel || yd[1] <= (wd[0] - 1) * kPanel) {
+    return ffi::Error::InvalidArgument(
+        "specdec_packed_matmul: expected x [M, D], wp [ceil(N/16), D, 16] "
+        "and y [M, N].");
+  }
+  const int64_t rows = xd[0], d_size = xd[1], n_size = yd[1];
+  const int64_t num_panels = wd[0];
+  if (rows > kMaxRows) {
+    return ffi::Error::InvalidArgument(
+        "specdec_packed_matmul: at most 16 rows.");
+  }
+  const float* xp = x.typed_data();
+  const float* wpp = wp.typed_data();
+  float* yp = y->typed_data();
+  if (rows == 0 || n_size == 0) return ffi::Error::Success();
+  // Below ~64k weights a second thread costs more than it saves.
+  const int64_t threads = std::min<int64_t>(pool.num_threads(), 2);
+  if (threads < 2 || d_size * n_size < (1 << 16)) {
+    Panels(xp, wpp, yp, rows, d_size, n_size, 0, num_panels);
+    return ffi::Error::Success();
+  }
+  auto work = std::make_shared<SharedWork>();
+  work->x = xp;
+  work->wp = wpp;
+  work->y = yp;
+  work->rows = rows;
+  work->d_size = d_size;
+  work->n_size = n_size;
+  work->num_panels = num_panels;
+  // Chunks of whole 4-panel tiles, ~8 per thread for load balance.
+  work->chunk = std::max<int64_t>(4, (num_panels / (8 * threads) + 3) / 4 * 4);
+  work->num_chunks = (num_panels + work->chunk - 1) / work->chunk;
+  pool.Schedule([work] { work->Run(); });
+  work->Run();
+  while (work->done.load(std::memory_order_acquire) < work->num_chunks) {
+    std::this_thread::yield();
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecPackedMatmul, PackedMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

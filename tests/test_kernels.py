@@ -1,0 +1,154 @@
+"""The CPU matmul kernel (`specdec_jax.kernels`) and packed decoder weights.
+
+What must hold for decoding to stay exact through the kernel:
+* it computes x @ w to float32 rounding of XLA's dot, for every row count
+  1..16 and shapes that are not multiples of the panel width;
+* a row's result does not depend on how many rows share the call (so a
+  (γ+1)-token verification call and one-token calls give the same logits
+  rows, bit for bit, for every matmul);
+* a packed model decodes like the unpacked one, and greedy speculative
+  output equals the greedy baseline through it (the decoder-level
+  distribution tests in test_decoding.py run on packed models too, since
+  conftest.random_model prepares them);
+* without the kernel (no compiler, or switched off) nothing is packed and
+  XLA's dot is used.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import decoding
+from specdec_jax import kernels
+
+from conftest import random_model
+from conftest import tiny_config
+
+needs_kernel = pytest.mark.skipif(
+    not kernels.available(),
+    reason="the CPU kernel could not be built here (no C++ compiler?); "
+    "decoding falls back to XLA's dot, tested elsewhere")
+
+
+def _matmul(x, w):
+  """x [M, D] @ w [D, N] through the kernel on the packed w."""
+  return jax.jit(kernels.dense, static_argnums=2)(x, kernels.pack(w),
+                                                   w.shape[1])
+
+
+@needs_kernel
+@pytest.mark.parametrize("d_size,n_size", [(37, 19), (128, 333)])
+def test_kernel_matches_xla_dot_for_every_row_count(d_size, n_size):
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.standard_normal((d_size, n_size)), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((kernels.MAX_ROWS, d_size)),
+                  jnp.float32)
+  reference = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  full = np.asarray(_matmul(x, w))
+  # float32 rounding of a D-term sum, relative to the terms' magnitude.
+  scale = np.abs(np.asarray(x))[:, :, None] * np.abs(np.asarray(w))[None]
+  tolerance = 4 * d_size * np.finfo(np.float32).eps * scale.sum(axis=1)
+  assert np.all(np.abs(full - reference) <= tolerance)
+  for rows in (1, 2, 3, 4, 5, 6, 7, 8, 13, kernels.MAX_ROWS):
+    for first in (0, kernels.MAX_ROWS - rows):
+      part = np.asarray(_matmul(x[first:first + rows], w))
+      # Bit-identical rows whatever the number of rows in the call.
+      np.testing.assert_array_equal(part, full[first:first + rows])
+
+
+@needs_kernel
+def test_pack_unpack_round_trip_and_zero_padding():
+  w = jnp.arange(5 * 21, dtype=jnp.float32).reshape(5, 21)
+  panels = kernels.pack(w)
+  assert panels.shape == (2, 5, kernels.PANEL)
+  np.testing.assert_array_equal(panels[1, :, 21 - 16:], 0.0)
+  np.testing.assert_array_equal(kernels.unpack(panels, 21), w)
+
+
+@needs_kernel
+def test_more_rows_than_the_kernel_takes_use_the_packed_einsum():
+  rng = np.random.default_rng(1)
+  w = jnp.asarray(rng.standard_normal((24, 40)), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((3, 7, 24)), jnp.float32)  # 21 rows
+  y = kernels.dense(x, kernels.pack(w), 40)
+  np.testing.assert_allclose(y, x @ w, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_prepared_model_decodes_like_the_unpacked_one():
+  config = tiny_config(vocab_size=50, emb_dim=24)
+  plain = random_model(config, seed=0, prepared=False)
+  packed = plain.prepared_for_decoding()
+  assert packed.is_packed and not plain.is_packed
+  assert packed.prepared_for_decoding() is packed
+  jax.tree_util.tree_map(np.testing.assert_array_equal,
+                         packed.unpacked().params, plain.params)
+  inputs = jnp.asarray([[5, 17, 42, 9, 1, 0], [7, 3, 1, 0, 0, 0]], jnp.int32)
+  tokens = jnp.asarray([[0, 4, 9, 11, 2], [0, 8, 8, 30, 6]], jnp.int32)
+  logits = {}
+  for name, model in (("plain", plain), ("packed", packed)):
+    cache = model.start(inputs, 8)
+    logits[name], _ = model.decode_chunk(tokens, cache)
+  np.testing.assert_allclose(logits["packed"], logits["plain"], atol=2e-5,
+                             rtol=2e-5)
+  # The teacher-forced forward pass (more rows) works on packed weights too.
+  forward = packed.module.apply(packed.params, inputs, tokens, tokens + 1)
+  np.testing.assert_allclose(forward, plain.module.apply(
+      plain.params, inputs, tokens, tokens + 1), atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_greedy_speculative_equals_baseline_through_the_kernel(gamma):
+  config = tiny_config(vocab_size=40, emb_dim=32)
+  target = random_model(config, seed=3)
+  draft = random_model(config.replace(num_decoder_layers=1), seed=4)
+  assert target.is_packed and draft.is_packed
+  inputs = np.random.default_rng(2).integers(2, 40, (3, 9)).astype(np.int32)
+  base = decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
+                                     max_decode_length=14, eos_id=-1)
+  spec = decoding.speculative_sample(target, draft, inputs,
+                                     jax.random.PRNGKey(1), gamma=gamma,
+                                     max_decode_length=14, eos_id=-1)
+  np.testing.assert_array_equal(spec.tokens, base.tokens)
+  # The unpacked target (XLA's dot) gives the same greedy tokens here.
+  plain = decoding.temperature_sample(target.unpacked(), inputs,
+                                      jax.random.PRNGKey(0),
+                                      max_decode_length=14, eos_id=-1)
+  np.testing.assert_array_equal(plain.tokens, base.tokens)
+
+
+def test_switched_off_kernel_packs_nothing(monkeypatch):
+  monkeypatch.setenv("SPECDEC_JAX_CPU_KERNEL", "0")
+  kernels.available.cache_clear()
+  try:
+    assert not kernels.available()
+    model = random_model(tiny_config(), seed=0)
+    assert not model.is_packed
+  finally:
+    monkeypatch.delenv("SPECDEC_JAX_CPU_KERNEL")
+    kernels.available.cache_clear()
+
+
+def test_missing_compiler_is_a_clear_error_and_a_fallback(monkeypatch,
+                                                          tmp_path):
+  monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path))
+  monkeypatch.setattr(kernels, "_compiler", lambda: None)
+  with pytest.raises(RuntimeError, match="no C.. compiler"):
+    kernels.build()
+  kernels.available.cache_clear()
+  try:
+    assert not kernels.available()
+    assert not kernels.packing_enabled()
+  finally:
+    kernels.available.cache_clear()
+
+
+def test_failed_compilation_reports_the_compiler_output(monkeypatch,
+                                                        tmp_path):
+  monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path))
+  monkeypatch.setattr(kernels, "_compiler", lambda: "false")
+  with pytest.raises(RuntimeError, match="compiling cpu_matmul.cc failed"):
+    kernels.build()
+  # Nothing half-written is left where a later build would find it.
+  assert not list(tmp_path.rglob("*.so"))
