@@ -38,13 +38,13 @@ Decoding needs nothing else: shard the params (`shard_params` or
 `checkpoints.load_t5x_params(..., shardings=param_shardings(mesh, shapes))`)
 and the inputs (`shard_inputs`), then call the jitted
 `decoding.temperature_sample` / `decoding.speculative_sample`; GSPMD
-propagates the shardings through the programs. `ShardedT5Model` additionally
-pins the KV cache to batch-over-'data', heads-over-'model'.
+propagates the shardings through the programs, the KV caches included (their
+keys/values are written from the sharded projections; the tests check that
+sharded decoding reproduces unsharded tokens on 8 devices).
 """
 import re
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
-import flax
 import gin
 import jax
 import numpy as np
@@ -53,7 +53,6 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
-from specdec_jax.models.t5 import DecodeCache
 from specdec_jax.models.t5 import T5Model
 
 DATA_AXIS = "data"
@@ -347,64 +346,3 @@ def shard_inputs(mesh: Mesh, tokens: Any) -> jax.Array:
   tokens = np.asarray(tokens) if not isinstance(tokens, jax.Array) else tokens
   return jax.device_put(tokens,
                         data_sharding(mesh, tokens.shape[0], tokens.ndim))
-
-
-# ---------------------------------------------------------------------------
-# KV cache.
-# ---------------------------------------------------------------------------
-def cache_partition_specs(cache: DecodeCache, mesh: Mesh) -> DecodeCache:
-  """Specs for a `DecodeCache`: batch over 'data', heads over 'model'.
-
-  keys/values and cross_keys/values are per-layer [B, T, H, D] arrays; each
-  axis is used only where it divides the dimension.
-  """
-  def axis(name, dim):
-    return name if _divides(mesh, name, dim) else None
-
-  def kv(layers):
-    return tuple(PartitionSpec(axis(DATA_AXIS, x.shape[0]), None,
-                               axis(MODEL_AXIS, x.shape[2]), None)
-                 for x in layers)
-
-  batch = axis(DATA_AXIS, cache.length.shape[0])
-  return DecodeCache(
-      keys=kv(cache.keys), values=kv(cache.values),
-      cross_keys=kv(cache.cross_keys), cross_values=kv(cache.cross_values),
-      encoder_valid=PartitionSpec(batch, None), length=PartitionSpec(batch))
-
-
-def constrain_cache(cache: DecodeCache, mesh: Mesh) -> DecodeCache:
-  """`with_sharding_constraint` of a cache to `cache_partition_specs`."""
-  specs = cache_partition_specs(cache, mesh)
-  shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs,
-                                     is_leaf=_is_spec)
-  return jax.lax.with_sharding_constraint(cache, shardings)
-
-
-@flax.struct.dataclass
-class ShardedT5Model(T5Model):
-  """A `T5Model` that pins its KV cache's sharding inside jitted decoding.
-
-  Drop-in for `decoding.temperature_sample` / `speculative_sample` (as the
-  target or the draft): `start` and `decode_chunk` constrain the returned
-  cache with `constrain_cache`, so the while-loop carry keeps batch over
-  'data' and heads over 'model' instead of whatever GSPMD infers.
-  """
-  mesh: Optional[Mesh] = flax.struct.field(pytree_node=False, default=None)
-
-  @classmethod
-  def create(cls, mesh: Mesh, model: T5Model, *, shard: bool = True,
-             **kwargs) -> "ShardedT5Model":
-    params = shard_params(mesh, model.params, **kwargs) if shard else (
-        model.params)
-    return cls(config=model.config, params=params, mesh=mesh)
-
-  def start(self, encoder_input_tokens, max_len):
-    cache = super().start(encoder_input_tokens, max_len)
-    return cache if self.mesh is None else constrain_cache(cache, self.mesh)
-
-  def decode_chunk(self, tokens, cache):
-    logits, cache = super().decode_chunk(tokens, cache)
-    if self.mesh is not None:
-      cache = constrain_cache(cache, self.mesh)
-    return logits, cache

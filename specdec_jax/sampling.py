@@ -1,10 +1,21 @@
 """Sampling math: the paper's standardization (§2.2) and Algorithm 1's acceptance.
 
-Both target p and draft q go through the same `standardize`, so that
+Both target p and draft q go through the same standardization, so that
 "exactly the target's distribution" means exactly the distribution a user of
 the target alone would sample from with the same temperature/top-k/top-p.
+
+A *sampling method* (`Greedy()`, `Sampling(temperature, top_k, top_p)`) is a
+small frozen, hashable object, validated once when it is built: the decode
+loops take it as a static argument and ask it for `standardize(logits)`,
+`draw(rng, logits)` and `is_greedy` instead of carrying three loose scalars.
+`make_method(temperature, top_k, top_p)` builds one from the gin macros'
+values (temperature 0 is `Greedy()`).
 """
-from typing import Callable, Tuple
+import abc
+import dataclasses
+import math
+import numbers
+from typing import Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -13,18 +24,136 @@ from jax import lax
 Array = jax.Array
 
 
+def _is_real(x) -> bool:
+  return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
 def validate_sampling_args(temperature: float, top_k: int,
                            top_p: float) -> None:
   """Raises ValueError naming the bad argument and its allowed range."""
-  if not temperature >= 0.0:  # Also rejects NaN.
+  if not (_is_real(temperature) and math.isfinite(temperature)
+          and temperature >= 0.0):  # Rejects NaN and inf too.
     raise ValueError(
-        f"temperature must be >= 0 (0 means greedy argmax), got {temperature!r}.")
-  if isinstance(top_k, bool) or int(top_k) != top_k or top_k < 0:
+        "temperature must be a finite number >= 0 (0 means greedy argmax), "
+        f"got {temperature!r}.")
+  if not _is_real(top_k) or int(top_k) != top_k or top_k < 0:
     raise ValueError(
         f"top_k must be an integer >= 0 (0 disables top-k), got {top_k!r}.")
-  if not 0.0 < top_p <= 1.0:
+  if not (_is_real(top_p) and 0.0 < top_p <= 1.0):
     raise ValueError(
         f"top_p must be in (0, 1] (1 disables top-p), got {top_p!r}.")
+
+
+# ---------------------------------------------------------------------------
+# Sampling methods: frozen, hashable, validated once.
+# ---------------------------------------------------------------------------
+class SamplingMethod(abc.ABC):
+  """How a token is drawn from a model's logits.
+
+  Implementations are frozen dataclasses: hashable, so the decode loops take
+  them as static `jax.jit` arguments (one compilation per method), and
+  validated in `__post_init__`, so nothing is re-checked while tracing.
+  """
+
+  @property
+  @abc.abstractmethod
+  def is_greedy(self) -> bool:
+    """True when every distribution is one-hot at the argmax.
+
+    The loops then work on argmax tokens only: no [B, γ, V] probabilities
+    are built, and Algorithm 1 reduces to `greedy_accept`.
+    """
+
+  @abc.abstractmethod
+  def standardize(self, logits: Array) -> Array:
+    """Logits [..., V] -> the probabilities [..., V] float32 sampled from."""
+
+  @abc.abstractmethod
+  def draw(self, rng: Array, logits: Array
+           ) -> Tuple[Array, Optional[Array]]:
+    """One token per row from logits [..., V].
+
+    Returns:
+      (tokens [...] int32, probs [..., V] float32 they were drawn from, or
+      None when the method is greedy: the distribution is then the one-hot
+      of the token and is never materialized).
+    """
+
+  def sample(self, rng: Array, logits: Array) -> Array:
+    """Tokens [...] int32 drawn from logits [..., V]."""
+    return self.draw(rng, logits)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Greedy(SamplingMethod):
+  """Temperature 0: the argmax (ties to the lowest index, like `jnp.argmax`)."""
+
+  @property
+  def is_greedy(self) -> bool:
+    return True
+
+  def standardize(self, logits: Array) -> Array:
+    return _standardize(logits, 0.0, 0, 1.0)
+
+  def draw(self, rng: Array, logits: Array) -> Tuple[Array, None]:
+    del rng  # Deterministic.
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling(SamplingMethod):
+  """Ancestral sampling at a temperature, optionally with top-k and top-p.
+
+  Attributes:
+    temperature: finite, > 0 (use `Greedy()` for 0).
+    top_k: int >= 0; keep the k most likely tokens (0 = all).
+    top_p: in (0, 1]; nucleus mass (1 = all).
+
+  Temperature is applied first, then top-k on the scaled logits, then top-p
+  on the resulting probabilities (see `standardize`).
+  """
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    validate_sampling_args(self.temperature, self.top_k, self.top_p)
+    if self.temperature == 0.0:
+      raise ValueError(
+          "temperature must be > 0 for Sampling, got 0; use Greedy() (or "
+          "make_method(0.0)) for greedy decoding.")
+    # Python scalars: Sampling(1) and Sampling(np.float32(1.0)) are the same
+    # static argument.
+    object.__setattr__(self, "temperature", float(self.temperature))
+    object.__setattr__(self, "top_k", int(self.top_k))
+    object.__setattr__(self, "top_p", float(self.top_p))
+
+  @property
+  def is_greedy(self) -> bool:
+    return False
+
+  def standardize(self, logits: Array) -> Array:
+    return _standardize(logits, self.temperature, self.top_k, self.top_p)
+
+  def draw(self, rng: Array, logits: Array) -> Tuple[Array, Array]:
+    probs = self.standardize(logits)
+    return sample_from(rng, probs), probs
+
+
+def make_method(temperature: float = 0.0, top_k: int = 0,
+                top_p: float = 1.0) -> SamplingMethod:
+  """The sampling method for the gin macros' (TEMPERATURE, TOPK, TOPP).
+
+  Temperature 0 is `Greedy()` (top-k and top-p are then irrelevant but still
+  validated); otherwise `Sampling(temperature, top_k, top_p)`.
+
+  Raises:
+    ValueError naming the bad argument and its allowed range.
+  """
+  validate_sampling_args(temperature, top_k, top_p)
+  if temperature == 0.0:
+    return Greedy()
+  return Sampling(temperature, top_k, top_p)
 
 
 def standardize(logits: Array, temperature: float = 1.0, top_k: int = 0,
@@ -44,6 +173,12 @@ def standardize(logits: Array, temperature: float = 1.0, top_k: int = 0,
     [..., V] float32 probabilities that sum to 1 along the last axis.
   """
   validate_sampling_args(temperature, top_k, top_p)
+  return _standardize(logits, float(temperature), int(top_k), float(top_p))
+
+
+def _standardize(logits: Array, temperature: float, top_k: int,
+                 top_p: float) -> Array:
+  """`standardize` without the argument checks (the methods validated)."""
   logits = logits.astype(jnp.float32)
   vocab = logits.shape[-1]
   if temperature == 0.0:
@@ -138,14 +273,16 @@ def sample_from(rng: Array, probs: Array) -> Array:
   return token.reshape(lead).astype(jnp.int32)
 
 
-def acceptance_mask(rng: Array, target_probs: Array, draft_probs: Array,
-                    draft_tokens: Array) -> Array:
+def acceptance_mask(rng: Array, target_probs: Array,
+                    draft_probs: Optional[Array], draft_tokens: Array
+                    ) -> Array:
   """Algorithm 1's accept test for each guess: r_i < p_i(x_i) / q_i(x_i).
 
   Args:
     rng: PRNG key.
     target_probs: [B, γ(+1), V] p_1..p_γ (a trailing p_{γ+1} is ignored).
-    draft_probs: [B, γ, V] q_1..q_γ.
+    draft_probs: [B, γ, V] q_1..q_γ, or None for a deterministic drafter
+      (q_i is the one-hot of x_i, so q_i(x_i) = 1).
     draft_tokens: [B, γ] int x_1..x_γ.
 
   Returns:
@@ -154,8 +291,10 @@ def acceptance_mask(rng: Array, target_probs: Array, draft_probs: Array,
   gamma = draft_tokens.shape[1]
   tokens = draft_tokens[..., None].astype(jnp.int32)
   p_x = jnp.take_along_axis(target_probs[:, :gamma], tokens, axis=-1)[..., 0]
-  q_x = jnp.take_along_axis(draft_probs, tokens, axis=-1)[..., 0]
   r = jax.random.uniform(rng, draft_tokens.shape)
+  if draft_probs is None:
+    return r < p_x
+  q_x = jnp.take_along_axis(draft_probs, tokens, axis=-1)[..., 0]
   # r < p/q without dividing: q == 0 (never sampled) can't produce NaN, and
   # p >= q always accepts.
   return r * q_x < p_x
@@ -167,8 +306,9 @@ def leading_accepted(accepted: Array) -> Array:
                  axis=-1).astype(jnp.int32)
 
 
-def residual_sample(rng: Array, target_probs: Array, draft_probs: Array,
-                    num_accepted: Array) -> Array:
+def residual_sample(rng: Array, target_probs: Array,
+                    draft_probs: Optional[Array], num_accepted: Array,
+                    draft_tokens: Optional[Array] = None) -> Array:
   """The token after n kept guesses: from norm(max(0, p_{n+1} - q_{n+1})).
 
   After all γ were kept (n = γ) this is p_{γ+1} itself (q_{γ+1} := 0).
@@ -176,17 +316,30 @@ def residual_sample(rng: Array, target_probs: Array, draft_probs: Array,
   Args:
     rng: PRNG key.
     target_probs: [B, γ+1, V] p_1..p_{γ+1}.
-    draft_probs: [B, γ, V] q_1..q_γ.
+    draft_probs: [B, γ, V] q_1..q_γ, or None for one-hot q_i at x_i (then
+      `draft_tokens` is required and only a [B, V] one-hot is built).
     num_accepted: [B] int n in [0, γ].
+    draft_tokens: [B, γ] int x_1..x_γ (used only when draft_probs is None).
 
   Returns:
     [B] int32 tokens.
   """
   rows = jnp.arange(target_probs.shape[0])
-  q_padded = jnp.concatenate(
-      [draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
   p_n = target_probs[rows, num_accepted]
-  residual = jnp.maximum(p_n - q_padded[rows, num_accepted], 0.0)
+  if draft_probs is None:
+    if draft_tokens is None:
+      raise ValueError("residual_sample: draft_tokens is required when "
+                       "draft_probs is None (one-hot q).")
+    # x_{γ+1} := -1, whose one-hot is all zeros (q_{γ+1} := 0).
+    padded = jnp.pad(draft_tokens.astype(jnp.int32), ((0, 0), (0, 1)),
+                     constant_values=-1)
+    q_n = jax.nn.one_hot(padded[rows, num_accepted], p_n.shape[-1],
+                         dtype=p_n.dtype)
+  else:
+    q_padded = jnp.concatenate(
+        [draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
+    q_n = q_padded[rows, num_accepted]
+  residual = jnp.maximum(p_n - q_n, 0.0)
   mass = jnp.sum(residual, axis=-1, keepdims=True)
   # p == q leaves no residual mass; a rejection then has probability 0, but
   # guard against rounding by falling back to p itself.
@@ -195,8 +348,9 @@ def residual_sample(rng: Array, target_probs: Array, draft_probs: Array,
   return sample_from(rng, residual)
 
 
-def speculative_accept(rng: Array, target_probs: Array, draft_probs: Array,
-                       draft_tokens: Array) -> Tuple[Array, Array]:
+def speculative_accept(rng: Array, target_probs: Array,
+                       draft_probs: Optional[Array], draft_tokens: Array
+                       ) -> Tuple[Array, Array]:
   """Algorithm 1's modified rejection sampling, batched.
 
   Draft token x_i is kept if r_i < p_i(x_i) / q_i(x_i) (r_i ~ U[0, 1)), and n
@@ -208,7 +362,9 @@ def speculative_accept(rng: Array, target_probs: Array, draft_probs: Array,
     rng: PRNG key.
     target_probs: [B, γ+1, V] p_1..p_{γ+1} (standardized target probs at the
       positions of draft tokens 1..γ and one past them).
-    draft_probs: [B, γ, V] q_1..q_γ the draft tokens were sampled from.
+    draft_probs: [B, γ, V] q_1..q_γ the draft tokens were sampled from, or
+      None when the drafter is deterministic (q_i = one-hot of x_i: the
+      test is r_i < p_i(x_i) and the residual is p_{n+1} without x_{n+1}).
     draft_tokens: [B, γ] int x_1..x_γ.
 
   Returns:
@@ -220,7 +376,8 @@ def speculative_accept(rng: Array, target_probs: Array, draft_probs: Array,
     raise ValueError(
         f"target_probs must have shape [B, γ+1, V] = [{batch}, {gamma + 1}, V]"
         f", got {target_probs.shape}.")
-  if draft_probs.shape != (batch, gamma, target_probs.shape[-1]):
+  if draft_probs is not None and draft_probs.shape != (
+      batch, gamma, target_probs.shape[-1]):
     raise ValueError(
         f"draft_probs must have shape [B, γ, V] = "
         f"[{batch}, {gamma}, {target_probs.shape[-1]}], got "
@@ -229,7 +386,7 @@ def speculative_accept(rng: Array, target_probs: Array, draft_probs: Array,
   num_accepted = leading_accepted(
       acceptance_mask(accept_rng, target_probs, draft_probs, draft_tokens))
   next_token = residual_sample(residual_rng, target_probs, draft_probs,
-                               num_accepted)
+                               num_accepted, draft_tokens)
   return num_accepted, next_token
 
 

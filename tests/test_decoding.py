@@ -1,28 +1,42 @@
-"""Exactness of the decoders.
+"""Exactness of the decoders with T5 models.
 
 * Greedy identity: speculative output == target-alone output, token for
   token, for γ ∈ {1, 3, 7}, batch 1 and 4, EOS early and late.
-* Distribution: at temperature 1 (and with top-k, and with top-p) the joint
+* Distribution: at temperature 1, with top-k, with top-p, at temperature
+  0.7 with top-p 0.9, and with top-k and top-p together, the joint
   distribution of the first 3 generated tokens, over thousands of samples,
   matches the target's exact distribution computed by enumeration from its
-  logits (chi-square, significance 1e-3, fixed seeds).
+  logits with a float64 sort-based reference of the standardization
+  (chi-square, significance 1e-3, fixed seeds).
 * Bad arguments raise ValueError before anything is compiled.
+* The T5 cache refuses to overflow.
+* The README's custom drafter works.
+
+The loop's bookkeeping case by case (scripted stubs, hand-written
+expectations) is in test_speculative_loop.py.
 """
 import itertools
+import re
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import checkify
 from scipy import stats
 
 from specdec_jax import decoding
+from specdec_jax import drafters
 from specdec_jax import sampling
+from specdec_jax.decoding import loops
 from specdec_jax.models import Transformer
 
+from conftest import REPO
 from conftest import perturbed
 from conftest import random_model
 from conftest import tiny_config
+from decoding_helpers import reference_standardize
 
 SIGNIFICANCE = 1e-3
 
@@ -107,8 +121,9 @@ def test_new_inputs_and_eos_do_not_recompile(greedy_setup):
   for fn, kwargs in ((decoding.temperature_sample, {}),
                      (decoding.speculative_sample,
                       dict(drafter=draft, gamma=3))):
-    jitted = (decoding._temperature_sample if fn is decoding.temperature_sample
-              else decoding._jit_speculative_loop)
+    jitted = (loops._jit_temperature_loop  # pylint: disable=protected-access
+              if fn is decoding.temperature_sample
+              else loops._jit_speculative_loop)  # pylint: disable=protected-access
     run = lambda x, e, seed: fn(  # pylint: disable=cell-var-from-loop
         target, encoder_input_tokens=x, rng=jax.random.PRNGKey(seed),
         max_decode_length=MAX_LEN, eos_id=e, **kwargs).tokens
@@ -144,8 +159,8 @@ def _exact_sequence_distribution(model, inputs, temperature, top_k, top_p):
                                                     np.ones_like(dec))
   lengths = np.array([len(p) for p in prefixes])
   last = np.asarray(logits)[np.arange(len(prefixes)), lengths]
-  probs = np.asarray(sampling.standardize(jnp.asarray(last), temperature,
-                                          top_k, top_p), np.float64)
+  # The textbook definitions (sort-based, float64), not the code under test.
+  probs = reference_standardize(last, temperature, top_k, top_p)
   next_probs = {p: probs[i] for i, p in enumerate(prefixes)}
   out = {}
   def walk(prefix, mass):
@@ -176,6 +191,10 @@ def _chisquare_pvalue(observed, probs):
     (1.0, 0, 1.0, 3),
     (0.8, 3, 1.0, 2),
     (1.0, 0, 0.8, 4),
+    # Temperature != 1 with top-p, and top-k with top-p: a verifier and a
+    # sampler applying them in different orders would disagree here.
+    (0.7, 0, 0.9, 3),
+    (0.7, 3, 0.9, 2),
 ])
 def test_speculative_matches_target_distribution(temperature, top_k, top_p,
                                                  gamma):
@@ -188,6 +207,7 @@ def test_speculative_matches_target_distribution(temperature, top_k, top_p,
   exact = _exact_sequence_distribution(target, inputs, temperature, top_k,
                                        top_p)
   assert abs(sum(exact.values()) - 1.0) < 1e-5
+  assert len(exact) >= 8, exact  # A distribution worth testing.
   out = decoding.speculative_sample(
       target, draft, np.repeat(inputs, SAMPLES, axis=0),
       jax.random.PRNGKey(int(temperature * 10) + top_k + gamma), gamma=gamma,
@@ -232,8 +252,8 @@ def test_baseline_matches_target_distribution():
 def no_compile(monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("compiled/ran before validating arguments")
-  monkeypatch.setattr(decoding, "_jit_speculative_loop", fail)
-  monkeypatch.setattr(decoding, "_temperature_sample", fail)
+  monkeypatch.setattr(loops, "_jit_speculative_loop", fail)
+  monkeypatch.setattr(loops, "_jit_temperature_loop", fail)
 
 
 @pytest.mark.parametrize("kwargs,name", [
@@ -272,3 +292,169 @@ def test_vocab_mismatch_and_baseline_args_rejected(no_compile):
   with pytest.raises(ValueError, match="encoder_input_tokens"):
     decoding.temperature_sample(target, np.ones((3,), np.int32),
                                 jax.random.PRNGKey(0), max_decode_length=3)
+
+
+@pytest.fixture(scope="module")
+def model8():
+  return random_model(tiny_config(vocab_size=8), seed=0)
+
+
+def _decoders(model):
+  """Both decoders with valid defaults; kwargs override."""
+  def spec(inputs, rng, **kwargs):
+    return decoding.speculative_sample(model, model, inputs, rng,
+                                       **{"gamma": 2, "max_decode_length": 4,
+                                          **kwargs})
+
+  def base(inputs, rng, **kwargs):
+    return decoding.temperature_sample(model, inputs, rng,
+                                       **{"max_decode_length": 4, **kwargs})
+  return {"speculative": spec, "baseline": base}
+
+
+GOOD = np.ones((1, 3), np.int32)
+
+
+@pytest.mark.parametrize("decoder", ["speculative", "baseline"])
+@pytest.mark.parametrize("inputs,rng,match", [
+    (np.ones((1, 3), np.float32), jax.random.PRNGKey(0),
+     r"encoder_input_tokens must have an integer dtype.*float32"),
+    (np.ones((1, 3), bool), jax.random.PRNGKey(0),
+     r"encoder_input_tokens must have an integer dtype"),
+    (np.array([[2, 8, 1]], np.int32), jax.random.PRNGKey(0),
+     r"encoder_input_tokens must hold token ids in \[0, 8\).*got 8 at \[0, 1\]"),
+    (np.array([[2, -1, 0]], np.int64), jax.random.PRNGKey(0),
+     r"encoder_input_tokens .*got -1"),
+    (jnp.array([[3, 30]], jnp.int32), jax.random.PRNGKey(0),
+     r"encoder_input_tokens .*got 30"),
+    (GOOD, 42, r"rng must be a single JAX PRNG key.*got 42"),
+    (GOOD, None, r"rng must be .*got None"),
+    (GOOD, np.zeros(2, np.float32), r"rng must be .*float32"),
+    (GOOD, jax.random.split(jax.random.PRNGKey(0), 2), r"rng must be"),
+    (GOOD, jax.random.split(jax.random.key(0), 2), r"rng must be"),
+], ids=["float", "bool", "id>=vocab", "negative-id", "jax-array-id", "rng=42",
+        "rng=None", "rng-float", "rng-batch", "typed-key-batch"])
+def test_bad_inputs_and_rng_rejected_before_compiling(no_compile, model8,
+                                                      decoder, inputs, rng,
+                                                      match):
+  with pytest.raises(ValueError, match=match):
+    _decoders(model8)[decoder](inputs, rng)
+
+
+@pytest.mark.parametrize("decoder", ["speculative", "baseline"])
+@pytest.mark.parametrize("rng", [jax.random.PRNGKey(0), jax.random.key(0)],
+                         ids=["raw", "typed"])
+def test_valid_inputs_and_keys_reach_the_compiled_loop(no_compile, model8,
+                                                       decoder, rng):
+  """Both kinds of key and the whole id range pass the checks (and only
+  then reach the jitted loop, here a stub that raises)."""
+  inputs = np.array([[0, 7, 1]], np.uint8)
+  with pytest.raises(AssertionError, match="compiled/ran"):
+    _decoders(model8)[decoder](inputs, rng)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(method=sampling.Greedy(), temperature=1.0),
+     "either method or temperature"),
+    (dict(method="greedy"), "method must be a sampling.SamplingMethod"),
+    (dict(temperature=float("inf")), "temperature must be a finite"),
+    (dict(temperature=1.0, top_p=float("nan")), "top_p"),
+    (dict(eos_id=1.5), "eos_id"),
+    (dict(acceptance="exact"), "acceptance must be a decoding.AcceptanceRule"),
+    (dict(statistics="yes"), "statistics must be True or False"),
+])
+def test_speculative_rejects_bad_settings(no_compile, model8, kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    _decoders(model8)["speculative"](GOOD, jax.random.PRNGKey(0), **kwargs)
+
+
+class _PlainDrafter(drafters.Drafter):
+  """A drafter that is not a pytree: jit could not take it."""
+  vocab_size = 8
+
+  def init(self, encoder_input_tokens, max_len):
+    return ()
+
+  def propose(self, state, buffer, length, rng, *, gamma, method):
+    return state, jnp.zeros((buffer.shape[0], gamma), jnp.int32), None
+
+  def rollback(self, state, length):
+    return state
+
+
+@flax.struct.dataclass
+class _StringLeafDrafter(_PlainDrafter):
+  """A pytree whose leaf is a Python string (should have been static)."""
+  name: str = "ngram"
+
+
+def test_drafter_and_target_must_be_pytrees_with_the_protocols(no_compile,
+                                                              model8):
+  rng = jax.random.PRNGKey(0)
+  with pytest.raises(ValueError,
+                     match=r"drafter must be a JAX pytree .*_PlainDrafter.*"
+                     r"flax.struct.dataclass"):
+    decoding.speculative_sample(model8, _PlainDrafter(), GOOD, rng, gamma=2,
+                                max_decode_length=4)
+  with pytest.raises(ValueError, match=r"drafter.name is a str"):
+    decoding.speculative_sample(model8, _StringLeafDrafter(), GOOD, rng,
+                                gamma=2, max_decode_length=4)
+  with pytest.raises(ValueError, match="drafter must be a specdec_jax"):
+    decoding.speculative_sample(model8, object(), GOOD, rng, gamma=2,
+                                max_decode_length=4)
+  with pytest.raises(ValueError, match=r"target must implement .*missing "
+                     r"\['start', 'decode_chunk', 'truncate'\]"):
+    decoding.speculative_sample(_PlainDrafter(), model8, GOOD, rng, gamma=2,
+                                max_decode_length=4)
+
+
+# ---------------------------------------------------------------------------
+# The T5 cache refuses to overflow.
+# ---------------------------------------------------------------------------
+def test_t5_cache_refuses_to_overflow(model8):
+  cache = model8.start(np.ones((2, 3), np.int32), 4)
+  with pytest.raises(ValueError, match="chunk of 5 tokens cannot fit .*"
+                     "max_len=4"):
+    model8.decode_chunk(jnp.ones((2, 5), jnp.int32), cache)
+  _, cache = model8.decode_chunk(jnp.ones((2, 3), jnp.int32), cache)
+  # Concrete lengths (outside jit): checked on the host.
+  with pytest.raises(ValueError, match=r"at cache lengths \[3, 3\] writes "
+                     "past the cache's max_len=4"):
+    model8.decode_chunk(jnp.ones((2, 2), jnp.int32), cache)
+  # Traced lengths: a checkify assertion (a no-op without checkify).
+  step = checkify.checkify(jax.jit(lambda m, t, c: m.decode_chunk(t, c)))
+  err, _ = step(model8, jnp.ones((2, 2), jnp.int32), cache)
+  assert "writes past the cache's max_len=4" in str(err.get())
+  err, (_, cache) = step(model8, jnp.ones((2, 1), jnp.int32), cache)
+  assert err.get() is None
+  np.testing.assert_array_equal(cache.length, [4, 4])
+  # truncate rolls back by index (never forward).
+  cache = model8.truncate(cache, jnp.array([1, 9], jnp.int32))
+  np.testing.assert_array_equal(cache.length, [1, 4])
+
+
+# ---------------------------------------------------------------------------
+# The README's custom drafter ("Extending").
+# ---------------------------------------------------------------------------
+def _readme_extending_code() -> str:
+  text = (REPO / "README.md").read_text()
+  section = text[text.index("## Extending"):]
+  return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_custom_drafter_runs_and_is_exact():
+  config = tiny_config(vocab_size=128)
+  target = random_model(config, seed=3)
+  inputs = np.array([[5, 17, 42, 9, 1], [7, 7, 3, 0, 0]], np.int32)
+  namespace = {"target": target, "inputs": inputs}
+  exec(_readme_extending_code(), namespace)  # pylint: disable=exec-used
+  out = namespace["out"]
+  assert out.tokens.shape == (2, 16)
+  # Greedy with the same drafter: token-identical to the target alone.
+  drafter = namespace["BigramDrafter"](namespace["table"])
+  spec = decoding.speculative_sample(target, drafter, inputs,
+                                     jax.random.PRNGKey(0), gamma=4,
+                                     max_decode_length=16)
+  base = decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
+                                     max_decode_length=16)
+  np.testing.assert_array_equal(spec.tokens, base.tokens)

@@ -14,6 +14,8 @@ from scipy import stats
 
 from specdec_jax import sampling
 
+from decoding_helpers import reference_standardize as _reference_standardize
+
 SIGNIFICANCE = 1e-3
 DRAWS = 100_000
 V = 6
@@ -176,24 +178,6 @@ def test_standardize_temperature_top_k_top_p():
                              [1, 0, 0, 0], rtol=1e-6)
 
 
-def _reference_standardize(logits, temperature, top_k, top_p):
-  """Sort-based top-k/top-p in float64 (the textbook definitions)."""
-  x = np.asarray(logits, np.float64) / temperature
-  if 0 < top_k < x.shape[-1]:
-    kth = np.sort(x, axis=-1)[..., -top_k, None]
-    x = np.where(x >= kth, x, -np.inf)
-  probs = np.exp(x - x.max(axis=-1, keepdims=True))
-  probs /= probs.sum(axis=-1, keepdims=True)
-  if top_p < 1.0:
-    ordered = -np.sort(-probs, axis=-1)
-    before = np.cumsum(ordered, axis=-1) - ordered
-    threshold = np.min(np.where(before < top_p, ordered, np.inf), axis=-1,
-                       keepdims=True)
-    probs = np.where(probs >= threshold, probs, 0.0)
-    probs /= probs.sum(axis=-1, keepdims=True)
-  return probs
-
-
 @pytest.mark.parametrize("top_k,top_p", [(1, 1.0), (5, 1.0), (37, 1.0),
                                          (0, 0.3), (0, 0.9), (0, 0.99),
                                          (20, 0.8)])
@@ -247,6 +231,7 @@ def test_sample_from_draws_each_row_from_its_distribution():
 @pytest.mark.parametrize("kwargs,name", [
     (dict(temperature=-0.1), "temperature"),
     (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf")), "temperature"),
     (dict(top_k=-1), "top_k"),
     (dict(top_k=1.5), "top_k"),
     (dict(top_p=0.0), "top_p"),
@@ -255,3 +240,109 @@ def test_sample_from_draws_each_row_from_its_distribution():
 def test_standardize_rejects_bad_arguments(kwargs, name):
   with pytest.raises(ValueError, match=name):
     sampling.standardize(jnp.zeros((2, 4)), **kwargs)
+
+
+# ---------------------------------------------------------------------------
+# A deterministic drafter: draft_probs None (one-hot q at the guess).
+# ---------------------------------------------------------------------------
+@jax.jit
+def _emit_first_one_hot_q(rng, p, guess):
+  """Guess x = `guess` with no q (γ = 1); returns the first emitted token
+  and n."""
+  tokens = jnp.full((DRAWS, 1), guess, jnp.int32)
+  target = jnp.broadcast_to(p, (DRAWS, 2, V)).astype(jnp.float32)
+  n, extra = sampling.speculative_accept(rng, target, None, tokens)
+  return jnp.where(n > 0, tokens[:, 0], extra), n
+
+
+@pytest.mark.parametrize("index", [0, 2, 3, 4, 9, 12, 15])
+def test_one_hot_q_without_probs_emits_target_distribution(index):
+  """With q omitted (a deterministic guess x), the first emitted token is
+  still distributed as p, for the most and the least likely x, and x is
+  kept with probability p(x) (= β of one-hot q)."""
+  name, p, _ = _pq_pairs()[index]
+  for guess in (int(np.argmax(p)), int(np.argmin(p))):
+    first, n = _emit_first_one_hot_q(
+        jax.random.PRNGKey(300 + 10 * index + guess), jnp.asarray(p), guess)
+    _assert_matches(first, p, f"{name} / one-hot q at {guess}")
+    rate, beta = float(np.mean(np.asarray(n))), p[guess]
+    assert abs(rate - beta) <= 5 * np.sqrt(beta * (1 - beta) / DRAWS) + 1e-9
+
+
+def test_none_draft_probs_equals_explicit_one_hot_q():
+  """draft_probs=None is exactly Algorithm 1 with one-hot q: same draws."""
+  rng = np.random.default_rng(8)
+  batch, gamma = 512, 3
+  p = rng.dirichlet(np.full(V, 0.7), size=(batch, gamma + 1))
+  tokens = rng.integers(0, V, (batch, gamma))
+  key = jax.random.PRNGKey(4)
+  got = sampling.speculative_accept(key, jnp.asarray(p, jnp.float32), None,
+                                    jnp.asarray(tokens))
+  want = sampling.speculative_accept(
+      key, jnp.asarray(p, jnp.float32), jax.nn.one_hot(tokens, V),
+      jnp.asarray(tokens))
+  np.testing.assert_array_equal(got[0], want[0])
+  np.testing.assert_array_equal(got[1], want[1])
+  assert len(set(np.asarray(got[0]).tolist())) == gamma + 1
+
+
+# ---------------------------------------------------------------------------
+# Sampling methods: frozen, hashable, validated once.
+# ---------------------------------------------------------------------------
+def test_sampling_methods_are_static_values():
+  a = sampling.Sampling(0.7, top_p=0.9)
+  b = sampling.Sampling(temperature=np.float64(0.7), top_k=np.int64(0),
+                        top_p=0.9)
+  assert a == b and hash(a) == hash(b) and type(b.top_k) is int
+  assert hash(sampling.Sampling(1)) == hash(sampling.Sampling(1.0))
+  assert isinstance(sampling.Sampling(1).temperature, float)
+  assert sampling.Greedy() == sampling.Greedy()
+  assert sampling.Greedy().is_greedy and not a.is_greedy
+  with pytest.raises(Exception):  # frozen
+    a.temperature = 1.0  # pytype: disable=not-writable
+  assert sampling.make_method(0.0, 5, 0.5) == sampling.Greedy()
+  assert sampling.make_method(0.7, 0, 0.9) == a
+  # Used as a static jit argument: one compilation per distinct method.
+  calls = []
+
+  @functools.partial(jax.jit, static_argnames=("method",))
+  def probs(logits, method):
+    calls.append(method)
+    return method.standardize(logits)
+
+  logits = jnp.log(jnp.array([0.4, 0.3, 0.2, 0.1]))
+  probs(logits, method=sampling.Sampling(1.0, top_p=0.65))
+  probs(logits, method=sampling.Sampling(1.0, top_p=0.65))
+  np.testing.assert_allclose(
+      probs(logits, method=sampling.Sampling(1.0, top_p=0.65)),
+      sampling.standardize(logits, 1.0, 0, 0.65), rtol=1e-6)
+  assert len(calls) == 1
+
+
+def test_method_draw_and_standardize():
+  logits = jnp.array([[0.1, 2.0, -1.0, 2.0], [5.0, 0.0, 0.0, 0.0]])
+  tokens, probs = sampling.Greedy().draw(jax.random.PRNGKey(0), logits)
+  np.testing.assert_array_equal(tokens, [1, 0])
+  assert probs is None
+  np.testing.assert_array_equal(sampling.Greedy().standardize(logits),
+                                [[0, 1, 0, 0], [1, 0, 0, 0]])
+  method = sampling.Sampling(0.5, top_k=2)
+  tokens, probs = method.draw(jax.random.PRNGKey(0), logits)
+  np.testing.assert_allclose(probs, sampling.standardize(logits, 0.5, 2),
+                             rtol=1e-6)
+  assert np.all(np.asarray(probs)[[0, 1], np.asarray(tokens)] > 0)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(temperature=0.0), "Greedy"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature="1"), "temperature"),
+    (dict(top_k=2.5), "top_k"),
+    (dict(top_k=True), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=float("nan")), "top_p"),
+])
+def test_sampling_method_validated_at_construction(kwargs, name):
+  with pytest.raises(ValueError, match=name):
+    sampling.Sampling(**kwargs)

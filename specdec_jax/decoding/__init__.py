@@ -1,0 +1,60 @@
+"""Speculative decoding (Leviathan et al., 2023, Algorithm 1) and its baseline.
+
+One loop, four plug points:
+
+1. a **target** (`Target`: `start`, `decode_chunk`, `truncate`,
+   `vocab_size`; `models.T5Model` implements it),
+2. a **drafter** (`Drafter`: `init`, `propose`, `rollback`; see
+   `specdec_jax.drafters`, e.g. `ModelDrafter(small_t5)`),
+3. a **sampling method** (`sampling.Greedy()`,
+   `sampling.Sampling(temperature, top_k, top_p)`: frozen, static),
+4. an **acceptance rule** (`ExactAcceptance()`, Algorithm 1).
+
+Entry points: `speculative_sample` and `temperature_sample` (checked,
+jitted); `speculative_loop` / `temperature_loop` are the same loops
+unchecked and unjitted, for composing inside one's own `jax.jit`.
+
+Modules: `loops` (the loops and their checks), `protocols` (`Target`,
+`check_pytree`), `acceptance` (rules, `Verdict`), `statistics` (the
+optional α̂ / β / histogram / trace pytree).
+"""
+from specdec_jax import sampling
+from specdec_jax.decoding.acceptance import AcceptanceRule
+from specdec_jax.decoding.acceptance import ExactAcceptance
+from specdec_jax.decoding.acceptance import Verdict
+from specdec_jax.decoding.loops import EOS_ID
+from specdec_jax.decoding.loops import DecodeOutput
+from specdec_jax.decoding.loops import SpeculativeOutput
+from specdec_jax.decoding.loops import SpeculativeState
+from specdec_jax.decoding.loops import as_drafter
+from specdec_jax.decoding.loops import check_encoder_inputs
+from specdec_jax.decoding.loops import check_rng
+from specdec_jax.decoding.loops import check_settings
+from specdec_jax.decoding.loops import check_speculative_args
+from specdec_jax.decoding.loops import check_target
+from specdec_jax.decoding.loops import check_vocab_sizes
+from specdec_jax.decoding.loops import init_speculative_state
+from specdec_jax.decoding.loops import resolve_method
+from specdec_jax.decoding.loops import speculative_iteration
+from specdec_jax.decoding.loops import speculative_loop
+from specdec_jax.decoding.loops import speculative_sample
+from specdec_jax.decoding.loops import temperature_loop
+from specdec_jax.decoding.loops import temperature_sample
+from specdec_jax.decoding.protocols import Target
+from specdec_jax.decoding.protocols import check_pytree
+from specdec_jax.decoding.statistics import NO_TOKEN
+from specdec_jax.decoding.statistics import SpeculativeStatistics
+from specdec_jax.drafters import Drafter
+from specdec_jax.drafters import ModelDrafter
+from specdec_jax.drafters import T5Drafter
+
+__all__ = [
+    "AcceptanceRule", "DecodeOutput", "Drafter", "EOS_ID", "ExactAcceptance",
+    "ModelDrafter", "NO_TOKEN", "SpeculativeOutput", "SpeculativeState",
+    "SpeculativeStatistics", "T5Drafter", "Target", "Verdict", "as_drafter",
+    "check_encoder_inputs", "check_pytree", "check_rng", "check_settings",
+    "check_speculative_args", "check_target", "check_vocab_sizes",
+    "init_speculative_state", "resolve_method", "sampling",
+    "speculative_iteration", "speculative_loop", "speculative_sample",
+    "temperature_loop", "temperature_sample",
+]

@@ -1,0 +1,222 @@
+"""Test doubles and references for the decode loops (no neural network).
+
+* `ScriptedTarget`: a target whose logits at decoder position t of row b are
+  scripted: position_logits[b, t] + bigram[token fed at t]. In strict mode
+  (expected_fed >= 0) a token fed at a position where the script expects
+  another one gets POISON logits (argmax = vocab - 1): a loop that feeds,
+  or reads the logits of, a wrong position emits vocab - 1.
+* `ScriptedDrafter`: guesses from a script, guess_logits[b, t] for buffer
+  position t, independent of the context: deterministic (argmax, no q) or
+  sampled with the loop's method (returns q).
+* `reference_standardize`: sort-based temperature / top-k / top-p in
+  float64, the textbook definitions, independent of `sampling`.
+* `sequence_distribution`: the exact distribution of the first tokens of a
+  scripted target, by enumeration.
+"""
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+from scipy import stats
+
+from specdec_jax import drafters
+
+POISON_LOGIT = 100.0
+
+
+@flax.struct.dataclass
+class StubState:
+  """A target state: only the per-row length L (positions 0..L-1 held)."""
+  length: jax.Array
+  max_len: int = flax.struct.field(pytree_node=False)
+
+
+@flax.struct.dataclass
+class ScriptedTarget:
+  """Implements `decoding.Target` with scripted logits (see the module doc).
+
+  Attributes:
+    position_logits: [B or 1, T, V] logits by decoder position.
+    bigram: [V, V] added by the token fed at the position.
+    expected_fed: [B or 1, T] int32 tokens the script expects to be fed at
+      each position (-1: any).
+  """
+  position_logits: jax.Array
+  bigram: jax.Array
+  expected_fed: jax.Array
+
+  @property
+  def vocab_size(self) -> int:
+    return self.position_logits.shape[-1]
+
+  def start(self, encoder_input_tokens, max_len):
+    return StubState(jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32),
+                     max_len)
+
+  def decode_chunk(self, tokens, state):
+    batch, k = tokens.shape
+    # The loop must never write past the end of the state (checked under
+    # checkify, as T5Model.decode_chunk does).
+    checkify.debug_check(jnp.all(state.length + k <= state.max_len),
+                         "stub target: chunk past max_len")
+    table = self.position_logits
+    last = table.shape[1] - 1
+    pos = jnp.minimum(state.length[:, None] + jnp.arange(k)[None, :], last)
+    table = jnp.broadcast_to(table, (batch,) + table.shape[1:])
+    logits = jnp.take_along_axis(table, pos[..., None], axis=1)
+    logits = logits + self.bigram[tokens]
+    expected = jnp.take_along_axis(
+        jnp.broadcast_to(self.expected_fed, (batch, last + 1)), pos, axis=1)
+    wrong = (expected >= 0) & (tokens != expected)
+    poison = POISON_LOGIT * jax.nn.one_hot(self.vocab_size - 1,
+                                           self.vocab_size)
+    logits = jnp.where(wrong[..., None], poison, logits)
+    return logits.astype(jnp.float32), state.replace(length=state.length + k)
+
+  def truncate(self, state, length):
+    return state.replace(length=jnp.minimum(state.length, length))
+
+
+@flax.struct.dataclass
+class ScriptedDrafter(drafters.Drafter):
+  """Guesses guess_logits[b, t] for buffer position t, whatever the context.
+
+  Deterministic (argmax, draft_probs None) unless `sample`, which draws
+  each guess with the loop's method and returns its q.
+  """
+  guess_logits: jax.Array  # [B or 1, T, V]
+  sample: bool = flax.struct.field(pytree_node=False, default=False)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.guess_logits.shape[-1]
+
+  def init(self, encoder_input_tokens, max_len):
+    return ()
+
+  def propose(self, state, buffer, length, rng, *, gamma, method):
+    batch = buffer.shape[0]
+    table = self.guess_logits
+    last = table.shape[1] - 1
+    pos = jnp.minimum(length[:, None] + 1 + jnp.arange(gamma)[None, :], last)
+    table = jnp.broadcast_to(table, (batch,) + table.shape[1:])
+    logits = jnp.take_along_axis(table, pos[..., None], axis=1)
+    if not self.sample:
+      return state, jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+    tokens, probs = method.draw(rng, logits)
+    return state, tokens, probs
+
+  def rollback(self, state, length):
+    return state
+
+
+def one_hot_script(rows, vocab, length, scale=10.0):
+  """[B, length, V] logits whose argmax at position t is rows[b][t]."""
+  out = np.zeros((len(rows), length, vocab), np.float32)
+  for b, row in enumerate(rows):
+    for t, tok in enumerate(row[:length]):
+      out[b, t, tok] = scale
+  return out
+
+
+def greedy_pair(paths, guesses, vocab, length=16):
+  """A strict scripted target whose greedy output is `paths` and a
+  deterministic drafter guessing `guesses`.
+
+  paths[b] = [y_1, y_2, ...] the target's tokens; guesses[b] = [g_1, ...]
+  the guess for generated token t (buffer position t). Both are padded to
+  `length` with token 2.
+  """
+  def pad(row, n):
+    return list(row) + [2] * (n - len(row))
+  ys = [[0] + pad(p, length) for p in paths]  # ys[b][t]: buffer position t.
+  # Position t's logits predict the token at t + 1.
+  target = ScriptedTarget(
+      position_logits=jnp.asarray(one_hot_script([y[1:] for y in ys], vocab,
+                                                 length)),
+      bigram=jnp.zeros((vocab, vocab), jnp.float32),
+      expected_fed=jnp.asarray([y[:length] for y in ys], jnp.int32))
+  draft = ScriptedDrafter(jnp.asarray(one_hot_script(
+      [[0] + pad(g, length) for g in guesses], vocab, length + 1)))
+  return target, draft
+
+
+# ---------------------------------------------------------------------------
+# References.
+# ---------------------------------------------------------------------------
+def reference_standardize(logits, temperature, top_k, top_p):
+  """Sort-based top-k/top-p in float64 (the textbook definitions)."""
+  x = np.asarray(logits, np.float64)
+  if temperature == 0:
+    return np.eye(x.shape[-1])[np.argmax(x, axis=-1)]
+  x = x / temperature
+  if 0 < top_k < x.shape[-1]:
+    kth = np.sort(x, axis=-1)[..., -top_k, None]
+    x = np.where(x >= kth, x, -np.inf)
+  probs = np.exp(x - x.max(axis=-1, keepdims=True))
+  probs /= probs.sum(axis=-1, keepdims=True)
+  if top_p < 1.0:
+    ordered = -np.sort(-probs, axis=-1)
+    before = np.cumsum(ordered, axis=-1) - ordered
+    threshold = np.min(np.where(before < top_p, ordered, np.inf), axis=-1,
+                       keepdims=True)
+    probs = np.where(probs >= threshold, probs, 0.0)
+    probs /= probs.sum(axis=-1, keepdims=True)
+  return probs
+
+
+def sequence_distribution(next_probs, vocab, steps, eos):
+  """{first `steps` tokens (0-padded after EOS): probability}.
+
+  next_probs(prefix tuple) -> [V] float64 distribution of the next token.
+  """
+  out = {}
+
+  def walk(prefix, mass):
+    if len(prefix) == steps or (prefix and prefix[-1] == eos):
+      out[prefix + (0,) * (steps - len(prefix))] = mass
+      return
+    probs = next_probs(prefix)
+    for tok in range(vocab):
+      if probs[tok] > 0:
+        walk(prefix + (tok,), mass * probs[tok])
+  walk((), 1.0)
+  return out
+
+
+def scripted_next_probs(target: ScriptedTarget, method_args):
+  """next_probs for `sequence_distribution` of a (row-0) scripted target."""
+  table = np.asarray(target.position_logits)[0]
+  bigram = np.asarray(target.bigram)
+
+  def next_probs(prefix):
+    fed = ((0,) + prefix)[-1]  # Position len(prefix) is fed the last token.
+    return reference_standardize(table[len(prefix)] + bigram[fed],
+                                 *method_args)
+  return next_probs
+
+
+def chisquare_pvalue(observed, probs):
+  """Goodness of fit of counts to probabilities, sparse cells pooled."""
+  expected = probs / probs.sum() * observed.sum()
+  order = np.argsort(expected)
+  small = order[np.cumsum(expected[order]) < 20]
+  big = np.setdiff1d(np.arange(len(expected)), small)
+  obs, exp = observed[big], expected[big]
+  if small.size:
+    obs = np.append(obs, observed[small].sum())
+    exp = np.append(exp, expected[small].sum())
+  return stats.chisquare(obs, exp)[1]
+
+
+def count_sequences(tokens, exact):
+  """Observed counts of each key of `exact`; fails on impossible rows."""
+  keys = sorted(exact)
+  index = {k: i for i, k in enumerate(keys)}
+  observed = np.zeros(len(keys))
+  for row in map(tuple, np.asarray(tokens).tolist()):
+    assert row in index, f"sequence {row} has probability 0 under the target"
+    observed[index[row]] += 1
+  return observed, np.array([exact[k] for k in keys])
+
