@@ -8,8 +8,14 @@ is always on the search path, so experiment files resolve by bare name
 
 `read_t5_config` reads the `T5Config` that a model gin file binds without
 gin's global configuration (for a second model next to a live config).
+
+`check_macro_bindings` (used by `run` and `sweep`) rejects a binding that
+defines a gin macro no gin file knows (`--gin.GAMA=3`): gin would define the
+new macro, nothing would read it, and the run would go on with the default.
 """
 import dataclasses
+import difflib
+import logging as std_logging
 import os
 import pathlib
 import sys
@@ -23,6 +29,13 @@ from gin import config_parser
 from specdec_jax.models.config import T5Config
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
+
+
+class ConfigError(ValueError):
+  """A bad value the user typed (a flag, a gin macro or binding).
+
+  Entry points print its message as one line (no traceback) and exit 2.
+  """
 
 
 def define_gin_flags() -> None:
@@ -55,12 +68,31 @@ def search_paths(extra: Sequence[str] = ()) -> List[str]:
   return [os.getcwd(), *extra, str(GIN_DIR)]
 
 
+class _DropGinLookupNoise(std_logging.Filter):
+  """Drops gin's per-folder lookup lines for a bare file name.
+
+  gin tries every search path in turn, and for each it also asks its
+  Python-package reader, which logs `system_path_file_exists:NAME` and an
+  ERROR `Path not found: NAME` for every folder that lacks the file. Those
+  are not errors; a file found nowhere is reported by `parse_gin` itself.
+  """
+
+  def filter(self, record):
+    return not (record.pathname.endswith(os.path.join("gin",
+                                                      "resource_reader.py"))
+                and str(record.msg).startswith(("Path not found",
+                                                "system_path_file_exists")))
+
+
 def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
               extra_search_paths: Sequence[str] = (),
-              finalize: bool = True) -> None:
+              finalize: bool = True, check_macros: bool = False) -> None:
   """Parses gin files and bindings with the search paths set up.
 
-  A missing file raises ValueError naming it and the folders searched.
+  A missing file raises ValueError naming it and the folders searched. With
+  `check_macros`, a binding that defines a macro the files neither define
+  nor use raises ConfigError first (see `check_macro_bindings`). gin's
+  lookup lines for bare file names are not logged.
   """
   paths = search_paths(extra_search_paths)
   for path in paths:
@@ -68,15 +100,112 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
   for name in gin_files:
     if not os.path.isabs(name) and not any(
         os.path.exists(os.path.join(p, name)) for p in paths):
-      raise ValueError(
+      raise ConfigError(
           f"--gin_file={name!r} not found in the gin search path {paths}.")
-  gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
-                                      finalize_config=finalize)
+  if check_macros:
+    check_macro_bindings(gin_bindings, gin_file_macros(gin_files, paths))
+  quiet = _DropGinLookupNoise()
+  root = std_logging.getLogger()
+  root.addFilter(quiet)
+  try:
+    gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
+                                        finalize_config=finalize)
+  finally:
+    root.removeFilter(quiet)
 
 
-def parse_from_flags(finalize: bool = True) -> None:
+def parse_from_flags(finalize: bool = True, check_macros: bool = True) -> None:
+  """Parses --gin_file/--gin_bindings; unknown macros raise ConfigError."""
   f = flags.FLAGS
-  parse_gin(f.gin_file, f.gin_bindings, f.gin_search_paths, finalize)
+  parse_gin(f.gin_file, f.gin_bindings, f.gin_search_paths, finalize,
+            check_macros=check_macros)
+
+
+# ---------------------------------------------------------------------------
+# Macro names: a typo in `--gin.NAME=VALUE` must not pass silently.
+# ---------------------------------------------------------------------------
+def _macro_references(value: Any) -> Set[str]:
+  """Names of the `%MACRO`s inside a parsed value."""
+  if isinstance(value, _Macro):
+    return {value.name}
+  if isinstance(value, dict):
+    return set().union(*map(_macro_references, value.keys()),
+                       *map(_macro_references, value.values()))
+  if isinstance(value, (list, tuple, set)):
+    return set().union(*map(_macro_references, value))
+  return set()
+
+
+def gin_file_macros(gin_files: Sequence[str],
+                    search_paths_: Optional[Sequence[str]] = None) -> Set[str]:
+  """The macros that gin files (and their includes) define or use (`%NAME`).
+
+  Read without gin's global configuration.
+  """
+  paths = _default_search_paths(search_paths_)
+  names: Set[str] = set()
+  for path in gin_files:
+    for st, _ in _gin_statements(path, paths):
+      if isinstance(st, config_parser.BindingStatement):
+        if not st.arg_name:
+          names.add(st.selector)
+        names |= _macro_references(st.value)
+  return names
+
+
+def closest_names(name: str, known: Sequence[str], n: int = 3) -> List[str]:
+  """The known names closest to `name` (difflib; case-insensitive)."""
+  by_upper = {k.upper(): k for k in known}
+  return [by_upper[k] for k in difflib.get_close_matches(
+      name.upper(), list(by_upper), n=n, cutoff=0.6)]
+
+
+def unknown_macro_message(name: str, known: Sequence[str]) -> str:
+  """'unknown gin macro X ...; closest known: ...; known macros: ...'."""
+  close = closest_names(name, known)
+  hint = (f"did you mean {' or '.join(close)}? " if close else "")
+  return (f"unknown gin macro {name!r}: no gin file defines or uses it, so "
+          f"it would be silently ignored; {hint}known macros: "
+          f"{', '.join(sorted(known))}.")
+
+
+def check_macro_bindings(gin_bindings: Sequence[str],
+                         known: Set[str]) -> None:
+  """Rejects bindings that define a macro nothing knows.
+
+  A binding `NAME = value` defines a gin macro. When no gin file defines or
+  uses `%NAME` (and no other binding uses it), nothing reads it: a typo such
+  as `--gin.GAMA=3` would run with the default γ. Full bindings
+  (`run.gamma = 3`, `target/T5Config.emb_dim = 8`) are checked by gin itself.
+
+  Args:
+    gin_bindings: binding strings as given to `--gin_bindings` (or
+      `--gin.NAME=VALUE`).
+    known: macros the gin files define or use (`gin_file_macros`).
+
+  Raises:
+    ConfigError: naming the binding, the unknown macro and the closest known
+      macros.
+  """
+  parsed = []
+  used = set(known)
+  for text in gin_bindings:
+    try:
+      statements = list(config_parser.ConfigParser(text, _ParserDelegate()))
+    except (SyntaxError, tokenize.TokenError) as e:
+      raise ConfigError(f"--gin_bindings={text!r}: not a gin binding ({e}).") \
+          from None
+    for st in statements:
+      if isinstance(st, config_parser.BindingStatement):
+        used |= _macro_references(st.value)
+        if not st.arg_name:
+          parsed.append((text, st.selector))
+  for text, name in parsed:
+    if name not in used:
+      text = text.strip()
+      flag = (f"--gin.{text}" if not any(c.isspace() for c in text) else
+              f"--gin_bindings={text!r}")
+      raise ConfigError(f"{flag}: {unknown_macro_message(name, sorted(known))}")
 
 
 def run_main(main, argv: Optional[Sequence[str]] = None) -> None:
@@ -131,20 +260,16 @@ def _find_gin_file(path: str, search_paths: Sequence[str]) -> str:
   for c in candidates:
     if os.path.isfile(c):
       return c
-  raise ValueError(f"Model gin file {path!r} not found (searched "
+  raise ValueError(f"gin file {path!r} not found (searched "
                    f"{candidates}).")
 
 
-def _read_statements(path: str, search_paths: Sequence[str]
-                     ) -> Tuple[List[_Binding], Dict[str, Any]]:
-  """The T5Config bindings of a gin file and its includes, and its macros.
+def _gin_statements(path: str, search_paths: Sequence[str]):
+  """Yields (statement, "file:line") of a gin file, includes expanded in place.
 
-  Bindings are in file order (includes expanded where they stand); macros map
-  to their last definition, as in gin. Imports and other configurables'
-  bindings are skipped, so nothing needs to be registered with gin.
+  Raises:
+    ValueError: a missing file or include, bad syntax, an include cycle.
   """
-  bindings: List[_Binding] = []
-  macros: Dict[str, Any] = {}
 
   def parse(file_path, depth):
     if depth > _MAX_INCLUDE_DEPTH:
@@ -160,17 +285,31 @@ def _read_statements(path: str, search_paths: Sequence[str]
     except (OSError, SyntaxError, tokenize.TokenError) as e:
       raise ValueError(f"{full}: {e}") from None
     for st in statements:
-      where = f"{full}:{st.location.line_num}"
       if isinstance(st, config_parser.IncludeStatement):
-        parse(st.filename, depth + 1)
-      elif isinstance(st, config_parser.BindingStatement):
-        if not st.arg_name:  # A macro definition: `NAME = value`.
-          macros[st.selector] = st.value
-        # `T5Config` or a module-qualified `network.T5Config` (T5X).
-        elif st.selector.rsplit(".", 1)[-1] == "T5Config":
-          bindings.append((st.scope, st.arg_name, st.value, where))
+        yield from parse(st.filename, depth + 1)
+      else:
+        yield st, f"{full}:{st.location.line_num}"
 
-  parse(path, 0)
+  yield from parse(path, 0)
+
+
+def _read_statements(path: str, search_paths: Sequence[str]
+                     ) -> Tuple[List[_Binding], Dict[str, Any]]:
+  """The T5Config bindings of a gin file and its includes, and its macros.
+
+  Bindings are in file order (includes expanded where they stand); macros map
+  to their last definition, as in gin. Imports and other configurables'
+  bindings are skipped, so nothing needs to be registered with gin.
+  """
+  bindings: List[_Binding] = []
+  macros: Dict[str, Any] = {}
+  for st, where in _gin_statements(path, search_paths):
+    if isinstance(st, config_parser.BindingStatement):
+      if not st.arg_name:  # A macro definition: `NAME = value`.
+        macros[st.selector] = st.value
+      # `T5Config` or a module-qualified `network.T5Config` (T5X).
+      elif st.selector.rsplit(".", 1)[-1] == "T5Config":
+        bindings.append((st.scope, st.arg_name, st.value, where))
   return bindings, macros
 
 

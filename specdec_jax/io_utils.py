@@ -3,11 +3,19 @@
 Every result file the project writes (metrics, predictions, sweep points,
 reports, benchmark JSON) goes through `atomic_write`: write a temp file in the
 same folder, flush it to disk, then `os.replace` it over the destination.
+
+JSON is always valid JSON: a non-finite float (which `json` would write as
+`Infinity` / `NaN`) is written as null, with a warning naming its key.
+`probe_writable_dir` lets a command check its output folder at startup.
 """
 import json
+import logging
+import math
 import os
 import tempfile
 from typing import Any, Union
+
+logger = logging.getLogger(__name__)
 
 
 def _umask() -> int:
@@ -39,12 +47,54 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None
     raise
 
 
+def probe_writable_dir(path: Union[str, os.PathLike]) -> None:
+  """Creates `path` if needed and writes and removes a file in it.
+
+  Raises:
+    ValueError: `path` (or a parent) is a file, or the folder cannot be
+      created or written; the message says why and what is allowed.
+  """
+  path = os.fspath(path)
+  try:
+    os.makedirs(path, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path, prefix=".write_probe.",
+                               suffix=".tmp")
+    try:
+      os.write(fd, b"probe")
+    finally:
+      os.close(fd)
+      os.unlink(tmp)
+  except OSError as e:
+    where = f" ({e.filename})" if e.filename and os.fspath(
+        e.filename) != path else ""
+    raise ValueError(
+        f"not a writable directory: {e.strerror or e}{where}. Allowed: a "
+        "directory this user can write, or a path where one can be "
+        "created.") from None
+
+
+def json_safe(obj: Any, where: str = "") -> Any:
+  """`obj` with non-finite floats replaced by None (logged with their key)."""
+  if isinstance(obj, float) and not math.isfinite(obj):
+    logger.warning("%s is %s, not a JSON number: written as null.",
+                   where or "a value", obj)
+    return None
+  if isinstance(obj, dict):
+    return {k: json_safe(v, f"{where}.{k}" if where else str(k))
+            for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [json_safe(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+  return obj
+
+
 def write_json(path: Union[str, os.PathLike], obj: Any) -> None:
-  """Atomically writes `obj` as indented JSON."""
-  atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+  """Atomically writes `obj` as indented JSON (non-finite floats -> null)."""
+  atomic_write(path, json.dumps(json_safe(obj), indent=2, sort_keys=True,
+                                allow_nan=False) + "\n")
 
 
 def write_jsonl(path: Union[str, os.PathLike], rows) -> None:
-  """Atomically writes one JSON object per line."""
-  atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n"
-                             for r in rows))
+  """Atomically writes one JSON object per line (non-finite -> null)."""
+  atomic_write(path, "".join(
+      json.dumps(json_safe(r), ensure_ascii=False, allow_nan=False) + "\n"
+      for r in rows))

@@ -20,6 +20,18 @@ schemas). Written into DIR (default RESULTS_DIR/report):
   `example_trace.{html,png}` (Figure 1 style), `timeline.{png,svg}` (Figure 5
   style). Figures whose data are absent are skipped with a log message.
 
+The example trace comes from the most informative run (highest α, then
+temperature 0, then highest speedup) and, in it, the example whose trace
+fits the figure and shows accepted and rejected guesses; `--example_run` /
+`--example_index` choose instead. Tokens that cannot be printed as they are
+(control and format characters, lone combining marks, U+FFFD, glyphs the
+figure's font lacks) are shown escaped (`\n`, `\u200b`), never as look-alikes.
+The timeline is modeled, as `run` measures steps, not calls: each target call
+of the example (`accepted_counts` in predictions.jsonl) is drawn after γ
+draft steps, with the run's measured `draft_step_s` and `target_step_s`
+(metrics.json); older predictions.jsonl files that carry a `timeline` are
+drawn as they are.
+
 Bad input (missing / empty directory, a metrics.json that is not JSON or lacks
 the required keys, a malformed predictions.jsonl) stops the report with a
 one-line error naming the file and exit code 2, before anything is written.
@@ -36,6 +48,7 @@ import logging
 import math
 import os
 import sys
+import unicodedata
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -98,6 +111,8 @@ REQUIRED_KEYS: Dict[str, str] = {
 OPTIONAL_KEYS: Dict[str, str] = {
     "alpha_beta": _PROB,
     "tokens_per_target_call": _NONNEG,
+    "draft_step_s": _NONNEG,
+    "target_step_s": _NONNEG,
 }
 
 
@@ -244,13 +259,19 @@ def _check_prediction(path: str, lineno: int, ex: Any) -> Dict[str, Any]:
   Schema: {"index", "input", "reference", "baseline", "speculative",
   "accepted_counts": [int per target call], "trace": [{"draft_tokens":
   [str], "num_accepted": int, "target_token": str or null}] (one per target
-  call), "timeline": optional [{"kind": "draft" | "target", "start_s",
-  "end_s"}]}.
+  call), "timeline": optional, older runs only [{"kind": "draft" |
+  "target", "start_s", "end_s"}]}.
   """
   where = f"{path}:{lineno}"
   if not isinstance(ex, dict):
     raise ReportError(f"{where}: expected a JSON object per line, got "
                       f"{type(ex).__name__}")
+  counts = ex.get("accepted_counts")
+  if counts is not None and not (isinstance(counts, list) and all(
+      isinstance(n, int) and not isinstance(n, bool) and n >= 0
+      for n in counts)):
+    raise ReportError(f"{where}: 'accepted_counts' must be a list of "
+                      f"integers >= 0, got {counts!r}")
   trace = ex.get("trace")
   if trace is not None:
     if not isinstance(trace, list):
@@ -545,7 +566,10 @@ def render_speedup_vs_gamma(runs: Sequence[Dict[str, Any]]):
 
   Each (draft, temperature) series is drawn with its measured points and the
   curve of Theorem 3.8 at the series' mean measured alpha and c; the curve's
-  integer optimum (Figure 3) is marked with a triangle.
+  integer optimum (Figure 3) is marked with an open triangle. Colour is the
+  draft; temperature is both the marker shape of the measured points and
+  the line style of the curve, so T = 0 and T = 1 points of one draft are
+  told apart; the legend sits below the axes, off the data.
   """
   from matplotlib.ticker import MaxNLocator
   series = _series(runs)
@@ -553,6 +577,7 @@ def render_speedup_vs_gamma(runs: Sequence[Dict[str, Any]]):
   colors = _draft_colors(runs)
   temps = sorted({k[3] for k in series})
   styles = ["-", "--", ":", "-."]
+  markers = ["o", "s", "D", "P", "X", "v"]
   fig = _new_figure(5.2 * len(panels), 4.2)
   axes = fig.subplots(1, len(panels), squeeze=False)[0]
   for ax, (task, target) in zip(axes, panels):
@@ -578,9 +603,10 @@ def render_speedup_vs_gamma(runs: Sequence[Dict[str, Any]]):
       if g_opt <= gplot:
           ax.plot([g_opt], [analysis.expected_speedup(alpha, g_opt, c)], "^",
                 color=color, ms=7, mfc="none")
-      ax.plot([r["gamma"] for r in pts], [r["speedup"] for r in pts], "o",
-              color=color, ms=6, mec="black", mew=0.6,
-              label=f"measured: {draft}, T={_fmt_temp(temp)}")
+      marker = markers[temps.index(temp) % len(markers)]
+      ax.plot([r["gamma"] for r in pts], [r["speedup"] for r in pts],
+              marker, color=color, ms=6.5, mec="black", mew=0.6,
+              ls="none", label=f"measured: {draft}, T={_fmt_temp(temp)}")
     ax.axhline(1.0, color="gray", lw=0.8, ls=":")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("γ (draft tokens per target call)")
@@ -588,9 +614,10 @@ def render_speedup_vs_gamma(runs: Sequence[Dict[str, Any]]):
     ax.set_title(f"{task}: M_p = {target}")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-  fig.suptitle("Speedup vs γ: measured (dots) and Theorem 3.8 (lines, △ = "
-               "optimal γ)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+              ncol=2, frameon=False)
+  fig.suptitle("Speedup vs γ: measured (markers, one shape per temperature) "
+               "and Theorem 3.8 (lines, △ = optimal γ)", fontsize=10)
   return fig
 
 
@@ -599,7 +626,8 @@ def render_alpha_by_draft(runs: Sequence[Dict[str, Any]]):
 
   Bars are the mean acceptance-count alpha over the sweep points (error bars:
   their range); diamonds are the Corollary 3.6 estimates (alpha_beta) when
-  present.
+  present. Each bar's value is written above its error bar and diamond,
+  and the legend above all bars, so no label covers a mark.
   """
   series = _series(runs)
   groups = sorted({(k[0], k[1], k[2]) for k in series},
@@ -628,19 +656,23 @@ def render_alpha_by_draft(runs: Sequence[Dict[str, Any]]):
              yerr=yerr if len(alphas) > 1 else None, capsize=3,
              label=None if temp in temp_labelled else f"T={_fmt_temp(temp)}")
       temp_labelled.add(temp)
-      ax.text(x, mean + 0.02, f"{mean:.2f}", ha="center", va="bottom",
-              fontsize=8)
       betas = [r["alpha_beta"] for r in pts if r.get("alpha_beta") is not None]
+      top = max(alphas) if len(alphas) > 1 else mean  # the error bar's cap
       if betas:
         ax.plot([x], [np.mean(betas)], "D", color="black", ms=4,
                 label=None if beta_labelled else "Σ min(p, q) (Cor. 3.6)")
         beta_labelled = True
+        top = max(top, float(np.mean(betas)) + 0.015)  # the diamond's top
+      ax.text(x, top + 0.025, f"{mean:.2f}", ha="center", va="bottom",
+              fontsize=8)
   ax.set_xticks(range(len(groups)))
   ax.set_xticklabels([
       f"{task}\n{draft}" + (f" → {target}" if multi_target else "")
       for task, target, draft in groups
   ])
-  ax.set_ylim(0, 1.15)
+  # Bars and labels end below 1.1; the legend lives in the band above.
+  ax.set_ylim(0, 1.3)
+  ax.set_yticks(np.linspace(0, 1, 6))
   ax.set_ylabel("α (acceptance rate)")
   ax.set_title("α per draft model M_q and temperature")
   ax.grid(axis="y", alpha=0.3)
@@ -648,11 +680,57 @@ def render_alpha_by_draft(runs: Sequence[Dict[str, Any]]):
   return fig
 
 
+_NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
+
+
+def _escape_char(ch: str) -> str:
+  code = ord(ch)
+  if code < 0x100:
+    return f"\\x{code:02x}"
+  return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def _piece(token: Optional[str]) -> str:
-  """Display form of a decoded piece (SentencePiece '▁' becomes a space)."""
+  """Display form of a decoded piece (SentencePiece '▁' becomes a space).
+
+  Characters that would print as nothing or as something else are escaped
+  (a backslash itself is doubled, so an escape is never ambiguous): control
+  and format characters (newline, tab, zero-width space), spaces other than
+  ' ' (no-break space), unassigned and private-use code points, the
+  replacement character U+FFFD (an undecodable byte), and a combining mark
+  that starts a piece (it would sit on the previous piece's last letter).
+  """
   if token is None:
     return ""
-  return token.replace("▁", " ").replace("\n", "\\n")
+  out = []
+  for i, ch in enumerate(token.replace("▁", " ")):
+    if ch in _NAMED_ESCAPES:
+      out.append(_NAMED_ESCAPES[ch])
+    elif ch != " " and (not ch.isprintable() or ch == "\ufffd" or (
+        i == 0 and unicodedata.category(ch).startswith("M"))):
+      out.append(_escape_char(ch))
+    else:
+      out.append(ch)
+  return "".join(out)
+
+
+_FONT_FAMILY = "DejaVu Sans Mono"
+
+
+def _font_has_glyph_fn(family: str = _FONT_FAMILY):
+  """A predicate: does the trace figure's font have a glyph for a char?"""
+  from matplotlib import font_manager
+  from matplotlib import ft2font
+  path = font_manager.findfont(font_manager.FontProperties(family=family),
+                               fallback_to_default=True)
+  charmap = ft2font.FT2Font(path).get_charmap()
+  return lambda ch: ord(ch) in charmap
+
+
+def _escape_missing_glyphs(text: str, has_glyph) -> str:
+  """Escapes characters the font would draw as empty boxes."""
+  return "".join(ch if ch in " …" or has_glyph(ch) else _escape_char(ch)
+                 for ch in text)
 
 
 def trace_lines(trace: Sequence[Mapping[str, Any]]
@@ -724,7 +802,7 @@ def render_trace_png(example: Mapping[str, Any], run: Mapping[str, Any],
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
   fontsize = 10.0
-  family = "DejaVu Sans Mono"
+  family = _FONT_FAMILY
   # Glyph advances are hinted at the output resolution, so measure there.
   probe = Figure(dpi=_DPI)
   canvas = FigureCanvasAgg(probe)
@@ -735,7 +813,13 @@ def render_trace_png(example: Mapping[str, Any], run: Mapping[str, Any],
   label_chars = 5
 
   lines = trace_lines(example["trace"])
-  shown = lines[:max_lines]
+  has_glyph = _font_has_glyph_fn(family)
+
+  def esc(text):
+    return _escape_missing_glyphs(text, has_glyph)
+
+  shown = [(esc(prefix), [esc(t) for t in acc], [esc(t) for t in rej],
+            esc(tgt)) for prefix, acc, rej, tgt in lines[:max_lines]]
   # Lay out (row, col, text, color, struck) segments.
   segs = []
   row = 0
@@ -809,9 +893,43 @@ def render_trace_png(example: Mapping[str, Any], run: Mapping[str, Any],
   return fig
 
 
+def modeled_timeline(accepted_counts: Sequence[int], gamma: int,
+                     draft_step_s: float, target_step_s: float
+                     ) -> List[Dict[str, Any]]:
+  """A Figure-5-style call timeline from measured step costs.
+
+  The decode loop is one compiled program, so calls are not timed one by
+  one: each iteration is drawn as γ draft steps of `draft_step_s` then one
+  target call of `target_step_s` (the paper's cost model, Theorem 3.8).
+  """
+  events, t = [], 0.0
+  for _ in accepted_counts:
+    for _ in range(gamma):
+      events.append({"kind": "draft", "start_s": t, "end_s": t + draft_step_s})
+      t += draft_step_s
+    events.append({"kind": "target", "start_s": t,
+                   "end_s": t + target_step_s})
+    t += target_step_s
+  return events
+
+
+def example_timeline(example: Mapping[str, Any],
+                     run: Mapping[str, Any]) -> Optional[List[Dict[str, Any]]]:
+  """The example's timeline: recorded (older runs) or modeled; None if
+  neither is possible."""
+  if example.get("timeline"):
+    return example["timeline"]
+  counts = example.get("accepted_counts")
+  if (counts and run.get("draft_step_s") is not None and
+      run.get("target_step_s") is not None):
+    return modeled_timeline(counts, run["gamma"], run["draft_step_s"],
+                            run["target_step_s"])
+  return None
+
+
 def render_timeline(example: Mapping[str, Any], run: Mapping[str, Any]):
   """Figure-5-style timeline: draft and target calls of one example."""
-  events = example["timeline"]
+  events = example_timeline(example, run)
   t0 = min(ev["start_s"] for ev in events)
   fig = _new_figure(9, 2.4)
   ax = fig.subplots()
@@ -839,7 +957,9 @@ def render_timeline(example: Mapping[str, Any], run: Mapping[str, Any]):
   ax.set_yticklabels([lanes["target"][2], lanes["draft"][2]])
   ax.set_ylim(-0.7, 1.7)
   ax.set_xlim(0, end * 1e3 * 1.01 if end > 0 else 1)
-  ax.set_xlabel("time (ms)")
+  ax.set_xlabel("time (ms)" if example.get("timeline") else
+                "time (ms), modeled: γ draft steps then one target call per "
+                "iteration, at the run's measured step times")
   n_tokens = sum(n + 1 for n in counts) if counts else None
   ax.set_title(
       f"Speculative decoding timeline ({run['task']}, γ={run['gamma']}, "
@@ -850,28 +970,52 @@ def render_timeline(example: Mapping[str, Any], run: Mapping[str, Any]):
   return fig
 
 
-def _find_example(runs, key: str, example_run: Optional[str],
-                  example_index: Optional[int], prefer=None):
-  """First (run, example) with a non-empty `key` list, or (None, None).
+def _run_informativeness(run: Mapping[str, Any]):
+  """Sort key, best first: highest α, then T = 0, then highest speedup."""
+  return (-run["alpha"], run["temperature"], -run["speedup"], run["run_name"])
+
+
+def _trace_informativeness(ex: Mapping[str, Any], max_lines: int = 16):
+  """Sort key, best first, of an example's trace for Figure 1.
+
+  A trace that fits the figure, that shows both accepted and rejected
+  guesses and a fully accepted call, with many accepted tokens per call.
+  """
+  trace = ex["trace"]
+  accepted = [s["num_accepted"] for s in trace]
+  proposed = [len(s["draft_tokens"]) for s in trace]
+  mixed = any(accepted) and any(a < p for a, p in zip(accepted, proposed))
+  full = any(a == p > 0 for a, p in zip(accepted, proposed))
+  return (len(trace) > max_lines, not mixed, not full,
+          -sum(accepted) / len(trace), ex.get("index", 0))
+
+
+def _find_example(runs, has_data, example_run: Optional[str],
+                  example_index: Optional[int], prefer=None, rank=None):
+  """The (run, example) to draw, or (None, None).
+
+  Runs are searched best first (`_run_informativeness`); in the first run
+  with a usable example (`has_data(example, run)`), the example with
+  `example_index`, or else the best by `rank` (an example sort key; default:
+  file order). `prefer`, a (run, example) pair, is taken when usable.
 
   The whole predictions.jsonl of a searched run is read and validated, so a
   malformed line anywhere in the file the example comes from is reported.
   """
-  candidates = [r for r in runs if r["predictions_path"]]
+  candidates = sorted((r for r in runs if r["predictions_path"]),
+                      key=_run_informativeness)
   if example_run is not None:
     candidates = [r for r in candidates if r["run_name"] == example_run]
   if prefer is not None:
     run, ex = prefer
-    if ex.get(key):
+    if has_data(ex, run):
       return run, ex
   for run in candidates:
-    found = None
-    for ex in iter_predictions(run["predictions_path"]):
-      if found is None and ex.get(key) and (example_index is None or
-                                            ex.get("index") == example_index):
-        found = ex
-    if found is not None:
-      return run, found
+    usable = [ex for ex in iter_predictions(run["predictions_path"])
+              if has_data(ex, run) and (example_index is None or
+                                        ex.get("index") == example_index)]
+    if usable:
+      return run, (min(usable, key=rank) if rank else usable[0])
   return None, None
 
 
@@ -893,8 +1037,10 @@ def render_report(results_dir: str,
     results_dir: directory of runs (see `load_results`).
     output_dir: destination, default `results_dir/report`.
     example_run: run name (relative directory) whose predictions.jsonl
-      provides the example trace / timeline; default: the first with one.
-    example_index: the example's "index"; default: the first with a trace.
+      provides the example trace / timeline; default: the most informative
+      run with one (highest α, then T = 0, then highest speedup).
+    example_index: the example's "index"; default: the most informative
+      trace of that run (fits the figure, accepted and rejected guesses).
 
   Returns:
     {file name: written path}, e.g. {"table2.md": ".../table2.md", ...}.
@@ -915,10 +1061,12 @@ def render_report(results_dir: str,
 
   # Find (and validate) the example before rendering anything, so that a
   # malformed predictions.jsonl fails fast.
-  trace_run, trace_ex = _find_example(runs, "trace", example_run,
-                                      example_index)
+  trace_run, trace_ex = _find_example(
+      runs, lambda ex, run: bool(ex.get("trace")), example_run,
+      example_index, rank=_trace_informativeness)
   tl_run, tl_ex = _find_example(
-      runs, "timeline", example_run, example_index,
+      runs, lambda ex, run: bool(example_timeline(ex, run)), example_run,
+      example_index,
       prefer=(trace_run, trace_ex) if trace_ex is not None else None)
 
   artifacts: Dict[str, bytes] = {}
@@ -946,8 +1094,9 @@ def render_report(results_dir: str,
         render_trace_png(trace_ex, trace_run), "png")
 
   if tl_ex is None:
-    logger.info("skipping timeline: no %s with a non-empty 'timeline'%s",
-                PREDICTIONS_FILE,
+    logger.info("skipping timeline: no %s with 'accepted_counts' next to a "
+                "metrics.json with draft_step_s and target_step_s (or an "
+                "older 'timeline')%s", PREDICTIONS_FILE,
                 f" in run {example_run}" if example_run else "")
   else:
     logger.info("timeline: run %s, example %s", tl_run["run_name"],

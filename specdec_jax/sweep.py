@@ -13,6 +13,11 @@ any full gin binding (`run.top_k`, `draft/T5Config.num_decoder_layers`), or
 `gin_file`: the experiment file(s) of that point (e.g. `ende_base.gin`), so
 one sweep can cover several drafts and tasks.
 
+Before the first model is loaded, every point is checked as `run` checks
+its arguments (gin macros, every value, the vocabulary against both models),
+and RESULTS_DIR is created and probed: a bad value anywhere in the grid stops
+the sweep with one line naming the point, and nothing is written.
+
 Each point writes `RESULTS_DIR/<point name>/metrics.json` (atomically, last)
 and `predictions.jsonl`; a point whose metrics.json exists is skipped, so a
 killed sweep re-run with the same arguments finishes the rest and loses
@@ -22,6 +27,7 @@ into the paper's tables and figures.
 """
 import itertools
 import json
+import math
 import os
 import re
 import sys
@@ -33,7 +39,9 @@ from absl import logging
 import gin
 import yaml
 
+from specdec_jax import console
 from specdec_jax import gin_utils
+from specdec_jax import io_utils
 from specdec_jax import run as run_lib
 
 SWEEP_FILE = "sweep.json"
@@ -155,6 +163,10 @@ def point_name(point: Dict[str, Any]) -> str:
 # Gin for one point.
 # ---------------------------------------------------------------------------
 def _binding(key: str, value: Any) -> str:
+  if isinstance(value, float) and math.isinf(value):
+    # repr gives `inf`, which gin cannot parse; 1e999 is gin for infinity
+    # (and is then rejected with the point named, like any bad value).
+    return f"{key} = {'-' if value < 0 else ''}1e999"
   return f"{key} = {value!r}"
 
 
@@ -170,33 +182,60 @@ def point_gin(point: Dict[str, Any], base_files: Sequence[str]
 
 
 def check_keys(points, base_files, base_bindings, search_paths) -> None:
-  """Every sweep key must name a macro or binding the config knows."""
+  """Every sweep key must name a macro or binding the config knows.
+
+  Macros (bare names, and those that `--gin.NAME=VALUE` defines) go through
+  the check `run` uses (`gin_utils.check_macro_bindings`); full bindings
+  (`run.top_k`) are checked by gin when each point is parsed
+  (`validate_points`).
+  """
+  paths = gin_utils.search_paths(search_paths)
+  checked = set()
   for point in points:
     files, _ = point_gin(point, base_files)
-    gin.clear_config()
+    macro_keys = tuple(sorted(k for k in point
+                              if k != GIN_FILE_KEY and "." not in k))
+    if (tuple(files), macro_keys) in checked:
+      continue
+    checked.add((tuple(files), macro_keys))
     try:
-      gin_utils.parse_gin(files, base_bindings, search_paths, finalize=False)
-    except (ValueError, IOError) as e:
+      known = gin_utils.gin_file_macros(files, paths)
+      gin_utils.check_macro_bindings(base_bindings, known)
+    except ValueError as e:
       raise SweepError(f"gin files {files}: {e}") from None
-    for key in point:
-      if key == GIN_FILE_KEY:
-        continue
-      name = key if "." in key else f"{key}/macro.value"
+    for key in macro_keys:
+      if key not in known:
+        raise SweepError(f"--sweep key {key!r} (gin files {files}): " +
+                         gin_utils.unknown_macro_message(key, sorted(known)))
+
+
+def validate_points(points, results_dir: str, base_files, base_bindings,
+                    search_paths) -> None:
+  """Checks every point as `run` would, before any model is loaded.
+
+  Each point's gin is parsed, its run arguments and model configs go through
+  `run.Experiment`'s checks, and its vocabulary is read and compared with
+  both models' vocab_size.
+
+  Raises:
+    SweepError: naming the first bad point and what is wrong with it.
+  """
+  try:
+    for point in points:
+      name = point_name(point)
+      files, bindings = point_gin(point, base_files)
+      where = f"point {name} ({', '.join(bindings) or files})"
+      gin.clear_config()
       try:
-        gin.query_parameter(name)
-      except ValueError:
-        known = sorted(k for k in _macro_names())
-        raise SweepError(
-            f"unknown sweep binding {key!r} for gin files {files}: not a gin "
-            f"macro or binding there. Known macros: {', '.join(known)}"
-        ) from None
-  gin.clear_config()
-
-
-def _macro_names():
-  config = gin.config._CONFIG  # pylint: disable=protected-access
-  return [scope for (scope, selector) in config
-          if selector == "gin.macro" and scope]
+        gin_utils.parse_gin(files, list(base_bindings) + bindings,
+                            search_paths, finalize=False)
+        experiment = run_lib.Experiment(**run_lib.run_arguments(
+            overrides={"output_dir": os.path.join(results_dir, name)}))
+        experiment.vocabulary()
+      except (ValueError, IOError, SyntaxError) as e:
+        raise SweepError(f"{where}: {e}") from None
+  finally:
+    gin.clear_config()
 
 
 # ---------------------------------------------------------------------------
@@ -248,10 +287,19 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
               base_files: Sequence[str] = (),
               base_bindings: Sequence[str] = (),
               search_paths: Sequence[str] = ()) -> List[str]:
-  """Runs every unfinished point; returns the point folders, in order."""
+  """Runs every unfinished point; returns the point folders, in order.
+
+  Every point is validated and results_dir probed before the first model
+  load; a SweepError then leaves results_dir as it was.
+  """
   check_keys(points, base_files, base_bindings, search_paths)
+  validate_points(points, results_dir, base_files, base_bindings,
+                  search_paths)
   _check_results_dir(results_dir, points, base_files, base_bindings)
-  from specdec_jax import io_utils  # pylint: disable=g-import-not-at-top
+  try:
+    io_utils.probe_writable_dir(results_dir)
+  except ValueError as e:
+    raise SweepError(f"--results_dir={results_dir!r}: {e}") from None
   names = [point_name(p) for p in points]
   io_utils.write_json(os.path.join(results_dir, SWEEP_FILE), {
       "gin_files": list(base_files), "gin_bindings": list(base_bindings),
@@ -296,6 +344,9 @@ def main(argv: Sequence[str]) -> None:
   if not f.results_dir:
     raise SweepError("--results_dir is required.")
   points = parse_sweep_args(f.sweep)
+  # Typos fail in a second, before TensorFlow's import.
+  check_keys(points, f.gin_file, f.gin_bindings, f.gin_search_paths)
+  console.setup()
   run_sweep(points, f.results_dir, f.gin_file, f.gin_bindings,
             f.gin_search_paths)
   print(f"Sweep finished: {len(points)} points in {f.results_dir}.\n"
@@ -310,7 +361,7 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
     flags.DEFINE_string("results_dir", None, "Where the points' folders go.")
   try:
     gin_utils.run_main(main, argv)
-  except SweepError as e:
+  except (SweepError, gin_utils.ConfigError) as e:
     print(f"sweep: error: {e}", file=sys.stderr)
     return 2
   return 0

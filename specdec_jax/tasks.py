@@ -159,12 +159,17 @@ def _eos_id(vocab) -> int:
   return int(eos() if callable(eos) else eos)
 
 
-def encode_batch(vocab, texts: Sequence[str], max_length: int) -> np.ndarray:
+def encode_batch(vocab, texts: Sequence[str], max_length: int, *,
+                 return_lengths: bool = False):
   """Tokenizes ``texts`` into an int32 array ``[len(texts), max_length]``.
 
   Each row is the SentencePiece encoding followed by EOS; too-long encodings
   are truncated to ``max_length - 1`` tokens so that EOS is always the last
   non-pad token; rows are right-padded with 0.
+
+  With ``return_lengths``, returns ``(array, lengths)`` where ``lengths[i]``
+  is row i's full length with EOS before truncation: rows with
+  ``lengths > max_length`` were truncated.
   """
   if isinstance(texts, str):
     raise TypeError("encode_batch expects a sequence of strings, not a str.")
@@ -172,10 +177,13 @@ def encode_batch(vocab, texts: Sequence[str], max_length: int) -> np.ndarray:
     raise ValueError(f"max_length must be >= 1, got {max_length}.")
   eos = _eos_id(vocab)
   out = np.zeros((len(texts), max_length), dtype=np.int32)
+  lengths = np.zeros((len(texts),), dtype=np.int64)
   for i, text in enumerate(texts):
-    ids = list(vocab.encode(text))[:max_length - 1] + [eos]
+    ids = list(vocab.encode(text))
+    lengths[i] = len(ids) + 1
+    ids = ids[:max_length - 1] + [eos]
     out[i, :len(ids)] = ids
-  return out
+  return (out, lengths) if return_lengths else out
 
 
 def decode_tokens(vocab, tokens) -> List[str]:

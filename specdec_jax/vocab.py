@@ -35,6 +35,40 @@ def get_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
   return seqio.SentencePieceVocabulary(spm_model_path, extra_ids=extra_ids)
 
 
+def load_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
+                    extra_ids: int = DEFAULT_EXTRA_IDS,
+                    what: str = "SPM_MODEL_PATH"):
+  """A ``seqio.SentencePieceVocabulary``, its model read and checked now.
+
+  Unlike :func:`get_vocabulary` (lazy), the file is read here, so a path that
+  is not a SentencePiece model fails at startup with an error naming it,
+  instead of a protobuf traceback at the first encode.
+
+  Args:
+    spm_model_path: the ``.model`` file (local or gs://).
+    extra_ids: sentinel ids appended to the model's pieces.
+    what: how error messages name the path (the gin macro by default).
+
+  Raises:
+    ValueError: the file cannot be read or is not a SentencePiece model, or
+      it does not use T5's ids (pad 0, EOS 1, unk 2).
+  """
+  vocab = get_vocabulary(spm_model_path, extra_ids)
+  try:
+    vocab.tokenizer  # pylint: disable=pointless-statement  (reads the file)
+  except Exception as e:  # pylint: disable=broad-except
+    # seqio surfaces protobuf's DecodeError for a file that is not a model,
+    # SentencePiece's RuntimeError or OSError / TF's errors for unreadable
+    # paths: all of them mean the same thing to the user.
+    raise ValueError(
+        f"{what}={spm_model_path!r} is not a SentencePiece model: expected a "
+        "`.model` file written by SentencePiece's trainer (such as T5's "
+        f"{DEFAULT_SPM_PATH}); reading it failed with "
+        f"{type(e).__name__}: {e}") from None
+  check_t5_vocabulary(vocab)
+  return vocab
+
+
 def train_sentencepiece(input_files: Union[str, os.PathLike,
                                            Sequence[Union[str, os.PathLike]]],
                         model_prefix: Union[str, os.PathLike],

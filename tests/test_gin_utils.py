@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import pytest
 
 from specdec_jax import gin_utils
+from specdec_jax import run  # pylint: disable=unused-import  (registers `run`)
 from specdec_jax.models import T5Config
 
 DEFAULT = T5Config()  # No gin bindings are live at import time.
@@ -96,3 +97,62 @@ def test_allow_unresolved_dtype(dtype, tmp_path):
   path.write_text("T5Config.emb_dim = %EMB\nT5Config.dtype = %MODEL_DTYPE\n")
   with pytest.raises(ValueError, match="%EMB"):
     gin_utils.read_t5_config(str(path), allow_unresolved_dtype=True)
+
+
+# ---------------------------------------------------------------------------
+# Macro names (issue 13): a typo in --gin.NAME=VALUE must not pass silently.
+# ---------------------------------------------------------------------------
+def test_file_macros_include_definitions_references_and_includes(tmp_path):
+  (tmp_path / "inc.gin").write_text("A = 1\nrun.x = %B\n")
+  (tmp_path / "top.gin").write_text("include 'inc.gin'\nC = {'k': %D}\n")
+  assert gin_utils.gin_file_macros(["top.gin"], [str(tmp_path)]) == {
+      "A", "B", "C", "D"}
+  assert {"GAMMA", "TEMPERATURE", "OUTPUT_DIR", "OVERWRITE"} <= (
+      gin_utils.gin_file_macros(["local_tiny.gin"]))
+
+
+@pytest.mark.parametrize("binding,suggestion", [
+    ("GAMA=3", "GAMMA"),
+    ("gamma=3", "GAMMA"),          # case: still the closest
+    ("TEMPERATUR=1.0", "TEMPERATURE"),
+])
+def test_unknown_macro_names_binding_and_closest(binding, suggestion):
+  known = gin_utils.gin_file_macros(["local_tiny.gin"])
+  with pytest.raises(gin_utils.ConfigError) as e:
+    gin_utils.check_macro_bindings([binding], known)
+  message = str(e.value)
+  assert message.startswith(f"--gin.{binding}: unknown gin macro")
+  assert f"did you mean {suggestion}" in message
+  assert "known macros: " in message and "NUM_EXAMPLES" in message
+
+
+def test_known_and_full_bindings_pass():
+  known = gin_utils.gin_file_macros(["local_tiny.gin"])
+  gin_utils.check_macro_bindings(
+      ["GAMMA=3", "run.top_k = 2", "target/T5Config.emb_dim = 8",
+       # A new macro is fine when another binding uses it.
+       "MY_GAMMA = 2", "run.gamma = %MY_GAMMA"], known)
+
+
+def test_parse_gin_rejects_typo_before_touching_gin():
+  gin.clear_config()
+  try:
+    with pytest.raises(gin_utils.ConfigError, match="GAMA.*GAMMA"):
+      gin_utils.parse_gin(["local_tiny.gin"], ["GAMA=3"], finalize=False,
+                          check_macros=True)
+    # Not parsed: gin holds no binding for run.gamma yet.
+    with pytest.raises(ValueError):
+      gin.query_parameter("run.gamma")
+  finally:
+    gin.clear_config()
+
+
+def test_parse_gin_silences_gin_lookup_noise(caplog):
+  gin.clear_config()
+  try:
+    caplog.set_level("INFO")
+    gin_utils.parse_gin(["local_tiny.gin"], [], finalize=False)
+    assert "Path not found" not in caplog.text
+    assert "system_path_file_exists" not in caplog.text
+  finally:
+    gin.clear_config()

@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+from matplotlib.transforms import Bbox
+import numpy as np
 import pytest
 
 from specdec_jax import analysis
@@ -320,3 +322,126 @@ def test_alpha_json_from_alpha_mode_is_merged(tmp_path):
     f.write("[1, 2]")
   assert report.main([str(root), "--output_dir", str(tmp_path / "out2")]) == 2
   assert not (tmp_path / "out2").exists()
+
+
+# ----------------------------------------------------------------------------
+# Figures that explain themselves (issue 13).
+# ----------------------------------------------------------------------------
+
+
+def _vary_alphas(root):
+  """Sweep points of one (draft, T) with different α: real error bars."""
+  for name, alpha in (("ende_xxl_small_g3_t0", 0.70),
+                      ("ende_xxl_small_g7_t0", 0.80),
+                      ("ende_xxl_base_g3_t0", 0.86),
+                      ("ende_xxl_base_g7_t0", 0.74)):
+    path = root / name / "metrics.json"
+    m = json.loads(path.read_text())
+    m["alpha"] = alpha
+    path.write_text(json.dumps(m))
+
+
+def test_speedup_vs_gamma_tells_temperatures_apart():
+  runs = report.load_results(FIXTURE)
+  fig = report.render_speedup_vs_gamma(runs)
+  ax = fig.axes[0]
+  measured = {l.get_label(): l for l in ax.lines
+              if l.get_label().startswith("measured")}
+  assert sorted(measured) == ["measured: base, T=0", "measured: base, T=1",
+                              "measured: small, T=0", "measured: small, T=1"]
+  for draft in ("small", "base"):
+    t0, t1 = (measured[f"measured: {draft}, T={t}"] for t in (0, 1))
+    assert t0.get_marker() != t1.get_marker()
+  legend = [t.get_text() for t in ax.get_legend().get_texts()]
+  assert set(measured) <= set(legend)
+
+
+def test_alpha_labels_clear_error_bars_and_diamonds(tmp_path):
+  root = _copy_fixture(tmp_path)
+  _vary_alphas(root)
+  fig = report.render_alpha_by_draft(report.load_results(str(root)))
+  ax = fig.axes[0]
+  renderer = fig.canvas.get_renderer()
+  marks = []
+  for container in ax.containers:
+    errorbar = getattr(container, "errorbar", None)
+    if errorbar is not None:
+      _, caps, bars = errorbar.lines
+      marks += list(caps) + list(bars)
+  assert len(marks) >= 4  # two bars with error bars
+  marks += [l for l in ax.lines if l.get_marker() == "D"]
+  labels = [t for t in ax.texts if t.get_text()[:2] == "0."]
+  assert len(labels) == 4
+
+  def extent(mark):
+    if hasattr(mark, "get_segments"):  # the vertical error lines
+      points = ax.transData.transform(np.concatenate(mark.get_segments()))
+      return Bbox([points.min(0), points.max(0)])
+    return mark.get_window_extent(renderer)
+
+  for text in labels:
+    box = text.get_window_extent(renderer)
+    for mark in marks:
+      assert not box.overlaps(extent(mark)), (text.get_text(), mark)
+
+
+def test_piece_escapes_unprintable_tokens():
+  assert report._piece("▁a") == " a"
+  assert report._piece("a\nb\tc") == "a\\nb\\tc"
+  assert report._piece("\u200b") == "\\u200b"       # zero-width space
+  assert report._piece("\u00a0") == "\\xa0"         # no-break space
+  assert report._piece("\ufffd") == "\\ufffd"       # undecodable byte
+  assert report._piece("\u0301e") == "\\u0301e"     # leading combining mark
+  assert report._piece("e\u0301") == "e\u0301"      # é, composed: kept
+  assert report._piece("\\n") == "\\\\n"            # a literal backslash-n
+  assert report._piece("Straße</s>") == "Straße</s>"
+  has_glyph = report._font_has_glyph_fn()
+  assert report._escape_missing_glyphs("a中", has_glyph) == "a\\u4e2d"
+
+
+def _predictions_without_timeline(root):
+  """The g5 T=0 base run (α 0.80, above small's 0.75) gets predictions in
+  today's format: no measured timeline, step times in metrics.json."""
+  src = root / "ende_xxl_small_g5_t0" / "predictions.jsonl"
+  rows = [json.loads(l) for l in src.read_text().splitlines()]
+  plain = dict(rows[0], index=0, accepted_counts=[0, 0],
+               trace=[{"draft_tokens": ["▁a", "▁b"], "num_accepted": 0,
+                       "target_token": "▁c"}] * 2)
+  rich = dict(rows[0], index=1, accepted_counts=[2, 1],
+              trace=[{"draft_tokens": ["▁Das", "\u200b"], "num_accepted": 2,
+                      "target_token": "\n"},
+                     {"draft_tokens": ["▁Haus", "\ufffd"], "num_accepted": 1,
+                      "target_token": "</s>"}])
+  run_dir = root / "ende_xxl_base_g5_t0"
+  with open(run_dir / "predictions.jsonl", "w", encoding="utf-8") as f:
+    for row in (plain, rich):
+      row.pop("timeline", None)
+      f.write(json.dumps(row, ensure_ascii=False) + "\n")
+  m = json.loads((run_dir / "metrics.json").read_text())
+  m.update(draft_step_s=0.0008, target_step_s=0.04)
+  (run_dir / "metrics.json").write_text(json.dumps(m))
+  return run_dir
+
+
+def test_example_trace_is_most_informative_and_timeline_modeled(tmp_path):
+  root = _copy_fixture(tmp_path)
+  _predictions_without_timeline(root)
+  out = tmp_path / "out"
+  written = report.render_report(str(root), str(out))
+  assert sorted(written) == sorted(ALL_OUTPUTS)
+  page = (out / "example_trace.html").read_text()
+  # Highest α run; in it the example with accepted and rejected guesses.
+  assert "run ende_xxl_base_g5_t0, example 1" in page
+  assert "\\u200b" in page and "\u200b" not in page
+  assert "\\ufffd" in page and "\\n" in page
+  # The timeline is modeled from accepted_counts and the step times.
+  events = report.example_timeline(
+      {"accepted_counts": [2, 1]},
+      {"gamma": 5, "draft_step_s": 0.001, "target_step_s": 0.01})
+  assert [e["kind"] for e in events] == (["draft"] * 5 + ["target"]) * 2
+  assert events[-1]["end_s"] == pytest.approx(2 * (5 * 0.001 + 0.01))
+  # An explicit choice still wins.
+  report.render_report(str(root), str(tmp_path / "out2"),
+                       example_run="ende_xxl_small_g5_t0")
+  assert "run ende_xxl_small_g5_t0, example 0" in (
+      tmp_path / "out2" / "example_trace.html").read_text()

@@ -1,6 +1,8 @@
 """The run command: gin files, flags, and end-to-end runs offline."""
 import json
 import pathlib
+import subprocess
+import sys
 
 import gin
 import jax
@@ -14,6 +16,7 @@ from specdec_jax.models import init_params
 from specdec_jax.models import param_shapes
 
 GIN_DIR = gin_utils.GIN_DIR
+REPO = GIN_DIR.parent
 EXPERIMENTS = sorted(p.name for p in GIN_DIR.glob("*.gin")
                      if p.name not in ("run.gin",))
 
@@ -94,29 +97,85 @@ def test_gin_flag_shorthand_and_missing_file():
     _parse(["no_such_file.gin"])
 
 
-def test_local_tiny_end_to_end(tmp_path):
-  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path}'",
-                              "NUM_EXAMPLES = 3", "BATCH_SIZE = 2"])
-  metrics = run_lib.run()
-  assert metrics["greedy_outputs_identical"]
-  written = json.loads((tmp_path / "metrics.json").read_text())
+def test_local_tiny_end_to_end(tmp_path, caplog):
+  # Three examples (one longer than the inputs length) but NUM_EXAMPLES = 5.
+  data = tmp_path / "data.tsv"
+  data.write_text("a small house\tein kleines Haus\n"
+                  f"{'a very long sentence ' * 3}\tein sehr langer Satz\n"
+                  "the garden\tder Garten\n")
+  caplog.set_level("WARNING")
+  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path / 'a'}'",
+                              f"SOURCE_FILE = '{data}'", "NUM_EXAMPLES = 5",
+                              "BATCH_SIZE = 2", "TASK_FEATURE_LENGTHS = "
+                              "{'inputs': 24, 'targets': 16}"])
+  first = run_lib.Experiment(**run_lib.run_arguments())
+  metrics = first.run()
+  assert metrics["greedy_outputs_identical"] is True
+  written = json.loads((tmp_path / "a" / "metrics.json").read_text())
   for key in ("gamma", "temperature", "alpha", "num_examples",
               "tokens_generated", "target_calls_baseline",
               "target_calls_speculative", "walltime_baseline_s",
               "walltime_speculative_s", "speedup", "cost_coefficient_c",
-              "theoretical_speedup", "bleu"):
+              "theoretical_speedup", "bleu", "draft_step_s", "target_step_s",
+              "settings"):
     assert key in written, key
-  assert written["num_examples"] == 3
+  # Fewer examples than asked for, and a truncated input: logged, recorded.
+  assert (written["num_examples"], written["num_examples_requested"]) == (3, 5)
+  assert "NUM_EXAMPLES=5" in caplog.text and "only 3 examples" in caplog.text
+  assert written["inputs_truncated"] == 1 and written["inputs_length"] == 24
+  assert written["longest_input_tokens"] == 3 * len("a very long sentence ") + 1
+  assert "truncates 1 of 3 inputs" in caplog.text
+  assert written["greedy_identical_examples"] == 3
+  assert written["random_weights"] is True
   assert written["bleu"]["baseline"] == written["bleu"]["speculative"]
-  rows = [json.loads(line) for line in
-          (tmp_path / "predictions.jsonl").read_text().splitlines()]
+  predictions = (tmp_path / "a" / "predictions.jsonl").read_text()
+  rows = [json.loads(line) for line in predictions.splitlines()]
   assert len(rows) == 3
   for row in rows:
     assert row["baseline"] == row["speculative"]
     assert len(row["accepted_counts"]) == len(row["trace"])
+    assert "timeline" not in row  # measured times live in metrics.json
   assert sum(len(r["accepted_counts"]) for r in rows) == written[
       "target_calls_speculative"]
 
+  # Same settings and seed: the same predictions.jsonl, byte for byte; the
+  # same OUTPUT_DIR may be re-run.
+  for out in ("b", "a"):
+    again = run_lib.Experiment(models=first.models(), **run_lib.run_arguments(
+        overrides={"output_dir": str(tmp_path / out)}))
+    again.run()
+    assert (tmp_path / out / "predictions.jsonl").read_text() == predictions
+
+  lines = run_lib.summary_lines(metrics, first.args)
+  text = "\n".join(lines)
+  assert "speculative decoding: " in lines[1]
+  assert ("faster than the target alone" in lines[1] or
+          "slower than the target alone" in lines[1])
+  assert "alpha" in lines[1] and "tokens per target call" in lines[1]
+  assert "greedy outputs identical to the target's on 3/3 examples" in text
+  assert "quality: BLEU" in text
+  assert "random weights" in text and "meaningless" in text
+  assert "NUM_EXAMPLES=5, but the data has only 3" in text
+  assert "1 of 3 inputs were truncated" in text
+  assert lines[-1].startswith("results: ")
+
+
+def test_summary_at_temperature_one_and_rouge():
+  metrics = dict(task="cnndm", num_examples=10, speedup=1.62,
+                 theoretical_speedup=1.71, alpha=0.61, alpha_beta=0.6,
+                 tokens_per_target_call=2.1, greedy_outputs_identical=None,
+                 random_weights=False,
+                 rouge={"baseline": {"rouge1": 40.0, "rougeLsum": 37.5},
+                        "speculative": {"rouge1": 39.0, "rougeLsum": 36.5}})
+  args = dict(temperature=1.0, gamma=5, mode="walltime", target_name="xxl",
+              draft_name="small", output_dir="/tmp/x")
+  text = "\n".join(run_lib.summary_lines(metrics, args))
+  assert "1.62x faster than the target alone (theory 1.71x)" in text
+  assert "alpha 0.61 (share of draft tokens accepted)" in text
+  assert "not compared token by token" in text and "chi-square" in text
+  assert "identical" not in text
+  assert "ROUGE rouge1 40.00/39.00, rougeLsum 37.50/36.50" in text
+  assert "meaningless" not in text
 
 def test_self_draft_from_checkpoint_accepts_everything(tmp_path):
   """Target and draft loaded from the same checkpoint: α = 1 both ways."""
@@ -142,6 +201,12 @@ def test_self_draft_from_checkpoint_accepts_everything(tmp_path):
   alpha = run_lib.run(overrides={"mode": "alpha"})
   assert alpha["alpha_beta"] == pytest.approx(1.0, abs=1e-6)
   assert alpha["num_positions"] == metrics["tokens_generated"]
+  assert alpha["random_weights"] is False
+  lines = run_lib.summary_lines(alpha, run_lib.run_arguments(
+      overrides={"mode": "alpha"}))
+  assert lines[1].startswith("alpha 1.000 ± 0.000 (share of draft tokens")
+  assert not any("random weights" in l for l in lines)
+  assert lines[-1].startswith(f"results: {tmp_path / 'out' / 'alpha.json'}")
 
 
 def test_bad_run_arguments_fail_before_loading(tmp_path):
@@ -155,6 +220,146 @@ def test_bad_run_arguments_fail_before_loading(tmp_path):
     with pytest.raises(ValueError, match=name):
       run_lib.run(overrides=override)
   assert not list(pathlib.Path(tmp_path).iterdir())
+
+
+# ---------------------------------------------------------------------------
+# Bad input (issue 13): rejected before any model load or compilation, with
+# the macro, the value and what is allowed; nothing written.
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def no_load(monkeypatch):
+  """Fails the test if a model is loaded or a decoder runs."""
+  def fail(*args, **kwargs):
+    raise AssertionError("loaded a model / decoded before validating")
+  monkeypatch.setattr(run_lib, "load_model", fail)
+  monkeypatch.setattr(run_lib.decoding, "speculative_sample", fail)
+  monkeypatch.setattr(run_lib.decoding, "temperature_sample", fail)
+
+
+@pytest.mark.parametrize("bindings,expect", [
+    (["TEMPERATURE = 1e999"], ["TEMPERATURE=inf", "finite number >= 0"]),
+    (["TOPP = 1e999"], ["TOPP=inf", "finite number in (0, 1]"]),
+    (["TASK_FEATURE_LENGTHS = {'inputs': 0, 'targets': 8}"],
+     ["TASK_FEATURE_LENGTHS['inputs']=0", "integer >= 2"]),
+    # The byte vocabulary has 259 ids: a 128-token model would clamp them.
+    (["target/T5Config.vocab_size = 128", "draft/T5Config.vocab_size = 128"],
+     ["259 ids", "target/T5Config.vocab_size = 128", "at most 128 ids"]),
+])
+def test_bad_settings_fail_before_loading(bindings, expect, tmp_path,
+                                          no_load):
+  out = tmp_path / "out"
+  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{out}'", *bindings])
+  with pytest.raises(run_lib.ConfigError) as e:
+    run_lib.run()
+  for text in expect:
+    assert text in str(e.value), (text, str(e.value))
+  assert not out.exists()
+
+
+def test_nan_temperature_and_top_p_rejected(tmp_path, no_load):
+  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path}'"])
+  for name, macro in (("temperature", "TEMPERATURE"), ("top_p", "TOPP")):
+    with pytest.raises(run_lib.ConfigError, match=f"{macro}=nan"):
+      run_lib.run(overrides={name: float("nan")})
+  assert not list(tmp_path.iterdir())
+
+
+def test_spm_model_path_not_a_model(tmp_path, no_load):
+  bad = tmp_path / "notes.model"
+  bad.write_text("not a sentencepiece model\n")
+  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path / 'out'}'",
+                              "vocabulary.byte_level = False",
+                              f"SPM_MODEL_PATH = '{bad}'"])
+  with pytest.raises(run_lib.ConfigError) as e:
+    run_lib.run()
+  assert f"SPM_MODEL_PATH={str(bad)!r} is not a SentencePiece model" in str(
+      e.value)
+  assert not (tmp_path / "out").exists()
+
+
+def test_output_dir_probed_at_startup(tmp_path, no_load):
+  a_file = tmp_path / "file"
+  a_file.write_text("mine")
+  for out in (a_file, a_file / "sub"):
+    gin.clear_config()
+    _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{out}'"])
+    with pytest.raises(run_lib.ConfigError) as e:
+      run_lib.run()
+    assert f"OUTPUT_DIR={str(out)!r}: not a writable directory" in str(e.value)
+  assert a_file.read_text() == "mine"
+  gin.clear_config()
+  _parse(["local_tiny.gin"], ["OUTPUT_DIR = 'gs://bucket/run'"])
+  with pytest.raises(run_lib.ConfigError, match="a local directory"):
+    run_lib.run()
+
+
+class _Loaded(Exception):
+  """Raised by a stand-in load_model: the startup checks had passed."""
+
+
+def test_refuses_another_runs_metrics_unless_overwrite(tmp_path, monkeypatch,
+                                                       no_load):
+  out = tmp_path / "out"
+  out.mkdir()
+  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{out}'"])
+  experiment = run_lib.Experiment(**run_lib.run_arguments())
+  settings = experiment.settings(run_lib.vocabulary())
+  other = json.loads(json.dumps(settings))
+  other["run"]["gamma"] = 7
+  for record, why in (({"settings": other}, "other settings: run.gamma: 7 "
+                       "-> 4"), ({"loss": 1.0}, "records no settings")):
+    (out / "metrics.json").write_text(json.dumps(record))
+    with pytest.raises(run_lib.ConfigError) as e:
+      run_lib.run()
+    assert f"OUTPUT_DIR={str(out)!r} holds metrics.json" in str(e.value)
+    assert why in str(e.value)
+    assert "--gin.OVERWRITE=True" in str(e.value)
+    assert json.loads((out / "metrics.json").read_text()) == record
+
+  def loaded(*args, **kwargs):
+    raise _Loaded()
+  monkeypatch.setattr(run_lib, "load_model", loaded)
+  with pytest.raises(_Loaded):  # OVERWRITE=True: past the checks
+    run_lib.run(overrides={"overwrite": True})
+  (out / "metrics.json").write_text(json.dumps({"settings": settings}))
+  with pytest.raises(_Loaded):  # the same settings: a re-run, allowed
+    run_lib.run()
+  # alpha.json of another run counts too (the report merges it).
+  (out / "alpha.json").write_text(json.dumps({"settings": other}))
+  with pytest.raises(run_lib.ConfigError, match="holds alpha.json"):
+    run_lib.run(overrides={"mode": "alpha"})
+
+
+def _cli(args, tmp_path):
+  return subprocess.run([sys.executable, "-m", "specdec_jax.run", *args],
+                        capture_output=True, text=True, cwd=REPO,
+                        timeout=300)
+
+
+def test_cli_rejects_macro_typo_in_one_line(tmp_path):
+  proc = _cli(["--gin_file=local_tiny.gin", "--gin.GAMA=3",
+               f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'"], tmp_path)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert proc.stderr.strip().splitlines() == [
+      l for l in proc.stderr.strip().splitlines() if "run: error" in l]
+  assert "run: error: --gin.GAMA=3: unknown gin macro 'GAMA'" in proc.stderr
+  assert "did you mean GAMMA" in proc.stderr
+  assert not (tmp_path / "out").exists()
+
+
+def test_cli_first_screen_is_quiet_and_late_checks_fail_early(tmp_path):
+  """Through TensorFlow's import and the vocabulary to the OUTPUT_DIR probe:
+  no gin lookup lines, no CUDA/TPU probing, one error line, rc 2."""
+  a_file = tmp_path / "file"
+  a_file.write_text("x")
+  proc = _cli(["--gin_file=local_tiny.gin", f"--gin.OUTPUT_DIR='{a_file}'"],
+              tmp_path)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  for noise in ("Path not found", "system_path_file_exists", "cuInit",
+                "cudart_stub", "Unable to initialize backend", "Traceback"):
+    assert noise not in proc.stderr, proc.stderr
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("run: error")]
+  assert len(errors) == 1 and "not a writable directory" in errors[0]
 
 
 @pytest.mark.parametrize("role,name", [

@@ -75,6 +75,47 @@ def test_unknown_binding_and_foreign_results_dir(tmp_path):
   assert (corrupt / sweep.SWEEP_FILE).read_text() == "{not json"
 
 
+@pytest.fixture
+def no_load(monkeypatch):
+  def fail(*args, **kwargs):
+    raise AssertionError("loaded a model before validating every point")
+  monkeypatch.setattr(run_lib, "load_model", fail)
+
+
+@pytest.mark.parametrize("points,expect", [
+    # The bad value is the grid's last point: all are checked up front.
+    ([{"GAMMA": 1}, {"GAMMA": 0}], ["point GAMMA=0", "gamma"]),
+    ([{"TEMPERATURE": 0.0}, {"TEMPERATURE": float("inf")}],
+     ["point TEMPERATURE=inf", "TEMPERATURE=inf", "finite"]),
+    ([{"GAMMA": 1}, {"target/T5Config.vocab_size": 128,
+                     "draft/T5Config.vocab_size": 128}],
+     ["vocab_size=128", "259 ids"]),
+    ([{"GAMMA": 2}, {"run.gama": 2}], ["run.gama", "gama"]),
+    ([{"GAMA": 2}], ["--sweep key 'GAMA'", "did you mean GAMMA"]),
+])
+def test_every_point_checked_before_any_model_load(points, expect, tmp_path,
+                                                   no_load):
+  results = tmp_path / "r"
+  with pytest.raises(sweep.SweepError) as e:
+    sweep.run_sweep(points, str(results), ["local_tiny.gin"])
+  for text in expect:
+    assert text in str(e.value), (text, str(e.value))
+  assert not results.exists()
+
+
+def test_base_binding_typo_and_unwritable_results_dir(tmp_path, no_load):
+  with pytest.raises(sweep.SweepError, match=r"--gin.GAMA=3.*GAMMA"):
+    sweep.run_sweep([{"GAMMA": 1}], str(tmp_path / "r"), ["local_tiny.gin"],
+                    ["GAMA=3"])
+  a_file = tmp_path / "file"
+  a_file.write_text("mine")
+  with pytest.raises(sweep.SweepError) as e:
+    sweep.run_sweep([{"GAMMA": 1}], str(a_file), ["local_tiny.gin"])
+  assert f"--results_dir={str(a_file)!r}: not a writable directory" in str(
+      e.value)
+  assert a_file.read_text() == "mine"
+
+
 def test_cli_error_is_one_line_without_traceback(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "specdec_jax.sweep", "--gin_file=local_tiny.gin",
@@ -118,7 +159,11 @@ def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
   assert sorted(dirs) == sorted(done_first + calls)
   for d in dirs:
     metrics = json.load(open(os.path.join(d, "metrics.json")))
-    assert metrics["greedy_outputs_identical"] or metrics["temperature"] > 0
+    # Token identity is the exactness test at T = 0 only; null when sampled.
+    if metrics["temperature"] > 0:
+      assert metrics["greedy_outputs_identical"] is None
+    else:
+      assert metrics["greedy_outputs_identical"] is True
   for d, text in snapshots.items():  # finished points were not touched
     assert open(os.path.join(d, "metrics.json")).read() == text
   # A third run has nothing left to do.

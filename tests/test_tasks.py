@@ -111,6 +111,19 @@ def test_train_sentencepiece_validates_inputs(tmp_path):
                                   pad_id=3)
 
 
+def test_load_vocabulary_reads_now_and_names_a_bad_file(tmp_path, spm_path):
+  vocab = vocab_lib.load_vocabulary(spm_path, extra_ids=10)
+  assert vocab.vocab_size == 170
+  not_a_model = tmp_path / "notes.model"
+  not_a_model.write_text("hello, I am text\n")
+  with pytest.raises(ValueError) as e:
+    vocab_lib.load_vocabulary(str(not_a_model), extra_ids=0)
+  message = str(e.value)
+  assert f"SPM_MODEL_PATH={str(not_a_model)!r}" in message
+  assert "is not a SentencePiece model" in message
+  assert "Traceback" not in message
+
+
 def test_default_vocabulary_is_lazy():
   v = vocab_lib.get_vocabulary()
   assert v.sentencepiece_model_file == vocab_lib.DEFAULT_SPM_PATH
@@ -136,6 +149,11 @@ def test_encode_batch_eos_truncation_padding(vocab):
   assert len(full[1]) > 11 and out[1, -1] == 1  # truncated, EOS kept
   with pytest.raises(ValueError):
     tasks.encode_batch(vocab, texts, max_length=0)
+  # Full lengths (EOS included) tell which rows were truncated.
+  same, lengths = tasks.encode_batch(vocab, texts, 12, return_lengths=True)
+  np.testing.assert_array_equal(same, out)
+  assert lengths.tolist() == [len(ids) + 1 for ids in full]
+  assert (lengths > 12).tolist() == [False, True, False]
 
 
 def test_decode_tokens_stops_at_eos_and_ignores_pad(vocab):
