@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-MAX_ROWS = 16
+MAX_ROWS = 64
 TARGET_NAME = "specdec_packed_matmul"
 _SOURCE = pathlib.Path(__file__).with_name("cpu_matmul.cc")
 _ENV_SWITCH = "SPECDEC_JAX_CPU_KERNEL"

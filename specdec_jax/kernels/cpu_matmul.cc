@@ -34,7 +34,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kMaxRows = 16;  // The Python side dispatches M <= 16 only.
+constexpr int64_t kMaxRows = 64;  // The Python side dispatches M <= 64 only.
 constexpr int64_t kPanel = 16;    // Columns per packed panel.
 
 // Portable reference for columns [n0, n1) of rows [0, rows): the same
@@ -188,7 +188,7 @@ ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   const int64_t num_panels = wd[0];
   if (rows > kMaxRows) {
     return ffi::Error::InvalidArgument(
-        "specdec_packed_matmul: at most 16 rows.");
+        "specdec_packed_matmul: at most 64 rows.");
   }
   const float* xp = x.typed_data();
   const float* wpp = wp.typed_data();

@@ -638,14 +638,14 @@ def param_shapes(config: T5Config):
 
 
 @jax.jit
-def _pack_decoder(decoder_params):
-  """Packs every 2-D kernel of the decoder (`kernels.pack`); one program."""
+def _pack_kernels(stack_params):
+  """Packs every 2-D kernel of a stack (`kernels.pack`); one program."""
   def pack(path, leaf):
     name = getattr(path[-1], "key", None)
     if name == "kernel" and leaf.ndim == 2:
       return kernels.pack(leaf)
     return leaf
-  return jax.tree_util.tree_map_with_path(pack, decoder_params)
+  return jax.tree_util.tree_map_with_path(pack, stack_params)
 
 
 @flax.struct.dataclass
@@ -663,12 +663,13 @@ class T5Model:
     return Transformer(self.config)
 
   def prepared_for_decoding(self) -> "T5Model":
-    """The same model with its decoder weights packed for the CPU kernel.
+    """The same model with its weights packed for the CPU kernel.
 
     Where `kernels.packing_enabled` (float32 on one CPU device, kernel
-    built), every decoder kernel [in, out] is replaced by its packed panels
-    (`kernels.pack`), once, so that decode calls of 1..16 rows read each
-    weight once and give bit-identical rows whatever their number. Elsewhere
+    built), every encoder and decoder kernel [in, out] is replaced by its
+    packed panels (`kernels.pack`), once, so that decode calls of 1..64 rows
+    (and short inputs' encoding) read each weight once, and decoder calls
+    give bit-identical rows whatever their number. Elsewhere
     (accelerators, meshes, bfloat16) it returns the model unchanged. Outputs
     agree with the unpacked model to float32 rounding (the dot's summation
     order differs).
@@ -676,25 +677,26 @@ class T5Model:
     if self.is_packed or not kernels.packing_enabled(self.config.dtype):
       return self
     params = dict(self.params["params"])
-    params["decoder"] = _pack_decoder(params["decoder"])
+    for stack in ("encoder", "decoder"):
+      params[stack] = _pack_kernels(params[stack])
     return self.replace(params={**self.params, "params": params})
 
   def unpacked(self) -> "T5Model":
     """The same model in T5X's layout (undoes `prepared_for_decoding`)."""
     if not self.is_packed:
       return self
-    shapes = param_shapes(self.config)["params"]["decoder"]
-    decoder = jax.tree_util.tree_map(
-        lambda x, shape: (kernels.unpack(x, shape.shape[1])
-                          if x.ndim == 3 else x),
-        self.params["params"]["decoder"], shapes)
+    shapes = param_shapes(self.config)["params"]
     params = dict(self.params["params"])
-    params["decoder"] = decoder
+    for stack in ("encoder", "decoder"):
+      params[stack] = jax.tree_util.tree_map(
+          lambda x, shape: (kernels.unpack(x, shape.shape[1])
+                            if x.ndim == 3 else x),
+          params[stack], shapes[stack])
     return self.replace(params={**self.params, "params": params})
 
   @property
   def is_packed(self) -> bool:
-    """Whether the decoder weights are packed (`prepared_for_decoding`)."""
+    """Whether the weights are packed (`prepared_for_decoding`)."""
     leaves = jax.tree_util.tree_leaves(self.params["params"]["decoder"])
     return any(getattr(leaf, "ndim", 0) == 3 for leaf in leaves)
 
