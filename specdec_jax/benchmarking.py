@@ -465,11 +465,6 @@ def _synthetic_speculative_loop(target, drafter, encoder_input_tokens, rng,
 # ---------------------------------------------------------------------------
 # Jitted timing programs.
 # ---------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=("max_len",))
-def _start(model, encoder_input_tokens, *, max_len):
-  return model.start(encoder_input_tokens, max_len)
-
-
 @jax.jit
 def _prefill(model, cache, tokens):
   _, cache = model.decode_chunk(tokens, cache)
@@ -700,7 +695,7 @@ def greedy_identity_check(target: T5Model, draft: T5Model,
   k = min(gamma + 1, max_decode_length)
   decoder_inputs = jnp.concatenate(
       [jnp.zeros_like(base.tokens[:, :1]), base.tokens[:, :k - 1]], axis=1)
-  cache = _start(target, encoder_inputs, max_len=k + 1)
+  cache = timing.start(target, encoder_inputs, max_len=k + 1)
   chunk_logits, _ = _decode_chunk(target, decoder_inputs, cache)
   step_logits = []
   for i in range(k):
@@ -778,9 +773,9 @@ def run_benchmark(cfg: BenchmarkConfig,
   log("baseline (temperature_sample) and start (encode + cache init):")
   times, outs = timer({
       "baseline": baseline_fn,
-      "target_start": lambda r: _start(target, encoder_inputs,
+      "target_start": lambda r: timing.start(target, encoder_inputs,
                                        max_len=cache_len),
-      "draft_start": lambda r: _start(draft, encoder_inputs,
+      "draft_start": lambda r: timing.start(draft, encoder_inputs,
                                       max_len=cache_len),
   }, keep=("baseline", "target_start", "draft_start"))
   baseline_runs = list(times["baseline"])

@@ -315,9 +315,6 @@ def _input_widths(array: np.ndarray, batch_size: int) -> List[np.ndarray]:
   return [firsts[w] for w in sorted(firsts)]
 
 
-_timed = timing.timed
-
-
 # ---------------------------------------------------------------------------
 # α from distributions (Corollary 3.6).
 # ---------------------------------------------------------------------------
@@ -616,8 +613,8 @@ class Experiment:
     for i, (batch, real) in enumerate(_batches(inputs, a["batch_size"])):
       batch = put(batch)
       brng = jax.random.fold_in(rng, i)
-      out_b, dt_b = _timed(baseline, batch, brng)
-      out_s, dt_s = _timed(speculative, batch, brng)
+      out_b, dt_b = timing.timed(baseline, batch, brng)
+      out_s, dt_s = timing.timed(speculative, batch, brng)
       time_base += dt_b
       time_spec += dt_s
       calls_base += int(np.sum(np.asarray(out_b.target_calls)[:real]))

@@ -28,7 +28,8 @@ import numpy as np
 
 
 @functools.partial(jax.jit, static_argnames=("max_len",))
-def _start(model, encoder_input_tokens, *, max_len):
+def start(model, encoder_input_tokens, *, max_len):
+  """`model.start` jitted (max_len static): the cache a timed call runs on."""
   return model.start(encoder_input_tokens, max_len)
 
 
@@ -81,7 +82,7 @@ def decode_call_seconds(model, encoder_input_tokens: np.ndarray, *, k: int,
   if not 0 <= fill <= cache_len - k:
     raise ValueError(f"fill={fill} and k={k} must fit in cache_len="
                      f"{cache_len} slots (0 <= fill <= cache_len - k).")
-  cache = _start(model, jnp.asarray(encoder_input_tokens, jnp.int32),
+  cache = start(model, jnp.asarray(encoder_input_tokens, jnp.int32),
                  max_len=cache_len)
   fill_rows = jnp.full((cache.length.shape[0],), fill, jnp.int32)
   jax.block_until_ready(call_loop(model, cache, fill_rows, k=k,
