@@ -32,5 +32,6 @@ setuptools.setup(
         "matplotlib",
         "pyyaml",
     ],
-    extras_require={"test": ["pytest"]},
+    # gcp-storage-emulator: a local GCS server for the gs:// tests.
+    extras_require={"test": ["pytest", "gcp-storage-emulator"]},
 )

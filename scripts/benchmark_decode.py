@@ -2,8 +2,9 @@
 """Decode benchmark CLI: baseline vs speculative decoding walltime.
 
 A thin wrapper over `specdec_jax.benchmarking` (see its docstring for what is
-measured and how). Acceptance is SYNTHETIC (each draft token accepted with
-probability alpha): the numbers are timings, not quality results.
+measured and how; `--help` lists the absl flags). Acceptance is SYNTHETIC
+(each draft token accepted with probability alpha): the numbers are timings,
+not quality results.
 
 Example (CPU, a few minutes):
   python scripts/benchmark_decode.py --target small --draft xsmall \

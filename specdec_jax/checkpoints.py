@@ -59,11 +59,15 @@ import jax
 import numpy as np
 import tensorstore as ts
 
+from specdec_jax import io_utils
+
 __all__ = [
     "CheckpointError",
     "load_t5x_params",
     "save_params",
     "latest_checkpoint",
+    "list_checkpoints",
+    "checkpoint_step",
 ]
 
 # The key T5X uses for the model parameters inside the train state.
@@ -86,8 +90,10 @@ class CheckpointError(ValueError):
 
 
 # ----------------------------------------------------------------------------
-# Small filesystem layer: local paths through `os`, URLs (gs://...) through
-# etils.epath (which uses tf.io.gfile / gcsfs), imported only when needed.
+# Small filesystem layer: local paths through `os`. gs:// is read through
+# `io_utils` (TensorStore's GCS key-value store, the one the arrays are read
+# with: one client, one endpoint setting); it is written (`save_params`)
+# through etils.epath (tf.io.gfile / gcsfs), imported only when needed.
 # ----------------------------------------------------------------------------
 
 
@@ -107,27 +113,19 @@ def _join(*parts: str) -> str:
 
 
 def _isdir(path: str) -> bool:
-  return _epath(path).is_dir() if _is_url(path) else os.path.isdir(path)
+  return io_utils.isdir(path)
 
 
 def _isfile(path: str) -> bool:
-  if _is_url(path):
-    p = _epath(path)
-    return p.exists() and not p.is_dir()
-  return os.path.isfile(path)
+  return io_utils.isfile(path)
 
 
 def _listdir(path: str) -> List[str]:
-  if _is_url(path):
-    return [p.name for p in _epath(path).iterdir()]
-  return os.listdir(path)
+  return io_utils.listdir(path)
 
 
 def _read_bytes(path: str) -> bytes:
-  if _is_url(path):
-    return _epath(path).read_bytes()
-  with open(path, "rb") as f:
-    return f.read()
+  return io_utils.read_bytes(path)
 
 
 def _write_text(path: str, text: str) -> None:
@@ -632,56 +630,82 @@ def load_t5x_params(path, *, expected=None, dtype=None, shardings=None
   _, sources = _checkpoint_sources(ckpt)
   if not sources:
     raise CheckpointError(f"Checkpoint {ckpt}: it holds no parameters.")
-
-  if dtype is not None:
-    dtype = np.dtype(dtype)
-
-  # Expected structure, checked against the listing before opening arrays.
-  exp_flat = None
-  if expected is not None:
-    expected = _maybe_unwrap_params(expected, sources)
-    exp_flat = _flatten_spec_tree(expected, "expected",
-                                  lambda x: hasattr(x, "shape"))
-    missing = [p for p, v in exp_flat.items() if v is not None and
-               p not in sources]
-    extra = [p for p in sources if p not in exp_flat]
-    problems = []
-    if missing:
-      problems.append(
-          f"{len(missing)} expected parameter(s) missing from the checkpoint: "
-          + _fmt_paths(missing))
-    if extra:
-      problems.append(
-          f"{len(extra)} parameter(s) in the checkpoint that the model does "
-          "not expect: " + _fmt_paths(extra))
-    if problems:
-      raise CheckpointError(f"Checkpoint {ckpt}: " + "; ".join(problems))
-
-  # Shardings, one per parameter (or None).
-  shard_flat: Dict[ParamPath, Any] = {}
-  if isinstance(shardings, jax.sharding.Sharding):
-    shard_flat = {p: shardings for p in sources}
-  elif shardings is not None:
-    shardings = _maybe_unwrap_params(shardings, sources)
-    shard_flat = _flatten_spec_tree(
-        shardings, "shardings",
-        lambda x: isinstance(x, jax.sharding.Sharding))
-    unknown = [p for p, s in shard_flat.items()
-               if s is not None and p not in sources]
-    if unknown:
-      raise CheckpointError(
-          f"Checkpoint {ckpt}: shardings given for parameter(s) not in the "
-          f"checkpoint: {_fmt_paths(unknown)}")
-
+  dtype = None if dtype is None else np.dtype(dtype)
+  # Every check reads metadata only; array data is read last.
+  exp_flat = _expected_shapes(ckpt, sources, expected)
+  shard_flat = _shardings_by_param(ckpt, sources, shardings)
   context = ts.Context({
       "cache_pool": {"total_bytes_limit": 64 << 20},
       "file_io_concurrency": {"limit": 64},
   })
   _open_all(ckpt, sources, context)
+  _check_opened(ckpt, sources, exp_flat, shard_flat)
+  return _unflatten(_read_all(ckpt, sources, shard_flat, dtype))
 
-  # All metadata checks before reading data.
-  order = sorted(sources)
-  for p in order:
+
+def _expected_shapes(ckpt: str, sources: Mapping[ParamPath, _Source],
+                     expected: Any) -> Optional[Dict[ParamPath, Any]]:
+  """`expected` flattened, after checking that it names the same parameters.
+
+  Raises:
+    CheckpointError: parameters missing from the checkpoint, or in it but
+      not expected.
+  """
+  if expected is None:
+    return None
+  expected = _maybe_unwrap_params(expected, sources)
+  exp_flat = _flatten_spec_tree(expected, "expected",
+                                lambda x: hasattr(x, "shape"))
+  missing = [p for p, v in exp_flat.items() if v is not None and
+             p not in sources]
+  extra = [p for p in sources if p not in exp_flat]
+  problems = []
+  if missing:
+    problems.append(
+        f"{len(missing)} expected parameter(s) missing from the checkpoint: "
+        + _fmt_paths(missing))
+  if extra:
+    problems.append(
+        f"{len(extra)} parameter(s) in the checkpoint that the model does "
+        "not expect: " + _fmt_paths(extra))
+  if problems:
+    raise CheckpointError(f"Checkpoint {ckpt}: " + "; ".join(problems))
+  return exp_flat
+
+
+def _shardings_by_param(ckpt: str, sources: Mapping[ParamPath, _Source],
+                        shardings: Any) -> Dict[ParamPath, Any]:
+  """One sharding (or None) per parameter, from one Sharding or a tree.
+
+  Raises:
+    CheckpointError: shardings given for parameters not in the checkpoint.
+  """
+  if shardings is None:
+    return {}
+  if isinstance(shardings, jax.sharding.Sharding):
+    return {p: shardings for p in sources}
+  shardings = _maybe_unwrap_params(shardings, sources)
+  shard_flat = _flatten_spec_tree(
+      shardings, "shardings", lambda x: isinstance(x, jax.sharding.Sharding))
+  unknown = [p for p, s in shard_flat.items()
+             if s is not None and p not in sources]
+  if unknown:
+    raise CheckpointError(
+        f"Checkpoint {ckpt}: shardings given for parameter(s) not in the "
+        f"checkpoint: {_fmt_paths(unknown)}")
+  return shard_flat
+
+
+def _check_opened(ckpt: str, sources: Mapping[ParamPath, _Source],
+                  exp_flat: Optional[Mapping[ParamPath, Any]],
+                  shard_flat: Mapping[ParamPath, Any]) -> None:
+  """Every opened array's shape against `expected` and its sharding.
+
+  Raises:
+    CheckpointError: a shape differs from the expected one, or a sharding
+      does not fit its array.
+  """
+  for p in sorted(sources):
     src = sources[p]
     if exp_flat is not None and exp_flat.get(p) is not None:
       want = tuple(int(d) for d in exp_flat[p].shape)
@@ -700,12 +724,19 @@ def load_t5x_params(path, *, expected=None, dtype=None, shardings=None
             f"Checkpoint {ckpt}: sharding {sharding} does not fit parameter "
             f"'{src.name}' of shape {list(src.shape)}: {e}") from e
 
-  # Read, overlapping the next parameters' reads with the current transfers
-  # within a bounded amount of host memory.
+
+def _read_all(ckpt: str, sources: Mapping[ParamPath, _Source],
+              shard_flat: Mapping[ParamPath, Any], dtype
+              ) -> Dict[ParamPath, jax.Array]:
+  """Reads every array into its sharding, by parameter path.
+
+  The next parameters' reads overlap with the current ones' transfers to
+  devices, within `_READ_BUDGET_BYTES` of host buffers in flight.
+  """
   flat_out: Dict[ParamPath, jax.Array] = {}
   pending: collections.deque = collections.deque()
   in_flight = 0
-  for p in order:
+  for p in sorted(sources):
     pend = _start_reads(p, sources[p], shard_flat.get(p))
     pending.append(pend)
     in_flight += pend.nbytes
@@ -716,7 +747,7 @@ def load_t5x_params(path, *, expected=None, dtype=None, shardings=None
   while pending:
     done = pending.popleft()
     flat_out[done.path] = _finish(ckpt, done, dtype)
-  return _unflatten(flat_out)
+  return flat_out
 
 
 # ----------------------------------------------------------------------------
@@ -814,34 +845,49 @@ def save_params(params, directory, *, step: int = 0) -> str:
   return final
 
 
-def latest_checkpoint(directory) -> Optional[str]:
-  """Returns the complete ``checkpoint_<N>`` subdirectory with the largest N.
+def checkpoint_step(path) -> Optional[int]:
+  """N for a path whose last component is ``checkpoint_<N>``, else None."""
+  name = posixpath.basename(os.fspath(path).rstrip("/"))
+  m = _CHECKPOINT_DIR_RE.match(name)
+  return int(m.group(1)) if m else None
+
+
+def _is_complete(ckpt: str) -> bool:
+  """A legacy ``checkpoint`` file or an Orbax ``state/`` checkpoint exists."""
+  state = _join(ckpt, _STATE_DIR)
+  return (_isfile(_join(ckpt, _MSGPACK_FILE))
+          or _isfile(_join(state, _ORBAX_METADATA))
+          or _isfile(_join(state, _MSGPACK_FILE)))
+
+
+def list_checkpoints(directory) -> List[Tuple[int, str]]:
+  """(N, path) of the complete ``checkpoint_<N>`` subdirectories, by N.
 
   Args:
     directory: a model directory (local or ``gs://``) holding T5X step
       directories.
 
   Returns:
-    ``<directory>/checkpoint_<N>`` for the largest N whose directory holds a
-    legacy ``checkpoint`` file or an Orbax ``state/`` checkpoint (temporary
-    ``*.orbax-checkpoint-tmp-*`` / ``*.tmp-*`` directories are ignored), or
-    None if there is none or `directory` does not exist.
+    ``(N, <directory>/checkpoint_<N>)`` for every N whose directory holds a
+    legacy ``checkpoint`` file or an Orbax ``state/`` checkpoint, sorted by
+    N (temporary ``*.orbax-checkpoint-tmp-*`` / ``*.tmp-*`` directories are
+    ignored); empty if `directory` does not exist.
   """
   directory = os.fspath(directory)
   if not _isdir(directory):
-    return None
-  best = None
+    return []
+  found = []
   for name in _listdir(directory):
-    m = _CHECKPOINT_DIR_RE.match(name)
-    if not m:
-      continue
-    step = int(m.group(1))
-    if best is not None and step <= best[0]:
-      continue
-    ckpt = _join(directory, name)
-    state = _join(ckpt, _STATE_DIR)
-    if (_isfile(_join(ckpt, _MSGPACK_FILE))
-        or _isfile(_join(state, _ORBAX_METADATA))
-        or _isfile(_join(state, _MSGPACK_FILE))):
-      best = (step, ckpt)
-  return None if best is None else best[1]
+    step = checkpoint_step(name)
+    if step is not None and _is_complete(_join(directory, name)):
+      found.append((step, _join(directory, name)))
+  return sorted(found)
+
+
+def latest_checkpoint(directory) -> Optional[str]:
+  """The complete ``checkpoint_<N>`` subdirectory with the largest N, or None.
+
+  See `list_checkpoints` for what counts as complete.
+  """
+  found = list_checkpoints(directory)
+  return found[-1][1] if found else None

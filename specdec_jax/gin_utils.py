@@ -7,17 +7,41 @@ is always on the search path, so experiment files resolve by bare name
 (`--gin_file=ende_small.gin`).
 
 `read_t5_config` reads the `T5Config` that a model gin file binds without
-gin's global configuration (for a second model next to a live config).
+gin's global configuration (for a second model next to a live config);
+`read_t5_config_for_role` picks the scope a target or draft is read under.
+`t5_config_fields` / `t5_config_from_fields` turn a T5Config into JSON-ready
+fields and back (``model_config.json``, benchmark results).
 
 `check_macro_bindings` (used by `run` and `sweep`) rejects a binding that
 defines a gin macro no gin file knows (`--gin.GAMA=3`): gin would define the
 new macro, nothing would read it, and the run would go on with the default.
+
+What gin's own API does here and what it cannot do. Experiments are parsed
+by gin itself (`parse_gin`: `gin.parse_config_files_and_bindings`), and
+every gin file is tokenized and parsed by gin's parser
+(`gin.config_parser.ConfigParser`: statements, values, includes, scopes,
+block form). Three things are done here on top of gin's parser, because
+gin keeps one global configuration and has no public way to parse into
+another one or to list what a file binds:
+
+* reading a file *beside* a live configuration (`read_t5_config`: a
+  distillation teacher next to the student, a target and a draft file that
+  both bind unscoped ``T5Config``): includes are expanded, macros resolved
+  to their last definition and scopes inherited as gin does, without
+  touching gin's state. Parsing into gin's global configuration and
+  restoring it would need gin's private module state; gin's parse also
+  resolves T5X's ``from __gin__ import dynamic_registration`` selectors by
+  import (``T5Config:`` / ``network.T5Config`` fail without t5x's module),
+  and a macro cycle ends in a RecursionError instead of a message naming
+  the file;
+* listing the scopes a file binds ``T5Config`` under (`t5_config_scopes`);
+* listing the macros files define or use before anything is parsed
+  (`gin_file_macros`), so a typo fails with nothing half-parsed.
 """
 import dataclasses
 import difflib
 import logging as std_logging
 import os
-import pathlib
 import sys
 import tokenize
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
@@ -25,17 +49,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 from absl import flags
 import gin
 from gin import config_parser
+import jax.numpy as jnp
 
+# `gin_utils.ConfigError` is what `run` and `sweep` catch.
+from specdec_jax.flag_utils import ConfigError
 from specdec_jax.models.config import T5Config
-
-GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
-
-
-class ConfigError(ValueError):
-  """A bad value the user typed (a flag, a gin macro or binding).
-
-  Entry points print its message as one line (no traceback) and exit 2.
-  """
+from specdec_jax.paths import GIN_DIR
 
 
 def define_gin_flags() -> None:
@@ -98,8 +117,7 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
   for path in paths:
     gin.add_config_file_search_path(path)
   for name in gin_files:
-    if not os.path.isabs(name) and not any(
-        os.path.exists(os.path.join(p, name)) for p in paths):
+    if _find_gin_file(name, paths) is None:
       raise ConfigError(
           f"--gin_file={name!r} not found in the gin search path {paths}.")
   if check_macros:
@@ -252,16 +270,19 @@ class _UnresolvedValue(ValueError):
 _Binding = Tuple[str, str, Any, str]
 
 
-def _find_gin_file(path: str, search_paths: Sequence[str]) -> str:
+def _candidates(path: str, search_paths: Sequence[str]) -> List[str]:
+  """Where gin looks for `path`: itself if absolute, else in each folder."""
   if os.path.isabs(path):
-    candidates = [path]
-  else:
-    candidates = [os.path.join(p, path) for p in search_paths]
-  for c in candidates:
+    return [path]
+  return [os.path.join(p, path) for p in search_paths]
+
+
+def _find_gin_file(path: str, search_paths: Sequence[str]) -> Optional[str]:
+  """The first existing candidate for `path` (`_candidates`), or None."""
+  for c in _candidates(path, search_paths):
     if os.path.isfile(c):
       return c
-  raise ValueError(f"gin file {path!r} not found (searched "
-                   f"{candidates}).")
+  return None
 
 
 def _gin_statements(path: str, search_paths: Sequence[str]):
@@ -276,6 +297,9 @@ def _gin_statements(path: str, search_paths: Sequence[str]):
       raise ValueError(f"{path}: include depth > {_MAX_INCLUDE_DEPTH} "
                        "(include cycle?).")
     full = _find_gin_file(file_path, search_paths)
+    if full is None:
+      raise ValueError(f"gin file {file_path!r} not found (searched "
+                       f"{_candidates(file_path, search_paths)}).")
     try:
       with open(full, "r", encoding="utf-8") as f:
         text = f.read()
@@ -364,6 +388,22 @@ def t5_config_from_fields(fields: Mapping[str, Any], what: str) -> T5Config:
     raise ValueError(f"{what}: invalid T5Config: {e}") from None
 
 
+def t5_config_fields(config: T5Config) -> Dict[str, Any]:
+  """JSON-ready fields of a T5Config: dtype by name, tuples as lists.
+
+  The inverse of `t5_config_from_fields`.
+  """
+  out = {}
+  for field in dataclasses.fields(config):
+    value = getattr(config, field.name)
+    if field.name == "dtype":
+      value = jnp.dtype(value).name
+    elif isinstance(value, tuple):
+      value = list(value)
+    out[field.name] = value
+  return out
+
+
 def t5_config_scopes(path: str,
                      search_paths: Optional[Sequence[str]] = None) -> Set[str]:
   """The gin scopes that a model gin file binds T5Config under ('' unscoped).
@@ -439,3 +479,45 @@ def read_t5_config(path: str, scope: str = "",
       if not (name == "dtype" and allow_unresolved_dtype):
         raise
   return t5_config_from_fields(fields, f"model gin file {path}")
+
+
+# Scopes that the repository's model files bind T5Config under.
+MODEL_ROLES = ("target", "draft")
+
+
+def read_t5_config_for_role(path: os.PathLike, role: str = ""
+                            ) -> Tuple[T5Config, str]:
+  """The T5Config that a gin file binds for `role`, and the scope read.
+
+  `read_t5_config` under the `role` scope, as `run.model_config` reads the
+  live configuration: ``role/T5Config.x`` bindings override unscoped ones.
+  A file that binds T5Config under the other role's scope only (a
+  ``models/draft/`` file given as the target) is read under that scope.
+  Includes are looked up in the current directory, the file's folder and
+  the repository's gin/ folder. A dtype the file cannot resolve on its own
+  (``T5Config.dtype = %MODEL_DTYPE`` with the macro defined elsewhere, or a
+  configurable reference) keeps T5Config's default: the caller sets it.
+
+  Returns:
+    (config, scope): `scope` is `role`, or the other role's scope read.
+
+  Raises:
+    ValueError: the file (or an include) is missing or unparsable, binds no
+      T5Config for `role`, or binds values T5Config rejects.
+  """
+  path = os.path.abspath(path)
+  paths = search_paths([os.path.dirname(path)])
+  scopes = t5_config_scopes(path, paths)
+  scope = role
+  if role not in scopes and "" not in scopes:
+    others = [s for s in MODEL_ROLES if s in scopes]
+    if len(others) > 1:
+      raise ValueError(
+          f"{path}: binds no T5Config" +
+          (f" under the {role}/ scope or" if role else "") +
+          " unscoped (it binds both target/ and draft/T5Config).")
+    if others:
+      scope = others[0]
+  # Raises if nothing is bound under `scope` or unscoped.
+  config = read_t5_config(path, scope, paths, allow_unresolved_dtype=True)
+  return config, scope

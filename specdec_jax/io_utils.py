@@ -1,19 +1,39 @@
 """Crash-safe file writes: a reader sees the old file or the new one, never half.
 
 Every result file the project writes (metrics, predictions, sweep points,
-reports, benchmark JSON) goes through `atomic_write`: write a temp file in the
-same folder, flush it to disk, then `os.replace` it over the destination.
+reports, benchmark JSON) goes through `atomic_write`:
+
+* a local path: write a temp file in the same folder, flush it to disk,
+  then `os.replace` it over the destination;
+* a `gs://bucket/path`: one upload of the final object (TensorStore's GCS
+  key-value store). GCS has no rename, and needs none here: an object
+  becomes visible only when its upload completes, so a crash mid-write
+  leaves the old object or none. (A temporary object copied over would add
+  a second upload and a cleanup, for nothing.) Writers that finish with a
+  "done" marker write it last (`run`: predictions.jsonl, then
+  metrics.json).
+
+The small filesystem layer beside it (`exists`, `isdir`, `listdir`,
+`read_bytes`, `read_text`, `makedirs`, `remove`) takes local paths and
+gs:// URLs alike. GCS has no folders: a "folder" is the prefix of the
+objects in it, so `makedirs` does nothing there and a folder exists once
+an object is in it. TensorStore finds credentials as Google's client
+libraries do, and reads the endpoint from `TENSORSTORE_GCS_HTTP_URL` (e.g.
+a local GCS emulator; `tests/test_gcs.py`).
 
 JSON is always valid JSON: a non-finite float (which `json` would write as
 `Infinity` / `NaN`) is written as null, with a warning naming its key.
 `probe_writable_dir` lets a command check its output folder at startup.
 """
+import functools
 import json
 import logging
 import math
 import os
+import re
 import tempfile
-from typing import Any, Union
+import uuid
+from typing import Any, List, Tuple, Union
 
 logger = logging.getLogger(__name__)
 
@@ -24,13 +44,131 @@ def _umask() -> int:
   return mask
 
 
+# ---------------------------------------------------------------------------
+# gs:// through TensorStore's GCS key-value store.
+# ---------------------------------------------------------------------------
+def is_url(path: Union[str, os.PathLike]) -> bool:
+  return "://" in os.fspath(path)
+
+
+def _split_gcs(path: str) -> Tuple[str, str]:
+  """gs://bucket/a/b -> ('bucket', 'a/b'); other URLs are refused."""
+  m = re.fullmatch(r"gs://([^/]+)/?(.*)", path, re.DOTALL)
+  if m is None:
+    raise ValueError(f"{path!r}: only local paths and gs://bucket/... URLs "
+                     "are supported.")
+  return m.group(1), m.group(2).rstrip("/")
+
+
+@functools.lru_cache(maxsize=None)
+def _bucket(bucket: str, endpoint: str):
+  del endpoint  # part of the cache key: TensorStore reads it at open time
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  return ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result()
+
+
+def _gcs(path: str):
+  bucket, key = _split_gcs(path)
+  return _bucket(bucket, os.environ.get("TENSORSTORE_GCS_HTTP_URL", "")), key
+
+
+def _gcs_keys(path: str) -> List[str]:
+  """Every object name under the folder `path` (relative to it)."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  kv, key = _gcs(path)
+  prefix = key + "/" if key else ""
+  end = prefix[:-1] + "0" if prefix else ""  # '0' follows '/'
+  found = kv.list(ts.KvStore.KeyRange(prefix, end)).result()
+  # The range is sent as GCS's startOffset/endOffset; a server that ignores
+  # them (some emulators) answers with every object: filter here too.
+  keys = (k.decode("utf-8") for k in found)
+  return [k[len(prefix):] for k in keys if k.startswith(prefix)]
+
+
+def _gcs_read(path: str, byte_range=None):
+  kv, key = _gcs(path)
+  result = kv.read(key, byte_range=byte_range).result()
+  return result.value if result.state == "value" else None
+
+
+def read_bytes(path: Union[str, os.PathLike]) -> bytes:
+  """The file's bytes. Raises FileNotFoundError if there is none."""
+  path = os.fspath(path)
+  if not is_url(path):
+    with open(path, "rb") as f:
+      return f.read()
+  data = _gcs_read(path)
+  if data is None:
+    raise FileNotFoundError(f"No such object: {path}")
+  return data
+
+
+def read_text(path: Union[str, os.PathLike]) -> str:
+  return read_bytes(path).decode("utf-8")
+
+
+def isfile(path: Union[str, os.PathLike]) -> bool:
+  path = os.fspath(path)
+  if not is_url(path):
+    return os.path.isfile(path)
+  return _gcs_read(path, byte_range=slice(0, 0)) is not None  # no data read
+
+
+def isdir(path: Union[str, os.PathLike]) -> bool:
+  path = os.fspath(path)
+  if not is_url(path):
+    return os.path.isdir(path)
+  return bool(_gcs_keys(path))
+
+
+def exists(path: Union[str, os.PathLike]) -> bool:
+  path = os.fspath(path)
+  if not is_url(path):
+    return os.path.exists(path)
+  return isfile(path) or isdir(path)
+
+
+def listdir(path: Union[str, os.PathLike]) -> List[str]:
+  """Names in a folder (on GCS: the first part of each object name under
+  it). Raises FileNotFoundError if there is no such folder."""
+  path = os.fspath(path)
+  if not is_url(path):
+    return os.listdir(path)
+  names = sorted({k.split("/", 1)[0] for k in _gcs_keys(path)})
+  if not names:
+    raise FileNotFoundError(f"No such folder: {path}")
+  return names
+
+
+def makedirs(path: Union[str, os.PathLike]) -> None:
+  """`os.makedirs(path, exist_ok=True)`; nothing on GCS (no folders)."""
+  path = os.fspath(path)
+  if not is_url(path):
+    os.makedirs(path, exist_ok=True)
+  else:
+    _split_gcs(path)
+
+
+def remove(path: Union[str, os.PathLike]) -> None:
+  path = os.fspath(path)
+  if not is_url(path):
+    os.unlink(path)
+    return
+  kv, key = _gcs(path)
+  del kv[key]
+
+
 def atomic_write(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None:
   """Writes `data` to `path` atomically (creating parent folders)."""
   path = os.fspath(path)
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
   if isinstance(data, str):
     data = data.encode("utf-8")
+  if is_url(path):
+    kv, key = _gcs(path)
+    kv.write(key, data).result()  # one upload: all of it or nothing
+    return
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=directory,
                              prefix="." + os.path.basename(path) + ".",
                              suffix=".tmp")
@@ -48,13 +186,25 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None
 
 
 def probe_writable_dir(path: Union[str, os.PathLike]) -> None:
-  """Creates `path` if needed and writes and removes a file in it.
+  """Creates `path` if needed and writes and removes a file in it (on
+  gs://, an object).
 
   Raises:
     ValueError: `path` (or a parent) is a file, or the folder cannot be
       created or written; the message says why and what is allowed.
   """
   path = os.fspath(path)
+  if is_url(path):
+    probe = path.rstrip("/") + f"/.write_probe.{uuid.uuid4().hex}.tmp"
+    try:
+      atomic_write(probe, b"probe")
+      remove(probe)
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(
+          f"cannot write an object there: {e}. Allowed: a gs://bucket/folder "
+          "whose bucket exists and that these credentials can write, or a "
+          "local directory.") from None
+    return
   try:
     os.makedirs(path, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path, prefix=".write_probe.",

@@ -103,12 +103,20 @@ def make_mesh(data: int = 1, model: int = 1,
   data, model = int(data), int(model)
   needed = data * model
   if devices is None:
+    # Every process's devices (JAX's multi-controller runtime: `multihost`).
     available = list(jax.devices())
     if needed > len(available):
       raise ValueError(
           f"make_mesh(data={data}, model={model}) needs data*model = "
           f"{needed} devices but only {len(available)} are available "
           f"({available[0].platform}).")
+    if jax.process_count() > 1 and needed != len(available):
+      # A process without devices in the mesh could not run its programs.
+      raise ValueError(
+          f"make_mesh(data={data}, model={model}) uses {needed} of the "
+          f"{len(available)} devices of {jax.process_count()} processes: "
+          "with several processes the mesh must use all of them (data*model "
+          f"= {len(available)}).")
     devices = available[:needed]
   else:
     devices = list(devices)

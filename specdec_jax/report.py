@@ -38,7 +38,6 @@ one-line error naming the file and exit code 2, before anything is written.
 All outputs are rendered in memory first and then written atomically
 (temporary file + os.replace).
 """
-import argparse
 import collections
 import csv
 import html
@@ -51,9 +50,11 @@ import sys
 import unicodedata
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from absl import flags
 import numpy as np
 
 from specdec_jax import analysis
+from specdec_jax import flag_utils
 from specdec_jax import io_utils
 
 logger = logging.getLogger(__name__)
@@ -1119,33 +1120,58 @@ def render_report(results_dir: str,
   return written
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(
-      prog="python -m specdec_jax.report",
-      description="Tables (Table 2/4 style) and figures (speedup vs gamma, "
-      "alpha per draft, Figure-1 trace, Figure-5 timeline) from a directory "
-      "of speculative-decoding runs.")
-  parser.add_argument("results_dir", metavar="RESULTS_DIR",
-                      help="directory with one sub-directory per run, each "
-                      "holding metrics.json (and optionally predictions.jsonl)")
-  parser.add_argument("--output_dir", default=None,
-                      help="where to write the report (default: "
-                      "RESULTS_DIR/report)")
-  parser.add_argument("--example_run", default=None,
-                      help="run (relative directory) to take the example "
-                      "trace/timeline from")
-  parser.add_argument("--example_index", type=int, default=None,
-                      help="'index' of the example to render")
-  args = parser.parse_args(argv)
+PROGRAM = "python -m specdec_jax.report"
+_DESCRIPTION = (
+    "Tables (Table 2/4 style) and figures (speedup vs gamma, alpha per draft, "
+    "Figure-1 trace, Figure-5 timeline) from a directory of "
+    "speculative-decoding runs.")
+
+
+def define_flags():
+  """A new absl FlagValues holding the report's flags (`flag_utils`)."""
+  fv = flag_utils.new_flag_values()
+  flags.DEFINE_string("output_dir", None, "where to write the report "
+                      "(default: RESULTS_DIR/report)", flag_values=fv)
+  flags.DEFINE_string("example_run", None, "run (relative directory) to take "
+                      "the example trace/timeline from", flag_values=fv)
+  flags.DEFINE_integer("example_index", None,
+                       "'index' of the example to render", flag_values=fv)
+  return fv
+
+
+def _log_to_stderr():
+  """Progress lines as 'report: ...' on stderr; returns the handler."""
   handler = logging.StreamHandler(sys.stderr)
   handler.setFormatter(logging.Formatter("report: %(message)s"))
   logger.addHandler(handler)
   logger.setLevel(logging.INFO)
   logger.propagate = False
+  return handler
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """CLI entry point: ``RESULTS_DIR [--output_dir DIR] [--example_run RUN]
+  [--example_index N]``; returns the exit status (2 on bad input)."""
+  fv = define_flags()
   try:
-    written = render_report(args.results_dir, args.output_dir,
-                            example_run=args.example_run,
-                            example_index=args.example_index)
+    args = flag_utils.parse_flag_values(
+        fv, PROGRAM, sys.argv[1:] if argv is None else argv)
+    if fv.help:
+      usage = f"{PROGRAM} RESULTS_DIR [--flag=value ...]"
+      print(flag_utils.flags_help(fv, usage, _DESCRIPTION))
+      return 0
+    if len(args) != 1:
+      raise flag_utils.ConfigError(
+          f"expected one RESULTS_DIR, got {args} (allowed: a directory with "
+          "one sub-directory per run, each holding metrics.json).")
+  except flag_utils.ConfigError as e:
+    print(f"report: error: {e}", file=sys.stderr)
+    return 2
+  handler = _log_to_stderr()
+  try:
+    written = render_report(args[0], fv.output_dir,
+                            example_run=fv.example_run,
+                            example_index=fv.example_index)
   except ReportError as e:
     print(f"report: error: {e}", file=sys.stderr)
     return 2

@@ -27,6 +27,10 @@ probed with a temporary file; a metrics.json / alpha.json there from a run
 with other settings is not replaced unless OVERWRITE=True). The command
 ends with a plain-words summary (`summary_lines`).
 
+OUTPUT_DIR may be a gs:// folder. On several hosts (T5X's flags, or a Cloud
+TPU VM: `multihost`), each process reads its slice of the examples, process
+0 alone writes, and walltimes are the slowest process's.
+
 With `mode='alpha'` it only measures α as in Corollary 3.6: sample from the
 target, then average β = Σ_x min(p(x), q(x)) over the positions of those
 samples (`alpha.json`); no walltimes, so it is cheap to run for many
@@ -40,7 +44,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 from absl import logging
@@ -56,11 +60,13 @@ from specdec_jax import decoding
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import metrics as metrics_lib
+from specdec_jax import multihost
 from specdec_jax import partitioning
 from specdec_jax import sampling
 from specdec_jax import tasks
 from specdec_jax import timing
 from specdec_jax import vocab as vocab_lib
+from specdec_jax.drafters import choice as drafter_choice
 from specdec_jax.models import T5Config
 from specdec_jax.models import T5Model
 from specdec_jax.models import init_params
@@ -80,7 +86,14 @@ MACROS = {
     "num_examples": "NUM_EXAMPLES", "seed": "SEED",
     "task_feature_lengths": "TASK_FEATURE_LENGTHS", "mode": "MODE",
     "overwrite": "OVERWRITE", "mesh_shape": "MESH_SHAPE",
+    "drafter": "DRAFTER", "ngram_corpus": "NGRAM_CORPUS",
+    "ngram_order": "NGRAM_ORDER", "prompt_lookup_max": "PROMPT_LOOKUP_MAX",
+    "inner_drafter": "INNER_DRAFTER", "inner_gamma": "INNER_GAMMA",
+    "lenience": "LENIENCE", "adaptive_threshold": "ADAPTIVE_THRESHOLD",
 }
+# The run arguments of `drafters.choice.DrafterSettings`.
+_DRAFTER_ARGS = tuple(f.name for f in dataclasses.fields(
+    drafter_choice.DrafterSettings))
 # Arguments that do not make a run's results different (OVERWRITE rule).
 _NOT_SETTINGS = ("output_dir", "overwrite", "mode")
 
@@ -227,11 +240,8 @@ def check_settings(args: Dict[str, Any]) -> None:
   output_dir = args["output_dir"]
   if not isinstance(output_dir, str) or not output_dir:
     raise bad("output_dir", "a directory path")
-  if "://" in output_dir:
-    raise bad("output_dir",
-              "a local directory (results are written with local file "
-              "operations; copy them to a bucket afterwards, e.g. with "
-              "`gsutil -m cp -r`)")
+  if "://" in output_dir and not output_dir.startswith("gs://"):
+    raise bad("output_dir", "a local directory or gs://bucket/folder")
 
 
 def _check_run_args(mode, gamma, temperature, top_k, top_p, batch_size,
@@ -279,40 +289,13 @@ def _repo_relative(path: Optional[str]) -> Optional[str]:
 # ---------------------------------------------------------------------------
 # Timing helpers.
 # ---------------------------------------------------------------------------
-INPUT_BUCKET = 16  # Encoder input widths are multiples of this.
-
-
-def _batches(array: np.ndarray, batch_size: int, bucket: int = INPUT_BUCKET):
-  """Yields (batch [batch_size, S'], number of real rows); pads the last.
-
-  The width S' is the batch's longest input rounded up to `bucket` (at most
-  the array's width): the encoder then runs on ~16-32 positions for a
-  caption rather than on TASK_FEATURE_LENGTHS['inputs'] = 64 padded ones,
-  in both decoders alike, at the price of one compilation per width
-  (`_input_widths` lists them so that they are compiled before timing).
-  Trailing padding does not change any output: the encoder masks it.
-  """
-  for start in range(0, len(array), batch_size):
-    chunk = array[start:start + batch_size]
-    real = len(chunk)
-    if real < batch_size:  # Same shape -> no recompilation.
-      chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - real,
-                                               axis=0)])
-    yield chunk[:, :_bucketed_width(chunk, bucket)], real
-
-
-def _bucketed_width(chunk: np.ndarray, bucket: int) -> int:
-  nonzero = np.nonzero(np.any(chunk != 0, axis=0))[0]
-  longest = int(nonzero[-1]) + 1 if len(nonzero) else 1
-  return min(chunk.shape[1], -(-longest // bucket) * bucket)
-
-
-def _input_widths(array: np.ndarray, batch_size: int) -> List[np.ndarray]:
-  """One batch of each distinct width `_batches` yields (for warm-up)."""
-  firsts = {}
-  for batch, _ in _batches(array, batch_size):
-    firsts.setdefault(batch.shape[1], batch)
-  return [firsts[w] for w in sorted(firsts)]
+# Encoder input widths are multiples of this: a batch's inputs are cut to its
+# longest row rounded up to it (`multihost.Feeder`), so the encoder runs on
+# ~16-32 positions for a caption rather than on TASK_FEATURE_LENGTHS['inputs']
+# = 64 padded ones, in both decoders alike, at the price of one compilation
+# per width (all compiled before timing). Trailing padding does not change
+# any output: the encoder masks it.
+INPUT_BUCKET = 16
 
 
 # ---------------------------------------------------------------------------
@@ -365,6 +348,14 @@ def run_arguments(output_dir: str = gin.REQUIRED,
                   mode: str = "walltime",
                   mesh_shape: Sequence[int] = (1, 1),
                   overwrite: bool = False,
+                  drafter: str = "model",
+                  ngram_corpus: Optional[str] = None,
+                  ngram_order: Optional[int] = None,
+                  prompt_lookup_max: int = 3,
+                  inner_drafter: str = "prompt_lookup",
+                  inner_gamma: int = 4,
+                  lenience: float = 1.0,
+                  adaptive_threshold: Optional[float] = None,
                   overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """The run's arguments as gin binds them (`run.gamma = ...`).
 
@@ -388,6 +379,10 @@ def run_arguments(output_dir: str = gin.REQUIRED,
     mesh_shape: (data, model) device mesh.
     overwrite: replace the metrics.json / alpha.json of a run with other
       settings in output_dir (default: refuse, before loading anything).
+    drafter, ngram_corpus, ngram_order, prompt_lookup_max, inner_drafter,
+      inner_gamma, adaptive_threshold: what guesses (`drafters.choice`:
+      'model' is the draft model; gamma may then be 'auto').
+    lenience: Appendix A.5's l in (0, 1]; 1 = exact (the default).
     overrides: values replacing the above (tests, the sweep command).
 
   Returns:
@@ -404,7 +399,11 @@ def run_arguments(output_dir: str = gin.REQUIRED,
       source_file=source_file, reference_file=reference_file,
       input_prefix=input_prefix, task_kind=task_kind, task_name=task_name,
       target_name=target_name, draft_name=draft_name, mode=mode,
-      mesh_shape=tuple(mesh_shape), overwrite=overwrite)
+      mesh_shape=tuple(mesh_shape), overwrite=overwrite, drafter=drafter,
+      ngram_corpus=ngram_corpus, ngram_order=ngram_order,
+      prompt_lookup_max=prompt_lookup_max, inner_drafter=inner_drafter,
+      inner_gamma=inner_gamma, lenience=lenience,
+      adaptive_threshold=adaptive_threshold)
   unknown = set(overrides or {}) - set(args)
   if unknown:
     raise ConfigError(f"Unknown run arguments {sorted(unknown)}; known: "
@@ -427,14 +426,27 @@ class Experiment:
     self.target_config = model_config("target")
     self.draft_config = model_config("draft")
     check_settings(a)
+    self.drafting = drafter_choice.DrafterSettings(
+        **{k: a[k] for k in _DRAFTER_ARGS})
+    self.ngram = None  # The n-gram table, counted by `run` before loading.
     try:
-      _check_run_args(a["mode"], a["gamma"], a["temperature"], a["top_k"],
+      drafter_choice.check_gamma(a["gamma"])
+      drafter_choice.check_lenience(a["lenience"])
+      self.drafting.check(a["mode"])
+      corpus = _repo_relative(self.drafting.ngram_corpus)
+      if self.drafting.order is not None and not os.path.isfile(corpus):
+        raise ValueError(f"NGRAM_CORPUS={self.drafting.ngram_corpus!r}: no "
+                         "such file (a text file with one sentence per "
+                         "line, or a .npz of token ids).")
+      _check_run_args(a["mode"], None if a["gamma"] == drafter_choice.AUTO_GAMMA
+                      else a["gamma"], a["temperature"], a["top_k"],
                       a["top_p"], a["batch_size"], a["num_examples"],
                       a["task_feature_lengths"], self.target_config,
                       self.draft_config)
     except ValueError as e:  # a bad setting, not a bug: no traceback
       raise ConfigError(str(e)) from None
     self._models = models
+    self._mesh = None
     self.data_info: Dict[str, Any] = {}
 
   # -- startup checks (no model) ---------------------------------------------
@@ -448,8 +460,15 @@ class Experiment:
     """What makes this run's results what they are (the OVERWRITE rule):
     the run arguments but OUTPUT_DIR / OVERWRITE / MODE, both model
     configs and the vocabulary; JSON-normalized."""
+    run_args = {k: v for k, v in self.args.items() if k not in _NOT_SETTINGS}
+    if (self.drafting == drafter_choice.DrafterSettings(
+        ngram_corpus=self.drafting.ngram_corpus) and self.args["lenience"] == 1):
+      # The paper's setting: recorded as before these options existed, so
+      # earlier results still count as the same run.
+      for k in _DRAFTER_ARGS + ("lenience",):
+        run_args.pop(k)
     record = {
-        "run": {k: v for k, v in self.args.items() if k not in _NOT_SETTINGS},
+        "run": run_args,
         "target": dataclasses.asdict(self.target_config),
         "draft": dataclasses.asdict(self.draft_config),
         "vocabulary": {"kind": type(vocab).__name__,
@@ -464,8 +483,13 @@ class Experiment:
 
     A metrics.json or alpha.json in OUTPUT_DIR whose recorded settings differ
     from this run's (or that records none) is only replaced with
-    OVERWRITE=True; the same settings may be re-run freely.
+    OVERWRITE=True; the same settings may be re-run freely. On several hosts
+    process 0 (the writer) checks, and the others follow its verdict.
     """
+    multihost.run_on_first("output_dir",
+                           lambda: self._prepare_output_dir(settings))
+
+  def _prepare_output_dir(self, settings: Dict[str, Any]) -> None:
     a = self.args
     out = a["output_dir"]
     try:
@@ -474,11 +498,10 @@ class Experiment:
       raise ConfigError(f"OUTPUT_DIR={out!r}: {e}") from None
     for name in (METRICS_FILE, ALPHA_FILE):
       path = os.path.join(out, name)
-      if not os.path.exists(path):
+      if not io_utils.isfile(path):
         continue
       try:
-        with open(path, encoding="utf-8") as f:
-          old = json.load(f).get("settings")
+        old = json.loads(io_utils.read_text(path)).get("settings")
       except (OSError, ValueError, AttributeError):
         old = None
       if old == settings or a["overwrite"]:
@@ -496,30 +519,54 @@ class Experiment:
           "--gin.OVERWRITE=True to replace it.")
 
   # -- loading --------------------------------------------------------------
+  def mesh(self):
+    """The (data, model) mesh over every process's devices (no model)."""
+    if self._models is not None:
+      return self._models[0]
+    if self._mesh is None:
+      try:
+        self._mesh = partitioning.make_mesh(*self.args["mesh_shape"])
+      except ValueError as e:
+        raise ConfigError(f"MESH_SHAPE={self.args['mesh_shape']!r}: {e}"
+                          ) from None
+    return self._mesh
+
   def models(self):
-    """(mesh, target, draft), loaded once."""
+    """(mesh, target, draft), loaded once; draft is None while no run has
+    needed it (DRAFTER 'model' and 'hierarchical' do)."""
+    a = self.args
     if self._models is None:
-      a = self.args
-      mesh = partitioning.make_mesh(*a["mesh_shape"])
+      mesh = self.mesh()
       target = load_model(self.target_config, a["target_checkpoint_path"],
                           a["seed"], mesh, "target")
+      self._models = (mesh, target, None)
+    mesh, target, draft = self._models
+    if draft is None and self.drafting.uses_draft_model:
       draft = load_model(self.draft_config, a["draft_checkpoint_path"],
                          a["seed"] + 1, mesh, "draft")
       self._models = (mesh, target, draft)
     return self._models
 
-  def examples(self):
-    """The examples; fewer than NUM_EXAMPLES is logged and recorded."""
+  def examples(self, layout: Optional[multihost.DataLayout] = None):
+    """This process's slice of the examples (`layout`; all of them on one
+    host)."""
     a = self.args
+    sliced = layout is not None and layout.num_shards > 1
     try:
-      examples = tasks.load_examples(
+      return tasks.load_examples(
           mixture_or_task_name=a["mixture_or_task_name"], split=a["split"],
           num_examples=a["num_examples"],
           source_file=_repo_relative(a["source_file"]),
           reference_file=_repo_relative(a["reference_file"]),
-          input_prefix=a["input_prefix"])
+          input_prefix=a["input_prefix"],
+          shard_info=layout.shard_info if sliced else None)
     except ValueError as e:  # names the file and line, or the task
       raise ConfigError(str(e)) from None
+
+  def check_examples(self, examples) -> None:
+    """All examples (every process's): none, or fewer than NUM_EXAMPLES,
+    is an error, or logged and recorded."""
+    a = self.args
     source = (f"task {a['mixture_or_task_name']!r} split {a['split']!r}"
               if a["mixture_or_task_name"] else
               f"SOURCE_FILE={a['source_file']!r}")
@@ -530,13 +577,16 @@ class Experiment:
       logging.warning("NUM_EXAMPLES=%d but %s has only %d examples: decoding "
                       "%d (metrics.json records both numbers).",
                       a["num_examples"], source, len(examples), len(examples))
-    return examples
 
-  def encode_inputs(self, vocab, examples) -> np.ndarray:
-    """[N, S] input ids; inputs longer than S are truncated, counted, logged."""
+  def encode_inputs(self, vocab, examples) -> Tuple[np.ndarray, np.ndarray]:
+    """([N, S] input ids, [N] lengths with EOS before truncation)."""
     length = self.args["task_feature_lengths"]["inputs"]
-    inputs, lengths = tasks.encode_batch(
-        vocab, [e["input"] for e in examples], length, return_lengths=True)
+    return tasks.encode_batch(vocab, [e["input"] for e in examples], length,
+                              return_lengths=True)
+
+  def check_truncation(self, lengths: np.ndarray) -> None:
+    """Inputs longer than S (all examples' `lengths`): counted, logged."""
+    length = self.args["task_feature_lengths"]["inputs"]
     truncated = int(np.sum(lengths > length))
     self.data_info.update(inputs_length=length, inputs_truncated=truncated,
                           longest_input_tokens=int(lengths.max()))
@@ -545,8 +595,7 @@ class Experiment:
           "TASK_FEATURE_LENGTHS['inputs']=%d truncates %d of %d inputs (the "
           "longest has %d tokens with EOS); they are decoded from their "
           "first %d tokens. Raise it to decode whole inputs.", length,
-          truncated, len(examples), int(lengths.max()), length - 1)
-    return inputs
+          truncated, len(lengths), int(lengths.max()), length - 1)
 
   def task_kind(self) -> str:
     a = self.args
@@ -561,20 +610,152 @@ class Experiment:
     a = self.args
     # Everything that can fail without a model fails here, before loading.
     vocab = self.vocabulary()
+    self.ngram = self.ngram_table(vocab)
     self.prepare_output_dir(self.settings(vocab))
-    examples = self.examples()
-    inputs = self.encode_inputs(vocab, examples)
-    logging.info("%d examples; mode=%s γ=%d T=%s", len(examples), a["mode"],
+    # Each process reads its slice of the examples; texts and token counts
+    # are exchanged, so every process knows all of them (`multihost`).
+    sharding = partitioning.data_sharding(self.mesh(), a["batch_size"])
+    try:
+      layout = multihost.data_layout(sharding, a["batch_size"])
+    except ValueError as e:
+      raise ConfigError(f"MESH_SHAPE={a['mesh_shape']!r}: {e}") from None
+    local = self.examples(layout)
+    inputs, full_lengths = self.encode_inputs(vocab, local)
+    shared = multihost.share_examples(layout, local, inputs, full_lengths)
+    examples = shared.examples
+    self.check_examples(examples)
+    self.check_truncation(shared.full_lengths)
+    feed = multihost.Feeder(layout, inputs, shared, sharding, INPUT_BUCKET)
+    logging.info("%d examples; mode=%s γ=%s T=%s", len(examples), a["mode"],
                  a["gamma"], a["temperature"])
     mesh, target, draft = self.models()
+    # No process enters the decoders' collectives long before the others.
+    multihost.barrier("models_loaded")
     if a["mode"] == "alpha":
-      return self._run_alpha(vocab, examples, inputs, mesh, target, draft)
-    return self._run_walltime(vocab, examples, inputs, mesh, target, draft)
+      return self._run_alpha(vocab, examples, feed, mesh, target, draft)
+    return self._run_walltime(vocab, examples, feed, mesh, target, draft)
 
-  def _decoders(self, target, draft):
+  # -- drafting (DRAFTER, LENIENCE, ADAPTIVE_THRESHOLD, GAMMA='auto') --------
+  def ngram_table(self, vocab):
+    """The n-gram drafter's table (None without one), counted before any
+    model is loaded: a bad NGRAM_CORPUS fails here."""
+    try:
+      return self.drafting.ngram_table(
+          vocab, self.target_config.vocab_size,
+          _repo_relative(self.drafting.ngram_corpus))
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+
+  def drafter(self, draft):
+    """What guesses: the draft model itself, or a `drafters` drafter."""
+    return self.drafting.build(draft, self.ngram,
+                               self.target_config.vocab_size)
+
+  def acceptance(self) -> Optional[decoding.AcceptanceRule]:
+    """None (Algorithm 1) unless LENIENCE < 1."""
+    lenience = self.args["lenience"]
+    return None if lenience == 1 else decoding.LenientAcceptance(
+        np.float32(lenience))
+
+  def _choose_gamma(self, feed, target, draft) -> Dict[str, Any]:
+    """GAMMA='auto': α and c on the first batches, then Theorem 3.8."""
     a = self.args
+    pilot = drafter_choice.AUTO_GAMMA_PILOT
+    _, speculative = self._decoders(target, draft, pilot)
+    rng = jax.random.PRNGKey(a["seed"])
+    batches = min(feed.num_batches, max(
+        1, drafter_choice.AUTO_GAMMA_EXAMPLES // a["batch_size"]))
+    kept = trials = tokens = rows = 0
+    for b in range(batches):
+      stats = multihost.to_host(speculative(feed.batch(b), rng)).statistics()
+      kept += int(np.arange(pilot + 1) @ np.asarray(
+          stats["accepted_histogram"]))
+      trials += stats["acceptance_trials"]
+      tokens += stats["tokens_generated"]
+      rows += a["batch_size"]
+    alpha = kept / max(trials, 1)
+    c = self._cost_coefficient(target, draft, feed.batch(0), pilot,
+                               fill=max(1, tokens // rows))
+    chosen = drafter_choice.choose_gamma(alpha, c)
+    logging.info("GAMMA='auto': alpha %.3f and c %.3f on %d batches (γ=%d) "
+                 "-> γ=%d (Theorem 3.8)", alpha, c, batches, pilot, chosen)
+    return {"pilot_gamma": pilot, "pilot_batches": batches,
+            "alpha": alpha, "cost_coefficient_c": c,
+            "max_gamma": drafter_choice.AUTO_GAMMA_MAX,
+            "chosen_gamma": chosen}
+
+  def _cost_coefficient(self, target, draft, batch, gamma: int,
+                        fill: int) -> float:
+    """c: one draft step (or, for other drafters, one guess) over one
+    target step, timed as `_run_walltime` does."""
+    cache_len = self.args["task_feature_lengths"]["targets"] + gamma + 1
+    inputs = np.asarray(multihost.to_host(batch))
+    step = functools.partial(timing.decode_call_seconds,
+                             encoder_input_tokens=inputs, fill=fill,
+                             cache_len=cache_len)
+    return self._draft_seconds(target, draft, batch, gamma, fill) / step(
+        target, k=1)
+
+  def _draft_seconds(self, target, draft, batch, gamma: int,
+                     fill: int) -> float:
+    """One draft step (DRAFTER='model'), or one guess of the drafter: its
+    `propose` on the target's own output for `batch`, divided by γ."""
+    a = self.args
+    cache_len = a["task_feature_lengths"]["targets"] + gamma + 1
+    inputs = np.asarray(multihost.to_host(batch))
+    if self.drafting.drafter == "model":
+      return timing.decode_call_seconds(draft, inputs, k=1, fill=fill,
+                                        cache_len=cache_len)
+    method = sampling.make_method(a["temperature"], a["top_k"], a["top_p"])
+    context = np.asarray(multihost.to_host(decoding.temperature_sample(
+        target, batch, jax.random.PRNGKey(a["seed"]),
+        max_decode_length=a["task_feature_lengths"]["targets"],
+        method=method).tokens))
+    buffer = np.pad(context, ((0, 0), (1, gamma + 2)))
+    return drafter_choice.propose_seconds(
+        self.drafter(draft), inputs, buffer,
+        np.full((len(inputs),), max(fill, 1), np.int32), gamma=gamma,
+        method=method, max_len=cache_len) / gamma
+
+  def _drafting_metrics(self, a, per_example, tokens: int, c: float,
+                        gamma_auto) -> Dict[str, Any]:
+    """metrics.json's drafter, lenience, adaptive-γ and GAMMA='auto' keys."""
+    kept = [t["num_accepted"] for e in per_example for t in e["trace"]]
+    guessed = [len(t["draft_tokens"]) for e in per_example
+               for t in e["trace"]]
+    bound = analysis.per_iteration_gamma_bound(kept, guessed, a["gamma"], c,
+                                               tokens)
+    # The report tells drafts apart by this label: variants get their own.
+    label = self.drafting.label(a["draft_name"])
+    if a["adaptive_threshold"] is not None:
+      label += f" adaptive {a['adaptive_threshold']:g}"
+    if gamma_auto:
+      label += " auto-γ"
+    if a["lenience"] != 1:
+      label += f" l={a['lenience']:g}"
+    return {
+        "drafter": self.drafting.drafter,
+        "draft_model": label,
+        "drafter_settings": self.drafting.record(),
+        "lenience": a["lenience"],
+        "exact": a["lenience"] == 1,
+        "adaptive_threshold": a["adaptive_threshold"],
+        "gamma_auto": gamma_auto,
+        "guesses_per_target_call": float(np.mean(guessed)) if guessed else 0.0,
+        # §3.5: Theorem 3.8's cost model (target call 1, guess c) applied to
+        # this run's iterations: every call drafting γ, drafting what it
+        # did, and drafting exactly what was kept (the per-call oracle).
+        "per_iteration_gamma": {"fixed_gamma_speedup": bound["fixed"],
+                                "achieved_speedup": bound["achieved"],
+                                "oracle_speedup": bound["oracle"]},
+    }
+
+  def _decoders(self, target, draft, gamma: Optional[int] = None):
+    a = self.args
+    gamma = a["gamma"] if gamma is None else gamma
     max_len = a["task_feature_lengths"]["targets"]
     method = sampling.make_method(a["temperature"], a["top_k"], a["top_p"])
+    drafter, acceptance = self.drafter(draft), self.acceptance()
 
     def baseline(batch, rng):
       return decoding.temperature_sample(target, batch, rng,
@@ -582,49 +763,52 @@ class Experiment:
                                          method=method)
 
     def speculative(batch, rng):
-      return decoding.speculative_sample(target, draft, batch, rng,
-                                         gamma=a["gamma"],
+      return decoding.speculative_sample(target, drafter, batch, rng,
+                                         gamma=gamma,
                                          max_decode_length=max_len,
-                                         method=method)
+                                         method=method, acceptance=acceptance)
     return baseline, speculative
 
-  def _run_walltime(self, vocab, examples, inputs, mesh, target, draft):
+  def _run_walltime(self, vocab, examples, feed, mesh, target, draft):
     a = self.args
-    baseline, speculative = self._decoders(target, draft)
+    gamma_auto = None
+    if a["gamma"] == drafter_choice.AUTO_GAMMA:
+      gamma_auto = self._choose_gamma(feed, target, draft)
+      a = dict(a, gamma=gamma_auto["chosen_gamma"])
+    baseline, speculative = self._decoders(target, draft, a["gamma"])
     rng = jax.random.PRNGKey(a["seed"])
-    data_sharding = partitioning.data_sharding(mesh, a["batch_size"])
-    put = lambda x: jax.device_put(x, data_sharding)  # pylint: disable=unnecessary-lambda-assignment
-    first = put(next(_batches(inputs, a["batch_size"]))[0])
+    first = feed.batch(0)
     t0 = time.perf_counter()
-    widths = _input_widths(inputs, a["batch_size"])
-    for batch in widths:  # Compile every input width before timing.
-      jax.block_until_ready(baseline(put(batch), rng))
-      jax.block_until_ready(speculative(put(batch), rng))
+    widths = feed.first_of_each_width()
+    for b in widths:  # Compile every input width before timing.
+      batch = feed.batch(b)
+      jax.block_until_ready(baseline(batch, rng))
+      jax.block_until_ready(speculative(batch, rng))
     compile_s = time.perf_counter() - t0
     logging.info("Compiled and warmed up both decoders for input widths %s "
-                 "in %.1fs", [b.shape[1] for b in widths], compile_s)
+                 "in %.1fs", [feed.batch_width(b) for b in widths], compile_s)
 
     base_tokens, spec_tokens, per_example = [], [], []
     time_base = time_spec = 0.0
     calls_base = calls_spec = 0
     histogram = np.zeros(a["gamma"] + 1, np.int64)
     beta_sum = beta_count = 0.0
-    num_batches = -(-len(inputs) // a["batch_size"])
-    for i, (batch, real) in enumerate(_batches(inputs, a["batch_size"])):
-      batch = put(batch)
+    num_batches = feed.num_batches
+    for i, (batch, keep) in enumerate(feed.batches()):
       brng = jax.random.fold_in(rng, i)
       out_b, dt_b = timing.timed(baseline, batch, brng)
       out_s, dt_s = timing.timed(speculative, batch, brng)
+      out_b, out_s = multihost.to_host((out_b, out_s))  # every row
       time_base += dt_b
       time_spec += dt_s
-      calls_base += int(np.sum(np.asarray(out_b.target_calls)[:real]))
-      calls_spec += int(np.sum(np.asarray(out_s.target_calls)[:real]))
-      histogram += np.asarray(out_s.accepted_histogram)[:real].sum(0)
-      beta_sum += float(np.sum(np.asarray(out_s.beta_sum)[:real]))
-      beta_count += float(np.sum(np.asarray(out_s.beta_count)[:real]))
-      base_tokens.append(np.asarray(out_b.tokens)[:real])
-      spec_tokens.append(np.asarray(out_s.tokens)[:real])
-      per_example.extend(_traces(vocab, out_s, real))
+      calls_base += int(np.sum(np.asarray(out_b.target_calls)[keep]))
+      calls_spec += int(np.sum(np.asarray(out_s.target_calls)[keep]))
+      histogram += np.asarray(out_s.accepted_histogram)[keep].sum(0)
+      beta_sum += float(np.sum(np.asarray(out_s.beta_sum)[keep]))
+      beta_count += float(np.sum(np.asarray(out_s.beta_count)[keep]))
+      base_tokens.append(np.asarray(out_b.tokens)[keep])
+      spec_tokens.append(np.asarray(out_s.tokens)[keep])
+      per_example.extend(_traces(vocab, out_s, keep))
       logging.info(
           "batch %d/%d: baseline %.3fs, speculative %.3fs (running speedup "
           "%.2fx)", i + 1, num_batches, dt_b, dt_s,
@@ -648,12 +832,18 @@ class Experiment:
     cache_len = a["task_feature_lengths"]["targets"] + a["gamma"] + 1
     fill = min(max(1, int(tokens_generated / len(examples))),
                cache_len - a["gamma"] - 1)
-    step = functools.partial(timing.decode_call_seconds,
-                             encoder_input_tokens=np.asarray(first),
-                             fill=fill, cache_len=cache_len)
+    step = functools.partial(
+        timing.decode_call_seconds,
+        encoder_input_tokens=np.asarray(multihost.to_host(first)), fill=fill,
+        cache_len=cache_len)
     t_target = step(target, k=1)
-    t_draft = step(draft, k=1)
+    t_draft = (step(draft, k=1) if self.drafting.drafter == "model" else
+               self._draft_seconds(target, draft, first, a["gamma"], fill))
     t_verify = step(target, k=a["gamma"] + 1)
+    # The user waits for the slowest process.
+    (time_base, time_spec, compile_s, t_target, t_draft,
+     t_verify) = multihost.slowest(time_base, time_spec, compile_s, t_target,
+                                   t_draft, t_verify)
     c = t_draft / t_target
     # Kept guesses / acceptance trials (beta_count counts the trials whose
     # context reached the output, so guesses cut by EOS are not counted).
@@ -717,6 +907,8 @@ class Experiment:
         **self.data_info,
         "settings": settings,
     }
+    metrics.update(self._drafting_metrics(a, per_example, tokens_generated,
+                                          c, gamma_auto))
     # Nothing measured in the rows: same settings and seed, same file. The
     # Figure-5 timeline is modeled by `report` from `accepted_counts` and
     # the step times above.
@@ -725,15 +917,19 @@ class Experiment:
       rows.append({"index": i, "input": e["input"],
                    "reference": e["reference"], "baseline": base_text[i],
                    "speculative": spec_text[i], **per_example[i]})
-    io_utils.write_jsonl(os.path.join(a["output_dir"], PREDICTIONS_FILE),
-                         rows)
-    io_utils.write_json(os.path.join(a["output_dir"], METRICS_FILE), metrics)
+
+    def write():  # metrics.json last: a sweep takes it as "done"
+      io_utils.write_jsonl(os.path.join(a["output_dir"], PREDICTIONS_FILE),
+                           rows)
+      io_utils.write_json(os.path.join(a["output_dir"], METRICS_FILE),
+                          metrics)
+    multihost.run_on_first("write", write)  # the others wait for it
     logging.info("speedup %.2fx (theory %.2fx), alpha %.3f, c %.3f; wrote %s",
                  metrics["speedup"], metrics["theoretical_speedup"], alpha, c,
                  a["output_dir"])
     return metrics
 
-  def _run_alpha(self, vocab, examples, inputs, mesh, target, draft):
+  def _run_alpha(self, vocab, examples, feed, mesh, target, draft):
     """α as the mean of β over target-sampled positions (Corollary 3.6)."""
     a = self.args
     max_len = a["task_feature_lengths"]["targets"]
@@ -742,16 +938,15 @@ class Experiment:
                   top_p=a["top_p"])
     method = sampling.make_method(**sample)
     betas = []
-    data_sharding = partitioning.data_sharding(mesh, a["batch_size"])
-    for i, (batch, real) in enumerate(_batches(inputs, a["batch_size"])):
-      batch = jax.device_put(batch, data_sharding)
+    for i, (batch, keep) in enumerate(feed.batches()):
       out = decoding.temperature_sample(target, batch,
                                         jax.random.fold_in(rng, i),
                                         max_decode_length=max_len,
                                         method=method)
       beta, valid = _beta_per_position(target, draft, batch, out.tokens,
                                        out.lengths, **sample)
-      beta, valid = np.asarray(beta)[:real], np.asarray(valid)[:real]
+      beta, valid = multihost.to_host((beta, valid))  # every row
+      beta, valid = np.asarray(beta)[keep], np.asarray(valid)[keep]
       betas.append(beta[valid])
     betas = np.concatenate(betas)
     mean, stderr = analysis.alpha_from_beta_samples(betas)
@@ -766,25 +961,29 @@ class Experiment:
         **self.data_info,
         "settings": self.settings(vocab),
     }
-    io_utils.write_json(os.path.join(a["output_dir"], ALPHA_FILE), result)
+    multihost.run_on_first("write", lambda: io_utils.write_json(
+        os.path.join(a["output_dir"], ALPHA_FILE), result))
     logging.info("alpha = %.4f ± %.4f over %d positions", mean, stderr,
                  betas.size)
     return result
 
 
-def _traces(vocab, out: decoding.SpeculativeOutput, real: int) -> List[dict]:
-  """Per-row accepted counts and a Figure-1-style trace of each call."""
+def _traces(vocab, out: decoding.SpeculativeOutput, keep: Sequence[int]
+            ) -> List[dict]:
+  """Accepted counts and a Figure-1-style trace of each call, for the rows
+  `keep`."""
   rows = []
   calls = np.asarray(out.target_calls)
   drafts = np.asarray(out.trace_draft_tokens)
   accepted = np.asarray(out.trace_num_accepted)
   nexts = np.asarray(out.trace_next_token)
   piece = functools.partial(_token_text, vocab)
-  for r in range(real):
+  for r in keep:
     n = int(calls[r])
     rows.append({
         "accepted_counts": accepted[r, :n].tolist(),
-        "trace": [{"draft_tokens": [piece(t) for t in drafts[r, i]],
+        "trace": [{"draft_tokens": [piece(t) for t in drafts[r, i]
+                                    if t != decoding.NO_GUESS],
                    "num_accepted": int(accepted[r, i]),
                    # None: the output ended inside the accepted guesses.
                    "target_token": (None if nexts[r, i] == decoding.NO_TOKEN
@@ -821,8 +1020,9 @@ def _token_text(vocab, token) -> str:
 
 
 def _random_weights(args) -> bool:
+  uses_draft = args.get("drafter", "model") in ("model", "hierarchical")
   return not (args["target_checkpoint_path"] and
-              args["draft_checkpoint_path"])
+              (args["draft_checkpoint_path"] or not uses_draft))
 
 
 def _speed_words(speedup: float, theory: float) -> str:
@@ -846,12 +1046,54 @@ def _quality_words(metrics: Dict[str, Any]) -> Optional[str]:
   return None
 
 
+def _gamma_words(metrics: Dict[str, Any], args: Dict[str, Any]) -> str:
+  if args["gamma"] == drafter_choice.AUTO_GAMMA:
+    return f"auto→{metrics.get('gamma', '?')}"
+  return str(args["gamma"])
+
+
+def _lenience_words(metrics: Dict[str, Any], temp: float) -> str:
+  l = metrics["lenience"]
+  words = (f"; LENIENCE={l:g} < 1: outputs are NOT the target's "
+           f"distribution (a token's probability is at most p(x)/l = "
+           f"{1 / l:.2g} p(x); README, 'Lenience')")
+  if temp == 0:
+    words += (f"; greedy outputs identical to the target's on "
+              f"{metrics.get('greedy_identical_examples', '?')}/"
+              f"{metrics['num_examples']} examples (lenience keeps guesses "
+              "that are not the target's argmax)")
+  return words
+
+
+def _drafting_lines(metrics: Dict[str, Any]) -> List[str]:
+  """Adaptive γ and GAMMA='auto', in plain words."""
+  lines = []
+  auto = metrics.get("gamma_auto")
+  if auto:
+    lines.append(
+        f"GAMMA='auto': γ={auto['chosen_gamma']}, Theorem 3.8's best (at "
+        f"most {auto['max_gamma']}) for alpha {auto['alpha']:.2f} and c "
+        f"{auto['cost_coefficient_c']:.3f} measured on the first "
+        f"{auto['pilot_batches']} batches with γ={auto['pilot_gamma']}")
+  bound = metrics.get("per_iteration_gamma")
+  if metrics.get("adaptive_threshold") is not None and bound:
+    lines.append(
+        f"adaptive γ (ADAPTIVE_THRESHOLD={metrics['adaptive_threshold']:g}): "
+        f"{metrics['guesses_per_target_call']:.2f} guesses per target call "
+        f"(at most {metrics['gamma']}); Theorem 3.8's model of these calls: "
+        f"{bound['achieved_speedup']:.2f}x, vs {bound['fixed_gamma_speedup']:.2f}x"
+        f" drafting γ every call, and {bound['oracle_speedup']:.2f}x for "
+        "§3.5's oracle (drafting exactly what is kept)")
+  return lines
+
+
 def summary_lines(metrics: Dict[str, Any], args: Dict[str, Any]) -> List[str]:
   """What happened, in plain words (the last lines `run` prints)."""
   temp = args["temperature"]
   head = (f"{metrics.get('task', 'run')}: target {args['target_name'] or '?'},"
-          f" draft {args['draft_name'] or '?'}, "
-          + (f"γ={args['gamma']}, " if args["mode"] == "walltime" else "")
+          f" draft {metrics.get('draft_model') or args['draft_name'] or '?'}, "
+          + (f"γ={_gamma_words(metrics, args)}, " if args["mode"] == "walltime"
+             else "")
           + f"T={temp:g}{' (greedy)' if temp == 0 else ''}, "
           f"{metrics['num_examples']} examples")
   lines = [head]
@@ -869,7 +1111,9 @@ def summary_lines(metrics: Dict[str, Any], args: Dict[str, Any]) -> List[str]:
             metrics["speedup"], metrics["theoretical_speedup"]) +
         f"; alpha {metrics['alpha']:.2f} (share of draft tokens accepted), "
         f"{metrics['tokens_per_target_call']:.2f} tokens per target call")
-    if metrics.get("greedy_outputs_identical") is None:
+    if metrics.get("exact") is False:
+      sentence += _lenience_words(metrics, temp)
+    elif metrics.get("greedy_outputs_identical") is None:
       sentence += (
           f"; outputs are samples (T={temp:g}), so they are not compared "
           "token by token with the target's: speculative decoding samples "
@@ -887,6 +1131,7 @@ def summary_lines(metrics: Dict[str, Any], args: Dict[str, Any]) -> List[str]:
         sentence += (" (NOT all: at T=0 they must be; see README, 'How it "
                      "stays exact')")
     lines.append(sentence)
+    lines.extend(_drafting_lines(metrics))
     quality = _quality_words(metrics)
     if quality:
       lines.append(f"quality: {quality}")
@@ -919,16 +1164,23 @@ def main(argv: Sequence[str]) -> None:
     gin_utils.parse_from_flags(check_macros=True)
   except ValueError as e:  # gin's own message names the binding
     raise ConfigError(str(e)) from None
-  console.setup()  # after the gin check: a typo fails in a second
-  args = run_arguments()  # pylint: disable=no-value-for-parameter
-  metrics = Experiment(**args).run()
-  print("\n".join(summary_lines(metrics, args)))
+  try:  # several hosts: T5X's flags, or a Cloud TPU VM (`multihost`)
+    multihost.initialize_from_flags()
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  with multihost.failures_end_every_process("run", (ConfigError,)):
+    console.setup()  # after the gin check: a typo fails in a second
+    args = run_arguments()  # pylint: disable=no-value-for-parameter
+    metrics = Experiment(**args).run()
+    if multihost.is_first():
+      print("\n".join(summary_lines(metrics, args)))
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
   """Entry point: a bad setting prints one line and exits 2, before any
   model is loaded; nothing is written."""
   gin_utils.define_gin_flags()
+  multihost.define_flags()
   try:
     gin_utils.run_main(main, argv)
   except ConfigError as e:

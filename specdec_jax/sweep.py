@@ -22,7 +22,9 @@ Each point writes `RESULTS_DIR/<point name>/metrics.json` (atomically, last)
 and `predictions.jsonl`; a point whose metrics.json exists is skipped, so a
 killed sweep re-run with the same arguments finishes the rest and loses
 nothing. Models are loaded once per (gin files, model bindings) group, not
-once per point. `python -m specdec_jax.report RESULTS_DIR` turns the results
+once per point. RESULTS_DIR may be a gs:// folder. On several hosts (the
+same command on each, `multihost`) process 0 decides which points are done
+and all hosts run the rest in the same order. `python -m specdec_jax.report RESULTS_DIR` turns the results
 into the paper's tables and figures.
 """
 import itertools
@@ -42,6 +44,7 @@ import yaml
 from specdec_jax import console
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
+from specdec_jax import multihost
 from specdec_jax import run as run_lib
 
 SWEEP_FILE = "sweep.json"
@@ -253,8 +256,7 @@ def is_done(point_dir: str) -> bool:
   for name in (run_lib.METRICS_FILE, run_lib.ALPHA_FILE):
     path = os.path.join(point_dir, name)
     try:
-      with open(path) as f:
-        json.load(f)
+      json.loads(io_utils.read_text(path))
       return True
     except (OSError, ValueError):
       continue
@@ -266,10 +268,9 @@ def _check_results_dir(results_dir: str, points, base_files,
   """A results dir may only be reused by the same sweep (no clobbering)."""
   manifest = os.path.join(results_dir, SWEEP_FILE)
   record = {"gin_files": list(base_files), "gin_bindings": list(base_bindings)}
-  if os.path.exists(manifest):
+  if io_utils.isfile(manifest):
     try:
-      with open(manifest) as f:
-        old = json.load(f)
+      old = json.loads(io_utils.read_text(manifest))
     except (OSError, ValueError):
       raise SweepError(f"{manifest} is corrupt or not a sweep manifest; "
                        "choose another --results_dir.") from None
@@ -278,7 +279,7 @@ def _check_results_dir(results_dir: str, points, base_files,
           f"{results_dir} holds a different sweep (its {SWEEP_FILE} has "
           f"gin_files={old.get('gin_files') if isinstance(old, dict) else old}"
           f"); choose another --results_dir.")
-  elif os.path.isdir(results_dir) and os.listdir(results_dir):
+  elif io_utils.isdir(results_dir) and io_utils.listdir(results_dir):
     raise SweepError(f"{results_dir} is not empty and is not a sweep's "
                      "results dir; choose another --results_dir.")
 
@@ -290,22 +291,29 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
   """Runs every unfinished point; returns the point folders, in order.
 
   Every point is validated and results_dir probed before the first model
-  load; a SweepError then leaves results_dir as it was.
+  load; a SweepError then leaves results_dir as it was. On several hosts
+  process 0 checks results_dir and decides which points are done; every
+  process runs the same points in the same order (`multihost`).
   """
   check_keys(points, base_files, base_bindings, search_paths)
   validate_points(points, results_dir, base_files, base_bindings,
                   search_paths)
-  _check_results_dir(results_dir, points, base_files, base_bindings)
-  try:
-    io_utils.probe_writable_dir(results_dir)
-  except ValueError as e:
-    raise SweepError(f"--results_dir={results_dir!r}: {e}") from None
   names = [point_name(p) for p in points]
-  io_utils.write_json(os.path.join(results_dir, SWEEP_FILE), {
-      "gin_files": list(base_files), "gin_bindings": list(base_bindings),
-      "points": [{"name": n, "bindings": p} for n, p in zip(names, points)]})
-  todo = [i for i, n in enumerate(names)
-          if not is_done(os.path.join(results_dir, n))]
+
+  def start() -> List[int]:
+    _check_results_dir(results_dir, points, base_files, base_bindings)
+    try:
+      io_utils.probe_writable_dir(results_dir)
+    except ValueError as e:
+      raise SweepError(f"--results_dir={results_dir!r}: {e}") from None
+    io_utils.write_json(os.path.join(results_dir, SWEEP_FILE), {
+        "gin_files": list(base_files), "gin_bindings": list(base_bindings),
+        "points": [{"name": n, "bindings": p}
+                   for n, p in zip(names, points)]})
+    return [i for i, n in enumerate(names)
+            if not is_done(os.path.join(results_dir, n))]
+
+  todo = multihost.run_on_first("sweep_todo", start)
   # Points sharing models run back to back, so each pair loads once.
   groups = {}
   for i in range(len(points)):
@@ -346,16 +354,24 @@ def main(argv: Sequence[str]) -> None:
   points = parse_sweep_args(f.sweep)
   # Typos fail in a second, before TensorFlow's import.
   check_keys(points, f.gin_file, f.gin_bindings, f.gin_search_paths)
-  console.setup()
-  run_sweep(points, f.results_dir, f.gin_file, f.gin_bindings,
-            f.gin_search_paths)
-  print(f"Sweep finished: {len(points)} points in {f.results_dir}.\n"
-        f"Report: python -m specdec_jax.report {f.results_dir}")
+  try:  # several hosts: T5X's flags, or a Cloud TPU VM (`multihost`)
+    multihost.initialize_from_flags()
+  except ValueError as e:
+    raise SweepError(str(e)) from None
+  with multihost.failures_end_every_process(
+      "sweep", (SweepError, gin_utils.ConfigError)):
+    console.setup()
+    run_sweep(points, f.results_dir, f.gin_file, f.gin_bindings,
+              f.gin_search_paths)
+    if multihost.is_first():
+      print(f"Sweep finished: {len(points)} points in {f.results_dir}.\n"
+            f"Report: python -m specdec_jax.report {f.results_dir}")
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
   """Entry point: errors in the spec print one line and exit 2."""
   gin_utils.define_gin_flags()
+  multihost.define_flags()
   if "sweep" not in flags.FLAGS:
     flags.DEFINE_multi_string("sweep", [], "KEY=v1,v2,... or a YAML file.")
     flags.DEFINE_string("results_dir", None, "Where the points' folders go.")

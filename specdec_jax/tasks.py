@@ -397,7 +397,8 @@ def load_examples(*,
                   num_examples: Optional[int] = None,
                   source_file: Optional[PathLike] = None,
                   reference_file: Optional[PathLike] = None,
-                  input_prefix: str = "") -> List[Dict[str, str]]:
+                  input_prefix: str = "",
+                  shard_info=None) -> List[Dict[str, str]]:
   """Loads evaluation examples as ``[{'input': str, 'reference': str}]``.
 
   Exactly one of ``mixture_or_task_name`` and ``source_file`` must be given.
@@ -417,6 +418,13 @@ def load_examples(*,
     reference_file: local reference file, line-aligned with ``source_file``.
     input_prefix: prepended to each local source (e.g. WMT_ENDE_PREFIX). Not
       used for tasks, whose preprocessors already add their prefix.
+    shard_info: a ``seqio.ShardInfo`` (or anything with ``index`` and
+      ``num_shards``): only examples ``index, index + num_shards, ...`` of
+      the first ``num_examples`` (one process's slice on several hosts,
+      `multihost`). A task is read in order and sliced by example, not
+      through ``get_dataset(shard_info=...)``: seqio would shard a source
+      with enough files by file, which changes which examples are the
+      first ``num_examples`` and loses their order.
 
   Returns:
     A list of dicts with keys ``input`` and ``reference``.
@@ -433,6 +441,8 @@ def load_examples(*,
     pairs = read_parallel_text(source_file, reference_file)
     if num_examples is not None:
       pairs = pairs[:num_examples]
+    if shard_info is not None:
+      pairs = pairs[shard_info.index::shard_info.num_shards]
     return [{"input": input_prefix + s, "reference": r} for s, r in pairs]
 
   if reference_file is not None:
@@ -452,6 +462,8 @@ def load_examples(*,
                         try_in_mem_cache=False)
   if num_examples is not None:
     ds = ds.take(num_examples)
+  if shard_info is not None and shard_info.num_shards > 1:
+    ds = ds.shard(shard_info.num_shards, shard_info.index)
   out = []
   for ex in ds.as_numpy_iterator():
     for key in ("inputs_pretokenized", "targets_pretokenized"):

@@ -16,15 +16,22 @@ these the same way, in the conditions of the decoding loop:
 The cost coefficient c = draft step / target step (both k = 1), and the
 verification ratio = target call at k = γ+1 / target step: Theorem 3.8
 assumes 1; on a CPU it is measured (`analysis.speedup_with_call_cost`).
+
+The decode benchmark times the parts of an iteration the same way
+(`propose_loop`: the drafter's γ steps; `iteration_loop`: a whole
+iteration), on caches prefilled to `fill` (`prefill`, `speculative_state_at`),
+and interleaves the programs it compares (`InterleavedTimer`).
 """
 import functools
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specdec_jax import decoding
 
 
 @functools.partial(jax.jit, static_argnames=("max_len",))
@@ -90,3 +97,131 @@ def decode_call_seconds(model, encoder_input_tokens: np.ndarray, *, k: int,
   times = [timed(functools.partial(call_loop, k=k, steps=steps), model,
                  cache, fill_rows)[1] for _ in range(repeats)]
   return statistics.median(times) / steps
+
+
+# ---------------------------------------------------------------------------
+# The parts of a speculative iteration (the decode benchmark).
+# ---------------------------------------------------------------------------
+@jax.jit
+def prefill(model, cache, tokens):
+  """`cache` after one `decode_chunk` of tokens [B, n] (n positions written)."""
+  _, cache = model.decode_chunk(tokens, cache)
+  return cache
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_length",
+                                             "fill"))
+def speculative_state_at(target, drafter, encoder_input_tokens, target_cache,
+                         draft_cache, prefix, *, gamma, max_decode_length,
+                         fill):
+  """A speculative loop state around caches that hold `fill` positions.
+
+  Args:
+    target_cache, draft_cache: the model drafter's and the target's caches,
+      both prefilled with `prefix[:, :fill]`.
+    prefix: [B, >= fill + 1] int32 known tokens, start token first.
+  """
+  s = decoding.init_speculative_state(target, drafter, encoder_input_tokens,
+                                      gamma=gamma,
+                                      max_decode_length=max_decode_length)
+  length = jnp.full_like(s.length, fill)
+  return s.replace(buffer=s.buffer.at[:, :prefix.shape[1]].set(prefix),
+                   target_state=target_cache,
+                   draft_state=s.draft_state.replace(model_state=draft_cache,
+                                                     length=length),
+                   length=length)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "method", "steps"))
+def propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma, method,
+                 steps):
+  """`steps` drafter.propose calls (γ draft steps each) at length fill(+1).
+
+  Args:
+    fill: [B] int32; call i starts from fill + i % 2 (rolled back to it).
+
+  Returns:
+    (draft state, checksum) so that nothing is optimized away.
+  """
+
+  def body(i, carry):
+    state, acc = carry
+    n = fill + i % 2
+    # Each call grows the state past n: rolling back resets it to n.
+    state, tokens, probs = drafter.propose(
+        drafter.rollback(state, n), buffer, n, jax.random.fold_in(rng, i),
+        gamma=gamma, method=method)
+    # Depend on the outputs so nothing is optimized away (no q at T=0).
+    acc = acc + jnp.sum(tokens).astype(jnp.float32)
+    return state, acc if probs is None else acc + probs[0, -1, 0]
+
+  return jax.lax.fori_loop(0, steps, body, (draft_state, jnp.float32(0.0)))
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_length",
+                                             "method", "steps"))
+def iteration_loop(target, drafter, acceptance, state, fill, rng, eos_id, *,
+                   gamma, max_decode_length, method, steps):
+  """`steps` full speculative iterations, each from length fill(+1).
+
+  Args:
+    acceptance: the acceptance rule (a pytree: its leaves, e.g. a synthetic
+      α, are traced, so one compilation serves all their values).
+    state: from `speculative_state_at`.
+    fill: [B] int32; iteration i starts from fill + i % 2.
+  """
+
+  def body(i, s):
+    n = fill + i % 2
+    # Each iteration grows the states past n: rolling back resets them.
+    s = s.replace(length=n, done=jnp.zeros_like(s.done),
+                  target_state=target.truncate(s.target_state, n),
+                  draft_state=drafter.rollback(s.draft_state, n))
+    return decoding.speculative_iteration(
+        target, drafter, acceptance, s, rng, eos_id, gamma=gamma,
+        max_decode_length=max_decode_length, method=method)
+
+  return jax.lax.fori_loop(0, steps, body, state)
+
+
+class InterleavedTimer:
+  """Interleaved timing: warm-up each program, then `repeats` rounds.
+
+  Each round runs every program of a group once, in order, so that load
+  changes on a shared machine hit them alike; ratios and differences are
+  taken within a round, then the median over rounds. The warm-up's excess
+  over the median run is recorded as compile time (`compile_time_s`).
+  """
+
+  def __init__(self, repeats: int, log: Callable[[str], None]):
+    self.repeats = repeats
+    self.compile_time_s: Dict[str, float] = {}
+    self.log = log
+
+  def __call__(self, fns: Dict[str, Callable[[int], Any]],
+               keep: Sequence[str] = ()
+               ) -> Tuple[Dict[str, np.ndarray], Dict[str, List[Any]]]:
+    """fns: name -> fn(round) (round -1 is the warm-up).
+
+    Returns:
+      (seconds per round [repeats] by name, outputs per round for `keep`).
+    """
+    first = {name: timed(fn, -1)[1] for name, fn in fns.items()}
+    times = {name: [] for name in fns}
+    outs = {name: [] for name in keep}
+    for r in range(self.repeats):
+      for name, fn in fns.items():
+        out, seconds = timed(fn, r)
+        times[name].append(seconds)
+        if name in outs:
+          outs[name].append(out)
+    result = {}
+    for name in fns:
+      t = np.asarray(times[name])
+      median = float(np.median(t))
+      self.compile_time_s[name] = max(
+          self.compile_time_s.get(name, 0.0), first[name] - median, 0.0)
+      self.log(f"  {name}: {median * 1e3:.3f} ms (median of {self.repeats}; "
+               f"warm-up {first[name]:.2f} s)")
+      result[name] = t
+    return result, outs

@@ -14,6 +14,7 @@ import pytest
 from specdec_jax import benchmarking
 from specdec_jax import decoding
 from specdec_jax import gin_utils
+from specdec_jax import parameters
 from specdec_jax.gin_utils import GIN_DIR
 from specdec_jax.models import T5Model
 
@@ -115,8 +116,8 @@ def test_end_to_end_json(e2e_result):
 def test_greedy_identity_check_reports_a_difference(monkeypatch):
   """A speculative decoder that diverges is reported row by row."""
   config = benchmarking.resolve_model_config("tiny", "target")[0]
-  target = T5Model(config, benchmarking.random_params(
-      config, 0, jnp.float32))
+  target = T5Model(config, {"params": parameters.random_params(
+      config, jax.random.PRNGKey(0), dtype=jnp.float32)})
   inputs = jnp.full((2, 4), 5, jnp.int32)
   real = decoding.speculative_sample
 
@@ -149,7 +150,7 @@ def test_greedy_identity_check_reports_a_difference(monkeypatch):
 def test_bad_flags_error_before_running(flag, value, monkeypatch, capsys):
   def fail(*args, **kwargs):
     raise AssertionError("run_benchmark must not be reached")
-  monkeypatch.setattr(benchmarking, "run_benchmark", fail)
+  monkeypatch.setattr(benchmarking.measure, "run_benchmark", fail)
   with pytest.raises(benchmarking.BenchmarkFlagError) as e:
     benchmarking.parse_flags([flag, value])
   message = str(e.value)
@@ -218,7 +219,7 @@ def test_bad_gin_file_is_a_flag_error(text, reason, tmp_path, monkeypatch,
                                       capsys):
   def fail(*args, **kwargs):
     raise AssertionError("run_benchmark must not be reached")
-  monkeypatch.setattr(benchmarking, "run_benchmark", fail)
+  monkeypatch.setattr(benchmarking.measure, "run_benchmark", fail)
   path = tmp_path / "t.gin"
   path.write_text(text)
   with pytest.raises(benchmarking.BenchmarkFlagError) as e:
@@ -237,15 +238,16 @@ def test_gin_file_scopes(tmp_path):
       "T5Config.num_heads = 2\n"
       "target/T5Config.emb_dim = 64\n"
       "draft/T5Config.emb_dim = 16\n")
-  target, scope = benchmarking.load_gin_config(gin_file, role="target")
+  target, scope = gin_utils.read_t5_config_for_role(gin_file, role="target")
   assert scope == "target"
-  draft, _ = benchmarking.load_gin_config(gin_file, role="draft")
+  draft, _ = gin_utils.read_t5_config_for_role(gin_file, role="draft")
   assert (target.emb_dim, draft.emb_dim) == (64, 16)
   assert target.num_heads == draft.num_heads == 2  # Unscoped base.
   only_draft = tmp_path / "draft_only.gin"
   only_draft.write_text("draft/T5Config.emb_dim = 24\n"
                         "draft/T5Config.vocab_size = 128\n")
-  config, scope = benchmarking.load_gin_config(only_draft, role="target")
+  config, scope = gin_utils.read_t5_config_for_role(only_draft,
+                                                    role="target")
   assert (config.emb_dim, scope) == (24, "draft")  # The file's only scope.
   _, _, warnings = benchmarking.resolve_model_config(str(only_draft),
                                                      "target")
@@ -295,7 +297,7 @@ def test_size_names_are_gin_files(size):
   for role in ("target", "draft"):  # The scoped copies, where there are.
     scoped = GIN_DIR / "models" / role / path.name
     if scoped.exists():
-      assert config == benchmarking.load_gin_config(scoped, role)[0], scoped
+      assert config == gin_utils.read_t5_config_for_role(scoped, role)[0], scoped
 
 
 def test_t5_1_1_sizes_match_t5x():

@@ -28,6 +28,7 @@ from scipy import stats
 
 from specdec_jax import decoding
 from specdec_jax import drafters
+from specdec_jax import models
 from specdec_jax import sampling
 from specdec_jax.decoding import loops
 from specdec_jax.models import Transformer
@@ -421,9 +422,10 @@ def test_t5_cache_refuses_to_overflow(model8):
   with pytest.raises(ValueError, match=r"at cache lengths \[3, 3\] writes "
                      "past the cache's max_len=4"):
     model8.decode_chunk(jnp.ones((2, 2), jnp.int32), cache)
-  # Traced lengths: a checkify assertion (a no-op without checkify).
-  step = checkify.checkify(jax.jit(lambda m, t, c: m.decode_chunk(t, c)))
-  err, _ = step(model8, jnp.ones((2, 2), jnp.int32), cache)
+  # Traced lengths: a checkify assertion inside traced_overflow_checks().
+  with models.traced_overflow_checks():
+    step = checkify.checkify(jax.jit(lambda m, t, c: m.decode_chunk(t, c)))
+    err, _ = step(model8, jnp.ones((2, 2), jnp.int32), cache)
   assert "writes past the cache's max_len=4" in str(err.get())
   err, (_, cache) = step(model8, jnp.ones((2, 1), jnp.int32), cache)
   assert err.get() is None
@@ -431,6 +433,29 @@ def test_t5_cache_refuses_to_overflow(model8):
   # truncate rolls back by index (never forward).
   cache = model8.truncate(cache, jnp.array([1, 9], jnp.int32))
   np.testing.assert_array_equal(cache.length, [1, 4])
+
+
+def test_decode_loops_have_no_effects(model8):
+  """Any JAX effect (e.g. a traced checkify check) in a jitted program makes
+  JAX dispatch every call in Python (~1.5 ms per call here): the decoders
+  must trace effect-free, while `traced_overflow_checks` still adds one."""
+  inputs = jnp.ones((2, 3), jnp.int32)
+  rng = jax.random.PRNGKey(0)
+  eos = np.int32(1)
+  method = sampling.Sampling(temperature=1.0)
+
+  def traces():
+    return [
+        jax.make_jaxpr(lambda t, x, r: loops.temperature_loop(
+            t, x, r, eos, max_decode_length=4, method=method))(
+                model8, inputs, rng),
+        jax.make_jaxpr(lambda t, x, r: loops.speculative_loop(
+            t, drafters.ModelDrafter(t), x, r, eos, gamma=2,
+            max_decode_length=4, method=method))(model8, inputs, rng)]
+
+  assert [j.effects for j in traces()] == [set(), set()]
+  with models.traced_overflow_checks():
+    assert all(j.effects for j in traces())
 
 
 # ---------------------------------------------------------------------------

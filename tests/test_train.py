@@ -20,8 +20,13 @@ from conftest import require_shared
 from specdec_jax import checkpoints
 from specdec_jax import decoding
 from specdec_jax import gin_utils
+from specdec_jax import paths
 from specdec_jax import tasks
 from specdec_jax import train as train_lib
+from specdec_jax.training import checkpointing
+from specdec_jax.training import data as data_lib
+from specdec_jax.training import optimizer as optimizer_lib
+from specdec_jax.training import vocabulary
 from specdec_jax.models import T5Config
 from specdec_jax.models import T5Model
 from specdec_jax.models import init_params
@@ -48,7 +53,7 @@ def _macros(root, model_dir, spm_path, **extra):
 
 
 def _checkpoint_steps(model_dir):
-  return [s for s, _ in train_lib.list_checkpoints(str(model_dir))]
+  return [s for s, _ in checkpoints.list_checkpoints(str(model_dir))]
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +115,7 @@ def test_checkpoints_and_metrics(workdir, target, draft):
     for f in ("train_state.msgpack", "model_config.json"):
       assert (model_dir / f"checkpoint_{STEPS}" / f).is_file()
     stored = json.loads((model_dir / "model_config.json").read_text())
-    assert train_lib.config_from_dict(stored) == result.config
+    assert gin_utils.t5_config_from_fields(stored, "model config") == result.config
     metrics = json.loads((model_dir / "train_metrics.json").read_text())
     assert metrics["step"] == STEPS and metrics["steps_per_second"] > 0
     assert metrics["tokens_per_second"] > 0
@@ -135,7 +140,7 @@ def test_speculative_greedy_equals_target_greedy(workdir, spm_path, target,
                                          expected=param_shapes(result.config))
     models.append(T5Model(result.config, {"params": params}))
   target_model, draft_model = models
-  sp = train_lib.load_sentencepiece(spm_path)
+  sp = vocabulary.load_sentencepiece(spm_path)
   examples = tasks.load_examples(source_file=MULTI30K / "val.en",
                                  reference_file=MULTI30K / "val.de",
                                  num_examples=32)
@@ -166,7 +171,7 @@ def test_resume_restores_params_optimizer_and_step(workdir, spm_path, draft):
                      _macros(workdir, resumed, spm_path, NUM_STEPS=n), **args)
   assert (first.start_step, first.step) == (0, n)
   assert _checkpoint_steps(resumed) == [n]
-  step, _, opt_state = train_lib.restore_checkpoint(
+  step, _, opt_state = checkpointing.restore_checkpoint(
       str(resumed / f"checkpoint_{n}"), first.config,
       jax.tree_util.tree_map(jnp.zeros_like, first.opt_state))
   assert step == n
@@ -351,18 +356,18 @@ def test_train_gin_files_parse(name, model):
 def test_relative_paths_cwd_then_repository(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   (tmp_path / "here").mkdir()
-  assert train_lib.resolve_path("here") == str(tmp_path / "here")
-  assert train_lib.resolve_path("outputs/x") == str(
-      train_lib.REPO_DIR / "outputs" / "x")
-  assert train_lib.resolve_path("../shared/data/multi30k") == str(
-      train_lib.REPO_DIR.parent / "shared" / "data" / "multi30k")
-  assert train_lib.resolve_path("/abs/x") == "/abs/x"
+  assert paths.resolve_path("here") == str(tmp_path / "here")
+  assert paths.resolve_path("outputs/x") == str(
+      paths.REPO_DIR / "outputs" / "x")
+  assert paths.resolve_path("../shared/data/multi30k") == str(
+      paths.REPO_DIR.parent / "shared" / "data" / "multi30k")
+  assert paths.resolve_path("/abs/x") == "/abs/x"
 
 
 def test_gin_search_path_and_flag_rewrite():
-  assert train_lib.GIN_DIR == pathlib.Path(train_lib.__file__).parents[1] / "gin"
-  assert (train_lib.GIN_DIR / "train" / "tiny_ci.gin").is_file()
-  assert train_lib.rewrite_gin_args(
+  assert paths.GIN_DIR == pathlib.Path(train_lib.__file__).parents[1] / "gin"
+  assert (paths.GIN_DIR / "train" / "tiny_ci.gin").is_file()
+  assert gin_utils.rewrite_gin_args(
       ["prog", "--gin.NUM_STEPS=5", "--gin_file=x.gin"]) == [
           "prog", "--gin_bindings=NUM_STEPS=5", "--gin_file=x.gin"]
   with pytest.raises(ValueError, match="nope.gin.*not found"):
@@ -374,7 +379,7 @@ def test_command_line_resumes_finished_run(workdir, spm_path, draft):
   from absl import flags  # pylint: disable=g-import-not-at-top
   train_lib.define_flags()
   train_lib.define_flags()  # Idempotent.
-  argv = train_lib.rewrite_gin_args([
+  argv = gin_utils.rewrite_gin_args([
       "train", "--gin_file=train/tiny_ci_draft.gin",
       f"--gin.MODEL_DIR='{workdir / 'draft'}'",
       f"--gin.SPM_MODEL_PATH='{spm_path}'",
@@ -396,24 +401,24 @@ def test_command_line_resumes_finished_run(workdir, spm_path, draft):
 # Pieces (no model).
 # ---------------------------------------------------------------------------
 def test_schedules():
-  cos = train_lib.make_schedule(learning_rate=1.0, warmup_steps=10,
+  cos = optimizer_lib.make_schedule(learning_rate=1.0, warmup_steps=10,
                                 decay="cosine", decay_steps=110,
                                 final_learning_rate_fraction=0.1)
   np.testing.assert_allclose(
       [float(cos(s)) for s in (0, 4, 9, 10, 60, 110, 200)],
       [0.1, 0.5, 1.0, 1.0, 0.55, 0.1, 0.1], rtol=1e-5)
-  rsqrt = train_lib.make_schedule(learning_rate=1.0, warmup_steps=100,
+  rsqrt = optimizer_lib.make_schedule(learning_rate=1.0, warmup_steps=100,
                                   decay="rsqrt", decay_steps=0)
   np.testing.assert_allclose([float(rsqrt(s)) for s in (49, 99, 399)],
                              [0.5, 1.0, 0.5], rtol=1e-5)
   with pytest.raises(ValueError, match="Unknown decay"):
-    train_lib.make_schedule(learning_rate=1.0, warmup_steps=1, decay="step",
+    optimizer_lib.make_schedule(learning_rate=1.0, warmup_steps=1, decay="step",
                             decay_steps=1)
 
 
-@pytest.mark.parametrize("optimizer", train_lib.OPTIMIZERS)
+@pytest.mark.parametrize("optimizer", optimizer_lib.OPTIMIZERS)
 def test_optimizers_descend(optimizer):
-  tx = train_lib.make_optimizer(
+  tx = optimizer_lib.make_optimizer(
       optimizer=optimizer, schedule=lambda count: 0.01, weight_decay=0.01,
       grad_clip_norm=1.0, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9)
   params = {"w": jnp.ones((4, 3)), "scale": jnp.ones((3,))}
@@ -444,9 +449,9 @@ def test_batches_deterministic_disjoint_and_shifted():
                 batch_size=10, seed=3, length_bucket=8)
   padding = {}
   for window in (0, 5):
-    data = train_lib.ParallelData(_CharVocab(), pairs, sort_window=window,
+    data = data_lib.ParallelData(_CharVocab(), pairs, sort_window=window,
                                   **kwargs)
-    again = train_lib.ParallelData(_CharVocab(), pairs, sort_window=window,
+    again = data_lib.ParallelData(_CharVocab(), pairs, sort_window=window,
                                    **kwargs)
     assert data.steps_per_epoch == 20
     seen, real, total = set(), 0, 0

@@ -8,7 +8,8 @@ One loop, four plug points:
    `specdec_jax.drafters`, e.g. `ModelDrafter(small_t5)`),
 3. a **sampling method** (`sampling.Greedy()`,
    `sampling.Sampling(temperature, top_k, top_p)`: frozen, static),
-4. an **acceptance rule** (`ExactAcceptance()`, Algorithm 1).
+4. an **acceptance rule** (`ExactAcceptance()`, Algorithm 1; or
+   `LenientAcceptance(l)`, Appendix A.5, not exact).
 
 Entry points: `speculative_sample` and `temperature_sample` (checked,
 jitted); `speculative_loop` / `temperature_loop` are the same loops
@@ -21,6 +22,7 @@ optional α̂ / β / histogram / trace pytree).
 from specdec_jax import sampling
 from specdec_jax.decoding.acceptance import AcceptanceRule
 from specdec_jax.decoding.acceptance import ExactAcceptance
+from specdec_jax.decoding.acceptance import LenientAcceptance
 from specdec_jax.decoding.acceptance import Verdict
 from specdec_jax.decoding.loops import EOS_ID
 from specdec_jax.decoding.loops import DecodeOutput
@@ -44,14 +46,15 @@ from specdec_jax.decoding.protocols import Target
 from specdec_jax.decoding.protocols import check_pytree
 from specdec_jax.decoding.statistics import NO_TOKEN
 from specdec_jax.decoding.statistics import SpeculativeStatistics
+from specdec_jax.drafters import NO_GUESS
 from specdec_jax.drafters import Drafter
 from specdec_jax.drafters import ModelDrafter
 from specdec_jax.drafters import T5Drafter
 
 __all__ = [
     "AcceptanceRule", "DecodeOutput", "Drafter", "EOS_ID", "ExactAcceptance",
-    "ModelDrafter", "NO_TOKEN", "SpeculativeOutput", "SpeculativeState",
-    "SpeculativeStatistics", "T5Drafter", "Target", "Verdict", "as_drafter",
+    "LenientAcceptance", "ModelDrafter", "NO_GUESS", "NO_TOKEN",
+    "SpeculativeOutput", "SpeculativeState", "SpeculativeStatistics", "T5Drafter", "Target", "Verdict", "as_drafter",
     "check_encoder_inputs", "check_pytree", "check_rng", "check_settings",
     "check_speculative_args", "check_target", "check_vocab_sizes",
     "init_speculative_state", "resolve_method", "sampling",

@@ -23,6 +23,7 @@ frozen while the others go on.
 Argument checks (`check_speculative_args`, `check_encoder_inputs`,
 `check_rng`, ...) run on the host before anything is traced or compiled.
 """
+import functools
 import numbers
 from typing import Any, Optional, Tuple
 
@@ -39,6 +40,7 @@ from specdec_jax.decoding.protocols import Target
 from specdec_jax.decoding.protocols import check_pytree
 from specdec_jax.decoding.statistics import SpeculativeStatistics
 from specdec_jax.decoding.statistics import guess_beta
+from specdec_jax.drafters import guesses
 from specdec_jax.drafters.base import Drafter
 from specdec_jax.drafters.model import ModelDrafter
 
@@ -268,9 +270,17 @@ def check_vocab_sizes(target_vocab_size: int, draft_vocab_size: int) -> None:
         "their distributions token by token.")
 
 
+@functools.lru_cache(maxsize=None)
+def _implements_target(cls: type) -> bool:
+  """Whether instances of cls have Target's members (a Protocol isinstance
+  costs ~0.1 ms: too much per decode call, so it is cached per class)."""
+  return all(hasattr(cls, m) for m in ("vocab_size", "start", "decode_chunk",
+                                       "truncate"))
+
+
 def check_target(target: Any) -> None:
   """The target implements `Target` and is a pytree; raises ValueError."""
-  if not isinstance(target, Target):
+  if not _implements_target(type(target)) and not isinstance(target, Target):
     missing = [m for m in ("vocab_size", "start", "decode_chunk", "truncate")
                if not hasattr(target, m)]
     raise ValueError(
@@ -516,9 +526,14 @@ def speculative_iteration(target: Target, drafter: Drafter,
       method=method)
 
   # One target call over the γ+1 positions ℓ..ℓ+γ.
-  chunk = jnp.concatenate([s.buffer[rows, s.length][:, None], draft_tokens],
-                          axis=1)
-  logits, target_state = target.decode_chunk(chunk, s.target_state)
+  partial = drafter.may_stop_early  # Static: NO_GUESS slots may come back.
+  if partial:
+    logits, target_state = guesses.verify_call(
+        target, s.buffer[rows, s.length], draft_tokens, s.target_state)
+  else:
+    chunk = jnp.concatenate([s.buffer[rows, s.length][:, None], draft_tokens],
+                            axis=1)
+    logits, target_state = target.decode_chunk(chunk, s.target_state)
   verdict = acceptance(accept_rng, logits, draft_tokens, draft_probs, method)
   num_accepted, next_token = verdict.num_accepted, verdict.next_token
 
@@ -533,7 +548,9 @@ def speculative_iteration(target: Target, drafter: Drafter,
       active, jnp.minimum(s.length + num_new, max_decode_length), s.length)
   # Finished rows write past their final length too: harmless, it is masked.
   buffer = jax.vmap(lambda row, new, start: lax.dynamic_update_slice(
-      row, new, (start,)))(s.buffer, emitted, s.length + 1)
+      row, new, (start,)))(
+          s.buffer, guesses.feedable(emitted) if partial else emitted,
+          s.length + 1)
   done = s.done | (active & (hit_eos | (new_length >= max_decode_length)))
 
   stats = s.stats
@@ -541,7 +558,8 @@ def speculative_iteration(target: Target, drafter: Drafter,
     stats = stats.update(
         active=active, draft_tokens=draft_tokens, verdict=verdict,
         beta=guess_beta(verdict, draft_tokens, draft_probs),
-        num_kept=new_length - s.length)
+        num_kept=new_length - s.length,
+        num_guesses=guesses.num_guesses(draft_tokens) if partial else None)
 
   return SpeculativeState(
       iteration=s.iteration + 1,

@@ -60,6 +60,10 @@ def check_pytree(name: str, obj: Any) -> None:
   arrays (or numbers); Python configuration belongs in static fields.
   """
   leaves, treedef = jax.tree_util.tree_flatten(obj)
+  # Runs on every decode call: one flatten when all is well, paths only to
+  # name a bad leaf.
+  if all(map(_is_array_leaf, leaves)):
+    return
   if jax.tree_util.treedef_is_leaf(treedef) and leaves and leaves[0] is obj:
     raise ValueError(
         f"{name} must be a JAX pytree (it is passed to jax.jit), got a plain "

@@ -85,7 +85,8 @@ class SpeculativeStatistics:
                trace_next_token=z(batch, max_decode_length))
 
   def update(self, *, active: Array, draft_tokens: Array, verdict: Verdict,
-             beta: Array, num_kept: Array) -> "SpeculativeStatistics":
+             beta: Array, num_kept: Array,
+             num_guesses: Optional[Array] = None) -> "SpeculativeStatistics":
     """Adds one iteration.
 
     Args:
@@ -96,6 +97,8 @@ class SpeculativeStatistics:
       num_kept: [B] int32 tokens this iteration added to the output, m in
         [1, n+1] for active rows (fewer than n+1 when an EOS or
         max_decode_length cut the block), 0 for the others.
+      num_guesses: [B] int32 real guesses per row when a drafter may stop
+        early (NO_GUESS slots are no trials); None: all γ.
     """
     batch, gamma = draft_tokens.shape
     rows = jnp.arange(batch)
@@ -105,7 +108,8 @@ class SpeculativeStatistics:
     next_kept = active & (num_kept > n)
     # Test i (1-based) ran with context x_1..x_{i-1}; it is on the output
     # iff i <= m. Kept guesses are its successes.
-    trials = jnp.minimum(num_kept, gamma)
+    trials = jnp.minimum(num_kept,
+                         gamma if num_guesses is None else num_guesses)
     visited = jnp.arange(gamma)[None, :] < trials[:, None]
     slot = jnp.minimum(self.target_calls, self.trace_num_accepted.shape[1] - 1)
 

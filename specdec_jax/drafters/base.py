@@ -8,6 +8,12 @@ from specdec_jax import sampling
 
 Array = jax.Array
 
+# A guess slot the drafter leaves empty. A row's NO_GUESS slots are always a
+# suffix of its γ slots: the row stopped guessing (adaptive γ) or had nothing
+# to propose (prompt lookup without a match). The loop keeps at most the
+# row's real guesses and draws the token after them from p itself.
+NO_GUESS = -1
+
 
 class Drafter(abc.ABC):
   """Guesses γ tokens per iteration, with the distributions q they came from.
@@ -23,6 +29,16 @@ class Drafter(abc.ABC):
   ℓ = length[b] generated tokens row b's known sequence is
   buffer[b, :ℓ+1].
   """
+
+  @property
+  def may_stop_early(self) -> bool:
+    """True when `propose` may return NO_GUESS slots (a suffix per row).
+
+    Static: the loop then feeds a placeholder for them, caps each row's n
+    at its number of real guesses, and makes a one-token target call when
+    no row has a guess. False (the default): every slot is a guess.
+    """
+    return False
 
   @property
   @abc.abstractmethod
@@ -54,7 +70,9 @@ class Drafter(abc.ABC):
       from, or None when each guess is deterministic given the sequence
       (q_i is then the one-hot of x_i; an n-gram or copy drafter need never
       build [B, γ, V] arrays). A drafter sampling with a greedy method may
-      also return None. Algorithm 1 stays exact either way.
+      also return None. Algorithm 1 stays exact either way. When
+      `may_stop_early`, draft_tokens may end in NO_GUESS slots (their q
+      rows are ignored).
     """
 
   @abc.abstractmethod

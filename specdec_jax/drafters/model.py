@@ -7,6 +7,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from specdec_jax import sampling
+from specdec_jax.drafters import guesses
+from specdec_jax.drafters.base import NO_GUESS
 from specdec_jax.drafters.base import Drafter
 
 Array = jax.Array
@@ -42,12 +44,25 @@ class ModelDrafter(Drafter):
   second slot is a placeholder, dropped by `truncate`); otherwise it feeds
   one token. The other γ-1 steps feed one token each, so a call costs γ
   model steps (plus the rare 2-token catch-up).
+
+  Adaptive γ (`confidence_threshold` t in (0, 1), paper §3.5): a row stops
+  after a guess whose confidence (`guesses.confidence`: q(x) of the drawn
+  token, or the top softmax probability at temperature 0) is below t, and
+  fills its other slots with NO_GUESS; the draft steps run in a
+  `lax.while_loop` that ends when every row has stopped (at most γ steps).
+  The stop depends only on the draft's own draws, so Algorithm 1 stays exact.
   """
   model: Any
+  confidence_threshold: Optional[float] = flax.struct.field(
+      pytree_node=False, default=None)
 
   @property
   def vocab_size(self) -> int:
     return self.model.vocab_size
+
+  @property
+  def may_stop_early(self) -> bool:
+    return self.confidence_threshold is not None
 
   def init(self, encoder_input_tokens: Array, max_len: int
            ) -> ModelDrafterState:
@@ -85,6 +100,10 @@ class ModelDrafter(Drafter):
     draft_probs = None if q is None else jnp.zeros(
         (batch, gamma, q.shape[-1]), jnp.float32).at[:, 0].set(q)
 
+    if self.confidence_threshold is not None:
+      return self._propose_adaptive(model_state, length, rngs, logits,
+                                    draft_tokens, draft_probs, q, method)
+
     # Steps 2..γ: feed x_{i-1}, guess x_i.
     def step(i, carry):
       model_state, draft_tokens, draft_probs = carry
@@ -100,6 +119,50 @@ class ModelDrafter(Drafter):
     # Fed: the prefix up to buffer[length], then x_1..x_{γ-1}.
     return (ModelDrafterState(model_state, length + gamma), draft_tokens,
             draft_probs)
+
+  def _propose_adaptive(self, model_state, length, rngs, logits,
+                        draft_tokens, draft_probs, q, method):
+    """Steps 2..γ of `propose` with per-row stops (adaptive γ).
+
+    Args: the state after step 1: the model state (fed up to buffer[length]),
+    length [B], the γ step keys, step 1's logits [B, V], draft_tokens
+    [B, γ] / draft_probs [B, γ, V] or None holding x_1 / q_1, and q_1.
+    """
+    gamma = draft_tokens.shape[1]
+    threshold = self.confidence_threshold
+    stopped = guesses.confidence(method, logits, draft_tokens[:, 0],
+                                 q) < threshold
+    empty = jnp.full_like(draft_tokens, NO_GUESS)
+    draft_tokens = jnp.where(jnp.arange(gamma)[None, :] == 0, draft_tokens,
+                             empty)
+
+    def cond(carry):
+      i, _, _, _, stopped = carry
+      return (i < gamma) & jnp.logical_not(jnp.all(stopped))
+
+    def body(carry):
+      i, model_state, draft_tokens, draft_probs, stopped = carry
+      # Stopped rows feed a placeholder; `rollback` drops what it wrote.
+      logits, model_state = self.model.decode_chunk(
+          guesses.feedable(draft_tokens[:, i - 1, None]), model_state)
+      token, q = method.draw(rngs[i], logits[:, 0])
+      draft_tokens = draft_tokens.at[:, i].set(
+          jnp.where(stopped, NO_GUESS, token))
+      if draft_probs is not None:
+        # q of a NO_GUESS slot is zeros (the acceptance rules' contract).
+        draft_probs = draft_probs.at[:, i].set(
+            jnp.where(stopped[:, None], 0.0, q))
+      stopped = stopped | (guesses.confidence(method, logits[:, 0], token, q)
+                           < threshold)
+      return i + 1, model_state, draft_tokens, draft_probs, stopped
+
+    _, model_state, draft_tokens, draft_probs, _ = lax.while_loop(
+        cond, body, (jnp.int32(1), model_state, draft_tokens, draft_probs,
+                     stopped))
+    # Fed: the prefix up to buffer[length], then x_1..x_{g-1} (g guesses);
+    # anything a row fed after its stop lies past length + g.
+    fed = length + guesses.num_guesses(draft_tokens)
+    return ModelDrafterState(model_state, fed), draft_tokens, draft_probs
 
   def rollback(self, state: ModelDrafterState, length: Array
                ) -> ModelDrafterState:

@@ -5,6 +5,7 @@ from specdec_jax.models.t5 import init_params
 from specdec_jax.models.t5 import param_shapes
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.models.t5 import Transformer
+from specdec_jax.models.t5 import traced_overflow_checks
 
 __all__ = ["T5Config", "DecodeCache", "T5Model", "Transformer", "init_params",
-           "param_shapes"]
+           "param_shapes", "traced_overflow_checks"]

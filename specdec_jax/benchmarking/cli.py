@@ -1,0 +1,112 @@
+"""The benchmark's command line (absl flags): `scripts/benchmark_decode.py`.
+
+Flags are parsed into a fresh `flags.FlagValues` on every call, not into
+absl's global FLAGS, so that `main` can run several times in one process
+(tests) and next to other entry points' flags. Each flag arrives as text and
+is checked by `config.validate`, the one check shared with Python callers:
+a bad value prints one line naming the flag, the value and what is allowed,
+and exits 2 before anything is built or compiled.
+"""
+import functools
+import inspect
+import sys
+from typing import Optional, Sequence
+
+from absl import flags
+
+from specdec_jax import flag_utils
+from specdec_jax import io_utils
+from specdec_jax.benchmarking import config as config_lib
+from specdec_jax.benchmarking import formatting
+from specdec_jax.benchmarking import measure
+
+PROGRAM = "benchmark_decode"
+_DESCRIPTION = (
+    "Decode benchmark: baseline vs speculative walltime (synthetic "
+    "acceptance), target cost vs chunk size, cost coefficient c, iteration "
+    "split, Theorem 3.8 efficiency.")
+
+
+def define_flags() -> flags.FlagValues:
+  """A new FlagValues holding the benchmark's flags (text until validated)."""
+  fv = flag_utils.new_flag_values()
+  sizes = ", ".join(config_lib.MODEL_SIZES)
+  define = functools.partial(flags.DEFINE_string, flag_values=fv)
+  define("target", "small", f"target model: a size ({sizes}) or a gin file")
+  define("draft", "xsmall", f"draft model: a size ({sizes}) or a gin file")
+  define("alphas", "0.5,0.75,0.9",
+         "synthetic acceptance rates, comma-separated in [0, 1]")
+  define("gammas", "1,3,5,7",
+         "draft tokens per iteration, comma-separated ints >= 1")
+  define("chunk_sizes", "1,2,4,8,16",
+         "K values of the target cost curve (1 is always added)")
+  define("batch_size", "1", "rows decoded together")
+  define("input_length", "64", "encoder input tokens per row")
+  define("max_decode_length", "64",
+         "tokens generated per row (eos never stops a row)")
+  define("fill_length", None, "decoder cache fill for per-call timings "
+         "(default max_decode_length // 2)")
+  define("repeats", "5", "timed runs (median)")
+  define("inner_steps", "8", "calls per timed program for per-call costs")
+  define("temperature", "0.0",
+         "sampling temperature of both decoders (0 = greedy)")
+  define("dtype", None, "float32 or bfloat16 (default: bfloat16 on "
+         "accelerators, float32 on CPU); params are cast to it")
+  define("device_bandwidth_gbps", None,
+         "peak memory bandwidth for the bandwidth bound (default: known "
+         "value for the device kind, else omitted)")
+  define("seed", "0", "seed of the random weights and inputs")
+  define("output", "benchmark.json", "JSON output path ('' to skip)")
+  flags.DEFINE_boolean(
+      "check_greedy_identity", False,
+      "also decode greedily with both decoders (real acceptance) and compare "
+      "tokens, and compare the target's (γ+1)-token logits with one-token "
+      "calls: the temperature-0 exactness check for this backend and dtype",
+      flag_values=fv)
+  return fv
+
+
+def _parse(argv: Sequence[str]) -> flags.FlagValues:
+  """Parses argv (without the program name) into a new FlagValues."""
+  fv = define_flags()
+  try:
+    rest = flag_utils.parse_flag_values(fv, PROGRAM, argv)
+  except flag_utils.ConfigError as e:
+    raise config_lib.BenchmarkFlagError(str(e)) from None
+  if rest:
+    raise config_lib.BenchmarkFlagError(
+        f"unexpected arguments {rest} (allowed: --flag=value only; see "
+        "--help).")
+  return fv
+
+
+def _validate(fv: flags.FlagValues) -> config_lib.BenchmarkConfig:
+  names = inspect.signature(config_lib.validate).parameters
+  return config_lib.validate(**{name: fv[name].value for name in names})
+
+
+def parse_flags(argv: Optional[Sequence[str]] = None
+                ) -> config_lib.BenchmarkConfig:
+  """Parses and validates flags; raises BenchmarkFlagError (no compilation)."""
+  return _validate(_parse(sys.argv[1:] if argv is None else argv))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """CLI entry point; returns the exit status (2 on a bad flag)."""
+  try:
+    fv = _parse(sys.argv[1:] if argv is None else argv)
+    if fv.help:
+      print(flag_utils.flags_help(fv, f"{PROGRAM} [--flag=value ...]",
+                                 _DESCRIPTION))
+      return 0
+    cfg = _validate(fv)
+  except config_lib.BenchmarkFlagError as e:
+    print(f"{PROGRAM}: error: {e}", file=sys.stderr)
+    return 2
+  log = functools.partial(print, file=sys.stderr, flush=True)
+  result = measure.run_benchmark(cfg, log=log)
+  print(formatting.format_report(result))
+  if cfg.output:
+    io_utils.write_json(cfg.output, result)
+    print(f"wrote {cfg.output}")
+  return 0

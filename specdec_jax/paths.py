@@ -1,0 +1,47 @@
+"""Where the repository's files are, and how a relative path is resolved.
+
+Gin files name data, vocabularies and output folders by paths relative to the
+repository (``../shared/data/multi30k``, ``outputs/multi30k/target``), yet a
+command may run from any directory. `resolve_path` takes such a path from the
+current directory if it exists there, else from the repository root, so the
+defaults mean the same from anywhere; absolute paths and URLs (``gs://``) are
+kept as they are.
+"""
+import os
+import pathlib
+from typing import Optional, Union
+
+PathLike = Union[str, os.PathLike]
+
+REPO_DIR = pathlib.Path(__file__).resolve().parents[1]
+GIN_DIR = REPO_DIR / "gin"  # Always on the gin search path (`gin_utils`).
+
+
+def is_url(path: str) -> bool:
+  """True for ``gs://...`` and other URLs (never resolved locally)."""
+  return "://" in path
+
+
+def resolve_path(path: Optional[PathLike],
+                 base: Optional[PathLike] = None) -> Optional[str]:
+  """An absolute path for `path` (None stays None).
+
+  Args:
+    path: absolute, a URL, or relative.
+    base: if given, a relative `path` is first joined to it (e.g. a data
+      folder holding the files that a gin file names by bare name).
+
+  Returns:
+    A URL or absolute path as given; a relative path (after `base`) from the
+    current directory if it exists there, else from `REPO_DIR`.
+  """
+  if path is None:
+    return None
+  path = os.fspath(path)
+  if base is not None and not os.path.isabs(path) and not is_url(path):
+    path = os.path.join(os.fspath(base), path)
+  if is_url(path) or os.path.isabs(path):
+    return path
+  if os.path.exists(path):
+    return os.path.abspath(path)
+  return os.path.normpath(REPO_DIR / path)

@@ -1,0 +1,21 @@
+"""Training T5 targets and drafts (`python -m specdec_jax.train`).
+
+Laid out as flax's ``examples/wmt``: `trainer.train_and_evaluate` is the run,
+step by step, over one module per concern:
+
+* `config`: `TrainConfig`, every setting (gin's ``train.*``), checked once.
+* `data`: parallel text read, validated, tokenized; `ParallelData`'s
+  deterministic, resumable batches.
+* `vocabulary`: the SentencePiece model, loaded or trained, T5 conventions.
+* `optimizer`: AdamW / Adafactor and the warmup-then-decay schedule.
+* `loss`: cross-entropy or distillation KL, z-loss.
+* `step`: the jitted train step (cached across runs).
+* `checkpointing`: parameters + optimizer state + step, atomically.
+* `teacher`: the distillation teacher's checkpoint, config and weights.
+* `evaluation`: greedy decoding and sacrebleu BLEU on validation text.
+"""
+from specdec_jax.training.config import TrainConfig
+from specdec_jax.training.trainer import TrainResult
+from specdec_jax.training.trainer import train_and_evaluate
+
+__all__ = ["TrainConfig", "TrainResult", "train_and_evaluate"]

@@ -1,0 +1,132 @@
+"""Training checkpoints: parameters, optimizer state, step and model config.
+
+``model_dir/checkpoint_<step>/`` is a T5X Orbax checkpoint of the parameters
+(`checkpoints.save_params`, so `checkpoints.load_t5x_params` and `run` read
+it) with two files beside its ``state/`` item: ``train_state.msgpack`` (flax
+msgpack of {'step', 'opt_state'}) and ``model_config.json``
+(`gin_utils.t5_config_fields`). The directory is assembled under a hidden
+staging name and renamed into place, so a crash leaves either no
+``checkpoint_<step>`` or a complete one. Listing and naming checkpoints is
+`checkpoints`' (`list_checkpoints`, `latest_checkpoint`).
+"""
+import contextlib
+import json
+import os
+import shutil
+import time
+from typing import Any, Optional, Tuple
+
+from absl import logging
+from flax import serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import checkpoints
+from specdec_jax import gin_utils
+from specdec_jax import io_utils
+from specdec_jax.models.config import T5Config
+from specdec_jax.models.t5 import param_shapes
+
+TRAIN_STATE_FILE = "train_state.msgpack"
+MODEL_CONFIG_FILE = "model_config.json"
+STAGING_PREFIX = ".staging-"
+
+
+@contextlib.contextmanager
+def quiet_absl():
+  """Hides INFO logs (Orbax logs every file it writes) inside the block."""
+  level = logging.get_verbosity()
+  if level >= logging.INFO:
+    logging.set_verbosity(logging.WARNING)
+  try:
+    yield
+  finally:
+    logging.set_verbosity(level)
+
+
+def write_model_config(directory: str, config: T5Config) -> None:
+  """``directory/model_config.json``, atomically."""
+  io_utils.atomic_write(os.path.join(directory, MODEL_CONFIG_FILE),
+                        json.dumps(gin_utils.t5_config_fields(config),
+                                   indent=2))
+
+
+def read_model_config(path: str) -> T5Config:
+  """A ``model_config.json`` file's T5Config (global gin bindings never apply)."""
+  with open(path, "r", encoding="utf-8") as f:
+    return gin_utils.t5_config_from_fields(json.load(f), "model config")
+
+
+def clean_staging(model_dir: str) -> None:
+  """Removes what a crashed `save_checkpoint` left under a staging name."""
+  if os.path.isdir(model_dir):
+    for name in os.listdir(model_dir):
+      if name.startswith(STAGING_PREFIX):
+        shutil.rmtree(os.path.join(model_dir, name), ignore_errors=True)
+
+
+def save_checkpoint(model_dir: str, step: int, params, opt_state,
+                    config: T5Config, keep: Optional[int] = None) -> str:
+  """Writes checkpoint_<step> (params + optimizer state) atomically.
+
+  Then only the last `keep` checkpoints are kept (all if None or 0).
+
+  Returns:
+    The checkpoint's path.
+
+  Raises:
+    CheckpointError: checkpoint_<step> exists already.
+  """
+  model_dir = os.path.abspath(model_dir)
+  final = os.path.join(model_dir, f"checkpoint_{step}")
+  if os.path.exists(final):
+    raise checkpoints.CheckpointError(f"Checkpoint {final} already exists.")
+  os.makedirs(model_dir, exist_ok=True)
+  staging = os.path.join(model_dir, f"{STAGING_PREFIX}{step}-{time.time_ns()}")
+  try:
+    with quiet_absl():
+      path = checkpoints.save_params(jax.device_get(params), staging,
+                                     step=step)
+    state = {"step": np.asarray(step, np.int64),
+             "opt_state": jax.device_get(opt_state)}
+    io_utils.atomic_write(os.path.join(path, TRAIN_STATE_FILE),
+                          serialization.to_bytes(state))
+    write_model_config(path, config)
+    os.rename(path, final)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  if keep:
+    for _, old in checkpoints.list_checkpoints(model_dir)[:-keep]:
+      shutil.rmtree(old, ignore_errors=True)
+  return final
+
+
+def restore_checkpoint(ckpt: str, config: T5Config, opt_state_template
+                       ) -> Tuple[int, Any, Any]:
+  """(step, {'params': ...}, opt_state) from a checkpoint of `save_checkpoint`.
+
+  Raises:
+    CheckpointError (a ValueError): parameters do not match `config`, or the
+      optimizer state is missing or does not match the optimizer.
+  """
+  with quiet_absl():
+    params = checkpoints.load_t5x_params(ckpt, expected=param_shapes(config))
+  state_file = os.path.join(ckpt, TRAIN_STATE_FILE)
+  if not os.path.isfile(state_file):
+    raise checkpoints.CheckpointError(
+        f"Checkpoint {ckpt} has no optimizer state ({TRAIN_STATE_FILE}); it "
+        "was not written by specdec_jax.train. Use a fresh model_dir (or "
+        "delete the checkpoint) to train from scratch.")
+  with open(state_file, "rb") as f:
+    raw = f.read()
+  template = {"step": np.asarray(0, np.int64),
+              "opt_state": opt_state_template}
+  try:
+    state = serialization.from_bytes(template, raw)
+  except Exception as e:  # pylint: disable=broad-except
+    raise checkpoints.CheckpointError(
+        f"Checkpoint {ckpt}: the optimizer state in {TRAIN_STATE_FILE} does "
+        f"not match the configured optimizer: {e}") from e
+  opt_state = jax.tree_util.tree_map(jnp.asarray, state["opt_state"])
+  return int(state["step"]), {"params": params}, opt_state

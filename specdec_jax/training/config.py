@@ -1,0 +1,192 @@
+"""`TrainConfig`: every setting of a training run, bound by gin as ``train.*``.
+
+The gin files under ``gin/train/`` bind ``train.model_dir``,
+``train.batch_size``, ...: ``train`` is this class's gin name, so a run's
+settings are one frozen object (flax's ``examples/wmt`` keeps them in
+``configs/default.py``), checked when it is built, before anything slow.
+`specdec_jax.train.train(**overrides)` builds it and trains.
+"""
+import dataclasses
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+import gin
+
+from specdec_jax import paths
+from specdec_jax.models.config import T5Config
+from specdec_jax.training.loss import LossSettings
+from specdec_jax.training.optimizer import OptimizerSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainPaths:
+  """A run's files as absolute paths or URLs (`paths.resolve_path`)."""
+  model_dir: str
+  spm_model_path: str
+  source_file: str
+  reference_file: Optional[str]
+  eval_source_file: Optional[str]
+  eval_reference_file: Optional[str]
+  distill_from: Optional[str]
+
+
+@gin.configurable("train")
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """One training run (or the resumption of one).
+
+  Attributes:
+    model_dir: checkpoints, model_config.json, config.gin and
+      train_metrics.json go here; a checkpoint already there is resumed.
+    num_steps: total number of steps (a resumed run continues up to it).
+    model_config: the model; None: ``T5Config()`` with the gin bindings
+      ``T5Config.*`` (from a model gin file).
+    data_dir: if set, relative data file names are taken inside it.
+      Relative paths (data_dir, files, model_dir, spm_model_path,
+      distill_from) are resolved by `paths.resolve_path`: from the current
+      directory if they exist there, else from the repository root.
+    source_file, reference_file: training data (see
+      `tasks.read_parallel_text`: line-aligned files, or one TSV file).
+    input_prefix: prepended to every source sentence.
+    num_train_examples: use only the first N training pairs.
+    max_input_length, max_target_length: truncation lengths (EOS included).
+    length_bucket: batch lengths are rounded up to a multiple of it.
+    sort_window: if > 0, each epoch's examples are sorted by length within
+      windows of this many batches (less padding: about 1.7x faster on
+      Multi30k with 100), and the batches are then shuffled.
+    batch_size: examples per step.
+    spm_model_path: SentencePiece model (.model); trained first if missing and
+      `train_vocab`.
+    train_vocab: allow training the vocabulary.
+    spm_vocab_size: pieces of a trained vocabulary.
+    spm_options: extra `SentencePieceTrainer` options for training it.
+    optimizer: 'adamw' or 'adafactor'.
+    learning_rate: peak learning rate.
+    warmup_steps: linear warmup steps.
+    decay: 'cosine' (to `final_learning_rate_fraction` at `decay_steps`),
+      'rsqrt' or 'constant' after warmup.
+    decay_steps: end of the cosine decay (default num_steps).
+    final_learning_rate_fraction: cosine floor as a fraction of the peak.
+    weight_decay: AdamW decoupled weight decay (kernels and embeddings only) or
+      Adafactor's weight_decay_rate.
+    grad_clip_norm: global gradient-norm clipping (None/0: off).
+    adam_b1, adam_b2, adam_eps: AdamW moments.
+    label_smoothing: on the reference cross-entropy.
+    z_loss: T5X's auxiliary log(Z)^2 loss weight.
+    seed: parameter init, data order and dropout.
+    distill_from: teacher model_dir or checkpoint_<step> dir; enables
+      distillation (`training.teacher`).
+    teacher_config: the teacher's T5Config (e.g. ``@teacher/T5Config()``; note
+      that unscoped ``T5Config.*`` bindings also apply inside a gin scope, so
+      bind every field the teacher does not share with the student).
+    teacher_model_gin: a model gin file (e.g. 'models/multi30k_target.gin')
+      read into the teacher's T5Config.
+    distill_temperature: temperature T applied to teacher and student logits.
+    distill_weight: w in ``w T^2 KL + (1 - w) CE``.
+    save_every_steps: checkpoint period (and one at the end).
+    keep_checkpoints: keep only the latest K checkpoints (None/0: all).
+    log_every_steps: logging period.
+    eval_source_file, eval_reference_file: validation data for the final
+      greedy-decoding BLEU (None: no evaluation).
+    eval_num_examples: evaluate on the first N validation pairs (0: skip).
+    eval_batch_size: decoding batch size.
+    eval_max_decode_length: default max_target_length.
+    gin_search_paths: where `teacher_model_gin` is looked up (default: the
+      current directory, then the repository's gin/ folder).
+  """
+  model_dir: str = gin.REQUIRED
+  num_steps: int = gin.REQUIRED
+  model_config: Optional[T5Config] = None
+  # Data.
+  data_dir: Optional[str] = None
+  source_file: str = gin.REQUIRED
+  reference_file: Optional[str] = None
+  input_prefix: str = ""
+  num_train_examples: Optional[int] = None
+  max_input_length: int = 64
+  max_target_length: int = 64
+  length_bucket: int = 8
+  sort_window: int = 0
+  batch_size: int = 64
+  # Vocabulary.
+  spm_model_path: str = gin.REQUIRED
+  train_vocab: bool = False
+  spm_vocab_size: int = 8000
+  spm_options: Optional[Mapping[str, Any]] = None
+  # Optimization.
+  optimizer: str = "adamw"
+  learning_rate: float = 1e-3
+  warmup_steps: int = 500
+  decay: str = "cosine"
+  decay_steps: Optional[int] = None
+  final_learning_rate_fraction: float = 0.0
+  weight_decay: float = 0.01
+  grad_clip_norm: Optional[float] = 1.0
+  adam_b1: float = 0.9
+  adam_b2: float = 0.98
+  adam_eps: float = 1e-9
+  label_smoothing: float = 0.0
+  z_loss: float = 1e-4
+  seed: int = 0
+  # Distillation.
+  distill_from: Optional[str] = None
+  teacher_config: Optional[T5Config] = None
+  teacher_model_gin: Optional[str] = None
+  distill_temperature: float = 1.0
+  distill_weight: float = 1.0
+  # Checkpoints and logging.
+  save_every_steps: int = 1000
+  keep_checkpoints: Optional[int] = 3
+  log_every_steps: int = 50
+  # Evaluation.
+  eval_source_file: Optional[str] = None
+  eval_reference_file: Optional[str] = None
+  eval_num_examples: int = 200
+  eval_batch_size: int = 64
+  eval_max_decode_length: Optional[int] = None
+  gin_search_paths: Optional[Sequence[str]] = None
+
+  def __post_init__(self):
+    if self.num_steps < 0:
+      raise ValueError(f"num_steps must be >= 0, got {self.num_steps}.")
+    if self.distill_from is None and (self.teacher_config is not None or
+                                      self.teacher_model_gin is not None):
+      raise ValueError("teacher_config/teacher_model_gin need distill_from.")
+    self.loss_settings()  # Checks the distillation weight and temperature.
+    self.optimizer_settings()  # Checks the optimizer's and decay's names.
+
+  def loss_settings(self) -> LossSettings:
+    return LossSettings(label_smoothing=float(self.label_smoothing),
+                        z_loss=float(self.z_loss),
+                        distill=self.distill_from is not None,
+                        distill_temperature=float(self.distill_temperature),
+                        distill_weight=float(self.distill_weight))
+
+  def optimizer_settings(self) -> OptimizerSettings:
+    fields = {f.name: getattr(self, f.name)
+              for f in dataclasses.fields(OptimizerSettings)}
+    # Only the cosine schedule depends on the run length: with the others,
+    # runs of different lengths share one compiled train step.
+    fields["decay_steps"] = (int(self.decay_steps or self.num_steps)
+                             if self.decay == "cosine" else 0)
+    return OptimizerSettings(**fields)
+
+  def search_paths(self) -> Sequence[str]:
+    if self.gin_search_paths is None:
+      return [".", str(paths.GIN_DIR)]
+    return self.gin_search_paths
+
+  def resolved_paths(self) -> TrainPaths:
+    """The run's files, resolved against the current directory now."""
+
+    def data(path):
+      return paths.resolve_path(path, self.data_dir)
+
+    return TrainPaths(
+        model_dir=os.path.abspath(paths.resolve_path(self.model_dir)),
+        spm_model_path=paths.resolve_path(self.spm_model_path),
+        source_file=data(self.source_file),
+        reference_file=data(self.reference_file),
+        eval_source_file=data(self.eval_source_file),
+        eval_reference_file=data(self.eval_reference_file),
+        distill_from=paths.resolve_path(self.distill_from))

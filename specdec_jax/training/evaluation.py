@@ -1,0 +1,56 @@
+"""Validation BLEU: greedy decoding of held-out sentences, scored by sacrebleu."""
+import time
+from typing import Any, Dict, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from specdec_jax import batching
+from specdec_jax import decoding
+from specdec_jax import metrics
+from specdec_jax import tasks
+from specdec_jax.models.config import T5Config
+from specdec_jax.models.t5 import T5Model
+
+
+def evaluate_bleu(config: T5Config, params, sp,
+                  examples: Sequence[Mapping[str, str]], *, batch_size: int,
+                  max_input_length: int, max_decode_length: int
+                  ) -> Dict[str, Any]:
+  """Greedy-decodes examples [{'input', 'reference'}]; corpus BLEU and samples.
+
+  Args:
+    config, params: the model ({'params': ...}); dropout is switched off.
+    sp: the SentencePiece vocabulary.
+    batch_size: decoding batch (at most the number of examples); the last
+      batch is padded (`batching`), so one compilation serves all.
+    max_input_length, max_decode_length: truncation and decode lengths.
+
+  Returns:
+    bleu (`metrics.bleu`, sacrebleu), num_examples, decode_seconds, and the
+    first 5 samples {input, reference, prediction}.
+  """
+  model = T5Model(config.replace(dropout_rate=0.0), params)
+  inputs = tasks.encode_batch(sp, [ex["input"] for ex in examples],
+                              max_input_length)
+  inputs = inputs[:, :max(1, int((inputs > 0).sum(1).max()))]
+  batch_size = max(1, min(batch_size, len(examples)))
+  pieces = sp.get_piece_size()
+  predictions = []
+  start = time.time()
+  for chunk, real in batching.padded_batches(inputs, batch_size):
+    out = decoding.temperature_sample(model, chunk, jax.random.PRNGKey(0),
+                                      max_decode_length=max_decode_length,
+                                      temperature=0.0)
+    tokens = np.asarray(out.tokens)[:real]
+    # Ids past the vocabulary (vocab_size may exceed it) decode as padding.
+    tokens = np.where(tokens < pieces, tokens, 0)
+    predictions.extend(tasks.decode_tokens(sp, tokens))
+  return {
+      "bleu": metrics.bleu(predictions, [ex["reference"] for ex in examples]),
+      "num_examples": len(examples),
+      "decode_seconds": time.time() - start,
+      "samples": [{"input": ex["input"], "reference": ex["reference"],
+                   "prediction": p}
+                  for ex, p in list(zip(examples, predictions))[:5]],
+  }

@@ -1,0 +1,320 @@
+"""`train_and_evaluate`: one training run, from files to a scored checkpoint.
+
+In order, every check before the first step:
+
+1. Data (`data`): the parallel files are read and validated.
+2. Vocabulary (`vocabulary`): loaded, or trained first if allowed; T5
+   conventions and the model's vocab_size checked.
+3. Teacher (`teacher`), when distilling: checkpoint, config and weights.
+4. State: fresh parameters (`parameters.random_params`) and optimizer state,
+   or, if ``model_dir`` holds a checkpoint, parameters, optimizer state and
+   step restored from the latest one (`checkpointing`).
+5. Training: the jitted step (`step`: `loss`, `optimizer`) over
+   `data.ParallelData`'s batches; loss, learning rate, steps/s and tokens/s
+   logged every ``log_every_steps``; a checkpoint every
+   ``save_every_steps`` and at the end, keeping the last
+   ``keep_checkpoints``.
+6. Evaluation (`evaluation`): greedy decoding of the first
+   ``eval_num_examples`` validation examples, corpus BLEU, logged and
+   written with the training metrics to ``model_dir/train_metrics.json``
+   (atomically).
+"""
+import contextlib
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from absl import logging
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import checkpoints
+from specdec_jax import gin_utils
+from specdec_jax import io_utils
+from specdec_jax import parameters
+from specdec_jax import paths
+from specdec_jax.models.config import T5Config
+from specdec_jax.training import checkpointing
+from specdec_jax.training import data as data_lib
+from specdec_jax.training import evaluation
+from specdec_jax.training import step as step_lib
+from specdec_jax.training import teacher as teacher_lib
+from specdec_jax.training import vocabulary
+from specdec_jax.training.config import TrainConfig
+from specdec_jax.training.config import TrainPaths
+
+METRICS_FILE = "train_metrics.json"
+
+
+@dataclasses.dataclass
+class TrainResult:
+  """What `train_and_evaluate` returns.
+
+  Attributes:
+    step: the step reached (== num_steps).
+    start_step: the step training started from (> 0 when resumed).
+    params: final {'params': ...}.
+    opt_state: final optimizer state.
+    history: one dict per step run now: step, loss, ce (and kl when
+      distilling), accuracy, grad_norm.
+    metrics: what was written to model_dir/train_metrics.json.
+    checkpoint: path of the last checkpoint.
+    config: the trained model's T5Config.
+  """
+  step: int
+  start_step: int
+  params: Any
+  opt_state: Any
+  history: List[Dict[str, float]]
+  metrics: Dict[str, Any]
+  checkpoint: Optional[str]
+  config: T5Config
+
+
+@dataclasses.dataclass
+class _State:
+  """The loop's state; `saved_step` is the step of `checkpoint` (or None)."""
+  step: int
+  params: Any
+  opt_state: Any
+  checkpoint: Optional[str]
+  saved_step: Optional[int]
+
+
+class _Progress:
+  """Per-step metrics, fetched from the device once per logging window, and
+  the throughput of the steps after the first (compiling) one."""
+
+  def __init__(self, log_every_steps: int, num_steps: int, schedule):
+    self.history: List[Dict[str, float]] = []
+    self._pending: List[Tuple[int, Dict[str, jax.Array]]] = []
+    self._log_every, self._num_steps = log_every_steps, num_steps
+    self._schedule = schedule
+    self._window_start: Optional[float] = None
+    self._window_steps = self._window_tokens = 0
+    self.total_time, self.total_steps, self.total_tokens = 0.0, 0, 0
+
+  def record(self, step: int, metrics, batch) -> None:
+    self._pending.append((step, metrics))
+    if self._window_start is None:  # Exclude the first (compiling) step.
+      jax.block_until_ready(metrics)
+      self._window_start = time.time()
+    else:
+      self._window_steps += 1
+      self._window_tokens += int((batch["decoder_target_tokens"] > 0).sum() +
+                                 (batch["encoder_input_tokens"] > 0).sum())
+
+  def flush(self) -> None:
+    fetched = jax.device_get([m for _, m in self._pending])
+    for (s, _), m in zip(self._pending, fetched):
+      self.history.append({"step": s, **{k: float(v) for k, v in m.items()}})
+    self._pending = []
+
+  def log(self, step: int, metrics) -> None:
+    """Logs the window's mean metrics and throughput; starts a new window."""
+    jax.block_until_ready(metrics)
+    elapsed = time.time() - self._window_start
+    self.flush()
+    recent = self.history[-self._log_every:]
+    mean = {k: float(np.mean([h[k] for h in recent])) for k in recent[0]
+            if k != "step"}
+    timed = self._window_steps and elapsed > 0
+    if self._window_steps:
+      self.total_time += elapsed
+    self.total_steps += self._window_steps
+    self.total_tokens += self._window_tokens
+    logging.info(
+        "step %d/%d: loss=%.4f ce=%.4f%s acc=%.3f lr=%.2e grad_norm=%.3f "
+        "steps/s=%.2f tokens/s=%.0f", step, self._num_steps, mean["loss"],
+        mean["ce"], f" kl={mean['kl']:.4f}" if "kl" in mean else "",
+        mean["accuracy"], float(self._schedule(step - 1)), mean["grad_norm"],
+        self._window_steps / elapsed if timed else 0.0,
+        self._window_tokens / elapsed if timed else 0.0)
+    self._window_start, self._window_steps, self._window_tokens = (
+        time.time(), 0, 0)
+
+  @contextlib.contextmanager
+  def paused(self):
+    """Time inside the block (saving) is not training time."""
+    start = time.time()
+    yield
+    if self._window_start is not None:
+      self._window_start += time.time() - start
+
+  def summary(self) -> Dict[str, float]:
+    """Losses at the start and end, and the mean throughput."""
+    out = {}
+    history, n = self.history, self._log_every
+    if history:
+      head, tail = history[:min(len(history), n)], history[-min(len(history),
+                                                                n):]
+      out.update({
+          "initial_loss": history[0]["loss"],
+          "first_window_loss": float(np.mean([h["loss"] for h in head])),
+          "final_loss": float(np.mean([h["loss"] for h in tail])),
+          "final_ce": float(np.mean([h["ce"] for h in tail])),
+      })
+      if "kl" in tail[0]:
+        out["final_kl"] = float(np.mean([h["kl"] for h in tail]))
+        out["initial_kl"] = history[0]["kl"]
+    if self.total_steps:
+      out["steps_per_second"] = self.total_steps / self.total_time
+      out["tokens_per_second"] = self.total_tokens / self.total_time
+    return out
+
+
+def _initial_state(model: T5Config, tx, model_dir: str, init_rng) -> _State:
+  """Fresh parameters and optimizer state, or the latest checkpoint's."""
+  params = {"params": parameters.random_params(model, init_rng)}
+  opt_state = tx.init(params)
+  last = checkpoints.latest_checkpoint(model_dir)
+  if last is None:
+    return _State(0, params, opt_state, checkpoint=None, saved_step=None)
+  step, params, opt_state = checkpointing.restore_checkpoint(last, model,
+                                                              opt_state)
+  logging.info("Resuming from %s at step %d.", last, step)
+  return _State(step, params, opt_state, checkpoint=last, saved_step=step)
+
+
+def _train_loop(config: TrainConfig, model: T5Config, model_dir: str,
+                state: _State, dataset: data_lib.ParallelData, step_fn,
+                teacher_params, dropout_rng, progress: _Progress) -> _State:
+  """Steps from `state.step` to `num_steps`, logging and checkpointing."""
+
+  def save():
+    with progress.paused():
+      state.checkpoint = checkpointing.save_checkpoint(
+          model_dir, state.step, state.params, state.opt_state, model,
+          keep=config.keep_checkpoints)
+    state.saved_step = state.step
+    logging.info("Saved %s", state.checkpoint)
+
+  while state.step < config.num_steps:
+    batch = dataset.batch(state.step)
+    state.params, state.opt_state, metrics = step_fn(
+        state.params, state.opt_state, batch, dropout_rng,
+        jnp.asarray(state.step, jnp.int32), teacher_params)
+    state.step += 1
+    progress.record(state.step, metrics, batch)
+    last = state.step == config.num_steps
+    if state.step % config.log_every_steps == 0 or last:
+      progress.log(state.step, metrics)
+    if state.step % config.save_every_steps == 0 or last:
+      progress.flush()
+      save()
+  progress.flush()
+  if state.saved_step != state.step:  # e.g. num_steps == 0 on a fresh dir.
+    save()
+  return state
+
+
+def _write_run_files(model_dir: str, model: T5Config) -> None:
+  """model_config.json and the operative gin config (config.gin)."""
+  checkpointing.write_model_config(model_dir, model)
+  try:
+    io_utils.atomic_write(os.path.join(model_dir, "config.gin"),
+                          gin.operative_config_str())
+  except Exception:  # pylint: disable=broad-except
+    pass  # A record for the reader only: never a reason to stop a run.
+
+
+def train_and_evaluate(config: TrainConfig) -> TrainResult:
+  """Trains (or resumes training of) one T5 model; see the module docstring.
+
+  Raises:
+    ValueError: bad input (data files, vocabulary, teacher), before training.
+  """
+  t_begin = time.time()
+  model = config.model_config or T5Config()  # pylint: disable=no-value-for-parameter
+  files: TrainPaths = config.resolved_paths()
+  # 1-3: everything that can be wrong, before anything slow.
+  pairs = data_lib.read_training_pairs(files.source_file, files.reference_file,
+                                       config.num_train_examples)
+  eval_examples = data_lib.read_eval_examples(
+      files.eval_source_file, files.eval_reference_file,
+      input_prefix=config.input_prefix, num_examples=config.eval_num_examples)
+  sp = vocabulary.prepare_vocabulary(
+      files.spm_model_path, train_vocab=config.train_vocab,
+      training_files=[f for f in (files.source_file, files.reference_file)
+                      if f], vocab_size=config.spm_vocab_size,
+      spm_options=config.spm_options)
+  vocabulary.check_fits(sp, files.spm_model_path, model)
+  teacher = None
+  if files.distill_from is not None:
+    teacher = teacher_lib.load_teacher(
+        files.distill_from, config.teacher_config, config.teacher_model_gin,
+        config.search_paths(), student=model)
+    logging.info("Distilling from %s (%d params, T=%g, weight=%g).",
+                 teacher.checkpoint, teacher.config.num_params,
+                 config.distill_temperature, config.distill_weight)
+  dataset = data_lib.ParallelData(
+      sp, pairs, input_prefix=config.input_prefix,
+      max_input_length=config.max_input_length,
+      max_target_length=config.max_target_length,
+      batch_size=config.batch_size, seed=config.seed,
+      length_bucket=config.length_bucket, sort_window=config.sort_window)
+  # 4. State: fresh or resumed.
+  optimizer = config.optimizer_settings()
+  tx, step_fn = step_lib.train_step_fn(
+      model, teacher and teacher.config, config.loss_settings(), optimizer)
+  os.makedirs(files.model_dir, exist_ok=True)
+  checkpointing.clean_staging(files.model_dir)
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  state = _initial_state(model, tx, files.model_dir, init_rng)
+  start_step = state.step
+  _write_run_files(files.model_dir, model)
+  logging.info(
+      "Training %s: %d params, %d examples (%d steps/epoch), batch %d, "
+      "steps %d -> %d.", files.model_dir, model.num_params, len(dataset),
+      dataset.steps_per_epoch, config.batch_size, start_step,
+      config.num_steps)
+  # 5. Train.
+  progress = _Progress(config.log_every_steps, config.num_steps,
+                       optimizer.schedule())
+  state = _train_loop(config, model, files.model_dir, state, dataset,
+                      step_fn, teacher and teacher.params, dropout_rng,
+                      progress)
+  # 6. Evaluate and write metrics.
+  metrics: Dict[str, Any] = {
+      "model_dir": files.model_dir, "step": state.step,
+      "start_step": start_step, "num_params": model.num_params,
+      "model_config": gin_utils.t5_config_fields(model),
+      "checkpoint": state.checkpoint,
+      "spm_model_path": (files.spm_model_path
+                         if paths.is_url(files.spm_model_path)
+                         else os.path.abspath(files.spm_model_path)),
+      "vocab_pieces": sp.get_piece_size(), "input_prefix": config.input_prefix,
+      "train_examples": len(dataset), "batch_size": config.batch_size,
+      "distill_from": teacher and teacher.checkpoint,
+      **progress.summary(),
+  }
+  if eval_examples:
+    metrics["eval"] = _evaluate(config, model, state.params, sp,
+                                eval_examples)
+  metrics["wall_seconds"] = time.time() - t_begin
+  io_utils.atomic_write(os.path.join(files.model_dir, METRICS_FILE),
+                        json.dumps(metrics, indent=2, ensure_ascii=False))
+  return TrainResult(step=state.step, start_step=start_step,
+                     params=state.params, opt_state=state.opt_state,
+                     history=progress.history, metrics=metrics,
+                     checkpoint=state.checkpoint, config=model)
+
+
+def _evaluate(config: TrainConfig, model: T5Config, params, sp,
+              examples) -> Dict[str, Any]:
+  """Greedy validation BLEU (`evaluation.evaluate_bleu`), logged."""
+  ev = evaluation.evaluate_bleu(
+      model, params, sp, examples, batch_size=config.eval_batch_size,
+      max_input_length=config.max_input_length,
+      max_decode_length=(config.eval_max_decode_length or
+                         config.max_target_length))
+  logging.info("Validation BLEU (greedy, %d examples): %.2f",
+               ev["num_examples"], ev["bleu"])
+  for s in ev["samples"][:3]:
+    logging.info("  %s\n    ref: %s\n    hyp: %s", s["input"], s["reference"],
+                 s["prediction"])
+  return ev

@@ -1,0 +1,74 @@
+"""One process of a multi-process test (`tests/test_multihost.py`).
+
+  python tests/multihost_worker.py run|sweep [the command's flags...]
+
+Runs `specdec_jax.run` or `specdec_jax.sweep` as their command lines do
+(T5X's multi-host flags included), with TensorFlow kept out of the process:
+its import costs 10-20 s per process on a 2-core machine, and here it would
+only build a vocabulary. So the vocabulary is `CharVocabulary` (no seqio)
+and `console.setup` skips TensorFlow's quiet import.
+
+Fault injection, by environment variable (tests only):
+
+* SPECDEC_TEST_FAIL=I: process I raises a RuntimeError instead of its
+  first call of the baseline decoder, while the others run that call and
+  wait in its collectives.
+* SPECDEC_TEST_FORGETFUL=1: processes other than 0 see no finished sweep
+  points (as a host whose view of RESULTS_DIR differs would): they must
+  follow process 0's decision anyway.
+"""
+import os
+import sys
+
+
+class CharVocabulary:
+  """Printable ASCII, one id per character; T5's pad 0, EOS 1, unk 2."""
+  eos_id = 1
+  vocab_size = 3 + 95
+
+  def encode(self, text):
+    return [3 + ord(c) - 32 if 32 <= ord(c) < 127 else 2 for c in text]
+
+  def decode(self, ids):
+    return "".join(chr(i - 3 + 32) for i in ids if 3 <= i < self.vocab_size)
+
+
+def install_char_vocabulary(run_lib) -> None:
+  """Makes `run` use `CharVocabulary` (also in the test's own process)."""
+  run_lib.vocabulary = lambda *args, **kwargs: CharVocabulary()
+
+
+def _inject_faults(run_lib, sweep_lib) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  fail = os.environ.get("SPECDEC_TEST_FAIL")
+  if fail is not None:
+    real_decoders = run_lib.Experiment._decoders  # pylint: disable=protected-access
+
+    def decoders(self, *args, **kwargs):
+      baseline, speculative = real_decoders(self, *args, **kwargs)
+
+      def failing(batch, rng):
+        if jax.process_index() == int(fail):
+          raise RuntimeError(f"injected failure in process {fail}")
+        return baseline(batch, rng)
+      return failing, speculative
+    run_lib.Experiment._decoders = decoders  # pylint: disable=protected-access
+  if os.environ.get("SPECDEC_TEST_FORGETFUL"):
+    real_is_done = sweep_lib.is_done
+    sweep_lib.is_done = lambda d: (real_is_done(d) if jax.process_index() == 0
+                                   else False)
+
+
+def main() -> int:
+  command, argv = sys.argv[1], sys.argv[2:]
+  from specdec_jax import run as run_lib  # pylint: disable=g-import-not-at-top
+  from specdec_jax import sweep as sweep_lib  # pylint: disable=g-import-not-at-top
+  install_char_vocabulary(run_lib)
+  run_lib.console.setup = lambda: None
+  _inject_faults(run_lib, sweep_lib)
+  module = {"run": run_lib, "sweep": sweep_lib}[command]
+  return module.cli([f"specdec_jax.{command}", *argv])
+
+
+if __name__ == "__main__":
+  sys.exit(main())

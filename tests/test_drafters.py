@@ -1,0 +1,218 @@
+"""Negligible-cost drafters (n-gram, prompt lookup) and a draft of a draft.
+
+* n-gram table construction and prompt-lookup matching: hand-written
+  expectations.
+* Each drafter through the whole decoder (scripted target, see
+  drafter_helpers): greedy output == the target's alone for γ ∈ {1, 3, 7}
+  (batch 4) and batch 1; at T > 0, with and without top-k/top-p, the first
+  tokens follow the target's enumerated distribution (chi-square, 1e-3).
+* The hierarchical drafter proposes exactly the draft model's own greedy
+  guesses (its inner loop keeps M_q's state right).
+* Bad input: clear errors.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import decoding
+from specdec_jax import drafters
+from specdec_jax import sampling
+from specdec_jax.drafters import prompt_lookup
+
+from drafter_helpers import DIST_V
+from drafter_helpers import GAMMAS
+from drafter_helpers import GREEDY_V
+from drafter_helpers import METHOD_IDS
+from drafter_helpers import METHODS
+from drafter_helpers import check_distribution
+from drafter_helpers import check_greedy_identity
+from drafter_helpers import distribution_case
+
+NONE = drafters.NO_GUESS
+
+# ---------------------------------------------------------------------------
+# n-gram table: V = 8; counts worked out by hand.
+# ---------------------------------------------------------------------------
+CORPUS = [[2, 3, 4, 1], [2, 3, 5, 1], [3, 4, 1], [2, 2, 3, 4, 1]]
+# Next-token counts 1:4, 2:4, 3:4, 4:3, 5:1: N = 16, T = 5 types.
+UNIGRAM = (np.array([0, 4, 4, 4, 3, 1, 0, 0]) + 5 / 8) / 21
+
+
+def _probs(table, *contexts):
+  width = table.order - 1
+  context = np.array([c[len(c) - width:] if width else [] for c in contexts],
+                     np.int32).reshape(len(contexts), width)
+  return np.asarray(table.next_probs(jnp.asarray(context)), np.float64)
+
+
+def test_ngram_table_counts_by_hand():
+  unigram = drafters.build_ngram_table(CORPUS, 8, order=1)
+  np.testing.assert_allclose(_probs(unigram, ()), [UNIGRAM], rtol=1e-6)
+  bigram = drafters.build_ngram_table(CORPUS, 8, order=2)
+  # After the start token 0: 2, 2, 3, 2 (N = 4, T = 2): a = 3/6, 1/6 and
+  # backoff 2/6 to the unigram. After 2: 3, 3, 2, 3. Unseen 7: the unigram.
+  after_start = UNIGRAM / 3 + np.array([0, 0, 3, 1, 0, 0, 0, 0]) / 6
+  after_two = UNIGRAM / 3 + np.array([0, 0, 1, 3, 0, 0, 0, 0]) / 6
+  np.testing.assert_allclose(_probs(bigram, [0], [2], [7]),
+                             [after_start, after_two, UNIGRAM], rtol=1e-6)
+  trigram = drafters.build_ngram_table(CORPUS, 8, order=3)
+  # (2, 3) -> 4, 5, 4: a = 2/5, 1/5, backoff 2/5 to the bigram after 3
+  # (4, 5, 4, 4: a = 3/6, 1/6, backoff 1/3 to the unigram).
+  after_three = UNIGRAM / 3 + np.array([0, 0, 0, 0, 3, 1, 0, 0]) / 6
+  expected = 2 / 5 * after_three + np.array([0, 0, 0, 0, 2, 1, 0, 0]) / 5
+  # (0, 0), the sentence start at order 3, has the counts of (0,) and backs
+  # off to the bigram after 0; the unseen (7, 3) backs off to after 3.
+  start = after_start / 3 + np.array([0, 0, 3, 1, 0, 0, 0, 0]) / 6
+  np.testing.assert_allclose(_probs(trigram, [2, 3], [0, 0], [7, 3]),
+                             [expected, start, after_three], rtol=1e-5)
+  for table in (unigram, bigram, trigram):
+    assert table.order in (1, 2, 3) and table.vocab_size == 8
+
+
+def test_ngram_table_keeps_the_most_frequent_continuations():
+  table = drafters.build_ngram_table(CORPUS, 8, order=2, max_continuations=1)
+  # After 0 only 2 (a = 3/6) is stored: the rest goes to the unigram.
+  np.testing.assert_allclose(
+      _probs(table, [0]), [UNIGRAM / 2 + np.eye(8)[2] / 2], rtol=1e-6)
+  assert table.levels[0].width == 1
+
+
+def test_ngram_table_rejects_bad_corpora():
+  with pytest.raises(ValueError, match=r"token id 9 is outside the model's "
+                     r"vocabulary \[0, 8\).*another vocabulary"):
+    drafters.build_ngram_table([[2, 9, 1]], 8, order=2)
+  with pytest.raises(ValueError, match="no tokens"):
+    drafters.build_ngram_table([[]], 8, order=2)
+  with pytest.raises(ValueError, match="order must be an integer >= 1"):
+    drafters.build_ngram_table(CORPUS, 8, order=0)
+
+
+# ---------------------------------------------------------------------------
+# Prompt lookup: matching by hand.
+# ---------------------------------------------------------------------------
+INPUT = [5, 6, 7, 5, 6, 2, 1, 0, 0]
+
+
+@pytest.mark.parametrize("generated,max_ngram,expected", [
+    ([5, 6], 3, [7, 5, 6]),        # "5 6" at 0: copy what follows it.
+    ([6], 3, [7, 5, 6]),           # "6" at 1.
+    ([7, 5, 6], 3, [2, 1, NONE]),  # The longest suffix wins: "7 5 6" at 2,
+    ([7, 5, 6], 2, [7, 5, 6]),     # but with max_ngram 2, "5 6" at 0.
+    ([3, 2], 3, [1, NONE, NONE]),  # "2" at 5: then EOS, then padding.
+    ([4], 3, [NONE] * 3),          # No match.
+    ([6, 1], 3, [NONE] * 3),       # EOS is followed by padding only.
+    ([], 3, [NONE] * 3),           # Nothing generated yet.
+])
+def test_prompt_lookup_matches_by_hand(generated, max_ngram, expected):
+  drafter = drafters.PromptLookupDrafter(vocab=8, max_ngram=max_ngram)
+  state = drafter.init(jnp.asarray([INPUT], jnp.int32), 16)
+  buffer = jnp.asarray([[0] + generated + [3] * (15 - len(generated))],
+                       jnp.int32)
+  _, tokens, probs = drafter.propose(
+      state, buffer, jnp.asarray([len(generated)]), jax.random.PRNGKey(0),
+      gamma=3, method=sampling.Greedy())
+  assert probs is None
+  np.testing.assert_array_equal(tokens, [expected])
+
+
+def test_prompt_lookup_rows_are_independent():
+  inputs = jnp.asarray([INPUT, [4, 4, 3, 2, 1, 0, 0, 0, 0]], jnp.int32)
+  buffer = jnp.asarray([[0, 5, 6, 9], [0, 4, 4, 9]], jnp.int32)
+  start = prompt_lookup.lookup_start(inputs, buffer, jnp.asarray([2, 2]), 3)
+  # Row 1: "4 4" at 0 (the first of the two "4" matches is not longer).
+  np.testing.assert_array_equal(start, [2, 2])
+
+
+# ---------------------------------------------------------------------------
+# Through the decoder: greedy identity and distribution.
+# make(draft_model, corpus) -> drafter, for the case's vocabulary.
+# ---------------------------------------------------------------------------
+def _lookup(vocab):
+  return lambda draft, corpus: drafters.PromptLookupDrafter(vocab=vocab,
+                                                            max_ngram=2)
+
+
+def _bigram(vocab, threshold=0.0):
+  return lambda draft, corpus: drafters.NGramDrafter(
+      drafters.build_ngram_table(corpus, vocab, order=2), threshold)
+
+
+def _hierarchical(inner, inner_gamma):
+  return lambda draft, corpus: drafters.HierarchicalDrafter(
+      draft, inner(draft, corpus), inner_gamma=inner_gamma)
+
+
+GREEDY_DRAFTERS = {
+    "bigram": _bigram(GREEDY_V),
+    "prompt_lookup": _lookup(GREEDY_V),
+    "hierarchical": _hierarchical(_lookup(GREEDY_V), 2),
+    "hierarchical_bigram": _hierarchical(_bigram(GREEDY_V), 3),
+}
+
+
+@pytest.mark.parametrize("gamma", GAMMAS)
+@pytest.mark.parametrize("name", ["bigram", "prompt_lookup", "hierarchical"])
+def test_greedy_identity(name, gamma):
+  stats = check_greedy_identity(GREEDY_DRAFTERS[name], gamma).statistics()
+  assert 0.0 < stats["alpha_hat"] < 1.0, stats  # Kept and rejected guesses.
+  if name == "bigram":  # Adaptive γ: the same program, rows stop early.
+    out = check_greedy_identity(_bigram(GREEDY_V, threshold=0.6), gamma)
+    guessed = np.asarray(out.trace_draft_tokens) != NONE
+    if gamma > 1:
+      assert 0 < guessed.sum() < guessed.size
+    assert not np.any(np.diff(guessed.astype(int), axis=-1) > 0)  # Suffix.
+
+
+@pytest.mark.parametrize("name", ["bigram", "prompt_lookup",
+                                  "hierarchical_bigram"])
+def test_greedy_identity_batch_of_one(name):
+  for row in (0, 1):  # One row ends early, another late (greedy_case).
+    check_greedy_identity(GREEDY_DRAFTERS[name], 3, row=row)
+
+
+def test_hierarchical_proposes_the_draft_models_own_guesses():
+  """At T = 0 the inner loop yields M_q's greedy continuation: the same
+  guesses, iteration by iteration, as M_q drafting step by step."""
+  outs = [check_greedy_identity(make, 3) for make in (
+      lambda draft, corpus: drafters.ModelDrafter(draft),
+      GREEDY_DRAFTERS["hierarchical"])]
+  np.testing.assert_array_equal(outs[0].target_calls, outs[1].target_calls)
+  np.testing.assert_array_equal(outs[0].trace_draft_tokens,
+                                outs[1].trace_draft_tokens)
+
+
+@pytest.mark.parametrize("name,method", [
+    ("bigram", METHODS[0]), ("bigram", METHODS[1]),
+    ("prompt_lookup", METHODS[0]), ("prompt_lookup", METHODS[1]),
+    ("hierarchical", METHODS[0]), ("hierarchical_bigram", METHODS[1]),
+], ids=[f"{n}-{m}" for n in ("bigram", "prompt_lookup") for m in METHOD_IDS]
+    + [f"hierarchical-{METHOD_IDS[0]}", f"hierarchical_bigram-{METHOD_IDS[1]}"])
+def test_output_has_the_target_distribution(name, method):
+  make = {"bigram": _bigram(DIST_V), "prompt_lookup": _lookup(DIST_V),
+          "hierarchical": _hierarchical(_lookup(DIST_V), 2),
+          "hierarchical_bigram": _hierarchical(_bigram(DIST_V), 2)}[name]
+  check_distribution(make, method, gamma=2)
+  if name == "bigram":  # Adaptive γ: the same program.
+    out = check_distribution(_bigram(DIST_V, threshold=0.5), method, gamma=2)
+    assert np.any(np.asarray(out.trace_draft_tokens) == NONE)
+
+
+# ---------------------------------------------------------------------------
+# Bad input.
+# ---------------------------------------------------------------------------
+def test_hierarchical_rejects_a_stateful_inner_drafter():
+  _, draft, _, _ = distribution_case()
+  with pytest.raises(ValueError, match="inner must be a PromptLookupDrafter"):
+    drafters.HierarchicalDrafter(draft, drafters.ModelDrafter(draft))
+  with pytest.raises(ValueError, match="inner_gamma must be an integer"):
+    drafters.HierarchicalDrafter(
+        draft, drafters.PromptLookupDrafter(vocab=DIST_V), inner_gamma=0)
+
+
+def test_drafter_vocabulary_must_match_the_targets():
+  target, _, inputs, _ = distribution_case()
+  with pytest.raises(ValueError, match=r"draft vocab_size \(9\) must equal"):
+    decoding.speculative_sample(
+        target, drafters.PromptLookupDrafter(vocab=9), inputs,
+        jax.random.PRNGKey(0), gamma=2, max_decode_length=3)

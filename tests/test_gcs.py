@@ -1,0 +1,263 @@
+"""gs:// for real, against a local GCS emulator (`gcp-storage-emulator`).
+
+The emulator runs in this process on 127.0.0.1; TensorStore (checkpoint
+arrays and metadata, and every result file: `io_utils`) is pointed at it
+with `TENSORSTORE_GCS_HTTP_URL`, and `GOOGLE_AUTH_TOKEN_FOR_TESTING` keeps
+it from looking for Google credentials. TensorFlow's gfile (seqio's
+SentencePiece reader, TFDS `data_dir`) has no endpoint setting (only
+`GCS_*` tuning variables; the host is compiled in), so those gs:// paths
+cannot be tested here.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import gin
+import pytest
+
+from conftest import T5X_TINY
+from conftest import require_shared
+import multihost_worker
+from specdec_jax import io_utils
+from specdec_jax import run as run_lib
+from specdec_jax import sweep
+
+try:
+  from gcp_storage_emulator.handlers import objects as emulator_objects
+  from gcp_storage_emulator.server import create_server
+except ImportError:  # pragma: no cover
+  create_server = None
+
+pytestmark = pytest.mark.skipif(
+    create_server is None,
+    reason="the gs:// tests need the `gcp-storage-emulator` package (a local "
+    "GCS emulator; `pip install -e '.[test]'` installs it)")
+
+BUCKET = "specdec-test"
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def emulator():
+  """(port, gs://bucket) of an in-memory emulator, TensorStore pointed at
+  it for this module's tests."""
+  port = _free_port()
+  server = create_server("127.0.0.1", port, in_memory=True,
+                         default_bucket=BUCKET)
+  server.start()
+  with pytest.MonkeyPatch.context() as mp:
+    # GCS sends an object's generation with its data (x-goog-generation);
+    # this emulator does not, and TensorStore's OCDBT reader (T5X's Orbax
+    # layout) refuses a read without one.
+    download = emulator_objects.download
+
+    def download_with_generation(request, response, storage, *args, **kw):
+      download(request, response, storage, *args, **kw)
+      try:
+        response["x-goog-generation"] = storage.get_file_obj(
+            request.params["bucket_name"],
+            request.params["object_id"])["generation"]
+      except Exception:  # pylint: disable=broad-except  # not found
+        pass
+    mp.setattr(emulator_objects, "download", download_with_generation)
+    mp.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{port}")
+    mp.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
+    yield port, f"gs://{BUCKET}"
+  server.stop()
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def test_files_on_gcs(emulator):
+  _, root = emulator
+  folder = f"{root}/io/a"
+  io_utils.probe_writable_dir(folder)
+  assert not io_utils.exists(folder)  # the probe object is gone
+  io_utils.write_json(f"{folder}/x.json", {"v": float("nan"), "w": [1]})
+  io_utils.atomic_write(f"{folder}/sub/y.txt", "hello")
+  assert json.loads(io_utils.read_text(f"{folder}/x.json")) == {
+      "v": None, "w": [1]}
+  assert io_utils.isfile(f"{folder}/x.json")
+  assert not io_utils.isfile(f"{folder}/sub")
+  assert io_utils.isdir(f"{folder}/sub") and io_utils.exists(folder)
+  assert io_utils.listdir(folder) == ["sub", "x.json"]
+  with pytest.raises(FileNotFoundError):
+    io_utils.read_bytes(f"{folder}/missing")
+  io_utils.remove(f"{folder}/x.json")
+  assert io_utils.listdir(folder) == ["sub"]
+  with pytest.raises(ValueError, match="cannot write an object there"):
+    io_utils.probe_writable_dir("gs://no-such-bucket/out")
+
+
+class _CommitOnComplete:
+  """A proxy before the emulator that forwards only whole requests, as GCS
+  commits an upload only once all of it arrived (the emulator would store
+  the part it got). An upload whose request line contains `hold` is read
+  for `hold_bytes` and then no further: its writer is stuck mid-upload
+  (`held` is set) until it is killed."""
+
+  def __init__(self, upstream_port: int, hold: str, hold_bytes: int):
+    self.upstream_port = upstream_port
+    self.hold = hold.encode()
+    self.hold_bytes = hold_bytes
+    self.held = threading.Event()
+    self.listener = socket.create_server(("127.0.0.1", 0))
+    self.port = self.listener.getsockname()[1]
+    threading.Thread(target=self._accept, daemon=True).start()
+
+  def _accept(self):
+    while True:
+      try:
+        client, _ = self.listener.accept()
+      except OSError:
+        return
+      threading.Thread(target=self._serve, args=(client,),
+                       daemon=True).start()
+
+  def _serve(self, client):
+    # The emulator answers one request per connection (HTTP/1.0) and one
+    # connection at a time: connect only to forward a whole request.
+    buffer = b""
+    while True:
+      head_end = buffer.find(b"\r\n\r\n")
+      if head_end >= 0:
+        length = 0
+        for line in buffer[:head_end].lower().split(b"\r\n"):
+          if line.startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+        if self.hold in buffer[:buffer.find(b"\r\n")] and (
+            len(buffer) >= head_end + 4 + self.hold_bytes):
+          self.held.set()
+          return  # read no more: the writer blocks mid-upload
+        if len(buffer) >= head_end + 4 + length:
+          upstream = socket.create_connection(
+              ("127.0.0.1", self.upstream_port))
+          upstream.sendall(buffer)
+          self._relay(upstream, client)
+          return
+      data = client.recv(1 << 16)
+      if not data:
+        client.close()
+        return  # the writer died: its partial request goes nowhere
+      buffer += data
+
+  @staticmethod
+  def _relay(source, sink):
+    try:
+      while True:
+        data = source.recv(1 << 16)
+        if not data:
+          break
+        sink.sendall(data)
+    except OSError:
+      pass
+    finally:
+      source.close()
+      sink.close()
+
+  def close(self):
+    self.listener.close()
+
+
+_WRITER = """
+import sys
+from specdec_jax import io_utils
+io_utils.write_json(sys.argv[1], {"settings": {}, "padding": "x" * (8 << 20)})
+"""
+
+
+def _sweep_bindings(root):
+  config = json.loads((T5X_TINY / "config.json").read_text())
+  fields = [f"{role}/T5Config.{key} = {value!r}"
+            for role in ("target", "draft") for key, value in config.items()
+            if key != "dropout_rate"]
+  fields = [f.replace("[", "(").replace("]", ")") for f in fields]
+  return fields + [
+      f"TARGET_CHECKPOINT_PATH = '{root}/t5x_tiny/legacy/checkpoint_0'",
+      f"DRAFT_CHECKPOINT_PATH = '{root}/t5x_tiny/orbax/checkpoint_0'",
+      "SOURCE_FILE = 'configs/data/tiny_en_de.tsv'", "GAMMA = 3",
+      "TASK_FEATURE_LENGTHS = {'inputs': 16, 'targets': 8}"]
+
+
+def test_sweep_on_gcs_reads_t5x_checkpoints_and_resumes(emulator, tmp_path,
+                                                         monkeypatch):
+  """The T5X fixture in the bucket (legacy layout as target, Orbax layout as
+  draft: the same weights, so α = 1); a sweep with results on gs:// is
+  killed after its first point, a crash in the middle of uploading the
+  second point's metrics.json leaves nothing a resumed sweep takes as
+  finished, and the resumed sweep runs just that point."""
+  require_shared(T5X_TINY)
+  port, root = emulator
+  for path in sorted(T5X_TINY.rglob("*")):
+    if path.is_file() and path.parent != T5X_TINY:
+      rel = path.relative_to(T5X_TINY).as_posix()
+      io_utils.atomic_write(f"{root}/t5x_tiny/{rel}", path.read_bytes())
+  monkeypatch.setattr(run_lib, "vocabulary",
+                      lambda *a, **k: multihost_worker.CharVocabulary())
+  results = f"{root}/sweep"
+  base, bindings = ["local_tiny.gin"], _sweep_bindings(root)
+  points = sweep.parse_sweep_args(["NUM_EXAMPLES=1,2"])
+  first, second = (f"{results}/{sweep.point_name(p)}" for p in points)
+  real_run = run_lib.Experiment.run
+  calls = []
+
+  def dying_run(self):
+    if calls:  # killed as the second point starts
+      raise KeyboardInterrupt
+    calls.append(self.args["output_dir"])
+    return real_run(self)
+  monkeypatch.setattr(run_lib.Experiment, "run", dying_run)
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_sweep(points, results, base, bindings)
+  assert calls == [first] and sweep.is_done(first)
+  assert not sweep.is_done(second)
+  snapshot = io_utils.read_text(f"{first}/metrics.json")
+
+  # A writer killed in the middle of uploading the second metrics.json.
+  proxy = _CommitOnComplete(port, hold="metrics.json", hold_bytes=1 << 16)
+  try:
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, f"{second}/metrics.json"],
+        env=dict(os.environ,
+                 TENSORSTORE_GCS_HTTP_URL=f"http://127.0.0.1:{proxy.port}"))
+    try:
+      assert proxy.held.wait(timeout=120), "the upload never started"
+    finally:
+      writer.send_signal(signal.SIGKILL)
+      writer.wait(timeout=60)
+  finally:
+    proxy.close()
+  assert not io_utils.exists(f"{second}/metrics.json")
+  assert not sweep.is_done(second)
+
+  calls.clear()
+  monkeypatch.setattr(run_lib.Experiment, "run",
+                      lambda self: (calls.append(self.args["output_dir"]),
+                                    real_run(self))[1])
+  sweep.run_sweep(points, results, base, bindings)
+  assert calls == [second]
+  assert io_utils.read_text(f"{first}/metrics.json") == snapshot
+  for folder, n in ((first, 1), (second, 2)):
+    metrics = json.loads(io_utils.read_text(f"{folder}/metrics.json"))
+    assert metrics["num_examples"] == n and metrics["random_weights"] is False
+    assert metrics["alpha"] == 1.0 and metrics["greedy_outputs_identical"]
+    rows = io_utils.read_text(f"{folder}/predictions.jsonl").splitlines()
+    assert len(rows) == n
+  assert not [name for name in io_utils.listdir(results)
+              if name.startswith(".")]
+  assert sorted(io_utils.listdir(results)) == sorted(
+      [sweep.SWEEP_FILE, first.rsplit("/", 1)[1], second.rsplit("/", 1)[1]])
