@@ -52,3 +52,24 @@ def perturbed(model: T5Model, scale: float, seed: int) -> T5Model:
                         jax.tree_util.tree_unflatten(treedef, noisy))
   return noisy_model.prepared_for_decoding() if model.is_packed else (
       noisy_model)
+
+
+@pytest.fixture
+def clean_gin():
+  """gin's global configuration cleared before and after the test."""
+  import gin  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+  """Fails the test if `run` loads a model or a decoder runs."""
+  from specdec_jax import run as run_lib  # pylint: disable=g-import-not-at-top
+
+  def fail(*args, **kwargs):
+    raise AssertionError("loaded a model / decoded before validating")
+  monkeypatch.setattr(run_lib, "load_model", fail)
+  monkeypatch.setattr(run_lib.decoding, "speculative_sample", fail)
+  monkeypatch.setattr(run_lib.decoding, "temperature_sample", fail)

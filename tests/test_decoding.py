@@ -37,6 +37,7 @@ from conftest import REPO
 from conftest import perturbed
 from conftest import random_model
 from conftest import tiny_config
+from decoding_helpers import chisquare_pvalue
 from decoding_helpers import reference_standardize
 
 SIGNIFICANCE = 1e-3
@@ -175,19 +176,6 @@ def _exact_sequence_distribution(model, inputs, temperature, top_k, top_p):
   return out
 
 
-def _chisquare_pvalue(observed, probs):
-  """Goodness of fit of counts to probabilities, sparse cells pooled."""
-  expected = probs / probs.sum() * observed.sum()  # float32 rounding
-  order = np.argsort(expected)
-  small = order[np.cumsum(expected[order]) < 20]
-  big = np.setdiff1d(np.arange(len(expected)), small)
-  obs, exp = observed[big], expected[big]
-  if small.size:
-    obs = np.append(obs, observed[small].sum())
-    exp = np.append(exp, expected[small].sum())
-  return stats.chisquare(obs, exp)[1]
-
-
 @pytest.mark.parametrize("temperature,top_k,top_p,gamma", [
     (1.0, 0, 1.0, 3),
     (0.8, 3, 1.0, 2),
@@ -222,7 +210,7 @@ def test_speculative_matches_target_distribution(temperature, top_k, top_p,
     assert row in index, f"sequence {row} has probability 0 under the target"
     observed[index[row]] += 1
   expected = np.array([exact[k] for k in keys])
-  assert _chisquare_pvalue(observed, expected) > SIGNIFICANCE
+  assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
   # The draft really disagrees with the target, so rejections happened.
   alpha = out.statistics()["alpha_hat"]
   assert 0.1 < alpha < 0.95, alpha
@@ -243,7 +231,7 @@ def test_baseline_matches_target_distribution():
     counts[row] += 1
   observed = np.array([counts[k] for k in keys], float)
   expected = np.array([exact[k] for k in keys])
-  assert _chisquare_pvalue(observed, expected) > SIGNIFICANCE
+  assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
 
 
 # ---------------------------------------------------------------------------

@@ -32,10 +32,14 @@ try:
 except ImportError:  # pragma: no cover
   create_server = None
 
-pytestmark = pytest.mark.skipif(
-    create_server is None,
-    reason="the gs:// tests need the `gcp-storage-emulator` package (a local "
-    "GCS emulator; `pip install -e '.[test]'` installs it)")
+pytestmark = [
+    pytest.mark.skipif(
+        create_server is None,
+        reason="the gs:// tests need the `gcp-storage-emulator` package (a "
+        "local GCS emulator; `pip install -e '.[test]'` installs it)"),
+    # A cleared gin configuration before and after each test (conftest.py).
+    pytest.mark.usefixtures("clean_gin"),
+]
 
 BUCKET = "specdec-test"
 
@@ -75,11 +79,6 @@ def emulator():
   server.stop()
 
 
-@pytest.fixture(autouse=True)
-def clean_gin():
-  gin.clear_config()
-  yield
-  gin.clear_config()
 
 
 def test_files_on_gcs(emulator):

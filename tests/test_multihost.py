@@ -48,11 +48,8 @@ BINDINGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def clean_gin():
-  gin.clear_config()
-  yield
-  gin.clear_config()
+# A cleared gin configuration before and after each test (conftest.py).
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
 @pytest.fixture(scope="module")

@@ -31,11 +31,8 @@ T5X_SIZES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def clean_gin():
-  gin.clear_config()
-  yield
-  gin.clear_config()
+# A cleared gin configuration before and after each test (conftest.py).
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
 def _parse(files, bindings=()):
@@ -226,16 +223,6 @@ def test_bad_run_arguments_fail_before_loading(tmp_path):
 # Bad input (issue 13): rejected before any model load or compilation, with
 # the macro, the value and what is allowed; nothing written.
 # ---------------------------------------------------------------------------
-@pytest.fixture
-def no_load(monkeypatch):
-  """Fails the test if a model is loaded or a decoder runs."""
-  def fail(*args, **kwargs):
-    raise AssertionError("loaded a model / decoded before validating")
-  monkeypatch.setattr(run_lib, "load_model", fail)
-  monkeypatch.setattr(run_lib.decoding, "speculative_sample", fail)
-  monkeypatch.setattr(run_lib.decoding, "temperature_sample", fail)
-
-
 @pytest.mark.parametrize("bindings,expect", [
     (["TEMPERATURE = 1e999"], ["TEMPERATURE=inf", "finite number >= 0"]),
     (["TOPP = 1e999"], ["TOPP=inf", "finite number in (0, 1]"]),

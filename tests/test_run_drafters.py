@@ -22,20 +22,8 @@ from conftest import REPO
 PRETRAINED_SPM = REPO / "pretrained" / "multi30k" / "multi30k.model"
 
 
-@pytest.fixture(autouse=True)
-def clean_gin():
-  gin.clear_config()
-  yield
-  gin.clear_config()
-
-
-@pytest.fixture
-def no_load(monkeypatch):
-  def fail(*args, **kwargs):
-    raise AssertionError("loaded a model / decoded before validating")
-  monkeypatch.setattr(run_lib, "load_model", fail)
-  monkeypatch.setattr(run_lib.decoding, "speculative_sample", fail)
-  monkeypatch.setattr(run_lib.decoding, "temperature_sample", fail)
+# A cleared gin configuration before and after each test (conftest.py).
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
 @pytest.fixture

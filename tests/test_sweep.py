@@ -13,11 +13,8 @@ from specdec_jax import sweep
 from conftest import REPO
 
 
-@pytest.fixture(autouse=True)
-def clean_gin():
-  gin.clear_config()
-  yield
-  gin.clear_config()
+# A cleared gin configuration before and after each test (conftest.py).
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
 def test_grid_expansion_and_yaml(tmp_path):
