@@ -22,7 +22,7 @@ float when every argument is a scalar. Invalid arguments raise ValueError
 naming the argument, the offending value and the allowed range.
 """
 import math
-from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -157,7 +157,8 @@ def expected_speedup(alpha: ArrayLike, gamma: ArrayLike,
 
 
 def optimal_gamma(alpha: float, cost_coefficient: float,
-                  max_gamma: int = 64) -> int:
+                  max_gamma: int = 64,
+                  call_costs: Optional[ArrayLike] = None) -> int:
   """Integer gamma in [1, max_gamma] maximizing Theorem 3.8 (Figure 3).
 
   Ties are broken towards the smaller gamma (fewer wasted draft steps).
@@ -168,6 +169,9 @@ def optimal_gamma(alpha: float, cost_coefficient: float,
     alpha: acceptance rate in [0, 1] (scalar).
     cost_coefficient: c >= 0 (scalar).
     max_gamma: largest gamma considered, >= 1.
+    call_costs: None (the theorem: a verification call costs one step), or
+      [max_gamma] measured costs of the (gamma+1)-token call in target
+      steps, entry gamma-1 for gamma (see `expected_speedup`).
   """
   if np.ndim(alpha) or np.ndim(cost_coefficient):
     raise ValueError("optimal_gamma takes scalar alpha and cost_coefficient; "
@@ -175,7 +179,11 @@ def optimal_gamma(alpha: float, cost_coefficient: float,
                      f"{np.shape(cost_coefficient)}")
   _check_gamma(max_gamma, "max_gamma")
   gammas = np.arange(1, int(max_gamma) + 1, dtype=np.float64)
-  speedups = expected_speedup(alpha, gammas, cost_coefficient)
+  call = 1.0 if call_costs is None else np.asarray(call_costs, np.float64)
+  if np.shape(call) not in ((), gammas.shape):
+    raise ValueError(f"call_costs has shape {np.shape(call)}; allowed: "
+                     f"None or one cost per gamma, shape ({len(gammas)},).")
+  speedups = expected_speedup(alpha, gammas, cost_coefficient, call)
   return int(gammas[int(np.argmax(speedups))])
 
 

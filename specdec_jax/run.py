@@ -674,15 +674,31 @@ class Experiment:
       tokens += stats["tokens_generated"]
       rows += a["batch_size"]
     alpha = kept / max(trials, 1)
-    c = self._cost_coefficient(target, draft, feed.batch(0), pilot,
-                               fill=max(1, tokens // rows))
-    chosen = drafter_choice.choose_gamma(alpha, c)
-    logging.info("GAMMA='auto': alpha %.3f and c %.3f on %d batches (γ=%d) "
-                 "-> γ=%d (Theorem 3.8)", alpha, c, batches, pilot, chosen)
+    fill = max(1, tokens // rows)
+    c = self._cost_coefficient(target, draft, feed.batch(0), pilot, fill)
+    costs = self._call_costs(target, feed.batch(0), fill)
+    chosen = drafter_choice.choose_gamma(alpha, c, costs)
+    logging.info("GAMMA='auto': alpha %.3f, c %.3f and verification calls "
+                 "of %s steps on %d batches (γ=%d) -> γ=%d (Theorem 3.8)",
+                 alpha, c, np.round(costs, 2).tolist(), batches, pilot,
+                 chosen)
     return {"pilot_gamma": pilot, "pilot_batches": batches,
             "alpha": alpha, "cost_coefficient_c": c,
+            "call_cost_by_gamma": [float(x) for x in costs],
             "max_gamma": drafter_choice.AUTO_GAMMA_MAX,
             "chosen_gamma": chosen}
+
+  def _call_costs(self, target, batch, fill: int) -> np.ndarray:
+    """GAMMA='auto': the target's (γ+1)-token call in target steps for
+    γ = 1..AUTO_GAMMA_MAX, timed as `_run_walltime` times a step."""
+    cache_len = (self.args["task_feature_lengths"]["targets"]
+                 + drafter_choice.AUTO_GAMMA_MAX + 1)
+    inputs = np.asarray(multihost.to_host(batch))
+    fill = min(fill, cache_len - drafter_choice.AUTO_GAMMA_MAX - 1)
+    return drafter_choice.call_costs({
+        k: timing.decode_call_seconds(target, inputs, k=k, fill=fill,
+                                      cache_len=cache_len)
+        for k in drafter_choice.AUTO_GAMMA_CALL_KS})
 
   def _cost_coefficient(self, target, draft, batch, gamma: int,
                         fill: int) -> float:

@@ -140,6 +140,9 @@ def test_bigram_adaptive_auto_gamma_end_to_end(tmp_path, corpus,
   assert written["gamma"] == auto["chosen_gamma"] == 1  # α ≈ 0
   assert auto["cost_coefficient_c"] == pytest.approx(1e-5 / 1.1e-3)
   assert written["cost_coefficient_c"] == pytest.approx(1e-5 / 1.1e-3)
+  # The stand-in call costs 1 + K/10 ms, linear in K: interpolation is exact.
+  assert auto["call_cost_by_gamma"] == pytest.approx(
+      [(1 + (g + 1) / 10) / 1.1 for g in range(1, 13)])
   bound = written["per_iteration_gamma"]
   assert bound["oracle_speedup"] >= bound["achieved_speedup"] >= bound[
       "fixed_gamma_speedup"]

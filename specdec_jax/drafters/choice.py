@@ -42,6 +42,10 @@ AUTO_GAMMA = "auto"
 AUTO_GAMMA_PILOT = 4
 AUTO_GAMMA_MAX = 12
 AUTO_GAMMA_EXAMPLES = 8
+# The verification call's cost is measured at these K = γ + 1 and
+# interpolated linearly in between (on a CPU it grows with K; the theorem's
+# "one step" would make near-free drafters pick γ = AUTO_GAMMA_MAX).
+AUTO_GAMMA_CALL_KS = (1, 2, 4, 7, AUTO_GAMMA_MAX + 1)
 
 
 def _is_int(value) -> bool:
@@ -71,11 +75,26 @@ def check_gamma(gamma: Any) -> None:
                      "measured on the first examples).")
 
 
-def choose_gamma(alpha: float, cost_coefficient: float) -> int:
-  """GAMMA='auto': the γ <= AUTO_GAMMA_MAX maximizing Theorem 3.8."""
+def call_costs(call_seconds: Dict[int, float]) -> np.ndarray:
+  """[AUTO_GAMMA_MAX] verification-call costs in target steps, entry γ-1
+  for γ: the K = γ+1 call's seconds over the K = 1 call's, linearly
+  interpolated between the measured K (`call_seconds`: K -> seconds, K = 1
+  included)."""
+  ks = sorted(call_seconds)
+  if ks[0] != 1:
+    raise ValueError(f"call_seconds needs K=1 (the target step); got K={ks}")
+  ratios = [call_seconds[k] / call_seconds[1] for k in ks]
+  return np.interp(np.arange(2, AUTO_GAMMA_MAX + 2), ks, ratios)
+
+
+def choose_gamma(alpha: float, cost_coefficient: float,
+                 costs: Optional[np.ndarray] = None) -> int:
+  """GAMMA='auto': the γ <= AUTO_GAMMA_MAX maximizing Theorem 3.8, with the
+  verification call priced by `costs` ([AUTO_GAMMA_MAX], `call_costs`) or
+  at one step when None."""
   alpha = min(max(float(alpha), 0.0), 1.0)
   return analysis.optimal_gamma(alpha, max(float(cost_coefficient), 0.0),
-                                max_gamma=AUTO_GAMMA_MAX)
+                                max_gamma=AUTO_GAMMA_MAX, call_costs=costs)
 
 
 @dataclasses.dataclass(frozen=True)
