@@ -1,42 +1,45 @@
-"""Gin and absl plumbing shared by the command-line entry points (T5X style).
+"""Gin plumbing shared by the entry points (T5X style), and gin files read
+beside a live configuration.
 
 Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable),
-`--gin_search_paths` (comma-separated), and `--gin.NAME=VALUE` as shorthand
-for `--gin_bindings='NAME=VALUE'`. The repository's top-level `gin/` folder
-is always on the search path, so experiment files resolve by bare name
-(`--gin_file=ende_small.gin`).
+`--gin_search_paths` (comma-separated), and `--gin.NAME=VALUE` for
+`--gin_bindings='NAME=VALUE'`. The repository's `gin/` folder is always on
+the search path (`--gin_file=ende_small.gin`). `check_macro_bindings` (run,
+sweep) rejects a binding that defines a macro no gin file knows
+(`--gin.GAMA=3`), which gin would accept and nothing would read.
+`read_t5_config` reads the `T5Config` a model gin file binds, leaving gin's
+global configuration alone; `t5_config_fields` / `t5_config_from_fields`
+turn a T5Config into JSON-ready fields and back.
 
-`read_t5_config` reads the `T5Config` that a model gin file binds without
-gin's global configuration (for a second model next to a live config);
-`read_t5_config_for_role` picks the scope a target or draft is read under.
-`t5_config_fields` / `t5_config_from_fields` turn a T5Config into JSON-ready
-fields and back (``model_config.json``, benchmark results).
-
-`check_macro_bindings` (used by `run` and `sweep`) rejects a binding that
-defines a gin macro no gin file knows (`--gin.GAMA=3`): gin would define the
-new macro, nothing would read it, and the run would go on with the default.
-
-What gin's own API does here and what it cannot do. Experiments are parsed
-by gin itself (`parse_gin`: `gin.parse_config_files_and_bindings`), and
-every gin file is tokenized and parsed by gin's parser
+What gin does here, and what it cannot (gin-config 0.5). Experiments are
+parsed by gin itself (`parse_gin`: `gin.parse_config_files_and_bindings`),
+and every file or binding read here is parsed by gin's own parser
 (`gin.config_parser.ConfigParser`: statements, values, includes, scopes,
-block form). Three things are done here on top of gin's parser, because
-gin keeps one global configuration and has no public way to parse into
-another one or to list what a file binds:
+block form, module-qualified selectors). Written here, on the parser's
+statements, is only what gin has no public API for:
 
-* reading a file *beside* a live configuration (`read_t5_config`: a
-  distillation teacher next to the student, a target and a draft file that
-  both bind unscoped ``T5Config``): includes are expanded, macros resolved
-  to their last definition and scopes inherited as gin does, without
-  touching gin's state. Parsing into gin's global configuration and
-  restoring it would need gin's private module state; gin's parse also
-  resolves T5X's ``from __gin__ import dynamic_registration`` selectors by
-  import (``T5Config:`` / ``network.T5Config`` fail without t5x's module),
-  and a macro cycle ends in a RecursionError instead of a message naming
-  the file;
-* listing the scopes a file binds ``T5Config`` under (`t5_config_scopes`);
-* listing the macros files define or use before anything is parsed
-  (`gin_file_macros`), so a typo fails with nothing half-parsed.
+* A second configuration. gin keeps one process-global configuration (the
+  module globals of `gin.config`) and has no public way to parse into
+  another one, or to save and restore it (`gin.clear_config` also drops the
+  operative config). A file read beside a live configuration (a
+  distillation teacher's model file next to the student's training config;
+  a target and a draft file that both bind unscoped ``T5Config``) has its
+  includes expanded (`_gin_statements`), each macro taken at its last
+  definition (`_resolve`) and scopes inherited (`read_t5_config`) as gin's
+  `get_bindings` does.
+* Files written for T5X. gin resolves selectors through its registry: a
+  file with ``from __gin__ import dynamic_registration`` fails (NameError
+  "'T5Config' was not provided by an import statement", also with
+  ``skip_unknown=True``), and ``network.T5Config.x = ...`` is an error, or
+  with ``skip_unknown=True`` silently dropped, unless t5x's ``network``
+  module is importable. The parser alone reads both.
+* Messages naming the file. gin reports a macro cycle as a RecursionError
+  and an undefined macro as "TypeError: macro() missing 1 required
+  positional argument"; here both name the file and line.
+* Listing before parsing. gin cannot list the macros files define or use,
+  or the scopes a file binds a configurable under (`gin_file_macros`,
+  `t5_config_scopes`), so that ``--gin.GAMA=3`` fails before anything is
+  parsed into gin.
 """
 import dataclasses
 import difflib
@@ -84,6 +87,8 @@ def rewrite_gin_args(argv: Sequence[str]) -> List[str]:
 
 
 def search_paths(extra: Sequence[str] = ()) -> List[str]:
+  """Where gin files are looked up: the current directory, `extra`, then
+  the repository's gin/ folder."""
   return [os.getcwd(), *extra, str(GIN_DIR)]
 
 
@@ -160,7 +165,7 @@ def gin_file_macros(gin_files: Sequence[str],
 
   Read without gin's global configuration.
   """
-  paths = _default_search_paths(search_paths_)
+  paths = _search_paths_or_default(search_paths_)
   names: Set[str] = set()
   for path in gin_files:
     for st, _ in _gin_statements(path, paths):
@@ -270,19 +275,17 @@ class _UnresolvedValue(ValueError):
 _Binding = Tuple[str, str, Any, str]
 
 
-def _candidates(path: str, search_paths: Sequence[str]) -> List[str]:
+def _candidates(path: str, folders: Sequence[str]) -> List[str]:
   """Where gin looks for `path`: itself if absolute, else in each folder."""
   if os.path.isabs(path):
     return [path]
-  return [os.path.join(p, path) for p in search_paths]
+  return [os.path.join(p, path) for p in folders]
 
 
-def _find_gin_file(path: str, search_paths: Sequence[str]) -> Optional[str]:
+def _find_gin_file(path: str, folders: Sequence[str]) -> Optional[str]:
   """The first existing candidate for `path` (`_candidates`), or None."""
-  for c in _candidates(path, search_paths):
-    if os.path.isfile(c):
-      return c
-  return None
+  return next((c for c in _candidates(path, folders) if os.path.isfile(c)),
+              None)
 
 
 def _gin_statements(path: str, search_paths: Sequence[str]):
@@ -360,8 +363,10 @@ def _resolve(value: Any, macros: Mapping[str, Any], where: str,
   return value
 
 
-def _default_search_paths(search_paths: Optional[Sequence[str]]) -> List[str]:
-  return [".", str(GIN_DIR)] if search_paths is None else list(search_paths)
+def _search_paths_or_default(folders: Optional[Sequence[str]]) -> List[str]:
+  """`folders`, or by default `search_paths()` (a parameter of the public
+  readers shadows that function's name)."""
+  return search_paths() if folders is None else list(folders)
 
 
 def t5_config_from_fields(fields: Mapping[str, Any], what: str) -> T5Config:
@@ -415,7 +420,7 @@ def t5_config_scopes(path: str,
   Raises:
     ValueError: as `read_t5_config`, for a missing file or bad syntax.
   """
-  bindings, _ = _read_statements(path, _default_search_paths(search_paths))
+  bindings, _ = _read_statements(path, _search_paths_or_default(search_paths))
   return {scope for scope, _, _, _ in bindings}
 
 
@@ -457,8 +462,7 @@ def read_t5_config(path: str, scope: str = "",
       undefined macro, a configurable reference), or fields that T5Config
       rejects.
   """
-  bindings, macros = _read_statements(path,
-                                      _default_search_paths(search_paths))
+  bindings, macros = _read_statements(path, _search_paths_or_default(search_paths))
   parts = scope.split("/") if scope else []
   # The scopes that apply under `scope`, least specific first: '', 'a', 'a/b'.
   applicable = ["/".join(parts[:i]) for i in range(len(parts) + 1)]

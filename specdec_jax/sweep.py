@@ -39,6 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from absl import flags
 from absl import logging
 import gin
+import jax
 import yaml
 
 from specdec_jax import console
@@ -46,6 +47,7 @@ from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import multihost
 from specdec_jax import run as run_lib
+from specdec_jax import run_metrics
 
 SWEEP_FILE = "sweep.json"
 GIN_FILE_KEY = "gin_file"
@@ -232,7 +234,7 @@ def validate_points(points, results_dir: str, base_files, base_bindings,
       try:
         gin_utils.parse_gin(files, list(base_bindings) + bindings,
                             search_paths, finalize=False)
-        experiment = run_lib.Experiment(**run_lib.run_arguments(
+        experiment = run_lib.Experiment(run_lib.run_arguments(
             overrides={"output_dir": os.path.join(results_dir, name)}))
         experiment.vocabulary()
       except (ValueError, IOError, SyntaxError) as e:
@@ -252,11 +254,12 @@ def _model_group(point: Dict[str, Any]) -> str:
 
 def is_done(point_dir: str) -> bool:
   """A finished point has a readable metrics.json (or alpha.json in α mode),
-  written last and atomically by the run."""
-  for name in (run_lib.METRICS_FILE, run_lib.ALPHA_FILE):
-    path = os.path.join(point_dir, name)
+  written last and atomically by the run. Its keys are not checked here
+  (the report checks them, `run_metrics.RunMetrics`): a results file that
+  is there is never decoded again."""
+  for name in (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE):
     try:
-      json.loads(io_utils.read_text(path))
+      json.loads(io_utils.read_text(os.path.join(point_dir, name)))
       return True
     except (OSError, ValueError):
       continue
@@ -331,11 +334,15 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
                         finalize=False)
     group = _model_group(point)
     experiment = run_lib.Experiment(
-        models=models.get(group),
-        **run_lib.run_arguments(
-            overrides={"output_dir": os.path.join(results_dir, name)}))
+        run_lib.run_arguments(
+            overrides={"output_dir": os.path.join(results_dir, name)}),
+        models=models.get(group))
     experiment.run()
     models = {group: experiment.models()}  # keep one group in memory
+    # Each point compiles its own decoders; kept, their code mappings pile
+    # up until LLVM fails with "Cannot allocate memory" (vm.max_map_count)
+    # around the 25th point of a sweep.
+    jax.clear_caches()
     elapsed = time.perf_counter() - start
     remaining = elapsed / (done_count + 1) * (len(todo) - done_count - 1)
     logging.info("[%d/%d] %s done; %.0fs elapsed, ~%.0fs left",

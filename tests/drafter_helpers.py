@@ -99,11 +99,12 @@ def one_row(model, row):
       expected_fed=model.expected_fed[row:row + 1])
 
 
-def check_greedy_identity(make_drafter, gamma, row=None):
+def check_greedy_identity(make_drafter, gamma, row=None, statistics=True):
   """Greedy speculative == greedy target alone, token for token.
 
   make_drafter(draft_model, corpus) builds the drafter; row: decode that
-  row alone (batch 1) instead of the batch of 4.
+  row alone (batch 1) instead of the batch of 4; statistics=False: the
+  loop without statistics (a smaller program, compiled faster; tokens only).
   """
   target, draft, inputs, eos, corpus, base = greedy_case()
   if row is not None:
@@ -111,7 +112,8 @@ def check_greedy_identity(make_drafter, gamma, row=None):
     inputs, base = inputs[row:row + 1], base[row:row + 1]
   spec = decoding.speculative_sample(
       target, make_drafter(draft, corpus), inputs, jax.random.PRNGKey(1),
-      gamma=gamma, max_decode_length=MAX_LEN, eos_id=eos)
+      gamma=gamma, max_decode_length=MAX_LEN, eos_id=eos,
+      statistics=statistics)
   np.testing.assert_array_equal(spec.tokens, base)
   return spec
 

@@ -1,8 +1,9 @@
 """Adaptive γ (paper §3.5): a model drafter that stops when unsure.
 
-* Exactness through the decoder: greedy identity for γ ∈ {1, 3, 7} and
-  batch 1; the target's distribution at T > 0 with and without top-k/top-p
-  (drafter_helpers).
+* Exactness through the decoder: greedy identity for γ ∈ {3, 7} and
+  batch 1 (γ = 1 cannot stop early: it is the plain model drafter, whose
+  γ ∈ {1, 3, 7} test_decoding.py covers); the target's distribution at
+  T > 0 with and without top-k/top-p (drafter_helpers).
 * Bookkeeping by hand (strict scripted target drafting for itself): rows
   stop where the draft is unsure, keep all their guesses, catch up after a
   full acceptance, and α counts only real guesses.
@@ -43,22 +44,22 @@ def _assert_suffixes(draft_tokens):
   return guessed
 
 
-@pytest.mark.parametrize("gamma", GAMMAS)
+@pytest.mark.parametrize("gamma", [g for g in GAMMAS if g > 1])
 def test_greedy_identity(gamma):
   out = check_greedy_identity(_adaptive(0.6), gamma)
   guessed = _assert_suffixes(out.trace_draft_tokens)
   stats = out.statistics()
   assert 0.0 < stats["alpha_hat"] < 1.0, stats
-  if gamma > 1:  # Iterations stopped early, after one guess or more.
-    calls = np.asarray(out.target_calls)
-    made = np.concatenate([guessed[b, :calls[b]].sum(-1)
-                           for b in range(len(calls))])
-    assert made.min() < gamma and made.max() > 1, made
+  # Iterations stopped early, after one guess or more.
+  calls = np.asarray(out.target_calls)
+  made = np.concatenate([guessed[b, :calls[b]].sum(-1)
+                         for b in range(len(calls))])
+  assert made.min() < gamma and made.max() > 1, made
 
 
 def test_greedy_identity_batch_of_one():
   for row in (0, 1):
-    check_greedy_identity(_adaptive(0.6), 3, row=row)
+    check_greedy_identity(_adaptive(0.6), 3, row=row, statistics=False)
 
 
 @pytest.mark.parametrize("method", METHODS, ids=METHOD_IDS)

@@ -16,7 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import checkpoints as C
+from specdec_jax.checkpoints import legacy
+from specdec_jax.checkpoints import save as save_lib
+from specdec_jax.checkpoints import source
 from specdec_jax.checkpoints import (CheckpointError, latest_checkpoint,
                                      load_t5x_params, save_params)
 
@@ -226,7 +228,7 @@ def test_legacy_inline_arrays_and_gcs_specs(tmp_path, legacy_params):
 
 
 def test_gs_paths_map_to_gcs_kvstore():
-  spec = C._legacy_spec(
+  spec = legacy.legacy_spec(
       "gs://b/m/checkpoint_1000000", "gs://b/m/checkpoint_1000000",
       "decoder/logits_dense/kernel",
       {"driver": "zarr", "kvstore": {"driver": "gcs",
@@ -237,7 +239,7 @@ def test_gs_paths_map_to_gcs_kvstore():
       "driver": "gcs", "bucket": "b",
       "path": "m/checkpoint_1000000/target.decoder.logits_dense.kernel/"}
   assert spec["metadata"] == {"shape": [4, 8]}
-  assert C._kvstore("gs://bucket/a/state/") == {
+  assert source.kvstore("gs://bucket/a/state/") == {
       "driver": "gcs", "bucket": "bucket", "path": "a/state/"}
 
 
@@ -293,7 +295,7 @@ def test_save_is_atomic(tmp_path, legacy_params, monkeypatch):
   def crash(src, dst):
     raise KeyboardInterrupt("simulated crash before the final rename")
 
-  monkeypatch.setattr(C, "_rename", crash)
+  monkeypatch.setattr(save_lib, "_rename", crash)
   with pytest.raises(KeyboardInterrupt):
     save_params(legacy_params, tmp_path, step=2)
   monkeypatch.undo()

@@ -125,7 +125,7 @@ def test_new_inputs_and_eos_do_not_recompile(greedy_setup):
                       dict(drafter=draft, gamma=3))):
     jitted = (loops._jit_temperature_loop  # pylint: disable=protected-access
               if fn is decoding.temperature_sample
-              else loops._jit_speculative_loop)  # pylint: disable=protected-access
+              else loops._speculative_program())  # pylint: disable=protected-access
     run = lambda x, e, seed: fn(  # pylint: disable=cell-var-from-loop
         target, encoder_input_tokens=x, rng=jax.random.PRNGKey(seed),
         max_decode_length=MAX_LEN, eos_id=e, **kwargs).tokens
@@ -242,6 +242,7 @@ def no_compile(monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("compiled/ran before validating arguments")
   monkeypatch.setattr(loops, "_jit_speculative_loop", fail)
+  monkeypatch.setattr(loops, "_jit_speculative_loop_cpu", fail)
   monkeypatch.setattr(loops, "_jit_temperature_loop", fail)
 
 
@@ -471,3 +472,12 @@ def test_readme_custom_drafter_runs_and_is_exact():
   base = decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
                                      max_decode_length=16)
   np.testing.assert_array_equal(spec.tokens, base.tokens)
+
+
+def test_speculative_sample_uses_the_cpu_program_on_cpu():
+  # XLA:CPU compiles the speculative loop with its own options (Eigen on the
+  # calling thread); other backends keep XLA's defaults.
+  assert jax.default_backend() == "cpu"
+  assert loops._speculative_program() is loops._jit_speculative_loop_cpu  # pylint: disable=protected-access
+  assert loops.CPU_SPECULATIVE_COMPILER_OPTIONS == {
+      "xla_cpu_multi_thread_eigen": False}

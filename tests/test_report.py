@@ -12,6 +12,7 @@ import pytest
 
 from specdec_jax import analysis
 from specdec_jax import report
+from specdec_jax.reporting import trace as trace_lib
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "results_small")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -386,17 +387,17 @@ def test_alpha_labels_clear_error_bars_and_diamonds(tmp_path):
 
 
 def test_piece_escapes_unprintable_tokens():
-  assert report._piece("▁a") == " a"
-  assert report._piece("a\nb\tc") == "a\\nb\\tc"
-  assert report._piece("\u200b") == "\\u200b"       # zero-width space
-  assert report._piece("\u00a0") == "\\xa0"         # no-break space
-  assert report._piece("\ufffd") == "\\ufffd"       # undecodable byte
-  assert report._piece("\u0301e") == "\\u0301e"     # leading combining mark
-  assert report._piece("e\u0301") == "e\u0301"      # é, composed: kept
-  assert report._piece("\\n") == "\\\\n"            # a literal backslash-n
-  assert report._piece("Straße</s>") == "Straße</s>"
-  has_glyph = report._font_has_glyph_fn()
-  assert report._escape_missing_glyphs("a中", has_glyph) == "a\\u4e2d"
+  assert trace_lib.piece("▁a") == " a"
+  assert trace_lib.piece("a\nb\tc") == "a\\nb\\tc"
+  assert trace_lib.piece("\u200b") == "\\u200b"       # zero-width space
+  assert trace_lib.piece("\u00a0") == "\\xa0"         # no-break space
+  assert trace_lib.piece("\ufffd") == "\\ufffd"       # undecodable byte
+  assert trace_lib.piece("\u0301e") == "\\u0301e"     # leading combining mark
+  assert trace_lib.piece("e\u0301") == "e\u0301"      # é, composed: kept
+  assert trace_lib.piece("\\n") == "\\\\n"            # a literal backslash-n
+  assert trace_lib.piece("Straße</s>") == "Straße</s>"
+  has_glyph = trace_lib.font_has_glyph_fn()
+  assert trace_lib.escape_missing_glyphs("a中", has_glyph) == "a\\u4e2d"
 
 
 def _predictions_without_timeline(root):

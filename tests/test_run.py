@@ -1,4 +1,5 @@
 """The run command: gin files, flags, and end-to-end runs offline."""
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 from specdec_jax import checkpoints
 from specdec_jax import gin_utils
 from specdec_jax import run as run_lib
+from specdec_jax import run_metrics
 from specdec_jax.models import init_params
 from specdec_jax.models import param_shapes
 
@@ -109,6 +111,9 @@ def test_local_tiny_end_to_end(tmp_path, caplog):
   metrics = first.run()
   assert metrics["greedy_outputs_identical"] is True
   written = json.loads((tmp_path / "a" / "metrics.json").read_text())
+  # What run writes is what report and sweep read (`RunMetrics`).
+  assert run_metrics.load((tmp_path / "a" / "metrics.json").read_text(
+      )).to_dict() == written
   for key in ("gamma", "temperature", "alpha", "num_examples",
               "tokens_generated", "target_calls_baseline",
               "target_calls_speculative", "walltime_baseline_s",
@@ -204,6 +209,22 @@ def test_self_draft_from_checkpoint_accepts_everything(tmp_path):
   assert lines[1].startswith("alpha 1.000 ± 0.000 (share of draft tokens")
   assert not any("random weights" in l for l in lines)
   assert lines[-1].startswith(f"results: {tmp_path / 'out' / 'alpha.json'}")
+
+
+def test_run_arguments_are_one_checked_frozen_record(tmp_path):
+  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path}'", "GAMMA = 3"])
+  args = run_lib.run_arguments()
+  assert isinstance(args, run_lib.RunArguments)
+  assert args.gamma == args["gamma"] == dict(args)["gamma"] == 3
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    args.gamma = 4  # pytype: disable=not-writable
+  with pytest.raises(run_lib.ConfigError, match=r"TEMPERATURE=-1.0 "):
+    dataclasses.replace(args, temperature=-1.0)  # checked when built
+  with pytest.raises(run_lib.ConfigError, match=r"Unknown run arguments "
+                     r"\['gama'\]"):
+    run_lib.run_arguments(overrides={"gama": 3})
+  assert run_lib.Experiment(args).args is args
+  assert run_lib.Experiment(**args).args == args  # the keywords form
 
 
 def test_bad_run_arguments_fail_before_loading(tmp_path):

@@ -151,8 +151,14 @@ def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
   monkeypatch.setattr(run_lib.Experiment, "run",
                       lambda self: (calls.append(self.args["output_dir"]),
                                     real_run(self))[1])
+  # Compiled programs are dropped after each point (kept, a long sweep runs
+  # out of memory mappings).
+  cleared = []
+  monkeypatch.setattr(sweep.jax, "clear_caches",
+                      lambda: cleared.append(len(calls)))
   dirs = sweep.run_sweep(points, results, base, bindings)
   assert len(calls) == 2 and not set(calls) & set(done_first)
+  assert cleared == [1, 2]
   assert sorted(dirs) == sorted(done_first + calls)
   for d in dirs:
     metrics = json.load(open(os.path.join(d, "metrics.json")))

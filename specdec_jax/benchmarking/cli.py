@@ -27,38 +27,48 @@ _DESCRIPTION = (
     "split, Theorem 3.8 efficiency.")
 
 
+def _defaults():
+  """{flag: default}: `config.validate`'s keyword defaults, the one home of
+  the benchmark's defaults."""
+  params = inspect.signature(config_lib.validate).parameters
+  return {name: p.default for name, p in params.items()}
+
+
 def define_flags() -> flags.FlagValues:
   """A new FlagValues holding the benchmark's flags (text until validated)."""
   fv = flag_utils.new_flag_values()
   sizes = ", ".join(config_lib.MODEL_SIZES)
-  define = functools.partial(flags.DEFINE_string, flag_values=fv)
-  define("target", "small", f"target model: a size ({sizes}) or a gin file")
-  define("draft", "xsmall", f"draft model: a size ({sizes}) or a gin file")
-  define("alphas", "0.5,0.75,0.9",
-         "synthetic acceptance rates, comma-separated in [0, 1]")
-  define("gammas", "1,3,5,7",
-         "draft tokens per iteration, comma-separated ints >= 1")
-  define("chunk_sizes", "1,2,4,8,16",
+  defaults = _defaults()
+
+  def define(name, help_text):  # A text flag, checked by `validate`.
+    default = defaults[name]
+    flags.DEFINE_string(name, None if default is None else str(default),
+                        help_text, flag_values=fv)
+
+  define("target", f"target model: a size ({sizes}) or a gin file")
+  define("draft", f"draft model: a size ({sizes}) or a gin file")
+  define("alphas", "synthetic acceptance rates, comma-separated in [0, 1]")
+  define("gammas", "draft tokens per iteration, comma-separated ints >= 1")
+  define("chunk_sizes",
          "K values of the target cost curve (1 is always added)")
-  define("batch_size", "1", "rows decoded together")
-  define("input_length", "64", "encoder input tokens per row")
-  define("max_decode_length", "64",
+  define("batch_size", "rows decoded together")
+  define("input_length", "encoder input tokens per row")
+  define("max_decode_length",
          "tokens generated per row (eos never stops a row)")
-  define("fill_length", None, "decoder cache fill for per-call timings "
+  define("fill_length", "decoder cache fill for per-call timings "
          "(default max_decode_length // 2)")
-  define("repeats", "5", "timed runs (median)")
-  define("inner_steps", "8", "calls per timed program for per-call costs")
-  define("temperature", "0.0",
-         "sampling temperature of both decoders (0 = greedy)")
-  define("dtype", None, "float32 or bfloat16 (default: bfloat16 on "
+  define("repeats", "timed runs (median)")
+  define("inner_steps", "calls per timed program for per-call costs")
+  define("temperature", "sampling temperature of both decoders (0 = greedy)")
+  define("dtype", "float32 or bfloat16 (default: bfloat16 on "
          "accelerators, float32 on CPU); params are cast to it")
-  define("device_bandwidth_gbps", None,
+  define("device_bandwidth_gbps",
          "peak memory bandwidth for the bandwidth bound (default: known "
          "value for the device kind, else omitted)")
-  define("seed", "0", "seed of the random weights and inputs")
-  define("output", "benchmark.json", "JSON output path ('' to skip)")
+  define("seed", "seed of the random weights and inputs")
+  define("output", "JSON output path ('' to skip)")
   flags.DEFINE_boolean(
-      "check_greedy_identity", False,
+      "check_greedy_identity", defaults["check_greedy_identity"],
       "also decode greedily with both decoders (real acceptance) and compare "
       "tokens, and compare the target's (γ+1)-token logits with one-token "
       "calls: the temperature-0 exactness check for this backend and dtype",

@@ -40,27 +40,31 @@ def flag_error(flag: str, value: Any, allowed: str) -> BenchmarkFlagError:
 
 @dataclasses.dataclass
 class BenchmarkConfig:
-  """Validated benchmark settings (see `cli` for their meaning)."""
-  target: str = "small"
-  draft: str = "xsmall"
-  target_config: Optional[T5Config] = None
-  draft_config: Optional[T5Config] = None
-  alphas: Tuple[float, ...] = (0.5, 0.75, 0.9)
-  gammas: Tuple[int, ...] = (1, 3, 5, 7)
-  chunk_sizes: Tuple[int, ...] = (1, 2, 4, 8, 16)
-  batch_size: int = 1
-  input_length: int = 64
-  max_decode_length: int = 64
-  fill_length: Optional[int] = None  # Default: max_decode_length // 2.
-  repeats: int = 5
-  inner_steps: int = 8
-  temperature: float = 0.0
-  dtype: str = "float32"
-  device_bandwidth_gbps: Optional[float] = None
-  output: Optional[str] = "benchmark.json"
-  seed: int = 0
-  check_greedy_identity: bool = False
-  warnings: Tuple[str, ...] = ()
+  """Validated benchmark settings (see `cli` for their meaning).
+
+  Built by `validate`, whose keyword defaults are the benchmark's defaults
+  (the flags' too): this class has none.
+  """
+  target: str
+  draft: str
+  target_config: T5Config
+  draft_config: T5Config
+  alphas: Tuple[float, ...]
+  gammas: Tuple[int, ...]
+  chunk_sizes: Tuple[int, ...]  # Always includes 1.
+  batch_size: int
+  input_length: int
+  max_decode_length: int
+  fill_length: int
+  repeats: int
+  inner_steps: int
+  temperature: float
+  dtype: str
+  device_bandwidth_gbps: Optional[float]
+  output: Optional[str]
+  seed: int
+  check_greedy_identity: bool
+  warnings: Tuple[str, ...]
 
 
 def default_dtype() -> str:
@@ -186,6 +190,10 @@ def validate(*, target="small", draft="xsmall", alphas="0.5,0.75,0.9",
              device_bandwidth_gbps=None, seed=0, output="benchmark.json",
              check_greedy_identity=False) -> BenchmarkConfig:
   """Checks every setting (strings or values) and returns a BenchmarkConfig.
+
+  Its keyword defaults are the benchmark's (`cli` shows them as the flags'
+  defaults). `fill_length` None: max_decode_length // 2; `dtype` None:
+  `default_dtype()`.
 
   Raises:
     BenchmarkFlagError naming the flag, the bad value and what is allowed.

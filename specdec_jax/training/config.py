@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import gin
 
+from specdec_jax import gin_utils
 from specdec_jax import paths
 from specdec_jax.models.config import T5Config
 from specdec_jax.training.loss import LossSettings
@@ -173,7 +174,7 @@ class TrainConfig:
 
   def search_paths(self) -> Sequence[str]:
     if self.gin_search_paths is None:
-      return [".", str(paths.GIN_DIR)]
+      return gin_utils.search_paths()
     return self.gin_search_paths
 
   def resolved_paths(self) -> TrainPaths:

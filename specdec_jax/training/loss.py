@@ -22,6 +22,9 @@ Array = jax.Array
 class LossSettings:
   """The loss's weights (frozen, hashable: part of a compiled step's key).
 
+  Built by `TrainConfig.loss_settings()`, where the defaults live (gin's
+  ``train.*``).
+
   Attributes:
     label_smoothing: on the reference cross-entropy.
     z_loss: T5X's auxiliary log(Z)^2 loss weight.
@@ -29,11 +32,11 @@ class LossSettings:
     distill_temperature: T, applied to teacher and student logits; > 0.
     distill_weight: w in ``w T^2 KL + (1 - w) CE``; in [0, 1].
   """
-  label_smoothing: float = 0.0
-  z_loss: float = 1e-4
-  distill: bool = False
-  distill_temperature: float = 1.0
-  distill_weight: float = 1.0
+  label_smoothing: float
+  z_loss: float
+  distill: bool
+  distill_temperature: float
+  distill_weight: float
 
   def __post_init__(self):
     if not 0.0 <= self.distill_weight <= 1.0:

@@ -24,21 +24,22 @@ def _check_choice(name: str, value: str, allowed) -> None:
 class OptimizerSettings:
   """Optimizer and learning-rate schedule (see `TrainConfig` for each field).
 
-  `decay_steps` is where the cosine decay ends; for the other decays it
-  plays no part and is 0, so that runs of different lengths share one
-  compiled train step.
+  Built by `TrainConfig.optimizer_settings()`: the defaults live there (gin's
+  ``train.*``), so this class has none. `decay_steps` is where the cosine
+  decay ends; for the other decays it plays no part and is 0, so that runs
+  of different lengths share one compiled train step.
   """
-  optimizer: str = "adamw"
-  learning_rate: float = 1e-3
-  warmup_steps: int = 500
-  decay: str = "cosine"
-  decay_steps: int = 0
-  final_learning_rate_fraction: float = 0.0
-  weight_decay: float = 0.01
-  grad_clip_norm: Optional[float] = 1.0
-  adam_b1: float = 0.9
-  adam_b2: float = 0.98
-  adam_eps: float = 1e-9
+  optimizer: str
+  learning_rate: float
+  warmup_steps: int
+  decay: str
+  decay_steps: int
+  final_learning_rate_fraction: float
+  weight_decay: float
+  grad_clip_norm: Optional[float]
+  adam_b1: float
+  adam_b2: float
+  adam_eps: float
 
   def __post_init__(self):
     _check_choice("optimizer", self.optimizer, OPTIMIZERS)

@@ -1,0 +1,246 @@
+"""`load_t5x_params`: a T5X checkpoint's parameters, checked, then read.
+
+The layout is detected (`checkpoint_sources`), every parameter's name and
+stored shape is checked against the model's (`expected`) and its sharding
+from metadata alone, and only then is array data read (`reads`).
+"""
+import os
+import posixpath
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+
+from flax import traverse_util
+import jax
+import numpy as np
+import tensorstore as ts
+
+from specdec_jax import io_utils
+from specdec_jax.checkpoints import legacy
+from specdec_jax.checkpoints import orbax
+from specdec_jax.checkpoints import reads
+from specdec_jax.checkpoints.layout import CheckpointError
+from specdec_jax.checkpoints.layout import MSGPACK_FILE
+from specdec_jax.checkpoints.layout import ORBAX_METADATA
+from specdec_jax.checkpoints.layout import ParamPath
+from specdec_jax.checkpoints.layout import STATE_DIR
+from specdec_jax.checkpoints.layout import join
+from specdec_jax.checkpoints.source import Source
+from specdec_jax.checkpoints.source import open_all
+
+
+def checkpoint_sources(ckpt: str) -> Tuple[str, Dict[ParamPath, Source]]:
+  """Detects the layout of `ckpt` and lists its parameters' sources.
+
+  Returns:
+    ('legacy' | 'orbax' | 'orbax-msgpack', {parameter path: Source}).
+
+  Raises:
+    CheckpointError: no such directory, or neither layout's files in it.
+  """
+  if not io_utils.isdir(ckpt):
+    if io_utils.isfile(ckpt) and posixpath.basename(
+        ckpt.rstrip("/")) == MSGPACK_FILE:
+      return "legacy", legacy.msgpack_sources(ckpt, ckpt)  # The file itself.
+    raise CheckpointError(
+        f"Checkpoint directory {ckpt} does not exist (expected a T5X "
+        "checkpoint_<N> directory).")
+  state_dir = join(ckpt, STATE_DIR)
+  if io_utils.isfile(join(state_dir, ORBAX_METADATA)):
+    return "orbax", orbax.orbax_sources(ckpt, state_dir)
+  if io_utils.isfile(join(state_dir, MSGPACK_FILE)):
+    return "orbax-msgpack", legacy.msgpack_sources(
+        ckpt, join(state_dir, MSGPACK_FILE), state_dir)
+  if io_utils.isfile(join(ckpt, MSGPACK_FILE)):
+    return "legacy", legacy.msgpack_sources(ckpt, join(ckpt, MSGPACK_FILE))
+  if io_utils.isdir(state_dir):
+    raise CheckpointError(
+        f"Checkpoint {ckpt}: {state_dir} has no Orbax metadata file "
+        f"'{ORBAX_METADATA}' (incomplete or not an Orbax checkpoint).")
+  raise CheckpointError(
+      f"Checkpoint {ckpt}: not a T5X checkpoint: neither a '{MSGPACK_FILE}' "
+      f"msgpack file (legacy layout) nor '{STATE_DIR}/{ORBAX_METADATA}' "
+      "(Orbax layout) found.")
+
+
+def load_t5x_params(path, *, expected=None, dtype=None, shardings=None
+                    ) -> Dict[str, Any]:
+  """Loads the model parameters of a T5X checkpoint (either layout).
+
+  Args:
+    path: a T5X step directory ``.../checkpoint_<N>`` (local path or
+      ``gs://bucket/...``), in the legacy layout (msgpack ``checkpoint`` file
+      plus zarr folders) or the Orbax layout (``state/`` PyTree checkpoint).
+      The legacy msgpack file itself may also be given.
+    expected: optional nested dict with the same structure as the result whose
+      leaves have a ``.shape`` (e.g. ``jax.ShapeDtypeStruct`` from
+      ``jax.eval_shape(model.init, ...)``; a ``{'params': ...}`` wrapper and
+      flax ``nn.Partitioned`` boxes are accepted). Every expected parameter
+      must exist with exactly that shape and the checkpoint may hold no other
+      parameters; dtypes are not compared. All of this is checked from
+      metadata before any array data is read.
+    dtype: if given (e.g. ``jnp.bfloat16``), every array is cast to it on the
+      host while restoring; otherwise arrays keep their stored dtype (T5X
+      stores float32).
+    shardings: optional nested dict (same structure) of
+      ``jax.sharding.Sharding`` (``None`` leaves: default device), or one
+      ``Sharding`` for all parameters. Each array is restored directly into
+      its sharding: every distinct shard is read from TensorStore once and
+      only the addressable shards are read, so no device needs a full host
+      copy. Without it, arrays are placed on the default device.
+
+  Returns:
+    The ``target`` subtree of the checkpoint (without the ``target`` key) as a
+    nested dict of ``jax.Array`` in T5X's parameter layout, e.g.
+    ``params['encoder']['layers_0']['attention']['query']['kernel']``
+    (``[emb, heads * head_dim]``), ``params['encoder']['layers_0']['mlp']
+    ['wi_0']['kernel']`` (``[emb, mlp]``), ``params['decoder']
+    ['logits_dense']['kernel']`` (``[emb, vocab]``),
+    ``params['token_embedder']['embedding']`` (``[vocab, emb]``),
+    ``params['encoder']['relpos_bias']['rel_embedding']``
+    (``[heads, num_buckets]``). Use it as ``{'params': tree}`` for flax.
+    Optimizer state is never read.
+
+  Raises:
+    CheckpointError: the directory or its ``checkpoint`` / Orbax metadata is
+      missing, an array cannot be opened or read (missing, truncated or
+      corrupt file), or the parameters do not match ``expected``. The message
+      names the checkpoint and the slash-joined parameter path.
+  """
+  ckpt = os.fspath(path)
+  if not io_utils.is_url(ckpt):
+    ckpt = os.path.abspath(ckpt)
+  _, sources = checkpoint_sources(ckpt)
+  if not sources:
+    raise CheckpointError(f"Checkpoint {ckpt}: it holds no parameters.")
+  dtype = None if dtype is None else np.dtype(dtype)
+  # Every check reads metadata only; array data is read last.
+  exp_flat = _expected_shapes(ckpt, sources, expected)
+  shard_flat = _shardings_by_param(ckpt, sources, shardings)
+  context = ts.Context({
+      "cache_pool": {"total_bytes_limit": 64 << 20},
+      "file_io_concurrency": {"limit": 64},
+  })
+  open_all(ckpt, sources, context)
+  _check_opened(ckpt, sources, exp_flat, shard_flat)
+  return traverse_util.unflatten_dict(
+      reads.read_all(ckpt, sources, shard_flat, dtype))
+
+
+def _expected_shapes(ckpt: str, sources: Mapping[ParamPath, Source],
+                     expected: Any) -> Optional[Dict[ParamPath, Any]]:
+  """`expected` flattened, after checking that it names the same parameters.
+
+  Raises:
+    CheckpointError: parameters missing from the checkpoint, or in it but
+      not expected.
+  """
+  if expected is None:
+    return None
+  expected = _maybe_unwrap_params(expected, sources)
+  exp_flat = _flatten_spec_tree(expected, "expected",
+                                lambda x: hasattr(x, "shape"))
+  missing = [p for p, v in exp_flat.items() if v is not None and
+             p not in sources]
+  extra = [p for p in sources if p not in exp_flat]
+  problems = []
+  if missing:
+    problems.append(
+        f"{len(missing)} expected parameter(s) missing from the checkpoint: "
+        + _fmt_paths(missing))
+  if extra:
+    problems.append(
+        f"{len(extra)} parameter(s) in the checkpoint that the model does "
+        "not expect: " + _fmt_paths(extra))
+  if problems:
+    raise CheckpointError(f"Checkpoint {ckpt}: " + "; ".join(problems))
+  return exp_flat
+
+
+def _shardings_by_param(ckpt: str, sources: Mapping[ParamPath, Source],
+                        shardings: Any) -> Dict[ParamPath, Any]:
+  """One sharding (or None) per parameter, from one Sharding or a tree.
+
+  Raises:
+    CheckpointError: shardings given for parameters not in the checkpoint.
+  """
+  if shardings is None:
+    return {}
+  if isinstance(shardings, jax.sharding.Sharding):
+    return {p: shardings for p in sources}
+  shardings = _maybe_unwrap_params(shardings, sources)
+  shard_flat = _flatten_spec_tree(
+      shardings, "shardings", lambda x: isinstance(x, jax.sharding.Sharding))
+  unknown = [p for p, s in shard_flat.items()
+             if s is not None and p not in sources]
+  if unknown:
+    raise CheckpointError(
+        f"Checkpoint {ckpt}: shardings given for parameter(s) not in the "
+        f"checkpoint: {_fmt_paths(unknown)}")
+  return shard_flat
+
+
+def _check_opened(ckpt: str, sources: Mapping[ParamPath, Source],
+                  exp_flat: Optional[Mapping[ParamPath, Any]],
+                  shard_flat: Mapping[ParamPath, Any]) -> None:
+  """Every opened array's shape against `expected` and its sharding.
+
+  Raises:
+    CheckpointError: a shape differs from the expected one, or a sharding
+      does not fit its array.
+  """
+  for p in sorted(sources):
+    src = sources[p]
+    if exp_flat is not None and exp_flat.get(p) is not None:
+      want = tuple(int(d) for d in exp_flat[p].shape)
+      if want != src.shape:
+        raise CheckpointError(
+            f"Checkpoint {ckpt}: parameter '{src.name}' has shape "
+            f"{list(src.shape)} in the checkpoint but the model expects "
+            f"{list(want)}.")
+    sharding = shard_flat.get(p)
+    if sharding is not None:
+      try:
+        sharding.shard_shape(src.shape)
+        sharding.addressable_devices_indices_map(src.shape)
+      except Exception as e:
+        raise CheckpointError(
+            f"Checkpoint {ckpt}: sharding {sharding} does not fit parameter "
+            f"'{src.name}' of shape {list(src.shape)}: {e}") from e
+
+
+def _flatten_spec_tree(tree: Any, what: str,
+                       is_leaf) -> Dict[ParamPath, Any]:
+  """Flattens a nested mapping whose leaves satisfy `is_leaf` (or are None)."""
+  out = {}
+
+  def rec(node, prefix):
+    if hasattr(node, "unbox") and not is_leaf(node):
+      node = node.unbox()  # flax AxisMetadata (nn.Partitioned, ...).
+    if is_leaf(node):
+      out[prefix] = node
+    elif isinstance(node, Mapping):
+      for k, v in node.items():
+        rec(v, prefix + (str(k),))
+    elif node is None:
+      out[prefix] = None
+    else:
+      raise TypeError(
+          f"{what}: unexpected {type(node).__name__} at "
+          f"'{'/'.join(prefix)}'; expected a nested dict of leaves.")
+
+  rec(tree, ())
+  return out
+
+
+def _maybe_unwrap_params(tree: Any, names: Iterable[ParamPath]) -> Any:
+  """Drops a flax `{'params': ...}` wrapper if the checkpoint has none."""
+  if (isinstance(tree, Mapping) and set(tree.keys()) == {"params"}
+      and isinstance(tree["params"], Mapping)
+      and not any(p and p[0] == "params" for p in names)):
+    return tree["params"]
+  return tree
+
+
+def _fmt_paths(paths: Iterable[ParamPath], limit: int = 10) -> str:
+  names = sorted("/".join(p) for p in paths)
+  more = f" ... and {len(names) - limit} more" if len(names) > limit else ""
+  return ", ".join(names[:limit]) + more

@@ -1,0 +1,284 @@
+"""The run's arguments: what gin binds as `run.*` (`run_arguments`), held in
+one frozen `RunArguments` that is checked once, when it is built.
+
+The checks need no model and no I/O: every value's type and range, the
+drafter's settings (`drafters.choice`) and the decoders' own argument checks.
+What needs the model configs (vocabulary sizes) or a file (NGRAM_CORPUS) is
+checked by `run.Experiment` at startup, still before anything is loaded.
+"""
+import dataclasses
+import math
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import gin
+
+from specdec_jax import decoding
+from specdec_jax import gin_utils
+from specdec_jax import sampling
+from specdec_jax.drafters import choice as drafter_choice
+
+ConfigError = gin_utils.ConfigError
+MODES = ("walltime", "alpha")
+
+# The gin macro (README, "Names you type") that sets each run argument:
+# error messages name what the user typed.
+MACROS = {
+    "output_dir": "OUTPUT_DIR", "gamma": "GAMMA", "temperature": "TEMPERATURE",
+    "top_k": "TOPK", "top_p": "TOPP", "batch_size": "BATCH_SIZE",
+    "num_examples": "NUM_EXAMPLES", "seed": "SEED",
+    "task_feature_lengths": "TASK_FEATURE_LENGTHS", "mode": "MODE",
+    "overwrite": "OVERWRITE", "mesh_shape": "MESH_SHAPE",
+    "drafter": "DRAFTER", "ngram_corpus": "NGRAM_CORPUS",
+    "ngram_order": "NGRAM_ORDER", "prompt_lookup_max": "PROMPT_LOOKUP_MAX",
+    "inner_drafter": "INNER_DRAFTER", "inner_gamma": "INNER_GAMMA",
+    "lenience": "LENIENCE", "adaptive_threshold": "ADAPTIVE_THRESHOLD",
+}
+# The run arguments of `drafters.choice.DrafterSettings`.
+DRAFTER_ARGS = tuple(f.name for f in dataclasses.fields(
+    drafter_choice.DrafterSettings))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunArguments:
+  """One run's arguments (all gin-configurable; README, "Names you type").
+
+  Read by attribute; `args['gamma']`, `dict(args)` and `**args` also work
+  (callers written for the dict this replaces).
+
+  Attributes:
+    output_dir: where metrics.json and predictions.jsonl go (local or gs://).
+    target_checkpoint_path / draft_checkpoint_path: T5X checkpoint dirs
+      (local or gs://); None means random weights (smoke tests only).
+    gamma: Algorithm 1's γ (an integer >= 1), or 'auto' (Theorem 3.8's best
+      for the α and c measured on the first examples).
+    temperature, top_k, top_p: the sampling (0 = greedy; 0 and 1 = off).
+    batch_size: rows decoded together (the paper: 1).
+    num_examples: how many examples of the split to decode.
+    seed: PRNG seed for sampling and random weights.
+    mixture_or_task_name / split: a registered seqio task; or
+    source_file / reference_file: local parallel text (or a TSV).
+    task_feature_lengths: {'inputs': S, 'targets': max_decode_length}.
+    input_prefix: prepended to local-file inputs.
+    task_kind: 'translation' (BLEU) or 'summarization' (ROUGE); from the
+      seqio task when None.
+    task_name, target_name, draft_name: labels copied to metrics.json for
+      the report (e.g. 'ende', 'xxl', 'small').
+    mode: 'walltime' (both decoders, timed) or 'alpha' (α only).
+    mesh_shape: (data, model) device mesh.
+    overwrite: replace the metrics.json / alpha.json of a run with other
+      settings in output_dir (default: refuse, before loading anything).
+    drafter, ngram_corpus, ngram_order, prompt_lookup_max, inner_drafter,
+      inner_gamma, adaptive_threshold: what guesses (`drafters.choice`).
+    lenience: Appendix A.5's l in (0, 1]; 1 = exact (the default).
+  """
+  output_dir: str
+  target_checkpoint_path: Optional[str] = None
+  draft_checkpoint_path: Optional[str] = None
+  gamma: Union[int, str] = 5
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  batch_size: int = 1
+  num_examples: int = 100
+  seed: int = 0
+  mixture_or_task_name: Optional[str] = None
+  split: str = "validation"
+  task_feature_lengths: Dict[str, int] = dataclasses.field(
+      default_factory=lambda: {"inputs": 512, "targets": 128})
+  source_file: Optional[str] = None
+  reference_file: Optional[str] = None
+  input_prefix: str = ""
+  task_kind: Optional[str] = None
+  task_name: str = ""
+  target_name: str = ""
+  draft_name: str = ""
+  mode: str = "walltime"
+  mesh_shape: Tuple[int, ...] = (1, 1)
+  overwrite: bool = False
+  drafter: str = "model"
+  ngram_corpus: Optional[str] = None
+  ngram_order: Optional[int] = None
+  prompt_lookup_max: int = 3
+  inner_drafter: str = "prompt_lookup"
+  inner_gamma: int = 4
+  lenience: float = 1.0
+  adaptive_threshold: Optional[float] = None
+
+  def __post_init__(self):
+    check_settings(self)
+    try:
+      drafter_choice.check_gamma(self.gamma)
+      drafter_choice.check_lenience(self.lenience)
+      self.drafting.check(self.mode)
+      _check_decoding_args(self)
+    except ValueError as e:  # a bad setting, not a bug: no traceback
+      raise ConfigError(str(e)) from None
+
+  # -- read as the dict it replaces ------------------------------------------
+  def keys(self):
+    return [f.name for f in dataclasses.fields(self)]
+
+  def __getitem__(self, name: str) -> Any:
+    if name not in self.keys():
+      raise KeyError(name)
+    return getattr(self, name)
+
+  # -- derived ----------------------------------------------------------------
+  @property
+  def drafting(self) -> drafter_choice.DrafterSettings:
+    """The drafter's settings (DRAFTER, NGRAM_*, ...)."""
+    return drafter_choice.DrafterSettings(
+        **{k: getattr(self, k) for k in DRAFTER_ARGS})
+
+  @property
+  def auto_gamma(self) -> bool:
+    """GAMMA='auto': γ is chosen by the run."""
+    return self.gamma == drafter_choice.AUTO_GAMMA
+
+  @property
+  def max_decode_length(self) -> int:
+    return self.task_feature_lengths["targets"]
+
+  @property
+  def label(self) -> str:
+    """The task's label in metrics.json and the summary."""
+    return self.task_name or self.mixture_or_task_name or "local"
+
+  def method(self) -> sampling.SamplingMethod:
+    """The sampling method (greedy at temperature 0)."""
+    return sampling.make_method(self.temperature, self.top_k, self.top_p)
+
+  @property
+  def random_weights(self) -> bool:
+    """A checkpoint the run needs is unset: random weights."""
+    return not (self.target_checkpoint_path and (
+        self.draft_checkpoint_path or not self.drafting.uses_draft_model))
+
+
+def coerce(args: Union[RunArguments, Mapping[str, Any]]) -> RunArguments:
+  """`args` as RunArguments (a mapping of some fields: the others default)."""
+  if isinstance(args, RunArguments):
+    return args
+  return RunArguments(**args)
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_settings(args: RunArguments) -> None:
+  """The run arguments `decoding` does not check (no I/O, no model).
+
+  Raises:
+    ConfigError: naming the gin macro, the value and what is allowed.
+  """
+  def bad(name, allowed):
+    return ConfigError(f"{MACROS.get(name, name)}={args[name]!r} "
+                       f"(run.{name}): allowed: {allowed}.")
+
+  # inf (`1e999`) or nan would run and then be written as `Infinity` / `NaN`,
+  # which is not JSON.
+  t, p = args.temperature, args.top_p
+  if not (_is_number(t) and math.isfinite(t) and t >= 0):
+    raise bad("temperature", "a finite number >= 0 (0 = greedy)")
+  if not (_is_number(p) and math.isfinite(p) and 0 < p <= 1):
+    raise bad("top_p", "a finite number in (0, 1] (1 = off)")
+  if not (_is_int(args.top_k) and args.top_k >= 0):
+    raise bad("top_k", "an integer >= 0 (0 = off)")
+  if not _is_int(args.seed):
+    raise bad("seed", "an integer")
+  if not isinstance(args.overwrite, bool):
+    raise bad("overwrite", "True or False")
+  lengths = args.task_feature_lengths
+  if not isinstance(lengths, dict):
+    raise bad("task_feature_lengths",
+              "{'inputs': S, 'targets': max decode length}")
+  inputs = lengths.get("inputs", 2)  # the keys: `_check_decoding_args`
+  if not _is_int(inputs) or inputs < 2:
+    raise ConfigError(
+        f"TASK_FEATURE_LENGTHS['inputs']={inputs!r}: allowed: an integer >= 2 "
+        "(input tokens per example, EOS included; longer inputs are "
+        "truncated and counted in metrics.json).")
+  output_dir = args.output_dir
+  if not isinstance(output_dir, str) or not output_dir:
+    raise bad("output_dir", "a directory path")
+  if "://" in output_dir and not output_dir.startswith("gs://"):
+    raise bad("output_dir", "a local directory or gs://bucket/folder")
+
+
+def _check_decoding_args(args: RunArguments) -> None:
+  """MODE, and what the decoders check (γ, max_decode_length, sampling),
+  BATCH_SIZE, NUM_EXAMPLES and TASK_FEATURE_LENGTHS' keys; ValueError."""
+  if args.mode not in MODES:
+    raise ValueError(f"mode must be one of {MODES}, got {args.mode!r}.")
+  decoding.check_settings(
+      gamma=None if args.auto_gamma else args.gamma,
+      max_decode_length=args.task_feature_lengths.get("targets", 0))
+  args.method()  # Validates temperature, top_k and top_p together.
+  for name, value in (("BATCH_SIZE", args.batch_size),
+                      ("NUM_EXAMPLES", args.num_examples)):
+    if not _is_int(value) or value < 1:
+      raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+  if set(args.task_feature_lengths) != {"inputs", "targets"}:
+    raise ValueError("TASK_FEATURE_LENGTHS must have exactly the keys "
+                     "'inputs' and 'targets', got "
+                     f"{args.task_feature_lengths!r}.")
+
+
+@gin.configurable("run", denylist=["overrides"])
+def run_arguments(output_dir: str = gin.REQUIRED,
+                  target_checkpoint_path: Optional[str] = None,
+                  draft_checkpoint_path: Optional[str] = None,
+                  gamma: Union[int, str] = 5,
+                  temperature: float = 0.0,
+                  top_k: int = 0,
+                  top_p: float = 1.0,
+                  batch_size: int = 1,
+                  num_examples: int = 100,
+                  seed: int = 0,
+                  mixture_or_task_name: Optional[str] = None,
+                  split: str = "validation",
+                  task_feature_lengths: Optional[Dict[str, int]] = None,
+                  source_file: Optional[str] = None,
+                  reference_file: Optional[str] = None,
+                  input_prefix: str = "",
+                  task_kind: Optional[str] = None,
+                  task_name: str = "",
+                  target_name: str = "",
+                  draft_name: str = "",
+                  mode: str = "walltime",
+                  mesh_shape: Sequence[int] = (1, 1),
+                  overwrite: bool = False,
+                  drafter: str = "model",
+                  ngram_corpus: Optional[str] = None,
+                  ngram_order: Optional[int] = None,
+                  prompt_lookup_max: int = 3,
+                  inner_drafter: str = "prompt_lookup",
+                  inner_gamma: int = 4,
+                  lenience: float = 1.0,
+                  adaptive_threshold: Optional[float] = None,
+                  overrides: Optional[Dict[str, Any]] = None
+                  ) -> RunArguments:
+  """The run's arguments as gin binds them (`run.gamma = ...`), checked.
+
+  Args: the fields of `RunArguments`, and
+    overrides: values replacing them (tests, the sweep command).
+
+  Raises:
+    ConfigError: an unknown override, or a bad value (`RunArguments`).
+  """
+  args = dict(locals())
+  args.pop("overrides")
+  args["task_feature_lengths"] = dict(task_feature_lengths or
+                                      {"inputs": 512, "targets": 128})
+  args["mesh_shape"] = tuple(mesh_shape)
+  unknown = set(overrides or {}) - set(args)
+  if unknown:
+    raise ConfigError(f"Unknown run arguments {sorted(unknown)}; known: "
+                      f"{sorted(args)}.")
+  args.update(overrides or {})
+  return RunArguments(**args)

@@ -1,0 +1,137 @@
+"""A run's settings record and the OVERWRITE rule of its OUTPUT_DIR.
+
+`settings_record` is what makes a run's results what they are: every run
+argument but OUTPUT_DIR / OVERWRITE / MODE, both model configs and the
+vocabulary (metrics.json and alpha.json record it as `settings`).
+`check_output_dir` creates and probes OUTPUT_DIR and refuses a metrics.json
+or alpha.json there whose recorded settings differ from the run's, unless
+OVERWRITE=True; the same settings may be re-run freely.
+"""
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Dict
+
+from absl import logging
+import jax.numpy as jnp
+
+from specdec_jax import gin_utils
+from specdec_jax import io_utils
+from specdec_jax import run_metrics
+from specdec_jax.drafters import choice as drafter_choice
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import setup
+from specdec_jax.models import T5Config
+
+ConfigError = gin_utils.ConfigError
+# Arguments that do not make a run's results different.
+NOT_SETTINGS = ("output_dir", "overwrite", "mode")
+
+
+def settings_record(args: arguments.RunArguments, target_config: T5Config,
+                    draft_config: T5Config, vocab) -> Dict[str, Any]:
+  """The run's `settings` (see the module docstring), JSON-normalized."""
+  run_args = {k: v for k, v in dataclasses.asdict(args).items()
+              if k not in NOT_SETTINGS}
+  if (args.drafting == drafter_choice.DrafterSettings(
+      ngram_corpus=args.ngram_corpus) and args.lenience == 1):
+    # The paper's setting: recorded as before these options existed, so
+    # earlier results still count as the same run.
+    for k in arguments.DRAFTER_ARGS + ("lenience",):
+      run_args.pop(k)
+  record = {
+      "run": run_args,
+      "target": gin_utils.t5_config_fields(target_config),
+      "draft": gin_utils.t5_config_fields(draft_config),
+      "vocabulary": {"kind": type(vocab).__name__,
+                     "size": int(vocab.vocab_size),
+                     "file": getattr(vocab, "sentencepiece_model_file",
+                                     None)},
+  }
+  return json.loads(json.dumps(record, sort_keys=True, default=str))
+
+
+def comparable(settings: Any) -> Any:
+  """A settings record as today's version writes it, for comparison.
+
+  Earlier versions wrote a model's dtype as `str` of its type ("<class
+  'numpy.float32'>") and a vocabulary file as the path resolved from the
+  current directory (possibly relative); both name the same thing as
+  today's "float32" and resolved path.
+  """
+  if not isinstance(settings, dict):
+    return settings
+  out = json.loads(json.dumps(settings))
+  for role in ("target", "draft"):
+    config = out.get(role)
+    dtype = config.get("dtype") if isinstance(config, dict) else None
+    match = re.fullmatch(r"<class '(?:[\w.]+\.)?(\w+)'>", str(dtype))
+    if match:
+      try:
+        config["dtype"] = jnp.dtype(match.group(1)).name
+      except TypeError:
+        pass
+  vocab = out.get("vocabulary")
+  if isinstance(vocab, dict) and isinstance(vocab.get("file"), str):
+    vocab["file"] = setup.resolve(vocab["file"])
+  return out
+
+
+def settings_diff(old: Any, new: Any, prefix: str = "",
+                  limit: int = 6) -> str:
+  """'run.gamma: 7 -> 4, ...': where two settings records differ."""
+  diffs = []
+
+  def walk(a, b, where):
+    if isinstance(a, dict) and isinstance(b, dict):
+      for key in sorted(set(a) | set(b)):
+        walk(a.get(key), b.get(key), f"{where}.{key}" if where else key)
+    elif a != b:
+      diffs.append(f"{where}: {a!r} -> {b!r}")
+
+  walk(old, new, prefix)
+  more = f" (and {len(diffs) - limit} more)" if len(diffs) > limit else ""
+  return ", ".join(diffs[:limit]) + more
+
+
+def _recorded_settings(path: str) -> Any:
+  """The `settings` a results file records (None: none, or unreadable)."""
+  try:
+    return comparable(json.loads(io_utils.read_text(path)).get("settings"))
+  except (OSError, ValueError, AttributeError):
+    return None
+
+
+def check_output_dir(out: str, settings: Dict[str, Any],
+                     overwrite: bool) -> None:
+  """Creates and probes `out`; refuses another run's results there.
+
+  Raises:
+    ConfigError: `out` is not a writable directory, or holds a
+      metrics.json / alpha.json of other settings (or of none) and
+      `overwrite` is False.
+  """
+  try:
+    io_utils.probe_writable_dir(out)
+  except ValueError as e:
+    raise ConfigError(f"OUTPUT_DIR={out!r}: {e}") from None
+  settings = comparable(settings)
+  for name in (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE):
+    path = os.path.join(out, name)
+    if not io_utils.isfile(path):
+      continue
+    old = _recorded_settings(path)
+    if old == settings or overwrite:
+      if old != settings:
+        logging.warning("OVERWRITE=True: replacing %s (a run with other "
+                        "settings).", path)
+      continue
+    what = ("records no settings (written by another program or an older "
+            "version)" if old is None else
+            "is from a run with other settings: " + settings_diff(
+                old, settings))
+    raise ConfigError(
+        f"OUTPUT_DIR={out!r} holds {name}, which {what}. Refusing to "
+        "overwrite it: choose another OUTPUT_DIR, or pass "
+        "--gin.OVERWRITE=True to replace it.")

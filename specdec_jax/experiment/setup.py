@@ -1,0 +1,126 @@
+"""What a run is set up from: the model configs (gin scopes 'target' and
+'draft'), the shared vocabulary (gin's `vocabulary.*`), and the models
+(a T5X checkpoint, or random weights), sharded over the run's mesh.
+"""
+import functools
+import os
+from typing import Optional
+
+from absl import logging
+import gin
+import jax
+
+from specdec_jax import checkpoints
+from specdec_jax import console
+from specdec_jax import gin_utils
+from specdec_jax import parameters
+from specdec_jax import partitioning
+from specdec_jax import paths
+from specdec_jax import vocab as vocab_lib
+from specdec_jax.models import T5Config
+from specdec_jax.models import T5Model
+from specdec_jax.models import param_shapes
+
+ConfigError = gin_utils.ConfigError
+
+
+def resolve(path: Optional[str]) -> Optional[str]:
+  """A data path from a gin file, resolved as `paths.resolve_path` does
+  (None and '' stay as they are: "not set")."""
+  return paths.resolve_path(path) if path else path
+
+
+def model_config(scope: str) -> T5Config:
+  """The T5Config bound under a gin scope ('target' or 'draft')."""
+  with gin.config_scope(scope):
+    return T5Config()  # pylint: disable=no-value-for-parameter
+
+
+@gin.configurable
+def vocabulary(spm_model_path: Optional[str] = vocab_lib.DEFAULT_SPM_PATH,
+               extra_ids: int = vocab_lib.DEFAULT_EXTRA_IDS,
+               byte_level: bool = False):
+  """The shared vocabulary: a SentencePiece model, or bytes (no file).
+
+  The SentencePiece model is read now (once per path and extra_ids), so a
+  missing file or one that is not a SentencePiece model fails at startup
+  with a ConfigError naming SPM_MODEL_PATH.
+  """
+  if byte_level:
+    return _load_vocabulary(None, 0, True)
+  if not spm_model_path:
+    raise ConfigError(f"SPM_MODEL_PATH={spm_model_path!r}: give the path of "
+                      "a SentencePiece .model file (or bind "
+                      "vocabulary.byte_level = True).")
+  path = resolve(spm_model_path)
+  if not paths.is_url(path) and not os.path.exists(path):
+    raise ConfigError(f"SPM_MODEL_PATH={spm_model_path!r} does not exist "
+                      f"(looked for {path}).")
+  return _load_vocabulary(path, extra_ids, False)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_vocabulary(spm_model_path, extra_ids, byte_level):
+  console.import_tensorflow_quietly()
+  if byte_level:
+    import seqio  # pylint: disable=g-import-not-at-top
+    return seqio.ByteVocabulary()
+  try:
+    return vocab_lib.load_vocabulary(spm_model_path, extra_ids)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
+def describe_vocabulary(vocab) -> str:
+  """How the user chose `vocab` (for messages)."""
+  path = getattr(vocab, "sentencepiece_model_file", None)
+  if path is None:
+    return f"{type(vocab).__name__} (vocabulary.byte_level = True)"
+  return (f"SPM_MODEL_PATH={path!r} with EXTRA_IDS="
+          f"{getattr(vocab, 'extra_ids', '?')}")
+
+
+def check_vocabulary_fits(vocab, target_config: T5Config,
+                          draft_config: T5Config) -> None:
+  """Every id of `vocab` must be a row of both models' embedding tables.
+
+  An id >= vocab_size would be clamped by the embedding lookup (JAX does not
+  raise on an out-of-bounds gather) and the outputs would be garbage.
+  """
+  size = int(vocab.vocab_size)
+  for role, config in (("target", target_config), ("draft", draft_config)):
+    if size > config.vocab_size:
+      raise ConfigError(
+          f"the vocabulary has {size} ids ({describe_vocabulary(vocab)}) but "
+          f"{role}/T5Config.vocab_size = {config.vocab_size}: ids >= "
+          f"{config.vocab_size} would be clamped by the {role}'s embedding "
+          "lookup and decode to garbage. Allowed: a vocabulary of at most "
+          f"{config.vocab_size} ids, or {role}/T5Config.vocab_size >= {size} "
+          "(if the checkpoint was trained with that many).")
+
+
+def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,
+               mesh, what: str) -> T5Model:
+  """Loads a T5X checkpoint (or random weights) sharded over `mesh`.
+
+  A model dir (as `train` writes) stands for its latest checkpoint.
+  """
+  shapes = param_shapes(config)["params"]
+  shardings = partitioning.param_shardings(mesh, shapes)
+  if checkpoint_path:
+    path = resolve(checkpoint_path)
+    latest = checkpoints.latest_checkpoint(path)
+    if latest and not os.path.basename(
+        os.path.normpath(checkpoint_path)).startswith("checkpoint_"):
+      path = resolve(latest)
+    logging.info("Loading %s from %s", what, path)
+    params = checkpoints.load_t5x_params(path, expected=shapes,
+                                         dtype=config.dtype,
+                                         shardings=shardings)
+  else:
+    logging.warning("No %s checkpoint: random weights (seed %d).", what, seed)
+    params = parameters.random_params(config, jax.random.PRNGKey(seed),
+                                      dtype=config.dtype, shardings=shardings)
+  # Decoder weights packed once for the CPU kernel (a no-op on accelerators
+  # and meshes): verification calls cost about what one-token calls cost.
+  return T5Model(config, {"params": params}).prepared_for_decoding()

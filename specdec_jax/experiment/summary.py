@@ -1,0 +1,167 @@
+"""The lines `run` ends with: what happened, in plain words.
+
+`summary_lines(metrics, args)` reads the metrics dict the run wrote
+(metrics.json, or alpha.json in MODE='alpha') and the run's arguments.
+"""
+import os
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+from specdec_jax import run_metrics
+from specdec_jax.experiment import arguments
+
+Args = Union[arguments.RunArguments, Mapping[str, Any]]
+
+
+def _speed_words(speedup: float, theory: float) -> str:
+  if speedup >= 1:
+    return (f"{speedup:.2f}x faster than the target alone (theory "
+            f"{theory:.2f}x)")
+  return (f"{1 / speedup:.2f}x slower than the target alone ({speedup:.2f}x; "
+          f"theory {theory:.2f}x)")
+
+
+def _quality_words(metrics: Dict[str, Any]) -> Optional[str]:
+  if metrics.get("bleu") is not None:
+    q = metrics["bleu"]
+    return (f"BLEU {q['baseline']:.2f} (target alone) vs "
+            f"{q['speculative']:.2f} (speculative)")
+  if metrics.get("rouge") is not None:
+    base, spec = metrics["rouge"]["baseline"], metrics["rouge"]["speculative"]
+    return "ROUGE " + ", ".join(
+        f"{k} {base[k]:.2f}/{spec[k]:.2f}" for k in base) + (
+            " (target alone / speculative)")
+  return None
+
+
+def _gamma_words(metrics: Dict[str, Any],
+                 args: arguments.RunArguments) -> str:
+  if args.auto_gamma:
+    return f"auto→{metrics.get('gamma', '?')}"
+  return str(args.gamma)
+
+
+def _lenience_words(metrics: Dict[str, Any], temp: float) -> str:
+  l = metrics["lenience"]
+  words = (f"; LENIENCE={l:g} < 1: outputs are NOT the target's "
+           f"distribution (a token's probability is at most p(x)/l = "
+           f"{1 / l:.2g} p(x); README, 'Lenience')")
+  if temp == 0:
+    words += (f"; greedy outputs identical to the target's on "
+              f"{metrics.get('greedy_identical_examples', '?')}/"
+              f"{metrics['num_examples']} examples (lenience keeps guesses "
+              "that are not the target's argmax)")
+  return words
+
+
+def _drafting_lines(metrics: Dict[str, Any]) -> List[str]:
+  """Adaptive γ and GAMMA='auto', in plain words."""
+  lines = []
+  auto = metrics.get("gamma_auto")
+  if auto:
+    lines.append(
+        f"GAMMA='auto': γ={auto['chosen_gamma']}, Theorem 3.8's best (at "
+        f"most {auto['max_gamma']}) for alpha {auto['alpha']:.2f} and c "
+        f"{auto['cost_coefficient_c']:.3f} measured on the first "
+        f"{auto['pilot_batches']} batches with γ={auto['pilot_gamma']}")
+  bound = metrics.get("per_iteration_gamma")
+  if metrics.get("adaptive_threshold") is not None and bound:
+    lines.append(
+        f"adaptive γ (ADAPTIVE_THRESHOLD={metrics['adaptive_threshold']:g}): "
+        f"{metrics['guesses_per_target_call']:.2f} guesses per target call "
+        f"(at most {metrics['gamma']}); Theorem 3.8's model of these calls: "
+        f"{bound['achieved_speedup']:.2f}x, vs {bound['fixed_gamma_speedup']:.2f}x"
+        f" drafting γ every call, and {bound['oracle_speedup']:.2f}x for "
+        "§3.5's oracle (drafting exactly what is kept)")
+  return lines
+
+
+def _exactness_words(metrics: Dict[str, Any], temp: float) -> str:
+  """How the outputs compare with the target's (lenience, samples, greedy)."""
+  if metrics.get("exact") is False:
+    return _lenience_words(metrics, temp)
+  if metrics.get("greedy_outputs_identical") is None:
+    return (f"; outputs are samples (T={temp:g}), so they are not compared "
+            "token by token with the target's: speculative decoding samples "
+            "the target's distribution exactly (chi-square tests in "
+            "tests/test_decoding.py), and alpha from acceptance counts "
+            f"({metrics['alpha']:.2f}) and from Σ min(p, q) "
+            f"({metrics['alpha_beta']:.2f}) estimate the same α")
+  n = metrics["num_examples"]
+  same = metrics.get("greedy_identical_examples", n if metrics[
+      "greedy_outputs_identical"] else "?")
+  words = f"; greedy outputs identical to the target's on {same}/{n} examples"
+  if not metrics["greedy_outputs_identical"]:
+    words += " (NOT all: at T=0 they must be; see README, 'How it stays exact')"
+  return words
+
+
+def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
+  """Speed, α, exactness, drafting and quality of a walltime run."""
+  lines = [
+      "speculative decoding: " + _speed_words(
+          metrics["speedup"], metrics["theoretical_speedup"]) +
+      f"; alpha {metrics['alpha']:.2f} (share of draft tokens accepted), "
+      f"{metrics['tokens_per_target_call']:.2f} tokens per target call" +
+      _exactness_words(metrics, temp)]
+  lines.extend(_drafting_lines(metrics))
+  quality = _quality_words(metrics)
+  if quality:
+    lines.append(f"quality: {quality}")
+  return lines
+
+
+def _alpha_line(metrics: Dict[str, Any]) -> str:
+  """Corollary 3.6's α of a MODE='alpha' run."""
+  return (f"alpha {metrics['alpha_beta']:.3f} ± "
+          f"{metrics['alpha_beta_stderr']:.3f} (share of draft tokens the "
+          "target would accept: Corollary 3.6's mean of Σ min(p, q) over "
+          f"{metrics['num_positions']} positions of target samples)")
+
+
+def _notes(metrics: Dict[str, Any]) -> List[str]:
+  """Random weights, fewer examples than asked for, truncated inputs."""
+  lines = []
+  if metrics.get("random_weights"):
+    lines.append(
+        "random weights (TARGET_CHECKPOINT_PATH / DRAFT_CHECKPOINT_PATH not "
+        "both set): alpha, speedup and quality are meaningless here; this "
+        "run checks the workflow and exactness only.")
+  requested = metrics.get("num_examples_requested")
+  if requested and requested > metrics["num_examples"]:
+    lines.append(f"note: NUM_EXAMPLES={requested}, but the data has only "
+                 f"{metrics['num_examples']} examples.")
+  if metrics.get("inputs_truncated"):
+    lines.append(
+        f"note: {metrics['inputs_truncated']} of {metrics['num_examples']} "
+        "inputs were truncated to TASK_FEATURE_LENGTHS['inputs']="
+        f"{metrics['inputs_length']} (longest: "
+        f"{metrics['longest_input_tokens']} tokens).")
+  return lines
+
+
+def summary_lines(metrics: Dict[str, Any], args: Args) -> List[str]:
+  """What happened, in plain words (the last lines `run` prints).
+
+  Args:
+    metrics: the dict the run wrote (metrics.json or alpha.json).
+    args: the run's arguments (a mapping of some of them: the others take
+      their defaults).
+  """
+  args = arguments.coerce(args)
+  temp = args.temperature
+  head = (f"{metrics.get('task', 'run')}: target {args.target_name or '?'},"
+          f" draft {metrics.get('draft_model') or args.draft_name or '?'}, "
+          + (f"γ={_gamma_words(metrics, args)}, " if args.mode == "walltime"
+             else "")
+          + f"T={temp:g}{' (greedy)' if temp == 0 else ''}, "
+          f"{metrics['num_examples']} examples")
+  out = args.output_dir
+  if args.mode == "alpha":
+    body = [_alpha_line(metrics)]
+    files = [run_metrics.ALPHA_FILE]
+  else:
+    body = _walltime_lines(metrics, temp)
+    files = [run_metrics.METRICS_FILE, run_metrics.PREDICTIONS_FILE]
+  return [head, *body, *_notes(metrics),
+          "results: " + ", ".join(os.path.join(out, f) for f in files) +
+          " (README: 'What the outputs mean')"]

@@ -1,0 +1,167 @@
+"""The report's figures: speedup vs γ with Theorem 3.8's curves, and α per
+draft and temperature (matplotlib's object API with the Agg canvas; no
+pyplot state). `new_figure` and `figure_bytes` serve every figure.
+"""
+import collections
+import io
+from typing import Any, Dict, Sequence
+
+import numpy as np
+
+from specdec_jax import analysis
+from specdec_jax.reporting import tables
+
+# Figures are rendered at this resolution (text metrics depend on it).
+DPI = 100
+
+
+def new_figure(width: float, height: float):
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=(width, height), dpi=DPI)
+  FigureCanvasAgg(fig)
+  return fig
+
+
+def figure_bytes(fig, fmt: str) -> bytes:
+  buf = io.BytesIO()
+  kwargs = {"metadata": {"Date": None}} if fmt == "svg" else {}
+  fig.savefig(buf, format=fmt, bbox_inches="tight", **kwargs)
+  return buf.getvalue()
+
+
+def _series(runs):
+  """Groups runs into (task, target, draft, temperature) series."""
+  series = collections.OrderedDict()
+  for r in sorted(runs, key=tables.row_sort_key):
+    series.setdefault(
+        (r["task"], r["target_model"], r["draft_model"], r["temperature"]),
+        []).append(r)
+  return series
+
+
+def _draft_colors(runs) -> Dict[str, Any]:
+  import matplotlib
+  drafts = sorted({r["draft_model"] for r in runs}, key=tables.size_key)
+  cmap = matplotlib.colormaps["tab10"]
+  return {d: cmap(i % 10) for i, d in enumerate(drafts)}
+
+
+def render_speedup_vs_gamma(runs: Sequence[Dict[str, Any]]):
+  """Measured speedup per gamma with Theorem 3.8 curves (one panel per task).
+
+  Each (draft, temperature) series is drawn with its measured points and the
+  curve of Theorem 3.8 at the series' mean measured alpha and c; the curve's
+  integer optimum (Figure 3) is marked with an open triangle. Colour is the
+  draft; temperature is both the marker shape of the measured points and
+  the line style of the curve, so T = 0 and T = 1 points of one draft are
+  told apart; the legend sits below the axes, off the data.
+  """
+  from matplotlib.ticker import MaxNLocator
+  series = _series(runs)
+  panels = sorted({(k[0], k[1]) for k in series})
+  colors = _draft_colors(runs)
+  temps = sorted({k[3] for k in series})
+  styles = ["-", "--", ":", "-."]
+  markers = ["o", "s", "D", "P", "X", "v"]
+  fig = new_figure(5.2 * len(panels), 4.2)
+  axes = fig.subplots(1, len(panels), squeeze=False)[0]
+  for ax, (task, target) in zip(axes, panels):
+    keys = [k for k in series if (k[0], k[1]) == (task, target)]
+    fits = {}
+    for k in keys:
+      alpha = float(np.mean([r["alpha"] for r in series[k]]))
+      c = float(np.mean([r["cost_coefficient_c"] for r in series[k]]))
+      fits[k] = (alpha, c, analysis.optimal_gamma(alpha, c, max_gamma=64))
+    gmax = max(max(r["gamma"] for r in series[k]) for k in keys)
+    gplot = min(max(gmax + 2, 8, max(f[2] for f in fits.values()) + 1), 32)
+    grid = np.linspace(1, gplot, 200)
+    for k in keys:
+      pts = sorted(series[k], key=lambda r: r["gamma"])
+      draft, temp = k[2], k[3]
+      color = colors[draft]
+      style = styles[temps.index(temp) % len(styles)]
+      alpha, c, g_opt = fits[k]
+      ax.plot(grid, analysis.expected_speedup(alpha, grid, c), style,
+              color=color, lw=1.3, alpha=0.8,
+              label=f"Thm 3.8: {draft}, T={tables.fmt_temp(temp)} "
+              f"(α={alpha:.2f}, c={c:.3f})")
+      if g_opt <= gplot:
+        ax.plot([g_opt], [analysis.expected_speedup(alpha, g_opt, c)], "^",
+                color=color, ms=7, mfc="none")
+      marker = markers[temps.index(temp) % len(markers)]
+      ax.plot([r["gamma"] for r in pts], [r["speedup"] for r in pts],
+              marker, color=color, ms=6.5, mec="black", mew=0.6,
+              ls="none",
+              label=f"measured: {draft}, T={tables.fmt_temp(temp)}")
+    ax.axhline(1.0, color="gray", lw=0.8, ls=":")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("γ (draft tokens per target call)")
+    ax.set_ylabel("walltime speedup (×)")
+    ax.set_title(f"{task}: M_p = {target}")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+              ncol=2, frameon=False)
+  fig.suptitle("Speedup vs γ: measured (markers, one shape per temperature) "
+               "and Theorem 3.8 (lines, △ = optimal γ)", fontsize=10)
+  return fig
+
+
+def render_alpha_by_draft(runs: Sequence[Dict[str, Any]]):
+  """Bar chart of alpha per (task, draft) and temperature.
+
+  Bars are the mean acceptance-count alpha over the sweep points (error bars:
+  their range); diamonds are the Corollary 3.6 estimates (alpha_beta) when
+  present. Each bar's value is written above its error bar and diamond,
+  and the legend above all bars, so no label covers a mark.
+  """
+  series = _series(runs)
+  groups = sorted({(k[0], k[1], k[2]) for k in series},
+                  key=lambda g: (g[0], g[1], tables.size_key(g[2])))
+  temps = sorted({k[3] for k in series})
+  multi_target = len({g[1] for g in groups}) > 1
+  import matplotlib
+  cmap = matplotlib.colormaps["Blues"]
+  width = 0.8 / len(temps)
+  fig = new_figure(max(4.5, 1.3 * len(groups) * max(1, len(temps) / 2) + 2),
+                    3.8)
+  ax = fig.subplots()
+  beta_labelled = False
+  temp_labelled = set()
+  for j, temp in enumerate(temps):
+    color = cmap(0.45 + 0.5 * j / max(1, len(temps) - 1))
+    for i, (task, target, draft) in enumerate(groups):
+      pts = series.get((task, target, draft, temp))
+      if not pts:
+        continue
+      alphas = [r["alpha"] for r in pts]
+      x = i - 0.4 + width * (j + 0.5)
+      mean = float(np.mean(alphas))
+      yerr = [[mean - min(alphas)], [max(alphas) - mean]]
+      ax.bar(x, mean, width * 0.92, color=color, edgecolor="black", lw=0.5,
+             yerr=yerr if len(alphas) > 1 else None, capsize=3,
+             label=None if temp in temp_labelled else f"T={tables.fmt_temp(temp)}")
+      temp_labelled.add(temp)
+      betas = [r["alpha_beta"] for r in pts if r.get("alpha_beta") is not None]
+      top = max(alphas) if len(alphas) > 1 else mean  # the error bar's cap
+      if betas:
+        ax.plot([x], [np.mean(betas)], "D", color="black", ms=4,
+                label=None if beta_labelled else "Σ min(p, q) (Cor. 3.6)")
+        beta_labelled = True
+        top = max(top, float(np.mean(betas)) + 0.015)  # the diamond's top
+      ax.text(x, top + 0.025, f"{mean:.2f}", ha="center", va="bottom",
+              fontsize=8)
+  ax.set_xticks(range(len(groups)))
+  ax.set_xticklabels([
+      f"{task}\n{draft}" + (f" → {target}" if multi_target else "")
+      for task, target, draft in groups
+  ])
+  # Bars and labels end below 1.1; the legend lives in the band above.
+  ax.set_ylim(0, 1.3)
+  ax.set_yticks(np.linspace(0, 1, 6))
+  ax.set_ylabel("α (acceptance rate)")
+  ax.set_title("α per draft model M_q and temperature")
+  ax.grid(axis="y", alpha=0.3)
+  ax.legend(fontsize=8, loc="upper center", ncol=len(temps) + 1)
+  return fig

@@ -1,0 +1,171 @@
+"""Reading a results folder: every run's metrics.json (`RunMetrics`), the
+alpha.json beside it, and predictions.jsonl records.
+
+Each check raises `ReportError` naming the file (and line), so the report
+stops with one line before anything is written.
+"""
+import json
+import os
+from typing import Any, Dict, Iterator, List, Optional
+
+from specdec_jax import run_metrics
+
+
+class ReportError(Exception):
+  """Bad input; the message names the offending file."""
+
+
+def _read_json(path: str) -> Any:
+  try:
+    with open(path, "r", encoding="utf-8") as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise ReportError(f"{path}: not valid JSON ({e})") from None
+  except UnicodeDecodeError as e:
+    raise ReportError(f"{path}: not UTF-8 text ({e.reason})") from None
+  except OSError as e:
+    raise ReportError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def load_metrics(path: str) -> Dict[str, Any]:
+  """Reads and checks one metrics.json (`run_metrics.RunMetrics`).
+
+  Returns:
+    The file's object with every `RunMetrics` key checked and normalized,
+    and the keys older files lack filled with their defaults (keys it does
+    not know are kept as they are).
+
+  Raises:
+    ReportError: not JSON, or not a `RunMetrics` (names the key).
+  """
+  data = _read_json(path)
+  try:
+    metrics = run_metrics.RunMetrics.from_dict(data)
+  except run_metrics.MetricsError as e:
+    raise ReportError(f"{path}: {e}") from None
+  return run_metrics.as_mapping(metrics, data)
+
+
+def load_results(results_dir: str,
+                 exclude: Optional[str] = None) -> List[Dict[str, Any]]:
+  """Loads every run under `results_dir` (one metrics.json per directory).
+
+  Args:
+    results_dir: directory searched recursively for `metrics.json`.
+    exclude: a directory to skip (the report's own output directory).
+
+  Returns:
+    The validated metrics dicts, sorted by run name, each with three added
+    keys: `run_name` (directory relative to results_dir), `run_dir` and
+    `predictions_path` (None when the run has no predictions.jsonl).
+
+  Raises:
+    ReportError: missing / empty directory or an invalid metrics.json.
+  """
+  if not os.path.exists(results_dir):
+    raise ReportError(f"{results_dir}: results directory does not exist")
+  if not os.path.isdir(results_dir):
+    raise ReportError(f"{results_dir}: not a directory")
+  skip = os.path.realpath(exclude) if exclude else None
+  runs = []
+  for dirpath, dirnames, filenames in os.walk(results_dir, onerror=None):
+    dirnames[:] = sorted(
+        d for d in dirnames if not d.startswith(".") and
+        os.path.realpath(os.path.join(dirpath, d)) != skip)
+    if run_metrics.METRICS_FILE not in filenames:
+      continue
+    metrics = load_metrics(os.path.join(dirpath, run_metrics.METRICS_FILE))
+    rel = os.path.relpath(dirpath, results_dir)
+    metrics["run_name"] = os.path.basename(
+        os.path.abspath(results_dir)) if rel == "." else rel
+    metrics["run_dir"] = dirpath
+    pred = os.path.join(dirpath, run_metrics.PREDICTIONS_FILE)
+    metrics["predictions_path"] = pred if os.path.isfile(pred) else None
+    # `run` in alpha mode, with the same settings.
+    if run_metrics.ALPHA_FILE in filenames:
+      alpha_path = os.path.join(dirpath, run_metrics.ALPHA_FILE)
+      sampled = _read_json(alpha_path)
+      if not isinstance(sampled, dict) or not run_metrics.is_number(
+          sampled.get("alpha_beta")):
+        raise ReportError(f"{alpha_path}: not an alpha.json written by "
+                          "`specdec_jax.run` in alpha mode")
+      metrics["alpha_sampled"] = float(sampled["alpha_beta"])
+      metrics["alpha_sampled_stderr"] = sampled.get("alpha_beta_stderr")
+    runs.append(metrics)
+  if not runs:
+    raise ReportError(
+        f"{results_dir}: no run directories with a "
+        f"{run_metrics.METRICS_FILE} found")
+  runs.sort(key=lambda m: m["run_name"])
+  return runs
+
+
+def check_prediction(path: str, lineno: int, ex: Any) -> Dict[str, Any]:
+  """Validates one predictions.jsonl record (the fields the report uses).
+
+  Schema: {"index", "input", "reference", "baseline", "speculative",
+  "accepted_counts": [int per target call], "trace": [{"draft_tokens":
+  [str], "num_accepted": int, "target_token": str or null}] (one per target
+  call), "timeline": optional, older runs only [{"kind": "draft" |
+  "target", "start_s", "end_s"}]}.
+  """
+  where = f"{path}:{lineno}"
+  if not isinstance(ex, dict):
+    raise ReportError(f"{where}: expected a JSON object per line, got "
+                      f"{type(ex).__name__}")
+  counts = ex.get("accepted_counts")
+  if counts is not None and not (isinstance(counts, list) and all(
+      isinstance(n, int) and not isinstance(n, bool) and n >= 0
+      for n in counts)):
+    raise ReportError(f"{where}: 'accepted_counts' must be a list of "
+                      f"integers >= 0, got {counts!r}")
+  trace = ex.get("trace")
+  if trace is not None:
+    if not isinstance(trace, list):
+      raise ReportError(f"{where}: 'trace' must be a list")
+    for i, step in enumerate(trace):
+      ok = (isinstance(step, dict) and
+            isinstance(step.get("draft_tokens"), list) and
+            all(isinstance(t, str) for t in step["draft_tokens"]) and
+            isinstance(step.get("num_accepted"), int) and
+            not isinstance(step.get("num_accepted"), bool) and
+            0 <= step["num_accepted"] <= len(step["draft_tokens"]) and
+            (step.get("target_token") is None or
+             isinstance(step.get("target_token"), str)))
+      if not ok:
+        raise ReportError(
+            f"{where}: trace[{i}] must be {{\"draft_tokens\": [str], "
+            "\"num_accepted\": int in [0, len(draft_tokens)], "
+            f"\"target_token\": str}}, got {step!r}")
+  timeline = ex.get("timeline")
+  if timeline is not None:
+    if not isinstance(timeline, list):
+      raise ReportError(f"{where}: 'timeline' must be a list")
+    for i, ev in enumerate(timeline):
+      ok = (isinstance(ev, dict) and ev.get("kind") in ("draft", "target") and
+            run_metrics.is_number(ev.get("start_s")) and
+            run_metrics.is_number(ev.get("end_s")) and
+            ev["end_s"] >= ev["start_s"])
+      if not ok:
+        raise ReportError(
+            f"{where}: timeline[{i}] must be {{\"kind\": \"draft\"|\"target\","
+            f" \"start_s\": number, \"end_s\": number >= start_s}}, got {ev!r}")
+  return ex
+
+
+def iter_predictions(path: str) -> Iterator[Dict[str, Any]]:
+  """Yields validated predictions.jsonl records (raises ReportError)."""
+  try:
+    with open(path, "r", encoding="utf-8") as f:
+      for lineno, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          ex = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise ReportError(f"{path}:{lineno}: not valid JSON ({e})") from None
+        yield check_prediction(path, lineno, ex)
+  except UnicodeDecodeError as e:
+    raise ReportError(f"{path}: not UTF-8 text ({e.reason})") from None
+  except OSError as e:
+    raise ReportError(f"{path}: cannot read ({e.strerror})") from None

@@ -1,0 +1,261 @@
+"""The report's tables: Table 2 (the paper's layout, best draft starred,
+every run below it with its drafter, lenience and §3.5's per-iteration-γ
+bound; Markdown and CSV) and Table 4 (measured vs Theorem 3.8 and
+Equation (1)).
+
+Tables read runs as mappings of metrics.json keys (`loading.load_results`):
+keys that older files lack read as their `RunMetrics` defaults.
+"""
+import collections
+import csv
+import io
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from specdec_jax import analysis
+
+# T5 model sizes, smallest first, to order drafts as in the paper's tables.
+_SIZE_ORDER = ("tiny", "mini", "small", "base", "large", "xl", "xxl")
+
+
+def size_key(name: str) -> Tuple[int, str]:
+  low = name.lower()
+  for i, size in sorted(enumerate(_SIZE_ORDER), key=lambda t: -len(t[1])):
+    if low == size or low.endswith(("-" + size, "_" + size, "." + size)):
+      return (i, low)
+  return (len(_SIZE_ORDER), low)
+
+
+def row_sort_key(m: Mapping[str, Any]):
+  return (m["task"], m["target_model"], m["temperature"],
+          size_key(m["draft_model"]), m["gamma"], m["run_name"])
+
+
+def quality(m: Mapping[str, Any]) -> Optional[Tuple[str, float, float]]:
+  """(metric name, baseline, speculative) or None if the run has none."""
+  if m.get("bleu") is not None:
+    return ("BLEU", float(m["bleu"]["baseline"]),
+            float(m["bleu"]["speculative"]))
+  if m.get("rouge") is not None:
+    base, spec = m["rouge"]["baseline"], m["rouge"]["speculative"]
+    for key in ("rougeLsum", "rougeL"):
+      if key in base and key in spec:
+        return ("ROUGE-L", float(base[key]), float(spec[key]))
+    key = sorted(set(base) & set(spec))[0] if set(base) & set(spec) else None
+    if key is not None:
+      return (key, float(base[key]), float(spec[key]))
+  return None
+
+
+def _measured_tokens_per_call(m: Mapping[str, Any]) -> Optional[float]:
+  if m.get("tokens_per_target_call") is not None:
+    return float(m["tokens_per_target_call"])
+  if m["target_calls_speculative"] > 0:
+    return m["tokens_generated"] / m["target_calls_speculative"]
+  return None
+
+
+def annotate_best(runs: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """Sorted copies of the runs with `best_gamma_for_draft` and `starred`.
+
+  Within each (task, target_model, temperature) group, `best_gamma_for_draft`
+  marks each draft's highest-speedup run and `starred` the single run with
+  the highest speedup (the best draft, at its best gamma; ties go to the
+  first in table order).
+  """
+  rows = [dict(m) for m in sorted(runs, key=row_sort_key)]
+  groups = collections.OrderedDict()
+  for r in rows:
+    groups.setdefault((r["task"], r["target_model"], r["temperature"]),
+                      []).append(r)
+  for group in groups.values():
+    best_of_draft = {}
+    for r in group:
+      r["best_gamma_for_draft"] = False
+      r["starred"] = False
+      b = best_of_draft.get(r["draft_model"])
+      if b is None or r["speedup"] > b["speedup"]:
+        best_of_draft[r["draft_model"]] = r
+    for b in best_of_draft.values():
+      b["best_gamma_for_draft"] = True
+    best = None
+    for r in group:
+      if best is None or r["speedup"] > best["speedup"]:
+        best = r
+    best["starred"] = True
+  return rows
+
+
+def fmt_temp(t: float) -> str:
+  return f"{t:g}"
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  lines = ["| " + " | ".join(header) + " |",
+           "|" + "|".join("---" for _ in header) + "|"]
+  lines += ["| " + " | ".join(r) + " |" for r in rows]
+  return "\n".join(lines) + "\n"
+
+
+def _drafting_cells(r: Mapping[str, Any]) -> List[str]:
+  """DRAFTER, LENIENCE and §3.5's bound of a run (older files, which lack
+  the keys, ran the draft model exactly: 'model', 1, '–')."""
+  lenience = r.get("lenience")
+  lenience = 1.0 if lenience is None else lenience
+  exact = r.get("exact") is not False
+  bound = r.get("per_iteration_gamma") or {}
+  speedups = [bound.get(k) for k in _BOUND_KEYS]
+  return [r.get("drafter") or "model",
+          f"{lenience:g}" + ("" if exact else " (not exact)"),
+          " / ".join(f"{x:.2f}X" for x in speedups)
+          if all(x is not None for x in speedups) else "–"]
+
+
+_BOUND_KEYS = ("fixed_gamma_speedup", "achieved_speedup", "oracle_speedup")
+_DRAFTING_HEADER = ["DRAFTER", "LENIENCE",
+                    "PER-ITERATION γ (FIXED / ACHIEVED / ORACLE)"]
+
+
+def _table2_md_rows(rows, multi_target: bool,
+                    drafting: bool = False) -> List[List[str]]:
+  """Table 2's cells; with `drafting`, each run's `_drafting_cells` too."""
+  out = []
+  for r in rows:
+    q = quality(r)
+    draft = r["draft_model"] + (" ⋆" if r["starred"] else "")
+    if r.get("synthetic"):
+      draft += " †"
+    cells = [r["task"]]
+    if multi_target:
+      cells.append(r["target_model"])
+    cells += [
+        draft, fmt_temp(r["temperature"]), str(r["gamma"]),
+        f"{r['alpha']:.2f}", f"{r['speedup']:.2f}X",
+        f"{r['theoretical_speedup']:.2f}X",
+    ]
+    cells += ([q[0], f"{q[1]:.2f}", f"{q[2]:.2f}"] if q else ["–"] * 3)
+    if drafting:
+      cells += _drafting_cells(r)
+    out.append(cells)
+  return out
+
+
+def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
+  """table2.md of `annotate_best`'s rows."""
+  multi_target = len({r["target_model"] for r in rows}) > 1
+  header = ["TASK"] + (["M_p"] if multi_target else []) + [
+      "M_q", "TEMP", "γ", "α", "SPEED", "THEORY (Thm 3.8)", "METRIC",
+      "BASELINE", "SPECULATIVE"
+  ]
+  targets = ", ".join(sorted({r["target_model"] for r in rows}))
+  md = [
+      "# Table 2: speculative decoding speedup",
+      "",
+      f"Target model(s) M_p: {targets}. One row per (task, M_q, TEMP) at the "
+      "draft's best measured γ; ⋆ marks the best draft per (task, M_p, TEMP) "
+      "(highest SPEED). SPEED is the measured walltime improvement over "
+      "standard decoding; THEORY is Theorem 3.8 at the run's α and c. METRIC "
+      "compares baseline and speculative outputs (BLEU or ROUGE-Lsum).",
+      "",
+      _md_table(header,
+                _table2_md_rows([r for r in rows if r["best_gamma_for_draft"]],
+                                multi_target)),
+      "## All sweep points",
+      "",
+      "DRAFTER: what guessed (DRAFTER); LENIENCE: Appendix A.5's l (1: "
+      "exact); PER-ITERATION γ: §3.5's bound, Theorem 3.8's cost model on "
+      "the run's own target calls, drafting γ every call / the guesses made "
+      "(adaptive γ) / exactly the guesses kept (the oracle).",
+      "",
+      _md_table(header + _DRAFTING_HEADER,
+                _table2_md_rows(rows, multi_target, drafting=True)),
+  ]
+  if any(r.get("synthetic") for r in rows):
+    md += ["† synthetic run (not real model measurements).", ""]
+  return "\n".join(md)
+
+
+_CSV_FIELDS = [
+    "task", "target_model", "draft_model", "temperature", "gamma", "alpha",
+    "alpha_beta", "alpha_sampled", "speedup", "theoretical_speedup",
+    "cost_coefficient_c", "quality_metric", "quality_baseline",
+    "quality_speculative", "best_gamma_for_draft", "starred", "synthetic",
+    "drafter", "lenience", "exact", *_BOUND_KEYS, "run_name"
+]
+
+
+def _table2_csv(rows: Sequence[Dict[str, Any]]) -> str:
+  """table2.csv: every run of `annotate_best`, one line each."""
+  buf = io.StringIO()
+  writer = csv.writer(buf, lineterminator="\n")
+  writer.writerow(_CSV_FIELDS)
+  for r in rows:
+    q = quality(r) or ("", "", "")
+    lenience = r.get("lenience")
+    rec = dict(r, quality_metric=q[0], quality_baseline=q[1],
+               quality_speculative=q[2], synthetic=bool(r.get("synthetic")),
+               drafter=r.get("drafter") or "model",
+               lenience=1.0 if lenience is None else lenience,
+               exact=r.get("exact") is not False,
+               **{k: (r.get("per_iteration_gamma") or {}).get(k)
+                  for k in _BOUND_KEYS})
+    writer.writerow([
+        "" if rec.get(f) is None else
+        (int(rec[f]) if isinstance(rec[f], bool) else rec[f])
+        for f in _CSV_FIELDS
+    ])
+  return buf.getvalue()
+
+
+def render_table2(runs: Sequence[Dict[str, Any]]) -> Tuple[str, str]:
+  """Returns (table2.md, table2.csv) texts."""
+  rows = annotate_best(runs)
+  return _table2_md(rows), _table2_csv(rows)
+
+
+def render_table4(runs: Sequence[Dict[str, Any]]) -> str:
+  """Returns table4.md: measured vs theoretical (Theorem 3.8, Eq. (1))."""
+  rows = sorted(runs, key=row_sort_key)
+  points = []
+  for r in rows:
+    p = dict(r)
+    p["tokens_per_target_call"] = _measured_tokens_per_call(r)
+    points.append(p)
+  compared = analysis.theory_vs_measured(points)
+  table = []
+  notes = []
+  for orig, r in zip(rows, compared):
+    tpc = r.get("tokens_per_target_call")
+    table.append([
+        r["task"], r["draft_model"] + (" †" if r.get("synthetic") else ""),
+        fmt_temp(r["temperature"]), str(r["gamma"]), f"{r['alpha']:.3f}",
+        f"{r['cost_coefficient_c']:.3f}",
+        "–" if tpc is None else f"{tpc:.2f}",
+        f"{r['expected_tokens_per_call']:.2f}",
+        f"{r['speedup']:.2f}X", f"{r['theoretical_speedup']:.2f}X",
+        f"{r['speedup_ratio']:.2f}"
+    ])
+    recomputed = r["theoretical_speedup"]
+    recorded = orig["theoretical_speedup"]
+    if abs(recorded - recomputed) > 1e-2 * recomputed:
+      notes.append(f"- {r['run_name']}: metrics.json records theoretical "
+                   f"speedup {recorded:.3f}, but its α, γ, c give "
+                   f"{recomputed:.3f}.")
+  header = [
+      "TASK", "M_q", "TEMP", "γ", "α", "c", "TOKENS/CALL", "E[TOKENS/CALL]",
+      "SPEED", "THEORY", "SPEED/THEORY"
+  ]
+  md = [
+      "# Table 4: measured vs theoretical",
+      "",
+      "TOKENS/CALL: measured tokens per speculative target-model call; "
+      "E[TOKENS/CALL]: Equation (1), (1 − α^(γ+1)) / (1 − α). SPEED: measured "
+      "walltime improvement; THEORY: Theorem 3.8, (1 − α^(γ+1)) / ((1 − α)"
+      "(γc + 1)), recomputed from each run's α, γ and c.",
+      "",
+      _md_table(header, table),
+  ]
+  if notes:
+    md += ["Inconsistencies:", ""] + notes + [""]
+  if any(r.get("synthetic") for r in rows):
+    md += ["† synthetic run (not real model measurements).", ""]
+  return "\n".join(md)

@@ -1,0 +1,247 @@
+"""Figure 1 of the paper for one decoded example: each target call's
+accepted guesses, rejected guesses and the token the target sampled, as HTML
+(`render_trace_html`) and as a raster (`render_trace_png`).
+
+Tokens that cannot be printed as they are (control and format characters,
+lone combining marks, U+FFFD, glyphs the figure's font lacks) are shown
+escaped (`\\n`, `\\u200b`), never as look-alikes (`piece`).
+"""
+import html
+import unicodedata
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
+
+from specdec_jax.reporting import figures
+from specdec_jax.reporting import tables
+
+# Colours of Figure 1: accepted draft tokens, rejected draft tokens, and the
+# token sampled from the target model (correction or bonus token).
+ACCEPTED_COLOR = "#1a7f37"
+REJECTED_COLOR = "#cf222e"
+TARGET_COLOR = "#0969da"
+PREFIX_COLOR = "#222222"
+
+_NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
+
+
+def _escape_char(ch: str) -> str:
+  code = ord(ch)
+  if code < 0x100:
+    return f"\\x{code:02x}"
+  return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def piece(token: Optional[str]) -> str:
+  """Display form of a decoded piece (SentencePiece '▁' becomes a space).
+
+  Characters that would print as nothing or as something else are escaped
+  (a backslash itself is doubled, so an escape is never ambiguous): control
+  and format characters (newline, tab, zero-width space), spaces other than
+  ' ' (no-break space), unassigned and private-use code points, the
+  replacement character U+FFFD (an undecodable byte), and a combining mark
+  that starts a piece (it would sit on the previous piece's last letter).
+  """
+  if token is None:
+    return ""
+  out = []
+  for i, ch in enumerate(token.replace("▁", " ")):
+    if ch in _NAMED_ESCAPES:
+      out.append(_NAMED_ESCAPES[ch])
+    elif ch != " " and (not ch.isprintable() or ch == "\ufffd" or (
+        i == 0 and unicodedata.category(ch).startswith("M"))):
+      out.append(_escape_char(ch))
+    else:
+      out.append(ch)
+  return "".join(out)
+
+
+FONT_FAMILY = "DejaVu Sans Mono"
+
+
+def font_has_glyph_fn(family: str = FONT_FAMILY):
+  """A predicate: does the trace figure's font have a glyph for a char?"""
+  from matplotlib import font_manager
+  from matplotlib import ft2font
+  path = font_manager.findfont(font_manager.FontProperties(family=family),
+                               fallback_to_default=True)
+  charmap = ft2font.FT2Font(path).get_charmap()
+  return lambda ch: ord(ch) in charmap
+
+
+def escape_missing_glyphs(text: str, has_glyph) -> str:
+  """Escapes characters the font would draw as empty boxes."""
+  return "".join(ch if ch in " …" or has_glyph(ch) else _escape_char(ch)
+                 for ch in text)
+
+
+def trace_lines(trace: Sequence[Mapping[str, Any]]
+               ) -> List[Tuple[str, List[str], List[str], str]]:
+  """(prefix, accepted, rejected, target) display strings per target call."""
+  out = []
+  prefix = ""
+  for step in trace:
+    drafts = [piece(t) for t in step["draft_tokens"]]
+    n = step["num_accepted"]
+    target = piece(step.get("target_token"))
+    out.append((prefix, drafts[:n], drafts[n:], target))
+    prefix += "".join(drafts[:n]) + target
+  return out
+
+
+def render_trace_html(example: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+  """Figure-1-style HTML of one example's speculative decoding trace."""
+  esc = html.escape
+  lines = []
+  for i, (prefix, acc, rej, tgt) in enumerate(trace_lines(example["trace"])):
+    parts = [f'<span class="n">{i + 1}</span>',
+             f'<span class="prefix">{esc(prefix)}</span>']
+    parts += [f'<span class="acc">{esc(t)}</span>' for t in acc]
+    parts += [f'<del class="rej">{esc(t)}</del>' for t in rej]
+    if tgt:
+      parts.append(f'<span class="tgt">{esc(tgt)}</span>')
+    lines.append('<div class="line">' + "".join(parts) + "</div>")
+  info = (f"task {run['task']}, M_p = {run['target_model']}, M_q = "
+          f"{run['draft_model']}, γ = {run['gamma']}, T = "
+          f"{tables.fmt_temp(run['temperature'])}; run {run['run_name']}, example "
+          f"{example.get('index', '?')}")
+  fields = []
+  for key in ("input", "reference", "baseline", "speculative"):
+    if isinstance(example.get(key), str):
+      fields.append(f"<dt>{key}</dt><dd>{esc(example[key])}</dd>")
+  return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>Speculative decoding trace</title>
+<style>
+body {{ font-family: sans-serif; max-width: 60em; margin: 2em auto; }}
+.trace {{ font-family: monospace; font-size: 15px; line-height: 1.6; }}
+.line {{ white-space: pre-wrap; border-bottom: 1px solid #eee; }}
+.n {{ color: #999; display: inline-block; width: 2.5em; }}
+.prefix {{ color: {PREFIX_COLOR}; }}
+.acc {{ color: {ACCEPTED_COLOR}; font-weight: bold; }}
+.rej {{ color: {REJECTED_COLOR}; text-decoration: line-through; }}
+.tgt {{ color: {TARGET_COLOR}; font-weight: bold; }}
+dt {{ font-weight: bold; }}
+</style></head><body>
+<h1>Speculative decoding trace (Figure 1 style)</h1>
+<p>{esc(info)}</p>
+<p>One line per target-model call: <span class="acc">accepted draft tokens</span>,
+<del class="rej">rejected draft tokens</del>, and the
+<span class="tgt">token sampled from the target model</span>
+(correction after a rejection, or the extra token when all γ were accepted).</p>
+<div class="trace">
+{chr(10).join(lines)}
+</div>
+<dl>{"".join(fields)}</dl>
+</body></html>
+"""
+
+
+# One piece of text on the figure: (row, column in characters, text, colour,
+# struck through).
+Segment = Tuple[int, int, str, str, bool]
+
+
+def _char_width(family: str, fontsize: float) -> float:
+  """Points per character of the monospace font at the figure's DPI (glyph
+  advances are hinted at the output resolution, so measure there)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  probe = Figure(dpi=figures.DPI)
+  canvas = FigureCanvasAgg(probe)
+  t = probe.text(0, 0, "M" * 100, family=family, size=fontsize, weight="bold")
+  return t.get_window_extent(canvas.get_renderer()).width / 100 * 72 / (
+      figures.DPI)
+
+
+def _layout(shown, label_chars: int, prefix_chars: int,
+            width_chars: int) -> Tuple[List[Segment], int]:
+  """Segments of the trace lines `shown` (wrapped at width_chars), and the
+  number of rows they take."""
+  segs = []
+  row = 0
+  for i, (prefix, acc, rej, tgt) in enumerate(shown):
+    col = label_chars
+    segs.append((row, 0, f"{i + 1:>3}", "#999999", False))
+    if len(prefix) > prefix_chars:
+      prefix = "…" + prefix[-(prefix_chars - 1):]
+    pieces = [(prefix, PREFIX_COLOR, False)]
+    pieces += [(t, ACCEPTED_COLOR, False) for t in acc]
+    pieces += [(t, REJECTED_COLOR, True) for t in rej]
+    if tgt:
+      pieces.append((tgt, TARGET_COLOR, False))
+    for text, color, struck in pieces:
+      if not text:
+        continue
+      if col + len(text) > width_chars and col > label_chars:
+        row += 1
+        col = label_chars
+      segs.append((row, col, text, color, struck))
+      col += len(text)
+    row += 1
+  return segs, row
+
+
+def _draw_text(ax, x: float, y: float, text: str, color: str, struck: bool,
+               char_w: float, family: str, fontsize: float,
+               bold: bool) -> None:
+  """One piece of text; struck-through pieces get a line over their
+  non-space characters."""
+  ax.text(x, y, text, family=family, size=fontsize, color=color,
+          va="center", ha="left", parse_math=False,
+          weight="bold" if bold else "normal")
+  if struck:
+    lead = len(text) - len(text.lstrip())
+    body = len(text.strip())
+    if body:
+      ax.plot([x + lead * char_w, x + (lead + body) * char_w], [y, y],
+              color=color, lw=1.2)
+
+
+def render_trace_png(example: Mapping[str, Any], run: Mapping[str, Any],
+                     max_lines: int = 16, prefix_chars: int = 40,
+                     width_chars: int = 96):
+  """Figure-1-style raster of a trace (monospace, wraps long lines)."""
+  fontsize, family = 10.0, FONT_FAMILY
+  char_w = _char_width(family, fontsize)  # points per character
+  line_h = fontsize * 1.55
+  label_chars = 5
+  lines = trace_lines(example["trace"])
+  has_glyph = font_has_glyph_fn(family)
+
+  def esc(text):
+    return escape_missing_glyphs(text, has_glyph)
+
+  shown = [(esc(prefix), [esc(t) for t in acc], [esc(t) for t in rej],
+            esc(tgt)) for prefix, acc, rej, tgt in lines[:max_lines]]
+  segs, rows = _layout(shown, label_chars, prefix_chars, width_chars)
+  n_rows = rows + (1 if len(lines) > max_lines else 0)
+  header_h = 3 * line_h
+  width_pt = (width_chars + 2) * char_w
+  height_pt = header_h + n_rows * line_h + line_h
+  fig = figures.new_figure(width_pt / 72, height_pt / 72)
+  ax = fig.add_axes([0, 0, 1, 1])
+  ax.set_xlim(0, width_pt)
+  ax.set_ylim(height_pt, 0)
+  ax.axis("off")
+  x0 = char_w
+  draw = dict(char_w=char_w, family=family, fontsize=fontsize)
+  title = (f"{run['task']}: M_p={run['target_model']}, M_q="
+           f"{run['draft_model']}, γ={run['gamma']}, T="
+           f"{tables.fmt_temp(run['temperature'])} (example "
+           f"{example.get('index', '?')})")
+  _draw_text(ax, x0, line_h, title, "black", False, bold=False, **draw)
+  col = 0
+  for text, color, struck in (("accepted", ACCEPTED_COLOR, False),
+                              ("rejected", REJECTED_COLOR, True),
+                              ("target sample", TARGET_COLOR, False)):
+    _draw_text(ax, x0 + col * char_w, 2 * line_h, text, color, struck,
+               bold=not struck, **draw)
+    col += len(text) + 3
+  for row, col, text, color, struck in segs:
+    _draw_text(ax, x0 + col * char_w, header_h + (row + 0.5) * line_h, text,
+               color, struck, bold=color in (ACCEPTED_COLOR, TARGET_COLOR),
+               **draw)
+  if len(lines) > max_lines:
+    _draw_text(ax, x0, header_h + (n_rows - 0.5) * line_h,
+               f"… {len(lines) - max_lines} more target calls (see "
+               "example_trace.html)", "#999999", False, bold=False, **draw)
+  return fig

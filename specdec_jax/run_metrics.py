@@ -1,0 +1,321 @@
+"""metrics.json: what one walltime run measured, as `run` writes it and
+`report` reads it (one schema, `RunMetrics`).
+
+`run` builds a `RunMetrics` and writes `to_dict()` (the README's "What the
+outputs mean" table lists the same keys; `tests/test_run_metrics.py` checks
+that the two agree). Readers call `load` / `RunMetrics.from_dict`, which
+checks every key it knows (kind and range, `MetricsError` naming the key and
+the value) and fills the keys that older files lack with the defaults below:
+files written before a key existed stay readable. Keys it does not know are
+left to the caller (`from_dict` ignores them).
+
+The artifact file names of a run folder live here too (`run`, `sweep` and
+`report` use them; a sweep takes a point whose metrics.json reads as JSON
+as finished, without checking its keys).
+"""
+import dataclasses
+import json
+import math
+from typing import Any, Dict, List, Mapping, Optional
+
+METRICS_FILE = "metrics.json"  # `RunMetrics`, written last: "done"
+PREDICTIONS_FILE = "predictions.jsonl"  # one record per example
+ALPHA_FILE = "alpha.json"  # MODE='alpha': Corollary 3.6's estimate
+
+
+class MetricsError(ValueError):
+  """A metrics.json that does not follow `RunMetrics` (names the key)."""
+
+
+# What a key may hold (the words are those of the error message).
+NAME = "a non-empty string"
+TEXT = "a string"
+INT = "an integer >= 0"
+POS_INT = "an integer >= 1"
+NONNEG = "a number >= 0"
+POS = "a number > 0"
+PROB = "a number in [0, 1]"
+FRACTION = "a number in (0, 1]"
+BOOL = "true or false"
+OBJECT = "a JSON object"
+COUNTS = "a list of integers >= 0"
+BLEU = '{"baseline": number, "speculative": number}'
+ROUGE = ('{"baseline": {name: number}, "speculative": {name: number}}')
+SPEEDUPS = ('{"fixed_gamma_speedup": number, "achieved_speedup": number, '
+            '"oracle_speedup": number} (null: no iterations)')
+
+_REQUIRED = dataclasses.MISSING
+
+
+def _key(kind: str, default: Any = _REQUIRED, *, omit_none: bool = False):
+  """A field: its kind, its default for older files (none: required), and
+  whether `to_dict` leaves it out when None (the quality metric a run does
+  not have)."""
+  return dataclasses.field(default=default, metadata={
+      "kind": kind, "omit_none": omit_none})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunMetrics:
+  """One walltime run of `run` (`metrics.json`).
+
+  Fields without a default are in every metrics.json ever written; the
+  others default to what a file written before they existed means (None:
+  not recorded). Walltimes exclude compilation (every decoder is compiled and
+  run on each input width first; calls end with `block_until_ready`).
+
+  Attributes:
+    task: the task's label (TASK_NAME, else the seqio task, else 'local').
+    target_model: TARGET_NAME, the target's label ('' when unset).
+    draft_model: the label the report groups runs by: DRAFT_NAME for the
+      draft model, else the drafter ('bigram', '1m+prompt_lookup'), followed
+      by ' adaptive t', ' auto-γ' or ' l=0.5' for those variants.
+    gamma: γ, guesses per target call (GAMMA='auto': the chosen one).
+    temperature: sampling temperature (0: greedy).
+    top_k: top-k of the sampling (0: off).
+    top_p: top-p of the sampling (1: off).
+    batch_size: rows decoded together (BATCH_SIZE; the paper: 1).
+    alpha: α̂ from acceptance counts: kept guesses / acceptance trials.
+    alpha_beta: mean of β = Σ min(p, q) over the positions visited
+      (Corollary 3.6).
+    alpha_stderr: standard error of `alpha` (from the histogram).
+    accepted_histogram: [γ + 1] target calls that kept n = 0..γ guesses.
+    num_examples: examples decoded.
+    tokens_generated: tokens of the speculative outputs.
+    tokens_generated_baseline: tokens of the target-alone outputs.
+    target_calls_baseline: target calls of the target alone (one a token).
+    target_calls_speculative: target calls of speculative decoding.
+    tokens_per_target_call: tokens_generated / target_calls_speculative.
+    walltime_baseline_s: seconds the target alone took for all examples.
+    walltime_speculative_s: seconds speculative decoding took.
+    speedup: walltime_baseline_s / walltime_speculative_s.
+    compile_time_s: seconds spent compiling and warming up both decoders.
+    target_step_s: one one-token target call (`timing.decode_call_seconds`).
+    draft_step_s: one one-token draft call (other drafters: one guess).
+    cost_coefficient_c: c = draft_step_s / target_step_s (Definition 3.7).
+    theoretical_speedup: Theorem 3.8 at the measured α, γ and c.
+    verification_call_s: the target's (γ+1)-token verification call.
+    verification_cost_ratio: verification_call_s / target_step_s (Theorem
+      3.8 assumes 1).
+    theoretical_speedup_measured_call_cost: Theorem 3.8 with that measured
+      call cost in place of 1.
+    greedy_outputs_identical: at T = 0, whether every example's speculative
+      tokens equal the target's (exactness); null at T > 0 (samples).
+    greedy_identical_examples: at T = 0, how many examples are identical.
+    bleu: {"baseline", "speculative"} corpus BLEU (translation tasks).
+    rouge: {"baseline", "speculative"} -> {rouge type: F-measure}
+      (summarization tasks).
+    random_weights: true when a checkpoint path is unset (α, speedup and
+      quality then mean nothing).
+    backend: JAX's backend ('cpu', 'gpu', 'tpu').
+    device_kind: the first device's kind.
+    num_devices: devices over all hosts.
+    synthetic: true for numbers that are not model measurements (fixtures).
+    num_examples_requested: NUM_EXAMPLES (more than num_examples when the
+      data has fewer).
+    inputs_length: TASK_FEATURE_LENGTHS['inputs'].
+    inputs_truncated: inputs longer than inputs_length (cut to their first
+      inputs_length - 1 tokens plus EOS).
+    longest_input_tokens: the longest input, EOS included, before cutting.
+    settings: what the OVERWRITE rule compares: every run argument but
+      OUTPUT_DIR / OVERWRITE / MODE, both model configs, the vocabulary.
+    drafter: DRAFTER ('model' before the option existed).
+    drafter_settings: the drafter's own settings (`DrafterSettings.record`).
+    lenience: Appendix A.5's l (1: exact).
+    exact: false when lenience < 1 (outputs not the target's distribution).
+    adaptive_threshold: ADAPTIVE_THRESHOLD (null: γ guesses every call).
+    gamma_auto: GAMMA='auto''s pilot measurements and choice (else null).
+    guesses_per_target_call: real guesses made per target call (≤ γ).
+    per_iteration_gamma: §3.5's bound, Theorem 3.8's cost model on the
+      run's own iterations: {fixed_gamma_speedup (γ guesses every call),
+      achieved_speedup (the guesses made), oracle_speedup (exactly the
+      guesses kept)}.
+  """
+  task: str = _key(NAME)
+  target_model: str = _key(TEXT)
+  draft_model: str = _key(TEXT)
+  gamma: int = _key(POS_INT)
+  temperature: float = _key(NONNEG)
+  top_k: int = _key(INT, 0)
+  top_p: float = _key(FRACTION, 1.0)
+  batch_size: int = _key(POS_INT, 1)
+  alpha: float = _key(PROB)
+  alpha_beta: Optional[float] = _key(PROB, None)
+  alpha_stderr: Optional[float] = _key(NONNEG, None)
+  accepted_histogram: Optional[List[int]] = _key(COUNTS, None)
+  num_examples: int = _key(INT)
+  tokens_generated: int = _key(INT)
+  tokens_generated_baseline: Optional[int] = _key(INT, None)
+  target_calls_baseline: int = _key(INT)
+  target_calls_speculative: int = _key(INT)
+  tokens_per_target_call: Optional[float] = _key(NONNEG, None)
+  walltime_baseline_s: float = _key(NONNEG)
+  walltime_speculative_s: float = _key(NONNEG)
+  speedup: float = _key(POS)
+  compile_time_s: Optional[float] = _key(NONNEG, None)
+  target_step_s: Optional[float] = _key(NONNEG, None)
+  draft_step_s: Optional[float] = _key(NONNEG, None)
+  cost_coefficient_c: float = _key(NONNEG)
+  theoretical_speedup: float = _key(POS)
+  verification_call_s: Optional[float] = _key(NONNEG, None)
+  verification_cost_ratio: Optional[float] = _key(NONNEG, None)
+  theoretical_speedup_measured_call_cost: Optional[float] = _key(POS, None)
+  greedy_outputs_identical: Optional[bool] = _key(BOOL, None)
+  greedy_identical_examples: Optional[int] = _key(INT, None)
+  bleu: Optional[Dict[str, float]] = _key(BLEU, None, omit_none=True)
+  rouge: Optional[Dict[str, Dict[str, float]]] = _key(ROUGE, None,
+                                                      omit_none=True)
+  random_weights: Optional[bool] = _key(BOOL, None)
+  backend: Optional[str] = _key(TEXT, None)
+  device_kind: Optional[str] = _key(TEXT, None)
+  num_devices: Optional[int] = _key(POS_INT, None)
+  synthetic: bool = _key(BOOL, False)
+  num_examples_requested: Optional[int] = _key(INT, None)
+  inputs_length: Optional[int] = _key(INT, None)
+  inputs_truncated: Optional[int] = _key(INT, None)
+  longest_input_tokens: Optional[int] = _key(INT, None)
+  settings: Optional[Dict[str, Any]] = _key(OBJECT, None)
+  drafter: str = _key(NAME, "model")
+  drafter_settings: Optional[Dict[str, Any]] = _key(OBJECT, None)
+  lenience: float = _key(FRACTION, 1.0)
+  exact: bool = _key(BOOL, True)
+  adaptive_threshold: Optional[float] = _key(PROB, None)
+  gamma_auto: Optional[Dict[str, Any]] = _key(OBJECT, None)
+  guesses_per_target_call: Optional[float] = _key(NONNEG, None)
+  per_iteration_gamma: Optional[Dict[str, Optional[float]]] = _key(
+      SPEEDUPS, None)
+
+  @classmethod
+  def from_dict(cls, data: Any) -> "RunMetrics":
+    """Checks a metrics.json's object; older files get the defaults.
+
+    Numbers are normalized (an integral float where an integer belongs, any
+    number where a float does); keys `RunMetrics` does not know are ignored.
+
+    Raises:
+      MetricsError: not an object, a required key missing, or a value of
+        the wrong kind (the message names the key, the value and the kind).
+    """
+    if not isinstance(data, dict):
+      raise MetricsError(
+          "not a speculative-decoding metrics file (expected a JSON object, "
+          f"got {type(data).__name__})")
+    fields = dataclasses.fields(cls)
+    missing = [f.name for f in fields
+               if f.default is _REQUIRED and f.name not in data]
+    if missing:
+      raise MetricsError("not a speculative-decoding metrics file (missing "
+                         f"required keys: {', '.join(missing)})")
+    values = {}
+    for f in fields:
+      if f.name in data:
+        values[f.name] = _checked(f.name, data[f.name], f.metadata["kind"],
+                                  optional=f.default is not _REQUIRED)
+    return cls(**values)
+
+  def to_dict(self) -> Dict[str, Any]:
+    """metrics.json's object: every key, in field order (the quality metric
+    the run does not have is left out)."""
+    out = {}
+    for f in dataclasses.fields(self):
+      value = getattr(self, f.name)
+      if value is None and f.metadata["omit_none"]:
+        continue
+      out[f.name] = value
+    return out
+
+
+def load(text: str) -> RunMetrics:
+  """A metrics.json's text, checked (`RunMetrics.from_dict`).
+
+  Raises:
+    MetricsError: not JSON, or not a `RunMetrics`.
+  """
+  try:
+    data = json.loads(text)
+  except ValueError as e:
+    raise MetricsError(f"not valid JSON ({e})") from None
+  return RunMetrics.from_dict(data)
+
+
+# ---------------------------------------------------------------------------
+# Checking one value.
+# ---------------------------------------------------------------------------
+def is_number(v: Any) -> bool:
+  """A finite int or float (not a bool)."""
+  return (isinstance(v, (int, float)) and not isinstance(v, bool) and
+          math.isfinite(v))
+
+
+def _number(value: Any, kind: str) -> Any:
+  """The value normalized to a number `kind` allows, or None."""
+  if not is_number(value):
+    return None
+  if kind in (INT, POS_INT):
+    if not float(value).is_integer():
+      return None
+    value = int(value)
+    return value if value >= (1 if kind == POS_INT else 0) else None
+  value = float(value)
+  ok = {NONNEG: value >= 0, POS: value > 0, PROB: 0 <= value <= 1,
+        FRACTION: 0 < value <= 1}[kind]
+  return value if ok else None
+
+
+def _quality_ok(value: Any, kind: str) -> bool:
+  if not isinstance(value, dict):
+    return False
+  sides = [value.get("baseline"), value.get("speculative")]
+  if kind == BLEU:
+    return all(is_number(s) for s in sides)
+  return all(isinstance(s, dict) and s and all(
+      is_number(v) for v in s.values()) for s in sides)
+
+
+def _checked(key: str, value: Any, kind: str, optional: bool) -> Any:
+  """`value` normalized to `kind`; None stays None where the key has a
+  default (older writers and non-finite numbers, which `io_utils` writes as
+  null)."""
+  if value is None and optional:
+    return None
+  if kind in (INT, POS_INT, NONNEG, POS, PROB, FRACTION):
+    ok = _number(value, kind)
+    if ok is not None:
+      return ok
+  elif kind == NAME:
+    if isinstance(value, str) and value:
+      return value
+  elif kind == TEXT:
+    if isinstance(value, str):
+      return value
+  elif kind == BOOL:
+    if isinstance(value, bool):
+      return value
+  elif kind == OBJECT:
+    if isinstance(value, dict):
+      return value
+  elif kind == COUNTS:
+    if isinstance(value, list) and all(
+        _number(v, INT) is not None for v in value):
+      return [int(v) for v in value]
+  elif kind in (BLEU, ROUGE):
+    if _quality_ok(value, kind):
+      return value
+  elif kind == SPEEDUPS:
+    names = ("fixed_gamma_speedup", "achieved_speedup", "oracle_speedup")
+    if isinstance(value, dict) and all(
+        value.get(n) is None or _number(value.get(n), NONNEG) is not None
+        for n in names) and set(names) <= set(value):
+      return value
+  raise MetricsError(f"key {key!r} must be {kind}, got {value!r}")
+
+
+def field_names() -> List[str]:
+  """Every key of metrics.json, in `RunMetrics`' order."""
+  return [f.name for f in dataclasses.fields(RunMetrics)]
+
+
+def as_mapping(metrics: RunMetrics, data: Mapping[str, Any]) -> Dict[str, Any]:
+  """`data` (a metrics.json's object) with `metrics`' checked values and
+  defaults in place: what `report` tables and plots read."""
+  return {**data, **metrics.to_dict()}

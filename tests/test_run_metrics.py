@@ -1,0 +1,199 @@
+"""metrics.json's one schema (`run_metrics.RunMetrics`): the README table
+and the class agree, files of every earlier version load, bad values are
+named; the report's run table reads it. No model, no
+compilation."""
+import dataclasses
+import glob
+import json
+import os
+import re
+
+import pytest
+
+from specdec_jax import report
+from specdec_jax import run_metrics
+from specdec_jax import sweep
+from specdec_jax.experiment import output_dir
+
+from conftest import REPO
+
+FIXTURE = REPO / "tests" / "fixtures" / "results_small"
+FIELDS = {f.name: f for f in dataclasses.fields(run_metrics.RunMetrics)}
+
+
+def _readme_table():
+  """{key: (meaning, older files)} of README's "What the outputs mean"."""
+  text = (REPO / "README.md").read_text(encoding="utf-8")
+  section = text.split("### What the outputs mean", 1)[1].split("\n## ")[0]
+  rows = {}
+  for line in section.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) == 3 and re.fullmatch(r"`\w+`", cells[0]):
+      rows[cells[0].strip("`")] = (cells[1], cells[2])
+  return rows
+
+
+def _full_metrics(**changes):
+  """A RunMetrics with every key set (a walltime run of today)."""
+  values = dict(
+      task="multi30k", target_model="11m", draft_model="1m", gamma=3,
+      temperature=0.0, top_k=0, top_p=1.0, batch_size=1, alpha=0.6,
+      alpha_beta=0.61, alpha_stderr=0.01, accepted_histogram=[3, 2, 1, 4],
+      num_examples=10, tokens_generated=100, tokens_generated_baseline=100,
+      target_calls_baseline=100, target_calls_speculative=50,
+      tokens_per_target_call=2.0, walltime_baseline_s=1.0,
+      walltime_speculative_s=0.8, speedup=1.25, compile_time_s=3.0,
+      target_step_s=1e-3, draft_step_s=1e-4, cost_coefficient_c=0.1,
+      theoretical_speedup=1.6, verification_call_s=1.5e-3,
+      verification_cost_ratio=1.5, theoretical_speedup_measured_call_cost=1.2,
+      greedy_outputs_identical=True, greedy_identical_examples=10,
+      bleu={"baseline": 20.0, "speculative": 20.0}, random_weights=False,
+      backend="cpu", device_kind="cpu", num_devices=1, synthetic=False,
+      num_examples_requested=10, inputs_length=64, inputs_truncated=0,
+      longest_input_tokens=30, settings={"run": {"gamma": 3}},
+      drafter="model", drafter_settings={"drafter": "model"}, lenience=1.0,
+      exact=True, adaptive_threshold=None, gamma_auto=None,
+      guesses_per_target_call=3.0,
+      per_iteration_gamma={"fixed_gamma_speedup": 1.3,
+                           "achieved_speedup": 1.3, "oracle_speedup": 1.7})
+  values.update(changes)
+  return run_metrics.RunMetrics(**values)
+
+
+def test_readme_table_and_dataclass_agree():
+  table = _readme_table()
+  assert set(table) == set(FIELDS), (
+      "README documents keys that are not RunMetrics fields: "
+      f"{sorted(set(table) - set(FIELDS))}; fields not documented: "
+      f"{sorted(set(FIELDS) - set(table))}")
+  for name, (meaning, older) in table.items():
+    field = FIELDS[name]
+    assert meaning, name
+    if field.default is dataclasses.MISSING:
+      expected = "–"
+    elif field.metadata["omit_none"]:
+      expected = "absent"
+    elif field.default is None:
+      expected = "null"
+    else:
+      expected = json.dumps(field.default).replace("1.0", "1")
+      expected = expected.strip('"')
+      older = older.strip("`")
+    assert older == expected, (name, older, expected)
+
+
+def test_every_field_has_its_meaning_in_the_docstring():
+  doc = run_metrics.RunMetrics.__doc__.split("Attributes:")[1]
+  documented = set(re.findall(r"^    (\w+):", doc, re.MULTILINE))
+  assert documented == set(FIELDS)
+
+
+def test_round_trip_and_quality_key():
+  metrics = _full_metrics()
+  written = metrics.to_dict()
+  assert "rouge" not in written and written["bleu"]["baseline"] == 20.0
+  assert run_metrics.load(json.dumps(written)) == metrics
+  assert list(written) == [f for f in FIELDS if f != "rouge"]
+
+
+def test_files_of_earlier_versions_load_with_defaults():
+  oldest = {"task": "ende", "target_model": "xxl", "draft_model": "small",
+            "gamma": 5, "temperature": 0, "alpha": 0.7, "num_examples": 4,
+            "tokens_generated": 40, "target_calls_baseline": 40,
+            "target_calls_speculative": 12, "walltime_baseline_s": 2,
+            "walltime_speculative_s": 1.0, "speedup": 2,
+            "cost_coefficient_c": 0.02, "theoretical_speedup": 2.5}
+  metrics = run_metrics.RunMetrics.from_dict(oldest)
+  assert (metrics.drafter, metrics.lenience, metrics.exact) == (
+      "model", 1.0, True)
+  assert metrics.per_iteration_gamma is None and metrics.top_p == 1.0
+  assert metrics.temperature == 0.0 and isinstance(metrics.temperature, float)
+  assert metrics.walltime_baseline_s == 2.0 and metrics.speedup == 2.0
+  paths = sorted(glob.glob(str(FIXTURE / "*" / "metrics.json")))
+  assert len(paths) == 8
+  for root in ("outputs/multi30k/*/metrics.json",
+               "outputs/multi30k/*/*/metrics.json"):
+    paths += sorted(glob.glob(str(REPO / root)))
+  for path in paths:  # the trained pair's runs, where this checkout has them
+    with open(path, encoding="utf-8") as f:
+      run_metrics.load(f.read())
+
+
+@pytest.mark.parametrize("changes,expect", [
+    ({"lenience": 0}, "key 'lenience' must be a number in (0, 1], got 0"),
+    ({"drafter": ""}, "key 'drafter' must be a non-empty string"),
+    ({"per_iteration_gamma": {"oracle_speedup": 1.0}},
+     "key 'per_iteration_gamma' must be {\"fixed_gamma_speedup\""),
+    ({"accepted_histogram": [1, -2]},
+     "key 'accepted_histogram' must be a list of integers >= 0"),
+    ({"exact": "yes"}, "key 'exact' must be true or false, got 'yes'"),
+    ({"gamma": 2.5}, "key 'gamma' must be an integer >= 1, got 2.5"),
+])
+def test_bad_values_are_named(changes, expect):
+  data = dict(_full_metrics().to_dict(), **changes)
+  with pytest.raises(run_metrics.MetricsError) as e:
+    run_metrics.RunMetrics.from_dict(data)
+  assert expect in str(e.value)
+  del data["speedup"]
+  with pytest.raises(run_metrics.MetricsError,
+                     match="missing required keys: speedup"):
+    run_metrics.RunMetrics.from_dict(data)
+
+
+def test_report_run_table_shows_drafter_lenience_and_bound():
+  runs = report.load_results(str(FIXTURE))  # files from before the keys
+  new = dict(runs[0], **_full_metrics(
+      task="ende", target_model="xxl", draft_model="small l=0.5",
+      lenience=0.5, exact=False, drafter="bigram").to_dict(),
+             run_name="lenient")
+  md, text = report.render_table2(runs + [new])
+  everything = md.split("## All sweep points")[1]
+  assert "| DRAFTER | LENIENCE | PER-ITERATION γ (FIXED / ACHIEVED / ORACLE) |" \
+      in everything
+  rows = [l for l in everything.splitlines() if l.startswith("| ende")]
+  assert len(rows) == 9
+  assert sum(l.endswith("| model | 1 | – |") for l in rows) == 8
+  assert any(l.endswith("| bigram | 0.5 (not exact) | 1.30X / 1.30X / 1.70X |")
+             for l in rows)
+  header, *lines = text.splitlines()
+  assert header.split(",")[-7:] == [
+      "drafter", "lenience", "exact", "fixed_gamma_speedup",
+      "achieved_speedup", "oracle_speedup", "run_name"]
+  assert sum(",model,1.0,1,,,," in l for l in lines) == 8
+  assert any(",bigram,0.5,0,1.3,1.3,1.7,lenient" in l for l in lines)
+
+
+def test_sweep_takes_a_written_metrics_json_as_done(tmp_path):
+  point = tmp_path / "p"
+  point.mkdir()
+  assert not sweep.is_done(str(point))
+  (point / "metrics.json").write_text('{"task": "ende", "gamma": 5,')
+  assert not sweep.is_done(str(point))  # cut short: decoded again
+  (point / "metrics.json").write_text(json.dumps(_full_metrics().to_dict()))
+  assert sweep.is_done(str(point))
+  alpha = tmp_path / "a"
+  alpha.mkdir()
+  (alpha / "alpha.json").write_text(json.dumps({"alpha_beta": 0.5}))
+  assert sweep.is_done(str(alpha))
+
+
+def test_settings_of_earlier_versions_are_the_same_settings(tmp_path):
+  """Earlier runs recorded a dtype as "<class 'numpy.float32'>" and the
+  vocabulary file as resolved from the current directory: re-running the
+  same settings into their OUTPUT_DIR is still allowed."""
+  spm = "pretrained/multi30k/multi30k.model"
+  new = {"run": {"gamma": 6},
+         "target": {"dtype": "float32", "emb_dim": 8},
+         "draft": {"dtype": "bfloat16", "emb_dim": 4},
+         "vocabulary": {"file": os.path.join(str(REPO), spm), "size": 8000}}
+  old = json.loads(json.dumps(new))
+  old["target"]["dtype"] = "<class 'numpy.float32'>"
+  old["draft"]["dtype"] = "<class 'ml_dtypes.bfloat16'>"
+  old["vocabulary"]["file"] = spm
+  assert output_dir.comparable(old) == output_dir.comparable(new)
+  (tmp_path / "metrics.json").write_text(json.dumps({"settings": old}))
+  output_dir.check_output_dir(str(tmp_path), new, overwrite=False)
+  old["run"]["gamma"] = 7
+  (tmp_path / "metrics.json").write_text(json.dumps({"settings": old}))
+  with pytest.raises(output_dir.ConfigError, match="run.gamma: 7 -> 6"):
+    output_dir.check_output_dir(str(tmp_path), new, overwrite=False)
