@@ -452,6 +452,14 @@ def load_examples(*,
         "load_examples: input_prefix=%r is ignored for seqio task %r (the "
         "task's preprocessors add its prefix).", input_prefix,
         mixture_or_task_name)
+  return _task_examples(mixture_or_task_name, split, num_examples,
+                        shard_info)
+
+
+def _task_examples(mixture_or_task_name: str, split: str,
+                   num_examples: Optional[int],
+                   shard_info) -> List[Dict[str, str]]:
+  """`load_examples` for a seqio task or mixture (its arguments)."""
   import seqio  # pylint: disable=g-import-not-at-top
   _hide_gpus_from_tensorflow()
   if mixture_or_task_name not in _seqio_task_names():

@@ -33,6 +33,7 @@ MACROS = {
     "inner_drafter": "INNER_DRAFTER", "inner_gamma": "INNER_GAMMA",
     "lenience": "LENIENCE", "adaptive_threshold": "ADAPTIVE_THRESHOLD",
 }
+_DRAFTING = drafter_choice.DrafterSettings()  # its defaults
 # The run arguments of `drafters.choice.DrafterSettings`.
 DRAFTER_ARGS = tuple(f.name for f in dataclasses.fields(
     drafter_choice.DrafterSettings))
@@ -95,14 +96,15 @@ class RunArguments:
   mode: str = "walltime"
   mesh_shape: Tuple[int, ...] = (1, 1)
   overwrite: bool = False
-  drafter: str = "model"
-  ngram_corpus: Optional[str] = None
-  ngram_order: Optional[int] = None
-  prompt_lookup_max: int = 3
-  inner_drafter: str = "prompt_lookup"
-  inner_gamma: int = 4
+  # The drafter's defaults live in `DrafterSettings`.
+  drafter: str = _DRAFTING.drafter
+  ngram_corpus: Optional[str] = _DRAFTING.ngram_corpus
+  ngram_order: Optional[int] = _DRAFTING.ngram_order
+  prompt_lookup_max: int = _DRAFTING.prompt_lookup_max
+  inner_drafter: str = _DRAFTING.inner_drafter
+  inner_gamma: int = _DRAFTING.inner_gamma
   lenience: float = 1.0
-  adaptive_threshold: Optional[float] = None
+  adaptive_threshold: Optional[float] = _DRAFTING.adaptive_threshold
 
   def __post_init__(self):
     check_settings(self)
