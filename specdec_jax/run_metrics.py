@@ -90,13 +90,15 @@ class RunMetrics:
     walltime_speculative_s: seconds speculative decoding took.
     speedup: walltime_baseline_s / walltime_speculative_s.
     compile_time_s: seconds spent compiling and warming up both decoders.
-    target_step_s: one one-token target call (`timing.decode_call_seconds`).
+    target_step_s: one one-token target call (`timing.call_seconds`: in
+      rounds interleaved with the draft step and the verification call).
     draft_step_s: one one-token draft call (other drafters: one guess).
-    cost_coefficient_c: c = draft_step_s / target_step_s (Definition 3.7).
+    cost_coefficient_c: c = draft_step_s / target_step_s (Definition 3.7;
+      a draft model's: the median of the per-round ratios).
     theoretical_speedup: Theorem 3.8 at the measured α, γ and c.
     verification_call_s: the target's (γ+1)-token verification call.
-    verification_cost_ratio: verification_call_s / target_step_s (Theorem
-      3.8 assumes 1).
+    verification_cost_ratio: verification_call_s / target_step_s, the median
+      of the per-round ratios (Theorem 3.8 assumes 1).
     theoretical_speedup_measured_call_cost: Theorem 3.8 with that measured
       call cost in place of 1.
     greedy_outputs_identical: at T = 0, whether every example's speculative

@@ -1,8 +1,9 @@
 """How a decoder call is timed: the one definition behind c and the K-curve.
 
 Theorem 3.8 prices an iteration of Algorithm 1 as γ draft steps plus one
-target call, in units of one target step. `decode_call_seconds` times any of
-these the same way, in the conditions of the decoding loop:
+target call, in units of one target step. `call_seconds` times any of
+these the same way, several kinds in interleaved rounds, in the conditions
+of the decoding loop:
 
 * the model is called on a cache of `cache_len` slots (the loop's: attention
   reads every slot, so a short cache would flatter a step), filled to
@@ -11,7 +12,8 @@ these the same way, in the conditions of the decoding loop:
   cache to `fill` (a rollback by index, as the loop does), so per-call
   dispatch is the loop's, not Python's;
 * compilation is excluded (one untimed call first); the result is the median
-  over `repeats` of wall time / steps, each ending with `block_until_ready`.
+  over `repeats` rounds of wall time / steps, each ending with
+  `block_until_ready`.
 
 The cost coefficient c = draft step / target step (both k = 1), and the
 verification ratio = target call at k = γ+1 / target step: Theorem 3.8
@@ -23,9 +25,8 @@ iteration), on caches prefilled to `fill` (`prefill`, `speculative_state_at`),
 and interleaves the programs it compares (`InterleavedTimer`).
 """
 import functools
-import statistics
 import time
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -73,30 +74,51 @@ def timed(fn, *args) -> Any:
   return out, time.perf_counter() - start
 
 
-def decode_call_seconds(model, encoder_input_tokens: np.ndarray, *, k: int,
-                        fill: int, cache_len: int, steps: int = 16,
-                        repeats: int = 5) -> float:
-  """Median seconds of one k-token decoder call (compilation excluded).
+def call_seconds(calls: Mapping[str, Tuple[Any, int]],
+                 encoder_input_tokens: np.ndarray, *, fill: int,
+                 cache_len: int, steps: int = 64,
+                 repeats: int = 9) -> Dict[str, float]:
+  """Median seconds of one decoder call of each kind (compilation excluded).
+
+  The kinds are timed in interleaved rounds (`InterleavedTimer`), so a load
+  change on a shared machine hits them alike. The first kind is the
+  reference: every other kind's seconds are the median over rounds of its
+  ratio to the reference, times the reference's median, so the ratios of
+  the results (c, the verification cost) are medians of ratios measured in
+  the same round. Under a bursty load on this 2-core CPU that kept the
+  K = 4 / K = 1 ratio within 1.37–1.98 over 15 repeats, where back-to-back
+  timings (16 calls, 5 repeats each) ranged over 0.56–10.9.
 
   Args:
-    model: a `T5Model` (or anything with `start` and `decode_chunk`).
-    encoder_input_tokens: [B, S] int32 inputs the cache is built from.
-    k: tokens per row per call (1 = a decode step; γ+1 = a verification).
+    calls: name -> (model, k): a `T5Model` (or anything with `start` and
+      `decode_chunk`) and its tokens per row per call (1 = a decode step;
+      γ+1 = a verification); the first entry is the reference.
+    encoder_input_tokens: [B, S] int32 inputs the caches are built from.
     fill: cache positions already written before each call.
     cache_len: cache slots, as in the decoding loop being priced.
-    steps, repeats: calls per timed program, timed programs (median).
+    steps, repeats: calls per timed program, timed rounds.
+
+  Returns:
+    name -> seconds of one call.
   """
-  if not 0 <= fill <= cache_len - k:
-    raise ValueError(f"fill={fill} and k={k} must fit in cache_len="
-                     f"{cache_len} slots (0 <= fill <= cache_len - k).")
-  cache = start(model, jnp.asarray(encoder_input_tokens, jnp.int32),
-                 max_len=cache_len)
-  fill_rows = jnp.full((cache.length.shape[0],), fill, jnp.int32)
-  jax.block_until_ready(call_loop(model, cache, fill_rows, k=k,
-                                   steps=steps))  # Compile.
-  times = [timed(functools.partial(call_loop, k=k, steps=steps), model,
-                 cache, fill_rows)[1] for _ in range(repeats)]
-  return statistics.median(times) / steps
+  for name, (_, k) in calls.items():
+    if not 0 <= fill <= cache_len - k:
+      raise ValueError(f"{name}: fill={fill} and k={k} must fit in "
+                       f"cache_len={cache_len} slots (0 <= fill <= "
+                       "cache_len - k).")
+  inputs = jnp.asarray(encoder_input_tokens, jnp.int32)
+  fill_rows = jnp.full((inputs.shape[0],), fill, jnp.int32)
+
+  def program(model, k):
+    cache = start(model, inputs, max_len=cache_len)
+    return lambda _: call_loop(model, cache, fill_rows, k=k, steps=steps)
+
+  times, _ = InterleavedTimer(repeats, log=lambda _: None)(
+      {name: program(model, k) for name, (model, k) in calls.items()})
+  reference = times[next(iter(calls))]
+  per_call = float(np.median(reference)) / steps
+  return {name: per_call * float(np.median(t / reference))
+          for name, t in times.items()}
 
 
 # ---------------------------------------------------------------------------

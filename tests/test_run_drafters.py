@@ -121,8 +121,10 @@ def test_bigram_adaptive_auto_gamma_end_to_end(tmp_path, corpus,
   # elsewhere), and the pilot's γ is the one chosen for α ≈ 0 (random
   # weights), so pilot and run share one program; a one-layer target
   # compiles faster (nothing here depends on its size).
-  monkeypatch.setattr(run_lib.timing, "decode_call_seconds",
-                      lambda model, *args, k, **kwargs: 1e-3 * (1 + k / 10))
+  monkeypatch.setattr(
+      run_lib.timing, "call_seconds",
+      lambda calls, *args, **kwargs: {
+          name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()})
   monkeypatch.setattr(run_lib.drafter_choice, "propose_seconds",
                       lambda *args, gamma, **kwargs: 1e-5 * gamma)
   monkeypatch.setattr(run_lib.drafter_choice, "AUTO_GAMMA_PILOT", 1)

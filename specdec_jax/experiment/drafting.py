@@ -2,7 +2,7 @@
 batches, then Theorem 3.8), the price of one guess of a drafter that is not
 a model step, and the drafter / lenience / adaptive-γ keys of metrics.json.
 """
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from absl import logging
 import jax
@@ -16,52 +16,48 @@ from specdec_jax.drafters import choice as drafter_choice
 from specdec_jax.experiment import arguments
 
 
-def draft_seconds(args: arguments.RunArguments, drafter, target, draft,
-                  batch: jax.Array, gamma: int, fill: int) -> float:
-  """One draft step (DRAFTER='model'), or one guess of `drafter`: its
-  `propose` on the target's own output for `batch`, divided by γ.
+def call_seconds(args: arguments.RunArguments, drafter, target, draft,
+                 batch: jax.Array, target_ks: Tuple[int, ...],
+                 fill: int) -> Tuple[Dict[int, float], float]:
+  """The target's k-token calls and one draft step (or guess), in seconds.
 
-  Timed as `timing.decode_call_seconds` times a step: the speculative
-  loop's cache (max_decode_length + γ + 1 slots) filled to `fill`.
+  Timed the one way `timing.call_seconds` defines, on `batch`, with a cache
+  of max_decode_length + max(target_ks) slots (the speculative loop's when
+  max(target_ks) = γ+1) filled to `fill`; the target's calls and the draft
+  model's step are timed in interleaved rounds. A drafter that is not a
+  model step is priced by one `propose` on the target's own output for
+  `batch`, divided by γ = max(target_ks) - 1.
+
+  Args:
+    target_ks: the target's k values to time (1, a step, is always
+      timed; γ+1: the call).
+    fill: the mean output length (clipped to the cache).
+
+  Returns:
+    ({k: seconds of the target's k-token call}, seconds of one draft step
+    or guess).
   """
+  gamma = max(target_ks) - 1
   cache_len = args.max_decode_length + gamma + 1
+  fill = min(max(1, fill), cache_len - gamma - 1)
   inputs = np.asarray(multihost.to_host(batch))
+  # k = 1 first: the reference the others' ratios are taken to.
+  calls = {k: (target, k) for k in sorted(set(target_ks) | {1})}
   if args.drafter == "model":
-    return timing.decode_call_seconds(draft, inputs, k=1, fill=fill,
-                                      cache_len=cache_len)
-  method = args.method()
-  context = np.asarray(multihost.to_host(decoding.temperature_sample(
-      target, batch, jax.random.PRNGKey(args.seed),
-      max_decode_length=args.max_decode_length, method=method).tokens))
-  buffer = np.pad(context, ((0, 0), (1, gamma + 2)))
-  return drafter_choice.propose_seconds(
-      drafter, inputs, buffer,
-      np.full((len(inputs),), max(fill, 1), np.int32), gamma=gamma,
-      method=method, max_len=cache_len) / gamma
-
-
-def cost_coefficient(args: arguments.RunArguments, drafter, target, draft,
-                     batch: jax.Array, gamma: int, fill: int) -> float:
-  """c: one draft step (or guess) over one target step, both timed as
-  `draft_seconds` times."""
-  cache_len = args.max_decode_length + gamma + 1
-  seconds = draft_seconds(args, drafter, target, draft, batch, gamma, fill)
-  return seconds / timing.decode_call_seconds(
-      target, np.asarray(multihost.to_host(batch)), k=1, fill=fill,
-      cache_len=cache_len)
-
-
-def call_costs(args: arguments.RunArguments, target, batch: jax.Array,
-               fill: int) -> np.ndarray:
-  """[AUTO_GAMMA_MAX] the target's (γ+1)-token call in target steps for
-  γ = 1..AUTO_GAMMA_MAX (`drafter_choice.call_costs`), timed as a step."""
-  cache_len = args.max_decode_length + drafter_choice.AUTO_GAMMA_MAX + 1
-  inputs = np.asarray(multihost.to_host(batch))
-  fill = min(fill, cache_len - drafter_choice.AUTO_GAMMA_MAX - 1)
-  return drafter_choice.call_costs({
-      k: timing.decode_call_seconds(target, inputs, k=k, fill=fill,
-                                    cache_len=cache_len)
-      for k in drafter_choice.AUTO_GAMMA_CALL_KS})
+    calls["draft"] = (draft, 1)
+  seconds = timing.call_seconds(calls, inputs, fill=fill,
+                                cache_len=cache_len)
+  t_draft = seconds.pop("draft", None)
+  if t_draft is None:
+    method = args.method()
+    context = np.asarray(multihost.to_host(decoding.temperature_sample(
+        target, batch, jax.random.PRNGKey(args.seed),
+        max_decode_length=args.max_decode_length, method=method).tokens))
+    buffer = np.pad(context, ((0, 0), (1, gamma + 2)))
+    t_draft = drafter_choice.propose_seconds(
+        drafter, inputs, buffer, np.full((len(inputs),), fill, np.int32),
+        gamma=gamma, method=method, max_len=cache_len) / gamma
+  return seconds, t_draft
 
 
 def choose_gamma(args: arguments.RunArguments, speculative, feed, drafter,
@@ -92,9 +88,10 @@ def choose_gamma(args: arguments.RunArguments, speculative, feed, drafter,
     rows += args.batch_size
   alpha = kept / max(trials, 1)
   fill = max(1, tokens // rows)
-  c = cost_coefficient(args, drafter, target, draft, feed.batch(0), pilot,
-                       fill)
-  costs = call_costs(args, target, feed.batch(0), fill)
+  by_k, t_draft = call_seconds(args, drafter, target, draft, feed.batch(0),
+                               drafter_choice.AUTO_GAMMA_CALL_KS, fill)
+  c = t_draft / by_k[1]
+  costs = drafter_choice.call_costs(by_k)
   chosen = drafter_choice.choose_gamma(alpha, c, costs)
   logging.info("GAMMA='auto': alpha %.3f, c %.3f and verification calls "
                "of %s steps on %d batches (γ=%d) -> γ=%d (Theorem 3.8)",

@@ -9,7 +9,6 @@ the one way `timing` defines (`step_times`); put it together
 (`walltime_metrics`).
 """
 import dataclasses
-import functools
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -73,7 +72,7 @@ class Decoded:
 
 @dataclasses.dataclass(frozen=True)
 class StepTimes:
-  """Seconds of one call of each kind (`timing.decode_call_seconds`).
+  """Seconds of one call of each kind (`timing.call_seconds`).
 
   Attributes:
     target_step_s: one one-token target call.
@@ -143,21 +142,15 @@ def step_times(args: arguments.RunArguments, drafter, target, draft,
   """One target step, one draft step (or guess) and the verification call
   (this process's seconds: `slowest`).
 
-  All are timed the one way `timing` defines: on `batch`, with the
-  speculative loop's cache (max_decode_length + γ + 1 slots) filled to
-  `fill` tokens (the mean output length).
+  All are timed the one way `timing` defines, interleaved
+  (`drafting.call_seconds`): on `batch`, with the speculative loop's cache
+  (max_decode_length + γ + 1 slots) filled to `fill` tokens (the mean
+  output length).
   """
   gamma = args.gamma
-  cache_len = args.max_decode_length + gamma + 1
-  fill = min(max(1, fill), cache_len - gamma - 1)
-  step = functools.partial(
-      timing.decode_call_seconds,
-      encoder_input_tokens=np.asarray(multihost.to_host(batch)), fill=fill,
-      cache_len=cache_len)
-  t_target = step(target, k=1)
-  t_draft = drafting.draft_seconds(args, drafter, target, draft, batch,
-                                   gamma, fill)
-  t_verify = step(target, k=gamma + 1)
+  by_k, t_draft = drafting.call_seconds(args, drafter, target, draft, batch,
+                                        (1, gamma + 1), fill)
+  t_target, t_verify = by_k[1], by_k[gamma + 1]
   return StepTimes(t_target, t_draft, t_verify)
 
 
