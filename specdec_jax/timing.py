@@ -85,9 +85,10 @@ def call_seconds(calls: Mapping[str, Tuple[Any, int]],
   reference: every other kind's seconds are the median over rounds of its
   ratio to the reference, times the reference's median, so the ratios of
   the results (c, the verification cost) are medians of ratios measured in
-  the same round. Under a bursty load on this 2-core CPU that kept the
-  K = 4 / K = 1 ratio within 1.37–1.98 over 15 repeats, where back-to-back
-  timings (16 calls, 5 repeats each) ranged over 0.56–10.9.
+  the same round. Under a bursty load on a 2-core CPU that kept the
+  K = 4 / K = 1 ratio within 1.20–2.15 over 15 repeats, where back-to-back
+  timings (16 calls, 5 repeats each) ranged over 0.56–3.53
+  (`scripts/benchmark_timing_noise.py`).
 
   Args:
     calls: name -> (model, k): a `T5Model` (or anything with `start` and

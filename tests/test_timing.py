@@ -3,24 +3,15 @@
 No timing is asserted beyond positivity (the machine may be shared); what
 is asserted is what is timed and in which order.
 """
+import importlib.util
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from specdec_jax import timing
 
-from conftest import random_model, tiny_config
-
-
-def test_call_seconds_times_each_kind_of_call():
-  target = random_model(tiny_config(), seed=0)
-  draft = random_model(tiny_config(num_decoder_layers=1), seed=1)
-  inputs = np.full((2, 5), 3, np.int32)
-  seconds = timing.call_seconds(
-      {"step": (target, 1), "verify": (target, 4), "draft": (draft, 1)},
-      inputs, fill=3, cache_len=8, steps=2, repeats=2)
-  assert sorted(seconds) == ["draft", "step", "verify"]
-  assert all(isinstance(s, float) and s > 0 for s in seconds.values())
+from conftest import REPO, random_model, tiny_config
 
 
 def test_call_seconds_interleaves_rounds(monkeypatch):
@@ -61,3 +52,27 @@ def test_call_seconds_rejects_a_call_that_does_not_fit(fill, k):
                      r"cache_len=6"):
     timing.call_seconds({"x": (None, k)}, np.zeros((1, 4), np.int32),
                         fill=fill, cache_len=6)
+
+
+def _noise_script():
+  path = REPO / "scripts" / "benchmark_timing_noise.py"
+  spec = importlib.util.spec_from_file_location("benchmark_timing_noise",
+                                                path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_timing_noise_benchmark_summarizes_both_ways():
+  # Also `call_seconds` on real (tiny) models, both ways.
+  script = _noise_script()
+  target = random_model(tiny_config(), seed=0)
+  draft = random_model(tiny_config(num_decoder_layers=1), seed=1)
+  result = script.measure(target, draft, gamma=1, fill=2, trials=2)
+  assert sorted(result) == ["back_to_back", "interleaved"]
+  for way in result.values():
+    for key in ("verification_cost_ratio", "cost_coefficient_c"):
+      s = way[key]
+      assert len(s["values"]) == 2 and all(v > 0 for v in s["values"])
+      assert s["min"] <= s["median"] <= s["max"]
+      assert 0 <= s["iqr"] <= s["max"] - s["min"]
