@@ -6,7 +6,7 @@ stops with one line before anything is written.
 """
 import json
 import os
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from specdec_jax import run_metrics
 
@@ -100,6 +100,40 @@ def load_results(results_dir: str,
   return runs
 
 
+def _is_trace_step(step: Any) -> bool:
+  """A predictions.jsonl trace entry: one target call's guesses."""
+  return (isinstance(step, dict) and
+          isinstance(step.get("draft_tokens"), list) and
+          all(isinstance(t, str) for t in step["draft_tokens"]) and
+          isinstance(step.get("num_accepted"), int) and
+          not isinstance(step.get("num_accepted"), bool) and
+          0 <= step["num_accepted"] <= len(step["draft_tokens"]) and
+          (step.get("target_token") is None or
+           isinstance(step.get("target_token"), str)))
+
+
+def _is_timeline_event(ev: Any) -> bool:
+  """An older run's timeline entry: one draft or target call's span."""
+  return (isinstance(ev, dict) and ev.get("kind") in ("draft", "target") and
+          run_metrics.is_number(ev.get("start_s")) and
+          run_metrics.is_number(ev.get("end_s")) and
+          ev["end_s"] >= ev["start_s"])
+
+
+def _check_entries(where: str, key: str, value: Any,
+                   is_entry: Callable[[Any], bool], expected: str) -> None:
+  """Raises ReportError unless `value` is None or a list of entries that
+  pass `is_entry` (`expected` describes one)."""
+  if value is None:
+    return
+  if not isinstance(value, list):
+    raise ReportError(f"{where}: '{key}' must be a list")
+  for i, entry in enumerate(value):
+    if not is_entry(entry):
+      raise ReportError(f"{where}: {key}[{i}] must be {expected}, got "
+                        f"{entry!r}")
+
+
 def check_prediction(path: str, lineno: int, ex: Any) -> Dict[str, Any]:
   """Validates one predictions.jsonl record (the fields the report uses).
 
@@ -119,37 +153,12 @@ def check_prediction(path: str, lineno: int, ex: Any) -> Dict[str, Any]:
       for n in counts)):
     raise ReportError(f"{where}: 'accepted_counts' must be a list of "
                       f"integers >= 0, got {counts!r}")
-  trace = ex.get("trace")
-  if trace is not None:
-    if not isinstance(trace, list):
-      raise ReportError(f"{where}: 'trace' must be a list")
-    for i, step in enumerate(trace):
-      ok = (isinstance(step, dict) and
-            isinstance(step.get("draft_tokens"), list) and
-            all(isinstance(t, str) for t in step["draft_tokens"]) and
-            isinstance(step.get("num_accepted"), int) and
-            not isinstance(step.get("num_accepted"), bool) and
-            0 <= step["num_accepted"] <= len(step["draft_tokens"]) and
-            (step.get("target_token") is None or
-             isinstance(step.get("target_token"), str)))
-      if not ok:
-        raise ReportError(
-            f"{where}: trace[{i}] must be {{\"draft_tokens\": [str], "
-            "\"num_accepted\": int in [0, len(draft_tokens)], "
-            f"\"target_token\": str}}, got {step!r}")
-  timeline = ex.get("timeline")
-  if timeline is not None:
-    if not isinstance(timeline, list):
-      raise ReportError(f"{where}: 'timeline' must be a list")
-    for i, ev in enumerate(timeline):
-      ok = (isinstance(ev, dict) and ev.get("kind") in ("draft", "target") and
-            run_metrics.is_number(ev.get("start_s")) and
-            run_metrics.is_number(ev.get("end_s")) and
-            ev["end_s"] >= ev["start_s"])
-      if not ok:
-        raise ReportError(
-            f"{where}: timeline[{i}] must be {{\"kind\": \"draft\"|\"target\","
-            f" \"start_s\": number, \"end_s\": number >= start_s}}, got {ev!r}")
+  _check_entries(where, "trace", ex.get("trace"), _is_trace_step,
+                 "{\"draft_tokens\": [str], \"num_accepted\": int in "
+                 "[0, len(draft_tokens)], \"target_token\": str}")
+  _check_entries(where, "timeline", ex.get("timeline"), _is_timeline_event,
+                 "{\"kind\": \"draft\"|\"target\", \"start_s\": "
+                 "number, \"end_s\": number >= start_s}")
   return ex
 
 
