@@ -49,6 +49,7 @@ _LOAD = flags.DEFINE_boolean("background_load", True,
                              "Run a bursty busy-loop process meanwhile.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON.")
 
+_DECODE_LENGTH = 64  # the cache holds this many tokens, plus γ+1.
 _BURSTY = """
 import random, time
 random.seed(0)
@@ -87,7 +88,7 @@ def measure(target, draft, *, gamma, fill, trials):
       2, target.config.vocab_size, (1, 20)).astype(np.int32)
   calls = {"step": (target, 1), "draft": (draft, 1),
            "verify": (target, gamma + 1)}
-  cache_len = 64 + gamma + 1
+  cache_len = _DECODE_LENGTH + gamma + 1
   kw = dict(fill=fill, cache_len=cache_len)
 
   def back_to_back():
@@ -119,8 +120,9 @@ def main(argv):
   for name, flag in (("--gamma", _GAMMA), ("--trials", _TRIALS)):
     if flag.value < 1:
       raise app.UsageError(f"{name} must be >= 1, got {flag.value}.")
-  if not 0 <= _FILL.value <= 64:
-    raise app.UsageError(f"--fill must be in [0, 64], got {_FILL.value}.")
+  if not 0 <= _FILL.value <= _DECODE_LENGTH:
+    raise app.UsageError(f"--fill must be in [0, {_DECODE_LENGTH}], got "
+                         f"{_FILL.value}.")
   target = _model(_TARGET.value, "target", 0)
   draft = _model(_DRAFT.value, "draft", 1)
   load = (subprocess.Popen([sys.executable, "-c", _BURSTY])
