@@ -312,11 +312,6 @@ def _checked(key: str, value: Any, kind: str, optional: bool) -> Any:
   raise MetricsError(f"key {key!r} must be {kind}, got {value!r}")
 
 
-def field_names() -> List[str]:
-  """Every key of metrics.json, in `RunMetrics`' order."""
-  return [f.name for f in dataclasses.fields(RunMetrics)]
-
-
 def as_mapping(metrics: RunMetrics, data: Mapping[str, Any]) -> Dict[str, Any]:
   """`data` (a metrics.json's object) with `metrics`' checked values and
   defaults in place: what `report` tables and plots read."""
