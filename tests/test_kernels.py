@@ -57,6 +57,34 @@ def test_kernel_matches_xla_dot_for_every_row_count(d_size, n_size):
 
 
 @needs_kernel
+@pytest.mark.parametrize("d_size,n_size", [(37, 19), (256, 1000)])
+def test_every_instruction_set_gives_the_same_bits(d_size, n_size):
+  # (256, 1000): 63 panels (a partial one, and a remainder after every tile
+  # width) over two threads; 37 x 19: one thread, a partial second panel.
+  rng = np.random.default_rng(1)
+  w = jnp.asarray(rng.standard_normal((d_size, n_size)), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((20, d_size)), jnp.float32)
+  widest = kernels.instruction_set()
+  results = {}
+  try:
+    for isa in kernels.INSTRUCTION_SETS:
+      used = kernels.instruction_set(isa)
+      results[used] = [np.asarray(_matmul(x[:rows], w))
+                       for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 20)]
+  finally:
+    kernels.instruction_set(widest)
+  assert "portable" in results and len(results) >= 2, results.keys()
+  for isa, outputs in results.items():
+    for got, want in zip(outputs, results["portable"]):
+      np.testing.assert_array_equal(got, want, err_msg=isa)
+
+
+def test_instruction_set_cap_is_checked():
+  with pytest.raises(ValueError, match="avx512"):
+    kernels.instruction_set("sse")
+
+
+@needs_kernel
 def test_pack_unpack_round_trip_and_zero_padding():
   w = jnp.arange(5 * 21, dtype=jnp.float32).reshape(5, 21)
   panels = kernels.pack(w)

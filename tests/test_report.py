@@ -1,5 +1,6 @@
 """Tests for specdec_jax.report on the tiny fixture in fixtures/results_small."""
 import csv
+import io
 import json
 import os
 import shutil
@@ -117,13 +118,39 @@ class TestRender:
     summary = text.split("## All sweep points")[0]
     lines = [l for l in summary.splitlines() if l.startswith("| ende")]
     assert len(lines) == 4
-    # Paper layout: TASK | M_q | TEMP | gamma | alpha | SPEED | ...
-    assert ("| ende | small ⋆ † | 0 | 7 | 0.75 | 2.98X | 3.16X | BLEU | "
-            "26.94 | 26.94 |") in lines
-    assert ("| ende | base ⋆ † | 1 | 5 | 0.72 | 2.26X | 2.36X | BLEU | "
-            "24.31 | 24.38 |") in lines
+    # Paper layout: TASK | M_q | TEMP | gamma | alpha | ... | SPEED | ...
+    # The fixture predates the measured call cost: those cells are '–'.
+    metrics = _fixture_metrics()
+    small = metrics["ende_xxl_small_g7_t0"]
+    tokens = small["tokens_generated"] / small["target_calls_speculative"]
+    assert (f"| ende | small ⋆ † | 0 | 7 | 0.75 | 0.020 | – | {tokens:.2f} | "
+            "2.98X | 3.16X | – | – | BLEU | 26.94 | 26.94 | – |") in lines
+    base = metrics["ende_xxl_base_g5_t1"]
+    tokens = base["tokens_generated"] / base["target_calls_speculative"]
+    assert (f"| ende | base ⋆ † | 1 | 5 | 0.72 | "
+            f"{base['cost_coefficient_c']:.3f} | – | {tokens:.2f} | 2.26X | "
+            "2.36X | – | – | BLEU | 24.31 | 24.38 | – |") in lines
     assert sum("⋆" in l for l in lines) == 2
-    assert "| TASK | M_q | TEMP | γ | α | SPEED |" in text
+    assert ("| TASK | M_q | TEMP | γ | α | c | CALL COST | TOKENS/CALL | "
+            "SPEED | THEORY (Thm 3.8) | THEORY (measured call) | EFFICIENCY |"
+            ) in text
+
+  def test_table2_shows_the_measured_call_cost_and_efficiency(self):
+    m = dict(_fixture_metrics()["ende_xxl_small_g7_t0"],
+             run_name="r", verification_cost_ratio=1.25,
+             theoretical_speedup_measured_call_cost=2.5,
+             greedy_identical_examples=7, num_examples=8)
+    md, csv_text = report.render_table2([m])
+    row = [l for l in md.split("## All sweep points")[0].splitlines()
+           if l.startswith("| ende")]
+    assert len(row) == 1
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    assert cells[6] == "1.25" and cells[10] == "2.50X"
+    assert cells[11] == f"{m['speedup'] / 2.5:.2f}"  # SPEED / THEORY.
+    assert cells[-1] == "7/8"
+    record = list(csv.DictReader(io.StringIO(csv_text)))[0]
+    assert float(record["verification_cost_ratio"]) == 1.25
+    assert int(record["greedy_identical_examples"]) == 7
 
   def test_table4_md(self, rendered):
     _, out = rendered
@@ -184,7 +211,8 @@ class TestRougeTable:
                  run_name="b")]
     assert report.quality(runs[0]) == ("ROUGE-L", 37.5, 37.5)
     md, text = report.render_table2(runs)
-    assert "| cnndm | base ⋆ | 0 | 5 | 0.73 | 2.30X |" in md
+    assert ("| cnndm | base ⋆ | 0 | 5 | 0.73 | 0.020 | – | 2.50 | 2.30X | "
+            "2.00X |") in md
     assert "ROUGE-L | 37.50 | 37.50" in md
     rows = list(csv.DictReader(text.splitlines()))
     assert [r["draft_model"] for r in rows] == ["small", "base"]  # By size.

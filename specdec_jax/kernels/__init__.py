@@ -7,7 +7,7 @@ repacks the whole weight matrix on every call: a 6-token decoder call costs
 weight is packed once, when the model is prepared for decoding (`pack`,
 `T5Model.prepared_for_decoding`), into panels of 16 columns [P, D, 16]; the
 compiled kernel (XLA FFI) then streams every panel once per call with a
-register tile of up to 4 rows, so the call costs what its weights and FLOPs
+register tile of up to 8 rows (AVX-512; 4 with AVX2), so the call costs what its weights and FLOPs
 cost. Every output element is the same chain of fused multiply-adds in the
 same order whatever the number of rows, so a row of a K-token call is
 bit-identical to a one-token call on that row: greedy speculative decoding
@@ -50,6 +50,8 @@ _ENV_SWITCH = "SPECDEC_JAX_CPU_KERNEL"
 _ENV_CACHE = "SPECDEC_JAX_CACHE"
 
 log = logging.getLogger(__name__)
+# The library `available` loaded (ctypes handle), for `instruction_set`.
+_loaded = {}
 
 
 def _cache_dir() -> pathlib.Path:
@@ -108,6 +110,7 @@ def available() -> bool:
   try:
     import ctypes  # pylint: disable=g-import-not-at-top
     library = ctypes.cdll.LoadLibrary(str(build()))
+    _loaded["library"] = library
     jax.ffi.register_ffi_target(
         TARGET_NAME, jax.ffi.pycapsule(library.SpecdecPackedMatmul),
         platform="cpu")
@@ -118,6 +121,28 @@ def available() -> bool:
 
 
 PANEL = 16  # Columns per packed panel (two AVX2 vectors); cpu_matmul.cc's.
+# The kernel's instruction sets, widest last (`instruction_set`).
+INSTRUCTION_SETS = ("portable", "avx2", "avx512")
+
+
+def instruction_set(cap: Optional[str] = None) -> str:
+  """The instruction set kernel calls use, after capping it at `cap`.
+
+  Every path computes each element by the same chain of FMAs, so they agree
+  bit for bit; tests and benchmarks compare them by capping (the cap holds
+  for the whole process until changed). None only reads.
+
+  Raises:
+    ValueError: `cap` is not one of `INSTRUCTION_SETS`.
+    RuntimeError: the kernel is not available.
+  """
+  if cap is not None and cap not in INSTRUCTION_SETS:
+    raise ValueError(f"instruction set cap must be one of {INSTRUCTION_SETS}, "
+                     f"got {cap!r}.")
+  if not available():
+    raise RuntimeError("the CPU kernel is not available.")
+  request = -1 if cap is None else INSTRUCTION_SETS.index(cap)
+  return INSTRUCTION_SETS[_loaded["library"].SpecdecKernelIsa(request)]
 
 
 def packing_enabled(dtype=jnp.float32) -> bool:
@@ -201,5 +226,6 @@ def main() -> int:
     print(f"specdec_jax: CPU matmul kernel NOT built ({e}); decoding on CPU "
           "uses XLA's dot (correct, slower verification calls).")
     return 0
-  print(f"specdec_jax: CPU matmul kernel built: {path}")
+  isa = instruction_set() if available() else "not loadable"
+  print(f"specdec_jax: CPU matmul kernel built: {path} ({isa})")
   return 0

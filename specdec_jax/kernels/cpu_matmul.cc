@@ -10,6 +10,12 @@
 // contiguously over all of D, each weight load feeding MT fused
 // multiply-adds, and the whole matrix is read once per call.
 //
+// On AVX-512 (e.g. AMD Zen 4) a panel is one 512-bit vector and the 32 vector
+// registers hold a tile of up to 8 rows x 3-6 panels: every weight load feeds
+// up to 8 FMAs and every broadcast of x 3-6, so up to 8 rows take one pass
+// over the weights at a FLOP rate that keeps a (gamma+1)-row call near the
+// cost of streaming the weights once (a memory-bound one-row step).
+//
 // Exactness: every output element is computed by the same sequence of
 // operations whatever M, the tile or the thread split:
 //   acc = 0; for d in 0..D-1: acc = fma(x[m, d], w[d, n], acc)
@@ -119,28 +125,126 @@ bool HasAvx2() {
                           __builtin_cpu_supports("fma");
   return has;
 }
+
+bool HasAvx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+// MT rows x NP panels starting at panel p, all of D: one 512-bit vector per
+// panel row, so the MT * NP accumulators, NP weight vectors and a broadcast
+// fit in the 32 registers (MT * NP <= 24).
+template <int MT, int NP>
+__attribute__((target("avx512f"))) void TileAvx512(
+    const float* x, const float* wp, float* y, int64_t d_size,
+    int64_t n_size, int64_t p) {
+  __m512 acc[MT][NP];
+  _Pragma("GCC unroll 16") for (int m = 0; m < MT; ++m)
+    _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j) acc[m][j] = _mm512_setzero_ps();
+  const float* w[NP];
+  _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j) w[j] = wp + (p + j) * d_size * kPanel;
+  for (int64_t d = 0; d < d_size; ++d) {
+    __m512 wv[NP];
+    _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j) wv[j] = _mm512_loadu_ps(w[j] + d * kPanel);
+    _Pragma("GCC unroll 16") for (int m = 0; m < MT; ++m) {
+      const __m512 xb = _mm512_set1_ps(x[m * d_size + d]);
+      _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j)
+        acc[m][j] = _mm512_fmadd_ps(xb, wv[j], acc[m][j]);
+    }
+  }
+  _Pragma("GCC unroll 16") for (int m = 0; m < MT; ++m) {
+    float* row = y + m * n_size;
+    _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j) {
+      const int64_t n0 = (p + j) * kPanel;
+      if (n0 + kPanel <= n_size) {
+        _mm512_storeu_ps(row + n0, acc[m][j]);
+      } else {  // The last, partial panel: only its valid columns.
+        const __mmask16 valid = static_cast<__mmask16>(
+            (1u << (n_size - n0)) - 1u);
+        _mm512_mask_storeu_ps(row + n0, valid, acc[m][j]);
+      }
+    }
+  }
+}
+
+// Panels [p0, p1) for MT rows: tiles of the widest NP that fits the
+// registers, then one narrower tile for what is left.
+template <int MT>
+__attribute__((target("avx512f"))) void RowBlockAvx512(
+    const float* x, const float* wp, float* y, int64_t d_size,
+    int64_t n_size, int64_t p0, int64_t p1) {
+  constexpr int NP = MT <= 3 ? 6 : (MT <= 6 ? 4 : 3);
+  int64_t p = p0;
+  for (; p + NP <= p1; p += NP)
+    TileAvx512<MT, NP>(x, wp, y, d_size, n_size, p);
+  switch (p1 - p) {  // 0 <= p1 - p < NP <= 6.
+    case 5: TileAvx512<MT, 5 < NP ? 5 : 1>(x, wp, y, d_size, n_size, p); break;
+    case 4: TileAvx512<MT, 4 < NP ? 4 : 1>(x, wp, y, d_size, n_size, p); break;
+    case 3: TileAvx512<MT, 3 < NP ? 3 : 1>(x, wp, y, d_size, n_size, p); break;
+    case 2: TileAvx512<MT, 2>(x, wp, y, d_size, n_size, p); break;
+    case 1: TileAvx512<MT, 1>(x, wp, y, d_size, n_size, p); break;
+    default: break;
+  }
+}
+
+constexpr RowBlockFn kRowBlocks512[] = {
+    nullptr, RowBlockAvx512<1>, RowBlockAvx512<2>, RowBlockAvx512<3>,
+    RowBlockAvx512<4>, RowBlockAvx512<5>, RowBlockAvx512<6>,
+    RowBlockAvx512<7>, RowBlockAvx512<8>};
+constexpr int64_t kMaxTileRows512 = 8;
+#endif
+
+// The widest instruction set the kernel may use: 2 AVX-512, 1 AVX2, 0 the
+// portable loop. Lowered only by `SpecdecKernelIsa` (tests and benchmarks
+// compare the paths; they agree bit for bit).
+std::atomic<int> g_max_isa{2};
+
+int EffectiveIsa() {
+#ifdef SPECDEC_X86
+  const int cap = g_max_isa.load(std::memory_order_relaxed);
+  if (cap >= 2 && HasAvx512()) return 2;
+  if (cap >= 1 && HasAvx2()) return 1;
+#endif
+  return 0;
+}
+
+#ifdef SPECDEC_X86
+// Splits `rows` into balanced blocks of at most `max_block` rows (10 rows
+// with 8 -> 5 + 5) and runs `blocks_fn[block]` on each for panels [g, g1).
+void RowBlocks(const RowBlockFn* blocks_fn, int64_t max_block,
+               const float* x, const float* wp, float* y, int64_t rows,
+               int64_t d_size, int64_t n_size, int64_t g, int64_t g1) {
+  const int64_t blocks = (rows + max_block - 1) / max_block;
+  for (int64_t b = 0, m = 0; b < blocks; ++b) {
+    const int64_t block = (rows - m) / (blocks - b);
+    blocks_fn[block](x + m * d_size, wp, y + m * n_size, d_size, n_size, g,
+                     g1);
+    m += block;
+  }
+}
 #endif
 
 // All rows, panels [p0, p1).
 void Panels(const float* x, const float* wp, float* y, int64_t rows,
             int64_t d_size, int64_t n_size, int64_t p0, int64_t p1) {
 #ifdef SPECDEC_X86
-  if (HasAvx2()) {
-    // Row blocks of <= 4, balanced (6 rows -> 3 + 3): a broadcast of x per
-    // 2-4 FMAs keeps the FMA pipes busy (6-row tiles stall on broadcasts).
-    // The blocks take turns on groups of panels small enough to stay in
-    // L2 (~256 KiB), so the weights still come from memory once per call.
-    const int64_t blocks = (rows + kMaxTileRows - 1) / kMaxTileRows;
-    const int64_t group = std::max<int64_t>(
-        2, ((256 << 10) / (d_size * kPanel * 4)) / 2 * 2);
+  const int isa = EffectiveIsa();
+  if (isa > 0) {
+    // AVX2: row blocks of <= 4, balanced (6 rows -> 3 + 3): a broadcast of x
+    // per 2-4 FMAs keeps the FMA pipes busy (6-row tiles stall on
+    // broadcasts); AVX-512: blocks of <= 8. With several blocks they take
+    // turns on groups of panels small enough to stay in L2 (~256 KiB), so
+    // the weights still come from memory once per call.
+    const RowBlockFn* fns = isa == 2 ? kRowBlocks512 : kRowBlocks;
+    const int64_t max_block = isa == 2 ? kMaxTileRows512 : kMaxTileRows;
+    const int64_t group =
+        rows <= max_block
+            ? p1 - p0
+            : std::max<int64_t>(12, ((256 << 10) / (d_size * kPanel * 4)) /
+                                        12 * 12);
     for (int64_t g = p0; g < p1; g += group) {
-      const int64_t g1 = std::min(p1, g + group);
-      for (int64_t b = 0, m = 0; b < blocks; ++b) {
-        const int64_t block = (rows - m) / (blocks - b);
-        kRowBlocks[block](x + m * d_size, wp, y + m * n_size, d_size, n_size,
-                          g, g1);
-        m += block;
-      }
+      RowBlocks(fns, max_block, x, wp, y, rows, d_size, n_size, g,
+                std::min(p1, g + group));
     }
     return;
   }
@@ -208,8 +312,10 @@ ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   work->d_size = d_size;
   work->n_size = n_size;
   work->num_panels = num_panels;
-  // Chunks of whole 4-panel tiles, ~8 per thread for load balance.
-  work->chunk = std::max<int64_t>(4, (num_panels / (8 * threads) + 3) / 4 * 4);
+  // Two chunks per thread: whole tiles are wide (up to 6 panels), and a pool
+  // task that starts late leaves the caller at most one chunk more to do.
+  work->chunk = std::max<int64_t>(1, (num_panels + 2 * threads - 1) /
+                                         (2 * threads));
   work->num_chunks = (num_panels + work->chunk - 1) / work->chunk;
   pool.Schedule([work] { work->Run(); });
   work->Run();
@@ -227,3 +333,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecPackedMatmul, PackedMatmulImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+// Caps the instruction set the kernel uses (2 AVX-512, 1 AVX2, 0 portable;
+// a negative request only reads) and returns the level calls now take. For
+// tests and benchmarks, which compare the paths.
+extern "C" int SpecdecKernelIsa(int request) {
+  if (request >= 0) g_max_isa.store(request);
+  return EffectiveIsa();
+}

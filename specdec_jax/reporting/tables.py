@@ -129,22 +129,45 @@ def _table2_md_rows(rows, multi_target: bool,
       cells.append(r["target_model"])
     cells += [
         draft, fmt_temp(r["temperature"]), str(r["gamma"]),
-        f"{r['alpha']:.2f}", f"{r['speedup']:.2f}X",
-        f"{r['theoretical_speedup']:.2f}X",
+        f"{r['alpha']:.2f}", f"{r['cost_coefficient_c']:.3f}",
+        _optional(r.get("verification_cost_ratio"), "{:.2f}"),
+        _optional(_measured_tokens_per_call(r), "{:.2f}"),
+        f"{r['speedup']:.2f}X", f"{r['theoretical_speedup']:.2f}X",
+        _optional(r.get("theoretical_speedup_measured_call_cost"),
+                  "{:.2f}X"),
+        _optional(_efficiency(r), "{:.2f}"),
     ]
     cells += ([q[0], f"{q[1]:.2f}", f"{q[2]:.2f}"] if q else ["–"] * 3)
+    cells.append(_greedy_cell(r))
     if drafting:
       cells += _drafting_cells(r)
     out.append(cells)
   return out
 
 
+def _optional(value: Optional[float], fmt: str) -> str:
+  return "–" if value is None else fmt.format(value)
+
+
+def _efficiency(r: Mapping[str, Any]) -> Optional[float]:
+  """Measured speedup / Theorem 3.8 with the measured call cost."""
+  theory = r.get("theoretical_speedup_measured_call_cost")
+  return r["speedup"] / theory if theory else None
+
+
+def _greedy_cell(r: Mapping[str, Any]) -> str:
+  """'n/N' examples identical to the target's at T = 0; '–' when sampled."""
+  same = r.get("greedy_identical_examples")
+  return "–" if same is None else f"{same}/{r['num_examples']}"
+
+
 def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
   """table2.md of `annotate_best`'s rows."""
   multi_target = len({r["target_model"] for r in rows}) > 1
   header = ["TASK"] + (["M_p"] if multi_target else []) + [
-      "M_q", "TEMP", "γ", "α", "SPEED", "THEORY (Thm 3.8)", "METRIC",
-      "BASELINE", "SPECULATIVE"
+      "M_q", "TEMP", "γ", "α", "c", "CALL COST", "TOKENS/CALL", "SPEED",
+      "THEORY (Thm 3.8)", "THEORY (measured call)", "EFFICIENCY", "METRIC",
+      "BASELINE", "SPECULATIVE", "GREEDY IDENTICAL"
   ]
   targets = ", ".join(sorted({r["target_model"] for r in rows}))
   md = [
@@ -153,8 +176,13 @@ def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
       f"Target model(s) M_p: {targets}. One row per (task, M_q, TEMP) at the "
       "draft's best measured γ; ⋆ marks the best draft per (task, M_p, TEMP) "
       "(highest SPEED). SPEED is the measured walltime improvement over "
-      "standard decoding; THEORY is Theorem 3.8 at the run's α and c. METRIC "
-      "compares baseline and speculative outputs (BLEU or ROUGE-Lsum).",
+      "standard decoding; THEORY is Theorem 3.8 at the run's α and c, with "
+      "a (γ+1)-token target call costing one step as the theorem assumes, "
+      "and with the CALL COST measured (that call / one step, interleaved); "
+      "EFFICIENCY is SPEED / THEORY (measured call). TOKENS/CALL: tokens "
+      "per target call. METRIC compares baseline and speculative outputs "
+      "(BLEU or ROUGE-Lsum); GREEDY IDENTICAL: examples whose speculative "
+      "tokens equal the target's (T = 0).",
       "",
       _md_table(header,
                 _table2_md_rows([r for r in rows if r["best_gamma_for_draft"]],
@@ -177,7 +205,9 @@ def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
 _CSV_FIELDS = [
     "task", "target_model", "draft_model", "temperature", "gamma", "alpha",
     "alpha_beta", "alpha_sampled", "speedup", "theoretical_speedup",
-    "cost_coefficient_c", "quality_metric", "quality_baseline",
+    "cost_coefficient_c", "verification_cost_ratio",
+    "theoretical_speedup_measured_call_cost", "tokens_per_target_call",
+    "greedy_identical_examples", "quality_metric", "quality_baseline",
     "quality_speculative", "best_gamma_for_draft", "starred", "synthetic",
     "drafter", "lenience", "exact", *_BOUND_KEYS, "run_name"
 ]
@@ -191,7 +221,8 @@ def _table2_csv(rows: Sequence[Dict[str, Any]]) -> str:
   for r in rows:
     q = quality(r) or ("", "", "")
     lenience = r.get("lenience")
-    rec = dict(r, quality_metric=q[0], quality_baseline=q[1],
+    rec = dict(r, tokens_per_target_call=_measured_tokens_per_call(r),
+               quality_metric=q[0], quality_baseline=q[1],
                quality_speculative=q[2], synthetic=bool(r.get("synthetic")),
                drafter=r.get("drafter") or "model",
                lenience=1.0 if lenience is None else lenience,
