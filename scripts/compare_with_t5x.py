@@ -429,7 +429,8 @@ def run_model(spec: str, args, t5x_decoding, network, log) -> Dict[str, Any]:
 # A real pair (--pair): T5X vs our baseline vs speculative, as `run` decodes.
 # ---------------------------------------------------------------------------
 # --pair aliases: the README's main job.
-PAIRS = {"pretrained": "pretrained_multi30k.gin"}
+PAIRS = {"pretrained": "pretrained_multi30k.gin",
+         "pretrained_11m": "pretrained_multi30k_11m.gin"}
 
 
 def resolve_pair(pair: str) -> str:
