@@ -26,6 +26,9 @@ cache directory (`SPECDEC_JAX_CACHE`, default `~/.cache/specdec_jax`):
 install command) and says which path decoding will take; otherwise the first
 use compiles it (~10 s). Without a compiler, or with
 `SPECDEC_JAX_CPU_KERNEL=0`, nothing is packed and XLA's dot is used.
+`SPECDEC_JAX_KERNEL_ISA=avx2` (or `portable`) caps the instruction set the
+kernel uses (`instruction_set`), to compare the paths; results are the same
+bits.
 """
 
 import functools
@@ -48,6 +51,7 @@ TARGET_NAME = "specdec_packed_matmul"
 _SOURCE = pathlib.Path(__file__).with_name("cpu_matmul.cc")
 _ENV_SWITCH = "SPECDEC_JAX_CPU_KERNEL"
 _ENV_CACHE = "SPECDEC_JAX_CACHE"
+_ENV_ISA = "SPECDEC_JAX_KERNEL_ISA"  # Caps the instruction set (benchmarks).
 
 log = logging.getLogger(__name__)
 # The library `available` loaded (ctypes handle), for `instruction_set`.
@@ -111,6 +115,12 @@ def available() -> bool:
     import ctypes  # pylint: disable=g-import-not-at-top
     library = ctypes.cdll.LoadLibrary(str(build()))
     _loaded["library"] = library
+    cap = os.environ.get(_ENV_ISA)
+    if cap:  # A benchmark comparing the paths.
+      if cap not in INSTRUCTION_SETS:
+        raise RuntimeError(f"{_ENV_ISA}={cap!r}: allowed: "
+                           f"{', '.join(INSTRUCTION_SETS)}.")
+      library.SpecdecKernelIsa(INSTRUCTION_SETS.index(cap))
     jax.ffi.register_ffi_target(
         TARGET_NAME, jax.ffi.pycapsule(library.SpecdecPackedMatmul),
         platform="cpu")
