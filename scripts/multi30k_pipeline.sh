@@ -30,3 +30,35 @@ for draft in 1m 4m 4m_distill; do
 done
 python -m specdec_jax.report "$OUT/results"
 python scripts/multi30k_summary.py --out "$OUT" | tee "$OUT/summary.md"
+
+# The paper's regime (README, "Results"): the 38M target, whose 117 MB float32
+# decoder streams from memory at every step, trained on the shipped
+# vocabulary (~1 h 20 min with both cores), exported beside the shipped pair,
+# then Table 2 on this CPU and the call-cost curves of both targets.
+if [ -z "${SKIP_TRAIN:-}" ]; then
+  python -m specdec_jax.train --gin_file=train/multi30k_target_38m.gin 2>&1 \
+    | tee "$OUT/logs/train_multi30k_target_38m.log"
+  [ -d pretrained/multi30k/target_38m ] || python scripts/export_pretrained.py \
+    --model target_38m=outputs/multi30k/target_38m \
+    --spm pretrained/multi30k/multi30k.model --out pretrained/multi30k
+fi
+python -m specdec_jax.sweep --sweep=configs/table2_multi30k.yaml \
+  --results_dir="$OUT/table2_38m" 2>&1 | tee "$OUT/logs/table2_38m.log"
+for draft in 1m 11m; do
+  for temp in 0.0 1.0; do
+    python -m specdec_jax.run --gin_file=multi30k_38m_$draft.gin \
+      --gin.MODE="'alpha'" --gin.TEMPERATURE=$temp \
+      --gin.OUTPUT_DIR="'$OUT/alpha_38m/${draft}_T$temp'" --gin.NUM_EXAMPLES=300
+  done
+done
+python -m specdec_jax.report "$OUT/table2_38m"
+for target in multi30k_target multi30k_target_38m; do
+  python scripts/benchmark_decode.py --target gin/models/$target.gin \
+    --draft gin/models/multi30k_draft_1m.gin --gammas 3 --alphas 0.7 \
+    --chunk_sizes 2,3,4,5,6,7,8 --max_decode_length 48 \
+    --output "benchmarks/call_cost_${target#multi30k_}_cpu.json"
+done
+python scripts/plot_call_cost.py \
+  --bench 11M=benchmarks/call_cost_target_cpu.json \
+  --bench 38M=benchmarks/call_cost_target_38m_cpu.json \
+  --out benchmarks/call_cost_cpu
