@@ -32,9 +32,20 @@ def _load(name, gin_file):
   return T5Model(config, {"params": params}).prepared_for_decoding()
 
 
-def test_shipped_pair_loads_and_decodes_exactly():
-  target = _load("target", "models/multi30k_target.gin")
-  draft = _load("draft_1m", "models/multi30k_draft_1m.gin")
+# (target, its model gin, draft, its model gin): the main job's pair first.
+PAIRS = {
+    "38m_with_11m": ("target_38m", "models/multi30k_target_38m.gin",
+                     "target", "models/multi30k_target.gin"),
+    "11m_with_1m": ("target", "models/multi30k_target.gin",
+                    "draft_1m", "models/multi30k_draft_1m.gin"),
+}
+
+
+@pytest.mark.parametrize("pair", sorted(PAIRS))
+def test_shipped_pair_loads_and_decodes_exactly(pair):
+  target_name, target_gin, draft_name, draft_gin = PAIRS[pair]
+  target = _load(target_name, target_gin)
+  draft = _load(draft_name, draft_gin)
   vocab = vocab_lib.get_vocabulary(str(PRETRAINED / "multi30k.model"),
                                    extra_ids=0)
   ids = vocab.encode("A man in a blue shirt is riding a bicycle.") + [1]
