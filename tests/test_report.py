@@ -118,10 +118,12 @@ class TestRender:
     lines = [l for l in summary.splitlines() if l.startswith("| ende")]
     assert len(lines) == 4
     # Paper layout: TASK | M_q | TEMP | gamma | alpha | SPEED | ...
-    assert ("| ende | small ⋆ † | 0 | 7 | 0.75 | 2.98X | 3.16X | BLEU | "
+    # The fixture's runs predate the measured verification call: "–".
+    assert ("| ende | small ⋆ † | 0 | 7 | 0.75 | 2.98X | 3.16X | – | BLEU | "
             "26.94 | 26.94 |") in lines
-    assert ("| ende | base ⋆ † | 1 | 5 | 0.72 | 2.26X | 2.36X | BLEU | "
+    assert ("| ende | base ⋆ † | 1 | 5 | 0.72 | 2.26X | 2.36X | – | BLEU | "
             "24.31 | 24.38 |") in lines
+    assert "THEORY (Thm 3.8) | THEORY (MEASURED CALL) |" in text
     assert sum("⋆" in l for l in lines) == 2
     assert "| TASK | M_q | TEMP | γ | α | SPEED |" in text
 
@@ -229,6 +231,14 @@ def _bad_predictions(root):
   return path
 
 
+def _bad_predictions_elsewhere(root):
+  """A corrupt predictions.jsonl in a run that is not the example's
+  (issue 26: it was skipped, though the docstring says it stops)."""
+  path = root / "ende_xxl_base_g3_t0" / "predictions.jsonl"
+  path.write_text("{not json\n")
+  return path
+
+
 class TestBadInput:
 
   @pytest.mark.parametrize("make_bad,expect", [
@@ -237,6 +247,7 @@ class TestBadInput:
       (_list_json, "expected a JSON object"),
       (_bad_alpha, "'alpha' must be a number in [0, 1], got 1.5"),
       (_bad_predictions, "not valid JSON"),
+      (_bad_predictions_elsewhere, "not valid JSON"),
   ])
   def test_bad_file_exit_2_nothing_written(self, tmp_path, capsys, make_bad,
                                            expect):

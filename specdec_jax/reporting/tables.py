@@ -126,11 +126,13 @@ def _table2_md_rows(rows, multi_target: bool,
       draft += " †"
     cells = [r["task"]]
     if multi_target:
-      cells.append(r["target_model"])
+      cells.append(_target_name(r))
+    measured_call = r.get("theoretical_speedup_measured_call_cost")
     cells += [
         draft, fmt_temp(r["temperature"]), str(r["gamma"]),
         f"{r['alpha']:.2f}", f"{r['speedup']:.2f}X",
         f"{r['theoretical_speedup']:.2f}X",
+        "–" if measured_call is None else f"{measured_call:.2f}X",
     ]
     cells += ([q[0], f"{q[1]:.2f}", f"{q[2]:.2f}"] if q else ["–"] * 3)
     if drafting:
@@ -139,21 +141,32 @@ def _table2_md_rows(rows, multi_target: bool,
   return out
 
 
+_UNNAMED = "unnamed (TARGET_NAME unset)"
+
+
+def _target_name(r: Mapping[str, Any]) -> str:
+  return r.get("target_model") or _UNNAMED
+
+
 def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
   """table2.md of `annotate_best`'s rows."""
   multi_target = len({r["target_model"] for r in rows}) > 1
   header = ["TASK"] + (["M_p"] if multi_target else []) + [
-      "M_q", "TEMP", "γ", "α", "SPEED", "THEORY (Thm 3.8)", "METRIC",
-      "BASELINE", "SPECULATIVE"
+      "M_q", "TEMP", "γ", "α", "SPEED", "THEORY (Thm 3.8)",
+      "THEORY (MEASURED CALL)", "METRIC", "BASELINE", "SPECULATIVE"
   ]
-  targets = ", ".join(sorted({r["target_model"] for r in rows}))
+  targets = ", ".join(sorted({_target_name(r) for r in rows}))
   md = [
       "# Table 2: speculative decoding speedup",
       "",
       f"Target model(s) M_p: {targets}. One row per (task, M_q, TEMP) at the "
       "draft's best measured γ; ⋆ marks the best draft per (task, M_p, TEMP) "
       "(highest SPEED). SPEED is the measured walltime improvement over "
-      "standard decoding; THEORY is Theorem 3.8 at the run's α and c. METRIC "
+      "standard decoding; THEORY is Theorem 3.8 at the run's α and c, which "
+      "takes a (γ+1)-token verification call to cost one target step; "
+      "THEORY (MEASURED CALL) is Theorem 3.8 with that call's measured cost "
+      "(– when the run did not measure it), the prediction to compare "
+      "SPEED with. METRIC "
       "compares baseline and speculative outputs (BLEU or ROUGE-Lsum).",
       "",
       _md_table(header,
@@ -177,7 +190,8 @@ def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
 _CSV_FIELDS = [
     "task", "target_model", "draft_model", "temperature", "gamma", "alpha",
     "alpha_beta", "alpha_sampled", "speedup", "theoretical_speedup",
-    "cost_coefficient_c", "quality_metric", "quality_baseline",
+    "theoretical_speedup_measured_call_cost", "cost_coefficient_c",
+    "quality_metric", "quality_baseline",
     "quality_speculative", "best_gamma_for_draft", "starred", "synthetic",
     "drafter", "lenience", "exact", *_BOUND_KEYS, "run_name"
 ]
