@@ -18,14 +18,18 @@ OUTPUT_DIR:
 * `predictions.jsonl`: per example: input, reference, both outputs, the
   accepted count of every target call and a trace of the draft's guesses.
   Nothing measured goes there (timings are in metrics.json), so two runs
-  with the same settings and seed write the same file.
+  with the same settings and seed write the same file. Rows are appended
+  as batches finish (`experiment.predictions`) and renamed into place.
 
 Everything a run can check without a model is checked before any model is
 loaded or compiled: the gin macros and run arguments, the vocabulary against
 both models' `vocab_size`, TASK_FEATURE_LENGTHS, and OUTPUT_DIR (created and
 probed with a temporary file; a metrics.json / alpha.json there from a run
-with other settings is not replaced unless OVERWRITE=True). The command
-ends with a plain-words summary (`summary_lines`).
+with other settings is not replaced unless OVERWRITE=True), and OUTPUT_DIR
+is locked for the run's life (`experiment.run_lock`: a second run there is
+refused). The command prints a plain-words summary (`summary_lines`) before
+it writes the result files, so a failed write loses no result; errors are
+one line (docs/usage/failures.md).
 
 OUTPUT_DIR may be a gs:// folder. On several hosts (T5X's flags, or a Cloud
 TPU VM: `multihost`), each process reads its slice of the examples, process

@@ -239,7 +239,7 @@ def validate_points(points, results_dir: str, base_files, base_bindings,
             overrides={"output_dir": os.path.join(results_dir, name)}))
         experiment.vocabulary()
       except (ValueError, IOError, SyntaxError) as e:
-        raise SweepError(f"{where}: {e}") from None
+        raise SweepError(f"{where}: {console.error_text(e)}") from None
   finally:
     gin.clear_config()
 
