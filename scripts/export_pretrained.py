@@ -11,7 +11,8 @@ specdec_jax.train`) is read with the project's T5X loader, cast to
 float32 after loading, as `run` does), and written with
 `checkpoints.save_params` in T5X's Orbax layout to <out>/<name>/checkpoint_<step>,
 so the main job exercises the same loader as a T5X checkpoint. The
-SentencePiece model is copied to <out>/. Existing outputs are refused (the
+SentencePiece model is copied to <out>/. Each checkpoint gets a DIGESTS.json
+(SHA-256 of every file, `checkpoints.digests`), which loading verifies. Existing outputs are refused (the
 shipped pair is committed once; delete it by hand to re-export).
 """
 import argparse
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax.checkpoints import digests
 
 
 def _parse_model(text: str):
@@ -72,6 +74,7 @@ def main(argv=None) -> int:
     config = os.path.join(ckpt, "model_config.json")
     if os.path.isfile(config):  # The trainer's record of the architecture.
       shutil.copy(config, os.path.join(written, "model_config.json"))
+    digests.write_manifest(written)  # verified on loading
     size = sum(os.path.getsize(os.path.join(d, f))
                for d, _, files in os.walk(written) for f in files)
     print(f"{name}: {ckpt} -> {written} ({size / 2**20:.1f} MiB, "

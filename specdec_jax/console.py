@@ -99,3 +99,79 @@ def setup() -> None:
   """Console set-up for `run` and `sweep` (call at the start of main)."""
   quiet_backend_probing()
   import_tensorflow_quietly()
+
+
+# ---------------------------------------------------------------------------
+# One line per error (`run`, `sweep`, `train`): tracebacks behind a flag.
+# ---------------------------------------------------------------------------
+TRACEBACK_FLAG = "traceback"
+EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
+# gin appends this to any error raised inside a configurable; it names a
+# function object, nothing the user typed.
+_GIN_CALL_NOTE = re.compile(r"\s*In call to configurable '[^']*' \(<[^>]*>\)")
+
+
+def define_traceback_flag() -> None:
+  """--traceback on absl's global flags (idempotent)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if TRACEBACK_FLAG not in flags.FLAGS:
+    flags.DEFINE_boolean(TRACEBACK_FLAG, False,
+                         "On an error, print the full traceback instead of "
+                         "one line (for bug reports).")
+
+
+def error_text(e: BaseException) -> str:
+  """An error's message without gin's "In call to configurable" notes."""
+  return _GIN_CALL_NOTE.sub("", str(e)).strip()
+
+
+def _wants_traceback() -> bool:
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    return bool(getattr(flags.FLAGS, TRACEBACK_FLAG))
+  except (AttributeError, flags.Error):
+    return False
+
+
+def run_cli(program: str, body: Callable[[], None],
+            bad_input: tuple, failures: tuple = (OSError,)) -> int:
+  """Runs an entry point's `body`; its exit status.
+
+  `bad_input` errors (a setting, a checkpoint, a locked folder) print
+  "`program`: error: MESSAGE" and give 2; `failures` (a write that failed,
+  an unreachable gs://, a diverged training) one line and 1; Ctrl-C one
+  line (what was kept) and 130. Anything else is a bug: its traceback is
+  shown. With --traceback every error shows its traceback.
+  """
+  try:
+    body()
+  except bad_input + failures as e:
+    if _wants_traceback():
+      raise
+    print(f"{program}: error: {error_text(e)}", file=sys.stderr)
+    return EXIT_BAD_INPUT if isinstance(e, bad_input) else EXIT_FAILED
+  except KeyboardInterrupt as e:
+    if _wants_traceback():
+      raise
+    kept = str(e) or "files already written in the output folder are kept"
+    print(f"{program}: interrupted (Ctrl-C): {kept}.", file=sys.stderr)
+    return EXIT_INTERRUPTED
+  return 0
+
+
+def exit_process(code: int) -> None:
+  """`sys.exit(code)`; after Ctrl-C, `os._exit` once output is flushed.
+
+  A KeyboardInterrupt can land while JAX or TensorStore threads are busy
+  (loading, compiling); the interpreter's normal shutdown then crashes in
+  their destructors (a segfault after the one line). Everything this
+  program writes is already flushed or renamed into place, so nothing is
+  lost by skipping it.
+  """
+  if code != EXIT_INTERRUPTED:
+    sys.exit(code)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  for handler in logging.getLogger().handlers:
+    handler.flush()
+  os._exit(code)  # pylint: disable=protected-access

@@ -21,6 +21,11 @@ an object is in it. TensorStore finds credentials as Google's client
 libraries do, and reads the endpoint from `TENSORSTORE_GCS_HTTP_URL` (e.g.
 a local GCS emulator; `tests/test_gcs.py`).
 
+Every gs:// operation waits at most `remote_timeout_s()` seconds (60, or
+the environment's SPECDEC_GCS_TIMEOUT_S) and then raises `RemoteTimeout`
+naming the operation and the path: missing credentials or an unreachable
+endpoint fail in a minute with a clear message instead of hanging.
+
 JSON is always valid JSON: a non-finite float (which `json` would write as
 `Infinity` / `NaN`) is written as null, with a warning naming its key.
 `probe_writable_dir` lets a command check its output folder at startup.
@@ -36,6 +41,41 @@ import uuid
 from typing import Any, List, Tuple, Union
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_REMOTE_TIMEOUT_S = 60.0
+TIMEOUT_ENV = "SPECDEC_GCS_TIMEOUT_S"
+
+
+class RemoteTimeout(TimeoutError):
+  """A gs:// operation that got no answer within `remote_timeout_s()`."""
+
+
+def remote_timeout_s() -> float:
+  """Seconds any one gs:// operation may take (SPECDEC_GCS_TIMEOUT_S)."""
+  text = os.environ.get(TIMEOUT_ENV, "")
+  try:
+    value = float(text) if text else DEFAULT_REMOTE_TIMEOUT_S
+  except ValueError:
+    value = -1.0
+  if not (value > 0 and math.isfinite(value)):
+    raise ValueError(f"{TIMEOUT_ENV}={text!r}: allowed: a number of seconds "
+                     "> 0.")
+  return value
+
+
+def wait(future, what: str, path: str):
+  """`future.result()` within `remote_timeout_s()`; else RemoteTimeout."""
+  timeout = remote_timeout_s()
+  try:
+    return future.result(timeout=timeout)
+  except TimeoutError:
+    endpoint = os.environ.get("TENSORSTORE_GCS_HTTP_URL")
+    where = f" at {endpoint}" if endpoint else ""
+    raise RemoteTimeout(
+        f"{what} {path}: no answer from Google Cloud Storage{where} within "
+        f"{timeout:g} s ({TIMEOUT_ENV}). Check the network, that the bucket "
+        "exists, and the credentials (`gcloud auth application-default "
+        "login`, or GOOGLE_APPLICATION_CREDENTIALS).") from None
 
 
 def _umask() -> int:
@@ -64,7 +104,8 @@ def _split_gcs(path: str) -> Tuple[str, str]:
 def _bucket(bucket: str, endpoint: str):
   del endpoint  # part of the cache key: TensorStore reads it at open time
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  return ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result()
+  return wait(ts.KvStore.open({"driver": "gcs", "bucket": bucket}),
+              "opening bucket", f"gs://{bucket}")
 
 
 def _gcs(path: str):
@@ -78,7 +119,7 @@ def _gcs_keys(path: str) -> List[str]:
   kv, key = _gcs(path)
   prefix = key + "/" if key else ""
   end = prefix[:-1] + "0" if prefix else ""  # '0' follows '/'
-  found = kv.list(ts.KvStore.KeyRange(prefix, end)).result()
+  found = wait(kv.list(ts.KvStore.KeyRange(prefix, end)), "listing", path)
   # The range is sent as GCS's startOffset/endOffset; a server that ignores
   # them (some emulators) answers with every object: filter here too.
   keys = (k.decode("utf-8") for k in found)
@@ -87,7 +128,7 @@ def _gcs_keys(path: str) -> List[str]:
 
 def _gcs_read(path: str, byte_range=None):
   kv, key = _gcs(path)
-  result = kv.read(key, byte_range=byte_range).result()
+  result = wait(kv.read(key, byte_range=byte_range), "reading", path)
   return result.value if result.state == "value" else None
 
 
@@ -155,7 +196,7 @@ def remove(path: Union[str, os.PathLike]) -> None:
     os.unlink(path)
     return
   kv, key = _gcs(path)
-  del kv[key]
+  wait(kv.write(key, None), "deleting", path)
 
 
 def atomic_write(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None:
@@ -165,7 +206,7 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None
     data = data.encode("utf-8")
   if is_url(path):
     kv, key = _gcs(path)
-    kv.write(key, data).result()  # one upload: all of it or nothing
+    wait(kv.write(key, data), "writing", path)  # one upload: all or nothing
     return
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
@@ -179,10 +220,84 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None
       os.fsync(f.fileno())
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates files with 0600.
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as e:
     if os.path.exists(tmp):
       os.unlink(tmp)
+    if isinstance(e, OSError) and e.filename is None:
+      # A failed write (ENOSPC, EIO) names no file: name the destination.
+      raise OSError(e.errno, e.strerror, path) from e
     raise
+
+
+# ---------------------------------------------------------------------------
+# Create-if-absent and conditional delete (`experiment.run_lock`).
+# ---------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _no_value_generation() -> bytes:
+  """TensorStore's generation of a missing key ("must not exist")."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  kv = ts.KvStore.open({"driver": "memory"}).result()
+  return kv.read("missing").result().stamp.generation
+
+
+def create_new(path: str, data: bytes) -> Any:
+  """Writes `path` only if it does not exist (atomically, on the server).
+
+  Returns:
+    An opaque version of what was written (for `remove_if_unchanged`), or
+    None when `path` already existed (nothing written).
+  """
+  if not is_url(path):
+    try:
+      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return None
+    try:
+      os.write(fd, data)
+      os.fsync(fd)
+    finally:
+      os.close(fd)
+    return data  # the content is the version (lock records are unique)
+  kv, key = _gcs(path)
+  stamp = wait(kv.write(key, data, if_equal=_no_value_generation()),
+               "creating", path)
+  return stamp.generation or None  # b'': the precondition failed
+
+
+def read_versioned(path: str) -> Tuple[Any, Any]:
+  """(bytes, version) of `path`, or (None, None) when it does not exist."""
+  if not is_url(path):
+    try:
+      with open(path, "rb") as f:
+        data = f.read()
+      return data, data
+    except FileNotFoundError:
+      return None, None
+  kv, key = _gcs(path)
+  result = wait(kv.read(key), "reading", path)
+  if result.state != "value":
+    return None, None
+  return result.value, result.stamp.generation
+
+
+def remove_if_unchanged(path: str, version: Any) -> bool:
+  """Deletes `path` if it is still the `version` read; whether it did.
+
+  On gs:// the condition is checked by the server; locally the check and
+  the unlink are two steps (callers serialize them: `run_lock`).
+  """
+  if not is_url(path):
+    try:
+      with open(path, "rb") as f:
+        if f.read() != version:
+          return False
+      os.unlink(path)
+      return True
+    except FileNotFoundError:
+      return False
+  kv, key = _gcs(path)
+  stamp = wait(kv.write(key, None, if_equal=version), "deleting", path)
+  return bool(stamp.generation)
 
 
 def probe_writable_dir(path: Union[str, os.PathLike]) -> None:

@@ -79,6 +79,17 @@ Run = Dict[str, Any]
 Example = Dict[str, Any]
 
 
+def _check_predictions(runs: List[Run]) -> None:
+  """Reads every run's predictions.jsonl once: a malformed one stops the
+  report (ReportError naming the file and line), whether or not its run
+  supplies the example."""
+  for run in runs:
+    path = run.get("predictions_path")
+    if path:
+      for _ in iter_predictions(path):
+        pass
+
+
 def _chosen_examples(runs: List[Run], results_dir: str,
                      example_run: Optional[str],
                      example_index: Optional[int]):
@@ -185,6 +196,7 @@ def render_report(results_dir: str,
                       "directory")
   runs = load_results(results_dir, exclude=output_dir)
   logger.info("loaded %d runs from %s", len(runs), results_dir)
+  _check_predictions(runs)
   trace_pair, timeline_pair = _chosen_examples(runs, results_dir,
                                                example_run, example_index)
   return _write(_render(runs, trace_pair, timeline_pair, example_run),

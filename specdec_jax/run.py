@@ -18,14 +18,18 @@ OUTPUT_DIR:
 * `predictions.jsonl`: per example: input, reference, both outputs, the
   accepted count of every target call and a trace of the draft's guesses.
   Nothing measured goes there (timings are in metrics.json), so two runs
-  with the same settings and seed write the same file.
+  with the same settings and seed write the same file. Rows are appended
+  as batches finish (`experiment.predictions`) and renamed into place.
 
 Everything a run can check without a model is checked before any model is
 loaded or compiled: the gin macros and run arguments, the vocabulary against
 both models' `vocab_size`, TASK_FEATURE_LENGTHS, and OUTPUT_DIR (created and
 probed with a temporary file; a metrics.json / alpha.json there from a run
-with other settings is not replaced unless OVERWRITE=True). The command
-ends with a plain-words summary (`summary_lines`).
+with other settings is not replaced unless OVERWRITE=True), and OUTPUT_DIR
+is locked for the run's life (`experiment.run_lock`: a second run there is
+refused). The command prints a plain-words summary (`summary_lines`) before
+it writes the result files, so a failed write loses no result; errors are
+one line (docs/usage/failures.md).
 
 OUTPUT_DIR may be a gs:// folder. On several hosts (T5X's flags, or a Cloud
 TPU VM: `multihost`), each process reads its slice of the examples, process
@@ -39,12 +43,13 @@ samples (`alpha.json`); no walltimes, so it is cheap to run for many
 import dataclasses
 import os
 import sys
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
 import numpy as np
 
+from specdec_jax import checkpoints
 from specdec_jax import console
 from specdec_jax import decoding
 from specdec_jax import gin_utils
@@ -61,7 +66,9 @@ from specdec_jax.drafters import choice as drafter_choice
 from specdec_jax.experiment import alpha as alpha_mode
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import drafting
+from specdec_jax.experiment import memory
 from specdec_jax.experiment import output_dir as output_dir_lib
+from specdec_jax.experiment import predictions as predictions_lib
 from specdec_jax.experiment import setup
 from specdec_jax.experiment import summary
 from specdec_jax.experiment import walltime
@@ -142,6 +149,16 @@ class Experiment:
     self.data_info: Dict[str, Any] = {}
 
   # -- startup checks (no model) ---------------------------------------------
+  def check_memory(self) -> None:
+    """Refuses lengths no machine here could decode (`memory`)."""
+    a = self.args
+    configs = {"target": self.target_config}
+    if self.drafting.uses_draft_model:
+      configs["draft"] = self.draft_config
+    memory.check_fits(configs, a.batch_size, a.task_feature_lengths["inputs"],
+                      a.max_decode_length,
+                      memory.available_bytes() * jax.device_count())
+
   def vocabulary(self):
     """The vocabulary, checked against both models' vocab_size."""
     vocab = vocabulary()
@@ -155,12 +172,32 @@ class Experiment:
                                           self.draft_config, vocab)
 
   def prepare_output_dir(self, settings: Dict[str, Any]) -> None:
-    """Creates and probes OUTPUT_DIR; refuses another run's results there
+    """Creates and probes OUTPUT_DIR, takes its lock (`run_lock`: one run
+    at a time) and refuses another run's results there
     (`output_dir.check_output_dir`). On several hosts process 0 (the
-    writer) checks, and the others follow its verdict."""
-    multihost.run_on_first("output_dir", lambda: (
-        output_dir_lib.check_output_dir(self.args.output_dir, settings,
-                                        self.args.overwrite)))
+    writer) checks and holds the lock, and the others follow its verdict.
+    """
+    out = self.args.output_dir
+    # A folder this run creates is removed again if the run ends with
+    # nothing in it (a later check failed).
+    self._created_dir = not io_utils.is_url(out) and not os.path.exists(out)
+
+    def prepare():
+      self._lock = output_dir_lib.check_output_dir(out, settings,
+                                                   self.args.overwrite)
+    multihost.run_on_first("output_dir", prepare)
+
+  def release_output_dir(self) -> None:
+    """Releases the lock; removes the folder if this run made it empty."""
+    lock, self._lock = getattr(self, "_lock", None), None
+    if lock is not None:
+      lock.release()
+    out = self.args.output_dir
+    if getattr(self, "_created_dir", False) and multihost.is_first():
+      try:
+        os.rmdir(out)  # only if empty
+      except OSError:
+        pass
 
   # -- loading --------------------------------------------------------------
   def mesh(self):
@@ -250,14 +287,27 @@ class Experiment:
     return metrics_lib.TRANSLATION
 
   # -- running --------------------------------------------------------------
-  def run(self) -> Dict[str, Any]:
+  def run(self, on_result: Optional[Callable[[Dict[str, Any]], None]] = None
+          ) -> Dict[str, Any]:
     """Checks, loads, decodes and writes; returns metrics.json's dict (or
-    alpha.json's in MODE='alpha')."""
-    a = self.args
+    alpha.json's in MODE='alpha').
+
+    `on_result(metrics)` is called before anything is written (`run`
+    prints its summary there: a failed write loses no result).
+    """
     # Everything that can fail without a model fails here, before loading.
     vocab = self.vocabulary()
+    self.check_memory()
     self.ngram = self.ngram_table(vocab)
     self.prepare_output_dir(self.settings(vocab))
+    try:
+      return self._run_locked(vocab, on_result or (lambda metrics: None))
+    finally:
+      self.release_output_dir()
+
+  def _run_locked(self, vocab, on_result) -> Dict[str, Any]:
+    """`run` after the startup checks, OUTPUT_DIR's lock held."""
+    a = self.args
     # Each process reads its slice of the examples; texts and token counts
     # are exchanged, so every process knows all of them (`multihost`).
     sharding = partitioning.data_sharding(self.mesh(), a.batch_size)
@@ -278,8 +328,10 @@ class Experiment:
     # No process enters the decoders' collectives long before the others.
     multihost.barrier("models_loaded")
     if a.mode == "alpha":
-      return self._run_alpha(vocab, examples, feed, mesh, target, draft)
-    return self._run_walltime(vocab, examples, feed, mesh, target, draft)
+      return self._run_alpha(vocab, examples, feed, mesh, target, draft,
+                             on_result)
+    return self._run_walltime(vocab, examples, feed, mesh, target, draft,
+                              on_result)
 
   # -- drafting (DRAFTER, LENIENCE, ADAPTIVE_THRESHOLD, GAMMA='auto') --------
   def ngram_table(self, vocab):
@@ -340,9 +392,11 @@ class Experiment:
     key = next(iter(base))
     return {key: {"baseline": base[key], "speculative": spec[key]}}
 
-  def _run_walltime(self, vocab, examples, feed, mesh, target, draft):
-    """Both decoders timed (`walltime`); writes predictions.jsonl, then
-    metrics.json (a sweep takes it as "done")."""
+  def _run_walltime(self, vocab, examples, feed, mesh, target, draft,
+                    on_result):
+    """Both decoders timed (`walltime`); predictions.jsonl written as
+    batches finish (`predictions`), then metrics.json (a sweep takes it as
+    "done")."""
     args, gamma_auto = self.args, None
     if args.auto_gamma:
       gamma_auto = self._choose_gamma(feed, target, draft)
@@ -350,8 +404,16 @@ class Experiment:
     baseline, speculative = self._decoders(target, draft, args.gamma)
     rng = jax.random.PRNGKey(args.seed)
     compile_s = walltime.compile_decoders(feed, baseline, speculative, rng)
-    decoded = walltime.decode_examples(vocab, feed, baseline, speculative,
-                                       rng, args.gamma)
+    writer = predictions_lib.PredictionsWriter(args.output_dir,
+                                               multihost.is_first())
+    try:
+      decoded = walltime.decode_examples(
+          vocab, feed, baseline, speculative, rng, args.gamma,
+          on_batch=self._row_writer(vocab, examples, writer))
+    except KeyboardInterrupt:
+      writer.close()
+      raise KeyboardInterrupt(f"kept {writer.kept()}; "
+                              f"{METRICS_FILE} was not written") from None
     base_text = tasks.decode_tokens(vocab, decoded.base_tokens)
     spec_text = tasks.decode_tokens(vocab, decoded.spec_tokens)
     steps = walltime.step_times(
@@ -362,34 +424,63 @@ class Experiment:
         args, decoded, self._quality(base_text, spec_text, examples),
         compile_s, steps, self.data_info, self.settings(vocab),
         gamma_auto).to_dict()
-    # Nothing measured in the rows: same settings and seed, same file. The
-    # Figure-5 timeline is modeled by `report` from `accepted_counts` and
-    # the step times above.
-    rows = [{"index": i, "input": e["input"], "reference": e["reference"],
-             "baseline": base_text[i], "speculative": spec_text[i],
-             **decoded.per_example[i]} for i, e in enumerate(examples)]
+    on_result(metrics)
     out = args.output_dir
 
     def write():
-      io_utils.write_jsonl(os.path.join(out, PREDICTIONS_FILE), rows)
-      io_utils.write_json(os.path.join(out, METRICS_FILE), metrics)
+      writer.finish(len(examples))
+      _write_result(os.path.join(out, METRICS_FILE), metrics,
+                    f"the summary above and {PREDICTIONS_FILE} (complete)")
     multihost.run_on_first("write", write)  # the others wait for it
     logging.info("speedup %.2fx (theory %.2fx), alpha %.3f, c %.3f; wrote %s",
                  metrics["speedup"], metrics["theoretical_speedup"],
                  metrics["alpha"], metrics["cost_coefficient_c"], out)
     return metrics
 
-  def _run_alpha(self, vocab, examples, feed, mesh, target, draft):
+  @staticmethod
+  def _row_writer(vocab, examples, writer):
+    """`decode_examples`' on_batch: predictions.jsonl rows as they come.
+
+    Nothing measured in the rows: same settings and seed, same file. The
+    Figure-5 timeline is modeled by `report` from `accepted_counts` and
+    the step times.
+    """
+    done = [0]
+
+    def on_batch(base_tokens, spec_tokens, records):
+      start = done[0]
+      base = tasks.decode_tokens(vocab, base_tokens)
+      spec = tasks.decode_tokens(vocab, spec_tokens)
+      writer.add([{"index": start + j, "input": examples[start + j]["input"],
+                   "reference": examples[start + j]["reference"],
+                   "baseline": base[j], "speculative": spec[j], **r}
+                  for j, r in enumerate(records)])
+      done[0] += len(records)
+    return on_batch
+
+  def _run_alpha(self, vocab, examples, feed, mesh, target, draft,
+                 on_result):
     """α as the mean of β over target-sampled positions (Corollary 3.6)."""
     betas = alpha_mode.sampled_betas(self.args, feed, target, draft)
     result = alpha_mode.alpha_record(self.args, betas, len(examples),
                                      self.data_info, self.settings(vocab))
-    multihost.run_on_first("write", lambda: io_utils.write_json(
-        os.path.join(self.args.output_dir, ALPHA_FILE), result))
+    on_result(result)
+    multihost.run_on_first("write", lambda: _write_result(
+        os.path.join(self.args.output_dir, ALPHA_FILE), result,
+        "the summary above"))
     logging.info("alpha = %.4f ± %.4f over %d positions",
                  result["alpha_beta"], result["alpha_beta_stderr"],
                  betas.size)
     return result
+
+
+def _write_result(path: str, record: Dict[str, Any], kept: str) -> None:
+  """io_utils.write_json; a failure names the file and what was kept."""
+  try:
+    io_utils.write_json(path, record)
+  except OSError as e:
+    raise predictions_lib.OutputWriteError(
+        f"cannot write {path}: {e.strerror or e}. Kept: {kept}.") from None
 
 
 def main(argv: Sequence[str]) -> None:
@@ -403,26 +494,31 @@ def main(argv: Sequence[str]) -> None:
     multihost.initialize_from_flags()
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  with multihost.failures_end_every_process("run", (ConfigError,)):
+  with multihost.failures_end_every_process("run", BAD_INPUT):
     console.setup()  # after the gin check: a typo fails in a second
     args = run_arguments()  # pylint: disable=no-value-for-parameter
-    metrics = Experiment(args).run()
-    if multihost.is_first():
-      print("\n".join(summary_lines(metrics, args)))
+
+    def print_summary(metrics):  # before anything is written
+      if multihost.is_first():
+        print("\n".join(summary_lines(metrics, args)), flush=True)
+    Experiment(args).run(on_result=print_summary)
+
+
+# Errors of the input (settings, checkpoints, a folder in use): one line,
+# exit 2. A failed write or an unreachable gs:// (OSError): one line, exit 1.
+BAD_INPUT = (ConfigError, checkpoints.CheckpointError)
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
   """Entry point: a bad setting prints one line and exits 2, before any
-  model is loaded; nothing is written."""
+  model is loaded; nothing is written. Ctrl-C: one line, exit 130.
+  --traceback shows any error's traceback."""
   gin_utils.define_gin_flags()
   multihost.define_flags()
-  try:
-    gin_utils.run_main(main, argv)
-  except ConfigError as e:
-    print(f"run: error: {e}", file=sys.stderr)
-    return 2
-  return 0
+  console.define_traceback_flag()
+  return console.run_cli("run", lambda: gin_utils.run_main(main, argv),
+                         BAD_INPUT)
 
 
 if __name__ == "__main__":
-  sys.exit(cli())
+  console.exit_process(cli())

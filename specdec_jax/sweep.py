@@ -34,7 +34,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 from absl import logging
@@ -42,6 +42,7 @@ import gin
 import jax
 import yaml
 
+from specdec_jax import checkpoints
 from specdec_jax import console
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
@@ -238,7 +239,7 @@ def validate_points(points, results_dir: str, base_files, base_bindings,
             overrides={"output_dir": os.path.join(results_dir, name)}))
         experiment.vocabulary()
       except (ValueError, IOError, SyntaxError) as e:
-        raise SweepError(f"{where}: {e}") from None
+        raise SweepError(f"{where}: {console.error_text(e)}") from None
   finally:
     gin.clear_config()
 
@@ -266,6 +267,14 @@ def is_done(point_dir: str) -> bool:
   return False
 
 
+def _manifest_diff(old: Any, new: Dict[str, Any]) -> str:
+  """Which of gin_files / gin_bindings differ, as 'KEY: old -> new'."""
+  if not isinstance(old, dict):
+    return f"its {SWEEP_FILE} holds {old!r}"
+  return "; ".join(f"{k}: {old.get(k)!r} in its {SWEEP_FILE}, {v!r} now"
+                   for k, v in new.items() if old.get(k) != v)
+
+
 def _check_results_dir(results_dir: str, points, base_files,
                        base_bindings) -> None:
   """A results dir may only be reused by the same sweep (no clobbering)."""
@@ -279,9 +288,8 @@ def _check_results_dir(results_dir: str, points, base_files,
                        "choose another --results_dir.") from None
     if not isinstance(old, dict) or {k: old.get(k) for k in record} != record:
       raise SweepError(
-          f"{results_dir} holds a different sweep (its {SWEEP_FILE} has "
-          f"gin_files={old.get('gin_files') if isinstance(old, dict) else old}"
-          f"); choose another --results_dir.")
+          f"{results_dir} holds a different sweep ({_manifest_diff(old, record)}"
+          "); choose another --results_dir.")
   elif io_utils.isdir(results_dir) and io_utils.listdir(results_dir):
     raise SweepError(f"{results_dir} is not empty and is not a sweep's "
                      "results dir; choose another --results_dir.")
@@ -290,8 +298,13 @@ def _check_results_dir(results_dir: str, points, base_files,
 def run_sweep(points: List[Dict[str, Any]], results_dir: str,
               base_files: Sequence[str] = (),
               base_bindings: Sequence[str] = (),
-              search_paths: Sequence[str] = ()) -> List[str]:
+              search_paths: Sequence[str] = (),
+              after_point: Optional[Callable[[str], None]] = None
+              ) -> List[str]:
   """Runs every unfinished point; returns the point folders, in order.
+
+  `after_point(name)` is called after each point that ran (the soak test,
+  `scripts/soak_sweep.py`, samples the process's memory there).
 
   Every point is validated and results_dir probed before the first model
   load; a SweepError then leaves results_dir as it was. On several hosts
@@ -348,6 +361,8 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
     logging.info("[%d/%d] %s done; %.0fs elapsed, ~%.0fs left",
                  len(points) - len(todo) + done_count + 1, len(points), name,
                  elapsed, remaining)
+    if after_point is not None:
+      after_point(name)
   gin.clear_config()
   return [os.path.join(results_dir, n) for n in names]
 
@@ -382,13 +397,11 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
   if "sweep" not in flags.FLAGS:
     flags.DEFINE_multi_string("sweep", [], "KEY=v1,v2,... or a YAML file.")
     flags.DEFINE_string("results_dir", None, "Where the points' folders go.")
-  try:
-    gin_utils.run_main(main, argv)
-  except (SweepError, gin_utils.ConfigError) as e:
-    print(f"sweep: error: {e}", file=sys.stderr)
-    return 2
-  return 0
+  console.define_traceback_flag()
+  return console.run_cli(
+      "sweep", lambda: gin_utils.run_main(main, argv),
+      (SweepError, gin_utils.ConfigError, checkpoints.CheckpointError))
 
 
 if __name__ == "__main__":
-  sys.exit(cli())
+  console.exit_process(cli())

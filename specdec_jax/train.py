@@ -20,17 +20,19 @@ pieces live in `specdec_jax.training` (data, vocabulary, optimizer, loss,
 step, checkpointing, teacher, evaluation).
 """
 import os
-from typing import List, Sequence
+import sys
+from typing import List, Optional, Sequence
 
-from absl import app
 from absl import flags
 from absl import logging
 
+from specdec_jax import console
 from specdec_jax import gin_utils
 from specdec_jax.training import TrainConfig
 from specdec_jax.training import TrainResult
 from specdec_jax.training import train_and_evaluate
 from specdec_jax.training.trainer import METRICS_FILE
+from specdec_jax.training.trainer import TrainingDiverged
 
 FLAGS = flags.FLAGS
 
@@ -68,22 +70,36 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
 
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    raise gin_utils.ConfigError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS.gin_file:
-    raise app.UsageError("Give at least one --gin_file, e.g. "
-                         "--gin_file=train/tiny_ci.gin.")
-  paths = parse_gin(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+    raise gin_utils.ConfigError("give at least one --gin_file, e.g. "
+                                "--gin_file=train/tiny_ci.gin.")
   try:
-    result = train(gin_search_paths=paths)
-  except ValueError as e:
-    logging.error("%s", e)
-    raise
+    paths = parse_gin(FLAGS.gin_file, FLAGS.gin_bindings,
+                      FLAGS.gin_search_paths)
+  except ValueError as e:  # gin's own message names the binding
+    raise gin_utils.ConfigError(str(e)) from None
+  result = train(gin_search_paths=paths)
   ev = result.metrics.get("eval", {})
   logging.info("Done: step %d, final loss %s, BLEU %s, metrics in %s",
                result.step, result.metrics.get("final_loss"), ev.get("bleu"),
                os.path.join(result.metrics["model_dir"], METRICS_FILE))
 
 
-if __name__ == "__main__":
+# Bad settings or input (`train`'s ValueError, a checkpoint that cannot be
+# resumed): one line, exit 2. A write that failed or a diverged loss: one
+# line, exit 1. Ctrl-C: 130 (checkpoints already saved are kept).
+BAD_INPUT = (ValueError,)
+FAILURES = (OSError, TrainingDiverged)
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+  """Entry point: every error one line (--traceback: the traceback)."""
   define_flags()
-  gin_utils.run_main(main)
+  console.define_traceback_flag()
+  return console.run_cli("train", lambda: gin_utils.run_main(main, argv),
+                         BAD_INPUT, FAILURES)
+
+
+if __name__ == "__main__":
+  console.exit_process(cli())

@@ -8,6 +8,7 @@ SentencePiece reader, TFDS `data_dir`) has no endpoint setting (only
 `GCS_*` tuning variables; the host is compiled in), so those gs:// paths
 cannot be tested here.
 """
+import http
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ import multihost_worker
 from specdec_jax import io_utils
 from specdec_jax import run as run_lib
 from specdec_jax import sweep
+from specdec_jax.experiment import run_lock
 
 try:
   from gcp_storage_emulator.handlers import objects as emulator_objects
@@ -100,6 +102,49 @@ def test_files_on_gcs(emulator):
   assert io_utils.listdir(folder) == ["sub"]
   with pytest.raises(ValueError, match="cannot write an object there"):
     io_utils.probe_writable_dir("gs://no-such-bucket/out")
+
+
+def test_run_lock_on_gcs_is_exclusive(emulator, monkeypatch):
+  """Issue 26: the lock object is created with a "does not exist"
+  precondition, checked by the server; a stale one is taken over."""
+  _, root = emulator
+  media_upload = emulator_objects._media_upload  # pylint: disable=protected-access
+
+  def upload_if_generation_matches(request, response, storage):
+    # GCS's ifGenerationMatch (0: "no such object"), which this emulator
+    # ignores; TensorStore sends it for a write with a precondition.
+    match = request.query.get("ifGenerationMatch")
+    if match:
+      try:
+        generation = str(storage.get_file_obj(request.params["bucket_name"],
+                                              request.query["name"][0]
+                                              )["generation"])
+      except Exception:  # pylint: disable=broad-except  # not found
+        generation = "0"
+      if generation != match[0]:
+        response.status = http.HTTPStatus.PRECONDITION_FAILED
+        return None
+    return media_upload(request, response, storage)
+  monkeypatch.setattr(emulator_objects, "_media_upload",
+                      upload_if_generation_matches)
+  folder = f"{root}/locked"
+  first = run_lock.acquire(folder, "first")
+  with pytest.raises(run_lock.LockedError, match="in use by first"):
+    run_lock.acquire(folder, "second")
+  # Created only if absent: the server refuses a second create.
+  assert io_utils.create_new(f"{folder}/{run_lock.LOCK_FILE}", b"x") is None
+  first.release()
+  assert not io_utils.isfile(f"{folder}/{run_lock.LOCK_FILE}")
+  second = run_lock.acquire(folder, "second")
+  record = {"program": "gone", "pid": 1, "host": "elsewhere",
+            "started": 0.0, "started_utc": "1970", "token": "t"}
+  # (Its conditional delete, ifGenerationMatch on DELETE, is not
+  # checked by this emulator: `second` is not released here.)
+  del second
+  io_utils.write_json(f"{folder}/{run_lock.LOCK_FILE}", record)
+  monkeypatch.setenv(run_lock.STALE_ENV, "60")
+  run_lock.acquire(folder, "third").release()  # the stale one taken over
+  assert not io_utils.isfile(f"{folder}/{run_lock.LOCK_FILE}")
 
 
 class _CommitOnComplete:

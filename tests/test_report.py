@@ -257,6 +257,14 @@ def _bad_predictions(root):
   return path
 
 
+def _bad_predictions_elsewhere(root):
+  """A corrupt predictions.jsonl in a run that is not the example's
+  (issue 26: it was skipped, though the docstring says it stops)."""
+  path = root / "ende_xxl_base_g3_t0" / "predictions.jsonl"
+  path.write_text("{not json\n")
+  return path
+
+
 class TestBadInput:
 
   @pytest.mark.parametrize("make_bad,expect", [
@@ -265,6 +273,7 @@ class TestBadInput:
       (_list_json, "expected a JSON object"),
       (_bad_alpha, "'alpha' must be a number in [0, 1], got 1.5"),
       (_bad_predictions, "not valid JSON"),
+      (_bad_predictions_elsewhere, "not valid JSON"),
   ])
   def test_bad_file_exit_2_nothing_written(self, tmp_path, capsys, make_bad,
                                            expect):

@@ -229,12 +229,16 @@ def test_run_arguments_are_one_checked_frozen_record(tmp_path):
 
 def test_bad_run_arguments_fail_before_loading(tmp_path):
   _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path}'"])
-  for override, name in (({"gamma": 0}, "gamma"),
+  # Named as typed (issue 26): GAMMA, MODE, TASK_FEATURE_LENGTHS.
+  for override, name in (({"gamma": 0}, "GAMMA=0"),
                          ({"temperature": -1.0}, "temperature"),
                          ({"batch_size": 0}, "BATCH_SIZE"),
-                         ({"mode": "fast"}, "mode"),
+                         ({"mode": "fast"}, "MODE='fast'"),
                          ({"task_feature_lengths": {"inputs": 8}},
-                          "max_decode_length")):
+                          "TASK_FEATURE_LENGTHS must have exactly"),
+                         ({"task_feature_lengths": {"inputs": 8,
+                                                    "targets": 0}},
+                          r"TASK_FEATURE_LENGTHS\['targets'\]=0")):
     with pytest.raises(ValueError, match=name):
       run_lib.run(overrides=override)
   assert not list(pathlib.Path(tmp_path).iterdir())

@@ -81,7 +81,7 @@ def no_load(monkeypatch):
 
 @pytest.mark.parametrize("points,expect", [
     # The bad value is the grid's last point: all are checked up front.
-    ([{"GAMMA": 1}, {"GAMMA": 0}], ["point GAMMA=0", "gamma"]),
+    ([{"GAMMA": 1}, {"GAMMA": 0}], ["point GAMMA=0", "GAMMA=0: allowed"]),
     ([{"TEMPERATURE": 0.0}, {"TEMPERATURE": float("inf")}],
      ["point TEMPERATURE=inf", "TEMPERATURE=inf", "finite"]),
     ([{"GAMMA": 1}, {"target/T5Config.vocab_size": 128,
@@ -97,6 +97,7 @@ def test_every_point_checked_before_any_model_load(points, expect, tmp_path,
     sweep.run_sweep(points, str(results), ["local_tiny.gin"])
   for text in expect:
     assert text in str(e.value), (text, str(e.value))
+  assert "In call to configurable" not in str(e.value)  # gin's note
   assert not results.exists()
 
 

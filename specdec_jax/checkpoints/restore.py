@@ -14,6 +14,7 @@ import numpy as np
 import tensorstore as ts
 
 from specdec_jax import io_utils
+from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import legacy
 from specdec_jax.checkpoints import orbax
 from specdec_jax.checkpoints import reads
@@ -100,14 +101,17 @@ def load_t5x_params(path, *, expected=None, dtype=None, shardings=None
     Optimizer state is never read.
 
   Raises:
-    CheckpointError: the directory or its ``checkpoint`` / Orbax metadata is
-      missing, an array cannot be opened or read (missing, truncated or
+    CheckpointError: a file differs from the checkpoint's DIGESTS.json
+      (`digests`; checked first, when there is one), the directory or its
+      ``checkpoint`` / Orbax metadata is missing, an array cannot be opened or read (missing, truncated or
       corrupt file), or the parameters do not match ``expected``. The message
       names the checkpoint and the slash-joined parameter path.
   """
   ckpt = os.fspath(path)
   if not io_utils.is_url(ckpt):
     ckpt = os.path.abspath(ckpt)
+  if io_utils.isdir(ckpt):
+    digests.verify_manifest(ckpt)  # DIGESTS.json, when exported with one
   _, sources = checkpoint_sources(ckpt)
   if not sources:
     raise CheckpointError(f"Checkpoint {ckpt}: it holds no parameters.")

@@ -216,7 +216,12 @@ def _check_decoding_args(args: RunArguments) -> None:
   """MODE, and what the decoders check (γ, max_decode_length, sampling),
   BATCH_SIZE, NUM_EXAMPLES and TASK_FEATURE_LENGTHS' keys; ValueError."""
   if args.mode not in MODES:
-    raise ValueError(f"mode must be one of {MODES}, got {args.mode!r}.")
+    raise ValueError(f"MODE={args.mode!r}: allowed: one of {MODES}.")
+  if set(args.task_feature_lengths) != {"inputs", "targets"}:
+    raise ValueError("TASK_FEATURE_LENGTHS must have exactly the keys "
+                     "'inputs' and 'targets', got "
+                     f"{args.task_feature_lengths!r}.")
+  _check_gamma_and_length(args)
   decoding.check_settings(
       gamma=None if args.auto_gamma else args.gamma,
       max_decode_length=args.task_feature_lengths.get("targets", 0))
@@ -225,10 +230,30 @@ def _check_decoding_args(args: RunArguments) -> None:
                       ("NUM_EXAMPLES", args.num_examples)):
     if not _is_int(value) or value < 1:
       raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-  if set(args.task_feature_lengths) != {"inputs", "targets"}:
-    raise ValueError("TASK_FEATURE_LENGTHS must have exactly the keys "
-                     "'inputs' and 'targets', got "
-                     f"{args.task_feature_lengths!r}.")
+
+
+def _check_gamma_and_length(args: RunArguments) -> None:
+  """GAMMA and TASK_FEATURE_LENGTHS['targets'] by the names the user typed
+  (`decoding.check_settings` would say "gamma", "max_decode_length"), and
+  γ no larger than the decode length: a call cannot keep more guesses than
+  there are tokens to decode, and γ = 1000 for 32 tokens costs 1000 draft
+  steps per call."""
+  targets = args.task_feature_lengths.get("targets", 1)
+  if not _is_int(targets) or targets < 1:
+    raise ValueError(
+        f"TASK_FEATURE_LENGTHS['targets']={targets!r}: allowed: an integer "
+        ">= 1 (the most tokens decoded per example, EOS included).")
+  if args.auto_gamma:
+    return
+  if not _is_int(args.gamma) or args.gamma < 1:
+    raise ValueError(f"GAMMA={args.gamma!r}: allowed: an integer >= 1, or "
+                     f"'{drafter_choice.AUTO_GAMMA}'.")
+  if args.gamma > targets:
+    raise ValueError(
+        f"GAMMA={args.gamma} is more than TASK_FEATURE_LENGTHS['targets']="
+        f"{targets}: no target call can keep more guesses than there are "
+        f"tokens to decode. Allowed: 1 to {targets}, or "
+        f"'{drafter_choice.AUTO_GAMMA}'.")
 
 
 @gin.configurable("run", denylist=["overrides"])

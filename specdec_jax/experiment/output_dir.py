@@ -3,7 +3,8 @@
 `settings_record` is what makes a run's results what they are: every run
 argument but OUTPUT_DIR / OVERWRITE / MODE, both model configs and the
 vocabulary (metrics.json and alpha.json record it as `settings`).
-`check_output_dir` creates and probes OUTPUT_DIR and refuses a metrics.json
+`check_output_dir` creates and probes OUTPUT_DIR, takes its lock (one run
+at a time: `run_lock`) and refuses a metrics.json
 or alpha.json there whose recorded settings differ from the run's, unless
 OVERWRITE=True; the same settings may be re-run freely.
 """
@@ -21,6 +22,7 @@ from specdec_jax import io_utils
 from specdec_jax import run_metrics
 from specdec_jax.drafters import choice as drafter_choice
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import run_lock
 from specdec_jax.experiment import setup
 from specdec_jax.models import T5Config
 
@@ -103,19 +105,32 @@ def _recorded_settings(path: str) -> Any:
     return None
 
 
-def check_output_dir(out: str, settings: Dict[str, Any],
-                     overwrite: bool) -> None:
-  """Creates and probes `out`; refuses another run's results there.
+def check_output_dir(out: str, settings: Dict[str, Any], overwrite: bool,
+                     program: str = "run") -> run_lock.Lock:
+  """Creates and probes `out`, takes its lock, refuses another run's
+  results there; returns the lock (the caller releases it).
 
   Raises:
-    ConfigError: `out` is not a writable directory, or holds a
-      metrics.json / alpha.json of other settings (or of none) and
-      `overwrite` is False.
+    ConfigError: `out` is not a writable directory, another run holds it
+      (`run_lock`), or it holds a metrics.json / alpha.json of other
+      settings (or of none) and `overwrite` is False.
   """
   try:
     io_utils.probe_writable_dir(out)
   except ValueError as e:
     raise ConfigError(f"OUTPUT_DIR={out!r}: {e}") from None
+  lock = run_lock.acquire(out, program)
+  try:
+    _check_results(out, settings, overwrite)
+  except BaseException:
+    lock.release()
+    raise
+  return lock
+
+
+def _check_results(out: str, settings: Dict[str, Any],
+                   overwrite: bool) -> None:
+  """The OVERWRITE rule (see `check_output_dir`)."""
   settings = comparable(settings)
   for name in (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE):
     path = os.path.join(out, name)

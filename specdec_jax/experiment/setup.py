@@ -80,12 +80,29 @@ def describe_vocabulary(vocab) -> str:
           f"{getattr(vocab, 'extra_ids', '?')}")
 
 
+# T5X pads a model's vocab_size up to a multiple of this (32100 ids ->
+# 32128 rows): the unused rows are never produced by training.
+VOCAB_PADDING = 128
+
+
+def padded_vocab_size(size: int) -> int:
+  """`size` rounded up to T5X's multiple of VOCAB_PADDING."""
+  return -(-size // VOCAB_PADDING) * VOCAB_PADDING
+
+
+@gin.configurable(denylist=["vocab", "target_config", "draft_config"])
 def check_vocabulary_fits(vocab, target_config: T5Config,
-                          draft_config: T5Config) -> None:
-  """Every id of `vocab` must be a row of both models' embedding tables.
+                          draft_config: T5Config,
+                          allow_size_mismatch: bool = False) -> None:
+  """Every id of `vocab` must be a row of both models' embedding tables, and
+  the models must not be much larger than the vocabulary.
 
   An id >= vocab_size would be clamped by the embedding lookup (JAX does not
-  raise on an out-of-bounds gather) and the outputs would be garbage.
+  raise on an out-of-bounds gather) and the outputs would be garbage. A
+  model with more rows than the vocabulary padded to a multiple of 128 (T5X's
+  rule) was trained with another vocabulary: its ids mean other pieces, and
+  the output is garbage too, unless `allow_size_mismatch` (gin:
+  `check_vocabulary_fits.allow_size_mismatch = True`) says it is deliberate.
   """
   size = int(vocab.vocab_size)
   for role, config in (("target", target_config), ("draft", draft_config)):
@@ -97,6 +114,18 @@ def check_vocabulary_fits(vocab, target_config: T5Config,
           "lookup and decode to garbage. Allowed: a vocabulary of at most "
           f"{config.vocab_size} ids, or {role}/T5Config.vocab_size >= {size} "
           "(if the checkpoint was trained with that many).")
+    if config.vocab_size > padded_vocab_size(size) and not (
+        allow_size_mismatch):
+      raise ConfigError(
+          f"the vocabulary has {size} ids ({describe_vocabulary(vocab)}) but "
+          f"{role}/T5Config.vocab_size = {config.vocab_size}, more than "
+          f"{padded_vocab_size(size)} (the vocabulary's size padded to a "
+          f"multiple of {VOCAB_PADDING}, T5X's rule): the {role} was trained "
+          "with another vocabulary, whose ids mean other pieces, and would "
+          "decode garbage. Allowed: the SentencePiece model (and EXTRA_IDS) "
+          "the checkpoints were trained with; or bind "
+          "check_vocabulary_fits.allow_size_mismatch = True if this is "
+          "deliberate.")
 
 
 def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,

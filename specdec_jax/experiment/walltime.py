@@ -106,8 +106,13 @@ def compile_decoders(feed: multihost.Feeder, baseline: Decoder,
 
 def decode_examples(vocab, feed: multihost.Feeder, baseline: Decoder,
                     speculative: Decoder, rng: jax.Array,
-                    gamma: int) -> Decoded:
-  """Both decoders on every batch (same rng per batch), each call timed."""
+                    gamma: int, on_batch: Optional[Callable[..., None]] = None
+                    ) -> Decoded:
+  """Both decoders on every batch (same rng per batch), each call timed.
+
+  `on_batch(base_tokens [b, T], spec_tokens [b, T], records)` is called
+  after each batch with its kept rows (predictions.jsonl as it goes).
+  """
   base_tokens, spec_tokens, per_example = [], [], []
   time_base = time_spec = 0.0
   calls_base = calls_spec = 0
@@ -127,7 +132,10 @@ def decode_examples(vocab, feed: multihost.Feeder, baseline: Decoder,
     beta_count += float(np.sum(np.asarray(out_s.beta_count)[keep]))
     base_tokens.append(np.asarray(out_b.tokens)[keep])
     spec_tokens.append(np.asarray(out_s.tokens)[keep])
-    per_example.extend(traces.traces(vocab, out_s, keep))
+    records = traces.traces(vocab, out_s, keep)
+    per_example.extend(records)
+    if on_batch is not None:
+      on_batch(base_tokens[-1], spec_tokens[-1], records)
     logging.info(
         "batch %d/%d: baseline %.3fs, speculative %.3fs (running speedup "
         "%.2fx)", i + 1, feed.num_batches, dt_b, dt_s,

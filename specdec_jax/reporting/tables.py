@@ -126,7 +126,7 @@ def _table2_md_rows(rows, multi_target: bool,
       draft += " †"
     cells = [r["task"]]
     if multi_target:
-      cells.append(r["target_model"])
+      cells.append(_target_name(r))
     cells += [
         draft, fmt_temp(r["temperature"]), str(r["gamma"]),
         f"{r['alpha']:.2f}", f"{r['cost_coefficient_c']:.3f}",
@@ -161,6 +161,13 @@ def _greedy_cell(r: Mapping[str, Any]) -> str:
   return "–" if same is None else f"{same}/{r['num_examples']}"
 
 
+_UNNAMED = "unnamed (TARGET_NAME unset)"
+
+
+def _target_name(r: Mapping[str, Any]) -> str:
+  return r.get("target_model") or _UNNAMED
+
+
 def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
   """table2.md of `annotate_best`'s rows."""
   multi_target = len({r["target_model"] for r in rows}) > 1
@@ -169,7 +176,7 @@ def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
       "THEORY (Thm 3.8)", "THEORY (measured call)", "EFFICIENCY", "METRIC",
       "BASELINE", "SPECULATIVE", "GREEDY IDENTICAL"
   ]
-  targets = ", ".join(sorted({r["target_model"] for r in rows}))
+  targets = ", ".join(sorted({_target_name(r) for r in rows}))
   md = [
       "# Table 2: speculative decoding speedup",
       "",

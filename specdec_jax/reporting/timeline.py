@@ -52,7 +52,7 @@ def render_timeline(example: Mapping[str, Any], run: Mapping[str, Any]):
   fig = figures.new_figure(9, 2.4)
   ax = fig.subplots()
   lanes = {"draft": (1, trace.ACCEPTED_COLOR, f"M_q ({run['draft_model']})"),
-           "target": (0, trace.TARGET_COLOR, f"M_p ({run['target_model']})")}
+           "target": (0, trace.TARGET_COLOR, f"M_p ({run['target_model'] or 'unnamed'})")}
   for kind, (y, color, _) in lanes.items():
     bars = [((ev["start_s"] - t0) * 1e3, (ev["end_s"] - ev["start_s"]) * 1e3)
             for ev in events if ev["kind"] == kind]

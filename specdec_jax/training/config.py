@@ -7,6 +7,7 @@ settings are one frozen object (flax's ``examples/wmt`` keeps them in
 `specdec_jax.train.train(**overrides)` builds it and trains.
 """
 import dataclasses
+import math
 import os
 from typing import Any, Mapping, Optional, Sequence
 
@@ -17,6 +18,78 @@ from specdec_jax import paths
 from specdec_jax.models.config import T5Config
 from specdec_jax.training.loss import LossSettings
 from specdec_jax.training.optimizer import OptimizerSettings
+
+
+# (field, test, what is allowed): every number `train` takes, checked when
+# the config is built, before anything is read or trained.
+def _int(low, high=None, none=False):
+  def test(v):
+    if v is None:
+      return none
+    return (isinstance(v, int) and not isinstance(v, bool) and v >= low and
+            (high is None or v <= high))
+  return test
+
+
+def _real(low, high, low_open=False, high_open=False, none=False):
+  def test(v):
+    if v is None:
+      return none
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+      return False
+    if not math.isfinite(v):
+      return False
+    return ((v > low if low_open else v >= low) and
+            (v < high if high_open else v <= high))
+  return test
+
+
+_INF = math.inf
+_NUMBERS = (
+    ("num_steps", _int(0), "an integer >= 0"),
+    ("num_train_examples", _int(1, none=True), "None or an integer >= 1"),
+    ("max_input_length", _int(2), "an integer >= 2 (EOS included)"),
+    ("max_target_length", _int(2), "an integer >= 2 (EOS included)"),
+    ("length_bucket", _int(1), "an integer >= 1"),
+    ("sort_window", _int(0), "an integer >= 0 (0: off)"),
+    ("batch_size", _int(1), "an integer >= 1"),
+    ("spm_vocab_size", _int(1), "an integer >= 1"),
+    ("learning_rate", _real(0, _INF, low_open=True, high_open=True),
+     "a finite number > 0 (a negative rate ascends the loss)"),
+    ("warmup_steps", _int(0), "an integer >= 0"),
+    ("decay_steps", _int(1, none=True), "None or an integer >= 1"),
+    ("final_learning_rate_fraction", _real(0, 1), "a number in [0, 1]"),
+    ("weight_decay", _real(0, _INF, high_open=True), "a finite number >= 0"),
+    ("grad_clip_norm", _real(0, _INF, high_open=True, none=True),
+     "None, 0 (off) or a finite number > 0"),
+    ("adam_b1", _real(0, 1, high_open=True), "a number in [0, 1)"),
+    ("adam_b2", _real(0, 1, high_open=True), "a number in [0, 1)"),
+    ("adam_eps", _real(0, _INF, low_open=True, high_open=True),
+     "a finite number > 0"),
+    ("label_smoothing", _real(0, 1, high_open=True), "a number in [0, 1)"),
+    ("z_loss", _real(0, _INF, high_open=True), "a finite number >= 0"),
+    ("seed", _int(-2**63), "an integer"),
+    ("save_every_steps", _int(1), "an integer >= 1"),
+    ("keep_checkpoints", _int(0, none=True), "None, 0 (all) or an integer "
+     ">= 1"),
+    ("log_every_steps", _int(1), "an integer >= 1"),
+    ("eval_num_examples", _int(0), "an integer >= 0 (0: skip)"),
+    ("eval_batch_size", _int(1), "an integer >= 1"),
+    ("eval_max_decode_length", _int(1, none=True), "None or an integer >= 1"),
+)
+
+
+def check_numbers(config: "TrainConfig") -> None:
+  """Every number of `config` in its range (`_NUMBERS`).
+
+  Raises:
+    ConfigError: naming `train.<field>`, the value and what is allowed.
+  """
+  for name, test, allowed in _NUMBERS:
+    value = getattr(config, name)
+    if not test(value):
+      raise gin_utils.ConfigError(f"train.{name}={value!r}: allowed: "
+                                  f"{allowed}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +221,7 @@ class TrainConfig:
   gin_search_paths: Optional[Sequence[str]] = None
 
   def __post_init__(self):
-    if self.num_steps < 0:
-      raise ValueError(f"num_steps must be >= 0, got {self.num_steps}.")
+    check_numbers(self)
     if self.distill_from is None and (self.teacher_config is not None or
                                       self.teacher_model_gin is not None):
       raise ValueError("teacher_config/teacher_model_gin need distill_from.")

@@ -22,6 +22,7 @@ In order, every check before the first step:
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -85,6 +86,10 @@ class _State:
   saved_step: Optional[int]
 
 
+class TrainingDiverged(FloatingPointError):
+  """The loss became inf or nan; names the step."""
+
+
 class _Progress:
   """Per-step metrics, fetched from the device once per logging window, and
   the throughput of the steps after the first (compiling) one."""
@@ -109,10 +114,17 @@ class _Progress:
                                  (batch["encoder_input_tokens"] > 0).sum())
 
   def flush(self) -> None:
+    """Fetches the pending steps' metrics; stops at a non-finite loss."""
     fetched = jax.device_get([m for _, m in self._pending])
-    for (s, _), m in zip(self._pending, fetched):
+    pending, self._pending = self._pending, []
+    for (s, _), m in zip(pending, fetched):
       self.history.append({"step": s, **{k: float(v) for k, v in m.items()}})
-    self._pending = []
+      if not math.isfinite(self.history[-1]["loss"]):
+        raise TrainingDiverged(
+            f"the loss is {self.history[-1]['loss']} at step {s} (of "
+            f"{self._num_steps}): training diverged; stopped before saving "
+            "this state (the last checkpoint is the previous save). Try a "
+            "lower train.learning_rate or a grad_clip_norm.")
 
   def log(self, step: int, metrics) -> None:
     """Logs the window's mean metrics and throughput; starts a new window."""

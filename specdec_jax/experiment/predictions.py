@@ -1,0 +1,115 @@
+"""predictions.jsonl, written as batches finish: a full disk loses no run.
+
+Rows are appended (flushed per batch) to the hidden
+`OUTPUT_DIR/.predictions.jsonl.partial` and renamed to predictions.jsonl
+when the last batch is in (after an fsync): a reader never sees half a
+file, and a run killed or stopped by a full disk keeps the rows it
+decoded. On gs:// (no append) the rows are kept in memory and uploaded at
+the end in one piece (`io_utils.atomic_write`). The rows are the same
+either way, so two runs with the same settings and seed still write the
+same file.
+
+A failed write (ENOSPC, EIO, ...) does not stop the decode: the run goes on,
+prints its summary, then raises `OutputWriteError` naming the file and
+what was kept.
+"""
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+from specdec_jax import io_utils
+from specdec_jax import run_metrics
+
+
+class OutputWriteError(OSError):
+  """A result file could not be written; says which and what was kept."""
+
+
+def _line(row: Dict[str, Any]) -> str:
+  return json.dumps(io_utils.json_safe(row), ensure_ascii=False,
+                    allow_nan=False) + "\n"
+
+
+class PredictionsWriter:
+  """Appends predictions.jsonl rows as they come; `finish` publishes them.
+
+  Attributes:
+    path: the final predictions.jsonl.
+    partial: where rows go meanwhile (None on gs://: held in memory).
+    written: rows safely in `partial` (or in memory).
+    error: the first write error (None: all went well).
+  """
+
+  def __init__(self, folder: str, enabled: bool = True):
+    self.path = os.path.join(folder, run_metrics.PREDICTIONS_FILE)
+    self.enabled = enabled
+    self.partial = (None if io_utils.is_url(folder) else os.path.join(
+        folder, "." + run_metrics.PREDICTIONS_FILE + ".partial"))
+    self.written = 0
+    self.error: Optional[OSError] = None
+    self._rows: List[str] = []
+    self._file = None
+    if enabled and self.partial is not None:
+      self._guard(lambda: setattr(self, "_file",
+                                  open(self.partial, "w", encoding="utf-8")))
+
+  def _guard(self, fn) -> bool:
+    if self.error is not None:
+      return False
+    try:
+      fn()
+      return True
+    except OSError as e:
+      self.error = e
+      return False
+
+  def add(self, rows: List[Dict[str, Any]]) -> None:
+    """Appends rows (one batch's); a failure is kept for `finish`."""
+    if not self.enabled:
+      return
+    text = "".join(_line(r) for r in rows)
+    if self.partial is None:
+      self._rows.append(text)
+      self.written += len(rows)
+      return
+
+    def append():
+      self._file.write(text)
+      self._file.flush()
+    if self._guard(append):
+      self.written += len(rows)
+
+  def kept(self) -> str:
+    """What is on disk now, in words."""
+    if self.partial is None or not self.written:
+      return "no predictions rows"
+    return f"{self.written} predictions rows in {self.partial}"
+
+  def finish(self, total: int) -> None:
+    """Publishes predictions.jsonl; OutputWriteError if a write failed."""
+    if not self.enabled:
+      return
+    if self.partial is None:
+      self._guard(lambda: io_utils.atomic_write(self.path,
+                                                "".join(self._rows)))
+    else:
+      def publish():
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self.partial, self.path)
+      self._guard(publish)
+    if self.error is not None:
+      self.close()
+      raise OutputWriteError(
+          f"cannot write {self.path}: {self.error.strerror or self.error}. "
+          f"Kept: the summary above, {self.kept()} (of {total}); "
+          f"{run_metrics.METRICS_FILE} was not written.")
+
+  def close(self) -> None:
+    """Closes the partial file (kept on disk: what was decoded so far)."""
+    if self._file is not None and not self._file.closed:
+      try:
+        self._file.close()
+      except OSError:
+        pass

@@ -1,0 +1,503 @@
+"""Nothing lost, nothing silent (issue 26): bad input and faults.
+
+Each numbered defect of the issue has a test here that reproduced it:
+(1) two runs on one OUTPUT_DIR (two real processes), (2) a SentencePiece
+model that does not belong to the checkpoints, (3) a gs:// endpoint that
+never answers (loopback only), (4) a negative learning rate and a
+diverging loss, (5) a full disk (an injected ENOSPC), (6) one-line errors
+and Ctrl-C (a real SIGINT), (7) legacy array paths that leave the
+checkpoint folder, (8) a bit flip in a shipped checkpoint, (9) absurd γ
+and lengths.
+"""
+import errno
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import types
+
+import gin
+import numpy as np
+import pytest
+
+from specdec_jax import checkpoints
+from specdec_jax import console
+from specdec_jax import gin_utils
+from specdec_jax import io_utils
+from specdec_jax import run as run_lib
+from specdec_jax.checkpoints import digests
+from specdec_jax.checkpoints import legacy
+from specdec_jax.experiment import memory
+from specdec_jax.experiment import predictions as predictions_lib
+from specdec_jax.experiment import run_lock
+from specdec_jax.experiment import setup
+from specdec_jax.models import T5Config
+from specdec_jax.training import TrainConfig
+from specdec_jax.training import trainer
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PRETRAINED = REPO / "pretrained" / "multi30k"
+
+pytestmark = pytest.mark.usefixtures("clean_gin")
+
+
+def _parse(files, bindings=()):
+  gin_utils.parse_gin(files, bindings, finalize=False)
+
+
+def _env():
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  env.pop("TENSORSTORE_GCS_HTTP_URL", None)
+  return env
+
+
+# ---------------------------------------------------------------------------
+# (1) One run at a time per OUTPUT_DIR; (6) Ctrl-C: one line, exit 130.
+# ---------------------------------------------------------------------------
+def _run_cmd(out, source, *extra):
+  return [sys.executable, "-m", "specdec_jax.run", "--gin_file=local_tiny.gin",
+          f"--gin.OUTPUT_DIR='{out}'", f"--gin.SOURCE_FILE='{source}'",
+          "--gin.NUM_EXAMPLES=5000", *extra]
+
+
+def _wait_for(path: pathlib.Path, proc, seconds: float = 240) -> None:
+  deadline = time.monotonic() + seconds
+  while not path.exists():
+    if proc.poll() is not None:
+      raise AssertionError(f"exited {proc.returncode} early: "
+                           f"{proc.stderr.read()[-3000:]}")
+    assert time.monotonic() < deadline, "the lock never appeared"
+    time.sleep(0.2)
+
+
+def test_concurrent_runs_refused_and_ctrl_c_is_one_line(tmp_path):
+  """Two real `run` processes on one folder: the second is refused at
+  startup naming the first; Ctrl-C ends the first with one line and 130,
+  and its lock is gone."""
+  source = tmp_path / "many.tsv"
+  source.write_text("".join(f"a small house number {i}\tein Haus {i}\n"
+                            for i in range(5000)))
+  out = tmp_path / "same"
+  lock = out / run_lock.LOCK_FILE
+  first = subprocess.Popen(_run_cmd(out, source, "--gin.GAMMA=2"),
+                           cwd=REPO, env=_env(), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  try:
+    _wait_for(lock, first)
+    record = json.loads(lock.read_text())
+    assert record["pid"] == first.pid and record["program"] == "run"
+    second = subprocess.run(
+        _run_cmd(out, source, "--gin.GAMMA=6", "--gin.TEMPERATURE=1.0"),
+        cwd=REPO, env=_env(), text=True, capture_output=True, timeout=300)
+    assert second.returncode == 2, second.stderr[-3000:]
+    errors = [l for l in second.stderr.splitlines()
+              if l.startswith("run: error")]
+    assert len(errors) == 1 and "Traceback" not in second.stderr
+    assert f"is in use by run (pid {first.pid}" in errors[0]
+    assert first.poll() is None  # the first run goes on
+    first.send_signal(signal.SIGINT)
+    _, stderr = first.communicate(timeout=120)
+  finally:
+    if first.poll() is None:
+      first.kill()
+  assert first.returncode == 130, stderr[-3000:]
+  assert "Traceback" not in stderr
+  assert [l for l in stderr.splitlines() if l.startswith("run: ")] == [
+      l for l in stderr.splitlines() if l.startswith("run: interrupted")]
+  assert not lock.exists()
+  assert not (out / "metrics.json").exists()
+
+
+def test_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
+  holder = subprocess.Popen(
+      [sys.executable, "-c",
+       "import sys, time; from specdec_jax.experiment import run_lock; "
+       "run_lock.acquire(sys.argv[1], 'holder'); print('held', flush=True); "
+       "time.sleep(600)", str(tmp_path)],
+      cwd=REPO, env=_env(), text=True, stdout=subprocess.PIPE)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(run_lock.LockedError, match="in use by holder"):
+      run_lock.acquire(str(tmp_path))
+  finally:
+    holder.kill()  # SIGKILL: no cleanup, the lock stays
+    holder.wait()
+  assert (tmp_path / run_lock.LOCK_FILE).exists()
+  with run_lock.hold(str(tmp_path)) as lock:
+    assert json.loads(lock.version)["pid"] == os.getpid()
+  assert not (tmp_path / run_lock.LOCK_FILE).exists()
+
+
+def test_lock_of_another_host_is_stale_only_when_old(tmp_path, monkeypatch):
+  path = tmp_path / run_lock.LOCK_FILE
+  record = {"program": "run", "pid": 1, "host": "elsewhere",
+            "started": time.time() - 3600, "started_utc": "x", "token": "t"}
+  path.write_text(json.dumps(record))
+  with pytest.raises(run_lock.LockedError, match="pid 1 on elsewhere"):
+    run_lock.acquire(str(tmp_path))
+  monkeypatch.setenv(run_lock.STALE_ENV, "60")  # older than a minute: stale
+  run_lock.acquire(str(tmp_path)).release()
+  assert not path.exists()
+
+
+# ---------------------------------------------------------------------------
+# (2) A vocabulary that does not belong to the models.
+# ---------------------------------------------------------------------------
+def _vocab(size):
+  return types.SimpleNamespace(vocab_size=size,
+                               sentencepiece_model_file="/x/small.model",
+                               extra_ids=100)
+
+
+def test_vocabulary_much_smaller_than_the_models_is_refused():
+  model = T5Config(vocab_size=8000)
+  with pytest.raises(run_lib.ConfigError) as e:
+    setup.check_vocabulary_fits(_vocab(1100), model, model)
+  for text in ("1100 ids", "vocab_size = 8000", "more than 1152",
+               "allow_size_mismatch"):
+    assert text in str(e.value), str(e.value)
+  # T5X's padding rule: 32000 pieces + 100 extra ids in 32128 rows.
+  t5 = T5Config(vocab_size=32128)
+  setup.check_vocabulary_fits(_vocab(32100), t5, t5)
+  with pytest.raises(run_lib.ConfigError, match="32129 ids"):
+    setup.check_vocabulary_fits(_vocab(32129), t5, t5)
+  # Deliberate: an explicit gin binding.
+  gin.parse_config("check_vocabulary_fits.allow_size_mismatch = True")
+  setup.check_vocabulary_fits(_vocab(1100), model, model)
+
+
+# ---------------------------------------------------------------------------
+# (3) gs:// that never answers: a deadline and the path (loopback only).
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def silent_gcs(monkeypatch):
+  """TensorStore pointed at a 127.0.0.1 port that accepts and never
+  answers; no real endpoint or credentials server is contacted."""
+  server = socket.socket()
+  server.bind(("127.0.0.1", 0))
+  server.listen(16)
+  held = []
+  stop = threading.Event()
+
+  def accept():
+    server.settimeout(0.2)
+    while not stop.is_set():
+      try:
+        held.append(server.accept()[0])  # kept open, never answered
+      except OSError:
+        pass
+  thread = threading.Thread(target=accept, daemon=True)
+  thread.start()
+  port = server.getsockname()[1]
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{port}")
+  monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "loopback")
+  monkeypatch.setenv(io_utils.TIMEOUT_ENV, "1.5")
+  yield port
+  stop.set()
+  thread.join()
+  for conn in held:
+    conn.close()
+  server.close()
+
+
+def test_gcs_without_answer_fails_within_the_deadline(silent_gcs):
+  start = time.monotonic()
+  with pytest.raises(ValueError) as e:
+    io_utils.probe_writable_dir("gs://no-answer-bucket/out")
+  assert time.monotonic() - start < 20
+  text = str(e.value)
+  assert "gs://no-answer-bucket/out/.write_probe." in text
+  assert "no answer" in text and "1.5 s" in text
+  assert f"127.0.0.1:{silent_gcs}" in text
+  with pytest.raises(io_utils.RemoteTimeout, match="gs://no-answer-bucket/x"):
+    io_utils.read_bytes("gs://no-answer-bucket/x")
+
+
+def test_gcs_refused_port_fails_with_the_path(monkeypatch):
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]  # closed again: connections are refused
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{port}")
+  monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "loopback")
+  monkeypatch.setenv(io_utils.TIMEOUT_ENV, "1.5")
+  start = time.monotonic()
+  with pytest.raises(Exception) as e:
+    io_utils.atomic_write("gs://refused-bucket/a.json", "{}")
+  assert time.monotonic() - start < 20
+  assert "refused-bucket" in str(e.value)
+
+
+def test_remote_timeout_setting_is_checked(monkeypatch):
+  monkeypatch.setenv(io_utils.TIMEOUT_ENV, "-3")
+  with pytest.raises(ValueError, match="SPECDEC_GCS_TIMEOUT_S='-3'"):
+    io_utils.remote_timeout_s()
+
+
+# ---------------------------------------------------------------------------
+# (4) Training settings checked up front; a non-finite loss stops the run.
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("field,value,allowed", [
+    ("learning_rate", -1e-3, "a finite number > 0"),
+    ("learning_rate", float("nan"), "a finite number > 0"),
+    ("batch_size", 0, "an integer >= 1"),
+    ("adam_b2", 1.0, "[0, 1)"),
+    ("save_every_steps", 0, "an integer >= 1"),
+])
+def test_bad_training_settings_refused(field, value, allowed):
+  fields = dict(model_dir="/nonexistent/m", num_steps=10, source_file="x",
+                spm_model_path="x.model")
+  fields[field] = value
+  with pytest.raises(gin_utils.ConfigError) as e:
+    TrainConfig(**fields)
+  assert f"train.{field}={value!r}" in str(e.value)
+  assert allowed in str(e.value)
+
+
+def test_non_finite_loss_stops_training_naming_the_step():
+  progress = trainer._Progress(log_every_steps=10, num_steps=300,  # pylint: disable=protected-access
+                               schedule=lambda step: 1e-3)
+  batch = {"decoder_target_tokens": np.ones((2, 3), np.int32),
+           "encoder_input_tokens": np.ones((2, 3), np.int32)}
+  metrics = [{"loss": np.float32(v), "ce": np.float32(v)}
+             for v in (7.3, 6.8e8, np.inf)]
+  for step, m in enumerate(metrics, start=41):
+    progress.record(step, m, batch)
+  with pytest.raises(trainer.TrainingDiverged, match="inf at step 43 "):
+    progress.flush()
+  assert [h["step"] for h in progress.history] == [41, 42, 43]
+
+
+# ---------------------------------------------------------------------------
+# (5) A full disk: the summary first, and the file and what was kept named.
+# ---------------------------------------------------------------------------
+def test_atomic_write_names_the_file_on_enospc(tmp_path, monkeypatch):
+  def full(fd):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(io_utils.os, "fsync", full)
+  with pytest.raises(OSError) as e:
+    io_utils.write_json(tmp_path / "metrics.json", {"a": 1})
+  assert e.value.errno == errno.ENOSPC
+  assert e.value.filename == str(tmp_path / "metrics.json")
+  assert list(tmp_path.iterdir()) == []  # no temp file left
+
+
+class _FullAfter:
+  """A text file whose writes fail with ENOSPC after `rows` lines."""
+
+  def __init__(self, f, rows):
+    self._f, self._rows = f, rows
+
+  def write(self, text):
+    if self._rows < text.count("\n"):
+      raise OSError(errno.ENOSPC, "No space left on device")
+    self._rows -= text.count("\n")
+    return self._f.write(text)
+
+  def __getattr__(self, name):
+    return getattr(self._f, name)
+
+
+def _tiny_run(tmp_path, **overrides):
+  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path / 'out'}'",
+                              "NUM_EXAMPLES = 5", "BATCH_SIZE = 2",
+                              "TASK_FEATURE_LENGTHS = {'inputs': 32, "
+                              "'targets': 8}", "GAMMA = 2"])
+  return run_lib.Experiment(run_lib.run_arguments(overrides=overrides))
+
+
+def test_full_disk_keeps_summary_and_decoded_rows(tmp_path, monkeypatch):
+  real_open = open
+  monkeypatch.setattr(predictions_lib, "open",
+                      lambda *a, **k: _FullAfter(real_open(*a, **k), 2),
+                      raising=False)
+  seen = []
+  experiment = _tiny_run(tmp_path)
+  with pytest.raises(predictions_lib.OutputWriteError) as e:
+    experiment.run(on_result=seen.append)
+  out = tmp_path / "out"
+  assert len(seen) == 1 and seen[0]["num_examples"] == 5  # summary first
+  text = str(e.value)
+  assert f"cannot write {out / 'predictions.jsonl'}" in text
+  assert "No space left on device" in text
+  assert f"2 predictions rows in {out / '.predictions.jsonl.partial'}" in text
+  assert "metrics.json was not written" in text
+  rows = (out / ".predictions.jsonl.partial").read_text().splitlines()
+  assert [json.loads(r)["index"] for r in rows] == [0, 1]
+  assert not (out / "metrics.json").exists()
+  assert not (out / run_lock.LOCK_FILE).exists()
+
+
+def test_full_disk_at_metrics_json(tmp_path, monkeypatch):
+  real = io_utils.atomic_write
+
+  def full(path, data):
+    if str(path).endswith("metrics.json"):
+      raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    return real(path, data)
+  monkeypatch.setattr(io_utils, "atomic_write", full)
+  with pytest.raises(predictions_lib.OutputWriteError,
+                     match="metrics.json: No space left on device. Kept: "
+                     "the summary above and predictions.jsonl"):
+    _tiny_run(tmp_path).run()
+  lines = (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()
+  assert len(lines) == 5
+
+
+# ---------------------------------------------------------------------------
+# (6) One line per error, exit 2 / 1 / 130; --traceback shows it.
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("error,code", [
+    (checkpoints.CheckpointError("Checkpoint /x: truncated"), 2),
+    (gin_utils.ConfigError("GAMMA=0: allowed: ...\n  In call to "
+                           "configurable 'run' (<function f at 0x7f>)"), 2),
+    (OSError(errno.ENOSPC, "No space left on device", "/x/m.json"), 1),
+    (KeyboardInterrupt("kept 3 predictions rows in /x"), 130),
+])
+def test_run_cli_prints_one_line(error, code, capsys):
+  def body():
+    raise error
+  rc = console.run_cli("run", body, (gin_utils.ConfigError,
+                                     checkpoints.CheckpointError))
+  err = capsys.readouterr().err
+  assert rc == code
+  assert len(err.strip().splitlines()) == 1, err
+  assert "In call to configurable" not in err and "0x7f" not in err
+  assert err.startswith("run: interrupted (Ctrl-C): kept 3" if code == 130
+                        else "run: error: ")
+
+
+def test_checkpoint_error_is_one_line_exit_2(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "specdec_jax.run", "--gin_file=local_tiny.gin",
+       f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'", "--gin.NUM_EXAMPLES=1",
+       f"--gin.TARGET_CHECKPOINT_PATH='{tmp_path / 'nothing'}'"],
+      cwd=REPO, env=_env(), text=True, capture_output=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("run: ")]
+  assert len(errors) == 1 and "does not exist" in errors[0], proc.stderr
+  assert not (tmp_path / "out").exists()  # the empty folder is removed
+
+
+# ---------------------------------------------------------------------------
+# (7) Legacy array paths stay inside the checkpoint folder.
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["/etc/secret/", "../other/x/",
+                                  "a/../../x/", "gs://b/x/"])
+def test_legacy_paths_outside_the_checkpoint_refused(path):
+  spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": path}}
+  with pytest.raises(checkpoints.CheckpointError, match="outside the "
+                     "checkpoint folder"):
+    legacy.legacy_spec("/ckpt", "/ckpt", "encoder/x", spec)
+
+
+def test_legacy_relative_paths_still_resolve():
+  spec = {"driver": "zarr", "kvstore": {"driver": "file",
+                                        "path": "target.encoder.x/"}}
+  out = legacy.legacy_spec("/ckpt", "/ckpt", "encoder/x", spec)
+  assert out["kvstore"]["path"].rstrip("/") == "/ckpt/target.encoder.x"
+
+
+# ---------------------------------------------------------------------------
+# (8) Digest manifests of the shipped checkpoints.
+# ---------------------------------------------------------------------------
+def test_shipped_checkpoints_carry_a_matching_manifest():
+  for name in ("target", "draft_1m"):
+    ckpt = checkpoints.latest_checkpoint(str(PRETRAINED / name))
+    assert digests.verify_manifest(ckpt) is True
+
+
+def test_bit_flip_is_caught(tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  src = checkpoints.latest_checkpoint(str(PRETRAINED / "draft_1m"))
+  ckpt = tmp_path / "checkpoint_1800"
+  shutil.copytree(src, ckpt)
+  data_files = sorted((ckpt / "state" / "ocdbt.process_0" / "d").iterdir())
+  victim = data_files[0]
+  raw = bytearray(victim.read_bytes())
+  raw[len(raw) // 2] ^= 0x10
+  victim.write_bytes(bytes(raw))
+  rel = victim.relative_to(ckpt).as_posix()
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=f"{rel} does not match DIGESTS.json"):
+    checkpoints.load_t5x_params(str(ckpt))
+  (ckpt / digests.MANIFEST_FILE).unlink()  # no manifest: loads as before
+  assert checkpoints.load_t5x_params(str(ckpt))
+
+
+def test_unlisted_file_is_caught(tmp_path):
+  (tmp_path / "a").write_bytes(b"1")
+  digests.write_manifest(str(tmp_path))
+  assert digests.verify_manifest(str(tmp_path))
+  (tmp_path / "b").write_bytes(b"2")
+  with pytest.raises(checkpoints.CheckpointError, match="b is not listed"):
+    digests.verify_manifest(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------
+# (9) Absurd γ and lengths, refused before loading.
+# ---------------------------------------------------------------------------
+def test_gamma_beyond_the_decode_length_refused(tmp_path, no_load):
+  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path / 'o'}'",
+                              "GAMMA = 1000"])
+  with pytest.raises(run_lib.ConfigError,
+                     match=r"GAMMA=1000 is more than TASK_FEATURE_LENGTHS"
+                     r"\['targets'\]=32.*Allowed: 1 to 32"):
+    run_lib.run()
+  run_lib.run_arguments(overrides={"gamma": 32})  # the most allowed
+  assert not (tmp_path / "o").exists()
+
+
+def test_lengths_beyond_memory_refused(tmp_path, no_load):
+  _parse(["local_tiny.gin"], [
+      f"OUTPUT_DIR = '{tmp_path / 'o'}'",
+      "TASK_FEATURE_LENGTHS = {'inputs': 1000000, 'targets': 32}"])
+  with pytest.raises(run_lib.ConfigError) as e:
+    run_lib.run()
+  text = str(e.value)
+  assert "'inputs': 1000000" in text and "encoder attention logits" in text
+  assert "GiB" in text and "this machine has" in text
+  assert not (tmp_path / "o").exists()
+
+
+def test_memory_estimate_counts_the_cache():
+  config = T5Config(vocab_size=16, emb_dim=8, num_heads=2, head_dim=4,
+                    mlp_dim=8, num_encoder_layers=1, num_decoder_layers=3)
+  parts = memory.estimate(config, batch=2, inputs=10, targets=7)
+  assert parts["decoder cache"] == 3 * 2 * 2 * 7 * 8 * 4
+  assert parts["encoder attention logits"] == 2 * 2 * 10 * 10 * 4
+  memory.check_fits({"t": config}, 2, 10, 7, available=10**6)
+  with pytest.raises(run_lib.ConfigError, match="BATCH_SIZE=2"):
+    memory.check_fits({"t": config}, 2, 10, 7, available=100)
+
+
+# ---------------------------------------------------------------------------
+# Smaller, same issue.
+# ---------------------------------------------------------------------------
+def test_sweep_mismatch_names_what_differs(tmp_path):
+  from specdec_jax import sweep  # pylint: disable=g-import-not-at-top
+  (tmp_path / sweep.SWEEP_FILE).write_text(json.dumps(
+      {"gin_files": ["local_tiny.gin"], "gin_bindings": ["GAMMA = 2"]}))
+  with pytest.raises(sweep.SweepError) as e:
+    sweep._check_results_dir(str(tmp_path), [], ["local_tiny.gin"],  # pylint: disable=protected-access
+                             ["GAMMA = 3"])
+  assert "gin_bindings: ['GAMMA = 2'] in its sweep.json" in str(e.value)
+  assert "gin_files" not in str(e.value)
+
+
+def test_table2_names_an_unset_target_and_the_measured_call_prediction():
+  from specdec_jax.reporting import tables  # pylint: disable=g-import-not-at-top
+  row = {"task": "local", "target_model": "", "draft_model": "tiny",
+         "temperature": 0.0, "gamma": 4, "alpha": 0.5, "speedup": 1.2,
+         "theoretical_speedup": 1.8,
+         "theoretical_speedup_measured_call_cost": 1.3,
+         "cost_coefficient_c": 0.1, "run_name": "a"}
+  md, csv_text = tables.render_table2([row])
+  assert "M_p: unnamed (TARGET_NAME unset)" in md
+  assert "| 1.20X | 1.80X | 1.30X |" in md
+  assert "theoretical_speedup_measured_call_cost" in csv_text.splitlines()[0]
