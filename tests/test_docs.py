@@ -244,8 +244,8 @@ def test_readme_main_job_runs_and_prints_what_the_readme_shows(tmp_path):
   metrics = experiment.run()
   lines = run_lib.summary_lines(metrics, experiment.args)
   shown = shown.replace("/tmp/specdec_jax/pretrained_multi30k", str(out))
-  shown = shown.replace("60 examples", "2 examples").replace(
-      "60/60", "2/2").splitlines()
+  shown = shown.replace("60/60", "2/2").replace(
+      "60 examples", "2 examples").splitlines()
   assert lines[0] == shown[0]
   assert lines[-1] == shown[-1]
   assert lines[1].startswith("speculative decoding: ")
