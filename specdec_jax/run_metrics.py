@@ -1,13 +1,14 @@
 """metrics.json: what one walltime run measured, as `run` writes it and
 `report` reads it (one schema, `RunMetrics`).
 
-`run` builds a `RunMetrics` and writes `to_dict()` (the README's "What the
-outputs mean" table lists the same keys; `tests/test_run_metrics.py` checks
-that the two agree). Readers call `load` / `RunMetrics.from_dict`, which
-checks every key it knows (kind and range, `MetricsError` naming the key and
-the value) and fills the keys that older files lack with the defaults below:
-files written before a key existed stay readable. Keys it does not know are
-left to the caller (`from_dict` ignores them).
+`run` builds a `RunMetrics` and writes `to_dict()` (docs/usage/outputs.md
+is generated from this class and its docstring by scripts/generate_docs.py;
+tests/test_docs.py keeps the page in step). Readers call `load` /
+`RunMetrics.from_dict`, which checks every key it knows (kind and range,
+`MetricsError` naming the key and the value) and fills the keys that older
+files lack with the defaults below: files written before a key existed stay
+readable. Keys it does not know are left to the caller (`from_dict` ignores
+them).
 
 The artifact file names of a run folder live here too (`run`, `sweep` and
 `report` use them; a sweep takes a point whose metrics.json reads as JSON
@@ -65,7 +66,7 @@ class RunMetrics:
   run on each input width first; calls end with `block_until_ready`).
 
   Attributes:
-    task: the task's label (TASK_NAME, else the seqio task, else 'local').
+    task: the task's label (TASK, else the seqio task, else 'local').
     target_model: TARGET_NAME, the target's label ('' when unset).
     draft_model: the label the report groups runs by: DRAFT_NAME for the
       draft model, else the drafter ('bigram', '1m+prompt_lookup'), followed
@@ -90,8 +91,9 @@ class RunMetrics:
     walltime_speculative_s: seconds speculative decoding took.
     speedup: walltime_baseline_s / walltime_speculative_s.
     compile_time_s: seconds spent compiling and warming up both decoders.
-    target_step_s: one one-token target call (`timing.call_seconds`: in
-      rounds interleaved with the draft step and the verification call).
+    target_step_s: one one-token target call (`timing.call_seconds`: 64
+      calls in one compiled loop, 9 rounds interleaved with the draft step
+      and the verification call, median).
     draft_step_s: one one-token draft call (other drafters: one guess).
     cost_coefficient_c: c = draft_step_s / target_step_s (Definition 3.7;
       a draft model's: the median of the per-round ratios).
@@ -102,7 +104,10 @@ class RunMetrics:
     theoretical_speedup_measured_call_cost: Theorem 3.8 with that measured
       call cost in place of 1.
     greedy_outputs_identical: at T = 0, whether every example's speculative
-      tokens equal the target's (exactness); null at T > 0 (samples).
+      tokens equal the target's, which exact speculative decoding
+      guarantees; null at T > 0, where outputs are samples, compared by
+      distribution instead (the chi-square tests of tests/test_decoding.py,
+      and alpha vs alpha_beta).
     greedy_identical_examples: at T = 0, how many examples are identical.
     bleu: {"baseline", "speculative"} corpus BLEU (translation tasks).
     rouge: {"baseline", "speculative"} -> {rouge type: F-measure}

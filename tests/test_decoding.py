@@ -10,7 +10,7 @@
   (chi-square, significance 1e-3, fixed seeds).
 * Bad arguments raise ValueError before anything is compiled.
 * The T5 cache refuses to overflow.
-* The README's custom drafter works.
+* The custom drafter of docs/extending.md works.
 
 The loop's bookkeeping case by case (scripted stubs, hand-written
 expectations) is in test_speculative_loop.py.
@@ -448,20 +448,20 @@ def test_decode_loops_have_no_effects(model8):
 
 
 # ---------------------------------------------------------------------------
-# The README's custom drafter ("Extending").
+# The custom drafter of docs/extending.md.
 # ---------------------------------------------------------------------------
-def _readme_extending_code() -> str:
-  text = (REPO / "README.md").read_text()
-  section = text[text.index("## Extending"):]
+def _extending_code() -> str:
+  text = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
+  section = text[text.index("## The plug points"):]
   return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_custom_drafter_runs_and_is_exact():
+def test_extending_custom_drafter_runs_and_is_exact():
   config = tiny_config(vocab_size=128)
   target = random_model(config, seed=3)
   inputs = np.array([[5, 17, 42, 9, 1], [7, 7, 3, 0, 0]], np.int32)
   namespace = {"target": target, "inputs": inputs}
-  exec(_readme_extending_code(), namespace)  # pylint: disable=exec-used
+  exec(_extending_code(), namespace)  # pylint: disable=exec-used
   out = namespace["out"]
   assert out.tokens.shape == (2, 16)
   # Greedy with the same drafter: token-identical to the target alone.

@@ -1,5 +1,5 @@
-"""metrics.json's one schema (`run_metrics.RunMetrics`): the README table
-and the class agree, files of every earlier version load, bad values are
+"""metrics.json's one schema (`run_metrics.RunMetrics`): the generated
+docs/usage/outputs.md table and the class agree, files of every earlier version load, bad values are
 named; the report's run table reads it. No model, no
 compilation."""
 import dataclasses
@@ -21,15 +21,17 @@ FIXTURE = REPO / "tests" / "fixtures" / "results_small"
 FIELDS = {f.name: f for f in dataclasses.fields(run_metrics.RunMetrics)}
 
 
-def _readme_table():
-  """{key: (meaning, older files)} of README's "What the outputs mean"."""
-  text = (REPO / "README.md").read_text(encoding="utf-8")
-  section = text.split("### What the outputs mean", 1)[1].split("\n## ")[0]
+def _outputs_table():
+  """{key: (meaning, value, older files)} of docs/usage/outputs.md's
+  metrics.json table (written by scripts/generate_docs.py; tests/test_docs.py
+  checks that the committed page is its output)."""
+  text = (REPO / "docs" / "usage" / "outputs.md").read_text(encoding="utf-8")
+  section = text.split("## metrics.json", 1)[1].split("\n## ")[0]
   rows = {}
   for line in section.splitlines():
-    cells = [c.strip() for c in line.strip().strip("|").split("|")]
-    if len(cells) == 3 and re.fullmatch(r"`\w+`", cells[0]):
-      rows[cells[0].strip("`")] = (cells[1], cells[2])
+    cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+    if len(cells) == 4 and re.fullmatch(r"`\w+`", cells[0]):
+      rows[cells[0].strip("`")] = (cells[1], cells[2], cells[3])
   return rows
 
 
@@ -60,15 +62,16 @@ def _full_metrics(**changes):
   return run_metrics.RunMetrics(**values)
 
 
-def test_readme_table_and_dataclass_agree():
-  table = _readme_table()
+def test_outputs_table_and_dataclass_agree():
+  table = _outputs_table()
   assert set(table) == set(FIELDS), (
-      "README documents keys that are not RunMetrics fields: "
+      "docs/usage/outputs.md documents keys that are not RunMetrics fields: "
       f"{sorted(set(table) - set(FIELDS))}; fields not documented: "
       f"{sorted(set(FIELDS) - set(table))}")
-  for name, (meaning, older) in table.items():
+  for name, (meaning, value, older) in table.items():
     field = FIELDS[name]
     assert meaning, name
+    assert value == field.metadata["kind"].replace("|", "\\|"), name
     if field.default is dataclasses.MISSING:
       expected = "–"
     elif field.metadata["omit_none"]:

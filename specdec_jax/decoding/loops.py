@@ -607,7 +607,7 @@ _jit_speculative_loop = jax.jit(speculative_loop,
 # threads, than they gain: -14% per iteration on the shipped pair (γ = 3,
 # interleaved in one process), while the baseline's one-row loop is faster
 # with the pool and keeps it. Compiler options are per program, so each
-# decoder gets its own best setting (README, "How it stays exact and fast").
+# decoder gets its own best setting (docs/design/performance.md).
 CPU_SPECULATIVE_COMPILER_OPTIONS = {"xla_cpu_multi_thread_eigen": False}
 _jit_speculative_loop_cpu = jax.jit(
     speculative_loop, static_argnames=_SPECULATIVE_STATIC,

@@ -11,8 +11,8 @@
 * `HierarchicalDrafter`: M_q sped up by one of the two above (§5).
 
 Deterministic drafters (prompt lookup, or any at temperature 0) return
-`draft_probs=None` and need no [B, γ, V] arrays; see the README's
-"Extending" section for a complete example.
+`draft_probs=None` and need no [B, γ, V] arrays; see docs/extending.md
+for a complete example.
 """
 # Order matters: base and model first (decoding.loops imports them while
 # `hierarchical` imports decoding.acceptance).

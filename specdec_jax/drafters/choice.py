@@ -99,7 +99,7 @@ def choose_gamma(alpha: float, cost_coefficient: float,
 
 @dataclasses.dataclass(frozen=True)
 class DrafterSettings:
-  """The run's drafter (README, "Names you type").
+  """The run's drafter (docs/usage/macros.md).
 
   Attributes:
     drafter: DRAFTER, one of DRAFTERS ('model': the draft T5 model).

@@ -20,7 +20,7 @@ from specdec_jax.drafters import choice as drafter_choice
 ConfigError = gin_utils.ConfigError
 MODES = ("walltime", "alpha")
 
-# The gin macro (README, "Names you type") that sets each run argument:
+# The gin macro (docs/usage/macros.md) that sets each run argument:
 # error messages name what the user typed.
 MACROS = {
     "output_dir": "OUTPUT_DIR", "gamma": "GAMMA", "temperature": "TEMPERATURE",
@@ -41,36 +41,65 @@ DRAFTER_ARGS = tuple(f.name for f in dataclasses.fields(
 
 @dataclasses.dataclass(frozen=True)
 class RunArguments:
-  """One run's arguments (all gin-configurable; README, "Names you type").
+  """One run's arguments (all gin-configurable; docs/usage/macros.md).
 
   Read by attribute; `args['gamma']`, `dict(args)` and `**args` also work
-  (callers written for the dict this replaces).
+  (callers written for the dict this replaces). Each entry below is the
+  meaning column of docs/usage/macros.md (`scripts/generate_docs.py`).
 
   Attributes:
-    output_dir: where metrics.json and predictions.jsonl go (local or gs://).
-    target_checkpoint_path / draft_checkpoint_path: T5X checkpoint dirs
-      (local or gs://); None means random weights (smoke tests only).
+    output_dir: folder for metrics.json and predictions.jsonl (local or
+      gs://); created and probed at startup.
+    target_checkpoint_path: the target's T5X checkpoint dir
+      (`.../checkpoint_N`, local or gs://); None = random weights (smoke
+      tests only).
+    draft_checkpoint_path: the draft's T5X checkpoint dir, as above.
     gamma: Algorithm 1's γ (an integer >= 1), or 'auto' (Theorem 3.8's best
-      for the α and c measured on the first examples).
-    temperature, top_k, top_p: the sampling (0 = greedy; 0 and 1 = off).
+      γ <= 12 for the α, c and call costs measured on the first examples).
+    temperature: the sampling temperature (0 = greedy).
+    top_k: keep the k most likely tokens (0 = off).
+    top_p: keep the smallest set of tokens with this much mass (1 = off).
     batch_size: rows decoded together (the paper: 1).
     num_examples: how many examples of the split to decode.
     seed: PRNG seed for sampling and random weights.
-    mixture_or_task_name / split: a registered seqio task; or
-    source_file / reference_file: local parallel text (or a TSV).
-    task_feature_lengths: {'inputs': S, 'targets': max_decode_length}.
-    input_prefix: prepended to local-file inputs.
+    mixture_or_task_name: a registered seqio task ('specdec_wmt_ende',
+      'specdec_cnn_dailymail'); None with local files.
+    split: the seqio task's split.
+    task_feature_lengths: {'inputs': S, 'targets': max decode length}
+      (longer inputs are cut and counted in metrics.json).
+    source_file: local data instead of a seqio task: one input per line
+      (`X.en`), or a two-column TSV (input, reference).
+    reference_file: the references, line-aligned with source_file
+      (`X.de`).
+    input_prefix: prepended to local-file inputs (e.g. 'translate English
+      to German: ').
     task_kind: 'translation' (BLEU) or 'summarization' (ROUGE); from the
       seqio task when None.
-    task_name, target_name, draft_name: labels copied to metrics.json for
-      the report (e.g. 'ende', 'xxl', 'small').
-    mode: 'walltime' (both decoders, timed) or 'alpha' (α only).
-    mesh_shape: (data, model) device mesh.
-    overwrite: replace the metrics.json / alpha.json of a run with other
-      settings in output_dir (default: refuse, before loading anything).
-    drafter, ngram_corpus, ngram_order, prompt_lookup_max, inner_drafter,
-      inner_gamma, adaptive_threshold: what guesses (`drafters.choice`).
-    lenience: Appendix A.5's l in (0, 1]; 1 = exact (the default).
+    task_name: the task's label in metrics.json and the report.
+    target_name: the target's label in metrics.json (e.g. 'xxl').
+    draft_name: the draft's label in metrics.json (e.g. 'small').
+    mode: 'walltime' (both decoders, timed) or 'alpha' (α only,
+      Corollary 3.6: alpha.json, no walltimes).
+    mesh_shape: the (data, model) device mesh, e.g. (1, 4) shards the
+      models over 4 chips.
+    overwrite: True lets a run replace the metrics.json / alpha.json of a
+      run with other settings in output_dir (default: refuse, before
+      loading anything).
+    drafter: what guesses: 'model' (the draft T5 model), 'unigram',
+      'bigram', 'ngram' (counts of ngram_corpus), 'prompt_lookup' (copies
+      from the input) or 'hierarchical' (the draft model, itself sped up
+      by inner_drafter).
+    ngram_corpus: the n-gram drafters' corpus: text in the models'
+      language, one sentence per line, or a .npz of token ids.
+    ngram_order: the n of drafter 'ngram' (None: 3).
+    prompt_lookup_max: the longest suffix prompt lookup matches.
+    inner_drafter: 'hierarchical': what speeds up the draft model
+      ('prompt_lookup' or an n-gram drafter).
+    inner_gamma: 'hierarchical': inner_drafter's guesses per draft call.
+    lenience: Appendix A.5's l in (0, 1]; 1 = exact (the default); l < 1
+      is NOT the target's distribution.
+    adaptive_threshold: adaptive γ: a row stops guessing after a guess
+      less likely than this, in (0, 1); None = off.
   """
   output_dir: str
   target_checkpoint_path: Optional[str] = None

@@ -45,6 +45,12 @@ def vocabulary(spm_model_path: Optional[str] = vocab_lib.DEFAULT_SPM_PATH,
   The SentencePiece model is read now (once per path and extra_ids), so a
   missing file or one that is not a SentencePiece model fails at startup
   with a ConfigError naming SPM_MODEL_PATH.
+
+  Args:
+    spm_model_path: the SentencePiece model both models share (local or
+      gs://; default T5's cc_all.32000).
+    extra_ids: sentinel ids appended to the model's pieces (T5: 100).
+    byte_level: bytes instead of a SentencePiece model (no file).
   """
   if byte_level:
     return _load_vocabulary(None, 0, True)

@@ -44,7 +44,7 @@ def _lenience_words(metrics: Dict[str, Any], temp: float) -> str:
   l = metrics["lenience"]
   words = (f"; LENIENCE={l:g} < 1: outputs are NOT the target's "
            f"distribution (a token's probability is at most p(x)/l = "
-           f"{1 / l:.2g} p(x); README, 'Lenience')")
+           f"{1 / l:.2g} p(x); docs/design/beyond_the_paper.md)")
   if temp == 0:
     words += (f"; greedy outputs identical to the target's on "
               f"{metrics.get('greedy_identical_examples', '?')}/"
@@ -91,7 +91,8 @@ def _exactness_words(metrics: Dict[str, Any], temp: float) -> str:
       "greedy_outputs_identical"] else "?")
   words = f"; greedy outputs identical to the target's on {same}/{n} examples"
   if not metrics["greedy_outputs_identical"]:
-    words += " (NOT all: at T=0 they must be; see README, 'How it stays exact')"
+    words += (" (NOT all: at T=0 they must be; see "
+              "docs/design/exactness.md)")
   return words
 
 
@@ -164,4 +165,4 @@ def summary_lines(metrics: Dict[str, Any], args: Args) -> List[str]:
     files = [run_metrics.METRICS_FILE, run_metrics.PREDICTIONS_FILE]
   return [head, *body, *_notes(metrics),
           "results: " + ", ".join(os.path.join(out, f) for f in files) +
-          " (README: 'What the outputs mean')"]
+          " (docs/usage/outputs.md)"]

@@ -23,7 +23,7 @@ own dot.
 The kernel is compiled once per machine with the system C++ compiler into a
 cache directory (`SPECDEC_JAX_CACHE`, default `~/.cache/specdec_jax`):
 `python -m specdec_jax.kernels` does it at install time (the README's
-install command) and says which path decoding will take; otherwise the first
+install commands) and says which path decoding will take; otherwise the first
 use compiles it (~10 s). Without a compiler, or with
 `SPECDEC_JAX_CPU_KERNEL=0`, nothing is packed and XLA's dot is used.
 `SPECDEC_JAX_KERNEL_ISA=avx2` (or `portable`) caps the instruction set the

@@ -1,0 +1,257 @@
+"""README.md and docs/: the generated pages are the generator's output, every
+relative link resolves, and the commands shown are the ones that run (the
+install lines are .ci/run's, the Python API block and the main job execute,
+every other command names modules, scripts, gin files, macros and flags
+that exist)."""
+import importlib.util
+import pathlib
+import re
+import shlex
+
+import numpy as np
+import pytest
+
+from specdec_jax import gin_utils
+from specdec_jax import run as run_lib
+
+from conftest import REPO
+
+DOCS = REPO / "docs"
+PAGES = [REPO / "README.md", REPO / "CHANGELOG.md",
+         *sorted(DOCS.rglob("*.md"))]
+# Pages written on other branches of issue 25 (the README's index links to
+# them); they may be missing until those branches are merged.
+PENDING = {DOCS / "architecture.md", DOCS / "usage" / "failures.md"}
+
+
+@pytest.fixture(scope="module")
+def generator():
+  spec = importlib.util.spec_from_file_location(
+      "generate_docs", REPO / "scripts" / "generate_docs.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _section(text: str, heading: str) -> str:
+  """The text under a Markdown heading, up to the next heading of its level
+  or above."""
+  level = len(heading) - len(heading.lstrip("#"))
+  body = text.split(heading + "\n", 1)[1]
+  stop = re.search(rf"^#{{1,{level}}} ", body, re.M)
+  return body[:stop.start()] if stop else body
+
+
+def _fenced(text: str, lang: str = "") -> list:
+  """The fenced code blocks of `text` (```lang ... ```)."""
+  return re.findall(rf"^```{lang}\n(.*?)^```", text, re.M | re.S)
+
+
+def _readme() -> str:
+  return (REPO / "README.md").read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------
+# Generated pages.
+# ---------------------------------------------------------------------------
+def test_generated_pages_are_the_generators_output(generator, tmp_path):
+  written = generator.write_pages(str(tmp_path))
+  assert sorted(pathlib.Path(p).name for p in written) == [
+      "macros.md", "outputs.md"]
+  for path in written:
+    name = pathlib.Path(path).name
+    committed = (DOCS / "usage" / name).read_text(encoding="utf-8")
+    assert committed == pathlib.Path(path).read_text(encoding="utf-8"), (
+        f"docs/usage/{name} is not what scripts/generate_docs.py writes: "
+        "run `python scripts/generate_docs.py` and commit the result.")
+
+
+def test_macros_page_covers_every_run_argument(generator):
+  rows = generator.macro_rows()
+  bound = {binding for _, _, binding, _ in rows}
+  fields = generator.arguments.RunArguments.__dataclass_fields__
+  assert {f"run.{f}" for f in fields} <= bound
+  by_macro = {macro: (default, meaning)
+              for macro, default, _, meaning in rows}
+  assert by_macro["GAMMA"][0] == "5" and "'auto'" in by_macro["GAMMA"][1]
+  assert by_macro["SPM_MODEL_PATH"][1]  # vocabulary.* macros too
+  assert all(meaning for _, _, _, meaning in rows)
+
+
+def test_generator_names_what_is_missing(generator, monkeypatch, tmp_path):
+  monkeypatch.setitem(generator.arguments.MACROS, "gamma", "GAMA")
+  with pytest.raises(generator.DocsError,
+                     match=r"MACROS\['gamma'\] = 'GAMA', but gin/run.gin "
+                     r"binds run.gamma = %GAMMA"):
+    generator.macro_rows()
+  monkeypatch.undo()
+
+  class Undocumented:
+    """A configurable.
+
+    Attributes:
+      output_dir: documented.
+    """
+  monkeypatch.setitem(generator.DOCUMENTED, "run", (Undocumented,
+                                                    "Attributes"))
+  with pytest.raises(generator.DocsError,
+                     match=r"run.gamma \(%GAMMA\) has no docstring entry"):
+    generator.macro_rows()
+  assert generator.main(["--out", str(tmp_path)]) == 1
+  assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_docstring_entries_join_continuations_and_groups(generator):
+  class Documented:
+    """Summary.
+
+    Args:
+      a, b: first
+        continued.
+      c / d: second.
+
+    Returns:
+      nothing.
+    """
+  assert generator.docstring_entries(Documented, "Args") == {
+      "a": "first continued.", "b": "first continued.", "c": "second.",
+      "d": "second."}
+
+
+# ---------------------------------------------------------------------------
+# Links.
+# ---------------------------------------------------------------------------
+def test_every_relative_link_points_at_an_existing_file():
+  assert (REPO / "README.md") in PAGES and len(PAGES) > 10
+  broken = []
+  for page in PAGES:
+    text = page.read_text(encoding="utf-8")
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+      if re.match(r"[a-z]+:", target) or target.startswith("#"):
+        continue  # a URL, or an anchor on the same page
+      path = (page.parent / target.split("#")[0]).resolve()
+      if not path.exists() and path not in PENDING:
+        broken.append(f"{page.relative_to(REPO)}: {target}")
+  assert not broken, broken
+
+
+def test_readme_is_short_and_indexes_every_docs_page():
+  text = _readme()
+  assert len(text.splitlines()) <= 250
+  index = _section(text, "## Documentation")
+  for page in sorted(DOCS.glob("*.md")) + sorted(DOCS.glob("*/*.md")):
+    if page.parent.name == "results" and page.name != "README.md":
+      continue  # one dated page per result: indexed by results/README.md
+    assert str(page.relative_to(REPO)) in index, page
+  results = (DOCS / "results" / "README.md").read_text(encoding="utf-8")
+  for page in sorted((DOCS / "results").glob("2*.md")):
+    assert f"]({page.name})" in results, page
+
+
+# ---------------------------------------------------------------------------
+# Commands.
+# ---------------------------------------------------------------------------
+def test_install_and_test_commands_are_ci_runs():
+  ci = [line.strip() for line in
+        (REPO / ".ci" / "run").read_text().splitlines()
+        if line.startswith("python ")]
+  text = _readme()
+  install = _fenced(_section(text, "## Install"))[0].splitlines()
+  tests = _fenced(_section(text, "## Run the tests"))[0].splitlines()
+  assert install == ci[:-1] and len(install) == 2
+  assert tests == ci[-1:] == ["python -m pytest -q tests"]
+
+
+def test_readme_python_api_block_runs(capsys):
+  code = _fenced(_section(_readme(), "## Use it from Python"), "python")
+  assert len(code) == 1 and len(code[0].splitlines()) <= 16
+  namespace = {}
+  exec(code[0], namespace)  # pylint: disable=exec-used
+  out, base = namespace["out"], namespace["base"]
+  assert out.tokens.shape == (1, 8)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  assert "tokens_per_target_call" in capsys.readouterr().out
+
+
+def _commands(text: str) -> list:
+  """The `python -m specdec_jax.X` / `python scripts/X.py` command lines of
+  a page: in fenced blocks (continuation lines joined) and inline code."""
+  found = []
+  for block in _fenced(text):
+    for line in block.replace("\\\n", " ").splitlines():
+      line = line.strip()
+      if line.startswith("python "):
+        # Inside `gcloud ... --command="..."`: unescape, drop the last quote.
+        line = line.replace('\\"', '"')
+        found.append(line[:-1] if line.count('"') % 2 else line)
+  found += re.findall(r"`(python (?:-m specdec_jax|scripts/)[^`]*)`", text)
+  return [c for c in found if re.match(r"python (-m specdec_jax|scripts/)",
+                                       c)]
+
+
+def _flag_names_in_sources() -> str:
+  """All Python source of the package and scripts (where flags are
+  defined)."""
+  return "\n".join(p.read_text(encoding="utf-8") for p in
+                   [*(REPO / "specdec_jax").rglob("*.py"),
+                    *(REPO / "scripts").glob("*.py")])
+
+
+def test_every_command_shown_names_what_exists():
+  sources = _flag_names_in_sources()
+  checked = 0
+  for page in PAGES:
+    for command in _commands(page.read_text(encoding="utf-8")):
+      where = f"{page.relative_to(REPO)}: {command}"
+      words = shlex.split(command.replace("[", " ").replace("]", " "),
+                          comments=True)
+      program = words[2] if words[1] == "-m" else words[1]
+      if words[1] == "-m":
+        assert importlib.util.find_spec(program), where
+      else:
+        assert (REPO / program).is_file(), where
+      flags = [w[2:].split("=", 1) for w in words if w.startswith("--")]
+      gin_files = [f[1] for f in flags if f[0] == "gin_file"]
+      for name in gin_files:
+        assert (REPO / "gin" / name).is_file(), where
+      for w in words:
+        if w.startswith("--sweep=") or w.startswith("configs/"):
+          assert (REPO / w.split("=")[-1]).is_file(), where
+      known = gin_utils.gin_file_macros(gin_files or ["run.gin"])
+      for flag in flags:
+        if flag[0].startswith("gin."):
+          assert flag[0][4:] in known, where
+        else:
+          assert re.search(rf"[\"'](--)?{flag[0]}[\"']", sources), where
+      checked += 1
+  assert checked >= 30
+
+
+@pytest.mark.usefixtures("clean_gin")
+def test_readme_main_job_runs_and_prints_what_the_readme_shows(tmp_path):
+  """The main job's command on 2 of its captions, 16 tokens at most."""
+  text = _section(_readme(), "## The main job (offline, CPU, no downloads)")
+  command, shown = _fenced(text)[:2]
+  words = shlex.split(command)
+  assert words[:3] == ["python", "-m", "specdec_jax.run"]
+  files = [w.split("=", 1)[1] for w in words if w.startswith("--gin_file=")]
+  out = tmp_path / "out"
+  gin_utils.parse_gin(files, [f"OUTPUT_DIR = '{out}'", "NUM_EXAMPLES = 2",
+                              "TASK_FEATURE_LENGTHS = {'inputs': 64, "
+                              "'targets': 16}"], finalize=False)
+  experiment = run_lib.Experiment(**run_lib.run_arguments())
+  metrics = experiment.run()
+  lines = run_lib.summary_lines(metrics, experiment.args)
+  shown = shown.replace("/tmp/specdec_jax/pretrained_multi30k", str(out))
+  shown = shown.replace("60/60", "2/2").replace(
+      "60 examples", "2 examples").splitlines()
+  assert lines[0] == shown[0]
+  assert lines[-1] == shown[-1]
+  assert lines[1].startswith("speculative decoding: ")
+  assert shown[1].split(":")[0] == lines[1].split(":")[0]
+  assert lines[1].endswith(shown[1][shown[1].index("; greedy"):])
+  assert lines[2].startswith("quality: BLEU ")
+  assert metrics["random_weights"] is False
+  assert (out / "metrics.json").is_file()
+  assert (out / "predictions.jsonl").is_file()
