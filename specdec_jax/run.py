@@ -52,6 +52,7 @@ import numpy as np
 from specdec_jax import checkpoints
 from specdec_jax import console
 from specdec_jax import decoding
+from specdec_jax.decoding import block_acceptance
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import metrics as metrics_lib
@@ -350,8 +351,10 @@ class Experiment:
                                self.target_config.vocab_size)
 
   def acceptance(self) -> Optional[decoding.AcceptanceRule]:
-    """None (Algorithm 1) unless LENIENCE < 1."""
+    """None (Algorithm 1) unless LENIENCE < 1 or ACCEPTANCE='block'."""
     lenience = self.args.lenience
+    if self.args.acceptance == "block":
+      return block_acceptance.BlockAcceptance()
     return None if lenience == 1 else decoding.LenientAcceptance(
         np.float32(lenience))
 

@@ -129,6 +129,8 @@ class RunMetrics:
     drafter: DRAFTER ('model' before the option existed).
     drafter_settings: the drafter's own settings (`DrafterSettings.record`).
     lenience: Appendix A.5's l (1: exact).
+    acceptance: ACCEPTANCE, how the target verified the guesses: 'token'
+      (Algorithm 1) or 'block' (block verification); both exact.
     exact: false when lenience < 1 (outputs not the target's distribution).
     adaptive_threshold: ADAPTIVE_THRESHOLD (null: γ guesses every call).
     gamma_auto: GAMMA='auto''s pilot measurements and choice (else null).
@@ -185,6 +187,7 @@ class RunMetrics:
   drafter: str = _key(NAME, "model")
   drafter_settings: Optional[Dict[str, Any]] = _key(OBJECT, None)
   lenience: float = _key(FRACTION, 1.0)
+  acceptance: str = _key(NAME, "token")
   exact: bool = _key(BOOL, True)
   adaptive_threshold: Optional[float] = _key(PROB, None)
   gamma_auto: Optional[Dict[str, Any]] = _key(OBJECT, None)

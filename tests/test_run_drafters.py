@@ -73,6 +73,9 @@ def _run_error(out, bindings) -> str:
     (["DRAFTER = 'bigram'", "MODE = 'alpha'", "NGRAM_CORPUS = 'README.md'"],
      ["MODE='alpha'", "allowed: DRAFTER='model'"]),
     (["GAMMA = 'fast'"], ["GAMMA='fast': allowed: an integer >= 1, or 'auto'"]),
+    (["ACCEPTANCE = 'tree'"], ["ACCEPTANCE='tree': allowed: 'token', 'block'"]),
+    (["ACCEPTANCE = 'block'", "LENIENCE = 0.5"],
+     ["ACCEPTANCE='block' with LENIENCE=0.5", "allowed: LENIENCE=1"]),
 ])
 def test_bad_drafting_settings_fail_before_loading(bindings, expect, tmp_path,
                                                    no_load):
@@ -177,3 +180,33 @@ def test_summary_of_a_lenient_run():
   text = "\n".join(run_lib.summary_lines(metrics, dict(args, temperature=1.0)))
   assert "NOT the target's distribution" in text
   assert "samples the target's distribution exactly" not in text
+
+
+def test_block_verification_end_to_end(tmp_path, monkeypatch):
+  """ACCEPTANCE='block' reaches the loop, is recorded, and keeps greedy
+  outputs the target's (the rule's exactness: test_block_acceptance.py)."""
+  monkeypatch.setattr(
+      run_lib.timing, "call_seconds",
+      lambda calls, *args, **kwargs: {
+          name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()})
+  used = []
+  original = run_lib.Experiment.acceptance
+
+  def spy(self):
+    rule = original(self)
+    used.append(type(rule).__name__)
+    return rule
+
+  monkeypatch.setattr(run_lib.Experiment, "acceptance", spy)
+  out = tmp_path / "out"
+  _parse([f"OUTPUT_DIR = '{out}'", "ACCEPTANCE = 'block'", "GAMMA = 2",
+          "NUM_EXAMPLES = 2", "TASK_FEATURE_LENGTHS = {'inputs': 32, "
+          "'targets': 6}", "target/T5Config.num_encoder_layers = 1",
+          "target/T5Config.num_decoder_layers = 1"])
+  metrics = run_lib.run()
+  assert used and set(used) == {"BlockAcceptance"}
+  assert metrics["greedy_outputs_identical"] is True
+  written = json.loads((out / "metrics.json").read_text())
+  assert written["acceptance"] == "block" and written["exact"] is True
+  assert written["draft_model"].endswith(" block")
+  assert written["settings"]["run"]["acceptance"] == "block"

@@ -32,7 +32,10 @@ MACROS = {
     "ngram_order": "NGRAM_ORDER", "prompt_lookup_max": "PROMPT_LOOKUP_MAX",
     "inner_drafter": "INNER_DRAFTER", "inner_gamma": "INNER_GAMMA",
     "lenience": "LENIENCE", "adaptive_threshold": "ADAPTIVE_THRESHOLD",
+    "acceptance": "ACCEPTANCE",
 }
+# ACCEPTANCE: how the target verifies the guesses (both exact).
+ACCEPTANCES = ("token", "block")
 _DRAFTING = drafter_choice.DrafterSettings()  # its defaults
 # The run arguments of `drafters.choice.DrafterSettings`.
 DRAFTER_ARGS = tuple(f.name for f in dataclasses.fields(
@@ -100,6 +103,10 @@ class RunArguments:
       is NOT the target's distribution.
     adaptive_threshold: adaptive γ: a row stops guessing after a guess
       less likely than this, in (0, 1); None = off.
+    acceptance: how the target verifies the guesses, both exact: 'token'
+      (Algorithm 1, the default) or 'block' (block verification, Sun et
+      al. 2025: never fewer kept guesses in expectation; the same as
+      'token' at temperature 0).
   """
   output_dir: str
   target_checkpoint_path: Optional[str] = None
@@ -134,12 +141,14 @@ class RunArguments:
   inner_gamma: int = _DRAFTING.inner_gamma
   lenience: float = 1.0
   adaptive_threshold: Optional[float] = _DRAFTING.adaptive_threshold
+  acceptance: str = "token"
 
   def __post_init__(self):
     check_settings(self)
     try:
       drafter_choice.check_gamma(self.gamma)
       drafter_choice.check_lenience(self.lenience)
+      _check_acceptance(self)
       self.drafting.check(self.mode)
       _check_decoding_args(self)
     except ValueError as e:  # a bad setting, not a bug: no traceback
@@ -285,6 +294,17 @@ def _check_gamma_and_length(args: RunArguments) -> None:
         f"'{drafter_choice.AUTO_GAMMA}'.")
 
 
+def _check_acceptance(args: "RunArguments") -> None:
+  if args.acceptance not in ACCEPTANCES:
+    raise ValueError(f"ACCEPTANCE={args.acceptance!r}: allowed: "
+                     f"{', '.join(repr(a) for a in ACCEPTANCES)} ('token': "
+                     "Algorithm 1; 'block': block verification).")
+  if args.acceptance == "block" and args.lenience != 1:
+    raise ValueError(f"ACCEPTANCE='block' with LENIENCE={args.lenience!r}: "
+                     "block verification is exact only; allowed: LENIENCE=1 "
+                     "with 'block', or ACCEPTANCE='token'.")
+
+
 @gin.configurable("run", denylist=["overrides"])
 def run_arguments(output_dir: str = gin.REQUIRED,
                   target_checkpoint_path: Optional[str] = None,
@@ -317,6 +337,7 @@ def run_arguments(output_dir: str = gin.REQUIRED,
                   inner_gamma: int = 4,
                   lenience: float = 1.0,
                   adaptive_threshold: Optional[float] = None,
+                  acceptance: str = "token",
                   overrides: Optional[Dict[str, Any]] = None
                   ) -> RunArguments:
   """The run's arguments as gin binds them (`run.gamma = ...`), checked.

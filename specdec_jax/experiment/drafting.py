@@ -114,6 +114,8 @@ def draft_label(args: arguments.RunArguments, gamma_auto) -> str:
     label += " auto-γ"
   if args.lenience != 1:
     label += f" l={args.lenience:g}"
+  if args.acceptance != "token":
+    label += f" {args.acceptance}"
   return label
 
 
@@ -141,6 +143,7 @@ def drafting_metrics(args: arguments.RunArguments,
       "draft_model": draft_label(args, gamma_auto),
       "drafter_settings": args.drafting.record(),
       "lenience": args.lenience,
+      "acceptance": args.acceptance,
       "exact": args.lenience == 1,
       "adaptive_threshold": args.adaptive_threshold,
       "gamma_auto": gamma_auto,

@@ -42,6 +42,8 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
     # earlier results still count as the same run.
     for k in arguments.DRAFTER_ARGS + ("lenience",):
       run_args.pop(k)
+  if args.acceptance == "token":  # Likewise: Algorithm 1 is the default.
+    run_args.pop("acceptance")
   record = {
       "run": run_args,
       "target": gin_utils.t5_config_fields(target_config),
