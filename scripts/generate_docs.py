@@ -175,7 +175,7 @@ def render_macros() -> str:
       "Every experiment file includes `gin/run.gin`, which defines these "
       "macros with the defaults below and binds each to one argument; an "
       "experiment file overrides some (`pretrained_multi30k.gin` sets "
-      "`GAMMA = 6`), and the command line overrides any: `--gin.GAMMA=3`, "
+      "`GAMMA = 3`), and the command line overrides any: `--gin.GAMMA=3`, "
       "with strings quoted for gin inside the shell's quotes: "
       "`--gin.OUTPUT_DIR=\"'/tmp/out'\"`. A `--gin.NAME=VALUE` whose `NAME` "
       "no gin file defines or uses is an error naming the closest known "

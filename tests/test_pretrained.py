@@ -34,8 +34,8 @@ def _load(name, gin_file):
 
 # (target, its model gin, draft, its model gin): the main job's pair first.
 PAIRS = {
-    "38m_with_11m": ("target_38m", "models/multi30k_target_38m.gin",
-                     "target", "models/multi30k_target.gin"),
+    "38m_with_1m": ("target_38m", "models/multi30k_target_38m.gin",
+                    "draft_1m", "models/multi30k_draft_1m.gin"),
     "11m_with_1m": ("target", "models/multi30k_target.gin",
                     "draft_1m", "models/multi30k_draft_1m.gin"),
 }
