@@ -33,5 +33,9 @@ setuptools.setup(
         "pyyaml",
     ],
     # gcp-storage-emulator: a local GCS server for the gs:// tests.
-    extras_require={"test": ["pytest", "gcp-storage-emulator"]},
+    # tpu: libtpu, for Cloud TPUs and for compiling for one without it
+    # (COMPILE_TOPOLOGY). Unpinned on purpose: pip keeps the installed jax
+    # and adds the libtpu that this jax version's own `tpu` extra names.
+    extras_require={"test": ["pytest", "gcp-storage-emulator"],
+                    "tpu": ["jax[tpu]"]},
 )

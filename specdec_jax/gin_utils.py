@@ -137,6 +137,11 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
     root.removeFilter(quiet)
 
 
+def gin_files_flag() -> List[str]:
+  """The --gin_file values, in order."""
+  return list(flags.FLAGS.gin_file)
+
+
 def parse_from_flags(finalize: bool = True, check_macros: bool = True) -> None:
   """Parses --gin_file/--gin_bindings; unknown macros raise ConfigError."""
   f = flags.FLAGS
@@ -286,6 +291,12 @@ def _find_gin_file(path: str, folders: Sequence[str]) -> Optional[str]:
   """The first existing candidate for `path` (`_candidates`), or None."""
   return next((c for c in _candidates(path, folders) if os.path.isfile(c)),
               None)
+
+
+def find_gin_file(path: str, extra_search_paths: Sequence[str] = ()
+                  ) -> Optional[str]:
+  """Where `--gin_file=path` is read from (`search_paths`), or None."""
+  return _find_gin_file(path, search_paths(extra_search_paths))
 
 
 def _gin_statements(path: str, search_paths: Sequence[str]):

@@ -35,6 +35,10 @@ OUTPUT_DIR may be a gs:// folder. On several hosts (T5X's flags, or a Cloud
 TPU VM: `multihost`), each process reads its slice of the examples, process
 0 alone writes, and walltimes are the slowest process's.
 
+With COMPILE_TOPOLOGY set (e.g. 'v4-8') it loads and decodes nothing: it
+compiles the run's programs for that Cloud TPU slice ahead of time and
+writes `compile.json` (`experiment.compile_report`).
+
 With `mode='alpha'` it only measures α as in Corollary 3.6: sample from the
 target, then average β = Σ_x min(p(x), q(x)) over the positions of those
 samples (`alpha.json`); no walltimes, so it is cheap to run for many
@@ -66,6 +70,7 @@ from specdec_jax import timing  # pylint: disable=unused-import
 from specdec_jax.drafters import choice as drafter_choice
 from specdec_jax.experiment import alpha as alpha_mode
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import compile_report
 from specdec_jax.experiment import drafting
 from specdec_jax.experiment import memory
 from specdec_jax.experiment import output_dir as output_dir_lib
@@ -500,6 +505,12 @@ def main(argv: Sequence[str]) -> None:
   with multihost.failures_end_every_process("run", BAD_INPUT):
     console.setup()  # after the gin check: a typo fails in a second
     args = run_arguments()  # pylint: disable=no-value-for-parameter
+    topology = compile_report.topology_value()
+    if topology is not None:  # compile only (README, "Check a TPU ...")
+      record = compile_report.compile_topology(args, topology,
+                                               gin_utils.gin_files_flag())
+      print("\n".join(compile_report.summary_lines(record)))
+      return
 
     def print_summary(metrics):  # before anything is written
       if multihost.is_first():

@@ -1,0 +1,117 @@
+#!/usr/bin/env python
+"""Every experiment gin file compiled for a Cloud TPU slice: one table.
+
+  python scripts/tpu_compile_table.py [--topology v4-8] [--mesh_shape 1,4]
+
+Runs `python -m specdec_jax.run --gin.COMPILE_TOPOLOGY=...` (compile only,
+no TPU; needs libtpu: pip install -e '.[tpu]') on each of the paper's
+experiment files (EnDe and CNN/DM x small/base/large drafts), one process
+per file, and prints a Markdown table: whether the programs fit the chip's
+HBM, memory per device, bytes a target step reads per parameter byte,
+collectives per target step, c and the call cost from the roofline, and
+Theorem 3.8's speedup at the paper's α beside the paper's measured speedup.
+A file that fails or runs past --timeout is a row saying why. Writes
+benchmarks/tpu_compile_<topology>.json and .md (atomically).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from specdec_jax import io_utils
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILES = ("ende_small.gin", "ende_base.gin", "ende_large.gin",
+         "cnndm_small.gin", "cnndm_base.gin", "cnndm_large.gin")
+HEADER = ("| file | draft | γ | fits | per device: params / peak / HBM (GB) "
+          "| step bytes / param bytes | collectives / step | c | call cost "
+          "| predicted (paper α) | paper | compile s |")
+
+
+def compile_one(gin_file, topology, mesh_shape, out_dir, timeout):
+  """(compile.json's dict or None, error words or None, seconds)."""
+  cmd = [sys.executable, "-m", "specdec_jax.run", f"--gin_file={gin_file}",
+         f"--gin.COMPILE_TOPOLOGY='{topology}'",
+         f"--gin.MESH_SHAPE=({mesh_shape[0]}, {mesh_shape[1]})",
+         f"--gin.OUTPUT_DIR='{out_dir}'"]
+  start = time.perf_counter()
+  try:
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+  except subprocess.TimeoutExpired:
+    return None, f"did not finish in {timeout} s", timeout
+  seconds = time.perf_counter() - start
+  if proc.returncode != 0:
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    return None, (lines[-1] if lines else f"exit {proc.returncode}"), seconds
+  with open(os.path.join(out_dir, "compile.json")) as f:
+    return json.load(f), None, seconds
+
+
+def row(gin_file, record, error):
+  """One Markdown row."""
+  if record is None:
+    return f"| {gin_file} | | | failed: {error} | | | | | | | | |"
+  mem, roof, paper = (record["memory_per_device"], record["roofline"],
+                      record["paper"])
+  params = sum(mem["parameter_bytes"].values())
+  fits = "yes" if mem["fits"] else (
+      f"no (fits at {mem['smallest_fitting_mesh_shape']})")
+  step = record["calls"]["target_step"]
+  predicted = (f"{roof['theorem_3_8_speedup']:.2f}x (α {paper['alpha']})"
+               if paper else "n/a")
+  seconds = sum(r["compile_seconds"] for r in list(
+      record["calls"].values()) + list(record["programs"].values()))
+  return (f"| {gin_file} | {record['settings']['draft']['name']} | "
+          f"{record['settings']['gamma']} | {fits} | "
+          f"{params / 1e9:.2f} / {mem['peak_bytes'] / 1e9:.2f} / "
+          f"{mem['hbm_bytes'] / 1e9:.1f} | "
+          f"{step['bytes_per_parameter_byte']:.2f} | "
+          f"{record['collectives_per_target_step']['total']} | "
+          f"{roof['cost_coefficient_c']:.3f} | {roof['call_cost']:.2f} | "
+          f"{predicted} | {paper['speedup'] if paper else 'n/a'}x | "
+          f"{seconds:.0f} |")
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--topology", default="v4-8")
+  parser.add_argument("--mesh_shape", default="1,4",
+                      help="data,model (default 1,4)")
+  parser.add_argument("--files", default=",".join(FILES))
+  parser.add_argument("--timeout", type=int, default=3600,
+                      help="seconds per file")
+  parser.add_argument("--out", default=None,
+                      help="JSON path (default benchmarks/"
+                      "tpu_compile_<topology>.json; .md beside it)")
+  a = parser.parse_args(argv)
+  mesh_shape = tuple(int(x) for x in a.mesh_shape.split(","))
+  out = a.out or os.path.join(REPO, "benchmarks",
+                              f"tpu_compile_{a.topology}.json")
+  command = ("python scripts/tpu_compile_table.py "
+             f"--topology {a.topology} --mesh_shape {a.mesh_shape}")
+  rows, records = [HEADER, "|" + "---|" * 12], {}
+  with tempfile.TemporaryDirectory() as work:
+    for gin_file in a.files.split(","):
+      record, error, seconds = compile_one(
+          gin_file, a.topology, mesh_shape,
+          os.path.join(work, gin_file), a.timeout)
+      records[gin_file] = {"compile": record, "error": error,
+                           "wall_seconds": round(seconds, 1)}
+      rows.append(row(gin_file, record, error))
+      print(rows[-1], flush=True)
+  table = "\n".join(rows)
+  io_utils.write_json(out, {"command": command, "topology": a.topology,
+                            "mesh_shape": list(mesh_shape),
+                            "files": records})
+  io_utils.atomic_write(os.path.splitext(out)[0] + ".md",
+                        f"{command}\n\n{table}\n")
+  print(f"\n{command}\n\n{table}")
+  return 0 if all(r["compile"] for r in records.values()) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,233 @@
+"""COMPILE_TOPOLOGY: the run's programs compiled for a Cloud TPU slice, here.
+
+`python -m specdec_jax.run --gin_file=ende_small.gin
+--gin.COMPILE_TOPOLOGY="'v4-8'"` loads nothing and decodes nothing: both
+models' parameters are `jax.ShapeDtypeStruct`s in the run's dtype, sharded
+by the project's T5X rules (`partitioning`) over MESH_SHAPE on the
+topology's devices (libtpu's description of the slice, no TPU attached).
+It lowers and compiles, for that TPU:
+
+* each model's start (encoder + empty KV cache; its output shardings are
+  the cache shardings the calls below take),
+* one target step (K = 1), one verification call (K = γ+1), one draft step,
+* the whole baseline and speculative decode programs,
+
+and reads the compiler's own memory and cost analyses and HLO text
+(`program_record`). `compile_report` turns that into compile.json's
+figures and the summary.
+
+Only TPU code goes into these programs: the parameters stay in T5X's 2-D
+layout (never `prepared_for_decoding`, whose packing for the CPU matmul
+kernel is decided by the *host's* backend, which is the CPU here), and the
+loops are jitted here without the CPU compiler options
+(`decoding.loops.CPU_SPECULATIVE_COMPILER_OPTIONS`). Every program's custom
+calls are recorded, so a CPU kernel that slipped in would show.
+"""
+import collections
+import dataclasses
+import math
+import re
+import time
+from typing import Any, Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+
+from specdec_jax import decoding
+from specdec_jax import partitioning
+from specdec_jax.models import T5Config
+from specdec_jax.models import T5Model
+from specdec_jax.models import param_shapes
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter",
+               "collective-permute", "all-to-all")
+# One op per collective: an async pair counts at its -start.
+_COLLECTIVE = re.compile(r"\s(" + "|".join(COLLECTIVES) + r")(-start)?\(")
+_CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
+
+
+def abstract_model(config: T5Config, mesh) -> T5Model:
+  """The model with ShapeDtypeStruct parameters in `config.dtype` (what
+  `setup.load_model` loads), sharded over `mesh` by the T5X rules."""
+  shapes = param_shapes(config)["params"]
+  shardings = partitioning.param_shardings(mesh, shapes)
+  params = jax.tree_util.tree_map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, config.dtype, sharding=sh),
+      shapes, shardings)
+  return T5Model(config, {"params": params})
+
+
+def shard_bytes(tree: Any) -> int:
+  """Bytes one device holds of a pytree of sharded ShapeDtypeStructs (the
+  largest shard of each leaf)."""
+  total = 0
+  for leaf in jax.tree_util.tree_leaves(tree):
+    shape = leaf.sharding.shard_shape(leaf.shape)
+    total += int(jnp.dtype(leaf.dtype).itemsize) * math.prod(shape)
+  return total
+
+
+def program_record(compiled, seconds: float) -> Dict[str, Any]:
+  """What the compiler says of one compiled program, per device.
+
+  bytes_accessed and flops come from XLA's cost analysis: a while loop's
+  body is counted once, not per iteration.
+  """
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # older jax: one dict per program
+    cost = cost[0] if cost else {}
+  text = compiled.as_text()
+  collectives = collections.Counter(m.group(1)
+                                    for m in _COLLECTIVE.finditer(text))
+  arg, out = mem.argument_size_in_bytes, mem.output_size_in_bytes
+  alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
+  return {
+      "argument_bytes": int(arg), "output_bytes": int(out),
+      "alias_bytes": int(alias), "temp_bytes": int(temp),
+      "generated_code_bytes": int(mem.generated_code_size_in_bytes),
+      # What the program holds at once at most (JAX's own sum).
+      "total_bytes": int(arg + out - alias + temp),
+      "flops": float(cost.get("flops", 0.0)),
+      "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+      "collectives": {k: collectives.get(k, 0) for k in COLLECTIVES},
+      "custom_calls": sorted(set(_CUSTOM_CALL.findall(text))),
+      "compile_seconds": round(seconds, 2),
+  }
+
+
+def _compile(fn, *args, static=(), donate=(), **kwargs):
+  """(compiled, seconds) of jax.jit(fn) for abstract args."""
+  start = time.perf_counter()
+  compiled = jax.jit(fn, static_argnames=static, donate_argnums=donate).lower(
+      *args, **kwargs).compile()
+  return compiled, time.perf_counter() - start
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+  """The run's array sizes: batch B, input length S, decode length, γ."""
+  batch: int
+  inputs: int
+  max_decode_length: int
+  gamma: int
+
+  @property
+  def cache_len(self) -> int:
+    """KV cache slots of the speculative loop (`init_speculative_state`);
+    the baseline's is smaller (max_decode_length + 1)."""
+    return self.max_decode_length + self.gamma + 1
+
+
+class Compiler:
+  """Abstract inputs on one mesh, and the programs compiled over them."""
+
+  def __init__(self, mesh, shapes: Shapes):
+    self.mesh, self.shapes = mesh, shapes
+    self.replicated = NamedSharding(mesh, PartitionSpec())
+
+  def tokens(self, length: int) -> jax.ShapeDtypeStruct:
+    """[B, length] int32 token ids, batch over 'data'."""
+    return jax.ShapeDtypeStruct(
+        (self.shapes.batch, length), jnp.int32,
+        sharding=partitioning.data_sharding(self.mesh, self.shapes.batch))
+
+  def scalar(self, shape, dtype) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=self.replicated)
+
+  def start(self, model: T5Model) -> Tuple[Dict[str, Any], Any]:
+    """(record, abstract cache with the compiler's shardings): the
+    encoder and an empty cache of `Shapes.cache_len` slots."""
+    length = self.shapes.cache_len
+    compiled, secs = _compile(lambda m, x: m.start(x, length), model,
+                              self.tokens(self.shapes.inputs))
+    shapes = jax.eval_shape(lambda m, x: m.start(x, length), model,
+                            self.tokens(self.shapes.inputs))
+    cache = jax.tree_util.tree_map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        shapes, compiled.output_shardings)
+    return program_record(compiled, secs), cache
+
+  def chunk(self, model: T5Model, cache, k: int) -> Dict[str, Any]:
+    """One decode_chunk of K tokens per row (the cache donated, as the
+    loops update it in place)."""
+    compiled, secs = _compile(lambda m, t, c: m.decode_chunk(t, c), model,
+                              self.tokens(k), cache, donate=(2,))
+    return program_record(compiled, secs)
+
+  def _loop_args(self, target: T5Model):
+    return (target, self.tokens(self.shapes.inputs),
+            self.scalar((2,), jnp.uint32), self.scalar((), jnp.int32))
+
+  def baseline(self, target: T5Model, method) -> Dict[str, Any]:
+    """`decoding.temperature_loop`, jitted here (TPU options only)."""
+    compiled, secs = _compile(
+        decoding.temperature_loop, *self._loop_args(target),
+        static=("max_decode_length", "method"),
+        max_decode_length=self.shapes.max_decode_length, method=method)
+    return program_record(compiled, secs)
+
+  def speculative(self, target: T5Model, drafter, method,
+                  acceptance) -> Dict[str, Any]:
+    """`decoding.speculative_loop`, jitted here (no CPU options)."""
+    target_, inputs, rng, eos = self._loop_args(target)
+    compiled, secs = _compile(
+        decoding.speculative_loop, target_, drafter, inputs, rng, eos,
+        static=("gamma", "max_decode_length", "method", "statistics"),
+        gamma=self.shapes.gamma,
+        max_decode_length=self.shapes.max_decode_length, method=method,
+        acceptance=acceptance, statistics=True)
+    return program_record(compiled, secs)
+
+
+def compile_all(target_config: T5Config, draft_config: T5Config, mesh,
+                shapes: Shapes, build_drafter, method,
+                acceptance: Optional[decoding.AcceptanceRule]
+                ) -> Dict[str, Any]:
+  """Every program of the run, compiled for `mesh`'s devices.
+
+  Args:
+    build_drafter: draft T5Model -> the run's drafter.
+    acceptance: None (Algorithm 1) or the run's rule.
+
+  Returns:
+    {'params': {'target': bytes, 'draft': bytes}, 'kv_cache': {...} (per
+    device), 'calls': {name: record}, 'programs': {name: record}}.
+  """
+  c = Compiler(mesh, shapes)
+  target = abstract_model(target_config, mesh)
+  draft = abstract_model(draft_config, mesh)
+  calls = {}
+  calls["target_start"], target_cache = c.start(target)
+  calls["draft_start"], draft_cache = c.start(draft)
+  calls["target_step"] = c.chunk(target, target_cache, 1)
+  calls["verification"] = c.chunk(target, target_cache, shapes.gamma + 1)
+  calls["draft_step"] = c.chunk(draft, draft_cache, 1)
+  rule = decoding.ExactAcceptance() if acceptance is None else acceptance
+  programs = {
+      "baseline": c.baseline(target, method),
+      "speculative": c.speculative(target, build_drafter(draft), method,
+                                   rule),
+  }
+  return {
+      "params": {"target": shard_bytes(target.params),
+                 "draft": shard_bytes(draft.params)},
+      "kv_cache": {"target": shard_bytes(target_cache),
+                   "draft": shard_bytes(draft_cache)},
+      "calls": calls, "programs": programs,
+  }
+
+
+def speculative_total(target_config: T5Config, draft_config: T5Config, mesh,
+                      shapes: Shapes, build_drafter, method,
+                      acceptance) -> int:
+  """Bytes per device of the speculative program alone (the largest: both
+  models, both caches), for trying other mesh shapes."""
+  c = Compiler(mesh, shapes)
+  rule = decoding.ExactAcceptance() if acceptance is None else acceptance
+  record = c.speculative(abstract_model(target_config, mesh),
+                         build_drafter(abstract_model(draft_config, mesh)),
+                         method, rule)
+  return record["total_bytes"]

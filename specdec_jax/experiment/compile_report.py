@@ -1,0 +1,306 @@
+"""COMPILE_TOPOLOGY's figures: compile.json and the summary in plain words.
+
+`compile_topology(args, value, gin_files)` checks the settings (no libtpu
+needed for that), compiles the run's programs for the topology
+(`compile_check`), and writes OUTPUT_DIR/compile.json (atomically):
+
+* memory per device: parameters, KV caches, the biggest program's total
+  (arguments + outputs - aliased + temporaries) against the chip's HBM, and
+  whether it fits; when it does not, the smallest MESH_SHAPE that does;
+* per call (target step, verification, draft step): bytes accessed and
+  FLOPs from XLA's cost analysis, and bytes accessed / parameter bytes;
+* collectives per target step, and every custom call in any program;
+* the roofline (`roofline`): each call's time as max(bytes / HBM
+  bandwidth, FLOPs / peak), c and the call cost from them, and Theorem 3.8's
+  speedup at the paper's α for this gin file's Table 2 row (from the gin
+  file's comments, `paper_row`) beside the paper's measured speedup.
+"""
+import os
+import re
+from typing import Any, Dict, List, Optional, Sequence
+
+import gin
+
+import numpy as np
+
+from specdec_jax import analysis
+from specdec_jax import decoding
+from specdec_jax import gin_utils
+from specdec_jax import io_utils
+from specdec_jax import kernels
+from specdec_jax import partitioning
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import compile_check
+from specdec_jax.experiment import setup
+from specdec_jax.experiment import tpu_topologies
+
+ConfigError = gin_utils.ConfigError
+COMPILE_FILE = "compile.json"
+MACRO = "COMPILE_TOPOLOGY"
+# "temperature 0 (gamma=7: paper alpha=0.75, 3.4x)" and "the
+# temperature-1 row is gamma=7 (paper alpha=0.62, 2.6x)" (gin/ende_*.gin).
+_PAPER = re.compile(r"temperature[ -](\d+(?:\.\d+)?)\D*?gamma=(\d+)\W+"
+                    r"paper alpha=([\d.]+),\s*([\d.]+)x")
+
+
+def topology_value() -> Optional[str]:
+  """COMPILE_TOPOLOGY as gin binds it (run.gin: None = a normal run)."""
+  try:
+    return gin.query_parameter(f"%{MACRO}")
+  except ValueError:  # a gin file without run.gin's macros
+    return None
+
+
+def paper_row(gin_files: Sequence[str], temperature: float,
+              gamma: int) -> Optional[Dict[str, Any]]:
+  """The paper's α and measured speedup for (temperature, γ), as the gin
+  files' comments state them; None when none states this row."""
+  for name in gin_files:
+    path = gin_utils.find_gin_file(name)
+    if path is None:
+      continue
+    with open(path) as f:
+      comments = " ".join(line.strip().lstrip("#").strip() for line in f
+                          if line.strip().startswith("#"))
+    for m in _PAPER.finditer(comments):
+      if float(m.group(1)) == temperature and int(m.group(2)) == gamma:
+        return {"temperature": temperature, "gamma": gamma,
+                "alpha": float(m.group(3)), "speedup": float(m.group(4)),
+                "source": os.path.basename(path)}
+  return None
+
+
+def check_settings(args: arguments.RunArguments, value: Any
+                   ) -> tpu_topologies.Topology:
+  """The topology, and the settings compile mode supports; before libtpu.
+
+  Raises:
+    ConfigError: naming the macro, the value and what is allowed.
+  """
+  try:
+    topology = tpu_topologies.resolve(value, MACRO)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if args.drafter != "model":
+    raise ConfigError(f"DRAFTER={args.drafter!r} with {MACRO}: allowed: "
+                      "'model' (the paper's draft model).")
+  if args.auto_gamma:
+    raise ConfigError(f"GAMMA='auto' with {MACRO}: allowed: an integer "
+                      "γ >= 1 (the programs are compiled for one γ).")
+  data, model = args.mesh_shape
+  if data * model > topology.num_chips:
+    raise ConfigError(
+        f"MESH_SHAPE={args.mesh_shape!r} needs {data * model} chips but "
+        f"{MACRO}={value!r} has {topology.num_chips}: allowed: data * model "
+        f"<= {topology.num_chips}.")
+  return topology
+
+
+def _ratio(a: float, b: float) -> Optional[float]:
+  return a / b if b else None
+
+
+def roofline(calls: Dict[str, Any], chip: tpu_topologies.Chip, gamma: int,
+             paper: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+  """Each call's time at the chip's bandwidth and peak, c, the call cost
+  and Theorem 3.8 at the paper's α."""
+  times = {}
+  for name in ("target_step", "verification", "draft_step"):
+    memory_s = calls[name]["bytes_accessed"] / chip.hbm_bytes_per_s
+    compute_s = calls[name]["flops"] / chip.peak_bf16_flops
+    times[name] = {"memory_s": memory_s, "compute_s": compute_s,
+                   "seconds": max(memory_s, compute_s),
+                   "bound": "memory" if memory_s >= compute_s else "compute"}
+  step = times["target_step"]["seconds"]
+  c = _ratio(times["draft_step"]["seconds"], step)
+  call_cost = _ratio(times["verification"]["seconds"], step)
+  out = {"calls": times, "cost_coefficient_c": c, "call_cost": call_cost,
+         "theorem_3_8_speedup": None, "theorem_3_8_speedup_call_cost_1": None}
+  if paper and c is not None:
+    out["theorem_3_8_speedup"] = float(analysis.expected_speedup(
+        paper["alpha"], gamma, c, call_cost))
+    out["theorem_3_8_speedup_call_cost_1"] = float(
+        analysis.expected_speedup(paper["alpha"], gamma, c))
+  return out
+
+
+def _per_call(calls: Dict[str, Any], params: Dict[str, int]) -> None:
+  """Adds bytes accessed / parameter bytes (per device) to each call."""
+  owner = {"target_step": "target", "verification": "target",
+           "target_start": "target", "draft_step": "draft",
+           "draft_start": "draft"}
+  for name, record in calls.items():
+    record["bytes_per_parameter_byte"] = _ratio(record["bytes_accessed"],
+                                                params[owner[name]])
+
+
+def _smallest_fitting_mesh(topology, devices, mesh_shape, hbm, fits_total
+                           ) -> Optional[List[int]]:
+  """The first (data, model) with a larger model axis whose speculative
+  program fits (`fits_total(mesh) -> bytes`); None if none does."""
+  data, model = mesh_shape
+  for m in range(model + 1, topology.num_chips // data + 1):
+    if (topology.num_chips // data) % m:
+      continue
+    mesh = partitioning.make_mesh(data, m, devices=devices[:data * m])
+    if fits_total(mesh) <= hbm:
+      return [data, m]
+  return None
+
+
+def compile_topology(args: arguments.RunArguments, value: Any,
+                     gin_files: Sequence[str]) -> Dict[str, Any]:
+  """Compiles the run's programs for the topology; writes compile.json."""
+  topology = check_settings(args, value)
+  try:
+    devices = tpu_topologies.devices(topology)
+  except RuntimeError as e:
+    raise ConfigError(f"{MACRO}={value!r}: {e}") from None
+  data, model = args.mesh_shape
+  mesh = partitioning.make_mesh(data, model, devices=devices[:data * model])
+  target_config = setup.model_config("target")
+  draft_config = setup.model_config("draft")
+  shapes = compile_check.Shapes(
+      batch=args.batch_size, inputs=args.task_feature_lengths["inputs"],
+      max_decode_length=args.max_decode_length, gamma=int(args.gamma))
+  acceptance = None
+  if args.lenience != 1:
+    acceptance = decoding.LenientAcceptance(np.float32(args.lenience))
+
+  def build_drafter(draft):
+    return decoding.as_drafter(args.drafting.build(
+        draft, None, target_config.vocab_size))
+  compiled = compile_check.compile_all(
+      target_config, draft_config, mesh, shapes, build_drafter,
+      args.method(), acceptance)
+  record = _record(args, value, topology, devices, target_config,
+                   draft_config, compiled, gin_files)
+  memory = record["memory_per_device"]
+  if not memory["fits"]:
+    memory["smallest_fitting_mesh_shape"] = _smallest_fitting_mesh(
+        topology, devices, args.mesh_shape, memory["hbm_bytes"],
+        lambda m: compile_check.speculative_total(
+            target_config, draft_config, m, shapes, build_drafter,
+            args.method(), acceptance))
+  io_utils.makedirs(args.output_dir)
+  io_utils.write_json(os.path.join(args.output_dir, COMPILE_FILE), record)
+  return record
+
+
+def _record(args, value, topology, devices, target_config, draft_config,
+            compiled, gin_files) -> Dict[str, Any]:
+  """compile.json's dict."""
+  calls, programs = compiled["calls"], compiled["programs"]
+  params, caches = compiled["params"], compiled["kv_cache"]
+  _per_call(calls, params)
+  hbm = topology.chip.hbm_bytes
+  peak = max(p["total_bytes"] for p in programs.values())
+  custom = sorted({c for r in list(calls.values()) + list(programs.values())
+                   for c in r["custom_calls"]})
+  collectives = dict(calls["target_step"]["collectives"])
+  collectives["total"] = sum(collectives.values())
+  paper = paper_row(gin_files, float(args.temperature), int(args.gamma))
+  return {
+      "compile_topology": value,
+      "topology": {**topology.as_dict(), "device_kind": devices[0].device_kind,
+                   "devices": len(devices)},
+      "mesh_shape": list(args.mesh_shape),
+      "settings": {
+          "gin_files": list(gin_files), "gamma": int(args.gamma),
+          "temperature": args.temperature, "batch_size": args.batch_size,
+          "inputs_length": args.task_feature_lengths["inputs"],
+          "max_decode_length": args.max_decode_length,
+          "target": _model_words(args.target_name, target_config),
+          "draft": _model_words(args.draft_name, draft_config)},
+      "memory_per_device": {
+          "parameter_bytes": params, "kv_cache_bytes": caches,
+          "program_total_bytes": {k: p["total_bytes"]
+                                  for k, p in programs.items()},
+          "program_temp_bytes": {k: p["temp_bytes"]
+                                 for k, p in programs.items()},
+          "peak_bytes": peak, "hbm_bytes": hbm, "fits": peak <= hbm,
+          "smallest_fitting_mesh_shape": None if peak > hbm else list(
+              args.mesh_shape)},
+      "calls": calls, "programs": programs,
+      "collectives_per_target_step": collectives,
+      "custom_calls": custom,
+      "cpu_kernel_in_programs": kernels.TARGET_NAME in custom,
+      "roofline": roofline(calls, topology.chip, int(args.gamma), paper),
+      "paper": paper,
+  }
+
+
+def _model_words(name: str, config) -> Dict[str, Any]:
+  return {"name": name, "dtype": str(getattr(config.dtype, "__name__",
+                                             config.dtype)),
+          "num_params": config.num_params}
+
+
+def _gb(n: float) -> str:
+  """Bytes in GB (1e9), or MB below 1 GB."""
+  return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
+
+
+def _collective_words(collectives: Dict[str, int]) -> str:
+  parts = [f"{n} {k}" for k, n in collectives.items() if k != "total" and n]
+  return ", ".join(parts) if parts else "none"
+
+
+def summary_lines(record: Dict[str, Any]) -> List[str]:
+  """compile.json in plain words."""
+  topo, mem, calls = record["topology"], record["memory_per_device"], (
+      record["calls"])
+  chip, roof, paper = topo["chip"], record["roofline"], record["paper"]
+  params, caches = mem["parameter_bytes"], mem["kv_cache_bytes"]
+  fits = ("fits" if mem["fits"] else
+          "does NOT fit; smallest MESH_SHAPE that fits: "
+          f"{mem['smallest_fitting_mesh_shape'] or 'none on this topology'}")
+  mesh = tuple(record["mesh_shape"])
+  lines = [
+      f"Compiled for {record['compile_topology']} ({topo['topology_name']}: "
+      f"{topo['chips']} {topo['device_kind']} chips, one device each) at "
+      f"MESH_SHAPE={mesh}; nothing allocated, no checkpoint read.",
+      f"Memory per device: parameters {_gb(params['target'])} (target) + "
+      f"{_gb(params['draft'])} (draft), KV caches "
+      f"{_gb(caches['target'])} + {_gb(caches['draft'])}; the speculative "
+      f"program holds {_gb(mem['program_total_bytes']['speculative'])} at "
+      f"most (temporaries {_gb(mem['program_temp_bytes']['speculative'])}),"
+      f" the baseline {_gb(mem['program_total_bytes']['baseline'])}, of "
+      f"{_gb(mem['hbm_bytes'])} HBM per chip: {fits}.",
+  ]
+  for name, words, owner in (("target_step", "A target step (K=1)", "its"),
+                             ("verification",
+                              "A verification call (K=γ+1="
+                              f"{record['settings']['gamma'] + 1})", "the"),
+                             ("draft_step", "A draft step", "its")):
+    r = calls[name]
+    lines.append(
+        f"{words} reads {_gb(r['bytes_accessed'])} per device "
+        f"({r['bytes_per_parameter_byte']:.2f}x {owner} parameter bytes) "
+        f"and does {r['flops'] / 1e9:.1f} GFLOP.")
+  lines.append(f"Collectives per target step: "
+               f"{_collective_words(record['collectives_per_target_step'])}"
+               ".")
+  t = {k: v["seconds"] * 1e3 for k, v in roof["calls"].items()}
+  lines.append(
+      f"Roofline at {chip['hbm_bytes_per_s'] / 1e12:.3g} TB/s and "
+      f"{chip['peak_bf16_flops'] / 1e12:.0f} TFLOP/s per chip: target step "
+      f"{t['target_step']:.2f} ms, verification {t['verification']:.2f} ms "
+      f"(call cost {roof['call_cost']:.2f} steps), draft step "
+      f"{t['draft_step']:.3f} ms (c = {roof['cost_coefficient_c']:.3f}).")
+  if paper:
+    lines.append(
+        f"Theorem 3.8 at the paper's α = {paper['alpha']} (γ = "
+        f"{paper['gamma']}, T = {paper['temperature']:g}): "
+        f"{roof['theorem_3_8_speedup']:.2f}x with this c and call cost "
+        f"({roof['theorem_3_8_speedup_call_cost_1']:.2f}x if a call cost one"
+        f" step); the paper measured {paper['speedup']}x "
+        f"({paper['source']}).")
+  else:
+    lines.append("No Table 2 row in the gin files' comments for this γ and "
+                 "temperature: no paper α to price.")
+  ours = ("the CPU matmul kernel IS in the programs"
+          if record["cpu_kernel_in_programs"] else "none of ours")
+  lines.append(f"Custom calls: {', '.join(record['custom_calls']) or 'none'}"
+               f" ({ours}). Both decode programs compiled.")
+  return lines

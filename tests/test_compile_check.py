@@ -1,0 +1,190 @@
+"""COMPILE_TOPOLOGY: the run's programs compiled for a Cloud TPU, no TPU.
+
+The compiling test needs libtpu (`pip install -e '.[tpu]'`; CI installs
+it) and skips without it; everything else here runs anywhere. The suite
+runs with JAX_PLATFORMS=cpu (conftest), under which libtpu's topology API
+still works: the host stays a CPU, the programs are compiled for TPU v4.
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from specdec_jax import analysis
+from specdec_jax import gin_utils
+from specdec_jax import kernels
+from specdec_jax import partitioning
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import compile_report
+from specdec_jax.experiment import setup
+from specdec_jax.experiment import tpu_topologies
+from specdec_jax.models import param_shapes
+
+from conftest import REPO
+
+
+def test_cloud_and_raw_topology_names():
+  for name, raw, chips in (("v4-8", "v4:2x2x1", 4), ("v4-32", "v4:2x2x4", 16),
+                           ("v5e-8", "v5e:2x4", 8), ("v5p-8", "v5p:2x2x1", 4),
+                           ("v4:2x2x2", "v4:2x2x2", 8),
+                           ("v5e:4x4", "v5e:4x4", 16)):
+    topology = tpu_topologies.resolve(name)
+    assert (topology.topology_name, topology.num_chips) == (raw, chips)
+  assert tpu_topologies.resolve("v5p-8").chip.hbm_bytes == 95 * 2**30
+
+
+@pytest.mark.parametrize("bad", ["v4-7", "v9-8", "v4:2x2", "v5e:2x2x1",
+                                 "tpu", 8, None, "v4:0x2x1"])
+def test_bad_topology_names_list_what_is_allowed(bad):
+  with pytest.raises(ValueError) as e:
+    tpu_topologies.resolve(bad)
+  message = str(e.value)
+  assert f"COMPILE_TOPOLOGY={bad!r}" in message
+  assert "v4-8" in message and "v5e-8" in message and "v4:2x2x1" in message
+
+
+def test_settings_compile_mode_cannot_honour_are_refused():
+  base = dict(output_dir="/tmp/unused", gamma=3)
+  for fields, words in (
+      ({"mesh_shape": (1, 8)}, "MESH_SHAPE=(1, 8) needs 8 chips"),
+      ({"drafter": "bigram", "ngram_corpus": __file__}, "DRAFTER='bigram'"),
+      ({"gamma": "auto"}, "GAMMA='auto'")):
+    args = arguments.RunArguments(**{**base, **fields})
+    with pytest.raises(gin_utils.ConfigError, match=re.escape(words)):
+      compile_report.check_settings(args, "v4-8")
+
+
+def test_cli_bad_topology_exits_2_and_writes_nothing(tmp_path):
+  out = tmp_path / "out"
+  proc = subprocess.run(
+      [sys.executable, "-m", "specdec_jax.run", "--gin_file=local_tiny.gin",
+       "--gin.COMPILE_TOPOLOGY='v4-9'", f"--gin.OUTPUT_DIR='{out}'"],
+      cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+      env=dict(os.environ, PYTHONPATH=str(REPO)))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "run: error: COMPILE_TOPOLOGY='v4-9': unknown TPU topology" in (
+      proc.stderr)
+  assert not out.exists()
+
+
+@pytest.mark.parametrize("temperature,gamma,expected", [
+    (0.0, 7, (0.75, 3.4)), (1.0, 7, (0.62, 2.6)), (0.0, 5, None)])
+def test_paper_row_from_gin_comments(temperature, gamma, expected):
+  row = compile_report.paper_row(["ende_small.gin"], temperature, gamma)
+  if expected is None:
+    assert row is None
+  else:
+    assert (row["alpha"], row["speedup"], row["source"]) == (
+        *expected, "ende_small.gin")
+  cnndm = compile_report.paper_row(["cnndm_large.gin"], 1.0, 3)
+  assert (cnndm["alpha"], cnndm["speedup"]) == (0.56, 1.7)
+
+
+def test_roofline_arithmetic():
+  chip = tpu_topologies.CHIPS["v4"]
+  calls = {"target_step": {"bytes_accessed": 6e9, "flops": 1e9},
+           "verification": {"bytes_accessed": 6.6e9, "flops": 8e9},
+           "draft_step": {"bytes_accessed": 1.2e8, "flops": 1e7}}
+  paper = {"alpha": 0.75, "gamma": 7}
+  roof = compile_report.roofline(calls, chip, 7, paper)
+  assert roof["calls"]["target_step"]["seconds"] == pytest.approx(5e-3)
+  assert roof["cost_coefficient_c"] == pytest.approx(0.02)
+  assert roof["call_cost"] == pytest.approx(1.1)
+  assert roof["theorem_3_8_speedup"] == pytest.approx(
+      analysis.expected_speedup(0.75, 7, 0.02, 1.1))
+  # A call limited by FLOPs, not bytes: priced by the chip's peak.
+  calls["verification"]["flops"] = 2.75e12
+  roof = compile_report.roofline(calls, chip, 7, None)
+  assert roof["calls"]["verification"]["bound"] == "compute"
+  assert roof["call_cost"] == pytest.approx(2.0)
+  assert roof["theorem_3_8_speedup"] is None
+
+
+def _sharded_bytes(config, sizes) -> int:
+  """Per-device parameter bytes by hand: each dimension a spec shards is
+  divided by its mesh axis size."""
+  shapes = param_shapes(config)["params"]
+  specs = partitioning.param_partition_specs(shapes, sizes)
+  total = 0
+  for leaf, spec in zip(jax.tree_util.tree_leaves(shapes),
+                        jax.tree_util.tree_leaves(
+                            specs, is_leaf=lambda x: isinstance(
+                                x, jax.sharding.PartitionSpec))):
+    dims = [d // (sizes[axis] if axis else 1)
+            for d, axis in zip(leaf.shape, tuple(spec) + (None,) * 9)]
+    total += math.prod(dims) * np.dtype(config.dtype).itemsize
+  return total
+
+
+@pytest.fixture(scope="module")
+def tiny_v4(tmp_path_factory):
+  """local_tiny.gin compiled for v4-8 at MESH_SHAPE=(1, 4): compile.json."""
+  pytest.importorskip(
+      "libtpu", reason="libtpu is not installed: compiling for a TPU "
+      "topology needs it (pip install -e '.[tpu]'; no TPU needed).")
+  import gin  # pylint: disable=g-import-not-at-top
+  out = tmp_path_factory.mktemp("compile")
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin(["local_tiny.gin"], [
+        "COMPILE_TOPOLOGY = 'v4-8'", "MESH_SHAPE = (1, 4)",
+        f"OUTPUT_DIR = '{out}'"])
+    args = arguments.run_arguments()  # pylint: disable=no-value-for-parameter
+    value = compile_report.topology_value()
+    compile_report.compile_topology(args, value, ["local_tiny.gin"])
+    configs = (setup.model_config("target"), setup.model_config("draft"))
+  finally:
+    gin.clear_config()
+  with open(out / compile_report.COMPILE_FILE) as f:
+    return json.load(f), configs
+
+
+def test_tiny_compiles_for_v4_with_sharded_parameter_bytes(tiny_v4):
+  record, (target, draft) = tiny_v4
+  assert record["topology"]["topology_name"] == "v4:2x2x1"
+  assert record["topology"]["device_kind"] == "TPU v4"
+  assert record["topology"]["devices"] == 4  # one megacore device per chip
+  sizes = {"data": 1, "model": 4}
+  params = record["memory_per_device"]["parameter_bytes"]
+  assert params["target"] == _sharded_bytes(target, sizes)
+  assert params["draft"] == _sharded_bytes(draft, sizes)
+  # Sharding happened: a device holds less than the whole model.
+  assert params["target"] < target.num_params * 4
+  step = record["calls"]["target_step"]
+  # The step's arguments are the parameters, the cache and the tokens.
+  assert step["argument_bytes"] >= (
+      params["target"] + record["memory_per_device"]["kv_cache_bytes"][
+          "target"])
+  assert step["flops"] > 0 and step["bytes_accessed"] > 0
+  assert step["bytes_per_parameter_byte"] == pytest.approx(
+      step["bytes_accessed"] / params["target"])
+  # Megatron-style sharding over 'model': all-reduces in every step.
+  assert record["collectives_per_target_step"]["all-reduce"] > 0
+  memory = record["memory_per_device"]
+  assert memory["fits"] and memory["peak_bytes"] == max(
+      memory["program_total_bytes"].values())
+  assert memory["hbm_bytes"] == 32 * 2**30
+
+
+def test_tiny_tpu_programs_hold_no_cpu_only_parts(tiny_v4):
+  record, _ = tiny_v4
+  # local_tiny is float32 and this host's backend is the CPU, where
+  # `prepared_for_decoding` would pack for the CPU kernel: it must not.
+  assert kernels.TARGET_NAME not in record["custom_calls"]
+  assert not record["cpu_kernel_in_programs"]
+  for r in list(record["calls"].values()) + list(
+      record["programs"].values()):
+    assert not any("cpu" in c.lower() for c in r["custom_calls"]), r
+  roof = record["roofline"]
+  calls = roof["calls"]
+  assert roof["cost_coefficient_c"] == pytest.approx(
+      calls["draft_step"]["seconds"] / calls["target_step"]["seconds"])
+  lines = compile_report.summary_lines(record)
+  assert any("fits" in line for line in lines)
+  assert any("none of ours" in line for line in lines)
