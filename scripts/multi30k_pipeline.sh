@@ -52,13 +52,19 @@ for draft in 1m 11m; do
   done
 done
 python -m specdec_jax.report "$OUT/table2_38m"
-for target in multi30k_target multi30k_target_38m; do
-  python scripts/benchmark_decode.py --target gin/models/$target.gin \
-    --draft gin/models/multi30k_draft_1m.gin --gammas 3 --alphas 0.7 \
-    --chunk_sizes 2,3,4,5,6,7,8 --max_decode_length 48 \
-    --output "benchmarks/call_cost_${target#multi30k_}_cpu.json"
-done
+# Call cost of each target (random weights: timing only), the 38M also with
+# the kernel capped at AVX2 (SPECDEC_JAX_KERNEL_ISA) to show the 8-row tiles.
+bench() {  # NAME TARGET_GIN [ISA]
+  SPECDEC_JAX_KERNEL_ISA=${3:-} python scripts/benchmark_decode.py \
+    --target gin/models/$2.gin --draft gin/models/multi30k_draft_1m.gin \
+    --gammas 3 --alphas 0.6 --chunk_sizes 2,3,4,5,6,7,8 \
+    --max_decode_length 48 --output "benchmarks/call_cost_$1_cpu.json"
+}
+bench 11m multi30k_target
+bench 38m multi30k_target_38m
+bench 38m_avx2 multi30k_target_38m avx2
 python scripts/plot_call_cost.py \
-  --bench 11M=benchmarks/call_cost_target_cpu.json \
-  --bench 38M=benchmarks/call_cost_target_38m_cpu.json \
+  --bench "11M target (decoder in L3)=benchmarks/call_cost_11m_cpu.json" \
+  --bench "38M target (decoder from DRAM)=benchmarks/call_cost_38m_cpu.json" \
+  --bench "38M, kernel capped at AVX2=benchmarks/call_cost_38m_avx2_cpu.json" \
   --out benchmarks/call_cost_cpu
