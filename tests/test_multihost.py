@@ -45,6 +45,9 @@ BINDINGS = {
     "TASK_FEATURE_LENGTHS": "{'inputs': 16, 'targets': 8}",
     **{f"{role}/T5Config.{field}": "1" for role in ("target", "draft")
        for field in ("num_encoder_layers", "num_decoder_layers")},
+    # The workers' CharVocabulary (98 ids) is deliberately smaller than the
+    # tiny models' 259 rows: no checkpoint here was trained on text.
+    "check_vocabulary_fits.allow_size_mismatch": "True",
 }
 
 

@@ -195,7 +195,8 @@ def test_settings_of_earlier_versions_are_the_same_settings(tmp_path):
   old["vocabulary"]["file"] = spm
   assert output_dir.comparable(old) == output_dir.comparable(new)
   (tmp_path / "metrics.json").write_text(json.dumps({"settings": old}))
-  output_dir.check_output_dir(str(tmp_path), new, overwrite=False)
+  # The check takes the folder's lock for the run; this test is not one.
+  output_dir.check_output_dir(str(tmp_path), new, overwrite=False).release()
   old["run"]["gamma"] = 7
   (tmp_path / "metrics.json").write_text(json.dumps({"settings": old}))
   with pytest.raises(output_dir.ConfigError, match="run.gamma: 7 -> 6"):

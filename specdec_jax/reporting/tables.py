@@ -49,7 +49,7 @@ def quality(m: Mapping[str, Any]) -> Optional[Tuple[str, float, float]]:
 def _measured_tokens_per_call(m: Mapping[str, Any]) -> Optional[float]:
   if m.get("tokens_per_target_call") is not None:
     return float(m["tokens_per_target_call"])
-  if m["target_calls_speculative"] > 0:
+  if m.get("target_calls_speculative") and m.get("tokens_generated"):
     return m["tokens_generated"] / m["target_calls_speculative"]
   return None
 
