@@ -2,7 +2,7 @@
 one frozen `RunArguments` that is checked once, when it is built.
 
 The checks need no model and no I/O: every value's type and range, the
-drafter's settings (`drafters.choice`) and the decoders' own argument checks.
+drafter's settings (`drafter_choice`) and the decoders' own argument checks.
 What needs the model configs (vocabulary sizes) or a file (NGRAM_CORPUS) is
 checked by `run.Experiment` at startup, still before anything is loaded.
 """
@@ -15,7 +15,7 @@ import gin
 from specdec_jax import decoding
 from specdec_jax import gin_utils
 from specdec_jax import sampling
-from specdec_jax.drafters import choice as drafter_choice
+from specdec_jax.experiment import drafter_choice
 
 ConfigError = gin_utils.ConfigError
 MODES = ("walltime", "alpha")
@@ -34,7 +34,7 @@ MACROS = {
     "lenience": "LENIENCE", "adaptive_threshold": "ADAPTIVE_THRESHOLD",
 }
 _DRAFTING = drafter_choice.DrafterSettings()  # its defaults
-# The run arguments of `drafters.choice.DrafterSettings`.
+# The run arguments of `experiment.drafter_choice.DrafterSettings`.
 DRAFTER_ARGS = tuple(f.name for f in dataclasses.fields(
     drafter_choice.DrafterSettings))
 
@@ -69,7 +69,7 @@ class RunArguments:
     overwrite: replace the metrics.json / alpha.json of a run with other
       settings in output_dir (default: refuse, before loading anything).
     drafter, ngram_corpus, ngram_order, prompt_lookup_max, inner_drafter,
-      inner_gamma, adaptive_threshold: what guesses (`drafters.choice`).
+      inner_gamma, adaptive_threshold: what guesses (`drafter_choice`).
     lenience: Appendix A.5's l in (0, 1]; 1 = exact (the default).
   """
   output_dir: str
