@@ -59,6 +59,10 @@ from specdec_jax.flag_utils import ConfigError
 from specdec_jax.models.config import T5Config
 from specdec_jax.paths import GIN_DIR
 
+# The core never imports gin: the model config is made configurable here,
+# in place and under its own name, so gin files bind `T5Config.*`.
+gin.configurable(T5Config)
+
 
 def define_gin_flags() -> None:
   """Defines the T5X-style gin flags (idempotent)."""

@@ -67,7 +67,7 @@ from specdec_jax import tasks
 # Not used here: tests reach (and replace) how the run times calls through
 # `run.timing`.
 from specdec_jax import timing  # pylint: disable=unused-import
-from specdec_jax.drafters import choice as drafter_choice
+from specdec_jax.experiment import drafter_choice
 from specdec_jax.experiment import alpha as alpha_mode
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_report

@@ -11,7 +11,6 @@ loops take it as a static argument and ask it for `standardize(logits)`,
 `make_method(temperature, top_k, top_p)` builds one from the gin macros'
 values (temperature 0 is `Greedy()`).
 """
-import abc
 import dataclasses
 import math
 import numbers
@@ -20,6 +19,8 @@ from typing import Callable, Optional, Tuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from specdec_jax.protocols import SamplingMethod
 
 Array = jax.Array
 
@@ -47,43 +48,6 @@ def validate_sampling_args(temperature: float, top_k: int,
 # ---------------------------------------------------------------------------
 # Sampling methods: frozen, hashable, validated once.
 # ---------------------------------------------------------------------------
-class SamplingMethod(abc.ABC):
-  """How a token is drawn from a model's logits.
-
-  Implementations are frozen dataclasses: hashable, so the decode loops take
-  them as static `jax.jit` arguments (one compilation per method), and
-  validated in `__post_init__`, so nothing is re-checked while tracing.
-  """
-
-  @property
-  @abc.abstractmethod
-  def is_greedy(self) -> bool:
-    """True when every distribution is one-hot at the argmax.
-
-    The loops then work on argmax tokens only: no [B, γ, V] probabilities
-    are built, and Algorithm 1 reduces to `greedy_accept`.
-    """
-
-  @abc.abstractmethod
-  def standardize(self, logits: Array) -> Array:
-    """Logits [..., V] -> the probabilities [..., V] float32 sampled from."""
-
-  @abc.abstractmethod
-  def draw(self, rng: Array, logits: Array
-           ) -> Tuple[Array, Optional[Array]]:
-    """One token per row from logits [..., V].
-
-    Returns:
-      (tokens [...] int32, probs [..., V] float32 they were drawn from, or
-      None when the method is greedy: the distribution is then the one-hot
-      of the token and is never materialized).
-    """
-
-  def sample(self, rng: Array, logits: Array) -> Array:
-    """Tokens [...] int32 drawn from logits [..., V]."""
-    return self.draw(rng, logits)[0]
-
-
 @dataclasses.dataclass(frozen=True)
 class Greedy(SamplingMethod):
   """Temperature 0: the argmax (ties to the lowest index, like `jnp.argmax`)."""

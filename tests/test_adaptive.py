@@ -20,7 +20,7 @@ import pytest
 from specdec_jax import analysis
 from specdec_jax import decoding
 from specdec_jax import drafters
-from specdec_jax.drafters import choice as drafter_choice
+from specdec_jax.experiment import drafter_choice
 from specdec_jax import sampling
 
 from decoding_helpers import ScriptedTarget

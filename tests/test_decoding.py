@@ -28,6 +28,7 @@ from scipy import stats
 
 from specdec_jax import decoding
 from specdec_jax import drafters
+from specdec_jax import kernels
 from specdec_jax import models
 from specdec_jax import sampling
 from specdec_jax.decoding import loops
@@ -479,5 +480,5 @@ def test_speculative_sample_uses_the_cpu_program_on_cpu():
   # calling thread); other backends keep XLA's defaults.
   assert jax.default_backend() == "cpu"
   assert loops._speculative_program() is loops._jit_speculative_loop_cpu  # pylint: disable=protected-access
-  assert loops.CPU_SPECULATIVE_COMPILER_OPTIONS == {
+  assert kernels.CPU_SPECULATIVE_COMPILER_OPTIONS == {
       "xla_cpu_multi_thread_eigen": False}

@@ -20,7 +20,7 @@ import pytest
 
 from specdec_jax import decoding
 from specdec_jax import sampling
-from specdec_jax.decoding import acceptance
+from specdec_jax import acceptance
 
 from decoding_helpers import ScriptedDrafter
 from decoding_helpers import ScriptedTarget

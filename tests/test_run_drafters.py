@@ -16,7 +16,7 @@ import pytest
 
 from specdec_jax import run as run_lib
 from specdec_jax import sweep
-from specdec_jax.drafters import corpus as corpus_lib
+from specdec_jax.experiment import ngram_corpus as corpus_lib
 
 from conftest import REPO
 

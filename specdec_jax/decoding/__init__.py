@@ -15,15 +15,15 @@ Entry points: `speculative_sample` and `temperature_sample` (checked,
 jitted); `speculative_loop` / `temperature_loop` are the same loops
 unchecked and unjitted, for composing inside one's own `jax.jit`.
 
-Modules: `loops` (the loops and their checks), `protocols` (`Target`,
-`check_pytree`), `acceptance` (rules, `Verdict`), `statistics` (the
-optional α̂ / β / histogram / trace pytree).
+Modules: `loops` (the loops and their checks), `statistics` (the
+optional α̂ / β / histogram / trace pytree). The four protocols live in
+`specdec_jax.protocols`, the acceptance rules in `specdec_jax.acceptance`.
 """
 from specdec_jax import sampling
-from specdec_jax.decoding.acceptance import AcceptanceRule
-from specdec_jax.decoding.acceptance import ExactAcceptance
-from specdec_jax.decoding.acceptance import LenientAcceptance
-from specdec_jax.decoding.acceptance import Verdict
+from specdec_jax.protocols import AcceptanceRule
+from specdec_jax.acceptance import ExactAcceptance
+from specdec_jax.acceptance import LenientAcceptance
+from specdec_jax.protocols import Verdict
 from specdec_jax.decoding.loops import EOS_ID
 from specdec_jax.decoding.loops import DecodeOutput
 from specdec_jax.decoding.loops import SpeculativeOutput
@@ -42,8 +42,8 @@ from specdec_jax.decoding.loops import speculative_loop
 from specdec_jax.decoding.loops import speculative_sample
 from specdec_jax.decoding.loops import temperature_loop
 from specdec_jax.decoding.loops import temperature_sample
-from specdec_jax.decoding.protocols import Target
-from specdec_jax.decoding.protocols import check_pytree
+from specdec_jax.protocols import Target
+from specdec_jax.protocols import check_pytree
 from specdec_jax.decoding.statistics import NO_TOKEN
 from specdec_jax.decoding.statistics import SpeculativeStatistics
 from specdec_jax.drafters import NO_GUESS

@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling
-from specdec_jax.decoding.acceptance import AcceptanceRule
-from specdec_jax.decoding.acceptance import Verdict
+from specdec_jax.protocols import AcceptanceRule
+from specdec_jax.protocols import Verdict
 
 Array = jax.Array
 

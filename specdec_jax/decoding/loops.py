@@ -33,15 +33,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from specdec_jax import kernels
 from specdec_jax import sampling
-from specdec_jax.decoding.acceptance import AcceptanceRule
-from specdec_jax.decoding.acceptance import ExactAcceptance
-from specdec_jax.decoding.protocols import Target
-from specdec_jax.decoding.protocols import check_pytree
+from specdec_jax.protocols import AcceptanceRule
+from specdec_jax.acceptance import ExactAcceptance
+from specdec_jax.protocols import Target
+from specdec_jax.protocols import check_pytree
 from specdec_jax.decoding.statistics import SpeculativeStatistics
 from specdec_jax.decoding.statistics import guess_beta
 from specdec_jax.drafters import guesses
-from specdec_jax.drafters.base import Drafter
+from specdec_jax.protocols import Drafter
 from specdec_jax.drafters.model import ModelDrafter
 
 Array = jax.Array
@@ -601,17 +602,11 @@ def speculative_loop(target: Target, drafter: Drafter,
 _SPECULATIVE_STATIC = ("gamma", "max_decode_length", "method", "statistics")
 _jit_speculative_loop = jax.jit(speculative_loop,
                                 static_argnames=_SPECULATIVE_STATIC)
-# XLA:CPU only: the speculative loop runs its XLA dots (attention over K
-# rows, small bookkeeping) on the calling thread. Its many small ops lose
-# more to Eigen's thread-pool handoffs, next to the matmul kernel's own
-# threads, than they gain: -14% per iteration on the shipped pair (γ = 3,
-# interleaved in one process), while the baseline's one-row loop is faster
-# with the pool and keeps it. Compiler options are per program, so each
-# decoder gets its own best setting (docs/design/performance.md).
-CPU_SPECULATIVE_COMPILER_OPTIONS = {"xla_cpu_multi_thread_eigen": False}
+# XLA:CPU: per-program compiler options (`kernels.CPU_SPECULATIVE_COMPILER_
+# OPTIONS` says why the speculative loop differs from the baseline's).
 _jit_speculative_loop_cpu = jax.jit(
     speculative_loop, static_argnames=_SPECULATIVE_STATIC,
-    compiler_options=CPU_SPECULATIVE_COMPILER_OPTIONS)
+    compiler_options=kernels.CPU_SPECULATIVE_COMPILER_OPTIONS)
 
 
 def _speculative_program():

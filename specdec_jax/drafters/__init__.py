@@ -1,7 +1,7 @@
 """Drafters: what proposes the γ guesses of each speculative iteration.
 
-* `Drafter`: the protocol (`init`, `propose`, `rollback`); `NO_GUESS`
-  marks the slots of a row that stopped guessing (a suffix).
+* `Drafter`: the protocol (`init`, `propose`, `rollback`; defined in
+  `specdec_jax.protocols`); `NO_GUESS` marks the slots of a row that stopped guessing (a suffix).
 * `ModelDrafter` (alias `T5Drafter`): a draft model with the target's
   interface (`decoding.Target`), e.g. a small `T5Model` — the paper's M_q;
   with `confidence_threshold`, adaptive γ (§3.5).
@@ -14,10 +14,8 @@ Deterministic drafters (prompt lookup, or any at temperature 0) return
 `draft_probs=None` and need no [B, γ, V] arrays; see docs/extending.md
 for a complete example.
 """
-# Order matters: base and model first (decoding.loops imports them while
-# `hierarchical` imports decoding.acceptance).
-from specdec_jax.drafters.base import NO_GUESS
-from specdec_jax.drafters.base import Drafter
+from specdec_jax.protocols import NO_GUESS
+from specdec_jax.protocols import Drafter
 from specdec_jax.drafters.model import ModelDrafter
 from specdec_jax.drafters.model import ModelDrafterState
 from specdec_jax.drafters.model import T5Drafter

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from specdec_jax import sampling
-from specdec_jax.drafters.base import NO_GUESS
+from specdec_jax.protocols import NO_GUESS
 
 Array = jax.Array
 

@@ -26,9 +26,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from specdec_jax import sampling
-from specdec_jax.decoding.acceptance import ExactAcceptance
+from specdec_jax.acceptance import ExactAcceptance
 from specdec_jax.drafters import guesses
-from specdec_jax.drafters.base import Drafter
+from specdec_jax.protocols import Drafter
 from specdec_jax.drafters.ngram import NGramDrafter
 from specdec_jax.drafters.prompt_lookup import PromptLookupDrafter
 

@@ -8,8 +8,8 @@ from jax import lax
 
 from specdec_jax import sampling
 from specdec_jax.drafters import guesses
-from specdec_jax.drafters.base import NO_GUESS
-from specdec_jax.drafters.base import Drafter
+from specdec_jax.protocols import NO_GUESS
+from specdec_jax.protocols import Drafter
 
 Array = jax.Array
 

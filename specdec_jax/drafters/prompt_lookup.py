@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling
-from specdec_jax.drafters.base import NO_GUESS
-from specdec_jax.drafters.base import Drafter
+from specdec_jax.protocols import NO_GUESS
+from specdec_jax.protocols import Drafter
 
 Array = jax.Array
 

@@ -9,6 +9,9 @@
   coefficient c (MODE='walltime', `metrics.json`).
 * `drafting`: GAMMA='auto', pricing a drafter's guess, the drafting keys of
   metrics.json.
+* `drafter_choice`: which drafter a run uses (the DRAFTER macro and its
+  settings), GAMMA='auto' (Theorem 3.8) and `propose_seconds`.
+* `ngram_corpus`: reading (and writing) the corpus an n-gram drafter counts.
 * `alpha`: α as Corollary 3.6's mean β (MODE='alpha', `alpha.json`).
 * `traces`: the per-example records of `predictions.jsonl`.
 * `summary`: the plain-words lines the command ends with.

@@ -2,7 +2,7 @@
 one frozen `RunArguments` that is checked once, when it is built.
 
 The checks need no model and no I/O: every value's type and range, the
-drafter's settings (`drafters.choice`) and the decoders' own argument checks.
+drafter's settings (`drafter_choice`) and the decoders' own argument checks.
 What needs the model configs (vocabulary sizes) or a file (NGRAM_CORPUS) is
 checked by `run.Experiment` at startup, still before anything is loaded.
 """
@@ -15,7 +15,7 @@ import gin
 from specdec_jax import decoding
 from specdec_jax import gin_utils
 from specdec_jax import sampling
-from specdec_jax.drafters import choice as drafter_choice
+from specdec_jax.experiment import drafter_choice
 
 ConfigError = gin_utils.ConfigError
 MODES = ("walltime", "alpha")
@@ -37,7 +37,7 @@ MACROS = {
 # ACCEPTANCE: how the target verifies the guesses (both exact).
 ACCEPTANCES = ("token", "block")
 _DRAFTING = drafter_choice.DrafterSettings()  # its defaults
-# The run arguments of `drafters.choice.DrafterSettings`.
+# The run arguments of `experiment.drafter_choice.DrafterSettings`.
 DRAFTER_ARGS = tuple(f.name for f in dataclasses.fields(
     drafter_choice.DrafterSettings))
 

@@ -12,7 +12,7 @@ from specdec_jax import analysis
 from specdec_jax import decoding
 from specdec_jax import multihost
 from specdec_jax import timing
-from specdec_jax.drafters import choice as drafter_choice
+from specdec_jax.experiment import drafter_choice
 from specdec_jax.experiment import arguments
 
 

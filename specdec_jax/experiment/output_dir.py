@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import run_metrics
-from specdec_jax.drafters import choice as drafter_choice
+from specdec_jax.experiment import drafter_choice
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import run_lock
 from specdec_jax.experiment import setup

@@ -57,6 +57,15 @@ log = logging.getLogger(__name__)
 # The library `available` loaded (ctypes handle), for `instruction_set`.
 _loaded = {}
 
+# XLA:CPU only, for `decoding.loops`: the speculative loop runs its XLA
+# dots (attention over K rows, small bookkeeping) on the calling thread. Its many small ops lose
+# more to Eigen's thread-pool handoffs, next to the matmul kernel's own
+# threads, than they gain: -14% per iteration on the shipped pair (γ = 3,
+# interleaved in one process), while the baseline's one-row loop is faster
+# with the pool and keeps it. Compiler options are per program, so each
+# decoder gets its own best setting (README, "How it stays exact and fast").
+CPU_SPECULATIVE_COMPILER_OPTIONS = {"xla_cpu_multi_thread_eigen": False}
+
 
 def _cache_dir() -> pathlib.Path:
   root = os.environ.get(_ENV_CACHE) or os.path.join(

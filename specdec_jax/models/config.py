@@ -1,17 +1,16 @@
 """T5 v1.1 model configuration, with the same fields and meaning as T5X's.
 
 Mirrors `t5x/examples/t5/network.py:T5Config` so that gin files written for
-T5X bind the same names (`T5Config.emb_dim = 512`, ...).
+T5X bind the same names (`T5Config.emb_dim = 512`, ...). Plain data: the
+harness (`gin_utils`) registers it with gin, the core never imports gin.
 """
 from typing import Any, Sequence, Tuple
 
 import dataclasses
 
-import gin
 import jax.numpy as jnp
 
 
-@gin.configurable
 @dataclasses.dataclass(frozen=True)
 class T5Config:
   """Hyperparameters of a T5 v1.1 encoder-decoder Transformer.

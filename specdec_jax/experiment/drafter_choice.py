@@ -22,13 +22,13 @@ import numpy as np
 from specdec_jax import analysis
 from specdec_jax import sampling
 from specdec_jax import timing
-from specdec_jax.drafters import corpus as corpus_lib
 from specdec_jax.drafters.hierarchical import HierarchicalDrafter
 from specdec_jax.drafters.model import ModelDrafter
 from specdec_jax.drafters.ngram import NGramDrafter
 from specdec_jax.drafters.ngram import NGramTable
 from specdec_jax.drafters.ngram import build_ngram_table
 from specdec_jax.drafters.prompt_lookup import PromptLookupDrafter
+from specdec_jax.experiment import ngram_corpus as corpus_lib
 
 DRAFTERS = ("model", "unigram", "bigram", "ngram", "prompt_lookup",
             "hierarchical")

@@ -16,8 +16,7 @@ suffix of the row; their q rows are zeros): a rule never accepts one, so
 the row keeps at most its real guesses and the token after them comes from
 p itself (q := 0 there, as after all γ guesses).
 """
-import abc
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import flax
 import jax
@@ -25,48 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import sampling
+from specdec_jax.protocols import AcceptanceRule
+from specdec_jax.protocols import Verdict
 
 Array = jax.Array
-
-
-class Verdict(NamedTuple):
-  """What an acceptance rule decided for one iteration (B rows).
-
-  Attributes:
-    num_accepted: [B] int32, the paper's n in [0, γ]: guesses kept before
-      the first rejection.
-    next_token: [B] int32, the token emitted after them (the residual draw
-      after a rejection, or the bonus token from p_{γ+1}).
-    target_probs: [B, γ+1, V] float32 p_1..p_{γ+1} the guesses were tested
-      against, or None when the method is greedy.
-    target_tokens: [B, γ+1] int32 argmax of the target's logits when the
-      method is greedy (p_i is its one-hot), else None.
-  """
-  num_accepted: Array
-  next_token: Array
-  target_probs: Optional[Array]
-  target_tokens: Optional[Array]
-
-
-class AcceptanceRule(abc.ABC):
-  """Turns the target's logits at the γ+1 positions into a `Verdict`."""
-
-  @abc.abstractmethod
-  def __call__(self, rng: Array, target_logits: Array, draft_tokens: Array,
-               draft_probs: Optional[Array],
-               method: sampling.SamplingMethod) -> Verdict:
-    """Decides one iteration.
-
-    Args:
-      rng: PRNG key for this iteration's acceptance.
-      target_logits: [B, γ+1, V] the target's logits at the positions of
-        the last known token and of x_1..x_γ (they give p_1..p_{γ+1}).
-      draft_tokens: [B, γ] int32 guesses x_1..x_γ, possibly ending in
-        NO_GUESS slots (never accepted).
-      draft_probs: [B, γ, V] float32 q_1..q_γ (zeros at NO_GUESS slots), or
-        None (one-hot q_i at x_i).
-      method: the sampling method (static).
-    """
 
 
 @flax.struct.dataclass

@@ -1,0 +1,166 @@
+"""The import line between the core and the harness (docs/architecture.md).
+
+The core (`protocols`, `sampling`, `acceptance`, `kernels`, `models`,
+`drafters`, `decoding`) imports only itself, JAX/Flax/NumPy and the
+standard library: never the harness (`experiment`, `run`, `timing`,
+`analysis`, `benchmarking`, ...), gin or absl. Its packages import one
+another without a cycle. Read from the source with `ast`: nothing is
+imported, so a cycle that import order would hide is still seen.
+"""
+import ast
+import pathlib
+from typing import Dict, Iterator, Set, Tuple
+
+import pytest
+
+from conftest import REPO
+
+PACKAGE = REPO / "specdec_jax"
+# The core's units: a package (directory) or a top-level module.
+CORE = ("protocols", "sampling", "acceptance", "kernels", "models",
+        "drafters", "decoding")
+# Third-party packages of the harness.
+FORBIDDEN_THIRD_PARTY = ("gin", "absl", "seqio", "tensorflow", "orbax",
+                         "matplotlib")
+
+
+def _unit_files(unit: str) -> Iterator[pathlib.Path]:
+  module = PACKAGE / f"{unit}.py"
+  if module.exists():
+    yield module
+  else:
+    yield from sorted((PACKAGE / unit).rglob("*.py"))
+
+
+def _core_files() -> Iterator[Tuple[str, pathlib.Path]]:
+  for unit in CORE:
+    for path in _unit_files(unit):
+      yield unit, path
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = list(path.relative_to(REPO).with_suffix("").parts)
+  if parts[-1] == "__init__":
+    parts.pop()
+  return ".".join(parts)
+
+
+def _imports(source: str, module: str, is_package: bool
+             ) -> Iterator[Tuple[int, str]]:
+  """(line, absolute module name) of every import in `source` (module
+  `module`), those inside functions too; `from a import b` yields a.b as
+  well as a."""
+  package = module if is_package else module.rpartition(".")[0]
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        yield node.lineno, alias.name
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        anchor = package.split(".")
+        anchor = anchor[:len(anchor) - (node.level - 1)]
+        base = ".".join(anchor + ([base] if base else []))
+      yield node.lineno, base
+      for alias in node.names:
+        yield node.lineno, f"{base}.{alias.name}"
+
+
+def _file_imports(path: pathlib.Path) -> Iterator[Tuple[int, str]]:
+  return _imports(path.read_text(), _module_name(path),
+                  path.name == "__init__.py")
+
+
+def _unit_of(module: str) -> str:
+  """'specdec_jax.decoding.loops' -> 'decoding'; '' outside the package."""
+  parts = module.split(".")
+  return parts[1] if parts[0] == "specdec_jax" and len(parts) > 1 else ""
+
+
+def _is_package_member(unit: str) -> bool:
+  return ((PACKAGE / f"{unit}.py").exists()
+          or (PACKAGE / unit / "__init__.py").exists())
+
+
+def _violations(imports) -> Iterator[str]:
+  """The forbidden ones among (line, module) imports of a core file."""
+  for line, module in imports:
+    unit = _unit_of(module)
+    if (module.split(".")[0] in FORBIDDEN_THIRD_PARTY
+        or (unit and _is_package_member(unit) and unit not in CORE)):
+      yield f"line {line}: {module}"
+
+
+def _core_graph() -> Dict[str, Set[str]]:
+  graph = {unit: set() for unit in CORE}
+  for unit, path in _core_files():
+    for _, module in _file_imports(path):
+      other = _unit_of(module)
+      if other in CORE and other != unit:
+        graph[unit].add(other)
+  return graph
+
+
+def _find_cycle(graph: Dict[str, Set[str]]):
+  """A list of nodes forming a cycle, or None."""
+  state = {}
+
+  def visit(node, trail):
+    state[node] = "open"
+    for nxt in sorted(graph[node]):
+      if state.get(nxt) == "open":
+        return trail[trail.index(nxt):] + [node, nxt] if nxt in trail else (
+            trail + [node, nxt])
+      if nxt not in state:
+        found = visit(nxt, trail + [node])
+        if found:
+          return found
+    state[node] = "done"
+    return None
+
+  for node in sorted(graph):
+    if node not in state:
+      found = visit(node, [])
+      if found:
+        return found
+  return None
+
+
+def test_every_core_unit_exists():
+  for unit in CORE:
+    assert list(_unit_files(unit)), unit
+
+
+@pytest.mark.parametrize("unit", CORE)
+def test_core_imports_nothing_of_the_harness(unit):
+  found = [f"{path.relative_to(REPO)} {v}" for path in _unit_files(unit)
+           for v in _violations(_file_imports(path))]
+  assert not found, "\n".join(found)
+
+
+def test_the_check_sees_a_forbidden_import():
+  # The checker itself: the harness imported absolutely, relatively, and
+  # gin inside a function are all reported; the core and JAX are not.
+  source = ("import jax\n"
+            "from specdec_jax import sampling\n"
+            "from specdec_jax.protocols import Target\n"
+            "from specdec_jax import timing\n"
+            "def f():\n  import gin\n"
+            "from ..experiment import drafter_choice\n")
+  found = sorted(_violations(_imports(source, "specdec_jax.decoding.bad",
+                                      False)))
+  assert found == ["line 4: specdec_jax.timing", "line 6: gin",
+                   "line 7: specdec_jax.experiment",
+                   "line 7: specdec_jax.experiment.drafter_choice"], found
+
+
+def test_no_import_cycle_between_core_units():
+  graph = _core_graph()
+  assert _find_cycle(graph) is None, _find_cycle(graph)
+  # The protocols are the bottom of the core: they import no other unit.
+  assert graph["protocols"] == set()
+
+
+def test_cycle_finder_finds_a_cycle():
+  assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) is not None
+  assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
