@@ -19,9 +19,6 @@ from conftest import REPO
 DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", REPO / "CHANGELOG.md",
          *sorted(DOCS.rglob("*.md"))]
-# Pages written on other branches of issue 25 (the README's index links to
-# them); they may be missing until those branches are merged.
-PENDING = {DOCS / "architecture.md", DOCS / "usage" / "failures.md"}
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +128,7 @@ def test_every_relative_link_points_at_an_existing_file():
       if re.match(r"[a-z]+:", target) or target.startswith("#"):
         continue  # a URL, or an anchor on the same page
       path = (page.parent / target.split("#")[0]).resolve()
-      if not path.exists() and path not in PENDING:
+      if not path.exists():
         broken.append(f"{page.relative_to(REPO)}: {target}")
   assert not broken, broken
 
