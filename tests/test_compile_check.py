@@ -88,9 +88,12 @@ def test_paper_row_from_gin_comments(temperature, gamma, expected):
 
 def test_roofline_arithmetic():
   chip = tpu_topologies.CHIPS["v4"]
-  calls = {"target_step": {"bytes_accessed": 6e9, "flops": 1e9},
-           "verification": {"bytes_accessed": 6.6e9, "flops": 8e9},
-           "draft_step": {"bytes_accessed": 1.2e8, "flops": 1e7}}
+  calls = {"target_step": {"bytes_accessed": 6e9, "flops": 1e9,
+                           "argument_bytes": 3e9},
+           "verification": {"bytes_accessed": 6.6e9, "flops": 8e9,
+                            "argument_bytes": 3e9},
+           "draft_step": {"bytes_accessed": 1.2e8, "flops": 1e7,
+                          "argument_bytes": 3e7}}
   paper = {"alpha": 0.75, "gamma": 7}
   roof = compile_report.roofline(calls, chip, 7, paper)
   assert roof["calls"]["target_step"]["seconds"] == pytest.approx(5e-3)
@@ -98,12 +101,29 @@ def test_roofline_arithmetic():
   assert roof["call_cost"] == pytest.approx(1.1)
   assert roof["theorem_3_8_speedup"] == pytest.approx(
       analysis.expected_speedup(0.75, 7, 0.02, 1.1))
+  args = roof["from_arguments"]
+  assert (args["cost_coefficient_c"], args["call_cost"]) == pytest.approx(
+      (0.01, 1.0))
   # A call limited by FLOPs, not bytes: priced by the chip's peak.
   calls["verification"]["flops"] = 2.75e12
   roof = compile_report.roofline(calls, chip, 7, None)
   assert roof["calls"]["verification"]["bound"] == "compute"
   assert roof["call_cost"] == pytest.approx(2.0)
   assert roof["theorem_3_8_speedup"] is None
+
+
+def test_smallest_fitting_mesh_grows_the_model_axis():
+  tried = []
+
+  def total_bytes(shape):  # parameters sharded over 'model' only
+    tried.append(shape)
+    return 24e9 / shape[1] + 1e9
+  assert compile_report.smallest_fitting_mesh(8, (1, 1), 8e9,
+                                              total_bytes) == [1, 4]
+  assert tried == [(1, 2), (1, 4)]
+  assert compile_report.smallest_fitting_mesh(8, (2, 1), 4e9,
+                                              total_bytes) is None
+  assert tried[2:] == [(2, 2), (2, 4)]  # 3 does not divide 8 // 2
 
 
 def _sharded_bytes(config, sizes) -> int:

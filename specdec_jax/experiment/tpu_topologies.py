@@ -120,7 +120,8 @@ def devices(topology: Topology) -> List[Any]:
     desc = topologies.get_topology_desc(
         platform="tpu", topology_name=topology.topology_name,
         chip_config_name=topology.chip.chip_config_name)
-  except Exception as e:  # libtpu's own error type  # pylint: disable=broad-except
+  # libtpu raises its own error type.
+  except Exception as e:  # pylint: disable=broad-except
     hint = (" (another process has libtpu open; processes that only "
             "compile may share it with ALLOW_MULTIPLE_LIBTPU_LOAD=1)"
             if "lockfile" in str(e) else "")
