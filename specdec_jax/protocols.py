@@ -73,18 +73,30 @@ class Target(Protocol):
   """The target model M_p as the loops use it.
 
   Positions are those of the loop's token buffer: position 0 holds the
-  decoder start token, position t the t-th generated token. The state
-  holds positions 0..L-1 for some per-row L (its length); the loops keep
-  track of L themselves.
+  start token (`start_token`), position t the t-th generated token. The
+  state holds positions 0..L-1 for some per-row L (`length`).
+
+  The inputs are what the model conditions on, [B, S] int32 with 0 as
+  padding: an encoder-decoder model (T5) encodes them and starts its
+  decoder from a fixed start token; a decoder-only model reads its prompt
+  into the state (prefill) and the loop continues from the prompt's last
+  token. Either way the loop sees L = 0 after `start`.
   """
 
   @property
   def vocab_size(self) -> int:
     """Size V of the output distribution."""
 
-  def start(self, encoder_input_tokens: Array, max_len: int) -> Any:
-    """Prefills from inputs [B, S] int32 (0 = padding): an empty state
-    (L = 0 in every row) with room for positions 0..max_len-1."""
+  def start_token(self, inputs: Array) -> Array:
+    """[B] int32 token at buffer position 0 for inputs [B, S] (T5: the
+    decoder start token 0; decoder-only: each row's last prompt token)."""
+
+  def start(self, inputs: Array, max_len: int) -> Any:
+    """Prefills from inputs [B, S] int32 (0 = padding): a state with L = 0
+    in every row and room for positions 0..max_len-1."""
+
+  def length(self, state: Any) -> Array:
+    """[B] int32 L: the positions the state holds, per row."""
 
   def decode_chunk(self, tokens: Array, state: Any) -> Tuple[Array, Any]:
     """Feeds tokens [B, K] int32 at positions L..L+K-1 of each row.

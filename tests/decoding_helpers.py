@@ -50,6 +50,12 @@ class ScriptedTarget:
   def vocab_size(self) -> int:
     return self.position_logits.shape[-1]
 
+  def start_token(self, encoder_input_tokens):
+    return jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32)
+
+  def length(self, state):
+    return state.length
+
   def start(self, encoder_input_tokens, max_len):
     return StubState(jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32),
                      max_len)

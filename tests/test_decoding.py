@@ -394,7 +394,8 @@ def test_drafter_and_target_must_be_pytrees_with_the_protocols(no_compile,
     decoding.speculative_sample(model8, object(), GOOD, rng, gamma=2,
                                 max_decode_length=4)
   with pytest.raises(ValueError, match=r"target must implement .*missing "
-                     r"\['start', 'decode_chunk', 'truncate'\]"):
+                     r"\['start_token', 'start', 'length', 'decode_chunk', "
+                     r"'truncate'\]"):
     decoding.speculative_sample(_PlainDrafter(), model8, GOOD, rng, gamma=2,
                                 max_decode_length=4)
 

@@ -271,22 +271,25 @@ def check_vocab_sizes(target_vocab_size: int, draft_vocab_size: int) -> None:
         "their distributions token by token.")
 
 
+# What `Target` asks for (protocols.Target).
+_TARGET_MEMBERS = ("vocab_size", "start_token", "start", "length",
+                   "decode_chunk", "truncate")
+
+
 @functools.lru_cache(maxsize=None)
 def _implements_target(cls: type) -> bool:
   """Whether instances of cls have Target's members (a Protocol isinstance
   costs ~0.1 ms: too much per decode call, so it is cached per class)."""
-  return all(hasattr(cls, m) for m in ("vocab_size", "start", "decode_chunk",
-                                       "truncate"))
+  return all(hasattr(cls, m) for m in _TARGET_MEMBERS)
 
 
 def check_target(target: Any) -> None:
   """The target implements `Target` and is a pytree; raises ValueError."""
   if not _implements_target(type(target)) and not isinstance(target, Target):
-    missing = [m for m in ("vocab_size", "start", "decode_chunk", "truncate")
-               if not hasattr(target, m)]
+    missing = [m for m in _TARGET_MEMBERS if not hasattr(target, m)]
     raise ValueError(
-        "target must implement specdec_jax.decoding.Target (vocab_size, "
-        f"start, decode_chunk, truncate), e.g. a models.T5Model; got "
+        "target must implement specdec_jax.protocols.Target ("
+        f"{', '.join(_TARGET_MEMBERS)}), e.g. a models.T5Model; got "
         f"{type(target).__name__}, missing {missing}.")
   check_pytree("target", target)
 
@@ -360,6 +363,13 @@ def _truncate_at_eos(window: Array, num_new: Array, eos_id: Array
   return jnp.where(hit_eos, first + 1, num_new), hit_eos
 
 
+def _start_buffer(target: Target, inputs: Array, size: int) -> Array:
+  """[B, size] int32 token buffer: the target's start token at position 0
+  (T5's 0; a decoder-only model's last prompt token), zeros after it."""
+  first = jnp.asarray(target.start_token(inputs), jnp.int32)
+  return jnp.zeros((inputs.shape[0], size), jnp.int32).at[:, 0].set(first)
+
+
 # ---------------------------------------------------------------------------
 # Baseline: the target alone.
 # ---------------------------------------------------------------------------
@@ -383,7 +393,8 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
   state = _BaselineState(
       step=jnp.array(0, jnp.int32),
       target_state=target.start(encoder_input_tokens, max_decode_length + 1),
-      buffer=jnp.zeros((batch, max_decode_length + 1), jnp.int32),
+      buffer=_start_buffer(target, encoder_input_tokens,
+                           max_decode_length + 1),
       length=jnp.zeros((batch,), jnp.int32),
       done=jnp.zeros((batch,), bool))
 
@@ -492,7 +503,7 @@ def init_speculative_state(target: Target, drafter: Drafter,
       iteration=jnp.array(0, jnp.int32),
       target_state=target.start(encoder_input_tokens, state_len),
       draft_state=drafter.init(encoder_input_tokens, state_len),
-      buffer=jnp.zeros((batch, state_len + 1), jnp.int32),
+      buffer=_start_buffer(target, encoder_input_tokens, state_len + 1),
       length=jnp.zeros((batch,), jnp.int32),
       done=jnp.zeros((batch,), bool),
       stats=(SpeculativeStatistics.zeros(batch, gamma, max_decode_length)

@@ -730,6 +730,14 @@ class T5Model:
   def vocab_size(self) -> int:
     return self.config.vocab_size
 
+  def start_token(self, encoder_input_tokens: Array) -> Array:
+    """[B] int32 decoder start tokens (0, T5's and T5X's convention)."""
+    return jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32)
+
+  def length(self, cache: DecodeCache) -> Array:
+    """[B] int32 decoder positions the cache holds."""
+    return cache.length
+
   def start(self, encoder_input_tokens: Array, max_len: int) -> DecodeCache:
     """Encodes [B, S] inputs once; returns an empty cache of max_len slots."""
     def fn(module, tokens):
