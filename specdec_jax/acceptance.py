@@ -43,14 +43,20 @@ class ExactAcceptance(AcceptanceRule):
 
   def __call__(self, rng, target_logits, draft_tokens, draft_probs, method):
     if method.is_greedy:
-      target_tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)
-      num_accepted, next_token = sampling.greedy_accept(target_tokens,
-                                                        draft_tokens)
-      return Verdict(num_accepted, next_token, None, target_tokens)
+      return greedy_verdict(target_logits, draft_tokens)
     target_probs = method.standardize(target_logits)
     num_accepted, next_token = _accept_guesses(rng, target_probs, draft_probs,
                                                draft_tokens)
     return Verdict(num_accepted, next_token, target_probs, None)
+
+
+def greedy_verdict(target_logits, draft_tokens) -> Verdict:
+  """The exact verdict with a greedy method (p one-hot at the argmax): keep
+  guesses while they equal the target's argmax, then emit the argmax."""
+  target_tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)
+  num_accepted, next_token = sampling.greedy_accept(target_tokens,
+                                                    draft_tokens)
+  return Verdict(num_accepted, next_token, None, target_tokens)
 
 
 def _accept_guesses(rng: Array, target_probs: Array,

@@ -36,6 +36,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import acceptance
 from specdec_jax import sampling
 from specdec_jax.protocols import AcceptanceRule
 from specdec_jax.protocols import Verdict
@@ -69,8 +70,7 @@ def stop_probabilities(target_probs: Array, draft_probs: Array,
     weights.append(jnp.minimum(1.0, weights[-1] * ratio[:, i]))
   w = jnp.stack(weights, axis=1)
   # q_{γ+1} := 0: with it the formula gives h_γ = w_γ.
-  q_next = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])],
-                           axis=1)
+  q_next = _with_empty_last(draft_probs)
   residual = jnp.sum(jnp.maximum(w[..., None] * target_probs - q_next, 0.0),
                      axis=-1)
   denominator = residual + 1.0 - w
@@ -79,6 +79,12 @@ def stop_probabilities(target_probs: Array, draft_probs: Array,
   h = jnp.where(jnp.concatenate([jnp.ones_like(guessed[:, :1]), guessed],
                                 axis=1), h, 0.0)
   return w, h.at[:, 0].set(1.0)
+
+
+def _with_empty_last(draft_probs: Array) -> Array:
+  """[B, γ, V] q_1..q_γ -> [B, γ+1, V] with q_{γ+1} := 0."""
+  return jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])],
+                         axis=1)
 
 
 def _one_hot_draft(draft_tokens: Array, vocab_size: int, dtype) -> Array:
@@ -93,10 +99,7 @@ class BlockAcceptance(AcceptanceRule):
 
   def __call__(self, rng, target_logits, draft_tokens, draft_probs, method):
     if method.is_greedy:
-      target_tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)
-      num_accepted, next_token = sampling.greedy_accept(target_tokens,
-                                                        draft_tokens)
-      return Verdict(num_accepted, next_token, None, target_tokens)
+      return acceptance.greedy_verdict(target_logits, draft_tokens)
     target_probs = method.standardize(target_logits)
     if draft_probs is None:
       draft_probs = _one_hot_draft(draft_tokens, target_probs.shape[-1],
@@ -127,8 +130,7 @@ def block_accept(rng: Array, target_probs: Array, draft_probs: Array,
   positions = jnp.arange(h.shape[1], dtype=jnp.int32)
   num_accepted = jnp.max(jnp.where(stops, positions, 0), axis=1)
   rows = jnp.arange(h.shape[0])
-  q_next = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])],
-                           axis=1)
+  q_next = _with_empty_last(draft_probs)
   residual = jnp.maximum(
       w[rows, num_accepted][:, None] * target_probs[rows, num_accepted] -
       q_next[rows, num_accepted], 0.0)
