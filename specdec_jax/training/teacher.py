@@ -13,6 +13,8 @@ import dataclasses
 import os
 from typing import Any, Optional, Sequence, Tuple
 
+import jax.numpy as jnp
+
 from specdec_jax import checkpoints
 from specdec_jax import gin_utils
 from specdec_jax.models.config import T5Config
@@ -106,7 +108,9 @@ def load_teacher(distill_from: str, config: Optional[T5Config],
         f"{t_config.vocab_size} but the student has {student.vocab_size}: "
         "the KL loss compares their distributions token by token, so both "
         "must use the same vocabulary.")
+  # float32 whatever the stored dtype: a shipped bfloat16 checkpoint would
+  # otherwise run the teacher in bfloat16 matmuls (slow on CPU).
   with checkpointing.quiet_absl():
     params = {"params": checkpoints.load_t5x_params(
-        ckpt, expected=param_shapes(t_config))}
+        ckpt, expected=param_shapes(t_config), dtype=jnp.float32)}
   return Teacher(checkpoint=ckpt, config=t_config, params=params)
