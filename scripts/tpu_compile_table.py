@@ -29,7 +29,8 @@ FILES = ("ende_small.gin", "ende_base.gin", "ende_large.gin",
 # c, call cost and the prediction: from XLA's bytes accessed / from the
 # calls' argument bytes (`compile_report.roofline`).
 HEADER = ("| file | draft | γ | fits | per device: params / peak / HBM (GB) "
-          "| step bytes / param bytes | collectives / step | c | call cost "
+          "| weight reads / step | XLA bytes / argument bytes "
+          "| collectives / step | c | call cost "
           "| predicted at paper α | paper | compile s |")
 
 
@@ -56,7 +57,7 @@ def compile_one(gin_file, topology, mesh_shape, out_dir, timeout):
 def row(gin_file, record, error):
   """One Markdown row."""
   if record is None:
-    return f"| {gin_file} | | | failed: {error} | | | | | | | | |"
+    return f"| {gin_file} | | | failed: {error} | | | | | | | | | |"
   mem, roof, paper = (record["memory_per_device"], record["roofline"],
                       record["paper"])
   params = sum(mem["parameter_bytes"].values())
@@ -73,7 +74,8 @@ def row(gin_file, record, error):
           f"{record['settings']['gamma']} | {fits} | "
           f"{params / 1e9:.2f} / {mem['peak_bytes'] / 1e9:.2f} / "
           f"{mem['hbm_bytes'] / 1e9:.1f} | "
-          f"{step['bytes_per_parameter_byte']:.2f} | "
+          f"{step['weight_reads']['reads_per_weight_byte']:.2f} | "
+          f"{step['bytes_per_argument_byte']:.2f} | "
           f"{record['collectives_per_target_step']['total']} | "
           f"{roof['cost_coefficient_c']:.3f} / "
           f"{args['cost_coefficient_c']:.3f} | {roof['call_cost']:.2f} / "

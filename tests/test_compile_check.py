@@ -182,8 +182,15 @@ def test_tiny_compiles_for_v4_with_sharded_parameter_bytes(tiny_v4):
       params["target"] + record["memory_per_device"]["kv_cache_bytes"][
           "target"])
   assert step["flops"] > 0 and step["bytes_accessed"] > 0
-  assert step["bytes_per_parameter_byte"] == pytest.approx(
-      step["bytes_accessed"] / params["target"])
+  assert step["bytes_per_argument_byte"] == pytest.approx(
+      step["bytes_accessed"] / step["argument_bytes"])
+  # Each weight is read once per step and per verification call (the
+  # relative-position table, a few hundred bytes, is read twice).
+  for name in ("target_step", "verification", "draft_step"):
+    reads = record["calls"][name]["weight_reads"]
+    assert reads["weights"] > 0 and not reads["unread"], reads
+    assert reads["reads_per_weight_byte"] == pytest.approx(1.0, abs=0.01)
+    assert all("relpos" in n for n in reads["read_more_than_once"]), reads
   # Megatron-style sharding over 'model': all-reduces in every step.
   assert record["collectives_per_target_step"]["all-reduce"] > 0
   memory = record["memory_per_device"]

@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec
 
 from specdec_jax import decoding
 from specdec_jax import partitioning
+from specdec_jax.experiment import hlo_reads
 from specdec_jax.models import T5Config
 from specdec_jax.models import T5Model
 from specdec_jax.models import param_shapes
@@ -155,7 +156,11 @@ class Compiler:
     loops update it in place)."""
     compiled, secs = _compile(lambda m, t, c: m.decode_chunk(t, c), model,
                               self.tokens(k), cache, donate=(2,))
-    return program_record(compiled, secs)
+    record = program_record(compiled, secs)
+    # A chunk has no loop over the weights: its HLO shows how often each
+    # is read (XLA's bytes accessed also counts on-chip prefetch copies).
+    record["weight_reads"] = hlo_reads.weight_reads(compiled.as_text())
+    return record
 
   def _loop_args(self, target: T5Model):
     return (target, self.tokens(self.shapes.inputs),

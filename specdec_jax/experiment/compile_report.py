@@ -148,14 +148,13 @@ def roofline(calls: Dict[str, Any], chip: tpu_topologies.Chip, gamma: int,
                                      gamma, paper)}
 
 
-def _per_call(calls: Dict[str, Any], params: Dict[str, int]) -> None:
-  """Adds bytes accessed / parameter bytes (per device) to each call."""
-  owner = {"target_step": "target", "verification": "target",
-           "target_start": "target", "draft_step": "draft",
-           "draft_start": "draft"}
-  for name, record in calls.items():
-    record["bytes_per_parameter_byte"] = _ratio(record["bytes_accessed"],
-                                                params[owner[name]])
+def _per_call(calls: Dict[str, Any]) -> None:
+  """Adds XLA's bytes accessed / the call's argument bytes (per device) to
+  each call: above 1 where XLA counts on-chip prefetch copies too
+  (`hlo_reads`), so the weight reads are counted from the HLO apart."""
+  for record in calls.values():
+    record["bytes_per_argument_byte"] = _ratio(record["bytes_accessed"],
+                                               record["argument_bytes"])
 
 
 def smallest_fitting_mesh(num_chips: int, mesh_shape: Sequence[int],
@@ -219,7 +218,7 @@ def _record(args, value, topology, devices, target_config, draft_config,
   """compile.json's dict."""
   calls, programs = compiled["calls"], compiled["programs"]
   params, caches = compiled["params"], compiled["kv_cache"]
-  _per_call(calls, params)
+  _per_call(calls)
   hbm = topology.chip.hbm_bytes
   peak = max(p["total_bytes"] for p in programs.values())
   custom = sorted({c for r in list(calls.values()) + list(programs.values())
@@ -301,10 +300,15 @@ def summary_lines(record: Dict[str, Any]) -> List[str]:
                               f"{record['settings']['gamma'] + 1})", "the"),
                              ("draft_step", "A draft step", "its")):
     r = calls[name]
+    reads = r["weight_reads"]
+    again = (f"; read more than once: {', '.join(reads['read_more_than_once'])}"
+             if reads["read_more_than_once"] else "")
     lines.append(
-        f"{words} reads {_gb(r['bytes_accessed'])} per device "
-        f"({r['bytes_per_parameter_byte']:.2f}x {owner} parameter bytes) "
-        f"and does {r['flops'] / 1e9:.1f} GFLOP.")
+        f"{words} reads {owner} {_gb(reads['weight_bytes'])} of weights "
+        f"{reads['reads_per_weight_byte']:.2f} times per device (from the "
+        f"HLO{again}), does {r['flops'] / 1e9:.1f} GFLOP; XLA counts "
+        f"{_gb(r['bytes_accessed'])} accessed ({r['bytes_per_argument_byte']:.2f}x"
+        " its arguments, on-chip prefetch copies included).")
   lines.append(f"Collectives per target step: "
                f"{_collective_words(record['collectives_per_target_step'])}"
                ".")
