@@ -64,6 +64,9 @@ def row(gin_file, record, error):
   fits = "yes" if mem["fits"] else (
       f"no (fits at {mem['smallest_fitting_mesh_shape']})")
   step = record["calls"]["target_step"]
+  # Records written before the weight-read count have "n/a" there.
+  reads = step.get("weight_reads", {}).get("reads_per_weight_byte")
+  per_arg = step["bytes_accessed"] / step["argument_bytes"]
   args = roof["from_arguments"]
   predicted = (f"{roof['theorem_3_8_speedup']:.2f}x / "
                f"{args['theorem_3_8_speedup']:.2f}x (α {paper['alpha']})"
@@ -74,14 +77,27 @@ def row(gin_file, record, error):
           f"{record['settings']['gamma']} | {fits} | "
           f"{params / 1e9:.2f} / {mem['peak_bytes'] / 1e9:.2f} / "
           f"{mem['hbm_bytes'] / 1e9:.1f} | "
-          f"{step['weight_reads']['reads_per_weight_byte']:.2f} | "
-          f"{step['bytes_per_argument_byte']:.2f} | "
+          f"{'n/a' if reads is None else f'{reads:.2f}'} | "
+          f"{per_arg:.2f} | "
           f"{record['collectives_per_target_step']['total']} | "
           f"{roof['cost_coefficient_c']:.3f} / "
           f"{args['cost_coefficient_c']:.3f} | {roof['call_cost']:.2f} / "
           f"{args['call_cost']:.2f} | "
           f"{predicted} | {paper['speedup'] if paper else 'n/a'}x | "
           f"{seconds:.0f} |")
+
+
+def render(out: str) -> int:
+  """Rewrites the .md table beside `out` from its JSON."""
+  with open(out) as f:
+    data = json.load(f)
+  rows = [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
+  rows += [row(name, r["compile"], r["error"])
+           for name, r in data["files"].items()]
+  io_utils.atomic_write(os.path.splitext(out)[0] + ".md",
+                        f"{data['command']}\n\n" + "\n".join(rows) + "\n")
+  print("\n".join(rows))
+  return 0
 
 
 def main(argv=None) -> int:
@@ -92,6 +108,8 @@ def main(argv=None) -> int:
   parser.add_argument("--files", default=",".join(FILES))
   parser.add_argument("--timeout", type=int, default=3600,
                       help="seconds per file")
+  parser.add_argument("--render", action="store_true",
+                      help="only rewrite the .md from the JSON (no compiling)")
   parser.add_argument("--out", default=None,
                       help="JSON path (default benchmarks/"
                       "tpu_compile_<topology>.json; .md beside it)")
@@ -101,7 +119,9 @@ def main(argv=None) -> int:
                               f"tpu_compile_{a.topology}.json")
   command = ("python scripts/tpu_compile_table.py "
              f"--topology {a.topology} --mesh_shape {a.mesh_shape}")
-  rows, records = [HEADER, "|" + "---|" * 12], {}
+  rows, records = [HEADER, "|" + "---|" * (HEADER.count("|") - 1)], {}
+  if a.render:
+    return render(out)
 
   def write():  # after every file: a long table is never lost
     io_utils.write_json(out, {"command": command, "topology": a.topology,

@@ -93,8 +93,10 @@ def weight_reads(hlo_text: str, is_weight=None) -> Dict[str, object]:
     m = _INSTRUCTION.match(line)
     if m and _PARAMETER.search(line):
       op_name = _OP_NAME.search(line)
-      if op_name and is_weight(op_name.group(1)):
-        weights[m.group(1)] = (op_name.group(1), array_bytes(m.group(2)))
+      if op_name and is_weight(op_name.group(1).replace("\\'", "'")):
+        # HLO text escapes the quotes of pytree paths: ['params'] -> [\'params\'].
+        name = op_name.group(1).replace("\\'", "'")
+        weights[m.group(1)] = (name, array_bytes(m.group(2)))
   reads = {name: 0.0 for name in weights}
   for line in lines:
     m = _INSTRUCTION.match(line)
