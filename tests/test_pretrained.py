@@ -38,6 +38,9 @@ PAIRS = {
                     "draft_1m", "models/multi30k_draft_1m.gin"),
     "11m_with_1m": ("target", "models/multi30k_target.gin",
                     "draft_1m", "models/multi30k_draft_1m.gin"),
+    "38m_with_1m_distilled": ("target_38m", "models/multi30k_target_38m.gin",
+                              "draft_1m_distill_38m",
+                              "models/multi30k_draft_1m.gin"),
 }
 
 
