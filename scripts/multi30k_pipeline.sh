@@ -63,8 +63,16 @@ bench() {  # NAME TARGET_GIN [ISA]
 bench 11m multi30k_target
 bench 38m multi30k_target_38m
 bench 38m_avx2 multi30k_target_38m avx2
+# Host B (a Xeon whose reported 480 MiB L3 holds the 38M decoder): the 38M
+# and a T5-base-shaped target (552 MB decoder) beyond that cache.
+#   bench 38m_xeon multi30k_target_38m
+#   python scripts/benchmark_decode.py --target base --draft xsmall --gammas 3 \
+#     --alphas 0.7 --chunk_sizes 2,3,4,5,6,8 --max_decode_length 32 \
+#     --output benchmarks/call_cost_t5base_xeon_cpu.json
 python scripts/plot_call_cost.py \
-  --bench "11M target (decoder in L3)=benchmarks/call_cost_11m_cpu.json" \
-  --bench "38M target (decoder from DRAM)=benchmarks/call_cost_38m_cpu.json" \
-  --bench "38M, kernel capped at AVX2=benchmarks/call_cost_38m_avx2_cpu.json" \
+  --bench "A: 11M target (decoder in L3)=benchmarks/call_cost_11m_cpu.json" \
+  --bench "A: 38M target (decoder from DRAM)=benchmarks/call_cost_38m_cpu.json" \
+  --bench "A: 38M, kernel capped at AVX2=benchmarks/call_cost_38m_avx2_cpu.json" \
+  --bench "B: 38M target (decoder in B's 480 MiB L3)=benchmarks/call_cost_38m_xeon_cpu.json" \
+  --bench "B: T5-base shape (552 MB decoder, from DRAM)=benchmarks/call_cost_t5base_xeon_cpu.json" \
   --out benchmarks/call_cost_cpu
