@@ -31,7 +31,7 @@ attention keys/values are projected once per input, not once per step.
 import contextlib
 import contextvars
 import functools
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Iterator, Tuple
 
 import flax
 import flax.linen as nn
