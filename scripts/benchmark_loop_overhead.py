@@ -25,7 +25,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 from absl import app
 from absl import flags

@@ -574,7 +574,7 @@ def run_pair(args, t5x_decoding, network, log) -> Dict[str, Any]:
   for i, w in enumerate(widths):
     firsts.setdefault(int(w), i)
   compile_s = dict.fromkeys(names, 0.0)
-  for w, i in sorted(firsts.items()):
+  for _, i in sorted(firsts.items()):
     for name in names:
       t0 = time.perf_counter()
       jax.block_until_ready(programs[name](rows[i], keys[i]))

@@ -74,7 +74,7 @@ def import_tensorflow_quietly() -> None:
   if "seqio" in sys.modules:
     return
   with filtered_stderr(is_tensorflow_import_noise):
-    import seqio  # pylint: disable=g-import-not-at-top,unused-import
+    import seqio  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
 
 
 class _DropQuietBackendProbe(logging.Filter):

@@ -46,7 +46,6 @@ samples (`alpha.json`); no walltimes, so it is cheap to run for many
 """
 import dataclasses
 import os
-import sys
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from absl import logging
@@ -66,7 +65,7 @@ from specdec_jax import run_metrics
 from specdec_jax import tasks
 # Not used here: tests reach (and replace) how the run times calls through
 # `run.timing`.
-from specdec_jax import timing  # pylint: disable=unused-import
+from specdec_jax import timing  # noqa: F401  # pylint: disable=unused-import
 from specdec_jax.experiment import drafter_choice
 from specdec_jax.experiment import alpha as alpha_mode
 from specdec_jax.experiment import arguments

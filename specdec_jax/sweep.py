@@ -32,7 +32,6 @@ import json
 import math
 import os
 import re
-import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 

@@ -20,7 +20,6 @@ pieces live in `specdec_jax.training` (data, vocabulary, optimizer, loss,
 step, checkpointing, teacher, evaluation).
 """
 import os
-import sys
 from typing import List, Optional, Sequence
 
 from absl import flags

@@ -55,7 +55,7 @@ def load_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
   """
   vocab = get_vocabulary(spm_model_path, extra_ids)
   try:
-    vocab.tokenizer  # pylint: disable=pointless-statement  (reads the file)
+    _ = vocab.tokenizer  # Reads the file.
   except Exception as e:  # pylint: disable=broad-except
     # seqio surfaces protobuf's DecodeError for a file that is not a model,
     # SentencePiece's RuntimeError or OSError / TF's errors for unreadable

@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import checkify
-from scipy import stats
 
 from specdec_jax import decoding
 from specdec_jax import drafters
@@ -127,9 +126,9 @@ def test_new_inputs_and_eos_do_not_recompile(greedy_setup):
     jitted = (loops._jit_temperature_loop  # pylint: disable=protected-access
               if fn is decoding.temperature_sample
               else loops._speculative_program())  # pylint: disable=protected-access
-    run = lambda x, e, seed: fn(  # pylint: disable=cell-var-from-loop
-        target, encoder_input_tokens=x, rng=jax.random.PRNGKey(seed),
-        max_decode_length=MAX_LEN, eos_id=e, **kwargs).tokens
+    def run(x, e, seed, fn=fn, kwargs=kwargs):
+      return fn(target, encoder_input_tokens=x, rng=jax.random.PRNGKey(seed),
+                max_decode_length=MAX_LEN, eos_id=e, **kwargs).tokens
     jax.block_until_ready(run(inputs, eos, 0))
     before = jitted._cache_size()
     jax.block_until_ready(run(other, -1, 1))

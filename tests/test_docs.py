@@ -4,6 +4,7 @@ install lines are .ci/run's, the Python API block and the main job execute,
 every other command names modules, scripts, gin files, macros and flags
 that exist)."""
 import importlib.util
+import os
 import pathlib
 import re
 import shlex
@@ -158,6 +159,16 @@ def test_install_and_test_commands_are_ci_runs():
   tests = _fenced(_section(text, "## Run the tests"))[0].splitlines()
   assert install == ci[:-1] and len(install) == 2
   assert tests == ci[-1:] == ["python -m pytest -q tests"]
+
+
+def test_check_command_is_the_one_ci_runs_before_the_tests():
+  ci = [line.strip() for line in
+        (REPO / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.startswith("#")]
+  checks = [i for i, line in enumerate(ci) if "scripts/check.sh" in line]
+  assert len(checks) == 1 and checks[0] < ci.index("python -m pytest -q tests")
+  assert os.access(REPO / "scripts" / "check.sh", os.X_OK)
+  assert "`scripts/check.sh`" in _section(_readme(), "## Run the tests")
 
 
 def test_readme_python_api_block_runs(capsys):

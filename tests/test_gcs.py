@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 
-import gin
 import pytest
 
 from conftest import T5X_TINY

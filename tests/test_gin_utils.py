@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import pytest
 
 from specdec_jax import gin_utils
-from specdec_jax import run  # pylint: disable=unused-import  (registers `run`)
+from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=unused-import
 from specdec_jax.models import T5Config
 
 DEFAULT = T5Config()  # No gin bindings are live at import time.

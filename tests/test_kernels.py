@@ -21,6 +21,7 @@ import pytest
 from specdec_jax import decoding
 from specdec_jax import kernels
 
+from conftest import REPO
 from conftest import random_model
 from conftest import tiny_config
 
@@ -180,3 +181,11 @@ def test_failed_compilation_reports_the_compiler_output(monkeypatch,
     kernels.build()
   # Nothing half-written is left where a later build would find it.
   assert not list(tmp_path.rglob("*.so"))
+
+
+def test_kernel_source_is_package_data():
+  """pyproject.toml ships cpu_matmul.cc: it is compiled where it is used."""
+  tomllib = pytest.importorskip("tomllib")  # Python 3.11+.
+  pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+  globs = pyproject["tool"]["setuptools"]["package-data"]["specdec_jax.kernels"]
+  assert any(kernels._SOURCE.match(g) for g in globs)  # pylint: disable=protected-access

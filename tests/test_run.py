@@ -7,7 +7,6 @@ import sys
 
 import gin
 import jax
-import numpy as np
 import pytest
 
 from specdec_jax import checkpoints

@@ -4,6 +4,7 @@ Statistical tests use fixed seeds and chi-square goodness of fit at
 significance 1e-3 (each can fail: a wrong residual, a missing guard or an
 off-by-one in n moves the emitted distribution away from p).
 """
+import dataclasses
 import functools
 
 import jax
@@ -298,7 +299,7 @@ def test_sampling_methods_are_static_values():
   assert isinstance(sampling.Sampling(1).temperature, float)
   assert sampling.Greedy() == sampling.Greedy()
   assert sampling.Greedy().is_greedy and not a.is_greedy
-  with pytest.raises(Exception):  # frozen
+  with pytest.raises(dataclasses.FrozenInstanceError):
     a.temperature = 1.0  # pytype: disable=not-writable
   assert sampling.make_method(0.0, 5, 0.5) == sampling.Greedy()
   assert sampling.make_method(0.7, 0, 0.9) == a

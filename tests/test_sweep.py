@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 
-import gin
 import pytest
 
 from specdec_jax import run as run_lib

@@ -30,7 +30,7 @@ the target's argmax up to position n, every w_i for i <= n is 1 and every
 later one 0, so τ = n and the next token is the argmax at n + 1, exactly
 `sampling.greedy_accept`; the rule delegates to it.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import flax
 import jax

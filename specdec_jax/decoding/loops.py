@@ -285,7 +285,9 @@ def _implements_target(cls: type) -> bool:
 
 def check_target(target: Any) -> None:
   """The target implements `Target` and is a pytree; raises ValueError."""
-  if not _implements_target(type(target)) and not isinstance(target, Target):
+  # A class is hashable; mypy's Hashable protocol does not see type.__hash__.
+  if (not _implements_target(type(target))  # type: ignore[arg-type]
+      and not isinstance(target, Target)):
     missing = [m for m in _TARGET_MEMBERS if not hasattr(target, m)]
     raise ValueError(
         "target must implement specdec_jax.protocols.Target ("

@@ -32,6 +32,7 @@ def guess_beta(verdict: Verdict, draft_tokens: Array,
   """
   gamma = draft_tokens.shape[1]
   if verdict.target_probs is None:
+    assert verdict.target_tokens is not None  # Greedy: the rule's argmaxes.
     target_tokens = verdict.target_tokens[:, :gamma]
     if draft_probs is None:
       return (target_tokens == draft_tokens).astype(jnp.float32)

@@ -141,8 +141,8 @@ def build_ngram_table(sequences: Iterable[Sequence[int]], vocab_size: int,
                      f"{max_continuations!r}.")
   pad = order - 1
   padded, is_next = [], []
-  for seq in sequences:
-    seq = np.asarray(seq, np.int64).ravel()
+  for sequence in sequences:
+    seq = np.asarray(sequence, np.int64).ravel()
     if seq.size == 0:
       continue
     bad = (seq < 0) | (seq >= vocab_size)

@@ -109,7 +109,7 @@ def devices(topology: Topology) -> List[Any]:
       it), or it refused the topology.
   """
   try:
-    import libtpu  # pylint: disable=g-import-not-at-top,unused-import
+    import libtpu  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError:
     raise RuntimeError(
         "compiling for a TPU topology needs libtpu, which is not installed: "

@@ -40,7 +40,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +55,7 @@ _ENV_ISA = "SPECDEC_JAX_KERNEL_ISA"  # Caps the instruction set (benchmarks).
 
 log = logging.getLogger(__name__)
 # The library `available` loaded (ctypes handle), for `instruction_set`.
-_loaded = {}
+_loaded: Dict[str, Any] = {}
 
 # XLA:CPU only, for `decoding.loops`: the speculative loop runs its XLA
 # dots (attention over K rows, small bookkeeping) on the calling thread. Its many small ops lose

@@ -4,7 +4,7 @@ Mirrors `t5x/examples/t5/network.py:T5Config` so that gin files written for
 T5X bind the same names (`T5Config.emb_dim = 512`, ...). Plain data: the
 harness (`gin_utils`) registers it with gin, the core never imports gin.
 """
-from typing import Any, Sequence, Tuple
+from typing import Any, Sequence
 
 import dataclasses
 

@@ -30,8 +30,9 @@ attention keys/values are projected once per input, not once per step.
 """
 import contextlib
 import contextvars
+import dataclasses
 import functools
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Iterator, Tuple, cast
 
 import flax
 import flax.linen as nn
@@ -169,7 +170,7 @@ class DenseGeneral(nn.Module):
         self.get_variable("params", "kernel").ndim == 3):
       # Packed for the CPU kernel (`T5Model.prepared_for_decoding`); read
       # directly: `self.param` would reject the packed shape.
-      panels = self.get_variable("params", "kernel")
+      panels: Array = self.get_variable("params", "kernel")
       batch_shape = x.shape[:x.ndim - len(axis)]
       y = kernels.dense(x.reshape(*batch_shape, stored_shape[0]), panels,
                         stored_shape[1])
@@ -582,8 +583,8 @@ class Decoder(nn.Module):
       new_values.append(lv)
     y = self.decoder_norm(y)
     logits = self._logits(y)
-    cache = cache.replace(keys=tuple(new_keys), values=tuple(new_values),
-                          length=start + k)
+    cache = dataclasses.replace(cache, keys=tuple(new_keys),
+                                values=tuple(new_values), length=start + k)
     return logits, cache
 
 
@@ -705,7 +706,8 @@ class T5Model:
     params = dict(self.params["params"])
     for stack in ("encoder", "decoder"):
       params[stack] = _pack_kernels(params[stack])
-    return self.replace(params={**self.params, "params": params})
+    return dataclasses.replace(
+        self, params={**self.params, "params": params})
 
   def unpacked(self) -> "T5Model":
     """The same model in T5X's layout (undoes `prepared_for_decoding`)."""
@@ -718,7 +720,8 @@ class T5Model:
           lambda x, shape: (kernels.unpack(x, shape.shape[1])
                             if x.ndim == 3 else x),
           params[stack], shapes[stack])
-    return self.replace(params={**self.params, "params": params})
+    return dataclasses.replace(
+        self, params={**self.params, "params": params})
 
   @property
   def is_packed(self) -> bool:
@@ -760,8 +763,10 @@ class T5Model:
         `jax.experimental.checkify.checkify`).
     """
     self._check_chunk_fits(tokens.shape[1], cache)
-    return self.module.apply(self.params, tokens, cache,
-                             method=Transformer.decode_chunk)
+    # `apply` returns the method's value (no collection is mutable here).
+    return cast(Tuple[Array, DecodeCache],
+                self.module.apply(self.params, tokens, cache,
+                                  method=Transformer.decode_chunk))
 
   @staticmethod
   def _check_chunk_fits(k: int, cache: DecodeCache) -> None:
@@ -796,4 +801,5 @@ class T5Model:
     chunk overwrites them. A row whose cache holds fewer positions than
     `length` is left as it is (length = min(cache.length, length)).
     """
-    return cache.replace(length=jnp.minimum(cache.length, length))
+    return dataclasses.replace(
+        cache, length=jnp.minimum(cache.length, length))
