@@ -20,10 +20,9 @@ def start_model(model: Any, encoder_input_tokens: Array, max_len: int,
   reads one (`reads_target_encoder`: a decoder without an encoder of its
   own, e.g. `models.SharedEncoderModel`) and the target gave it; else
   `model.start`, which encodes the inputs with the model's own encoder."""
-  start_from = getattr(model, "start_from_encoder_output", None)
-  if encoder_output is not None and start_from is not None and getattr(
-      model, "reads_target_encoder", False):
-    return start_from(encoder_output, max_len)
+  if encoder_output is not None and getattr(model, "reads_target_encoder",
+                                           False):
+    return model.start_from_encoder_output(encoder_output, max_len)
   return model.start(encoder_input_tokens, max_len)
 
 
