@@ -411,11 +411,15 @@ def t5_config_from_fields(fields: Mapping[str, Any], what: str) -> T5Config:
 def t5_config_fields(config: T5Config) -> Dict[str, Any]:
   """JSON-ready fields of a T5Config: dtype by name, tuples as lists.
 
-  The inverse of `t5_config_from_fields`.
+  The inverse of `t5_config_from_fields`. `encoder_width` is left out when
+  None (every model with its own encoder), so records and model_config.json
+  files written before the field existed compare equal.
   """
   out = {}
   for field in dataclasses.fields(config):
     value = getattr(config, field.name)
+    if field.name == "encoder_width" and value is None:
+      continue
     if field.name == "dtype":
       value = jnp.dtype(value).name
     elif isinstance(value, tuple):

@@ -81,6 +81,13 @@ class Target(Protocol):
   decoder from a fixed start token; a decoder-only model reads its prompt
   into the state (prefill) and the loop continues from the prompt's last
   token. Either way the loop sees L = 0 after `start`.
+
+  Optional: `encoder_output(state)`, what `start` encoded (T5Model: an
+  `EncoderOutput` of [B, S, d] encodings and the [B, S] input mask). The
+  speculative loop hands it to `Drafter.init` (`target_encoder_output`), so
+  a draft decoder can cross-attend to the target's encoding instead of
+  encoding the inputs itself (a shared-encoder draft). Not part of the
+  structural check: a target without it (a decoder-only model) gives None.
   """
 
   @property
@@ -108,6 +115,12 @@ class Target(Protocol):
 
   def truncate(self, state: Any, length: Array) -> Any:
     """Forgets positions >= length [B] int32 (L = min(L, length))."""
+
+
+def target_encoder_output(target: Any, state: Any) -> Any:
+  """`target.encoder_output(state)`, or None for a target without one."""
+  method = getattr(target, "encoder_output", None)
+  return None if method is None else method(state)
 
 
 def _is_array_leaf(leaf: Any) -> bool:
@@ -183,8 +196,15 @@ class Drafter(abc.ABC):
     """The draft's vocabulary size (must equal the target's)."""
 
   @abc.abstractmethod
-  def init(self, encoder_input_tokens: Array, max_len: int) -> Any:
-    """The state for inputs [B, S] int32; buffer positions < max_len."""
+  def init(self, encoder_input_tokens: Array, max_len: int,
+           encoder_output: Any = None) -> Any:
+    """The state for inputs [B, S] int32; buffer positions < max_len.
+
+    `encoder_output` is the target's (`Target.encoder_output` after its
+    `start`: for T5 an `EncoderOutput`), or None when the target has none or
+    the drafter runs on its own. A drafter that reads it (a shared-encoder
+    draft model) encodes nothing itself; every other drafter ignores it.
+    """
 
   @abc.abstractmethod
   def propose(self, state: Any, buffer: Array, length: Array, rng: Array, *,

@@ -59,6 +59,7 @@ from specdec_jax.decoding import block_acceptance
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import metrics as metrics_lib
+from specdec_jax import models as models_lib
 from specdec_jax import multihost
 from specdec_jax import partitioning
 from specdec_jax import run_metrics
@@ -147,6 +148,7 @@ class Experiment:
                          "line, or a .npz of token ids).")
       decoding.check_vocab_sizes(self.target_config.vocab_size,
                                  self.draft_config.vocab_size)
+      self.drafting.check_draft_config(self.draft_config, self.target_config)
     except ValueError as e:  # a bad setting, not a bug: no traceback
       raise ConfigError(str(e)) from None
     self._models = models
@@ -230,6 +232,10 @@ class Experiment:
     if draft is None and self.drafting.uses_draft_model:
       draft = load_model(self.draft_config, a.draft_checkpoint_path,
                          a.seed + 1, mesh, "draft")
+      if not self.draft_config.has_encoder:
+        # DRAFTER='shared_encoder': the draft decoder reads the target's
+        # encoder (started from the target's encoder output in the loop).
+        draft = models_lib.SharedEncoderModel.pair(target, draft)
       self._models = (mesh, target, draft)
     return self._models
 

@@ -98,7 +98,7 @@ class ScriptedDrafter(drafters.Drafter):
   def vocab_size(self) -> int:
     return self.guess_logits.shape[-1]
 
-  def init(self, encoder_input_tokens, max_len):
+  def init(self, encoder_input_tokens, max_len, encoder_output=None):
     return ()
 
   def propose(self, state, buffer, length, rng, *, gamma, method):

@@ -362,7 +362,7 @@ class _PlainDrafter(drafters.Drafter):
   """A drafter that is not a pytree: jit could not take it."""
   vocab_size = 8
 
-  def init(self, encoder_input_tokens, max_len):
+  def init(self, encoder_input_tokens, max_len, encoder_output=None):
     return ()
 
   def propose(self, state, buffer, length, rng, *, gamma, method):

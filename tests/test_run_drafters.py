@@ -14,6 +14,7 @@ import re
 import gin
 import pytest
 
+from specdec_jax import drafters
 from specdec_jax import run as run_lib
 from specdec_jax import sweep
 from specdec_jax.experiment import ngram_corpus as corpus_lib
@@ -76,6 +77,16 @@ def _run_error(out, bindings) -> str:
     (["ACCEPTANCE = 'tree'"], ["ACCEPTANCE='tree': allowed: 'token', 'block'"]),
     (["ACCEPTANCE = 'block'", "LENIENCE = 0.5"],
      ["ACCEPTANCE='block' with LENIENCE=0.5", "allowed: LENIENCE=1"]),
+    (["DRAFTER = 'shared_encoder'"],
+     ["DRAFTER='shared_encoder': the draft has an encoder of its own",
+      "encoder_width = the target's emb_dim (64)"]),
+    (["draft/T5Config.num_encoder_layers = 0",
+      "draft/T5Config.encoder_width = 64"],
+     ["DRAFTER='model': the draft has no encoder of its own",
+      "allowed: DRAFTER='shared_encoder'"]),
+    (["DRAFTER = 'shared_encoder'", "draft/T5Config.num_encoder_layers = 0",
+      "draft/T5Config.encoder_width = 32"],
+     ["encoder_width = 32 but the target's emb_dim is 64"]),
 ])
 def test_bad_drafting_settings_fail_before_loading(bindings, expect, tmp_path,
                                                    no_load):
@@ -210,3 +221,52 @@ def test_block_verification_end_to_end(tmp_path, monkeypatch):
   assert written["acceptance"] == "block" and written["exact"] is True
   assert written["draft_model"].endswith(" block")
   assert written["settings"]["run"]["acceptance"] == "block"
+
+
+SHARED_ENCODER = ["DRAFTER = 'shared_encoder'",
+                  "draft/T5Config.num_encoder_layers = 0",
+                  "draft/T5Config.encoder_width = 64",
+                  "target/T5Config.num_encoder_layers = 1",
+                  "target/T5Config.num_decoder_layers = 1"]
+
+
+def test_shared_encoder_end_to_end(tmp_path, monkeypatch):
+  """DRAFTER='shared_encoder': the draft decoder (no encoder) reads the
+  target's encoder output in the loop, stays exact, is priced as a draft
+  model step, and MODE='alpha' measures it too."""
+  monkeypatch.setattr(
+      run_lib.timing, "call_seconds",
+      lambda calls, *args, **kwargs: {
+          name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()})
+  inits = []
+  original = drafters.ModelDrafter.init
+
+  def spy(self, inputs, max_len, encoder_output=None):
+    inits.append(encoder_output is not None)
+    return original(self, inputs, max_len, encoder_output)
+
+  monkeypatch.setattr(drafters.ModelDrafter, "init", spy)
+  out = tmp_path / "out"
+  _parse([f"OUTPUT_DIR = '{out}'", "GAMMA = 2", "NUM_EXAMPLES = 2",
+          "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 6}",
+          *SHARED_ENCODER])
+  experiment = run_lib.Experiment(**run_lib.run_arguments())
+  metrics = experiment.run()
+  assert inits and all(inits)  # Started from the target's encoder output.
+  _, target, draft = experiment.models()
+  assert isinstance(draft, run_lib.models_lib.SharedEncoderModel)
+  assert draft.encoder is target
+  assert "encoder" not in draft.decoder.params["params"]
+  assert metrics["greedy_outputs_identical"] is True
+  written = json.loads((out / "metrics.json").read_text())
+  assert written["drafter"] == "shared_encoder"
+  assert written["draft_model"] == "tiny"
+  assert written["cost_coefficient_c"] == pytest.approx(1.1 / 1.1)
+  assert written["settings"]["draft"]["encoder_width"] == 64
+  assert "encoder_width" not in written["settings"]["target"]
+  gin.clear_config()
+  _parse([f"OUTPUT_DIR = '{tmp_path / 'alpha'}'", "MODE = 'alpha'",
+          "NUM_EXAMPLES = 2", "TASK_FEATURE_LENGTHS = {'inputs': 32, "
+          "'targets': 6}", *SHARED_ENCODER])
+  alpha = run_lib.run()
+  assert 0.0 <= alpha["alpha_beta"] <= 1.0 and alpha["num_positions"] > 0

@@ -150,7 +150,7 @@ def test_a_drafter_overflowing_its_state_is_reported_under_checkify(
 
   @flax.struct.dataclass
   class ShortDrafter(drafters.ModelDrafter):
-    def init(self, encoder_input_tokens, max_len):
+    def init(self, encoder_input_tokens, max_len, encoder_output=None):
       return drafters.ModelDrafter.init(self, encoder_input_tokens, 3)
 
   loop = checkify.checkify(jax.jit(functools.partial(

@@ -230,6 +230,78 @@ def test_distillation_kl_decreases(workdir, spm_path, target, draft):
                              1e-4 * h["z"], rtol=1e-4)
 
 
+def test_shared_encoder_draft_trains_on_the_frozen_target_encoder(
+    workdir, spm_path, target):
+  """gin/train/tiny_ci_shared_encoder.gin: a draft decoder without an
+  encoder, distilled on the target's frozen encoder output; its checkpoint
+  (T5X layout, no encoder/) loads and drafts exactly for the target."""
+  model_dir = workdir / "shared_encoder"
+  teacher_ckpt = target.checkpoint
+  before = checkpoints.load_t5x_params(teacher_ckpt,
+                                       expected=param_shapes(target.config))
+  result = _gin_train(
+      "train/tiny_ci_shared_encoder.gin",
+      _macros(workdir, model_dir, spm_path, NUM_STEPS=40,
+              TEACHER_DIR=str(workdir / "target")),
+      eval_num_examples=8, eval_batch_size=8)
+  config = result.config
+  assert config.num_encoder_layers == 0 and config.encoder_width == 64
+  # The student has no encoder; its cross-attention reads width 64.
+  params = result.params["params"]
+  assert sorted(params) == ["decoder", "token_embedder"]
+  cross = params["decoder"]["layers_0"]["encoder_decoder_attention"]
+  assert cross["key"]["kernel"].shape == (64, 32)
+  assert config.num_params == sum(
+      x.size for x in jax.tree_util.tree_leaves(params))
+  kl = np.array([h["kl"] for h in result.history])
+  assert np.all(np.isfinite(kl)) and kl[-5:].mean() < kl[:5].mean() - 0.5
+  assert result.metrics["distill_from"] == teacher_ckpt
+  assert 0.0 <= result.metrics["eval"]["bleu"] <= 100.0  # On the teacher's.
+  # The teacher (its encoder included) is untouched by training.
+  after = checkpoints.load_t5x_params(teacher_ckpt,
+                                      expected=param_shapes(target.config))
+  jax.tree_util.tree_map(np.testing.assert_array_equal, before, after)
+  jax.tree_util.tree_map(np.testing.assert_array_equal,
+                         jax.device_get(target.params["params"]), after)
+  # The checkpoint: T5X layout, the model's config next to it.
+  ckpt = checkpoints.latest_checkpoint(str(model_dir))
+  loaded = checkpoints.load_t5x_params(ckpt, expected=param_shapes(config))
+  jax.tree_util.tree_map(np.testing.assert_array_equal, loaded,
+                         jax.device_get(params))
+  stored = json.loads((model_dir / "model_config.json").read_text())
+  assert gin_utils.t5_config_from_fields(stored, "model config") == config
+  # It drafts for the target: greedy identity, some guesses kept.
+  target_model = T5Model(target.config, {"params": after})
+  draft_model = T5Model(config, {"params": loaded})
+  sp = vocabulary.load_sentencepiece(spm_path)
+  examples = tasks.load_examples(source_file=MULTI30K / "val.en",
+                                 reference_file=MULTI30K / "val.de",
+                                 num_examples=16)
+  inputs = tasks.encode_batch(sp, [e["input"] for e in examples], 32)
+  inputs = inputs[:, :int((inputs > 0).sum(1).max())]
+  rng = jax.random.PRNGKey(0)
+  base = decoding.temperature_sample(target_model, inputs, rng,
+                                     max_decode_length=32)
+  spec = decoding.speculative_sample(target_model, draft_model, inputs, rng,
+                                     gamma=3, max_decode_length=32)
+  np.testing.assert_array_equal(np.asarray(spec.tokens),
+                                np.asarray(base.tokens))
+  assert spec.statistics()["alpha_hat"] > 0.1
+
+
+def test_shared_encoder_student_needs_a_teacher_of_its_width(
+    tmp_path, workdir, spm_path, target):
+  student = T5Config(vocab_size=1000, emb_dim=16, num_heads=2, head_dim=8,
+                     mlp_dim=32, num_encoder_layers=0, num_decoder_layers=1,
+                     encoder_width=32)
+  with pytest.raises(ValueError, match=r"set distill_from"):
+    train_lib.train(**_tiny_call(tmp_path, spm_path, model_config=student))
+  with pytest.raises(ValueError, match=r"teacher .* has emb_dim 64"):
+    train_lib.train(**_tiny_call(tmp_path, spm_path, model_config=student,
+                                 distill_from=target.checkpoint))
+  _assert_nothing_trained(tmp_path)
+
+
 # ---------------------------------------------------------------------------
 # Bad input: a clear ValueError before anything is trained or written.
 # ---------------------------------------------------------------------------
@@ -349,6 +421,43 @@ def test_train_gin_files_parse(name, model):
           gin.query_parameter("train.teacher_model_gin"))
       assert teacher == gin_utils.read_t5_config("models/multi30k_target.gin")
       assert gin.query_parameter("%TEACHER_DIR") == "outputs/multi30k/target"
+  finally:
+    gin.clear_config()
+
+
+@pytest.mark.parametrize("size", ["1m", "4m"])
+def test_shared_encoder_gin_files(size):
+  """The shared-encoder drafts: the standalone drafts' decoders, no encoder,
+  reading the 38M target's width; distilled from the shipped target; the
+  run's draft/ file binds the same config."""
+  name = f"multi30k_shared_encoder_{size}"
+  config = gin_utils.read_t5_config(f"models/{name}.gin")
+  standalone = gin_utils.read_t5_config(f"models/multi30k_draft_{size}.gin")
+  teacher = gin_utils.read_t5_config("models/multi30k_target_38m.gin")
+  assert config == standalone.replace(num_encoder_layers=0,
+                                      encoder_width=teacher.emb_dim)
+  assert gin_utils.read_t5_config(f"models/draft/{name}.gin",
+                                  scope="draft") == config
+  gin.clear_config()
+  try:
+    train_lib.parse_gin([f"train/{name}.gin"], [])
+    assert T5Config() == config
+    assert gin.query_parameter("%MODEL_DIR") == f"outputs/multi30k/{name[9:]}"
+    assert gin.query_parameter("%TEACHER_DIR") == (
+        "pretrained/multi30k/target_38m")
+    assert gin_utils.read_t5_config(
+        gin.query_parameter("train.teacher_model_gin")) == teacher
+    assert gin.query_parameter("train.distill_weight") == 1.0
+    assert gin.query_parameter("train.train_vocab") is False
+    # The standalone draft's steps and schedule.
+    gin.clear_config()
+    train_lib.parse_gin([f"train/multi30k_draft_{size}.gin"], [])
+    steps = gin.query_parameter("%NUM_STEPS")
+    rate = gin.query_parameter("train.learning_rate")
+    gin.clear_config()
+    train_lib.parse_gin([f"train/{name}.gin"], [])
+    assert gin.query_parameter("%NUM_STEPS") == steps
+    assert gin.query_parameter("train.learning_rate") == rate
   finally:
     gin.clear_config()
 

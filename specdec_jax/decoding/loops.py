@@ -39,6 +39,7 @@ from specdec_jax.protocols import AcceptanceRule
 from specdec_jax.acceptance import ExactAcceptance
 from specdec_jax.protocols import Target
 from specdec_jax.protocols import check_pytree
+from specdec_jax.protocols import target_encoder_output
 from specdec_jax.decoding.statistics import SpeculativeStatistics
 from specdec_jax.decoding.statistics import guess_beta
 from specdec_jax.drafters import guesses
@@ -501,10 +502,14 @@ def init_speculative_state(target: Target, drafter: Drafter,
   # Chunks reach position ℓ + γ with ℓ <= max_decode_length (frozen rows
   # keep running at their final length): max_decode_length + γ + 1 slots.
   state_len = max_decode_length + gamma + 1
+  target_state = target.start(encoder_input_tokens, state_len)
+  # The target's encoding (None without one): a shared-encoder draft reads it.
+  encoder_output = target_encoder_output(target, target_state)
   return SpeculativeState(
       iteration=jnp.array(0, jnp.int32),
-      target_state=target.start(encoder_input_tokens, state_len),
-      draft_state=drafter.init(encoder_input_tokens, state_len),
+      target_state=target_state,
+      draft_state=drafter.init(encoder_input_tokens, state_len,
+                               encoder_output),
       buffer=_start_buffer(target, encoder_input_tokens, state_len + 1),
       length=jnp.zeros((batch,), jnp.int32),
       done=jnp.zeros((batch,), bool),

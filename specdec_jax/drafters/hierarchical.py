@@ -28,6 +28,7 @@ from jax import lax
 from specdec_jax import sampling
 from specdec_jax.acceptance import ExactAcceptance
 from specdec_jax.drafters import guesses
+from specdec_jax.drafters import model as model_lib
 from specdec_jax.protocols import Drafter
 from specdec_jax.drafters.ngram import NGramDrafter
 from specdec_jax.drafters.prompt_lookup import PromptLookupDrafter
@@ -77,13 +78,14 @@ class HierarchicalDrafter(Drafter):
   def vocab_size(self) -> int:
     return self.model.vocab_size
 
-  def init(self, encoder_input_tokens: Array, max_len: int
-           ) -> HierarchicalState:
+  def init(self, encoder_input_tokens: Array, max_len: int,
+           encoder_output: Any = None) -> HierarchicalState:
     # Rows that already have γ tokens keep running the inner loop at up to
     # γ + inner_gamma positions past the outer length, inner_gamma + 1 wide.
     room = max_len + 2 * self.inner_gamma + 1
     return HierarchicalState(
-        model_state=self.model.start(encoder_input_tokens, room),
+        model_state=model_lib.start_model(self.model, encoder_input_tokens,
+                                          room, encoder_output),
         length=jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32),
         inner_state=self.inner.init(encoder_input_tokens, room))
 

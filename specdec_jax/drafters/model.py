@@ -14,6 +14,18 @@ from specdec_jax.protocols import Drafter
 Array = jax.Array
 
 
+def start_model(model: Any, encoder_input_tokens: Array, max_len: int,
+                encoder_output: Any = None) -> Any:
+  """A draft model's state: from the target's encoder output when the model
+  reads one (`reads_target_encoder`: a decoder without an encoder of its
+  own, e.g. `models.SharedEncoderModel`) and the target gave it; else
+  `model.start`, which encodes the inputs with the model's own encoder."""
+  if encoder_output is not None and getattr(model, "reads_target_encoder",
+                                           False):
+    return model.start_from_encoder_output(encoder_output, max_len)
+  return model.start(encoder_input_tokens, max_len)
+
+
 @flax.struct.dataclass
 class ModelDrafterState:
   """State of `ModelDrafter`.
@@ -51,6 +63,10 @@ class ModelDrafter(Drafter):
   fills its other slots with NO_GUESS; the draft steps run in a
   `lax.while_loop` that ends when every row has stopped (at most γ steps).
   The stop depends only on the draft's own draws, so Algorithm 1 stays exact.
+
+  A shared-encoder draft (`models.SharedEncoderModel`: a decoder reading the
+  target's encoder) starts from the target's encoder output that the loop
+  passes to `init` (`start_model`), so drafting encodes nothing.
   """
   model: Any
   confidence_threshold: Optional[float] = flax.struct.field(
@@ -64,11 +80,12 @@ class ModelDrafter(Drafter):
   def may_stop_early(self) -> bool:
     return self.confidence_threshold is not None
 
-  def init(self, encoder_input_tokens: Array, max_len: int
-           ) -> ModelDrafterState:
+  def init(self, encoder_input_tokens: Array, max_len: int,
+           encoder_output: Any = None) -> ModelDrafterState:
     batch = encoder_input_tokens.shape[0]
     return ModelDrafterState(
-        model_state=self.model.start(encoder_input_tokens, max_len),
+        model_state=start_model(self.model, encoder_input_tokens, max_len,
+                                encoder_output),
         length=jnp.zeros((batch,), jnp.int32))
 
   def propose(self, state: ModelDrafterState, buffer: Array, length: Array,

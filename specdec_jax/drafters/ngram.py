@@ -235,7 +235,8 @@ class NGramDrafter(Drafter):
   def may_stop_early(self) -> bool:
     return True
 
-  def init(self, encoder_input_tokens: Array, max_len: int) -> Tuple[()]:
+  def init(self, encoder_input_tokens: Array, max_len: int,
+           encoder_output: Any = None) -> Tuple[()]:
     return ()
 
   def propose(self, state, buffer: Array, length: Array, rng: Array, *,

@@ -12,7 +12,7 @@ the next token from the target, and when no row of the batch has a guess
 the target makes a one-token call (`guesses.verify_call`), so an iteration
 without a match costs one target step, like the target alone.
 """
-from typing import Tuple
+from typing import Any, Tuple
 
 import flax
 import jax
@@ -76,7 +76,8 @@ class PromptLookupDrafter(Drafter):
   def may_stop_early(self) -> bool:
     return True
 
-  def init(self, encoder_input_tokens: Array, max_len: int) -> Array:
+  def init(self, encoder_input_tokens: Array, max_len: int,
+           encoder_output: Any = None) -> Array:
     """The state is the input itself, [B, S] int32."""
     return jnp.asarray(encoder_input_tokens, jnp.int32)
 

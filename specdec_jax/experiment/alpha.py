@@ -32,8 +32,9 @@ def beta_per_position(target: T5Model, draft: T5Model, inputs, outputs,
   decoder_inputs = jnp.pad(outputs[:, :-1], ((0, 0), (1, 0)))
   valid = jnp.arange(outputs.shape[1])[None, :] < lengths[:, None]
   ones = jnp.ones_like(outputs)
-  logits_p = target.module.apply(target.params, inputs, decoder_inputs, ones)
-  logits_q = draft.module.apply(draft.params, inputs, decoder_inputs, ones)
+  logits_p = target.teacher_forced_logits(inputs, decoder_inputs, ones)
+  # A shared-encoder draft (`SharedEncoderModel`) reads the target's encoder.
+  logits_q = draft.teacher_forced_logits(inputs, decoder_inputs, ones)
   p = sampling.standardize(logits_p, temperature, top_k, top_p)
   q = sampling.standardize(logits_q, temperature, top_k, top_p)
   return sampling.acceptance_beta(p, q), valid

@@ -88,10 +88,12 @@ class RunArguments:
     overwrite: True lets a run replace the metrics.json / alpha.json of a
       run with other settings in output_dir (default: refuse, before
       loading anything).
-    drafter: what guesses: 'model' (the draft T5 model), 'unigram',
-      'bigram', 'ngram' (counts of ngram_corpus), 'prompt_lookup' (copies
-      from the input) or 'hierarchical' (the draft model, itself sped up
-      by inner_drafter).
+    drafter: what guesses: 'model' (the draft T5 model),
+      'shared_encoder' (a draft decoder without an encoder, reading the
+      target's encoder output: draft/T5Config.num_encoder_layers = 0),
+      'unigram', 'bigram', 'ngram' (counts of ngram_corpus),
+      'prompt_lookup' (copies from the input) or 'hierarchical' (the draft
+      model, itself sped up by inner_drafter).
     ngram_corpus: the n-gram drafters' corpus: text in the models'
       language, one sentence per line, or a .npz of token ids.
     ngram_order: the n of drafter 'ngram' (None: 3).

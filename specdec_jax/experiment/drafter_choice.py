@@ -31,7 +31,10 @@ from specdec_jax.drafters.prompt_lookup import PromptLookupDrafter
 from specdec_jax.experiment import ngram_corpus as corpus_lib
 
 DRAFTERS = ("model", "unigram", "bigram", "ngram", "prompt_lookup",
-            "hierarchical")
+            "hierarchical", "shared_encoder")
+# Drafters that are a draft model's decoder steps ('shared_encoder': a draft
+# decoder reading the target's encoder output, `models.SharedEncoderModel`).
+MODEL_DRAFTERS = ("model", "shared_encoder")
 INNER_DRAFTERS = ("prompt_lookup", "unigram", "bigram", "ngram")
 NGRAM_ORDERS = {"unigram": 1, "bigram": 2}
 DEFAULT_NGRAM_ORDER = 3  # DRAFTER='ngram' without NGRAM_ORDER.
@@ -102,7 +105,9 @@ class DrafterSettings:
   """The run's drafter (docs/usage/macros.md).
 
   Attributes:
-    drafter: DRAFTER, one of DRAFTERS ('model': the draft T5 model).
+    drafter: DRAFTER, one of DRAFTERS ('model': the draft T5 model;
+      'shared_encoder': a draft decoder without an encoder, reading the
+      target's encoder output).
     ngram_corpus: NGRAM_CORPUS, the corpus of 'unigram' / 'bigram' /
       'ngram' (also as INNER_DRAFTER): text or a .npz of ids (`corpus`).
     ngram_order: NGRAM_ORDER: n of 'ngram' (default 3); None otherwise, or
@@ -132,7 +137,41 @@ class DrafterSettings:
 
   @property
   def uses_draft_model(self) -> bool:
-    return self.drafter in ("model", "hierarchical")
+    return self.drafter in ("model", "shared_encoder", "hierarchical")
+
+  @property
+  def is_model_step(self) -> bool:
+    """The guesses are the draft model's decoder steps (priced as one)."""
+    return self.drafter in MODEL_DRAFTERS
+
+  def check_draft_config(self, draft_config: Any, target_config: Any
+                         ) -> None:
+    """DRAFTER against the draft's T5Config: 'shared_encoder' needs a
+    decoder without an encoder that reads the target's width; the other
+    model drafters need a draft with its own encoder. Raises ValueError."""
+    if not self.uses_draft_model:
+      return
+    shared = not draft_config.has_encoder
+    if self.drafter == "shared_encoder" and not shared:
+      raise ValueError(
+          "DRAFTER='shared_encoder': the draft has an encoder of its own "
+          f"(draft/T5Config.num_encoder_layers = "
+          f"{draft_config.num_encoder_layers}); allowed: a draft decoder "
+          "with num_encoder_layers = 0 and encoder_width = the target's "
+          f"emb_dim ({target_config.emb_dim}), e.g. "
+          "gin/models/draft/multi30k_shared_encoder_1m.gin.")
+    if shared and self.drafter != "shared_encoder":
+      raise ValueError(
+          f"DRAFTER={self.drafter!r}: the draft has no encoder of its own "
+          "(draft/T5Config.num_encoder_layers = 0: a shared-encoder draft); "
+          "allowed: DRAFTER='shared_encoder'.")
+    if shared and draft_config.encoder_width != target_config.emb_dim:
+      raise ValueError(
+          f"DRAFTER='shared_encoder': draft/T5Config.encoder_width = "
+          f"{draft_config.encoder_width} but the target's emb_dim is "
+          f"{target_config.emb_dim}; allowed: encoder_width = "
+          f"{target_config.emb_dim} (the draft reads the target's encoder "
+          "output).")
 
   @property
   def order(self) -> Optional[int]:
@@ -148,11 +187,11 @@ class DrafterSettings:
     if self.drafter not in DRAFTERS:
       raise ValueError(f"DRAFTER={self.drafter!r}: allowed: "
                        f"{', '.join(map(repr, DRAFTERS))}.")
-    if mode != "walltime" and self.drafter != "model":
+    if mode != "walltime" and self.drafter not in MODEL_DRAFTERS:
       raise ValueError(
           f"DRAFTER={self.drafter!r} with MODE={mode!r}: MODE='alpha' "
           "measures the draft model's α (Corollary 3.6); allowed: "
-          "DRAFTER='model' (or MODE='walltime').")
+          "DRAFTER='model' or 'shared_encoder' (or MODE='walltime').")
     if self.drafter == "hierarchical" and (
         self.inner_drafter not in INNER_DRAFTERS):
       raise ValueError(f"INNER_DRAFTER={self.inner_drafter!r}: allowed: "
@@ -183,12 +222,12 @@ class DrafterSettings:
             f"ADAPTIVE_THRESHOLD={threshold!r}: allowed: a number in (0, 1) "
             "(a row stops guessing after a guess less likely than it), or "
             "None (off).")
-      if self.drafter not in ("model", "unigram", "bigram", "ngram"):
+      if self.drafter not in (*MODEL_DRAFTERS, "unigram", "bigram", "ngram"):
         raise ValueError(
             f"ADAPTIVE_THRESHOLD={threshold!r} with DRAFTER="
-            f"{self.drafter!r}: allowed with DRAFTER 'model', 'unigram', "
-            "'bigram' or 'ngram' (prompt lookup stops by itself when its "
-            "match runs out).")
+            f"{self.drafter!r}: allowed with DRAFTER 'model', "
+            "'shared_encoder', 'unigram', 'bigram' or 'ngram' (prompt lookup "
+            "stops by itself when its match runs out).")
 
   def ngram_table(self, vocab: Any, vocab_size: int,
                   corpus_path: Optional[str] = None) -> Optional[NGramTable]:
@@ -213,8 +252,10 @@ class DrafterSettings:
 
   def build(self, draft_model: Any, table: Optional[NGramTable],
             vocab_size: int) -> Any:
-    """The drafter (for DRAFTER='model' without a threshold, the draft
-    model itself: `decoding.speculative_sample` wraps it as always)."""
+    """The drafter (for DRAFTER='model' or 'shared_encoder' without a
+    threshold, the draft model itself: `decoding.speculative_sample` wraps
+    it as always; a shared-encoder draft is a `models.SharedEncoderModel`,
+    started from the target's encoder output)."""
     threshold = self.adaptive_threshold
 
     def cheap(name):
@@ -223,7 +264,7 @@ class DrafterSettings:
                                    max_ngram=self.prompt_lookup_max)
       return NGramDrafter(table, 0.0 if threshold is None else threshold)
 
-    if self.drafter == "model":
+    if self.drafter in MODEL_DRAFTERS:
       return (draft_model if threshold is None else
               ModelDrafter(draft_model, confidence_threshold=threshold))
     if self.drafter == "hierarchical":
@@ -233,7 +274,7 @@ class DrafterSettings:
 
   def label(self, draft_name: str) -> str:
     """What the run's draft is called in metrics.json and the report."""
-    if self.drafter == "model":
+    if self.drafter in MODEL_DRAFTERS:
       return draft_name
     name = self.drafter
     if self.order is not None and name == "ngram":

@@ -43,7 +43,7 @@ def call_seconds(args: arguments.RunArguments, drafter, target, draft,
   inputs = np.asarray(multihost.to_host(batch))
   # k = 1 first: the reference the others' ratios are taken to.
   calls = {k: (target, k) for k in sorted(set(target_ks) | {1})}
-  if args.drafter == "model":
+  if args.drafting.is_model_step:
     calls["draft"] = (draft, 1)
   seconds = timing.call_seconds(calls, inputs, fill=fill,
                                 cache_len=cache_len)

@@ -20,6 +20,13 @@ renaming:
   decoder/decoder_norm/scale                              [emb]
   decoder/logits_dense/kernel                             [emb, vocab]
 
+A decoder without an encoder of its own (`T5Config.num_encoder_layers = 0`,
+`encoder_width` = the width of the encoder it reads) has the same tree
+without `encoder/`; its cross-attention key/value kernels
+(`decoder/layers_i/encoder_decoder_attention/{key,value}/kernel`) are
+[encoder_width, heads*head_dim]. `SharedEncoderModel` pairs it with the
+model whose encoder it reads (a shared-encoder draft).
+
 Decoding differs from T5X on purpose. T5X's cache takes one query token per
 call and writes keys by one-hot *addition*, so rewinding it would leave stale
 sums. Here a decoder call appends a chunk of K >= 1 tokens per row, written in
@@ -32,7 +39,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from typing import Callable, Iterator, Tuple, cast
+from typing import Callable, Iterator, NamedTuple, Optional, Tuple, cast
 
 import flax
 import flax.linen as nn
@@ -412,6 +419,10 @@ class DecodeCache:
     encoder_valid: [B, S] bool, False at encoder padding.
     length: [B] int32, number of decoder positions whose keys/values are
       valid, per row. Rolling back is `cache.replace(length=...)`.
+    encoded: [B, S, d] the encoder output the cross keys/values were
+      projected from (`T5Model.encoder_output` hands it to a drafter that
+      reads it: a shared-encoder draft). Written once by `start`; never read
+      by the decoder itself.
   """
   keys: Tuple[Array, ...]
   values: Tuple[Array, ...]
@@ -419,6 +430,7 @@ class DecodeCache:
   cross_values: Tuple[Array, ...]
   encoder_valid: Array
   length: Array
+  encoded: Optional[Array] = None
 
   @property
   def max_len(self) -> int:
@@ -542,16 +554,16 @@ class Decoder(nn.Module):
     y = self.dropout(y, deterministic=deterministic)
     return self._logits(y)
 
-  def init_cache(self, encoded, encoder_input_tokens, max_len):
+  def init_cache(self, encoded, encoder_valid, max_len):
+    """An empty cache over encoded [B, S, d] (encoder_valid [B, S] bool)."""
     keys, values = zip(*[layer.cross_kv(encoded) for layer in self.layers])
     batch = encoded.shape[0]
     shape = (batch, self.config.num_heads, self.config.head_dim, max_len)
     empty = tuple(jnp.zeros(shape, self.config.dtype) for _ in self.layers)
     return DecodeCache(
         keys=empty, values=empty, cross_keys=tuple(keys),
-        cross_values=tuple(values),
-        encoder_valid=encoder_input_tokens > 0,
-        length=jnp.zeros((batch,), jnp.int32))
+        cross_values=tuple(values), encoder_valid=encoder_valid,
+        length=jnp.zeros((batch,), jnp.int32), encoded=encoded)
 
   def decode_chunk(self, tokens, cache: DecodeCache):
     cfg = self.config
@@ -595,7 +607,11 @@ class Transformer(nn.Module):
     __call__(encoder_input_tokens [B,S], decoder_input_tokens [B,T],
       decoder_target_tokens [B,T]) -> logits [B,T,vocab]: teacher forcing.
     encode(encoder_input_tokens [B,S]) -> [B,S,emb].
-    init_cache(encoded [B,S,emb], encoder_input_tokens [B,S], max_len)
+    decode(encoded [B,S,d], encoder_input_tokens [B,S], decoder_input_tokens
+      [B,T], decoder_target_tokens [B,T]) -> logits [B,T,vocab]: teacher
+      forcing from a given encoder output (a model without an encoder of
+      its own has this and not __call__ / encode).
+    init_cache(encoded [B,S,d], encoder_input_tokens [B,S], max_len)
       -> DecodeCache with length 0 in every row.
     decode_chunk(tokens [B,K], cache) -> (logits [B,K,vocab] float32, cache):
       feeds K tokens per row at positions cache.length..cache.length+K-1.
@@ -606,10 +622,19 @@ class Transformer(nn.Module):
   def setup(self):
     cfg = self.config
     self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
-    self.encoder = Encoder(cfg, self.token_embedder)
+    if cfg.has_encoder:
+      self.encoder = Encoder(cfg, self.token_embedder)
     self.decoder = Decoder(cfg, self.token_embedder)
 
+  def _check_has_encoder(self):
+    if not self.config.has_encoder:
+      raise ValueError(
+          "This T5 decoder has no encoder of its own (num_encoder_layers=0): "
+          "it reads another model's encoder output (`decode`, "
+          "`init_cache`, or `SharedEncoderModel`).")
+
   def encode(self, encoder_input_tokens, deterministic=True):
+    self._check_has_encoder()
     return self.encoder(encoder_input_tokens, deterministic)
 
   def __call__(self, encoder_input_tokens, decoder_input_tokens,
@@ -618,8 +643,17 @@ class Transformer(nn.Module):
     return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
                         decoder_target_tokens, deterministic)
 
+  def decode(self, encoded, encoder_input_tokens, decoder_input_tokens,
+             decoder_target_tokens, deterministic=True):
+    return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
+                        decoder_target_tokens, deterministic)
+
   def init_cache(self, encoded, encoder_input_tokens, max_len: int):
-    return self.decoder.init_cache(encoded, encoder_input_tokens, max_len)
+    return self.decoder.init_cache(encoded, encoder_input_tokens > 0,
+                                   max_len)
+
+  def init_cache_from_valid(self, encoded, encoder_valid, max_len: int):
+    return self.decoder.init_cache(encoded, encoder_valid, max_len)
 
   def decode_chunk(self, tokens, cache):
     return self.decoder.decode_chunk(tokens, cache)
@@ -631,6 +665,10 @@ def init_params(config: T5Config, rng: Array, encoder_length: int = 8,
   model = Transformer(config)
   enc = jnp.ones((1, encoder_length), jnp.int32)
   dec = jnp.ones((1, decoder_length), jnp.int32)
+  if not config.has_encoder:
+    encoded = jnp.ones((1, encoder_length, config.cross_attention_input_dim),
+                       config.dtype)
+    return model.init(rng, encoded, enc, dec, dec, method=Transformer.decode)
   return model.init(rng, enc, dec, dec)
 
 
@@ -675,6 +713,22 @@ def traced_overflow_checks() -> Iterator[None]:
     _TRACED_OVERFLOW_CHECKS.reset(token)
 
 
+def _stacks(params):
+  """The stacks a parameter tree has: encoder (unless shared) and decoder."""
+  return [stack for stack in ("encoder", "decoder") if stack in params]
+
+
+class EncoderOutput(NamedTuple):
+  """An encoder's output, as a target hands it to its drafter.
+
+  Attributes:
+    encoded: [B, S, d] the encoder's output (d: its model's emb_dim).
+    valid: [B, S] bool, False at input padding.
+  """
+  encoded: Array
+  valid: Array
+
+
 @flax.struct.dataclass
 class T5Model:
   """A T5 `Transformer` bound to its parameters, as the decoders use it.
@@ -704,7 +758,7 @@ class T5Model:
     if self.is_packed or not kernels.packing_enabled(self.config.dtype):
       return self
     params = dict(self.params["params"])
-    for stack in ("encoder", "decoder"):
+    for stack in _stacks(params):
       params[stack] = _pack_kernels(params[stack])
     return dataclasses.replace(
         self, params={**self.params, "params": params})
@@ -715,7 +769,7 @@ class T5Model:
       return self
     shapes = param_shapes(self.config)["params"]
     params = dict(self.params["params"])
-    for stack in ("encoder", "decoder"):
+    for stack in _stacks(params):
       params[stack] = jax.tree_util.tree_map(
           lambda x, shape: (kernels.unpack(x, shape.shape[1])
                             if x.ndim == 3 else x),
@@ -743,9 +797,59 @@ class T5Model:
 
   def start(self, encoder_input_tokens: Array, max_len: int) -> DecodeCache:
     """Encodes [B, S] inputs once; returns an empty cache of max_len slots."""
+    if not self.config.has_encoder:
+      raise ValueError(
+          "start: this T5 decoder has no encoder of its own "
+          "(num_encoder_layers=0); start it from another model's encoder "
+          "output (`start_from_encoder_output`) or pair it with that model "
+          "(`SharedEncoderModel`).")
     def fn(module, tokens):
       return module.init_cache(module.encode(tokens), tokens, max_len)
     return nn.apply(fn, self.module)(self.params, encoder_input_tokens)
+
+  def encode(self, encoder_input_tokens: Array) -> EncoderOutput:
+    """The encoder's output for [B, S] inputs (0 = padding)."""
+    encoded = cast(Array, self.module.apply(self.params, encoder_input_tokens,
+                                            method=Transformer.encode))
+    return EncoderOutput(encoded, encoder_input_tokens > 0)
+
+  def encoder_output(self, cache: DecodeCache) -> EncoderOutput:
+    """What `start` encoded (the `Target.encoder_output` a drafter reads)."""
+    # Set by every `start`/`start_from_encoder_output`.
+    return EncoderOutput(cast(Array, cache.encoded), cache.encoder_valid)
+
+  @property
+  def reads_target_encoder(self) -> bool:
+    """True for a decoder without an encoder of its own: as a draft it
+    starts from the target's encoder output (`drafters.ModelDrafter`)."""
+    return not self.config.has_encoder
+
+  def start_from_encoder_output(self, encoder_output: EncoderOutput,
+                                max_len: int) -> DecodeCache:
+    """An empty cache of max_len slots over a given encoder output.
+
+    The decoder projects its cross-attention keys/values from it: for a
+    model without an encoder (num_encoder_layers=0) that is another model's
+    output, of width `config.cross_attention_input_dim`.
+    """
+    encoded, valid = encoder_output
+    width = self.config.cross_attention_input_dim
+    if encoded.shape[-1] != width:
+      raise ValueError(
+          f"start_from_encoder_output: an encoder output of width "
+          f"{encoded.shape[-1]}, but this decoder's cross-attention reads "
+          f"width {width} (T5Config.encoder_width).")
+    return cast(DecodeCache, self.module.apply(
+        self.params, encoded, valid, max_len,
+        method=Transformer.init_cache_from_valid))
+
+  def teacher_forced_logits(self, encoder_input_tokens: Array,
+                            decoder_input_tokens: Array,
+                            decoder_target_tokens: Array) -> Array:
+    """[B, T, V] logits of teacher forcing (T5X's masks)."""
+    return cast(Array, self.module.apply(
+        self.params, encoder_input_tokens, decoder_input_tokens,
+        decoder_target_tokens))
 
   def decode_chunk(self, tokens: Array, cache: DecodeCache
                    ) -> Tuple[Array, DecodeCache]:
@@ -803,3 +907,103 @@ class T5Model:
     """
     return dataclasses.replace(
         cache, length=jnp.minimum(cache.length, length))
+
+
+@flax.struct.dataclass
+class SharedEncoderModel:
+  """A decoder reading another T5 model's encoder: a shared-encoder draft.
+
+  `decoder` has no encoder of its own (`T5Config.num_encoder_layers = 0`);
+  its cross-attention projects keys/values from `encoder`'s output (width
+  `encoder.config.emb_dim` = the decoder's `encoder_width`). In speculative
+  decoding `encoder` is the target: the drafter starts from the output the
+  target's `start` already computed (`start_from_encoder_output`, via
+  `Target.encoder_output` and `Drafter.init`), so the draft encodes nothing.
+  `start` (encode, then start) is for running it on its own (timing, tests).
+
+  It has `Target`'s interface (`start`, `decode_chunk`, `truncate`, ...),
+  so `drafters.ModelDrafter` drafts with it. Only the decoder's parameters
+  are its own: a checkpoint holds `token_embedder/` and `decoder/` in T5X's
+  layout (`decoder` alone); `encoder`'s decoder is never called.
+  """
+  encoder: T5Model
+  decoder: T5Model
+
+  @classmethod
+  def pair(cls, encoder: T5Model, decoder: T5Model) -> "SharedEncoderModel":
+    """Checks that `decoder` reads `encoder`'s output, then pairs them."""
+    cfg = decoder.config
+    if cfg.has_encoder:
+      raise ValueError(
+          "SharedEncoderModel: the decoder model has an encoder of its own "
+          f"({cfg.num_encoder_layers} layers); a shared-encoder draft has "
+          "num_encoder_layers=0 and encoder_width = the target's emb_dim.")
+    if not encoder.config.has_encoder:
+      raise ValueError("SharedEncoderModel: the encoder model has no "
+                       "encoder.")
+    if cfg.encoder_width != encoder.config.emb_dim:
+      raise ValueError(
+          f"SharedEncoderModel: the decoder's encoder_width is "
+          f"{cfg.encoder_width} but the encoder's emb_dim is "
+          f"{encoder.config.emb_dim}.")
+    if cfg.vocab_size != encoder.config.vocab_size:
+      raise ValueError(
+          f"SharedEncoderModel: vocab_size {cfg.vocab_size} (decoder) != "
+          f"{encoder.config.vocab_size} (encoder).")
+    return cls(encoder=encoder, decoder=decoder)
+
+  @property
+  def config(self) -> T5Config:
+    """The decoder's config (the draft's own)."""
+    return self.decoder.config
+
+  @property
+  def vocab_size(self) -> int:
+    return self.decoder.vocab_size
+
+  def prepared_for_decoding(self) -> "SharedEncoderModel":
+    return dataclasses.replace(
+        self, encoder=self.encoder.prepared_for_decoding(),
+        decoder=self.decoder.prepared_for_decoding())
+
+  def start_token(self, encoder_input_tokens: Array) -> Array:
+    return self.decoder.start_token(encoder_input_tokens)
+
+  def length(self, cache: DecodeCache) -> Array:
+    return cache.length
+
+  def encode(self, encoder_input_tokens: Array) -> EncoderOutput:
+    return self.encoder.encode(encoder_input_tokens)
+
+  def start(self, encoder_input_tokens: Array, max_len: int) -> DecodeCache:
+    """Encodes with `encoder`, then starts the decoder (standalone use)."""
+    return self.start_from_encoder_output(self.encode(encoder_input_tokens),
+                                          max_len)
+
+  def start_from_encoder_output(self, encoder_output: EncoderOutput,
+                                max_len: int) -> DecodeCache:
+    return self.decoder.start_from_encoder_output(encoder_output, max_len)
+
+  def encoder_output(self, cache: DecodeCache) -> EncoderOutput:
+    return self.decoder.encoder_output(cache)
+
+  @property
+  def reads_target_encoder(self) -> bool:
+    return True
+
+  def decode_chunk(self, tokens: Array, cache: DecodeCache
+                   ) -> Tuple[Array, DecodeCache]:
+    return self.decoder.decode_chunk(tokens, cache)
+
+  def truncate(self, cache: DecodeCache, length: Array) -> DecodeCache:
+    return self.decoder.truncate(cache, length)
+
+  def teacher_forced_logits(self, encoder_input_tokens: Array,
+                            decoder_input_tokens: Array,
+                            decoder_target_tokens: Array) -> Array:
+    """[B, T, V] the decoder's teacher-forced logits on `encoder`'s output."""
+    encoded = self.encode(encoder_input_tokens).encoded
+    return cast(Array, self.decoder.module.apply(
+        self.decoder.params, encoded, encoder_input_tokens,
+        decoder_input_tokens, decoder_target_tokens,
+        method=Transformer.decode))

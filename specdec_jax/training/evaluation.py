@@ -1,6 +1,6 @@
 """Validation BLEU: greedy decoding of held-out sentences, scored by sacrebleu."""
 import time
-from typing import Any, Dict, Mapping, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
@@ -10,13 +10,14 @@ from specdec_jax import decoding
 from specdec_jax import metrics
 from specdec_jax import tasks
 from specdec_jax.models.config import T5Config
+from specdec_jax.models.t5 import SharedEncoderModel
 from specdec_jax.models.t5 import T5Model
 
 
 def evaluate_bleu(config: T5Config, params, sp,
                   examples: Sequence[Mapping[str, str]], *, batch_size: int,
-                  max_input_length: int, max_decode_length: int
-                  ) -> Dict[str, Any]:
+                  max_input_length: int, max_decode_length: int,
+                  encoder: Optional[T5Model] = None) -> Dict[str, Any]:
   """Greedy-decodes examples [{'input', 'reference'}]; corpus BLEU and samples.
 
   Args:
@@ -25,12 +26,16 @@ def evaluate_bleu(config: T5Config, params, sp,
     batch_size: decoding batch (at most the number of examples); the last
       batch is padded (`batching`), so one compilation serves all.
     max_input_length, max_decode_length: truncation and decode lengths.
+    encoder: for a decoder without an encoder (a shared-encoder draft), the
+      model whose encoder it reads (`SharedEncoderModel`).
 
   Returns:
     bleu (`metrics.bleu`, sacrebleu), num_examples, decode_seconds, and the
     first 5 samples {input, reference, prediction}.
   """
   model = T5Model(config.replace(dropout_rate=0.0), params)
+  if encoder is not None:
+    model = SharedEncoderModel.pair(encoder, model)
   inputs = tasks.encode_batch(sp, [ex["input"] for ex in examples],
                               max_input_length)
   inputs = inputs[:, :max(1, int((inputs > 0).sum(1).max()))]

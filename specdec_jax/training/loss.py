@@ -5,6 +5,12 @@ and is scored at every non-pad target position. The loss is the
 cross-entropy (optionally label-smoothed), or with a teacher
 ``w T^2 KL(p_teacher^T || q_student^T) + (1 - w) CE`` per non-pad position
 (``p^T``: softmax of logits / T), plus T5X's z-loss ``z_loss * log(Z)^2``.
+
+A shared-encoder student (`T5Config.num_encoder_layers = 0`: a draft
+decoder that reads the target's encoder) is trained on the teacher's
+encoder output: the teacher encodes each batch once (frozen: its
+parameters are an argument of the step, never differentiated), and that
+encoding feeds both the teacher's decoder and the student's.
 """
 import dataclasses
 from typing import Any, Dict, Optional, Tuple
@@ -47,13 +53,30 @@ class LossSettings:
                        f"{self.distill_temperature}.")
 
 
-def _logits(config: T5Config, params, batch, *, dropout_rng=None) -> Array:
-  """[B, T, V] float32 teacher-forced logits (dropout iff `dropout_rng`)."""
-  logits = Transformer(config).apply(
-      params, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-      batch["decoder_target_tokens"], deterministic=dropout_rng is None,
-      rngs=None if dropout_rng is None else {"dropout": dropout_rng})
+def _logits(config: T5Config, params, batch, *, dropout_rng=None,
+            encoded: Optional[Array] = None) -> Array:
+  """[B, T, V] float32 teacher-forced logits (dropout iff `dropout_rng`),
+  from the model's own encoder, or from `encoded` [B, S, d] when given."""
+  kwargs = dict(deterministic=dropout_rng is None,
+                rngs=None if dropout_rng is None else {"dropout":
+                                                       dropout_rng})
+  module = Transformer(config)
+  if encoded is None:
+    logits = module.apply(
+        params, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+        batch["decoder_target_tokens"], **kwargs)
+  else:
+    logits = module.apply(
+        params, encoded, batch["encoder_input_tokens"],
+        batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+        method=Transformer.decode, **kwargs)
   return logits.astype(jnp.float32)
+
+
+def _encode(config: T5Config, params, batch) -> Array:
+  """[B, S, emb] the (teacher's) encoder output, no dropout."""
+  return Transformer(config).apply(params, batch["encoder_input_tokens"],
+                                   method=Transformer.encode)
 
 
 def _kl(t_logits: Array, logits: Array, log_q: Array,
@@ -83,8 +106,15 @@ def compute_losses(params, batch, dropout_rng, *, config: T5Config,
     (loss [], metrics: ce, num_tokens, accuracy, z, loss, and kl when
     distilling).
   """
+  encoded = None
+  if not config.has_encoder:  # A shared-encoder student: the teacher's.
+    if not settings.distill:
+      raise ValueError("A student without an encoder (num_encoder_layers=0) "
+                       "reads its teacher's encoder: set distill_from.")
+    encoded = jax.lax.stop_gradient(
+        _encode(teacher_config, teacher_params, batch))
   logits = _logits(config, params, batch, dropout_rng=(
-      dropout_rng if config.dropout_rate > 0 else None))
+      dropout_rng if config.dropout_rate > 0 else None), encoded=encoded)
   targets = batch["decoder_target_tokens"]
   mask = (targets > 0).astype(jnp.float32)
   num_tokens = jnp.maximum(mask.sum(), 1.0)
@@ -106,7 +136,7 @@ def compute_losses(params, batch, dropout_rng, *, config: T5Config,
                  jnp.float32))}
   if settings.distill:
     t_logits = jax.lax.stop_gradient(
-        _logits(teacher_config, teacher_params, batch))
+        _logits(teacher_config, teacher_params, batch, encoded=encoded))
     temp = settings.distill_temperature
     metrics["kl"] = mean(_kl(t_logits, logits, log_q, temp))
     w = settings.distill_weight

@@ -7,7 +7,9 @@
 global gin config), or from the ``model_config.json`` that this trainer wrote
 next to the teacher's checkpoints; a given config must agree with that file.
 Its vocab_size must equal the student's (the KL compares distributions token
-by token); its parameters are loaded with shape checks.
+by token); its parameters are loaded with shape checks. A shared-encoder
+student (no encoder of its own) reads the teacher's encoder: its
+encoder_width must be the teacher's emb_dim.
 """
 import dataclasses
 import os
@@ -108,6 +110,11 @@ def load_teacher(distill_from: str, config: Optional[T5Config],
         f"{t_config.vocab_size} but the student has {student.vocab_size}: "
         "the KL loss compares their distributions token by token, so both "
         "must use the same vocabulary.")
+  if not student.has_encoder and student.encoder_width != t_config.emb_dim:
+    raise ValueError(
+        f"The student has no encoder and reads the teacher's (width "
+        f"T5Config.encoder_width={student.encoder_width}), but teacher "
+        f"{ckpt} has emb_dim {t_config.emb_dim}: set encoder_width to it.")
   # float32 whatever the stored dtype: a shipped bfloat16 checkpoint would
   # otherwise run the teacher in bfloat16 matmuls (slow on CPU).
   with checkpointing.quiet_absl():

@@ -6,6 +6,9 @@ In order, every check before the first step:
 2. Vocabulary (`vocabulary`): loaded, or trained first if allowed; T5
    conventions and the model's vocab_size checked.
 3. Teacher (`teacher`), when distilling: checkpoint, config and weights.
+   A shared-encoder student (`T5Config.num_encoder_layers = 0`) needs one:
+   it trains on the teacher's frozen encoder output (`loss`), and its
+   validation BLEU decodes on the teacher's encoder.
 4. State: fresh parameters (`parameters.random_params`) and optimizer state,
    or, if ``model_dir`` holds a checkpoint, parameters, optimizer state and
    step restored from the latest one (`checkpointing`).
@@ -39,6 +42,7 @@ from specdec_jax import io_utils
 from specdec_jax import parameters
 from specdec_jax import paths
 from specdec_jax.models.config import T5Config
+from specdec_jax.models.t5 import T5Model
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
 from specdec_jax.training import evaluation
@@ -256,6 +260,11 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
       spm_options=config.spm_options)
   vocabulary.check_fits(sp, files.spm_model_path, model)
   teacher = None
+  if files.distill_from is None and not model.has_encoder:
+    raise ValueError(
+        "T5Config.num_encoder_layers = 0: a shared-encoder draft decoder "
+        "reads its teacher's encoder; set distill_from (the target whose "
+        "encoder it reads) and the teacher's config.")
   if files.distill_from is not None:
     teacher = teacher_lib.load_teacher(
         files.distill_from, config.teacher_config, config.teacher_model_gin,
@@ -306,7 +315,7 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
   }
   if eval_examples:
     metrics["eval"] = _evaluate(config, model, state.params, sp,
-                                eval_examples)
+                                eval_examples, teacher)
   metrics["wall_seconds"] = time.time() - t_begin
   io_utils.atomic_write(os.path.join(files.model_dir, METRICS_FILE),
                         json.dumps(metrics, indent=2, ensure_ascii=False))
@@ -317,10 +326,15 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
 
 
 def _evaluate(config: TrainConfig, model: T5Config, params, sp,
-              examples) -> Dict[str, Any]:
-  """Greedy validation BLEU (`evaluation.evaluate_bleu`), logged."""
+              examples, teacher=None) -> Dict[str, Any]:
+  """Greedy validation BLEU (`evaluation.evaluate_bleu`), logged; a
+  shared-encoder student decodes on the teacher's encoder."""
+  encoder = None
+  if not model.has_encoder:
+    encoder = T5Model(teacher.config, teacher.params)
   ev = evaluation.evaluate_bleu(
-      model, params, sp, examples, batch_size=config.eval_batch_size,
+      model, params, sp, examples, encoder=encoder,
+      batch_size=config.eval_batch_size,
       max_input_length=config.max_input_length,
       max_decode_length=(config.eval_max_decode_length or
                          config.max_target_length))
