@@ -157,6 +157,11 @@ def test_install_and_test_commands_are_ci_runs():
   text = _readme()
   install = _fenced(_section(text, "## Install"))[0].splitlines()
   tests = _fenced(_section(text, "## Run the tests"))[0].splitlines()
+  # CI also installs the tpu extra, as the README's TPU check says, so
+  # that the ahead-of-time TPU compile tests run there.
+  tpu = "python -m pip install -q -e '.[tpu]'"
+  assert ci.count(tpu) == 1 and "pip install -e '.[tpu]'" in text
+  ci.remove(tpu)
   assert install == ci[:-1] and len(install) == 2
   assert tests == ci[-1:] == ["python -m pytest -q tests"]
 
