@@ -207,7 +207,12 @@ def t5x_version(root: str) -> Optional[str]:
 def t5x_config(network, config):
   """T5X's `network.T5Config` with our config's hyperparameters."""
   theirs = {f.name for f in dataclasses.fields(network.T5Config)}
-  ours = {f.name for f in dataclasses.fields(config)}
+  # Our extensions, at the values that mean T5X's model.
+  extensions = {"encoder_width": None}
+  for name, plain in extensions.items():
+    if getattr(config, name) != plain:
+      raise SystemExit(f"error: T5X has no {name}; got {getattr(config, name)!r}.")
+  ours = {f.name for f in dataclasses.fields(config)} - set(extensions)
   if theirs - ours or ours - theirs:
     raise SystemExit(
         f"error: T5Config fields differ: only in T5X {sorted(theirs - ours)}, "

@@ -3,12 +3,15 @@ import os
 import pathlib
 
 # The suite runs on the host CPU even where libtpu is installed (CI
-# installs '.[test,tpu]' for tests/test_compile_check.py): without this,
+# installs the tpu extra for tests/test_compile_check.py): without this,
 # every process that starts JAX would first try to open a TPU (about 0.5 s
 # and libtpu's warnings on stderr). libtpu's topology API, which compiles
 # for a TPU without one, works under it. Set before jax is imported; an
 # explicit JAX_PLATFORMS wins.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The TPU compile tests only compile: let them share libtpu with another
+# process that has it open (else libtpu's lockfile refuses them).
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import jax
 import pytest
