@@ -216,14 +216,24 @@ class InterleavedTimer:
 
   Each round runs every program of a group once, in order, so that load
   changes on a shared machine hit them alike; ratios and differences are
-  taken within a round, then the median over rounds. The warm-up's excess
-  over the median run is recorded as compile time (`compile_time_s`).
+  taken within a round, then the median over rounds. With `rotate`, round r
+  starts from the (r mod n)-th of the n programs, so that none always runs
+  first. The warm-up's seconds are recorded (`first_call_s`, compilation
+  included), and its excess over the median run as compile time
+  (`compile_time_s`).
   """
 
-  def __init__(self, repeats: int, log: Callable[[str], None]):
+  def __init__(self, repeats: int, log: Callable[[str], None],
+               rotate: bool = False):
     self.repeats = repeats
     self.compile_time_s: Dict[str, float] = {}
+    self.first_call_s: Dict[str, float] = {}
     self.log = log
+    self.rotate = rotate
+
+  def _order(self, names: List[str], r: int) -> List[str]:
+    k = r % len(names) if self.rotate else 0
+    return names[k:] + names[:k]
 
   def __call__(self, fns: Dict[str, Callable[[int], Any]],
                keep: Sequence[str] = ()
@@ -237,8 +247,8 @@ class InterleavedTimer:
     times = {name: [] for name in fns}
     outs = {name: [] for name in keep}
     for r in range(self.repeats):
-      for name, fn in fns.items():
-        out, seconds = timed(fn, r)
+      for name in self._order(list(fns), r):
+        out, seconds = timed(fns[name], r)
         times[name].append(seconds)
         if name in outs:
           outs[name].append(out)
@@ -246,6 +256,7 @@ class InterleavedTimer:
     for name in fns:
       t = np.asarray(times[name])
       median = float(np.median(t))
+      self.first_call_s[name] = first[name]
       self.compile_time_s[name] = max(
           self.compile_time_s.get(name, 0.0), first[name] - median, 0.0)
       self.log(f"  {name}: {median * 1e3:.3f} ms (median of {self.repeats}; "

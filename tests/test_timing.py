@@ -76,3 +76,24 @@ def test_timing_noise_benchmark_summarizes_both_ways():
       assert len(s["values"]) == 2 and all(v > 0 for v in s["values"])
       assert s["min"] <= s["median"] <= s["max"]
       assert 0 <= s["iqr"] <= s["max"] - s["min"]
+
+
+def test_interleaved_timer_rotates_the_order_per_round(monkeypatch):
+  order = []
+  monkeypatch.setattr(timing, "timed",
+                      lambda fn, r: (fn(r), 1.0 + (r >= 0)))
+  fns = {name: (lambda r, name=name: order.append((r, name)))
+         for name in "abc"}
+  timer = timing.InterleavedTimer(4, log=lambda _: None, rotate=True)
+  times, _ = timer(fns)
+  assert order == [(-1, "a"), (-1, "b"), (-1, "c"),  # warm-up, in order
+                   (0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"),
+                   (1, "a"), (2, "c"), (2, "a"), (2, "b"), (3, "a"),
+                   (3, "b"), (3, "c")]
+  assert {n: t.tolist() for n, t in times.items()} == {
+      n: [2.0] * 4 for n in "abc"}
+  assert timer.first_call_s == dict.fromkeys("abc", 1.0)
+  # Without rotate every round runs in the given order.
+  order.clear()
+  timing.InterleavedTimer(2, log=lambda _: None)(fns)
+  assert [n for r, n in order if r >= 0] == list("abcabc")
