@@ -51,6 +51,11 @@ acceptance rule), `bandwidth` (the memory-bandwidth bound),
 `greedy_identity` (the temperature-0 exactness check with real acceptance),
 `formatting` (the console summary). Random weights come from
 `specdec_jax.parameters.random_params`, as `run`'s without checkpoints.
+
+Also here, imported on their own (not by this package): `t5x_reference`
+(T5X's own greedy decoder from a checkout, and checks that it runs our
+model) and `t5x_pair` (a trained pair against T5X), behind
+`scripts/compare_with_t5x.py`.
 """
 from specdec_jax.benchmarking.bandwidth import DEVICE_BANDWIDTH_GBPS
 from specdec_jax.benchmarking.bandwidth import default_bandwidth_gbps
