@@ -15,33 +15,37 @@ Entry points: `speculative_sample` and `temperature_sample` (checked,
 jitted); `speculative_loop` / `temperature_loop` are the same loops
 unchecked and unjitted, for composing inside one's own `jax.jit`.
 
-Modules: `loops` (the loops and their checks), `statistics` (the
-optional α̂ / β / histogram / trace pytree). The four protocols live in
-`specdec_jax.protocols`, the acceptance rules in `specdec_jax.acceptance`.
+Modules: `loops` (the loops and their jitted, checked entry points),
+`checks` (the host-side argument checks), `outputs` (`DecodeOutput`,
+`SpeculativeOutput`), `statistics` (the optional α̂ / β / histogram / trace
+pytree), `block_acceptance` (blockwise verification). The four protocols
+live in `specdec_jax.protocols`, the acceptance rules in
+`specdec_jax.acceptance`.
 """
 from specdec_jax import sampling
 from specdec_jax.protocols import AcceptanceRule
 from specdec_jax.acceptance import ExactAcceptance
 from specdec_jax.acceptance import LenientAcceptance
 from specdec_jax.protocols import Verdict
+from specdec_jax.decoding.checks import as_drafter
+from specdec_jax.decoding.checks import check_encoder_inputs
+from specdec_jax.decoding.checks import check_eos_id
+from specdec_jax.decoding.checks import check_rng
+from specdec_jax.decoding.checks import check_settings
+from specdec_jax.decoding.checks import check_speculative_args
+from specdec_jax.decoding.checks import check_target
+from specdec_jax.decoding.checks import check_vocab_sizes
+from specdec_jax.decoding.checks import resolve_method
 from specdec_jax.decoding.loops import EOS_ID
-from specdec_jax.decoding.loops import DecodeOutput
-from specdec_jax.decoding.loops import SpeculativeOutput
 from specdec_jax.decoding.loops import SpeculativeState
-from specdec_jax.decoding.loops import as_drafter
-from specdec_jax.decoding.loops import check_encoder_inputs
-from specdec_jax.decoding.loops import check_rng
-from specdec_jax.decoding.loops import check_settings
-from specdec_jax.decoding.loops import check_speculative_args
-from specdec_jax.decoding.loops import check_target
-from specdec_jax.decoding.loops import check_vocab_sizes
 from specdec_jax.decoding.loops import init_speculative_state
-from specdec_jax.decoding.loops import resolve_method
 from specdec_jax.decoding.loops import speculative_iteration
 from specdec_jax.decoding.loops import speculative_loop
 from specdec_jax.decoding.loops import speculative_sample
 from specdec_jax.decoding.loops import temperature_loop
 from specdec_jax.decoding.loops import temperature_sample
+from specdec_jax.decoding.outputs import DecodeOutput
+from specdec_jax.decoding.outputs import SpeculativeOutput
 from specdec_jax.protocols import Target
 from specdec_jax.protocols import check_pytree
 from specdec_jax.decoding.statistics import NO_TOKEN
@@ -54,8 +58,9 @@ from specdec_jax.drafters import T5Drafter
 __all__ = [
     "AcceptanceRule", "DecodeOutput", "Drafter", "EOS_ID", "ExactAcceptance",
     "LenientAcceptance", "ModelDrafter", "NO_GUESS", "NO_TOKEN",
-    "SpeculativeOutput", "SpeculativeState", "SpeculativeStatistics", "T5Drafter", "Target", "Verdict", "as_drafter",
-    "check_encoder_inputs", "check_pytree", "check_rng", "check_settings",
+    "SpeculativeOutput", "SpeculativeState", "SpeculativeStatistics",
+    "T5Drafter", "Target", "Verdict", "as_drafter", "check_encoder_inputs",
+    "check_eos_id", "check_pytree", "check_rng", "check_settings",
     "check_speculative_args", "check_target", "check_vocab_sizes",
     "init_speculative_state", "resolve_method", "sampling",
     "speculative_iteration", "speculative_loop", "speculative_sample",

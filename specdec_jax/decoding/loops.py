@@ -20,11 +20,11 @@ target's state always holds positions 0..ℓ-1, so the next target input is
 `buffer[ℓ]`. Rows finish on EOS or at `max_decode_length` and are then
 frozen while the others go on.
 
-Argument checks (`check_speculative_args`, `check_encoder_inputs`,
-`check_rng`, ...) run on the host before anything is traced or compiled.
+The entry points run the host-side argument checks of `decoding.checks`
+(`check_speculative_args`, `check_encoder_inputs`, `check_rng`, ...) before
+anything is traced or compiled, and return `decoding.outputs`' classes. Their
+public names are importable from here too.
 """
-import functools
-import numbers
 from typing import Any, Optional, Tuple
 
 import flax
@@ -35,306 +35,28 @@ from jax import lax
 
 from specdec_jax import kernels
 from specdec_jax import sampling
-from specdec_jax.protocols import AcceptanceRule
 from specdec_jax.acceptance import ExactAcceptance
-from specdec_jax.protocols import Target
-from specdec_jax.protocols import check_pytree
-from specdec_jax.protocols import target_encoder_output
+from specdec_jax.decoding.checks import as_drafter
+from specdec_jax.decoding.checks import check_encoder_inputs
+from specdec_jax.decoding.checks import check_eos_id
+from specdec_jax.decoding.checks import check_rng
+from specdec_jax.decoding.checks import check_settings
+from specdec_jax.decoding.checks import check_speculative_args
+from specdec_jax.decoding.checks import check_target
+from specdec_jax.decoding.checks import resolve_method
+from specdec_jax.decoding.outputs import DecodeOutput
+from specdec_jax.decoding.outputs import SpeculativeOutput
 from specdec_jax.decoding.statistics import SpeculativeStatistics
 from specdec_jax.decoding.statistics import guess_beta
 from specdec_jax.drafters import guesses
+from specdec_jax.protocols import AcceptanceRule
 from specdec_jax.protocols import Drafter
-from specdec_jax.drafters.model import ModelDrafter
+from specdec_jax.protocols import Target
+from specdec_jax.protocols import target_encoder_output
 
 Array = jax.Array
 
 EOS_ID = 1
-
-
-# ---------------------------------------------------------------------------
-# Outputs.
-# ---------------------------------------------------------------------------
-@flax.struct.dataclass
-class DecodeOutput:
-  """Result of `temperature_sample`.
-
-  Attributes:
-    tokens: [B, max_decode_length] int32 generated tokens, EOS included, 0
-      after EOS (T5X's convention).
-    lengths: [B] int32 number of generated tokens (EOS included).
-    target_calls: [B] int32 target decoder calls while the row was active
-      (one per generated token).
-  """
-  tokens: Array
-  lengths: Array
-  target_calls: Array
-
-
-@flax.struct.dataclass
-class SpeculativeOutput:
-  """Result of `speculative_sample`, with Algorithm 1's statistics.
-
-  Attributes:
-    tokens: [B, max_decode_length] int32, as in `DecodeOutput`.
-    lengths: [B] int32 number of generated tokens.
-    stats: `SpeculativeStatistics` (per-row target calls, histogram of kept
-      guesses, β, traces), or None when decoded with statistics=False. Its
-      fields are also readable here (`out.target_calls`,
-      `out.accepted_histogram`, ...).
-  """
-  tokens: Array
-  lengths: Array
-  stats: Optional[SpeculativeStatistics] = None
-
-  def _stats(self) -> SpeculativeStatistics:
-    if self.stats is None:
-      raise ValueError(
-          "This output was decoded with statistics=False: it has tokens and "
-          "lengths only. Pass statistics=True for target calls, α and traces.")
-    return self.stats
-
-  # Fields of `SpeculativeStatistics`, for convenience.
-  target_calls = property(lambda self: self._stats().target_calls)
-  accepted_histogram = property(
-      lambda self: self._stats().accepted_histogram)
-  beta_sum = property(lambda self: self._stats().beta_sum)
-  beta_count = property(lambda self: self._stats().beta_count)
-  trace_draft_tokens = property(
-      lambda self: self._stats().trace_draft_tokens)
-  trace_num_accepted = property(
-      lambda self: self._stats().trace_num_accepted)
-  trace_next_token = property(lambda self: self._stats().trace_next_token)
-
-  @property
-  def gamma(self) -> int:
-    return self.accepted_histogram.shape[-1] - 1
-
-  @property
-  def tokens_per_target_call(self) -> Array:
-    """Mean generated tokens per target call over the batch (scalar)."""
-    return jnp.sum(self.lengths) / jnp.maximum(jnp.sum(self.target_calls), 1)
-
-  @property
-  def alpha_hat(self) -> Array:
-    """α̂ from acceptance counts: kept guesses / acceptance trials (scalar).
-
-    An iteration whose n guesses were kept and followed by the target's
-    token ran min(n + 1, γ) trials (it stops at the first rejection), n of
-    them successes; one whose output ended inside its guesses (EOS or
-    max_decode_length) counts only the trials and guesses that reached the
-    output. The trials are `beta_count`.
-    """
-    hist = jnp.sum(self.accepted_histogram, axis=0)
-    successes = jnp.sum(jnp.arange(hist.shape[0]) * hist)
-    return successes / jnp.maximum(jnp.sum(self.beta_count), 1)
-
-  @property
-  def alpha_beta(self) -> Array:
-    """α̂ as the mean β over visited positions (Corollary 3.6; scalar)."""
-    return jnp.sum(self.beta_sum) / jnp.maximum(jnp.sum(self.beta_count), 1)
-
-  def statistics(self) -> dict:
-    """Host-side summary (Python numbers) for logs and metrics files."""
-    return {
-        "gamma": self.gamma,
-        "tokens_generated": int(jnp.sum(self.lengths)),
-        "target_calls": int(jnp.sum(self.target_calls)),
-        "tokens_per_target_call": float(self.tokens_per_target_call),
-        "alpha_hat": float(self.alpha_hat),
-        "alpha_beta": float(self.alpha_beta),
-        "acceptance_trials": int(jnp.sum(self.beta_count)),
-        "accepted_histogram": [
-            int(x) for x in jnp.sum(self.accepted_histogram, axis=0)],
-    }
-
-
-# ---------------------------------------------------------------------------
-# Argument checks (on the host, before any tracing or compilation).
-# ---------------------------------------------------------------------------
-def _check_positive_int(name: str, value: Any) -> None:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
-      value < 1):
-    raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-
-
-def _concrete_values(x: Any) -> Optional[np.ndarray]:
-  """x as a host array, or None when it is traced (or not addressable)."""
-  if isinstance(x, jax.core.Tracer):
-    return None
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    return None
-  return np.asarray(x)
-
-
-def check_encoder_inputs(encoder_input_tokens: Any,
-                         vocab_size: Optional[int] = None) -> None:
-  """Encoder inputs must be [B, S] integer token ids in [0, vocab_size).
-
-  The dtype and shape are checked always. The ids are checked on the host
-  when the array is concrete (a NumPy array, or a jax.Array outside jit);
-  inside a caller's own `jax.jit` they are traced and cannot be: there an
-  id >= vocab_size embeds as NaN (`jnp.take`'s fill mode) and a negative id
-  wraps around, so the output is garbage without an error.
-
-  Raises:
-    ValueError naming `encoder_input_tokens`, what it got and what is
-    allowed.
-  """
-  shape = getattr(encoder_input_tokens, "shape", None)
-  dtype = getattr(encoder_input_tokens, "dtype", None)
-  if shape is None or len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
-    raise ValueError(
-        "encoder_input_tokens must be a non-empty [batch, length] integer "
-        f"array, got shape {shape}.")
-  if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
-    raise ValueError(
-        "encoder_input_tokens must have an integer dtype (token ids), got "
-        f"{dtype}: floats would be silently truncated to ids.")
-  if vocab_size is None:
-    return
-  values = _concrete_values(encoder_input_tokens)
-  if values is None or values.size == 0:
-    return
-  bad = (values < 0) | (values >= vocab_size)
-  if np.any(bad):
-    where = tuple(int(i) for i in np.argwhere(bad)[0])
-    raise ValueError(
-        f"encoder_input_tokens must hold token ids in [0, {vocab_size}) (the "
-        f"model's vocab_size; 0 is padding), got {int(values[where])} at "
-        f"{list(where)} ({int(bad.sum())} ids out of range).")
-
-
-def check_rng(rng: Any) -> None:
-  """rng must be one JAX PRNG key: `jax.random.key(seed)` (a typed key of
-  shape []) or `jax.random.PRNGKey(seed)` (raw uint32 [2], or [4] for the
-  'rbg' implementations)."""
-  dtype = getattr(rng, "dtype", None)
-  shape = getattr(rng, "shape", None)
-  if dtype is not None and not isinstance(rng, (str, bytes)):
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-      if shape == ():
-        return
-    elif dtype == np.uint32 and shape in ((2,), (4,)):
-      return
-  what = (f"an array of dtype {dtype} and shape {shape}" if dtype is not None
-          else repr(rng))
-  raise ValueError(
-      "rng must be a single JAX PRNG key, e.g. jax.random.key(0) or "
-      f"jax.random.PRNGKey(0), got {what}.")
-
-
-def _check_eos_id(eos_id: Any) -> None:
-  if isinstance(eos_id, bool) or not isinstance(eos_id, numbers.Integral):
-    raise ValueError(
-        f"eos_id must be an integer token id (-1: never stop early), got "
-        f"{eos_id!r}.")
-
-
-def resolve_method(method: Optional[sampling.SamplingMethod] = None,
-                   temperature: Optional[float] = None,
-                   top_k: Optional[int] = None,
-                   top_p: Optional[float] = None) -> sampling.SamplingMethod:
-  """The sampling method from either `method` or the loose scalars.
-
-  Loose scalars default to greedy (temperature 0, top_k 0, top_p 1) and are
-  validated by `sampling.make_method`; giving both forms is an error.
-  """
-  loose = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
-  if method is not None:
-    given = [k for k, v in loose.items() if v is not None]
-    if given:
-      raise ValueError(
-          f"Pass either method or {'/'.join(given)}, not both: method "
-          f"({method!r}) already fixes them.")
-    if not isinstance(method, sampling.SamplingMethod):
-      raise ValueError(
-          "method must be a sampling.SamplingMethod (e.g. sampling.Greedy() "
-          f"or sampling.Sampling(temperature=0.7, top_p=0.9)), got "
-          f"{type(method).__name__}.")
-    return method
-  return sampling.make_method(0.0 if temperature is None else temperature,
-                              0 if top_k is None else top_k,
-                              1.0 if top_p is None else top_p)
-
-
-def check_settings(*, max_decode_length: Any, gamma: Any = None) -> None:
-  """Checks γ (when given) and max_decode_length; raises ValueError."""
-  if gamma is not None:
-    _check_positive_int("gamma", gamma)
-  _check_positive_int("max_decode_length", max_decode_length)
-
-
-def check_vocab_sizes(target_vocab_size: int, draft_vocab_size: int) -> None:
-  if draft_vocab_size != target_vocab_size:
-    raise ValueError(
-        f"draft vocab_size ({draft_vocab_size}) must equal the target's "
-        f"vocab_size ({target_vocab_size}): speculative decoding compares "
-        "their distributions token by token.")
-
-
-# What `Target` asks for (protocols.Target).
-_TARGET_MEMBERS = ("vocab_size", "start_token", "start", "length",
-                   "decode_chunk", "truncate")
-
-
-@functools.lru_cache(maxsize=None)
-def _implements_target(cls: type) -> bool:
-  """Whether instances of cls have Target's members (a Protocol isinstance
-  costs ~0.1 ms: too much per decode call, so it is cached per class)."""
-  return all(hasattr(cls, m) for m in _TARGET_MEMBERS)
-
-
-def check_target(target: Any) -> None:
-  """The target implements `Target` and is a pytree; raises ValueError."""
-  # A class is hashable; mypy's Hashable protocol does not see type.__hash__.
-  if (not _implements_target(type(target))  # type: ignore[arg-type]
-      and not isinstance(target, Target)):
-    missing = [m for m in _TARGET_MEMBERS if not hasattr(target, m)]
-    raise ValueError(
-        "target must implement specdec_jax.protocols.Target ("
-        f"{', '.join(_TARGET_MEMBERS)}), e.g. a models.T5Model; got "
-        f"{type(target).__name__}, missing {missing}.")
-  check_pytree("target", target)
-
-
-def as_drafter(drafter: Any) -> Drafter:
-  """A `Drafter` as is; a model with the `Target` interface (e.g. a small
-  `T5Model`) wrapped in `drafters.ModelDrafter`."""
-  if not isinstance(drafter, Drafter) and isinstance(drafter, Target):
-    return ModelDrafter(drafter)
-  return drafter
-
-
-def check_speculative_args(target: Any, drafter: Any, *, gamma: Any,
-                           max_decode_length: Any,
-                           method: Optional[sampling.SamplingMethod] = None,
-                           temperature: Optional[float] = None,
-                           top_k: Optional[int] = None,
-                           top_p: Optional[float] = None,
-                           acceptance: Optional[AcceptanceRule] = None
-                           ) -> sampling.SamplingMethod:
-  """All model-level checks of `speculative_sample`; raises ValueError.
-
-  Returns:
-    The sampling method (`resolve_method`).
-  """
-  check_settings(gamma=gamma, max_decode_length=max_decode_length)
-  method = resolve_method(method, temperature, top_k, top_p)
-  check_target(target)
-  if not isinstance(drafter, Drafter):
-    raise ValueError(
-        "drafter must be a specdec_jax.drafters.Drafter (e.g. "
-        "ModelDrafter(small_model)) or a model with the Target interface, "
-        f"got {type(drafter).__name__}.")
-  check_pytree("drafter", drafter)
-  check_vocab_sizes(target.vocab_size, drafter.vocab_size)
-  if acceptance is not None:
-    if not isinstance(acceptance, AcceptanceRule):
-      raise ValueError(
-          "acceptance must be a decoding.AcceptanceRule (e.g. "
-          f"ExactAcceptance()), got {type(acceptance).__name__}.")
-    check_pytree("acceptance", acceptance)
-  return method
 
 
 # ---------------------------------------------------------------------------
@@ -459,7 +181,7 @@ def temperature_sample(target: Target, encoder_input_tokens: Array,
   check_target(target)
   check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   check_rng(rng)
-  _check_eos_id(eos_id)
+  check_eos_id(eos_id)
   return _jit_temperature_loop(
       target, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
       np.int32(eos_id), max_decode_length=int(max_decode_length),
@@ -678,7 +400,7 @@ def speculative_sample(target: Target, drafter: Any,
       acceptance=acceptance)
   check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   check_rng(rng)
-  _check_eos_id(eos_id)
+  check_eos_id(eos_id)
   if not isinstance(statistics, bool):
     raise ValueError(f"statistics must be True or False, got {statistics!r}.")
   return _speculative_program()(
