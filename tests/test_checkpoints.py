@@ -289,6 +289,15 @@ def test_round_trip_mixed_dtypes_and_numpy(tmp_path):
   assert got["a"]["kernel"].dtype == jnp.bfloat16
 
 
+def test_save_refuses_packed_panels_and_writes_nothing(tmp_path):
+  # A 3-D `kernel` is the CPU kernel's panel layout, never T5X's.
+  params = {"decoder": {"layers_0": {"mlp": {"wo": {
+      "kernel": jnp.zeros((2, 8, 16), jnp.float32)}}}}}
+  with pytest.raises(ValueError, match="decoder/layers_0/mlp/wo/kernel"):
+    save_params({"params": params}, tmp_path / "model", step=0)
+  assert not (tmp_path / "model").exists()
+
+
 def test_save_is_atomic(tmp_path, legacy_params, monkeypatch):
   first = save_params(legacy_params, tmp_path, step=1)
 

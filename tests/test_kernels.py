@@ -110,8 +110,14 @@ def test_prepared_model_decodes_like_the_unpacked_one():
   packed = plain.prepared_for_decoding()
   assert packed.is_packed and not plain.is_packed
   assert packed.prepared_for_decoding() is packed
-  jax.tree_util.tree_map(np.testing.assert_array_equal,
-                         packed.unpacked().params, plain.params)
+  # The panels live beside the T5X-layout parameters, which stay as they
+  # were: saving or converting `params` never sees a packed weight.
+  assert packed.params is plain.params
+  assert packed.unpacked().packed is None
+  panel_leaves = jax.tree_util.tree_leaves(packed.packed)
+  assert panel_leaves and all(leaf.ndim == 3 for leaf in panel_leaves)
+  assert all(leaf.ndim != 3
+             for leaf in jax.tree_util.tree_leaves(packed.params))
   inputs = jnp.asarray([[5, 17, 42, 9, 1, 0], [7, 3, 1, 0, 0, 0]], jnp.int32)
   tokens = jnp.asarray([[0, 4, 9, 11, 2], [0, 8, 8, 30, 6]], jnp.int32)
   logits = {}
@@ -121,9 +127,9 @@ def test_prepared_model_decodes_like_the_unpacked_one():
   np.testing.assert_allclose(logits["packed"], logits["plain"], atol=2e-5,
                              rtol=2e-5)
   # The teacher-forced forward pass (more rows) works on packed weights too.
-  forward = packed.module.apply(packed.params, inputs, tokens, tokens + 1)
+  forward = packed.module.apply(packed.variables, inputs, tokens, tokens + 1)
   np.testing.assert_allclose(forward, plain.module.apply(
-      plain.params, inputs, tokens, tokens + 1), atol=2e-5, rtol=2e-5)
+      plain.variables, inputs, tokens, tokens + 1), atol=2e-5, rtol=2e-5)
 
 
 @needs_kernel

@@ -159,7 +159,7 @@ def load_pair(args, t5x: t5x_reference.T5X, log) -> Pair:
       eos_id=decoding.EOS_ID)
   mesh, target, draft = exp.models()  # run's loader: float32, packed
   # T5X reads the same weights in its own layout (packing is a layout).
-  t5x_params = target.unpacked().params["params"]
+  t5x_params = target.params["params"]
   leaves = t5x_reference.check_same_tree(t5x_module, t5x_params,
                                          inputs.shape[1], max_len)
   log(f"[pair] {len(examples)} sentences from {source_of(a)}; target "

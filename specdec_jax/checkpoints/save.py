@@ -97,6 +97,20 @@ def _write_checkpoint(tmp: str, tree: Mapping[str, Any]) -> None:
               "Checkpoint commit was successful.")
 
 
+def _check_t5x_kernels(tree: dict, path: str = "") -> None:
+  """Refuses the CPU kernel's packed panels: T5X's kernels are 2-D."""
+  for name, value in tree.items():
+    where = f"{path}/{name}" if path else name
+    if isinstance(value, dict):
+      _check_t5x_kernels(value, where)
+    elif name == "kernel" and getattr(value, "ndim", 2) != 2:
+      raise ValueError(
+          f"save_params: {where} has shape {tuple(value.shape)}, but T5X's "
+          "kernels are 2-D [in, out]: these look like the CPU kernel's "
+          "packed panels. Save `T5Model.params`, which is always in T5X's "
+          "layout.")
+
+
 def save_params(params, directory, *, step: int = 0) -> str:
   """Writes `params` as a T5X-compatible Orbax checkpoint.
 
@@ -126,6 +140,7 @@ def save_params(params, directory, *, step: int = 0) -> str:
 
   Raises:
     CheckpointError: ``checkpoint_<step>`` already exists.
+    ValueError: a `kernel` that is not 2-D (the CPU kernel's packed panels).
   """
   directory = os.fspath(directory)
   if not io_utils.is_url(directory):
@@ -138,6 +153,7 @@ def save_params(params, directory, *, step: int = 0) -> str:
   tree = _to_plain_dict(params)
   if not isinstance(tree, dict) or not tree:
     raise ValueError("save_params: params must be a non-empty nested dict.")
+  _check_t5x_kernels(tree)
 
   final = join(directory, f"checkpoint_{step}")
   if io_utils.isdir(final) or io_utils.isfile(final):

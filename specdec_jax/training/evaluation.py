@@ -10,7 +10,7 @@ from specdec_jax import decoding
 from specdec_jax import metrics
 from specdec_jax import tasks
 from specdec_jax.models.config import T5Config
-from specdec_jax.models.t5 import SharedEncoderModel
+from specdec_jax.models import SharedEncoderModel
 from specdec_jax.models.t5 import T5Model
 
 
