@@ -238,6 +238,25 @@ def _write_run_files(model_dir: str, model: T5Config) -> None:
     pass  # A record for the reader only: never a reason to stop a run.
 
 
+def _run_metrics(config: TrainConfig, files: TrainPaths, model: T5Config,
+                 state, start_step: int, sp, train_examples: int,
+                 progress: "_Progress", teacher) -> Dict[str, Any]:
+  """What `metrics.json` records about a finished run (before evaluation)."""
+  return {
+      "model_dir": files.model_dir, "step": state.step,
+      "start_step": start_step, "num_params": model.num_params,
+      "model_config": gin_utils.t5_config_fields(model),
+      "checkpoint": state.checkpoint,
+      "spm_model_path": (files.spm_model_path
+                         if paths.is_url(files.spm_model_path)
+                         else os.path.abspath(files.spm_model_path)),
+      "vocab_pieces": sp.get_piece_size(), "input_prefix": config.input_prefix,
+      "train_examples": train_examples, "batch_size": config.batch_size,
+      "distill_from": teacher and teacher.checkpoint,
+      **progress.summary(),
+  }
+
+
 def train_and_evaluate(config: TrainConfig) -> TrainResult:
   """Trains (or resumes training of) one T5 model; see the module docstring.
 
@@ -300,19 +319,8 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
                       step_fn, teacher and teacher.params, dropout_rng,
                       progress)
   # 6. Evaluate and write metrics.
-  metrics: Dict[str, Any] = {
-      "model_dir": files.model_dir, "step": state.step,
-      "start_step": start_step, "num_params": model.num_params,
-      "model_config": gin_utils.t5_config_fields(model),
-      "checkpoint": state.checkpoint,
-      "spm_model_path": (files.spm_model_path
-                         if paths.is_url(files.spm_model_path)
-                         else os.path.abspath(files.spm_model_path)),
-      "vocab_pieces": sp.get_piece_size(), "input_prefix": config.input_prefix,
-      "train_examples": len(dataset), "batch_size": config.batch_size,
-      "distill_from": teacher and teacher.checkpoint,
-      **progress.summary(),
-  }
+  metrics = _run_metrics(config, files, model, state, start_step, sp,
+                         len(dataset), progress, teacher)
   if eval_examples:
     metrics["eval"] = _evaluate(config, model, state.params, sp,
                                 eval_examples, teacher)
