@@ -53,7 +53,9 @@ def test_settings_compile_mode_cannot_honour_are_refused():
   base = dict(output_dir="/tmp/unused", gamma=3)
   for fields, words in (
       ({"mesh_shape": (1, 8)}, "MESH_SHAPE=(1, 8) needs 8 chips"),
-      ({"drafter": "bigram", "ngram_corpus": __file__}, "DRAFTER='bigram'"),
+      ({"drafter": "bigram", "ngram_corpus": __file__},
+       "DRAFTER='bigram' with COMPILE_TOPOLOGY: allowed: 'model', "
+       "'shared_encoder'"),
       ({"gamma": "auto"}, "GAMMA='auto'")):
     args = arguments.RunArguments(**{**base, **fields})
     with pytest.raises(gin_utils.ConfigError, match=re.escape(words)):
@@ -142,19 +144,18 @@ def _sharded_bytes(config, sizes) -> int:
   return total
 
 
-@pytest.fixture(scope="module")
-def tiny_v4(tmp_path_factory):
-  """local_tiny.gin compiled for v4-8 at MESH_SHAPE=(1, 4): compile.json."""
+def _compile_tiny(out, bindings=()):
+  """local_tiny.gin (+ bindings) compiled for v4-8 at MESH_SHAPE=(1, 4):
+  (compile.json, (target config, draft config))."""
   pytest.importorskip(
       "libtpu", reason="libtpu is not installed: compiling for a TPU "
       "topology needs it (pip install -e '.[tpu]'; no TPU needed).")
   import gin  # pylint: disable=g-import-not-at-top
-  out = tmp_path_factory.mktemp("compile")
   gin.clear_config()
   try:
     gin_utils.parse_gin(["local_tiny.gin"], [
         "COMPILE_TOPOLOGY = 'v4-8'", "MESH_SHAPE = (1, 4)",
-        f"OUTPUT_DIR = '{out}'"])
+        f"OUTPUT_DIR = '{out}'", *bindings])
     args = arguments.run_arguments()  # pylint: disable=no-value-for-parameter
     value = compile_report.topology_value()
     compile_report.compile_topology(args, value, ["local_tiny.gin"])
@@ -163,6 +164,12 @@ def tiny_v4(tmp_path_factory):
     gin.clear_config()
   with open(out / compile_report.COMPILE_FILE) as f:
     return json.load(f), configs
+
+
+@pytest.fixture(scope="module")
+def tiny_v4(tmp_path_factory):
+  """local_tiny.gin compiled for v4-8 at MESH_SHAPE=(1, 4): compile.json."""
+  return _compile_tiny(tmp_path_factory.mktemp("compile"))
 
 
 def test_tiny_compiles_for_v4_with_sharded_parameter_bytes(tiny_v4):
@@ -215,3 +222,23 @@ def test_tiny_tpu_programs_hold_no_cpu_only_parts(tiny_v4):
   lines = compile_report.summary_lines(record)
   assert any("fits" in line for line in lines)
   assert any("none of ours" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_shared_encoder_draft_compiles_and_reads_its_own_weights_once(
+    tmp_path):
+  # DRAFTER='shared_encoder': a draft decoder without an encoder, reading
+  # the target's encoder output (local_tiny's target: emb_dim 64).
+  record, (target, draft) = _compile_tiny(tmp_path, [
+      "DRAFTER = 'shared_encoder'", "draft/T5Config.num_encoder_layers = 0",
+      "draft/T5Config.encoder_width = 64"])
+  assert not draft.has_encoder and target.has_encoder
+  sizes = {"data": 1, "model": 4}
+  params = record["memory_per_device"]["parameter_bytes"]
+  # The draft's own parameters: its decoder and embedding, no encoder.
+  assert params["draft"] == _sharded_bytes(draft, sizes)
+  reads = record["calls"]["draft_step"]["weight_reads"]
+  assert reads["weights"] > 0 and not reads["unread"], reads
+  assert reads["reads_per_weight_byte"] == pytest.approx(1.0, abs=0.01)
+  assert record["memory_per_device"]["fits"]
+  assert "speculative" in record["programs"]

@@ -13,6 +13,7 @@ from specdec_jax import checkpoints
 from specdec_jax import decoding
 from specdec_jax import gin_utils
 from specdec_jax import vocab as vocab_lib
+from specdec_jax.models import SharedEncoderModel
 from specdec_jax.models import T5Model
 from specdec_jax.models import param_shapes
 
@@ -41,6 +42,13 @@ PAIRS = {
     "38m_with_1m_distilled": ("target_38m", "models/multi30k_target_38m.gin",
                               "draft_1m_distill_38m",
                               "models/multi30k_draft_1m.gin"),
+    # Shared-encoder drafts: decoders reading the 38M target's encoder.
+    "38m_with_shared_1m": ("target_38m", "models/multi30k_target_38m.gin",
+                           "shared_encoder_1m",
+                           "models/multi30k_shared_encoder_1m.gin"),
+    "38m_with_shared_4m": ("target_38m", "models/multi30k_target_38m.gin",
+                           "shared_encoder_4m",
+                           "models/multi30k_shared_encoder_4m.gin"),
 }
 
 
@@ -49,6 +57,8 @@ def test_shipped_pair_loads_and_decodes_exactly(pair):
   target_name, target_gin, draft_name, draft_gin = PAIRS[pair]
   target = _load(target_name, target_gin)
   draft = _load(draft_name, draft_gin)
+  if not draft.config.has_encoder:  # it reads the target's encoder
+    draft = SharedEncoderModel.pair(target, draft)
   vocab = vocab_lib.get_vocabulary(str(PRETRAINED / "multi30k.model"),
                                    extra_ids=0)
   ids = vocab.encode("A man in a blue shirt is riding a bicycle.") + [1]

@@ -8,7 +8,8 @@ topology's devices (libtpu's description of the slice, no TPU attached).
 It lowers and compiles, for that TPU:
 
 * each model's start (encoder + empty KV cache; its output shardings are
-  the cache shardings the calls below take),
+  the cache shardings the calls below take; a shared-encoder draft's start
+  runs the target's encoder, which the loop runs once for both),
 * one target step (K = 1), one verification call (K = γ+1), one draft step,
 * the whole baseline and speculative decode programs,
 
@@ -38,6 +39,7 @@ from jax.sharding import PartitionSpec
 from specdec_jax import decoding
 from specdec_jax import partitioning
 from specdec_jax.experiment import hlo_reads
+from specdec_jax.models import SharedEncoderModel
 from specdec_jax.models import T5Config
 from specdec_jax.models import T5Model
 from specdec_jax.models import param_shapes
@@ -58,6 +60,20 @@ def abstract_model(config: T5Config, mesh) -> T5Model:
       lambda s, sh: jax.ShapeDtypeStruct(s.shape, config.dtype, sharding=sh),
       shapes, shardings)
   return T5Model(config, {"params": params})
+
+
+def abstract_draft(draft_config: T5Config, target: T5Model, mesh):
+  """The draft as the run builds it: a decoder without an encoder of its
+  own (DRAFTER='shared_encoder') paired with the target it reads."""
+  draft = abstract_model(draft_config, mesh)
+  return draft if draft_config.has_encoder else SharedEncoderModel.pair(
+      target, draft)
+
+
+def own_params(model) -> Any:
+  """A model's own parameters (a shared-encoder draft's: its decoder's)."""
+  return (model.decoder if isinstance(model, SharedEncoderModel)
+          else model).params
 
 
 def shard_bytes(tree: Any) -> int:
@@ -203,7 +219,7 @@ def compile_all(target_config: T5Config, draft_config: T5Config, mesh,
   """
   c = Compiler(mesh, shapes)
   target = abstract_model(target_config, mesh)
-  draft = abstract_model(draft_config, mesh)
+  draft = abstract_draft(draft_config, target, mesh)
   calls = {}
   calls["target_start"], target_cache = c.start(target)
   calls["draft_start"], draft_cache = c.start(draft)
@@ -218,7 +234,7 @@ def compile_all(target_config: T5Config, draft_config: T5Config, mesh,
   }
   return {
       "params": {"target": shard_bytes(target.params),
-                 "draft": shard_bytes(draft.params)},
+                 "draft": shard_bytes(own_params(draft))},
       "kv_cache": {"target": shard_bytes(target_cache),
                    "draft": shard_bytes(draft_cache)},
       "calls": calls, "programs": programs,
@@ -232,7 +248,8 @@ def speculative_total(target_config: T5Config, draft_config: T5Config, mesh,
   models, both caches), for trying other mesh shapes."""
   c = Compiler(mesh, shapes)
   rule = decoding.ExactAcceptance() if acceptance is None else acceptance
-  record = c.speculative(abstract_model(target_config, mesh),
-                         build_drafter(abstract_model(draft_config, mesh)),
-                         method, rule)
+  target = abstract_model(target_config, mesh)
+  record = c.speculative(
+      target, build_drafter(abstract_draft(draft_config, target, mesh)),
+      method, rule)
   return record["total_bytes"]

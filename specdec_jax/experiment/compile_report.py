@@ -32,6 +32,7 @@ from specdec_jax import kernels
 from specdec_jax import partitioning
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_check
+from specdec_jax.experiment import drafter_choice
 from specdec_jax.experiment import setup
 from specdec_jax.experiment import tpu_topologies
 
@@ -82,9 +83,11 @@ def check_settings(args: arguments.RunArguments, value: Any
     topology = tpu_topologies.resolve(value, MACRO)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if args.drafter != "model":
-    raise ConfigError(f"DRAFTER={args.drafter!r} with {MACRO}: allowed: "
-                      "'model' (the paper's draft model).")
+  if args.drafter not in drafter_choice.MODEL_DRAFTERS:
+    raise ConfigError(
+        f"DRAFTER={args.drafter!r} with {MACRO}: allowed: "
+        f"{', '.join(repr(d) for d in drafter_choice.MODEL_DRAFTERS)} "
+        "(a draft model).")
   if args.auto_gamma:
     raise ConfigError(f"GAMMA='auto' with {MACRO}: allowed: an integer "
                       "γ >= 1 (the programs are compiled for one γ).")
