@@ -67,14 +67,17 @@ def attend(query: Array, parts: Sequence[KeyValues],
   all_logits = logits[0] if len(logits) == 1 else jnp.concatenate(
       logits, axis=-1)
   weights = jax.nn.softmax(all_logits).astype(config.dtype)
-  out, offset = None, 0
+  terms, offset = [], 0
   for part, part_logits in zip(parts, logits):
     length = part_logits.shape[-1]
     part_weights = (weights if len(parts) == 1
                     else weights[..., offset:offset + length])
-    term = jnp.einsum(f"bhqk,{part.layout}->bqhd", part_weights, part.values)
-    out = term if out is None else out + term
+    terms.append(
+        jnp.einsum(f"bhqk,{part.layout}->bqhd", part_weights, part.values))
     offset += length
+  out = terms[0]
+  for term in terms[1:]:
+    out = out + term
   return out
 
 
