@@ -77,13 +77,6 @@ def test_macros_page_covers_every_run_argument(generator):
 
 
 def test_generator_names_what_is_missing(generator, monkeypatch, tmp_path):
-  monkeypatch.setitem(generator.arguments.MACROS, "gamma", "GAMA")
-  with pytest.raises(generator.DocsError,
-                     match=r"MACROS\['gamma'\] = 'GAMA', but gin/run.gin "
-                     r"binds run.gamma = %GAMMA"):
-    generator.macro_rows()
-  monkeypatch.undo()
-
   class Undocumented:
     """A configurable.
 
