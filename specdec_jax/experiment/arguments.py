@@ -1,5 +1,6 @@
-"""The run's arguments: what gin binds as `run.*` (`run_arguments`), held in
-one frozen `RunArguments` that is checked once, when it is built.
+"""The run's arguments: one frozen `RunArguments`, the gin configurable
+`run` (`run.gamma = %GAMMA`), checked once, when it is built. Each field
+names the gin macro that sets it (`MACROS`).
 
 The checks need no model and no I/O: every value's type and range, the
 drafter's settings (`drafter_choice`) and the decoders' own argument checks.
@@ -37,6 +38,9 @@ def _arg(macro: str, default: Any = dataclasses.MISSING, **kwargs) -> Any:
                            **kwargs)
 
 
+# The one gin configurable of a run, named `run` (gin/run.gin: `run.gamma =
+# %GAMMA`): gin fills the fields a call leaves out from the bindings.
+@gin.configurable("run")
 @dataclasses.dataclass(frozen=True)
 class RunArguments:
   """One run's arguments (all gin-configurable; docs/usage/macros.md).
@@ -144,6 +148,13 @@ class RunArguments:
   acceptance: str = _arg("ACCEPTANCE", "token")
 
   def __post_init__(self):
+    # As gin gives them: a list for MESH_SHAPE = [1, 4]; one dict that
+    # every run reading the macro shares.
+    if isinstance(self.mesh_shape, list):
+      object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+    if isinstance(self.task_feature_lengths, dict):
+      object.__setattr__(self, "task_feature_lengths",
+                         dict(self.task_feature_lengths))
     check_settings(self)
     try:
       drafter_choice.check_gamma(self.gamma)
@@ -248,6 +259,9 @@ def check_settings(args: RunArguments) -> None:
     raise bad("seed", "an integer")
   if not isinstance(args.overwrite, bool):
     raise bad("overwrite", "True or False")
+  if not isinstance(args.mesh_shape, tuple):
+    raise bad("mesh_shape", "(data, model), e.g. (1, 4) shards the models "
+              "over 4 chips")
   lengths = args.task_feature_lengths
   if not isinstance(lengths, dict):
     raise bad("task_feature_lengths",
@@ -320,56 +334,16 @@ def _check_acceptance(args: "RunArguments") -> None:
                      "with 'block', or ACCEPTANCE='token'.")
 
 
-@gin.configurable("run", denylist=["overrides"])
-def run_arguments(output_dir: str = gin.REQUIRED,
-                  target_checkpoint_path: Optional[str] = None,
-                  draft_checkpoint_path: Optional[str] = None,
-                  gamma: Union[int, str] = 5,
-                  temperature: float = 0.0,
-                  top_k: int = 0,
-                  top_p: float = 1.0,
-                  batch_size: int = 1,
-                  num_examples: int = 100,
-                  seed: int = 0,
-                  mixture_or_task_name: Optional[str] = None,
-                  split: str = "validation",
-                  task_feature_lengths: Optional[Dict[str, int]] = None,
-                  source_file: Optional[str] = None,
-                  reference_file: Optional[str] = None,
-                  input_prefix: str = "",
-                  task_kind: Optional[str] = None,
-                  task_name: str = "",
-                  target_name: str = "",
-                  draft_name: str = "",
-                  mode: str = "walltime",
-                  mesh_shape: Sequence[int] = (1, 1),
-                  overwrite: bool = False,
-                  drafter: str = "model",
-                  ngram_corpus: Optional[str] = None,
-                  ngram_order: Optional[int] = None,
-                  prompt_lookup_max: int = 3,
-                  inner_drafter: str = "prompt_lookup",
-                  inner_gamma: int = 4,
-                  lenience: float = 1.0,
-                  adaptive_threshold: Optional[float] = None,
-                  acceptance: str = "token",
-                  overrides: Optional[Dict[str, Any]] = None
+def run_arguments(overrides: Optional[Mapping[str, Any]] = None
                   ) -> RunArguments:
-  """The run's arguments as gin binds them (`run.gamma = ...`), checked.
-
-  Args: the fields of `RunArguments`, and
-    overrides: values replacing them (tests, the sweep command).
+  """The run's arguments as gin binds them (`run.gamma = ...`), checked:
+  `RunArguments()` with `overrides` (tests, the sweep command) replacing
+  some.
 
   Raises:
     ConfigError: an unknown override, or a bad value (`RunArguments`).
   """
-  args = dict(locals())
-  args.pop("overrides")
-  args["task_feature_lengths"] = dict(task_feature_lengths or
-                                      {"inputs": 512, "targets": 128})
-  args["mesh_shape"] = tuple(mesh_shape)
   unknown = set(overrides or {}) - set(MACROS)
   if unknown:
     raise ConfigError(unknown_arguments_message(sorted(unknown)))
-  args.update(overrides or {})
-  return RunArguments(**args)
+  return RunArguments(**(overrides or {}))  # pylint: disable=missing-kwoa
