@@ -246,7 +246,7 @@ def test_readme_main_job_runs_and_prints_what_the_readme_shows(tmp_path):
   gin_utils.parse_gin(files, [f"OUTPUT_DIR = '{out}'", "NUM_EXAMPLES = 2",
                               "TASK_FEATURE_LENGTHS = {'inputs': 64, "
                               "'targets': 16}"], finalize=False)
-  experiment = run_lib.Experiment(**run_lib.run_arguments())
+  experiment = run_lib.Experiment(run_lib.run_arguments())
   metrics = experiment.run()
   lines = run_lib.summary_lines(metrics, experiment.args)
   shown = shown.replace("/tmp/specdec_jax/pretrained_multi30k", str(out))

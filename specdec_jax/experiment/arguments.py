@@ -45,9 +45,8 @@ def _arg(macro: str, default: Any = dataclasses.MISSING, **kwargs) -> Any:
 class RunArguments:
   """One run's arguments (all gin-configurable; docs/usage/macros.md).
 
-  Read by attribute; `args['gamma']`, `dict(args)` and `**args` also work
-  (callers written for the dict this replaces). Each entry below is the
-  meaning column of docs/usage/macros.md (`scripts/generate_docs.py`).
+  Each field names its gin macro (`_arg`, `MACROS`). Each entry below is
+  the meaning column of docs/usage/macros.md (`scripts/generate_docs.py`).
 
   Attributes:
     output_dir: folder for metrics.json and predictions.jsonl (local or
@@ -165,15 +164,6 @@ class RunArguments:
     except ValueError as e:  # a bad setting, not a bug: no traceback
       raise ConfigError(str(e)) from None
 
-  # -- read as the dict it replaces ------------------------------------------
-  def keys(self):
-    return [f.name for f in dataclasses.fields(self)]
-
-  def __getitem__(self, name: str) -> Any:
-    if name not in self.keys():
-      raise KeyError(name)
-    return getattr(self, name)
-
   # -- derived ----------------------------------------------------------------
   @property
   def drafting(self) -> drafter_choice.DrafterSettings:
@@ -221,13 +211,6 @@ def unknown_arguments_message(names: Sequence[str]) -> str:
           f"{sorted(MACROS)}.")
 
 
-def coerce(args: Union[RunArguments, Mapping[str, Any]]) -> RunArguments:
-  """`args` as RunArguments (a mapping of some fields: the others default)."""
-  if isinstance(args, RunArguments):
-    return args
-  return RunArguments(**args)
-
-
 def _is_number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -243,7 +226,7 @@ def check_settings(args: RunArguments) -> None:
     ConfigError: naming the gin macro, the value and what is allowed.
   """
   def bad(name, allowed):
-    return ConfigError(f"{MACROS.get(name, name)}={args[name]!r} "
+    return ConfigError(f"{MACROS.get(name, name)}={getattr(args, name)!r} "
                        f"(run.{name}): allowed: {allowed}.")
 
   # inf (`1e999`) or nan would run and then be written as `Infinity` / `NaN`,
