@@ -7,7 +7,9 @@ r"""Writes the generated pages of docs/usage from their single sources.
 * macros.md: the gin macros a user types (`--gin.NAME=VALUE`): which run
   argument each binds and its default, from gin/run.gin, and what it means,
   from the docstring of the configurable it binds (`RunArguments`,
-  `experiment.setup.vocabulary`); checked against `arguments.MACROS`.
+  `experiment.setup.vocabulary`); the run arguments in `RunArguments`'
+  order, each with the macro its field names (`arguments.MACROS`), which
+  gin/run.gin must bind it to.
 * outputs.md: metrics.json's keys, from `run_metrics.RunMetrics` (its
   docstring, each key's kind and its default for older files).
 
@@ -128,27 +130,34 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
   return "\n".join(lines)
 
 
-def macro_rows() -> List[Tuple[str, str, str, str]]:
-  """[(macro, default, binding, meaning)] in run.gin's order.
+def macro_rows(path: str = RUN_GIN) -> List[Tuple[str, str, str, str]]:
+  """[(macro, default, binding, meaning)]: the run arguments in
+  `RunArguments`' order, each with the macro its field names
+  (`arguments.MACROS`), then run.gin's other bindings (`vocabulary.*`).
 
   Raises:
-    DocsError: a run argument that run.gin does not bind to a macro, a
-      binding to another macro than `arguments.MACROS` names, a macro
-      without a default, or an argument without a docstring entry.
+    DocsError: a run argument without a macro, or that run.gin (`path`)
+      does not bind to its macro, a macro without a default, or an
+      argument without a docstring entry.
   """
-  values, bindings = run_gin()
+  values, bindings = run_gin(path)
   docs = {name: docstring_entries(obj, section)
           for name, (obj, section) in DOCUMENTED.items()}
   bound = {arg: macro for conf, arg, macro in bindings if conf == "run"}
-  fields = [f.name for f in dataclasses.fields(arguments.RunArguments)]
-  problems = [f"run.{f} is not bound to a macro in gin/run.gin"
-              for f in fields if f not in bound]
-  problems += [f"arguments.MACROS[{arg!r}] = {macro!r}, but gin/run.gin "
-               f"binds run.{arg} = %{bound.get(arg)}"
-               for arg, macro in arguments.MACROS.items()
-               if bound.get(arg) != macro]
+  problems = []
+  for arg, macro in arguments.MACROS.items():
+    if macro is None:
+      problems.append(f"RunArguments.{arg} names no macro")
+    elif arg not in bound:
+      problems.append(f"run.{arg} is not bound to %{macro} in gin/run.gin")
+    elif bound[arg] != macro:
+      problems.append(f"RunArguments.{arg} is set by %{macro}, but "
+                      f"gin/run.gin binds run.{arg} = %{bound[arg]}")
+  problems += [f"gin/run.gin binds run.{arg}, which is no RunArguments field"
+               for arg in bound if arg not in arguments.MACROS]
   rows = []
-  for conf, arg, macro in bindings:
+  for conf, arg, macro in ([("run", a, m) for a, m in arguments.MACROS.items()]
+                           + [b for b in bindings if b[0] != "run"]):
     meaning = docs.get(conf, {}).get(arg)
     if meaning is None:
       problems.append(f"{conf}.{arg} (%{macro}) has no docstring entry")

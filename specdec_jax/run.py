@@ -109,7 +109,7 @@ INPUT_BUCKET = 16
 
 def run(overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """Runs the experiment gin describes; returns its metrics dict."""
-  return Experiment(run_arguments(overrides=overrides)).run()  # pylint: disable=no-value-for-parameter
+  return Experiment(run_arguments(overrides=overrides)).run()
 
 
 class Experiment:
@@ -120,21 +120,14 @@ class Experiment:
   (the vocabulary, the n-gram table, OUTPUT_DIR), before loading.
   """
 
-  def __init__(self, args: Optional[RunArguments] = None, *, models=None,
-               **fields):
+  def __init__(self, args: RunArguments, *, models=None):
     """Checks what needs no model.
 
     Args:
-      args: the run's arguments (`run_arguments`); or
-      **fields: the same as keywords (checked into a RunArguments).
+      args: the run's arguments (`run_arguments`, or a `RunArguments`).
       models: (mesh, target, draft) of an earlier run (`models()`), reused
         when the gin model bindings are the same (`sweep`).
     """
-    if args is None:
-      args = RunArguments(**fields)
-    elif fields:
-      raise TypeError(f"Experiment: give args or fields, not both "
-                      f"({sorted(fields)}).")
     self.args = args
     self.target_config = model_config("target")
     self.draft_config = model_config("draft")
@@ -509,7 +502,7 @@ def main(argv: Sequence[str]) -> None:
     raise ConfigError(str(e)) from None
   with multihost.failures_end_every_process("run", BAD_INPUT):
     console.setup()  # after the gin check: a typo fails in a second
-    args = run_arguments()  # pylint: disable=no-value-for-parameter
+    args = run_arguments()
     topology = compile_report.topology_value()
     if topology is not None:  # compile only (README, "Check a TPU ...")
       record = compile_report.compile_topology(args, topology,

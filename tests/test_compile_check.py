@@ -156,7 +156,7 @@ def _compile_tiny(out, bindings=()):
     gin_utils.parse_gin(["local_tiny.gin"], [
         "COMPILE_TOPOLOGY = 'v4-8'", "MESH_SHAPE = (1, 4)",
         f"OUTPUT_DIR = '{out}'", *bindings])
-    args = arguments.run_arguments()  # pylint: disable=no-value-for-parameter
+    args = arguments.run_arguments()
     value = compile_report.topology_value()
     compile_report.compile_topology(args, value, ["local_tiny.gin"])
     configs = (setup.model_config("target"), setup.model_config("draft"))

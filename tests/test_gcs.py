@@ -261,7 +261,7 @@ def test_sweep_on_gcs_reads_t5x_checkpoints_and_resumes(emulator, tmp_path,
   def dying_run(self):
     if calls:  # killed as the second point starts
       raise KeyboardInterrupt
-    calls.append(self.args["output_dir"])
+    calls.append(self.args.output_dir)
     return real_run(self)
   monkeypatch.setattr(run_lib.Experiment, "run", dying_run)
   with pytest.raises(KeyboardInterrupt):
@@ -289,7 +289,7 @@ def test_sweep_on_gcs_reads_t5x_checkpoints_and_resumes(emulator, tmp_path,
 
   calls.clear()
   monkeypatch.setattr(run_lib.Experiment, "run",
-                      lambda self: (calls.append(self.args["output_dir"]),
+                      lambda self: (calls.append(self.args.output_dir),
                                     real_run(self))[1])
   sweep.run_sweep(points, results, base, bindings)
   assert calls == [second]

@@ -1,4 +1,6 @@
 """gin_utils.read_t5_config: a model gin file's T5Config without global gin."""
+import importlib.util
+
 import gin
 import jax.numpy as jnp
 import pytest
@@ -6,6 +8,8 @@ import pytest
 from specdec_jax import gin_utils
 from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=unused-import
 from specdec_jax.models import T5Config
+
+from conftest import REPO
 
 DEFAULT = T5Config()  # No gin bindings are live at import time.
 
@@ -156,3 +160,46 @@ def test_parse_gin_silences_gin_lookup_noise(caplog):
     assert "system_path_file_exists" not in caplog.text
   finally:
     gin.clear_config()
+
+
+# ---------------------------------------------------------------------------
+# Model sizes written once: the scoped copies are generated.
+# ---------------------------------------------------------------------------
+def _model_gin_generator():
+  spec = importlib.util.spec_from_file_location(
+      "generate_model_gin", REPO / "scripts" / "generate_model_gin.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_scoped_model_files_are_the_generators_output():
+  generator = _model_gin_generator()
+  assert not generator.stale(), (
+      "run `python scripts/generate_model_gin.py` and commit the result")
+  # Every scoped copy of an unscoped file is generated; only the two tiny
+  # smoke-test models (different for each role) are written by hand.
+  models = REPO / "gin" / "models"
+  for role in ("target", "draft"):
+    copies = {p.stem for p in (models / role).glob("*.gin")
+              if (models / p.name).exists()}
+    assert copies == set(generator.SCOPED[role]), role
+    assert {p.stem for p in (models / role).glob("*.gin")} - copies == {
+        "tiny"}
+
+
+def test_model_gin_generator_scopes_bindings_and_macros(tmp_path):
+  generator = _model_gin_generator()
+  (tmp_path / "m.gin").write_text(
+      "# A model.\nMODEL_DTYPE = 'bfloat16'\nT5Config.emb_dim = 8  # note\n"
+      "T5Config.dtype = %MODEL_DTYPE\n")
+  text = generator.scoped_text("m", "draft", str(tmp_path))
+  assert text.endswith("DRAFT_DTYPE = 'bfloat16'\ndraft/T5Config.emb_dim = 8"
+                       "  # note\ndraft/T5Config.dtype = %DRAFT_DTYPE\n")
+  gin_file = tmp_path / "draft.gin"
+  gin_file.write_text(text)
+  assert gin_utils.read_t5_config(str(gin_file), "draft").emb_dim == 8
+  (tmp_path / "bad.gin").write_text("include 'x.gin'\nT5Config.emb_dim = 8\n")
+  with pytest.raises(generator.ModelGinError, match=r"bad.gin:1: "
+                     r"\"include 'x.gin'\""):
+    generator.scoped_text("bad", "target", str(tmp_path))

@@ -8,6 +8,7 @@
   the new metrics and stays exact; the summary of a lenient run says its
   outputs are not the target's.
 """
+import dataclasses
 import json
 import re
 
@@ -181,14 +182,16 @@ def test_summary_of_a_lenient_run():
                  greedy_identical_examples=6, random_weights=False,
                  lenience=0.5, exact=False, gamma=5, draft_model="1m",
                  bleu={"baseline": 40.0, "speculative": 39.0})
-  args = dict(temperature=0.0, gamma=5, mode="walltime", target_name="11m",
-              draft_name="1m", output_dir="/tmp/x")
+  args = run_lib.RunArguments(temperature=0.0, gamma=5, mode="walltime",
+                              target_name="11m", draft_name="1m",
+                              output_dir="/tmp/x")
   text = "\n".join(run_lib.summary_lines(metrics, args))
   assert "LENIENCE=0.5 < 1: outputs are NOT the target's distribution" in text
   assert "identical to the target's on 6/10 examples" in text
   assert "NOT all: at T=0 they must be" not in text
   metrics.update(greedy_outputs_identical=None, greedy_identical_examples=None)
-  text = "\n".join(run_lib.summary_lines(metrics, dict(args, temperature=1.0)))
+  text = "\n".join(run_lib.summary_lines(
+      metrics, dataclasses.replace(args, temperature=1.0)))
   assert "NOT the target's distribution" in text
   assert "samples the target's distribution exactly" not in text
 
@@ -250,7 +253,7 @@ def test_shared_encoder_end_to_end(tmp_path, monkeypatch):
   _parse([f"OUTPUT_DIR = '{out}'", "GAMMA = 2", "NUM_EXAMPLES = 2",
           "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 6}",
           *SHARED_ENCODER])
-  experiment = run_lib.Experiment(**run_lib.run_arguments())
+  experiment = run_lib.Experiment(run_lib.run_arguments())
   metrics = experiment.run()
   assert inits and all(inits)  # Started from the target's encoder output.
   _, target, draft = experiment.models()

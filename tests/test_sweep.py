@@ -136,7 +136,7 @@ def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
   def dying_run(self):
     if len(calls) == 2:  # killed while running the third point
       raise KeyboardInterrupt
-    calls.append(self.args["output_dir"])
+    calls.append(self.args.output_dir)
     return real_run(self)
 
   monkeypatch.setattr(run_lib.Experiment, "run", dying_run)
@@ -149,7 +149,7 @@ def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
 
   calls.clear()
   monkeypatch.setattr(run_lib.Experiment, "run",
-                      lambda self: (calls.append(self.args["output_dir"]),
+                      lambda self: (calls.append(self.args.output_dir),
                                     real_run(self))[1])
   # Compiled programs are dropped after each point (kept, a long sweep runs
   # out of memory mappings).

@@ -74,23 +74,23 @@ def pair_experiment(gin_file: str, args):
   where = f"--pair={args.pair!r} ({gin_file})"
   try:
     gin_utils.parse_gin([gin_file], [], finalize=False)
-    settings = run_lib.run_arguments()  # pylint: disable=no-value-for-parameter
+    settings = run_lib.run_arguments()
   except (ValueError, LookupError) as e:  # incl. gin_utils.ConfigError
     raise SystemExit(f"error: {where}: {e}") from None
-  missing = [macro for macro, key in (
-      ("TARGET_CHECKPOINT_PATH", "target_checkpoint_path"),
-      ("DRAFT_CHECKPOINT_PATH", "draft_checkpoint_path")) if not settings[key]]
+  missing = [run_lib.MACROS[key] for key in ("target_checkpoint_path",
+                                              "draft_checkpoint_path")
+             if not getattr(settings, key)]
   if missing:
     raise SystemExit(f"error: {where} binds no {' or '.join(missing)}: a "
                      "trained pair is needed (random weights: leave out "
                      "--pair).")
-  if settings["lenience"] != 1:
-    raise SystemExit(f"error: {where} sets LENIENCE={settings['lenience']}: "
+  if settings.lenience != 1:
+    raise SystemExit(f"error: {where} sets LENIENCE={settings.lenience}: "
                      "not exact, so not comparable token for token; allowed: "
                      "1.")
-  gammas = args.gammas or (settings["gamma"],)
+  gammas = args.gammas or (settings.gamma,)
   if not all(isinstance(g, int) for g in gammas):
-    raise SystemExit(f"error: {where} sets GAMMA={settings['gamma']!r}: "
+    raise SystemExit(f"error: {where} sets GAMMA={settings.gamma!r}: "
                      "give the γs to time with --gammas (e.g. --gammas=3,6).")
   overrides = {"temperature": 0.0, "top_k": 0, "top_p": 1.0,
                "batch_size": 1, "gamma": gammas[0]}
@@ -98,10 +98,10 @@ def pair_experiment(gin_file: str, args):
     overrides["num_examples"] = args.num_examples
   if args.max_decode_length:
     overrides["task_feature_lengths"] = dict(
-        settings["task_feature_lengths"], targets=args.max_decode_length)
+        settings.task_feature_lengths, targets=args.max_decode_length)
   try:
-    experiment = run_lib.Experiment(  # pylint: disable=missing-kwoa
-        **run_lib.run_arguments(overrides=overrides))
+    experiment = run_lib.Experiment(
+        run_lib.run_arguments(overrides=overrides))
   except ValueError as e:
     raise SystemExit(f"error: {where}: {e}") from None
   return experiment, gammas

@@ -1,5 +1,6 @@
-"""The run's arguments: what gin binds as `run.*` (`run_arguments`), held in
-one frozen `RunArguments` that is checked once, when it is built.
+"""The run's arguments: one frozen `RunArguments`, the gin configurable
+`run` (`run.gamma = %GAMMA`), checked once, when it is built. Each field
+names the gin macro that sets it (`MACROS`).
 
 The checks need no model and no I/O: every value's type and range, the
 drafter's settings (`drafter_choice`) and the decoders' own argument checks.
@@ -8,6 +9,7 @@ checked by `run.Experiment` at startup, still before anything is loaded.
 """
 import dataclasses
 import math
+import types
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import gin
@@ -20,20 +22,6 @@ from specdec_jax.experiment import drafter_choice
 ConfigError = gin_utils.ConfigError
 MODES = ("walltime", "alpha")
 
-# The gin macro (docs/usage/macros.md) that sets each run argument:
-# error messages name what the user typed.
-MACROS = {
-    "output_dir": "OUTPUT_DIR", "gamma": "GAMMA", "temperature": "TEMPERATURE",
-    "top_k": "TOPK", "top_p": "TOPP", "batch_size": "BATCH_SIZE",
-    "num_examples": "NUM_EXAMPLES", "seed": "SEED",
-    "task_feature_lengths": "TASK_FEATURE_LENGTHS", "mode": "MODE",
-    "overwrite": "OVERWRITE", "mesh_shape": "MESH_SHAPE",
-    "drafter": "DRAFTER", "ngram_corpus": "NGRAM_CORPUS",
-    "ngram_order": "NGRAM_ORDER", "prompt_lookup_max": "PROMPT_LOOKUP_MAX",
-    "inner_drafter": "INNER_DRAFTER", "inner_gamma": "INNER_GAMMA",
-    "lenience": "LENIENCE", "adaptive_threshold": "ADAPTIVE_THRESHOLD",
-    "acceptance": "ACCEPTANCE",
-}
 # ACCEPTANCE: how the target verifies the guesses (both exact).
 ACCEPTANCES = ("token", "block")
 _DRAFTING = drafter_choice.DrafterSettings()  # its defaults
@@ -42,13 +30,23 @@ DRAFTER_ARGS = tuple(f.name for f in dataclasses.fields(
     drafter_choice.DrafterSettings))
 
 
+def _arg(macro: str, default: Any = dataclasses.MISSING, **kwargs) -> Any:
+  """A run argument and the gin macro that sets it (gin/run.gin binds
+  `run.<argument> = %MACRO`; error messages and docs/usage/macros.md name
+  the macro, which is what the user typed)."""
+  return dataclasses.field(default=default, metadata={"macro": macro},
+                           **kwargs)
+
+
+# The one gin configurable of a run, named `run` (gin/run.gin: `run.gamma =
+# %GAMMA`): gin fills the fields a call leaves out from the bindings.
+@gin.configurable("run")
 @dataclasses.dataclass(frozen=True)
 class RunArguments:
   """One run's arguments (all gin-configurable; docs/usage/macros.md).
 
-  Read by attribute; `args['gamma']`, `dict(args)` and `**args` also work
-  (callers written for the dict this replaces). Each entry below is the
-  meaning column of docs/usage/macros.md (`scripts/generate_docs.py`).
+  Each field names its gin macro (`_arg`, `MACROS`). Each entry below is
+  the meaning column of docs/usage/macros.md (`scripts/generate_docs.py`).
 
   Attributes:
     output_dir: folder for metrics.json and predictions.jsonl (local or
@@ -110,42 +108,52 @@ class RunArguments:
       al. 2025: never fewer kept guesses in expectation; the same as
       'token' at temperature 0).
   """
-  output_dir: str
-  target_checkpoint_path: Optional[str] = None
-  draft_checkpoint_path: Optional[str] = None
-  gamma: Union[int, str] = 5
-  temperature: float = 0.0
-  top_k: int = 0
-  top_p: float = 1.0
-  batch_size: int = 1
-  num_examples: int = 100
-  seed: int = 0
-  mixture_or_task_name: Optional[str] = None
-  split: str = "validation"
-  task_feature_lengths: Dict[str, int] = dataclasses.field(
+  output_dir: str = _arg("OUTPUT_DIR")
+  target_checkpoint_path: Optional[str] = _arg("TARGET_CHECKPOINT_PATH", None)
+  draft_checkpoint_path: Optional[str] = _arg("DRAFT_CHECKPOINT_PATH", None)
+  gamma: Union[int, str] = _arg("GAMMA", 5)
+  temperature: float = _arg("TEMPERATURE", 0.0)
+  top_k: int = _arg("TOPK", 0)
+  top_p: float = _arg("TOPP", 1.0)
+  batch_size: int = _arg("BATCH_SIZE", 1)
+  num_examples: int = _arg("NUM_EXAMPLES", 100)
+  seed: int = _arg("SEED", 0)
+  mixture_or_task_name: Optional[str] = _arg("MIXTURE_OR_TASK_NAME", None)
+  split: str = _arg("SPLIT", "validation")
+  task_feature_lengths: Dict[str, int] = _arg(
+      "TASK_FEATURE_LENGTHS",
       default_factory=lambda: {"inputs": 512, "targets": 128})
-  source_file: Optional[str] = None
-  reference_file: Optional[str] = None
-  input_prefix: str = ""
-  task_kind: Optional[str] = None
-  task_name: str = ""
-  target_name: str = ""
-  draft_name: str = ""
-  mode: str = "walltime"
-  mesh_shape: Tuple[int, ...] = (1, 1)
-  overwrite: bool = False
+  source_file: Optional[str] = _arg("SOURCE_FILE", None)
+  reference_file: Optional[str] = _arg("REFERENCE_FILE", None)
+  input_prefix: str = _arg("INPUT_PREFIX", "")
+  task_kind: Optional[str] = _arg("TASK_KIND", None)
+  task_name: str = _arg("TASK", "")
+  target_name: str = _arg("TARGET_NAME", "")
+  draft_name: str = _arg("DRAFT_NAME", "")
+  mode: str = _arg("MODE", "walltime")
+  mesh_shape: Tuple[int, ...] = _arg("MESH_SHAPE", (1, 1))
+  overwrite: bool = _arg("OVERWRITE", False)
   # The drafter's defaults live in `DrafterSettings`.
-  drafter: str = _DRAFTING.drafter
-  ngram_corpus: Optional[str] = _DRAFTING.ngram_corpus
-  ngram_order: Optional[int] = _DRAFTING.ngram_order
-  prompt_lookup_max: int = _DRAFTING.prompt_lookup_max
-  inner_drafter: str = _DRAFTING.inner_drafter
-  inner_gamma: int = _DRAFTING.inner_gamma
-  lenience: float = 1.0
-  adaptive_threshold: Optional[float] = _DRAFTING.adaptive_threshold
-  acceptance: str = "token"
+  drafter: str = _arg("DRAFTER", _DRAFTING.drafter)
+  ngram_corpus: Optional[str] = _arg("NGRAM_CORPUS", _DRAFTING.ngram_corpus)
+  ngram_order: Optional[int] = _arg("NGRAM_ORDER", _DRAFTING.ngram_order)
+  prompt_lookup_max: int = _arg("PROMPT_LOOKUP_MAX",
+                                _DRAFTING.prompt_lookup_max)
+  inner_drafter: str = _arg("INNER_DRAFTER", _DRAFTING.inner_drafter)
+  inner_gamma: int = _arg("INNER_GAMMA", _DRAFTING.inner_gamma)
+  lenience: float = _arg("LENIENCE", 1.0)
+  adaptive_threshold: Optional[float] = _arg("ADAPTIVE_THRESHOLD",
+                                             _DRAFTING.adaptive_threshold)
+  acceptance: str = _arg("ACCEPTANCE", "token")
 
   def __post_init__(self):
+    # As gin gives them: a list for MESH_SHAPE = [1, 4]; one dict that
+    # every run reading the macro shares.
+    if isinstance(self.mesh_shape, list):
+      object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+    if isinstance(self.task_feature_lengths, dict):
+      object.__setattr__(self, "task_feature_lengths",
+                         dict(self.task_feature_lengths))
     check_settings(self)
     try:
       drafter_choice.check_gamma(self.gamma)
@@ -155,15 +163,6 @@ class RunArguments:
       _check_decoding_args(self)
     except ValueError as e:  # a bad setting, not a bug: no traceback
       raise ConfigError(str(e)) from None
-
-  # -- read as the dict it replaces ------------------------------------------
-  def keys(self):
-    return [f.name for f in dataclasses.fields(self)]
-
-  def __getitem__(self, name: str) -> Any:
-    if name not in self.keys():
-      raise KeyError(name)
-    return getattr(self, name)
 
   # -- derived ----------------------------------------------------------------
   @property
@@ -197,11 +196,19 @@ class RunArguments:
         self.draft_checkpoint_path or not self.drafting.uses_draft_model))
 
 
-def coerce(args: Union[RunArguments, Mapping[str, Any]]) -> RunArguments:
-  """`args` as RunArguments (a mapping of some fields: the others default)."""
-  if isinstance(args, RunArguments):
-    return args
-  return RunArguments(**args)
+# Each run argument's gin macro, from the fields above: the one table that
+# run.gin's bindings, docs/usage/macros.md and the typo checks are held to.
+MACROS: Mapping[str, Optional[str]] = types.MappingProxyType({
+    f.name: f.metadata.get("macro") for f in dataclasses.fields(RunArguments)})
+
+
+def unknown_arguments_message(names: Sequence[str]) -> str:
+  """'Unknown run arguments [...]; did you mean ...? known: ...'."""
+  close = list(dict.fromkeys(
+      c for name in names for c in gin_utils.closest_names(name, list(MACROS))))
+  hint = f"did you mean {' or '.join(close)}? " if close else ""
+  return (f"Unknown run arguments {sorted(names)}; {hint}known: "
+          f"{sorted(MACROS)}.")
 
 
 def _is_number(value) -> bool:
@@ -219,7 +226,7 @@ def check_settings(args: RunArguments) -> None:
     ConfigError: naming the gin macro, the value and what is allowed.
   """
   def bad(name, allowed):
-    return ConfigError(f"{MACROS.get(name, name)}={args[name]!r} "
+    return ConfigError(f"{MACROS.get(name, name)}={getattr(args, name)!r} "
                        f"(run.{name}): allowed: {allowed}.")
 
   # inf (`1e999`) or nan would run and then be written as `Infinity` / `NaN`,
@@ -235,6 +242,9 @@ def check_settings(args: RunArguments) -> None:
     raise bad("seed", "an integer")
   if not isinstance(args.overwrite, bool):
     raise bad("overwrite", "True or False")
+  if not isinstance(args.mesh_shape, tuple):
+    raise bad("mesh_shape", "(data, model), e.g. (1, 4) shards the models "
+              "over 4 chips")
   lengths = args.task_feature_lengths
   if not isinstance(lengths, dict):
     raise bad("task_feature_lengths",
@@ -307,57 +317,16 @@ def _check_acceptance(args: "RunArguments") -> None:
                      "with 'block', or ACCEPTANCE='token'.")
 
 
-@gin.configurable("run", denylist=["overrides"])
-def run_arguments(output_dir: str = gin.REQUIRED,
-                  target_checkpoint_path: Optional[str] = None,
-                  draft_checkpoint_path: Optional[str] = None,
-                  gamma: Union[int, str] = 5,
-                  temperature: float = 0.0,
-                  top_k: int = 0,
-                  top_p: float = 1.0,
-                  batch_size: int = 1,
-                  num_examples: int = 100,
-                  seed: int = 0,
-                  mixture_or_task_name: Optional[str] = None,
-                  split: str = "validation",
-                  task_feature_lengths: Optional[Dict[str, int]] = None,
-                  source_file: Optional[str] = None,
-                  reference_file: Optional[str] = None,
-                  input_prefix: str = "",
-                  task_kind: Optional[str] = None,
-                  task_name: str = "",
-                  target_name: str = "",
-                  draft_name: str = "",
-                  mode: str = "walltime",
-                  mesh_shape: Sequence[int] = (1, 1),
-                  overwrite: bool = False,
-                  drafter: str = "model",
-                  ngram_corpus: Optional[str] = None,
-                  ngram_order: Optional[int] = None,
-                  prompt_lookup_max: int = 3,
-                  inner_drafter: str = "prompt_lookup",
-                  inner_gamma: int = 4,
-                  lenience: float = 1.0,
-                  adaptive_threshold: Optional[float] = None,
-                  acceptance: str = "token",
-                  overrides: Optional[Dict[str, Any]] = None
+def run_arguments(overrides: Optional[Mapping[str, Any]] = None
                   ) -> RunArguments:
-  """The run's arguments as gin binds them (`run.gamma = ...`), checked.
-
-  Args: the fields of `RunArguments`, and
-    overrides: values replacing them (tests, the sweep command).
+  """The run's arguments as gin binds them (`run.gamma = ...`), checked:
+  `RunArguments()` with `overrides` (tests, the sweep command) replacing
+  some.
 
   Raises:
     ConfigError: an unknown override, or a bad value (`RunArguments`).
   """
-  args = dict(locals())
-  args.pop("overrides")
-  args["task_feature_lengths"] = dict(task_feature_lengths or
-                                      {"inputs": 512, "targets": 128})
-  args["mesh_shape"] = tuple(mesh_shape)
-  unknown = set(overrides or {}) - set(args)
+  unknown = set(overrides or {}) - set(MACROS)
   if unknown:
-    raise ConfigError(f"Unknown run arguments {sorted(unknown)}; known: "
-                      f"{sorted(args)}.")
-  args.update(overrides or {})
-  return RunArguments(**args)
+    raise ConfigError(unknown_arguments_message(sorted(unknown)))
+  return RunArguments(**(overrides or {}))  # pylint: disable=missing-kwoa

@@ -4,13 +4,10 @@
 (metrics.json, or alpha.json in MODE='alpha') and the run's arguments.
 """
 import os
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Optional
 
 from specdec_jax import run_metrics
 from specdec_jax.experiment import arguments
-
-Args = Union[arguments.RunArguments, Mapping[str, Any]]
-
 
 def _speed_words(speedup: float, theory: float) -> str:
   if speedup >= 1:
@@ -140,15 +137,14 @@ def _notes(metrics: Dict[str, Any]) -> List[str]:
   return lines
 
 
-def summary_lines(metrics: Dict[str, Any], args: Args) -> List[str]:
+def summary_lines(metrics: Dict[str, Any],
+                  args: arguments.RunArguments) -> List[str]:
   """What happened, in plain words (the last lines `run` prints).
 
   Args:
     metrics: the dict the run wrote (metrics.json or alpha.json).
-    args: the run's arguments (a mapping of some of them: the others take
-      their defaults).
+    args: the run's arguments.
   """
-  args = arguments.coerce(args)
   temp = args.temperature
   head = (f"{metrics.get('task', 'run')}: target {args.target_name or '?'},"
           f" draft {metrics.get('draft_model') or args.draft_name or '?'}, "
