@@ -104,14 +104,11 @@ def _inputs(count):
 
 
 def _median_seconds(fns, rounds):
-  """{name: median seconds} over interleaved rounds (compiled first)."""
-  for fn in fns.values():
-    jax.block_until_ready(fn())
-  times = {name: [] for name in fns}
-  for _ in range(rounds):
-    for name, fn in fns.items():
-      times[name].append(timing.timed(fn)[1])
-  return {name: statistics.median(t) for name, t in times.items()}
+  """{name: median seconds} over interleaved rounds (`timing.InterleavedTimer`:
+  compiled by its warm-up, the order rotated per round)."""
+  timer = timing.InterleavedTimer(rounds, log=lambda _: None, rotate=True)
+  times, _ = timer({name: (lambda r, fn=fn: fn()) for name, fn in fns.items()})
+  return {name: float(statistics.median(t)) for name, t in times.items()}
 
 
 def measure(target, draft, inputs, *, gamma, short, long, rounds):

@@ -12,6 +12,18 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The TPU compile tests only compile: let them share libtpu with another
 # process that has it open (else libtpu's lockfile refuses them).
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# Most of the suite's time is XLA compilation. A persistent compilation
+# cache serves the programs that tests (and the subprocesses they start,
+# which inherit these variables) compile again and again, and every later
+# run of the suite on this machine. SPECDEC_JAX_TEST_CACHE=0 turns it off.
+if os.environ.get("SPECDEC_JAX_TEST_CACHE", "1") != "0":
+  os.environ.setdefault(
+      "JAX_COMPILATION_CACHE_DIR",
+      os.path.join(os.path.expanduser(
+          os.environ.get("SPECDEC_JAX_CACHE", "~/.cache/specdec_jax")),
+                   "jax-test-compilation-cache"))
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax
 import pytest

@@ -67,6 +67,7 @@ def e2e_result(tmp_path_factory):
   return json.loads(out.read_text()), out
 
 
+@pytest.mark.slow
 def test_end_to_end_json(e2e_result):
   r, path = e2e_result
   assert not list(path.parent.glob("*.tmp"))  # Atomic write left no temp.
@@ -113,6 +114,7 @@ def test_end_to_end_json(e2e_result):
   assert g["chunk_vs_step_max_abs_logit_diff"] < 1e-4
 
 
+@pytest.mark.slow
 def test_greedy_identity_check_reports_a_difference(monkeypatch):
   """A speculative decoder that diverges is reported row by row."""
   config = benchmarking.resolve_model_config("tiny", "target")[0]

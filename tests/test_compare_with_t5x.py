@@ -182,6 +182,7 @@ def test_time_rounds_rotates_and_takes_per_round_ratios(monkeypatch):
                        "baseline_over_speculative_gamma3": [1.0, 1.0]}
 
 
+@pytest.mark.slow
 def test_pretrained_pair_against_t5x(tmp_path):
   if not (T5X_PATH / "t5x" / "decoding.py").is_file():
     pytest.skip(f"no T5X checkout at {T5X_PATH} (set T5X_PATH): T5X is not "

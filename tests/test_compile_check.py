@@ -62,6 +62,7 @@ def test_settings_compile_mode_cannot_honour_are_refused():
       compile_report.check_settings(args, "v4-8")
 
 
+@pytest.mark.slow
 def test_cli_bad_topology_exits_2_and_writes_nothing(tmp_path):
   out = tmp_path / "out"
   proc = subprocess.run(
@@ -152,6 +153,10 @@ def _compile_tiny(out, bindings=()):
       "topology needs it (pip install -e '.[tpu]'; no TPU needed).")
   import gin  # pylint: disable=g-import-not-at-top
   gin.clear_config()
+  # The suite's persistent compilation cache (conftest.py) holds CPU
+  # programs; a TPU compilation without a TPU client cannot read entries.
+  cache_was = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
   try:
     gin_utils.parse_gin(["local_tiny.gin"], [
         "COMPILE_TOPOLOGY = 'v4-8'", "MESH_SHAPE = (1, 4)",
@@ -162,6 +167,7 @@ def _compile_tiny(out, bindings=()):
     configs = (setup.model_config("target"), setup.model_config("draft"))
   finally:
     gin.clear_config()
+    jax.config.update("jax_enable_compilation_cache", cache_was)
   with open(out / compile_report.COMPILE_FILE) as f:
     return json.load(f), configs
 
@@ -172,6 +178,7 @@ def tiny_v4(tmp_path_factory):
   return _compile_tiny(tmp_path_factory.mktemp("compile"))
 
 
+@pytest.mark.slow
 def test_tiny_compiles_for_v4_with_sharded_parameter_bytes(tiny_v4):
   record, (target, draft) = tiny_v4
   assert record["topology"]["topology_name"] == "v4:2x2x1"
@@ -206,6 +213,7 @@ def test_tiny_compiles_for_v4_with_sharded_parameter_bytes(tiny_v4):
   assert memory["hbm_bytes"] == 32 * 2**30
 
 
+@pytest.mark.slow
 def test_tiny_tpu_programs_hold_no_cpu_only_parts(tiny_v4):
   record, _ = tiny_v4
   # local_tiny is float32 and this host's backend is the CPU, where

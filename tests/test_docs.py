@@ -156,7 +156,9 @@ def test_install_and_test_commands_are_ci_runs():
   assert ci.count(tpu) == 1 and "pip install -e '.[tpu]'" in text
   ci.remove(tpu)
   assert install == ci[:-1] and len(install) == 2
-  assert tests == ci[-1:] == ["python -m pytest -q tests"]
+  # The whole suite, then the same without the `slow` tests.
+  assert tests[:1] == ci[-1:] == ["python -m pytest -q -n 2 tests"]
+  assert tests[1:] == ['python -m pytest -q -n 2 -m "not slow" tests']
 
 
 def test_check_command_is_the_one_ci_runs_before_the_tests():
@@ -164,7 +166,7 @@ def test_check_command_is_the_one_ci_runs_before_the_tests():
         (REPO / ".ci" / "run").read_text().splitlines()
         if line.strip() and not line.startswith("#")]
   checks = [i for i, line in enumerate(ci) if "scripts/check.sh" in line]
-  assert len(checks) == 1 and checks[0] < ci.index("python -m pytest -q tests")
+  assert len(checks) == 1 and checks[0] < ci.index("python -m pytest -q -n 2 tests")
   assert os.access(REPO / "scripts" / "check.sh", os.X_OK)
   assert "`scripts/check.sh`" in _section(_readme(), "## Run the tests")
 
@@ -234,6 +236,7 @@ def test_every_command_shown_names_what_exists():
   assert checked >= 30
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("clean_gin")
 def test_readme_main_job_runs_and_prints_what_the_readme_shows(tmp_path):
   """The main job's command on 2 of its captions, 16 tokens at most."""

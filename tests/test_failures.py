@@ -75,6 +75,7 @@ def _wait_for(path: pathlib.Path, proc, seconds: float = 240) -> None:
     time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_concurrent_runs_refused_and_ctrl_c_is_one_line(tmp_path):
   """Two real `run` processes on one folder: the second is refused at
   startup naming the first; Ctrl-C ends the first with one line and 130,
@@ -205,6 +206,7 @@ def silent_gcs(monkeypatch):
   server.close()
 
 
+@pytest.mark.slow
 def test_gcs_without_answer_fails_within_the_deadline(silent_gcs):
   start = time.monotonic()
   with pytest.raises(ValueError) as e:
@@ -218,6 +220,7 @@ def test_gcs_without_answer_fails_within_the_deadline(silent_gcs):
     io_utils.read_bytes("gs://no-answer-bucket/x")
 
 
+@pytest.mark.slow
 def test_gcs_refused_port_fails_with_the_path(monkeypatch):
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -310,6 +313,7 @@ def _tiny_run(tmp_path, **overrides):
   return run_lib.Experiment(run_lib.run_arguments(overrides=overrides))
 
 
+@pytest.mark.slow
 def test_full_disk_keeps_summary_and_decoded_rows(tmp_path, monkeypatch):
   real_open = open
   monkeypatch.setattr(predictions_lib, "open",
@@ -332,6 +336,7 @@ def test_full_disk_keeps_summary_and_decoded_rows(tmp_path, monkeypatch):
   assert not (out / run_lock.LOCK_FILE).exists()
 
 
+@pytest.mark.slow
 def test_full_disk_at_metrics_json(tmp_path, monkeypatch):
   real = io_utils.atomic_write
 
@@ -371,6 +376,7 @@ def test_run_cli_prints_one_line(error, code, capsys):
                         else "run: error: ")
 
 
+@pytest.mark.slow
 def test_checkpoint_error_is_one_line_exit_2(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "specdec_jax.run", "--gin_file=local_tiny.gin",

@@ -33,7 +33,9 @@ try:
 except ImportError:  # pragma: no cover
   create_server = None
 
+# End to end through the harness: `pytest -m "not slow"` leaves it out.
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(
         create_server is None,
         reason="the gs:// tests need the `gcp-storage-emulator` package (a "

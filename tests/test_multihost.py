@@ -52,7 +52,8 @@ BINDINGS = {
 
 
 # A cleared gin configuration before and after each test (conftest.py).
-pytestmark = pytest.mark.usefixtures("clean_gin")
+# End to end through the harness: `pytest -m "not slow"` leaves it out.
+pytestmark = [pytest.mark.usefixtures("clean_gin"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

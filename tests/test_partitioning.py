@@ -187,6 +187,7 @@ def _by_path(sharded):
           for k, v in sharded.items()}
 
 
+@pytest.mark.slow
 def test_sharded_2x4_matches_unsharded(sharded_runs):
   a = sharded_runs["A"]
   # Exactness unsharded first: speculative == greedy baseline.
@@ -214,6 +215,7 @@ def test_sharded_2x4_matches_unsharded(sharded_runs):
   assert a["odd_batch_spec"] == str(P())
 
 
+@pytest.mark.slow
 def test_sharded_1x8(sharded_runs):
   ref = sharded_runs["A"]["ref_base"]
   b = sharded_runs["B"]
@@ -431,6 +433,7 @@ def test_xxl_per_device_bytes_on_8way_model_axis():
   assert per_device < total / 8 * 1.001
 
 
+@pytest.mark.slow
 def test_sharded_checkpoint_restore(sharded_runs):
   """`param_shardings` names fit a T5X-written checkpoint (../shared)."""
   b = sharded_runs["B"]

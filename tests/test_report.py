@@ -311,6 +311,7 @@ class TestBadInput:
     assert f"{empty}: no run directories with a metrics.json found" in err
     assert os.listdir(empty) == ["sub"]
 
+  @pytest.mark.slow
   def test_subprocess_cli(self, tmp_path):
     root = _copy_fixture(tmp_path)
     bad = _foreign(root)

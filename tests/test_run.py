@@ -56,6 +56,7 @@ def test_model_gin_files_have_t5x_hyperparameters(size):
     assert not config.logits_via_embedding
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_gin_parses_and_builds(name):
   _parse([name])
@@ -95,6 +96,7 @@ def test_gin_flag_shorthand_and_missing_file():
     _parse(["no_such_file.gin"])
 
 
+@pytest.mark.slow
 def test_local_tiny_end_to_end(tmp_path, caplog):
   # Three examples (one longer than the inputs length) but NUM_EXAMPLES = 5.
   data = tmp_path / "data.tsv"
@@ -179,6 +181,7 @@ def test_summary_at_temperature_one_and_rouge():
   assert "ROUGE rouge1 40.00/39.00, rougeLsum 37.50/36.50" in text
   assert "meaningless" not in text
 
+@pytest.mark.slow
 def test_self_draft_from_checkpoint_accepts_everything(tmp_path):
   """Target and draft loaded from the same checkpoint: α = 1 both ways."""
   _parse(["local_tiny.gin"], ["NUM_EXAMPLES = 2", "GAMMA = 3"])
@@ -361,6 +364,7 @@ def test_cli_rejects_macro_typo_in_one_line(tmp_path):
   assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_cli_first_screen_is_quiet_and_late_checks_fail_early(tmp_path):
   """Through TensorFlow's import and the vocabulary to the OUTPUT_DIR probe:
   no gin lookup lines, no CUDA/TPU probing, one error line, rc 2."""

@@ -130,6 +130,7 @@ def test_beyond_paper_sweep_points_all_pass_the_checks(tmp_path, monkeypatch):
                         [])
 
 
+@pytest.mark.slow
 def test_bigram_adaptive_auto_gamma_end_to_end(tmp_path, corpus,
                                                monkeypatch):
   # Few compilations: timings are stand-ins (run's timing is tested
@@ -196,6 +197,7 @@ def test_summary_of_a_lenient_run():
   assert "samples the target's distribution exactly" not in text
 
 
+@pytest.mark.slow
 def test_block_verification_end_to_end(tmp_path, monkeypatch):
   """ACCEPTANCE='block' reaches the loop, is recorded, and keeps greedy
   outputs the target's (the rule's exactness: test_block_acceptance.py)."""
@@ -233,6 +235,7 @@ SHARED_ENCODER = ["DRAFTER = 'shared_encoder'",
                   "target/T5Config.num_decoder_layers = 1"]
 
 
+@pytest.mark.slow
 def test_shared_encoder_end_to_end(tmp_path, monkeypatch):
   """DRAFTER='shared_encoder': the draft decoder (no encoder) reads the
   target's encoder output in the loop, stays exact, is priced as a draft

@@ -13,7 +13,8 @@ from conftest import REPO
 
 
 # A cleared gin configuration before and after each test (conftest.py).
-pytestmark = pytest.mark.usefixtures("clean_gin")
+# End to end through the harness: `pytest -m "not slow"` leaves it out.
+pytestmark = [pytest.mark.usefixtures("clean_gin"), pytest.mark.slow]
 
 
 def test_grid_expansion_and_yaml(tmp_path):

@@ -60,6 +60,7 @@ def task_names(spm_path):
 # ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_import_does_not_load_tensorflow():
   code = ("import sys, specdec_jax.tasks, specdec_jax.vocab, "
           "specdec_jax.metrics; "
@@ -269,6 +270,7 @@ def test_register_tasks_is_idempotent(task_names, spm_path):
     tasks.register_tasks(spm_path, extra_ids=0, suffix=TEST_SUFFIX)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index,prefix", [(0, tasks.WMT_ENDE_PREFIX),
                                           (1, tasks.CNN_DM_PREFIX)])
 def test_tfds_tasks_end_to_end_with_mock_data(task_names, vocab, index,

@@ -63,6 +63,7 @@ def _noise_script():
   return module
 
 
+@pytest.mark.slow
 def test_timing_noise_benchmark_summarizes_both_ways():
   # Also `call_seconds` on real (tiny) models, both ways.
   script = _noise_script()

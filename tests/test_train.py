@@ -90,6 +90,7 @@ def _first_last(history, key, n=20):
   return values[:n].mean(), values[-n:].mean()
 
 
+@pytest.mark.slow
 def test_loss_decreases(target, draft):
   for result in (target, draft):
     assert result.start_step == 0 and result.step == STEPS
@@ -101,6 +102,7 @@ def test_loss_decreases(target, draft):
   assert target.metrics["final_ce"] < draft.metrics["final_ce"]
 
 
+@pytest.mark.slow
 def test_checkpoints_and_metrics(workdir, target, draft):
   for result, name in ((target, "target"), (draft, "draft")):
     model_dir = workdir / name
@@ -130,6 +132,7 @@ def test_checkpoints_and_metrics(workdir, target, draft):
   assert target.config.num_params > 3 * draft.config.num_params
 
 
+@pytest.mark.slow
 def test_speculative_greedy_equals_target_greedy(workdir, spm_path, target,
                                                  draft):
   # Reload both from their checkpoints, as a decoding run would.
@@ -162,6 +165,7 @@ def test_speculative_greedy_equals_target_greedy(workdir, spm_path, target,
   assert any(w in " ".join(text).split() for w in ("Ein", "Eine", "Mann"))
 
 
+@pytest.mark.slow
 def test_resume_restores_params_optimizer_and_step(workdir, spm_path, draft):
   del draft  # Compiled the step function that these runs reuse.
   n = 10
@@ -212,6 +216,7 @@ def test_resume_restores_params_optimizer_and_step(workdir, spm_path, draft):
   assert (again.start_step, again.step, again.history) == (2 * n, 2 * n, [])
 
 
+@pytest.mark.slow
 def test_distillation_kl_decreases(workdir, spm_path, target, draft):
   del draft
   result = _gin_train(
@@ -230,6 +235,7 @@ def test_distillation_kl_decreases(workdir, spm_path, target, draft):
                              1e-4 * h["z"], rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_shared_encoder_draft_trains_on_the_frozen_target_encoder(
     workdir, spm_path, target):
   """gin/train/tiny_ci_shared_encoder.gin: a draft decoder without an
@@ -289,6 +295,7 @@ def test_shared_encoder_draft_trains_on_the_frozen_target_encoder(
   assert spec.statistics()["alpha_hat"] > 0.1
 
 
+@pytest.mark.slow
 def test_shared_encoder_student_needs_a_teacher_of_its_width(
     tmp_path, workdir, spm_path, target):
   student = T5Config(vocab_size=1000, emb_dim=16, num_heads=2, head_dim=8,
@@ -483,6 +490,7 @@ def test_gin_search_path_and_flag_rewrite():
     train_lib.parse_gin(["train/nope.gin"], [])
 
 
+@pytest.mark.slow
 def test_command_line_resumes_finished_run(workdir, spm_path, draft):
   """main() with T5X-style flags; the finished draft run has nothing to do."""
   from absl import flags  # pylint: disable=g-import-not-at-top
@@ -525,6 +533,7 @@ def test_schedules():
                             decay_steps=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", optimizer_lib.OPTIMIZERS)
 def test_optimizers_descend(optimizer):
   tx = optimizer_lib.make_optimizer(
