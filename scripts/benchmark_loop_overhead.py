@@ -47,17 +47,17 @@ from specdec_jax.models import param_shapes
 
 PRETRAINED = os.path.join(REPO, "pretrained", "multi30k")
 
-_TARGET = flags.DEFINE_string(
-    "target", os.path.join(PRETRAINED, "target"), "Target checkpoint (dir).")
-_TARGET_GIN = flags.DEFINE_string(
-    "target_gin", "models/multi30k_target.gin", "Target model gin file.")
-_DRAFT = flags.DEFINE_string(
-    "draft", os.path.join(PRETRAINED, "draft_1m"), "Draft checkpoint (dir).")
-_DRAFT_GIN = flags.DEFINE_string(
-    "draft_gin", "models/multi30k_draft_1m.gin", "Draft model gin file.")
-_SPM = flags.DEFINE_string(
-    "spm_model", os.path.join(PRETRAINED, "multi30k.model"),
-    "SentencePiece model of both.")
+_TARGET = flags.DEFINE_string("target", os.path.join(PRETRAINED, "target"),
+                              "Target checkpoint (dir).")
+_TARGET_GIN = flags.DEFINE_string("target_gin", "models/multi30k_target.gin",
+                                  "Target model gin file.")
+_DRAFT = flags.DEFINE_string("draft", os.path.join(PRETRAINED, "draft_1m"),
+                             "Draft checkpoint (dir).")
+_DRAFT_GIN = flags.DEFINE_string("draft_gin", "models/multi30k_draft_1m.gin",
+                                 "Draft model gin file.")
+_SPM = flags.DEFINE_string("spm_model",
+                           os.path.join(PRETRAINED, "multi30k.model"),
+                           "SentencePiece model of both.")
 _SOURCE = flags.DEFINE_string(
     "source_file", os.path.join(REPO, "configs", "data", "captions_en_de.tsv"),
     "Sentences: one per line (text before a tab is the input).")
@@ -79,8 +79,8 @@ def _check_flags():
     if flag.value < 1:
       raise app.UsageError(f"{name} must be >= 1, got {flag.value}.")
   for name, path in (("--target", _TARGET.value), ("--draft", _DRAFT.value),
-                     ("--spm_model", _SPM.value),
-                     ("--source_file", _SOURCE.value)):
+                     ("--spm_model", _SPM.value), ("--source_file",
+                                                   _SOURCE.value)):
     if not os.path.exists(path):
       raise app.UsageError(f"{name}: {path} does not exist.")
   return lengths
@@ -89,8 +89,9 @@ def _check_flags():
 def _load(path, gin_file):
   config = gin_utils.read_t5_config(gin_file)
   ckpt = checkpoints.latest_checkpoint(path) or path
-  params = checkpoints.load_t5x_params(
-      ckpt, expected=param_shapes(config)["params"], dtype=config.dtype)
+  params = checkpoints.load_t5x_params(ckpt,
+                                       expected=param_shapes(config)["params"],
+                                       dtype=config.dtype)
   return T5Model(config, {"params": params}).prepared_for_decoding()
 
 
@@ -99,8 +100,7 @@ def _inputs(count):
   vocab = vocab_lib.get_vocabulary(_SPM.value, extra_ids=0)
   with open(_SOURCE.value, encoding="utf-8") as f:
     lines = [l.split("\t")[0].strip() for l in f if l.strip()]
-  return [np.asarray([vocab.encode(l) + [1]], np.int32)
-          for l in lines[:count]]
+  return [np.asarray([vocab.encode(l) + [1]], np.int32) for l in lines[:count]]
 
 
 def _median_seconds(fns, rounds):
@@ -121,44 +121,52 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
       programs[("base", i, length)] = (
           lambda x=x, n=length: decoding.temperature_sample(
               target, x, rng, max_decode_length=n, method=greedy, eos_id=-1))
-      programs[("spec", i, length)] = (
-          lambda x=x, n=length: decoding.speculative_sample(
-              target, draft, x, rng, gamma=gamma, max_decode_length=n,
-              method=greedy, eos_id=-1))
+      programs[("spec", i,
+                length)] = (lambda x=x, n=length: decoding.speculative_sample(
+                    target, draft, x, rng, gamma=gamma, max_decode_length=n,
+                    method=greedy, eos_id=-1))
       out = jax.block_until_ready(programs[("spec", i, length)]())
       iterations[(i, length)] = int(np.asarray(out.target_calls)[0])
   # The parts, in the speculative loop's cache conditions.
   cache_len = long + gamma + 1
   fill = jnp.full((1,), long // 2, jnp.int32)
-  caches = {name: timing.start(m, jnp.asarray(inputs[0]), max_len=cache_len)
-            for name, m in (("target", target), ("draft", draft))}
+  caches = {
+      name: timing.start(m, jnp.asarray(inputs[0]), max_len=cache_len)
+      for name, m in (("target", target), ("draft", draft))
+  }
   steps = 16
   parts = {
-      "t1": lambda: timing.call_loop(target, caches["target"], fill, k=1,
-                                     steps=steps),
-      "tv": lambda: timing.call_loop(target, caches["target"], fill,
-                                     k=gamma + 1, steps=steps),
-      "d1": lambda: timing.call_loop(draft, caches["draft"], fill, k=1,
-                                     steps=steps)}
+      "t1": lambda: timing.call_loop(target, caches["target"], fill, k=1, steps=
+                                     steps),
+      "tv": lambda: timing.call_loop(target, caches["target"], fill, k=gamma +
+                                     1, steps=steps),
+      "d1": lambda: timing.call_loop(draft, caches["draft"], fill, k=1, steps=
+                                     steps)
+  }
   med = _median_seconds({**programs, **parts}, rounds)
   t1, tv, d1 = (med[k] / steps for k in ("t1", "tv", "d1"))
   n = len(inputs)
   tokens = long - short
   base_token = sum(med[("base", i, long)] - med[("base", i, short)]
                    for i in range(n)) / (n * tokens)
-  spec_iters = sum(iterations[(i, long)] - iterations[(i, short)]
-                   for i in range(n))
+  spec_iters = sum(
+      iterations[(i, long)] - iterations[(i, short)] for i in range(n))
   spec_iter = sum(med[("spec", i, long)] - med[("spec", i, short)]
                   for i in range(n)) / spec_iters
   base_fixed = sum(med[("base", i, short)] for i in range(n)) / n \
       - short * base_token
-  spec_fixed = sum(med[("spec", i, short)] - iterations[(i, short)]
-                   * spec_iter for i in range(n)) / n
+  spec_fixed = sum(med[("spec", i, short)] - iterations[(i, short)] * spec_iter
+                   for i in range(n)) / n
   model_iter = gamma * d1 + tv
   return {
-      "gamma": gamma, "sentences": n, "lengths": [short, long],
-      "target_step_s": t1, "draft_step_s": d1, "cost_coefficient_c": d1 / t1,
-      "verification_call_s": tv, "verification_cost_ratio": tv / t1,
+      "gamma": gamma,
+      "sentences": n,
+      "lengths": [short, long],
+      "target_step_s": t1,
+      "draft_step_s": d1,
+      "cost_coefficient_c": d1 / t1,
+      "verification_call_s": tv,
+      "verification_cost_ratio": tv / t1,
       "baseline_per_token_s": base_token,
       "baseline_loop_overhead": base_token / t1,
       "baseline_fixed_per_example_s": base_fixed,
@@ -177,9 +185,8 @@ def main(argv):
   short, long = _check_flags()
   target = _load(_TARGET.value, _TARGET_GIN.value)
   draft = _load(_DRAFT.value, _DRAFT_GIN.value)
-  result = measure(target, draft, _inputs(_SENTENCES.value),
-                   gamma=_GAMMA.value, short=short, long=long,
-                   rounds=_ROUNDS.value)
+  result = measure(target, draft, _inputs(_SENTENCES.value), gamma=_GAMMA.value,
+                   short=short, long=long, rounds=_ROUNDS.value)
   ms = lambda s: f"{1e3 * s:.3f} ms"  # pylint: disable=unnecessary-lambda-assignment
   print(f"parts: target step {ms(result['target_step_s'])}, draft step "
         f"{ms(result['draft_step_s'])} (c = "

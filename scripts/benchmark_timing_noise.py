@@ -38,13 +38,13 @@ from specdec_jax.models import T5Model
 _TARGET = flags.DEFINE_string(
     "target", "gin/models/multi30k_target.gin",
     "Target model: a size (as scripts/benchmark_decode.py) or a gin file.")
-_DRAFT = flags.DEFINE_string(
-    "draft", "gin/models/multi30k_draft_1m.gin",
-    "Draft model: a size or a gin file.")
+_DRAFT = flags.DEFINE_string("draft", "gin/models/multi30k_draft_1m.gin",
+                             "Draft model: a size or a gin file.")
 _GAMMA = flags.DEFINE_integer("gamma", 3, "Verification call: K = γ+1.")
 _TRIALS = flags.DEFINE_integer("trials", 15, "Repeats of each estimate.")
-_FILL = flags.DEFINE_integer("fill", 14, "Cache positions written before "
-                             "each call (a caption's mean length).")
+_FILL = flags.DEFINE_integer(
+    "fill", 14, "Cache positions written before "
+    "each call (a caption's mean length).")
 _LOAD = flags.DEFINE_boolean("background_load", True,
                              "Run a bursty busy-loop process meanwhile.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON.")
@@ -77,24 +77,32 @@ def _estimates(seconds):
 def _summary(values):
   v = np.asarray(values)
   q1, q3 = np.percentile(v, [25, 75])
-  return {"median": float(np.median(v)), "min": float(v.min()),
-          "max": float(v.max()), "iqr": float(q3 - q1),
-          "values": v.tolist()}
+  return {
+      "median": float(np.median(v)),
+      "min": float(v.min()),
+      "max": float(v.max()),
+      "iqr": float(q3 - q1),
+      "values": v.tolist()
+  }
 
 
 def measure(target, draft, *, gamma, fill, trials):
   """{'back_to_back', 'interleaved'} -> their estimates' summaries."""
-  inputs = np.random.default_rng(0).integers(
-      2, target.config.vocab_size, (1, 20)).astype(np.int32)
-  calls = {"step": (target, 1), "draft": (draft, 1),
-           "verify": (target, gamma + 1)}
+  inputs = np.random.default_rng(0).integers(2, target.config.vocab_size,
+                                             (1, 20)).astype(np.int32)
+  calls = {
+      "step": (target, 1),
+      "draft": (draft, 1),
+      "verify": (target, gamma + 1)
+  }
   cache_len = _DECODE_LENGTH + gamma + 1
   kw = dict(fill=fill, cache_len=cache_len)
 
   def back_to_back():
-    return _estimates({name: timing.call_seconds(
-        {name: call}, inputs, steps=16, repeats=5, **kw)[name]
-                       for name, call in calls.items()})
+    return _estimates({
+        name: timing.call_seconds({name: call}, inputs, steps=16, repeats=5,
+                                  **kw)[name] for name, call in calls.items()
+    })
 
   def interleaved():
     return _estimates(timing.call_seconds(calls, inputs, **kw))
@@ -107,12 +115,16 @@ def measure(target, draft, *, gamma, fill, trials):
       ratio, c = way()
       for out, x in zip(found[name], (ratio, c, time.perf_counter() - t0)):
         out.append(x)
-      print(f"trial {trial + 1}/{trials} {name}: verification cost "
-            f"{ratio:.2f} steps, c {c:.3f}", flush=True)
-  return {name: {"verification_cost_ratio": _summary(r),
-                 "cost_coefficient_c": _summary(c),
-                 "seconds_per_estimate": float(np.median(s))}
-          for name, (r, c, s) in found.items()}
+      print(
+          f"trial {trial + 1}/{trials} {name}: verification cost "
+          f"{ratio:.2f} steps, c {c:.3f}", flush=True)
+  return {
+      name: {
+          "verification_cost_ratio": _summary(r),
+          "cost_coefficient_c": _summary(c),
+          "seconds_per_estimate": float(np.median(s))
+      } for name, (r, c, s) in found.items()
+  }
 
 
 def main(argv):
@@ -135,8 +147,8 @@ def main(argv):
       load.kill()
   result.update(gamma=_GAMMA.value, fill=_FILL.value, trials=_TRIALS.value,
                 background_load=_LOAD.value, jax_version=jax.__version__,
-                load_average=list(os.getloadavg()),
-                target=_TARGET.value, draft=_DRAFT.value)
+                load_average=list(os.getloadavg()), target=_TARGET.value,
+                draft=_DRAFT.value)
   for way in ("back_to_back", "interleaved"):
     for key in ("verification_cost_ratio", "cost_coefficient_c"):
       s = result[way][key]

@@ -147,14 +147,14 @@ def run_model(spec: str, args, t5x: t5x_reference.T5X, log) -> Dict[str, Any]:
   target = T5Model(config=config, params={"params": params})
   rs = np.random.RandomState(args.seed)
   # Tokens 2..vocab-1: no padding (0) and no EOS (1) in the inputs.
-  inputs = jnp.asarray(rs.randint(2, config.vocab_size,
-                                  size=(args.batch_size, args.input_length)),
-                       jnp.int32)
+  inputs = jnp.asarray(
+      rs.randint(2, config.vocab_size,
+                 size=(args.batch_size, args.input_length)), jnp.int32)
   rng = jax.random.PRNGKey(args.seed + 1)
   programs = {
-      "ours": lambda _: decoding.temperature_sample(
-          target, inputs, rng, max_decode_length=max_len, temperature=0.0,
-          eos_id=args.eos_id).tokens,
+      "ours": lambda _: decoding.
+              temperature_sample(target, inputs, rng, max_decode_length=max_len,
+                                 temperature=0.0, eos_id=args.eos_id).tokens,
       "t5x": lambda _: t5x_predict(params, inputs, rng),
   }
   compile_s, outputs = {}, {}
@@ -165,8 +165,8 @@ def run_model(spec: str, args, t5x: t5x_reference.T5X, log) -> Dict[str, Any]:
 
   # Correctness: same greedy tokens, and the same teacher-forced logits.
   agreement = t5x_reference.token_agreement(outputs["ours"], outputs["t5x"])
-  logits = t5x_reference.teacher_forced_logits_diff(
-      config, t5x_module, params, inputs, outputs["t5x"])
+  logits = t5x_reference.teacher_forced_logits_diff(config, t5x_module, params,
+                                                    inputs, outputs["t5x"])
   log(f"[{label}] tokens equal: {agreement['tokens_equal']} "
       f"({agreement['tokens_equal_count']}/{agreement['tokens_total']}); "
       f"teacher-forced logits max |diff| {logits[0]:.2e} (max |logit| "
@@ -185,17 +185,20 @@ def run_model(spec: str, args, t5x: t5x_reference.T5X, log) -> Dict[str, Any]:
   return record
 
 
-def model_record(args, config, label, num_leaves, agreement, logits,
-                 compile_s, times, ratios) -> Dict[str, Any]:
+def model_record(args, config, label, num_leaves, agreement, logits, compile_s,
+                 times, ratios) -> Dict[str, Any]:
   """One model's entry of the results file's `runs`."""
   median = {k: float(np.median(v)) for k, v in times.items()}
-  ms_per_token = {k: 1e3 * v / args.max_decode_length
-                  for k, v in median.items()}
+  ms_per_token = {
+      k: 1e3 * v / args.max_decode_length for k, v in median.items()
+  }
   return {
       "model": label,
-      "config": {k: (jnp.dtype(v).name if k == "dtype" else
-                     list(v) if isinstance(v, tuple) else v)
-                 for k, v in dataclasses.asdict(config).items()},
+      "config": {
+          k: (jnp.dtype(v).name
+              if k == "dtype" else list(v) if isinstance(v, tuple) else v
+             ) for k, v in dataclasses.asdict(config).items()
+      },
       "num_params": config.num_params,
       "param_leaves": num_leaves,
       "params_tree_matches_t5x_init": True,
@@ -209,7 +212,9 @@ def model_record(args, config, label, num_leaves, agreement, logits,
       "teacher_forced_logits_max_abs": logits[1],
       "compile_plus_first_run_s": compile_s,
       "repeats": args.repeats,
-      "seconds_per_decode": {k: v.tolist() for k, v in times.items()},
+      "seconds_per_decode": {
+          k: v.tolist() for k, v in times.items()
+      },
       "median_seconds_per_decode": median,
       "ms_per_token": ms_per_token,
       "ratio_ours_over_t5x_per_round": ratios,
@@ -222,8 +227,14 @@ def model_record(args, config, label, num_leaves, agreement, logits,
 # Flags and the command.
 # ---------------------------------------------------------------------------
 # Flags of the random-weights mode, and their defaults there.
-_RANDOM_DEFAULTS = {"model": "small", "dtype": "float32", "input_length": 64,
-                    "batch_size": 1, "eos_id": -1, "seed": 0}
+_RANDOM_DEFAULTS = {
+    "model": "small",
+    "dtype": "float32",
+    "input_length": 64,
+    "batch_size": 1,
+    "eos_id": -1,
+    "seed": 0
+}
 
 
 def parse_args(argv: Optional[Sequence[str]] = None):
@@ -234,42 +245,52 @@ def parse_args(argv: Optional[Sequence[str]] = None):
       formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--t5x_path", default=None,
                  help="root of a google-research/t5x checkout (required)")
-  p.add_argument("--t5x_commit", default=None,
-                 help="T5X commit to record when --t5x_path is not a git "
-                      "work tree (default: `git rev-parse HEAD` there)")
-  p.add_argument("--pair", default=None,
-                 help="time a trained pair: 'pretrained' (= "
-                      "pretrained_multi30k.gin) or a run gin file binding "
-                      "TARGET_CHECKPOINT_PATH and DRAFT_CHECKPOINT_PATH; "
-                      "default: random weights (--model)")
-  p.add_argument("--gammas", default=None,
-                 help="with --pair: comma-separated γs for speculative "
-                      "decoding (default: the gin file's GAMMA)")
-  p.add_argument("--num_examples", type=int, default=None,
-                 help="with --pair: sentences to decode (default: the gin "
-                      "file's NUM_EXAMPLES)")
-  p.add_argument("--model", default=None,
-                 help="random weights: comma-separated sizes (tiny, mini, "
-                      "xsmall, small, base, ...) or gin files binding "
-                      "T5Config (default small)")
+  p.add_argument(
+      "--t5x_commit", default=None,
+      help="T5X commit to record when --t5x_path is not a git "
+      "work tree (default: `git rev-parse HEAD` there)")
+  p.add_argument(
+      "--pair", default=None, help="time a trained pair: 'pretrained' (= "
+      "pretrained_multi30k.gin) or a run gin file binding "
+      "TARGET_CHECKPOINT_PATH and DRAFT_CHECKPOINT_PATH; "
+      "default: random weights (--model)")
+  p.add_argument(
+      "--gammas", default=None,
+      help="with --pair: comma-separated γs for speculative "
+      "decoding (default: the gin file's GAMMA)")
+  p.add_argument(
+      "--num_examples", type=int, default=None,
+      help="with --pair: sentences to decode (default: the gin "
+      "file's NUM_EXAMPLES)")
+  p.add_argument(
+      "--model", default=None,
+      help="random weights: comma-separated sizes (tiny, mini, "
+      "xsmall, small, base, ...) or gin files binding "
+      "T5Config (default small)")
   p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                  help="random weights (default float32)")
-  p.add_argument("--max_decode_length", type=int, default=None,
-                 help="generated tokens per row (default 64; with --pair, "
-                      "the gin file's TASK_FEATURE_LENGTHS['targets'])")
+  p.add_argument(
+      "--max_decode_length", type=int, default=None,
+      help="generated tokens per row (default 64; with --pair, "
+      "the gin file's TASK_FEATURE_LENGTHS['targets'])")
   p.add_argument("--input_length", type=int, default=None,
                  help="random weights (default 64)")
   p.add_argument("--batch_size", type=int, default=None,
                  help="random weights (default 1)")
   p.add_argument("--repeats", type=int, default=7,
                  help="timed rounds (interleaved)")
-  p.add_argument("--eos_id", type=int, default=None,
-                 help="random weights: -1 (default) never fires, every row "
-                      "decodes max_decode_length tokens (--pair: EOS = 1)")
+  p.add_argument(
+      "--eos_id", type=int, default=None,
+      help="random weights: -1 (default) never fires, every row "
+      "decodes max_decode_length tokens (--pair: EOS = 1)")
   p.add_argument("--seed", type=int, default=None,
                  help="random weights (default 0)")
   p.add_argument("--output", default=None, help="JSON results file")
-  args = p.parse_args(argv)
+  return _checked(p, p.parse_args(argv))
+
+
+def _checked(p: argparse.ArgumentParser, args: argparse.Namespace):
+  """`args` with the random-weights defaults; `p.error` on a bad mix."""
   for name in ("max_decode_length", "input_length", "batch_size", "repeats",
                "num_examples"):
     value = getattr(args, name)
@@ -286,8 +307,10 @@ def parse_args(argv: Optional[Sequence[str]] = None):
     if args.max_decode_length is None:
       args.max_decode_length = 64
     return args
-  given = [f"--{n}={getattr(args, n)}" for n in _RANDOM_DEFAULTS
-           if getattr(args, n) is not None]
+  given = [
+      f"--{n}={getattr(args, n)}" for n in _RANDOM_DEFAULTS
+      if getattr(args, n) is not None
+  ]
   if given:
     p.error(f"{', '.join(given)}: only used with random weights, not with "
             f"--pair={args.pair} (its gin file sets the models, inputs and "
@@ -306,8 +329,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   root = t5x_reference.check_t5x_path(args.t5x_path)
   if args.output:
     try:  # fail now, not after the timing
-      io_utils.probe_writable_dir(os.path.dirname(os.path.abspath(
-          args.output)))
+      io_utils.probe_writable_dir(os.path.dirname(os.path.abspath(args.output)))
     except ValueError as e:
       raise SystemExit(f"error: --output={args.output!r}: {e}") from None
   t5x = t5x_reference.import_t5x(root)
@@ -324,8 +346,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     outcome = {"pair": pair}
     ok, description = pair["all_identical"], PAIR_DESCRIPTION
   else:
-    runs = [run_model(spec.strip(), args, t5x, log)
-            for spec in args.model.split(",") if spec.strip()]
+    runs = [
+        run_model(spec.strip(), args, t5x, log)
+        for spec in args.model.split(",")
+        if spec.strip()
+    ]
     outcome = {"dtype": args.dtype, "runs": runs}
     ok, description = all(r["tokens_equal"] for r in runs), RANDOM_DESCRIPTION
   device = jax.devices()[0]

@@ -66,8 +66,8 @@ def main(argv=None) -> int:
   os.makedirs(args.out, exist_ok=True)
   for name, ckpt in latest.items():
     params = checkpoints.load_t5x_params(ckpt)
-    params = jax.tree_util.tree_map(
-        lambda x: np.asarray(x).astype(dtype), params)
+    params = jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype),
+                                    params)
     step = int(os.path.basename(os.path.normpath(ckpt)).split("_")[-1])
     written = checkpoints.save_params(params, os.path.join(args.out, name),
                                       step=step)
@@ -75,8 +75,10 @@ def main(argv=None) -> int:
     if os.path.isfile(config):  # The trainer's record of the architecture.
       shutil.copy(config, os.path.join(written, "model_config.json"))
     digests.write_manifest(written)  # verified on loading
-    size = sum(os.path.getsize(os.path.join(d, f))
-               for d, _, files in os.walk(written) for f in files)
+    size = sum(
+        os.path.getsize(os.path.join(d, f))
+        for d, _, files in os.walk(written)
+        for f in files)
     print(f"{name}: {ckpt} -> {written} ({size / 2**20:.1f} MiB, "
           f"{args.dtype})")
   spm_out = os.path.join(args.out, os.path.basename(args.spm))

@@ -98,8 +98,8 @@ class _Delegate(config_parser.ParserDelegate):
     return _Macro(macro_name)
 
 
-def run_gin(path: str = RUN_GIN
-            ) -> Tuple[Dict[str, Any], List[Tuple[str, str, str]]]:
+def run_gin(
+    path: str = RUN_GIN) -> Tuple[Dict[str, Any], List[Tuple[str, str, str]]]:
   """gin/run.gin's macro definitions {NAME: value}, and its bindings of a
   configurable's argument to a macro [(configurable, argument, NAME)], in
   file order."""
@@ -124,8 +124,7 @@ def _cell(text: str) -> str:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-  lines = ["| " + " | ".join(header) + " |",
-           "|" + "---|" * len(header)]
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
   return "\n".join(lines)
 
@@ -141,8 +140,10 @@ def macro_rows(path: str = RUN_GIN) -> List[Tuple[str, str, str, str]]:
       argument without a docstring entry.
   """
   values, bindings = run_gin(path)
-  docs = {name: docstring_entries(obj, section)
-          for name, (obj, section) in DOCUMENTED.items()}
+  docs = {
+      name: docstring_entries(obj, section)
+      for name, (obj, section) in DOCUMENTED.items()
+  }
   bound = {arg: macro for conf, arg, macro in bindings if conf == "run"}
   problems = []
   for arg, macro in arguments.MACROS.items():
@@ -153,18 +154,22 @@ def macro_rows(path: str = RUN_GIN) -> List[Tuple[str, str, str, str]]:
     elif bound[arg] != macro:
       problems.append(f"RunArguments.{arg} is set by %{macro}, but "
                       f"gin/run.gin binds run.{arg} = %{bound[arg]}")
-  problems += [f"gin/run.gin binds run.{arg}, which is no RunArguments field"
-               for arg in bound if arg not in arguments.MACROS]
+  problems += [
+      f"gin/run.gin binds run.{arg}, which is no RunArguments field"
+      for arg in bound
+      if arg not in arguments.MACROS
+  ]
   rows = []
-  for conf, arg, macro in ([("run", a, m) for a, m in arguments.MACROS.items()]
-                           + [b for b in bindings if b[0] != "run"]):
+  for conf, arg, macro in (
+      [("run", a, m) for a, m in arguments.MACROS.items()] +
+      [b for b in bindings if b[0] != "run"]):
     meaning = docs.get(conf, {}).get(arg)
     if meaning is None:
       problems.append(f"{conf}.{arg} (%{macro}) has no docstring entry")
     if macro not in values:
       problems.append(f"%{macro} has no default in gin/run.gin")
-    rows.append((macro, repr(values.get(macro)), f"{conf}.{arg}",
-                 meaning or ""))
+    rows.append((macro, repr(values.get(macro)), f"{conf}.{arg}", meaning or
+                 ""))
   if problems:
     raise DocsError("; ".join(problems) + ".")
   return rows
@@ -177,10 +182,8 @@ def render_macros() -> str:
   return "\n".join([
       BANNER.format(sources="gin/run.gin, the RunArguments docstring "
                     "(specdec_jax/experiment/arguments.py) and "
-                    "experiment/setup.py's vocabulary"),
-      "",
-      "# Names you type: the gin macros of `run` and `sweep`",
-      "",
+                    "experiment/setup.py's vocabulary"), "",
+      "# Names you type: the gin macros of `run` and `sweep`", "",
       "Every experiment file includes `gin/run.gin`, which defines these "
       "macros with the defaults below and binds each to one argument; an "
       "experiment file overrides some (`pretrained_multi30k.gin` sets "
@@ -188,10 +191,9 @@ def render_macros() -> str:
       "with strings quoted for gin inside the shell's quotes: "
       "`--gin.OUTPUT_DIR=\"'/tmp/out'\"`. A `--gin.NAME=VALUE` whose `NAME` "
       "no gin file defines or uses is an error naming the closest known "
-      "macros ([running.md](running.md#bad-settings-fail-at-once)).",
-      "",
-      _table(["macro", "default (gin/run.gin)", "binds", "meaning"], rows),
-      ""])
+      "macros ([running.md](running.md#bad-settings-fail-at-once)).", "",
+      _table(["macro", "default (gin/run.gin)", "binds", "meaning"], rows), ""
+  ])
 
 
 def _older_files(field: dataclasses.Field) -> str:
@@ -220,10 +222,14 @@ def output_rows() -> List[Tuple[str, str, str, str]]:
   fields = dataclasses.fields(run_metrics.RunMetrics)
   meanings = docstring_entries(run_metrics.RunMetrics, "Attributes")
   names = [f.name for f in fields]
-  problems = [f"RunMetrics.{n} has no docstring entry" for n in names
-              if n not in meanings]
-  problems += [f"the RunMetrics docstring documents {n!r}, not a field"
-               for n in meanings if n not in names]
+  problems = [
+      f"RunMetrics.{n} has no docstring entry" for n in names
+      if n not in meanings
+  ]
+  problems += [
+      f"the RunMetrics docstring documents {n!r}, not a field" for n in meanings
+      if n not in names
+  ]
   if problems:
     raise DocsError("; ".join(problems) + ".")
   return [(f.name, meanings[f.name], f.metadata["kind"], _older_files(f))
@@ -275,16 +281,10 @@ def render_outputs() -> str:
           for key, meaning, value, older in output_rows()]
   return "\n".join([
       BANNER.format(sources="specdec_jax/run_metrics.py (RunMetrics: its "
-                    "fields and docstring)"),
-      "",
-      "# What the outputs mean",
-      "",
-      _OUTPUTS_INTRO,
-      " ".join(about.split()),
-      "",
-      _table(["key", "meaning", "value", "older files"], rows),
-      "",
-      _OUTPUTS_END])
+                    "fields and docstring)"), "", "# What the outputs mean", "",
+      _OUTPUTS_INTRO, " ".join(about.split()), "",
+      _table(["key", "meaning", "value", "older files"], rows), "", _OUTPUTS_END
+  ])
 
 
 PAGES = {"macros.md": render_macros, "outputs.md": render_outputs}
@@ -303,9 +303,10 @@ def write_pages(out_dir: str) -> List[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--out", default=DEFAULT_OUT,
-                      help="folder to write the pages into (default: "
-                      "docs/usage)")
+  parser.add_argument(
+      "--out", default=DEFAULT_OUT,
+      help="folder to write the pages into (default: "
+      "docs/usage)")
   args = parser.parse_args(argv)
   try:
     for path in write_pages(args.out):

@@ -55,8 +55,11 @@ def model_bleu(out_dir, name, sources, references, vocab, max_len=64):
     out = decoding.temperature_sample(model, chunk, jax.random.PRNGKey(0),
                                       max_decode_length=max_len)
     predictions += tasks.decode_tokens(vocab, np.asarray(out.tokens)[:n])
-  return {"bleu": metrics.bleu(predictions, references),
-          "num_params": config.num_params, "checkpoint": ckpt}
+  return {
+      "bleu": metrics.bleu(predictions, references),
+      "num_params": config.num_params,
+      "checkpoint": ckpt
+  }
 
 
 def _load(path):
@@ -70,8 +73,8 @@ def _load(path):
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=str(REPO / "outputs" / "multi30k"))
-  parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" /
-                                            "multi30k"))
+  parser.add_argument("--data",
+                      default=str(REPO.parent / "shared" / "data" / "multi30k"))
   args = parser.parse_args(argv)
   pairs = tasks.read_parallel_text(
       os.path.join(args.data, "test_2016_flickr.en"),
@@ -79,23 +82,27 @@ def main(argv=None) -> int:
   sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
   vocab = vocab_lib.get_vocabulary(
       os.path.join(args.out, "spm", "multi30k.model"), extra_ids=0)
-  models = {name: model_bleu(args.out, name, sources, references, vocab)
-            for name in MODELS}
+  models = {
+      name: model_bleu(args.out, name, sources, references, vocab)
+      for name in MODELS
+  }
   runs = {}
   for name in ("1m", "4m", "4m_distill"):
     for temp in ("0.0", "1.0"):
       folder = os.path.join(args.out, "results", f"{name}_T{temp}")
       runs[f"{name}_T{temp}"] = {
           "metrics": _load(os.path.join(folder, "metrics.json")),
-          "alpha": _load(os.path.join(folder, "alpha.json"))}
-  summary = {"models": models, "runs": runs,
-             "backend": jax.default_backend()}
+          "alpha": _load(os.path.join(folder, "alpha.json"))
+      }
+  summary = {"models": models, "runs": runs, "backend": jax.default_backend()}
   io_utils.write_json(os.path.join(args.out, "summary.json"), summary)
 
-  lines = ["| draft (params) | draft BLEU | T | α (counts) | α (Cor. 3.6) "
-           "| tokens / target call | c | speedup | Thm 3.8 | "
-           "BLEU base / spec | greedy identical |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+      "| draft (params) | draft BLEU | T | α (counts) | α (Cor. 3.6) "
+      "| tokens / target call | c | speedup | Thm 3.8 | "
+      "BLEU base / spec | greedy identical |",
+      "|---|---|---|---|---|---|---|---|---|---|---|"
+  ]
   for name in ("1m", "4m", "4m_distill"):
     model = models.get(name)
     for temp in ("0.0", "1.0"):
@@ -111,11 +118,13 @@ def main(argv=None) -> int:
           f"| {m['tokens_per_target_call']:.2f} | {m['cost_coefficient_c']:.3f}"
           f" | {m['speedup']:.2f}× | {m['theoretical_speedup']:.2f}× "
           f"| {m['bleu']['baseline']:.1f} / {m['bleu']['speculative']:.1f} "
-          f"| {'yes' if m['greedy_outputs_identical'] else 'n/a (sampled)' if float(temp) > 0 else 'NO'} |")
+          f"| {'yes' if m['greedy_outputs_identical'] else 'n/a (sampled)' if float(temp) > 0 else 'NO'} |"
+      )
   if models.get("target"):
-    lines.insert(0, f"Target: {models['target']['num_params'] / 1e6:.2f}M "
-                    f"parameters, greedy BLEU {models['target']['bleu']:.1f} "
-                    "on test_2016_flickr.\n")
+    lines.insert(
+        0, f"Target: {models['target']['num_params'] / 1e6:.2f}M "
+        f"parameters, greedy BLEU {models['target']['bleu']:.1f} "
+        "on test_2016_flickr.\n")
   print("\n".join(lines))
   return 0
 

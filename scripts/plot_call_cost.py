@@ -40,17 +40,21 @@ def load_curve(path: str) -> Dict[str, object]:
                      "scripts/benchmark_decode.py output?)")
   ratios = {int(k): float(v) for k, v in bench["target_cost_ratio_by_k"].items()}
   ks = sorted(ratios)
-  return {"k": ks, "ratio": [ratios[k] for k in ks],
-          "step_ms": float(bench["target_ms_per_step"]),
-          "decoder_mb": bench["target_decoder_param_bytes_per_token"] / 1e6,
-          "load": bench.get("host_load_average_1min")}
+  return {
+      "k": ks,
+      "ratio": [ratios[k] for k in ks],
+      "step_ms": float(bench["target_ms_per_step"]),
+      "decoder_mb": bench["target_decoder_param_bytes_per_token"] / 1e6,
+      "load": bench.get("host_load_average_1min")
+  }
 
 
 def markdown(curves: Dict[str, Dict[str, object]]) -> str:
   ks = sorted({k for c in curves.values() for k in c["k"]})
-  lines = ["| target | decoder weights | one step | " +
-           " | ".join(f"K={k}" for k in ks) + " |",
-           "|" + "---|" * (3 + len(ks))]
+  lines = [
+      "| target | decoder weights | one step | " +
+      " | ".join(f"K={k}" for k in ks) + " |", "|" + "---|" * (3 + len(ks))
+  ]
   for label, c in curves.items():
     by_k = dict(zip(c["k"], c["ratio"]))
     cells = [f"{by_k[k]:.2f}" if k in by_k else "–" for k in ks]
@@ -67,9 +71,10 @@ def plot(curves: Dict[str, Dict[str, object]], path: str) -> None:
   ax = fig.add_subplot(1, 1, 1)
   top = 1
   for label, c in curves.items():
-    ax.plot(c["k"], c["ratio"], marker="o",
-            label=f"{label} ({c['decoder_mb']:.0f} MB decoder, "
-            f"step {c['step_ms']:.2f} ms)")
+    ax.plot(
+        c["k"], c["ratio"], marker="o",
+        label=f"{label} ({c['decoder_mb']:.0f} MB decoder, "
+        f"step {c['step_ms']:.2f} ms)")
     top = max(top, max(c["k"]))
   ax.plot([1, top], [1, 1], "k--", lw=1, label="Theorem 3.8's premise")
   ax.plot([1, top], [1, top], ":", color="gray", lw=1, label="K steps")

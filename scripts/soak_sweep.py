@@ -48,12 +48,14 @@ def sample() -> Dict[str, int]:
 def points(count: int) -> List[Dict[str, Any]]:
   """`count` points: γ 1-5 crossed with seeds 0, 1, ..."""
   grid = itertools.product(itertools.count(), range(1, 6))
-  return [{"GAMMA": gamma, "SEED": seed}
-          for seed, gamma in itertools.islice(grid, count)]
+  return [{
+      "GAMMA": gamma,
+      "SEED": seed
+  } for seed, gamma in itertools.islice(grid, count)]
 
 
-def flatness(values: List[int], warmup: int, tolerance: float
-             ) -> Dict[str, Any]:
+def flatness(values: List[int], warmup: int,
+             tolerance: float) -> Dict[str, Any]:
   """Whether every value after `warmup` is within `tolerance` of the first
   one after it (its relative spread, reported either way)."""
   tail = values[warmup:]
@@ -61,8 +63,12 @@ def flatness(values: List[int], warmup: int, tolerance: float
     return {"flat": None, "reason": "no samples after warm-up"}
   base = tail[0]
   worst = max(abs(v - base) / base for v in tail)
-  return {"flat": worst <= tolerance, "reference": base,
-          "max_relative_change": worst, "final": tail[-1]}
+  return {
+      "flat": worst <= tolerance,
+      "reference": base,
+      "max_relative_change": worst,
+      "final": tail[-1]
+  }
 
 
 def main(argv=None) -> int:
@@ -89,22 +95,28 @@ def main(argv=None) -> int:
   start = time.perf_counter()
 
   def after_point(name):
-    samples.append(dict(point=name, seconds=time.perf_counter() - start,
-                        **sample()))
-    print(f"{len(samples) - 1}/{args.points} {name}: "
-          f"rss {samples[-1]['rss_kib'] / 1024:.0f} MiB, "
-          f"{samples[-1]['map_count']} mappings", flush=True)
+    samples.append(
+        dict(point=name, seconds=time.perf_counter() - start, **sample()))
+    print(
+        f"{len(samples) - 1}/{args.points} {name}: "
+        f"rss {samples[-1]['rss_kib'] / 1024:.0f} MiB, "
+        f"{samples[-1]['map_count']} mappings", flush=True)
 
   sweep.run_sweep(points(args.points), results_dir, ["local_tiny.gin"],
-                  [f"NUM_EXAMPLES = {args.examples}"],
-                  after_point=after_point)
+                  [f"NUM_EXAMPLES = {args.examples}"], after_point=after_point)
   per_point = samples[1:]
-  verdict = {key: flatness([s[key] for s in per_point], args.warmup,
-                           args.tolerance)
-             for key in ("rss_kib", "map_count")}
-  record = {"settings": vars(args) | {"results_dir": results_dir},
-            "samples": samples, "verdict": verdict,
-            "flat": all(v["flat"] for v in verdict.values())}
+  verdict = {
+      key: flatness([s[key] for s in per_point], args.warmup, args.tolerance)
+      for key in ("rss_kib", "map_count")
+  }
+  record = {
+      "settings": vars(args) | {
+          "results_dir": results_dir
+      },
+      "samples": samples,
+      "verdict": verdict,
+      "flat": all(v["flat"] for v in verdict.values())
+  }
   io_utils.write_json(args.output, record)
   print(json.dumps(verdict, indent=1))
   print(f"wrote {args.output}")

@@ -24,8 +24,8 @@ import time
 from specdec_jax import io_utils
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ("ende_small.gin", "ende_base.gin", "ende_large.gin",
-         "cnndm_small.gin", "cnndm_base.gin", "cnndm_large.gin")
+FILES = ("ende_small.gin", "ende_base.gin", "ende_large.gin", "cnndm_small.gin",
+         "cnndm_base.gin", "cnndm_large.gin")
 # c, call cost and the prediction: from XLA's bytes accessed / from the
 # calls' argument bytes (`compile_report.roofline`).
 HEADER = ("| file | draft | γ | fits | per device: params / peak / HBM (GB) "
@@ -36,10 +36,12 @@ HEADER = ("| file | draft | γ | fits | per device: params / peak / HBM (GB) "
 
 def compile_one(gin_file, topology, mesh_shape, out_dir, timeout):
   """(compile.json's dict or None, error words or None, seconds)."""
-  cmd = [sys.executable, "-m", "specdec_jax.run", f"--gin_file={gin_file}",
-         f"--gin.COMPILE_TOPOLOGY='{topology}'",
-         f"--gin.MESH_SHAPE=({mesh_shape[0]}, {mesh_shape[1]})",
-         f"--gin.OUTPUT_DIR='{out_dir}'"]
+  cmd = [
+      sys.executable, "-m", "specdec_jax.run", f"--gin_file={gin_file}",
+      f"--gin.COMPILE_TOPOLOGY='{topology}'",
+      f"--gin.MESH_SHAPE=({mesh_shape[0]}, {mesh_shape[1]})",
+      f"--gin.OUTPUT_DIR='{out_dir}'"
+  ]
   start = time.perf_counter()
   try:
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
@@ -71,8 +73,8 @@ def row(gin_file, record, error):
   predicted = (f"{roof['theorem_3_8_speedup']:.2f}x / "
                f"{args['theorem_3_8_speedup']:.2f}x (α {paper['alpha']})"
                if paper else "n/a")
-  seconds = sum(r["compile_seconds"] for r in list(
-      record["calls"].values()) + list(record["programs"].values()))
+  seconds = sum(r["compile_seconds"] for r in list(record["calls"].values()) +
+                list(record["programs"].values()))
   return (f"| {gin_file} | {record['settings']['draft']['name']} | "
           f"{record['settings']['gamma']} | {fits} | "
           f"{params / 1e9:.2f} / {mem['peak_bytes'] / 1e9:.2f} / "
@@ -92,10 +94,12 @@ def render(out: str) -> int:
   with open(out) as f:
     data = json.load(f)
   rows = [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
-  rows += [row(name, r["compile"], r["error"])
-           for name, r in data["files"].items()]
-  io_utils.atomic_write(os.path.splitext(out)[0] + ".md",
-                        f"{data['command']}\n\n" + "\n".join(rows) + "\n")
+  rows += [
+      row(name, r["compile"], r["error"]) for name, r in data["files"].items()
+  ]
+  io_utils.atomic_write(
+      os.path.splitext(out)[0] + ".md",
+      f"{data['command']}\n\n" + "\n".join(rows) + "\n")
   print("\n".join(rows))
   return 0
 
@@ -110,9 +114,9 @@ def main(argv=None) -> int:
                       help="seconds per file")
   parser.add_argument("--render", action="store_true",
                       help="only rewrite the .md from the JSON (no compiling)")
-  parser.add_argument("--out", default=None,
-                      help="JSON path (default benchmarks/"
-                      "tpu_compile_<topology>.json; .md beside it)")
+  parser.add_argument(
+      "--out", default=None, help="JSON path (default benchmarks/"
+      "tpu_compile_<topology>.json; .md beside it)")
   a = parser.parse_args(argv)
   mesh_shape = tuple(int(x) for x in a.mesh_shape.split(","))
   out = a.out or os.path.join(REPO, "benchmarks",
@@ -124,18 +128,27 @@ def main(argv=None) -> int:
     return render(out)
 
   def write():  # after every file: a long table is never lost
-    io_utils.write_json(out, {"command": command, "topology": a.topology,
-                              "mesh_shape": list(mesh_shape),
-                              "files": records})
-    io_utils.atomic_write(os.path.splitext(out)[0] + ".md",
-                          f"{command}\n\n" + "\n".join(rows) + "\n")
+    io_utils.write_json(
+        out, {
+            "command": command,
+            "topology": a.topology,
+            "mesh_shape": list(mesh_shape),
+            "files": records
+        })
+    io_utils.atomic_write(
+        os.path.splitext(out)[0] + ".md",
+        f"{command}\n\n" + "\n".join(rows) + "\n")
+
   with tempfile.TemporaryDirectory() as work:
     for gin_file in a.files.split(","):
-      record, error, seconds = compile_one(
-          gin_file, a.topology, mesh_shape,
-          os.path.join(work, gin_file), a.timeout)
-      records[gin_file] = {"compile": record, "error": error,
-                           "wall_seconds": round(seconds, 1)}
+      record, error, seconds = compile_one(gin_file, a.topology, mesh_shape,
+                                           os.path.join(work, gin_file),
+                                           a.timeout)
+      records[gin_file] = {
+          "compile": record,
+          "error": error,
+          "wall_seconds": round(seconds, 1)
+      }
       rows.append(row(gin_file, record, error))
       print(rows[-1], flush=True)
       write()

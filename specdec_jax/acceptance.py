@@ -54,8 +54,7 @@ def greedy_verdict(target_logits, draft_tokens) -> Verdict:
   """The exact verdict with a greedy method (p one-hot at the argmax): keep
   guesses while they equal the target's argmax, then emit the argmax."""
   target_tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)
-  num_accepted, next_token = sampling.greedy_accept(target_tokens,
-                                                    draft_tokens)
+  num_accepted, next_token = sampling.greedy_accept(target_tokens, draft_tokens)
   return Verdict(num_accepted, next_token, None, target_tokens)
 
 
@@ -82,9 +81,8 @@ def _accept_guesses(rng: Array, target_probs: Array,
   num_accepted = sampling.leading_accepted(accepted & guessed)
   # One-hot q: residual_sample's one-hot of a NO_GUESS id is all zeros, so
   # after the real guesses it samples p itself.
-  next_token = sampling.residual_sample(residual_rng, target_probs,
-                                        draft_probs, num_accepted,
-                                        draft_tokens)
+  next_token = sampling.residual_sample(residual_rng, target_probs, draft_probs,
+                                        num_accepted, draft_tokens)
   return num_accepted, next_token
 
 
@@ -111,18 +109,20 @@ class LenientAcceptance(AcceptanceRule):
     target_tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)
     if method.is_greedy:
       logits = target_logits[:, :gamma].astype(jnp.float32)
-      guess = jnp.take_along_axis(logits, jnp.maximum(draft_tokens, 0)[
-          ..., None], axis=-1)[..., 0]
+      guess = jnp.take_along_axis(logits,
+                                  jnp.maximum(draft_tokens, 0)[..., None],
+                                  axis=-1)[..., 0]
       # p(x) / max p = exp(logit(x) - max logit): no softmax needed.
-      kept = (guess - jnp.max(logits, axis=-1) >= jnp.log(self.lenience)) & (
-          draft_tokens >= 0)
+      kept = (guess - jnp.max(logits, axis=-1) >= jnp.log(
+          self.lenience)) & (draft_tokens >= 0)
       num_accepted = sampling.leading_accepted(kept)
       rows = jnp.arange(draft_tokens.shape[0])
       return Verdict(num_accepted, target_tokens[rows, num_accepted], None,
                      target_tokens)
     target_probs = method.standardize(target_logits)
-    num_accepted, next_token = _accept_guesses(
-        rng, target_probs, draft_probs, draft_tokens, lenience=self.lenience)
+    num_accepted, next_token = _accept_guesses(rng, target_probs, draft_probs,
+                                               draft_tokens,
+                                               lenience=self.lenience)
     return Verdict(num_accepted, next_token, target_probs, None)
 
 

@@ -43,7 +43,6 @@ __all__ = [
     "per_iteration_gamma_bound",
 ]
 
-
 # ----------------------------------------------------------------------------
 # Validation helpers.
 # ----------------------------------------------------------------------------
@@ -121,14 +120,13 @@ def expected_tokens_per_iteration(alpha: ArrayLike,
   a, g = np.broadcast_arrays(a, g)
   one = a >= 1.0
   safe_a = np.where(one, 0.5, a)
-  value = np.where(one, g + 1.0,
-                   (1.0 - safe_a**(g + 1.0)) / (1.0 - safe_a))
+  value = np.where(one, g + 1.0, (1.0 - safe_a**(g + 1.0)) / (1.0 - safe_a))
   return _maybe_scalar(value, alpha, gamma)
 
 
 def expected_speedup(alpha: ArrayLike, gamma: ArrayLike,
-                     cost_coefficient: ArrayLike, call_cost: ArrayLike = 1.0
-                     ) -> Union[float, np.ndarray]:
+                     cost_coefficient: ArrayLike,
+                     call_cost: ArrayLike = 1.0) -> Union[float, np.ndarray]:
   """Expected walltime improvement factor, Theorem 3.8.
 
   (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)): Equation (1)'s tokens
@@ -156,8 +154,7 @@ def expected_speedup(alpha: ArrayLike, gamma: ArrayLike,
   return _maybe_scalar(value, alpha, gamma, cost_coefficient, call_cost)
 
 
-def optimal_gamma(alpha: float, cost_coefficient: float,
-                  max_gamma: int = 64,
+def optimal_gamma(alpha: float, cost_coefficient: float, max_gamma: int = 64,
                   call_costs: Optional[ArrayLike] = None) -> int:
   """Integer gamma in [1, max_gamma] maximizing Theorem 3.8 (Figure 3).
 
@@ -215,8 +212,8 @@ def expected_arithmetic_increase(
 # ----------------------------------------------------------------------------
 
 
-def beta_from_distributions(p: ArrayLike, q: ArrayLike) -> Union[float,
-                                                                np.ndarray]:
+def beta_from_distributions(p: ArrayLike,
+                            q: ArrayLike) -> Union[float, np.ndarray]:
   """beta = sum_x min(p(x), q(x)) over the last axis, Corollary 3.6.
 
   Args:
@@ -356,8 +353,10 @@ def theory_vs_measured(
   """
   out = []
   for i, point in enumerate(points):
-    missing = [k for k in ("gamma", "alpha", "cost_coefficient_c", "speedup")
-               if k not in point]
+    missing = [
+        k for k in ("gamma", "alpha", "cost_coefficient_c", "speedup")
+        if k not in point
+    ]
     if missing:
       raise ValueError(f"point {i} is missing keys {missing}")
     row = dict(point)
@@ -369,9 +368,8 @@ def theory_vs_measured(
         expected_tokens_per_iteration(alpha, gamma))
     row["speedup_ratio"] = float(point["speedup"]) / row["theoretical_speedup"]
     if point.get("tokens_per_target_call") is not None:
-      row["tokens_per_call_ratio"] = (
-          float(point["tokens_per_target_call"]) /
-          row["expected_tokens_per_call"])
+      row["tokens_per_call_ratio"] = (float(point["tokens_per_target_call"]) /
+                                      row["expected_tokens_per_call"])
     out.append(row)
   return out
 
@@ -381,8 +379,8 @@ def theory_vs_measured(
 # ----------------------------------------------------------------------------
 
 
-def per_iteration_gamma_bound(kept: ArrayLike, guessed: ArrayLike,
-                              gamma: int, cost_coefficient: float,
+def per_iteration_gamma_bound(kept: ArrayLike, guessed: ArrayLike, gamma: int,
+                              cost_coefficient: float,
                               tokens: int) -> Dict[str, float]:
   """Speedups of one run's iterations under Theorem 3.8's cost model.
 
@@ -424,6 +422,8 @@ def per_iteration_gamma_bound(kept: ArrayLike, guessed: ArrayLike,
   if k.size == 0:
     return {"fixed": math.nan, "achieved": math.nan, "oracle": math.nan}
   calls = float(k.size)
-  return {"fixed": tokens / (calls * (1.0 + c * gamma)),
-          "achieved": tokens / (calls + c * g.sum()),
-          "oracle": tokens / (calls + c * k.sum())}
+  return {
+      "fixed": tokens / (calls * (1.0 + c * gamma)),
+      "achieved": tokens / (calls + c * g.sum()),
+      "oracle": tokens / (calls + c * k.sum())
+  }

@@ -21,8 +21,8 @@ def pad_rows(rows: np.ndarray, batch_size: int) -> np.ndarray:
   return np.concatenate([rows, np.repeat(rows[-1:], batch_size - n, axis=0)])
 
 
-def padded_batches(array: np.ndarray, batch_size: int
-                   ) -> Iterator[Tuple[np.ndarray, int]]:
+def padded_batches(array: np.ndarray,
+                   batch_size: int) -> Iterator[Tuple[np.ndarray, int]]:
   """Yields (batch [batch_size, ...], number of real rows) over `array`'s rows.
 
   Every batch has `batch_size` rows; the last one is padded by `pad_rows`.

@@ -62,8 +62,10 @@ def filtered_stderr(drop: Callable[[str], bool]) -> Iterator[None]:
       os.close(saved)
       captured.seek(0)
       text = captured.read().decode("utf-8", errors="replace")
-      kept = [line for line in text.splitlines(keepends=True)
-              if failed or not drop(line)]
+      kept = [
+          line for line in text.splitlines(keepends=True)
+          if failed or not drop(line)
+      ]
       if kept:
         sys.stderr.write("".join(kept))
         sys.stderr.flush()
@@ -115,9 +117,10 @@ def define_traceback_flag() -> None:
   """--traceback on absl's global flags (idempotent)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   if TRACEBACK_FLAG not in flags.FLAGS:
-    flags.DEFINE_boolean(TRACEBACK_FLAG, False,
-                         "On an error, print the full traceback instead of "
-                         "one line (for bug reports).")
+    flags.DEFINE_boolean(
+        TRACEBACK_FLAG, False,
+        "On an error, print the full traceback instead of "
+        "one line (for bug reports).")
 
 
 def error_text(e: BaseException) -> str:
@@ -133,8 +136,8 @@ def _wants_traceback() -> bool:
     return False
 
 
-def run_cli(program: str, body: Callable[[], None],
-            bad_input: tuple, failures: tuple = (OSError,)) -> int:
+def run_cli(program: str, body: Callable[[], None], bad_input: tuple,
+            failures: tuple = (OSError,)) -> int:
   """Runs an entry point's `body`; its exit status.
 
   `bad_input` errors (a setting, a checkpoint, a locked folder) print

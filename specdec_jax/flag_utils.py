@@ -22,8 +22,8 @@ class ConfigError(ValueError):
 def new_flag_values() -> flags.FlagValues:
   """An empty FlagValues with --help/-h (see the module docstring)."""
   fv = flags.FlagValues()
-  flags.DEFINE_boolean("help", False, "show this help and exit",
-                       short_name="h", flag_values=fv)
+  flags.DEFINE_boolean("help", False, "show this help and exit", short_name="h",
+                       flag_values=fv)
   return fv
 
 

@@ -68,12 +68,15 @@ def define_gin_flags() -> None:
   """Defines the T5X-style gin flags (idempotent)."""
   if "gin_file" in flags.FLAGS:
     return
-  flags.DEFINE_multi_string("gin_file", [], "Gin files to parse, in order; "
-                            "bare names are looked up on the search path.")
-  flags.DEFINE_multi_string("gin_bindings", [], "Individual gin bindings, "
-                            "applied after the files.")
-  flags.DEFINE_list("gin_search_paths", [], "Extra folders searched for gin "
-                    "files (the package's gin/ folder is always searched).")
+  flags.DEFINE_multi_string(
+      "gin_file", [], "Gin files to parse, in order; "
+      "bare names are looked up on the search path.")
+  flags.DEFINE_multi_string(
+      "gin_bindings", [], "Individual gin bindings, "
+      "applied after the files.")
+  flags.DEFINE_list(
+      "gin_search_paths", [], "Extra folders searched for gin "
+      "files (the package's gin/ folder is always searched).")
 
 
 def rewrite_gin_args(argv: Sequence[str]) -> List[str]:
@@ -106,15 +109,15 @@ class _DropGinLookupNoise(std_logging.Filter):
   """
 
   def filter(self, record):
-    return not (record.pathname.endswith(os.path.join("gin",
-                                                      "resource_reader.py"))
-                and str(record.msg).startswith(("Path not found",
-                                                "system_path_file_exists")))
+    return not (record.pathname.endswith(
+        os.path.join("gin", "resource_reader.py")) and
+                str(record.msg).startswith(
+                    ("Path not found", "system_path_file_exists")))
 
 
 def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
-              extra_search_paths: Sequence[str] = (),
-              finalize: bool = True, check_macros: bool = False) -> None:
+              extra_search_paths: Sequence[str] = (), finalize: bool = True,
+              check_macros: bool = False) -> None:
   """Parses gin files and bindings with the search paths set up.
 
   A missing file raises ValueError naming it and the folders searched. With
@@ -188,8 +191,10 @@ def gin_file_macros(gin_files: Sequence[str],
 def closest_names(name: str, known: Sequence[str], n: int = 3) -> List[str]:
   """The known names closest to `name` (difflib; case-insensitive)."""
   by_upper = {k.upper(): k for k in known}
-  return [by_upper[k] for k in difflib.get_close_matches(
-      name.upper(), list(by_upper), n=n, cutoff=0.6)]
+  return [
+      by_upper[k] for k in difflib.get_close_matches(name.upper(), list(
+          by_upper), n=n, cutoff=0.6)
+  ]
 
 
 def unknown_macro_message(name: str, known: Sequence[str]) -> str:
@@ -201,8 +206,7 @@ def unknown_macro_message(name: str, known: Sequence[str]) -> str:
           f"{', '.join(sorted(known))}.")
 
 
-def check_macro_bindings(gin_bindings: Sequence[str],
-                         known: Set[str]) -> None:
+def check_macro_bindings(gin_bindings: Sequence[str], known: Set[str]) -> None:
   """Rejects bindings that define a macro nothing knows.
 
   A binding `NAME = value` defines a gin macro. When no gin file defines or
@@ -297,8 +301,8 @@ def _find_gin_file(path: str, folders: Sequence[str]) -> Optional[str]:
               None)
 
 
-def find_gin_file(path: str, extra_search_paths: Sequence[str] = ()
-                  ) -> Optional[str]:
+def find_gin_file(
+    path: str, extra_search_paths: Sequence[str] = ()) -> Optional[str]:
   """Where `--gin_file=path` is read from (`search_paths`), or None."""
   return _find_gin_file(path, search_paths(extra_search_paths))
 
@@ -335,8 +339,9 @@ def _gin_statements(path: str, search_paths: Sequence[str]):
   yield from parse(path, 0)
 
 
-def _read_statements(path: str, search_paths: Sequence[str]
-                     ) -> Tuple[List[_Binding], Dict[str, Any]]:
+def _read_statements(
+    path: str,
+    search_paths: Sequence[str]) -> Tuple[List[_Binding], Dict[str, Any]]:
   """The T5Config bindings of a gin file and its includes, and its macros.
 
   Bindings are in file order (includes expanded where they stand); macros map
@@ -481,7 +486,8 @@ def read_t5_config(path: str, scope: str = "",
       undefined macro, a configurable reference), or fields that T5Config
       rejects.
   """
-  bindings, macros = _read_statements(path, _search_paths_or_default(search_paths))
+  bindings, macros = _read_statements(path,
+                                      _search_paths_or_default(search_paths))
   parts = scope.split("/") if scope else []
   # The scopes that apply under `scope`, least specific first: '', 'a', 'a/b'.
   applicable = ["/".join(parts[:i]) for i in range(len(parts) + 1)]
@@ -491,9 +497,9 @@ def read_t5_config(path: str, scope: str = "",
       if binding_scope == s:
         raw[name] = (value, where)
   if not raw:
-    raise ValueError(
-        f"{path}: binds no T5Config" +
-        (f" under the {scope}/ scope or" if scope else "") + " unscoped.")
+    raise ValueError(f"{path}: binds no T5Config" +
+                     (f" under the {scope}/ scope or" if scope else "") +
+                     " unscoped.")
   fields = {}
   for name, (value, where) in raw.items():
     try:
@@ -508,8 +514,8 @@ def read_t5_config(path: str, scope: str = "",
 MODEL_ROLES = ("target", "draft")
 
 
-def read_t5_config_for_role(path: os.PathLike, role: str = ""
-                            ) -> Tuple[T5Config, str]:
+def read_t5_config_for_role(path: os.PathLike,
+                            role: str = "") -> Tuple[T5Config, str]:
   """The T5Config that a gin file binds for `role`, and the scope read.
 
   `read_t5_config` under the `role` scope, as `run.model_config` reads the
@@ -535,10 +541,9 @@ def read_t5_config_for_role(path: os.PathLike, role: str = ""
   if role not in scopes and "" not in scopes:
     others = [s for s in MODEL_ROLES if s in scopes]
     if len(others) > 1:
-      raise ValueError(
-          f"{path}: binds no T5Config" +
-          (f" under the {role}/ scope or" if role else "") +
-          " unscoped (it binds both target/ and draft/T5Config).")
+      raise ValueError(f"{path}: binds no T5Config" +
+                       (f" under the {role}/ scope or" if role else "") +
+                       " unscoped (it binds both target/ and draft/T5Config).")
     if others:
       scope = others[0]
   # Raises if nothing is bound under `scope` or unscoped.

@@ -104,8 +104,10 @@ def _split_gcs(path: str) -> Tuple[str, str]:
 def _bucket(bucket: str, endpoint: str):
   del endpoint  # part of the cache key: TensorStore reads it at open time
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  return wait(ts.KvStore.open({"driver": "gcs", "bucket": bucket}),
-              "opening bucket", f"gs://{bucket}")
+  return wait(ts.KvStore.open({
+      "driver": "gcs",
+      "bucket": bucket
+  }), "opening bucket", f"gs://{bucket}")
 
 
 def _gcs(path: str):
@@ -199,7 +201,8 @@ def remove(path: Union[str, os.PathLike]) -> None:
   wait(kv.write(key, None), "deleting", path)
 
 
-def atomic_write(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None:
+def atomic_write(path: Union[str, os.PathLike], data: Union[str,
+                                                            bytes]) -> None:
   """Writes `data` to `path` atomically (creating parent folders)."""
   path = os.fspath(path)
   if isinstance(data, str):
@@ -259,8 +262,8 @@ def create_new(path: str, data: bytes) -> Any:
       os.close(fd)
     return data  # the content is the version (lock records are unique)
   kv, key = _gcs(path)
-  stamp = wait(kv.write(key, data, if_equal=_no_value_generation()),
-               "creating", path)
+  stamp = wait(kv.write(key, data, if_equal=_no_value_generation()), "creating",
+               path)
   return stamp.generation or None  # b'': the precondition failed
 
 
@@ -322,8 +325,7 @@ def probe_writable_dir(path: Union[str, os.PathLike]) -> None:
     return
   try:
     os.makedirs(path, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path, prefix=".write_probe.",
-                               suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path, prefix=".write_probe.", suffix=".tmp")
     try:
       os.write(fd, b"probe")
     finally:
@@ -341,12 +343,14 @@ def probe_writable_dir(path: Union[str, os.PathLike]) -> None:
 def json_safe(obj: Any, where: str = "") -> Any:
   """`obj` with non-finite floats replaced by None (logged with their key)."""
   if isinstance(obj, float) and not math.isfinite(obj):
-    logger.warning("%s is %s, not a JSON number: written as null.",
-                   where or "a value", obj)
+    logger.warning("%s is %s, not a JSON number: written as null.", where or
+                   "a value", obj)
     return None
   if isinstance(obj, dict):
-    return {k: json_safe(v, f"{where}.{k}" if where else str(k))
-            for k, v in obj.items()}
+    return {
+        k: json_safe(v, f"{where}.{k}" if where else str(k))
+        for k, v in obj.items()
+    }
   if isinstance(obj, (list, tuple)):
     return [json_safe(v, f"{where}[{i}]") for i, v in enumerate(obj)]
   return obj
@@ -354,12 +358,15 @@ def json_safe(obj: Any, where: str = "") -> Any:
 
 def write_json(path: Union[str, os.PathLike], obj: Any) -> None:
   """Atomically writes `obj` as indented JSON (non-finite floats -> null)."""
-  atomic_write(path, json.dumps(json_safe(obj), indent=2, sort_keys=True,
-                                allow_nan=False) + "\n")
+  atomic_write(
+      path,
+      json.dumps(json_safe(obj), indent=2, sort_keys=True, allow_nan=False) +
+      "\n")
 
 
 def write_jsonl(path: Union[str, os.PathLike], rows) -> None:
   """Atomically writes one JSON object per line (non-finite -> null)."""
-  atomic_write(path, "".join(
-      json.dumps(json_safe(r), ensure_ascii=False, allow_nan=False) + "\n"
-      for r in rows))
+  atomic_write(
+      path, "".join(
+          json.dumps(json_safe(r), ensure_ascii=False, allow_nan=False) + "\n"
+          for r in rows))

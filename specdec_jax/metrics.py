@@ -24,7 +24,8 @@ SUMMARIZATION = "summarization"
 TASK_KINDS = (TRANSLATION, SUMMARIZATION)
 
 
-def _check_lengths(predictions: Sequence[str], references: Sequence[str]) -> None:
+def _check_lengths(predictions: Sequence[str],
+                   references: Sequence[str]) -> None:
   if len(predictions) != len(references):
     raise ValueError(
         f"predictions and references must have the same length, got "
@@ -53,10 +54,10 @@ def bleu(predictions: Sequence[str], references: Sequence[str],
   references = _flatten_references(references)
   _check_lengths(predictions, references)
   import sacrebleu  # pylint: disable=g-import-not-at-top
-  result = sacrebleu.corpus_bleu(
-      list(predictions), [list(references)],
-      smooth_method="exp", smooth_value=0.0, force=False, lowercase=False,
-      tokenize=tokenize, use_effective_order=False)
+  result = sacrebleu.corpus_bleu(list(predictions), [list(references)],
+                                 smooth_method="exp", smooth_value=0.0,
+                                 force=False, lowercase=False,
+                                 tokenize=tokenize, use_effective_order=False)
   return float(result.score)
 
 
@@ -83,7 +84,7 @@ def rouge(predictions: Sequence[str], references: Sequence[str],
   if not predictions:
     return {k: 0.0 for k in score_keys}
   scorer = rouge_scorer.RougeScorer(rouge_types=score_keys,
-                                      use_stemmer=use_stemmer)
+                                    use_stemmer=use_stemmer)
   aggregator = scoring.BootstrapAggregator()
   for pred, ref in zip(predictions, references):
     aggregator.add_scores(

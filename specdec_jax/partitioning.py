@@ -96,8 +96,8 @@ def make_mesh(data: int = 1, model: int = 1,
     ValueError: non-positive sizes, or a device count that does not fit.
   """
   for name, value in (("data", data), ("model", model)):
-    if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
-        or value < 1):
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or
+        value < 1):
       raise ValueError(
           f"make_mesh: {name} must be a positive integer, got {value!r}.")
   data, model = int(data), int(model)
@@ -247,11 +247,12 @@ def _resolve(path: str, shape: Tuple[int, ...], axes: Sequence[AxisEntry],
 
 
 @gin.configurable(denylist=["params_or_shapes", "mesh"])
-def param_partition_specs(params_or_shapes: Any, mesh: MeshLike = None, *,
-                          rules: Optional[Sequence[Rule]] = None,
-                          additional_rules: Optional[Sequence[Rule]] = None,
-                          logical_axis_rules: Optional[
-                              Sequence[Tuple[str, AxisEntry]]] = None) -> Any:
+def param_partition_specs(
+    params_or_shapes: Any, mesh: MeshLike = None, *,
+    rules: Optional[Sequence[Rule]] = None,
+    additional_rules: Optional[Sequence[Rule]] = None,
+    logical_axis_rules: Optional[Sequence[Tuple[str,
+                                                AxisEntry]]] = None) -> Any:
   """A PartitionSpec for every parameter, by path.
 
   Args:
@@ -269,11 +270,11 @@ def param_partition_specs(params_or_shapes: Any, mesh: MeshLike = None, *,
   Returns:
     The same pytree structure with `PartitionSpec` leaves.
   """
-  rules = tuple(additional_rules or ()) + tuple(
-      T5X_PARAM_AXES if rules is None else rules)
+  rules = tuple(additional_rules or
+                ()) + tuple(T5X_PARAM_AXES if rules is None else rules)
   compiled = [(re.compile(pattern), axes) for pattern, axes in rules]
-  logical = tuple(standard_logical_axis_rules() if logical_axis_rules is None
-                  else logical_axis_rules)
+  logical = tuple(standard_logical_axis_rules() if logical_axis_rules is
+                  None else logical_axis_rules)
   sizes = _axis_sizes(mesh)
 
   def spec_for(path, leaf):
@@ -344,13 +345,12 @@ def data_sharding(mesh: Mesh, batch_size: Optional[int] = None,
   """Inputs [B, S, ...]: batch over 'data' (replicated if it does not divide
   `batch_size`)."""
   if _divides(mesh, DATA_AXIS, batch_size):
-    return NamedSharding(mesh,
-                         PartitionSpec(DATA_AXIS, *([None] * (ndim - 1))))
+    return NamedSharding(mesh, PartitionSpec(DATA_AXIS, *([None] * (ndim - 1))))
   return NamedSharding(mesh, PartitionSpec())
 
 
 def shard_inputs(mesh: Mesh, tokens: Any) -> jax.Array:
   """Places an input batch [B, ...] on the mesh with `data_sharding`."""
   tokens = np.asarray(tokens) if not isinstance(tokens, jax.Array) else tokens
-  return jax.device_put(tokens,
-                        data_sharding(mesh, tokens.shape[0], tokens.ndim))
+  return jax.device_put(tokens, data_sharding(mesh, tokens.shape[0],
+                                              tokens.ndim))

@@ -50,8 +50,7 @@ class SamplingMethod(abc.ABC):
     """Logits [..., V] -> the probabilities [..., V] float32 sampled from."""
 
   @abc.abstractmethod
-  def draw(self, rng: Array, logits: Array
-           ) -> Tuple[Array, Optional[Array]]:
+  def draw(self, rng: Array, logits: Array) -> Tuple[Array, Optional[Array]]:
     """One token per row from logits [..., V].
 
     Returns:
@@ -124,8 +123,7 @@ def target_encoder_output(target: Any, state: Any) -> Any:
 
 
 def _is_array_leaf(leaf: Any) -> bool:
-  return isinstance(leaf, (jax.Array, np.ndarray, np.generic,
-                           numbers.Number))
+  return isinstance(leaf, (jax.Array, np.ndarray, np.generic, numbers.Number))
 
 
 def check_pytree(name: str, obj: Any) -> None:
@@ -208,8 +206,8 @@ class Drafter(abc.ABC):
 
   @abc.abstractmethod
   def propose(self, state: Any, buffer: Array, length: Array, rng: Array, *,
-              gamma: int, method: SamplingMethod
-              ) -> Tuple[Any, Array, Optional[Array]]:
+              gamma: int,
+              method: SamplingMethod) -> Tuple[Any, Array, Optional[Array]]:
     """Guesses the γ tokens after buffer[:, :length+1].
 
     Args:
@@ -268,8 +266,7 @@ class AcceptanceRule(abc.ABC):
 
   @abc.abstractmethod
   def __call__(self, rng: Array, target_logits: Array, draft_tokens: Array,
-               draft_probs: Optional[Array],
-               method: SamplingMethod) -> Verdict:
+               draft_probs: Optional[Array], method: SamplingMethod) -> Verdict:
     """Decides one iteration.
 
     Args:

@@ -91,21 +91,21 @@ def _check_predictions(runs: List[Run]) -> None:
 
 
 def _chosen_examples(runs: List[Run], results_dir: str,
-                     example_run: Optional[str],
-                     example_index: Optional[int]):
+                     example_run: Optional[str], example_index: Optional[int]):
   """((run, example) of the trace, (run, example) of the timeline); either
   example may be None. Their predictions.jsonl files are read and checked
   here, before anything is rendered, so a malformed one fails fast."""
   if example_run is not None and example_run not in {
-      r["run_name"] for r in runs}:
+      r["run_name"] for r in runs
+  }:
     raise ReportError(f"{results_dir}: no run named {example_run!r}")
-  trace_pair = examples.find_example(
-      runs, lambda ex, run: bool(ex.get("trace")), example_run,
-      example_index, rank=examples.trace_informativeness)
+  trace_pair = examples.find_example(runs,
+                                     lambda ex, run: bool(ex.get("trace")),
+                                     example_run, example_index,
+                                     rank=examples.trace_informativeness)
   timeline_pair = examples.find_example(
       runs, lambda ex, run: bool(example_timeline(ex, run)), example_run,
-      example_index,
-      prefer=trace_pair if trace_pair[1] is not None else None)
+      example_index, prefer=trace_pair if trace_pair[1] is not None else None)
   return trace_pair, timeline_pair
 
 
@@ -137,9 +137,10 @@ def _render(runs: List[Run], trace_pair: Tuple[Run, Optional[Example]],
         render_trace_png(trace_ex, trace_run), "png")
   tl_run, tl_ex = timeline_pair
   if tl_ex is None:
-    logger.info("skipping timeline: no %s with 'accepted_counts' next to a "
-                "metrics.json with draft_step_s and target_step_s (or an "
-                "older 'timeline')%s", PREDICTIONS_FILE, where)
+    logger.info(
+        "skipping timeline: no %s with 'accepted_counts' next to a "
+        "metrics.json with draft_step_s and target_step_s (or an "
+        "older 'timeline')%s", PREDICTIONS_FILE, where)
   else:
     logger.info("timeline: run %s, example %s", tl_run["run_name"],
                 tl_ex.get("index"))
@@ -165,8 +166,7 @@ def _write(artifacts: Dict[str, bytes], output_dir: str) -> Dict[str, str]:
   return written
 
 
-def render_report(results_dir: str,
-                  output_dir: Optional[str] = None,
+def render_report(results_dir: str, output_dir: Optional[str] = None,
                   example_run: Optional[str] = None,
                   example_index: Optional[int] = None) -> Dict[str, str]:
   """Renders all tables and figures for `results_dir` into `output_dir`.
@@ -197,8 +197,8 @@ def render_report(results_dir: str,
   runs = load_results(results_dir, exclude=output_dir)
   logger.info("loaded %d runs from %s", len(runs), results_dir)
   _check_predictions(runs)
-  trace_pair, timeline_pair = _chosen_examples(runs, results_dir,
-                                               example_run, example_index)
+  trace_pair, timeline_pair = _chosen_examples(runs, results_dir, example_run,
+                                               example_index)
   return _write(_render(runs, trace_pair, timeline_pair, example_run),
                 output_dir)
 
@@ -213,10 +213,12 @@ _DESCRIPTION = (
 def define_flags():
   """A new absl FlagValues holding the report's flags (`flag_utils`)."""
   fv = flag_utils.new_flag_values()
-  flags.DEFINE_string("output_dir", None, "where to write the report "
-                      "(default: RESULTS_DIR/report)", flag_values=fv)
-  flags.DEFINE_string("example_run", None, "run (relative directory) to take "
-                      "the example trace/timeline from", flag_values=fv)
+  flags.DEFINE_string(
+      "output_dir", None, "where to write the report "
+      "(default: RESULTS_DIR/report)", flag_values=fv)
+  flags.DEFINE_string(
+      "example_run", None, "run (relative directory) to take "
+      "the example trace/timeline from", flag_values=fv)
   flags.DEFINE_integer("example_index", None,
                        "'index' of the example to render", flag_values=fv)
   return fv
@@ -237,8 +239,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   [--example_index N]``; returns the exit status (2 on bad input)."""
   fv = define_flags()
   try:
-    args = flag_utils.parse_flag_values(
-        fv, PROGRAM, sys.argv[1:] if argv is None else argv)
+    args = flag_utils.parse_flag_values(fv, PROGRAM,
+                                        sys.argv[1:] if argv is None else argv)
     if fv.help:
       usage = f"{PROGRAM} RESULTS_DIR [--flag=value ...]"
       print(flag_utils.flags_help(fv, usage, _DESCRIPTION))
@@ -252,8 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 2
   handler = _log_to_stderr()
   try:
-    written = render_report(args[0], fv.output_dir,
-                            example_run=fv.example_run,
+    written = render_report(args[0], fv.output_dir, example_run=fv.example_run,
                             example_index=fv.example_index)
   except ReportError as e:
     print(f"report: error: {e}", file=sys.stderr)

@@ -185,6 +185,7 @@ class Experiment:
     def prepare():
       self._lock = output_dir_lib.check_output_dir(out, settings,
                                                    self.args.overwrite)
+
     multihost.run_on_first("output_dir", prepare)
 
   def release_output_dir(self) -> None:
@@ -208,8 +209,7 @@ class Experiment:
       try:
         self._mesh = partitioning.make_mesh(*self.args.mesh_shape)
       except ValueError as e:
-        raise ConfigError(f"MESH_SHAPE={self.args.mesh_shape!r}: {e}"
-                          ) from None
+        raise ConfigError(f"MESH_SHAPE={self.args.mesh_shape!r}: {e}") from None
     return self._mesh
 
   def models(self):
@@ -218,13 +218,13 @@ class Experiment:
     a = self.args
     if self._models is None:
       mesh = self.mesh()
-      target = load_model(self.target_config, a.target_checkpoint_path,
-                          a.seed, mesh, "target")
+      target = load_model(self.target_config, a.target_checkpoint_path, a.seed,
+                          mesh, "target")
       self._models = (mesh, target, None)
     mesh, target, draft = self._models
     if draft is None and self.drafting.uses_draft_model:
-      draft = load_model(self.draft_config, a.draft_checkpoint_path,
-                         a.seed + 1, mesh, "draft")
+      draft = load_model(self.draft_config, a.draft_checkpoint_path, a.seed + 1,
+                         mesh, "draft")
       if not self.draft_config.has_encoder:
         # DRAFTER='shared_encoder': the draft decoder reads the target's
         # encoder (started from the target's encoder output in the loop).
@@ -240,8 +240,7 @@ class Experiment:
     try:
       return tasks.load_examples(
           mixture_or_task_name=a.mixture_or_task_name, split=a.split,
-          num_examples=a.num_examples,
-          source_file=setup.resolve(a.source_file),
+          num_examples=a.num_examples, source_file=setup.resolve(a.source_file),
           reference_file=setup.resolve(a.reference_file),
           input_prefix=a.input_prefix,
           shard_info=layout.shard_info if sliced else None)
@@ -253,15 +252,15 @@ class Experiment:
     is an error, or logged and recorded."""
     a = self.args
     source = (f"task {a.mixture_or_task_name!r} split {a.split!r}"
-              if a.mixture_or_task_name else
-              f"SOURCE_FILE={a.source_file!r}")
+              if a.mixture_or_task_name else f"SOURCE_FILE={a.source_file!r}")
     if not examples:
       raise ConfigError(f"No examples to decode in {source}.")
     self.data_info["num_examples_requested"] = a.num_examples
     if len(examples) < a.num_examples:
-      logging.warning("NUM_EXAMPLES=%d but %s has only %d examples: decoding "
-                      "%d (metrics.json records both numbers).",
-                      a.num_examples, source, len(examples), len(examples))
+      logging.warning(
+          "NUM_EXAMPLES=%d but %s has only %d examples: decoding "
+          "%d (metrics.json records both numbers).", a.num_examples, source,
+          len(examples), len(examples))
 
   def encode_inputs(self, vocab, examples) -> Tuple[np.ndarray, np.ndarray]:
     """([N, S] input ids, [N] lengths with EOS before truncation)."""
@@ -291,8 +290,9 @@ class Experiment:
     return metrics_lib.TRANSLATION
 
   # -- running --------------------------------------------------------------
-  def run(self, on_result: Optional[Callable[[Dict[str, Any]], None]] = None
-          ) -> Dict[str, Any]:
+  def run(
+      self, on_result: Optional[Callable[[Dict[str, Any]], None]] = None
+  ) -> Dict[str, Any]:
     """Checks, loads, decodes and writes; returns metrics.json's dict (or
     alpha.json's in MODE='alpha').
 
@@ -350,8 +350,7 @@ class Experiment:
 
   def drafter(self, draft):
     """What guesses: the draft model itself, or a `drafters` drafter."""
-    return self.drafting.build(draft, self.ngram,
-                               self.target_config.vocab_size)
+    return self.drafting.build(draft, self.ngram, self.target_config.vocab_size)
 
   def acceptance(self) -> Optional[decoding.AcceptanceRule]:
     """None (Algorithm 1) unless LENIENCE < 1 or ACCEPTANCE='block'."""
@@ -376,15 +375,14 @@ class Experiment:
 
     def speculative(batch, rng):
       return decoding.speculative_sample(target, drafter, batch, rng,
-                                         gamma=gamma,
-                                         max_decode_length=max_len,
+                                         gamma=gamma, max_decode_length=max_len,
                                          method=method, acceptance=acceptance)
+
     return baseline, speculative
 
   def _choose_gamma(self, feed, target, draft) -> Dict[str, Any]:
     """GAMMA='auto' (`drafting.choose_gamma`): metrics.json's gamma_auto."""
-    _, pilot = self._decoders(target, draft,
-                              drafter_choice.AUTO_GAMMA_PILOT)
+    _, pilot = self._decoders(target, draft, drafter_choice.AUTO_GAMMA_PILOT)
     return drafting.choose_gamma(self.args, pilot, feed, self.drafter(draft),
                                  target, draft)
 
@@ -422,14 +420,13 @@ class Experiment:
                               f"{METRICS_FILE} was not written") from None
     base_text = tasks.decode_tokens(vocab, decoded.base_tokens)
     spec_text = tasks.decode_tokens(vocab, decoded.spec_tokens)
-    steps = walltime.step_times(
-        args, self.drafter(draft), target, draft, feed.batch(0),
-        int(decoded.tokens_generated / len(examples)))
+    steps = walltime.step_times(args, self.drafter(draft), target, draft,
+                                feed.batch(0),
+                                int(decoded.tokens_generated / len(examples)))
     decoded, compile_s, steps = walltime.slowest(decoded, compile_s, steps)
     metrics = walltime.walltime_metrics(
-        args, decoded, self._quality(base_text, spec_text, examples),
-        compile_s, steps, self.data_info, self.settings(vocab),
-        gamma_auto).to_dict()
+        args, decoded, self._quality(base_text, spec_text, examples), compile_s,
+        steps, self.data_info, self.settings(vocab), gamma_auto).to_dict()
     on_result(metrics)
     out = args.output_dir
 
@@ -437,6 +434,7 @@ class Experiment:
       writer.finish(len(examples))
       _write_result(os.path.join(out, METRICS_FILE), metrics,
                     f"the summary above and {PREDICTIONS_FILE} (complete)")
+
     multihost.run_on_first("write", write)  # the others wait for it
     logging.info("speedup %.2fx (theory %.2fx), alpha %.3f, c %.3f; wrote %s",
                  metrics["speedup"], metrics["theoretical_speedup"],
@@ -457,26 +455,30 @@ class Experiment:
       start = done[0]
       base = tasks.decode_tokens(vocab, base_tokens)
       spec = tasks.decode_tokens(vocab, spec_tokens)
-      writer.add([{"index": start + j, "input": examples[start + j]["input"],
-                   "reference": examples[start + j]["reference"],
-                   "baseline": base[j], "speculative": spec[j], **r}
-                  for j, r in enumerate(records)])
+      writer.add([{
+          "index": start + j,
+          "input": examples[start + j]["input"],
+          "reference": examples[start + j]["reference"],
+          "baseline": base[j],
+          "speculative": spec[j],
+          **r
+      } for j, r in enumerate(records)])
       done[0] += len(records)
+
     return on_batch
 
-  def _run_alpha(self, vocab, examples, feed, mesh, target, draft,
-                 on_result):
+  def _run_alpha(self, vocab, examples, feed, mesh, target, draft, on_result):
     """α as the mean of β over target-sampled positions (Corollary 3.6)."""
     betas = alpha_mode.sampled_betas(self.args, feed, target, draft)
     result = alpha_mode.alpha_record(self.args, betas, len(examples),
                                      self.data_info, self.settings(vocab))
     on_result(result)
-    multihost.run_on_first("write", lambda: _write_result(
-        os.path.join(self.args.output_dir, ALPHA_FILE), result,
-        "the summary above"))
-    logging.info("alpha = %.4f ± %.4f over %d positions",
-                 result["alpha_beta"], result["alpha_beta_stderr"],
-                 betas.size)
+    multihost.run_on_first(
+        "write",
+        lambda: _write_result(os.path.join(self.args.output_dir, ALPHA_FILE),
+                              result, "the summary above"))
+    logging.info("alpha = %.4f ± %.4f over %d positions", result["alpha_beta"],
+                 result["alpha_beta_stderr"], betas.size)
     return result
 
 
@@ -513,6 +515,7 @@ def main(argv: Sequence[str]) -> None:
     def print_summary(metrics):  # before anything is written
       if multihost.is_first():
         print("\n".join(summary_lines(metrics, args)), flush=True)
+
     Experiment(args).run(on_result=print_summary)
 
 

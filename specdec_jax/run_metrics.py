@@ -53,7 +53,9 @@ def _key(kind: str, default: Any = _REQUIRED, *, omit_none: bool = False):
   whether `to_dict` leaves it out when None (the quality metric a run does
   not have)."""
   return dataclasses.field(default=default, metadata={
-      "kind": kind, "omit_none": omit_none})
+      "kind": kind,
+      "omit_none": omit_none
+  })
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -192,8 +194,8 @@ class RunMetrics:
   adaptive_threshold: Optional[float] = _key(PROB, None)
   gamma_auto: Optional[Dict[str, Any]] = _key(OBJECT, None)
   guesses_per_target_call: Optional[float] = _key(NONNEG, None)
-  per_iteration_gamma: Optional[Dict[str, Optional[float]]] = _key(
-      SPEEDUPS, None)
+  per_iteration_gamma: Optional[Dict[str,
+                                     Optional[float]]] = _key(SPEEDUPS, None)
 
   @classmethod
   def from_dict(cls, data: Any) -> "RunMetrics":
@@ -211,8 +213,9 @@ class RunMetrics:
           "not a speculative-decoding metrics file (expected a JSON object, "
           f"got {type(data).__name__})")
     fields = dataclasses.fields(cls)
-    missing = [f.name for f in fields
-               if f.default is _REQUIRED and f.name not in data]
+    missing = [
+        f.name for f in fields if f.default is _REQUIRED and f.name not in data
+    ]
     if missing:
       raise MetricsError("not a speculative-decoding metrics file (missing "
                          f"required keys: {', '.join(missing)})")
@@ -267,8 +270,12 @@ def _number(value: Any, kind: str) -> Any:
     value = int(value)
     return value if value >= (1 if kind == POS_INT else 0) else None
   value = float(value)
-  ok = {NONNEG: value >= 0, POS: value > 0, PROB: 0 <= value <= 1,
-        FRACTION: 0 < value <= 1}[kind]
+  ok = {
+      NONNEG: value >= 0,
+      POS: value > 0,
+      PROB: 0 <= value <= 1,
+      FRACTION: 0 < value <= 1
+  }[kind]
   return value if ok else None
 
 
@@ -278,8 +285,10 @@ def _quality_ok(value: Any, kind: str) -> bool:
   sides = [value.get("baseline"), value.get("speculative")]
   if kind == BLEU:
     return all(is_number(s) for s in sides)
-  return all(isinstance(s, dict) and s and all(
-      is_number(v) for v in s.values()) for s in sides)
+  return all(
+      isinstance(s, dict) and s and all(is_number(v)
+                                        for v in s.values())
+      for s in sides)
 
 
 def _checked(key: str, value: Any, kind: str, optional: bool) -> Any:

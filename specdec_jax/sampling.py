@@ -32,8 +32,8 @@ def _is_real(x) -> bool:
 def validate_sampling_args(temperature: float, top_k: int,
                            top_p: float) -> None:
   """Raises ValueError naming the bad argument and its allowed range."""
-  if not (_is_real(temperature) and math.isfinite(temperature)
-          and temperature >= 0.0):  # Rejects NaN and inf too.
+  if not (_is_real(temperature) and math.isfinite(temperature) and
+          temperature >= 0.0):  # Rejects NaN and inf too.
     raise ValueError(
         "temperature must be a finite number >= 0 (0 means greedy argmax), "
         f"got {temperature!r}.")
@@ -146,14 +146,13 @@ def _standardize(logits: Array, temperature: float, top_k: int,
   logits = logits.astype(jnp.float32)
   vocab = logits.shape[-1]
   if temperature == 0.0:
-    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab,
-                          dtype=jnp.float32)
+    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
   logits = logits / temperature
   if 0 < top_k < vocab:
     # The k-th largest logit, found without a sort (see `_largest_key_where`).
     keys = _order_keys(logits)
-    kth = _largest_key_where(
-        lambda t: jnp.sum(keys >= t, axis=-1) >= top_k, keys.shape[:-1])
+    kth = _largest_key_where(lambda t: jnp.sum(keys >= t, axis=-1) >= top_k,
+                             keys.shape[:-1])
     logits = jnp.where(keys >= kth[..., None], logits, -jnp.inf)
   probs = jax.nn.softmax(logits, axis=-1)
   if top_p < 1.0:
@@ -178,8 +177,7 @@ def _order_keys(x: Array) -> Array:
   return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
 
 
-def _largest_key_where(holds: Callable[[Array], Array], batch_shape
-                       ) -> Array:
+def _largest_key_where(holds: Callable[[Array], Array], batch_shape) -> Array:
   """The largest uint32 t per row with holds(t), for holds monotone in t.
 
   `holds` maps thresholds [..., 1] to [...] bool and must be true for every
@@ -189,6 +187,7 @@ def _largest_key_where(holds: Callable[[Array], Array], batch_shape
   draft step and per target position. Returns 0 if holds is false for every
   t > 0.
   """
+
   def set_bit(i, t):
     candidate = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
     return jnp.where(holds(candidate[..., None]), candidate, t)
@@ -238,8 +237,7 @@ def sample_from(rng: Array, probs: Array) -> Array:
 
 
 def acceptance_mask(rng: Array, target_probs: Array,
-                    draft_probs: Optional[Array], draft_tokens: Array
-                    ) -> Array:
+                    draft_probs: Optional[Array], draft_tokens: Array) -> Array:
   """Algorithm 1's accept test for each guess: r_i < p_i(x_i) / q_i(x_i).
 
   Args:
@@ -307,14 +305,13 @@ def residual_sample(rng: Array, target_probs: Array,
   mass = jnp.sum(residual, axis=-1, keepdims=True)
   # p == q leaves no residual mass; a rejection then has probability 0, but
   # guard against rounding by falling back to p itself.
-  residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0),
-                       p_n)
+  residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)
   return sample_from(rng, residual)
 
 
 def speculative_accept(rng: Array, target_probs: Array,
-                       draft_probs: Optional[Array], draft_tokens: Array
-                       ) -> Tuple[Array, Array]:
+                       draft_probs: Optional[Array],
+                       draft_tokens: Array) -> Tuple[Array, Array]:
   """Algorithm 1's modified rejection sampling, batched.
 
   Draft token x_i is kept if r_i < p_i(x_i) / q_i(x_i) (r_i ~ U[0, 1)), and n
@@ -340,12 +337,11 @@ def speculative_accept(rng: Array, target_probs: Array,
     raise ValueError(
         f"target_probs must have shape [B, γ+1, V] = [{batch}, {gamma + 1}, V]"
         f", got {target_probs.shape}.")
-  if draft_probs is not None and draft_probs.shape != (
-      batch, gamma, target_probs.shape[-1]):
-    raise ValueError(
-        f"draft_probs must have shape [B, γ, V] = "
-        f"[{batch}, {gamma}, {target_probs.shape[-1]}], got "
-        f"{draft_probs.shape}.")
+  if draft_probs is not None and draft_probs.shape != (batch, gamma,
+                                                       target_probs.shape[-1]):
+    raise ValueError(f"draft_probs must have shape [B, γ, V] = "
+                     f"[{batch}, {gamma}, {target_probs.shape[-1]}], got "
+                     f"{draft_probs.shape}.")
   accept_rng, residual_rng = jax.random.split(rng)
   num_accepted = leading_accepted(
       acceptance_mask(accept_rng, target_probs, draft_probs, draft_tokens))
@@ -354,8 +350,8 @@ def speculative_accept(rng: Array, target_probs: Array,
   return num_accepted, next_token
 
 
-def greedy_accept(target_tokens: Array, draft_tokens: Array
-                  ) -> Tuple[Array, Array]:
+def greedy_accept(target_tokens: Array,
+                  draft_tokens: Array) -> Tuple[Array, Array]:
   """`speculative_accept` at temperature 0, from argmax tokens alone.
 
   With one-hot p, x_i is kept iff it is the target's argmax (p/q is 1 or 0

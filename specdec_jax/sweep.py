@@ -90,8 +90,10 @@ def parse_sweep_args(specs: Sequence[str]) -> List[Dict[str, Any]]:
   if grid:
     grid_points = _product(grid)
     # A command-line grid refines the points of a file (or stands alone).
-    points = ([{**p, **g} for p in points for g in grid_points]
-              if points else grid_points)
+    points = ([{
+        **p,
+        **g
+    } for p in points for g in grid_points] if points else grid_points)
   if not points:
     raise SweepError("The sweep is empty: give --sweep=KEY=v1,v2 or a YAML "
                      "file with a non-empty 'grid' or 'points'.")
@@ -104,8 +106,10 @@ def _product(grid: Dict[str, List[Any]]) -> List[Dict[str, Any]]:
       raise SweepError(f"grid key {key!r} must map to a non-empty list, got "
                        f"{values!r}.")
   keys = list(grid)
-  return [dict(zip(keys, combo))
-          for combo in itertools.product(*(grid[k] for k in keys))]
+  return [
+      dict(zip(keys, combo))
+      for combo in itertools.product(*(grid[k] for k in keys))
+  ]
 
 
 def load_sweep_file(path: str) -> List[Dict[str, Any]]:
@@ -133,8 +137,10 @@ def load_sweep_file(path: str) -> List[Dict[str, Any]]:
     if not isinstance(spec["grid"], dict):
       raise SweepError(f"{path}: 'grid' must be a mapping KEY -> list.")
     grid_points = _product(spec["grid"])
-    points = ([{**p, **g} for p in points for g in grid_points]
-              if points else grid_points)
+    points = ([{
+        **p,
+        **g
+    } for p in points for g in grid_points] if points else grid_points)
   if not points:
     raise SweepError(f"{path}: the sweep is empty.")
   return points
@@ -157,8 +163,8 @@ def point_name(point: Dict[str, Any]) -> str:
     value = point[key]
     if key == GIN_FILE_KEY:
       files = value if isinstance(value, list) else [value]
-      parts.append("+".join(os.path.splitext(os.path.basename(f))[0]
-                            for f in files))
+      parts.append("+".join(
+          os.path.splitext(os.path.basename(f))[0] for f in files))
     else:
       parts.append(f"{key.split('.')[-1]}={value}")
   return re.sub(r"[^A-Za-z0-9=+._-]", "_", "__".join(parts))
@@ -175,8 +181,8 @@ def _binding(key: str, value: Any) -> str:
   return f"{key} = {value!r}"
 
 
-def point_gin(point: Dict[str, Any], base_files: Sequence[str]
-              ) -> Tuple[List[str], List[str]]:
+def point_gin(point: Dict[str, Any],
+              base_files: Sequence[str]) -> Tuple[List[str], List[str]]:
   """(gin files, bindings) of a point."""
   files = list(base_files)
   if GIN_FILE_KEY in point:
@@ -198,8 +204,8 @@ def check_keys(points, base_files, base_bindings, search_paths) -> None:
   checked = set()
   for point in points:
     files, _ = point_gin(point, base_files)
-    macro_keys = tuple(sorted(k for k in point
-                              if k != GIN_FILE_KEY and "." not in k))
+    macro_keys = tuple(
+        sorted(k for k in point if k != GIN_FILE_KEY and "." not in k))
     if (tuple(files), macro_keys) in checked:
       continue
     checked.add((tuple(files), macro_keys))
@@ -232,10 +238,12 @@ def validate_points(points, results_dir: str, base_files, base_bindings,
       where = f"point {name} ({', '.join(bindings) or files})"
       gin.clear_config()
       try:
-        gin_utils.parse_gin(files, list(base_bindings) + bindings,
-                            search_paths, finalize=False)
-        experiment = run_lib.Experiment(run_lib.run_arguments(
-            overrides={"output_dir": os.path.join(results_dir, name)}))
+        gin_utils.parse_gin(files,
+                            list(base_bindings) + bindings, search_paths,
+                            finalize=False)
+        experiment = run_lib.Experiment(
+            run_lib.run_arguments(
+                overrides={"output_dir": os.path.join(results_dir, name)}))
         experiment.vocabulary()
       except (ValueError, IOError, SyntaxError) as e:
         raise SweepError(f"{where}: {console.error_text(e)}") from None
@@ -247,8 +255,11 @@ def validate_points(points, results_dir: str, base_files, base_bindings,
 # Running.
 # ---------------------------------------------------------------------------
 def _model_group(point: Dict[str, Any]) -> str:
-  key = {k: v for k, v in point.items()
-         if k == GIN_FILE_KEY or _MODEL_KEYS.search(k)}
+  key = {
+      k: v
+      for k, v in point.items()
+      if k == GIN_FILE_KEY or _MODEL_KEYS.search(k)
+  }
   return json.dumps(key, sort_keys=True, default=str)
 
 
@@ -271,7 +282,8 @@ def _manifest_diff(old: Any, new: Dict[str, Any]) -> str:
   if not isinstance(old, dict):
     return f"its {SWEEP_FILE} holds {old!r}"
   return "; ".join(f"{k}: {old.get(k)!r} in its {SWEEP_FILE}, {v!r} now"
-                   for k, v in new.items() if old.get(k) != v)
+                   for k, v in new.items()
+                   if old.get(k) != v)
 
 
 def _check_results_dir(results_dir: str, points, base_files,
@@ -295,11 +307,9 @@ def _check_results_dir(results_dir: str, points, base_files,
 
 
 def run_sweep(points: List[Dict[str, Any]], results_dir: str,
-              base_files: Sequence[str] = (),
-              base_bindings: Sequence[str] = (),
+              base_files: Sequence[str] = (), base_bindings: Sequence[str] = (),
               search_paths: Sequence[str] = (),
-              after_point: Optional[Callable[[str], None]] = None
-              ) -> List[str]:
+              after_point: Optional[Callable[[str], None]] = None) -> List[str]:
   """Runs every unfinished point; returns the point folders, in order.
 
   `after_point(name)` is called after each point that ran (the soak test,
@@ -311,8 +321,7 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
   process runs the same points in the same order (`multihost`).
   """
   check_keys(points, base_files, base_bindings, search_paths)
-  validate_points(points, results_dir, base_files, base_bindings,
-                  search_paths)
+  validate_points(points, results_dir, base_files, base_bindings, search_paths)
   names = [point_name(p) for p in points]
 
   def start() -> List[int]:
@@ -321,12 +330,19 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
       io_utils.probe_writable_dir(results_dir)
     except ValueError as e:
       raise SweepError(f"--results_dir={results_dir!r}: {e}") from None
-    io_utils.write_json(os.path.join(results_dir, SWEEP_FILE), {
-        "gin_files": list(base_files), "gin_bindings": list(base_bindings),
-        "points": [{"name": n, "bindings": p}
-                   for n, p in zip(names, points)]})
-    return [i for i, n in enumerate(names)
-            if not is_done(os.path.join(results_dir, n))]
+    io_utils.write_json(
+        os.path.join(results_dir, SWEEP_FILE), {
+            "gin_files": list(base_files),
+            "gin_bindings": list(base_bindings),
+            "points": [{
+                "name": n,
+                "bindings": p
+            } for n, p in zip(names, points)]
+        })
+    return [
+        i for i, n in enumerate(names)
+        if not is_done(os.path.join(results_dir, n))
+    ]
 
   todo = multihost.run_on_first("sweep_todo", start)
   # Points sharing models run back to back, so each pair loads once.
@@ -342,7 +358,8 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
     point, name = points[i], names[i]
     files, bindings = point_gin(point, base_files)
     gin.clear_config()
-    gin_utils.parse_gin(files, list(base_bindings) + bindings, search_paths,
+    gin_utils.parse_gin(files,
+                        list(base_bindings) + bindings, search_paths,
                         finalize=False)
     group = _model_group(point)
     experiment = run_lib.Experiment(

@@ -65,7 +65,6 @@ PathLike = Union[str, os.PathLike]
 # name -> (task kind, registration config) for tasks registered by this module.
 _REGISTERED: Dict[str, Tuple[str, tuple]] = {}
 
-
 # ---------------------------------------------------------------------------
 # Plain-Python local data (no TensorFlow).
 # ---------------------------------------------------------------------------
@@ -238,9 +237,9 @@ def _output_features(spm_model_path: str, extra_ids: int):
   }
 
 
-def _add_task(name: str, kind: str, config: tuple, *, source,
-              input_key: str, target_key: str, prefix: str,
-              spm_model_path: str, extra_ids: int) -> bool:
+def _add_task(name: str, kind: str, config: tuple, *, source, input_key: str,
+              target_key: str, prefix: str, spm_model_path: str,
+              extra_ids: int) -> bool:
   """Adds a task unless already registered; returns True if it was added."""
   import seqio  # pylint: disable=g-import-not-at-top
   in_seqio = name in _seqio_task_names()
@@ -273,9 +272,7 @@ def _add_task(name: str, kind: str, config: tuple, *, source,
 
 
 def register_tasks(spm_model_path: str = DEFAULT_SPM_PATH,
-                   extra_ids: int = DEFAULT_EXTRA_IDS,
-                   suffix: str = "",
-                   *,
+                   extra_ids: int = DEFAULT_EXTRA_IDS, suffix: str = "", *,
                    wmt_version: str = WMT_ENDE_TFDS_VERSION,
                    cnn_dm_version: str = CNN_DM_TFDS_VERSION,
                    tfds_data_dir: Optional[str] = None) -> List[str]:
@@ -303,8 +300,8 @@ def register_tasks(spm_model_path: str = DEFAULT_SPM_PATH,
       wmt_name, TRANSLATION,
       ("tfds", wmt_tfds, tfds_data_dir, spm_model_path, extra_ids),
       source=seqio.TfdsDataSource(tfds_name=wmt_tfds, splits=SPLITS,
-                                  tfds_data_dir=tfds_data_dir),
-      input_key="en", target_key="de", prefix=WMT_ENDE_PREFIX, **common)
+                                  tfds_data_dir=tfds_data_dir), input_key="en",
+      target_key="de", prefix=WMT_ENDE_PREFIX, **common)
   _add_task(
       cnn_name, SUMMARIZATION,
       ("tfds", cnn_tfds, tfds_data_dir, spm_model_path, extra_ids),
@@ -320,15 +317,11 @@ def register_default_tasks() -> List[str]:
   return register_tasks()
 
 
-def register_local_task(name: str,
-                        source_file: PathLike,
-                        reference_file: Optional[PathLike] = None,
-                        *,
-                        prefix: str = WMT_ENDE_PREFIX,
-                        spm_model_path: str = DEFAULT_SPM_PATH,
-                        extra_ids: int = DEFAULT_EXTRA_IDS,
-                        task_kind: str = TRANSLATION,
-                        splits: Sequence[str] = ("validation",)) -> str:
+def register_local_task(
+    name: str, source_file: PathLike, reference_file: Optional[PathLike] = None,
+    *, prefix: str = WMT_ENDE_PREFIX, spm_model_path: str = DEFAULT_SPM_PATH,
+    extra_ids: int = DEFAULT_EXTRA_IDS, task_kind: str = TRANSLATION,
+    splits: Sequence[str] = ("validation",)) -> str:
   """Registers a seqio task backed by local files (see read_parallel_text).
 
   The files are read and validated now (ValueError on bad input); the same
@@ -353,18 +346,19 @@ def register_local_task(name: str,
   def dataset_fn(split, shuffle_files, seed=None):
     del split, shuffle_files, seed
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.data.Dataset.from_tensor_slices(
-        {"source": sources, "reference": references})
+    return tf.data.Dataset.from_tensor_slices({
+        "source": sources,
+        "reference": references
+    })
 
   config = ("local", os.path.abspath(os.fspath(source_file)),
-            None if reference_file is None else
-            os.path.abspath(os.fspath(reference_file)),
-            tuple(pairs), prefix, spm_model_path, extra_ids, tuple(splits))
+            None if reference_file is None else os.path.abspath(
+                os.fspath(reference_file)), tuple(pairs), prefix,
+            spm_model_path, extra_ids, tuple(splits))
   _add_task(
-      name, task_kind, config,
-      source=seqio.FunctionDataSource(dataset_fn, splits=tuple(splits),
-                                      num_input_examples={
-                                          s: len(pairs) for s in splits}),
+      name, task_kind, config, source=seqio.FunctionDataSource(
+          dataset_fn, splits=tuple(splits),
+          num_input_examples={s: len(pairs) for s in splits}),
       input_key="source", target_key="reference", prefix=prefix,
       spm_model_path=spm_model_path, extra_ids=extra_ids)
   return name
@@ -391,10 +385,8 @@ def _hide_gpus_from_tensorflow() -> None:
 
 
 @gin.configurable
-def load_examples(*,
-                  mixture_or_task_name: Optional[str] = None,
-                  split: str = "validation",
-                  num_examples: Optional[int] = None,
+def load_examples(*, mixture_or_task_name: Optional[str] = None,
+                  split: str = "validation", num_examples: Optional[int] = None,
                   source_file: Optional[PathLike] = None,
                   reference_file: Optional[PathLike] = None,
                   input_prefix: str = "",
@@ -452,8 +444,7 @@ def load_examples(*,
         "load_examples: input_prefix=%r is ignored for seqio task %r (the "
         "task's preprocessors add its prefix).", input_prefix,
         mixture_or_task_name)
-  return _task_examples(mixture_or_task_name, split, num_examples,
-                        shard_info)
+  return _task_examples(mixture_or_task_name, split, num_examples, shard_info)
 
 
 def _task_examples(mixture_or_task_name: str, split: str,
@@ -466,8 +457,7 @@ def _task_examples(mixture_or_task_name: str, split: str,
     register_default_tasks()
   task = seqio.get_mixture_or_task(mixture_or_task_name)
   ds = task.get_dataset(sequence_length=None, split=split, shuffle=False,
-                        num_epochs=1, use_cached=False,
-                        try_in_mem_cache=False)
+                        num_epochs=1, use_cached=False, try_in_mem_cache=False)
   if num_examples is not None:
     ds = ds.take(num_examples)
   if shard_info is not None and shard_info.num_shards > 1:

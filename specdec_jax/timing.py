@@ -75,9 +75,8 @@ def timed(fn, *args) -> Any:
 
 
 def call_seconds(calls: Mapping[str, Tuple[Any, int]],
-                 encoder_input_tokens: np.ndarray, *, fill: int,
-                 cache_len: int, steps: int = 64,
-                 repeats: int = 9) -> Dict[str, float]:
+                 encoder_input_tokens: np.ndarray, *, fill: int, cache_len: int,
+                 steps: int = 64, repeats: int = 9) -> Dict[str, float]:
   """Median seconds of one decoder call of each kind (compilation excluded).
 
   The kinds are timed in interleaved rounds (`InterleavedTimer`), so a load
@@ -111,19 +110,24 @@ def call_seconds(calls: Mapping[str, Tuple[Any, int]],
   fill_rows = jnp.full((inputs.shape[0],), fill, jnp.int32)
 
   # One cache per model: every call rewinds it to `fill` (nothing donated).
-  caches = {id(model): start(model, inputs, max_len=cache_len)
-            for model, _ in calls.values()}
+  caches = {
+      id(model): start(model, inputs, max_len=cache_len)
+      for model, _ in calls.values()
+  }
 
   def program(model, k):
     cache = caches[id(model)]
     return lambda _: call_loop(model, cache, fill_rows, k=k, steps=steps)
 
-  times, _ = InterleavedTimer(repeats, log=lambda _: None)(
-      {name: program(model, k) for name, (model, k) in calls.items()})
+  times, _ = InterleavedTimer(repeats, log=lambda _: None)({
+      name: program(model, k) for name, (model, k) in calls.items()
+  })
   reference = times[next(iter(calls))]
   per_call = float(np.median(reference)) / steps
-  return {name: per_call * float(np.median(t / reference))
-          for name, t in times.items()}
+  return {
+      name: per_call * float(np.median(t / reference))
+      for name, t in times.items()
+  }
 
 
 # ---------------------------------------------------------------------------
@@ -136,8 +140,8 @@ def prefill(model, cache, tokens):
   return cache
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_length",
-                                             "fill"))
+@functools.partial(jax.jit,
+                   static_argnames=("gamma", "max_decode_length", "fill"))
 def speculative_state_at(target, drafter, encoder_input_tokens, target_cache,
                          draft_cache, prefix, *, gamma, max_decode_length,
                          fill):
@@ -152,11 +156,11 @@ def speculative_state_at(target, drafter, encoder_input_tokens, target_cache,
                                       gamma=gamma,
                                       max_decode_length=max_decode_length)
   length = jnp.full_like(s.length, fill)
-  return s.replace(buffer=s.buffer.at[:, :prefix.shape[1]].set(prefix),
-                   target_state=target_cache,
-                   draft_state=s.draft_state.replace(model_state=draft_cache,
-                                                     length=length),
-                   length=length)
+  return s.replace(
+      buffer=s.buffer.at[:, :prefix.shape[1]].set(prefix),
+      target_state=target_cache,
+      draft_state=s.draft_state.replace(model_state=draft_cache,
+                                        length=length), length=length)
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "method", "steps"))
@@ -175,9 +179,10 @@ def propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma, method,
     state, acc = carry
     n = fill + i % 2
     # Each call grows the state past n: rolling back resets it to n.
-    state, tokens, probs = drafter.propose(
-        drafter.rollback(state, n), buffer, n, jax.random.fold_in(rng, i),
-        gamma=gamma, method=method)
+    state, tokens, probs = drafter.propose(drafter.rollback(state,
+                                                            n), buffer, n,
+                                           jax.random.fold_in(rng, i),
+                                           gamma=gamma, method=method)
     # Depend on the outputs so nothing is optimized away (no q at T=0).
     acc = acc + jnp.sum(tokens).astype(jnp.float32)
     return state, acc if probs is None else acc + probs[0, -1, 0]
@@ -185,8 +190,8 @@ def propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma, method,
   return jax.lax.fori_loop(0, steps, body, (draft_state, jnp.float32(0.0)))
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_length",
-                                             "method", "steps"))
+@functools.partial(
+    jax.jit, static_argnames=("gamma", "max_decode_length", "method", "steps"))
 def iteration_loop(target, drafter, acceptance, state, fill, rng, eos_id, *,
                    gamma, max_decode_length, method, steps):
   """`steps` full speculative iterations, each from length fill(+1).
@@ -204,9 +209,10 @@ def iteration_loop(target, drafter, acceptance, state, fill, rng, eos_id, *,
     s = s.replace(length=n, done=jnp.zeros_like(s.done),
                   target_state=target.truncate(s.target_state, n),
                   draft_state=drafter.rollback(s.draft_state, n))
-    return decoding.speculative_iteration(
-        target, drafter, acceptance, s, rng, eos_id, gamma=gamma,
-        max_decode_length=max_decode_length, method=method)
+    return decoding.speculative_iteration(target, drafter, acceptance, s, rng,
+                                          eos_id, gamma=gamma,
+                                          max_decode_length=max_decode_length,
+                                          method=method)
 
   return jax.lax.fori_loop(0, steps, body, state)
 
@@ -235,9 +241,9 @@ class InterleavedTimer:
     k = r % len(names) if self.rotate else 0
     return names[k:] + names[:k]
 
-  def __call__(self, fns: Dict[str, Callable[[int], Any]],
-               keep: Sequence[str] = ()
-               ) -> Tuple[Dict[str, np.ndarray], Dict[str, List[Any]]]:
+  def __call__(
+      self, fns: Dict[str, Callable[[int], Any]], keep: Sequence[str] = ()
+  ) -> Tuple[Dict[str, np.ndarray], Dict[str, List[Any]]]:
     """fns: name -> fn(round) (round -1 is the warm-up).
 
     Returns:
@@ -257,8 +263,8 @@ class InterleavedTimer:
       t = np.asarray(times[name])
       median = float(np.median(t))
       self.first_call_s[name] = first[name]
-      self.compile_time_s[name] = max(
-          self.compile_time_s.get(name, 0.0), first[name] - median, 0.0)
+      self.compile_time_s[name] = max(self.compile_time_s.get(name, 0.0),
+                                      first[name] - median, 0.0)
       self.log(f"  {name}: {median * 1e3:.3f} ms (median of {self.repeats}; "
                f"warm-up {first[name]:.2f} s)")
       result[name] = t

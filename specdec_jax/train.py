@@ -54,16 +54,16 @@ def define_flags() -> None:
   gin_utils.define_gin_flags()
 
 
-def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
-              gin_search_paths: Sequence[str] = ()) -> List[str]:
+def parse_gin(
+    gin_files: Sequence[str], gin_bindings: Sequence[str],
+    gin_search_paths: Sequence[str] = ()) -> List[str]:
   """Parses gin files then bindings; returns the search paths used.
 
   The search path is the current directory, `gin_search_paths`, then the
   repository's gin/ folder (`gin_utils.parse_gin`); the config is not
   finalized.
   """
-  gin_utils.parse_gin(gin_files, gin_bindings, gin_search_paths,
-                      finalize=False)
+  gin_utils.parse_gin(gin_files, gin_bindings, gin_search_paths, finalize=False)
   return gin_utils.search_paths(gin_search_paths)
 
 

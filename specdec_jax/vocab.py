@@ -71,12 +71,9 @@ def load_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
 
 def train_sentencepiece(input_files: Union[str, os.PathLike,
                                            Sequence[Union[str, os.PathLike]]],
-                        model_prefix: Union[str, os.PathLike],
-                        vocab_size: int,
-                        *,
-                        character_coverage: float = 1.0,
-                        model_type: str = "unigram",
-                        **trainer_kwargs) -> str:
+                        model_prefix: Union[str, os.PathLike], vocab_size: int,
+                        *, character_coverage: float = 1.0,
+                        model_type: str = "unigram", **trainer_kwargs) -> str:
   """Trains a SentencePiece model with T5 special ids; returns the .model path.
 
   The model uses ``pad_id=0, eos_id=1, unk_id=2, bos_id=-1`` (T5
@@ -125,16 +122,10 @@ def train_sentencepiece(input_files: Union[str, os.PathLike,
   try:
     tmp_prefix = os.path.join(tmp_dir, base)
     spm.SentencePieceTrainer.train(
-        input=",".join(input_files),
-        model_prefix=tmp_prefix,
-        vocab_size=vocab_size,
-        character_coverage=character_coverage,
-        model_type=model_type,
-        pad_id=PAD_ID,
-        eos_id=EOS_ID,
-        unk_id=UNK_ID,
-        bos_id=-1,
-        **trainer_kwargs)
+        input=",".join(input_files), model_prefix=tmp_prefix,
+        vocab_size=vocab_size, character_coverage=character_coverage,
+        model_type=model_type, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+        bos_id=-1, **trainer_kwargs)
     # .vocab first, so that once the .model exists its .vocab does too.
     os.replace(tmp_prefix + ".vocab", model_prefix + ".vocab")
     os.replace(tmp_prefix + ".model", model_prefix + ".model")
@@ -173,9 +164,9 @@ def check_t5_vocabulary(vocab) -> None:
   want = {"pad": PAD_ID, "eos": EOS_ID, "unk": UNK_ID}
   bad = [k for k in want if got[k] != want[k]]
   if bad:
-    name = getattr(vocab, "sentencepiece_model_file", None) or (
-        os.fspath(vocab) if isinstance(vocab, (str, os.PathLike)) else
-        type(vocab).__name__)
+    name = getattr(vocab, "sentencepiece_model_file",
+                   None) or (os.fspath(vocab) if isinstance(
+                       vocab, (str, os.PathLike)) else type(vocab).__name__)
     raise ValueError(
         f"SentencePiece vocabulary {name} does not follow T5 conventions: "
         "expected pad_id=0, eos_id=1, unk_id=2 but got "

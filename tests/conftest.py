@@ -19,9 +19,10 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 if os.environ.get("SPECDEC_JAX_TEST_CACHE", "1") != "0":
   os.environ.setdefault(
       "JAX_COMPILATION_CACHE_DIR",
-      os.path.join(os.path.expanduser(
-          os.environ.get("SPECDEC_JAX_CACHE", "~/.cache/specdec_jax")),
-                   "jax-test-compilation-cache"))
+      os.path.join(
+          os.path.expanduser(
+              os.environ.get("SPECDEC_JAX_CACHE", "~/.cache/specdec_jax")),
+          "jax-test-compilation-cache"))
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
@@ -55,8 +56,7 @@ def tiny_config(vocab_size=16, **overrides) -> T5Config:
   return T5Config(**fields)
 
 
-def random_model(config: T5Config, seed: int, prepared: bool = True
-                 ) -> T5Model:
+def random_model(config: T5Config, seed: int, prepared: bool = True) -> T5Model:
   """Random weights; `prepared` (default) packs the decoder as `run` does, so
   decoder tests go through the CPU kernel (`specdec_jax.kernels`) where it
   is built, and through XLA's dot where it is not."""
@@ -70,8 +70,10 @@ def perturbed(model: T5Model, scale: float, seed: int) -> T5Model:
   base = model.unpacked()
   leaves, treedef = jax.tree_util.tree_flatten(base.params)
   keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-  noisy = [x + scale * jax.numpy.std(x) * jax.random.normal(k, x.shape)
-           for x, k in zip(leaves, keys)]
+  noisy = [
+      x + scale * jax.numpy.std(x) * jax.random.normal(k, x.shape)
+      for x, k in zip(leaves, keys)
+  ]
   noisy_model = T5Model(model.config,
                         jax.tree_util.tree_unflatten(treedef, noisy))
   return noisy_model.prepared_for_decoding() if model.is_packed else (
@@ -94,6 +96,7 @@ def no_load(monkeypatch):
 
   def fail(*args, **kwargs):
     raise AssertionError("loaded a model / decoded before validating")
+
   monkeypatch.setattr(run_lib, "load_model", fail)
   monkeypatch.setattr(run_lib.decoding, "speculative_sample", fail)
   monkeypatch.setattr(run_lib.decoding, "temperature_sample", fail)

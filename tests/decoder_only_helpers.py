@@ -68,8 +68,8 @@ class DecoderOnlyLM:
              decay: float = 0.6) -> "DecoderOnlyLM":
     rs = np.random.RandomState(seed)
     return cls(emb=jnp.asarray(rs.randn(vocab, dim), jnp.float32),
-               out=jnp.asarray(scale * rs.randn(dim, vocab), jnp.float32),
-               decay=jnp.float32(decay))
+               out=jnp.asarray(scale * rs.randn(dim, vocab),
+                               jnp.float32), decay=jnp.float32(decay))
 
   @property
   def vocab_size(self) -> int:
@@ -82,8 +82,7 @@ class DecoderOnlyLM:
   def start(self, inputs: Array, max_len: int) -> DecoderOnlyState:
     batch, length = inputs.shape
     n = prompt_lengths(inputs)
-    keys = jnp.zeros((batch, length + max_len, self.emb.shape[1]),
-                     jnp.float32)
+    keys = jnp.zeros((batch, length + max_len, self.emb.shape[1]), jnp.float32)
     # Prefill: every prompt token but the last (the loop feeds that one).
     keys = keys.at[:, :length].set(self.emb[inputs])
     return DecoderOnlyState(keys=keys, held=n - 1, offset=n - 1,
@@ -96,20 +95,20 @@ class DecoderOnlyLM:
     k = tokens.shape[1]
     checkify.debug_check(jnp.all(self.length(state) + k <= state.max_len),
                          "decoder-only target: chunk past max_len")
-    keys = jax.vmap(lambda row, new, at: jax.lax.dynamic_update_slice(
-        row, new, (at, 0)))(state.keys, self.emb[tokens], state.held)
+    keys = jax.vmap(
+        lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at, 0)))(
+            state.keys, self.emb[tokens], state.held)
     query = state.held[:, None] + jnp.arange(k)[None, :]  # [B, K]
     slot = jnp.arange(keys.shape[1])[None, None, :]  # [1, 1, C]
     age = (query[..., None] - slot).astype(jnp.float32)
-    weight = jnp.where(slot <= query[..., None], self.decay ** age, 0.0)
+    weight = jnp.where(slot <= query[..., None], self.decay**age, 0.0)
     hidden = jnp.einsum("bkc,bcd->bkd", weight, keys)
     logits = jnp.tanh(hidden) @ self.out
     return logits, state.replace(keys=keys, held=state.held + k)
 
-  def truncate(self, state: DecoderOnlyState, length: Array
-               ) -> DecoderOnlyState:
-    return state.replace(
-        held=jnp.minimum(state.held, state.offset + length))
+  def truncate(self, state: DecoderOnlyState,
+               length: Array) -> DecoderOnlyState:
+    return state.replace(held=jnp.minimum(state.held, state.offset + length))
 
 
 def next_logits(model: DecoderOnlyLM, sequence) -> np.ndarray:
@@ -117,5 +116,5 @@ def next_logits(model: DecoderOnlyLM, sequence) -> np.ndarray:
   emb = np.asarray(model.emb, np.float64)
   decay = float(model.decay)
   ages = np.arange(len(sequence))[::-1]
-  hidden = (decay ** ages)[:, None] * emb[list(sequence)]
+  hidden = (decay**ages)[:, None] * emb[list(sequence)]
   return np.tanh(hidden.sum(axis=0)) @ np.asarray(model.out, np.float64)

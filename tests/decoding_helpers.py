@@ -75,8 +75,7 @@ class ScriptedTarget:
     expected = jnp.take_along_axis(
         jnp.broadcast_to(self.expected_fed, (batch, last + 1)), pos, axis=1)
     wrong = (expected >= 0) & (tokens != expected)
-    poison = POISON_LOGIT * jax.nn.one_hot(self.vocab_size - 1,
-                                           self.vocab_size)
+    poison = POISON_LOGIT * jax.nn.one_hot(self.vocab_size - 1, self.vocab_size)
     logits = jnp.where(wrong[..., None], poison, logits)
     return logits.astype(jnp.float32), state.replace(length=state.length + k)
 
@@ -134,17 +133,21 @@ def greedy_pair(paths, guesses, vocab, length=16):
   the guess for generated token t (buffer position t). Both are padded to
   `length` with token 2.
   """
+
   def pad(row, n):
     return list(row) + [2] * (n - len(row))
+
   ys = [[0] + pad(p, length) for p in paths]  # ys[b][t]: buffer position t.
   # Position t's logits predict the token at t + 1.
   target = ScriptedTarget(
-      position_logits=jnp.asarray(one_hot_script([y[1:] for y in ys], vocab,
-                                                 length)),
-      bigram=jnp.zeros((vocab, vocab), jnp.float32),
+      position_logits=jnp.asarray(
+          one_hot_script([y[1:] for y in ys], vocab, length)), bigram=jnp.zeros(
+              (vocab, vocab), jnp.float32),
       expected_fed=jnp.asarray([y[:length] for y in ys], jnp.int32))
-  draft = ScriptedDrafter(jnp.asarray(one_hot_script(
-      [[0] + pad(g, length) for g in guesses], vocab, length + 1)))
+  draft = ScriptedDrafter(
+      jnp.asarray(
+          one_hot_script([[0] + pad(g, length) for g in guesses], vocab,
+                         length + 1)))
   return target, draft
 
 
@@ -187,6 +190,7 @@ def sequence_distribution(next_probs, vocab, steps, eos):
     for tok in range(vocab):
       if probs[tok] > 0:
         walk(prefix + (tok,), mass * probs[tok])
+
   walk((), 1.0)
   return out
 
@@ -198,8 +202,8 @@ def scripted_next_probs(target: ScriptedTarget, method_args):
 
   def next_probs(prefix):
     fed = ((0,) + prefix)[-1]  # Position len(prefix) is fed the last token.
-    return reference_standardize(table[len(prefix)] + bigram[fed],
-                                 *method_args)
+    return reference_standardize(table[len(prefix)] + bigram[fed], *method_args)
+
   return next_probs
 
 
@@ -225,4 +229,3 @@ def count_sequences(tokens, exact):
     assert row in index, f"sequence {row} has probability 0 under the target"
     observed[index[row]] += 1
   return observed, np.array([exact[k] for k in keys])
-

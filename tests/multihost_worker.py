@@ -51,12 +51,14 @@ def _inject_faults(run_lib, sweep_lib) -> None:
         if jax.process_index() == int(fail):
           raise RuntimeError(f"injected failure in process {fail}")
         return baseline(batch, rng)
+
       return failing, speculative
+
     run_lib.Experiment._decoders = decoders  # pylint: disable=protected-access
   if os.environ.get("SPECDEC_TEST_FORGETFUL"):
     real_is_done = sweep_lib.is_done
-    sweep_lib.is_done = lambda d: (real_is_done(d) if jax.process_index() == 0
-                                   else False)
+    sweep_lib.is_done = lambda d: (real_is_done(d)
+                                   if jax.process_index() == 0 else False)
 
 
 def main() -> int:

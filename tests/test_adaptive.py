@@ -52,8 +52,8 @@ def test_greedy_identity(gamma):
   assert 0.0 < stats["alpha_hat"] < 1.0, stats
   # Iterations stopped early, after one guess or more.
   calls = np.asarray(out.target_calls)
-  made = np.concatenate([guessed[b, :calls[b]].sum(-1)
-                         for b in range(len(calls))])
+  made = np.concatenate(
+      [guessed[b, :calls[b]].sum(-1) for b in range(len(calls))])
   assert made.min() < gamma and made.max() > 1, made
 
 
@@ -87,9 +87,8 @@ def _confidence_script(low_rows):
     fed[b] = ys[:16]
     for t in range(1, 16):  # Position t-1 predicts generated token t.
       logits[b, t - 1, ys[t]] = 0.5 if t in low else 10.0
-  return ScriptedTarget(position_logits=jnp.asarray(logits),
-                        bigram=jnp.zeros((V, V), jnp.float32),
-                        expected_fed=jnp.asarray(fed))
+  return ScriptedTarget(position_logits=jnp.asarray(logits), bigram=jnp.zeros(
+      (V, V), jnp.float32), expected_fed=jnp.asarray(fed))
 
 
 def test_rows_stop_where_unsure_and_keep_every_guess():
@@ -103,9 +102,10 @@ def test_rows_stop_where_unsure_and_keep_every_guess():
   # Row 0: guesses y1..y3 (y3 unsure) + y4; y5..y7 + y8; y9..y12 cut at 10
   # (the target's catch-up after each full acceptance fed the right tokens,
   # or POISON would have been rejected). Row 1: 4 + 1 tokens twice.
-  np.testing.assert_array_equal(out.trace_draft_tokens[0, :3], [
-      [y(1), y(2), y(3), NONE], [y(5), y(6), y(7), NONE],
-      [y(9), y(10), y(11), y(12)]])
+  np.testing.assert_array_equal(
+      out.trace_draft_tokens[0, :3],
+      [[y(1), y(2), y(3), NONE], [y(5), y(6), y(7), NONE],
+       [y(9), y(10), y(11), y(12)]])
   np.testing.assert_array_equal(out.trace_num_accepted[0, :3], [3, 3, 2])
   np.testing.assert_array_equal(out.trace_next_token[0, :3],
                                 [y(4), y(8), decoding.NO_TOKEN])
@@ -123,13 +123,12 @@ def test_draft_loop_ends_when_every_row_has_stopped():
   drafter = drafters.ModelDrafter(draft, confidence_threshold=0.5)
   state = drafter.init(jnp.ones((2, 2), jnp.int32), 16)
   buffer = jnp.zeros((2, 16), jnp.int32)
-  state, tokens, probs = jax.jit(
-      lambda s: drafter.propose(s, buffer, jnp.zeros((2,), jnp.int32),
-                                jax.random.PRNGKey(0), gamma=6,
-                                method=sampling.Greedy()))(state)
+  state, tokens, probs = jax.jit(lambda s: drafter.propose(
+      s, buffer, jnp.zeros((2,), jnp.int32), jax.random.PRNGKey(0), gamma=6,
+      method=sampling.Greedy()))(state)
   assert probs is None
-  np.testing.assert_array_equal(tokens, [[2, 3] + [NONE] * 4,
-                                         [2, 3, 4, 5] + [NONE] * 2])
+  np.testing.assert_array_equal(
+      tokens, [[2, 3] + [NONE] * 4, [2, 3, 4, 5] + [NONE] * 2])
   np.testing.assert_array_equal(state.model_state.length, [4, 4])
   np.testing.assert_array_equal(state.length, [2, 4])  # Fed for real.
 
@@ -166,8 +165,8 @@ def test_choose_gamma_prices_the_verification_call():
       {k: 1.0 + 0.2 * (k - 1) for k in drafter_choice.AUTO_GAMMA_CALL_KS})
   assert costs == pytest.approx(1 + 0.2 * np.arange(1, 13))
   speedups = [(1 - 0.8**(g + 1)) / (0.2 * (1 + 0.2 * g)) for g in range(1, 13)]
-  assert drafter_choice.choose_gamma(0.8, 0.0, costs) == 1 + int(
-      np.argmax(speedups)) == 4
+  assert drafter_choice.choose_gamma(0.8, 0.0,
+                                     costs) == 1 + int(np.argmax(speedups)) == 4
   with pytest.raises(ValueError, match="needs K=1"):
     drafter_choice.call_costs({2: 1.0, 4: 2.0})
   with pytest.raises(ValueError, match=r"call_costs has shape \(3,\)"):

@@ -21,21 +21,21 @@ class TestExpectedTokens:
     assert analysis.expected_tokens_per_iteration(0.0, 5) == 1.0
     assert analysis.expected_tokens_per_iteration(1.0, 5) == 6.0
     # Continuous at alpha -> 1.
-    assert analysis.expected_tokens_per_iteration(1 - 1e-9, 5) == (
-        pytest.approx(6.0, rel=1e-6))
+    assert analysis.expected_tokens_per_iteration(1 - 1e-9,
+                                                  5) == (pytest.approx(
+                                                      6.0, rel=1e-6))
 
   def test_matches_capped_geometric_mean(self):
     # E[min(G, gamma)] + 1 with G ~ Geometric (number of leading acceptances).
     alpha, gamma = 0.6, 4
-    mean = sum(
-        (k + 1) * (alpha**k * (1 - alpha) if k < gamma else alpha**gamma)
-        for k in range(gamma + 1))
-    assert analysis.expected_tokens_per_iteration(alpha, gamma) == (
-        pytest.approx(mean))
+    mean = sum((k + 1) * (alpha**k * (1 - alpha) if k < gamma else alpha**gamma)
+               for k in range(gamma + 1))
+    assert analysis.expected_tokens_per_iteration(
+        alpha, gamma) == (pytest.approx(mean))
 
   def test_vectorized(self):
-    out = analysis.expected_tokens_per_iteration(
-        np.array([0.0, 0.5, 1.0]), np.array([[3], [1]]))
+    out = analysis.expected_tokens_per_iteration(np.array([0.0, 0.5, 1.0]),
+                                                 np.array([[3], [1]]))
     assert out.shape == (2, 3)
     np.testing.assert_allclose(out, [[1.0, 1.875, 4.0], [1.0, 1.5, 2.0]])
 
@@ -45,8 +45,8 @@ class TestExpectedSpeedup:
   def test_hand_computed(self):
     # alpha=0.8, gamma=3, c=0.05: (1 - 0.8^4) / (0.2 * 1.15)
     #   = 0.5904 / 0.23 = 2.566956...
-    assert analysis.expected_speedup(0.8, 3, 0.05) == pytest.approx(
-        0.5904 / 0.23)
+    assert analysis.expected_speedup(0.8, 3,
+                                     0.05) == pytest.approx(0.5904 / 0.23)
     assert analysis.expected_speedup(0.8, 3, 0.05) == pytest.approx(
         2.5669565, abs=1e-6)
     # alpha=0.75, gamma=7, c=0: just Equation (1).
@@ -99,14 +99,14 @@ class TestArithmeticIncrease:
 
   def test_hand_computed(self):
     # alpha=0.8, gamma=3, c_hat=0.1: 0.2 * (0.3 + 3 + 1) / 0.5904.
-    assert analysis.expected_arithmetic_increase(0.8, 3, 0.1) == (
-        pytest.approx(0.2 * 4.3 / 0.5904))
+    assert analysis.expected_arithmetic_increase(0.8, 3, 0.1) == (pytest.approx(
+        0.2 * 4.3 / 0.5904))
     # alpha = 0: every draft token wasted, gamma c_hat + gamma + 1.
-    assert analysis.expected_arithmetic_increase(0.0, 3, 0.1) == (
-        pytest.approx(4.3))
+    assert analysis.expected_arithmetic_increase(0.0, 3,
+                                                 0.1) == (pytest.approx(4.3))
     # alpha = 1 limit: (gamma c_hat + gamma + 1) / (gamma + 1).
-    assert analysis.expected_arithmetic_increase(1.0, 3, 0.1) == (
-        pytest.approx(4.3 / 4))
+    assert analysis.expected_arithmetic_increase(1.0, 3, 0.1) == (pytest.approx(
+        4.3 / 4))
 
 
 class TestAlphaEstimates:
@@ -115,10 +115,10 @@ class TestAlphaEstimates:
     # gamma = 3; h = [1, 0, 2, 1]: one call rejected the first draft token
     # (1 trial), two calls accepted 2 then rejected (3 trials each), one call
     # accepted all 3 (3 trials). successes = 0 + 4 + 3 = 7, trials = 10.
-    assert analysis.alpha_from_acceptance_counts([1, 0, 2, 1], 3) == (
-        pytest.approx(0.7))
-    assert analysis.alpha_standard_error_from_counts([1, 0, 2, 1], 3) == (
-        pytest.approx(math.sqrt(0.7 * 0.3 / 10)))
+    assert analysis.alpha_from_acceptance_counts([1, 0, 2, 1],
+                                                 3) == (pytest.approx(0.7))
+    assert analysis.alpha_standard_error_from_counts(
+        [1, 0, 2, 1], 3) == (pytest.approx(math.sqrt(0.7 * 0.3 / 10)))
 
   def test_histogram_consistent_with_equation_1(self):
     # With the exact expected histogram, alpha_hat recovers alpha.
@@ -161,10 +161,19 @@ class TestAlphaEstimates:
 class TestTheoryVsMeasured:
 
   def test_rows(self):
-    points = [{"gamma": 3, "alpha": 0.8, "cost_coefficient_c": 0.05,
-               "speedup": 2.4, "tokens_per_target_call": 2.9, "name": "a"},
-              {"gamma": 7, "alpha": 0.75, "cost_coefficient_c": 0.0,
-               "speedup": 3.4}]
+    points = [{
+        "gamma": 3,
+        "alpha": 0.8,
+        "cost_coefficient_c": 0.05,
+        "speedup": 2.4,
+        "tokens_per_target_call": 2.9,
+        "name": "a"
+    }, {
+        "gamma": 7,
+        "alpha": 0.75,
+        "cost_coefficient_c": 0.0,
+        "speedup": 3.4
+    }]
     rows = analysis.theory_vs_measured(points)
     assert "theoretical_speedup" not in points[0]  # Inputs untouched.
     assert rows[0]["name"] == "a"
@@ -177,8 +186,11 @@ class TestTheoryVsMeasured:
 
   def test_missing_key(self):
     with pytest.raises(ValueError, match="speedup"):
-      analysis.theory_vs_measured([{"gamma": 3, "alpha": 0.5,
-                                    "cost_coefficient_c": 0.1}])
+      analysis.theory_vs_measured([{
+          "gamma": 3,
+          "alpha": 0.5,
+          "cost_coefficient_c": 0.1
+      }])
 
 
 class TestValidation:
@@ -216,10 +228,10 @@ class TestValidation:
 
 def test_expected_speedup_with_a_measured_call_cost():
   # alpha 0.6, gamma 3, c 0.1: 2.176 tokens per iteration.
-  tokens = (1 - 0.6 ** 4) / 0.4
+  tokens = (1 - 0.6**4) / 0.4
   assert analysis.expected_speedup(0.6, 3, 0.1) == pytest.approx(tokens / 1.3)
-  assert analysis.expected_speedup(0.6, 3, 0.1, call_cost=1.5) == (
-      pytest.approx(tokens / 1.8))
+  assert analysis.expected_speedup(
+      0.6, 3, 0.1, call_cost=1.5) == (pytest.approx(tokens / 1.8))
   np.testing.assert_allclose(
       analysis.expected_speedup(0.6, 3, 0.1, call_cost=np.array([1.0, 2.0])),
       tokens / np.array([1.3, 2.3]))

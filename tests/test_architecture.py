@@ -17,8 +17,8 @@ from conftest import REPO
 
 PACKAGE = REPO / "specdec_jax"
 # The core's units: a package (directory) or a top-level module.
-CORE = ("protocols", "sampling", "acceptance", "kernels", "models",
-        "drafters", "decoding")
+CORE = ("protocols", "sampling", "acceptance", "kernels", "models", "drafters",
+        "decoding")
 # Third-party packages of the harness.
 FORBIDDEN_THIRD_PARTY = ("gin", "absl", "seqio", "tensorflow", "orbax",
                          "matplotlib")
@@ -45,8 +45,8 @@ def _module_name(path: pathlib.Path) -> str:
   return ".".join(parts)
 
 
-def _imports(source: str, module: str, is_package: bool
-             ) -> Iterator[Tuple[int, str]]:
+def _imports(source: str, module: str,
+             is_package: bool) -> Iterator[Tuple[int, str]]:
   """(line, absolute module name) of every import in `source` (module
   `module`), those inside functions too; `from a import b` yields a.b as
   well as a."""
@@ -78,16 +78,16 @@ def _unit_of(module: str) -> str:
 
 
 def _is_package_member(unit: str) -> bool:
-  return ((PACKAGE / f"{unit}.py").exists()
-          or (PACKAGE / unit / "__init__.py").exists())
+  return ((PACKAGE / f"{unit}.py").exists() or
+          (PACKAGE / unit / "__init__.py").exists())
 
 
 def _violations(imports) -> Iterator[str]:
   """The forbidden ones among (line, module) imports of a core file."""
   for line, module in imports:
     unit = _unit_of(module)
-    if (module.split(".")[0] in FORBIDDEN_THIRD_PARTY
-        or (unit and _is_package_member(unit) and unit not in CORE)):
+    if (module.split(".")[0] in FORBIDDEN_THIRD_PARTY or
+        (unit and _is_package_member(unit) and unit not in CORE)):
       yield f"line {line}: {module}"
 
 
@@ -133,8 +133,10 @@ def test_every_core_unit_exists():
 
 @pytest.mark.parametrize("unit", CORE)
 def test_core_imports_nothing_of_the_harness(unit):
-  found = [f"{path.relative_to(REPO)} {v}" for path in _unit_files(unit)
-           for v in _violations(_file_imports(path))]
+  found = [
+      f"{path.relative_to(REPO)} {v}" for path in _unit_files(unit)
+      for v in _violations(_file_imports(path))
+  ]
   assert not found, "\n".join(found)
 
 
@@ -147,11 +149,13 @@ def test_the_check_sees_a_forbidden_import():
             "from specdec_jax import timing\n"
             "def f():\n  import gin\n"
             "from ..experiment import drafter_choice\n")
-  found = sorted(_violations(_imports(source, "specdec_jax.decoding.bad",
-                                      False)))
-  assert found == ["line 4: specdec_jax.timing", "line 6: gin",
-                   "line 7: specdec_jax.experiment",
-                   "line 7: specdec_jax.experiment.drafter_choice"], found
+  found = sorted(
+      _violations(_imports(source, "specdec_jax.decoding.bad", False)))
+  assert found == [
+      "line 4: specdec_jax.timing", "line 6: gin",
+      "line 7: specdec_jax.experiment",
+      "line 7: specdec_jax.experiment.drafter_choice"
+  ], found
 
 
 def test_no_import_cycle_between_core_units():

@@ -54,8 +54,10 @@ def test_run_gin_binds_every_field_to_its_macro_with_its_default(generator):
 def test_docs_generator_names_a_binding_to_another_macro(generator, tmp_path):
   text = (REPO / "gin" / "run.gin").read_text(encoding="utf-8")
   bad = tmp_path / "run.gin"
-  bad.write_text(text.replace("run.gamma = %GAMMA", "run.gamma = %GAMA")
-                 .replace("run.seed = %SEED\n", ""), encoding="utf-8")
+  bad.write_text(
+      text.replace("run.gamma = %GAMMA",
+                   "run.gamma = %GAMA").replace("run.seed = %SEED\n", ""),
+      encoding="utf-8")
   with pytest.raises(generator.DocsError) as e:
     generator.macro_rows(str(bad))
   assert ("RunArguments.gamma is set by %GAMMA, but gin/run.gin binds "
@@ -65,7 +67,8 @@ def test_docs_generator_names_a_binding_to_another_macro(generator, tmp_path):
 
 def test_docs_table_lists_every_macro_in_field_order(generator):
   rows = generator.macro_rows()
-  run_rows = [(macro, binding) for macro, _, binding, _ in rows
+  run_rows = [(macro, binding)
+              for macro, _, binding, _ in rows
               if binding.startswith("run.")]
   assert run_rows == [(m, f"run.{a}") for a, m in arguments.MACROS.items()]
 
@@ -74,8 +77,8 @@ def test_every_macro_passes_the_typo_check_and_a_typo_is_named():
   known = gin_utils.gin_file_macros(["run.gin"])
   assert set(arguments.MACROS.values()) <= known
   with pytest.raises(gin_utils.ConfigError) as e:
-    gin_utils.parse_gin(["local_tiny.gin"], ["NUM_EXAMPLE=3"],
-                        finalize=False, check_macros=True)
+    gin_utils.parse_gin(["local_tiny.gin"], ["NUM_EXAMPLE=3"], finalize=False,
+                        check_macros=True)
   assert str(e.value).startswith(
       "--gin.NUM_EXAMPLE=3: unknown gin macro 'NUM_EXAMPLE'")
   assert "did you mean NUM_EXAMPLES" in str(e.value)

@@ -20,17 +20,17 @@ from specdec_jax.models import T5Model
 
 ROWS = 20_000
 
-
 GAMMA = 5
 
 
 def _accepted(alpha, gamma, seed=0):
   """n for ROWS iterations of γ <= GAMMA guesses at acceptance rate alpha."""
-  mask = np.asarray(benchmarking.synthetic_accept(
-      jax.random.PRNGKey(seed), (ROWS, GAMMA), alpha=np.float32(alpha)))
+  mask = np.asarray(
+      benchmarking.synthetic_accept(jax.random.PRNGKey(seed), (ROWS, GAMMA),
+                                    alpha=np.float32(alpha)))
   assert mask.dtype == bool and mask.shape == (ROWS, GAMMA)
-  return np.asarray(decoding.sampling.leading_accepted(
-      jnp.asarray(mask[:, :gamma])))
+  return np.asarray(
+      decoding.sampling.leading_accepted(jnp.asarray(mask[:, :gamma])))
 
 
 @pytest.mark.parametrize("alpha,gamma", [(0.5, 3), (0.8, 5), (0.9, 1)])
@@ -56,11 +56,13 @@ def e2e_result(tmp_path_factory):
   try:
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     status = benchmarking.main([
-        "--target", "tiny", "--draft", "mini", "--alphas", "0.75",
-        "--gammas", "1", "--chunk_sizes", "1,2", "--input_length", "4",
+        "--target", "tiny", "--draft", "mini", "--alphas", "0.75", "--gammas",
+        "1", "--chunk_sizes", "1,2", "--input_length", "4",
         "--max_decode_length", "8", "--repeats", "1", "--inner_steps", "2",
         "--dtype", "float32", "--device_bandwidth_gbps", "100",
-        "--check_greedy_identity", "--output", str(out)])
+        "--check_greedy_identity", "--output",
+        str(out)
+    ])
   finally:
     jax.config.update("jax_disable_most_optimizations", previous)
   assert status == 0
@@ -89,21 +91,22 @@ def test_end_to_end_json(e2e_result):
               "baseline_bandwidth_bound_ms_per_token"):
     assert r[key] > 0, key
   assert all(v > 0 for v in r["target_cost_ratio_by_k"].values())
-  assert r["cost_coefficient_c"] == pytest.approx(
-      r["draft_ms_per_step"] / r["target_ms_per_step"])
+  assert r["cost_coefficient_c"] == pytest.approx(r["draft_ms_per_step"] /
+                                                  r["target_ms_per_step"])
   assert r["compile_time_s"] >= 0
   split = r["iteration_split_ms"]["1"]
   for key in ("draft_ms", "target_ms", "total_ms"):
     assert split[key] > 0, key
-  assert split["other_ms"] == pytest.approx(
-      split["total_ms"] - split["draft_ms"] - split["target_ms"])
+  assert split["other_ms"] == pytest.approx(split["total_ms"] -
+                                            split["draft_ms"] -
+                                            split["target_ms"])
   [point] = r["points"]
   assert point["alpha"] == 0.75 and point["gamma"] == 1
   for key in ("measured_speedup", "theoretical_speedup", "efficiency",
               "tokens_per_target_call"):
     assert point[key] > 0, key
-  assert point["efficiency"] == pytest.approx(
-      point["measured_speedup"] / point["theoretical_speedup"])
+  assert point["efficiency"] == pytest.approx(point["measured_speedup"] /
+                                              point["theoretical_speedup"])
   # γ=1: 1 or 2 tokens per target call.
   assert 1.0 <= point["tokens_per_target_call"] <= 2.0
   # The exactness check ran with real acceptance: float32 on CPU is exact.
@@ -118,8 +121,11 @@ def test_end_to_end_json(e2e_result):
 def test_greedy_identity_check_reports_a_difference(monkeypatch):
   """A speculative decoder that diverges is reported row by row."""
   config = benchmarking.resolve_model_config("tiny", "target")[0]
-  target = T5Model(config, {"params": parameters.random_params(
-      config, jax.random.PRNGKey(0), dtype=jnp.float32)})
+  target = T5Model(
+      config, {
+          "params": parameters.random_params(config, jax.random.PRNGKey(0),
+                                             dtype=jnp.float32)
+      })
   inputs = jnp.full((2, 4), 5, jnp.int32)
   real = decoding.speculative_sample
 
@@ -150,8 +156,10 @@ def test_greedy_identity_check_reports_a_difference(monkeypatch):
     ("--chunk_sizes", "1,,2"),
 ])
 def test_bad_flags_error_before_running(flag, value, monkeypatch, capsys):
+
   def fail(*args, **kwargs):
     raise AssertionError("run_benchmark must not be reached")
+
   monkeypatch.setattr(benchmarking.measure, "run_benchmark", fail)
   with pytest.raises(benchmarking.BenchmarkFlagError) as e:
     benchmarking.parse_flags([flag, value])
@@ -183,11 +191,12 @@ def test_gin_file_config(tmp_path):
       "T5Config.dtype = 'bfloat16'\n"
       "run.gamma = 3\n"  # Other configurables' bindings are skipped.
       "train.num_steps = 10\n")
-  cfg = benchmarking.parse_flags(["--target", str(gin_file), "--draft",
-                                  "mini", "--dtype", "float32"])
+  cfg = benchmarking.parse_flags(
+      ["--target",
+       str(gin_file), "--draft", "mini", "--dtype", "float32"])
   t = cfg.target_config
-  assert (t.emb_dim, t.num_heads, t.head_dim, t.mlp_dim,
-          t.num_encoder_layers, t.num_decoder_layers) == (48, 3, 16, 96, 2, 3)
+  assert (t.emb_dim, t.num_heads, t.head_dim, t.mlp_dim, t.num_encoder_layers,
+          t.num_decoder_layers) == (48, 3, 16, 96, 2, 3)
   assert t.mlp_activations == ("gelu", "linear")  # From t5_1_1_small.gin.
   assert t.dtype == jnp.float32  # --dtype wins over the file's.
   assert cfg.target == str(gin_file)
@@ -200,8 +209,9 @@ def test_gin_file_dtype_need_not_resolve(dtype, tmp_path):
   gin_file = tmp_path / "m.gin"
   gin_file.write_text("T5Config.vocab_size = 128\n"
                       f"T5Config.dtype = {dtype}\n")
-  cfg = benchmarking.parse_flags(["--target", str(gin_file), "--draft",
-                                  "mini", "--dtype", "bfloat16"])
+  cfg = benchmarking.parse_flags(
+      ["--target",
+       str(gin_file), "--draft", "mini", "--dtype", "bfloat16"])
   assert cfg.target_config.dtype == jnp.bfloat16
   assert cfg.target_config.vocab_size == 128
 
@@ -219,8 +229,10 @@ def test_gin_file_dtype_need_not_resolve(dtype, tmp_path):
 ])
 def test_bad_gin_file_is_a_flag_error(text, reason, tmp_path, monkeypatch,
                                       capsys):
+
   def fail(*args, **kwargs):
     raise AssertionError("run_benchmark must not be reached")
+
   monkeypatch.setattr(benchmarking.measure, "run_benchmark", fail)
   path = tmp_path / "t.gin"
   path.write_text(text)
@@ -235,11 +247,10 @@ def test_bad_gin_file_is_a_flag_error(text, reason, tmp_path, monkeypatch,
 
 def test_gin_file_scopes(tmp_path):
   gin_file = tmp_path / "pair.gin"
-  gin_file.write_text(
-      "T5Config.vocab_size = 128\n"
-      "T5Config.num_heads = 2\n"
-      "target/T5Config.emb_dim = 64\n"
-      "draft/T5Config.emb_dim = 16\n")
+  gin_file.write_text("T5Config.vocab_size = 128\n"
+                      "T5Config.num_heads = 2\n"
+                      "target/T5Config.emb_dim = 64\n"
+                      "draft/T5Config.emb_dim = 16\n")
   target, scope = gin_utils.read_t5_config_for_role(gin_file, role="target")
   assert scope == "target"
   draft, _ = gin_utils.read_t5_config_for_role(gin_file, role="draft")
@@ -248,11 +259,9 @@ def test_gin_file_scopes(tmp_path):
   only_draft = tmp_path / "draft_only.gin"
   only_draft.write_text("draft/T5Config.emb_dim = 24\n"
                         "draft/T5Config.vocab_size = 128\n")
-  config, scope = gin_utils.read_t5_config_for_role(only_draft,
-                                                    role="target")
+  config, scope = gin_utils.read_t5_config_for_role(only_draft, role="target")
   assert (config.emb_dim, scope) == (24, "draft")  # The file's only scope.
-  _, _, warnings = benchmarking.resolve_model_config(str(only_draft),
-                                                     "target")
+  _, _, warnings = benchmarking.resolve_model_config(str(only_draft), "target")
   assert warnings and "draft/" in warnings[0]
   # Bound under both role scopes only: ambiguous for another role.
   both = tmp_path / "both.gin"
@@ -279,10 +288,10 @@ def test_target_and_draft_files_do_not_leak_into_each_other():
 
 def test_experiment_gin_file_as_target_and_draft():
   """local_tiny.gin includes run.gin (run.* bindings) and both tiny models."""
-  cfg = benchmarking.parse_flags(["--target", "gin/local_tiny.gin",
-                                  "--draft", "gin/local_tiny.gin"])
-  for role, config in (("target", cfg.target_config),
-                       ("draft", cfg.draft_config)):
+  cfg = benchmarking.parse_flags(
+      ["--target", "gin/local_tiny.gin", "--draft", "gin/local_tiny.gin"])
+  for role, config in (("target", cfg.target_config), ("draft",
+                                                       cfg.draft_config)):
     expected = gin_utils.read_t5_config(f"models/{role}/tiny.gin", scope=role)
     assert config == expected.replace(dtype=config.dtype), role
   assert cfg.target_config.emb_dim != cfg.draft_config.emb_dim
@@ -299,7 +308,8 @@ def test_size_names_are_gin_files(size):
   for role in ("target", "draft"):  # The scoped copies, where there are.
     scoped = GIN_DIR / "models" / role / path.name
     if scoped.exists():
-      assert config == gin_utils.read_t5_config_for_role(scoped, role)[0], scoped
+      assert config == gin_utils.read_t5_config_for_role(scoped,
+                                                         role)[0], scoped
 
 
 def test_t5_1_1_sizes_match_t5x():

@@ -65,10 +65,11 @@ def _token_expected_accepted(target, draft, tokens):
 def test_papers_two_token_example():
   p, q = np.array([1 / 3, 2 / 3]), np.array([2 / 3, 1 / 3])
   target, draft, tokens, weight = _blocks(p, q, 2)
-  token = float(np.sum(weight * _token_expected_accepted(target, draft,
-                                                         tokens)))
-  block = float(np.sum(weight * np.asarray(
-      block_acceptance.expected_accepted(target, draft, tokens))))
+  token = float(np.sum(weight *
+                       _token_expected_accepted(target, draft, tokens)))
+  block = float(
+      np.sum(weight * np.asarray(
+          block_acceptance.expected_accepted(target, draft, tokens))))
   assert token == pytest.approx(10 / 9, abs=1e-6)
   assert block == pytest.approx(11 / 9, abs=1e-6)
 
@@ -78,10 +79,12 @@ def test_never_fewer_kept_guesses_than_token_verification(index):
   _, p, q = _pq_pairs()[index]
   target, draft, tokens, weight = _blocks(p, q, GAMMA)
   keep = weight > 0
-  token = np.sum(weight[keep] * _token_expected_accepted(
-      target[keep], draft[keep], tokens[keep]))
-  block = np.sum(weight[keep] * np.asarray(block_acceptance.expected_accepted(
-      target[keep], draft[keep], tokens[keep])))
+  token = np.sum(
+      weight[keep] *
+      _token_expected_accepted(target[keep], draft[keep], tokens[keep]))
+  block = np.sum(weight[keep] * np.asarray(
+      block_acceptance.expected_accepted(target[keep], draft[keep],
+                                         tokens[keep])))
   assert block >= token - 1e-5, (block, token)
 
 
@@ -89,8 +92,8 @@ def _iteration_outputs(p, q, gamma):
   """{emitted tuple: probability} of one iteration, from the rule's w and h
   (context-independent p, q)."""
   target, draft, tokens, weight = _blocks(p, q, gamma)
-  w, h = (np.asarray(a, np.float64) for a in
-          block_acceptance.stop_probabilities(target, draft, tokens))
+  w, h = (np.asarray(a, np.float64)
+          for a in block_acceptance.stop_probabilities(target, draft, tokens))
   out = {}
   for b in np.flatnonzero(weight > 0):
     for tau in range(gamma + 1):
@@ -133,8 +136,9 @@ def _emit_first(rng, p, q, one_hot=False):
   else:
     draft = jnp.broadcast_to(q, (DRAWS, GAMMA, V)).astype(jnp.float32)
     tokens = sampling.sample_from(draw_rng, draft)
-  verdict = block_acceptance.BlockAcceptance()(
-      accept_rng, jnp.log(target), tokens, draft, sampling.Sampling(1.0))
+  verdict = block_acceptance.BlockAcceptance()(accept_rng, jnp.log(target),
+                                               tokens, draft,
+                                               sampling.Sampling(1.0))
   return jnp.where(verdict.num_accepted > 0, tokens[:, 0],
                    verdict.next_token), verdict.num_accepted
 
@@ -160,9 +164,9 @@ def test_empty_slots_are_never_kept():
   target = jnp.broadcast_to(jnp.asarray(p, jnp.float32), (4000, 4, V))
   tokens = jnp.broadcast_to(jnp.array([3, 3, decoding.NO_GUESS]), (4000, 3))
   draft = jax.nn.one_hot(tokens, V)  # Zero rows at the empty slot.
-  verdict = block_acceptance.BlockAcceptance()(
-      jax.random.PRNGKey(0), jnp.log(target), tokens, draft,
-      sampling.Sampling(1.0))
+  verdict = block_acceptance.BlockAcceptance()(jax.random.PRNGKey(0),
+                                               jnp.log(target), tokens, draft,
+                                               sampling.Sampling(1.0))
   kept = np.asarray(verdict.num_accepted)
   assert kept.max() == 2 and kept.min() == 0 and (kept == 2).any()
   # After both real guesses the next token is p's own draw (q := 0).
@@ -174,13 +178,14 @@ def test_greedy_verdict_is_the_token_rules():
   rs = np.random.RandomState(0)
   logits = jnp.asarray(rs.randn(64, GAMMA + 1, V), jnp.float32)
   argmax = np.asarray(jnp.argmax(logits, -1))
-  tokens = np.where(rs.rand(64, GAMMA) < 0.7, argmax[:, :GAMMA],
-                    (argmax[:, :GAMMA] + 1) % V).astype(np.int32)
+  tokens = np.where(
+      rs.rand(64, GAMMA) < 0.7, argmax[:, :GAMMA],
+      (argmax[:, :GAMMA] + 1) % V).astype(np.int32)
   method = sampling.Greedy()
-  block = block_acceptance.BlockAcceptance()(
-      jax.random.PRNGKey(1), logits, jnp.asarray(tokens), None, method)
-  token = decoding.ExactAcceptance()(
-      jax.random.PRNGKey(2), logits, jnp.asarray(tokens), None, method)
+  block = block_acceptance.BlockAcceptance()(jax.random.PRNGKey(1), logits,
+                                             jnp.asarray(tokens), None, method)
+  token = decoding.ExactAcceptance()(jax.random.PRNGKey(2), logits,
+                                     jnp.asarray(tokens), None, method)
   np.testing.assert_array_equal(block.num_accepted, token.num_accepted)
   np.testing.assert_array_equal(block.next_token, token.next_token)
   assert len(set(np.asarray(block.num_accepted).tolist())) > 2
@@ -192,12 +197,13 @@ DIST_V = 5
 EOS = 1
 
 
-@pytest.mark.parametrize("method,sample_draft,gamma", [
-    (sampling.Sampling(1.0), True, 3),
-    (sampling.Sampling(1.0), False, 2),
-    (sampling.Sampling(0.7, top_p=0.9), True, 3),
-    (sampling.Sampling(0.8, top_k=3, top_p=0.9), True, 2),
-], ids=["T1-q", "T1-onehot-q", "T0.7-p0.9-q", "T0.8-k3-p0.9-q"])
+@pytest.mark.parametrize(
+    "method,sample_draft,gamma", [
+        (sampling.Sampling(1.0), True, 3),
+        (sampling.Sampling(1.0), False, 2),
+        (sampling.Sampling(0.7, top_p=0.9), True, 3),
+        (sampling.Sampling(0.8, top_k=3, top_p=0.9), True, 2),
+    ], ids=["T1-q", "T1-onehot-q", "T0.7-p0.9-q", "T0.8-k3-p0.9-q"])
 def test_decoder_output_has_the_target_distribution(method, sample_draft,
                                                     gamma):
   rs = np.random.RandomState(1)  # test_speculative_loop's case.
@@ -209,14 +215,14 @@ def test_decoder_output_has_the_target_distribution(method, sample_draft,
       jnp.asarray(2.0 * rs.randn(1, 8, DIST_V), jnp.float32),
       sample=sample_draft)
   exact = sequence_distribution(
-      scripted_next_probs(target, (method.temperature, method.top_k,
-                                   method.top_p)), DIST_V, STEPS, EOS)
+      scripted_next_probs(target,
+                          (method.temperature, method.top_k, method.top_p)),
+      DIST_V, STEPS, EOS)
   assert abs(sum(exact.values()) - 1.0) < 1e-9 and len(exact) >= 8
   out = decoding.speculative_sample(
       target, drafter, np.ones((SAMPLES, 2), np.int32),
       jax.random.PRNGKey(10 + gamma), gamma=gamma, max_decode_length=STEPS,
-      method=method, eos_id=EOS,
-      acceptance=block_acceptance.BlockAcceptance())
+      method=method, eos_id=EOS, acceptance=block_acceptance.BlockAcceptance())
   observed, expected = count_sequences(out.tokens, exact)
   assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
   alpha = out.statistics()["alpha_hat"]

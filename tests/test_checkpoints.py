@@ -33,7 +33,6 @@ if not FIXTURE.is_dir():
       f"fixture at {FIXTURE} (a checkout next to the shared/ folder).",
       allow_module_level=True)
 
-
 # ---------------------------------------------------------------- helpers
 
 
@@ -81,14 +80,18 @@ def expected_shapes(cfg):
   n_buckets = 32  # T5X's RelativePositionBiases default.
 
   def attn(prefix):
-    return {prefix + ("query", "kernel"): (e, hd),
-            prefix + ("key", "kernel"): (e, hd),
-            prefix + ("value", "kernel"): (e, hd),
-            prefix + ("out", "kernel"): (hd, e)}
+    return {
+        prefix + ("query", "kernel"): (e, hd),
+        prefix + ("key", "kernel"): (e, hd),
+        prefix + ("value", "kernel"): (e, hd),
+        prefix + ("out", "kernel"): (hd, e)
+    }
 
   def mlp(prefix):
-    out = {prefix + (f"wi_{i}", "kernel"): (e, m)
-           for i in range(len(cfg["mlp_activations"]))}
+    out = {
+        prefix + (f"wi_{i}", "kernel"): (e, m)
+        for i in range(len(cfg["mlp_activations"]))
+    }
     out[prefix + ("wo", "kernel")] = (m, e)
     return out
 
@@ -121,8 +124,10 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def expected(cfg):
-  return unflat({k: jax.ShapeDtypeStruct(s, jnp.float32)
-                 for k, s in expected_shapes(cfg).items()})
+  return unflat({
+      k: jax.ShapeDtypeStruct(s, jnp.float32)
+      for k, s in expected_shapes(cfg).items()
+  })
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +166,7 @@ def test_both_layouts_load_identical_params(legacy_params, orbax_params):
     assert leaf.dtype == jnp.float32
 
 
-def test_param_names_and_shapes_match_config(legacy_params, orbax_params,
-                                             cfg):
+def test_param_names_and_shapes_match_config(legacy_params, orbax_params, cfg):
   want = expected_shapes(cfg)
   for params in (legacy_params, orbax_params):
     got = {k: tuple(v.shape) for k, v in flat(params).items()}
@@ -183,8 +187,10 @@ def test_no_optimizer_state_leaks(legacy_params, orbax_params):
   for params in (legacy_params, orbax_params):
     assert set(params) == {"encoder", "decoder", "token_embedder"}
     names = {k for path in flat(params) for k in path}
-    assert not names & {"target", "state", "param_states", "step", "m", "v",
-                        "v_row", "v_col", "optimizer", "version", "params"}
+    assert not names & {
+        "target", "state", "param_states", "step", "m", "v", "v_row", "v_col",
+        "optimizer", "version", "params"
+    }
 
 
 def test_params_are_not_trivial(legacy_params):
@@ -215,10 +221,15 @@ def test_legacy_inline_arrays_and_gcs_specs(tmp_path, legacy_params):
   # 2) a spec written to GCS by tensorstore < 0.1.14 (path at top level).
   old = target["decoder"]["logits_dense"]["kernel"]
   target["decoder"]["logits_dense"]["kernel"] = {
-      "driver": "zarr", "dtype": "float32",
-      "kvstore": {"driver": "gcs", "bucket": "t5x-dummy-bucket"},
+      "driver": "zarr",
+      "dtype": "float32",
+      "kvstore": {
+          "driver": "gcs",
+          "bucket": "t5x-dummy-bucket"
+      },
       "path": old["kvstore"]["path"].rstrip("/"),
-      "metadata": old["metadata"]}
+      "metadata": old["metadata"]
+  }
   (ckpt / "checkpoint").write_bytes(serialization.msgpack_serialize(contents))
   assert_bit_identical(load_t5x_params(ckpt), legacy_params)
   # 3) very old files without the {'version', 'optimizer'} wrapper.
@@ -230,26 +241,43 @@ def test_legacy_inline_arrays_and_gcs_specs(tmp_path, legacy_params):
 def test_gs_paths_map_to_gcs_kvstore():
   spec = legacy.legacy_spec(
       "gs://b/m/checkpoint_1000000", "gs://b/m/checkpoint_1000000",
-      "decoder/logits_dense/kernel",
-      {"driver": "zarr", "kvstore": {"driver": "gcs",
-                                     "bucket": "t5x-dummy-bucket"},
-       "path": "target.decoder.logits_dense.kernel",
-       "metadata": {"shape": [4, 8], "chunks": [4, 8]}})
+      "decoder/logits_dense/kernel", {
+          "driver": "zarr",
+          "kvstore": {
+              "driver": "gcs",
+              "bucket": "t5x-dummy-bucket"
+          },
+          "path": "target.decoder.logits_dense.kernel",
+          "metadata": {
+              "shape": [4, 8],
+              "chunks": [4, 8]
+          }
+      })
   assert spec["kvstore"] == {
-      "driver": "gcs", "bucket": "b",
-      "path": "m/checkpoint_1000000/target.decoder.logits_dense.kernel/"}
+      "driver": "gcs",
+      "bucket": "b",
+      "path": "m/checkpoint_1000000/target.decoder.logits_dense.kernel/"
+  }
   assert spec["metadata"] == {"shape": [4, 8]}
   assert source.kvstore("gs://bucket/a/state/") == {
-      "driver": "gcs", "bucket": "bucket", "path": "a/state/"}
+      "driver": "gcs",
+      "bucket": "bucket",
+      "path": "a/state/"
+  }
 
 
 def test_old_orbax_msgpack_with_placeholders(tmp_path, orbax_params):
   from flax import serialization
   ckpt = writable_copy(ORBAX, tmp_path / "checkpoint_0")
   os.remove(ckpt / "state" / "_METADATA")
-  tree = {"target": unflat({k: "PLACEHOLDER://target." + ".".join(k)
-                            for k in flat(orbax_params)}),
-          "state": {"step": "PLACEHOLDER://state.step"}}
+  tree = {
+      "target": unflat({
+          k: "PLACEHOLDER://target." + ".".join(k) for k in flat(orbax_params)
+      }),
+      "state": {
+          "step": "PLACEHOLDER://state.step"
+      }
+  }
   (ckpt / "state" / "checkpoint").write_bytes(
       serialization.msgpack_serialize(tree))
   assert_bit_identical(load_t5x_params(ckpt), orbax_params)
@@ -267,8 +295,10 @@ def test_round_trip_bit_identical(tmp_path, legacy_params):
   assert_bit_identical(load_t5x_params(path), legacy_params)
 
   bf16 = load_t5x_params(path, dtype=jnp.bfloat16)
-  want = {k: jnp.asarray(v).astype(jnp.bfloat16)
-          for k, v in flat(legacy_params).items()}
+  want = {
+      k: jnp.asarray(v).astype(jnp.bfloat16)
+      for k, v in flat(legacy_params).items()
+  }
   assert_bit_identical(bf16, unflat(want))
 
   with pytest.raises(CheckpointError, match="already exists"):
@@ -278,8 +308,12 @@ def test_round_trip_bit_identical(tmp_path, legacy_params):
 def test_round_trip_mixed_dtypes_and_numpy(tmp_path):
   rng = np.random.default_rng(0)
   params = {
-      "a": {"kernel": jnp.asarray(rng.normal(size=(3, 5)), jnp.bfloat16)},
-      "b": {"scale": rng.normal(size=(7,)).astype(np.float32)},  # numpy
+      "a": {
+          "kernel": jnp.asarray(rng.normal(size=(3, 5)), jnp.bfloat16)
+      },
+      "b": {
+          "scale": rng.normal(size=(7,)).astype(np.float32)
+      },  # numpy
       "c": jnp.arange(6, dtype=jnp.int32).reshape(2, 3),
       "d": jnp.asarray([np.nan, -0.0, np.inf], jnp.float32),
   }
@@ -291,8 +325,17 @@ def test_round_trip_mixed_dtypes_and_numpy(tmp_path):
 
 def test_save_refuses_packed_panels_and_writes_nothing(tmp_path):
   # A 3-D `kernel` is the CPU kernel's panel layout, never T5X's.
-  params = {"decoder": {"layers_0": {"mlp": {"wo": {
-      "kernel": jnp.zeros((2, 8, 16), jnp.float32)}}}}}
+  params = {
+      "decoder": {
+          "layers_0": {
+              "mlp": {
+                  "wo": {
+                      "kernel": jnp.zeros((2, 8, 16), jnp.float32)
+                  }
+              }
+          }
+      }
+  }
   with pytest.raises(ValueError, match="decoder/layers_0/mlp/wo/kernel"):
     save_params({"params": params}, tmp_path / "model", step=0)
   assert not (tmp_path / "model").exists()
@@ -345,7 +388,7 @@ def test_missing_msgpack_file(tmp_path):
 def test_truncated_msgpack_file(tmp_path):
   ckpt = writable_copy(LEGACY, tmp_path / "checkpoint_0")
   data = (ckpt / "checkpoint").read_bytes()
-  (ckpt / "checkpoint").write_bytes(data[: len(data) // 2])
+  (ckpt / "checkpoint").write_bytes(data[:len(data) // 2])
   msg = load_error(ckpt)
   assert str(ckpt / "checkpoint") in msg
 
@@ -375,7 +418,7 @@ def test_truncated_chunk_names_parameter(tmp_path):
   ckpt = writable_copy(LEGACY, tmp_path / "checkpoint_0")
   chunk = ckpt / "target.decoder.layers_0.self_attention.key.kernel" / "0.0"
   data = chunk.read_bytes()
-  chunk.write_bytes(data[: len(data) // 2])
+  chunk.write_bytes(data[:len(data) // 2])
   msg = load_error(ckpt)
   assert "decoder/layers_0/self_attention/key/kernel" in msg
   assert str(ckpt) in msg
@@ -394,8 +437,9 @@ def test_corrupt_orbax_data_file(tmp_path):
 def test_expected_shape_mismatch(ckpt, cfg):
   shapes = expected_shapes(cfg)
   shapes[("decoder", "layers_0", "mlp", "wi_0", "kernel")] = (32, 65)
-  exp = unflat({k: jax.ShapeDtypeStruct(s, jnp.float32)
-                for k, s in shapes.items()})
+  exp = unflat({
+      k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in shapes.items()
+  })
   msg = load_error(ckpt, expected=exp)
   assert "decoder/layers_0/mlp/wi_0/kernel" in msg
   assert "[32, 64]" in msg and "[32, 65]" in msg and str(ckpt) in msg
@@ -404,8 +448,9 @@ def test_expected_shape_mismatch(ckpt, cfg):
 def test_expected_param_missing_from_checkpoint(cfg):
   shapes = expected_shapes(cfg)
   shapes[("decoder", "layers_0", "mlp", "wi_2", "kernel")] = (32, 64)
-  exp = unflat({k: jax.ShapeDtypeStruct(s, jnp.float32)
-                for k, s in shapes.items()})
+  exp = unflat({
+      k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in shapes.items()
+  })
   msg = load_error(LEGACY, expected=exp)
   assert "decoder/layers_0/mlp/wi_2/kernel" in msg and "missing" in msg
 
@@ -413,8 +458,9 @@ def test_expected_param_missing_from_checkpoint(cfg):
 def test_checkpoint_param_not_expected(cfg):
   shapes = expected_shapes(cfg)
   del shapes[("encoder", "relpos_bias", "rel_embedding")]
-  exp = unflat({k: jax.ShapeDtypeStruct(s, jnp.float32)
-                for k, s in shapes.items()})
+  exp = unflat({
+      k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in shapes.items()
+  })
   msg = load_error(ORBAX, expected=exp)
   assert "encoder/relpos_bias/rel_embedding" in msg and "not expect" in msg
 
@@ -425,8 +471,9 @@ def test_metadata_checked_before_any_data(tmp_path, cfg):
   os.remove(ckpt / "target.decoder.layers_0.mlp.wi_0.kernel" / "0.0")
   shapes = expected_shapes(cfg)
   shapes[("token_embedder", "embedding")] = (129, 32)  # Sorted last.
-  exp = unflat({k: jax.ShapeDtypeStruct(s, jnp.float32)
-                for k, s in shapes.items()})
+  exp = unflat({
+      k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in shapes.items()
+  })
   msg = load_error(ckpt, expected=exp)
   assert "token_embedder/embedding" in msg and "[129, 32]" in msg
 
@@ -505,7 +552,8 @@ def test_sharded_restore_subprocess():
   env["PYTHONPATH"] = os.pathsep.join(
       [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
   proc = subprocess.run(
-      [sys.executable, "-c", _SHARDED_SCRIPT, str(LEGACY), str(ORBAX)],
-      env=env, capture_output=True, text=True, timeout=300)
+      [sys.executable, "-c", _SHARDED_SCRIPT,
+       str(LEGACY),
+       str(ORBAX)], env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert "SHARDED_OK" in proc.stdout

@@ -49,10 +49,10 @@ def test_the_check_sees_a_long_function_and_a_long_module():
 def test_no_module_or_function_over_its_limit():
   files = list(_python_files())
   assert len(files) > 50  # the walk found the package
-  found = [f"{what}: {lines} lines"
-           for path in files
-           for what, lines in _oversized(path.read_text(),
-                                         str(path.relative_to(REPO)))]
+  found = [
+      f"{what}: {lines} lines" for path in files for what, lines in _oversized(
+          path.read_text(), str(path.relative_to(REPO)))
+  ]
   assert not found, (
       f"over {MAX_MODULE_LINES} lines per module or {MAX_FUNCTION_LINES} "
       "per function (split by idea):\n" + "\n".join(found))

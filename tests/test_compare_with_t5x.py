@@ -72,8 +72,8 @@ def test_flags_parse(script):
   # The random-weights mode keeps its defaults.
   args = script.parse_args([])
   assert (args.model, args.dtype, args.max_decode_length, args.input_length,
-          args.batch_size, args.eos_id, args.seed) == (
-              "small", "float32", 64, 64, 1, -1, 0)
+          args.batch_size, args.eos_id, args.seed) == ("small", "float32", 64,
+                                                       64, 1, -1, 0)
 
 
 def test_bad_pair_fails_before_t5x(script, capsys):
@@ -84,10 +84,11 @@ def test_bad_pair_fails_before_t5x(script, capsys):
 
 
 def test_pair_without_checkpoints_fails_before_loading(script, clean_gin,
-                                                      no_load):
+                                                       no_load):
   args = script.parse_args(["--pair=local_tiny.gin"])
-  with pytest.raises(SystemExit, match="binds no TARGET_CHECKPOINT_PATH or "
-                     "DRAFT_CHECKPOINT_PATH"):
+  with pytest.raises(
+      SystemExit, match="binds no TARGET_CHECKPOINT_PATH or "
+      "DRAFT_CHECKPOINT_PATH"):
     t5x_pair.pair_experiment(t5x_pair.resolve_pair(args.pair), args)
 
 
@@ -115,15 +116,23 @@ def test_token_agreement_and_identity():
   ours = np.array([[5, 6, 1, 0], [5, 7, 8, 1]])
   theirs = np.array([[5, 6, 1, 0], [5, 9, 8, 1]])
   assert t5x_reference.token_agreement(ours, theirs) == {
-      "tokens_equal": False, "tokens_equal_count": 7, "tokens_total": 8,
-      "first_difference_per_row": [None, 1]}
-  outputs = {"t5x": [theirs[:1], theirs[1:]],
-             "baseline": [ours[:1], ours[1:]]}
+      "tokens_equal": False,
+      "tokens_equal_count": 7,
+      "tokens_total": 8,
+      "first_difference_per_row": [None, 1]
+  }
+  outputs = {"t5x": [theirs[:1], theirs[1:]], "baseline": [ours[:1], ours[1:]]}
   checked, error = t5x_pair.identity(outputs)
   assert checked == {
-      "tokens_generated": 7, "identical_to_baseline": {"t5x": 1},
+      "tokens_generated": 7,
+      "identical_to_baseline": {
+          "t5x": 1
+      },
       "all_identical": False,
-      "mismatches_sentence_and_first_position": {"t5x": [(1, 1)]}}
+      "mismatches_sentence_and_first_position": {
+          "t5x": [(1, 1)]
+      }
+  }
   assert error.startswith("error: greedy tokens differ") and "t5x: 1 " in (
       error)
   checked, error = t5x_pair.identity({"t5x": [ours], "baseline": [ours]})
@@ -137,49 +146,59 @@ def _speculative_output(histogram, beta_count, lengths, calls):
       target_calls=np.array(calls, np.int32),
       accepted_histogram=np.array(histogram, np.int32),
       beta_sum=np.zeros(batch, np.float32),
-      beta_count=np.array(beta_count, np.int32),
-      trace_draft_tokens=np.zeros((batch, 4, width - 1), np.int32),
-      trace_num_accepted=zeros, trace_next_token=zeros)
+      beta_count=np.array(beta_count, np.int32), trace_draft_tokens=np.zeros(
+          (batch, 4, width - 1),
+          np.int32), trace_num_accepted=zeros, trace_next_token=zeros)
   return decoding.SpeculativeOutput(tokens=zeros,
-                                    lengths=np.array(lengths, np.int32),
-                                    stats=stats)
+                                    lengths=np.array(lengths,
+                                                     np.int32), stats=stats)
 
 
 def test_speculative_statistics_pool_the_sentences():
   # α = kept guesses / acceptance trials over all sentences (not the mean
   # of per-sentence α's): (2 + 1·1 + 2·2) / (3 + 4) = 1.
-  outs = [_speculative_output([[0, 0, 1]], [3], [4], [2]),
-          _speculative_output([[1, 1, 2]], [4], [9], [4])]
+  outs = [
+      _speculative_output([[0, 0, 1]], [3], [4], [2]),
+      _speculative_output([[1, 1, 2]], [4], [9], [4])
+  ]
   stats = t5x_pair.speculative_statistics(outs)
-  assert stats == {"target_calls": 6, "tokens_generated": 13,
-                   "tokens_per_target_call": pytest.approx(13 / 6),
-                   "alpha": pytest.approx(7 / 7),
-                   "accepted_histogram": [1, 1, 3]}
+  assert stats == {
+      "target_calls": 6,
+      "tokens_generated": 13,
+      "tokens_per_target_call": pytest.approx(13 / 6),
+      "alpha": pytest.approx(7 / 7),
+      "accepted_histogram": [1, 1, 3]
+  }
 
 
 def test_time_rounds_rotates_and_takes_per_round_ratios(monkeypatch):
   calls = []
   seconds = iter([1.0] * 3 + [2.0, 1.0, 1.0, 4.0, 4.0, 2.0])
-  monkeypatch.setattr(t5x_pair.timing, "timed",
-                      lambda fn, r: (fn(r), next(seconds)))
-  programs = {name: (lambda x, key, name=name: calls.append((name, x)))
-              for name in ("t5x", "baseline", "speculative_gamma3")}
-  pair = t5x_pair.Pair(
-      exp=None, gin_file="", gammas=(3,), num_examples=2, inputs=None,
-      max_decode_length=8, t5x_module=None, t5x_params=None, param_leaves=0,
-      programs=programs, rows=["x0", "x1"], keys=[0, 1], widths=None)
+  monkeypatch.setattr(t5x_pair.timing, "timed", lambda fn, r:
+                      (fn(r), next(seconds)))
+  programs = {
+      name: (lambda x, key, name=name: calls.append((name, x)))
+      for name in ("t5x", "baseline", "speculative_gamma3")
+  }
+  pair = t5x_pair.Pair(exp=None, gin_file="", gammas=(3,), num_examples=2,
+                       inputs=None, max_decode_length=8, t5x_module=None,
+                       t5x_params=None, param_leaves=0, programs=programs,
+                       rows=["x0", "x1"], keys=[0, 1], widths=None)
   timed = t5x_pair.time_rounds(pair, 2, log=lambda _: None)
   # Round 0 in order, round 1 from the second program; each decodes both
   # sentences.
   assert [n for n, _ in calls[6:]] == [
       "t5x", "t5x", "baseline", "baseline", "speculative_gamma3",
       "speculative_gamma3", "baseline", "baseline", "speculative_gamma3",
-      "speculative_gamma3", "t5x", "t5x"]
+      "speculative_gamma3", "t5x", "t5x"
+  ]
   per_round = {k: v.tolist() for k, v in timed["per_round"].items()}
   # Round 0: t5x 2, baseline 1, spec 1; round 1: baseline 4, spec 4, t5x 2.
-  assert per_round == {"t5x_over_baseline": [2.0, 0.5],
-                       "t5x_over_speculative_gamma3": [2.0, 0.5],
-                       "baseline_over_speculative_gamma3": [1.0, 1.0]}
+  assert per_round == {
+      "t5x_over_baseline": [2.0, 0.5],
+      "t5x_over_speculative_gamma3": [2.0, 0.5],
+      "baseline_over_speculative_gamma3": [1.0, 1.0]
+  }
 
 
 @pytest.mark.slow
@@ -188,17 +207,21 @@ def test_pretrained_pair_against_t5x(tmp_path):
     pytest.skip(f"no T5X checkout at {T5X_PATH} (set T5X_PATH): T5X is not "
                 "a dependency of this project.")
   output = tmp_path / "t5x_pair.json"
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [str(REPO), os.environ.get("PYTHONPATH", "")]))
-  proc = subprocess.run(
-      [sys.executable, str(SCRIPT), f"--t5x_path={T5X_PATH}",
-       "--pair=pretrained", "--num_examples=2", "--gammas=2",
-       "--max_decode_length=8", "--repeats=1", f"--output={output}"],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  env = dict(
+      os.environ,
+      PYTHONPATH=os.pathsep.join([str(REPO),
+                                  os.environ.get("PYTHONPATH", "")]))
+  proc = subprocess.run([
+      sys.executable,
+      str(SCRIPT), f"--t5x_path={T5X_PATH}", "--pair=pretrained",
+      "--num_examples=2", "--gammas=2", "--max_decode_length=8", "--repeats=1",
+      f"--output={output}"
+  ], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   pair = json.loads(output.read_text())["pair"]
   assert pair["all_identical"] and pair["params_tree_matches_t5x_init"]
   assert pair["identical_to_baseline"] == {"t5x": 2, "speculative_gamma2": 2}
   assert set(pair["ratio_median"]) == {
       "t5x_over_baseline", "t5x_over_speculative_gamma2",
-      "baseline_over_speculative_gamma2"}
+      "baseline_over_speculative_gamma2"
+  }

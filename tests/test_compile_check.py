@@ -32,15 +32,15 @@ from conftest import REPO
 def test_cloud_and_raw_topology_names():
   for name, raw, chips in (("v4-8", "v4:2x2x1", 4), ("v4-32", "v4:2x2x4", 16),
                            ("v5e-8", "v5e:2x4", 8), ("v5p-8", "v5p:2x2x1", 4),
-                           ("v4:2x2x2", "v4:2x2x2", 8),
-                           ("v5e:4x4", "v5e:4x4", 16)):
+                           ("v4:2x2x2", "v4:2x2x2", 8), ("v5e:4x4", "v5e:4x4",
+                                                         16)):
     topology = tpu_topologies.resolve(name)
     assert (topology.topology_name, topology.num_chips) == (raw, chips)
   assert tpu_topologies.resolve("v5p-8").chip.hbm_bytes == 95 * 2**30
 
 
-@pytest.mark.parametrize("bad", ["v4-7", "v9-8", "v4:2x2", "v5e:2x2x1",
-                                 "tpu", 8, None, "v4:0x2x1"])
+@pytest.mark.parametrize(
+    "bad", ["v4-7", "v9-8", "v4:2x2", "v5e:2x2x1", "tpu", 8, None, "v4:0x2x1"])
 def test_bad_topology_names_list_what_is_allowed(bad):
   with pytest.raises(ValueError) as e:
     tpu_topologies.resolve(bad)
@@ -51,12 +51,15 @@ def test_bad_topology_names_list_what_is_allowed(bad):
 
 def test_settings_compile_mode_cannot_honour_are_refused():
   base = dict(output_dir="/tmp/unused", gamma=3)
-  for fields, words in (
-      ({"mesh_shape": (1, 8)}, "MESH_SHAPE=(1, 8) needs 8 chips"),
-      ({"drafter": "bigram", "ngram_corpus": __file__},
-       "DRAFTER='bigram' with COMPILE_TOPOLOGY: allowed: 'model', "
-       "'shared_encoder'"),
-      ({"gamma": "auto"}, "GAMMA='auto'")):
+  for fields, words in (({
+      "mesh_shape": (1, 8)
+  }, "MESH_SHAPE=(1, 8) needs 8 chips"), ({
+      "drafter": "bigram",
+      "ngram_corpus": __file__
+  }, "DRAFTER='bigram' with COMPILE_TOPOLOGY: allowed: 'model', "
+                                          "'shared_encoder'"), ({
+                                              "gamma": "auto"
+                                          }, "GAMMA='auto'")):
     args = arguments.RunArguments(**{**base, **fields})
     with pytest.raises(gin_utils.ConfigError, match=re.escape(words)):
       compile_report.check_settings(args, "v4-8")
@@ -65,38 +68,50 @@ def test_settings_compile_mode_cannot_honour_are_refused():
 @pytest.mark.slow
 def test_cli_bad_topology_exits_2_and_writes_nothing(tmp_path):
   out = tmp_path / "out"
-  proc = subprocess.run(
-      [sys.executable, "-m", "specdec_jax.run", "--gin_file=local_tiny.gin",
-       "--gin.COMPILE_TOPOLOGY='v4-9'", f"--gin.OUTPUT_DIR='{out}'"],
-      cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-      env=dict(os.environ, PYTHONPATH=str(REPO)))
+  proc = subprocess.run([
+      sys.executable, "-m", "specdec_jax.run", "--gin_file=local_tiny.gin",
+      "--gin.COMPILE_TOPOLOGY='v4-9'", f"--gin.OUTPUT_DIR='{out}'"
+  ], cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+                        env=dict(os.environ, PYTHONPATH=str(REPO)))
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert "run: error: COMPILE_TOPOLOGY='v4-9': unknown TPU topology" in (
       proc.stderr)
   assert not out.exists()
 
 
-@pytest.mark.parametrize("temperature,gamma,expected", [
-    (0.0, 7, (0.75, 3.4)), (1.0, 7, (0.62, 2.6)), (0.0, 5, None)])
+@pytest.mark.parametrize("temperature,gamma,expected", [(0.0, 7, (0.75, 3.4)),
+                                                        (1.0, 7, (0.62, 2.6)),
+                                                        (0.0, 5, None)])
 def test_paper_row_from_gin_comments(temperature, gamma, expected):
   row = compile_report.paper_row(["ende_small.gin"], temperature, gamma)
   if expected is None:
     assert row is None
   else:
-    assert (row["alpha"], row["speedup"], row["source"]) == (
-        *expected, "ende_small.gin")
+    assert (row["alpha"], row["speedup"], row["source"]) == (*expected,
+                                                             "ende_small.gin")
   cnndm = compile_report.paper_row(["cnndm_large.gin"], 1.0, 3)
   assert (cnndm["alpha"], cnndm["speedup"]) == (0.56, 1.7)
 
 
 def test_roofline_arithmetic():
   chip = tpu_topologies.CHIPS["v4"]
-  calls = {"target_step": {"bytes_accessed": 6e9, "flops": 1e9,
-                           "argument_bytes": 3e9},
-           "verification": {"bytes_accessed": 6.6e9, "flops": 8e9,
-                            "argument_bytes": 3e9},
-           "draft_step": {"bytes_accessed": 1.2e8, "flops": 1e7,
-                          "argument_bytes": 3e7}}
+  calls = {
+      "target_step": {
+          "bytes_accessed": 6e9,
+          "flops": 1e9,
+          "argument_bytes": 3e9
+      },
+      "verification": {
+          "bytes_accessed": 6.6e9,
+          "flops": 8e9,
+          "argument_bytes": 3e9
+      },
+      "draft_step": {
+          "bytes_accessed": 1.2e8,
+          "flops": 1e7,
+          "argument_bytes": 3e7
+      }
+  }
   paper = {"alpha": 0.75, "gamma": 7}
   roof = compile_report.roofline(calls, chip, 7, paper)
   assert roof["calls"]["target_step"]["seconds"] == pytest.approx(5e-3)
@@ -121,6 +136,7 @@ def test_smallest_fitting_mesh_grows_the_model_axis():
   def total_bytes(shape):  # parameters sharded over 'model' only
     tried.append(shape)
     return 24e9 / shape[1] + 1e9
+
   assert compile_report.smallest_fitting_mesh(8, (1, 1), 8e9,
                                               total_bytes) == [1, 4]
   assert tried == [(1, 2), (1, 4)]
@@ -135,12 +151,15 @@ def _sharded_bytes(config, sizes) -> int:
   shapes = param_shapes(config)["params"]
   specs = partitioning.param_partition_specs(shapes, sizes)
   total = 0
-  for leaf, spec in zip(jax.tree_util.tree_leaves(shapes),
-                        jax.tree_util.tree_leaves(
-                            specs, is_leaf=lambda x: isinstance(
-                                x, jax.sharding.PartitionSpec))):
-    dims = [d // (sizes[axis] if axis else 1)
-            for d, axis in zip(leaf.shape, tuple(spec) + (None,) * 9)]
+  for leaf, spec in zip(
+      jax.tree_util.tree_leaves(shapes),
+      jax.tree_util.tree_leaves(
+          specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))):
+    dims = [
+        d // (sizes[axis] if axis else 1)
+        for d, axis in zip(leaf.shape,
+                           tuple(spec) + (None,) * 9)
+    ]
     total += math.prod(dims) * np.dtype(config.dtype).itemsize
   return total
 
@@ -160,7 +179,8 @@ def _compile_tiny(out, bindings=()):
   try:
     gin_utils.parse_gin(["local_tiny.gin"], [
         "COMPILE_TOPOLOGY = 'v4-8'", "MESH_SHAPE = (1, 4)",
-        f"OUTPUT_DIR = '{out}'", *bindings])
+        f"OUTPUT_DIR = '{out}'", *bindings
+    ])
     args = arguments.run_arguments()
     value = compile_report.topology_value()
     compile_report.compile_topology(args, value, ["local_tiny.gin"])
@@ -193,8 +213,8 @@ def test_tiny_compiles_for_v4_with_sharded_parameter_bytes(tiny_v4):
   step = record["calls"]["target_step"]
   # The step's arguments are the parameters, the cache and the tokens.
   assert step["argument_bytes"] >= (
-      params["target"] + record["memory_per_device"]["kv_cache_bytes"][
-          "target"])
+      params["target"] +
+      record["memory_per_device"]["kv_cache_bytes"]["target"])
   assert step["flops"] > 0 and step["bytes_accessed"] > 0
   assert step["bytes_per_argument_byte"] == pytest.approx(
       step["bytes_accessed"] / step["argument_bytes"])
@@ -220,8 +240,7 @@ def test_tiny_tpu_programs_hold_no_cpu_only_parts(tiny_v4):
   # `prepared_for_decoding` would pack for the CPU kernel: it must not.
   assert kernels.TARGET_NAME not in record["custom_calls"]
   assert not record["cpu_kernel_in_programs"]
-  for r in list(record["calls"].values()) + list(
-      record["programs"].values()):
+  for r in list(record["calls"].values()) + list(record["programs"].values()):
     assert not any("cpu" in c.lower() for c in r["custom_calls"]), r
   roof = record["roofline"]
   calls = roof["calls"]
@@ -233,13 +252,13 @@ def test_tiny_tpu_programs_hold_no_cpu_only_parts(tiny_v4):
 
 
 @pytest.mark.slow
-def test_shared_encoder_draft_compiles_and_reads_its_own_weights_once(
-    tmp_path):
+def test_shared_encoder_draft_compiles_and_reads_its_own_weights_once(tmp_path):
   # DRAFTER='shared_encoder': a draft decoder without an encoder, reading
   # the target's encoder output (local_tiny's target: emb_dim 64).
   record, (target, draft) = _compile_tiny(tmp_path, [
       "DRAFTER = 'shared_encoder'", "draft/T5Config.num_encoder_layers = 0",
-      "draft/T5Config.encoder_width = 64"])
+      "draft/T5Config.encoder_width = 64"
+  ])
   assert not draft.has_encoder and target.has_encoder
   sizes = {"data": 1, "model": 4}
   params = record["memory_per_device"]["parameter_bytes"]

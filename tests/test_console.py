@@ -62,23 +62,39 @@ def test_quiet_backend_probe_dropped_real_errors_kept():
   finally:
     logger.removeHandler(handler)
     logger.setLevel(level)
-  assert seen == ["Unable to initialize backend 'cuda': driver too old",
-                  "Something else"]
+  assert seen == [
+      "Unable to initialize backend 'cuda': driver too old", "Something else"
+  ]
 
 
 def _strict_loads(text):
+
   def reject(name):
     raise ValueError(f"not JSON: {name}")
+
   return json.loads(text, parse_constant=reject)
 
 
 def test_non_finite_values_written_as_null(tmp_path, caplog):
   path = tmp_path / "m.json"
-  io_utils.write_json(path, {"speedup": float("inf"), "nested": {
-      "alpha": float("nan")}, "list": [1.0, float("-inf")], "ok": 0.5})
+  io_utils.write_json(
+      path, {
+          "speedup": float("inf"),
+          "nested": {
+              "alpha": float("nan")
+          },
+          "list": [1.0, float("-inf")],
+          "ok": 0.5
+      })
   data = _strict_loads(path.read_text())
-  assert data == {"speedup": None, "nested": {"alpha": None},
-                  "list": [1.0, None], "ok": 0.5}
+  assert data == {
+      "speedup": None,
+      "nested": {
+          "alpha": None
+      },
+      "list": [1.0, None],
+      "ok": 0.5
+  }
   assert "speedup is inf" in caplog.text and "nested.alpha" in caplog.text
   rows = tmp_path / "p.jsonl"
   io_utils.write_jsonl(rows, [{"x": float("nan")}])

@@ -30,9 +30,8 @@ V = 6
 EOS = 1
 SIGNIFICANCE = 1e-3
 # Right-padded prompts of different lengths (0 = padding).
-PROMPTS = np.array([[3, 4, 5, 2, 0],
-                    [5, 0, 0, 0, 0],
-                    [2, 2, 4, 0, 0]], np.int32)
+PROMPTS = np.array([[3, 4, 5, 2, 0], [5, 0, 0, 0, 0], [2, 2, 4, 0, 0]],
+                   np.int32)
 
 
 def _prompt(row):
@@ -67,8 +66,7 @@ def test_decoder_only_logits_follow_the_prompt_and_the_cache():
   model = DecoderOnlyLM.random(1, V)
   inputs = jnp.asarray(PROMPTS)
   chunk = np.array([[3, 4], [2, 5], [4, 4]], np.int32)
-  logits, _ = model.decode_chunk(
-      jnp.asarray(chunk), model.start(inputs, 4))
+  logits, _ = model.decode_chunk(jnp.asarray(chunk), model.start(inputs, 4))
   state = model.start(inputs, 4)
   for b, row in enumerate(PROMPTS):
     prompt = _prompt(row)
@@ -76,7 +74,8 @@ def test_decoder_only_logits_follow_the_prompt_and_the_cache():
     # logits at chunk slot j follow prompt[:-1] + chunk[:j+1].
     for j in range(2):
       np.testing.assert_allclose(
-          logits[b, j], next_logits(model, prompt[:-1] + tuple(chunk[b, :j + 1])),
+          logits[b, j], next_logits(model,
+                                    prompt[:-1] + tuple(chunk[b, :j + 1])),
           rtol=1e-5, atol=1e-5)
   for j in range(2):
     one, state = model.decode_chunk(jnp.asarray(chunk[:, j:j + 1]), state)
@@ -88,8 +87,8 @@ def test_decoder_only_logits_follow_the_prompt_and_the_cache():
 def test_greedy_speculative_equals_greedy_baseline(drafter_kind, gamma):
   target = DecoderOnlyLM.random(2, V)
   draft = (drafters.ModelDrafter(DecoderOnlyLM.random(3, V, scale=2.0))
-           if drafter_kind == "model" else
-           drafters.PromptLookupDrafter(vocab=V, max_ngram=2))
+           if drafter_kind == "model" else drafters.PromptLookupDrafter(
+               vocab=V, max_ngram=2))
   inputs = jnp.asarray(PROMPTS)
   steps = 10
   base = decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
@@ -123,13 +122,14 @@ def test_first_tokens_have_the_target_distribution(decoder):
   assert abs(sum(exact.values()) - 1.0) < 1e-9
   inputs = jnp.asarray(np.tile(np.array(prompt, np.int32), (samples, 1)))
   if decoder == "baseline":
-    out = decoding.temperature_sample(
-        target, inputs, jax.random.PRNGKey(11), max_decode_length=steps,
-        method=method, eos_id=EOS)
+    out = decoding.temperature_sample(target, inputs, jax.random.PRNGKey(11),
+                                      max_decode_length=steps, method=method,
+                                      eos_id=EOS)
   else:
     draft = drafters.ModelDrafter(DecoderOnlyLM.random(5, V, scale=1.5))
-    out = decoding.speculative_sample(
-        target, draft, inputs, jax.random.PRNGKey(12), gamma=2,
-        max_decode_length=steps, method=method, eos_id=EOS)
+    out = decoding.speculative_sample(target, draft, inputs,
+                                      jax.random.PRNGKey(12), gamma=2,
+                                      max_decode_length=steps, method=method,
+                                      eos_id=EOS)
   observed, expected = count_sequences(out.tokens, exact)
   assert chisquare_pvalue(observed, expected) > SIGNIFICANCE

@@ -42,7 +42,6 @@ from decoding_helpers import reference_standardize
 
 SIGNIFICANCE = 1e-3
 
-
 # ---------------------------------------------------------------------------
 # Greedy identity.
 # ---------------------------------------------------------------------------
@@ -61,12 +60,14 @@ def greedy_setup():
   inputs[2, 3:] = 0
   # Pick an EOS id that one row emits early and another late (or never),
   # from the target's own greedy output with no EOS.
-  free = np.asarray(decoding.temperature_sample(
-      target, inputs, jax.random.PRNGKey(0), max_decode_length=MAX_LEN,
-      eos_id=-1).tokens)
+  free = np.asarray(
+      decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
+                                  max_decode_length=MAX_LEN, eos_id=-1).tokens)
+
   def first(tok, row):
     hits = np.flatnonzero(free[row] == tok)
     return hits[0] if hits.size else MAX_LEN
+
   for tok in range(2, 32):
     firsts = [first(tok, r) for r in range(4)]
     if min(firsts) <= 2 and max(firsts) >= MAX_LEN - 4:
@@ -81,9 +82,9 @@ def test_greedy_speculative_equals_baseline(greedy_setup, gamma):
                                      max_decode_length=MAX_LEN, eos_id=eos)
   lengths = np.asarray(base.lengths)
   assert lengths.min() <= 3 and lengths.max() >= MAX_LEN - 3, lengths
-  spec = decoding.speculative_sample(
-      target, draft, inputs, jax.random.PRNGKey(1), gamma=gamma,
-      max_decode_length=MAX_LEN, eos_id=eos)
+  spec = decoding.speculative_sample(target, draft, inputs,
+                                     jax.random.PRNGKey(1), gamma=gamma,
+                                     max_decode_length=MAX_LEN, eos_id=eos)
   np.testing.assert_array_equal(spec.tokens, base.tokens)
   np.testing.assert_array_equal(spec.lengths, base.lengths)
   stats_ = spec.statistics()
@@ -94,8 +95,8 @@ def test_greedy_speculative_equals_baseline(greedy_setup, gamma):
   assert stats_["target_calls"] < stats_["tokens_generated"]
   assert np.all(np.asarray(spec.target_calls) <= lengths)
   assert 0.0 < stats_["alpha_hat"] < 1.0
-  np.testing.assert_array_equal(np.asarray(spec.accepted_histogram).sum(1),
-                                spec.target_calls)
+  np.testing.assert_array_equal(
+      np.asarray(spec.accepted_histogram).sum(1), spec.target_calls)
 
 
 def test_greedy_batch_of_one_and_self_draft(greedy_setup):
@@ -121,14 +122,16 @@ def test_new_inputs_and_eos_do_not_recompile(greedy_setup):
   target, draft, inputs, eos = greedy_setup
   other = (inputs + 3) % 32
   for fn, kwargs in ((decoding.temperature_sample, {}),
-                     (decoding.speculative_sample,
-                      dict(drafter=draft, gamma=3))):
-    jitted = (loops._jit_temperature_loop  # pylint: disable=protected-access
-              if fn is decoding.temperature_sample
-              else loops._speculative_program())  # pylint: disable=protected-access
+                     (decoding.speculative_sample, dict(drafter=draft,
+                                                        gamma=3))):
+    jitted = (
+        loops._jit_temperature_loop  # pylint: disable=protected-access
+        if fn is decoding.temperature_sample else loops._speculative_program())  # pylint: disable=protected-access
+
     def run(x, e, seed, fn=fn, kwargs=kwargs):
       return fn(target, encoder_input_tokens=x, rng=jax.random.PRNGKey(seed),
                 max_decode_length=MAX_LEN, eos_id=e, **kwargs).tokens
+
     jax.block_until_ready(run(inputs, eos, 0))
     before = jitted._cache_size()
     jax.block_until_ready(run(other, -1, 1))
@@ -165,6 +168,7 @@ def _exact_sequence_distribution(model, inputs, temperature, top_k, top_p):
   probs = reference_standardize(last, temperature, top_k, top_p)
   next_probs = {p: probs[i] for i, p in enumerate(prefixes)}
   out = {}
+
   def walk(prefix, mass):
     if len(prefix) == STEPS or (prefix and prefix[-1] == EOS):
       out[prefix + (0,) * (STEPS - len(prefix))] = mass
@@ -172,19 +176,22 @@ def _exact_sequence_distribution(model, inputs, temperature, top_k, top_p):
     for tok in range(VOCAB):
       if next_probs[prefix][tok] > 0:
         walk(prefix + (tok,), mass * next_probs[prefix][tok])
+
   walk((), 1.0)
   return out
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p,gamma", [
-    (1.0, 0, 1.0, 3),
-    (0.8, 3, 1.0, 2),
-    (1.0, 0, 0.8, 4),
-    # Temperature != 1 with top-p, and top-k with top-p: a verifier and a
-    # sampler applying them in different orders would disagree here.
-    (0.7, 0, 0.9, 3),
-    (0.7, 3, 0.9, 2),
-])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p,gamma",
+    [
+        (1.0, 0, 1.0, 3),
+        (0.8, 3, 1.0, 2),
+        (1.0, 0, 0.8, 4),
+        # Temperature != 1 with top-p, and top-k with top-p: a verifier and a
+        # sampler applying them in different orders would disagree here.
+        (0.7, 0, 0.9, 3),
+        (0.7, 3, 0.9, 2),
+    ])
 def test_speculative_matches_target_distribution(temperature, top_k, top_p,
                                                  gamma):
   config = tiny_config(vocab_size=VOCAB)
@@ -222,9 +229,10 @@ def test_baseline_matches_target_distribution():
   target = random_model(config, seed=21)
   inputs = np.array([[3, 4, 2, 1]], np.int32)
   exact = _exact_sequence_distribution(target, inputs, 1.0, 0, 1.0)
-  out = decoding.temperature_sample(
-      target, np.repeat(inputs, SAMPLES, axis=0), jax.random.PRNGKey(5),
-      max_decode_length=STEPS, temperature=1.0, eos_id=EOS)
+  out = decoding.temperature_sample(target, np.repeat(inputs, SAMPLES, axis=0),
+                                    jax.random.PRNGKey(5),
+                                    max_decode_length=STEPS, temperature=1.0,
+                                    eos_id=EOS)
   keys = sorted(exact)
   counts = {k: 0 for k in keys}
   for row in map(tuple, np.asarray(out.tokens)):
@@ -239,8 +247,10 @@ def test_baseline_matches_target_distribution():
 # ---------------------------------------------------------------------------
 @pytest.fixture
 def no_compile(monkeypatch):
+
   def fail(*args, **kwargs):
     raise AssertionError("compiled/ran before validating arguments")
+
   monkeypatch.setattr(loops, "_jit_speculative_loop", fail)
   monkeypatch.setattr(loops, "_jit_speculative_loop_cpu", fail)
   monkeypatch.setattr(loops, "_jit_temperature_loop", fail)
@@ -291,14 +301,21 @@ def model8():
 
 def _decoders(model):
   """Both decoders with valid defaults; kwargs override."""
+
   def spec(inputs, rng, **kwargs):
-    return decoding.speculative_sample(model, model, inputs, rng,
-                                       **{"gamma": 2, "max_decode_length": 4,
-                                          **kwargs})
+    return decoding.speculative_sample(
+        model, model, inputs, rng, **{
+            "gamma": 2,
+            "max_decode_length": 4,
+            **kwargs
+        })
 
   def base(inputs, rng, **kwargs):
-    return decoding.temperature_sample(model, inputs, rng,
-                                       **{"max_decode_length": 4, **kwargs})
+    return decoding.temperature_sample(model, inputs, rng, **{
+        "max_decode_length": 4,
+        **kwargs
+    })
+
   return {"speculative": spec, "baseline": base}
 
 
@@ -306,24 +323,28 @@ GOOD = np.ones((1, 3), np.int32)
 
 
 @pytest.mark.parametrize("decoder", ["speculative", "baseline"])
-@pytest.mark.parametrize("inputs,rng,match", [
-    (np.ones((1, 3), np.float32), jax.random.PRNGKey(0),
-     r"encoder_input_tokens must have an integer dtype.*float32"),
-    (np.ones((1, 3), bool), jax.random.PRNGKey(0),
-     r"encoder_input_tokens must have an integer dtype"),
-    (np.array([[2, 8, 1]], np.int32), jax.random.PRNGKey(0),
-     r"encoder_input_tokens must hold token ids in \[0, 8\).*got 8 at \[0, 1\]"),
-    (np.array([[2, -1, 0]], np.int64), jax.random.PRNGKey(0),
-     r"encoder_input_tokens .*got -1"),
-    (jnp.array([[3, 30]], jnp.int32), jax.random.PRNGKey(0),
-     r"encoder_input_tokens .*got 30"),
-    (GOOD, 42, r"rng must be a single JAX PRNG key.*got 42"),
-    (GOOD, None, r"rng must be .*got None"),
-    (GOOD, np.zeros(2, np.float32), r"rng must be .*float32"),
-    (GOOD, jax.random.split(jax.random.PRNGKey(0), 2), r"rng must be"),
-    (GOOD, jax.random.split(jax.random.key(0), 2), r"rng must be"),
-], ids=["float", "bool", "id>=vocab", "negative-id", "jax-array-id", "rng=42",
-        "rng=None", "rng-float", "rng-batch", "typed-key-batch"])
+@pytest.mark.parametrize(
+    "inputs,rng,match", [
+        (np.ones((1, 3), np.float32), jax.random.PRNGKey(0),
+         r"encoder_input_tokens must have an integer dtype.*float32"),
+        (np.ones((1, 3), bool), jax.random.PRNGKey(0),
+         r"encoder_input_tokens must have an integer dtype"),
+        (np.array([[2, 8, 1]], np.int32), jax.random.PRNGKey(0),
+         r"encoder_input_tokens must hold token ids in \[0, 8\).*got 8 at \[0, 1\]"
+        ),
+        (np.array([[2, -1, 0]], np.int64), jax.random.PRNGKey(0),
+         r"encoder_input_tokens .*got -1"),
+        (jnp.array([[3, 30]], jnp.int32), jax.random.PRNGKey(0),
+         r"encoder_input_tokens .*got 30"),
+        (GOOD, 42, r"rng must be a single JAX PRNG key.*got 42"),
+        (GOOD, None, r"rng must be .*got None"),
+        (GOOD, np.zeros(2, np.float32), r"rng must be .*float32"),
+        (GOOD, jax.random.split(jax.random.PRNGKey(0), 2), r"rng must be"),
+        (GOOD, jax.random.split(jax.random.key(0), 2), r"rng must be"),
+    ], ids=[
+        "float", "bool", "id>=vocab", "negative-id", "jax-array-id", "rng=42",
+        "rng=None", "rng-float", "rng-batch", "typed-key-batch"
+    ])
 def test_bad_inputs_and_rng_rejected_before_compiling(no_compile, model8,
                                                       decoder, inputs, rng,
                                                       match):
@@ -332,8 +353,8 @@ def test_bad_inputs_and_rng_rejected_before_compiling(no_compile, model8,
 
 
 @pytest.mark.parametrize("decoder", ["speculative", "baseline"])
-@pytest.mark.parametrize("rng", [jax.random.PRNGKey(0), jax.random.key(0)],
-                         ids=["raw", "typed"])
+@pytest.mark.parametrize(
+    "rng", [jax.random.PRNGKey(0), jax.random.key(0)], ids=["raw", "typed"])
 def test_valid_inputs_and_keys_reach_the_compiled_loop(no_compile, model8,
                                                        decoder, rng):
   """Both kinds of key and the whole id range pass the checks (and only
@@ -344,8 +365,8 @@ def test_valid_inputs_and_keys_reach_the_compiled_loop(no_compile, model8,
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(method=sampling.Greedy(), temperature=1.0),
-     "either method or temperature"),
+    (dict(method=sampling.Greedy(),
+          temperature=1.0), "either method or temperature"),
     (dict(method="greedy"), "method must be a sampling.SamplingMethod"),
     (dict(temperature=float("inf")), "temperature must be a finite"),
     (dict(temperature=1.0, top_p=float("nan")), "top_p"),
@@ -378,12 +399,12 @@ class _StringLeafDrafter(_PlainDrafter):
   name: str = "ngram"
 
 
-def test_drafter_and_target_must_be_pytrees_with_the_protocols(no_compile,
-                                                              model8):
+def test_drafter_and_target_must_be_pytrees_with_the_protocols(
+    no_compile, model8):
   rng = jax.random.PRNGKey(0)
-  with pytest.raises(ValueError,
-                     match=r"drafter must be a JAX pytree .*_PlainDrafter.*"
-                     r"flax.struct.dataclass"):
+  with pytest.raises(
+      ValueError, match=r"drafter must be a JAX pytree .*_PlainDrafter.*"
+      r"flax.struct.dataclass"):
     decoding.speculative_sample(model8, _PlainDrafter(), GOOD, rng, gamma=2,
                                 max_decode_length=4)
   with pytest.raises(ValueError, match=r"drafter.name is a str"):
@@ -392,9 +413,10 @@ def test_drafter_and_target_must_be_pytrees_with_the_protocols(no_compile,
   with pytest.raises(ValueError, match="drafter must be a specdec_jax"):
     decoding.speculative_sample(model8, object(), GOOD, rng, gamma=2,
                                 max_decode_length=4)
-  with pytest.raises(ValueError, match=r"target must implement .*missing "
-                     r"\['start_token', 'start', 'length', 'decode_chunk', "
-                     r"'truncate'\]"):
+  with pytest.raises(
+      ValueError, match=r"target must implement .*missing "
+      r"\['start_token', 'start', 'length', 'decode_chunk', "
+      r"'truncate'\]"):
     decoding.speculative_sample(_PlainDrafter(), model8, GOOD, rng, gamma=2,
                                 max_decode_length=4)
 
@@ -409,8 +431,9 @@ def test_t5_cache_refuses_to_overflow(model8):
     model8.decode_chunk(jnp.ones((2, 5), jnp.int32), cache)
   _, cache = model8.decode_chunk(jnp.ones((2, 3), jnp.int32), cache)
   # Concrete lengths (outside jit): checked on the host.
-  with pytest.raises(ValueError, match=r"at cache lengths \[3, 3\] writes "
-                     "past the cache's max_len=4"):
+  with pytest.raises(
+      ValueError, match=r"at cache lengths \[3, 3\] writes "
+      "past the cache's max_len=4"):
     model8.decode_chunk(jnp.ones((2, 2), jnp.int32), cache)
   # Traced lengths: a checkify assertion inside traced_overflow_checks().
   with models.traced_overflow_checks():
@@ -437,11 +460,13 @@ def test_decode_loops_have_no_effects(model8):
   def traces():
     return [
         jax.make_jaxpr(lambda t, x, r: loops.temperature_loop(
-            t, x, r, eos, max_decode_length=4, method=method))(
-                model8, inputs, rng),
-        jax.make_jaxpr(lambda t, x, r: loops.speculative_loop(
-            t, drafters.ModelDrafter(t), x, r, eos, gamma=2,
-            max_decode_length=4, method=method))(model8, inputs, rng)]
+            t, x, r, eos, max_decode_length=4, method=method))(model8, inputs,
+                                                               rng),
+        jax.make_jaxpr(
+            lambda t, x, r: loops.speculative_loop(t, drafters.ModelDrafter(
+                t), x, r, eos, gamma=2, max_decode_length=4, method=method))(
+                    model8, inputs, rng)
+    ]
 
   assert [j.effects for j in traces()] == [set(), set()]
   with models.traced_overflow_checks():
@@ -481,4 +506,5 @@ def test_speculative_sample_uses_the_cpu_program_on_cpu():
   assert jax.default_backend() == "cpu"
   assert loops._speculative_program() is loops._jit_speculative_loop_cpu  # pylint: disable=protected-access
   assert kernels.CPU_SPECULATIVE_COMPILER_OPTIONS == {
-      "xla_cpu_multi_thread_eigen": False}
+      "xla_cpu_multi_thread_eigen": False
+  }

@@ -18,8 +18,7 @@ from specdec_jax import run as run_lib
 from conftest import REPO
 
 DOCS = REPO / "docs"
-PAGES = [REPO / "README.md", REPO / "CHANGELOG.md",
-         *sorted(DOCS.rglob("*.md"))]
+PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +53,8 @@ def _readme() -> str:
 # ---------------------------------------------------------------------------
 def test_generated_pages_are_the_generators_output(generator, tmp_path):
   written = generator.write_pages(str(tmp_path))
-  assert sorted(pathlib.Path(p).name for p in written) == [
-      "macros.md", "outputs.md"]
+  assert sorted(
+      pathlib.Path(p).name for p in written) == ["macros.md", "outputs.md"]
   for path in written:
     name = pathlib.Path(path).name
     committed = (DOCS / "usage" / name).read_text(encoding="utf-8")
@@ -69,22 +68,22 @@ def test_macros_page_covers_every_run_argument(generator):
   bound = {binding for _, _, binding, _ in rows}
   fields = generator.arguments.RunArguments.__dataclass_fields__
   assert {f"run.{f}" for f in fields} <= bound
-  by_macro = {macro: (default, meaning)
-              for macro, default, _, meaning in rows}
+  by_macro = {macro: (default, meaning) for macro, default, _, meaning in rows}
   assert by_macro["GAMMA"][0] == "5" and "'auto'" in by_macro["GAMMA"][1]
   assert by_macro["SPM_MODEL_PATH"][1]  # vocabulary.* macros too
   assert all(meaning for _, _, _, meaning in rows)
 
 
 def test_generator_names_what_is_missing(generator, monkeypatch, tmp_path):
+
   class Undocumented:
     """A configurable.
 
     Attributes:
       output_dir: documented.
     """
-  monkeypatch.setitem(generator.DOCUMENTED, "run", (Undocumented,
-                                                    "Attributes"))
+
+  monkeypatch.setitem(generator.DOCUMENTED, "run", (Undocumented, "Attributes"))
   with pytest.raises(generator.DocsError,
                      match=r"run.gamma \(%GAMMA\) has no docstring entry"):
     generator.macro_rows()
@@ -93,6 +92,7 @@ def test_generator_names_what_is_missing(generator, monkeypatch, tmp_path):
 
 
 def test_docstring_entries_join_continuations_and_groups(generator):
+
   class Documented:
     """Summary.
 
@@ -104,9 +104,13 @@ def test_docstring_entries_join_continuations_and_groups(generator):
     Returns:
       nothing.
     """
+
   assert generator.docstring_entries(Documented, "Args") == {
-      "a": "first continued.", "b": "first continued.", "c": "second.",
-      "d": "second."}
+      "a": "first continued.",
+      "b": "first continued.",
+      "c": "second.",
+      "d": "second."
+  }
 
 
 # ---------------------------------------------------------------------------
@@ -144,9 +148,11 @@ def test_readme_is_short_and_indexes_every_docs_page():
 # Commands.
 # ---------------------------------------------------------------------------
 def test_install_and_test_commands_are_ci_runs():
-  ci = [line.strip() for line in
-        (REPO / ".ci" / "run").read_text().splitlines()
-        if line.startswith("python ")]
+  ci = [
+      line.strip()
+      for line in (REPO / ".ci" / "run").read_text().splitlines()
+      if line.startswith("python ")
+  ]
   text = _readme()
   install = _fenced(_section(text, "## Install"))[0].splitlines()
   tests = _fenced(_section(text, "## Run the tests"))[0].splitlines()
@@ -162,11 +168,14 @@ def test_install_and_test_commands_are_ci_runs():
 
 
 def test_check_command_is_the_one_ci_runs_before_the_tests():
-  ci = [line.strip() for line in
-        (REPO / ".ci" / "run").read_text().splitlines()
-        if line.strip() and not line.startswith("#")]
+  ci = [
+      line.strip()
+      for line in (REPO / ".ci" / "run").read_text().splitlines()
+      if line.strip() and not line.startswith("#")
+  ]
   checks = [i for i, line in enumerate(ci) if "scripts/check.sh" in line]
-  assert len(checks) == 1 and checks[0] < ci.index("python -m pytest -q -n 2 tests")
+  assert len(checks) == 1 and checks[0] < ci.index(
+      "python -m pytest -q -n 2 tests")
   assert os.access(REPO / "scripts" / "check.sh", os.X_OK)
   assert "`scripts/check.sh`" in _section(_readme(), "## Run the tests")
 
@@ -194,16 +203,15 @@ def _commands(text: str) -> list:
         line = line.replace('\\"', '"')
         found.append(line[:-1] if line.count('"') % 2 else line)
   found += re.findall(r"`(python (?:-m specdec_jax|scripts/)[^`]*)`", text)
-  return [c for c in found if re.match(r"python (-m specdec_jax|scripts/)",
-                                       c)]
+  return [c for c in found if re.match(r"python (-m specdec_jax|scripts/)", c)]
 
 
 def _flag_names_in_sources() -> str:
   """All Python source of the package and scripts (where flags are
   defined)."""
-  return "\n".join(p.read_text(encoding="utf-8") for p in
-                   [*(REPO / "specdec_jax").rglob("*.py"),
-                    *(REPO / "scripts").glob("*.py")])
+  return "\n".join(
+      p.read_text(encoding="utf-8") for p in
+      [*(REPO / "specdec_jax").rglob("*.py"), *(REPO / "scripts").glob("*.py")])
 
 
 def test_every_command_shown_names_what_exists():
@@ -212,8 +220,8 @@ def test_every_command_shown_names_what_exists():
   for page in PAGES:
     for command in _commands(page.read_text(encoding="utf-8")):
       where = f"{page.relative_to(REPO)}: {command}"
-      words = shlex.split(command.replace("[", " ").replace("]", " "),
-                          comments=True)
+      words = shlex.split(
+          command.replace("[", " ").replace("]", " "), comments=True)
       program = words[2] if words[1] == "-m" else words[1]
       if words[1] == "-m":
         assert importlib.util.find_spec(program), where
@@ -246,15 +254,17 @@ def test_readme_main_job_runs_and_prints_what_the_readme_shows(tmp_path):
   assert words[:3] == ["python", "-m", "specdec_jax.run"]
   files = [w.split("=", 1)[1] for w in words if w.startswith("--gin_file=")]
   out = tmp_path / "out"
-  gin_utils.parse_gin(files, [f"OUTPUT_DIR = '{out}'", "NUM_EXAMPLES = 2",
-                              "TASK_FEATURE_LENGTHS = {'inputs': 64, "
-                              "'targets': 16}"], finalize=False)
+  gin_utils.parse_gin(files, [
+      f"OUTPUT_DIR = '{out}'", "NUM_EXAMPLES = 2",
+      "TASK_FEATURE_LENGTHS = {'inputs': 64, "
+      "'targets': 16}"
+  ], finalize=False)
   experiment = run_lib.Experiment(run_lib.run_arguments())
   metrics = experiment.run()
   lines = run_lib.summary_lines(metrics, experiment.args)
   shown = shown.replace("/tmp/specdec_jax/pretrained_multi30k", str(out))
-  shown = shown.replace("60/60", "2/2").replace(
-      "60 examples", "2 examples").splitlines()
+  shown = shown.replace("60/60", "2/2").replace("60 examples",
+                                                "2 examples").splitlines()
   assert lines[0] == shown[0]
   assert lines[-1] == shown[-1]
   assert lines[1].startswith("speculative decoding: ")

@@ -40,7 +40,6 @@ CORPUS = [[2, 3, 4, 1], [2, 3, 5, 1], [3, 4, 1], [2, 2, 3, 4, 1]]
 # Next-token counts 1:4, 2:4, 3:4, 4:3, 5:1: N = 16, T = 5 types.
 UNIGRAM = (np.array([0, 4, 4, 4, 3, 1, 0, 0]) + 5 / 8) / 21
 
-
 # Jitted, as the decoder runs them (one compilation per table shape instead
 # of one per eager op).
 _next_probs = jax.jit(lambda table, context: table.next_probs(context))
@@ -80,14 +79,15 @@ def test_ngram_table_counts_by_hand():
 def test_ngram_table_keeps_the_most_frequent_continuations():
   table = drafters.build_ngram_table(CORPUS, 8, order=2, max_continuations=1)
   # After 0 only 2 (a = 3/6) is stored: the rest goes to the unigram.
-  np.testing.assert_allclose(
-      _probs(table, [0]), [UNIGRAM / 2 + np.eye(8)[2] / 2], rtol=1e-6)
+  np.testing.assert_allclose(_probs(table, [0]),
+                             [UNIGRAM / 2 + np.eye(8)[2] / 2], rtol=1e-6)
   assert table.levels[0].width == 1
 
 
 def test_ngram_table_rejects_bad_corpora():
-  with pytest.raises(ValueError, match=r"token id 9 is outside the model's "
-                     r"vocabulary \[0, 8\).*another vocabulary"):
+  with pytest.raises(
+      ValueError, match=r"token id 9 is outside the model's "
+      r"vocabulary \[0, 8\).*another vocabulary"):
     drafters.build_ngram_table([[2, 9, 1]], 8, order=2)
   with pytest.raises(ValueError, match="no tokens"):
     drafters.build_ngram_table([[]], 8, order=2)
@@ -104,27 +104,29 @@ INPUT = [5, 6, 7, 5, 6, 2, 1, 0, 0]
 @jax.jit
 def _propose_three(drafter, state, buffer, length):
   """Prompt lookup's γ = 3 guesses at T = 0 (one program per max_ngram)."""
-  return drafter.propose(state, buffer, length, jax.random.PRNGKey(0),
-                         gamma=3, method=sampling.Greedy())
+  return drafter.propose(state, buffer, length, jax.random.PRNGKey(0), gamma=3,
+                         method=sampling.Greedy())
 
 
-@pytest.mark.parametrize("generated,max_ngram,expected", [
-    ([5, 6], 3, [7, 5, 6]),        # "5 6" at 0: copy what follows it.
-    ([6], 3, [7, 5, 6]),           # "6" at 1.
-    ([7, 5, 6], 3, [2, 1, NONE]),  # The longest suffix wins: "7 5 6" at 2,
-    ([7, 5, 6], 2, [7, 5, 6]),     # but with max_ngram 2, "5 6" at 0.
-    ([3, 2], 3, [1, NONE, NONE]),  # "2" at 5: then EOS, then padding.
-    ([4], 3, [NONE] * 3),          # No match.
-    ([6, 1], 3, [NONE] * 3),       # EOS is followed by padding only.
-    ([], 3, [NONE] * 3),           # Nothing generated yet.
-])
+@pytest.mark.parametrize(
+    "generated,max_ngram,expected",
+    [
+        ([5, 6], 3, [7, 5, 6]),  # "5 6" at 0: copy what follows it.
+        ([6], 3, [7, 5, 6]),  # "6" at 1.
+        ([7, 5, 6], 3, [2, 1, NONE]),  # The longest suffix wins: "7 5 6" at 2,
+        ([7, 5, 6], 2, [7, 5, 6]),  # but with max_ngram 2, "5 6" at 0.
+        ([3, 2], 3, [1, NONE, NONE]),  # "2" at 5: then EOS, then padding.
+        ([4], 3, [NONE] * 3),  # No match.
+        ([6, 1], 3, [NONE] * 3),  # EOS is followed by padding only.
+        ([], 3, [NONE] * 3),  # Nothing generated yet.
+    ])
 def test_prompt_lookup_matches_by_hand(generated, max_ngram, expected):
   drafter = drafters.PromptLookupDrafter(vocab=8, max_ngram=max_ngram)
   state = drafter.init(jnp.asarray([INPUT], jnp.int32), 16)
   buffer = jnp.asarray([[0] + generated + [3] * (15 - len(generated))],
                        jnp.int32)
   _, tokens, probs = _propose_three(drafter, state, buffer,
-                                   jnp.asarray([len(generated)]))
+                                    jnp.asarray([len(generated)]))
   assert probs is None
   np.testing.assert_array_equal(tokens, [expected])
 
@@ -132,8 +134,8 @@ def test_prompt_lookup_matches_by_hand(generated, max_ngram, expected):
 def test_prompt_lookup_rows_are_independent():
   inputs = jnp.asarray([INPUT, [4, 4, 3, 2, 1, 0, 0, 0, 0]], jnp.int32)
   buffer = jnp.asarray([[0, 5, 6, 9], [0, 4, 4, 9]], jnp.int32)
-  start = jax.jit(prompt_lookup.lookup_start, static_argnums=3)(
-      inputs, buffer, jnp.asarray([2, 2]), 3)
+  start = jax.jit(prompt_lookup.lookup_start,
+                  static_argnums=3)(inputs, buffer, jnp.asarray([2, 2]), 3)
   # Row 1: "4 4" at 0 (the first of the two "4" matches is not longer).
   np.testing.assert_array_equal(start, [2, 2])
 
@@ -143,8 +145,8 @@ def test_prompt_lookup_rows_are_independent():
 # make(draft_model, corpus) -> drafter, for the case's vocabulary.
 # ---------------------------------------------------------------------------
 def _lookup(vocab):
-  return lambda draft, corpus: drafters.PromptLookupDrafter(vocab=vocab,
-                                                            max_ngram=2)
+  return lambda draft, corpus: drafters.PromptLookupDrafter(
+      vocab=vocab, max_ngram=2)
 
 
 def _bigram(vocab, threshold=0.0):
@@ -171,7 +173,8 @@ GREEDY_DRAFTERS = {
 # prompt lookup at 7, where guesses run past the input (3 in batch of one).
 @pytest.mark.parametrize("name,gamma", [
     *[("hierarchical", g) for g in GAMMAS], ("bigram", 1), ("bigram", 7),
-    ("prompt_lookup", 7)])
+    ("prompt_lookup", 7)
+])
 def test_greedy_identity(name, gamma):
   stats = check_greedy_identity(GREEDY_DRAFTERS[name], gamma).statistics()
   assert 0.0 < stats["alpha_hat"] < 1.0, stats  # Kept and rejected guesses.
@@ -183,20 +186,21 @@ def test_greedy_identity(name, gamma):
     assert not np.any(np.diff(guessed.astype(int), axis=-1) > 0)  # Suffix.
 
 
-@pytest.mark.parametrize("name", ["bigram", "prompt_lookup",
-                                  "hierarchical_bigram"])
+@pytest.mark.parametrize("name",
+                         ["bigram", "prompt_lookup", "hierarchical_bigram"])
 def test_greedy_identity_batch_of_one(name):
   for row in (0, 1):  # One row ends early, another late (greedy_case).
-    check_greedy_identity(GREEDY_DRAFTERS[name], 3, row=row,
-                          statistics=False)
+    check_greedy_identity(GREEDY_DRAFTERS[name], 3, row=row, statistics=False)
 
 
 def test_hierarchical_proposes_the_draft_models_own_guesses():
   """At T = 0 the inner loop yields M_q's greedy continuation: the same
   guesses, iteration by iteration, as M_q drafting step by step."""
-  outs = [check_greedy_identity(make, 3) for make in (
-      lambda draft, corpus: drafters.ModelDrafter(draft),
-      GREEDY_DRAFTERS["hierarchical"])]
+  outs = [
+      check_greedy_identity(make, 3)
+      for make in (lambda draft, corpus: drafters.ModelDrafter(draft),
+                   GREEDY_DRAFTERS["hierarchical"])
+  ]
   np.testing.assert_array_equal(outs[0].target_calls, outs[1].target_calls)
   np.testing.assert_array_equal(outs[0].trace_draft_tokens,
                                 outs[1].trace_draft_tokens)
@@ -205,17 +209,24 @@ def test_hierarchical_proposes_the_draft_models_own_guesses():
 # Prompt lookup's guesses never read the method: what the method changes
 # for a deterministic drafter is the loop's (one-hot q), tested at T = 1 and
 # with top-p in test_speculative_loop.py; here it runs with top-k + top-p.
-@pytest.mark.parametrize("name,method", [
-    ("bigram", METHODS[0]), ("bigram", METHODS[1]),
-    ("prompt_lookup", METHODS[1]),
-    ("hierarchical", METHODS[0]), ("hierarchical_bigram", METHODS[1]),
-], ids=[f"bigram-{m}" for m in METHOD_IDS]
-    + [f"prompt_lookup-{METHOD_IDS[1]}", f"hierarchical-{METHOD_IDS[0]}",
-       f"hierarchical_bigram-{METHOD_IDS[1]}"])
+@pytest.mark.parametrize(
+    "name,method", [
+        ("bigram", METHODS[0]),
+        ("bigram", METHODS[1]),
+        ("prompt_lookup", METHODS[1]),
+        ("hierarchical", METHODS[0]),
+        ("hierarchical_bigram", METHODS[1]),
+    ], ids=[f"bigram-{m}" for m in METHOD_IDS] + [
+        f"prompt_lookup-{METHOD_IDS[1]}", f"hierarchical-{METHOD_IDS[0]}",
+        f"hierarchical_bigram-{METHOD_IDS[1]}"
+    ])
 def test_output_has_the_target_distribution(name, method):
-  make = {"bigram": _bigram(DIST_V), "prompt_lookup": _lookup(DIST_V),
-          "hierarchical": _hierarchical(_lookup(DIST_V), 2),
-          "hierarchical_bigram": _hierarchical(_bigram(DIST_V), 2)}[name]
+  make = {
+      "bigram": _bigram(DIST_V),
+      "prompt_lookup": _lookup(DIST_V),
+      "hierarchical": _hierarchical(_lookup(DIST_V), 2),
+      "hierarchical_bigram": _hierarchical(_bigram(DIST_V), 2)
+  }[name]
   check_distribution(make, method, gamma=2)
   if name == "bigram":  # Adaptive γ: the same program.
     out = check_distribution(_bigram(DIST_V, threshold=0.5), method, gamma=2)
@@ -230,13 +241,14 @@ def test_hierarchical_rejects_a_stateful_inner_drafter():
   with pytest.raises(ValueError, match="inner must be a PromptLookupDrafter"):
     drafters.HierarchicalDrafter(draft, drafters.ModelDrafter(draft))
   with pytest.raises(ValueError, match="inner_gamma must be an integer"):
-    drafters.HierarchicalDrafter(
-        draft, drafters.PromptLookupDrafter(vocab=DIST_V), inner_gamma=0)
+    drafters.HierarchicalDrafter(draft,
+                                 drafters.PromptLookupDrafter(vocab=DIST_V),
+                                 inner_gamma=0)
 
 
 def test_drafter_vocabulary_must_match_the_targets():
   target, _, inputs, _ = distribution_case()
   with pytest.raises(ValueError, match=r"draft vocab_size \(9\) must equal"):
-    decoding.speculative_sample(
-        target, drafters.PromptLookupDrafter(vocab=9), inputs,
-        jax.random.PRNGKey(0), gamma=2, max_decode_length=3)
+    decoding.speculative_sample(target, drafters.PromptLookupDrafter(vocab=9),
+                                inputs, jax.random.PRNGKey(0), gamma=2,
+                                max_decode_length=3)

@@ -60,9 +60,11 @@ def _env():
 # (1) One run at a time per OUTPUT_DIR; (6) Ctrl-C: one line, exit 130.
 # ---------------------------------------------------------------------------
 def _run_cmd(out, source, *extra):
-  return [sys.executable, "-m", "specdec_jax.run", "--gin_file=local_tiny.gin",
-          f"--gin.OUTPUT_DIR='{out}'", f"--gin.SOURCE_FILE='{source}'",
-          "--gin.NUM_EXAMPLES=5000", *extra]
+  return [
+      sys.executable, "-m", "specdec_jax.run", "--gin_file=local_tiny.gin",
+      f"--gin.OUTPUT_DIR='{out}'", f"--gin.SOURCE_FILE='{source}'",
+      "--gin.NUM_EXAMPLES=5000", *extra
+  ]
 
 
 def _wait_for(path: pathlib.Path, proc, seconds: float = 240) -> None:
@@ -81,13 +83,13 @@ def test_concurrent_runs_refused_and_ctrl_c_is_one_line(tmp_path):
   startup naming the first; Ctrl-C ends the first with one line and 130,
   and its lock is gone."""
   source = tmp_path / "many.tsv"
-  source.write_text("".join(f"a small house number {i}\tein Haus {i}\n"
-                            for i in range(5000)))
+  source.write_text("".join(
+      f"a small house number {i}\tein Haus {i}\n" for i in range(5000)))
   out = tmp_path / "same"
   lock = out / run_lock.LOCK_FILE
-  first = subprocess.Popen(_run_cmd(out, source, "--gin.GAMMA=2"),
-                           cwd=REPO, env=_env(), text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  first = subprocess.Popen(_run_cmd(out, source, "--gin.GAMMA=2"), cwd=REPO,
+                           env=_env(), text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
   try:
     _wait_for(lock, first)
     record = json.loads(lock.read_text())
@@ -96,8 +98,9 @@ def test_concurrent_runs_refused_and_ctrl_c_is_one_line(tmp_path):
         _run_cmd(out, source, "--gin.GAMMA=6", "--gin.TEMPERATURE=1.0"),
         cwd=REPO, env=_env(), text=True, capture_output=True, timeout=300)
     assert second.returncode == 2, second.stderr[-3000:]
-    errors = [l for l in second.stderr.splitlines()
-              if l.startswith("run: error")]
+    errors = [
+        l for l in second.stderr.splitlines() if l.startswith("run: error")
+    ]
     assert len(errors) == 1 and "Traceback" not in second.stderr
     assert f"is in use by run (pid {first.pid}" in errors[0]
     assert first.poll() is None  # the first run goes on
@@ -109,18 +112,20 @@ def test_concurrent_runs_refused_and_ctrl_c_is_one_line(tmp_path):
   assert first.returncode == 130, stderr[-3000:]
   assert "Traceback" not in stderr
   assert [l for l in stderr.splitlines() if l.startswith("run: ")] == [
-      l for l in stderr.splitlines() if l.startswith("run: interrupted")]
+      l for l in stderr.splitlines() if l.startswith("run: interrupted")
+  ]
   assert not lock.exists()
   assert not (out / "metrics.json").exists()
 
 
 def test_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
-  holder = subprocess.Popen(
-      [sys.executable, "-c",
-       "import sys, time; from specdec_jax.experiment import run_lock; "
-       "run_lock.acquire(sys.argv[1], 'holder'); print('held', flush=True); "
-       "time.sleep(600)", str(tmp_path)],
-      cwd=REPO, env=_env(), text=True, stdout=subprocess.PIPE)
+  holder = subprocess.Popen([
+      sys.executable, "-c",
+      "import sys, time; from specdec_jax.experiment import run_lock; "
+      "run_lock.acquire(sys.argv[1], 'holder'); print('held', flush=True); "
+      "time.sleep(600)",
+      str(tmp_path)
+  ], cwd=REPO, env=_env(), text=True, stdout=subprocess.PIPE)
   try:
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(run_lock.LockedError, match="in use by holder"):
@@ -136,8 +141,14 @@ def test_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
 
 def test_lock_of_another_host_is_stale_only_when_old(tmp_path, monkeypatch):
   path = tmp_path / run_lock.LOCK_FILE
-  record = {"program": "run", "pid": 1, "host": "elsewhere",
-            "started": time.time() - 3600, "started_utc": "x", "token": "t"}
+  record = {
+      "program": "run",
+      "pid": 1,
+      "host": "elsewhere",
+      "started": time.time() - 3600,
+      "started_utc": "x",
+      "token": "t"
+  }
   path.write_text(json.dumps(record))
   with pytest.raises(run_lock.LockedError, match="pid 1 on elsewhere"):
     run_lock.acquire(str(tmp_path))
@@ -192,6 +203,7 @@ def silent_gcs(monkeypatch):
         held.append(server.accept()[0])  # kept open, never answered
       except OSError:
         pass
+
   thread = threading.Thread(target=accept, daemon=True)
   thread.start()
   port = server.getsockname()[1]
@@ -262,12 +274,18 @@ def test_bad_training_settings_refused(field, value, allowed):
 
 
 def test_non_finite_loss_stops_training_naming_the_step():
-  progress = trainer._Progress(log_every_steps=10, num_steps=300,  # pylint: disable=protected-access
-                               schedule=lambda step: 1e-3)
-  batch = {"decoder_target_tokens": np.ones((2, 3), np.int32),
-           "encoder_input_tokens": np.ones((2, 3), np.int32)}
-  metrics = [{"loss": np.float32(v), "ce": np.float32(v)}
-             for v in (7.3, 6.8e8, np.inf)]
+  progress = trainer._Progress(
+      log_every_steps=10,
+      num_steps=300,  # pylint: disable=protected-access
+      schedule=lambda step: 1e-3)
+  batch = {
+      "decoder_target_tokens": np.ones((2, 3), np.int32),
+      "encoder_input_tokens": np.ones((2, 3), np.int32)
+  }
+  metrics = [{
+      "loss": np.float32(v),
+      "ce": np.float32(v)
+  } for v in (7.3, 6.8e8, np.inf)]
   for step, m in enumerate(metrics, start=41):
     progress.record(step, m, batch)
   with pytest.raises(trainer.TrainingDiverged, match="inf at step 43 "):
@@ -279,8 +297,10 @@ def test_non_finite_loss_stops_training_naming_the_step():
 # (5) A full disk: the summary first, and the file and what was kept named.
 # ---------------------------------------------------------------------------
 def test_atomic_write_names_the_file_on_enospc(tmp_path, monkeypatch):
+
   def full(fd):
     raise OSError(errno.ENOSPC, "No space left on device")
+
   monkeypatch.setattr(io_utils.os, "fsync", full)
   with pytest.raises(OSError) as e:
     io_utils.write_json(tmp_path / "metrics.json", {"a": 1})
@@ -306,10 +326,11 @@ class _FullAfter:
 
 
 def _tiny_run(tmp_path, **overrides):
-  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path / 'out'}'",
-                              "NUM_EXAMPLES = 5", "BATCH_SIZE = 2",
-                              "TASK_FEATURE_LENGTHS = {'inputs': 32, "
-                              "'targets': 8}", "GAMMA = 2"])
+  _parse(["local_tiny.gin"], [
+      f"OUTPUT_DIR = '{tmp_path / 'out'}'", "NUM_EXAMPLES = 5",
+      "BATCH_SIZE = 2", "TASK_FEATURE_LENGTHS = {'inputs': 32, "
+      "'targets': 8}", "GAMMA = 2"
+  ])
   return run_lib.Experiment(run_lib.run_arguments(overrides=overrides))
 
 
@@ -344,10 +365,12 @@ def test_full_disk_at_metrics_json(tmp_path, monkeypatch):
     if str(path).endswith("metrics.json"):
       raise OSError(errno.ENOSPC, "No space left on device", str(path))
     return real(path, data)
+
   monkeypatch.setattr(io_utils, "atomic_write", full)
-  with pytest.raises(predictions_lib.OutputWriteError,
-                     match="metrics.json: No space left on device. Kept: "
-                     "the summary above and predictions.jsonl"):
+  with pytest.raises(
+      predictions_lib.OutputWriteError,
+      match="metrics.json: No space left on device. Kept: "
+      "the summary above and predictions.jsonl"):
     _tiny_run(tmp_path).run()
   lines = (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()
   assert len(lines) == 5
@@ -364,25 +387,27 @@ def test_full_disk_at_metrics_json(tmp_path, monkeypatch):
     (KeyboardInterrupt("kept 3 predictions rows in /x"), 130),
 ])
 def test_run_cli_prints_one_line(error, code, capsys):
+
   def body():
     raise error
-  rc = console.run_cli("run", body, (gin_utils.ConfigError,
-                                     checkpoints.CheckpointError))
+
+  rc = console.run_cli("run", body,
+                       (gin_utils.ConfigError, checkpoints.CheckpointError))
   err = capsys.readouterr().err
   assert rc == code
   assert len(err.strip().splitlines()) == 1, err
   assert "In call to configurable" not in err and "0x7f" not in err
-  assert err.startswith("run: interrupted (Ctrl-C): kept 3" if code == 130
-                        else "run: error: ")
+  assert err.startswith("run: interrupted (Ctrl-C): kept 3" if code ==
+                        130 else "run: error: ")
 
 
 @pytest.mark.slow
 def test_checkpoint_error_is_one_line_exit_2(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, "-m", "specdec_jax.run", "--gin_file=local_tiny.gin",
-       f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'", "--gin.NUM_EXAMPLES=1",
-       f"--gin.TARGET_CHECKPOINT_PATH='{tmp_path / 'nothing'}'"],
-      cwd=REPO, env=_env(), text=True, capture_output=True, timeout=300)
+  proc = subprocess.run([
+      sys.executable, "-m", "specdec_jax.run", "--gin_file=local_tiny.gin",
+      f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'", "--gin.NUM_EXAMPLES=1",
+      f"--gin.TARGET_CHECKPOINT_PATH='{tmp_path / 'nothing'}'"
+  ], cwd=REPO, env=_env(), text=True, capture_output=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr
   errors = [l for l in proc.stderr.splitlines() if l.startswith("run: ")]
@@ -393,8 +418,8 @@ def test_checkpoint_error_is_one_line_exit_2(tmp_path):
 # ---------------------------------------------------------------------------
 # (7) Legacy array paths stay inside the checkpoint folder.
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("path", ["/etc/secret/", "../other/x/",
-                                  "a/../../x/", "gs://b/x/"])
+@pytest.mark.parametrize(
+    "path", ["/etc/secret/", "../other/x/", "a/../../x/", "gs://b/x/"])
 def test_legacy_paths_outside_the_checkpoint_refused(path):
   spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": path}}
   with pytest.raises(checkpoints.CheckpointError, match="outside the "
@@ -403,8 +428,13 @@ def test_legacy_paths_outside_the_checkpoint_refused(path):
 
 
 def test_legacy_relative_paths_still_resolve():
-  spec = {"driver": "zarr", "kvstore": {"driver": "file",
-                                        "path": "target.encoder.x/"}}
+  spec = {
+      "driver": "zarr",
+      "kvstore": {
+          "driver": "file",
+          "path": "target.encoder.x/"
+      }
+  }
   out = legacy.legacy_spec("/ckpt", "/ckpt", "encoder/x", spec)
   assert out["kvstore"]["path"].rstrip("/") == "/ckpt/target.encoder.x"
 
@@ -449,11 +479,11 @@ def test_unlisted_file_is_caught(tmp_path):
 # (9) Absurd γ and lengths, refused before loading.
 # ---------------------------------------------------------------------------
 def test_gamma_beyond_the_decode_length_refused(tmp_path, no_load):
-  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path / 'o'}'",
-                              "GAMMA = 1000"])
-  with pytest.raises(run_lib.ConfigError,
-                     match=r"GAMMA=1000 is more than TASK_FEATURE_LENGTHS"
-                     r"\['targets'\]=32.*Allowed: 1 to 32"):
+  _parse(["local_tiny.gin"],
+         [f"OUTPUT_DIR = '{tmp_path / 'o'}'", "GAMMA = 1000"])
+  with pytest.raises(
+      run_lib.ConfigError, match=r"GAMMA=1000 is more than TASK_FEATURE_LENGTHS"
+      r"\['targets'\]=32.*Allowed: 1 to 32"):
     run_lib.run()
   run_lib.run_arguments(overrides={"gamma": 32})  # the most allowed
   assert not (tmp_path / "o").exists()
@@ -462,7 +492,8 @@ def test_gamma_beyond_the_decode_length_refused(tmp_path, no_load):
 def test_lengths_beyond_memory_refused(tmp_path, no_load):
   _parse(["local_tiny.gin"], [
       f"OUTPUT_DIR = '{tmp_path / 'o'}'",
-      "TASK_FEATURE_LENGTHS = {'inputs': 1000000, 'targets': 32}"])
+      "TASK_FEATURE_LENGTHS = {'inputs': 1000000, 'targets': 32}"
+  ])
   with pytest.raises(run_lib.ConfigError) as e:
     run_lib.run()
   text = str(e.value)
@@ -487,22 +518,36 @@ def test_memory_estimate_counts_the_cache():
 # ---------------------------------------------------------------------------
 def test_sweep_mismatch_names_what_differs(tmp_path):
   from specdec_jax import sweep  # pylint: disable=g-import-not-at-top
-  (tmp_path / sweep.SWEEP_FILE).write_text(json.dumps(
-      {"gin_files": ["local_tiny.gin"], "gin_bindings": ["GAMMA = 2"]}))
+  (tmp_path / sweep.SWEEP_FILE).write_text(
+      json.dumps({
+          "gin_files": ["local_tiny.gin"],
+          "gin_bindings": ["GAMMA = 2"]
+      }))
   with pytest.raises(sweep.SweepError) as e:
-    sweep._check_results_dir(str(tmp_path), [], ["local_tiny.gin"],  # pylint: disable=protected-access
-                             ["GAMMA = 3"])
+    sweep._check_results_dir(
+        str(tmp_path),
+        [],
+        ["local_tiny.gin"],  # pylint: disable=protected-access
+        ["GAMMA = 3"])
   assert "gin_bindings: ['GAMMA = 2'] in its sweep.json" in str(e.value)
   assert "gin_files" not in str(e.value)
 
 
 def test_table2_names_an_unset_target_and_the_measured_call_prediction():
   from specdec_jax.reporting import tables  # pylint: disable=g-import-not-at-top
-  row = {"task": "local", "target_model": "", "draft_model": "tiny",
-         "temperature": 0.0, "gamma": 4, "alpha": 0.5, "speedup": 1.2,
-         "theoretical_speedup": 1.8,
-         "theoretical_speedup_measured_call_cost": 1.3,
-         "cost_coefficient_c": 0.1, "run_name": "a"}
+  row = {
+      "task": "local",
+      "target_model": "",
+      "draft_model": "tiny",
+      "temperature": 0.0,
+      "gamma": 4,
+      "alpha": 0.5,
+      "speedup": 1.2,
+      "theoretical_speedup": 1.8,
+      "theoretical_speedup_measured_call_cost": 1.3,
+      "cost_coefficient_c": 0.1,
+      "run_name": "a"
+  }
   md, csv_text = tables.render_table2([row])
   assert "M_p: unnamed (TARGET_NAME unset)" in md
   assert "| 1.20X | 1.80X | 1.30X |" in md

@@ -75,13 +75,12 @@ def emulator():
             request.params["object_id"])["generation"]
       except Exception:  # pylint: disable=broad-except  # not found
         pass
+
     mp.setattr(emulator_objects, "download", download_with_generation)
     mp.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{port}")
     mp.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
     yield port, f"gs://{BUCKET}"
   server.stop()
-
-
 
 
 def test_files_on_gcs(emulator):
@@ -92,7 +91,9 @@ def test_files_on_gcs(emulator):
   io_utils.write_json(f"{folder}/x.json", {"v": float("nan"), "w": [1]})
   io_utils.atomic_write(f"{folder}/sub/y.txt", "hello")
   assert json.loads(io_utils.read_text(f"{folder}/x.json")) == {
-      "v": None, "w": [1]}
+      "v": None,
+      "w": [1]
+  }
   assert io_utils.isfile(f"{folder}/x.json")
   assert not io_utils.isfile(f"{folder}/sub")
   assert io_utils.isdir(f"{folder}/sub") and io_utils.exists(folder)
@@ -117,15 +118,16 @@ def test_run_lock_on_gcs_is_exclusive(emulator, monkeypatch):
     match = request.query.get("ifGenerationMatch")
     if match:
       try:
-        generation = str(storage.get_file_obj(request.params["bucket_name"],
-                                              request.query["name"][0]
-                                              )["generation"])
+        generation = str(
+            storage.get_file_obj(request.params["bucket_name"],
+                                 request.query["name"][0])["generation"])
       except Exception:  # pylint: disable=broad-except  # not found
         generation = "0"
       if generation != match[0]:
         response.status = http.HTTPStatus.PRECONDITION_FAILED
         return None
     return media_upload(request, response, storage)
+
   monkeypatch.setattr(emulator_objects, "_media_upload",
                       upload_if_generation_matches)
   folder = f"{root}/locked"
@@ -137,8 +139,14 @@ def test_run_lock_on_gcs_is_exclusive(emulator, monkeypatch):
   first.release()
   assert not io_utils.isfile(f"{folder}/{run_lock.LOCK_FILE}")
   second = run_lock.acquire(folder, "second")
-  record = {"program": "gone", "pid": 1, "host": "elsewhere",
-            "started": 0.0, "started_utc": "1970", "token": "t"}
+  record = {
+      "program": "gone",
+      "pid": 1,
+      "host": "elsewhere",
+      "started": 0.0,
+      "started_utc": "1970",
+      "token": "t"
+  }
   # (Its conditional delete, ifGenerationMatch on DELETE, is not
   # checked by this emulator: `second` is not released here.)
   del second
@@ -170,8 +178,7 @@ class _CommitOnComplete:
         client, _ = self.listener.accept()
       except OSError:
         return
-      threading.Thread(target=self._serve, args=(client,),
-                       daemon=True).start()
+      threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
   def _serve(self, client):
     # The emulator answers one request per connection (HTTP/1.0) and one
@@ -189,8 +196,7 @@ class _CommitOnComplete:
           self.held.set()
           return  # read no more: the writer blocks mid-upload
         if len(buffer) >= head_end + 4 + length:
-          upstream = socket.create_connection(
-              ("127.0.0.1", self.upstream_port))
+          upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
           upstream.sendall(buffer)
           self._relay(upstream, client)
           return
@@ -227,19 +233,21 @@ io_utils.write_json(sys.argv[1], {"settings": {}, "padding": "x" * (8 << 20)})
 
 def _sweep_bindings(root):
   config = json.loads((T5X_TINY / "config.json").read_text())
-  fields = [f"{role}/T5Config.{key} = {value!r}"
-            for role in ("target", "draft") for key, value in config.items()
-            if key != "dropout_rate"]
+  fields = [
+      f"{role}/T5Config.{key} = {value!r}" for role in ("target", "draft")
+      for key, value in config.items() if key != "dropout_rate"
+  ]
   fields = [f.replace("[", "(").replace("]", ")") for f in fields]
   return fields + [
       f"TARGET_CHECKPOINT_PATH = '{root}/t5x_tiny/legacy/checkpoint_0'",
       f"DRAFT_CHECKPOINT_PATH = '{root}/t5x_tiny/orbax/checkpoint_0'",
       "SOURCE_FILE = 'configs/data/tiny_en_de.tsv'", "GAMMA = 3",
-      "TASK_FEATURE_LENGTHS = {'inputs': 16, 'targets': 8}"]
+      "TASK_FEATURE_LENGTHS = {'inputs': 16, 'targets': 8}"
+  ]
 
 
 def test_sweep_on_gcs_reads_t5x_checkpoints_and_resumes(emulator, tmp_path,
-                                                         monkeypatch):
+                                                        monkeypatch):
   """The T5X fixture in the bucket (legacy layout as target, Orbax layout as
   draft: the same weights, so α = 1); a sweep with results on gs:// is
   killed after its first point, a crash in the middle of uploading the
@@ -265,6 +273,7 @@ def test_sweep_on_gcs_reads_t5x_checkpoints_and_resumes(emulator, tmp_path,
       raise KeyboardInterrupt
     calls.append(self.args.output_dir)
     return real_run(self)
+
   monkeypatch.setattr(run_lib.Experiment, "run", dying_run)
   with pytest.raises(KeyboardInterrupt):
     sweep.run_sweep(points, results, base, bindings)
@@ -290,9 +299,9 @@ def test_sweep_on_gcs_reads_t5x_checkpoints_and_resumes(emulator, tmp_path,
   assert not sweep.is_done(second)
 
   calls.clear()
-  monkeypatch.setattr(run_lib.Experiment, "run",
-                      lambda self: (calls.append(self.args.output_dir),
-                                    real_run(self))[1])
+  monkeypatch.setattr(
+      run_lib.Experiment, "run", lambda self:
+      (calls.append(self.args.output_dir), real_run(self))[1])
   sweep.run_sweep(points, results, base, bindings)
   assert calls == [second]
   assert io_utils.read_text(f"{first}/metrics.json") == snapshot
@@ -302,7 +311,10 @@ def test_sweep_on_gcs_reads_t5x_checkpoints_and_resumes(emulator, tmp_path,
     assert metrics["alpha"] == 1.0 and metrics["greedy_outputs_identical"]
     rows = io_utils.read_text(f"{folder}/predictions.jsonl").splitlines()
     assert len(rows) == n
-  assert not [name for name in io_utils.listdir(results)
-              if name.startswith(".")]
+  assert not [
+      name for name in io_utils.listdir(results) if name.startswith(".")
+  ]
   assert sorted(io_utils.listdir(results)) == sorted(
-      [sweep.SWEEP_FILE, first.rsplit("/", 1)[1], second.rsplit("/", 1)[1]])
+      [sweep.SWEEP_FILE,
+       first.rsplit("/", 1)[1],
+       second.rsplit("/", 1)[1]])

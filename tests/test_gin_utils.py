@@ -32,23 +32,22 @@ def test_scopes_macros_and_includes(tmp_path):
   assert (config.emb_dim, config.mlp_activations) == (40, ("relu",))
   assert config.num_heads == 2  # Unscoped, inherited under target/.
   assert config.head_dim == DEFAULT.head_dim  # Not bound: the default.
-  assert gin_utils.t5_config_scopes("top.gin", [str(tmp_path)]) == {
-      "", "target"}
+  assert gin_utils.t5_config_scopes("top.gin",
+                                    [str(tmp_path)]) == {"", "target"}
   with pytest.raises(ValueError, match="nope.gin.*not found"):
     gin_utils.read_t5_config("nope.gin", search_paths=[str(tmp_path)])
 
 
 def test_block_form_and_module_qualified_selector(tmp_path):
   path = tmp_path / "m.gin"
-  path.write_text(
-      "from __gin__ import dynamic_registration\n"
-      "T5Config:\n"
-      "  emb_dim = 48\n"
-      "  dtype = 'bfloat16'\n"
-      "draft/network.T5Config.num_heads = 3\n")
+  path.write_text("from __gin__ import dynamic_registration\n"
+                  "T5Config:\n"
+                  "  emb_dim = 48\n"
+                  "  dtype = 'bfloat16'\n"
+                  "draft/network.T5Config.num_heads = 3\n")
   config = gin_utils.read_t5_config(str(path), scope="draft")
-  assert (config.emb_dim, config.num_heads, config.dtype) == (
-      48, 3, jnp.bfloat16)
+  assert (config.emb_dim, config.num_heads, config.dtype) == (48, 3,
+                                                              jnp.bfloat16)
 
 
 def test_repository_gin_folder_is_searched():
@@ -109,17 +108,19 @@ def test_allow_unresolved_dtype(dtype, tmp_path):
 def test_file_macros_include_definitions_references_and_includes(tmp_path):
   (tmp_path / "inc.gin").write_text("A = 1\nrun.x = %B\n")
   (tmp_path / "top.gin").write_text("include 'inc.gin'\nC = {'k': %D}\n")
-  assert gin_utils.gin_file_macros(["top.gin"], [str(tmp_path)]) == {
-      "A", "B", "C", "D"}
-  assert {"GAMMA", "TEMPERATURE", "OUTPUT_DIR", "OVERWRITE"} <= (
-      gin_utils.gin_file_macros(["local_tiny.gin"]))
+  assert gin_utils.gin_file_macros(["top.gin"],
+                                   [str(tmp_path)]) == {"A", "B", "C", "D"}
+  assert {"GAMMA", "TEMPERATURE", "OUTPUT_DIR",
+          "OVERWRITE"} <= (gin_utils.gin_file_macros(["local_tiny.gin"]))
 
 
-@pytest.mark.parametrize("binding,suggestion", [
-    ("GAMA=3", "GAMMA"),
-    ("gamma=3", "GAMMA"),          # case: still the closest
-    ("TEMPERATUR=1.0", "TEMPERATURE"),
-])
+@pytest.mark.parametrize(
+    "binding,suggestion",
+    [
+        ("GAMA=3", "GAMMA"),
+        ("gamma=3", "GAMMA"),  # case: still the closest
+        ("TEMPERATUR=1.0", "TEMPERATURE"),
+    ])
 def test_unknown_macro_names_binding_and_closest(binding, suggestion):
   known = gin_utils.gin_file_macros(["local_tiny.gin"])
   with pytest.raises(gin_utils.ConfigError) as e:
@@ -133,9 +134,15 @@ def test_unknown_macro_names_binding_and_closest(binding, suggestion):
 def test_known_and_full_bindings_pass():
   known = gin_utils.gin_file_macros(["local_tiny.gin"])
   gin_utils.check_macro_bindings(
-      ["GAMMA=3", "run.top_k = 2", "target/T5Config.emb_dim = 8",
-       # A new macro is fine when another binding uses it.
-       "MY_GAMMA = 2", "run.gamma = %MY_GAMMA"], known)
+      [
+          "GAMMA=3",
+          "run.top_k = 2",
+          "target/T5Config.emb_dim = 8",
+          # A new macro is fine when another binding uses it.
+          "MY_GAMMA = 2",
+          "run.gamma = %MY_GAMMA"
+      ],
+      known)
 
 
 def test_parse_gin_rejects_typo_before_touching_gin():
@@ -181,11 +188,13 @@ def test_scoped_model_files_are_the_generators_output():
   # smoke-test models (different for each role) are written by hand.
   models = REPO / "gin" / "models"
   for role in ("target", "draft"):
-    copies = {p.stem for p in (models / role).glob("*.gin")
-              if (models / p.name).exists()}
+    copies = {
+        p.stem
+        for p in (models / role).glob("*.gin")
+        if (models / p.name).exists()
+    }
     assert copies == set(generator.SCOPED[role]), role
-    assert {p.stem for p in (models / role).glob("*.gin")} - copies == {
-        "tiny"}
+    assert {p.stem for p in (models / role).glob("*.gin")} - copies == {"tiny"}
 
 
 def test_model_gin_generator_scopes_bindings_and_macros(tmp_path):

@@ -69,9 +69,9 @@ def test_a_cpu_decode_step_reads_each_weight_once():
   reads = hlo_reads.weight_reads(text)
   assert reads["weights"] > 0 and not reads["unread"], reads
   lookups = ("token_embedder", "relpos_bias")
-  assert all(any(k in n for k in lookups)
-             for n in reads["read_more_than_once"]), reads
+  assert all(
+      any(k in n for k in lookups) for n in reads["read_more_than_once"]), reads
   matmul_weights = hlo_reads.weight_reads(
-      text, is_weight=lambda n: "params" in n and not any(
-          k in n for k in lookups))
+      text,
+      is_weight=lambda n: "params" in n and not any(k in n for k in lookups))
   assert matmul_weights["reads_per_weight_byte"] == 1.0, matmul_weights

@@ -34,7 +34,7 @@ needs_kernel = pytest.mark.skipif(
 def _matmul(x, w):
   """x [M, D] @ w [D, N] through the kernel on the packed w."""
   return jax.jit(kernels.dense, static_argnums=2)(x, kernels.pack(w),
-                                                   w.shape[1])
+                                                  w.shape[1])
 
 
 @needs_kernel
@@ -42,8 +42,7 @@ def _matmul(x, w):
 def test_kernel_matches_xla_dot_for_every_row_count(d_size, n_size):
   rng = np.random.default_rng(0)
   w = jnp.asarray(rng.standard_normal((d_size, n_size)), jnp.float32)
-  x = jnp.asarray(rng.standard_normal((kernels.MAX_ROWS, d_size)),
-                  jnp.float32)
+  x = jnp.asarray(rng.standard_normal((kernels.MAX_ROWS, d_size)), jnp.float32)
   reference = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   full = np.asarray(_matmul(x, w))
   # float32 rounding of a D-term sum, relative to the terms' magnitude.
@@ -70,8 +69,10 @@ def test_every_instruction_set_gives_the_same_bits(d_size, n_size):
   try:
     for isa in kernels.INSTRUCTION_SETS:
       used = kernels.instruction_set(isa)
-      results[used] = [np.asarray(_matmul(x[:rows], w))
-                       for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 20)]
+      results[used] = [
+          np.asarray(_matmul(x[:rows], w))
+          for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 20)
+      ]
   finally:
     kernels.instruction_set(widest)
   assert "portable" in results and len(results) >= 2, results.keys()
@@ -116,8 +117,8 @@ def test_prepared_model_decodes_like_the_unpacked_one():
   assert packed.unpacked().packed is None
   panel_leaves = jax.tree_util.tree_leaves(packed.packed)
   assert panel_leaves and all(leaf.ndim == 3 for leaf in panel_leaves)
-  assert all(leaf.ndim != 3
-             for leaf in jax.tree_util.tree_leaves(packed.params))
+  assert all(
+      leaf.ndim != 3 for leaf in jax.tree_util.tree_leaves(packed.params))
   inputs = jnp.asarray([[5, 17, 42, 9, 1, 0], [7, 3, 1, 0, 0, 0]], jnp.int32)
   tokens = jnp.asarray([[0, 4, 9, 11, 2], [0, 8, 8, 30, 6]], jnp.int32)
   logits = {}
@@ -128,8 +129,9 @@ def test_prepared_model_decodes_like_the_unpacked_one():
                              rtol=2e-5)
   # The teacher-forced forward pass (more rows) works on packed weights too.
   forward = packed.module.apply(packed.variables, inputs, tokens, tokens + 1)
-  np.testing.assert_allclose(forward, plain.module.apply(
-      plain.variables, inputs, tokens, tokens + 1), atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(
+      forward, plain.module.apply(plain.variables, inputs, tokens, tokens + 1),
+      atol=2e-5, rtol=2e-5)
 
 
 @needs_kernel
@@ -165,8 +167,8 @@ def test_switched_off_kernel_packs_nothing(monkeypatch):
     kernels.available.cache_clear()
 
 
-def test_missing_compiler_is_a_clear_error_and_a_fallback(monkeypatch,
-                                                          tmp_path):
+def test_missing_compiler_is_a_clear_error_and_a_fallback(
+    monkeypatch, tmp_path):
   monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path))
   monkeypatch.setattr(kernels, "_compiler", lambda: None)
   with pytest.raises(RuntimeError, match="no C.. compiler"):
@@ -179,8 +181,7 @@ def test_missing_compiler_is_a_clear_error_and_a_fallback(monkeypatch,
     kernels.available.cache_clear()
 
 
-def test_failed_compilation_reports_the_compiler_output(monkeypatch,
-                                                        tmp_path):
+def test_failed_compilation_reports_the_compiler_output(monkeypatch, tmp_path):
   monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path))
   monkeypatch.setattr(kernels, "_compiler", lambda: "false")
   with pytest.raises(RuntimeError, match="compiling cpu_matmul.cc failed"):

@@ -110,10 +110,10 @@ def _first_token(rng, p, q, lenience, one_hot_q=False):
   else:
     probs = jnp.broadcast_to(q, (DRAWS, 1, V))
     tokens = sampling.sample_from(draft_rng, probs)
-  verdict = acceptance.LenientAcceptance(lenience)(
-      rule_rng, logits, tokens, probs, sampling.Sampling(1.0))
-  return jnp.where(verdict.num_accepted == 1, tokens[:, 0],
-                   verdict.next_token)
+  verdict = acceptance.LenientAcceptance(lenience)(rule_rng, logits,
+                                                   tokens, probs,
+                                                   sampling.Sampling(1.0))
+  return jnp.where(verdict.num_accepted == 1, tokens[:, 0], verdict.next_token)
 
 
 def test_rule_samples_the_derived_distribution():
@@ -121,16 +121,20 @@ def test_rule_samples_the_derived_distribution():
   for i, (p, q) in enumerate(_families()):
     for one_hot_q in (False, True):
       draft_q = np.eye(V)[np.argmax(q)] if one_hot_q else q
-      tokens = np.asarray(_first_token(
-          jax.random.PRNGKey(100 * i + one_hot_q), jnp.asarray(p, jnp.float32),
-          jnp.asarray(q, jnp.float32), lenience, one_hot_q=one_hot_q))
+      tokens = np.asarray(
+          _first_token(jax.random.PRNGKey(100 * i + one_hot_q),
+                       jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32),
+                       lenience, one_hot_q=one_hot_q))
       derived = acceptance.lenient_distribution(p, draft_q, lenience)
       observed = np.bincount(tokens, minlength=V).astype(float)
       possible = derived > 0
       assert np.all(observed[~possible] == 0), (i, observed, derived)
       if possible.sum() > 1:  # (One possible token: checked just above.)
-        assert chisquare_pvalue(observed[possible], derived[possible]) > (
-            SIGNIFICANCE), (i, one_hot_q, observed, derived)
+        assert chisquare_pvalue(observed[possible],
+                                derived[possible]) > (SIGNIFICANCE), (i,
+                                                                      one_hot_q,
+                                                                      observed,
+                                                                      derived)
       # The guarantee, empirically: no frequency above p/l (+ 5 s.e.).
       freq = observed / DRAWS
       slack = 5 * np.sqrt(freq * (1 - freq) / DRAWS) + 1e-9
@@ -142,7 +146,7 @@ def _three_rules(rng, logits, tokens, probs):
   method = sampling.Sampling(1.0)
   exact = acceptance.ExactAcceptance()(rng, logits, tokens, probs, method)
   lenient = acceptance.LenientAcceptance(1.0)(rng, logits, tokens, probs,
-                                             method)
+                                              method)
   reference = sampling.speculative_accept(rng, method.standardize(logits),
                                           probs, tokens)
   return ((exact.num_accepted, exact.next_token),
@@ -201,6 +205,7 @@ def _lenient_sequences(target, guess_logits, lenience):
       for y in range(DIST_V):
         if probs[y] > 0:
           walk(prefix + (y,), next_slot, mass * probs[y])
+
   walk((), 0, 1.0)
   return out
 
@@ -211,8 +216,8 @@ def test_decoder_follows_the_derived_distribution():
       position_logits=jnp.asarray(rs.randn(1, 8, DIST_V), jnp.float32),
       bigram=jnp.asarray(rs.randn(DIST_V, DIST_V), jnp.float32),
       expected_fed=-jnp.ones((1, 8), jnp.int32))
-  drafter = ScriptedDrafter(jnp.asarray(2 * rs.randn(1, 8, DIST_V),
-                                        jnp.float32), sample=True)
+  drafter = ScriptedDrafter(
+      jnp.asarray(2 * rs.randn(1, 8, DIST_V), jnp.float32), sample=True)
   lenience = 0.4
   derived = _lenient_sequences(target, drafter.guess_logits, lenience)
   assert abs(sum(derived.values()) - 1) < 1e-9 and len(derived) >= 8

@@ -67,8 +67,9 @@ def test_rollback_by_length_then_continue(setup):
   held = dec.copy()
   for r in range(3):
     held[r, 4:4 + keep[r]] = 17
-  new_full = np.asarray(Transformer(model.config).apply(
-      model.params, enc, held, np.ones_like(held)))
+  new_full = np.asarray(
+      Transformer(model.config).apply(model.params, enc, held,
+                                      np.ones_like(held)))
   # Feed 2 more true tokens at each row's own position.
   nxt = np.stack([held[r, 4 + keep[r]:6 + keep[r]] for r in range(3)])
   out, cache = model.decode_chunk(jnp.asarray(nxt), cache)
@@ -100,11 +101,14 @@ def test_param_tree_matches_t5x_layout():
   assert set(layer) == {
       "pre_self_attention_layer_norm", "self_attention",
       "pre_cross_attention_layer_norm", "encoder_decoder_attention",
-      "pre_mlp_layer_norm", "mlp"}
+      "pre_mlp_layer_norm", "mlp"
+  }
   assert set(shapes["encoder"]["layers_0"]) == {
-      "pre_attention_layer_norm", "attention", "pre_mlp_layer_norm", "mlp"}
-  n = sum(np.prod(s) for s in jax.tree_util.tree_leaves(
-      shapes, is_leaf=lambda x: isinstance(x, tuple)))
+      "pre_attention_layer_norm", "attention", "pre_mlp_layer_norm", "mlp"
+  }
+  n = sum(
+      np.prod(s) for s in jax.tree_util.tree_leaves(
+          shapes, is_leaf=lambda x: isinstance(x, tuple)))
   assert n == config.num_params
 
 

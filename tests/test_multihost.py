@@ -36,20 +36,23 @@ COORDINATION_TIMEOUT_S = 600
 
 # Seven short sentences: odd, so the data shards differ in size, and every
 # input fits one 16-wide bucket (one compilation per decoder).
-DATA = ["a house\tein Haus", "the dog\tder Hund", "red cat\trote Katze",
-        "my tree\tmein Baum", "an apple\tein Apfel", "no\tnein",
-        "big sea\tgrosses Meer"]
+DATA = [
+    "a house\tein Haus", "the dog\tder Hund", "red cat\trote Katze",
+    "my tree\tmein Baum", "an apple\tein Apfel", "no\tnein",
+    "big sea\tgrosses Meer"
+]
 # Tiny models and lengths: compilation dominates these runs.
 BINDINGS = {
-    "NUM_EXAMPLES": "7", "GAMMA": "2",
+    "NUM_EXAMPLES": "7",
+    "GAMMA": "2",
     "TASK_FEATURE_LENGTHS": "{'inputs': 16, 'targets': 8}",
-    **{f"{role}/T5Config.{field}": "1" for role in ("target", "draft")
-       for field in ("num_encoder_layers", "num_decoder_layers")},
+    **{
+        f"{role}/T5Config.{field}": "1" for role in ("target", "draft") for field in ("num_encoder_layers", "num_decoder_layers")
+    },
     # The workers' CharVocabulary (98 ids) is deliberately smaller than the
     # tiny models' 259 rows: no checkpoint here was trained on text.
     "check_vocabulary_fits.allow_size_mismatch": "True",
 }
-
 
 # A cleared gin configuration before and after each test (conftest.py).
 # End to end through the harness: `pytest -m "not slow"` leaves it out.
@@ -62,9 +65,9 @@ def model_bindings(tmp_path_factory):
   them costs the workers no compilation (random init would)."""
   folder = tmp_path_factory.mktemp("models")
   gin.clear_config()
-  run_lib.gin_utils.parse_gin(
-      ["local_tiny.gin"], [f"{k} = {v}" for k, v in BINDINGS.items()],
-      finalize=False)
+  run_lib.gin_utils.parse_gin(["local_tiny.gin"],
+                              [f"{k} = {v}" for k, v in BINDINGS.items()],
+                              finalize=False)
   paths = {}
   for seed, role in enumerate(("target", "draft")):
     config = run_lib.model_config(role)
@@ -99,20 +102,21 @@ def _launch(tmp_path, name, processes, devices, command, args, env=None):
   """
   port = _free_port()
   environ = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
-  environ["XLA_FLAGS"] = (
-      f"--xla_force_host_platform_device_count={devices}")
+  environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={devices}")
   procs, files = [], []
   try:
     for i in range(processes):
       out = open(tmp_path / f"{name}.{i}.out", "w+")
       err = open(tmp_path / f"{name}.{i}.err", "w+")
       files += [out, err]
-      procs.append(subprocess.Popen(
-          [sys.executable, str(WORKER), command, *args, "--multiprocess_gpu",
-           f"--coordinator_address=127.0.0.1:{port}",
-           f"--process_count={processes}", f"--process_index={i}",
-           f"--coordination_timeout_s={COORDINATION_TIMEOUT_S}"],
-          cwd=REPO, env=environ, stdout=out, stderr=err))
+      procs.append(
+          subprocess.Popen([
+              sys.executable,
+              str(WORKER), command, *args, "--multiprocess_gpu",
+              f"--coordinator_address=127.0.0.1:{port}",
+              f"--process_count={processes}", f"--process_index={i}",
+              f"--coordination_timeout_s={COORDINATION_TIMEOUT_S}"
+          ], cwd=REPO, env=environ, stdout=out, stderr=err))
     deadline = time.monotonic() + GROUP_TIMEOUT_S
     for proc in procs:
       proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -120,8 +124,8 @@ def _launch(tmp_path, name, processes, devices, command, args, env=None):
     for i, proc in enumerate(procs):
       files[2 * i].seek(0)
       files[2 * i + 1].seek(0)
-      results.append((proc.returncode, files[2 * i].read(),
-                      files[2 * i + 1].read()))
+      results.append(
+          (proc.returncode, files[2 * i].read(), files[2 * i + 1].read()))
     return results
   finally:
     for proc in procs:
@@ -138,21 +142,26 @@ def _failed(results) -> str:
 
 
 def _rows(folder) -> list:
-  return [json.loads(line) for line in
-          (pathlib.Path(folder) / "predictions.jsonl").read_text()
-          .splitlines()]
+  return [
+      json.loads(line)
+      for line in (pathlib.Path(folder) /
+                   "predictions.jsonl").read_text().splitlines()
+  ]
 
 
 # ---------------------------------------------------------------------------
 # Which examples and rows a process holds (no processes needed).
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("num_shards,batch_size,num_examples",
-                         [(1, 3, 7), (2, 2, 7), (2, 4, 7), (4, 4, 2),
-                          (2, 2, 1)])
+@pytest.mark.parametrize("num_shards,batch_size,num_examples", [(1, 3, 7),
+                                                                (2, 2, 7),
+                                                                (2, 4, 7),
+                                                                (4, 4, 2),
+                                                                (2, 2, 1)])
 def test_layout_covers_every_example_once_in_order(num_shards, batch_size,
                                                    num_examples):
-  layouts = [multihost.DataLayout(g, num_shards, batch_size)
-             for g in range(num_shards)]
+  layouts = [
+      multihost.DataLayout(g, num_shards, batch_size) for g in range(num_shards)
+  ]
   layout = layouts[0]
   k = layout.rows_per_shard
   kept = []
@@ -174,9 +183,11 @@ def test_layout_covers_every_example_once_in_order(num_shards, batch_size,
 def test_local_files_are_sliced_by_stride(tmp_path):
   data = _data(tmp_path)
   whole = tasks.load_examples(source_file=data, num_examples=5)
-  parts = [tasks.load_examples(source_file=data, num_examples=5,
-                               shard_info=multihost.ShardInfo(g, 2))
-           for g in range(2)]
+  parts = [
+      tasks.load_examples(source_file=data, num_examples=5,
+                          shard_info=multihost.ShardInfo(g, 2))
+      for g in range(2)
+  ]
   assert parts[0] == whole[0::2] and parts[1] == whole[1::2]
 
 
@@ -206,7 +217,7 @@ def test_one_process_layout_and_bad_flags():
 # Several processes.
 # ---------------------------------------------------------------------------
 def test_two_hosts_mesh_2x2_equal_one_host(tmp_path, monkeypatch,
-                                          model_bindings):
+                                           model_bindings):
   """MESH_SHAPE=(2, 2) over 2 processes x 2 devices: each process reads and
   feeds its rows; the predictions are the one-process run's, token for
   token (greedy), and the counts agree."""
@@ -216,14 +227,16 @@ def test_two_hosts_mesh_2x2_equal_one_host(tmp_path, monkeypatch,
                       lambda *a, **k: multihost_worker.CharVocabulary())
   one = tmp_path / "one"
   gin_bindings = [f"{k} = {v}" for k, v in bindings.items()]
-  run_lib.gin_utils.parse_gin(["local_tiny.gin"], gin_bindings +
-                              [f"OUTPUT_DIR = '{one}'"], finalize=False)
+  run_lib.gin_utils.parse_gin(["local_tiny.gin"],
+                              gin_bindings + [f"OUTPUT_DIR = '{one}'"],
+                              finalize=False)
   reference = run_lib.run()
 
   two = tmp_path / "two"
   results = _launch(tmp_path, "two", 2, 2, "run", [
-      "--gin_file=local_tiny.gin", *_flags(bindings),
-      "--gin.MESH_SHAPE=(2, 2)", f"--gin.OUTPUT_DIR='{two}'"])
+      "--gin_file=local_tiny.gin", *_flags(bindings), "--gin.MESH_SHAPE=(2, 2)",
+      f"--gin.OUTPUT_DIR='{two}'"
+  ])
   assert all(rc == 0 for rc, _, _ in results), _failed(results)
   assert "greedy outputs identical to the target's on 7/7" in results[0][1]
   # Process 0 alone reports (and writes).
@@ -251,25 +264,32 @@ def test_four_hosts_sweep_agree_on_finished_points(tmp_path, model_bindings):
   data = _data(tmp_path)
   results_dir = tmp_path / "results"
   # MODE='alpha': fewer programs to compile in each of the 4 processes.
-  bindings = {**model_bindings, "SOURCE_FILE": repr(data),
-              "BATCH_SIZE": "4", "MESH_SHAPE": "(4, 1)", "MODE": "'alpha'"}
+  bindings = {
+      **model_bindings, "SOURCE_FILE": repr(data),
+      "BATCH_SIZE": "4",
+      "MESH_SHAPE": "(4, 1)",
+      "MODE": "'alpha'"
+  }
   flags = ["--gin_file=local_tiny.gin", *_flags(bindings)]
   points = sweep.parse_sweep_args(["NUM_EXAMPLES=6,7"])
   done, todo = (sweep.point_name(p) for p in points)
   # A sweep's results dir in which the first point is finished.
   (results_dir / done).mkdir(parents=True)
   (results_dir / done / "metrics.json").write_text('{"finished": "before"}')
-  (results_dir / sweep.SWEEP_FILE).write_text(json.dumps({
-      "gin_files": ["local_tiny.gin"],
-      "gin_bindings": [f"{k}={v}" for k, v in bindings.items()]}))
+  (results_dir / sweep.SWEEP_FILE).write_text(
+      json.dumps({
+          "gin_files": ["local_tiny.gin"],
+          "gin_bindings": [f"{k}={v}" for k, v in bindings.items()]
+      }))
 
-  results = _launch(tmp_path, "four", 4, 1, "sweep", [
-      *flags, "--sweep=NUM_EXAMPLES=6,7", f"--results_dir={results_dir}"],
+  results = _launch(
+      tmp_path, "four", 4, 1, "sweep",
+      [*flags, "--sweep=NUM_EXAMPLES=6,7", f"--results_dir={results_dir}"],
       env={"SPECDEC_TEST_FORGETFUL": "1"})
   assert all(rc == 0 for rc, _, _ in results), _failed(results)
   assert "Sweep finished: 2 points" in results[0][1]
-  assert (results_dir / done / "metrics.json").read_text() == (
-      '{"finished": "before"}')
+  assert (results_dir / done /
+          "metrics.json").read_text() == ('{"finished": "before"}')
   alpha = json.loads((results_dir / todo / "alpha.json").read_text())
   assert alpha["num_examples"] == 7
   # Greedy target outputs: every generated position once (at least one
@@ -283,13 +303,17 @@ def test_a_failing_host_fails_every_host_with_its_error(tmp_path):
   in the decoder's collectives: both exit non-zero promptly, process 0
   naming process 1's error, and nothing is written. (Random weights: the
   multi-process random init is exercised here.)"""
-  bindings = {**BINDINGS, "SOURCE_FILE": repr(_data(tmp_path)),
-              "BATCH_SIZE": "2", "MESH_SHAPE": "(2, 1)"}
+  bindings = {
+      **BINDINGS, "SOURCE_FILE": repr(_data(tmp_path)),
+      "BATCH_SIZE": "2",
+      "MESH_SHAPE": "(2, 1)"
+  }
   out = tmp_path / "out"
   start = time.monotonic()
   results = _launch(tmp_path, "fail", 2, 1, "run", [
       "--gin_file=local_tiny.gin", *_flags(bindings),
-      f"--gin.OUTPUT_DIR='{out}'"], env={"SPECDEC_TEST_FAIL": "1"})
+      f"--gin.OUTPUT_DIR='{out}'"
+  ], env={"SPECDEC_TEST_FAIL": "1"})
   assert time.monotonic() - start < COORDINATION_TIMEOUT_S  # no timeout
   (rc0, _, err0), (rc1, _, err1) = results
   assert rc0 == 1 and rc1 == 1, _failed(results)

@@ -32,7 +32,6 @@ from specdec_jax.models import param_shapes
 REPO = Path(__file__).resolve().parents[1]
 T5X_TINY = REPO.parent / "shared" / "fixtures" / "t5x_tiny"
 
-
 # ---------------------------------------------------------------------------
 # Sharded decoding on 8 fake devices (subprocesses).
 # ---------------------------------------------------------------------------
@@ -154,8 +153,7 @@ def _start(part: str) -> subprocess.Popen:
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = os.pathsep.join(
       [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-  args = [part] + ([str(T5X_TINY)] if part == "B" and T5X_TINY.is_dir()
-                   else [])
+  args = [part] + ([str(T5X_TINY)] if part == "B" and T5X_TINY.is_dir() else [])
   return subprocess.Popen([sys.executable, "-c", _SCRIPT] + args, env=env,
                           cwd=str(REPO), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
@@ -183,8 +181,10 @@ def sharded_runs():
 
 def _by_path(sharded):
   """keystr paths ("['params']['decoder']...") -> slash-joined paths."""
-  return {k.replace("][", "/").replace("'", "").strip("[]"): v
-          for k, v in sharded.items()}
+  return {
+      k.replace("][", "/").replace("'", "").strip("[]"): v
+      for k, v in sharded.items()
+  }
 
 
 @pytest.mark.slow
@@ -224,16 +224,15 @@ def test_sharded_1x8(sharded_runs):
   # joined_kv = 32 still shards.
   sharded = _by_path(b["target_1x8"]["sharded"])
   assert "params/decoder/relpos_bias/rel_embedding" not in sharded
-  assert sharded["params/decoder/layers_0/self_attention/key/kernel"] == [32,
-                                                                          4]
+  assert sharded["params/decoder/layers_0/self_attention/key/kernel"] == [32, 4]
 
 
 # ---------------------------------------------------------------------------
 # Rules (in-process, no devices needed).
 # ---------------------------------------------------------------------------
 def _tiny(**overrides) -> T5Config:
-  fields = dict(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8,
-                mlp_dim=64, num_encoder_layers=2, num_decoder_layers=2)
+  fields = dict(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
+                num_encoder_layers=2, num_decoder_layers=2)
   fields.update(overrides)
   return T5Config(**fields)
 
@@ -267,8 +266,10 @@ T5X_EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("mesh", [None, {"data": 2, "model": 4}],
-                         ids=["no-mesh", "2x4"])
+@pytest.mark.parametrize("mesh", [None, {
+    "data": 2,
+    "model": 4
+}], ids=["no-mesh", "2x4"])
 def test_t5x_rules(mesh):
   shapes = param_shapes(_tiny())
   specs = _flat_specs(pt.param_partition_specs(shapes, mesh))
@@ -280,9 +281,9 @@ def test_t5x_rules(mesh):
   # The structure (with the {'params': ...} wrapper) is preserved.
   tree = pt.param_partition_specs(shapes)
   assert set(tree) == {"params"}
-  assert jax.tree_util.tree_structure(
-      tree, is_leaf=lambda x: isinstance(x, P)) == (
-          jax.tree_util.tree_structure(shapes))
+  assert jax.tree_util.tree_structure(tree,
+                                      is_leaf=lambda x: isinstance(x, P)) == (
+                                          jax.tree_util.tree_structure(shapes))
 
 
 def test_unwrapped_tree_and_single_mlp():
@@ -294,36 +295,41 @@ def test_unwrapped_tree_and_single_mlp():
 
 def test_non_divisible_dims_are_replicated():
   # vocab 12, heads 2 and emb 16 do not divide by 8; mlp 32, joined_kv 16 do.
-  shapes = param_shapes(_tiny(vocab_size=12, emb_dim=16, num_heads=2,
-                              mlp_dim=32))
-  specs = _flat_specs(pt.param_partition_specs(shapes,
-                                               {"data": 2, "model": 8}))
+  shapes = param_shapes(
+      _tiny(vocab_size=12, emb_dim=16, num_heads=2, mlp_dim=32))
+  specs = _flat_specs(pt.param_partition_specs(shapes, {"data": 2, "model": 8}))
   assert specs["token_embedder/embedding"] == P(None, None)
   assert specs["decoder/logits_dense/kernel"] == P(None, None)
   assert specs["decoder/relpos_bias/rel_embedding"] == P(None, None)
   assert specs["decoder/layers_0/mlp/wi_0/kernel"] == P(None, "model")
-  assert specs["decoder/layers_0/self_attention/query/kernel"] == P(None,
-                                                                    "model")
+  assert specs["decoder/layers_0/self_attention/query/kernel"] == P(
+      None, "model")
   # mlp 24 on model=16: replicated.
   shapes = param_shapes(_tiny(mlp_dim=24))
-  specs = _flat_specs(pt.param_partition_specs(shapes, {"data": 1,
-                                                        "model": 16}))
+  specs = _flat_specs(pt.param_partition_specs(shapes, {
+      "data": 1,
+      "model": 16
+  }))
   assert specs["encoder/layers_0/mlp/wo/kernel"] == P(None, None)
 
 
 def test_two_d_parameter_partitioning():
   logical = pt.standard_logical_axis_rules(parameter_partitioning_dims=2)
-  specs = _flat_specs(pt.param_partition_specs(
-      param_shapes(_tiny()), {"data": 2, "model": 4},
-      logical_axis_rules=logical))
+  specs = _flat_specs(
+      pt.param_partition_specs(param_shapes(_tiny()), {
+          "data": 2,
+          "model": 4
+      }, logical_axis_rules=logical))
   assert specs["decoder/layers_0/mlp/wi_0/kernel"] == P("data", "model")
   assert specs["decoder/layers_0/mlp/wo/kernel"] == P("model", "data")
   assert specs["token_embedder/embedding"] == P("model", "data")
   assert specs["decoder/decoder_norm/scale"] == P("data")
   # emb 3 does not divide by data=2: only the model axis remains.
-  specs = _flat_specs(pt.param_partition_specs(
-      param_shapes(_tiny(emb_dim=3)), {"data": 2, "model": 4},
-      logical_axis_rules=logical))
+  specs = _flat_specs(
+      pt.param_partition_specs(param_shapes(_tiny(emb_dim=3)), {
+          "data": 2,
+          "model": 4
+      }, logical_axis_rules=logical))
   assert specs["decoder/layers_0/mlp/wi_0/kernel"] == P(None, "model")
   with pytest.raises(ValueError, match="parameter_partitioning_dims"):
     pt.standard_logical_axis_rules(parameter_partitioning_dims=3)
@@ -332,29 +338,34 @@ def test_two_d_parameter_partitioning():
 def test_rule_overrides_and_errors():
   shapes = param_shapes(_tiny())
   # Prepended rules win; entries may be mesh axes or None (replicated).
-  specs = _flat_specs(pt.param_partition_specs(shapes, additional_rules=[
-      (r"mlp/wo/kernel$", None),
-      (r"logits_dense/kernel$", ("data", None)),
-      (r"(^|/)scale$", P("model")),
-  ]))
+  specs = _flat_specs(
+      pt.param_partition_specs(
+          shapes, additional_rules=[
+              (r"mlp/wo/kernel$", None),
+              (r"logits_dense/kernel$", ("data", None)),
+              (r"(^|/)scale$", P("model")),
+          ]))
   assert specs["decoder/layers_0/mlp/wo/kernel"] == P()
   assert specs["decoder/logits_dense/kernel"] == P("data", None)
   assert specs["encoder/encoder_norm/scale"] == P("model")
   assert specs["decoder/layers_0/mlp/wi_0/kernel"] == P(None, "model")
   # Replacing the table: unmatched parameters are replicated.
-  specs = _flat_specs(pt.param_partition_specs(
-      shapes, rules=[(r"mlp/wi_\d/kernel$", ("embed", "mlp"))]))
+  specs = _flat_specs(
+      pt.param_partition_specs(shapes, rules=[(r"mlp/wi_\d/kernel$", ("embed",
+                                                                      "mlp"))]))
   assert specs["decoder/layers_0/mlp/wi_1/kernel"] == P(None, "model")
   assert specs["decoder/layers_0/mlp/wo/kernel"] == P()
   # A rule naming more axes than the parameter has.
   with pytest.raises(ValueError, match="scale.*3 axes"):
-    pt.param_partition_specs(shapes, additional_rules=[
-        (r"scale$", ("embed", None, None))])
+    pt.param_partition_specs(
+        shapes, additional_rules=[(r"scale$", ("embed", None, None))])
   # A name that is neither a logical axis nor a mesh axis.
   with pytest.raises(ValueError, match="'tensor'.*not a logical axis"):
-    pt.param_partition_specs(shapes, {"data": 1, "model": 2},
-                             additional_rules=[(r"wo/kernel$",
-                                                ("tensor", None))])
+    pt.param_partition_specs(
+        shapes, {
+            "data": 1,
+            "model": 2
+        }, additional_rules=[(r"wo/kernel$", ("tensor", None))])
 
 
 def test_rules_are_gin_configurable():
@@ -385,11 +396,10 @@ def test_make_mesh_and_data_sharding_in_process():
   shardings = pt.param_shardings(mesh, shapes)
   wi = shardings["params"]["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
   assert wi.spec == P(None, "model") and wi.mesh == mesh
-  params = jax.tree_util.tree_map(lambda s: jnp.ones(s.shape, s.dtype),
-                                  shapes)
+  params = jax.tree_util.tree_map(lambda s: jnp.ones(s.shape, s.dtype), shapes)
   placed = pt.shard_params(mesh, params)
-  assert jax.tree_util.tree_all(jax.tree_util.tree_map(
-      lambda a, b: bool((a == b).all()), params, placed))
+  assert jax.tree_util.tree_all(
+      jax.tree_util.tree_map(lambda a, b: bool((a == b).all()), params, placed))
   tokens = pt.shard_inputs(mesh, np.ones((3, 5), np.int32))
   assert tokens.shape == (3, 5) and tokens.sharding.spec == P("data", None)
   with pytest.raises(ValueError) as err:
@@ -402,8 +412,9 @@ def test_make_mesh_and_data_sharding_in_process():
     pt.make_mesh(data=1, model=0)
   with pytest.raises(ValueError, match="data must be a positive integer"):
     pt.make_mesh(data=1.5)
-  with pytest.raises(ValueError, match=r"data=1, model=2.* 2 devices but 1 "
-                     r"devices were given"):
+  with pytest.raises(
+      ValueError, match=r"data=1, model=2.* 2 devices but 1 "
+      r"devices were given"):
     pt.make_mesh(data=1, model=2, devices=jax.devices()[:1])
 
 
@@ -416,9 +427,9 @@ def test_xxl_per_device_bytes_on_8way_model_axis():
   specs = pt.param_partition_specs(shapes, sizes)
   itemsize = jnp.dtype(jnp.bfloat16).itemsize
   total = per_device = 0
-  for leaf, spec in zip(jax.tree_util.tree_leaves(shapes),
-                        jax.tree_util.tree_leaves(
-                            specs, is_leaf=lambda x: isinstance(x, P))):
+  for leaf, spec in zip(
+      jax.tree_util.tree_leaves(shapes),
+      jax.tree_util.tree_leaves(specs, is_leaf=lambda x: isinstance(x, P))):
     shard = list(leaf.shape)
     for i, axis in enumerate(spec):
       if axis is not None:

@@ -17,10 +17,14 @@ def script():
 
 
 def _bench(path, ratios, step_ms, decoder_bytes):
-  path.write_text(json.dumps({
-      "target_cost_ratio_by_k": {str(k): v for k, v in ratios.items()},
-      "target_ms_per_step": step_ms,
-      "target_decoder_param_bytes_per_token": decoder_bytes}))
+  path.write_text(
+      json.dumps({
+          "target_cost_ratio_by_k": {
+              str(k): v for k, v in ratios.items()
+          },
+          "target_ms_per_step": step_ms,
+          "target_decoder_param_bytes_per_token": decoder_bytes
+      }))
   return str(path)
 
 
@@ -28,8 +32,8 @@ def test_table_and_figure(script, tmp_path, capsys):
   small = _bench(tmp_path / "a.json", {1: 1.0, 4: 2.5}, 0.5, 24e6)
   big = _bench(tmp_path / "b.json", {1: 1.0, 2: 1.05, 4: 1.2}, 4.0, 117e6)
   out = str(tmp_path / "cc")
-  assert script.main(["--bench", f"11M={small}", "--bench", f"38M={big}",
-                      "--out", out]) == 0
+  assert script.main(
+      ["--bench", f"11M={small}", "--bench", f"38M={big}", "--out", out]) == 0
   table = (tmp_path / "cc.md").read_text()
   assert "| 11M | 24 MB | 0.50 ms | 1.00 | – | 2.50 |" in table
   assert "| 38M | 117 MB | 4.00 ms | 1.00 | 1.05 | 1.20 |" in table
@@ -44,7 +48,9 @@ def test_bad_inputs_name_the_flag(script, tmp_path, capsys):
       capsys.readouterr().err)
   (tmp_path / "other.json").write_text("{}")
   with pytest.raises(SystemExit):
-    script.main(["--bench", f"a={tmp_path / 'other.json'}", "--out",
-                 str(tmp_path / "x")])
+    script.main([
+        "--bench", f"a={tmp_path / 'other.json'}", "--out",
+        str(tmp_path / "x")
+    ])
   assert "no target_cost_ratio_by_k" in capsys.readouterr().err
   assert not (tmp_path / "x.md").exists()

@@ -26,8 +26,9 @@ def _load(name, gin_file):
   config = gin_utils.read_t5_config(gin_file)
   ckpt = checkpoints.latest_checkpoint(str(PRETRAINED / name))
   assert ckpt is not None, f"no checkpoint in {PRETRAINED / name}"
-  params = checkpoints.load_t5x_params(
-      ckpt, expected=param_shapes(config)["params"], dtype=config.dtype)
+  params = checkpoints.load_t5x_params(ckpt,
+                                       expected=param_shapes(config)["params"],
+                                       dtype=config.dtype)
   leaves = jax.tree_util.tree_leaves(params)
   assert all(x.dtype == np.float32 for x in leaves)
   return T5Model(config, {"params": params}).prepared_for_decoding()
@@ -35,20 +36,20 @@ def _load(name, gin_file):
 
 # (target, its model gin, draft, its model gin): the main job's pair first.
 PAIRS = {
-    "38m_with_1m": ("target_38m", "models/multi30k_target_38m.gin",
-                    "draft_1m", "models/multi30k_draft_1m.gin"),
-    "11m_with_1m": ("target", "models/multi30k_target.gin",
-                    "draft_1m", "models/multi30k_draft_1m.gin"),
-    "38m_with_1m_distilled": ("target_38m", "models/multi30k_target_38m.gin",
-                              "draft_1m_distill_38m",
-                              "models/multi30k_draft_1m.gin"),
+    "38m_with_1m": ("target_38m", "models/multi30k_target_38m.gin", "draft_1m",
+                    "models/multi30k_draft_1m.gin"),
+    "11m_with_1m": ("target", "models/multi30k_target.gin", "draft_1m",
+                    "models/multi30k_draft_1m.gin"),
+    "38m_with_1m_distilled":
+        ("target_38m", "models/multi30k_target_38m.gin", "draft_1m_distill_38m",
+         "models/multi30k_draft_1m.gin"),
     # Shared-encoder drafts: decoders reading the 38M target's encoder.
-    "38m_with_shared_1m": ("target_38m", "models/multi30k_target_38m.gin",
-                           "shared_encoder_1m",
-                           "models/multi30k_shared_encoder_1m.gin"),
-    "38m_with_shared_4m": ("target_38m", "models/multi30k_target_38m.gin",
-                           "shared_encoder_4m",
-                           "models/multi30k_shared_encoder_4m.gin"),
+    "38m_with_shared_1m":
+        ("target_38m", "models/multi30k_target_38m.gin", "shared_encoder_1m",
+         "models/multi30k_shared_encoder_1m.gin"),
+    "38m_with_shared_4m":
+        ("target_38m", "models/multi30k_target_38m.gin", "shared_encoder_4m",
+         "models/multi30k_shared_encoder_4m.gin"),
 }
 
 

@@ -103,14 +103,20 @@ class TestRender:
           float(r["speedup"]) for r in group)
     # Hand-checked against the fixture: T=0 best is small at gamma=7,
     # T=1 best is base (gamma=5).
-    best = {r["temperature"]: (r["draft_model"], r["gamma"])
-            for r in rows if r["starred"] == "1"}
+    best = {
+        r["temperature"]: (r["draft_model"], r["gamma"])
+        for r in rows
+        if r["starred"] == "1"
+    }
     assert best == {"0.0": ("small", "7"), "1.0": ("base", "5")}
     # One best-gamma row per (draft, temperature).
-    assert sorted((r["draft_model"], r["temperature"], r["gamma"])
-                  for r in rows if r["best_gamma_for_draft"] == "1") == [
-                      ("base", "0.0", "7"), ("base", "1.0", "5"),
-                      ("small", "0.0", "7"), ("small", "1.0", "5")]
+    assert sorted(
+        (r["draft_model"], r["temperature"], r["gamma"])
+        for r in rows
+        if r["best_gamma_for_draft"] == "1") == [("base", "0.0", "7"),
+                                                 ("base", "1.0", "5"),
+                                                 ("small", "0.0", "7"),
+                                                 ("small", "1.0", "5")]
 
   def test_table2_md(self, rendered):
     _, out = rendered
@@ -133,16 +139,18 @@ class TestRender:
     assert sum("⋆" in l for l in lines) == 2
     assert ("| TASK | M_q | TEMP | γ | α | c | CALL COST | TOKENS/CALL | "
             "SPEED | THEORY (Thm 3.8) | THEORY (measured call) | EFFICIENCY |"
-            ) in text
+           ) in text
 
   def test_table2_shows_the_measured_call_cost_and_efficiency(self):
-    m = dict(_fixture_metrics()["ende_xxl_small_g7_t0"],
-             run_name="r", verification_cost_ratio=1.25,
+    m = dict(_fixture_metrics()["ende_xxl_small_g7_t0"], run_name="r",
+             verification_cost_ratio=1.25,
              theoretical_speedup_measured_call_cost=2.5,
              greedy_identical_examples=7, num_examples=8)
     md, csv_text = report.render_table2([m])
-    row = [l for l in md.split("## All sweep points")[0].splitlines()
-           if l.startswith("| ende")]
+    row = [
+        l for l in md.split("## All sweep points")[0].splitlines()
+        if l.startswith("| ende")
+    ]
     assert len(row) == 1
     cells = [c.strip() for c in row[0].strip("|").split("|")]
     assert cells[6] == "1.25" and cells[10] == "2.50X"
@@ -184,31 +192,44 @@ class TestRender:
 
   def test_trace_lines(self):
     lines = report.trace_lines([
-        {"draft_tokens": ["▁a", "▁b", "▁c"], "num_accepted": 1,
-         "target_token": "▁x"},
-        {"draft_tokens": ["▁d"], "num_accepted": 1, "target_token": None},
+        {
+            "draft_tokens": ["▁a", "▁b", "▁c"],
+            "num_accepted": 1,
+            "target_token": "▁x"
+        },
+        {
+            "draft_tokens": ["▁d"],
+            "num_accepted": 1,
+            "target_token": None
+        },
     ])
-    assert lines == [("", [" a"], [" b", " c"], " x"),
-                     (" a x", [" d"], [], "")]
+    assert lines == [("", [" a"], [" b", " c"], " x"), (" a x", [" d"], [], "")]
 
 
 class TestRougeTable:
 
   def test_rouge_quality_and_star(self):
-    base = dict(task="cnndm", target_model="xxl", gamma=5, temperature=0.0,
-                num_examples=4, tokens_generated=100,
-                target_calls_baseline=100, target_calls_speculative=40,
-                walltime_baseline_s=4.0, walltime_speculative_s=2.0,
-                cost_coefficient_c=0.02, theoretical_speedup=2.0,
-                rouge={"baseline": {"rouge1": 40.0, "rouge2": 18.0,
-                                    "rougeLsum": 37.5},
-                       "speculative": {"rouge1": 40.0, "rouge2": 18.0,
-                                       "rougeLsum": 37.5}},
-                predictions_path=None)
-    runs = [dict(base, draft_model="small", alpha=0.65, speedup=2.1,
-                 run_name="a"),
-            dict(base, draft_model="base", alpha=0.73, speedup=2.3,
-                 run_name="b")]
+    base = dict(
+        task="cnndm", target_model="xxl", gamma=5, temperature=0.0,
+        num_examples=4, tokens_generated=100, target_calls_baseline=100,
+        target_calls_speculative=40, walltime_baseline_s=4.0,
+        walltime_speculative_s=2.0, cost_coefficient_c=0.02,
+        theoretical_speedup=2.0, rouge={
+            "baseline": {
+                "rouge1": 40.0,
+                "rouge2": 18.0,
+                "rougeLsum": 37.5
+            },
+            "speculative": {
+                "rouge1": 40.0,
+                "rouge2": 18.0,
+                "rougeLsum": 37.5
+            }
+        }, predictions_path=None)
+    runs = [
+        dict(base, draft_model="small", alpha=0.65, speedup=2.1, run_name="a"),
+        dict(base, draft_model="base", alpha=0.73, speedup=2.3, run_name="b")
+    ]
     assert report.quality(runs[0]) == ("ROUGE-L", 37.5, 37.5)
     md, text = report.render_table2(runs)
     assert ("| cnndm | base ⋆ | 0 | 5 | 0.73 | 0.020 | – | 2.50 | 2.30X | "
@@ -318,8 +339,9 @@ class TestBadInput:
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
-        [sys.executable, "-m", "specdec_jax.report", str(root)],
-        capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=60)
+        [sys.executable, "-m", "specdec_jax.report",
+         str(root)], capture_output=True, text=True, cwd=REPO_ROOT, env=env,
+        timeout=60)
     assert proc.returncode == 2
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
@@ -338,8 +360,7 @@ def test_skips_absent_figures(tmp_path, caplog):
   caplog.set_level("INFO", logger=report.logger.name)
   written = report.render_report(str(root), str(tmp_path / "out"))
   assert sorted(written) == sorted(
-      n for n in ALL_OUTPUTS
-      if not n.startswith(("example_trace", "timeline")))
+      n for n in ALL_OUTPUTS if not n.startswith(("example_trace", "timeline")))
   assert "skipping example_trace" in caplog.text
   assert "skipping timeline" in caplog.text
   for path in written.values():
@@ -348,8 +369,8 @@ def test_skips_absent_figures(tmp_path, caplog):
 
 def test_alpha_json_from_alpha_mode_is_merged(tmp_path):
   root = _copy_fixture(tmp_path)
-  run_dir = sorted(d for d in os.listdir(root)
-                   if os.path.isdir(os.path.join(root, d)))[0]
+  run_dir = sorted(
+      d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))[0]
   with open(os.path.join(root, run_dir, "alpha.json"), "w") as f:
     json.dump({"alpha_beta": 0.6543, "alpha_beta_stderr": 0.01}, f)
   out = tmp_path / "out"
@@ -370,10 +391,10 @@ def test_alpha_json_from_alpha_mode_is_merged(tmp_path):
 
 def _vary_alphas(root):
   """Sweep points of one (draft, T) with different α: real error bars."""
-  for name, alpha in (("ende_xxl_small_g3_t0", 0.70),
-                      ("ende_xxl_small_g7_t0", 0.80),
-                      ("ende_xxl_base_g3_t0", 0.86),
-                      ("ende_xxl_base_g7_t0", 0.74)):
+  for name, alpha in (("ende_xxl_small_g3_t0", 0.70), ("ende_xxl_small_g7_t0",
+                                                       0.80),
+                      ("ende_xxl_base_g3_t0", 0.86), ("ende_xxl_base_g7_t0",
+                                                      0.74)):
     path = root / name / "metrics.json"
     m = json.loads(path.read_text())
     m["alpha"] = alpha
@@ -384,10 +405,13 @@ def test_speedup_vs_gamma_tells_temperatures_apart():
   runs = report.load_results(FIXTURE)
   fig = report.render_speedup_vs_gamma(runs)
   ax = fig.axes[0]
-  measured = {l.get_label(): l for l in ax.lines
-              if l.get_label().startswith("measured")}
-  assert sorted(measured) == ["measured: base, T=0", "measured: base, T=1",
-                              "measured: small, T=0", "measured: small, T=1"]
+  measured = {
+      l.get_label(): l for l in ax.lines if l.get_label().startswith("measured")
+  }
+  assert sorted(measured) == [
+      "measured: base, T=0", "measured: base, T=1", "measured: small, T=0",
+      "measured: small, T=1"
+  ]
   for draft in ("small", "base"):
     t0, t1 = (measured[f"measured: {draft}, T={t}"] for t in (0, 1))
     assert t0.get_marker() != t1.get_marker()
@@ -427,12 +451,12 @@ def test_alpha_labels_clear_error_bars_and_diamonds(tmp_path):
 def test_piece_escapes_unprintable_tokens():
   assert trace_lib.piece("▁a") == " a"
   assert trace_lib.piece("a\nb\tc") == "a\\nb\\tc"
-  assert trace_lib.piece("\u200b") == "\\u200b"       # zero-width space
-  assert trace_lib.piece("\u00a0") == "\\xa0"         # no-break space
-  assert trace_lib.piece("\ufffd") == "\\ufffd"       # undecodable byte
-  assert trace_lib.piece("\u0301e") == "\\u0301e"     # leading combining mark
-  assert trace_lib.piece("e\u0301") == "e\u0301"      # é, composed: kept
-  assert trace_lib.piece("\\n") == "\\\\n"            # a literal backslash-n
+  assert trace_lib.piece("\u200b") == "\\u200b"  # zero-width space
+  assert trace_lib.piece("\u00a0") == "\\xa0"  # no-break space
+  assert trace_lib.piece("\ufffd") == "\\ufffd"  # undecodable byte
+  assert trace_lib.piece("\u0301e") == "\\u0301e"  # leading combining mark
+  assert trace_lib.piece("e\u0301") == "e\u0301"  # é, composed: kept
+  assert trace_lib.piece("\\n") == "\\\\n"  # a literal backslash-n
   assert trace_lib.piece("Straße</s>") == "Straße</s>"
   has_glyph = trace_lib.font_has_glyph_fn()
   assert trace_lib.escape_missing_glyphs("a中", has_glyph) == "a\\u4e2d"
@@ -443,14 +467,22 @@ def _predictions_without_timeline(root):
   today's format: no measured timeline, step times in metrics.json."""
   src = root / "ende_xxl_small_g5_t0" / "predictions.jsonl"
   rows = [json.loads(l) for l in src.read_text().splitlines()]
-  plain = dict(rows[0], index=0, accepted_counts=[0, 0],
-               trace=[{"draft_tokens": ["▁a", "▁b"], "num_accepted": 0,
-                       "target_token": "▁c"}] * 2)
-  rich = dict(rows[0], index=1, accepted_counts=[2, 1],
-              trace=[{"draft_tokens": ["▁Das", "\u200b"], "num_accepted": 2,
-                      "target_token": "\n"},
-                     {"draft_tokens": ["▁Haus", "\ufffd"], "num_accepted": 1,
-                      "target_token": "</s>"}])
+  plain = dict(
+      rows[0], index=0, accepted_counts=[0, 0], trace=[{
+          "draft_tokens": ["▁a", "▁b"],
+          "num_accepted": 0,
+          "target_token": "▁c"
+      }] * 2)
+  rich = dict(
+      rows[0], index=1, accepted_counts=[2, 1], trace=[{
+          "draft_tokens": ["▁Das", "\u200b"],
+          "num_accepted": 2,
+          "target_token": "\n"
+      }, {
+          "draft_tokens": ["▁Haus", "\ufffd"],
+          "num_accepted": 1,
+          "target_token": "</s>"
+      }])
   run_dir = root / "ende_xxl_base_g5_t0"
   with open(run_dir / "predictions.jsonl", "w", encoding="utf-8") as f:
     for row in (plain, rich):
@@ -474,9 +506,11 @@ def test_example_trace_is_most_informative_and_timeline_modeled(tmp_path):
   assert "\\u200b" in page and "\u200b" not in page
   assert "\\ufffd" in page and "\\n" in page
   # The timeline is modeled from accepted_counts and the step times.
-  events = report.example_timeline(
-      {"accepted_counts": [2, 1]},
-      {"gamma": 5, "draft_step_s": 0.001, "target_step_s": 0.01})
+  events = report.example_timeline({"accepted_counts": [2, 1]}, {
+      "gamma": 5,
+      "draft_step_s": 0.001,
+      "target_step_s": 0.01
+  })
   assert [e["kind"] for e in events] == (["draft"] * 5 + ["target"]) * 2
   assert events[-1]["end_s"] == pytest.approx(2 * (5 * 0.001 + 0.01))
   # An explicit choice still wins.

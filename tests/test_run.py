@@ -18,8 +18,8 @@ from specdec_jax.models import param_shapes
 
 GIN_DIR = gin_utils.GIN_DIR
 REPO = GIN_DIR.parent
-EXPERIMENTS = sorted(p.name for p in GIN_DIR.glob("*.gin")
-                     if p.name not in ("run.gin",))
+EXPERIMENTS = sorted(
+    p.name for p in GIN_DIR.glob("*.gin") if p.name not in ("run.gin",))
 
 # T5X's T5 v1.1 hyperparameters (t5x/examples/t5/t5_1_1/*.gin):
 # emb_dim, num_heads, layers (enc = dec), head_dim, mlp_dim.
@@ -30,7 +30,6 @@ T5X_SIZES = {
     "xl": (2048, 32, 24, 64, 5120),
     "xxl": (4096, 64, 24, 64, 10240),
 }
-
 
 # A cleared gin configuration before and after each test (conftest.py).
 pytestmark = pytest.mark.usefixtures("clean_gin")
@@ -49,8 +48,8 @@ def test_model_gin_files_have_t5x_hyperparameters(size):
            [f"{role.upper()}_DTYPE = 'float32'"])
     config = run_lib.model_config(role)
     assert (config.emb_dim, config.num_heads, config.num_encoder_layers,
-            config.num_decoder_layers, config.head_dim, config.mlp_dim) == (
-                emb, heads, layers, layers, head_dim, mlp)
+            config.num_decoder_layers, config.head_dim,
+            config.mlp_dim) == (emb, heads, layers, layers, head_dim, mlp)
     assert config.vocab_size == 32128
     assert config.mlp_activations == ("gelu", "linear")
     assert not config.logits_via_embedding
@@ -76,20 +75,26 @@ def test_every_experiment_gin_parses_and_builds(name):
 
 
 def test_experiment_defaults_follow_paper_table2():
-  expected_gamma = {"ende_small": 7, "ende_base": 7, "ende_large": 7,
-                    "cnndm_small": 5, "cnndm_base": 5, "cnndm_large": 3}
+  expected_gamma = {
+      "ende_small": 7,
+      "ende_base": 7,
+      "ende_large": 7,
+      "cnndm_small": 5,
+      "cnndm_base": 5,
+      "cnndm_large": 3
+  }
   for name, gamma in expected_gamma.items():
     gin.clear_config()
     _parse([f"{name}.gin"])
     assert gin.get_bindings("run")["gamma"] == gamma, name
-    assert run_lib.model_config("draft").emb_dim == T5X_SIZES[
-        name.split("_")[1]][0]
+    assert run_lib.model_config("draft").emb_dim == T5X_SIZES[name.split("_")
+                                                              [1]][0]
 
 
 def test_gin_flag_shorthand_and_missing_file():
-  assert gin_utils.rewrite_gin_args(
-      ["prog", "--gin.GAMMA=3", "--gin_file=x.gin"]) == [
-          "prog", "--gin_bindings=GAMMA=3", "--gin_file=x.gin"]
+  assert gin_utils.rewrite_gin_args([
+      "prog", "--gin.GAMMA=3", "--gin_file=x.gin"
+  ]) == ["prog", "--gin_bindings=GAMMA=3", "--gin_file=x.gin"]
   with pytest.raises(ValueError, match="--gin.GAMMA"):
     gin_utils.rewrite_gin_args(["--gin.GAMMA"])
   with pytest.raises(ValueError, match="no_such_file.gin"):
@@ -104,17 +109,18 @@ def test_local_tiny_end_to_end(tmp_path, caplog):
                   f"{'a very long sentence ' * 3}\tein sehr langer Satz\n"
                   "the garden\tder Garten\n")
   caplog.set_level("WARNING")
-  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path / 'a'}'",
-                              f"SOURCE_FILE = '{data}'", "NUM_EXAMPLES = 5",
-                              "BATCH_SIZE = 2", "TASK_FEATURE_LENGTHS = "
-                              "{'inputs': 24, 'targets': 16}"])
+  _parse(["local_tiny.gin"], [
+      f"OUTPUT_DIR = '{tmp_path / 'a'}'", f"SOURCE_FILE = '{data}'",
+      "NUM_EXAMPLES = 5", "BATCH_SIZE = 2", "TASK_FEATURE_LENGTHS = "
+      "{'inputs': 24, 'targets': 16}"
+  ])
   first = run_lib.Experiment(run_lib.run_arguments())
   metrics = first.run()
   assert metrics["greedy_outputs_identical"] is True
   written = json.loads((tmp_path / "a" / "metrics.json").read_text())
   # What run writes is what report and sweep read (`RunMetrics`).
-  assert run_metrics.load((tmp_path / "a" / "metrics.json").read_text(
-      )).to_dict() == written
+  assert run_metrics.load(
+      (tmp_path / "a" / "metrics.json").read_text()).to_dict() == written
   for key in ("gamma", "temperature", "alpha", "num_examples",
               "tokens_generated", "target_calls_baseline",
               "target_calls_speculative", "walltime_baseline_s",
@@ -138,14 +144,15 @@ def test_local_tiny_end_to_end(tmp_path, caplog):
     assert row["baseline"] == row["speculative"]
     assert len(row["accepted_counts"]) == len(row["trace"])
     assert "timeline" not in row  # measured times live in metrics.json
-  assert sum(len(r["accepted_counts"]) for r in rows) == written[
-      "target_calls_speculative"]
+  assert sum(len(r["accepted_counts"])
+             for r in rows) == written["target_calls_speculative"]
 
   # Same settings and seed: the same predictions.jsonl, byte for byte; the
   # same OUTPUT_DIR may be re-run.
   for out in ("b", "a"):
-    again = run_lib.Experiment(run_lib.run_arguments(
-        overrides={"output_dir": str(tmp_path / out)}), models=first.models())
+    again = run_lib.Experiment(
+        run_lib.run_arguments(overrides={"output_dir": str(tmp_path / out)}),
+        models=first.models())
     again.run()
     assert (tmp_path / out / "predictions.jsonl").read_text() == predictions
 
@@ -164,12 +171,19 @@ def test_local_tiny_end_to_end(tmp_path, caplog):
 
 
 def test_summary_at_temperature_one_and_rouge():
-  metrics = dict(task="cnndm", num_examples=10, speedup=1.62,
-                 theoretical_speedup=1.71, alpha=0.61, alpha_beta=0.6,
-                 tokens_per_target_call=2.1, greedy_outputs_identical=None,
-                 random_weights=False,
-                 rouge={"baseline": {"rouge1": 40.0, "rougeLsum": 37.5},
-                        "speculative": {"rouge1": 39.0, "rougeLsum": 36.5}})
+  metrics = dict(
+      task="cnndm", num_examples=10, speedup=1.62, theoretical_speedup=1.71,
+      alpha=0.61, alpha_beta=0.6, tokens_per_target_call=2.1,
+      greedy_outputs_identical=None, random_weights=False, rouge={
+          "baseline": {
+              "rouge1": 40.0,
+              "rougeLsum": 37.5
+          },
+          "speculative": {
+              "rouge1": 39.0,
+              "rougeLsum": 36.5
+          }
+      })
   args = run_lib.RunArguments(temperature=1.0, gamma=5, mode="walltime",
                               target_name="xxl", draft_name="small",
                               output_dir="/tmp/x")
@@ -181,6 +195,7 @@ def test_summary_at_temperature_one_and_rouge():
   assert "ROUGE rouge1 40.00/39.00, rougeLsum 37.50/36.50" in text
   assert "meaningless" not in text
 
+
 @pytest.mark.slow
 def test_self_draft_from_checkpoint_accepts_everything(tmp_path):
   """Target and draft loaded from the same checkpoint: α = 1 both ways."""
@@ -189,16 +204,25 @@ def test_self_draft_from_checkpoint_accepts_everything(tmp_path):
   params = init_params(config, jax.random.PRNGKey(4))["params"]
   ckpt = checkpoints.save_params(params, str(tmp_path / "ckpt"))
   gin.clear_config()
-  _parse(["local_tiny.gin", "models/target/tiny.gin"], [
-      "NUM_EXAMPLES = 2", "GAMMA = 3", f"OUTPUT_DIR = '{tmp_path / 'out'}'",
-      f"TARGET_CHECKPOINT_PATH = '{ckpt}'",
-      f"DRAFT_CHECKPOINT_PATH = '{ckpt}'",
-      # The draft gets the target's architecture.
-      *[f"draft/T5Config.{k} = {v!r}" for k, v in (
-          ("emb_dim", config.emb_dim), ("num_heads", config.num_heads),
-          ("num_encoder_layers", config.num_encoder_layers),
-          ("num_decoder_layers", config.num_decoder_layers),
-          ("mlp_dim", config.mlp_dim), ("head_dim", config.head_dim))]])
+  _parse(
+      ["local_tiny.gin", "models/target/tiny.gin"],
+      [
+          "NUM_EXAMPLES = 2",
+          "GAMMA = 3",
+          f"OUTPUT_DIR = '{tmp_path / 'out'}'",
+          f"TARGET_CHECKPOINT_PATH = '{ckpt}'",
+          f"DRAFT_CHECKPOINT_PATH = '{ckpt}'",
+          # The draft gets the target's architecture.
+          *[
+              f"draft/T5Config.{k} = {v!r}"
+              for k, v in (("emb_dim", config.emb_dim),
+                           ("num_heads", config.num_heads),
+                           ("num_encoder_layers", config.num_encoder_layers),
+                           ("num_decoder_layers", config.num_decoder_layers),
+                           ("mlp_dim", config.mlp_dim),
+                           ("head_dim", config.head_dim))
+          ]
+      ])
   metrics = run_lib.run()
   assert metrics["alpha"] == 1.0
   assert metrics["greedy_outputs_identical"]
@@ -207,8 +231,8 @@ def test_self_draft_from_checkpoint_accepts_everything(tmp_path):
   assert alpha["alpha_beta"] == pytest.approx(1.0, abs=1e-6)
   assert alpha["num_positions"] == metrics["tokens_generated"]
   assert alpha["random_weights"] is False
-  lines = run_lib.summary_lines(alpha, run_lib.run_arguments(
-      overrides={"mode": "alpha"}))
+  lines = run_lib.summary_lines(
+      alpha, run_lib.run_arguments(overrides={"mode": "alpha"}))
   assert lines[1].startswith("alpha 1.000 ± 0.000 (share of draft tokens")
   assert not any("random weights" in l for l in lines)
   assert lines[-1].startswith(f"results: {tmp_path / 'out' / 'alpha.json'}")
@@ -233,15 +257,24 @@ def test_run_arguments_are_one_checked_frozen_record(tmp_path):
 def test_bad_run_arguments_fail_before_loading(tmp_path):
   _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path}'"])
   # Named as typed (issue 26): GAMMA, MODE, TASK_FEATURE_LENGTHS.
-  for override, name in (({"gamma": 0}, "GAMMA=0"),
-                         ({"temperature": -1.0}, "temperature"),
-                         ({"batch_size": 0}, "BATCH_SIZE"),
-                         ({"mode": "fast"}, "MODE='fast'"),
-                         ({"task_feature_lengths": {"inputs": 8}},
-                          "TASK_FEATURE_LENGTHS must have exactly"),
-                         ({"task_feature_lengths": {"inputs": 8,
-                                                    "targets": 0}},
-                          r"TASK_FEATURE_LENGTHS\['targets'\]=0")):
+  for override, name in (({
+      "gamma": 0
+  }, "GAMMA=0"), ({
+      "temperature": -1.0
+  }, "temperature"), ({
+      "batch_size": 0
+  }, "BATCH_SIZE"), ({
+      "mode": "fast"
+  }, "MODE='fast'"), ({
+      "task_feature_lengths": {
+          "inputs": 8
+      }
+  }, "TASK_FEATURE_LENGTHS must have exactly"), ({
+      "task_feature_lengths": {
+          "inputs": 8,
+          "targets": 0
+      }
+  }, r"TASK_FEATURE_LENGTHS\['targets'\]=0")):
     with pytest.raises(ValueError, match=name):
       run_lib.run(overrides=override)
   assert not list(pathlib.Path(tmp_path).iterdir())
@@ -251,17 +284,20 @@ def test_bad_run_arguments_fail_before_loading(tmp_path):
 # Bad input (issue 13): rejected before any model load or compilation, with
 # the macro, the value and what is allowed; nothing written.
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("bindings,expect", [
-    (["TEMPERATURE = 1e999"], ["TEMPERATURE=inf", "finite number >= 0"]),
-    (["TOPP = 1e999"], ["TOPP=inf", "finite number in (0, 1]"]),
-    (["TASK_FEATURE_LENGTHS = {'inputs': 0, 'targets': 8}"],
-     ["TASK_FEATURE_LENGTHS['inputs']=0", "integer >= 2"]),
-    # The byte vocabulary has 259 ids: a 128-token model would clamp them.
-    (["target/T5Config.vocab_size = 128", "draft/T5Config.vocab_size = 128"],
-     ["259 ids", "target/T5Config.vocab_size = 128", "at most 128 ids"]),
-])
-def test_bad_settings_fail_before_loading(bindings, expect, tmp_path,
-                                          no_load):
+@pytest.mark.parametrize(
+    "bindings,expect",
+    [
+        (["TEMPERATURE = 1e999"], ["TEMPERATURE=inf", "finite number >= 0"]),
+        (["TOPP = 1e999"], ["TOPP=inf", "finite number in (0, 1]"]),
+        (["TASK_FEATURE_LENGTHS = {'inputs': 0, 'targets': 8}"
+         ], ["TASK_FEATURE_LENGTHS['inputs']=0", "integer >= 2"]),
+        # The byte vocabulary has 259 ids: a 128-token model would clamp them.
+        ([
+            "target/T5Config.vocab_size = 128",
+            "draft/T5Config.vocab_size = 128"
+        ], ["259 ids", "target/T5Config.vocab_size = 128", "at most 128 ids"]),
+    ])
+def test_bad_settings_fail_before_loading(bindings, expect, tmp_path, no_load):
   out = tmp_path / "out"
   _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{out}'", *bindings])
   with pytest.raises(run_lib.ConfigError) as e:
@@ -282,9 +318,10 @@ def test_nan_temperature_and_top_p_rejected(tmp_path, no_load):
 def test_spm_model_path_not_a_model(tmp_path, no_load):
   bad = tmp_path / "notes.model"
   bad.write_text("not a sentencepiece model\n")
-  _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path / 'out'}'",
-                              "vocabulary.byte_level = False",
-                              f"SPM_MODEL_PATH = '{bad}'"])
+  _parse(["local_tiny.gin"], [
+      f"OUTPUT_DIR = '{tmp_path / 'out'}'", "vocabulary.byte_level = False",
+      f"SPM_MODEL_PATH = '{bad}'"
+  ])
   with pytest.raises(run_lib.ConfigError) as e:
     run_lib.run()
   assert f"SPM_MODEL_PATH={str(bad)!r} is not a SentencePiece model" in str(
@@ -323,8 +360,12 @@ def test_refuses_another_runs_metrics_unless_overwrite(tmp_path, monkeypatch,
   settings = experiment.settings(run_lib.vocabulary())
   other = json.loads(json.dumps(settings))
   other["run"]["gamma"] = 7
-  for record, why in (({"settings": other}, "other settings: run.gamma: 7 "
-                       "-> 4"), ({"loss": 1.0}, "records no settings")):
+  for record, why in (({
+      "settings": other
+  }, "other settings: run.gamma: 7 "
+                       "-> 4"), ({
+                           "loss": 1.0
+                       }, "records no settings")):
     (out / "metrics.json").write_text(json.dumps(record))
     with pytest.raises(run_lib.ConfigError) as e:
       run_lib.run()
@@ -335,6 +376,7 @@ def test_refuses_another_runs_metrics_unless_overwrite(tmp_path, monkeypatch,
 
   def loaded(*args, **kwargs):
     raise _Loaded()
+
   monkeypatch.setattr(run_lib, "load_model", loaded)
   with pytest.raises(_Loaded):  # OVERWRITE=True: past the checks
     run_lib.run(overrides={"overwrite": True})
@@ -349,16 +391,18 @@ def test_refuses_another_runs_metrics_unless_overwrite(tmp_path, monkeypatch,
 
 def _cli(args, tmp_path):
   return subprocess.run([sys.executable, "-m", "specdec_jax.run", *args],
-                        capture_output=True, text=True, cwd=REPO,
-                        timeout=300)
+                        capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
 def test_cli_rejects_macro_typo_in_one_line(tmp_path):
-  proc = _cli(["--gin_file=local_tiny.gin", "--gin.GAMA=3",
-               f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'"], tmp_path)
+  proc = _cli([
+      "--gin_file=local_tiny.gin", "--gin.GAMA=3",
+      f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'"
+  ], tmp_path)
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert proc.stderr.strip().splitlines() == [
-      l for l in proc.stderr.strip().splitlines() if "run: error" in l]
+      l for l in proc.stderr.strip().splitlines() if "run: error" in l
+  ]
   assert "run: error: --gin.GAMA=3: unknown gin macro 'GAMA'" in proc.stderr
   assert "did you mean GAMMA" in proc.stderr
   assert not (tmp_path / "out").exists()
@@ -380,15 +424,16 @@ def test_cli_first_screen_is_quiet_and_late_checks_fail_early(tmp_path):
   assert len(errors) == 1 and "not a writable directory" in errors[0]
 
 
-@pytest.mark.parametrize("role,name", [
-    ("target", "multi30k_target"), ("draft", "multi30k_draft_1m"),
-    ("draft", "multi30k_draft_4m"),
-    *[(r, f"t5_1_1_{s}") for r in ("target", "draft") for s in T5X_SIZES]])
+@pytest.mark.parametrize(
+    "role,name",
+    [("target", "multi30k_target"), ("draft", "multi30k_draft_1m"),
+     ("draft", "multi30k_draft_4m"),
+     *[(r, f"t5_1_1_{s}") for r in ("target", "draft") for s in T5X_SIZES]])
 def test_scoped_model_files_match_unscoped(role, name):
   """models/<role>/X.gin binds exactly what the T5X-style models/X.gin does."""
   from specdec_jax.models import T5Config  # pylint: disable=g-import-not-at-top
-  _parse([f"models/{name}.gin"], ["MODEL_DTYPE = 'float32'"]
-         if name.startswith("t5_1_1") else [])
+  _parse([f"models/{name}.gin"],
+         ["MODEL_DTYPE = 'float32'"] if name.startswith("t5_1_1") else [])
   unscoped = T5Config()  # pylint: disable=no-value-for-parameter
   gin.clear_config()
   _parse([f"models/{role}/{name}.gin"], [f"{role.upper()}_DTYPE = 'float32'"]

@@ -24,7 +24,6 @@ from conftest import REPO
 
 PRETRAINED_SPM = REPO / "pretrained" / "multi30k" / "multi30k.model"
 
-
 # A cleared gin configuration before and after each test (conftest.py).
 pytestmark = pytest.mark.usefixtures("clean_gin")
 
@@ -52,42 +51,48 @@ def _run_error(out, bindings) -> str:
 
 
 @pytest.mark.parametrize("bindings,expect", [
-    (["DRAFTER = 'trigram'"], ["DRAFTER='trigram': allowed: 'model', "
-                               "'unigram', 'bigram', 'ngram'"]),
+    (["DRAFTER = 'trigram'"],
+     ["DRAFTER='trigram': allowed: 'model', "
+      "'unigram', 'bigram', 'ngram'"]),
     (["LENIENCE = 0.0"], ["LENIENCE=0.0: allowed: a number in (0, 1]"]),
     (["LENIENCE = 1.5"], ["LENIENCE=1.5"]),
     (["LENIENCE = 1e999"], ["LENIENCE=inf"]),
-    (["ADAPTIVE_THRESHOLD = 1.0"],
-     ["ADAPTIVE_THRESHOLD=1.0: allowed: a number in (0, 1)"]),
+    (["ADAPTIVE_THRESHOLD = 1.0"
+     ], ["ADAPTIVE_THRESHOLD=1.0: allowed: a number in (0, 1)"]),
     (["ADAPTIVE_THRESHOLD = 0"], ["ADAPTIVE_THRESHOLD=0"]),
-    (["DRAFTER = 'prompt_lookup'", "ADAPTIVE_THRESHOLD = 0.5"],
-     ["with DRAFTER='prompt_lookup'"]),
+    (["DRAFTER = 'prompt_lookup'", "ADAPTIVE_THRESHOLD = 0.5"
+     ], ["with DRAFTER='prompt_lookup'"]),
     (["DRAFTER = 'bigram'"], ["NGRAM_CORPUS=None", "'bigram' drafter counts"]),
-    (["DRAFTER = 'bigram'", "NGRAM_CORPUS = '/no/such/corpus.txt'"],
-     ["NGRAM_CORPUS='/no/such/corpus.txt': no such file"]),
-    (["DRAFTER = 'hierarchical'", "INNER_DRAFTER = 'model'"],
-     ["INNER_DRAFTER='model': allowed: 'prompt_lookup'"]),
+    (["DRAFTER = 'bigram'", "NGRAM_CORPUS = '/no/such/corpus.txt'"
+     ], ["NGRAM_CORPUS='/no/such/corpus.txt': no such file"]),
+    (["DRAFTER = 'hierarchical'", "INNER_DRAFTER = 'model'"
+     ], ["INNER_DRAFTER='model': allowed: 'prompt_lookup'"]),
     (["DRAFTER = 'hierarchical'", "INNER_GAMMA = 0"], ["INNER_GAMMA=0"]),
-    (["DRAFTER = 'prompt_lookup'", "PROMPT_LOOKUP_MAX = 0"],
-     ["PROMPT_LOOKUP_MAX=0"]),
-    (["DRAFTER = 'bigram'", "NGRAM_ORDER = 3", "NGRAM_CORPUS = 'README.md'"],
-     ["NGRAM_ORDER=3 contradicts 'bigram'"]),
-    (["DRAFTER = 'bigram'", "MODE = 'alpha'", "NGRAM_CORPUS = 'README.md'"],
-     ["MODE='alpha'", "allowed: DRAFTER='model'"]),
+    (["DRAFTER = 'prompt_lookup'", "PROMPT_LOOKUP_MAX = 0"
+     ], ["PROMPT_LOOKUP_MAX=0"]),
+    (["DRAFTER = 'bigram'", "NGRAM_ORDER = 3", "NGRAM_CORPUS = 'README.md'"
+     ], ["NGRAM_ORDER=3 contradicts 'bigram'"]),
+    (["DRAFTER = 'bigram'", "MODE = 'alpha'", "NGRAM_CORPUS = 'README.md'"
+     ], ["MODE='alpha'", "allowed: DRAFTER='model'"]),
     (["GAMMA = 'fast'"], ["GAMMA='fast': allowed: an integer >= 1, or 'auto'"]),
     (["ACCEPTANCE = 'tree'"], ["ACCEPTANCE='tree': allowed: 'token', 'block'"]),
-    (["ACCEPTANCE = 'block'", "LENIENCE = 0.5"],
-     ["ACCEPTANCE='block' with LENIENCE=0.5", "allowed: LENIENCE=1"]),
-    (["DRAFTER = 'shared_encoder'"],
-     ["DRAFTER='shared_encoder': the draft has an encoder of its own",
-      "encoder_width = the target's emb_dim (64)"]),
-    (["draft/T5Config.num_encoder_layers = 0",
-      "draft/T5Config.encoder_width = 64"],
-     ["DRAFTER='model': the draft has no encoder of its own",
-      "allowed: DRAFTER='shared_encoder'"]),
-    (["DRAFTER = 'shared_encoder'", "draft/T5Config.num_encoder_layers = 0",
-      "draft/T5Config.encoder_width = 32"],
-     ["encoder_width = 32 but the target's emb_dim is 64"]),
+    (["ACCEPTANCE = 'block'", "LENIENCE = 0.5"
+     ], ["ACCEPTANCE='block' with LENIENCE=0.5", "allowed: LENIENCE=1"]),
+    (["DRAFTER = 'shared_encoder'"], [
+        "DRAFTER='shared_encoder': the draft has an encoder of its own",
+        "encoder_width = the target's emb_dim (64)"
+    ]),
+    ([
+        "draft/T5Config.num_encoder_layers = 0",
+        "draft/T5Config.encoder_width = 64"
+    ], [
+        "DRAFTER='model': the draft has no encoder of its own",
+        "allowed: DRAFTER='shared_encoder'"
+    ]),
+    ([
+        "DRAFTER = 'shared_encoder'", "draft/T5Config.num_encoder_layers = 0",
+        "draft/T5Config.encoder_width = 32"
+    ], ["encoder_width = 32 but the target's emb_dim is 64"]),
 ])
 def test_bad_drafting_settings_fail_before_loading(bindings, expect, tmp_path,
                                                    no_load):
@@ -112,9 +117,11 @@ def test_corpus_in_another_vocabulary_fails_before_loading(tmp_path, no_load):
       "DRAFTER = 'bigram'", f"NGRAM_CORPUS = '{greek}'",
       "vocabulary.byte_level = False", f"SPM_MODEL_PATH = '{PRETRAINED_SPM}'",
       "EXTRA_IDS = 0", "target/T5Config.vocab_size = 8000",
-      "draft/T5Config.vocab_size = 8000"])
-  assert re.search(r"of its tokens are unknown to the vocabulary.*another "
-                   "language or vocabulary", message), message
+      "draft/T5Config.vocab_size = 8000"
+  ])
+  assert re.search(
+      r"of its tokens are unknown to the vocabulary.*another "
+      "language or vocabulary", message), message
 
 
 def test_beyond_paper_sweep_points_all_pass_the_checks(tmp_path, monkeypatch):
@@ -131,26 +138,27 @@ def test_beyond_paper_sweep_points_all_pass_the_checks(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_bigram_adaptive_auto_gamma_end_to_end(tmp_path, corpus,
-                                               monkeypatch):
+def test_bigram_adaptive_auto_gamma_end_to_end(tmp_path, corpus, monkeypatch):
   # Few compilations: timings are stand-ins (run's timing is tested
   # elsewhere), and the pilot's γ is the one chosen for α ≈ 0 (random
   # weights), so pilot and run share one program; a one-layer target
   # compiles faster (nothing here depends on its size).
   monkeypatch.setattr(
-      run_lib.timing, "call_seconds",
-      lambda calls, *args, **kwargs: {
-          name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()})
+      run_lib.timing, "call_seconds", lambda calls, *args, **kwargs: {
+          name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()
+      })
   monkeypatch.setattr(run_lib.drafter_choice, "propose_seconds",
                       lambda *args, gamma, **kwargs: 1e-5 * gamma)
   monkeypatch.setattr(run_lib.drafter_choice, "AUTO_GAMMA_PILOT", 1)
   out = tmp_path / "out"
-  _parse([f"OUTPUT_DIR = '{out}'", "DRAFTER = 'bigram'",
-          f"NGRAM_CORPUS = '{corpus}'", "GAMMA = 'auto'",
-          "ADAPTIVE_THRESHOLD = 0.05", "NUM_EXAMPLES = 2",
-          "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
-          "target/T5Config.num_encoder_layers = 1",
-          "target/T5Config.num_decoder_layers = 1"])
+  _parse([
+      f"OUTPUT_DIR = '{out}'", "DRAFTER = 'bigram'",
+      f"NGRAM_CORPUS = '{corpus}'", "GAMMA = 'auto'",
+      "ADAPTIVE_THRESHOLD = 0.05", "NUM_EXAMPLES = 2",
+      "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
+      "target/T5Config.num_encoder_layers = 1",
+      "target/T5Config.num_decoder_layers = 1"
+  ])
   metrics = run_lib.run()
   assert metrics["greedy_outputs_identical"] is True
   written = json.loads((out / "metrics.json").read_text())
@@ -163,8 +171,9 @@ def test_bigram_adaptive_auto_gamma_end_to_end(tmp_path, corpus,
   assert auto["cost_coefficient_c"] == pytest.approx(1e-5 / 1.1e-3)
   assert written["cost_coefficient_c"] == pytest.approx(1e-5 / 1.1e-3)
   # The stand-in call costs 1 + K/10 ms, linear in K: interpolation is exact.
-  assert auto["call_cost_by_gamma"] == pytest.approx(
-      [(1 + (g + 1) / 10) / 1.1 for g in range(1, 13)])
+  assert auto["call_cost_by_gamma"] == pytest.approx([
+      (1 + (g + 1) / 10) / 1.1 for g in range(1, 13)
+  ])
   bound = written["per_iteration_gamma"]
   assert bound["oracle_speedup"] >= bound["achieved_speedup"] >= bound[
       "fixed_gamma_speedup"]
@@ -181,8 +190,10 @@ def test_summary_of_a_lenient_run():
                  theoretical_speedup=1.5, alpha=0.8, alpha_beta=0.7,
                  tokens_per_target_call=3.0, greedy_outputs_identical=False,
                  greedy_identical_examples=6, random_weights=False,
-                 lenience=0.5, exact=False, gamma=5, draft_model="1m",
-                 bleu={"baseline": 40.0, "speculative": 39.0})
+                 lenience=0.5, exact=False, gamma=5, draft_model="1m", bleu={
+                     "baseline": 40.0,
+                     "speculative": 39.0
+                 })
   args = run_lib.RunArguments(temperature=0.0, gamma=5, mode="walltime",
                               target_name="11m", draft_name="1m",
                               output_dir="/tmp/x")
@@ -191,8 +202,9 @@ def test_summary_of_a_lenient_run():
   assert "identical to the target's on 6/10 examples" in text
   assert "NOT all: at T=0 they must be" not in text
   metrics.update(greedy_outputs_identical=None, greedy_identical_examples=None)
-  text = "\n".join(run_lib.summary_lines(
-      metrics, dataclasses.replace(args, temperature=1.0)))
+  text = "\n".join(
+      run_lib.summary_lines(metrics, dataclasses.replace(args,
+                                                         temperature=1.0)))
   assert "NOT the target's distribution" in text
   assert "samples the target's distribution exactly" not in text
 
@@ -202,9 +214,9 @@ def test_block_verification_end_to_end(tmp_path, monkeypatch):
   """ACCEPTANCE='block' reaches the loop, is recorded, and keeps greedy
   outputs the target's (the rule's exactness: test_block_acceptance.py)."""
   monkeypatch.setattr(
-      run_lib.timing, "call_seconds",
-      lambda calls, *args, **kwargs: {
-          name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()})
+      run_lib.timing, "call_seconds", lambda calls, *args, **kwargs: {
+          name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()
+      })
   used = []
   original = run_lib.Experiment.acceptance
 
@@ -215,10 +227,12 @@ def test_block_verification_end_to_end(tmp_path, monkeypatch):
 
   monkeypatch.setattr(run_lib.Experiment, "acceptance", spy)
   out = tmp_path / "out"
-  _parse([f"OUTPUT_DIR = '{out}'", "ACCEPTANCE = 'block'", "GAMMA = 2",
-          "NUM_EXAMPLES = 2", "TASK_FEATURE_LENGTHS = {'inputs': 32, "
-          "'targets': 6}", "target/T5Config.num_encoder_layers = 1",
-          "target/T5Config.num_decoder_layers = 1"])
+  _parse([
+      f"OUTPUT_DIR = '{out}'", "ACCEPTANCE = 'block'", "GAMMA = 2",
+      "NUM_EXAMPLES = 2", "TASK_FEATURE_LENGTHS = {'inputs': 32, "
+      "'targets': 6}", "target/T5Config.num_encoder_layers = 1",
+      "target/T5Config.num_decoder_layers = 1"
+  ])
   metrics = run_lib.run()
   assert used and set(used) == {"BlockAcceptance"}
   assert metrics["greedy_outputs_identical"] is True
@@ -228,11 +242,12 @@ def test_block_verification_end_to_end(tmp_path, monkeypatch):
   assert written["settings"]["run"]["acceptance"] == "block"
 
 
-SHARED_ENCODER = ["DRAFTER = 'shared_encoder'",
-                  "draft/T5Config.num_encoder_layers = 0",
-                  "draft/T5Config.encoder_width = 64",
-                  "target/T5Config.num_encoder_layers = 1",
-                  "target/T5Config.num_decoder_layers = 1"]
+SHARED_ENCODER = [
+    "DRAFTER = 'shared_encoder'", "draft/T5Config.num_encoder_layers = 0",
+    "draft/T5Config.encoder_width = 64",
+    "target/T5Config.num_encoder_layers = 1",
+    "target/T5Config.num_decoder_layers = 1"
+]
 
 
 @pytest.mark.slow
@@ -241,9 +256,9 @@ def test_shared_encoder_end_to_end(tmp_path, monkeypatch):
   target's encoder output in the loop, stays exact, is priced as a draft
   model step, and MODE='alpha' measures it too."""
   monkeypatch.setattr(
-      run_lib.timing, "call_seconds",
-      lambda calls, *args, **kwargs: {
-          name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()})
+      run_lib.timing, "call_seconds", lambda calls, *args, **kwargs: {
+          name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()
+      })
   inits = []
   original = drafters.ModelDrafter.init
 
@@ -253,9 +268,10 @@ def test_shared_encoder_end_to_end(tmp_path, monkeypatch):
 
   monkeypatch.setattr(drafters.ModelDrafter, "init", spy)
   out = tmp_path / "out"
-  _parse([f"OUTPUT_DIR = '{out}'", "GAMMA = 2", "NUM_EXAMPLES = 2",
-          "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 6}",
-          *SHARED_ENCODER])
+  _parse([
+      f"OUTPUT_DIR = '{out}'", "GAMMA = 2", "NUM_EXAMPLES = 2",
+      "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 6}", *SHARED_ENCODER
+  ])
   experiment = run_lib.Experiment(run_lib.run_arguments())
   metrics = experiment.run()
   assert inits and all(inits)  # Started from the target's encoder output.
@@ -271,8 +287,10 @@ def test_shared_encoder_end_to_end(tmp_path, monkeypatch):
   assert written["settings"]["draft"]["encoder_width"] == 64
   assert "encoder_width" not in written["settings"]["target"]
   gin.clear_config()
-  _parse([f"OUTPUT_DIR = '{tmp_path / 'alpha'}'", "MODE = 'alpha'",
-          "NUM_EXAMPLES = 2", "TASK_FEATURE_LENGTHS = {'inputs': 32, "
-          "'targets': 6}", *SHARED_ENCODER])
+  _parse([
+      f"OUTPUT_DIR = '{tmp_path / 'alpha'}'", "MODE = 'alpha'",
+      "NUM_EXAMPLES = 2", "TASK_FEATURE_LENGTHS = {'inputs': 32, "
+      "'targets': 6}", *SHARED_ENCODER
+  ])
   alpha = run_lib.run()
   assert 0.0 <= alpha["alpha_beta"] <= 1.0 and alpha["num_positions"] > 0

@@ -39,25 +39,32 @@ def _full_metrics(**changes):
   """A RunMetrics with every key set (a walltime run of today)."""
   values = dict(
       task="multi30k", target_model="11m", draft_model="1m", gamma=3,
-      temperature=0.0, top_k=0, top_p=1.0, batch_size=1, alpha=0.6,
-      alpha_beta=0.61, alpha_stderr=0.01, accepted_histogram=[3, 2, 1, 4],
-      num_examples=10, tokens_generated=100, tokens_generated_baseline=100,
+      temperature=0.0, top_k=0, top_p=1.0, batch_size=1,
+      alpha=0.6, alpha_beta=0.61, alpha_stderr=0.01, accepted_histogram=[
+          3, 2, 1, 4
+      ], num_examples=10, tokens_generated=100, tokens_generated_baseline=100,
       target_calls_baseline=100, target_calls_speculative=50,
       tokens_per_target_call=2.0, walltime_baseline_s=1.0,
       walltime_speculative_s=0.8, speedup=1.25, compile_time_s=3.0,
       target_step_s=1e-3, draft_step_s=1e-4, cost_coefficient_c=0.1,
       theoretical_speedup=1.6, verification_call_s=1.5e-3,
       verification_cost_ratio=1.5, theoretical_speedup_measured_call_cost=1.2,
-      greedy_outputs_identical=True, greedy_identical_examples=10,
-      bleu={"baseline": 20.0, "speculative": 20.0}, random_weights=False,
-      backend="cpu", device_kind="cpu", num_devices=1, synthetic=False,
-      num_examples_requested=10, inputs_length=64, inputs_truncated=0,
-      longest_input_tokens=30, settings={"run": {"gamma": 3}},
-      drafter="model", drafter_settings={"drafter": "model"}, lenience=1.0,
+      greedy_outputs_identical=True, greedy_identical_examples=10, bleu={
+          "baseline": 20.0,
+          "speculative": 20.0
+      }, random_weights=False, backend="cpu", device_kind="cpu", num_devices=1,
+      synthetic=False, num_examples_requested=10, inputs_length=64,
+      inputs_truncated=0, longest_input_tokens=30, settings={
+          "run": {
+              "gamma": 3
+          }
+      }, drafter="model", drafter_settings={"drafter": "model"}, lenience=1.0,
       exact=True, adaptive_threshold=None, gamma_auto=None,
-      guesses_per_target_call=3.0,
-      per_iteration_gamma={"fixed_gamma_speedup": 1.3,
-                           "achieved_speedup": 1.3, "oracle_speedup": 1.7})
+      guesses_per_target_call=3.0, per_iteration_gamma={
+          "fixed_gamma_speedup": 1.3,
+          "achieved_speedup": 1.3,
+          "oracle_speedup": 1.7
+      })
   values.update(changes)
   return run_metrics.RunMetrics(**values)
 
@@ -100,15 +107,26 @@ def test_round_trip_and_quality_key():
 
 
 def test_files_of_earlier_versions_load_with_defaults():
-  oldest = {"task": "ende", "target_model": "xxl", "draft_model": "small",
-            "gamma": 5, "temperature": 0, "alpha": 0.7, "num_examples": 4,
-            "tokens_generated": 40, "target_calls_baseline": 40,
-            "target_calls_speculative": 12, "walltime_baseline_s": 2,
-            "walltime_speculative_s": 1.0, "speedup": 2,
-            "cost_coefficient_c": 0.02, "theoretical_speedup": 2.5}
+  oldest = {
+      "task": "ende",
+      "target_model": "xxl",
+      "draft_model": "small",
+      "gamma": 5,
+      "temperature": 0,
+      "alpha": 0.7,
+      "num_examples": 4,
+      "tokens_generated": 40,
+      "target_calls_baseline": 40,
+      "target_calls_speculative": 12,
+      "walltime_baseline_s": 2,
+      "walltime_speculative_s": 1.0,
+      "speedup": 2,
+      "cost_coefficient_c": 0.02,
+      "theoretical_speedup": 2.5
+  }
   metrics = run_metrics.RunMetrics.from_dict(oldest)
-  assert (metrics.drafter, metrics.lenience, metrics.exact) == (
-      "model", 1.0, True)
+  assert (metrics.drafter, metrics.lenience, metrics.exact) == ("model", 1.0,
+                                                                True)
   assert metrics.per_iteration_gamma is None and metrics.top_p == 1.0
   assert metrics.temperature == 0.0 and isinstance(metrics.temperature, float)
   assert metrics.walltime_baseline_s == 2.0 and metrics.speedup == 2.0
@@ -123,14 +141,26 @@ def test_files_of_earlier_versions_load_with_defaults():
 
 
 @pytest.mark.parametrize("changes,expect", [
-    ({"lenience": 0}, "key 'lenience' must be a number in (0, 1], got 0"),
-    ({"drafter": ""}, "key 'drafter' must be a non-empty string"),
-    ({"per_iteration_gamma": {"oracle_speedup": 1.0}},
-     "key 'per_iteration_gamma' must be {\"fixed_gamma_speedup\""),
-    ({"accepted_histogram": [1, -2]},
-     "key 'accepted_histogram' must be a list of integers >= 0"),
-    ({"exact": "yes"}, "key 'exact' must be true or false, got 'yes'"),
-    ({"gamma": 2.5}, "key 'gamma' must be an integer >= 1, got 2.5"),
+    ({
+        "lenience": 0
+    }, "key 'lenience' must be a number in (0, 1], got 0"),
+    ({
+        "drafter": ""
+    }, "key 'drafter' must be a non-empty string"),
+    ({
+        "per_iteration_gamma": {
+            "oracle_speedup": 1.0
+        }
+    }, "key 'per_iteration_gamma' must be {\"fixed_gamma_speedup\""),
+    ({
+        "accepted_histogram": [1, -2]
+    }, "key 'accepted_histogram' must be a list of integers >= 0"),
+    ({
+        "exact": "yes"
+    }, "key 'exact' must be true or false, got 'yes'"),
+    ({
+        "gamma": 2.5
+    }, "key 'gamma' must be an integer >= 1, got 2.5"),
 ])
 def test_bad_values_are_named(changes, expect):
   data = dict(_full_metrics().to_dict(), **changes)
@@ -145,10 +175,11 @@ def test_bad_values_are_named(changes, expect):
 
 def test_report_run_table_shows_drafter_lenience_and_bound():
   runs = report.load_results(str(FIXTURE))  # files from before the keys
-  new = dict(runs[0], **_full_metrics(
-      task="ende", target_model="xxl", draft_model="small l=0.5",
-      lenience=0.5, exact=False, drafter="bigram").to_dict(),
-             run_name="lenient")
+  new = dict(
+      runs[0],
+      **_full_metrics(task="ende", target_model="xxl",
+                      draft_model="small l=0.5", lenience=0.5, exact=False,
+                      drafter="bigram").to_dict(), run_name="lenient")
   md, text = report.render_table2(runs + [new])
   everything = md.split("## All sweep points")[1]
   assert "| DRAFTER | LENIENCE | PER-ITERATION γ (FIXED / ACHIEVED / ORACLE) |" \
@@ -156,12 +187,14 @@ def test_report_run_table_shows_drafter_lenience_and_bound():
   rows = [l for l in everything.splitlines() if l.startswith("| ende")]
   assert len(rows) == 9
   assert sum(l.endswith("| model | 1 | – |") for l in rows) == 8
-  assert any(l.endswith("| bigram | 0.5 (not exact) | 1.30X / 1.30X / 1.70X |")
-             for l in rows)
+  assert any(
+      l.endswith("| bigram | 0.5 (not exact) | 1.30X / 1.30X / 1.70X |")
+      for l in rows)
   header, *lines = text.splitlines()
   assert header.split(",")[-7:] == [
-      "drafter", "lenience", "exact", "fixed_gamma_speedup",
-      "achieved_speedup", "oracle_speedup", "run_name"]
+      "drafter", "lenience", "exact", "fixed_gamma_speedup", "achieved_speedup",
+      "oracle_speedup", "run_name"
+  ]
   assert sum(",model,1.0,1,,,," in l for l in lines) == 8
   assert any(",bigram,0.5,0,1.3,1.3,1.7,lenient" in l for l in lines)
 
@@ -185,10 +218,23 @@ def test_settings_of_earlier_versions_are_the_same_settings(tmp_path):
   vocabulary file as resolved from the current directory: re-running the
   same settings into their OUTPUT_DIR is still allowed."""
   spm = "pretrained/multi30k/multi30k.model"
-  new = {"run": {"gamma": 6},
-         "target": {"dtype": "float32", "emb_dim": 8},
-         "draft": {"dtype": "bfloat16", "emb_dim": 4},
-         "vocabulary": {"file": os.path.join(str(REPO), spm), "size": 8000}}
+  new = {
+      "run": {
+          "gamma": 6
+      },
+      "target": {
+          "dtype": "float32",
+          "emb_dim": 8
+      },
+      "draft": {
+          "dtype": "bfloat16",
+          "emb_dim": 4
+      },
+      "vocabulary": {
+          "file": os.path.join(str(REPO), spm),
+          "size": 8000
+      }
+  }
   old = json.loads(json.dumps(new))
   old["target"]["dtype"] = "<class 'numpy.float32'>"
   old["draft"]["dtype"] = "<class 'ml_dtypes.bfloat16'>"

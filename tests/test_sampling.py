@@ -42,9 +42,12 @@ def _pq_pairs():
       ("one-hot disjoint", one_hot(0), one_hot(1)),
       ("uniform q", _dist(5, 1, 1, 1, 1, 1), uniform),
       ("uniform p", uniform, _dist(1, 1, 1, 1, 1, 10)),
-      ("q mass where p has none", _dist(0, 0, 1, 2, 3, 4), _dist(4, 3, 2, 1, 0, 0)),
-      ("p mass where q has none", _dist(4, 3, 2, 1, 0, 0), _dist(0, 0, 1, 2, 3, 4)),
-      ("near-equal", _dist(10, 10, 10, 10, 10, 11), _dist(11, 10, 10, 10, 10, 10)),
+      ("q mass where p has none", _dist(0, 0, 1, 2, 3,
+                                        4), _dist(4, 3, 2, 1, 0, 0)),
+      ("p mass where q has none", _dist(4, 3, 2, 1, 0,
+                                        0), _dist(0, 0, 1, 2, 3, 4)),
+      ("near-equal", _dist(10, 10, 10, 10, 10,
+                           11), _dist(11, 10, 10, 10, 10, 10)),
       ("peaked vs flat", _dist(100, 1, 1, 1, 1, 1), _dist(1, 1, 1, 1, 1, 100)),
   ]
   while len(pairs) < 22:
@@ -106,13 +109,15 @@ def test_bonus_token_after_all_accepted_is_from_last_target_row():
   draft = jnp.broadcast_to(jnp.asarray(q, jnp.float32), (DRAWS, gamma, V))
   tokens = sampling.sample_from(draw_rng, draft)
   n, extra = sampling.speculative_accept(
-      accept_rng, jnp.broadcast_to(jnp.asarray(p, jnp.float32),
-                                   (DRAWS, gamma + 1, V)), draft, tokens)
+      accept_rng,
+      jnp.broadcast_to(jnp.asarray(p, jnp.float32), (DRAWS, gamma + 1, V)),
+      draft, tokens)
   assert np.all(np.asarray(n) == gamma)
   _assert_matches(extra, p[-1], "bonus")
 
 
-@pytest.mark.parametrize("gamma,beta", [(1, 0.3), (3, 0.6), (7, 0.9), (4, 0.75)])
+@pytest.mark.parametrize("gamma,beta", [(1, 0.3), (3, 0.6), (7, 0.9),
+                                        (4, 0.75)])
 def test_tokens_per_call_follows_eq1(gamma, beta):
   """Mean n + 1 over iterations equals (1 - α^{γ+1}) / (1 - α) (Eq. 1)."""
   # p and q overlap in exactly β mass: p = β·u + (1-β)·a, q = β·u + (1-β)·b
@@ -126,13 +131,14 @@ def test_tokens_per_call_follows_eq1(gamma, beta):
   draft = jnp.broadcast_to(jnp.asarray(q, jnp.float32), (draws, gamma, V))
   tokens = sampling.sample_from(draw_rng, draft)
   n, _ = sampling.speculative_accept(
-      accept_rng, jnp.broadcast_to(jnp.asarray(p, jnp.float32),
-                                   (draws, gamma + 1, V)), draft, tokens)
+      accept_rng,
+      jnp.broadcast_to(jnp.asarray(p, jnp.float32), (draws, gamma + 1, V)),
+      draft, tokens)
   per_call = np.asarray(n) + 1.0
-  expected = (1 - beta ** (gamma + 1)) / (1 - beta)
+  expected = (1 - beta**(gamma + 1)) / (1 - beta)
   stderr = per_call.std() / np.sqrt(draws)
-  assert abs(per_call.mean() - expected) < 5 * stderr, (
-      per_call.mean(), expected, stderr)
+  assert abs(per_call.mean() - expected) < 5 * stderr, (per_call.mean(),
+                                                        expected, stderr)
 
 
 def test_greedy_accept_equals_speculative_accept_on_one_hot():
@@ -141,9 +147,9 @@ def test_greedy_accept_equals_speculative_accept_on_one_hot():
   rng = np.random.default_rng(5)
   # Small vocabulary so guesses often match: every n in 0..γ occurs.
   target_tokens = rng.integers(0, 3, (batch, gamma + 1))
-  draft_tokens = np.where(rng.random((batch, gamma)) < 0.7,
-                          target_tokens[:, :gamma], rng.integers(0, 3,
-                                                                 (batch, gamma)))
+  draft_tokens = np.where(
+      rng.random((batch, gamma)) < 0.7, target_tokens[:, :gamma],
+      rng.integers(0, 3, (batch, gamma)))
   n, extra = sampling.greedy_accept(jnp.asarray(target_tokens),
                                     jnp.asarray(draft_tokens))
   ref_n, ref_extra = sampling.speculative_accept(
@@ -179,9 +185,9 @@ def test_standardize_temperature_top_k_top_p():
                              [1, 0, 0, 0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("top_k,top_p", [(1, 1.0), (5, 1.0), (37, 1.0),
-                                         (0, 0.3), (0, 0.9), (0, 0.99),
-                                         (20, 0.8)])
+@pytest.mark.parametrize("top_k,top_p",
+                         [(1, 1.0), (5, 1.0), (37, 1.0), (0, 0.3), (0, 0.9),
+                          (0, 0.99), (20, 0.8)])
 def test_sort_free_top_k_top_p_match_sorting(top_k, top_p):
   """The bitwise threshold search keeps exactly the tokens a sort keeps."""
   rng = np.random.default_rng(top_k * 100 + int(top_p * 100))
@@ -189,8 +195,7 @@ def test_sort_free_top_k_top_p_match_sorting(top_k, top_p):
   # positive values, and -inf entries (tokens already ruled out).
   logits = np.round(rng.normal(0, 3, size=(16, 300)), 1).astype(np.float32)
   logits[:, rng.choice(300, 10, replace=False)] = -np.inf
-  got = np.asarray(sampling.standardize(jnp.asarray(logits), 0.7, top_k,
-                                        top_p))
+  got = np.asarray(sampling.standardize(jnp.asarray(logits), 0.7, top_k, top_p))
   want = _reference_standardize(logits, 0.7, top_k, top_p)
   np.testing.assert_array_equal(got > 0, want > 0)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
@@ -279,9 +284,9 @@ def test_none_draft_probs_equals_explicit_one_hot_q():
   key = jax.random.PRNGKey(4)
   got = sampling.speculative_accept(key, jnp.asarray(p, jnp.float32), None,
                                     jnp.asarray(tokens))
-  want = sampling.speculative_accept(
-      key, jnp.asarray(p, jnp.float32), jax.nn.one_hot(tokens, V),
-      jnp.asarray(tokens))
+  want = sampling.speculative_accept(key, jnp.asarray(p, jnp.float32),
+                                     jax.nn.one_hot(tokens, V),
+                                     jnp.asarray(tokens))
   np.testing.assert_array_equal(got[0], want[0])
   np.testing.assert_array_equal(got[1], want[1])
   assert len(set(np.asarray(got[0]).tolist())) == gamma + 1

@@ -39,16 +39,18 @@ def shared_draft(target: T5Model, scale: float, seed: int) -> T5Model:
   with Gaussian noise, reading the target's encoder output (a draft that
   agrees with the target often but not always)."""
   base = target.unpacked().params["params"]
-  own = {"token_embedder": base["token_embedder"],
-         "decoder": base["decoder"]}
+  own = {"token_embedder": base["token_embedder"], "decoder": base["decoder"]}
   leaves, treedef = jax.tree_util.tree_flatten(own)
   keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-  noisy = [x + scale * jnp.std(x) * jax.random.normal(k, x.shape)
-           for x, k in zip(leaves, keys)]
+  noisy = [
+      x + scale * jnp.std(x) * jax.random.normal(k, x.shape)
+      for x, k in zip(leaves, keys)
+  ]
   config = target.config.replace(num_encoder_layers=0,
                                  encoder_width=target.config.emb_dim)
-  return T5Model(config, {"params": jax.tree_util.tree_unflatten(
-      treedef, noisy)}).prepared_for_decoding()
+  return T5Model(config, {
+      "params": jax.tree_util.tree_unflatten(treedef, noisy)
+  }).prepared_for_decoding()
 
 
 # ---------------------------------------------------------------------------
@@ -97,8 +99,8 @@ def test_pairing_checks_widths_and_standalone_start_needs_an_encoder():
   with pytest.raises(ValueError, match="has an encoder of its own"):
     SharedEncoderModel.pair(target, target)
   with pytest.raises(ValueError, match="width 16"):
-    wrong.start_from_encoder_output(
-        target.encode(jnp.ones((1, 3), jnp.int32)), 4)
+    wrong.start_from_encoder_output(target.encode(jnp.ones((1, 3), jnp.int32)),
+                                    4)
 
 
 def test_the_draft_starts_from_the_targets_encoding():
@@ -118,9 +120,10 @@ def test_the_draft_starts_from_the_targets_encoding():
     for a, b in zip(jax.tree_util.tree_leaves(state.model_state),
                     jax.tree_util.tree_leaves(own)):
       np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
-  loop_state = decoding.init_speculative_state(
-      target, drafters.ModelDrafter(draft), inputs, gamma=2,
-      max_decode_length=5)
+  loop_state = decoding.init_speculative_state(target,
+                                               drafters.ModelDrafter(draft),
+                                               inputs, gamma=2,
+                                               max_decode_length=5)
   np.testing.assert_array_equal(loop_state.draft_state.model_state.encoded,
                                 loop_state.target_state.encoded)
   # Teacher forcing from the target's encoding = cached decoding.
@@ -140,16 +143,17 @@ def greedy_case():
   rng = np.random.default_rng(1)
   inputs = rng.integers(2, 32, size=(4, 6)).astype(np.int32)
   inputs[2, 3:] = 0
-  free = np.asarray(decoding.temperature_sample(
-      target, inputs, jax.random.PRNGKey(0), max_decode_length=MAX_LEN,
-      eos_id=-1).tokens)
+  free = np.asarray(
+      decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
+                                  max_decode_length=MAX_LEN, eos_id=-1).tokens)
 
   def first(tok, row):
     hits = np.flatnonzero(free[row] == tok)
     return hits[0] if hits.size else MAX_LEN
+
   eos = next(tok for tok in range(2, 32)
-             if min(first(tok, r) for r in range(4)) <= 3
-             and max(first(tok, r) for r in range(4)) >= MAX_LEN - 4)
+             if min(first(tok, r) for r in range(4)) <= 3 and max(
+                 first(tok, r) for r in range(4)) >= MAX_LEN - 4)
   return target, draft, inputs, eos
 
 
@@ -165,9 +169,9 @@ DRAFTERS = {
 }
 
 
-@pytest.mark.parametrize("name,gamma", [
-    ("bare", 1), ("bare", 3), ("bare", 7), ("pair", 3), ("adaptive", 3),
-    ("hierarchical", 3)])
+@pytest.mark.parametrize("name,gamma", [("bare", 1), ("bare", 3), ("bare", 7),
+                                        ("pair", 3), ("adaptive", 3),
+                                        ("hierarchical", 3)])
 def test_greedy_identity(greedy_case, name, gamma):
   target, draft, inputs, eos = greedy_case
   base = decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
@@ -187,9 +191,9 @@ def test_greedy_identity(greedy_case, name, gamma):
     assert 0 < guessed.sum() < guessed.size
   if name == "bare":  # Batch of one, each row alone.
     for row in (0, 1):
-      one = decoding.speculative_sample(
-          target, drafter, inputs[row:row + 1], jax.random.PRNGKey(2),
-          gamma=gamma, max_decode_length=MAX_LEN, eos_id=eos)
+      one = decoding.speculative_sample(target, drafter, inputs[row:row + 1],
+                                        jax.random.PRNGKey(2), gamma=gamma,
+                                        max_decode_length=MAX_LEN, eos_id=eos)
       np.testing.assert_array_equal(one.tokens, base.tokens[row:row + 1])
 
 
@@ -207,10 +211,8 @@ def test_a_perfect_shared_encoder_draft_is_always_accepted(greedy_case):
     (1.0, 0, 1.0, 3),
     (0.7, 3, 0.9, 2),
 ])
-def test_output_has_the_target_distribution(temperature, top_k, top_p,
-                                            gamma):
-  target = random_model(tiny_config(vocab_size=test_decoding.VOCAB),
-                        seed=21)
+def test_output_has_the_target_distribution(temperature, top_k, top_p, gamma):
+  target = random_model(tiny_config(vocab_size=test_decoding.VOCAB), seed=21)
   draft = shared_draft(target, 1.0, seed=22)
   inputs = np.array([[3, 4, 2, 1]], np.int32)
   exact = test_decoding._exact_sequence_distribution(  # pylint: disable=protected-access

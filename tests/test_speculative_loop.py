@@ -52,10 +52,11 @@ def with_wrong(path, positions):
 def decode(target, drafter, *, gamma, max_len, statistics=True,
            method=sampling.Greedy()):
   batch = target.expected_fed.shape[0]
-  return decoding.speculative_sample(
-      target, drafter, np.ones((batch, 2), np.int32), jax.random.PRNGKey(0),
-      gamma=gamma, max_decode_length=max_len, method=method, eos_id=EOS,
-      statistics=statistics)
+  return decoding.speculative_sample(target, drafter,
+                                     np.ones((batch, 2), np.int32),
+                                     jax.random.PRNGKey(0), gamma=gamma,
+                                     max_decode_length=max_len, method=method,
+                                     eos_id=EOS, statistics=statistics)
 
 
 def assert_trace(out, rows):
@@ -88,20 +89,23 @@ def test_rejection_at_each_position_and_max_length_mid_block(each_position):
   np.testing.assert_array_equal(out.tokens, [[2, 3, 4, 5, 6]] * 5)
   np.testing.assert_array_equal(out.lengths, [5] * 5)
   np.testing.assert_array_equal(out.target_calls, [2, 2, 2, 2, 1])
-  assert_trace(out, [
-      # Rejected at 1: y_1 from the target; then 4 guesses fill the output
-      # (max length 5 cuts the block before the target's token).
-      ([[3, 3, 4, 5], [3, 4, 5, 6]], [0, 4], [2, NONE]),
-      ([[2, 2, 4, 5], [4, 5, 6, 2]], [1, 3], [3, NONE]),
-      ([[2, 3, 2, 5], [5, 6, 2, 3]], [2, 2], [4, NONE]),
-      ([[2, 3, 4, 2], [6, 2, 3, 4]], [3, 1], [5, NONE]),
-      ([[2, 3, 4, 5]], [4], [6]),
-  ])
+  assert_trace(
+      out,
+      [
+          # Rejected at 1: y_1 from the target; then 4 guesses fill the output
+          # (max length 5 cuts the block before the target's token).
+          ([[3, 3, 4, 5], [3, 4, 5, 6]], [0, 4], [2, NONE]),
+          ([[2, 2, 4, 5], [4, 5, 6, 2]], [1, 3], [3, NONE]),
+          ([[2, 3, 2, 5], [5, 6, 2, 3]], [2, 2], [4, NONE]),
+          ([[2, 3, 4, 2], [6, 2, 3, 4]], [3, 1], [5, NONE]),
+          ([[2, 3, 4, 5]], [4], [6]),
+      ])
   # Histogram of kept guesses: guesses accepted but cut by max_decode_length
   # are not counted.
-  np.testing.assert_array_equal(out.accepted_histogram, [
-      [1, 0, 0, 0, 1], [0, 1, 0, 1, 0], [0, 0, 2, 0, 0], [0, 1, 0, 1, 0],
-      [0, 0, 0, 0, 1]])
+  np.testing.assert_array_equal(
+      out.accepted_histogram,
+      [[1, 0, 0, 0, 1], [0, 1, 0, 1, 0], [0, 0, 2, 0, 0], [0, 1, 0, 1, 0],
+       [0, 0, 0, 0, 1]])
   # Trials: tests whose context is on the output (min(kept tokens, γ)).
   np.testing.assert_array_equal(out.beta_count, [5, 5, 5, 5, 4])
   # One-hot p and q: β = 1 for a right guess, 0 for a wrong one.
@@ -122,9 +126,10 @@ def test_statistics_off_carries_the_algorithm_state_only(each_position):
   assert off.stats is None
   with pytest.raises(ValueError, match="statistics=False"):
     _ = off.target_calls
-  state = jax.eval_shape(functools.partial(
-      decoding.init_speculative_state, target, drafter, gamma=4,
-      max_decode_length=5, statistics=False), jnp.ones((5, 2), jnp.int32))
+  state = jax.eval_shape(
+      functools.partial(decoding.init_speculative_state, target, drafter,
+                        gamma=4, max_decode_length=5, statistics=False),
+      jnp.ones((5, 2), jnp.int32))
   assert state.stats is None
   # iteration, the target's length, buffer, length, done: nothing else.
   assert len(jax.tree_util.tree_leaves(state)) == 5
@@ -133,9 +138,10 @@ def test_statistics_off_carries_the_algorithm_state_only(each_position):
 def test_loop_never_writes_past_the_state_under_checkify(each_position):
   """The stub asserts (checkify.debug_check) every chunk fits its state."""
   target, drafter = each_position
-  loop = checkify.checkify(jax.jit(functools.partial(
-      decoding.speculative_loop, gamma=4, max_decode_length=5,
-      method=sampling.Greedy())))
+  loop = checkify.checkify(
+      jax.jit(
+          functools.partial(decoding.speculative_loop, gamma=4,
+                            max_decode_length=5, method=sampling.Greedy())))
   err, out = loop(target, drafter, jnp.ones((5, 2), jnp.int32),
                   jax.random.PRNGKey(0), jnp.int32(EOS))
   assert err.get() is None
@@ -150,12 +156,14 @@ def test_a_drafter_overflowing_its_state_is_reported_under_checkify(
 
   @flax.struct.dataclass
   class ShortDrafter(drafters.ModelDrafter):
+
     def init(self, encoder_input_tokens, max_len, encoder_output=None):
       return drafters.ModelDrafter.init(self, encoder_input_tokens, 3)
 
-  loop = checkify.checkify(jax.jit(functools.partial(
-      decoding.speculative_loop, gamma=4, max_decode_length=5,
-      method=sampling.Greedy())))
+  loop = checkify.checkify(
+      jax.jit(
+          functools.partial(decoding.speculative_loop, gamma=4,
+                            max_decode_length=5, method=sampling.Greedy())))
   err, _ = loop(target, ShortDrafter(target), jnp.ones((5, 2), jnp.int32),
                 jax.random.PRNGKey(0), jnp.int32(EOS))
   assert "past max_len" in str(err.get())
@@ -167,10 +175,10 @@ def test_a_drafter_overflowing_its_state_is_reported_under_checkify(
 # token; rows finish at iterations 1, 1, 3 and 1.
 # ---------------------------------------------------------------------------
 EOS_PATHS = [
-    [2, 3, EOS, 4, 5, 6],      # y_3 = EOS, guessed and accepted.
-    [2, EOS],                  # y_2 = EOS, the target's token.
-    Y,                         # no EOS; the draft guesses EOS first.
-    [2, 3, 4, 5, EOS],         # EOS as the bonus token after 4 accepted.
+    [2, 3, EOS, 4, 5, 6],  # y_3 = EOS, guessed and accepted.
+    [2, EOS],  # y_2 = EOS, the target's token.
+    Y,  # no EOS; the draft guesses EOS first.
+    [2, 3, 4, 5, EOS],  # EOS as the bonus token after 4 accepted.
 ]
 EOS_GUESSES = [EOS_PATHS[0], [2, 5], [EOS] + Y[1:], EOS_PATHS[3]]
 
@@ -182,24 +190,25 @@ def eos_cases():
 
 def test_eos_cases(eos_cases):
   out = decode(*eos_cases, gamma=4, max_len=8)
-  np.testing.assert_array_equal(out.tokens, [
-      [2, 3, EOS, 0, 0, 0, 0, 0],
-      [2, EOS, 0, 0, 0, 0, 0, 0],
-      [2, 3, 4, 5, 6, 2, 3, 4],
-      [2, 3, 4, 5, EOS, 0, 0, 0]])
+  np.testing.assert_array_equal(
+      out.tokens, [[2, 3, EOS, 0, 0, 0, 0, 0], [2, EOS, 0, 0, 0, 0, 0, 0],
+                   [2, 3, 4, 5, 6, 2, 3, 4], [2, 3, 4, 5, EOS, 0, 0, 0]])
   np.testing.assert_array_equal(out.lengths, [3, 2, 8, 5])
-  assert_trace(out, [
-      # All 4 guesses accepted, but the output ends at the EOS (3 kept):
-      # the 4th guess and the target's token are thrown away.
-      ([[2, 3, EOS, 4]], [3], [NONE]),
-      ([[2, 5, 2, 2]], [1], [EOS]),
-      # The guessed EOS is rejected: it does not end the row.
-      ([[EOS, 3, 4, 5], [3, 4, 5, 6], [3, 4, 5, 6]], [0, 4, 2],
-       [2, 2, NONE]),
-      ([[2, 3, 4, 5]], [4], [EOS]),
-  ])
-  np.testing.assert_array_equal(out.accepted_histogram, [
-      [0, 0, 0, 1, 0], [0, 1, 0, 0, 0], [1, 0, 1, 0, 1], [0, 0, 0, 0, 1]])
+  assert_trace(
+      out,
+      [
+          # All 4 guesses accepted, but the output ends at the EOS (3 kept):
+          # the 4th guess and the target's token are thrown away.
+          ([[2, 3, EOS, 4]], [3], [NONE]),
+          ([[2, 5, 2, 2]], [1], [EOS]),
+          # The guessed EOS is rejected: it does not end the row.
+          ([[EOS, 3, 4, 5], [3, 4, 5, 6], [3, 4, 5, 6]], [0, 4, 2
+                                                         ], [2, 2, NONE]),
+          ([[2, 3, 4, 5]], [4], [EOS]),
+      ])
+  np.testing.assert_array_equal(
+      out.accepted_histogram,
+      [[0, 0, 0, 1, 0], [0, 1, 0, 0, 0], [1, 0, 1, 0, 1], [0, 0, 0, 0, 1]])
   np.testing.assert_array_equal(out.beta_count, [3, 2, 7, 4])
   np.testing.assert_allclose(out.beta_sum, [3, 1, 6, 4])
   assert out.statistics()["alpha_hat"] == pytest.approx(14 / 16)
@@ -208,10 +217,10 @@ def test_eos_cases(eos_cases):
 def test_baseline_on_the_scripted_target(eos_cases):
   target, _ = eos_cases
   out = decoding.temperature_sample(target, np.ones((4, 2), np.int32),
-                                    jax.random.PRNGKey(0),
-                                    max_decode_length=8, eos_id=EOS)
-  np.testing.assert_array_equal(out.tokens, decode(
-      *eos_cases, gamma=4, max_len=8).tokens)
+                                    jax.random.PRNGKey(0), max_decode_length=8,
+                                    eos_id=EOS)
+  np.testing.assert_array_equal(out.tokens,
+                                decode(*eos_cases, gamma=4, max_len=8).tokens)
   np.testing.assert_array_equal(out.target_calls, [3, 2, 8, 5])
 
 
@@ -221,11 +230,9 @@ def test_model_drafter_of_a_non_t5_target(eos_cases):
   every guess that reaches the output."""
   target, _ = eos_cases
   out = decode(target, drafters.ModelDrafter(target), gamma=3, max_len=8)
-  np.testing.assert_array_equal(out.tokens, [
-      [2, 3, EOS, 0, 0, 0, 0, 0],
-      [2, EOS, 0, 0, 0, 0, 0, 0],
-      [2, 3, 4, 5, 6, 2, 3, 4],
-      [2, 3, 4, 5, EOS, 0, 0, 0]])
+  np.testing.assert_array_equal(
+      out.tokens, [[2, 3, EOS, 0, 0, 0, 0, 0], [2, EOS, 0, 0, 0, 0, 0, 0],
+                   [2, 3, 4, 5, 6, 2, 3, 4], [2, 3, 4, 5, EOS, 0, 0, 0]])
   assert out.statistics()["alpha_hat"] == 1.0
   # Row 2: 4 + 4 tokens in two calls (the second lags by one).
   np.testing.assert_array_equal(out.target_calls, [1, 1, 2, 2])
@@ -261,13 +268,14 @@ STEPS = 3
 DIST_V = 5
 
 
-@pytest.mark.parametrize("method,sample_draft,gamma", [
-    (sampling.Sampling(1.0), False, 2),
-    (sampling.Sampling(0.7, top_p=0.9), False, 3),
-    (sampling.Sampling(0.7, top_p=0.9), True, 2),
-    (sampling.Sampling(0.8, top_k=3, top_p=0.9), True, 3),
-], ids=["T1-onehot-q", "T0.7-p0.9-onehot-q", "T0.7-p0.9-q",
-        "T0.8-k3-p0.9-q"])
+@pytest.mark.parametrize(
+    "method,sample_draft,gamma", [
+        (sampling.Sampling(1.0), False, 2),
+        (sampling.Sampling(0.7, top_p=0.9), False, 3),
+        (sampling.Sampling(0.7, top_p=0.9), True, 2),
+        (sampling.Sampling(0.8, top_k=3, top_p=0.9), True, 3),
+    ],
+    ids=["T1-onehot-q", "T0.7-p0.9-onehot-q", "T0.7-p0.9-q", "T0.8-k3-p0.9-q"])
 def test_scripted_output_has_the_target_distribution(method, sample_draft,
                                                      gamma):
   rs = np.random.RandomState(1)
@@ -279,14 +287,16 @@ def test_scripted_output_has_the_target_distribution(method, sample_draft,
       jnp.asarray(2.0 * rs.randn(1, 8, DIST_V), jnp.float32),
       sample=sample_draft)
   exact = sequence_distribution(
-      scripted_next_probs(target, (method.temperature, method.top_k,
-                                   method.top_p)), DIST_V, STEPS, EOS)
+      scripted_next_probs(target,
+                          (method.temperature, method.top_k, method.top_p)),
+      DIST_V, STEPS, EOS)
   assert abs(sum(exact.values()) - 1.0) < 1e-9
   assert len(exact) >= 8  # A distribution worth testing.
-  out = decoding.speculative_sample(
-      target, drafter, np.ones((SAMPLES, 2), np.int32),
-      jax.random.PRNGKey(gamma), gamma=gamma, max_decode_length=STEPS,
-      method=method, eos_id=EOS)
+  out = decoding.speculative_sample(target, drafter,
+                                    np.ones((SAMPLES, 2), np.int32),
+                                    jax.random.PRNGKey(gamma), gamma=gamma,
+                                    max_decode_length=STEPS, method=method,
+                                    eos_id=EOS)
   observed, expected = count_sequences(out.tokens, exact)
   assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
   alpha = out.statistics()["alpha_hat"]

@@ -11,7 +11,6 @@ from specdec_jax import sweep
 
 from conftest import REPO
 
-
 # A cleared gin configuration before and after each test (conftest.py).
 # End to end through the harness: `pytest -m "not slow"` leaves it out.
 pytestmark = [pytest.mark.usefixtures("clean_gin"), pytest.mark.slow]
@@ -32,10 +31,11 @@ def test_grid_expansion_and_yaml(tmp_path):
   assert len(names) == 4
   # The shipped specs expand to the paper's grids.
   assert len(sweep.parse_sweep_args([str(REPO / "configs/table2.yaml")])) == 12
-  assert len(sweep.parse_sweep_args(
-      [str(REPO / "configs/grid_ende.yaml")])) == 72
-  assert len(sweep.parse_sweep_args(
-      [str(REPO / "configs/gamma_temperature.yaml")])) == 24
+  assert len(sweep.parse_sweep_args([str(REPO / "configs/grid_ende.yaml")
+                                    ])) == 72
+  assert len(
+      sweep.parse_sweep_args([str(REPO / "configs/gamma_temperature.yaml")
+                             ])) == 24
 
 
 @pytest.mark.parametrize("specs,message", [
@@ -74,22 +74,42 @@ def test_unknown_binding_and_foreign_results_dir(tmp_path):
 
 @pytest.fixture
 def no_load(monkeypatch):
+
   def fail(*args, **kwargs):
     raise AssertionError("loaded a model before validating every point")
+
   monkeypatch.setattr(run_lib, "load_model", fail)
 
 
-@pytest.mark.parametrize("points,expect", [
-    # The bad value is the grid's last point: all are checked up front.
-    ([{"GAMMA": 1}, {"GAMMA": 0}], ["point GAMMA=0", "GAMMA=0: allowed"]),
-    ([{"TEMPERATURE": 0.0}, {"TEMPERATURE": float("inf")}],
-     ["point TEMPERATURE=inf", "TEMPERATURE=inf", "finite"]),
-    ([{"GAMMA": 1}, {"target/T5Config.vocab_size": 128,
-                     "draft/T5Config.vocab_size": 128}],
-     ["vocab_size=128", "259 ids"]),
-    ([{"GAMMA": 2}, {"run.gama": 2}], ["run.gama", "gama"]),
-    ([{"GAMA": 2}], ["--sweep key 'GAMA'", "did you mean GAMMA"]),
-])
+@pytest.mark.parametrize(
+    "points,expect",
+    [
+        # The bad value is the grid's last point: all are checked up front.
+        ([{
+            "GAMMA": 1
+        }, {
+            "GAMMA": 0
+        }], ["point GAMMA=0", "GAMMA=0: allowed"]),
+        ([{
+            "TEMPERATURE": 0.0
+        }, {
+            "TEMPERATURE": float("inf")
+        }], ["point TEMPERATURE=inf", "TEMPERATURE=inf", "finite"]),
+        ([{
+            "GAMMA": 1
+        }, {
+            "target/T5Config.vocab_size": 128,
+            "draft/T5Config.vocab_size": 128
+        }], ["vocab_size=128", "259 ids"]),
+        ([{
+            "GAMMA": 2
+        }, {
+            "run.gama": 2
+        }], ["run.gama", "gama"]),
+        ([{
+            "GAMA": 2
+        }], ["--sweep key 'GAMA'", "did you mean GAMMA"]),
+    ])
 def test_every_point_checked_before_any_model_load(points, expect, tmp_path,
                                                    no_load):
   results = tmp_path / "r"
@@ -103,8 +123,9 @@ def test_every_point_checked_before_any_model_load(points, expect, tmp_path,
 
 def test_base_binding_typo_and_unwritable_results_dir(tmp_path, no_load):
   with pytest.raises(sweep.SweepError, match=r"--gin.GAMA=3.*GAMMA"):
-    sweep.run_sweep([{"GAMMA": 1}], str(tmp_path / "r"), ["local_tiny.gin"],
-                    ["GAMA=3"])
+    sweep.run_sweep([{
+        "GAMMA": 1
+    }], str(tmp_path / "r"), ["local_tiny.gin"], ["GAMA=3"])
   a_file = tmp_path / "file"
   a_file.write_text("mine")
   with pytest.raises(sweep.SweepError) as e:
@@ -115,10 +136,10 @@ def test_base_binding_typo_and_unwritable_results_dir(tmp_path, no_load):
 
 
 def test_cli_error_is_one_line_without_traceback(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, "-m", "specdec_jax.sweep", "--gin_file=local_tiny.gin",
-       "--sweep=NOT_A_MACRO=1,2", f"--results_dir={tmp_path / 'r'}"],
-      capture_output=True, text=True, cwd=REPO, timeout=300)
+  proc = subprocess.run([
+      sys.executable, "-m", "specdec_jax.sweep", "--gin_file=local_tiny.gin",
+      "--sweep=NOT_A_MACRO=1,2", f"--results_dir={tmp_path / 'r'}"
+  ], capture_output=True, text=True, cwd=REPO, timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert "NOT_A_MACRO" in proc.stderr
   assert "Traceback" not in proc.stderr
@@ -128,8 +149,10 @@ def test_cli_error_is_one_line_without_traceback(tmp_path):
 def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
   results = str(tmp_path / "results")
   base = ["local_tiny.gin"]
-  bindings = ["NUM_EXAMPLES = 2", "TASK_FEATURE_LENGTHS = "
-              "{'inputs': 32, 'targets': 8}"]
+  bindings = [
+      "NUM_EXAMPLES = 2", "TASK_FEATURE_LENGTHS = "
+      "{'inputs': 32, 'targets': 8}"
+  ]
   points = sweep.parse_sweep_args(["GAMMA=1,2", "TEMPERATURE=0,1"])
   calls = []
   real_run = run_lib.Experiment.run
@@ -145,13 +168,14 @@ def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
     sweep.run_sweep(points, results, base, bindings)
   done_first = [d for d in calls]
   assert len(done_first) == 2
-  snapshots = {d: open(os.path.join(d, "metrics.json")).read()
-               for d in done_first}
+  snapshots = {
+      d: open(os.path.join(d, "metrics.json")).read() for d in done_first
+  }
 
   calls.clear()
-  monkeypatch.setattr(run_lib.Experiment, "run",
-                      lambda self: (calls.append(self.args.output_dir),
-                                    real_run(self))[1])
+  monkeypatch.setattr(
+      run_lib.Experiment, "run", lambda self:
+      (calls.append(self.args.output_dir), real_run(self))[1])
   # Compiled programs are dropped after each point (kept, a long sweep runs
   # out of memory mappings).
   cleared = []

@@ -33,12 +33,12 @@ def fixture():
 @pytest.mark.parametrize("layout", ["legacy", "orbax"])
 def test_model_reproduces_t5x_logits(fixture, layout):
   config, ref = fixture
-  params = checkpoints.load_t5x_params(
-      str(T5X_TINY / layout / "checkpoint_0"),
-      expected=param_shapes(config)["params"])
-  logits = Transformer(config).apply(
-      {"params": params}, ref["encoder_input_tokens"],
-      ref["decoder_input_tokens"], ref["decoder_target_tokens"])
+  params = checkpoints.load_t5x_params(str(T5X_TINY / layout / "checkpoint_0"),
+                                       expected=param_shapes(config)["params"])
+  logits = Transformer(config).apply({"params": params},
+                                     ref["encoder_input_tokens"],
+                                     ref["decoder_input_tokens"],
+                                     ref["decoder_target_tokens"])
   np.testing.assert_allclose(logits, ref["logits"], atol=1e-4, rtol=1e-4)
 
 
@@ -55,7 +55,8 @@ def test_decoders_reproduce_t5x_greedy_tokens(fixture):
   # Any draft gives the same greedy tokens: a near copy and an unrelated one.
   for draft in (perturbed(target, 0.1, seed=1),
                 random_model(config.replace(num_decoder_layers=1), seed=2)):
-    spec = decoding.speculative_sample(
-        target, draft, ref["encoder_input_tokens"], jax.random.PRNGKey(1),
-        gamma=3, max_decode_length=max_len)
+    spec = decoding.speculative_sample(target, draft,
+                                       ref["encoder_input_tokens"],
+                                       jax.random.PRNGKey(1), gamma=3,
+                                       max_decode_length=max_len)
     np.testing.assert_array_equal(spec.tokens, ref["greedy_tokens"])

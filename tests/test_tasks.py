@@ -27,8 +27,11 @@ def _write_corpus(path):
                "und the and of to in is was house haus").split()
   lines = []
   for _ in range(400):
-    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 3)))
-             for _ in range(rng.randint(3, 12))]
+    words = [
+        "".join(rng.choice(syllables)
+                for _ in range(rng.randint(1, 3)))
+        for _ in range(rng.randint(3, 12))
+    ]
     lines.append(" ".join(words))
   # Cover all characters that mocked TFDS text / the task prefixes use.
   lines.append(" ".join(string.ascii_letters + string.digits))
@@ -75,8 +78,8 @@ def test_train_sentencepiece_uses_t5_ids(spm_path):
   assert spm_path.endswith("tiny.model") and os.path.isfile(spm_path)
   assert os.path.isfile(spm_path[:-len(".model")] + ".vocab")
   # Atomic write: the temporary training directory is gone.
-  assert sorted(os.listdir(os.path.dirname(spm_path))) == [
-      "corpus.txt", "tiny.model", "tiny.vocab"]
+  assert sorted(os.listdir(
+      os.path.dirname(spm_path))) == ["corpus.txt", "tiny.model", "tiny.vocab"]
   sp = spm.SentencePieceProcessor(model_file=spm_path)
   assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
   assert sp.get_piece_size() == 160
@@ -192,17 +195,37 @@ def test_read_parallel_text_files_and_tsv(tmp_path):
 
 
 @pytest.mark.parametrize("files,pattern", [
-    ({"a.en": "a\nb\nc\n", "a.de": "x\ny\n"},
-     r"a\.en has 3 lines but .*a\.de has 2 lines .*a\.en:3"),
-    ({"a.en": "a\n\nc\n", "a.de": "x\ny\nz\n"}, r"a\.en:2: empty source"),
-    ({"a.en": "a\nb\nc\n", "a.de": "x\ny\n  \n"},
-     r"a\.de:3: empty reference"),
-    ({"a.en": "", "a.de": ""}, r"a\.en is empty"),
-    ({"a.tsv": "a\tx\nb\ty\tz\n"}, r"a\.tsv:2: expected exactly 2 .* got 3"),
-    ({"a.tsv": "a\tx\nb\n"}, r"a\.tsv:2: expected exactly 2 .* got 1"),
-    ({"a.tsv": "a\tx\n\t y\n"}, r"a\.tsv:2: empty source"),
-    ({"a.tsv": "a\t\n"}, r"a\.tsv:1: empty reference"),
-    ({"a.en": "a\n"}, r"Reference file not found: .*a\.de"),
+    ({
+        "a.en": "a\nb\nc\n",
+        "a.de": "x\ny\n"
+    }, r"a\.en has 3 lines but .*a\.de has 2 lines .*a\.en:3"),
+    ({
+        "a.en": "a\n\nc\n",
+        "a.de": "x\ny\nz\n"
+    }, r"a\.en:2: empty source"),
+    ({
+        "a.en": "a\nb\nc\n",
+        "a.de": "x\ny\n  \n"
+    }, r"a\.de:3: empty reference"),
+    ({
+        "a.en": "",
+        "a.de": ""
+    }, r"a\.en is empty"),
+    ({
+        "a.tsv": "a\tx\nb\ty\tz\n"
+    }, r"a\.tsv:2: expected exactly 2 .* got 3"),
+    ({
+        "a.tsv": "a\tx\nb\n"
+    }, r"a\.tsv:2: expected exactly 2 .* got 1"),
+    ({
+        "a.tsv": "a\tx\n\t y\n"
+    }, r"a\.tsv:2: empty source"),
+    ({
+        "a.tsv": "a\t\n"
+    }, r"a\.tsv:1: empty reference"),
+    ({
+        "a.en": "a\n"
+    }, r"Reference file not found: .*a\.de"),
     ({}, r"TSV file not found: .*a\.tsv"),
 ])
 def test_read_parallel_text_errors(tmp_path, files, pattern):
@@ -223,15 +246,22 @@ def test_load_examples_from_local_files(tmp_path):
   en = _write(tmp_path / "x.en", "one\ntwo\nthree\n")
   de = _write(tmp_path / "x.de", "eins\nzwei\ndrei\n")
   got = tasks.load_examples(source_file=en, reference_file=de,
-                            input_prefix=tasks.WMT_ENDE_PREFIX,
-                            num_examples=2)
+                            input_prefix=tasks.WMT_ENDE_PREFIX, num_examples=2)
   assert got == [
-      {"input": "translate English to German: one", "reference": "eins"},
-      {"input": "translate English to German: two", "reference": "zwei"},
+      {
+          "input": "translate English to German: one",
+          "reference": "eins"
+      },
+      {
+          "input": "translate English to German: two",
+          "reference": "zwei"
+      },
   ]
   tsv = _write(tmp_path / "x.tsv", "an article\ta summary\n")
-  assert tasks.load_examples(source_file=tsv) == [
-      {"input": "an article", "reference": "a summary"}]
+  assert tasks.load_examples(source_file=tsv) == [{
+      "input": "an article",
+      "reference": "a summary"
+  }]
 
 
 def test_load_examples_argument_validation(tmp_path):
@@ -273,8 +303,7 @@ def test_register_tasks_is_idempotent(task_names, spm_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("index,prefix", [(0, tasks.WMT_ENDE_PREFIX),
                                           (1, tasks.CNN_DM_PREFIX)])
-def test_tfds_tasks_end_to_end_with_mock_data(task_names, vocab, index,
-                                              prefix):
+def test_tfds_tasks_end_to_end_with_mock_data(task_names, vocab, index, prefix):
   import seqio
   import tensorflow_datasets as tfds
   name = task_names[index]
@@ -283,9 +312,10 @@ def test_tfds_tasks_end_to_end_with_mock_data(task_names, vocab, index,
       == vocab.sentencepiece_model_file
   with tfds.testing.mock_data(num_examples=3,
                               policy=tfds.testing.MockPolicy.USE_CODE):
-    ds = task.get_dataset(sequence_length={"inputs": 512, "targets": 512},
-                          split="validation", shuffle=False,
-                          try_in_mem_cache=False)
+    ds = task.get_dataset(sequence_length={
+        "inputs": 512,
+        "targets": 512
+    }, split="validation", shuffle=False, try_in_mem_cache=False)
     exs = list(ds.as_numpy_iterator())
     loaded = tasks.load_examples(mixture_or_task_name=name, split="test",
                                  num_examples=2)
@@ -315,18 +345,22 @@ def test_local_task_end_to_end(tmp_path, spm_path, vocab):
   name = tasks.register_local_task("specdec_local" + TEST_SUFFIX, en, de,
                                    spm_model_path=spm_path, extra_ids=10)
   assert tasks.get_task_kind(name) == "translation"
-  ds = seqio.get_mixture_or_task(name).get_dataset(
-      sequence_length=None, split="validation", shuffle=False)
+  ds = seqio.get_mixture_or_task(name).get_dataset(sequence_length=None,
+                                                   split="validation",
+                                                   shuffle=False)
   exs = list(ds.as_numpy_iterator())
   assert [vocab.decode(e["inputs"].tolist()) for e in exs] == [
       "translate English to German: the house",
-      "translate English to German: ka ne ri"]
+      "translate English to German: ka ne ri"
+  ]
   assert [e["targets"][-1] for e in exs] == [1, 1]
-  assert tasks.load_examples(mixture_or_task_name=name) == [
-      {"input": "translate English to German: the house",
-       "reference": "das haus"},
-      {"input": "translate English to German: ka ne ri",
-       "reference": "mu sa le"}]
+  assert tasks.load_examples(mixture_or_task_name=name) == [{
+      "input": "translate English to German: the house",
+      "reference": "das haus"
+  }, {
+      "input": "translate English to German: ka ne ri",
+      "reference": "mu sa le"
+  }]
   with pytest.raises(ValueError, match=r"x\.en:2: empty source"):
     tasks.register_local_task("specdec_bad" + TEST_SUFFIX,
                               _write(tmp_path / "x.en", "a\n\n"), de,

@@ -23,9 +23,12 @@ def test_call_seconds_interleaves_rounds(monkeypatch):
 
   monkeypatch.setattr(timing, "start", lambda model, inputs, max_len: None)
   monkeypatch.setattr(timing, "call_loop", call_loop)
-  timing.call_seconds({"a": ("target", 1), "b": ("target", 3),
-                       "c": ("draft", 1)}, np.zeros((1, 4), np.int32),
-                      fill=2, cache_len=6, steps=5, repeats=3)
+  timing.call_seconds(
+      {
+          "a": ("target", 1),
+          "b": ("target", 3),
+          "c": ("draft", 1)
+      }, np.zeros((1, 4), np.int32), fill=2, cache_len=6, steps=5, repeats=3)
   kinds = [("target", 1, 5, 2), ("target", 3, 5, 2), ("draft", 1, 5, 2)]
   # A warm-up (compilation) round, then `repeats` rounds of every kind.
   assert order == kinds * 4
@@ -34,13 +37,22 @@ def test_call_seconds_interleaves_rounds(monkeypatch):
 def test_call_seconds_takes_medians_of_ratios_within_rounds(monkeypatch):
   # Stand-in wall times by (kind, round); round 1 is a load burst that
   # slows both kinds alike.
-  seconds = iter([9.0, 9.0,             # warm-up (compilation)
-                  1.0, 2.0, 10.0, 10.0, 1.0, 3.0])
+  seconds = iter([
+      9.0,
+      9.0,  # warm-up (compilation)
+      1.0,
+      2.0,
+      10.0,
+      10.0,
+      1.0,
+      3.0
+  ])
   monkeypatch.setattr(timing, "start", lambda model, inputs, max_len: None)
   monkeypatch.setattr(timing, "timed", lambda fn, r: (None, next(seconds)))
-  result = timing.call_seconds({"step": ("m", 1), "call": ("m", 3)},
-                               np.zeros((1, 4), np.int32), fill=2,
-                               cache_len=6, steps=4, repeats=3)
+  result = timing.call_seconds({
+      "step": ("m", 1),
+      "call": ("m", 3)
+  }, np.zeros((1, 4), np.int32), fill=2, cache_len=6, steps=4, repeats=3)
   assert result["step"] == pytest.approx(1.0 / 4)  # median of 1, 10, 1
   # Per-round ratios 2, 1, 3: their median, not 3 / 1 (ratio of medians).
   assert result["call"] / result["step"] == pytest.approx(2.0)
@@ -50,14 +62,13 @@ def test_call_seconds_takes_medians_of_ratios_within_rounds(monkeypatch):
 def test_call_seconds_rejects_a_call_that_does_not_fit(fill, k):
   with pytest.raises(ValueError, match=rf"fill={fill} and k={k}.*"
                      r"cache_len=6"):
-    timing.call_seconds({"x": (None, k)}, np.zeros((1, 4), np.int32),
-                        fill=fill, cache_len=6)
+    timing.call_seconds({"x": (None, k)}, np.zeros((1, 4), np.int32), fill=fill,
+                        cache_len=6)
 
 
 def _noise_script():
   path = REPO / "scripts" / "benchmark_timing_noise.py"
-  spec = importlib.util.spec_from_file_location("benchmark_timing_noise",
-                                                path)
+  spec = importlib.util.spec_from_file_location("benchmark_timing_noise", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -81,18 +92,32 @@ def test_timing_noise_benchmark_summarizes_both_ways():
 
 def test_interleaved_timer_rotates_the_order_per_round(monkeypatch):
   order = []
-  monkeypatch.setattr(timing, "timed",
-                      lambda fn, r: (fn(r), 1.0 + (r >= 0)))
-  fns = {name: (lambda r, name=name: order.append((r, name)))
-         for name in "abc"}
+  monkeypatch.setattr(timing, "timed", lambda fn, r: (fn(r), 1.0 + (r >= 0)))
+  fns = {name: (lambda r, name=name: order.append((r, name))) for name in "abc"}
   timer = timing.InterleavedTimer(4, log=lambda _: None, rotate=True)
   times, _ = timer(fns)
-  assert order == [(-1, "a"), (-1, "b"), (-1, "c"),  # warm-up, in order
-                   (0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"),
-                   (1, "a"), (2, "c"), (2, "a"), (2, "b"), (3, "a"),
-                   (3, "b"), (3, "c")]
-  assert {n: t.tolist() for n, t in times.items()} == {
-      n: [2.0] * 4 for n in "abc"}
+  assert order == [
+      (-1, "a"),
+      (-1, "b"),
+      (-1, "c"),  # warm-up, in order
+      (0, "a"),
+      (0, "b"),
+      (0, "c"),
+      (1, "b"),
+      (1, "c"),
+      (1, "a"),
+      (2, "c"),
+      (2, "a"),
+      (2, "b"),
+      (3, "a"),
+      (3, "b"),
+      (3, "c")
+  ]
+  assert {
+      n: t.tolist() for n, t in times.items()
+  } == {
+      n: [2.0] * 4 for n in "abc"
+  }
   assert timer.first_call_s == dict.fromkeys("abc", 1.0)
   # Without rotate every round runs in the given order.
   order.clear()

@@ -46,8 +46,10 @@ def _gin_train(gin_file, bindings=(), **kwargs):
 
 
 def _macros(root, model_dir, spm_path, **extra):
-  out = [f"MULTI30K_DIR = '{MULTI30K}'", f"SPM_MODEL_PATH = '{spm_path}'",
-         f"MODEL_DIR = '{model_dir}'"]
+  out = [
+      f"MULTI30K_DIR = '{MULTI30K}'", f"SPM_MODEL_PATH = '{spm_path}'",
+      f"MODEL_DIR = '{model_dir}'"
+  ]
   out += [f"{k} = {v!r}" for k, v in extra.items()]
   return out
 
@@ -71,18 +73,18 @@ def spm_path(workdir):
 def target(workdir, spm_path):
   """The tiny_ci target, trained with a vocabulary trained on the fly."""
   assert not os.path.exists(spm_path)
-  return _gin_train("train/tiny_ci.gin",
-                    _macros(workdir, workdir / "target", spm_path,
-                            NUM_STEPS=STEPS))
+  return _gin_train(
+      "train/tiny_ci.gin",
+      _macros(workdir, workdir / "target", spm_path, NUM_STEPS=STEPS))
 
 
 @pytest.fixture(scope="module")
 def draft(workdir, spm_path, target):
   del target  # Trained first: it makes the vocabulary.
-  return _gin_train("train/tiny_ci_draft.gin",
-                    _macros(workdir, workdir / "draft", spm_path,
-                            NUM_STEPS=STEPS),
-                    eval_num_examples=0)
+  return _gin_train(
+      "train/tiny_ci_draft.gin",
+      _macros(workdir, workdir / "draft", spm_path, NUM_STEPS=STEPS),
+      eval_num_examples=0)
 
 
 def _first_last(history, key, n=20):
@@ -117,7 +119,8 @@ def test_checkpoints_and_metrics(workdir, target, draft):
     for f in ("train_state.msgpack", "model_config.json"):
       assert (model_dir / f"checkpoint_{STEPS}" / f).is_file()
     stored = json.loads((model_dir / "model_config.json").read_text())
-    assert gin_utils.t5_config_from_fields(stored, "model config") == result.config
+    assert gin_utils.t5_config_from_fields(stored,
+                                           "model config") == result.config
     metrics = json.loads((model_dir / "train_metrics.json").read_text())
     assert metrics["step"] == STEPS and metrics["steps_per_second"] > 0
     assert metrics["tokens_per_second"] > 0
@@ -179,8 +182,9 @@ def test_resume_restores_params_optimizer_and_step(workdir, spm_path, draft):
       str(resumed / f"checkpoint_{n}"), first.config,
       jax.tree_util.tree_map(jnp.zeros_like, first.opt_state))
   assert step == n
-  counts = [int(x) for x in jax.tree_util.tree_leaves(opt_state)
-            if np.ndim(x) == 0]
+  counts = [
+      int(x) for x in jax.tree_util.tree_leaves(opt_state) if np.ndim(x) == 0
+  ]
   assert counts and all(c == n for c in counts)  # Adam's step counts.
   jax.tree_util.tree_map(np.testing.assert_array_equal, opt_state,
                          jax.device_get(first.opt_state))
@@ -193,8 +197,8 @@ def test_resume_restores_params_optimizer_and_step(workdir, spm_path, draft):
   assert [h["step"] for h in second.history] == list(range(n + 1, 2 * n + 1))
   assert _checkpoint_steps(resumed) == [n, 2 * n]
   fresh = init_params(second.config, jax.random.PRNGKey(0))
-  diffs = jax.tree_util.tree_map(
-      lambda a, b: float(jnp.abs(a - b).max()), second.params, fresh)
+  diffs = jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()),
+                                 second.params, fresh)
   assert min(jax.tree_util.tree_leaves(diffs)) > 0
 
   # Identical to an uninterrupted run: the optimizer state, the data order
@@ -202,9 +206,8 @@ def test_resume_restores_params_optimizer_and_step(workdir, spm_path, draft):
   whole = _gin_train("train/tiny_ci_draft.gin",
                      _macros(workdir, straight, spm_path, NUM_STEPS=2 * n),
                      **args)
-  np.testing.assert_allclose(
-      [h["loss"] for h in whole.history[n:]],
-      [h["loss"] for h in second.history], rtol=1e-5)
+  np.testing.assert_allclose([h["loss"] for h in whole.history[n:]],
+                             [h["loss"] for h in second.history], rtol=1e-5)
   jax.tree_util.tree_map(
       lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
       second.params, whole.params)
@@ -221,9 +224,9 @@ def test_distillation_kl_decreases(workdir, spm_path, target, draft):
   del draft
   result = _gin_train(
       "train/tiny_ci_draft.gin",
-      _macros(workdir, workdir / "distill", spm_path, NUM_STEPS=40),
-      distill_from=str(workdir / "target"), distill_temperature=1.0,
-      distill_weight=0.8, eval_num_examples=0)
+      _macros(workdir, workdir / "distill", spm_path,
+              NUM_STEPS=40), distill_from=str(workdir / "target"),
+      distill_temperature=1.0, distill_weight=0.8, eval_num_examples=0)
   kl = np.array([h["kl"] for h in result.history])
   assert np.all(np.isfinite(kl)) and np.all(kl >= -1e-4)
   first, last = kl[:5].mean(), kl[-5:].mean()
@@ -231,8 +234,9 @@ def test_distillation_kl_decreases(workdir, spm_path, target, draft):
   assert result.metrics["distill_from"] == target.checkpoint
   # The loss is 0.8 KL + 0.2 CE (+ z-loss).
   h = result.history[-1]
-  np.testing.assert_allclose(h["loss"], 0.8 * h["kl"] + 0.2 * h["ce"] +
-                             1e-4 * h["z"], rtol=1e-4)
+  np.testing.assert_allclose(h["loss"],
+                             0.8 * h["kl"] + 0.2 * h["ce"] + 1e-4 * h["z"],
+                             rtol=1e-4)
 
 
 @pytest.mark.slow
@@ -248,8 +252,8 @@ def test_shared_encoder_draft_trains_on_the_frozen_target_encoder(
   result = _gin_train(
       "train/tiny_ci_shared_encoder.gin",
       _macros(workdir, model_dir, spm_path, NUM_STEPS=40,
-              TEACHER_DIR=str(workdir / "target")),
-      eval_num_examples=8, eval_batch_size=8)
+              TEACHER_DIR=str(workdir / "target")), eval_num_examples=8,
+      eval_batch_size=8)
   config = result.config
   assert config.num_encoder_layers == 0 and config.encoder_width == 64
   # The student has no encoder; its cross-attention reads width 64.
@@ -342,8 +346,9 @@ def test_bad_corpus(tmp_path, spm_path, target):
     train_lib.train(**_tiny_call(tmp_path, spm_path, source_file=str(src),
                                  reference_file=str(ref)))
   with pytest.raises(ValueError, match=r"not found.*missing\.en"):
-    train_lib.train(**_tiny_call(tmp_path, spm_path,
-                                 source_file=str(tmp_path / "missing.en")))
+    train_lib.train(
+        **_tiny_call(tmp_path, spm_path, source_file=str(tmp_path /
+                                                         "missing.en")))
   _assert_nothing_trained(tmp_path)
 
 
@@ -351,8 +356,8 @@ def test_bad_vocabulary(tmp_path, spm_path, target):
   del target
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   corpus = tmp_path / "corpus.txt"
-  corpus.write_text("\n".join(f"a small dog number {i} runs" for i in range(50))
-                    + "\n")
+  corpus.write_text("\n".join(
+      f"a small dog number {i} runs" for i in range(50)) + "\n")
   # SentencePiece's own defaults: unk 0, bos 1, eos 2, no pad.
   spm.SentencePieceTrainer.train(input=str(corpus),
                                  model_prefix=str(tmp_path / "bad"),
@@ -365,10 +370,9 @@ def test_bad_vocabulary(tmp_path, spm_path, target):
   # A model vocab_size smaller than the vocabulary.
   with pytest.raises(ValueError, match=r"1000 pieces.*vocab_size is 500"):
     train_lib.train(**_tiny_call(
-        tmp_path, spm_path,
-        model_config=T5Config(vocab_size=500, emb_dim=16, num_heads=2,
-                              head_dim=8, mlp_dim=32, num_encoder_layers=1,
-                              num_decoder_layers=1)))
+        tmp_path, spm_path, model_config=T5Config(
+            vocab_size=500, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
+            num_encoder_layers=1, num_decoder_layers=1)))
   _assert_nothing_trained(tmp_path)
 
 
@@ -381,12 +385,13 @@ def test_bad_teacher(tmp_path, workdir, spm_path, target):
                                  distill_from=str(workdir / "target")))
   # A teacher config that does not match the teacher's checkpoint.
   with pytest.raises(ValueError, match=r"Teacher config mismatch.*emb_dim"):
-    train_lib.train(**_tiny_call(
-        tmp_path, spm_path, distill_from=target.checkpoint,
-        teacher_config=target.config.replace(emb_dim=32)))
+    train_lib.train(
+        **_tiny_call(tmp_path, spm_path, distill_from=target.checkpoint,
+                     teacher_config=target.config.replace(emb_dim=32)))
   with pytest.raises(ValueError, match=r"no checkpoint_<step> found"):
-    train_lib.train(**_tiny_call(tmp_path, spm_path,
-                                 distill_from=str(tmp_path / "nowhere")))
+    train_lib.train(
+        **_tiny_call(tmp_path, spm_path, distill_from=str(tmp_path /
+                                                          "nowhere")))
   _assert_nothing_trained(tmp_path)
 
 
@@ -473,8 +478,8 @@ def test_relative_paths_cwd_then_repository(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   (tmp_path / "here").mkdir()
   assert paths.resolve_path("here") == str(tmp_path / "here")
-  assert paths.resolve_path("outputs/x") == str(
-      paths.REPO_DIR / "outputs" / "x")
+  assert paths.resolve_path("outputs/x") == str(paths.REPO_DIR / "outputs" /
+                                                "x")
   assert paths.resolve_path("../shared/data/multi30k") == str(
       paths.REPO_DIR.parent / "shared" / "data" / "multi30k")
   assert paths.resolve_path("/abs/x") == "/abs/x"
@@ -483,9 +488,9 @@ def test_relative_paths_cwd_then_repository(tmp_path, monkeypatch):
 def test_gin_search_path_and_flag_rewrite():
   assert paths.GIN_DIR == pathlib.Path(train_lib.__file__).parents[1] / "gin"
   assert (paths.GIN_DIR / "train" / "tiny_ci.gin").is_file()
-  assert gin_utils.rewrite_gin_args(
-      ["prog", "--gin.NUM_STEPS=5", "--gin_file=x.gin"]) == [
-          "prog", "--gin_bindings=NUM_STEPS=5", "--gin_file=x.gin"]
+  assert gin_utils.rewrite_gin_args([
+      "prog", "--gin.NUM_STEPS=5", "--gin_file=x.gin"
+  ]) == ["prog", "--gin_bindings=NUM_STEPS=5", "--gin_file=x.gin"]
   with pytest.raises(ValueError, match="nope.gin.*not found"):
     train_lib.parse_gin(["train/nope.gin"], [])
 
@@ -499,9 +504,9 @@ def test_command_line_resumes_finished_run(workdir, spm_path, draft):
   argv = gin_utils.rewrite_gin_args([
       "train", "--gin_file=train/tiny_ci_draft.gin",
       f"--gin.MODEL_DIR='{workdir / 'draft'}'",
-      f"--gin.SPM_MODEL_PATH='{spm_path}'",
-      f"--gin.MULTI30K_DIR='{MULTI30K}'", f"--gin.NUM_STEPS={STEPS}",
-      "--gin_bindings=train.eval_num_examples = 0"])
+      f"--gin.SPM_MODEL_PATH='{spm_path}'", f"--gin.MULTI30K_DIR='{MULTI30K}'",
+      f"--gin.NUM_STEPS={STEPS}", "--gin_bindings=train.eval_num_examples = 0"
+  ])
   gin.clear_config()
   try:
     flags.FLAGS(argv)
@@ -519,28 +524,29 @@ def test_command_line_resumes_finished_run(workdir, spm_path, draft):
 # ---------------------------------------------------------------------------
 def test_schedules():
   cos = optimizer_lib.make_schedule(learning_rate=1.0, warmup_steps=10,
-                                decay="cosine", decay_steps=110,
-                                final_learning_rate_fraction=0.1)
+                                    decay="cosine", decay_steps=110,
+                                    final_learning_rate_fraction=0.1)
   np.testing.assert_allclose(
       [float(cos(s)) for s in (0, 4, 9, 10, 60, 110, 200)],
       [0.1, 0.5, 1.0, 1.0, 0.55, 0.1, 0.1], rtol=1e-5)
   rsqrt = optimizer_lib.make_schedule(learning_rate=1.0, warmup_steps=100,
-                                  decay="rsqrt", decay_steps=0)
+                                      decay="rsqrt", decay_steps=0)
   np.testing.assert_allclose([float(rsqrt(s)) for s in (49, 99, 399)],
                              [0.5, 1.0, 0.5], rtol=1e-5)
   with pytest.raises(ValueError, match="Unknown decay"):
     optimizer_lib.make_schedule(learning_rate=1.0, warmup_steps=1, decay="step",
-                            decay_steps=1)
+                                decay_steps=1)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", optimizer_lib.OPTIMIZERS)
 def test_optimizers_descend(optimizer):
-  tx = optimizer_lib.make_optimizer(
-      optimizer=optimizer, schedule=lambda count: 0.01, weight_decay=0.01,
-      grad_clip_norm=1.0, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9)
+  tx = optimizer_lib.make_optimizer(optimizer=optimizer,
+                                    schedule=lambda count: 0.01,
+                                    weight_decay=0.01, grad_clip_norm=1.0,
+                                    adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9)
   params = {"w": jnp.ones((4, 3)), "scale": jnp.ones((3,))}
-  loss = lambda p: jnp.sum(jnp.square(p["w"])) + jnp.sum(p["scale"] ** 2)
+  loss = lambda p: jnp.sum(jnp.square(p["w"])) + jnp.sum(p["scale"]**2)
   state = tx.init(params)
   before = loss(params)
   for _ in range(3):
@@ -568,9 +574,9 @@ def test_batches_deterministic_disjoint_and_shifted():
   padding = {}
   for window in (0, 5):
     data = data_lib.ParallelData(_CharVocab(), pairs, sort_window=window,
-                                  **kwargs)
+                                 **kwargs)
     again = data_lib.ParallelData(_CharVocab(), pairs, sort_window=window,
-                                   **kwargs)
+                                  **kwargs)
     assert data.steps_per_epoch == 20
     seen, real, total = set(), 0, 0
     for step in range(data.steps_per_epoch):
@@ -591,6 +597,7 @@ def test_batches_deterministic_disjoint_and_shifted():
       total += enc.size + tgt.size
     padding[window] = 1 - real / total
     # The next epoch is a different order.
-    assert not np.array_equal(data.batch(20)["decoder_target_tokens"],
-                              data.batch(0)["decoder_target_tokens"])
+    assert not np.array_equal(
+        data.batch(20)["decoder_target_tokens"],
+        data.batch(0)["decoder_target_tokens"])
   assert padding[5] < padding[0]

@@ -75,9 +75,20 @@ from specdec_jax.benchmarking.synthetic import expected_accepted
 from specdec_jax.benchmarking.synthetic import synthetic_accept
 
 __all__ = [
-    "DEVICE_BANDWIDTH_GBPS", "DTYPES", "MODEL_SIZES", "BenchmarkConfig",
-    "BenchmarkFlagError", "SyntheticAcceptance", "default_bandwidth_gbps",
-    "expected_accepted", "format_report", "greedy_identity_check", "main",
-    "parse_flags", "resolve_model_config", "run_benchmark",
-    "synthetic_accept", "validate",
+    "DEVICE_BANDWIDTH_GBPS",
+    "DTYPES",
+    "MODEL_SIZES",
+    "BenchmarkConfig",
+    "BenchmarkFlagError",
+    "SyntheticAcceptance",
+    "default_bandwidth_gbps",
+    "expected_accepted",
+    "format_report",
+    "greedy_identity_check",
+    "main",
+    "parse_flags",
+    "resolve_model_config",
+    "run_benchmark",
+    "synthetic_accept",
+    "validate",
 ]

@@ -54,8 +54,7 @@ def kv_bytes_per_step(config: T5Config, batch: int, max_len: int,
 
 
 def bandwidth_fields(*, param_bytes: int, kv_bytes: int,
-                     baseline_ms_per_token: float,
-                     flag_gbps: Optional[float],
+                     baseline_ms_per_token: float, flag_gbps: Optional[float],
                      device_kind: str) -> Dict[str, Any]:
   """The result's bandwidth-bound fields ({} when no bandwidth is known).
 

@@ -49,22 +49,24 @@ def define_flags() -> flags.FlagValues:
   define("draft", f"draft model: a size ({sizes}) or a gin file")
   define("alphas", "synthetic acceptance rates, comma-separated in [0, 1]")
   define("gammas", "draft tokens per iteration, comma-separated ints >= 1")
-  define("chunk_sizes",
-         "K values of the target cost curve (1 is always added)")
+  define("chunk_sizes", "K values of the target cost curve (1 is always added)")
   define("batch_size", "rows decoded together")
   define("input_length", "encoder input tokens per row")
   define("max_decode_length",
          "tokens generated per row (eos never stops a row)")
-  define("fill_length", "decoder cache fill for per-call timings "
-         "(default max_decode_length // 2)")
+  define(
+      "fill_length", "decoder cache fill for per-call timings "
+      "(default max_decode_length // 2)")
   define("repeats", "timed runs (median)")
   define("inner_steps", "calls per timed program for per-call costs")
   define("temperature", "sampling temperature of both decoders (0 = greedy)")
-  define("dtype", "float32 or bfloat16 (default: bfloat16 on "
-         "accelerators, float32 on CPU); params are cast to it")
-  define("device_bandwidth_gbps",
-         "peak memory bandwidth for the bandwidth bound (default: known "
-         "value for the device kind, else omitted)")
+  define(
+      "dtype", "float32 or bfloat16 (default: bfloat16 on "
+      "accelerators, float32 on CPU); params are cast to it")
+  define(
+      "device_bandwidth_gbps",
+      "peak memory bandwidth for the bandwidth bound (default: known "
+      "value for the device kind, else omitted)")
   define("seed", "seed of the random weights and inputs")
   define("output", "JSON output path ('' to skip)")
   flags.DEFINE_boolean(
@@ -95,8 +97,8 @@ def _validate(fv: flags.FlagValues) -> config_lib.BenchmarkConfig:
   return config_lib.validate(**{name: fv[name].value for name in names})
 
 
-def parse_flags(argv: Optional[Sequence[str]] = None
-                ) -> config_lib.BenchmarkConfig:
+def parse_flags(
+    argv: Optional[Sequence[str]] = None) -> config_lib.BenchmarkConfig:
   """Parses and validates flags; raises BenchmarkFlagError (no compilation)."""
   return _validate(_parse(sys.argv[1:] if argv is None else argv))
 
@@ -106,8 +108,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     fv = _parse(sys.argv[1:] if argv is None else argv)
     if fv.help:
-      print(flag_utils.flags_help(fv, f"{PROGRAM} [--flag=value ...]",
-                                 _DESCRIPTION))
+      print(
+          flag_utils.flags_help(fv, f"{PROGRAM} [--flag=value ...]",
+                                _DESCRIPTION))
       return 0
     cfg = _validate(fv)
   except config_lib.BenchmarkFlagError as e:

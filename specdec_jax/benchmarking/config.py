@@ -22,8 +22,9 @@ MODEL_SIZES: Dict[str, str] = {
     "tiny": "models/bench_tiny.gin",  # Tests only.
     "mini": "models/bench_mini.gin",  # Tests only.
     "xsmall": "models/bench_xsmall.gin",  # A draft for small (CPU).
-    **{size: f"models/t5_1_1_{size}.gin"
-       for size in ("small", "base", "large", "xl", "xxl")},
+    **{
+        size: f"models/t5_1_1_{size}.gin" for size in ("small", "base", "large", "xl", "xxl")
+    },
 }
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -75,8 +76,8 @@ def default_dtype() -> str:
 # ---------------------------------------------------------------------------
 # Models: a size name or a gin file.
 # ---------------------------------------------------------------------------
-def resolve_model_config(spec: str, flag: str
-                         ) -> Tuple[T5Config, str, List[str]]:
+def resolve_model_config(spec: str,
+                         flag: str) -> Tuple[T5Config, str, List[str]]:
   """A size name or a gin file path -> (config, label, warnings).
 
   The file is read by `gin_utils.read_t5_config_for_role` under the `flag`
@@ -85,18 +86,18 @@ def resolve_model_config(spec: str, flag: str
   if spec in MODEL_SIZES:
     path = gin_utils.GIN_DIR / MODEL_SIZES[spec]
   elif not (spec.endswith(".gin") or os.sep in spec):
-    raise flag_error(flag, spec, "one of " + ", ".join(MODEL_SIZES) +
-                     ", or the path of a gin file binding T5Config")
+    raise flag_error(
+        flag, spec, "one of " + ", ".join(MODEL_SIZES) +
+        ", or the path of a gin file binding T5Config")
   elif not os.path.isfile(spec):
-    raise flag_error(flag, spec, "an existing gin file or one of " +
-                     ", ".join(MODEL_SIZES))
+    raise flag_error(flag, spec,
+                     "an existing gin file or one of " + ", ".join(MODEL_SIZES))
   else:
     path = spec
   try:
     config, scope = gin_utils.read_t5_config_for_role(path, role=flag)
   except ValueError as e:
-    raise flag_error(flag, spec, f"a gin file binding T5Config; {e}"
-                     ) from None
+    raise flag_error(flag, spec, f"a gin file binding T5Config; {e}") from None
   warnings = []
   if scope != flag:
     warnings.append(f"--{flag}: {spec}: T5Config is bound under the "
@@ -107,11 +108,12 @@ def resolve_model_config(spec: str, flag: str
 # ---------------------------------------------------------------------------
 # Values.
 # ---------------------------------------------------------------------------
-def _parse_list(flag: str, value: Any, kind: Callable[[str], Any],
-                allowed: str, check: Callable[[Any], bool]) -> Tuple:
+def _parse_list(flag: str, value: Any, kind: Callable[[str], Any], allowed: str,
+                check: Callable[[Any], bool]) -> Tuple:
   """A comma-separated list (or a list) -> tuple, deduplicated in order."""
-  text = (",".join(str(v) for v in value)
-          if isinstance(value, (list, tuple)) else str(value))
+  text = (",".join(
+      str(v) for v in value) if isinstance(value,
+                                           (list, tuple)) else str(value))
   items = [s.strip() for s in text.split(",")]
   if any(not s for s in items):
     raise flag_error(flag, text, allowed)
@@ -169,8 +171,8 @@ def _check_output(output: Optional[str]) -> Optional[str]:
   return output or None
 
 
-def _model_pair(target: str, draft: str, dtype: str
-                ) -> Tuple[T5Config, str, T5Config, str, List[str]]:
+def _model_pair(target: str, draft: str,
+                dtype: str) -> Tuple[T5Config, str, T5Config, str, List[str]]:
   """Both models' configs in `dtype`; the draft must share the vocabulary."""
   target_config, target_label, w1 = resolve_model_config(target, "target")
   draft_config, draft_label, w2 = resolve_model_config(draft, "draft")
@@ -185,8 +187,8 @@ def _model_pair(target: str, draft: str, dtype: str
 
 def validate(*, target="small", draft="xsmall", alphas="0.5,0.75,0.9",
              gammas="1,3,5,7", chunk_sizes="1,2,4,8,16", batch_size=1,
-             input_length=64, max_decode_length=64, fill_length=None,
-             repeats=5, inner_steps=8, temperature=0.0, dtype=None,
+             input_length=64, max_decode_length=64, fill_length=None, repeats=5,
+             inner_steps=8, temperature=0.0, dtype=None,
              device_bandwidth_gbps=None, seed=0, output="benchmark.json",
              check_greedy_identity=False) -> BenchmarkConfig:
   """Checks every setting (strings or values) and returns a BenchmarkConfig.
@@ -209,24 +211,26 @@ def validate(*, target="small", draft="xsmall", alphas="0.5,0.75,0.9",
   if dtype not in DTYPES:
     raise flag_error("dtype", dtype, ", ".join(DTYPES))
   if device_bandwidth_gbps is not None:
-    device_bandwidth_gbps = _parse_float(
-        "device_bandwidth_gbps", device_bandwidth_gbps, 0.0, strict=True,
-        unit=" (GB/s)")
+    device_bandwidth_gbps = _parse_float("device_bandwidth_gbps",
+                                         device_bandwidth_gbps, 0.0,
+                                         strict=True, unit=" (GB/s)")
   settings = dict(
       alphas=alphas, gammas=gammas, chunk_sizes=tuple(sorted(set(ks) | {1})),
       batch_size=_parse_int("batch_size", batch_size, 1),
-      input_length=_parse_int("input_length", input_length, 1),
-      max_decode_length=max_decode_length,
+      input_length=_parse_int("input_length", input_length,
+                              1), max_decode_length=max_decode_length,
       fill_length=_parse_fill(fill_length, max_decode_length),
-      repeats=_parse_int("repeats", repeats, 1),
-      inner_steps=_parse_int("inner_steps", inner_steps, 1),
-      seed=_parse_int("seed", seed, 0),
-      temperature=_parse_float("temperature", temperature, 0.0, strict=False),
-      dtype=dtype, device_bandwidth_gbps=device_bandwidth_gbps,
-      output=_check_output(output),
+      repeats=_parse_int("repeats", repeats,
+                         1), inner_steps=_parse_int("inner_steps", inner_steps,
+                                                    1),
+      seed=_parse_int("seed", seed,
+                      0), temperature=_parse_float("temperature", temperature,
+                                                   0.0,
+                                                   strict=False), dtype=dtype,
+      device_bandwidth_gbps=device_bandwidth_gbps, output=_check_output(output),
       check_greedy_identity=bool(check_greedy_identity))
   (target_config, target_label, draft_config, draft_label,
    warnings) = _model_pair(target, draft, dtype)
-  return BenchmarkConfig(
-      target=target_label, draft=draft_label, target_config=target_config,
-      draft_config=draft_config, warnings=tuple(warnings), **settings)
+  return BenchmarkConfig(target=target_label, draft=draft_label,
+                         target_config=target_config, draft_config=draft_config,
+                         warnings=tuple(warnings), **settings)

@@ -35,17 +35,21 @@ def _step_costs(r: Dict[str, Any]) -> List[str]:
 
 
 def _cost_by_k(r: Dict[str, Any]) -> List[str]:
-  lines = ["target decode_chunk cost by K (ratio to K=1):",
-           "     K     ms/call   ratio"]
+  lines = [
+      "target decode_chunk cost by K (ratio to K=1):",
+      "     K     ms/call   ratio"
+  ]
   for k, ratio in r["target_cost_ratio_by_k"].items():
     lines.append(f"  {k:>4}  {r['target_ms_by_k'][k]:10.3f}  {ratio:6.2f}")
   return lines
 
 
 def _iteration_split(r: Dict[str, Any]) -> List[str]:
-  lines = [f"one speculative iteration (ms; alpha "
-           f"{r['iteration_split_alpha']}):",
-           "  gamma     draft    target     other     total"]
+  lines = [
+      f"one speculative iteration (ms; alpha "
+      f"{r['iteration_split_alpha']}):",
+      "  gamma     draft    target     other     total"
+  ]
   for g, s in r["iteration_split_ms"].items():
     lines.append(f"  {g:>5}  {s['draft_ms']:8.3f}  {s['target_ms']:8.3f}  "
                  f"{s['other_ms']:8.3f}  {s['total_ms']:8.3f}")
@@ -53,12 +57,14 @@ def _iteration_split(r: Dict[str, Any]) -> List[str]:
 
 
 def _speedups(r: Dict[str, Any]) -> List[str]:
-  lines = ["speedup over the baseline (same tokens; efficiency = "
-           "measured / theory):",
-           "                          |  Theorem 3.8      | at realized "
-           "tok/call | with K=γ+1 cost",
-           "  alpha  gamma  tok/call  measured | theory  effic.  |  theory"
-           "  effic.    |  theory  effic."]
+  lines = [
+      "speedup over the baseline (same tokens; efficiency = "
+      "measured / theory):",
+      "                          |  Theorem 3.8      | at realized "
+      "tok/call | with K=γ+1 cost",
+      "  alpha  gamma  tok/call  measured | theory  effic.  |  theory"
+      "  effic.    |  theory  effic."
+  ]
   for p in r["points"]:
     lines.append(
         f"  {p['alpha']:5.2f}  {p['gamma']:5d}  "
@@ -75,17 +81,24 @@ def _greedy_identity(r: Dict[str, Any]) -> List[str]:
   if "greedy_identity" not in r:
     return []
   g = r["greedy_identity"]
-  return [f"greedy identity (REAL acceptance, γ = {g['gamma']}, "
-          f"alpha_hat {g['alpha_hat']:.3f}): {g['rows_identical']}/"
-          f"{g['rows']} rows identical; (γ+1)-token vs one-token logits "
-          f"max |diff| {g['chunk_vs_step_max_abs_logit_diff']:.3g}, "
-          f"argmax agreement {g['chunk_vs_step_argmax_agreement']:.3f}", ""]
+  return [
+      f"greedy identity (REAL acceptance, γ = {g['gamma']}, "
+      f"alpha_hat {g['alpha_hat']:.3f}): {g['rows_identical']}/"
+      f"{g['rows']} rows identical; (γ+1)-token vs one-token logits "
+      f"max |diff| {g['chunk_vs_step_max_abs_logit_diff']:.3g}, "
+      f"argmax agreement {g['chunk_vs_step_argmax_agreement']:.3f}", ""
+  ]
 
 
 def format_report(r: Dict[str, Any]) -> str:
   """A readable multi-table summary of a `run_benchmark` result."""
-  sections = [_header(r), _step_costs(r), _cost_by_k(r), _iteration_split(r),
-              _speedups(r)]
+  sections = [
+      _header(r),
+      _step_costs(r),
+      _cost_by_k(r),
+      _iteration_split(r),
+      _speedups(r)
+  ]
   lines = []
   for section in sections:
     lines += section + [""]

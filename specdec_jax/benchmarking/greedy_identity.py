@@ -40,8 +40,8 @@ def _chunk_vs_steps(target: T5Model, encoder_inputs: Array,
   return {
       "chunk_vs_step_max_abs_logit_diff": float(
           np.max(np.abs(chunk_logits - step_logits))),
-      "chunk_vs_step_argmax_agreement": float(np.mean(
-          chunk_logits.argmax(-1) == step_logits.argmax(-1))),
+      "chunk_vs_step_argmax_agreement": float(
+          np.mean(chunk_logits.argmax(-1) == step_logits.argmax(-1))),
   }
 
 
@@ -61,12 +61,14 @@ def greedy_identity_check(target: T5Model, draft: T5Model,
     chunk_vs_step_argmax_agreement (fraction of the B·(γ+1) positions),
     alpha_hat of the speculative run, gamma.
   """
-  base = decoding.temperature_sample(
-      target, encoder_inputs, jax.random.PRNGKey(0),
-      max_decode_length=max_decode_length, eos_id=-1)
-  spec = decoding.speculative_sample(
-      target, draft, encoder_inputs, jax.random.PRNGKey(1), gamma=gamma,
-      max_decode_length=max_decode_length, eos_id=-1)
+  base = decoding.temperature_sample(target, encoder_inputs,
+                                     jax.random.PRNGKey(0),
+                                     max_decode_length=max_decode_length,
+                                     eos_id=-1)
+  spec = decoding.speculative_sample(target, draft, encoder_inputs,
+                                     jax.random.PRNGKey(1), gamma=gamma,
+                                     max_decode_length=max_decode_length,
+                                     eos_id=-1)
   same = np.asarray(base.tokens) == np.asarray(spec.tokens)
   k = min(gamma + 1, max_decode_length)
   decoder_inputs = jnp.concatenate(
@@ -75,8 +77,9 @@ def greedy_identity_check(target: T5Model, draft: T5Model,
       "gamma": gamma,
       "rows": int(same.shape[0]),
       "rows_identical": int(same.all(axis=1).sum()),
-      "first_difference": [None if row.all() else int(np.argmin(row))
-                           for row in same],
+      "first_difference": [
+          None if row.all() else int(np.argmin(row)) for row in same
+      ],
       "alpha_hat": float(spec.alpha_hat),
       **_chunk_vs_steps(target, encoder_inputs, decoder_inputs),
   }

@@ -69,8 +69,8 @@ class _Bench:
 
   def call_loop(self, model: T5Model, cache, k: int):
     """fn(round): `steps` k-token calls (`timing.call_loop`, as `run` times)."""
-    return lambda r: timing.call_loop(model, cache, self.fill, k=k,
-                                      steps=self.cfg.inner_steps)
+    return lambda r: timing.call_loop(model, cache, self.fill, k=k, steps=self.
+                                      cfg.inner_steps)
 
 
 def _median(x) -> float:
@@ -88,28 +88,34 @@ def _setup(cfg: BenchmarkConfig, log: Log) -> Tuple[_Bench, float]:
   """Random models (stored in the compute dtype) and inputs; (bench, s)."""
   t0 = time.perf_counter()
   dtype = DTYPES[cfg.dtype]
-  target_params = {"params": parameters.random_params(
-      cfg.target_config, jax.random.PRNGKey(cfg.seed), dtype=dtype)}
-  draft_params = {"params": parameters.random_params(
-      cfg.draft_config, jax.random.PRNGKey(cfg.seed + 1), dtype=dtype)}
+  target_params = {
+      "params": parameters.random_params(cfg.target_config,
+                                         jax.random.PRNGKey(cfg.seed),
+                                         dtype=dtype)
+  }
+  draft_params = {
+      "params": parameters.random_params(cfg.draft_config,
+                                         jax.random.PRNGKey(cfg.seed + 1),
+                                         dtype=dtype)
+  }
   # Packed for the CPU kernel as `run` does (a no-op elsewhere).
   target = T5Model(cfg.target_config, target_params).prepared_for_decoding()
   draft = T5Model(cfg.draft_config, draft_params).prepared_for_decoding()
   vocab, batch = cfg.target_config.vocab_size, cfg.batch_size
   host_rng = np.random.default_rng(cfg.seed + 2)
-  encoder_inputs = jnp.asarray(host_rng.integers(
-      2, vocab, (batch, cfg.input_length)), jnp.int32)
+  encoder_inputs = jnp.asarray(
+      host_rng.integers(2, vocab, (batch, cfg.input_length)), jnp.int32)
   prefix = host_rng.integers(2, vocab, (batch, cfg.fill_length + 2))
   prefix[:, 0] = 0  # The decoder start token.
   # One cache length for every K and every γ (the target's γ+1 chunk is one
   # of the K sweep's points).
   max_k = max(max(cfg.chunk_sizes), max(cfg.gammas) + 1)
   bench = _Bench(
-      cfg=cfg, target=target, draft=draft,
-      drafter=decoding.T5Drafter(draft), encoder_inputs=encoder_inputs,
-      prefix=jnp.asarray(prefix, jnp.int32), rng=jax.random.PRNGKey(cfg.seed),
-      fill=jnp.full((batch,), cfg.fill_length, jnp.int32),
-      cache_len=cfg.max_decode_length + max_k + 2,
+      cfg=cfg, target=target, draft=draft, drafter=decoding.T5Drafter(draft),
+      encoder_inputs=encoder_inputs, prefix=jnp.asarray(prefix, jnp.int32),
+      rng=jax.random.PRNGKey(cfg.seed), fill=jnp.full(
+          (batch,), cfg.fill_length,
+          jnp.int32), cache_len=cfg.max_decode_length + max_k + 2,
       method=sampling.make_method(cfg.temperature),
       timer=timing.InterleavedTimer(cfg.repeats, log),
       target_param_bytes=bandwidth.decoder_param_bytes(target_params))
@@ -132,13 +138,14 @@ def _measure_baseline_and_start(b: _Bench, log: Log) -> Dict[str, Any]:
   """
   log("baseline (temperature_sample) and start (encode + cache init):")
   names = ("baseline", "target_start", "draft_start")
-  times, outs = b.timer({
-      "baseline": b.baseline,
-      "target_start": lambda r: timing.start(b.target, b.encoder_inputs,
-                                             max_len=b.cache_len),
-      "draft_start": lambda r: timing.start(b.draft, b.encoder_inputs,
-                                            max_len=b.cache_len),
-  }, keep=names)
+  times, outs = b.timer(
+      {
+          "baseline": b.baseline,
+          "target_start": lambda r: timing.start(b.target, b.encoder_inputs,
+                                                 max_len=b.cache_len),
+          "draft_start": lambda r: timing.start(b.draft, b.encoder_inputs,
+                                                max_len=b.cache_len),
+      }, keep=names)
   _check_lengths(outs["baseline"], b.cfg.max_decode_length, "baseline")
   fill = b.cfg.fill_length
   caches = {}
@@ -146,15 +153,17 @@ def _measure_baseline_and_start(b: _Bench, log: Log) -> Dict[str, Any]:
     caches[name] = outs[name][-1]
     if fill:
       caches[name] = timing.prefill(model, caches[name], b.prefix[:, :fill])
-  return {"baseline_runs": list(times["baseline"]),
-          "target_start_s": _median(times["target_start"]),
-          "draft_start_s": _median(times["draft_start"]),
-          "target_cache": caches["target_start"],
-          "draft_cache": caches["draft_start"]}
+  return {
+      "baseline_runs": list(times["baseline"]),
+      "target_start_s": _median(times["target_start"]),
+      "draft_start_s": _median(times["draft_start"]),
+      "target_cache": caches["target_start"],
+      "draft_cache": caches["draft_start"]
+  }
 
 
-def _measure_calls(b: _Bench, target_cache, draft_cache, log: Log
-                   ) -> Dict[str, Any]:
+def _measure_calls(b: _Bench, target_cache, draft_cache,
+                   log: Log) -> Dict[str, Any]:
   """The target's cost by K and the draft's one-token step: c.
 
   Interleaved, so that each round's ratios see the same machine load.
@@ -162,18 +171,21 @@ def _measure_calls(b: _Bench, target_cache, draft_cache, log: Log
   steps = b.cfg.inner_steps
   ks = tuple(sorted(set(b.cfg.chunk_sizes) | {g + 1 for g in b.cfg.gammas}))
   log(f"decode_chunk by K (fill {b.cfg.fill_length}, {steps} calls per run):")
-  fns = {f"target_chunk_k{k}": b.call_loop(b.target, target_cache, k)
-         for k in ks}
+  fns = {
+      f"target_chunk_k{k}": b.call_loop(b.target, target_cache, k) for k in ks
+  }
   fns["draft_chunk_k1"] = b.call_loop(b.draft, draft_cache, 1)
   times, _ = b.timer(fns)
   t1 = times["target_chunk_k1"]
-  target_ms_by_k = {k: _median(times[f"target_chunk_k{k}"]) * 1e3 / steps
-                    for k in ks}
+  target_ms_by_k = {
+      k: _median(times[f"target_chunk_k{k}"]) * 1e3 / steps for k in ks
+  }
   return {
       "t1": t1,
       "target_ms_by_k": target_ms_by_k,
-      "ratio_by_k": {k: _median(times[f"target_chunk_k{k}"] / t1)
-                     for k in ks},
+      "ratio_by_k": {
+          k: _median(times[f"target_chunk_k{k}"] / t1) for k in ks
+      },
       "target_ms_per_step": target_ms_by_k[1],
       "draft_ms_per_step": _median(times["draft_chunk_k1"]) * 1e3 / steps,
       "c": _median(analysis.cost_coefficient(times["draft_chunk_k1"], t1)),
@@ -182,39 +194,40 @@ def _measure_calls(b: _Bench, target_cache, draft_cache, log: Log
 
 def _measure_iteration_split(b: _Bench, gamma: int, alpha: float,
                              caches: Dict[str, Any], t1: np.ndarray,
-                             draft_ms_per_step: float, log: Log
-                             ) -> Dict[str, float]:
+                             draft_ms_per_step: float,
+                             log: Log) -> Dict[str, float]:
   """One iteration at γ split into draft loop, target call and the rest."""
   log(f"gamma {gamma}: iteration split (alpha {alpha}):")
   cfg, steps = b.cfg, b.cfg.inner_steps
-  state = timing.speculative_state_at(
-      b.target, b.drafter, b.encoder_inputs, caches["target_cache"],
-      caches["draft_cache"], b.prefix, gamma=gamma,
-      max_decode_length=cfg.max_decode_length, fill=cfg.fill_length)
+  state = timing.speculative_state_at(b.target, b.drafter, b.encoder_inputs,
+                                      caches["target_cache"],
+                                      caches["draft_cache"], b.prefix,
+                                      gamma=gamma,
+                                      max_decode_length=cfg.max_decode_length,
+                                      fill=cfg.fill_length)
   eos_never = jnp.asarray(-1, jnp.int32)
   times, _ = b.timer({
       f"propose_g{gamma}": lambda r: timing.propose_loop(
-          b.drafter, state.draft_state, state.buffer, b.fill, b.rng,
-          gamma=gamma, method=b.method, steps=steps),
+          b.drafter, state.draft_state, state.buffer, b.fill, b.rng, gamma=
+          gamma, method=b.method, steps=steps),
       f"target_chunk_g{gamma}": b.call_loop(b.target, caches["target_cache"],
                                             gamma + 1),
       f"iteration_g{gamma}": lambda r: timing.iteration_loop(
-          b.target, b.drafter, synthetic.SyntheticAcceptance(
-              jnp.float32(alpha)), state, b.fill, b.rng, eos_never,
-          gamma=gamma, max_decode_length=cfg.max_decode_length,
-          method=b.method, steps=steps),
+          b.target, b.drafter, synthetic.SyntheticAcceptance(jnp.float32(
+              alpha)), state, b.fill, b.rng, eos_never, gamma=gamma,
+          max_decode_length=cfg.max_decode_length, method=b.method, steps=steps
+      ),
   })
   per_call = {k.rsplit("_g", 1)[0]: v * 1e3 / steps for k, v in times.items()}
-  other = per_call["iteration"] - per_call["propose"] - per_call[
-      "target_chunk"]
+  other = per_call["iteration"] - per_call["propose"] - per_call["target_chunk"]
   return {
       "draft_ms": _median(per_call["propose"]),
       "target_ms": _median(per_call["target_chunk"]),
       "other_ms": _median(other),
       "total_ms": _median(per_call["iteration"]),
       "draft_ms_model_only": gamma * draft_ms_per_step,
-      "target_cost_ratio": _median(
-          per_call["target_chunk"] / (t1 * 1e3 / steps)),
+      "target_cost_ratio": _median(per_call["target_chunk"] / (t1 * 1e3 / steps)
+                                  ),
   }
 
 
@@ -223,10 +236,9 @@ def _point(alpha: float, gamma: int, outs: List[Any], spec_times: np.ndarray,
            start_s: float, max_decode_length: int) -> Dict[str, Any]:
   """One (α, γ) point: measured speedup against Theorem 3.8's variants."""
   runs = [o.statistics() for o in outs]
-  iterations = float(np.mean([np.max(np.asarray(o.target_calls))
-                              for o in outs]))
-  tokens_per_call = float(np.mean([x["tokens_per_target_call"]
-                                   for x in runs]))
+  iterations = float(np.mean([np.max(np.asarray(o.target_calls)) for o in outs
+                             ]))
+  tokens_per_call = float(np.mean([x["tokens_per_target_call"] for x in runs]))
   spec_s = _median(spec_times)
   measured = _median(baseline_times / spec_times)
   theoretical = float(analysis.expected_speedup(alpha, gamma, c))
@@ -239,7 +251,8 @@ def _point(alpha: float, gamma: int, outs: List[Any], spec_times: np.ndarray,
   # iterations x the measured iteration time.
   modeled_ms = start_s * 1e3 + iterations * split["total_ms"]
   return {
-      "alpha": float(alpha), "gamma": gamma,
+      "alpha": float(alpha),
+      "gamma": gamma,
       "speculative_ms": spec_s * 1e3,
       "speculative_ms_per_token": spec_s * 1e3 / max_decode_length,
       "baseline_ms": _median(baseline_times) * 1e3,
@@ -260,8 +273,8 @@ def _point(alpha: float, gamma: int, outs: List[Any], spec_times: np.ndarray,
 
 
 def _measure_points(b: _Bench, gamma: int, c: float, split: Dict[str, float],
-                    start_s: float, log: Log
-                    ) -> Tuple[List[Dict[str, Any]], List[float]]:
+                    start_s: float,
+                    log: Log) -> Tuple[List[Dict[str, Any]], List[float]]:
   """The speculative loop at every α vs the baseline; (points, baseline runs).
 
   Each round draws new acceptance coin flips (the loop's key changes, not
@@ -285,9 +298,9 @@ def _measure_points(b: _Bench, gamma: int, c: float, split: Dict[str, float],
   points = []
   for alpha in cfg.alphas:
     _check_lengths(outs[names[alpha]], mdl, "speculative")
-    points.append(_point(alpha, gamma, outs[names[alpha]],
-                         times[names[alpha]], times["baseline"], c, split,
-                         start_s, mdl))
+    points.append(
+        _point(alpha, gamma, outs[names[alpha]], times[names[alpha]],
+               times["baseline"], c, split, start_s, mdl))
   return points, list(times["baseline"])
 
 
@@ -295,34 +308,39 @@ def _settings(cfg: BenchmarkConfig) -> Dict[str, Any]:
   """The result's description of what was run."""
 
   def config_fields(config):
-    return {**gin_utils.t5_config_fields(config),
-            "num_params": config.num_params}
+    return {
+        **gin_utils.t5_config_fields(config), "num_params": config.num_params
+    }
 
   device = jax.devices()[0]
   return {
       "synthetic_acceptance": True,
-      "synthetic_acceptance_note": (
-          "timing only: each draft token accepted independently with "
-          "probability alpha; outputs are not target samples"),
+      "synthetic_acceptance_note":
+          ("timing only: each draft token accepted independently with "
+           "probability alpha; outputs are not target samples"),
       "backend": jax.default_backend(),
-      "device_kind": str(getattr(device, "device_kind",
-                                 jax.default_backend())),
+      "device_kind": str(getattr(device, "device_kind", jax.default_backend())),
       "device_count": jax.device_count(),
       "jax_version": jax.__version__,
-      "target": cfg.target, "draft": cfg.draft,
+      "target": cfg.target,
+      "draft": cfg.draft,
       "target_config": config_fields(cfg.target_config),
       "draft_config": config_fields(cfg.draft_config),
-      "dtype": cfg.dtype, "batch_size": cfg.batch_size,
+      "dtype": cfg.dtype,
+      "batch_size": cfg.batch_size,
       "input_length": cfg.input_length,
       "max_decode_length": cfg.max_decode_length,
-      "fill_length": cfg.fill_length, "repeats": cfg.repeats,
-      "inner_steps": cfg.inner_steps, "temperature": cfg.temperature,
-      "seed": cfg.seed, "warnings": list(cfg.warnings),
+      "fill_length": cfg.fill_length,
+      "repeats": cfg.repeats,
+      "inner_steps": cfg.inner_steps,
+      "temperature": cfg.temperature,
+      "seed": cfg.seed,
+      "warnings": list(cfg.warnings),
   }
 
 
-def run_benchmark(cfg: BenchmarkConfig, log: Log = lambda s: None
-                  ) -> Dict[str, Any]:
+def run_benchmark(cfg: BenchmarkConfig,
+                  log: Log = lambda s: None) -> Dict[str, Any]:
   """Runs every measurement of the package docstring; returns the JSON dict."""
   for w in cfg.warnings:
     log(f"warning: {w}")
@@ -339,31 +357,36 @@ def run_benchmark(cfg: BenchmarkConfig, log: Log = lambda s: None
   baseline_runs, iteration_split, points = start["baseline_runs"], {}, []
   for gamma in cfg.gammas:
     iteration_split[gamma] = _measure_iteration_split(
-        b, gamma, split_alpha, start, calls["t1"],
-        calls["draft_ms_per_step"], log)
+        b, gamma, split_alpha, start, calls["t1"], calls["draft_ms_per_step"],
+        log)
     gamma_points, runs = _measure_points(
         b, gamma, calls["c"], iteration_split[gamma],
         start["target_start_s"] + start["draft_start_s"], log)
     points += gamma_points
     baseline_runs += runs
   baseline_ms_per_token = _median(baseline_runs) * 1e3 / cfg.max_decode_length
-  kv_bytes = bandwidth.kv_bytes_per_step(
-      cfg.target_config, cfg.batch_size, cfg.max_decode_length + 1,
-      cfg.input_length)
+  kv_bytes = bandwidth.kv_bytes_per_step(cfg.target_config, cfg.batch_size,
+                                         cfg.max_decode_length + 1,
+                                         cfg.input_length)
   result.update({
       "host_load_average_1min": [load_before, _load_average()],
       "baseline_ms_per_token": baseline_ms_per_token,
       "baseline_ms": _median(baseline_runs) * 1e3,
       "target_start_ms": start["target_start_s"] * 1e3,
       "draft_start_ms": start["draft_start_s"] * 1e3,
-      "target_ms_by_k": {str(k): v for k, v in calls["target_ms_by_k"].items()},
-      "target_cost_ratio_by_k": {str(k): v
-                                 for k, v in calls["ratio_by_k"].items()},
+      "target_ms_by_k": {
+          str(k): v for k, v in calls["target_ms_by_k"].items()
+      },
+      "target_cost_ratio_by_k": {
+          str(k): v for k, v in calls["ratio_by_k"].items()
+      },
       "target_ms_per_step": calls["target_ms_per_step"],
       "draft_ms_per_step": calls["draft_ms_per_step"],
       "cost_coefficient_c": calls["c"],
       "iteration_split_alpha": split_alpha,
-      "iteration_split_ms": {str(g): v for g, v in iteration_split.items()},
+      "iteration_split_ms": {
+          str(g): v for g, v in iteration_split.items()
+      },
       "points": points,
       "target_decoder_param_bytes_per_token": b.target_param_bytes,
       "target_kv_cache_bytes_per_token": kv_bytes,
@@ -377,10 +400,12 @@ def run_benchmark(cfg: BenchmarkConfig, log: Log = lambda s: None
   })
   if cfg.check_greedy_identity:
     result["greedy_identity"] = _greedy_identity(b, log)
-  result.update(bandwidth.bandwidth_fields(
-      param_bytes=b.target_param_bytes, kv_bytes=kv_bytes,
-      baseline_ms_per_token=baseline_ms_per_token,
-      flag_gbps=cfg.device_bandwidth_gbps, device_kind=result["device_kind"]))
+  result.update(
+      bandwidth.bandwidth_fields(param_bytes=b.target_param_bytes,
+                                 kv_bytes=kv_bytes,
+                                 baseline_ms_per_token=baseline_ms_per_token,
+                                 flag_gbps=cfg.device_bandwidth_gbps,
+                                 device_kind=result["device_kind"]))
   return result
 
 

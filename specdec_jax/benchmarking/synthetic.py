@@ -55,8 +55,7 @@ class SyntheticAcceptance(decoding.AcceptanceRule):
                                          draft_probs, method)
     mask = synthetic_accept(jax.random.fold_in(rng, 1), draft_tokens.shape,
                             alpha=self.alpha)
-    return verdict._replace(
-        num_accepted=sampling.leading_accepted(mask))
+    return verdict._replace(num_accepted=sampling.leading_accepted(mask))
 
 
 def expected_accepted(alpha: float, gamma: int) -> Tuple[float, float]:
@@ -67,15 +66,17 @@ def expected_accepted(alpha: float, gamma: int) -> Tuple[float, float]:
   return mean, float(np.sum((k - mean)**2 * prob))
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_length",
-                                             "method"))
-def speculative_loop(target, drafter, encoder_input_tokens, rng, alpha,
-                     eos_id, *, gamma, max_decode_length, method):
+@functools.partial(jax.jit,
+                   static_argnames=("gamma", "max_decode_length", "method"))
+def speculative_loop(target, drafter, encoder_input_tokens, rng, alpha, eos_id,
+                     *, gamma, max_decode_length, method):
   """`decoding.speculative_loop` with `SyntheticAcceptance(alpha)`, jitted.
 
   alpha is traced: one compilation per γ serves every α.
   """
-  return decoding.speculative_loop(
-      target, drafter, encoder_input_tokens, rng, eos_id, gamma=gamma,
-      max_decode_length=max_decode_length, method=method,
-      acceptance=SyntheticAcceptance(alpha), statistics=True)
+  return decoding.speculative_loop(target, drafter, encoder_input_tokens, rng,
+                                   eos_id, gamma=gamma,
+                                   max_decode_length=max_decode_length,
+                                   method=method,
+                                   acceptance=SyntheticAcceptance(alpha),
+                                   statistics=True)

@@ -29,8 +29,10 @@ from specdec_jax.benchmarking import t5x_reference
 from specdec_jax.paths import GIN_DIR
 
 # --pair aliases: the README's main job.
-PAIRS = {"pretrained": "pretrained_multi30k.gin",
-         "pretrained_11m": "pretrained_multi30k_11m.gin"}
+PAIRS = {
+    "pretrained": "pretrained_multi30k.gin",
+    "pretrained_11m": "pretrained_multi30k_11m.gin"
+}
 BASELINE = "baseline"
 T5X = "t5x"
 SPECULATIVE = "speculative_gamma"  # + γ
@@ -77,9 +79,11 @@ def pair_experiment(gin_file: str, args):
     settings = run_lib.run_arguments()
   except (ValueError, LookupError) as e:  # incl. gin_utils.ConfigError
     raise SystemExit(f"error: {where}: {e}") from None
-  missing = [run_lib.MACROS[key] for key in ("target_checkpoint_path",
-                                              "draft_checkpoint_path")
-             if not getattr(settings, key)]
+  missing = [
+      run_lib.MACROS[key]
+      for key in ("target_checkpoint_path", "draft_checkpoint_path")
+      if not getattr(settings, key)
+  ]
   if missing:
     raise SystemExit(f"error: {where} binds no {' or '.join(missing)}: a "
                      "trained pair is needed (random weights: leave out "
@@ -92,16 +96,20 @@ def pair_experiment(gin_file: str, args):
   if not all(isinstance(g, int) for g in gammas):
     raise SystemExit(f"error: {where} sets GAMMA={settings.gamma!r}: "
                      "give the γs to time with --gammas (e.g. --gammas=3,6).")
-  overrides = {"temperature": 0.0, "top_k": 0, "top_p": 1.0,
-               "batch_size": 1, "gamma": gammas[0]}
+  overrides = {
+      "temperature": 0.0,
+      "top_k": 0,
+      "top_p": 1.0,
+      "batch_size": 1,
+      "gamma": gammas[0]
+  }
   if args.num_examples:
     overrides["num_examples"] = args.num_examples
   if args.max_decode_length:
-    overrides["task_feature_lengths"] = dict(
-        settings.task_feature_lengths, targets=args.max_decode_length)
+    overrides["task_feature_lengths"] = dict(settings.task_feature_lengths,
+                                             targets=args.max_decode_length)
   try:
-    experiment = run_lib.Experiment(
-        run_lib.run_arguments(overrides=overrides))
+    experiment = run_lib.Experiment(run_lib.run_arguments(overrides=overrides))
   except ValueError as e:
     raise SystemExit(f"error: {where}: {e}") from None
   return experiment, gammas
@@ -155,8 +163,7 @@ def load_pair(args, t5x: t5x_reference.T5X, log) -> Pair:
   exp.check_truncation(full_lengths)
   max_len = a["task_feature_lengths"]["targets"]
   t5x_module, t5x_predict = t5x_reference.make_t5x_predict(
-      t5x, exp.target_config, max_decode_length=max_len,
-      eos_id=decoding.EOS_ID)
+      t5x, exp.target_config, max_decode_length=max_len, eos_id=decoding.EOS_ID)
   mesh, target, draft = exp.models()  # run's loader: float32, packed
   # T5X reads the same weights in its own layout (packing is a layout).
   t5x_params = target.params["params"]
@@ -169,20 +176,23 @@ def load_pair(args, t5x: t5x_reference.T5X, log) -> Pair:
       f"{list(gammas)}")
   # Run's own decoders (`Experiment._decoders`: what `run` times).
   baseline, _ = exp._decoders(target, draft)  # pylint: disable=protected-access
-  programs = {T5X: lambda x, key: t5x_predict(t5x_params, x, key),
-              BASELINE: baseline}
+  programs = {
+      T5X: lambda x, key: t5x_predict(t5x_params, x, key),
+      BASELINE: baseline
+  }
   for g in gammas:
     _, programs[f"{SPECULATIVE}{g}"] = exp._decoders(  # pylint: disable=protected-access
         target, draft, g)
   widths = input_widths(inputs, run_lib.INPUT_BUCKET)
   sharding = partitioning.data_sharding(mesh, 1)
   rng = jax.random.PRNGKey(a["seed"])
-  return Pair(exp, gin_file, gammas, len(examples), inputs, max_len,
-              t5x_module, t5x_params, leaves, programs,
-              rows=[jax.device_put(inputs[i:i + 1, :w], sharding)
-                    for i, w in enumerate(widths)],
-              keys=[jax.random.fold_in(rng, i) for i in range(len(widths))],
-              widths=widths)
+  return Pair(
+      exp, gin_file, gammas, len(examples), inputs, max_len, t5x_module,
+      t5x_params, leaves, programs, rows=[
+          jax.device_put(inputs[i:i + 1, :w], sharding)
+          for i, w in enumerate(widths)
+      ], keys=[jax.random.fold_in(rng, i) for i in range(len(widths))],
+      widths=widths)
 
 
 def source_of(a) -> str:
@@ -197,8 +207,8 @@ def compile_widths(pair: Pair, log) -> Dict[str, float]:
   for i in firsts.values():
     for name, program in pair.programs.items():
       compile_s[name] += timing.timed(program, pair.rows[i], pair.keys[i])[1]
-  log(f"[pair] compiled for input widths {sorted(firsts)}: " + ", ".join(
-      f"{n} {s:.1f}s" for n, s in compile_s.items()))
+  log(f"[pair] compiled for input widths {sorted(firsts)}: " +
+      ", ".join(f"{n} {s:.1f}s" for n, s in compile_s.items()))
   return compile_s
 
 
@@ -212,63 +222,76 @@ def first_of_each_width(widths: np.ndarray) -> Dict[int, int]:
 
 def decode_all(pair: Pair) -> Dict[str, List[Any]]:
   """Every program's output on every sentence (on the host)."""
-  return {name: [jax.device_get(program(x, key))
-                 for x, key in zip(pair.rows, pair.keys)]
-          for name, program in pair.programs.items()}
+  return {
+      name: [
+          jax.device_get(program(x, key))
+          for x, key in zip(pair.rows, pair.keys)
+      ] for name, program in pair.programs.items()
+  }
 
 
-def identity(outputs: Dict[str, List[Any]]
-             ) -> Tuple[Dict[str, Any], Optional[str]]:
+def identity(
+    outputs: Dict[str, List[Any]]) -> Tuple[Dict[str, Any], Optional[str]]:
   """Each program's greedy tokens vs our baseline's, sentence by sentence.
 
   Returns:
     (the results file's identity keys, the error message when some
     program's tokens differ, else None).
   """
-  tokens = {name: np.concatenate([getattr(o, "tokens", o) for o in outs])
-            for name, outs in outputs.items()}
+  tokens = {
+      name: np.concatenate([getattr(o, "tokens", o) for o in outs])
+      for name, outs in outputs.items()
+  }
   base = tokens[BASELINE]
   others = {n: t for n, t in tokens.items() if n != BASELINE}
-  identical = {n: int(np.sum(np.all(t == base, axis=1)))
-               for n, t in others.items()}
-  mismatches = {n: [(i, t5x_reference.first_difference(t[i], base[i]))
-                    for i in range(len(base))
-                    if not np.array_equal(t[i], base[i])]
-                for n, t in others.items()}
+  identical = {
+      n: int(np.sum(np.all(t == base, axis=1))) for n, t in others.items()
+  }
+  mismatches = {
+      n: [(i, t5x_reference.first_difference(t[i], base[i]))
+          for i in range(len(base))
+          if not np.array_equal(t[i], base[i])] for n, t in others.items()
+  }
   mismatches = {n: m for n, m in mismatches.items() if m}
   error = None if not mismatches else (
-      "error: greedy tokens differ from our baseline's: " + "; ".join(
-          f"{n}: {len(m)} sentences, first (sentence, position) {m[:5]}"
-          for n, m in mismatches.items()) + ". Not timed.")
+      "error: greedy tokens differ from our baseline's: " +
+      "; ".join(f"{n}: {len(m)} sentences, first (sentence, position) {m[:5]}"
+                for n, m in mismatches.items()) + ". Not timed.")
   return {
       "tokens_generated": int(np.sum(base != 0)),
       "identical_to_baseline": identical,
       "all_identical": all(k == len(base) for k in identical.values()),
       "mismatches_sentence_and_first_position": {
-          n: m[:20] for n, m in mismatches.items()},
+          n: m[:20] for n, m in mismatches.items()
+      },
   }, error
 
 
-def speculative_statistics(outputs: Sequence[decoding.SpeculativeOutput]
-                           ) -> Dict[str, Any]:
+def speculative_statistics(
+    outputs: Sequence[decoding.SpeculativeOutput]) -> Dict[str, Any]:
   """target calls, tokens, tokens per call, α̂ and the kept-guess histogram
   over all sentences: `SpeculativeOutput.statistics` of their rows."""
   rows = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *outputs)
   stats = rows.statistics()
-  return {"target_calls": stats["target_calls"],
-          "tokens_generated": stats["tokens_generated"],
-          "tokens_per_target_call": stats["tokens_per_target_call"],
-          "alpha": stats["alpha_hat"],
-          "accepted_histogram": stats["accepted_histogram"]}
+  return {
+      "target_calls": stats["target_calls"],
+      "tokens_generated": stats["tokens_generated"],
+      "tokens_per_target_call": stats["tokens_per_target_call"],
+      "alpha": stats["alpha_hat"],
+      "accepted_histogram": stats["accepted_histogram"]
+  }
 
 
 def time_rounds(pair: Pair, repeats: int, log) -> Dict[str, Any]:
   """`repeats` interleaved rounds (`timing.InterleavedTimer`, rotated):
   seconds per round, medians, ms per token and per-round ratios."""
+
   def program(name):
+
     def decode_every_sentence(_):
       for x, key in zip(pair.rows, pair.keys):
         jax.block_until_ready(pair.programs[name](x, key))
+
     return decode_every_sentence
 
   timer = timing.InterleavedTimer(repeats, log, rotate=True)
@@ -291,7 +314,8 @@ def pair_record(pair: Pair, compile_s: Dict[str, float],
       "gin_file": os.path.relpath(pair.gin_file),
       "target_checkpoint_path": a["target_checkpoint_path"],
       "draft_checkpoint_path": a["draft_checkpoint_path"],
-      "target_model": a["target_name"], "draft_model": a["draft_name"],
+      "target_model": a["target_name"],
+      "draft_model": a["draft_name"],
       "target_num_params": exp.target_config.num_params,
       "draft_num_params": exp.draft_config.num_params,
       "dtype": str(np.dtype(exp.target_config.dtype)),
@@ -299,18 +323,23 @@ def pair_record(pair: Pair, compile_s: Dict[str, float],
       "params_tree_matches_t5x_init": True,
       "source": source_of(a),
       "num_examples": pair.num_examples,
-      "batch_size": 1, "temperature": 0.0, "eos_id": decoding.EOS_ID,
+      "batch_size": 1,
+      "temperature": 0.0,
+      "eos_id": decoding.EOS_ID,
       "max_decode_length": pair.max_decode_length,
       "inputs_length": int(pair.inputs.shape[1]),
       "input_bucket": run_lib.INPUT_BUCKET,
       "examples_per_input_width": {
-          w: int(np.sum(pair.widths == w)) for w in firsts},
+          w: int(np.sum(pair.widths == w)) for w in firsts
+      },
       "gammas": list(pair.gammas),
       "programs": list(pair.programs),
       **checked,
       "teacher_forced_logits_max_abs_diff_sentence0": logits[0],
       "teacher_forced_logits_max_abs_sentence0": logits[1],
-      "speculative": {str(g): s for g, s in speculative.items()},
+      "speculative": {
+          str(g): s for g, s in speculative.items()
+      },
       "compile_plus_first_run_s": compile_s,
   }
 
@@ -322,17 +351,21 @@ def run_pair(args, t5x: t5x_reference.T5X, log) -> Dict[str, Any]:
   compile_s = compile_widths(pair, log)
   outputs = decode_all(pair)
   checked, error = identity(outputs)
-  logits = t5x_reference.teacher_forced_logits_diff(
-      pair.exp.target_config, pair.t5x_module, pair.t5x_params, pair.rows[0],
-      outputs[T5X][0])
+  logits = t5x_reference.teacher_forced_logits_diff(pair.exp.target_config,
+                                                    pair.t5x_module,
+                                                    pair.t5x_params,
+                                                    pair.rows[0],
+                                                    outputs[T5X][0])
   n = pair.num_examples
-  log(f"[pair] identical to our baseline on {n} sentences: " + ", ".join(
-      f"{name} {k}/{n}" for name, k in checked["identical_to_baseline"].items())
-      + f"; teacher-forced logits (sentence 0, unpacked weights) ours vs T5X "
+  log(f"[pair] identical to our baseline on {n} sentences: " +
+      ", ".join(f"{name} {k}/{n}"
+                for name, k in checked["identical_to_baseline"].items()) +
+      f"; teacher-forced logits (sentence 0, unpacked weights) ours vs T5X "
       f"max |diff| {logits[0]:.2e} (max |logit| {logits[1]:.2e})")
   result = pair_record(pair, compile_s, checked, logits, {
       g: speculative_statistics(outputs[f"{SPECULATIVE}{g}"])
-      for g in pair.gammas})
+      for g in pair.gammas
+  })
   if error:
     print(error, file=sys.stderr, flush=True)
     return result
@@ -341,14 +374,25 @@ def run_pair(args, t5x: t5x_reference.T5X, log) -> Dict[str, Any]:
 
   def median(x):
     return float(np.median(x))
+
   result.update({
       "repeats": args.repeats,
-      "seconds_per_round": {k: v.tolist() for k, v in round_s.items()},
-      "median_seconds_per_round": {k: median(v) for k, v in round_s.items()},
-      "ms_per_token": {k: 1e3 * median(v) / result["tokens_generated"]
-                       for k, v in round_s.items()},
-      "ratio_per_round": {k: v.tolist() for k, v in per_round.items()},
-      "ratio_median": {k: median(v) for k, v in per_round.items()},
+      "seconds_per_round": {
+          k: v.tolist() for k, v in round_s.items()
+      },
+      "median_seconds_per_round": {
+          k: median(v) for k, v in round_s.items()
+      },
+      "ms_per_token": {
+          k: 1e3 * median(v) / result["tokens_generated"]
+          for k, v in round_s.items()
+      },
+      "ratio_per_round": {
+          k: v.tolist() for k, v in per_round.items()
+      },
+      "ratio_median": {
+          k: median(v) for k, v in per_round.items()
+      },
   })
   return result
 
@@ -358,20 +402,23 @@ def pair_table(result: Dict[str, Any]) -> List[str]:
   med = result["median_seconds_per_round"]
   ratio = result["ratio_median"]
   n = result["num_examples"]
-  lines = [f"{'program':<22}{'median s / ' + str(n) + ' sentences':>26}"
-           f"{'ms/token':>10}{'T5X / it':>10}{'baseline / it':>15}"]
+  lines = [
+      f"{'program':<22}{'median s / ' + str(n) + ' sentences':>26}"
+      f"{'ms/token':>10}{'T5X / it':>10}{'baseline / it':>15}"
+  ]
   for name in result["programs"]:
-    label = {T5X: "T5X temperature_sample",
-             BASELINE: "ours, baseline"}.get(
-                 name, name.replace(SPECULATIVE, "speculative γ="))
+    label = {
+        T5X: "T5X temperature_sample",
+        BASELINE: "ours, baseline"
+    }.get(name, name.replace(SPECULATIVE, "speculative γ="))
     vs_t5x = 1.0 if name == T5X else ratio[f"{T5X}_over_{name}"]
     vs_base = ("" if not name.startswith(SPECULATIVE) else
                f"{ratio[f'{BASELINE}_over_{name}']:.2f}x")
     lines.append(f"{label:<22}{med[name]:>26.3f}"
                  f"{result['ms_per_token'][name]:>10.3f}{vs_t5x:>9.2f}x"
                  f"{vs_base:>15}")
-  ident = ", ".join(f"{k} {v}/{n}" for k, v in
-                    result["identical_to_baseline"].items())
+  ident = ", ".join(
+      f"{k} {v}/{n}" for k, v in result["identical_to_baseline"].items())
   lines.append(f"greedy tokens identical to our baseline: {ident}; ratios: "
                f"medians over {result['repeats']} rounds of per-round "
                "ratios (> 1: faster than T5X / than our baseline)")

@@ -77,8 +77,8 @@ class T5X:
     """Whether this T5X would prefill the decoder cache with a prompt (not
     replicated: decoding here starts from an empty prompt)."""
     return ("initial_index" in inspect.signature(
-        self.decoding.temperature_sample).parameters and "prefill" in
-            inspect.signature(self.network.Transformer.decode).parameters)
+        self.decoding.temperature_sample).parameters and "prefill"
+            in inspect.signature(self.network.Transformer.decode).parameters)
 
 
 # ---------------------------------------------------------------------------
@@ -99,8 +99,10 @@ def check_t5x_path(t5x_path: Optional[str]) -> str:
   root = os.path.abspath(os.path.expanduser(t5x_path))
   if not os.path.isdir(root):
     raise T5XPathError(f"error: --t5x_path={t5x_path!r}: no such directory.")
-  missing = [f for f in _REQUIRED_T5X_FILES
-             if not os.path.isfile(os.path.join(root, f))]
+  missing = [
+      f for f in _REQUIRED_T5X_FILES
+      if not os.path.isfile(os.path.join(root, f))
+  ]
   if missing:
     hint = ""
     if os.path.isfile(os.path.join(root, "decoding.py")):
@@ -179,8 +181,7 @@ def t5x_config(network, config):
   return network.T5Config(**kwargs)
 
 
-def make_t5x_predict(t5x: T5X, config, *, max_decode_length: int,
-                     eos_id: int):
+def make_t5x_predict(t5x: T5X, config, *, max_decode_length: int, eos_id: int):
   """T5X's network for our `config`, and its jitted greedy decoder.
 
   The decoder, (params, encoder_input_tokens [B, S], rng) -> [B, L] tokens,
@@ -197,9 +198,8 @@ def make_t5x_predict(t5x: T5X, config, *, max_decode_length: int,
   def predict(params, encoder_input_tokens, rng):
     batch = encoder_input_tokens.shape[0]
     decoder_prompt_inputs = jnp.zeros((batch, max_decode_length), jnp.int32)
-    encoded_inputs = module.apply(
-        {"params": params}, encoder_input_tokens, enable_dropout=False,
-        method=module.encode)
+    encoded_inputs = module.apply({"params": params}, encoder_input_tokens,
+                                  enable_dropout=False, method=module.encode)
     # `_compute_kv_cache` without prefill.
     _, initial_variables = module.apply(
         {"params": params},
@@ -212,8 +212,10 @@ def make_t5x_predict(t5x: T5X, config, *, max_decode_length: int,
     def tokens_ids_to_logits(decoding_state):
       flat_ids = decoding_state.cur_token
       flat_logits, new_vars = module.apply(
-          {"params": params, "cache": decoding_state.cache},
-          encoded_inputs, encoder_input_tokens, flat_ids, flat_ids,
+          {
+              "params": params,
+              "cache": decoding_state.cache
+          }, encoded_inputs, encoder_input_tokens, flat_ids, flat_ids,
           enable_dropout=False, decode=True,
           max_decode_length=max_decode_length, mutable=["cache"],
           method=module.decode)
@@ -221,17 +223,18 @@ def make_t5x_predict(t5x: T5X, config, *, max_decode_length: int,
 
     decodes, _ = t5x_decoding.temperature_sample(
         inputs=decoder_prompt_inputs, cache=cache,
-        tokens_to_logits=tokens_ids_to_logits, eos_id=eos_id,
-        decode_rng=rng, num_decodes=1, temperature=0.0, topk=1,
-        cache_offset=0)
+        tokens_to_logits=tokens_ids_to_logits, eos_id=eos_id, decode_rng=rng,
+        num_decodes=1, temperature=0.0, topk=1, cache_offset=0)
     return decodes[:, -1, :]
 
   return module, jax.jit(predict)
 
 
 def _tree_shapes(tree):
-  return {"/".join(k): tuple(v.shape)
-          for k, v in traverse_util.flatten_dict(dict(tree)).items()}
+  return {
+      "/".join(k): tuple(v.shape)
+      for k, v in traverse_util.flatten_dict(dict(tree)).items()
+  }
 
 
 def check_same_tree(t5x_module, params, input_length, max_decode_length):
@@ -256,10 +259,12 @@ def teacher_forced_logits_diff(config, t5x_module, params, inputs, tokens):
   """
   tokens = jnp.asarray(tokens, jnp.int32)
   decoder_inputs = jnp.pad(tokens[:, :-1], ((0, 0), (1, 0)))
-  ours = jax.jit(Transformer(config).apply)(
-      {"params": params}, inputs, decoder_inputs, tokens)
-  theirs = jax.jit(functools.partial(t5x_module.apply, enable_dropout=False))(
-      {"params": params}, inputs, decoder_inputs, tokens)
+  ours = jax.jit(Transformer(config).apply)({
+      "params": params
+  }, inputs, decoder_inputs, tokens)
+  theirs = jax.jit(functools.partial(t5x_module.apply, enable_dropout=False))({
+      "params": params
+  }, inputs, decoder_inputs, tokens)
   return (float(jnp.max(jnp.abs(ours - theirs))),
           float(jnp.max(jnp.abs(theirs))))
 
@@ -278,6 +283,7 @@ def token_agreement(ours: np.ndarray, theirs: np.ndarray) -> Dict[str, Any]:
       "tokens_equal": bool(same.all()),
       "tokens_equal_count": int(same.sum()),
       "tokens_total": int(same.size),
-      "first_difference_per_row": [first_difference(a, b)
-                                   for a, b in zip(ours, theirs)],
+      "first_difference_per_row": [
+          first_difference(a, b) for a, b in zip(ours, theirs)
+      ],
   }

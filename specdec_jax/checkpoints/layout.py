@@ -43,9 +43,9 @@ def checkpoint_step(path) -> Optional[int]:
 def _is_complete(ckpt: str) -> bool:
   """A legacy ``checkpoint`` file or an Orbax ``state/`` checkpoint exists."""
   state = join(ckpt, STATE_DIR)
-  return (io_utils.isfile(join(ckpt, MSGPACK_FILE))
-          or io_utils.isfile(join(state, ORBAX_METADATA))
-          or io_utils.isfile(join(state, MSGPACK_FILE)))
+  return (io_utils.isfile(join(ckpt, MSGPACK_FILE)) or
+          io_utils.isfile(join(state, ORBAX_METADATA)) or
+          io_utils.isfile(join(state, MSGPACK_FILE)))
 
 
 def list_checkpoints(directory) -> List[Tuple[int, str]]:

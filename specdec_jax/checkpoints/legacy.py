@@ -84,8 +84,9 @@ def legacy_spec(ckpt: str, base_dir: str, name: str,
   # The zarr header on disk is authoritative; chunking/compression in the
   # msgpack copy may differ from what is stored. Keep shape/dtype (TensorStore
   # then verifies the header agrees with the msgpack).
-  meta = {k: v for k, v in (spec.get("metadata") or {}).items()
-          if k in ("shape",)}
+  meta = {
+      k: v for k, v in (spec.get("metadata") or {}).items() if k in ("shape",)
+  }
   if meta:
     spec["metadata"] = meta
   else:
@@ -137,8 +138,7 @@ def _read_state(ckpt: str, msgpack_path: str) -> Mapping[str, Any]:
 
 
 def msgpack_sources(ckpt: str, msgpack_path: str,
-                    state_dir: Optional[str] = None
-                    ) -> Dict[ParamPath, Source]:
+                    state_dir: Optional[str] = None) -> Dict[ParamPath, Source]:
   """Sources of the `target` leaves listed in a T5X/flax msgpack file.
 
   `state_dir` is set for old Orbax checkpoints (msgpack `state/checkpoint`
@@ -157,10 +157,9 @@ def msgpack_sources(ckpt: str, msgpack_path: str,
     if leaf is None or (isinstance(leaf, Mapping) and not leaf):
       continue  # Empty subtree.
     if _is_ts_spec(leaf):
-      sources[path] = Source(name, spec=legacy_spec(ckpt, base_dir, name,
-                                                    leaf))
-    elif (isinstance(leaf, str) and leaf.startswith(_ORBAX_PLACEHOLDER)
-          and state_dir is not None):
+      sources[path] = Source(name, spec=legacy_spec(ckpt, base_dir, name, leaf))
+    elif (isinstance(leaf, str) and leaf.startswith(_ORBAX_PLACEHOLDER) and
+          state_dir is not None):
       stored = leaf[len(_ORBAX_PLACEHOLDER):]
       sources[path] = orbax.array_source(state_dir, stored, name, "zarr",
                                          orbax.uses_ocdbt(state_dir),

@@ -80,9 +80,14 @@ def array_source(state_dir: str, stored_name: str, name: str, driver: str,
                  use_ocdbt: bool, strict: bool) -> Source:
   """The array stored as `stored_name` ('target.encoder...') in `state_dir`."""
   if use_ocdbt:
-    kv = {"driver": "ocdbt", "base": kvstore(as_dir(state_dir)),
-          "path": stored_name + "/"}
+    kv = {
+        "driver": "ocdbt",
+        "base": kvstore(as_dir(state_dir)),
+        "path": stored_name + "/"
+    }
   else:
     kv = kvstore(as_dir(join(state_dir, stored_name)))
-  return Source(name, spec={"driver": driver, "kvstore": kv},
-                strict_missing=strict)
+  return Source(name, spec={
+      "driver": driver,
+      "kvstore": kv
+  }, strict_missing=strict)

@@ -51,8 +51,10 @@ def _start_reads(path: ParamPath, src: Source,
     index_list = [tuple((0, d) for d in shape)]
     device_keys = None
   else:
-    device_keys = [(dev, _norm_index(idx, shape)) for dev, idx in
-                   sharding.addressable_devices_indices_map(shape).items()]
+    device_keys = [
+        (dev, _norm_index(idx, shape))
+        for dev, idx in sharding.addressable_devices_indices_map(shape).items()
+    ]
     index_list = list(dict.fromkeys(k for _, k in device_keys))
   reads = {}
   nbytes = 0
@@ -62,8 +64,8 @@ def _start_reads(path: ParamPath, src: Source,
       reads[key] = src.store[slices].read() if slices else src.store.read()
     else:
       reads[key] = src.array[slices] if slices else src.array
-    nbytes += int(np.prod([b - a for a, b in key], dtype=np.int64)) * (
-        src.dtype.itemsize)
+    nbytes += int(np.prod([b - a for a, b in key],
+                          dtype=np.int64)) * (src.dtype.itemsize)
   return _Pending(path, src, sharding, reads, device_keys, nbytes)
 
 
@@ -92,8 +94,8 @@ def _finish(ckpt: str, pend: _Pending, dtype) -> jax.Array:
 
 
 def read_all(ckpt: str, sources: Mapping[ParamPath, Source],
-             shard_flat: Mapping[ParamPath, Any], dtype
-             ) -> Dict[ParamPath, jax.Array]:
+             shard_flat: Mapping[ParamPath,
+                                 Any], dtype) -> Dict[ParamPath, jax.Array]:
   """Reads every opened array into its sharding (or the default device).
 
   Args:

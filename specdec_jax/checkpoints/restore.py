@@ -62,8 +62,8 @@ def checkpoint_sources(ckpt: str) -> Tuple[str, Dict[ParamPath, Source]]:
       "(Orbax layout) found.")
 
 
-def load_t5x_params(path, *, expected=None, dtype=None, shardings=None
-                    ) -> Dict[str, Any]:
+def load_t5x_params(path, *, expected=None, dtype=None,
+                    shardings=None) -> Dict[str, Any]:
   """Loads the model parameters of a T5X checkpoint (either layout).
 
   Args:
@@ -120,8 +120,12 @@ def load_t5x_params(path, *, expected=None, dtype=None, shardings=None
   exp_flat = _expected_shapes(ckpt, sources, expected)
   shard_flat = _shardings_by_param(ckpt, sources, shardings)
   context = ts.Context({
-      "cache_pool": {"total_bytes_limit": 64 << 20},
-      "file_io_concurrency": {"limit": 64},
+      "cache_pool": {
+          "total_bytes_limit": 64 << 20
+      },
+      "file_io_concurrency": {
+          "limit": 64
+      },
   })
   open_all(ckpt, sources, context)
   _check_opened(ckpt, sources, exp_flat, shard_flat)
@@ -142,14 +146,15 @@ def _expected_shapes(ckpt: str, sources: Mapping[ParamPath, Source],
   expected = _maybe_unwrap_params(expected, sources)
   exp_flat = _flatten_spec_tree(expected, "expected",
                                 lambda x: hasattr(x, "shape"))
-  missing = [p for p, v in exp_flat.items() if v is not None and
-             p not in sources]
+  missing = [
+      p for p, v in exp_flat.items() if v is not None and p not in sources
+  ]
   extra = [p for p in sources if p not in exp_flat]
   problems = []
   if missing:
     problems.append(
-        f"{len(missing)} expected parameter(s) missing from the checkpoint: "
-        + _fmt_paths(missing))
+        f"{len(missing)} expected parameter(s) missing from the checkpoint: " +
+        _fmt_paths(missing))
   if extra:
     problems.append(
         f"{len(extra)} parameter(s) in the checkpoint that the model does "
@@ -173,8 +178,9 @@ def _shardings_by_param(ckpt: str, sources: Mapping[ParamPath, Source],
   shardings = _maybe_unwrap_params(shardings, sources)
   shard_flat = _flatten_spec_tree(
       shardings, "shardings", lambda x: isinstance(x, jax.sharding.Sharding))
-  unknown = [p for p, s in shard_flat.items()
-             if s is not None and p not in sources]
+  unknown = [
+      p for p, s in shard_flat.items() if s is not None and p not in sources
+  ]
   if unknown:
     raise CheckpointError(
         f"Checkpoint {ckpt}: shardings given for parameter(s) not in the "
@@ -211,8 +217,7 @@ def _check_opened(ckpt: str, sources: Mapping[ParamPath, Source],
             f"'{src.name}' of shape {list(src.shape)}: {e}") from e
 
 
-def _flatten_spec_tree(tree: Any, what: str,
-                       is_leaf) -> Dict[ParamPath, Any]:
+def _flatten_spec_tree(tree: Any, what: str, is_leaf) -> Dict[ParamPath, Any]:
   """Flattens a nested mapping whose leaves satisfy `is_leaf` (or are None)."""
   out = {}
 
@@ -237,9 +242,9 @@ def _flatten_spec_tree(tree: Any, what: str,
 
 def _maybe_unwrap_params(tree: Any, names: Iterable[ParamPath]) -> Any:
   """Drops a flax `{'params': ...}` wrapper if the checkpoint has none."""
-  if (isinstance(tree, Mapping) and set(tree.keys()) == {"params"}
-      and isinstance(tree["params"], Mapping)
-      and not any(p and p[0] == "params" for p in names)):
+  if (isinstance(tree, Mapping) and set(tree.keys()) == {"params"} and
+      isinstance(tree["params"], Mapping) and
+      not any(p and p[0] == "params" for p in names)):
     return tree["params"]
   return tree
 

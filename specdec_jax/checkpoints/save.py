@@ -64,8 +64,7 @@ def _rename(src: str, dst: str) -> None:
 
 def _to_plain_dict(tree: Any, prefix: str = "") -> Any:
   if isinstance(tree, Mapping):
-    return {str(k): _to_plain_dict(v, f"{prefix}/{k}") for k, v in
-            tree.items()}
+    return {str(k): _to_plain_dict(v, f"{prefix}/{k}") for k, v in tree.items()}
   if isinstance(tree, (jax.Array, np.ndarray)):
     return tree
   if isinstance(tree, (np.generic, int, float, bool)):
@@ -85,14 +84,20 @@ def _write_checkpoint(tmp: str, tree: Mapping[str, Any]) -> None:
                       args=ocp.args.PyTreeSave({TARGET: tree}))
   finally:
     checkpointer.close()
-  _write_text(join(tmp, "_CHECKPOINT_METADATA"), json.dumps({
-      "item_handlers": {STATE_DIR: _PYTREE_HANDLER},
-      "metrics": {},
-      "performance_metrics": {},
-      "init_timestamp_nsecs": init_ns,
-      "commit_timestamp_nsecs": time.time_ns(),
-      "custom_metadata": {"writer": "specdec_jax.checkpoints.save_params"},
-  }))
+  _write_text(
+      join(tmp, "_CHECKPOINT_METADATA"),
+      json.dumps({
+          "item_handlers": {
+              STATE_DIR: _PYTREE_HANDLER
+          },
+          "metrics": {},
+          "performance_metrics": {},
+          "init_timestamp_nsecs": init_ns,
+          "commit_timestamp_nsecs": time.time_ns(),
+          "custom_metadata": {
+              "writer": "specdec_jax.checkpoints.save_params"
+          },
+      }))
   _write_text(join(tmp, "commit_success.txt"),
               "Checkpoint commit was successful.")
 

@@ -41,8 +41,7 @@ class Source:
   """
 
   def __init__(self, name: str, *, spec: Optional[Dict[str, Any]] = None,
-               array: Optional[np.ndarray] = None,
-               strict_missing: bool = True):
+               array: Optional[np.ndarray] = None, strict_missing: bool = True):
     self.name = name  # Slash-joined parameter path, for messages.
     self.spec = spec
     self.array = array

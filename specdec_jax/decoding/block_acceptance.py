@@ -76,15 +76,15 @@ def stop_probabilities(target_probs: Array, draft_probs: Array,
   denominator = residual + 1.0 - w
   h = jnp.where(denominator > 0,
                 residual / jnp.where(denominator > 0, denominator, 1.0), 1.0)
-  h = jnp.where(jnp.concatenate([jnp.ones_like(guessed[:, :1]), guessed],
-                                axis=1), h, 0.0)
+  h = jnp.where(
+      jnp.concatenate([jnp.ones_like(guessed[:, :1]), guessed], axis=1), h, 0.0)
   return w, h.at[:, 0].set(1.0)
 
 
 def _with_empty_last(draft_probs: Array) -> Array:
   """[B, γ, V] q_1..q_γ -> [B, γ+1, V] with q_{γ+1} := 0."""
-  return jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])],
-                         axis=1)
+  return jnp.concatenate(
+      [draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
 
 
 def _one_hot_draft(draft_tokens: Array, vocab_size: int, dtype) -> Array:
@@ -149,7 +149,8 @@ def expected_accepted(target_probs: Array, draft_probs: Array,
   """
   _, h = stop_probabilities(target_probs, draft_probs, draft_tokens)
   survive_after = jnp.cumprod((1.0 - h)[:, ::-1], axis=1)[:, ::-1]
-  later = jnp.concatenate([survive_after[:, 1:],
-                           jnp.ones_like(survive_after[:, :1])], axis=1)
+  later = jnp.concatenate(
+      [survive_after[:, 1:],
+       jnp.ones_like(survive_after[:, :1])], axis=1)
   positions = jnp.arange(h.shape[1], dtype=h.dtype)
   return jnp.sum(positions * h * later, axis=1)

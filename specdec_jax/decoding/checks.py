@@ -23,8 +23,8 @@ from specdec_jax.drafters.model import ModelDrafter
 
 
 def _check_positive_int(name: str, value: Any) -> None:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
-      value < 1):
+  if isinstance(value,
+                bool) or not isinstance(value, numbers.Integral) or (value < 1):
     raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
 
 
@@ -87,8 +87,8 @@ def check_rng(rng: Any) -> None:
         return
     elif dtype == np.uint32 and shape in ((2,), (4,)):
       return
-  what = (f"an array of dtype {dtype} and shape {shape}" if dtype is not None
-          else repr(rng))
+  what = (f"an array of dtype {dtype} and shape {shape}"
+          if dtype is not None else repr(rng))
   raise ValueError(
       "rng must be a single JAX PRNG key, e.g. jax.random.key(0) or "
       f"jax.random.PRNGKey(0), got {what}.")
@@ -177,14 +177,12 @@ def as_drafter(drafter: Any) -> Drafter:
   return drafter
 
 
-def check_speculative_args(target: Any, drafter: Any, *, gamma: Any,
-                           max_decode_length: Any,
-                           method: Optional[sampling.SamplingMethod] = None,
-                           temperature: Optional[float] = None,
-                           top_k: Optional[int] = None,
-                           top_p: Optional[float] = None,
-                           acceptance: Optional[AcceptanceRule] = None
-                           ) -> sampling.SamplingMethod:
+def check_speculative_args(
+    target: Any, drafter: Any, *, gamma: Any, max_decode_length: Any,
+    method: Optional[sampling.SamplingMethod] = None,
+    temperature: Optional[float] = None, top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    acceptance: Optional[AcceptanceRule] = None) -> sampling.SamplingMethod:
   """All model-level checks of `speculative_sample`; raises ValueError.
 
   Returns:
@@ -202,8 +200,7 @@ def check_speculative_args(target: Any, drafter: Any, *, gamma: Any,
   check_vocab_sizes(target.vocab_size, drafter.vocab_size)
   if acceptance is not None:
     if not isinstance(acceptance, AcceptanceRule):
-      raise ValueError(
-          "acceptance must be a decoding.AcceptanceRule (e.g. "
-          f"ExactAcceptance()), got {type(acceptance).__name__}.")
+      raise ValueError("acceptance must be a decoding.AcceptanceRule (e.g. "
+                       f"ExactAcceptance()), got {type(acceptance).__name__}.")
     check_pytree("acceptance", acceptance)
   return method

@@ -69,8 +69,8 @@ def _finish(buffer: Array, lengths: Array, max_decode_length: int) -> Array:
   return jnp.where(positions[None, :] <= lengths[:, None], tokens, 0)
 
 
-def _truncate_at_eos(window: Array, num_new: Array, eos_id: Array
-                     ) -> Tuple[Array, Array]:
+def _truncate_at_eos(window: Array, num_new: Array,
+                     eos_id: Array) -> Tuple[Array, Array]:
   """Cuts a row's new tokens after its first EOS.
 
   Args:
@@ -101,11 +101,11 @@ def _start_buffer(target: Target, inputs: Array, size: int) -> Array:
 @flax.struct.dataclass
 class _BaselineState:
   """Loop state of `temperature_sample` (B rows, T = max_decode_length + 1)."""
-  step: Array          # [] int32 loop counter (folded into the rng).
-  target_state: Any    # holds positions 0..ℓ-1.
-  buffer: Array        # [B, T] int32 tokens, start token at 0.
-  length: Array        # [B] int32 ℓ, tokens generated.
-  done: Array          # [B] bool.
+  step: Array  # [] int32 loop counter (folded into the rng).
+  target_state: Any  # holds positions 0..ℓ-1.
+  buffer: Array  # [B, T] int32 tokens, start token at 0.
+  length: Array  # [B] int32 ℓ, tokens generated.
+  done: Array  # [B] bool.
 
 
 def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
@@ -118,10 +118,8 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
   state = _BaselineState(
       step=jnp.array(0, jnp.int32),
       target_state=target.start(encoder_input_tokens, max_decode_length + 1),
-      buffer=_start_buffer(target, encoder_input_tokens,
-                           max_decode_length + 1),
-      length=jnp.zeros((batch,), jnp.int32),
-      done=jnp.zeros((batch,), bool))
+      buffer=_start_buffer(target, encoder_input_tokens, max_decode_length + 1),
+      length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros((batch,), bool))
 
   def cond(s):
     return jnp.logical_not(jnp.all(s.done))
@@ -135,9 +133,9 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
         jnp.where(active, token, s.buffer[rows, s.length + 1]))
     length = jnp.where(active, s.length + 1, s.length)
     done = s.done | (token == eos_id) | (length >= max_decode_length)
-    return _BaselineState(
-        step=s.step + 1, target_state=target.truncate(target_state, length),
-        buffer=buffer, length=length, done=done)
+    return _BaselineState(step=s.step + 1,
+                          target_state=target.truncate(target_state, length),
+                          buffer=buffer, length=length, done=done)
 
   state = lax.while_loop(cond, body, state)
   return DecodeOutput(
@@ -145,12 +143,12 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
       lengths=state.length, target_calls=state.length)
 
 
-_jit_temperature_loop = jax.jit(
-    temperature_loop, static_argnames=("max_decode_length", "method"))
+_jit_temperature_loop = jax.jit(temperature_loop,
+                                static_argnames=("max_decode_length", "method"))
 
 
-def temperature_sample(target: Target, encoder_input_tokens: Array,
-                       rng: Array, *, max_decode_length: int,
+def temperature_sample(target: Target, encoder_input_tokens: Array, rng: Array,
+                       *, max_decode_length: int,
                        temperature: Optional[float] = None,
                        top_k: Optional[int] = None,
                        top_p: Optional[float] = None,
@@ -182,10 +180,11 @@ def temperature_sample(target: Target, encoder_input_tokens: Array,
   check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   check_rng(rng)
   check_eos_id(eos_id)
-  return _jit_temperature_loop(
-      target, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
-      np.int32(eos_id), max_decode_length=int(max_decode_length),
-      method=method)
+  return _jit_temperature_loop(target,
+                               jnp.asarray(encoder_input_tokens,
+                                           jnp.int32), rng, np.int32(eos_id),
+                               max_decode_length=int(max_decode_length),
+                               method=method)
 
 
 # ---------------------------------------------------------------------------
@@ -228,23 +227,19 @@ def init_speculative_state(target: Target, drafter: Drafter,
   # The target's encoding (None without one): a shared-encoder draft reads it.
   encoder_output = target_encoder_output(target, target_state)
   return SpeculativeState(
-      iteration=jnp.array(0, jnp.int32),
-      target_state=target_state,
-      draft_state=drafter.init(encoder_input_tokens, state_len,
-                               encoder_output),
+      iteration=jnp.array(0, jnp.int32), target_state=target_state,
+      draft_state=drafter.init(encoder_input_tokens, state_len, encoder_output),
       buffer=_start_buffer(target, encoder_input_tokens, state_len + 1),
-      length=jnp.zeros((batch,), jnp.int32),
-      done=jnp.zeros((batch,), bool),
-      stats=(SpeculativeStatistics.zeros(batch, gamma, max_decode_length)
-             if statistics else None))
+      length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros(
+          (batch,), bool), stats=(SpeculativeStatistics.zeros(
+              batch, gamma, max_decode_length) if statistics else None))
 
 
 def speculative_iteration(target: Target, drafter: Drafter,
                           acceptance: AcceptanceRule, s: SpeculativeState,
                           rng: Array, eos_id: Array, *, gamma: int,
                           max_decode_length: int,
-                          method: sampling.SamplingMethod
-                          ) -> SpeculativeState:
+                          method: sampling.SamplingMethod) -> SpeculativeState:
   """One iteration of Algorithm 1 for every row of the batch.
 
   Args:
@@ -260,17 +255,15 @@ def speculative_iteration(target: Target, drafter: Drafter,
   """
   batch = s.buffer.shape[0]
   rows = jnp.arange(batch)
-  draft_rng, accept_rng = jax.random.split(
-      jax.random.fold_in(rng, s.iteration))
+  draft_rng, accept_rng = jax.random.split(jax.random.fold_in(rng, s.iteration))
   draft_state, draft_tokens, draft_probs = drafter.propose(
-      s.draft_state, s.buffer, s.length, draft_rng, gamma=gamma,
-      method=method)
+      s.draft_state, s.buffer, s.length, draft_rng, gamma=gamma, method=method)
 
   # One target call over the γ+1 positions ℓ..ℓ+γ.
   partial = drafter.may_stop_early  # Static: NO_GUESS slots may come back.
   if partial:
-    logits, target_state = guesses.verify_call(
-        target, s.buffer[rows, s.length], draft_tokens, s.target_state)
+    logits, target_state = guesses.verify_call(target, s.buffer[rows, s.length],
+                                               draft_tokens, s.target_state)
   else:
     chunk = jnp.concatenate([s.buffer[rows, s.length][:, None], draft_tokens],
                             axis=1)
@@ -281,15 +274,17 @@ def speculative_iteration(target: Target, drafter: Drafter,
   # Emit x_1..x_n then the extra token; stale guesses past it get overwritten
   # later or masked at the end.
   emitted = jnp.concatenate([draft_tokens, next_token[:, None]], axis=1)
-  emitted = jnp.where(jnp.arange(gamma + 1)[None, :] == num_accepted[:, None],
-                      next_token[:, None], emitted)
+  emitted = jnp.where(
+      jnp.arange(gamma + 1)[None, :] == num_accepted[:, None],
+      next_token[:, None], emitted)
   active = jnp.logical_not(s.done)
   num_new, hit_eos = _truncate_at_eos(emitted, num_accepted + 1, eos_id)
-  new_length = jnp.where(
-      active, jnp.minimum(s.length + num_new, max_decode_length), s.length)
+  new_length = jnp.where(active,
+                         jnp.minimum(s.length + num_new, max_decode_length),
+                         s.length)
   # Finished rows write past their final length too: harmless, it is masked.
-  buffer = jax.vmap(lambda row, new, start: lax.dynamic_update_slice(
-      row, new, (start,)))(
+  buffer = jax.vmap(
+      lambda row, new, start: lax.dynamic_update_slice(row, new, (start,)))(
           s.buffer, guesses.feedable(emitted) if partial else emitted,
           s.length + 1)
   done = s.done | (active & (hit_eos | (new_length >= max_decode_length)))
@@ -298,8 +293,8 @@ def speculative_iteration(target: Target, drafter: Drafter,
   if stats is not None:
     stats = stats.update(
         active=active, draft_tokens=draft_tokens, verdict=verdict,
-        beta=guess_beta(verdict, draft_tokens, draft_probs),
-        num_kept=new_length - s.length,
+        beta=guess_beta(verdict, draft_tokens,
+                        draft_probs), num_kept=new_length - s.length,
         num_guesses=guesses.num_guesses(draft_tokens) if partial else None)
 
   return SpeculativeState(
@@ -307,12 +302,15 @@ def speculative_iteration(target: Target, drafter: Drafter,
       # Rollback by index: both states keep only the accepted prefix.
       target_state=target.truncate(target_state, new_length),
       draft_state=drafter.rollback(draft_state, new_length),
-      buffer=buffer, length=new_length, done=done, stats=stats)
+      buffer=buffer,
+      length=new_length,
+      done=done,
+      stats=stats)
 
 
 def speculative_loop(target: Target, drafter: Drafter,
-                     encoder_input_tokens: Array, rng: Array, eos_id: Array,
-                     *, gamma: int, max_decode_length: int,
+                     encoder_input_tokens: Array, rng: Array, eos_id: Array, *,
+                     gamma: int, max_decode_length: int,
                      method: sampling.SamplingMethod,
                      acceptance: AcceptanceRule = ExactAcceptance(),
                      statistics: bool = True) -> SpeculativeOutput:
@@ -328,9 +326,10 @@ def speculative_loop(target: Target, drafter: Drafter,
                                  statistics=statistics)
 
   def body(s):
-    return speculative_iteration(
-        target, drafter, acceptance, s, rng, eos_id, gamma=gamma,
-        max_decode_length=max_decode_length, method=method)
+    return speculative_iteration(target, drafter, acceptance, s, rng, eos_id,
+                                 gamma=gamma,
+                                 max_decode_length=max_decode_length,
+                                 method=method)
 
   state = lax.while_loop(lambda s: jnp.logical_not(jnp.all(s.done)), body,
                          state)
@@ -351,8 +350,8 @@ _jit_speculative_loop_cpu = jax.jit(
 
 def _speculative_program():
   """The jitted speculative loop for the default backend."""
-  return (_jit_speculative_loop_cpu if jax.default_backend() == "cpu"
-          else _jit_speculative_loop)
+  return (_jit_speculative_loop_cpu
+          if jax.default_backend() == "cpu" else _jit_speculative_loop)
 
 
 def speculative_sample(target: Target, drafter: Any,
@@ -394,10 +393,11 @@ def speculative_sample(target: Target, drafter: Any,
     ValueError naming the bad argument, before anything is compiled.
   """
   drafter = as_drafter(drafter)
-  method = check_speculative_args(
-      target, drafter, gamma=gamma, max_decode_length=max_decode_length,
-      method=method, temperature=temperature, top_k=top_k, top_p=top_p,
-      acceptance=acceptance)
+  method = check_speculative_args(target, drafter, gamma=gamma,
+                                  max_decode_length=max_decode_length,
+                                  method=method, temperature=temperature,
+                                  top_k=top_k, top_p=top_p,
+                                  acceptance=acceptance)
   check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   check_rng(rng)
   check_eos_id(eos_id)

@@ -57,14 +57,11 @@ class SpeculativeOutput:
 
   # Fields of `SpeculativeStatistics`, for convenience.
   target_calls = property(lambda self: self._stats().target_calls)
-  accepted_histogram = property(
-      lambda self: self._stats().accepted_histogram)
+  accepted_histogram = property(lambda self: self._stats().accepted_histogram)
   beta_sum = property(lambda self: self._stats().beta_sum)
   beta_count = property(lambda self: self._stats().beta_count)
-  trace_draft_tokens = property(
-      lambda self: self._stats().trace_draft_tokens)
-  trace_num_accepted = property(
-      lambda self: self._stats().trace_num_accepted)
+  trace_draft_tokens = property(lambda self: self._stats().trace_draft_tokens)
+  trace_num_accepted = property(lambda self: self._stats().trace_num_accepted)
   trace_next_token = property(lambda self: self._stats().trace_next_token)
 
   @property
@@ -106,5 +103,6 @@ class SpeculativeOutput:
         "alpha_beta": float(self.alpha_beta),
         "acceptance_trials": int(jnp.sum(self.beta_count)),
         "accepted_histogram": [
-            int(x) for x in jnp.sum(self.accepted_histogram, axis=0)],
+            int(x) for x in jnp.sum(self.accepted_histogram, axis=0)
+        ],
     }

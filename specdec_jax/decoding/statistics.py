@@ -76,11 +76,12 @@ class SpeculativeStatistics:
   @classmethod
   def zeros(cls, batch: int, gamma: int,
             max_decode_length: int) -> "SpeculativeStatistics":
+
     def z(*shape):
       return jnp.zeros(shape, jnp.int32)
+
     return cls(target_calls=z(batch), accepted_histogram=z(batch, gamma + 1),
-               beta_sum=jnp.zeros((batch,), jnp.float32),
-               beta_count=z(batch),
+               beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=z(batch),
                trace_draft_tokens=z(batch, max_decode_length, gamma),
                trace_num_accepted=z(batch, max_decode_length),
                trace_next_token=z(batch, max_decode_length))
@@ -121,13 +122,13 @@ class SpeculativeStatistics:
 
     return SpeculativeStatistics(
         target_calls=self.target_calls + act,
-        accepted_histogram=self.accepted_histogram.at[rows, kept_guesses].add(
-            act),
-        beta_sum=self.beta_sum + jnp.sum(jnp.where(visited, beta, 0.0),
-                                         axis=1),
+        accepted_histogram=self.accepted_histogram.at[rows,
+                                                      kept_guesses].add(act),
+        beta_sum=self.beta_sum + jnp.sum(jnp.where(visited, beta, 0.0), axis=1),
         beta_count=self.beta_count + trials,
         trace_draft_tokens=record(self.trace_draft_tokens, draft_tokens),
-        trace_num_accepted=record(self.trace_num_accepted, kept_guesses),
-        trace_next_token=record(
-            self.trace_next_token,
-            jnp.where(next_kept, verdict.next_token, NO_TOKEN)))
+        trace_num_accepted=record(self.trace_num_accepted,
+                                  kept_guesses), trace_next_token=record(
+                                      self.trace_next_token,
+                                      jnp.where(next_kept, verdict.next_token,
+                                                NO_TOKEN)))

@@ -27,7 +27,8 @@ from specdec_jax.drafters.prompt_lookup import PromptLookupDrafter
 from specdec_jax.drafters.hierarchical import HierarchicalDrafter
 from specdec_jax.drafters.hierarchical import HierarchicalState
 
-__all__ = ["Drafter", "HierarchicalDrafter", "HierarchicalState",
-           "ModelDrafter", "ModelDrafterState", "NGramDrafter", "NGramTable",
-           "NO_GUESS", "PromptLookupDrafter", "T5Drafter",
-           "build_ngram_table", "guesses"]
+__all__ = [
+    "Drafter", "HierarchicalDrafter", "HierarchicalState", "ModelDrafter",
+    "ModelDrafterState", "NGramDrafter", "NGramTable", "NO_GUESS",
+    "PromptLookupDrafter", "T5Drafter", "build_ngram_table", "guesses"
+]

@@ -68,13 +68,12 @@ def verify_call(model: Any, last_token: Array, draft_tokens: Array,
   gamma = draft_tokens.shape[1]
 
   def full(state):
-    chunk = jnp.concatenate([last_token[:, None], feedable(draft_tokens)],
-                            axis=1)
+    chunk = jnp.concatenate(
+        [last_token[:, None], feedable(draft_tokens)], axis=1)
     return model.decode_chunk(chunk, state)
 
   def single(state):
     logits, state = model.decode_chunk(last_token[:, None], state)
     return jnp.pad(logits, ((0, 0), (0, gamma), (0, 0))), state
 
-  return lax.cond(jnp.any(draft_tokens[:, 0] != NO_GUESS), full, single,
-                  state)
+  return lax.cond(jnp.any(draft_tokens[:, 0] != NO_GUESS), full, single, state)

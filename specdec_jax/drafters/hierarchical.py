@@ -89,9 +89,10 @@ class HierarchicalDrafter(Drafter):
         length=jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32),
         inner_state=self.inner.init(encoder_input_tokens, room))
 
-  def propose(self, state: HierarchicalState, buffer: Array, length: Array,
-              rng: Array, *, gamma: int, method: sampling.SamplingMethod
-              ) -> Tuple[HierarchicalState, Array, Optional[Array]]:
+  def propose(
+      self, state: HierarchicalState, buffer: Array, length: Array, rng: Array,
+      *, gamma: int, method: sampling.SamplingMethod
+  ) -> Tuple[HierarchicalState, Array, Optional[Array]]:
     batch = buffer.shape[0]
     rows = jnp.arange(batch)
     inner_gamma = self.inner_gamma
@@ -102,6 +103,7 @@ class HierarchicalDrafter(Drafter):
       _, model_state = self.model.decode_chunk(
           buffer[rows, state.length][:, None], model_state)
       return model_state
+
     model_state = lax.cond(jnp.any(state.length < length), catch_up,
                            lambda s: s, state.model_state)
     model_state = self.model.truncate(model_state, length)
@@ -123,16 +125,17 @@ class HierarchicalDrafter(Drafter):
       inner_state, inner_tokens, inner_probs = self.inner.propose(
           inner_state, work, known, propose_rng, gamma=inner_gamma,
           method=method)
-      logits, model_state = guesses.verify_call(
-          self.model, work[rows, known], inner_tokens, model_state)
-      verdict = ExactAcceptance()(accept_rng, logits, inner_tokens,
-                                  inner_probs, method)
+      logits, model_state = guesses.verify_call(self.model, work[rows, known],
+                                                inner_tokens, model_state)
+      verdict = ExactAcceptance()(accept_rng, logits, inner_tokens, inner_probs,
+                                  method)
       n = verdict.num_accepted
       emitted = jnp.concatenate([inner_tokens, verdict.next_token[:, None]],
                                 axis=1)
-      emitted = guesses.feedable(jnp.where(
-          jnp.arange(inner_gamma + 1)[None, :] == n[:, None],
-          verdict.next_token[:, None], emitted))
+      emitted = guesses.feedable(
+          jnp.where(
+              jnp.arange(inner_gamma + 1)[None, :] == n[:, None],
+              verdict.next_token[:, None], emitted))
       active = produced < gamma
       put = jax.vmap(lambda row, new, at: lax.dynamic_update_slice(
           row, new, (at,) + (0,) * (row.ndim - 1)))
@@ -156,17 +159,16 @@ class HierarchicalDrafter(Drafter):
               out_tokens, out_probs)
 
     carry = (jnp.int32(0), model_state, state.inner_state,
-             jnp.zeros((batch,), jnp.int32), length, work, out_tokens,
-             out_probs)
+             jnp.zeros((batch,),
+                       jnp.int32), length, work, out_tokens, out_probs)
     _, model_state, inner_state, _, known, _, out_tokens, out_probs = (
         lax.while_loop(cond, body, carry))
-    return (HierarchicalState(model_state, known, inner_state),
-            out_tokens[:, :gamma],
+    return (HierarchicalState(model_state, known,
+                              inner_state), out_tokens[:, :gamma],
             None if out_probs is None else out_probs[:, :gamma])
 
-  def rollback(self, state: HierarchicalState, length: Array
-               ) -> HierarchicalState:
+  def rollback(self, state: HierarchicalState,
+               length: Array) -> HierarchicalState:
     kept = jnp.minimum(state.length, length)
-    return HierarchicalState(self.model.truncate(state.model_state, kept),
-                             kept, self.inner.rollback(state.inner_state,
-                                                       length))
+    return HierarchicalState(self.model.truncate(state.model_state, kept), kept,
+                             self.inner.rollback(state.inner_state, length))

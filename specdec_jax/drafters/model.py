@@ -21,7 +21,7 @@ def start_model(model: Any, encoder_input_tokens: Array, max_len: int,
   own, e.g. `models.SharedEncoderModel`) and the target gave it; else
   `model.start`, which encodes the inputs with the model's own encoder."""
   if encoder_output is not None and getattr(model, "reads_target_encoder",
-                                           False):
+                                            False):
     return model.start_from_encoder_output(encoder_output, max_len)
   return model.start(encoder_input_tokens, max_len)
 
@@ -85,12 +85,13 @@ class ModelDrafter(Drafter):
     batch = encoder_input_tokens.shape[0]
     return ModelDrafterState(
         model_state=start_model(self.model, encoder_input_tokens, max_len,
-                                encoder_output),
-        length=jnp.zeros((batch,), jnp.int32))
+                                encoder_output), length=jnp.zeros((batch,),
+                                                                  jnp.int32))
 
-  def propose(self, state: ModelDrafterState, buffer: Array, length: Array,
-              rng: Array, *, gamma: int, method: sampling.SamplingMethod
-              ) -> Tuple[ModelDrafterState, Array, Optional[Array]]:
+  def propose(
+      self, state: ModelDrafterState, buffer: Array, length: Array, rng: Array,
+      *, gamma: int, method: sampling.SamplingMethod
+  ) -> Tuple[ModelDrafterState, Array, Optional[Array]]:
     batch = buffer.shape[0]
     rows = jnp.arange(batch)
     fed = state.length  # [B]: length or length - 1.
@@ -104,8 +105,8 @@ class ModelDrafter(Drafter):
       return logits[rows, jnp.clip(length - fed, 0, 1)], model_state
 
     def feed_one(model_state):
-      logits, model_state = self.model.decode_chunk(
-          buffer[rows, fed][:, None], model_state)
+      logits, model_state = self.model.decode_chunk(buffer[rows, fed][:, None],
+                                                    model_state)
       return logits[:, 0], model_state
 
     logits, model_state = lax.cond(jnp.any(fed < length), feed_two, feed_one,
@@ -134,11 +135,11 @@ class ModelDrafter(Drafter):
     model_state, draft_tokens, draft_probs = lax.fori_loop(
         1, gamma, step, (model_state, draft_tokens, draft_probs))
     # Fed: the prefix up to buffer[length], then x_1..x_{γ-1}.
-    return (ModelDrafterState(model_state, length + gamma), draft_tokens,
-            draft_probs)
+    return (ModelDrafterState(model_state,
+                              length + gamma), draft_tokens, draft_probs)
 
-  def _propose_adaptive(self, model_state, length, rngs, logits,
-                        draft_tokens, draft_probs, q, method):
+  def _propose_adaptive(self, model_state, length, rngs, logits, draft_tokens,
+                        draft_probs, q, method):
     """Steps 2..γ of `propose` with per-row stops (adaptive γ).
 
     Args: the state after step 1: the model state (fed up to buffer[length]),
@@ -150,8 +151,8 @@ class ModelDrafter(Drafter):
     stopped = guesses.confidence(method, logits, draft_tokens[:, 0],
                                  q) < threshold
     empty = jnp.full_like(draft_tokens, NO_GUESS)
-    draft_tokens = jnp.where(jnp.arange(gamma)[None, :] == 0, draft_tokens,
-                             empty)
+    draft_tokens = jnp.where(
+        jnp.arange(gamma)[None, :] == 0, draft_tokens, empty)
 
     def cond(carry):
       i, _, _, _, stopped = carry
@@ -163,29 +164,28 @@ class ModelDrafter(Drafter):
       logits, model_state = self.model.decode_chunk(
           guesses.feedable(draft_tokens[:, i - 1, None]), model_state)
       token, q = method.draw(rngs[i], logits[:, 0])
-      draft_tokens = draft_tokens.at[:, i].set(
-          jnp.where(stopped, NO_GUESS, token))
+      draft_tokens = draft_tokens.at[:,
+                                     i].set(jnp.where(stopped, NO_GUESS, token))
       if draft_probs is not None:
         # q of a NO_GUESS slot is zeros (the acceptance rules' contract).
-        draft_probs = draft_probs.at[:, i].set(
-            jnp.where(stopped[:, None], 0.0, q))
+        draft_probs = draft_probs.at[:,
+                                     i].set(jnp.where(stopped[:, None], 0.0, q))
       stopped = stopped | (guesses.confidence(method, logits[:, 0], token, q)
                            < threshold)
       return i + 1, model_state, draft_tokens, draft_probs, stopped
 
     _, model_state, draft_tokens, draft_probs, _ = lax.while_loop(
-        cond, body, (jnp.int32(1), model_state, draft_tokens, draft_probs,
-                     stopped))
+        cond, body,
+        (jnp.int32(1), model_state, draft_tokens, draft_probs, stopped))
     # Fed: the prefix up to buffer[length], then x_1..x_{g-1} (g guesses);
     # anything a row fed after its stop lies past length + g.
     fed = length + guesses.num_guesses(draft_tokens)
     return ModelDrafterState(model_state, fed), draft_tokens, draft_probs
 
-  def rollback(self, state: ModelDrafterState, length: Array
-               ) -> ModelDrafterState:
+  def rollback(self, state: ModelDrafterState,
+               length: Array) -> ModelDrafterState:
     kept = jnp.minimum(state.length, length)
-    return ModelDrafterState(self.model.truncate(state.model_state, kept),
-                             kept)
+    return ModelDrafterState(self.model.truncate(state.model_state, kept), kept)
 
 
 # The paper's setting: a small T5 drafting for a large one (any model with

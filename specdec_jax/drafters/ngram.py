@@ -47,8 +47,8 @@ def context_hash(contexts):
   xp = jnp if isinstance(contexts, jax.Array) else np
   h = xp.zeros(contexts.shape[:-1], xp.uint32)
   for j in range(contexts.shape[-1]):
-    h = h * xp.uint32(_HASH_MULTIPLIER) + (
-        contexts[..., j].astype(xp.uint32) + xp.uint32(1))
+    h = h * xp.uint32(_HASH_MULTIPLIER) + (contexts[..., j].astype(xp.uint32) +
+                                           xp.uint32(1))
   return h
 
 
@@ -113,8 +113,8 @@ class NGramTable:
 
   def next_probs(self, context: Array) -> Array:
     """P(x | context) [B, V] float32 for contexts [B, n-1] int32."""
-    probs = jnp.broadcast_to(self.unigram, (context.shape[0],) +
-                             self.unigram.shape)
+    probs = jnp.broadcast_to(self.unigram,
+                             (context.shape[0],) + self.unigram.shape)
     for k, level in enumerate(self.levels, start=1):
       probs = level.add_to(probs, context[:, context.shape[1] - k:])
     return probs
@@ -154,8 +154,9 @@ def build_ngram_table(sequences: Iterable[Sequence[int]], vocab_size: int,
     # The start token 0 (position 0 of the loop's buffer), left-padded with
     # 0s so that every context of length <= n-1 lies inside the sentence.
     padded.append(np.concatenate([np.zeros(pad + 1, np.int64), seq]))
-    is_next.append(np.concatenate([np.zeros(pad + 1, bool),
-                                   np.ones(seq.size, bool)]))
+    is_next.append(
+        np.concatenate([np.zeros(pad + 1, bool),
+                        np.ones(seq.size, bool)]))
   if not padded:
     raise ValueError("n-gram corpus has no tokens.")
   flat = np.concatenate(padded)
@@ -165,8 +166,9 @@ def build_ngram_table(sequences: Iterable[Sequence[int]], vocab_size: int,
   seen = float(np.count_nonzero(counts))
   unigram = (counts + seen / vocab_size) / (counts.sum() + seen)
   levels = tuple(
-      _build_level(np.stack([flat[positions - k + j] for j in range(k)],
-                            axis=1), following, max_continuations)
+      _build_level(
+          np.stack([flat[positions - k + j]
+                    for j in range(k)], axis=1), following, max_continuations)
       for k in range(1, order))
   return NGramTable(unigram=jnp.asarray(unigram, jnp.float32), levels=levels)
 
@@ -178,11 +180,12 @@ def _build_level(contexts: np.ndarray, following: np.ndarray,
   grams, counts = np.unique(np.concatenate([contexts, following[:, None]], 1),
                             axis=0, return_counts=True)
   # `grams` is sorted, so each context's continuations are contiguous.
-  unique_contexts, first, context_of = np.unique(
-      grams[:, :k], axis=0, return_index=True, return_inverse=True)
+  unique_contexts, first, context_of = np.unique(grams[:, :k], axis=0,
+                                                 return_index=True,
+                                                 return_inverse=True)
   context_of = context_of.ravel()
   total = np.add.reduceat(counts, first).astype(np.float64)  # N_c
-  types = np.diff(np.append(first, len(grams)))               # T_c
+  types = np.diff(np.append(first, len(grams)))  # T_c
   # Most frequent continuations first within each context; keep the top.
   order = np.lexsort((-counts, context_of))
   rank = np.arange(len(order)) - first[context_of[order]]
@@ -204,10 +207,10 @@ def _build_level(contexts: np.ndarray, following: np.ndarray,
       contexts=jnp.asarray(unique_contexts[by_hash], jnp.int32),
       offsets=jnp.asarray(np.concatenate([[0], np.cumsum(per_context)]),
                           jnp.int32),
-      tokens=jnp.asarray(grams[order, k], jnp.int32),
-      probs=jnp.asarray(probs, jnp.float32),
-      backoff=jnp.asarray(np.clip(backoff, 0.0, 1.0), jnp.float32),
-      width=int(per_context.max()))
+      tokens=jnp.asarray(grams[order, k],
+                         jnp.int32), probs=jnp.asarray(probs, jnp.float32),
+      backoff=jnp.asarray(np.clip(backoff, 0.0, 1.0),
+                          jnp.float32), width=int(per_context.max()))
 
 
 @flax.struct.dataclass
@@ -245,8 +248,9 @@ class NGramDrafter(Drafter):
     k = self.table.order - 1
     # The last k known tokens; positions before 0 read as the start token 0.
     positions = length[:, None] - k + 1 + jnp.arange(k)[None, :]
-    context = jnp.where(positions >= 0, jnp.take_along_axis(
-        buffer, jnp.maximum(positions, 0), axis=1), 0)
+    context = jnp.where(
+        positions >= 0,
+        jnp.take_along_axis(buffer, jnp.maximum(positions, 0), axis=1), 0)
     rngs = jax.random.split(rng, gamma)
     vocab = self.vocab_size
     threshold = self.confidence_threshold
@@ -262,17 +266,16 @@ class NGramDrafter(Drafter):
       tokens = tokens.at[:, i].set(jnp.where(stopped, NO_GUESS, token))
       if probs is not None:
         probs = probs.at[:, i].set(jnp.where(stopped[:, None], 0.0, q))
-      stopped = stopped | (
-          guesses.confidence(method, logits, token, q) < threshold)
+      stopped = stopped | (guesses.confidence(method, logits, token, q)
+                           < threshold)
       if k:
         context = jnp.concatenate([context[:, 1:], token[:, None]], axis=1)
       return i + 1, context, tokens, probs, stopped
 
-    carry = (jnp.int32(0), context,
-             jnp.full((batch, gamma), NO_GUESS, jnp.int32),
-             None if method.is_greedy else jnp.zeros((batch, gamma, vocab),
-                                                     jnp.float32),
-             jnp.zeros((batch,), bool))
+    carry = (jnp.int32(0), context, jnp.full(
+        (batch, gamma), NO_GUESS,
+        jnp.int32), None if method.is_greedy else jnp.zeros(
+            (batch, gamma, vocab), jnp.float32), jnp.zeros((batch,), bool))
     _, _, tokens, probs, _ = lax.while_loop(cond, body, carry)
     return state, tokens, probs
 

@@ -49,10 +49,9 @@ def lookup_start(inputs: Array, buffer: Array, length: Array,
     positions = length[:, None] - m + 1 + jnp.arange(m)[None, :]
     suffix = jnp.take_along_axis(buffer, jnp.maximum(positions, 0), axis=1)
     # windows[b, j] = inputs[b, j:j+m] for the j followed by a position.
-    windows = jnp.stack([inputs[:, i:width - m + i] for i in range(m)],
-                        axis=-1)
-    match = (jnp.all(windows == suffix[:, None, :], axis=-1)
-             & jnp.all(windows != 0, axis=-1) & (inputs[:, m:] != 0))
+    windows = jnp.stack([inputs[:, i:width - m + i] for i in range(m)], axis=-1)
+    match = (jnp.all(windows == suffix[:, None, :], axis=-1) &
+             jnp.all(windows != 0, axis=-1) & (inputs[:, m:] != 0))
     found = jnp.any(match, axis=1) & (length >= m)
     start = jnp.where(found, jnp.argmax(match, axis=1) + m, start)
   return start.astype(jnp.int32)
@@ -81,9 +80,9 @@ class PromptLookupDrafter(Drafter):
     """The state is the input itself, [B, S] int32."""
     return jnp.asarray(encoder_input_tokens, jnp.int32)
 
-  def propose(self, state: Array, buffer: Array, length: Array, rng: Array,
-              *, gamma: int, method: sampling.SamplingMethod
-              ) -> Tuple[Array, Array, None]:
+  def propose(self, state: Array, buffer: Array, length: Array, rng: Array, *,
+              gamma: int,
+              method: sampling.SamplingMethod) -> Tuple[Array, Array, None]:
     del rng, method  # Deterministic.
     width = state.shape[1]
     start = lookup_start(state, buffer, length, self.max_ngram)

@@ -20,8 +20,8 @@ from specdec_jax.models import T5Model
 
 
 @functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p"))
-def beta_per_position(target: T5Model, draft: T5Model, inputs, outputs,
-                      lengths, temperature, top_k, top_p):
+def beta_per_position(target: T5Model, draft: T5Model, inputs, outputs, lengths,
+                      temperature, top_k, top_p):
   """β_t = Σ_x min(p_t(x), q_t(x)) along target-generated outputs [B, T].
 
   Both models read the same teacher-forced prefixes (the target's samples),
@@ -49,8 +49,7 @@ def sampled_betas(args: arguments.RunArguments, feed: multihost.Feeder,
   method = args.method()
   betas = []
   for i, (batch, keep) in enumerate(feed.batches()):
-    out = decoding.temperature_sample(target, batch,
-                                      jax.random.fold_in(rng, i),
+    out = decoding.temperature_sample(target, batch, jax.random.fold_in(rng, i),
                                       max_decode_length=args.max_decode_length,
                                       method=method)
     beta, valid = beta_per_position(target, draft, batch, out.tokens,
@@ -68,10 +67,14 @@ def alpha_record(args: arguments.RunArguments, betas: np.ndarray,
   mean, stderr = analysis.alpha_from_beta_samples(betas)
   return {
       "task": args.label,
-      "target_model": args.target_name, "draft_model": args.draft_name,
-      "temperature": args.temperature, "top_k": args.top_k,
-      "top_p": args.top_p, "num_examples": num_examples,
-      "num_positions": int(betas.size), "alpha_beta": mean,
+      "target_model": args.target_name,
+      "draft_model": args.draft_name,
+      "temperature": args.temperature,
+      "top_k": args.top_k,
+      "top_p": args.top_p,
+      "num_examples": num_examples,
+      "num_positions": int(betas.size),
+      "alpha_beta": mean,
       "alpha_beta_stderr": stderr,
       "random_weights": args.random_weights,
       **data_info,

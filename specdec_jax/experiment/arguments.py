@@ -26,16 +26,15 @@ MODES = ("walltime", "alpha")
 ACCEPTANCES = ("token", "block")
 _DRAFTING = drafter_choice.DrafterSettings()  # its defaults
 # The run arguments of `experiment.drafter_choice.DrafterSettings`.
-DRAFTER_ARGS = tuple(f.name for f in dataclasses.fields(
-    drafter_choice.DrafterSettings))
+DRAFTER_ARGS = tuple(
+    f.name for f in dataclasses.fields(drafter_choice.DrafterSettings))
 
 
 def _arg(macro: str, default: Any = dataclasses.MISSING, **kwargs) -> Any:
   """A run argument and the gin macro that sets it (gin/run.gin binds
   `run.<argument> = %MACRO`; error messages and docs/usage/macros.md name
   the macro, which is what the user typed)."""
-  return dataclasses.field(default=default, metadata={"macro": macro},
-                           **kwargs)
+  return dataclasses.field(default=default, metadata={"macro": macro}, **kwargs)
 
 
 # The one gin configurable of a run, named `run` (gin/run.gin: `run.gamma =
@@ -121,8 +120,10 @@ class RunArguments:
   mixture_or_task_name: Optional[str] = _arg("MIXTURE_OR_TASK_NAME", None)
   split: str = _arg("SPLIT", "validation")
   task_feature_lengths: Dict[str, int] = _arg(
-      "TASK_FEATURE_LENGTHS",
-      default_factory=lambda: {"inputs": 512, "targets": 128})
+      "TASK_FEATURE_LENGTHS", default_factory=lambda: {
+          "inputs": 512,
+          "targets": 128
+      })
   source_file: Optional[str] = _arg("SOURCE_FILE", None)
   reference_file: Optional[str] = _arg("REFERENCE_FILE", None)
   input_prefix: str = _arg("INPUT_PREFIX", "")
@@ -192,20 +193,22 @@ class RunArguments:
   @property
   def random_weights(self) -> bool:
     """A checkpoint the run needs is unset: random weights."""
-    return not (self.target_checkpoint_path and (
-        self.draft_checkpoint_path or not self.drafting.uses_draft_model))
+    return not (self.target_checkpoint_path and
+                (self.draft_checkpoint_path or
+                 not self.drafting.uses_draft_model))
 
 
 # Each run argument's gin macro, from the fields above: the one table that
 # run.gin's bindings, docs/usage/macros.md and the typo checks are held to.
-MACROS: Mapping[str, Optional[str]] = types.MappingProxyType({
-    f.name: f.metadata.get("macro") for f in dataclasses.fields(RunArguments)})
+MACROS: Mapping[str, Optional[str]] = types.MappingProxyType(
+    {f.name: f.metadata.get("macro") for f in dataclasses.fields(RunArguments)})
 
 
 def unknown_arguments_message(names: Sequence[str]) -> str:
   """'Unknown run arguments [...]; did you mean ...? known: ...'."""
-  close = list(dict.fromkeys(
-      c for name in names for c in gin_utils.closest_names(name, list(MACROS))))
+  close = list(
+      dict.fromkeys(c for name in names
+                    for c in gin_utils.closest_names(name, list(MACROS))))
   hint = f"did you mean {' or '.join(close)}? " if close else ""
   return (f"Unknown run arguments {sorted(names)}; {hint}known: "
           f"{sorted(MACROS)}.")
@@ -225,6 +228,7 @@ def check_settings(args: RunArguments) -> None:
   Raises:
     ConfigError: naming the gin macro, the value and what is allowed.
   """
+
   def bad(name, allowed):
     return ConfigError(f"{MACROS.get(name, name)}={getattr(args, name)!r} "
                        f"(run.{name}): allowed: {allowed}.")
@@ -276,8 +280,8 @@ def _check_decoding_args(args: RunArguments) -> None:
       gamma=None if args.auto_gamma else args.gamma,
       max_decode_length=args.task_feature_lengths.get("targets", 0))
   args.method()  # Validates temperature, top_k and top_p together.
-  for name, value in (("BATCH_SIZE", args.batch_size),
-                      ("NUM_EXAMPLES", args.num_examples)):
+  for name, value in (("BATCH_SIZE", args.batch_size), ("NUM_EXAMPLES",
+                                                        args.num_examples)):
     if not _is_int(value) or value < 1:
       raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
 
@@ -317,8 +321,8 @@ def _check_acceptance(args: "RunArguments") -> None:
                      "with 'block', or ACCEPTANCE='token'.")
 
 
-def run_arguments(overrides: Optional[Mapping[str, Any]] = None
-                  ) -> RunArguments:
+def run_arguments(
+    overrides: Optional[Mapping[str, Any]] = None) -> RunArguments:
   """The run's arguments as gin binds them (`run.gamma = ...`), checked:
   `RunArguments()` with `overrides` (tests, the sweep command) replacing
   some.

@@ -72,8 +72,8 @@ def abstract_draft(draft_config: T5Config, target: T5Model, mesh):
 
 def own_params(model) -> Any:
   """A model's own parameters (a shared-encoder draft's: its decoder's)."""
-  return (model.decoder if isinstance(model, SharedEncoderModel)
-          else model).params
+  return (model.decoder
+          if isinstance(model, SharedEncoderModel) else model).params
 
 
 def shard_bytes(tree: Any) -> int:
@@ -97,19 +97,23 @@ def program_record(compiled, seconds: float) -> Dict[str, Any]:
   if isinstance(cost, (list, tuple)):  # older jax: one dict per program
     cost = cost[0] if cost else {}
   text = compiled.as_text()
-  collectives = collections.Counter(m.group(1)
-                                    for m in _COLLECTIVE.finditer(text))
+  collectives = collections.Counter(
+      m.group(1) for m in _COLLECTIVE.finditer(text))
   arg, out = mem.argument_size_in_bytes, mem.output_size_in_bytes
   alias, temp = mem.alias_size_in_bytes, mem.temp_size_in_bytes
   return {
-      "argument_bytes": int(arg), "output_bytes": int(out),
-      "alias_bytes": int(alias), "temp_bytes": int(temp),
+      "argument_bytes": int(arg),
+      "output_bytes": int(out),
+      "alias_bytes": int(alias),
+      "temp_bytes": int(temp),
       "generated_code_bytes": int(mem.generated_code_size_in_bytes),
       # What the program holds at once at most (JAX's own sum).
       "total_bytes": int(arg + out - alias + temp),
       "flops": float(cost.get("flops", 0.0)),
       "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
-      "collectives": {k: collectives.get(k, 0) for k in COLLECTIVES},
+      "collectives": {
+          k: collectives.get(k, 0) for k in COLLECTIVES
+      },
       "custom_calls": sorted(set(_CUSTOM_CALL.findall(text))),
       "compile_seconds": round(seconds, 2),
   }
@@ -118,8 +122,8 @@ def program_record(compiled, seconds: float) -> Dict[str, Any]:
 def _compile(fn, *args, static=(), donate=(), **kwargs):
   """(compiled, seconds) of jax.jit(fn) for abstract args."""
   start = time.perf_counter()
-  compiled = jax.jit(fn, static_argnames=static, donate_argnums=donate).lower(
-      *args, **kwargs).compile()
+  compiled = jax.jit(fn, static_argnames=static,
+                     donate_argnums=donate).lower(*args, **kwargs).compile()
   return compiled, time.perf_counter() - start
 
 
@@ -184,10 +188,11 @@ class Compiler:
 
   def baseline(self, target: T5Model, method) -> Dict[str, Any]:
     """`decoding.temperature_loop`, jitted here (TPU options only)."""
-    compiled, secs = _compile(
-        decoding.temperature_loop, *self._loop_args(target),
-        static=("max_decode_length", "method"),
-        max_decode_length=self.shapes.max_decode_length, method=method)
+    compiled, secs = _compile(decoding.temperature_loop,
+                              *self._loop_args(target),
+                              static=("max_decode_length", "method"),
+                              max_decode_length=self.shapes.max_decode_length,
+                              method=method)
     return program_record(compiled, secs)
 
   def speculative(self, target: T5Model, drafter, method,
@@ -203,10 +208,10 @@ class Compiler:
     return program_record(compiled, secs)
 
 
-def compile_all(target_config: T5Config, draft_config: T5Config, mesh,
-                shapes: Shapes, build_drafter, method,
-                acceptance: Optional[decoding.AcceptanceRule]
-                ) -> Dict[str, Any]:
+def compile_all(
+    target_config: T5Config, draft_config: T5Config, mesh, shapes: Shapes,
+    build_drafter, method,
+    acceptance: Optional[decoding.AcceptanceRule]) -> Dict[str, Any]:
   """Every program of the run, compiled for `mesh`'s devices.
 
   Args:
@@ -229,27 +234,30 @@ def compile_all(target_config: T5Config, draft_config: T5Config, mesh,
   rule = decoding.ExactAcceptance() if acceptance is None else acceptance
   programs = {
       "baseline": c.baseline(target, method),
-      "speculative": c.speculative(target, build_drafter(draft), method,
-                                   rule),
+      "speculative": c.speculative(target, build_drafter(draft), method, rule),
   }
   return {
-      "params": {"target": shard_bytes(target.params),
-                 "draft": shard_bytes(own_params(draft))},
-      "kv_cache": {"target": shard_bytes(target_cache),
-                   "draft": shard_bytes(draft_cache)},
-      "calls": calls, "programs": programs,
+      "params": {
+          "target": shard_bytes(target.params),
+          "draft": shard_bytes(own_params(draft))
+      },
+      "kv_cache": {
+          "target": shard_bytes(target_cache),
+          "draft": shard_bytes(draft_cache)
+      },
+      "calls": calls,
+      "programs": programs,
   }
 
 
 def speculative_total(target_config: T5Config, draft_config: T5Config, mesh,
-                      shapes: Shapes, build_drafter, method,
-                      acceptance) -> int:
+                      shapes: Shapes, build_drafter, method, acceptance) -> int:
   """Bytes per device of the speculative program alone (the largest: both
   models, both caches), for trying other mesh shapes."""
   c = Compiler(mesh, shapes)
   rule = decoding.ExactAcceptance() if acceptance is None else acceptance
   target = abstract_model(target_config, mesh)
   record = c.speculative(
-      target, build_drafter(abstract_draft(draft_config, target, mesh)),
-      method, rule)
+      target, build_drafter(abstract_draft(draft_config, target, mesh)), method,
+      rule)
   return record["total_bytes"]

@@ -62,18 +62,23 @@ def paper_row(gin_files: Sequence[str], temperature: float,
     if path is None:
       continue
     with open(path) as f:
-      comments = " ".join(line.strip().lstrip("#").strip() for line in f
+      comments = " ".join(line.strip().lstrip("#").strip()
+                          for line in f
                           if line.strip().startswith("#"))
     for m in _PAPER.finditer(comments):
       if float(m.group(1)) == temperature and int(m.group(2)) == gamma:
-        return {"temperature": temperature, "gamma": gamma,
-                "alpha": float(m.group(3)), "speedup": float(m.group(4)),
-                "source": os.path.basename(path)}
+        return {
+            "temperature": temperature,
+            "gamma": gamma,
+            "alpha": float(m.group(3)),
+            "speedup": float(m.group(4)),
+            "source": os.path.basename(path)
+        }
   return None
 
 
-def check_settings(args: arguments.RunArguments, value: Any
-                   ) -> tpu_topologies.Topology:
+def check_settings(args: arguments.RunArguments,
+                   value: Any) -> tpu_topologies.Topology:
   """The topology, and the settings compile mode supports; before libtpu.
 
   Raises:
@@ -104,18 +109,21 @@ def _ratio(a: float, b: float) -> Optional[float]:
   return a / b if b else None
 
 
-def _times(call: Dict[str, Any], chip: tpu_topologies.Chip
-           ) -> Dict[str, Any]:
+def _times(call: Dict[str, Any], chip: tpu_topologies.Chip) -> Dict[str, Any]:
   """One call's roofline times: bytes / HBM bandwidth (XLA's bytes
   accessed, and the call's argument bytes: what it must read at least
   once), FLOPs / peak; each time is the larger of its bytes and FLOPs."""
   compute_s = call["flops"] / chip.peak_bf16_flops
   memory_s = call["bytes_accessed"] / chip.hbm_bytes_per_s
   arguments_s = call["argument_bytes"] / chip.hbm_bytes_per_s
-  return {"memory_s": memory_s, "arguments_s": arguments_s,
-          "compute_s": compute_s, "seconds": max(memory_s, compute_s),
-          "seconds_from_arguments": max(arguments_s, compute_s),
-          "bound": "memory" if memory_s >= compute_s else "compute"}
+  return {
+      "memory_s": memory_s,
+      "arguments_s": arguments_s,
+      "compute_s": compute_s,
+      "seconds": max(memory_s, compute_s),
+      "seconds_from_arguments": max(arguments_s, compute_s),
+      "bound": "memory" if memory_s >= compute_s else "compute"
+  }
 
 
 def _pricing(times, key: str, gamma: int, paper) -> Dict[str, Any]:
@@ -123,11 +131,15 @@ def _pricing(times, key: str, gamma: int, paper) -> Dict[str, Any]:
   step = times["target_step"][key]
   c = _ratio(times["draft_step"][key], step)
   call_cost = _ratio(times["verification"][key], step)
-  out = {"cost_coefficient_c": c, "call_cost": call_cost,
-         "theorem_3_8_speedup": None, "theorem_3_8_speedup_call_cost_1": None}
+  out = {
+      "cost_coefficient_c": c,
+      "call_cost": call_cost,
+      "theorem_3_8_speedup": None,
+      "theorem_3_8_speedup_call_cost_1": None
+  }
   if paper and c is not None:
-    out["theorem_3_8_speedup"] = float(analysis.expected_speedup(
-        paper["alpha"], gamma, c, call_cost))
+    out["theorem_3_8_speedup"] = float(
+        analysis.expected_speedup(paper["alpha"], gamma, c, call_cost))
     out["theorem_3_8_speedup_call_cost_1"] = float(
         analysis.expected_speedup(paper["alpha"], gamma, c))
   return out
@@ -144,11 +156,15 @@ def roofline(calls: Dict[str, Any], chip: tpu_topologies.Chip, gamma: int,
   count 3x their weights), so it overstates a step; argument bytes
   (weights + KV cache, each read once) understate nothing a step must read.
   """
-  times = {name: _times(calls[name], chip)
-           for name in ("target_step", "verification", "draft_step")}
-  return {"calls": times, **_pricing(times, "seconds", gamma, paper),
-          "from_arguments": _pricing(times, "seconds_from_arguments",
-                                     gamma, paper)}
+  times = {
+      name: _times(calls[name], chip)
+      for name in ("target_step", "verification", "draft_step")
+  }
+  return {
+      "calls": times,
+      **_pricing(times, "seconds", gamma, paper), "from_arguments": _pricing(
+          times, "seconds_from_arguments", gamma, paper)
+  }
 
 
 def _per_call(calls: Dict[str, Any]) -> None:
@@ -160,8 +176,8 @@ def _per_call(calls: Dict[str, Any]) -> None:
                                                record["argument_bytes"])
 
 
-def smallest_fitting_mesh(num_chips: int, mesh_shape: Sequence[int],
-                          hbm: int, total_bytes) -> Optional[List[int]]:
+def smallest_fitting_mesh(num_chips: int, mesh_shape: Sequence[int], hbm: int,
+                          total_bytes) -> Optional[List[int]]:
   """The first (data, model), model axis growing from MESH_SHAPE's, whose
   `total_bytes((data, model))` per device fits `hbm`; None if none does on
   `num_chips` chips. The parameters shard over 'model' only, so 'data'
@@ -185,32 +201,34 @@ def compile_topology(args: arguments.RunArguments, value: Any,
   mesh = partitioning.make_mesh(data, model, devices=devices[:data * model])
   target_config = setup.model_config("target")
   draft_config = setup.model_config("draft")
-  shapes = compile_check.Shapes(
-      batch=args.batch_size, inputs=args.task_feature_lengths["inputs"],
-      max_decode_length=args.max_decode_length, gamma=int(args.gamma))
+  shapes = compile_check.Shapes(batch=args.batch_size,
+                                inputs=args.task_feature_lengths["inputs"],
+                                max_decode_length=args.max_decode_length,
+                                gamma=int(args.gamma))
   acceptance = None
   if args.lenience != 1:
     acceptance = decoding.LenientAcceptance(np.float32(args.lenience))
 
   def build_drafter(draft):
-    return decoding.as_drafter(args.drafting.build(
-        draft, None, target_config.vocab_size))
-  compiled = compile_check.compile_all(
-      target_config, draft_config, mesh, shapes, build_drafter,
-      args.method(), acceptance)
-  record = _record(args, value, topology, devices, target_config,
-                   draft_config, compiled, gin_files)
+    return decoding.as_drafter(
+        args.drafting.build(draft, None, target_config.vocab_size))
+
+  compiled = compile_check.compile_all(target_config, draft_config, mesh,
+                                       shapes, build_drafter, args.method(),
+                                       acceptance)
+  record = _record(args, value, topology, devices, target_config, draft_config,
+                   compiled, gin_files)
   memory = record["memory_per_device"]
   if not memory["fits"]:
+
     def total_bytes(shape):  # the speculative program on that mesh
-      other = partitioning.make_mesh(*shape, devices=devices[:math.prod(
-          shape)])
-      return compile_check.speculative_total(
-          target_config, draft_config, other, shapes, build_drafter,
-          args.method(), acceptance)
+      other = partitioning.make_mesh(*shape, devices=devices[:math.prod(shape)])
+      return compile_check.speculative_total(target_config, draft_config,
+                                             other, shapes, build_drafter,
+                                             args.method(), acceptance)
+
     memory["smallest_fitting_mesh_shape"] = smallest_fitting_mesh(
-        topology.num_chips, args.mesh_shape, memory["hbm_bytes"],
-        total_bytes)
+        topology.num_chips, args.mesh_shape, memory["hbm_bytes"], total_bytes)
   io_utils.makedirs(args.output_dir)
   io_utils.write_json(os.path.join(args.output_dir, COMPILE_FILE), record)
   return record
@@ -224,33 +242,47 @@ def _record(args, value, topology, devices, target_config, draft_config,
   _per_call(calls)
   hbm = topology.chip.hbm_bytes
   peak = max(p["total_bytes"] for p in programs.values())
-  custom = sorted({c for r in list(calls.values()) + list(programs.values())
-                   for c in r["custom_calls"]})
+  custom = sorted({
+      c for r in list(calls.values()) + list(programs.values())
+      for c in r["custom_calls"]
+  })
   collectives = dict(calls["target_step"]["collectives"])
   collectives["total"] = sum(collectives.values())
   paper = paper_row(gin_files, float(args.temperature), int(args.gamma))
   return {
       "compile_topology": value,
-      "topology": {**topology.as_dict(), "device_kind": devices[0].device_kind,
-                   "devices": len(devices)},
+      "topology": {
+          **topology.as_dict(), "device_kind": devices[0].device_kind,
+          "devices": len(devices)
+      },
       "mesh_shape": list(args.mesh_shape),
       "settings": {
-          "gin_files": list(gin_files), "gamma": int(args.gamma),
-          "temperature": args.temperature, "batch_size": args.batch_size,
+          "gin_files": list(gin_files),
+          "gamma": int(args.gamma),
+          "temperature": args.temperature,
+          "batch_size": args.batch_size,
           "inputs_length": args.task_feature_lengths["inputs"],
           "max_decode_length": args.max_decode_length,
           "target": _model_words(args.target_name, target_config),
-          "draft": _model_words(args.draft_name, draft_config)},
+          "draft": _model_words(args.draft_name, draft_config)
+      },
       "memory_per_device": {
-          "parameter_bytes": params, "kv_cache_bytes": caches,
-          "program_total_bytes": {k: p["total_bytes"]
-                                  for k, p in programs.items()},
-          "program_temp_bytes": {k: p["temp_bytes"]
-                                 for k, p in programs.items()},
-          "peak_bytes": peak, "hbm_bytes": hbm, "fits": peak <= hbm,
+          "parameter_bytes": params,
+          "kv_cache_bytes": caches,
+          "program_total_bytes": {
+              k: p["total_bytes"] for k, p in programs.items()
+          },
+          "program_temp_bytes": {
+              k: p["temp_bytes"] for k, p in programs.items()
+          },
+          "peak_bytes": peak,
+          "hbm_bytes": hbm,
+          "fits": peak <= hbm,
           "smallest_fitting_mesh_shape": None if peak > hbm else list(
-              args.mesh_shape)},
-      "calls": calls, "programs": programs,
+              args.mesh_shape)
+      },
+      "calls": calls,
+      "programs": programs,
       "collectives_per_target_step": collectives,
       "custom_calls": custom,
       "cpu_kernel_in_programs": kernels.TARGET_NAME in custom,
@@ -260,9 +292,11 @@ def _record(args, value, topology, devices, target_config, draft_config,
 
 
 def _model_words(name: str, config) -> Dict[str, Any]:
-  return {"name": name, "dtype": str(getattr(config.dtype, "__name__",
-                                             config.dtype)),
-          "num_params": config.num_params}
+  return {
+      "name": name,
+      "dtype": str(getattr(config.dtype, "__name__", config.dtype)),
+      "num_params": config.num_params
+  }
 
 
 def _gb(n: float) -> str:
@@ -281,8 +315,8 @@ def summary_lines(record: Dict[str, Any]) -> List[str]:
       record["calls"])
   chip, roof, paper = topo["chip"], record["roofline"], record["paper"]
   params, caches = mem["parameter_bytes"], mem["kv_cache_bytes"]
-  fits = ("fits" if mem["fits"] else
-          "does NOT fit; smallest MESH_SHAPE that fits: "
+  fits = ("fits"
+          if mem["fits"] else "does NOT fit; smallest MESH_SHAPE that fits: "
           f"{mem['smallest_fitting_mesh_shape'] or 'none on this topology'}")
   mesh = tuple(record["mesh_shape"])
   lines = [
@@ -298,10 +332,9 @@ def summary_lines(record: Dict[str, Any]) -> List[str]:
       f"{_gb(mem['hbm_bytes'])} HBM per chip: {fits}.",
   ]
   for name, words, owner in (("target_step", "A target step (K=1)", "its"),
-                             ("verification",
-                              "A verification call (K=γ+1="
-                              f"{record['settings']['gamma'] + 1})", "the"),
-                             ("draft_step", "A draft step", "its")):
+                             ("verification", "A verification call (K=γ+1="
+                              f"{record['settings']['gamma'] + 1})",
+                              "the"), ("draft_step", "A draft step", "its")):
     r = calls[name]
     reads = r["weight_reads"]
     again = (f"; read more than once: {', '.join(reads['read_more_than_once'])}"
@@ -331,12 +364,11 @@ def summary_lines(record: Dict[str, Any]) -> List[str]:
       f"(call cost {args['call_cost']:.2f}), draft step "
       f"{a['draft_step']:.3f} ms (c = {args['cost_coefficient_c']:.3f}).")
   if paper:
-    lines.append(
-        f"Theorem 3.8 at the paper's α = {paper['alpha']} (γ = "
-        f"{paper['gamma']}, T = {paper['temperature']:g}): "
-        f"{roof['theorem_3_8_speedup']:.2f}x from XLA's bytes, "
-        f"{args['theorem_3_8_speedup']:.2f}x from the arguments; "
-        f"the paper measured {paper['speedup']}x ({paper['source']}).")
+    lines.append(f"Theorem 3.8 at the paper's α = {paper['alpha']} (γ = "
+                 f"{paper['gamma']}, T = {paper['temperature']:g}): "
+                 f"{roof['theorem_3_8_speedup']:.2f}x from XLA's bytes, "
+                 f"{args['theorem_3_8_speedup']:.2f}x from the arguments; "
+                 f"the paper measured {paper['speedup']}x ({paper['source']}).")
   else:
     lines.append("No Table 2 row in the gin files' comments for this γ and "
                  "temperature: no paper α to price.")

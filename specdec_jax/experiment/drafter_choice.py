@@ -56,8 +56,8 @@ def _is_int(value) -> bool:
 
 
 def _is_real(value) -> bool:
-  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
-          and math.isfinite(value))
+  return (isinstance(value, numbers.Real) and not isinstance(value, bool) and
+          math.isfinite(value))
 
 
 def check_lenience(lenience: Any) -> None:
@@ -129,8 +129,8 @@ class DrafterSettings:
   @property
   def _ngram_name(self) -> Optional[str]:
     """The n-gram drafter in use ('unigram', 'bigram', 'ngram'), if any."""
-    for name in (self.drafter, self.inner_drafter if
-                 self.drafter == "hierarchical" else None):
+    for name in (self.drafter, self.inner_drafter
+                 if self.drafter == "hierarchical" else None):
       if name in ("unigram", "bigram", "ngram"):
         return name
     return None
@@ -144,8 +144,7 @@ class DrafterSettings:
     """The guesses are the draft model's decoder steps (priced as one)."""
     return self.drafter in MODEL_DRAFTERS
 
-  def check_draft_config(self, draft_config: Any, target_config: Any
-                         ) -> None:
+  def check_draft_config(self, draft_config: Any, target_config: Any) -> None:
     """DRAFTER against the draft's T5Config: 'shared_encoder' needs a
     decoder without an encoder that reads the target's width; the other
     model drafters need a draft with its own encoder. Raises ValueError."""
@@ -192,8 +191,8 @@ class DrafterSettings:
           f"DRAFTER={self.drafter!r} with MODE={mode!r}: MODE='alpha' "
           "measures the draft model's α (Corollary 3.6); allowed: "
           "DRAFTER='model' or 'shared_encoder' (or MODE='walltime').")
-    if self.drafter == "hierarchical" and (
-        self.inner_drafter not in INNER_DRAFTERS):
+    if self.drafter == "hierarchical" and (self.inner_drafter
+                                           not in INNER_DRAFTERS):
       raise ValueError(f"INNER_DRAFTER={self.inner_drafter!r}: allowed: "
                        f"{', '.join(map(repr, INNER_DRAFTERS))}.")
     for macro, value in (("PROMPT_LOOKUP_MAX", self.prompt_lookup_max),
@@ -265,8 +264,8 @@ class DrafterSettings:
       return NGramDrafter(table, 0.0 if threshold is None else threshold)
 
     if self.drafter in MODEL_DRAFTERS:
-      return (draft_model if threshold is None else
-              ModelDrafter(draft_model, confidence_threshold=threshold))
+      return (draft_model if threshold is None else ModelDrafter(
+          draft_model, confidence_threshold=threshold))
     if self.drafter == "hierarchical":
       return HierarchicalDrafter(draft_model, cheap(self.inner_drafter),
                                  inner_gamma=self.inner_gamma)
@@ -291,12 +290,11 @@ class DrafterSettings:
     out: Dict[str, Any] = {"drafter": self.drafter}
     if self.order is not None:
       out.update(ngram_order=self.order, ngram_corpus=self.ngram_corpus)
-    if "prompt_lookup" in (self.drafter, self.inner_drafter if
-                           self.drafter == "hierarchical" else None):
+    if "prompt_lookup" in (self.drafter, self.inner_drafter
+                           if self.drafter == "hierarchical" else None):
       out["prompt_lookup_max"] = self.prompt_lookup_max
     if self.drafter == "hierarchical":
-      out.update(inner_drafter=self.inner_drafter,
-                 inner_gamma=self.inner_gamma)
+      out.update(inner_drafter=self.inner_drafter, inner_gamma=self.inner_gamma)
     out["adaptive_threshold"] = self.adaptive_threshold
     return out
 

@@ -45,14 +45,16 @@ def call_seconds(args: arguments.RunArguments, drafter, target, draft,
   calls = {k: (target, k) for k in sorted(set(target_ks) | {1})}
   if args.drafting.is_model_step:
     calls["draft"] = (draft, 1)
-  seconds = timing.call_seconds(calls, inputs, fill=fill,
-                                cache_len=cache_len)
+  seconds = timing.call_seconds(calls, inputs, fill=fill, cache_len=cache_len)
   t_draft = seconds.pop("draft", None)
   if t_draft is None:
     method = args.method()
-    context = np.asarray(multihost.to_host(decoding.temperature_sample(
-        target, batch, jax.random.PRNGKey(args.seed),
-        max_decode_length=args.max_decode_length, method=method).tokens))
+    context = np.asarray(
+        multihost.to_host(
+            decoding.temperature_sample(
+                target, batch, jax.random.PRNGKey(args.seed),
+                max_decode_length=args.max_decode_length,
+                method=method).tokens))
     buffer = np.pad(context, ((0, 0), (1, gamma + 2)))
     t_draft = drafter_choice.propose_seconds(
         drafter, inputs, buffer, np.full((len(inputs),), fill, np.int32),
@@ -76,13 +78,12 @@ def choose_gamma(args: arguments.RunArguments, speculative, feed, drafter,
   """
   pilot = drafter_choice.AUTO_GAMMA_PILOT
   rng = jax.random.PRNGKey(args.seed)
-  batches = min(feed.num_batches, max(
-      1, drafter_choice.AUTO_GAMMA_EXAMPLES // args.batch_size))
+  batches = min(feed.num_batches,
+                max(1, drafter_choice.AUTO_GAMMA_EXAMPLES // args.batch_size))
   kept = trials = tokens = rows = 0
   for b in range(batches):
     stats = multihost.to_host(speculative(feed.batch(b), rng)).statistics()
-    kept += int(np.arange(pilot + 1) @ np.asarray(
-        stats["accepted_histogram"]))
+    kept += int(np.arange(pilot + 1) @ np.asarray(stats["accepted_histogram"]))
     trials += stats["acceptance_trials"]
     tokens += stats["tokens_generated"]
     rows += args.batch_size
@@ -93,15 +94,19 @@ def choose_gamma(args: arguments.RunArguments, speculative, feed, drafter,
   c = t_draft / by_k[1]
   costs = drafter_choice.call_costs(by_k)
   chosen = drafter_choice.choose_gamma(alpha, c, costs)
-  logging.info("GAMMA='auto': alpha %.3f, c %.3f and verification calls "
-               "of %s steps on %d batches (γ=%d) -> γ=%d (Theorem 3.8)",
-               alpha, c, np.round(costs, 2).tolist(), batches, pilot,
-               chosen)
-  return {"pilot_gamma": pilot, "pilot_batches": batches,
-          "alpha": alpha, "cost_coefficient_c": c,
-          "call_cost_by_gamma": [float(x) for x in costs],
-          "max_gamma": drafter_choice.AUTO_GAMMA_MAX,
-          "chosen_gamma": chosen}
+  logging.info(
+      "GAMMA='auto': alpha %.3f, c %.3f and verification calls "
+      "of %s steps on %d batches (γ=%d) -> γ=%d (Theorem 3.8)", alpha, c,
+      np.round(costs, 2).tolist(), batches, pilot, chosen)
+  return {
+      "pilot_gamma": pilot,
+      "pilot_batches": batches,
+      "alpha": alpha,
+      "cost_coefficient_c": c,
+      "call_cost_by_gamma": [float(x) for x in costs],
+      "max_gamma": drafter_choice.AUTO_GAMMA_MAX,
+      "chosen_gamma": chosen
+  }
 
 
 def draft_label(args: arguments.RunArguments, gamma_auto) -> str:
@@ -120,9 +125,8 @@ def draft_label(args: arguments.RunArguments, gamma_auto) -> str:
 
 
 def drafting_metrics(args: arguments.RunArguments,
-                     per_example: List[Dict[str, Any]], tokens: int,
-                     c: float, gamma_auto: Optional[Dict[str, Any]]
-                     ) -> Dict[str, Any]:
+                     per_example: List[Dict[str, Any]], tokens: int, c: float,
+                     gamma_auto: Optional[Dict[str, Any]]) -> Dict[str, Any]:
   """metrics.json's drafter, lenience, adaptive-γ and GAMMA='auto' keys.
 
   Args:
@@ -134,8 +138,7 @@ def drafting_metrics(args: arguments.RunArguments,
     gamma_auto: `choose_gamma`'s record, or None.
   """
   kept = [t["num_accepted"] for e in per_example for t in e["trace"]]
-  guessed = [len(t["draft_tokens"]) for e in per_example
-             for t in e["trace"]]
+  guessed = [len(t["draft_tokens"]) for e in per_example for t in e["trace"]]
   bound = analysis.per_iteration_gamma_bound(kept, guessed, args.gamma, c,
                                              tokens)
   return {
@@ -151,7 +154,9 @@ def drafting_metrics(args: arguments.RunArguments,
       # §3.5: Theorem 3.8's cost model (target call 1, guess c) applied to
       # this run's iterations: every call drafting γ, drafting what it
       # did, and drafting exactly what was kept (the per-call oracle).
-      "per_iteration_gamma": {"fixed_gamma_speedup": bound["fixed"],
-                              "achieved_speedup": bound["achieved"],
-                              "oracle_speedup": bound["oracle"]},
+      "per_iteration_gamma": {
+          "fixed_gamma_speedup": bound["fixed"],
+          "achieved_speedup": bound["achieved"],
+          "oracle_speedup": bound["oracle"]
+      },
   }

@@ -21,9 +21,21 @@ HBM reads: a fusion that gathers one embedding row still counts the table
 import re
 from typing import Dict, List, Optional
 
-_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2,
-             "f16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8,
-             "f64": 8}
+_ITEMSIZE = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "bf16": 2,
+    "f16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8
+}
 _ARRAY = re.compile(r"\b(" + "|".join(_ITEMSIZE) + r")\[([0-9,]*)\]")
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?(%[\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
@@ -107,8 +119,8 @@ def weight_reads(hlo_text: str, is_weight=None) -> Dict[str, object]:
       if opcode in _PASS_THROUGH:
         continue
       size = weights[operand][1]
-      reads[operand] += (_slice_share(shape, size) if opcode in _SLICES
-                         else 1.0)
+      reads[operand] += (_slice_share(shape, size)
+                         if opcode in _SLICES else 1.0)
   weight_bytes = sum(b for _, b in weights.values())
   bytes_read = sum(reads[n] * weights[n][1] for n in weights)
   return {
@@ -116,8 +128,8 @@ def weight_reads(hlo_text: str, is_weight=None) -> Dict[str, object]:
       "weight_bytes": int(weight_bytes),
       "bytes_read": float(bytes_read),
       "reads_per_weight_byte": _ratio(bytes_read, weight_bytes),
-      "read_more_than_once": sorted(weights[n][0] for n in weights
-                                    if reads[n] > 1.0 + 1e-9),
+      "read_more_than_once": sorted(
+          weights[n][0] for n in weights if reads[n] > 1.0 + 1e-9),
       "unread": sorted(weights[n][0] for n in weights if reads[n] == 0.0),
   }
 

@@ -33,12 +33,12 @@ def estimate(config: T5Config, batch: int, inputs: int,
   item = np.dtype(config.dtype).itemsize
   kv = config.num_heads * config.head_dim
   return {
-      "encoder attention logits": batch * config.num_heads * inputs * inputs
-                                  * 4,
-      "decoder cache": config.num_decoder_layers * 2 * batch * targets * kv
-                       * item,
-      "cross-attention keys and values": config.num_decoder_layers * 2
-                                         * batch * inputs * kv * item,
+      "encoder attention logits": batch * config.num_heads * inputs * inputs *
+                                  4,
+      "decoder cache": config.num_decoder_layers * 2 * batch * targets * kv *
+                       item,
+      "cross-attention keys and values": config.num_decoder_layers * 2 * batch *
+                                         inputs * kv * item,
       "encoder output": batch * inputs * config.emb_dim * item,
   }
 
@@ -77,8 +77,8 @@ def check_fits(configs: Dict[str, T5Config], batch: int, inputs: int,
   top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
   raise ConfigError(
       f"TASK_FEATURE_LENGTHS={{'inputs': {inputs}, 'targets': {targets}}} "
-      f"with BATCH_SIZE={batch} needs at least {_gib(total)} ("
-      + ", ".join(f"{name} {_gib(n)}" for name, n in top)
-      + f") but this machine has {_gib(available)}. Allowed: lengths whose "
+      f"with BATCH_SIZE={batch} needs at least {_gib(total)} (" +
+      ", ".join(f"{name} {_gib(n)}" for name, n in top) +
+      f") but this machine has {_gib(available)}. Allowed: lengths whose "
       "examples fit (captions: 64/64; news: 512/128), or a smaller "
       "BATCH_SIZE.")

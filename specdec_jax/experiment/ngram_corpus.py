@@ -33,8 +33,8 @@ def write_token_corpus(path: str, sentences: Sequence[Sequence[int]],
   ids = [np.asarray(s, np.int32).ravel() for s in sentences]
   buffer = io.BytesIO()
   np.savez(buffer, ids=np.concatenate(ids) if ids else np.zeros(0, np.int32),
-           lengths=np.array([len(s) for s in ids], np.int64),
-           vocab_size=np.int64(vocab_size))
+           lengths=np.array([len(s) for s in ids],
+                            np.int64), vocab_size=np.int64(vocab_size))
   io_utils.atomic_write(path, buffer.getvalue())
 
 
@@ -62,8 +62,11 @@ def read_corpus(path: str, vocab: Any, vocab_size: int,
       lines = [line.strip() for line in f]
   except UnicodeDecodeError as e:
     raise ValueError(f"{what}={path!r} is not UTF-8 text ({e}).") from None
-  sentences = [np.asarray(list(vocab.encode(line)) + [EOS_ID], np.int32)
-               for line in lines if line]
+  sentences = [
+      np.asarray(list(vocab.encode(line)) + [EOS_ID], np.int32)
+      for line in lines
+      if line
+  ]
   if not sentences:
     raise ValueError(f"{what}={path!r} has no sentences.")
   tokens = np.concatenate(sentences)

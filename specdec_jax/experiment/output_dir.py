@@ -34,10 +34,12 @@ NOT_SETTINGS = ("output_dir", "overwrite", "mode")
 def settings_record(args: arguments.RunArguments, target_config: T5Config,
                     draft_config: T5Config, vocab) -> Dict[str, Any]:
   """The run's `settings` (see the module docstring), JSON-normalized."""
-  run_args = {k: v for k, v in dataclasses.asdict(args).items()
-              if k not in NOT_SETTINGS}
-  if (args.drafting == drafter_choice.DrafterSettings(
-      ngram_corpus=args.ngram_corpus) and args.lenience == 1):
+  run_args = {
+      k: v for k, v in dataclasses.asdict(args).items() if k not in NOT_SETTINGS
+  }
+  if (args.drafting
+      == drafter_choice.DrafterSettings(ngram_corpus=args.ngram_corpus) and
+      args.lenience == 1):
     # The paper's setting: recorded as before these options existed, so
     # earlier results still count as the same run.
     for k in arguments.DRAFTER_ARGS + ("lenience",):
@@ -48,10 +50,11 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
       "run": run_args,
       "target": gin_utils.t5_config_fields(target_config),
       "draft": gin_utils.t5_config_fields(draft_config),
-      "vocabulary": {"kind": type(vocab).__name__,
-                     "size": int(vocab.vocab_size),
-                     "file": getattr(vocab, "sentencepiece_model_file",
-                                     None)},
+      "vocabulary": {
+          "kind": type(vocab).__name__,
+          "size": int(vocab.vocab_size),
+          "file": getattr(vocab, "sentencepiece_model_file", None)
+      },
   }
   return json.loads(json.dumps(record, sort_keys=True, default=str))
 
@@ -82,8 +85,7 @@ def comparable(settings: Any) -> Any:
   return out
 
 
-def settings_diff(old: Any, new: Any, prefix: str = "",
-                  limit: int = 6) -> str:
+def settings_diff(old: Any, new: Any, prefix: str = "", limit: int = 6) -> str:
   """'run.gamma: 7 -> 4, ...': where two settings records differ."""
   diffs = []
 
@@ -130,8 +132,7 @@ def check_output_dir(out: str, settings: Dict[str, Any], overwrite: bool,
   return lock
 
 
-def _check_results(out: str, settings: Dict[str, Any],
-                   overwrite: bool) -> None:
+def _check_results(out: str, settings: Dict[str, Any], overwrite: bool) -> None:
   """The OVERWRITE rule (see `check_output_dir`)."""
   settings = comparable(settings)
   for name in (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE):
@@ -141,13 +142,14 @@ def _check_results(out: str, settings: Dict[str, Any],
     old = _recorded_settings(path)
     if old == settings or overwrite:
       if old != settings:
-        logging.warning("OVERWRITE=True: replacing %s (a run with other "
-                        "settings).", path)
+        logging.warning(
+            "OVERWRITE=True: replacing %s (a run with other "
+            "settings).", path)
       continue
     what = ("records no settings (written by another program or an older "
-            "version)" if old is None else
-            "is from a run with other settings: " + settings_diff(
-                old, settings))
+            "version)"
+            if old is None else "is from a run with other settings: " +
+            settings_diff(old, settings))
     raise ConfigError(
         f"OUTPUT_DIR={out!r} holds {name}, which {what}. Refusing to "
         "overwrite it: choose another OUTPUT_DIR, or pass "

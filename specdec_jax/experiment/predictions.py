@@ -76,6 +76,7 @@ class PredictionsWriter:
     def append():
       self._file.write(text)
       self._file.flush()
+
     if self._guard(append):
       self.written += len(rows)
 
@@ -90,14 +91,15 @@ class PredictionsWriter:
     if not self.enabled:
       return
     if self.partial is None:
-      self._guard(lambda: io_utils.atomic_write(self.path,
-                                                "".join(self._rows)))
+      self._guard(lambda: io_utils.atomic_write(self.path, "".join(self._rows)))
     else:
+
       def publish():
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
         os.replace(self.partial, self.path)
+
       self._guard(publish)
     if self.error is not None:
       self.close()

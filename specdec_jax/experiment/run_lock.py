@@ -51,11 +51,15 @@ def stale_after_s() -> float:
 
 def _record(program: str) -> Dict[str, Any]:
   now = time.time()
-  return {"program": program, "pid": os.getpid(),
-          "host": socket.gethostname(), "started": now,
-          "started_utc": datetime.datetime.fromtimestamp(
-              now, datetime.timezone.utc).isoformat(timespec="seconds"),
-          "token": uuid.uuid4().hex}
+  return {
+      "program": program,
+      "pid": os.getpid(),
+      "host": socket.gethostname(),
+      "started": now,
+      "started_utc": datetime.datetime.fromtimestamp(
+          now, datetime.timezone.utc).isoformat(timespec="seconds"),
+      "token": uuid.uuid4().hex
+  }
 
 
 def _pid_alive(pid: Any) -> bool:
@@ -109,8 +113,9 @@ class Lock:
       return
     try:
       if not io_utils.remove_if_unchanged(self.path, self.version):
-        logging.warning("%s was replaced by another run's lock; left as it "
-                        "is.", self.path)
+        logging.warning(
+            "%s was replaced by another run's lock; left as it "
+            "is.", self.path)
     except OSError as e:  # the run's results are written: only warn
       logging.warning("could not delete the lock %s: %s", self.path, e)
     self.version = None

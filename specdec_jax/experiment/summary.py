@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional
 from specdec_jax import run_metrics
 from specdec_jax.experiment import arguments
 
+
 def _speed_words(speedup: float, theory: float) -> str:
   if speedup >= 1:
     return (f"{speedup:.2f}x faster than the target alone (theory "
@@ -25,13 +26,12 @@ def _quality_words(metrics: Dict[str, Any]) -> Optional[str]:
   if metrics.get("rouge") is not None:
     base, spec = metrics["rouge"]["baseline"], metrics["rouge"]["speculative"]
     return "ROUGE " + ", ".join(
-        f"{k} {base[k]:.2f}/{spec[k]:.2f}" for k in base) + (
-            " (target alone / speculative)")
+        f"{k} {base[k]:.2f}/{spec[k]:.2f}"
+        for k in base) + (" (target alone / speculative)")
   return None
 
 
-def _gamma_words(metrics: Dict[str, Any],
-                 args: arguments.RunArguments) -> str:
+def _gamma_words(metrics: Dict[str, Any], args: arguments.RunArguments) -> str:
   if args.auto_gamma:
     return f"auto→{metrics.get('gamma', '?')}"
   return str(args.gamma)
@@ -84,8 +84,8 @@ def _exactness_words(metrics: Dict[str, Any], temp: float) -> str:
             f"({metrics['alpha']:.2f}) and from Σ min(p, q) "
             f"({metrics['alpha_beta']:.2f}) estimate the same α")
   n = metrics["num_examples"]
-  same = metrics.get("greedy_identical_examples", n if metrics[
-      "greedy_outputs_identical"] else "?")
+  same = metrics.get("greedy_identical_examples",
+                     n if metrics["greedy_outputs_identical"] else "?")
   words = f"; greedy outputs identical to the target's on {same}/{n} examples"
   if not metrics["greedy_outputs_identical"]:
     words += (" (NOT all: at T=0 they must be; see "
@@ -96,11 +96,12 @@ def _exactness_words(metrics: Dict[str, Any], temp: float) -> str:
 def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
   """Speed, α, exactness, drafting and quality of a walltime run."""
   lines = [
-      "speculative decoding: " + _speed_words(
-          metrics["speedup"], metrics["theoretical_speedup"]) +
+      "speculative decoding: " +
+      _speed_words(metrics["speedup"], metrics["theoretical_speedup"]) +
       f"; alpha {metrics['alpha']:.2f} (share of draft tokens accepted), "
       f"{metrics['tokens_per_target_call']:.2f} tokens per target call" +
-      _exactness_words(metrics, temp)]
+      _exactness_words(metrics, temp)
+  ]
   lines.extend(_drafting_lines(metrics))
   quality = _quality_words(metrics)
   if quality:
@@ -147,10 +148,9 @@ def summary_lines(metrics: Dict[str, Any],
   """
   temp = args.temperature
   head = (f"{metrics.get('task', 'run')}: target {args.target_name or '?'},"
-          f" draft {metrics.get('draft_model') or args.draft_name or '?'}, "
-          + (f"γ={_gamma_words(metrics, args)}, " if args.mode == "walltime"
-             else "")
-          + f"T={temp:g}{' (greedy)' if temp == 0 else ''}, "
+          f" draft {metrics.get('draft_model') or args.draft_name or '?'}, " +
+          (f"γ={_gamma_words(metrics, args)}, " if args.mode == "walltime" else
+           "") + f"T={temp:g}{' (greedy)' if temp == 0 else ''}, "
           f"{metrics['num_examples']} examples")
   out = args.output_dir
   if args.mode == "alpha":
@@ -159,6 +159,8 @@ def summary_lines(metrics: Dict[str, Any],
   else:
     body = _walltime_lines(metrics, temp)
     files = [run_metrics.METRICS_FILE, run_metrics.PREDICTIONS_FILE]
-  return [head, *body, *_notes(metrics),
-          "results: " + ", ".join(os.path.join(out, f) for f in files) +
-          " (docs/usage/outputs.md)"]
+  return [
+      head, *body, *_notes(metrics),
+      "results: " + ", ".join(os.path.join(out, f) for f in files) +
+      " (docs/usage/outputs.md)"
+  ]

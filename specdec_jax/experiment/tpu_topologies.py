@@ -24,13 +24,13 @@ from typing import Any, Dict, List, Tuple
 @dataclasses.dataclass(frozen=True)
 class Chip:
   """One TPU chip generation's figures (per chip)."""
-  generation: str          # 'v4', 'v5e', 'v5p'
+  generation: str  # 'v4', 'v5e', 'v5p'
   hbm_bytes: int
   hbm_bytes_per_s: float
   peak_bf16_flops: float
-  chip_config_name: str    # libtpu: 'megacore' (2 TensorCores as one device)
-  cores_in_name: int       # TensorCores per chip that a Cloud TPU name counts
-  ndims: int               # topology dimensions (3: a torus, 2: a mesh)
+  chip_config_name: str  # libtpu: 'megacore' (2 TensorCores as one device)
+  cores_in_name: int  # TensorCores per chip that a Cloud TPU name counts
+  ndims: int  # topology dimensions (3: a torus, 2: a mesh)
 
   def as_dict(self) -> Dict[str, Any]:
     return dataclasses.asdict(self)
@@ -49,11 +49,19 @@ FIGURES_SOURCE = ("per chip, Cloud TPU documentation: v4 32 GiB HBM at 1.2 "
 # Cloud TPU accelerator names -> chip grid (one slice, one host per 4 or 8
 # chips; only the grid matters for ahead-of-time compilation).
 CLOUD_NAMES: Dict[str, str] = {
-    "v4-8": "v4:2x2x1", "v4-16": "v4:2x2x2", "v4-32": "v4:2x2x4",
-    "v4-64": "v4:2x4x4", "v4-128": "v4:4x4x4",
-    "v5e-1": "v5e:1x1", "v5e-4": "v5e:2x2", "v5e-8": "v5e:2x4",
-    "v5e-16": "v5e:4x4", "v5e-32": "v5e:4x8",
-    "v5p-8": "v5p:2x2x1", "v5p-16": "v5p:2x2x2", "v5p-32": "v5p:2x2x4",
+    "v4-8": "v4:2x2x1",
+    "v4-16": "v4:2x2x2",
+    "v4-32": "v4:2x2x4",
+    "v4-64": "v4:2x4x4",
+    "v4-128": "v4:4x4x4",
+    "v5e-1": "v5e:1x1",
+    "v5e-4": "v5e:2x2",
+    "v5e-8": "v5e:2x4",
+    "v5e-16": "v5e:4x4",
+    "v5e-32": "v5e:4x8",
+    "v5p-8": "v5p:2x2x1",
+    "v5p-16": "v5p:2x2x2",
+    "v5p-32": "v5p:2x2x4",
 }
 _RAW = re.compile(r"^(v4|v5e|v5p):(\d+(?:x\d+)*)$")
 
@@ -61,8 +69,8 @@ _RAW = re.compile(r"^(v4|v5e|v5p):(\d+(?:x\d+)*)$")
 @dataclasses.dataclass(frozen=True)
 class Topology:
   """A slice to compile for: its name as given, libtpu's name, the chip."""
-  name: str              # as the user gave it ('v4-8' or 'v4:2x2x1')
-  topology_name: str     # libtpu's ('v4:2x2x1')
+  name: str  # as the user gave it ('v4-8' or 'v4:2x2x1')
+  topology_name: str  # libtpu's ('v4:2x2x1')
   chip: Chip
   grid: Tuple[int, ...]  # chips per dimension
 
@@ -71,9 +79,14 @@ class Topology:
     return math.prod(self.grid)
 
   def as_dict(self) -> Dict[str, Any]:
-    return {"name": self.name, "topology_name": self.topology_name,
-            "grid": list(self.grid), "chips": self.num_chips,
-            "chip": self.chip.as_dict(), "figures_source": FIGURES_SOURCE}
+    return {
+        "name": self.name,
+        "topology_name": self.topology_name,
+        "grid": list(self.grid),
+        "chips": self.num_chips,
+        "chip": self.chip.as_dict(),
+        "figures_source": FIGURES_SOURCE
+    }
 
 
 def allowed_words() -> str:

@@ -14,8 +14,8 @@ from specdec_jax import decoding
 from specdec_jax import vocab as vocab_lib
 
 
-def traces(vocab, out: decoding.SpeculativeOutput, keep: Sequence[int]
-           ) -> List[dict]:
+def traces(vocab, out: decoding.SpeculativeOutput,
+           keep: Sequence[int]) -> List[dict]:
   """Accepted counts and a Figure-1-style trace of each target call, for the
   rows `keep` of a batch's output (`out` on the host)."""
   rows = []
@@ -28,19 +28,28 @@ def traces(vocab, out: decoding.SpeculativeOutput, keep: Sequence[int]
     n = int(calls[r])
     rows.append({
         "accepted_counts": accepted[r, :n].tolist(),
-        "trace": [{"draft_tokens": [piece(t) for t in drafts[r, i]
-                                    if t != decoding.NO_GUESS],
-                   "num_accepted": int(accepted[r, i]),
-                   # None: the output ended inside the accepted guesses.
-                   "target_token": (None if nexts[r, i] == decoding.NO_TOKEN
-                                    else piece(nexts[r, i]))}
-                  for i in range(n)],
+        "trace": [
+            {
+                "draft_tokens": [
+                    piece(t) for t in drafts[r, i] if t != decoding.NO_GUESS
+                ],
+                "num_accepted": int(accepted[r, i]),
+                # None: the output ended inside the accepted guesses.
+                "target_token":
+                    (None if nexts[r,
+                                   i] == decoding.NO_TOKEN else piece(nexts[r,
+                                                                            i]))
+            } for i in range(n)
+        ],
     })
   return rows
 
 
-_SPECIAL_PIECES = {vocab_lib.PAD_ID: "<pad>", vocab_lib.EOS_ID: "</s>",
-                   vocab_lib.UNK_ID: "<unk>"}
+_SPECIAL_PIECES = {
+    vocab_lib.PAD_ID: "<pad>",
+    vocab_lib.EOS_ID: "</s>",
+    vocab_lib.UNK_ID: "<unk>"
+}
 
 
 def token_text(vocab, token) -> str:

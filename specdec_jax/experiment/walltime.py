@@ -99,15 +99,15 @@ def compile_decoders(feed: multihost.Feeder, baseline: Decoder,
     jax.block_until_ready(baseline(batch, rng))
     jax.block_until_ready(speculative(batch, rng))
   compile_s = time.perf_counter() - t0
-  logging.info("Compiled and warmed up both decoders for input widths %s "
-               "in %.1fs", [feed.batch_width(b) for b in widths], compile_s)
+  logging.info(
+      "Compiled and warmed up both decoders for input widths %s "
+      "in %.1fs", [feed.batch_width(b) for b in widths], compile_s)
   return compile_s
 
 
 def decode_examples(vocab, feed: multihost.Feeder, baseline: Decoder,
-                    speculative: Decoder, rng: jax.Array,
-                    gamma: int, on_batch: Optional[Callable[..., None]] = None
-                    ) -> Decoded:
+                    speculative: Decoder, rng: jax.Array, gamma: int,
+                    on_batch: Optional[Callable[..., None]] = None) -> Decoded:
   """Both decoders on every batch (same rng per batch), each call timed.
 
   `on_batch(base_tokens [b, T], spec_tokens [b, T], records)` is called
@@ -168,19 +168,17 @@ def slowest(decoded: Decoded, compile_s: float, steps: StepTimes):
   (time_base, time_spec, compile_s, t_target, t_draft,
    t_verify) = multihost.slowest(decoded.time_base, decoded.time_spec,
                                  compile_s, steps.target_step_s,
-                                 steps.draft_step_s,
-                                 steps.verification_call_s)
+                                 steps.draft_step_s, steps.verification_call_s)
   return (dataclasses.replace(decoded, time_base=time_base,
                               time_spec=time_spec), compile_s,
           StepTimes(t_target, t_draft, t_verify))
 
 
-def walltime_metrics(args: arguments.RunArguments, decoded: Decoded,
-                     quality: Dict[str, Dict[str, Any]], compile_s: float,
-                     steps: StepTimes, data_info: Dict[str, Any],
-                     settings: Dict[str, Any],
-                     gamma_auto: Optional[Dict[str, Any]]
-                     ) -> run_metrics.RunMetrics:
+def walltime_metrics(
+    args: arguments.RunArguments, decoded: Decoded,
+    quality: Dict[str, Dict[str, Any]], compile_s: float, steps: StepTimes,
+    data_info: Dict[str, Any], settings: Dict[str, Any],
+    gamma_auto: Optional[Dict[str, Any]]) -> run_metrics.RunMetrics:
   """The run's metrics.json.
 
   Args:
@@ -200,14 +198,20 @@ def walltime_metrics(args: arguments.RunArguments, decoded: Decoded,
   base, spec = decoded.base_tokens, decoded.spec_tokens
   tokens = decoded.tokens_generated
   return run_metrics.RunMetrics(
-      task=args.label, target_model=args.target_name,
-      gamma=gamma, temperature=args.temperature, top_k=args.top_k,
-      top_p=args.top_p, batch_size=args.batch_size, alpha=float(alpha),
+      task=args.label,
+      target_model=args.target_name,
+      gamma=gamma,
+      temperature=args.temperature,
+      top_k=args.top_k,
+      top_p=args.top_p,
+      batch_size=args.batch_size,
+      alpha=float(alpha),
       alpha_beta=float(decoded.alpha_beta),
-      alpha_stderr=float(analysis.alpha_standard_error_from_counts(
-          decoded.histogram, gamma)),
+      alpha_stderr=float(
+          analysis.alpha_standard_error_from_counts(decoded.histogram, gamma)),
       accepted_histogram=decoded.histogram.tolist(),
-      num_examples=len(base), tokens_generated=tokens,
+      num_examples=len(base),
+      tokens_generated=tokens,
       tokens_generated_baseline=int(np.sum(base != 0)),
       target_calls_baseline=decoded.calls_base,
       target_calls_speculative=decoded.calls_spec,
@@ -215,14 +219,17 @@ def walltime_metrics(args: arguments.RunArguments, decoded: Decoded,
       walltime_baseline_s=decoded.time_base,
       walltime_speculative_s=decoded.time_spec,
       speedup=decoded.time_base / decoded.time_spec,
-      compile_time_s=compile_s, target_step_s=steps.target_step_s,
-      draft_step_s=steps.draft_step_s, cost_coefficient_c=c,
-      theoretical_speedup=float(analysis.expected_speedup(
-          min(alpha, 1.0), gamma, c)),
+      compile_time_s=compile_s,
+      target_step_s=steps.target_step_s,
+      draft_step_s=steps.draft_step_s,
+      cost_coefficient_c=c,
+      theoretical_speedup=float(
+          analysis.expected_speedup(min(alpha, 1.0), gamma, c)),
       verification_call_s=steps.verification_call_s,
       verification_cost_ratio=ratio,
-      theoretical_speedup_measured_call_cost=float(analysis.expected_speedup(
-          min(alpha, 1.0), gamma, c, call_cost=ratio)),
+      theoretical_speedup_measured_call_cost=float(
+          analysis.expected_speedup(min(alpha, 1.0), gamma, c,
+                                    call_cost=ratio)),
       # Token-for-token identity is the test of exactness at T = 0 only:
       # sampled outputs (T > 0) are compared by distribution (null here).
       greedy_outputs_identical=(bool(np.array_equal(base, spec))
@@ -233,7 +240,9 @@ def walltime_metrics(args: arguments.RunArguments, decoded: Decoded,
       random_weights=args.random_weights,
       backend=jax.default_backend(),
       device_kind=jax.devices()[0].device_kind,
-      num_devices=jax.device_count(), synthetic=False, **data_info,
+      num_devices=jax.device_count(),
+      synthetic=False,
+      **data_info,
       settings=settings,
       **drafting.drafting_metrics(args, decoded.per_example, tokens, c,
                                   gamma_auto))

@@ -68,8 +68,8 @@ CPU_SPECULATIVE_COMPILER_OPTIONS = {"xla_cpu_multi_thread_eigen": False}
 
 
 def _cache_dir() -> pathlib.Path:
-  root = os.environ.get(_ENV_CACHE) or os.path.join(
-      os.path.expanduser("~"), ".cache", "specdec_jax")
+  root = os.environ.get(_ENV_CACHE) or os.path.join(os.path.expanduser("~"),
+                                                    ".cache", "specdec_jax")
   return pathlib.Path(root) / "kernels"
 
 
@@ -80,8 +80,8 @@ def _compiler() -> Optional[str]:
 def _library_path(compiler: str) -> pathlib.Path:
   """Where the library for this source, jaxlib and compiler lives."""
   import jaxlib  # pylint: disable=g-import-not-at-top
-  key = hashlib.sha256(_SOURCE.read_bytes() + jaxlib.__version__.encode()
-                       + compiler.encode()).hexdigest()[:16]
+  key = hashlib.sha256(_SOURCE.read_bytes() + jaxlib.__version__.encode() +
+                       compiler.encode()).hexdigest()[:16]
   return _cache_dir() / f"libspecdec_cpu_{key}.so"
 
 
@@ -103,9 +103,11 @@ def build(force: bool = False) -> pathlib.Path:
   # workers, several processes of one run) never load a half-written file.
   fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
   os.close(fd)
-  cmd = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC",
-         "-fno-fast-math", "-ffp-contract=off",
-         f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", tmp]
+  cmd = [
+      compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-fno-fast-math",
+      "-ffp-contract=off", f"-I{jax.ffi.include_dir()}",
+      str(_SOURCE), "-o", tmp
+  ]
   result = subprocess.run(cmd, capture_output=True, text=True, check=False)
   if result.returncode != 0:
     os.unlink(tmp)
@@ -130,9 +132,9 @@ def available() -> bool:
         raise RuntimeError(f"{_ENV_ISA}={cap!r}: allowed: "
                            f"{', '.join(INSTRUCTION_SETS)}.")
       library.SpecdecKernelIsa(INSTRUCTION_SETS.index(cap))
-    jax.ffi.register_ffi_target(
-        TARGET_NAME, jax.ffi.pycapsule(library.SpecdecPackedMatmul),
-        platform="cpu")
+    jax.ffi.register_ffi_target(TARGET_NAME,
+                                jax.ffi.pycapsule(library.SpecdecPackedMatmul),
+                                platform="cpu")
     return True
   except (RuntimeError, OSError) as e:
     log.warning("CPU matmul kernel unavailable, using XLA's dot: %s", e)
@@ -170,9 +172,8 @@ def packing_enabled(dtype=jnp.float32) -> bool:
   Decided on the host, once per model: float32, one CPU device (a sharded
   program keeps XLA's dot, which SPMD can partition), the library built.
   """
-  return (jnp.dtype(dtype) == jnp.float32
-          and jax.default_backend() == "cpu" and jax.device_count() == 1
-          and available())
+  return (jnp.dtype(dtype) == jnp.float32 and jax.default_backend() == "cpu" and
+          jax.device_count() == 1 and available())
 
 
 def pack(kernel: jax.Array) -> jax.Array:
@@ -186,8 +187,8 @@ def pack(kernel: jax.Array) -> jax.Array:
 def unpack(panels: jax.Array, n_size: int) -> jax.Array:
   """The inverse of `pack`: [P, D, 16] -> [D, n_size]."""
   num_panels, d_size, _ = panels.shape
-  return panels.transpose(1, 0, 2).reshape(d_size, num_panels * PANEL)[
-      :, :n_size]
+  return panels.transpose(1, 0, 2).reshape(d_size,
+                                           num_panels * PANEL)[:, :n_size]
 
 
 def _einsum_packed(x2d, panels, n_size):

@@ -15,6 +15,7 @@ from specdec_jax.models.t5 import EncoderOutput
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.models.t5 import traced_overflow_checks
 
-__all__ = ["T5Config", "DecodeCache", "EncoderOutput", "SharedEncoderModel",
-           "T5Model", "Transformer", "init_params", "param_shapes",
-           "traced_overflow_checks"]
+__all__ = [
+    "T5Config", "DecodeCache", "EncoderOutput", "SharedEncoderModel", "T5Model",
+    "Transformer", "init_params", "param_shapes", "traced_overflow_checks"
+]

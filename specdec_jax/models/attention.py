@@ -37,8 +37,7 @@ class KeyValues(NamedTuple):
   layout: str
 
 
-def attend(query: Array, parts: Sequence[KeyValues],
-           config: T5Config) -> Array:
+def attend(query: Array, parts: Sequence[KeyValues], config: T5Config) -> Array:
   """Unscaled dot-product attention over the concatenation of `parts`.
 
   T5 folds 1/sqrt(d) into the query's initializer, so nothing is scaled
@@ -70,8 +69,8 @@ def attend(query: Array, parts: Sequence[KeyValues],
   terms, offset = [], 0
   for part, part_logits in zip(parts, logits):
     length = part_logits.shape[-1]
-    part_weights = (weights if len(parts) == 1
-                    else weights[..., offset:offset + length])
+    part_weights = (weights if len(parts) == 1 else weights[..., offset:offset +
+                                                            length])
     terms.append(
         jnp.einsum(f"bhqk,{part.layout}->bqhd", part_weights, part.values))
     offset += length

@@ -102,8 +102,8 @@ class T5Config:
     # Cross-attention: query/out from emb_dim, key/value from the encoder's.
     cross = 2 * e * h * d + 2 * self.cross_attention_input_dim * h * d
     mlp = len(self.mlp_activations) * e * m + m * e
-    enc = (self.num_encoder_layers * (attn + mlp + 2 * e) + e + h * 32
-           if self.has_encoder else 0)
+    enc = (self.num_encoder_layers * (attn + mlp + 2 * e) + e +
+           h * 32 if self.has_encoder else 0)
     dec = self.num_decoder_layers * (attn + cross + mlp + 3 * e) + e + h * 32
     logits = 0 if self.logits_via_embedding else e * v
     return v * e + enc + dec + logits

@@ -38,10 +38,10 @@ def default_kernel_init(scale=1.0):
 # ---------------------------------------------------------------------------
 # Relative position buckets.
 # ---------------------------------------------------------------------------
-def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool,
-                             num_buckets: int = NUM_RELPOS_BUCKETS,
-                             max_distance: int = RELPOS_MAX_DISTANCE
-                             ) -> np.ndarray:
+def relative_position_bucket(
+    relative_position: np.ndarray, bidirectional: bool,
+    num_buckets: int = NUM_RELPOS_BUCKETS,
+    max_distance: int = RELPOS_MAX_DISTANCE) -> np.ndarray:
   """T5's bucketing of (key position - query position), in numpy float32.
 
   Computed in numpy, as T5X does, so bucket boundaries match bit for bit.
@@ -171,8 +171,9 @@ class MlpBlock(nn.Module):
                        name="wi" if single else f"wi_{i}")(x)
       h = h if act == "linear" else getattr(nn, act)(h)
       hidden = h if hidden is None else hidden * h
-    hidden = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(
-        hidden, deterministic=deterministic)
+    hidden = nn.Dropout(cfg.dropout_rate,
+                        broadcast_dims=(-2,))(hidden,
+                                              deterministic=deterministic)
     return DenseGeneral((x.shape[-1],), dtype=cfg.dtype, name="wo")(hidden)
 
 
@@ -188,9 +189,9 @@ class Embed(nn.Module):
   dtype: jnp.dtype
 
   def setup(self):
-    self.embedding = self.param(
-        "embedding", nn.initializers.normal(stddev=1.0),
-        (self.num_embeddings, self.features), jnp.float32)
+    self.embedding = self.param("embedding", nn.initializers.normal(stddev=1.0),
+                                (self.num_embeddings, self.features),
+                                jnp.float32)
 
   def __call__(self, tokens: Array) -> Array:
     return jnp.take(jnp.asarray(self.embedding, self.dtype), tokens, axis=0)

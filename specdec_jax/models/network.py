@@ -59,11 +59,10 @@ class Encoder(nn.Module):
     valid = encoder_input_tokens > 0
     positions = jnp.arange(length)
     relpos = RelativePositionBiases(cfg.num_heads, cfg.dtype, True,
-                                    name="relpos_bias")(
-                                        positions[None], positions, length)
-    bias = relpos + mask_to_bias(valid[:, None, :, None] & valid[:, None,
-                                                                   None, :],
-                                  cfg.dtype)
+                                    name="relpos_bias")(positions[None],
+                                                        positions, length)
+    bias = relpos + mask_to_bias(
+        valid[:, None, :, None] & valid[:, None, None, :], cfg.dtype)
     drop = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
     x = drop(x, deterministic=deterministic).astype(cfg.dtype)
@@ -114,8 +113,10 @@ class DecodeCache:
 
 def _write_chunk(cache_rows: Array, chunk: Array, start: Array) -> Array:
   """In-place write of a [B, K, H, D] chunk into [B, H, D, L] at start [B]."""
+
   def write_row(row, new, s):
     return lax.dynamic_update_slice(row, new, (0, 0, s))
+
   chunk = to_cache_layout(chunk).astype(cache_rows.dtype)
   return jax.vmap(write_row)(cache_rows, chunk, start)
 
@@ -176,12 +177,13 @@ class DecoderLayer(nn.Module):
     """
     y = self.pre_self_attention_layer_norm(x)
     new_k, new_v = self.self_attention.project_kv(y)
-    attended = self.self_attention.attend(
-        y, [KeyValues(keys, values, self_bias, CACHED),
-            KeyValues(new_k, new_v, chunk_bias, PROJECTED)])
+    attended = self.self_attention.attend(y, [
+        KeyValues(keys, values, self_bias, CACHED),
+        KeyValues(new_k, new_v, chunk_bias, PROJECTED)
+    ])
     out = self._rest(x, attended, cross_keys, cross_values, cross_bias, True)
-    return out, _write_chunk(keys, new_k, start), _write_chunk(values, new_v,
-                                                                start)
+    return out, _write_chunk(keys, new_k,
+                             start), _write_chunk(values, new_v, start)
 
 
 class Decoder(nn.Module):
@@ -213,13 +215,12 @@ class Decoder(nn.Module):
     relpos = self.relpos_bias(positions[None], positions, length)
     target_valid = decoder_target_tokens > 0
     causal = positions[:, None] >= positions[None, :]
-    self_mask = (causal[None, None] & target_valid[:, None, :, None]
-                 & target_valid[:, None, None, :])
+    self_mask = (causal[None, None] & target_valid[:, None, :, None] &
+                 target_valid[:, None, None, :])
     self_bias = relpos + mask_to_bias(self_mask, cfg.dtype)
     enc_valid = encoder_input_tokens > 0
     cross_bias = mask_to_bias(
-        target_valid[:, None, :, None] & enc_valid[:, None, None, :],
-        cfg.dtype)
+        target_valid[:, None, :, None] & enc_valid[:, None, None, :], cfg.dtype)
     y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     y = self.dropout(y, deterministic=deterministic).astype(cfg.dtype)
     for layer in self.layers:
@@ -234,10 +235,9 @@ class Decoder(nn.Module):
     batch = encoded.shape[0]
     shape = (batch, self.config.num_heads, self.config.head_dim, max_len)
     empty = tuple(jnp.zeros(shape, self.config.dtype) for _ in self.layers)
-    return DecodeCache(
-        keys=empty, values=empty, cross_keys=tuple(keys),
-        cross_values=tuple(values), encoder_valid=encoder_valid,
-        length=jnp.zeros((batch,), jnp.int32), encoded=encoded)
+    return DecodeCache(keys=empty, values=empty, cross_keys=tuple(keys),
+                       cross_values=tuple(values), encoder_valid=encoder_valid,
+                       length=jnp.zeros((batch,), jnp.int32), encoded=encoded)
 
   def decode_chunk(self, tokens, cache: DecodeCache):
     cfg = self.config
@@ -249,21 +249,19 @@ class Decoder(nn.Module):
     # Cache slots before the chunk; the chunk attends to itself causally
     # (relative positions within it do not depend on start).
     mask = key_pos[None, None, :] < start[:, None, None]  # [B, 1, L]
-    self_bias = (self.relpos_bias(query_pos, key_pos, max_len)
-                 + mask_to_bias(mask[:, None], cfg.dtype))
+    self_bias = (self.relpos_bias(query_pos, key_pos, max_len) +
+                 mask_to_bias(mask[:, None], cfg.dtype))
     chunk_pos = jnp.arange(k)
-    chunk_bias = (self.relpos_bias(chunk_pos[None], chunk_pos, max_len)
-                  + mask_to_bias(chunk_pos[None, None, None, :]
-                                  <= chunk_pos[None, None, :, None],
-                                  cfg.dtype))
-    cross_bias = mask_to_bias(cache.encoder_valid[:, None, None, :],
-                               cfg.dtype)
+    chunk_bias = (self.relpos_bias(chunk_pos[None], chunk_pos, max_len) +
+                  mask_to_bias(
+                      chunk_pos[None, None, None, :]
+                      <= chunk_pos[None, None, :, None], cfg.dtype))
+    cross_bias = mask_to_bias(cache.encoder_valid[:, None, None, :], cfg.dtype)
     y = self.shared_embedding(tokens.astype(jnp.int32)).astype(cfg.dtype)
     new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
       y, lk, lv = layer.decode_chunk(y, cache.keys[i], cache.values[i], start,
-                                     self_bias, chunk_bias,
-                                     cache.cross_keys[i],
+                                     self_bias, chunk_bias, cache.cross_keys[i],
                                      cache.cross_values[i], cross_bias)
       new_keys.append(lk)
       new_values.append(lv)
@@ -323,8 +321,7 @@ class Transformer(nn.Module):
                         decoder_target_tokens, deterministic)
 
   def init_cache(self, encoded, encoder_input_tokens, max_len: int):
-    return self.decoder.init_cache(encoded, encoder_input_tokens > 0,
-                                   max_len)
+    return self.decoder.init_cache(encoded, encoder_input_tokens > 0, max_len)
 
   def init_cache_from_valid(self, encoded, encoder_valid, max_len: int):
     return self.decoder.init_cache(encoded, encoder_valid, max_len)
@@ -350,5 +347,3 @@ def param_shapes(config: T5Config):
   """Parameter shapes without allocating anything (for XL/XXL checks)."""
   return jax.eval_shape(functools.partial(init_params, config),
                         jax.random.PRNGKey(0))
-
-

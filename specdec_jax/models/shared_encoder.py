@@ -47,10 +47,9 @@ class SharedEncoderModel:
       raise ValueError("SharedEncoderModel: the encoder model has no "
                        "encoder.")
     if cfg.encoder_width != encoder.config.emb_dim:
-      raise ValueError(
-          f"SharedEncoderModel: the decoder's encoder_width is "
-          f"{cfg.encoder_width} but the encoder's emb_dim is "
-          f"{encoder.config.emb_dim}.")
+      raise ValueError(f"SharedEncoderModel: the decoder's encoder_width is "
+                       f"{cfg.encoder_width} but the encoder's emb_dim is "
+                       f"{encoder.config.emb_dim}.")
     if cfg.vocab_size != encoder.config.vocab_size:
       raise ValueError(
           f"SharedEncoderModel: vocab_size {cfg.vocab_size} (decoder) != "
@@ -67,9 +66,9 @@ class SharedEncoderModel:
     return self.decoder.vocab_size
 
   def prepared_for_decoding(self) -> "SharedEncoderModel":
-    return dataclasses.replace(
-        self, encoder=self.encoder.prepared_for_decoding(),
-        decoder=self.decoder.prepared_for_decoding())
+    return dataclasses.replace(self,
+                               encoder=self.encoder.prepared_for_decoding(),
+                               decoder=self.decoder.prepared_for_decoding())
 
   def start_token(self, encoder_input_tokens: Array) -> Array:
     return self.decoder.start_token(encoder_input_tokens)
@@ -96,8 +95,8 @@ class SharedEncoderModel:
   def reads_target_encoder(self) -> bool:
     return True
 
-  def decode_chunk(self, tokens: Array, cache: DecodeCache
-                   ) -> Tuple[Array, DecodeCache]:
+  def decode_chunk(self, tokens: Array,
+                   cache: DecodeCache) -> Tuple[Array, DecodeCache]:
     return self.decoder.decode_chunk(tokens, cache)
 
   def truncate(self, cache: DecodeCache, length: Array) -> DecodeCache:
@@ -108,8 +107,9 @@ class SharedEncoderModel:
                             decoder_target_tokens: Array) -> Array:
     """[B, T, V] the decoder's teacher-forced logits on `encoder`'s output."""
     encoded = self.encode(encoder_input_tokens).encoded
-    return cast(Array, self.decoder.module.apply(
-        self.decoder.variables, encoded, encoder_input_tokens,
-        decoder_input_tokens, decoder_target_tokens,
-        method=Transformer.decode))
-
+    return cast(
+        Array,
+        self.decoder.module.apply(self.decoder.variables, encoded,
+                                  encoder_input_tokens, decoder_input_tokens,
+                                  decoder_target_tokens,
+                                  method=Transformer.decode))

@@ -56,8 +56,10 @@ from specdec_jax.models.network import Transformer
 
 Array = jax.Array
 
-__all__ = ["DecodeCache", "EncoderOutput", "T5Model", "Transformer",
-           "init_params", "param_shapes", "traced_overflow_checks"]
+__all__ = [
+    "DecodeCache", "EncoderOutput", "T5Model", "Transformer", "init_params",
+    "param_shapes", "traced_overflow_checks"
+]
 
 
 @jax.jit
@@ -72,6 +74,7 @@ def _pack_kernels(params):
     by its panels (`kernels.pack`): the `PACKED_COLLECTION` variables that
     `layers.DenseGeneral` multiplies with. One program for all of them.
   """
+
   def packed(tree):
     out = {}
     for name, leaf in tree.items():
@@ -82,8 +85,10 @@ def _pack_kernels(params):
       elif name == "kernel" and leaf.ndim == 2:
         out[name] = kernels.pack(leaf)
     return out
-  return packed({stack: params[stack] for stack in ("encoder", "decoder")
-                 if stack in params})
+
+  return packed({
+      stack: params[stack] for stack in ("encoder", "decoder") if stack in params
+  })
 
 
 # Off by default: a `checkify.debug_check` is a JAX effect, and a jitted
@@ -168,8 +173,8 @@ class T5Model:
     """
     if self.is_packed or not kernels.packing_enabled(self.config.dtype):
       return self
-    return dataclasses.replace(
-        self, packed=_pack_kernels(self.params["params"]))
+    return dataclasses.replace(self,
+                               packed=_pack_kernels(self.params["params"]))
 
   def unpacked(self) -> "T5Model":
     """The same model without the panels (undoes `prepared_for_decoding`)."""
@@ -201,14 +206,18 @@ class T5Model:
           "(num_encoder_layers=0); start it from another model's encoder "
           "output (`start_from_encoder_output`) or pair it with that model "
           "(`SharedEncoderModel`).")
+
     def fn(module, tokens):
       return module.init_cache(module.encode(tokens), tokens, max_len)
+
     return nn.apply(fn, self.module)(self.variables, encoder_input_tokens)
 
   def encode(self, encoder_input_tokens: Array) -> EncoderOutput:
     """The encoder's output for [B, S] inputs (0 = padding)."""
-    encoded = cast(Array, self.module.apply(self.variables, encoder_input_tokens,
-                                            method=Transformer.encode))
+    encoded = cast(
+        Array,
+        self.module.apply(self.variables, encoder_input_tokens,
+                          method=Transformer.encode))
     return EncoderOutput(encoded, encoder_input_tokens > 0)
 
   def encoder_output(self, cache: DecodeCache) -> EncoderOutput:
@@ -237,20 +246,22 @@ class T5Model:
           f"start_from_encoder_output: an encoder output of width "
           f"{encoded.shape[-1]}, but this decoder's cross-attention reads "
           f"width {width} (T5Config.encoder_width).")
-    return cast(DecodeCache, self.module.apply(
-        self.variables, encoded, valid, max_len,
-        method=Transformer.init_cache_from_valid))
+    return cast(
+        DecodeCache,
+        self.module.apply(self.variables, encoded, valid, max_len,
+                          method=Transformer.init_cache_from_valid))
 
   def teacher_forced_logits(self, encoder_input_tokens: Array,
                             decoder_input_tokens: Array,
                             decoder_target_tokens: Array) -> Array:
     """[B, T, V] logits of teacher forcing (T5X's masks)."""
-    return cast(Array, self.module.apply(
-        self.variables, encoder_input_tokens, decoder_input_tokens,
-        decoder_target_tokens))
+    return cast(
+        Array,
+        self.module.apply(self.variables, encoder_input_tokens,
+                          decoder_input_tokens, decoder_target_tokens))
 
-  def decode_chunk(self, tokens: Array, cache: DecodeCache
-                   ) -> Tuple[Array, DecodeCache]:
+  def decode_chunk(self, tokens: Array,
+                   cache: DecodeCache) -> Tuple[Array, DecodeCache]:
     """Feeds tokens [B, K]; returns logits [B, K, V] and the advanced cache.
 
     Row b's tokens go to positions cache.length[b] .. cache.length[b]+K-1,
@@ -266,9 +277,10 @@ class T5Model:
     """
     self._check_chunk_fits(tokens.shape[1], cache)
     # `apply` returns the method's value (no collection is mutable here).
-    return cast(Tuple[Array, DecodeCache],
-                self.module.apply(self.variables, tokens, cache,
-                                  method=Transformer.decode_chunk))
+    return cast(
+        Tuple[Array, DecodeCache],
+        self.module.apply(self.variables, tokens, cache,
+                          method=Transformer.decode_chunk))
 
   @staticmethod
   def _check_chunk_fits(k: int, cache: DecodeCache) -> None:
@@ -287,8 +299,7 @@ class T5Model:
       checkify.debug_check(
           jnp.all(cache.length + k <= max_len),
           f"decode_chunk: a chunk of {k} tokens at cache lengths {{length}} "
-          f"writes past the cache's max_len={max_len}.",
-          length=cache.length)
+          f"writes past the cache's max_len={max_len}.", length=cache.length)
       return
     if np.any(length + k > max_len):
       raise ValueError(
@@ -303,6 +314,4 @@ class T5Model:
     chunk overwrites them. A row whose cache holds fewer positions than
     `length` is left as it is (length = min(cache.length, length)).
     """
-    return dataclasses.replace(
-        cache, length=jnp.minimum(cache.length, length))
-
+    return dataclasses.replace(cache, length=jnp.minimum(cache.length, length))

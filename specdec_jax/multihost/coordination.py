@@ -43,8 +43,8 @@ def set_timeout(timeout_s: int) -> None:
   Raises:
     ValueError: not an integer >= 1 (naming the flag).
   """
-  if isinstance(timeout_s, bool) or not isinstance(timeout_s, int) or (
-      timeout_s < 1):
+  if isinstance(timeout_s, bool) or not isinstance(timeout_s, int) or (timeout_s
+                                                                       < 1):
     raise ValueError(f"--coordination_timeout_s={timeout_s!r}: allowed: an "
                      "integer >= 1 (seconds).")
   _state["timeout_s"] = timeout_s
@@ -82,8 +82,9 @@ def _next_key(name: str) -> str:
 def _put(key: str, value: Any) -> None:
   data = json.dumps(value).encode("utf-8")
   store = client()
-  chunks = [data[i:i + _CHUNK_BYTES]
-            for i in range(0, len(data), _CHUNK_BYTES)] or [b""]
+  chunks = [
+      data[i:i + _CHUNK_BYTES] for i in range(0, len(data), _CHUNK_BYTES)
+  ] or [b""]
   for i, chunk in enumerate(chunks):
     store.key_value_set_bytes(f"{key}/{i}", chunk)
   store.key_value_set(f"{key}/n", str(len(chunks)))  # last: all are there
@@ -123,8 +124,9 @@ def _get(key: str, what: str, process: int) -> Any:
   while True:
     count = _try_get(store, f"{key}/n")
     if count is not None:
-      data = b"".join(store.key_value_try_get_bytes(f"{key}/{i}")
-                      for i in range(int(count)))
+      data = b"".join(
+          store.key_value_try_get_bytes(f"{key}/{i}")
+          for i in range(int(count)))
       return json.loads(data)
     now = time.monotonic()
     if now - last_error_check > WATCH_S:
@@ -148,8 +150,10 @@ def allgather(name: str, value: Any) -> List[Any]:
   key = _next_key(name)
   me = jax.process_index()
   _put(f"{key}/{me}", value)
-  values = [value if p == me else _get(f"{key}/{p}", name, p)
-            for p in range(jax.process_count())]
+  values = [
+      value if p == me else _get(f"{key}/{p}", name, p)
+      for p in range(jax.process_count())
+  ]
   # Everyone who stored this round had finished reading the previous one:
   # free its value (the examples of a sweep's points add up on process 0).
   n = int(key.rsplit("/", 1)[1])

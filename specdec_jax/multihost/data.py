@@ -57,8 +57,8 @@ class DataLayout:
   def num_batches(self, num_examples: int) -> int:
     return -(-num_examples // self.batch_size)
 
-  def fed_examples(self, batch: int, num_examples: int
-                   ) -> Tuple[np.ndarray, np.ndarray]:
+  def fed_examples(self, batch: int,
+                   num_examples: int) -> Tuple[np.ndarray, np.ndarray]:
     """(example fed to each row [B] (-1: none, an EOS-only row), real [B]).
 
     Row g*k + j of batch b gets example (b*k + j)*n + g when that exists
@@ -86,8 +86,7 @@ class DataLayout:
     return rows[np.argsort(fed[rows], kind="stable")]
 
 
-def data_layout(sharding: jax.sharding.Sharding,
-                batch_size: int) -> DataLayout:
+def data_layout(sharding: jax.sharding.Sharding, batch_size: int) -> DataLayout:
   """The `DataLayout` of input batches [batch_size, S] placed with `sharding`.
 
   Raises:
@@ -107,10 +106,10 @@ def data_layout(sharding: jax.sharding.Sharding,
         f"of BATCH_SIZE={batch_size}: not one of equal blocks. Allowed: a "
         "MESH_SHAPE whose 'data' axis splits evenly over the processes, and "
         "a BATCH_SIZE that it divides.")
-  layout = DataLayout(shard_index=lo // block,
-                      num_shards=batch_size // block, batch_size=batch_size)
-  data_axis = dict(getattr(getattr(sharding, "mesh", None), "shape", {})).get(
-      "data", 1)
+  layout = DataLayout(shard_index=lo // block, num_shards=batch_size // block,
+                      batch_size=batch_size)
+  data_axis = dict(getattr(getattr(sharding, "mesh", None), "shape",
+                           {})).get("data", 1)
   if data_axis > 1 and layout.num_shards == 1:
     logging.warning(
         "BATCH_SIZE=%d is not a multiple of the mesh's data axis (%d): the "
@@ -135,8 +134,8 @@ class SharedExamples:
 
 
 def share_examples(layout: DataLayout, local_examples: Sequence[dict],
-                   local_inputs: np.ndarray, local_full_lengths: np.ndarray
-                   ) -> SharedExamples:
+                   local_inputs: np.ndarray,
+                   local_full_lengths: np.ndarray) -> SharedExamples:
   """Exchanges the processes' slices (texts and token counts).
 
   Args:
@@ -144,17 +143,21 @@ def share_examples(layout: DataLayout, local_examples: Sequence[dict],
     local_inputs: [n_local, S] their token ids (0-padded).
     local_full_lengths: [n_local] their lengths before truncation.
   """
-  lengths = np.sum(np.asarray(local_inputs) != 0, axis=1) if len(
-      local_inputs) else np.zeros((0,), np.int64)
-  mine = {"shard": layout.shard_index, "examples": list(local_examples),
-          "lengths": [int(x) for x in lengths],
-          "full_lengths": [int(x) for x in local_full_lengths]}
+  lengths = np.sum(np.asarray(local_inputs) != 0,
+                   axis=1) if len(local_inputs) else np.zeros((0,), np.int64)
+  mine = {
+      "shard": layout.shard_index,
+      "examples": list(local_examples),
+      "lengths": [int(x) for x in lengths],
+      "full_lengths": [int(x) for x in local_full_lengths]
+  }
   shards = {}
   for part in allgather("examples", mine):
     shards.setdefault(part["shard"], part)  # replicas of a shard agree
   if sorted(shards) != list(range(layout.num_shards)):
     raise CoordinationError(
-        f"shards {sorted(shards)} were read, expected 0..{layout.num_shards - 1}")
+        f"shards {sorted(shards)} were read, expected 0..{layout.num_shards - 1}"
+    )
   total = sum(len(s["examples"]) for s in shards.values())
   examples: List[Any] = [None] * total
   lengths_all = np.ones((total,), np.int64)

@@ -88,8 +88,9 @@ def _watch() -> None:
       errors = []
     if errors:
       record = errors[0]
-      _exit_all(record, f"{_state.get('program', 'specdec_jax')}: error: "
-                f"process {record['process']}: {record['message']}")
+      _exit_all(
+          record, f"{_state.get('program', 'specdec_jax')}: error: "
+          f"process {record['process']}: {record['message']}")
 
 
 def start_watcher() -> None:
@@ -102,8 +103,8 @@ def start_watcher() -> None:
   thread.start()
 
 
-def _peer_errors(e: BaseException, expected: Tuple[type, ...]
-                 ) -> List[Dict[str, Any]]:
+def _peer_errors(e: BaseException,
+                 expected: Tuple[type, ...]) -> List[Dict[str, Any]]:
   """The errors other processes published before `e` (which may follow
   from one of them: a collective that lost its peer)."""
   if isinstance(e, PeerFailed):
@@ -111,8 +112,8 @@ def _peer_errors(e: BaseException, expected: Tuple[type, ...]
   # A failed peer publishes before it exits: give it a moment.
   deadline = time.monotonic() + 2 * WATCH_S
   peers = coordination.errors()
-  while not peers and not isinstance(e, expected) and (
-      time.monotonic() < deadline):
+  while not peers and not isinstance(e, expected) and (time.monotonic()
+                                                       < deadline):
     time.sleep(POLL_S)
     peers = coordination.errors()
   return peers
@@ -127,9 +128,12 @@ def _publish_and_exit(program: str, e: BaseException,
     line = f"{program}: error: {e}"
   else:
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-    record = {"process": me, "exit_code": 1,
-              "message": f"{type(e).__name__}: {e} (traceback in process "
-                         f"{me}'s log)"}
+    record = {
+        "process": me,
+        "exit_code": 1,
+        "message": f"{type(e).__name__}: {e} (traceback in process "
+                   f"{me}'s log)"
+    }
     line = text.rstrip()
   try:
     coordination.client().key_value_set(f"{PREFIX}/error/{me}",
@@ -140,9 +144,8 @@ def _publish_and_exit(program: str, e: BaseException,
 
 
 @contextlib.contextmanager
-def failures_end_every_process(program: str,
-                               expected: Tuple[type, ...] = ()
-                               ) -> Iterator[None]:
+def failures_end_every_process(
+    program: str, expected: Tuple[type, ...] = ()) -> Iterator[None]:
   """An exception in the block ends every process with its message.
 
   With one process, the exception propagates unchanged. With several, this
@@ -157,11 +160,12 @@ def failures_end_every_process(program: str,
     yield
   except BaseException as e:  # pylint: disable=broad-except
     if not coordination.is_multiprocess() or (isinstance(e, SystemExit) and
-                                                 e.code in (0, None)):
+                                              e.code in (0, None)):
       raise
     peers = _peer_errors(e, expected)
     if peers and not isinstance(e, expected):
       record = peers[0]
-      _exit_now(record, f"{program}: error: process {record['process']}: "
-                f"{record['message']}")
+      _exit_now(
+          record, f"{program}: error: process {record['process']}: "
+          f"{record['message']}")
     _publish_and_exit(program, e, expected)

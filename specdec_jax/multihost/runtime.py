@@ -52,15 +52,17 @@ def _check_gpu_flags(coordinator_address: Optional[str],
                      process_count: Optional[int],
                      process_index: Optional[int]) -> None:
   """Raises ValueError naming a missing or inconsistent T5X flag."""
-  missing = [name for name, value in (
-      ("--coordinator_address", coordinator_address),
-      ("--process_count", process_count),
-      ("--process_index", process_index)) if value is None]
+  missing = [
+      name for name, value in (("--coordinator_address", coordinator_address),
+                               ("--process_count", process_count),
+                               ("--process_index", process_index))
+      if value is None
+  ]
   if missing:
     raise ValueError(
         "--multiprocess_gpu needs --coordinator_address=HOST:PORT, "
-        "--process_count=N and --process_index=I (T5X's flags); missing: "
-        + ", ".join(missing) + ".")
+        "--process_count=N and --process_index=I (T5X's flags); missing: " +
+        ", ".join(missing) + ".")
   if process_count < 1 or not 0 <= process_index < process_count:
     raise ValueError(
         f"--process_index={process_index} with --process_count="
@@ -89,8 +91,9 @@ def initialize(*, multiprocess_gpu: bool = False,
     if _config_value("jax_cpu_collectives_implementation", "gloo") is None:
       # Older JAX has no CPU collectives across processes by default.
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    logging.info("Initializing JAX distributed: coordinator %s, process %d "
-                 "of %d.", coordinator_address, process_index, process_count)
+    logging.info(
+        "Initializing JAX distributed: coordinator %s, process %d "
+        "of %d.", coordinator_address, process_index, process_count)
     jax.distributed.initialize(coordinator_address, process_count,
                                process_index, **_timeouts(timeout_s))
   elif _on_cloud_tpu_vm():
@@ -107,9 +110,11 @@ def _timeouts(timeout_s: int) -> Dict[str, int]:
   (a process silent this long is declared dead, and every process ends),
   where this JAX version has them."""
   params = inspect.signature(jax.distributed.initialize).parameters
-  return {name: timeout_s for name in ("initialization_timeout",
-                                       "heartbeat_timeout_seconds")
-          if name in params}
+  return {
+      name: timeout_s
+      for name in ("initialization_timeout", "heartbeat_timeout_seconds")
+      if name in params
+  }
 
 
 def _config_value(name: str, default: Any) -> Any:

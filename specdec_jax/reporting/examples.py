@@ -24,12 +24,13 @@ def trace_informativeness(ex: Mapping[str, Any], max_lines: int = 16):
   proposed = [len(s["draft_tokens"]) for s in trace]
   mixed = any(accepted) and any(a < p for a, p in zip(accepted, proposed))
   full = any(a == p > 0 for a, p in zip(accepted, proposed))
-  return (len(trace) > max_lines, not mixed, not full,
-          -sum(accepted) / len(trace), ex.get("index", 0))
+  return (len(trace)
+          > max_lines, not mixed, not full, -sum(accepted) / len(trace),
+          ex.get("index", 0))
 
 
 def find_example(runs, has_data, example_run: Optional[str],
-                  example_index: Optional[int], prefer=None, rank=None):
+                 example_index: Optional[int], prefer=None, rank=None):
   """The (run, example) to draw, or (None, None).
 
   Runs are searched best first (`_run_informativeness`); in the first run
@@ -49,9 +50,11 @@ def find_example(runs, has_data, example_run: Optional[str],
     if has_data(ex, run):
       return run, ex
   for run in candidates:
-    usable = [ex for ex in loading.iter_predictions(run["predictions_path"])
-              if has_data(ex, run) and (example_index is None or
-                                        ex.get("index") == example_index)]
+    usable = [
+        ex for ex in loading.iter_predictions(run["predictions_path"])
+        if has_data(ex, run) and
+        (example_index is None or ex.get("index") == example_index)
+    ]
     if usable:
       return run, (min(usable, key=rank) if rank else usable[0])
   return None, None

@@ -82,17 +82,17 @@ def render_speedup_vs_gamma(runs: Sequence[Dict[str, Any]]):
       color = colors[draft]
       style = styles[temps.index(temp) % len(styles)]
       alpha, c, g_opt = fits[k]
-      ax.plot(grid, analysis.expected_speedup(alpha, grid, c), style,
-              color=color, lw=1.3, alpha=0.8,
-              label=f"Thm 3.8: {draft}, T={tables.fmt_temp(temp)} "
-              f"(α={alpha:.2f}, c={c:.3f})")
+      ax.plot(
+          grid, analysis.expected_speedup(alpha, grid,
+                                          c), style, color=color, lw=1.3,
+          alpha=0.8, label=f"Thm 3.8: {draft}, T={tables.fmt_temp(temp)} "
+          f"(α={alpha:.2f}, c={c:.3f})")
       if g_opt <= gplot:
         ax.plot([g_opt], [analysis.expected_speedup(alpha, g_opt, c)], "^",
                 color=color, ms=7, mfc="none")
       marker = markers[temps.index(temp) % len(markers)]
-      ax.plot([r["gamma"] for r in pts], [r["speedup"] for r in pts],
-              marker, color=color, ms=6.5, mec="black", mew=0.6,
-              ls="none",
+      ax.plot([r["gamma"] for r in pts], [r["speedup"] for r in pts], marker,
+              color=color, ms=6.5, mec="black", mew=0.6, ls="none",
               label=f"measured: {draft}, T={tables.fmt_temp(temp)}")
     ax.axhline(1.0, color="gray", lw=0.8, ls=":")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -103,8 +103,9 @@ def render_speedup_vs_gamma(runs: Sequence[Dict[str, Any]]):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14),
               ncol=2, frameon=False)
-  fig.suptitle("Speedup vs γ: measured (markers, one shape per temperature) "
-               "and Theorem 3.8 (lines, △ = optimal γ)", fontsize=10)
+  fig.suptitle(
+      "Speedup vs γ: measured (markers, one shape per temperature) "
+      "and Theorem 3.8 (lines, △ = optimal γ)", fontsize=10)
   return fig
 
 
@@ -117,15 +118,15 @@ def render_alpha_by_draft(runs: Sequence[Dict[str, Any]]):
   and the legend above all bars, so no label covers a mark.
   """
   series = _series(runs)
-  groups = sorted({(k[0], k[1], k[2]) for k in series},
-                  key=lambda g: (g[0], g[1], tables.size_key(g[2])))
+  groups = sorted({(k[0], k[1], k[2]) for k in series}, key=lambda g:
+                  (g[0], g[1], tables.size_key(g[2])))
   temps = sorted({k[3] for k in series})
   multi_target = len({g[1] for g in groups}) > 1
   import matplotlib
   cmap = matplotlib.colormaps["Blues"]
   width = 0.8 / len(temps)
-  fig = new_figure(max(4.5, 1.3 * len(groups) * max(1, len(temps) / 2) + 2),
-                    3.8)
+  fig = new_figure(max(4.5, 1.3 * len(groups) * max(1,
+                                                    len(temps) / 2) + 2), 3.8)
   ax = fig.subplots()
   beta_labelled = False
   temp_labelled = set()
@@ -139,9 +140,10 @@ def render_alpha_by_draft(runs: Sequence[Dict[str, Any]]):
       x = i - 0.4 + width * (j + 0.5)
       mean = float(np.mean(alphas))
       yerr = [[mean - min(alphas)], [max(alphas) - mean]]
-      ax.bar(x, mean, width * 0.92, color=color, edgecolor="black", lw=0.5,
-             yerr=yerr if len(alphas) > 1 else None, capsize=3,
-             label=None if temp in temp_labelled else f"T={tables.fmt_temp(temp)}")
+      ax.bar(
+          x, mean, width * 0.92, color=color, edgecolor="black", lw=0.5,
+          yerr=yerr if len(alphas) > 1 else None, capsize=3,
+          label=None if temp in temp_labelled else f"T={tables.fmt_temp(temp)}")
       temp_labelled.add(temp)
       betas = [r["alpha_beta"] for r in pts if r.get("alpha_beta") is not None]
       top = max(alphas) if len(alphas) > 1 else mean  # the error bar's cap

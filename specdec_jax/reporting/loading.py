@@ -69,9 +69,8 @@ def load_results(results_dir: str,
   skip = os.path.realpath(exclude) if exclude else None
   runs = []
   for dirpath, dirnames, filenames in os.walk(results_dir, onerror=None):
-    dirnames[:] = sorted(
-        d for d in dirnames if not d.startswith(".") and
-        os.path.realpath(os.path.join(dirpath, d)) != skip)
+    dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and
+                         os.path.realpath(os.path.join(dirpath, d)) != skip)
     if run_metrics.METRICS_FILE not in filenames:
       continue
     metrics = load_metrics(os.path.join(dirpath, run_metrics.METRICS_FILE))
@@ -93,9 +92,8 @@ def load_results(results_dir: str,
       metrics["alpha_sampled_stderr"] = sampled.get("alpha_beta_stderr")
     runs.append(metrics)
   if not runs:
-    raise ReportError(
-        f"{results_dir}: no run directories with a "
-        f"{run_metrics.METRICS_FILE} found")
+    raise ReportError(f"{results_dir}: no run directories with a "
+                      f"{run_metrics.METRICS_FILE} found")
   runs.sort(key=lambda m: m["run_name"])
   return runs
 
@@ -153,12 +151,14 @@ def check_prediction(path: str, lineno: int, ex: Any) -> Dict[str, Any]:
       for n in counts)):
     raise ReportError(f"{where}: 'accepted_counts' must be a list of "
                       f"integers >= 0, got {counts!r}")
-  _check_entries(where, "trace", ex.get("trace"), _is_trace_step,
-                 "{\"draft_tokens\": [str], \"num_accepted\": int in "
-                 "[0, len(draft_tokens)], \"target_token\": str}")
-  _check_entries(where, "timeline", ex.get("timeline"), _is_timeline_event,
-                 "{\"kind\": \"draft\"|\"target\", \"start_s\": "
-                 "number, \"end_s\": number >= start_s}")
+  _check_entries(
+      where, "trace", ex.get("trace"), _is_trace_step,
+      "{\"draft_tokens\": [str], \"num_accepted\": int in "
+      "[0, len(draft_tokens)], \"target_token\": str}")
+  _check_entries(
+      where, "timeline", ex.get("timeline"), _is_timeline_event,
+      "{\"kind\": \"draft\"|\"target\", \"start_s\": "
+      "number, \"end_s\": number >= start_s}")
   return ex
 
 

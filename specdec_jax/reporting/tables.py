@@ -90,8 +90,10 @@ def fmt_temp(t: float) -> str:
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-  lines = ["| " + " | ".join(header) + " |",
-           "|" + "|".join("---" for _ in header) + "|"]
+  lines = [
+      "| " + " | ".join(header) + " |",
+      "|" + "|".join("---" for _ in header) + "|"
+  ]
   lines += ["| " + " | ".join(r) + " |" for r in rows]
   return "\n".join(lines) + "\n"
 
@@ -104,15 +106,18 @@ def _drafting_cells(r: Mapping[str, Any]) -> List[str]:
   exact = r.get("exact") is not False
   bound = r.get("per_iteration_gamma") or {}
   speedups = [bound.get(k) for k in _BOUND_KEYS]
-  return [r.get("drafter") or "model",
-          f"{lenience:g}" + ("" if exact else " (not exact)"),
-          " / ".join(f"{x:.2f}X" for x in speedups)
-          if all(x is not None for x in speedups) else "–"]
+  return [
+      r.get("drafter") or "model",
+      f"{lenience:g}" + ("" if exact else " (not exact)"),
+      " / ".join(f"{x:.2f}X" for x in speedups) if all(
+          x is not None for x in speedups) else "–"
+  ]
 
 
 _BOUND_KEYS = ("fixed_gamma_speedup", "achieved_speedup", "oracle_speedup")
-_DRAFTING_HEADER = ["DRAFTER", "LENIENCE",
-                    "PER-ITERATION γ (FIXED / ACHIEVED / ORACLE)"]
+_DRAFTING_HEADER = [
+    "DRAFTER", "LENIENCE", "PER-ITERATION γ (FIXED / ACHIEVED / ORACLE)"
+]
 
 
 def _table2_md_rows(rows, multi_target: bool,
@@ -128,13 +133,16 @@ def _table2_md_rows(rows, multi_target: bool,
     if multi_target:
       cells.append(_target_name(r))
     cells += [
-        draft, fmt_temp(r["temperature"]), str(r["gamma"]),
-        f"{r['alpha']:.2f}", f"{r['cost_coefficient_c']:.3f}",
+        draft,
+        fmt_temp(r["temperature"]),
+        str(r["gamma"]),
+        f"{r['alpha']:.2f}",
+        f"{r['cost_coefficient_c']:.3f}",
         _optional(r.get("verification_cost_ratio"), "{:.2f}"),
         _optional(_measured_tokens_per_call(r), "{:.2f}"),
-        f"{r['speedup']:.2f}X", f"{r['theoretical_speedup']:.2f}X",
-        _optional(r.get("theoretical_speedup_measured_call_cost"),
-                  "{:.2f}X"),
+        f"{r['speedup']:.2f}X",
+        f"{r['theoretical_speedup']:.2f}X",
+        _optional(r.get("theoretical_speedup_measured_call_cost"), "{:.2f}X"),
         _optional(_efficiency(r), "{:.2f}"),
     ]
     cells += ([q[0], f"{q[1]:.2f}", f"{q[2]:.2f}"] if q else ["–"] * 3)
@@ -191,9 +199,10 @@ def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
       "(BLEU or ROUGE-Lsum); GREEDY IDENTICAL: examples whose speculative "
       "tokens equal the target's (T = 0).",
       "",
-      _md_table(header,
-                _table2_md_rows([r for r in rows if r["best_gamma_for_draft"]],
-                                multi_target)),
+      _md_table(
+          header,
+          _table2_md_rows([r for r in rows if r["best_gamma_for_draft"]],
+                          multi_target)),
       "## All sweep points",
       "",
       "DRAFTER: what guessed (DRAFTER); LENIENCE: Appendix A.5's l (1: "
@@ -228,14 +237,13 @@ def _table2_csv(rows: Sequence[Dict[str, Any]]) -> str:
   for r in rows:
     q = quality(r) or ("", "", "")
     lenience = r.get("lenience")
-    rec = dict(r, tokens_per_target_call=_measured_tokens_per_call(r),
-               quality_metric=q[0], quality_baseline=q[1],
-               quality_speculative=q[2], synthetic=bool(r.get("synthetic")),
-               drafter=r.get("drafter") or "model",
-               lenience=1.0 if lenience is None else lenience,
-               exact=r.get("exact") is not False,
-               **{k: (r.get("per_iteration_gamma") or {}).get(k)
-                  for k in _BOUND_KEYS})
+    rec = dict(
+        r, tokens_per_target_call=_measured_tokens_per_call(r),
+        quality_metric=q[0], quality_baseline=q[1], quality_speculative=q[2],
+        synthetic=bool(r.get("synthetic")), drafter=r.get("drafter") or "model",
+        lenience=1.0 if lenience is None else lenience, exact=r.get("exact")
+        is not False,
+        **{k: (r.get("per_iteration_gamma") or {}).get(k) for k in _BOUND_KEYS})
     writer.writerow([
         "" if rec.get(f) is None else
         (int(rec[f]) if isinstance(rec[f], bool) else rec[f])
@@ -265,12 +273,11 @@ def render_table4(runs: Sequence[Dict[str, Any]]) -> str:
     tpc = r.get("tokens_per_target_call")
     table.append([
         r["task"], r["draft_model"] + (" †" if r.get("synthetic") else ""),
-        fmt_temp(r["temperature"]), str(r["gamma"]), f"{r['alpha']:.3f}",
-        f"{r['cost_coefficient_c']:.3f}",
+        fmt_temp(r["temperature"]),
+        str(r["gamma"]), f"{r['alpha']:.3f}", f"{r['cost_coefficient_c']:.3f}",
         "–" if tpc is None else f"{tpc:.2f}",
-        f"{r['expected_tokens_per_call']:.2f}",
-        f"{r['speedup']:.2f}X", f"{r['theoretical_speedup']:.2f}X",
-        f"{r['speedup_ratio']:.2f}"
+        f"{r['expected_tokens_per_call']:.2f}", f"{r['speedup']:.2f}X",
+        f"{r['theoretical_speedup']:.2f}X", f"{r['speedup_ratio']:.2f}"
     ])
     recomputed = r["theoretical_speedup"]
     recorded = orig["theoretical_speedup"]

@@ -12,8 +12,8 @@ from specdec_jax.reporting import trace
 
 
 def modeled_timeline(accepted_counts: Sequence[int], gamma: int,
-                     draft_step_s: float, target_step_s: float
-                     ) -> List[Dict[str, Any]]:
+                     draft_step_s: float,
+                     target_step_s: float) -> List[Dict[str, Any]]:
   """A Figure-5-style call timeline from measured step costs.
 
   The decode loop is one compiled program, so calls are not timed one by
@@ -25,8 +25,7 @@ def modeled_timeline(accepted_counts: Sequence[int], gamma: int,
     for _ in range(gamma):
       events.append({"kind": "draft", "start_s": t, "end_s": t + draft_step_s})
       t += draft_step_s
-    events.append({"kind": "target", "start_s": t,
-                   "end_s": t + target_step_s})
+    events.append({"kind": "target", "start_s": t, "end_s": t + target_step_s})
     t += target_step_s
   return events
 
@@ -51,11 +50,15 @@ def render_timeline(example: Mapping[str, Any], run: Mapping[str, Any]):
   t0 = min(ev["start_s"] for ev in events)
   fig = figures.new_figure(9, 2.4)
   ax = fig.subplots()
-  lanes = {"draft": (1, trace.ACCEPTED_COLOR, f"M_q ({run['draft_model']})"),
-           "target": (0, trace.TARGET_COLOR, f"M_p ({run['target_model'] or 'unnamed'})")}
+  lanes = {
+      "draft": (1, trace.ACCEPTED_COLOR, f"M_q ({run['draft_model']})"),
+      "target":
+          (0, trace.TARGET_COLOR, f"M_p ({run['target_model'] or 'unnamed'})")
+  }
   for kind, (y, color, _) in lanes.items():
     bars = [((ev["start_s"] - t0) * 1e3, (ev["end_s"] - ev["start_s"]) * 1e3)
-            for ev in events if ev["kind"] == kind]
+            for ev in events
+            if ev["kind"] == kind]
     if bars:
       ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=color,
                      edgecolors="white", linewidth=0.5, alpha=0.85)
@@ -81,8 +84,8 @@ def render_timeline(example: Mapping[str, Any], run: Mapping[str, Any]):
   n_tokens = sum(n + 1 for n in counts) if counts else None
   ax.set_title(
       f"Speculative decoding timeline ({run['task']}, γ={run['gamma']}, "
-      f"example {example.get('index', '?')}): {len(targets)} target calls"
-      + (f", {n_tokens} tokens (labels: tokens per call)" if n_tokens else ""),
+      f"example {example.get('index', '?')}): {len(targets)} target calls" +
+      (f", {n_tokens} tokens (labels: tokens per call)" if n_tokens else ""),
       fontsize=9)
   ax.grid(axis="x", alpha=0.3)
   return fig

@@ -46,8 +46,8 @@ def piece(token: Optional[str]) -> str:
   for i, ch in enumerate(token.replace("▁", " ")):
     if ch in _NAMED_ESCAPES:
       out.append(_NAMED_ESCAPES[ch])
-    elif ch != " " and (not ch.isprintable() or ch == "\ufffd" or (
-        i == 0 and unicodedata.category(ch).startswith("M"))):
+    elif ch != " " and (not ch.isprintable() or ch == "\ufffd" or
+                        (i == 0 and unicodedata.category(ch).startswith("M"))):
       out.append(_escape_char(ch))
     else:
       out.append(ch)
@@ -69,12 +69,13 @@ def font_has_glyph_fn(family: str = FONT_FAMILY):
 
 def escape_missing_glyphs(text: str, has_glyph) -> str:
   """Escapes characters the font would draw as empty boxes."""
-  return "".join(ch if ch in " …" or has_glyph(ch) else _escape_char(ch)
-                 for ch in text)
+  return "".join(
+      ch if ch in " …" or has_glyph(ch) else _escape_char(ch) for ch in text)
 
 
-def trace_lines(trace: Sequence[Mapping[str, Any]]
-               ) -> List[Tuple[str, List[str], List[str], str]]:
+def trace_lines(
+    trace: Sequence[Mapping[str, Any]]
+) -> List[Tuple[str, List[str], List[str], str]]:
   """(prefix, accepted, rejected, target) display strings per target call."""
   out = []
   prefix = ""
@@ -87,22 +88,26 @@ def trace_lines(trace: Sequence[Mapping[str, Any]]
   return out
 
 
-def render_trace_html(example: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+def render_trace_html(example: Mapping[str, Any], run: Mapping[str,
+                                                               Any]) -> str:
   """Figure-1-style HTML of one example's speculative decoding trace."""
   esc = html.escape
   lines = []
   for i, (prefix, acc, rej, tgt) in enumerate(trace_lines(example["trace"])):
-    parts = [f'<span class="n">{i + 1}</span>',
-             f'<span class="prefix">{esc(prefix)}</span>']
+    parts = [
+        f'<span class="n">{i + 1}</span>',
+        f'<span class="prefix">{esc(prefix)}</span>'
+    ]
     parts += [f'<span class="acc">{esc(t)}</span>' for t in acc]
     parts += [f'<del class="rej">{esc(t)}</del>' for t in rej]
     if tgt:
       parts.append(f'<span class="tgt">{esc(tgt)}</span>')
     lines.append('<div class="line">' + "".join(parts) + "</div>")
-  info = (f"task {run['task']}, M_p = {run['target_model']}, M_q = "
-          f"{run['draft_model']}, γ = {run['gamma']}, T = "
-          f"{tables.fmt_temp(run['temperature'])}; run {run['run_name']}, example "
-          f"{example.get('index', '?')}")
+  info = (
+      f"task {run['task']}, M_p = {run['target_model']}, M_q = "
+      f"{run['draft_model']}, γ = {run['gamma']}, T = "
+      f"{tables.fmt_temp(run['temperature'])}; run {run['run_name']}, example "
+      f"{example.get('index', '?')}")
   fields = []
   for key in ("input", "reference", "baseline", "speculative"):
     if isinstance(example.get(key), str):
@@ -148,8 +153,8 @@ def _char_width(family: str, fontsize: float) -> float:
   probe = Figure(dpi=figures.DPI)
   canvas = FigureCanvasAgg(probe)
   t = probe.text(0, 0, "M" * 100, family=family, size=fontsize, weight="bold")
-  return t.get_window_extent(canvas.get_renderer()).width / 100 * 72 / (
-      figures.DPI)
+  return t.get_window_extent(
+      canvas.get_renderer()).width / 100 * 72 / (figures.DPI)
 
 
 def _layout(shown, label_chars: int, prefix_chars: int,
@@ -181,13 +186,11 @@ def _layout(shown, label_chars: int, prefix_chars: int,
 
 
 def _draw_text(ax, x: float, y: float, text: str, color: str, struck: bool,
-               char_w: float, family: str, fontsize: float,
-               bold: bool) -> None:
+               char_w: float, family: str, fontsize: float, bold: bool) -> None:
   """One piece of text; struck-through pieces get a line over their
   non-space characters."""
-  ax.text(x, y, text, family=family, size=fontsize, color=color,
-          va="center", ha="left", parse_math=False,
-          weight="bold" if bold else "normal")
+  ax.text(x, y, text, family=family, size=fontsize, color=color, va="center",
+          ha="left", parse_math=False, weight="bold" if bold else "normal")
   if struck:
     lead = len(text) - len(text.lstrip())
     body = len(text.strip())
@@ -210,8 +213,10 @@ def render_trace_png(example: Mapping[str, Any], run: Mapping[str, Any],
   def esc(text):
     return escape_missing_glyphs(text, has_glyph)
 
-  shown = [(esc(prefix), [esc(t) for t in acc], [esc(t) for t in rej],
-            esc(tgt)) for prefix, acc, rej, tgt in lines[:max_lines]]
+  shown = [(esc(prefix), [esc(t)
+                          for t in acc], [esc(t)
+                                          for t in rej], esc(tgt))
+           for prefix, acc, rej, tgt in lines[:max_lines]]
   segs, rows = _layout(shown, label_chars, prefix_chars, width_chars)
   n_rows = rows + (1 if len(lines) > max_lines else 0)
   header_h = 3 * line_h
@@ -230,8 +235,8 @@ def render_trace_png(example: Mapping[str, Any], run: Mapping[str, Any],
            f"{example.get('index', '?')})")
   _draw_text(ax, x0, line_h, title, "black", False, bold=False, **draw)
   col = 0
-  for text, color, struck in (("accepted", ACCEPTED_COLOR, False),
-                              ("rejected", REJECTED_COLOR, True),
+  for text, color, struck in (("accepted", ACCEPTED_COLOR,
+                               False), ("rejected", REJECTED_COLOR, True),
                               ("target sample", TARGET_COLOR, False)):
     _draw_text(ax, x0 + col * char_w, 2 * line_h, text, color, struck,
                bold=not struck, **draw)
@@ -241,7 +246,8 @@ def render_trace_png(example: Mapping[str, Any], run: Mapping[str, Any],
                color, struck, bold=color in (ACCEPTED_COLOR, TARGET_COLOR),
                **draw)
   if len(lines) > max_lines:
-    _draw_text(ax, x0, header_h + (n_rows - 0.5) * line_h,
-               f"… {len(lines) - max_lines} more target calls (see "
-               "example_trace.html)", "#999999", False, bold=False, **draw)
+    _draw_text(
+        ax, x0, header_h + (n_rows - 0.5) * line_h,
+        f"… {len(lines) - max_lines} more target calls (see "
+        "example_trace.html)", "#999999", False, bold=False, **draw)
   return fig

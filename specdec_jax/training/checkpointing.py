@@ -47,9 +47,9 @@ def quiet_absl():
 
 def write_model_config(directory: str, config: T5Config) -> None:
   """``directory/model_config.json``, atomically."""
-  io_utils.atomic_write(os.path.join(directory, MODEL_CONFIG_FILE),
-                        json.dumps(gin_utils.t5_config_fields(config),
-                                   indent=2))
+  io_utils.atomic_write(
+      os.path.join(directory, MODEL_CONFIG_FILE),
+      json.dumps(gin_utils.t5_config_fields(config), indent=2))
 
 
 def read_model_config(path: str) -> T5Config:
@@ -86,10 +86,11 @@ def save_checkpoint(model_dir: str, step: int, params, opt_state,
   staging = os.path.join(model_dir, f"{STAGING_PREFIX}{step}-{time.time_ns()}")
   try:
     with quiet_absl():
-      path = checkpoints.save_params(jax.device_get(params), staging,
-                                     step=step)
-    state = {"step": np.asarray(step, np.int64),
-             "opt_state": jax.device_get(opt_state)}
+      path = checkpoints.save_params(jax.device_get(params), staging, step=step)
+    state = {
+        "step": np.asarray(step, np.int64),
+        "opt_state": jax.device_get(opt_state)
+    }
     io_utils.atomic_write(os.path.join(path, TRAIN_STATE_FILE),
                           serialization.to_bytes(state))
     write_model_config(path, config)
@@ -102,8 +103,8 @@ def save_checkpoint(model_dir: str, step: int, params, opt_state,
   return final
 
 
-def restore_checkpoint(ckpt: str, config: T5Config, opt_state_template
-                       ) -> Tuple[int, Any, Any]:
+def restore_checkpoint(ckpt: str, config: T5Config,
+                       opt_state_template) -> Tuple[int, Any, Any]:
   """(step, {'params': ...}, opt_state) from a checkpoint of `save_checkpoint`.
 
   Raises:
@@ -120,8 +121,7 @@ def restore_checkpoint(ckpt: str, config: T5Config, opt_state_template
         "delete the checkpoint) to train from scratch.")
   with open(state_file, "rb") as f:
     raw = f.read()
-  template = {"step": np.asarray(0, np.int64),
-              "opt_state": opt_state_template}
+  template = {"step": np.asarray(0, np.int64), "opt_state": opt_state_template}
   try:
     state = serialization.from_bytes(template, raw)
   except Exception as e:  # pylint: disable=broad-except

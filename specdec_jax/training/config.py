@@ -23,15 +23,18 @@ from specdec_jax.training.optimizer import OptimizerSettings
 # (field, test, what is allowed): every number `train` takes, checked when
 # the config is built, before anything is read or trained.
 def _int(low, high=None, none=False):
+
   def test(v):
     if v is None:
       return none
     return (isinstance(v, int) and not isinstance(v, bool) and v >= low and
             (high is None or v <= high))
+
   return test
 
 
 def _real(low, high, low_open=False, high_open=False, none=False):
+
   def test(v):
     if v is None:
       return none
@@ -41,6 +44,7 @@ def _real(low, high, low_open=False, high_open=False, none=False):
       return False
     return ((v > low if low_open else v >= low) and
             (v < high if high_open else v <= high))
+
   return test
 
 
@@ -64,8 +68,8 @@ _NUMBERS = (
      "None, 0 (off) or a finite number > 0"),
     ("adam_b1", _real(0, 1, high_open=True), "a number in [0, 1)"),
     ("adam_b2", _real(0, 1, high_open=True), "a number in [0, 1)"),
-    ("adam_eps", _real(0, _INF, low_open=True, high_open=True),
-     "a finite number > 0"),
+    ("adam_eps", _real(0, _INF, low_open=True,
+                       high_open=True), "a finite number > 0"),
     ("label_smoothing", _real(0, 1, high_open=True), "a number in [0, 1)"),
     ("z_loss", _real(0, _INF, high_open=True), "a finite number >= 0"),
     ("seed", _int(-2**63), "an integer"),
@@ -230,14 +234,16 @@ class TrainConfig:
 
   def loss_settings(self) -> LossSettings:
     return LossSettings(label_smoothing=float(self.label_smoothing),
-                        z_loss=float(self.z_loss),
-                        distill=self.distill_from is not None,
+                        z_loss=float(self.z_loss), distill=self.distill_from
+                        is not None,
                         distill_temperature=float(self.distill_temperature),
                         distill_weight=float(self.distill_weight))
 
   def optimizer_settings(self) -> OptimizerSettings:
-    fields = {f.name: getattr(self, f.name)
-              for f in dataclasses.fields(OptimizerSettings)}
+    fields = {
+        f.name: getattr(self, f.name)
+        for f in dataclasses.fields(OptimizerSettings)
+    }
     # Only the cosine schedule depends on the run length: with the others,
     # runs of different lengths share one compiled train step.
     fields["decay_steps"] = (int(self.decay_steps or self.num_steps)
@@ -258,8 +264,7 @@ class TrainConfig:
     return TrainPaths(
         model_dir=os.path.abspath(paths.resolve_path(self.model_dir)),
         spm_model_path=paths.resolve_path(self.spm_model_path),
-        source_file=data(self.source_file),
-        reference_file=data(self.reference_file),
-        eval_source_file=data(self.eval_source_file),
+        source_file=data(self.source_file), reference_file=data(
+            self.reference_file), eval_source_file=data(self.eval_source_file),
         eval_reference_file=data(self.eval_reference_file),
         distill_from=paths.resolve_path(self.distill_from))

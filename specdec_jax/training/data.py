@@ -19,9 +19,9 @@ from specdec_jax import paths
 from specdec_jax import tasks
 
 
-def read_training_pairs(source_file: str, reference_file: Optional[str],
-                        num_examples: Optional[int] = None
-                        ) -> List[Tuple[str, str]]:
+def read_training_pairs(
+    source_file: str, reference_file: Optional[str],
+    num_examples: Optional[int] = None) -> List[Tuple[str, str]]:
   """(source, reference) pairs, the first `num_examples` (None: all).
 
   Raises:
@@ -44,9 +44,10 @@ def read_eval_examples(source_file: Optional[str],
   if source_file is None or not num_examples:
     return []
   try:
-    return tasks.load_examples(
-        source_file=source_file, reference_file=reference_file,
-        input_prefix=input_prefix, num_examples=num_examples)
+    return tasks.load_examples(source_file=source_file,
+                               reference_file=reference_file,
+                               input_prefix=input_prefix,
+                               num_examples=num_examples)
   except ValueError as e:
     raise ValueError(f"Evaluation data: {e}") from e
 
@@ -63,10 +64,9 @@ class ParallelData:
   dropped.
   """
 
-  def __init__(self, sp, pairs: Sequence[Tuple[str, str]], *,
-               input_prefix: str, max_input_length: int,
-               max_target_length: int, batch_size: int, seed: int,
-               length_bucket: int = 8, sort_window: int = 0):
+  def __init__(self, sp, pairs: Sequence[Tuple[str, str]], *, input_prefix: str,
+               max_input_length: int, max_target_length: int, batch_size: int,
+               seed: int, length_bucket: int = 8, sort_window: int = 0):
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
     if len(pairs) < batch_size:
@@ -117,8 +117,8 @@ class ParallelData:
     idx = self._epoch_batches(epoch)[index]
     return self.make_batch(self.inputs[idx], self.targets[idx])
 
-  def make_batch(self, inputs: np.ndarray, targets: np.ndarray
-                 ) -> Dict[str, np.ndarray]:
+  def make_batch(self, inputs: np.ndarray,
+                 targets: np.ndarray) -> Dict[str, np.ndarray]:
     """Teacher-forcing arrays for inputs [B, S] and targets [B, T] (0-padded).
 
     Returns:
@@ -127,10 +127,12 @@ class ParallelData:
       S' and T' are the longest rows rounded up to `length_bucket` (at most
       S and T).
     """
-    in_len = min(inputs.shape[1], _round_up(
-        max(1, int((inputs > 0).sum(1).max())), self.length_bucket))
-    tgt_len = min(targets.shape[1], _round_up(
-        max(1, int((targets > 0).sum(1).max())), self.length_bucket))
+    in_len = min(
+        inputs.shape[1],
+        _round_up(max(1, int((inputs > 0).sum(1).max())), self.length_bucket))
+    tgt_len = min(
+        targets.shape[1],
+        _round_up(max(1, int((targets > 0).sum(1).max())), self.length_bucket))
     targets = targets[:, :tgt_len]
     decoder_inputs = np.zeros_like(targets)
     decoder_inputs[:, 1:] = targets[:, :-1]  # Shift right, start token 0.

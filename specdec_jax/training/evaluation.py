@@ -55,7 +55,9 @@ def evaluate_bleu(config: T5Config, params, sp,
       "bleu": metrics.bleu(predictions, [ex["reference"] for ex in examples]),
       "num_examples": len(examples),
       "decode_seconds": time.time() - start,
-      "samples": [{"input": ex["input"], "reference": ex["reference"],
-                   "prediction": p}
-                  for ex, p in list(zip(examples, predictions))[:5]],
+      "samples": [{
+          "input": ex["input"],
+          "reference": ex["reference"],
+          "prediction": p
+      } for ex, p in list(zip(examples, predictions))[:5]],
   }

@@ -58,18 +58,17 @@ def _logits(config: T5Config, params, batch, *, dropout_rng=None,
   """[B, T, V] float32 teacher-forced logits (dropout iff `dropout_rng`),
   from the model's own encoder, or from `encoded` [B, S, d] when given."""
   kwargs = dict(deterministic=dropout_rng is None,
-                rngs=None if dropout_rng is None else {"dropout":
-                                                       dropout_rng})
+                rngs=None if dropout_rng is None else {"dropout": dropout_rng})
   module = Transformer(config)
   if encoded is None:
-    logits = module.apply(
-        params, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-        batch["decoder_target_tokens"], **kwargs)
+    logits = module.apply(params, batch["encoder_input_tokens"],
+                          batch["decoder_input_tokens"],
+                          batch["decoder_target_tokens"], **kwargs)
   else:
-    logits = module.apply(
-        params, encoded, batch["encoder_input_tokens"],
-        batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-        method=Transformer.decode, **kwargs)
+    logits = module.apply(params, encoded, batch["encoder_input_tokens"],
+                          batch["decoder_input_tokens"],
+                          batch["decoder_target_tokens"],
+                          method=Transformer.decode, **kwargs)
   return logits.astype(jnp.float32)
 
 
@@ -83,16 +82,15 @@ def _kl(t_logits: Array, logits: Array, log_q: Array,
         temperature: float) -> Array:
   """[B, T] KL(p_teacher^T || q_student^T) from logits [B, T, V]."""
   log_p = jax.nn.log_softmax(t_logits / temperature, axis=-1)
-  log_q_t = (log_q if temperature == 1.0 else
-             jax.nn.log_softmax(logits / temperature, axis=-1))
+  log_q_t = (log_q if temperature == 1.0 else jax.nn.log_softmax(
+      logits / temperature, axis=-1))
   return (jnp.exp(log_p) * (log_p - log_q_t)).sum(-1)
 
 
-def compute_losses(params, batch, dropout_rng, *, config: T5Config,
-                   settings: LossSettings,
-                   teacher_config: Optional[T5Config] = None,
-                   teacher_params: Any = None
-                   ) -> Tuple[Array, Dict[str, Array]]:
+def compute_losses(
+    params, batch, dropout_rng, *, config: T5Config, settings: LossSettings,
+    teacher_config: Optional[T5Config] = None,
+    teacher_params: Any = None) -> Tuple[Array, Dict[str, Array]]:
   """Per-batch loss and metrics (all means over non-pad target tokens).
 
   Args:
@@ -113,8 +111,10 @@ def compute_losses(params, batch, dropout_rng, *, config: T5Config,
                        "reads its teacher's encoder: set distill_from.")
     encoded = jax.lax.stop_gradient(
         _encode(teacher_config, teacher_params, batch))
-  logits = _logits(config, params, batch, dropout_rng=(
-      dropout_rng if config.dropout_rate > 0 else None), encoded=encoded)
+  logits = _logits(
+      config, params, batch,
+      dropout_rng=(dropout_rng if config.dropout_rate > 0 else None),
+      encoded=encoded)
   targets = batch["decoder_target_tokens"]
   mask = (targets > 0).astype(jnp.float32)
   num_tokens = jnp.maximum(mask.sum(), 1.0)
@@ -131,9 +131,11 @@ def compute_losses(params, batch, dropout_rng, *, config: T5Config,
     smooth = -log_q.mean(-1)
     loss = mean((1.0 - settings.label_smoothing) * nll +
                 settings.label_smoothing * smooth)
-  metrics = {"ce": ce, "num_tokens": num_tokens,
-             "accuracy": mean((log_q.argmax(-1) == targets).astype(
-                 jnp.float32))}
+  metrics = {
+      "ce": ce,
+      "num_tokens": num_tokens,
+      "accuracy": mean((log_q.argmax(-1) == targets).astype(jnp.float32))
+  }
   if settings.distill:
     t_logits = jax.lax.stop_gradient(
         _logits(teacher_config, teacher_params, batch, encoded=encoded))

@@ -54,10 +54,11 @@ class OptimizerSettings:
 
   def make(self) -> optax.GradientTransformation:
     """The optax optimizer over `schedule()`."""
-    return make_optimizer(
-        optimizer=self.optimizer, schedule=self.schedule(),
-        weight_decay=self.weight_decay, grad_clip_norm=self.grad_clip_norm,
-        adam_b1=self.adam_b1, adam_b2=self.adam_b2, adam_eps=self.adam_eps)
+    return make_optimizer(optimizer=self.optimizer, schedule=self.schedule(),
+                          weight_decay=self.weight_decay,
+                          grad_clip_norm=self.grad_clip_norm,
+                          adam_b1=self.adam_b1, adam_b2=self.adam_b2,
+                          adam_eps=self.adam_eps)
 
 
 def make_schedule(*, learning_rate: float, warmup_steps: int, decay: str,
@@ -73,8 +74,8 @@ def make_schedule(*, learning_rate: float, warmup_steps: int, decay: str,
     if decay == "constant":
       after = lr
     elif decay == "rsqrt":
-      after = lr * jnp.sqrt(max(1, warmup_steps) / jnp.maximum(
-          step + 1.0, max(1, warmup_steps)))
+      after = lr * jnp.sqrt(
+          max(1, warmup_steps) / jnp.maximum(step + 1.0, max(1, warmup_steps)))
     else:
       span = max(1, int(decay_steps) - warmup_steps)
       frac = jnp.clip((step - warmup_steps) / span, 0.0, 1.0)
@@ -92,8 +93,10 @@ def make_optimizer(*, optimizer: str, schedule, weight_decay: float,
   """AdamW (decay on >= 2-D kernels only) or Adafactor (T5X-like)."""
   _check_choice("optimizer", optimizer, OPTIMIZERS)
   if optimizer == "adamw":
+
     def decay_mask(params):
       return jax.tree_util.tree_map(lambda x: x.ndim > 1, params)
+
     tx = optax.adamw(schedule, b1=adam_b1, b2=adam_b2, eps=adam_eps,
                      weight_decay=weight_decay, mask=decay_mask)
   else:

@@ -33,8 +33,8 @@ def train_step_fn(config: T5Config, teacher_config: Optional[T5Config],
     (_, metrics), grads = grad_fn(params, batch, dropout_rng)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    metrics["grad_norm"] = jnp.sqrt(sum(
-        jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads)))
+    metrics["grad_norm"] = jnp.sqrt(
+        sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads)))
     metrics["input_tokens"] = (batch["encoder_input_tokens"] > 0).sum()
     return params, opt_state, metrics
 

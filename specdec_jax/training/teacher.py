@@ -57,20 +57,23 @@ def resolve_checkpoint(distill_from: str) -> Tuple[str, Optional[str]]:
 
 
 def _check_agrees(stored: T5Config, json_path: str, given: T5Config) -> None:
-  diff = [f.name for f in dataclasses.fields(T5Config)
-          if f.name not in _SHAPE_FREE_FIELDS and
-          getattr(stored, f.name) != getattr(given, f.name)]
+  diff = [
+      f.name
+      for f in dataclasses.fields(T5Config)
+      if f.name not in _SHAPE_FREE_FIELDS and
+      getattr(stored, f.name) != getattr(given, f.name)
+  ]
   if diff:
     raise ValueError(
         f"Teacher config mismatch: {json_path} (written with the teacher "
-        f"checkpoint) differs from the given teacher config in {diff}: "
-        + ", ".join(f"{k}={getattr(stored, k)!r} vs "
-                    f"{getattr(given, k)!r}" for k in diff))
+        f"checkpoint) differs from the given teacher config in {diff}: " +
+        ", ".join(f"{k}={getattr(stored, k)!r} vs "
+                  f"{getattr(given, k)!r}" for k in diff))
 
 
 def teacher_config(distill_from: str, config: Optional[T5Config],
-                   model_gin: Optional[str], search_paths: Sequence[str]
-                   ) -> Tuple[str, T5Config]:
+                   model_gin: Optional[str],
+                   search_paths: Sequence[str]) -> Tuple[str, T5Config]:
   """(checkpoint, config without dropout) of the teacher; see the module doc.
 
   Raises:
@@ -102,8 +105,7 @@ def load_teacher(distill_from: str, config: Optional[T5Config],
                  model_gin: Optional[str], search_paths: Sequence[str], *,
                  student: T5Config) -> Teacher:
   """The teacher, checked against the student before its weights are read."""
-  ckpt, t_config = teacher_config(distill_from, config, model_gin,
-                                  search_paths)
+  ckpt, t_config = teacher_config(distill_from, config, model_gin, search_paths)
   if t_config.vocab_size != student.vocab_size:
     raise ValueError(
         f"Distillation teacher {ckpt} has vocab_size "
@@ -118,6 +120,9 @@ def load_teacher(distill_from: str, config: Optional[T5Config],
   # float32 whatever the stored dtype: a shipped bfloat16 checkpoint would
   # otherwise run the teacher in bfloat16 matmuls (slow on CPU).
   with checkpointing.quiet_absl():
-    params = {"params": checkpoints.load_t5x_params(
-        ckpt, expected=param_shapes(t_config), dtype=jnp.float32)}
+    params = {
+        "params": checkpoints.load_t5x_params(ckpt,
+                                              expected=param_shapes(t_config),
+                                              dtype=jnp.float32)
+    }
   return Teacher(checkpoint=ckpt, config=t_config, params=params)

@@ -136,8 +136,10 @@ class _Progress:
     elapsed = time.time() - self._window_start
     self.flush()
     recent = self.history[-self._log_every:]
-    mean = {k: float(np.mean([h[k] for h in recent])) for k in recent[0]
-            if k != "step"}
+    mean = {
+        k: float(np.mean([h[k]
+                          for h in recent])) for k in recent[0] if k != "step"
+    }
     timed = self._window_steps and elapsed > 0
     if self._window_steps:
       self.total_time += elapsed
@@ -150,8 +152,8 @@ class _Progress:
         mean["accuracy"], float(self._schedule(step - 1)), mean["grad_norm"],
         self._window_steps / elapsed if timed else 0.0,
         self._window_tokens / elapsed if timed else 0.0)
-    self._window_start, self._window_steps, self._window_tokens = (
-        time.time(), 0, 0)
+    self._window_start, self._window_steps, self._window_tokens = (time.time(),
+                                                                   0, 0)
 
   @contextlib.contextmanager
   def paused(self):
@@ -166,8 +168,8 @@ class _Progress:
     out = {}
     history, n = self.history, self._log_every
     if history:
-      head, tail = history[:min(len(history), n)], history[-min(len(history),
-                                                                n):]
+      head, tail = history[:min(len(history), n
+                               )], history[-min(len(history), n):]
       out.update({
           "initial_loss": history[0]["loss"],
           "first_window_loss": float(np.mean([h["loss"] for h in head])),
@@ -190,8 +192,8 @@ def _initial_state(model: T5Config, tx, model_dir: str, init_rng) -> _State:
   last = checkpoints.latest_checkpoint(model_dir)
   if last is None:
     return _State(0, params, opt_state, checkpoint=None, saved_step=None)
-  step, params, opt_state = checkpointing.restore_checkpoint(last, model,
-                                                              opt_state)
+  step, params, opt_state = checkpointing.restore_checkpoint(
+      last, model, opt_state)
   logging.info("Resuming from %s at step %d.", last, step)
   return _State(step, params, opt_state, checkpoint=last, saved_step=step)
 
@@ -238,20 +240,23 @@ def _write_run_files(model_dir: str, model: T5Config) -> None:
     pass  # A record for the reader only: never a reason to stop a run.
 
 
-def _run_metrics(config: TrainConfig, files: TrainPaths, model: T5Config,
-                 state, start_step: int, sp, train_examples: int,
+def _run_metrics(config: TrainConfig, files: TrainPaths, model: T5Config, state,
+                 start_step: int, sp, train_examples: int,
                  progress: "_Progress", teacher) -> Dict[str, Any]:
   """What `metrics.json` records about a finished run (before evaluation)."""
   return {
-      "model_dir": files.model_dir, "step": state.step,
-      "start_step": start_step, "num_params": model.num_params,
+      "model_dir": files.model_dir,
+      "step": state.step,
+      "start_step": start_step,
+      "num_params": model.num_params,
       "model_config": gin_utils.t5_config_fields(model),
       "checkpoint": state.checkpoint,
-      "spm_model_path": (files.spm_model_path
-                         if paths.is_url(files.spm_model_path)
-                         else os.path.abspath(files.spm_model_path)),
-      "vocab_pieces": sp.get_piece_size(), "input_prefix": config.input_prefix,
-      "train_examples": train_examples, "batch_size": config.batch_size,
+      "spm_model_path": (files.spm_model_path if paths.is_url(
+          files.spm_model_path) else os.path.abspath(files.spm_model_path)),
+      "vocab_pieces": sp.get_piece_size(),
+      "input_prefix": config.input_prefix,
+      "train_examples": train_examples,
+      "batch_size": config.batch_size,
       "distill_from": teacher and teacher.checkpoint,
       **progress.summary(),
   }
@@ -273,10 +278,9 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
       files.eval_source_file, files.eval_reference_file,
       input_prefix=config.input_prefix, num_examples=config.eval_num_examples)
   sp = vocabulary.prepare_vocabulary(
-      files.spm_model_path, train_vocab=config.train_vocab,
-      training_files=[f for f in (files.source_file, files.reference_file)
-                      if f], vocab_size=config.spm_vocab_size,
-      spm_options=config.spm_options)
+      files.spm_model_path, train_vocab=config.train_vocab, training_files=[
+          f for f in (files.source_file, files.reference_file) if f
+      ], vocab_size=config.spm_vocab_size, spm_options=config.spm_options)
   vocabulary.check_fits(sp, files.spm_model_path, model)
   teacher = None
   if files.distill_from is None and not model.has_encoder:
@@ -285,22 +289,24 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
         "reads its teacher's encoder; set distill_from (the target whose "
         "encoder it reads) and the teacher's config.")
   if files.distill_from is not None:
-    teacher = teacher_lib.load_teacher(
-        files.distill_from, config.teacher_config, config.teacher_model_gin,
-        config.search_paths(), student=model)
+    teacher = teacher_lib.load_teacher(files.distill_from,
+                                       config.teacher_config,
+                                       config.teacher_model_gin,
+                                       config.search_paths(), student=model)
     logging.info("Distilling from %s (%d params, T=%g, weight=%g).",
                  teacher.checkpoint, teacher.config.num_params,
                  config.distill_temperature, config.distill_weight)
-  dataset = data_lib.ParallelData(
-      sp, pairs, input_prefix=config.input_prefix,
-      max_input_length=config.max_input_length,
-      max_target_length=config.max_target_length,
-      batch_size=config.batch_size, seed=config.seed,
-      length_bucket=config.length_bucket, sort_window=config.sort_window)
+  dataset = data_lib.ParallelData(sp, pairs, input_prefix=config.input_prefix,
+                                  max_input_length=config.max_input_length,
+                                  max_target_length=config.max_target_length,
+                                  batch_size=config.batch_size,
+                                  seed=config.seed,
+                                  length_bucket=config.length_bucket,
+                                  sort_window=config.sort_window)
   # 4. State: fresh or resumed.
   optimizer = config.optimizer_settings()
-  tx, step_fn = step_lib.train_step_fn(
-      model, teacher and teacher.config, config.loss_settings(), optimizer)
+  tx, step_fn = step_lib.train_step_fn(model, teacher and teacher.config,
+                                       config.loss_settings(), optimizer)
   os.makedirs(files.model_dir, exist_ok=True)
   checkpointing.clean_staging(files.model_dir)
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -310,20 +316,18 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
   logging.info(
       "Training %s: %d params, %d examples (%d steps/epoch), batch %d, "
       "steps %d -> %d.", files.model_dir, model.num_params, len(dataset),
-      dataset.steps_per_epoch, config.batch_size, start_step,
-      config.num_steps)
+      dataset.steps_per_epoch, config.batch_size, start_step, config.num_steps)
   # 5. Train.
   progress = _Progress(config.log_every_steps, config.num_steps,
                        optimizer.schedule())
-  state = _train_loop(config, model, files.model_dir, state, dataset,
-                      step_fn, teacher and teacher.params, dropout_rng,
-                      progress)
+  state = _train_loop(config, model, files.model_dir, state, dataset, step_fn,
+                      teacher and teacher.params, dropout_rng, progress)
   # 6. Evaluate and write metrics.
   metrics = _run_metrics(config, files, model, state, start_step, sp,
                          len(dataset), progress, teacher)
   if eval_examples:
-    metrics["eval"] = _evaluate(config, model, state.params, sp,
-                                eval_examples, teacher)
+    metrics["eval"] = _evaluate(config, model, state.params, sp, eval_examples,
+                                teacher)
   metrics["wall_seconds"] = time.time() - t_begin
   io_utils.atomic_write(os.path.join(files.model_dir, METRICS_FILE),
                         json.dumps(metrics, indent=2, ensure_ascii=False))
@@ -333,8 +337,8 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
                      checkpoint=state.checkpoint, config=model)
 
 
-def _evaluate(config: TrainConfig, model: T5Config, params, sp,
-              examples, teacher=None) -> Dict[str, Any]:
+def _evaluate(config: TrainConfig, model: T5Config, params, sp, examples,
+              teacher=None) -> Dict[str, Any]:
   """Greedy validation BLEU (`evaluation.evaluate_bleu`), logged; a
   shared-encoder student decodes on the teacher's encoder."""
   encoder = None
