@@ -59,11 +59,11 @@ def _env():
 # ---------------------------------------------------------------------------
 # (1) One run at a time per OUTPUT_DIR; (6) Ctrl-C: one line, exit 130.
 # ---------------------------------------------------------------------------
-def _run_cmd(out, source, *extra):
+def _run_cmd(out, source, *extra, num_examples=5000):
   return [
       sys.executable, "-m", "specdec_jax.run", "--gin_file=local_tiny.gin",
       f"--gin.OUTPUT_DIR='{out}'", f"--gin.SOURCE_FILE='{source}'",
-      "--gin.NUM_EXAMPLES=5000", *extra
+      f"--gin.NUM_EXAMPLES={num_examples}", *extra
   ]
 
 
@@ -83,13 +83,17 @@ def test_concurrent_runs_refused_and_ctrl_c_is_one_line(tmp_path):
   startup naming the first; Ctrl-C ends the first with one line and 130,
   and its lock is gone."""
   source = tmp_path / "many.tsv"
+  # Far more work than the test waits for (it is interrupted): with warm
+  # compilation caches 5000 examples could finish before the second run
+  # had started beside it on a loaded machine.
+  rows = 200_000
   source.write_text("".join(
-      f"a small house number {i}\tein Haus {i}\n" for i in range(5000)))
+      f"a small house number {i}\tein Haus {i}\n" for i in range(rows)))
   out = tmp_path / "same"
   lock = out / run_lock.LOCK_FILE
-  first = subprocess.Popen(_run_cmd(out, source, "--gin.GAMMA=2"), cwd=REPO,
-                           env=_env(), text=True, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE)
+  first = subprocess.Popen(
+      _run_cmd(out, source, "--gin.GAMMA=2", num_examples=rows), cwd=REPO,
+      env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
   try:
     _wait_for(lock, first)
     record = json.loads(lock.read_text())
