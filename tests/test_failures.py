@@ -83,17 +83,22 @@ def test_concurrent_runs_refused_and_ctrl_c_is_one_line(tmp_path):
   startup naming the first; Ctrl-C ends the first with one line and 130,
   and its lock is gone."""
   source = tmp_path / "many.tsv"
-  # Far more work than the test waits for (it is interrupted): with warm
-  # compilation caches 5000 examples could finish before the second run
-  # had started beside it on a loaded machine.
-  rows = 200_000
+  # More work than the test waits for (it is interrupted first), so the
+  # run cannot finish while the second one starts beside it.
+  rows = 20_000
   source.write_text("".join(
       f"a small house number {i}\tein Haus {i}\n" for i in range(rows)))
   out = tmp_path / "same"
   lock = out / run_lock.LOCK_FILE
   first = subprocess.Popen(
       _run_cmd(out, source, "--gin.GAMMA=2", num_examples=rows), cwd=REPO,
-      env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+      env=_env(), text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  # Read its stderr as a terminal would: an unread pipe fills after a few
+  # hundred progress lines and blocks the run inside a log write.
+  chunks = []
+  reader = threading.Thread(target=lambda: chunks.extend(first.stderr),
+                            daemon=True)
+  reader.start()
   try:
     _wait_for(lock, first)
     record = json.loads(lock.read_text())
@@ -108,11 +113,19 @@ def test_concurrent_runs_refused_and_ctrl_c_is_one_line(tmp_path):
     assert len(errors) == 1 and "Traceback" not in second.stderr
     assert f"is in use by run (pid {first.pid}" in errors[0]
     assert first.poll() is None  # the first run goes on
+    # Ctrl-C during the long part, the decoding (its progress lines).
+    deadline = time.monotonic() + 240
+    while not any("walltime.py" in c and " batch " in c for c in chunks):
+      assert first.poll() is None and time.monotonic() < deadline, (
+          "the first run never started decoding")
+      time.sleep(0.2)
     first.send_signal(signal.SIGINT)
-    _, stderr = first.communicate(timeout=120)
+    first.wait(timeout=120)
+    reader.join(timeout=30)
   finally:
     if first.poll() is None:
       first.kill()
+  stderr = "".join(chunks)
   assert first.returncode == 130, stderr[-3000:]
   assert "Traceback" not in stderr
   assert [l for l in stderr.splitlines() if l.startswith("run: ")] == [
