@@ -59,6 +59,24 @@ def _env():
 # ---------------------------------------------------------------------------
 # (1) One run at a time per OUTPUT_DIR; (6) Ctrl-C: one line, exit 130.
 # ---------------------------------------------------------------------------
+def _default_sigint() -> None:
+  """Ctrl-C as in a terminal, whatever the test process did to SIGINT: an
+  ignored or blocked signal is inherited by a child (seen only in the whole
+  suite under pytest-xdist, where the run then never saw the Ctrl-C)."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
+def _signal_state(pid: int) -> str:
+  """The Sig* lines of /proc/<pid>/status (which signals are ignored,
+  blocked, caught), for a failure message."""
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      return " ".join(l.strip() for l in f if l.startswith("Sig"))
+  except OSError as e:
+    return str(e)
+
+
 def _run_cmd(out, source, *extra, num_examples=5000):
   return [
       sys.executable, "-m", "specdec_jax.run", "--gin_file=local_tiny.gin",
@@ -92,7 +110,8 @@ def test_concurrent_runs_refused_and_ctrl_c_is_one_line(tmp_path):
   lock = out / run_lock.LOCK_FILE
   first = subprocess.Popen(
       _run_cmd(out, source, "--gin.GAMMA=2", num_examples=rows), cwd=REPO,
-      env=_env(), text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+      env=_env(), text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      preexec_fn=_default_sigint)
   # Read its stderr as a terminal would: an unread pipe fills after a few
   # hundred progress lines and blocks the run inside a log write.
   chunks = []
@@ -119,8 +138,13 @@ def test_concurrent_runs_refused_and_ctrl_c_is_one_line(tmp_path):
       assert first.poll() is None and time.monotonic() < deadline, (
           "the first run never started decoding")
       time.sleep(0.2)
+    state = _signal_state(first.pid)
     first.send_signal(signal.SIGINT)
-    first.wait(timeout=120)
+    try:
+      first.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+      raise AssertionError(
+          f"the run did not stop on Ctrl-C; its signals: {state}") from None
     reader.join(timeout=30)
   finally:
     if first.poll() is None:
