@@ -2,7 +2,6 @@
 of its `RunArguments` field, and gin/run.gin, the typo checks and the
 generated docs are held to it."""
 import dataclasses
-import importlib.util
 import re
 
 import pytest
@@ -12,6 +11,7 @@ from specdec_jax.experiment import arguments
 from specdec_jax.experiment import setup  # noqa: F401  # registers vocabulary
 
 from conftest import REPO
+from conftest import load_script
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
 FIELDS = dataclasses.fields(arguments.RunArguments)
@@ -19,11 +19,7 @@ FIELDS = dataclasses.fields(arguments.RunArguments)
 
 @pytest.fixture(scope="module")
 def generator():
-  spec = importlib.util.spec_from_file_location(
-      "generate_docs", REPO / "scripts" / "generate_docs.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("generate_docs")
 
 
 def _default(field: dataclasses.Field):

@@ -6,7 +6,6 @@ with the flag, the value and what is allowed, before T5X is imported or
 anything is loaded. The end-to-end test needs a T5X checkout (not a
 dependency) at $T5X_PATH or /tmp/t5x and skips without one.
 """
-import importlib.util
 import json
 import os
 import pathlib
@@ -21,6 +20,7 @@ from specdec_jax.benchmarking import t5x_pair
 from specdec_jax.benchmarking import t5x_reference
 
 from conftest import REPO
+from conftest import load_script
 
 SCRIPT = REPO / "scripts" / "compare_with_t5x.py"
 T5X_PATH = pathlib.Path(os.environ.get("T5X_PATH", "/tmp/t5x"))
@@ -28,10 +28,7 @@ T5X_PATH = pathlib.Path(os.environ.get("T5X_PATH", "/tmp/t5x"))
 
 @pytest.fixture(scope="module")
 def script():
-  spec = importlib.util.spec_from_file_location("compare_with_t5x", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("compare_with_t5x")
 
 
 def _error(script, argv, capsys) -> str:

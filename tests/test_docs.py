@@ -16,6 +16,7 @@ from specdec_jax import gin_utils
 from specdec_jax import run as run_lib
 
 from conftest import REPO
+from conftest import load_script
 
 DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
@@ -23,11 +24,7 @@ PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
 
 @pytest.fixture(scope="module")
 def generator():
-  spec = importlib.util.spec_from_file_location(
-      "generate_docs", REPO / "scripts" / "generate_docs.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("generate_docs")
 
 
 def _section(text: str, heading: str) -> str:

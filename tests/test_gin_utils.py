@@ -1,5 +1,4 @@
 """gin_utils.read_t5_config: a model gin file's T5Config without global gin."""
-import importlib.util
 
 import gin
 import jax.numpy as jnp
@@ -10,6 +9,7 @@ from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=
 from specdec_jax.models import T5Config
 
 from conftest import REPO
+from conftest import load_script
 
 DEFAULT = T5Config()  # No gin bindings are live at import time.
 
@@ -173,11 +173,7 @@ def test_parse_gin_silences_gin_lookup_noise(caplog):
 # Model sizes written once: the scoped copies are generated.
 # ---------------------------------------------------------------------------
 def _model_gin_generator():
-  spec = importlib.util.spec_from_file_location(
-      "generate_model_gin", REPO / "scripts" / "generate_model_gin.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("generate_model_gin")
 
 
 def test_scoped_model_files_are_the_generators_output():

@@ -1,19 +1,14 @@
 """scripts/plot_call_cost.py: the call-cost table and figure from benchmarks."""
-import importlib.util
 import json
 
 import pytest
 
-from conftest import REPO
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-  spec = importlib.util.spec_from_file_location(
-      "plot_call_cost", REPO / "scripts" / "plot_call_cost.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("plot_call_cost")
 
 
 def _bench(path, ratios, step_ms, decoder_bytes):

@@ -3,7 +3,6 @@
 No timing is asserted beyond positivity (the machine may be shared); what
 is asserted is what is timed and in which order.
 """
-import importlib.util
 
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 
 from specdec_jax import timing
 
-from conftest import REPO, random_model, tiny_config
+from conftest import load_script, random_model, tiny_config
 
 
 def test_call_seconds_interleaves_rounds(monkeypatch):
@@ -67,11 +66,7 @@ def test_call_seconds_rejects_a_call_that_does_not_fit(fill, k):
 
 
 def _noise_script():
-  path = REPO / "scripts" / "benchmark_timing_noise.py"
-  spec = importlib.util.spec_from_file_location("benchmark_timing_noise", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_script("benchmark_timing_noise")
 
 
 @pytest.mark.slow
