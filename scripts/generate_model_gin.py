@@ -21,6 +21,11 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec_jax import io_utils
+
 MODELS = os.path.join(REPO, "gin", "models")
 _T5X_SIZES = [f"t5_1_1_{s}" for s in ("small", "base", "large", "xl", "xxl")]
 # The scoped copies: role -> the unscoped models/X.gin it binds.
@@ -105,8 +110,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"stale: gin/models/{relative}", file=sys.stderr)
       return 1 if old else 0
     for relative, text in pages().items():
-      with open(os.path.join(MODELS, relative), "w", encoding="utf-8") as f:
-        f.write(text)
+      # Temp file, then rename: an interrupted run leaves no half file.
+      io_utils.atomic_write(os.path.join(MODELS, relative), text)
       print(f"gin/models/{relative}")
   except ModelGinError as e:
     print(f"generate_model_gin: error: {e}", file=sys.stderr)
