@@ -225,10 +225,9 @@ class Experiment:
     if draft is None and self.drafting.uses_draft_model:
       draft = load_model(self.draft_config, a.draft_checkpoint_path, a.seed + 1,
                          mesh, "draft")
-      if not self.draft_config.has_encoder:
-        # DRAFTER='shared_encoder': the draft decoder reads the target's
-        # encoder (started from the target's encoder output in the loop).
-        draft = models_lib.SharedEncoderModel.pair(target, draft)
+      # DRAFTER='shared_encoder': the draft decoder reads the target's
+      # encoder (started from the target's encoder output in the loop).
+      draft = models_lib.SharedEncoderModel.draft_for(target, draft)
       self._models = (mesh, target, draft)
     return self._models
 

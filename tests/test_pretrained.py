@@ -57,9 +57,8 @@ PAIRS = {
 def test_shipped_pair_loads_and_decodes_exactly(pair):
   target_name, target_gin, draft_name, draft_gin = PAIRS[pair]
   target = _load(target_name, target_gin)
-  draft = _load(draft_name, draft_gin)
-  if not draft.config.has_encoder:  # it reads the target's encoder
-    draft = SharedEncoderModel.pair(target, draft)
+  # A shared-encoder draft is paired with the target whose encoder it reads.
+  draft = SharedEncoderModel.draft_for(target, _load(draft_name, draft_gin))
   vocab = vocab_lib.get_vocabulary(str(PRETRAINED / "multi30k.model"),
                                    extra_ids=0)
   ids = vocab.encode("A man in a blue shirt is riding a bicycle.") + [1]

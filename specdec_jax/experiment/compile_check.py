@@ -65,9 +65,8 @@ def abstract_model(config: T5Config, mesh) -> T5Model:
 def abstract_draft(draft_config: T5Config, target: T5Model, mesh):
   """The draft as the run builds it: a decoder without an encoder of its
   own (DRAFTER='shared_encoder') paired with the target it reads."""
-  draft = abstract_model(draft_config, mesh)
-  return draft if draft_config.has_encoder else SharedEncoderModel.pair(
-      target, draft)
+  return SharedEncoderModel.draft_for(target,
+                                      abstract_model(draft_config, mesh))
 
 
 def own_params(model) -> Any:

@@ -35,6 +35,13 @@ class SharedEncoderModel:
   decoder: T5Model
 
   @classmethod
+  def draft_for(cls, target: T5Model, draft: T5Model):
+    """The draft as speculative decoding runs it: `draft` itself, or, for a
+    decoder without an encoder of its own, `draft` paired with `target`,
+    whose encoder it reads."""
+    return draft if draft.config.has_encoder else cls.pair(target, draft)
+
+  @classmethod
   def pair(cls, encoder: T5Model, decoder: T5Model) -> "SharedEncoderModel":
     """Checks that `decoder` reads `encoder`'s output, then pairs them."""
     cfg = decoder.config
