@@ -32,10 +32,13 @@ from specdec_jax import io_utils
 from specdec_jax import run as run_lib
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import legacy
+from specdec_jax.experiment import arguments
 from specdec_jax.experiment import memory
 from specdec_jax.experiment import predictions as predictions_lib
+from specdec_jax.experiment import loading
 from specdec_jax.experiment import run_lock
-from specdec_jax.experiment import setup
+from specdec_jax.experiment import runner
+from specdec_jax.experiment.plan import RunPlan
 from specdec_jax.models import T5Config
 from specdec_jax.training import TrainConfig
 from specdec_jax.training import trainer
@@ -210,18 +213,18 @@ def _vocab(size):
 def test_vocabulary_much_smaller_than_the_models_is_refused():
   model = T5Config(vocab_size=8000)
   with pytest.raises(run_lib.ConfigError) as e:
-    setup.check_vocabulary_fits(_vocab(1100), model, model)
+    loading.check_vocabulary_fits(_vocab(1100), model, model)
   for text in ("1100 ids", "vocab_size = 8000", "more than 1152",
                "allow_size_mismatch"):
     assert text in str(e.value), str(e.value)
   # T5X's padding rule: 32000 pieces + 100 extra ids in 32128 rows.
   t5 = T5Config(vocab_size=32128)
-  setup.check_vocabulary_fits(_vocab(32100), t5, t5)
+  loading.check_vocabulary_fits(_vocab(32100), t5, t5)
   with pytest.raises(run_lib.ConfigError, match="32129 ids"):
-    setup.check_vocabulary_fits(_vocab(32129), t5, t5)
+    loading.check_vocabulary_fits(_vocab(32129), t5, t5)
   # Deliberate: an explicit gin binding.
   gin.parse_config("check_vocabulary_fits.allow_size_mismatch = True")
-  setup.check_vocabulary_fits(_vocab(1100), model, model)
+  loading.check_vocabulary_fits(_vocab(1100), model, model)
 
 
 # ---------------------------------------------------------------------------
@@ -372,7 +375,7 @@ def _tiny_run(tmp_path, **overrides):
       "BATCH_SIZE = 2", "TASK_FEATURE_LENGTHS = {'inputs': 32, "
       "'targets': 8}", "GAMMA = 2"
   ])
-  return run_lib.Experiment(run_lib.run_arguments(overrides=overrides))
+  return RunPlan.build(arguments.run_arguments(overrides=overrides))
 
 
 @pytest.mark.slow
@@ -382,9 +385,9 @@ def test_full_disk_keeps_summary_and_decoded_rows(tmp_path, monkeypatch):
                       lambda *a, **k: _FullAfter(real_open(*a, **k), 2),
                       raising=False)
   seen = []
-  experiment = _tiny_run(tmp_path)
+  plan = _tiny_run(tmp_path)
   with pytest.raises(predictions_lib.OutputWriteError) as e:
-    experiment.run(on_result=seen.append)
+    runner.execute(plan, on_result=seen.append)
   out = tmp_path / "out"
   assert len(seen) == 1 and seen[0]["num_examples"] == 5  # summary first
   text = str(e.value)
@@ -412,7 +415,7 @@ def test_full_disk_at_metrics_json(tmp_path, monkeypatch):
       predictions_lib.OutputWriteError,
       match="metrics.json: No space left on device. Kept: "
       "the summary above and predictions.jsonl"):
-    _tiny_run(tmp_path).run()
+    runner.execute(_tiny_run(tmp_path))
   lines = (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()
   assert len(lines) == 5
 
@@ -525,8 +528,8 @@ def test_gamma_beyond_the_decode_length_refused(tmp_path, no_load):
   with pytest.raises(
       run_lib.ConfigError, match=r"GAMMA=1000 is more than TASK_FEATURE_LENGTHS"
       r"\['targets'\]=32.*Allowed: 1 to 32"):
-    run_lib.run()
-  run_lib.run_arguments(overrides={"gamma": 32})  # the most allowed
+    run_lib.run(providers=no_load)
+  arguments.run_arguments(overrides={"gamma": 32})  # the most allowed
   assert not (tmp_path / "o").exists()
 
 
@@ -536,7 +539,7 @@ def test_lengths_beyond_memory_refused(tmp_path, no_load):
       "TASK_FEATURE_LENGTHS = {'inputs': 1000000, 'targets': 32}"
   ])
   with pytest.raises(run_lib.ConfigError) as e:
-    run_lib.run()
+    run_lib.run(providers=no_load)
   text = str(e.value)
   assert "'inputs': 1000000" in text and "encoder attention logits" in text
   assert "GiB" in text and "this machine has" in text
