@@ -51,6 +51,7 @@ class SentencePieceFile:
   `sentencepiece_model_file`) has seqio's meaning.
   """
   extra_ids = 0
+  seqio_kind = "SentencePieceVocabulary"  # what run records (settings)
 
   def __init__(self, path: str):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top

@@ -28,7 +28,7 @@ from specdec_jax.models import T5Config
 
 ConfigError = gin_utils.ConfigError
 # Arguments that do not make a run's results different.
-NOT_SETTINGS = ("output_dir", "overwrite", "mode")
+NOT_SETTINGS = ("output_dir", "overwrite", "mode", "compile_topology")
 
 
 def settings_record(args: arguments.RunArguments, target_config: T5Config,
@@ -51,7 +51,9 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
       "target": gin_utils.t5_config_fields(target_config),
       "draft": gin_utils.t5_config_fields(draft_config),
       "vocabulary": {
-          "kind": type(vocab).__name__,
+          # `vocab.SentencePieceFile` reads as seqio's vocabulary does and
+          # is recorded under its name: the same results, the same run.
+          "kind": getattr(vocab, "seqio_kind", type(vocab).__name__),
           "size": int(vocab.vocab_size),
           "file": getattr(vocab, "sentencepiece_model_file", None)
       },

@@ -197,7 +197,7 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
       "drafter's guesses, interleaved", plan.args.gamma + 1)
   steps = step_times(plan, feed.batch(0),
                      int(decoded.tokens_generated / len(examples)))
-  decoded, compile_s, steps = slowest(decoded, compile_s, steps)
+  decoded, compile_s, steps = slowest_process(decoded, compile_s, steps)
   quality = plan.quality(decoded.base_text, decoded.spec_text,
                          [e["reference"] for e in examples])
   metrics = walltime_metrics(plan.args, decoded, quality, compile_s, steps,
@@ -236,7 +236,7 @@ def step_times(plan: RunPlan, batch: jax.Array, fill: int) -> StepTimes:
   return StepTimes(t_target, t_draft, t_verify)
 
 
-def slowest(decoded: Decoded, compile_s: float, steps: StepTimes):
+def slowest_process(decoded: Decoded, compile_s: float, steps: StepTimes):
   """(decoded, compile_s, steps) with the slowest process's seconds (the
   user waits for it), exchanged in one collective."""
   (time_base, time_spec, compile_s, t_target, t_draft,
