@@ -104,6 +104,10 @@ def compile_decoders(feed: multihost.Feeder, baseline: Decoder,
   """Compiles and runs both decoders once per input width; the seconds."""
   t0 = time.perf_counter()
   widths = feed.first_of_each_width()
+  logging.info(
+      "Compiling both decoders for input widths %s (read from the "
+      "persistent compilation cache after a first run)",
+      [feed.batch_width(b) for b in widths])
   for b in widths:
     batch = feed.batch(b)
     jax.block_until_ready(baseline(batch, rng))
