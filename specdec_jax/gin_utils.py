@@ -45,6 +45,7 @@ import dataclasses
 import difflib
 import logging as std_logging
 import os
+import re
 import sys
 import tokenize
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
@@ -134,6 +135,9 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
           f"--gin_file={name!r} not found in the gin search path {paths}.")
   if check_macros:
     check_macro_bindings(gin_bindings, gin_file_macros(gin_files, paths))
+  # Always: a macro that files or bindings define and nothing reads is a
+  # typo (`GAMA = 3` in a file; `--gin.NUM_STEP=3`), silently ignored by gin.
+  check_unused_macros(gin_files, gin_bindings, paths)
   quiet = _DropGinLookupNoise()
   root = std_logging.getLogger()
   root.addFilter(quiet)
@@ -188,6 +192,78 @@ def gin_file_macros(gin_files: Sequence[str],
   return names
 
 
+# Macros that code reads with `gin.query_parameter` rather than through a
+# `%NAME` in a binding: COMPILE_TOPOLOGY (`experiment.compile_report`).
+MACROS_READ_BY_CODE = frozenset({"COMPILE_TOPOLOGY"})
+
+
+def _binding_statements(text: str):
+  """The statements of one `--gin_bindings` string.
+
+  Raises:
+    ConfigError: it does not parse; says how to quote a string (gin's own
+      message shows an `<ast.Name object at 0x...>` for `GAMMA=x`).
+  """
+  try:
+    return list(config_parser.ConfigParser(text, _ParserDelegate()))
+  except (SyntaxError, tokenize.TokenError) as e:
+    token = re.search(r"Failed to parse token '([^']*)'", str(e))
+    why = (f"{token.group(1)!r} is not a gin value (a number, True/False, "
+           "None, a quoted string, a list, tuple or dict of those, or "
+           "%MACRO / @configurable; a string needs quotes, e.g. "
+           "--gin.NAME=\"'text'\")" if token else
+           _AST_REPR.sub("", str(e)).strip())
+    raise ConfigError(f"--gin_bindings={text!r}: not a gin binding: {why}.") \
+        from None
+
+
+_AST_REPR = re.compile(r":?\s*<ast\.\w+ object at 0x[0-9a-f]+>")
+
+
+def check_unused_macros(gin_files: Sequence[str], gin_bindings: Sequence[str],
+                        search_paths_: Optional[Sequence[str]] = None) -> None:
+  """Refuses a macro that a file or binding defines and nothing reads.
+
+  gin accepts `GAMA = 3` in an experiment file or `--gin.NUM_STEP=3` and
+  ignores it: the run goes on with the default. A macro is read when some
+  file or binding uses `%NAME`, or code reads it (`MACROS_READ_BY_CODE`).
+
+  Raises:
+    ConfigError: naming the file and line (or the binding), the macro and
+      the closest macro that is read.
+  """
+  paths = _search_paths_or_default(search_paths_)
+  defined: Dict[str, str] = {}
+  used: Set[str] = set(MACROS_READ_BY_CODE)
+  for path in gin_files:
+    for st, where in _gin_statements(path, paths):
+      if isinstance(st, config_parser.BindingStatement):
+        if not st.arg_name:
+          defined.setdefault(st.selector, f"{where}: {st.selector} = ...")
+        used |= _macro_references(st.value)
+  for text in gin_bindings:
+    for st in _binding_statements(text):
+      if isinstance(st, config_parser.BindingStatement):
+        if not st.arg_name:
+          defined[st.selector] = _binding_flag(text)
+        used |= _macro_references(st.value)
+  for name, where in defined.items():
+    if name not in used:
+      close = closest_names(name, sorted(used))
+      hint = (f"did you mean {' or '.join(close)}? " if close else "")
+      raise ConfigError(
+          f"{where}: macro {name!r} is defined but nothing reads it (no "
+          f"%{name} in any gin file or binding), so it would be silently "
+          f"ignored; {hint}macros read: {', '.join(sorted(used))}.")
+
+
+def _binding_flag(text: str) -> str:
+  """How the user typed a binding: --gin.NAME=VALUE or --gin_bindings=."""
+  text = text.strip()
+  return (f"--gin.{text}" if not any(c.isspace() for c in text) else
+          f"--gin_bindings={text!r}")
+
+
 def closest_names(name: str, known: Sequence[str], n: int = 3) -> List[str]:
   """The known names closest to `name` (difflib; case-insensitive)."""
   by_upper = {k.upper(): k for k in known}
@@ -226,22 +302,15 @@ def check_macro_bindings(gin_bindings: Sequence[str], known: Set[str]) -> None:
   parsed = []
   used = set(known)
   for text in gin_bindings:
-    try:
-      statements = list(config_parser.ConfigParser(text, _ParserDelegate()))
-    except (SyntaxError, tokenize.TokenError) as e:
-      raise ConfigError(f"--gin_bindings={text!r}: not a gin binding ({e}).") \
-          from None
-    for st in statements:
+    for st in _binding_statements(text):
       if isinstance(st, config_parser.BindingStatement):
         used |= _macro_references(st.value)
         if not st.arg_name:
           parsed.append((text, st.selector))
   for text, name in parsed:
     if name not in used:
-      text = text.strip()
-      flag = (f"--gin.{text}" if not any(c.isspace() for c in text) else
-              f"--gin_bindings={text!r}")
-      raise ConfigError(f"{flag}: {unknown_macro_message(name, sorted(known))}")
+      raise ConfigError(f"{_binding_flag(text)}: "
+                        f"{unknown_macro_message(name, sorted(known))}")
 
 
 def run_main(main, argv: Optional[Sequence[str]] = None) -> None:
@@ -330,6 +399,9 @@ def _gin_statements(path: str, search_paths: Sequence[str]):
     # TokenError (an unclosed bracket) which is no ValueError.
     except (OSError, SyntaxError, tokenize.TokenError) as e:
       raise ValueError(f"{full}: {e}") from None
+    except UnicodeDecodeError as e:  # a binary file given as --gin_file
+      raise ValueError(f"{full}: not a gin file: not UTF-8 text ({e.reason} "
+                       f"at byte {e.start}).") from None
     for st in statements:
       if isinstance(st, config_parser.IncludeStatement):
         yield from parse(st.filename, depth + 1)

@@ -163,6 +163,7 @@ class Experiment:
     """The vocabulary, checked against both models' vocab_size."""
     vocab = vocabulary()
     check_vocabulary_fits(vocab, self.target_config, self.draft_config)
+    setup.check_vocabulary_for_run(vocab, self.args)  # TOPK, DIGESTS.json
     return vocab
 
   def settings(self, vocab) -> Dict[str, Any]:
