@@ -213,7 +213,7 @@ def _binding_statements(text: str):
            "%MACRO / @configurable; a string needs quotes, e.g. "
            "--gin.NAME=\"'text'\")" if token else
            _AST_REPR.sub("", str(e)).strip())
-    raise ConfigError(f"--gin_bindings={text!r}: not a gin binding: {why}.") \
+    raise ConfigError(f"{_binding_flag(text)}: not a gin binding: {why}.") \
         from None
 
 

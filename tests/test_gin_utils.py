@@ -208,3 +208,73 @@ def test_model_gin_generator_scopes_bindings_and_macros(tmp_path):
   with pytest.raises(generator.ModelGinError, match=r"bad.gin:1: "
                      r"\"include 'x.gin'\""):
     generator.scoped_text("bad", "target", str(tmp_path))
+
+
+# ---------------------------------------------------------------------------
+# Issue 37 (5): a macro that nothing reads is an error, in files too; and
+# messages that name what the user typed.
+# ---------------------------------------------------------------------------
+def test_unused_macro_in_a_file_is_named_with_its_line(tmp_path):
+  """`GAMA = 3` in an experiment file ran with γ 5 (the default)."""
+  (tmp_path / "exp.gin").write_text("include 'local_tiny.gin'\n"
+                                    "NUM_EXAMPLES = 2\nGAMA = 3\n")
+  gin.clear_config()
+  try:
+    with pytest.raises(gin_utils.ConfigError) as e:
+      gin_utils.parse_gin(["exp.gin"], [], [str(tmp_path)], finalize=False)
+    message = str(e.value)
+    assert message.startswith(f"{tmp_path / 'exp.gin'}:3: GAMA = ...: macro "
+                              "'GAMA' is defined but nothing reads it")
+    assert "did you mean GAMMA?" in message
+    with pytest.raises(ValueError):  # refused before gin parsed anything
+      gin.query_parameter("run.gamma")
+  finally:
+    gin.clear_config()
+
+
+def test_unused_macro_binding_is_refused_without_check_macros():
+  """`train --gin.NUM_STEP=3` trained all steps: every caller refuses it,
+  not only those asking `check_macros` (which names the known macros)."""
+  with pytest.raises(gin_utils.ConfigError,
+                     match=r"--gin.NUM_EXAMPLE=3: macro 'NUM_EXAMPLE' is "
+                     "defined but nothing reads it.*did you mean NUM_EXAMPLES"):
+    gin_utils.check_unused_macros(["local_tiny.gin"], ["NUM_EXAMPLE=3"])
+  # Read by a binding, or by code (COMPILE_TOPOLOGY): fine.
+  gin_utils.check_unused_macros(["local_tiny.gin"],
+                                ["MY_GAMMA = 2", "run.gamma = %MY_GAMMA"])
+  gin_utils.check_unused_macros(["local_tiny.gin"], ["COMPILE_TOPOLOGY='v4-8'"])
+
+
+def test_code_read_macros_are_what_compile_report_reads():
+  from specdec_jax.experiment import compile_report  # pylint: disable=g-import-not-at-top
+  assert compile_report.MACRO in gin_utils.MACROS_READ_BY_CODE
+
+
+def test_every_shipped_top_level_gin_file_reads_all_its_macros():
+  files = [
+      p.relative_to(REPO / "gin").as_posix()
+      for p in sorted((REPO / "gin").glob("*.gin")) +
+      sorted((REPO / "gin" / "train").glob("*.gin"))
+  ]
+  assert len(files) > 20
+  for name in files:
+    gin_utils.check_unused_macros([name], [])
+
+
+@pytest.mark.parametrize("binding,token", [("GAMMA=x", "x"),
+                                           ("train.learning_rate=float('nan')",
+                                            "float")])
+def test_unparsable_value_is_named_without_ast_objects(binding, token):
+  with pytest.raises(gin_utils.ConfigError) as e:
+    gin_utils.check_unused_macros(["local_tiny.gin"], [binding])
+  message = str(e.value)
+  assert "ast." not in message and "object at 0x" not in message
+  assert f"'{token}' is not a gin value" in message
+  assert "a string needs quotes" in message
+
+
+def test_binary_gin_file_is_named(tmp_path):
+  (tmp_path / "bad.gin").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+  with pytest.raises(ValueError, match=f"{tmp_path / 'bad.gin'}: not a gin "
+                     "file: not UTF-8 text"):
+    gin_utils.parse_gin([str(tmp_path / "bad.gin")], [], finalize=False)
