@@ -156,7 +156,13 @@ def run_cli(program: str, body: Callable[[], None], bad_input: tuple,
   except bad_input + failures as e:
     if _wants_traceback():
       raise
-    print(f"{program}: error: {error_text(e)}", file=sys.stderr)
+    line = f"{program}: error: {error_text(e)}"
+    print(line, file=sys.stderr)
+    if not isinstance(e, bad_input) and not _stdout_is_stderr():
+      # A failure after the run printed its summary (a full disk): the
+      # summary's last line names the result files, which may not exist.
+      # stdout's last line says what happened instead.
+      print(line, flush=True)
     return EXIT_BAD_INPUT if isinstance(e, bad_input) else EXIT_FAILED
   except KeyboardInterrupt as e:
     if _wants_traceback():
@@ -166,6 +172,14 @@ def run_cli(program: str, body: Callable[[], None], bad_input: tuple,
     print(f"{program}: interrupted ({how}): {kept}.", file=sys.stderr)
     return EXIT_TERMINATED if received else EXIT_INTERRUPTED
   return 0
+
+
+def _stdout_is_stderr() -> bool:
+  """Both streams go to one place (a terminal): one line is enough."""
+  try:
+    return os.path.sameopenfile(sys.stdout.fileno(), sys.stderr.fileno())
+  except (AttributeError, OSError, ValueError):  # not real files (a test)
+    return False
 
 
 @contextlib.contextmanager
