@@ -45,7 +45,6 @@ import dataclasses
 import difflib
 import logging as std_logging
 import os
-import re
 import sys
 import tokenize
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
@@ -126,6 +125,7 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
   nor use raises ConfigError first (see `check_macro_bindings`). gin's
   lookup lines for bare file names are not logged.
   """
+  from specdec_jax import gin_macros  # pylint: disable=g-import-not-at-top  # it imports this module
   paths = search_paths(extra_search_paths)
   for path in paths:
     gin.add_config_file_search_path(path)
@@ -137,7 +137,7 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
     check_macro_bindings(gin_bindings, gin_file_macros(gin_files, paths))
   # Always: a macro that files or bindings define and nothing reads is a
   # typo (`GAMA = 3` in a file; `--gin.NUM_STEP=3`), silently ignored by gin.
-  check_unused_macros(gin_files, gin_bindings, paths)
+  gin_macros.check_unused_macros(gin_files, gin_bindings, paths)
   quiet = _DropGinLookupNoise()
   root = std_logging.getLogger()
   root.addFilter(quiet)
@@ -192,78 +192,6 @@ def gin_file_macros(gin_files: Sequence[str],
   return names
 
 
-# Macros that code reads with `gin.query_parameter` rather than through a
-# `%NAME` in a binding: COMPILE_TOPOLOGY (`experiment.compile_report`).
-MACROS_READ_BY_CODE = frozenset({"COMPILE_TOPOLOGY"})
-
-
-def _binding_statements(text: str):
-  """The statements of one `--gin_bindings` string.
-
-  Raises:
-    ConfigError: it does not parse; says how to quote a string (gin's own
-      message shows an `<ast.Name object at 0x...>` for `GAMMA=x`).
-  """
-  try:
-    return list(config_parser.ConfigParser(text, _ParserDelegate()))
-  except (SyntaxError, tokenize.TokenError) as e:
-    token = re.search(r"Failed to parse token '([^']*)'", str(e))
-    why = (f"{token.group(1)!r} is not a gin value (a number, True/False, "
-           "None, a quoted string, a list, tuple or dict of those, or "
-           "%MACRO / @configurable; a string needs quotes, e.g. "
-           "--gin.NAME=\"'text'\")" if token else
-           _AST_REPR.sub("", str(e)).strip())
-    raise ConfigError(f"{_binding_flag(text)}: not a gin binding: {why}.") \
-        from None
-
-
-_AST_REPR = re.compile(r":?\s*<ast\.\w+ object at 0x[0-9a-f]+>")
-
-
-def check_unused_macros(gin_files: Sequence[str], gin_bindings: Sequence[str],
-                        search_paths_: Optional[Sequence[str]] = None) -> None:
-  """Refuses a macro that a file or binding defines and nothing reads.
-
-  gin accepts `GAMA = 3` in an experiment file or `--gin.NUM_STEP=3` and
-  ignores it: the run goes on with the default. A macro is read when some
-  file or binding uses `%NAME`, or code reads it (`MACROS_READ_BY_CODE`).
-
-  Raises:
-    ConfigError: naming the file and line (or the binding), the macro and
-      the closest macro that is read.
-  """
-  paths = _search_paths_or_default(search_paths_)
-  defined: Dict[str, str] = {}
-  used: Set[str] = set(MACROS_READ_BY_CODE)
-  for path in gin_files:
-    for st, where in _gin_statements(path, paths):
-      if isinstance(st, config_parser.BindingStatement):
-        if not st.arg_name:
-          defined.setdefault(st.selector, f"{where}: {st.selector} = ...")
-        used |= _macro_references(st.value)
-  for text in gin_bindings:
-    for st in _binding_statements(text):
-      if isinstance(st, config_parser.BindingStatement):
-        if not st.arg_name:
-          defined[st.selector] = _binding_flag(text)
-        used |= _macro_references(st.value)
-  for name, where in defined.items():
-    if name not in used:
-      close = closest_names(name, sorted(used))
-      hint = (f"did you mean {' or '.join(close)}? " if close else "")
-      raise ConfigError(
-          f"{where}: macro {name!r} is defined but nothing reads it (no "
-          f"%{name} in any gin file or binding), so it would be silently "
-          f"ignored; {hint}macros read: {', '.join(sorted(used))}.")
-
-
-def _binding_flag(text: str) -> str:
-  """How the user typed a binding: --gin.NAME=VALUE or --gin_bindings=."""
-  text = text.strip()
-  return (f"--gin.{text}" if not any(c.isspace() for c in text) else
-          f"--gin_bindings={text!r}")
-
-
 def closest_names(name: str, known: Sequence[str], n: int = 3) -> List[str]:
   """The known names closest to `name` (difflib; case-insensitive)."""
   by_upper = {k.upper(): k for k in known}
@@ -299,17 +227,18 @@ def check_macro_bindings(gin_bindings: Sequence[str], known: Set[str]) -> None:
     ConfigError: naming the binding, the unknown macro and the closest known
       macros.
   """
+  from specdec_jax import gin_macros  # pylint: disable=g-import-not-at-top  # it imports this module
   parsed = []
   used = set(known)
   for text in gin_bindings:
-    for st in _binding_statements(text):
+    for st in gin_macros.binding_statements(text):
       if isinstance(st, config_parser.BindingStatement):
         used |= _macro_references(st.value)
         if not st.arg_name:
           parsed.append((text, st.selector))
   for text, name in parsed:
     if name not in used:
-      raise ConfigError(f"{_binding_flag(text)}: "
+      raise ConfigError(f"{gin_macros.binding_flag(text)}: "
                         f"{unknown_macro_message(name, sorted(known))}")
 
 

@@ -130,9 +130,10 @@ def test_every_default_has_its_declared_type(tiny):
 
 def test_task_kind_is_checked_with_the_arguments(tiny):
   """Issue 37 (6): TASK_KIND='foo' failed after the whole decode."""
-  with pytest.raises(gin_utils.ConfigError,
-                     match="TASK_KIND='foo': allowed: None .* 'translation', "
-                     "'summarization'"):
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match="TASK_KIND='foo': allowed: None .* 'translation', "
+      "'summarization'"):
     arguments.run_arguments(overrides={"task_kind": "foo"})
   for kind in (None, "translation", "summarization"):
     assert arguments.run_arguments(overrides={
@@ -151,9 +152,9 @@ def test_data_files_on_gcs_are_named_as_local_only(tiny, name):
 def test_decode_length_is_bounded(tiny):
   """Issue 37 (3): 100000 target tokens ran silently for 13+ minutes."""
   most = arguments.MAX_DECODE_LENGTH
-  with pytest.raises(gin_utils.ConfigError,
-                     match=r"TASK_FEATURE_LENGTHS\['targets'\]=100000: "
-                     f"allowed: an integer from 1 to {most}"):
+  with pytest.raises(
+      gin_utils.ConfigError, match=r"TASK_FEATURE_LENGTHS\['targets'\]=100000: "
+      f"allowed: an integer from 1 to {most}"):
     arguments.run_arguments(
         overrides={"task_feature_lengths": {
             "inputs": 64,

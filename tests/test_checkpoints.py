@@ -289,15 +289,14 @@ def test_old_orbax_placeholder_outside_the_folder_refused(
   from flax import serialization
   ckpt = writable_copy(ORBAX, tmp_path / "checkpoint_0")
   os.remove(ckpt / "state" / "_METADATA")
-  leaves = {
-      k: "PLACEHOLDER://target." + ".".join(k) for k in flat(orbax_params)
-  }
+  leaves = {k: "PLACEHOLDER://target." + ".".join(k) for k in flat(orbax_params)}
   victim = sorted(leaves)[0]
   leaves[victim] = "PLACEHOLDER://../../../secret/x"
   (ckpt / "state" / "checkpoint").write_bytes(
       serialization.msgpack_serialize({"target": unflat(leaves)}))
-  with pytest.raises(CheckpointError, match=r"'\.\./\.\./\.\./secret/x', "
-                     "outside the checkpoint folder"):
+  with pytest.raises(
+      CheckpointError, match=r"'\.\./\.\./\.\./secret/x', "
+      "outside the checkpoint folder"):
     load_t5x_params(ckpt)
 
 

@@ -635,8 +635,7 @@ def test_foreign_vocabulary_of_the_same_size_refused(tmp_path, no_load):
   _pretrained(tmp_path).vocabulary()  # the shipped one passes
 
 
-def test_checkpoint_without_a_vocabulary_record_is_unverified(
-    tmp_path, caplog):
+def test_checkpoint_without_a_vocabulary_record_is_unverified(tmp_path, caplog):
   ckpt = tmp_path / "m" / "checkpoint_1"
   ckpt.mkdir(parents=True)
   (ckpt / "checkpoint").write_bytes(b"x")  # a (legacy) checkpoint here
@@ -653,9 +652,10 @@ def test_checkpoint_without_a_vocabulary_record_is_unverified(
 
 def test_topk_beyond_the_vocabulary_refused(tmp_path, no_load):
   experiment = _tiny_run(tmp_path, top_k=300, temperature=1.0)
-  with pytest.raises(run_lib.ConfigError,
-                     match=r"TOPK=300 is more than the vocabulary's 259 ids "
-                     r"\(ByteVocabulary.*allowed: 0 \(off\) to 259"):
+  with pytest.raises(
+      run_lib.ConfigError,
+      match=r"TOPK=300 is more than the vocabulary's 259 ids "
+      r"\(ByteVocabulary.*allowed: 0 \(off\) to 259"):
     experiment.run()
   assert not (tmp_path / "out").exists()
 
@@ -691,8 +691,8 @@ def _settings(gamma):
   return {"run": {"gamma": gamma}}
 
 
-@pytest.mark.parametrize("kept", ["predictions.jsonl",
-                                  ".predictions.jsonl.partial"])
+@pytest.mark.parametrize("kept",
+                         ["predictions.jsonl", ".predictions.jsonl.partial"])
 def test_kept_predictions_are_protected(tmp_path, kept):
   """Issue 37 (8): after a full disk or Ctrl-C the error said the rows were
   kept; a run of other settings replaced them silently."""
@@ -888,9 +888,9 @@ def test_sigterm_mid_decode_keeps_rows_and_they_are_protected(tmp_path):
   assert f"predictions rows in {partial}" in lines[0]
   assert not (out / run_lock.LOCK_FILE).exists()
   kept = partial.read_text()
-  other = subprocess.run(_run_cmd(out, source, "--gin.GAMMA=3"), cwd=REPO,
-                         env=_env(), text=True, capture_output=True,
-                         timeout=300)
+  other = subprocess.run(_run_cmd(out, source,
+                                  "--gin.GAMMA=3"), cwd=REPO, env=_env(),
+                         text=True, capture_output=True, timeout=300)
   assert other.returncode == 2, other.stderr[-3000:]
   assert "holds .predictions.jsonl.partial, which was kept" in other.stderr
   assert partial.read_text() == kept

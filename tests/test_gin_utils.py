@@ -4,6 +4,7 @@ import gin
 import jax.numpy as jnp
 import pytest
 
+from specdec_jax import gin_macros
 from specdec_jax import gin_utils
 from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=unused-import
 from specdec_jax.models import T5Config
@@ -235,19 +236,21 @@ def test_unused_macro_in_a_file_is_named_with_its_line(tmp_path):
 def test_unused_macro_binding_is_refused_without_check_macros():
   """`train --gin.NUM_STEP=3` trained all steps: every caller refuses it,
   not only those asking `check_macros` (which names the known macros)."""
-  with pytest.raises(gin_utils.ConfigError,
-                     match=r"--gin.NUM_EXAMPLE=3: macro 'NUM_EXAMPLE' is "
-                     "defined but nothing reads it.*did you mean NUM_EXAMPLES"):
-    gin_utils.check_unused_macros(["local_tiny.gin"], ["NUM_EXAMPLE=3"])
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match=r"--gin.NUM_EXAMPLE=3: macro 'NUM_EXAMPLE' is "
+      "defined but nothing reads it.*did you mean NUM_EXAMPLES"):
+    gin_macros.check_unused_macros(["local_tiny.gin"], ["NUM_EXAMPLE=3"])
   # Read by a binding, or by code (COMPILE_TOPOLOGY): fine.
-  gin_utils.check_unused_macros(["local_tiny.gin"],
-                                ["MY_GAMMA = 2", "run.gamma = %MY_GAMMA"])
-  gin_utils.check_unused_macros(["local_tiny.gin"], ["COMPILE_TOPOLOGY='v4-8'"])
+  gin_macros.check_unused_macros(["local_tiny.gin"],
+                                 ["MY_GAMMA = 2", "run.gamma = %MY_GAMMA"])
+  gin_macros.check_unused_macros(["local_tiny.gin"],
+                                 ["COMPILE_TOPOLOGY='v4-8'"])
 
 
 def test_code_read_macros_are_what_compile_report_reads():
   from specdec_jax.experiment import compile_report  # pylint: disable=g-import-not-at-top
-  assert compile_report.MACRO in gin_utils.MACROS_READ_BY_CODE
+  assert compile_report.MACRO in gin_macros.MACROS_READ_BY_CODE
 
 
 def test_every_shipped_top_level_gin_file_reads_all_its_macros():
@@ -258,15 +261,15 @@ def test_every_shipped_top_level_gin_file_reads_all_its_macros():
   ]
   assert len(files) > 20
   for name in files:
-    gin_utils.check_unused_macros([name], [])
+    gin_macros.check_unused_macros([name], [])
 
 
-@pytest.mark.parametrize("binding,token", [("GAMMA=x", "x"),
-                                           ("train.learning_rate=float('nan')",
-                                            "float")])
+@pytest.mark.parametrize("binding,token",
+                         [("GAMMA=x", "x"),
+                          ("train.learning_rate=float('nan')", "float")])
 def test_unparsable_value_is_named_without_ast_objects(binding, token):
   with pytest.raises(gin_utils.ConfigError) as e:
-    gin_utils.check_unused_macros(["local_tiny.gin"], [binding])
+    gin_macros.check_unused_macros(["local_tiny.gin"], [binding])
   message = str(e.value)
   assert "ast." not in message and "object at 0x" not in message
   assert f"'{token}' is not a gin value" in message
@@ -275,6 +278,7 @@ def test_unparsable_value_is_named_without_ast_objects(binding, token):
 
 def test_binary_gin_file_is_named(tmp_path):
   (tmp_path / "bad.gin").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
-  with pytest.raises(ValueError, match=f"{tmp_path / 'bad.gin'}: not a gin "
-                     "file: not UTF-8 text"):
+  with pytest.raises(
+      ValueError, match=f"{tmp_path / 'bad.gin'}: not a gin "
+      "file: not UTF-8 text"):
     gin_utils.parse_gin([str(tmp_path / "bad.gin")], [], finalize=False)

@@ -524,9 +524,9 @@ def test_example_index_out_of_range_is_named(tmp_path):
   """Issue 37: --example_index=999 said "no trace" instead of "no such
   example"; an index that exists still draws its trace."""
   root = _copy_fixture(tmp_path)
-  with pytest.raises(report.ReportError,
-                     match=r"--example_index=999: no such example in .*; "
-                     r"allowed: 0 to \d+\."):
+  with pytest.raises(
+      report.ReportError, match=r"--example_index=999: no such example in .*; "
+      r"allowed: 0 to \d+\."):
     report.render_report(str(root), str(tmp_path / "out"), example_index=999)
   report.render_report(str(root), str(tmp_path / "out2"), example_index=0)
   assert ", example 0" in (tmp_path / "out2" / "example_trace.html").read_text()

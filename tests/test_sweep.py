@@ -139,8 +139,9 @@ def test_unread_macro_in_a_gin_file_is_refused(tmp_path, no_load):
   """Issue 37 (5): `GAMA = 3` in an experiment file ran with γ 5."""
   (tmp_path / "exp.gin").write_text("include 'local_tiny.gin'\nGAMA = 3\n")
   with pytest.raises(sweep.SweepError) as e:
-    sweep.run_sweep([{"SEED": 1}], str(tmp_path / "r"),
-                    [str(tmp_path / "exp.gin")])
+    sweep.run_sweep([{
+        "SEED": 1
+    }], str(tmp_path / "r"), [str(tmp_path / "exp.gin")])
   assert "exp.gin:2: GAMA = ...: macro 'GAMA' is defined but nothing reads" \
       in str(e.value)
   assert "did you mean GAMMA?" in str(e.value)

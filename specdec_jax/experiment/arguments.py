@@ -294,9 +294,13 @@ def _type_allows(annotation: Any, value: Any) -> bool:
 
 
 _TYPE_WORDS = {
-    str: "a string", int: "an integer", float: "a number", bool:
-        "True or False", type(None): "None", dict: "a dict", tuple:
-            "a tuple of integers"
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "True or False",
+    type(None): "None",
+    dict: "a dict",
+    tuple: "a tuple of integers"
 }
 
 
@@ -306,8 +310,8 @@ def _type_words(annotation: Any) -> str:
   if typing.get_origin(annotation) is Union:
     return " or ".join(
         _type_words(a) for a in sorted(args, key=lambda a: a is not type(None)))
-  return _TYPE_WORDS.get(typing.get_origin(annotation) or annotation,
-                         str(annotation))
+  return _TYPE_WORDS.get(
+      typing.get_origin(annotation) or annotation, str(annotation))
 
 
 def check_types(args: RunArguments) -> None:

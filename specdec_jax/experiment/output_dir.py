@@ -141,7 +141,8 @@ def check_output_dir(out: str, settings: Dict[str, Any], overwrite: bool,
     # Whose results the folder will hold, before any is written: a
     # predictions file kept by this run (full disk, Ctrl-C) is protected
     # from a later run of other settings as metrics.json is.
-    io_utils.write_json(os.path.join(out, SETTINGS_FILE), {"settings": settings})
+    io_utils.write_json(os.path.join(out, SETTINGS_FILE),
+                        {"settings": settings})
   except BaseException:
     lock.release()
     raise
@@ -201,8 +202,8 @@ def _check_results(out: str, settings: Dict[str, Any], overwrite: bool) -> None:
             "settings: " + settings_diff(old, settings))
     if name in PREDICTIONS_FILES:
       what = ("was kept from a run that did not finish, of other settings "
-              "or of unknown ones" + (f" ({settings_diff(old, settings)})"
-                                      if old is not None else ""))
+              "or of unknown ones" +
+              (f" ({settings_diff(old, settings)})" if old is not None else ""))
     raise ConfigError(
         f"OUTPUT_DIR={out!r} holds {name}, which {what}. Refusing to "
         "overwrite it: choose another OUTPUT_DIR, or pass "

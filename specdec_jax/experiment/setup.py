@@ -201,8 +201,8 @@ def _check_vocabulary_digest(vocab, macro: str, ckpt: str) -> None:
   path = getattr(vocab, "sentencepiece_model_file", None)
   got = _file_digest(path) if path else None
   if got != record.get("sha256"):
-    what = (f"{path!r} (sha256 {got[:16]}...)" if got else
-            describe_vocabulary(vocab))
+    what = (f"{path!r} (sha256 {got[:16]}...)"
+            if got else describe_vocabulary(vocab))
     raise ConfigError(
         f"SPM_MODEL_PATH: the vocabulary {what} is not the one {macro}'s "
         f"checkpoint {ckpt} was trained with ({record.get('file')!r}, sha256 "

@@ -80,10 +80,10 @@ def _check_flags_need_gpu(multiprocess_gpu: bool,
   a message about "another run").
   """
   given = [
-      f"{name}={value}"
-      for name, value in (("--coordinator_address", coordinator_address),
-                          ("--process_count", process_count),
-                          ("--process_index", process_index))
+      f"{name}={value}" for name, value in (("--coordinator_address",
+                                             coordinator_address),
+                                            ("--process_count", process_count),
+                                            ("--process_index", process_index))
       if value is not None
   ]
   if given and not multiprocess_gpu:
