@@ -10,6 +10,7 @@ from specdec_jax import run as run_lib
 from specdec_jax import sweep
 
 from conftest import REPO
+from conftest import load_script
 
 # A cleared gin configuration before and after each test (conftest.py).
 # End to end through the harness: `pytest -m "not slow"` leaves it out.
@@ -212,3 +213,16 @@ def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
   sweep.run_sweep(points, results, base, bindings)
   assert calls == []
   assert not [f for f in os.listdir(results) if f.startswith(".")]
+
+
+def test_soak_script_points_are_the_gamma_seed_grid():
+  """scripts/soak_sweep.py built its points from itertools.product over an
+  endless itertools.count(): product reads its inputs whole, and the
+  script's memory grew without end before the first point (issue 37's
+  soak run)."""
+  soak = load_script("soak_sweep")
+  assert soak.points(7) == [{
+      "GAMMA": g,
+      "SEED": s
+  } for s, g in [(0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (1, 1), (1, 2)]]
+  assert len(soak.points(1000)) == 1000

@@ -192,11 +192,7 @@ def _check_vocabulary_digest(vocab, macro: str, ckpt: str) -> None:
     return  # `load_model` says what is wrong with the path
   record = digests.vocabulary_record(ckpt)
   if record is None:
-    logging.warning(
-        "%s: %s records no vocabulary digest (DIGESTS.json), so %s could "
-        "not be verified: if it is not the vocabulary the checkpoint was "
-        "trained with, the output is garbage.", macro, ckpt,
-        describe_vocabulary(vocab))
+    _warn_unverified(macro, ckpt, describe_vocabulary(vocab))
     return
   path = getattr(vocab, "sentencepiece_model_file", None)
   got = _file_digest(path) if path else None
@@ -209,6 +205,14 @@ def _check_vocabulary_digest(vocab, macro: str, ckpt: str) -> None:
         f"{str(record.get('sha256'))[:16]}..., recorded in its "
         f"{digests.MANIFEST_FILE}): its ids would mean other pieces and the "
         "output would be garbage. Allowed: that SentencePiece model.")
+
+
+@functools.lru_cache(maxsize=None)  # once per process (a sweep's points)
+def _warn_unverified(macro: str, ckpt: str, vocabulary_words: str) -> None:
+  logging.warning(
+      "%s: %s records no vocabulary digest (DIGESTS.json), so %s could "
+      "not be verified: if it is not the vocabulary the checkpoint was "
+      "trained with, the output is garbage.", macro, ckpt, vocabulary_words)
 
 
 @functools.lru_cache(maxsize=None)
