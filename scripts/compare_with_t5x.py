@@ -56,7 +56,7 @@ TARGET_CHECKPOINT_PATH and DRAFT_CHECKPOINT_PATH). Issue 10 asks that
 speculative decoding be >= 1.5x faster than T5X's own
 `decoding.temperature_sample` on the same target. This mode loads the pair,
 vocabulary and sentences exactly as `python -m specdec_jax.run
---gin_file=pretrained_multi30k.gin` does (`run.Experiment`: the T5X
+--gin_file=pretrained_multi30k.gin` does (`experiment.plan.RunPlan`: the T5X
 checkpoints decoded in float32, the models `prepared_for_decoding` for the
 CPU kernel, run's own decoders), hands T5X the same target weights in
 T5X's layout (`T5Model.unpacked`, its tree checked against T5X's `init`),

@@ -100,9 +100,12 @@ def quiet_backend_probing() -> None:
 
 
 def setup() -> None:
-  """Console set-up for `run` and `sweep` (call at the start of main)."""
+  """Console set-up for `run` and `sweep` (call at the start of main).
+
+  TensorFlow is not imported here: a run that needs neither a seqio task
+  nor a seqio vocabulary never imports it (each import site goes through
+  `import_tensorflow_quietly`)."""
   quiet_backend_probing()
-  import_tensorflow_quietly()
 
 
 # ---------------------------------------------------------------------------

@@ -93,12 +93,14 @@ class RunMetrics:
     walltime_speculative_s: seconds speculative decoding took.
     speedup: walltime_baseline_s / walltime_speculative_s.
     compile_time_s: seconds spent compiling and warming up both decoders.
-    target_step_s: one one-token target call (`timing.call_seconds`: 64
-      calls in one compiled loop, 9 rounds interleaved with the draft step
-      and the verification call, median).
-    draft_step_s: one one-token draft call (other drafters: one guess).
+    target_step_s: one one-token target call (`timing.call_seconds`: 32
+      calls in one compiled loop, 5 rounds interleaved with the drafter's
+      guesses and the verification call, median).
+    draft_step_s: one guess as the loop makes it: a `propose` of γ guesses
+      (a draft model's γ steps with their sampling and bookkeeping, state
+      rolled back each call), divided by γ.
     cost_coefficient_c: c = draft_step_s / target_step_s (Definition 3.7;
-      a draft model's: the median of the per-round ratios).
+      the median of the per-round ratios).
     theoretical_speedup: Theorem 3.8 at the measured α, γ and c.
     verification_call_s: the target's (γ+1)-token verification call.
     verification_cost_ratio: verification_call_s / target_step_s, the median

@@ -6,7 +6,10 @@ standard one is ``gs://t5-data/vocabs/cc_all.32000/sentencepiece.model`` with
 
 ``seqio`` (and with it TensorFlow) is imported lazily, so importing this module
 is cheap; :func:`get_vocabulary` does not read the model file either (seqio
-loads SentencePiece models lazily on first use).
+loads SentencePiece models lazily on first use). A local model without extra
+ids is read by :class:`SentencePieceFile` instead, which does what seqio's
+vocabulary does in Python without importing TensorFlow (~7 s of a run's
+start-up).
 """
 
 from __future__ import annotations
@@ -31,14 +34,64 @@ UNK_ID = 2
 def get_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
                    extra_ids: int = DEFAULT_EXTRA_IDS):
   """Returns a ``seqio.SentencePieceVocabulary`` (model loaded lazily)."""
+  from specdec_jax import console  # pylint: disable=g-import-not-at-top
+  console.import_tensorflow_quietly()  # seqio imports TensorFlow
   import seqio  # pylint: disable=g-import-not-at-top
   return seqio.SentencePieceVocabulary(spm_model_path, extra_ids=extra_ids)
+
+
+class SentencePieceFile:
+  """A local SentencePiece model without extra ids, read without seqio.
+
+  Encodes and decodes exactly as ``seqio.SentencePieceVocabulary(path,
+  extra_ids=0)`` (`tests/test_tasks.py` compares them): ``encode`` is the
+  model's ids without EOS; ``decode`` maps ids beyond the model to unk and
+  stops after the first EOS. What this project reads of a vocabulary
+  (`vocab_size`, `eos_id`, `unk_id`, `tokenizer`, `extra_ids`,
+  `sentencepiece_model_file`) has seqio's meaning.
+  """
+  extra_ids = 0
+
+  def __init__(self, path: str):
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    self.sentencepiece_model_file = path
+    with open(path, "rb") as f:
+      proto = f.read()
+    self.tokenizer = spm.SentencePieceProcessor()
+    self.tokenizer.LoadFromSerializedProto(proto)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.tokenizer.GetPieceSize()
+
+  @property
+  def eos_id(self) -> int:
+    return self.tokenizer.eos_id()
+
+  @property
+  def unk_id(self) -> int:
+    return self.tokenizer.unk_id()
+
+  @property
+  def pad_id(self) -> int:
+    return PAD_ID
+
+  def encode(self, s: str) -> Sequence[int]:
+    return self.tokenizer.EncodeAsIds(s)
+
+  def decode(self, ids) -> str:
+    size, unk = self.vocab_size, self.unk_id
+    clean = [unk if i >= size else int(i) for i in ids]
+    if self.eos_id in clean:
+      clean = clean[:clean.index(self.eos_id) + 1]
+    return self.tokenizer.DecodeIds(clean)
 
 
 def load_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
                     extra_ids: int = DEFAULT_EXTRA_IDS,
                     what: str = "SPM_MODEL_PATH"):
-  """A ``seqio.SentencePieceVocabulary``, its model read and checked now.
+  """A ``seqio.SentencePieceVocabulary`` (a `SentencePieceFile` for a local
+  model without extra ids), its model read and checked now.
 
   Unlike :func:`get_vocabulary` (lazy), the file is read here, so a path that
   is not a SentencePiece model fails at startup with an error naming it,
@@ -53,9 +106,12 @@ def load_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
     ValueError: the file cannot be read or is not a SentencePiece model, or
       it does not use T5's ids (pad 0, EOS 1, unk 2).
   """
-  vocab = get_vocabulary(spm_model_path, extra_ids)
   try:
-    _ = vocab.tokenizer  # Reads the file.
+    if extra_ids == 0 and "://" not in os.fspath(spm_model_path):
+      vocab = SentencePieceFile(os.fspath(spm_model_path))
+    else:
+      vocab = get_vocabulary(spm_model_path, extra_ids)
+      _ = vocab.tokenizer  # Reads the file.
   except Exception as e:  # pylint: disable=broad-except
     # seqio surfaces protobuf's DecodeError for a file that is not a model,
     # SentencePiece's RuntimeError or OSError / TF's errors for unreadable

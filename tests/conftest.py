@@ -100,13 +100,12 @@ def clean_gin():
 
 
 @pytest.fixture
-def no_load(monkeypatch):
-  """Fails the test if `run` loads a model or a decoder runs."""
-  from specdec_jax import run as run_lib  # pylint: disable=g-import-not-at-top
+def no_load():
+  """`Providers` for `run`/`sweep` that fail the test if a model is loaded
+  or a decoder built: pass it as `providers=no_load`."""
+  from specdec_jax.experiment import plan  # pylint: disable=g-import-not-at-top
 
   def fail(*args, **kwargs):
     raise AssertionError("loaded a model / decoded before validating")
 
-  monkeypatch.setattr(run_lib, "load_model", fail)
-  monkeypatch.setattr(run_lib.decoding, "speculative_sample", fail)
-  monkeypatch.setattr(run_lib.decoding, "temperature_sample", fail)
+  return plan.Providers(load_model=fail, decoders=fail)

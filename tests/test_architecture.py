@@ -148,13 +148,13 @@ def test_the_check_sees_a_forbidden_import():
             "from specdec_jax.protocols import Target\n"
             "from specdec_jax import timing\n"
             "def f():\n  import gin\n"
-            "from ..experiment import drafter_choice\n")
+            "from ..experiment import drafter_registry\n")
   found = sorted(
       _violations(_imports(source, "specdec_jax.decoding.bad", False)))
   assert found == [
       "line 4: specdec_jax.timing", "line 6: gin",
       "line 7: specdec_jax.experiment",
-      "line 7: specdec_jax.experiment.drafter_choice"
+      "line 7: specdec_jax.experiment.drafter_registry"
   ], found
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from specdec_jax import gin_utils
 from specdec_jax.experiment import arguments
-from specdec_jax.experiment import setup  # noqa: F401  # registers vocabulary
+from specdec_jax.experiment import loading  # noqa: F401  # registers vocabulary
 
 from conftest import REPO
 from conftest import load_script

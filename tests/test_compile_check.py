@@ -22,7 +22,7 @@ from specdec_jax import kernels
 from specdec_jax import partitioning
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_report
-from specdec_jax.experiment import setup
+from specdec_jax.experiment import loading
 from specdec_jax.experiment import tpu_topologies
 from specdec_jax.models import param_shapes
 
@@ -184,7 +184,7 @@ def _compile_tiny(out, bindings=()):
     args = arguments.run_arguments()
     value = compile_report.topology_value()
     compile_report.compile_topology(args, value, ["local_tiny.gin"])
-    configs = (setup.model_config("target"), setup.model_config("draft"))
+    configs = (loading.model_config("target"), loading.model_config("draft"))
   finally:
     gin.clear_config()
     jax.config.update("jax_enable_compilation_cache", cache_was)

@@ -32,10 +32,13 @@ from specdec_jax import io_utils
 from specdec_jax import run as run_lib
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import legacy
+from specdec_jax.experiment import arguments
 from specdec_jax.experiment import memory
 from specdec_jax.experiment import predictions as predictions_lib
+from specdec_jax.experiment import loading
 from specdec_jax.experiment import run_lock
-from specdec_jax.experiment import setup
+from specdec_jax.experiment import runner
+from specdec_jax.experiment.plan import RunPlan
 from specdec_jax.models import T5Config
 from specdec_jax.training import TrainConfig
 from specdec_jax.training import trainer
@@ -210,18 +213,18 @@ def _vocab(size):
 def test_vocabulary_much_smaller_than_the_models_is_refused():
   model = T5Config(vocab_size=8000)
   with pytest.raises(run_lib.ConfigError) as e:
-    setup.check_vocabulary_fits(_vocab(1100), model, model)
+    loading.check_vocabulary_fits(_vocab(1100), model, model)
   for text in ("1100 ids", "vocab_size = 8000", "more than 1152",
                "allow_size_mismatch"):
     assert text in str(e.value), str(e.value)
   # T5X's padding rule: 32000 pieces + 100 extra ids in 32128 rows.
   t5 = T5Config(vocab_size=32128)
-  setup.check_vocabulary_fits(_vocab(32100), t5, t5)
+  loading.check_vocabulary_fits(_vocab(32100), t5, t5)
   with pytest.raises(run_lib.ConfigError, match="32129 ids"):
-    setup.check_vocabulary_fits(_vocab(32129), t5, t5)
+    loading.check_vocabulary_fits(_vocab(32129), t5, t5)
   # Deliberate: an explicit gin binding.
   gin.parse_config("check_vocabulary_fits.allow_size_mismatch = True")
-  setup.check_vocabulary_fits(_vocab(1100), model, model)
+  loading.check_vocabulary_fits(_vocab(1100), model, model)
 
 
 # ---------------------------------------------------------------------------
@@ -372,7 +375,7 @@ def _tiny_run(tmp_path, **overrides):
       "BATCH_SIZE = 2", "TASK_FEATURE_LENGTHS = {'inputs': 32, "
       "'targets': 8}", "GAMMA = 2"
   ])
-  return run_lib.Experiment(run_lib.run_arguments(overrides=overrides))
+  return RunPlan.build(arguments.run_arguments(overrides=overrides))
 
 
 @pytest.mark.slow
@@ -382,9 +385,9 @@ def test_full_disk_keeps_summary_and_decoded_rows(tmp_path, monkeypatch):
                       lambda *a, **k: _FullAfter(real_open(*a, **k), 2),
                       raising=False)
   seen = []
-  experiment = _tiny_run(tmp_path)
+  plan = _tiny_run(tmp_path)
   with pytest.raises(predictions_lib.OutputWriteError) as e:
-    experiment.run(on_result=seen.append)
+    runner.execute(plan, on_result=seen.append)
   out = tmp_path / "out"
   assert len(seen) == 1 and seen[0]["num_examples"] == 5  # summary first
   text = str(e.value)
@@ -412,7 +415,7 @@ def test_full_disk_at_metrics_json(tmp_path, monkeypatch):
       predictions_lib.OutputWriteError,
       match="metrics.json: No space left on device. Kept: "
       "the summary above and predictions.jsonl"):
-    _tiny_run(tmp_path).run()
+    runner.execute(_tiny_run(tmp_path))
   lines = (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()
   assert len(lines) == 5
 
@@ -529,8 +532,8 @@ def test_gamma_beyond_the_decode_length_refused(tmp_path, no_load):
   with pytest.raises(
       run_lib.ConfigError, match=r"GAMMA=1000 is more than TASK_FEATURE_LENGTHS"
       r"\['targets'\]=32.*Allowed: 1 to 32"):
-    run_lib.run()
-  run_lib.run_arguments(overrides={"gamma": 32})  # the most allowed
+    run_lib.run(providers=no_load)
+  arguments.run_arguments(overrides={"gamma": 32})  # the most allowed
   assert not (tmp_path / "o").exists()
 
 
@@ -540,7 +543,7 @@ def test_lengths_beyond_memory_refused(tmp_path, no_load):
       "TASK_FEATURE_LENGTHS = {'inputs': 1000000, 'targets': 32}"
   ])
   with pytest.raises(run_lib.ConfigError) as e:
-    run_lib.run()
+    run_lib.run(providers=no_load)
   text = str(e.value)
   assert "'inputs': 1000000" in text and "encoder attention logits" in text
   assert "GiB" in text and "this machine has" in text
@@ -615,48 +618,47 @@ def _foreign_spm(tmp_path) -> pathlib.Path:
   return path
 
 
-def _pretrained(tmp_path, *bindings):
+def _pretrained(tmp_path, no_load, *bindings):
+  """RunPlan.build of pretrained_multi30k.gin: every startup check."""
   _parse(["pretrained_multi30k.gin"],
          [f"OUTPUT_DIR = '{tmp_path / 'o'}'", *bindings])
-  return run_lib.Experiment(run_lib.run_arguments())
+  return RunPlan.build(arguments.run_arguments(), no_load)
 
 
 def test_foreign_vocabulary_of_the_same_size_refused(tmp_path, no_load):
   """Issue 37 (1): it decoded "mq andu captionsti", BLEU 0.00, exit 0."""
   foreign = _foreign_spm(tmp_path)
-  experiment = _pretrained(tmp_path, f"SPM_MODEL_PATH = '{foreign}'")
   with pytest.raises(run_lib.ConfigError) as e:
-    experiment.run()
+    _pretrained(tmp_path, no_load, f"SPM_MODEL_PATH = '{foreign}'")
   text = str(e.value)
   assert text.startswith(f"SPM_MODEL_PATH: the vocabulary '{foreign}'")
   assert "TARGET_CHECKPOINT_PATH's checkpoint" in text
   assert "'multi30k.model', sha256 00cd30d6916ff495" in text
   assert not (tmp_path / "o").exists()  # before OUTPUT_DIR is made
-  _pretrained(tmp_path).vocabulary()  # the shipped one passes
+  _pretrained(tmp_path, no_load)  # the shipped one passes
 
 
-def test_checkpoint_without_a_vocabulary_record_is_unverified(tmp_path, caplog):
+def test_checkpoint_without_a_vocabulary_record_is_unverified(
+    tmp_path, caplog, no_load):
   ckpt = tmp_path / "m" / "checkpoint_1"
   ckpt.mkdir(parents=True)
   (ckpt / "checkpoint").write_bytes(b"x")  # a (legacy) checkpoint here
   digests.write_manifest(str(ckpt))  # files only, no vocabulary
-  experiment = _pretrained(tmp_path, f"TARGET_CHECKPOINT_PATH = '{ckpt}'",
-                           f"DRAFT_CHECKPOINT_PATH = '{tmp_path / 'm'}'")
   with caplog.at_level("WARNING"):
-    experiment.vocabulary()
+    _pretrained(tmp_path, no_load, f"TARGET_CHECKPOINT_PATH = '{ckpt}'",
+                f"DRAFT_CHECKPOINT_PATH = '{tmp_path / 'm'}'")
   warnings = [r.getMessage() for r in caplog.records]
   assert sum("could not be verified" in w for w in warnings) == 2, warnings
   assert any(f"TARGET_CHECKPOINT_PATH: {ckpt} records no vocabulary" in w
              for w in warnings), warnings
 
 
-def test_topk_beyond_the_vocabulary_refused(tmp_path, no_load):
-  experiment = _tiny_run(tmp_path, top_k=300, temperature=1.0)
+def test_topk_beyond_the_vocabulary_refused(tmp_path):
   with pytest.raises(
       run_lib.ConfigError,
       match=r"TOPK=300 is more than the vocabulary's 259 ids "
       r"\(ByteVocabulary.*allowed: 0 \(off\) to 259"):
-    experiment.run()
+    _tiny_run(tmp_path, top_k=300, temperature=1.0)  # RunPlan.build
   assert not (tmp_path / "out").exists()
 
 
@@ -665,7 +667,7 @@ def test_task_kind_is_checked_before_loading(tmp_path, no_load):
   _parse(["local_tiny.gin"],
          [f"OUTPUT_DIR = '{tmp_path / 'o'}'", "TASK_KIND = 'foo'"])
   with pytest.raises(run_lib.ConfigError, match="TASK_KIND='foo': allowed"):
-    run_lib.run()
+    run_lib.run(providers=no_load)
   assert not (tmp_path / "o").exists()
 
 
@@ -679,7 +681,7 @@ def test_vocabulary_arguments_checked(binding, message):
   """Issue 37 (9, 7): seqio took EXTRA_IDS=-3 as 0; 'x' blamed the file."""
   _parse(["pretrained_multi30k.gin"], [binding])
   with pytest.raises(run_lib.ConfigError, match=re_escape(message)):
-    setup.vocabulary()
+    loading.vocabulary()
 
 
 def re_escape(text):

@@ -156,7 +156,7 @@ def test_speculative_greedy_equals_target_greedy(workdir, spm_path, target,
   base = decoding.temperature_sample(target_model, inputs, rng,
                                      max_decode_length=32)
   spec = decoding.speculative_sample(target_model,
-                                     decoding.T5Drafter(draft_model), inputs,
+                                     decoding.ModelDrafter(draft_model), inputs,
                                      rng, gamma=3, max_decode_length=32)
   np.testing.assert_array_equal(np.asarray(spec.tokens),
                                 np.asarray(base.tokens))

@@ -49,7 +49,7 @@ class _Bench:
   cfg: BenchmarkConfig
   target: T5Model
   draft: T5Model
-  drafter: decoding.T5Drafter
+  drafter: decoding.ModelDrafter
   encoder_inputs: Array
   prefix: Array
   rng: Array
@@ -111,7 +111,7 @@ def _setup(cfg: BenchmarkConfig, log: Log) -> Tuple[_Bench, float]:
   # of the K sweep's points).
   max_k = max(max(cfg.chunk_sizes), max(cfg.gammas) + 1)
   bench = _Bench(
-      cfg=cfg, target=target, draft=draft, drafter=decoding.T5Drafter(draft),
+      cfg=cfg, target=target, draft=draft, drafter=decoding.ModelDrafter(draft),
       encoder_inputs=encoder_inputs, prefix=jnp.asarray(prefix, jnp.int32),
       rng=jax.random.PRNGKey(cfg.seed), fill=jnp.full(
           (batch,), cfg.fill_length,

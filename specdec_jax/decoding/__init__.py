@@ -11,9 +11,11 @@ One loop, four plug points:
 4. an **acceptance rule** (`ExactAcceptance()`, Algorithm 1; or
    `LenientAcceptance(l)`, Appendix A.5, not exact).
 
-Entry points: `speculative_sample` and `temperature_sample` (checked,
-jitted); `speculative_loop` / `temperature_loop` are the same loops
-unchecked and unjitted, for composing inside one's own `jax.jit`.
+Entry points: `speculative_sample` and `temperature_sample` (checked at
+every call, jitted); `speculative_decoder` / `baseline_decoder` check once
+and return a function of the batch (a run's many batches);
+`speculative_loop` / `temperature_loop` are the same loops unchecked and
+unjitted, for composing inside one's own `jax.jit`.
 
 Modules: `loops` (the loops and their jitted, checked entry points),
 `checks` (the host-side argument checks), `outputs` (`DecodeOutput`,
@@ -36,6 +38,9 @@ from specdec_jax.decoding.checks import check_speculative_args
 from specdec_jax.decoding.checks import check_target
 from specdec_jax.decoding.checks import check_vocab_sizes
 from specdec_jax.decoding.checks import resolve_method
+from specdec_jax.decoding.decoders import Decoder
+from specdec_jax.decoding.decoders import baseline_decoder
+from specdec_jax.decoding.decoders import speculative_decoder
 from specdec_jax.decoding.loops import EOS_ID
 from specdec_jax.decoding.loops import SpeculativeState
 from specdec_jax.decoding.loops import init_speculative_state
@@ -53,11 +58,11 @@ from specdec_jax.decoding.statistics import SpeculativeStatistics
 from specdec_jax.drafters import NO_GUESS
 from specdec_jax.drafters import Drafter
 from specdec_jax.drafters import ModelDrafter
-from specdec_jax.drafters import T5Drafter
 
 __all__ = [
     "AcceptanceRule",
     "DecodeOutput",
+    "Decoder",
     "Drafter",
     "EOS_ID",
     "ExactAcceptance",
@@ -68,10 +73,10 @@ __all__ = [
     "SpeculativeOutput",
     "SpeculativeState",
     "SpeculativeStatistics",
-    "T5Drafter",
     "Target",
     "Verdict",
     "as_drafter",
+    "baseline_decoder",
     "check_encoder_inputs",
     "check_eos_id",
     "check_pytree",
@@ -83,6 +88,7 @@ __all__ = [
     "init_speculative_state",
     "resolve_method",
     "sampling",
+    "speculative_decoder",
     "speculative_iteration",
     "speculative_loop",
     "speculative_sample",

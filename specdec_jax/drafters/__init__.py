@@ -2,7 +2,7 @@
 
 * `Drafter`: the protocol (`init`, `propose`, `rollback`; defined in
   `specdec_jax.protocols`); `NO_GUESS` marks the slots of a row that stopped guessing (a suffix).
-* `ModelDrafter` (alias `T5Drafter`): a draft model with the target's
+* `ModelDrafter`: a draft model with the target's
   interface (`decoding.Target`), e.g. a small `T5Model` — the paper's M_q;
   with `confidence_threshold`, adaptive γ (§3.5).
 * `NGramDrafter` (`build_ngram_table`): unigram / bigram / order-n counts
@@ -18,7 +18,6 @@ from specdec_jax.protocols import NO_GUESS
 from specdec_jax.protocols import Drafter
 from specdec_jax.drafters.model import ModelDrafter
 from specdec_jax.drafters.model import ModelDrafterState
-from specdec_jax.drafters.model import T5Drafter
 from specdec_jax.drafters import guesses
 from specdec_jax.drafters.ngram import NGramDrafter
 from specdec_jax.drafters.ngram import NGramTable
@@ -30,5 +29,5 @@ from specdec_jax.drafters.hierarchical import HierarchicalState
 __all__ = [
     "Drafter", "HierarchicalDrafter", "HierarchicalState", "ModelDrafter",
     "ModelDrafterState", "NGramDrafter", "NGramTable", "NO_GUESS",
-    "PromptLookupDrafter", "T5Drafter", "build_ngram_table", "guesses"
+    "PromptLookupDrafter", "build_ngram_table", "guesses"
 ]

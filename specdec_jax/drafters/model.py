@@ -186,8 +186,3 @@ class ModelDrafter(Drafter):
                length: Array) -> ModelDrafterState:
     kept = jnp.minimum(state.length, length)
     return ModelDrafterState(self.model.truncate(state.model_state, kept), kept)
-
-
-# The paper's setting: a small T5 drafting for a large one (any model with
-# the target's interface works; the name is kept for existing callers).
-T5Drafter = ModelDrafter

@@ -3,12 +3,11 @@
 names the gin macro that sets it (`MACROS`).
 
 The checks need no model and no I/O: every value's type and range, the
-drafter's settings (`drafter_choice`) and the decoders' own argument checks.
+drafter's settings (`drafter_registry`) and the decoders' own argument checks.
 What needs the model configs (vocabulary sizes) or a file (NGRAM_CORPUS) is
-checked by `run.Experiment` at startup, still before anything is loaded.
+checked by `plan.RunPlan.build`, still before anything is loaded.
 """
 import dataclasses
-import math
 import types
 import typing
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
@@ -17,13 +16,16 @@ import gin
 
 from specdec_jax import decoding
 from specdec_jax import gin_utils
-from specdec_jax import metrics
+from specdec_jax import quality
 from specdec_jax import sampling
-from specdec_jax.experiment import drafter_choice
+from specdec_jax.experiment import drafter_registry
+from specdec_jax.experiment import values
 
 ConfigError = gin_utils.ConfigError
 MODES = ("walltime", "alpha")
-TASK_KINDS = metrics.TASK_KINDS  # BLEU or ROUGE
+# GAMMA='auto': γ chosen by the run (`experiment.auto_gamma`).
+AUTO_GAMMA = "auto"
+TASK_KINDS = quality.TASK_KINDS  # BLEU or ROUGE
 # The longest decode a run accepts (TASK_FEATURE_LENGTHS['targets']). The
 # models set no limit (relative-position buckets), but compiling and
 # decoding grow with it, and a run prints nothing until the first batch
@@ -32,10 +34,10 @@ MAX_DECODE_LENGTH = 8192
 
 # ACCEPTANCE: how the target verifies the guesses (both exact).
 ACCEPTANCES = ("token", "block")
-_DRAFTING = drafter_choice.DrafterSettings()  # its defaults
-# The run arguments of `experiment.drafter_choice.DrafterSettings`.
+_DRAFTING = drafter_registry.DrafterSettings()  # its defaults
+# The run arguments of `experiment.drafter_registry.DrafterSettings`.
 DRAFTER_ARGS = tuple(
-    f.name for f in dataclasses.fields(drafter_choice.DrafterSettings))
+    f.name for f in dataclasses.fields(drafter_registry.DrafterSettings))
 
 
 def _arg(macro: str, default: Any = dataclasses.MISSING, **kwargs) -> Any:
@@ -114,6 +116,9 @@ class RunArguments:
       (Algorithm 1, the default) or 'block' (block verification, Sun et
       al. 2025: never fewer kept guesses in expectation; the same as
       'token' at temperature 0).
+    compile_topology: compile only, for this Cloud TPU slice, without a
+      TPU (e.g. 'v4-8'; needs libtpu): OUTPUT_DIR/compile.json; None = a
+      normal run.
   """
   output_dir: str = _arg("OUTPUT_DIR")
   target_checkpoint_path: Optional[str] = _arg("TARGET_CHECKPOINT_PATH", None)
@@ -154,6 +159,7 @@ class RunArguments:
   adaptive_threshold: Optional[float] = _arg("ADAPTIVE_THRESHOLD",
                                              _DRAFTING.adaptive_threshold)
   acceptance: str = _arg("ACCEPTANCE", "token")
+  compile_topology: Optional[str] = _arg("COMPILE_TOPOLOGY", None)
 
   def __post_init__(self):
     # As gin gives them: a list for MESH_SHAPE = [1, 4]; one dict that
@@ -166,8 +172,8 @@ class RunArguments:
     check_settings(self)
     check_types(self)
     try:
-      drafter_choice.check_gamma(self.gamma)
-      drafter_choice.check_lenience(self.lenience)
+      check_gamma(self.gamma)
+      check_lenience(self.lenience)
       _check_acceptance(self)
       self.drafting.check(self.mode)
       _check_decoding_args(self)
@@ -176,15 +182,15 @@ class RunArguments:
 
   # -- derived ----------------------------------------------------------------
   @property
-  def drafting(self) -> drafter_choice.DrafterSettings:
+  def drafting(self) -> drafter_registry.DrafterSettings:
     """The drafter's settings (DRAFTER, NGRAM_*, ...)."""
-    return drafter_choice.DrafterSettings(
+    return drafter_registry.DrafterSettings(
         **{k: getattr(self, k) for k in DRAFTER_ARGS})
 
   @property
   def auto_gamma(self) -> bool:
     """GAMMA='auto': γ is chosen by the run."""
-    return self.gamma == drafter_choice.AUTO_GAMMA
+    return self.gamma == AUTO_GAMMA
 
   @property
   def max_decode_length(self) -> int:
@@ -223,14 +229,6 @@ def unknown_arguments_message(names: Sequence[str]) -> str:
           f"{sorted(MACROS)}.")
 
 
-def _is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_settings(args: RunArguments) -> None:
   """The run arguments `decoding` does not check (no I/O, no model).
 
@@ -245,13 +243,13 @@ def check_settings(args: RunArguments) -> None:
   # inf (`1e999`) or nan would run and then be written as `Infinity` / `NaN`,
   # which is not JSON.
   t, p = args.temperature, args.top_p
-  if not (_is_number(t) and math.isfinite(t) and t >= 0):
+  if not (values.is_real(t) and t >= 0):
     raise bad("temperature", "a finite number >= 0 (0 = greedy)")
-  if not (_is_number(p) and math.isfinite(p) and 0 < p <= 1):
+  if not (values.is_real(p) and 0 < p <= 1):
     raise bad("top_p", "a finite number in (0, 1] (1 = off)")
-  if not (_is_int(args.top_k) and args.top_k >= 0):
+  if not (values.is_int(args.top_k) and args.top_k >= 0):
     raise bad("top_k", "an integer >= 0 (0 = off)")
-  if not _is_int(args.seed):
+  if not values.is_int(args.seed):
     raise bad("seed", "an integer")
   if not isinstance(args.overwrite, bool):
     raise bad("overwrite", "True or False")
@@ -263,7 +261,7 @@ def check_settings(args: RunArguments) -> None:
     raise bad("task_feature_lengths",
               "{'inputs': S, 'targets': max decode length}")
   inputs = lengths.get("inputs", 2)  # the keys: `_check_decoding_args`
-  if not _is_int(inputs) or inputs < 2:
+  if not values.is_int(inputs) or inputs < 2:
     raise ConfigError(
         f"TASK_FEATURE_LENGTHS['inputs']={inputs!r}: allowed: an integer >= 2 "
         "(input tokens per example, EOS included; longer inputs are "
@@ -284,9 +282,9 @@ def _type_allows(annotation: Any, value: Any) -> bool:
   if annotation is type(None):
     return value is None
   if annotation is float:
-    return _is_number(value)
+    return values.is_number(value)
   if annotation is int:
-    return _is_int(value)
+    return values.is_int(value)
   if origin is tuple:
     return isinstance(value, tuple) and all(
         _type_allows(typing.get_args(annotation)[0], v) for v in value)
@@ -356,7 +354,7 @@ def _check_decoding_args(args: RunArguments) -> None:
   args.method()  # Validates temperature, top_k and top_p together.
   for name, value in (("BATCH_SIZE", args.batch_size), ("NUM_EXAMPLES",
                                                         args.num_examples)):
-    if not _is_int(value) or value < 1:
+    if not values.is_int(value) or value < 1:
       raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
 
 
@@ -367,7 +365,7 @@ def _check_gamma_and_length(args: RunArguments) -> None:
   there are tokens to decode, and γ = 1000 for 32 tokens costs 1000 draft
   steps per call."""
   targets = args.task_feature_lengths.get("targets", 1)
-  if not _is_int(targets) or not 1 <= targets <= MAX_DECODE_LENGTH:
+  if not values.is_int(targets) or not 1 <= targets <= MAX_DECODE_LENGTH:
     raise ValueError(
         f"TASK_FEATURE_LENGTHS['targets']={targets!r}: allowed: an integer "
         f"from 1 to {MAX_DECODE_LENGTH} (the most tokens decoded per "
@@ -376,15 +374,33 @@ def _check_gamma_and_length(args: RunArguments) -> None:
         "done).")
   if args.auto_gamma:
     return
-  if not _is_int(args.gamma) or args.gamma < 1:
+  if not values.is_int(args.gamma) or args.gamma < 1:
     raise ValueError(f"GAMMA={args.gamma!r}: allowed: an integer >= 1, or "
-                     f"'{drafter_choice.AUTO_GAMMA}'.")
+                     f"'{AUTO_GAMMA}'.")
   if args.gamma > targets:
     raise ValueError(
         f"GAMMA={args.gamma} is more than TASK_FEATURE_LENGTHS['targets']="
         f"{targets}: no target call can keep more guesses than there are "
         f"tokens to decode. Allowed: 1 to {targets}, or "
-        f"'{drafter_choice.AUTO_GAMMA}'.")
+        f"'{AUTO_GAMMA}'.")
+
+
+def check_lenience(lenience: Any) -> None:
+  """LENIENCE in (0, 1] (1 = exact); raises ValueError."""
+  if not (values.is_real(lenience) and 0 < lenience <= 1):
+    raise ValueError(
+        f"LENIENCE={lenience!r}: allowed: a number in (0, 1] (1 = exact "
+        "speculative decoding; l < 1 accepts more guesses and no longer "
+        "samples the target's distribution).")
+
+
+def check_gamma(gamma: Any) -> None:
+  """GAMMA: 'auto' or a number (`decoding.check_settings` checks that it is
+  an integer >= 1); raises ValueError for any other string."""
+  if isinstance(gamma, str) and gamma != AUTO_GAMMA:
+    raise ValueError(f"GAMMA={gamma!r}: allowed: an integer >= 1, or "
+                     f"'{AUTO_GAMMA}' (Theorem 3.8's best γ for the α and c "
+                     "measured on the first examples).")
 
 
 def _check_acceptance(args: "RunArguments") -> None:

@@ -53,7 +53,7 @@ _CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
 
 def abstract_model(config: T5Config, mesh) -> T5Model:
   """The model with ShapeDtypeStruct parameters in `config.dtype` (what
-  `setup.load_model` loads), sharded over `mesh` by the T5X rules."""
+  `loading.load_model` loads), sharded over `mesh` by the T5X rules."""
   shapes = param_shapes(config)["params"]
   shardings = partitioning.param_shardings(mesh, shapes)
   params = jax.tree_util.tree_map(

@@ -20,10 +20,10 @@ import jax.numpy as jnp
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import run_metrics
-from specdec_jax.experiment import drafter_choice
+from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import run_lock
-from specdec_jax.experiment import setup
+from specdec_jax.experiment import loading
 from specdec_jax.models import T5Config
 
 ConfigError = gin_utils.ConfigError
@@ -47,7 +47,7 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
       k: v for k, v in dataclasses.asdict(args).items() if k not in NOT_SETTINGS
   }
   if (args.drafting
-      == drafter_choice.DrafterSettings(ngram_corpus=args.ngram_corpus) and
+      == drafter_registry.DrafterSettings(ngram_corpus=args.ngram_corpus) and
       args.lenience == 1):
     # The paper's setting: recorded as before these options existed, so
     # earlier results still count as the same run.
@@ -90,7 +90,7 @@ def comparable(settings: Any) -> Any:
         pass
   vocab = out.get("vocabulary")
   if isinstance(vocab, dict) and isinstance(vocab.get("file"), str):
-    vocab["file"] = setup.resolve(vocab["file"])
+    vocab["file"] = loading.resolve(vocab["file"])
   return out
 
 

@@ -115,3 +115,12 @@ class PredictionsWriter:
         self._file.close()
       except OSError:
         pass
+
+
+def write_result(path: str, record: Dict[str, Any], kept: str) -> None:
+  """io_utils.write_json; a failure names the file and what was kept."""
+  try:
+    io_utils.write_json(path, record)
+  except OSError as e:
+    raise OutputWriteError(
+        f"cannot write {path}: {e.strerror or e}. Kept: {kept}.") from None

@@ -7,7 +7,7 @@ import numpy as np
 
 from specdec_jax import batching
 from specdec_jax import decoding
-from specdec_jax import metrics
+from specdec_jax import quality as metrics
 from specdec_jax import tasks
 from specdec_jax.models.config import T5Config
 from specdec_jax.models import SharedEncoderModel

@@ -83,8 +83,8 @@ def vocabulary(spm_model_path: Optional[str] = vocab_lib.DEFAULT_SPM_PATH,
 
 @functools.lru_cache(maxsize=None)
 def _load_vocabulary(spm_model_path, extra_ids, byte_level):
-  console.import_tensorflow_quietly()
   if byte_level:
+    console.import_tensorflow_quietly()
     import seqio  # pylint: disable=g-import-not-at-top
     return seqio.ByteVocabulary()
   try:
