@@ -36,7 +36,9 @@ import logging
 import math
 import os
 import re
+import socket
 import tempfile
+import urllib.parse
 import uuid
 from typing import Any, List, Tuple, Union
 
@@ -98,10 +100,50 @@ def _split_gcs(path: str) -> Tuple[str, str]:
   return m.group(1), m.group(2).rstrip("/")
 
 
+class RemoteRefused(ConnectionRefusedError):
+  """The gs:// endpoint refused the connection: no use waiting for it."""
+
+
+_DEFAULT_GCS_ENDPOINT = "https://storage.googleapis.com"
+_PROXY_ENVS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+               "ALL_PROXY", "all_proxy")
+
+
+def _check_endpoint(bucket: str, endpoint: str) -> None:
+  """Fails in seconds when the GCS endpoint refuses connections.
+
+  TensorStore retries a refused connection until the deadline (60 s); a
+  refusal is an answer, so it is reported at once. Anything else (no
+  answer, a name that does not resolve, a proxy in between) is left to
+  TensorStore and the deadline.
+
+  Raises:
+    RemoteRefused: naming the bucket and the endpoint.
+  """
+  if any(os.environ.get(name) for name in _PROXY_ENVS):
+    return
+  url = urllib.parse.urlsplit(endpoint or _DEFAULT_GCS_ENDPOINT)
+  try:
+    port = url.port or (443 if url.scheme == "https" else 80)
+  except ValueError:
+    return
+  try:
+    conn = socket.create_connection((url.hostname, port),
+                                    timeout=min(5.0, remote_timeout_s()))
+  except ConnectionRefusedError as e:
+    raise RemoteRefused(
+        f"opening bucket gs://{bucket}: {url.hostname}:{port} refused the "
+        f"connection ({e.strerror or e}). Check the network, and "
+        "TENSORSTORE_GCS_HTTP_URL if it is set.") from None
+  except OSError:
+    return
+  conn.close()
+
+
 @functools.lru_cache(maxsize=None)
 def _bucket(bucket: str, endpoint: str):
-  del endpoint  # part of the cache key: TensorStore reads it at open time
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  _check_endpoint(bucket, endpoint)
   return wait(ts.KvStore.open({
       "driver": "gcs",
       "bucket": bucket
@@ -249,20 +291,37 @@ def create_new(path: str, data: bytes) -> Any:
     None when `path` already existed (nothing written).
   """
   if not paths.is_url(path):
-    try:
-      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-      return None
+    return data if _create_new_local(path, data) else None
+  kv, key = _gcs(path)
+  stamp = wait(kv.write(key, data, if_equal=_no_value_generation()), "creating",
+               path)
+  return stamp.generation or None  # b'': the precondition failed
+
+
+def _create_new_local(path: str, data: bytes) -> bool:
+  """Creates `path` holding `data`, whole, only if it does not exist.
+
+  The data go to a temporary file first, which is then hard-linked to
+  `path` (`link` fails if `path` exists): a reader never sees the file
+  empty or half written (an `O_EXCL` create written afterwards can be read
+  empty in between, and an empty lock would be taken over as stale).
+  """
+  folder = os.path.dirname(path) or "."
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=".create.", suffix=".tmp")
+  try:
     try:
       os.write(fd, data)
       os.fsync(fd)
     finally:
       os.close(fd)
-    return data  # the content is the version (lock records are unique)
-  kv, key = _gcs(path)
-  stamp = wait(kv.write(key, data, if_equal=_no_value_generation()), "creating",
-               path)
-  return stamp.generation or None  # b'': the precondition failed
+    os.chmod(tmp, 0o644 & ~_umask())
+    try:
+      os.link(tmp, path)
+    except FileExistsError:
+      return False
+    return True
+  finally:
+    os.unlink(tmp)
 
 
 def read_versioned(path: str) -> Tuple[Any, Any]:
@@ -311,13 +370,15 @@ def probe_writable_dir(path: Union[str, os.PathLike]) -> None:
   """
   path = os.fspath(path)
   if paths.is_url(path):
+    remote_timeout_s()  # a bad SPECDEC_GCS_TIMEOUT_S is named as such
     probe = path.rstrip("/") + f"/.write_probe.{uuid.uuid4().hex}.tmp"
     try:
       atomic_write(probe, b"probe")
       remove(probe)
     except Exception as e:  # pylint: disable=broad-except
       raise ValueError(
-          f"cannot write an object there: {e}. Allowed: a gs://bucket/folder "
+          f"cannot write an object there: {str(e).rstrip('.')}. Allowed: a "
+          "gs://bucket/folder "
           "whose bucket exists and that these credentials can write, or a "
           "local directory.") from None
     return

@@ -213,6 +213,16 @@ def test_one_process_layout_and_bad_flags():
                          process_count=2, process_index=2)
   with pytest.raises(ValueError, match="--coordination_timeout_s=0"):
     multihost.initialize(timeout_s=0)
+  # Issue 37: T5X ignores these without --multiprocess_gpu, and N such
+  # processes ran as N independent runs.
+  with pytest.raises(
+      ValueError, match="--coordinator_address=a:1, "
+      "--process_count=2, --process_index=1 without "
+      "--multiprocess_gpu"):
+    multihost.initialize(coordinator_address="a:1", process_count=2,
+                         process_index=1)
+  with pytest.raises(ValueError, match="--process_index=0 without"):
+    multihost.initialize(process_index=0)
   assert not jax.distributed.is_initialized()
 
 

@@ -11,6 +11,7 @@ from specdec_jax.experiment.plan import make_decoders
 from specdec_jax import sweep
 
 from conftest import REPO
+from conftest import load_script
 
 # A cleared gin configuration before and after each test (conftest.py).
 # End to end through the harness: `pytest -m "not slow"` leaves it out.
@@ -129,6 +130,19 @@ def test_base_binding_typo_and_unwritable_results_dir(tmp_path, no_load):
   assert a_file.read_text() == "mine"
 
 
+def test_unread_macro_in_a_gin_file_is_refused(tmp_path, no_load):
+  """Issue 37 (5): `GAMA = 3` in an experiment file ran with γ 5."""
+  (tmp_path / "exp.gin").write_text("include 'local_tiny.gin'\nGAMA = 3\n")
+  with pytest.raises(sweep.SweepError) as e:
+    sweep.run_sweep([{
+        "SEED": 1
+    }], str(tmp_path / "r"), [str(tmp_path / "exp.gin")])
+  assert "exp.gin:2: GAMA = ...: macro 'GAMA' is defined but nothing reads" \
+      in str(e.value)
+  assert "did you mean GAMMA?" in str(e.value)
+  assert not (tmp_path / "r").exists()
+
+
 def test_cli_error_is_one_line_without_traceback(tmp_path):
   proc = subprocess.run([
       sys.executable, "-m", "specdec_jax.sweep", "--gin_file=local_tiny.gin",
@@ -190,3 +204,16 @@ def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
   sweep.run_sweep(points, results, base, bindings, providers=counting)
   assert calls == []
   assert not [f for f in os.listdir(results) if f.startswith(".")]
+
+
+def test_soak_script_points_are_the_gamma_seed_grid():
+  """scripts/soak_sweep.py built its points from itertools.product over an
+  endless itertools.count(): product reads its inputs whole, and the
+  script's memory grew without end before the first point (issue 37's
+  soak run)."""
+  soak = load_script("soak_sweep")
+  assert soak.points(7) == [{
+      "GAMMA": g,
+      "SEED": s
+  } for s, g in [(0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (1, 1), (1, 2)]]
+  assert len(soak.points(1000)) == 1000

@@ -601,3 +601,31 @@ def test_batches_deterministic_disjoint_and_shifted():
         data.batch(20)["decoder_target_tokens"],
         data.batch(0)["decoder_target_tokens"])
   assert padding[5] < padding[0]
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--gin_bindings=train.learning_rate=float('nan')",
+     "--gin.train.learning_rate=float('nan'): not a gin binding: 'float' is "
+     "not a gin value"),
+    ("--gin_bindings=train.grad_clip_norm=float('inf')",
+     "--gin.train.grad_clip_norm=float('inf'): not a gin binding: 'float'"),
+    ("--gin.NUM_STEPS=x", "--gin.NUM_STEPS=x: not a gin binding: 'x' is not "
+     "a gin value"),
+    ("--gin.NUM_STEP=3", "--gin.NUM_STEP=3: unknown gin macro 'NUM_STEP'"),
+])
+def test_bad_bindings_are_one_line(flag, message, capsys):
+  """Issue 37 (4, 5): tracebacks from gin's parser, and a misspelled macro
+  that trained all 300 steps."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.FLAGS.unparse_flags()
+  try:
+    code = train_lib.cli(["train", "--gin_file=train/tiny_ci.gin", flag])
+  finally:
+    flags.FLAGS.unparse_flags()
+    gin.clear_config()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2
+  assert err == [line for line in err if not line.startswith("Traceback")]
+  assert err[-1].startswith(f"train: error: {message}"), err
+  if "NUM_STEP=" in flag:
+    assert "did you mean NUM_STEPS?" in err[-1]

@@ -4,6 +4,7 @@ The layout is detected (`checkpoint_sources`), every parameter's name and
 stored shape is checked against the model's (`expected`) and its sharding
 from metadata alone, and only then is array data read (`reads`).
 """
+import logging
 import os
 import posixpath
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
@@ -28,6 +29,8 @@ from specdec_jax.checkpoints.layout import join
 from specdec_jax.checkpoints.source import Source
 from specdec_jax.checkpoints.source import open_all
 
+logger = logging.getLogger(__name__)
+
 
 def checkpoint_sources(ckpt: str) -> Tuple[str, Dict[ParamPath, Source]]:
   """Detects the layout of `ckpt` and lists its parameters' sources.
@@ -42,6 +45,10 @@ def checkpoint_sources(ckpt: str) -> Tuple[str, Dict[ParamPath, Source]]:
     if io_utils.isfile(ckpt) and posixpath.basename(
         ckpt.rstrip("/")) == MSGPACK_FILE:
       return "legacy", legacy.msgpack_sources(ckpt, ckpt)  # The file itself.
+    if io_utils.isfile(ckpt):
+      raise CheckpointError(
+          f"Checkpoint {ckpt} is a file, not a directory (expected a T5X "
+          "checkpoint_<N> directory, or its legacy 'checkpoint' file).")
     raise CheckpointError(
         f"Checkpoint directory {ckpt} does not exist (expected a T5X "
         "checkpoint_<N> directory).")
@@ -111,8 +118,12 @@ def load_t5x_params(path, *, expected=None, dtype=None,
   ckpt = os.fspath(path)
   if not paths.is_url(ckpt):
     ckpt = os.path.abspath(ckpt)
-  if io_utils.isdir(ckpt):
-    digests.verify_manifest(ckpt)  # DIGESTS.json, when exported with one
+  # DIGESTS.json, when exported with one; without, nothing is verified.
+  if io_utils.isdir(ckpt) and not digests.verify_manifest(ckpt):
+    logger.warning(
+        "Checkpoint %s has no %s: loaded unverified (a changed or corrupt "
+        "file would go unnoticed; T5X's format has no checksums).", ckpt,
+        digests.MANIFEST_FILE)
   _, sources = checkpoint_sources(ckpt)
   if not sources:
     raise CheckpointError(f"Checkpoint {ckpt}: it holds no parameters.")

@@ -9,12 +9,14 @@ checked by `plan.RunPlan.build`, still before anything is loaded.
 """
 import dataclasses
 import types
+import typing
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import gin
 
 from specdec_jax import decoding
 from specdec_jax import gin_utils
+from specdec_jax import quality
 from specdec_jax import sampling
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import values
@@ -23,6 +25,12 @@ ConfigError = gin_utils.ConfigError
 MODES = ("walltime", "alpha")
 # GAMMA='auto': γ chosen by the run (`experiment.auto_gamma`).
 AUTO_GAMMA = "auto"
+TASK_KINDS = quality.TASK_KINDS  # BLEU or ROUGE
+# The longest decode a run accepts (TASK_FEATURE_LENGTHS['targets']). The
+# models set no limit (relative-position buckets), but compiling and
+# decoding grow with it, and a run prints nothing until the first batch
+# is done: 100000 tokens looked like a hang for many minutes.
+MAX_DECODE_LENGTH = 8192
 
 # ACCEPTANCE: how the target verifies the guesses (both exact).
 ACCEPTANCES = ("token", "block")
@@ -162,6 +170,7 @@ class RunArguments:
       object.__setattr__(self, "task_feature_lengths",
                          dict(self.task_feature_lengths))
     check_settings(self)
+    check_types(self)
     try:
       check_gamma(self.gamma)
       check_lenience(self.lenience)
@@ -264,6 +273,71 @@ def check_settings(args: RunArguments) -> None:
     raise bad("output_dir", "a local directory or gs://bucket/folder")
 
 
+def _type_allows(annotation: Any, value: Any) -> bool:
+  """Whether `value` is of a field's declared type (bool is no int, an int
+  is a float; a Dict / Tuple's own checks look at its items)."""
+  origin = typing.get_origin(annotation)
+  if origin is Union:
+    return any(_type_allows(a, value) for a in typing.get_args(annotation))
+  if annotation is type(None):
+    return value is None
+  if annotation is float:
+    return values.is_number(value)
+  if annotation is int:
+    return values.is_int(value)
+  if origin is tuple:
+    return isinstance(value, tuple) and all(
+        _type_allows(typing.get_args(annotation)[0], v) for v in value)
+  return isinstance(value, origin or annotation)
+
+
+_TYPE_WORDS = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "True or False",
+    type(None): "None",
+    dict: "a dict",
+    tuple: "a tuple of integers"
+}
+
+
+def _type_words(annotation: Any) -> str:
+  """A field's declared type in words: 'None or a string'."""
+  args = typing.get_args(annotation)
+  if typing.get_origin(annotation) is Union:
+    return " or ".join(
+        _type_words(a) for a in sorted(args, key=lambda a: a is not type(None)))
+  return _TYPE_WORDS.get(
+      typing.get_origin(annotation) or annotation, str(annotation))
+
+
+def check_types(args: RunArguments) -> None:
+  """Every run argument against the type its field declares (`INPUT_PREFIX
+  = 5`, `TARGET_NAME = [1, 2]` would fail late, with a traceback, or be
+  written to metrics.json as they are).
+
+  Raises:
+    ConfigError: naming the macro, the value and the type allowed.
+  """
+  hints = typing.get_type_hints(RunArguments)
+  for field in dataclasses.fields(RunArguments):
+    value = getattr(args, field.name)
+    if not _type_allows(hints[field.name], value):
+      raise ConfigError(
+          f"{MACROS[field.name]}={value!r} (run.{field.name}): allowed: "
+          f"{_type_words(hints[field.name])} (got {type(value).__name__}).")
+  if args.task_kind is not None and args.task_kind not in TASK_KINDS:
+    raise ConfigError(f"TASK_KIND={args.task_kind!r}: allowed: None (from "
+                      "the seqio task) or one of "
+                      f"{', '.join(repr(k) for k in TASK_KINDS)}.")
+  for name in ("source_file", "reference_file"):
+    path = getattr(args, name)
+    if path and "://" in path:
+      raise ConfigError(f"{MACROS[name]}={path!r}: only local files are read "
+                        "(copy it here first, e.g. with gsutil cp).")
+
+
 def _check_decoding_args(args: RunArguments) -> None:
   """MODE, and what the decoders check (γ, max_decode_length, sampling),
   BATCH_SIZE, NUM_EXAMPLES and TASK_FEATURE_LENGTHS' keys; ValueError."""
@@ -291,10 +365,13 @@ def _check_gamma_and_length(args: RunArguments) -> None:
   there are tokens to decode, and γ = 1000 for 32 tokens costs 1000 draft
   steps per call."""
   targets = args.task_feature_lengths.get("targets", 1)
-  if not values.is_int(targets) or targets < 1:
+  if not values.is_int(targets) or not 1 <= targets <= MAX_DECODE_LENGTH:
     raise ValueError(
         f"TASK_FEATURE_LENGTHS['targets']={targets!r}: allowed: an integer "
-        ">= 1 (the most tokens decoded per example, EOS included).")
+        f"from 1 to {MAX_DECODE_LENGTH} (the most tokens decoded per "
+        "example, EOS included; compiling and decoding take time in "
+        "proportion, and nothing is printed until the first batch is "
+        "done).")
   if args.auto_gamma:
     return
   if not values.is_int(args.gamma) or args.gamma < 1:

@@ -12,11 +12,13 @@ import jax
 
 from specdec_jax import checkpoints
 from specdec_jax import console
+from specdec_jax import io_utils
 from specdec_jax import gin_utils
 from specdec_jax import parameters
 from specdec_jax import partitioning
 from specdec_jax import paths
 from specdec_jax import vocab as vocab_lib
+from specdec_jax.checkpoints import digests
 from specdec_jax.models import T5Config
 from specdec_jax.models import T5Model
 from specdec_jax.models import param_shapes
@@ -52,8 +54,22 @@ def vocabulary(spm_model_path: Optional[str] = vocab_lib.DEFAULT_SPM_PATH,
     extra_ids: sentinel ids appended to the model's pieces (T5: 100).
     byte_level: bytes instead of a SentencePiece model (no file).
   """
+  if not isinstance(byte_level, bool):
+    raise ConfigError(f"vocabulary.byte_level={byte_level!r}: allowed: True "
+                      "or False.")
   if byte_level:
     return _load_vocabulary(None, 0, True)
+  if not isinstance(extra_ids, int) or isinstance(extra_ids,
+                                                  bool) or extra_ids < 0:
+    # seqio takes a negative count as 0, and a string would be blamed on
+    # the SentencePiece file.
+    raise ConfigError(f"EXTRA_IDS={extra_ids!r}: allowed: an integer >= 0 "
+                      "(sentinel ids appended to the SentencePiece pieces; "
+                      "T5: 100).")
+  if spm_model_path is not None and not isinstance(spm_model_path, str):
+    raise ConfigError(f"SPM_MODEL_PATH={spm_model_path!r}: allowed: the path "
+                      "of a SentencePiece .model file (a string), got "
+                      f"{type(spm_model_path).__name__}.")
   if not spm_model_path:
     raise ConfigError(f"SPM_MODEL_PATH={spm_model_path!r}: give the path of "
                       "a SentencePiece .model file (or bind "
@@ -134,6 +150,76 @@ def check_vocabulary_fits(vocab, target_config: T5Config,
           "deliberate.")
 
 
+def checkpoint_dir(checkpoint_path: str) -> str:
+  """The step folder a *_CHECKPOINT_PATH names: itself, or the latest
+  `checkpoint_N` in a model dir (as `train` writes)."""
+  path = resolve(checkpoint_path)
+  latest = checkpoints.latest_checkpoint(path)
+  if latest and not os.path.basename(
+      os.path.normpath(checkpoint_path)).startswith("checkpoint_"):
+    path = resolve(latest)
+  return path
+
+
+def check_vocabulary_for_run(vocab, args) -> None:
+  """What a run's own arguments ask of the vocabulary (`run.Experiment`).
+
+  TOPK must not exceed its ids. The checkpoints' DIGESTS.json may record
+  the SentencePiece model they were trained with (`checkpoints.digests`):
+  another one is refused, even of the same size (its ids mean other pieces:
+  the output is garbage, silently). A checkpoint that records none is
+  loaded with a warning that the vocabulary could not be verified.
+
+  Raises:
+    ConfigError: naming TOPK, or SPM_MODEL_PATH and the checkpoint.
+  """
+  size = int(vocab.vocab_size)
+  if args.top_k > size:
+    raise ConfigError(
+        f"TOPK={args.top_k} is more than the vocabulary's {size} ids "
+        f"({describe_vocabulary(vocab)}): allowed: 0 (off) to {size}.")
+  paths = [("TARGET_CHECKPOINT_PATH", args.target_checkpoint_path)]
+  if args.drafting.uses_draft_model:
+    paths.append(("DRAFT_CHECKPOINT_PATH", args.draft_checkpoint_path))
+  for macro, path in paths:
+    if path:
+      _check_vocabulary_digest(vocab, macro, checkpoint_dir(path))
+
+
+def _check_vocabulary_digest(vocab, macro: str, ckpt: str) -> None:
+  """`vocab`'s file against `ckpt`'s recorded vocabulary (if any)."""
+  if not io_utils.isdir(ckpt):
+    return  # `load_model` says what is wrong with the path
+  record = digests.vocabulary_record(ckpt)
+  if record is None:
+    _warn_unverified(macro, ckpt, describe_vocabulary(vocab))
+    return
+  path = getattr(vocab, "sentencepiece_model_file", None)
+  got = _file_digest(path) if path else None
+  if got != record.get("sha256"):
+    what = (f"{path!r} (sha256 {got[:16]}...)"
+            if got else describe_vocabulary(vocab))
+    raise ConfigError(
+        f"SPM_MODEL_PATH: the vocabulary {what} is not the one {macro}'s "
+        f"checkpoint {ckpt} was trained with ({record.get('file')!r}, sha256 "
+        f"{str(record.get('sha256'))[:16]}..., recorded in its "
+        f"{digests.MANIFEST_FILE}): its ids would mean other pieces and the "
+        "output would be garbage. Allowed: that SentencePiece model.")
+
+
+@functools.lru_cache(maxsize=None)  # once per process (a sweep's points)
+def _warn_unverified(macro: str, ckpt: str, vocabulary_words: str) -> None:
+  logging.warning(
+      "%s: %s records no vocabulary digest (DIGESTS.json), so %s could "
+      "not be verified: if it is not the vocabulary the checkpoint was "
+      "trained with, the output is garbage.", macro, ckpt, vocabulary_words)
+
+
+@functools.lru_cache(maxsize=None)
+def _file_digest(path: str) -> str:
+  return digests.digest(io_utils.read_bytes(path))
+
+
 def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,
                mesh, what: str) -> T5Model:
   """Loads a T5X checkpoint (or random weights) sharded over `mesh`.
@@ -143,11 +229,7 @@ def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,
   shapes = param_shapes(config)["params"]
   shardings = partitioning.param_shardings(mesh, shapes)
   if checkpoint_path:
-    path = resolve(checkpoint_path)
-    latest = checkpoints.latest_checkpoint(path)
-    if latest and not os.path.basename(
-        os.path.normpath(checkpoint_path)).startswith("checkpoint_"):
-      path = resolve(latest)
+    path = checkpoint_dir(checkpoint_path)
     logging.info("Loading %s from %s", what, path)
     params = checkpoints.load_t5x_params(path, expected=shapes,
                                          dtype=config.dtype,

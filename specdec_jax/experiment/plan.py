@@ -127,6 +127,7 @@ class RunPlan:
       raise ConfigError(str(e)) from None
     vocab = providers.vocabulary()
     loading.check_vocabulary_fits(vocab, target_config, draft_config)
+    loading.check_vocabulary_for_run(vocab, args)  # TOPK, DIGESTS.json
     _check_memory(args, target_config, draft_config)
     try:
       table = drafting.ngram_table(vocab, target_config.vocab_size, corpus)
