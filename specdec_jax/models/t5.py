@@ -49,6 +49,7 @@ import numpy as np
 from specdec_jax import kernels
 from specdec_jax.models.config import T5Config
 from specdec_jax.models.layers import PACKED_COLLECTION
+from specdec_jax.models.network import commit_path
 from specdec_jax.models.network import DecodeCache
 from specdec_jax.models.network import init_params
 from specdec_jax.models.network import param_shapes
@@ -315,3 +316,42 @@ class T5Model:
     `length` is left as it is (length = min(cache.length, length)).
     """
     return dataclasses.replace(cache, length=jnp.minimum(cache.length, length))
+
+  def decode_tree(self, tokens: Array, parents: Array,
+                  cache: DecodeCache) -> Tuple[Array, DecodeCache]:
+    """Scores N tree nodes in one call (`protocols.TreeTarget`).
+
+    Node i of row b follows the cached prefix and its ancestors only: it
+    sits at position cache.length[b] + depth_i (depth: its ancestors'
+    count), attends to the prefix and to itself and its ancestors (a tree
+    mask in self-attention; relative positions from depths), and
+    cross-attends as any decoder position.
+
+    Args:
+      tokens: [B, N] int32 node tokens.
+      parents: [B, N] (or [N]) int32 parent node index, -1 for a node right
+        after the prefix; parents[i] < i.
+      cache: the cache; cache.length + N <= max_len (checked as in
+        `decode_chunk`).
+
+    Returns:
+      (logits [B, N, V]: logits[b, i] is the distribution after node i's
+      root-to-node path; the cache with the nodes' keys/values at slots
+      length + i and length unchanged, ready for `commit_path`).
+    """
+    self._check_chunk_fits(tokens.shape[1], cache)
+    parents = jnp.broadcast_to(jnp.asarray(parents, jnp.int32), tokens.shape)
+    return cast(
+        Tuple[Array, DecodeCache],
+        self.module.apply(self.variables, tokens, parents, cache,
+                          method=Transformer.decode_tree))
+
+  def commit_path(self, cache: DecodeCache, path: Array,
+                  path_length: Array) -> DecodeCache:
+    """Keeps nodes path[b, :path_length[b]] of the last `decode_tree` as
+    positions length, length+1, ...: by index, the rest dropped.
+
+    path: [B, P] int32 node indices; path_length: [B] int32 in [0, P].
+    """
+    return commit_path(cache, jnp.asarray(path, jnp.int32),
+                       jnp.asarray(path_length, jnp.int32))
