@@ -154,8 +154,9 @@ class TreeTarget(Target, Protocol):
 
 def supports_tree(target: Any) -> bool:
   """Whether `target` has `TreeTarget`'s two extra methods."""
-  return all(callable(getattr(target, m, None))
-             for m in ("decode_tree", "commit_path"))
+  return all(
+      callable(getattr(target, m, None))
+      for m in ("decode_tree", "commit_path"))
 
 
 def target_encoder_output(target: Any, state: Any) -> Any:

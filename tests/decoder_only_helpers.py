@@ -112,8 +112,7 @@ class DecoderOnlyLM:
                length: Array) -> DecoderOnlyState:
     return state.replace(held=jnp.minimum(state.held, state.offset + length))
 
-  def decode_tree(self, tokens: Array, parents: Array,
-                  state: DecoderOnlyState):
+  def decode_tree(self, tokens: Array, parents: Array, state: DecoderOnlyState):
     """`protocols.TreeTarget`: node i (tokens [B, N], parents [B or 1, N])
     follows the held prefix and its ancestors only, at absolute position
     held + depth_i; its embedding goes to slot held + i, held unchanged."""

@@ -165,8 +165,7 @@ def _tree_inputs(tree, p_fn, q_fn):
     return jnp.broadcast_to(jnp.asarray(x, jnp.float32), (ROWS,) + x.shape)
 
   return (jnp.log(rows(target)), rows(draft),
-          jnp.broadcast_to(jnp.asarray(tree, jnp.int32),
-                           (ROWS, width, GAMMA)))
+          jnp.broadcast_to(jnp.asarray(tree, jnp.int32), (ROWS, width, GAMMA)))
 
 
 @pytest.mark.parametrize("tree", [((0, 2), (0, 0), (2, 1)), ((1, 1), (1, 1)),
@@ -175,9 +174,10 @@ def test_rule_outcomes_follow_the_reference(tree):
   p_fn, q_fn = _tables(7)
   assert all(_branch_probability(b, (), q_fn) > 0 for b in tree)
   logits, draft, tokens = _tree_inputs(tree, p_fn, q_fn)
-  verdict = jax.jit(TreeAcceptance().__call__, static_argnums=4)(
-      jax.random.PRNGKey(sum(map(sum, tree))), logits, tokens, draft,
-      sampling.Sampling(1.0))
+  verdict = jax.jit(TreeAcceptance().__call__,
+                    static_argnums=4)(jax.random.PRNGKey(sum(map(sum, tree))),
+                                      logits, tokens, draft,
+                                      sampling.Sampling(1.0))
   n = np.asarray(verdict.num_accepted)
   branch = np.asarray(verdict.branch)
   emitted = [
@@ -187,8 +187,9 @@ def test_rule_outcomes_follow_the_reference(tree):
   exact = iteration_outcomes(tree, (), p_fn, q_fn)
   exact = {k: v for k, v in exact.items() if v > 0}
   observed, expected = count_sequences(
-      [e + (0,) * (GAMMA + 1 - len(e)) for e in emitted],
-      {k + (0,) * (GAMMA + 1 - len(k)): v for k, v in exact.items()})
+      [e + (0,) * (GAMMA + 1 - len(e)) for e in emitted], {
+          k + (0,) * (GAMMA + 1 - len(k)): v for k, v in exact.items()
+      })
   assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
 
 
@@ -261,8 +262,7 @@ def _decoder_pvalue(method, width, acceptance=None, seed=0):
   out = decoding.tree_speculative_sample(
       target, draft, np.tile(np.asarray(PROMPT, np.int32), (SAMPLES, 1)),
       jax.random.PRNGKey(seed), gamma=GAMMA, tree_width=width,
-      max_decode_length=STEPS, method=method, eos_id=EOS,
-      acceptance=acceptance)
+      max_decode_length=STEPS, method=method, eos_id=EOS, acceptance=acceptance)
   observed, expected = count_sequences(out.tokens, exact)
   return chisquare_pvalue(observed, expected), out
 

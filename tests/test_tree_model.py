@@ -101,5 +101,3 @@ def test_tree_logits_and_commit_match_sequential_decoding(setup):
         model.truncate(state, jnp.full((batch,), lengths[b], jnp.int32)))
     np.testing.assert_allclose(after[b], ref[b, kept[b]:], atol=ATOL,
                                err_msg=f"row {b}")
-
-

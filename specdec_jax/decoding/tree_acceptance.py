@@ -27,7 +27,7 @@ and the residual stays one-hot at a; the rule keeps the longest branch prefix
 that matches the target's argmaxes and emits the next argmax (no [.., V]
 probabilities are built).
 """
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple, Union
 
 import flax
 import jax
@@ -53,8 +53,8 @@ def path_nodes(width: int, gamma: int) -> np.ndarray:
   """[k, γ+1] int32: node of branch j at depth d (depth 0 is the root)."""
   depth = np.arange(gamma + 1)[None, :]
   branch = np.arange(width)[:, None]
-  return np.where(depth == 0, 0, 1 + branch * gamma + depth - 1).astype(
-      np.int32)
+  return np.where(depth == 0, 0,
+                  1 + branch * gamma + depth - 1).astype(np.int32)
 
 
 class TreeVerdict(NamedTuple):
@@ -71,7 +71,7 @@ class TreeVerdict(NamedTuple):
   branch: Array
 
 
-def _residual(r: Array, q: Array) -> Array:
+def _residual(r: Array, q: Union[Array, float]) -> Array:
   """norm(max(0, r - q)) over [B, V]; r itself where no mass is left (the
   rejection then had probability 0: rounding only)."""
   res = jnp.maximum(r - q, 0.0)
@@ -196,15 +196,15 @@ class TreeAcceptance(AcceptanceRule):
     if draft_probs is None:  # Deterministic guesses: one-hot q.
       draft_probs = jax.nn.one_hot(draft_tokens, target_probs.shape[-1],
                                    dtype=target_probs.dtype)
-    return TreeVerdict(*tree_accept(rng, target_probs, draft_probs,
-                                    draft_tokens))
+    return TreeVerdict(
+        *tree_accept(rng, target_probs, draft_probs, draft_tokens))
 
   def _single_path(self, rng, target_logits, draft_tokens,
                    draft_probs: Optional[Array], method) -> Verdict:
     """k = 1 through the tree rule, returned as Algorithm 1's `Verdict`."""
     verdict = self(rng, target_logits, draft_tokens[:, None],
-                   None if draft_probs is None else draft_probs[:, None],
-                   method)
+                   None if draft_probs is None else draft_probs[:,
+                                                                None], method)
     if method.is_greedy:
       tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)
       return Verdict(verdict.num_accepted, verdict.next_token, None, tokens)

@@ -10,7 +10,7 @@ output is distributed as the target's (`decoding.tree_acceptance`); with
 k = 1 it is Algorithm 1. Bookkeeping (buffer, lengths, EOS, frozen rows) is
 `decoding.loops`'.
 """
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import flax
 import jax
@@ -28,6 +28,7 @@ from specdec_jax.decoding.loops import EOS_ID
 from specdec_jax.decoding.tree_acceptance import chain_parents
 from specdec_jax.decoding.tree_acceptance import path_nodes
 from specdec_jax.decoding.tree_acceptance import TreeAcceptance
+from specdec_jax.decoding.tree_acceptance import TreeVerdict
 from specdec_jax.drafters.tree import as_tree_drafter
 from specdec_jax.drafters.tree import TreeModelDrafter
 from specdec_jax.protocols import AcceptanceRule
@@ -108,7 +109,9 @@ def tree_iteration(target: Any, drafter: TreeModelDrafter,
   ], axis=1)
   logits, tree_state = target.decode_tree(
       nodes, jnp.asarray(chain_parents(width, gamma)), s.target_state)
-  verdict = acceptance(accept_rng, logits, draft_tokens, draft_probs, method)
+  verdict = cast(
+      TreeVerdict,
+      acceptance(accept_rng, logits, draft_tokens, draft_probs, method))
   num_accepted, next_token = verdict.num_accepted, verdict.next_token
 
   emitted = jnp.concatenate(
@@ -145,8 +148,10 @@ def tree_loop(target: Any, drafter: TreeModelDrafter,
               encoder_input_tokens: Array, rng: Array, eos_id: Array, *,
               gamma: int, width: int, max_decode_length: int,
               method: sampling.SamplingMethod,
-              acceptance: AcceptanceRule = TreeAcceptance()) -> TreeOutput:
-  """The traceable tree loop: no argument checks, not jitted."""
+              acceptance: Optional[AcceptanceRule] = None) -> TreeOutput:
+  """The traceable tree loop: no argument checks, not jitted (acceptance:
+  default `TreeAcceptance()`)."""
+  acceptance = TreeAcceptance() if acceptance is None else acceptance
   batch = encoder_input_tokens.shape[0]
   # A tree call writes 1 + k·γ slots after ℓ <= max_decode_length.
   target_state = target.start(encoder_input_tokens,
@@ -157,9 +162,10 @@ def tree_loop(target: Any, drafter: TreeModelDrafter,
       draft_state=drafter.init(encoder_input_tokens, draft_len,
                                target_encoder_output(target, target_state)),
       buffer=_start_buffer(target, encoder_input_tokens, draft_len + 1),
-      length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros((batch,), bool),
-      target_calls=jnp.zeros((batch,), jnp.int32),
-      accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32))
+      length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros(
+          (batch,), bool), target_calls=jnp.zeros(
+              (batch,), jnp.int32), accepted_histogram=jnp.zeros(
+                  (batch, gamma + 1), jnp.int32))
 
   def body(s):
     return tree_iteration(target, drafter, acceptance, s, rng, eos_id,
@@ -191,10 +197,11 @@ def check_tree_args(target: Any, drafter: Any, *, gamma: Any, tree_width: Any,
     raise ValueError(
         f"tree_width must be an integer >= 1 (k branches), got {tree_width!r}.")
   drafter = as_tree_drafter(drafter)
-  method = checks.check_speculative_args(
-      target, drafter, gamma=gamma, max_decode_length=max_decode_length,
-      method=method, temperature=temperature, top_k=top_k, top_p=top_p,
-      acceptance=acceptance)
+  method = checks.check_speculative_args(target, drafter, gamma=gamma,
+                                         max_decode_length=max_decode_length,
+                                         method=method, temperature=temperature,
+                                         top_k=top_k, top_p=top_p,
+                                         acceptance=acceptance)
   if not supports_tree(target):
     raise ValueError(
         "target must implement protocols.TreeTarget (decode_tree and "
@@ -209,8 +216,7 @@ def check_tree_args(target: Any, drafter: Any, *, gamma: Any, tree_width: Any,
 
 def tree_speculative_sample(target: Any, drafter: Any,
                             encoder_input_tokens: Array, rng: Array, *,
-                            gamma: int, tree_width: int,
-                            max_decode_length: int,
+                            gamma: int, tree_width: int, max_decode_length: int,
                             temperature: Optional[float] = None,
                             top_k: Optional[int] = None,
                             top_p: Optional[float] = None,
@@ -244,9 +250,8 @@ def tree_speculative_sample(target: Any, drafter: Any,
   checks.check_eos_id(eos_id)
   program = (_jit_tree_loop_cpu
              if jax.default_backend() == "cpu" else _jit_tree_loop)
-  return program(target, drafter, jnp.asarray(encoder_input_tokens, jnp.int32),
-                 rng, np.int32(eos_id), gamma=int(gamma),
-                 width=int(tree_width),
-                 max_decode_length=int(max_decode_length), method=method,
-                 acceptance=TreeAcceptance()
-                 if acceptance is None else acceptance)
+  return program(
+      target, drafter, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
+      np.int32(eos_id), gamma=int(gamma), width=int(tree_width),
+      max_decode_length=int(max_decode_length), method=method,
+      acceptance=TreeAcceptance() if acceptance is None else acceptance)

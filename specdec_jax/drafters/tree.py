@@ -65,9 +65,8 @@ class TreeModelDrafter(ModelDrafter):
   """
 
   def propose_tree(
-      self, state: ModelDrafterState, buffer: Array, length: Array,
-      rng: Array, *, gamma: int, width: int,
-      method: sampling.SamplingMethod
+      self, state: ModelDrafterState, buffer: Array, length: Array, rng: Array,
+      *, gamma: int, width: int, method: sampling.SamplingMethod
   ) -> Tuple[TreeDraftState, Array, Optional[Array]]:
     """k = width branches of γ guesses after buffer[b, :length[b]+1].
 
@@ -85,20 +84,19 @@ class TreeModelDrafter(ModelDrafter):
       first_q = None
     else:
       first, first_q = method.draw(
-          rngs[0], jnp.broadcast_to(logits[:, None], (batch, width) +
-                                    logits.shape[-1:]))
+          rngs[0],
+          jnp.broadcast_to(logits[:, None], (batch, width) + logits.shape[-1:]))
     tokens = jnp.zeros((batch, width, gamma), jnp.int32).at[:, :, 0].set(first)
     probs = None if first_q is None else jnp.zeros(
-        (batch, width, gamma, first_q.shape[-1]),
-        jnp.float32).at[:, :, 0].set(first_q)
+        (batch, width, gamma,
+         first_q.shape[-1]), jnp.float32).at[:, :, 0].set(first_q)
 
     # Steps 2..γ on B·k rows: feed x_{j,i-1}, guess x_{j,i}.
     def step(i, carry):
       model_state, tokens, probs = carry
       step_logits, model_state = self.model.decode_chunk(
           tokens[:, :, i - 1].reshape(batch * width, 1), model_state)
-      token, q = method.draw(rngs[i],
-                             step_logits.reshape(batch, width, -1))
+      token, q = method.draw(rngs[i], step_logits.reshape(batch, width, -1))
       if probs is not None:
         probs = probs.at[:, :, i].set(q)
       return model_state, tokens.at[:, :, i].set(token), probs

@@ -320,8 +320,9 @@ def commit_path(cache: DecodeCache, path: Array,
 
   def move(rows):
     picked = jnp.take_along_axis(rows, slots[:, None, None, :], axis=-1)
-    return jax.vmap(lambda row, new, s: lax.dynamic_update_slice(
-        row, new, (0, 0, s)))(rows, picked, start)
+    return jax.vmap(
+        lambda row, new, s: lax.dynamic_update_slice(row, new, (0, 0, s)))(
+            rows, picked, start)
 
   return dataclasses.replace(cache, keys=tuple(map(move, cache.keys)),
                              values=tuple(map(move, cache.values)),
