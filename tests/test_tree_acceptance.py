@@ -5,7 +5,8 @@ What must hold:
   k = 2 and 3 branches of γ = 2: the first two emitted tokens are
   distributed exactly as the target's (float64, 1e-12), and the same
   enumeration with a wrong rule (a rejected candidate leaves p uncorrected)
-  is off by more than 1e-3 (power check);
+  is off by more than 1e-3 (power check); the expected tokens per
+  iteration grow with k;
 * the JAX rule's outcomes on fixed trees follow that enumerated reference
   (chi-square, significance 1e-3, fixed seeds);
 * k = 1 is Algorithm 1: the same verdicts as `ExactAcceptance`, draw for
@@ -139,6 +140,18 @@ def test_enumerated_first_two_tokens_are_exactly_the_targets(width, seed):
   np.testing.assert_allclose(first_two(width, p_fn, q_fn), exact, atol=1e-12)
   wrong = first_two(width, p_fn, q_fn, correct=False)
   assert np.abs(wrong - exact).max() > 1e-3
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_more_branches_emit_more_tokens_per_call(seed):
+  """The point of the tree: E[tokens per iteration] grows with k (exact)."""
+  p_fn, q_fn = _tables(seed)
+  means = [
+      sum(len(e) * m
+          for e, m in first_tokens((), k, p_fn, q_fn).items())
+      for k in (1, 2, 3)
+  ]
+  assert means[0] < means[1] < means[2], means
 
 
 # ---------------------------------------------------------------------------
