@@ -101,3 +101,15 @@ def test_tree_logits_and_commit_match_sequential_decoding(setup):
         model.truncate(state, jnp.full((batch,), lengths[b], jnp.int32)))
     np.testing.assert_allclose(after[b], ref[b, kept[b]:], atol=ATOL,
                                err_msg=f"row {b}")
+
+
+@pytest.mark.parametrize("parents,match", [
+    ([-1, 0, 2], "earlier node"),
+    ([-1, -2, 0], "earlier node"),
+    ([-1, 0], "shape"),
+])
+def test_bad_parents_are_rejected(parents, match):
+  model, enc = _t5_setup()
+  state = model.start(jnp.asarray(enc), 8)
+  with pytest.raises(ValueError, match=match):
+    model.decode_tree(jnp.ones((3, 3), jnp.int32), np.asarray(parents), state)

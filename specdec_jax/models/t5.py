@@ -127,6 +127,25 @@ class EncoderOutput(NamedTuple):
   valid: Array
 
 
+def _check_parents(parents, shape) -> None:
+  """ValueError unless parents is [N] or [B, N] with -1 <= parents[i] < i
+  (checked on the host when concrete; traced parents are trusted)."""
+  if np.shape(parents) not in (shape[1:], tuple(shape)):
+    raise ValueError(
+        f"decode_tree: parents must have shape [N] or [B, N] = {list(shape)} "
+        f"(one per node), got {list(np.shape(parents))}.")
+  try:
+    values = np.asarray(parents)
+  except jax.errors.TracerArrayConversionError:
+    return
+  nodes = np.arange(shape[1])
+  bad = (values < -1) | (values >= nodes)
+  if np.any(bad):
+    raise ValueError(
+        "decode_tree: parents[i] must be -1 (after the cached prefix) or an "
+        f"earlier node's index in [0, i), got {values.tolist()}.")
+
+
 @flax.struct.dataclass
 class T5Model:
   """A T5 `Transformer` bound to its parameters, as the decoders use it.
@@ -340,6 +359,7 @@ class T5Model:
       length + i and length unchanged, ready for `commit_path`).
     """
     self._check_chunk_fits(tokens.shape[1], cache)
+    _check_parents(parents, tokens.shape)
     parents = jnp.broadcast_to(jnp.asarray(parents, jnp.int32), tokens.shape)
     return cast(
         Tuple[Array, DecodeCache],
