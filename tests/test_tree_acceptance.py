@@ -315,3 +315,53 @@ def test_greedy_is_token_identical_to_the_target_alone(width, eos):
   np.testing.assert_array_equal(out.lengths, ref.lengths)
   # Guesses were kept: fewer target calls than tokens.
   assert np.sum(out.target_calls) < np.sum(ref.lengths)
+
+
+def test_checked_decoder_and_bad_arguments():
+  config = tiny_config(vocab_size=32)
+  target = random_model(config, seed=1)
+  draft = perturbed(target, 0.3, seed=2)
+  enc = np.random.default_rng(0).integers(2, 32, size=(2, 5)).astype(np.int32)
+  decode = decoding.tree_decoder(target, draft, gamma=3, tree_width=2,
+                                 max_decode_length=10, method=sampling.Greedy())
+  ref = decoding.temperature_sample(target, enc, jax.random.PRNGKey(0),
+                                    max_decode_length=10)
+  np.testing.assert_array_equal(
+      decode(enc, jax.random.PRNGKey(0)).tokens, ref.tokens)
+  kwargs = dict(gamma=3, max_decode_length=10)
+  rng = jax.random.PRNGKey(0)
+  with pytest.raises(ValueError, match="tree_width must be an integer >= 1"):
+    decoding.tree_speculative_sample(target, draft, enc, rng, tree_width=0,
+                                     **kwargs)
+  with pytest.raises(ValueError, match=r"tree_width \(33\) must be <= vocab"):
+    decoding.tree_speculative_sample(target, draft, enc, rng, tree_width=33,
+                                     **kwargs)
+  with pytest.raises(ValueError, match="gamma must be an integer >= 1"):
+    decoding.tree_speculative_sample(target, draft, enc, rng, tree_width=2,
+                                     gamma=0, max_decode_length=10)
+  with pytest.raises(ValueError, match="TreeTarget"):
+    decoding.tree_speculative_sample(_NoTree(target), draft, enc, rng,
+                                     tree_width=2, **kwargs)
+
+
+@flax.struct.dataclass
+class _NoTree:
+  """A `Target` without the tree call."""
+  model: object
+
+  vocab_size = property(lambda self: self.model.vocab_size)
+
+  def start_token(self, inputs):
+    return self.model.start_token(inputs)
+
+  def start(self, inputs, max_len):
+    return self.model.start(inputs, max_len)
+
+  def length(self, state):
+    return self.model.length(state)
+
+  def decode_chunk(self, tokens, state):
+    return self.model.decode_chunk(tokens, state)
+
+  def truncate(self, state, length):
+    return self.model.truncate(state, length)

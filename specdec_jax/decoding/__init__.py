@@ -55,6 +55,7 @@ from specdec_jax.decoding.outputs import DecodeOutput
 from specdec_jax.decoding.tree_acceptance import TreeAcceptance
 from specdec_jax.decoding.tree_acceptance import TreeVerdict
 from specdec_jax.decoding.tree_loop import TreeOutput
+from specdec_jax.decoding.tree_loop import tree_decoder
 from specdec_jax.decoding.tree_loop import tree_loop
 from specdec_jax.decoding.tree_loop import tree_speculative_sample
 from specdec_jax.decoding.outputs import SpeculativeOutput
@@ -104,6 +105,7 @@ __all__ = [
     "TreeAcceptance",
     "TreeOutput",
     "TreeVerdict",
+    "tree_decoder",
     "tree_loop",
     "tree_speculative_sample",
 ]

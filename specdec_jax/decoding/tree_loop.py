@@ -214,6 +214,38 @@ def check_tree_args(target: Any, drafter: Any, *, gamma: Any, tree_width: Any,
   return drafter, method
 
 
+def _program():
+  return _jit_tree_loop_cpu if jax.default_backend(
+  ) == "cpu" else _jit_tree_loop
+
+
+def tree_decoder(target: Any, drafter: Any, *, gamma: int, tree_width: int,
+                 max_decode_length: int, method: sampling.SamplingMethod,
+                 acceptance: Optional[AcceptanceRule] = None,
+                 eos_id: int = EOS_ID):
+  """`tree_speculative_sample` with its settings checked now, not per call
+  (as `decoding.speculative_decoder`): returns decode(encoder_input_tokens
+  [B, S] int32, rng) -> `TreeOutput`; the batch is not checked."""
+  drafter, method = check_tree_args(target, drafter, gamma=gamma,
+                                    tree_width=tree_width,
+                                    max_decode_length=max_decode_length,
+                                    method=method, temperature=None, top_k=None,
+                                    top_p=None, acceptance=acceptance)
+  checks.check_eos_id(eos_id)
+  program = _program()
+  rule = TreeAcceptance() if acceptance is None else acceptance
+  eos, settings = np.int32(eos_id), dict(
+      gamma=int(gamma), width=int(tree_width),
+      max_decode_length=int(max_decode_length), method=method)
+
+  def decode(encoder_input_tokens: Array, rng: Array) -> TreeOutput:
+    return program(target, drafter, jnp.asarray(encoder_input_tokens,
+                                                jnp.int32), rng, eos,
+                   acceptance=rule, **settings)
+
+  return decode
+
+
 def tree_speculative_sample(target: Any, drafter: Any,
                             encoder_input_tokens: Array, rng: Array, *,
                             gamma: int, tree_width: int, max_decode_length: int,
@@ -248,9 +280,7 @@ def tree_speculative_sample(target: Any, drafter: Any,
   checks.check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   checks.check_rng(rng)
   checks.check_eos_id(eos_id)
-  program = (_jit_tree_loop_cpu
-             if jax.default_backend() == "cpu" else _jit_tree_loop)
-  return program(
+  return _program()(
       target, drafter, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
       np.int32(eos_id), gamma=int(gamma), width=int(tree_width),
       max_decode_length=int(max_decode_length), method=method,
