@@ -10,7 +10,8 @@ What must hold:
 * the JAX rule's outcomes on fixed trees follow that enumerated reference
   (chi-square, significance 1e-3, fixed seeds);
 * k = 1 is Algorithm 1: the same verdicts as `ExactAcceptance`, draw for
-  draw, sampled and greedy;
+  draw, sampled and greedy, and the same decodes as `speculative_sample`
+  with the same key (tiny T5, T = 0.7, top-p 0.9, batch 4);
 * the whole decoder's first three tokens follow the target's enumerated
   distribution at T = 1, T = 0.7 with top-p 0.9, and T = 0.8 with top-k 3
   (decoder-only example target and draft, batch of 20 000 rows, chi-square
@@ -365,3 +366,23 @@ class _NoTree:
 
   def truncate(self, state, length):
     return self.model.truncate(state, length)
+
+
+def test_one_branch_decodes_exactly_as_algorithm_1():
+  """k = 1 is `speculative_sample`, token for token, with the same key."""
+  config = tiny_config(vocab_size=32)
+  target = random_model(config, seed=1)
+  draft = perturbed(target, 0.3, seed=2)
+  enc = np.random.default_rng(0).integers(2, 32, size=(4, 5)).astype(np.int32)
+  method = sampling.Sampling(0.7, top_p=0.9)
+  token = decoding.speculative_sample(target, draft, enc, jax.random.PRNGKey(5),
+                                      gamma=3, max_decode_length=12,
+                                      method=method)
+  tree = decoding.tree_speculative_sample(target, draft, enc,
+                                          jax.random.PRNGKey(5), gamma=3,
+                                          tree_width=1, max_decode_length=12,
+                                          method=method)
+  np.testing.assert_array_equal(tree.tokens, token.tokens)
+  np.testing.assert_array_equal(tree.target_calls, token.target_calls)
+  np.testing.assert_array_equal(tree.accepted_histogram,
+                                token.accepted_histogram)
