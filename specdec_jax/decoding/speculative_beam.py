@@ -182,16 +182,49 @@ def _draft_roots(draft: Target, draft_state: Any, known: Array, beams: Beams,
   return log_probs.reshape(batch, k, -1), state
 
 
-def _leaf_priority(parents: Array, width: int) -> Array:
-  """[B, γ, u] parents of each depth's beams -> [B, N] leaf priority."""
-  batch, gamma, _ = parents.shape
+def _ancestors(parents: Array) -> Array:
+  """[B, γ, u] parents (depth d's beams index depth d-1's) -> [B, N, γ]:
+  node n's ancestor (its beam index) at each depth, -1 below its depth."""
+  batch, gamma, width = parents.shape
+  per_depth = []
+  for depth in range(gamma):
+    current = jnp.broadcast_to(jnp.arange(width), (batch, width))
+    chain = [current]
+    for above in range(depth, 0, -1):
+      current = jnp.take_along_axis(parents[:, above], current, axis=1)
+      chain.append(current)
+    chain = chain[::-1] + [jnp.full_like(current, -1)] * (gamma - depth - 1)
+    per_depth.append(jnp.stack(chain, axis=2))
+  return jnp.concatenate(per_depth, axis=1)
+
+
+def _leaf_priority(parents: Array) -> Array:
+  """[B, γ, u] parents -> [B, N] int32 priority of each node as a row.
+
+  A step of the target is replayed only when all its live beams were
+  scored, i.e. (for a good draft) all draft beams of that depth. So rows
+  cover whole depths in order: each node is represented by its deepest,
+  best leaf, and a leaf ranks by the shallowest depth it represents, then
+  by its own depth and rank. Inner nodes (prefixes of some leaf) get -1.
+  """
+  batch, gamma, width = parents.shape
   beam = jnp.arange(width)
   extended = jnp.any(parents[:, 1:, None, :] == beam[None, None, :, None],
                      axis=3)  # [B, γ-1, u]: some deeper beam extends it.
-  leaf = jnp.concatenate(
-      [~extended, jnp.ones((batch, 1, width), bool)], axis=1)
-  rank = (jnp.arange(gamma)[:, None] + 1) * width + (width - 1 - beam)
-  return jnp.where(leaf, rank[None], -1).reshape(batch, gamma * width)
+  leaf = jnp.concatenate([~extended, jnp.ones((batch, 1, width), bool)],
+                         axis=1).reshape(batch, gamma * width)
+  own = (jnp.arange(gamma)[:, None] + 1) * width + (width - 1 - beam)
+  own = jnp.where(leaf, own.reshape(-1)[None], -1)
+  ancestors = _ancestors(parents)
+  level = jnp.full(own.shape, gamma + 1)
+  for depth in range(gamma):
+    below = ancestors[:, None, :, depth] == beam[None, :, None]  # [B, u, N]
+    representative = jnp.argmax(jnp.where(below, own[:, None], -1), axis=2)
+    hit = jnp.any(jax.nn.one_hot(representative, own.shape[1], dtype=bool),
+                  axis=1)
+    level = jnp.where(hit & (level > gamma), depth + 1, level)
+  levels = (gamma + 1) * width
+  return jnp.where(leaf, (gamma + 1 - level) * levels + own, -1)
 
 
 def _run_draft(draft: Target, draft_state: Any, known: Array, beams: Beams, *,
@@ -255,42 +288,40 @@ def _run_draft(draft: Target, draft_state: Any, known: Array, beams: Beams, *,
       roots=tree_roots.reshape(batch, nodes),
       depth=jnp.broadcast_to(
           jnp.repeat(jnp.arange(1, gamma + 1), width), (batch, nodes)),
-      priority=_leaf_priority(tree_parents, width))
+      priority=_leaf_priority(tree_parents))
   return tree, root_state
 
 def _candidate_rows(tree: _DraftTree, k: int,
                     num_rows: int) -> Tuple[Array, Array, Array]:
-  """The rows the target scores: every live beam is a parent of one.
+  """The rows the target scores: every live beam is the parent of one.
 
-  Rows 0..k-1: for live beam i, its best leaf (deepest, then best), or the
-  live beam alone when no draft beam descends from it; rows k..R-1: the
-  best leaves left (then, if leaves run out, inner nodes: redundant but
-  harmless).
+  The pool: the tree's N nodes, and the k live beams alone (no draft token,
+  lowest priority). Rows 0..k-1: for live beam i, its best pool entry;
+  rows k..R-1: the best entries left (`_leaf_priority`).
 
   Returns:
     (parent [B, R] int32 in [0, k), tokens [B, R, γ] int32, depth [B, R]
     int32: the deepest offset whose logits the row's tokens make valid).
   """
-  order = jnp.argsort(-tree.priority, axis=1, stable=True)
-  roots = jnp.take_along_axis(tree.roots, order, axis=1)
-  leaf = jnp.take_along_axis(tree.priority, order, axis=1) >= 0
-  mine = (roots[:, None, :] == jnp.arange(k)[None, :, None]) & leaf[:, None]
-  has = jnp.any(mine, axis=2)  # [B, k]
-  first = jnp.argmax(mine, axis=2)  # Position in `order` of its best leaf.
-  taken = jnp.any(
-      jax.nn.one_hot(first, order.shape[1], dtype=bool) & has[:, :, None],
-      axis=1)
+  batch, _, gamma = tree.tokens.shape
+  roots = jnp.broadcast_to(jnp.arange(k), (batch, k))
+  pool_roots = jnp.concatenate([tree.roots, roots], axis=1)
+  pool_tokens = jnp.concatenate(
+      [tree.tokens, jnp.zeros((batch, k, gamma), jnp.int32)], axis=1)
+  pool_depth = jnp.concatenate([tree.depth, jnp.zeros_like(roots)], axis=1)
+  priority = jnp.concatenate([tree.priority, jnp.full_like(roots, -2)],
+                             axis=1)
+  order = jnp.argsort(-priority, axis=1, stable=True)
+  sorted_roots = jnp.take_along_axis(pool_roots, order, axis=1)
+  # Position in `order` of each live beam's best entry (one always exists).
+  first = jnp.argmax(sorted_roots[:, None, :] == roots[:, :, None], axis=2)
+  taken = jnp.any(jax.nn.one_hot(first, order.shape[1], dtype=bool), axis=1)
   rest = jnp.argsort(taken, axis=1, stable=True)[:, :num_rows - k]
-  positions = jnp.concatenate([first, rest], axis=1)
-  real = jnp.concatenate([has, jnp.ones_like(rest, bool)], axis=1)
-  node = jnp.take_along_axis(order, positions, axis=1)
-  parent = jnp.where(real, jnp.take_along_axis(tree.roots, node, axis=1),
-                     jnp.arange(num_rows)[None, :])
-  tokens = jnp.where(real[:, :, None],
-                     jnp.take_along_axis(tree.tokens, node[:, :, None],
-                                         axis=1), 0)
-  depth = jnp.where(real, jnp.take_along_axis(tree.depth, node, axis=1), 0)
-  return parent, tokens, depth
+  entry = jnp.take_along_axis(order, jnp.concatenate([first, rest], axis=1),
+                              axis=1)
+  return (jnp.take_along_axis(pool_roots, entry, axis=1),
+          jnp.take_along_axis(pool_tokens, entry[:, :, None], axis=1),
+          jnp.take_along_axis(pool_depth, entry, axis=1))
 
 
 def _row_sequences(beams: Beams, parent: Array, tokens: Array,
@@ -467,13 +498,13 @@ def _check_int(name: str, value: Any, low: int, high: int, what: str) -> None:
 
 def check_speculative_beam_settings(*, beam_size: int, width: Any, gamma: Any,
                                     num_rows: Any) -> None:
-  """γ >= 1, k <= u, k <= num_rows <= γ·u; ValueError naming the argument."""
+  """γ >= 1, k <= u, k <= num_rows <= γ·u + k; ValueError naming it."""
   _check_int("gamma", gamma, 1, 1 << 20, "draft beam steps per target call")
   _check_int("width", width, beam_size, 1 << 20,
              f"u, the draft's beam width, at least beam_size k = {beam_size}")
-  _check_int("num_rows", num_rows, beam_size, gamma * width,
+  _check_int("num_rows", num_rows, beam_size, gamma * width + beam_size,
              "rows of the target call: at least one per beam, at most one "
-             "per draft beam gamma * width")
+             "per draft beam and beam, gamma * width + beam_size")
 
 
 def speculative_beam_search(target: Target, draft: Target,
@@ -496,7 +527,7 @@ def speculative_beam_search(target: Target, draft: Target,
       steps per call).
     width: u >= k, the draft's beam width (default k).
     num_rows: R, the candidate sequences the target scores per call, in
-      [k, γ·u] (default min(2u, γ·u)): more rows cover more of the draft's
+      [k, γ·u + k] (default 2u): more rows cover more of the draft's
       beams (more steps per call) at a higher cost per call.
     alpha: the brevity penalty's exponent (traced).
     eos_id: the end-of-sequence token (traced).
@@ -512,7 +543,7 @@ def speculative_beam_search(target: Target, draft: Target,
   beam_search.check_beam_settings(beam_size=beam_size, alpha=alpha,
                                   max_decode_len=max_decode_len)
   if num_rows is None and isinstance(gamma, int) and isinstance(width, int):
-    num_rows = min(2 * width, gamma * width)
+    num_rows = 2 * width
   check_speculative_beam_settings(beam_size=beam_size, width=width,
                                   gamma=gamma, num_rows=num_rows)
   check_target(target)
