@@ -75,8 +75,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def host_info() -> Dict[str, Any]:
   """CPU model, L3 cache (from lscpu) and the JAX backend."""
-  info: Dict[str, Any] = {"backend": jax.default_backend(),
-                          "devices": [str(d) for d in jax.devices()]}
+  info: Dict[str, Any] = {
+      "backend": jax.default_backend(),
+      "devices": [str(d) for d in jax.devices()]
+  }
   try:
     out = subprocess.run(["lscpu"], capture_output=True, text=True,
                          check=False).stdout
@@ -128,8 +130,12 @@ def configurations(args: argparse.Namespace) -> List[Dict[str, Any]]:
     for multiple in (int(w) for w in args.widths.split(",")):
       width = multiple * k
       rows = args.num_rows if args.num_rows is not None else 2 * width
-      configs.append({"name": f"spec_g{gamma}_u{width}_r{rows}",
-                      "gamma": gamma, "width": width, "num_rows": rows})
+      configs.append({
+          "name": f"spec_g{gamma}_u{width}_r{rows}",
+          "gamma": gamma,
+          "width": width,
+          "num_rows": rows
+      })
   return configs
 
 
@@ -189,8 +195,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       stats[config["name"]] = dict(stat, tokens=tokens)
   results = summarize(configs, times, stats, args)
   record = dict(host=host_info(), load_average_before=load_before,
-                load_average_after=list(os.getloadavg()),
-                settings=vars(args), results=results)
+                load_average_after=list(os.getloadavg()), settings=vars(args),
+                results=results)
   print_table(results)
   if args.output:
     pathlib.Path(args.output).write_text(json.dumps(record, indent=2) + "\n")

@@ -151,5 +151,7 @@ def test_gather_rows_reorders_every_leaf():
   np.testing.assert_array_equal(out["a"], [[4, 5], [4, 5], [0, 1]])
   np.testing.assert_array_equal(out["b"], [20, 20, 0])
   with pytest.raises(ValueError, match="leading axis"):
-    beam_search.gather_rows({"a": jnp.zeros((3, 2)), "b": jnp.zeros((4,))},
-                            jnp.array([0]))
+    beam_search.gather_rows({
+        "a": jnp.zeros((3, 2)),
+        "b": jnp.zeros((4,))
+    }, jnp.array([0]))

@@ -50,9 +50,11 @@ def test_identical_to_baseline_batched(tiny, k, u, gamma, rows, draft_kind):
   # the finished set, the brevity penalty and early stopping are exercised.
   for eos_id in (1, 78):
     base = baseline(target, inputs, k, eos_id=eos_id)
-    spec = speculative_beam.speculative_beam_search(
-        target, draft, inputs, beam_size=k, width=u, gamma=gamma,
-        num_rows=rows, max_decode_len=MAX_LEN, eos_id=eos_id)
+    spec = speculative_beam.speculative_beam_search(target, draft, inputs,
+                                                    beam_size=k, width=u,
+                                                    gamma=gamma, num_rows=rows,
+                                                    max_decode_len=MAX_LEN,
+                                                    eos_id=eos_id)
     assert_same_beams(spec.tokens, spec.scores, base.tokens, base.scores,
                       f"k={k} u={u} gamma={gamma} eos={eos_id}")
     assert int(spec.steps) == int(base.steps)
@@ -82,9 +84,11 @@ def test_perfect_draft_is_accepted_in_full(tiny):
   target, inputs = tiny
   k = u = 2
   gamma = 3
-  spec = speculative_beam.speculative_beam_search(
-      target, target, inputs, beam_size=k, width=u, gamma=gamma,
-      num_rows=gamma * u + k, max_decode_len=MAX_LEN)
+  spec = speculative_beam.speculative_beam_search(target, target, inputs,
+                                                  beam_size=k, width=u,
+                                                  gamma=gamma,
+                                                  num_rows=gamma * u + k,
+                                                  max_decode_len=MAX_LEN)
   base = baseline(target, inputs, k)
   assert_same_beams(spec.tokens, spec.scores, base.tokens, base.scores,
                     "perfect draft")
@@ -137,12 +141,12 @@ def test_38m_with_shipped_draft_identical():
   sentences (batch 24): identical to the baseline, hence to T5X."""
   reference = load_reference()
   target = load_pretrained("target_38m", "models/multi30k_target_38m.gin")
-  draft = load_pretrained("draft_1m_distill_38m", "models/multi30k_draft_1m.gin")
+  draft = load_pretrained("draft_1m_distill_38m",
+                          "models/multi30k_draft_1m.gin")
   inputs = reference["m38_encoder_input_tokens"]
   spec = speculative_beam.speculative_beam_search(target, draft, inputs,
-                                                  beam_size=4, width=8,
-                                                  gamma=3, max_decode_len=32,
-                                                  alpha=0.6)
+                                                  beam_size=4, width=8, gamma=3,
+                                                  max_decode_len=32, alpha=0.6)
   assert_same_beams(spec.tokens, spec.scores,
                     reference["m38_k4_alpha0.6_decodes"],
                     reference["m38_k4_alpha0.6_scores"], "38M, alpha 0.6")

@@ -133,11 +133,11 @@ def init_beams(start_tokens: Array, beam_size: int,
   seqs = seqs.at[:, :, 0].set(start_tokens[:, None])
   logprobs = jnp.tile(
       jnp.array([0.0] + [NEG_INF] * (beam_size - 1), jnp.float32), [batch, 1])
+  empty = jnp.full((batch, beam_size), NEG_INF, jnp.float32)
   return Beams(step=jnp.zeros((), jnp.int32), live_logprobs=logprobs,
-               finished_scores=jnp.full((batch, beam_size), NEG_INF,
-                                        jnp.float32),
-               live_seqs=seqs, finished_seqs=jnp.zeros_like(seqs),
-               finished_flags=jnp.zeros((batch, beam_size), bool))
+               finished_scores=empty, live_seqs=seqs,
+               finished_seqs=jnp.zeros_like(seqs), finished_flags=jnp.zeros(
+                   (batch, beam_size), bool))
 
 
 def beams_alive(beams: Beams, alpha: Array, max_decode_len: int) -> Array:
@@ -183,8 +183,8 @@ def beam_step(beams: Beams, logits: Array, alpha: Array,
   batch, k, vocab = logits.shape
   t = beams.step
   log_probs = jax.nn.log_softmax(logits) + beams.live_logprobs[:, :, None]
-  topk_log_probs, topk_indices = lax.top_k(
-      log_probs.reshape(batch, k * vocab), 2 * k)
+  topk_log_probs, topk_indices = lax.top_k(log_probs.reshape(batch, k * vocab),
+                                           2 * k)
   topk_parents = topk_indices // vocab
   topk_ids = topk_indices % vocab
   topk_seqs = _gather(beams.live_seqs, topk_parents)
@@ -204,12 +204,12 @@ def beam_step(beams: Beams, logits: Array, alpha: Array,
   all_flags = jnp.concatenate([beams.finished_flags, newly_finished], axis=1)
   _, best = lax.top_k(all_scores, k)
   best = jnp.flip(best, axis=1)
-  new = Beams(step=t + 1, live_logprobs=_gather(live_candidates, keep),
-              finished_scores=_gather(all_scores, best),
-              live_seqs=_gather(topk_seqs, keep),
-              finished_seqs=_gather(all_seqs, best),
-              finished_flags=_gather(all_flags, best))
-  return new, parents
+  live = dict(live_logprobs=_gather(live_candidates, keep),
+              live_seqs=_gather(topk_seqs, keep))
+  finished = dict(finished_scores=_gather(all_scores, best),
+                  finished_seqs=_gather(all_seqs, best),
+                  finished_flags=_gather(all_flags, best))
+  return Beams(step=t + 1, **live, **finished), parents
 
 
 def final_beams(beams: Beams) -> Tuple[Array, Array]:
@@ -276,9 +276,8 @@ def beam_search_loop(target: Target, encoder_input_tokens: Array, alpha: Array,
     tokens = lax.dynamic_slice_in_dim(beams.live_seqs, beams.step, 1, axis=2)
     logits, state = target.decode_chunk(tokens.reshape(batch * beam_size, 1),
                                         state)
-    beams, parents = beam_step(
-        beams, logits.reshape(batch, beam_size, -1).astype(jnp.float32), alpha,
-        eos_id)
+    logits = logits.reshape(batch, beam_size, -1).astype(jnp.float32)
+    beams, parents = beam_step(beams, logits, alpha, eos_id)
     return beams, gather_rows(state, beam_rows(parents, beam_size))
 
   beams, _ = lax.while_loop(
@@ -296,8 +295,9 @@ def check_beam_settings(*, beam_size: Any, alpha: Any,
                         max_decode_len: Any) -> None:
   """k >= 1, α a finite number >= 0, max_decode_len >= 1; ValueError."""
   check_settings(max_decode_length=max_decode_len)
-  if isinstance(beam_size, bool) or not isinstance(
-      beam_size, (int, np.integer)) or beam_size < 1:
+  if isinstance(beam_size,
+                bool) or not isinstance(beam_size,
+                                        (int, np.integer)) or beam_size < 1:
     raise ValueError(f"beam_size must be an integer >= 1, got {beam_size!r}.")
   if isinstance(alpha, bool) or not isinstance(
       alpha, (int, float, np.number)) or not np.isfinite(alpha) or alpha < 0:
@@ -331,7 +331,7 @@ def beam_search(target: Target, encoder_input_tokens: Any, *, beam_size: int,
   check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   check_eos_id(eos_id)
   return _jit_beam_search_loop(target,
-                               jnp.asarray(encoder_input_tokens, jnp.int32),
-                               np.float32(alpha), np.int32(eos_id),
-                               beam_size=int(beam_size),
+                               jnp.asarray(encoder_input_tokens,
+                                           jnp.int32), np.float32(alpha),
+                               np.int32(eos_id), beam_size=int(beam_size),
                                max_decode_len=int(max_decode_len))

@@ -211,8 +211,9 @@ def _leaf_priority(parents: Array) -> Array:
   beam = jnp.arange(width)
   extended = jnp.any(parents[:, 1:, None, :] == beam[None, None, :, None],
                      axis=3)  # [B, γ-1, u]: some deeper beam extends it.
-  leaf = jnp.concatenate([~extended, jnp.ones((batch, 1, width), bool)],
-                         axis=1).reshape(batch, gamma * width)
+  leaf = jnp.concatenate(
+      [~extended, jnp.ones(
+          (batch, 1, width), bool)], axis=1).reshape(batch, gamma * width)
   own = (jnp.arange(gamma)[:, None] + 1) * width + (width - 1 - beam)
   own = jnp.where(leaf, own.reshape(-1)[None], -1)
   ancestors = _ancestors(parents)
@@ -239,8 +240,8 @@ def _run_draft(draft: Target, draft_state: Any, known: Array, beams: Beams, *,
   log_probs, root_state = _draft_roots(draft, draft_state, known, beams, gamma)
   # Width u: the k live beams, then fillers that no real candidate loses to.
   roots = jnp.broadcast_to(
-      jnp.concatenate([jnp.arange(k), jnp.zeros((width - k,), jnp.int32)]),
-      (batch, width))
+      jnp.concatenate([jnp.arange(k),
+                       jnp.zeros((width - k,), jnp.int32)]), (batch, width))
   scores = jnp.concatenate([
       beams.live_logprobs,
       jnp.full((batch, width - k), beam_search.NEG_INF, jnp.float32)
@@ -251,8 +252,7 @@ def _run_draft(draft: Target, draft_state: Any, known: Array, beams: Beams, *,
   tree_parents = jnp.zeros((batch, gamma, width), jnp.int32)
   history = jnp.zeros((batch, width, gamma), jnp.int32)
   state = gather_rows(root_state, beam_rows(roots, k))
-  carry = (scores, roots, history, state, tree_tokens, tree_roots,
-           tree_parents)
+  carry = (scores, roots, history, state, tree_tokens, tree_roots, tree_parents)
 
   def step(depth, log_probs, carry):
     """Select depth's beams and record them in the tree."""
@@ -264,16 +264,15 @@ def _run_draft(draft: Target, draft_state: Any, known: Array, beams: Beams, *,
     history = lax.dynamic_update_slice_in_dim(history, tokens[:, :, None],
                                               depth, axis=2)
     state = gather_rows(state, beam_rows(parents, width))
-    return (scores, roots, history, state,
-            tree_tokens.at[:, depth].set(history),
+    return (scores, roots, history, state, tree_tokens.at[:,
+                                                          depth].set(history),
             tree_roots.at[:, depth].set(roots),
             tree_parents.at[:, depth].set(parents))
 
   def body(depth, carry):
     """Feed each beam's last draft token, then select the next depth."""
     history, state = carry[2], carry[3]
-    last = lax.dynamic_index_in_dim(history, depth - 1, axis=2,
-                                    keepdims=False)
+    last = lax.dynamic_index_in_dim(history, depth - 1, axis=2, keepdims=False)
     logits, state = draft.decode_chunk(last.reshape(-1, 1), state)
     log_probs = jax.nn.log_softmax(
         logits.reshape(batch, width, -1).astype(jnp.float32))
@@ -284,12 +283,13 @@ def _run_draft(draft: Target, draft_state: Any, known: Array, beams: Beams, *,
   tree_tokens, tree_roots, tree_parents = carry[4:]
   nodes = gamma * width
   tree = _DraftTree(
-      tokens=tree_tokens.reshape(batch, nodes, gamma),
-      roots=tree_roots.reshape(batch, nodes),
-      depth=jnp.broadcast_to(
-          jnp.repeat(jnp.arange(1, gamma + 1), width), (batch, nodes)),
+      tokens=tree_tokens.reshape(batch, nodes,
+                                 gamma), roots=tree_roots.reshape(batch, nodes),
+      depth=jnp.broadcast_to(jnp.repeat(jnp.arange(1, gamma + 1), width),
+                             (batch, nodes)),
       priority=_leaf_priority(tree_parents))
   return tree, root_state
+
 
 def _candidate_rows(tree: _DraftTree, k: int,
                     num_rows: int) -> Tuple[Array, Array, Array]:
@@ -309,8 +309,7 @@ def _candidate_rows(tree: _DraftTree, k: int,
   pool_tokens = jnp.concatenate(
       [tree.tokens, jnp.zeros((batch, k, gamma), jnp.int32)], axis=1)
   pool_depth = jnp.concatenate([tree.depth, jnp.zeros_like(roots)], axis=1)
-  priority = jnp.concatenate([tree.priority, jnp.full_like(roots, -2)],
-                             axis=1)
+  priority = jnp.concatenate([tree.priority, jnp.full_like(roots, -2)], axis=1)
   order = jnp.argsort(-priority, axis=1, stable=True)
   sorted_roots = jnp.take_along_axis(pool_roots, order, axis=1)
   # Position in `order` of each live beam's best entry (one always exists).
@@ -416,8 +415,8 @@ def _replay(beams: Beams, logits: Array, row_seqs: Array, depth: Array,
     return beams, offset + ok.astype(jnp.int32), row, ok
 
   beams, steps, row, _ = lax.while_loop(
-      cond, body, (beams, jnp.zeros((), jnp.int32),
-                   jnp.zeros((batch, k), jnp.int32), jnp.array(True)))
+      cond, body, (beams, jnp.zeros(
+          (), jnp.int32), jnp.zeros((batch, k), jnp.int32), jnp.array(True)))
   return beams, steps, row
 
 
@@ -428,14 +427,13 @@ def _iteration(target: Target, draft: Target, state: _LoopState, alpha: Array,
   beams = state.beams
   batch, k = beams.live_logprobs.shape
   tree, root_state = _run_draft(draft, state.draft_state, state.draft_known,
-                                beams, width=width, gamma=gamma,
-                                eos_id=eos_id)
+                                beams, width=width, gamma=gamma, eos_id=eos_id)
   parent, tokens, depth = _candidate_rows(tree, k, num_rows)
   logits, rows_state = _verify(target, state.target_state, beams, parent,
                                tokens)
   row_seqs = _row_sequences(beams, parent, tokens, gamma)
-  new_beams, steps, row = _replay(beams, logits, row_seqs, depth, alpha,
-                                  eos_id, max_decode_len)
+  new_beams, steps, row = _replay(beams, logits, row_seqs, depth, alpha, eos_id,
+                                  max_decode_len)
   # A new beam's target state: the row that scored its parent (positions
   # up to the parent's last), rolled back to the new length. Its draft
   # state: its root's (positions up to the old step, which it shares).
@@ -443,12 +441,10 @@ def _iteration(target: Target, draft: Target, state: _LoopState, alpha: Array,
   target_state = target.truncate(
       target_state, jnp.full((batch * k,), new_beams.step, jnp.int32))
   roots = jnp.take_along_axis(parent, row, axis=1)
-  return _LoopState(
-      beams=new_beams, target_state=target_state,
-      draft_state=gather_rows(root_state, beam_rows(roots, k)),
-      draft_known=beams.step + 1,
-      calls=state.calls + 1,
-      steps_per_call=state.steps_per_call.at[steps].add(1))
+  return _LoopState(beams=new_beams, target_state=target_state,
+                    draft_state=gather_rows(root_state, beam_rows(roots, k)),
+                    draft_known=beams.step + 1, calls=state.calls + 1,
+                    steps_per_call=state.steps_per_call.at[steps].add(1))
 
 
 def speculative_beam_loop(target: Target, draft: Target,
@@ -468,15 +464,13 @@ def speculative_beam_loop(target: Target, draft: Target,
   state = _LoopState(
       beams=beam_search.init_beams(start, beam_size, max_decode_len),
       target_state=gather_rows(target_state, copies),
-      draft_state=gather_rows(draft_state, copies),
-      draft_known=jnp.zeros((), jnp.int32),
-      calls=jnp.zeros((), jnp.int32),
-      steps_per_call=jnp.zeros((gamma + 2,), jnp.int32))
+      draft_state=gather_rows(draft_state, copies), draft_known=jnp.zeros(
+          (), jnp.int32), calls=jnp.zeros(
+              (), jnp.int32), steps_per_call=jnp.zeros((gamma + 2,), jnp.int32))
   state = lax.while_loop(
-      lambda s: beam_search.beams_alive(s.beams, alpha, max_decode_len),
-      lambda s: _iteration(target, draft, s, alpha, eos_id, width=width,
-                           gamma=gamma, num_rows=num_rows,
-                           max_decode_len=max_decode_len), state)
+      lambda s: beam_search.beams_alive(s.beams, alpha, max_decode_len), lambda
+      s: _iteration(target, draft, s, alpha, eos_id, width=width, gamma=gamma,
+                    num_rows=num_rows, max_decode_len=max_decode_len), state)
   tokens, scores = beam_search.final_beams(state.beams)
   return SpeculativeBeamOutput(tokens=tokens, scores=scores,
                                steps=state.beams.step, calls=state.calls,
@@ -484,14 +478,15 @@ def speculative_beam_loop(target: Target, draft: Target,
 
 
 _jit_speculative_beam_loop = jax.jit(
-    speculative_beam_loop,
-    static_argnames=("beam_size", "width", "gamma", "num_rows",
-                     "max_decode_len"))
+    speculative_beam_loop, static_argnames=("beam_size", "width", "gamma",
+                                            "num_rows", "max_decode_len"))
 
 
 def _check_int(name: str, value: Any, low: int, high: int, what: str) -> None:
-  if isinstance(value, bool) or not isinstance(
-      value, (int, np.integer)) or not low <= value <= high:
+  if isinstance(
+      value,
+      bool) or not isinstance(value,
+                              (int, np.integer)) or not low <= value <= high:
     raise ValueError(f"{name} must be an integer in [{low}, {high}] ({what}), "
                      f"got {value!r}.")
 
@@ -502,18 +497,17 @@ def check_speculative_beam_settings(*, beam_size: int, width: Any, gamma: Any,
   _check_int("gamma", gamma, 1, 1 << 20, "draft beam steps per target call")
   _check_int("width", width, beam_size, 1 << 20,
              f"u, the draft's beam width, at least beam_size k = {beam_size}")
-  _check_int("num_rows", num_rows, beam_size, gamma * width + beam_size,
-             "rows of the target call: at least one per beam, at most one "
-             "per draft beam and beam, gamma * width + beam_size")
+  _check_int(
+      "num_rows", num_rows, beam_size, gamma * width + beam_size,
+      "rows of the target call: at least one per beam, at most one "
+      "per draft beam and beam, gamma * width + beam_size")
 
 
-def speculative_beam_search(target: Target, draft: Target,
-                            encoder_input_tokens: Any, *, beam_size: int,
-                            max_decode_len: int, gamma: int,
-                            width: Any = None, num_rows: Any = None,
-                            alpha: float = 0.6,
-                            eos_id: int = beam_search.EOS_ID
-                           ) -> SpeculativeBeamOutput:
+def speculative_beam_search(
+    target: Target, draft: Target, encoder_input_tokens: Any, *, beam_size: int,
+    max_decode_len: int, gamma: int, width: Any = None, num_rows: Any = None,
+    alpha: float = 0.6,
+    eos_id: int = beam_search.EOS_ID) -> SpeculativeBeamOutput:
   """Beam search identical to `beam_search.beam_search`, with a draft model.
 
   Args:
@@ -544,8 +538,8 @@ def speculative_beam_search(target: Target, draft: Target,
                                   max_decode_len=max_decode_len)
   if num_rows is None and isinstance(gamma, int) and isinstance(width, int):
     num_rows = 2 * width
-  check_speculative_beam_settings(beam_size=beam_size, width=width,
-                                  gamma=gamma, num_rows=num_rows)
+  check_speculative_beam_settings(beam_size=beam_size, width=width, gamma=gamma,
+                                  num_rows=num_rows)
   check_target(target)
   check_target(draft)
   check_vocab_sizes(target.vocab_size, draft.vocab_size)
