@@ -136,7 +136,7 @@ def test_brevity_penalty_matches_t5x_formula():
     (dict(beam_size=2.0), "beam_size"),
     (dict(alpha=-0.1), "alpha"),
     (dict(alpha=float("nan")), "alpha"),
-    (dict(max_decode_len=0), "max_decode_length"),
+    (dict(max_decode_len=0), "max_decode_len"),
 ])
 def test_bad_settings_are_named(kwargs, match):
   settings = dict(beam_size=2, alpha=0.6, max_decode_len=4)

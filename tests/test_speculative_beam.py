@@ -95,29 +95,38 @@ def test_perfect_draft_is_accepted_in_full(tiny):
   assert int(spec.calls) == math.ceil(MAX_LEN / (gamma + 1))
 
 
-def test_accepting_unscored_steps_fails(tiny):
-  """Power: replaying steps without checking that each live beam was
-  scored (any row's logits taken) must break the identity."""
-  target, inputs = tiny
-  draft = random_model(target.config.replace(num_decoder_layers=1), seed=2)
-  original = speculative_beam._match
+def _broken_match(match):
+  """Every live beam 'found' (an unscored one gets row 0's logits)."""
 
-  def no_check(beams, row_seqs, depth, offset):
-    found, row = original(beams, row_seqs, depth, offset)
+  def broken(beams, row_seqs, depth, offset):
+    found, row = match(beams, row_seqs, depth, offset)
     return jnp.ones_like(found), jnp.where(found, row, 0)
 
-  try:
-    speculative_beam._match = no_check
-    # A fresh function to trace: jit's cache may hold the real program.
-    loop = jax.jit(
-        lambda *a, **kw: speculative_beam.speculative_beam_loop(*a, **kw),
-        static_argnames=("beam_size", "width", "gamma", "num_rows",
-                         "max_decode_len"))
-    spec = loop(target, draft, jnp.asarray(inputs), jnp.float32(0.6),
-                jnp.int32(1), beam_size=2, width=2, gamma=3, num_rows=4,
-                max_decode_len=MAX_LEN)
-  finally:
-    speculative_beam._match = original
+  return broken
+
+
+@pytest.mark.parametrize("broken", ["no_membership_check", "no_threshold"])
+def test_accepting_unscored_steps_fails(tiny, monkeypatch, broken):
+  """Power: replaying a step without checking that each live beam was
+  scored (taking another row's logits), or leaving unscored beams out
+  without checking that they are below the step's 2k-th candidate, must
+  break the identity."""
+  target, inputs = tiny
+  draft = random_model(target.config.replace(num_decoder_layers=1), seed=2)
+  if broken == "no_membership_check":
+    monkeypatch.setattr(speculative_beam, "_match",
+                        _broken_match(speculative_beam._match))
+  else:
+    monkeypatch.setattr(speculative_beam, "_step_is_scored",
+                        lambda beams, found, values: jnp.array(True))
+  # A fresh function to trace: jit's cache may hold the real program.
+  loop = jax.jit(
+      lambda *a, **kw: speculative_beam.speculative_beam_loop(*a, **kw),
+      static_argnames=("beam_size", "width", "gamma", "num_rows",
+                       "max_decode_len"))
+  spec = loop(target, draft, jnp.asarray(inputs), jnp.float32(0.6),
+              jnp.int32(1), beam_size=2, width=2, gamma=3, num_rows=4,
+              max_decode_len=MAX_LEN)
   base = baseline(target, inputs, 2)
   assert not np.array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))
 

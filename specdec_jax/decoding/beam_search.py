@@ -30,7 +30,7 @@ prefilling an (empty) prompt, so a beam whose first generated tokens are 0
 (padding) comes back shifted left; here tokens are returned where they
 were generated.
 """
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import flax
 import jax
@@ -40,7 +40,6 @@ from jax import lax
 
 from specdec_jax.decoding.checks import check_encoder_inputs
 from specdec_jax.decoding.checks import check_eos_id
-from specdec_jax.decoding.checks import check_settings
 from specdec_jax.decoding.checks import check_target
 from specdec_jax.protocols import Target
 
@@ -165,26 +164,42 @@ def _gather(x: Array, indices: Array) -> Array:
       x, indices.reshape(indices.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def beam_step(beams: Beams, logits: Array, alpha: Array,
-              eos_id: Array) -> Tuple[Beams, Array]:
-  """One step of T5X's beam search, given the live beams' next-token logits.
+def top_candidates(beams: Beams, logits: Array,
+                   scored: Optional[Array] = None) -> Tuple[Array, Array]:
+  """The top 2k (live beam, token) candidates of a step.
 
   Args:
     beams: the beams after `beams.step` steps.
     logits: [B, k, V] float32 the target's logits for the token after each
       live beam (position beams.step + 1).
-    alpha: [] float32 brevity-penalty exponent α.
-    eos_id: [] int32 end-of-sequence token.
+    scored: optional [B, k] bool; where False the beam's logits are unknown
+      and its candidates are left out (-inf). The result is the full step's
+      whenever each such beam's log-probability is below the 2k-th value
+      returned: its candidates (log-probability + log p <= log-probability)
+      could not have entered the top 2k.
+
+  Returns:
+    (values [B, 2k] float32 summed log-probabilities, decreasing; indices
+    [B, 2k] int32 beam·V + token; ties go to the lower index).
+  """
+  batch, k, vocab = logits.shape
+  log_probs = jax.nn.log_softmax(logits) + beams.live_logprobs[:, :, None]
+  if scored is not None:
+    log_probs = jnp.where(scored[:, :, None], log_probs, -jnp.inf)
+  return lax.top_k(log_probs.reshape(batch, k * vocab), 2 * k)
+
+
+def step_from_candidates(beams: Beams, topk_log_probs: Array,
+                         topk_indices: Array, vocab: int, alpha: Array,
+                         eos_id: Array) -> Tuple[Beams, Array]:
+  """The beams after a step, from its top 2k candidates (`top_candidates`).
 
   Returns:
     (beams after one more step, parents [B, k] int32: the live beam each new
     live beam extends, to reorder the target's state with).
   """
-  batch, k, vocab = logits.shape
+  k = beams.live_logprobs.shape[1]
   t = beams.step
-  log_probs = jax.nn.log_softmax(logits) + beams.live_logprobs[:, :, None]
-  topk_log_probs, topk_indices = lax.top_k(log_probs.reshape(batch, k * vocab),
-                                           2 * k)
   topk_parents = topk_indices // vocab
   topk_ids = topk_indices % vocab
   topk_seqs = _gather(beams.live_seqs, topk_parents)
@@ -210,6 +225,25 @@ def beam_step(beams: Beams, logits: Array, alpha: Array,
                   finished_seqs=_gather(all_seqs, best),
                   finished_flags=_gather(all_flags, best))
   return Beams(step=t + 1, **live, **finished), parents
+
+
+def beam_step(beams: Beams, logits: Array, alpha: Array,
+              eos_id: Array) -> Tuple[Beams, Array]:
+  """One step of T5X's beam search, given the live beams' next-token logits.
+
+  Args:
+    beams: the beams after `beams.step` steps.
+    logits: [B, k, V] float32 the target's logits for the token after each
+      live beam (position beams.step + 1).
+    alpha: [] float32 brevity-penalty exponent α.
+    eos_id: [] int32 end-of-sequence token.
+
+  Returns:
+    (beams after one more step, parents [B, k] int32).
+  """
+  values, indices = top_candidates(beams, logits)
+  return step_from_candidates(beams, values, indices, logits.shape[2], alpha,
+                              eos_id)
 
 
 def final_beams(beams: Beams) -> Tuple[Array, Array]:
@@ -291,16 +325,21 @@ _jit_beam_search_loop = jax.jit(beam_search_loop,
                                 static_argnames=("beam_size", "max_decode_len"))
 
 
+def _is_int(value: Any) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def check_beam_settings(*, beam_size: Any, alpha: Any,
                         max_decode_len: Any) -> None:
   """k >= 1, α a finite number >= 0, max_decode_len >= 1; ValueError."""
-  check_settings(max_decode_length=max_decode_len)
-  if isinstance(beam_size,
-                bool) or not isinstance(beam_size,
-                                        (int, np.integer)) or beam_size < 1:
+  if not _is_int(beam_size) or beam_size < 1:
     raise ValueError(f"beam_size must be an integer >= 1, got {beam_size!r}.")
-  if isinstance(alpha, bool) or not isinstance(
-      alpha, (int, float, np.number)) or not np.isfinite(alpha) or alpha < 0:
+  if not _is_int(max_decode_len) or max_decode_len < 1:
+    raise ValueError(
+        f"max_decode_len must be an integer >= 1, got {max_decode_len!r}.")
+  is_number = isinstance(
+      alpha, (int, float, np.number)) and not isinstance(alpha, bool)
+  if not is_number or not np.isfinite(alpha) or alpha < 0:
     raise ValueError(
         f"alpha (the brevity penalty's exponent) must be a finite number >= "
         f"0, got {alpha!r}.")

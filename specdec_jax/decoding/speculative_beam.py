@@ -385,6 +385,22 @@ def _match(beams: Beams, row_seqs: Array, depth: Array,
   return jnp.any(equal, axis=2), jnp.argmax(equal, axis=2)
 
 
+def _step_is_scored(beams: Beams, found: Array, values: Array) -> Array:
+  """[] bool: whether a step computed from the scored beams is exact.
+
+  Args:
+    beams: the live beams before the step.
+    found: [B, k] bool, the beams whose logits the target computed.
+    values: [B, 2k] the step's top candidates over those beams.
+
+  An unscored beam is harmless when its log-probability is below the 2k-th
+  candidate: none of its own candidates (its log-probability plus a
+  log-probability <= 0) could have been among the 2k, so the step's
+  candidates, and hence its beams, are the full step's.
+  """
+  return jnp.all(found | (beams.live_logprobs < values[:, -1:]))
+
+
 def _replay(beams: Beams, logits: Array, row_seqs: Array, depth: Array,
             alpha: Array, eos_id: Array,
             max_decode_len: int) -> Tuple[Beams, Array, Array]:
@@ -407,8 +423,11 @@ def _replay(beams: Beams, logits: Array, row_seqs: Array, depth: Array,
     found, match = _match(beams, row_seqs, depth, offset)
     scored = jnp.take_along_axis(logits, match[:, :, None, None], axis=1)
     scored = lax.dynamic_index_in_dim(scored, offset, axis=2, keepdims=False)
-    stepped, parents = beam_search.beam_step(beams, scored, alpha, eos_id)
-    ok = jnp.all(found)
+    values, indices = beam_search.top_candidates(beams, scored, found)
+    ok = _step_is_scored(beams, found, values)
+    stepped, parents = beam_search.step_from_candidates(beams, values, indices,
+                                                        logits.shape[3], alpha,
+                                                        eos_id)
     beams = jax.tree_util.tree_map(lambda new, old: jnp.where(ok, new, old),
                                    stepped, beams)
     row = jnp.where(ok, jnp.take_along_axis(match, parents, axis=1), row)
@@ -461,16 +480,22 @@ def speculative_beam_loop(target: Target, draft: Target,
                             target_encoder_output(target, target_state))
   copies = jnp.repeat(jnp.arange(batch), beam_size)
   start = jnp.asarray(target.start_token(encoder_input_tokens), jnp.int32)
+  zero = jnp.zeros((), jnp.int32)
   state = _LoopState(
       beams=beam_search.init_beams(start, beam_size, max_decode_len),
       target_state=gather_rows(target_state, copies),
-      draft_state=gather_rows(draft_state, copies), draft_known=jnp.zeros(
-          (), jnp.int32), calls=jnp.zeros(
-              (), jnp.int32), steps_per_call=jnp.zeros((gamma + 2,), jnp.int32))
-  state = lax.while_loop(
-      lambda s: beam_search.beams_alive(s.beams, alpha, max_decode_len), lambda
-      s: _iteration(target, draft, s, alpha, eos_id, width=width, gamma=gamma,
-                    num_rows=num_rows, max_decode_len=max_decode_len), state)
+      draft_state=gather_rows(draft_state, copies), draft_known=zero,
+      calls=zero, steps_per_call=jnp.zeros((gamma + 2,), jnp.int32))
+
+  def alive(state):
+    return beam_search.beams_alive(state.beams, alpha, max_decode_len)
+
+  def iteration(state):
+    return _iteration(target, draft, state, alpha, eos_id, width=width,
+                      gamma=gamma, num_rows=num_rows,
+                      max_decode_len=max_decode_len)
+
+  state = lax.while_loop(alive, iteration, state)
   tokens, scores = beam_search.final_beams(state.beams)
   return SpeculativeBeamOutput(tokens=tokens, scores=scores,
                                steps=state.beams.step, calls=state.calls,
@@ -483,10 +508,8 @@ _jit_speculative_beam_loop = jax.jit(
 
 
 def _check_int(name: str, value: Any, low: int, high: int, what: str) -> None:
-  if isinstance(
-      value,
-      bool) or not isinstance(value,
-                              (int, np.integer)) or not low <= value <= high:
+  is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+  if not is_int or not low <= value <= high:
     raise ValueError(f"{name} must be an integer in [{low}, {high}] ({what}), "
                      f"got {value!r}.")
 
@@ -497,10 +520,11 @@ def check_speculative_beam_settings(*, beam_size: int, width: Any, gamma: Any,
   _check_int("gamma", gamma, 1, 1 << 20, "draft beam steps per target call")
   _check_int("width", width, beam_size, 1 << 20,
              f"u, the draft's beam width, at least beam_size k = {beam_size}")
+  most = gamma * width + beam_size
   _check_int(
-      "num_rows", num_rows, beam_size, gamma * width + beam_size,
-      "rows of the target call: at least one per beam, at most one "
-      "per draft beam and beam, gamma * width + beam_size")
+      "num_rows", num_rows, beam_size, most,
+      "rows of the target call: one per beam at least, one per draft "
+      "beam and beam at most, gamma * width + beam_size")
 
 
 def speculative_beam_search(
