@@ -16,10 +16,11 @@ and k finished beams, as T5X does:
   returns its live beams and their raw log-probabilities.
 
 The steps are pure functions of the beams and the target's logits
-(`beam_step`, `beams_alive`): the baseline below feeds them one target call
-per step, and `speculative_beam` feeds them logits from a verification call
-over draft candidates; the same function deciding both is what makes the
-speculative search identical to this one.
+(`beam_step` = `top_candidates` then `step_from_candidates`; `beams_alive`):
+the baseline below feeds them one target call per step, and
+`speculative_beam` feeds them logits from a verification call over draft
+candidates; the same functions deciding both is what makes the speculative
+search identical to this one.
 
 The target's state is reordered by beam with `gather_rows` (T5X's
 `cache_gather_beams`): every leaf of the state has the B*k rows on its
