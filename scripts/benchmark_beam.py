@@ -10,8 +10,9 @@ batch before timing (compilation excluded); then --rounds rounds, each
 timing every configuration over all sentences, in an order rotated from
 round to round (interleaved, so slow drifts of the host hit all alike).
 Reports per configuration the median round time, the speedup over the
-baseline's median, target calls, steps per call (mean and histogram), and
-whether every sentence's beams equal the baseline's. Records the host's CPU
+baseline's median, target calls, steps per call (mean and histogram), the
+cost of an iteration (draft beam search + target call + replay) in baseline
+steps, and whether every sentence's beams equal the baseline's. Records the host's CPU
 model, L3 cache and load average (before and after).
 
 Example (the full measurement; run it on a quiet machine):
@@ -207,6 +208,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def summarize(configs, times, stats, args) -> List[Dict[str, Any]]:
   """One record per configuration; beams compared with the baseline's."""
   base = float(np.median(times["beam"]))
+  base_step_s = base / max(stats["beam"]["steps"], 1)
   reference = stats["beam"]["tokens"]
   rows = []
   num = args.num_sentences
@@ -218,23 +220,26 @@ def summarize(configs, times, stats, args) -> List[Dict[str, Any]]:
         for i, (a, b) in enumerate(zip(stat["tokens"], reference)))
     median = float(np.median(times[name]))
     rows.append(
-        dict(name=name, gamma=config["gamma"], width=config.get("width"),
-             num_rows=config.get("num_rows"), round_s=times[name],
-             median_s=median, speedup=base / median, steps=stat["steps"],
-             target_calls=stat["calls"],
-             steps_per_call=stat["steps"] / max(stat["calls"], 1),
-             steps_per_call_histogram=stat["histogram"],
-             identical_sentences=identical, num_sentences=num,
-             compile_and_first_run_s=config["compile_and_first_run_s"]))
+        dict(
+            name=name, gamma=config["gamma"], width=config.get("width"),
+            num_rows=config.get("num_rows"), round_s=times[name],
+            median_s=median, speedup=base / median, steps=stat["steps"],
+            target_calls=stat["calls"],
+            steps_per_call=stat["steps"] / max(stat["calls"], 1),
+            steps_per_call_histogram=stat["histogram"],
+            iteration_cost_in_steps=median / max(stat["calls"], 1) /
+            base_step_s, identical_sentences=identical, num_sentences=num,
+            compile_and_first_run_s=config["compile_and_first_run_s"]))
   return rows
 
 
 def print_table(results: List[Dict[str, Any]]) -> None:
   print(f"{'config':<22}{'median s':>10}{'speedup':>9}{'calls':>8}"
-        f"{'steps/call':>12}{'identical':>11}")
+        f"{'steps/call':>12}{'call cost':>11}{'identical':>11}")
   for r in results:
     print(f"{r['name']:<22}{r['median_s']:>10.3f}{r['speedup']:>9.2f}"
           f"{r['target_calls']:>8}{r['steps_per_call']:>12.2f}"
+          f"{r['iteration_cost_in_steps']:>11.2f}"
           f"{r['identical_sentences']:>6}/{r['num_sentences']}")
 
 
