@@ -42,6 +42,8 @@ import urllib.parse
 import uuid
 from typing import Any, List, Tuple, Union
 
+from specdec_jax import paths
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_REMOTE_TIMEOUT_S = 60.0
@@ -89,10 +91,6 @@ def _umask() -> int:
 # ---------------------------------------------------------------------------
 # gs:// through TensorStore's GCS key-value store.
 # ---------------------------------------------------------------------------
-def is_url(path: Union[str, os.PathLike]) -> bool:
-  return "://" in os.fspath(path)
-
-
 def _split_gcs(path: str) -> Tuple[str, str]:
   """gs://bucket/a/b -> ('bucket', 'a/b'); other URLs are refused."""
   m = re.fullmatch(r"gs://([^/]+)/?(.*)", path, re.DOTALL)
@@ -179,7 +177,7 @@ def _gcs_read(path: str, byte_range=None):
 def read_bytes(path: Union[str, os.PathLike]) -> bytes:
   """The file's bytes. Raises FileNotFoundError if there is none."""
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     with open(path, "rb") as f:
       return f.read()
   data = _gcs_read(path)
@@ -194,21 +192,21 @@ def read_text(path: Union[str, os.PathLike]) -> str:
 
 def isfile(path: Union[str, os.PathLike]) -> bool:
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     return os.path.isfile(path)
   return _gcs_read(path, byte_range=slice(0, 0)) is not None  # no data read
 
 
 def isdir(path: Union[str, os.PathLike]) -> bool:
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     return os.path.isdir(path)
   return bool(_gcs_keys(path))
 
 
 def exists(path: Union[str, os.PathLike]) -> bool:
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     return os.path.exists(path)
   return isfile(path) or isdir(path)
 
@@ -217,7 +215,7 @@ def listdir(path: Union[str, os.PathLike]) -> List[str]:
   """Names in a folder (on GCS: the first part of each object name under
   it). Raises FileNotFoundError if there is no such folder."""
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     return os.listdir(path)
   names = sorted({k.split("/", 1)[0] for k in _gcs_keys(path)})
   if not names:
@@ -228,7 +226,7 @@ def listdir(path: Union[str, os.PathLike]) -> List[str]:
 def makedirs(path: Union[str, os.PathLike]) -> None:
   """`os.makedirs(path, exist_ok=True)`; nothing on GCS (no folders)."""
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     os.makedirs(path, exist_ok=True)
   else:
     _split_gcs(path)
@@ -236,7 +234,7 @@ def makedirs(path: Union[str, os.PathLike]) -> None:
 
 def remove(path: Union[str, os.PathLike]) -> None:
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     os.unlink(path)
     return
   kv, key = _gcs(path)
@@ -249,7 +247,7 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[str,
   path = os.fspath(path)
   if isinstance(data, str):
     data = data.encode("utf-8")
-  if is_url(path):
+  if paths.is_url(path):
     kv, key = _gcs(path)
     wait(kv.write(key, data), "writing", path)  # one upload: all or nothing
     return
@@ -292,7 +290,7 @@ def create_new(path: str, data: bytes) -> Any:
     An opaque version of what was written (for `remove_if_unchanged`), or
     None when `path` already existed (nothing written).
   """
-  if not is_url(path):
+  if not paths.is_url(path):
     return data if _create_new_local(path, data) else None
   kv, key = _gcs(path)
   stamp = wait(kv.write(key, data, if_equal=_no_value_generation()), "creating",
@@ -328,7 +326,7 @@ def _create_new_local(path: str, data: bytes) -> bool:
 
 def read_versioned(path: str) -> Tuple[Any, Any]:
   """(bytes, version) of `path`, or (None, None) when it does not exist."""
-  if not is_url(path):
+  if not paths.is_url(path):
     try:
       with open(path, "rb") as f:
         data = f.read()
@@ -348,7 +346,7 @@ def remove_if_unchanged(path: str, version: Any) -> bool:
   On gs:// the condition is checked by the server; locally the check and
   the unlink are two steps (callers serialize them: `run_lock`).
   """
-  if not is_url(path):
+  if not paths.is_url(path):
     try:
       with open(path, "rb") as f:
         if f.read() != version:
@@ -371,7 +369,7 @@ def probe_writable_dir(path: Union[str, os.PathLike]) -> None:
       created or written; the message says why and what is allowed.
   """
   path = os.fspath(path)
-  if is_url(path):
+  if paths.is_url(path):
     remote_timeout_s()  # a bad SPECDEC_GCS_TIMEOUT_S is named as such
     probe = path.rstrip("/") + f"/.write_probe.{uuid.uuid4().hex}.tmp"
     try:

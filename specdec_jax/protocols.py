@@ -116,6 +116,49 @@ class Target(Protocol):
     """Forgets positions >= length [B] int32 (L = min(L, length))."""
 
 
+@runtime_checkable
+class TreeTarget(Target, Protocol):
+  """Optional: a `Target` that scores a token tree in one call.
+
+  Used by tree verification (`decoding.tree_speculative_sample`): the k
+  draft branches share the last known token as their root, and one call
+  gives the target's distribution after every node. Implemented by
+  `models.T5Model` and the decoder-only example in the tests.
+  """
+
+  def decode_tree(self, tokens: Array, parents: Array,
+                  state: Any) -> Tuple[Array, Any]:
+    """Scores tree nodes tokens [B, N] int32 after the held positions.
+
+    parents: [B, N] (or [N]) int32, the parent of node i among the N nodes,
+    or -1 for a node right after the held prefix; parents[i] < i. Node i
+    stands at position L + depth_i (depth: its number of ancestors) and
+    sees the held positions and its ancestors only.
+
+    Returns (logits [B, N, V] float32, state): logits[b, i] is the
+    distribution of the token after node i's root-to-node path, the same
+    as `decode_chunk` of that path would give; the state still holds L
+    positions, with the nodes kept aside for `commit_path` (it needs room
+    for L + N positions, as a chunk of N would).
+    """
+
+  def commit_path(self, state: Any, path: Array, path_length: Array) -> Any:
+    """Keeps one root-to-node path of the last `decode_tree`, by index.
+
+    path: [B, P] int32 node indices (path[b, j] at depth j; entries past
+    path_length ignored); path_length: [B] int32 in [0, P]. The state then
+    holds L + path_length positions, exactly as if those nodes' tokens had
+    been fed with `decode_chunk`; the other nodes are dropped.
+    """
+
+
+def supports_tree(target: Any) -> bool:
+  """Whether `target` has `TreeTarget`'s two extra methods."""
+  return all(
+      callable(getattr(target, m, None))
+      for m in ("decode_tree", "commit_path"))
+
+
 def target_encoder_output(target: Any, state: Any) -> Any:
   """`target.encoder_output(state)`, or None for a target without one."""
   method = getattr(target, "encoder_output", None)

@@ -88,13 +88,15 @@ def main(argv: Sequence[str], providers: Optional[Providers] = None) -> None:
     raise ConfigError(str(e)) from None
   with multihost.failures_end_every_process("run", BAD_INPUT):
     console.setup()  # after the gin check: a typo fails in a second
-    compilation_cache.enable()  # a re-run compiles nothing
     args = arguments.run_arguments()
     if args.compile_topology is not None:  # compile only (docs/usage/tpu.md)
       record = compile_report.compile_topology(args, args.compile_topology,
                                                gin_utils.gin_files_flag())
-      print("\n".join(compile_report.summary_lines(record)))
+      print("\n".join(compile_report.compile_summary_lines(record)))
       return
+
+    # After the TPU branch: a TPU compile without a TPU cannot use the cache.
+    compilation_cache.enable()  # a re-run compiles nothing
 
     def print_summary(metrics):  # before anything is written
       if multihost.is_first():

@@ -107,6 +107,12 @@ class RunMetrics:
       of the per-round ratios (Theorem 3.8 assumes 1).
     theoretical_speedup_measured_call_cost: Theorem 3.8 with that measured
       call cost in place of 1.
+    iteration_overhead: speculative walltime per target call (each
+      example's fixed cost included) over its parts, γ·draft_step_s +
+      verification_call_s: 1 = the loop costs nothing beyond its model
+      calls.
+    baseline_overhead: the target alone's walltime per token (fixed cost
+      included) over target_step_s.
     greedy_outputs_identical: at T = 0, whether every example's speculative
       tokens equal the target's, which exact speculative decoding
       guarantees; null at T > 0, where outputs are samples, compared by
@@ -173,6 +179,8 @@ class RunMetrics:
   verification_call_s: Optional[float] = _key(NONNEG, None)
   verification_cost_ratio: Optional[float] = _key(NONNEG, None)
   theoretical_speedup_measured_call_cost: Optional[float] = _key(POS, None)
+  iteration_overhead: Optional[float] = _key(NONNEG, None)
+  baseline_overhead: Optional[float] = _key(NONNEG, None)
   greedy_outputs_identical: Optional[bool] = _key(BOOL, None)
   greedy_identical_examples: Optional[int] = _key(INT, None)
   bleu: Optional[Dict[str, float]] = _key(BLEU, None, omit_none=True)

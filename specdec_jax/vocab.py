@@ -10,6 +10,13 @@ loads SentencePiece models lazily on first use). A local model without extra
 ids is read by :class:`SentencePieceFile` instead, which does what seqio's
 vocabulary does in Python without importing TensorFlow (~7 s of a run's
 start-up).
+
+The one vocabulary module: reading (`load_vocabulary`, `SentencePieceFile`),
+training (`train_sentencepiece`, `prepare_vocabulary` for `train`) and
+checking (`check_t5_vocabulary`, `check_fits`). What a run binds with gin
+(`vocabulary.*`, SPM_MODEL_PATH, EXTRA_IDS) and checks against its models'
+configs and checkpoints is `experiment.loading`'s; token ids to text and
+back for a batch, `tasks.encode_batch` / `decode_tokens`.
 """
 
 from __future__ import annotations
@@ -17,9 +24,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
+from absl import logging
 import gin
+
+from specdec_jax import paths
 
 DEFAULT_SPM_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 DEFAULT_EXTRA_IDS = 100
@@ -51,6 +61,7 @@ class SentencePieceFile:
   `sentencepiece_model_file`) has seqio's meaning.
   """
   extra_ids = 0
+  seqio_kind = "SentencePieceVocabulary"  # what run records (settings)
 
   def __init__(self, path: str):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
@@ -229,3 +240,62 @@ def check_t5_vocabulary(vocab) -> None:
         f"pad_id={got['pad']}, eos_id={got['eos']}, unk_id={got['unk']} "
         f"(mismatched: {', '.join(bad)}). Train it with pad_id=0 eos_id=1 "
         "unk_id=2 bos_id=-1 (see specdec_jax.vocab.train_sentencepiece).")
+
+
+# ---------------------------------------------------------------------------
+# The vocabulary a model trains with (`train`): loaded, or trained first;
+# T5's ids checked; no more pieces than the model's vocab_size.
+# ---------------------------------------------------------------------------
+def load_sentencepiece(path: str):
+  """A SentencePieceProcessor for a local .model file (or gs:// via seqio)."""
+  path = os.fspath(path)
+  if paths.is_url(path):
+    return get_vocabulary(path, extra_ids=0).tokenizer
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(path):
+    raise ValueError(f"SentencePiece model not found: {path}")
+  try:
+    return spm.SentencePieceProcessor(model_file=path)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"Cannot load SentencePiece model {path}: {e}") from e
+
+
+def prepare_vocabulary(spm_model_path: str, *, train_vocab: bool,
+                       training_files: Sequence[str], vocab_size: int,
+                       spm_options: Optional[Mapping[str, Any]] = None):
+  """Loads (training it first if needed and allowed) a T5-style vocabulary.
+
+  Raises:
+    ValueError: the model is missing and may not be trained, or does not
+      follow T5's conventions.
+  """
+  spm_model_path = os.fspath(spm_model_path)
+  if not paths.is_url(spm_model_path) and not os.path.exists(spm_model_path):
+    if not train_vocab:
+      raise ValueError(
+          f"SentencePiece model {spm_model_path} does not exist; train one "
+          "with train_vocab=True or point spm_model_path at an existing model.")
+    if not spm_model_path.endswith(".model"):
+      raise ValueError(
+          f"spm_model_path must end in '.model' to be trained, got "
+          f"{spm_model_path}.")
+    logging.info("Training a SentencePiece vocabulary (%d pieces) on %s -> %s",
+                 vocab_size, list(training_files), spm_model_path)
+    train_sentencepiece(list(training_files),
+                                  spm_model_path[:-len(".model")], vocab_size,
+                                  **dict(spm_options or {}))
+  sp = load_sentencepiece(spm_model_path)
+  try:
+    check_t5_vocabulary(sp)
+  except ValueError as e:
+    raise ValueError(f"Vocabulary {spm_model_path}: {e}") from e
+  return sp
+
+
+def check_fits(sp, spm_model_path: str, config: Any) -> None:
+  """Raises ValueError if the vocabulary has more pieces than `vocab_size`."""
+  if sp.get_piece_size() > config.vocab_size:
+    raise ValueError(
+        f"SentencePiece model {spm_model_path} has {sp.get_piece_size()} "
+        f"pieces but the model's vocab_size is {config.vocab_size} "
+        "(T5Config.vocab_size must be >= the vocabulary size).")

@@ -26,7 +26,7 @@ from specdec_jax import train as train_lib
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
 from specdec_jax.training import optimizer as optimizer_lib
-from specdec_jax.training import vocabulary
+from specdec_jax import vocab as vocabulary
 from specdec_jax.models import T5Config
 from specdec_jax.models import T5Model
 from specdec_jax.models import init_params

@@ -22,6 +22,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import join
 
@@ -119,7 +120,7 @@ def verify_manifest(folder: str) -> bool:
           f"{want.get('bytes')} bytes, {str(want.get('sha256'))[:16]}...): "
           "the file is corrupt or was changed; re-download or re-export "
           "the checkpoint.")
-  if not io_utils.is_url(folder):
+  if not paths.is_url(folder):
     extra = sorted(set(_local_files(folder)) - set(files))
     if extra:
       raise CheckpointError(

@@ -11,6 +11,7 @@ import re
 from typing import List, Optional, Tuple
 
 from specdec_jax import io_utils
+from specdec_jax import paths
 
 # The key T5X uses for the model parameters inside the train state.
 TARGET = "target"
@@ -47,7 +48,7 @@ def check_inside(ckpt: str, name: str, rel: str) -> None:
 
 def join(*parts: str) -> str:
   """`os.path.join`, or '/'-joined for a URL."""
-  if io_utils.is_url(parts[0]):
+  if paths.is_url(parts[0]):
     return posixpath.join(*parts)
   return os.path.join(*parts)
 

@@ -26,6 +26,7 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 
 from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax.checkpoints import orbax
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import ParamPath
@@ -132,7 +133,7 @@ def msgpack_sources(ckpt: str, msgpack_path: str,
       `target`, or a leaf of a kind no layout writes.
   """
   state = _read_state(ckpt, msgpack_path)
-  base_dir = posixpath.dirname(msgpack_path) if io_utils.is_url(
+  base_dir = posixpath.dirname(msgpack_path) if paths.is_url(
       msgpack_path) else os.path.dirname(msgpack_path)
   sources = {}
   for path, leaf in _flatten_state(state[TARGET]).items():

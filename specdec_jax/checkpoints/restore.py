@@ -15,6 +15,7 @@ import numpy as np
 import tensorstore as ts
 
 from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import legacy
 from specdec_jax.checkpoints import orbax
@@ -115,7 +116,7 @@ def load_t5x_params(path, *, expected=None, dtype=None,
       names the checkpoint and the slash-joined parameter path.
   """
   ckpt = os.fspath(path)
-  if not io_utils.is_url(ckpt):
+  if not paths.is_url(ckpt):
     ckpt = os.path.abspath(ckpt)
   # DIGESTS.json, when exported with one; without, nothing is verified.
   if io_utils.isdir(ckpt) and not digests.verify_manifest(ckpt):

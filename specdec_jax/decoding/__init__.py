@@ -20,7 +20,9 @@ unjitted, for composing inside one's own `jax.jit`.
 Modules: `loops` (the loops and their jitted, checked entry points),
 `checks` (the host-side argument checks), `outputs` (`DecodeOutput`,
 `SpeculativeOutput`), `statistics` (the optional α̂ / β / histogram / trace
-pytree), `block_acceptance` (blockwise verification). The four protocols
+pytree), `block_acceptance` (blockwise verification), `tree_acceptance`
+and `tree_loop` (k draft branches per target call:
+`tree_speculative_sample`). The four protocols
 live in `specdec_jax.protocols`, the acceptance rules in
 `specdec_jax.acceptance`.
 """
@@ -50,6 +52,12 @@ from specdec_jax.decoding.loops import speculative_sample
 from specdec_jax.decoding.loops import temperature_loop
 from specdec_jax.decoding.loops import temperature_sample
 from specdec_jax.decoding.outputs import DecodeOutput
+from specdec_jax.decoding.tree_acceptance import TreeAcceptance
+from specdec_jax.decoding.tree_acceptance import TreeVerdict
+from specdec_jax.decoding.tree_loop import TreeOutput
+from specdec_jax.decoding.tree_loop import tree_decoder
+from specdec_jax.decoding.tree_loop import tree_loop
+from specdec_jax.decoding.tree_loop import tree_speculative_sample
 from specdec_jax.decoding.outputs import SpeculativeOutput
 from specdec_jax.protocols import Target
 from specdec_jax.protocols import check_pytree
@@ -94,4 +102,10 @@ __all__ = [
     "speculative_sample",
     "temperature_loop",
     "temperature_sample",
+    "TreeAcceptance",
+    "TreeOutput",
+    "TreeVerdict",
+    "tree_decoder",
+    "tree_loop",
+    "tree_speculative_sample",
 ]

@@ -9,6 +9,8 @@
   of a corpus, cost ~0 (§3.6).
 * `PromptLookupDrafter`: copies from the encoder input, cost ~0 (§3.6).
 * `HierarchicalDrafter`: M_q sped up by one of the two above (§5).
+* `TreeModelDrafter` (`as_tree_drafter`): a `ModelDrafter` that also
+  proposes k branches per row, for tree verification.
 
 Deterministic drafters (prompt lookup, or any at temperature 0) return
 `draft_probs=None` and need no [B, γ, V] arrays; see docs/extending.md
@@ -25,9 +27,13 @@ from specdec_jax.drafters.ngram import build_ngram_table
 from specdec_jax.drafters.prompt_lookup import PromptLookupDrafter
 from specdec_jax.drafters.hierarchical import HierarchicalDrafter
 from specdec_jax.drafters.hierarchical import HierarchicalState
+from specdec_jax.drafters.tree import TreeDraftState
+from specdec_jax.drafters.tree import TreeModelDrafter
+from specdec_jax.drafters.tree import as_tree_drafter
 
 __all__ = [
     "Drafter", "HierarchicalDrafter", "HierarchicalState", "ModelDrafter",
     "ModelDrafterState", "NGramDrafter", "NGramTable", "NO_GUESS",
-    "PromptLookupDrafter", "build_ngram_table", "guesses"
+    "PromptLookupDrafter", "TreeDraftState", "TreeModelDrafter",
+    "as_tree_drafter", "build_ngram_table", "guesses"
 ]

@@ -93,25 +93,8 @@ class ModelDrafter(Drafter):
       *, gamma: int, method: sampling.SamplingMethod
   ) -> Tuple[ModelDrafterState, Array, Optional[Array]]:
     batch = buffer.shape[0]
-    rows = jnp.arange(batch)
-    fed = state.length  # [B]: length or length - 1.
-
-    # Step 1: catch up (1 or 2 new tokens) and guess x_1. The 2-token chunk
-    # is only paid when some row lags: a K=2 call costs up to 2x a K=1 call
-    # on compute-bound backends such as CPU.
-    def feed_two(model_state):
-      chunk = jnp.stack([buffer[rows, fed], buffer[rows, fed + 1]], axis=1)
-      logits, model_state = self.model.decode_chunk(chunk, model_state)
-      return logits[rows, jnp.clip(length - fed, 0, 1)], model_state
-
-    def feed_one(model_state):
-      logits, model_state = self.model.decode_chunk(buffer[rows, fed][:, None],
-                                                    model_state)
-      return logits[:, 0], model_state
-
-    logits, model_state = lax.cond(jnp.any(fed < length), feed_two, feed_one,
-                                   state.model_state)
-    model_state = self.model.truncate(model_state, length + 1)
+    # Step 1: catch up and guess x_1.
+    logits, model_state = self.catch_up(state, buffer, length)
     rngs = jax.random.split(rng, gamma)
     token, q = method.draw(rngs[0], logits)
     draft_tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(token)
@@ -137,6 +120,32 @@ class ModelDrafter(Drafter):
     # Fed: the prefix up to buffer[length], then x_1..x_{γ-1}.
     return (ModelDrafterState(model_state,
                               length + gamma), draft_tokens, draft_probs)
+
+  def catch_up(self, state: ModelDrafterState, buffer: Array,
+               length: Array) -> Tuple[Array, Any]:
+    """Feeds the model up to buffer[:, length] (1 or 2 new tokens per row).
+
+    Returns (logits [B, V] of the token after buffer[b, length[b]], the
+    model state holding buffer[b, :length[b] + 1]). The 2-token chunk is
+    only paid when some row lags: a K=2 call costs up to 2x a K=1 call on
+    compute-bound backends such as CPU.
+    """
+    rows = jnp.arange(buffer.shape[0])
+    fed = state.length  # [B]: length or length - 1.
+
+    def feed_two(model_state):
+      chunk = jnp.stack([buffer[rows, fed], buffer[rows, fed + 1]], axis=1)
+      logits, model_state = self.model.decode_chunk(chunk, model_state)
+      return logits[rows, jnp.clip(length - fed, 0, 1)], model_state
+
+    def feed_one(model_state):
+      logits, model_state = self.model.decode_chunk(buffer[rows, fed][:, None],
+                                                    model_state)
+      return logits[:, 0], model_state
+
+    logits, model_state = lax.cond(jnp.any(fed < length), feed_two, feed_one,
+                                   state.model_state)
+    return logits, self.model.truncate(model_state, length + 1)
 
   def _propose_adaptive(self, model_state, length, rngs, logits, draft_tokens,
                         draft_probs, q, method):

@@ -61,7 +61,7 @@ def pilot_gamma(pilot: RunPlan, feed) -> Dict[str, Any]:
     the verification costs by γ, the maximum and the chosen γ.
   """
   args = pilot.args
-  pilot = AUTO_GAMMA_PILOT
+  gamma = args.gamma  # AUTO_GAMMA_PILOT
   rng = jax.random.PRNGKey(args.seed)
   batches = min(feed.num_batches, max(1,
                                       AUTO_GAMMA_EXAMPLES // args.batch_size))
@@ -69,7 +69,7 @@ def pilot_gamma(pilot: RunPlan, feed) -> Dict[str, Any]:
   for b in range(batches):
     stats = multihost.to_host(pilot.speculative(feed.batch(b),
                                                 rng)).statistics()
-    kept += int(np.arange(pilot + 1) @ np.asarray(stats["accepted_histogram"]))
+    kept += int(np.arange(gamma + 1) @ np.asarray(stats["accepted_histogram"]))
     trials += stats["acceptance_trials"]
     tokens += stats["tokens_generated"]
     rows += args.batch_size
@@ -85,9 +85,9 @@ def pilot_gamma(pilot: RunPlan, feed) -> Dict[str, Any]:
   logging.info(
       "GAMMA='auto': alpha %.3f, c %.3f and verification calls "
       "of %s steps on %d batches (γ=%d) -> γ=%d (Theorem 3.8)", alpha, c,
-      np.round(costs, 2).tolist(), batches, pilot, chosen)
+      np.round(costs, 2).tolist(), batches, gamma, chosen)
   return {
-      "pilot_gamma": pilot,
+      "pilot_gamma": gamma,
       "pilot_batches": batches,
       "alpha": alpha,
       "cost_coefficient_c": c,

@@ -67,8 +67,8 @@ def paper_row(gin_files: Sequence[str], temperature: float,
   return None
 
 
-def check_settings(args: arguments.RunArguments,
-                   value: Any) -> tpu_topologies.Topology:
+def check_compile_settings(args: arguments.RunArguments,
+                           value: Any) -> tpu_topologies.Topology:
   """The topology, and the settings compile mode supports; before libtpu.
 
   Raises:
@@ -184,7 +184,7 @@ def smallest_fitting_mesh(num_chips: int, mesh_shape: Sequence[int], hbm: int,
 def compile_topology(args: arguments.RunArguments, value: Any,
                      gin_files: Sequence[str]) -> Dict[str, Any]:
   """Compiles the run's programs for the topology; writes compile.json."""
-  topology = check_settings(args, value)
+  topology = check_compile_settings(args, value)
   try:
     devices = tpu_topologies.devices(topology)
   except RuntimeError as e:
@@ -301,7 +301,7 @@ def _collective_words(collectives: Dict[str, int]) -> str:
   return ", ".join(parts) if parts else "none"
 
 
-def summary_lines(record: Dict[str, Any]) -> List[str]:
+def compile_summary_lines(record: Dict[str, Any]) -> List[str]:
   """compile.json in plain words."""
   topo, mem, calls = record["topology"], record["memory_per_device"], (
       record["calls"])

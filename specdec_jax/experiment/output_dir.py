@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax import run_metrics
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import arguments
@@ -37,7 +38,7 @@ PREDICTIONS_FILES = (run_metrics.PREDICTIONS_FILE, PARTIAL_PREDICTIONS_FILE)
 RESULT_FILES = (run_metrics.METRICS_FILE,
                 run_metrics.ALPHA_FILE) + PREDICTIONS_FILES
 # Arguments that do not make a run's results different.
-NOT_SETTINGS = ("output_dir", "overwrite", "mode")
+NOT_SETTINGS = ("output_dir", "overwrite", "mode", "compile_topology")
 
 
 def settings_record(args: arguments.RunArguments, target_config: T5Config,
@@ -60,7 +61,9 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
       "target": gin_utils.t5_config_fields(target_config),
       "draft": gin_utils.t5_config_fields(draft_config),
       "vocabulary": {
-          "kind": type(vocab).__name__,
+          # `vocab.SentencePieceFile` reads as seqio's vocabulary does and
+          # is recorded under its name: the same results, the same run.
+          "kind": getattr(vocab, "seqio_kind", type(vocab).__name__),
           "size": int(vocab.vocab_size),
           "file": getattr(vocab, "sentencepiece_model_file", None)
       },
@@ -128,7 +131,7 @@ def check_output_dir(out: str, settings: Dict[str, Any], overwrite: bool,
       (`run_lock`), or it holds a metrics.json / alpha.json of other
       settings (or of none) and `overwrite` is False.
   """
-  created = not io_utils.is_url(out) and not os.path.exists(out)
+  created = not paths.is_url(out) and not os.path.exists(out)
   try:
     io_utils.probe_writable_dir(out)
   except ValueError as e:

@@ -13,9 +13,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from absl import logging
 import numpy as np
 
-from specdec_jax import io_utils
 from specdec_jax import multihost
 from specdec_jax import partitioning
+from specdec_jax import paths
 from specdec_jax import run_metrics
 from specdec_jax import tasks
 from specdec_jax.experiment import alpha as alpha_mode
@@ -91,8 +91,7 @@ class _output_folder:  # pylint: disable=invalid-name
     self.out = plan.args.output_dir
     self.plan = plan
     self.lock = None
-    self.created = not io_utils.is_url(self.out) and not os.path.exists(
-        self.out)
+    self.created = not paths.is_url(self.out) and not os.path.exists(self.out)
 
   def __enter__(self):
 

@@ -54,8 +54,9 @@ def price_calls(args: arguments.RunArguments, drafter, target, batch: jax.Array,
   fill = min(max(1, fill), cache_len - gamma - 1)
   inputs = jnp.asarray(multihost.to_host(batch), jnp.int32)
   drafter = decoding.as_drafter(drafter)
-  state = drafter.init(
-      inputs, cache_len,
+  # Jitted: op by op, a draft model's encoder takes seconds to start.
+  state = jax.jit(lambda d, x, e: d.init(x, cache_len, e))(
+      drafter, inputs,
       target_encoder_output(target,
                             timing.start(target, inputs, max_len=cache_len)))
   buffer = np.pad(np.asarray(multihost.to_host(context)),

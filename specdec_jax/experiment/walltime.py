@@ -104,6 +104,10 @@ def compile_decoders(feed: multihost.Feeder, baseline: Decoder,
   """Compiles and runs both decoders once per input width; the seconds."""
   t0 = time.perf_counter()
   widths = feed.first_of_each_width()
+  logging.info(
+      "Compiling both decoders for input widths %s (read from the "
+      "persistent compilation cache after a first run)",
+      [feed.batch_width(b) for b in widths])
   for b in widths:
     batch = feed.batch(b)
     jax.block_until_ready(baseline(batch, rng))
@@ -197,7 +201,7 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
       "drafter's guesses, interleaved", plan.args.gamma + 1)
   steps = step_times(plan, feed.batch(0),
                      int(decoded.tokens_generated / len(examples)))
-  decoded, compile_s, steps = slowest(decoded, compile_s, steps)
+  decoded, compile_s, steps = slowest_process(decoded, compile_s, steps)
   quality = plan.quality(decoded.base_text, decoded.spec_text,
                          [e["reference"] for e in examples])
   metrics = walltime_metrics(plan.args, decoded, quality, compile_s, steps,
@@ -236,7 +240,7 @@ def step_times(plan: RunPlan, batch: jax.Array, fill: int) -> StepTimes:
   return StepTimes(t_target, t_draft, t_verify)
 
 
-def slowest(decoded: Decoded, compile_s: float, steps: StepTimes):
+def slowest_process(decoded: Decoded, compile_s: float, steps: StepTimes):
   """(decoded, compile_s, steps) with the slowest process's seconds (the
   user waits for it), exchanged in one collective."""
   (time_base, time_spec, compile_s, t_target, t_draft,
@@ -304,6 +308,12 @@ def walltime_metrics(
       theoretical_speedup_measured_call_cost=float(
           analysis.expected_speedup(min(alpha, 1.0), gamma, c,
                                     call_cost=ratio)),
+      # Where the loops stand against their own theory (issue 32).
+      iteration_overhead=(decoded.time_spec / max(decoded.calls_spec, 1) /
+                          (gamma * steps.draft_step_s +
+                           steps.verification_call_s)),
+      baseline_overhead=(decoded.time_base / max(decoded.calls_base, 1) /
+                         steps.target_step_s),
       # Token-for-token identity is the test of exactness at T = 0 only:
       # sampled outputs (T > 0) are compared by distribution (null here).
       greedy_outputs_identical=(bool(np.array_equal(base, spec))

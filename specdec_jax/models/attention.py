@@ -80,6 +80,34 @@ def attend(query: Array, parts: Sequence[KeyValues], config: T5Config) -> Array:
   return out
 
 
+def tree_visibility(parents: Array) -> Tuple[Array, Array]:
+  """Which tree nodes each node attends to, and every node's depth.
+
+  A token tree fed in one call (`network.Decoder.decode_tree`): node i
+  attends to itself and its ancestors only, never to a sibling branch.
+
+  Args:
+    parents: [B, N] int, parents[b, i] the index of node i's parent among the
+      N nodes, or -1 for a node that follows the cached prefix directly
+      (depth 0). The parent relation must be acyclic (e.g. parents[i] < i).
+
+  Returns:
+    (visible [B, N, N] bool: visible[b, i, j] iff j is i or an ancestor of
+    i; depth [B, N] int32: ancestors per node, the node's offset from the
+    cache length).
+  """
+  n = parents.shape[-1]
+  nodes = jnp.arange(n)
+  edge = parents[..., :, None] == nodes[None, None, :]  # i -> its parent
+  reach = (edge | (nodes[:, None] == nodes[None, :])).astype(jnp.float32)
+  # Transitive closure by squaring: paths of length < 2^t after t rounds.
+  for _ in range(max(1, int(np.ceil(np.log2(max(n, 2)))))):
+    reach = jnp.minimum(1.0, reach + reach @ reach)
+  visible = reach > 0
+  depth = jnp.sum(visible, axis=-1).astype(jnp.int32) - 1
+  return visible, depth
+
+
 def to_cache_layout(x: Array) -> Array:
   """[B, L, H, D] keys or values -> the cache layout [B, H, D, L]."""
   return jnp.transpose(x, (0, 2, 3, 1))

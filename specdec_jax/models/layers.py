@@ -90,7 +90,8 @@ class RelativePositionBiases(nn.Module):
 
     Args:
       query_positions: [B, Q] int absolute positions.
-      key_positions: [K] int absolute positions.
+      key_positions: [K] int absolute positions, or [B, K] per row (a token
+        tree's nodes: `network.Decoder.decode_tree`).
       max_len: static bound on |key - query| + 1.
 
     Returns:
@@ -101,7 +102,8 @@ class RelativePositionBiases(nn.Module):
         nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
         (self.num_heads, NUM_RELPOS_BUCKETS), jnp.float32)
     table = jnp.asarray(_bucket_table(max_len, self.bidirectional))
-    relative = key_positions[None, None, :] - query_positions[:, :, None]
+    relative = (jnp.expand_dims(key_positions, -2) -
+                query_positions[:, :, None])
     buckets = table[relative + max_len - 1]  # [B, Q, K]
     # Gather per head: [heads, buckets] -> [B, heads, Q, K].
     bias = jnp.take(rel_embedding.astype(self.dtype), buckets, axis=1)

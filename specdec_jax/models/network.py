@@ -20,6 +20,7 @@ from specdec_jax.models.attention import KeyValues
 from specdec_jax.models.attention import MultiHeadDotProductAttention
 from specdec_jax.models.attention import PROJECTED
 from specdec_jax.models.attention import to_cache_layout
+from specdec_jax.models.attention import tree_visibility
 from specdec_jax.models.config import T5Config
 from specdec_jax.models.layers import DenseGeneral
 from specdec_jax.models.layers import Embed
@@ -240,22 +241,48 @@ class Decoder(nn.Module):
                        length=jnp.zeros((batch,), jnp.int32), encoded=encoded)
 
   def decode_chunk(self, tokens, cache: DecodeCache):
+    k = tokens.shape[1]
+    chunk_pos = jnp.arange(k)
+    # The chunk attends to itself causally.
+    causal = chunk_pos[None, :] <= chunk_pos[:, None]
+    logits, cache = self._decode_new(tokens, cache, chunk_pos[None],
+                                     causal[None])
+    return logits, dataclasses.replace(cache, length=cache.length + k)
+
+  def decode_tree(self, tokens, parents, cache: DecodeCache):
+    """Scores a token tree [B, N] after the cached prefix (`tree_visibility`).
+
+    Node i sits at position length + depth_i and attends to the prefix and
+    to its ancestors; its keys/values go to slots length + i (length is not
+    advanced: `commit_path` keeps a path of them).
+    """
+    visible, depth = tree_visibility(parents)
+    return self._decode_new(tokens, cache, depth, visible)
+
+  def _decode_new(self, tokens, cache: DecodeCache, offsets, visible):
+    """Runs K new tokens after the cache; writes their keys/values in place.
+
+    Args:
+      tokens: [B, K] int.
+      cache: the cache; its length is left as it is.
+      offsets: [B or 1, K] int, each token's position minus cache.length.
+      visible: [B or 1, K, K] bool, which new tokens each one attends to.
+
+    Returns:
+      (logits [B, K, V], cache with slots length..length+K-1 written).
+    """
     cfg = self.config
     start = cache.length
-    k = tokens.shape[1]
     max_len = cache.max_len
-    query_pos = start[:, None] + jnp.arange(k)[None, :]  # [B, K]
+    query_pos = start[:, None] + offsets  # [B, K]
     key_pos = jnp.arange(max_len)
-    # Cache slots before the chunk; the chunk attends to itself causally
-    # (relative positions within it do not depend on start).
+    # Cache slots before the new tokens; relative positions among the new
+    # tokens do not depend on start.
     mask = key_pos[None, None, :] < start[:, None, None]  # [B, 1, L]
     self_bias = (self.relpos_bias(query_pos, key_pos, max_len) +
                  mask_to_bias(mask[:, None], cfg.dtype))
-    chunk_pos = jnp.arange(k)
-    chunk_bias = (self.relpos_bias(chunk_pos[None], chunk_pos, max_len) +
-                  mask_to_bias(
-                      chunk_pos[None, None, None, :]
-                      <= chunk_pos[None, None, :, None], cfg.dtype))
+    chunk_bias = (self.relpos_bias(offsets, offsets, max_len) +
+                  mask_to_bias(visible[:, None], cfg.dtype))
     cross_bias = mask_to_bias(cache.encoder_valid[:, None, None, :], cfg.dtype)
     y = self.shared_embedding(tokens.astype(jnp.int32)).astype(cfg.dtype)
     new_keys, new_values = [], []
@@ -268,8 +295,38 @@ class Decoder(nn.Module):
     y = self.decoder_norm(y)
     logits = self._logits(y)
     cache = dataclasses.replace(cache, keys=tuple(new_keys),
-                                values=tuple(new_values), length=start + k)
+                                values=tuple(new_values))
     return logits, cache
+
+
+def commit_path(cache: DecodeCache, path: Array,
+                path_length: Array) -> DecodeCache:
+  """Keeps one root-to-node path of a scored tree (`Decoder.decode_tree`).
+
+  Moves the keys/values of nodes path[b, :path_length[b]] (written at slots
+  length + node) to slots length, length+1, ... and advances length by
+  path_length; the other nodes' slots lie past the new length, masked, as
+  after a rollback. Gathered before written, so a path may read slots it
+  overwrites.
+
+  Args:
+    cache: the cache `decode_tree` returned (length: the prefix).
+    path: [B, P] int node indices, path[b, j] the node at depth j (entries
+      past path_length are ignored; length + P <= max_len).
+    path_length: [B] int32 nodes kept per row, in [0, P].
+  """
+  start = cache.length
+  slots = start[:, None] + path  # [B, P]
+
+  def move(rows):
+    picked = jnp.take_along_axis(rows, slots[:, None, None, :], axis=-1)
+    return jax.vmap(
+        lambda row, new, s: lax.dynamic_update_slice(row, new, (0, 0, s)))(
+            rows, picked, start)
+
+  return dataclasses.replace(cache, keys=tuple(map(move, cache.keys)),
+                             values=tuple(map(move, cache.values)),
+                             length=start + path_length)
 
 
 class Transformer(nn.Module):
@@ -288,6 +345,9 @@ class Transformer(nn.Module):
     decode_chunk(tokens [B,K], cache) -> (logits [B,K,vocab] float32, cache):
       feeds K tokens per row at positions cache.length..cache.length+K-1.
       The caller must keep cache.length + K <= max_len.
+    decode_tree(tokens [B,N], parents [B,N], cache) -> (logits [B,N,vocab],
+      cache): scores a token tree after the cache (`Decoder.decode_tree`);
+      `commit_path` then keeps one path of it.
   """
   config: T5Config
 
@@ -328,6 +388,9 @@ class Transformer(nn.Module):
 
   def decode_chunk(self, tokens, cache):
     return self.decoder.decode_chunk(tokens, cache)
+
+  def decode_tree(self, tokens, parents, cache):
+    return self.decoder.decode_tree(tokens, parents, cache)
 
 
 def init_params(config: T5Config, rng: Array, encoder_length: int = 8,

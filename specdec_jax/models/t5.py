@@ -49,6 +49,7 @@ import numpy as np
 from specdec_jax import kernels
 from specdec_jax.models.config import T5Config
 from specdec_jax.models.layers import PACKED_COLLECTION
+from specdec_jax.models.network import commit_path
 from specdec_jax.models.network import DecodeCache
 from specdec_jax.models.network import init_params
 from specdec_jax.models.network import param_shapes
@@ -124,6 +125,25 @@ class EncoderOutput(NamedTuple):
   """
   encoded: Array
   valid: Array
+
+
+def _check_parents(parents, shape) -> None:
+  """ValueError unless parents is [N] or [B, N] with -1 <= parents[i] < i
+  (checked on the host when concrete; traced parents are trusted)."""
+  if np.shape(parents) not in (shape[1:], tuple(shape)):
+    raise ValueError(
+        f"decode_tree: parents must have shape [N] or [B, N] = {list(shape)} "
+        f"(one per node), got {list(np.shape(parents))}.")
+  try:
+    values = np.asarray(parents)
+  except jax.errors.TracerArrayConversionError:
+    return
+  nodes = np.arange(shape[1])
+  bad = (values < -1) | (values >= nodes)
+  if np.any(bad):
+    raise ValueError(
+        "decode_tree: parents[i] must be -1 (after the cached prefix) or an "
+        f"earlier node's index in [0, i), got {values.tolist()}.")
 
 
 @flax.struct.dataclass
@@ -315,3 +335,43 @@ class T5Model:
     `length` is left as it is (length = min(cache.length, length)).
     """
     return dataclasses.replace(cache, length=jnp.minimum(cache.length, length))
+
+  def decode_tree(self, tokens: Array, parents: Array,
+                  cache: DecodeCache) -> Tuple[Array, DecodeCache]:
+    """Scores N tree nodes in one call (`protocols.TreeTarget`).
+
+    Node i of row b follows the cached prefix and its ancestors only: it
+    sits at position cache.length[b] + depth_i (depth: its ancestors'
+    count), attends to the prefix and to itself and its ancestors (a tree
+    mask in self-attention; relative positions from depths), and
+    cross-attends as any decoder position.
+
+    Args:
+      tokens: [B, N] int32 node tokens.
+      parents: [B, N] (or [N]) int32 parent node index, -1 for a node right
+        after the prefix; parents[i] < i.
+      cache: the cache; cache.length + N <= max_len (checked as in
+        `decode_chunk`).
+
+    Returns:
+      (logits [B, N, V]: logits[b, i] is the distribution after node i's
+      root-to-node path; the cache with the nodes' keys/values at slots
+      length + i and length unchanged, ready for `commit_path`).
+    """
+    self._check_chunk_fits(tokens.shape[1], cache)
+    _check_parents(parents, tokens.shape)
+    parents = jnp.broadcast_to(jnp.asarray(parents, jnp.int32), tokens.shape)
+    return cast(
+        Tuple[Array, DecodeCache],
+        self.module.apply(self.variables, tokens, parents, cache,
+                          method=Transformer.decode_tree))
+
+  def commit_path(self, cache: DecodeCache, path: Array,
+                  path_length: Array) -> DecodeCache:
+    """Keeps nodes path[b, :path_length[b]] of the last `decode_tree` as
+    positions length, length+1, ...: by index, the rest dropped.
+
+    path: [B, P] int32 node indices; path_length: [B] int32 in [0, P].
+    """
+    return commit_path(cache, jnp.asarray(path, jnp.int32),
+                       jnp.asarray(path_length, jnp.int32))

@@ -48,7 +48,7 @@ from specdec_jax.training import data as data_lib
 from specdec_jax.training import evaluation
 from specdec_jax.training import step as step_lib
 from specdec_jax.training import teacher as teacher_lib
-from specdec_jax.training import vocabulary
+from specdec_jax import vocab as vocabulary
 from specdec_jax.training.config import TrainConfig
 from specdec_jax.training.config import TrainPaths
 
