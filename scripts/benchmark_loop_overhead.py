@@ -114,6 +114,41 @@ def _median_seconds(fns, rounds):
   return {name: float(statistics.median(t)) for name, t in times.items()}
 
 
+def _parts(target, draft, inputs, *, gamma, long, steps):
+  """name -> program of `steps` calls: a target step (t1), a verification
+  call (tv), a draft step (d1), the draft's propose of γ guesses and one
+  whole iteration, at a fixed length long // 2 (no while loop); what is
+  neither model call in the iteration is bookkeeping (acceptance, buffer
+  and cache writes, rollbacks)."""
+  rng, greedy = jax.random.PRNGKey(0), sampling.Greedy()
+  cache_len = long + gamma + 1
+  fill = jnp.full((1,), long // 2, jnp.int32)
+  caches = {
+      name: timing.start(m, inputs, max_len=cache_len)
+      for name, m in (("target", target), ("draft", draft))
+  }
+  drafter = decoding.ModelDrafter(draft)
+  prefix = jnp.zeros((1, long + gamma + 2), jnp.int32)
+  state = timing.speculative_state_at(target, drafter, inputs, caches["target"],
+                                      caches["draft"], prefix, gamma=gamma,
+                                      max_decode_length=long, fill=long // 2)
+  never = jnp.asarray(-1, jnp.int32)
+  return {
+      "propose": lambda: timing.
+                 propose_loop(drafter, state.draft_state, state.buffer, fill,
+                              rng, gamma=gamma, method=greedy, steps=steps),
+      "iteration": lambda: timing.iteration_loop(
+          target, drafter, decoding.ExactAcceptance(), state, fill, rng, never,
+          gamma=gamma, max_decode_length=long, method=greedy, steps=steps),
+      "t1": lambda: timing.call_loop(target, caches["target"], fill, k=1, steps=
+                                     steps),
+      "tv": lambda: timing.call_loop(target, caches["target"], fill, k=gamma +
+                                     1, steps=steps),
+      "d1": lambda: timing.call_loop(draft, caches["draft"], fill, k=1, steps=
+                                     steps)
+  }
+
+
 def measure(target, draft, inputs, *, gamma, short, long, rounds):
   """The breakdown (seconds and ratios) averaged over `inputs`."""
   rng = jax.random.PRNGKey(0)
@@ -130,38 +165,9 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
                     method=greedy, eos_id=-1))
       out = jax.block_until_ready(programs[("spec", i, length)]())
       iterations[(i, length)] = int(np.asarray(out.target_calls)[0])
-  # The parts, in the speculative loop's cache conditions.
-  cache_len = long + gamma + 1
-  fill = jnp.full((1,), long // 2, jnp.int32)
-  caches = {
-      name: timing.start(m, jnp.asarray(inputs[0]), max_len=cache_len)
-      for name, m in (("target", target), ("draft", draft))
-  }
   steps = 16
-  # An iteration as the loop runs it, at a fixed length (no while loop),
-  # and its draft part alone: what is neither model call is bookkeeping
-  # (acceptance, buffer and cache writes, rollbacks).
-  drafter = decoding.ModelDrafter(draft)
-  prefix = jnp.zeros((1, long + gamma + 2), jnp.int32)
-  state = timing.speculative_state_at(target, drafter, jnp.asarray(inputs[0]),
-                                      caches["target"], caches["draft"], prefix,
-                                      gamma=gamma, max_decode_length=long,
-                                      fill=long // 2)
-  never = jnp.asarray(-1, jnp.int32)
-  parts = {
-      "propose": lambda: timing.
-                 propose_loop(drafter, state.draft_state, state.buffer, fill,
-                              rng, gamma=gamma, method=greedy, steps=steps),
-      "iteration": lambda: timing.iteration_loop(
-          target, drafter, decoding.ExactAcceptance(), state, fill, rng, never,
-          gamma=gamma, max_decode_length=long, method=greedy, steps=steps),
-      "t1": lambda: timing.call_loop(target, caches["target"], fill, k=1, steps=
-                                     steps),
-      "tv": lambda: timing.call_loop(target, caches["target"], fill, k=gamma +
-                                     1, steps=steps),
-      "d1": lambda: timing.call_loop(draft, caches["draft"], fill, k=1, steps=
-                                     steps)
-  }
+  parts = _parts(target, draft, jnp.asarray(inputs[0]), gamma=gamma, long=long,
+                 steps=steps)
   med = _median_seconds({**programs, **parts}, rounds)
   t1, tv, d1 = (med[k] / steps for k in ("t1", "tv", "d1"))
   propose, iteration = med["propose"] / steps, med["iteration"] / steps

@@ -281,9 +281,8 @@ def prepare_vocabulary(spm_model_path: str, *, train_vocab: bool,
           f"{spm_model_path}.")
     logging.info("Training a SentencePiece vocabulary (%d pieces) on %s -> %s",
                  vocab_size, list(training_files), spm_model_path)
-    train_sentencepiece(list(training_files),
-                                  spm_model_path[:-len(".model")], vocab_size,
-                                  **dict(spm_options or {}))
+    train_sentencepiece(list(training_files), spm_model_path[:-len(".model")],
+                        vocab_size, **dict(spm_options or {}))
   sp = load_sentencepiece(spm_model_path)
   try:
     check_t5_vocabulary(sp)

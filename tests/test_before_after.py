@@ -17,8 +17,8 @@ BEFORE = pathlib.Path(__file__).parent / "fixtures" / "before_issue36"
 MEASURED = ("walltime_baseline_s", "walltime_speculative_s", "speedup",
             "compile_time_s", "target_step_s", "draft_step_s",
             "cost_coefficient_c", "theoretical_speedup", "verification_call_s",
-            "verification_cost_ratio",
-            "theoretical_speedup_measured_call_cost", "per_iteration_gamma")
+            "verification_cost_ratio", "theoretical_speedup_measured_call_cost",
+            "per_iteration_gamma")
 
 # metrics.json keys added after the fixtures were written.
 ADDED = ("iteration_overhead", "baseline_overhead")
@@ -44,9 +44,10 @@ def _numbers_masked(lines):
 
 def test_main_job_shape_writes_what_it_wrote(tmp_path):
   out = tmp_path / "tiny"
-  gin_utils.parse_gin(["local_tiny.gin"], [
-      f"OUTPUT_DIR = '{out}'", "TEMPERATURE = 1.0", "ACCEPTANCE = 'block'"
-  ], finalize=False)
+  gin_utils.parse_gin(
+      ["local_tiny.gin"],
+      [f"OUTPUT_DIR = '{out}'", "TEMPERATURE = 1.0", "ACCEPTANCE = 'block'"],
+      finalize=False)
   metrics = run_lib.run()
   _same_results(BEFORE / "tiny", out)
   lines = summary.summary_lines(metrics, arguments.run_arguments())
@@ -56,15 +57,16 @@ def test_main_job_shape_writes_what_it_wrote(tmp_path):
   assert _numbers_masked(lines[2:]) == _numbers_masked(old[2:])
   assert lines[0] == old[0]
   assert lines[1].split(":")[0] == old[1].split(":")[0]
-  assert lines[1][lines[1].index("; alpha"):] == old[1][old[1].index("; alpha"):]
+  assert lines[1][lines[1].index("; alpha"):] == old[1][old[1].index("; alpha"
+                                                                    ):]
 
 
 def test_sweep_writes_what_it_wrote(tmp_path):
   points = sweep.parse_sweep_args(["GAMMA=1,3", "DRAFTER=model,bigram"])
   results = tmp_path / "sweep"
-  sweep.run_sweep(points, str(results), ["local_tiny.gin"], [
-      "NGRAM_CORPUS = 'configs/data/tiny_en_de.tsv'", "NUM_EXAMPLES = 4"
-  ])
+  sweep.run_sweep(
+      points, str(results), ["local_tiny.gin"],
+      ["NGRAM_CORPUS = 'configs/data/tiny_en_de.tsv'", "NUM_EXAMPLES = 4"])
   names = sorted(p.name for p in (BEFORE / "sweep").iterdir())
   assert len(names) == 4
   for name in names:

@@ -126,11 +126,10 @@ def test_a_proposer_is_priced_by_its_propose_loop(monkeypatch):
   seen = []
   monkeypatch.setattr(timing, "start", lambda model, inputs, max_len: model)
   monkeypatch.setattr(
-      timing, "call_loop",
-      lambda model, cache, fill, k, steps: seen.append(("call", k, steps)))
+      timing, "call_loop", lambda model, cache, fill, k, steps: seen.append(
+          ("call", k, steps)))
 
-  def propose_loop(drafter, state, buffer, fill, rng, *, gamma, method,
-                   steps):
+  def propose_loop(drafter, state, buffer, fill, rng, *, gamma, method, steps):
     seen.append(("propose", gamma, steps, drafter, state, method))
 
   monkeypatch.setattr(timing, "propose_loop", propose_loop)
@@ -142,7 +141,7 @@ def test_a_proposer_is_priced_by_its_propose_loop(monkeypatch):
       "draft": (proposer, 3)
   }, np.zeros((1, 4), np.int32), fill=5, cache_len=6, steps=4, repeats=2)
   assert ("propose", 3, 4, "drafter", "state", "greedy") in seen
-  assert ("call", 1, 4) in seen and all(s[1] != 3 for s in seen
-                                        if s[0] == "call")
+  assert ("call", 1, 4) in seen and all(
+      s[1] != 3 for s in seen if s[0] == "call")
   # fill + γ would not fit a 6-slot cache, but a proposer has its own state.
   assert set(result) == {"step", "draft"}

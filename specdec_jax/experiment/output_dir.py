@@ -63,7 +63,8 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
       "vocabulary": {
           # `vocab.SentencePieceFile` reads as seqio's vocabulary does and
           # is recorded under its name: the same results, the same run.
-          "kind": getattr(vocab, "seqio_kind", type(vocab).__name__),
+          "kind": getattr(vocab, "seqio_kind",
+                          type(vocab).__name__),
           "size": int(vocab.vocab_size),
           "file": getattr(vocab, "sentencepiece_model_file", None)
       },

@@ -309,9 +309,9 @@ def walltime_metrics(
           analysis.expected_speedup(min(alpha, 1.0), gamma, c,
                                     call_cost=ratio)),
       # Where the loops stand against their own theory (issue 32).
-      iteration_overhead=(decoded.time_spec / max(decoded.calls_spec, 1) /
-                          (gamma * steps.draft_step_s +
-                           steps.verification_call_s)),
+      iteration_overhead=(
+          decoded.time_spec / max(decoded.calls_spec, 1) /
+          (gamma * steps.draft_step_s + steps.verification_call_s)),
       baseline_overhead=(decoded.time_base / max(decoded.calls_base, 1) /
                          steps.target_step_s),
       # Token-for-token identity is the test of exactness at T = 0 only:
