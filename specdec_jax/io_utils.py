@@ -319,9 +319,26 @@ def _create_new_local(path: str, data: bytes) -> bool:
       os.link(tmp, path)
     except FileExistsError:
       return False
+    except OSError:  # no hard links here (some network or FUSE mounts)
+      return _create_exclusive(path, data)
     return True
   finally:
     os.unlink(tmp)
+
+
+def _create_exclusive(path: str, data: bytes) -> bool:
+  """`O_CREAT | O_EXCL`, then the data: where `link` is not supported (a
+  reader may see the file empty for a moment)."""
+  try:
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+  except FileExistsError:
+    return False
+  try:
+    os.write(fd, data)
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+  return True
 
 
 def read_versioned(path: str) -> Tuple[Any, Any]:

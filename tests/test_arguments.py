@@ -124,6 +124,15 @@ def test_every_argument_has_its_declared_type(tiny, name, value, allowed):
                                  f"{allowed} (got {type(value).__name__})")
 
 
+@pytest.mark.parametrize("gamma", [2.5, None, "x"])
+def test_gamma_keeps_its_own_words(tiny, gamma):
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match=f"GAMMA={gamma!r}: allowed: an integer >= 1, or "
+      "'auto'"):
+    arguments.run_arguments(overrides={"gamma": gamma})
+
+
 def test_every_default_has_its_declared_type(tiny):
   arguments.check_types(arguments.run_arguments())  # raises if not
 

@@ -798,6 +798,23 @@ def test_lock_is_never_seen_empty(tmp_path, monkeypatch):
   assert [p for p in os.listdir(tmp_path) if p != run_lock.LOCK_FILE] == []
 
 
+def test_lock_without_hard_links_still_works(tmp_path, monkeypatch):
+  """A file system without `link` (some network or FUSE mounts) falls
+  back to O_EXCL: the lock is still taken once, whole."""
+
+  def no_link(src, dst):
+    raise PermissionError(1, "Operation not permitted")
+
+  monkeypatch.setattr(io_utils.os, "link", no_link)
+  lock = run_lock.acquire(str(tmp_path), "first")
+  with pytest.raises(run_lock.LockedError, match="is in use by first"):
+    run_lock.acquire(str(tmp_path), "second")
+  assert json.loads((tmp_path / run_lock.LOCK_FILE).read_text())["program"] \
+      == "first"
+  lock.release()
+  assert os.listdir(tmp_path) == []
+
+
 def test_gcs_refused_port_fails_in_seconds(monkeypatch):
   """Weak spot: a refused connection waited out the 60 s deadline."""
   with socket.socket() as s:

@@ -312,6 +312,12 @@ def _type_words(annotation: Any) -> str:
       typing.get_origin(annotation) or annotation, str(annotation))
 
 
+# Checked later with their own words: GAMMA is 'an integer >= 1, or
+# 'auto'' (`check_gamma`, `_check_gamma_and_length`), not "an integer or
+# a string".
+_OWN_TYPE_WORDS = ("gamma",)
+
+
 def check_types(args: RunArguments) -> None:
   """Every run argument against the type its field declares (`INPUT_PREFIX
   = 5`, `TARGET_NAME = [1, 2]` would fail late, with a traceback, or be
@@ -322,6 +328,8 @@ def check_types(args: RunArguments) -> None:
   """
   hints = typing.get_type_hints(RunArguments)
   for field in dataclasses.fields(RunArguments):
+    if field.name in _OWN_TYPE_WORDS:
+      continue
     value = getattr(args, field.name)
     if not _type_allows(hints[field.name], value):
       raise ConfigError(
