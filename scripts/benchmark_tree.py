@@ -75,6 +75,9 @@ _NODES = flags.DEFINE_list("nodes", ["1", "4", "8", "12", "16", "20", "24"],
 _STEPS = flags.DEFINE_integer("steps", 20, "Calls per timed call-cost loop.")
 _MAX_LENGTH = flags.DEFINE_integer("max_decode_length", 64,
                                    "Maximum generated tokens per sentence.")
+_WITHOUT_REPLACEMENT = flags.DEFINE_bool(
+    "without_replacement", True,
+    "Draw the k first guesses without replacement (else i.i.d.).")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON.")
 
@@ -164,7 +167,8 @@ def _decoders(target, draft, inputs, *, gamma, widths, method):
         run,
         functools.partial(decoding.tree_speculative_sample, target, draft,
                           rng=rng, gamma=gamma, tree_width=k,
-                          max_decode_length=max_len, method=method))
+                          max_decode_length=max_len, method=method,
+                          without_replacement=_WITHOUT_REPLACEMENT.value))
   return fns
 
 
@@ -254,6 +258,7 @@ def main(argv):
   result = {
       "host_before": _host(),
       "gamma": _GAMMA.value,
+      "without_replacement": _WITHOUT_REPLACEMENT.value,
       "sentences": len(inputs),
       "decoding": {}
   }

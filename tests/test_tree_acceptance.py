@@ -71,10 +71,11 @@ def _normalized_residual(r, q):
   return res / res.sum() if res.sum() > 0 else r
 
 
-def iteration_outcomes(tree, context, p_fn, q_fn, correct=True):
+def iteration_outcomes(tree, context, p_fn, q_fn, correct=True, distinct=False):
   """{emitted tuple: probability} of one iteration given the k branches
   `tree` [k][γ] after `context` (the rule, in float64; `correct=False`
-  keeps r = p after a rejection: a wrong rule)."""
+  keeps r = p after a rejection: a wrong rule; `distinct`: the first tokens
+  were drawn without replacement)."""
   out = {}
   gamma = len(tree[0])
 
@@ -82,8 +83,11 @@ def iteration_outcomes(tree, context, p_fn, q_fn, correct=True):
     prefix = context + path
     r = p_fn(prefix)
     if depth < gamma:
-      q = q_fn(prefix)
       for j in alive:
+        q = q_fn(prefix)
+        if distinct and depth == 0:
+          q = np.where(np.isin(np.arange(V), [b[0] for b in tree[:j]]), 0, q)
+          q = q / q.sum()
         x = tree[j][depth]
         a = min(1.0, r[x] / q[x]) if q[x] > 0 else 0.0
         if a > 0:
@@ -106,40 +110,60 @@ def _branch_probability(branch, context, q_fn):
   return prob
 
 
-def first_tokens(context, width, p_fn, q_fn, correct=True):
-  """{emitted tuple: probability} over every tree of k i.i.d. branches."""
+def _tree_probability(tree, context, q_fn, distinct):
+  """Probability of the k branches `tree` (i.i.d., or with the first
+  tokens drawn without replacement)."""
+  prob = np.prod([_branch_probability(b, context, q_fn) for b in tree])
+  if distinct:
+    firsts = [b[0] for b in tree]
+    if len(set(firsts)) < len(firsts):
+      return 0.0
+    q = q_fn(context)
+    for j in range(1, len(tree)):
+      prob /= 1.0 - sum(q[x] for x in firsts[:j])
+  return prob
+
+
+def first_tokens(context, width, p_fn, q_fn, correct=True, distinct=False):
+  """{emitted tuple: probability} over every tree of k branches."""
   out = {}
   branches = list(itertools.product(range(V), repeat=GAMMA))
-  weight = {b: _branch_probability(b, context, q_fn) for b in branches}
+  if distinct:  # Branches past q_1's support are never candidates.
+    width = min(width, int(np.count_nonzero(q_fn(context))))
   for tree in itertools.product(branches, repeat=width):
-    prob = np.prod([weight[b] for b in tree])
+    prob = _tree_probability(tree, context, q_fn, distinct)
     if prob == 0:
       continue
-    for emitted, mass in iteration_outcomes(tree, context, p_fn, q_fn,
-                                            correct).items():
+    for emitted, mass in iteration_outcomes(tree, context, p_fn, q_fn, correct,
+                                            distinct).items():
       out[emitted] = out.get(emitted, 0.0) + prob * mass
   return out
 
 
-def first_two(width, p_fn, q_fn, correct=True):
+def first_two(width, p_fn, q_fn, correct=True, distinct=False):
   """[V, V] probability of the first two emitted tokens."""
   two = np.zeros((V, V))
-  for emitted, prob in first_tokens((), width, p_fn, q_fn, correct).items():
+  for emitted, prob in first_tokens((), width, p_fn, q_fn, correct,
+                                    distinct).items():
     if len(emitted) >= 2:
       two[emitted[0], emitted[1]] += prob
     else:  # The next iteration emits the second token.
-      nxt = first_tokens(emitted, width, p_fn, q_fn, correct)
+      nxt = first_tokens(emitted, width, p_fn, q_fn, correct, distinct)
       for more, prob2 in nxt.items():
         two[emitted[0], more[0]] += prob * prob2
   return two
 
 
-@pytest.mark.parametrize("width,seed", [(2, 0), (2, 1), (3, 2)])
-def test_enumerated_first_two_tokens_are_exactly_the_targets(width, seed):
+@pytest.mark.parametrize("width,seed,distinct", [(2, 0, False), (2, 1, False),
+                                                 (3, 2, False), (2, 0, True),
+                                                 (3, 2, True)])
+def test_enumerated_first_two_tokens_are_exactly_the_targets(
+    width, seed, distinct):
   p_fn, q_fn = _tables(seed)
   exact = np.stack([p_fn(())[y] * p_fn((y,)) for y in range(V)])
-  np.testing.assert_allclose(first_two(width, p_fn, q_fn), exact, atol=1e-12)
-  wrong = first_two(width, p_fn, q_fn, correct=False)
+  np.testing.assert_allclose(first_two(width, p_fn, q_fn, distinct=distinct),
+                             exact, atol=1e-12)
+  wrong = first_two(width, p_fn, q_fn, correct=False, distinct=distinct)
   assert np.abs(wrong - exact).max() > 1e-3
 
 
@@ -147,12 +171,13 @@ def test_enumerated_first_two_tokens_are_exactly_the_targets(width, seed):
 def test_more_branches_emit_more_tokens_per_call(seed):
   """The point of the tree: E[tokens per iteration] grows with k (exact)."""
   p_fn, q_fn = _tables(seed)
-  means = [
-      sum(len(e) * m
-          for e, m in first_tokens((), k, p_fn, q_fn).items())
-      for k in (1, 2, 3)
-  ]
-  assert means[0] < means[1] < means[2], means
+  for distinct in (False, True):
+    means = [
+        sum(
+            len(e) * m for e, m in first_tokens((
+            ), k, p_fn, q_fn, distinct=distinct).items()) for k in (1, 2, 3)
+    ]
+    assert means[0] < means[1] < means[2], (distinct, means)
 
 
 # ---------------------------------------------------------------------------
@@ -182,13 +207,17 @@ def _tree_inputs(tree, p_fn, q_fn):
           jnp.broadcast_to(jnp.asarray(tree, jnp.int32), (ROWS, width, GAMMA)))
 
 
-@pytest.mark.parametrize("tree", [((0, 2), (0, 0), (2, 1)), ((1, 1), (1, 1)),
-                                  ((2, 2), (0, 2), (1, 2))])
-def test_rule_outcomes_follow_the_reference(tree):
+@pytest.mark.parametrize("tree,distinct", [(((0, 2), (0, 0), (2, 1)), False),
+                                           (((1, 1), (1, 1)), False),
+                                           (((2, 2), (0, 2), (1, 2)), False),
+                                           (((2, 2), (0, 2), (1, 2)), True),
+                                           (((0, 0), (1, 2)), True)])
+def test_rule_outcomes_follow_the_reference(tree, distinct):
   p_fn, q_fn = _tables(7)
   assert all(_branch_probability(b, (), q_fn) > 0 for b in tree)
   logits, draft, tokens = _tree_inputs(tree, p_fn, q_fn)
-  verdict = jax.jit(TreeAcceptance().__call__,
+  rule = TreeAcceptance(first_without_replacement=distinct)
+  verdict = jax.jit(rule.__call__,
                     static_argnums=4)(jax.random.PRNGKey(sum(map(sum, tree))),
                                       logits, tokens, draft,
                                       sampling.Sampling(1.0))
@@ -198,7 +227,7 @@ def test_rule_outcomes_follow_the_reference(tree):
       tuple(tree[b][:k]) + (int(y),)
       for k, b, y in zip(n, branch, np.asarray(verdict.next_token))
   ]
-  exact = iteration_outcomes(tree, (), p_fn, q_fn)
+  exact = iteration_outcomes(tree, (), p_fn, q_fn, distinct=distinct)
   exact = {k: v for k, v in exact.items() if v > 0}
   observed, expected = count_sequences(
       [e + (0,) * (GAMMA + 1 - len(e)) for e in emitted], {
@@ -269,25 +298,28 @@ def _decoder_distribution(target, method):
   return sequence_distribution(next_probs, DIST_V, STEPS, EOS)
 
 
-def _decoder_pvalue(method, width, acceptance=None, seed=0):
+def _decoder_pvalue(method, width, acceptance=None, seed=0, distinct=True):
   target, draft = _decoder_only_pair()
   exact = _decoder_distribution(target, method)
   assert abs(sum(exact.values()) - 1.0) < 1e-9 and len(exact) >= 8
   out = decoding.tree_speculative_sample(
       target, draft, np.tile(np.asarray(PROMPT, np.int32), (SAMPLES, 1)),
       jax.random.PRNGKey(seed), gamma=GAMMA, tree_width=width,
-      max_decode_length=STEPS, method=method, eos_id=EOS, acceptance=acceptance)
+      max_decode_length=STEPS, method=method, eos_id=EOS, acceptance=acceptance,
+      without_replacement=distinct)
   observed, expected = count_sequences(out.tokens, exact)
   return chisquare_pvalue(observed, expected), out
 
 
-@pytest.mark.parametrize("method,width", [
-    (sampling.Sampling(1.0), 3),
-    (sampling.Sampling(0.7, top_p=0.9), 2),
-    (sampling.Sampling(0.8, top_k=3), 3),
-], ids=["T1-k3", "T0.7-p0.9-k2", "T0.8-topk3-k3"])
-def test_decoder_output_has_the_target_distribution(method, width):
-  pvalue, out = _decoder_pvalue(method, width, seed=width)
+@pytest.mark.parametrize(
+    "method,width,distinct", [
+        (sampling.Sampling(1.0), 3, False),
+        (sampling.Sampling(1.0), 3, True),
+        (sampling.Sampling(0.7, top_p=0.9), 2, True),
+        (sampling.Sampling(0.8, top_k=3), 3, True),
+    ], ids=["T1-k3-iid", "T1-k3", "T0.7-p0.9-k2", "T0.8-topk3-k3"])
+def test_decoder_output_has_the_target_distribution(method, width, distinct):
+  pvalue, out = _decoder_pvalue(method, width, seed=width, distinct=distinct)
   assert pvalue > SIGNIFICANCE
   hist = out.statistics()["accepted_histogram"]
   assert hist[0] > 0 and hist[-1] > 0, hist  # Both outcomes exercised.
@@ -295,7 +327,8 @@ def test_decoder_output_has_the_target_distribution(method, width):
 
 def test_a_wrong_rule_fails_the_decoder_test():
   pvalue, _ = _decoder_pvalue(sampling.Sampling(1.0), 3,
-                              acceptance=UncorrectedTreeAcceptance(), seed=3)
+                              acceptance=UncorrectedTreeAcceptance(True),
+                              seed=3)
   assert pvalue < SIGNIFICANCE
 
 
@@ -381,6 +414,7 @@ def test_one_branch_decodes_exactly_as_algorithm_1():
   tree = decoding.tree_speculative_sample(target, draft, enc,
                                           jax.random.PRNGKey(5), gamma=3,
                                           tree_width=1, max_decode_length=12,
+                                          without_replacement=False,
                                           method=method)
   np.testing.assert_array_equal(tree.tokens, token.tokens)
   np.testing.assert_array_equal(tree.target_calls, token.target_calls)

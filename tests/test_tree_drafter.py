@@ -7,6 +7,8 @@ What must hold (decoder-only example model as the draft, batch 2):
   own prefix, and its tokens lie in their support;
 * `rollback_tree` keeps the chosen branch: the next greedy proposal is the
   draft's own continuation of the new buffer;
+* without replacement, the first tokens are distinct, drawn (not sorted),
+  and the branches past q_1's support have q = 0;
 * bad drafters are rejected with a clear error.
 """
 import jax
@@ -93,3 +95,30 @@ def test_bad_drafters_are_rejected():
     as_tree_drafter(drafters.ModelDrafter(model, confidence_threshold=0.5))
   with pytest.raises(ValueError, match="drafter must be a"):
     as_tree_drafter(drafters.PromptLookupDrafter(vocab=VOCAB))
+
+
+def test_first_tokens_without_replacement_are_distinct():
+  model = DecoderOnlyLM.random(5, VOCAB)
+  drafter = as_tree_drafter(model, first_without_replacement=True)
+  state = drafter.init(jnp.asarray(PROMPTS), MAX_LEN)
+  buffer = jnp.zeros(
+      (2, MAX_LEN + 1),
+      jnp.int32).at[:, 0].set(model.start_token(jnp.asarray(PROMPTS)))
+  # top-k 2 leaves 2 tokens of positive q: the third branch has q = 0 (a
+  # high temperature makes both orders of the two likely).
+  method = sampling.Sampling(8.0, top_k=2)
+  seen = set()
+  for seed in range(8):
+    _, tokens, probs = drafter.propose_tree(state, buffer,
+                                            jnp.zeros((2,), jnp.int32),
+                                            jax.random.PRNGKey(seed),
+                                            gamma=GAMMA, width=WIDTH,
+                                            method=method)
+    for b in range(2):
+      first = np.asarray(tokens[b, :, 0])
+      q = np.asarray(probs[b, 0, 0])
+      assert len(set(first.tolist())) == WIDTH
+      assert q[first[0]] > 0 and q[first[1]] > 0 and q[first[2]] == 0
+      seen.add((b, tuple(first[:2])))
+  # Both orders of the two support tokens occur (a draw, not a sort).
+  assert len(seen) == 4, seen

@@ -22,6 +22,14 @@ induction over depths every emitted token follows the target given its
 prefix. With k = 1 this is Algorithm 1, draw for draw (`TreeAcceptance`
 on [B, γ] guesses returns `ExactAcceptance`'s verdict).
 
+Drawing the k first guesses without replacement (distinct tokens, in the
+order drawn; Jeon et al. 2024, recursive rejection sampling) keeps the rule
+exact when candidate j is tested against q_j, q_1 without the earlier
+candidates' tokens renormalized, and the residual is norm(max(0, r - q_j)):
+the same induction holds for any q_j a candidate is drawn from. After
+depth 1 a single branch carries the prefix, so the deeper depths are
+Algorithm 1. No duplicate first tokens: more distinct paths per call.
+
 Greedy (p one-hot at the argmax a): a candidate is kept iff its token is a,
 and the residual stays one-hot at a; the rule keeps the longest branch prefix
 that matches the target's argmaxes and emits the next argmax (no [.., V]
@@ -79,12 +87,15 @@ def _residual(r: Array, q: Union[Array, float]) -> Array:
   return jnp.where(mass > 0, res / jnp.where(mass > 0, mass, 1.0), r)
 
 
-def _depth(u, r, tokens, probs, alive):
+def _depth(u, r, tokens, probs, alive, without_replacement=False):
   """One depth of the multi-step rule for every row.
 
   Args:
     u: [B, k] uniforms; r: [B, V] p after the prefix; tokens: [B, k] the
-    branches' guesses; probs: [B, k, V] their q; alive: [B, k] candidates.
+    branches' guesses; probs: [B, k, V] their q; alive: [B, k] candidates;
+    without_replacement: the tokens were drawn without replacement from q
+    (static): candidate j's q is then q without the earlier candidates'
+    tokens, renormalized, and a token of q-mass 0 is no candidate.
 
   Returns:
     (found [B] bool, token [B] the kept one (-1 if none), r [B, V]: the
@@ -97,6 +108,9 @@ def _depth(u, r, tokens, probs, alive):
     # A NO_GUESS slot (negative; single-path use) is never a candidate.
     x, q = jnp.maximum(tokens[:, j], 0), probs[:, j]
     candidate = alive[:, j] & ~found & (tokens[:, j] >= 0)
+    if without_replacement:
+      q = _without(q, tokens[:, :j])
+      candidate = candidate & (q[rows, x] > 0)
     # u·q(x) < r(x) without dividing: p >= q always keeps, q = 0 never NaN.
     kept = candidate & (u[:, j] * q[rows, x] < r[rows, x])
     token = jnp.where(kept, x, token)
@@ -105,8 +119,20 @@ def _depth(u, r, tokens, probs, alive):
   return found, token, r
 
 
-def tree_accept(rng: Array, target_probs: Array, draft_probs: Array,
-                draft_tokens: Array) -> Tuple[Array, Array, Array]:
+def _without(q: Array, drawn: Array) -> Array:
+  """q [B, V] with the tokens drawn [B, m] removed, renormalized (zeros
+  when nothing is left)."""
+  rest = jnp.where(
+      jnp.any(
+          jnp.arange(q.shape[-1])[None, None, :] == drawn[..., None], axis=1),
+      0.0, q)
+  mass = jnp.sum(rest, axis=-1, keepdims=True)
+  return jnp.where(mass > 0, rest / jnp.where(mass > 0, mass, 1.0), 0.0)
+
+
+def tree_accept(
+    rng: Array, target_probs: Array, draft_probs: Array, draft_tokens: Array,
+    first_without_replacement: bool = False) -> Tuple[Array, Array, Array]:
   """The multi-step rule over the chain tree (module doc).
 
   Args:
@@ -114,6 +140,8 @@ def tree_accept(rng: Array, target_probs: Array, draft_probs: Array,
     target_probs: [B, 1 + k·γ, V] p after each node (`chain_parents` order).
     draft_probs: [B, k, γ, V] q of each guess given its branch's prefix.
     draft_tokens: [B, k, γ] int32 guesses.
+    first_without_replacement: the k first guesses were drawn without
+      replacement from q_1 (static; module doc).
 
   Returns:
     (num_accepted [B], next_token [B], branch [B]) as in `TreeVerdict`.
@@ -130,8 +158,9 @@ def tree_accept(rng: Array, target_probs: Array, draft_probs: Array,
   final = jnp.zeros_like(target_probs[:, 0])
   for d in range(gamma):
     r = path_probs[rows, jnp.argmax(alive, axis=1), d]
-    found, token, r = _depth(u[:, d], r, draft_tokens[:, :, d],
-                             draft_probs[:, :, d], alive)
+    found, token, r = _depth(u[:, d], r, draft_tokens[:, :,
+                                                      d], draft_probs[:, :, d],
+                             alive, first_without_replacement and d == 0)
     final = jnp.where((going & ~found)[:, None], r, final)
     extend = going & found
     num_accepted = num_accepted + extend.astype(jnp.int32)
@@ -183,7 +212,15 @@ class TreeAcceptance(AcceptanceRule):
   `chain_parents(k, γ)`, it returns a `TreeVerdict`. Called as any
   `AcceptanceRule` (draft_tokens [B, γ], logits [B, γ+1, V]: the chain of
   one branch) it returns Algorithm 1's `Verdict`.
+
+  Attributes:
+    first_without_replacement: the drafter drew the k first guesses without
+      replacement from q_1 (`TreeModelDrafter.first_without_replacement`,
+      which must agree): they are then tested with recursive rejection
+      sampling (module doc). Static.
   """
+  first_without_replacement: bool = flax.struct.field(pytree_node=False,
+                                                      default=False)
 
   def __call__(self, rng, target_logits, draft_tokens, draft_probs, method):
     if draft_tokens.ndim == 2:
@@ -197,7 +234,8 @@ class TreeAcceptance(AcceptanceRule):
       draft_probs = jax.nn.one_hot(draft_tokens, target_probs.shape[-1],
                                    dtype=target_probs.dtype)
     return TreeVerdict(
-        *tree_accept(rng, target_probs, draft_probs, draft_tokens))
+        *tree_accept(rng, target_probs, draft_probs, draft_tokens,
+                     self.first_without_replacement))
 
   def _single_path(self, rng, target_logits, draft_tokens,
                    draft_probs: Optional[Array], method) -> Verdict:

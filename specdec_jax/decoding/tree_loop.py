@@ -150,8 +150,10 @@ def tree_loop(target: Any, drafter: TreeModelDrafter,
               method: sampling.SamplingMethod,
               acceptance: Optional[AcceptanceRule] = None) -> TreeOutput:
   """The traceable tree loop: no argument checks, not jitted (acceptance:
-  default `TreeAcceptance()`)."""
-  acceptance = TreeAcceptance() if acceptance is None else acceptance
+  default: `TreeAcceptance` matching the drafter's branches)."""
+  if acceptance is None:
+    acceptance = TreeAcceptance(
+        first_without_replacement=drafter.first_without_replacement)
   batch = encoder_input_tokens.shape[0]
   # A tree call writes 1 + k·γ slots after ℓ <= max_decode_length.
   target_state = target.start(encoder_input_tokens,
@@ -189,14 +191,26 @@ _jit_tree_loop_cpu = jax.jit(
 
 def check_tree_args(target: Any, drafter: Any, *, gamma: Any, tree_width: Any,
                     max_decode_length: Any, method, temperature, top_k, top_p,
-                    acceptance) -> tuple:
+                    acceptance, without_replacement: Any) -> tuple:
   """`check_speculative_args` plus the tree's own: returns (tree drafter,
-  method); raises ValueError naming the bad argument."""
+  method, acceptance rule); raises ValueError naming the bad argument."""
   if (isinstance(tree_width, bool) or not isinstance(tree_width, int) or
       tree_width < 1):
     raise ValueError(
         f"tree_width must be an integer >= 1 (k branches), got {tree_width!r}.")
-  drafter = as_tree_drafter(drafter)
+  if not isinstance(without_replacement, bool):
+    raise ValueError("without_replacement must be True or False, got "
+                     f"{without_replacement!r}.")
+  rule = TreeAcceptance(first_without_replacement=without_replacement
+                       ) if acceptance is None else acceptance
+  if (isinstance(rule, TreeAcceptance) and
+      rule.first_without_replacement != without_replacement):
+    raise ValueError(
+        "acceptance.first_without_replacement "
+        f"({rule.first_without_replacement}) must equal without_replacement "
+        f"({without_replacement}): the rule must know how the branches were "
+        "drawn, else it is not exact.")
+  drafter = as_tree_drafter(drafter, without_replacement)
   method = checks.check_speculative_args(target, drafter, gamma=gamma,
                                          max_decode_length=max_decode_length,
                                          method=method, temperature=temperature,
@@ -211,7 +225,7 @@ def check_tree_args(target: Any, drafter: Any, *, gamma: Any, tree_width: Any,
     raise ValueError(
         f"tree_width ({tree_width}) must be <= vocab_size "
         f"({target.vocab_size}): greedy branches start with distinct tokens.")
-  return drafter, method
+  return drafter, method, rule
 
 
 def _program():
@@ -222,18 +236,17 @@ def _program():
 def tree_decoder(target: Any, drafter: Any, *, gamma: int, tree_width: int,
                  max_decode_length: int, method: sampling.SamplingMethod,
                  acceptance: Optional[AcceptanceRule] = None,
-                 eos_id: int = EOS_ID):
+                 without_replacement: bool = True, eos_id: int = EOS_ID):
   """`tree_speculative_sample` with its settings checked now, not per call
   (as `decoding.speculative_decoder`): returns decode(encoder_input_tokens
   [B, S] int32, rng) -> `TreeOutput`; the batch is not checked."""
-  drafter, method = check_tree_args(target, drafter, gamma=gamma,
-                                    tree_width=tree_width,
-                                    max_decode_length=max_decode_length,
-                                    method=method, temperature=None, top_k=None,
-                                    top_p=None, acceptance=acceptance)
+  drafter, method, rule = check_tree_args(
+      target, drafter, gamma=gamma, tree_width=tree_width,
+      max_decode_length=max_decode_length, method=method, temperature=None,
+      top_k=None, top_p=None, acceptance=acceptance,
+      without_replacement=without_replacement)
   checks.check_eos_id(eos_id)
   program = _program()
-  rule = TreeAcceptance() if acceptance is None else acceptance
   eos, settings = np.int32(eos_id), dict(
       gamma=int(gamma), width=int(tree_width),
       max_decode_length=int(max_decode_length), method=method)
@@ -254,6 +267,7 @@ def tree_speculative_sample(target: Any, drafter: Any,
                             top_p: Optional[float] = None,
                             method: Optional[sampling.SamplingMethod] = None,
                             acceptance: Optional[AcceptanceRule] = None,
+                            without_replacement: bool = True,
                             eos_id: int = EOS_ID) -> TreeOutput:
   """Speculative decoding with k = tree_width draft branches per target call.
 
@@ -263,7 +277,11 @@ def tree_speculative_sample(target: Any, drafter: Any,
       Algorithm 1.
     target: must implement `protocols.TreeTarget` (`models.T5Model` does).
     drafter: a `ModelDrafter` (no adaptive γ) or a small model.
-    acceptance: default `TreeAcceptance()`.
+    without_replacement: at T > 0 the k first guesses are drawn without
+      replacement from q_1 (distinct; recursive rejection sampling at depth
+      1) rather than i.i.d.; both exact.
+    acceptance: default `TreeAcceptance(first_without_replacement=
+      without_replacement)`; a `TreeAcceptance` must agree with it.
 
   Returns:
     `TreeOutput`.
@@ -271,17 +289,16 @@ def tree_speculative_sample(target: Any, drafter: Any,
   Raises:
     ValueError naming the bad argument, before anything is compiled.
   """
-  drafter, method = check_tree_args(target, drafter, gamma=gamma,
-                                    tree_width=tree_width,
-                                    max_decode_length=max_decode_length,
-                                    method=method, temperature=temperature,
-                                    top_k=top_k, top_p=top_p,
-                                    acceptance=acceptance)
+  drafter, method, rule = check_tree_args(
+      target, drafter, gamma=gamma, tree_width=tree_width,
+      max_decode_length=max_decode_length, method=method,
+      temperature=temperature, top_k=top_k, top_p=top_p, acceptance=acceptance,
+      without_replacement=without_replacement)
   checks.check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   checks.check_rng(rng)
   checks.check_eos_id(eos_id)
-  return _program()(
-      target, drafter, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
-      np.int32(eos_id), gamma=int(gamma), width=int(tree_width),
-      max_decode_length=int(max_decode_length), method=method,
-      acceptance=TreeAcceptance() if acceptance is None else acceptance)
+  return _program()(target, drafter, jnp.asarray(encoder_input_tokens,
+                                                 jnp.int32), rng,
+                    np.int32(eos_id), gamma=int(gamma), width=int(tree_width),
+                    max_decode_length=int(max_decode_length), method=method,
+                    acceptance=rule)

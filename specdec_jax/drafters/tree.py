@@ -13,6 +13,8 @@ needs:
   and each branch continued with its own draws from q(· | its prefix). At
   any depth, the branches that still share the accepted prefix have next
   tokens i.i.d. from q given it: what the multi-draft rule's proof uses.
+  With `first_without_replacement`, the k first tokens are distinct, drawn
+  without replacement from q_1 (then each branch goes on as above).
 * greedy (T = 0): the draft's k most likely first tokens, each continued
   greedily (draft_probs None).
 
@@ -62,7 +64,16 @@ class TreeModelDrafter(ModelDrafter):
   """A `ModelDrafter` that also proposes k branches per row (module doc).
 
   Adaptive γ (`confidence_threshold`) is not supported for trees.
+
+  Attributes:
+    first_without_replacement: at T > 0, draw the k first guesses without
+      replacement from q_1 (Gumbel top-k: distinct tokens, in the order
+      drawn; fewer than k tokens of positive q leave the rest with q = 0,
+      never kept) instead of i.i.d.; the acceptance rule must be told
+      (`TreeAcceptance.first_without_replacement`). Static.
   """
+  first_without_replacement: bool = flax.struct.field(pytree_node=False,
+                                                      default=False)
 
   def propose_tree(
       self, state: ModelDrafterState, buffer: Array, length: Array, rng: Array,
@@ -82,6 +93,12 @@ class TreeModelDrafter(ModelDrafter):
     if method.is_greedy:
       first = lax.top_k(logits, width)[1].astype(jnp.int32)  # [B, k]
       first_q = None
+    elif self.first_without_replacement:
+      first_q = method.standardize(
+          jnp.broadcast_to(logits[:, None], (batch, width) + logits.shape[-1:]))
+      gumbel = jax.random.gumbel(rngs[0], logits.shape)
+      first = lax.top_k(jnp.log(first_q[:, 0]) + gumbel,
+                        width)[1].astype(jnp.int32)
     else:
       first, first_q = method.draw(
           rngs[0],
@@ -114,12 +131,12 @@ class TreeModelDrafter(ModelDrafter):
     return self.rollback(ModelDrafterState(model_state, state.length), length)
 
 
-def as_tree_drafter(drafter: Any) -> TreeModelDrafter:
-  """A `TreeModelDrafter` for a `ModelDrafter` (without adaptive γ) or a
-  model with the `Target` interface; ValueError for anything else."""
-  if isinstance(drafter, TreeModelDrafter):
-    model, threshold = drafter.model, drafter.confidence_threshold
-  elif isinstance(drafter, ModelDrafter):
+def as_tree_drafter(
+    drafter: Any, first_without_replacement: bool = False) -> TreeModelDrafter:
+  """A `TreeModelDrafter` (with `first_without_replacement`) for a
+  `ModelDrafter` (without adaptive γ) or a model with the `Target`
+  interface; ValueError for anything else."""
+  if isinstance(drafter, ModelDrafter):
     model, threshold = drafter.model, drafter.confidence_threshold
   elif callable(getattr(drafter, "decode_chunk", None)):
     model, threshold = drafter, None
@@ -132,5 +149,5 @@ def as_tree_drafter(drafter: Any) -> TreeModelDrafter:
     raise ValueError(
         "tree verification does not support adaptive γ: the drafter's "
         f"confidence_threshold must be None, got {threshold!r}.")
-  return drafter if isinstance(drafter,
-                               TreeModelDrafter) else TreeModelDrafter(model)
+  return TreeModelDrafter(model,
+                          first_without_replacement=first_without_replacement)
