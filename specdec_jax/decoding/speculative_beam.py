@@ -3,47 +3,53 @@
 The paper's Appendix A.4, made exact. Each iteration (one target call):
 
 1. **Draft.** The draft model runs a beam search of width u >= k for γ
-   steps, starting from the target's k live beams (their log-probabilities
-   as initial scores). It is a plain top-u over u×V candidates that never
-   keeps an EOS (an EOS candidate of the target goes to its finished set and
-   is never extended, so only non-EOS continuations need scoring).
-2. **Candidates.** u rows, each a parent (one of the k live beams) followed
-   by γ draft tokens: for every live beam, the best draft beam descending
-   from it (or, if none does, the beam itself with no usable draft tokens),
-   then the best remaining draft beams. Every live beam is thus the parent
-   of some row.
-3. **Verify.** One target call over the u rows, each with a copy of its
-   parent's target state, feeding the parent's last token and the γ draft
-   tokens: logits at offset j of a row are the target's next-token logits
-   for the row's prefix of j draft tokens, i.e. the target has "scored" the
-   prefixes parent + d_1..d_j, j = 0..γ.
-4. **Replay.** The target's beam search (`beam_search.beam_step`, the very
-   function of the baseline) is run step by step. Step j needs the next-token
-   logits of each of the k live beams; it is taken while every live beam's
-   whole sequence equals a scored prefix (of offset j) of some row, and
-   while the baseline would itself go on (`beam_search.beams_alive`). Step
-   0 is always taken: its live beams are the rows' parents. Up to γ+1 steps
-   per call (the last one from the logits after the γ-th draft token).
-5. **Reorder.** Each new live beam's target state is the state of the row
-   that scored its parent, truncated to the new length (rollback by index);
-   its draft state likewise (see `_draft_source`).
+   steps from the target's k live beams (their log-probabilities as initial
+   scores): a plain top-u over u×V candidates that never keeps an EOS (an
+   EOS candidate of the target is finished, never extended, and is scored
+   from its parent's logits). Its beams at all γ depths form a tree of γ·u
+   nodes (`_DraftTree`).
+2. **Rows.** R candidate sequences (`num_rows`), each a live beam followed
+   by a node's draft tokens: first, for every live beam, its best leaf (or
+   the beam alone if no draft beam descends from it), so that every live
+   beam is scored; then leaves covering whole depths first
+   (`_leaf_priority`), since a target step needs all of its live beams.
+3. **Verify.** One target call over the R rows × γ+1 positions, each row
+   with a copy of its live beam's target state: offset j of a row holds the
+   target's next-token logits after the live beam and the row's first j
+   draft tokens (a "scored" prefix).
+4. **Replay.** The target's step (`beam_search.top_candidates` and
+   `step_from_candidates`, what the baseline's `beam_step` runs) is applied
+   step by step, per batch element. Step j needs the logits of the live
+   beams: a beam is scored when its whole sequence equals a row's prefix of
+   offset j; an unscored beam is allowed only below the step's 2k-th
+   candidate (`_step_is_scored`). The element goes on while that holds and
+   while its search goes on (`beam_search.elements_alive`). Step 0 is always
+   scored, so each element still searching advances 1 to γ+1 steps.
+5. **Reorder, roll back.** A new live beam's target state is the state of
+   the row that scored its parent, truncated to the new length (rollback by
+   index); its draft state is its root's (the live beam it descends from,
+   which shares its positions up to the old step), and the draft re-reads
+   the rest in one chunk next iteration (`_draft_roots`).
 
 **Why identical to the baseline.** The beams after a step depend only on
-the beams before it and the k×V next-token logits of the live beams
-(`beam_step` is a pure function of them), and the loop stops exactly where
-the baseline stops (`beams_alive` is checked before every replayed step).
-A replayed step j is fed, for each live beam, the logits the target
-computed for exactly that beam's token sequence (the match compares the
-whole sequence, start token to last token), from a state holding exactly
-that sequence's keys and values. So each replayed step is the baseline's
-step on the same inputs, whatever the draft proposed; the draft only
-decides how many steps one call covers (at least 1). The only difference is
+the beams before it and the live beams' next-token logits (the same pure
+functions in both searches), and each element stops exactly where the
+baseline's search of it ends. A replayed step is fed, for each live beam,
+the logits the target computed for exactly that beam's token sequence (the
+match compares the whole sequence, start token to last), from a state
+holding exactly that sequence's keys and values, or leaves out a beam none
+of whose candidates can be in the step's top 2k. So each replayed step is
+the baseline's step on the same inputs, whatever the draft proposed; the
+draft only decides how many steps one call covers. The only difference is
 floating-point: the target's logits for a position come from a chunk of γ+1
 positions instead of one, equal to float32 rounding (as for every
 speculative decoder in this package, `docs/design/exactness.md`).
 
-With batch B > 1 all batch elements advance by the same number of steps
-per call (the least any of them can take), as T5X keeps one step counter.
+Batch elements advance independently (one step counter each), while T5X
+steps all of them until all have stopped: the same beams, since an element
+whose search ended can no longer change its finished beams (this needs
+V >= 2k, so that live beams are never NEG_INF fillers after step 0;
+`speculative_beam_search` checks it).
 """
 from typing import Any, Tuple
 
