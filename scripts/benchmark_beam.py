@@ -163,13 +163,15 @@ def run_round(config, target, draft, batches, args):
   for batch in batches:
     out = decode(config, target, draft, batch, args)
     tokens.append(np.asarray(out.tokens))
-    steps += int(out.steps)
     if config["gamma"] is None:
+      steps += int(out.steps)
       calls += int(out.steps)  # One target call per step.
     else:
       calls += int(out.calls)
       counts = np.asarray(out.steps_per_call)
       histogram[:len(counts)] += counts
+      # Steps of the baseline's loop: it steps all elements until all stop.
+      steps += int(np.max(out.steps))
   seconds = time.perf_counter() - start
   return seconds, dict(steps=steps, calls=calls,
                        histogram=histogram.tolist()), tokens
@@ -225,12 +227,21 @@ def summarize(configs, times, stats, args) -> List[Dict[str, Any]]:
             num_rows=config.get("num_rows"), round_s=times[name],
             median_s=median, speedup=base / median, steps=stat["steps"],
             target_calls=stat["calls"],
-            steps_per_call=stat["steps"] / max(stat["calls"], 1),
+            steps_per_call=mean_steps_per_call(stat),
             steps_per_call_histogram=stat["histogram"],
             iteration_cost_in_steps=median / max(stat["calls"], 1) /
             base_step_s, identical_sentences=identical, num_sentences=num,
             compile_and_first_run_s=config["compile_and_first_run_s"]))
   return rows
+
+
+def mean_steps_per_call(stat: Dict[str, Any]) -> float:
+  """Steps per target call of a batch element still searching (1 for the
+  baseline)."""
+  counts = np.asarray(stat["histogram"])
+  if not counts.sum():
+    return 1.0
+  return float((counts * np.arange(len(counts))).sum() / counts.sum())
 
 
 def print_table(results: List[Dict[str, Any]]) -> None:

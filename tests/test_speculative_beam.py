@@ -58,10 +58,11 @@ def test_identical_to_baseline_batched(tiny, k, u, gamma, rows, draft_kind):
                                                     eos_id=eos_id)
     assert_same_beams(spec.tokens, spec.scores, base.tokens, base.scores,
                       f"k={k} u={u} gamma={gamma} eos={eos_id}")
-    assert int(spec.steps) == int(base.steps)
+    # Each element stops on its own; the baseline steps all until all stop.
+    assert int(np.max(spec.steps)) == int(base.steps)
     histogram = np.asarray(spec.steps_per_call)
-    assert histogram[0] == 0 and histogram.sum() == int(spec.calls)
-    assert (histogram * np.arange(gamma + 2)).sum() == int(spec.steps)
+    assert histogram[0] == 0 and histogram.sum() >= int(spec.calls)
+    assert (histogram * np.arange(gamma + 2)).sum() == int(np.sum(spec.steps))
   # eos 78 did end beams: the finished set was exercised.
   assert np.any(np.asarray(base.tokens) == 78)
 

@@ -159,6 +159,25 @@ def beams_alive(beams: Beams, alpha: Array, max_decode_len: int) -> Array:
   return not_at_end & ~terminated & ~below_min
 
 
+def elements_alive(beams: Beams, alpha: Array, max_decode_len: int) -> Array:
+  """[B] bool: `beams_alive`'s test for each batch element on its own.
+
+  For beams with one step counter per element ([B] `step`). An element it
+  stops stays stopped under `beams_alive` too (its best live score only
+  falls, its finished set is then full and beats every later candidate),
+  so the two searches agree whenever no element's best live beam is a
+  NEG_INF filler, which cannot happen after step 0 when V >= 2k.
+  """
+  not_at_end = beams.step < max_decode_len
+  min_penalty = brevity_penalty(alpha, float(max_decode_len + 1))
+  best_live = beams.live_logprobs[:, -1:] / min_penalty
+  worst_finished = jnp.min(beams.finished_scores, axis=1, keepdims=True)
+  worst_finished = jnp.where(beams.finished_flags, worst_finished, NEG_INF)
+  terminated = jnp.all(worst_finished > best_live, axis=1)
+  below_min = (best_live[:, 0] < NEG_INF / min_penalty) & (beams.step > 0)
+  return not_at_end & ~terminated & ~below_min
+
+
 def _gather(x: Array, indices: Array) -> Array:
   """x [B, n, ...] -> [B, m, ...] rows indices [B, m] (T5X's gather_beams)."""
   return jnp.take_along_axis(
@@ -195,17 +214,21 @@ def step_from_candidates(beams: Beams, topk_log_probs: Array,
                          eos_id: Array) -> Tuple[Beams, Array]:
   """The beams after a step, from its top 2k candidates (`top_candidates`).
 
+  `beams.step` may be [] (T5X's one counter) or [B] (one per element).
+
   Returns:
     (beams after one more step, parents [B, k] int32: the live beam each new
     live beam extends, to reorder the target's state with).
   """
   k = beams.live_logprobs.shape[1]
   t = beams.step
+  # [B or 1, 1]: one step counter (T5X's), or one per batch element.
+  position = jnp.reshape(t, (-1, 1)) + 1
   topk_parents = topk_indices // vocab
   topk_ids = topk_indices % vocab
   topk_seqs = _gather(beams.live_seqs, topk_parents)
-  topk_seqs = lax.dynamic_update_slice(topk_seqs, topk_ids[:, :, None],
-                                       (0, 0, t + 1))
+  at_position = jnp.arange(topk_seqs.shape[2]) == position[:, :, None]
+  topk_seqs = jnp.where(at_position, topk_ids[:, :, None], topk_seqs)
   newly_finished = topk_ids == eos_id
   # Live: the best k of the 2k that did not just end (best last).
   live_candidates = topk_log_probs + newly_finished * jnp.float32(NEG_INF)
@@ -213,7 +236,7 @@ def step_from_candidates(beams: Beams, topk_log_probs: Array,
   keep = jnp.flip(keep, axis=1)
   parents = _gather(topk_parents, keep)
   # Finished: merge the ones that just ended into the finished set.
-  scores = topk_log_probs / brevity_penalty(alpha, t + 1)
+  scores = topk_log_probs / brevity_penalty(alpha, position)
   scores += (~newly_finished) * jnp.float32(NEG_INF)
   all_scores = jnp.concatenate([beams.finished_scores, scores], axis=1)
   all_seqs = jnp.concatenate([beams.finished_seqs, topk_seqs], axis=1)

@@ -3,47 +3,53 @@
 The paper's Appendix A.4, made exact. Each iteration (one target call):
 
 1. **Draft.** The draft model runs a beam search of width u >= k for γ
-   steps, starting from the target's k live beams (their log-probabilities
-   as initial scores). It is a plain top-u over u×V candidates that never
-   keeps an EOS (an EOS candidate of the target goes to its finished set and
-   is never extended, so only non-EOS continuations need scoring).
-2. **Candidates.** u rows, each a parent (one of the k live beams) followed
-   by γ draft tokens: for every live beam, the best draft beam descending
-   from it (or, if none does, the beam itself with no usable draft tokens),
-   then the best remaining draft beams. Every live beam is thus the parent
-   of some row.
-3. **Verify.** One target call over the u rows, each with a copy of its
-   parent's target state, feeding the parent's last token and the γ draft
-   tokens: logits at offset j of a row are the target's next-token logits
-   for the row's prefix of j draft tokens, i.e. the target has "scored" the
-   prefixes parent + d_1..d_j, j = 0..γ.
-4. **Replay.** The target's beam search (`beam_search.beam_step`, the very
-   function of the baseline) is run step by step. Step j needs the next-token
-   logits of each of the k live beams; it is taken while every live beam's
-   whole sequence equals a scored prefix (of offset j) of some row, and
-   while the baseline would itself go on (`beam_search.beams_alive`). Step
-   0 is always taken: its live beams are the rows' parents. Up to γ+1 steps
-   per call (the last one from the logits after the γ-th draft token).
-5. **Reorder.** Each new live beam's target state is the state of the row
-   that scored its parent, truncated to the new length (rollback by index);
-   its draft state likewise (see `_draft_source`).
+   steps from the target's k live beams (their log-probabilities as initial
+   scores): a plain top-u over u×V candidates that never keeps an EOS (an
+   EOS candidate of the target is finished, never extended, and is scored
+   from its parent's logits). Its beams at all γ depths form a tree of γ·u
+   nodes (`_DraftTree`).
+2. **Rows.** R candidate sequences (`num_rows`), each a live beam followed
+   by a node's draft tokens: first, for every live beam, its best leaf (or
+   the beam alone if no draft beam descends from it), so that every live
+   beam is scored; then leaves covering whole depths first
+   (`_leaf_priority`), since a target step needs all of its live beams.
+3. **Verify.** One target call over the R rows × γ+1 positions, each row
+   with a copy of its live beam's target state: offset j of a row holds the
+   target's next-token logits after the live beam and the row's first j
+   draft tokens (a "scored" prefix).
+4. **Replay.** The target's step (`beam_search.top_candidates` and
+   `step_from_candidates`, what the baseline's `beam_step` runs) is applied
+   step by step, per batch element. Step j needs the logits of the live
+   beams: a beam is scored when its whole sequence equals a row's prefix of
+   offset j; an unscored beam is allowed only below the step's 2k-th
+   candidate (`_step_is_scored`). The element goes on while that holds and
+   while its search goes on (`beam_search.elements_alive`). Step 0 is always
+   scored, so each element still searching advances 1 to γ+1 steps.
+5. **Reorder, roll back.** A new live beam's target state is the state of
+   the row that scored its parent, truncated to the new length (rollback by
+   index); its draft state is its root's (the live beam it descends from,
+   which shares its positions up to the old step), and the draft re-reads
+   the rest in one chunk next iteration (`_draft_roots`).
 
 **Why identical to the baseline.** The beams after a step depend only on
-the beams before it and the k×V next-token logits of the live beams
-(`beam_step` is a pure function of them), and the loop stops exactly where
-the baseline stops (`beams_alive` is checked before every replayed step).
-A replayed step j is fed, for each live beam, the logits the target
-computed for exactly that beam's token sequence (the match compares the
-whole sequence, start token to last token), from a state holding exactly
-that sequence's keys and values. So each replayed step is the baseline's
-step on the same inputs, whatever the draft proposed; the draft only
-decides how many steps one call covers (at least 1). The only difference is
+the beams before it and the live beams' next-token logits (the same pure
+functions in both searches), and each element stops exactly where the
+baseline's search of it ends. A replayed step is fed, for each live beam,
+the logits the target computed for exactly that beam's token sequence (the
+match compares the whole sequence, start token to last), from a state
+holding exactly that sequence's keys and values, or leaves out a beam none
+of whose candidates can be in the step's top 2k. So each replayed step is
+the baseline's step on the same inputs, whatever the draft proposed; the
+draft only decides how many steps one call covers. The only difference is
 floating-point: the target's logits for a position come from a chunk of γ+1
 positions instead of one, equal to float32 rounding (as for every
 speculative decoder in this package, `docs/design/exactness.md`).
 
-With batch B > 1 all batch elements advance by the same number of steps
-per call (the least any of them can take), as T5X keeps one step counter.
+Batch elements advance independently (one step counter each), while T5X
+steps all of them until all have stopped: the same beams, since an element
+whose search ended can no longer change its finished beams (this needs
+V >= 2k, so that live beams are never NEG_INF fillers after step 0;
+`speculative_beam_search` checks it).
 """
 from typing import Any, Tuple
 
@@ -73,10 +79,12 @@ class SpeculativeBeamOutput:
   """Result of `speculative_beam_search`.
 
   Attributes:
-    tokens, scores, steps: as `beam_search.BeamOutput` (identical values).
+    tokens, scores: as `beam_search.BeamOutput` (identical values).
+    steps: [B] int32 steps taken by each batch element (the baseline's
+      `steps` is their maximum: it steps all elements until all stop).
     calls: [] int32 target calls (iterations).
-    steps_per_call: [γ + 2] int32 histogram: entry m counts the calls that
-      advanced the search by m steps (m >= 1; entry 0 stays 0).
+    steps_per_call: [γ + 2] int32 histogram over (call, element still
+      searching): entry m counts those that advanced m steps (m >= 1).
   """
   tokens: Array
   scores: Array
@@ -91,8 +99,10 @@ class SpeculativeBeamOutput:
 
   @property
   def mean_steps_per_call(self) -> Array:
-    """[] float32 beam-search steps per target call."""
-    return self.steps / jnp.maximum(self.calls, 1)
+    """[] float32 steps per target call of a batch element searching."""
+    counts = self.steps_per_call
+    return (jnp.sum(counts * jnp.arange(counts.shape[0])) /
+            jnp.maximum(jnp.sum(counts), 1))
 
 
 @flax.struct.dataclass
@@ -104,7 +114,7 @@ class _LoopState:
     target_state: B*k rows (row b*k + i: live beam i of element b), holding
       positions 0..step-1 of the beam.
     draft_state: B*k rows likewise, holding positions 0..draft_known-1.
-    draft_known: [] int32 positions the draft state holds (<= step).
+    draft_known: [B] int32 positions the draft state holds (<= step).
     calls: [] int32 target calls so far.
     steps_per_call: [γ + 2] int32 histogram of steps per call.
   """
@@ -156,11 +166,16 @@ def _draft_select(log_probs: Array, scores: Array,
   return top, flat // vocab, flat % vocab
 
 
+def per_beam(values: Array, k: int) -> Array:
+  """[B] per batch element -> [B*k] per beam row."""
+  return jnp.repeat(values.astype(jnp.int32), k)
+
+
 def _draft_roots(draft: Target, draft_state: Any, known: Array, beams: Beams,
                  gamma: int) -> Tuple[Array, Any]:
   """The draft's next-token log-probabilities after each live beam.
 
-  The draft state holds positions < `known` of every live beam (the
+  The draft state holds positions < `known` [B] of every live beam (the
   positions its root shared last iteration); one chunk of γ+1 positions
   from there covers the (up to γ+1) positions since.
 
@@ -171,15 +186,17 @@ def _draft_roots(draft: Target, draft_state: Any, known: Array, beams: Beams,
   batch, k, _ = beams.live_seqs.shape
   t = beams.step
   seqs = jnp.pad(beams.live_seqs, ((0, 0), (0, 0), (0, gamma + 1)))
-  chunk = lax.dynamic_slice_in_dim(seqs, known, gamma + 1, axis=2)
-  draft_state = draft.truncate(draft_state,
-                               jnp.full((batch * k,), known, jnp.int32))
+  positions = known[:, None, None] + jnp.arange(gamma + 1)
+  chunk = jnp.take_along_axis(
+      seqs, jnp.broadcast_to(positions, (batch, k, gamma + 1)), axis=2)
+  draft_state = draft.truncate(draft_state, per_beam(known, k))
   logits, state = draft.decode_chunk(chunk.reshape(batch * k, gamma + 1),
                                      draft_state)
-  logits = lax.dynamic_index_in_dim(logits, t - known, axis=1, keepdims=False)
-  state = draft.truncate(state, jnp.full((batch * k,), t + 1, jnp.int32))
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-  return log_probs.reshape(batch, k, -1), state
+  logits = logits.reshape(batch, k, gamma + 1, -1)
+  logits = jnp.take_along_axis(logits, (t - known)[:, None, None, None],
+                               axis=2)[:, :, 0]
+  state = draft.truncate(state, per_beam(t + 1, k))
+  return jax.nn.log_softmax(logits.astype(jnp.float32)), state
 
 
 def _ancestors(parents: Array) -> Array:
@@ -334,7 +351,14 @@ def _row_sequences(beams: Beams, parent: Array, tokens: Array,
   """
   seqs = jnp.take_along_axis(beams.live_seqs, parent[:, :, None], axis=1)
   seqs = jnp.pad(seqs, ((0, 0), (0, 0), (0, gamma)))
-  return lax.dynamic_update_slice_in_dim(seqs, tokens, beams.step + 1, axis=2)
+  # Draft token i goes to position step + 1 + i of its element.
+  offset = jnp.arange(seqs.shape[2]) - (beams.step[:, None] + 1)  # [B, T']
+  drafted = (offset >= 0) & (offset < gamma)
+  placed = jnp.take_along_axis(
+      tokens,
+      jnp.broadcast_to(jnp.clip(offset, 0, gamma - 1)[:, None], seqs.shape),
+      axis=2)
+  return jnp.where(drafted[:, None, :], placed, seqs)
 
 
 def _verify(target: Target, target_state: Any, beams: Beams, parent: Array,
@@ -353,8 +377,8 @@ def _verify(target: Target, target_state: Any, beams: Beams, parent: Array,
   """
   batch, u, gamma = tokens.shape
   k = beams.live_seqs.shape[1]
-  last = lax.dynamic_index_in_dim(beams.live_seqs, beams.step, axis=2,
-                                  keepdims=False)
+  last = jnp.take_along_axis(beams.live_seqs, beams.step[:, None, None],
+                             axis=2)[:, :, 0]
   last = jnp.take_along_axis(last, parent, axis=1)
   chunk = jnp.concatenate([last[:, :, None], tokens], axis=2)
   state = gather_rows(target_state, beam_rows(parent, k))
@@ -379,14 +403,15 @@ def _match(beams: Beams, row_seqs: Array, depth: Array,
   """
   gamma = row_seqs.shape[2] - beams.live_seqs.shape[2]
   live = jnp.pad(beams.live_seqs, ((0, 0), (0, 0), (0, gamma)))
-  prefix = jnp.arange(row_seqs.shape[2]) <= beams.step
-  same = (live[:, :, None, :] == row_seqs[:, None, :, :]) | ~prefix
+  prefix = jnp.arange(row_seqs.shape[2]) <= beams.step[:, None]  # [B, T']
+  same = (live[:, :, None, :] == row_seqs[:,
+                                          None, :, :]) | ~prefix[:, None, None]
   equal = jnp.all(same, axis=3) & (offset <= depth)[:, None, :]
   return jnp.any(equal, axis=2), jnp.argmax(equal, axis=2)
 
 
 def _step_is_scored(beams: Beams, found: Array, values: Array) -> Array:
-  """[] bool: whether a step computed from the scored beams is exact.
+  """[B] bool: whether a step computed from the scored beams is exact.
 
   Args:
     beams: the live beams before the step.
@@ -398,7 +423,14 @@ def _step_is_scored(beams: Beams, found: Array, values: Array) -> Array:
   log-probability <= 0) could have been among the 2k, so the step's
   candidates, and hence its beams, are the full step's.
   """
-  return jnp.all(found | (beams.live_logprobs < values[:, -1:]))
+  return jnp.all(found | (beams.live_logprobs < values[:, -1:]), axis=1)
+
+
+def _select(ok: Array, new: Any, old: Any) -> Any:
+  """Per batch element: `new` where ok [B], else `old` (leaves [B, ...])."""
+  return jax.tree_util.tree_map(
+      lambda n, o: jnp.where(ok.reshape((-1,) + (1,) * (n.ndim - 1)), n, o),
+      new, old)
 
 
 def _replay(beams: Beams, logits: Array, row_seqs: Array, depth: Array,
@@ -406,36 +438,40 @@ def _replay(beams: Beams, logits: Array, row_seqs: Array, depth: Array,
             max_decode_len: int) -> Tuple[Beams, Array, Array]:
   """The target's beam steps over the scored rows, while they are scored.
 
+  Each batch element goes on until a step of its own is not scored or its
+  own search ends (`beam_search.elements_alive`).
+
   Returns:
-    (beams after m steps, m [] int32 >= 1 when the search was alive, row
-    [B, k] int32: the row that scored each new live beam's parent).
+    (beams after m steps, m [B] int32 >= 1 for each element that was alive,
+    row [B, k] int32: the row that scored each new live beam's parent).
   """
   batch, k = beams.live_logprobs.shape
   gamma = logits.shape[2] - 1
 
   def cond(carry):
-    beams, offset, _, going = carry
-    return going & (offset <= gamma) & beam_search.beams_alive(
-        beams, alpha, max_decode_len)
+    _, offset, _, going, _ = carry
+    return jnp.any(going) & (offset <= gamma)
 
   def body(carry):
-    beams, offset, row, _ = carry
+    beams, offset, row, going, steps = carry
     found, match = _match(beams, row_seqs, depth, offset)
     scored = jnp.take_along_axis(logits, match[:, :, None, None], axis=1)
     scored = lax.dynamic_index_in_dim(scored, offset, axis=2, keepdims=False)
     values, indices = beam_search.top_candidates(beams, scored, found)
-    ok = _step_is_scored(beams, found, values)
+    ok = (going & beam_search.elements_alive(beams, alpha, max_decode_len) &
+          _step_is_scored(beams, found, values))
     stepped, parents = beam_search.step_from_candidates(beams, values, indices,
                                                         logits.shape[3], alpha,
                                                         eos_id)
-    beams = jax.tree_util.tree_map(lambda new, old: jnp.where(ok, new, old),
-                                   stepped, beams)
-    row = jnp.where(ok, jnp.take_along_axis(match, parents, axis=1), row)
-    return beams, offset + ok.astype(jnp.int32), row, ok
+    beams = _select(ok, stepped, beams)
+    row = _select(ok, jnp.take_along_axis(match, parents, axis=1), row)
+    return beams, offset + 1, row, ok, steps + ok.astype(jnp.int32)
 
-  beams, steps, row, _ = lax.while_loop(
+  zeros = jnp.zeros((batch,), jnp.int32)
+  beams, _, row, _, steps = lax.while_loop(
       cond, body, (beams, jnp.zeros(
-          (), jnp.int32), jnp.zeros((batch, k), jnp.int32), jnp.array(True)))
+          (), jnp.int32), jnp.zeros(
+              (batch, k), jnp.int32), jnp.ones((batch,), bool), zeros))
   return beams, steps, row
 
 
@@ -444,7 +480,7 @@ def _iteration(target: Target, draft: Target, state: _LoopState, alpha: Array,
                max_decode_len: int) -> _LoopState:
   """One draft beam search, one target call, the replay and the reorder."""
   beams = state.beams
-  batch, k = beams.live_logprobs.shape
+  k = beams.live_logprobs.shape[1]
   tree, root_state = _run_draft(draft, state.draft_state, state.draft_known,
                                 beams, width=width, gamma=gamma, eos_id=eos_id)
   parent, tokens, depth = _candidate_rows(tree, k, num_rows)
@@ -456,14 +492,17 @@ def _iteration(target: Target, draft: Target, state: _LoopState, alpha: Array,
   # A new beam's target state: the row that scored its parent (positions
   # up to the parent's last), rolled back to the new length. Its draft
   # state: its root's (positions up to the old step, which it shares).
+  # (An element that had stopped takes no step and keeps garbage states:
+  # it never steps again.)
   target_state = gather_rows(rows_state, beam_rows(row, num_rows))
-  target_state = target.truncate(
-      target_state, jnp.full((batch * k,), new_beams.step, jnp.int32))
+  target_state = target.truncate(target_state, per_beam(new_beams.step, k))
   roots = jnp.take_along_axis(parent, row, axis=1)
+  alive = beam_search.elements_alive(beams, alpha, max_decode_len)
+  histogram = state.steps_per_call.at[steps].add(alive.astype(jnp.int32))
   return _LoopState(beams=new_beams, target_state=target_state,
                     draft_state=gather_rows(root_state, beam_rows(roots, k)),
                     draft_known=beams.step + 1, calls=state.calls + 1,
-                    steps_per_call=state.steps_per_call.at[steps].add(1))
+                    steps_per_call=histogram)
 
 
 def speculative_beam_loop(target: Target, draft: Target,
@@ -473,22 +512,28 @@ def speculative_beam_loop(target: Target, draft: Target,
                           max_decode_len: int) -> SpeculativeBeamOutput:
   """`speculative_beam_search` unchecked and unjitted."""
   batch = encoder_input_tokens.shape[0]
-  # Room for a verification chunk of γ+1 positions at any step < L.
-  max_len = max_decode_len + gamma
+  # Room for a verification chunk of γ+1 positions at any step <= L (an
+  # element that has stopped is still fed, and ignored).
+  max_len = max_decode_len + gamma + 1
   target_state = target.start(encoder_input_tokens, max_len)
   draft_state = start_model(draft, encoder_input_tokens, max_len,
                             target_encoder_output(target, target_state))
   copies = jnp.repeat(jnp.arange(batch), beam_size)
   start = jnp.asarray(target.start_token(encoder_input_tokens), jnp.int32)
-  zero = jnp.zeros((), jnp.int32)
-  state = _LoopState(
-      beams=beam_search.init_beams(start, beam_size, max_decode_len),
-      target_state=gather_rows(target_state, copies),
-      draft_state=gather_rows(draft_state, copies), draft_known=zero,
-      calls=zero, steps_per_call=jnp.zeros((gamma + 2,), jnp.int32))
+  # One step counter per batch element.
+  beams = beam_search.init_beams(start, beam_size, max_decode_len)
+  beams = beams.replace(step=jnp.zeros((batch,), jnp.int32))
+  state = _LoopState(beams=beams,
+                     target_state=gather_rows(target_state, copies),
+                     draft_state=gather_rows(draft_state, copies),
+                     draft_known=jnp.zeros(
+                         (batch,), jnp.int32), calls=jnp.zeros(
+                             (), jnp.int32), steps_per_call=jnp.zeros(
+                                 (gamma + 2,), jnp.int32))
 
   def alive(state):
-    return beam_search.beams_alive(state.beams, alpha, max_decode_len)
+    return jnp.any(
+        beam_search.elements_alive(state.beams, alpha, max_decode_len))
 
   def iteration(state):
     return _iteration(target, draft, state, alpha, eos_id, width=width,
@@ -567,6 +612,12 @@ def speculative_beam_search(
   check_target(target)
   check_target(draft)
   check_vocab_sizes(target.vocab_size, draft.vocab_size)
+  if target.vocab_size < 2 * beam_size:
+    raise ValueError(
+        f"beam_size ({beam_size}) must be at most vocab_size / 2 "
+        f"({target.vocab_size} / 2): each batch element stops on its own, "
+        "which equals T5X's joint stopping when k live beams always have 2k "
+        "real candidates.")
   check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   check_eos_id(eos_id)
   return _jit_speculative_beam_loop(
