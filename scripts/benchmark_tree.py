@@ -37,14 +37,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
-from specdec_jax import sampling
+from specdec_jax.core import sampling
 from specdec_jax import timing
 from specdec_jax import vocab as vocab_lib
-from specdec_jax.models import T5Model
-from specdec_jax.models import param_shapes
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import param_shapes
 
 PRETRAINED = os.path.join(REPO, "pretrained", "multi30k")
 

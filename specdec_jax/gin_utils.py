@@ -56,7 +56,7 @@ import jax.numpy as jnp
 
 # `gin_utils.ConfigError` is what `run` and `sweep` catch.
 from specdec_jax.flag_utils import ConfigError
-from specdec_jax.models.config import T5Config
+from specdec_jax.core.models.config import T5Config
 from specdec_jax.paths import GIN_DIR
 
 # The core never imports gin: the model config is made configurable here,

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 
 
 @functools.partial(jax.jit, static_argnames=("max_len",))

@@ -30,9 +30,9 @@ if os.environ.get("SPECDEC_JAX_TEST_CACHE", "1") != "0":
 import jax
 import pytest
 
-from specdec_jax.models import T5Config
-from specdec_jax.models import T5Model
-from specdec_jax.models import init_params
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import init_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -68,7 +68,7 @@ def tiny_config(vocab_size=16, **overrides) -> T5Config:
 
 def random_model(config: T5Config, seed: int, prepared: bool = True) -> T5Model:
   """Random weights; `prepared` (default) packs the decoder as `run` does, so
-  decoder tests go through the CPU kernel (`specdec_jax.kernels`) where it
+  decoder tests go through the CPU kernel (`specdec_jax.core.kernels`) where it
   is built, and through XLA's dot where it is not."""
   model = T5Model(config, init_params(config, jax.random.PRNGKey(seed)))
   return model.prepared_for_decoding() if prepared else model

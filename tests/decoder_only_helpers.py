@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from specdec_jax.models.attention import tree_visibility
+from specdec_jax.core.models.attention import tree_visibility
 
 Array = jax.Array
 

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from specdec_jax import analysis
-from specdec_jax import decoding
-from specdec_jax import drafters
+from specdec_jax.core import decoding
+from specdec_jax.core import drafters
 from specdec_jax.experiment import auto_gamma
-from specdec_jax import sampling
+from specdec_jax.core import sampling
 
 from decoding_helpers import ScriptedTarget
 from drafter_helpers import GAMMAS

@@ -18,13 +18,13 @@ import pytest
 
 from specdec_jax import analysis
 from specdec_jax import gin_utils
-from specdec_jax import kernels
+from specdec_jax.core import kernels
 from specdec_jax import partitioning
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_report
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import tpu_topologies
-from specdec_jax.models import param_shapes
+from specdec_jax.core.models import param_shapes
 
 from conftest import REPO
 

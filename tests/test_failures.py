@@ -39,7 +39,7 @@ from specdec_jax.experiment import loading
 from specdec_jax.experiment import run_lock
 from specdec_jax.experiment import runner
 from specdec_jax.experiment.plan import RunPlan
-from specdec_jax.models import T5Config
+from specdec_jax.core.models import T5Config
 from specdec_jax.training import TrainConfig
 from specdec_jax.training import trainer
 

@@ -7,7 +7,7 @@ import pytest
 from specdec_jax import gin_macros
 from specdec_jax import gin_utils
 from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=unused-import
-from specdec_jax.models import T5Config
+from specdec_jax.core.models import T5Config
 
 from conftest import REPO
 from conftest import load_script

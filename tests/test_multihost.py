@@ -30,7 +30,7 @@ from specdec_jax.experiment import loading
 from specdec_jax.experiment.plan import Providers
 from specdec_jax import sweep
 from specdec_jax import tasks
-from specdec_jax.models import init_params
+from specdec_jax.core.models import init_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "multihost_worker.py"

@@ -19,8 +19,8 @@ from specdec_jax.experiment import runner
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import arguments
 from specdec_jax import run_metrics
-from specdec_jax.models import init_params
-from specdec_jax.models import param_shapes
+from specdec_jax.core.models import init_params
+from specdec_jax.core.models import param_shapes
 
 GIN_DIR = gin_utils.GIN_DIR
 REPO = GIN_DIR.parent
@@ -435,7 +435,7 @@ def test_cli_first_screen_is_quiet_and_late_checks_fail_early(tmp_path):
      *[(r, f"t5_1_1_{s}") for r in ("target", "draft") for s in T5X_SIZES]])
 def test_scoped_model_files_match_unscoped(role, name):
   """models/<role>/X.gin binds exactly what the T5X-style models/X.gin does."""
-  from specdec_jax.models import T5Config  # pylint: disable=g-import-not-at-top
+  from specdec_jax.core.models import T5Config  # pylint: disable=g-import-not-at-top
   _parse([f"models/{name}.gin"],
          ["MODEL_DTYPE = 'float32'"] if name.startswith("t5_1_1") else [])
   unscoped = T5Config()  # pylint: disable=no-value-for-parameter

@@ -15,7 +15,7 @@ import re
 import gin
 import pytest
 
-from specdec_jax import drafters
+from specdec_jax.core import drafters
 from specdec_jax import run as run_lib
 from specdec_jax import gin_utils
 from specdec_jax import sweep
@@ -27,7 +27,7 @@ from specdec_jax.experiment import summary
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import RunPlan
 from specdec_jax.experiment.plan import make_decoders
-from specdec_jax.models import SharedEncoderModel
+from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.experiment import ngram_corpus as corpus_lib
 
 from conftest import REPO

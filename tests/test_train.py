@@ -18,7 +18,7 @@ import pytest
 from conftest import MULTI30K
 from conftest import require_shared
 from specdec_jax import checkpoints
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import paths
 from specdec_jax import tasks
@@ -27,10 +27,10 @@ from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
 from specdec_jax.training import optimizer as optimizer_lib
 from specdec_jax import vocab as vocabulary
-from specdec_jax.models import T5Config
-from specdec_jax.models import T5Model
-from specdec_jax.models import init_params
-from specdec_jax.models import param_shapes
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import init_params
+from specdec_jax.core.models import param_shapes
 
 STEPS = 200  # For the target and the draft; checkpoints every 100.
 

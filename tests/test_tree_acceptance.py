@@ -29,11 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decoding
-from specdec_jax import sampling
-from specdec_jax.decoding import tree_acceptance
-from specdec_jax.decoding.tree_acceptance import chain_parents
-from specdec_jax.decoding.tree_acceptance import TreeAcceptance
+from specdec_jax.core import decoding
+from specdec_jax.core import sampling
+from specdec_jax.core.decoding import tree_acceptance
+from specdec_jax.core.decoding.tree_acceptance import chain_parents
+from specdec_jax.core.decoding.tree_acceptance import TreeAcceptance
 
 from conftest import perturbed
 from conftest import random_model

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import drafters
-from specdec_jax import sampling
-from specdec_jax.drafters.tree import as_tree_drafter
+from specdec_jax.core import drafters
+from specdec_jax.core import sampling
+from specdec_jax.core.drafters.tree import as_tree_drafter
 
 from decoder_only_helpers import DecoderOnlyLM
 from decoder_only_helpers import next_logits

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.models.attention import tree_visibility
+from specdec_jax.core.models.attention import tree_visibility
 
 from conftest import random_model
 from conftest import tiny_config

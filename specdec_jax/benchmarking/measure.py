@@ -18,17 +18,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import analysis
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import parameters
-from specdec_jax import sampling
+from specdec_jax.core import sampling
 from specdec_jax import timing
 from specdec_jax.benchmarking import bandwidth
 from specdec_jax.benchmarking import synthetic
 from specdec_jax.benchmarking.config import BenchmarkConfig
 from specdec_jax.benchmarking.config import DTYPES
 from specdec_jax.benchmarking.greedy_identity import greedy_identity_check
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.core.models.t5 import T5Model
 
 Array = jax.Array
 Log = Callable[[str], None]

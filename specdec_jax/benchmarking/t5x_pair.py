@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import partitioning
 from specdec_jax.experiment import arguments

@@ -14,10 +14,10 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import gin
 
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import quality
-from specdec_jax import sampling
+from specdec_jax.core import sampling
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import values
 

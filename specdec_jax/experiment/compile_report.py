@@ -23,10 +23,10 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from specdec_jax import analysis
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
-from specdec_jax import kernels
+from specdec_jax.core import kernels
 from specdec_jax import partitioning
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_check

@@ -10,12 +10,12 @@ INNER_GAMMA, ADAPTIVE_THRESHOLD) and asks its spec. A new drafter is one
 import dataclasses
 from typing import Any, Dict, Mapping, Optional
 
-from specdec_jax.drafters.hierarchical import HierarchicalDrafter
-from specdec_jax.drafters.model import ModelDrafter
-from specdec_jax.drafters.ngram import NGramDrafter
-from specdec_jax.drafters.ngram import NGramTable
-from specdec_jax.drafters.ngram import build_ngram_table
-from specdec_jax.drafters.prompt_lookup import PromptLookupDrafter
+from specdec_jax.core.drafters.hierarchical import HierarchicalDrafter
+from specdec_jax.core.drafters.model import ModelDrafter
+from specdec_jax.core.drafters.ngram import NGramDrafter
+from specdec_jax.core.drafters.ngram import NGramTable
+from specdec_jax.core.drafters.ngram import build_ngram_table
+from specdec_jax.core.drafters.prompt_lookup import PromptLookupDrafter
 from specdec_jax.experiment import ngram_corpus as corpus_lib
 from specdec_jax.experiment import values
 

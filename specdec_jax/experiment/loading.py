@@ -19,9 +19,9 @@ from specdec_jax import partitioning
 from specdec_jax import paths
 from specdec_jax import vocab as vocab_lib
 from specdec_jax.checkpoints import digests
-from specdec_jax.models import T5Config
-from specdec_jax.models import T5Model
-from specdec_jax.models import param_shapes
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import param_shapes
 
 ConfigError = gin_utils.ConfigError
 

@@ -25,7 +25,7 @@ from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import run_lock
 from specdec_jax.experiment import loading
-from specdec_jax.models import T5Config
+from specdec_jax.core.models import T5Config
 
 ConfigError = gin_utils.ConfigError
 # The settings of the run that last started writing here (hidden; read by

@@ -20,12 +20,12 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import jax
 import numpy as np
 
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import quality as quality_lib
-from specdec_jax import models as models_lib
+from specdec_jax.core import models as models_lib
 from specdec_jax import partitioning
-from specdec_jax.decoding import block_acceptance
+from specdec_jax.core.decoding import block_acceptance
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import memory

@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import multihost
 from specdec_jax import timing
 from specdec_jax.experiment import arguments
-from specdec_jax.protocols import target_encoder_output
+from specdec_jax.core.protocols import target_encoder_output
 
 # Calls per timed program and interleaved rounds: ~1/4 of `timing`'s
 # defaults, so that pricing c costs a run seconds, not tens of seconds; the

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from specdec_jax import analysis
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import multihost
 from specdec_jax import run_metrics
 from specdec_jax import tasks

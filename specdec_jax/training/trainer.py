@@ -41,8 +41,8 @@ from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import parameters
 from specdec_jax import paths
-from specdec_jax.models.config import T5Config
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.core.models.config import T5Config
+from specdec_jax.core.models.t5 import T5Model
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
 from specdec_jax.training import evaluation
