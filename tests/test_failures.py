@@ -16,6 +16,7 @@ import pathlib
 import signal
 import socket
 import subprocess
+import textwrap
 import sys
 import threading
 import time
@@ -913,3 +914,22 @@ def test_sigterm_mid_decode_keeps_rows_and_they_are_protected(tmp_path):
   assert other.returncode == 2, other.stderr[-3000:]
   assert "holds .predictions.jsonl.partial, which was kept" in other.stderr
   assert partial.read_text() == kept
+
+
+def test_sigterm_while_exiting_is_143_with_a_line():
+  """The soak's kill/resume run: a SIGTERM after the sweep had finished,
+  during the interpreter's shutdown, ended it with -15 and no line."""
+  code = textwrap.dedent("""
+      import atexit, os, signal, threading, time
+      from specdec_jax import console
+      atexit.register(time.sleep, 20)  # a slow shutdown (JAX's threads)
+      threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+      console.exit_process(0)
+  """)
+  start = time.monotonic()
+  proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(),
+                        text=True, capture_output=True, timeout=60)
+  assert proc.returncode == 143, proc.stderr[-2000:]
+  assert time.monotonic() - start < 15
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "interrupted (SIGTERM) while exiting: everything was already written.")
