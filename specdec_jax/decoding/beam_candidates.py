@@ -125,9 +125,9 @@ def _leaf_priority(parents: Array) -> Array:
   beam = jnp.arange(width)
   extended = jnp.any(parents[:, 1:, None, :] == beam[None, None, :, None],
                      axis=3)  # [B, γ-1, u]: some deeper beam extends it.
-  leaf = jnp.concatenate(
-      [~extended, jnp.ones(
-          (batch, 1, width), bool)], axis=1).reshape(batch, gamma * width)
+  deepest = jnp.ones((batch, 1, width), bool)
+  leaf = jnp.concatenate([~extended, deepest],
+                         axis=1).reshape(batch, gamma * width)
   own = (jnp.arange(gamma)[:, None] + 1) * width + (width - 1 - beam)
   own = jnp.where(leaf, own.reshape(-1)[None], -1)
   ancestors = _ancestors(parents)
@@ -178,10 +178,10 @@ def run_draft(draft: Target, draft_state: Any, known: Array, beams: Beams, *,
     history = lax.dynamic_update_slice_in_dim(history, tokens[:, :, None],
                                               depth, axis=2)
     state = gather_rows(state, beam_rows(parents, width))
-    return (scores, roots, history, state, tree_tokens.at[:,
-                                                          depth].set(history),
-            tree_roots.at[:, depth].set(roots),
-            tree_parents.at[:, depth].set(parents))
+    tree_tokens = tree_tokens.at[:, depth].set(history)
+    tree_roots = tree_roots.at[:, depth].set(roots)
+    tree_parents = tree_parents.at[:, depth].set(parents)
+    return scores, roots, history, state, tree_tokens, tree_roots, tree_parents
 
   def body(depth, carry):
     """Feed each beam's last draft token, then select the next depth."""
@@ -196,12 +196,11 @@ def run_draft(draft: Target, draft_state: Any, known: Array, beams: Beams, *,
   carry = lax.fori_loop(1, gamma, body, carry)
   tree_tokens, tree_roots, tree_parents = carry[4:]
   nodes = gamma * width
-  tree = DraftTree(
-      tokens=tree_tokens.reshape(batch, nodes,
-                                 gamma), roots=tree_roots.reshape(batch, nodes),
-      depth=jnp.broadcast_to(jnp.repeat(jnp.arange(1, gamma + 1), width),
-                             (batch, nodes)),
-      priority=_leaf_priority(tree_parents))
+  depth = jnp.repeat(jnp.arange(1, gamma + 1), width)
+  tree = DraftTree(tokens=tree_tokens.reshape(batch, nodes, gamma),
+                   roots=tree_roots.reshape(batch, nodes),
+                   depth=jnp.broadcast_to(depth, (batch, nodes)),
+                   priority=_leaf_priority(tree_parents))
   return tree, root_state
 
 
