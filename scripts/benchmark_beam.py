@@ -37,10 +37,10 @@ import numpy as np
 from specdec_jax import checkpoints
 from specdec_jax import gin_utils
 from specdec_jax import vocab as vocab_lib
-from specdec_jax.decoding import beam_search
-from specdec_jax.decoding import speculative_beam
-from specdec_jax.models import T5Model
-from specdec_jax.models import param_shapes
+from specdec_jax.core.decoding import beam_search
+from specdec_jax.core.decoding import speculative_beam
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import param_shapes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PRETRAINED = REPO / "pretrained" / "multi30k"

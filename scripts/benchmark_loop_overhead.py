@@ -12,7 +12,10 @@ captions of `configs/data/captions_en_de.tsv`):
 * fixed cost per example: the decode at the short length minus its tokens
   (or iterations) at the marginal cost: encoders, cache set-up, dispatch;
 * the parts, timed by `specdec_jax.timing` in the same process: a target
-  step t1, a draft step d1 (c = d1 / t1) and a verification call tv.
+  step t1, a draft step d1 (c = d1 / t1) and a verification call tv;
+* an iteration split (`iteration_split_s`): the draft's `propose` as the
+  loop runs it, the verification call, the bookkeeping left over in one
+  iteration at a fixed length, and what the while loop adds to it.
 
 Overhead ratios above 1 are loop work that is not the model (the issue-10
 target: within 1.15). Medians of interleaved rounds; compilation excluded
@@ -36,14 +39,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
-from specdec_jax import sampling
+from specdec_jax.core import sampling
 from specdec_jax import timing
 from specdec_jax import vocab as vocab_lib
-from specdec_jax.models import T5Model
-from specdec_jax.models import param_shapes
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import param_shapes
 
 PRETRAINED = os.path.join(REPO, "pretrained", "multi30k")
 
@@ -111,6 +114,41 @@ def _median_seconds(fns, rounds):
   return {name: float(statistics.median(t)) for name, t in times.items()}
 
 
+def _parts(target, draft, inputs, *, gamma, long, steps):
+  """name -> program of `steps` calls: a target step (t1), a verification
+  call (tv), a draft step (d1), the draft's propose of γ guesses and one
+  whole iteration, at a fixed length long // 2 (no while loop); what is
+  neither model call in the iteration is bookkeeping (acceptance, buffer
+  and cache writes, rollbacks)."""
+  rng, greedy = jax.random.PRNGKey(0), sampling.Greedy()
+  cache_len = long + gamma + 1
+  fill = jnp.full((1,), long // 2, jnp.int32)
+  caches = {
+      name: timing.start(m, inputs, max_len=cache_len)
+      for name, m in (("target", target), ("draft", draft))
+  }
+  drafter = decoding.ModelDrafter(draft)
+  prefix = jnp.zeros((1, long + gamma + 2), jnp.int32)
+  state = timing.speculative_state_at(target, drafter, inputs, caches["target"],
+                                      caches["draft"], prefix, gamma=gamma,
+                                      max_decode_length=long, fill=long // 2)
+  never = jnp.asarray(-1, jnp.int32)
+  return {
+      "propose": lambda: timing.
+                 propose_loop(drafter, state.draft_state, state.buffer, fill,
+                              rng, gamma=gamma, method=greedy, steps=steps),
+      "iteration": lambda: timing.iteration_loop(
+          target, drafter, decoding.ExactAcceptance(), state, fill, rng, never,
+          gamma=gamma, max_decode_length=long, method=greedy, steps=steps),
+      "t1": lambda: timing.call_loop(target, caches["target"], fill, k=1, steps=
+                                     steps),
+      "tv": lambda: timing.call_loop(target, caches["target"], fill, k=gamma +
+                                     1, steps=steps),
+      "d1": lambda: timing.call_loop(draft, caches["draft"], fill, k=1, steps=
+                                     steps)
+  }
+
+
 def measure(target, draft, inputs, *, gamma, short, long, rounds):
   """The breakdown (seconds and ratios) averaged over `inputs`."""
   rng = jax.random.PRNGKey(0)
@@ -127,24 +165,12 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
                     method=greedy, eos_id=-1))
       out = jax.block_until_ready(programs[("spec", i, length)]())
       iterations[(i, length)] = int(np.asarray(out.target_calls)[0])
-  # The parts, in the speculative loop's cache conditions.
-  cache_len = long + gamma + 1
-  fill = jnp.full((1,), long // 2, jnp.int32)
-  caches = {
-      name: timing.start(m, jnp.asarray(inputs[0]), max_len=cache_len)
-      for name, m in (("target", target), ("draft", draft))
-  }
   steps = 16
-  parts = {
-      "t1": lambda: timing.call_loop(target, caches["target"], fill, k=1, steps=
-                                     steps),
-      "tv": lambda: timing.call_loop(target, caches["target"], fill, k=gamma +
-                                     1, steps=steps),
-      "d1": lambda: timing.call_loop(draft, caches["draft"], fill, k=1, steps=
-                                     steps)
-  }
+  parts = _parts(target, draft, jnp.asarray(inputs[0]), gamma=gamma, long=long,
+                 steps=steps)
   med = _median_seconds({**programs, **parts}, rounds)
   t1, tv, d1 = (med[k] / steps for k in ("t1", "tv", "d1"))
+  propose, iteration = med["propose"] / steps, med["iteration"] / steps
   n = len(inputs)
   tokens = long - short
   base_token = sum(med[("base", i, long)] - med[("base", i, short)]
@@ -174,6 +200,18 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
       "speculative_model_per_iteration_s": model_iter,
       "speculative_loop_overhead": spec_iter / model_iter,
       "speculative_fixed_per_example_s": spec_fixed,
+      # One iteration's time, part by part (fixed length, no while loop):
+      # the draft's γ guesses as the loop makes them, the verification
+      # call, the rest (acceptance, buffer, cache rollbacks), and what the
+      # while loop adds on top (its condition, the state it carries).
+      "iteration_split_s": {
+          "draft_propose": propose,
+          "draft_model_steps": gamma * d1,
+          "verification_call": tv,
+          "bookkeeping": iteration - propose - tv,
+          "iteration_fixed_length": iteration,
+          "while_loop": spec_iter - iteration,
+      },
       "tokens_per_iteration": n * tokens / spec_iters,
       "marginal_speedup": base_token * n * tokens / (spec_iters * spec_iter),
       "backend": jax.default_backend(),
@@ -201,6 +239,9 @@ def main(argv):
         f"steps + verification); fixed "
         f"{ms(result['speculative_fixed_per_example_s'])} per example; "
         f"{result['tokens_per_iteration']:.2f} tokens per iteration")
+  split = result["iteration_split_s"]
+  print("an iteration, part by part: " +
+        ", ".join(f"{k} {ms(v)}" for k, v in split.items()))
   print(f"marginal speedup (per token, fixed costs aside): "
         f"{result['marginal_speedup']:.2f}x")
   if _OUTPUT.value:

@@ -33,7 +33,7 @@ from specdec_jax import io_utils
 from specdec_jax import parameters
 from specdec_jax import timing
 from specdec_jax.benchmarking import config as benchmark_config
-from specdec_jax.models import T5Model
+from specdec_jax.core.models import T5Model
 
 _TARGET = flags.DEFINE_string(
     "target", "gin/models/multi30k_target.gin",

@@ -2,7 +2,7 @@
 """Greedy decoding latency: ours (baseline, speculative) vs T5X's decoder.
 
 The issue "Performance" asks that our baseline decoder
-(`specdec_jax.decoding.temperature_sample`, one target call per token) be no
+(`specdec_jax.core.decoding.temperature_sample`, one target call per token) be no
 slower per token than T5X's own greedy decoder on the same model, the
 baseline of the paper. T5X is not on PyPI and the project does not vendor it,
 so this script imports T5X from a checkout the user supplies:
@@ -16,7 +16,7 @@ For each model size it
   1. builds our `Transformer` and T5X's `t5x/examples/t5/network.py`
      `Transformer` from the same hyperparameters (`network.T5Config`);
   2. initializes ONE set of random float32 params with
-     `specdec_jax.models.init_params` and checks that it has exactly the tree
+     `specdec_jax.core.models.init_params` and checks that it has exactly the tree
      (names and shapes) that T5X's own `init` produces, then feeds the same
      `{'params': ...}` to both;
   3. runs greedy decoding of the same random inputs with
@@ -29,7 +29,7 @@ For each model size it
          then `t5x.decoding.temperature_sample(temperature=0, topk=1,
          num_decodes=1)`; all of it in one `jax.jit` with the params as an
          argument (T5X's partitioned predict fn; one device here);
-     (b) ours: `specdec_jax.decoding.temperature_sample(T5Model, ...)`;
+     (b) ours: `specdec_jax.core.decoding.temperature_sample(T5Model, ...)`;
   4. checks that both produce the same greedy tokens, and that teacher-forced
      logits of the two networks agree;
   5. times both, excluding compilation (`timing.InterleavedTimer`, rotated):
@@ -56,7 +56,7 @@ TARGET_CHECKPOINT_PATH and DRAFT_CHECKPOINT_PATH). Issue 10 asks that
 speculative decoding be >= 1.5x faster than T5X's own
 `decoding.temperature_sample` on the same target. This mode loads the pair,
 vocabulary and sentences exactly as `python -m specdec_jax.run
---gin_file=pretrained_multi30k.gin` does (`run.Experiment`: the T5X
+--gin_file=pretrained_multi30k.gin` does (`experiment.plan.RunPlan`: the T5X
 checkpoints decoded in float32, the models `prepared_for_decoding` for the
 CPU kernel, run's own decoders), hands T5X the same target weights in
 T5X's layout (`T5Model.unpacked`, its tree checked against T5X's `init`),
@@ -97,18 +97,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import benchmarking
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import io_utils
 from specdec_jax import timing
 from specdec_jax.benchmarking import t5x_pair
 from specdec_jax.benchmarking import t5x_reference
 from specdec_jax.benchmarking.t5x_pair import parse_gammas
 from specdec_jax.benchmarking.t5x_pair import resolve_pair
-from specdec_jax.models import T5Model
-from specdec_jax.models import init_params
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import init_params
 
 RANDOM_DESCRIPTION = (
-    "Greedy decoding latency of specdec_jax.decoding.temperature_sample "
+    "Greedy decoding latency of specdec_jax.core.decoding.temperature_sample "
     "vs T5X's decoding.temperature_sample (called as "
     "EncoderDecoderModel.predict_batch_with_aux does, in one jax.jit) "
     "on the same random params and inputs. Times include the encoder "

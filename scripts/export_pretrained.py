@@ -74,7 +74,8 @@ def main(argv=None) -> int:
     config = os.path.join(ckpt, "model_config.json")
     if os.path.isfile(config):  # The trainer's record of the architecture.
       shutil.copy(config, os.path.join(written, "model_config.json"))
-    digests.write_manifest(written)  # verified on loading
+    # Verified on loading; the vocabulary too (a run refuses another one).
+    digests.write_manifest(written, vocabulary_file=args.spm)
     size = sum(
         os.path.getsize(os.path.join(d, f))
         for d, _, files in os.walk(written)

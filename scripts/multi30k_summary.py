@@ -18,13 +18,13 @@ import jax
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
-from specdec_jax import metrics
+from specdec_jax import quality as metrics
 from specdec_jax import tasks
 from specdec_jax import vocab as vocab_lib
-from specdec_jax.models import T5Model
+from specdec_jax.core.models import T5Model
 
 REPO = gin_utils.GIN_DIR.parent
 MODELS = {  # name -> (model dir, model gin file)

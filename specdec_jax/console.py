@@ -19,8 +19,10 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 from typing import Callable, Iterator
 
 # TensorFlow's import-time lines that say nothing about this program's run
@@ -98,9 +100,12 @@ def quiet_backend_probing() -> None:
 
 
 def setup() -> None:
-  """Console set-up for `run` and `sweep` (call at the start of main)."""
+  """Console set-up for `run` and `sweep` (call at the start of main).
+
+  TensorFlow is not imported here: a run that needs neither a seqio task
+  nor a seqio vocabulary never imports it (each import site goes through
+  `import_tensorflow_quietly`)."""
   quiet_backend_probing()
-  import_tensorflow_quietly()
 
 
 # ---------------------------------------------------------------------------
@@ -108,6 +113,7 @@ def setup() -> None:
 # ---------------------------------------------------------------------------
 TRACEBACK_FLAG = "traceback"
 EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, as a shell reports it
 # gin appends this to any error raised inside a configurable; it names a
 # function object, nothing the user typed.
 _GIN_CALL_NOTE = re.compile(r"\s*In call to configurable '[^']*' \(<[^>]*>\)")
@@ -143,23 +149,63 @@ def run_cli(program: str, body: Callable[[], None], bad_input: tuple,
   `bad_input` errors (a setting, a checkpoint, a locked folder) print
   "`program`: error: MESSAGE" and give 2; `failures` (a write that failed,
   an unreachable gs://, a diverged training) one line and 1; Ctrl-C one
-  line (what was kept) and 130. Anything else is a bug: its traceback is
+  line (what was kept) and 130; SIGTERM the same, and 143. Anything else is a bug: its traceback is
   shown. With --traceback every error shows its traceback.
   """
+  received = []
   try:
-    body()
+    with sigterm_as_interrupt(received):
+      body()
   except bad_input + failures as e:
     if _wants_traceback():
       raise
-    print(f"{program}: error: {error_text(e)}", file=sys.stderr)
+    line = f"{program}: error: {error_text(e)}"
+    print(line, file=sys.stderr)
+    if not isinstance(e, bad_input) and not _stdout_is_stderr():
+      # A failure after the run printed its summary (a full disk): the
+      # summary's last line names the result files, which may not exist.
+      # stdout's last line says what happened instead.
+      print(line, flush=True)
     return EXIT_BAD_INPUT if isinstance(e, bad_input) else EXIT_FAILED
   except KeyboardInterrupt as e:
     if _wants_traceback():
       raise
     kept = str(e) or "files already written in the output folder are kept"
-    print(f"{program}: interrupted (Ctrl-C): {kept}.", file=sys.stderr)
-    return EXIT_INTERRUPTED
+    how = "SIGTERM" if received else "Ctrl-C"
+    print(f"{program}: interrupted ({how}): {kept}.", file=sys.stderr)
+    return EXIT_TERMINATED if received else EXIT_INTERRUPTED
   return 0
+
+
+def _stdout_is_stderr() -> bool:
+  """Both streams go to one place (a terminal): one line is enough."""
+  try:
+    return os.path.sameopenfile(sys.stdout.fileno(), sys.stderr.fileno())
+  except (AttributeError, OSError, ValueError):  # not real files (a test)
+    return False
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt(received: list) -> Iterator[None]:
+  """SIGTERM (what batch schedulers and `kill` send) ends the body as
+  Ctrl-C does: a KeyboardInterrupt, so the lock is released and what was
+  decoded is kept and named; `received` gets the signal. The previous
+  handler is restored afterwards. Only the main thread can set handlers:
+  elsewhere (a test's thread) the body runs as it is."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def interrupt(signum, frame):
+    del frame
+    received.append(signum)
+    raise KeyboardInterrupt()
+
+  previous = signal.signal(signal.SIGTERM, interrupt)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 def exit_process(code: int) -> None:
@@ -170,9 +216,27 @@ def exit_process(code: int) -> None:
   their destructors (a segfault after the one line). Everything this
   program writes is already flushed or renamed into place, so nothing is
   lost by skipping it.
+
+  A SIGTERM during the shutdown (seconds, with JAX's threads) ends the
+  process at once with 143 and a line, instead of the default action's
+  silent -15: the work is done by then.
   """
-  if code != EXIT_INTERRUPTED:
+  if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+    if threading.current_thread() is threading.main_thread():
+      signal.signal(signal.SIGTERM, _terminated_while_exiting)
     sys.exit(code)
+  _flush_and_exit(code)
+
+
+def _terminated_while_exiting(signum, frame) -> None:
+  del signum, frame
+  print(
+      "interrupted (SIGTERM) while exiting: everything was already "
+      "written.", file=sys.stderr)
+  _flush_and_exit(EXIT_TERMINATED)
+
+
+def _flush_and_exit(code: int) -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   for handler in logging.getLogger().handlers:

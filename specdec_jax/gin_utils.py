@@ -56,7 +56,7 @@ import jax.numpy as jnp
 
 # `gin_utils.ConfigError` is what `run` and `sweep` catch.
 from specdec_jax.flag_utils import ConfigError
-from specdec_jax.models.config import T5Config
+from specdec_jax.core.models.config import T5Config
 from specdec_jax.paths import GIN_DIR
 
 # The core never imports gin: the model config is made configurable here,
@@ -125,6 +125,7 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
   nor use raises ConfigError first (see `check_macro_bindings`). gin's
   lookup lines for bare file names are not logged.
   """
+  from specdec_jax import gin_macros  # pylint: disable=g-import-not-at-top  # it imports this module
   paths = search_paths(extra_search_paths)
   for path in paths:
     gin.add_config_file_search_path(path)
@@ -134,6 +135,9 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
           f"--gin_file={name!r} not found in the gin search path {paths}.")
   if check_macros:
     check_macro_bindings(gin_bindings, gin_file_macros(gin_files, paths))
+  # Always: a macro that files or bindings define and nothing reads is a
+  # typo (`GAMA = 3` in a file; `--gin.NUM_STEP=3`), silently ignored by gin.
+  gin_macros.check_unused_macros(gin_files, gin_bindings, paths)
   quiet = _DropGinLookupNoise()
   root = std_logging.getLogger()
   root.addFilter(quiet)
@@ -223,25 +227,19 @@ def check_macro_bindings(gin_bindings: Sequence[str], known: Set[str]) -> None:
     ConfigError: naming the binding, the unknown macro and the closest known
       macros.
   """
+  from specdec_jax import gin_macros  # pylint: disable=g-import-not-at-top  # it imports this module
   parsed = []
   used = set(known)
   for text in gin_bindings:
-    try:
-      statements = list(config_parser.ConfigParser(text, _ParserDelegate()))
-    except (SyntaxError, tokenize.TokenError) as e:
-      raise ConfigError(f"--gin_bindings={text!r}: not a gin binding ({e}).") \
-          from None
-    for st in statements:
+    for st in gin_macros.binding_statements(text):
       if isinstance(st, config_parser.BindingStatement):
         used |= _macro_references(st.value)
         if not st.arg_name:
           parsed.append((text, st.selector))
   for text, name in parsed:
     if name not in used:
-      text = text.strip()
-      flag = (f"--gin.{text}" if not any(c.isspace() for c in text) else
-              f"--gin_bindings={text!r}")
-      raise ConfigError(f"{flag}: {unknown_macro_message(name, sorted(known))}")
+      raise ConfigError(f"{gin_macros.binding_flag(text)}: "
+                        f"{unknown_macro_message(name, sorted(known))}")
 
 
 def run_main(main, argv: Optional[Sequence[str]] = None) -> None:
@@ -330,6 +328,9 @@ def _gin_statements(path: str, search_paths: Sequence[str]):
     # TokenError (an unclosed bracket) which is no ValueError.
     except (OSError, SyntaxError, tokenize.TokenError) as e:
       raise ValueError(f"{full}: {e}") from None
+    except UnicodeDecodeError as e:  # a binary file given as --gin_file
+      raise ValueError(f"{full}: not a gin file: not UTF-8 text ({e.reason} "
+                       f"at byte {e.start}).") from None
     for st in statements:
       if isinstance(st, config_parser.IncludeStatement):
         yield from parse(st.filename, depth + 1)

@@ -36,9 +36,13 @@ import logging
 import math
 import os
 import re
+import socket
 import tempfile
+import urllib.parse
 import uuid
 from typing import Any, List, Tuple, Union
+
+from specdec_jax import paths
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +91,6 @@ def _umask() -> int:
 # ---------------------------------------------------------------------------
 # gs:// through TensorStore's GCS key-value store.
 # ---------------------------------------------------------------------------
-def is_url(path: Union[str, os.PathLike]) -> bool:
-  return "://" in os.fspath(path)
-
-
 def _split_gcs(path: str) -> Tuple[str, str]:
   """gs://bucket/a/b -> ('bucket', 'a/b'); other URLs are refused."""
   m = re.fullmatch(r"gs://([^/]+)/?(.*)", path, re.DOTALL)
@@ -100,10 +100,50 @@ def _split_gcs(path: str) -> Tuple[str, str]:
   return m.group(1), m.group(2).rstrip("/")
 
 
+class RemoteRefused(ConnectionRefusedError):
+  """The gs:// endpoint refused the connection: no use waiting for it."""
+
+
+_DEFAULT_GCS_ENDPOINT = "https://storage.googleapis.com"
+_PROXY_ENVS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+               "ALL_PROXY", "all_proxy")
+
+
+def _check_endpoint(bucket: str, endpoint: str) -> None:
+  """Fails in seconds when the GCS endpoint refuses connections.
+
+  TensorStore retries a refused connection until the deadline (60 s); a
+  refusal is an answer, so it is reported at once. Anything else (no
+  answer, a name that does not resolve, a proxy in between) is left to
+  TensorStore and the deadline.
+
+  Raises:
+    RemoteRefused: naming the bucket and the endpoint.
+  """
+  if any(os.environ.get(name) for name in _PROXY_ENVS):
+    return
+  url = urllib.parse.urlsplit(endpoint or _DEFAULT_GCS_ENDPOINT)
+  try:
+    port = url.port or (443 if url.scheme == "https" else 80)
+  except ValueError:
+    return
+  try:
+    conn = socket.create_connection((url.hostname, port),
+                                    timeout=min(5.0, remote_timeout_s()))
+  except ConnectionRefusedError as e:
+    raise RemoteRefused(
+        f"opening bucket gs://{bucket}: {url.hostname}:{port} refused the "
+        f"connection ({e.strerror or e}). Check the network, and "
+        "TENSORSTORE_GCS_HTTP_URL if it is set.") from None
+  except OSError:
+    return
+  conn.close()
+
+
 @functools.lru_cache(maxsize=None)
 def _bucket(bucket: str, endpoint: str):
-  del endpoint  # part of the cache key: TensorStore reads it at open time
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  _check_endpoint(bucket, endpoint)
   return wait(ts.KvStore.open({
       "driver": "gcs",
       "bucket": bucket
@@ -137,7 +177,7 @@ def _gcs_read(path: str, byte_range=None):
 def read_bytes(path: Union[str, os.PathLike]) -> bytes:
   """The file's bytes. Raises FileNotFoundError if there is none."""
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     with open(path, "rb") as f:
       return f.read()
   data = _gcs_read(path)
@@ -152,21 +192,21 @@ def read_text(path: Union[str, os.PathLike]) -> str:
 
 def isfile(path: Union[str, os.PathLike]) -> bool:
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     return os.path.isfile(path)
   return _gcs_read(path, byte_range=slice(0, 0)) is not None  # no data read
 
 
 def isdir(path: Union[str, os.PathLike]) -> bool:
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     return os.path.isdir(path)
   return bool(_gcs_keys(path))
 
 
 def exists(path: Union[str, os.PathLike]) -> bool:
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     return os.path.exists(path)
   return isfile(path) or isdir(path)
 
@@ -175,7 +215,7 @@ def listdir(path: Union[str, os.PathLike]) -> List[str]:
   """Names in a folder (on GCS: the first part of each object name under
   it). Raises FileNotFoundError if there is no such folder."""
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     return os.listdir(path)
   names = sorted({k.split("/", 1)[0] for k in _gcs_keys(path)})
   if not names:
@@ -186,7 +226,7 @@ def listdir(path: Union[str, os.PathLike]) -> List[str]:
 def makedirs(path: Union[str, os.PathLike]) -> None:
   """`os.makedirs(path, exist_ok=True)`; nothing on GCS (no folders)."""
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     os.makedirs(path, exist_ok=True)
   else:
     _split_gcs(path)
@@ -194,7 +234,7 @@ def makedirs(path: Union[str, os.PathLike]) -> None:
 
 def remove(path: Union[str, os.PathLike]) -> None:
   path = os.fspath(path)
-  if not is_url(path):
+  if not paths.is_url(path):
     os.unlink(path)
     return
   kv, key = _gcs(path)
@@ -207,7 +247,7 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[str,
   path = os.fspath(path)
   if isinstance(data, str):
     data = data.encode("utf-8")
-  if is_url(path):
+  if paths.is_url(path):
     kv, key = _gcs(path)
     wait(kv.write(key, data), "writing", path)  # one upload: all or nothing
     return
@@ -250,26 +290,60 @@ def create_new(path: str, data: bytes) -> Any:
     An opaque version of what was written (for `remove_if_unchanged`), or
     None when `path` already existed (nothing written).
   """
-  if not is_url(path):
-    try:
-      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-      return None
-    try:
-      os.write(fd, data)
-      os.fsync(fd)
-    finally:
-      os.close(fd)
-    return data  # the content is the version (lock records are unique)
+  if not paths.is_url(path):
+    return data if _create_new_local(path, data) else None
   kv, key = _gcs(path)
   stamp = wait(kv.write(key, data, if_equal=_no_value_generation()), "creating",
                path)
   return stamp.generation or None  # b'': the precondition failed
 
 
+def _create_new_local(path: str, data: bytes) -> bool:
+  """Creates `path` holding `data`, whole, only if it does not exist.
+
+  The data go to a temporary file first, which is then hard-linked to
+  `path` (`link` fails if `path` exists): a reader never sees the file
+  empty or half written (an `O_EXCL` create written afterwards can be read
+  empty in between, and an empty lock would be taken over as stale).
+  """
+  folder = os.path.dirname(path) or "."
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=".create.", suffix=".tmp")
+  try:
+    try:
+      os.write(fd, data)
+      os.fsync(fd)
+    finally:
+      os.close(fd)
+    os.chmod(tmp, 0o644 & ~_umask())
+    try:
+      os.link(tmp, path)
+    except FileExistsError:
+      return False
+    except OSError:  # no hard links here (some network or FUSE mounts)
+      return _create_exclusive(path, data)
+    return True
+  finally:
+    os.unlink(tmp)
+
+
+def _create_exclusive(path: str, data: bytes) -> bool:
+  """`O_CREAT | O_EXCL`, then the data: where `link` is not supported (a
+  reader may see the file empty for a moment)."""
+  try:
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+  except FileExistsError:
+    return False
+  try:
+    os.write(fd, data)
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+  return True
+
+
 def read_versioned(path: str) -> Tuple[Any, Any]:
   """(bytes, version) of `path`, or (None, None) when it does not exist."""
-  if not is_url(path):
+  if not paths.is_url(path):
     try:
       with open(path, "rb") as f:
         data = f.read()
@@ -289,7 +363,7 @@ def remove_if_unchanged(path: str, version: Any) -> bool:
   On gs:// the condition is checked by the server; locally the check and
   the unlink are two steps (callers serialize them: `run_lock`).
   """
-  if not is_url(path):
+  if not paths.is_url(path):
     try:
       with open(path, "rb") as f:
         if f.read() != version:
@@ -312,14 +386,16 @@ def probe_writable_dir(path: Union[str, os.PathLike]) -> None:
       created or written; the message says why and what is allowed.
   """
   path = os.fspath(path)
-  if is_url(path):
+  if paths.is_url(path):
+    remote_timeout_s()  # a bad SPECDEC_GCS_TIMEOUT_S is named as such
     probe = path.rstrip("/") + f"/.write_probe.{uuid.uuid4().hex}.tmp"
     try:
       atomic_write(probe, b"probe")
       remove(probe)
     except Exception as e:  # pylint: disable=broad-except
       raise ValueError(
-          f"cannot write an object there: {e}. Allowed: a gs://bucket/folder "
+          f"cannot write an object there: {str(e).rstrip('.')}. Allowed: a "
+          "gs://bucket/folder "
           "whose bucket exists and that these credentials can write, or a "
           "local directory.") from None
     return

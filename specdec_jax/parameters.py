@@ -11,8 +11,8 @@ from typing import Any, Dict
 
 import jax
 
-from specdec_jax.models import T5Config
-from specdec_jax.models import init_params
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import init_params
 
 
 def random_params(config: T5Config, rng: jax.Array, *, dtype=None,

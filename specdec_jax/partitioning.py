@@ -53,7 +53,7 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.core.models.t5 import T5Model
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"

@@ -17,9 +17,9 @@ REPO_DIR = pathlib.Path(__file__).resolve().parents[1]
 GIN_DIR = REPO_DIR / "gin"  # Always on the gin search path (`gin_utils`).
 
 
-def is_url(path: str) -> bool:
+def is_url(path: PathLike) -> bool:
   """True for ``gs://...`` and other URLs (never resolved locally)."""
-  return "://" in path
+  return "://" in os.fspath(path)
 
 
 def resolve_path(path: Optional[PathLike],

@@ -106,6 +106,14 @@ def _chosen_examples(runs: List[Run], results_dir: str,
   timeline_pair = examples.find_example(
       runs, lambda ex, run: bool(example_timeline(ex, run)), example_run,
       example_index, prefer=trace_pair if trace_pair[1] is not None else None)
+  if example_index is not None and trace_pair[1] is None:
+    count = examples.index_count(runs, example_run)
+    if not 0 <= example_index < count:  # not "no trace": no such example
+      where = results_dir + (f" (run {example_run!r})" if example_run else "")
+      allowed = (f"allowed: 0 to {count - 1}"
+                 if count else "it has no predictions.jsonl")
+      raise ReportError(f"--example_index={example_index}: no such example "
+                        f"in {where}; {allowed}.")
   return trace_pair, timeline_pair
 
 

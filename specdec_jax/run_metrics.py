@@ -93,18 +93,26 @@ class RunMetrics:
     walltime_speculative_s: seconds speculative decoding took.
     speedup: walltime_baseline_s / walltime_speculative_s.
     compile_time_s: seconds spent compiling and warming up both decoders.
-    target_step_s: one one-token target call (`timing.call_seconds`: 64
-      calls in one compiled loop, 9 rounds interleaved with the draft step
-      and the verification call, median).
-    draft_step_s: one one-token draft call (other drafters: one guess).
+    target_step_s: one one-token target call (`timing.call_seconds`: 32
+      calls in one compiled loop, 5 rounds interleaved with the drafter's
+      guesses and the verification call, median).
+    draft_step_s: one guess as the loop makes it: a `propose` of γ guesses
+      (a draft model's γ steps with their sampling and bookkeeping, state
+      rolled back each call), divided by γ.
     cost_coefficient_c: c = draft_step_s / target_step_s (Definition 3.7;
-      a draft model's: the median of the per-round ratios).
+      the median of the per-round ratios).
     theoretical_speedup: Theorem 3.8 at the measured α, γ and c.
     verification_call_s: the target's (γ+1)-token verification call.
     verification_cost_ratio: verification_call_s / target_step_s, the median
       of the per-round ratios (Theorem 3.8 assumes 1).
     theoretical_speedup_measured_call_cost: Theorem 3.8 with that measured
       call cost in place of 1.
+    iteration_overhead: speculative walltime per target call (each
+      example's fixed cost included) over its parts, γ·draft_step_s +
+      verification_call_s: 1 = the loop costs nothing beyond its model
+      calls.
+    baseline_overhead: the target alone's walltime per token (fixed cost
+      included) over target_step_s.
     greedy_outputs_identical: at T = 0, whether every example's speculative
       tokens equal the target's, which exact speculative decoding
       guarantees; null at T > 0, where outputs are samples, compared by
@@ -171,6 +179,8 @@ class RunMetrics:
   verification_call_s: Optional[float] = _key(NONNEG, None)
   verification_cost_ratio: Optional[float] = _key(NONNEG, None)
   theoretical_speedup_measured_call_cost: Optional[float] = _key(POS, None)
+  iteration_overhead: Optional[float] = _key(NONNEG, None)
+  baseline_overhead: Optional[float] = _key(NONNEG, None)
   greedy_outputs_identical: Optional[bool] = _key(BOOL, None)
   greedy_identical_examples: Optional[int] = _key(INT, None)
   bleu: Optional[Dict[str, float]] = _key(BLEU, None, omit_none=True)

@@ -42,11 +42,15 @@ import jax
 import yaml
 
 from specdec_jax import checkpoints
+from specdec_jax import compilation_cache
 from specdec_jax import console
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import multihost
-from specdec_jax import run as run_lib
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import runner
+from specdec_jax.experiment.plan import Providers
+from specdec_jax.experiment.plan import RunPlan
 from specdec_jax import run_metrics
 
 SWEEP_FILE = "sweep.json"
@@ -221,12 +225,13 @@ def check_keys(points, base_files, base_bindings, search_paths) -> None:
 
 
 def validate_points(points, results_dir: str, base_files, base_bindings,
-                    search_paths) -> None:
+                    search_paths,
+                    providers: Optional[Providers] = None) -> None:
   """Checks every point as `run` would, before any model is loaded.
 
-  Each point's gin is parsed, its run arguments and model configs go through
-  `run.Experiment`'s checks, and its vocabulary is read and compared with
-  both models' vocab_size.
+  Each point's gin is parsed and its plan built (`RunPlan.build`: the run
+  arguments, model configs, vocabulary against both models' vocab_size,
+  n-gram corpus and memory, all checked); nothing is loaded.
 
   Raises:
     SweepError: naming the first bad point and what is wrong with it.
@@ -241,10 +246,10 @@ def validate_points(points, results_dir: str, base_files, base_bindings,
         gin_utils.parse_gin(files,
                             list(base_bindings) + bindings, search_paths,
                             finalize=False)
-        experiment = run_lib.Experiment(
-            run_lib.run_arguments(
-                overrides={"output_dir": os.path.join(results_dir, name)}))
-        experiment.vocabulary()
+        RunPlan.build(
+            arguments.run_arguments(
+                overrides={"output_dir": os.path.join(results_dir, name)}),
+            providers)
       except (ValueError, IOError, SyntaxError) as e:
         raise SweepError(f"{where}: {console.error_text(e)}") from None
   finally:
@@ -309,11 +314,13 @@ def _check_results_dir(results_dir: str, points, base_files,
 def run_sweep(points: List[Dict[str, Any]], results_dir: str,
               base_files: Sequence[str] = (), base_bindings: Sequence[str] = (),
               search_paths: Sequence[str] = (),
-              after_point: Optional[Callable[[str], None]] = None) -> List[str]:
+              after_point: Optional[Callable[[str], None]] = None,
+              providers: Optional[Providers] = None) -> List[str]:
   """Runs every unfinished point; returns the point folders, in order.
 
   `after_point(name)` is called after each point that ran (the soak test,
-  `scripts/soak_sweep.py`, samples the process's memory there).
+  `scripts/soak_sweep.py`, samples the process's memory there); `providers`
+  as `run.run`'s.
 
   Every point is validated and results_dir probed before the first model
   load; a SweepError then leaves results_dir as it was. On several hosts
@@ -321,7 +328,8 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
   process runs the same points in the same order (`multihost`).
   """
   check_keys(points, base_files, base_bindings, search_paths)
-  validate_points(points, results_dir, base_files, base_bindings, search_paths)
+  validate_points(points, results_dir, base_files, base_bindings, search_paths,
+                  providers)
   names = [point_name(p) for p in points]
 
   def start() -> List[int]:
@@ -362,12 +370,12 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
                         list(base_bindings) + bindings, search_paths,
                         finalize=False)
     group = _model_group(point)
-    experiment = run_lib.Experiment(
-        run_lib.run_arguments(
+    plan = RunPlan.build(
+        arguments.run_arguments(
             overrides={"output_dir": os.path.join(results_dir, name)}),
-        models=models.get(group))
-    experiment.run()
-    models = {group: experiment.models()}  # keep one group in memory
+        providers)
+    _, kept = runner.execute(plan, models=models.get(group))
+    models = {group: kept}  # keep one group in memory
     # Each point compiles its own decoders; kept, their code mappings pile
     # up until LLVM fails with "Cannot allocate memory" (vm.max_map_count)
     # around the 25th point of a sweep.
@@ -383,7 +391,7 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
   return [os.path.join(results_dir, n) for n in names]
 
 
-def main(argv: Sequence[str]) -> None:
+def main(argv: Sequence[str], providers: Optional[Providers] = None) -> None:
   if len(argv) > 1:
     raise SweepError(f"unexpected arguments: {argv[1:]}")
   f = flags.FLAGS
@@ -399,14 +407,16 @@ def main(argv: Sequence[str]) -> None:
   with multihost.failures_end_every_process(
       "sweep", (SweepError, gin_utils.ConfigError)):
     console.setup()
+    compilation_cache.enable()  # a re-run compiles nothing
     run_sweep(points, f.results_dir, f.gin_file, f.gin_bindings,
-              f.gin_search_paths)
+              f.gin_search_paths, providers=providers)
     if multihost.is_first():
       print(f"Sweep finished: {len(points)} points in {f.results_dir}.\n"
             f"Report: python -m specdec_jax.report {f.results_dir}")
 
 
-def cli(argv: Optional[Sequence[str]] = None) -> int:
+def cli(argv: Optional[Sequence[str]] = None,
+        providers: Optional[Providers] = None) -> int:
   """Entry point: errors in the spec print one line and exit 2."""
   gin_utils.define_gin_flags()
   multihost.define_flags()
@@ -415,7 +425,7 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
     flags.DEFINE_string("results_dir", None, "Where the points' folders go.")
   console.define_traceback_flag()
   return console.run_cli(
-      "sweep", lambda: gin_utils.run_main(main, argv),
+      "sweep", lambda: gin_utils.run_main(lambda a: main(a, providers), argv),
       (SweepError, gin_utils.ConfigError, checkpoints.CheckpointError))
 
 

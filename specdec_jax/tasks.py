@@ -37,7 +37,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import gin
 import numpy as np
 
-from specdec_jax import metrics
+from specdec_jax import console
+from specdec_jax import quality as metrics
 from specdec_jax import vocab as vocab_lib
 from specdec_jax.vocab import DEFAULT_EXTRA_IDS
 from specdec_jax.vocab import DEFAULT_SPM_PATH
@@ -290,6 +291,7 @@ def register_tasks(spm_model_path: str = DEFAULT_SPM_PATH,
   Returns:
     The two task names ``[wmt_ende_name, cnn_dm_name]``.
   """
+  console.import_tensorflow_quietly()  # no oneDNN/CUDA banner
   import seqio  # pylint: disable=g-import-not-at-top
   wmt_name = WMT_ENDE_TASK + suffix
   cnn_name = CNN_DM_TASK + suffix
@@ -333,6 +335,7 @@ def register_local_task(
   Returns:
     ``name``.
   """
+  console.import_tensorflow_quietly()  # no oneDNN/CUDA banner
   import seqio  # pylint: disable=g-import-not-at-top
   if task_kind not in metrics.TASK_KINDS:
     raise ValueError(f"Unknown task_kind {task_kind!r}; expected one of "
@@ -451,6 +454,7 @@ def _task_examples(mixture_or_task_name: str, split: str,
                    num_examples: Optional[int],
                    shard_info) -> List[Dict[str, str]]:
   """`load_examples` for a seqio task or mixture (its arguments)."""
+  console.import_tensorflow_quietly()  # no oneDNN/CUDA banner
   import seqio  # pylint: disable=g-import-not-at-top
   _hide_gpus_from_tensorflow()
   if mixture_or_task_name not in _seqio_task_names():

@@ -26,13 +26,13 @@ and interleaves the programs it compares (`InterleavedTimer`).
 """
 import functools
 import time
-from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 
 
 @functools.partial(jax.jit, static_argnames=("max_len",))
@@ -74,6 +74,21 @@ def timed(fn, *args) -> Any:
   return out, time.perf_counter() - start
 
 
+class Proposer(NamedTuple):
+  """A drafter priced as the speculative loop runs it (`call_seconds`).
+
+  Attributes:
+    drafter: any `Drafter`; state: its state from `init` on the batch.
+    buffer: [B, T] int32 a real context (the target's own output, start
+      token first): what `propose` reads.
+    method: the sampling method (static).
+  """
+  drafter: Any
+  state: Any
+  buffer: jax.Array
+  method: Any
+
+
 def call_seconds(calls: Mapping[str, Tuple[Any, int]],
                  encoder_input_tokens: np.ndarray, *, fill: int, cache_len: int,
                  steps: int = 64, repeats: int = 9) -> Dict[str, float]:
@@ -92,7 +107,9 @@ def call_seconds(calls: Mapping[str, Tuple[Any, int]],
   Args:
     calls: name -> (model, k): a `T5Model` (or anything with `start` and
       `decode_chunk`) and its tokens per row per call (1 = a decode step;
-      γ+1 = a verification); the first entry is the reference.
+      γ+1 = a verification); or (a `Proposer`, γ): one `propose` of γ
+      guesses as the speculative loop runs it (its state rolled back to
+      `fill` each call: `propose_loop`). The first entry is the reference.
     encoder_input_tokens: [B, S] int32 inputs the caches are built from.
     fill: cache positions already written before each call.
     cache_len: cache slots, as in the decoding loop being priced.
@@ -101,7 +118,9 @@ def call_seconds(calls: Mapping[str, Tuple[Any, int]],
   Returns:
     name -> seconds of one call.
   """
-  for name, (_, k) in calls.items():
+  for name, (caller, k) in calls.items():
+    if isinstance(caller, Proposer):
+      continue  # its state was built for its buffer
     if not 0 <= fill <= cache_len - k:
       raise ValueError(f"{name}: fill={fill} and k={k} must fit in "
                        f"cache_len={cache_len} slots (0 <= fill <= "
@@ -113,9 +132,14 @@ def call_seconds(calls: Mapping[str, Tuple[Any, int]],
   caches = {
       id(model): start(model, inputs, max_len=cache_len)
       for model, _ in calls.values()
+      if not isinstance(model, Proposer)
   }
 
   def program(model, k):
+    if isinstance(model, Proposer):  # one propose of γ = k guesses
+      return lambda _: propose_loop(
+          model.drafter, model.state, model.buffer, fill_rows,
+          jax.random.PRNGKey(0), gamma=k, method=model.method, steps=steps)
     cache = caches[id(model)]
     return lambda _: call_loop(model, cache, fill_rows, k=k, steps=steps)
 

@@ -61,9 +61,11 @@ def parse_gin(
 
   The search path is the current directory, `gin_search_paths`, then the
   repository's gin/ folder (`gin_utils.parse_gin`); the config is not
-  finalized.
+  finalized. A binding that does not parse, or a macro nothing reads
+  (`--gin.NUM_STEP=3`), is a ConfigError naming it.
   """
-  gin_utils.parse_gin(gin_files, gin_bindings, gin_search_paths, finalize=False)
+  gin_utils.parse_gin(gin_files, gin_bindings, gin_search_paths, finalize=False,
+                      check_macros=True)
   return gin_utils.search_paths(gin_search_paths)
 
 
@@ -76,7 +78,9 @@ def main(argv: Sequence[str]) -> None:
   try:
     paths = parse_gin(FLAGS.gin_file, FLAGS.gin_bindings,
                       FLAGS.gin_search_paths)
-  except ValueError as e:  # gin's own message names the binding
+  # gin's own message names the binding; gin reports a value it cannot
+  # parse (`float('nan')`) as a SyntaxError.
+  except (ValueError, SyntaxError) as e:
     raise gin_utils.ConfigError(str(e)) from None
   result = train(gin_search_paths=paths)
   ev = result.metrics.get("eval", {})

@@ -6,7 +6,17 @@ standard one is ``gs://t5-data/vocabs/cc_all.32000/sentencepiece.model`` with
 
 ``seqio`` (and with it TensorFlow) is imported lazily, so importing this module
 is cheap; :func:`get_vocabulary` does not read the model file either (seqio
-loads SentencePiece models lazily on first use).
+loads SentencePiece models lazily on first use). A local model without extra
+ids is read by :class:`SentencePieceFile` instead, which does what seqio's
+vocabulary does in Python without importing TensorFlow (~7 s of a run's
+start-up).
+
+The one vocabulary module: reading (`load_vocabulary`, `SentencePieceFile`),
+training (`train_sentencepiece`, `prepare_vocabulary` for `train`) and
+checking (`check_t5_vocabulary`, `check_fits`). What a run binds with gin
+(`vocabulary.*`, SPM_MODEL_PATH, EXTRA_IDS) and checks against its models'
+configs and checkpoints is `experiment.loading`'s; token ids to text and
+back for a batch, `tasks.encode_batch` / `decode_tokens`.
 """
 
 from __future__ import annotations
@@ -14,9 +24,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
+from absl import logging
 import gin
+
+from specdec_jax import paths
 
 DEFAULT_SPM_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 DEFAULT_EXTRA_IDS = 100
@@ -31,14 +44,65 @@ UNK_ID = 2
 def get_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
                    extra_ids: int = DEFAULT_EXTRA_IDS):
   """Returns a ``seqio.SentencePieceVocabulary`` (model loaded lazily)."""
+  from specdec_jax import console  # pylint: disable=g-import-not-at-top
+  console.import_tensorflow_quietly()  # seqio imports TensorFlow
   import seqio  # pylint: disable=g-import-not-at-top
   return seqio.SentencePieceVocabulary(spm_model_path, extra_ids=extra_ids)
+
+
+class SentencePieceFile:
+  """A local SentencePiece model without extra ids, read without seqio.
+
+  Encodes and decodes exactly as ``seqio.SentencePieceVocabulary(path,
+  extra_ids=0)`` (`tests/test_tasks.py` compares them): ``encode`` is the
+  model's ids without EOS; ``decode`` maps ids beyond the model to unk and
+  stops after the first EOS. What this project reads of a vocabulary
+  (`vocab_size`, `eos_id`, `unk_id`, `tokenizer`, `extra_ids`,
+  `sentencepiece_model_file`) has seqio's meaning.
+  """
+  extra_ids = 0
+  seqio_kind = "SentencePieceVocabulary"  # what run records (settings)
+
+  def __init__(self, path: str):
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    self.sentencepiece_model_file = path
+    with open(path, "rb") as f:
+      proto = f.read()
+    self.tokenizer = spm.SentencePieceProcessor()
+    self.tokenizer.LoadFromSerializedProto(proto)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.tokenizer.GetPieceSize()
+
+  @property
+  def eos_id(self) -> int:
+    return self.tokenizer.eos_id()
+
+  @property
+  def unk_id(self) -> int:
+    return self.tokenizer.unk_id()
+
+  @property
+  def pad_id(self) -> int:
+    return PAD_ID
+
+  def encode(self, s: str) -> Sequence[int]:
+    return self.tokenizer.EncodeAsIds(s)
+
+  def decode(self, ids) -> str:
+    size, unk = self.vocab_size, self.unk_id
+    clean = [unk if i >= size else int(i) for i in ids]
+    if self.eos_id in clean:
+      clean = clean[:clean.index(self.eos_id) + 1]
+    return self.tokenizer.DecodeIds(clean)
 
 
 def load_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
                     extra_ids: int = DEFAULT_EXTRA_IDS,
                     what: str = "SPM_MODEL_PATH"):
-  """A ``seqio.SentencePieceVocabulary``, its model read and checked now.
+  """A ``seqio.SentencePieceVocabulary`` (a `SentencePieceFile` for a local
+  model without extra ids), its model read and checked now.
 
   Unlike :func:`get_vocabulary` (lazy), the file is read here, so a path that
   is not a SentencePiece model fails at startup with an error naming it,
@@ -53,9 +117,12 @@ def load_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
     ValueError: the file cannot be read or is not a SentencePiece model, or
       it does not use T5's ids (pad 0, EOS 1, unk 2).
   """
-  vocab = get_vocabulary(spm_model_path, extra_ids)
   try:
-    _ = vocab.tokenizer  # Reads the file.
+    if extra_ids == 0 and "://" not in os.fspath(spm_model_path):
+      vocab = SentencePieceFile(os.fspath(spm_model_path))
+    else:
+      vocab = get_vocabulary(spm_model_path, extra_ids)
+      _ = vocab.tokenizer  # Reads the file.
   except Exception as e:  # pylint: disable=broad-except
     # seqio surfaces protobuf's DecodeError for a file that is not a model,
     # SentencePiece's RuntimeError or OSError / TF's errors for unreadable
@@ -173,3 +240,61 @@ def check_t5_vocabulary(vocab) -> None:
         f"pad_id={got['pad']}, eos_id={got['eos']}, unk_id={got['unk']} "
         f"(mismatched: {', '.join(bad)}). Train it with pad_id=0 eos_id=1 "
         "unk_id=2 bos_id=-1 (see specdec_jax.vocab.train_sentencepiece).")
+
+
+# ---------------------------------------------------------------------------
+# The vocabulary a model trains with (`train`): loaded, or trained first;
+# T5's ids checked; no more pieces than the model's vocab_size.
+# ---------------------------------------------------------------------------
+def load_sentencepiece(path: str):
+  """A SentencePieceProcessor for a local .model file (or gs:// via seqio)."""
+  path = os.fspath(path)
+  if paths.is_url(path):
+    return get_vocabulary(path, extra_ids=0).tokenizer
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(path):
+    raise ValueError(f"SentencePiece model not found: {path}")
+  try:
+    return spm.SentencePieceProcessor(model_file=path)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"Cannot load SentencePiece model {path}: {e}") from e
+
+
+def prepare_vocabulary(spm_model_path: str, *, train_vocab: bool,
+                       training_files: Sequence[str], vocab_size: int,
+                       spm_options: Optional[Mapping[str, Any]] = None):
+  """Loads (training it first if needed and allowed) a T5-style vocabulary.
+
+  Raises:
+    ValueError: the model is missing and may not be trained, or does not
+      follow T5's conventions.
+  """
+  spm_model_path = os.fspath(spm_model_path)
+  if not paths.is_url(spm_model_path) and not os.path.exists(spm_model_path):
+    if not train_vocab:
+      raise ValueError(
+          f"SentencePiece model {spm_model_path} does not exist; train one "
+          "with train_vocab=True or point spm_model_path at an existing model.")
+    if not spm_model_path.endswith(".model"):
+      raise ValueError(
+          f"spm_model_path must end in '.model' to be trained, got "
+          f"{spm_model_path}.")
+    logging.info("Training a SentencePiece vocabulary (%d pieces) on %s -> %s",
+                 vocab_size, list(training_files), spm_model_path)
+    train_sentencepiece(list(training_files), spm_model_path[:-len(".model")],
+                        vocab_size, **dict(spm_options or {}))
+  sp = load_sentencepiece(spm_model_path)
+  try:
+    check_t5_vocabulary(sp)
+  except ValueError as e:
+    raise ValueError(f"Vocabulary {spm_model_path}: {e}") from e
+  return sp
+
+
+def check_fits(sp, spm_model_path: str, config: Any) -> None:
+  """Raises ValueError if the vocabulary has more pieces than `vocab_size`."""
+  if sp.get_piece_size() > config.vocab_size:
+    raise ValueError(
+        f"SentencePiece model {spm_model_path} has {sp.get_piece_size()} "
+        f"pieces but the model's vocab_size is {config.vocab_size} "
+        "(T5Config.vocab_size must be >= the vocabulary size).")

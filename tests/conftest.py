@@ -30,9 +30,9 @@ if os.environ.get("SPECDEC_JAX_TEST_CACHE", "1") != "0":
 import jax
 import pytest
 
-from specdec_jax.models import T5Config
-from specdec_jax.models import T5Model
-from specdec_jax.models import init_params
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import init_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -68,7 +68,7 @@ def tiny_config(vocab_size=16, **overrides) -> T5Config:
 
 def random_model(config: T5Config, seed: int, prepared: bool = True) -> T5Model:
   """Random weights; `prepared` (default) packs the decoder as `run` does, so
-  decoder tests go through the CPU kernel (`specdec_jax.kernels`) where it
+  decoder tests go through the CPU kernel (`specdec_jax.core.kernels`) where it
   is built, and through XLA's dot where it is not."""
   model = T5Model(config, init_params(config, jax.random.PRNGKey(seed)))
   return model.prepared_for_decoding() if prepared else model
@@ -100,13 +100,12 @@ def clean_gin():
 
 
 @pytest.fixture
-def no_load(monkeypatch):
-  """Fails the test if `run` loads a model or a decoder runs."""
-  from specdec_jax import run as run_lib  # pylint: disable=g-import-not-at-top
+def no_load():
+  """`Providers` for `run`/`sweep` that fail the test if a model is loaded
+  or a decoder built: pass it as `providers=no_load`."""
+  from specdec_jax.experiment import plan  # pylint: disable=g-import-not-at-top
 
   def fail(*args, **kwargs):
     raise AssertionError("loaded a model / decoded before validating")
 
-  monkeypatch.setattr(run_lib, "load_model", fail)
-  monkeypatch.setattr(run_lib.decoding, "speculative_sample", fail)
-  monkeypatch.setattr(run_lib.decoding, "temperature_sample", fail)
+  return plan.Providers(load_model=fail, decoders=fail)

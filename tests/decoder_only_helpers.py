@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from specdec_jax.core.models.attention import tree_visibility
+
 Array = jax.Array
 
 
@@ -109,6 +111,41 @@ class DecoderOnlyLM:
   def truncate(self, state: DecoderOnlyState,
                length: Array) -> DecoderOnlyState:
     return state.replace(held=jnp.minimum(state.held, state.offset + length))
+
+  def decode_tree(self, tokens: Array, parents: Array, state: DecoderOnlyState):
+    """`protocols.TreeTarget`: node i (tokens [B, N], parents [B or 1, N])
+    follows the held prefix and its ancestors only, at absolute position
+    held + depth_i; its embedding goes to slot held + i, held unchanged."""
+    batch, n = tokens.shape
+    checkify.debug_check(jnp.all(self.length(state) + n <= state.max_len),
+                         "decoder-only target: tree past max_len")
+    parents = jnp.broadcast_to(jnp.asarray(parents, jnp.int32), (batch, n))
+    visible, depth = tree_visibility(parents)
+    keys = jax.vmap(
+        lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at, 0)))(
+            state.keys, self.emb[tokens], state.held)
+    slot = jnp.arange(keys.shape[1])[None, None, :]  # [1, 1, C]
+    query = (state.held[:, None] + depth)[..., None]  # [B, N, 1]
+    prefix = jnp.where(slot < state.held[:, None, None],
+                       self.decay**(query - slot).astype(jnp.float32), 0.0)
+    # Tree slots: decay by depth difference, ancestors (and self) only.
+    node_age = (depth[:, :, None] - depth[:, None, :]).astype(jnp.float32)
+    tree = jnp.where(visible, self.decay**node_age, 0.0)  # [B, N, N]
+    tree_weight = jax.vmap(
+        lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (0, at)))(
+            jnp.zeros_like(prefix), tree, state.held)
+    hidden = jnp.einsum("bkc,bcd->bkd", prefix + tree_weight, keys)
+    return jnp.tanh(hidden) @ self.out, state.replace(keys=keys)
+
+  def commit_path(self, state: DecoderOnlyState, path: Array,
+                  path_length: Array) -> DecoderOnlyState:
+    """Moves nodes path[b, :path_length[b]] to the held prefix's end."""
+    slots = state.held[:, None] + path
+    picked = jnp.take_along_axis(state.keys, slots[..., None], axis=1)
+    keys = jax.vmap(
+        lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at, 0)))(
+            state.keys, picked, state.held)
+    return state.replace(keys=keys, held=state.held + path_length)
 
 
 def next_logits(model: DecoderOnlyLM, sequence) -> np.ndarray:

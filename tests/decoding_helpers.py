@@ -20,7 +20,7 @@ import numpy as np
 from jax.experimental import checkify
 from scipy import stats
 
-from specdec_jax import drafters
+from specdec_jax.core import drafters
 
 POISON_LOGIT = 100.0
 

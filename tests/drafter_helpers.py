@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decoding
-from specdec_jax import sampling
+from specdec_jax.core import decoding
+from specdec_jax.core import sampling
 
 from decoding_helpers import ScriptedTarget
 from decoding_helpers import chisquare_pvalue

@@ -33,28 +33,31 @@ class CharVocabulary:
     return "".join(chr(i - 3 + 32) for i in ids if 3 <= i < self.vocab_size)
 
 
-def install_char_vocabulary(run_lib) -> None:
-  """Makes `run` use `CharVocabulary` (also in the test's own process)."""
-  run_lib.vocabulary = lambda *args, **kwargs: CharVocabulary()
-
-
-def _inject_faults(run_lib, sweep_lib) -> None:
+def providers():
+  """`run`'s providers here: `CharVocabulary`, and SPECDEC_TEST_FAIL's
+  injected failure (that process's baseline decoder raises)."""
   import jax  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiment import plan  # pylint: disable=g-import-not-at-top
   fail = os.environ.get("SPECDEC_TEST_FAIL")
-  if fail is not None:
-    real_decoders = run_lib.Experiment._decoders  # pylint: disable=protected-access
 
-    def decoders(self, *args, **kwargs):
-      baseline, speculative = real_decoders(self, *args, **kwargs)
+  def decoders(run_plan, *args):
+    baseline, speculative = plan.make_decoders(run_plan, *args)
+    if fail is None:
+      return baseline, speculative
 
-      def failing(batch, rng):
-        if jax.process_index() == int(fail):
-          raise RuntimeError(f"injected failure in process {fail}")
-        return baseline(batch, rng)
+    def failing(batch, rng):
+      if jax.process_index() == int(fail):
+        raise RuntimeError(f"injected failure in process {fail}")
+      return baseline(batch, rng)
 
-      return failing, speculative
+    return failing, speculative
 
-    run_lib.Experiment._decoders = decoders  # pylint: disable=protected-access
+  return plan.Providers(vocabulary=CharVocabulary, decoders=decoders)
+
+
+def _forgetful(sweep_lib) -> None:
+  """SPECDEC_TEST_FORGETFUL: only process 0 sees finished points."""
+  import jax  # pylint: disable=g-import-not-at-top
   if os.environ.get("SPECDEC_TEST_FORGETFUL"):
     real_is_done = sweep_lib.is_done
     sweep_lib.is_done = lambda d: (real_is_done(d)
@@ -65,11 +68,11 @@ def main() -> int:
   command, argv = sys.argv[1], sys.argv[2:]
   from specdec_jax import run as run_lib  # pylint: disable=g-import-not-at-top
   from specdec_jax import sweep as sweep_lib  # pylint: disable=g-import-not-at-top
-  install_char_vocabulary(run_lib)
-  run_lib.console.setup = lambda: None
-  _inject_faults(run_lib, sweep_lib)
+  from specdec_jax import console  # pylint: disable=g-import-not-at-top
+  console.setup = lambda: None
+  _forgetful(sweep_lib)
   module = {"run": run_lib, "sweep": sweep_lib}[command]
-  return module.cli([f"specdec_jax.{command}", *argv])
+  return module.cli([f"specdec_jax.{command}", *argv], providers())
 
 
 if __name__ == "__main__":

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from specdec_jax import analysis
-from specdec_jax import decoding
-from specdec_jax import drafters
-from specdec_jax.experiment import drafter_choice
-from specdec_jax import sampling
+from specdec_jax.core import decoding
+from specdec_jax.core import drafters
+from specdec_jax.experiment import auto_gamma
+from specdec_jax.core import sampling
 
 from decoding_helpers import ScriptedTarget
 from drafter_helpers import GAMMAS
@@ -160,14 +160,14 @@ def test_choose_gamma_prices_the_verification_call():
   # A near-free drafter (c = 0) at α = 0.8: with the theorem's one-step
   # call the longest γ wins; when a (γ+1)-token call costs 1 + 0.2 γ steps,
   # (1 - 0.8^(γ+1)) / (0.2 (1 + 0.2 γ)) peaks at γ = 4.
-  assert drafter_choice.choose_gamma(0.8, 0.0) == drafter_choice.AUTO_GAMMA_MAX
-  costs = drafter_choice.call_costs(
-      {k: 1.0 + 0.2 * (k - 1) for k in drafter_choice.AUTO_GAMMA_CALL_KS})
+  assert auto_gamma.best_gamma(0.8, 0.0) == auto_gamma.AUTO_GAMMA_MAX
+  costs = auto_gamma.call_costs(
+      {k: 1.0 + 0.2 * (k - 1) for k in auto_gamma.AUTO_GAMMA_CALL_KS})
   assert costs == pytest.approx(1 + 0.2 * np.arange(1, 13))
   speedups = [(1 - 0.8**(g + 1)) / (0.2 * (1 + 0.2 * g)) for g in range(1, 13)]
-  assert drafter_choice.choose_gamma(0.8, 0.0,
-                                     costs) == 1 + int(np.argmax(speedups)) == 4
+  assert auto_gamma.best_gamma(0.8, 0.0,
+                               costs) == 1 + int(np.argmax(speedups)) == 4
   with pytest.raises(ValueError, match="needs K=1"):
-    drafter_choice.call_costs({2: 1.0, 4: 2.0})
+    auto_gamma.call_costs({2: 1.0, 4: 2.0})
   with pytest.raises(ValueError, match=r"call_costs has shape \(3,\)"):
     analysis.optimal_gamma(0.8, 0.0, max_gamma=12, call_costs=[1, 1, 1])

@@ -1,7 +1,8 @@
-"""The import line between the core and the harness (docs/architecture.md).
+"""The line between the core and the harness (docs/architecture.md).
 
-The core (`protocols`, `sampling`, `acceptance`, `kernels`, `models`,
-`drafters`, `decoding`) imports only itself, JAX/Flax/NumPy and the
+The core lives under `specdec_jax/core/` and nowhere else (the layout shows
+the line). The core (`protocols`, `sampling`, `acceptance`, `kernels`,
+`models`, `drafters`, `decoding`) imports only itself, JAX/Flax/NumPy and the
 standard library: never the harness (`experiment`, `run`, `timing`,
 `analysis`, `benchmarking`, ...), gin or absl. Its packages import one
 another without a cycle. Read from the source with `ast`: nothing is
@@ -16,6 +17,7 @@ import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "specdec_jax"
+CORE_DIR = PACKAGE / "core"
 # The core's units: a package (directory) or a top-level module.
 CORE = ("protocols", "sampling", "acceptance", "kernels", "models", "drafters",
         "decoding")
@@ -25,11 +27,11 @@ FORBIDDEN_THIRD_PARTY = ("gin", "absl", "seqio", "tensorflow", "orbax",
 
 
 def _unit_files(unit: str) -> Iterator[pathlib.Path]:
-  module = PACKAGE / f"{unit}.py"
+  module = CORE_DIR / f"{unit}.py"
   if module.exists():
     yield module
   else:
-    yield from sorted((PACKAGE / unit).rglob("*.py"))
+    yield from sorted((CORE_DIR / unit).rglob("*.py"))
 
 
 def _core_files() -> Iterator[Tuple[str, pathlib.Path]]:
@@ -72,14 +74,21 @@ def _file_imports(path: pathlib.Path) -> Iterator[Tuple[int, str]]:
 
 
 def _unit_of(module: str) -> str:
-  """'specdec_jax.decoding.loops' -> 'decoding'; '' outside the package."""
+  """'specdec_jax.core.decoding.loops' -> 'decoding' (and the alias
+  'specdec_jax.decoding.loops' too); 'specdec_jax.timing' -> 'timing';
+  '' outside the package."""
   parts = module.split(".")
-  return parts[1] if parts[0] == "specdec_jax" and len(parts) > 1 else ""
+  if parts[0] != "specdec_jax" or len(parts) < 2:
+    return ""
+  if parts[1] == "core":
+    return parts[2] if len(parts) > 2 else "core"
+  return parts[1]
 
 
 def _is_package_member(unit: str) -> bool:
-  return ((PACKAGE / f"{unit}.py").exists() or
-          (PACKAGE / unit / "__init__.py").exists())
+  return unit in CORE or any((folder / f"{unit}.py").exists() or
+                             (folder / unit / "__init__.py").exists()
+                             for folder in (PACKAGE, CORE_DIR))
 
 
 def _violations(imports) -> Iterator[str]:
@@ -87,7 +96,8 @@ def _violations(imports) -> Iterator[str]:
   for line, module in imports:
     unit = _unit_of(module)
     if (module.split(".")[0] in FORBIDDEN_THIRD_PARTY or
-        (unit and _is_package_member(unit) and unit not in CORE)):
+        (unit not in ('', 'core') and _is_package_member(unit) and
+         unit not in CORE)):
       yield f"line {line}: {module}"
 
 
@@ -145,16 +155,16 @@ def test_the_check_sees_a_forbidden_import():
   # gin inside a function are all reported; the core and JAX are not.
   source = ("import jax\n"
             "from specdec_jax import sampling\n"
-            "from specdec_jax.protocols import Target\n"
+            "from specdec_jax.core.protocols import Target\n"
             "from specdec_jax import timing\n"
             "def f():\n  import gin\n"
-            "from ..experiment import drafter_choice\n")
+            "from ...experiment import drafter_registry\n")
   found = sorted(
-      _violations(_imports(source, "specdec_jax.decoding.bad", False)))
+      _violations(_imports(source, "specdec_jax.core.decoding.bad", False)))
   assert found == [
       "line 4: specdec_jax.timing", "line 6: gin",
       "line 7: specdec_jax.experiment",
-      "line 7: specdec_jax.experiment.drafter_choice"
+      "line 7: specdec_jax.experiment.drafter_registry"
   ], found
 
 
@@ -168,3 +178,52 @@ def test_no_import_cycle_between_core_units():
 def test_cycle_finder_finds_a_cycle():
   assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) is not None
   assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_core_is_its_own_folder():
+  """specdec_jax/core/ holds the core's units and nothing else, and none of
+  them is left at the package's top level: the layout shows the line."""
+  inside = {
+      p.stem
+      for p in CORE_DIR.iterdir()
+      if p.suffix == ".py" or (p / "__init__.py").exists()
+  } - {"__init__"}
+  assert inside == set(CORE)
+  for unit in CORE:
+    assert not (PACKAGE / f"{unit}.py").exists(), unit
+    assert not (PACKAGE / unit).exists(), unit
+
+
+def test_the_readme_paths_name_the_core_modules_themselves():
+  """`from specdec_jax import decoding` / `specdec_jax.models.t5` (the
+  paths the README and docs/extending.md show) are the core's modules,
+  not copies: one class, one jit cache."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  import specdec_jax  # pylint: disable=g-import-not-at-top
+  from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
+  from specdec_jax.core import decoding as core_decoding  # pylint: disable=g-import-not-at-top
+  from specdec_jax.models import T5Model  # pylint: disable=g-import-not-at-top
+  from specdec_jax.core.models.t5 import T5Model as CoreT5Model  # pylint: disable=g-import-not-at-top
+  assert decoding is core_decoding and T5Model is CoreT5Model
+  for unit in CORE:
+    assert importlib.import_module(f"specdec_jax.{unit}") is (
+        importlib.import_module(f"specdec_jax.core.{unit}"))
+    assert getattr(specdec_jax,
+                   unit) is importlib.import_module(f"specdec_jax.core.{unit}")
+  assert importlib.import_module("specdec_jax.models.t5") is (
+      importlib.import_module("specdec_jax.core.models.t5"))
+
+
+def test_the_harness_imports_the_core_by_its_own_path():
+  """Code in this repository imports `specdec_jax.core.X`, never the alias
+  kept for users (one spelling to grep for)."""
+  found = []
+  for root in (PACKAGE, REPO / "scripts", REPO / "tests"):
+    for path in sorted(root.rglob("*.py")):
+      if path.name == "test_architecture.py" or path == PACKAGE / "__init__.py":
+        continue
+      for line, module in _file_imports(path):
+        parts = module.split(".")
+        if (len(parts) > 1 and parts[0] == "specdec_jax" and parts[1] in CORE):
+          found.append(f"{path.relative_to(REPO)}:{line}: {module}")
+  assert not found, "\n".join(found[:20])

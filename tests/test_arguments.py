@@ -8,7 +8,7 @@ import pytest
 
 from specdec_jax import gin_utils
 from specdec_jax.experiment import arguments
-from specdec_jax.experiment import setup  # noqa: F401  # registers vocabulary
+from specdec_jax.experiment import loading  # noqa: F401  # registers vocabulary
 
 from conftest import REPO
 from conftest import load_script
@@ -89,3 +89,89 @@ def test_an_unknown_override_is_named_with_the_closest_arguments(tmp_path):
   assert message.startswith("Unknown run arguments ['gama']; did you mean "
                             "gamma")
   assert all(name in message for name in arguments.MACROS)
+
+
+# ---------------------------------------------------------------------------
+# Issue 37: every argument's declared type, TASK_KIND and the decode length
+# are checked when the arguments are built, before anything is loaded.
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def tiny(tmp_path):
+  gin_utils.parse_gin(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path}'"],
+                      finalize=False)
+
+
+@pytest.mark.parametrize("name,value,allowed", [
+    ("input_prefix", 5, "a string"),
+    ("source_file", 5, "None or a string"),
+    ("reference_file", 5, "None or a string"),
+    ("target_checkpoint_path", 5, "None or a string"),
+    ("draft_checkpoint_path", 2.5, "None or a string"),
+    ("task_name", 5, "a string"),
+    ("target_name", [1, 2], "a string"),
+    ("draft_name", None, "a string"),
+    ("split", 1, "a string"),
+    ("mesh_shape", (1, "a"), "a tuple of integers"),
+    ("lenience", True, "a number"),
+    ("ngram_order", "3", "None or an integer"),
+    ("prompt_lookup_max", 2.0, "an integer"),
+])
+def test_every_argument_has_its_declared_type(tiny, name, value, allowed):
+  macro = arguments.MACROS[name]
+  with pytest.raises(gin_utils.ConfigError) as e:
+    arguments.run_arguments(overrides={name: value})
+  assert str(e.value).startswith(f"{macro}={value!r} (run.{name}): allowed: "
+                                 f"{allowed} (got {type(value).__name__})")
+
+
+@pytest.mark.parametrize("gamma", [2.5, None, "x"])
+def test_gamma_keeps_its_own_words(tiny, gamma):
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match=f"GAMMA={gamma!r}: allowed: an integer >= 1, or "
+      "'auto'"):
+    arguments.run_arguments(overrides={"gamma": gamma})
+
+
+def test_every_default_has_its_declared_type(tiny):
+  arguments.check_types(arguments.run_arguments())  # raises if not
+
+
+def test_task_kind_is_checked_with_the_arguments(tiny):
+  """Issue 37 (6): TASK_KIND='foo' failed after the whole decode."""
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match="TASK_KIND='foo': allowed: None .* 'translation', "
+      "'summarization'"):
+    arguments.run_arguments(overrides={"task_kind": "foo"})
+  for kind in (None, "translation", "summarization"):
+    assert arguments.run_arguments(overrides={
+        "task_kind": kind
+    }).task_kind == kind
+
+
+@pytest.mark.parametrize("name", ["source_file", "reference_file"])
+def test_data_files_on_gcs_are_named_as_local_only(tiny, name):
+  macro = arguments.MACROS[name]
+  with pytest.raises(gin_utils.ConfigError,
+                     match=f"{macro}='gs://b/x.tsv': only local files"):
+    arguments.run_arguments(overrides={name: "gs://b/x.tsv"})
+
+
+def test_decode_length_is_bounded(tiny):
+  """Issue 37 (3): 100000 target tokens ran silently for 13+ minutes."""
+  most = arguments.MAX_DECODE_LENGTH
+  with pytest.raises(
+      gin_utils.ConfigError, match=r"TASK_FEATURE_LENGTHS\['targets'\]=100000: "
+      f"allowed: an integer from 1 to {most}"):
+    arguments.run_arguments(
+        overrides={"task_feature_lengths": {
+            "inputs": 64,
+            "targets": 100000
+        }})
+  args = arguments.run_arguments(
+      overrides={"task_feature_lengths": {
+          "inputs": 64,
+          "targets": most
+      }})
+  assert args.max_decode_length == most

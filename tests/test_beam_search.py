@@ -16,10 +16,10 @@ import pytest
 
 from specdec_jax import checkpoints
 from specdec_jax import gin_utils
-from specdec_jax.decoding import beam_search
-from specdec_jax.models import T5Config
-from specdec_jax.models import T5Model
-from specdec_jax.models import param_shapes
+from specdec_jax.core.decoding import beam_search
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import param_shapes
 
 from conftest import REPO
 from conftest import SHARED

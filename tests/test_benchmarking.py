@@ -12,11 +12,11 @@ import gin
 import pytest
 
 from specdec_jax import benchmarking
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import parameters
 from specdec_jax.gin_utils import GIN_DIR
-from specdec_jax.models import T5Model
+from specdec_jax.core.models import T5Model
 
 ROWS = 20_000
 

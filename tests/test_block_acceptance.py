@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decoding
-from specdec_jax import sampling
-from specdec_jax.decoding import block_acceptance
+from specdec_jax.core import decoding
+from specdec_jax.core import sampling
+from specdec_jax.core.decoding import block_acceptance
 
 from decoding_helpers import ScriptedDrafter
 from decoding_helpers import ScriptedTarget

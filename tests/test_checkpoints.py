@@ -283,6 +283,38 @@ def test_old_orbax_msgpack_with_placeholders(tmp_path, orbax_params):
   assert_bit_identical(load_t5x_params(ckpt), orbax_params)
 
 
+def test_old_orbax_placeholder_outside_the_folder_refused(
+    tmp_path, orbax_params):
+  """Issue 37 (2): a `PLACEHOLDER://../..` leaf was read from outside."""
+  from flax import serialization
+  ckpt = writable_copy(ORBAX, tmp_path / "checkpoint_0")
+  os.remove(ckpt / "state" / "_METADATA")
+  leaves = {k: "PLACEHOLDER://target." + ".".join(k) for k in flat(orbax_params)}
+  victim = sorted(leaves)[0]
+  leaves[victim] = "PLACEHOLDER://../../../secret/x"
+  (ckpt / "state" / "checkpoint").write_bytes(
+      serialization.msgpack_serialize({"target": unflat(leaves)}))
+  with pytest.raises(
+      CheckpointError, match=r"'\.\./\.\./\.\./secret/x', "
+      "outside the checkpoint folder"):
+    load_t5x_params(ckpt)
+
+
+@pytest.mark.parametrize("use_ocdbt", [True, False])
+def test_orbax_metadata_key_outside_the_folder_refused(tmp_path, use_ocdbt):
+  """Issue 37 (2): a `_METADATA` key with `/../` named a folder outside."""
+  ckpt = writable_copy(ORBAX, tmp_path / "checkpoint_0")
+  meta_path = ckpt / "state" / "_METADATA"
+  meta = json.loads(meta_path.read_text())
+  meta["use_ocdbt"] = use_ocdbt
+  key = next(k for k, v in meta["tree_metadata"].items()
+             if v["key_metadata"][0]["key"] == "target")
+  meta["tree_metadata"][key]["key_metadata"][-1]["key"] = "k/../../../../x"
+  meta_path.write_text(json.dumps(meta))
+  with pytest.raises(CheckpointError, match="outside the checkpoint folder"):
+    load_t5x_params(str(ckpt))
+
+
 # -------------------------------------------------------- 2. round trip
 
 

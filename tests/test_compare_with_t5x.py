@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax.benchmarking import t5x_pair
 from specdec_jax.benchmarking import t5x_reference
 

@@ -18,13 +18,13 @@ import pytest
 
 from specdec_jax import analysis
 from specdec_jax import gin_utils
-from specdec_jax import kernels
+from specdec_jax.core import kernels
 from specdec_jax import partitioning
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_report
-from specdec_jax.experiment import setup
+from specdec_jax.experiment import loading
 from specdec_jax.experiment import tpu_topologies
-from specdec_jax.models import param_shapes
+from specdec_jax.core.models import param_shapes
 
 from conftest import REPO
 
@@ -62,7 +62,7 @@ def test_settings_compile_mode_cannot_honour_are_refused():
                                           }, "GAMMA='auto'")):
     args = arguments.RunArguments(**{**base, **fields})
     with pytest.raises(gin_utils.ConfigError, match=re.escape(words)):
-      compile_report.check_settings(args, "v4-8")
+      compile_report.check_compile_settings(args, "v4-8")
 
 
 @pytest.mark.slow
@@ -182,9 +182,9 @@ def _compile_tiny(out, bindings=()):
         f"OUTPUT_DIR = '{out}'", *bindings
     ])
     args = arguments.run_arguments()
-    value = compile_report.topology_value()
-    compile_report.compile_topology(args, value, ["local_tiny.gin"])
-    configs = (setup.model_config("target"), setup.model_config("draft"))
+    compile_report.compile_topology(args, args.compile_topology,
+                                    ["local_tiny.gin"])
+    configs = (loading.model_config("target"), loading.model_config("draft"))
   finally:
     gin.clear_config()
     jax.config.update("jax_enable_compilation_cache", cache_was)
@@ -246,7 +246,7 @@ def test_tiny_tpu_programs_hold_no_cpu_only_parts(tiny_v4):
   calls = roof["calls"]
   assert roof["cost_coefficient_c"] == pytest.approx(
       calls["draft_step"]["seconds"] / calls["target_step"]["seconds"])
-  lines = compile_report.summary_lines(record)
+  lines = compile_report.compile_summary_lines(record)
   assert any("fits" in line for line in lines)
   assert any("none of ours" in line for line in lines)
 

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decoding
-from specdec_jax import drafters
-from specdec_jax import protocols
-from specdec_jax import sampling
+from specdec_jax.core import decoding
+from specdec_jax.core import drafters
+from specdec_jax.core import protocols
+from specdec_jax.core import sampling
 
 from decoder_only_helpers import DecoderOnlyLM
 from decoder_only_helpers import next_logits

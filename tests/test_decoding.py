@@ -25,13 +25,13 @@ import numpy as np
 import pytest
 from jax.experimental import checkify
 
-from specdec_jax import decoding
-from specdec_jax import drafters
-from specdec_jax import kernels
-from specdec_jax import models
-from specdec_jax import sampling
-from specdec_jax.decoding import loops
-from specdec_jax.models import Transformer
+from specdec_jax.core import decoding
+from specdec_jax.core import drafters
+from specdec_jax.core import kernels
+from specdec_jax.core import models
+from specdec_jax.core import sampling
+from specdec_jax.core.decoding import loops
+from specdec_jax.core.models import Transformer
 
 from conftest import REPO
 from conftest import perturbed

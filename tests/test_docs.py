@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 from specdec_jax import gin_utils
-from specdec_jax import run as run_lib
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import runner
+from specdec_jax.experiment import summary
+from specdec_jax.experiment.plan import RunPlan
 
 from conftest import REPO
 from conftest import load_script
@@ -256,9 +259,9 @@ def test_readme_main_job_runs_and_prints_what_the_readme_shows(tmp_path):
       "TASK_FEATURE_LENGTHS = {'inputs': 64, "
       "'targets': 16}"
   ], finalize=False)
-  experiment = run_lib.Experiment(run_lib.run_arguments())
-  metrics = experiment.run()
-  lines = run_lib.summary_lines(metrics, experiment.args)
+  plan = RunPlan.build(arguments.run_arguments())
+  metrics, _ = runner.execute(plan)
+  lines = summary.summary_lines(metrics, plan.args)
   shown = shown.replace("/tmp/specdec_jax/pretrained_multi30k", str(out))
   shown = shown.replace("60/60", "2/2").replace("60 examples",
                                                 "2 examples").splitlines()

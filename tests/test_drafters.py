@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decoding
-from specdec_jax import drafters
-from specdec_jax import sampling
-from specdec_jax.drafters import prompt_lookup
+from specdec_jax.core import decoding
+from specdec_jax.core import drafters
+from specdec_jax.core import sampling
+from specdec_jax.core.drafters import prompt_lookup
 
 from drafter_helpers import DIST_V
 from drafter_helpers import GAMMAS

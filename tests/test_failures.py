@@ -16,6 +16,7 @@ import pathlib
 import signal
 import socket
 import subprocess
+import textwrap
 import sys
 import threading
 import time
@@ -32,11 +33,14 @@ from specdec_jax import io_utils
 from specdec_jax import run as run_lib
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import legacy
+from specdec_jax.experiment import arguments
 from specdec_jax.experiment import memory
 from specdec_jax.experiment import predictions as predictions_lib
+from specdec_jax.experiment import loading
 from specdec_jax.experiment import run_lock
-from specdec_jax.experiment import setup
-from specdec_jax.models import T5Config
+from specdec_jax.experiment import runner
+from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.core.models import T5Config
 from specdec_jax.training import TrainConfig
 from specdec_jax.training import trainer
 
@@ -210,18 +214,18 @@ def _vocab(size):
 def test_vocabulary_much_smaller_than_the_models_is_refused():
   model = T5Config(vocab_size=8000)
   with pytest.raises(run_lib.ConfigError) as e:
-    setup.check_vocabulary_fits(_vocab(1100), model, model)
+    loading.check_vocabulary_fits(_vocab(1100), model, model)
   for text in ("1100 ids", "vocab_size = 8000", "more than 1152",
                "allow_size_mismatch"):
     assert text in str(e.value), str(e.value)
   # T5X's padding rule: 32000 pieces + 100 extra ids in 32128 rows.
   t5 = T5Config(vocab_size=32128)
-  setup.check_vocabulary_fits(_vocab(32100), t5, t5)
+  loading.check_vocabulary_fits(_vocab(32100), t5, t5)
   with pytest.raises(run_lib.ConfigError, match="32129 ids"):
-    setup.check_vocabulary_fits(_vocab(32129), t5, t5)
+    loading.check_vocabulary_fits(_vocab(32129), t5, t5)
   # Deliberate: an explicit gin binding.
   gin.parse_config("check_vocabulary_fits.allow_size_mismatch = True")
-  setup.check_vocabulary_fits(_vocab(1100), model, model)
+  loading.check_vocabulary_fits(_vocab(1100), model, model)
 
 
 # ---------------------------------------------------------------------------
@@ -372,7 +376,7 @@ def _tiny_run(tmp_path, **overrides):
       "BATCH_SIZE = 2", "TASK_FEATURE_LENGTHS = {'inputs': 32, "
       "'targets': 8}", "GAMMA = 2"
   ])
-  return run_lib.Experiment(run_lib.run_arguments(overrides=overrides))
+  return RunPlan.build(arguments.run_arguments(overrides=overrides))
 
 
 @pytest.mark.slow
@@ -382,9 +386,9 @@ def test_full_disk_keeps_summary_and_decoded_rows(tmp_path, monkeypatch):
                       lambda *a, **k: _FullAfter(real_open(*a, **k), 2),
                       raising=False)
   seen = []
-  experiment = _tiny_run(tmp_path)
+  plan = _tiny_run(tmp_path)
   with pytest.raises(predictions_lib.OutputWriteError) as e:
-    experiment.run(on_result=seen.append)
+    runner.execute(plan, on_result=seen.append)
   out = tmp_path / "out"
   assert len(seen) == 1 and seen[0]["num_examples"] == 5  # summary first
   text = str(e.value)
@@ -412,7 +416,7 @@ def test_full_disk_at_metrics_json(tmp_path, monkeypatch):
       predictions_lib.OutputWriteError,
       match="metrics.json: No space left on device. Kept: "
       "the summary above and predictions.jsonl"):
-    _tiny_run(tmp_path).run()
+    runner.execute(_tiny_run(tmp_path))
   lines = (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()
   assert len(lines) == 5
 
@@ -489,7 +493,7 @@ def test_shipped_checkpoints_carry_a_matching_manifest():
     assert digests.verify_manifest(ckpt) is True
 
 
-def test_bit_flip_is_caught(tmp_path):
+def test_bit_flip_is_caught(tmp_path, caplog):
   import shutil  # pylint: disable=g-import-not-at-top
   src = checkpoints.latest_checkpoint(str(PRETRAINED / "draft_1m"))
   ckpt = tmp_path / "checkpoint_1800"
@@ -503,8 +507,12 @@ def test_bit_flip_is_caught(tmp_path):
   with pytest.raises(checkpoints.CheckpointError,
                      match=f"{rel} does not match DIGESTS.json"):
     checkpoints.load_t5x_params(str(ckpt))
-  (ckpt / digests.MANIFEST_FILE).unlink()  # no manifest: loads as before
-  assert checkpoints.load_t5x_params(str(ckpt))
+  (ckpt / digests.MANIFEST_FILE).unlink()  # no manifest: loads as before,
+  with caplog.at_level("WARNING"):
+    assert checkpoints.load_t5x_params(str(ckpt))
+  # but says so (issue 37: deleting it turned verification off silently).
+  assert f"Checkpoint {ckpt} has no DIGESTS.json: loaded unverified" in (
+      caplog.text)
 
 
 def test_unlisted_file_is_caught(tmp_path):
@@ -525,8 +533,8 @@ def test_gamma_beyond_the_decode_length_refused(tmp_path, no_load):
   with pytest.raises(
       run_lib.ConfigError, match=r"GAMMA=1000 is more than TASK_FEATURE_LENGTHS"
       r"\['targets'\]=32.*Allowed: 1 to 32"):
-    run_lib.run()
-  run_lib.run_arguments(overrides={"gamma": 32})  # the most allowed
+    run_lib.run(providers=no_load)
+  arguments.run_arguments(overrides={"gamma": 32})  # the most allowed
   assert not (tmp_path / "o").exists()
 
 
@@ -536,7 +544,7 @@ def test_lengths_beyond_memory_refused(tmp_path, no_load):
       "TASK_FEATURE_LENGTHS = {'inputs': 1000000, 'targets': 32}"
   ])
   with pytest.raises(run_lib.ConfigError) as e:
-    run_lib.run()
+    run_lib.run(providers=no_load)
   text = str(e.value)
   assert "'inputs': 1000000" in text and "encoder attention logits" in text
   assert "GiB" in text and "this machine has" in text
@@ -593,3 +601,335 @@ def test_table2_names_an_unset_target_and_the_measured_call_prediction():
   assert "M_p: unnamed (TARGET_NAME unset)" in md
   assert "| 1.20X | 1.80X | 1.30X |" in md
   assert "theoretical_speedup_measured_call_cost" in csv_text.splitlines()[0]
+
+
+# ---------------------------------------------------------------------------
+# Issue 37: the defects and weak spots a 160-case probe found.
+# ---------------------------------------------------------------------------
+def _foreign_spm(tmp_path) -> pathlib.Path:
+  """A SentencePiece model of the shipped one's size whose ids mean other
+  pieces (two pieces swapped): what a wrong SPM_MODEL_PATH looks like."""
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString((PRETRAINED / "multi30k.model").read_bytes())
+  a, b = proto.pieces[100], proto.pieces[200]
+  a.piece, b.piece = b.piece, a.piece
+  path = tmp_path / "foreign.model"
+  path.write_bytes(proto.SerializeToString())
+  return path
+
+
+def _pretrained(tmp_path, no_load, *bindings):
+  """RunPlan.build of pretrained_multi30k.gin: every startup check."""
+  _parse(["pretrained_multi30k.gin"],
+         [f"OUTPUT_DIR = '{tmp_path / 'o'}'", *bindings])
+  return RunPlan.build(arguments.run_arguments(), no_load)
+
+
+def test_foreign_vocabulary_of_the_same_size_refused(tmp_path, no_load):
+  """Issue 37 (1): it decoded "mq andu captionsti", BLEU 0.00, exit 0."""
+  foreign = _foreign_spm(tmp_path)
+  with pytest.raises(run_lib.ConfigError) as e:
+    _pretrained(tmp_path, no_load, f"SPM_MODEL_PATH = '{foreign}'")
+  text = str(e.value)
+  assert text.startswith(f"SPM_MODEL_PATH: the vocabulary '{foreign}'")
+  assert "TARGET_CHECKPOINT_PATH's checkpoint" in text
+  assert "'multi30k.model', sha256 00cd30d6916ff495" in text
+  assert not (tmp_path / "o").exists()  # before OUTPUT_DIR is made
+  _pretrained(tmp_path, no_load)  # the shipped one passes
+
+
+def test_checkpoint_without_a_vocabulary_record_is_unverified(
+    tmp_path, caplog, no_load):
+  ckpt = tmp_path / "m" / "checkpoint_1"
+  ckpt.mkdir(parents=True)
+  (ckpt / "checkpoint").write_bytes(b"x")  # a (legacy) checkpoint here
+  digests.write_manifest(str(ckpt))  # files only, no vocabulary
+  with caplog.at_level("WARNING"):
+    _pretrained(tmp_path, no_load, f"TARGET_CHECKPOINT_PATH = '{ckpt}'",
+                f"DRAFT_CHECKPOINT_PATH = '{tmp_path / 'm'}'")
+  warnings = [r.getMessage() for r in caplog.records]
+  assert sum("could not be verified" in w for w in warnings) == 2, warnings
+  assert any(f"TARGET_CHECKPOINT_PATH: {ckpt} records no vocabulary" in w
+             for w in warnings), warnings
+
+
+def test_topk_beyond_the_vocabulary_refused(tmp_path):
+  with pytest.raises(
+      run_lib.ConfigError,
+      match=r"TOPK=300 is more than the vocabulary's 259 ids "
+      r"\(ByteVocabulary.*allowed: 0 \(off\) to 259"):
+    _tiny_run(tmp_path, top_k=300, temperature=1.0)  # RunPlan.build
+  assert not (tmp_path / "out").exists()
+
+
+def test_task_kind_is_checked_before_loading(tmp_path, no_load):
+  """Issue 37 (6): TASK_KIND='foo' failed after 30 s of decoding."""
+  _parse(["local_tiny.gin"],
+         [f"OUTPUT_DIR = '{tmp_path / 'o'}'", "TASK_KIND = 'foo'"])
+  with pytest.raises(run_lib.ConfigError, match="TASK_KIND='foo': allowed"):
+    run_lib.run(providers=no_load)
+  assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("binding,message", [
+    ("EXTRA_IDS = -3", "EXTRA_IDS=-3: allowed: an integer >= 0"),
+    ("EXTRA_IDS = 'x'", "EXTRA_IDS='x': allowed: an integer >= 0"),
+    ("SPM_MODEL_PATH = 5", "SPM_MODEL_PATH=5: allowed: the path of a "
+     "SentencePiece .model file (a string), got int"),
+])
+def test_vocabulary_arguments_checked(binding, message):
+  """Issue 37 (9, 7): seqio took EXTRA_IDS=-3 as 0; 'x' blamed the file."""
+  _parse(["pretrained_multi30k.gin"], [binding])
+  with pytest.raises(run_lib.ConfigError, match=re_escape(message)):
+    loading.vocabulary()
+
+
+def re_escape(text):
+  import re  # pylint: disable=g-import-not-at-top
+  return re.escape(text)
+
+
+def _settings(gamma):
+  return {"run": {"gamma": gamma}}
+
+
+@pytest.mark.parametrize("kept",
+                         ["predictions.jsonl", ".predictions.jsonl.partial"])
+def test_kept_predictions_are_protected(tmp_path, kept):
+  """Issue 37 (8): after a full disk or Ctrl-C the error said the rows were
+  kept; a run of other settings replaced them silently."""
+  from specdec_jax.experiment import output_dir  # pylint: disable=g-import-not-at-top
+  out = str(tmp_path)
+  # The run that kept them: its settings are recorded before it writes.
+  output_dir.check_output_dir(out, _settings(4), overwrite=False)  # held...
+  (tmp_path / kept).write_text('{"index": 0}\n')
+  (tmp_path / run_lock.LOCK_FILE).unlink()  # ...and killed
+  with pytest.raises(run_lib.ConfigError) as e:
+    output_dir.check_output_dir(out, _settings(7), overwrite=False)
+  text = str(e.value)
+  assert f"holds {kept}, which was kept from a run that did not finish" in text
+  assert "run.gamma: 4 -> 7" in text and "OVERWRITE=True" in text
+  assert (tmp_path / kept).read_text() == '{"index": 0}\n'
+  # The same settings may resume; OVERWRITE=True may replace.
+  output_dir.check_output_dir(out, _settings(4), overwrite=False).release()
+  output_dir.check_output_dir(out, _settings(7), overwrite=True).release()
+  # Without a record (an older version, another program): refused too.
+  (tmp_path / output_dir.SETTINGS_FILE).unlink()
+  with pytest.raises(run_lib.ConfigError, match="of unknown ones"):
+    output_dir.check_output_dir(out, _settings(7), overwrite=False)
+
+
+def test_partial_file_name_is_the_writers(tmp_path):
+  from specdec_jax.experiment import output_dir  # pylint: disable=g-import-not-at-top
+  writer = predictions_lib.PredictionsWriter(str(tmp_path))
+  writer.close()
+  assert os.path.basename(writer.partial) == output_dir.PARTIAL_PREDICTIONS_FILE
+
+
+def test_settings_record_is_dropped_when_nothing_was_kept(tmp_path):
+  from specdec_jax.experiment import output_dir  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "new"
+  lock = output_dir.check_output_dir(str(out), _settings(4), overwrite=False)
+  assert (out / output_dir.SETTINGS_FILE).is_file()
+  lock.release()
+  assert os.listdir(out) == []  # `run` removes the folder it made
+
+
+def test_full_disk_at_the_start_removes_the_folder(tmp_path, monkeypatch):
+  """Weak spot: docs/usage/failures.md said so; the empty folder stayed."""
+  from specdec_jax.experiment import output_dir  # pylint: disable=g-import-not-at-top
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(io_utils.tempfile, "mkstemp", full)
+  out = tmp_path / "new"
+  with pytest.raises(run_lib.ConfigError, match="No space left on device"):
+    output_dir.check_output_dir(str(out), _settings(4), overwrite=False)
+  assert not out.exists()
+
+
+def test_sigterm_is_handled_as_ctrl_c(capsys):
+  """Weak spot: SIGTERM (batch schedulers) exited 143 with no message and
+  left the lock and `.partial` behind; now the run unwinds as on Ctrl-C."""
+  unwound = []
+
+  def body():
+    try:
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(30)
+    finally:
+      unwound.append(True)  # the run's `finally`s (the lock) run
+
+  before = signal.getsignal(signal.SIGTERM)
+  code = console.run_cli("run", body, (gin_utils.ConfigError,))
+  assert code == 143 and unwound == [True]
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [
+      "run: interrupted (SIGTERM): files already written in the output "
+      "folder are kept."
+  ]
+  assert signal.getsignal(signal.SIGTERM) is before  # restored
+
+
+def test_lock_is_never_seen_empty(tmp_path, monkeypatch):
+  """Weak spot: the lock was created empty (O_EXCL) and written after; a
+  second run reading it in between took an empty lock over as stale."""
+  real_write, raced = os.write, []
+
+  def racing_write(fd, data):
+    if not raced:  # another run starts while the first writes its record
+      raced.append(True)
+      try:
+        raced.append(run_lock.acquire(str(tmp_path), "second"))
+      except run_lock.LockedError as e:
+        raced.append(e)
+    return real_write(fd, data)
+
+  monkeypatch.setattr(io_utils.os, "write", racing_write)
+  try:
+    first = run_lock.acquire(str(tmp_path), "first")
+  except run_lock.LockedError as e:
+    first = e
+  holders = [x for x in (first, raced[1]) if isinstance(x, run_lock.Lock)]
+  assert len(holders) == 1, (first, raced)  # exactly one run holds it
+  record = json.loads((tmp_path / run_lock.LOCK_FILE).read_text())
+  assert record["program"] == ("first" if holders[0] is first else "second")
+  assert [p for p in os.listdir(tmp_path) if p != run_lock.LOCK_FILE] == []
+
+
+def test_lock_without_hard_links_still_works(tmp_path, monkeypatch):
+  """A file system without `link` (some network or FUSE mounts) falls
+  back to O_EXCL: the lock is still taken once, whole."""
+
+  def no_link(src, dst):
+    raise PermissionError(1, "Operation not permitted")
+
+  monkeypatch.setattr(io_utils.os, "link", no_link)
+  lock = run_lock.acquire(str(tmp_path), "first")
+  with pytest.raises(run_lock.LockedError, match="is in use by first"):
+    run_lock.acquire(str(tmp_path), "second")
+  assert json.loads((tmp_path / run_lock.LOCK_FILE).read_text())["program"] \
+      == "first"
+  lock.release()
+  assert os.listdir(tmp_path) == []
+
+
+def test_gcs_refused_port_fails_in_seconds(monkeypatch):
+  """Weak spot: a refused connection waited out the 60 s deadline."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]  # closed again: connections are refused
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{port}")
+  monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "loopback")
+  for name in io_utils._PROXY_ENVS:  # pylint: disable=protected-access
+    monkeypatch.delenv(name, raising=False)
+  start = time.monotonic()
+  with pytest.raises(ValueError) as e:
+    io_utils.probe_writable_dir("gs://refused-bucket/out")
+  assert time.monotonic() - start < 10
+  text = str(e.value)
+  assert f"127.0.0.1:{port} refused the connection" in text
+  assert "gs://refused-bucket" in text and ".." not in text
+
+
+def test_bad_gcs_timeout_setting_is_named(monkeypatch):
+  monkeypatch.setenv(io_utils.TIMEOUT_ENV, "abc")
+  with pytest.raises(ValueError) as e:
+    io_utils.probe_writable_dir("gs://any-bucket/out")
+  assert str(e.value).startswith("SPECDEC_GCS_TIMEOUT_S='abc': allowed")
+
+
+def test_checkpoint_path_that_is_a_file_is_named(tmp_path):
+  (tmp_path / "checkpoint_5").write_text("not a folder")
+  with pytest.raises(checkpoints.CheckpointError,
+                     match="checkpoint_5 is a file, not a directory"):
+    checkpoints.load_t5x_params(str(tmp_path / "checkpoint_5"))
+
+
+def test_failed_write_is_stdout_last_line(capsys):
+  """Weak spot: after a full disk, stdout's last line still listed
+  metrics.json and predictions.jsonl as the results."""
+
+  def body():
+    print("results: /o/metrics.json, /o/predictions.jsonl")
+    raise predictions_lib.OutputWriteError(
+        "cannot write /o/metrics.json: No space left on device")
+
+  assert console.run_cli("run", body, (gin_utils.ConfigError,)) == 1
+  out = capsys.readouterr().out.strip().splitlines()
+  assert out[-1] == ("run: error: cannot write /o/metrics.json: No space "
+                     "left on device")
+
+  def bad():
+    raise gin_utils.ConfigError("GAMMA=0: allowed: ...")
+
+  assert console.run_cli("run", bad, (gin_utils.ConfigError,)) == 2
+  assert capsys.readouterr().out == ""  # nothing was printed before it
+
+
+@pytest.mark.slow
+def test_sigterm_mid_decode_keeps_rows_and_they_are_protected(tmp_path):
+  """A real `run` sent SIGTERM while decoding: one line, exit 143, the lock
+  released, the rows kept in `.partial`; a run of other settings into the
+  folder is then refused rather than replacing them (issue 37 (8))."""
+  source = tmp_path / "many.tsv"
+  rows = 20_000
+  source.write_text("".join(
+      f"a small house number {i}\tein Haus {i}\n" for i in range(rows)))
+  out = tmp_path / "o"
+  run = subprocess.Popen(
+      _run_cmd(out, source, "--gin.GAMMA=2", "--gin.BATCH_SIZE=4",
+               num_examples=rows), cwd=REPO, env=_env(), text=True,
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  chunks = []
+  reader = threading.Thread(target=lambda: chunks.extend(run.stderr),
+                            daemon=True)
+  reader.start()
+  partial = out / ".predictions.jsonl.partial"
+  try:
+    deadline = time.monotonic() + 240
+    while not (partial.exists() and partial.stat().st_size > 0):
+      assert run.poll() is None and time.monotonic() < deadline, (
+          "".join(chunks)[-3000:])
+      time.sleep(0.2)
+    run.send_signal(signal.SIGTERM)
+    run.wait(timeout=120)
+    reader.join(timeout=30)
+  finally:
+    if run.poll() is None:
+      run.kill()
+  stderr = "".join(chunks)
+  assert run.returncode == 143, stderr[-3000:]
+  lines = [l for l in stderr.splitlines() if l.startswith("run: ")]
+  assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+  assert lines[0].startswith("run: interrupted (SIGTERM): kept ")
+  assert f"predictions rows in {partial}" in lines[0]
+  assert not (out / run_lock.LOCK_FILE).exists()
+  kept = partial.read_text()
+  other = subprocess.run(_run_cmd(out, source,
+                                  "--gin.GAMMA=3"), cwd=REPO, env=_env(),
+                         text=True, capture_output=True, timeout=300)
+  assert other.returncode == 2, other.stderr[-3000:]
+  assert "holds .predictions.jsonl.partial, which was kept" in other.stderr
+  assert partial.read_text() == kept
+
+
+def test_sigterm_while_exiting_is_143_with_a_line():
+  """The soak's kill/resume run: a SIGTERM after the sweep had finished,
+  during the interpreter's shutdown, ended it with -15 and no line."""
+  code = textwrap.dedent("""
+      import atexit, os, signal, threading, time
+      from specdec_jax import console
+      atexit.register(time.sleep, 20)  # a slow shutdown (JAX's threads)
+      threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+      console.exit_process(0)
+  """)
+  start = time.monotonic()
+  proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(),
+                        text=True, capture_output=True, timeout=60)
+  assert proc.returncode == 143, proc.stderr[-2000:]
+  assert time.monotonic() - start < 15
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "interrupted (SIGTERM) while exiting: everything was already written.")

@@ -23,7 +23,8 @@ from conftest import T5X_TINY
 from conftest import require_shared
 import multihost_worker
 from specdec_jax import io_utils
-from specdec_jax import run as run_lib
+from specdec_jax.experiment.plan import Providers
+from specdec_jax.experiment.plan import make_decoders
 from specdec_jax import sweep
 from specdec_jax.experiment import run_lock
 
@@ -259,24 +260,22 @@ def test_sweep_on_gcs_reads_t5x_checkpoints_and_resumes(emulator, tmp_path,
     if path.is_file() and path.parent != T5X_TINY:
       rel = path.relative_to(T5X_TINY).as_posix()
       io_utils.atomic_write(f"{root}/t5x_tiny/{rel}", path.read_bytes())
-  monkeypatch.setattr(run_lib, "vocabulary",
-                      lambda *a, **k: multihost_worker.CharVocabulary())
   results = f"{root}/sweep"
   base, bindings = ["local_tiny.gin"], _sweep_bindings(root)
   points = sweep.parse_sweep_args(["NUM_EXAMPLES=1,2"])
   first, second = (f"{results}/{sweep.point_name(p)}" for p in points)
-  real_run = run_lib.Experiment.run
-  calls = []
+  calls, dying = [], [True]
 
-  def dying_run(self):
-    if calls:  # killed as the second point starts
+  def decoders(plan, *args):  # each point builds its decoders once
+    if dying[0] and calls:  # killed as the second point starts
       raise KeyboardInterrupt
-    calls.append(self.args.output_dir)
-    return real_run(self)
+    calls.append(plan.args.output_dir)
+    return make_decoders(plan, *args)
 
-  monkeypatch.setattr(run_lib.Experiment, "run", dying_run)
+  counting = Providers(vocabulary=multihost_worker.CharVocabulary,
+                       decoders=decoders)
   with pytest.raises(KeyboardInterrupt):
-    sweep.run_sweep(points, results, base, bindings)
+    sweep.run_sweep(points, results, base, bindings, providers=counting)
   assert calls == [first] and sweep.is_done(first)
   assert not sweep.is_done(second)
   snapshot = io_utils.read_text(f"{first}/metrics.json")
@@ -299,10 +298,8 @@ def test_sweep_on_gcs_reads_t5x_checkpoints_and_resumes(emulator, tmp_path,
   assert not sweep.is_done(second)
 
   calls.clear()
-  monkeypatch.setattr(
-      run_lib.Experiment, "run", lambda self:
-      (calls.append(self.args.output_dir), real_run(self))[1])
-  sweep.run_sweep(points, results, base, bindings)
+  dying[0] = False
+  sweep.run_sweep(points, results, base, bindings, providers=counting)
   assert calls == [second]
   assert io_utils.read_text(f"{first}/metrics.json") == snapshot
   for folder, n in ((first, 1), (second, 2)):

@@ -4,9 +4,10 @@ import gin
 import jax.numpy as jnp
 import pytest
 
+from specdec_jax import gin_macros
 from specdec_jax import gin_utils
 from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=unused-import
-from specdec_jax.models import T5Config
+from specdec_jax.core.models import T5Config
 
 from conftest import REPO
 from conftest import load_script
@@ -208,3 +209,84 @@ def test_model_gin_generator_scopes_bindings_and_macros(tmp_path):
   with pytest.raises(generator.ModelGinError, match=r"bad.gin:1: "
                      r"\"include 'x.gin'\""):
     generator.scoped_text("bad", "target", str(tmp_path))
+
+
+# ---------------------------------------------------------------------------
+# Issue 37 (5): a macro that nothing reads is an error, in files too; and
+# messages that name what the user typed.
+# ---------------------------------------------------------------------------
+def test_unused_macro_in_a_file_is_named_with_its_line(tmp_path):
+  """`GAMA = 3` in an experiment file ran with γ 5 (the default)."""
+  (tmp_path / "exp.gin").write_text("include 'local_tiny.gin'\n"
+                                    "NUM_EXAMPLES = 2\nGAMA = 3\n")
+  gin.clear_config()
+  try:
+    with pytest.raises(gin_utils.ConfigError) as e:
+      gin_utils.parse_gin(["exp.gin"], [], [str(tmp_path)], finalize=False)
+    message = str(e.value)
+    assert message.startswith(f"{tmp_path / 'exp.gin'}:3: GAMA = ...: macro "
+                              "'GAMA' is defined but nothing reads it")
+    assert "did you mean GAMMA?" in message
+    with pytest.raises(ValueError):  # refused before gin parsed anything
+      gin.query_parameter("run.gamma")
+  finally:
+    gin.clear_config()
+
+
+def test_unused_macro_binding_is_refused_without_check_macros():
+  """`train --gin.NUM_STEP=3` trained all steps: every caller refuses it,
+  not only those asking `check_macros` (which names the known macros)."""
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match=r"--gin.NUM_EXAMPLE=3: macro 'NUM_EXAMPLE' is "
+      "defined but nothing reads it.*did you mean NUM_EXAMPLES"):
+    gin_macros.check_unused_macros(["local_tiny.gin"], ["NUM_EXAMPLE=3"])
+  # Read by a binding: fine.
+  gin_macros.check_unused_macros(["local_tiny.gin"],
+                                 ["MY_GAMMA = 2", "run.gamma = %MY_GAMMA"])
+  gin_macros.check_unused_macros(["local_tiny.gin"],
+                                 ["COMPILE_TOPOLOGY='v4-8'"])
+
+
+def test_macros_that_code_reads_are_declared():
+  """A macro read with gin.query_parameter has no `%NAME` in any binding:
+  without its name in MACROS_READ_BY_CODE it would be refused as unread."""
+  calls = [(path.name, line.strip())
+           for path in sorted((REPO / "specdec_jax").rglob("*.py"))
+           for line in path.read_text().splitlines()
+           if "query_parameter(" in line and not line.strip().startswith("#")]
+  undeclared = [(name, line)
+                for name, line in calls
+                if not any(m in line for m in gin_macros.MACROS_READ_BY_CODE)]
+  assert not undeclared, undeclared
+
+
+def test_every_shipped_top_level_gin_file_reads_all_its_macros():
+  files = [
+      p.relative_to(REPO / "gin").as_posix()
+      for p in sorted((REPO / "gin").glob("*.gin")) +
+      sorted((REPO / "gin" / "train").glob("*.gin"))
+  ]
+  assert len(files) > 20
+  for name in files:
+    gin_macros.check_unused_macros([name], [])
+
+
+@pytest.mark.parametrize("binding,token",
+                         [("GAMMA=x", "x"),
+                          ("train.learning_rate=float('nan')", "float")])
+def test_unparsable_value_is_named_without_ast_objects(binding, token):
+  with pytest.raises(gin_utils.ConfigError) as e:
+    gin_macros.check_unused_macros(["local_tiny.gin"], [binding])
+  message = str(e.value)
+  assert "ast." not in message and "object at 0x" not in message
+  assert f"'{token}' is not a gin value" in message
+  assert "a string needs quotes" in message
+
+
+def test_binary_gin_file_is_named(tmp_path):
+  (tmp_path / "bad.gin").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+  with pytest.raises(
+      ValueError, match=f"{tmp_path / 'bad.gin'}: not a gin "
+      "file: not UTF-8 text"):
+    gin_utils.parse_gin([str(tmp_path / "bad.gin")], [], finalize=False)

@@ -1,4 +1,4 @@
-"""The CPU matmul kernel (`specdec_jax.kernels`) and packed decoder weights.
+"""The CPU matmul kernel (`specdec_jax.core.kernels`) and packed decoder weights.
 
 What must hold for decoding to stay exact through the kernel:
 * it computes x @ w to float32 rounding of XLA's dot, for every row count
@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decoding
-from specdec_jax import kernels
+from specdec_jax.core import decoding
+from specdec_jax.core import kernels
 
 from conftest import REPO
 from conftest import random_model
@@ -194,5 +194,6 @@ def test_kernel_source_is_package_data():
   """pyproject.toml ships cpu_matmul.cc: it is compiled where it is used."""
   tomllib = pytest.importorskip("tomllib")  # Python 3.11+.
   pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-  globs = pyproject["tool"]["setuptools"]["package-data"]["specdec_jax.kernels"]
+  globs = pyproject["tool"]["setuptools"]["package-data"][
+      "specdec_jax.core.kernels"]
   assert any(kernels._SOURCE.match(g) for g in globs)  # pylint: disable=protected-access

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.models import T5Config
-from specdec_jax.models import Transformer
-from specdec_jax.models import param_shapes
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import Transformer
+from specdec_jax.core.models import param_shapes
 
 from conftest import random_model
 from conftest import tiny_config

@@ -24,10 +24,13 @@ import pytest
 import multihost_worker
 from specdec_jax import checkpoints
 from specdec_jax import multihost
+from specdec_jax import gin_utils
 from specdec_jax import run as run_lib
+from specdec_jax.experiment import loading
+from specdec_jax.experiment.plan import Providers
 from specdec_jax import sweep
 from specdec_jax import tasks
-from specdec_jax.models import init_params
+from specdec_jax.core.models import init_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "multihost_worker.py"
@@ -65,12 +68,12 @@ def model_bindings(tmp_path_factory):
   them costs the workers no compilation (random init would)."""
   folder = tmp_path_factory.mktemp("models")
   gin.clear_config()
-  run_lib.gin_utils.parse_gin(["local_tiny.gin"],
-                              [f"{k} = {v}" for k, v in BINDINGS.items()],
-                              finalize=False)
+  gin_utils.parse_gin(["local_tiny.gin"],
+                      [f"{k} = {v}" for k, v in BINDINGS.items()],
+                      finalize=False)
   paths = {}
   for seed, role in enumerate(("target", "draft")):
-    config = run_lib.model_config(role)
+    config = loading.model_config(role)
     params = init_params(config, jax.random.PRNGKey(seed))["params"]
     paths[f"{role.upper()}_CHECKPOINT_PATH"] = repr(
         checkpoints.save_params(params, str(folder / role)))
@@ -210,6 +213,16 @@ def test_one_process_layout_and_bad_flags():
                          process_count=2, process_index=2)
   with pytest.raises(ValueError, match="--coordination_timeout_s=0"):
     multihost.initialize(timeout_s=0)
+  # Issue 37: T5X ignores these without --multiprocess_gpu, and N such
+  # processes ran as N independent runs.
+  with pytest.raises(
+      ValueError, match="--coordinator_address=a:1, "
+      "--process_count=2, --process_index=1 without "
+      "--multiprocess_gpu"):
+    multihost.initialize(coordinator_address="a:1", process_count=2,
+                         process_index=1)
+  with pytest.raises(ValueError, match="--process_index=0 without"):
+    multihost.initialize(process_index=0)
   assert not jax.distributed.is_initialized()
 
 
@@ -223,14 +236,12 @@ def test_two_hosts_mesh_2x2_equal_one_host(tmp_path, monkeypatch,
   token (greedy), and the counts agree."""
   data = _data(tmp_path)
   bindings = {**model_bindings, "SOURCE_FILE": repr(data), "BATCH_SIZE": "2"}
-  monkeypatch.setattr(run_lib, "vocabulary",
-                      lambda *a, **k: multihost_worker.CharVocabulary())
   one = tmp_path / "one"
   gin_bindings = [f"{k} = {v}" for k, v in bindings.items()]
-  run_lib.gin_utils.parse_gin(["local_tiny.gin"],
-                              gin_bindings + [f"OUTPUT_DIR = '{one}'"],
-                              finalize=False)
-  reference = run_lib.run()
+  gin_utils.parse_gin(["local_tiny.gin"],
+                      gin_bindings + [f"OUTPUT_DIR = '{one}'"], finalize=False)
+  reference = run_lib.run(providers=Providers(
+      vocabulary=multihost_worker.CharVocabulary))
 
   two = tmp_path / "two"
   results = _launch(tmp_path, "two", 2, 2, "run", [

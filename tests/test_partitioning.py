@@ -26,8 +26,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from specdec_jax import partitioning as pt
-from specdec_jax.models import T5Config
-from specdec_jax.models import param_shapes
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import param_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 T5X_TINY = REPO.parent / "shared" / "fixtures" / "t5x_tiny"
@@ -39,8 +39,8 @@ _SCRIPT = r'''
 import json, sys, warnings
 import jax, numpy as np
 from jax.sharding import PartitionSpec as P
-from specdec_jax import decoding, partitioning as pt
-from specdec_jax.models import T5Config, T5Model, param_shapes
+from specdec_jax.core import decoding, partitioning as pt
+from specdec_jax.core.models import T5Config, T5Model, param_shapes
 
 part = sys.argv[1]
 assert jax.device_count() == 8, jax.devices()

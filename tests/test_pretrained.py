@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import vocab as vocab_lib
-from specdec_jax.models import SharedEncoderModel
-from specdec_jax.models import T5Model
-from specdec_jax.models import param_shapes
+from specdec_jax.core.models import SharedEncoderModel
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import param_shapes
 
 from conftest import REPO
 

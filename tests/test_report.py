@@ -518,3 +518,15 @@ def test_example_trace_is_most_informative_and_timeline_modeled(tmp_path):
                        example_run="ende_xxl_small_g5_t0")
   assert "run ende_xxl_small_g5_t0, example 0" in (
       tmp_path / "out2" / "example_trace.html").read_text()
+
+
+def test_example_index_out_of_range_is_named(tmp_path):
+  """Issue 37: --example_index=999 said "no trace" instead of "no such
+  example"; an index that exists still draws its trace."""
+  root = _copy_fixture(tmp_path)
+  with pytest.raises(
+      report.ReportError, match=r"--example_index=999: no such example in .*; "
+      r"allowed: 0 to \d+\."):
+    report.render_report(str(root), str(tmp_path / "out"), example_index=999)
+  report.render_report(str(root), str(tmp_path / "out2"), example_index=0)
+  assert ", example 0" in (tmp_path / "out2" / "example_trace.html").read_text()

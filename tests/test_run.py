@@ -12,9 +12,15 @@ import pytest
 from specdec_jax import checkpoints
 from specdec_jax import gin_utils
 from specdec_jax import run as run_lib
+from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.experiment.plan import Providers
+from specdec_jax.experiment import summary
+from specdec_jax.experiment import runner
+from specdec_jax.experiment import loading
+from specdec_jax.experiment import arguments
 from specdec_jax import run_metrics
-from specdec_jax.models import init_params
-from specdec_jax.models import param_shapes
+from specdec_jax.core.models import init_params
+from specdec_jax.core.models import param_shapes
 
 GIN_DIR = gin_utils.GIN_DIR
 REPO = GIN_DIR.parent
@@ -46,7 +52,7 @@ def test_model_gin_files_have_t5x_hyperparameters(size):
     gin.clear_config()
     _parse([f"models/{role}/t5_1_1_{size}.gin"],
            [f"{role.upper()}_DTYPE = 'float32'"])
-    config = run_lib.model_config(role)
+    config = loading.model_config(role)
     assert (config.emb_dim, config.num_heads, config.num_encoder_layers,
             config.num_decoder_layers, config.head_dim,
             config.mlp_dim) == (emb, heads, layers, layers, head_dim, mlp)
@@ -59,7 +65,7 @@ def test_model_gin_files_have_t5x_hyperparameters(size):
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_gin_parses_and_builds(name):
   _parse([name])
-  target, draft = run_lib.model_config("target"), run_lib.model_config("draft")
+  target, draft = loading.model_config("target"), loading.model_config("draft")
   assert target.vocab_size == draft.vocab_size
   # Shapes only (jax.eval_shape): XXL is never allocated.
   for config in (target, draft):
@@ -87,7 +93,7 @@ def test_experiment_defaults_follow_paper_table2():
     gin.clear_config()
     _parse([f"{name}.gin"])
     assert gin.get_bindings("run")["gamma"] == gamma, name
-    assert run_lib.model_config("draft").emb_dim == T5X_SIZES[name.split("_")
+    assert loading.model_config("draft").emb_dim == T5X_SIZES[name.split("_")
                                                               [1]][0]
 
 
@@ -114,8 +120,8 @@ def test_local_tiny_end_to_end(tmp_path, caplog):
       "NUM_EXAMPLES = 5", "BATCH_SIZE = 2", "TASK_FEATURE_LENGTHS = "
       "{'inputs': 24, 'targets': 16}"
   ])
-  first = run_lib.Experiment(run_lib.run_arguments())
-  metrics = first.run()
+  first = RunPlan.build(arguments.run_arguments())
+  metrics, models = runner.execute(first)
   assert metrics["greedy_outputs_identical"] is True
   written = json.loads((tmp_path / "a" / "metrics.json").read_text())
   # What run writes is what report and sweep read (`RunMetrics`).
@@ -150,13 +156,12 @@ def test_local_tiny_end_to_end(tmp_path, caplog):
   # Same settings and seed: the same predictions.jsonl, byte for byte; the
   # same OUTPUT_DIR may be re-run.
   for out in ("b", "a"):
-    again = run_lib.Experiment(
-        run_lib.run_arguments(overrides={"output_dir": str(tmp_path / out)}),
-        models=first.models())
-    again.run()
+    again = RunPlan.build(
+        arguments.run_arguments(overrides={"output_dir": str(tmp_path / out)}))
+    runner.execute(again, models=models)
     assert (tmp_path / out / "predictions.jsonl").read_text() == predictions
 
-  lines = run_lib.summary_lines(metrics, first.args)
+  lines = summary.summary_lines(metrics, first.args)
   text = "\n".join(lines)
   assert "speculative decoding: " in lines[1]
   assert ("faster than the target alone" in lines[1] or
@@ -184,10 +189,10 @@ def test_summary_at_temperature_one_and_rouge():
               "rougeLsum": 36.5
           }
       })
-  args = run_lib.RunArguments(temperature=1.0, gamma=5, mode="walltime",
-                              target_name="xxl", draft_name="small",
-                              output_dir="/tmp/x")
-  text = "\n".join(run_lib.summary_lines(metrics, args))
+  args = arguments.RunArguments(temperature=1.0, gamma=5, mode="walltime",
+                                target_name="xxl", draft_name="small",
+                                output_dir="/tmp/x")
+  text = "\n".join(summary.summary_lines(metrics, args))
   assert "1.62x faster than the target alone (theory 1.71x)" in text
   assert "alpha 0.61 (share of draft tokens accepted)" in text
   assert "not compared token by token" in text and "chi-square" in text
@@ -200,7 +205,7 @@ def test_summary_at_temperature_one_and_rouge():
 def test_self_draft_from_checkpoint_accepts_everything(tmp_path):
   """Target and draft loaded from the same checkpoint: α = 1 both ways."""
   _parse(["local_tiny.gin"], ["NUM_EXAMPLES = 2", "GAMMA = 3"])
-  config = run_lib.model_config("target")
+  config = loading.model_config("target")
   params = init_params(config, jax.random.PRNGKey(4))["params"]
   ckpt = checkpoints.save_params(params, str(tmp_path / "ckpt"))
   gin.clear_config()
@@ -231,8 +236,8 @@ def test_self_draft_from_checkpoint_accepts_everything(tmp_path):
   assert alpha["alpha_beta"] == pytest.approx(1.0, abs=1e-6)
   assert alpha["num_positions"] == metrics["tokens_generated"]
   assert alpha["random_weights"] is False
-  lines = run_lib.summary_lines(
-      alpha, run_lib.run_arguments(overrides={"mode": "alpha"}))
+  lines = summary.summary_lines(
+      alpha, arguments.run_arguments(overrides={"mode": "alpha"}))
   assert lines[1].startswith("alpha 1.000 ± 0.000 (share of draft tokens")
   assert not any("random weights" in l for l in lines)
   assert lines[-1].startswith(f"results: {tmp_path / 'out' / 'alpha.json'}")
@@ -240,8 +245,8 @@ def test_self_draft_from_checkpoint_accepts_everything(tmp_path):
 
 def test_run_arguments_are_one_checked_frozen_record(tmp_path):
   _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path}'", "GAMMA = 3"])
-  args = run_lib.run_arguments()
-  assert isinstance(args, run_lib.RunArguments)
+  args = arguments.run_arguments()
+  assert isinstance(args, arguments.RunArguments)
   assert args.gamma == 3
   assert not hasattr(args, "keys")  # no dict shims: read by attribute
   with pytest.raises(dataclasses.FrozenInstanceError):
@@ -250,8 +255,8 @@ def test_run_arguments_are_one_checked_frozen_record(tmp_path):
     dataclasses.replace(args, temperature=-1.0)  # checked when built
   with pytest.raises(run_lib.ConfigError, match=r"Unknown run arguments "
                      r"\['gama'\]"):
-    run_lib.run_arguments(overrides={"gama": 3})
-  assert run_lib.Experiment(args).args is args
+    arguments.run_arguments(overrides={"gama": 3})
+  assert RunPlan.build(args).args is args
 
 
 def test_bad_run_arguments_fail_before_loading(tmp_path):
@@ -301,7 +306,7 @@ def test_bad_settings_fail_before_loading(bindings, expect, tmp_path, no_load):
   out = tmp_path / "out"
   _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{out}'", *bindings])
   with pytest.raises(run_lib.ConfigError) as e:
-    run_lib.run()
+    run_lib.run(providers=no_load)
   for text in expect:
     assert text in str(e.value), (text, str(e.value))
   assert not out.exists()
@@ -311,7 +316,7 @@ def test_nan_temperature_and_top_p_rejected(tmp_path, no_load):
   _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path}'"])
   for name, macro in (("temperature", "TEMPERATURE"), ("top_p", "TOPP")):
     with pytest.raises(run_lib.ConfigError, match=f"{macro}=nan"):
-      run_lib.run(overrides={name: float("nan")})
+      run_lib.run(overrides={name: float("nan")}, providers=no_load)
   assert not list(tmp_path.iterdir())
 
 
@@ -323,7 +328,7 @@ def test_spm_model_path_not_a_model(tmp_path, no_load):
       f"SPM_MODEL_PATH = '{bad}'"
   ])
   with pytest.raises(run_lib.ConfigError) as e:
-    run_lib.run()
+    run_lib.run(providers=no_load)
   assert f"SPM_MODEL_PATH={str(bad)!r} is not a SentencePiece model" in str(
       e.value)
   assert not (tmp_path / "out").exists()
@@ -336,7 +341,7 @@ def test_output_dir_probed_at_startup(tmp_path, no_load):
     gin.clear_config()
     _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{out}'"])
     with pytest.raises(run_lib.ConfigError) as e:
-      run_lib.run()
+      run_lib.run(providers=no_load)
     assert f"OUTPUT_DIR={str(out)!r}: not a writable directory" in str(e.value)
   assert a_file.read_text() == "mine"
   # gs:// is written for real (tests/test_gcs.py); other URLs are refused.
@@ -344,7 +349,7 @@ def test_output_dir_probed_at_startup(tmp_path, no_load):
   _parse(["local_tiny.gin"], ["OUTPUT_DIR = 's3://bucket/run'"])
   with pytest.raises(run_lib.ConfigError,
                      match="a local directory or gs://bucket/folder"):
-    run_lib.run()
+    run_lib.run(providers=no_load)
 
 
 class _Loaded(Exception):
@@ -356,8 +361,7 @@ def test_refuses_another_runs_metrics_unless_overwrite(tmp_path, monkeypatch,
   out = tmp_path / "out"
   out.mkdir()
   _parse(["local_tiny.gin"], [f"OUTPUT_DIR = '{out}'"])
-  experiment = run_lib.Experiment(run_lib.run_arguments())
-  settings = experiment.settings(run_lib.vocabulary())
+  settings = RunPlan.build(arguments.run_arguments(), no_load).settings
   other = json.loads(json.dumps(settings))
   other["run"]["gamma"] = 7
   for record, why in (({
@@ -368,7 +372,7 @@ def test_refuses_another_runs_metrics_unless_overwrite(tmp_path, monkeypatch,
                        }, "records no settings")):
     (out / "metrics.json").write_text(json.dumps(record))
     with pytest.raises(run_lib.ConfigError) as e:
-      run_lib.run()
+      run_lib.run(providers=no_load)
     assert f"OUTPUT_DIR={str(out)!r} holds metrics.json" in str(e.value)
     assert why in str(e.value)
     assert "--gin.OVERWRITE=True" in str(e.value)
@@ -377,16 +381,16 @@ def test_refuses_another_runs_metrics_unless_overwrite(tmp_path, monkeypatch,
   def loaded(*args, **kwargs):
     raise _Loaded()
 
-  monkeypatch.setattr(run_lib, "load_model", loaded)
+  loads = Providers(load_model=loaded)
   with pytest.raises(_Loaded):  # OVERWRITE=True: past the checks
-    run_lib.run(overrides={"overwrite": True})
+    run_lib.run(overrides={"overwrite": True}, providers=loads)
   (out / "metrics.json").write_text(json.dumps({"settings": settings}))
   with pytest.raises(_Loaded):  # the same settings: a re-run, allowed
-    run_lib.run()
+    run_lib.run(providers=loads)
   # alpha.json of another run counts too (the report merges it).
   (out / "alpha.json").write_text(json.dumps({"settings": other}))
   with pytest.raises(run_lib.ConfigError, match="holds alpha.json"):
-    run_lib.run(overrides={"mode": "alpha"})
+    run_lib.run(overrides={"mode": "alpha"}, providers=no_load)
 
 
 def _cli(args, tmp_path):
@@ -431,21 +435,21 @@ def test_cli_first_screen_is_quiet_and_late_checks_fail_early(tmp_path):
      *[(r, f"t5_1_1_{s}") for r in ("target", "draft") for s in T5X_SIZES]])
 def test_scoped_model_files_match_unscoped(role, name):
   """models/<role>/X.gin binds exactly what the T5X-style models/X.gin does."""
-  from specdec_jax.models import T5Config  # pylint: disable=g-import-not-at-top
+  from specdec_jax.core.models import T5Config  # pylint: disable=g-import-not-at-top
   _parse([f"models/{name}.gin"],
          ["MODEL_DTYPE = 'float32'"] if name.startswith("t5_1_1") else [])
   unscoped = T5Config()  # pylint: disable=no-value-for-parameter
   gin.clear_config()
   _parse([f"models/{role}/{name}.gin"], [f"{role.upper()}_DTYPE = 'float32'"]
          if name.startswith("t5_1_1") else [])
-  assert run_lib.model_config(role) == unscoped
+  assert loading.model_config(role) == unscoped
 
 
 def test_multi30k_run_configs_parse():
   for name in ("multi30k_1m", "multi30k_4m", "multi30k_4m_distill"):
     gin.clear_config()
     _parse([f"{name}.gin"])
-    target, draft = run_lib.model_config("target"), run_lib.model_config(
+    target, draft = loading.model_config("target"), loading.model_config(
         "draft")
     assert target.vocab_size == draft.vocab_size == 8000
     assert draft.num_params < target.num_params / 2

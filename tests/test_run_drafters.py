@@ -15,9 +15,19 @@ import re
 import gin
 import pytest
 
-from specdec_jax import drafters
+from specdec_jax.core import drafters
 from specdec_jax import run as run_lib
+from specdec_jax import gin_utils
 from specdec_jax import sweep
+from specdec_jax import timing
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import auto_gamma
+from specdec_jax.experiment import runner
+from specdec_jax.experiment import summary
+from specdec_jax.experiment.plan import Providers
+from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.experiment.plan import make_decoders
+from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.experiment import ngram_corpus as corpus_lib
 
 from conftest import REPO
@@ -36,16 +46,17 @@ def corpus(tmp_path):
 
 
 def _parse(bindings):
-  run_lib.gin_utils.parse_gin(["local_tiny.gin"], bindings, finalize=False)
+  gin_utils.parse_gin(["local_tiny.gin"], bindings, finalize=False)
 
 
-def _run_error(out, bindings) -> str:
+def _run_error(out, bindings, providers) -> str:
   """`run`'s ConfigError message for `bindings`; asserts nothing was written
-  to `out` (the `no_load` fixture asserts no model was loaded)."""
+  to `out` (the `no_load` fixture as `providers` asserts no model was
+  loaded)."""
   gin.clear_config()
   _parse([f"OUTPUT_DIR = '{out}'", *bindings])
   with pytest.raises(run_lib.ConfigError) as e:
-    run_lib.run()
+    run_lib.run(providers=providers)
   assert not out.exists()
   return str(e.value)
 
@@ -96,7 +107,7 @@ def _run_error(out, bindings) -> str:
 ])
 def test_bad_drafting_settings_fail_before_loading(bindings, expect, tmp_path,
                                                    no_load):
-  message = _run_error(tmp_path / "out", bindings)
+  message = _run_error(tmp_path / "out", bindings, no_load)
   for text in expect:
     assert text in message, (text, message)
 
@@ -107,7 +118,7 @@ def test_corpus_in_another_vocabulary_fails_before_loading(tmp_path, no_load):
   corpus_lib.write_token_corpus(str(ids), [[5, 6, 1], [7, 1]], 32128)
   assert (f"NGRAM_CORPUS='{ids}' holds ids of a vocabulary of 32128 ids, but "
           "the models' has 259") in _run_error(
-              out, ["DRAFTER = 'bigram'", f"NGRAM_CORPUS = '{ids}'"])
+              out, ["DRAFTER = 'bigram'", f"NGRAM_CORPUS = '{ids}'"], no_load)
   # Text in a script the vocabulary does not cover: mostly unknown pieces.
   if not PRETRAINED_SPM.exists():
     pytest.skip(f"{PRETRAINED_SPM} not found")
@@ -118,7 +129,7 @@ def test_corpus_in_another_vocabulary_fails_before_loading(tmp_path, no_load):
       "vocabulary.byte_level = False", f"SPM_MODEL_PATH = '{PRETRAINED_SPM}'",
       "EXTRA_IDS = 0", "target/T5Config.vocab_size = 8000",
       "draft/T5Config.vocab_size = 8000"
-  ])
+  ], no_load)
   assert re.search(
       r"of its tokens are unknown to the vocabulary.*another "
       "language or vocabulary", message), message
@@ -144,12 +155,10 @@ def test_bigram_adaptive_auto_gamma_end_to_end(tmp_path, corpus, monkeypatch):
   # weights), so pilot and run share one program; a one-layer target
   # compiles faster (nothing here depends on its size).
   monkeypatch.setattr(
-      run_lib.timing, "call_seconds", lambda calls, *args, **kwargs: {
+      timing, "call_seconds", lambda calls, *args, **kwargs: {
           name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()
       })
-  monkeypatch.setattr(run_lib.drafter_choice, "propose_seconds",
-                      lambda *args, gamma, **kwargs: 1e-5 * gamma)
-  monkeypatch.setattr(run_lib.drafter_choice, "AUTO_GAMMA_PILOT", 1)
+  monkeypatch.setattr(auto_gamma, "AUTO_GAMMA_PILOT", 1)
   out = tmp_path / "out"
   _parse([
       f"OUTPUT_DIR = '{out}'", "DRAFTER = 'bigram'",
@@ -168,8 +177,10 @@ def test_bigram_adaptive_auto_gamma_end_to_end(tmp_path, corpus, monkeypatch):
   assert written["settings"]["run"]["gamma"] == "auto"
   auto = written["gamma_auto"]
   assert written["gamma"] == auto["chosen_gamma"] == 1  # α ≈ 0
-  assert auto["cost_coefficient_c"] == pytest.approx(1e-5 / 1.1e-3)
-  assert written["cost_coefficient_c"] == pytest.approx(1e-5 / 1.1e-3)
+  # The stand-in prices a propose of γ guesses at 1 + γ/10 ms: the pilot
+  # times γ = 12 (AUTO_GAMMA_CALL_KS), the run its chosen γ = 1.
+  assert auto["cost_coefficient_c"] == pytest.approx((1 + 1.2) / 12 / 1.1)
+  assert written["cost_coefficient_c"] == pytest.approx(1.1 / 1 / 1.1)
   # The stand-in call costs 1 + K/10 ms, linear in K: interpolation is exact.
   assert auto["call_cost_by_gamma"] == pytest.approx([
       (1 + (g + 1) / 10) / 1.1 for g in range(1, 13)
@@ -180,7 +191,7 @@ def test_bigram_adaptive_auto_gamma_end_to_end(tmp_path, corpus, monkeypatch):
   assert written["drafter_settings"]["ngram_order"] == 2
   # No drafter needs the draft model's checkpoint: only the target's counts.
   assert written["random_weights"] is True  # (no target checkpoint here)
-  lines = run_lib.summary_lines(metrics, run_lib.run_arguments())
+  lines = summary.summary_lines(metrics, arguments.run_arguments())
   assert f"γ=auto→{auto['chosen_gamma']}" in lines[0]
   assert any(line.startswith("GAMMA='auto'") for line in lines)
 
@@ -194,16 +205,16 @@ def test_summary_of_a_lenient_run():
                      "baseline": 40.0,
                      "speculative": 39.0
                  })
-  args = run_lib.RunArguments(temperature=0.0, gamma=5, mode="walltime",
-                              target_name="11m", draft_name="1m",
-                              output_dir="/tmp/x")
-  text = "\n".join(run_lib.summary_lines(metrics, args))
+  args = arguments.RunArguments(temperature=0.0, gamma=5, mode="walltime",
+                                target_name="11m", draft_name="1m",
+                                output_dir="/tmp/x")
+  text = "\n".join(summary.summary_lines(metrics, args))
   assert "LENIENCE=0.5 < 1: outputs are NOT the target's distribution" in text
   assert "identical to the target's on 6/10 examples" in text
   assert "NOT all: at T=0 they must be" not in text
   metrics.update(greedy_outputs_identical=None, greedy_identical_examples=None)
   text = "\n".join(
-      run_lib.summary_lines(metrics, dataclasses.replace(args,
+      summary.summary_lines(metrics, dataclasses.replace(args,
                                                          temperature=1.0)))
   assert "NOT the target's distribution" in text
   assert "samples the target's distribution exactly" not in text
@@ -214,18 +225,15 @@ def test_block_verification_end_to_end(tmp_path, monkeypatch):
   """ACCEPTANCE='block' reaches the loop, is recorded, and keeps greedy
   outputs the target's (the rule's exactness: test_block_acceptance.py)."""
   monkeypatch.setattr(
-      run_lib.timing, "call_seconds", lambda calls, *args, **kwargs: {
+      timing, "call_seconds", lambda calls, *args, **kwargs: {
           name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()
       })
   used = []
-  original = run_lib.Experiment.acceptance
 
-  def spy(self):
-    rule = original(self)
-    used.append(type(rule).__name__)
-    return rule
+  def spy(plan, *args):
+    used.append(type(plan.acceptance).__name__)
+    return make_decoders(plan, *args)
 
-  monkeypatch.setattr(run_lib.Experiment, "acceptance", spy)
   out = tmp_path / "out"
   _parse([
       f"OUTPUT_DIR = '{out}'", "ACCEPTANCE = 'block'", "GAMMA = 2",
@@ -233,7 +241,7 @@ def test_block_verification_end_to_end(tmp_path, monkeypatch):
       "'targets': 6}", "target/T5Config.num_encoder_layers = 1",
       "target/T5Config.num_decoder_layers = 1"
   ])
-  metrics = run_lib.run()
+  metrics = run_lib.run(providers=Providers(decoders=spy))
   assert used and set(used) == {"BlockAcceptance"}
   assert metrics["greedy_outputs_identical"] is True
   written = json.loads((out / "metrics.json").read_text())
@@ -256,7 +264,7 @@ def test_shared_encoder_end_to_end(tmp_path, monkeypatch):
   target's encoder output in the loop, stays exact, is priced as a draft
   model step, and MODE='alpha' measures it too."""
   monkeypatch.setattr(
-      run_lib.timing, "call_seconds", lambda calls, *args, **kwargs: {
+      timing, "call_seconds", lambda calls, *args, **kwargs: {
           name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()
       })
   inits = []
@@ -272,18 +280,18 @@ def test_shared_encoder_end_to_end(tmp_path, monkeypatch):
       f"OUTPUT_DIR = '{out}'", "GAMMA = 2", "NUM_EXAMPLES = 2",
       "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 6}", *SHARED_ENCODER
   ])
-  experiment = run_lib.Experiment(run_lib.run_arguments())
-  metrics = experiment.run()
+  metrics, models = runner.execute(RunPlan.build(arguments.run_arguments()))
   assert inits and all(inits)  # Started from the target's encoder output.
-  _, target, draft = experiment.models()
-  assert isinstance(draft, run_lib.models_lib.SharedEncoderModel)
+  target, draft = models.target, models.draft
+  assert isinstance(draft, SharedEncoderModel)
   assert draft.encoder is target
   assert "encoder" not in draft.decoder.params["params"]
   assert metrics["greedy_outputs_identical"] is True
   written = json.loads((out / "metrics.json").read_text())
   assert written["drafter"] == "shared_encoder"
   assert written["draft_model"] == "tiny"
-  assert written["cost_coefficient_c"] == pytest.approx(1.1 / 1.1)
+  # A propose of γ = 2 guesses at the stand-in's 1 + 2/10 ms, per guess.
+  assert written["cost_coefficient_c"] == pytest.approx(1.2 / 2 / 1.1)
   assert written["settings"]["draft"]["encoder_width"] == 64
   assert "encoder_width" not in written["settings"]["target"]
   gin.clear_config()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specdec_jax import sampling
+from specdec_jax.core import sampling
 
 from decoding_helpers import reference_standardize as _reference_standardize
 

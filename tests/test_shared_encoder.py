@@ -17,13 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decoding
-from specdec_jax import drafters
-from specdec_jax import models
-from specdec_jax.models import SharedEncoderModel
-from specdec_jax.models import T5Config
-from specdec_jax.models import T5Model
-from specdec_jax.models import init_params
+from specdec_jax.core import decoding
+from specdec_jax.core import drafters
+from specdec_jax.core import models
+from specdec_jax.core.models import SharedEncoderModel
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import init_params
 
 from conftest import random_model
 from conftest import tiny_config

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.decoding import beam_search
-from specdec_jax.decoding import speculative_beam
+from specdec_jax.core.decoding import beam_search
+from specdec_jax.core.decoding import speculative_beam
 
 from conftest import load_script
 from conftest import perturbed

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from jax.experimental import checkify
 
-from specdec_jax import decoding
-from specdec_jax import drafters
-from specdec_jax import sampling
+from specdec_jax.core import decoding
+from specdec_jax.core import drafters
+from specdec_jax.core import sampling
 
 from decoding_helpers import ScriptedDrafter
 from decoding_helpers import ScriptedTarget

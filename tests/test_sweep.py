@@ -6,10 +6,12 @@ import sys
 
 import pytest
 
-from specdec_jax import run as run_lib
+from specdec_jax.experiment.plan import Providers
+from specdec_jax.experiment.plan import make_decoders
 from specdec_jax import sweep
 
 from conftest import REPO
+from conftest import load_script
 
 # A cleared gin configuration before and after each test (conftest.py).
 # End to end through the harness: `pytest -m "not slow"` leaves it out.
@@ -72,15 +74,6 @@ def test_unknown_binding_and_foreign_results_dir(tmp_path):
   assert (corrupt / sweep.SWEEP_FILE).read_text() == "{not json"
 
 
-@pytest.fixture
-def no_load(monkeypatch):
-
-  def fail(*args, **kwargs):
-    raise AssertionError("loaded a model before validating every point")
-
-  monkeypatch.setattr(run_lib, "load_model", fail)
-
-
 @pytest.mark.parametrize(
     "points,expect",
     [
@@ -114,7 +107,7 @@ def test_every_point_checked_before_any_model_load(points, expect, tmp_path,
                                                    no_load):
   results = tmp_path / "r"
   with pytest.raises(sweep.SweepError) as e:
-    sweep.run_sweep(points, str(results), ["local_tiny.gin"])
+    sweep.run_sweep(points, str(results), ["local_tiny.gin"], providers=no_load)
   for text in expect:
     assert text in str(e.value), (text, str(e.value))
   assert "In call to configurable" not in str(e.value)  # gin's note
@@ -125,14 +118,29 @@ def test_base_binding_typo_and_unwritable_results_dir(tmp_path, no_load):
   with pytest.raises(sweep.SweepError, match=r"--gin.GAMA=3.*GAMMA"):
     sweep.run_sweep([{
         "GAMMA": 1
-    }], str(tmp_path / "r"), ["local_tiny.gin"], ["GAMA=3"])
+    }], str(tmp_path / "r"), ["local_tiny.gin"], ["GAMA=3"], providers=no_load)
   a_file = tmp_path / "file"
   a_file.write_text("mine")
   with pytest.raises(sweep.SweepError) as e:
-    sweep.run_sweep([{"GAMMA": 1}], str(a_file), ["local_tiny.gin"])
+    sweep.run_sweep([{
+        "GAMMA": 1
+    }], str(a_file), ["local_tiny.gin"], providers=no_load)
   assert f"--results_dir={str(a_file)!r}: not a writable directory" in str(
       e.value)
   assert a_file.read_text() == "mine"
+
+
+def test_unread_macro_in_a_gin_file_is_refused(tmp_path, no_load):
+  """Issue 37 (5): `GAMA = 3` in an experiment file ran with γ 5."""
+  (tmp_path / "exp.gin").write_text("include 'local_tiny.gin'\nGAMA = 3\n")
+  with pytest.raises(sweep.SweepError) as e:
+    sweep.run_sweep([{
+        "SEED": 1
+    }], str(tmp_path / "r"), [str(tmp_path / "exp.gin")])
+  assert "exp.gin:2: GAMA = ...: macro 'GAMA' is defined but nothing reads" \
+      in str(e.value)
+  assert "did you mean GAMMA?" in str(e.value)
+  assert not (tmp_path / "r").exists()
 
 
 def test_cli_error_is_one_line_without_traceback(tmp_path):
@@ -154,18 +162,17 @@ def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
       "{'inputs': 32, 'targets': 8}"
   ]
   points = sweep.parse_sweep_args(["GAMMA=1,2", "TEMPERATURE=0,1"])
-  calls = []
-  real_run = run_lib.Experiment.run
+  calls, dying = [], [True]
 
-  def dying_run(self):
-    if len(calls) == 2:  # killed while running the third point
+  def decoders(plan, *args):  # each point builds its decoders once
+    if dying[0] and len(calls) == 2:  # killed while running the third point
       raise KeyboardInterrupt
-    calls.append(self.args.output_dir)
-    return real_run(self)
+    calls.append(plan.args.output_dir)
+    return make_decoders(plan, *args)
 
-  monkeypatch.setattr(run_lib.Experiment, "run", dying_run)
+  counting = Providers(decoders=decoders)
   with pytest.raises(KeyboardInterrupt):
-    sweep.run_sweep(points, results, base, bindings)
+    sweep.run_sweep(points, results, base, bindings, providers=counting)
   done_first = [d for d in calls]
   assert len(done_first) == 2
   snapshots = {
@@ -173,15 +180,13 @@ def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
   }
 
   calls.clear()
-  monkeypatch.setattr(
-      run_lib.Experiment, "run", lambda self:
-      (calls.append(self.args.output_dir), real_run(self))[1])
+  dying[0] = False
   # Compiled programs are dropped after each point (kept, a long sweep runs
   # out of memory mappings).
   cleared = []
   monkeypatch.setattr(sweep.jax, "clear_caches",
                       lambda: cleared.append(len(calls)))
-  dirs = sweep.run_sweep(points, results, base, bindings)
+  dirs = sweep.run_sweep(points, results, base, bindings, providers=counting)
   assert len(calls) == 2 and not set(calls) & set(done_first)
   assert cleared == [1, 2]
   assert sorted(dirs) == sorted(done_first + calls)
@@ -196,6 +201,19 @@ def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
     assert open(os.path.join(d, "metrics.json")).read() == text
   # A third run has nothing left to do.
   calls.clear()
-  sweep.run_sweep(points, results, base, bindings)
+  sweep.run_sweep(points, results, base, bindings, providers=counting)
   assert calls == []
   assert not [f for f in os.listdir(results) if f.startswith(".")]
+
+
+def test_soak_script_points_are_the_gamma_seed_grid():
+  """scripts/soak_sweep.py built its points from itertools.product over an
+  endless itertools.count(): product reads its inputs whole, and the
+  script's memory grew without end before the first point (issue 37's
+  soak run)."""
+  soak = load_script("soak_sweep")
+  assert soak.points(7) == [{
+      "GAMMA": g,
+      "SEED": s
+  } for s, g in [(0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (1, 1), (1, 2)]]
+  assert len(soak.points(1000)) == 1000

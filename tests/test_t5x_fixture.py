@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
-from specdec_jax import decoding
-from specdec_jax.models import T5Config
-from specdec_jax.models import T5Model
-from specdec_jax.models import Transformer
-from specdec_jax.models import param_shapes
+from specdec_jax.core import decoding
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import Transformer
+from specdec_jax.core.models import param_shapes
 
 from conftest import T5X_TINY
 from conftest import perturbed

@@ -66,7 +66,7 @@ def task_names(spm_path):
 @pytest.mark.slow
 def test_import_does_not_load_tensorflow():
   code = ("import sys, specdec_jax.tasks, specdec_jax.vocab, "
-          "specdec_jax.metrics; "
+          "specdec_jax.quality; "
           "bad = [m for m in ('tensorflow', 'seqio', 'tensorflow_datasets') "
           "if m in sys.modules]; assert not bad, bad")
   subprocess.run([sys.executable, "-c", code], check=True,
@@ -126,6 +126,29 @@ def test_load_vocabulary_reads_now_and_names_a_bad_file(tmp_path, spm_path):
   assert f"SPM_MODEL_PATH={str(not_a_model)!r}" in message
   assert "is not a SentencePiece model" in message
   assert "Traceback" not in message
+
+
+def test_sentencepiece_file_reads_as_seqio_does_without_tensorflow(spm_path):
+  """A local model without extra ids is read without seqio (no TensorFlow
+  at a run's start), and encodes and decodes exactly as seqio's does."""
+  ours = vocab_lib.load_vocabulary(spm_path, extra_ids=0)
+  assert isinstance(ours, vocab_lib.SentencePieceFile)
+  theirs = vocab_lib.get_vocabulary(spm_path, extra_ids=0)
+  assert (ours.vocab_size, ours.eos_id, ours.unk_id,
+          ours.pad_id) == (theirs.vocab_size, theirs.eos_id, theirs.unk_id,
+                           theirs.pad_id)
+  texts = ["the house and das haus", "Gräber ung sch!", "", "  x  y ", "€ ∞"]
+  for text in texts:
+    assert ours.encode(text) == theirs.encode(text), text
+  rng = random.Random(1)
+  id_lists = [[
+      rng.randrange(0, ours.vocab_size + 20) for _ in range(rng.randint(0, 12))
+  ] for _ in range(200)] + [[5, 6, 1, 7, 8], [0, 0, 1], [1], []]
+  for ids in id_lists:  # ids beyond the model, EOS inside, padding
+    assert ours.decode(ids) == theirs.decode(ids), ids
+  # The seqio vocabulary is still what a model with extra ids gets.
+  assert not isinstance(vocab_lib.load_vocabulary(spm_path, extra_ids=10),
+                        vocab_lib.SentencePieceFile)
 
 
 def test_default_vocabulary_is_lazy():

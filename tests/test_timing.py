@@ -118,3 +118,30 @@ def test_interleaved_timer_rotates_the_order_per_round(monkeypatch):
   order.clear()
   timing.InterleavedTimer(2, log=lambda _: None)(fns)
   assert [n for r, n in order if r >= 0] == list("abcabc")
+
+
+def test_a_proposer_is_priced_by_its_propose_loop(monkeypatch):
+  """A `Proposer` entry runs `propose_loop` with γ = its k, interleaved
+  with the target's calls, on its own state (no cache built for it)."""
+  seen = []
+  monkeypatch.setattr(timing, "start", lambda model, inputs, max_len: model)
+  monkeypatch.setattr(
+      timing, "call_loop", lambda model, cache, fill, k, steps: seen.append(
+          ("call", k, steps)))
+
+  def propose_loop(drafter, state, buffer, fill, rng, *, gamma, method, steps):
+    seen.append(("propose", gamma, steps, drafter, state, method))
+
+  monkeypatch.setattr(timing, "propose_loop", propose_loop)
+  monkeypatch.setattr(timing, "timed", lambda fn, r: (fn(r), 2.0 + r % 2))
+  proposer = timing.Proposer("drafter", "state", np.zeros((1, 9), np.int32),
+                             "greedy")
+  result = timing.call_seconds({
+      "step": ("target", 1),
+      "draft": (proposer, 3)
+  }, np.zeros((1, 4), np.int32), fill=5, cache_len=6, steps=4, repeats=2)
+  assert ("propose", 3, 4, "drafter", "state", "greedy") in seen
+  assert ("call", 1, 4) in seen and all(
+      s[1] != 3 for s in seen if s[0] == "call")
+  # fill + γ would not fit a 6-slot cache, but a proposer has its own state.
+  assert set(result) == {"step", "draft"}

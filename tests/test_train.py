@@ -18,7 +18,7 @@ import pytest
 from conftest import MULTI30K
 from conftest import require_shared
 from specdec_jax import checkpoints
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import paths
 from specdec_jax import tasks
@@ -26,11 +26,11 @@ from specdec_jax import train as train_lib
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
 from specdec_jax.training import optimizer as optimizer_lib
-from specdec_jax.training import vocabulary
-from specdec_jax.models import T5Config
-from specdec_jax.models import T5Model
-from specdec_jax.models import init_params
-from specdec_jax.models import param_shapes
+from specdec_jax import vocab as vocabulary
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import init_params
+from specdec_jax.core.models import param_shapes
 
 STEPS = 200  # For the target and the draft; checkpoints every 100.
 
@@ -156,7 +156,7 @@ def test_speculative_greedy_equals_target_greedy(workdir, spm_path, target,
   base = decoding.temperature_sample(target_model, inputs, rng,
                                      max_decode_length=32)
   spec = decoding.speculative_sample(target_model,
-                                     decoding.T5Drafter(draft_model), inputs,
+                                     decoding.ModelDrafter(draft_model), inputs,
                                      rng, gamma=3, max_decode_length=32)
   np.testing.assert_array_equal(np.asarray(spec.tokens),
                                 np.asarray(base.tokens))
@@ -601,3 +601,31 @@ def test_batches_deterministic_disjoint_and_shifted():
         data.batch(20)["decoder_target_tokens"],
         data.batch(0)["decoder_target_tokens"])
   assert padding[5] < padding[0]
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--gin_bindings=train.learning_rate=float('nan')",
+     "--gin.train.learning_rate=float('nan'): not a gin binding: 'float' is "
+     "not a gin value"),
+    ("--gin_bindings=train.grad_clip_norm=float('inf')",
+     "--gin.train.grad_clip_norm=float('inf'): not a gin binding: 'float'"),
+    ("--gin.NUM_STEPS=x", "--gin.NUM_STEPS=x: not a gin binding: 'x' is not "
+     "a gin value"),
+    ("--gin.NUM_STEP=3", "--gin.NUM_STEP=3: unknown gin macro 'NUM_STEP'"),
+])
+def test_bad_bindings_are_one_line(flag, message, capsys):
+  """Issue 37 (4, 5): tracebacks from gin's parser, and a misspelled macro
+  that trained all 300 steps."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.FLAGS.unparse_flags()
+  try:
+    code = train_lib.cli(["train", "--gin_file=train/tiny_ci.gin", flag])
+  finally:
+    flags.FLAGS.unparse_flags()
+    gin.clear_config()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2
+  assert err == [line for line in err if not line.startswith("Traceback")]
+  assert err[-1].startswith(f"train: error: {message}"), err
+  if "NUM_STEP=" in flag:
+    assert "did you mean NUM_STEPS?" in err[-1]

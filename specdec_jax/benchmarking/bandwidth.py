@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.models.config import T5Config
+from specdec_jax.core.models.config import T5Config
 
 # Peak HBM bandwidth in GB/s by (substring of) jax device_kind; first match
 # wins, so more specific names come first.

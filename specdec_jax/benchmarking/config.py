@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from specdec_jax import flag_utils
 from specdec_jax import gin_utils
-from specdec_jax.models.config import T5Config
+from specdec_jax.core.models.config import T5Config
 
 # Size names of --target/--draft -> model gin files (under gin/): the T5 v1.1
 # sizes (T5X's t5_1_1/*.gin hyperparameters) plus small test/CPU configs.

@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import timing
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.core.models.t5 import T5Model
 
 Array = jax.Array
 

@@ -18,17 +18,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import analysis
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import parameters
-from specdec_jax import sampling
+from specdec_jax.core import sampling
 from specdec_jax import timing
 from specdec_jax.benchmarking import bandwidth
 from specdec_jax.benchmarking import synthetic
 from specdec_jax.benchmarking.config import BenchmarkConfig
 from specdec_jax.benchmarking.config import DTYPES
 from specdec_jax.benchmarking.greedy_identity import greedy_identity_check
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.core.models.t5 import T5Model
 
 Array = jax.Array
 Log = Callable[[str], None]
@@ -49,7 +49,7 @@ class _Bench:
   cfg: BenchmarkConfig
   target: T5Model
   draft: T5Model
-  drafter: decoding.T5Drafter
+  drafter: decoding.ModelDrafter
   encoder_inputs: Array
   prefix: Array
   rng: Array
@@ -111,7 +111,7 @@ def _setup(cfg: BenchmarkConfig, log: Log) -> Tuple[_Bench, float]:
   # of the K sweep's points).
   max_k = max(max(cfg.chunk_sizes), max(cfg.gammas) + 1)
   bench = _Bench(
-      cfg=cfg, target=target, draft=draft, drafter=decoding.T5Drafter(draft),
+      cfg=cfg, target=target, draft=draft, drafter=decoding.ModelDrafter(draft),
       encoder_inputs=encoder_inputs, prefix=jnp.asarray(prefix, jnp.int32),
       rng=jax.random.PRNGKey(cfg.seed), fill=jnp.full(
           (batch,), cfg.fill_length,

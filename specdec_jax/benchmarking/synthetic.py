@@ -14,8 +14,8 @@ import flax
 import jax
 import numpy as np
 
-from specdec_jax import decoding
-from specdec_jax import sampling
+from specdec_jax.core import decoding
+from specdec_jax.core import sampling
 
 Array = jax.Array
 

@@ -1,7 +1,7 @@
 """A trained pair against T5X: `scripts/compare_with_t5x.py --pair`.
 
 Loads the pair, vocabulary and sentences exactly as `python -m
-specdec_jax.run` does for a run gin file (`run.Experiment`: checkpoints in
+specdec_jax.run` does for a run gin file (`experiment.plan.RunPlan`: checkpoints in
 float32, models `prepared_for_decoding`, run's own decoders), hands T5X the
 same target weights in its layout (`T5Model.unpacked`, its tree checked
 against T5X's `init`), and decodes every sentence at batch 1, greedy, EOS =
@@ -20,10 +20,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import partitioning
-from specdec_jax import run as run_lib
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import runner
+from specdec_jax.experiment.plan import RunPlan
 from specdec_jax import timing
 from specdec_jax.benchmarking import t5x_reference
 from specdec_jax.paths import GIN_DIR
@@ -67,7 +69,7 @@ def parse_gammas(text: str) -> Tuple[int, ...]:
 
 
 def pair_experiment(gin_file: str, args):
-  """(`run.Experiment` for the pair, the γs): the gin file's settings, at
+  """(the pair's checked `RunPlan`, the γs): the gin file's settings, at
   T = 0 and batch 1, with --num_examples / --max_decode_length if given.
 
   Nothing is loaded yet; a gin file without both checkpoints, with
@@ -76,11 +78,11 @@ def pair_experiment(gin_file: str, args):
   where = f"--pair={args.pair!r} ({gin_file})"
   try:
     gin_utils.parse_gin([gin_file], [], finalize=False)
-    settings = run_lib.run_arguments()
+    settings = arguments.run_arguments()
   except (ValueError, LookupError) as e:  # incl. gin_utils.ConfigError
     raise SystemExit(f"error: {where}: {e}") from None
   missing = [
-      run_lib.MACROS[key]
+      arguments.MACROS[key]
       for key in ("target_checkpoint_path", "draft_checkpoint_path")
       if not getattr(settings, key)
   ]
@@ -109,10 +111,10 @@ def pair_experiment(gin_file: str, args):
     overrides["task_feature_lengths"] = dict(settings.task_feature_lengths,
                                              targets=args.max_decode_length)
   try:
-    experiment = run_lib.Experiment(run_lib.run_arguments(overrides=overrides))
+    plan = RunPlan.build(arguments.run_arguments(overrides=overrides))
   except ValueError as e:
     raise SystemExit(f"error: {where}: {e}") from None
-  return experiment, gammas
+  return plan, gammas
 
 
 def input_widths(inputs: np.ndarray, bucket: int) -> np.ndarray:
@@ -127,7 +129,7 @@ class Pair:
   """The loaded pair, its programs and its sentences (`load_pair`).
 
   Attributes:
-    exp: the `run.Experiment`; gin_file: its gin file; gammas: the γs.
+    exp: the pair's `RunPlan` (loaded); gin_file: its gin file; gammas: the γs.
     num_examples: sentences; inputs: [N, S] their tokens.
     max_decode_length: generated tokens at most per sentence.
     t5x_module, t5x_params: T5X's network and the target's weights in its
@@ -156,36 +158,33 @@ def load_pair(args, t5x: t5x_reference.T5X, log) -> Pair:
   gin_file = resolve_pair(args.pair)
   exp, gammas = pair_experiment(gin_file, args)
   a = exp.args
-  vocab = exp.vocabulary()
-  examples = exp.examples()
-  exp.check_examples(examples)
-  inputs, full_lengths = exp.encode_inputs(vocab, examples)
-  exp.check_truncation(full_lengths)
-  max_len = a["task_feature_lengths"]["targets"]
+  examples, inputs, full_lengths = runner.encoded_examples(exp)
+  runner.check_examples(a, examples)
+  runner.check_truncation(a, full_lengths)
+  max_len = a.max_decode_length
   t5x_module, t5x_predict = t5x_reference.make_t5x_predict(
       t5x, exp.target_config, max_decode_length=max_len, eos_id=decoding.EOS_ID)
-  mesh, target, draft = exp.models()  # run's loader: float32, packed
+  exp = exp.loaded(exp.load_models())  # run's loader: float32, packed
+  mesh, target = exp.models.mesh, exp.models.target
   # T5X reads the same weights in its own layout (packing is a layout).
   t5x_params = target.params["params"]
   leaves = t5x_reference.check_same_tree(t5x_module, t5x_params,
                                          inputs.shape[1], max_len)
   log(f"[pair] {len(examples)} sentences from {source_of(a)}; target "
-      f"{a['target_checkpoint_path']} ({exp.target_config.num_params:,} "
+      f"{a.target_checkpoint_path} ({exp.target_config.num_params:,} "
       f"params, tree = T5X's init, {leaves} leaves), draft "
-      f"{a['draft_checkpoint_path']}; max_decode_length {max_len}, γ "
+      f"{a.draft_checkpoint_path}; max_decode_length {max_len}, γ "
       f"{list(gammas)}")
-  # Run's own decoders (`Experiment._decoders`: what `run` times).
-  baseline, _ = exp._decoders(target, draft)  # pylint: disable=protected-access
+  # Run's own decoders (the plan's: what `run` times).
   programs = {
       T5X: lambda x, key: t5x_predict(t5x_params, x, key),
-      BASELINE: baseline
+      BASELINE: exp.baseline
   }
   for g in gammas:
-    _, programs[f"{SPECULATIVE}{g}"] = exp._decoders(  # pylint: disable=protected-access
-        target, draft, g)
-  widths = input_widths(inputs, run_lib.INPUT_BUCKET)
+    programs[f"{SPECULATIVE}{g}"] = exp.with_gamma(g).speculative
+  widths = input_widths(inputs, runner.INPUT_BUCKET)
   sharding = partitioning.data_sharding(mesh, 1)
-  rng = jax.random.PRNGKey(a["seed"])
+  rng = jax.random.PRNGKey(a.seed)
   return Pair(
       exp, gin_file, gammas, len(examples), inputs, max_len, t5x_module,
       t5x_params, leaves, programs, rows=[
@@ -196,7 +195,7 @@ def load_pair(args, t5x: t5x_reference.T5X, log) -> Pair:
 
 
 def source_of(a) -> str:
-  return a["source_file"] or a["mixture_or_task_name"]
+  return a.source_file or a.mixture_or_task_name
 
 
 def compile_widths(pair: Pair, log) -> Dict[str, float]:
@@ -312,10 +311,10 @@ def pair_record(pair: Pair, compile_s: Dict[str, float],
   firsts = first_of_each_width(pair.widths)
   return {
       "gin_file": os.path.relpath(pair.gin_file),
-      "target_checkpoint_path": a["target_checkpoint_path"],
-      "draft_checkpoint_path": a["draft_checkpoint_path"],
-      "target_model": a["target_name"],
-      "draft_model": a["draft_name"],
+      "target_checkpoint_path": a.target_checkpoint_path,
+      "draft_checkpoint_path": a.draft_checkpoint_path,
+      "target_model": a.target_name,
+      "draft_model": a.draft_name,
       "target_num_params": exp.target_config.num_params,
       "draft_num_params": exp.draft_config.num_params,
       "dtype": str(np.dtype(exp.target_config.dtype)),
@@ -328,7 +327,7 @@ def pair_record(pair: Pair, compile_s: Dict[str, float],
       "eos_id": decoding.EOS_ID,
       "max_decode_length": pair.max_decode_length,
       "inputs_length": int(pair.inputs.shape[1]),
-      "input_bucket": run_lib.INPUT_BUCKET,
+      "input_bucket": runner.INPUT_BUCKET,
       "examples_per_input_width": {
           w: int(np.sum(pair.widths == w)) for w in firsts
       },

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.models import Transformer
+from specdec_jax.core.models import Transformer
 
 
 class T5XPathError(SystemExit):

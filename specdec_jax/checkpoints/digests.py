@@ -7,7 +7,10 @@ checkpoints this repository ships and exports (`scripts/export_pretrained.py`)
 SHA-256, in `checkpoint_<N>/DIGESTS.json`; `load_t5x_params` calls
 `verify_manifest` when that file is there, before reading any array, and
 refuses a missing, resized, changed or unlisted file, naming it.
-Checkpoints without a manifest load as before.
+Checkpoints without a manifest load as before, with a warning that they
+are unverified. The manifest may also record the SentencePiece model the
+checkpoint was trained with (`vocabulary_record`): a run refuses another
+one, even of the same size.
 
 The cost: every byte of the checkpoint is read once more and hashed
 (SHA-256, roughly 0.5-1 GB/s per core): milliseconds for the shipped 19 MB
@@ -16,13 +19,16 @@ pair, about 1 s per GB otherwise. On gs:// the files are downloaded twice.
 import hashlib
 import json
 import os
-from typing import Dict, List
+from typing import Any, Dict, List, Optional
 
 from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import join
 
 MANIFEST_FILE = "DIGESTS.json"
+# DIGESTS.json's record of the vocabulary the checkpoint was trained with.
+VOCABULARY_KEY = "vocabulary"
 
 
 def _local_files(folder: str) -> List[str]:
@@ -39,16 +45,49 @@ def digest(data: bytes) -> str:
   return hashlib.sha256(data).hexdigest()
 
 
-def write_manifest(folder: str) -> str:
+def write_manifest(folder: str, vocabulary_file: Optional[str] = None) -> str:
   """Writes `folder`/DIGESTS.json for every file in it (a local folder);
-  returns its path."""
+  returns its path.
+
+  Args:
+    folder: the checkpoint's step folder.
+    vocabulary_file: the SentencePiece model the checkpoint was trained
+      with: its size and digest are recorded too (`vocabulary_record`), so
+      a run can refuse another vocabulary of the same size.
+  """
   files: Dict[str, Dict[str, object]] = {}
   for rel in _local_files(folder):
     data = io_utils.read_bytes(os.path.join(folder, rel))
     files[rel] = {"bytes": len(data), "sha256": digest(data)}
+  manifest: Dict[str, Any] = {"algorithm": "sha256", "files": files}
+  if vocabulary_file is not None:
+    manifest[VOCABULARY_KEY] = file_record(vocabulary_file)
   path = os.path.join(folder, MANIFEST_FILE)
-  io_utils.write_json(path, {"algorithm": "sha256", "files": files})
+  io_utils.write_json(path, manifest)
   return path
+
+
+def file_record(path: str) -> Dict[str, Any]:
+  """{'file': its name, 'bytes': its size, 'sha256': its digest}."""
+  data = io_utils.read_bytes(path)
+  return {
+      "file": os.path.basename(path),
+      "bytes": len(data),
+      "sha256": digest(data)
+  }
+
+
+def vocabulary_record(folder: str) -> Optional[Dict[str, Any]]:
+  """The vocabulary `folder`'s DIGESTS.json records (`write_manifest`);
+  None when it has no manifest, or one without a vocabulary."""
+  path = join(folder, MANIFEST_FILE)
+  if not io_utils.isfile(path):
+    return None
+  try:
+    record = json.loads(io_utils.read_text(path)).get(VOCABULARY_KEY)
+  except (ValueError, AttributeError):
+    return None
+  return record if isinstance(record, dict) and "sha256" in record else None
 
 
 def verify_manifest(folder: str) -> bool:
@@ -81,7 +120,7 @@ def verify_manifest(folder: str) -> bool:
           f"{want.get('bytes')} bytes, {str(want.get('sha256'))[:16]}...): "
           "the file is corrupt or was changed; re-download or re-export "
           "the checkpoint.")
-  if not io_utils.is_url(folder):
+  if not paths.is_url(folder):
     extra = sorted(set(_local_files(folder)) - set(files))
     if extra:
       raise CheckpointError(

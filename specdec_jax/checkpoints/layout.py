@@ -11,6 +11,7 @@ import re
 from typing import List, Optional, Tuple
 
 from specdec_jax import io_utils
+from specdec_jax import paths
 
 # The key T5X uses for the model parameters inside the train state.
 TARGET = "target"
@@ -26,9 +27,28 @@ class CheckpointError(ValueError):
   """A checkpoint is missing, malformed, unreadable or does not match."""
 
 
+def check_inside(ckpt: str, name: str, rel: str) -> None:
+  """Refuses an array path that leaves the checkpoint folder.
+
+  Every layout names its arrays by paths relative to the checkpoint: T5X's
+  msgpack specs, old Orbax's `PLACEHOLDER://<name>` leaves, the keys of
+  Orbax's `_METADATA` (joined into a folder name). An absolute path or a
+  `..` that climbs out (a crafted file) could read any array on the
+  machine. Symlinks inside the folder are followed as the filesystem
+  does (only the written path is checked).
+  """
+  norm = posixpath.normpath(rel.replace("\\", "/"))
+  if (posixpath.isabs(norm) or norm == ".." or norm.startswith("../") or
+      "://" in rel or re.match(r"^[A-Za-z]:", rel)):
+    raise CheckpointError(
+        f"Checkpoint {ckpt}: parameter '{name}' points at {rel!r}, outside "
+        "the checkpoint folder; refused (T5X writes paths relative to it, "
+        "with no '..' or leading '/').")
+
+
 def join(*parts: str) -> str:
   """`os.path.join`, or '/'-joined for a URL."""
-  if io_utils.is_url(parts[0]):
+  if paths.is_url(parts[0]):
     return posixpath.join(*parts)
   return os.path.join(*parts)
 

@@ -21,16 +21,17 @@ Old Orbax versions wrote the same kind of file as ``state/checkpoint``, with
 import json
 import os
 import posixpath
-import re
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
 from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax.checkpoints import orbax
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import ParamPath
 from specdec_jax.checkpoints.layout import TARGET
+from specdec_jax.checkpoints.layout import check_inside
 from specdec_jax.checkpoints.layout import join
 from specdec_jax.checkpoints.source import Source
 from specdec_jax.checkpoints.source import as_dir
@@ -76,7 +77,7 @@ def legacy_spec(ckpt: str, base_dir: str, name: str,
     raise CheckpointError(
         f"Checkpoint {ckpt}: unsupported kvstore driver {kv.get('driver')!r} "
         f"for parameter '{name}'.")
-  _check_inside(ckpt, name, rel)
+  check_inside(ckpt, name, rel)
   # Like T5X, always resolve the path relative to the checkpoint directory,
   # whichever driver was recorded at write time (local copies of GCS
   # checkpoints and vice versa both work).
@@ -92,23 +93,6 @@ def legacy_spec(ckpt: str, base_dir: str, name: str,
   else:
     spec.pop("metadata", None)
   return spec
-
-
-def _check_inside(ckpt: str, name: str, rel: str) -> None:
-  """Refuses an array path that leaves the checkpoint folder.
-
-  T5X writes paths relative to the msgpack file's folder; an absolute path
-  or `..` that climbs out of it (a crafted file) could read any array on
-  the machine. Symlinks inside the folder are followed as the filesystem
-  does (only the written path is checked).
-  """
-  norm = posixpath.normpath(rel.replace("\\", "/"))
-  if (posixpath.isabs(norm) or norm == ".." or norm.startswith("../") or
-      "://" in rel or re.match(r"^[A-Za-z]:", rel)):
-    raise CheckpointError(
-        f"Checkpoint {ckpt}: parameter '{name}' points at {rel!r}, outside "
-        "the checkpoint folder; refused (T5X writes paths relative to it, "
-        "with no '..' or leading '/').")
 
 
 def _read_state(ckpt: str, msgpack_path: str) -> Mapping[str, Any]:
@@ -149,7 +133,7 @@ def msgpack_sources(ckpt: str, msgpack_path: str,
       `target`, or a leaf of a kind no layout writes.
   """
   state = _read_state(ckpt, msgpack_path)
-  base_dir = posixpath.dirname(msgpack_path) if io_utils.is_url(
+  base_dir = posixpath.dirname(msgpack_path) if paths.is_url(
       msgpack_path) else os.path.dirname(msgpack_path)
   sources = {}
   for path, leaf in _flatten_state(state[TARGET]).items():

@@ -18,6 +18,7 @@ from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import ORBAX_METADATA
 from specdec_jax.checkpoints.layout import ParamPath
 from specdec_jax.checkpoints.layout import TARGET
+from specdec_jax.checkpoints.layout import check_inside
 from specdec_jax.checkpoints.layout import join
 from specdec_jax.checkpoints.source import Source
 from specdec_jax.checkpoints.source import as_dir
@@ -78,7 +79,12 @@ def uses_ocdbt(state_dir: str) -> bool:
 
 def array_source(state_dir: str, stored_name: str, name: str, driver: str,
                  use_ocdbt: bool, strict: bool) -> Source:
-  """The array stored as `stored_name` ('target.encoder...') in `state_dir`."""
+  """The array stored as `stored_name` ('target.encoder...') in `state_dir`.
+
+  Raises:
+    CheckpointError: `stored_name` leaves `state_dir` (`check_inside`).
+  """
+  check_inside(state_dir, name, stored_name)
   if use_ocdbt:
     kv = {
         "driver": "ocdbt",

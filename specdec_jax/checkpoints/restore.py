@@ -4,6 +4,7 @@ The layout is detected (`checkpoint_sources`), every parameter's name and
 stored shape is checked against the model's (`expected`) and its sharding
 from metadata alone, and only then is array data read (`reads`).
 """
+import logging
 import os
 import posixpath
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
@@ -14,6 +15,7 @@ import numpy as np
 import tensorstore as ts
 
 from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import legacy
 from specdec_jax.checkpoints import orbax
@@ -26,6 +28,8 @@ from specdec_jax.checkpoints.layout import STATE_DIR
 from specdec_jax.checkpoints.layout import join
 from specdec_jax.checkpoints.source import Source
 from specdec_jax.checkpoints.source import open_all
+
+logger = logging.getLogger(__name__)
 
 
 def checkpoint_sources(ckpt: str) -> Tuple[str, Dict[ParamPath, Source]]:
@@ -41,6 +45,10 @@ def checkpoint_sources(ckpt: str) -> Tuple[str, Dict[ParamPath, Source]]:
     if io_utils.isfile(ckpt) and posixpath.basename(
         ckpt.rstrip("/")) == MSGPACK_FILE:
       return "legacy", legacy.msgpack_sources(ckpt, ckpt)  # The file itself.
+    if io_utils.isfile(ckpt):
+      raise CheckpointError(
+          f"Checkpoint {ckpt} is a file, not a directory (expected a T5X "
+          "checkpoint_<N> directory, or its legacy 'checkpoint' file).")
     raise CheckpointError(
         f"Checkpoint directory {ckpt} does not exist (expected a T5X "
         "checkpoint_<N> directory).")
@@ -108,10 +116,14 @@ def load_t5x_params(path, *, expected=None, dtype=None,
       names the checkpoint and the slash-joined parameter path.
   """
   ckpt = os.fspath(path)
-  if not io_utils.is_url(ckpt):
+  if not paths.is_url(ckpt):
     ckpt = os.path.abspath(ckpt)
-  if io_utils.isdir(ckpt):
-    digests.verify_manifest(ckpt)  # DIGESTS.json, when exported with one
+  # DIGESTS.json, when exported with one; without, nothing is verified.
+  if io_utils.isdir(ckpt) and not digests.verify_manifest(ckpt):
+    logger.warning(
+        "Checkpoint %s has no %s: loaded unverified (a changed or corrupt "
+        "file would go unnoticed; T5X's format has no checksums).", ckpt,
+        digests.MANIFEST_FILE)
   _, sources = checkpoint_sources(ckpt)
   if not sources:
     raise CheckpointError(f"Checkpoint {ckpt}: it holds no parameters.")

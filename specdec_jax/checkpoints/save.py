@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import STATE_DIR
 from specdec_jax.checkpoints.layout import TARGET
@@ -28,7 +29,7 @@ def _epath(path: str):
 
 
 def _write_text(path: str, text: str) -> None:
-  if io_utils.is_url(path):
+  if paths.is_url(path):
     _epath(path).write_text(text)
   else:
     with open(path, "w") as f:
@@ -36,7 +37,7 @@ def _write_text(path: str, text: str) -> None:
 
 
 def _makedirs(path: str) -> None:
-  if io_utils.is_url(path):
+  if paths.is_url(path):
     _epath(path).mkdir(parents=True, exist_ok=True)
   else:
     os.makedirs(path, exist_ok=True)
@@ -44,7 +45,7 @@ def _makedirs(path: str) -> None:
 
 def _rmtree(path: str) -> None:
   try:
-    if io_utils.is_url(path):
+    if paths.is_url(path):
       p = _epath(path)
       if p.exists():
         p.rmtree()
@@ -55,7 +56,7 @@ def _rmtree(path: str) -> None:
 
 
 def _rename(src: str, dst: str) -> None:
-  if io_utils.is_url(src):
+  if paths.is_url(src):
     # Not atomic on GCS (copy + delete); see `save_params`.
     _epath(src).rename(dst)
   else:
@@ -148,7 +149,7 @@ def save_params(params, directory, *, step: int = 0) -> str:
     ValueError: a `kernel` that is not 2-D (the CPU kernel's packed panels).
   """
   directory = os.fspath(directory)
-  if not io_utils.is_url(directory):
+  if not paths.is_url(directory):
     directory = os.path.abspath(directory)
   step = int(step)
   if step < 0:

@@ -11,7 +11,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 import tensorstore as ts
 
-from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import ParamPath
 
@@ -21,7 +21,7 @@ def kvstore(path: str) -> Dict[str, Any]:
   m = re.fullmatch(r"gs://([^/]+)/?(.*)", path, re.DOTALL)
   if m is not None:
     return {"driver": "gcs", "bucket": m.group(1), "path": m.group(2)}
-  if io_utils.is_url(path):
+  if paths.is_url(path):
     raise CheckpointError(
         f"Unsupported checkpoint location {path!r}: only local paths and "
         "gs:// URLs can be read with TensorStore.")

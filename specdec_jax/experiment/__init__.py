@@ -1,20 +1,29 @@
-"""The pieces of `python -m specdec_jax.run` (`specdec_jax.run` ties them).
+"""The pieces of `python -m specdec_jax.run` (`specdec_jax.run` is its
+command line).
 
 * `arguments`: the run's arguments as gin binds them (`RunArguments`),
   checked once when built.
-* `setup`: model configs, the vocabulary and loading the models.
-* `output_dir`: what a run's results record as its settings, and the
-  OVERWRITE rule.
-* `walltime`: both decoders timed over the examples, and the cost
-  coefficient c (MODE='walltime', `metrics.json`).
-* `drafting`: GAMMA='auto', pricing a drafter's guess, the drafting keys of
-  metrics.json.
-* `drafter_choice`: which drafter a run uses (the DRAFTER macro and its
-  settings), GAMMA='auto' (Theorem 3.8) and `propose_seconds`.
-* `ngram_corpus`: reading (and writing) the corpus an n-gram drafter counts.
+* `plan`: `RunPlan`, the run built once (configs, vocabulary, models,
+  drafter, acceptance rule, decoders), every setting checked before
+  anything is loaded; `Providers`, what it takes from outside.
+* `runner`: `execute(plan)`: OUTPUT_DIR, the examples, the models, a mode.
+* `walltime`: MODE='walltime', the one decode path (compile, decode, text,
+  rows, step costs, metrics.json).
 * `alpha`: α as Corollary 3.6's mean β (MODE='alpha', `alpha.json`).
+* `loading`: model configs, the vocabulary and loading the models.
+* `drafter_registry`: DRAFTER's values, each a spec that checks, builds,
+  labels and records itself (`register_drafter`).
+* `auto_gamma`: GAMMA='auto' (Theorem 3.8 on the first examples);
+  `step_costs`: a target call's and a draft step's seconds (c).
+* `output_dir`: what a run's results record as its settings, and the
+  OVERWRITE rule; `run_lock`: one run per OUTPUT_DIR; `predictions`:
+  predictions.jsonl as it goes.
+* `ngram_corpus`: reading (and writing) the corpus an n-gram drafter counts.
 * `traces`: the per-example records of `predictions.jsonl`.
 * `summary`: the plain-words lines the command ends with.
+* `compile_report`, `compile_check`, `hlo_reads`, `tpu_topologies`:
+  COMPILE_TOPOLOGY's ahead-of-time TPU compilation.
+* `values`: what a setting's value is (integer, finite real).
 
 Nothing is imported here: `report` reads `specdec_jax.run_metrics` without
 loading JAX.

@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import analysis
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import multihost
-from specdec_jax import sampling
+from specdec_jax.core import sampling
 from specdec_jax.experiment import arguments
-from specdec_jax.models import T5Model
+from specdec_jax.core.models import T5Model
 
 
 @functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p"))

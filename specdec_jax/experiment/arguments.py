@@ -3,31 +3,41 @@
 names the gin macro that sets it (`MACROS`).
 
 The checks need no model and no I/O: every value's type and range, the
-drafter's settings (`drafter_choice`) and the decoders' own argument checks.
+drafter's settings (`drafter_registry`) and the decoders' own argument checks.
 What needs the model configs (vocabulary sizes) or a file (NGRAM_CORPUS) is
-checked by `run.Experiment` at startup, still before anything is loaded.
+checked by `plan.RunPlan.build`, still before anything is loaded.
 """
 import dataclasses
-import math
 import types
+import typing
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import gin
 
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
-from specdec_jax import sampling
-from specdec_jax.experiment import drafter_choice
+from specdec_jax import quality
+from specdec_jax.core import sampling
+from specdec_jax.experiment import drafter_registry
+from specdec_jax.experiment import values
 
 ConfigError = gin_utils.ConfigError
 MODES = ("walltime", "alpha")
+# GAMMA='auto': γ chosen by the run (`experiment.auto_gamma`).
+AUTO_GAMMA = "auto"
+TASK_KINDS = quality.TASK_KINDS  # BLEU or ROUGE
+# The longest decode a run accepts (TASK_FEATURE_LENGTHS['targets']). The
+# models set no limit (relative-position buckets), but compiling and
+# decoding grow with it, and a run prints nothing until the first batch
+# is done: 100000 tokens looked like a hang for many minutes.
+MAX_DECODE_LENGTH = 8192
 
 # ACCEPTANCE: how the target verifies the guesses (both exact).
 ACCEPTANCES = ("token", "block")
-_DRAFTING = drafter_choice.DrafterSettings()  # its defaults
-# The run arguments of `experiment.drafter_choice.DrafterSettings`.
+_DRAFTING = drafter_registry.DrafterSettings()  # its defaults
+# The run arguments of `experiment.drafter_registry.DrafterSettings`.
 DRAFTER_ARGS = tuple(
-    f.name for f in dataclasses.fields(drafter_choice.DrafterSettings))
+    f.name for f in dataclasses.fields(drafter_registry.DrafterSettings))
 
 
 def _arg(macro: str, default: Any = dataclasses.MISSING, **kwargs) -> Any:
@@ -106,6 +116,9 @@ class RunArguments:
       (Algorithm 1, the default) or 'block' (block verification, Sun et
       al. 2025: never fewer kept guesses in expectation; the same as
       'token' at temperature 0).
+    compile_topology: compile only, for this Cloud TPU slice, without a
+      TPU (e.g. 'v4-8'; needs libtpu): OUTPUT_DIR/compile.json; None = a
+      normal run.
   """
   output_dir: str = _arg("OUTPUT_DIR")
   target_checkpoint_path: Optional[str] = _arg("TARGET_CHECKPOINT_PATH", None)
@@ -146,6 +159,7 @@ class RunArguments:
   adaptive_threshold: Optional[float] = _arg("ADAPTIVE_THRESHOLD",
                                              _DRAFTING.adaptive_threshold)
   acceptance: str = _arg("ACCEPTANCE", "token")
+  compile_topology: Optional[str] = _arg("COMPILE_TOPOLOGY", None)
 
   def __post_init__(self):
     # As gin gives them: a list for MESH_SHAPE = [1, 4]; one dict that
@@ -156,9 +170,10 @@ class RunArguments:
       object.__setattr__(self, "task_feature_lengths",
                          dict(self.task_feature_lengths))
     check_settings(self)
+    check_types(self)
     try:
-      drafter_choice.check_gamma(self.gamma)
-      drafter_choice.check_lenience(self.lenience)
+      check_gamma(self.gamma)
+      check_lenience(self.lenience)
       _check_acceptance(self)
       self.drafting.check(self.mode)
       _check_decoding_args(self)
@@ -167,15 +182,15 @@ class RunArguments:
 
   # -- derived ----------------------------------------------------------------
   @property
-  def drafting(self) -> drafter_choice.DrafterSettings:
+  def drafting(self) -> drafter_registry.DrafterSettings:
     """The drafter's settings (DRAFTER, NGRAM_*, ...)."""
-    return drafter_choice.DrafterSettings(
+    return drafter_registry.DrafterSettings(
         **{k: getattr(self, k) for k in DRAFTER_ARGS})
 
   @property
   def auto_gamma(self) -> bool:
     """GAMMA='auto': γ is chosen by the run."""
-    return self.gamma == drafter_choice.AUTO_GAMMA
+    return self.gamma == AUTO_GAMMA
 
   @property
   def max_decode_length(self) -> int:
@@ -214,14 +229,6 @@ def unknown_arguments_message(names: Sequence[str]) -> str:
           f"{sorted(MACROS)}.")
 
 
-def _is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_settings(args: RunArguments) -> None:
   """The run arguments `decoding` does not check (no I/O, no model).
 
@@ -236,13 +243,13 @@ def check_settings(args: RunArguments) -> None:
   # inf (`1e999`) or nan would run and then be written as `Infinity` / `NaN`,
   # which is not JSON.
   t, p = args.temperature, args.top_p
-  if not (_is_number(t) and math.isfinite(t) and t >= 0):
+  if not (values.is_real(t) and t >= 0):
     raise bad("temperature", "a finite number >= 0 (0 = greedy)")
-  if not (_is_number(p) and math.isfinite(p) and 0 < p <= 1):
+  if not (values.is_real(p) and 0 < p <= 1):
     raise bad("top_p", "a finite number in (0, 1] (1 = off)")
-  if not (_is_int(args.top_k) and args.top_k >= 0):
+  if not (values.is_int(args.top_k) and args.top_k >= 0):
     raise bad("top_k", "an integer >= 0 (0 = off)")
-  if not _is_int(args.seed):
+  if not values.is_int(args.seed):
     raise bad("seed", "an integer")
   if not isinstance(args.overwrite, bool):
     raise bad("overwrite", "True or False")
@@ -254,7 +261,7 @@ def check_settings(args: RunArguments) -> None:
     raise bad("task_feature_lengths",
               "{'inputs': S, 'targets': max decode length}")
   inputs = lengths.get("inputs", 2)  # the keys: `_check_decoding_args`
-  if not _is_int(inputs) or inputs < 2:
+  if not values.is_int(inputs) or inputs < 2:
     raise ConfigError(
         f"TASK_FEATURE_LENGTHS['inputs']={inputs!r}: allowed: an integer >= 2 "
         "(input tokens per example, EOS included; longer inputs are "
@@ -264,6 +271,79 @@ def check_settings(args: RunArguments) -> None:
     raise bad("output_dir", "a directory path")
   if "://" in output_dir and not output_dir.startswith("gs://"):
     raise bad("output_dir", "a local directory or gs://bucket/folder")
+
+
+def _type_allows(annotation: Any, value: Any) -> bool:
+  """Whether `value` is of a field's declared type (bool is no int, an int
+  is a float; a Dict / Tuple's own checks look at its items)."""
+  origin = typing.get_origin(annotation)
+  if origin is Union:
+    return any(_type_allows(a, value) for a in typing.get_args(annotation))
+  if annotation is type(None):
+    return value is None
+  if annotation is float:
+    return values.is_number(value)
+  if annotation is int:
+    return values.is_int(value)
+  if origin is tuple:
+    return isinstance(value, tuple) and all(
+        _type_allows(typing.get_args(annotation)[0], v) for v in value)
+  return isinstance(value, origin or annotation)
+
+
+_TYPE_WORDS = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "True or False",
+    type(None): "None",
+    dict: "a dict",
+    tuple: "a tuple of integers"
+}
+
+
+def _type_words(annotation: Any) -> str:
+  """A field's declared type in words: 'None or a string'."""
+  args = typing.get_args(annotation)
+  if typing.get_origin(annotation) is Union:
+    return " or ".join(
+        _type_words(a) for a in sorted(args, key=lambda a: a is not type(None)))
+  return _TYPE_WORDS.get(
+      typing.get_origin(annotation) or annotation, str(annotation))
+
+
+# Checked later with their own words: GAMMA is 'an integer >= 1, or
+# 'auto'' (`check_gamma`, `_check_gamma_and_length`), not "an integer or
+# a string".
+_OWN_TYPE_WORDS = ("gamma",)
+
+
+def check_types(args: RunArguments) -> None:
+  """Every run argument against the type its field declares (`INPUT_PREFIX
+  = 5`, `TARGET_NAME = [1, 2]` would fail late, with a traceback, or be
+  written to metrics.json as they are).
+
+  Raises:
+    ConfigError: naming the macro, the value and the type allowed.
+  """
+  hints = typing.get_type_hints(RunArguments)
+  for field in dataclasses.fields(RunArguments):
+    if field.name in _OWN_TYPE_WORDS:
+      continue
+    value = getattr(args, field.name)
+    if not _type_allows(hints[field.name], value):
+      raise ConfigError(
+          f"{MACROS[field.name]}={value!r} (run.{field.name}): allowed: "
+          f"{_type_words(hints[field.name])} (got {type(value).__name__}).")
+  if args.task_kind is not None and args.task_kind not in TASK_KINDS:
+    raise ConfigError(f"TASK_KIND={args.task_kind!r}: allowed: None (from "
+                      "the seqio task) or one of "
+                      f"{', '.join(repr(k) for k in TASK_KINDS)}.")
+  for name in ("source_file", "reference_file"):
+    path = getattr(args, name)
+    if path and "://" in path:
+      raise ConfigError(f"{MACROS[name]}={path!r}: only local files are read "
+                        "(copy it here first, e.g. with gsutil cp).")
 
 
 def _check_decoding_args(args: RunArguments) -> None:
@@ -282,7 +362,7 @@ def _check_decoding_args(args: RunArguments) -> None:
   args.method()  # Validates temperature, top_k and top_p together.
   for name, value in (("BATCH_SIZE", args.batch_size), ("NUM_EXAMPLES",
                                                         args.num_examples)):
-    if not _is_int(value) or value < 1:
+    if not values.is_int(value) or value < 1:
       raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
 
 
@@ -293,21 +373,42 @@ def _check_gamma_and_length(args: RunArguments) -> None:
   there are tokens to decode, and γ = 1000 for 32 tokens costs 1000 draft
   steps per call."""
   targets = args.task_feature_lengths.get("targets", 1)
-  if not _is_int(targets) or targets < 1:
+  if not values.is_int(targets) or not 1 <= targets <= MAX_DECODE_LENGTH:
     raise ValueError(
         f"TASK_FEATURE_LENGTHS['targets']={targets!r}: allowed: an integer "
-        ">= 1 (the most tokens decoded per example, EOS included).")
+        f"from 1 to {MAX_DECODE_LENGTH} (the most tokens decoded per "
+        "example, EOS included; compiling and decoding take time in "
+        "proportion, and nothing is printed until the first batch is "
+        "done).")
   if args.auto_gamma:
     return
-  if not _is_int(args.gamma) or args.gamma < 1:
+  if not values.is_int(args.gamma) or args.gamma < 1:
     raise ValueError(f"GAMMA={args.gamma!r}: allowed: an integer >= 1, or "
-                     f"'{drafter_choice.AUTO_GAMMA}'.")
+                     f"'{AUTO_GAMMA}'.")
   if args.gamma > targets:
     raise ValueError(
         f"GAMMA={args.gamma} is more than TASK_FEATURE_LENGTHS['targets']="
         f"{targets}: no target call can keep more guesses than there are "
         f"tokens to decode. Allowed: 1 to {targets}, or "
-        f"'{drafter_choice.AUTO_GAMMA}'.")
+        f"'{AUTO_GAMMA}'.")
+
+
+def check_lenience(lenience: Any) -> None:
+  """LENIENCE in (0, 1] (1 = exact); raises ValueError."""
+  if not (values.is_real(lenience) and 0 < lenience <= 1):
+    raise ValueError(
+        f"LENIENCE={lenience!r}: allowed: a number in (0, 1] (1 = exact "
+        "speculative decoding; l < 1 accepts more guesses and no longer "
+        "samples the target's distribution).")
+
+
+def check_gamma(gamma: Any) -> None:
+  """GAMMA: 'auto' or a number (`decoding.check_settings` checks that it is
+  an integer >= 1); raises ValueError for any other string."""
+  if isinstance(gamma, str) and gamma != AUTO_GAMMA:
+    raise ValueError(f"GAMMA={gamma!r}: allowed: an integer >= 1, or "
+                     f"'{AUTO_GAMMA}' (Theorem 3.8's best γ for the α and c "
+                     "measured on the first examples).")
 
 
 def _check_acceptance(args: "RunArguments") -> None:

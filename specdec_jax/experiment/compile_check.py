@@ -36,13 +36,13 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import partitioning
 from specdec_jax.experiment import hlo_reads
-from specdec_jax.models import SharedEncoderModel
-from specdec_jax.models import T5Config
-from specdec_jax.models import T5Model
-from specdec_jax.models import param_shapes
+from specdec_jax.core.models import SharedEncoderModel
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import param_shapes
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter",
                "collective-permute", "all-to-all")
@@ -53,7 +53,7 @@ _CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
 
 def abstract_model(config: T5Config, mesh) -> T5Model:
   """The model with ShapeDtypeStruct parameters in `config.dtype` (what
-  `setup.load_model` loads), sharded over `mesh` by the T5X rules."""
+  `loading.load_model` loads), sharded over `mesh` by the T5X rules."""
   shapes = param_shapes(config)["params"]
   shardings = partitioning.param_shardings(mesh, shapes)
   params = jax.tree_util.tree_map(

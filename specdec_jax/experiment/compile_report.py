@@ -20,20 +20,18 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence
 
-import gin
-
 import numpy as np
 
 from specdec_jax import analysis
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
-from specdec_jax import kernels
+from specdec_jax.core import kernels
 from specdec_jax import partitioning
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_check
-from specdec_jax.experiment import drafter_choice
-from specdec_jax.experiment import setup
+from specdec_jax.experiment import drafter_registry
+from specdec_jax.experiment import loading
 from specdec_jax.experiment import tpu_topologies
 
 ConfigError = gin_utils.ConfigError
@@ -43,14 +41,6 @@ MACRO = "COMPILE_TOPOLOGY"
 # temperature-1 row is gamma=7 (paper alpha=0.62, 2.6x)" (gin/ende_*.gin).
 _PAPER = re.compile(r"temperature[ -](\d+(?:\.\d+)?)\D*?gamma=(\d+)\W+"
                     r"paper alpha=([\d.]+),\s*([\d.]+)x")
-
-
-def topology_value() -> Optional[str]:
-  """COMPILE_TOPOLOGY as gin binds it (run.gin: None = a normal run)."""
-  try:
-    return gin.query_parameter(f"%{MACRO}")
-  except ValueError:  # a gin file without run.gin's macros
-    return None
 
 
 def paper_row(gin_files: Sequence[str], temperature: float,
@@ -77,8 +67,8 @@ def paper_row(gin_files: Sequence[str], temperature: float,
   return None
 
 
-def check_settings(args: arguments.RunArguments,
-                   value: Any) -> tpu_topologies.Topology:
+def check_compile_settings(args: arguments.RunArguments,
+                           value: Any) -> tpu_topologies.Topology:
   """The topology, and the settings compile mode supports; before libtpu.
 
   Raises:
@@ -88,11 +78,13 @@ def check_settings(args: arguments.RunArguments,
     topology = tpu_topologies.resolve(value, MACRO)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if args.drafter not in drafter_choice.MODEL_DRAFTERS:
-    raise ConfigError(
-        f"DRAFTER={args.drafter!r} with {MACRO}: allowed: "
-        f"{', '.join(repr(d) for d in drafter_choice.MODEL_DRAFTERS)} "
-        "(a draft model).")
+  if not args.drafting.is_model_step:
+    allowed = ", ".join(
+        repr(k)
+        for k, spec in drafter_registry.DRAFTERS.items()
+        if spec.is_model_step)
+    raise ConfigError(f"DRAFTER={args.drafter!r} with {MACRO}: allowed: "
+                      f"{allowed} (a draft model).")
   if args.auto_gamma:
     raise ConfigError(f"GAMMA='auto' with {MACRO}: allowed: an integer "
                       "γ >= 1 (the programs are compiled for one γ).")
@@ -192,15 +184,15 @@ def smallest_fitting_mesh(num_chips: int, mesh_shape: Sequence[int], hbm: int,
 def compile_topology(args: arguments.RunArguments, value: Any,
                      gin_files: Sequence[str]) -> Dict[str, Any]:
   """Compiles the run's programs for the topology; writes compile.json."""
-  topology = check_settings(args, value)
+  topology = check_compile_settings(args, value)
   try:
     devices = tpu_topologies.devices(topology)
   except RuntimeError as e:
     raise ConfigError(f"{MACRO}={value!r}: {e}") from None
   data, model = args.mesh_shape
   mesh = partitioning.make_mesh(data, model, devices=devices[:data * model])
-  target_config = setup.model_config("target")
-  draft_config = setup.model_config("draft")
+  target_config = loading.model_config("target")
+  draft_config = loading.model_config("draft")
   shapes = compile_check.Shapes(batch=args.batch_size,
                                 inputs=args.task_feature_lengths["inputs"],
                                 max_decode_length=args.max_decode_length,
@@ -309,7 +301,7 @@ def _collective_words(collectives: Dict[str, int]) -> str:
   return ", ".join(parts) if parts else "none"
 
 
-def summary_lines(record: Dict[str, Any]) -> List[str]:
+def compile_summary_lines(record: Dict[str, Any]) -> List[str]:
   """compile.json in plain words."""
   topo, mem, calls = record["topology"], record["memory_per_device"], (
       record["calls"])

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from specdec_jax.flag_utils import ConfigError
-from specdec_jax.models import T5Config
+from specdec_jax.core.models import T5Config
 
 
 def estimate(config: T5Config, batch: int, inputs: int,

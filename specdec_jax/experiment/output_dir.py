@@ -4,9 +4,9 @@
 argument but OUTPUT_DIR / OVERWRITE / MODE, both model configs and the
 vocabulary (metrics.json and alpha.json record it as `settings`).
 `check_output_dir` creates and probes OUTPUT_DIR, takes its lock (one run
-at a time: `run_lock`) and refuses a metrics.json
-or alpha.json there whose recorded settings differ from the run's, unless
-OVERWRITE=True; the same settings may be re-run freely.
+at a time: `run_lock`) and refuses a result file there (metrics.json,
+alpha.json, predictions.jsonl or its `.partial`) of other settings than the
+run's, unless OVERWRITE=True; the same settings may be re-run freely.
 """
 import dataclasses
 import json
@@ -19,16 +19,26 @@ import jax.numpy as jnp
 
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax import run_metrics
-from specdec_jax.experiment import drafter_choice
+from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import run_lock
-from specdec_jax.experiment import setup
-from specdec_jax.models import T5Config
+from specdec_jax.experiment import loading
+from specdec_jax.core.models import T5Config
 
 ConfigError = gin_utils.ConfigError
+# The settings of the run that last started writing here (hidden; read by
+# the OVERWRITE rule for predictions files, which record none).
+SETTINGS_FILE = ".specdec.settings.json"
+# Where `predictions.PredictionsWriter` appends rows until the run ends.
+PARTIAL_PREDICTIONS_FILE = "." + run_metrics.PREDICTIONS_FILE + ".partial"
+PREDICTIONS_FILES = (run_metrics.PREDICTIONS_FILE, PARTIAL_PREDICTIONS_FILE)
+# Every file a run's results are in, whole or partial (the OVERWRITE rule).
+RESULT_FILES = (run_metrics.METRICS_FILE,
+                run_metrics.ALPHA_FILE) + PREDICTIONS_FILES
 # Arguments that do not make a run's results different.
-NOT_SETTINGS = ("output_dir", "overwrite", "mode")
+NOT_SETTINGS = ("output_dir", "overwrite", "mode", "compile_topology")
 
 
 def settings_record(args: arguments.RunArguments, target_config: T5Config,
@@ -38,7 +48,7 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
       k: v for k, v in dataclasses.asdict(args).items() if k not in NOT_SETTINGS
   }
   if (args.drafting
-      == drafter_choice.DrafterSettings(ngram_corpus=args.ngram_corpus) and
+      == drafter_registry.DrafterSettings(ngram_corpus=args.ngram_corpus) and
       args.lenience == 1):
     # The paper's setting: recorded as before these options existed, so
     # earlier results still count as the same run.
@@ -51,7 +61,10 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
       "target": gin_utils.t5_config_fields(target_config),
       "draft": gin_utils.t5_config_fields(draft_config),
       "vocabulary": {
-          "kind": type(vocab).__name__,
+          # `vocab.SentencePieceFile` reads as seqio's vocabulary does and
+          # is recorded under its name: the same results, the same run.
+          "kind": getattr(vocab, "seqio_kind",
+                          type(vocab).__name__),
           "size": int(vocab.vocab_size),
           "file": getattr(vocab, "sentencepiece_model_file", None)
       },
@@ -81,7 +94,7 @@ def comparable(settings: Any) -> Any:
         pass
   vocab = out.get("vocabulary")
   if isinstance(vocab, dict) and isinstance(vocab.get("file"), str):
-    vocab["file"] = setup.resolve(vocab["file"])
+    vocab["file"] = loading.resolve(vocab["file"])
   return out
 
 
@@ -110,7 +123,7 @@ def _recorded_settings(path: str) -> Any:
 
 
 def check_output_dir(out: str, settings: Dict[str, Any], overwrite: bool,
-                     program: str = "run") -> run_lock.Lock:
+                     program: str = "run") -> "_ResultsLock":
   """Creates and probes `out`, takes its lock, refuses another run's
   results there; returns the lock (the caller releases it).
 
@@ -119,27 +132,69 @@ def check_output_dir(out: str, settings: Dict[str, Any], overwrite: bool,
       (`run_lock`), or it holds a metrics.json / alpha.json of other
       settings (or of none) and `overwrite` is False.
   """
+  created = not paths.is_url(out) and not os.path.exists(out)
   try:
     io_utils.probe_writable_dir(out)
   except ValueError as e:
+    if created:  # e.g. a full disk: made, then not writable
+      _remove_if_empty(out)
     raise ConfigError(f"OUTPUT_DIR={out!r}: {e}") from None
   lock = run_lock.acquire(out, program)
   try:
     _check_results(out, settings, overwrite)
+    # Whose results the folder will hold, before any is written: a
+    # predictions file kept by this run (full disk, Ctrl-C) is protected
+    # from a later run of other settings as metrics.json is.
+    io_utils.write_json(os.path.join(out, SETTINGS_FILE),
+                        {"settings": settings})
   except BaseException:
     lock.release()
     raise
-  return lock
+  return _ResultsLock(lock, out)
+
+
+class _ResultsLock:
+  """The folder's lock; `release` also drops SETTINGS_FILE when the run
+  kept no result file (nothing to protect: a folder the run created is
+  then empty again, and removed)."""
+
+  def __init__(self, lock: run_lock.Lock, out: str):
+    self.lock, self.out = lock, out
+
+  def release(self) -> None:
+    record = os.path.join(self.out, SETTINGS_FILE)
+    try:
+      if io_utils.isfile(record) and not any(
+          io_utils.isfile(os.path.join(self.out, name))
+          for name in RESULT_FILES):
+        io_utils.remove(record)
+    except OSError as e:  # the results are written: only warn
+      logging.warning("could not remove %s: %s", SETTINGS_FILE, e)
+    self.lock.release()
+
+
+def _remove_if_empty(folder: str) -> None:
+  try:
+    os.rmdir(folder)
+  except OSError:
+    pass
 
 
 def _check_results(out: str, settings: Dict[str, Any], overwrite: bool) -> None:
-  """The OVERWRITE rule (see `check_output_dir`)."""
+  """The OVERWRITE rule (see `check_output_dir`): every result file, whole
+  or partial. metrics.json and alpha.json record their settings; the
+  predictions files are the run's that SETTINGS_FILE (or metrics.json)
+  names."""
   settings = comparable(settings)
-  for name in (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE):
+  for name in RESULT_FILES:
     path = os.path.join(out, name)
     if not io_utils.isfile(path):
       continue
     old = _recorded_settings(path)
+    if name in PREDICTIONS_FILES:
+      old = _recorded_settings(os.path.join(out, run_metrics.METRICS_FILE))
+      if old is None:
+        old = _recorded_settings(os.path.join(out, SETTINGS_FILE))
     if old == settings or overwrite:
       if old != settings:
         logging.warning(
@@ -147,9 +202,12 @@ def _check_results(out: str, settings: Dict[str, Any], overwrite: bool) -> None:
             "settings).", path)
       continue
     what = ("records no settings (written by another program or an older "
-            "version)"
-            if old is None else "is from a run with other settings: " +
-            settings_diff(old, settings))
+            "version)" if old is None else "is from a run with other "
+            "settings: " + settings_diff(old, settings))
+    if name in PREDICTIONS_FILES:
+      what = ("was kept from a run that did not finish, of other settings "
+              "or of unknown ones" +
+              (f" ({settings_diff(old, settings)})" if old is not None else ""))
     raise ConfigError(
         f"OUTPUT_DIR={out!r} holds {name}, which {what}. Refusing to "
         "overwrite it: choose another OUTPUT_DIR, or pass "

@@ -18,6 +18,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax import run_metrics
 
 
@@ -43,7 +44,7 @@ class PredictionsWriter:
   def __init__(self, folder: str, enabled: bool = True):
     self.path = os.path.join(folder, run_metrics.PREDICTIONS_FILE)
     self.enabled = enabled
-    self.partial = (None if io_utils.is_url(folder) else os.path.join(
+    self.partial = (None if paths.is_url(folder) else os.path.join(
         folder, "." + run_metrics.PREDICTIONS_FILE + ".partial"))
     self.written = 0
     self.error: Optional[OSError] = None
@@ -115,3 +116,12 @@ class PredictionsWriter:
         self._file.close()
       except OSError:
         pass
+
+
+def write_result(path: str, record: Dict[str, Any], kept: str) -> None:
+  """io_utils.write_json; a failure names the file and what was kept."""
+  try:
+    io_utils.write_json(path, record)
+  except OSError as e:
+    raise OutputWriteError(
+        f"cannot write {path}: {e.strerror or e}. Kept: {kept}.") from None

@@ -10,7 +10,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from specdec_jax import decoding
+from specdec_jax.core import decoding
 from specdec_jax import vocab as vocab_lib
 
 

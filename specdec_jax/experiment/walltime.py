@@ -1,32 +1,38 @@
 """MODE='walltime': both decoders timed over the examples (the paper's
 experiment), the cost coefficient c, and the `RunMetrics` they make.
 
-The steps, in order: compile every decoder for every input width
+`run_walltime` is the one decode path, end to end: GAMMA='auto''s pilot
+(`auto_gamma`); compile every decoder for every input width
 (`compile_decoders`); decode each batch with the target alone and with
-speculative decoding, timing each call (`decode_examples`); time one target
-step, one draft step (or one guess) and the (γ+1)-token verification call
-the one way `timing` defines (`step_times`); put it together
-(`walltime_metrics`).
+speculative decoding, timing each call, decoding its text once and writing
+its predictions.jsonl rows (`decode_examples`); time one target step, one
+draft step (or one guess) and the (γ+1)-token verification call the one way
+`timing` defines (`step_times`); put it together (`walltime_metrics`) and
+write metrics.json.
 """
 import dataclasses
+import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from absl import logging
 import jax
 import numpy as np
 
 from specdec_jax import analysis
+from specdec_jax.core import decoding
 from specdec_jax import multihost
 from specdec_jax import run_metrics
+from specdec_jax import tasks
 from specdec_jax import timing
 from specdec_jax.experiment import arguments
-from specdec_jax.experiment import drafting
+from specdec_jax.experiment import auto_gamma
+from specdec_jax.experiment import predictions
+from specdec_jax.experiment import step_costs
 from specdec_jax.experiment import traces
+from specdec_jax.experiment.plan import RunPlan
 
-# A decoder as `run.Experiment._decoders` makes it: (batch [B, S], rng) ->
-# output (`decoding.DecodeOutput` / `SpeculativeOutput`).
-Decoder = Callable[[jax.Array, jax.Array], Any]
+Decoder = decoding.Decoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +43,7 @@ class Decoded:
   Attributes:
     base_tokens: [N, T] the target alone's tokens (0 after EOS).
     spec_tokens: [N, T] speculative decoding's tokens.
+    base_text / spec_text: N decoded strings of each.
     per_example: N predictions.jsonl records (`traces.traces`).
     time_base / time_spec: seconds of all timed calls of each decoder.
     calls_base / calls_spec: target calls of each decoder.
@@ -45,6 +52,8 @@ class Decoded:
   """
   base_tokens: np.ndarray
   spec_tokens: np.ndarray
+  base_text: List[str]
+  spec_text: List[str]
   per_example: List[Dict[str, Any]]
   time_base: float
   time_spec: float
@@ -76,7 +85,8 @@ class StepTimes:
 
   Attributes:
     target_step_s: one one-token target call.
-    draft_step_s: one one-token draft call (other drafters: one guess).
+    draft_step_s: one guess: a `propose` of γ guesses as the loop runs it,
+      divided by γ.
     verification_call_s: the target's (γ+1)-token call.
   """
   target_step_s: float
@@ -94,6 +104,10 @@ def compile_decoders(feed: multihost.Feeder, baseline: Decoder,
   """Compiles and runs both decoders once per input width; the seconds."""
   t0 = time.perf_counter()
   widths = feed.first_of_each_width()
+  logging.info(
+      "Compiling both decoders for input widths %s (read from the "
+      "persistent compilation cache after a first run)",
+      [feed.batch_width(b) for b in widths])
   for b in widths:
     batch = feed.batch(b)
     jax.block_until_ready(baseline(batch, rng))
@@ -105,23 +119,26 @@ def compile_decoders(feed: multihost.Feeder, baseline: Decoder,
   return compile_s
 
 
-def decode_examples(vocab, feed: multihost.Feeder, baseline: Decoder,
-                    speculative: Decoder, rng: jax.Array, gamma: int,
-                    on_batch: Optional[Callable[..., None]] = None) -> Decoded:
-  """Both decoders on every batch (same rng per batch), each call timed.
+def decode_examples(plan: RunPlan, feed: multihost.Feeder,
+                    examples: Sequence[Dict[str, Any]],
+                    writer: predictions.PredictionsWriter) -> Decoded:
+  """Both decoders on every batch (same rng per batch), each call timed;
+  each batch's text decoded once and its predictions.jsonl rows written as
+  it finishes.
 
-  `on_batch(base_tokens [b, T], spec_tokens [b, T], records)` is called
-  after each batch with its kept rows (predictions.jsonl as it goes).
+  Nothing measured goes in the rows: same settings and seed, same file.
   """
-  base_tokens, spec_tokens, per_example = [], [], []
+  vocab, rng = plan.vocab, plan.rng
+  base_tokens, spec_tokens, base_text, spec_text, per_example = ([], [], [], [],
+                                                                 [])
   time_base = time_spec = 0.0
   calls_base = calls_spec = 0
-  histogram = np.zeros(gamma + 1, np.int64)
+  histogram = np.zeros(plan.args.gamma + 1, np.int64)
   beta_sum = beta_count = 0.0
   for i, (batch, keep) in enumerate(feed.batches()):
     brng = jax.random.fold_in(rng, i)
-    out_b, dt_b = timing.timed(baseline, batch, brng)
-    out_s, dt_s = timing.timed(speculative, batch, brng)
+    out_b, dt_b = timing.timed(plan.baseline, batch, brng)
+    out_s, dt_s = timing.timed(plan.speculative, batch, brng)
     out_b, out_s = multihost.to_host((out_b, out_s))  # every row
     time_base += dt_b
     time_spec += dt_s
@@ -132,37 +149,98 @@ def decode_examples(vocab, feed: multihost.Feeder, baseline: Decoder,
     beta_count += float(np.sum(np.asarray(out_s.beta_count)[keep]))
     base_tokens.append(np.asarray(out_b.tokens)[keep])
     spec_tokens.append(np.asarray(out_s.tokens)[keep])
+    start = len(per_example)
+    base_text += tasks.decode_tokens(vocab, base_tokens[-1])
+    spec_text += tasks.decode_tokens(vocab, spec_tokens[-1])
     records = traces.traces(vocab, out_s, keep)
     per_example.extend(records)
-    if on_batch is not None:
-      on_batch(base_tokens[-1], spec_tokens[-1], records)
+    writer.add([{
+        "index": start + j,
+        "input": examples[start + j]["input"],
+        "reference": examples[start + j]["reference"],
+        "baseline": base_text[start + j],
+        "speculative": spec_text[start + j],
+        **r
+    } for j, r in enumerate(records)])
     logging.info(
         "batch %d/%d: baseline %.3fs, speculative %.3fs (running speedup "
         "%.2fx)", i + 1, feed.num_batches, dt_b, dt_s,
         time_base / max(time_spec, 1e-9))
   return Decoded(np.concatenate(base_tokens), np.concatenate(spec_tokens),
-                 per_example, time_base, time_spec, calls_base, calls_spec,
-                 histogram, beta_sum, beta_count)
+                 base_text, spec_text, per_example, time_base, time_spec,
+                 calls_base, calls_spec, histogram, beta_sum, beta_count)
 
 
-def step_times(args: arguments.RunArguments, drafter, target, draft,
-               batch: jax.Array, fill: int) -> StepTimes:
-  """One target step, one draft step (or guess) and the verification call
-  (this process's seconds: `slowest`).
+def run_walltime(plan: RunPlan, feed: multihost.Feeder,
+                 examples: Sequence[Dict[str, Any]], data_info: Dict[str, Any],
+                 on_result: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
+  """MODE='walltime' end to end: γ (GAMMA='auto'), compile, decode, text,
+  rows, step costs, metrics; predictions.jsonl written as batches finish,
+  then metrics.json (a sweep takes it as "done").
+
+  `on_result(metrics)` is called before anything is written (the summary:
+  a failed write loses no result). Returns metrics.json's dict.
+  """
+  gamma_auto = None
+  if plan.args.auto_gamma:
+    pilot = plan.with_gamma(auto_gamma.AUTO_GAMMA_PILOT)
+    gamma_auto = auto_gamma.pilot_gamma(pilot, feed)
+    plan = plan.with_gamma(gamma_auto["chosen_gamma"])
+  compile_s = compile_decoders(feed, plan.baseline, plan.speculative, plan.rng)
+  out = plan.args.output_dir
+  writer = predictions.PredictionsWriter(out, multihost.is_first())
+  try:
+    decoded = decode_examples(plan, feed, examples, writer)
+  except KeyboardInterrupt:
+    writer.close()
+    raise KeyboardInterrupt(f"kept {writer.kept()}; "
+                            f"{run_metrics.METRICS_FILE} was not "
+                            "written") from None
+  logging.info(
+      "Pricing c: target calls of 1 and γ+1 = %d tokens and the "
+      "drafter's guesses, interleaved", plan.args.gamma + 1)
+  steps = step_times(plan, feed.batch(0),
+                     int(decoded.tokens_generated / len(examples)))
+  decoded, compile_s, steps = slowest_process(decoded, compile_s, steps)
+  quality = plan.quality(decoded.base_text, decoded.spec_text,
+                         [e["reference"] for e in examples])
+  metrics = walltime_metrics(plan.args, decoded, quality, compile_s, steps,
+                             data_info, plan.settings, gamma_auto).to_dict()
+  on_result(metrics)
+
+  def write():
+    writer.finish(len(examples))
+    predictions.write_result(
+        os.path.join(out, run_metrics.METRICS_FILE), metrics,
+        f"the summary above and {run_metrics.PREDICTIONS_FILE} (complete)")
+
+  multihost.run_on_first("write", write)  # the others wait for it
+  logging.info("speedup %.2fx (theory %.2fx), alpha %.3f, c %.3f; wrote %s",
+               metrics["speedup"], metrics["theoretical_speedup"],
+               metrics["alpha"], metrics["cost_coefficient_c"], out)
+  return metrics
+
+
+def step_times(plan: RunPlan, batch: jax.Array, fill: int) -> StepTimes:
+  """One target step, one guess and the verification call (this process's
+  seconds: `slowest`).
 
   All are timed the one way `timing` defines, interleaved
-  (`drafting.call_seconds`): on `batch`, with the speculative loop's cache
+  (`step_costs.price_calls`): on `batch`, with the speculative loop's cache
   (max_decode_length + γ + 1 slots) filled to `fill` tokens (the mean
-  output length).
+  output length); the drafter as the loop runs it, on the target's own
+  output for `batch` (the compiled baseline's).
   """
-  gamma = args.gamma
-  by_k, t_draft = drafting.call_seconds(args, drafter, target, draft, batch,
-                                        (1, gamma + 1), fill)
+  gamma = plan.args.gamma
+  context = plan.baseline(batch, plan.rng).tokens
+  by_k, t_draft = step_costs.price_calls(plan.args, plan.drafter,
+                                         plan.models.target, batch,
+                                         (1, gamma + 1), fill, context)
   t_target, t_verify = by_k[1], by_k[gamma + 1]
   return StepTimes(t_target, t_draft, t_verify)
 
 
-def slowest(decoded: Decoded, compile_s: float, steps: StepTimes):
+def slowest_process(decoded: Decoded, compile_s: float, steps: StepTimes):
   """(decoded, compile_s, steps) with the slowest process's seconds (the
   user waits for it), exchanged in one collective."""
   (time_base, time_spec, compile_s, t_target, t_draft,
@@ -230,6 +308,12 @@ def walltime_metrics(
       theoretical_speedup_measured_call_cost=float(
           analysis.expected_speedup(min(alpha, 1.0), gamma, c,
                                     call_cost=ratio)),
+      # Where the loops stand against their own theory (issue 32).
+      iteration_overhead=(
+          decoded.time_spec / max(decoded.calls_spec, 1) /
+          (gamma * steps.draft_step_s + steps.verification_call_s)),
+      baseline_overhead=(decoded.time_base / max(decoded.calls_base, 1) /
+                         steps.target_step_s),
       # Token-for-token identity is the test of exactness at T = 0 only:
       # sampled outputs (T > 0) are compared by distribution (null here).
       greedy_outputs_identical=(bool(np.array_equal(base, spec))
@@ -244,5 +328,57 @@ def walltime_metrics(
       synthetic=False,
       **data_info,
       settings=settings,
-      **drafting.drafting_metrics(args, decoded.per_example, tokens, c,
-                                  gamma_auto))
+      **drafting_metrics(args, decoded.per_example, tokens, c, gamma_auto))
+
+
+def draft_label(args: arguments.RunArguments, gamma_auto) -> str:
+  """metrics.json's `draft_model`: the report tells drafts apart by it, so
+  variants (adaptive γ, GAMMA='auto', lenience) get their own."""
+  label = args.drafting.label(args.draft_name)
+  if args.adaptive_threshold is not None:
+    label += f" adaptive {args.adaptive_threshold:g}"
+  if gamma_auto:
+    label += " auto-γ"
+  if args.lenience != 1:
+    label += f" l={args.lenience:g}"
+  if args.acceptance != "token":
+    label += f" {args.acceptance}"
+  return label
+
+
+def drafting_metrics(args: arguments.RunArguments,
+                     per_example: List[Dict[str, Any]], tokens: int, c: float,
+                     gamma_auto: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+  """metrics.json's drafter, lenience, adaptive-γ and GAMMA='auto' keys.
+
+  Args:
+    args: the run's arguments (GAMMA='auto': with the chosen γ).
+    per_example: predictions.jsonl's records (their traces: guesses made
+      and kept per target call).
+    tokens: tokens generated.
+    c: the measured cost coefficient.
+    gamma_auto: `choose_gamma`'s record, or None.
+  """
+  kept = [t["num_accepted"] for e in per_example for t in e["trace"]]
+  guessed = [len(t["draft_tokens"]) for e in per_example for t in e["trace"]]
+  bound = analysis.per_iteration_gamma_bound(kept, guessed, args.gamma, c,
+                                             tokens)
+  return {
+      "drafter": args.drafter,
+      "draft_model": draft_label(args, gamma_auto),
+      "drafter_settings": args.drafting.record(),
+      "lenience": args.lenience,
+      "acceptance": args.acceptance,
+      "exact": args.lenience == 1,
+      "adaptive_threshold": args.adaptive_threshold,
+      "gamma_auto": gamma_auto,
+      "guesses_per_target_call": float(np.mean(guessed)) if guessed else 0.0,
+      # §3.5: Theorem 3.8's cost model (target call 1, guess c) applied to
+      # this run's iterations: every call drafting γ, drafting what it
+      # did, and drafting exactly what was kept (the per-call oracle).
+      "per_iteration_gamma": {
+          "fixed_gamma_speedup": bound["fixed"],
+          "achieved_speedup": bound["achieved"],
+          "oracle_speedup": bound["oracle"]
+      },
+  }

@@ -69,6 +69,31 @@ def _check_gpu_flags(coordinator_address: Optional[str],
         f"{process_count}: allowed: 0 <= process_index < process_count.")
 
 
+def _check_flags_need_gpu(multiprocess_gpu: bool,
+                          coordinator_address: Optional[str],
+                          process_count: Optional[int],
+                          process_index: Optional[int]) -> None:
+  """Refuses T5X's process flags without --multiprocess_gpu.
+
+  T5X ignores them then, and so N processes started with them would run
+  as N independent runs (each refused by the others' OUTPUT_DIR lock with
+  a message about "another run").
+  """
+  given = [
+      f"{name}={value}" for name, value in (("--coordinator_address",
+                                             coordinator_address),
+                                            ("--process_count", process_count),
+                                            ("--process_index", process_index))
+      if value is not None
+  ]
+  if given and not multiprocess_gpu:
+    raise ValueError(
+        f"{', '.join(given)} without --multiprocess_gpu: these flags only "
+        "join processes into one run with --multiprocess_gpu (T5X's flag; "
+        "on a Cloud TPU VM the processes are found without them). Add "
+        "--multiprocess_gpu, or drop them for a one-process run.")
+
+
 def initialize(*, multiprocess_gpu: bool = False,
                coordinator_address: Optional[str] = None,
                process_count: Optional[int] = None,
@@ -83,6 +108,8 @@ def initialize(*, multiprocess_gpu: bool = False,
       positive number (naming the flag).
   """
   coordination.set_timeout(timeout_s)
+  _check_flags_need_gpu(multiprocess_gpu, coordinator_address, process_count,
+                        process_index)
   if jax.distributed.is_initialized():
     failures.start_watcher()
     return

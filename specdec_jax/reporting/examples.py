@@ -58,3 +58,15 @@ def find_example(runs, has_data, example_run: Optional[str],
     if usable:
       return run, (min(usable, key=rank) if rank else usable[0])
   return None, None
+
+
+def index_count(runs, example_run: Optional[str]) -> int:
+  """How many examples the predictions of `runs` (or of `example_run`)
+  hold at most: valid --example_index values are 0 to this - 1."""
+  counts = [
+      sum(1
+          for _ in loading.iter_predictions(r["predictions_path"]))
+      for r in runs
+      if r["predictions_path"] and example_run in (None, r["run_name"])
+  ]
+  return max(counts, default=0)

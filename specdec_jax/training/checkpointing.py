@@ -25,8 +25,8 @@ import numpy as np
 from specdec_jax import checkpoints
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
-from specdec_jax.models.config import T5Config
-from specdec_jax.models.t5 import param_shapes
+from specdec_jax.core.models.config import T5Config
+from specdec_jax.core.models.t5 import param_shapes
 
 TRAIN_STATE_FILE = "train_state.msgpack"
 MODEL_CONFIG_FILE = "model_config.json"

@@ -15,7 +15,7 @@ import gin
 
 from specdec_jax import gin_utils
 from specdec_jax import paths
-from specdec_jax.models.config import T5Config
+from specdec_jax.core.models.config import T5Config
 from specdec_jax.training.loss import LossSettings
 from specdec_jax.training.optimizer import OptimizerSettings
 

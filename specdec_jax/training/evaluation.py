@@ -6,12 +6,12 @@ import jax
 import numpy as np
 
 from specdec_jax import batching
-from specdec_jax import decoding
-from specdec_jax import metrics
+from specdec_jax.core import decoding
+from specdec_jax import quality as metrics
 from specdec_jax import tasks
-from specdec_jax.models.config import T5Config
-from specdec_jax.models import SharedEncoderModel
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.core.models.config import T5Config
+from specdec_jax.core.models import SharedEncoderModel
+from specdec_jax.core.models.t5 import T5Model
 
 
 def evaluate_bleu(config: T5Config, params, sp,

@@ -18,8 +18,8 @@ from typing import Any, Dict, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.models.config import T5Config
-from specdec_jax.models.t5 import Transformer
+from specdec_jax.core.models.config import T5Config
+from specdec_jax.core.models.t5 import Transformer
 
 Array = jax.Array
 

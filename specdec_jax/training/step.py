@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from specdec_jax.models.config import T5Config
+from specdec_jax.core.models.config import T5Config
 from specdec_jax.training.loss import LossSettings
 from specdec_jax.training.loss import compute_losses
 from specdec_jax.training.optimizer import OptimizerSettings

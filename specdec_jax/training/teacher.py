@@ -19,8 +19,8 @@ import jax.numpy as jnp
 
 from specdec_jax import checkpoints
 from specdec_jax import gin_utils
-from specdec_jax.models.config import T5Config
-from specdec_jax.models.t5 import param_shapes
+from specdec_jax.core.models.config import T5Config
+from specdec_jax.core.models.t5 import param_shapes
 from specdec_jax.training import checkpointing
 
 # Fields that do not change the parameters' shapes or values.

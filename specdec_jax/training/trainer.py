@@ -41,14 +41,14 @@ from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import parameters
 from specdec_jax import paths
-from specdec_jax.models.config import T5Config
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.core.models.config import T5Config
+from specdec_jax.core.models.t5 import T5Model
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
 from specdec_jax.training import evaluation
 from specdec_jax.training import step as step_lib
 from specdec_jax.training import teacher as teacher_lib
-from specdec_jax.training import vocabulary
+from specdec_jax import vocab as vocabulary
 from specdec_jax.training.config import TrainConfig
 from specdec_jax.training.config import TrainPaths
 

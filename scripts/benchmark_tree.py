@@ -1,0 +1,287 @@
+"""Tree verification against token verification: tokens per call and time.
+
+For k = 1..4 draft branches of γ guesses per target call
+(`decoding.tree_speculative_sample`) and for token verification
+(`decoding.speculative_sample`, Algorithm 1) at the same γ, on a real pair
+(by default the 38M target and its distilled 1M draft shipped in
+`pretrained/multi30k`) and real sentences, at each temperature:
+
+* tokens per target call (from the decoders' own counters);
+* walltime of decoding the sentences one by one (batch 1), and the speedup
+  over the target alone (`temperature_sample`);
+* the tree call's cost in target steps: `steps` calls of `decode_tree` over
+  N nodes (a root and N - 1 children; the cost depends on N, not on the
+  shape) against `steps` one-token `decode_chunk` calls, for each N.
+
+Medians of interleaved rounds (`timing.InterleavedTimer`, order rotated),
+compilation excluded (an untimed warm-up call of every program). The host,
+its CPU count and load average are recorded beside the numbers.
+
+  python scripts/benchmark_tree.py --sentences=20 \\
+      --output=/tmp/specdec_jax/benchmark_tree.json
+"""
+import functools
+import json
+import os
+import platform
+import statistics
+import sys
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+from specdec_jax.core import decoding
+from specdec_jax import gin_utils
+from specdec_jax import io_utils
+from specdec_jax.core import sampling
+from specdec_jax import timing
+from specdec_jax import vocab as vocab_lib
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import param_shapes
+
+PRETRAINED = os.path.join(REPO, "pretrained", "multi30k")
+
+_TARGET = flags.DEFINE_string("target", os.path.join(PRETRAINED, "target_38m"),
+                              "Target checkpoint (dir).")
+_TARGET_GIN = flags.DEFINE_string("target_gin",
+                                  "models/multi30k_target_38m.gin",
+                                  "Target model gin file.")
+_DRAFT = flags.DEFINE_string("draft",
+                             os.path.join(PRETRAINED, "draft_1m_distill_38m"),
+                             "Draft checkpoint (dir).")
+_DRAFT_GIN = flags.DEFINE_string("draft_gin", "models/multi30k_draft_1m.gin",
+                                 "Draft model gin file.")
+_SPM = flags.DEFINE_string("spm_model",
+                           os.path.join(PRETRAINED, "multi30k.model"),
+                           "SentencePiece model of both.")
+_SOURCE = flags.DEFINE_string(
+    "source_file", os.path.join(REPO, "configs", "data", "captions_en_de.tsv"),
+    "Sentences: one per line (text before a tab is the input).")
+_SENTENCES = flags.DEFINE_integer("sentences", 20, "Sentences decoded (>= 1).")
+_GAMMA = flags.DEFINE_integer("gamma", 4, "Draft guesses per branch γ.")
+_WIDTHS = flags.DEFINE_list("widths", ["1", "2", "3", "4"],
+                            "Tree widths k (branches per call).")
+_TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"],
+                                  "Sampling temperatures (0: greedy).")
+_NODES = flags.DEFINE_list("nodes", ["1", "4", "8", "12", "16", "20", "24"],
+                           "Tree sizes N for the call-cost curve.")
+_STEPS = flags.DEFINE_integer("steps", 20, "Calls per timed call-cost loop.")
+_MAX_LENGTH = flags.DEFINE_integer("max_decode_length", 64,
+                                   "Maximum generated tokens per sentence.")
+_WITHOUT_REPLACEMENT = flags.DEFINE_bool(
+    "without_replacement", True,
+    "Draw the k first guesses without replacement (else i.i.d.).")
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds.")
+_OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON.")
+
+
+def _check_flags():
+  """The parsed lists; app.UsageError naming a bad flag."""
+  try:
+    widths = [int(x) for x in _WIDTHS.value]
+    nodes = [int(x) for x in _NODES.value]
+    temperatures = [float(x) for x in _TEMPERATURES.value]
+  except ValueError as e:
+    raise app.UsageError(f"--widths/--nodes/--temperatures: {e}") from e
+  if not widths or min(widths) < 1:
+    raise app.UsageError(f"--widths must be integers >= 1, got {widths}.")
+  if not nodes or min(nodes) < 1:
+    raise app.UsageError(f"--nodes must be integers >= 1, got {nodes}.")
+  if not temperatures or min(temperatures) < 0:
+    raise app.UsageError(
+        f"--temperatures must be numbers >= 0, got {temperatures}.")
+  for name, flag in (("--sentences", _SENTENCES), ("--gamma", _GAMMA),
+                     ("--steps", _STEPS), ("--rounds", _ROUNDS),
+                     ("--max_decode_length", _MAX_LENGTH)):
+    if flag.value < 1:
+      raise app.UsageError(f"{name} must be >= 1, got {flag.value}.")
+  for name, path in (("--target", _TARGET.value), ("--draft", _DRAFT.value),
+                     ("--spm_model", _SPM.value), ("--source_file",
+                                                   _SOURCE.value)):
+    if not os.path.exists(path):
+      raise app.UsageError(f"{name}: {path} does not exist.")
+  return widths, nodes, temperatures
+
+
+def _load(path, gin_file):
+  config = gin_utils.read_t5_config(gin_file)
+  ckpt = checkpoints.latest_checkpoint(path) or path
+  params = checkpoints.load_t5x_params(ckpt,
+                                       expected=param_shapes(config)["params"],
+                                       dtype=config.dtype)
+  return T5Model(config, {"params": params}).prepared_for_decoding()
+
+
+def _inputs(count):
+  """[count] arrays [1, S] of encoded sentences (EOS appended)."""
+  vocab = vocab_lib.get_vocabulary(_SPM.value, extra_ids=0)
+  with open(_SOURCE.value, encoding="utf-8") as f:
+    lines = [l.split("\t")[0].strip() for l in f if l.strip()]
+  return [np.asarray([vocab.encode(l) + [1]], np.int32) for l in lines[:count]]
+
+
+def _medians(fns, rounds):
+  """{name: median seconds} and {name: last output} over interleaved
+  rounds (compiled by the warm-up)."""
+  timer = timing.InterleavedTimer(rounds, log=lambda _: None, rotate=True)
+  times, outs = timer({
+      name: (lambda r, fn=fn: fn()) for name, fn in fns.items()
+  }, keep=list(fns))
+  return ({
+      name: float(statistics.median(t)) for name, t in times.items()
+  }, {
+      name: out[-1] for name, out in outs.items()
+  })
+
+
+def _decoders(target, draft, inputs, *, gamma, widths, method):
+  """name -> fn() decoding every sentence; returns (tokens, target calls)."""
+  max_len = _MAX_LENGTH.value
+  rng = jax.random.PRNGKey(0)
+
+  def run(decode):
+    tokens = calls = 0
+    for x in inputs:
+      out = decode(x)
+      jax.block_until_ready(out.tokens)
+      tokens += int(np.sum(out.lengths))
+      calls += int(np.sum(out.target_calls))
+    return tokens, calls
+
+  fns = {
+      "target_alone": lambda: run(lambda x: decoding.temperature_sample(
+          target, x, rng, max_decode_length=max_len, method=method)),
+      "token": lambda: run(lambda x: decoding.speculative_sample(
+          target, draft, x, rng, gamma=gamma, max_decode_length=max_len, method=
+          method)),
+  }
+  for k in widths:
+    fns[f"tree_k{k}"] = functools.partial(
+        run,
+        functools.partial(decoding.tree_speculative_sample, target, draft,
+                          rng=rng, gamma=gamma, tree_width=k,
+                          max_decode_length=max_len, method=method,
+                          without_replacement=_WITHOUT_REPLACEMENT.value))
+  return fns
+
+
+def measure_decoding(target, draft, inputs, *, gamma, widths, temperature,
+                     rounds):
+  """Per decoder: seconds, tokens per call, speedup over the target alone."""
+  method = sampling.make_method(temperature)
+  seconds, outs = _medians(
+      _decoders(target, draft, inputs, gamma=gamma, widths=widths,
+                method=method), rounds)
+  rows = {}
+  for name, (tokens, calls) in outs.items():
+    rows[name] = {
+        "seconds": seconds[name],
+        "tokens": tokens,
+        "target_calls": calls,
+        "tokens_per_target_call": tokens / max(calls, 1),
+        "speedup": seconds["target_alone"] / seconds[name],
+    }
+  token = rows["token"]["tokens_per_target_call"]
+  for name in rows:
+    if name.startswith("tree_"):
+      rows[name]["tokens_per_call_vs_token"] = (
+          rows[name]["tokens_per_target_call"] / token)
+  return rows
+
+
+@functools.partial(jax.jit, static_argnames=("nodes", "steps"))
+def _tree_call_loop(model, cache, fill, *, nodes: int, steps: int):
+  """`steps` decode_tree calls over N nodes after fill; a checksum."""
+  batch = fill.shape[0]
+  parents = jnp.asarray([-1] + [0] * (nodes - 1), jnp.int32)
+
+  def body(i, carry):
+    cache, acc = carry
+    tokens = jnp.full((batch, nodes), 3, jnp.int32) + (i % 2)
+    logits, cache = model.decode_tree(tokens, parents,
+                                      cache.replace(length=fill))
+    return cache, acc + logits[:, -1, 0]
+
+  _, acc = jax.lax.fori_loop(0, steps, body,
+                             (cache, jnp.zeros((batch,), jnp.float32)))
+  return acc
+
+
+def measure_call_cost(target, inputs, *, nodes, steps, rounds):
+  """{N: tree call seconds / one-token call seconds} at a mid-sentence fill."""
+  max_len = _MAX_LENGTH.value + max(nodes) + 1
+  cache = timing.start(target, inputs[0], max_len=max_len)
+  fill = jnp.full((1,), 16, jnp.int32)
+  fns = {
+      "step": lambda: jax.block_until_ready(
+          timing.call_loop(target, cache, fill, k=1, steps=steps))
+  }
+  for n in nodes:
+    fns[f"tree_{n}"] = functools.partial(
+        lambda n: jax.block_until_ready(
+            _tree_call_loop(target, cache, fill, nodes=n, steps=steps)), n)
+  seconds, _ = _medians(fns, rounds)
+  return {
+      "target_step_s": seconds["step"] / steps,
+      "tree_call_steps": {
+          n: seconds[f"tree_{n}"] / seconds["step"] for n in nodes
+      },
+  }
+
+
+def _host():
+  try:
+    load = os.getloadavg()
+  except (AttributeError, OSError):
+    load = None
+  return {
+      "host": platform.node(),
+      "cpu_count": os.cpu_count(),
+      "load_average": load,
+      "device": jax.devices()[0].device_kind,
+  }
+
+
+def main(argv):
+  del argv
+  widths, nodes, temperatures = _check_flags()
+  target = _load(_TARGET.value, _TARGET_GIN.value)
+  draft = _load(_DRAFT.value, _DRAFT_GIN.value)
+  inputs = _inputs(_SENTENCES.value)
+  result = {
+      "host_before": _host(),
+      "gamma": _GAMMA.value,
+      "without_replacement": _WITHOUT_REPLACEMENT.value,
+      "sentences": len(inputs),
+      "decoding": {}
+  }
+  for temperature in temperatures:
+    rows = measure_decoding(target, draft, inputs, gamma=_GAMMA.value,
+                            widths=widths, temperature=temperature,
+                            rounds=_ROUNDS.value)
+    result["decoding"][str(temperature)] = rows
+    for name, row in rows.items():
+      print(f"T={temperature} {name}: {row['tokens_per_target_call']:.3f} "
+            f"tokens/call, {row['seconds']:.3f} s, speedup "
+            f"{row['speedup']:.3f}x")
+  result["call_cost"] = measure_call_cost(target, inputs, nodes=nodes,
+                                          steps=_STEPS.value,
+                                          rounds=_ROUNDS.value)
+  for n, steps in result["call_cost"]["tree_call_steps"].items():
+    print(f"tree call over N={n} nodes: {steps:.2f} target steps")
+  result["host_after"] = _host()
+  if _OUTPUT.value:
+    io_utils.write_json(_OUTPUT.value, result)
+    print(f"wrote {_OUTPUT.value}")
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  app.run(main)

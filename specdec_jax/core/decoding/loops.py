@@ -1,0 +1,411 @@
+"""Decode loops: the target alone, and speculative decoding (Algorithm 1).
+
+Both are single jitted programs with no host round trip per token, and know
+no concrete model: they call a `Target` (start / decode_chunk / truncate), a
+`Drafter` (init / propose / rollback), a sampling method (static) and an
+acceptance rule.
+
+* `temperature_sample`: the walltime baseline, one target call per token in a
+  `lax.while_loop` (the counterpart of T5X's `decoding.temperature_sample`).
+* `speculative_sample`: an outer `lax.while_loop` over iterations; each runs
+  the drafter (a draft model runs γ steps in a `lax.fori_loop`), one target
+  call over the γ+1 positions, the acceptance rule, and a rollback of both
+  states to the rows' new lengths. With a greedy method everything works on
+  argmax tokens: no [B, γ, V] probabilities are built.
+
+Sequence bookkeeping, per row: `buffer[:, 0]` is the decoder start token (0)
+and `buffer[:, t]` the t-th generated token. `length` ℓ is the number of
+generated tokens (not the paper's n, which counts accepted guesses); the
+target's state always holds positions 0..ℓ-1, so the next target input is
+`buffer[ℓ]`. Rows finish on EOS or at `max_decode_length` and are then
+frozen while the others go on.
+
+The entry points run the host-side argument checks of `decoding.checks`
+(`check_speculative_args`, `check_encoder_inputs`, `check_rng`, ...) before
+anything is traced or compiled, and return `decoding.outputs`' classes. Their
+public names are importable from here too.
+"""
+from typing import Any, Optional, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from specdec_jax.core import kernels
+from specdec_jax.core import sampling
+from specdec_jax.core.acceptance import ExactAcceptance
+from specdec_jax.core.decoding.checks import as_drafter
+from specdec_jax.core.decoding.checks import check_encoder_inputs
+from specdec_jax.core.decoding.checks import check_eos_id
+from specdec_jax.core.decoding.checks import check_rng
+from specdec_jax.core.decoding.checks import check_settings
+from specdec_jax.core.decoding.checks import check_speculative_args
+from specdec_jax.core.decoding.checks import check_target
+from specdec_jax.core.decoding.checks import resolve_method
+from specdec_jax.core.decoding.outputs import DecodeOutput
+from specdec_jax.core.decoding.outputs import SpeculativeOutput
+from specdec_jax.core.decoding.statistics import SpeculativeStatistics
+from specdec_jax.core.decoding.statistics import guess_beta
+from specdec_jax.core.drafters import guesses
+from specdec_jax.core.protocols import AcceptanceRule
+from specdec_jax.core.protocols import Drafter
+from specdec_jax.core.protocols import Target
+from specdec_jax.core.protocols import target_encoder_output
+
+Array = jax.Array
+
+EOS_ID = 1
+
+
+# ---------------------------------------------------------------------------
+# Shared bookkeeping.
+# ---------------------------------------------------------------------------
+def _finish(buffer: Array, lengths: Array, max_decode_length: int) -> Array:
+  """Generated tokens [B, max_decode_length], zero past each row's length."""
+  tokens = buffer[:, 1:max_decode_length + 1]
+  positions = jnp.arange(1, max_decode_length + 1)
+  return jnp.where(positions[None, :] <= lengths[:, None], tokens, 0)
+
+
+def _truncate_at_eos(window: Array, num_new: Array,
+                     eos_id: Array) -> Tuple[Array, Array]:
+  """Cuts a row's new tokens after its first EOS.
+
+  Args:
+    window: [B, W] the tokens just emitted (first num_new of each row valid).
+    num_new: [B] number of valid tokens in the window.
+    eos_id: [] int32.
+
+  Returns:
+    (num_kept [B], hit_eos [B] bool).
+  """
+  valid = jnp.arange(window.shape[1])[None, :] < num_new[:, None]
+  is_eos = (window == eos_id) & valid
+  hit_eos = jnp.any(is_eos, axis=1)
+  first = jnp.argmax(is_eos, axis=1)
+  return jnp.where(hit_eos, first + 1, num_new), hit_eos
+
+
+def _start_buffer(target: Target, inputs: Array, size: int) -> Array:
+  """[B, size] int32 token buffer: the target's start token at position 0
+  (T5's 0; a decoder-only model's last prompt token), zeros after it."""
+  first = jnp.asarray(target.start_token(inputs), jnp.int32)
+  return jnp.zeros((inputs.shape[0], size), jnp.int32).at[:, 0].set(first)
+
+
+# ---------------------------------------------------------------------------
+# Baseline: the target alone.
+# ---------------------------------------------------------------------------
+@flax.struct.dataclass
+class _BaselineState:
+  """Loop state of `temperature_sample` (B rows, T = max_decode_length + 1)."""
+  step: Array  # [] int32 loop counter (folded into the rng).
+  target_state: Any  # holds positions 0..ℓ-1.
+  buffer: Array  # [B, T] int32 tokens, start token at 0.
+  length: Array  # [B] int32 ℓ, tokens generated.
+  done: Array  # [B] bool.
+
+
+def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
+                     eos_id: Array, *, max_decode_length: int,
+                     method: sampling.SamplingMethod) -> DecodeOutput:
+  """The traceable baseline loop (no argument checks; see
+  `temperature_sample`)."""
+  batch = encoder_input_tokens.shape[0]
+  rows = jnp.arange(batch)
+  state = _BaselineState(
+      step=jnp.array(0, jnp.int32),
+      target_state=target.start(encoder_input_tokens, max_decode_length + 1),
+      buffer=_start_buffer(target, encoder_input_tokens, max_decode_length + 1),
+      length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros((batch,), bool))
+
+  def cond(s):
+    return jnp.logical_not(jnp.all(s.done))
+
+  def body(s):
+    logits, target_state = target.decode_chunk(
+        s.buffer[rows, s.length][:, None], s.target_state)
+    token = method.sample(jax.random.fold_in(rng, s.step), logits[:, 0])
+    active = jnp.logical_not(s.done)
+    buffer = s.buffer.at[rows, s.length + 1].set(
+        jnp.where(active, token, s.buffer[rows, s.length + 1]))
+    length = jnp.where(active, s.length + 1, s.length)
+    done = s.done | (token == eos_id) | (length >= max_decode_length)
+    return _BaselineState(step=s.step + 1,
+                          target_state=target.truncate(target_state, length),
+                          buffer=buffer, length=length, done=done)
+
+  state = lax.while_loop(cond, body, state)
+  return DecodeOutput(
+      tokens=_finish(state.buffer, state.length, max_decode_length),
+      lengths=state.length, target_calls=state.length)
+
+
+_jit_temperature_loop = jax.jit(temperature_loop,
+                                static_argnames=("max_decode_length", "method"))
+
+
+def temperature_sample(target: Target, encoder_input_tokens: Array, rng: Array,
+                       *, max_decode_length: int,
+                       temperature: Optional[float] = None,
+                       top_k: Optional[int] = None,
+                       top_p: Optional[float] = None,
+                       method: Optional[sampling.SamplingMethod] = None,
+                       eos_id: int = EOS_ID) -> DecodeOutput:
+  """Samples from the target alone, one target call per token.
+
+  Args:
+    target: the target model (`Target`, e.g. `models.T5Model`).
+    encoder_input_tokens: [B, S] integer token ids in [0, vocab_size),
+      0-padded (checked on the host when concrete: `check_encoder_inputs`).
+    rng: a JAX PRNG key (unused by a greedy method, still checked).
+    max_decode_length: maximum generated tokens per row (>= 1).
+    temperature, top_k, top_p: the sampling settings (`sampling.make_method`;
+      default greedy); or
+    method: a `sampling.SamplingMethod` instead of them.
+    eos_id: a row stops after emitting it (traced: changing it does not
+      recompile; -1 never stops early).
+
+  Returns:
+    `DecodeOutput`.
+
+  Raises:
+    ValueError naming the bad argument, before anything is compiled.
+  """
+  check_settings(max_decode_length=max_decode_length)
+  method = resolve_method(method, temperature, top_k, top_p)
+  check_target(target)
+  check_encoder_inputs(encoder_input_tokens, target.vocab_size)
+  check_rng(rng)
+  check_eos_id(eos_id)
+  return _jit_temperature_loop(target,
+                               jnp.asarray(encoder_input_tokens,
+                                           jnp.int32), rng, np.int32(eos_id),
+                               max_decode_length=int(max_decode_length),
+                               method=method)
+
+
+# ---------------------------------------------------------------------------
+# Speculative decoding.
+# ---------------------------------------------------------------------------
+@flax.struct.dataclass
+class SpeculativeState:
+  """Loop state of the speculative decoder: Algorithm 1's state only.
+
+  B rows, T = max_decode_length + γ + 2 buffer positions.
+
+  Attributes:
+    iteration: [] int32 iterations so far (folded into the rng).
+    target_state: the target's state; holds positions 0..ℓ-1.
+    draft_state: the drafter's state.
+    buffer: [B, T] int32 tokens, start token at 0.
+    length: [B] int32 ℓ, tokens generated per row.
+    done: [B] bool rows finished (EOS or max_decode_length).
+    stats: `SpeculativeStatistics`, or None when not collected.
+  """
+  iteration: Array
+  target_state: Any
+  draft_state: Any
+  buffer: Array
+  length: Array
+  done: Array
+  stats: Optional[SpeculativeStatistics] = None
+
+
+def init_speculative_state(target: Target, drafter: Drafter,
+                           encoder_input_tokens: Array, *, gamma: int,
+                           max_decode_length: int,
+                           statistics: bool = True) -> SpeculativeState:
+  """Prefills both models from inputs [B, S] and allocates the loop state."""
+  batch = encoder_input_tokens.shape[0]
+  # Chunks reach position ℓ + γ with ℓ <= max_decode_length (frozen rows
+  # keep running at their final length): max_decode_length + γ + 1 slots.
+  state_len = max_decode_length + gamma + 1
+  target_state = target.start(encoder_input_tokens, state_len)
+  # The target's encoding (None without one): a shared-encoder draft reads it.
+  encoder_output = target_encoder_output(target, target_state)
+  return SpeculativeState(
+      iteration=jnp.array(0, jnp.int32), target_state=target_state,
+      draft_state=drafter.init(encoder_input_tokens, state_len, encoder_output),
+      buffer=_start_buffer(target, encoder_input_tokens, state_len + 1),
+      length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros(
+          (batch,), bool), stats=(SpeculativeStatistics.zeros(
+              batch, gamma, max_decode_length) if statistics else None))
+
+
+def speculative_iteration(target: Target, drafter: Drafter,
+                          acceptance: AcceptanceRule, s: SpeculativeState,
+                          rng: Array, eos_id: Array, *, gamma: int,
+                          max_decode_length: int,
+                          method: sampling.SamplingMethod) -> SpeculativeState:
+  """One iteration of Algorithm 1 for every row of the batch.
+
+  Args:
+    target, drafter, acceptance: the plug points.
+    s: the loop state.
+    rng: the decode's PRNG key (the iteration number is folded in).
+    eos_id: [] int32.
+    gamma, max_decode_length, method: static.
+
+  Returns:
+    The next state: each active row gained 1..γ+1 tokens; both models'
+    states are rolled back to the new lengths.
+  """
+  batch = s.buffer.shape[0]
+  rows = jnp.arange(batch)
+  draft_rng, accept_rng = jax.random.split(jax.random.fold_in(rng, s.iteration))
+  draft_state, draft_tokens, draft_probs = drafter.propose(
+      s.draft_state, s.buffer, s.length, draft_rng, gamma=gamma, method=method)
+
+  # One target call over the γ+1 positions ℓ..ℓ+γ.
+  partial = drafter.may_stop_early  # Static: NO_GUESS slots may come back.
+  if partial:
+    logits, target_state = guesses.verify_call(target, s.buffer[rows, s.length],
+                                               draft_tokens, s.target_state)
+  else:
+    chunk = jnp.concatenate([s.buffer[rows, s.length][:, None], draft_tokens],
+                            axis=1)
+    logits, target_state = target.decode_chunk(chunk, s.target_state)
+  verdict = acceptance(accept_rng, logits, draft_tokens, draft_probs, method)
+  num_accepted, next_token = verdict.num_accepted, verdict.next_token
+
+  # Emit x_1..x_n then the extra token; stale guesses past it get overwritten
+  # later or masked at the end.
+  emitted = jnp.concatenate([draft_tokens, next_token[:, None]], axis=1)
+  emitted = jnp.where(
+      jnp.arange(gamma + 1)[None, :] == num_accepted[:, None],
+      next_token[:, None], emitted)
+  active = jnp.logical_not(s.done)
+  num_new, hit_eos = _truncate_at_eos(emitted, num_accepted + 1, eos_id)
+  new_length = jnp.where(active,
+                         jnp.minimum(s.length + num_new, max_decode_length),
+                         s.length)
+  # Finished rows write past their final length too: harmless, it is masked.
+  buffer = jax.vmap(
+      lambda row, new, start: lax.dynamic_update_slice(row, new, (start,)))(
+          s.buffer, guesses.feedable(emitted) if partial else emitted,
+          s.length + 1)
+  done = s.done | (active & (hit_eos | (new_length >= max_decode_length)))
+
+  stats = s.stats
+  if stats is not None:
+    stats = stats.update(
+        active=active, draft_tokens=draft_tokens, verdict=verdict,
+        beta=guess_beta(verdict, draft_tokens,
+                        draft_probs), num_kept=new_length - s.length,
+        num_guesses=guesses.num_guesses(draft_tokens) if partial else None)
+
+  return SpeculativeState(
+      iteration=s.iteration + 1,
+      # Rollback by index: both states keep only the accepted prefix.
+      target_state=target.truncate(target_state, new_length),
+      draft_state=drafter.rollback(draft_state, new_length),
+      buffer=buffer,
+      length=new_length,
+      done=done,
+      stats=stats)
+
+
+def speculative_loop(target: Target, drafter: Drafter,
+                     encoder_input_tokens: Array, rng: Array, eos_id: Array, *,
+                     gamma: int, max_decode_length: int,
+                     method: sampling.SamplingMethod,
+                     acceptance: AcceptanceRule = ExactAcceptance(),
+                     statistics: bool = True) -> SpeculativeOutput:
+  """The traceable speculative loop: no argument checks, not jitted.
+
+  For callers that compose it inside their own `jax.jit` (the benchmark,
+  `jax.experimental.checkify.checkify` for cache-overflow checks);
+  `speculative_sample` is the checked, jitted entry point.
+  """
+  state = init_speculative_state(target, drafter, encoder_input_tokens,
+                                 gamma=gamma,
+                                 max_decode_length=max_decode_length,
+                                 statistics=statistics)
+
+  def body(s):
+    return speculative_iteration(target, drafter, acceptance, s, rng, eos_id,
+                                 gamma=gamma,
+                                 max_decode_length=max_decode_length,
+                                 method=method)
+
+  state = lax.while_loop(lambda s: jnp.logical_not(jnp.all(s.done)), body,
+                         state)
+  return SpeculativeOutput(
+      tokens=_finish(state.buffer, state.length, max_decode_length),
+      lengths=state.length, stats=state.stats)
+
+
+_SPECULATIVE_STATIC = ("gamma", "max_decode_length", "method", "statistics")
+_jit_speculative_loop = jax.jit(speculative_loop,
+                                static_argnames=_SPECULATIVE_STATIC)
+# XLA:CPU: per-program compiler options (`kernels.CPU_SPECULATIVE_COMPILER_
+# OPTIONS` says why the speculative loop differs from the baseline's).
+_jit_speculative_loop_cpu = jax.jit(
+    speculative_loop, static_argnames=_SPECULATIVE_STATIC,
+    compiler_options=kernels.CPU_SPECULATIVE_COMPILER_OPTIONS)
+
+
+def _speculative_program():
+  """The jitted speculative loop for the default backend."""
+  return (_jit_speculative_loop_cpu
+          if jax.default_backend() == "cpu" else _jit_speculative_loop)
+
+
+def speculative_sample(target: Target, drafter: Any,
+                       encoder_input_tokens: Array, rng: Array, *, gamma: int,
+                       max_decode_length: int,
+                       temperature: Optional[float] = None,
+                       top_k: Optional[int] = None,
+                       top_p: Optional[float] = None,
+                       method: Optional[sampling.SamplingMethod] = None,
+                       acceptance: Optional[AcceptanceRule] = None,
+                       eos_id: int = EOS_ID,
+                       statistics: bool = True) -> SpeculativeOutput:
+  """Speculative decoding: exactly the target's output distribution.
+
+  Args:
+    target: the target model (`Target`, e.g. `models.T5Model`).
+    drafter: a `drafters.Drafter`, or a small model with the `Target`
+      interface (wrapped in `drafters.ModelDrafter`).
+    encoder_input_tokens: [B, S] integer token ids in [0, vocab_size),
+      0-padded (checked on the host when concrete: `check_encoder_inputs`).
+    rng: a JAX PRNG key.
+    gamma: number of draft guesses γ per target call (static, >= 1).
+    max_decode_length: maximum generated tokens per row (>= 1).
+    temperature, top_k, top_p: the sampling settings, applied identically
+      to target and draft (`sampling.make_method`; default greedy, whose
+      output is token-identical to `temperature_sample`'s); or
+    method: a `sampling.SamplingMethod` instead of them.
+    acceptance: the acceptance rule; default `ExactAcceptance()`
+      (Algorithm 1, the only exact one).
+    eos_id: a row stops after emitting it (-1: never).
+    statistics: also collect per-row target calls, the histogram of kept
+      guesses, β and traces (`SpeculativeStatistics`); False carries
+      Algorithm 1's state only.
+
+  Returns:
+    `SpeculativeOutput`.
+
+  Raises:
+    ValueError naming the bad argument, before anything is compiled.
+  """
+  drafter = as_drafter(drafter)
+  method = check_speculative_args(target, drafter, gamma=gamma,
+                                  max_decode_length=max_decode_length,
+                                  method=method, temperature=temperature,
+                                  top_k=top_k, top_p=top_p,
+                                  acceptance=acceptance)
+  check_encoder_inputs(encoder_input_tokens, target.vocab_size)
+  check_rng(rng)
+  check_eos_id(eos_id)
+  if not isinstance(statistics, bool):
+    raise ValueError(f"statistics must be True or False, got {statistics!r}.")
+  return _speculative_program()(
+      target, drafter, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
+      np.int32(eos_id), gamma=int(gamma),
+      max_decode_length=int(max_decode_length), method=method,
+      acceptance=ExactAcceptance() if acceptance is None else acceptance,
+      statistics=statistics)

@@ -1,0 +1,153 @@
+"""Token-tree drafts: k branches of γ guesses per row from one draft model.
+
+`TreeModelDrafter` is a `ModelDrafter` that can also propose a tree
+(`propose_tree`) for tree verification (`decoding.tree_speculative_sample`):
+per row, `width` = k branches x_{j,1..γ} that all continue the row's known
+sequence. The draft model runs the k branches as one batch of B·k rows: it
+catches up once on the B rows, its state is then repeated k times, and the
+γ - 1 further steps feed B·k rows each.
+
+How branches are drawn is what the acceptance rule (`decoding.tree_acceptance`)
+needs:
+* sampling (T > 0): k independent draws from the draft, x_{j,1} ~ q_1 i.i.d.
+  and each branch continued with its own draws from q(· | its prefix). At
+  any depth, the branches that still share the accepted prefix have next
+  tokens i.i.d. from q given it: what the multi-draft rule's proof uses.
+  With `first_without_replacement`, the k first tokens are distinct, drawn
+  without replacement from q_1 (then each branch goes on as above).
+* greedy (T = 0): the draft's k most likely first tokens, each continued
+  greedily (draft_probs None).
+
+After the target's verdict, `rollback_tree` keeps the accepted branch's rows
+as the draft's state and rolls them back as `ModelDrafter.rollback` does, so
+the state invariant of `ModelDrafter` (holds the true prefix up to length or
+length - 1) is kept and the next `propose`/`propose_tree` catches up as
+usual. The model state's leaves must all have the batch axis first (T5's
+`DecodeCache` and the decoder-only example's state do).
+"""
+from typing import Any, Optional, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from specdec_jax.core import sampling
+from specdec_jax.core.drafters.model import ModelDrafter
+from specdec_jax.core.drafters.model import ModelDrafterState
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class TreeDraftState:
+  """The draft's state between `propose_tree` and `rollback_tree`.
+
+  Attributes:
+    model_state: the draft model's state for B·k rows; row b·k + j is branch
+      j of row b: buffer[b, :ℓ+1] then x_{j,1..γ-1} fed.
+    length: [B] int32 buffer positions fed per row (ℓ + γ).
+    width: k (static).
+  """
+  model_state: Any
+  length: Array
+  width: int = flax.struct.field(pytree_node=False)
+
+
+def _repeat_rows(tree: Any, width: int) -> Any:
+  """Every leaf [B, ...] -> [B·k, ...], row b·k + j a copy of row b."""
+  return jax.tree_util.tree_map(lambda x: jnp.repeat(x, width, axis=0), tree)
+
+
+@flax.struct.dataclass
+class TreeModelDrafter(ModelDrafter):
+  """A `ModelDrafter` that also proposes k branches per row (module doc).
+
+  Adaptive γ (`confidence_threshold`) is not supported for trees.
+
+  Attributes:
+    first_without_replacement: at T > 0, draw the k first guesses without
+      replacement from q_1 (Gumbel top-k: distinct tokens, in the order
+      drawn; fewer than k tokens of positive q leave the rest with q = 0,
+      never kept) instead of i.i.d.; the acceptance rule must be told
+      (`TreeAcceptance.first_without_replacement`). Static.
+  """
+  first_without_replacement: bool = flax.struct.field(pytree_node=False,
+                                                      default=False)
+
+  def propose_tree(
+      self, state: ModelDrafterState, buffer: Array, length: Array, rng: Array,
+      *, gamma: int, width: int, method: sampling.SamplingMethod
+  ) -> Tuple[TreeDraftState, Array, Optional[Array]]:
+    """k = width branches of γ guesses after buffer[b, :length[b]+1].
+
+    Args: as `Drafter.propose`, plus width k (static).
+
+    Returns:
+      (state, draft_tokens [B, k, γ] int32, draft_probs [B, k, γ, V] float32
+      q of each guess given its branch's prefix, or None when greedy).
+    """
+    batch = buffer.shape[0]
+    logits, model_state = self.catch_up(state, buffer, length)
+    rngs = jax.random.split(rng, gamma)
+    if method.is_greedy:
+      first = lax.top_k(logits, width)[1].astype(jnp.int32)  # [B, k]
+      first_q = None
+    elif self.first_without_replacement:
+      first_q = method.standardize(
+          jnp.broadcast_to(logits[:, None], (batch, width) + logits.shape[-1:]))
+      gumbel = jax.random.gumbel(rngs[0], logits.shape)
+      first = lax.top_k(jnp.log(first_q[:, 0]) + gumbel,
+                        width)[1].astype(jnp.int32)
+    else:
+      first, first_q = method.draw(
+          rngs[0],
+          jnp.broadcast_to(logits[:, None], (batch, width) + logits.shape[-1:]))
+    tokens = jnp.zeros((batch, width, gamma), jnp.int32).at[:, :, 0].set(first)
+    probs = None if first_q is None else jnp.zeros(
+        (batch, width, gamma,
+         first_q.shape[-1]), jnp.float32).at[:, :, 0].set(first_q)
+
+    # Steps 2..γ on B·k rows: feed x_{j,i-1}, guess x_{j,i}.
+    def step(i, carry):
+      model_state, tokens, probs = carry
+      step_logits, model_state = self.model.decode_chunk(
+          tokens[:, :, i - 1].reshape(batch * width, 1), model_state)
+      token, q = method.draw(rngs[i], step_logits.reshape(batch, width, -1))
+      if probs is not None:
+        probs = probs.at[:, :, i].set(q)
+      return model_state, tokens.at[:, :, i].set(token), probs
+
+    model_state, tokens, probs = lax.fori_loop(
+        1, gamma, step, (_repeat_rows(model_state, width), tokens, probs))
+    return TreeDraftState(model_state, length + gamma, width), tokens, probs
+
+  def rollback_tree(self, state: TreeDraftState, length: Array,
+                    branch: Array) -> ModelDrafterState:
+    """Keeps branch [B] int32 of each row, rolled back to length [B]."""
+    batch = length.shape[0]
+    rows = jnp.arange(batch) * state.width + branch
+    model_state = jax.tree_util.tree_map(lambda x: x[rows], state.model_state)
+    return self.rollback(ModelDrafterState(model_state, state.length), length)
+
+
+def as_tree_drafter(
+    drafter: Any, first_without_replacement: bool = False) -> TreeModelDrafter:
+  """A `TreeModelDrafter` (with `first_without_replacement`) for a
+  `ModelDrafter` (without adaptive γ) or a model with the `Target`
+  interface; ValueError for anything else."""
+  if isinstance(drafter, ModelDrafter):
+    model, threshold = drafter.model, drafter.confidence_threshold
+  elif callable(getattr(drafter, "decode_chunk", None)):
+    model, threshold = drafter, None
+  else:
+    raise ValueError(
+        "tree verification drafts with a model: drafter must be a "
+        "drafters.ModelDrafter or a model with the Target interface (e.g. a "
+        f"small T5Model), got {type(drafter).__name__}.")
+  if threshold is not None:
+    raise ValueError(
+        "tree verification does not support adaptive γ: the drafter's "
+        f"confidence_threshold must be None, got {threshold!r}.")
+  return TreeModelDrafter(model,
+                          first_without_replacement=first_without_replacement)

@@ -1,0 +1,412 @@
+"""T5 v1.1's encoder and decoder stacks with a chunked, per-row-length cache.
+
+`Transformer` is T5X's `t5x/examples/t5/network.py:Transformer` (same
+parameter tree) plus the methods the decoders use: `init_cache` and
+`decode_chunk`, which appends K >= 1 tokens per row at that row's own
+length (see `DecodeCache`).
+"""
+import dataclasses
+import functools
+from typing import Optional, Tuple
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from specdec_jax.core.models.attention import CACHED
+from specdec_jax.core.models.attention import KeyValues
+from specdec_jax.core.models.attention import MultiHeadDotProductAttention
+from specdec_jax.core.models.attention import PROJECTED
+from specdec_jax.core.models.attention import to_cache_layout
+from specdec_jax.core.models.attention import tree_visibility
+from specdec_jax.core.models.config import T5Config
+from specdec_jax.core.models.layers import DenseGeneral
+from specdec_jax.core.models.layers import Embed
+from specdec_jax.core.models.layers import LayerNorm
+from specdec_jax.core.models.layers import mask_to_bias
+from specdec_jax.core.models.layers import MlpBlock
+from specdec_jax.core.models.layers import RelativePositionBiases
+
+Array = jax.Array
+
+
+class EncoderLayer(nn.Module):
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, x: Array, bias: Array, deterministic: bool) -> Array:
+    cfg = self.config
+    drop = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+    y = LayerNorm(cfg.dtype, name="pre_attention_layer_norm")(x)
+    y = MultiHeadDotProductAttention(cfg, name="attention")(y, y, bias)
+    x = x + drop(y, deterministic=deterministic)
+    y = LayerNorm(cfg.dtype, name="pre_mlp_layer_norm")(x)
+    y = MlpBlock(cfg, name="mlp")(y, deterministic)
+    return x + drop(y, deterministic=deterministic)
+
+
+class Encoder(nn.Module):
+  config: T5Config
+  shared_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, encoder_input_tokens: Array,
+               deterministic: bool = True) -> Array:
+    """[B, S] tokens (0 = padding) -> [B, S, emb] encodings."""
+    cfg = self.config
+    length = encoder_input_tokens.shape[1]
+    valid = encoder_input_tokens > 0
+    positions = jnp.arange(length)
+    relpos = RelativePositionBiases(cfg.num_heads, cfg.dtype, True,
+                                    name="relpos_bias")(positions[None],
+                                                        positions, length)
+    bias = relpos + mask_to_bias(
+        valid[:, None, :, None] & valid[:, None, None, :], cfg.dtype)
+    drop = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+    x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
+    x = drop(x, deterministic=deterministic).astype(cfg.dtype)
+    for i in range(cfg.num_encoder_layers):
+      x = EncoderLayer(cfg, name=f"layers_{i}")(x, bias, deterministic)
+    x = LayerNorm(cfg.dtype, name="encoder_norm")(x)
+    return drop(x, deterministic=deterministic)
+
+
+# ---------------------------------------------------------------------------
+# Decoder with a chunked, per-row-length cache.
+# ---------------------------------------------------------------------------
+@flax.struct.dataclass
+class DecodeCache:
+  """Decoder state for cached decoding.
+
+  One array per layer (tuples), so that each layer's chunk is written in
+  place into its own buffer; stacking layers would copy the whole cache on
+  every call.
+
+  Attributes:
+    keys, values: per layer, [B, H, D, max_len] self-attention keys/values
+      at absolute decoder positions 0..max_len-1 (position last: the layout
+      XLA:CPU's attention dots read without a transposing copy per call).
+      Entries at positions >= `length` are stale and masked out, never read.
+    cross_keys, cross_values: per layer, [B, H, D, S] encoder-decoder
+      attention keys/values, projected once from the encoder output.
+    encoder_valid: [B, S] bool, False at encoder padding.
+    length: [B] int32, number of decoder positions whose keys/values are
+      valid, per row. Rolling back is `cache.replace(length=...)`.
+    encoded: [B, S, d] the encoder output the cross keys/values were
+      projected from (`T5Model.encoder_output` hands it to a drafter that
+      reads it: a shared-encoder draft). Written once by `start`; never read
+      by the decoder itself.
+  """
+  keys: Tuple[Array, ...]
+  values: Tuple[Array, ...]
+  cross_keys: Tuple[Array, ...]
+  cross_values: Tuple[Array, ...]
+  encoder_valid: Array
+  length: Array
+  encoded: Optional[Array] = None
+
+  @property
+  def max_len(self) -> int:
+    return self.keys[0].shape[-1]
+
+
+def _write_chunk(cache_rows: Array, chunk: Array, start: Array) -> Array:
+  """In-place write of a [B, K, H, D] chunk into [B, H, D, L] at start [B]."""
+
+  def write_row(row, new, s):
+    return lax.dynamic_update_slice(row, new, (0, 0, s))
+
+  chunk = to_cache_layout(chunk).astype(cache_rows.dtype)
+  return jax.vmap(write_row)(cache_rows, chunk, start)
+
+
+class DecoderLayer(nn.Module):
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.pre_self_attention_layer_norm = LayerNorm(cfg.dtype)
+    self.self_attention = MultiHeadDotProductAttention(cfg)
+    self.pre_cross_attention_layer_norm = LayerNorm(cfg.dtype)
+    self.encoder_decoder_attention = MultiHeadDotProductAttention(cfg)
+    self.pre_mlp_layer_norm = LayerNorm(cfg.dtype)
+    self.mlp = MlpBlock(cfg)
+    self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+
+  def _rest(self, x, y, cross_keys, cross_values, cross_bias, deterministic):
+    """Residual after self-attention, then cross-attention and MLP.
+
+    cross_keys, cross_values: [B, H, D, S] (the cache layout).
+    """
+    x = x + self.dropout(y, deterministic=deterministic)
+    y = self.pre_cross_attention_layer_norm(x)
+    y = self.encoder_decoder_attention.attend(
+        y, [KeyValues(cross_keys, cross_values, cross_bias, CACHED)])
+    x = x + self.dropout(y, deterministic=deterministic)
+    y = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
+    return x + self.dropout(y, deterministic=deterministic)
+
+  def __call__(self, x, encoded, self_bias, cross_bias, deterministic=True):
+    """Teacher-forced layer: x [B, T, emb], encoded [B, S, emb]."""
+    y = self.pre_self_attention_layer_norm(x)
+    y = self.self_attention(y, y, self_bias)
+    ck, cv = self.cross_kv(encoded)
+    return self._rest(x, y, ck, cv, cross_bias, deterministic)
+
+  def cross_kv(self, encoded):
+    """Encoder-decoder keys and values [B, H, D, S] (the cache layout)."""
+    keys, values = self.encoder_decoder_attention.project_kv(encoded)
+    return to_cache_layout(keys), to_cache_layout(values)
+
+  def decode_chunk(self, x, keys, values, start, self_bias, chunk_bias,
+                   cross_keys, cross_values, cross_bias):
+    """Appends a chunk to this layer's cache and runs the layer on it.
+
+    Args:
+      x: [B, K, emb] chunk inputs at positions start..start+K-1.
+      keys, values: [B, H, D, max_len] this layer's cache.
+      start: [B] write offset per row (the cache length before the chunk).
+      self_bias: [B, H, K, max_len] relpos bias, and the mask of the slots
+        before `start` (the chunk's own positions are in chunk_bias).
+      chunk_bias: [1, H, K, K] relpos bias and causal mask within the chunk.
+      cross_keys, cross_values: [B, H, D, S]; cross_bias: [B, 1, 1, S].
+
+    Returns:
+      (outputs [B, K, emb], keys, values) with the chunk written in place.
+    """
+    y = self.pre_self_attention_layer_norm(x)
+    new_k, new_v = self.self_attention.project_kv(y)
+    attended = self.self_attention.attend(y, [
+        KeyValues(keys, values, self_bias, CACHED),
+        KeyValues(new_k, new_v, chunk_bias, PROJECTED)
+    ])
+    out = self._rest(x, attended, cross_keys, cross_values, cross_bias, True)
+    return out, _write_chunk(keys, new_k,
+                             start), _write_chunk(values, new_v, start)
+
+
+class Decoder(nn.Module):
+  config: T5Config
+  shared_embedding: nn.Module
+
+  def setup(self):
+    cfg = self.config
+    self.relpos_bias = RelativePositionBiases(cfg.num_heads, cfg.dtype, False)
+    # A list attribute names its modules layers_0, layers_1, ... as in T5X.
+    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    self.decoder_norm = LayerNorm(cfg.dtype)
+    self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+    if not cfg.logits_via_embedding:
+      self.logits_dense = DenseGeneral((cfg.vocab_size,), dtype=jnp.float32)
+
+  def _logits(self, y: Array) -> Array:
+    cfg = self.config
+    if cfg.logits_via_embedding:
+      return self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
+    return self.logits_dense(y)
+
+  def __call__(self, encoded, encoder_input_tokens, decoder_input_tokens,
+               decoder_target_tokens, deterministic=True):
+    """Teacher-forced decoder with T5X's masks: returns [B, T, vocab]."""
+    cfg = self.config
+    length = decoder_input_tokens.shape[1]
+    positions = jnp.arange(length)
+    relpos = self.relpos_bias(positions[None], positions, length)
+    target_valid = decoder_target_tokens > 0
+    causal = positions[:, None] >= positions[None, :]
+    self_mask = (causal[None, None] & target_valid[:, None, :, None] &
+                 target_valid[:, None, None, :])
+    self_bias = relpos + mask_to_bias(self_mask, cfg.dtype)
+    enc_valid = encoder_input_tokens > 0
+    cross_bias = mask_to_bias(
+        target_valid[:, None, :, None] & enc_valid[:, None, None, :], cfg.dtype)
+    y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
+    y = self.dropout(y, deterministic=deterministic).astype(cfg.dtype)
+    for layer in self.layers:
+      y = layer(y, encoded, self_bias, cross_bias, deterministic)
+    y = self.decoder_norm(y)
+    y = self.dropout(y, deterministic=deterministic)
+    return self._logits(y)
+
+  def init_cache(self, encoded, encoder_valid, max_len):
+    """An empty cache over encoded [B, S, d] (encoder_valid [B, S] bool)."""
+    keys, values = zip(*[layer.cross_kv(encoded) for layer in self.layers])
+    batch = encoded.shape[0]
+    shape = (batch, self.config.num_heads, self.config.head_dim, max_len)
+    empty = tuple(jnp.zeros(shape, self.config.dtype) for _ in self.layers)
+    return DecodeCache(keys=empty, values=empty, cross_keys=tuple(keys),
+                       cross_values=tuple(values), encoder_valid=encoder_valid,
+                       length=jnp.zeros((batch,), jnp.int32), encoded=encoded)
+
+  def decode_chunk(self, tokens, cache: DecodeCache):
+    k = tokens.shape[1]
+    chunk_pos = jnp.arange(k)
+    # The chunk attends to itself causally.
+    causal = chunk_pos[None, :] <= chunk_pos[:, None]
+    logits, cache = self._decode_new(tokens, cache, chunk_pos[None],
+                                     causal[None])
+    return logits, dataclasses.replace(cache, length=cache.length + k)
+
+  def decode_tree(self, tokens, parents, cache: DecodeCache):
+    """Scores a token tree [B, N] after the cached prefix (`tree_visibility`).
+
+    Node i sits at position length + depth_i and attends to the prefix and
+    to its ancestors; its keys/values go to slots length + i (length is not
+    advanced: `commit_path` keeps a path of them).
+    """
+    visible, depth = tree_visibility(parents)
+    return self._decode_new(tokens, cache, depth, visible)
+
+  def _decode_new(self, tokens, cache: DecodeCache, offsets, visible):
+    """Runs K new tokens after the cache; writes their keys/values in place.
+
+    Args:
+      tokens: [B, K] int.
+      cache: the cache; its length is left as it is.
+      offsets: [B or 1, K] int, each token's position minus cache.length.
+      visible: [B or 1, K, K] bool, which new tokens each one attends to.
+
+    Returns:
+      (logits [B, K, V], cache with slots length..length+K-1 written).
+    """
+    cfg = self.config
+    start = cache.length
+    max_len = cache.max_len
+    query_pos = start[:, None] + offsets  # [B, K]
+    key_pos = jnp.arange(max_len)
+    # Cache slots before the new tokens; relative positions among the new
+    # tokens do not depend on start.
+    mask = key_pos[None, None, :] < start[:, None, None]  # [B, 1, L]
+    self_bias = (self.relpos_bias(query_pos, key_pos, max_len) +
+                 mask_to_bias(mask[:, None], cfg.dtype))
+    chunk_bias = (self.relpos_bias(offsets, offsets, max_len) +
+                  mask_to_bias(visible[:, None], cfg.dtype))
+    cross_bias = mask_to_bias(cache.encoder_valid[:, None, None, :], cfg.dtype)
+    y = self.shared_embedding(tokens.astype(jnp.int32)).astype(cfg.dtype)
+    new_keys, new_values = [], []
+    for i, layer in enumerate(self.layers):
+      y, lk, lv = layer.decode_chunk(y, cache.keys[i], cache.values[i], start,
+                                     self_bias, chunk_bias, cache.cross_keys[i],
+                                     cache.cross_values[i], cross_bias)
+      new_keys.append(lk)
+      new_values.append(lv)
+    y = self.decoder_norm(y)
+    logits = self._logits(y)
+    cache = dataclasses.replace(cache, keys=tuple(new_keys),
+                                values=tuple(new_values))
+    return logits, cache
+
+
+def commit_path(cache: DecodeCache, path: Array,
+                path_length: Array) -> DecodeCache:
+  """Keeps one root-to-node path of a scored tree (`Decoder.decode_tree`).
+
+  Moves the keys/values of nodes path[b, :path_length[b]] (written at slots
+  length + node) to slots length, length+1, ... and advances length by
+  path_length; the other nodes' slots lie past the new length, masked, as
+  after a rollback. Gathered before written, so a path may read slots it
+  overwrites.
+
+  Args:
+    cache: the cache `decode_tree` returned (length: the prefix).
+    path: [B, P] int node indices, path[b, j] the node at depth j (entries
+      past path_length are ignored; length + P <= max_len).
+    path_length: [B] int32 nodes kept per row, in [0, P].
+  """
+  start = cache.length
+  slots = start[:, None] + path  # [B, P]
+
+  def move(rows):
+    picked = jnp.take_along_axis(rows, slots[:, None, None, :], axis=-1)
+    return jax.vmap(
+        lambda row, new, s: lax.dynamic_update_slice(row, new, (0, 0, s)))(
+            rows, picked, start)
+
+  return dataclasses.replace(cache, keys=tuple(map(move, cache.keys)),
+                             values=tuple(map(move, cache.values)),
+                             length=start + path_length)
+
+
+class Transformer(nn.Module):
+  """T5 v1.1 encoder-decoder (T5X's `Transformer`), plus chunked decoding.
+
+  Methods (use with `model.apply(variables, ..., method=...)`):
+    __call__(encoder_input_tokens [B,S], decoder_input_tokens [B,T],
+      decoder_target_tokens [B,T]) -> logits [B,T,vocab]: teacher forcing.
+    encode(encoder_input_tokens [B,S]) -> [B,S,emb].
+    decode(encoded [B,S,d], encoder_input_tokens [B,S], decoder_input_tokens
+      [B,T], decoder_target_tokens [B,T]) -> logits [B,T,vocab]: teacher
+      forcing from a given encoder output (a model without an encoder of
+      its own has this and not __call__ / encode).
+    init_cache(encoded [B,S,d], encoder_input_tokens [B,S], max_len)
+      -> DecodeCache with length 0 in every row.
+    decode_chunk(tokens [B,K], cache) -> (logits [B,K,vocab] float32, cache):
+      feeds K tokens per row at positions cache.length..cache.length+K-1.
+      The caller must keep cache.length + K <= max_len.
+    decode_tree(tokens [B,N], parents [B,N], cache) -> (logits [B,N,vocab],
+      cache): scores a token tree after the cache (`Decoder.decode_tree`);
+      `commit_path` then keeps one path of it.
+  """
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
+    if cfg.has_encoder:
+      self.encoder = Encoder(cfg, self.token_embedder)
+    self.decoder = Decoder(cfg, self.token_embedder)
+
+  def _check_has_encoder(self):
+    if not self.config.has_encoder:
+      raise ValueError(
+          "This T5 decoder has no encoder of its own (num_encoder_layers=0): "
+          "it reads another model's encoder output (`decode`, "
+          "`init_cache`, or `SharedEncoderModel`).")
+
+  def encode(self, encoder_input_tokens, deterministic=True):
+    self._check_has_encoder()
+    return self.encoder(encoder_input_tokens, deterministic)
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens,
+               decoder_target_tokens, deterministic=True):
+    encoded = self.encode(encoder_input_tokens, deterministic)
+    return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
+                        decoder_target_tokens, deterministic)
+
+  def decode(self, encoded, encoder_input_tokens, decoder_input_tokens,
+             decoder_target_tokens, deterministic=True):
+    return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
+                        decoder_target_tokens, deterministic)
+
+  def init_cache(self, encoded, encoder_input_tokens, max_len: int):
+    return self.decoder.init_cache(encoded, encoder_input_tokens > 0, max_len)
+
+  def init_cache_from_valid(self, encoded, encoder_valid, max_len: int):
+    return self.decoder.init_cache(encoded, encoder_valid, max_len)
+
+  def decode_chunk(self, tokens, cache):
+    return self.decoder.decode_chunk(tokens, cache)
+
+  def decode_tree(self, tokens, parents, cache):
+    return self.decoder.decode_tree(tokens, parents, cache)
+
+
+def init_params(config: T5Config, rng: Array, encoder_length: int = 8,
+                decoder_length: int = 8):
+  """Random parameters in T5X's layout: {'params': {...}}."""
+  model = Transformer(config)
+  enc = jnp.ones((1, encoder_length), jnp.int32)
+  dec = jnp.ones((1, decoder_length), jnp.int32)
+  if not config.has_encoder:
+    encoded = jnp.ones((1, encoder_length, config.cross_attention_input_dim),
+                       config.dtype)
+    return model.init(rng, encoded, enc, dec, dec, method=Transformer.decode)
+  return model.init(rng, enc, dec, dec)
+
+
+def param_shapes(config: T5Config):
+  """Parameter shapes without allocating anything (for XL/XXL checks)."""
+  return jax.eval_shape(functools.partial(init_params, config),
+                        jax.random.PRNGKey(0))

@@ -1,0 +1,243 @@
+"""What a run is set up from: the model configs (gin scopes 'target' and
+'draft'), the shared vocabulary (gin's `vocabulary.*`), and the models
+(a T5X checkpoint, or random weights), sharded over the run's mesh.
+"""
+import functools
+import os
+from typing import Optional
+
+from absl import logging
+import gin
+import jax
+
+from specdec_jax import checkpoints
+from specdec_jax import console
+from specdec_jax import io_utils
+from specdec_jax import gin_utils
+from specdec_jax import parameters
+from specdec_jax import partitioning
+from specdec_jax import paths
+from specdec_jax import vocab as vocab_lib
+from specdec_jax.checkpoints import digests
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import param_shapes
+
+ConfigError = gin_utils.ConfigError
+
+
+def resolve(path: Optional[str]) -> Optional[str]:
+  """A data path from a gin file, resolved as `paths.resolve_path` does
+  (None and '' stay as they are: "not set")."""
+  return paths.resolve_path(path) if path else path
+
+
+def model_config(scope: str) -> T5Config:
+  """The T5Config bound under a gin scope ('target' or 'draft')."""
+  with gin.config_scope(scope):
+    return T5Config()  # pylint: disable=no-value-for-parameter
+
+
+@gin.configurable
+def vocabulary(spm_model_path: Optional[str] = vocab_lib.DEFAULT_SPM_PATH,
+               extra_ids: int = vocab_lib.DEFAULT_EXTRA_IDS,
+               byte_level: bool = False):
+  """The shared vocabulary: a SentencePiece model, or bytes (no file).
+
+  The SentencePiece model is read now (once per path and extra_ids), so a
+  missing file or one that is not a SentencePiece model fails at startup
+  with a ConfigError naming SPM_MODEL_PATH.
+
+  Args:
+    spm_model_path: the SentencePiece model both models share (local or
+      gs://; default T5's cc_all.32000).
+    extra_ids: sentinel ids appended to the model's pieces (T5: 100).
+    byte_level: bytes instead of a SentencePiece model (no file).
+  """
+  if not isinstance(byte_level, bool):
+    raise ConfigError(f"vocabulary.byte_level={byte_level!r}: allowed: True "
+                      "or False.")
+  if byte_level:
+    return _load_vocabulary(None, 0, True)
+  if not isinstance(extra_ids, int) or isinstance(extra_ids,
+                                                  bool) or extra_ids < 0:
+    # seqio takes a negative count as 0, and a string would be blamed on
+    # the SentencePiece file.
+    raise ConfigError(f"EXTRA_IDS={extra_ids!r}: allowed: an integer >= 0 "
+                      "(sentinel ids appended to the SentencePiece pieces; "
+                      "T5: 100).")
+  if spm_model_path is not None and not isinstance(spm_model_path, str):
+    raise ConfigError(f"SPM_MODEL_PATH={spm_model_path!r}: allowed: the path "
+                      "of a SentencePiece .model file (a string), got "
+                      f"{type(spm_model_path).__name__}.")
+  if not spm_model_path:
+    raise ConfigError(f"SPM_MODEL_PATH={spm_model_path!r}: give the path of "
+                      "a SentencePiece .model file (or bind "
+                      "vocabulary.byte_level = True).")
+  path = resolve(spm_model_path)
+  if not paths.is_url(path) and not os.path.exists(path):
+    raise ConfigError(f"SPM_MODEL_PATH={spm_model_path!r} does not exist "
+                      f"(looked for {path}).")
+  return _load_vocabulary(path, extra_ids, False)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_vocabulary(spm_model_path, extra_ids, byte_level):
+  if byte_level:
+    console.import_tensorflow_quietly()
+    import seqio  # pylint: disable=g-import-not-at-top
+    return seqio.ByteVocabulary()
+  try:
+    return vocab_lib.load_vocabulary(spm_model_path, extra_ids)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
+def describe_vocabulary(vocab) -> str:
+  """How the user chose `vocab` (for messages)."""
+  path = getattr(vocab, "sentencepiece_model_file", None)
+  if path is None:
+    return f"{type(vocab).__name__} (vocabulary.byte_level = True)"
+  return (f"SPM_MODEL_PATH={path!r} with EXTRA_IDS="
+          f"{getattr(vocab, 'extra_ids', '?')}")
+
+
+# T5X pads a model's vocab_size up to a multiple of this (32100 ids ->
+# 32128 rows): the unused rows are never produced by training.
+VOCAB_PADDING = 128
+
+
+def padded_vocab_size(size: int) -> int:
+  """`size` rounded up to T5X's multiple of VOCAB_PADDING."""
+  return -(-size // VOCAB_PADDING) * VOCAB_PADDING
+
+
+@gin.configurable(denylist=["vocab", "target_config", "draft_config"])
+def check_vocabulary_fits(vocab, target_config: T5Config,
+                          draft_config: T5Config,
+                          allow_size_mismatch: bool = False) -> None:
+  """Every id of `vocab` must be a row of both models' embedding tables, and
+  the models must not be much larger than the vocabulary.
+
+  An id >= vocab_size would be clamped by the embedding lookup (JAX does not
+  raise on an out-of-bounds gather) and the outputs would be garbage. A
+  model with more rows than the vocabulary padded to a multiple of 128 (T5X's
+  rule) was trained with another vocabulary: its ids mean other pieces, and
+  the output is garbage too, unless `allow_size_mismatch` (gin:
+  `check_vocabulary_fits.allow_size_mismatch = True`) says it is deliberate.
+  """
+  size = int(vocab.vocab_size)
+  for role, config in (("target", target_config), ("draft", draft_config)):
+    if size > config.vocab_size:
+      raise ConfigError(
+          f"the vocabulary has {size} ids ({describe_vocabulary(vocab)}) but "
+          f"{role}/T5Config.vocab_size = {config.vocab_size}: ids >= "
+          f"{config.vocab_size} would be clamped by the {role}'s embedding "
+          "lookup and decode to garbage. Allowed: a vocabulary of at most "
+          f"{config.vocab_size} ids, or {role}/T5Config.vocab_size >= {size} "
+          "(if the checkpoint was trained with that many).")
+    if config.vocab_size > padded_vocab_size(size) and not (
+        allow_size_mismatch):
+      raise ConfigError(
+          f"the vocabulary has {size} ids ({describe_vocabulary(vocab)}) but "
+          f"{role}/T5Config.vocab_size = {config.vocab_size}, more than "
+          f"{padded_vocab_size(size)} (the vocabulary's size padded to a "
+          f"multiple of {VOCAB_PADDING}, T5X's rule): the {role} was trained "
+          "with another vocabulary, whose ids mean other pieces, and would "
+          "decode garbage. Allowed: the SentencePiece model (and EXTRA_IDS) "
+          "the checkpoints were trained with; or bind "
+          "check_vocabulary_fits.allow_size_mismatch = True if this is "
+          "deliberate.")
+
+
+def checkpoint_dir(checkpoint_path: str) -> str:
+  """The step folder a *_CHECKPOINT_PATH names: itself, or the latest
+  `checkpoint_N` in a model dir (as `train` writes)."""
+  path = resolve(checkpoint_path)
+  latest = checkpoints.latest_checkpoint(path)
+  if latest and not os.path.basename(
+      os.path.normpath(checkpoint_path)).startswith("checkpoint_"):
+    path = resolve(latest)
+  return path
+
+
+def check_vocabulary_for_run(vocab, args) -> None:
+  """What a run's own arguments ask of the vocabulary (`plan.RunPlan.build`).
+
+  TOPK must not exceed its ids. The checkpoints' DIGESTS.json may record
+  the SentencePiece model they were trained with (`checkpoints.digests`):
+  another one is refused, even of the same size (its ids mean other pieces:
+  the output is garbage, silently). A checkpoint that records none is
+  loaded with a warning that the vocabulary could not be verified.
+
+  Raises:
+    ConfigError: naming TOPK, or SPM_MODEL_PATH and the checkpoint.
+  """
+  size = int(vocab.vocab_size)
+  if args.top_k > size:
+    raise ConfigError(
+        f"TOPK={args.top_k} is more than the vocabulary's {size} ids "
+        f"({describe_vocabulary(vocab)}): allowed: 0 (off) to {size}.")
+  paths = [("TARGET_CHECKPOINT_PATH", args.target_checkpoint_path)]
+  if args.drafting.uses_draft_model:
+    paths.append(("DRAFT_CHECKPOINT_PATH", args.draft_checkpoint_path))
+  for macro, path in paths:
+    if path:
+      _check_vocabulary_digest(vocab, macro, checkpoint_dir(path))
+
+
+def _check_vocabulary_digest(vocab, macro: str, ckpt: str) -> None:
+  """`vocab`'s file against `ckpt`'s recorded vocabulary (if any)."""
+  if not io_utils.isdir(ckpt):
+    return  # `load_model` says what is wrong with the path
+  record = digests.vocabulary_record(ckpt)
+  if record is None:
+    _warn_unverified(macro, ckpt, describe_vocabulary(vocab))
+    return
+  path = getattr(vocab, "sentencepiece_model_file", None)
+  got = _file_digest(path) if path else None
+  if got != record.get("sha256"):
+    what = (f"{path!r} (sha256 {got[:16]}...)"
+            if got else describe_vocabulary(vocab))
+    raise ConfigError(
+        f"SPM_MODEL_PATH: the vocabulary {what} is not the one {macro}'s "
+        f"checkpoint {ckpt} was trained with ({record.get('file')!r}, sha256 "
+        f"{str(record.get('sha256'))[:16]}..., recorded in its "
+        f"{digests.MANIFEST_FILE}): its ids would mean other pieces and the "
+        "output would be garbage. Allowed: that SentencePiece model.")
+
+
+@functools.lru_cache(maxsize=None)  # once per process (a sweep's points)
+def _warn_unverified(macro: str, ckpt: str, vocabulary_words: str) -> None:
+  logging.warning(
+      "%s: %s records no vocabulary digest (DIGESTS.json), so %s could "
+      "not be verified: if it is not the vocabulary the checkpoint was "
+      "trained with, the output is garbage.", macro, ckpt, vocabulary_words)
+
+
+@functools.lru_cache(maxsize=None)
+def _file_digest(path: str) -> str:
+  return digests.digest(io_utils.read_bytes(path))
+
+
+def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,
+               mesh, what: str) -> T5Model:
+  """Loads a T5X checkpoint (or random weights) sharded over `mesh`.
+
+  A model dir (as `train` writes) stands for its latest checkpoint.
+  """
+  shapes = param_shapes(config)["params"]
+  shardings = partitioning.param_shardings(mesh, shapes)
+  if checkpoint_path:
+    path = checkpoint_dir(checkpoint_path)
+    logging.info("Loading %s from %s", what, path)
+    params = checkpoints.load_t5x_params(path, expected=shapes,
+                                         dtype=config.dtype,
+                                         shardings=shardings)
+  else:
+    logging.warning("No %s checkpoint: random weights (seed %d).", what, seed)
+    params = parameters.random_params(config, jax.random.PRNGKey(seed),
+                                      dtype=config.dtype, shardings=shardings)
+  # Decoder weights packed once for the CPU kernel (a no-op on accelerators
+  # and meshes): verification calls cost about what one-token calls cost.
+  return T5Model(config, {"params": params}).prepared_for_decoding()

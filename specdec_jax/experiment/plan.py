@@ -1,0 +1,234 @@
+"""A run's plan: what the run is, built once, every setting checked once.
+
+`RunPlan.build(args)` checks everything that needs no model, in one place,
+before anything is loaded: the arguments (already checked when built), the
+model configs against each other and against DRAFTER, the vocabulary
+against both models' vocab_size, NGRAM_CORPUS (counted into the n-gram
+table), the memory the lengths need, the task kind. `plan.loaded()` adds
+the mesh, the two models, the drafter (one, from the registry,
+`drafter_registry`) and the two decoders, checked once
+(`decoding.speculative_decoder`: no host-side checks per batch).
+
+Everything a run takes from outside — the vocabulary, the models, the
+decoders — comes through `Providers`, so that tests and the multi-host test
+workers hand in fakes as an argument rather than patching modules.
+"""
+import dataclasses
+import os
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import jax
+import numpy as np
+
+from specdec_jax.core import decoding
+from specdec_jax import gin_utils
+from specdec_jax import quality as quality_lib
+from specdec_jax.core import models as models_lib
+from specdec_jax import partitioning
+from specdec_jax.core.decoding import block_acceptance
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import loading
+from specdec_jax.experiment import memory
+from specdec_jax.experiment import output_dir as output_dir_lib
+
+ConfigError = gin_utils.ConfigError
+Decoder = decoding.Decoder
+
+
+def make_decoders(plan: "RunPlan", target: Any, drafter: Any,
+                  gamma: int) -> Tuple[Decoder, Decoder]:
+  """(baseline, speculative) for the plan's settings, checked once."""
+  a = plan.args
+  method = a.method()
+  baseline = decoding.baseline_decoder(target,
+                                       max_decode_length=a.max_decode_length,
+                                       method=method)
+  speculative = decoding.speculative_decoder(
+      target, drafter, gamma=gamma, max_decode_length=a.max_decode_length,
+      method=method, acceptance=plan.acceptance)
+  return baseline, speculative
+
+
+@dataclasses.dataclass(frozen=True)
+class Providers:
+  """What a run takes from outside (tests hand in fakes).
+
+  Attributes:
+    vocabulary: () -> the vocabulary (gin's `vocabulary.*` bindings).
+    load_model: (config, checkpoint_path, seed, mesh, what) -> a model.
+    decoders: (plan, target, drafter, gamma) -> (baseline, speculative).
+  """
+  vocabulary: Callable[[], Any] = loading.vocabulary
+  load_model: Callable[..., Any] = loading.load_model
+  decoders: Callable[..., Tuple[Decoder, Decoder]] = make_decoders
+
+
+@dataclasses.dataclass(frozen=True)
+class Models:
+  """The loaded models; `draft` is None when the drafter needs none."""
+  mesh: Any
+  target: Any
+  draft: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+  """One run, checked (`build`), then loaded (`loaded`).
+
+  Attributes:
+    args: the run's arguments (GAMMA='auto': with the chosen γ once
+      `with_gamma` was called).
+    target_config, draft_config: the two models' T5Configs.
+    vocab: the shared vocabulary.
+    ngram_table: the n-gram drafter's table, or None.
+    acceptance: the acceptance rule; None = Algorithm 1.
+    task_kind: 'translation' (BLEU) or 'summarization' (ROUGE).
+    settings: what makes the results what they are (the OVERWRITE rule).
+    providers: where the vocabulary, models and decoders come from.
+    models: the loaded `Models` (None before `loaded`).
+    drafter: what guesses (None before `loaded`).
+    baseline, speculative: the two decoders (None before `loaded`).
+  """
+  args: arguments.RunArguments
+  target_config: Any
+  draft_config: Any
+  vocab: Any
+  ngram_table: Any
+  acceptance: Optional[decoding.AcceptanceRule]
+  task_kind: str
+  settings: Dict[str, Any]
+  providers: Providers
+  models: Optional[Models] = None
+  drafter: Any = None
+  baseline: Optional[Decoder] = None
+  speculative: Optional[Decoder] = None
+
+  @classmethod
+  def build(cls, args: arguments.RunArguments,
+            providers: Optional[Providers] = None) -> "RunPlan":
+    """Every check that needs no model; raises ConfigError naming the macro.
+
+    Reads the vocabulary and NGRAM_CORPUS (small files), loads no model.
+    """
+    providers = providers or Providers()
+    target_config = loading.model_config("target")
+    draft_config = loading.model_config("draft")
+    drafting = args.drafting
+    try:
+      corpus = loading.resolve(drafting.ngram_corpus)
+      if drafting.order is not None and not os.path.isfile(corpus):
+        raise ValueError(f"NGRAM_CORPUS={drafting.ngram_corpus!r}: no "
+                         "such file (a text file with one sentence per "
+                         "line, or a .npz of token ids).")
+      decoding.check_vocab_sizes(target_config.vocab_size,
+                                 draft_config.vocab_size)
+      drafting.check_draft_config(draft_config, target_config)
+    except ValueError as e:  # a bad setting, not a bug: no traceback
+      raise ConfigError(str(e)) from None
+    vocab = providers.vocabulary()
+    loading.check_vocabulary_fits(vocab, target_config, draft_config)
+    loading.check_vocabulary_for_run(vocab, args)  # TOPK, DIGESTS.json
+    _check_memory(args, target_config, draft_config)
+    try:
+      table = drafting.ngram_table(vocab, target_config.vocab_size, corpus)
+      kind = _task_kind(args)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+    return cls(
+        args=args, target_config=target_config, draft_config=draft_config,
+        vocab=vocab, ngram_table=table, acceptance=_acceptance(args),
+        task_kind=kind,
+        settings=output_dir_lib.settings_record(args, target_config,
+                                                draft_config,
+                                                vocab), providers=providers)
+
+  # -- loading --------------------------------------------------------------
+  def load_models(self, reuse: Optional[Models] = None) -> Models:
+    """The mesh and models; those of `reuse` (an earlier plan's, same gin
+    model bindings: `sweep`) are kept, a missing draft is loaded."""
+    a, load = self.args, self.providers.load_model
+    if reuse is None:
+      try:
+        mesh = partitioning.make_mesh(*a.mesh_shape)
+      except ValueError as e:
+        raise ConfigError(f"MESH_SHAPE={a.mesh_shape!r}: {e}") from None
+      reuse = Models(
+          mesh,
+          load(self.target_config, a.target_checkpoint_path, a.seed, mesh,
+               "target"))
+    if reuse.draft is None and a.drafting.uses_draft_model:
+      draft = load(self.draft_config, a.draft_checkpoint_path, a.seed + 1,
+                   reuse.mesh, "draft")
+      # DRAFTER='shared_encoder': the draft decoder reads the target's
+      # encoder (started from the target's encoder output in the loop).
+      draft = models_lib.SharedEncoderModel.draft_for(reuse.target, draft)
+      reuse = dataclasses.replace(reuse, draft=draft)
+    return reuse
+
+  def mesh(self) -> Any:
+    """The (data, model) mesh, before any model is loaded."""
+    if self.models is not None:
+      return self.models.mesh
+    try:
+      return partitioning.make_mesh(*self.args.mesh_shape)
+    except ValueError as e:
+      raise ConfigError(f"MESH_SHAPE={self.args.mesh_shape!r}: {e}") from None
+
+  def loaded(self, models: Models) -> "RunPlan":
+    """This plan with `models`, its drafter and its decoders (built once)."""
+    drafter = self.args.drafting.build(models.draft, self.ngram_table,
+                                       self.target_config.vocab_size)
+    plan = dataclasses.replace(self, models=models, drafter=drafter)
+    return plan.with_gamma(self.args.gamma)
+
+  def with_gamma(self, gamma: Any) -> "RunPlan":
+    """This loaded plan at γ (GAMMA='auto': the chosen one; the pilot's);
+    'auto' itself builds no decoders yet."""
+    args = dataclasses.replace(self.args, gamma=gamma)
+    if args.auto_gamma:
+      return dataclasses.replace(self, args=args)
+    baseline, speculative = self.providers.decoders(self, self.models.target,
+                                                    self.drafter, int(gamma))
+    return dataclasses.replace(self, args=args, baseline=baseline,
+                               speculative=speculative)
+
+  # -- results ----------------------------------------------------------------
+  def quality(self, base_text, spec_text, references) -> Dict[str, Any]:
+    """{'bleu' or 'rouge': {'baseline': ..., 'speculative': ...}}."""
+    base = quality_lib.quality_metrics(self.task_kind, base_text, references)
+    spec = quality_lib.quality_metrics(self.task_kind, spec_text, references)
+    key = next(iter(base))
+    return {key: {"baseline": base[key], "speculative": spec[key]}}
+
+  @property
+  def rng(self) -> jax.Array:
+    return jax.random.PRNGKey(self.args.seed)
+
+
+def _check_memory(args, target_config, draft_config) -> None:
+  """Refuses lengths no machine here could decode (`memory`)."""
+  configs = {"target": target_config}
+  if args.drafting.uses_draft_model:
+    configs["draft"] = draft_config
+  memory.check_fits(configs, args.batch_size,
+                    args.task_feature_lengths["inputs"], args.max_decode_length,
+                    memory.available_bytes() * jax.device_count())
+
+
+def _acceptance(args) -> Optional[decoding.AcceptanceRule]:
+  """None (Algorithm 1) unless LENIENCE < 1 or ACCEPTANCE='block'."""
+  if args.acceptance == "block":
+    return block_acceptance.BlockAcceptance()
+  if args.lenience == 1:
+    return None
+  return decoding.LenientAcceptance(np.float32(args.lenience))
+
+
+def _task_kind(args) -> str:
+  """TASK_KIND, or the seqio task's kind, or translation for local files."""
+  if args.task_kind:
+    return args.task_kind
+  if args.mixture_or_task_name:
+    from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+    return tasks.get_task_kind(args.mixture_or_task_name)
+  return quality_lib.TRANSLATION
