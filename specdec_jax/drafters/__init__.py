@@ -26,9 +26,11 @@ from specdec_jax.drafters.ngram import build_ngram_table
 from specdec_jax.drafters.prompt_lookup import PromptLookupDrafter
 from specdec_jax.drafters.hierarchical import HierarchicalDrafter
 from specdec_jax.drafters.hierarchical import HierarchicalState
+from specdec_jax.drafters.feature import FeatureDrafter
+from specdec_jax.drafters.feature import FeatureDrafterState
 
 __all__ = [
-    "Drafter", "HierarchicalDrafter", "HierarchicalState", "ModelDrafter",
+    "Drafter", "FeatureDrafter", "FeatureDrafterState", "HierarchicalDrafter", "HierarchicalState", "ModelDrafter",
     "ModelDrafterState", "NGramDrafter", "NGramTable", "NO_GUESS",
     "PromptLookupDrafter", "T5Drafter", "build_ngram_table", "guesses"
 ]

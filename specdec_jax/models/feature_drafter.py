@@ -33,6 +33,7 @@ and, beside it in a checkpoint, `head_tokens` [K] int32 (not trained).
 import dataclasses
 from typing import Any, Sequence, Tuple
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -243,3 +244,78 @@ def init_feature_params(config: FeatureDrafterConfig, rng: Array,
   return FeatureDecoder(config).init(rng, feats, feats, encoded,
                                      jnp.ones((1, encoder_length), bool),
                                      jnp.ones((1, decoder_length), bool))
+
+
+@flax.struct.dataclass
+class FeatureDraftModel:
+  """A `FeatureDecoder` bound to its parameters and its target's tables.
+
+  A pytree (arrays traced, `config` static), as the decode loops take it.
+
+  Attributes:
+    config: the draft's hyperparameters.
+    params: {'params': ...} its `FeatureDecoder` parameters.
+    head_tokens: [K] int32 the head's token ids (distinct).
+    embedding: [V, F] the target's token embedding table (read, frozen).
+  """
+  config: FeatureDrafterConfig = flax.struct.field(pytree_node=False)
+  params: dict
+  head_tokens: Array
+  embedding: Array
+
+  @classmethod
+  def for_target(cls, config: FeatureDrafterConfig, params: dict,
+                 head_tokens: Array, target: Any) -> "FeatureDraftModel":
+    """Checks the draft against `target` (a `T5Model`), then binds them."""
+    tcfg = target.config
+    if (tcfg.vocab_size, tcfg.emb_dim) != (config.vocab_size,
+                                           config.feature_dim):
+      raise ValueError(
+          f"FeatureDraftModel: the target has vocab_size {tcfg.vocab_size} "
+          f"and emb_dim {tcfg.emb_dim}, the draft reads vocab_size "
+          f"{config.vocab_size} and features of width {config.feature_dim}.")
+    if tuple(jnp.shape(head_tokens)) != (config.head_size,):
+      raise ValueError(f"FeatureDraftModel: head_tokens has shape "
+                       f"{tuple(jnp.shape(head_tokens))}, expected "
+                       f"({config.head_size},).")
+    table = target.params["params"]["token_embedder"]["embedding"]
+    return cls(config=config, params=params,
+               head_tokens=jnp.asarray(head_tokens, jnp.int32),
+               embedding=jnp.asarray(table, config.dtype))
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  def start_from_encoder_output(self, encoder_output: Any,
+                                max_len: int) -> DecodeCache:
+    """An empty cache over the target's (encoded [B, S, F], valid [B, S])."""
+    encoded, valid = encoder_output
+    return FeatureDecoder(self.config).apply(self.params, encoded, valid,
+                                             max_len,
+                                             method=FeatureDecoder.init_cache)
+
+  def decode_chunk(self, features_prev: Array, tokens: Array,
+                   cache: DecodeCache) -> Tuple[Array, Array, DecodeCache]:
+    """Feeds K positions per row at cache.length.
+
+    Args:
+      features_prev: [B, K, F] the feature of each position's predecessor
+        (the target's, or the draft's own prediction; zeros at position 0).
+      tokens: [B, K] int32 each position's token.
+      cache: the draft's cache.
+
+    Returns:
+      (predicted features [B, K, F], logits [B, K, V] float32 with
+      OUTSIDE_HEAD_LOGIT off the head, the advanced cache).
+    """
+    embedded = jnp.take(self.embedding, tokens, axis=0)
+    features, head_logits, cache = FeatureDecoder(self.config).apply(
+        self.params, features_prev.astype(self.config.dtype), embedded, cache,
+        method=FeatureDecoder.decode_chunk)
+    logits = full_logits(head_logits, self.head_tokens, self.vocab_size)
+    return features, logits, cache
+
+  def truncate(self, cache: DecodeCache, length: Array) -> DecodeCache:
+    """Forgets positions >= length [B] (L = min(L, length))."""
+    return dataclasses.replace(cache, length=jnp.minimum(cache.length, length))

@@ -9,15 +9,14 @@ optimizer as every other run; what differs:
 2. The head's tokens: the ``head_size`` most frequent tokens of the
    training targets (EOS included; ties by id), counted once.
 3. The step minimises `feature_loss.feature_losses`.
-4. Checkpoints (``checkpoint_<step>``, T5X's Orbax layout) hold the draft's
-   parameters and ``head_tokens`` [K] int32, with ``feature_config.json``;
-   a model_dir that holds one already is refused (no resumption: these runs
+4. Checkpoints (`feature_checkpoint`: T5X's Orbax layout, the draft's
+   parameters, ``head_tokens`` [K] int32 and ``feature_config.json``); a
+   model_dir that holds one already is refused (no resumption: these runs
    take minutes).
 5. Evaluation: the loss's metrics (acceptance of the first and later
    guesses, `alpha0_*`/`alpha1_*`) on the first ``eval_num_examples``
    validation pairs, teacher-forced, in ``train_metrics.json``.
 """
-import dataclasses
 import functools
 import json
 import os
@@ -37,13 +36,13 @@ from specdec_jax.models.feature_drafter import FeatureDrafterConfig
 from specdec_jax.models.feature_drafter import init_feature_params
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
+from specdec_jax.training import feature_checkpoint
 from specdec_jax.training import teacher as teacher_lib
 from specdec_jax.training import vocabulary
 from specdec_jax.training.config import TrainConfig
 from specdec_jax.training.feature_loss import feature_losses
 from specdec_jax.training.feature_loss import FeatureLossSettings
 
-FEATURE_CONFIG_FILE = "feature_config.json"
 METRICS_FILE = "train_metrics.json"
 
 
@@ -55,27 +54,6 @@ def head_tokens_from_targets(targets: np.ndarray, head_size: int,
   counts[0] = -1  # Padding is never a guess.
   order = np.lexsort((np.arange(vocab_size), -counts))
   return np.sort(order[:head_size]).astype(np.int32)
-
-
-def config_fields(config: FeatureDrafterConfig) -> Dict[str, Any]:
-  """JSON-ready fields of a `FeatureDrafterConfig`."""
-  fields = dataclasses.asdict(config)
-  fields["dtype"] = jnp.dtype(config.dtype).name
-  fields["mlp_activations"] = list(config.mlp_activations)
-  return fields
-
-
-def save_feature_checkpoint(model_dir: str, step: int, params,
-                            head_tokens: np.ndarray,
-                            config: FeatureDrafterConfig) -> str:
-  """``model_dir/checkpoint_<step>``: parameters + head_tokens + config."""
-  tree = dict(jax.device_get(params["params"]))
-  tree["head_tokens"] = np.asarray(head_tokens, np.int32)
-  with checkpointing.quiet_absl():
-    path = checkpoints.save_params(tree, model_dir, step=step)
-  io_utils.atomic_write(os.path.join(path, FEATURE_CONFIG_FILE),
-                        json.dumps(config_fields(config), indent=2))
-  return path
 
 
 @functools.lru_cache(maxsize=4)
@@ -195,8 +173,9 @@ def train_feature_drafter(
       if not np.isfinite(m["loss"]):
         raise FloatingPointError(f"the loss is {m['loss']} at step {step}.")
     if step % config.save_every_steps == 0 or step == config.num_steps:
-      ckpt = save_feature_checkpoint(files.model_dir, step, params, head_tokens,
-                                     model)
+      with checkpointing.quiet_absl():
+        ckpt = feature_checkpoint.save(files.model_dir, step, params,
+                                       head_tokens, model)
       logging.info("Saved %s", ckpt)
   train_seconds = time.time() - t_train
   metrics_out: Dict[str, Any] = {
@@ -204,7 +183,7 @@ def train_feature_drafter(
       "step": config.num_steps,
       "num_params": model.num_params,
       "step_params": model.step_params,
-      "feature_config": config_fields(model),
+      "feature_config": feature_checkpoint.config_fields(model),
       "distill_from": teacher.checkpoint,
       "train_seconds": train_seconds,
       "history": history,
