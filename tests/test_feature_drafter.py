@@ -154,7 +154,10 @@ def test_bad_configs_and_pairings_are_refused():
 @pytest.fixture(scope="module")
 def greedy_case():
   target = random_model(tiny_config(vocab_size=8), seed=11)
-  draft = feature_draft(target, 6, seed=12)
+  # Seed 22: a random draft that agrees with the target's argmax on some
+  # guesses (α̂ 0.40 at γ = 3); the head leaves out tokens 0 and 6, and
+  # row 2's greedy output is all 0s, so those guesses are always rejected.
+  draft = feature_draft(target, 6, seed=22)
   rng = np.random.default_rng(1)
   inputs = rng.integers(2, 8, size=(4, 6)).astype(np.int32)
   inputs[2, 3:] = 0

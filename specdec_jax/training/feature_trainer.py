@@ -97,19 +97,13 @@ def _evaluate(eval_fn, params, head_tokens, teacher_params, sp, examples,
   return {k: v / total for k, v in sums.items() if k != "num_tokens"}
 
 
-def train_feature_drafter(
-    config: TrainConfig) -> Tuple[Dict[str, Any], Any, str]:
-  """One feature-draft run (see the module docstring).
+def _prepare(config: TrainConfig):
+  """Checks and reads everything a run needs, before anything slow.
 
   Returns:
-    (metrics as written to train_metrics.json, final {'params': ...}, the
-    last checkpoint's path).
-
-  Raises:
-    ValueError: no teacher, a teacher of another width or vocabulary, or a
-      model_dir that holds a checkpoint already; before training.
+    (resolved paths, vocabulary, validation examples, teacher, dataset,
+    head_tokens [K] int32).
   """
-  t_begin = time.time()
   model: FeatureDrafterConfig = config.feature_drafter
   files = config.resolved_paths()
   if files.distill_from is None:
@@ -142,11 +136,42 @@ def train_feature_drafter(
                                   sort_window=config.sort_window)
   head_tokens = head_tokens_from_targets(dataset.targets, model.head_size,
                                          model.vocab_size)
+  return files, sp, examples, teacher, dataset, head_tokens
+
+
+def _log(step: int, num_steps: int, metrics, seconds: float) -> Dict:
+  """Logs one step's metrics; returns them as floats."""
+  m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+  logging.info(
+      "step %d/%d: loss=%.4f head=%.4f feature=%.4f alpha0 %.3f/%.3f "
+      "alpha1 %.3f/%.3f off_head=%.3f (%.1f s)", step, num_steps, m["loss"],
+      m["head_1"], m["feature_1"], m["alpha0_1"], m.get("alpha0_2", 0.0),
+      m["alpha1_1"], m.get("alpha1_2", 0.0), m["off_head_1"], seconds)
+  if not np.isfinite(m["loss"]):
+    raise FloatingPointError(f"the loss is {m['loss']} at step {step}.")
+  return {"step": step, **m}
+
+
+def train_feature_drafter(
+    config: TrainConfig) -> Tuple[Dict[str, Any], Any, str]:
+  """One feature-draft run (see the module docstring).
+
+  Returns:
+    (metrics as written to train_metrics.json, final {'params': ...}, the
+    last checkpoint's path).
+
+  Raises:
+    ValueError: no teacher, a teacher of another width or vocabulary, or a
+      model_dir that holds a checkpoint already; before training.
+  """
+  t_begin = time.time()
+  model: FeatureDrafterConfig = config.feature_drafter
+  files, sp, examples, teacher, dataset, head_tokens = _prepare(config)
   settings = FeatureLossSettings(feature_weight=config.feature_weight,
                                  unroll_weight=config.unroll_weight,
                                  z_loss=config.z_loss)
-  optimizer = config.optimizer_settings()
-  tx, step_fn, eval_fn = _step_fn(model, teacher.config, settings, optimizer)
+  tx, step_fn, eval_fn = _step_fn(model, teacher.config, settings,
+                                  config.optimizer_settings())
   params = init_feature_params(model, jax.random.PRNGKey(config.seed))
   opt_state = tx.init(params)
   os.makedirs(files.model_dir, exist_ok=True)
@@ -161,23 +186,15 @@ def train_feature_drafter(
     params, opt_state, metrics = step_fn(params, opt_state,
                                          dataset.batch(step - 1), head,
                                          teacher.params)
-    if step % config.log_every_steps == 0 or step == config.num_steps:
-      m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      history.append({"step": step, **m})
-      logging.info(
-          "step %d/%d: loss=%.4f head=%.4f feature=%.4f alpha0 %.3f/%.3f "
-          "alpha1 %.3f/%.3f off_head=%.3f (%.1f s)", step, config.num_steps,
-          m["loss"], m["head_1"], m["feature_1"], m["alpha0_1"],
-          m.get("alpha0_2", 0.0), m["alpha1_1"], m.get("alpha1_2", 0.0),
-          m["off_head_1"], time.time() - t_train)
-      if not np.isfinite(m["loss"]):
-        raise FloatingPointError(f"the loss is {m['loss']} at step {step}.")
-    if step % config.save_every_steps == 0 or step == config.num_steps:
+    last = step == config.num_steps
+    if step % config.log_every_steps == 0 or last:
+      history.append(
+          _log(step, config.num_steps, metrics, time.time() - t_train))
+    if step % config.save_every_steps == 0 or last:
       with checkpointing.quiet_absl():
         ckpt = feature_checkpoint.save(files.model_dir, step, params,
                                        head_tokens, model)
       logging.info("Saved %s", ckpt)
-  train_seconds = time.time() - t_train
   metrics_out: Dict[str, Any] = {
       "model_dir": files.model_dir,
       "step": config.num_steps,
@@ -185,7 +202,7 @@ def train_feature_drafter(
       "step_params": model.step_params,
       "feature_config": feature_checkpoint.config_fields(model),
       "distill_from": teacher.checkpoint,
-      "train_seconds": train_seconds,
+      "train_seconds": time.time() - t_train,
       "history": history,
   }
   if examples:
