@@ -38,11 +38,9 @@ def main(argv=None) -> int:
     parser.error(f"--out {args.out} exists: remove it by hand to re-export")
   config, params, head_tokens = feature_checkpoint.load(ckpt)
   dtype = jnp.dtype(args.dtype)
-  params = jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype),
-                                  params)
+  params = jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype), params)
   step = checkpoints.checkpoint_step(ckpt)
-  written = feature_checkpoint.save(args.out, step, params, head_tokens,
-                                    config)
+  written = feature_checkpoint.save(args.out, step, params, head_tokens, config)
   digests.write_manifest(written)
   size = sum(
       os.path.getsize(os.path.join(d, f))

@@ -139,10 +139,13 @@ def main(argv=None) -> int:
     sources = f.read().splitlines()[:args.num_examples]
   inputs = tasks.encode_batch(sp, sources, 64)
   inputs = inputs[:, :int((inputs > 0).sum(1).max())]
-  result = {"draft": args.draft, "gamma": args.gamma,
-            "num_examples": len(sources),
-            "draft_params": draft.config.num_params,
-            "draft_step_params": draft.config.step_params}
+  result = {
+      "draft": args.draft,
+      "gamma": args.gamma,
+      "num_examples": len(sources),
+      "draft_params": draft.config.num_params,
+      "draft_step_params": draft.config.step_params
+  }
   if not args.skip_alpha:
     result["alpha"] = alpha(target, drafters.FeatureDrafter(draft), inputs,
                             args.gamma, args.batch, eos=1)

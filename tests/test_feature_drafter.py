@@ -118,8 +118,8 @@ def test_cached_decoding_equals_teacher_forcing_and_q_is_off_head_zero():
     f, logits, cache = draft.decode_chunk(prev[:, lo:hi], tokens[:, lo:hi],
                                           cache)
     outs.append((f, logits))
-  np.testing.assert_allclose(jnp.concatenate([o[0] for o in outs], 1),
-                             forced_f, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(jnp.concatenate([o[0] for o in outs], 1), forced_f,
+                             rtol=1e-4, atol=1e-5)
   logits = jnp.concatenate([o[1] for o in outs], 1)
   np.testing.assert_allclose(logits[..., draft.head_tokens], forced_l,
                              rtol=1e-4, atol=1e-4)
@@ -217,8 +217,8 @@ def _sequence_counts(target, rule, temperature, top_k, top_p, gamma):
 ])
 def test_output_has_the_target_distribution(temperature, top_k, top_p, gamma):
   target = random_model(tiny_config(vocab_size=test_decoding.VOCAB), seed=21)
-  observed, expected, alpha = _sequence_counts(target, None, temperature,
-                                               top_k, top_p, gamma)
+  observed, expected, alpha = _sequence_counts(target, None, temperature, top_k,
+                                               top_p, gamma)
   assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
   assert 0.1 < alpha < 0.95, alpha  # Kept and rejected.
 

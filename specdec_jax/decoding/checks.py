@@ -198,9 +198,9 @@ def check_speculative_args(
         f"got {type(drafter).__name__}.")
   check_pytree("drafter", drafter)
   check_vocab_sizes(target.vocab_size, drafter.vocab_size)
-  if drafter.reads_target_features and (getattr(target, "features", None) is
-                                        None or not getattr(
-                                            target, "keep_features", True)):
+  if drafter.reads_target_features and (
+      getattr(target, "features", None) is None or
+      not getattr(target, "keep_features", True)):
     raise ValueError(
         f"drafter {type(drafter).__name__} reads the target's hidden states, "
         f"but target {type(target).__name__} does not keep them: pass "

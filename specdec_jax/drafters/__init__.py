@@ -30,7 +30,8 @@ from specdec_jax.drafters.feature import FeatureDrafter
 from specdec_jax.drafters.feature import FeatureDrafterState
 
 __all__ = [
-    "Drafter", "FeatureDrafter", "FeatureDrafterState", "HierarchicalDrafter", "HierarchicalState", "ModelDrafter",
-    "ModelDrafterState", "NGramDrafter", "NGramTable", "NO_GUESS",
-    "PromptLookupDrafter", "T5Drafter", "build_ngram_table", "guesses"
+    "Drafter", "FeatureDrafter", "FeatureDrafterState", "HierarchicalDrafter",
+    "HierarchicalState", "ModelDrafter", "ModelDrafterState", "NGramDrafter",
+    "NGramTable", "NO_GUESS", "PromptLookupDrafter", "T5Drafter",
+    "build_ngram_table", "guesses"
 ]

@@ -107,8 +107,8 @@ class FeatureDrafter(Drafter):
       token, q = method.draw(rngs[i], logits[:, 0])
       if draft_probs is not None:
         draft_probs = draft_probs.at[:, i].set(q)
-      return (cache, features[:, 0], draft_tokens.at[:, i].set(token),
-              draft_probs)
+      return (cache, features[:, 0], draft_tokens.at[:,
+                                                     i].set(token), draft_probs)
 
     cache, _, draft_tokens, draft_probs = lax.fori_loop(
         1, gamma, step, (cache, features[rows, at], draft_tokens, draft_probs))

@@ -20,6 +20,6 @@ from specdec_jax.models.t5 import traced_overflow_checks
 
 __all__ = [
     "T5Config", "DecodeCache", "EncoderOutput", "FeatureDraftModel",
-    "FeatureDrafterConfig", "SharedEncoderModel", "T5Model",
-    "Transformer", "init_params", "param_shapes", "traced_overflow_checks"
+    "FeatureDrafterConfig", "SharedEncoderModel", "T5Model", "Transformer",
+    "init_params", "param_shapes", "traced_overflow_checks"
 ]

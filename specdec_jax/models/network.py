@@ -254,12 +254,12 @@ class Decoder(nn.Module):
     batch = encoded.shape[0]
     shape = (batch, self.config.num_heads, self.config.head_dim, max_len)
     empty = tuple(jnp.zeros(shape, self.config.dtype) for _ in self.layers)
-    return DecodeCache(keys=empty, values=empty, cross_keys=tuple(keys),
-                       cross_values=tuple(values), encoder_valid=encoder_valid,
-                       length=jnp.zeros((batch,), jnp.int32), encoded=encoded,
-                       features=(jnp.zeros(
-                           (batch, max_len, self.config.emb_dim),
-                           self.config.dtype) if keep_features else None))
+    return DecodeCache(
+        keys=empty, values=empty, cross_keys=tuple(keys),
+        cross_values=tuple(values), encoder_valid=encoder_valid,
+        length=jnp.zeros((batch,), jnp.int32), encoded=encoded,
+        features=(jnp.zeros((batch, max_len, self.config.emb_dim),
+                            self.config.dtype) if keep_features else None))
 
   def decode_chunk(self, tokens, cache: DecodeCache):
     cfg = self.config
@@ -291,8 +291,9 @@ class Decoder(nn.Module):
     logits = self._logits(y)
     features = cache.features
     if features is not None:  # Static: only a cache started to keep them.
-      features = jax.vmap(lambda row, new, s: lax.dynamic_update_slice(
-          row, new, (s, 0)))(features, y.astype(features.dtype), start)
+      features = jax.vmap(
+          lambda row, new, s: lax.dynamic_update_slice(row, new, (s, 0)))(
+              features, y.astype(features.dtype), start)
     cache = dataclasses.replace(cache, keys=tuple(new_keys),
                                 values=tuple(new_values), length=start + k,
                                 features=features)

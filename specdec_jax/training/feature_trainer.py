@@ -63,8 +63,10 @@ def _step_fn(config: FeatureDrafterConfig, teacher, settings, optimizer):
                               settings=settings)
 
   def step(params, opt_state, batch, head_tokens, teacher_params):
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, batch, head_tokens, teacher_params)
+    (_, metrics), grads = jax.value_and_grad(loss_fn,
+                                             has_aux=True)(params, batch,
+                                                           head_tokens,
+                                                           teacher_params)
     updates, opt_state = tx.update(grads, opt_state, params)
     metrics["grad_norm"] = optax.global_norm(grads)
     return optax.apply_updates(params, updates), opt_state, metrics
@@ -115,9 +117,10 @@ def _prepare(config: TrainConfig):
         "feature-draft run does not resume: use a fresh model_dir.")
   pairs = data_lib.read_training_pairs(files.source_file, files.reference_file,
                                        config.num_train_examples)
-  examples = data_lib.read_eval_examples(
-      files.eval_source_file, files.eval_reference_file,
-      input_prefix=config.input_prefix, num_examples=config.eval_num_examples)
+  examples = data_lib.read_eval_examples(files.eval_source_file,
+                                         files.eval_reference_file,
+                                         input_prefix=config.input_prefix,
+                                         num_examples=config.eval_num_examples)
   sp = vocabulary.prepare_vocabulary(files.spm_model_path, train_vocab=False,
                                      training_files=[],
                                      vocab_size=config.spm_vocab_size,
@@ -145,8 +148,9 @@ def _log(step: int, num_steps: int, metrics, seconds: float) -> Dict:
   logging.info(
       "step %d/%d: loss=%.4f head=%.4f feature=%.4f alpha0 %.3f/%.3f "
       "alpha1 %.3f/%.3f off_head=%.3f (%.1f s)", step, num_steps, m["loss"],
-      m["head_1"], m["feature_1"], m["alpha0_1"], m.get("alpha0_2", 0.0),
-      m["alpha1_1"], m.get("alpha1_2", 0.0), m["off_head_1"], seconds)
+      m["head_1"], m["feature_1"], m["alpha0_1"], m.get("alpha0_2",
+                                                        0.0), m["alpha1_1"],
+      m.get("alpha1_2", 0.0), m["off_head_1"], seconds)
   if not np.isfinite(m["loss"]):
     raise FloatingPointError(f"the loss is {m['loss']} at step {step}.")
   return {"step": step, **m}
@@ -175,9 +179,10 @@ def train_feature_drafter(
   params = init_feature_params(model, jax.random.PRNGKey(config.seed))
   opt_state = tx.init(params)
   os.makedirs(files.model_dir, exist_ok=True)
-  logging.info("Training feature draft %s: %d params (%d read per step), "
-               "head %d tokens, %d steps.", files.model_dir, model.num_params,
-               model.step_params, model.head_size, config.num_steps)
+  logging.info(
+      "Training feature draft %s: %d params (%d read per step), "
+      "head %d tokens, %d steps.", files.model_dir, model.num_params,
+      model.step_params, model.head_size, config.num_steps)
   history: List[Dict[str, float]] = []
   ckpt = ""
   head = jnp.asarray(head_tokens)
@@ -189,7 +194,8 @@ def train_feature_drafter(
     last = step == config.num_steps
     if step % config.log_every_steps == 0 or last:
       history.append(
-          _log(step, config.num_steps, metrics, time.time() - t_train))
+          _log(step, config.num_steps, metrics,
+               time.time() - t_train))
     if step % config.save_every_steps == 0 or last:
       with checkpointing.quiet_absl():
         ckpt = feature_checkpoint.save(files.model_dir, step, params,
