@@ -121,6 +121,8 @@ def main(argv=None) -> int:
   parser.add_argument("--batch", type=int, default=50)
   parser.add_argument("--skip_alpha", action="store_true")
   parser.add_argument("--skip_cost", action="store_true")
+  parser.add_argument("--compare_shared_encoder", action="store_true",
+                      help="also α of the shipped 1M shared-encoder draft")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
   if args.num_examples < 1 or args.gamma < 1 or args.batch < 1:
@@ -128,11 +130,12 @@ def main(argv=None) -> int:
   config = gin_utils.read_t5_config(TARGET_GIN,
                                     search_paths=gin_utils.search_paths())
   with checkpointing.quiet_absl():
-    target = load_t5(TARGET, config).with_features()
+    plain = load_t5(TARGET, config)
+    target = plain.with_features()
     draft = feature_checkpoint.load_draft_model(args.draft, target)
     shared_cfg = checkpointing.read_model_config(
         os.path.join(SHARED_1M, checkpointing.MODEL_CONFIG_FILE))
-    shared = SharedEncoderModel.pair(target, load_t5(SHARED_1M, shared_cfg))
+    shared = SharedEncoderModel.pair(plain, load_t5(SHARED_1M, shared_cfg))
   sp = spm.SentencePieceProcessor(
       model_file="pretrained/multi30k/multi30k.model")
   with open(os.path.join(DATA, "val.en")) as f:
@@ -150,6 +153,12 @@ def main(argv=None) -> int:
     result["alpha"] = alpha(target, drafters.FeatureDrafter(draft), inputs,
                             args.gamma, args.batch, eos=1)
     print(json.dumps(result["alpha"]), flush=True)
+  if args.compare_shared_encoder:
+    result["alpha_shared_encoder_1m"] = alpha(plain,
+                                              drafters.ModelDrafter(shared),
+                                              inputs, args.gamma, args.batch,
+                                              eos=1)
+    print(json.dumps(result["alpha_shared_encoder_1m"]), flush=True)
   if not args.skip_cost:
     costs = step_costs(target, draft, shared, inputs, args.gamma)
     costs["c_draft"] = costs["draft_step_s"] / costs["target_step_s"]

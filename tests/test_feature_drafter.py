@@ -230,3 +230,47 @@ def test_power_a_lenient_rule_fails_the_same_check():
   observed, expected, _ = _sequence_counts(
       target, acceptance.LenientAcceptance(lenience=0.1), 1.0, 0, 1.0, 3)
   assert chisquare_pvalue(observed, expected) < SIGNIFICANCE
+
+
+# ---------------------------------------------------------------------------
+# The shipped draft.
+# ---------------------------------------------------------------------------
+@pytest.mark.usefixtures("clean_gin")
+def test_shipped_feature_draft_loads_and_decodes_exactly():
+  """pretrained/multi30k/feature_1m: bfloat16 on disk (digests verified),
+  the config of its gin file, float32 after loading; with the 38M target,
+  greedy output identical and most guesses kept on a simple caption."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from specdec_jax import checkpoints
+  from specdec_jax import gin_utils
+  from specdec_jax import vocab as vocab_lib
+  from specdec_jax.models import T5Model
+  from specdec_jax.models import param_shapes
+  from specdec_jax.training import feature_checkpoint
+  from conftest import REPO
+  shipped = REPO / "pretrained" / "multi30k"
+  ckpt = checkpoints.latest_checkpoint(str(shipped / "feature_1m"))
+  assert ckpt is not None
+  gin.parse_config_file(
+      str(REPO / "gin" / "models" / "multi30k_feature_drafter.gin"))
+  assert feature_checkpoint.read_config(ckpt) == FeatureDrafterConfig()  # pylint: disable=no-value-for-parameter
+  config = gin_utils.read_t5_config("models/multi30k_target_38m.gin")
+  params = checkpoints.load_t5x_params(
+      checkpoints.latest_checkpoint(str(shipped / "target_38m")),
+      expected=param_shapes(config)["params"], dtype=np.float32)
+  target = T5Model(config, {"params": params}).prepared_for_decoding()
+  draft = feature_checkpoint.load_draft_model(ckpt, target)
+  assert all(x.dtype == np.float32
+             for x in jax.tree_util.tree_leaves(draft.params))
+  vocab = vocab_lib.get_vocabulary(str(shipped / "multi30k.model"),
+                                   extra_ids=0)
+  ids = vocab.encode("A man in a blue shirt is riding a bicycle.") + [1]
+  inputs = np.asarray([ids], np.int32)
+  base = decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
+                                     max_decode_length=16)
+  spec = decoding.speculative_sample(target.with_features(),
+                                     drafters.FeatureDrafter(draft), inputs,
+                                     jax.random.PRNGKey(0), gamma=4,
+                                     max_decode_length=16)
+  np.testing.assert_array_equal(spec.tokens, base.tokens)
+  assert float(spec.alpha_hat) > 0.5
