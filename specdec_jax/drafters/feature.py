@@ -8,6 +8,7 @@ from jax import lax
 
 from specdec_jax import sampling
 from specdec_jax.models.feature_drafter import FeatureDraftModel
+from specdec_jax.models.network import DecodeCache
 from specdec_jax.protocols import Drafter
 
 Array = jax.Array
@@ -23,7 +24,7 @@ class FeatureDrafterState:
       with the target's own features (positions after them, fed with the
       draft's predictions, are forgotten at `rollback`).
   """
-  cache: object
+  cache: DecodeCache
   length: Array
 
 

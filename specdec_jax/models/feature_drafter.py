@@ -31,7 +31,7 @@ Parameter tree (T5X's names and 2-D kernels):
 and, beside it in a checkpoint, `head_tokens` [K] int32 (not trained).
 """
 import dataclasses
-from typing import Any, Sequence, Tuple
+from typing import Any, Sequence, Tuple, cast
 
 import flax
 import flax.linen as nn
@@ -291,9 +291,10 @@ class FeatureDraftModel:
                                 max_len: int) -> DecodeCache:
     """An empty cache over the target's (encoded [B, S, F], valid [B, S])."""
     encoded, valid = encoder_output
-    return FeatureDecoder(self.config).apply(self.params, encoded, valid,
-                                             max_len,
-                                             method=FeatureDecoder.init_cache)
+    return cast(
+        DecodeCache,
+        FeatureDecoder(self.config).apply(self.params, encoded, valid, max_len,
+                                          method=FeatureDecoder.init_cache))
 
   def decode_chunk(self, features_prev: Array, tokens: Array,
                    cache: DecodeCache) -> Tuple[Array, Array, DecodeCache]:
@@ -310,9 +311,11 @@ class FeatureDraftModel:
       OUTSIDE_HEAD_LOGIT off the head, the advanced cache).
     """
     embedded = jnp.take(self.embedding, tokens, axis=0)
-    features, head_logits, cache = FeatureDecoder(self.config).apply(
-        self.params, features_prev.astype(self.config.dtype), embedded, cache,
-        method=FeatureDecoder.decode_chunk)
+    features, head_logits, cache = cast(
+        Tuple[Array, Array, DecodeCache],
+        FeatureDecoder(self.config).apply(
+            self.params, features_prev.astype(self.config.dtype), embedded,
+            cache, method=FeatureDecoder.decode_chunk))
     logits = full_logits(head_logits, self.head_tokens, self.vocab_size)
     return features, logits, cache
 
