@@ -68,7 +68,8 @@ def _step_fn(config: FeatureDrafterConfig, teacher, settings, optimizer):
                                                            head_tokens,
                                                            teacher_params)
     updates, opt_state = tx.update(grads, opt_state, params)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = jnp.sqrt(
+        sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads)))
     return optax.apply_updates(params, updates), opt_state, metrics
 
   return tx, jax.jit(step), jax.jit(loss_fn)
