@@ -113,6 +113,29 @@ def step_costs(target, draft, shared, inputs, gamma):
   }
 
 
+def head_size_costs(target, draft, inputs, sizes):
+  """Median seconds of one draft step with other head sizes K (random
+  weights of the same shapes: cost only), batch 1, position ~10."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from specdec_jax.models.feature_drafter import FeatureDraftModel  # pylint: disable=g-import-not-at-top
+  from specdec_jax.models.feature_drafter import init_feature_params  # pylint: disable=g-import-not-at-top
+  enc = target.encoder_output(target.start(inputs[:1], 80))
+  prefix = jnp.asarray([[0, 5, 6, 7, 8, 9, 10, 11, 12, 13]], jnp.int32)
+  token = jnp.asarray([[14]], jnp.int32)
+  d_step = jax.jit(lambda m, f, t, c: m.decode_chunk(f, t, c)[:2])
+  out = {}
+  for size in sizes:
+    config = dataclasses.replace(draft.config, head_size=size)
+    model = FeatureDraftModel.for_target(
+        config, init_feature_params(config, jax.random.PRNGKey(0)),
+        np.arange(size), target)
+    feats = jnp.zeros((1, 10, config.feature_dim), jnp.float32)
+    _, _, cache = model.decode_chunk(feats, prefix,
+                                     model.start_from_encoder_output(enc, 80))
+    out[f"K{size}"] = median_seconds(d_step, model, feats[:, :1], token, cache)
+  return out
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--draft", required=True, help="checkpoint_<step> dir")
@@ -123,6 +146,8 @@ def main(argv=None) -> int:
   parser.add_argument("--skip_cost", action="store_true")
   parser.add_argument("--compare_shared_encoder", action="store_true",
                       help="also α of the shipped 1M shared-encoder draft")
+  parser.add_argument("--head_sizes", default="",
+                      help="comma-separated head sizes K to price as well")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
   if args.num_examples < 1 or args.gamma < 1 or args.batch < 1:
@@ -164,6 +189,9 @@ def main(argv=None) -> int:
     costs["c_draft"] = costs["draft_step_s"] / costs["target_step_s"]
     costs["c_shared_encoder_1m"] = (costs["shared_encoder_1m_step_s"] /
                                     costs["target_step_s"])
+    if args.head_sizes:
+      costs["draft_step_s_by_head_size"] = head_size_costs(
+          target, draft, inputs, [int(k) for k in args.head_sizes.split(",")])
     result["cost"] = costs
   print(json.dumps(result, indent=1))
   with open(args.out, "w") as f:
