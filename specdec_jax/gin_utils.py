@@ -57,11 +57,13 @@ import jax.numpy as jnp
 # `gin_utils.ConfigError` is what `run` and `sweep` catch.
 from specdec_jax.flag_utils import ConfigError
 from specdec_jax.core.models.config import T5Config
+from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 from specdec_jax.paths import GIN_DIR
 
 # The core never imports gin: the model config is made configurable here,
 # in place and under its own name, so gin files bind `T5Config.*`.
 gin.configurable(T5Config)
+gin.configurable(FeatureDrafterConfig)
 
 
 def define_gin_flags() -> None:

@@ -87,6 +87,13 @@ class Target(Protocol):
   a draft decoder can cross-attend to the target's encoding instead of
   encoding the inputs itself (a shared-encoder draft). Not part of the
   structural check: a target without it (a decoder-only model) gives None.
+
+  Optional: `features(state)`, the decoder's top hidden states (after the
+  final layer norm, before the output projection) at the positions the
+  state holds: [B, max_len, F], entry [b, t] valid for t < L[b] (T5Model,
+  from `with_features()`). The speculative loop hands them to a drafter
+  that reads them (`Drafter.reads_target_features`: a feature-level,
+  EAGLE-style draft). Not part of the structural check either.
   """
 
   @property
@@ -165,6 +172,12 @@ def target_encoder_output(target: Any, state: Any) -> Any:
   return None if method is None else method(state)
 
 
+def target_features(target: Any, state: Any) -> Any:
+  """`target.features(state)` ([B, max_len, F]), or None without one."""
+  method = getattr(target, "features", None)
+  return None if method is None else method(state)
+
+
 def _is_array_leaf(leaf: Any) -> bool:
   return isinstance(leaf, (jax.Array, np.ndarray, np.generic, numbers.Number))
 
@@ -229,6 +242,15 @@ class Drafter(abc.ABC):
     at its number of real guesses, and makes a one-token target call when
     no row has a guess. False (the default): every slot is a guess.
     """
+    return False
+
+  @property
+  def reads_target_features(self) -> bool:
+    """True when `propose` takes `target_features=`: the target's top
+    hidden states [B, max_len, F] at the positions its state holds
+    (`Target.features`, valid below the target's length, which is the
+    loop's `length` when `propose` is called). Static; False (the default):
+    `propose` is called without them."""
     return False
 
   @property

@@ -16,6 +16,7 @@ import gin
 from specdec_jax import gin_utils
 from specdec_jax import paths
 from specdec_jax.core.models.config import T5Config
+from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 from specdec_jax.training.loss import LossSettings
 from specdec_jax.training.optimizer import OptimizerSettings
 
@@ -80,6 +81,8 @@ _NUMBERS = (
     ("eval_num_examples", _int(0), "an integer >= 0 (0: skip)"),
     ("eval_batch_size", _int(1), "an integer >= 1"),
     ("eval_max_decode_length", _int(1, none=True), "None or an integer >= 1"),
+    ("feature_weight", _real(0, _INF, high_open=True), "a finite number >= 0"),
+    ("unroll_weight", _real(0, _INF, high_open=True), "a finite number >= 0"),
 )
 
 
@@ -171,6 +174,12 @@ class TrainConfig:
     eval_max_decode_length: default max_target_length.
     gin_search_paths: where `teacher_model_gin` is looked up (default: the
       current directory, then the repository's gin/ folder).
+    feature_drafter: None, or a feature-level draft to train instead of a
+      T5 model (e.g. ``@FeatureDrafterConfig()``; `feature_trainer`): it
+      reads the frozen teacher's features, so distill_from is required.
+    feature_weight: its loss's feature-regression weight (`feature_loss`).
+    unroll_weight: its loss's weight of the pass on its own predicted
+      features (0: no second pass).
   """
   model_dir: str = gin.REQUIRED
   num_steps: int = gin.REQUIRED
@@ -223,6 +232,10 @@ class TrainConfig:
   eval_batch_size: int = 64
   eval_max_decode_length: Optional[int] = None
   gin_search_paths: Optional[Sequence[str]] = None
+  # Feature-level draft.
+  feature_drafter: Optional[FeatureDrafterConfig] = None
+  feature_weight: float = 1.0
+  unroll_weight: float = 1.0
 
   def __post_init__(self):
     check_numbers(self)

@@ -46,6 +46,7 @@ from specdec_jax.core.models.t5 import T5Model
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
 from specdec_jax.training import evaluation
+from specdec_jax.training import feature_trainer
 from specdec_jax.training import step as step_lib
 from specdec_jax.training import teacher as teacher_lib
 from specdec_jax import vocab as vocabulary
@@ -268,6 +269,8 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
   Raises:
     ValueError: bad input (data files, vocabulary, teacher), before training.
   """
+  if config.feature_drafter is not None:
+    return _train_feature_drafter(config)
   t_begin = time.time()
   model = config.model_config or T5Config()  # pylint: disable=no-value-for-parameter
   files: TrainPaths = config.resolved_paths()
@@ -335,6 +338,15 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
                      params=state.params, opt_state=state.opt_state,
                      history=progress.history, metrics=metrics,
                      checkpoint=state.checkpoint, config=model)
+
+
+def _train_feature_drafter(config: TrainConfig) -> TrainResult:
+  """A feature-level draft's run (`feature_trainer`)."""
+  metrics, params, ckpt = feature_trainer.train_feature_drafter(config)
+  return TrainResult(step=config.num_steps, start_step=0, params=params,
+                     opt_state=None, history=metrics["history"],
+                     metrics=metrics, checkpoint=ckpt,
+                     config=config.feature_drafter.layer_config)
 
 
 def _evaluate(config: TrainConfig, model: T5Config, params, sp, examples,

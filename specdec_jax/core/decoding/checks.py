@@ -198,6 +198,13 @@ def check_speculative_args(
         f"got {type(drafter).__name__}.")
   check_pytree("drafter", drafter)
   check_vocab_sizes(target.vocab_size, drafter.vocab_size)
+  if drafter.reads_target_features and (
+      getattr(target, "features", None) is None or
+      not getattr(target, "keep_features", True)):
+    raise ValueError(
+        f"drafter {type(drafter).__name__} reads the target's hidden states, "
+        f"but target {type(target).__name__} does not keep them: pass "
+        "`target.with_features()` (a T5Model) or a target with `features`.")
   if acceptance is not None:
     if not isinstance(acceptance, AcceptanceRule):
       raise ValueError("acceptance must be a decoding.AcceptanceRule (e.g. "

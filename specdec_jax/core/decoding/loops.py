@@ -53,6 +53,7 @@ from specdec_jax.core.protocols import AcceptanceRule
 from specdec_jax.core.protocols import Drafter
 from specdec_jax.core.protocols import Target
 from specdec_jax.core.protocols import target_encoder_output
+from specdec_jax.core.protocols import target_features
 
 Array = jax.Array
 
@@ -256,8 +257,13 @@ def speculative_iteration(target: Target, drafter: Drafter,
   batch = s.buffer.shape[0]
   rows = jnp.arange(batch)
   draft_rng, accept_rng = jax.random.split(jax.random.fold_in(rng, s.iteration))
+  # A feature-level drafter also reads the target's hidden states.
+  features = ({
+      "target_features": target_features(target, s.target_state)
+  } if drafter.reads_target_features else {})
   draft_state, draft_tokens, draft_probs = drafter.propose(
-      s.draft_state, s.buffer, s.length, draft_rng, gamma=gamma, method=method)
+      s.draft_state, s.buffer, s.length, draft_rng, gamma=gamma, method=method,
+      **features)
 
   # One target call over the γ+1 positions ℓ..ℓ+γ.
   partial = drafter.may_stop_early  # Static: NO_GUESS slots may come back.

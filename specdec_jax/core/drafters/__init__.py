@@ -27,13 +27,15 @@ from specdec_jax.core.drafters.ngram import build_ngram_table
 from specdec_jax.core.drafters.prompt_lookup import PromptLookupDrafter
 from specdec_jax.core.drafters.hierarchical import HierarchicalDrafter
 from specdec_jax.core.drafters.hierarchical import HierarchicalState
+from specdec_jax.core.drafters.feature import FeatureDrafter
+from specdec_jax.core.drafters.feature import FeatureDrafterState
 from specdec_jax.core.drafters.tree import TreeDraftState
 from specdec_jax.core.drafters.tree import TreeModelDrafter
 from specdec_jax.core.drafters.tree import as_tree_drafter
 
 __all__ = [
-    "Drafter", "HierarchicalDrafter", "HierarchicalState", "ModelDrafter",
-    "ModelDrafterState", "NGramDrafter", "NGramTable", "NO_GUESS",
-    "PromptLookupDrafter", "TreeDraftState", "TreeModelDrafter",
-    "as_tree_drafter", "build_ngram_table", "guesses"
+    "Drafter", "FeatureDrafter", "FeatureDrafterState", "HierarchicalDrafter",
+    "HierarchicalState", "ModelDrafter", "ModelDrafterState", "NGramDrafter",
+    "NGramTable", "NO_GUESS", "PromptLookupDrafter", "TreeDraftState",
+    "TreeModelDrafter", "as_tree_drafter", "build_ngram_table", "guesses"
 ]

@@ -98,6 +98,12 @@ class DecodeCache:
       projected from (`T5Model.encoder_output` hands it to a drafter that
       reads it: a shared-encoder draft). Written once by `start`; never read
       by the decoder itself.
+    features: None (the default), or [B, max_len, emb] the decoder's top
+      hidden states (after the final layer norm, before the output
+      projection) at positions 0..max_len-1, written by each chunk beside
+      its keys; entries at positions >= `length` are stale. Kept only when
+      the cache was started with `keep_features` (a feature-level drafter
+      reads them, `T5Model.features`); None costs nothing.
   """
   keys: Tuple[Array, ...]
   values: Tuple[Array, ...]
@@ -106,6 +112,7 @@ class DecodeCache:
   encoder_valid: Array
   length: Array
   encoded: Optional[Array] = None
+  features: Optional[Array] = None
 
   @property
   def max_len(self) -> int:
@@ -201,6 +208,10 @@ class Decoder(nn.Module):
     if not cfg.logits_via_embedding:
       self.logits_dense = DenseGeneral((cfg.vocab_size,), dtype=jnp.float32)
 
+  def logits(self, y: Array) -> Array:
+    """Top hidden states [..., emb] -> logits [..., vocab]."""
+    return self._logits(y)
+
   def _logits(self, y: Array) -> Array:
     cfg = self.config
     if cfg.logits_via_embedding:
@@ -210,6 +221,14 @@ class Decoder(nn.Module):
   def __call__(self, encoded, encoder_input_tokens, decoder_input_tokens,
                decoder_target_tokens, deterministic=True):
     """Teacher-forced decoder with T5X's masks: returns [B, T, vocab]."""
+    return self._logits(
+        self.hidden(encoded, encoder_input_tokens, decoder_input_tokens,
+                    decoder_target_tokens, deterministic))
+
+  def hidden(self, encoded, encoder_input_tokens, decoder_input_tokens,
+             decoder_target_tokens, deterministic=True):
+    """Teacher-forced top hidden states [B, T, emb] (after the final layer
+    norm and dropout, before the output projection)."""
     cfg = self.config
     length = decoder_input_tokens.shape[1]
     positions = jnp.arange(length)
@@ -227,18 +246,21 @@ class Decoder(nn.Module):
     for layer in self.layers:
       y = layer(y, encoded, self_bias, cross_bias, deterministic)
     y = self.decoder_norm(y)
-    y = self.dropout(y, deterministic=deterministic)
-    return self._logits(y)
+    return self.dropout(y, deterministic=deterministic)
 
-  def init_cache(self, encoded, encoder_valid, max_len):
-    """An empty cache over encoded [B, S, d] (encoder_valid [B, S] bool)."""
+  def init_cache(self, encoded, encoder_valid, max_len, keep_features=False):
+    """An empty cache over encoded [B, S, d] (encoder_valid [B, S] bool);
+    with `keep_features`, room for the top hidden states too."""
     keys, values = zip(*[layer.cross_kv(encoded) for layer in self.layers])
     batch = encoded.shape[0]
     shape = (batch, self.config.num_heads, self.config.head_dim, max_len)
     empty = tuple(jnp.zeros(shape, self.config.dtype) for _ in self.layers)
-    return DecodeCache(keys=empty, values=empty, cross_keys=tuple(keys),
-                       cross_values=tuple(values), encoder_valid=encoder_valid,
-                       length=jnp.zeros((batch,), jnp.int32), encoded=encoded)
+    return DecodeCache(
+        keys=empty, values=empty, cross_keys=tuple(keys),
+        cross_values=tuple(values), encoder_valid=encoder_valid,
+        length=jnp.zeros((batch,), jnp.int32), encoded=encoded,
+        features=(jnp.zeros((batch, max_len, self.config.emb_dim),
+                            self.config.dtype) if keep_features else None))
 
   def decode_chunk(self, tokens, cache: DecodeCache):
     k = tokens.shape[1]
@@ -294,8 +316,13 @@ class Decoder(nn.Module):
       new_values.append(lv)
     y = self.decoder_norm(y)
     logits = self._logits(y)
+    features = cache.features
+    if features is not None:  # Static: only a cache started to keep them.
+      features = jax.vmap(
+          lambda row, new, s: lax.dynamic_update_slice(row, new, (s, 0)))(
+              features, y.astype(features.dtype), start)
     cache = dataclasses.replace(cache, keys=tuple(new_keys),
-                                values=tuple(new_values))
+                                values=tuple(new_values), features=features)
     return logits, cache
 
 
@@ -380,11 +407,24 @@ class Transformer(nn.Module):
     return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
                         decoder_target_tokens, deterministic)
 
-  def init_cache(self, encoded, encoder_input_tokens, max_len: int):
-    return self.decoder.init_cache(encoded, encoder_input_tokens > 0, max_len)
+  def init_cache(self, encoded, encoder_input_tokens, max_len: int,
+                 keep_features: bool = False):
+    return self.decoder.init_cache(encoded, encoder_input_tokens > 0, max_len,
+                                   keep_features)
 
-  def init_cache_from_valid(self, encoded, encoder_valid, max_len: int):
-    return self.decoder.init_cache(encoded, encoder_valid, max_len)
+  def init_cache_from_valid(self, encoded, encoder_valid, max_len: int,
+                            keep_features: bool = False):
+    return self.decoder.init_cache(encoded, encoder_valid, max_len,
+                                   keep_features)
+
+  def decode_hidden(self, encoded, encoder_input_tokens, decoder_input_tokens,
+                    decoder_target_tokens):
+    """Teacher forcing without dropout from encoded [B, S, d]: (top hidden
+    states [B, T, emb], logits [B, T, vocab]) (a feature-level draft's
+    training targets)."""
+    hidden = self.decoder.hidden(encoded, encoder_input_tokens,
+                                 decoder_input_tokens, decoder_target_tokens)
+    return hidden, self.decoder.logits(hidden)
 
   def decode_chunk(self, tokens, cache):
     return self.decoder.decode_chunk(tokens, cache)

@@ -163,10 +163,15 @@ class T5Model:
       (flax collection `layers.PACKED_COLLECTION`). When set, the dense
       layers multiply with the panels and never read the T5X-layout kernels
       (jit drops the unused arguments).
+    keep_features: whether `start` gives a cache that keeps the decoder's
+      top hidden states (`DecodeCache.features`, read with `features`) for
+      a feature-level drafter (`with_features`). False: the decode path is
+      exactly the plain one.
   """
   config: T5Config = flax.struct.field(pytree_node=False)
   params: dict
   packed: Optional[dict] = None
+  keep_features: bool = flax.struct.field(pytree_node=False, default=False)
 
   @property
   def module(self) -> Transformer:
@@ -201,6 +206,27 @@ class T5Model:
     return self if self.packed is None else dataclasses.replace(
         self, packed=None)
 
+  def with_features(self) -> "T5Model":
+    """The same model, whose decode caches keep the top hidden states."""
+    return dataclasses.replace(self, keep_features=True)
+
+  def features(self, cache: DecodeCache) -> Array:
+    """[B, max_len, emb] top hidden states of the positions decoded so far.
+
+    Entry [b, t] is the final-layer-norm output at position t, whose output
+    projection gives the distribution of the token at t + 1; valid for
+    t < cache.length[b]. The optional `Target.features` a feature-level
+    drafter reads (`protocols.target_features`).
+
+    Raises:
+      ValueError: the cache was started without `keep_features`.
+    """
+    if cache.features is None:
+      raise ValueError(
+          "features: this cache keeps no hidden states; start it from "
+          "`T5Model.with_features()` (keep_features=True).")
+    return cache.features
+
   @property
   def is_packed(self) -> bool:
     """Whether the panels are there (`prepared_for_decoding`)."""
@@ -227,8 +253,10 @@ class T5Model:
           "output (`start_from_encoder_output`) or pair it with that model "
           "(`SharedEncoderModel`).")
 
+    keep = self.keep_features
+
     def fn(module, tokens):
-      return module.init_cache(module.encode(tokens), tokens, max_len)
+      return module.init_cache(module.encode(tokens), tokens, max_len, keep)
 
     return nn.apply(fn, self.module)(self.variables, encoder_input_tokens)
 
@@ -269,6 +297,7 @@ class T5Model:
     return cast(
         DecodeCache,
         self.module.apply(self.variables, encoded, valid, max_len,
+                          self.keep_features,
                           method=Transformer.init_cache_from_valid))
 
   def teacher_forced_logits(self, encoder_input_tokens: Array,

@@ -1,0 +1,79 @@
+"""A feature-level draft's checkpoint: parameters, head tokens and config.
+
+``checkpoint_<step>/`` is a T5X Orbax checkpoint (`checkpoints.save_params`)
+of the `FeatureDecoder` tree plus ``head_tokens`` [K] int32, with
+``feature_config.json`` (the `FeatureDrafterConfig`) beside it. Shipped
+exports (bfloat16, `scripts/export_feature_drafter.py`) keep head_tokens
+int32 and add DIGESTS.json, which loading verifies.
+"""
+import dataclasses
+import json
+import os
+from typing import Any, Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import checkpoints
+from specdec_jax import io_utils
+from specdec_jax.core.models.feature_drafter import FeatureDraftModel
+from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
+from specdec_jax.core.models.feature_drafter import init_feature_params
+
+FEATURE_CONFIG_FILE = "feature_config.json"
+HEAD_TOKENS = "head_tokens"
+
+
+def config_fields(config: FeatureDrafterConfig) -> Dict[str, Any]:
+  """JSON-ready fields of a `FeatureDrafterConfig`."""
+  fields = dataclasses.asdict(config)
+  fields["dtype"] = jnp.dtype(config.dtype).name
+  fields["mlp_activations"] = list(config.mlp_activations)
+  return fields
+
+
+def read_config(ckpt: str) -> FeatureDrafterConfig:
+  """The `FeatureDrafterConfig` written beside a checkpoint."""
+  path = os.path.join(ckpt, FEATURE_CONFIG_FILE)
+  if not os.path.isfile(path):
+    raise ValueError(f"{ckpt}: no {FEATURE_CONFIG_FILE}: not a feature-level "
+                     "draft's checkpoint.")
+  with open(path) as f:
+    return FeatureDrafterConfig(**json.load(f))
+
+
+def save(directory: str, step: int, params, head_tokens: np.ndarray,
+         config: FeatureDrafterConfig) -> str:
+  """``directory/checkpoint_<step>``; params as {'params': ...} or bare."""
+  tree = dict(jax.device_get(params.get("params", params)))
+  tree[HEAD_TOKENS] = np.asarray(head_tokens, np.int32)
+  path = checkpoints.save_params(tree, directory, step=step)
+  io_utils.atomic_write(os.path.join(path, FEATURE_CONFIG_FILE),
+                        json.dumps(config_fields(config), indent=2))
+  return path
+
+
+def load(ckpt: str,
+         dtype=jnp.float32) -> Tuple[FeatureDrafterConfig, Dict, np.ndarray]:
+  """(config, {'params': ...} in `dtype`, head_tokens [K] int32).
+
+  Raises:
+    ValueError / CheckpointError: no config, a digest mismatch, or
+      parameters that do not match the config's shapes.
+  """
+  config = read_config(ckpt)
+  shapes = jax.eval_shape(
+      lambda: init_feature_params(config, jax.random.PRNGKey(0)))["params"]
+  expected = dict(shapes)
+  expected[HEAD_TOKENS] = jax.ShapeDtypeStruct((config.head_size,), jnp.int32)
+  tree = dict(checkpoints.load_t5x_params(ckpt, expected=expected))
+  head_tokens = np.asarray(tree.pop(HEAD_TOKENS)).astype(np.int32)
+  params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), tree)
+  return config, {"params": params}, head_tokens
+
+
+def load_draft_model(ckpt: str, target: Any) -> FeatureDraftModel:
+  """The draft of `ckpt` bound to `target` (a T5Model), float32."""
+  config, params, head_tokens = load(ckpt)
+  return FeatureDraftModel.for_target(config, params, head_tokens, target)
