@@ -37,12 +37,19 @@ Decoder = decoding.Decoder
 
 def make_decoders(plan: "RunPlan", target: Any, drafter: Any,
                   gamma: int) -> Tuple[Decoder, Decoder]:
-  """(baseline, speculative) for the plan's settings, checked once."""
+  """(baseline, speculative) for the plan's settings, checked once
+  (ACCEPTANCE='tree': speculative is `decoding.tree_decoder`, which returns
+  a `TreeOutput`)."""
   a = plan.args
   method = a.method()
   baseline = decoding.baseline_decoder(target,
                                        max_decode_length=a.max_decode_length,
                                        method=method)
+  if a.acceptance == "tree":
+    return baseline, decoding.tree_decoder(
+        target, drafter, gamma=gamma, tree_width=a.tree_width,
+        max_decode_length=a.max_decode_length, method=method,
+        without_replacement=a.tree_without_replacement)
   speculative = decoding.speculative_decoder(
       target, drafter, gamma=gamma, max_decode_length=a.max_decode_length,
       method=method, acceptance=plan.acceptance)
@@ -216,7 +223,10 @@ def _check_memory(args, target_config, draft_config) -> None:
 
 
 def _acceptance(args) -> Optional[decoding.AcceptanceRule]:
-  """None (Algorithm 1) unless LENIENCE < 1 or ACCEPTANCE='block'."""
+  """None (Algorithm 1) unless LENIENCE < 1 or ACCEPTANCE='block'
+  (ACCEPTANCE='tree': None too; `tree_decoder` makes its own rule)."""
+  if args.acceptance == "tree":
+    return None
   if args.acceptance == "block":
     return block_acceptance.BlockAcceptance()
   if args.lenience == 1:
