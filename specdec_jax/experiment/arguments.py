@@ -114,10 +114,10 @@ class RunArguments:
       is NOT the target's distribution.
     adaptive_threshold: adaptive γ: a row stops guessing after a guess
       less likely than this, in (0, 1); None = off.
-    acceptance: how the target verifies the guesses, both exact: 'token'
-      (Algorithm 1, the default) or 'block' (block verification, Sun et
+    acceptance: how the target verifies the guesses, all exact: 'token'
+      (Algorithm 1, the default), 'block' (block verification, Sun et
       al. 2025: never fewer kept guesses in expectation; the same as
-      'token' at temperature 0), or 'tree' (tree verification: tree_width
+      'token' at temperature 0) or 'tree' (tree verification: tree_width
       draft branches of γ guesses, scored in one target call of
       1 + tree_width·γ tokens; needs DRAFTER 'model' or 'shared_encoder').
     tree_width: ACCEPTANCE='tree': k, the draft branches per target call
@@ -447,6 +447,13 @@ def _check_tree(args: "RunArguments") -> None:
       raise ValueError(
           f"TREE_WIDTH={width} with ACCEPTANCE={args.acceptance!r}: only "
           "tree verification drafts branches; allowed: TREE_WIDTH=1, or "
+          "ACCEPTANCE='tree'.")
+    if args.tree_without_replacement is not True:
+      raise ValueError(
+          "TREE_WITHOUT_REPLACEMENT="
+          f"{args.tree_without_replacement!r} with ACCEPTANCE="
+          f"{args.acceptance!r}: only tree verification draws branches; "
+          "allowed: TREE_WITHOUT_REPLACEMENT=True (the default), or "
           "ACCEPTANCE='tree'.")
     return
   if args.lenience != 1:

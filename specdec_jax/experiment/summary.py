@@ -77,10 +77,13 @@ def _exactness_words(metrics: Dict[str, Any], temp: float) -> str:
   if metrics.get("exact") is False:
     return _lenience_words(metrics, temp)
   if metrics.get("greedy_outputs_identical") is None:
-    return (f"; outputs are samples (T={temp:g}), so they are not compared "
-            "token by token with the target's: speculative decoding samples "
-            "the target's distribution exactly (chi-square tests in "
-            "tests/test_decoding.py), and alpha from acceptance counts "
+    words = (f"; outputs are samples (T={temp:g}), so they are not compared "
+             "token by token with the target's: speculative decoding samples "
+             "the target's distribution exactly (chi-square tests in "
+             "tests/test_decoding.py)")
+    if metrics.get("alpha_beta") is None:  # a tree run computes no β
+      return words
+    return (f"{words}, and alpha from acceptance counts "
             f"({metrics['alpha']:.2f}) and from Σ min(p, q) "
             f"({metrics['alpha_beta']:.2f}) estimate the same α")
   n = metrics["num_examples"]
