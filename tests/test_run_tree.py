@@ -26,6 +26,7 @@ from specdec_jax.core import sampling
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import step_costs
+from specdec_jax.experiment import summary
 from specdec_jax.experiment import tree_costs
 
 from conftest import perturbed
@@ -167,6 +168,9 @@ def test_tree_verification_end_to_end(tmp_path, monkeypatch):
   ])
   metrics = run_lib.run()
   assert metrics["greedy_outputs_identical"] is True
+  lines = summary.summary_lines(metrics, arguments.run_arguments())
+  assert "draft tiny tree k=2" in lines[0]
+  assert "the tree's measured tokens per call and call costs" in lines[1]
   written = json.loads((out / "metrics.json").read_text())
   assert written["acceptance"] == "tree" and written["exact"] is True
   assert written["tree_width"] == 2

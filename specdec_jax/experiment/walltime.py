@@ -212,9 +212,15 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
     raise KeyboardInterrupt(f"kept {writer.kept()}; "
                             f"{run_metrics.METRICS_FILE} was not "
                             "written") from None
-  logging.info(
-      "Pricing c: target calls of 1 and γ+1 = %d tokens and the "
-      "drafter's guesses, interleaved", plan.args.gamma + 1)
+  if plan.args.acceptance == "tree":
+    logging.info(
+        "Pricing c: a target step, the tree call over 1 + k·γ = %d nodes "
+        "and the drafter's k branches, interleaved",
+        1 + plan.args.tree_width * plan.args.gamma)
+  else:
+    logging.info(
+        "Pricing c: target calls of 1 and γ+1 = %d tokens and the "
+        "drafter's guesses, interleaved", plan.args.gamma + 1)
   steps = step_times(plan, feed.batch(0),
                      int(decoded.tokens_generated / len(examples)))
   decoded, compile_s, steps = slowest_process(decoded, compile_s, steps)
@@ -404,14 +410,14 @@ def drafting_metrics(args: arguments.RunArguments,
     gamma_auto: `choose_gamma`'s record, or None.
   """
   tree = args.acceptance == "tree"
-  if tree:  # k·γ guesses every call; no per-guess trace
-    kept = [n for e in per_example for n in e["accepted_counts"]]
-    guessed = [args.gamma * args.tree_width] * len(kept)
+  if tree:  # k·γ guesses every call; a one-branch bound means nothing
+    guessed = [args.gamma * args.tree_width]
+    bound = None
   else:
     kept = [t["num_accepted"] for e in per_example for t in e["trace"]]
     guessed = [len(t["draft_tokens"]) for e in per_example for t in e["trace"]]
-  bound = analysis.per_iteration_gamma_bound(kept, guessed, args.gamma, c,
-                                             tokens)
+    bound = analysis.per_iteration_gamma_bound(kept, guessed, args.gamma, c,
+                                               tokens)
   return {
       "drafter": args.drafter,
       "draft_model": draft_label(args, gamma_auto),
@@ -430,7 +436,7 @@ def drafting_metrics(args: arguments.RunArguments,
       # this run's iterations: every call drafting γ, drafting what it
       # did, and drafting exactly what was kept (the per-call oracle). A
       # single-path model: null for a tree.
-      "per_iteration_gamma": None if tree else {
+      "per_iteration_gamma": None if bound is None else {
           "fixed_gamma_speedup": bound["fixed"],
           "achieved_speedup": bound["achieved"],
           "oracle_speedup": bound["oracle"]
