@@ -194,8 +194,8 @@ def test_tree_verification_end_to_end(tmp_path, monkeypatch):
   ]
   counts = [n for r in rows for n in r["accepted_counts"]]
   assert len(counts) == written["target_calls_speculative"]
-  assert np.bincount(counts, minlength=3).tolist() == written[
-      "accepted_histogram"]
+  assert np.bincount(counts,
+                     minlength=3).tolist() == written["accepted_histogram"]
   assert all(r["trace"] is None for r in rows)
   kept = sum(counts)
   trials = sum(min(n + 1, 2) for n in counts)

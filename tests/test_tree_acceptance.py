@@ -355,8 +355,8 @@ def test_greedy_is_token_identical_to_the_target_alone(width, eos):
   for row in range(3):
     made = trace[row, :calls[row]]
     assert np.all(made >= 0) and np.all(trace[row, calls[row]:] == -1)
-    np.testing.assert_array_equal(
-        np.bincount(made, minlength=4), out.accepted_histogram[row])
+    np.testing.assert_array_equal(np.bincount(made, minlength=4),
+                                  out.accepted_histogram[row])
     assert np.sum(made + 1) >= out.lengths[row]  # n kept + 1 token per call
 
 
