@@ -244,7 +244,12 @@ _OUTPUTS_INTRO = """\
 * `predictions.jsonl`: one record per example (below);
 * `alpha.json` instead of both (MODE `'alpha'`): Corollary 3.6's α, the mean
   of β = Σ min(p, q) over the positions of target samples, with its
-  standard error; no walltimes.
+  standard error; no walltimes;
+* `.specdec.settings.json` (hidden): the settings of the run whose results
+  the folder holds, written once the startup checks pass and removed if
+  the run kept nothing, so that a kept `predictions.jsonl` (or its
+  `.partial` after Ctrl-C, SIGTERM or a full disk) is protected by the
+  OVERWRITE rule as `metrics.json` is.
 
 ## metrics.json
 

@@ -162,7 +162,7 @@ def checkpoint_dir(checkpoint_path: str) -> str:
 
 
 def check_vocabulary_for_run(vocab, args) -> None:
-  """What a run's own arguments ask of the vocabulary (`run.Experiment`).
+  """What a run's own arguments ask of the vocabulary (`plan.RunPlan.build`).
 
   TOPK must not exceed its ids. The checkpoints' DIGESTS.json may record
   the SentencePiece model they were trained with (`checkpoints.digests`):
