@@ -134,6 +134,7 @@ def test_the_tree_calls_are_priced_as_the_loop_makes_them(monkeypatch):
       "acceptance": "tree",
       "tree_width": width,
       "gamma": gamma,
+      "temperature": 1.0,  # the drafter's q too
       "task_feature_lengths": {
           "inputs": 5,
           "targets": 10
@@ -217,3 +218,41 @@ def test_a_sweep_over_tree_width(tmp_path, monkeypatch):
   assert [m["draft_model"][-len(" tree k=1"):] for m in written
          ] == [" tree k=1", " tree k=2"]
   gin.clear_config()
+
+
+@pytest.mark.slow
+def test_tree_verification_with_the_shared_encoder_drafter(
+    tmp_path, monkeypatch):
+  """DRAFTER='shared_encoder': the k branches' draft decoder reads the
+  target's encoder output (`tree_loop` starts it from it) and stays exact."""
+  monkeypatch.setattr(timing, "call_seconds", _stand_in_seconds)
+  out = tmp_path / "out"
+  _parse([
+      f"OUTPUT_DIR = '{out}'", "ACCEPTANCE = 'tree'", "TREE_WIDTH = 2",
+      "DRAFTER = 'shared_encoder'", "draft/T5Config.num_encoder_layers = 0",
+      "draft/T5Config.encoder_width = 64", *SMALL
+  ])
+  metrics = run_lib.run()
+  assert metrics["greedy_outputs_identical"] is True
+  assert metrics["drafter"] == "shared_encoder"
+  assert metrics["tree_width"] == 2
+
+
+@pytest.mark.slow
+def test_a_sampled_tree_run(tmp_path, monkeypatch):
+  """T > 0: no token-for-token comparison, no β; the summary says so."""
+  monkeypatch.setattr(timing, "call_seconds", _stand_in_seconds)
+  out = tmp_path / "out"
+  _parse([
+      f"OUTPUT_DIR = '{out}'", "ACCEPTANCE = 'tree'", "TREE_WIDTH = 2",
+      "TREE_WITHOUT_REPLACEMENT = False", "TEMPERATURE = 1.0", *SMALL
+  ])
+  metrics = run_lib.run()
+  assert metrics["greedy_outputs_identical"] is None
+  assert metrics["alpha_beta"] is None
+  assert metrics["tree_without_replacement"] is False
+  written = json.loads((out / "metrics.json").read_text())
+  assert written["settings"]["run"]["tree_without_replacement"] is False
+  lines = summary.summary_lines(metrics, arguments.run_arguments())
+  assert "outputs are samples (T=1)" in lines[1]
+  assert "Σ min(p, q)" not in lines[1]
