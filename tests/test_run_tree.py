@@ -72,6 +72,10 @@ def _parse(bindings):
      ], ["ACCEPTANCE='tree' with ADAPTIVE_THRESHOLD=0.5"]),
     (["ACCEPTANCE = 'tree'", "GAMMA = 'auto'"
      ], ["ACCEPTANCE='tree' with GAMMA='auto'", "an integer GAMMA >= 1"]),
+    (["ACCEPTANCE = 'tree'", "TREE_WIDTH = 260"
+     ], ["TREE_WIDTH=260 is more than the models' vocab_size (259)"]),
+    (["ACCEPTANCE = 'tree'", "COMPILE_TOPOLOGY = 'v4-8'"
+     ], ["ACCEPTANCE='tree' with COMPILE_TOPOLOGY='v4-8'"]),
 ])
 def test_bad_tree_settings_fail_before_loading(bindings, expect, tmp_path,
                                                no_load):

@@ -476,6 +476,11 @@ def _check_tree(args: "RunArguments") -> None:
         f"ACCEPTANCE='tree' with GAMMA='{AUTO_GAMMA}': Theorem 3.8's choice "
         "of γ is for one branch, not a tree; allowed: an integer GAMMA >= 1 "
         "with 'tree'.")
+  if args.compile_topology is not None:
+    raise ValueError(
+        f"ACCEPTANCE='tree' with COMPILE_TOPOLOGY={args.compile_topology!r}: "
+        "the compile check compiles the token-verification loop, not the "
+        "tree loop; allowed: COMPILE_TOPOLOGY=None with 'tree'.")
 
 
 def run_arguments(

@@ -130,6 +130,7 @@ class RunPlan:
       decoding.check_vocab_sizes(target_config.vocab_size,
                                  draft_config.vocab_size)
       drafting.check_draft_config(draft_config, target_config)
+      _check_tree_width(args, target_config.vocab_size)
     except ValueError as e:  # a bad setting, not a bug: no traceback
       raise ConfigError(str(e)) from None
     vocab = providers.vocabulary()
@@ -220,6 +221,18 @@ def _check_memory(args, target_config, draft_config) -> None:
   memory.check_fits(configs, args.batch_size,
                     args.task_feature_lengths["inputs"], args.max_decode_length,
                     memory.available_bytes() * jax.device_count())
+
+
+def _check_tree_width(args, vocab_size: int) -> None:
+  """ACCEPTANCE='tree' at T = 0: the k branches start with the k likeliest
+  tokens, so k <= vocab_size (`tree_decoder` checks it too, after
+  loading); ValueError."""
+  if (args.acceptance == "tree" and args.method().is_greedy and
+      args.tree_width > vocab_size):
+    raise ValueError(
+        f"TREE_WIDTH={args.tree_width} is more than the models' vocab_size "
+        f"({vocab_size}): greedy branches start with distinct tokens. "
+        f"Allowed: 1 to {vocab_size}.")
 
 
 def _acceptance(args) -> Optional[decoding.AcceptanceRule]:
