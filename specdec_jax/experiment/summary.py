@@ -77,10 +77,11 @@ def _exactness_words(metrics: Dict[str, Any], temp: float) -> str:
   if metrics.get("exact") is False:
     return _lenience_words(metrics, temp)
   if metrics.get("greedy_outputs_identical") is None:
+    tests = ("tests/test_tree_acceptance.py" if metrics.get("acceptance")
+             == "tree" else "tests/test_decoding.py")
     words = (f"; outputs are samples (T={temp:g}), so they are not compared "
              "token by token with the target's: speculative decoding samples "
-             "the target's distribution exactly (chi-square tests in "
-             "tests/test_decoding.py)")
+             f"the target's distribution exactly (chi-square tests in {tests})")
     if metrics.get("alpha_beta") is None:  # a tree run computes no β
       return words
     return (f"{words}, and alpha from acceptance counts "
