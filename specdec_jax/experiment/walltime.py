@@ -98,8 +98,9 @@ class StepTimes:
   Attributes:
     target_step_s: one one-token target call.
     draft_step_s: one guess: a `propose` of γ guesses as the loop runs it,
-      divided by γ.
-    verification_call_s: the target's (γ+1)-token call.
+      divided by γ (ACCEPTANCE='tree': a `propose_tree` of k branches).
+    verification_call_s: the target's (γ+1)-token call (ACCEPTANCE='tree':
+      the tree call over 1 + k·γ nodes).
   """
   target_step_s: float
   draft_step_s: float
