@@ -88,7 +88,8 @@ class RunPlan:
     target_config, draft_config: the two models' T5Configs.
     vocab: the shared vocabulary.
     ngram_table: the n-gram drafter's table, or None.
-    acceptance: the acceptance rule; None = Algorithm 1.
+    acceptance: the acceptance rule; None = Algorithm 1 (ACCEPTANCE='tree':
+      None, `tree_decoder`'s own `TreeAcceptance`).
     task_kind: 'translation' (BLEU) or 'summarization' (ROUGE).
     settings: what makes the results what they are (the OVERWRITE rule).
     providers: where the vocabulary, models and decoders come from.
