@@ -272,6 +272,8 @@ shows `drafter`, `lenience` (marked "not exact" below 1) and
 Per example: the input, the reference, both outputs, the accepted count of
 every target call and a trace of every call's guesses (tokens that decode to
 nothing alone are written as SentencePiece writes them: `</s>`, `<0xC3>`).
+With ACCEPTANCE='tree', `trace` is null (a call's k branches make no one
+Figure-1 line); `accepted_counts` are the kept path's.
 Nothing measured goes there, so two runs with the same settings and seed
 write identical files; the report models the Figure-5 timeline from
 `accepted_counts` and the step times in `metrics.json`.

@@ -78,9 +78,12 @@ class RunMetrics:
     top_k: top-k of the sampling (0: off).
     top_p: top-p of the sampling (1: off).
     batch_size: rows decoded together (BATCH_SIZE; the paper: 1).
-    alpha: α̂ from acceptance counts: kept guesses / acceptance trials.
+    alpha: α̂ from acceptance counts: kept guesses / acceptance trials
+      (ACCEPTANCE='tree': along the kept path, min(n + 1, γ) trials per
+      call that kept n; with k branches it exceeds one branch's α).
     alpha_beta: mean of β = Σ min(p, q) over the positions visited
-      (Corollary 3.6).
+      (Corollary 3.6); null for ACCEPTANCE='tree' (the tree loop computes
+      no β).
     alpha_stderr: standard error of `alpha` (from the histogram).
     accepted_histogram: [γ + 1] target calls that kept n = 0..γ guesses.
     num_examples: examples decoded.
@@ -98,15 +101,20 @@ class RunMetrics:
       guesses and the verification call, median).
     draft_step_s: one guess as the loop makes it: a `propose` of γ guesses
       (a draft model's γ steps with their sampling and bookkeeping, state
-      rolled back each call), divided by γ.
+      rolled back each call), divided by γ; ACCEPTANCE='tree': one
+      `propose_tree` of k branches (and its rollback to one), divided by γ.
     cost_coefficient_c: c = draft_step_s / target_step_s (Definition 3.7;
       the median of the per-round ratios).
-    theoretical_speedup: Theorem 3.8 at the measured α, γ and c.
-    verification_call_s: the target's (γ+1)-token verification call.
+    theoretical_speedup: Theorem 3.8 at the measured α, γ and c
+      (ACCEPTANCE='tree': still the one-branch formula, a reference, not
+      the tree's prediction).
+    verification_call_s: the target's (γ+1)-token verification call
+      (ACCEPTANCE='tree': the tree call over 1 + k·γ nodes).
     verification_cost_ratio: verification_call_s / target_step_s, the median
       of the per-round ratios (Theorem 3.8 assumes 1).
     theoretical_speedup_measured_call_cost: Theorem 3.8 with that measured
-      call cost in place of 1.
+      call cost in place of 1 (ACCEPTANCE='tree': the tree's cost model,
+      tokens_per_target_call / (γ·c + verification_cost_ratio)).
     iteration_overhead: speculative walltime per target call (each
       example's fixed cost included) over its parts, γ·draft_step_s +
       verification_call_s: 1 = the loop costs nothing beyond its model
@@ -140,15 +148,22 @@ class RunMetrics:
     drafter_settings: the drafter's own settings (`DrafterSettings.record`).
     lenience: Appendix A.5's l (1: exact).
     acceptance: ACCEPTANCE, how the target verified the guesses: 'token'
-      (Algorithm 1) or 'block' (block verification); both exact.
+      (Algorithm 1), 'block' (block verification) or 'tree' (tree
+      verification); all exact.
+    tree_width: ACCEPTANCE='tree': TREE_WIDTH, k draft branches per target
+      call (absent for other runs).
+    tree_without_replacement: ACCEPTANCE='tree': TREE_WITHOUT_REPLACEMENT,
+      whether the k first guesses were drawn without replacement at T > 0
+      (absent for other runs).
     exact: false when lenience < 1 (outputs not the target's distribution).
     adaptive_threshold: ADAPTIVE_THRESHOLD (null: γ guesses every call).
     gamma_auto: GAMMA='auto''s pilot measurements and choice (else null).
-    guesses_per_target_call: real guesses made per target call (≤ γ).
+    guesses_per_target_call: real guesses made per target call (≤ γ;
+      ACCEPTANCE='tree': k·γ).
     per_iteration_gamma: §3.5's bound, Theorem 3.8's cost model on the
       run's own iterations: {fixed_gamma_speedup (γ guesses every call),
       achieved_speedup (the guesses made), oracle_speedup (exactly the
-      guesses kept)}.
+      guesses kept)}; null for ACCEPTANCE='tree' (a one-branch model).
   """
   task: str = _key(NAME)
   target_model: str = _key(TEXT)
@@ -200,6 +215,8 @@ class RunMetrics:
   drafter_settings: Optional[Dict[str, Any]] = _key(OBJECT, None)
   lenience: float = _key(FRACTION, 1.0)
   acceptance: str = _key(NAME, "token")
+  tree_width: Optional[int] = _key(POS_INT, None, omit_none=True)
+  tree_without_replacement: Optional[bool] = _key(BOOL, None, omit_none=True)
   exact: bool = _key(BOOL, True)
   adaptive_threshold: Optional[float] = _key(PROB, None)
   gamma_auto: Optional[Dict[str, Any]] = _key(OBJECT, None)

@@ -86,7 +86,8 @@ def _run_error(out, bindings, providers) -> str:
     (["DRAFTER = 'bigram'", "MODE = 'alpha'", "NGRAM_CORPUS = 'README.md'"
      ], ["MODE='alpha'", "allowed: DRAFTER='model'"]),
     (["GAMMA = 'fast'"], ["GAMMA='fast': allowed: an integer >= 1, or 'auto'"]),
-    (["ACCEPTANCE = 'tree'"], ["ACCEPTANCE='tree': allowed: 'token', 'block'"]),
+    (["ACCEPTANCE = 'forest'"
+     ], ["ACCEPTANCE='forest': allowed: 'token', 'block', 'tree'"]),
     (["ACCEPTANCE = 'block'", "LENIENCE = 0.5"
      ], ["ACCEPTANCE='block' with LENIENCE=0.5", "allowed: LENIENCE=1"]),
     (["DRAFTER = 'shared_encoder'"], [

@@ -103,7 +103,19 @@ def test_round_trip_and_quality_key():
   written = metrics.to_dict()
   assert "rouge" not in written and written["bleu"]["baseline"] == 20.0
   assert run_metrics.load(json.dumps(written)) == metrics
-  assert list(written) == [f for f in FIELDS if f != "rouge"]
+  # Tree verification's keys only where ACCEPTANCE='tree'.
+  tree_keys = ("tree_width", "tree_without_replacement")
+  assert list(written) == [
+      f for f in FIELDS if f != "rouge" and f not in tree_keys
+  ]
+  tree = _full_metrics(acceptance="tree", tree_width=3,
+                       tree_without_replacement=False)
+  written = tree.to_dict()
+  assert (written["tree_width"], written["tree_without_replacement"]) == (3,
+                                                                          False)
+  assert run_metrics.load(json.dumps(written)) == tree
+  with pytest.raises(run_metrics.MetricsError, match="tree_width"):
+    run_metrics.RunMetrics.from_dict({**written, "tree_width": 0})
 
 
 def test_files_of_earlier_versions_load_with_defaults():

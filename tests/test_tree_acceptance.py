@@ -349,6 +349,15 @@ def test_greedy_is_token_identical_to_the_target_alone(width, eos):
   np.testing.assert_array_equal(out.lengths, ref.lengths)
   # Guesses were kept: fewer target calls than tokens.
   assert np.sum(out.target_calls) < np.sum(ref.lengths)
+  # Each call's kept count, then -1: the histogram and calls agree with it.
+  trace, calls = np.asarray(out.trace_num_accepted), np.asarray(
+      out.target_calls)
+  for row in range(3):
+    made = trace[row, :calls[row]]
+    assert np.all(made >= 0) and np.all(trace[row, calls[row]:] == -1)
+    np.testing.assert_array_equal(np.bincount(made, minlength=4),
+                                  out.accepted_histogram[row])
+    assert np.sum(made + 1) >= out.lengths[row]  # n kept + 1 token per call
 
 
 def test_checked_decoder_and_bad_arguments():

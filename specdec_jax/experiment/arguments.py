@@ -33,7 +33,9 @@ TASK_KINDS = quality.TASK_KINDS  # BLEU or ROUGE
 MAX_DECODE_LENGTH = 8192
 
 # ACCEPTANCE: how the target verifies the guesses (both exact).
-ACCEPTANCES = ("token", "block")
+ACCEPTANCES = ("token", "block", "tree")
+# The drafters ACCEPTANCE='tree' drafts its branches with (`TreeModelDrafter`).
+TREE_DRAFTERS = ("model", "shared_encoder")
 _DRAFTING = drafter_registry.DrafterSettings()  # its defaults
 # The run arguments of `experiment.drafter_registry.DrafterSettings`.
 DRAFTER_ARGS = tuple(
@@ -112,10 +114,17 @@ class RunArguments:
       is NOT the target's distribution.
     adaptive_threshold: adaptive γ: a row stops guessing after a guess
       less likely than this, in (0, 1); None = off.
-    acceptance: how the target verifies the guesses, both exact: 'token'
-      (Algorithm 1, the default) or 'block' (block verification, Sun et
+    acceptance: how the target verifies the guesses, all exact: 'token'
+      (Algorithm 1, the default), 'block' (block verification, Sun et
       al. 2025: never fewer kept guesses in expectation; the same as
-      'token' at temperature 0).
+      'token' at temperature 0) or 'tree' (tree verification: tree_width
+      draft branches of γ guesses, scored in one target call of
+      1 + tree_width·γ tokens; needs DRAFTER 'model' or 'shared_encoder').
+    tree_width: ACCEPTANCE='tree': k, the draft branches per target call
+      (an integer >= 1; k = 1 is Algorithm 1 run by the tree loop).
+    tree_without_replacement: ACCEPTANCE='tree' at T > 0: the k first
+      guesses are drawn without replacement (distinct; recursive rejection
+      sampling at depth 1) rather than independently; both exact.
     compile_topology: compile only, for this Cloud TPU slice, without a
       TPU (e.g. 'v4-8'; needs libtpu): OUTPUT_DIR/compile.json; None = a
       normal run.
@@ -159,6 +168,8 @@ class RunArguments:
   adaptive_threshold: Optional[float] = _arg("ADAPTIVE_THRESHOLD",
                                              _DRAFTING.adaptive_threshold)
   acceptance: str = _arg("ACCEPTANCE", "token")
+  tree_width: int = _arg("TREE_WIDTH", 1)
+  tree_without_replacement: bool = _arg("TREE_WITHOUT_REPLACEMENT", True)
   compile_topology: Optional[str] = _arg("COMPILE_TOPOLOGY", None)
 
   def __post_init__(self):
@@ -415,11 +426,61 @@ def _check_acceptance(args: "RunArguments") -> None:
   if args.acceptance not in ACCEPTANCES:
     raise ValueError(f"ACCEPTANCE={args.acceptance!r}: allowed: "
                      f"{', '.join(repr(a) for a in ACCEPTANCES)} ('token': "
-                     "Algorithm 1; 'block': block verification).")
+                     "Algorithm 1; 'block': block verification; 'tree': "
+                     "tree verification).")
   if args.acceptance == "block" and args.lenience != 1:
     raise ValueError(f"ACCEPTANCE='block' with LENIENCE={args.lenience!r}: "
                      "block verification is exact only; allowed: LENIENCE=1 "
                      "with 'block', or ACCEPTANCE='token'.")
+  _check_tree(args)
+
+
+def _check_tree(args: "RunArguments") -> None:
+  """TREE_WIDTH, and what ACCEPTANCE='tree' needs (ValueError): exact
+  (LENIENCE=1), a model drafter without adaptive γ, a fixed γ."""
+  width = args.tree_width
+  if not values.is_int(width) or width < 1:
+    raise ValueError(f"TREE_WIDTH={width!r}: allowed: an integer >= 1 (the "
+                     "draft branches per target call of ACCEPTANCE='tree').")
+  if args.acceptance != "tree":
+    if width != 1:
+      raise ValueError(
+          f"TREE_WIDTH={width} with ACCEPTANCE={args.acceptance!r}: only "
+          "tree verification drafts branches; allowed: TREE_WIDTH=1, or "
+          "ACCEPTANCE='tree'.")
+    if args.tree_without_replacement is not True:
+      raise ValueError(
+          "TREE_WITHOUT_REPLACEMENT="
+          f"{args.tree_without_replacement!r} with ACCEPTANCE="
+          f"{args.acceptance!r}: only tree verification draws branches; "
+          "allowed: TREE_WITHOUT_REPLACEMENT=True (the default), or "
+          "ACCEPTANCE='tree'.")
+    return
+  if args.lenience != 1:
+    raise ValueError(f"ACCEPTANCE='tree' with LENIENCE={args.lenience!r}: "
+                     "tree verification is exact only; allowed: LENIENCE=1 "
+                     "with 'tree', or ACCEPTANCE='token'.")
+  if args.drafter not in TREE_DRAFTERS:
+    raise ValueError(
+        f"ACCEPTANCE='tree' with DRAFTER={args.drafter!r}: tree verification "
+        "drafts its branches with a draft model; allowed: DRAFTER "
+        f"{' or '.join(repr(d) for d in TREE_DRAFTERS)}.")
+  if args.adaptive_threshold is not None:
+    raise ValueError(
+        f"ACCEPTANCE='tree' with ADAPTIVE_THRESHOLD="
+        f"{args.adaptive_threshold!r}: tree verification drafts γ guesses "
+        "per branch every call; allowed: ADAPTIVE_THRESHOLD=None with "
+        "'tree'.")
+  if args.auto_gamma:
+    raise ValueError(
+        f"ACCEPTANCE='tree' with GAMMA='{AUTO_GAMMA}': Theorem 3.8's choice "
+        "of γ is for one branch, not a tree; allowed: an integer GAMMA >= 1 "
+        "with 'tree'.")
+  if args.compile_topology is not None:
+    raise ValueError(
+        f"ACCEPTANCE='tree' with COMPILE_TOPOLOGY={args.compile_topology!r}: "
+        "the compile check compiles the token-verification loop, not the "
+        "tree loop; allowed: COMPILE_TOPOLOGY=None with 'tree'.")
 
 
 def run_arguments(

@@ -56,6 +56,9 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
       run_args.pop(k)
   if args.acceptance == "token":  # Likewise: Algorithm 1 is the default.
     run_args.pop("acceptance")
+  if args.acceptance != "tree":  # Likewise: a tree's settings, trees only.
+    run_args.pop("tree_width")
+    run_args.pop("tree_without_replacement")
   record = {
       "run": run_args,
       "target": gin_utils.t5_config_fields(target_config),

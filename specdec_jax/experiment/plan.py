@@ -37,12 +37,19 @@ Decoder = decoding.Decoder
 
 def make_decoders(plan: "RunPlan", target: Any, drafter: Any,
                   gamma: int) -> Tuple[Decoder, Decoder]:
-  """(baseline, speculative) for the plan's settings, checked once."""
+  """(baseline, speculative) for the plan's settings, checked once
+  (ACCEPTANCE='tree': speculative is `decoding.tree_decoder`, which returns
+  a `TreeOutput`)."""
   a = plan.args
   method = a.method()
   baseline = decoding.baseline_decoder(target,
                                        max_decode_length=a.max_decode_length,
                                        method=method)
+  if a.acceptance == "tree":
+    return baseline, decoding.tree_decoder(
+        target, drafter, gamma=gamma, tree_width=a.tree_width,
+        max_decode_length=a.max_decode_length, method=method,
+        without_replacement=a.tree_without_replacement)
   speculative = decoding.speculative_decoder(
       target, drafter, gamma=gamma, max_decode_length=a.max_decode_length,
       method=method, acceptance=plan.acceptance)
@@ -81,7 +88,8 @@ class RunPlan:
     target_config, draft_config: the two models' T5Configs.
     vocab: the shared vocabulary.
     ngram_table: the n-gram drafter's table, or None.
-    acceptance: the acceptance rule; None = Algorithm 1.
+    acceptance: the acceptance rule; None = Algorithm 1 (ACCEPTANCE='tree':
+      None, `tree_decoder`'s own `TreeAcceptance`).
     task_kind: 'translation' (BLEU) or 'summarization' (ROUGE).
     settings: what makes the results what they are (the OVERWRITE rule).
     providers: where the vocabulary, models and decoders come from.
@@ -123,6 +131,7 @@ class RunPlan:
       decoding.check_vocab_sizes(target_config.vocab_size,
                                  draft_config.vocab_size)
       drafting.check_draft_config(draft_config, target_config)
+      _check_tree_width(args, target_config.vocab_size)
     except ValueError as e:  # a bad setting, not a bug: no traceback
       raise ConfigError(str(e)) from None
     vocab = providers.vocabulary()
@@ -215,8 +224,23 @@ def _check_memory(args, target_config, draft_config) -> None:
                     memory.available_bytes() * jax.device_count())
 
 
+def _check_tree_width(args, vocab_size: int) -> None:
+  """ACCEPTANCE='tree' at T = 0: the k branches start with the k likeliest
+  tokens, so k <= vocab_size (`tree_decoder` checks it too, after
+  loading); ValueError."""
+  if (args.acceptance == "tree" and args.method().is_greedy and
+      args.tree_width > vocab_size):
+    raise ValueError(
+        f"TREE_WIDTH={args.tree_width} is more than the models' vocab_size "
+        f"({vocab_size}): greedy branches start with distinct tokens. "
+        f"Allowed: 1 to {vocab_size}.")
+
+
 def _acceptance(args) -> Optional[decoding.AcceptanceRule]:
-  """None (Algorithm 1) unless LENIENCE < 1 or ACCEPTANCE='block'."""
+  """None (Algorithm 1) unless LENIENCE < 1 or ACCEPTANCE='block'
+  (ACCEPTANCE='tree': None too; `tree_decoder` makes its own rule)."""
+  if args.acceptance == "tree":
+    return None
   if args.acceptance == "block":
     return block_acceptance.BlockAcceptance()
   if args.lenience == 1:

@@ -10,12 +10,12 @@ from specdec_jax import run_metrics
 from specdec_jax.experiment import arguments
 
 
-def _speed_words(speedup: float, theory: float) -> str:
+def _speed_words(speedup: float, theory: float, label: str = "theory") -> str:
   if speedup >= 1:
-    return (f"{speedup:.2f}x faster than the target alone (theory "
+    return (f"{speedup:.2f}x faster than the target alone ({label} "
             f"{theory:.2f}x)")
   return (f"{1 / speedup:.2f}x slower than the target alone ({speedup:.2f}x; "
-          f"theory {theory:.2f}x)")
+          f"{label} {theory:.2f}x)")
 
 
 def _quality_words(metrics: Dict[str, Any]) -> Optional[str]:
@@ -77,10 +77,14 @@ def _exactness_words(metrics: Dict[str, Any], temp: float) -> str:
   if metrics.get("exact") is False:
     return _lenience_words(metrics, temp)
   if metrics.get("greedy_outputs_identical") is None:
-    return (f"; outputs are samples (T={temp:g}), so they are not compared "
-            "token by token with the target's: speculative decoding samples "
-            "the target's distribution exactly (chi-square tests in "
-            "tests/test_decoding.py), and alpha from acceptance counts "
+    tests = ("tests/test_tree_acceptance.py" if metrics.get("acceptance")
+             == "tree" else "tests/test_decoding.py")
+    words = (f"; outputs are samples (T={temp:g}), so they are not compared "
+             "token by token with the target's: speculative decoding samples "
+             f"the target's distribution exactly (chi-square tests in {tests})")
+    if metrics.get("alpha_beta") is None:  # a tree run computes no β
+      return words
+    return (f"{words}, and alpha from acceptance counts "
             f"({metrics['alpha']:.2f}) and from Σ min(p, q) "
             f"({metrics['alpha_beta']:.2f}) estimate the same α")
   n = metrics["num_examples"]
@@ -93,11 +97,20 @@ def _exactness_words(metrics: Dict[str, Any], temp: float) -> str:
   return words
 
 
+def _theory_words(metrics: Dict[str, Any]) -> str:
+  """The speedup against Theorem 3.8, or for a tree run against the tree's
+  cost model (Theorem 3.8's formula is one branch's)."""
+  tree = metrics.get("theoretical_speedup_measured_call_cost")
+  if metrics.get("acceptance") == "tree" and tree is not None:
+    return _speed_words(metrics["speedup"], tree,
+                        "the tree's measured tokens per call and call costs:")
+  return _speed_words(metrics["speedup"], metrics["theoretical_speedup"])
+
+
 def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
   """Speed, α, exactness, drafting and quality of a walltime run."""
   lines = [
-      "speculative decoding: " +
-      _speed_words(metrics["speedup"], metrics["theoretical_speedup"]) +
+      "speculative decoding: " + _theory_words(metrics) +
       f"; alpha {metrics['alpha']:.2f} (share of draft tokens accepted), "
       f"{metrics['tokens_per_target_call']:.2f} tokens per target call" +
       _exactness_words(metrics, temp)

@@ -45,6 +45,18 @@ def traces(vocab, out: decoding.SpeculativeOutput,
   return rows
 
 
+def tree_traces(out: decoding.TreeOutput, keep: Sequence[int]) -> List[dict]:
+  """The accepted count of each tree call, for the rows `keep` of a batch's
+  output (`out` on the host); "trace" is null: a tree call's k branches
+  have no one Figure-1 line (the kept path's guesses are in the output)."""
+  calls = np.asarray(out.target_calls)
+  accepted = np.asarray(out.trace_num_accepted)
+  return [{
+      "accepted_counts": accepted[r, :int(calls[r])].tolist(),
+      "trace": None
+  } for r in keep]
+
+
 _SPECIAL_PIECES = {
     vocab_lib.PAD_ID: "<pad>",
     vocab_lib.EOS_ID: "</s>",

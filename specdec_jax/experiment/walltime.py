@@ -30,6 +30,7 @@ from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import predictions
 from specdec_jax.experiment import step_costs
 from specdec_jax.experiment import traces
+from specdec_jax.experiment import tree_costs
 from specdec_jax.experiment.plan import RunPlan
 
 Decoder = decoding.Decoder
@@ -48,7 +49,9 @@ class Decoded:
     time_base / time_spec: seconds of all timed calls of each decoder.
     calls_base / calls_spec: target calls of each decoder.
     histogram: [γ + 1] target calls that kept n = 0..γ guesses.
-    beta_sum / beta_count: Σ β and the acceptance trials it is over.
+    beta_sum / beta_count: Σ β and the acceptance trials it is over; None
+      for a tree run (`TreeOutput` computes no β: `alpha` counts trials
+      from the histogram).
   """
   base_tokens: np.ndarray
   spec_tokens: np.ndarray
@@ -60,8 +63,8 @@ class Decoded:
   calls_base: int
   calls_spec: int
   histogram: np.ndarray
-  beta_sum: float
-  beta_count: float
+  beta_sum: Optional[float]
+  beta_count: Optional[float]
 
   @property
   def tokens_generated(self) -> int:
@@ -70,12 +73,21 @@ class Decoded:
   @property
   def alpha(self) -> float:
     """Kept guesses / acceptance trials (beta_count counts the trials whose
-    context reached the output, so guesses cut by EOS are not counted)."""
+    context reached the output, so guesses cut by EOS are not counted; a
+    tree run: the accepted path's trials, min(n + 1, γ) per call that kept
+    n, as `analysis.alpha_from_acceptance_counts` counts them)."""
     kept = float(np.arange(len(self.histogram)) @ self.histogram)
+    if self.beta_count is None:
+      gamma = len(self.histogram) - 1
+      trials = float(
+          np.minimum(np.arange(gamma + 1) + 1, gamma) @ self.histogram)
+      return kept / max(trials, 1.0)
     return kept / max(self.beta_count, 1.0)
 
   @property
-  def alpha_beta(self) -> float:
+  def alpha_beta(self) -> Optional[float]:
+    if self.beta_sum is None or self.beta_count is None:
+      return None
     return self.beta_sum / max(self.beta_count, 1.0)
 
 
@@ -86,8 +98,9 @@ class StepTimes:
   Attributes:
     target_step_s: one one-token target call.
     draft_step_s: one guess: a `propose` of γ guesses as the loop runs it,
-      divided by γ.
-    verification_call_s: the target's (γ+1)-token call.
+      divided by γ (ACCEPTANCE='tree': a `propose_tree` of k branches).
+    verification_call_s: the target's (γ+1)-token call (ACCEPTANCE='tree':
+      the tree call over 1 + k·γ nodes).
   """
   target_step_s: float
   draft_step_s: float
@@ -134,7 +147,9 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
   time_base = time_spec = 0.0
   calls_base = calls_spec = 0
   histogram = np.zeros(plan.args.gamma + 1, np.int64)
-  beta_sum = beta_count = 0.0
+  tree = plan.args.acceptance == "tree"
+  beta_sum: Optional[float] = None if tree else 0.0
+  beta_count: Optional[float] = None if tree else 0.0
   for i, (batch, keep) in enumerate(feed.batches()):
     brng = jax.random.fold_in(rng, i)
     out_b, dt_b = timing.timed(plan.baseline, batch, brng)
@@ -145,14 +160,16 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
     calls_base += int(np.sum(np.asarray(out_b.target_calls)[keep]))
     calls_spec += int(np.sum(np.asarray(out_s.target_calls)[keep]))
     histogram += np.asarray(out_s.accepted_histogram)[keep].sum(0)
-    beta_sum += float(np.sum(np.asarray(out_s.beta_sum)[keep]))
-    beta_count += float(np.sum(np.asarray(out_s.beta_count)[keep]))
+    if beta_sum is not None and beta_count is not None:  # not a tree
+      beta_sum += float(np.sum(np.asarray(out_s.beta_sum)[keep]))
+      beta_count += float(np.sum(np.asarray(out_s.beta_count)[keep]))
     base_tokens.append(np.asarray(out_b.tokens)[keep])
     spec_tokens.append(np.asarray(out_s.tokens)[keep])
     start = len(per_example)
     base_text += tasks.decode_tokens(vocab, base_tokens[-1])
     spec_text += tasks.decode_tokens(vocab, spec_tokens[-1])
-    records = traces.traces(vocab, out_s, keep)
+    records = (traces.tree_traces(out_s, keep) if tree else traces.traces(
+        vocab, out_s, keep))
     per_example.extend(records)
     writer.add([{
         "index": start + j,
@@ -196,9 +213,15 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
     raise KeyboardInterrupt(f"kept {writer.kept()}; "
                             f"{run_metrics.METRICS_FILE} was not "
                             "written") from None
-  logging.info(
-      "Pricing c: target calls of 1 and γ+1 = %d tokens and the "
-      "drafter's guesses, interleaved", plan.args.gamma + 1)
+  if plan.args.acceptance == "tree":
+    logging.info(
+        "Pricing c: a target step, the tree call over 1 + k·γ = %d nodes "
+        "and the drafter's k branches, interleaved",
+        1 + plan.args.tree_width * plan.args.gamma)
+  else:
+    logging.info(
+        "Pricing c: target calls of 1 and γ+1 = %d tokens and the "
+        "drafter's guesses, interleaved", plan.args.gamma + 1)
   steps = step_times(plan, feed.batch(0),
                      int(decoded.tokens_generated / len(examples)))
   decoded, compile_s, steps = slowest_process(decoded, compile_s, steps)
@@ -223,7 +246,8 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
 
 def step_times(plan: RunPlan, batch: jax.Array, fill: int) -> StepTimes:
   """One target step, one guess and the verification call (this process's
-  seconds: `slowest`).
+  seconds: `slowest`); ACCEPTANCE='tree': one depth of the k-branch draft
+  and the tree call over 1 + k·γ nodes (`tree_costs.price_tree_calls`).
 
   All are timed the one way `timing` defines, interleaved
   (`step_costs.price_calls`): on `batch`, with the speculative loop's cache
@@ -233,6 +257,9 @@ def step_times(plan: RunPlan, batch: jax.Array, fill: int) -> StepTimes:
   """
   gamma = plan.args.gamma
   context = plan.baseline(batch, plan.rng).tokens
+  if plan.args.acceptance == "tree":  # the tree call over 1 + k·γ nodes
+    return StepTimes(*tree_costs.price_tree_calls(
+        plan.args, plan.drafter, plan.models.target, batch, fill, context))
   by_k, t_draft = step_costs.price_calls(plan.args, plan.drafter,
                                          plan.models.target, batch,
                                          (1, gamma + 1), fill, context)
@@ -271,7 +298,6 @@ def walltime_metrics(
   """
   gamma, c = args.gamma, steps.cost_coefficient
   alpha = decoded.alpha
-  ratio = steps.verification_call_s / steps.target_step_s
   greedy = args.temperature == 0
   base, spec = decoded.base_tokens, decoded.spec_tokens
   tokens = decoded.tokens_generated
@@ -284,7 +310,7 @@ def walltime_metrics(
       top_p=args.top_p,
       batch_size=args.batch_size,
       alpha=float(alpha),
-      alpha_beta=float(decoded.alpha_beta),
+      alpha_beta=decoded.alpha_beta,
       alpha_stderr=float(
           analysis.alpha_standard_error_from_counts(decoded.histogram, gamma)),
       accepted_histogram=decoded.histogram.tolist(),
@@ -301,19 +327,7 @@ def walltime_metrics(
       target_step_s=steps.target_step_s,
       draft_step_s=steps.draft_step_s,
       cost_coefficient_c=c,
-      theoretical_speedup=float(
-          analysis.expected_speedup(min(alpha, 1.0), gamma, c)),
-      verification_call_s=steps.verification_call_s,
-      verification_cost_ratio=ratio,
-      theoretical_speedup_measured_call_cost=float(
-          analysis.expected_speedup(min(alpha, 1.0), gamma, c,
-                                    call_cost=ratio)),
-      # Where the loops stand against their own theory (issue 32).
-      iteration_overhead=(
-          decoded.time_spec / max(decoded.calls_spec, 1) /
-          (gamma * steps.draft_step_s + steps.verification_call_s)),
-      baseline_overhead=(decoded.time_base / max(decoded.calls_base, 1) /
-                         steps.target_step_s),
+      **theory_metrics(args, decoded, steps),
       # Token-for-token identity is the test of exactness at T = 0 only:
       # sampled outputs (T > 0) are compared by distribution (null here).
       greedy_outputs_identical=(bool(np.array_equal(base, spec))
@@ -331,6 +345,41 @@ def walltime_metrics(
       **drafting_metrics(args, decoded.per_example, tokens, c, gamma_auto))
 
 
+def theory_metrics(args: arguments.RunArguments, decoded: Decoded,
+                   steps: StepTimes) -> Dict[str, Any]:
+  """metrics.json's Theorem 3.8 keys, the verification call's cost and the
+  loops' overheads against their own cost model (issue 32).
+
+  ACCEPTANCE='tree': `theoretical_speedup` stays Theorem 3.8 for one branch
+  at the run's α, γ and c (a reference: a tree keeps more than one branch
+  would); `theoretical_speedup_measured_call_cost` is the tree's own cost
+  model, the measured tokens per target call over the measured cost of an
+  iteration (γ draft depths, each drafting k branches, and the tree call),
+  in target steps: tokens_per_target_call / (γ·c + call ratio).
+  """
+  gamma, c = args.gamma, steps.cost_coefficient
+  alpha = min(decoded.alpha, 1.0)
+  ratio = steps.verification_call_s / steps.target_step_s
+  if args.acceptance == "tree":
+    tokens_per_call = decoded.tokens_generated / max(decoded.calls_spec, 1)
+    measured = tokens_per_call / (gamma * c + ratio)
+  else:
+    measured = float(analysis.expected_speedup(alpha, gamma, c,
+                                               call_cost=ratio))
+  return {
+      "theoretical_speedup": float(analysis.expected_speedup(alpha, gamma, c)),
+      "verification_call_s": steps.verification_call_s,
+      "verification_cost_ratio": ratio,
+      "theoretical_speedup_measured_call_cost": measured,
+      "iteration_overhead":
+          (decoded.time_spec / max(decoded.calls_spec, 1) /
+           (gamma * steps.draft_step_s + steps.verification_call_s)),
+      "baseline_overhead":
+          (decoded.time_base / max(decoded.calls_base, 1) / steps.target_step_s
+          ),
+  }
+
+
 def draft_label(args: arguments.RunArguments, gamma_auto) -> str:
   """metrics.json's `draft_model`: the report tells drafts apart by it, so
   variants (adaptive γ, GAMMA='auto', lenience) get their own."""
@@ -341,7 +390,9 @@ def draft_label(args: arguments.RunArguments, gamma_auto) -> str:
     label += " auto-γ"
   if args.lenience != 1:
     label += f" l={args.lenience:g}"
-  if args.acceptance != "token":
+  if args.acceptance == "tree":
+    label += f" tree k={args.tree_width}"
+  elif args.acceptance != "token":
     label += f" {args.acceptance}"
   return label
 
@@ -359,24 +410,34 @@ def drafting_metrics(args: arguments.RunArguments,
     c: the measured cost coefficient.
     gamma_auto: `choose_gamma`'s record, or None.
   """
-  kept = [t["num_accepted"] for e in per_example for t in e["trace"]]
-  guessed = [len(t["draft_tokens"]) for e in per_example for t in e["trace"]]
-  bound = analysis.per_iteration_gamma_bound(kept, guessed, args.gamma, c,
-                                             tokens)
+  tree = args.acceptance == "tree"
+  if tree:  # k·γ guesses every call; a one-branch bound means nothing
+    guessed = [args.gamma * args.tree_width]
+    bound = None
+  else:
+    kept = [t["num_accepted"] for e in per_example for t in e["trace"]]
+    guessed = [len(t["draft_tokens"]) for e in per_example for t in e["trace"]]
+    bound = analysis.per_iteration_gamma_bound(kept, guessed, args.gamma, c,
+                                               tokens)
   return {
       "drafter": args.drafter,
       "draft_model": draft_label(args, gamma_auto),
       "drafter_settings": args.drafting.record(),
       "lenience": args.lenience,
       "acceptance": args.acceptance,
+      # Omitted from metrics.json unless ACCEPTANCE='tree' (`RunMetrics`).
+      "tree_width": args.tree_width if tree else None,
+      "tree_without_replacement":
+          (args.tree_without_replacement if tree else None),
       "exact": args.lenience == 1,
       "adaptive_threshold": args.adaptive_threshold,
       "gamma_auto": gamma_auto,
       "guesses_per_target_call": float(np.mean(guessed)) if guessed else 0.0,
       # §3.5: Theorem 3.8's cost model (target call 1, guess c) applied to
       # this run's iterations: every call drafting γ, drafting what it
-      # did, and drafting exactly what was kept (the per-call oracle).
-      "per_iteration_gamma": {
+      # did, and drafting exactly what was kept (the per-call oracle). A
+      # single-path model: null for a tree.
+      "per_iteration_gamma": None if bound is None else {
           "fixed_gamma_speedup": bound["fixed"],
           "achieved_speedup": bound["achieved"],
           "oracle_speedup": bound["oracle"]

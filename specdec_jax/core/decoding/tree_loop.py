@@ -48,11 +48,15 @@ class TreeOutput:
     target_calls: [B] int32 tree calls while the row was active.
     accepted_histogram: [B, γ+1] int32; entry n counts the row's iterations
       that kept n guesses (before EOS / max_decode_length cut them).
+    trace_num_accepted: [B, max_decode_length] int32; entry i is the
+      guesses the row's (i+1)-th tree call kept (as the histogram counts
+      them); -1 after the row's last call (`target_calls`).
   """
   tokens: Array
   lengths: Array
   target_calls: Array
   accepted_histogram: Array
+  trace_num_accepted: Array
 
   @property
   def tokens_per_target_call(self) -> Array:
@@ -79,7 +83,8 @@ class TreeState:
   Attributes:
     iteration: [] int32; target_state (holds positions 0..ℓ-1);
     draft_state (`ModelDrafterState`); buffer [B, T] int32; length [B] ℓ;
-    done [B] bool; target_calls [B] int32; accepted_histogram [B, γ+1].
+    done [B] bool; target_calls [B] int32; accepted_histogram [B, γ+1];
+    trace_num_accepted [B, max_decode_length] int32 (-1: no call yet).
   """
   iteration: Array
   target_state: Any
@@ -89,6 +94,7 @@ class TreeState:
   done: Array
   target_calls: Array
   accepted_histogram: Array
+  trace_num_accepted: Array
 
 
 def tree_iteration(target: Any, drafter: TreeModelDrafter,
@@ -135,13 +141,18 @@ def tree_iteration(target: Any, drafter: TreeModelDrafter,
   kept = jnp.minimum(num_accepted, new_length - s.length)
   histogram = s.accepted_histogram + (
       active[:, None] & (jnp.arange(gamma + 1)[None, :] == kept[:, None]))
+  # A row makes at most max_decode_length calls (each emits a token); a
+  # frozen row's write rewrites its last entry unchanged.
+  slot = jnp.minimum(s.target_calls, s.trace_num_accepted.shape[1] - 1)
+  trace = s.trace_num_accepted.at[rows, slot].set(
+      jnp.where(active, kept, s.trace_num_accepted[rows, slot]))
   return TreeState(
       iteration=s.iteration + 1, target_state=target_state,
       draft_state=drafter.rollback_tree(draft_state, new_length,
                                         verdict.branch), buffer=buffer,
       length=new_length, done=done,
       target_calls=s.target_calls + active.astype(jnp.int32),
-      accepted_histogram=histogram)
+      accepted_histogram=histogram, trace_num_accepted=trace)
 
 
 def tree_loop(target: Any, drafter: TreeModelDrafter,
@@ -167,7 +178,8 @@ def tree_loop(target: Any, drafter: TreeModelDrafter,
       length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros(
           (batch,), bool), target_calls=jnp.zeros(
               (batch,), jnp.int32), accepted_histogram=jnp.zeros(
-                  (batch, gamma + 1), jnp.int32))
+                  (batch, gamma + 1), jnp.int32), trace_num_accepted=jnp.full(
+                      (batch, max_decode_length), -1, jnp.int32))
 
   def body(s):
     return tree_iteration(target, drafter, acceptance, s, rng, eos_id,
@@ -179,7 +191,8 @@ def tree_loop(target: Any, drafter: TreeModelDrafter,
   return TreeOutput(
       tokens=_finish(state.buffer, state.length, max_decode_length),
       lengths=state.length, target_calls=state.target_calls,
-      accepted_histogram=state.accepted_histogram)
+      accepted_histogram=state.accepted_histogram,
+      trace_num_accepted=state.trace_num_accepted)
 
 
 _STATIC = ("gamma", "width", "max_decode_length", "method")
