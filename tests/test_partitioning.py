@@ -39,7 +39,8 @@ _SCRIPT = r'''
 import json, sys, warnings
 import jax, numpy as np
 from jax.sharding import PartitionSpec as P
-from specdec_jax.core import decoding, partitioning as pt
+from specdec_jax import partitioning as pt
+from specdec_jax.core import decoding
 from specdec_jax.core.models import T5Config, T5Model, param_shapes
 
 part = sys.argv[1]
