@@ -25,7 +25,7 @@ The entry points run the host-side argument checks of `decoding.checks`
 anything is traced or compiled, and return `decoding.outputs`' classes. Their
 public names are importable from here too.
 """
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import flax
 import jax
@@ -87,6 +87,45 @@ def _truncate_at_eos(window: Array, num_new: Array,
   hit_eos = jnp.any(is_eos, axis=1)
   first = jnp.argmax(is_eos, axis=1)
   return jnp.where(hit_eos, first + 1, num_new), hit_eos
+
+
+def emit_verdict(
+    buffer: Array, length: Array, done: Array, guessed: Array,
+    num_accepted: Array, next_token: Array, eos_id: Array,
+    max_decode_length: int, written: Optional[Callable[[Array], Array]] = None
+) -> Tuple[Array, Array, Array]:
+  """Emits a verdict: x_1..x_n, then the extra token, cut at EOS and at
+  max_decode_length; frozen rows keep their length.
+
+  Args:
+    buffer: [B, T] int32 the loop buffer; length: [B] int32 ℓ; done: [B].
+    guessed: [B, γ] int32 the guesses of the verified path.
+    num_accepted: [B] int32 n, leading guesses kept.
+    next_token: [B] int32 the token sampled after them.
+    eos_id: [] int32.
+    max_decode_length: static.
+    written: maps the emitted tokens [B, γ+1] to what goes to the buffer
+      (partial guesses: `guesses.feedable`); None: the emitted ones.
+
+  Returns:
+    (buffer, new length [B], done [B]). Stale guesses past
+    the extra token get overwritten later or masked at the end; finished
+    rows write past their final length too (masked).
+  """
+  gamma = guessed.shape[1]
+  emitted = jnp.concatenate([guessed, next_token[:, None]], axis=1)
+  emitted = jnp.where(
+      jnp.arange(gamma + 1)[None, :] == num_accepted[:, None],
+      next_token[:, None], emitted)
+  active = jnp.logical_not(done)
+  num_new, hit_eos = _truncate_at_eos(emitted, num_accepted + 1, eos_id)
+  new_length = jnp.where(active, jnp.minimum(length + num_new,
+                                             max_decode_length), length)
+  buffer = jax.vmap(
+      lambda row, new, start: lax.dynamic_update_slice(row, new, (start,)))(
+          buffer, emitted if written is None else written(emitted), length + 1)
+  done = done | (active & (hit_eos | (new_length >= max_decode_length)))
+  return buffer, new_length, done
 
 
 def _start_buffer(target: Target, inputs: Array, size: int) -> Array:
@@ -277,23 +316,11 @@ def speculative_iteration(target: Target, drafter: Drafter,
   verdict = acceptance(accept_rng, logits, draft_tokens, draft_probs, method)
   num_accepted, next_token = verdict.num_accepted, verdict.next_token
 
-  # Emit x_1..x_n then the extra token; stale guesses past it get overwritten
-  # later or masked at the end.
-  emitted = jnp.concatenate([draft_tokens, next_token[:, None]], axis=1)
-  emitted = jnp.where(
-      jnp.arange(gamma + 1)[None, :] == num_accepted[:, None],
-      next_token[:, None], emitted)
   active = jnp.logical_not(s.done)
-  num_new, hit_eos = _truncate_at_eos(emitted, num_accepted + 1, eos_id)
-  new_length = jnp.where(active,
-                         jnp.minimum(s.length + num_new, max_decode_length),
-                         s.length)
-  # Finished rows write past their final length too: harmless, it is masked.
-  buffer = jax.vmap(
-      lambda row, new, start: lax.dynamic_update_slice(row, new, (start,)))(
-          s.buffer, guesses.feedable(emitted) if partial else emitted,
-          s.length + 1)
-  done = s.done | (active & (hit_eos | (new_length >= max_decode_length)))
+  buffer, new_length, done = emit_verdict(s.buffer, s.length, s.done,
+                                          draft_tokens, num_accepted,
+                                          next_token, eos_id, max_decode_length,
+                                          guesses.feedable if partial else None)
 
   stats = s.stats
   if stats is not None:

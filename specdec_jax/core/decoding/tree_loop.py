@@ -23,7 +23,7 @@ from specdec_jax.core import sampling
 from specdec_jax.core.decoding import checks
 from specdec_jax.core.decoding.loops import _finish
 from specdec_jax.core.decoding.loops import _start_buffer
-from specdec_jax.core.decoding.loops import _truncate_at_eos
+from specdec_jax.core.decoding.loops import emit_verdict
 from specdec_jax.core.decoding.loops import EOS_ID
 from specdec_jax.core.decoding.tree_acceptance import chain_parents
 from specdec_jax.core.decoding.tree_acceptance import path_nodes
@@ -120,20 +120,11 @@ def tree_iteration(target: Any, drafter: TreeModelDrafter,
       acceptance(accept_rng, logits, draft_tokens, draft_probs, method))
   num_accepted, next_token = verdict.num_accepted, verdict.next_token
 
-  emitted = jnp.concatenate(
-      [draft_tokens[rows, verdict.branch], next_token[:, None]], axis=1)
-  emitted = jnp.where(
-      jnp.arange(gamma + 1)[None, :] == num_accepted[:, None],
-      next_token[:, None], emitted)
   active = jnp.logical_not(s.done)
-  num_new, hit_eos = _truncate_at_eos(emitted, num_accepted + 1, eos_id)
-  new_length = jnp.where(active,
-                         jnp.minimum(s.length + num_new, max_decode_length),
-                         s.length)
-  buffer = jax.vmap(
-      lambda row, new, start: lax.dynamic_update_slice(row, new, (start,)))(
-          s.buffer, emitted, s.length + 1)
-  done = s.done | (active & (hit_eos | (new_length >= max_decode_length)))
+  buffer, new_length, done = emit_verdict(s.buffer, s.length, s.done,
+                                          draft_tokens[rows, verdict.branch],
+                                          num_accepted, next_token, eos_id,
+                                          max_decode_length)
   # Keep the root and the accepted path's n nodes, then cut at EOS / max.
   path = jnp.asarray(path_nodes(width, gamma))[verdict.branch]
   target_state = target.truncate(
