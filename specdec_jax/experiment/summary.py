@@ -107,8 +107,32 @@ def _theory_words(metrics: Dict[str, Any]) -> str:
   return _speed_words(metrics["speedup"], metrics["theoretical_speedup"])
 
 
+def _beam_line(metrics: Dict[str, Any]) -> str:
+  """DECODE='beam': speed, steps per call and identity of the beams (no
+  theory: Theorem 3.8 and c model sampling one sequence, not beams)."""
+  speedup = metrics["speedup"]
+  speed = (f"{speedup:.2f}x faster than" if speedup >= 1 else
+           f"{1 / speedup:.2f}x slower than ({speedup:.2f}x)")
+  n = metrics["num_examples"]
+  same = metrics.get("greedy_identical_examples", "?")
+  words = (f"speculative beam search (k={metrics.get('beam_size')}, "
+           f"u={metrics.get('beam_width')}, {metrics.get('beam_rows')} rows, "
+           f"α={metrics.get('beam_alpha')}): {speed} the target's own beam "
+           "search (no theory line: Theorem 3.8 and c are for sampling one "
+           f"sequence, not beams); {metrics['steps_per_target_call']:.2f} beam "
+           "steps per target call, draft steps kept "
+           f"{metrics['alpha']:.2f} of tried; top beams identical to the "
+           f"target's on {same}/{n} examples")
+  if not metrics.get("greedy_outputs_identical"):
+    words += " (NOT all: they must be; docs/design/beyond_the_paper.md)"
+  return words
+
+
 def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
   """Speed, α, exactness, drafting and quality of a walltime run."""
+  if metrics.get("decode") == "beam":
+    quality = _quality_words(metrics)
+    return [_beam_line(metrics)] + ([f"quality: {quality}"] if quality else [])
   lines = [
       "speculative decoding: " + _theory_words(metrics) +
       f"; alpha {metrics['alpha']:.2f} (share of draft tokens accepted), "
