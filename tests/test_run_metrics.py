@@ -103,11 +103,25 @@ def test_round_trip_and_quality_key():
   written = metrics.to_dict()
   assert "rouge" not in written and written["bleu"]["baseline"] == 20.0
   assert run_metrics.load(json.dumps(written)) == metrics
-  # Tree verification's keys only where ACCEPTANCE='tree'.
+  # Tree verification's keys only where ACCEPTANCE='tree', beam search's
+  # only where DECODE='beam'.
   tree_keys = ("tree_width", "tree_without_replacement")
+  beam_keys = ("beam_size", "beam_alpha", "beam_width", "beam_rows",
+               "steps_per_target_call")
   assert list(written) == [
-      f for f in FIELDS if f != "rouge" and f not in tree_keys
+      f for f in FIELDS
+      if f != "rouge" and f not in tree_keys and f not in beam_keys
   ]
+  assert written["decode"] == "sample"
+  beam = _full_metrics(decode="beam", beam_size=4, beam_alpha=0.6,
+                       beam_width=8, beam_rows=16, steps_per_target_call=2.5,
+                       cost_coefficient_c=None, theoretical_speedup=None)
+  written_beam = beam.to_dict()
+  assert [written_beam[k] for k in beam_keys] == [4, 0.6, 8, 16, 2.5]
+  assert written_beam["cost_coefficient_c"] is None  # not priced: null
+  assert run_metrics.load(json.dumps(written_beam)) == beam
+  with pytest.raises(run_metrics.MetricsError, match="beam_width"):
+    run_metrics.RunMetrics.from_dict({**written_beam, "beam_width": 0})
   tree = _full_metrics(acceptance="tree", tree_width=3,
                        tree_without_replacement=False)
   written = tree.to_dict()
