@@ -40,45 +40,47 @@ def _parse(bindings):
   gin_utils.parse_gin(["local_tiny.gin"], bindings, finalize=False)
 
 
-@pytest.mark.parametrize("bindings,expect", [
-    (["DECODE = 'beams'"], ["DECODE='beams': allowed: 'sample'"]),
-    (["DECODE = 'beam'", "BEAM_SIZE = 0"
-     ], ["BEAM_SIZE=0: allowed: an integer >= 1"]),
-    (["DECODE = 'beam'", "BEAM_ALPHA = -0.5"
-     ], ["BEAM_ALPHA=-0.5: allowed: a finite number >= 0"]),
-    (["DECODE = 'beam'", "BEAM_SIZE = 4", "BEAM_WIDTH = 3"
-     ], ["BEAM_WIDTH=3 with BEAM_SIZE=4", "an integer >= BEAM_SIZE = 4"]),
-    (["DECODE = 'beam'", "BEAM_SIZE = 2", "GAMMA = 2", "BEAM_ROWS = 7"
-     ], ["BEAM_ROWS=7", "from 2 (one row per beam) to", "= 6"]),
-    (["BEAM_SIZE = 2"], ["BEAM_SIZE=2 with DECODE='sample'"]),
-    (["DECODE = 'beam'", "TEMPERATURE = 1.0"
-     ], ["DECODE='beam' with TEMPERATURE=1.0", "allowed: TEMPERATURE=0"]),
-    (["DECODE = 'beam'", "GAMMA = 'auto'"
-     ], ["DECODE='beam' with GAMMA='auto'", "an integer GAMMA >= 1"]),
-    (["DECODE = 'beam'", "LENIENCE = 0.5"
-     ], ["DECODE='beam' with LENIENCE=0.5", "allowed: LENIENCE=1"]),
-    (["DECODE = 'beam'", "ACCEPTANCE = 'block'"
-     ], ["DECODE='beam' with ACCEPTANCE='block'", "ACCEPTANCE='token'"]),
-    (["DECODE = 'beam'", "ACCEPTANCE = 'tree'", "TREE_WIDTH = 2"
-     ], ["DECODE='beam' with ACCEPTANCE='tree'"]),
-    (["DECODE = 'beam'", "TREE_WIDTH = 2"
-     ], ["DECODE='beam' with TREE_WIDTH=2", "allowed: TREE_WIDTH=1"]),
-    (["DECODE = 'beam'", "DRAFTER = 'prompt_lookup'"], [
-        "DECODE='beam' with DRAFTER='prompt_lookup'",
-        "allowed: DRAFTER 'model' or 'shared_encoder'"
-    ]),
-    (["DECODE = 'beam'", "DRAFTER = 'bigram'"
-     ], ["DECODE='beam' with DRAFTER='bigram'"]),
-    (["DECODE = 'beam'", "ADAPTIVE_THRESHOLD = 0.5"
-     ], ["DECODE='beam' with ADAPTIVE_THRESHOLD=0.5"]),
-    (["DECODE = 'beam'", "MODE = 'alpha'"], ["DECODE='beam' with MODE='alpha'"
-                                            ]),
-    (["DECODE = 'beam'", "COMPILE_TOPOLOGY = 'v4-8'"
-     ], ["DECODE='beam' with COMPILE_TOPOLOGY='v4-8'"]),
-    # The byte vocabulary's 259 tokens: at most 129 beams.
-    (["DECODE = 'beam'", "BEAM_SIZE = 130", "GAMMA = 1"
-     ], ["BEAM_SIZE=130", "Allowed: 1 to 129"]),
-])
+@pytest.mark.parametrize(
+    "bindings,expect",
+    [
+        (["DECODE = 'beams'"], ["DECODE='beams': allowed: 'sample'"]),
+        (["DECODE = 'beam'", "BEAM_SIZE = 0"
+         ], ["BEAM_SIZE=0: allowed: an integer >= 1"]),
+        (["DECODE = 'beam'", "BEAM_ALPHA = -0.5"
+         ], ["BEAM_ALPHA=-0.5: allowed: a finite number >= 0"]),
+        (["DECODE = 'beam'", "BEAM_SIZE = 4", "BEAM_WIDTH = 3"
+         ], ["BEAM_WIDTH=3 with BEAM_SIZE=4", "an integer >= BEAM_SIZE = 4"]),
+        (["DECODE = 'beam'", "BEAM_SIZE = 2", "GAMMA = 2", "BEAM_ROWS = 7"
+         ], ["BEAM_ROWS=7", "from 2 (one row per beam) to", "= 6"]),
+        (["BEAM_SIZE = 2"], ["BEAM_SIZE=2 with DECODE='sample'"]),
+        (["DECODE = 'beam'", "TEMPERATURE = 1.0"
+         ], ["DECODE='beam' with TEMPERATURE=1.0", "allowed: TEMPERATURE=0"]),
+        (["DECODE = 'beam'", "GAMMA = 'auto'"
+         ], ["DECODE='beam' with GAMMA='auto'", "an integer GAMMA >= 1"]),
+        (["DECODE = 'beam'", "LENIENCE = 0.5"
+         ], ["DECODE='beam' with LENIENCE=0.5", "allowed: LENIENCE=1"]),
+        (["DECODE = 'beam'", "ACCEPTANCE = 'block'"
+         ], ["DECODE='beam' with ACCEPTANCE='block'", "ACCEPTANCE='token'"]),
+        (["DECODE = 'beam'", "ACCEPTANCE = 'tree'", "TREE_WIDTH = 2"
+         ], ["DECODE='beam' with ACCEPTANCE='tree'"]),
+        (["DECODE = 'beam'", "TREE_WIDTH = 2"
+         ], ["DECODE='beam' with TREE_WIDTH=2", "allowed: TREE_WIDTH=1"]),
+        (["DECODE = 'beam'", "DRAFTER = 'prompt_lookup'"], [
+            "DECODE='beam' with DRAFTER='prompt_lookup'",
+            "allowed: DRAFTER 'model' or 'shared_encoder'"
+        ]),
+        (["DECODE = 'beam'", "DRAFTER = 'bigram'"
+         ], ["DECODE='beam' with DRAFTER='bigram'"]),
+        (["DECODE = 'beam'", "ADAPTIVE_THRESHOLD = 0.5"
+         ], ["DECODE='beam' with ADAPTIVE_THRESHOLD=0.5"]),
+        (["DECODE = 'beam'", "MODE = 'alpha'"
+         ], ["DECODE='beam' with MODE='alpha'"]),
+        (["DECODE = 'beam'", "COMPILE_TOPOLOGY = 'v4-8'"
+         ], ["DECODE='beam' with COMPILE_TOPOLOGY='v4-8'"]),
+        # The byte vocabulary's 259 tokens: at most 129 beams.
+        (["DECODE = 'beam'", "BEAM_SIZE = 130", "GAMMA = 1"
+         ], ["BEAM_SIZE=130", "Allowed: 1 to 129"]),
+    ])
 def test_bad_beam_settings_fail_before_loading(bindings, expect, tmp_path,
                                                no_load):
   out = tmp_path / "out"
@@ -177,8 +179,7 @@ def test_beam_run_end_to_end(batch, k, width, gamma, tmp_path):
   assert run_settings["decode"] == "beam" and run_settings["beam_size"] == k
   # Not priced: Theorem 3.8 and c are for sampling one sequence.
   for key in ("cost_coefficient_c", "theoretical_speedup", "target_step_s",
-              "verification_cost_ratio", "per_iteration_gamma",
-              "alpha_beta"):
+              "verification_cost_ratio", "per_iteration_gamma", "alpha_beta"):
     assert written[key] is None, key
   counts = [n for r in rows for n in r["accepted_counts"]]
   assert len(counts) == written["target_calls_speculative"]
@@ -187,8 +188,7 @@ def test_beam_run_end_to_end(batch, k, width, gamma, tmp_path):
   # Every call took kept + 1 beam steps; the baseline one step per call.
   steps = sum(n + 1 for n in counts)
   assert steps == written["target_calls_baseline"]
-  assert written["steps_per_target_call"] == pytest.approx(steps /
-                                                           len(counts))
+  assert written["steps_per_target_call"] == pytest.approx(steps / len(counts))
   assert written["alpha"] == pytest.approx(
       sum(counts) / sum(min(n + 1, gamma) for n in counts))
   lines = summary.summary_lines(metrics, arguments.run_arguments())

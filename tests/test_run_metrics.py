@@ -113,8 +113,8 @@ def test_round_trip_and_quality_key():
       if f != "rouge" and f not in tree_keys and f not in beam_keys
   ]
   assert written["decode"] == "sample"
-  beam = _full_metrics(decode="beam", beam_size=4, beam_alpha=0.6,
-                       beam_width=8, beam_rows=16, steps_per_target_call=2.5,
+  beam = _full_metrics(decode="beam", beam_size=4, beam_alpha=0.6, beam_width=8,
+                       beam_rows=16, steps_per_target_call=2.5,
                        cost_coefficient_c=None, theoretical_speedup=None)
   written_beam = beam.to_dict()
   assert [written_beam[k] for k in beam_keys] == [4, 0.6, 8, 16, 2.5]

@@ -78,11 +78,14 @@ def _check_beam_values(args: Any) -> None:
 def _check_unused(args: Any) -> None:
   """DECODE='sample': the beam macros at their defaults (a sweep over
   BEAM_SIZE that forgot DECODE='beam' would otherwise measure nothing)."""
-  changed = [(name, value) for name, value, default in (
-      ("BEAM_SIZE", args.beam_size, DEFAULT_BEAM_SIZE),
-      ("BEAM_ALPHA", args.beam_alpha, DEFAULT_BEAM_ALPHA),
-      ("BEAM_WIDTH", args.beam_width, None),
-      ("BEAM_ROWS", args.beam_rows, None)) if value != default]
+  changed = [(name, value)
+             for name, value, default in (("BEAM_SIZE", args.beam_size,
+                                           DEFAULT_BEAM_SIZE),
+                                          ("BEAM_ALPHA", args.beam_alpha,
+                                           DEFAULT_BEAM_ALPHA),
+                                          ("BEAM_WIDTH", args.beam_width, None),
+                                          ("BEAM_ROWS", args.beam_rows, None))
+             if value != default]
   if changed:
     name, value = changed[0]
     raise ValueError(
@@ -105,13 +108,15 @@ def _check_beam_rules(args: Any) -> None:
                  "Theorem 3.8's choice of γ is for sampling one sequence",
                  "an integer GAMMA >= 1")
   if args.lenience != 1:
-    raise refuse(f"LENIENCE={args.lenience!r}",
-                 "speculative beam search is the target's beam search "
-                 "exactly", "LENIENCE=1")
+    raise refuse(
+        f"LENIENCE={args.lenience!r}",
+        "speculative beam search is the target's beam search "
+        "exactly", "LENIENCE=1")
   if args.acceptance != "token":
-    raise refuse(f"ACCEPTANCE={args.acceptance!r}",
-                 "the target replays its own beam steps over the draft's "
-                 "beams", "ACCEPTANCE='token'")
+    raise refuse(
+        f"ACCEPTANCE={args.acceptance!r}",
+        "the target replays its own beam steps over the draft's "
+        "beams", "ACCEPTANCE='token'")
   if args.tree_width != 1:
     raise refuse(f"TREE_WIDTH={args.tree_width!r}",
                  "the draft's beams are its branches (BEAM_WIDTH)",
@@ -125,8 +130,8 @@ def _check_beam_rules(args: Any) -> None:
                  "the draft's beam search runs γ steps every call",
                  "ADAPTIVE_THRESHOLD=None")
   if args.mode != "walltime":
-    raise refuse(f"MODE={args.mode!r}",
-                 "MODE='alpha' estimates α of sampling", "MODE='walltime'")
+    raise refuse(f"MODE={args.mode!r}", "MODE='alpha' estimates α of sampling",
+                 "MODE='walltime'")
   if args.compile_topology is not None:
     raise refuse(
         f"COMPILE_TOPOLOGY={args.compile_topology!r}",

@@ -289,8 +289,9 @@ def slowest_process(decoded: Decoded, compile_s: float,
   user waits for it), exchanged in one collective (steps None: a beam run,
   not priced)."""
   if steps is None:
-    time_base, time_spec, compile_s = multihost.slowest(
-        decoded.time_base, decoded.time_spec, compile_s)
+    time_base, time_spec, compile_s = multihost.slowest(decoded.time_base,
+                                                        decoded.time_spec,
+                                                        compile_s)
     return (dataclasses.replace(decoded, time_base=time_base,
                                 time_spec=time_spec), compile_s, None)
   (time_base, time_spec, compile_s, t_target, t_draft,
@@ -305,7 +306,8 @@ def slowest_process(decoded: Decoded, compile_s: float,
 def walltime_metrics(
     args: arguments.RunArguments, decoded: Decoded,
     quality: Dict[str, Dict[str, Any]], compile_s: float,
-    steps: Optional[StepTimes], data_info: Dict[str, Any], settings: Dict[str, Any],
+    steps: Optional[StepTimes], data_info: Dict[str, Any], settings: Dict[str,
+                                                                          Any],
     gamma_auto: Optional[Dict[str, Any]]) -> run_metrics.RunMetrics:
   """The run's metrics.json.
 
@@ -351,8 +353,8 @@ def walltime_metrics(
       target_step_s=None if steps is None else steps.target_step_s,
       draft_step_s=None if steps is None else steps.draft_step_s,
       cost_coefficient_c=c,
-      **(unpriced_theory_metrics()
-         if steps is None else theory_metrics(args, decoded, steps)),
+      **(unpriced_theory_metrics() if steps is None else theory_metrics(
+          args, decoded, steps)),
       # Token-for-token identity is the test of exactness at T = 0 only:
       # sampled outputs (T > 0) are compared by distribution (null here).
       greedy_outputs_identical=(bool(np.array_equal(base, spec))
@@ -387,8 +389,7 @@ def beam_metrics(args: arguments.RunArguments,
   target call, each call m = n + 1 steps for n kept draft steps)."""
   if not beam_settings.is_beam(args):
     return {"decode": args.decode}
-  steps = float(
-      (np.arange(len(decoded.histogram)) + 1) @ decoded.histogram)
+  steps = float((np.arange(len(decoded.histogram)) + 1) @ decoded.histogram)
   return {
       "decode": args.decode,
       "beam_size": args.beam_size,

@@ -71,8 +71,7 @@ def _lengths(tokens: Array) -> Array:
 def _as_run_output(out: speculative_beam.SpeculativeBeamOutput,
                    gamma: int) -> SpeculativeBeamDecodeOutput:
   kept = jnp.where(out.trace_steps > 0, out.trace_steps - 1, -1)
-  histogram = jnp.sum(
-      jax.nn.one_hot(kept, gamma + 1, dtype=jnp.int32), axis=1)
+  histogram = jnp.sum(jax.nn.one_hot(kept, gamma + 1, dtype=jnp.int32), axis=1)
   best = out.best
   return SpeculativeBeamDecodeOutput(tokens=best, lengths=_lengths(best),
                                      target_calls=out.element_calls,
@@ -99,8 +98,8 @@ def beam_decoder(target: Any, *, beam_size: int, max_decode_length: int,
 
   @jax.jit
   def program(target, encoder_input_tokens):
-    out = beam_search.beam_search_loop(target, encoder_input_tokens, alpha,
-                                       eos, **settings)
+    out = beam_search.beam_search_loop(target, encoder_input_tokens, alpha, eos,
+                                       **settings)
     return BeamDecodeOutput(tokens=out.best, lengths=_lengths(out.best),
                             target_calls=out.element_steps)
 
@@ -135,9 +134,8 @@ def speculative_beam_decoder(target: Any, draft: Any, *, beam_size: int,
   check_vocab_sizes(target.vocab_size, draft.vocab_size)
   check_beam_vocab(beam_size, target.vocab_size)
   check_eos_id(eos_id)
-  settings = dict(beam_size=int(beam_size), width=int(width),
-                  gamma=int(gamma), num_rows=int(num_rows),
-                  max_decode_len=int(max_decode_length))
+  settings = dict(beam_size=int(beam_size), width=int(width), gamma=int(gamma),
+                  num_rows=int(num_rows), max_decode_len=int(max_decode_length))
   alpha, eos = np.float32(alpha), np.int32(eos_id)
 
   @jax.jit
@@ -150,8 +148,7 @@ def speculative_beam_decoder(target: Any, draft: Any, *, beam_size: int,
   def decode(encoder_input_tokens: Array,
              rng: Array) -> SpeculativeBeamDecodeOutput:
     del rng
-    return program(target, draft, jnp.asarray(encoder_input_tokens,
-                                               jnp.int32))
+    return program(target, draft, jnp.asarray(encoder_input_tokens, jnp.int32))
 
   return decode
 

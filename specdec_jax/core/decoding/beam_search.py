@@ -340,8 +340,8 @@ def beam_search_loop(target: Target, encoder_input_tokens: Array, alpha: Array,
                                         state)
     logits = logits.reshape(batch, beam_size, -1).astype(jnp.float32)
     beams, parents = beam_step(beams, logits, alpha, eos_id)
-    return (beams, gather_rows(state, beam_rows(parents, beam_size)),
-            element_steps)
+    return (beams, gather_rows(state, beam_rows(parents,
+                                                beam_size)), element_steps)
 
   beams, _, element_steps = lax.while_loop(
       lambda carry: beams_alive(carry[0], alpha, max_decode_len), body,

@@ -302,8 +302,7 @@ def _iteration(target: Target, draft: Target, state: _LoopState, alpha: Array,
   return _LoopState(beams=new_beams, target_state=target_state,
                     draft_state=gather_rows(root_state, beam_rows(roots, k)),
                     draft_known=beams.step + 1, calls=state.calls + 1,
-                    steps_per_call=histogram,
-                    **_traced(state, alive, steps))
+                    steps_per_call=histogram, **_traced(state, alive, steps))
 
 
 def _traced(state: _LoopState, alive: Array, steps: Array) -> dict:
@@ -337,15 +336,13 @@ def speculative_beam_loop(target: Target, draft: Target,
   # One step counter per batch element.
   beams = beam_search.init_beams(start, beam_size, max_decode_len)
   beams = dataclasses.replace(beams, step=jnp.zeros((batch,), jnp.int32))
-  state = _LoopState(beams=beams,
-                     target_state=gather_rows(target_state, copies),
-                     draft_state=gather_rows(draft_state, copies),
-                     draft_known=jnp.zeros((batch,), jnp.int32),
-                     calls=jnp.zeros((), jnp.int32),
-                     steps_per_call=jnp.zeros((gamma + 2,), jnp.int32),
-                     element_calls=jnp.zeros((batch,), jnp.int32),
-                     trace_steps=jnp.full((batch, max_decode_len), -1,
-                                          jnp.int32))
+  state = _LoopState(
+      beams=beams, target_state=gather_rows(target_state, copies),
+      draft_state=gather_rows(draft_state, copies), draft_known=jnp.zeros(
+          (batch,), jnp.int32), calls=jnp.zeros(
+              (), jnp.int32), steps_per_call=jnp.zeros((gamma + 2,), jnp.int32),
+      element_calls=jnp.zeros((batch,), jnp.int32), trace_steps=jnp.full(
+          (batch, max_decode_len), -1, jnp.int32))
 
   def alive(state):
     return jnp.any(
