@@ -75,8 +75,6 @@ def _parse(bindings):
          ], ["DECODE='beam' with ADAPTIVE_THRESHOLD=0.5"]),
         (["DECODE = 'beam'", "MODE = 'alpha'"
          ], ["DECODE='beam' with MODE='alpha'"]),
-        (["DECODE = 'beam'", "COMPILE_TOPOLOGY = 'v4-8'"
-         ], ["DECODE='beam' with COMPILE_TOPOLOGY='v4-8'"]),
         # The byte vocabulary's 259 tokens: at most 129 beams.
         (["DECODE = 'beam'", "BEAM_SIZE = 130", "GAMMA = 1"
          ], ["BEAM_SIZE=130", "Allowed: 1 to 129"]),

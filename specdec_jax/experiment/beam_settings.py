@@ -132,8 +132,3 @@ def _check_beam_rules(args: Any) -> None:
   if args.mode != "walltime":
     raise refuse(f"MODE={args.mode!r}", "MODE='alpha' estimates α of sampling",
                  "MODE='walltime'")
-  if args.compile_topology is not None:
-    raise refuse(
-        f"COMPILE_TOPOLOGY={args.compile_topology!r}",
-        "the compile check compiles the sampling loops, not the beam "
-        "programs", "COMPILE_TOPOLOGY=None")
