@@ -114,6 +114,34 @@ def test_beam_defaults_and_resolved_width_and_rows(tmp_path):
   assert beam_settings.rows(wide) == 6
 
 
+def test_beam_settings_are_recorded_for_beam_runs_only(tmp_path):
+  """A sampling run's settings record is as before DECODE existed (its
+  OVERWRITE comparison with earlier runs holds); a beam run's has them."""
+  from specdec_jax.experiment import output_dir  # pylint: disable=g-import-not-at-top
+
+  class Vocab:
+    vocab_size = 32
+
+  config = tiny_config(vocab_size=32)
+
+  def record(**overrides):
+    args = arguments.run_arguments({"output_dir": str(tmp_path), **overrides})
+    return output_dir.settings_record(args, config, config, Vocab())["run"]
+
+  keys = {"decode", "beam_size", "beam_alpha", "beam_width", "beam_rows"}
+  assert not keys & set(record())
+  beam = record(decode="beam", beam_size=2, beam_width=3, gamma=2)
+  assert {
+      k: beam[k] for k in keys
+  } == {
+      "decode": "beam",
+      "beam_size": 2,
+      "beam_alpha": 0.6,
+      "beam_width": 3,
+      "beam_rows": None
+  }
+
+
 def test_the_run_decoders_return_the_top_beam_and_per_element_counts():
   """`beam_decoders`: the run's view of both searches (no harness)."""
   config = tiny_config(vocab_size=32)
@@ -190,6 +218,8 @@ def test_beam_run_end_to_end(batch, k, width, gamma, tmp_path):
   assert written["alpha"] == pytest.approx(
       sum(counts) / sum(min(n + 1, gamma) for n in counts))
   lines = summary.summary_lines(metrics, arguments.run_arguments())
+  assert f"γ={gamma}, beam search k={k}, 3 examples" in lines[0]
+  assert "(greedy)" not in lines[0]
   assert "speculative beam search (k=" in lines[1]
   assert "no theory line" in lines[1]
   assert "identical to the target's on 3/3 examples" in lines[1]

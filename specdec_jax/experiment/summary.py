@@ -175,6 +175,14 @@ def _notes(metrics: Dict[str, Any]) -> List[str]:
   return lines
 
 
+def _search_words(args: arguments.RunArguments) -> str:
+  """'T=0 (greedy)', 'T=1', or 'beam search k=4' (DECODE='beam')."""
+  if args.decode == "beam":
+    return f"beam search k={args.beam_size}"
+  temp = args.temperature
+  return f"T={temp:g}{' (greedy)' if temp == 0 else ''}"
+
+
 def summary_lines(metrics: Dict[str, Any],
                   args: arguments.RunArguments) -> List[str]:
   """What happened, in plain words (the last lines `run` prints).
@@ -186,8 +194,8 @@ def summary_lines(metrics: Dict[str, Any],
   temp = args.temperature
   head = (f"{metrics.get('task', 'run')}: target {args.target_name or '?'},"
           f" draft {metrics.get('draft_model') or args.draft_name or '?'}, " +
-          (f"γ={_gamma_words(metrics, args)}, " if args.mode == "walltime" else
-           "") + f"T={temp:g}{' (greedy)' if temp == 0 else ''}, "
+          (f"γ={_gamma_words(metrics, args)}, "
+           if args.mode == "walltime" else "") + _search_words(args) + ", "
           f"{metrics['num_examples']} examples")
   out = args.output_dir
   if args.mode == "alpha":
