@@ -112,7 +112,7 @@ def _beam_line(metrics: Dict[str, Any]) -> str:
   theory: Theorem 3.8 and c model sampling one sequence, not beams)."""
   speedup = metrics["speedup"]
   speed = (f"{speedup:.2f}x faster than" if speedup >= 1 else
-           f"{1 / speedup:.2f}x slower than ({speedup:.2f}x)")
+           f"{1 / speedup:.2f}x slower ({speedup:.2f}x) than")
   n = metrics["num_examples"]
   same = metrics.get("greedy_identical_examples", "?")
   words = (f"speculative beam search (k={metrics.get('beam_size')}, "
@@ -132,6 +132,8 @@ def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
   """Speed, α, exactness, drafting and quality of a walltime run."""
   if metrics.get("decode") == "beam":
     quality = _quality_words(metrics)
+    if quality:  # both sides are top beams
+      quality = quality.replace("(target alone)", "(target's beam search)")
     return [_beam_line(metrics)] + ([f"quality: {quality}"] if quality else [])
   lines = [
       "speculative decoding: " + _theory_words(metrics) +
