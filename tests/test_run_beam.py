@@ -236,3 +236,23 @@ def test_a_sweep_over_beam_width(tmp_path):
       key=lambda m: m["beam_width"])
   assert [m["beam_width"] for m in written] == [2, 4]
   assert all(m["greedy_outputs_identical"] for m in written)
+
+
+def test_the_memory_check_counts_the_beam_rows(tmp_path, monkeypatch):
+  """A beam run holds B·(R + k) cache rows: refused, naming the beam macros
+  (before any model loads: `plan.RunPlan.build` runs it)."""
+  from specdec_jax.experiment import memory  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiment import plan  # pylint: disable=g-import-not-at-top
+  config = tiny_config(vocab_size=32)
+  overrides = {"output_dir": str(tmp_path), "batch_size": 2, "gamma": 2}
+  sample = arguments.run_arguments(overrides)
+  beam = arguments.run_arguments({**overrides, "decode": "beam"})
+  # Room for the sampled run's 2 rows, not the beam run's 2·(8 + 4) = 24.
+  need = sum(memory.estimate(config, 24, 512, 128).values()) + sum(
+      memory.estimate(config, 24, 512, 128).values())
+  monkeypatch.setattr(memory, "available_bytes", lambda: need // 2)
+  plan._check_memory(sample, config, config)  # pylint: disable=protected-access
+  with pytest.raises(run_lib.ConfigError) as e:
+    plan._check_memory(beam, config, config)  # pylint: disable=protected-access
+  assert "BATCH_SIZE=24" in str(e.value)
+  assert "BEAM_ROWS + BEAM_SIZE = 8 + 4" in str(e.value)

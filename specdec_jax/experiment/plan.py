@@ -240,9 +240,20 @@ def _check_memory(args, target_config, draft_config) -> None:
   configs = {"target": target_config}
   if args.drafting.uses_draft_model:
     configs["draft"] = draft_config
-  memory.check_fits(configs, _decoded_rows(args),
-                    args.task_feature_lengths["inputs"], args.max_decode_length,
-                    memory.available_bytes() * jax.device_count())
+  try:
+    memory.check_fits(configs, _decoded_rows(args),
+                      args.task_feature_lengths["inputs"],
+                      args.max_decode_length,
+                      memory.available_bytes() * jax.device_count())
+  except ConfigError as e:
+    if not beam_settings.is_beam(args):
+      raise
+    raise ConfigError(
+        f"{e} (DECODE='beam': the BATCH_SIZE above is BATCH_SIZE="
+        f"{args.batch_size} times BEAM_ROWS + BEAM_SIZE = "
+        f"{beam_settings.rows(args)} + {args.beam_size} cache rows per "
+        "example; allowed: smaller BEAM_ROWS, BEAM_SIZE or BATCH_SIZE.)"
+    ) from None
 
 
 def _decoded_rows(args) -> int:
