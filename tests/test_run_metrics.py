@@ -132,6 +132,20 @@ def test_round_trip_and_quality_key():
     run_metrics.RunMetrics.from_dict({**written, "tree_width": 0})
 
 
+def test_the_report_leaves_beam_runs_out(tmp_path):
+  """DECODE='beam' runs have no c and no Theorem 3.8, which every report
+  table prints: loaded, then left out (a sampled run beside one stays)."""
+  from specdec_jax.reporting import loading  # pylint: disable=g-import-not-at-top
+  beam = _full_metrics(decode="beam", beam_size=4, beam_alpha=0.6, beam_width=4,
+                       beam_rows=8, steps_per_target_call=1.5,
+                       cost_coefficient_c=None, theoretical_speedup=None)
+  for name, metrics in (("beam", beam), ("sample", _full_metrics())):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "metrics.json").write_text(json.dumps(metrics.to_dict()))
+  runs = loading.load_results(str(tmp_path))
+  assert [r["run_name"] for r in runs] == ["sample"]
+
+
 def test_files_of_earlier_versions_load_with_defaults():
   oldest = {
       "task": "ende",
