@@ -23,6 +23,7 @@ from specdec_jax.core.decoding import beam_search
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import summary
 
+from conftest import load_script
 from conftest import random_model
 from conftest import tiny_config
 
@@ -236,6 +237,14 @@ def test_a_sweep_over_beam_width(tmp_path):
       key=lambda m: m["beam_width"])
   assert [m["beam_width"] for m in written] == [2, 4]
   assert all(m["greedy_outputs_identical"] for m in written)
+  # scripts/beam_table.py: one row per beam run (the report leaves them out).
+  page = load_script("beam_table").render(
+      load_script("beam_table").load_runs(str(results)))
+  rows = [
+      line for line in page.splitlines() if line.startswith("| BEAM_WIDTH=")
+  ]
+  assert len(rows) == 2 and all(r.endswith("| 3/3 |") for r in rows)
+  assert "| 2 | 4 | 8 | 2 |" in rows[1]  # k, u, R = 2u, γ
 
 
 def test_the_memory_check_counts_the_beam_rows(tmp_path, monkeypatch):
