@@ -185,6 +185,15 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
 
 _jit_temperature_loop = jax.jit(temperature_loop,
                                 static_argnames=("max_decode_length", "method"))
+_jit_temperature_loop_cpu = jax.jit(
+    temperature_loop, static_argnames=("max_decode_length", "method"),
+    compiler_options=kernels.CPU_BASELINE_COMPILER_OPTIONS)
+
+
+def _baseline_program():
+  """The jitted baseline loop for the default backend."""
+  return (_jit_temperature_loop_cpu
+          if jax.default_backend() == "cpu" else _jit_temperature_loop)
 
 
 def temperature_sample(target: Target, encoder_input_tokens: Array, rng: Array,
@@ -220,11 +229,11 @@ def temperature_sample(target: Target, encoder_input_tokens: Array, rng: Array,
   check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   check_rng(rng)
   check_eos_id(eos_id)
-  return _jit_temperature_loop(target,
-                               jnp.asarray(encoder_input_tokens,
-                                           jnp.int32), rng, np.int32(eos_id),
-                               max_decode_length=int(max_decode_length),
-                               method=method)
+  return _baseline_program()(target, jnp.asarray(encoder_input_tokens,
+                                                 jnp.int32), rng,
+                             np.int32(eos_id),
+                             max_decode_length=int(max_decode_length),
+                             method=method)
 
 
 # ---------------------------------------------------------------------------
