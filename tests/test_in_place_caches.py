@@ -5,11 +5,10 @@ every cache array is copied (twice) per call inside the while loops; the
 CPU programs of `decoding.loops` must hold none. Each test also compiles the
 same loop with XLA's defaults and finds the copies there, so it can fail.
 """
-import re
-
 import jax
 import numpy as np
 
+from specdec_jax.benchmarking import hlo_ops
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import loops
@@ -23,18 +22,10 @@ GAMMA = 3
 
 
 def while_body_copies(hlo: str, shape: str) -> int:
-  """Copies of a `shape`-typed array (e.g. 'f32[2,4,8,16]') inside the
-  bodies of the while loops of the optimized HLO module text `hlo`."""
-  bodies = set(re.findall(r"\swhile\(.*?body=%?([\w.\-]+)", hlo))
-  count, inside = 0, False
-  for line in hlo.splitlines():
-    header = re.match(r"^%?([\w.\-]+) .*\{$", line)
-    if header:
-      inside = header.group(1) in bodies
-    elif inside and re.search(r"= " + re.escape(shape) + r"\{[\d,]*\} copy\(",
-                              line):
-      count += 1
-  return count
+  """Copies of a `shape`-typed array (e.g. 'f32[2,4,8,16]') in the while
+  loops' bodies of the optimized HLO text `hlo` (`hlo_ops.loop_bodies`)."""
+  return sum(body["copy_shapes"].get(shape, 0)
+             for body in hlo_ops.loop_bodies(hlo).values())
 
 
 def _setup():
@@ -57,13 +48,14 @@ def test_speculative_loop_copies_no_cache():
                 method=sampling.Greedy(), acceptance=decoding.ExactAcceptance(),
                 statistics=True)
   shape = _cache_shape(target, inputs, MAX_LEN + GAMMA + 1)
-  default = jax.jit(loops.speculative_loop, static_argnames=(
-      "gamma", "max_decode_length", "method", "statistics"))
+  default = jax.jit(
+      loops.speculative_loop,
+      static_argnames=("gamma", "max_decode_length", "method", "statistics"))
   assert while_body_copies(
       default.lower(*args, **kwargs).compile().as_text(), shape) > 0
   cpu = loops._speculative_program()  # pylint: disable=protected-access
-  assert while_body_copies(cpu.lower(*args, **kwargs).compile().as_text(),
-                           shape) == 0
+  assert while_body_copies(
+      cpu.lower(*args, **kwargs).compile().as_text(), shape) == 0
 
 
 def test_baseline_loop_copies_no_cache():
@@ -76,5 +68,5 @@ def test_baseline_loop_copies_no_cache():
   assert while_body_copies(
       default.lower(*args, **kwargs).compile().as_text(), shape) > 0
   cpu = loops._baseline_program()  # pylint: disable=protected-access
-  assert while_body_copies(cpu.lower(*args, **kwargs).compile().as_text(),
-                           shape) == 0
+  assert while_body_copies(
+      cpu.lower(*args, **kwargs).compile().as_text(), shape) == 0
