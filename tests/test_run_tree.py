@@ -79,8 +79,10 @@ def _parse(bindings):
     (["TREE_WIDTH = 'auto'"], ["TREE_WIDTH='auto' with ACCEPTANCE='token'"]),
     (["ACCEPTANCE = 'tree'", "TREE_WIDTH = 260"
      ], ["TREE_WIDTH=260 is more than the models' vocab_size (259)"]),
-    (["ACCEPTANCE = 'tree'", "COMPILE_TOPOLOGY = 'v4-8'"
-     ], ["ACCEPTANCE='tree' with COMPILE_TOPOLOGY='v4-8'"]),
+    ([
+        "ACCEPTANCE = 'tree'", "TREE_WIDTH = 'auto'",
+        "COMPILE_TOPOLOGY = 'v4-8'"
+    ], ["TREE_WIDTH='auto' with COMPILE_TOPOLOGY='v4-8'"]),
 ])
 def test_bad_tree_settings_fail_before_loading(bindings, expect, tmp_path,
                                                no_load):

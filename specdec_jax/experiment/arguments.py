@@ -483,11 +483,6 @@ def _check_tree(args: "RunArguments") -> None:
         f"{args.adaptive_threshold!r}: tree verification drafts γ guesses "
         "per branch every call; allowed: ADAPTIVE_THRESHOLD=None with "
         "'tree'.")
-  if args.compile_topology is not None:
-    raise ValueError(
-        f"ACCEPTANCE='tree' with COMPILE_TOPOLOGY={args.compile_topology!r}: "
-        "the compile check compiles the token-verification loop, not the "
-        "tree loop; allowed: COMPILE_TOPOLOGY=None with 'tree'.")
   if args.auto_tree_width and args.compile_topology is not None:
     raise ValueError(
         f"TREE_WIDTH='{AUTO_GAMMA}' with COMPILE_TOPOLOGY="
