@@ -77,6 +77,10 @@ def _parse(bindings):
     (["TREE_WIDTH = 'wide'", "ACCEPTANCE = 'tree'"
      ], ["TREE_WIDTH='wide': allowed: an integer >= 1", "or 'auto'"]),
     (["TREE_WIDTH = 'auto'"], ["TREE_WIDTH='auto' with ACCEPTANCE='token'"]),
+    ([
+        "ACCEPTANCE = 'tree'", "TREE_WIDTH = 'auto'", "GAMMA = 25",
+        "TASK_FEATURE_LENGTHS = {'inputs': 8, 'targets': 32}"
+    ], ["TREE_WIDTH='auto' with GAMMA=25", "allowed: GAMMA <= 24"]),
     (["ACCEPTANCE = 'tree'", "TREE_WIDTH = 260"
      ], ["TREE_WIDTH=260 is more than the models' vocab_size (259)"]),
     ([

@@ -27,6 +27,8 @@ MODES = ("walltime", "alpha")
 # ACCEPTANCE='tree', GAMMA and/or TREE_WIDTH 'auto': (γ, k) chosen by the
 # run (`experiment.auto_tree`).
 AUTO_GAMMA = "auto"
+# TREE_WIDTH='auto' considers trees of at most this many nodes 1 + k·γ.
+AUTO_TREE_MAX_NODES = 25
 TASK_KINDS = quality.TASK_KINDS  # BLEU or ROUGE
 # The longest decode a run accepts (TASK_FEATURE_LENGTHS['targets']). The
 # models set no limit (relative-position buckets), but compiling and
@@ -483,6 +485,13 @@ def _check_tree(args: "RunArguments") -> None:
         f"{args.adaptive_threshold!r}: tree verification drafts γ guesses "
         "per branch every call; allowed: ADAPTIVE_THRESHOLD=None with "
         "'tree'.")
+  if (args.auto_tree_width and not args.auto_gamma and
+      values.is_int(args.gamma) and 1 + args.gamma > AUTO_TREE_MAX_NODES):
+    raise ValueError(
+        f"TREE_WIDTH='{AUTO_GAMMA}' with GAMMA={args.gamma}: the choice "
+        f"considers trees of at most {AUTO_TREE_MAX_NODES} nodes (1 + k·γ); "
+        f"allowed: GAMMA <= {AUTO_TREE_MAX_NODES - 1}, or GAMMA="
+        f"'{AUTO_GAMMA}', or an integer TREE_WIDTH.")
   if args.auto_tree_width and args.compile_topology is not None:
     raise ValueError(
         f"TREE_WIDTH='{AUTO_GAMMA}' with COMPILE_TOPOLOGY="

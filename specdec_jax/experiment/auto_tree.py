@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from specdec_jax import multihost
+from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import tree_costs
 from specdec_jax.experiment.plan import RunPlan
@@ -31,7 +32,7 @@ from specdec_jax.experiment.plan import RunPlan
 # TREE_WIDTH='auto' tries k = 1 .. AUTO_TREE_MAX_WIDTH branches.
 AUTO_TREE_MAX_WIDTH = 4
 # Trees of at most this many nodes 1 + k·γ (24 guesses and the root).
-AUTO_TREE_MAX_NODES = 25
+AUTO_TREE_MAX_NODES = arguments.AUTO_TREE_MAX_NODES
 # The tree call's cost is measured at these N and interpolated linearly.
 AUTO_TREE_CALL_NODES = (1, 2, 4, 7, 13, 19, AUTO_TREE_MAX_NODES)
 
