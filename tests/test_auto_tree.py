@@ -123,6 +123,10 @@ def test_tree_call_costs_interpolate_between_the_measured_nodes():
   assert costs.shape == (auto_tree.AUTO_TREE_MAX_NODES,)
   assert costs[0] == 1.0 and costs[4] == 1.5 and costs[24] == 3.0
   assert costs[2] == pytest.approx(1.25)
+  # A dip (timing noise) is lifted to the cost of fewer nodes.
+  dipped = auto_tree.tree_call_costs({1: 2.0, 5: 3.0, 13: 5.0, 25: 4.0})
+  assert dipped[12] == 2.5 and dipped[24] == 2.5
+  assert np.all(np.diff(dipped) >= 0)
   with pytest.raises(ValueError, match="needs N=1"):
     auto_tree.tree_call_costs({2: 1.0, 5: 2.0})
 

@@ -76,11 +76,15 @@ def expected_tree_tokens(first: float, deeper: float, gamma: int) -> float:
 def tree_call_costs(call_seconds: Mapping[int, float]) -> np.ndarray:
   """[AUTO_TREE_MAX_NODES] the tree call's cost in target steps, entry N-1
   for N nodes: the N-node call's seconds over the one-token step's
-  (`call_seconds[1]`), interpolated linearly between the measured N."""
+  (`call_seconds[1]`), made non-decreasing in N (a running maximum: a call
+  over more nodes does all the work of one over fewer, so a dip is timing
+  noise, and pricing it low would pick too big a tree), interpolated
+  linearly between the measured N."""
   ns = sorted(call_seconds)
   if not ns or ns[0] != 1:
     raise ValueError(f"call_seconds needs N=1 (the target step); got N={ns}")
-  ratios = [call_seconds[n] / call_seconds[1] for n in ns]
+  ratios = np.maximum.accumulate(
+      [call_seconds[n] / call_seconds[1] for n in ns])
   return np.interp(np.arange(1, AUTO_TREE_MAX_NODES + 1), ns, ratios)
 
 
