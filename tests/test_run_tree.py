@@ -299,6 +299,11 @@ def test_auto_gamma_and_tree_width_end_to_end(tmp_path, monkeypatch):
   predicted = auto["predicted_speedup"]
   assert len(predicted) == 3 * 2
   best = max(predicted, key=predicted.get)
+  rates = auto["acceptance_by_tree_width"][str(auto["chosen_tree_width"])]
+  assert auto["predicted_tokens_per_call"] == pytest.approx(
+      auto_tree.expected_tree_tokens(rates["first_depth"],
+                                     rates["deeper_depths"],
+                                     auto["chosen_gamma"]))
   assert best == (f"gamma={auto['chosen_gamma']},"
                   f"k={auto['chosen_tree_width']}")
   assert written["draft_model"].endswith(

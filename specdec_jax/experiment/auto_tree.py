@@ -256,4 +256,8 @@ def pilot_tree_shape(plan: RunPlan, feed) -> Dict[str, Any]:
       "max_nodes": AUTO_TREE_MAX_NODES,
       "chosen_gamma": chosen_gamma,
       "chosen_tree_width": chosen_width,
+      # The model's E(γ, k) at the choice: against the run's measured
+      # tokens_per_target_call, a check of the model.
+      "predicted_tokens_per_call": expected_tree_tokens(
+          *acceptance[chosen_width], chosen_gamma),
   }
