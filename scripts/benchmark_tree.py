@@ -17,6 +17,14 @@ Medians of interleaved rounds (`timing.InterleavedTimer`, order rotated),
 compilation excluded (an untimed warm-up call of every program). The host,
 its CPU count and load average are recorded beside the numbers.
 
+Memory stays bounded however many sentences: inputs are padded with 0
+(masked by the encoder) to a multiple of `INPUT_BUCKET`, as `run` pads its
+batches, so each decoder compiles once per bucket rather than once per
+sentence length; and every compiled program is freed (`jax.clear_caches`)
+after each temperature and after the call-cost curve. (Without both, 60
+sentences compiled ~100 programs and LLVM ran out of memory.) The resident
+set size after each part is printed and recorded (`rss_mib`).
+
   python scripts/benchmark_tree.py --sentences=20 \\
       --output=/tmp/specdec_jax/benchmark_tree.json
 """
@@ -24,6 +32,7 @@ import functools
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 
@@ -47,6 +56,8 @@ from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
 
 PRETRAINED = os.path.join(REPO, "pretrained", "multi30k")
+# Inputs are padded to a multiple of this (`experiment.runner.INPUT_BUCKET`).
+INPUT_BUCKET = 16
 
 _TARGET = flags.DEFINE_string("target", os.path.join(PRETRAINED, "target_38m"),
                               "Target checkpoint (dir).")
@@ -119,12 +130,46 @@ def _load(path, gin_file):
   return T5Model(config, {"params": params}).prepared_for_decoding()
 
 
+def pad_to_bucket(ids, bucket=INPUT_BUCKET):
+  """[1, S'] int32: `ids` (a sentence's token ids, EOS included) padded with
+  0 to S' = the next multiple of `bucket` (the encoder masks 0s), so that
+  sentences of different lengths share one compiled program."""
+  width = -(-len(ids) // bucket) * bucket
+  return np.asarray([list(ids) + [0] * (width - len(ids))], np.int32)
+
+
 def _inputs(count):
-  """[count] arrays [1, S] of encoded sentences (EOS appended)."""
+  """[count] arrays [1, S'] of encoded sentences (EOS appended, padded by
+  `pad_to_bucket`)."""
   vocab = vocab_lib.get_vocabulary(_SPM.value, extra_ids=0)
   with open(_SOURCE.value, encoding="utf-8") as f:
     lines = [l.split("\t")[0].strip() for l in f if l.strip()]
-  return [np.asarray([vocab.encode(l) + [1]], np.int32) for l in lines[:count]]
+  return [pad_to_bucket(vocab.encode(l) + [1]) for l in lines[:count]]
+
+
+def rss_mib():
+  """(current, peak) resident set size of this process in MiB (current from
+  /proc/self/status where there is one, else None)."""
+  current = None
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("VmRSS:"):
+          current = int(line.split()[1]) / 1024
+  except OSError:
+    pass
+  return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def free_programs(what, log):
+  """Frees every compiled program (`jax.clear_caches`: the jit caches of
+  all decoders and loops; the persistent cache on disk is kept) after
+  `what`, and records the resident set size in `log` ({what: MiB})."""
+  jax.clear_caches()
+  current, peak = rss_mib()
+  log[what] = {"rss_mib": current, "peak_rss_mib": peak}
+  print(f"after {what}: compiled programs freed; RSS {current} MiB "
+        f"(peak {peak:.0f} MiB)")
 
 
 def _medians(fns, rounds):
@@ -260,7 +305,9 @@ def main(argv):
       "gamma": _GAMMA.value,
       "without_replacement": _WITHOUT_REPLACEMENT.value,
       "sentences": len(inputs),
-      "decoding": {}
+      "input_widths": sorted({x.shape[1] for x in inputs}),
+      "decoding": {},
+      "memory": {}
   }
   for temperature in temperatures:
     rows = measure_decoding(target, draft, inputs, gamma=_GAMMA.value,
@@ -271,9 +318,11 @@ def main(argv):
       print(f"T={temperature} {name}: {row['tokens_per_target_call']:.3f} "
             f"tokens/call, {row['seconds']:.3f} s, speedup "
             f"{row['speedup']:.3f}x")
+    free_programs(f"T={temperature}", result["memory"])
   result["call_cost"] = measure_call_cost(target, inputs, nodes=nodes,
                                           steps=_STEPS.value,
                                           rounds=_ROUNDS.value)
+  free_programs("call_cost", result["memory"])
   for n, steps in result["call_cost"]["tree_call_steps"].items():
     print(f"tree call over N={n} nodes: {steps:.2f} target steps")
   result["host_after"] = _host()

@@ -21,8 +21,10 @@ an `alpha.json`. Written into DIR (default RESULTS_DIR/report):
   (`reporting.figures`), `example_trace.{html,png}` (Figure 1 style,
   `reporting.trace`), `timeline.{png,svg}` (Figure 5 style, modeled from
   the example's accepted counts and the run's step times,
-  `reporting.timeline`). Figures whose data are absent are skipped with a
-  log message.
+  `reporting.timeline`), and for a sweep with tree runs at several
+  TREE_WIDTH values `tokens_per_call_vs_tree_width.{png,svg}` (tokens per
+  target call against k, `reporting.tree_figure`). Figures whose data are
+  absent are skipped with a log message.
 
 The example comes from the most informative run (highest α, then
 temperature 0, then highest speedup) and, in it, the example whose trace
@@ -47,6 +49,7 @@ from specdec_jax import io_utils
 from specdec_jax import run_metrics
 from specdec_jax.reporting import examples
 from specdec_jax.reporting import figures
+from specdec_jax.reporting import tree_figure
 from specdec_jax.reporting import loading
 from specdec_jax.reporting import tables
 from specdec_jax.reporting import timeline
@@ -68,6 +71,10 @@ render_table2 = tables.render_table2
 render_table4 = tables.render_table4
 render_speedup_vs_gamma = figures.render_speedup_vs_gamma
 render_alpha_by_draft = figures.render_alpha_by_draft
+render_tokens_per_call_vs_tree_width = (
+    tree_figure.render_tokens_per_call_vs_tree_width)
+# Tokens per target call against k (a sweep over TREE_WIDTH).
+TREE_FIGURE = "tokens_per_call_vs_tree_width"
 trace_lines = trace.trace_lines
 render_trace_html = trace.render_trace_html
 render_trace_png = trace.render_trace_png
@@ -131,6 +138,14 @@ def _render(runs: List[Run], trace_pair: Tuple[Run, Optional[Example]],
     fig = render(runs)
     for fmt in ("png", "svg"):
       artifacts[f"{name}.{fmt}"] = figures.figure_bytes(fig, fmt)
+  if tree_figure.has_several_tree_widths(runs):
+    fig = tree_figure.render_tokens_per_call_vs_tree_width(runs)
+    for fmt in ("png", "svg"):
+      artifacts[f"{TREE_FIGURE}.{fmt}"] = figures.figure_bytes(fig, fmt)
+  else:
+    logger.info(
+        "skipping %s: no tree runs (ACCEPTANCE='tree') at two or "
+        "more TREE_WIDTH values", TREE_FIGURE)
   where = f" in run {example_run}" if example_run else ""
   trace_run, trace_ex = trace_pair
   if trace_ex is None:

@@ -159,7 +159,10 @@ class RunMetrics:
       (absent for other runs).
     exact: false when lenience < 1 (outputs not the target's distribution).
     adaptive_threshold: ADAPTIVE_THRESHOLD (null: γ guesses every call).
-    gamma_auto: GAMMA='auto''s pilot measurements and choice (else null).
+    gamma_auto: GAMMA='auto''s pilot measurements and choice (else null);
+      ACCEPTANCE='tree' with GAMMA and/or TREE_WIDTH 'auto': also the
+      chosen k (`chosen_tree_width`), the acceptance and c by k, the tree
+      call's cost by nodes and the predicted speedup of every (γ, k).
     guesses_per_target_call: real guesses made per target call (≤ γ;
       ACCEPTANCE='tree': k·γ; DECODE='beam': γ·u draft beam nodes).
     per_iteration_gamma: §3.5's bound, Theorem 3.8's cost model on the

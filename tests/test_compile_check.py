@@ -298,3 +298,42 @@ def test_beam_programs_compile_for_v4(tmp_path):
   lines = compile_report.compile_summary_lines(record)
   assert any("DECODE='beam' (k=2, u=4, R=6)" in line for line in lines)
   assert not any(line.startswith("Theorem 3.8") for line in lines)
+
+
+def test_the_tree_call_compiles_and_reads_each_weight_once(tmp_path):
+  """ACCEPTANCE='tree': the tree call over 1 + k·γ nodes (tree mask) reads
+  every target weight once, like a step; the tree loop is compiled."""
+  record, _ = _compile_tiny(
+      tmp_path, ["ACCEPTANCE = 'tree'", "TREE_WIDTH = 3", "GAMMA = 2"])
+  settings = record["settings"]
+  assert settings["acceptance"] == "tree" and settings["tree_width"] == 3
+  calls = record["calls"]
+  tree, step = calls["tree_call"], calls["target_step"]
+  reads = tree["weight_reads"]
+  assert reads["weights"] > 0 and not reads["unread"], reads
+  assert reads["reads_per_weight_byte"] == pytest.approx(1.0, abs=0.01)
+  assert all("relpos" in n for n in reads["read_more_than_once"]), reads
+  # The same weights as a step, over 7 positions rather than 1.
+  assert reads["weight_bytes"] == step["weight_reads"]["weight_bytes"]
+  assert tree["flops"] > 3 * step["flops"]
+  assert tree["argument_bytes"] >= (
+      record["memory_per_device"]["parameter_bytes"]["target"] +
+      record["memory_per_device"]["kv_cache_bytes"]["target"])
+  assert set(record["programs"]) == {"baseline", "speculative"}
+  roof = record["roofline"]
+  assert roof["tree_call_cost"] == pytest.approx(
+      roof["calls"]["tree_call"]["seconds"] /
+      roof["calls"]["target_step"]["seconds"])
+  lines = compile_report.compile_summary_lines(record)
+  assert any(
+      line.startswith("The tree call (N=1+k·γ=7 nodes, k=3, tree mask) "
+                      "reads the") and "1.00 times" in line
+      for line in lines), lines
+
+
+def test_tree_width_auto_is_refused_in_compile_mode():
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match=re.escape("TREE_WIDTH='auto' with COMPILE_TOPOLOGY")):
+    arguments.RunArguments(output_dir="/tmp/unused", gamma=3, acceptance="tree",
+                           tree_width="auto", compile_topology="v4-8")

@@ -1,13 +1,15 @@
 """The run and sweep commands with tree verification (ACCEPTANCE='tree').
 
 * Bad tree settings (TREE_WIDTH, and what 'tree' needs: LENIENCE=1, a draft
-  model without adaptive γ, a fixed γ) stop the run before any model is
-  loaded, naming the macro; nothing is written.
+  model without adaptive γ) stop the run before any model is loaded,
+  naming the macro; nothing is written.
 * The tree loop's two calls are priced as the loop makes them
   (`tree_costs`: the tree call over 1 + k·γ nodes scores what
   `decode_tree` scores; the tree drafter proposes what `propose_tree` does).
 * A tiny run end to end stays exact (greedy: the target's tokens) and
-  records the tree's settings and counts; a sweep over TREE_WIDTH runs.
+  records the tree's settings and counts; a sweep over TREE_WIDTH runs;
+  GAMMA='auto' with TREE_WIDTH='auto' runs the pilots, records the chosen
+  (γ, k) in metrics.json and decodes with them.
 """
 import json
 
@@ -25,6 +27,8 @@ from specdec_jax.core import drafters
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import auto_gamma
+from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import step_costs
 from specdec_jax.experiment import summary
 from specdec_jax.experiment import tree_costs
@@ -70,12 +74,19 @@ def _parse(bindings):
     ]),
     (["ACCEPTANCE = 'tree'", "ADAPTIVE_THRESHOLD = 0.5"
      ], ["ACCEPTANCE='tree' with ADAPTIVE_THRESHOLD=0.5"]),
-    (["ACCEPTANCE = 'tree'", "GAMMA = 'auto'"
-     ], ["ACCEPTANCE='tree' with GAMMA='auto'", "an integer GAMMA >= 1"]),
+    (["TREE_WIDTH = 'wide'", "ACCEPTANCE = 'tree'"
+     ], ["TREE_WIDTH='wide': allowed: an integer >= 1", "or 'auto'"]),
+    (["TREE_WIDTH = 'auto'"], ["TREE_WIDTH='auto' with ACCEPTANCE='token'"]),
+    ([
+        "ACCEPTANCE = 'tree'", "TREE_WIDTH = 'auto'", "GAMMA = 25",
+        "TASK_FEATURE_LENGTHS = {'inputs': 8, 'targets': 32}"
+    ], ["TREE_WIDTH='auto' with GAMMA=25", "allowed: GAMMA <= 24"]),
     (["ACCEPTANCE = 'tree'", "TREE_WIDTH = 260"
      ], ["TREE_WIDTH=260 is more than the models' vocab_size (259)"]),
-    (["ACCEPTANCE = 'tree'", "COMPILE_TOPOLOGY = 'v4-8'"
-     ], ["ACCEPTANCE='tree' with COMPILE_TOPOLOGY='v4-8'"]),
+    ([
+        "ACCEPTANCE = 'tree'", "TREE_WIDTH = 'auto'",
+        "COMPILE_TOPOLOGY = 'v4-8'"
+    ], ["TREE_WIDTH='auto' with COMPILE_TOPOLOGY='v4-8'"]),
 ])
 def test_bad_tree_settings_fail_before_loading(bindings, expect, tmp_path,
                                                no_load):
@@ -261,3 +272,45 @@ def test_a_sampled_tree_run(tmp_path, monkeypatch):
   assert "outputs are samples (T=1)" in lines[1]
   assert "chi-square tests in tests/test_tree_acceptance.py" in lines[1]
   assert "Σ min(p, q)" not in lines[1]
+
+
+@pytest.mark.slow
+def test_auto_gamma_and_tree_width_end_to_end(tmp_path, monkeypatch):
+  """GAMMA='auto', TREE_WIDTH='auto': a pilot per k, the calls priced
+  (stand-in seconds), the (γ, k) of the best predicted speedup recorded and
+  decoded with, exactly."""
+  monkeypatch.setattr(timing, "call_seconds", _stand_in_seconds)
+  monkeypatch.setattr(auto_gamma, "AUTO_GAMMA_PILOT", 2)
+  monkeypatch.setattr(auto_gamma, "AUTO_GAMMA_MAX", 3)
+  monkeypatch.setattr(auto_tree, "AUTO_TREE_MAX_WIDTH", 2)
+  out = tmp_path / "out"
+  _parse([
+      f"OUTPUT_DIR = '{out}'", "ACCEPTANCE = 'tree'", *SMALL, "GAMMA = 'auto'",
+      "TREE_WIDTH = 'auto'"
+  ])
+  metrics = run_lib.run()
+  assert metrics["greedy_outputs_identical"] is True
+  written = json.loads((out / "metrics.json").read_text())
+  auto = written["gamma_auto"]
+  assert auto["pilot_gamma"] == 2 and auto["pilot_tree_widths"] == [1, 2]
+  assert written["gamma"] == auto["chosen_gamma"]
+  assert written["tree_width"] == auto["chosen_tree_width"]
+  assert written["settings"]["run"]["tree_width"] == "auto"
+  predicted = auto["predicted_speedup"]
+  assert len(predicted) == 3 * 2
+  best = max(predicted, key=predicted.get)
+  rates = auto["acceptance_by_tree_width"][str(auto["chosen_tree_width"])]
+  assert auto["predicted_tokens_per_call"] == pytest.approx(
+      auto_tree.expected_tree_tokens(rates["first_depth"],
+                                     rates["deeper_depths"],
+                                     auto["chosen_gamma"]))
+  assert best == (f"gamma={auto['chosen_gamma']},"
+                  f"k={auto['chosen_tree_width']}")
+  assert written["draft_model"].endswith(
+      f" auto-(γ,k) tree k={auto['chosen_tree_width']}")
+  # The stand-in's tree call over N nodes: (1 + N/10) / 1.1 steps.
+  costs = auto["tree_call_cost_by_nodes"]
+  assert costs[4] == pytest.approx(1.5 / 1.1)
+  lines = summary.summary_lines(metrics, arguments.run_arguments())
+  assert any(f"γ={auto['chosen_gamma']}, k={auto['chosen_tree_width']}" in l
+             for l in lines)

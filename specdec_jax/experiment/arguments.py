@@ -24,8 +24,12 @@ from specdec_jax.experiment import values
 
 ConfigError = gin_utils.ConfigError
 MODES = ("walltime", "alpha")
-# GAMMA='auto': γ chosen by the run (`experiment.auto_gamma`).
+# GAMMA='auto': γ chosen by the run (`experiment.auto_gamma`); with
+# ACCEPTANCE='tree', GAMMA and/or TREE_WIDTH 'auto': (γ, k) chosen by the
+# run (`experiment.auto_tree`).
 AUTO_GAMMA = "auto"
+# TREE_WIDTH='auto' considers trees of at most this many nodes 1 + k·γ.
+AUTO_TREE_MAX_NODES = 25
 TASK_KINDS = quality.TASK_KINDS  # BLEU or ROUGE
 # The longest decode a run accepts (TASK_FEATURE_LENGTHS['targets']). The
 # models set no limit (relative-position buckets), but compiling and
@@ -68,7 +72,8 @@ class RunArguments:
       tests only).
     draft_checkpoint_path: the draft's T5X checkpoint dir, as above.
     gamma: Algorithm 1's γ (an integer >= 1), or 'auto' (Theorem 3.8's best
-      γ <= 12 for the α, c and call costs measured on the first examples).
+      γ <= 12 for the α, c and call costs measured on the first examples;
+      ACCEPTANCE='tree': the tree's best γ, see TREE_WIDTH).
     temperature: the sampling temperature (0 = greedy).
     top_k: keep the k most likely tokens (0 = off).
     top_p: keep the smallest set of tokens with this much mass (1 = off).
@@ -122,7 +127,10 @@ class RunArguments:
       draft branches of γ guesses, scored in one target call of
       1 + tree_width·γ tokens; needs DRAFTER 'model' or 'shared_encoder').
     tree_width: ACCEPTANCE='tree': k, the draft branches per target call
-      (an integer >= 1; k = 1 is Algorithm 1 run by the tree loop).
+      (an integer >= 1; k = 1 is Algorithm 1 run by the tree loop), or
+      'auto' (the k <= 4, and with GAMMA='auto' the γ, of the best
+      predicted speedup for the acceptance and call costs measured on the
+      first examples).
     tree_without_replacement: ACCEPTANCE='tree' at T > 0: the k first
       guesses are drawn without replacement (distinct; recursive rejection
       sampling at depth 1) rather than independently; both exact.
@@ -184,7 +192,7 @@ class RunArguments:
   adaptive_threshold: Optional[float] = _arg("ADAPTIVE_THRESHOLD",
                                              _DRAFTING.adaptive_threshold)
   acceptance: str = _arg("ACCEPTANCE", "token")
-  tree_width: int = _arg("TREE_WIDTH", 1)
+  tree_width: Union[int, str] = _arg("TREE_WIDTH", 1)
   tree_without_replacement: bool = _arg("TREE_WITHOUT_REPLACEMENT", True)
   compile_topology: Optional[str] = _arg("COMPILE_TOPOLOGY", None)
   decode: str = _arg("DECODE", "sample")
@@ -224,6 +232,11 @@ class RunArguments:
   def auto_gamma(self) -> bool:
     """GAMMA='auto': γ is chosen by the run."""
     return self.gamma == AUTO_GAMMA
+
+  @property
+  def auto_tree_width(self) -> bool:
+    """TREE_WIDTH='auto': k is chosen by the run (`experiment.auto_tree`)."""
+    return self.tree_width == AUTO_GAMMA
 
   @property
   def max_decode_length(self) -> int:
@@ -348,7 +361,7 @@ def _type_words(annotation: Any) -> str:
 # Checked later with their own words: GAMMA is 'an integer >= 1, or
 # 'auto'' (`check_gamma`, `_check_gamma_and_length`), not "an integer or
 # a string".
-_OWN_TYPE_WORDS = ("gamma",)
+_OWN_TYPE_WORDS = ("gamma", "tree_width")
 
 
 def check_types(args: RunArguments) -> None:
@@ -461,13 +474,14 @@ def _check_tree(args: "RunArguments") -> None:
   """TREE_WIDTH, and what ACCEPTANCE='tree' needs (ValueError): exact
   (LENIENCE=1), a model drafter without adaptive γ, a fixed γ."""
   width = args.tree_width
-  if not values.is_int(width) or width < 1:
+  if width != AUTO_GAMMA and (not values.is_int(width) or width < 1):
     raise ValueError(f"TREE_WIDTH={width!r}: allowed: an integer >= 1 (the "
-                     "draft branches per target call of ACCEPTANCE='tree').")
+                     "draft branches per target call of ACCEPTANCE='tree'), "
+                     f"or '{AUTO_GAMMA}' with ACCEPTANCE='tree'.")
   if args.acceptance != "tree":
     if width != 1:
       raise ValueError(
-          f"TREE_WIDTH={width} with ACCEPTANCE={args.acceptance!r}: only "
+          f"TREE_WIDTH={width!r} with ACCEPTANCE={args.acceptance!r}: only "
           "tree verification drafts branches; allowed: TREE_WIDTH=1, or "
           "ACCEPTANCE='tree'.")
     if args.tree_without_replacement is not True:
@@ -493,16 +507,18 @@ def _check_tree(args: "RunArguments") -> None:
         f"{args.adaptive_threshold!r}: tree verification drafts γ guesses "
         "per branch every call; allowed: ADAPTIVE_THRESHOLD=None with "
         "'tree'.")
-  if args.auto_gamma:
+  if (args.auto_tree_width and not args.auto_gamma and
+      values.is_int(args.gamma) and 1 + args.gamma > AUTO_TREE_MAX_NODES):
     raise ValueError(
-        f"ACCEPTANCE='tree' with GAMMA='{AUTO_GAMMA}': Theorem 3.8's choice "
-        "of γ is for one branch, not a tree; allowed: an integer GAMMA >= 1 "
-        "with 'tree'.")
-  if args.compile_topology is not None:
+        f"TREE_WIDTH='{AUTO_GAMMA}' with GAMMA={args.gamma}: the choice "
+        f"considers trees of at most {AUTO_TREE_MAX_NODES} nodes (1 + k·γ); "
+        f"allowed: GAMMA <= {AUTO_TREE_MAX_NODES - 1}, or GAMMA="
+        f"'{AUTO_GAMMA}', or an integer TREE_WIDTH.")
+  if args.auto_tree_width and args.compile_topology is not None:
     raise ValueError(
-        f"ACCEPTANCE='tree' with COMPILE_TOPOLOGY={args.compile_topology!r}: "
-        "the compile check compiles the token-verification loop, not the "
-        "tree loop; allowed: COMPILE_TOPOLOGY=None with 'tree'.")
+        f"TREE_WIDTH='{AUTO_GAMMA}' with COMPILE_TOPOLOGY="
+        f"{args.compile_topology!r}: the programs are compiled for one tree; "
+        "allowed: an integer TREE_WIDTH >= 1.")
 
 
 def run_arguments(

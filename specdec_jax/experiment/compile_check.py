@@ -11,6 +11,8 @@ It lowers and compiles, for that TPU:
   the cache shardings the calls below take; a shared-encoder draft's start
   runs the target's encoder, which the loop runs once for both),
 * one target step (K = 1), one verification call (K = γ+1), one draft step,
+* ACCEPTANCE='tree': the tree call (`decode_tree` over 1 + k·γ nodes with
+  the tree mask), and the tree loop as the speculative program,
 * the whole baseline and speculative decode programs (DECODE='beam': the
   target's beam search and speculative beam search, and the calls at the
   rows they make: a target step over B·k beams, the verification call over
@@ -45,6 +47,8 @@ from specdec_jax.core import decoding
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import speculative_beam as speculative_beam_lib
 from specdec_jax import partitioning
+from specdec_jax.core.decoding import tree_acceptance
+from specdec_jax.core.drafters import tree as tree_drafters
 from specdec_jax.experiment import hlo_reads
 from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models import T5Config
@@ -161,18 +165,33 @@ class BeamShapes:
 @dataclasses.dataclass(frozen=True)
 class Shapes:
   """The run's array sizes: batch B, input length S, decode length, γ;
-  `beam` for DECODE='beam' (None: sampling)."""
+  `beam` for DECODE='beam' (None: sampling), and ACCEPTANCE='tree''s k
+  branches (tree_width; 0: no tree)."""
   batch: int
   inputs: int
   max_decode_length: int
   gamma: int
   beam: Optional[BeamShapes] = None
+  tree_width: int = 0
 
   @property
   def cache_len(self) -> int:
     """KV cache slots of the speculative loop (`init_speculative_state`);
     the baseline's is smaller (max_decode_length + 1)."""
     return self.max_decode_length + self.gamma + 1
+
+  @property
+  def tree_nodes(self) -> int:
+    """The tree call's nodes, 1 + k·γ."""
+    return 1 + self.tree_width * self.gamma
+
+  @property
+  def target_cache_len(self) -> int:
+    """The target's KV cache slots: the tree loop's (`decoding.tree_loop`:
+    max_decode_length + 1 + k·γ) for a tree, else `cache_len`."""
+    if self.tree_width:
+      return self.max_decode_length + self.tree_nodes
+    return self.cache_len
 
 
 class Compiler:
@@ -191,10 +210,11 @@ class Compiler:
   def scalar(self, shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype, sharding=self.replicated)
 
-  def start(self, model: T5Model) -> Tuple[Dict[str, Any], Any]:
+  def start(self, model: T5Model,
+            length: Optional[int] = None) -> Tuple[Dict[str, Any], Any]:
     """(record, abstract cache with the compiler's shardings): the
-    encoder and an empty cache of `Shapes.cache_len` slots."""
-    length = self.shapes.cache_len
+    encoder and an empty cache of `length` slots (`Shapes.cache_len`)."""
+    length = length or self.shapes.cache_len
     compiled, secs = _compile(lambda m, x: m.start(x, length), model,
                               self.tokens(self.shapes.inputs))
     shapes = jax.eval_shape(lambda m, x: m.start(x, length), model,
@@ -212,6 +232,19 @@ class Compiler:
     record = program_record(compiled, secs)
     # A chunk has no loop over the weights: its HLO shows how often each
     # is read (XLA's bytes accessed also counts on-chip prefetch copies).
+    record["weight_reads"] = hlo_reads.weight_reads(compiled.as_text())
+    return record
+
+  def tree_call(self, model: T5Model, cache) -> Dict[str, Any]:
+    """One `decode_tree` over the loop's chain tree of 1 + k·γ nodes (the
+    tree mask from its parents, a constant as in the loop; the cache
+    donated), with its weight reads."""
+    parents = tree_acceptance.chain_parents(self.shapes.tree_width,
+                                            self.shapes.gamma)
+    compiled, secs = _compile(
+        lambda m, t, c: m.decode_tree(t, jnp.asarray(parents), c), model,
+        self.tokens(self.shapes.tree_nodes), cache, donate=(2,))
+    record = program_record(compiled, secs)
     record["weight_reads"] = hlo_reads.weight_reads(compiled.as_text())
     return record
 
@@ -239,6 +272,28 @@ class Compiler:
         max_decode_length=self.shapes.max_decode_length, method=method,
         acceptance=acceptance, statistics=True)
     return program_record(compiled, secs)
+
+  def tree(self, target: T5Model, drafter, method,
+           without_replacement: bool) -> Dict[str, Any]:
+    """`decoding.tree_loop` (k = tree_width branches; its own
+    `TreeAcceptance`), jitted here (no CPU options)."""
+    target_, inputs, rng, eos = self._loop_args(target)
+    compiled, secs = _compile(
+        decoding.tree_loop, target_,
+        tree_drafters.as_tree_drafter(drafter, without_replacement), inputs,
+        rng, eos, static=("gamma", "width", "max_decode_length", "method"),
+        gamma=self.shapes.gamma, width=self.shapes.tree_width,
+        max_decode_length=self.shapes.max_decode_length, method=method)
+    return program_record(compiled, secs)
+
+  def speculative_program(self, target: T5Model, drafter, method, acceptance,
+                          without_replacement: bool) -> Dict[str, Any]:
+    """The run's speculative program: the tree loop for a tree, else the
+    speculative loop with `acceptance` (None: Algorithm 1)."""
+    if self.shapes.tree_width:
+      return self.tree(target, drafter, method, without_replacement)
+    rule = decoding.ExactAcceptance() if acceptance is None else acceptance
+    return self.speculative(target, drafter, method, rule)
 
 
 def _beam_args(c: "Compiler", target: T5Model):
@@ -287,7 +342,8 @@ def _calls(c: "Compiler", target: T5Model, draft: Any):
                             (_rows(c, beam.beam_size), _rows(c, beam.rows),
                              _rows(c, beam.width)))
   calls = {}
-  calls["target_start"], target_cache = step.start(target)
+  calls["target_start"], target_cache = step.start(target,
+                                                   c.shapes.target_cache_len)
   calls["draft_start"], draft_cache = drafting.start(draft)
   rows_cache = target_cache if beam is None else verify.start(target)[1]
   jobs = {
@@ -299,15 +355,17 @@ def _calls(c: "Compiler", target: T5Model, draft: Any):
   return calls, jobs, target_cache, draft_cache
 
 
-def compile_all(
-    target_config: T5Config, draft_config: T5Config, mesh, shapes: Shapes,
-    build_drafter, method,
-    acceptance: Optional[decoding.AcceptanceRule]) -> Dict[str, Any]:
+def compile_all(target_config: T5Config, draft_config: T5Config, mesh,
+                shapes: Shapes, build_drafter, method,
+                acceptance: Optional[decoding.AcceptanceRule],
+                tree_without_replacement: bool = True) -> Dict[str, Any]:
   """Every program of the run, compiled for `mesh`'s devices.
 
   Args:
     build_drafter: draft T5Model -> the run's drafter.
-    acceptance: None (Algorithm 1) or the run's rule.
+    acceptance: None (Algorithm 1) or the run's rule (not for a tree).
+    tree_without_replacement: a tree's branches' first draw
+      (TREE_WITHOUT_REPLACEMENT; shapes.tree_width > 0).
 
   Returns:
     {'params': {'target': bytes, 'draft': bytes}, 'kv_cache': {...} (per
@@ -317,7 +375,6 @@ def compile_all(
   target = abstract_model(target_config, mesh)
   draft = abstract_draft(draft_config, target, mesh)
   calls, call_jobs, target_cache, draft_cache = _calls(c, target, draft)
-  rule = decoding.ExactAcceptance() if acceptance is None else acceptance
   if shapes.beam is not None:
     program_jobs = {
         "speculative": lambda: speculative_beam(c, target, draft),
@@ -326,9 +383,12 @@ def compile_all(
   else:
     drafter = build_drafter(draft)
     program_jobs = {
-        "speculative": lambda: c.speculative(target, drafter, method, rule),
+        "speculative": lambda: c.speculative_program(
+            target, drafter, method, acceptance, tree_without_replacement),
         "baseline": lambda: c.baseline(target, method),
     }
+  if shapes.tree_width:
+    call_jobs["tree_call"] = lambda: c.tree_call(target, target_cache)
   # Longest first: the two decode programs dominate.
   done = compile_concurrently({**program_jobs, **call_jobs})
   programs = {k: done.pop(k) for k in ("baseline", "speculative")}
@@ -348,16 +408,16 @@ def compile_all(
 
 
 def speculative_total(target_config: T5Config, draft_config: T5Config, mesh,
-                      shapes: Shapes, build_drafter, method, acceptance) -> int:
+                      shapes: Shapes, build_drafter, method, acceptance,
+                      tree_without_replacement: bool = True) -> int:
   """Bytes per device of the speculative program alone (the largest: both
   models, both caches), for trying other mesh shapes."""
   c = Compiler(mesh, shapes)
-  rule = decoding.ExactAcceptance() if acceptance is None else acceptance
   target = abstract_model(target_config, mesh)
   if shapes.beam is not None:
     draft = abstract_draft(draft_config, target, mesh)
     return speculative_beam(c, target, draft)["total_bytes"]
-  record = c.speculative(
+  record = c.speculative_program(
       target, build_drafter(abstract_draft(draft_config, target, mesh)), method,
-      rule)
+      acceptance, tree_without_replacement)
   return record["total_bytes"]

@@ -7,8 +7,10 @@ needed for that), compiles the run's programs for the topology
 * memory per device: parameters, KV caches, the biggest program's total
   (arguments + outputs - aliased + temporaries) against the chip's HBM, and
   whether it fits; when it does not, the smallest MESH_SHAPE that does;
-* per call (target step, verification, draft step): bytes accessed and
-  FLOPs from XLA's cost analysis, and bytes accessed / parameter bytes;
+* per call (target step, verification, draft step; ACCEPTANCE='tree': the
+  tree call over 1 + k·γ nodes too): bytes accessed and FLOPs from XLA's
+  cost analysis, bytes accessed / parameter bytes, and how many times each
+  weight is read (`hlo_reads`);
 * collectives per target step, and every custom call in any program;
 * the roofline (`roofline`): each call's time as max(bytes / HBM
   bandwidth, FLOPs / peak), c and the call cost from them, and Theorem 3.8's
@@ -151,13 +153,20 @@ def roofline(calls: Dict[str, Any], chip: tpu_topologies.Chip, gamma: int,
   """
   times = {
       name: _times(calls[name], chip)
-      for name in ("target_step", "verification", "draft_step")
+      for name in ("target_step", "verification", "draft_step", "tree_call")
+      if name in calls
   }
-  return {
+  out = {
       "calls": times,
       **_pricing(times, "seconds", gamma, paper), "from_arguments": _pricing(
           times, "seconds_from_arguments", gamma, paper)
   }
+  if "tree_call" in times:  # its cost in target steps
+    for key, record in (("seconds", out), ("seconds_from_arguments",
+                                           out["from_arguments"])):
+      record["tree_call_cost"] = _ratio(times["tree_call"][key],
+                                        times["target_step"][key])
+  return out
 
 
 def _per_call(calls: Dict[str, Any]) -> None:
@@ -194,10 +203,12 @@ def compile_topology(args: arguments.RunArguments, value: Any,
   mesh = partitioning.make_mesh(data, model, devices=devices[:data * model])
   target_config = loading.model_config("target")
   draft_config = loading.model_config("draft")
+  tree = args.acceptance == "tree"
   shapes = compile_check.Shapes(batch=args.batch_size,
                                 inputs=args.task_feature_lengths["inputs"],
                                 max_decode_length=args.max_decode_length,
-                                gamma=int(args.gamma), beam=beam_shapes(args))
+                                gamma=int(args.gamma), beam=beam_shapes(args),
+                                tree_width=int(args.tree_width) if tree else 0)
   acceptance = None
   if args.lenience != 1:
     acceptance = decoding.LenientAcceptance(np.float32(args.lenience))
@@ -208,7 +219,8 @@ def compile_topology(args: arguments.RunArguments, value: Any,
 
   compiled = compile_check.compile_all(target_config, draft_config, mesh,
                                        shapes, build_drafter, args.method(),
-                                       acceptance)
+                                       acceptance,
+                                       args.tree_without_replacement)
   record = _record(args, value, topology, devices, target_config, draft_config,
                    compiled, gin_files)
   memory = record["memory_per_device"]
@@ -218,7 +230,8 @@ def compile_topology(args: arguments.RunArguments, value: Any,
       other = partitioning.make_mesh(*shape, devices=devices[:math.prod(shape)])
       return compile_check.speculative_total(target_config, draft_config,
                                              other, shapes, build_drafter,
-                                             args.method(), acceptance)
+                                             args.method(), acceptance,
+                                             args.tree_without_replacement)
 
     memory["smallest_fitting_mesh_shape"] = smallest_fitting_mesh(
         topology.num_chips, args.mesh_shape, memory["hbm_bytes"], total_bytes)
@@ -284,7 +297,9 @@ def _record(args, value, topology, devices, target_config, draft_config,
           "max_decode_length": args.max_decode_length,
           "target": _model_words(args.target_name, target_config),
           "draft": _model_words(args.draft_name, draft_config),
-          **_beam_record(args)
+          **_beam_record(args), "acceptance": args.acceptance,
+          "tree_width": int(args.tree_width)
+                        if args.acceptance == "tree" else None
       },
       "memory_per_device": {
           "parameter_bytes": params,
@@ -338,10 +353,37 @@ def _beam_words(settings: Dict[str, Any]) -> str:
           "search; no Theorem 3.8 line (it models sampling one sequence).")
 
 
+def _weight_read_lines(record: Dict[str, Any]) -> List[str]:
+  """Each call's weight reads, FLOPs and XLA's bytes, a line each."""
+  calls, lines = record["calls"], []
+  named = [
+      ("target_step", "A target step (K=1)", "its"),
+      ("verification",
+       f"A verification call (K=γ+1={record['settings']['gamma'] + 1})", "the"),
+      ("draft_step", "A draft step", "its")
+  ]
+  if "tree_call" in calls:
+    width = record["settings"]["tree_width"]
+    named.append(("tree_call", "The tree call (N=1+k·γ="
+                  f"{1 + width * record['settings']['gamma']} nodes, k="
+                  f"{width}, tree mask)", "the"))
+  for name, words, owner in named:
+    r = calls[name]
+    reads = r["weight_reads"]
+    again = (f"; read more than once: {', '.join(reads['read_more_than_once'])}"
+             if reads["read_more_than_once"] else "")
+    lines.append(
+        f"{words} reads {owner} {_gb(reads['weight_bytes'])} of weights "
+        f"{reads['reads_per_weight_byte']:.2f} times per device (from the "
+        f"HLO{again}), does {r['flops'] / 1e9:.1f} GFLOP; XLA counts "
+        f"{_gb(r['bytes_accessed'])} accessed ({r['bytes_per_argument_byte']:.2f}x"
+        " its arguments, on-chip prefetch copies included).")
+  return lines
+
+
 def compile_summary_lines(record: Dict[str, Any]) -> List[str]:
   """compile.json in plain words."""
-  topo, mem, calls = record["topology"], record["memory_per_device"], (
-      record["calls"])
+  topo, mem = record["topology"], record["memory_per_device"]
   chip, roof, paper = topo["chip"], record["roofline"], record["paper"]
   params, caches = mem["parameter_bytes"], mem["kv_cache_bytes"]
   fits = ("fits"
@@ -360,20 +402,7 @@ def compile_summary_lines(record: Dict[str, Any]) -> List[str]:
       f" the baseline {_gb(mem['program_total_bytes']['baseline'])}, of "
       f"{_gb(mem['hbm_bytes'])} HBM per chip: {fits}.",
   ]
-  for name, words, owner in (("target_step", "A target step (K=1)", "its"),
-                             ("verification", "A verification call (K=γ+1="
-                              f"{record['settings']['gamma'] + 1})",
-                              "the"), ("draft_step", "A draft step", "its")):
-    r = calls[name]
-    reads = r["weight_reads"]
-    again = (f"; read more than once: {', '.join(reads['read_more_than_once'])}"
-             if reads["read_more_than_once"] else "")
-    lines.append(
-        f"{words} reads {owner} {_gb(reads['weight_bytes'])} of weights "
-        f"{reads['reads_per_weight_byte']:.2f} times per device (from the "
-        f"HLO{again}), does {r['flops'] / 1e9:.1f} GFLOP; XLA counts "
-        f"{_gb(r['bytes_accessed'])} accessed ({r['bytes_per_argument_byte']:.2f}x"
-        " its arguments, on-chip prefetch copies included).")
+  lines += _weight_read_lines(record)
   lines.append(f"Collectives per target step: "
                f"{_collective_words(record['collectives_per_target_step'])}"
                ".")
@@ -392,6 +421,11 @@ def compile_summary_lines(record: Dict[str, Any]) -> List[str]:
       f"{a['target_step']:.2f} ms, verification {a['verification']:.2f} ms "
       f"(call cost {args['call_cost']:.2f}), draft step "
       f"{a['draft_step']:.3f} ms (c = {args['cost_coefficient_c']:.3f}).")
+  if "tree_call" in t:
+    lines.append(f"The tree call: {t['tree_call']:.2f} ms from XLA's bytes "
+                 f"({roof['tree_call_cost']:.2f} target steps), "
+                 f"{a['tree_call']:.2f} ms from its arguments "
+                 f"({args['tree_call_cost']:.2f}).")
   if record["settings"].get("decode") == "beam":
     lines.append(_beam_words(record["settings"]))
   elif paper:

@@ -211,16 +211,19 @@ class RunPlan:
     plan = dataclasses.replace(self, models=models, drafter=drafter)
     return plan.with_gamma(self.args.gamma)
 
-  def with_gamma(self, gamma: Any) -> "RunPlan":
-    """This loaded plan at γ (GAMMA='auto': the chosen one; the pilot's);
-    'auto' itself builds no decoders yet."""
+  def with_gamma(self, gamma: Any, tree_width: Any = None) -> "RunPlan":
+    """This loaded plan at γ (GAMMA='auto': the chosen one; the pilot's)
+    and, given, TREE_WIDTH k (TREE_WIDTH='auto': likewise); 'auto' itself
+    builds no decoders yet."""
     args = dataclasses.replace(self.args, gamma=gamma)
-    if args.auto_gamma:
-      return dataclasses.replace(self, args=args)
-    baseline, speculative = self.providers.decoders(self, self.models.target,
+    if tree_width is not None:
+      args = dataclasses.replace(args, tree_width=tree_width)
+    plan = dataclasses.replace(self, args=args)
+    if args.auto_gamma or args.auto_tree_width:
+      return plan
+    baseline, speculative = self.providers.decoders(plan, self.models.target,
                                                     self.drafter, int(gamma))
-    return dataclasses.replace(self, args=args, baseline=baseline,
-                               speculative=speculative)
+    return dataclasses.replace(plan, baseline=baseline, speculative=speculative)
 
   # -- results ----------------------------------------------------------------
   def quality(self, base_text, spec_text, references) -> Dict[str, Any]:
@@ -281,7 +284,7 @@ def _check_tree_width(args, vocab_size: int) -> None:
   tokens, so k <= vocab_size (`tree_decoder` checks it too, after
   loading); ValueError."""
   if (args.acceptance == "tree" and args.method().is_greedy and
-      args.tree_width > vocab_size):
+      not args.auto_tree_width and args.tree_width > vocab_size):
     raise ValueError(
         f"TREE_WIDTH={args.tree_width} is more than the models' vocab_size "
         f"({vocab_size}): greedy branches start with distinct tokens. "

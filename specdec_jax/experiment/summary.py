@@ -54,7 +54,14 @@ def _drafting_lines(metrics: Dict[str, Any]) -> List[str]:
   """Adaptive γ and GAMMA='auto', in plain words."""
   lines = []
   auto = metrics.get("gamma_auto")
-  if auto:
+  if auto and "chosen_tree_width" in auto:
+    lines.append(
+        f"GAMMA/TREE_WIDTH='auto': γ={auto['chosen_gamma']}, "
+        f"k={auto['chosen_tree_width']}, the best predicted speedup (trees "
+        f"of at most {auto['max_nodes']} nodes) for the acceptance and "
+        f"costs measured on the first {auto['pilot_batches']} batches with "
+        f"γ={auto['pilot_gamma']} and k in {auto['pilot_tree_widths']}")
+  elif auto:
     lines.append(
         f"GAMMA='auto': γ={auto['chosen_gamma']}, Theorem 3.8's best (at "
         f"most {auto['max_gamma']}) for alpha {auto['alpha']:.2f} and c "

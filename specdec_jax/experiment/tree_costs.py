@@ -7,7 +7,7 @@ times a token-verification run's calls (`timing.call_seconds`).
 tree loop's two calls those shapes, so that they are timed the one way the
 project defines, interleaved with the one-token target step.
 """
-from typing import Any, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import flax
 import jax
@@ -121,3 +121,62 @@ def price_tree_calls(args: arguments.RunArguments, drafter, target,
       }, np.asarray(inputs), fill=fill, cache_len=cache_len,
       steps=step_costs.STEPS, repeats=step_costs.REPEATS)
   return seconds["step"], seconds["draft"] / gamma, seconds["tree"]
+
+
+def price_tree_shapes(args: arguments.RunArguments, drafter, target,
+                      batch: jax.Array, fill: int, context: jax.Array, *,
+                      gamma: int, widths: Sequence[int],
+                      nodes: Sequence[int]) -> Dict[str, Any]:
+  """What GAMMA='auto' / TREE_WIDTH='auto' price (`auto_tree`): one target
+  step, the tree call over each N in `nodes` and one depth of the k-branch
+  draft for each k in `widths`, in seconds, interleaved
+  (`timing.call_seconds`, the one-token step the reference).
+
+  The tree call's cost depends on its N nodes, not on its shape (every
+  node is a decoder position); each N is timed as one chain of N - 1
+  guesses. Caches as `price_tree_calls`: the target's max_decode_length +
+  max(nodes) slots, the draft's max_decode_length + γ + 1, filled to `fill`.
+
+  Args:
+    args: the run's arguments (its sampling method; TREE_WITHOUT_REPLACEMENT).
+    drafter, target, batch, fill, context: as `price_tree_calls`.
+    gamma: the guesses per branch the draft is priced at.
+    widths: the k to price the draft at.
+    nodes: the N to price the tree call at (1: the step itself).
+
+  Returns:
+    {'step': seconds, 'tree': {N: seconds}, 'draft_depth': {k: seconds of
+    one depth of k branches}}.
+  """
+  cache_len = args.max_decode_length + max(nodes)
+  draft_len = args.max_decode_length + gamma + 1
+  fill = min(max(1, fill), args.max_decode_length - 1)
+  inputs = jnp.asarray(multihost.to_host(batch), jnp.int32)
+  encoder_output = target_encoder_output(
+      target, timing.start(target, inputs, max_len=cache_len))
+  buffer = jnp.asarray(
+      np.pad(np.asarray(multihost.to_host(context)), ((0, 0), (1, gamma + 2))),
+      jnp.int32)
+  calls: Dict[str, Any] = {"step": (target, 1)}
+  for n in sorted(set(nodes) - {1}):
+    parents = tuple(int(p) for p in tree_acceptance.chain_parents(1, n - 1))
+    calls[f"tree_{n}"] = (TreeCall(target, parents), n)
+  for k in widths:
+    proposer = TreeProposer(
+        tree_drafters.as_tree_drafter(drafter, args.tree_without_replacement),
+        int(k))
+    state = jax.jit(lambda d, x, e: d.init(x, draft_len, e))(proposer, inputs,
+                                                             encoder_output)
+    calls[f"draft_{k}"] = (timing.Proposer(proposer, state, buffer,
+                                           args.method()), gamma)
+  seconds = timing.call_seconds(calls, np.asarray(inputs), fill=fill,
+                                cache_len=cache_len, steps=step_costs.STEPS,
+                                repeats=step_costs.REPEATS)
+  tree = {n: seconds.get(f"tree_{n}", seconds["step"]) for n in nodes}
+  return {
+      "step": seconds["step"],
+      "tree": tree,
+      "draft_depth": {
+          k: seconds[f"draft_{k}"] / gamma for k in widths
+      },
+  }

@@ -27,6 +27,7 @@ from specdec_jax import tasks
 from specdec_jax import timing
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
+from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import predictions
 from specdec_jax.experiment import step_costs
@@ -202,7 +203,12 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
   a failed write loses no result). Returns metrics.json's dict.
   """
   gamma_auto = None
-  if plan.args.auto_gamma:
+  if plan.args.acceptance == "tree" and (plan.args.auto_gamma or
+                                         plan.args.auto_tree_width):
+    gamma_auto = auto_tree.pilot_tree_shape(plan, feed)  # (γ, k)
+    plan = plan.with_gamma(gamma_auto["chosen_gamma"],
+                           tree_width=gamma_auto["chosen_tree_width"])
+  elif plan.args.auto_gamma:
     pilot = plan.with_gamma(auto_gamma.AUTO_GAMMA_PILOT)
     gamma_auto = auto_gamma.pilot_gamma(pilot, feed)
     plan = plan.with_gamma(gamma_auto["chosen_gamma"])
@@ -441,7 +447,9 @@ def draft_label(args: arguments.RunArguments, gamma_auto) -> str:
   label = args.drafting.label(args.draft_name)
   if args.adaptive_threshold is not None:
     label += f" adaptive {args.adaptive_threshold:g}"
-  if gamma_auto:
+  if gamma_auto and "chosen_tree_width" in gamma_auto:
+    label += " auto-(γ,k)"
+  elif gamma_auto:
     label += " auto-γ"
   if args.lenience != 1:
     label += f" l={args.lenience:g}"
