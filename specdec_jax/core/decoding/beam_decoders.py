@@ -13,6 +13,7 @@ element m steps (1 to γ+1) kept m - 1 of the γ steps the draft's beam
 search proposed, as a call of Algorithm 1 that emits m tokens kept m - 1
 guesses.
 """
+import functools
 from typing import Any, Optional
 
 import flax
@@ -20,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.core import kernels
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import speculative_beam
 from specdec_jax.core.decoding.checks import check_eos_id
@@ -27,6 +29,8 @@ from specdec_jax.core.decoding.checks import check_target
 from specdec_jax.core.decoding.checks import check_vocab_sizes
 
 Array = jax.Array
+# Caches updated in place on XLA:CPU (`kernels`); other backends ignore it.
+_IN_PLACE = kernels.CPU_IN_PLACE_COMPILER_OPTIONS
 
 
 @flax.struct.dataclass
@@ -96,7 +100,7 @@ def beam_decoder(target: Any, *, beam_size: int, max_decode_length: int,
                   max_decode_len=int(max_decode_length))
   alpha, eos = np.float32(alpha), np.int32(eos_id)
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=_IN_PLACE)
   def program(target, encoder_input_tokens):
     out = beam_search.beam_search_loop(target, encoder_input_tokens, alpha, eos,
                                        **settings)
@@ -138,7 +142,7 @@ def speculative_beam_decoder(target: Any, draft: Any, *, beam_size: int,
                   num_rows=int(num_rows), max_decode_len=int(max_decode_length))
   alpha, eos = np.float32(alpha), np.int32(eos_id)
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=_IN_PLACE)
   def program(target, draft, encoder_input_tokens):
     out = speculative_beam.speculative_beam_loop(target, draft,
                                                  encoder_input_tokens, alpha,
