@@ -460,6 +460,14 @@ def _check_tree(args: "RunArguments") -> None:
     raise ValueError(f"ACCEPTANCE='tree' with LENIENCE={args.lenience!r}: "
                      "tree verification is exact only; allowed: LENIENCE=1 "
                      "with 'tree', or ACCEPTANCE='token'.")
+  if args.drafter == "feature":
+    raise ValueError(
+        "ACCEPTANCE='tree' with DRAFTER='feature': the feature drafter's "
+        "top-k branches are not built (`FeatureDrafter` has no "
+        "`propose_tree`, the tree loop does not hand it the target's "
+        "features, and `commit_path` does not move them); allowed: "
+        "ACCEPTANCE='token' or 'block' with 'feature', or DRAFTER "
+        f"{' or '.join(repr(d) for d in TREE_DRAFTERS)} with 'tree'.")
   if args.drafter not in TREE_DRAFTERS:
     raise ValueError(
         f"ACCEPTANCE='tree' with DRAFTER={args.drafter!r}: tree verification "
