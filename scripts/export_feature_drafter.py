@@ -21,7 +21,7 @@ import numpy as np
 
 from specdec_jax import checkpoints
 from specdec_jax.checkpoints import digests
-from specdec_jax.training import feature_checkpoint
+from specdec_jax.checkpoints import feature_draft as feature_checkpoint
 
 
 def main(argv=None) -> int:

@@ -33,7 +33,7 @@ from specdec_jax.experiment import step_costs
 from specdec_jax.experiment.plan import Models
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import RunPlan
-from specdec_jax.training import feature_checkpoint
+from specdec_jax.checkpoints import feature_draft as feature_checkpoint
 
 from conftest import random_model
 from conftest import tiny_config

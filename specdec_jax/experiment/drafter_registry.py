@@ -18,6 +18,7 @@ from specdec_jax.core.drafters.ngram import NGramTable
 from specdec_jax.core.drafters.ngram import build_ngram_table
 from specdec_jax.core.drafters.prompt_lookup import PromptLookupDrafter
 from specdec_jax.experiment import ngram_corpus as corpus_lib
+from specdec_jax.checkpoints import feature_draft
 from specdec_jax.experiment import values
 
 DEFAULT_NGRAM_ORDER = 3  # DRAFTER='ngram' without NGRAM_ORDER.
@@ -227,7 +228,7 @@ class HierarchicalSpec(DrafterSpec):
 class FeatureSpec(DrafterSpec):
   """A feature-level (EAGLE-style) draft reading the target's hidden states
   (issue 34, `drafters.FeatureDrafter`). DRAFT_CHECKPOINT_PATH is a
-  `training.feature_checkpoint` (feature_config.json beside the weights),
+  `checkpoints.feature_draft` (feature_config.json beside the weights),
   bound to the loaded target (`load_draft_model`); the speculative decoder
   runs `target.with_features()` (`plan.speculative_target`). Priced as the
   loop runs it (one `propose` over γ), like every drafter."""
@@ -240,8 +241,6 @@ class FeatureSpec(DrafterSpec):
     del draft_config, target_config
 
   def check_draft_checkpoint(self, checkpoint, target_config):
-    # Lazy: `training` is heavy to import, and only this drafter needs it.
-    from specdec_jax.training import feature_checkpoint  # pylint: disable=g-import-not-at-top
     if not checkpoint:
       raise ValueError(
           "DRAFTER='feature' with DRAFT_CHECKPOINT_PATH=None: a feature-level "
@@ -250,7 +249,7 @@ class FeatureSpec(DrafterSpec):
           "'pretrained/multi30k/feature_1m' (trained by "
           "train/multi30k_feature_drafter.gin).")
     try:
-      config = feature_checkpoint.read_config(checkpoint)
+      config = feature_draft.read_config(checkpoint)
     except (ValueError, TypeError) as e:
       raise ValueError(f"DRAFTER='feature' with DRAFT_CHECKPOINT_PATH: {e} "
                        "Allowed: a feature-level draft's checkpoint (written "
@@ -265,7 +264,7 @@ class FeatureSpec(DrafterSpec):
           f"{target_config.vocab_size}; allowed: a feature draft trained "
           f"for this target (feature_dim = {want[0]}, vocab_size = "
           f"{want[1]}).")
-    return feature_checkpoint.config_fields(config)
+    return feature_draft.config_fields(config)
 
   def build(self, settings, draft_model, table, vocab_size):
     return FeatureDrafter(draft_model)

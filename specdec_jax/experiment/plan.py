@@ -26,6 +26,7 @@ from specdec_jax import gin_utils
 from specdec_jax import quality as quality_lib
 from specdec_jax.core import models as models_lib
 from specdec_jax import partitioning
+from specdec_jax.checkpoints import feature_draft
 from specdec_jax.core.decoding import block_acceptance
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import loading
@@ -73,12 +74,10 @@ def speculative_target(target: Any, drafter: Any) -> Any:
 
 def load_feature_draft(checkpoint_path: str, target: Any) -> Any:
   """The feature-level draft of DRAFT_CHECKPOINT_PATH bound to `target`
-  (`feature_checkpoint.load_draft_model`: float32, digests verified)."""
-  # Lazy: `training` is heavy to import, and only DRAFTER='feature' needs it.
-  from specdec_jax.training import feature_checkpoint  # pylint: disable=g-import-not-at-top
+  (`feature_draft.load_draft_model`: float32, digests verified)."""
   path = loading.checkpoint_dir(checkpoint_path)
   logging.info("Loading the feature-level draft from %s", path)
-  return feature_checkpoint.load_draft_model(path, target)
+  return feature_draft.load_draft_model(path, target)
 
 
 @dataclasses.dataclass(frozen=True)
