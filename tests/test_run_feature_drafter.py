@@ -11,8 +11,12 @@
   through `propose` with the target's features); a run at T = 1 works too.
 * c's pricing of a feature draft runs for real (`step_costs.price_calls`).
 * A sweep's models of another drafter kind are not reused for it.
+* Checking and loading work with gin's config locked, as `run` has it.
 """
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +39,7 @@ from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import RunPlan
 from specdec_jax.checkpoints import feature_draft as feature_checkpoint
 
+from conftest import REPO
 from conftest import random_model
 from conftest import tiny_config
 
@@ -287,3 +292,23 @@ def test_speculative_target_keeps_features_only_for_a_feature_drafter():
                                      drafters.FeatureDrafter(draft)) \
       .keep_features is True
   assert plan_lib.speculative_target(target, target) is target
+
+
+def test_checks_and_loading_work_with_gin_locked(checkpoint):
+  """`run` locks gin's config before it checks and loads: nothing on the
+  feature draft's path may register a gin configurable then (importing
+  `specdec_jax.training` did: RuntimeError). A fresh process, so that no
+  other test has imported it."""
+  code = (
+      "import sys\n"
+      "from specdec_jax import gin_utils\n"
+      "from specdec_jax.experiment import arguments, plan\n"
+      "gin_utils.parse_gin(['local_tiny.gin'], [\"DRAFTER = 'feature'\", "
+      f"\"DRAFT_CHECKPOINT_PATH = '{checkpoint}'\"], finalize=True)\n"
+      "models = plan.RunPlan.build(arguments.run_arguments()).load_models()\n"
+      "assert type(models.draft).__name__ == 'FeatureDraftModel'\n"
+      "assert 'specdec_jax.training' not in sys.modules\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, cwd=REPO, timeout=300,
+                        env={**os.environ, "PYTHONPATH": str(REPO)})
+  assert proc.returncode == 0, proc.stderr[-3000:]
