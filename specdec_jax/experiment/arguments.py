@@ -65,7 +65,8 @@ class RunArguments:
     target_checkpoint_path: the target's T5X checkpoint dir
       (`.../checkpoint_N`, local or gs://); None = random weights (smoke
       tests only).
-    draft_checkpoint_path: the draft's T5X checkpoint dir, as above.
+    draft_checkpoint_path: the draft's T5X checkpoint dir, as above
+      (drafter 'feature': a feature-level draft's checkpoint, required).
     gamma: Algorithm 1's γ (an integer >= 1), or 'auto' (Theorem 3.8's best
       γ <= 12 for the α, c and call costs measured on the first examples).
     temperature: the sampling temperature (0 = greedy).
@@ -101,8 +102,10 @@ class RunArguments:
       'shared_encoder' (a draft decoder without an encoder, reading the
       target's encoder output: draft/T5Config.num_encoder_layers = 0),
       'unigram', 'bigram', 'ngram' (counts of ngram_corpus),
-      'prompt_lookup' (copies from the input) or 'hierarchical' (the draft
-      model, itself sped up by inner_drafter).
+      'prompt_lookup' (copies from the input), 'hierarchical' (the draft
+      model, itself sped up by inner_drafter) or 'feature' (a
+      feature-level, EAGLE-style draft reading the target's hidden states;
+      draft_checkpoint_path is its checkpoint, with feature_config.json).
     ngram_corpus: the n-gram drafters' corpus: text in the models'
       language, one sentence per line, or a .npz of token ids.
     ngram_order: the n of drafter 'ngram' (None: 3).
