@@ -93,17 +93,20 @@ def _run_error(out, bindings) -> str:
 
 def test_bad_feature_settings_fail_before_loading(tmp_path, checkpoint):
   cases = [
-      ([], ["DRAFTER='feature' with DRAFT_CHECKPOINT_PATH=None",
-            "allowed: the folder of a feature draft's checkpoint"]),
+      ([], [
+          "DRAFTER='feature' with DRAFT_CHECKPOINT_PATH=None",
+          "allowed: the folder of a feature draft's checkpoint"
+      ]),
       ([f"DRAFT_CHECKPOINT_PATH = '{tmp_path}'"],
        ["no feature_config.json: not a feature-level draft's checkpoint"]),
       ([f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "MODE = 'alpha'"],
        ["DRAFTER='feature' with MODE='alpha'", "allowed: DRAFTER='model'"]),
-      ([f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "ADAPTIVE_THRESHOLD = 0.5"
-       ], ["ADAPTIVE_THRESHOLD=0.5 with DRAFTER='feature'"]),
-      ([f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "ACCEPTANCE = 'tree'"
-       ], ["ACCEPTANCE='tree' with DRAFTER='feature'", "propose_tree",
-           "allowed: ACCEPTANCE='token' or 'block' with 'feature'"]),
+      ([f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "ADAPTIVE_THRESHOLD = 0.5"],
+       ["ADAPTIVE_THRESHOLD=0.5 with DRAFTER='feature'"]),
+      ([f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "ACCEPTANCE = 'tree'"], [
+          "ACCEPTANCE='tree' with DRAFTER='feature'", "propose_tree",
+          "allowed: ACCEPTANCE='token' or 'block' with 'feature'"
+      ]),
   ]
   for bindings, expect in cases:
     import gin  # pylint: disable=g-import-not-at-top
@@ -121,8 +124,7 @@ def test_bad_feature_settings_fail_before_loading(tmp_path, checkpoint):
 def test_a_draft_for_another_target_fails_before_loading(
     tmp_path, feature_dim, vocab_size, expect):
   ckpt = write_feature_checkpoint(tmp_path / "other", feature_dim, vocab_size)
-  message = _run_error(tmp_path / "out",
-                       [f"DRAFT_CHECKPOINT_PATH = '{ckpt}'"])
+  message = _run_error(tmp_path / "out", [f"DRAFT_CHECKPOINT_PATH = '{ckpt}'"])
   assert expect in message, message
   assert f"allowed: a feature draft trained for this target (feature_dim = " \
          f"{WIDTH}, vocab_size = {VOCAB})" in message
@@ -218,8 +220,8 @@ def _tiny_pair():
                                 num_heads=2, head_dim=4, mlp_dim=16,
                                 head_size=20)
   draft = FeatureDraftModel.for_target(
-      config, init_feature_params(config, jax.random.PRNGKey(2)),
-      np.arange(20), target)
+      config, init_feature_params(config, jax.random.PRNGKey(2)), np.arange(20),
+      target)
   return target, draft
 
 
@@ -229,22 +231,22 @@ def test_pricing_a_feature_draft_runs_its_propose(monkeypatch):
   monkeypatch.setattr(step_costs, "STEPS", 2)
   monkeypatch.setattr(step_costs, "REPEATS", 1)
   target, draft = _tiny_pair()
-  args = arguments.RunArguments(gamma=2, output_dir="/tmp/unused",
-                                task_feature_lengths={
-                                    "inputs": 8,
-                                    "targets": 6
-                                })
+  args = arguments.RunArguments(
+      gamma=2, output_dir="/tmp/unused", task_feature_lengths={
+          "inputs": 8,
+          "targets": 6
+      })
   inputs = jnp.asarray([[3, 4, 5, 1], [6, 7, 1, 0]], jnp.int32)
   context = jnp.asarray([[5, 6, 7, 8, 9, 1], [9, 8, 7, 1, 0, 0]], jnp.int32)
   drafter = drafters.FeatureDrafter(draft)
   # Without the target's features its propose cannot run at all.
   with pytest.raises(ValueError, match="needs target_features"):
-    drafter.propose(drafter.init(inputs, 9, target.encoder_output(
-        target.start(inputs, 9))), jnp.zeros((2, 9), jnp.int32),
-                    jnp.zeros((2,), jnp.int32), jax.random.PRNGKey(0),
-                    gamma=2, method=args.method())
-  by_k, t_draft = step_costs.price_calls(args, drafter, target, inputs,
-                                         (1, 3), 3, context)
+    drafter.propose(
+        drafter.init(inputs, 9, target.encoder_output(target.start(inputs, 9))),
+        jnp.zeros((2, 9), jnp.int32), jnp.zeros((2,), jnp.int32),
+        jax.random.PRNGKey(0), gamma=2, method=args.method())
+  by_k, t_draft = step_costs.price_calls(args, drafter, target, inputs, (1, 3),
+                                         3, context)
   assert set(by_k) == {1, 3}
   assert t_draft > 0 and np.isfinite(t_draft)
   # The features handed over are the target's own over the context.
@@ -309,6 +311,7 @@ def test_checks_and_loading_work_with_gin_locked(checkpoint):
       "assert type(models.draft).__name__ == 'FeatureDraftModel'\n"
       "assert 'specdec_jax.training' not in sys.modules\n")
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                        text=True, cwd=REPO, timeout=300,
-                        env={**os.environ, "PYTHONPATH": str(REPO)})
+                        text=True, cwd=REPO, timeout=300, env={
+                            **os.environ, "PYTHONPATH": str(REPO)
+                        })
   assert proc.returncode == 0, proc.stderr[-3000:]

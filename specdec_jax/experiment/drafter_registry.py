@@ -387,9 +387,8 @@ class DrafterSettings:
       raise ValueError(
           str(e).replace("DRAFTER=...", f"DRAFTER={self.drafter!r}")) from None
 
-  def check_draft_checkpoint(
-      self, checkpoint: Optional[str],
-      target_config: Any) -> Optional[Dict[str, Any]]:
+  def check_draft_checkpoint(self, checkpoint: Optional[str],
+                             target_config: Any) -> Optional[Dict[str, Any]]:
     """DRAFTER's own draft checkpoint against the target (a feature draft);
     its config for the settings record, or None; raises ValueError."""
     return self.spec.check_draft_checkpoint(checkpoint, target_config)

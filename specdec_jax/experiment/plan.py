@@ -173,14 +173,14 @@ class RunPlan:
       kind = _task_kind(args)
     except ValueError as e:
       raise ConfigError(str(e)) from None
-    settings = output_dir_lib.settings_record(args, target_config,
-                                              draft_config, vocab)
+    settings = output_dir_lib.settings_record(args, target_config, draft_config,
+                                              vocab)
     if own_draft_config is not None:  # a feature draft: its own config
       settings["draft"] = own_draft_config
     return cls(args=args, target_config=target_config,
                draft_config=draft_config, vocab=vocab, ngram_table=table,
-               acceptance=_acceptance(args), task_kind=kind,
-               settings=settings, providers=providers)
+               acceptance=_acceptance(args), task_kind=kind, settings=settings,
+               providers=providers)
 
   # -- loading --------------------------------------------------------------
   def load_models(self, reuse: Optional[Models] = None) -> Models:
@@ -202,8 +202,9 @@ class RunPlan:
       reuse = dataclasses.replace(reuse, draft=None)
     if reuse.draft is None and feature:
       return dataclasses.replace(
-          reuse, draft=self.providers.load_feature_draft(
-              a.draft_checkpoint_path, reuse.target))
+          reuse,
+          draft=self.providers.load_feature_draft(a.draft_checkpoint_path,
+                                                  reuse.target))
     if reuse.draft is None and a.drafting.uses_draft_model:
       draft = load(self.draft_config, a.draft_checkpoint_path, a.seed + 1,
                    reuse.mesh, "draft")

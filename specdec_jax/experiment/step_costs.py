@@ -71,8 +71,8 @@ def price_calls(args: arguments.RunArguments, drafter, target, batch: jax.Array,
   verifier = speculative_target(target, drafter)
   if drafter.reads_target_features:
     drafter = FeaturesGiven(
-        drafter, context_features(verifier, inputs, buffer[:, :fill + 2],
-                                  cache_len))
+        drafter,
+        context_features(verifier, inputs, buffer[:, :fill + 2], cache_len))
   proposer = timing.Proposer(drafter, state, buffer, args.method())
   # k = 1 first: the reference the others' ratios are taken to.
   calls: Dict[Any, Any] = {
