@@ -35,7 +35,7 @@ MAX_DECODE_LENGTH = 8192
 # ACCEPTANCE: how the target verifies the guesses (both exact).
 ACCEPTANCES = ("token", "block", "tree")
 # The drafters ACCEPTANCE='tree' drafts its branches with (`TreeModelDrafter`).
-TREE_DRAFTERS = ("model", "shared_encoder")
+TREE_DRAFTERS = ("model", "shared_encoder", "feature")
 _DRAFTING = drafter_registry.DrafterSettings()  # its defaults
 # The run arguments of `experiment.drafter_registry.DrafterSettings`.
 DRAFTER_ARGS = tuple(
@@ -122,7 +122,8 @@ class RunArguments:
       al. 2025: never fewer kept guesses in expectation; the same as
       'token' at temperature 0) or 'tree' (tree verification: tree_width
       draft branches of γ guesses, scored in one target call of
-      1 + tree_width·γ tokens; needs DRAFTER 'model' or 'shared_encoder').
+      1 + tree_width·γ tokens; needs DRAFTER 'model', 'shared_encoder' or
+      'feature').
     tree_width: ACCEPTANCE='tree': k, the draft branches per target call
       (an integer >= 1; k = 1 is Algorithm 1 run by the tree loop).
     tree_without_replacement: ACCEPTANCE='tree' at T > 0: the k first
@@ -463,14 +464,6 @@ def _check_tree(args: "RunArguments") -> None:
     raise ValueError(f"ACCEPTANCE='tree' with LENIENCE={args.lenience!r}: "
                      "tree verification is exact only; allowed: LENIENCE=1 "
                      "with 'tree', or ACCEPTANCE='token'.")
-  if args.drafter == "feature":
-    raise ValueError(
-        "ACCEPTANCE='tree' with DRAFTER='feature': the feature drafter's "
-        "top-k branches are not built (`FeatureDrafter` has no "
-        "`propose_tree`, the tree loop does not hand it the target's "
-        "features, and `commit_path` does not move them); allowed: "
-        "ACCEPTANCE='token' or 'block' with 'feature', or DRAFTER "
-        f"{' or '.join(repr(d) for d in TREE_DRAFTERS)} with 'tree'.")
   if args.drafter not in TREE_DRAFTERS:
     raise ValueError(
         f"ACCEPTANCE='tree' with DRAFTER={args.drafter!r}: tree verification "

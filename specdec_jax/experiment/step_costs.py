@@ -137,3 +137,12 @@ class FeaturesGiven(Drafter):
 
   def rollback(self, state, length):
     return self.drafter.rollback(state, length)
+
+  def propose_tree(self, state, buffer, length, rng, *, gamma, width, method):
+    """The tree drafter's `propose_tree`, given the features as well."""
+    return self.drafter.propose_tree(state, buffer, length, rng, gamma=gamma,
+                                     width=width, method=method,
+                                     target_features=self.features)
+
+  def rollback_tree(self, state, length, branch):
+    return self.drafter.rollback_tree(state, length, branch)
