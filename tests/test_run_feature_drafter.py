@@ -2,14 +2,16 @@
 
 * Bad settings stop the run before any model is loaded, naming the macro:
   no DRAFT_CHECKPOINT_PATH, a checkpoint that is not a feature draft's, one
-  for another target width or vocabulary, MODE='alpha', adaptive γ, tree
-  verification.
+  for another target width or vocabulary, MODE='alpha', adaptive γ.
 * One run at T = 0 loads the draft from its checkpoint against the loaded
   target, hands the speculative decoder `target.with_features()` and the
   baseline the plain target, writes predictions identical to the baseline
   on every example, and records the drafter, its config, α and c (priced
   through `propose` with the target's features); a run at T = 1 works too.
 * c's pricing of a feature draft runs for real (`step_costs.price_calls`).
+* ACCEPTANCE='tree': the draft's top-k branches, with the features target
+  in the tree decoder only; greedy predictions identical; the tree call and
+  the branches priced with the target's features (for real, too).
 * A sweep's models of another drafter kind are not reused for it.
 * Checking and loading work with gin's config locked, as `run` has it.
 """
@@ -34,6 +36,7 @@ from specdec_jax.core.models.feature_drafter import init_feature_params
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import plan as plan_lib
 from specdec_jax.experiment import step_costs
+from specdec_jax.experiment import tree_costs
 from specdec_jax.experiment.plan import Models
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import RunPlan
@@ -103,10 +106,6 @@ def test_bad_feature_settings_fail_before_loading(tmp_path, checkpoint):
        ["DRAFTER='feature' with MODE='alpha'", "allowed: DRAFTER='model'"]),
       ([f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "ADAPTIVE_THRESHOLD = 0.5"],
        ["ADAPTIVE_THRESHOLD=0.5 with DRAFTER='feature'"]),
-      ([f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "ACCEPTANCE = 'tree'"], [
-          "ACCEPTANCE='tree' with DRAFTER='feature'", "propose_tree",
-          "allowed: ACCEPTANCE='token' or 'block' with 'feature'"
-      ]),
   ]
   for bindings, expect in cases:
     import gin  # pylint: disable=g-import-not-at-top
@@ -132,7 +131,7 @@ def test_a_draft_for_another_target_fails_before_loading(
 
 def _spy_decoders(monkeypatch):
   """Which targets the two decoders were built with (keep_features)."""
-  used = {"baseline": [], "speculative": []}
+  used = {"baseline": [], "speculative": [], "tree": []}
   for name in used:
     original = getattr(decoding, f"{name}_decoder")
 
@@ -169,7 +168,7 @@ def test_feature_run_is_exact_and_recorded(tmp_path, checkpoint, monkeypatch):
   metrics = run_lib.run()
   # The speculative loop runs the target keeping its features; the
   # baseline the plain target.
-  assert used == {"baseline": [False], "speculative": [True]}
+  assert used == {"baseline": [False], "speculative": [True], "tree": []}
   rows = [json.loads(line) for line in (out / "predictions.jsonl").open()]
   assert len(rows) == 3
   for row in rows:
@@ -315,3 +314,45 @@ def test_checks_and_loading_work_with_gin_locked(checkpoint):
                             **os.environ, "PYTHONPATH": str(REPO)
                         })
   assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_feature_tree_run(tmp_path, checkpoint, monkeypatch):
+  used = _spy_decoders(monkeypatch)
+  priced = _stand_in_timing(monkeypatch)
+  out = tmp_path / "out"
+  _parse([
+      f"OUTPUT_DIR = '{out}'", "DRAFTER = 'feature'",
+      f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "ACCEPTANCE = 'tree'",
+      "TREE_WIDTH = 2", "GAMMA = 2", "NUM_EXAMPLES = 2", *SMALL
+  ])
+  metrics = run_lib.run()
+  assert used == {"baseline": [False], "speculative": [], "tree": [True]}
+  assert metrics["greedy_outputs_identical"] is True
+  written = json.loads((out / "metrics.json").read_text())
+  assert written["drafter"] == "feature" and written["acceptance"] == "tree"
+  assert written["tree_width"] == 2 and written["exact"] is True
+  (calls,) = priced
+  assert calls["step"][0].keep_features is False
+  assert calls["tree"][0].target.keep_features is True
+  given = calls["draft"][0].drafter.drafter
+  assert isinstance(given, step_costs.FeaturesGiven)
+  assert isinstance(given.drafter, drafters.FeatureTreeDrafter)
+
+
+def test_pricing_a_feature_tree_runs_its_propose_tree(monkeypatch):
+  monkeypatch.setattr(step_costs, "STEPS", 2)
+  monkeypatch.setattr(step_costs, "REPEATS", 1)
+  target, draft = _tiny_pair()
+  args = arguments.RunArguments(
+      gamma=2, output_dir="/tmp/unused", acceptance="tree", tree_width=2,
+      task_feature_lengths={
+          "inputs": 8,
+          "targets": 6
+      })
+  inputs = jnp.asarray([[3, 4, 5, 1], [6, 7, 1, 0]], jnp.int32)
+  context = jnp.asarray([[5, 6, 7, 8, 9, 1], [9, 8, 7, 1, 0, 0]], jnp.int32)
+  step, per_guess, tree = tree_costs.price_tree_calls(
+      args, drafters.FeatureDrafter(draft), target, inputs, 3, context)
+  assert min(step, per_guess, tree) > 0
+  assert np.isfinite([step, per_guess, tree]).all()
