@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import run as run_lib
+from specdec_jax import sweep
 from specdec_jax import gin_utils
 from specdec_jax import timing
 from specdec_jax.core import decoding
@@ -34,6 +35,7 @@ from specdec_jax.core.models import FeatureDraftModel
 from specdec_jax.core.models import FeatureDrafterConfig
 from specdec_jax.core.models.feature_drafter import init_feature_params
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import plan as plan_lib
 from specdec_jax.experiment import step_costs
 from specdec_jax.experiment import tree_costs
@@ -197,17 +199,25 @@ def test_feature_run_is_exact_and_recorded(tmp_path, checkpoint, monkeypatch):
 
 @pytest.mark.slow
 def test_feature_run_at_temperature_one(tmp_path, checkpoint, monkeypatch):
-  _stand_in_timing(monkeypatch)
+  """With GAMMA='auto' too: the pilot prices the feature draft the same way
+  (a pilot γ of 1 and α ≈ 0: one program for pilot and run)."""
+  priced = _stand_in_timing(monkeypatch)
+  monkeypatch.setattr(auto_gamma, "AUTO_GAMMA_PILOT", 1)
   out = tmp_path / "out"
   _parse([
       f"OUTPUT_DIR = '{out}'", "DRAFTER = 'feature'",
-      f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "GAMMA = 2",
+      f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "GAMMA = 'auto'",
       "TEMPERATURE = 1.0", "NUM_EXAMPLES = 2", *SMALL
   ])
   metrics = run_lib.run()
   assert metrics["greedy_outputs_identical"] is None
   written = json.loads((out / "metrics.json").read_text())
   assert written["drafter"] == "feature" and written["temperature"] == 1.0
+  assert written["gamma"] == written["gamma_auto"]["chosen_gamma"]
+  pilot = priced[0]  # the pilot's calls: K = 1 plain, the rest keeping
+  assert pilot[1][0].keep_features is False
+  assert all(pilot[k][0].keep_features for k in pilot if k not in (1, "draft"))
+  assert isinstance(pilot["draft"][0].drafter, step_costs.FeaturesGiven)
   assert 0.0 <= written["alpha"] <= 1.0 and written["exact"] is True
   assert len((out / "predictions.jsonl").read_text().splitlines()) == 2
 
@@ -356,3 +366,20 @@ def test_pricing_a_feature_tree_runs_its_propose_tree(monkeypatch):
       args, drafters.FeatureDrafter(draft), target, inputs, 3, context)
   assert min(step, per_guess, tree) > 0
   assert np.isfinite([step, per_guess, tree]).all()
+
+
+def test_table2_sweep_points_all_pass_the_checks(tmp_path):
+  """configs/table2_multi30k_feature.yaml: the feature draft beside the
+  shared-encoder and distilled drafts; every point passes `run`'s checks
+  with the shipped checkpoints (nothing loaded)."""
+  points = sweep.parse_sweep_args(
+      [str(REPO / "configs" / "table2_multi30k_feature.yaml")])
+  assert len(points) == 14
+  files = {p["gin_file"] for p in points}
+  assert files == {
+      "multi30k_38m_feature_1m.gin", "multi30k_38m_shared_1m.gin",
+      "multi30k_38m_1m_distill.gin", "multi30k_38m_4m_distill.gin"
+  }
+  sweep.check_keys(points, [], [], [])
+  sweep.validate_points(points, str(tmp_path / "r"), [], [], [],
+                        providers=NO_LOAD)
