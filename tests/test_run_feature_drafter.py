@@ -34,8 +34,10 @@ from specdec_jax.core import drafters
 from specdec_jax.core.models import FeatureDraftModel
 from specdec_jax.core.models import FeatureDrafterConfig
 from specdec_jax.core.models.feature_drafter import init_feature_params
+from specdec_jax.checkpoints import digests
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
+from specdec_jax.experiment import loading
 from specdec_jax.experiment import plan as plan_lib
 from specdec_jax.experiment import step_costs
 from specdec_jax.experiment import tree_costs
@@ -383,3 +385,21 @@ def test_table2_sweep_points_all_pass_the_checks(tmp_path):
   sweep.check_keys(points, [], [], [])
   sweep.validate_points(points, str(tmp_path / "r"), [], [], [],
                         providers=NO_LOAD)
+
+
+def test_shipped_feature_draft_records_its_vocabulary():
+  """pretrained/multi30k/feature_1m: digests verified, and the vocabulary
+  its target was trained with recorded, as the other shipped checkpoints
+  do (a run refuses another SentencePiece model)."""
+  shipped = REPO / "pretrained" / "multi30k"
+  ckpt = loading.checkpoint_dir(str(shipped / "feature_1m"))
+  assert digests.verify_manifest(ckpt)
+  record = digests.vocabulary_record(ckpt)
+  spm = (shipped / "multi30k.model").read_bytes()
+  assert record == {
+      "bytes": len(spm),
+      "file": "multi30k.model",
+      "sha256": digests.digest(spm)
+  }
+  assert record == digests.vocabulary_record(
+      loading.checkpoint_dir(str(shipped / "target_38m")))
