@@ -376,7 +376,8 @@ def test_table2_sweep_points_all_pass_the_checks(tmp_path):
   with the shipped checkpoints (nothing loaded)."""
   points = sweep.parse_sweep_args(
       [str(REPO / "configs" / "table2_multi30k_feature.yaml")])
-  assert len(points) == 14
+  assert len(points) == 16
+  assert sum(p.get("ACCEPTANCE") == "tree" for p in points) == 2
   files = {p["gin_file"] for p in points}
   assert files == {
       "multi30k_38m_feature_1m.gin", "multi30k_38m_shared_1m.gin",

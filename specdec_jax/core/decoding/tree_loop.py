@@ -287,7 +287,9 @@ def tree_speculative_sample(target: Any, drafter: Any,
     tree_width: k >= 1 branches of γ guesses per row (static); k = 1 is
       Algorithm 1.
     target: must implement `protocols.TreeTarget` (`models.T5Model` does).
-    drafter: a `ModelDrafter` (no adaptive γ) or a small model.
+    drafter: a `ModelDrafter` (no adaptive γ) or a small model, or a
+      `FeatureDrafter` (its top-k branches; the target must keep its
+      features: `T5Model.with_features()`).
     without_replacement: at T > 0 the k first guesses are drawn without
       replacement from q_1 (distinct; recursive rejection sampling at depth
       1) rather than i.i.d.; both exact.
