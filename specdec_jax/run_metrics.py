@@ -104,10 +104,12 @@ class RunMetrics:
       rolled back each call), divided by γ; ACCEPTANCE='tree': one
       `propose_tree` of k branches (and its rollback to one), divided by γ.
     cost_coefficient_c: c = draft_step_s / target_step_s (Definition 3.7;
-      the median of the per-round ratios).
+      the median of the per-round ratios); null for DECODE='beam' (not
+      priced, as are the step and call seconds and the theory keys below:
+      Theorem 3.8 models one sampled sequence, not a beam search).
     theoretical_speedup: Theorem 3.8 at the measured α, γ and c
       (ACCEPTANCE='tree': still the one-branch formula, a reference, not
-      the tree's prediction).
+      the tree's prediction); null for DECODE='beam'.
     verification_call_s: the target's (γ+1)-token verification call
       (ACCEPTANCE='tree': the tree call over 1 + k·γ nodes).
     verification_cost_ratio: verification_call_s / target_step_s, the median
@@ -160,11 +162,26 @@ class RunMetrics:
     adaptive_threshold: ADAPTIVE_THRESHOLD (null: γ guesses every call).
     gamma_auto: GAMMA='auto''s pilot measurements and choice (else null).
     guesses_per_target_call: real guesses made per target call (≤ γ;
-      ACCEPTANCE='tree': k·γ).
+      ACCEPTANCE='tree': k·γ; DECODE='beam': γ·u draft beam nodes).
     per_iteration_gamma: §3.5's bound, Theorem 3.8's cost model on the
       run's own iterations: {fixed_gamma_speedup (γ guesses every call),
       achieved_speedup (the guesses made), oracle_speedup (exactly the
-      guesses kept)}; null for ACCEPTANCE='tree' (a one-branch model).
+      guesses kept)}; null for ACCEPTANCE='tree' and DECODE='beam' (a
+      one-sequence model).
+    decode: DECODE, what both decoders searched for: 'sample' (sampling or
+      greedy decoding) or 'beam' (beam search: the baseline the target's
+      own, the speculative run speculative beam search; outputs are the top
+      beams, `greedy_outputs_identical` compares them; a "guess" is a draft
+      beam step: accepted_histogram counts the calls that kept n of the γ
+      draft steps, alpha is kept / trials as for a tree run).
+    beam_size: DECODE='beam': BEAM_SIZE, k (absent for other runs).
+    beam_alpha: DECODE='beam': BEAM_ALPHA, the brevity penalty's exponent.
+    beam_width: DECODE='beam': u, the draft's beam width (BEAM_WIDTH).
+    beam_rows: DECODE='beam': the candidate rows per target call
+      (BEAM_ROWS).
+    steps_per_target_call: DECODE='beam': beam-search steps per
+      speculative target call (the baseline: 1), over the batch elements
+      still searching.
   """
   task: str = _key(NAME)
   target_model: str = _key(TEXT)
@@ -190,8 +207,8 @@ class RunMetrics:
   compile_time_s: Optional[float] = _key(NONNEG, None)
   target_step_s: Optional[float] = _key(NONNEG, None)
   draft_step_s: Optional[float] = _key(NONNEG, None)
-  cost_coefficient_c: float = _key(NONNEG)
-  theoretical_speedup: float = _key(POS)
+  cost_coefficient_c: Optional[float] = _key(NONNEG, None)
+  theoretical_speedup: Optional[float] = _key(POS, None)
   verification_call_s: Optional[float] = _key(NONNEG, None)
   verification_cost_ratio: Optional[float] = _key(NONNEG, None)
   theoretical_speedup_measured_call_cost: Optional[float] = _key(POS, None)
@@ -224,6 +241,12 @@ class RunMetrics:
   guesses_per_target_call: Optional[float] = _key(NONNEG, None)
   per_iteration_gamma: Optional[Dict[str,
                                      Optional[float]]] = _key(SPEEDUPS, None)
+  decode: str = _key(NAME, "sample")
+  beam_size: Optional[int] = _key(POS_INT, None, omit_none=True)
+  beam_alpha: Optional[float] = _key(NONNEG, None, omit_none=True)
+  beam_width: Optional[int] = _key(POS_INT, None, omit_none=True)
+  beam_rows: Optional[int] = _key(POS_INT, None, omit_none=True)
+  steps_per_target_call: Optional[float] = _key(NONNEG, None, omit_none=True)
 
   @classmethod
   def from_dict(cls, data: Any) -> "RunMetrics":

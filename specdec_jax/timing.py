@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.core import decoding
+from specdec_jax.core import kernels
 
 
 @functools.partial(jax.jit, static_argnames=("max_len",))
@@ -41,7 +42,13 @@ def start(model, encoder_input_tokens, *, max_len):
   return model.start(encoder_input_tokens, max_len)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "steps"))
+# The loops below update caches in place as the decode loops do (XLA:CPU's
+# options; other backends ignore them).
+_IN_PLACE = kernels.CPU_IN_PLACE_COMPILER_OPTIONS
+
+
+@functools.partial(jax.jit, static_argnames=("k", "steps"),
+                   compiler_options=_IN_PLACE)
 def call_loop(model, cache, fill, *, k: int, steps: int):
   """`steps` k-token calls at positions fill..fill+k-1; returns a checksum.
 
@@ -187,7 +194,8 @@ def speculative_state_at(target, drafter, encoder_input_tokens, target_cache,
                                         length=length), length=length)
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "method", "steps"))
+@functools.partial(jax.jit, static_argnames=("gamma", "method", "steps"),
+                   compiler_options=_IN_PLACE)
 def propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma, method,
                  steps):
   """`steps` drafter.propose calls (γ draft steps each) at length fill(+1).
@@ -215,7 +223,8 @@ def propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma, method,
 
 
 @functools.partial(
-    jax.jit, static_argnames=("gamma", "max_decode_length", "method", "steps"))
+    jax.jit, static_argnames=("gamma", "max_decode_length", "method", "steps"),
+    compiler_options=_IN_PLACE)
 def iteration_loop(target, drafter, acceptance, state, fill, rng, eos_id, *,
                    gamma, max_decode_length, method, steps):
   """`steps` full speculative iterations, each from length fill(+1).

@@ -269,3 +269,32 @@ def test_shared_encoder_draft_compiles_and_reads_its_own_weights_once(tmp_path):
   assert reads["reads_per_weight_byte"] == pytest.approx(1.0, abs=0.01)
   assert record["memory_per_device"]["fits"]
   assert "speculative" in record["programs"]
+
+
+@pytest.mark.slow
+def test_beam_programs_compile_for_v4(tmp_path):
+  """DECODE='beam': the target's beam search and speculative beam search
+  are the two programs, and the calls are at the rows they make."""
+  k, u, rows, gamma = 2, 4, 6, 2
+  record, _ = _compile_tiny(tmp_path, [
+      "DECODE = 'beam'", f"BEAM_SIZE = {k}", f"BEAM_WIDTH = {u}",
+      f"BEAM_ROWS = {rows}", f"GAMMA = {gamma}", "BATCH_SIZE = 2",
+      "TASK_FEATURE_LENGTHS = {'inputs': 16, 'targets': 8}"
+  ])
+  settings = record["settings"]
+  assert (settings["decode"], settings["beam_size"], settings["beam_width"],
+          settings["beam_rows"]) == ("beam", k, u, rows)
+  assert set(record["programs"]) == {"baseline", "speculative"}
+  for r in record["programs"].values():
+    assert r["total_bytes"] > 0
+    assert not any("cpu" in c.lower() for c in r["custom_calls"]), r
+  # Calls at the beam rows: the verification call holds R rows of γ+1
+  # positions, so it takes more argument bytes than the k-row step's
+  # (the caches: B·R rows against B·k).
+  calls = record["calls"]
+  assert (calls["verification"]["argument_bytes"]
+          > calls["target_step"]["argument_bytes"])
+  assert record["paper"] is None  # no Theorem 3.8 for beams
+  lines = compile_report.compile_summary_lines(record)
+  assert any("DECODE='beam' (k=2, u=4, R=6)" in line for line in lines)
+  assert not any(line.startswith("Theorem 3.8") for line in lines)

@@ -125,7 +125,7 @@ def test_new_inputs_and_eos_do_not_recompile(greedy_setup):
                      (decoding.speculative_sample, dict(drafter=draft,
                                                         gamma=3))):
     jitted = (
-        loops._jit_temperature_loop  # pylint: disable=protected-access
+        loops._baseline_program()  # pylint: disable=protected-access
         if fn is decoding.temperature_sample else loops._speculative_program())  # pylint: disable=protected-access
 
     def run(x, e, seed, fn=fn, kwargs=kwargs):
@@ -254,6 +254,7 @@ def no_compile(monkeypatch):
   monkeypatch.setattr(loops, "_jit_speculative_loop", fail)
   monkeypatch.setattr(loops, "_jit_speculative_loop_cpu", fail)
   monkeypatch.setattr(loops, "_jit_temperature_loop", fail)
+  monkeypatch.setattr(loops, "_jit_temperature_loop_cpu", fail)
 
 
 @pytest.mark.parametrize("kwargs,name", [
@@ -505,6 +506,8 @@ def test_speculative_sample_uses_the_cpu_program_on_cpu():
   # calling thread); other backends keep XLA's defaults.
   assert jax.default_backend() == "cpu"
   assert loops._speculative_program() is loops._jit_speculative_loop_cpu  # pylint: disable=protected-access
+  assert loops._baseline_program() is loops._jit_temperature_loop_cpu  # pylint: disable=protected-access
   assert kernels.CPU_SPECULATIVE_COMPILER_OPTIONS == {
-      "xla_cpu_multi_thread_eigen": False
+      "xla_cpu_multi_thread_eigen": False,
+      "xla_cpu_copy_insertion_use_region_analysis": True
   }

@@ -103,11 +103,25 @@ def test_round_trip_and_quality_key():
   written = metrics.to_dict()
   assert "rouge" not in written and written["bleu"]["baseline"] == 20.0
   assert run_metrics.load(json.dumps(written)) == metrics
-  # Tree verification's keys only where ACCEPTANCE='tree'.
+  # Tree verification's keys only where ACCEPTANCE='tree', beam search's
+  # only where DECODE='beam'.
   tree_keys = ("tree_width", "tree_without_replacement")
+  beam_keys = ("beam_size", "beam_alpha", "beam_width", "beam_rows",
+               "steps_per_target_call")
   assert list(written) == [
-      f for f in FIELDS if f != "rouge" and f not in tree_keys
+      f for f in FIELDS
+      if f != "rouge" and f not in tree_keys and f not in beam_keys
   ]
+  assert written["decode"] == "sample"
+  beam = _full_metrics(decode="beam", beam_size=4, beam_alpha=0.6, beam_width=8,
+                       beam_rows=16, steps_per_target_call=2.5,
+                       cost_coefficient_c=None, theoretical_speedup=None)
+  written_beam = beam.to_dict()
+  assert [written_beam[k] for k in beam_keys] == [4, 0.6, 8, 16, 2.5]
+  assert written_beam["cost_coefficient_c"] is None  # not priced: null
+  assert run_metrics.load(json.dumps(written_beam)) == beam
+  with pytest.raises(run_metrics.MetricsError, match="beam_width"):
+    run_metrics.RunMetrics.from_dict({**written_beam, "beam_width": 0})
   tree = _full_metrics(acceptance="tree", tree_width=3,
                        tree_without_replacement=False)
   written = tree.to_dict()
@@ -116,6 +130,20 @@ def test_round_trip_and_quality_key():
   assert run_metrics.load(json.dumps(written)) == tree
   with pytest.raises(run_metrics.MetricsError, match="tree_width"):
     run_metrics.RunMetrics.from_dict({**written, "tree_width": 0})
+
+
+def test_the_report_leaves_beam_runs_out(tmp_path):
+  """DECODE='beam' runs have no c and no Theorem 3.8, which every report
+  table prints: loaded, then left out (a sampled run beside one stays)."""
+  from specdec_jax.reporting import loading  # pylint: disable=g-import-not-at-top
+  beam = _full_metrics(decode="beam", beam_size=4, beam_alpha=0.6, beam_width=4,
+                       beam_rows=8, steps_per_target_call=1.5,
+                       cost_coefficient_c=None, theoretical_speedup=None)
+  for name, metrics in (("beam", beam), ("sample", _full_metrics())):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "metrics.json").write_text(json.dumps(metrics.to_dict()))
+  runs = loading.load_results(str(tmp_path))
+  assert [r["run_name"] for r in runs] == ["sample"]
 
 
 def test_files_of_earlier_versions_load_with_defaults():

@@ -18,6 +18,7 @@ from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import quality
 from specdec_jax.core import sampling
+from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import values
 
@@ -132,6 +133,21 @@ class RunArguments:
     compile_topology: compile only, for this Cloud TPU slice, without a
       TPU (e.g. 'v4-8'; needs libtpu): OUTPUT_DIR/compile.json; None = a
       normal run.
+    decode: what both decoders search for: 'sample' (the default: sampling
+      or greedy decoding, TEMPERATURE) or 'beam' (beam search, as T5X's:
+      the baseline is the target's own beam search, the speculative run
+      the draft's beams verified by the target, identical beams; the top
+      beam is the prediction; docs/design/beyond_the_paper.md).
+    beam_size: DECODE='beam': k, the beams kept (T5X's num_decodes), an
+      integer >= 1 and at most half the vocabulary.
+    beam_alpha: DECODE='beam': the brevity penalty's exponent α,
+      ((5 + length) / 6) ** α, a number >= 0 (T5X's 0.6; 0 = none).
+    beam_width: DECODE='beam': u, the draft's beam width, an integer >=
+      BEAM_SIZE; None = BEAM_SIZE.
+    beam_rows: DECODE='beam': the candidate sequences the target scores per
+      call (each a live beam and γ draft tokens), an integer from
+      BEAM_SIZE to GAMMA·u + BEAM_SIZE; None = 2u (at most GAMMA·u +
+      BEAM_SIZE).
   """
   output_dir: str = _arg("OUTPUT_DIR")
   target_checkpoint_path: Optional[str] = _arg("TARGET_CHECKPOINT_PATH", None)
@@ -175,6 +191,11 @@ class RunArguments:
   tree_width: int = _arg("TREE_WIDTH", 1)
   tree_without_replacement: bool = _arg("TREE_WITHOUT_REPLACEMENT", True)
   compile_topology: Optional[str] = _arg("COMPILE_TOPOLOGY", None)
+  decode: str = _arg("DECODE", "sample")
+  beam_size: int = _arg("BEAM_SIZE", 4)
+  beam_alpha: float = _arg("BEAM_ALPHA", 0.6)
+  beam_width: Optional[int] = _arg("BEAM_WIDTH", None)
+  beam_rows: Optional[int] = _arg("BEAM_ROWS", None)
 
   def __post_init__(self):
     # As gin gives them: a list for MESH_SHAPE = [1, 4]; one dict that
@@ -189,6 +210,7 @@ class RunArguments:
     try:
       check_gamma(self.gamma)
       check_lenience(self.lenience)
+      beam_settings.check_beam(self)
       _check_acceptance(self)
       self.drafting.check(self.mode)
       _check_decoding_args(self)

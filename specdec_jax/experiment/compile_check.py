@@ -11,7 +11,10 @@ It lowers and compiles, for that TPU:
   the cache shardings the calls below take; a shared-encoder draft's start
   runs the target's encoder, which the loop runs once for both),
 * one target step (K = 1), one verification call (K = γ+1), one draft step,
-* the whole baseline and speculative decode programs,
+* the whole baseline and speculative decode programs (DECODE='beam': the
+  target's beam search and speculative beam search, and the calls at the
+  rows they make: a target step over B·k beams, the verification call over
+  B·R candidate rows of γ+1 positions, a draft step over B·u beams),
 
 and reads the compiler's own memory and cost analyses and HLO text
 (`program_record`). `compile_report` turns that into compile.json's
@@ -25,11 +28,13 @@ loops are jitted here without the CPU compiler options
 calls are recorded, so a CPU kernel that slipped in would show.
 """
 import collections
+from concurrent import futures
 import dataclasses
 import math
+import os
 import re
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +42,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from specdec_jax.core import decoding
+from specdec_jax.core.decoding import beam_search
+from specdec_jax.core.decoding import speculative_beam as speculative_beam_lib
 from specdec_jax import partitioning
 from specdec_jax.experiment import hlo_reads
 from specdec_jax.core.models import SharedEncoderModel
@@ -126,13 +133,40 @@ def _compile(fn, *args, static=(), donate=(), **kwargs):
   return compiled, time.perf_counter() - start
 
 
+def compile_concurrently(jobs: Dict[str, Callable[[], Any]],
+                         workers: Optional[int] = None) -> Dict[str, Any]:
+  """{name: job()} with the jobs run on `workers` threads (default: the
+  host's cores, at most 4), in the given order.
+
+  XLA compiles without holding the GIL, so on a 2-core host the two decode
+  programs compile side by side: the compile-only run's wall time is about
+  its longest program, not the sum. Each record's compile_seconds is then
+  that program's own wall time, overlapping the others'.
+  """
+  workers = workers or max(1, min(4, os.cpu_count() or 1))
+  with futures.ThreadPoolExecutor(max_workers=workers) as pool:
+    pending = {name: pool.submit(job) for name, job in jobs.items()}
+    return {name: f.result() for name, f in pending.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class BeamShapes:
+  """DECODE='beam': k beams, the draft's width u, R candidate rows, α."""
+  beam_size: int
+  width: int
+  rows: int
+  alpha: float
+
+
 @dataclasses.dataclass(frozen=True)
 class Shapes:
-  """The run's array sizes: batch B, input length S, decode length, γ."""
+  """The run's array sizes: batch B, input length S, decode length, γ;
+  `beam` for DECODE='beam' (None: sampling)."""
   batch: int
   inputs: int
   max_decode_length: int
   gamma: int
+  beam: Optional[BeamShapes] = None
 
   @property
   def cache_len(self) -> int:
@@ -207,6 +241,64 @@ class Compiler:
     return program_record(compiled, secs)
 
 
+def _beam_args(c: "Compiler", target: T5Model):
+  """(target, inputs, alpha, eos) of the beam loops (α traced, as the run)."""
+  return (target, c.tokens(c.shapes.inputs), c.scalar(
+      (), jnp.float32), c.scalar((), jnp.int32))
+
+
+def beam_baseline(c: "Compiler", target: T5Model) -> Dict[str, Any]:
+  """`beam_search.beam_search_loop`, jitted here (no CPU options)."""
+  beam = c.shapes.beam
+  compiled, secs = _compile(beam_search.beam_search_loop,
+                            *_beam_args(c, target),
+                            static=("beam_size", "max_decode_len"),
+                            beam_size=beam.beam_size,
+                            max_decode_len=c.shapes.max_decode_length)
+  return program_record(compiled, secs)
+
+
+def speculative_beam(c: "Compiler", target: T5Model,
+                     draft: Any) -> Dict[str, Any]:
+  """`speculative_beam.speculative_beam_loop`, jitted here."""
+  beam = c.shapes.beam
+  target_, inputs, alpha, eos = _beam_args(c, target)
+  compiled, secs = _compile(
+      speculative_beam_lib.speculative_beam_loop, target_, draft, inputs, alpha,
+      eos, static=("beam_size", "width", "gamma", "num_rows", "max_decode_len"),
+      beam_size=beam.beam_size, width=beam.width, gamma=c.shapes.gamma,
+      num_rows=beam.rows, max_decode_len=c.shapes.max_decode_length)
+  return program_record(compiled, secs)
+
+
+def _rows(c: "Compiler", rows: int) -> "Compiler":
+  """A compiler for calls over `rows` rows (beams) per batch element."""
+  return Compiler(c.mesh,
+                  dataclasses.replace(c.shapes, batch=c.shapes.batch * rows))
+
+
+def _calls(c: "Compiler", target: T5Model, draft: Any):
+  """(calls, jobs, target cache, draft cache): each model's start, compiled
+  now (the calls take its cache shardings), and the three calls the loops
+  make as jobs for `compile_concurrently`, at the rows they make them
+  (beams: B·k target rows, B·R verification rows, B·u draft rows)."""
+  beam = c.shapes.beam
+  step, verify, drafting = ((c, c, c) if beam is None else
+                            (_rows(c, beam.beam_size), _rows(c, beam.rows),
+                             _rows(c, beam.width)))
+  calls = {}
+  calls["target_start"], target_cache = step.start(target)
+  calls["draft_start"], draft_cache = drafting.start(draft)
+  rows_cache = target_cache if beam is None else verify.start(target)[1]
+  jobs = {
+      "target_step": lambda: step.chunk(target, target_cache, 1),
+      "verification": lambda: verify.chunk(target, rows_cache, c.shapes.gamma +
+                                           1),
+      "draft_step": lambda: drafting.chunk(draft, draft_cache, 1),
+  }
+  return calls, jobs, target_cache, draft_cache
+
+
 def compile_all(
     target_config: T5Config, draft_config: T5Config, mesh, shapes: Shapes,
     build_drafter, method,
@@ -224,17 +316,23 @@ def compile_all(
   c = Compiler(mesh, shapes)
   target = abstract_model(target_config, mesh)
   draft = abstract_draft(draft_config, target, mesh)
-  calls = {}
-  calls["target_start"], target_cache = c.start(target)
-  calls["draft_start"], draft_cache = c.start(draft)
-  calls["target_step"] = c.chunk(target, target_cache, 1)
-  calls["verification"] = c.chunk(target, target_cache, shapes.gamma + 1)
-  calls["draft_step"] = c.chunk(draft, draft_cache, 1)
+  calls, call_jobs, target_cache, draft_cache = _calls(c, target, draft)
   rule = decoding.ExactAcceptance() if acceptance is None else acceptance
-  programs = {
-      "baseline": c.baseline(target, method),
-      "speculative": c.speculative(target, build_drafter(draft), method, rule),
-  }
+  if shapes.beam is not None:
+    program_jobs = {
+        "speculative": lambda: speculative_beam(c, target, draft),
+        "baseline": lambda: beam_baseline(c, target),
+    }
+  else:
+    drafter = build_drafter(draft)
+    program_jobs = {
+        "speculative": lambda: c.speculative(target, drafter, method, rule),
+        "baseline": lambda: c.baseline(target, method),
+    }
+  # Longest first: the two decode programs dominate.
+  done = compile_concurrently({**program_jobs, **call_jobs})
+  programs = {k: done.pop(k) for k in ("baseline", "speculative")}
+  calls.update(done)
   return {
       "params": {
           "target": shard_bytes(target.params),
@@ -256,6 +354,9 @@ def speculative_total(target_config: T5Config, draft_config: T5Config, mesh,
   c = Compiler(mesh, shapes)
   rule = decoding.ExactAcceptance() if acceptance is None else acceptance
   target = abstract_model(target_config, mesh)
+  if shapes.beam is not None:
+    draft = abstract_draft(draft_config, target, mesh)
+    return speculative_beam(c, target, draft)["total_bytes"]
   record = c.speculative(
       target, build_drafter(abstract_draft(draft_config, target, mesh)), method,
       rule)

@@ -59,6 +59,9 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
   if args.acceptance != "tree":  # Likewise: a tree's settings, trees only.
     run_args.pop("tree_width")
     run_args.pop("tree_without_replacement")
+  if args.decode == "sample":  # Likewise: beam settings, beam runs only.
+    for k in ("decode", "beam_size", "beam_alpha", "beam_width", "beam_rows"):
+      run_args.pop(k)
   record = {
       "run": run_args,
       "target": gin_utils.t5_config_fields(target_config),

@@ -27,8 +27,10 @@ from specdec_jax import quality as quality_lib
 from specdec_jax.core import models as models_lib
 from specdec_jax import partitioning
 from specdec_jax.checkpoints import feature_draft
+from specdec_jax.core.decoding import beam_decoders
 from specdec_jax.core.decoding import block_acceptance
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import memory
 from specdec_jax.experiment import output_dir as output_dir_lib
@@ -43,6 +45,8 @@ def make_decoders(plan: "RunPlan", target: Any, drafter: Any,
   (ACCEPTANCE='tree': speculative is `decoding.tree_decoder`, which returns
   a `TreeOutput`)."""
   a = plan.args
+  if beam_settings.is_beam(a):
+    return make_beam_decoders(plan, target, drafter, gamma)
   method = a.method()
   baseline = decoding.baseline_decoder(target,
                                        max_decode_length=a.max_decode_length,
@@ -56,6 +60,22 @@ def make_decoders(plan: "RunPlan", target: Any, drafter: Any,
   speculative = decoding.speculative_decoder(
       target, drafter, gamma=gamma, max_decode_length=a.max_decode_length,
       method=method, acceptance=plan.acceptance)
+  return baseline, speculative
+
+
+def make_beam_decoders(plan: "RunPlan", target: Any, draft: Any,
+                       gamma: int) -> Tuple[Decoder, Decoder]:
+  """DECODE='beam': (the target's beam search, speculative beam search
+  with the draft model `draft`), checked once; both return their top beam
+  (`decoding.beam_decoders`)."""
+  a = plan.args
+  baseline = beam_decoders.beam_decoder(target, beam_size=a.beam_size,
+                                        max_decode_length=a.max_decode_length,
+                                        alpha=a.beam_alpha)
+  speculative = beam_decoders.speculative_beam_decoder(
+      target, draft, beam_size=a.beam_size, gamma=gamma,
+      max_decode_length=a.max_decode_length, alpha=a.beam_alpha,
+      width=beam_settings.width(a), num_rows=beam_settings.rows(a))
   return baseline, speculative
 
 
@@ -162,6 +182,7 @@ class RunPlan:
           args.draft_checkpoint_path and
           loading.checkpoint_dir(args.draft_checkpoint_path), target_config)
       _check_tree_width(args, target_config.vocab_size)
+      _check_beam_size(args, target_config.vocab_size)
     except ValueError as e:  # a bad setting, not a bug: no traceback
       raise ConfigError(str(e)) from None
     vocab = providers.vocabulary()
@@ -262,9 +283,40 @@ def _check_memory(args, target_config, draft_config) -> None:
   if (args.drafting.uses_draft_model and
       not args.drafting.spec.reads_target_features):
     configs["draft"] = draft_config
-  memory.check_fits(configs, args.batch_size,
-                    args.task_feature_lengths["inputs"], args.max_decode_length,
-                    memory.available_bytes() * jax.device_count())
+  try:
+    memory.check_fits(configs, _decoded_rows(args),
+                      args.task_feature_lengths["inputs"],
+                      args.max_decode_length,
+                      memory.available_bytes() * jax.device_count())
+  except ConfigError as e:
+    if not beam_settings.is_beam(args):
+      raise
+    raise ConfigError(
+        f"{e} (DECODE='beam': the BATCH_SIZE above is BATCH_SIZE="
+        f"{args.batch_size} times BEAM_ROWS + BEAM_SIZE = "
+        f"{beam_settings.rows(args)} + {args.beam_size} cache rows per "
+        "example; allowed: smaller BEAM_ROWS, BEAM_SIZE or BATCH_SIZE.)"
+    ) from None
+
+
+def _decoded_rows(args) -> int:
+  """The rows the decoders' caches hold: BATCH_SIZE, or for beams every
+  element's candidate rows and beams (a speculative beam call holds both)."""
+  if not beam_settings.is_beam(args):
+    return args.batch_size
+  return args.batch_size * (beam_settings.rows(args) + args.beam_size)
+
+
+def _check_beam_size(args, vocab_size: int) -> None:
+  """DECODE='beam': BEAM_SIZE <= vocab_size / 2 (each element stops on its
+  own, as T5X's joint stop only with 2k real candidates); ValueError."""
+  if not beam_settings.is_beam(args):
+    return
+  try:
+    beam_decoders.check_beam_vocab(args.beam_size, vocab_size)
+  except ValueError as e:
+    raise ValueError(f"BEAM_SIZE={args.beam_size}: {e} Allowed: 1 to "
+                     f"{vocab_size // 2}.") from None
 
 
 def _check_tree_width(args, vocab_size: int) -> None:

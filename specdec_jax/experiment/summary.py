@@ -107,8 +107,34 @@ def _theory_words(metrics: Dict[str, Any]) -> str:
   return _speed_words(metrics["speedup"], metrics["theoretical_speedup"])
 
 
+def _beam_line(metrics: Dict[str, Any]) -> str:
+  """DECODE='beam': speed, steps per call and identity of the beams (no
+  theory: Theorem 3.8 and c model sampling one sequence, not beams)."""
+  speedup = metrics["speedup"]
+  speed = (f"{speedup:.2f}x faster than" if speedup >= 1 else
+           f"{1 / speedup:.2f}x slower ({speedup:.2f}x) than")
+  n = metrics["num_examples"]
+  same = metrics.get("greedy_identical_examples", "?")
+  words = (f"speculative beam search (k={metrics.get('beam_size')}, "
+           f"u={metrics.get('beam_width')}, {metrics.get('beam_rows')} rows, "
+           f"α={metrics.get('beam_alpha')}): {speed} the target's own beam "
+           "search (no theory line: Theorem 3.8 and c are for sampling one "
+           f"sequence, not beams); {metrics['steps_per_target_call']:.2f} beam "
+           "steps per target call, draft steps kept "
+           f"{metrics['alpha']:.2f} of tried; top beams identical to the "
+           f"target's on {same}/{n} examples")
+  if not metrics.get("greedy_outputs_identical"):
+    words += " (NOT all: they must be; docs/design/beyond_the_paper.md)"
+  return words
+
+
 def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
   """Speed, α, exactness, drafting and quality of a walltime run."""
+  if metrics.get("decode") == "beam":
+    quality = _quality_words(metrics)
+    if quality:  # both sides are top beams
+      quality = quality.replace("(target alone)", "(target's beam search)")
+    return [_beam_line(metrics)] + ([f"quality: {quality}"] if quality else [])
   lines = [
       "speculative decoding: " + _theory_words(metrics) +
       f"; alpha {metrics['alpha']:.2f} (share of draft tokens accepted), "
@@ -151,6 +177,14 @@ def _notes(metrics: Dict[str, Any]) -> List[str]:
   return lines
 
 
+def _search_words(args: arguments.RunArguments) -> str:
+  """'T=0 (greedy)', 'T=1', or 'beam search k=4' (DECODE='beam')."""
+  if args.decode == "beam":
+    return f"beam search k={args.beam_size}"
+  temp = args.temperature
+  return f"T={temp:g}{' (greedy)' if temp == 0 else ''}"
+
+
 def summary_lines(metrics: Dict[str, Any],
                   args: arguments.RunArguments) -> List[str]:
   """What happened, in plain words (the last lines `run` prints).
@@ -162,8 +196,8 @@ def summary_lines(metrics: Dict[str, Any],
   temp = args.temperature
   head = (f"{metrics.get('task', 'run')}: target {args.target_name or '?'},"
           f" draft {metrics.get('draft_model') or args.draft_name or '?'}, " +
-          (f"γ={_gamma_words(metrics, args)}, " if args.mode == "walltime" else
-           "") + f"T={temp:g}{' (greedy)' if temp == 0 else ''}, "
+          (f"γ={_gamma_words(metrics, args)}, "
+           if args.mode == "walltime" else "") + _search_words(args) + ", "
           f"{metrics['num_examples']} examples")
   out = args.output_dir
   if args.mode == "alpha":

@@ -27,6 +27,7 @@ from specdec_jax import tasks
 from specdec_jax import timing
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
+from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import predictions
 from specdec_jax.experiment import step_costs
 from specdec_jax.experiment import traces
@@ -147,7 +148,9 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
   time_base = time_spec = 0.0
   calls_base = calls_spec = 0
   histogram = np.zeros(plan.args.gamma + 1, np.int64)
-  tree = plan.args.acceptance == "tree"
+  # A tree or beam run counts kept guesses per call only (no β, no trace
+  # of guesses: `traces.tree_traces`).
+  tree = plan.args.acceptance == "tree" or beam_settings.is_beam(plan.args)
   beta_sum: Optional[float] = None if tree else 0.0
   beta_count: Optional[float] = None if tree else 0.0
   for i, (batch, keep) in enumerate(feed.batches()):
@@ -213,17 +216,14 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
     raise KeyboardInterrupt(f"kept {writer.kept()}; "
                             f"{run_metrics.METRICS_FILE} was not "
                             "written") from None
-  if plan.args.acceptance == "tree":
-    logging.info(
-        "Pricing c: a target step, the tree call over 1 + k·γ = %d nodes "
-        "and the drafter's k branches, interleaved",
-        1 + plan.args.tree_width * plan.args.gamma)
+  steps = None
+  if beam_settings.is_beam(plan.args):
+    logging.info("DECODE='beam': c and Theorem 3.8 are not priced (they "
+                 "model sampling one sequence, not beams)")
   else:
-    logging.info(
-        "Pricing c: target calls of 1 and γ+1 = %d tokens and the "
-        "drafter's guesses, interleaved", plan.args.gamma + 1)
-  steps = step_times(plan, feed.batch(0),
-                     int(decoded.tokens_generated / len(examples)))
+    _log_pricing(plan.args)
+    steps = step_times(plan, feed.batch(0),
+                       int(decoded.tokens_generated / len(examples)))
   decoded, compile_s, steps = slowest_process(decoded, compile_s, steps)
   quality = plan.quality(decoded.base_text, decoded.spec_text,
                          [e["reference"] for e in examples])
@@ -238,10 +238,26 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
         f"the summary above and {run_metrics.PREDICTIONS_FILE} (complete)")
 
   multihost.run_on_first("write", write)  # the others wait for it
-  logging.info("speedup %.2fx (theory %.2fx), alpha %.3f, c %.3f; wrote %s",
-               metrics["speedup"], metrics["theoretical_speedup"],
-               metrics["alpha"], metrics["cost_coefficient_c"], out)
+  if steps is None:
+    logging.info("speedup %.2fx, alpha %.3f; wrote %s", metrics["speedup"],
+                 metrics["alpha"], out)
+  else:
+    logging.info("speedup %.2fx (theory %.2fx), alpha %.3f, c %.3f; wrote %s",
+                 metrics["speedup"], metrics["theoretical_speedup"],
+                 metrics["alpha"], metrics["cost_coefficient_c"], out)
   return metrics
+
+
+def _log_pricing(args: arguments.RunArguments) -> None:
+  if args.acceptance == "tree":
+    logging.info(
+        "Pricing c: a target step, the tree call over 1 + k·γ = %d nodes "
+        "and the drafter's k branches, interleaved",
+        1 + args.tree_width * args.gamma)
+  else:
+    logging.info(
+        "Pricing c: target calls of 1 and γ+1 = %d tokens and the "
+        "drafter's guesses, interleaved", args.gamma + 1)
 
 
 def step_times(plan: RunPlan, batch: jax.Array, fill: int) -> StepTimes:
@@ -267,9 +283,17 @@ def step_times(plan: RunPlan, batch: jax.Array, fill: int) -> StepTimes:
   return StepTimes(t_target, t_draft, t_verify)
 
 
-def slowest_process(decoded: Decoded, compile_s: float, steps: StepTimes):
+def slowest_process(decoded: Decoded, compile_s: float,
+                    steps: Optional[StepTimes]):
   """(decoded, compile_s, steps) with the slowest process's seconds (the
-  user waits for it), exchanged in one collective."""
+  user waits for it), exchanged in one collective (steps None: a beam run,
+  not priced)."""
+  if steps is None:
+    time_base, time_spec, compile_s = multihost.slowest(decoded.time_base,
+                                                        decoded.time_spec,
+                                                        compile_s)
+    return (dataclasses.replace(decoded, time_base=time_base,
+                                time_spec=time_spec), compile_s, None)
   (time_base, time_spec, compile_s, t_target, t_draft,
    t_verify) = multihost.slowest(decoded.time_base, decoded.time_spec,
                                  compile_s, steps.target_step_s,
@@ -281,8 +305,9 @@ def slowest_process(decoded: Decoded, compile_s: float, steps: StepTimes):
 
 def walltime_metrics(
     args: arguments.RunArguments, decoded: Decoded,
-    quality: Dict[str, Dict[str, Any]], compile_s: float, steps: StepTimes,
-    data_info: Dict[str, Any], settings: Dict[str, Any],
+    quality: Dict[str, Dict[str, Any]], compile_s: float,
+    steps: Optional[StepTimes], data_info: Dict[str, Any], settings: Dict[str,
+                                                                          Any],
     gamma_auto: Optional[Dict[str, Any]]) -> run_metrics.RunMetrics:
   """The run's metrics.json.
 
@@ -291,12 +316,13 @@ def walltime_metrics(
     decoded: both decoders' outputs.
     quality: {'bleu' or 'rouge': {'baseline': ..., 'speculative': ...}}.
     compile_s: `compile_decoders`' seconds (the slowest process's).
-    steps: `step_times`.
+    steps: `step_times`; None for a beam run (not priced: c, Theorem 3.8
+      and the call costs are null).
     data_info: the examples' counts (`run_metrics.RunMetrics`' data keys).
     settings: the run's settings record (`output_dir.settings_record`).
     gamma_auto: GAMMA='auto''s pilot and choice, or None.
   """
-  gamma, c = args.gamma, steps.cost_coefficient
+  gamma, c = args.gamma, None if steps is None else steps.cost_coefficient
   alpha = decoded.alpha
   greedy = args.temperature == 0
   base, spec = decoded.base_tokens, decoded.spec_tokens
@@ -324,10 +350,11 @@ def walltime_metrics(
       walltime_speculative_s=decoded.time_spec,
       speedup=decoded.time_base / decoded.time_spec,
       compile_time_s=compile_s,
-      target_step_s=steps.target_step_s,
-      draft_step_s=steps.draft_step_s,
+      target_step_s=None if steps is None else steps.target_step_s,
+      draft_step_s=None if steps is None else steps.draft_step_s,
       cost_coefficient_c=c,
-      **theory_metrics(args, decoded, steps),
+      **(unpriced_theory_metrics() if steps is None else theory_metrics(
+          args, decoded, steps)),
       # Token-for-token identity is the test of exactness at T = 0 only:
       # sampled outputs (T > 0) are compared by distribution (null here).
       greedy_outputs_identical=(bool(np.array_equal(base, spec))
@@ -342,7 +369,35 @@ def walltime_metrics(
       synthetic=False,
       **data_info,
       settings=settings,
-      **drafting_metrics(args, decoded.per_example, tokens, c, gamma_auto))
+      **drafting_metrics(args, decoded.per_example, tokens, c, gamma_auto),
+      **beam_metrics(args, decoded))
+
+
+def unpriced_theory_metrics() -> Dict[str, Any]:
+  """`theory_metrics`' keys of a run that is not priced (DECODE='beam':
+  Theorem 3.8 and c model one sampled sequence, not a beam search)."""
+  return dict.fromkeys(
+      ("theoretical_speedup", "verification_call_s", "verification_cost_ratio",
+       "theoretical_speedup_measured_call_cost", "iteration_overhead",
+       "baseline_overhead"))
+
+
+def beam_metrics(args: arguments.RunArguments,
+                 decoded: Decoded) -> Dict[str, Any]:
+  """metrics.json's DECODE and beam keys (beam keys: None unless
+  DECODE='beam'; `steps_per_target_call`: beam-search steps per speculative
+  target call, each call m = n + 1 steps for n kept draft steps)."""
+  if not beam_settings.is_beam(args):
+    return {"decode": args.decode}
+  steps = float((np.arange(len(decoded.histogram)) + 1) @ decoded.histogram)
+  return {
+      "decode": args.decode,
+      "beam_size": args.beam_size,
+      "beam_alpha": float(args.beam_alpha),
+      "beam_width": beam_settings.width(args),
+      "beam_rows": beam_settings.rows(args),
+      "steps_per_target_call": steps / max(decoded.calls_spec, 1),
+  }
 
 
 def theory_metrics(args: arguments.RunArguments, decoded: Decoded,
@@ -390,6 +445,9 @@ def draft_label(args: arguments.RunArguments, gamma_auto) -> str:
     label += " auto-γ"
   if args.lenience != 1:
     label += f" l={args.lenience:g}"
+  if beam_settings.is_beam(args):
+    label += (f" beam k={args.beam_size} u={beam_settings.width(args)} "
+              f"rows={beam_settings.rows(args)}")
   if args.acceptance == "tree":
     label += f" tree k={args.tree_width}"
   elif args.acceptance != "token":
@@ -411,8 +469,12 @@ def drafting_metrics(args: arguments.RunArguments,
     gamma_auto: `choose_gamma`'s record, or None.
   """
   tree = args.acceptance == "tree"
+  beam = beam_settings.is_beam(args)
   if tree:  # k·γ guesses every call; a one-branch bound means nothing
     guessed = [args.gamma * args.tree_width]
+    bound = None
+  elif beam:  # γ draft beam steps of u beams; a one-sequence bound neither
+    guessed = [args.gamma * beam_settings.width(args)]
     bound = None
   else:
     kept = [t["num_accepted"] for e in per_example for t in e["trace"]]

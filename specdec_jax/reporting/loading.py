@@ -5,6 +5,7 @@ Each check raises `ReportError` naming the file (and line), so the report
 stops with one line before anything is written.
 """
 import json
+import logging
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -67,13 +68,22 @@ def load_results(results_dir: str,
   if not os.path.isdir(results_dir):
     raise ReportError(f"{results_dir}: not a directory")
   skip = os.path.realpath(exclude) if exclude else None
-  runs = []
+  runs, beams = [], 0
   for dirpath, dirnames, filenames in os.walk(results_dir, onerror=None):
     dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and
                          os.path.realpath(os.path.join(dirpath, d)) != skip)
     if run_metrics.METRICS_FILE not in filenames:
       continue
     metrics = load_metrics(os.path.join(dirpath, run_metrics.METRICS_FILE))
+    if metrics.get("decode") == "beam":
+      # Beam runs have no c and no Theorem 3.8 (metrics.json: null), which
+      # every table here prints: left out, said so.
+      logging.warning(
+          "%s: a DECODE='beam' run, left out of the report (its tables are "
+          "Theorem 3.8's, which models sampling one sequence); read its "
+          "metrics.json directly", dirpath)
+      beams += 1
+      continue
     rel = os.path.relpath(dirpath, results_dir)
     metrics["run_name"] = os.path.basename(
         os.path.abspath(results_dir)) if rel == "." else rel
@@ -91,6 +101,11 @@ def load_results(results_dir: str,
       metrics["alpha_sampled"] = float(sampled["alpha_beta"])
       metrics["alpha_sampled_stderr"] = sampled.get("alpha_beta_stderr")
     runs.append(metrics)
+  if not runs and beams:
+    raise ReportError(
+        f"{results_dir}: only DECODE='beam' runs ({beams}), which the "
+        "report leaves out (its tables are Theorem 3.8's); tabulate them "
+        "with scripts/beam_table.py")
   if not runs:
     raise ReportError(f"{results_dir}: no run directories with a "
                       f"{run_metrics.METRICS_FILE} found")

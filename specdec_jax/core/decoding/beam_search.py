@@ -296,10 +296,13 @@ class BeamOutput:
     scores: [B, k] float32 their scores (brevity-penalized log-probability
       for finished beams; raw log-probability where no beam finished).
     steps: [] int32 beam-search steps taken (target calls).
+    element_steps: [B] int32 the steps each batch element's own search was
+      going (`elements_alive`); `steps` is their maximum.
   """
   tokens: Array
   scores: Array
   steps: Array
+  element_steps: Array
 
   @property
   def best(self) -> Array:
@@ -330,19 +333,22 @@ def beam_search_loop(target: Target, encoder_input_tokens: Array, alpha: Array,
   batch = encoder_input_tokens.shape[0]
 
   def body(carry):
-    beams, state = carry
+    beams, state, element_steps = carry
+    element_steps += elements_alive(beams, alpha, max_decode_len)
     tokens = lax.dynamic_slice_in_dim(beams.live_seqs, beams.step, 1, axis=2)
     logits, state = target.decode_chunk(tokens.reshape(batch * beam_size, 1),
                                         state)
     logits = logits.reshape(batch, beam_size, -1).astype(jnp.float32)
     beams, parents = beam_step(beams, logits, alpha, eos_id)
-    return beams, gather_rows(state, beam_rows(parents, beam_size))
+    return (beams, gather_rows(state, beam_rows(parents,
+                                                beam_size)), element_steps)
 
-  beams, _ = lax.while_loop(
+  beams, _, element_steps = lax.while_loop(
       lambda carry: beams_alive(carry[0], alpha, max_decode_len), body,
-      (beams, state))
+      (beams, state, jnp.zeros((batch,), jnp.int32)))
   tokens, scores = final_beams(beams)
-  return BeamOutput(tokens=tokens, scores=scores, steps=beams.step)
+  return BeamOutput(tokens=tokens, scores=scores, steps=beams.step,
+                    element_steps=element_steps)
 
 
 _jit_beam_search_loop = jax.jit(beam_search_loop,

@@ -46,10 +46,11 @@ def baseline_decoder(target: Target, *, max_decode_length: int,
   check_eos_id(eos_id)
   eos, length = np.int32(eos_id), int(max_decode_length)
 
+  program = loops._baseline_program()  # pylint: disable=protected-access
+
   def decode(encoder_input_tokens: jax.Array, rng: jax.Array):
-    return loops._jit_temperature_loop(  # pylint: disable=protected-access
-        target, jnp.asarray(encoder_input_tokens, jnp.int32), rng, eos,
-        max_decode_length=length, method=method)
+    return program(target, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
+                   eos, max_decode_length=length, method=method)
 
   return decode
 

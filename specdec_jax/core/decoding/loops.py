@@ -165,9 +165,11 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
     return jnp.logical_not(jnp.all(s.done))
 
   def body(s):
-    logits, target_state = target.decode_chunk(
-        s.buffer[rows, s.length][:, None], s.target_state)
-    token = method.sample(jax.random.fold_in(rng, s.step), logits[:, 0])
+    with jax.named_scope("verify"):  # the target step
+      logits, target_state = target.decode_chunk(
+          s.buffer[rows, s.length][:, None], s.target_state)
+    with jax.named_scope("acceptance"):  # here: sampling the token
+      token = method.sample(jax.random.fold_in(rng, s.step), logits[:, 0])
     active = jnp.logical_not(s.done)
     buffer = s.buffer.at[rows, s.length + 1].set(
         jnp.where(active, token, s.buffer[rows, s.length + 1]))
@@ -185,6 +187,15 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
 
 _jit_temperature_loop = jax.jit(temperature_loop,
                                 static_argnames=("max_decode_length", "method"))
+_jit_temperature_loop_cpu = jax.jit(
+    temperature_loop, static_argnames=("max_decode_length", "method"),
+    compiler_options=kernels.CPU_BASELINE_COMPILER_OPTIONS)
+
+
+def _baseline_program():
+  """The jitted baseline loop for the default backend."""
+  return (_jit_temperature_loop_cpu
+          if jax.default_backend() == "cpu" else _jit_temperature_loop)
 
 
 def temperature_sample(target: Target, encoder_input_tokens: Array, rng: Array,
@@ -220,11 +231,11 @@ def temperature_sample(target: Target, encoder_input_tokens: Array, rng: Array,
   check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   check_rng(rng)
   check_eos_id(eos_id)
-  return _jit_temperature_loop(target,
-                               jnp.asarray(encoder_input_tokens,
-                                           jnp.int32), rng, np.int32(eos_id),
-                               max_decode_length=int(max_decode_length),
-                               method=method)
+  return _baseline_program()(target, jnp.asarray(encoder_input_tokens,
+                                                 jnp.int32), rng,
+                             np.int32(eos_id),
+                             max_decode_length=int(max_decode_length),
+                             method=method)
 
 
 # ---------------------------------------------------------------------------
@@ -300,35 +311,42 @@ def speculative_iteration(target: Target, drafter: Drafter,
   features = ({
       "target_features": target_features(target, s.target_state)
   } if drafter.reads_target_features else {})
-  draft_state, draft_tokens, draft_probs = drafter.propose(
-      s.draft_state, s.buffer, s.length, draft_rng, gamma=gamma, method=method,
-      **features)
+  # The named scopes label each part's ops in the compiled program
+  # (profiles, `scripts/iteration_hlo.py`); they change no computation.
+  with jax.named_scope("propose"):
+    draft_state, draft_tokens, draft_probs = drafter.propose(
+        s.draft_state, s.buffer, s.length, draft_rng, gamma=gamma,
+        method=method, **features)
 
   # One target call over the γ+1 positions ℓ..ℓ+γ.
   partial = drafter.may_stop_early  # Static: NO_GUESS slots may come back.
-  if partial:
-    logits, target_state = guesses.verify_call(target, s.buffer[rows, s.length],
-                                               draft_tokens, s.target_state)
-  else:
-    chunk = jnp.concatenate([s.buffer[rows, s.length][:, None], draft_tokens],
-                            axis=1)
-    logits, target_state = target.decode_chunk(chunk, s.target_state)
-  verdict = acceptance(accept_rng, logits, draft_tokens, draft_probs, method)
+  with jax.named_scope("verify"):
+    if partial:
+      logits, target_state = guesses.verify_call(target, s.buffer[rows,
+                                                                  s.length],
+                                                 draft_tokens, s.target_state)
+    else:
+      chunk = jnp.concatenate([s.buffer[rows, s.length][:, None], draft_tokens],
+                              axis=1)
+      logits, target_state = target.decode_chunk(chunk, s.target_state)
+  with jax.named_scope("acceptance"):
+    verdict = acceptance(accept_rng, logits, draft_tokens, draft_probs, method)
   num_accepted, next_token = verdict.num_accepted, verdict.next_token
 
   active = jnp.logical_not(s.done)
-  buffer, new_length, done = emit_verdict(s.buffer, s.length, s.done,
-                                          draft_tokens, num_accepted,
-                                          next_token, eos_id, max_decode_length,
-                                          guesses.feedable if partial else None)
+  with jax.named_scope("emit"):
+    buffer, new_length, done = emit_verdict(
+        s.buffer, s.length, s.done, draft_tokens, num_accepted, next_token,
+        eos_id, max_decode_length, guesses.feedable if partial else None)
 
   stats = s.stats
   if stats is not None:
-    stats = stats.update(
-        active=active, draft_tokens=draft_tokens, verdict=verdict,
-        beta=guess_beta(verdict, draft_tokens,
-                        draft_probs), num_kept=new_length - s.length,
-        num_guesses=guesses.num_guesses(draft_tokens) if partial else None)
+    with jax.named_scope("statistics"):
+      stats = stats.update(
+          active=active, draft_tokens=draft_tokens, verdict=verdict,
+          beta=guess_beta(verdict, draft_tokens,
+                          draft_probs), num_kept=new_length - s.length,
+          num_guesses=guesses.num_guesses(draft_tokens) if partial else None)
 
   return SpeculativeState(
       iteration=s.iteration + 1,

@@ -89,12 +89,18 @@ class SpeculativeBeamOutput:
     calls: [] int32 target calls (iterations).
     steps_per_call: [γ + 2] int32 histogram over (call, element still
       searching): entry m counts those that advanced m steps (m >= 1).
+    element_calls: [B] int32 target calls while each element was searching.
+    trace_steps: [B, max_decode_len] int32; entry i is the steps the
+      element's (i+1)-th call advanced it (1 to γ+1); -1 after its last
+      call (`element_calls`).
   """
   tokens: Array
   scores: Array
   steps: Array
   calls: Array
   steps_per_call: Array
+  element_calls: Array
+  trace_steps: Array
 
   @property
   def best(self) -> Array:
@@ -121,6 +127,8 @@ class _LoopState:
     draft_known: [B] int32 positions the draft state holds (<= step).
     calls: [] int32 target calls so far.
     steps_per_call: [γ + 2] int32 histogram of steps per call.
+    element_calls: [B] int32 calls while each element was searching.
+    trace_steps: [B, L] int32 steps of each element's calls, -1 after.
   """
   beams: Beams
   target_state: Any
@@ -128,6 +136,8 @@ class _LoopState:
   draft_known: Array
   calls: Array
   steps_per_call: Array
+  element_calls: Array
+  trace_steps: Array
 
 
 def _row_sequences(beams: Beams, parent: Array, tokens: Array,
@@ -292,7 +302,20 @@ def _iteration(target: Target, draft: Target, state: _LoopState, alpha: Array,
   return _LoopState(beams=new_beams, target_state=target_state,
                     draft_state=gather_rows(root_state, beam_rows(roots, k)),
                     draft_known=beams.step + 1, calls=state.calls + 1,
-                    steps_per_call=histogram)
+                    steps_per_call=histogram, **_traced(state, alive, steps))
+
+
+def _traced(state: _LoopState, alive: Array, steps: Array) -> dict:
+  """The per-element call counts and trace after a call that advanced each
+  element alive [B] by steps [B] (an element advances at least one step a
+  call, so it makes at most L calls and its trace has room)."""
+  batch, length = state.trace_steps.shape
+  column = jnp.minimum(state.element_calls, length - 1)
+  rows = jnp.arange(batch)
+  old = state.trace_steps[rows, column]
+  trace = state.trace_steps.at[rows, column].set(jnp.where(alive, steps, old))
+  return dict(element_calls=state.element_calls + alive.astype(jnp.int32),
+              trace_steps=trace)
 
 
 def speculative_beam_loop(target: Target, draft: Target,
@@ -313,13 +336,13 @@ def speculative_beam_loop(target: Target, draft: Target,
   # One step counter per batch element.
   beams = beam_search.init_beams(start, beam_size, max_decode_len)
   beams = dataclasses.replace(beams, step=jnp.zeros((batch,), jnp.int32))
-  state = _LoopState(beams=beams,
-                     target_state=gather_rows(target_state, copies),
-                     draft_state=gather_rows(draft_state, copies),
-                     draft_known=jnp.zeros(
-                         (batch,), jnp.int32), calls=jnp.zeros(
-                             (), jnp.int32), steps_per_call=jnp.zeros(
-                                 (gamma + 2,), jnp.int32))
+  state = _LoopState(
+      beams=beams, target_state=gather_rows(target_state, copies),
+      draft_state=gather_rows(draft_state, copies), draft_known=jnp.zeros(
+          (batch,), jnp.int32), calls=jnp.zeros(
+              (), jnp.int32), steps_per_call=jnp.zeros((gamma + 2,), jnp.int32),
+      element_calls=jnp.zeros((batch,), jnp.int32), trace_steps=jnp.full(
+          (batch, max_decode_len), -1, jnp.int32))
 
   def alive(state):
     return jnp.any(
@@ -334,7 +357,9 @@ def speculative_beam_loop(target: Target, draft: Target,
   tokens, scores = beam_search.final_beams(state.beams)
   return SpeculativeBeamOutput(tokens=tokens, scores=scores,
                                steps=state.beams.step, calls=state.calls,
-                               steps_per_call=state.steps_per_call)
+                               steps_per_call=state.steps_per_call,
+                               element_calls=state.element_calls,
+                               trace_steps=state.trace_steps)
 
 
 _jit_speculative_beam_loop = jax.jit(
