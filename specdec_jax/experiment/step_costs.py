@@ -40,7 +40,10 @@ def price_calls(args: arguments.RunArguments, drafter, target, batch: jax.Array,
   Args:
     args: the run's arguments.
     drafter: the run's drafter.
-    target: the target model.
+    target: the target model (plain: the baseline's step; a drafter that
+      reads the target's hidden states gets the verification calls timed
+      on `target.with_features()`, as the loop runs them, and is given
+      the target's features over `context`: `FeaturesGiven`).
     batch: [B, S] the encoder inputs.
     target_ks: the target's k values to time (1, a step, is always
       timed; γ+1: the call).
