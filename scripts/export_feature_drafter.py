@@ -2,6 +2,7 @@ r"""Exports a trained feature-level draft as shipped (issue 34).
 
     python scripts/export_feature_drafter.py \
         --model_dir outputs/multi30k/feature_1m \
+        --spm pretrained/multi30k/multi30k.model \
         --out pretrained/multi30k/feature_1m
 
 The latest checkpoint of --model_dir (`python -m specdec_jax.train` with
@@ -9,7 +10,10 @@ train/multi30k_feature_drafter.gin) is read with `feature_checkpoint.load`,
 its parameters cast to --dtype (bfloat16 by default, as the other shipped
 drafts; `head_tokens` stays int32) and written in T5X's Orbax layout
 (`feature_checkpoint.save`: checkpoint_<step>/ with feature_config.json)
-with a DIGESTS.json that loading verifies. An existing output is refused.
+with a DIGESTS.json that loading verifies, recording the SentencePiece
+model (--spm) the draft's target was trained with, as the other shipped
+checkpoints do (a run refuses another vocabulary). An existing output is
+refused.
 """
 import argparse
 import os
@@ -21,13 +25,17 @@ import numpy as np
 
 from specdec_jax import checkpoints
 from specdec_jax.checkpoints import digests
-from specdec_jax.training import feature_checkpoint
+from specdec_jax.checkpoints import feature_draft as feature_checkpoint
 
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--model_dir", required=True)
   parser.add_argument("--out", required=True)
+  parser.add_argument(
+      "--spm", required=True,
+      help="the SentencePiece model the target was trained "
+      "with (recorded in DIGESTS.json)")
   parser.add_argument("--dtype", default="bfloat16",
                       choices=("bfloat16", "float16", "float32"))
   args = parser.parse_args(argv)
@@ -36,12 +44,14 @@ def main(argv=None) -> int:
     parser.error(f"--model_dir {args.model_dir}: no checkpoint_<step> in it")
   if os.path.exists(args.out):
     parser.error(f"--out {args.out} exists: remove it by hand to re-export")
+  if not os.path.isfile(args.spm):
+    parser.error(f"--spm {args.spm}: no such file")
   config, params, head_tokens = feature_checkpoint.load(ckpt)
   dtype = jnp.dtype(args.dtype)
   params = jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype), params)
   step = checkpoints.checkpoint_step(ckpt)
   written = feature_checkpoint.save(args.out, step, params, head_tokens, config)
-  digests.write_manifest(written)
+  digests.write_manifest(written, vocabulary_file=args.spm)
   size = sum(
       os.path.getsize(os.path.join(d, f))
       for d, _, files in os.walk(written)

@@ -35,7 +35,7 @@ from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models.t5 import param_shapes
 from specdec_jax.training import checkpointing
-from specdec_jax.training import feature_checkpoint
+from specdec_jax.checkpoints import feature_draft as feature_checkpoint
 
 TARGET = "pretrained/multi30k/target_38m/checkpoint_1360"
 TARGET_GIN = "models/multi30k_target_38m.gin"

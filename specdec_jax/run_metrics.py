@@ -145,7 +145,8 @@ class RunMetrics:
       inputs_length - 1 tokens plus EOS).
     longest_input_tokens: the longest input, EOS included, before cutting.
     settings: what the OVERWRITE rule compares: every run argument but
-      OUTPUT_DIR / OVERWRITE / MODE, both model configs, the vocabulary.
+      OUTPUT_DIR / OVERWRITE / MODE, both model configs (DRAFTER='feature':
+      the draft's own feature_config.json), the vocabulary.
     drafter: DRAFTER ('model' before the option existed).
     drafter_settings: the drafter's own settings (`DrafterSettings.record`).
     lenience: Appendix A.5's l (1: exact).

@@ -246,7 +246,7 @@ def test_shipped_feature_draft_loads_and_decodes_exactly():
   from specdec_jax import vocab as vocab_lib
   from specdec_jax.core.models import T5Model
   from specdec_jax.core.models import param_shapes
-  from specdec_jax.training import feature_checkpoint
+  from specdec_jax.checkpoints import feature_draft as feature_checkpoint
   from conftest import REPO
   shipped = REPO / "pretrained" / "multi30k"
   ckpt = checkpoints.latest_checkpoint(str(shipped / "feature_1m"))

@@ -25,7 +25,7 @@ from specdec_jax.core.models import FeatureDrafterConfig
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import init_params
 from specdec_jax.training import checkpointing
-from specdec_jax.training import feature_checkpoint
+from specdec_jax.checkpoints import feature_draft as feature_checkpoint
 from specdec_jax import vocab as vocabulary
 from specdec_jax.training.feature_trainer import head_tokens_from_targets
 

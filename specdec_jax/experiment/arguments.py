@@ -40,7 +40,7 @@ MAX_DECODE_LENGTH = 8192
 # ACCEPTANCE: how the target verifies the guesses (both exact).
 ACCEPTANCES = ("token", "block", "tree")
 # The drafters ACCEPTANCE='tree' drafts its branches with (`TreeModelDrafter`).
-TREE_DRAFTERS = ("model", "shared_encoder")
+TREE_DRAFTERS = ("model", "shared_encoder", "feature")
 _DRAFTING = drafter_registry.DrafterSettings()  # its defaults
 # The run arguments of `experiment.drafter_registry.DrafterSettings`.
 DRAFTER_ARGS = tuple(
@@ -70,7 +70,8 @@ class RunArguments:
     target_checkpoint_path: the target's T5X checkpoint dir
       (`.../checkpoint_N`, local or gs://); None = random weights (smoke
       tests only).
-    draft_checkpoint_path: the draft's T5X checkpoint dir, as above.
+    draft_checkpoint_path: the draft's T5X checkpoint dir, as above
+      (drafter 'feature': a feature-level draft's checkpoint, required).
     gamma: Algorithm 1's γ (an integer >= 1), or 'auto' (Theorem 3.8's best
       γ <= 12 for the α, c and call costs measured on the first examples;
       ACCEPTANCE='tree': the tree's best γ, see TREE_WIDTH).
@@ -107,8 +108,10 @@ class RunArguments:
       'shared_encoder' (a draft decoder without an encoder, reading the
       target's encoder output: draft/T5Config.num_encoder_layers = 0),
       'unigram', 'bigram', 'ngram' (counts of ngram_corpus),
-      'prompt_lookup' (copies from the input) or 'hierarchical' (the draft
-      model, itself sped up by inner_drafter).
+      'prompt_lookup' (copies from the input), 'hierarchical' (the draft
+      model, itself sped up by inner_drafter) or 'feature' (a
+      feature-level, EAGLE-style draft reading the target's hidden states;
+      draft_checkpoint_path is its checkpoint, with feature_config.json).
     ngram_corpus: the n-gram drafters' corpus: text in the models'
       language, one sentence per line, or a .npz of token ids.
     ngram_order: the n of drafter 'ngram' (None: 3).
@@ -125,7 +128,8 @@ class RunArguments:
       al. 2025: never fewer kept guesses in expectation; the same as
       'token' at temperature 0) or 'tree' (tree verification: tree_width
       draft branches of γ guesses, scored in one target call of
-      1 + tree_width·γ tokens; needs DRAFTER 'model' or 'shared_encoder').
+      1 + tree_width·γ tokens; needs DRAFTER 'model', 'shared_encoder' or
+      'feature').
     tree_width: ACCEPTANCE='tree': k, the draft branches per target call
       (an integer >= 1; k = 1 is Algorithm 1 run by the tree loop), or
       'auto' (the k <= 4, and with GAMMA='auto' the γ, of the best

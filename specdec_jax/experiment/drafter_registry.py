@@ -10,6 +10,7 @@ INNER_GAMMA, ADAPTIVE_THRESHOLD) and asks its spec. A new drafter is one
 import dataclasses
 from typing import Any, Dict, Mapping, Optional
 
+from specdec_jax.core.drafters.feature import FeatureDrafter
 from specdec_jax.core.drafters.hierarchical import HierarchicalDrafter
 from specdec_jax.core.drafters.model import ModelDrafter
 from specdec_jax.core.drafters.ngram import NGramDrafter
@@ -17,6 +18,7 @@ from specdec_jax.core.drafters.ngram import NGramTable
 from specdec_jax.core.drafters.ngram import build_ngram_table
 from specdec_jax.core.drafters.prompt_lookup import PromptLookupDrafter
 from specdec_jax.experiment import ngram_corpus as corpus_lib
+from specdec_jax.checkpoints import feature_draft
 from specdec_jax.experiment import values
 
 DEFAULT_NGRAM_ORDER = 3  # DRAFTER='ngram' without NGRAM_ORDER.
@@ -32,11 +34,15 @@ class DrafterSpec:
       in c); otherwise one `propose` is timed and divided by γ.
     adaptive: ADAPTIVE_THRESHOLD (a row stops guessing early) applies.
     alpha_mode: MODE='alpha' (β of the draft's q) applies.
+    reads_target_features: the draft reads the target's hidden states (a
+      feature-level draft): DRAFT_CHECKPOINT_PATH is its own checkpoint
+      (`check_draft_checkpoint`), not a T5 model of the gin draft/T5Config.
   """
   uses_draft_model: bool = False
   is_model_step: bool = False
   adaptive: bool = False
   alpha_mode: bool = False
+  reads_target_features: bool = False
 
   def ngram_order(self, settings: "DrafterSettings") -> Optional[int]:
     """The n of the n-gram drafter this uses, or None."""
@@ -55,6 +61,21 @@ class DrafterSpec:
           "DRAFTER=...: the draft has no encoder of its own "
           "(draft/T5Config.num_encoder_layers = 0: a shared-encoder draft); "
           "allowed: DRAFTER='shared_encoder'.")
+
+  def check_draft_checkpoint(self, checkpoint: Optional[str],
+                             target_config: Any) -> Optional[Dict[str, Any]]:
+    """A draft checkpoint that carries its own config, against the target.
+
+    Args:
+      checkpoint: DRAFT_CHECKPOINT_PATH's step folder (resolved), or None.
+      target_config: the target's T5Config.
+
+    Returns:
+      The draft's config as settings record it, or None when the gin
+      draft/T5Config describes the draft (every drafter but 'feature').
+    """
+    del checkpoint, target_config
+    return None
 
   def build(self, settings: "DrafterSettings", draft_model: Any,
             table: Optional[NGramTable], vocab_size: int) -> Any:
@@ -203,6 +224,55 @@ class HierarchicalSpec(DrafterSpec):
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec(DrafterSpec):
+  """A feature-level (EAGLE-style) draft reading the target's hidden states
+  (issue 34, `drafters.FeatureDrafter`). DRAFT_CHECKPOINT_PATH is a
+  `checkpoints.feature_draft` (feature_config.json beside the weights),
+  bound to the loaded target (`load_draft_model`); the speculative decoder
+  runs `target.with_features()` (`plan.speculative_target`). Priced as the
+  loop runs it (one `propose` over γ), like every drafter."""
+  uses_draft_model: bool = True
+  reads_target_features: bool = True
+
+  def check_draft_config(self, draft_config, target_config):
+    # The gin draft/T5Config does not describe this draft: its own config
+    # is checked against the target in `check_draft_checkpoint`.
+    del draft_config, target_config
+
+  def check_draft_checkpoint(self, checkpoint, target_config):
+    if not checkpoint:
+      raise ValueError(
+          "DRAFTER='feature' with DRAFT_CHECKPOINT_PATH=None: a feature-level "
+          "draft has no random-weight stand-in; allowed: the folder of a "
+          "feature draft's checkpoint (feature_config.json beside it), e.g. "
+          "'pretrained/multi30k/feature_1m' (trained by "
+          "train/multi30k_feature_drafter.gin).")
+    try:
+      config = feature_draft.read_config(checkpoint)
+    except (ValueError, TypeError) as e:
+      raise ValueError(f"DRAFTER='feature' with DRAFT_CHECKPOINT_PATH: {e} "
+                       "Allowed: a feature-level draft's checkpoint (written "
+                       "by train/multi30k_feature_drafter.gin).") from None
+    want = (target_config.emb_dim, target_config.vocab_size)
+    if (config.feature_dim, config.vocab_size) != want:
+      raise ValueError(
+          f"DRAFTER='feature': DRAFT_CHECKPOINT_PATH {checkpoint} reads "
+          f"features of width {config.feature_dim} over a vocabulary of "
+          f"{config.vocab_size}, but the target has emb_dim "
+          f"{target_config.emb_dim} and vocab_size "
+          f"{target_config.vocab_size}; allowed: a feature draft trained "
+          f"for this target (feature_dim = {want[0]}, vocab_size = "
+          f"{want[1]}).")
+    return feature_draft.config_fields(config)
+
+  def build(self, settings, draft_model, table, vocab_size):
+    return FeatureDrafter(draft_model)
+
+  def label(self, settings, draft_name):
+    return draft_name
+
+
 # DRAFTER's values. Insertion order is the order error messages list them.
 DRAFTERS: Dict[str, DrafterSpec] = {
     "model": ModelSpec(),
@@ -212,6 +282,7 @@ DRAFTERS: Dict[str, DrafterSpec] = {
     "prompt_lookup": PromptLookupSpec(),
     "hierarchical": HierarchicalSpec(),
     "shared_encoder": ModelSpec(shared_encoder=True),
+    "feature": FeatureSpec(),
 }
 # INNER_DRAFTER's values (what speeds up the draft model in 'hierarchical').
 INNER_DRAFTERS: Mapping[str, DrafterSpec] = {
@@ -315,6 +386,12 @@ class DrafterSettings:
     except ValueError as e:
       raise ValueError(
           str(e).replace("DRAFTER=...", f"DRAFTER={self.drafter!r}")) from None
+
+  def check_draft_checkpoint(self, checkpoint: Optional[str],
+                             target_config: Any) -> Optional[Dict[str, Any]]:
+    """DRAFTER's own draft checkpoint against the target (a feature draft);
+    its config for the settings record, or None; raises ValueError."""
+    return self.spec.check_draft_checkpoint(checkpoint, target_config)
 
   def ngram_table(self, vocab: Any, vocab_size: int,
                   corpus_path: Optional[str] = None) -> Optional[NGramTable]:

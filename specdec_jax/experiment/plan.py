@@ -17,6 +17,7 @@ import dataclasses
 import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from absl import logging
 import jax
 import numpy as np
 
@@ -25,6 +26,7 @@ from specdec_jax import gin_utils
 from specdec_jax import quality as quality_lib
 from specdec_jax.core import models as models_lib
 from specdec_jax import partitioning
+from specdec_jax.checkpoints import feature_draft
 from specdec_jax.core.decoding import beam_decoders
 from specdec_jax.core.decoding import block_acceptance
 from specdec_jax.experiment import arguments
@@ -49,6 +51,7 @@ def make_decoders(plan: "RunPlan", target: Any, drafter: Any,
   baseline = decoding.baseline_decoder(target,
                                        max_decode_length=a.max_decode_length,
                                        method=method)
+  target = speculative_target(target, drafter)
   if a.acceptance == "tree":
     return baseline, decoding.tree_decoder(
         target, drafter, gamma=gamma, tree_width=a.tree_width,
@@ -76,6 +79,27 @@ def make_beam_decoders(plan: "RunPlan", target: Any, draft: Any,
   return baseline, speculative
 
 
+def speculative_target(target: Any, drafter: Any) -> Any:
+  """The target the speculative loop runs with `drafter`.
+
+  `target.with_features()` when the drafter reads the target's hidden
+  states (a feature-level draft, `Drafter.reads_target_features`), else
+  `target` itself. The baseline always runs the plain target: the same
+  weights and logits (bit for bit, `tests/test_feature_drafter.py`), without
+  the features' cache, whose writes are the speculative loop's own cost.
+  """
+  reads = decoding.as_drafter(drafter).reads_target_features
+  return target.with_features() if reads else target
+
+
+def load_feature_draft(checkpoint_path: str, target: Any) -> Any:
+  """The feature-level draft of DRAFT_CHECKPOINT_PATH bound to `target`
+  (`feature_draft.load_draft_model`: float32, digests verified)."""
+  path = loading.checkpoint_dir(checkpoint_path)
+  logging.info("Loading the feature-level draft from %s", path)
+  return feature_draft.load_draft_model(path, target)
+
+
 @dataclasses.dataclass(frozen=True)
 class Providers:
   """What a run takes from outside (tests hand in fakes).
@@ -84,10 +108,13 @@ class Providers:
     vocabulary: () -> the vocabulary (gin's `vocabulary.*` bindings).
     load_model: (config, checkpoint_path, seed, mesh, what) -> a model.
     decoders: (plan, target, drafter, gamma) -> (baseline, speculative).
+    load_feature_draft: (checkpoint_path, target) -> a feature-level draft
+      (DRAFTER='feature').
   """
   vocabulary: Callable[[], Any] = loading.vocabulary
   load_model: Callable[..., Any] = loading.load_model
   decoders: Callable[..., Tuple[Decoder, Decoder]] = make_decoders
+  load_feature_draft: Callable[[str, Any], Any] = load_feature_draft
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +178,9 @@ class RunPlan:
       decoding.check_vocab_sizes(target_config.vocab_size,
                                  draft_config.vocab_size)
       drafting.check_draft_config(draft_config, target_config)
+      own_draft_config = drafting.check_draft_checkpoint(
+          args.draft_checkpoint_path and
+          loading.checkpoint_dir(args.draft_checkpoint_path), target_config)
       _check_tree_width(args, target_config.vocab_size)
       _check_beam_size(args, target_config.vocab_size)
     except ValueError as e:  # a bad setting, not a bug: no traceback
@@ -164,13 +194,14 @@ class RunPlan:
       kind = _task_kind(args)
     except ValueError as e:
       raise ConfigError(str(e)) from None
-    return cls(
-        args=args, target_config=target_config, draft_config=draft_config,
-        vocab=vocab, ngram_table=table, acceptance=_acceptance(args),
-        task_kind=kind,
-        settings=output_dir_lib.settings_record(args, target_config,
-                                                draft_config,
-                                                vocab), providers=providers)
+    settings = output_dir_lib.settings_record(args, target_config, draft_config,
+                                              vocab)
+    if own_draft_config is not None:  # a feature draft: its own config
+      settings["draft"] = own_draft_config
+    return cls(args=args, target_config=target_config,
+               draft_config=draft_config, vocab=vocab, ngram_table=table,
+               acceptance=_acceptance(args), task_kind=kind, settings=settings,
+               providers=providers)
 
   # -- loading --------------------------------------------------------------
   def load_models(self, reuse: Optional[Models] = None) -> Models:
@@ -186,6 +217,15 @@ class RunPlan:
           mesh,
           load(self.target_config, a.target_checkpoint_path, a.seed, mesh,
                "target"))
+    feature = a.drafting.spec.reads_target_features
+    if reuse.draft is not None and feature != isinstance(
+        reuse.draft, models_lib.FeatureDraftModel):  # a sweep's other kind
+      reuse = dataclasses.replace(reuse, draft=None)
+    if reuse.draft is None and feature:
+      return dataclasses.replace(
+          reuse,
+          draft=self.providers.load_feature_draft(a.draft_checkpoint_path,
+                                                  reuse.target))
     if reuse.draft is None and a.drafting.uses_draft_model:
       draft = load(self.draft_config, a.draft_checkpoint_path, a.seed + 1,
                    reuse.mesh, "draft")
@@ -241,7 +281,10 @@ class RunPlan:
 def _check_memory(args, target_config, draft_config) -> None:
   """Refuses lengths no machine here could decode (`memory`)."""
   configs = {"target": target_config}
-  if args.drafting.uses_draft_model:
+  # A feature draft is not the gin draft/T5Config (its cache is a fraction
+  # of the target's).
+  if (args.drafting.uses_draft_model and
+      not args.drafting.spec.reads_target_features):
     configs["draft"] = draft_config
   try:
     memory.check_fits(configs, _decoded_rows(args),

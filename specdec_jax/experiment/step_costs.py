@@ -5,6 +5,7 @@ here.
 """
 from typing import Any, Dict, Tuple
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +14,8 @@ from specdec_jax.core import decoding
 from specdec_jax import multihost
 from specdec_jax import timing
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment.plan import speculative_target
+from specdec_jax.core.protocols import Drafter
 from specdec_jax.core.protocols import target_encoder_output
 
 # Calls per timed program and interleaved rounds: ~1/4 of `timing`'s
@@ -37,7 +40,10 @@ def price_calls(args: arguments.RunArguments, drafter, target, batch: jax.Array,
   Args:
     args: the run's arguments.
     drafter: the run's drafter.
-    target: the target model.
+    target: the target model (plain: the baseline's step; a drafter that
+      reads the target's hidden states gets the verification calls timed
+      on `target.with_features()`, as the loop runs them, and is given
+      the target's features over `context`: `FeaturesGiven`).
     batch: [B, S] the encoder inputs.
     target_ks: the target's k values to time (1, a step, is always
       timed; γ+1: the call).
@@ -59,14 +65,87 @@ def price_calls(args: arguments.RunArguments, drafter, target, batch: jax.Array,
       drafter, inputs,
       target_encoder_output(target,
                             timing.start(target, inputs, max_len=cache_len)))
-  buffer = np.pad(np.asarray(multihost.to_host(context)),
-                  ((0, 0), (1, gamma + 2)))
-  proposer = timing.Proposer(drafter, state, jnp.asarray(buffer, jnp.int32),
-                             args.method())
+  buffer = jnp.asarray(
+      np.pad(np.asarray(multihost.to_host(context)), ((0, 0), (1, gamma + 2))),
+      jnp.int32)
+  # The verification calls as the loop makes them: with the target's
+  # features kept when the drafter reads them; a step (k = 1) is the
+  # baseline's, the plain target's.
+  verifier = speculative_target(target, drafter)
+  if drafter.reads_target_features:
+    drafter = FeaturesGiven(
+        drafter,
+        context_features(verifier, inputs, buffer[:, :fill + 2], cache_len))
+  proposer = timing.Proposer(drafter, state, buffer, args.method())
   # k = 1 first: the reference the others' ratios are taken to.
-  calls: Dict[Any, Any] = {k: (target, k) for k in sorted(set(target_ks) | {1})}
+  calls: Dict[Any, Any] = {
+      k: (target if k == 1 else verifier, k)
+      for k in sorted(set(target_ks) | {1})
+  }
   calls["draft"] = (proposer, gamma)
   seconds = timing.call_seconds(calls, np.asarray(inputs), fill=fill,
                                 cache_len=cache_len, steps=STEPS,
                                 repeats=REPEATS)
   return seconds, seconds.pop("draft") / gamma
+
+
+def context_features(target: Any, inputs: jax.Array, tokens: jax.Array,
+                     cache_len: int) -> jax.Array:
+  """[B, cache_len, F] the target's hidden states after it is fed `tokens`.
+
+  Args:
+    target: a target that keeps its features (`with_features()`).
+    inputs: [B, S] the encoder inputs.
+    tokens: [B, n] int32 the context, start token first (n <= cache_len):
+      entries [:, :n] of the result are the target's own.
+    cache_len: the cache's slots.
+  """
+
+  @jax.jit
+  def fed(target, inputs, tokens):
+    state = target.start(inputs, cache_len)
+    return target.features(target.decode_chunk(tokens, state)[1])
+
+  return fed(target, inputs, tokens)
+
+
+@flax.struct.dataclass
+class FeaturesGiven(Drafter):
+  """A drafter that reads the target's hidden states, with them fixed.
+
+  For pricing only (`timing.Proposer` calls `propose` as the loop calls
+  every drafter): `propose` hands `features` [B, max_len, F], the target's
+  hidden states over a real context (`context_features`), to the drafter
+  as `target_features`, as the loop does from the target's state. The
+  drafter's work is the same; the loop's read of the features is not
+  timed (a slice of an array the target call already wrote).
+  """
+  drafter: Any
+  features: jax.Array
+
+  @property
+  def vocab_size(self) -> int:
+    return self.drafter.vocab_size
+
+  @property
+  def may_stop_early(self) -> bool:
+    return self.drafter.may_stop_early
+
+  def init(self, encoder_input_tokens, max_len, encoder_output=None):
+    return self.drafter.init(encoder_input_tokens, max_len, encoder_output)
+
+  def propose(self, state, buffer, length, rng, *, gamma, method):
+    return self.drafter.propose(state, buffer, length, rng, gamma=gamma,
+                                method=method, target_features=self.features)
+
+  def rollback(self, state, length):
+    return self.drafter.rollback(state, length)
+
+  def propose_tree(self, state, buffer, length, rng, *, gamma, width, method):
+    """The tree drafter's `propose_tree`, given the features as well."""
+    return self.drafter.propose_tree(state, buffer, length, rng, gamma=gamma,
+                                     width=width, method=method,
+                                     target_features=self.features)
+
+  def rollback_tree(self, state, length, branch):
+    return self.drafter.rollback_tree(state, length, branch)

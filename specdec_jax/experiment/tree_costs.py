@@ -21,6 +21,7 @@ from specdec_jax.core.drafters import tree as tree_drafters
 from specdec_jax.core.protocols import target_encoder_output
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import step_costs
+from specdec_jax.experiment.plan import speculative_target
 
 
 @flax.struct.dataclass
@@ -51,7 +52,8 @@ class TreeProposer:
   `rollback_tree` to one branch the loop makes after each call.
 
   Attributes:
-    drafter: a `drafters.TreeModelDrafter`.
+    drafter: a tree drafter (`drafters.as_tree_drafter`), or one given
+      the target's features (`step_costs.FeaturesGiven`).
     width: k (static).
   """
   drafter: Any
@@ -101,23 +103,31 @@ def price_tree_calls(args: arguments.RunArguments, drafter, target,
   draft_len = args.max_decode_length + gamma + 1
   fill = min(max(1, fill), args.max_decode_length - 1)
   inputs = jnp.asarray(multihost.to_host(batch), jnp.int32)
-  proposer = TreeProposer(
-      tree_drafters.as_tree_drafter(drafter, args.tree_without_replacement),
-      width)
+  tree_drafter = tree_drafters.as_tree_drafter(drafter,
+                                               args.tree_without_replacement)
+  buffer = jnp.asarray(
+      np.pad(np.asarray(multihost.to_host(context)), ((0, 0), (1, gamma + 2))),
+      jnp.int32)
+  # A feature-level draft: the tree call on the target keeping its hidden
+  # states, the draft given them over the context (`step_costs`).
+  verifier = speculative_target(target, drafter)
+  if tree_drafter.reads_target_features:
+    tree_drafter = step_costs.FeaturesGiven(
+        tree_drafter,
+        step_costs.context_features(verifier, inputs, buffer[:, :fill + 2],
+                                    cache_len))
+  proposer = TreeProposer(tree_drafter, width)
   state = jax.jit(lambda d, x, e: d.init(x, draft_len, e))(
       proposer, inputs,
       target_encoder_output(target,
                             timing.start(target, inputs, max_len=cache_len)))
-  buffer = np.pad(np.asarray(multihost.to_host(context)),
-                  ((0, 0), (1, gamma + 2)))
   parents = tuple(int(p) for p in tree_acceptance.chain_parents(width, gamma))
   seconds = timing.call_seconds(
       {
           "step": (target, 1),
-          "tree": (TreeCall(target, parents), nodes),
+          "tree": (TreeCall(verifier, parents), nodes),
           "draft":
-              (timing.Proposer(proposer, state, jnp.asarray(buffer, jnp.int32),
-                               args.method()), gamma),
+              (timing.Proposer(proposer, state, buffer, args.method()), gamma),
       }, np.asarray(inputs), fill=fill, cache_len=cache_len,
       steps=step_costs.STEPS, repeats=step_costs.REPEATS)
   return seconds["step"], seconds["draft"] / gamma, seconds["tree"]

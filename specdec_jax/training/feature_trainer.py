@@ -9,7 +9,7 @@ optimizer as every other run; what differs:
 2. The head's tokens: the ``head_size`` most frequent tokens of the
    training targets (EOS included; ties by id), counted once.
 3. The step minimises `feature_loss.feature_losses`.
-4. Checkpoints (`feature_checkpoint`: T5X's Orbax layout, the draft's
+4. Checkpoints (`checkpoints.feature_draft`: T5X's Orbax layout, the draft's
    parameters, ``head_tokens`` [K] int32 and ``feature_config.json``); a
    model_dir that holds one already is refused (no resumption: these runs
    take minutes).
@@ -36,7 +36,7 @@ from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 from specdec_jax.core.models.feature_drafter import init_feature_params
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
-from specdec_jax.training import feature_checkpoint
+from specdec_jax.checkpoints import feature_draft as feature_checkpoint
 from specdec_jax.training import teacher as teacher_lib
 from specdec_jax import vocab as vocabulary
 from specdec_jax.training.config import TrainConfig

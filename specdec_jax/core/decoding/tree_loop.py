@@ -1,7 +1,9 @@
 """Speculative decoding with tree verification: k draft branches per call.
 
 Each iteration the draft proposes k branches of γ guesses per row
-(`drafters.TreeModelDrafter.propose_tree`), the target scores the whole
+(`drafters.TreeModelDrafter.propose_tree`; a feature-level draft's top-k
+branches: `drafters.feature_tree`, handed the target's hidden states as
+the token loop hands them to `propose`), the target scores the whole
 chain tree, 1 + k·γ nodes, in one call (`protocols.TreeTarget.decode_tree`),
 `TreeAcceptance` keeps a path of n guesses and draws the next token, and
 both models keep that path by index (`commit_path` then `truncate` for the
@@ -34,6 +36,7 @@ from specdec_jax.core.drafters.tree import TreeModelDrafter
 from specdec_jax.core.protocols import AcceptanceRule
 from specdec_jax.core.protocols import supports_tree
 from specdec_jax.core.protocols import target_encoder_output
+from specdec_jax.core.protocols import target_features
 
 Array = jax.Array
 
@@ -106,9 +109,13 @@ def tree_iteration(target: Any, drafter: TreeModelDrafter,
   batch = s.buffer.shape[0]
   rows = jnp.arange(batch)
   draft_rng, accept_rng = jax.random.split(jax.random.fold_in(rng, s.iteration))
+  # A feature-level drafter also reads the target's hidden states.
+  features = ({
+      "target_features": target_features(target, s.target_state)
+  } if drafter.reads_target_features else {})
   draft_state, draft_tokens, draft_probs = drafter.propose_tree(
       s.draft_state, s.buffer, s.length, draft_rng, gamma=gamma, width=width,
-      method=method)
+      method=method, **features)
   nodes = jnp.concatenate([
       s.buffer[rows, s.length][:, None],
       draft_tokens.reshape(batch, width * gamma)
@@ -280,7 +287,9 @@ def tree_speculative_sample(target: Any, drafter: Any,
     tree_width: k >= 1 branches of γ guesses per row (static); k = 1 is
       Algorithm 1.
     target: must implement `protocols.TreeTarget` (`models.T5Model` does).
-    drafter: a `ModelDrafter` (no adaptive γ) or a small model.
+    drafter: a `ModelDrafter` (no adaptive γ) or a small model, or a
+      `FeatureDrafter` (its top-k branches; the target must keep its
+      features: `T5Model.with_features()`).
     without_replacement: at T > 0 the k first guesses are drawn without
       replacement from q_1 (distinct; recursive rejection sampling at depth
       1) rather than i.i.d.; both exact.

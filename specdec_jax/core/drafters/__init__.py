@@ -11,6 +11,8 @@
 * `HierarchicalDrafter`: M_q sped up by one of the two above (§5).
 * `TreeModelDrafter` (`as_tree_drafter`): a `ModelDrafter` that also
   proposes k branches per row, for tree verification.
+* `FeatureDrafter`: a feature-level (EAGLE-style) draft reading the
+  target's hidden states; `FeatureTreeDrafter`, its top-k branches.
 
 Deterministic drafters (prompt lookup, or any at temperature 0) return
 `draft_probs=None` and need no [B, γ, V] arrays; see docs/extending.md
@@ -29,13 +31,15 @@ from specdec_jax.core.drafters.hierarchical import HierarchicalDrafter
 from specdec_jax.core.drafters.hierarchical import HierarchicalState
 from specdec_jax.core.drafters.feature import FeatureDrafter
 from specdec_jax.core.drafters.feature import FeatureDrafterState
+from specdec_jax.core.drafters.feature_tree import FeatureTreeDrafter
 from specdec_jax.core.drafters.tree import TreeDraftState
 from specdec_jax.core.drafters.tree import TreeModelDrafter
 from specdec_jax.core.drafters.tree import as_tree_drafter
 
 __all__ = [
-    "Drafter", "FeatureDrafter", "FeatureDrafterState", "HierarchicalDrafter",
-    "HierarchicalState", "ModelDrafter", "ModelDrafterState", "NGramDrafter",
-    "NGramTable", "NO_GUESS", "PromptLookupDrafter", "TreeDraftState",
-    "TreeModelDrafter", "as_tree_drafter", "build_ngram_table", "guesses"
+    "Drafter", "FeatureDrafter", "FeatureDrafterState", "FeatureTreeDrafter",
+    "HierarchicalDrafter", "HierarchicalState", "ModelDrafter",
+    "ModelDrafterState", "NGramDrafter", "NGramTable", "NO_GUESS",
+    "PromptLookupDrafter", "TreeDraftState", "TreeModelDrafter",
+    "as_tree_drafter", "build_ngram_table", "guesses"
 ]

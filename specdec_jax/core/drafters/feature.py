@@ -77,26 +77,11 @@ class FeatureDrafter(Drafter):
       rng: Array, *, gamma: int, method: sampling.SamplingMethod,
       target_features: Optional[Array] = None
   ) -> Tuple[FeatureDrafterState, Array, Optional[Array]]:
-    if target_features is None:
-      raise ValueError("FeatureDrafter.propose needs target_features "
-                       "([B, max_len, F], `Target.features`).")
     batch = buffer.shape[0]
-    rows = jnp.arange(batch)
-    fed = state.length
-    pos = fed[:, None] + jnp.arange(gamma + 1)[None, :]  # [B, γ+1]
-    tokens = jnp.take_along_axis(buffer, jnp.minimum(pos, buffer.shape[1] - 1),
-                                 axis=1)
-    prev = pos - 1
-    feats = jnp.take_along_axis(
-        target_features,
-        jnp.clip(prev, 0, target_features.shape[1] - 1)[..., None], axis=1)
-    feats = jnp.where((prev >= 0)[..., None], feats, 0)
-    features, logits, cache = self.model.decode_chunk(feats, tokens,
-                                                      state.cache)
-    at = jnp.clip(length - fed, 0, gamma)  # Position ℓ within the chunk.
-    cache = self.model.truncate(cache, length + 1)
+    logits, feature, cache = self.catch_up(state, buffer, length, gamma,
+                                           target_features)
     rngs = jax.random.split(rng, gamma)
-    token, q = method.draw(rngs[0], logits[rows, at])
+    token, q = method.draw(rngs[0], logits)
     draft_tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(token)
     draft_probs = None if q is None else jnp.zeros(
         (batch, gamma, q.shape[-1]), jnp.float32).at[:, 0].set(q)
@@ -112,8 +97,40 @@ class FeatureDrafter(Drafter):
                                                      i].set(token), draft_probs)
 
     cache, _, draft_tokens, draft_probs = lax.fori_loop(
-        1, gamma, step, (cache, features[rows, at], draft_tokens, draft_probs))
+        1, gamma, step, (cache, feature, draft_tokens, draft_probs))
     return FeatureDrafterState(cache, length + 1), draft_tokens, draft_probs
+
+  def catch_up(
+      self, state: FeatureDrafterState, buffer: Array, length: Array,
+      gamma: int,
+      target_features: Optional[Array]) -> Tuple[Array, Array, DecodeCache]:
+    """Step 1 of `propose`: the (γ+1)-position chunk fed with the target's
+    features, from the first position not yet fed with them.
+
+    Returns:
+      (logits [B, V] of q_1 at position ℓ = length, the predicted feature
+      f̂_ℓ [B, F], the cache holding positions 0..ℓ, all fed with the
+      target's features).
+    """
+    if target_features is None:
+      raise ValueError("FeatureDrafter.propose needs target_features "
+                       "([B, max_len, F], `Target.features`).")
+    rows = jnp.arange(buffer.shape[0])
+    fed = state.length
+    pos = fed[:, None] + jnp.arange(gamma + 1)[None, :]  # [B, γ+1]
+    tokens = jnp.take_along_axis(buffer, jnp.minimum(pos, buffer.shape[1] - 1),
+                                 axis=1)
+    prev = pos - 1
+    feats = jnp.take_along_axis(
+        target_features,
+        jnp.clip(prev, 0, target_features.shape[1] - 1)[..., None], axis=1)
+    feats = jnp.where((prev >= 0)[..., None], feats, 0)
+    features, logits, cache = self.model.decode_chunk(feats, tokens,
+                                                      state.cache)
+    at = jnp.clip(length - fed, 0, gamma)  # Position ℓ within the chunk.
+    return (logits[rows,
+                   at], features[rows,
+                                 at], self.model.truncate(cache, length + 1))
 
   def rollback(self, state: FeatureDrafterState,
                length: Array) -> FeatureDrafterState:

@@ -33,6 +33,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from specdec_jax.core import sampling
+from specdec_jax.core.drafters.branches import first_guesses
+from specdec_jax.core.drafters.branches import repeat_rows
+from specdec_jax.core.drafters.feature import FeatureDrafter
+from specdec_jax.core.drafters.feature_tree import FeatureTreeDrafter
 from specdec_jax.core.drafters.model import ModelDrafter
 from specdec_jax.core.drafters.model import ModelDrafterState
 
@@ -52,11 +56,6 @@ class TreeDraftState:
   model_state: Any
   length: Array
   width: int = flax.struct.field(pytree_node=False)
-
-
-def _repeat_rows(tree: Any, width: int) -> Any:
-  """Every leaf [B, ...] -> [B·k, ...], row b·k + j a copy of row b."""
-  return jax.tree_util.tree_map(lambda x: jnp.repeat(x, width, axis=0), tree)
 
 
 @flax.struct.dataclass
@@ -90,19 +89,8 @@ class TreeModelDrafter(ModelDrafter):
     batch = buffer.shape[0]
     logits, model_state = self.catch_up(state, buffer, length)
     rngs = jax.random.split(rng, gamma)
-    if method.is_greedy:
-      first = lax.top_k(logits, width)[1].astype(jnp.int32)  # [B, k]
-      first_q = None
-    elif self.first_without_replacement:
-      first_q = method.standardize(
-          jnp.broadcast_to(logits[:, None], (batch, width) + logits.shape[-1:]))
-      gumbel = jax.random.gumbel(rngs[0], logits.shape)
-      first = lax.top_k(jnp.log(first_q[:, 0]) + gumbel,
-                        width)[1].astype(jnp.int32)
-    else:
-      first, first_q = method.draw(
-          rngs[0],
-          jnp.broadcast_to(logits[:, None], (batch, width) + logits.shape[-1:]))
+    first, first_q = first_guesses(rngs[0], logits, width, method,
+                                   self.first_without_replacement)
     tokens = jnp.zeros((batch, width, gamma), jnp.int32).at[:, :, 0].set(first)
     probs = None if first_q is None else jnp.zeros(
         (batch, width, gamma,
@@ -119,7 +107,7 @@ class TreeModelDrafter(ModelDrafter):
       return model_state, tokens.at[:, :, i].set(token), probs
 
     model_state, tokens, probs = lax.fori_loop(
-        1, gamma, step, (_repeat_rows(model_state, width), tokens, probs))
+        1, gamma, step, (repeat_rows(model_state, width), tokens, probs))
     return TreeDraftState(model_state, length + gamma, width), tokens, probs
 
   def rollback_tree(self, state: TreeDraftState, length: Array,
@@ -131,11 +119,15 @@ class TreeModelDrafter(ModelDrafter):
     return self.rollback(ModelDrafterState(model_state, state.length), length)
 
 
-def as_tree_drafter(
-    drafter: Any, first_without_replacement: bool = False) -> TreeModelDrafter:
+def as_tree_drafter(drafter: Any,
+                    first_without_replacement: bool = False) -> Any:
   """A `TreeModelDrafter` (with `first_without_replacement`) for a
   `ModelDrafter` (without adaptive γ) or a model with the `Target`
-  interface; ValueError for anything else."""
+  interface, a `FeatureTreeDrafter` for a `FeatureDrafter`; ValueError for
+  anything else."""
+  if isinstance(drafter, FeatureDrafter):  # its top-k branches
+    return FeatureTreeDrafter(
+        drafter.model, first_without_replacement=first_without_replacement)
   if isinstance(drafter, ModelDrafter):
     model, threshold = drafter.model, drafter.confidence_threshold
   elif callable(getattr(drafter, "decode_chunk", None)):

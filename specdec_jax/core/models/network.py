@@ -330,7 +330,8 @@ def commit_path(cache: DecodeCache, path: Array,
                 path_length: Array) -> DecodeCache:
   """Keeps one root-to-node path of a scored tree (`Decoder.decode_tree`).
 
-  Moves the keys/values of nodes path[b, :path_length[b]] (written at slots
+  Moves the keys/values (and the kept hidden states, `features`, if any) of
+  nodes path[b, :path_length[b]] (written at slots
   length + node) to slots length, length+1, ... and advances length by
   path_length; the other nodes' slots lie past the new length, masked, as
   after a rollback. Gathered before written, so a path may read slots it
@@ -351,9 +352,15 @@ def commit_path(cache: DecodeCache, path: Array,
         lambda row, new, s: lax.dynamic_update_slice(row, new, (0, 0, s)))(
             rows, picked, start)
 
+  features = cache.features
+  if features is not None:  # [B, max_len, F]: kept hidden states move too.
+    picked = jnp.take_along_axis(features, slots[:, :, None], axis=1)
+    features = jax.vmap(
+        lambda row, new, s: lax.dynamic_update_slice(row, new, (s, 0)))(
+            features, picked, start)
   return dataclasses.replace(cache, keys=tuple(map(move, cache.keys)),
                              values=tuple(map(move, cache.values)),
-                             length=start + path_length)
+                             length=start + path_length, features=features)
 
 
 class Transformer(nn.Module):

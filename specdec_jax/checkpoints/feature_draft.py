@@ -34,13 +34,13 @@ def config_fields(config: FeatureDrafterConfig) -> Dict[str, Any]:
 
 
 def read_config(ckpt: str) -> FeatureDrafterConfig:
-  """The `FeatureDrafterConfig` written beside a checkpoint."""
+  """The `FeatureDrafterConfig` written beside a checkpoint (local or
+  gs://, as the weights)."""
   path = os.path.join(ckpt, FEATURE_CONFIG_FILE)
-  if not os.path.isfile(path):
+  if not io_utils.isfile(path):
     raise ValueError(f"{ckpt}: no {FEATURE_CONFIG_FILE}: not a feature-level "
                      "draft's checkpoint.")
-  with open(path) as f:
-    return FeatureDrafterConfig(**json.load(f))
+  return FeatureDrafterConfig(**json.loads(io_utils.read_text(path)))
 
 
 def save(directory: str, step: int, params, head_tokens: np.ndarray,
