@@ -20,8 +20,9 @@ MEASURED = ("walltime_baseline_s", "walltime_speculative_s", "speedup",
             "verification_cost_ratio", "theoretical_speedup_measured_call_cost",
             "per_iteration_gamma")
 
-# metrics.json keys added after the fixtures were written.
-ADDED = ("iteration_overhead", "baseline_overhead")
+# metrics.json keys added after the fixtures were written: issue 32's overheads, issue 35's DECODE (every run says
+# whether it sampled or searched beams).
+ADDED = ("iteration_overhead", "baseline_overhead", "decode")
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_gin")]
 
