@@ -29,7 +29,8 @@ from specdec_jax.core.decoding.checks import check_target
 from specdec_jax.core.decoding.checks import check_vocab_sizes
 
 Array = jax.Array
-# Caches updated in place on XLA:CPU (`kernels`); other backends ignore it.
+# The speculative beam loop updates its caches in place on XLA:CPU
+# (`kernels`; the baseline keeps XLA's default); other backends ignore it.
 _IN_PLACE = kernels.CPU_IN_PLACE_COMPILER_OPTIONS
 
 
@@ -100,7 +101,7 @@ def beam_decoder(target: Any, *, beam_size: int, max_decode_length: int,
                   max_decode_len=int(max_decode_length))
   alpha, eos = np.float32(alpha), np.int32(eos_id)
 
-  @functools.partial(jax.jit, compiler_options=_IN_PLACE)
+  @jax.jit
   def program(target, encoder_input_tokens):
     out = beam_search.beam_search_loop(target, encoder_input_tokens, alpha, eos,
                                        **settings)

@@ -39,7 +39,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from specdec_jax.core import kernels
 from specdec_jax.core.decoding.checks import check_encoder_inputs
 from specdec_jax.core.decoding.checks import check_eos_id
 from specdec_jax.core.decoding.checks import check_target
@@ -352,11 +351,8 @@ def beam_search_loop(target: Target, encoder_input_tokens: Array, alpha: Array,
                     element_steps=element_steps)
 
 
-# The caches updated in place on XLA:CPU (`kernels`; other backends ignore
-# the option), as in the sampling loops.
-_jit_beam_search_loop = jax.jit(
-    beam_search_loop, static_argnames=("beam_size", "max_decode_len"),
-    compiler_options=kernels.CPU_IN_PLACE_COMPILER_OPTIONS)
+_jit_beam_search_loop = jax.jit(beam_search_loop,
+                                static_argnames=("beam_size", "max_decode_len"))
 
 
 def _is_int(value: Any) -> bool:
