@@ -46,3 +46,32 @@ def first_guesses(rng: Array, logits: Array, width: int,
     gumbel = jax.random.gumbel(rng, logits.shape)
     return lax.top_k(jnp.log(q[:, 0]) + gumbel, width)[1].astype(jnp.int32), q
   return method.draw(rng, branched)
+
+
+def branch_buffers(first: Array, first_q: Optional[Array],
+                   gamma: int) -> Tuple[Array, Optional[Array]]:
+  """The k branches' guess buffers, the first guesses in place.
+
+  Args:
+    first: [B, k] int32 and first_q: [B, k, V] float32 or None, as
+      `first_guesses` returns them.
+
+  Returns:
+    (tokens [B, k, γ] int32, probs [B, k, γ, V] float32 or None), zeros past
+    the first guess.
+  """
+  batch, width = first.shape
+  tokens = jnp.zeros((batch, width, gamma), jnp.int32).at[:, :, 0].set(first)
+  probs = None if first_q is None else jnp.zeros(
+      (batch, width, gamma, first_q.shape[-1]), jnp.float32).at[:, :,
+                                                                0].set(first_q)
+  return tokens, probs
+
+
+def put_guess(tokens: Array, probs: Optional[Array], i: Array, token: Array,
+              q: Optional[Array]) -> Tuple[Array, Optional[Array]]:
+  """Guess i of every branch, token [B, k] (and q [B, k, V]), written into
+  the `branch_buffers`."""
+  if probs is not None:
+    probs = probs.at[:, :, i].set(q)
+  return tokens.at[:, :, i].set(token), probs

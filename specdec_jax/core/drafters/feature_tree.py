@@ -23,7 +23,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from specdec_jax.core import sampling
+from specdec_jax.core.drafters.branches import branch_buffers
 from specdec_jax.core.drafters.branches import first_guesses
+from specdec_jax.core.drafters.branches import put_guess
 from specdec_jax.core.drafters.branches import repeat_rows
 from specdec_jax.core.drafters.feature import FeatureDrafter
 from specdec_jax.core.drafters.feature import FeatureDrafterState
@@ -63,10 +65,7 @@ class FeatureTreeDrafter(FeatureDrafter):
     rngs = jax.random.split(rng, gamma)
     first, first_q = first_guesses(rngs[0], logits, width, method,
                                    self.first_without_replacement)
-    tokens = jnp.zeros((batch, width, gamma), jnp.int32).at[:, :, 0].set(first)
-    probs = None if first_q is None else jnp.zeros(
-        (batch, width, gamma,
-         first_q.shape[-1]), jnp.float32).at[:, :, 0].set(first_q)
+    tokens, probs = branch_buffers(first, first_q, gamma)
 
     # Guesses 2..γ on B·k rows: feed (f̂ of the previous position, x_{j,i-1}).
     def step(i, carry):
@@ -75,9 +74,8 @@ class FeatureTreeDrafter(FeatureDrafter):
           feature[:, None], tokens[:, :, i - 1].reshape(batch * width, 1),
           branch_cache)
       token, q = method.draw(rngs[i], step_logits.reshape(batch, width, -1))
-      if probs is not None:
-        probs = probs.at[:, :, i].set(q)
-      return branch_cache, features[:, 0], tokens.at[:, :, i].set(token), probs
+      return (branch_cache, features[:, 0]) + put_guess(tokens, probs, i, token,
+                                                        q)
 
     _, _, tokens, probs = lax.fori_loop(1, gamma, step, (repeat_rows(
         cache, width), jnp.repeat(feature, width, axis=0), tokens, probs))

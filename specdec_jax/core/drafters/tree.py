@@ -33,7 +33,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from specdec_jax.core import sampling
+from specdec_jax.core.drafters.branches import branch_buffers
 from specdec_jax.core.drafters.branches import first_guesses
+from specdec_jax.core.drafters.branches import put_guess
 from specdec_jax.core.drafters.branches import repeat_rows
 from specdec_jax.core.drafters.feature import FeatureDrafter
 from specdec_jax.core.drafters.feature_tree import FeatureTreeDrafter
@@ -91,10 +93,7 @@ class TreeModelDrafter(ModelDrafter):
     rngs = jax.random.split(rng, gamma)
     first, first_q = first_guesses(rngs[0], logits, width, method,
                                    self.first_without_replacement)
-    tokens = jnp.zeros((batch, width, gamma), jnp.int32).at[:, :, 0].set(first)
-    probs = None if first_q is None else jnp.zeros(
-        (batch, width, gamma,
-         first_q.shape[-1]), jnp.float32).at[:, :, 0].set(first_q)
+    tokens, probs = branch_buffers(first, first_q, gamma)
 
     # Steps 2..γ on B·k rows: feed x_{j,i-1}, guess x_{j,i}.
     def step(i, carry):
@@ -102,9 +101,7 @@ class TreeModelDrafter(ModelDrafter):
       step_logits, model_state = self.model.decode_chunk(
           tokens[:, :, i - 1].reshape(batch * width, 1), model_state)
       token, q = method.draw(rngs[i], step_logits.reshape(batch, width, -1))
-      if probs is not None:
-        probs = probs.at[:, :, i].set(q)
-      return model_state, tokens.at[:, :, i].set(token), probs
+      return (model_state,) + put_guess(tokens, probs, i, token, q)
 
     model_state, tokens, probs = lax.fori_loop(
         1, gamma, step, (repeat_rows(model_state, width), tokens, probs))
