@@ -25,7 +25,7 @@ The entry points run the host-side argument checks of `decoding.checks`
 anything is traced or compiled, and return `decoding.outputs`' classes. Their
 public names are importable from here too.
 """
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import flax
 import jax
@@ -286,6 +286,25 @@ def init_speculative_state(target: Target, drafter: Drafter,
               batch, gamma, max_decode_length) if statistics else None))
 
 
+def iteration_inputs(target: Target, drafter: Drafter, target_state: Any,
+                     iteration: Array,
+                     rng: Array) -> Tuple[Array, Array, Dict[str, Any]]:
+  """What an iteration of a speculative loop (chain or tree) starts from.
+
+  Args:
+    target_state: the target's state; iteration: [] int32, folded into rng.
+
+  Returns:
+    (the draft's rng, the acceptance rule's rng, the drafter's extra keyword
+    arguments: a feature-level drafter's `target_features`, else none).
+  """
+  draft_rng, accept_rng = jax.random.split(jax.random.fold_in(rng, iteration))
+  features = ({
+      "target_features": target_features(target, target_state)
+  } if drafter.reads_target_features else {})
+  return draft_rng, accept_rng, features
+
+
 def speculative_iteration(target: Target, drafter: Drafter,
                           acceptance: AcceptanceRule, s: SpeculativeState,
                           rng: Array, eos_id: Array, *, gamma: int,
@@ -306,11 +325,9 @@ def speculative_iteration(target: Target, drafter: Drafter,
   """
   batch = s.buffer.shape[0]
   rows = jnp.arange(batch)
-  draft_rng, accept_rng = jax.random.split(jax.random.fold_in(rng, s.iteration))
-  # A feature-level drafter also reads the target's hidden states.
-  features = ({
-      "target_features": target_features(target, s.target_state)
-  } if drafter.reads_target_features else {})
+  draft_rng, accept_rng, features = iteration_inputs(target, drafter,
+                                                     s.target_state,
+                                                     s.iteration, rng)
   # The named scopes label each part's ops in the compiled program
   # (profiles, `scripts/iteration_hlo.py`); they change no computation.
   with jax.named_scope("propose"):

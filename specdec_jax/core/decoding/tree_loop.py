@@ -27,6 +27,7 @@ from specdec_jax.core.decoding.loops import _finish
 from specdec_jax.core.decoding.loops import _start_buffer
 from specdec_jax.core.decoding.loops import emit_verdict
 from specdec_jax.core.decoding.loops import EOS_ID
+from specdec_jax.core.decoding.loops import iteration_inputs
 from specdec_jax.core.decoding.tree_acceptance import chain_parents
 from specdec_jax.core.decoding.tree_acceptance import path_nodes
 from specdec_jax.core.decoding.tree_acceptance import TreeAcceptance
@@ -36,7 +37,6 @@ from specdec_jax.core.drafters.tree import TreeModelDrafter
 from specdec_jax.core.protocols import AcceptanceRule
 from specdec_jax.core.protocols import supports_tree
 from specdec_jax.core.protocols import target_encoder_output
-from specdec_jax.core.protocols import target_features
 
 Array = jax.Array
 
@@ -108,11 +108,9 @@ def tree_iteration(target: Any, drafter: TreeModelDrafter,
   """One draft-tree / one-target-call / accept iteration for every row."""
   batch = s.buffer.shape[0]
   rows = jnp.arange(batch)
-  draft_rng, accept_rng = jax.random.split(jax.random.fold_in(rng, s.iteration))
-  # A feature-level drafter also reads the target's hidden states.
-  features = ({
-      "target_features": target_features(target, s.target_state)
-  } if drafter.reads_target_features else {})
+  draft_rng, accept_rng, features = iteration_inputs(target, drafter,
+                                                     s.target_state,
+                                                     s.iteration, rng)
   draft_state, draft_tokens, draft_probs = drafter.propose_tree(
       s.draft_state, s.buffer, s.length, draft_rng, gamma=gamma, width=width,
       method=method, **features)
