@@ -35,12 +35,11 @@ import jax
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax import gin_utils
+from specdec_jax.benchmarking import pretrained
 from specdec_jax import vocab as vocab_lib
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import speculative_beam
 from specdec_jax.core.models import T5Model
-from specdec_jax.core.models import param_shapes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PRETRAINED = REPO / "pretrained" / "multi30k"
@@ -93,14 +92,9 @@ def host_info() -> Dict[str, Any]:
 
 
 def load_model(name: str, gin_file: str) -> T5Model:
-  config = gin_utils.read_t5_config(gin_file)
-  ckpt = checkpoints.latest_checkpoint(str(PRETRAINED / name))
-  if ckpt is None:
+  if checkpoints.latest_checkpoint(str(PRETRAINED / name)) is None:
     raise SystemExit(f"no checkpoint in {PRETRAINED / name}")
-  params = checkpoints.load_t5x_params(ckpt,
-                                       expected=param_shapes(config)["params"],
-                                       dtype=config.dtype)
-  return T5Model(config, {"params": params}).prepared_for_decoding()
+  return pretrained.load_for_decoding(str(PRETRAINED / name), gin_file)
 
 
 def encode_batches(args: argparse.Namespace) -> List[np.ndarray]:

@@ -45,15 +45,12 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
+from specdec_jax.benchmarking import pretrained  # pylint: disable=g-import-not-at-top
 from specdec_jax.core import decoding
-from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax.core import sampling
 from specdec_jax import timing
 from specdec_jax import vocab as vocab_lib
-from specdec_jax.core.models import T5Model
-from specdec_jax.core.models import param_shapes
 
 PRETRAINED = os.path.join(REPO, "pretrained", "multi30k")
 # Inputs are padded to a multiple of this (`experiment.runner.INPUT_BUCKET`).
@@ -119,15 +116,6 @@ def _check_flags():
     if not os.path.exists(path):
       raise app.UsageError(f"{name}: {path} does not exist.")
   return widths, nodes, temperatures
-
-
-def _load(path, gin_file):
-  config = gin_utils.read_t5_config(gin_file)
-  ckpt = checkpoints.latest_checkpoint(path) or path
-  params = checkpoints.load_t5x_params(ckpt,
-                                       expected=param_shapes(config)["params"],
-                                       dtype=config.dtype)
-  return T5Model(config, {"params": params}).prepared_for_decoding()
 
 
 def pad_to_bucket(ids, bucket=INPUT_BUCKET):
@@ -297,8 +285,8 @@ def _host():
 def main(argv):
   del argv
   widths, nodes, temperatures = _check_flags()
-  target = _load(_TARGET.value, _TARGET_GIN.value)
-  draft = _load(_DRAFT.value, _DRAFT_GIN.value)
+  target = pretrained.load_for_decoding(_TARGET.value, _TARGET_GIN.value)
+  draft = pretrained.load_for_decoding(_DRAFT.value, _DRAFT_GIN.value)
   inputs = _inputs(_SENTENCES.value)
   result = {
       "host_before": _host(),

@@ -24,16 +24,13 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec_jax import checkpoints  # pylint: disable=g-import-not-at-top
-from specdec_jax import gin_utils
+from specdec_jax.benchmarking import pretrained  # pylint: disable=g-import-not-at-top
 from specdec_jax import io_utils
 from specdec_jax.benchmarking import hlo_ops
 from specdec_jax.core import decoding
 from specdec_jax.core import kernels
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import loops
-from specdec_jax.core.models import T5Model
-from specdec_jax.core.models import param_shapes
 
 PRETRAINED = os.path.join(REPO, "pretrained", "multi30k")
 _GAMMA = flags.DEFINE_integer("gamma", 3, "Draft guesses per iteration γ.")
@@ -41,20 +38,14 @@ _LENGTH = flags.DEFINE_integer("max_decode_length", 48, "Decode length.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the counts as JSON.")
 
 
-def _load(name: str, gin_file: str) -> T5Model:
-  config = gin_utils.read_t5_config(gin_file)
-  path = os.path.join(PRETRAINED, name)
-  params = checkpoints.load_t5x_params(
-      checkpoints.latest_checkpoint(path) or path,
-      expected=param_shapes(config)["params"], dtype=config.dtype)
-  return T5Model(config, {"params": params}).prepared_for_decoding()
-
-
 def main(argv):
   del argv
-  target = _load("target_38m", "models/multi30k_target_38m.gin")
+  target = pretrained.load_for_decoding(os.path.join(PRETRAINED, "target_38m"),
+                                        "models/multi30k_target_38m.gin")
   draft = decoding.ModelDrafter(
-      _load("draft_1m_distill_38m", "models/multi30k_draft_1m.gin"))
+      pretrained.load_for_decoding(
+          os.path.join(PRETRAINED, "draft_1m_distill_38m"),
+          "models/multi30k_draft_1m.gin"))
   inputs = np.ones((1, 64), np.int32)
   rng, eos, greedy = jax.random.PRNGKey(0), np.int32(1), sampling.Greedy()
   length = _LENGTH.value
