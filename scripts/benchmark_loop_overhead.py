@@ -15,7 +15,11 @@ captions of `configs/data/captions_en_de.tsv`):
   step t1, a draft step d1 (c = d1 / t1) and a verification call tv;
 * an iteration split (`iteration_split_s`): the draft's `propose` as the
   loop runs it, the verification call, the bookkeeping left over in one
-  iteration at a fixed length, and what the while loop adds to it.
+  iteration at a fixed length, and what the while loop adds to it;
+* a split of the fixed cost (`fixed_split_s`): dispatching a program that
+  takes the models (pytree flattening, launch, result to the host), each
+  model's `start` (encoder, cross-attention keys/values, cache set-up), and
+  the rest of each decoder's intercept.
 
 Overhead ratios above 1 are loop work that is not the model (the issue-10
 target: within 1.15). Medians of interleaved rounds; compilation excluded
@@ -137,6 +141,26 @@ def _parts(target, draft, inputs, *, gamma, long, steps):
   }
 
 
+@jax.jit
+def _dispatch(target, draft, inputs, rng):
+  """A program that takes what a decode takes and does nothing: its time
+  is the per-call cost of handing a pair of models to a program."""
+  del target, draft, rng
+  return inputs[:, 0]
+
+
+def _starts(target, draft, inputs, *, gamma, short):
+  """name -> program: a no-op dispatch, and each model's `start` at the
+  short length's cache size, as the decoders start."""
+  rng = jax.random.PRNGKey(0)
+  cache_len = short + gamma + 1
+  return {
+      "dispatch": lambda: _dispatch(target, draft, inputs, rng),
+      "target_start": lambda: timing.start(target, inputs, max_len=cache_len),
+      "draft_start": lambda: timing.start(draft, inputs, max_len=cache_len),
+  }
+
+
 def measure(target, draft, inputs, *, gamma, short, long, rounds):
   """The breakdown (seconds and ratios) averaged over `inputs`."""
   rng = jax.random.PRNGKey(0)
@@ -156,7 +180,9 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
   steps = 16
   parts = _parts(target, draft, jnp.asarray(inputs[0]), gamma=gamma, long=long,
                  steps=steps)
-  med = _median_seconds({**programs, **parts}, rounds)
+  starts = _starts(target, draft, jnp.asarray(inputs[0]), gamma=gamma,
+                   short=short)
+  med = _median_seconds({**programs, **parts, **starts}, rounds)
   t1, tv, d1 = (med[k] / steps for k in ("t1", "tv", "d1"))
   propose, iteration = med["propose"] / steps, med["iteration"] / steps
   n = len(inputs)
@@ -200,6 +226,17 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
           "iteration_fixed_length": iteration,
           "while_loop": spec_iter - iteration,
       },
+      # The fixed cost per example, part by part (first sentence's width):
+      # what any call pays to hand over the models, the models' starts,
+      # and the rest of each intercept (neither a model call nor dispatch).
+      "fixed_split_s": {
+          "dispatch": med["dispatch"],
+          "target_start": med["target_start"],
+          "draft_start": med["draft_start"],
+          "baseline_rest": base_fixed - med["dispatch"] - med["target_start"],
+          "speculative_rest": (spec_fixed - med["dispatch"] -
+                               med["target_start"] - med["draft_start"]),
+      },
       "tokens_per_iteration": n * tokens / spec_iters,
       "marginal_speedup": base_token * n * tokens / (spec_iters * spec_iter),
       "backend": jax.default_backend(),
@@ -230,6 +267,8 @@ def main(argv):
   split = result["iteration_split_s"]
   print("an iteration, part by part: " +
         ", ".join(f"{k} {ms(v)}" for k, v in split.items()))
+  print("the fixed cost, part by part: " +
+        ", ".join(f"{k} {ms(v)}" for k, v in result["fixed_split_s"].items()))
   print(f"marginal speedup (per token, fixed costs aside): "
         f"{result['marginal_speedup']:.2f}x")
   if _OUTPUT.value:

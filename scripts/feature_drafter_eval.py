@@ -14,6 +14,13 @@ c: the median walltime of one draft step (one position) over one target
 step (`decode_chunk` of one token), batch 1, jitted, at decoder position
 ~10; also the catch-up chunk (γ+1 positions) and, for comparison, the
 shipped 1M shared-encoder draft's step. Run on a quiet machine for c.
+
+Cheaper heads (--head_variants, e.g. 2000,1000,4000r32): the trained draft
+with its head restricted to the K most frequent target tokens of the
+training data (`restrict_head`) and/or factorised to rank r by SVD
+(`low_rank_head`), no retraining; for each, α through the loop as above,
+the step's measured time and c, and c by bytes (the parameters a step
+reads over the target decoder step's: the memory-bound host's c).
 """
 import argparse
 import json
@@ -98,19 +105,21 @@ def step_costs(target, draft, shared, inputs, gamma):
   d_cache = draft.start_from_encoder_output(enc, 80)
   feats = jnp.zeros((1, 10, draft.config.feature_dim), jnp.float32)
   _, _, d_cache = draft.decode_chunk(feats, prefix, d_cache)
-  s_cache = shared.start_from_encoder_output(enc, 80)
-  _, s_cache = shared.decode_chunk(prefix, s_cache)
   chunk = jnp.zeros((1, gamma + 1), jnp.int32)
-  return {
+  out = {
       "target_step_s": median_seconds(t_step, target, token, t_cache),
       "draft_step_s": median_seconds(d_step, draft, feats[:, :1], token,
                                      d_cache),
       "draft_catch_up_chunk_s": median_seconds(
           d_step, draft, jnp.zeros((1, gamma + 1, draft.config.feature_dim)),
           chunk, d_cache),
-      "shared_encoder_1m_step_s": median_seconds(t_step, shared, token,
-                                                 s_cache),
   }
+  if shared is not None:
+    s_cache = shared.start_from_encoder_output(enc, 80)
+    _, s_cache = shared.decode_chunk(prefix, s_cache)
+    out["shared_encoder_1m_step_s"] = median_seconds(t_step, shared, token,
+                                                     s_cache)
+  return out
 
 
 def head_size_costs(target, draft, inputs, sizes):
@@ -136,6 +145,60 @@ def head_size_costs(target, draft, inputs, sizes):
   return out
 
 
+def parse_variant(text: str, head_size: int):
+  """'2000' -> (2000, None); '4000r32' -> (4000, 32)."""
+  size, _, rank = text.partition("r")
+  size, rank = int(size), (int(rank) if rank else None)
+  if not 1 <= size <= head_size:
+    raise ValueError(f"--head_variants: {text!r} keeps {size} tokens; the "
+                     f"trained head has {head_size}.")
+  return size, rank
+
+
+def frequency_order(sp, vocab_size: int):
+  """K -> the trainer's head tokens [K] for a head of K tokens: the K most
+  frequent tokens of train.de (the training targets, encoded as the
+  trainer encodes them)."""
+  from specdec_jax.training.feature_trainer import head_tokens_from_targets  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(DATA, "train.de")) as f:
+    lines = f.read().splitlines()
+  targets = tasks.encode_batch(sp, lines, 64)
+  return lambda k: head_tokens_from_targets(targets, k, vocab_size)
+
+
+def head_variants(target, plain, draft, variants, heads, inputs, gamma,
+                  batch, skip_cost):
+  """{variant: α, params, c by bytes and, unless skip_cost, measured}."""
+  from specdec_jax.benchmarking.bandwidth import decoder_param_bytes  # pylint: disable=g-import-not-at-top
+  from specdec_jax.core.models.feature_drafter import FeatureDraftModel  # pylint: disable=g-import-not-at-top
+  from specdec_jax.core.models.feature_drafter import low_rank_head  # pylint: disable=g-import-not-at-top
+  from specdec_jax.core.models.feature_drafter import restrict_head  # pylint: disable=g-import-not-at-top
+  target_bytes = decoder_param_bytes(plain.unpacked().params)
+  out = {}
+  for text in variants:
+    size, rank = parse_variant(text, draft.config.head_size)
+    config, params, head = restrict_head(draft.config, draft.params,
+                                         draft.head_tokens, heads(size))
+    if rank is not None:
+      config, params = low_rank_head(config, params, rank)
+    model = FeatureDraftModel.for_target(config, params, head, target)
+    row = {
+        "head_size": size,
+        "head_rank": rank,
+        "step_params": config.step_params,
+        "c_bytes": 4 * config.step_params / target_bytes,
+        "alpha": alpha(target, drafters.FeatureDrafter(model), inputs, gamma,
+                       batch, eos=1),
+    }
+    if not skip_cost:
+      costs = step_costs(target, model, None, inputs, gamma)
+      row["draft_step_s"] = costs["draft_step_s"]
+      row["c"] = costs["draft_step_s"] / costs["target_step_s"]
+    out[text] = row
+    print(text, json.dumps(row), flush=True)
+  return out
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--draft", required=True, help="checkpoint_<step> dir")
@@ -148,6 +211,10 @@ def main(argv=None) -> int:
                       help="also α of the shipped 1M shared-encoder draft")
   parser.add_argument("--head_sizes", default="",
                       help="comma-separated head sizes K to price as well")
+  parser.add_argument("--head_variants", default="",
+                      help="comma-separated cheaper heads of the trained "
+                      "draft: K (its K most frequent tokens) or KrR (and "
+                      "rank R), e.g. 2000,1000,4000r32")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
   if args.num_examples < 1 or args.gamma < 1 or args.batch < 1:
@@ -167,6 +234,12 @@ def main(argv=None) -> int:
     sources = f.read().splitlines()[:args.num_examples]
   inputs = tasks.encode_batch(sp, sources, 64)
   inputs = inputs[:, :int((inputs > 0).sum(1).max())]
+  variants = [v for v in args.head_variants.split(",") if v]
+  for v in variants:
+    try:
+      parse_variant(v, draft.config.head_size)
+    except ValueError as e:
+      parser.error(str(e))
   result = {
       "draft": args.draft,
       "gamma": args.gamma,
@@ -193,6 +266,14 @@ def main(argv=None) -> int:
       costs["draft_step_s_by_head_size"] = head_size_costs(
           target, draft, inputs, [int(k) for k in args.head_sizes.split(",")])
     result["cost"] = costs
+  if variants:
+    heads = frequency_order(sp, draft.vocab_size)
+    if not np.array_equal(heads(draft.config.head_size), draft.head_tokens):
+      raise SystemExit(f"{args.draft}: its head tokens are not train.de's "
+                       "most frequent: cannot order them by frequency.")
+    result["head_variants"] = head_variants(target, plain, draft, variants,
+                                            heads, inputs, args.gamma,
+                                            args.batch, args.skip_cost)
   print(json.dumps(result, indent=1))
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)

@@ -124,6 +124,49 @@ def expected_tokens_per_iteration(alpha: ArrayLike,
   return _maybe_scalar(value, alpha, gamma)
 
 
+def expected_target_calls(alpha: float, gamma: int, length: int) -> float:
+  """Expected target calls to emit `length` tokens (EOS included) when each
+  guess is kept with probability alpha, independently.
+
+  A call emits N tokens, P(N = n) = alpha^(n-1) (1 - alpha) for n <= gamma
+  and P(N = gamma + 1) = alpha^gamma (Equation (1)'s capped geometric), but
+  the sentence's last call emits only what is left: E[calls(r)] = 1 +
+  sum_n P(N = n) E[calls(r - n)], E[calls(r <= 0)] = 0. Equation (1) is the
+  limit of length / E[calls(length)] for long outputs.
+
+  Raises:
+    ValueError: alpha outside [0, 1], gamma < 1 or length < 0.
+  """
+  a = float(_check_alpha(alpha))
+  g = int(_check_gamma(gamma))
+  if not isinstance(length, (int, np.integer)) or length < 0:
+    raise ValueError(f"length={length!r} is outside the allowed range: a "
+                     "non-negative integer.")
+  probs = np.array([a**(n - 1) * (1 - a) for n in range(1, g + 1)] + [a**g])
+  calls = np.zeros(int(length) + 1)
+  for r in range(1, int(length) + 1):
+    rest = calls[np.maximum(r - np.arange(1, g + 2), 0)]
+    calls[r] = 1.0 + probs @ rest
+  return float(calls[-1])
+
+
+def expected_tokens_per_call_with_ends(alpha: float, gamma: int,
+                                       lengths: Sequence[int]) -> float:
+  """Tokens per target call over outputs of these lengths (i.i.d.
+  acceptance, each sentence's last call cut at its end): sum(lengths) /
+  sum(E[calls(length)]) (`expected_target_calls`). Below Equation (1)'s
+  value, the more so the shorter the outputs.
+
+  Raises:
+    ValueError: no lengths, or all of them 0; as `expected_target_calls`.
+  """
+  lengths = [int(x) for x in lengths]
+  if not lengths or sum(lengths) == 0:
+    raise ValueError(f"lengths must hold a positive total, got {lengths[:8]}.")
+  calls = {n: expected_target_calls(alpha, gamma, n) for n in set(lengths)}
+  return sum(lengths) / sum(calls[n] for n in lengths)
+
+
 def expected_speedup(alpha: ArrayLike, gamma: ArrayLike,
                      cost_coefficient: ArrayLike,
                      call_cost: ArrayLike = 1.0) -> Union[float, np.ndarray]:

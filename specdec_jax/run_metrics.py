@@ -123,6 +123,16 @@ class RunMetrics:
       calls.
     baseline_overhead: the target alone's walltime per token (fixed cost
       included) over target_step_s.
+    theory_tokens_per_call: Equation (1) at the measured α and γ (token
+      and block verification; null for trees and beams).
+    theory_tokens_per_call_with_ends: the same with each output's last call
+      cut at its end (`analysis.expected_tokens_per_call_with_ends`).
+    efficiency_split: {"sentence_ends", "acceptance", "output_lengths",
+      "time"}: factors whose product is speedup /
+      theoretical_speedup_measured_call_cost (`walltime.efficiency_split`):
+      the sentence ends' cost in tokens per call, measured tokens per call
+      over the i.i.d. prediction with ends, the baseline's tokens over the
+      speculative ones, baseline_overhead / iteration_overhead.
     greedy_outputs_identical: at T = 0, whether every example's speculative
       tokens equal the target's, which exact speculative decoding
       guarantees; null at T > 0, where outputs are samples, compared by
@@ -217,6 +227,12 @@ class RunMetrics:
   theoretical_speedup_measured_call_cost: Optional[float] = _key(POS, None)
   iteration_overhead: Optional[float] = _key(NONNEG, None)
   baseline_overhead: Optional[float] = _key(NONNEG, None)
+  theory_tokens_per_call: Optional[float] = _key(NONNEG, None,
+                                                 omit_none=True)
+  theory_tokens_per_call_with_ends: Optional[float] = _key(NONNEG, None,
+                                                           omit_none=True)
+  efficiency_split: Optional[Dict[str, float]] = _key(OBJECT, None,
+                                                      omit_none=True)
   greedy_outputs_identical: Optional[bool] = _key(BOOL, None)
   greedy_identical_examples: Optional[int] = _key(INT, None)
   bleu: Optional[Dict[str, float]] = _key(BLEU, None, omit_none=True)

@@ -40,6 +40,54 @@ class TestExpectedTokens:
     np.testing.assert_allclose(out, [[1.0, 1.875, 4.0], [1.0, 1.5, 2.0]])
 
 
+class TestSentenceEnds:
+
+  def test_edges(self):
+    # alpha = 0: one token per call; alpha = 1: gamma + 1 per call, the
+    # last call cut; one token: one call whatever alpha.
+    assert analysis.expected_target_calls(0.0, 3, 7) == pytest.approx(7.0)
+    assert analysis.expected_target_calls(1.0, 3, 9) == pytest.approx(3.0)
+    assert analysis.expected_target_calls(0.7, 3, 1) == pytest.approx(1.0)
+    assert analysis.expected_target_calls(0.7, 3, 0) == 0.0
+    # Two tokens at gamma = 1: one call if the guess is kept, else two.
+    assert analysis.expected_target_calls(0.6, 1, 2) == pytest.approx(1.4)
+
+  def test_long_outputs_reach_equation_1(self):
+    long = analysis.expected_tokens_per_call_with_ends(0.7, 4, [4000])
+    assert long == pytest.approx(
+        analysis.expected_tokens_per_iteration(0.7, 4), rel=1e-3)
+    short = analysis.expected_tokens_per_call_with_ends(0.7, 4, [8, 14, 20])
+    assert short < 0.95 * long
+
+  def test_matches_simulation(self):
+    # Algorithm 1 with i.i.d. acceptance on outputs of 13 tokens: the mean
+    # of 20000 simulated sentences' calls within 4 standard errors.
+    rng = np.random.default_rng(0)
+    alpha, gamma, length = 0.7, 3, 13
+    calls = []
+    for _ in range(20000):
+      left, n = length, 0
+      while left > 0:
+        kept = 0
+        while kept < gamma and rng.random() < alpha:
+          kept += 1
+        left -= kept + 1
+        n += 1
+      calls.append(n)
+    expected = analysis.expected_target_calls(alpha, gamma, length)
+    stderr = np.std(calls) / np.sqrt(len(calls))
+    assert abs(np.mean(calls) - expected) < 4 * stderr, (np.mean(calls),
+                                                         expected)
+
+  def test_bad_values_are_named(self):
+    with pytest.raises(ValueError, match="length=-1"):
+      analysis.expected_target_calls(0.5, 2, -1)
+    with pytest.raises(ValueError, match="alpha"):
+      analysis.expected_target_calls(1.5, 2, 3)
+    with pytest.raises(ValueError, match="positive total"):
+      analysis.expected_tokens_per_call_with_ends(0.5, 2, [0, 0])
+
+
 class TestExpectedSpeedup:
 
   def test_hand_computed(self):

@@ -22,7 +22,9 @@ MEASURED = ("walltime_baseline_s", "walltime_speculative_s", "speedup",
 
 # metrics.json keys added after the fixtures were written: issue 32's overheads, issue 35's DECODE (every run says
 # whether it sampled or searched beams).
-ADDED = ("iteration_overhead", "baseline_overhead", "decode")
+ADDED = ("iteration_overhead", "baseline_overhead", "decode",
+         "theory_tokens_per_call", "theory_tokens_per_call_with_ends",
+         "efficiency_split")
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_gin")]
 

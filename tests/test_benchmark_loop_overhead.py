@@ -56,3 +56,14 @@ def test_iteration_split_adds_up():
   # short decode takes fewer iterations than the long one.
   assert 1 <= result["tokens_per_iteration"] <= 3
   assert result["lengths"] == [2, 6] and result["gamma"] == 2
+  # The fixed cost's split: its timed parts are positive, and the rests are
+  # each decoder's intercept less exactly those parts.
+  fixed = result["fixed_split_s"]
+  for key in ("dispatch", "target_start", "draft_start"):
+    assert fixed[key] > 0, key
+  np.testing.assert_allclose(
+      fixed["baseline_rest"], result["baseline_fixed_per_example_s"] -
+      fixed["dispatch"] - fixed["target_start"])
+  np.testing.assert_allclose(
+      fixed["speculative_rest"], result["speculative_fixed_per_example_s"] -
+      fixed["dispatch"] - fixed["target_start"] - fixed["draft_start"])

@@ -5,7 +5,9 @@
   after chunks and a rollback; its logits are the plain model's, bit for
   bit; a plain cache keeps none and says so.
 * The draft's cached decoding (chunks, any split) equals its teacher-forced
-  pass (the training path); q is 0 exactly off the head's tokens.
+  pass (the training path); q is 0 exactly off the head's tokens. A head
+  restricted to fewer tokens gives q renormalised over them; a low-rank
+  head is the SVD's best and the network reads it as its product.
 * Exactness through the loop: greedy identity with temperature_sample on
   every row (γ 1, 3, 5; batch of 4 and of 1) and the target's distribution
   at T = 1 and at T = 0.8 with top-k + top-p (chi-square, significance
@@ -25,6 +27,8 @@ from specdec_jax.core.models import FeatureDrafterConfig
 from specdec_jax.core.models import Transformer
 from specdec_jax.core.models.feature_drafter import FeatureDecoder
 from specdec_jax.core.models.feature_drafter import init_feature_params
+from specdec_jax.core.models.feature_drafter import low_rank_head
+from specdec_jax.core.models.feature_drafter import restrict_head
 from specdec_jax.core.models.feature_drafter import shifted_features
 
 from conftest import random_model
@@ -146,6 +150,73 @@ def test_bad_configs_and_pairings_are_refused():
     FeatureDraftModel.for_target(config, params, np.arange(5), target)
   assert config.num_params == sum(x.size for x in jax.tree_util.tree_leaves(
       init_feature_params(config, jax.random.PRNGKey(0))))
+
+
+def _step_logits(draft, target):
+  """Logits [2, 3, V] of one 3-position chunk of `draft` from a fresh cache."""
+  rs = np.random.RandomState(5)
+  inputs = jnp.asarray([[3, 4, 5, 1], [6, 7, 1, 0]], jnp.int32)
+  enc = target.encoder_output(target.start(inputs, 8))
+  feats = jnp.asarray(rs.randn(2, 3, target.config.emb_dim), jnp.float32)
+  tokens = jnp.asarray(rs.randint(0, 16, size=(2, 3)), jnp.int32)
+  _, logits, _ = draft.decode_chunk(feats, tokens,
+                                    draft.start_from_encoder_output(enc, 8))
+  return np.asarray(logits)
+
+
+def test_a_restricted_head_is_the_draft_renormalised_over_its_tokens():
+  target = random_model(tiny_config(), seed=3)
+  draft = feature_draft(target, 12, seed=4)
+  keep = [1, 2, 5, 9, 15]
+  config, params, head = restrict_head(draft.config, draft.params,
+                                       draft.head_tokens, [9, 1, 15, 2, 5])
+  assert config.head_size == 5 and head.tolist() == keep
+  small = FeatureDraftModel.for_target(config, params, head, target.unpacked())
+  assert small.config.num_params == draft.config.num_params - 7 * 8
+  full, cut = _step_logits(draft, target), _step_logits(small, target)
+  np.testing.assert_allclose(cut[..., keep], full[..., keep], rtol=1e-5,
+                             atol=1e-5)
+  q_full = np.asarray(jax.nn.softmax(full, -1))[..., keep]
+  q_cut = np.asarray(jax.nn.softmax(cut, -1))
+  np.testing.assert_allclose(q_cut[..., keep],
+                             q_full / q_full.sum(-1, keepdims=True), rtol=1e-5)
+  assert (np.delete(q_cut, keep, axis=-1) == 0.0).all()
+  with pytest.raises(ValueError, match=r"keep_tokens \[13\] are not in"):
+    restrict_head(draft.config, draft.params, draft.head_tokens, [1, 13])
+  with pytest.raises(ValueError, match="distinct and non-empty"):
+    restrict_head(draft.config, draft.params, draft.head_tokens, [1, 1])
+
+
+def test_a_low_rank_head_is_the_best_rank_r_head():
+  target = random_model(tiny_config(), seed=3)
+  draft = feature_draft(target, 12, seed=4)
+  kernel = np.asarray(draft.params["params"]["logits_dense"]["kernel"])
+  config, params = low_rank_head(draft.config, draft.params, 3)
+  down = np.asarray(params["params"]["head_down"]["kernel"])
+  up = np.asarray(params["params"]["logits_dense"]["kernel"])
+  assert down.shape == (8, 3) and up.shape == (3, 12)
+  assert config.num_params == sum(
+      x.size for x in jax.tree_util.tree_leaves(params))
+  # Eckart-Young: the error is the dropped singular values' norm.
+  s = np.linalg.svd(kernel, compute_uv=False)
+  np.testing.assert_allclose(np.linalg.norm(kernel - down @ up),
+                             np.sqrt((s[3:]**2).sum()), rtol=1e-4)
+  # The network reads head_down then logits_dense: the same logits as a
+  # full head whose kernel is their product.
+  low = FeatureDraftModel.for_target(config, params, draft.head_tokens,
+                                     target.unpacked())
+  tree = dict(params["params"])
+  del tree["head_down"]
+  tree["logits_dense"] = {"kernel": jnp.asarray(down @ up)}
+  product = FeatureDraftModel.for_target(draft.config, {"params": tree},
+                                         draft.head_tokens, target.unpacked())
+  np.testing.assert_allclose(_step_logits(low, target),
+                             _step_logits(product, target), rtol=1e-4,
+                             atol=1e-4)
+  with pytest.raises(ValueError, match="head_rank must be None or an integer"):
+    low_rank_head(draft.config, draft.params, 8)
+  with pytest.raises(ValueError, match="has rank 3 already"):
+    low_rank_head(config, params, 2)
 
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,8 @@
 * A short run against a small random teacher (Multi30k data, the shipped
   vocabulary): the loss falls, the checkpoint (T5X layout, head_tokens,
   feature_config.json) loads back, and the trained draft drafts exactly for
-  its teacher (greedy identity). Bad settings are refused before training.
+  its teacher (greedy identity); a warm start from it keeps its head and
+  starts from its loss. Bad settings are refused before training.
 """
 import gin
 import jax
@@ -127,6 +128,19 @@ def test_a_short_run_trains_a_draft_that_drafts_exactly(tmp_path, teacher_dir):
   # A trained draft of a fresh run's directory is never overwritten.
   with pytest.raises(ValueError, match="fresh model_dir"):
     _train(tmp_path / "feature", directory)
+  # A warm start continues from it: its head tokens, and a loss at step 5
+  # below the fresh run's at step 5 (same data order, same rate).
+  warm = _train(tmp_path / "warm", directory, num_steps=5,
+                feature_init_from=ckpt)
+  assert warm.history[0]["loss"] < result.history[0]["loss"] - 0.1, (
+      warm.history[0], result.history[0])
+  _, _, warm_head = feature_checkpoint.load(warm.checkpoint)
+  np.testing.assert_array_equal(warm_head, head)
+  with pytest.raises(ValueError, match=r"differs .* in \['head_size'\]"):
+    _train(tmp_path / "other", directory, num_steps=5,
+           feature_init_from=ckpt, feature_drafter=FeatureDrafterConfig(
+               vocab_size=8000, feature_dim=16, emb_dim=8, num_heads=2,
+               head_dim=4, mlp_dim=16, head_size=400))
 
 
 def test_a_feature_draft_needs_a_teacher(tmp_path):

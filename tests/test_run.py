@@ -7,6 +7,7 @@ import sys
 
 import gin
 import jax
+import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
@@ -142,6 +143,14 @@ def test_local_tiny_end_to_end(tmp_path, caplog):
   assert "truncates 1 of 3 inputs" in caplog.text
   assert written["greedy_identical_examples"] == 3
   assert written["random_weights"] is True
+  # The efficiency's factors multiply to it (at T = 0 the outputs match).
+  split = written["efficiency_split"]
+  assert split["output_lengths"] == 1.0
+  assert written["theory_tokens_per_call_with_ends"] <= written[
+      "theory_tokens_per_call"]
+  assert np.prod(list(split.values())) == pytest.approx(
+      written["speedup"] / written["theoretical_speedup_measured_call_cost"],
+      rel=1e-9)
   assert written["bleu"]["baseline"] == written["bleu"]["speculative"]
   predictions = (tmp_path / "a" / "predictions.jsonl").read_text()
   rows = [json.loads(line) for line in predictions.splitlines()]

@@ -49,7 +49,13 @@ def _full_metrics(**changes):
       target_step_s=1e-3, draft_step_s=1e-4, cost_coefficient_c=0.1,
       theoretical_speedup=1.6, verification_call_s=1.5e-3,
       verification_cost_ratio=1.5, theoretical_speedup_measured_call_cost=1.2,
-      greedy_outputs_identical=True, greedy_identical_examples=10, bleu={
+      theory_tokens_per_call=2.2, theory_tokens_per_call_with_ends=2.1,
+      efficiency_split={
+          "sentence_ends": 0.95,
+          "acceptance": 0.95,
+          "output_lengths": 1.0,
+          "time": 1.15
+      }, greedy_outputs_identical=True, greedy_identical_examples=10, bleu={
           "baseline": 20.0,
           "speculative": 20.0
       }, random_weights=False, backend="cpu", device_kind="cpu", num_devices=1,

@@ -427,7 +427,7 @@ def theory_metrics(args: arguments.RunArguments, decoded: Decoded,
   else:
     measured = float(analysis.expected_speedup(alpha, gamma, c,
                                                call_cost=ratio))
-  return {
+  out = {
       "theoretical_speedup": float(analysis.expected_speedup(alpha, gamma, c)),
       "verification_call_s": steps.verification_call_s,
       "verification_cost_ratio": ratio,
@@ -438,6 +438,43 @@ def theory_metrics(args: arguments.RunArguments, decoded: Decoded,
       "baseline_overhead":
           (decoded.time_base / max(decoded.calls_base, 1) / steps.target_step_s
           ),
+  }
+  if args.acceptance != "tree":
+    out.update(efficiency_split(alpha, gamma, decoded, out))
+  return out
+
+
+def efficiency_split(alpha: float, gamma: int, decoded: Decoded,
+                     theory: Dict[str, float]) -> Dict[str, Any]:
+  """Where Table 2's efficiency (speedup / Theorem 3.8 at the measured call
+  cost) goes, as factors whose product is the efficiency (batch rows each
+  count their own target calls, so this holds at any batch size):
+
+    sentence_ends: Equation (1) with each output's last call cut at its
+      end (`analysis.expected_tokens_per_call_with_ends`) / Equation (1);
+    acceptance: measured tokens per call / that: what i.i.d. acceptance at
+      the measured α does not explain (α varies by position and sentence);
+    output_lengths: the baseline's tokens / speculative decoding's (1 at
+      T = 0; sampled outputs differ in length);
+    time: baseline_overhead / iteration_overhead: each decoder's walltime
+      per target call against its priced model calls (fixed costs per
+      example, dispatch, loop work).
+  """
+  lengths = np.sum(decoded.spec_tokens != 0, axis=1)
+  iid = float(analysis.expected_tokens_per_iteration(alpha, gamma))
+  if int(lengths.sum()) == 0 or decoded.calls_spec == 0:
+    return {}
+  ends = analysis.expected_tokens_per_call_with_ends(alpha, gamma, lengths)
+  measured = decoded.tokens_generated / decoded.calls_spec
+  return {
+      "theory_tokens_per_call": iid,
+      "theory_tokens_per_call_with_ends": ends,
+      "efficiency_split": {
+          "sentence_ends": ends / iid,
+          "acceptance": measured / ends,
+          "output_lengths": decoded.calls_base / decoded.tokens_generated,
+          "time": theory["baseline_overhead"] / theory["iteration_overhead"],
+      },
   }
 
 

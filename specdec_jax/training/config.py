@@ -180,6 +180,9 @@ class TrainConfig:
     feature_weight: its loss's feature-regression weight (`feature_loss`).
     unroll_weight: its loss's weight of the pass on its own predicted
       features (0: no second pass).
+    feature_init_from: None, or a feature-level draft's checkpoint_<step>
+      dir to start from (warm start: its config must equal feature_drafter,
+      its head tokens are kept; the optimizer starts fresh).
   """
   model_dir: str = gin.REQUIRED
   num_steps: int = gin.REQUIRED
@@ -236,9 +239,14 @@ class TrainConfig:
   feature_drafter: Optional[FeatureDrafterConfig] = None
   feature_weight: float = 1.0
   unroll_weight: float = 1.0
+  feature_init_from: Optional[str] = None
 
   def __post_init__(self):
     check_numbers(self)
+    if self.feature_init_from is not None and self.feature_drafter is None:
+      raise ValueError(
+          f"train.feature_init_from={self.feature_init_from!r} needs "
+          "train.feature_drafter (it warm-starts a feature-level draft).")
     if self.distill_from is None and (self.teacher_config is not None or
                                       self.teacher_model_gin is not None):
       raise ValueError("teacher_config/teacher_model_gin need distill_from.")

@@ -11,8 +11,9 @@ optimizer as every other run; what differs:
 3. The step minimises `feature_loss.feature_losses`.
 4. Checkpoints (`checkpoints.feature_draft`: T5X's Orbax layout, the draft's
    parameters, ``head_tokens`` [K] int32 and ``feature_config.json``); a
-   model_dir that holds one already is refused (no resumption: these runs
-   take minutes).
+   model_dir that holds one already is refused (no resumption); a run
+   may instead warm-start from an earlier one (``feature_init_from``: its
+   parameters and head tokens, a fresh optimizer and schedule).
 5. Evaluation: the loss's metrics (acceptance of the first and later
    guesses, `alpha0_*`/`alpha1_*`) on the first ``eval_num_examples``
    validation pairs, teacher-forced, in ``train_metrics.json``.
@@ -31,6 +32,7 @@ import optax
 
 from specdec_jax import checkpoints
 from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax import tasks
 from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 from specdec_jax.core.models.feature_drafter import init_feature_params
@@ -143,6 +145,32 @@ def _prepare(config: TrainConfig):
   return files, sp, examples, teacher, dataset, head_tokens
 
 
+def _warm_start(config: TrainConfig):
+  """(params {'params': ...} float32, head_tokens [K] int32) of
+  ``feature_init_from``, or None when it is unset.
+
+  Raises:
+    ValueError: its config differs from ``feature_drafter`` (shapes or
+      widths would not match the run's).
+  """
+  if config.feature_init_from is None:
+    return None
+  ckpt = paths.resolve_path(config.feature_init_from)
+  old = feature_checkpoint.read_config(ckpt)
+  new = config.feature_drafter
+  old_fields = feature_checkpoint.config_fields(old)
+  new_fields = feature_checkpoint.config_fields(new)
+  if old_fields != new_fields:
+    differ = sorted(k for k in new_fields if old_fields.get(k) != new_fields[k])
+    raise ValueError(
+        f"train.feature_init_from={config.feature_init_from}: its "
+        f"feature_config.json differs from train.feature_drafter in {differ} "
+        f"({[old_fields.get(k) for k in differ]} vs "
+        f"{[new_fields[k] for k in differ]}).")
+  _, params, head_tokens = feature_checkpoint.load(ckpt)
+  return params, head_tokens
+
+
 def _log(step: int, num_steps: int, metrics, seconds: float) -> Dict:
   """Logs one step's metrics; returns them as floats."""
   m = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -171,13 +199,17 @@ def train_feature_drafter(
   """
   t_begin = time.time()
   model: FeatureDrafterConfig = config.feature_drafter
+  warm = _warm_start(config)
   files, sp, examples, teacher, dataset, head_tokens = _prepare(config)
+  if warm is not None:
+    params, head_tokens = warm
+  else:
+    params = init_feature_params(model, jax.random.PRNGKey(config.seed))
   settings = FeatureLossSettings(feature_weight=config.feature_weight,
                                  unroll_weight=config.unroll_weight,
                                  z_loss=config.z_loss)
   tx, step_fn, eval_fn = _step_fn(model, teacher.config, settings,
                                   config.optimizer_settings())
-  params = init_feature_params(model, jax.random.PRNGKey(config.seed))
   opt_state = tx.init(params)
   os.makedirs(files.model_dir, exist_ok=True)
   logging.info(
@@ -209,6 +241,7 @@ def train_feature_drafter(
       "step_params": model.step_params,
       "feature_config": feature_checkpoint.config_fields(model),
       "distill_from": teacher.checkpoint,
+      "init_from": config.feature_init_from,
       "train_seconds": time.time() - t_train,
       "history": history,
   }

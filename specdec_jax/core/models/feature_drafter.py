@@ -16,7 +16,12 @@ shared-encoder draft reads it). Two heads read the result:
                 the softmax over them and exactly 0 on every other token, a
                 proper distribution over the full vocabulary (so Algorithm 1
                 stays exact), at a fraction of a full [F, V] projection's
-                bytes.
+                bytes. With ``head_rank`` r set, a low-rank head instead:
+                head_down [d, r] then logits_dense [r, K].
+
+A trained head is made cheaper without retraining by `restrict_head` (keep
+the K' most frequent of its tokens: q stays exactly 0 off them) and
+`low_rank_head` (the best rank-r factorisation of its kernel, by SVD).
 
 Parameter tree (T5X's names and 2-D kernels):
 
@@ -26,17 +31,19 @@ Parameter tree (T5X's names and 2-D kernels):
                                                cross-attention from width F
   decoder_norm/scale                           [d]
   feature_out/kernel                           [d, F]
-  logits_dense/kernel                          [d, K]
+  logits_dense/kernel                          [d, K] ([r, K] with rank r)
+  head_down/kernel                             [d, r] (rank r only)
 
 and, beside it in a checkpoint, `head_tokens` [K] int32 (not trained).
 """
 import dataclasses
-from typing import Any, Sequence, Tuple, cast
+from typing import Any, Optional, Sequence, Tuple, cast
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.layers import DenseGeneral
@@ -65,6 +72,8 @@ class FeatureDrafterConfig:
     num_heads, head_dim, mlp_dim, mlp_activations: its decoder layers'.
     num_layers: decoder layers (1 or 2 in EAGLE).
     head_size: K, the number of head tokens (<= V).
+    head_rank: None (a full [d, K] head) or r < d: a low-rank head
+      [d, r] x [r, K].
     dtype: computation dtype.
   """
   vocab_size: int = 8000
@@ -75,6 +84,7 @@ class FeatureDrafterConfig:
   mlp_dim: int = 256
   num_layers: int = 1
   head_size: int = 4000
+  head_rank: Optional[int] = None
   mlp_activations: Sequence[str] = ("gelu", "linear")
   dtype: Any = jnp.float32
 
@@ -88,6 +98,13 @@ class FeatureDrafterConfig:
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"FeatureDrafterConfig.{name} must be a positive "
                          f"integer, got {value!r}.")
+    rank = self.head_rank
+    if rank is not None and (not isinstance(rank, int) or
+                             isinstance(rank, bool) or
+                             not 1 <= rank < self.emb_dim):
+      raise ValueError(f"FeatureDrafterConfig.head_rank must be None or an "
+                       f"integer in [1, emb_dim={self.emb_dim}), got "
+                       f"{rank!r}.")
     if self.head_size > self.vocab_size:
       raise ValueError(f"FeatureDrafterConfig.head_size={self.head_size} "
                        f"exceeds vocab_size={self.vocab_size}.")
@@ -111,7 +128,14 @@ class FeatureDrafterConfig:
     mlp = len(self.mlp_activations) * d * self.mlp_dim + self.mlp_dim * d
     layer = attn + cross + mlp + 3 * d
     return (2 * f * d + h * 32 + self.num_layers * layer + d + d * f +
-            d * self.head_size)
+            self.head_params)
+
+  @property
+  def head_params(self) -> int:
+    """Parameters of the head: d K, or (d + K) r with rank r."""
+    if self.head_rank is None:
+      return self.emb_dim * self.head_size
+    return (self.emb_dim + self.head_size) * self.head_rank
 
   @property
   def step_params(self) -> int:
@@ -159,6 +183,8 @@ class FeatureDecoder(nn.Module):
     self.layers = [DecoderLayer(layer) for _ in range(cfg.num_layers)]
     self.decoder_norm = LayerNorm(cfg.dtype)
     self.feature_out = DenseGeneral((cfg.feature_dim,), dtype=cfg.dtype)
+    if cfg.head_rank is not None:
+      self.head_down = DenseGeneral((cfg.head_rank,), dtype=jnp.float32)
     self.logits_dense = DenseGeneral((cfg.head_size,), dtype=jnp.float32)
 
   def _fused(self, features_prev: Array, embedded: Array) -> Array:
@@ -167,7 +193,8 @@ class FeatureDecoder(nn.Module):
 
   def _heads(self, y: Array) -> Tuple[Array, Array]:
     y = self.decoder_norm(y)
-    return self.feature_out(y), self.logits_dense(y).astype(jnp.float32)
+    h = y if self.config.head_rank is None else self.head_down(y)
+    return self.feature_out(y), self.logits_dense(h).astype(jnp.float32)
 
   def __call__(self, features_prev, embedded, encoded, encoder_valid,
                target_valid):
@@ -228,6 +255,71 @@ def full_logits(head_logits: Array, head_tokens: Array,
   out = jnp.full(head_logits.shape[:-1] + (vocab_size,), OUTSIDE_HEAD_LOGIT,
                  jnp.float32)
   return out.at[..., head_tokens].set(head_logits.astype(jnp.float32))
+
+
+def restrict_head(config: FeatureDrafterConfig, params: dict,
+                  head_tokens: Array, keep_tokens: Sequence[int]
+                  ) -> Tuple[FeatureDrafterConfig, dict, Array]:
+  """A trained draft with a smaller head: only `keep_tokens` of its head.
+
+  The kept tokens' logits are unchanged, so q becomes the draft's q
+  renormalised over them (exactly 0 elsewhere): still a distribution over
+  the vocabulary, so verification stays exact; only α can change.
+
+  Args:
+    config, params ({'params': ...}), head_tokens [K] int32: the draft.
+    keep_tokens: K' distinct ids, each one of head_tokens.
+
+  Returns:
+    (config with head_size K', params with the kept logits_dense columns,
+    head_tokens [K'] int32 sorted).
+
+  Raises:
+    ValueError: a kept token outside the head, repeats, or none at all.
+  """
+  head = np.asarray(head_tokens)
+  keep = np.sort(np.asarray(keep_tokens, np.int64))
+  if keep.size == 0 or len(np.unique(keep)) != keep.size:
+    raise ValueError(f"restrict_head: keep_tokens must be distinct and "
+                     f"non-empty, got {keep.size} ids "
+                     f"({len(np.unique(keep))} distinct).")
+  column = {int(t): i for i, t in enumerate(head)}
+  outside = [int(t) for t in keep if int(t) not in column]
+  if outside:
+    raise ValueError(f"restrict_head: keep_tokens {outside[:5]} are not in "
+                     f"the head ({len(outside)} of {keep.size}).")
+  columns = np.asarray([column[int(t)] for t in keep])
+  tree = dict(params["params"])
+  dense = dict(tree["logits_dense"])
+  dense["kernel"] = jnp.asarray(dense["kernel"])[:, columns]
+  tree["logits_dense"] = dense
+  new = dataclasses.replace(config, head_size=int(keep.size))
+  return new, {"params": tree}, jnp.asarray(keep, jnp.int32)
+
+
+def low_rank_head(config: FeatureDrafterConfig, params: dict,
+                  rank: int) -> Tuple[FeatureDrafterConfig, dict]:
+  """A trained draft whose full head [d, K] becomes rank `rank`: the SVD's
+  best rank-r approximation U_r S_r V_r^T, as head_down = U_r S_r^(1/2)
+  [d, r] and logits_dense = S_r^(1/2) V_r^T [r, K].
+
+  Raises:
+    ValueError: the head is low-rank already, or a rank outside [1, d).
+  """
+  if config.head_rank is not None:
+    raise ValueError(f"low_rank_head: the head has rank {config.head_rank} "
+                     "already.")
+  new = dataclasses.replace(config, head_rank=rank)  # Checks the rank.
+  tree = dict(params["params"])
+  kernel = np.asarray(tree["logits_dense"]["kernel"], np.float64)
+  u, s, vt = np.linalg.svd(kernel, full_matrices=False)
+  root = np.sqrt(s[:rank])
+  dtype = jnp.asarray(tree["logits_dense"]["kernel"]).dtype
+  tree["head_down"] = {"kernel": jnp.asarray(u[:, :rank] * root, dtype)}
+  tree["logits_dense"] = {
+      "kernel": jnp.asarray(root[:, None] * vt[:rank], dtype)
+  }
+  return new, {"params": tree}
 
 
 def shifted_features(features: Array) -> Array:
