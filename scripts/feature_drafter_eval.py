@@ -43,6 +43,7 @@ from specdec_jax.core.models import T5Model
 from specdec_jax.core.models.t5 import param_shapes
 from specdec_jax.training import checkpointing
 from specdec_jax.checkpoints import feature_draft as feature_checkpoint
+from specdec_jax.training.feature_trainer import frequent_tokens
 
 TARGET = "pretrained/multi30k/target_38m/checkpoint_1360"
 TARGET_GIN = "models/multi30k_target_38m.gin"
@@ -155,17 +156,6 @@ def parse_variant(text: str, head_size: int):
   return size, rank
 
 
-def frequency_order(sp, vocab_size: int):
-  """K -> the trainer's head tokens [K] for a head of K tokens: the K most
-  frequent tokens of train.de (the training targets, encoded as the
-  trainer encodes them)."""
-  from specdec_jax.training.feature_trainer import head_tokens_from_targets  # pylint: disable=g-import-not-at-top
-  with open(os.path.join(DATA, "train.de")) as f:
-    lines = f.read().splitlines()
-  targets = tasks.encode_batch(sp, lines, 64)
-  return lambda k: head_tokens_from_targets(targets, k, vocab_size)
-
-
 def head_variants(target, plain, draft, variants, heads, inputs, gamma,
                   batch, skip_cost):
   """{variant: α, params, c by bytes and, unless skip_cost, measured}."""
@@ -267,7 +257,8 @@ def main(argv=None) -> int:
           target, draft, inputs, [int(k) for k in args.head_sizes.split(",")])
     result["cost"] = costs
   if variants:
-    heads = frequency_order(sp, draft.vocab_size)
+    heads = frequent_tokens(sp, os.path.join(DATA, "train.de"),
+                            draft.vocab_size)
     if not np.array_equal(heads(draft.config.head_size), draft.head_tokens):
       raise SystemExit(f"{args.draft}: its head tokens are not train.de's "
                        "most frequent: cannot order them by frequency.")

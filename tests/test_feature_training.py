@@ -10,7 +10,12 @@
   feature_config.json) loads back, and the trained draft drafts exactly for
   its teacher (greedy identity); a warm start from it keeps its head and
   starts from its loss. Bad settings are refused before training.
+* The export of a cheaper head (fewer tokens, lower rank) of the shipped
+  draft.
 """
+import subprocess
+import sys
+
 import gin
 import jax
 import numpy as np
@@ -152,3 +157,36 @@ def test_a_feature_draft_needs_a_teacher(tmp_path):
                       teacher_model_gin=None)
   finally:
     gin.clear_config()
+
+
+def test_export_of_a_cheaper_head(tmp_path):
+  """scripts/export_feature_drafter.py --head_size/--head_rank on the
+  shipped draft: the K most frequent of its head tokens in the training
+  targets, a rank-R head, float32; other targets are refused."""
+  require_shared(MULTI30K / "train.de")
+  script = REPO / "scripts" / "export_feature_drafter.py"
+  shipped = REPO / "pretrained" / "multi30k" / "feature_1m"
+  args = [
+      sys.executable,
+      str(script), "--model_dir",
+      str(shipped), "--spm",
+      str(SPM), "--dtype", "float32", "--head_size", "500", "--head_rank",
+      "16", "--train_targets"
+  ]
+  done = subprocess.run(args + [str(MULTI30K / "train.de"), "--out",
+                                str(tmp_path / "a")], capture_output=True,
+                        text=True, cwd=REPO, check=False)
+  assert done.returncode == 0, done.stderr[-2000:]
+  config, params, head = feature_checkpoint.load(
+      checkpoints.latest_checkpoint(str(tmp_path / "a")))
+  _, _, full_head = feature_checkpoint.load(
+      checkpoints.latest_checkpoint(str(shipped)))
+  assert (config.head_size, config.head_rank) == (500, 16)
+  assert set(head.tolist()) < set(full_head.tolist()) and 1 in head
+  assert params["params"]["head_down"]["kernel"].shape == (config.emb_dim, 16)
+  refused = subprocess.run(args + [str(MULTI30K / "train.en"), "--out",
+                                   str(tmp_path / "b")], capture_output=True,
+                           text=True, cwd=REPO, check=False)
+  assert refused.returncode == 2 and "not its training targets" in (
+      refused.stderr)
+  assert not (tmp_path / "b").exists()

@@ -22,7 +22,7 @@ import functools
 import json
 import os
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from absl import logging
 import jax
@@ -56,6 +56,17 @@ def head_tokens_from_targets(targets: np.ndarray, head_size: int,
   counts[0] = -1  # Padding is never a guess.
   order = np.lexsort((np.arange(vocab_size), -counts))
   return np.sort(order[:head_size]).astype(np.int32)
+
+
+def frequent_tokens(sp, target_file: str, vocab_size: int,
+                    max_length: int = 64) -> Callable[[int], np.ndarray]:
+  """K -> [K] int32: a trainer's head tokens for a head of K tokens, the K
+  most frequent of `target_file`'s lines (the training targets, encoded as
+  the trainer encodes them), for `restrict_head` on a trained draft."""
+  with open(target_file, encoding="utf-8") as f:
+    lines = f.read().splitlines()
+  targets = tasks.encode_batch(sp, lines, max_length)
+  return lambda k: head_tokens_from_targets(targets, k, vocab_size)
 
 
 @functools.lru_cache(maxsize=4)
