@@ -19,7 +19,8 @@ captions of `configs/data/captions_en_de.tsv`):
 * a split of the fixed cost (`fixed_split_s`): dispatching a program that
   takes the models (pytree flattening, launch, result to the host), each
   model's `start` (encoder, cross-attention keys/values, cache set-up), and
-  the rest of each decoder's intercept.
+  the rest of each decoder's intercept; and, without extrapolating, each
+  decoder run to one token (one step, or one iteration) less those parts.
 
 Overhead ratios above 1 are loop work that is not the model (the issue-10
 target: within 1.15). Medians of interleaved rounds; compilation excluded
@@ -154,7 +155,13 @@ def _starts(target, draft, inputs, *, gamma, short):
   short length's cache size, as the decoders start."""
   rng = jax.random.PRNGKey(0)
   cache_len = short + gamma + 1
+  greedy = sampling.Greedy()
   return {
+      "base_one_token": lambda: decoding.temperature_sample(
+          target, inputs, rng, max_decode_length=1, method=greedy, eos_id=-1),
+      "spec_one_token": lambda: decoding.speculative_sample(
+          target, draft, inputs, rng, gamma=gamma, max_decode_length=1,
+          method=greedy, eos_id=-1),
       "dispatch": lambda: _dispatch(target, draft, inputs, rng),
       "target_start": lambda: timing.start(target, inputs, max_len=cache_len),
       "draft_start": lambda: timing.start(draft, inputs, max_len=cache_len),
@@ -236,6 +243,14 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
           "baseline_rest": base_fixed - med["dispatch"] - med["target_start"],
           "speculative_rest": (spec_fixed - med["dispatch"] -
                                med["target_start"] - med["draft_start"]),
+          # A decode to one token: one target step, or one iteration.
+          "baseline_one_token": med["base_one_token"],
+          "baseline_one_token_rest": (med["base_one_token"] - med["dispatch"]
+                                      - med["target_start"] - t1),
+          "speculative_one_token": med["spec_one_token"],
+          "speculative_one_token_rest": (
+              med["spec_one_token"] - med["dispatch"] - med["target_start"] -
+              med["draft_start"] - model_iter),
       },
       "tokens_per_iteration": n * tokens / spec_iters,
       "marginal_speedup": base_token * n * tokens / (spec_iters * spec_iter),

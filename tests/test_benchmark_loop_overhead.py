@@ -59,8 +59,12 @@ def test_iteration_split_adds_up():
   # The fixed cost's split: its timed parts are positive, and the rests are
   # each decoder's intercept less exactly those parts.
   fixed = result["fixed_split_s"]
-  for key in ("dispatch", "target_start", "draft_start"):
+  for key in ("dispatch", "target_start", "draft_start", "baseline_one_token",
+              "speculative_one_token"):
     assert fixed[key] > 0, key
+  np.testing.assert_allclose(
+      fixed["baseline_one_token_rest"], fixed["baseline_one_token"] -
+      fixed["dispatch"] - fixed["target_start"] - result["target_step_s"])
   np.testing.assert_allclose(
       fixed["baseline_rest"], result["baseline_fixed_per_example_s"] -
       fixed["dispatch"] - fixed["target_start"])
