@@ -1,7 +1,7 @@
 r"""α and c of a feature-level draft (issue 34) for the shipped 38M target.
 
     python scripts/feature_drafter_eval.py \
-        --draft pretrained/multi30k/feature_1m/checkpoint_1400 \
+        --draft pretrained/multi30k/feature_1m/checkpoint_4000 \
         --num_examples 300 --gamma 3 --out outputs/multi30k/feature_eval.json
 
 α: the speculative loop's α̂ (kept guesses / acceptance trials) over the
@@ -157,8 +157,8 @@ def parse_variant(text: str, head_size: int):
 
 
 def head_variants(target, plain, draft, variants, heads, inputs, gamma,
-                  batch, skip_cost):
-  """{variant: α, params, c by bytes and, unless skip_cost, measured}."""
+                  batch, skip_alpha, skip_cost):
+  """{variant: params, c by bytes, and unless skipped α and measured c}."""
   from specdec_jax.benchmarking.bandwidth import decoder_param_bytes  # pylint: disable=g-import-not-at-top
   from specdec_jax.core.models.feature_drafter import FeatureDraftModel  # pylint: disable=g-import-not-at-top
   from specdec_jax.core.models.feature_drafter import low_rank_head  # pylint: disable=g-import-not-at-top
@@ -177,9 +177,10 @@ def head_variants(target, plain, draft, variants, heads, inputs, gamma,
         "head_rank": rank,
         "step_params": config.step_params,
         "c_bytes": 4 * config.step_params / target_bytes,
-        "alpha": alpha(target, drafters.FeatureDrafter(model), inputs, gamma,
-                       batch, eos=1),
     }
+    if not skip_alpha:
+      row["alpha"] = alpha(target, drafters.FeatureDrafter(model), inputs,
+                           gamma, batch, eos=1)
     if not skip_cost:
       costs = step_costs(target, model, None, inputs, gamma)
       row["draft_step_s"] = costs["draft_step_s"]
@@ -264,7 +265,8 @@ def main(argv=None) -> int:
                        "most frequent: cannot order them by frequency.")
     result["head_variants"] = head_variants(target, plain, draft, variants,
                                             heads, inputs, args.gamma,
-                                            args.batch, args.skip_cost)
+                                            args.batch, args.skip_alpha,
+                                            args.skip_cost)
   print(json.dumps(result, indent=1))
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)
