@@ -160,11 +160,33 @@ def _starts(target, draft, inputs, *, gamma, short):
       "base_one_token": lambda: decoding.temperature_sample(
           target, inputs, rng, max_decode_length=1, method=greedy, eos_id=-1),
       "spec_one_token": lambda: decoding.speculative_sample(
-          target, draft, inputs, rng, gamma=gamma, max_decode_length=1,
-          method=greedy, eos_id=-1),
+          target, draft, inputs, rng, gamma=gamma, max_decode_length=1, method=
+          greedy, eos_id=-1),
       "dispatch": lambda: _dispatch(target, draft, inputs, rng),
       "target_start": lambda: timing.start(target, inputs, max_len=cache_len),
       "draft_start": lambda: timing.start(draft, inputs, max_len=cache_len),
+  }
+
+
+def _fixed_split(med, base_fixed, spec_fixed, t1, model_iter):
+  """The fixed cost per example, part by part (first sentence's width):
+  what any call pays to hand over the models, the models' starts, and the
+  rest of each intercept (neither a model call nor dispatch); and each
+  decoder run to one token (one step, or one iteration) less its parts."""
+  return {
+      "dispatch": med["dispatch"],
+      "target_start": med["target_start"],
+      "draft_start": med["draft_start"],
+      "baseline_rest": base_fixed - med["dispatch"] - med["target_start"],
+      "speculative_rest": (spec_fixed - med["dispatch"] - med["target_start"] -
+                           med["draft_start"]),
+      "baseline_one_token": med["base_one_token"],
+      "baseline_one_token_rest":
+          (med["base_one_token"] - med["dispatch"] - med["target_start"] - t1),
+      "speculative_one_token": med["spec_one_token"],
+      "speculative_one_token_rest":
+          (med["spec_one_token"] - med["dispatch"] - med["target_start"] -
+           med["draft_start"] - model_iter),
   }
 
 
@@ -233,25 +255,8 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
           "iteration_fixed_length": iteration,
           "while_loop": spec_iter - iteration,
       },
-      # The fixed cost per example, part by part (first sentence's width):
-      # what any call pays to hand over the models, the models' starts,
-      # and the rest of each intercept (neither a model call nor dispatch).
-      "fixed_split_s": {
-          "dispatch": med["dispatch"],
-          "target_start": med["target_start"],
-          "draft_start": med["draft_start"],
-          "baseline_rest": base_fixed - med["dispatch"] - med["target_start"],
-          "speculative_rest": (spec_fixed - med["dispatch"] -
-                               med["target_start"] - med["draft_start"]),
-          # A decode to one token: one target step, or one iteration.
-          "baseline_one_token": med["base_one_token"],
-          "baseline_one_token_rest": (med["base_one_token"] - med["dispatch"]
-                                      - med["target_start"] - t1),
-          "speculative_one_token": med["spec_one_token"],
-          "speculative_one_token_rest": (
-              med["spec_one_token"] - med["dispatch"] - med["target_start"] -
-              med["draft_start"] - model_iter),
-      },
+      "fixed_split_s": _fixed_split(med, base_fixed, spec_fixed, t1,
+                                    model_iter),
       "tokens_per_iteration": n * tokens / spec_iters,
       "marginal_speedup": base_token * n * tokens / (spec_iters * spec_iter),
       "backend": jax.default_backend(),

@@ -156,8 +156,17 @@ def parse_variant(text: str, head_size: int):
   return size, rank
 
 
-def head_variants(target, plain, draft, variants, heads, inputs, gamma,
-                  batch, skip_alpha, skip_cost):
+def _frequency_order(sp, draft, args):
+  """K -> the K most frequent of the draft's head tokens in train.de."""
+  heads = frequent_tokens(sp, os.path.join(DATA, "train.de"), draft.vocab_size)
+  if not np.array_equal(heads(draft.config.head_size), draft.head_tokens):
+    raise SystemExit(f"{args.draft}: its head tokens are not train.de's "
+                     "most frequent: cannot order them by frequency.")
+  return heads
+
+
+def head_variants(target, plain, draft, variants, heads, inputs, gamma, batch,
+                  skip_alpha, skip_cost):
   """{variant: params, c by bytes, and unless skipped α and measured c}."""
   from specdec_jax.benchmarking.bandwidth import decoder_param_bytes  # pylint: disable=g-import-not-at-top
   from specdec_jax.core.models.feature_drafter import FeatureDraftModel  # pylint: disable=g-import-not-at-top
@@ -202,10 +211,11 @@ def main(argv=None) -> int:
                       help="also α of the shipped 1M shared-encoder draft")
   parser.add_argument("--head_sizes", default="",
                       help="comma-separated head sizes K to price as well")
-  parser.add_argument("--head_variants", default="",
-                      help="comma-separated cheaper heads of the trained "
-                      "draft: K (its K most frequent tokens) or KrR (and "
-                      "rank R), e.g. 2000,1000,4000r32")
+  parser.add_argument(
+      "--head_variants", default="",
+      help="comma-separated cheaper heads of the trained "
+      "draft: K (its K most frequent tokens) or KrR (and "
+      "rank R), e.g. 2000,1000,4000r32")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
   if args.num_examples < 1 or args.gamma < 1 or args.batch < 1:
@@ -258,15 +268,10 @@ def main(argv=None) -> int:
           target, draft, inputs, [int(k) for k in args.head_sizes.split(",")])
     result["cost"] = costs
   if variants:
-    heads = frequent_tokens(sp, os.path.join(DATA, "train.de"),
-                            draft.vocab_size)
-    if not np.array_equal(heads(draft.config.head_size), draft.head_tokens):
-      raise SystemExit(f"{args.draft}: its head tokens are not train.de's "
-                       "most frequent: cannot order them by frequency.")
     result["head_variants"] = head_variants(target, plain, draft, variants,
-                                            heads, inputs, args.gamma,
-                                            args.batch, args.skip_alpha,
-                                            args.skip_cost)
+                                            _frequency_order(sp, draft, args),
+                                            inputs, args.gamma, args.batch,
+                                            args.skip_alpha, args.skip_cost)
   print(json.dumps(result, indent=1))
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)

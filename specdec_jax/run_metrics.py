@@ -227,10 +227,9 @@ class RunMetrics:
   theoretical_speedup_measured_call_cost: Optional[float] = _key(POS, None)
   iteration_overhead: Optional[float] = _key(NONNEG, None)
   baseline_overhead: Optional[float] = _key(NONNEG, None)
-  theory_tokens_per_call: Optional[float] = _key(NONNEG, None,
-                                                 omit_none=True)
-  theory_tokens_per_call_with_ends: Optional[float] = _key(NONNEG, None,
-                                                           omit_none=True)
+  theory_tokens_per_call: Optional[float] = _key(NONNEG, None, omit_none=True)
+  theory_tokens_per_call_with_ends: Optional[float] = _key(
+      NONNEG, None, omit_none=True)
   efficiency_split: Optional[Dict[str, float]] = _key(OBJECT, None,
                                                       omit_none=True)
   greedy_outputs_identical: Optional[bool] = _key(BOOL, None)
