@@ -160,8 +160,8 @@ def _starts(target, draft, inputs, *, gamma, short):
       "base_one_token": lambda: decoding.temperature_sample(
           target, inputs, rng, max_decode_length=1, method=greedy, eos_id=-1),
       "spec_one_token": lambda: decoding.speculative_sample(
-          target, draft, inputs, rng, gamma=gamma, max_decode_length=1,
-          method=greedy, eos_id=-1),
+          target, draft, inputs, rng, gamma=gamma, max_decode_length=1, method=
+          greedy, eos_id=-1),
       "dispatch": lambda: _dispatch(target, draft, inputs, rng),
       "target_start": lambda: timing.start(target, inputs, max_len=cache_len),
       "draft_start": lambda: timing.start(draft, inputs, max_len=cache_len),
@@ -245,12 +245,12 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
                                med["target_start"] - med["draft_start"]),
           # A decode to one token: one target step, or one iteration.
           "baseline_one_token": med["base_one_token"],
-          "baseline_one_token_rest": (med["base_one_token"] - med["dispatch"]
-                                      - med["target_start"] - t1),
+          "baseline_one_token_rest": (med["base_one_token"] - med["dispatch"] -
+                                      med["target_start"] - t1),
           "speculative_one_token": med["spec_one_token"],
-          "speculative_one_token_rest": (
-              med["spec_one_token"] - med["dispatch"] - med["target_start"] -
-              med["draft_start"] - model_iter),
+          "speculative_one_token_rest":
+              (med["spec_one_token"] - med["dispatch"] - med["target_start"] -
+               med["draft_start"] - model_iter),
       },
       "tokens_per_iteration": n * tokens / spec_iters,
       "marginal_speedup": base_token * n * tokens / (spec_iters * spec_iter),

@@ -51,9 +51,10 @@ def main(argv=None) -> int:
                       choices=("bfloat16", "float16", "float32"))
   parser.add_argument("--head_size", type=int, default=None,
                       help="keep the K most frequent head tokens")
-  parser.add_argument("--train_targets", default=None,
-                      help="the training targets (one per line) that order "
-                      "the head tokens for --head_size")
+  parser.add_argument(
+      "--train_targets", default=None,
+      help="the training targets (one per line) that order "
+      "the head tokens for --head_size")
   parser.add_argument("--head_rank", type=int, default=None,
                       help="factorise the head to this rank (SVD)")
   args = parser.parse_args(argv)

@@ -156,8 +156,8 @@ def parse_variant(text: str, head_size: int):
   return size, rank
 
 
-def head_variants(target, plain, draft, variants, heads, inputs, gamma,
-                  batch, skip_alpha, skip_cost):
+def head_variants(target, plain, draft, variants, heads, inputs, gamma, batch,
+                  skip_alpha, skip_cost):
   """{variant: params, c by bytes, and unless skipped α and measured c}."""
   from specdec_jax.benchmarking.bandwidth import decoder_param_bytes  # pylint: disable=g-import-not-at-top
   from specdec_jax.core.models.feature_drafter import FeatureDraftModel  # pylint: disable=g-import-not-at-top
@@ -202,10 +202,11 @@ def main(argv=None) -> int:
                       help="also α of the shipped 1M shared-encoder draft")
   parser.add_argument("--head_sizes", default="",
                       help="comma-separated head sizes K to price as well")
-  parser.add_argument("--head_variants", default="",
-                      help="comma-separated cheaper heads of the trained "
-                      "draft: K (its K most frequent tokens) or KrR (and "
-                      "rank R), e.g. 2000,1000,4000r32")
+  parser.add_argument(
+      "--head_variants", default="",
+      help="comma-separated cheaper heads of the trained "
+      "draft: K (its K most frequent tokens) or KrR (and "
+      "rank R), e.g. 2000,1000,4000r32")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
   if args.num_examples < 1 or args.gamma < 1 or args.batch < 1:

@@ -54,8 +54,8 @@ class TestSentenceEnds:
 
   def test_long_outputs_reach_equation_1(self):
     long = analysis.expected_tokens_per_call_with_ends(0.7, 4, [4000])
-    assert long == pytest.approx(
-        analysis.expected_tokens_per_iteration(0.7, 4), rel=1e-3)
+    assert long == pytest.approx(analysis.expected_tokens_per_iteration(0.7, 4),
+                                 rel=1e-3)
     short = analysis.expected_tokens_per_call_with_ends(0.7, 4, [8, 14, 20])
     assert short < 0.95 * long
 

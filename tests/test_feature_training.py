@@ -142,10 +142,11 @@ def test_a_short_run_trains_a_draft_that_drafts_exactly(tmp_path, teacher_dir):
   _, _, warm_head = feature_checkpoint.load(warm.checkpoint)
   np.testing.assert_array_equal(warm_head, head)
   with pytest.raises(ValueError, match=r"differs .* in \['head_size'\]"):
-    _train(tmp_path / "other", directory, num_steps=5,
-           feature_init_from=ckpt, feature_drafter=FeatureDrafterConfig(
-               vocab_size=8000, feature_dim=16, emb_dim=8, num_heads=2,
-               head_dim=4, mlp_dim=16, head_size=400))
+    _train(
+        tmp_path / "other", directory, num_steps=5, feature_init_from=ckpt,
+        feature_drafter=FeatureDrafterConfig(vocab_size=8000, feature_dim=16,
+                                             emb_dim=8, num_heads=2, head_dim=4,
+                                             mlp_dim=16, head_size=400))
 
 
 def test_a_feature_draft_needs_a_teacher(tmp_path):
@@ -170,12 +171,13 @@ def test_export_of_a_cheaper_head(tmp_path):
       sys.executable,
       str(script), "--model_dir",
       str(shipped), "--spm",
-      str(SPM), "--dtype", "float32", "--head_size", "500", "--head_rank",
-      "16", "--train_targets"
+      str(SPM), "--dtype", "float32", "--head_size", "500", "--head_rank", "16",
+      "--train_targets"
   ]
-  done = subprocess.run(args + [str(MULTI30K / "train.de"), "--out",
-                                str(tmp_path / "a")], capture_output=True,
-                        text=True, cwd=REPO, check=False)
+  done = subprocess.run(
+      args + [str(MULTI30K / "train.de"), "--out",
+              str(tmp_path / "a")], capture_output=True, text=True, cwd=REPO,
+      check=False)
   assert done.returncode == 0, done.stderr[-2000:]
   config, params, head = feature_checkpoint.load(
       checkpoints.latest_checkpoint(str(tmp_path / "a")))
@@ -184,9 +186,10 @@ def test_export_of_a_cheaper_head(tmp_path):
   assert (config.head_size, config.head_rank) == (500, 16)
   assert set(head.tolist()) < set(full_head.tolist()) and 1 in head
   assert params["params"]["head_down"]["kernel"].shape == (config.emb_dim, 16)
-  refused = subprocess.run(args + [str(MULTI30K / "train.en"), "--out",
-                                   str(tmp_path / "b")], capture_output=True,
-                           text=True, cwd=REPO, check=False)
+  refused = subprocess.run(
+      args + [str(MULTI30K / "train.en"), "--out",
+              str(tmp_path / "b")], capture_output=True, text=True, cwd=REPO,
+      check=False)
   assert refused.returncode == 2 and "not its training targets" in (
       refused.stderr)
   assert not (tmp_path / "b").exists()

@@ -99,9 +99,8 @@ class FeatureDrafterConfig:
         raise ValueError(f"FeatureDrafterConfig.{name} must be a positive "
                          f"integer, got {value!r}.")
     rank = self.head_rank
-    if rank is not None and (not isinstance(rank, int) or
-                             isinstance(rank, bool) or
-                             not 1 <= rank < self.emb_dim):
+    if rank is not None and (not isinstance(rank, int) or isinstance(
+        rank, bool) or not 1 <= rank < self.emb_dim):
       raise ValueError(f"FeatureDrafterConfig.head_rank must be None or an "
                        f"integer in [1, emb_dim={self.emb_dim}), got "
                        f"{rank!r}.")
@@ -257,9 +256,9 @@ def full_logits(head_logits: Array, head_tokens: Array,
   return out.at[..., head_tokens].set(head_logits.astype(jnp.float32))
 
 
-def restrict_head(config: FeatureDrafterConfig, params: dict,
-                  head_tokens: Array, keep_tokens: Sequence[int]
-                  ) -> Tuple[FeatureDrafterConfig, dict, Array]:
+def restrict_head(
+    config: FeatureDrafterConfig, params: dict, head_tokens: Array,
+    keep_tokens: Sequence[int]) -> Tuple[FeatureDrafterConfig, dict, Array]:
   """A trained draft with a smaller head: only `keep_tokens` of its head.
 
   The kept tokens' logits are unchanged, so q becomes the draft's q
