@@ -34,6 +34,7 @@ TEXT = "a string"
 INT = "an integer >= 0"
 POS_INT = "an integer >= 1"
 NONNEG = "a number >= 0"
+NUMBER = "a number"  # a fitted value, which noise may make negative
 POS = "a number > 0"
 PROB = "a number in [0, 1]"
 FRACTION = "a number in (0, 1]"
@@ -133,6 +134,17 @@ class RunMetrics:
       the sentence ends' cost in tokens per call, measured tokens per call
       over the i.i.d. prediction with ends, the baseline's tokens over the
       speculative ones, baseline_overhead / iteration_overhead.
+    fixed_cost_per_example_s: {"baseline", "speculative"}: each decoder's
+      walltime per example that does not grow with its loop's iterations
+      (dispatch, both encoders, set-up): the intercept of a least-squares
+      line of each batch's seconds against its iterations, over its rows;
+      null with fewer than 3 batches or a single iteration count.
+    marginal_baseline_overhead: that line's slope for the baseline (one
+      more token) / target_step_s: baseline_overhead without the fixed
+      cost.
+    marginal_iteration_overhead: the speculative line's slope (one more
+      iteration) / (γ·draft_step_s + verification_call_s):
+      iteration_overhead without the fixed cost.
     greedy_outputs_identical: at T = 0, whether every example's speculative
       tokens equal the target's, which exact speculative decoding
       guarantees; null at T > 0, where outputs are samples, compared by
@@ -231,6 +243,12 @@ class RunMetrics:
   theory_tokens_per_call_with_ends: Optional[float] = _key(
       NONNEG, None, omit_none=True)
   efficiency_split: Optional[Dict[str, float]] = _key(OBJECT, None,
+                                                      omit_none=True)
+  fixed_cost_per_example_s: Optional[Dict[str, float]] = _key(
+      OBJECT, None, omit_none=True)
+  marginal_baseline_overhead: Optional[float] = _key(NUMBER, None,
+                                                     omit_none=True)
+  marginal_iteration_overhead: Optional[float] = _key(NUMBER, None,
                                                       omit_none=True)
   greedy_outputs_identical: Optional[bool] = _key(BOOL, None)
   greedy_identical_examples: Optional[int] = _key(INT, None)
@@ -340,6 +358,7 @@ def _number(value: Any, kind: str) -> Any:
     return value if value >= (1 if kind == POS_INT else 0) else None
   value = float(value)
   ok = {
+      NUMBER: True,
       NONNEG: value >= 0,
       POS: value > 0,
       PROB: 0 <= value <= 1,
@@ -366,7 +385,7 @@ def _checked(key: str, value: Any, kind: str, optional: bool) -> Any:
   null)."""
   if value is None and optional:
     return None
-  if kind in (INT, POS_INT, NONNEG, POS, PROB, FRACTION):
+  if kind in (INT, POS_INT, NUMBER, NONNEG, POS, PROB, FRACTION):
     ok = _number(value, kind)
     if ok is not None:
       return ok

@@ -24,7 +24,8 @@ MEASURED = ("walltime_baseline_s", "walltime_speculative_s", "speedup",
 # whether it sampled or searched beams).
 ADDED = ("iteration_overhead", "baseline_overhead", "decode",
          "theory_tokens_per_call", "theory_tokens_per_call_with_ends",
-         "efficiency_split")
+         "efficiency_split", "fixed_cost_per_example_s",
+         "marginal_baseline_overhead", "marginal_iteration_overhead")
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_gin")]
 

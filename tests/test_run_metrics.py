@@ -55,7 +55,11 @@ def _full_metrics(**changes):
           "acceptance": 0.95,
           "output_lengths": 1.0,
           "time": 1.15
-      }, greedy_outputs_identical=True, greedy_identical_examples=10, bleu={
+      }, fixed_cost_per_example_s={
+          "baseline": 0.006,
+          "speculative": 0.007
+      }, marginal_baseline_overhead=0.95, marginal_iteration_overhead=1.05,
+      greedy_outputs_identical=True, greedy_identical_examples=10, bleu={
           "baseline": 20.0,
           "speculative": 20.0
       }, random_weights=False, backend="cpu", device_kind="cpu", num_devices=1,
@@ -64,8 +68,9 @@ def _full_metrics(**changes):
           "run": {
               "gamma": 3
           }
-      }, drafter="model", drafter_settings={"drafter": "model"}, lenience=1.0,
-      exact=True, adaptive_threshold=None, gamma_auto=None,
+      }, drafter="model", drafter_settings={
+          "drafter": "model"
+      }, lenience=1.0, exact=True, adaptive_threshold=None, gamma_auto=None,
       guesses_per_target_call=3.0, per_iteration_gamma={
           "fixed_gamma_speedup": 1.3,
           "achieved_speedup": 1.3,

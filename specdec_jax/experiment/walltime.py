@@ -13,7 +13,7 @@ write metrics.json.
 import dataclasses
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
@@ -39,6 +39,37 @@ Decoder = decoding.Decoder
 
 
 @dataclasses.dataclass(frozen=True)
+class BatchTimes:
+  """Each timed batch's seconds and loop iterations (N batches).
+
+  Attributes:
+    seconds_base / seconds_spec: [N] each decoder's timed call.
+    iterations_base / iterations_spec: [N] the loop's iterations in that
+      call: its rows' most target calls (the loop runs until its last row
+      is done).
+    rows: [N] the batch's rows (examples and padding rows alike: every row
+      is decoded).
+  """
+  seconds_base: np.ndarray
+  seconds_spec: np.ndarray
+  iterations_base: np.ndarray
+  iterations_spec: np.ndarray
+  rows: np.ndarray
+
+
+def fixed_and_marginal(seconds: np.ndarray,
+                       iterations: np.ndarray) -> Optional[Tuple[float, float]]:
+  """(intercept, slope) of the least-squares line seconds = a + b·iterations
+  over the batches: a batch's fixed cost (dispatch, encoders, set-up) and
+  one iteration's; None with fewer than 3 batches or 2 distinct counts."""
+  if len(seconds) < 3 or len(np.unique(iterations)) < 2:
+    return None
+  slope, intercept = np.polyfit(np.asarray(iterations, np.float64),
+                                np.asarray(seconds, np.float64), 1)
+  return float(intercept), float(slope)
+
+
+@dataclasses.dataclass(frozen=True)
 class Decoded:
   """Both decoders' outputs over all examples (N of them, T = max decode
   length), on the host.
@@ -54,6 +85,7 @@ class Decoded:
     beta_sum / beta_count: Σ β and the acceptance trials it is over; None
       for a tree run (`TreeOutput` computes no β: `alpha` counts trials
       from the histogram).
+    batches: each batch's seconds and iterations (`BatchTimes`), or None.
   """
   base_tokens: np.ndarray
   spec_tokens: np.ndarray
@@ -67,6 +99,7 @@ class Decoded:
   histogram: np.ndarray
   beta_sum: Optional[float]
   beta_count: Optional[float]
+  batches: Optional[BatchTimes] = None
 
   @property
   def tokens_generated(self) -> int:
@@ -154,6 +187,7 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
   tree = plan.args.acceptance == "tree" or beam_settings.is_beam(plan.args)
   beta_sum: Optional[float] = None if tree else 0.0
   beta_count: Optional[float] = None if tree else 0.0
+  per_batch: List[Tuple[float, float, int, int, int]] = []
   for i, (batch, keep) in enumerate(feed.batches()):
     brng = jax.random.fold_in(rng, i)
     out_b, dt_b = timing.timed(plan.baseline, batch, brng)
@@ -161,6 +195,9 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
     out_b, out_s = multihost.to_host((out_b, out_s))  # every row
     time_base += dt_b
     time_spec += dt_s
+    per_batch.append((dt_b, dt_s, int(np.max(np.asarray(out_b.target_calls))),
+                      int(np.max(np.asarray(out_s.target_calls))),
+                      int(np.asarray(out_b.target_calls).shape[0])))
     calls_base += int(np.sum(np.asarray(out_b.target_calls)[keep]))
     calls_spec += int(np.sum(np.asarray(out_s.target_calls)[keep]))
     histogram += np.asarray(out_s.accepted_histogram)[keep].sum(0)
@@ -187,9 +224,11 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
         "batch %d/%d: baseline %.3fs, speculative %.3fs (running speedup "
         "%.2fx)", i + 1, feed.num_batches, dt_b, dt_s,
         time_base / max(time_spec, 1e-9))
+  columns = [np.asarray(c) for c in zip(*per_batch)]
   return Decoded(np.concatenate(base_tokens), np.concatenate(spec_tokens),
                  base_text, spec_text, per_example, time_base, time_spec,
-                 calls_base, calls_spec, histogram, beta_sum, beta_count)
+                 calls_base, calls_spec, histogram, beta_sum, beta_count,
+                 BatchTimes(*columns) if columns else None)
 
 
 def run_walltime(plan: RunPlan, feed: multihost.Feeder,
@@ -441,7 +480,39 @@ def theory_metrics(args: arguments.RunArguments, decoded: Decoded,
   }
   if args.acceptance != "tree":
     out.update(efficiency_split(alpha, gamma, decoded, out))
+  out.update(fixed_cost_metrics(decoded.batches, steps, gamma))
   return out
+
+
+def fixed_cost_metrics(batches: Optional[BatchTimes], steps: StepTimes,
+                       gamma: int) -> Dict[str, Any]:
+  """Each decoder's walltime split into a fixed cost per example and a
+  marginal cost per loop iteration, by a least-squares line through its
+  batches (`fixed_and_marginal`; {} when the batches cannot fix one):
+
+    fixed_cost_per_example_s: {"baseline", "speculative"}: the line's
+      intercept over the batch's rows (dispatch, both encoders, set-up);
+    marginal_baseline_overhead: the baseline's slope / target_step_s;
+    marginal_iteration_overhead: the speculative slope / (γ·draft_step_s
+      + verification_call_s) (ACCEPTANCE='tree': γ draft depths and the
+      tree call).
+  """
+  if batches is None:
+    return {}
+  base = fixed_and_marginal(batches.seconds_base, batches.iterations_base)
+  spec = fixed_and_marginal(batches.seconds_spec, batches.iterations_spec)
+  if base is None or spec is None:
+    return {}
+  rows = float(np.mean(batches.rows))
+  return {
+      "fixed_cost_per_example_s": {
+          "baseline": base[0] / rows,
+          "speculative": spec[0] / rows,
+      },
+      "marginal_baseline_overhead": base[1] / steps.target_step_s,
+      "marginal_iteration_overhead":
+          (spec[1] / (gamma * steps.draft_step_s + steps.verification_call_s)),
+  }
 
 
 def efficiency_split(alpha: float, gamma: int, decoded: Decoded,
