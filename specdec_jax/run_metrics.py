@@ -130,7 +130,7 @@ class RunMetrics:
       cut at its end (`analysis.expected_tokens_per_call_with_ends`).
     efficiency_split: {"sentence_ends", "acceptance", "output_lengths",
       "time"}: factors whose product is speedup /
-      theoretical_speedup_measured_call_cost (`walltime.efficiency_split`):
+      theoretical_speedup_measured_call_cost (`overheads.efficiency_split`):
       the sentence ends' cost in tokens per call, measured tokens per call
       over the i.i.d. prediction with ends, the baseline's tokens over the
       speculative ones, baseline_overhead / iteration_overhead.

@@ -152,7 +152,7 @@ def test_local_tiny_end_to_end(tmp_path, caplog):
       written["speedup"] / written["theoretical_speedup_measured_call_cost"],
       rel=1e-9)
   # Two batches cannot fix a line through the batches' times: no fixed
-  # cost is claimed (the fit itself: test_walltime_fit).
+  # cost is claimed (the fit itself: test_overheads).
   assert "fixed_cost_per_example_s" not in written
   assert written["bleu"]["baseline"] == written["bleu"]["speculative"]
   predictions = (tmp_path / "a" / "predictions.jsonl").read_text()

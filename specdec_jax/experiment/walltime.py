@@ -25,6 +25,7 @@ from specdec_jax import multihost
 from specdec_jax import run_metrics
 from specdec_jax import tasks
 from specdec_jax import timing
+from specdec_jax.experiment import overheads
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import auto_tree
@@ -36,37 +37,6 @@ from specdec_jax.experiment import tree_costs
 from specdec_jax.experiment.plan import RunPlan
 
 Decoder = decoding.Decoder
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchTimes:
-  """Each timed batch's seconds and loop iterations (N batches).
-
-  Attributes:
-    seconds_base / seconds_spec: [N] each decoder's timed call.
-    iterations_base / iterations_spec: [N] the loop's iterations in that
-      call: its rows' most target calls (the loop runs until its last row
-      is done).
-    rows: [N] the batch's rows (examples and padding rows alike: every row
-      is decoded).
-  """
-  seconds_base: np.ndarray
-  seconds_spec: np.ndarray
-  iterations_base: np.ndarray
-  iterations_spec: np.ndarray
-  rows: np.ndarray
-
-
-def fixed_and_marginal(seconds: np.ndarray,
-                       iterations: np.ndarray) -> Optional[Tuple[float, float]]:
-  """(intercept, slope) of the least-squares line seconds = a + b·iterations
-  over the batches: a batch's fixed cost (dispatch, encoders, set-up) and
-  one iteration's; None with fewer than 3 batches or 2 distinct counts."""
-  if len(seconds) < 3 or len(np.unique(iterations)) < 2:
-    return None
-  slope, intercept = np.polyfit(np.asarray(iterations, np.float64),
-                                np.asarray(seconds, np.float64), 1)
-  return float(intercept), float(slope)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +69,7 @@ class Decoded:
   histogram: np.ndarray
   beta_sum: Optional[float]
   beta_count: Optional[float]
-  batches: Optional[BatchTimes] = None
+  batches: Optional[overheads.BatchTimes] = None
 
   @property
   def tokens_generated(self) -> int:
@@ -228,7 +198,7 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
   return Decoded(np.concatenate(base_tokens), np.concatenate(spec_tokens),
                  base_text, spec_text, per_example, time_base, time_spec,
                  calls_base, calls_spec, histogram, beta_sum, beta_count,
-                 BatchTimes(*columns) if columns else None)
+                 overheads.BatchTimes(*columns) if columns else None)
 
 
 def run_walltime(plan: RunPlan, feed: multihost.Feeder,
@@ -479,74 +449,14 @@ def theory_metrics(args: arguments.RunArguments, decoded: Decoded,
           ),
   }
   if args.acceptance != "tree":
-    out.update(efficiency_split(alpha, gamma, decoded, out))
-  out.update(fixed_cost_metrics(decoded.batches, steps, gamma))
+    out.update(
+        overheads.efficiency_split(alpha, gamma, decoded.spec_tokens,
+                                   decoded.calls_base, decoded.calls_spec, out))
+  out.update(
+      overheads.fixed_cost_metrics(
+          decoded.batches, steps.target_step_s,
+          gamma * steps.draft_step_s + steps.verification_call_s))
   return out
-
-
-def fixed_cost_metrics(batches: Optional[BatchTimes], steps: StepTimes,
-                       gamma: int) -> Dict[str, Any]:
-  """Each decoder's walltime split into a fixed cost per example and a
-  marginal cost per loop iteration, by a least-squares line through its
-  batches (`fixed_and_marginal`; {} when the batches cannot fix one):
-
-    fixed_cost_per_example_s: {"baseline", "speculative"}: the line's
-      intercept over the batch's rows (dispatch, both encoders, set-up);
-    marginal_baseline_overhead: the baseline's slope / target_step_s;
-    marginal_iteration_overhead: the speculative slope / (γ·draft_step_s
-      + verification_call_s) (ACCEPTANCE='tree': γ draft depths and the
-      tree call).
-  """
-  if batches is None:
-    return {}
-  base = fixed_and_marginal(batches.seconds_base, batches.iterations_base)
-  spec = fixed_and_marginal(batches.seconds_spec, batches.iterations_spec)
-  if base is None or spec is None:
-    return {}
-  rows = float(np.mean(batches.rows))
-  return {
-      "fixed_cost_per_example_s": {
-          "baseline": base[0] / rows,
-          "speculative": spec[0] / rows,
-      },
-      "marginal_baseline_overhead": base[1] / steps.target_step_s,
-      "marginal_iteration_overhead":
-          (spec[1] / (gamma * steps.draft_step_s + steps.verification_call_s)),
-  }
-
-
-def efficiency_split(alpha: float, gamma: int, decoded: Decoded,
-                     theory: Dict[str, float]) -> Dict[str, Any]:
-  """Where Table 2's efficiency (speedup / Theorem 3.8 at the measured call
-  cost) goes, as factors whose product is the efficiency (batch rows each
-  count their own target calls, so this holds at any batch size):
-
-    sentence_ends: Equation (1) with each output's last call cut at its
-      end (`analysis.expected_tokens_per_call_with_ends`) / Equation (1);
-    acceptance: measured tokens per call / that: what i.i.d. acceptance at
-      the measured α does not explain (α varies by position and sentence);
-    output_lengths: the baseline's tokens / speculative decoding's (1 at
-      T = 0; sampled outputs differ in length);
-    time: baseline_overhead / iteration_overhead: each decoder's walltime
-      per target call against its priced model calls (fixed costs per
-      example, dispatch, loop work).
-  """
-  lengths = np.sum(decoded.spec_tokens != 0, axis=1)
-  iid = float(analysis.expected_tokens_per_iteration(alpha, gamma))
-  if int(lengths.sum()) == 0 or decoded.calls_spec == 0:
-    return {}
-  ends = analysis.expected_tokens_per_call_with_ends(alpha, gamma, lengths)
-  measured = decoded.tokens_generated / decoded.calls_spec
-  return {
-      "theory_tokens_per_call": iid,
-      "theory_tokens_per_call_with_ends": ends,
-      "efficiency_split": {
-          "sentence_ends": ends / iid,
-          "acceptance": measured / ends,
-          "output_lengths": decoded.calls_base / decoded.tokens_generated,
-          "time": theory["baseline_overhead"] / theory["iteration_overhead"],
-      },
-  }
 
 
 def draft_label(args: arguments.RunArguments, gamma_auto) -> str:
