@@ -104,8 +104,8 @@ def encode_batches(args: argparse.Namespace) -> List[np.ndarray]:
   if not path.exists():
     raise SystemExit(f"{path} not found (--data_dir, --split)")
   lines = path.read_text(encoding="utf-8").splitlines()[:args.num_sentences]
-  vocab = vocab_lib.get_vocabulary(str(PRETRAINED / "multi30k.model"),
-                                   extra_ids=0)
+  vocab = vocab_lib.load_vocabulary(str(PRETRAINED / "multi30k.model"),
+                                    extra_ids=0)
   rows = np.zeros((len(lines), args.max_input_len), np.int32)
   for i, line in enumerate(lines):
     ids = (list(vocab.encode(line)) + [1])[:args.max_input_len]

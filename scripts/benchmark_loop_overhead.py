@@ -93,7 +93,7 @@ def _check_flags():
 
 def _inputs(count):
   """[count] arrays [1, S] of encoded sentences (EOS appended)."""
-  vocab = vocab_lib.get_vocabulary(_SPM.value, extra_ids=0)
+  vocab = vocab_lib.load_vocabulary(_SPM.value, extra_ids=0, what="--spm_model")
   with open(_SOURCE.value, encoding="utf-8") as f:
     lines = [l.split("\t")[0].strip() for l in f if l.strip()]
   return [np.asarray([vocab.encode(l) + [1]], np.int32) for l in lines[:count]]

@@ -129,7 +129,7 @@ def pad_to_bucket(ids, bucket=INPUT_BUCKET):
 def _inputs(count):
   """[count] arrays [1, S'] of encoded sentences (EOS appended, padded by
   `pad_to_bucket`)."""
-  vocab = vocab_lib.get_vocabulary(_SPM.value, extra_ids=0)
+  vocab = vocab_lib.load_vocabulary(_SPM.value, extra_ids=0, what="--spm_model")
   with open(_SOURCE.value, encoding="utf-8") as f:
     lines = [l.split("\t")[0].strip() for l in f if l.strip()]
   return [pad_to_bucket(vocab.encode(l) + [1]) for l in lines[:count]]
