@@ -220,6 +220,11 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
                    for i in range(n)) / (n * tokens)
   spec_iters = sum(
       iterations[(i, long)] - iterations[(i, short)] for i in range(n))
+  if spec_iters <= 0:
+    raise ValueError(
+        f"lengths {short} and {long} take the same number of speculative "
+        f"iterations at gamma={gamma}: no marginal cost; use a longer "
+        "--lengths range.")
   spec_iter = sum(med[("spec", i, long)] - med[("spec", i, short)]
                   for i in range(n)) / spec_iters
   base_fixed = sum(med[("base", i, short)] for i in range(n)) / n \
