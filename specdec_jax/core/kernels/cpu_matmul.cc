@@ -42,6 +42,7 @@ namespace {
 
 constexpr int64_t kMaxRows = 64;  // The Python side dispatches M <= 64 only.
 constexpr int64_t kPanel = 16;    // Columns per packed panel.
+constexpr int64_t kPrefetchAhead = 16;  // Lines ahead per panel stream.
 
 // Portable reference for columns [n0, n1) of rows [0, rows): the same
 // per-element operation order as the AVX2 path. wp is the packed matrix.
@@ -145,6 +146,12 @@ __attribute__((target("avx512f"))) void TileAvx512(
   _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j) w[j] = wp + (p + j) * d_size * kPanel;
   for (int64_t d = 0; d < d_size; ++d) {
     __m512 wv[NP];
+    // Each d reads one 64-byte line of every panel: ask for the line
+    // kPrefetchAhead iterations on now, so the stream keeps its requests in
+    // flight while the FMAs of several rows fill the core (a prefetch past
+    // the panel's end never faults; the arithmetic is unchanged).
+    _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j)
+      _mm_prefetch(reinterpret_cast<const char*>(w[j] + (d + kPrefetchAhead) * kPanel), _MM_HINT_T0);
     _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j) wv[j] = _mm512_loadu_ps(w[j] + d * kPanel);
     _Pragma("GCC unroll 16") for (int m = 0; m < MT; ++m) {
       const __m512 xb = _mm512_set1_ps(x[m * d_size + d]);
