@@ -8,7 +8,7 @@ weight is packed once, when the model is prepared for decoding (`pack`,
 `T5Model.prepared_for_decoding`), into panels of 16 columns [P, D, 16]; the
 compiled kernel (XLA FFI) then streams every panel once per call with a
 register tile of up to 8 rows (AVX-512; 4 with AVX2), so the call costs what its weights and FLOPs
-cost; the AVX-512 tile prefetches each panel's stream ahead, so that on a
+cost; each tile prefetches its panels' streams ahead, so that on a
 decoder streamed from memory the FLOPs of a few rows hide under the stream. Every output element is the same chain of fused multiply-adds in the
 same order whatever the number of rows, so a row of a K-token call is
 bit-identical to a one-token call on that row: greedy speculative decoding

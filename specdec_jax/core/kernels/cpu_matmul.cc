@@ -77,6 +77,9 @@ __attribute__((target("avx2,fma"))) void TileAvx2(
   _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j) w[j] = wp + (p + j) * d_size * kPanel;
   for (int64_t d = 0; d < d_size; ++d) {
     __m256 wv[2 * NP];
+    // As the AVX-512 tile: the line kPrefetchAhead iterations on, now.
+    _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j)
+      _mm_prefetch(reinterpret_cast<const char*>(w[j] + (d + kPrefetchAhead) * kPanel), _MM_HINT_T0);
     _Pragma("GCC unroll 16") for (int j = 0; j < NP; ++j) {
       wv[2 * j] = _mm256_loadu_ps(w[j] + d * kPanel);
       wv[2 * j + 1] = _mm256_loadu_ps(w[j] + d * kPanel + 8);
