@@ -30,6 +30,21 @@ def figure_bytes(fig, fmt: str) -> bytes:
   return buf.getvalue()
 
 
+def finish_panel(ax, xlabel: str, ylabel: str, title: str, *, bottom: float,
+                 legend_columns: int) -> None:
+  """A line panel's axes: integer x ticks, labels, title, the y axis from
+  `bottom`, a light grid, and the legend below the axes, off the data."""
+  from matplotlib.ticker import MaxNLocator
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.set_ylim(bottom=bottom)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+            ncol=legend_columns, frameon=False)
+
+
 def _series(runs):
   """Groups runs into (task, target, draft, temperature) series."""
   series = collections.OrderedDict()
@@ -57,7 +72,6 @@ def render_speedup_vs_gamma(runs: Sequence[Dict[str, Any]]):
   the line style of the curve, so T = 0 and T = 1 points of one draft are
   told apart; the legend sits below the axes, off the data.
   """
-  from matplotlib.ticker import MaxNLocator
   series = _series(runs)
   panels = sorted({(k[0], k[1]) for k in series})
   colors = _draft_colors(runs)
@@ -95,14 +109,8 @@ def render_speedup_vs_gamma(runs: Sequence[Dict[str, Any]]):
               color=color, ms=6.5, mec="black", mew=0.6, ls="none",
               label=f"measured: {draft}, T={tables.fmt_temp(temp)}")
     ax.axhline(1.0, color="gray", lw=0.8, ls=":")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("γ (draft tokens per target call)")
-    ax.set_ylabel("walltime speedup (×)")
-    ax.set_title(f"{task}: M_p = {target}")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14),
-              ncol=2, frameon=False)
+    finish_panel(ax, "γ (draft tokens per target call)", "walltime speedup (×)",
+                 f"{task}: M_p = {target}", bottom=0, legend_columns=2)
   fig.suptitle(
       "Speedup vs γ: measured (markers, one shape per temperature) "
       "and Theorem 3.8 (lines, △ = optimal γ)", fontsize=10)

@@ -46,7 +46,9 @@ def quality(m: Mapping[str, Any]) -> Optional[Tuple[str, float, float]]:
   return None
 
 
-def _measured_tokens_per_call(m: Mapping[str, Any]) -> Optional[float]:
+def measured_tokens_per_call(m: Mapping[str, Any]) -> Optional[float]:
+  """A run's tokens per target call: its own key, else tokens generated over
+  speculative target calls (metrics.json of earlier versions), else None."""
   if m.get("tokens_per_target_call") is not None:
     return float(m["tokens_per_target_call"])
   if m.get("target_calls_speculative") and m.get("tokens_generated"):
@@ -139,7 +141,7 @@ def _table2_md_rows(rows, multi_target: bool,
         f"{r['alpha']:.2f}",
         f"{r['cost_coefficient_c']:.3f}",
         _optional(r.get("verification_cost_ratio"), "{:.2f}"),
-        _optional(_measured_tokens_per_call(r), "{:.2f}"),
+        _optional(measured_tokens_per_call(r), "{:.2f}"),
         f"{r['speedup']:.2f}X",
         f"{r['theoretical_speedup']:.2f}X",
         _optional(r.get("theoretical_speedup_measured_call_cost"), "{:.2f}X"),
@@ -238,7 +240,7 @@ def _table2_csv(rows: Sequence[Dict[str, Any]]) -> str:
     q = quality(r) or ("", "", "")
     lenience = r.get("lenience")
     rec = dict(
-        r, tokens_per_target_call=_measured_tokens_per_call(r),
+        r, tokens_per_target_call=measured_tokens_per_call(r),
         quality_metric=q[0], quality_baseline=q[1], quality_speculative=q[2],
         synthetic=bool(r.get("synthetic")), drafter=r.get("drafter") or "model",
         lenience=1.0 if lenience is None else lenience, exact=r.get("exact")
@@ -264,7 +266,7 @@ def render_table4(runs: Sequence[Dict[str, Any]]) -> str:
   points = []
   for r in rows:
     p = dict(r)
-    p["tokens_per_target_call"] = _measured_tokens_per_call(r)
+    p["tokens_per_target_call"] = measured_tokens_per_call(r)
     points.append(p)
   compared = analysis.theory_vs_measured(points)
   table = []

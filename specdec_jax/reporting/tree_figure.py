@@ -7,7 +7,7 @@ temperature), when the sweep has it, is drawn as a dotted horizontal line
 of the same colour: what k branches buy over one path.
 """
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from specdec_jax.reporting import figures
 from specdec_jax.reporting import tables
@@ -16,14 +16,6 @@ from specdec_jax.reporting import tables
 _TREE_SUFFIX = re.compile(r" tree k=\d+$")
 
 SeriesKey = Tuple[str, str, str, float, int]  # task, target, draft, T, γ
-
-
-def _tokens_per_call(run: Dict[str, Any]) -> Optional[float]:
-  if run.get("tokens_per_target_call") is not None:
-    return float(run["tokens_per_target_call"])
-  if run.get("target_calls_speculative") and run.get("tokens_generated"):
-    return run["tokens_generated"] / run["target_calls_speculative"]
-  return None
 
 
 def _key(run: Dict[str, Any]) -> SeriesKey:
@@ -45,7 +37,7 @@ def tree_width_series(
   tree: Dict[SeriesKey, Dict[int, List[float]]] = {}
   token: Dict[SeriesKey, List[float]] = {}
   for run in runs:
-    value = _tokens_per_call(run)
+    value = tables.measured_tokens_per_call(run)
     if value is None:
       continue
     acceptance = run.get("acceptance", "token")
@@ -73,7 +65,6 @@ def render_tokens_per_call_vs_tree_width(runs: Sequence[Dict[str, Any]]):
   per (task, target): a line with markers per (draft, temperature, γ);
   token verification at the same γ dotted in the same colour."""
   import matplotlib  # pylint: disable=g-import-not-at-top
-  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
   series = tree_width_series(runs)
   panels = sorted({k[:2] for k in series})
   cmap = matplotlib.colormaps["tab10"]
@@ -90,14 +81,10 @@ def render_tokens_per_call_vs_tree_width(runs: Sequence[Dict[str, Any]]):
       if series[key]["token"] is not None:
         ax.axhline(series[key]["token"], color=color, lw=1.0, ls=":",
                    label=f"token verification: {label}")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("k (draft branches per target call)")
-    ax.set_ylabel("tokens per target call")
-    ax.set_title(f"{panel[0]}: M_p = {panel[1]}")
-    ax.set_ylim(bottom=1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14),
-              ncol=1, frameon=False)
+    figures.finish_panel(ax, "k (draft branches per target call)",
+                         "tokens per target call",
+                         f"{panel[0]}: M_p = {panel[1]}", bottom=1,
+                         legend_columns=1)
   fig.suptitle(
       "Tree verification: tokens per target call vs k (dotted: "
       "token verification at the same γ)", fontsize=10)
