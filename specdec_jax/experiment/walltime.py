@@ -165,11 +165,12 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
     out_b, out_s = multihost.to_host((out_b, out_s))  # every row
     time_base += dt_b
     time_spec += dt_s
-    per_batch.append((dt_b, dt_s, int(np.max(np.asarray(out_b.target_calls))),
-                      int(np.max(np.asarray(out_s.target_calls))),
-                      int(np.asarray(out_b.target_calls).shape[0])))
-    calls_base += int(np.sum(np.asarray(out_b.target_calls)[keep]))
-    calls_spec += int(np.sum(np.asarray(out_s.target_calls)[keep]))
+    rows_b = np.asarray(out_b.target_calls)  # [rows] target calls per row
+    rows_s = np.asarray(out_s.target_calls)
+    calls_base += int(np.sum(rows_b[keep]))
+    calls_spec += int(np.sum(rows_s[keep]))
+    per_batch.append(
+        (dt_b, dt_s, int(rows_b.max()), int(rows_s.max()), rows_b.shape[0]))
     histogram += np.asarray(out_s.accepted_histogram)[keep].sum(0)
     if beta_sum is not None and beta_count is not None:  # not a tree
       beta_sum += float(np.sum(np.asarray(out_s.beta_sum)[keep]))
