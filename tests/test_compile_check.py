@@ -240,6 +240,9 @@ def test_tiny_tpu_programs_hold_no_cpu_only_parts(tiny_v4):
   # `prepared_for_decoding` would pack for the CPU kernel: it must not.
   assert kernels.TARGET_NAME not in record["custom_calls"]
   assert not record["cpu_kernel_in_programs"]
+  # The program compiled with the run's rule (local_tiny: Algorithm 1).
+  assert record["programs"]["speculative"]["acceptance_rule"] == (
+      "ExactAcceptance")
   for r in list(record["calls"].values()) + list(record["programs"].values()):
     assert not any("cpu" in c.lower() for c in r["custom_calls"]), r
   roof = record["roofline"]
@@ -320,6 +323,8 @@ def test_the_tree_call_compiles_and_reads_each_weight_once(tmp_path):
       record["memory_per_device"]["parameter_bytes"]["target"] +
       record["memory_per_device"]["kv_cache_bytes"]["target"])
   assert set(record["programs"]) == {"baseline", "speculative"}
+  assert record["programs"]["speculative"]["acceptance_rule"] == (
+      "TreeAcceptance")
   roof = record["roofline"]
   assert roof["tree_call_cost"] == pytest.approx(
       roof["calls"]["tree_call"]["seconds"] /
@@ -337,3 +342,50 @@ def test_tree_width_auto_is_refused_in_compile_mode():
       match=re.escape("TREE_WIDTH='auto' with COMPILE_TOPOLOGY")):
     arguments.RunArguments(output_dir="/tmp/unused", gamma=3, acceptance="tree",
                            tree_width="auto", compile_topology="v4-8")
+
+
+class _Compiled(Exception):
+  """Raised by the spy in place of compiling (nothing is compiled)."""
+
+
+@pytest.mark.parametrize(
+    "bindings, rule",
+    [([], None), (["ACCEPTANCE = 'block'"], "BlockAcceptance"),
+     (["LENIENCE = 0.5"], "LenientAcceptance"),
+     (["ACCEPTANCE = 'tree'", "TREE_WIDTH = 2"], None)])
+def test_each_mode_compiles_the_runs_acceptance_rule(tmp_path, monkeypatch,
+                                                     bindings, rule):
+  """COMPILE_TOPOLOGY hands the compiler the rule the run decodes with
+  (issue 42: ACCEPTANCE='block' compiled Algorithm 1's token rule)."""
+  pytest.importorskip(
+      "libtpu", reason="libtpu is not installed: the topology's devices "
+      "need it (pip install -e '.[tpu]'; no TPU needed).")
+  import gin  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiment import compile_check  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiment import plan  # pylint: disable=g-import-not-at-top
+  seen = {}
+
+  def spy(*args, **kwargs):
+    del kwargs
+    seen["acceptance"], seen["tree_width"] = args[6], args[3].tree_width
+    raise _Compiled()
+
+  monkeypatch.setattr(compile_check, "compile_all", spy)
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin(["local_tiny.gin"], [
+        "COMPILE_TOPOLOGY = 'v4-8'", "MESH_SHAPE = (1, 4)",
+        f"OUTPUT_DIR = '{tmp_path / 'out'}'", *bindings
+    ])
+    args = arguments.run_arguments()
+    with pytest.raises(_Compiled):
+      compile_report.compile_topology(args, args.compile_topology,
+                                      ["local_tiny.gin"])
+  finally:
+    gin.clear_config()
+  run_rule = plan.acceptance_rule(args)
+  assert type(seen["acceptance"]) is type(run_rule)
+  assert (None if run_rule is None else type(run_rule).__name__) == rule
+  if rule == "LenientAcceptance":
+    assert float(seen["acceptance"].lenience) == 0.5
+  assert seen["tree_width"] == (2 if "TREE_WIDTH = 2" in bindings else 0)

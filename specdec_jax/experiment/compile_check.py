@@ -291,9 +291,15 @@ class Compiler:
     """The run's speculative program: the tree loop for a tree, else the
     speculative loop with `acceptance` (None: Algorithm 1)."""
     if self.shapes.tree_width:
-      return self.tree(target, drafter, method, without_replacement)
+      record = self.tree(target, drafter, method, without_replacement)
+      record["acceptance_rule"] = "TreeAcceptance"
+      return record
     rule = decoding.ExactAcceptance() if acceptance is None else acceptance
-    return self.speculative(target, drafter, method, rule)
+    record = self.speculative(target, drafter, method, rule)
+    # compile.json names the rule the program was compiled with, so a
+    # test can hold it to the run's.
+    record["acceptance_rule"] = type(rule).__name__
+    return record
 
 
 def _beam_args(c: "Compiler", target: T5Model):

@@ -22,7 +22,6 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence
 
-import numpy as np
 
 from specdec_jax import analysis
 from specdec_jax.core import decoding
@@ -35,6 +34,7 @@ from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import compile_check
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import loading
+from specdec_jax.experiment import plan as plan_lib
 from specdec_jax.experiment import tpu_topologies
 
 ConfigError = gin_utils.ConfigError
@@ -209,9 +209,9 @@ def compile_topology(args: arguments.RunArguments, value: Any,
                                 max_decode_length=args.max_decode_length,
                                 gamma=int(args.gamma), beam=beam_shapes(args),
                                 tree_width=int(args.tree_width) if tree else 0)
-  acceptance = None
-  if args.lenience != 1:
-    acceptance = decoding.LenientAcceptance(np.float32(args.lenience))
+  # The run's own rule (issue 42: this used to read LENIENCE alone and
+  # compiled Algorithm 1 for ACCEPTANCE='block').
+  acceptance = plan_lib.acceptance_rule(args)
 
   def build_drafter(draft):
     return decoding.as_drafter(

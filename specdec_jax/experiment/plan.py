@@ -200,7 +200,7 @@ class RunPlan:
       settings["draft"] = own_draft_config
     return cls(args=args, target_config=target_config,
                draft_config=draft_config, vocab=vocab, ngram_table=table,
-               acceptance=_acceptance(args), task_kind=kind, settings=settings,
+               acceptance=acceptance_rule(args), task_kind=kind, settings=settings,
                providers=providers)
 
   # -- loading --------------------------------------------------------------
@@ -334,9 +334,10 @@ def _check_tree_width(args, vocab_size: int) -> None:
         f"Allowed: 1 to {vocab_size}.")
 
 
-def _acceptance(args) -> Optional[decoding.AcceptanceRule]:
-  """None (Algorithm 1) unless LENIENCE < 1 or ACCEPTANCE='block'
-  (ACCEPTANCE='tree': None too; `tree_decoder` makes its own rule)."""
+def acceptance_rule(args) -> Optional[decoding.AcceptanceRule]:
+  """The run's acceptance rule: None (Algorithm 1) unless LENIENCE < 1 or
+  ACCEPTANCE='block' (ACCEPTANCE='tree': None too; `tree_decoder` makes
+  its own rule). COMPILE_TOPOLOGY compiles with this rule too."""
   if args.acceptance == "tree":
     return None
   if args.acceptance == "block":
