@@ -29,7 +29,15 @@ endpoint fail in a minute with a clear message instead of hanging.
 JSON is always valid JSON: a non-finite float (which `json` would write as
 `Infinity` / `NaN`) is written as null, with a warning naming its key.
 `probe_writable_dir` lets a command check its output folder at startup.
+
+No local write follows a symbolic link (the default output folders sit
+under world-writable /tmp): files are created new (`mkstemp`, `O_EXCL`),
+set up through their descriptor, and renamed or linked into place, which
+replaces a link rather than writing through it.
 """
+import contextlib
+import errno
+import fcntl
 import functools
 import json
 import logging
@@ -37,10 +45,11 @@ import math
 import os
 import re
 import socket
+import stat
 import tempfile
 import urllib.parse
 import uuid
-from typing import Any, List, Tuple, Union
+from typing import Any, Iterator, List, Tuple, Union
 
 from specdec_jax import paths
 
@@ -261,8 +270,10 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[str,
       f.write(data)
       f.flush()
       os.fsync(f.fileno())
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates files with 0600.
-    os.replace(tmp, path)
+      # mkstemp creates files with 0600. By descriptor: a path could have
+      # been swapped for a link meanwhile.
+      os.fchmod(f.fileno(), 0o666 & ~_umask())
+    os.replace(tmp, path)  # replaces a link at `path`, never follows it
   except BaseException as e:
     if os.path.exists(tmp):
       os.unlink(tmp)
@@ -312,9 +323,9 @@ def _create_new_local(path: str, data: bytes) -> bool:
     try:
       os.write(fd, data)
       os.fsync(fd)
+      os.fchmod(fd, 0o644 & ~_umask())
     finally:
       os.close(fd)
-    os.chmod(tmp, 0o644 & ~_umask())
     try:
       os.link(tmp, path)
     except FileExistsError:
@@ -330,7 +341,8 @@ def _create_exclusive(path: str, data: bytes) -> bool:
   """`O_CREAT | O_EXCL`, then the data: where `link` is not supported (a
   reader may see the file empty for a moment)."""
   try:
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW,
+                 0o644)
   except FileExistsError:
     return False
   try:
@@ -341,12 +353,67 @@ def _create_exclusive(path: str, data: bytes) -> bool:
   return True
 
 
+def _read_regular(path: str) -> bytes:
+  """The bytes of the regular file `path`, not through a link.
+
+  A lock is only ever a file a run wrote: a folder, a link (possibly to a
+  FIFO or /dev/zero) or a device is refused rather than read.
+
+  Raises:
+    OSError: ELOOP for a link, EISDIR for a folder, EINVAL for anything
+      else that is not a regular file; FileNotFoundError.
+  """
+  fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+  try:
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISDIR(mode):
+      raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if not stat.S_ISREG(mode):
+      raise OSError(errno.EINVAL, "not a regular file", path)
+    chunks = []
+    while True:
+      chunk = os.read(fd, 1 << 16)
+      if not chunk:
+        return b"".join(chunks)
+      chunks.append(chunk)
+  finally:
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def _folder_locked(folder: str) -> Iterator[None]:
+  """Holds an exclusive `flock` of `folder` (local) for the block.
+
+  Serializes every check-then-unlink of a lock in the folder, between
+  processes and between threads alike (each `open` is its own lock
+  holder); the kernel drops it when its holder dies, so it is never left
+  behind. Where `flock` is not supported (some network or FUSE mounts)
+  the block runs unserialized.
+  """
+  try:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+  except OSError:
+    fd = None
+  try:
+    if fd is not None:
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+      except OSError:
+        pass
+    yield
+  finally:
+    if fd is not None:
+      os.close(fd)  # releases the flock
+
+
 def read_versioned(path: str) -> Tuple[Any, Any]:
-  """(bytes, version) of `path`, or (None, None) when it does not exist."""
+  """(bytes, version) of `path`, or (None, None) when it does not exist.
+
+  Locally `path` must be a regular file (see `_read_regular`).
+  """
   if not paths.is_url(path):
     try:
-      with open(path, "rb") as f:
-        data = f.read()
+      data = _read_regular(path)
       return data, data
     except FileNotFoundError:
       return None, None
@@ -360,18 +427,22 @@ def read_versioned(path: str) -> Tuple[Any, Any]:
 def remove_if_unchanged(path: str, version: Any) -> bool:
   """Deletes `path` if it is still the `version` read; whether it did.
 
-  On gs:// the condition is checked by the server; locally the check and
-  the unlink are two steps (callers serialize them: `run_lock`).
+  On gs:// the condition is checked by the server. Locally the check and
+  the unlink are two steps, run under an `flock` of the folder: every
+  remover takes it, and a lock is otherwise only created where none is
+  (`create_new`), so what was checked is what is unlinked. (Unserialized,
+  two takers of one stale lock both read it, and the later unlink removed
+  the first taker's new lock: both held the folder.)
   """
   if not paths.is_url(path):
-    try:
-      with open(path, "rb") as f:
-        if f.read() != version:
+    with _folder_locked(os.path.dirname(path) or "."):
+      try:
+        if _read_regular(path) != version:
           return False
-      os.unlink(path)
-      return True
-    except FileNotFoundError:
-      return False
+        os.unlink(path)
+        return True
+      except FileNotFoundError:
+        return False
   kv, key = _gcs(path)
   stamp = wait(kv.write(key, None, if_equal=version), "deleting", path)
   return bool(stamp.generation)

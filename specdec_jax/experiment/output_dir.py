@@ -7,6 +7,8 @@ vocabulary (metrics.json and alpha.json record it as `settings`).
 at a time: `run_lock`) and refuses a result file there (metrics.json,
 alpha.json, predictions.jsonl or its `.partial`) of other settings than the
 run's, unless OVERWRITE=True; the same settings may be re-run freely.
+An empty `.partial` (a run killed before its first row) holds nothing and
+protects nothing.
 """
 import dataclasses
 import json
@@ -171,12 +173,26 @@ class _ResultsLock:
     record = os.path.join(self.out, SETTINGS_FILE)
     try:
       if io_utils.isfile(record) and not any(
-          io_utils.isfile(os.path.join(self.out, name))
-          for name in RESULT_FILES):
+          _holds_results(self.out, name) for name in RESULT_FILES):
         io_utils.remove(record)
     except OSError as e:  # the results are written: only warn
       logging.warning("could not remove %s: %s", SETTINGS_FILE, e)
     self.lock.release()
+
+
+def _holds_results(out: str, name: str) -> bool:
+  """Whether `out/name` is a result file to protect: an empty `.partial`
+  (killed before its first row) is not one, and would otherwise refuse
+  every run of other settings for nothing."""
+  path = os.path.join(out, name)
+  if not io_utils.isfile(path):
+    return False
+  if name == PARTIAL_PREDICTIONS_FILE and not paths.is_url(path):
+    try:
+      return os.path.getsize(path) > 0
+    except OSError:
+      return False
+  return True
 
 
 def _remove_if_empty(folder: str) -> None:
@@ -194,7 +210,7 @@ def _check_results(out: str, settings: Dict[str, Any], overwrite: bool) -> None:
   settings = comparable(settings)
   for name in RESULT_FILES:
     path = os.path.join(out, name)
-    if not io_utils.isfile(path):
+    if not _holds_results(out, name):
       continue
     old = _recorded_settings(path)
     if name in PREDICTIONS_FILES:

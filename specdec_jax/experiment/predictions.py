@@ -10,9 +10,17 @@ either way, so two runs with the same settings and seed still write the
 same file.
 
 A failed write (ENOSPC, EIO, ...) does not stop the decode: the run goes on,
-prints its summary, then raises `OutputWriteError` naming the file and
-what was kept.
+prints its summary, then raises `OutputWriteError` naming the file that
+failed and what was kept. A `.partial` that kept no row is removed (on a
+failure or Ctrl-C): it protects nothing, and would block a run of other
+settings (the OVERWRITE rule, `output_dir`).
+
+The `.partial` is always created new: whatever is there (a killed run's
+rows, or a link planted in a shared /tmp folder, which `open(..., "w")`
+would follow and overwrite) is unlinked first, and the file is created
+with `O_CREAT | O_EXCL | O_NOFOLLOW`.
 """
+import errno
 import json
 import os
 from typing import Any, Dict, List, Optional
@@ -24,6 +32,26 @@ from specdec_jax import run_metrics
 
 class OutputWriteError(OSError):
   """A result file could not be written; says which and what was kept."""
+
+
+def _create_fresh(path: str) -> int:
+  """A descriptor of `path` created anew for writing, never through a link.
+
+  Raises:
+    OSError: `path` could not be removed or created (e.g. it is a folder,
+      or it reappeared each time it was removed).
+  """
+  for _ in range(3):
+    try:
+      return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                     0o666)
+    except FileExistsError:
+      try:
+        os.unlink(path)  # a link itself, not what it points to
+      except FileNotFoundError:
+        pass
+  raise FileExistsError(errno.EEXIST, "recreated each time it was removed",
+                        path)
 
 
 def _line(row: Dict[str, Any]) -> str:
@@ -39,6 +67,7 @@ class PredictionsWriter:
     partial: where rows go meanwhile (None on gs://: held in memory).
     written: rows safely in `partial` (or in memory).
     error: the first write error (None: all went well).
+    failed: the file whose write failed (with `error`).
   """
 
   def __init__(self, folder: str, enabled: bool = True):
@@ -48,13 +77,24 @@ class PredictionsWriter:
         folder, "." + run_metrics.PREDICTIONS_FILE + ".partial"))
     self.written = 0
     self.error: Optional[OSError] = None
+    self.failed: Optional[str] = None
     self._rows: List[str] = []
     self._file = None
+    self._published = False
     if enabled and self.partial is not None:
-      self._guard(lambda: setattr(self, "_file",
-                                  open(self.partial, "w", encoding="utf-8")))
+      self._guard(self._open_partial, self.partial)
 
-  def _guard(self, fn) -> bool:
+  def _open_partial(self) -> None:
+    fd = _create_fresh(self.partial)
+    try:
+      self._file = open(fd, "w", encoding="utf-8")
+    except BaseException:
+      os.close(fd)
+      raise
+
+  def _guard(self, fn, path: str) -> bool:
+    """Runs `fn`; an OSError is kept (with the file, `path` unless it
+    names its own) instead of raised."""
     if self.error is not None:
       return False
     try:
@@ -62,6 +102,7 @@ class PredictionsWriter:
       return True
     except OSError as e:
       self.error = e
+      self.failed = os.fspath(e.filename) if e.filename else path
       return False
 
   def add(self, rows: List[Dict[str, Any]]) -> None:
@@ -78,7 +119,7 @@ class PredictionsWriter:
       self._file.write(text)
       self._file.flush()
 
-    if self._guard(append):
+    if self._guard(append, self.partial):
       self.written += len(rows)
 
   def kept(self) -> str:
@@ -92,28 +133,40 @@ class PredictionsWriter:
     if not self.enabled:
       return
     if self.partial is None:
-      self._guard(lambda: io_utils.atomic_write(self.path, "".join(self._rows)))
+      self._guard(lambda: io_utils.atomic_write(self.path, "".join(self._rows)),
+                  self.path)
     else:
 
       def publish():
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        os.replace(self.partial, self.path)
+        os.replace(self.partial, self.path)  # replaces a link, if planted
+        self._published = True
 
-      self._guard(publish)
+      self._guard(publish, self.partial)
     if self.error is not None:
       self.close()
+      how = (f"writing {self.failed} failed: "
+             if self.failed and self.failed != self.path else "")
       raise OutputWriteError(
-          f"cannot write {self.path}: {self.error.strerror or self.error}. "
+          f"cannot write {self.path}: {how}"
+          f"{self.error.strerror or self.error}. "
           f"Kept: the summary above, {self.kept()} (of {total}); "
           f"{run_metrics.METRICS_FILE} was not written.")
 
   def close(self) -> None:
-    """Closes the partial file (kept on disk: what was decoded so far)."""
+    """Closes the partial file: kept on disk with what was decoded so far,
+    removed if that is no row (a run of other settings may then use the
+    folder)."""
     if self._file is not None and not self._file.closed:
       try:
         self._file.close()
+      except OSError:
+        pass
+    if (self._file is not None and not self.written and not self._published):
+      try:
+        os.unlink(self.partial)
       except OSError:
         pass
 

@@ -14,12 +14,17 @@ and taken over with a warning, when
 * it is older than `stale_after_s()` (24 h, or SPECDEC_LOCK_STALE_S): the
   only test possible for a lock written on another host, or on gs://.
 Otherwise delete the file by hand after checking no run uses the folder.
+Taking over is atomic: locally the check and the unlink run under an
+`flock` of the folder (`io_utils.remove_if_unchanged`), so of several
+starters exactly one takes a stale lock over. A local lock that is not a
+regular file (a folder, a link) is refused, named, and left as it is.
 """
 import contextlib
 import datetime
 import json
 import os
 import socket
+import stat
 import time
 import uuid
 from typing import Any, Dict, Iterator, Optional
@@ -27,6 +32,7 @@ from typing import Any, Dict, Iterator, Optional
 from absl import logging
 
 from specdec_jax import io_utils
+from specdec_jax import paths
 from specdec_jax.flag_utils import ConfigError
 
 LOCK_FILE = ".specdec.lock"
@@ -102,6 +108,27 @@ def _describe(record: Dict[str, Any]) -> str:
           f"{record.get('host')}, started {record.get('started_utc')})")
 
 
+def _not_a_lock(folder: str, path: str, error: OSError) -> LockedError:
+  """One line for a local lock that cannot be read: what it is, what to do."""
+  try:
+    mode = os.lstat(path).st_mode
+  except OSError:
+    mode = None
+  if mode is None or stat.S_ISREG(mode):
+    return LockedError(
+        f"OUTPUT_DIR={folder!r}: cannot read its lock {path}: "
+        f"{error.strerror or error}. Check its permissions, or choose "
+        "another OUTPUT_DIR.")
+  kind = ("a folder" if stat.S_ISDIR(mode) else
+          "a symbolic link" if stat.S_ISLNK(mode) else "a special file")
+  remove = "rmdir" if kind == "a folder" else "rm"
+  return LockedError(
+      f"OUTPUT_DIR={folder!r}: {path} is {kind}, not a lock file a run "
+      f"writes (allowed: no {LOCK_FILE} there, or a run's lock file), so "
+      "whether a run uses the folder cannot be told. If none does, remove "
+      f"it (`{remove} {path}`); or choose another OUTPUT_DIR.")
+
+
 class Lock:
   """A held lock: `release()` deletes it if it is still ours."""
 
@@ -133,7 +160,12 @@ def acquire(folder: str, program: str = "run") -> Lock:
     version = io_utils.create_new(path, data)
     if version is not None:
       return Lock(path, version)
-    held, held_version = io_utils.read_versioned(path)
+    try:
+      held, held_version = io_utils.read_versioned(path)
+    except OSError as e:
+      if paths.is_url(path):
+        raise
+      raise _not_a_lock(folder, path, e) from None
     if held is None:
       continue  # released in between
     record = _parse(held)
@@ -144,7 +176,8 @@ def acquire(folder: str, program: str = "run") -> Lock:
           "writing one folder would overwrite each other's files. Wait for "
           "it to end, or choose another OUTPUT_DIR. (If no such run exists, "
           f"delete {path}.)")
-    # Conditional: if another starter took it over meanwhile, it stays.
+    # Conditional and serialized: if another starter took it over
+    # meanwhile, its new lock stays.
     if io_utils.remove_if_unchanged(path, held_version):
       logging.warning("Took over the stale lock %s (%s).", path, stale)
   raise LockedError(f"OUTPUT_DIR={folder!r}: could not take its lock {path} "
