@@ -45,6 +45,7 @@ import dataclasses
 import difflib
 import logging as std_logging
 import os
+import stat
 import sys
 import tokenize
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
@@ -133,8 +134,7 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
     gin.add_config_file_search_path(path)
   for name in gin_files:
     if _find_gin_file(name, paths) is None:
-      raise ConfigError(
-          f"--gin_file={name!r} not found in the gin search path {paths}.")
+      raise ConfigError(f"--gin_file={name!r} {_not_a_gin_file(name, paths)}")
   if check_macros:
     check_macro_bindings(gin_bindings, gin_file_macros(gin_files, paths))
   # Always: a macro that files or bindings define and nothing reads is a
@@ -301,6 +301,36 @@ def _find_gin_file(path: str, folders: Sequence[str]) -> Optional[str]:
               None)
 
 
+_GIN_FILES_ALLOWED = ("allowed: a gin file (a regular text file of bindings), "
+                      "by path or by name on the search path, e.g. "
+                      "pretrained_multi30k.gin or local_tiny.gin")
+
+
+def _not_a_gin_file(path: str, folders: Sequence[str]) -> str:
+  """Why `path` names no gin file (`_find_gin_file` found none): what the
+  first thing of that name is (a directory, a device), or not found."""
+  for candidate in _candidates(path, folders):
+    if os.path.isdir(candidate):
+      return (f"is a directory ({candidate}), not a gin file; "
+              f"{_GIN_FILES_ALLOWED}.")
+    if os.path.exists(candidate):
+      try:
+        mode = os.stat(candidate).st_mode
+      except OSError:
+        mode = 0
+      kind = next((what for test, what in (
+          (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a named pipe"),
+          (stat.S_ISSOCK, "a socket"),
+      ) if test(mode)), "not a file")
+      if os.path.realpath(candidate) == os.devnull:
+        kind += " that reads as empty"
+      return (f"is not a regular file ({candidate}: {kind}); "
+              f"{_GIN_FILES_ALLOWED}.")
+  return f"not found in the gin search path {list(folders)}."
+
+
 def find_gin_file(
     path: str, extra_search_paths: Sequence[str] = ()) -> Optional[str]:
   """Where `--gin_file=path` is read from (`search_paths`), or None."""
@@ -320,8 +350,8 @@ def _gin_statements(path: str, search_paths: Sequence[str]):
                        "(include cycle?).")
     full = _find_gin_file(file_path, search_paths)
     if full is None:
-      raise ValueError(f"gin file {file_path!r} not found (searched "
-                       f"{_candidates(file_path, search_paths)}).")
+      raise ValueError(
+          f"gin file {file_path!r} {_not_a_gin_file(file_path, search_paths)}")
     try:
       with open(full, "r", encoding="utf-8") as f:
         text = f.read()

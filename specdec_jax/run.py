@@ -47,6 +47,8 @@ samples (`alpha.json`); no walltimes, so it is cheap to run for many
 """
 from typing import Any, Dict, Optional, Sequence
 
+import gin
+
 from specdec_jax import checkpoints
 from specdec_jax import compilation_cache
 from specdec_jax import console
@@ -75,13 +77,46 @@ def run(overrides: Optional[Dict[str, Any]] = None, *,
   return runner.execute(RunPlan.build(args, providers))[0]
 
 
+# The experiment files a message suggests (gin/, docs/usage/running.md).
+EXAMPLE_GIN_FILES = "--gin_file=pretrained_multi30k.gin or local_tiny.gin"
+
+
+def check_experiment_flags(gin_files: Sequence[str]) -> None:
+  """A run needs an experiment file: bindings alone bind no OUTPUT_DIR.
+
+  Raises:
+    ConfigError: no --gin_file (only --gin.X bindings, or nothing).
+  """
+  if not gin_files:
+    raise ConfigError(
+        "--gin_file is required: a run is described by an experiment gin "
+        f"file (gin/*.gin, e.g. {EXAMPLE_GIN_FILES}); --gin.X bindings "
+        "change its settings.")
+
+
+def check_output_dir_bound(gin_files: Sequence[str]) -> None:
+  """After parsing: the files (or bindings) bind `run.output_dir`.
+
+  Raises:
+    ConfigError: they do not (a model file given alone, an empty file):
+      RunArguments would fail with gin's traceback.
+  """
+  if "output_dir" not in gin.get_bindings("run"):
+    raise ConfigError(
+        f"OUTPUT_DIR is not set: the gin files ({', '.join(gin_files)}) "
+        "bind no run.output_dir; allowed: an experiment file, which "
+        f"includes run.gin (e.g. {EXAMPLE_GIN_FILES}).")
+
+
 def main(argv: Sequence[str], providers: Optional[Providers] = None) -> None:
   if len(argv) > 1:
     raise ConfigError(f"unexpected arguments: {argv[1:]}")
+  check_experiment_flags(gin_utils.gin_files_flag())
   try:
     gin_utils.parse_from_flags(check_macros=True)
   except ValueError as e:  # gin's own message names the binding
     raise ConfigError(str(e)) from None
+  check_output_dir_bound(gin_utils.gin_files_flag())
   try:  # several hosts: T5X's flags, or a Cloud TPU VM (`multihost`)
     multihost.initialize_from_flags()
   except ValueError as e:

@@ -16,7 +16,11 @@ one sweep can cover several drafts and tasks.
 Before the first model is loaded, every point is checked as `run` checks
 its arguments (gin macros, every value, the vocabulary against both models),
 and RESULTS_DIR is created and probed: a bad value anywhere in the grid stops
-the sweep with one line naming the point, and nothing is written.
+the sweep with one line naming the point, and nothing is written. So do two
+points that would share a folder (`check_points`: gin files `a/x.gin` and
+`b/x.gin`), an OUTPUT_DIR key or binding (the sweep chooses the folders),
+and a grid key listing one value twice (`TEMPERATURE: [1, 1.0]`); points
+equal by value run once.
 
 Each point writes `RESULTS_DIR/<point name>/metrics.json` (atomically, last)
 and `predictions.jsonl`; a point whose metrics.json exists is skipped, so a
@@ -38,12 +42,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from absl import flags
 from absl import logging
 import gin
+from gin import config_parser
 import jax
 import yaml
 
 from specdec_jax import checkpoints
 from specdec_jax import compilation_cache
 from specdec_jax import console
+from specdec_jax import gin_macros
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import multihost
@@ -104,11 +110,22 @@ def parse_sweep_args(specs: Sequence[str]) -> List[Dict[str, Any]]:
   return _dedupe(points)
 
 
-def _product(grid: Dict[str, List[Any]]) -> List[Dict[str, Any]]:
+def _product(grid: Dict[str, List[Any]],
+             where: str = "--sweep") -> List[Dict[str, Any]]:
+  """The grid's points; `where` (the file, or --sweep) names it in errors."""
   for key, values in grid.items():
     if not isinstance(values, list) or not values:
       raise SweepError(f"grid key {key!r} must map to a non-empty list, got "
                        f"{values!r}.")
+    seen = {}
+    for i, value in enumerate(values):
+      first = seen.setdefault(_value_key(value), i)
+      if first != i:
+        same = values[first]
+        raise SweepError(
+            f"{where} grid key {key!r} lists {value!r} twice ({same!r} and "
+            f"{value!r} in {values!r}): the same point would run twice; "
+            "allowed: distinct values (after parsing: 1 and 1.0 are one).")
   keys = list(grid)
   return [
       dict(zip(keys, combo))
@@ -140,7 +157,7 @@ def load_sweep_file(path: str) -> List[Dict[str, Any]]:
   if spec.get("grid"):
     if not isinstance(spec["grid"], dict):
       raise SweepError(f"{path}: 'grid' must be a mapping KEY -> list.")
-    grid_points = _product(spec["grid"])
+    grid_points = _product(spec["grid"], f"{path}:")
     points = ([{
         **p,
         **g
@@ -150,10 +167,28 @@ def load_sweep_file(path: str) -> List[Dict[str, Any]]:
   return points
 
 
+def _value_key(value: Any) -> Any:
+  """A hashable key equal for values gin binds alike: 1 and 1.0 are one
+  value, True is not 1, and lists and dicts compare item by item."""
+  if isinstance(value, bool) or value is None:
+    return ("const", value)
+  if isinstance(value, (int, float)):
+    return ("number", value)  # 1 == 1.0 and hash(1) == hash(1.0)
+  if isinstance(value, str):
+    return ("str", value)
+  if isinstance(value, (list, tuple)):  # gin binds a list and a tuple apart
+    return (type(value).__name__, tuple(_value_key(v) for v in value))
+  if isinstance(value, dict):
+    return ("map",
+            frozenset((_value_key(k), _value_key(v)) for k, v in value.items()))
+  return ("other", repr(value))
+
+
 def _dedupe(points):
+  """The points without repeats (equal by value: `_value_key`), in order."""
   seen, out = set(), []
   for p in points:
-    key = json.dumps(p, sort_keys=True, default=str)
+    key = _value_key(p)
     if key not in seen:
       seen.add(key)
       out.append(p)
@@ -172,6 +207,54 @@ def point_name(point: Dict[str, Any]) -> str:
     else:
       parts.append(f"{key.split('.')[-1]}={value}")
   return re.sub(r"[^A-Za-z0-9=+._-]", "_", "__".join(parts))
+
+
+def _is_output_dir(key: str) -> bool:
+  """`OUTPUT_DIR` or a binding of `run.output_dir` (any scope)."""
+  return key == "OUTPUT_DIR" or key.split("/")[-1] == "run.output_dir"
+
+
+def check_points(points: Sequence[Dict[str, Any]], results_dir: str,
+                 base_bindings: Sequence[str] = ()) -> None:
+  """Refuses what would make points share or leave their folders.
+
+  The sweep chooses each point's folder, RESULTS_DIR/<point name>: an
+  OUTPUT_DIR in a point or in a `--gin` binding would be replaced in
+  silence, and two points with one name (gin files `a/x.gin` and `b/x.gin`,
+  TASK 'a/b' and 'a_b') would share a folder, so that one of them never ran
+  and a later sweep counted it as done.
+
+  Raises:
+    SweepError: naming the key or binding, or both points and their folder.
+  """
+  allowed = ("the sweep chooses each point's folder (--results_dir/<point "
+             "name>) and would replace it; allowed: --results_dir to say "
+             "where the points go")
+  for point in points:
+    for key in point:
+      if _is_output_dir(key):
+        raise SweepError(f"sweep key {key!r} (point {point!r}): {allowed}.")
+  for text in base_bindings:
+    try:
+      statements = gin_macros.binding_statements(text)
+    except ValueError:  # named by `check_keys`
+      continue
+    for st in statements:
+      if (isinstance(st, config_parser.BindingStatement) and _is_output_dir(
+          f"{st.selector}.{st.arg_name}" if st.arg_name else st.selector)):
+        raise SweepError(f"{gin_macros.binding_flag(text)}: {allowed}.")
+  by_name: Dict[str, int] = {}
+  for i, point in enumerate(points):
+    name = point_name(point)
+    first = by_name.setdefault(name, i)
+    if first != i:
+      other = points[first]
+      raise SweepError(
+          f"points {other!r} and {point!r} share the folder "
+          f"{os.path.join(results_dir, name)!r} (point names keep only "
+          "gin files' base names and replace characters other than "
+          "A-Za-z0-9=+._- with '_'); allowed: points whose names differ "
+          "(rename a gin file), or separate sweeps (--results_dir).")
 
 
 # ---------------------------------------------------------------------------
@@ -327,6 +410,7 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
   process 0 checks results_dir and decides which points are done; every
   process runs the same points in the same order (`multihost`).
   """
+  check_points(points, results_dir, base_bindings)
   check_keys(points, base_files, base_bindings, search_paths)
   validate_points(points, results_dir, base_files, base_bindings, search_paths,
                   providers)
@@ -399,6 +483,7 @@ def main(argv: Sequence[str], providers: Optional[Providers] = None) -> None:
     raise SweepError("--results_dir is required.")
   points = parse_sweep_args(f.sweep)
   # Typos fail in a second, before TensorFlow's import.
+  check_points(points, f.results_dir, f.gin_bindings)
   check_keys(points, f.gin_file, f.gin_bindings, f.gin_search_paths)
   try:  # several hosts: T5X's flags, or a Cloud TPU VM (`multihost`)
     multihost.initialize_from_flags()
