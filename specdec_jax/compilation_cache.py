@@ -7,10 +7,21 @@ second run reads them from disk instead of compiling (the main job: ~10 s
 of its start). The folder is ~/.cache/specdec_jax/jax-compilation-cache
 (SPECDEC_JAX_CACHE moves the parent); SPECDEC_JAX_COMPILATION_CACHE=0 turns
 it off; an explicit JAX_COMPILATION_CACHE_DIR (the test suite's) wins.
+
+JAX never replaces an entry it cannot read (a truncated or garbled file):
+it warns and compiles again on every run. `enable` therefore watches for
+that warning: the entry is removed (so this run writes it again) and one
+line names the folder and how to clear it (`repair_entry`).
 """
 import os
+import re
+import sys
+import warnings
 
 ENV_OFF = "SPECDEC_JAX_COMPILATION_CACHE"
+# jax/_src/compiler.py's warning when an entry fails to load.
+_READ_ERROR = re.compile(
+    r"Error reading persistent compilation cache entry for '([^']+)'")
 
 
 def cache_dir() -> str:
@@ -31,4 +42,52 @@ def enable() -> str:
   # but a run compiles several per input width.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  _watch_read_errors(folder)
   return folder
+
+
+def repair_entry(folder: str, message: str):
+  """Removes the entries of the program a JAX cache warning names.
+
+  The warning names the program (`jit_f`), not its key, so every
+  `jit_f-<hash>-cache` (and `-atime`) file goes: the unreadable one and at
+  worst a few readable ones, compiled again once.
+
+  Returns:
+    The program's name, or None when `message` is not that warning.
+  """
+  match = _READ_ERROR.search(message)
+  if match is None:
+    return None
+  name = re.compile(re.escape(match.group(1)) + r"-[0-9a-f]+-(cache|atime)$")
+  for entry in os.listdir(folder) if os.path.isdir(folder) else ():
+    if name.match(entry):
+      try:
+        os.remove(os.path.join(folder, entry))
+      except OSError:
+        pass  # Another process removed it, or it is read-only: JAX recompiles.
+  return match.group(1)
+
+
+def _watch_read_errors(folder: str) -> None:
+  """Replaces JAX's warning per unreadable entry (13 on a garbled cache,
+  every run) by one line per process, and removes the entries."""
+  previous = warnings.showwarning
+  if getattr(previous, "specdec_cache_folder", None) == folder:
+    return  # Already watching (a sweep enables once per point).
+  told = []
+
+  def showwarning(message, category, filename, lineno, file=None, line=None):
+    program = repair_entry(folder, str(message))
+    if program is None:
+      previous(message, category, filename, lineno, file, line)
+    elif not told:
+      told.append(program)
+      print(
+          f"specdec_jax: the compilation cache {folder} had an unreadable "
+          f"entry ({program}; removed, compiled again). If this repeats, "
+          f"clear it: rm -rf {folder} (or run with {ENV_OFF}=0).",
+          file=sys.stderr)
+
+  showwarning.specdec_cache_folder = folder
+  warnings.showwarning = showwarning

@@ -27,6 +27,7 @@ from absl import logging
 
 from specdec_jax import console
 from specdec_jax import gin_utils
+from specdec_jax import paths
 from specdec_jax.training import TrainConfig
 from specdec_jax.training import TrainResult
 from specdec_jax.training import train_and_evaluate
@@ -43,10 +44,45 @@ def train(**overrides) -> TrainResult:
     **overrides: `TrainConfig` fields, winning over gin's bindings.
 
   Raises:
-    ValueError: bad settings or input (data files, vocabulary, teacher),
-      before anything is trained or written.
+    ValueError: bad settings or input (data files, vocabulary, teacher,
+      a MODEL_DIR that cannot be a folder), before anything is trained or
+      written.
   """
-  return train_and_evaluate(TrainConfig(**overrides))
+  config = TrainConfig(**overrides)
+  check_model_dir(config.model_dir)
+  return train_and_evaluate(config)
+
+
+def check_model_dir(model_dir: str) -> None:
+  """MODEL_DIR (`train.model_dir`) is, or can become, a folder.
+
+  Checked before the vocabulary or the data are read: otherwise a file of
+  that name (or on its path) fails only when the first file is written
+  (after a vocabulary was trained), with an errno line naming neither the
+  macro nor what is allowed.
+
+  Raises:
+    ConfigError: not a string, or the path (or a folder on it) exists and
+      is no folder.
+  """
+  allowed = "allowed: a directory, or a path where one can be created"
+  if not isinstance(model_dir, str) or not model_dir:
+    raise gin_utils.ConfigError(f"MODEL_DIR={model_dir!r} (train.model_dir): "
+                                f"{allowed}.")
+  if paths.is_url(model_dir):
+    return
+  resolved = os.path.abspath(paths.resolve_path(model_dir))
+  existing = resolved  # the path, or its deepest ancestor that exists
+  while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+    existing = os.path.dirname(existing)
+  if os.path.isdir(existing):
+    return
+  kind = "a regular file" if os.path.isfile(existing) else "not a directory"
+  what = (f"is {kind}"
+          if existing == resolved else f"is inside {existing}, which is {kind}")
+  shown = "" if resolved == model_dir else f", {resolved}"
+  raise gin_utils.ConfigError(f"MODEL_DIR={model_dir!r} (train.model_dir"
+                              f"{shown}) {what}; {allowed}.")
 
 
 def define_flags() -> None:
@@ -76,13 +112,13 @@ def main(argv: Sequence[str]) -> None:
     raise gin_utils.ConfigError("give at least one --gin_file, e.g. "
                                 "--gin_file=train/tiny_ci.gin.")
   try:
-    paths = parse_gin(FLAGS.gin_file, FLAGS.gin_bindings,
-                      FLAGS.gin_search_paths)
+    search_paths = parse_gin(FLAGS.gin_file, FLAGS.gin_bindings,
+                             FLAGS.gin_search_paths)
   # gin's own message names the binding; gin reports a value it cannot
   # parse (`float('nan')`) as a SyntaxError.
   except (ValueError, SyntaxError) as e:
     raise gin_utils.ConfigError(str(e)) from None
-  result = train(gin_search_paths=paths)
+  result = train(gin_search_paths=search_paths)
   ev = result.metrics.get("eval", {})
   logging.info("Done: step %d, final loss %s, BLEU %s, metrics in %s",
                result.step, result.metrics.get("final_loss"), ev.get("bleu"),

@@ -6,11 +6,14 @@ checkpoints this repository ships and exports (`scripts/export_pretrained.py`)
 `write_manifest` records every file of the step folder, its size and its
 SHA-256, in `checkpoint_<N>/DIGESTS.json`; `load_t5x_params` calls
 `verify_manifest` when that file is there, before reading any array, and
-refuses a missing, resized, changed or unlisted file, naming it.
-Checkpoints without a manifest load as before, with a warning that they
-are unverified. The manifest may also record the SentencePiece model the
-checkpoint was trained with (`vocabulary_record`): a run refuses another
-one, even of the same size.
+refuses a missing, resized, changed or unlisted file, naming it. Every
+entry must name a regular file inside the folder (`_check_entries`, before
+anything is read): a crafted manifest cannot make the loader read, and
+print the digest of, a file elsewhere or a device. Checkpoints without a
+manifest load as before, with a warning that they are unverified. The
+manifest may also record the SentencePiece model the checkpoint was
+trained with (`vocabulary_record`): a run refuses another one, even of the
+same size.
 
 The cost: every byte of the checkpoint is read once more and hashed
 (SHA-256, roughly 0.5-1 GB/s per core): milliseconds for the shipped 19 MB
@@ -19,11 +22,13 @@ pair, about 1 s per GB otherwise. On gs:// the files are downloaded twice.
 import hashlib
 import json
 import os
+import stat
 from typing import Any, Dict, List, Optional
 
 from specdec_jax import io_utils
 from specdec_jax import paths
 from specdec_jax.checkpoints.layout import CheckpointError
+from specdec_jax.checkpoints.layout import check_inside
 from specdec_jax.checkpoints.layout import join
 
 MANIFEST_FILE = "DIGESTS.json"
@@ -90,12 +95,54 @@ def vocabulary_record(folder: str) -> Optional[Dict[str, Any]]:
   return record if isinstance(record, dict) and "sha256" in record else None
 
 
+def _check_entries(folder: str, files: Dict[str, Any]) -> None:
+  """Refuses an entry that is not a regular file inside `folder`.
+
+  The names are read from a file, so a crafted one could point anywhere:
+  `../x` or `/etc/x` (the error would print its size and digest prefix),
+  `/dev/zero` (read without end). Locally the path is resolved, symlinks
+  included, and must stay under the folder's own resolved path; on gs://
+  (no symlinks or devices) the written path is checked.
+  """
+  root = None if paths.is_url(folder) else os.path.realpath(folder)
+  for rel, want in sorted(files.items()):
+    where = f"Checkpoint {folder}: {MANIFEST_FILE} entry {rel!r}"
+    if not isinstance(want, dict):
+      raise CheckpointError(f"{where} is not a {{'bytes', 'sha256'}} record; "
+                            "re-export the checkpoint.")
+    try:
+      check_inside(folder, rel, rel)
+    except CheckpointError:
+      raise CheckpointError(
+          f"{where} points outside the folder; refused, nothing read. "
+          "Allowed: paths relative to the folder, without '..' leaving it "
+          "or a leading '/'.") from None
+    if root is None:
+      continue
+    real = os.path.realpath(os.path.join(folder, rel))
+    if os.path.commonpath([root, real]) != root:
+      raise CheckpointError(
+          f"{where} is a symlink (or under one) leading to {real}, outside "
+          "the folder; refused, nothing read. Allowed: regular files inside "
+          "the folder.")
+    try:
+      mode = os.stat(real).st_mode
+    except FileNotFoundError:
+      continue  # `verify_manifest` names it as missing.
+    if not stat.S_ISREG(mode):
+      raise CheckpointError(
+          f"{where} is not a regular file (a folder, device, pipe or "
+          "socket); refused, nothing read. Allowed: regular files inside "
+          "the folder.")
+
+
 def verify_manifest(folder: str) -> bool:
   """Checks `folder` against its DIGESTS.json; False when it has none.
 
   Raises:
-    CheckpointError: naming the first file that is missing, has another
-      size or digest, or (locally) is not listed.
+    CheckpointError: naming an entry outside the folder or not a regular
+      file (before any is read), or the first file that is missing, has
+      another size or digest, or (locally) is not listed.
   """
   path = join(folder, MANIFEST_FILE)
   if not io_utils.isfile(path):
@@ -107,6 +154,7 @@ def verify_manifest(folder: str) -> bool:
   except (ValueError, KeyError, TypeError, AssertionError) as e:
     raise CheckpointError(f"Checkpoint {folder}: {MANIFEST_FILE} is not a "
                           f"digest manifest this program writes ({e}).") from e
+  _check_entries(folder, files)
   for rel, want in sorted(files.items()):
     try:
       data = io_utils.read_bytes(join(folder, rel))

@@ -35,12 +35,29 @@ def config_fields(config: FeatureDrafterConfig) -> Dict[str, Any]:
 
 def read_config(ckpt: str) -> FeatureDrafterConfig:
   """The `FeatureDrafterConfig` written beside a checkpoint (local or
-  gs://, as the weights)."""
+  gs://, as the weights).
+
+  Raises:
+    ValueError: no such file, or one that is not such a config (not JSON,
+      unknown fields, values out of range), naming the file: the config's
+      own message does not say where its values came from.
+  """
   path = os.path.join(ckpt, FEATURE_CONFIG_FILE)
   if not io_utils.isfile(path):
     raise ValueError(f"{ckpt}: no {FEATURE_CONFIG_FILE}: not a feature-level "
                      "draft's checkpoint.")
-  return FeatureDrafterConfig(**json.loads(io_utils.read_text(path)))
+  try:
+    fields = json.loads(io_utils.read_text(path))
+    if not isinstance(fields, dict):
+      raise TypeError(f"a JSON {type(fields).__name__}, not an object")
+    return FeatureDrafterConfig(**fields)
+  except (ValueError, TypeError) as e:
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    names = ", ".join(f.name for f in dataclasses.fields(FeatureDrafterConfig))
+    raise ValueError(
+        f"{path}: not a valid {FEATURE_CONFIG_FILE} ({reason}); allowed: "
+        f"the JSON object of FeatureDrafterConfig fields that train writes "
+        f"({names}).") from None
 
 
 def save(directory: str, step: int, params, head_tokens: np.ndarray,

@@ -8,13 +8,18 @@ msgpack of {'step', 'opt_state'}) and ``model_config.json``
 staging name and renamed into place, so a crash leaves either no
 ``checkpoint_<step>`` or a complete one. Listing and naming checkpoints is
 `checkpoints`' (`list_checkpoints`, `latest_checkpoint`).
+
+``model_dir/vocabulary.json`` records the SentencePiece model the
+checkpoints were trained with (its name, path, size and SHA-256): a resumed
+run with another one, even of the same size, would train on ids that now
+mean other pieces, so `check_vocabulary` refuses it.
 """
 import contextlib
 import json
 import os
 import shutil
 import time
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from absl import logging
 from flax import serialization
@@ -25,12 +30,15 @@ import numpy as np
 from specdec_jax import checkpoints
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
+from specdec_jax import paths
+from specdec_jax.checkpoints import digests
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.t5 import param_shapes
 
 TRAIN_STATE_FILE = "train_state.msgpack"
 MODEL_CONFIG_FILE = "model_config.json"
 STAGING_PREFIX = ".staging-"
+VOCABULARY_FILE = "vocabulary.json"
 
 
 @contextlib.contextmanager
@@ -56,6 +64,59 @@ def read_model_config(path: str) -> T5Config:
   """A ``model_config.json`` file's T5Config (global gin bindings never apply)."""
   with open(path, "r", encoding="utf-8") as f:
     return gin_utils.t5_config_from_fields(json.load(f), "model config")
+
+
+def vocabulary_record(spm_model_path: str) -> Dict[str, Any]:
+  """{'file', 'path', 'bytes', 'sha256'} of a SentencePiece model."""
+  record = digests.file_record(spm_model_path)
+  record["path"] = (spm_model_path if paths.is_url(spm_model_path) else
+                    os.path.abspath(spm_model_path))
+  return record
+
+
+def check_vocabulary(model_dir: str, spm_model_path: str) -> None:
+  """Refuses to resume `model_dir`'s checkpoints with another vocabulary.
+
+  Checked before anything is written (config.gin included), so the record
+  of the first run survives a refused one. A model_dir without checkpoints
+  is a fresh start (any record is replaced); checkpoints without a record
+  (written before records existed) are resumed with a warning.
+
+  Raises:
+    ValueError: naming both vocabularies (the record's and `spm_model_path`).
+  """
+  path = os.path.join(model_dir, VOCABULARY_FILE)
+  if checkpoints.latest_checkpoint(model_dir) is None:
+    return
+  if not os.path.isfile(path):
+    logging.warning(
+        "%s has checkpoints but no %s: the vocabulary %s could not be "
+        "verified against them (recorded from now on).", model_dir,
+        VOCABULARY_FILE, spm_model_path)
+    return
+  try:
+    want = json.loads(io_utils.read_text(path))
+    want_sha = want["sha256"]
+  except (ValueError, KeyError, TypeError) as e:
+    raise ValueError(
+        f"{path} is not a vocabulary record ({e}); allowed: the JSON this "
+        "program writes. Delete it to resume with the current vocabulary "
+        "unverified.") from None
+  got = vocabulary_record(spm_model_path)
+  if got["sha256"] != want_sha:
+    raise ValueError(
+        f"spm_model_path: the vocabulary {got['path']!r} (sha256 "
+        f"{got['sha256'][:16]}...) is not the one the checkpoints in "
+        f"{model_dir} were trained with ({want.get('path')!r}, sha256 "
+        f"{str(want_sha)[:16]}..., recorded in {VOCABULARY_FILE}): resuming "
+        "would train on ids that now mean other pieces. Allowed: that "
+        "SentencePiece model, or a fresh model_dir.")
+
+
+def write_vocabulary_record(model_dir: str, spm_model_path: str) -> None:
+  """``model_dir/vocabulary.json``, atomically (`check_vocabulary`)."""
+  io_utils.write_json(os.path.join(model_dir, VOCABULARY_FILE),
+                      vocabulary_record(spm_model_path))
 
 
 def clean_staging(model_dir: str) -> None:

@@ -4,7 +4,8 @@ In order, every check before the first step:
 
 1. Data (`data`): the parallel files are read and validated.
 2. Vocabulary (`vocabulary`): loaded, or trained first if allowed; T5
-   conventions and the model's vocab_size checked.
+   conventions and the model's vocab_size checked; a resumed model_dir
+   must have been trained with the same file (`checkpointing`).
 3. Teacher (`teacher`), when distilling: checkpoint, config and weights.
    A shared-encoder student (`T5Config.num_encoder_layers = 0`) needs one:
    it trains on the teacher's frozen encoder output (`loss`), and its
@@ -231,9 +232,11 @@ def _train_loop(config: TrainConfig, model: T5Config, model_dir: str,
   return state
 
 
-def _write_run_files(model_dir: str, model: T5Config) -> None:
-  """model_config.json and the operative gin config (config.gin)."""
+def _write_run_files(model_dir: str, model: T5Config, spm_path: str) -> None:
+  """model_config.json, the vocabulary's record and the operative gin
+  config (config.gin), after `checkpointing.check_vocabulary`."""
   checkpointing.write_model_config(model_dir, model)
+  checkpointing.write_vocabulary_record(model_dir, spm_path)
   try:
     io_utils.atomic_write(os.path.join(model_dir, "config.gin"),
                           gin.operative_config_str())
@@ -285,6 +288,7 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
           f for f in (files.source_file, files.reference_file) if f
       ], vocab_size=config.spm_vocab_size, spm_options=config.spm_options)
   vocabulary.check_fits(sp, files.spm_model_path, model)
+  checkpointing.check_vocabulary(files.model_dir, files.spm_model_path)
   teacher = None
   if files.distill_from is None and not model.has_encoder:
     raise ValueError(
@@ -315,7 +319,7 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   state = _initial_state(model, tx, files.model_dir, init_rng)
   start_step = state.step
-  _write_run_files(files.model_dir, model)
+  _write_run_files(files.model_dir, model, files.spm_model_path)
   logging.info(
       "Training %s: %d params, %d examples (%d steps/epoch), batch %d, "
       "steps %d -> %d.", files.model_dir, model.num_params, len(dataset),

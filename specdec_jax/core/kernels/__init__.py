@@ -25,8 +25,12 @@ The kernel is compiled once per machine with the system C++ compiler into a
 cache directory (`SPECDEC_JAX_CACHE`, default `~/.cache/specdec_jax`):
 `python -m specdec_jax.core.kernels` does it at install time (the README's
 install commands) and says which path decoding will take; otherwise the first
-use compiles it (~10 s). Without a compiler, or with
-`SPECDEC_JAX_CPU_KERNEL=0`, nothing is packed and XLA's dot is used.
+use compiles it (~10 s). Each build records the library's size and
+SHA-256 beside it (`libspecdec_cpu_<key>.json`); a library that does not
+match its record, or has none, is rebuilt before it is loaded: loading a
+truncated one (a full disk, a killed copy) is a SIGBUS, not an error.
+Without a compiler, or with `SPECDEC_JAX_CPU_KERNEL=0`, nothing is packed
+and XLA's dot is used.
 `SPECDEC_JAX_KERNEL_ISA=avx2` (or `portable`) caps the instruction set the
 kernel uses (`instruction_set`), to compare the paths; results are the same
 bits.
@@ -34,6 +38,7 @@ bits.
 
 import functools
 import hashlib
+import json
 import logging
 import os
 import pathlib
@@ -103,8 +108,43 @@ def _library_path(compiler: str) -> pathlib.Path:
   return _cache_dir() / f"libspecdec_cpu_{key}.so"
 
 
+def _file_record(path: pathlib.Path) -> Dict[str, Any]:
+  data = path.read_bytes()
+  return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _record_path(library: pathlib.Path) -> pathlib.Path:
+  return library.with_suffix(".json")
+
+
+def _intact(library: pathlib.Path) -> bool:
+  """Whether `library` is the file its build recorded (size and SHA-256).
+
+  `ctypes` maps the file: a truncated library passes `dlopen`'s header
+  checks and then kills the process with SIGBUS, so a cached file is
+  checked against the record before it is loaded.
+  """
+  try:
+    record = json.loads(_record_path(library).read_text())
+    return record == _file_record(library)
+  except (OSError, ValueError):
+    return False
+
+
+def _write_record(library: pathlib.Path, record: Dict[str, Any]) -> None:
+  """The record beside `library`, atomically (temporary file, rename)."""
+  fd, tmp = tempfile.mkstemp(suffix=".json.tmp", dir=library.parent)
+  with os.fdopen(fd, "w") as f:
+    json.dump(record, f)
+  os.replace(tmp, _record_path(library))
+
+
 def build(force: bool = False) -> pathlib.Path:
   """Compiles `cpu_matmul.cc` (if needed); returns the shared library path.
+
+  A cached library is reused only if it matches its record (`_intact`);
+  otherwise (truncated, changed, built before records existed) it is
+  compiled again.
 
   Raises:
     RuntimeError: no C++ compiler, or the compilation failed (with its
@@ -114,8 +154,12 @@ def build(force: bool = False) -> pathlib.Path:
   if compiler is None:
     raise RuntimeError("no C++ compiler found (set CXX, or install g++).")
   path = _library_path(compiler)
-  if path.exists() and not force:
-    return path
+  if not force and path.exists():
+    if _intact(path):
+      return path
+    log.warning("CPU matmul kernel %s: %s; rebuilding it.", path,
+                ("it does not match its record"
+                 if _record_path(path).exists() else "no record of its build"))
   path.parent.mkdir(parents=True, exist_ok=True)
   # Compile to a temporary name, then rename: concurrent builds (pytest
   # workers, several processes of one run) never load a half-written file.
@@ -131,7 +175,11 @@ def build(force: bool = False) -> pathlib.Path:
     os.unlink(tmp)
     raise RuntimeError(f"compiling {_SOURCE.name} failed:\n{' '.join(cmd)}\n"
                        f"{result.stderr[-4000:]}")
+  record = _file_record(pathlib.Path(tmp))
   os.replace(tmp, path)
+  # After the library: a reader between the two sees a mismatch and
+  # rebuilds, never an unchecked file.
+  _write_record(path, record)
   return path
 
 
