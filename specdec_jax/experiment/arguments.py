@@ -8,6 +8,7 @@ What needs the model configs (vocabulary sizes) or a file (NGRAM_CORPUS) is
 checked by `plan.RunPlan.build`, still before anything is loaded.
 """
 import dataclasses
+import re
 import types
 import typing
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
@@ -36,6 +37,12 @@ TASK_KINDS = quality.TASK_KINDS  # BLEU or ROUGE
 # decoding grow with it, and a run prints nothing until the first batch
 # is done: 100000 tokens looked like a hang for many minutes.
 MAX_DECODE_LENGTH = 8192
+# The largest SEED: JAX's PRNG keys keep a seed's low 32 bits (without
+# jax_enable_x64), so 2**32 would repeat seed 0 and -1 seed 2**32 - 1, and
+# a seed beyond int64 fails in `jax.random.PRNGKey` with a traceback.
+MAX_SEED = 2**32 - 1
+# OUTPUT_DIR on gs:// names its bucket ('gs://' made a local folder 'gs:').
+_GCS_DIR = re.compile(r"gs://[^/]+(/.*)?", re.DOTALL)
 
 # ACCEPTANCE: how the target verifies the guesses (both exact).
 ACCEPTANCES = ("token", "block", "tree")
@@ -76,11 +83,12 @@ class RunArguments:
       γ <= 12 for the α, c and call costs measured on the first examples;
       ACCEPTANCE='tree': the tree's best γ, see TREE_WIDTH).
     temperature: the sampling temperature (0 = greedy).
-    top_k: keep the k most likely tokens (0 = off).
-    top_p: keep the smallest set of tokens with this much mass (1 = off).
+    top_k: keep the k most likely tokens (0 = off; not with DECODE='beam').
+    top_p: keep the smallest set of tokens with this much mass (1 = off;
+      not with DECODE='beam').
     batch_size: rows decoded together (the paper: 1).
     num_examples: how many examples of the split to decode.
-    seed: PRNG seed for sampling and random weights.
+    seed: PRNG seed for sampling and random weights, 0 to 2**32 - 1.
     mixture_or_task_name: a registered seqio task ('specdec_wmt_ende',
       'specdec_cnn_dailymail'); None with local files.
     split: the seqio task's split.
@@ -114,11 +122,12 @@ class RunArguments:
       draft_checkpoint_path is its checkpoint, with feature_config.json).
     ngram_corpus: the n-gram drafters' corpus: text in the models'
       language, one sentence per line, or a .npz of token ids.
-    ngram_order: the n of drafter 'ngram' (None: 3).
-    prompt_lookup_max: the longest suffix prompt lookup matches.
+    ngram_order: the n of drafter 'ngram' (None: 3), at most 16.
+    prompt_lookup_max: the longest suffix prompt lookup matches, 1 to 16.
     inner_drafter: 'hierarchical': what speeds up the draft model
       ('prompt_lookup' or an n-gram drafter).
-    inner_gamma: 'hierarchical': inner_drafter's guesses per draft call.
+    inner_gamma: 'hierarchical': inner_drafter's guesses per draft call,
+      at most TASK_FEATURE_LENGTHS['targets'].
     lenience: Appendix A.5's l in (0, 1]; 1 = exact (the default); l < 1
       is NOT the target's distribution.
     adaptive_threshold: adaptive γ: a row stops guessing after a guess
@@ -299,8 +308,10 @@ def check_settings(args: RunArguments) -> None:
     raise bad("top_p", "a finite number in (0, 1] (1 = off)")
   if not (values.is_int(args.top_k) and args.top_k >= 0):
     raise bad("top_k", "an integer >= 0 (0 = off)")
-  if not values.is_int(args.seed):
-    raise bad("seed", "an integer")
+  if not values.is_int(args.seed) or not 0 <= args.seed <= MAX_SEED:
+    raise bad(
+        "seed", f"an integer from 0 to {MAX_SEED} (JAX's PRNG keys "
+        "keep 32 bits: another seed would repeat one of these)")
   if not isinstance(args.overwrite, bool):
     raise bad("overwrite", "True or False")
   if not isinstance(args.mesh_shape, tuple):
@@ -319,8 +330,11 @@ def check_settings(args: RunArguments) -> None:
   output_dir = args.output_dir
   if not isinstance(output_dir, str) or not output_dir:
     raise bad("output_dir", "a directory path")
-  if "://" in output_dir and not output_dir.startswith("gs://"):
-    raise bad("output_dir", "a local directory or gs://bucket/folder")
+  if (("://" in output_dir or output_dir.startswith("gs:")) and
+      not _GCS_DIR.fullmatch(output_dir)):
+    raise bad(
+        "output_dir", "a local directory or gs://bucket/folder (a "
+        "gs:// path begins with its bucket's name)")
 
 
 def _type_allows(annotation: Any, value: Any) -> bool:
@@ -430,6 +444,7 @@ def _check_gamma_and_length(args: RunArguments) -> None:
         "example, EOS included; compiling and decoding take time in "
         "proportion, and nothing is printed until the first batch is "
         "done).")
+  _check_inner_gamma(args, targets)
   if args.auto_gamma:
     return
   if not values.is_int(args.gamma) or args.gamma < 1:
@@ -441,6 +456,19 @@ def _check_gamma_and_length(args: RunArguments) -> None:
         f"{targets}: no target call can keep more guesses than there are "
         f"tokens to decode. Allowed: 1 to {targets}, or "
         f"'{AUTO_GAMMA}'.")
+
+
+def _check_inner_gamma(args: RunArguments, targets: int) -> None:
+  """DRAFTER='hierarchical': INNER_GAMMA no larger than the decode length,
+  as GAMMA (the draft model scores INNER_GAMMA + 1 tokens per call: 100000
+  compiled into a 720 GB allocation)."""
+  inner = args.inner_gamma
+  if (isinstance(args.drafting.spec, drafter_registry.HierarchicalSpec) and
+      inner > targets):
+    raise ValueError(
+        f"INNER_GAMMA={inner} is more than TASK_FEATURE_LENGTHS['targets']="
+        f"{targets}: an inner call cannot keep more guesses than there are "
+        f"tokens to decode. Allowed: 1 to {targets}.")
 
 
 def check_lenience(lenience: Any) -> None:

@@ -2,7 +2,8 @@
 costs measured on the run's first examples (`pilot_gamma`), and the checks
 and cost curve it needs.
 """
-from typing import Any, Dict, Optional
+import math
+from typing import Any, Dict, Optional, Tuple
 
 from absl import logging
 import jax
@@ -25,6 +26,9 @@ AUTO_GAMMA_EXAMPLES = 8
 # interpolated linearly in between (on a CPU it grows with K; the theorem's
 # "one step" would make near-free drafters pick γ = AUTO_GAMMA_MAX).
 AUTO_GAMMA_CALL_KS = (1, 2, 4, 7, AUTO_GAMMA_MAX + 1)
+# The pilot's α is a proportion of acceptance trials: its 95% interval
+# (Wilson's), and the γ chosen at either end, say how firm the choice is.
+_Z95 = 1.96
 
 
 def call_costs(call_seconds: Dict[int, float]) -> np.ndarray:
@@ -49,6 +53,61 @@ def best_gamma(alpha: float, cost_coefficient: float,
                                 max_gamma=AUTO_GAMMA_MAX, call_costs=costs)
 
 
+def alpha_interval(kept: int, trials: int) -> Tuple[float, float]:
+  """Wilson's 95% interval of α = kept / trials ((0, 1) without trials).
+
+  The trials of one sentence are not independent (an easy sentence keeps
+  most guesses), so the true uncertainty is larger: a lower bound of it.
+  """
+  if trials <= 0:
+    return 0.0, 1.0
+  p, z2 = kept / trials, _Z95**2
+  center = (p + z2 / (2 * trials)) / (1 + z2 / trials)
+  half = _Z95 * math.sqrt(p * (1 - p) / trials + z2 /
+                          (4 * trials**2)) / (1 + z2 / trials)
+  return max(0.0, center - half), min(1.0, center + half)
+
+
+def pilot_confidence(examples: int, kept: int, trials: int,
+                     cost_coefficient: float,
+                     costs: np.ndarray) -> Dict[str, Any]:
+  """How firm the pilot's choice is (metrics.json's `gamma_auto`).
+
+  Args:
+    examples: the examples the pilot decoded.
+    kept, trials: its kept guesses and acceptance trials (α = kept/trials).
+    cost_coefficient: its c.
+    costs: its verification costs by γ (`call_costs`).
+
+  Returns:
+    `pilot_examples`, `acceptance_trials`, `alpha_interval` (95%),
+    `gamma_interval` (the γ chosen at either end of it) and `caveat`: a
+    line when the pilot decoded fewer than AUTO_GAMMA_EXAMPLES examples
+    (logged as a warning), else None.
+  """
+  low, high = alpha_interval(kept, trials)
+  gammas = [int(best_gamma(a, cost_coefficient, costs)) for a in (low, high)]
+  caveat = None
+  if examples < AUTO_GAMMA_EXAMPLES:
+    caveat = (
+        f"GAMMA='auto': the pilot decoded {examples} "
+        f"example{'s' if examples != 1 else ''}, fewer than the "
+        f"{AUTO_GAMMA_EXAMPLES} it needs: alpha {kept / max(trials, 1):.2f} "
+        f"from {trials} acceptance trials (95% interval {low:.2f} to "
+        f"{high:.2f}: γ from {gammas[0]} to {gammas[1]}) is a rough "
+        f"estimate; for a firm choice use NUM_EXAMPLES >= "
+        f"{AUTO_GAMMA_EXAMPLES} (and that many lines of data), or an "
+        "integer GAMMA.")
+    logging.warning("%s", caveat)
+  return {
+      "pilot_examples": int(examples),
+      "acceptance_trials": int(trials),
+      "alpha_interval": [low, high],
+      "gamma_interval": gammas,
+      "caveat": caveat
+  }
+
+
 def pilot_gamma(pilot: RunPlan, feed) -> Dict[str, Any]:
   """GAMMA='auto': α and c on the first batches, then Theorem 3.8.
 
@@ -58,7 +117,8 @@ def pilot_gamma(pilot: RunPlan, feed) -> Dict[str, Any]:
 
   Returns:
     metrics.json's `gamma_auto`: the pilot's γ and batches, its α and c,
-    the verification costs by γ, the maximum and the chosen γ.
+    the verification costs by γ, the maximum and the chosen γ, and how
+    firm the choice is (`pilot_confidence`: a caveat for a small pilot).
   """
   args = pilot.args
   gamma = args.gamma  # AUTO_GAMMA_PILOT
@@ -82,6 +142,9 @@ def pilot_gamma(pilot: RunPlan, feed) -> Dict[str, Any]:
   c = t_draft / by_k[1]
   costs = call_costs(by_k)
   chosen = best_gamma(alpha, c, costs)
+  # The last batch may hold padding rows: count the examples.
+  examples = min(rows, getattr(feed, "num_examples", rows))
+  confidence = pilot_confidence(examples, kept, trials, c, costs)
   logging.info(
       "GAMMA='auto': alpha %.3f, c %.3f and verification calls "
       "of %s steps on %d batches (γ=%d) -> γ=%d (Theorem 3.8)", alpha, c,
@@ -93,5 +156,6 @@ def pilot_gamma(pilot: RunPlan, feed) -> Dict[str, Any]:
       "cost_coefficient_c": c,
       "call_cost_by_gamma": [float(x) for x in costs],
       "max_gamma": AUTO_GAMMA_MAX,
-      "chosen_gamma": chosen
+      "chosen_gamma": chosen,
+      **confidence
   }

@@ -2,9 +2,9 @@
 
 `check_beam(args)` checks DECODE, BEAM_SIZE, BEAM_ALPHA, BEAM_WIDTH and
 BEAM_ROWS, and what speculative beam search needs of the other macros (it
-is the target's own beam search, exactly: no sampling, no lenience, one
-fixed γ, Algorithm 1's token verification, a draft model), with no model
-and no I/O. `width` / `rows` resolve the None defaults
+is the target's own beam search, exactly: no sampling (TEMPERATURE, TOPK,
+TOPP), no lenience, one fixed γ, Algorithm 1's token verification, a draft
+model), with no model and no I/O. `width` / `rows` resolve the None defaults
 (u = k; rows = 2u, at most γ·u + k).
 """
 from typing import Any
@@ -103,6 +103,11 @@ def _check_beam_rules(args: Any) -> None:
   if args.temperature != 0:
     raise refuse(f"TEMPERATURE={args.temperature!r}",
                  "beam search draws nothing", "TEMPERATURE=0")
+  if args.top_k != 0 or args.top_p != 1:  # metrics.json recorded them
+    raise refuse(
+        f"TOPK={args.top_k!r}" if args.top_k != 0 else f"TOPP={args.top_p!r}",
+        "beam search draws nothing, so TOPK and TOPP would change nothing",
+        "TOPK=0 and TOPP=1 (off)")
   if args.gamma == "auto":
     raise refuse("GAMMA='auto'",
                  "Theorem 3.8's choice of γ is for sampling one sequence",

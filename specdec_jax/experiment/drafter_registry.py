@@ -22,6 +22,15 @@ from specdec_jax.checkpoints import feature_draft
 from specdec_jax.experiment import values
 
 DEFAULT_NGRAM_ORDER = 3  # DRAFTER='ngram' without NGRAM_ORDER.
+# The largest NGRAM_ORDER: the table pads every corpus sentence with n
+# tokens and holds every context of 1..n-1 tokens of every corpus token, so
+# counting it grows as n² (n = 16: about 20 s and 1.3 GB for Multi30k's
+# 29,000 sentences; n = 100000 ran 10 minutes past 7 GB without a word).
+MAX_NGRAM_ORDER = 16
+# The largest PROMPT_LOOKUP_MAX: each suffix length is compiled on its own,
+# and compiling grows steeply with it (512 input tokens, on a CPU: 16 in
+# 5 s, 32 in 19 s, 128 in 500 s).
+MAX_PROMPT_LOOKUP = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,16 +361,31 @@ class DrafterSettings:
           f"DRAFTER={self.drafter!r} with MODE={mode!r}: MODE='alpha' "
           "measures the draft model's α (Corollary 3.6); allowed: "
           f"DRAFTER={allowed} (or MODE='walltime').")
-    for macro, value in (("PROMPT_LOOKUP_MAX", self.prompt_lookup_max),
-                         ("INNER_GAMMA", self.inner_gamma)):
-      if not values.is_int(value) or value < 1:
-        raise ValueError(f"{macro}={value!r}: allowed: an integer >= 1.")
-    if self.ngram_order is not None and (not values.is_int(self.ngram_order) or
-                                         self.ngram_order < 1):
-      raise ValueError(f"NGRAM_ORDER={self.ngram_order!r}: allowed: an "
-                       "integer >= 1 (or None).")
+    self._check_sizes()
     spec.check(self)
     self._check_threshold()
+
+  def _check_sizes(self) -> None:
+    """PROMPT_LOOKUP_MAX, INNER_GAMMA (>= 1; at most the decode length:
+    `arguments`) and NGRAM_ORDER, capped where the cost grows steeply."""
+    lookup, order = self.prompt_lookup_max, self.ngram_order
+    if not values.is_int(lookup) or not 1 <= lookup <= MAX_PROMPT_LOOKUP:
+      raise ValueError(
+          f"PROMPT_LOOKUP_MAX={lookup!r}: allowed: an integer from 1 to "
+          f"{MAX_PROMPT_LOOKUP} (the longest suffix looked up in the input; "
+          "each length is compiled on its own, and compiling grows steeply "
+          "with it).")
+    if not values.is_int(self.inner_gamma) or self.inner_gamma < 1:
+      raise ValueError(
+          f"INNER_GAMMA={self.inner_gamma!r}: allowed: an "
+          "integer >= 1 (at most TASK_FEATURE_LENGTHS['targets']).")
+    if order is not None and (not values.is_int(order) or
+                              not 1 <= order <= MAX_NGRAM_ORDER):
+      raise ValueError(
+          f"NGRAM_ORDER={order!r}: allowed: None ({DEFAULT_NGRAM_ORDER}) or an "
+          f"integer from 1 to {MAX_NGRAM_ORDER} (the n-gram table holds every "
+          "context of up to n-1 tokens of every NGRAM_CORPUS token: counting "
+          "it grows as n²).")
 
   def _check_threshold(self) -> None:
     threshold = self.adaptive_threshold

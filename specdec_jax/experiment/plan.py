@@ -18,6 +18,7 @@ import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from absl import logging
+import gin
 import jax
 import numpy as np
 
@@ -26,6 +27,7 @@ from specdec_jax import gin_utils
 from specdec_jax import quality as quality_lib
 from specdec_jax.core import models as models_lib
 from specdec_jax import partitioning
+from specdec_jax import vocab as vocab_lib
 from specdec_jax.checkpoints import feature_draft
 from specdec_jax.core.decoding import beam_decoders
 from specdec_jax.core.decoding import block_acceptance
@@ -185,6 +187,7 @@ class RunPlan:
       _check_beam_size(args, target_config.vocab_size)
     except ValueError as e:  # a bad setting, not a bug: no traceback
       raise ConfigError(str(e)) from None
+    check_vocabulary_macros()
     vocab = providers.vocabulary()
     loading.check_vocabulary_fits(vocab, target_config, draft_config)
     loading.check_vocabulary_for_run(vocab, args)  # TOPK, DIGESTS.json
@@ -276,6 +279,42 @@ class RunPlan:
   @property
   def rng(self) -> jax.Array:
     return jax.random.PRNGKey(self.args.seed)
+
+
+def _bound_value(name: str, default: Any) -> Any:
+  """What gin passes to `name` ('vocabulary.extra_ids'; a macro such as
+  %EXTRA_IDS evaluated), or `default` when nothing is bound."""
+  try:
+    value = gin.query_parameter(name)
+  except ValueError:  # not bound
+    return default
+  if (isinstance(value, gin.config.ConfigurableReference) and value.evaluate and
+      value.configurable.name == "macro"):
+    value = value.scoped_configurable_fn()
+  return value
+
+
+def check_vocabulary_macros() -> None:
+  """A byte-level vocabulary (`vocabulary.byte_level = True`) reads no
+  SentencePiece model and appends no sentinel ids: SPM_MODEL_PATH or
+  EXTRA_IDS set to anything but gin/run.gin's default (or None / 0) would
+  be ignored without a word; ConfigError naming the macro."""
+  if _bound_value("vocabulary.byte_level", False) is not True:
+    return
+  path = _bound_value("vocabulary.spm_model_path", None)
+  if path not in (None, vocab_lib.DEFAULT_SPM_PATH):
+    raise ConfigError(
+        f"SPM_MODEL_PATH={path!r} with vocabulary.byte_level = True: a "
+        "byte-level vocabulary reads no SentencePiece model, so it would be "
+        "ignored; allowed: vocabulary.byte_level = False to use it, or "
+        "SPM_MODEL_PATH left at its default.")
+  extra_ids = _bound_value("vocabulary.extra_ids", 0)
+  if extra_ids not in (0, vocab_lib.DEFAULT_EXTRA_IDS):
+    raise ConfigError(
+        f"EXTRA_IDS={extra_ids!r} with vocabulary.byte_level = True: a "
+        "byte-level vocabulary has no sentinel ids, so it would be ignored; "
+        "allowed: vocabulary.byte_level = False to use it, or EXTRA_IDS=0 "
+        f"(or its default, {vocab_lib.DEFAULT_EXTRA_IDS}).")
 
 
 def _check_memory(args, target_config, draft_config) -> None:
