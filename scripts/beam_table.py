@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from specdec_jax.experiment import decode_modes
+
 HEADER = ("| run | k | u | R | γ | BLEU beam (target) | BLEU beam "
           "(speculative) | speedup | steps / call | kept / tried | "
           "identical |")
@@ -61,7 +63,7 @@ def beam_row(m: Dict[str, Any]) -> str:
 def greedy_bleu(runs: Sequence[Dict[str, Any]]) -> Optional[float]:
   """The target-alone BLEU of a greedy sampled run in the folder, if any."""
   for m in runs:
-    if (m.get("decode", "sample") == "sample" and m.get("temperature") == 0 and
+    if (not decode_modes.of_metrics(m).beam and m.get("temperature") == 0 and
         m.get("bleu")):
       return float(m["bleu"]["baseline"])
   return None
@@ -69,7 +71,7 @@ def greedy_bleu(runs: Sequence[Dict[str, Any]]) -> Optional[float]:
 
 def render(runs: Sequence[Dict[str, Any]]) -> str:
   """The page: the beam runs' table, and greedy BLEU when there is one."""
-  beams = [m for m in runs if m.get("decode") == "beam"]
+  beams = [m for m in runs if decode_modes.of_metrics(m).beam]
   if not beams:
     raise ValueError("no DECODE='beam' run (metrics.json with "
                      "\"decode\": \"beam\") in the folder")

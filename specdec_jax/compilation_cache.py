@@ -22,6 +22,9 @@ ENV_OFF = "SPECDEC_JAX_COMPILATION_CACHE"
 # jax/_src/compiler.py's warning when an entry fails to load.
 _READ_ERROR = re.compile(
     r"Error reading persistent compilation cache entry for '([^']+)'")
+# Not a corrupt entry: a program compiled ahead of time for a TPU topology
+# (COMPILE_TOPOLOGY) cannot be loaded without a TPU client; it is kept.
+_NO_CLIENT = "must be constructed with a Client"
 
 
 def cache_dir() -> str:
@@ -57,7 +60,7 @@ def repair_entry(folder: str, message: str):
     The program's name, or None when `message` is not that warning.
   """
   match = _READ_ERROR.search(message)
-  if match is None:
+  if match is None or _NO_CLIENT in message:
     return None
   name = re.compile(re.escape(match.group(1)) + r"-[0-9a-f]+-(cache|atime)$")
   for entry in os.listdir(folder) if os.path.isdir(folder) else ():

@@ -9,6 +9,7 @@ another without a cycle. Read from the source with `ast`: nothing is
 imported, so a cycle that import order would hide is still seen.
 """
 import ast
+import sys
 import pathlib
 from typing import Dict, Iterator, Set, Tuple
 
@@ -194,24 +195,18 @@ def test_the_core_is_its_own_folder():
     assert not (PACKAGE / unit).exists(), unit
 
 
-def test_the_readme_paths_name_the_core_modules_themselves():
-  """`from specdec_jax import decoding` / `specdec_jax.models.t5` (the
-  paths the README and docs/extending.md show) are the core's modules,
-  not copies: one class, one jit cache."""
+@pytest.mark.parametrize("unit", CORE)
+def test_each_core_module_has_one_import_path(unit):
+  """`specdec_jax.core.X` and nothing else: no alias (issue 43: an import
+  hook gave every core module a second name that mypy, IDEs and readers
+  could not see)."""
   import importlib  # pylint: disable=g-import-not-at-top
   import specdec_jax  # pylint: disable=g-import-not-at-top
-  from specdec_jax import decoding  # pylint: disable=g-import-not-at-top
-  from specdec_jax.core import decoding as core_decoding  # pylint: disable=g-import-not-at-top
-  from specdec_jax.models import T5Model  # pylint: disable=g-import-not-at-top
-  from specdec_jax.core.models.t5 import T5Model as CoreT5Model  # pylint: disable=g-import-not-at-top
-  assert decoding is core_decoding and T5Model is CoreT5Model
-  for unit in CORE:
-    assert importlib.import_module(f"specdec_jax.{unit}") is (
-        importlib.import_module(f"specdec_jax.core.{unit}"))
-    assert getattr(specdec_jax,
-                   unit) is importlib.import_module(f"specdec_jax.core.{unit}")
-  assert importlib.import_module("specdec_jax.models.t5") is (
-      importlib.import_module("specdec_jax.core.models.t5"))
+  assert importlib.import_module(f"specdec_jax.core.{unit}")
+  with pytest.raises(ModuleNotFoundError):
+    importlib.import_module(f"specdec_jax.{unit}")
+  assert not hasattr(specdec_jax, unit)
+  assert not any(type(f).__module__ == "specdec_jax" for f in sys.meta_path)
 
 
 def test_the_harness_imports_the_core_by_its_own_path():
@@ -227,3 +222,41 @@ def test_the_harness_imports_the_core_by_its_own_path():
         if (len(parts) > 1 and parts[0] == "specdec_jax" and parts[1] in CORE):
           found.append(f"{path.relative_to(REPO)}:{line}: {module}")
   assert not found, "\n".join(found[:20])
+
+
+MODE_NAMES = frozenset({"token", "block", "tree", "beam", "sample"})
+
+
+def _mode_string_comparisons(source: str) -> Iterator[int]:
+  """Lines comparing something to a decode mode's name (`== "tree"`,
+  `in ("block", "tree")`)."""
+  for node in ast.walk(ast.parse(source)):
+    if not isinstance(node, ast.Compare):
+      continue
+    for side in [node.left, *node.comparators]:
+      items = side.elts if isinstance(side, (ast.Tuple, ast.List,
+                                             ast.Set)) else [side]
+      if any(
+          isinstance(i, ast.Constant) and i.value in MODE_NAMES for i in items):
+        yield node.lineno
+
+
+def test_no_mode_string_outside_the_registry():
+  """A decode mode is an object of `experiment/decode_modes.py`: no other
+  module compares ACCEPTANCE or DECODE to a mode's name (issue 43: 41
+  copies had drifted; COMPILE_TOPOLOGY compiled the token rule for
+  ACCEPTANCE='block')."""
+  registry = PACKAGE / "experiment" / "decode_modes.py"
+  found = [
+      f"{path.relative_to(REPO)}:{line}" for root in (PACKAGE, REPO / "scripts")
+      for path in sorted(root.rglob("*.py")) if path != registry
+      for line in _mode_string_comparisons(path.read_text())
+  ]
+  assert not found, "\n".join(found)
+
+
+def test_the_mode_string_check_sees_a_comparison():
+  assert list(
+      _mode_string_comparisons('if a.acceptance == "tree": pass')) == [1]
+  assert list(_mode_string_comparisons('x = a in ("block", "t")')) == [1]
+  assert not list(_mode_string_comparisons('x = {"tree": 1}["tree"]'))

@@ -56,8 +56,7 @@ def _numbers_masked(lines):
   return [re.sub(r"\d+(\.\d+)?", "N", line) for line in lines]
 
 
-def _run_as_before(before: pathlib.Path, out: pathlib.Path,
-                   bindings) -> None:
+def _run_as_before(before: pathlib.Path, out: pathlib.Path, bindings) -> None:
   """local_tiny.gin with `bindings` into `out`: the results and the summary
   lines (numbers aside) are `before`'s."""
   gin_utils.parse_gin(["local_tiny.gin"], [f"OUTPUT_DIR = '{out}'", *bindings],

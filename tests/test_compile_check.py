@@ -348,11 +348,11 @@ class _Compiled(Exception):
   """Raised by the spy in place of compiling (nothing is compiled)."""
 
 
-@pytest.mark.parametrize(
-    "bindings, rule",
-    [([], None), (["ACCEPTANCE = 'block'"], "BlockAcceptance"),
-     (["LENIENCE = 0.5"], "LenientAcceptance"),
-     (["ACCEPTANCE = 'tree'", "TREE_WIDTH = 2"], None)])
+@pytest.mark.parametrize("bindings, rule",
+                         [([], None),
+                          (["ACCEPTANCE = 'block'"], "BlockAcceptance"),
+                          (["LENIENCE = 0.5"], "LenientAcceptance"),
+                          (["ACCEPTANCE = 'tree'", "TREE_WIDTH = 2"], None)])
 def test_each_mode_compiles_the_runs_acceptance_rule(tmp_path, monkeypatch,
                                                      bindings, rule):
   """COMPILE_TOPOLOGY hands the compiler the rule the run decodes with
@@ -362,7 +362,7 @@ def test_each_mode_compiles_the_runs_acceptance_rule(tmp_path, monkeypatch,
       "need it (pip install -e '.[tpu]'; no TPU needed).")
   import gin  # pylint: disable=g-import-not-at-top
   from specdec_jax.experiment import compile_check  # pylint: disable=g-import-not-at-top
-  from specdec_jax.experiment import plan  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiment import decode_modes  # pylint: disable=g-import-not-at-top
   seen = {}
 
   def spy(*args, **kwargs):
@@ -383,7 +383,8 @@ def test_each_mode_compiles_the_runs_acceptance_rule(tmp_path, monkeypatch,
                                       ["local_tiny.gin"])
   finally:
     gin.clear_config()
-  run_rule = plan.acceptance_rule(args)
+  # The rule the run's plan decodes with (`RunPlan.build`).
+  run_rule = decode_modes.mode_of(args).acceptance_rule(args)
   assert type(seen["acceptance"]) is type(run_rule)
   assert (None if run_rule is None else type(run_rule).__name__) == rule
   if rule == "LenientAcceptance":

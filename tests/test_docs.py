@@ -161,7 +161,11 @@ def test_install_and_test_commands_are_ci_runs():
   tpu = "python -m pip install -q -e '.[tpu]'"
   assert ci.count(tpu) == 1 and "pip install -e '.[tpu]'" in text
   ci.remove(tpu)
-  assert install == ci[:-1] and len(install) == 2
+  # Both start from a fresh virtual environment (issue 42: CI had passed
+  # on an older pytest that its machine kept).
+  assert install[0].startswith("python -m venv ") and ci[0].startswith(
+      "python -m venv ") and "activate" in install[0] + ci[0]
+  assert install[1:] == ci[1:-1] and len(install) == 3
   # The whole suite, then the same without the `slow` tests.
   assert tests[:1] == ci[-1:] == ["python -m pytest -q -n 2 tests"]
   assert tests[1:] == ['python -m pytest -q -n 2 -m "not slow" tests']

@@ -171,7 +171,7 @@ def test_truncated_kernel_does_not_crash_the_process(kernel_cache):
   code = ("from specdec_jax.core import kernels; "
           "print('available', kernels.available())")
   for command in ([sys.executable, "-c",
-                   code], [sys.executable, "-m", "specdec_jax.kernels"]):
+                   code], [sys.executable, "-m", "specdec_jax.core.kernels"]):
     with open(path, "r+b") as f:
       f.truncate(size // 2)  # ELF headers intact: loading it is a SIGBUS.
     done = subprocess.run(command, capture_output=True, text=True, env=_env(),
@@ -283,6 +283,14 @@ def test_cache_repair_removes_only_that_module_entries(tmp_path):
       "'jit_f': error: Error -3 while decompressing data") == "jit_f"
   assert sorted(p.name for p in folder.iterdir()) == ["jit_fg-cd34-cache"]
   assert compilation_cache.repair_entry(str(folder), "another warning") is None
+  # A TPU program compiled ahead of time (COMPILE_TOPOLOGY) cannot load
+  # without a TPU client: not corrupt, kept.
+  (folder / "jit_g-ef56-cache").write_bytes(b"x")
+  assert compilation_cache.repair_entry(
+      str(folder), "Error reading persistent compilation cache entry for "
+      "'jit_g': JaxRuntimeError: INVALID_ARGUMENT: PjRtCompiler must be "
+      "constructed with a Client to call DeserializeLoadedExecutable.") is None
+  assert (folder / "jit_g-ef56-cache").exists()
 
 
 # ---------------------------------------------------------------------------

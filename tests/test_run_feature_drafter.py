@@ -38,7 +38,6 @@ from specdec_jax.checkpoints import digests
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import loading
-from specdec_jax.experiment import plan as plan_lib
 from specdec_jax.experiment import step_costs
 from specdec_jax.experiment import tree_costs
 from specdec_jax.experiment.plan import Models
@@ -301,10 +300,10 @@ def test_a_sweep_reloads_the_draft_of_another_kind(tmp_path, checkpoint):
 
 def test_speculative_target_keeps_features_only_for_a_feature_drafter():
   target, draft = _tiny_pair()
-  assert plan_lib.speculative_target(target,
+  assert decoding.speculative_target(target,
                                      drafters.FeatureDrafter(draft)) \
       .keep_features is True
-  assert plan_lib.speculative_target(target, target) is target
+  assert decoding.speculative_target(target, target) is target
 
 
 def test_checks_and_loading_work_with_gin_locked(checkpoint):

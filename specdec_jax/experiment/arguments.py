@@ -19,7 +19,7 @@ from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import quality
 from specdec_jax.core import sampling
-from specdec_jax.experiment import beam_settings
+from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import values
 
@@ -44,10 +44,6 @@ MAX_SEED = 2**32 - 1
 # OUTPUT_DIR on gs:// names its bucket ('gs://' made a local folder 'gs:').
 _GCS_DIR = re.compile(r"gs://[^/]+(/.*)?", re.DOTALL)
 
-# ACCEPTANCE: how the target verifies the guesses (both exact).
-ACCEPTANCES = ("token", "block", "tree")
-# The drafters ACCEPTANCE='tree' drafts its branches with (`TreeModelDrafter`).
-TREE_DRAFTERS = ("model", "shared_encoder", "feature")
 _DRAFTING = drafter_registry.DrafterSettings()  # its defaults
 # The run arguments of `experiment.drafter_registry.DrafterSettings`.
 DRAFTER_ARGS = tuple(
@@ -227,8 +223,8 @@ class RunArguments:
     try:
       check_gamma(self.gamma)
       check_lenience(self.lenience)
-      beam_settings.check_beam(self)
-      _check_acceptance(self)
+      decode_modes.check(self)  # DECODE, ACCEPTANCE and what they need
+      _check_tree(self)
       self.drafting.check(self.mode)
       _check_decoding_args(self)
     except ValueError as e:  # a bad setting, not a bug: no traceback
@@ -489,28 +485,16 @@ def check_gamma(gamma: Any) -> None:
                      "measured on the first examples).")
 
 
-def _check_acceptance(args: "RunArguments") -> None:
-  if args.acceptance not in ACCEPTANCES:
-    raise ValueError(f"ACCEPTANCE={args.acceptance!r}: allowed: "
-                     f"{', '.join(repr(a) for a in ACCEPTANCES)} ('token': "
-                     "Algorithm 1; 'block': block verification; 'tree': "
-                     "tree verification).")
-  if args.acceptance == "block" and args.lenience != 1:
-    raise ValueError(f"ACCEPTANCE='block' with LENIENCE={args.lenience!r}: "
-                     "block verification is exact only; allowed: LENIENCE=1 "
-                     "with 'block', or ACCEPTANCE='token'.")
-  _check_tree(args)
-
-
 def _check_tree(args: "RunArguments") -> None:
-  """TREE_WIDTH, and what ACCEPTANCE='tree' needs (ValueError): exact
-  (LENIENCE=1), a model drafter without adaptive γ, a fixed γ."""
+  """TREE_WIDTH and TREE_WITHOUT_REPLACEMENT (ValueError): left at their
+  defaults but with tree verification; (γ, k) chosen within the trees
+  `auto_tree` considers (`decode_modes.TREE` checks the rest)."""
   width = args.tree_width
   if width != AUTO_GAMMA and (not values.is_int(width) or width < 1):
     raise ValueError(f"TREE_WIDTH={width!r}: allowed: an integer >= 1 (the "
                      "draft branches per target call of ACCEPTANCE='tree'), "
                      f"or '{AUTO_GAMMA}' with ACCEPTANCE='tree'.")
-  if args.acceptance != "tree":
+  if not decode_modes.mode_of(args).branches:
     if width != 1:
       raise ValueError(
           f"TREE_WIDTH={width!r} with ACCEPTANCE={args.acceptance!r}: only "
@@ -524,21 +508,6 @@ def _check_tree(args: "RunArguments") -> None:
           "allowed: TREE_WITHOUT_REPLACEMENT=True (the default), or "
           "ACCEPTANCE='tree'.")
     return
-  if args.lenience != 1:
-    raise ValueError(f"ACCEPTANCE='tree' with LENIENCE={args.lenience!r}: "
-                     "tree verification is exact only; allowed: LENIENCE=1 "
-                     "with 'tree', or ACCEPTANCE='token'.")
-  if args.drafter not in TREE_DRAFTERS:
-    raise ValueError(
-        f"ACCEPTANCE='tree' with DRAFTER={args.drafter!r}: tree verification "
-        "drafts its branches with a draft model; allowed: DRAFTER "
-        f"{' or '.join(repr(d) for d in TREE_DRAFTERS)}.")
-  if args.adaptive_threshold is not None:
-    raise ValueError(
-        f"ACCEPTANCE='tree' with ADAPTIVE_THRESHOLD="
-        f"{args.adaptive_threshold!r}: tree verification drafts γ guesses "
-        "per branch every call; allowed: ADAPTIVE_THRESHOLD=None with "
-        "'tree'.")
   if (args.auto_tree_width and not args.auto_gamma and
       values.is_int(args.gamma) and 1 + args.gamma > AUTO_TREE_MAX_NODES):
     raise ValueError(

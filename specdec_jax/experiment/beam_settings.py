@@ -1,26 +1,19 @@
 """DECODE='beam': the beam macros' checks and resolved values.
 
-`check_beam(args)` checks DECODE, BEAM_SIZE, BEAM_ALPHA, BEAM_WIDTH and
-BEAM_ROWS, and what speculative beam search needs of the other macros (it
+`check_values` checks BEAM_SIZE, BEAM_ALPHA, BEAM_WIDTH and BEAM_ROWS,
+`check_unused` that a sampling run leaves them at their defaults, and
+`check_rules` what speculative beam search needs of the sampling macros (it
 is the target's own beam search, exactly: no sampling (TEMPERATURE, TOPK,
-TOPP), no lenience, one fixed γ, Algorithm 1's token verification, a draft
-model), with no model and no I/O. `width` / `rows` resolve the None defaults
+TOPP), no lenience, one fixed γ), with no model and no I/O;
+`decode_modes.BEAM` calls them. `width` / `rows` resolve the None defaults
 (u = k; rows = 2u, at most γ·u + k).
 """
 from typing import Any
 
 from specdec_jax.experiment import values
 
-DECODES = ("sample", "beam")
-# The drafters whose draft is a model (`speculative_beam_search` runs the
-# draft's own beam search).
-BEAM_DRAFTERS = ("model", "shared_encoder")
 DEFAULT_BEAM_SIZE = 4
 DEFAULT_BEAM_ALPHA = 0.6  # T5X's `EncoderDecoderModel` default.
-
-
-def is_beam(args: Any) -> bool:
-  return args.decode == "beam"
 
 
 def width(args: Any) -> int:
@@ -36,21 +29,8 @@ def rows(args: Any) -> int:
   return min(2 * width(args), args.gamma * width(args) + args.beam_size)
 
 
-def check_beam(args: Any) -> None:
-  """The beam macros, and the others against DECODE='beam'; ValueError
-  naming the macro, its value and what is allowed."""
-  if args.decode not in DECODES:
-    raise ValueError(f"DECODE={args.decode!r}: allowed: 'sample' (sampling "
-                     "or greedy decoding, the default) or 'beam' (beam "
-                     "search).")
-  _check_beam_values(args)
-  if not is_beam(args):
-    _check_unused(args)
-    return
-  _check_beam_rules(args)
-
-
-def _check_beam_values(args: Any) -> None:
+def check_values(args: Any) -> None:
+  """BEAM_SIZE, BEAM_ALPHA, BEAM_WIDTH and BEAM_ROWS themselves."""
   k, alpha = args.beam_size, args.beam_alpha
   if not values.is_int(k) or k < 1:
     raise ValueError(f"BEAM_SIZE={k!r}: allowed: an integer >= 1 (the beams "
@@ -75,7 +55,7 @@ def _check_beam_values(args: Any) -> None:
         "(one per draft beam and beam).")
 
 
-def _check_unused(args: Any) -> None:
+def check_unused(args: Any) -> None:
   """DECODE='sample': the beam macros at their defaults (a sweep over
   BEAM_SIZE that forgot DECODE='beam' would otherwise measure nothing)."""
   changed = [(name, value)
@@ -93,8 +73,9 @@ def _check_unused(args: Any) -> None:
         f"reads it; allowed: DECODE='beam', or {name} left at its default.")
 
 
-def _check_beam_rules(args: Any) -> None:
-  """What DECODE='beam' needs of the other macros."""
+def check_rules(args: Any) -> None:
+  """What DECODE='beam' needs of the sampling macros (`decode_modes.BEAM`
+  adds ACCEPTANCE and DRAFTER)."""
 
   def refuse(setting: str, why: str, allowed: str) -> ValueError:
     return ValueError(f"DECODE='beam' with {setting}: {why}; allowed: "
@@ -117,19 +98,10 @@ def _check_beam_rules(args: Any) -> None:
         f"LENIENCE={args.lenience!r}",
         "speculative beam search is the target's beam search "
         "exactly", "LENIENCE=1")
-  if args.acceptance != "token":
-    raise refuse(
-        f"ACCEPTANCE={args.acceptance!r}",
-        "the target replays its own beam steps over the draft's "
-        "beams", "ACCEPTANCE='token'")
   if args.tree_width != 1:
     raise refuse(f"TREE_WIDTH={args.tree_width!r}",
                  "the draft's beams are its branches (BEAM_WIDTH)",
                  "TREE_WIDTH=1")
-  if args.drafter not in BEAM_DRAFTERS:
-    raise refuse(f"DRAFTER={args.drafter!r}",
-                 "the draft model runs its own beam search",
-                 "DRAFTER " + " or ".join(repr(d) for d in BEAM_DRAFTERS))
   if args.adaptive_threshold is not None:
     raise refuse(f"ADAPTIVE_THRESHOLD={args.adaptive_threshold!r}",
                  "the draft's beam search runs γ steps every call",

@@ -22,7 +22,6 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence
 
-
 from specdec_jax import analysis
 from specdec_jax.core import decoding
 from specdec_jax import gin_utils
@@ -30,11 +29,11 @@ from specdec_jax import io_utils
 from specdec_jax.core import kernels
 from specdec_jax import partitioning
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import compile_check
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import loading
-from specdec_jax.experiment import plan as plan_lib
 from specdec_jax.experiment import tpu_topologies
 
 ConfigError = gin_utils.ConfigError
@@ -203,15 +202,15 @@ def compile_topology(args: arguments.RunArguments, value: Any,
   mesh = partitioning.make_mesh(data, model, devices=devices[:data * model])
   target_config = loading.model_config("target")
   draft_config = loading.model_config("draft")
-  tree = args.acceptance == "tree"
-  shapes = compile_check.Shapes(batch=args.batch_size,
-                                inputs=args.task_feature_lengths["inputs"],
-                                max_decode_length=args.max_decode_length,
-                                gamma=int(args.gamma), beam=beam_shapes(args),
-                                tree_width=int(args.tree_width) if tree else 0)
+  mode = decode_modes.mode_of(args)
+  shapes = compile_check.Shapes(
+      batch=args.batch_size, inputs=args.task_feature_lengths["inputs"],
+      max_decode_length=args.max_decode_length, gamma=int(args.gamma),
+      beam=beam_shapes(args),
+      tree_width=int(args.tree_width) if mode.branches else 0)
   # The run's own rule (issue 42: this used to read LENIENCE alone and
   # compiled Algorithm 1 for ACCEPTANCE='block').
-  acceptance = plan_lib.acceptance_rule(args)
+  acceptance = mode.acceptance_rule(args)
 
   def build_drafter(draft):
     return decoding.as_drafter(
@@ -242,7 +241,7 @@ def compile_topology(args: arguments.RunArguments, value: Any,
 
 def beam_shapes(args) -> Optional[compile_check.BeamShapes]:
   """DECODE='beam': the beam programs' sizes (None: sampling)."""
-  if not beam_settings.is_beam(args):
+  if not decode_modes.mode_of(args).beam:
     return None
   return compile_check.BeamShapes(beam_size=args.beam_size,
                                   width=beam_settings.width(args),
@@ -256,7 +255,7 @@ def _beam_record(args) -> Dict[str, Any]:
   if beam is None:
     return {}
   return {
-      "decode": "beam",
+      "decode": args.decode,
       "beam_size": beam.beam_size,
       "beam_width": beam.width,
       "beam_rows": beam.rows,
@@ -279,7 +278,7 @@ def _record(args, value, topology, devices, target_config, draft_config,
   collectives = dict(calls["target_step"]["collectives"])
   collectives["total"] = sum(collectives.values())
   # Theorem 3.8 at the paper's α models sampling one sequence, not beams.
-  paper = (None if beam_settings.is_beam(args) else paper_row(
+  paper = (None if decode_modes.mode_of(args).beam else paper_row(
       gin_files, float(args.temperature), int(args.gamma)))
   return {
       "compile_topology": value,
@@ -299,7 +298,7 @@ def _record(args, value, topology, devices, target_config, draft_config,
           "draft": _model_words(args.draft_name, draft_config),
           **_beam_record(args), "acceptance": args.acceptance,
           "tree_width": int(args.tree_width)
-                        if args.acceptance == "tree" else None
+                        if decode_modes.mode_of(args).branches else None
       },
       "memory_per_device": {
           "parameter_bytes": params,
@@ -426,7 +425,7 @@ def compile_summary_lines(record: Dict[str, Any]) -> List[str]:
                  f"({roof['tree_call_cost']:.2f} target steps), "
                  f"{a['tree_call']:.2f} ms from its arguments "
                  f"({args['tree_call_cost']:.2f}).")
-  if record["settings"].get("decode") == "beam":
+  if decode_modes.of_metrics(record["settings"]).beam:
     lines.append(_beam_words(record["settings"]))
   elif paper:
     lines.append(f"Theorem 3.8 at the paper's α = {paper['alpha']} (γ = "

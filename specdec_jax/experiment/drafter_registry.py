@@ -8,7 +8,7 @@ INNER_GAMMA, ADAPTIVE_THRESHOLD) and asks its spec. A new drafter is one
 `register_drafter` call (tests register fakes the same way).
 """
 import dataclasses
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from specdec_jax.core.drafters.feature import FeatureDrafter
 from specdec_jax.core.drafters.hierarchical import HierarchicalDrafter
@@ -46,12 +46,16 @@ class DrafterSpec:
     reads_target_features: the draft reads the target's hidden states (a
       feature-level draft): DRAFT_CHECKPOINT_PATH is its own checkpoint
       (`check_draft_checkpoint`), not a T5 model of the gin draft/T5Config.
+    decode_modes: the decode modes (`decode_modes` names) it drafts for:
+      every drafter guesses one path; a tree needs k branches of a draft
+      model, speculative beams a draft model's own beam search.
   """
   uses_draft_model: bool = False
   is_model_step: bool = False
   adaptive: bool = False
   alpha_mode: bool = False
   reads_target_features: bool = False
+  decode_modes: Tuple[str, ...] = ("token", "block")
 
   def ngram_order(self, settings: "DrafterSettings") -> Optional[int]:
     """The n of the n-gram drafter this uses, or None."""
@@ -111,6 +115,7 @@ class ModelSpec(DrafterSpec):
   adaptive: bool = True
   alpha_mode: bool = True
   shared_encoder: bool = False
+  decode_modes: Tuple[str, ...] = ("token", "block", "tree", "beam")
 
   def check_draft_config(self, draft_config: Any, target_config: Any) -> None:
     shared = not draft_config.has_encoder
@@ -239,10 +244,11 @@ class FeatureSpec(DrafterSpec):
   (issue 34, `drafters.FeatureDrafter`). DRAFT_CHECKPOINT_PATH is a
   `checkpoints.feature_draft` (feature_config.json beside the weights),
   bound to the loaded target (`load_draft_model`); the speculative decoder
-  runs `target.with_features()` (`plan.speculative_target`). Priced as the
+  runs `target.with_features()` (`decoding.speculative_target`). Priced as the
   loop runs it (one `propose` over γ), like every drafter."""
   uses_draft_model: bool = True
   reads_target_features: bool = True
+  decode_modes: Tuple[str, ...] = ("token", "block", "tree")
 
   def check_draft_config(self, draft_config, target_config):
     # The gin draft/T5Config does not describe this draft: its own config
@@ -297,6 +303,12 @@ DRAFTERS: Dict[str, DrafterSpec] = {
 INNER_DRAFTERS: Mapping[str, DrafterSpec] = {
     k: DRAFTERS[k] for k in ("prompt_lookup", "unigram", "bigram", "ngram")
 }
+
+
+def supporting(mode_name: str) -> Tuple[str, ...]:
+  """The DRAFTER values whose spec drafts for the decode mode `mode_name`."""
+  return tuple(
+      k for k, spec in DRAFTERS.items() if mode_name in spec.decode_modes)
 
 
 def register_drafter(name: str, spec: DrafterSpec) -> None:

@@ -23,6 +23,7 @@ from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import paths
 from specdec_jax import run_metrics
+from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import run_lock
@@ -56,14 +57,10 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
     # earlier results still count as the same run.
     for k in arguments.DRAFTER_ARGS + ("lenience",):
       run_args.pop(k)
-  if args.acceptance == "token":  # Likewise: Algorithm 1 is the default.
-    run_args.pop("acceptance")
-  if args.acceptance != "tree":  # Likewise: a tree's settings, trees only.
-    run_args.pop("tree_width")
-    run_args.pop("tree_without_replacement")
-  if args.decode == "sample":  # Likewise: beam settings, beam runs only.
-    for k in ("decode", "beam_size", "beam_alpha", "beam_width", "beam_rows"):
-      run_args.pop(k)
+  # Likewise: each mode's own settings (ACCEPTANCE, a tree's, the beams')
+  # in its runs only; Algorithm 1 is the default.
+  for k in decode_modes.settings_to_drop(args):
+    run_args.pop(k)
   record = {
       "run": run_args,
       "target": gin_utils.t5_config_fields(target_config),

@@ -20,7 +20,6 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from absl import logging
 import gin
 import jax
-import numpy as np
 
 from specdec_jax.core import decoding
 from specdec_jax import gin_utils
@@ -30,9 +29,9 @@ from specdec_jax import partitioning
 from specdec_jax import vocab as vocab_lib
 from specdec_jax.checkpoints import feature_draft
 from specdec_jax.core.decoding import beam_decoders
-from specdec_jax.core.decoding import block_acceptance
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import beam_settings
+from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import memory
 from specdec_jax.experiment import output_dir as output_dir_lib
@@ -43,55 +42,11 @@ Decoder = decoding.Decoder
 
 def make_decoders(plan: "RunPlan", target: Any, drafter: Any,
                   gamma: int) -> Tuple[Decoder, Decoder]:
-  """(baseline, speculative) for the plan's settings, checked once
-  (ACCEPTANCE='tree': speculative is `decoding.tree_decoder`, which returns
-  a `TreeOutput`)."""
-  a = plan.args
-  if beam_settings.is_beam(a):
-    return make_beam_decoders(plan, target, drafter, gamma)
-  method = a.method()
-  baseline = decoding.baseline_decoder(target,
-                                       max_decode_length=a.max_decode_length,
-                                       method=method)
-  target = speculative_target(target, drafter)
-  if a.acceptance == "tree":
-    return baseline, decoding.tree_decoder(
-        target, drafter, gamma=gamma, tree_width=a.tree_width,
-        max_decode_length=a.max_decode_length, method=method,
-        without_replacement=a.tree_without_replacement)
-  speculative = decoding.speculative_decoder(
-      target, drafter, gamma=gamma, max_decode_length=a.max_decode_length,
-      method=method, acceptance=plan.acceptance)
-  return baseline, speculative
-
-
-def make_beam_decoders(plan: "RunPlan", target: Any, draft: Any,
-                       gamma: int) -> Tuple[Decoder, Decoder]:
-  """DECODE='beam': (the target's beam search, speculative beam search
-  with the draft model `draft`), checked once; both return their top beam
-  (`decoding.beam_decoders`)."""
-  a = plan.args
-  baseline = beam_decoders.beam_decoder(target, beam_size=a.beam_size,
-                                        max_decode_length=a.max_decode_length,
-                                        alpha=a.beam_alpha)
-  speculative = beam_decoders.speculative_beam_decoder(
-      target, draft, beam_size=a.beam_size, gamma=gamma,
-      max_decode_length=a.max_decode_length, alpha=a.beam_alpha,
-      width=beam_settings.width(a), num_rows=beam_settings.rows(a))
-  return baseline, speculative
-
-
-def speculative_target(target: Any, drafter: Any) -> Any:
-  """The target the speculative loop runs with `drafter`.
-
-  `target.with_features()` when the drafter reads the target's hidden
-  states (a feature-level draft, `Drafter.reads_target_features`), else
-  `target` itself. The baseline always runs the plain target: the same
-  weights and logits (bit for bit, `tests/test_feature_drafter.py`), without
-  the features' cache, whose writes are the speculative loop's own cost.
-  """
-  reads = decoding.as_drafter(drafter).reads_target_features
-  return target.with_features() if reads else target
+  """(baseline, speculative) for the plan's settings, checked once: the
+  mode's (`DecodeMode.decoders`; a tree's speculative decoder returns a
+  `TreeOutput`, beams their top beam)."""
+  return decode_modes.mode_of(plan.args).decoders(plan.args, target, drafter,
+                                                  gamma, plan.acceptance)
 
 
 def load_feature_draft(checkpoint_path: str, target: Any) -> Any:
@@ -203,8 +158,8 @@ class RunPlan:
       settings["draft"] = own_draft_config
     return cls(args=args, target_config=target_config,
                draft_config=draft_config, vocab=vocab, ngram_table=table,
-               acceptance=acceptance_rule(args), task_kind=kind, settings=settings,
-               providers=providers)
+               acceptance=decode_modes.mode_of(args).acceptance_rule(args),
+               task_kind=kind, settings=settings, providers=providers)
 
   # -- loading --------------------------------------------------------------
   def load_models(self, reuse: Optional[Models] = None) -> Models:
@@ -284,14 +239,12 @@ class RunPlan:
 def _bound_value(name: str, default: Any) -> Any:
   """What gin passes to `name` ('vocabulary.extra_ids'; a macro such as
   %EXTRA_IDS evaluated), or `default` when nothing is bound."""
+  configurable, _, parameter = name.rpartition(".")
   try:
-    value = gin.query_parameter(name)
-  except ValueError:  # not bound
+    bindings = gin.get_bindings(configurable)
+  except ValueError:  # no such configurable registered
     return default
-  if (isinstance(value, gin.config.ConfigurableReference) and value.evaluate and
-      value.configurable.name == "macro"):
-    value = value.scoped_configurable_fn()
-  return value
+  return bindings.get(parameter, default)
 
 
 def check_vocabulary_macros() -> None:
@@ -331,7 +284,7 @@ def _check_memory(args, target_config, draft_config) -> None:
                       args.max_decode_length,
                       memory.available_bytes() * jax.device_count())
   except ConfigError as e:
-    if not beam_settings.is_beam(args):
+    if not decode_modes.mode_of(args).beam:
       raise
     raise ConfigError(
         f"{e} (DECODE='beam': the BATCH_SIZE above is BATCH_SIZE="
@@ -342,17 +295,14 @@ def _check_memory(args, target_config, draft_config) -> None:
 
 
 def _decoded_rows(args) -> int:
-  """The rows the decoders' caches hold: BATCH_SIZE, or for beams every
-  element's candidate rows and beams (a speculative beam call holds both)."""
-  if not beam_settings.is_beam(args):
-    return args.batch_size
-  return args.batch_size * (beam_settings.rows(args) + args.beam_size)
+  """The rows the decoders' caches hold (`DecodeMode.cache_rows`)."""
+  return decode_modes.mode_of(args).cache_rows(args)
 
 
 def _check_beam_size(args, vocab_size: int) -> None:
   """DECODE='beam': BEAM_SIZE <= vocab_size / 2 (each element stops on its
   own, as T5X's joint stop only with 2k real candidates); ValueError."""
-  if not beam_settings.is_beam(args):
+  if not decode_modes.mode_of(args).beam:
     return
   try:
     beam_decoders.check_beam_vocab(args.beam_size, vocab_size)
@@ -365,25 +315,12 @@ def _check_tree_width(args, vocab_size: int) -> None:
   """ACCEPTANCE='tree' at T = 0: the k branches start with the k likeliest
   tokens, so k <= vocab_size (`tree_decoder` checks it too, after
   loading); ValueError."""
-  if (args.acceptance == "tree" and args.method().is_greedy and
+  if (decode_modes.mode_of(args).branches and args.method().is_greedy and
       not args.auto_tree_width and args.tree_width > vocab_size):
     raise ValueError(
         f"TREE_WIDTH={args.tree_width} is more than the models' vocab_size "
         f"({vocab_size}): greedy branches start with distinct tokens. "
         f"Allowed: 1 to {vocab_size}.")
-
-
-def acceptance_rule(args) -> Optional[decoding.AcceptanceRule]:
-  """The run's acceptance rule: None (Algorithm 1) unless LENIENCE < 1 or
-  ACCEPTANCE='block' (ACCEPTANCE='tree': None too; `tree_decoder` makes
-  its own rule). COMPILE_TOPOLOGY compiles with this rule too."""
-  if args.acceptance == "tree":
-    return None
-  if args.acceptance == "block":
-    return block_acceptance.BlockAcceptance()
-  if args.lenience == 1:
-    return None
-  return decoding.LenientAcceptance(np.float32(args.lenience))
 
 
 def _task_kind(args) -> str:

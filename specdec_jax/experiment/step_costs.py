@@ -13,8 +13,6 @@ import numpy as np
 from specdec_jax.core import decoding
 from specdec_jax import multihost
 from specdec_jax import timing
-from specdec_jax.experiment import arguments
-from specdec_jax.experiment.plan import speculative_target
 from specdec_jax.core.protocols import Drafter
 from specdec_jax.core.protocols import target_encoder_output
 
@@ -24,7 +22,7 @@ from specdec_jax.core.protocols import target_encoder_output
 STEPS, REPEATS = 32, 5
 
 
-def price_calls(args: arguments.RunArguments, drafter, target, batch: jax.Array,
+def price_calls(args: Any, drafter, target, batch: jax.Array,
                 target_ks: Tuple[int, ...], fill: int,
                 context: jax.Array) -> Tuple[Dict[int, float], float]:
   """The target's k-token calls and one guess of the drafter, in seconds.
@@ -71,7 +69,7 @@ def price_calls(args: arguments.RunArguments, drafter, target, batch: jax.Array,
   # The verification calls as the loop makes them: with the target's
   # features kept when the drafter reads them; a step (k = 1) is the
   # baseline's, the plain target's.
-  verifier = speculative_target(target, drafter)
+  verifier = decoding.speculative_target(target, drafter)
   if drafter.reads_target_features:
     drafter = FeaturesGiven(
         drafter,

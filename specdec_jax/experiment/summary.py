@@ -7,6 +7,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from specdec_jax import run_metrics
+from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import arguments
 
 
@@ -84,8 +85,7 @@ def _exactness_words(metrics: Dict[str, Any], temp: float) -> str:
   if metrics.get("exact") is False:
     return _lenience_words(metrics, temp)
   if metrics.get("greedy_outputs_identical") is None:
-    tests = ("tests/test_tree_acceptance.py" if metrics.get("acceptance")
-             == "tree" else "tests/test_decoding.py")
+    tests = decode_modes.of_metrics(metrics).exactness_tests
     words = (f"; outputs are samples (T={temp:g}), so they are not compared "
              "token by token with the target's: speculative decoding samples "
              f"the target's distribution exactly (chi-square tests in {tests})")
@@ -108,7 +108,7 @@ def _theory_words(metrics: Dict[str, Any]) -> str:
   """The speedup against Theorem 3.8, or for a tree run against the tree's
   cost model (Theorem 3.8's formula is one branch's)."""
   tree = metrics.get("theoretical_speedup_measured_call_cost")
-  if metrics.get("acceptance") == "tree" and tree is not None:
+  if decode_modes.of_metrics(metrics).branches and tree is not None:
     return _speed_words(metrics["speedup"], tree,
                         "the tree's measured tokens per call and call costs:")
   return _speed_words(metrics["speedup"], metrics["theoretical_speedup"])
@@ -137,7 +137,7 @@ def _beam_line(metrics: Dict[str, Any]) -> str:
 
 def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
   """Speed, α, exactness, drafting and quality of a walltime run."""
-  if metrics.get("decode") == "beam":
+  if decode_modes.of_metrics(metrics).beam:
     quality = _quality_words(metrics)
     if quality:  # both sides are top beams
       quality = quality.replace("(target alone)", "(target's beam search)")
@@ -186,7 +186,7 @@ def _notes(metrics: Dict[str, Any]) -> List[str]:
 
 def _search_words(args: arguments.RunArguments) -> str:
   """'T=0 (greedy)', 'T=1', or 'beam search k=4' (DECODE='beam')."""
-  if args.decode == "beam":
+  if decode_modes.mode_of(args).beam:
     return f"beam search k={args.beam_size}"
   temp = args.temperature
   return f"T={temp:g}{' (greedy)' if temp == 0 else ''}"

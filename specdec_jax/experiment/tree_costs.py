@@ -15,13 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import multihost
+from specdec_jax.core import decoding
 from specdec_jax import timing
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.core.drafters import tree as tree_drafters
 from specdec_jax.core.protocols import target_encoder_output
-from specdec_jax.experiment import arguments
 from specdec_jax.experiment import step_costs
-from specdec_jax.experiment.plan import speculative_target
 
 
 @flax.struct.dataclass
@@ -78,8 +77,7 @@ class TreeProposer:
     return state, tokens.reshape(batch, -1), probs
 
 
-def price_tree_calls(args: arguments.RunArguments, drafter, target,
-                     batch: jax.Array, fill: int,
+def price_tree_calls(args: Any, drafter, target, batch: jax.Array, fill: int,
                      context: jax.Array) -> Tuple[float, float, float]:
   """(one-token target step, one depth of the k-branch draft, the tree call
   over 1 + k·γ nodes), in seconds, interleaved (`timing.call_seconds`).
@@ -110,7 +108,7 @@ def price_tree_calls(args: arguments.RunArguments, drafter, target,
       jnp.int32)
   # A feature-level draft: the tree call on the target keeping its hidden
   # states, the draft given them over the context (`step_costs`).
-  verifier = speculative_target(target, drafter)
+  verifier = decoding.speculative_target(target, drafter)
   if tree_drafter.reads_target_features:
     tree_drafter = step_costs.FeaturesGiven(
         tree_drafter,
@@ -133,9 +131,8 @@ def price_tree_calls(args: arguments.RunArguments, drafter, target,
   return seconds["step"], seconds["draft"] / gamma, seconds["tree"]
 
 
-def price_tree_shapes(args: arguments.RunArguments, drafter, target,
-                      batch: jax.Array, fill: int, context: jax.Array, *,
-                      gamma: int, widths: Sequence[int],
+def price_tree_shapes(args: Any, drafter, target, batch: jax.Array, fill: int,
+                      context: jax.Array, *, gamma: int, widths: Sequence[int],
                       nodes: Sequence[int]) -> Dict[str, Any]:
   """What GAMMA='auto' / TREE_WIDTH='auto' price (`auto_tree`): one target
   step, the tree call over each N in `nodes` and one depth of the k-branch

@@ -29,11 +29,9 @@ from specdec_jax.experiment import overheads
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import auto_tree
-from specdec_jax.experiment import beam_settings
+from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import predictions
-from specdec_jax.experiment import step_costs
 from specdec_jax.experiment import traces
-from specdec_jax.experiment import tree_costs
 from specdec_jax.experiment.plan import RunPlan
 
 Decoder = decoding.Decoder
@@ -154,9 +152,9 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
   histogram = np.zeros(plan.args.gamma + 1, np.int64)
   # A tree or beam run counts kept guesses per call only (no β, no trace
   # of guesses: `traces.tree_traces`).
-  tree = plan.args.acceptance == "tree" or beam_settings.is_beam(plan.args)
-  beta_sum: Optional[float] = None if tree else 0.0
-  beta_count: Optional[float] = None if tree else 0.0
+  one_path = decode_modes.mode_of(plan.args).one_path
+  beta_sum: Optional[float] = 0.0 if one_path else None
+  beta_count: Optional[float] = 0.0 if one_path else None
   per_batch: List[Tuple[float, float, int, int, int]] = []
   for i, (batch, keep) in enumerate(feed.batches()):
     brng = jax.random.fold_in(rng, i)
@@ -180,8 +178,8 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
     start = len(per_example)
     base_text += tasks.decode_tokens(vocab, base_tokens[-1])
     spec_text += tasks.decode_tokens(vocab, spec_tokens[-1])
-    records = (traces.tree_traces(out_s, keep) if tree else traces.traces(
-        vocab, out_s, keep))
+    records = (traces.traces(vocab, out_s, keep)
+               if one_path else traces.tree_traces(out_s, keep))
     per_example.extend(records)
     writer.add([{
         "index": start + j,
@@ -213,8 +211,8 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
   a failed write loses no result). Returns metrics.json's dict.
   """
   gamma_auto = None
-  if plan.args.acceptance == "tree" and (plan.args.auto_gamma or
-                                         plan.args.auto_tree_width):
+  mode = decode_modes.mode_of(plan.args)
+  if mode.branches and (plan.args.auto_gamma or plan.args.auto_tree_width):
     gamma_auto = auto_tree.pilot_tree_shape(plan, feed)  # (γ, k)
     plan = plan.with_gamma(gamma_auto["chosen_gamma"],
                            tree_width=gamma_auto["chosen_tree_width"])
@@ -233,11 +231,12 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
                             f"{run_metrics.METRICS_FILE} was not "
                             "written") from None
   steps = None
-  if beam_settings.is_beam(plan.args):
-    logging.info("DECODE='beam': c and Theorem 3.8 are not priced (they "
-                 "model sampling one sequence, not beams)")
+  if not mode.priced:
+    logging.info(
+        "%s: c and Theorem 3.8 are not priced (they model sampling "
+        "one sequence)", mode.description)
   else:
-    _log_pricing(plan.args)
+    logging.info(mode.pricing_words(plan.args))
     steps = step_times(plan, feed.batch(0),
                        int(decoded.tokens_generated / len(examples)))
   decoded, compile_s, steps = slowest_process(decoded, compile_s, steps)
@@ -264,18 +263,6 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
   return metrics
 
 
-def _log_pricing(args: arguments.RunArguments) -> None:
-  if args.acceptance == "tree":
-    logging.info(
-        "Pricing c: a target step, the tree call over 1 + k·γ = %d nodes "
-        "and the drafter's k branches, interleaved",
-        1 + args.tree_width * args.gamma)
-  else:
-    logging.info(
-        "Pricing c: target calls of 1 and γ+1 = %d tokens and the "
-        "drafter's guesses, interleaved", args.gamma + 1)
-
-
 def step_times(plan: RunPlan, batch: jax.Array, fill: int) -> StepTimes:
   """One target step, one guess and the verification call (this process's
   seconds: `slowest`); ACCEPTANCE='tree': one depth of the k-branch draft
@@ -287,16 +274,9 @@ def step_times(plan: RunPlan, batch: jax.Array, fill: int) -> StepTimes:
   output length); the drafter as the loop runs it, on the target's own
   output for `batch` (the compiled baseline's).
   """
-  gamma = plan.args.gamma
   context = plan.baseline(batch, plan.rng).tokens
-  if plan.args.acceptance == "tree":  # the tree call over 1 + k·γ nodes
-    return StepTimes(*tree_costs.price_tree_calls(
-        plan.args, plan.drafter, plan.models.target, batch, fill, context))
-  by_k, t_draft = step_costs.price_calls(plan.args, plan.drafter,
-                                         plan.models.target, batch,
-                                         (1, gamma + 1), fill, context)
-  t_target, t_verify = by_k[1], by_k[gamma + 1]
-  return StepTimes(t_target, t_draft, t_verify)
+  return StepTimes(*decode_modes.mode_of(plan.args).price(
+      plan.args, plan.drafter, plan.models.target, batch, fill, context))
 
 
 def slowest_process(decoded: Decoded, compile_s: float,
@@ -400,20 +380,9 @@ def unpriced_theory_metrics() -> Dict[str, Any]:
 
 def beam_metrics(args: arguments.RunArguments,
                  decoded: Decoded) -> Dict[str, Any]:
-  """metrics.json's DECODE and beam keys (beam keys: None unless
-  DECODE='beam'; `steps_per_target_call`: beam-search steps per speculative
-  target call, each call m = n + 1 steps for n kept draft steps)."""
-  if not beam_settings.is_beam(args):
-    return {"decode": args.decode}
-  steps = float((np.arange(len(decoded.histogram)) + 1) @ decoded.histogram)
-  return {
-      "decode": args.decode,
-      "beam_size": args.beam_size,
-      "beam_alpha": float(args.beam_alpha),
-      "beam_width": beam_settings.width(args),
-      "beam_rows": beam_settings.rows(args),
-      "steps_per_target_call": steps / max(decoded.calls_spec, 1),
-  }
+  """metrics.json's DECODE and the mode's own keys (`DecodeMode.metrics`:
+  beam keys None unless DECODE='beam')."""
+  return decode_modes.mode_of(args).metrics(args, decoded)
 
 
 def theory_metrics(args: arguments.RunArguments, decoded: Decoded,
@@ -431,12 +400,10 @@ def theory_metrics(args: arguments.RunArguments, decoded: Decoded,
   gamma, c = args.gamma, steps.cost_coefficient
   alpha = min(decoded.alpha, 1.0)
   ratio = steps.verification_call_s / steps.target_step_s
-  if args.acceptance == "tree":
-    tokens_per_call = decoded.tokens_generated / max(decoded.calls_spec, 1)
-    measured = tokens_per_call / (gamma * c + ratio)
-  else:
-    measured = float(analysis.expected_speedup(alpha, gamma, c,
-                                               call_cost=ratio))
+  mode = decode_modes.mode_of(args)
+  measured = mode.measured_theory(
+      alpha, gamma, c, ratio,
+      decoded.tokens_generated / max(decoded.calls_spec, 1))
   out = {
       "theoretical_speedup": float(analysis.expected_speedup(alpha, gamma, c)),
       "verification_call_s": steps.verification_call_s,
@@ -449,7 +416,7 @@ def theory_metrics(args: arguments.RunArguments, decoded: Decoded,
           (decoded.time_base / max(decoded.calls_base, 1) / steps.target_step_s
           ),
   }
-  if args.acceptance != "tree":
+  if mode.one_path:
     out.update(
         overheads.efficiency_split(alpha, gamma, decoded.spec_tokens,
                                    decoded.calls_base, decoded.calls_spec, out))
@@ -472,14 +439,7 @@ def draft_label(args: arguments.RunArguments, gamma_auto) -> str:
     label += " auto-γ"
   if args.lenience != 1:
     label += f" l={args.lenience:g}"
-  if beam_settings.is_beam(args):
-    label += (f" beam k={args.beam_size} u={beam_settings.width(args)} "
-              f"rows={beam_settings.rows(args)}")
-  if args.acceptance == "tree":
-    label += f" tree k={args.tree_width}"
-  elif args.acceptance != "token":
-    label += f" {args.acceptance}"
-  return label
+  return label + decode_modes.mode_of(args).label(args)
 
 
 def drafting_metrics(args: arguments.RunArguments,
@@ -495,13 +455,13 @@ def drafting_metrics(args: arguments.RunArguments,
     c: the measured cost coefficient.
     gamma_auto: `choose_gamma`'s record, or None.
   """
-  tree = args.acceptance == "tree"
-  beam = beam_settings.is_beam(args)
-  if tree:  # k·γ guesses every call; a one-branch bound means nothing
-    guessed = [args.gamma * args.tree_width]
-    bound = None
-  elif beam:  # γ draft beam steps of u beams; a one-sequence bound neither
-    guessed = [args.gamma * beam_settings.width(args)]
+  mode = decode_modes.mode_of(args)
+  # A tree (k·γ guesses every call) or beams (γ draft steps of u beams):
+  # a one-path bound means nothing.
+  per_call = mode.guesses_per_call(args)
+  tree = mode.branches
+  if per_call is not None:
+    guessed = [per_call]
     bound = None
   else:
     kept = [t["num_accepted"] for e in per_example for t in e["trace"]]

@@ -10,6 +10,7 @@ import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from specdec_jax import run_metrics
+from specdec_jax.experiment import decode_modes
 
 
 class ReportError(Exception):
@@ -75,7 +76,7 @@ def load_results(results_dir: str,
     if run_metrics.METRICS_FILE not in filenames:
       continue
     metrics = load_metrics(os.path.join(dirpath, run_metrics.METRICS_FILE))
-    if metrics.get("decode") == "beam":
+    if decode_modes.of_metrics(metrics).beam:
       # Beam runs have no c and no Theorem 3.8 (metrics.json: null), which
       # every table here prints: left out, said so.
       logging.warning(

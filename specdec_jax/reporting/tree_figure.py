@@ -9,6 +9,7 @@ of the same colour: what k branches buy over one path.
 import re
 from typing import Any, Dict, List, Sequence, Tuple
 
+from specdec_jax.experiment import decode_modes
 from specdec_jax.reporting import figures
 from specdec_jax.reporting import tables
 
@@ -40,11 +41,11 @@ def tree_width_series(
     value = tables.measured_tokens_per_call(run)
     if value is None:
       continue
-    acceptance = run.get("acceptance", "token")
-    if acceptance == "tree" and run.get("tree_width") is not None:
+    mode = decode_modes.of_metrics(run)
+    if mode.branches and run.get("tree_width") is not None:
       tree.setdefault(_key(run), {}).setdefault(int(run["tree_width"]),
                                                 []).append(value)
-    elif acceptance == "token":
+    elif mode is decode_modes.TOKEN:
       token.setdefault(_key(run), []).append(value)
   return {
       key: {

@@ -32,6 +32,7 @@ from specdec_jax.core.acceptance import ExactAcceptance
 from specdec_jax.core.acceptance import LenientAcceptance
 from specdec_jax.core.protocols import Verdict
 from specdec_jax.core.decoding.checks import as_drafter
+from specdec_jax.core.decoding.checks import speculative_target
 from specdec_jax.core.decoding.checks import check_encoder_inputs
 from specdec_jax.core.decoding.checks import check_eos_id
 from specdec_jax.core.decoding.checks import check_rng
@@ -93,6 +94,7 @@ __all__ = [
     "check_speculative_args",
     "check_target",
     "check_vocab_sizes",
+    "speculative_target",
     "init_speculative_state",
     "resolve_method",
     "sampling",

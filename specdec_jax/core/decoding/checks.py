@@ -177,6 +177,19 @@ def as_drafter(drafter: Any) -> Drafter:
   return drafter
 
 
+def speculative_target(target: Any, drafter: Any) -> Any:
+  """The target the speculative loop runs with `drafter`.
+
+  `target.with_features()` when the drafter reads the target's hidden
+  states (a feature-level draft, `Drafter.reads_target_features`), else
+  `target` itself. The baseline always runs the plain target: the same
+  weights and logits (bit for bit, `tests/test_feature_drafter.py`), without
+  the features' cache, whose writes are the speculative loop's own cost.
+  """
+  reads = as_drafter(drafter).reads_target_features
+  return target.with_features() if reads else target
+
+
 def check_speculative_args(
     target: Any, drafter: Any, *, gamma: Any, max_decode_length: Any,
     method: Optional[sampling.SamplingMethod] = None,

@@ -5,7 +5,7 @@
 // to a matrix-vector routine but M >= 2 to a general GEMM library that packs
 // the whole weight matrix on every call, so a 6-row call costs ~3x a 1-row
 // call although it reads the same weights. Here the weights are packed once
-// (`specdec_jax.kernels.pack`) into panels of 16 columns, wp[P, D, 16], so
+// (`specdec_jax.core.kernels.pack`) into panels of 16 columns, wp[P, D, 16], so
 // that a register tile of MT rows x 16*NP columns streams its weights
 // contiguously over all of D, each weight load feeding MT fused
 // multiply-adds, and the whole matrix is read once per call.

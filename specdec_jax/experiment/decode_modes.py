@@ -1,0 +1,347 @@
+"""Decode modes: one object for each way a run decodes speculatively.
+
+The registry beside the drafter registry (`drafter_registry`):
+
+* `token`: Algorithm 1's token verification (LENIENCE < 1: Appendix A.5's
+  lenient rule, not exact);
+* `block`: block verification (exact, never fewer kept guesses);
+* `tree`: tree verification over TREE_WIDTH draft branches;
+* `beam`: speculative beam search (DECODE='beam': the target's own beam
+  search, exactly).
+
+A mode owns what differs between them: its checks, its acceptance rule, its
+two decoders, the rows its caches hold, the pricing of its calls, its cost
+model, its metrics keys and its label. The run picks one (`mode_of`), the
+report and the summary read it back from metrics.json (`of_metrics`).
+Outside this module no code compares ACCEPTANCE or DECODE to a string
+(`tests/test_architecture.py`); a drafter declares the modes it supports
+(`DrafterSpec.decode_modes`).
+"""
+import dataclasses
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from specdec_jax import analysis
+from specdec_jax.core import decoding
+from specdec_jax.core.decoding import beam_decoders
+from specdec_jax.core.decoding import block_acceptance
+from specdec_jax.experiment import beam_settings
+from specdec_jax.experiment import drafter_registry
+from specdec_jax.experiment import step_costs
+from specdec_jax.experiment import tree_costs
+
+Decoder = decoding.Decoder
+# DECODE's values: sampling (each ACCEPTANCE) or beam search.
+SAMPLE = "sample"
+DECODES = (SAMPLE, "beam")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeMode:
+  """What one decode mode means; subclasses override what differs.
+
+  Attributes:
+    name: its ACCEPTANCE value ('token', 'block', 'tree'), or 'beam'.
+    description: a few words for error messages.
+    one_path: each target call verifies one path of guesses: the run
+      records guess traces and β, Theorem 3.8's per-iteration bound and
+      the efficiency split (a tree or beam run counts kept guesses only).
+    priced: c and Theorem 3.8 are priced (they model sampling one
+      sequence, not beams).
+    branches: TREE_WIDTH draft branches per call.
+    beam: DECODE='beam'.
+    own_settings: the run arguments only this mode records (a run of
+      another mode drops them: earlier results stay the same run).
+    exactness_tests: where the chi-square tests of its distribution are.
+  """
+  name: str = "token"
+  description: str = "Algorithm 1"
+  one_path: bool = True
+  priced: bool = True
+  branches: bool = False
+  beam: bool = False
+  own_settings: Tuple[str, ...] = ()
+  exactness_tests: str = "tests/test_decoding.py"
+
+  def check(self, args: Any) -> None:
+    """What this mode needs of the other settings; ValueError."""
+    del args
+
+  def acceptance_rule(self, args: Any) -> Optional[decoding.AcceptanceRule]:
+    """The rule the speculative loop runs (None: Algorithm 1)."""
+    del args
+    return None
+
+  def decoders(
+      self, args: Any, target: Any, drafter: Any, gamma: int,
+      acceptance: Optional[decoding.AcceptanceRule]) -> Tuple[Decoder, Decoder]:
+    """(the target alone, speculative), checked once."""
+    method = args.method()
+    baseline = decoding.baseline_decoder(
+        target, max_decode_length=args.max_decode_length, method=method)
+    return baseline, decoding.speculative_decoder(
+        decoding.speculative_target(target, drafter), drafter, gamma=gamma,
+        max_decode_length=args.max_decode_length, method=method,
+        acceptance=acceptance)
+
+  def cache_rows(self, args: Any) -> int:
+    """The rows the decoders' caches hold."""
+    return args.batch_size
+
+  def label(self, args: Any) -> str:
+    """What metrics.json's `draft_model` adds for this mode."""
+    del args
+    return ""
+
+  def pricing_words(self, args: Any) -> str:
+    """The log line before the calls are priced."""
+    return ("Pricing c: target calls of 1 and γ+1 = "
+            f"{args.gamma + 1} tokens and the drafter's guesses, interleaved")
+
+  def price(self, args: Any, drafter: Any, target: Any, batch: Any, fill: int,
+            context: Any) -> Tuple[float, float, float]:
+    """(a target step, one guess, the verification call) in seconds
+    (`step_costs.price_calls`; arguments as there)."""
+    gamma = args.gamma
+    by_k, t_draft = step_costs.price_calls(args, drafter, target, batch,
+                                           (1, gamma + 1), fill, context)
+    return by_k[1], t_draft, by_k[gamma + 1]
+
+  def measured_theory(self, alpha: float, gamma: int, c: float,
+                      call_cost: float, tokens_per_call: float) -> float:
+    """The speedup this mode's cost model predicts at the measured call
+    cost (target steps per verification call)."""
+    del tokens_per_call
+    return float(analysis.expected_speedup(alpha, gamma, c,
+                                           call_cost=call_cost))
+
+  def guesses_per_call(self, args: Any) -> Optional[int]:
+    """Guesses drafted per call, or None: read from the traces."""
+    del args
+    return None
+
+  def metrics(self, args: Any, decoded: Any) -> Dict[str, Any]:
+    """metrics.json's keys of this mode (DECODE and its own)."""
+    del decoded
+    return {"decode": args.decode}
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenMode(DecodeMode):
+  """Algorithm 1 (LENIENCE < 1: the lenient rule)."""
+
+  def acceptance_rule(self, args):
+    if args.lenience == 1:
+      return None
+    return decoding.LenientAcceptance(np.float32(args.lenience))
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockMode(DecodeMode):
+  """Block verification: exact only."""
+  name: str = "block"
+  description: str = "block verification"
+  own_settings: Tuple[str, ...] = ("acceptance",)
+
+  def check(self, args):
+    _exact_only(self, args)
+
+  def acceptance_rule(self, args):
+    del args
+    return block_acceptance.BlockAcceptance()
+
+  def label(self, args):
+    del args
+    return f" {self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeMode(DecodeMode):
+  """Tree verification: k = TREE_WIDTH branches of γ guesses per call."""
+  name: str = "tree"
+  description: str = "tree verification"
+  one_path: bool = False
+  branches: bool = True
+  own_settings: Tuple[str, ...] = ("acceptance", "tree_width",
+                                   "tree_without_replacement")
+  exactness_tests: str = "tests/test_tree_acceptance.py"
+
+  def check(self, args):
+    _exact_only(self, args)
+    _check_drafter(self, args,
+                   "tree verification drafts its branches with a draft model")
+    if args.adaptive_threshold is not None:
+      raise ValueError(
+          f"ACCEPTANCE='tree' with ADAPTIVE_THRESHOLD="
+          f"{args.adaptive_threshold!r}: tree verification drafts γ guesses "
+          "per branch every call; allowed: ADAPTIVE_THRESHOLD=None with "
+          "'tree'.")
+
+  def decoders(self, args, target, drafter, gamma, acceptance):
+    del acceptance  # `tree_decoder` makes its own rule
+    method = args.method()
+    baseline = decoding.baseline_decoder(
+        target, max_decode_length=args.max_decode_length, method=method)
+    return baseline, decoding.tree_decoder(
+        decoding.speculative_target(target, drafter), drafter, gamma=gamma,
+        tree_width=args.tree_width, max_decode_length=args.max_decode_length,
+        method=method, without_replacement=args.tree_without_replacement)
+
+  def label(self, args):
+    return f" tree k={args.tree_width}"
+
+  def pricing_words(self, args):
+    return ("Pricing c: a target step, the tree call over 1 + k·γ = "
+            f"{1 + args.tree_width * args.gamma} nodes and the drafter's k "
+            "branches, interleaved")
+
+  def price(self, args, drafter, target, batch, fill, context):
+    return tree_costs.price_tree_calls(args, drafter, target, batch, fill,
+                                       context)
+
+  def measured_theory(self, alpha, gamma, c, call_cost, tokens_per_call):
+    # The tree's own cost model: the measured tokens per call over an
+    # iteration's measured cost (γ depths of k branches, the tree call).
+    del alpha
+    return tokens_per_call / (gamma * c + call_cost)
+
+  def guesses_per_call(self, args):
+    return args.gamma * args.tree_width
+
+
+@dataclasses.dataclass(frozen=True)
+class BeamMode(DecodeMode):
+  """Speculative beam search: the target's beam search, exactly."""
+  name: str = "beam"
+  description: str = "speculative beam search"
+  one_path: bool = False
+  priced: bool = False
+  beam: bool = True
+  own_settings: Tuple[str, ...] = ("decode", "beam_size", "beam_alpha",
+                                   "beam_width", "beam_rows")
+  exactness_tests: str = "tests/test_speculative_beam.py"
+
+  def check(self, args):
+    if SAMPLING[args.acceptance] is not TOKEN:
+      raise ValueError(
+          f"DECODE='beam' with ACCEPTANCE={args.acceptance!r}: the target "
+          "replays its own beam steps over the draft's beams; allowed: "
+          "ACCEPTANCE='token'.")
+    beam_settings.check_rules(args)
+    _check_drafter(self, args, "the draft model runs its own beam search")
+
+  def decoders(self, args, target, drafter, gamma, acceptance):
+    del acceptance  # the target replays its own beam steps
+    baseline = beam_decoders.beam_decoder(
+        target, beam_size=args.beam_size,
+        max_decode_length=args.max_decode_length, alpha=args.beam_alpha)
+    return baseline, beam_decoders.speculative_beam_decoder(
+        target, drafter, beam_size=args.beam_size, gamma=gamma,
+        max_decode_length=args.max_decode_length, alpha=args.beam_alpha,
+        width=beam_settings.width(args), num_rows=beam_settings.rows(args))
+
+  def cache_rows(self, args):
+    # A speculative beam call holds every element's candidate rows and
+    # beams.
+    return args.batch_size * (beam_settings.rows(args) + args.beam_size)
+
+  def label(self, args):
+    return (f" beam k={args.beam_size} u={beam_settings.width(args)} "
+            f"rows={beam_settings.rows(args)}")
+
+  def price(self, args, drafter, target, batch, fill, context):
+    raise ValueError("DECODE='beam': c and Theorem 3.8 are not priced (they "
+                     "model sampling one sequence, not beams).")
+
+  def guesses_per_call(self, args):
+    return args.gamma * beam_settings.width(args)
+
+  def metrics(self, args, decoded):
+    """`steps_per_target_call`: beam-search steps per speculative target
+    call, each call m = n + 1 steps for n kept draft steps."""
+    steps = float((np.arange(len(decoded.histogram)) + 1) @ decoded.histogram)
+    return {
+        "decode": args.decode,
+        "beam_size": args.beam_size,
+        "beam_alpha": float(args.beam_alpha),
+        "beam_width": beam_settings.width(args),
+        "beam_rows": beam_settings.rows(args),
+        "steps_per_target_call": steps / max(decoded.calls_spec, 1),
+    }
+
+
+TOKEN = TokenMode()
+BLOCK = BlockMode()
+TREE = TreeMode()
+BEAM = BeamMode()
+# ACCEPTANCE's values: the modes of DECODE='sample'.
+SAMPLING: Mapping[str, DecodeMode] = {m.name: m for m in (TOKEN, BLOCK, TREE)}
+ACCEPTANCES = tuple(SAMPLING)
+MODES: Tuple[DecodeMode, ...] = (TOKEN, BLOCK, TREE, BEAM)
+
+
+def mode_of(args: Any) -> DecodeMode:
+  """The run's mode: DECODE='beam', else its ACCEPTANCE's."""
+  if args.decode == BEAM.name:
+    return BEAM
+  return SAMPLING[args.acceptance]
+
+
+def of_metrics(record: Mapping[str, Any]) -> DecodeMode:
+  """The mode a metrics.json (or compile.json's settings) recorded; runs
+  from before these keys: token verification."""
+  if record.get("decode") == BEAM.name:
+    return BEAM
+  return SAMPLING.get(record.get("acceptance") or TOKEN.name, TOKEN)
+
+
+def check_values(args: Any) -> None:
+  """DECODE and ACCEPTANCE among the registry's names; ValueError."""
+  if args.decode not in DECODES:
+    raise ValueError(f"DECODE={args.decode!r}: allowed: 'sample' (sampling "
+                     "or greedy decoding, the default) or 'beam' (beam "
+                     "search).")
+  if args.acceptance not in SAMPLING:
+    words = "; ".join(f"{m.name!r}: {m.description}" for m in SAMPLING.values())
+    raise ValueError(f"ACCEPTANCE={args.acceptance!r}: allowed: "
+                     f"{', '.join(repr(a) for a in ACCEPTANCES)} ({words}).")
+
+
+def check(args: Any) -> None:
+  """The run's mode against the other settings (ValueError naming the
+  macro, its value and what is allowed)."""
+  check_values(args)
+  beam_settings.check_values(args)
+  mode = mode_of(args)
+  if not mode.beam:
+    beam_settings.check_unused(args)
+  mode.check(args)
+
+
+def settings_to_drop(args: Any) -> Tuple[str, ...]:
+  """Run arguments that other modes own and this run's mode does not: a
+  run records none of them (its results stay those of runs from before
+  the modes existed)."""
+  mode = mode_of(args)
+  return tuple(
+      dict.fromkeys(k for m in MODES if m is not mode for k in m.own_settings
+                    if k not in mode.own_settings))
+
+
+def _exact_only(mode: DecodeMode, args: Any) -> None:
+  if args.lenience != 1:
+    raise ValueError(f"ACCEPTANCE={mode.name!r} with LENIENCE="
+                     f"{args.lenience!r}: {mode.description} is exact only; "
+                     f"allowed: LENIENCE=1 with {mode.name!r}, or "
+                     "ACCEPTANCE='token'.")
+
+
+def _check_drafter(mode: DecodeMode, args: Any, why: str) -> None:
+  supported = drafter_registry.supporting(mode.name)
+  if args.drafter in supported:
+    return
+  setting = ("DECODE='beam'" if mode.beam else f"ACCEPTANCE={mode.name!r}")
+  raise ValueError(f"{setting} with DRAFTER={args.drafter!r}: {why}; "
+                   "allowed: DRAFTER "
+                   f"{' or '.join(repr(d) for d in supported)}.")
