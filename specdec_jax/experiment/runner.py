@@ -75,9 +75,11 @@ def execute(plan: RunPlan, *, on_result: Optional[OnResult] = None,
     multihost.barrier("models_loaded")
     if plan.args.mode == "alpha":
       return _run_alpha(plan, models, data, on_result), models
-    loaded = plan.loaded(models)
+    # Every choice (GAMMA='auto', TREE_WIDTH='auto') is made before the
+    # timed decode starts.
+    loaded, gamma_auto = walltime.choose_shape(plan.loaded(models), data.feed)
     return walltime.run_walltime(loaded, data.feed, data.examples, data.info,
-                                 on_result), models
+                                 on_result, gamma_auto), models
 
 
 class _output_folder:  # pylint: disable=invalid-name

@@ -1,8 +1,9 @@
 """MODE='walltime': both decoders timed over the examples (the paper's
 experiment), the cost coefficient c, and the `RunMetrics` they make.
 
-`run_walltime` is the one decode path, end to end: GAMMA='auto''s pilot
-(`auto_gamma`); compile every decoder for every input width
+`choose_shape` runs GAMMA='auto''s pilot (`auto_gamma`, `auto_tree`)
+before anything is timed; `run_walltime` is the one decode path, end to
+end: compile every decoder for every input width
 (`compile_decoders`); decode each batch with the target alone and with
 speculative decoding, timing each call, decoding its text once and writing
 its predictions.jsonl rows (`decode_examples`); time one target step, one
@@ -200,26 +201,39 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
                  overheads.BatchTimes(*columns) if columns else None)
 
 
+def choose_shape(
+    plan: RunPlan,
+    feed: multihost.Feeder) -> Tuple[RunPlan, Optional[Dict[str, Any]]]:
+  """GAMMA='auto' (and a tree's TREE_WIDTH='auto'): the pilot, run before
+  the timed decode, and the plan at the chosen γ (and k), with the
+  pilot's record; otherwise the plan as it is and None."""
+  args = plan.args
+  if decode_modes.mode_of(args).branches and (args.auto_gamma or
+                                              args.auto_tree_width):
+    gamma_auto = auto_tree.pilot_tree_shape(plan, feed)  # (γ, k)
+    return plan.with_gamma(
+        gamma_auto["chosen_gamma"],
+        tree_width=gamma_auto["chosen_tree_width"]), (gamma_auto)
+  if args.auto_gamma:
+    pilot = plan.with_gamma(auto_gamma.AUTO_GAMMA_PILOT)
+    gamma_auto = auto_gamma.pilot_gamma(pilot, feed)
+    return plan.with_gamma(gamma_auto["chosen_gamma"]), gamma_auto
+  return plan, None
+
+
 def run_walltime(plan: RunPlan, feed: multihost.Feeder,
                  examples: Sequence[Dict[str, Any]], data_info: Dict[str, Any],
-                 on_result: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
-  """MODE='walltime' end to end: γ (GAMMA='auto'), compile, decode, text,
+                 on_result: Callable[[Dict[str, Any]], None],
+                 gamma_auto: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+  """MODE='walltime' end to end at the plan's γ (chosen before: see
+  `choose_shape`, whose record `gamma_auto` is): compile, decode, text,
   rows, step costs, metrics; predictions.jsonl written as batches finish,
   then metrics.json (a sweep takes it as "done").
 
   `on_result(metrics)` is called before anything is written (the summary:
   a failed write loses no result). Returns metrics.json's dict.
   """
-  gamma_auto = None
   mode = decode_modes.mode_of(plan.args)
-  if mode.branches and (plan.args.auto_gamma or plan.args.auto_tree_width):
-    gamma_auto = auto_tree.pilot_tree_shape(plan, feed)  # (γ, k)
-    plan = plan.with_gamma(gamma_auto["chosen_gamma"],
-                           tree_width=gamma_auto["chosen_tree_width"])
-  elif plan.args.auto_gamma:
-    pilot = plan.with_gamma(auto_gamma.AUTO_GAMMA_PILOT)
-    gamma_auto = auto_gamma.pilot_gamma(pilot, feed)
-    plan = plan.with_gamma(gamma_auto["chosen_gamma"])
   compile_s = compile_decoders(feed, plan.baseline, plan.speculative, plan.rng)
   out = plan.args.output_dir
   writer = predictions.PredictionsWriter(out, multihost.is_first())
