@@ -1,0 +1,31 @@
+"""The device check: one command that checks and measures the project on a
+lent GPU (issue 47; docs/usage/gpu.md).
+
+`scripts/device_check.sh` installs carried wheels if any, puts the
+repository on the path (no install, no network: gin, seqio and TensorFlow
+are never imported) and runs `python -m specdec_jax.device_check`, which
+runs four phases, each in a child process under a time cap, and writes
+$OUT/device_check.json after each (a phase killed at its cap keeps what it
+had measured):
+
+* `env`: the machine, versions, the copy and matmul ceilings, and that the
+  CPU-only parts (the CPU matmul kernel, XLA:CPU compiler options) stay off
+  the GPU path; a CPU-only setting on a GPU is a one-line error;
+* `exactness`: greedy identity and a whole-decoder two-sample chi-square
+  (with a power check against a deliberately wrong target) for the token,
+  block, tree and speculative-beam modes at tiny shapes;
+* `pretrained`: the shipped 38M + 1M pair on the main job's 60 captions:
+  greedy identity (60/60) and the main job's speedup;
+* `physics`: a T5-XXL-shaped target and T5-small/base/large-shaped drafts
+  (random bfloat16 weights made on the device): c, the K-token call, the
+  tree call and the speculative-beam call in steps, and Theorem 3.8 for
+  each of the paper's Table 2 rows.
+
+`--small` runs the same phases at tiny shapes on a CPU. Modules: `cli`
+(the command line, the phases as child processes), `common` (settings,
+random weights on the device, records), `env`, `exactness`,
+`pretrained_pair`, `physics`, `stats` (the chi-square test, Table 2's rows,
+Theorem 3.8's table), `summary` (verdicts, the last lines), `preflight`
+(whether the working tree fits a device call). Nothing in
+`specdec_jax.core` imports this package.
+"""

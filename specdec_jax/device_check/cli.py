@@ -1,0 +1,202 @@
+"""`python -m specdec_jax.device_check`: the command line and the phases.
+
+The parent process never imports JAX (it would take the GPU): it runs each
+phase (`common.PHASES`) as a child process of this same module
+(`--phase=NAME`) under the phase's time cap, kills a child that overruns
+it, and merges the child's JSON (written after every step, so a killed
+phase keeps what it measured) into OUT/device_check.json after every
+phase. A phase gets min(its cap, what is left of the total); the last
+takes what is left. Exit status: 0 when every phase ran and every check
+held, 1 when a check failed or a phase did not finish, 2 on a bad setting
+(one line, before anything is measured).
+"""
+import argparse
+import datetime
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Sequence
+
+from specdec_jax import compilation_cache
+from specdec_jax import io_utils
+from specdec_jax.device_check import common
+from specdec_jax.device_check import preflight
+from specdec_jax.device_check import summary
+
+PROGRAM = "device_check"
+RESULT_FILE = "device_check.json"
+SCHEMA = "specdec_jax.device_check/1"
+_GRACE_S = 10.0  # A child's own deadline ends this much before its cap.
+_MIN_PHASE_S = 15.0  # A phase with less than this left is skipped.
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(
+      prog=f"python -m specdec_jax.{PROGRAM}",
+      description="Checks and measures the project on this machine's "
+      "accelerator (docs/usage/gpu.md).")
+  p.add_argument("--small", action="store_true",
+                 help="the same phases at tiny shapes (a CPU, < 1 min)")
+  p.add_argument(
+      "--out", default=os.environ.get("OUT") or "/tmp/specdec_jax/device_check",
+      help="folder for device_check.json (default: $OUT)")
+  p.add_argument("--phases", default=",".join(common.PHASES),
+                 help="comma-separated subset of " + ",".join(common.PHASES))
+  p.add_argument(
+      "--total_s", type=float, default=None,
+      help="the whole check's time budget in seconds (default: "
+      "the mode's)")
+  p.add_argument("--preflight", action="store_true",
+                 help="no JAX: whether the working tree fits a device run")
+  p.add_argument("--carry", default="",
+                 help="with --preflight: comma-separated carried paths")
+  # Internal: one phase, in a child process.
+  p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
+  p.add_argument("--phase_json", default=None, help=argparse.SUPPRESS)
+  p.add_argument("--cap_s", type=float, default=None, help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+  bad = [x for x in phases if x not in common.PHASES]
+  if bad or not phases:
+    p.error(f"--phases={args.phases!r}: allowed: a comma-separated subset "
+            f"of {','.join(common.PHASES)}.")
+  if args.total_s is not None and not args.total_s > 0:
+    p.error(f"--total_s={args.total_s!r}: allowed: a number > 0.")
+  args.phases = [x for x in common.PHASES if x in phases]
+  return args
+
+
+# ---------------------------------------------------------------------------
+# A child: one phase.
+# ---------------------------------------------------------------------------
+def run_phase(name: str, mode: str, json_path: str, cap_s: float) -> int:
+  """Runs phase `name` in this process; returns its exit status."""
+  settings = common.settings_for(mode)
+  if mode == "small":  # Reruns on a CPU compile nothing (as `run` does).
+    compilation_cache.enable()
+  record = common.Recorder(json_path)
+  deadline = common.Deadline(max(cap_s - _GRACE_S, 1.0))
+  module = importlib.import_module(f"specdec_jax.device_check.{_MODULES[name]}")
+  try:
+    ok = module.run(settings, record, deadline)
+  except Exception as e:  # pylint: disable=broad-except
+    line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    record.set("error", line)
+    if isinstance(e, common.SettingsError):
+      print(f"{PROGRAM}: error: {e}", file=sys.stderr, flush=True)
+      return 2
+    traceback.print_exc()
+    return 3
+  record.set("ok", bool(ok))
+  return 0 if ok else 1
+
+
+_MODULES = {
+    "env": "env",
+    "exactness": "exactness",
+    "pretrained": "pretrained_pair",
+    "physics": "physics"
+}
+_STATUS = {0: "ok", 1: "check failed", 2: "bad setting", 3: "crashed"}
+
+
+# ---------------------------------------------------------------------------
+# The parent: every phase, each in a child under its cap.
+# ---------------------------------------------------------------------------
+def _child(name: str, mode: str, cap_s: float) -> Dict[str, Any]:
+  """Runs one phase in a child process; returns its record and status."""
+  fd, path = tempfile.mkstemp(prefix=f"device_check_{name}_", suffix=".json")
+  os.close(fd)
+  os.unlink(path)
+  cmd = [
+      sys.executable, "-m", f"specdec_jax.{PROGRAM}", "--phase", name,
+      "--phase_json", path, "--cap_s",
+      str(cap_s)
+  ] + (["--small"] if mode == "small" else [])
+  start = time.perf_counter()
+  try:
+    code: Optional[int] = subprocess.run(cmd, check=False,
+                                         timeout=cap_s).returncode
+    status = _STATUS.get(code, f"exit {code}")
+  except subprocess.TimeoutExpired:
+    code, status = None, "timed out"
+  data: Dict[str, Any] = {}
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+    os.unlink(path)
+  return {
+      "record": data,
+      "status": {
+          "status": status,
+          "exit_code": code,
+          "cap_s": cap_s,
+          "seconds": time.perf_counter() - start,
+          "error": data.get("error")
+      }
+  }
+
+
+def _caps(settings: common.Settings, phases: List[str],
+          total_s: float) -> Dict[str, float]:
+  """Nominal caps; the last phase's is the total."""
+  caps = {p: min(settings.caps_s[p], total_s) for p in phases}
+  caps[phases[-1]] = total_s
+  return caps
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+  """Runs the phases; writes OUT/device_check.json after each."""
+  mode = "small" if args.small else "full"
+  settings = common.settings_for(mode)
+  total_s = args.total_s or settings.total_s
+  os.makedirs(args.out, exist_ok=True)
+  path = os.path.join(args.out, RESULT_FILE)
+  report: Dict[str, Any] = {
+      "schema": SCHEMA,
+      "mode": mode,
+      "argv": sys.argv[1:],
+      "started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+      "total_s": total_s,
+      "phases": {}
+  }
+  io_utils.write_json(path, report)
+  caps, begin = _caps(settings, args.phases, total_s), time.perf_counter()
+  for name in args.phases:
+    cap = min(caps[name], total_s - (time.perf_counter() - begin))
+    if cap < _MIN_PHASE_S:
+      report["phases"][name] = {"status": "skipped (time)", "cap_s": cap}
+      common.log(f"phase {name}: skipped, {cap:.0f} s left")
+      continue
+    common.log(f"phase {name}: start (cap {cap:.0f} s)")
+    done = _child(name, mode, cap)
+    report[name], report["phases"][name] = done["record"], done["status"]
+    report["verdicts"] = summary.verdicts(report)
+    io_utils.write_json(path, report)
+    common.log(f"phase {name}: {done['status']['status']} in "
+               f"{done['status']['seconds']:.1f} s")
+    if done["status"]["exit_code"] == 2:
+      break  # A bad setting: nothing else would mean anything.
+  report["seconds"] = time.perf_counter() - begin
+  report["verdicts"] = summary.verdicts(report)
+  io_utils.write_json(path, report)
+  print(summary.format_summary(report))
+  print(f"wrote {path}")
+  if any(s.get("exit_code") == 2 for s in report["phases"].values()):
+    return 2
+  return 0 if report["verdicts"]["all_ok"] else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  args = parse_args(argv)
+  if args.preflight:
+    return preflight.main([c for c in args.carry.split(",") if c])
+  if args.phase:
+    return run_phase(args.phase, "small" if args.small else "full",
+                     args.phase_json, args.cap_s or 60.0)
+  return orchestrate(args)

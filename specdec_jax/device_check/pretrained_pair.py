@@ -1,0 +1,212 @@
+"""The shipped main pair on this backend: greedy identity and the speedup.
+
+What `python -m specdec_jax.run --gin_file=pretrained_multi30k.gin` runs
+(the README's main job), without gin, seqio or the run harness (the GPU
+image has none of them): the 38M Multi30k target and its distilled 1M
+draft from `pretrained/multi30k/` (T5X's Orbax layout, read by
+`checkpoints.load_t5x_params`; each model's shapes from the
+`model_config.json` its export wrote, which the tests hold to the gin
+files), the captions of `configs/data/captions_en_de.tsv` encoded with the
+pair's SentencePiece model (ids, then EOS, cut to 64 tokens: as
+`tasks.encode_batch`), one caption per batch (run.gin's BATCH_SIZE), γ = 3,
+greedy, 48 tokens at most.
+
+* identity: per caption, the speculative decoder's tokens against the
+  target alone's (must be 60/60). If they differ at the backend's default
+  matmul precision, again at 'highest', both reported.
+* main job: the walltime of decoding every caption with each decoder, in
+  interleaved rounds (alternating which goes first), compilation excluded
+  (one untimed caption each first): speedup = median over rounds of target
+  alone / speculative; α, tokens per call, c and the verification call's
+  cost (`timing.call_seconds`, as `run` prices them) and Theorem 3.8 at the
+  measured α and c.
+"""
+import json
+import os
+import time
+from typing import Any, Dict, List, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from specdec_jax import analysis
+from specdec_jax import checkpoints
+from specdec_jax import paths
+from specdec_jax import timing
+from specdec_jax.core import decoding
+from specdec_jax.core import sampling
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import param_shapes
+from specdec_jax.device_check import common
+from specdec_jax.device_check import stats
+
+# gin/pretrained_multi30k.gin's values (tests/test_device_check.py).
+PAIR_DIR = paths.REPO_DIR / "pretrained" / "multi30k"
+TARGET_DIR = PAIR_DIR / "target_38m"
+DRAFT_DIR = PAIR_DIR / "draft_1m_distill_38m"
+SPM_MODEL = PAIR_DIR / "multi30k.model"
+SOURCE_FILE = paths.REPO_DIR / "configs" / "data" / "captions_en_de.tsv"
+GAMMA = 3
+EOS_ID = 1
+
+
+def load_model(directory: os.PathLike) -> Tuple[T5Model, str]:
+  """(the model in `directory`'s latest checkpoint, prepared for decoding;
+  the checkpoint's path)."""
+  ckpt = checkpoints.latest_checkpoint(str(directory)) or str(directory)
+  with open(os.path.join(ckpt, "model_config.json"), encoding="utf-8") as f:
+    config = T5Config(**json.load(f))
+  params = checkpoints.load_t5x_params(ckpt,
+                                       expected=param_shapes(config)["params"],
+                                       dtype=config.dtype)
+  return T5Model(config, {"params": params}).prepared_for_decoding(), ckpt
+
+
+def encode_captions(count: int, input_length: int) -> np.ndarray:
+  """[count, input_length] int32: the first `count` captions' ids + EOS."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  processor = spm.SentencePieceProcessor()
+  processor.LoadFromSerializedProto(SPM_MODEL.read_bytes())
+  with open(SOURCE_FILE, encoding="utf-8") as f:
+    sources = [line.split("\t")[0] for line in f if line.strip()]
+  out = np.zeros((count, input_length), np.int32)
+  for i, text in enumerate(sources[:count]):
+    ids = list(processor.EncodeAsIds(text))[:input_length - 1] + [EOS_ID]
+    out[i, :len(ids)] = ids
+  return out
+
+
+def _decoders(target, draft, max_len: int):
+  base = decoding.baseline_decoder(target, max_decode_length=max_len,
+                                   method=sampling.Greedy(), eos_id=EOS_ID)
+  spec = decoding.speculative_decoder(target, draft, gamma=GAMMA,
+                                      max_decode_length=max_len,
+                                      method=sampling.Greedy(), eos_id=EOS_ID)
+  return base, spec
+
+
+def _decode_all(decode, batches: Sequence[np.ndarray]) -> List[Any]:
+  rng = jax.random.PRNGKey(0)
+  return jax.block_until_ready([decode(b, rng) for b in batches])
+
+
+def _identity(target, draft, batches, max_len: int) -> Dict[str, Any]:
+  base, spec = _decoders(target, draft, max_len)
+  a = np.concatenate([np.asarray(o.tokens) for o in _decode_all(base, batches)])
+  b = np.concatenate([np.asarray(o.tokens) for o in _decode_all(spec, batches)])
+  same = np.all(a == b, axis=1)
+  return {
+      "examples": int(len(same)),
+      "identical": int(same.sum()),
+      "differing_examples": [int(i) for i in np.flatnonzero(~same)],
+  }
+
+
+def identity(target, draft, batches, max_len: int) -> Dict[str, Any]:
+  """Greedy speculative vs target-alone tokens for every caption."""
+  result = {"default_precision": _identity(target, draft, batches, max_len)}
+  ok = result["default_precision"]
+  if ok["identical"] != ok["examples"]:
+    with jax.default_matmul_precision("highest"):
+      result["highest_precision"] = _identity(target, draft, batches, max_len)
+    ok = result["highest_precision"]
+  result["all_identical"] = ok["identical"] == ok["examples"]
+  return result
+
+
+def _statistics(outputs: Sequence[Any]) -> Dict[str, float]:
+  """α̂ and tokens per call over all captions' speculative outputs."""
+  runs = [o.statistics() for o in outputs]
+  kept = sum(
+      sum(k * n for k, n in enumerate(r["accepted_histogram"])) for r in runs)
+  trials = sum(r["acceptance_trials"] for r in runs)
+  tokens = sum(r["tokens_generated"] for r in runs)
+  calls = sum(r["target_calls"] for r in runs)
+  return {
+      "alpha": kept / max(trials, 1),
+      "tokens_per_target_call": tokens / max(calls, 1),
+      "tokens_generated": tokens,
+  }
+
+
+def main_job(s: common.Settings, target, draft, batches,
+             deadline: common.Deadline) -> Dict[str, Any]:
+  """The main job's speedup: interleaved rounds, compilation excluded."""
+  base, spec = _decoders(target, draft, s.max_decode_length)
+  _decode_all(base, batches[:1])  # Compiles (the one input shape).
+  _decode_all(spec, batches[:1])
+  times: Dict[str, List[float]] = {"baseline": [], "speculative": []}
+  outs = None
+  for r in range(s.rounds):
+    if r and not deadline.allows(2.5 * sum(times["baseline"]) / r):
+      break
+    order = ("baseline", "speculative") if r % 2 == 0 else ("speculative",
+                                                            "baseline")
+    for name in order:
+      start = time.perf_counter()
+      result = _decode_all(base if name == "baseline" else spec, batches)
+      times[name].append(time.perf_counter() - start)
+      if name == "speculative":
+        outs = result
+  measured = _statistics(outs)
+  tokens = measured["tokens_generated"]
+  fill = min(max(1, tokens // len(batches)), s.max_decode_length - 1)
+  seconds = timing.call_seconds(
+      {
+          "target": (target, 1),
+          "draft": (draft, 1),
+          "verify": (target, GAMMA + 1)
+      }, batches[0], fill=fill, cache_len=s.max_decode_length + GAMMA + 1,
+      steps=4 * s.inner_steps, repeats=s.repeats + 2)
+  c = seconds["draft"] / seconds["target"]
+  call_cost = seconds["verify"] / seconds["target"]
+  alpha = min(max(measured["alpha"], 0.0), 1.0)
+  return {
+      "rounds": len(times["baseline"]),
+      "baseline_s": times["baseline"],
+      "speculative_s": times["speculative"],
+      "speedup": stats.median_ratio(times["baseline"], times["speculative"]),
+      **measured,
+      "gamma": GAMMA,
+      "target_step_ms": seconds["target"] * 1e3,
+      "draft_step_ms": seconds["draft"] * 1e3,
+      "c": c,
+      "verification_call_cost": call_cost,
+      "theorem_3_8": float(analysis.expected_speedup(alpha, GAMMA, c)),
+      "theorem_3_8_with_call_cost": float(
+          analysis.expected_speedup(alpha, GAMMA, c, call_cost=call_cost)),
+  }
+
+
+def run(s: common.Settings, record: common.Recorder,
+        deadline: common.Deadline) -> bool:
+  """The phase; True if the greedy outputs are identical on every caption."""
+  start = time.perf_counter()
+  target, target_ckpt = load_model(TARGET_DIR)
+  draft, draft_ckpt = load_model(DRAFT_DIR)
+  inputs = encode_captions(s.examples, s.input_length)
+  batches = [inputs[i:i + 1] for i in range(len(inputs))]
+  record.set(
+      "pair", {
+          "target": os.path.relpath(target_ckpt, paths.REPO_DIR),
+          "draft": os.path.relpath(draft_ckpt, paths.REPO_DIR),
+          "target_params": target.config.num_params,
+          "draft_params": draft.config.num_params,
+          "examples": len(batches),
+          "max_decode_length": s.max_decode_length,
+          "gamma": GAMMA,
+          "load_s": time.perf_counter() - start,
+          "packed_for_cpu_kernel": target.is_packed
+      })
+  common.log("pretrained: greedy identity")
+  same = identity(target, draft, batches, s.max_decode_length)
+  record.set("identity", same)
+  if deadline.allows(10.0):
+    common.log("pretrained: main job speedup (interleaved rounds)")
+    record.set(
+        "main_job",
+        common.guarded(lambda: main_job(s, target, draft, batches, deadline)))
+  else:
+    record.set("main_job", {"skipped": "time cap"})
+  return bool(same["all_identical"])
