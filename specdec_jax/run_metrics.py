@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional
 METRICS_FILE = "metrics.json"  # `RunMetrics`, written last: "done"
 PREDICTIONS_FILE = "predictions.jsonl"  # one record per example
 ALPHA_FILE = "alpha.json"  # MODE='alpha': Corollary 3.6's estimate
+INFER_FILE = "infer.json"  # MODE='infer': what was decoded, how fast
 
 
 class MetricsError(ValueError):

@@ -24,7 +24,7 @@ from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import values
 
 ConfigError = gin_utils.ConfigError
-MODES = ("walltime", "alpha")
+MODES = ("walltime", "alpha", "infer")
 # GAMMA='auto': γ chosen by the run (`experiment.auto_gamma`); with
 # ACCEPTANCE='tree', GAMMA and/or TREE_WIDTH 'auto': (γ, k) chosen by the
 # run (`experiment.auto_tree`).
@@ -101,8 +101,10 @@ class RunArguments:
     task_name: the task's label in metrics.json and the report.
     target_name: the target's label in metrics.json (e.g. 'xxl').
     draft_name: the draft's label in metrics.json (e.g. 'small').
-    mode: 'walltime' (both decoders, timed) or 'alpha' (α only,
-      Corollary 3.6: alpha.json, no walltimes).
+    mode: 'walltime' (both decoders, timed), 'alpha' (α only,
+      Corollary 3.6: alpha.json, no walltimes) or 'infer' (the speculative
+      decoder only, as T5X's infer.py: predictions.jsonl in T5X's form and
+      infer.json; no baseline decode, no pricing).
     mesh_shape: the (data, model) device mesh, e.g. (1, 4) shards the
       models over 4 chips.
     overwrite: True lets a run replace the metrics.json / alpha.json of a

@@ -38,8 +38,8 @@ SETTINGS_FILE = ".specdec.settings.json"
 PARTIAL_PREDICTIONS_FILE = "." + run_metrics.PREDICTIONS_FILE + ".partial"
 PREDICTIONS_FILES = (run_metrics.PREDICTIONS_FILE, PARTIAL_PREDICTIONS_FILE)
 # Every file a run's results are in, whole or partial (the OVERWRITE rule).
-RESULT_FILES = (run_metrics.METRICS_FILE,
-                run_metrics.ALPHA_FILE) + PREDICTIONS_FILES
+RESULT_FILES = (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE,
+                run_metrics.INFER_FILE) + PREDICTIONS_FILES
 # Arguments that do not make a run's results different.
 NOT_SETTINGS = ("output_dir", "overwrite", "mode", "compile_topology")
 
@@ -50,6 +50,8 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
   run_args = {
       k: v for k, v in dataclasses.asdict(args).items() if k not in NOT_SETTINGS
   }
+  if args.mode == "infer":  # its predictions.jsonl rows are T5X's form
+    run_args["mode"] = args.mode
   if (args.drafting
       == drafter_registry.DrafterSettings(ngram_corpus=args.ngram_corpus) and
       args.lenience == 1):

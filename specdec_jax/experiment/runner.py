@@ -4,7 +4,8 @@
 life: `output_dir.check_output_dir`), reads this process's slice of the
 examples and shares them (`multihost`), loads the models (`plan.loaded`),
 and hands everything to the mode: `walltime.run_walltime` (both decoders
-timed, metrics.json) or MODE='alpha' (alpha.json).
+timed, metrics.json), MODE='alpha' (alpha.json) or MODE='infer' (the
+speculative decoder only: `infer.run_infer`, infer.json).
 """
 import dataclasses
 import os
@@ -19,6 +20,7 @@ from specdec_jax import paths
 from specdec_jax import run_metrics
 from specdec_jax import tasks
 from specdec_jax.experiment import alpha as alpha_mode
+from specdec_jax.experiment import infer
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import output_dir as output_dir_lib
 from specdec_jax.experiment import predictions
@@ -75,6 +77,10 @@ def execute(plan: RunPlan, *, on_result: Optional[OnResult] = None,
     multihost.barrier("models_loaded")
     if plan.args.mode == "alpha":
       return _run_alpha(plan, models, data, on_result), models
+    if plan.args.mode == "infer":  # the speculative decoder only
+      loaded, _ = walltime.choose_shape(plan.loaded(models), data.feed)
+      return infer.run_infer(loaded, data.feed, data.examples, data.info,
+                             on_result), models
     # Every choice (GAMMA='auto', TREE_WIDTH='auto') is made before the
     # timed decode starts.
     loaded, gamma_auto = walltime.choose_shape(plan.loaded(models), data.feed)

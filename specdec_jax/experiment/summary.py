@@ -155,6 +155,24 @@ def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
   return lines
 
 
+def _infer_lines(metrics: Dict[str, Any]) -> List[str]:
+  """MODE='infer': what was decoded, how fast, how well."""
+  lines = [
+      f"inference: {metrics['num_examples']} examples decoded speculatively "
+      f"({metrics['decode_mode']}) in {metrics['decode_s']:.1f} s "
+      f"({metrics['tokens_per_second']:.0f} tokens/s, compilation "
+      f"{metrics['compile_time_s']:.1f} s apart); alpha "
+      f"{metrics['alpha']:.2f}, {metrics['tokens_per_target_call']:.2f} "
+      "tokens per target call; no baseline decode (MODE='walltime' measures "
+      "the speedup)"
+  ]
+  for name, value in (metrics.get("quality") or {}).items():
+    words = (", ".join(f"{k} {v:.2f}" for k, v in value.items()) if isinstance(
+        value, dict) else f"{value:.2f}")
+    lines.append(f"quality: {name.upper()} {words}")
+  return lines
+
+
 def _alpha_line(metrics: Dict[str, Any]) -> str:
   """Corollary 3.6's α of a MODE='alpha' run."""
   return (f"alpha {metrics['alpha_beta']:.3f} ± "
@@ -201,15 +219,19 @@ def summary_lines(metrics: Dict[str, Any],
     args: the run's arguments.
   """
   temp = args.temperature
-  head = (f"{metrics.get('task', 'run')}: target {args.target_name or '?'},"
-          f" draft {metrics.get('draft_model') or args.draft_name or '?'}, " +
-          (f"γ={_gamma_words(metrics, args)}, "
-           if args.mode == "walltime" else "") + _search_words(args) + ", "
-          f"{metrics['num_examples']} examples")
+  head = (
+      f"{metrics.get('task', 'run')}: target {args.target_name or '?'},"
+      f" draft {metrics.get('draft_model') or args.draft_name or '?'}, " +
+      (f"γ={_gamma_words(metrics, args)}, " if args.mode != "alpha" else "") +
+      _search_words(args) + ", "
+      f"{metrics['num_examples']} examples")
   out = args.output_dir
   if args.mode == "alpha":
     body = [_alpha_line(metrics)]
     files = [run_metrics.ALPHA_FILE]
+  elif args.mode == "infer":
+    body = _infer_lines(metrics)
+    files = [run_metrics.PREDICTIONS_FILE, run_metrics.INFER_FILE]
   else:
     body = _walltime_lines(metrics, temp)
     files = [run_metrics.METRICS_FILE, run_metrics.PREDICTIONS_FILE]
