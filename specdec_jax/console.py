@@ -35,6 +35,7 @@ _TF_IMPORT_NOISE = re.compile(
     r"|cuda_(dnn|fft|blas)\.cc.*Unable to register cu(DNN|FFT|BLAS) factory"
     r"|computation_placer\.cc.*already registered"
     r"|cpu_feature_guard\.cc.*This TensorFlow binary is optimized"
+    r"|port\.cc.*oneDNN custom operations are on"
     r"|^To enable the following instructions: .* rebuild TensorFlow")
 
 

@@ -20,6 +20,12 @@ TF_NOISE = [
     "E0000 00:00:1795382625.1 1 cuda_dnn.cc:8310] Unable to register cuDNN "
     "factory: Attempting to register factory for plugin cuDNN when one has "
     "already been registered\n",
+    # Issue 44: twice on every command.
+    "I0000 00:00:1795781022.363320    4366 port.cc:153] oneDNN custom "
+    "operations are on. You may see slightly different numerical results due "
+    "to floating-point round-off errors from different computation orders. "
+    "To turn them off, set the environment variable "
+    "`TF_ENABLE_ONEDNN_OPTS=0`.\n",
 ]
 REAL = "E0000 00:00:1795382625.1 1 some_op.cc:1] disk full\n"
 
