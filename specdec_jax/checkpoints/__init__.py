@@ -30,12 +30,15 @@ when ``shardings`` are given (`reads`). `save` writes T5X's Orbax layout.
 
 Public names (``from specdec_jax import checkpoints``): `load_t5x_params`,
 `save_params`, `list_checkpoints`, `latest_checkpoint`, `checkpoint_step`,
-`CheckpointError`.
+`CheckpointError`, and from a checkpoint folder alone (its
+`model_config.json`): `model_config`, `load_model`.
 """
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import checkpoint_step
 from specdec_jax.checkpoints.layout import latest_checkpoint
 from specdec_jax.checkpoints.layout import list_checkpoints
+from specdec_jax.checkpoints.model_folder import load_model
+from specdec_jax.checkpoints.model_folder import model_config
 from specdec_jax.checkpoints.restore import load_t5x_params
 from specdec_jax.checkpoints.save import save_params
 
@@ -46,4 +49,6 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "checkpoint_step",
+    "load_model",
+    "model_config",
 ]

@@ -21,7 +21,6 @@ greedy, 48 tokens at most.
   cost (`timing.call_seconds`, as `run` prices them) and Theorem 3.8 at the
   measured α and c.
 """
-import json
 import os
 import time
 from typing import Any, Dict, List, Sequence, Tuple
@@ -35,9 +34,7 @@ from specdec_jax import paths
 from specdec_jax import timing
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
-from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
-from specdec_jax.core.models import param_shapes
 from specdec_jax.device_check import common
 from specdec_jax.device_check import stats
 
@@ -55,12 +52,7 @@ def load_model(directory: os.PathLike) -> Tuple[T5Model, str]:
   """(the model in `directory`'s latest checkpoint, prepared for decoding;
   the checkpoint's path)."""
   ckpt = checkpoints.latest_checkpoint(str(directory)) or str(directory)
-  with open(os.path.join(ckpt, "model_config.json"), encoding="utf-8") as f:
-    config = T5Config(**json.load(f))
-  params = checkpoints.load_t5x_params(ckpt,
-                                       expected=param_shapes(config)["params"],
-                                       dtype=config.dtype)
-  return T5Model(config, {"params": params}).prepared_for_decoding(), ckpt
+  return checkpoints.load_model(ckpt), ckpt
 
 
 def encode_captions(count: int, input_length: int) -> np.ndarray:
