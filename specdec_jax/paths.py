@@ -2,10 +2,12 @@
 
 Gin files name data, vocabularies and output folders by paths relative to the
 repository (``../shared/data/multi30k``, ``outputs/multi30k/target``), yet a
-command may run from any directory. `resolve_path` takes such a path from the
-current directory if it exists there, else from the repository root, so the
-defaults mean the same from anywhere; absolute paths and URLs (``gs://``) are
-kept as they are.
+command may run from any directory. One rule, for every command, gin value
+and sweep file (`resolve_path`): a relative path is the current directory's
+if it exists there, else the repository's if it exists there (the shipped
+data, models and configs mean the same from anywhere), else the current
+directory's (what a run creates never lands in the checkout unless you run
+from it). Absolute paths and URLs (``gs://``) are kept as they are.
 """
 import os
 import pathlib
@@ -33,7 +35,8 @@ def resolve_path(path: Optional[PathLike],
 
   Returns:
     A URL or absolute path as given; a relative path (after `base`) from the
-    current directory if it exists there, else from `REPO_DIR`.
+    current directory if it exists there, else from `REPO_DIR` if it
+    exists there, else from the current directory (a path to create).
   """
   if path is None:
     return None
@@ -42,6 +45,6 @@ def resolve_path(path: Optional[PathLike],
     path = os.path.join(os.fspath(base), path)
   if is_url(path) or os.path.isabs(path):
     return path
-  if os.path.exists(path):
+  if os.path.exists(path) or not os.path.exists(REPO_DIR / path):
     return os.path.abspath(path)
   return os.path.normpath(REPO_DIR / path)

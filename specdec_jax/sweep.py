@@ -51,6 +51,7 @@ from specdec_jax import compilation_cache
 from specdec_jax import console
 from specdec_jax import gin_macros
 from specdec_jax import gin_utils
+from specdec_jax import paths
 from specdec_jax import io_utils
 from specdec_jax import multihost
 from specdec_jax.experiment import arguments
@@ -134,7 +135,9 @@ def _product(grid: Dict[str, List[Any]],
 
 
 def load_sweep_file(path: str) -> List[Dict[str, Any]]:
-  """Points of a YAML sweep file (see module docstring)."""
+  """Points of a YAML sweep file (see module docstring); a relative path
+  as `paths.resolve_path` reads it (here, else the repository's)."""
+  path = paths.resolve_path(path)
   if not os.path.exists(path):
     raise SweepError(f"sweep file {path!r} does not exist.")
   try:

@@ -217,3 +217,14 @@ def test_soak_script_points_are_the_gamma_seed_grid():
       "SEED": s
   } for s, g in [(0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (1, 1), (1, 2)]]
   assert len(soak.points(1000)) == 1000
+
+
+def test_a_sweep_file_is_found_from_any_directory(tmp_path, monkeypatch):
+  """The README's Regenerate command names configs/...yaml: from another
+  directory it is the repository's (issue 44: it was looked up in the
+  current directory only)."""
+  monkeypatch.chdir(tmp_path)
+  points = sweep.parse_sweep_args(["configs/table2_multi30k_distilled.yaml"])
+  assert points and all(isinstance(p, dict) for p in points)
+  with pytest.raises(sweep.SweepError, match="does not exist"):
+    sweep.parse_sweep_args(["configs/no_such_sweep.yaml"])

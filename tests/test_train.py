@@ -478,8 +478,13 @@ def test_relative_paths_cwd_then_repository(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   (tmp_path / "here").mkdir()
   assert paths.resolve_path("here") == str(tmp_path / "here")
-  assert paths.resolve_path("outputs/x") == str(paths.REPO_DIR / "outputs" /
-                                                "x")
+  # What exists only in the repository is read from it...
+  assert paths.resolve_path("configs/data/captions_en_de.tsv") == str(
+      paths.REPO_DIR / "configs" / "data" / "captions_en_de.tsv")
+  # ...and what exists nowhere is created here, never in the checkout
+  # (issue 44: MODEL_DIR='outputs/...' wrote into it).
+  assert paths.resolve_path("outputs/nowhere_x") == str(tmp_path / "outputs" /
+                                                        "nowhere_x")
   assert paths.resolve_path("../shared/data/multi30k") == str(
       paths.REPO_DIR.parent / "shared" / "data" / "multi30k")
   assert paths.resolve_path("/abs/x") == "/abs/x"
