@@ -3,6 +3,7 @@ import dataclasses
 import json
 
 import flax
+import jax
 import gin
 import jax.numpy as jnp
 import pytest
@@ -90,3 +91,92 @@ def test_the_run_is_certified_and_a_planted_bug_is_caught(tmp_path):
   assert all(m["position"] >= 0 for m in identity["mismatches"])
   assert bad["verdict"].startswith("NOT certified: identity ")
   json.dumps(bad)  # certificate.json's content
+
+
+def _verdict(rng, target_probs, draft_probs, draft_tokens, late=False,
+             unclipped=False):
+  """Algorithm 1's steps on the given p, with a planted change: `late`, the
+  token after n kept guesses drawn at position n + 2; `unclipped`, the
+  residual norm(|p - q|) instead of norm(max(0, p - q))."""
+  accept_rng, residual_rng = jax.random.split(rng)
+  kept = sampling.leading_accepted(
+      sampling.acceptance_mask(accept_rng, target_probs, draft_probs,
+                               draft_tokens))
+  at = jnp.minimum(kept + 1, draft_tokens.shape[1]) if late else kept
+  probs = target_probs
+  if unclipped:  # residual_sample clips p' - q = |p - q| at 0: a no-op
+    q = jnp.pad(draft_probs, ((0, 0), (0, 1), (0, 0)))
+    probs = jnp.abs(target_probs - q) + q
+  token = sampling.residual_sample(residual_rng, probs, draft_probs, at,
+                                   draft_tokens)
+  return Verdict(kept, token, target_probs, None)
+
+
+@flax.struct.dataclass
+class _Planted(acceptance.ExactAcceptance):
+  """The peers' verifier bugs (issue 46), one per `bug`."""
+  bug: str = flax.struct.field(pytree_node=False, default="")
+
+  def __call__(self, rng, target_logits, draft_tokens, draft_probs, method):
+    if self.bug == "top_p_before_temperature":  # nucleus of the T = 1 probs
+      nucleus = sampling.Sampling(1.0, 0,
+                                  method.top_p).standardize(target_logits) > 0
+      tempered = jax.nn.softmax(target_logits / method.temperature, axis=-1)
+      p = tempered * nucleus
+      p = p / p.sum(-1, keepdims=True)
+    elif self.bug == "top_k_on_q_only":  # p without the draft's top-k
+      p = sampling.Sampling(method.temperature, 0,
+                            method.top_p).standardize(target_logits)
+    else:
+      p = method.standardize(target_logits)
+    return _verdict(rng, p, draft_probs, draft_tokens,
+                    late=self.bug == "bonus_off_by_one",
+                    unclipped=self.bug == "residual_without_max")
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlantedMode(decode_modes.TokenMode):
+  description: str = "a planted bug"
+  own_settings: tuple = ("acceptance",)
+
+  def acceptance_rule(self, args):
+    return _Planted(bug=self.name)
+
+
+# Each bug with sampling settings under which it changes the output.
+PLANTED = {  # (bindings, draws of 8 tokens: 1,000 missed the residual's)
+    "top_p_before_temperature": (["TEMPERATURE = 0.5", "TOPP = 0.7"], 1000),
+    "top_k_on_q_only": (["TEMPERATURE = 1.0", "TOPK = 3"], 1000),
+    "residual_without_max": (["TEMPERATURE = 1.0"], 2000),
+    "bonus_off_by_one": (["TEMPERATURE = 1.0"], 2000),
+}
+
+
+def _pair_args(bindings):
+  gin.clear_config()
+  gin_utils.parse_gin(["pretrained_multi30k.gin"],
+                      ["OUTPUT_DIR = '/tmp/unused_certify'", *bindings],
+                      finalize=False)
+  return arguments.run_arguments()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_certify_fails_each_planted_sampling_bug(bug):
+  """The shipped pair with a verifier bug the peers shipped: the
+  distribution test fails (p < 0.001) while its power check holds; the
+  same settings with Algorithm 1 pass (tested once, with the first bug's
+  settings). 2,000 draws of 2 tokens each."""
+  bindings, samples = PLANTED[bug]
+  settings = certificate.CertifySettings(length=8, samples=samples,
+                                         chunk=samples)
+  decode_modes.register(_PlantedMode(name=bug))
+  try:
+    record, _ = certificate.distribution_test(
+        _pair_args([*bindings, f"ACCEPTANCE = '{bug}'"]), settings)
+  finally:
+    decode_modes.SAMPLING.pop(bug)
+  assert not record["passed"], record["test"]
+  if bug == sorted(PLANTED)[0]:
+    exact, _ = certificate.distribution_test(_pair_args(bindings), settings)
+    assert exact["passed"] and exact["power_ok"], exact
