@@ -277,7 +277,7 @@ def test_readme_main_job_runs_and_prints_what_the_readme_shows(tmp_path):
   # The theory shown is Theorem 3.8 at the measured call cost (issue 44:
   # at call cost 1 it read 7.13x beside a measured 2.51x).
   theory = f"{metrics['theoretical_speedup_measured_call_cost']:.2f}x)"
-  assert f"(theory at the measured call cost {theory}" in lines[1]
+  assert f"theory at the measured call cost {theory}; alpha" in lines[1]
   assert lines[2].startswith("quality: BLEU ")
   assert metrics["random_weights"] is False
   assert (out / "metrics.json").is_file()
