@@ -43,9 +43,9 @@ class _BuggyMode(decode_modes.TokenMode):
     return _BonusOffByOne()
 
 
-def _args(bindings):
+def _args(bindings, gin_file="local_tiny.gin"):
   gin.clear_config()
-  gin_utils.parse_gin(["local_tiny.gin"],
+  gin_utils.parse_gin([gin_file],
                       ["OUTPUT_DIR = '/tmp/unused_certify'", *bindings],
                       finalize=False)
   return arguments.run_arguments()
@@ -153,11 +153,7 @@ PLANTED = {  # (bindings, draws of 8 tokens: 1,000 missed the residual's)
 
 
 def _pair_args(bindings):
-  gin.clear_config()
-  gin_utils.parse_gin(["pretrained_multi30k.gin"],
-                      ["OUTPUT_DIR = '/tmp/unused_certify'", *bindings],
-                      finalize=False)
-  return arguments.run_arguments()
+  return _args(bindings, "pretrained_multi30k.gin")
 
 
 @pytest.mark.slow

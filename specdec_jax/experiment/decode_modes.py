@@ -77,12 +77,22 @@ class DecodeMode:
       self, args: Any, target: Any, drafter: Any, gamma: int,
       acceptance: Optional[decoding.AcceptanceRule]) -> Tuple[Decoder, Decoder]:
     """(the target alone, speculative), checked once."""
-    method = args.method()
-    baseline = decoding.baseline_decoder(
-        target, max_decode_length=args.max_decode_length, method=method)
-    return baseline, decoding.speculative_decoder(
+    return (self.baseline_decoder(args, target),
+            self.speculative_decoder(args, target, drafter, gamma, acceptance))
+
+  def baseline_decoder(self, args: Any, target: Any) -> Decoder:
+    """The target alone, sampling as the run does."""
+    return decoding.baseline_decoder(target,
+                                     max_decode_length=args.max_decode_length,
+                                     method=args.method())
+
+  def speculative_decoder(
+      self, args: Any, target: Any, drafter: Any, gamma: int,
+      acceptance: Optional[decoding.AcceptanceRule]) -> Decoder:
+    """The speculative loop with `acceptance`."""
+    return decoding.speculative_decoder(
         decoding.speculative_target(target, drafter), drafter, gamma=gamma,
-        max_decode_length=args.max_decode_length, method=method,
+        max_decode_length=args.max_decode_length, method=args.method(),
         acceptance=acceptance)
 
   def cache_rows(self, args: Any) -> int:
@@ -178,15 +188,12 @@ class TreeMode(DecodeMode):
           "per branch every call; allowed: ADAPTIVE_THRESHOLD=None with "
           "'tree'.")
 
-  def decoders(self, args, target, drafter, gamma, acceptance):
+  def speculative_decoder(self, args, target, drafter, gamma, acceptance):
     del acceptance  # `tree_decoder` makes its own rule
-    method = args.method()
-    baseline = decoding.baseline_decoder(
-        target, max_decode_length=args.max_decode_length, method=method)
-    return baseline, decoding.tree_decoder(
+    return decoding.tree_decoder(
         decoding.speculative_target(target, drafter), drafter, gamma=gamma,
         tree_width=args.tree_width, max_decode_length=args.max_decode_length,
-        method=method, without_replacement=args.tree_without_replacement)
+        method=args.method(), without_replacement=args.tree_without_replacement)
 
   def label(self, args):
     return f" tree k={args.tree_width}"
@@ -231,12 +238,14 @@ class BeamMode(DecodeMode):
     beam_settings.check_rules(args)
     _check_drafter(self, args, "the draft model runs its own beam search")
 
-  def decoders(self, args, target, drafter, gamma, acceptance):
+  def baseline_decoder(self, args, target):
+    return beam_decoders.beam_decoder(target, beam_size=args.beam_size,
+                                      max_decode_length=args.max_decode_length,
+                                      alpha=args.beam_alpha)
+
+  def speculative_decoder(self, args, target, drafter, gamma, acceptance):
     del acceptance  # the target replays its own beam steps
-    baseline = beam_decoders.beam_decoder(
-        target, beam_size=args.beam_size,
-        max_decode_length=args.max_decode_length, alpha=args.beam_alpha)
-    return baseline, beam_decoders.speculative_beam_decoder(
+    return beam_decoders.speculative_beam_decoder(
         target, drafter, beam_size=args.beam_size, gamma=gamma,
         max_decode_length=args.max_decode_length, alpha=args.beam_alpha,
         width=beam_settings.width(args), num_rows=beam_settings.rows(args))

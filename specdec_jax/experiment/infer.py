@@ -17,6 +17,7 @@ from absl import logging
 import jax
 import numpy as np
 
+from specdec_jax import analysis
 from specdec_jax import multihost
 from specdec_jax import quality as quality_lib
 from specdec_jax import run_metrics
@@ -86,13 +87,10 @@ def run_infer(plan: RunPlan, feed: multihost.Feeder,
                         decode_s, compile_s, data_info)
   on_result(record)
 
-  def write():
-    writer.finish(len(examples))
-    predictions.write_result(
-        os.path.join(out, run_metrics.INFER_FILE), record,
-        f"the summary above and {run_metrics.PREDICTIONS_FILE} (complete)")
-
-  multihost.run_on_first("write", write)
+  multihost.run_on_first(
+      "write",
+      lambda: predictions.publish(writer, len(
+          examples), os.path.join(out, run_metrics.INFER_FILE), record))
   return record
 
 
@@ -114,9 +112,6 @@ def infer_record(plan: RunPlan, examples: Sequence[Dict[str, Any]],
   """infer.json's dict: what was decoded, how fast, how well."""
   args = plan.args
   mode = decode_modes.mode_of(args)
-  kept = float(np.arange(len(histogram)) @ histogram)
-  trials = float(
-      np.minimum(np.arange(len(histogram)) + 1, args.gamma) @ histogram)
   references = [e.get("reference") for e in examples]
   quality = None
   if all(r is not None for r in references):
@@ -133,7 +128,7 @@ def infer_record(plan: RunPlan, examples: Sequence[Dict[str, Any]],
       "tokens_generated": tokens,
       "target_calls": calls,
       "tokens_per_target_call": tokens / max(calls, 1),
-      "alpha": kept / max(trials, 1.0),
+      "alpha": analysis.alpha_from_acceptance_counts(histogram, args.gamma),
       "decode_s": decode_s,
       "compile_time_s": compile_s,
       "tokens_per_second": tokens / max(decode_s, 1e-9),

@@ -171,6 +171,16 @@ class PredictionsWriter:
         pass
 
 
+def publish(writer: PredictionsWriter, total: int, path: str,
+            record: Dict[str, Any]) -> None:
+  """predictions.jsonl (`writer`, `total` rows), then the result file
+  `path`: written last, a sweep's "done" marker."""
+  writer.finish(total)
+  write_result(
+      path, record, f"the summary above and {run_metrics.PREDICTIONS_FILE} "
+      "(complete)")
+
+
 def write_result(path: str, record: Dict[str, Any], kept: str) -> None:
   """io_utils.write_json; a failure names the file and what was kept."""
   try:

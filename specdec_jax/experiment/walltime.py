@@ -260,13 +260,10 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
                              data_info, plan.settings, gamma_auto).to_dict()
   on_result(metrics)
 
-  def write():
-    writer.finish(len(examples))
-    predictions.write_result(
-        os.path.join(out, run_metrics.METRICS_FILE), metrics,
-        f"the summary above and {run_metrics.PREDICTIONS_FILE} (complete)")
-
-  multihost.run_on_first("write", write)  # the others wait for it
+  multihost.run_on_first(  # the others wait for it
+      "write",
+      lambda: predictions.publish(writer, len(
+          examples), os.path.join(out, run_metrics.METRICS_FILE), metrics))
   if steps is None:
     logging.info("speedup %.2fx, alpha %.3f; wrote %s", metrics["speedup"],
                  metrics["alpha"], out)
