@@ -34,6 +34,7 @@ import numpy as np
 
 from specdec_jax.core import decoding
 from specdec_jax.core import kernels
+from specdec_jax.core.decoding.programs import LoopProgram
 
 
 @functools.partial(jax.jit, static_argnames=("max_len",))
@@ -42,9 +43,9 @@ def start(model, encoder_input_tokens, *, max_len):
   return model.start(encoder_input_tokens, max_len)
 
 
-# The speculative loop's parts update caches in place as it does (XLA:CPU's
-# option; other backends ignore it); `call_loop` prices steps and
-# verification calls with XLA's defaults, as before.
+# The speculative loop's parts update caches in place as it does on XLA:CPU
+# (its option, given on the CPU only: `LoopProgram`); `call_loop` prices
+# steps and verification calls with XLA's defaults, as before.
 _IN_PLACE = kernels.CPU_IN_PLACE_COMPILER_OPTIONS
 
 
@@ -194,10 +195,8 @@ def speculative_state_at(target, drafter, encoder_input_tokens, target_cache,
                                         length=length), length=length)
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "method", "steps"),
-                   compiler_options=_IN_PLACE)
-def propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma, method,
-                 steps):
+def _propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma, method,
+                  steps):
   """`steps` drafter.propose calls (γ draft steps each) at length fill(+1).
 
   Args:
@@ -222,11 +221,8 @@ def propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma, method,
   return jax.lax.fori_loop(0, steps, body, (draft_state, jnp.float32(0.0)))
 
 
-@functools.partial(
-    jax.jit, static_argnames=("gamma", "max_decode_length", "method", "steps"),
-    compiler_options=_IN_PLACE)
-def iteration_loop(target, drafter, acceptance, state, fill, rng, eos_id, *,
-                   gamma, max_decode_length, method, steps):
+def _iteration_loop(target, drafter, acceptance, state, fill, rng, eos_id, *,
+                    gamma, max_decode_length, method, steps):
   """`steps` full speculative iterations, each from length fill(+1).
 
   Args:
@@ -248,6 +244,11 @@ def iteration_loop(target, drafter, acceptance, state, fill, rng, eos_id, *,
                                           method=method)
 
   return jax.lax.fori_loop(0, steps, body, state)
+
+
+propose_loop = LoopProgram(_propose_loop, ("gamma", "steps"), _IN_PLACE)
+iteration_loop = LoopProgram(_iteration_loop,
+                             ("gamma", "max_decode_length", "steps"), _IN_PLACE)
 
 
 class InterleavedTimer:

@@ -124,9 +124,8 @@ def test_new_inputs_and_eos_do_not_recompile(greedy_setup):
   for fn, kwargs in ((decoding.temperature_sample, {}),
                      (decoding.speculative_sample, dict(drafter=draft,
                                                         gamma=3))):
-    jitted = (
-        loops._baseline_program()  # pylint: disable=protected-access
-        if fn is decoding.temperature_sample else loops._speculative_program())  # pylint: disable=protected-access
+    jitted = (loops.BASELINE_PROGRAM if fn is decoding.temperature_sample else
+              loops.SPECULATIVE_PROGRAM).jitted()
 
     def run(x, e, seed, fn=fn, kwargs=kwargs):
       return fn(target, encoder_input_tokens=x, rng=jax.random.PRNGKey(seed),
@@ -251,10 +250,8 @@ def no_compile(monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("compiled/ran before validating arguments")
 
-  monkeypatch.setattr(loops, "_jit_speculative_loop", fail)
-  monkeypatch.setattr(loops, "_jit_speculative_loop_cpu", fail)
-  monkeypatch.setattr(loops, "_jit_temperature_loop", fail)
-  monkeypatch.setattr(loops, "_jit_temperature_loop_cpu", fail)
+  monkeypatch.setattr(loops, "SPECULATIVE_PROGRAM", fail)
+  monkeypatch.setattr(loops, "BASELINE_PROGRAM", fail)
 
 
 @pytest.mark.parametrize("kwargs,name", [
@@ -505,8 +502,14 @@ def test_speculative_sample_uses_the_cpu_program_on_cpu():
   # XLA:CPU compiles the speculative loop with its own options (Eigen on the
   # calling thread); other backends keep XLA's defaults.
   assert jax.default_backend() == "cpu"
-  assert loops._speculative_program() is loops._jit_speculative_loop_cpu  # pylint: disable=protected-access
-  assert loops._baseline_program() is loops._jit_temperature_loop_cpu  # pylint: disable=protected-access
+  assert loops.SPECULATIVE_PROGRAM.options() == (
+      kernels.CPU_SPECULATIVE_COMPILER_OPTIONS)
+  assert loops.BASELINE_PROGRAM.options() == (
+      kernels.CPU_BASELINE_COMPILER_OPTIONS)
+  # Other backends compile with XLA's defaults.
+  assert loops.SPECULATIVE_PROGRAM.options("gpu") == {}
+  assert loops.SPECULATIVE_PROGRAM.jitted() is (
+      loops.SPECULATIVE_PROGRAM.jitted("cpu"))
   assert kernels.CPU_SPECULATIVE_COMPILER_OPTIONS == {
       "xla_cpu_multi_thread_eigen": False,
       "xla_cpu_copy_insertion_use_region_analysis": True

@@ -51,9 +51,9 @@ def test_speculative_loop_copies_no_cache():
   shape = _cache_shape(target, inputs, MAX_LEN + GAMMA + 1)
   default = jax.jit(
       loops.speculative_loop,
-      static_argnames=("gamma", "max_decode_length", "method", "statistics"))
+      static_argnames=("gamma", "max_decode_length", "statistics"))
   assert while_body_copies(
       default.lower(*args, **kwargs).compile().as_text(), shape) > 0
-  cpu = loops._speculative_program()  # pylint: disable=protected-access
+  cpu = loops.SPECULATIVE_PROGRAM.jitted()
   assert while_body_copies(
       cpu.lower(*args, **kwargs).compile().as_text(), shape) == 0

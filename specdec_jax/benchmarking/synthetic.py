@@ -66,13 +66,13 @@ def expected_accepted(alpha: float, gamma: int) -> Tuple[float, float]:
   return mean, float(np.sum((k - mean)**2 * prob))
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("gamma", "max_decode_length", "method"))
+@functools.partial(jax.jit, static_argnames=("gamma", "max_decode_length"))
 def speculative_loop(target, drafter, encoder_input_tokens, rng, alpha, eos_id,
                      *, gamma, max_decode_length, method):
   """`decoding.speculative_loop` with `SyntheticAcceptance(alpha)`, jitted.
 
-  alpha is traced: one compilation per γ serves every α.
+  alpha and the method's values are traced: one compilation per γ serves
+  every α and temperature.
   """
   return decoding.speculative_loop(target, drafter, encoder_input_tokens, rng,
                                    eos_id, gamma=gamma,

@@ -31,10 +31,24 @@ Array = jax.Array
 class SamplingMethod(abc.ABC):
   """How a token is drawn from a model's logits.
 
-  Implementations are frozen dataclasses: hashable, so the decode loops take
-  them as static `jax.jit` arguments (one compilation per method), and
-  validated in `__post_init__`, so nothing is re-checked while tracing.
+  Implementations are frozen dataclasses validated in `__post_init__`, so
+  nothing is re-checked while tracing, and pytrees (registered here for
+  every subclass), so the decode loops take them as `jax.jit` arguments.
+  A subclass that defines `tree_flatten` / `tree_unflatten` (as
+  `sampling.Sampling` does) makes its values leaves: a sweep over
+  temperatures compiles once. Any other subclass is all static (no
+  leaves; the object itself, hashable, is the tree's static part): one
+  compilation per distinct method, as for a static argument.
   """
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    if "tree_flatten" in cls.__dict__:
+      jax.tree_util.register_pytree_node(cls, cls.tree_flatten,
+                                         cls.tree_unflatten)
+    else:
+      jax.tree_util.register_pytree_node(cls, _static_flatten,
+                                         _static_unflatten)
 
   @property
   @abc.abstractmethod
@@ -62,6 +76,15 @@ class SamplingMethod(abc.ABC):
   def sample(self, rng: Array, logits: Array) -> Array:
     """Tokens [...] int32 drawn from logits [..., V]."""
     return self.draw(rng, logits)[0]
+
+
+def _static_flatten(method: SamplingMethod):
+  return (), method
+
+
+def _static_unflatten(method: SamplingMethod, leaves) -> SamplingMethod:
+  del leaves  # None: the method is all static.
+  return method
 
 
 # ---------------------------------------------------------------------------

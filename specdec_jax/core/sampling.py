@@ -5,11 +5,18 @@ Both target p and draft q go through the same standardization, so that
 the target alone would sample from with the same temperature/top-k/top-p.
 
 A *sampling method* (`Greedy()`, `Sampling(temperature, top_k, top_p)`) is a
-small frozen, hashable object, validated once when it is built: the decode
-loops take it as a static argument and ask it for `standardize(logits)`,
-`draw(rng, logits)` and `is_greedy` instead of carrying three loose scalars.
+small frozen object, validated once when it is built: the decode loops take
+it as an argument and ask it for `standardize(logits)`, `draw(rng, logits)`
+and `is_greedy` instead of carrying three loose scalars.
 `make_method(temperature, top_k, top_p)` builds one from the gin macros'
 values (temperature 0 is `Greedy()`).
+
+`Sampling` is a pytree whose leaves are its three values, so a loop compiled
+for one temperature, top-k or top-p runs every other without recompiling
+(a γ × temperature sweep compiles once per γ). What changes the program is
+static: greedy or not, and whether top-k and top-p filter at all (k > 0,
+p < 1); a filter that is on costs its passes over the vocabulary even when
+its value keeps every token (k >= V).
 """
 import dataclasses
 import math
@@ -57,7 +64,7 @@ class Greedy(SamplingMethod):
     return True
 
   def standardize(self, logits: Array) -> Array:
-    return _standardize(logits, 0.0, 0, 1.0)
+    return _one_hot_argmax(logits)
 
   def draw(self, rng: Array, logits: Array) -> Tuple[Array, None]:
     del rng  # Deterministic.
@@ -75,10 +82,18 @@ class Sampling(SamplingMethod):
 
   Temperature is applied first, then top-k on the scaled logits, then top-p
   on the resulting probabilities (see `standardize`).
+
+  A pytree: the three values are leaves (traced inside a jitted loop: no
+  recompilation when they change), and whether top-k and top-p filter at
+  all is its static part, decided here from the concrete values.
   """
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
+  # (top-k filters, top-p filters): static, so set from concrete values.
+  _filters: Tuple[bool,
+                  bool] = dataclasses.field(default=(False, False), init=False,
+                                            repr=False, compare=False)
 
   def __post_init__(self):
     validate_sampling_args(self.temperature, self.top_k, self.top_p)
@@ -91,13 +106,30 @@ class Sampling(SamplingMethod):
     object.__setattr__(self, "temperature", float(self.temperature))
     object.__setattr__(self, "top_k", int(self.top_k))
     object.__setattr__(self, "top_p", float(self.top_p))
+    object.__setattr__(self, "_filters", (self.top_k > 0, self.top_p < 1.0))
+
+  def tree_flatten(self):
+    return (self.temperature, self.top_k, self.top_p), self._filters
+
+  @classmethod
+  def tree_unflatten(cls, filters, values):
+    # No __post_init__: the values may be tracers (they were validated when
+    # the method was built).
+    method = object.__new__(cls)
+    for name, value in zip(("temperature", "top_k", "top_p"), values):
+      object.__setattr__(method, name, value)
+    object.__setattr__(method, "_filters", filters)
+    return method
 
   @property
   def is_greedy(self) -> bool:
     return False
 
   def standardize(self, logits: Array) -> Array:
-    return _standardize(logits, self.temperature, self.top_k, self.top_p)
+    top_k_filters, top_p_filters = self._filters
+    return _scaled_filtered(logits, self.temperature,
+                            self.top_k if top_k_filters else None,
+                            self.top_p if top_p_filters else None)
 
   def draw(self, rng: Array, logits: Array) -> Tuple[Array, Array]:
     probs = self.standardize(logits)
@@ -137,25 +169,38 @@ def standardize(logits: Array, temperature: float = 1.0, top_k: int = 0,
     [..., V] float32 probabilities that sum to 1 along the last axis.
   """
   validate_sampling_args(temperature, top_k, top_p)
-  return _standardize(logits, float(temperature), int(top_k), float(top_p))
-
-
-def _standardize(logits: Array, temperature: float, top_k: int,
-                 top_p: float) -> Array:
-  """`standardize` without the argument checks (the methods validated)."""
-  logits = logits.astype(jnp.float32)
-  vocab = logits.shape[-1]
   if temperature == 0.0:
-    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
-  logits = logits / temperature
-  if 0 < top_k < vocab:
+    return _one_hot_argmax(logits)
+  vocab = logits.shape[-1]
+  return _scaled_filtered(logits, float(temperature),
+                          int(top_k) if 0 < top_k < vocab else None,
+                          float(top_p) if top_p < 1.0 else None)
+
+
+def _one_hot_argmax(logits: Array) -> Array:
+  """Temperature 0's distribution: [..., V] float32 one-hot at the argmax."""
+  return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1],
+                        dtype=jnp.float32)
+
+
+def _scaled_filtered(logits: Array, temperature, top_k, top_p) -> Array:
+  """`standardize` at temperature > 0 without the argument checks.
+
+  Args:
+    logits: [..., V].
+    temperature: > 0, a Python float or a traced [] scalar.
+    top_k: the k to keep (>= 1, concrete or traced), or None: no top-k.
+    top_p: the nucleus mass (concrete or traced), or None: no top-p.
+  """
+  logits = logits.astype(jnp.float32) / temperature
+  if top_k is not None:
     # The k-th largest logit, found without a sort (see `_largest_key_where`).
     keys = _order_keys(logits)
     kth = _largest_key_where(lambda t: jnp.sum(keys >= t, axis=-1) >= top_k,
                              keys.shape[:-1])
     logits = jnp.where(keys >= kth[..., None], logits, -jnp.inf)
   probs = jax.nn.softmax(logits, axis=-1)
-  if top_p < 1.0:
+  if top_p is not None:
     # Keep the smallest set of most likely tokens whose mass reaches top_p
     # (and every token tied with the least likely of them): everything at
     # least as likely as the largest threshold t with mass(p >= t) >= top_p.

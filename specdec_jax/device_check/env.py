@@ -123,15 +123,12 @@ def gpu_awareness() -> Dict[str, object]:
   packed = exactness.tiny_models(16, 1, 0.9)[0].is_packed
   # `decoding.tree_loop` is also a function's name: the module by its name.
   tree_loop = importlib.import_module("specdec_jax.core.decoding.tree_loop")
-  # pylint: disable=protected-access
   cpu_variants = {
-      "baseline_loop": loops._baseline_program() is
-                       loops._jit_temperature_loop_cpu,
-      "speculative_loop": loops._speculative_program() is
-                          loops._jit_speculative_loop_cpu,
-      "tree_loop": tree_loop._program() is tree_loop._jit_tree_loop_cpu,
+      name: bool(program.options())
+      for name, program in (("baseline_loop", loops.BASELINE_PROGRAM),
+                            ("speculative_loop", loops.SPECULATIVE_PROGRAM),
+                            ("tree_loop", tree_loop.TREE_PROGRAM))
   }
-  # pylint: enable=protected-access
   try:
     fn = jax.jit(lambda v: v * 2.0,
                  compiler_options=kernels.CPU_SPECULATIVE_COMPILER_OPTIONS)

@@ -4,7 +4,6 @@ Sample from the target, then average β = Σ_x min(p(x), q(x)) over the
 positions of those samples (`alpha.json`): cheap enough to run for many
 (task, draft, temperature) settings.
 """
-import functools
 from typing import Any, Dict
 
 import jax
@@ -19,9 +18,9 @@ from specdec_jax.experiment import arguments
 from specdec_jax.core.models import T5Model
 
 
-@functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p"))
+@jax.jit
 def beta_per_position(target: T5Model, draft: T5Model, inputs, outputs, lengths,
-                      temperature, top_k, top_p):
+                      method: sampling.SamplingMethod):
   """β_t = Σ_x min(p_t(x), q_t(x)) along target-generated outputs [B, T].
 
   Both models read the same teacher-forced prefixes (the target's samples),
@@ -35,8 +34,8 @@ def beta_per_position(target: T5Model, draft: T5Model, inputs, outputs, lengths,
   logits_p = target.teacher_forced_logits(inputs, decoder_inputs, ones)
   # A shared-encoder draft (`SharedEncoderModel`) reads the target's encoder.
   logits_q = draft.teacher_forced_logits(inputs, decoder_inputs, ones)
-  p = sampling.standardize(logits_p, temperature, top_k, top_p)
-  q = sampling.standardize(logits_q, temperature, top_k, top_p)
+  p = method.standardize(logits_p)
+  q = method.standardize(logits_q)
   return sampling.acceptance_beta(p, q), valid
 
 
@@ -44,8 +43,6 @@ def sampled_betas(args: arguments.RunArguments, feed: multihost.Feeder,
                   target: T5Model, draft: T5Model) -> np.ndarray:
   """[positions] β at every position of target samples, over all batches."""
   rng = jax.random.PRNGKey(args.seed)
-  sample = dict(temperature=args.temperature, top_k=args.top_k,
-                top_p=args.top_p)
   method = args.method()
   betas = []
   for i, (batch, keep) in enumerate(feed.batches()):
@@ -53,7 +50,7 @@ def sampled_betas(args: arguments.RunArguments, feed: multihost.Feeder,
                                       max_decode_length=args.max_decode_length,
                                       method=method)
     beta, valid = beta_per_position(target, draft, batch, out.tokens,
-                                    out.lengths, **sample)
+                                    out.lengths, method)
     beta, valid = multihost.to_host((beta, valid))  # every row
     beta, valid = np.asarray(beta)[keep], np.asarray(valid)[keep]
     betas.append(beta[valid])

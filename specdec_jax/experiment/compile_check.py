@@ -256,7 +256,7 @@ class Compiler:
     """`decoding.temperature_loop`, jitted here (TPU options only)."""
     compiled, secs = _compile(decoding.temperature_loop,
                               *self._loop_args(target),
-                              static=("max_decode_length", "method"),
+                              static=("max_decode_length",),
                               max_decode_length=self.shapes.max_decode_length,
                               method=method)
     return program_record(compiled, secs)
@@ -267,7 +267,7 @@ class Compiler:
     target_, inputs, rng, eos = self._loop_args(target)
     compiled, secs = _compile(
         decoding.speculative_loop, target_, drafter, inputs, rng, eos,
-        static=("gamma", "max_decode_length", "method", "statistics"),
+        static=("gamma", "max_decode_length", "statistics"),
         gamma=self.shapes.gamma,
         max_decode_length=self.shapes.max_decode_length, method=method,
         acceptance=acceptance, statistics=True)
@@ -281,7 +281,7 @@ class Compiler:
     compiled, secs = _compile(
         decoding.tree_loop, target_,
         tree_drafters.as_tree_drafter(drafter, without_replacement), inputs,
-        rng, eos, static=("gamma", "width", "max_decode_length", "method"),
+        rng, eos, static=("gamma", "width", "max_decode_length"),
         gamma=self.shapes.gamma, width=self.shapes.tree_width,
         max_decode_length=self.shapes.max_decode_length, method=method)
     return program_record(compiled, secs)

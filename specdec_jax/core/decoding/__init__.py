@@ -7,7 +7,8 @@ One loop, four plug points:
 2. a **drafter** (`Drafter`: `init`, `propose`, `rollback`; see
    `specdec_jax.core.drafters`, e.g. `ModelDrafter(small_t5)`),
 3. a **sampling method** (`sampling.Greedy()`,
-   `sampling.Sampling(temperature, top_k, top_p)`: frozen, static),
+   `sampling.Sampling(temperature, top_k, top_p)`: frozen pytrees whose
+   values are traced),
 4. an **acceptance rule** (`ExactAcceptance()`, Algorithm 1; or
    `LenientAcceptance(l)`, Appendix A.5, not exact).
 

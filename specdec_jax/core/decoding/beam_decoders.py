@@ -13,7 +13,6 @@ element m steps (1 to γ+1) kept m - 1 of the γ steps the draft's beam
 search proposed, as a call of Algorithm 1 that emits m tokens kept m - 1
 guesses.
 """
-import functools
 from typing import Any, Optional
 
 import flax
@@ -25,13 +24,13 @@ from specdec_jax.core import kernels
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import speculative_beam
 from specdec_jax.core.decoding.checks import check_eos_id
+from specdec_jax.core.decoding.programs import LoopProgram
 from specdec_jax.core.decoding.checks import check_target
 from specdec_jax.core.decoding.checks import check_vocab_sizes
 
 Array = jax.Array
 # The speculative beam loop updates its caches in place on XLA:CPU
 # (`kernels`; the baseline keeps XLA's default); other backends ignore it.
-_IN_PLACE = kernels.CPU_IN_PLACE_COMPILER_OPTIONS
 
 
 @flax.struct.dataclass
@@ -100,19 +99,42 @@ def beam_decoder(target: Any, *, beam_size: int, max_decode_length: int,
   settings = dict(beam_size=int(beam_size),
                   max_decode_len=int(max_decode_length))
   alpha, eos = np.float32(alpha), np.int32(eos_id)
-
-  @jax.jit
-  def program(target, encoder_input_tokens):
-    out = beam_search.beam_search_loop(target, encoder_input_tokens, alpha, eos,
-                                       **settings)
-    return BeamDecodeOutput(tokens=out.best, lengths=_lengths(out.best),
-                            target_calls=out.element_steps)
+  program = BEAM_PROGRAM.jitted()
 
   def decode(encoder_input_tokens: Array, rng: Array) -> BeamDecodeOutput:
     del rng
-    return program(target, jnp.asarray(encoder_input_tokens, jnp.int32))
+    return program(target, jnp.asarray(encoder_input_tokens, jnp.int32), alpha,
+                   eos, **settings)
 
   return decode
+
+
+def _beam_run(target: Any, encoder_input_tokens: Array, alpha: Array,
+              eos_id: Array, *, beam_size: int,
+              max_decode_len: int) -> BeamDecodeOutput:
+  """The target's beam search, its top beam as a run reads it."""
+  out = beam_search.beam_search_loop(target, encoder_input_tokens, alpha,
+                                     eos_id, beam_size=beam_size,
+                                     max_decode_len=max_decode_len)
+  return BeamDecodeOutput(tokens=out.best, lengths=_lengths(out.best),
+                          target_calls=out.element_steps)
+
+
+def _speculative_beam_run(target: Any, draft: Any, encoder_input_tokens: Array,
+                          alpha: Array, eos_id: Array,
+                          **settings: int) -> SpeculativeBeamDecodeOutput:
+  """Speculative beam search, its top beam as a run reads it."""
+  out = speculative_beam.speculative_beam_loop(target, draft,
+                                               encoder_input_tokens, alpha,
+                                               eos_id, **settings)
+  return _as_run_output(out, settings["gamma"])
+
+
+BEAM_PROGRAM = LoopProgram(_beam_run, ("beam_size", "max_decode_len"))
+SPECULATIVE_BEAM_PROGRAM = LoopProgram(
+    _speculative_beam_run,
+    ("beam_size", "width", "gamma", "num_rows", "max_decode_len"),
+    kernels.CPU_IN_PLACE_COMPILER_OPTIONS)
 
 
 def speculative_beam_decoder(target: Any, draft: Any, *, beam_size: int,
@@ -143,17 +165,13 @@ def speculative_beam_decoder(target: Any, draft: Any, *, beam_size: int,
                   num_rows=int(num_rows), max_decode_len=int(max_decode_length))
   alpha, eos = np.float32(alpha), np.int32(eos_id)
 
-  @functools.partial(jax.jit, compiler_options=_IN_PLACE)
-  def program(target, draft, encoder_input_tokens):
-    out = speculative_beam.speculative_beam_loop(target, draft,
-                                                 encoder_input_tokens, alpha,
-                                                 eos, **settings)
-    return _as_run_output(out, settings["gamma"])
+  program = SPECULATIVE_BEAM_PROGRAM.jitted()
 
   def decode(encoder_input_tokens: Array,
              rng: Array) -> SpeculativeBeamDecodeOutput:
     del rng
-    return program(target, draft, jnp.asarray(encoder_input_tokens, jnp.int32))
+    return program(target, draft, jnp.asarray(encoder_input_tokens, jnp.int32),
+                   alpha, eos, **settings)
 
   return decode
 

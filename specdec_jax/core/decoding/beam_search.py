@@ -42,6 +42,7 @@ from jax import lax
 from specdec_jax.core.decoding.checks import check_encoder_inputs
 from specdec_jax.core.decoding.checks import check_eos_id
 from specdec_jax.core.decoding.checks import check_target
+from specdec_jax.core.decoding.programs import LoopProgram
 from specdec_jax.core.protocols import Target
 
 Array = jax.Array
@@ -351,8 +352,8 @@ def beam_search_loop(target: Target, encoder_input_tokens: Array, alpha: Array,
                     element_steps=element_steps)
 
 
-_jit_beam_search_loop = jax.jit(beam_search_loop,
-                                static_argnames=("beam_size", "max_decode_len"))
+BEAM_SEARCH_PROGRAM = LoopProgram(beam_search_loop,
+                                  ("beam_size", "max_decode_len"))
 
 
 def _is_int(value: Any) -> bool:
@@ -399,8 +400,7 @@ def beam_search(target: Target, encoder_input_tokens: Any, *, beam_size: int,
   check_target(target)
   check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   check_eos_id(eos_id)
-  return _jit_beam_search_loop(target,
-                               jnp.asarray(encoder_input_tokens,
-                                           jnp.int32), np.float32(alpha),
-                               np.int32(eos_id), beam_size=int(beam_size),
-                               max_decode_len=int(max_decode_len))
+  return BEAM_SEARCH_PROGRAM(target, jnp.asarray(encoder_input_tokens,
+                                                 jnp.int32), np.float32(alpha),
+                             np.int32(eos_id), beam_size=int(beam_size),
+                             max_decode_len=int(max_decode_len))

@@ -46,7 +46,7 @@ def baseline_decoder(target: Target, *, max_decode_length: int,
   check_eos_id(eos_id)
   eos, length = np.int32(eos_id), int(max_decode_length)
 
-  program = loops._baseline_program()  # pylint: disable=protected-access
+  program = loops.BASELINE_PROGRAM.jitted()
 
   def decode(encoder_input_tokens: jax.Array, rng: jax.Array):
     return program(target, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
@@ -75,7 +75,7 @@ def speculative_decoder(target: Target, drafter: Any, *, gamma: int,
   check_eos_id(eos_id)
   if not isinstance(statistics, bool):
     raise ValueError(f"statistics must be True or False, got {statistics!r}.")
-  program = loops._speculative_program()  # pylint: disable=protected-access
+  program = loops.SPECULATIVE_PROGRAM.jitted()
   rule = ExactAcceptance() if acceptance is None else acceptance
   eos, gamma, length = np.int32(eos_id), int(gamma), int(max_decode_length)
 

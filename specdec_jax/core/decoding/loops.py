@@ -2,8 +2,8 @@
 
 Both are single jitted programs with no host round trip per token, and know
 no concrete model: they call a `Target` (start / decode_chunk / truncate), a
-`Drafter` (init / propose / rollback), a sampling method (static) and an
-acceptance rule.
+`Drafter` (init / propose / rollback), a sampling method and an acceptance
+rule (pytrees: their values are traced).
 
 * `temperature_sample`: the walltime baseline, one target call per token in a
   `lax.while_loop` (the counterpart of T5X's `decoding.temperature_sample`).
@@ -46,6 +46,7 @@ from specdec_jax.core.decoding.checks import check_target
 from specdec_jax.core.decoding.checks import resolve_method
 from specdec_jax.core.decoding.outputs import DecodeOutput
 from specdec_jax.core.decoding.outputs import SpeculativeOutput
+from specdec_jax.core.decoding.programs import LoopProgram
 from specdec_jax.core.decoding.statistics import SpeculativeStatistics
 from specdec_jax.core.decoding.statistics import guess_beta
 from specdec_jax.core.drafters import guesses
@@ -185,17 +186,8 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
       lengths=state.length, target_calls=state.length)
 
 
-_jit_temperature_loop = jax.jit(temperature_loop,
-                                static_argnames=("max_decode_length", "method"))
-_jit_temperature_loop_cpu = jax.jit(
-    temperature_loop, static_argnames=("max_decode_length", "method"),
-    compiler_options=kernels.CPU_BASELINE_COMPILER_OPTIONS)
-
-
-def _baseline_program():
-  """The jitted baseline loop for the default backend."""
-  return (_jit_temperature_loop_cpu
-          if jax.default_backend() == "cpu" else _jit_temperature_loop)
+BASELINE_PROGRAM = LoopProgram(temperature_loop, ("max_decode_length",),
+                               kernels.CPU_BASELINE_COMPILER_OPTIONS)
 
 
 def temperature_sample(target: Target, encoder_input_tokens: Array, rng: Array,
@@ -231,11 +223,10 @@ def temperature_sample(target: Target, encoder_input_tokens: Array, rng: Array,
   check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   check_rng(rng)
   check_eos_id(eos_id)
-  return _baseline_program()(target, jnp.asarray(encoder_input_tokens,
-                                                 jnp.int32), rng,
-                             np.int32(eos_id),
-                             max_decode_length=int(max_decode_length),
-                             method=method)
+  return BASELINE_PROGRAM(target, jnp.asarray(encoder_input_tokens,
+                                              jnp.int32), rng, np.int32(eos_id),
+                          max_decode_length=int(max_decode_length),
+                          method=method)
 
 
 # ---------------------------------------------------------------------------
@@ -317,7 +308,7 @@ def speculative_iteration(target: Target, drafter: Drafter,
     s: the loop state.
     rng: the decode's PRNG key (the iteration number is folded in).
     eos_id: [] int32.
-    gamma, max_decode_length, method: static.
+    gamma, max_decode_length: static; method: the sampling method.
 
   Returns:
     The next state: each active row gained 1..γ+1 tokens; both models'
@@ -406,20 +397,11 @@ def speculative_loop(target: Target, drafter: Drafter,
       lengths=state.length, stats=state.stats)
 
 
-_SPECULATIVE_STATIC = ("gamma", "max_decode_length", "method", "statistics")
-_jit_speculative_loop = jax.jit(speculative_loop,
-                                static_argnames=_SPECULATIVE_STATIC)
 # XLA:CPU: per-program compiler options (`kernels.CPU_SPECULATIVE_COMPILER_
 # OPTIONS` says why the speculative loop differs from the baseline's).
-_jit_speculative_loop_cpu = jax.jit(
-    speculative_loop, static_argnames=_SPECULATIVE_STATIC,
-    compiler_options=kernels.CPU_SPECULATIVE_COMPILER_OPTIONS)
-
-
-def _speculative_program():
-  """The jitted speculative loop for the default backend."""
-  return (_jit_speculative_loop_cpu
-          if jax.default_backend() == "cpu" else _jit_speculative_loop)
+SPECULATIVE_PROGRAM = LoopProgram(speculative_loop,
+                                  ("gamma", "max_decode_length", "statistics"),
+                                  kernels.CPU_SPECULATIVE_COMPILER_OPTIONS)
 
 
 def speculative_sample(target: Target, drafter: Any,
@@ -471,7 +453,7 @@ def speculative_sample(target: Target, drafter: Any,
   check_eos_id(eos_id)
   if not isinstance(statistics, bool):
     raise ValueError(f"statistics must be True or False, got {statistics!r}.")
-  return _speculative_program()(
+  return SPECULATIVE_PROGRAM(
       target, drafter, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
       np.int32(eos_id), gamma=int(gamma),
       max_decode_length=int(max_decode_length), method=method,

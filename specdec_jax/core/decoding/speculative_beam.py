@@ -71,6 +71,7 @@ from specdec_jax.core.decoding.beam_candidates import run_draft
 from specdec_jax.core.decoding.checks import check_encoder_inputs
 from specdec_jax.core.decoding.checks import check_eos_id
 from specdec_jax.core.decoding.checks import check_target
+from specdec_jax.core.decoding.programs import LoopProgram
 from specdec_jax.core.decoding.checks import check_vocab_sizes
 from specdec_jax.core.drafters.model import start_model
 from specdec_jax.core.protocols import Target
@@ -364,11 +365,12 @@ def speculative_beam_loop(target: Target, draft: Target,
 
 
 # XLA:CPU copy insertion by region analysis (`kernels`): 176 -> 45 KB of
-# copies per iteration on the tiny test pair; other backends ignore it.
-_jit_speculative_beam_loop = jax.jit(
-    speculative_beam_loop, static_argnames=("beam_size", "width", "gamma",
-                                            "num_rows", "max_decode_len"),
-    compiler_options=kernels.CPU_IN_PLACE_COMPILER_OPTIONS)
+# copies per iteration on the tiny test pair; other backends compile
+# without it.
+SPECULATIVE_BEAM_LOOP_PROGRAM = LoopProgram(
+    speculative_beam_loop,
+    ("beam_size", "width", "gamma", "num_rows", "max_decode_len"),
+    kernels.CPU_IN_PLACE_COMPILER_OPTIONS)
 
 
 def _check_int(name: str, value: Any, low: int, high: int, what: str) -> None:
@@ -439,7 +441,7 @@ def speculative_beam_search(
         "real candidates.")
   check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   check_eos_id(eos_id)
-  return _jit_speculative_beam_loop(
+  return SPECULATIVE_BEAM_LOOP_PROGRAM(
       target, draft, jnp.asarray(encoder_input_tokens, jnp.int32),
       np.float32(alpha), np.int32(eos_id), beam_size=int(beam_size),
       width=int(width), gamma=int(gamma), num_rows=int(num_rows),

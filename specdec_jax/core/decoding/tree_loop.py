@@ -28,6 +28,7 @@ from specdec_jax.core.decoding.loops import _start_buffer
 from specdec_jax.core.decoding.loops import emit_verdict
 from specdec_jax.core.decoding.loops import EOS_ID
 from specdec_jax.core.decoding.loops import iteration_inputs
+from specdec_jax.core.decoding.programs import LoopProgram
 from specdec_jax.core.decoding.tree_acceptance import chain_parents
 from specdec_jax.core.decoding.tree_acceptance import path_nodes
 from specdec_jax.core.decoding.tree_acceptance import TreeAcceptance
@@ -191,11 +192,8 @@ def tree_loop(target: Any, drafter: TreeModelDrafter,
       trace_num_accepted=state.trace_num_accepted)
 
 
-_STATIC = ("gamma", "width", "max_decode_length", "method")
-_jit_tree_loop = jax.jit(tree_loop, static_argnames=_STATIC)
-_jit_tree_loop_cpu = jax.jit(
-    tree_loop, static_argnames=_STATIC,
-    compiler_options=kernels.CPU_SPECULATIVE_COMPILER_OPTIONS)
+TREE_PROGRAM = LoopProgram(tree_loop, ("gamma", "width", "max_decode_length"),
+                           kernels.CPU_SPECULATIVE_COMPILER_OPTIONS)
 
 
 def check_tree_args(target: Any, drafter: Any, *, gamma: Any, tree_width: Any,
@@ -237,11 +235,6 @@ def check_tree_args(target: Any, drafter: Any, *, gamma: Any, tree_width: Any,
   return drafter, method, rule
 
 
-def _program():
-  return _jit_tree_loop_cpu if jax.default_backend(
-  ) == "cpu" else _jit_tree_loop
-
-
 def tree_decoder(target: Any, drafter: Any, *, gamma: int, tree_width: int,
                  max_decode_length: int, method: sampling.SamplingMethod,
                  acceptance: Optional[AcceptanceRule] = None,
@@ -255,7 +248,7 @@ def tree_decoder(target: Any, drafter: Any, *, gamma: int, tree_width: int,
       top_k=None, top_p=None, acceptance=acceptance,
       without_replacement=without_replacement)
   checks.check_eos_id(eos_id)
-  program = _program()
+  program = TREE_PROGRAM.jitted()
   eos, settings = np.int32(eos_id), dict(
       gamma=int(gamma), width=int(tree_width),
       max_decode_length=int(max_decode_length), method=method)
@@ -308,8 +301,8 @@ def tree_speculative_sample(target: Any, drafter: Any,
   checks.check_encoder_inputs(encoder_input_tokens, target.vocab_size)
   checks.check_rng(rng)
   checks.check_eos_id(eos_id)
-  return _program()(target, drafter, jnp.asarray(encoder_input_tokens,
-                                                 jnp.int32), rng,
-                    np.int32(eos_id), gamma=int(gamma), width=int(tree_width),
-                    max_decode_length=int(max_decode_length), method=method,
-                    acceptance=rule)
+  return TREE_PROGRAM(target, drafter,
+                      jnp.asarray(encoder_input_tokens, jnp.int32), rng,
+                      np.int32(eos_id), gamma=int(gamma), width=int(tree_width),
+                      max_decode_length=int(max_decode_length), method=method,
+                      acceptance=rule)

@@ -1,0 +1,54 @@
+"""One jitted program per loop family, with XLA:CPU's options on the CPU only.
+
+Every decode loop (the baseline, speculative, tree, beam and speculative
+beam loops) is jitted the same way: its shape-setting arguments static
+(γ, widths, lengths), everything else traced (models, drafters, acceptance
+rules and sampling methods are pytrees: a new temperature, top-k, top-p or
+lenience reuses the compiled program), and the compiler options of
+`specdec_jax.core.kernels` applied only when the program runs on XLA:CPU.
+`LoopProgram` holds both jitted versions and picks one by backend.
+"""
+import dataclasses
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoopProgram:
+  """A decode loop jitted for the default backend.
+
+  Attributes:
+    loop: the traceable loop function.
+    static_argnames: its arguments that set shapes or control flow.
+    cpu_options: XLA:CPU compiler options (`kernels.CPU_*_OPTIONS`), used
+      only when the backend is the CPU; other backends compile with none.
+  """
+  loop: Callable[..., Any]
+  static_argnames: Tuple[str, ...]
+  cpu_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  # {options: the loop jitted with them}; filled on first use.
+  _jitted: Dict[Tuple[Tuple[str, Any], ...],
+                Callable[..., Any]] = dataclasses.field(default_factory=dict,
+                                                        init=False, repr=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "static_argnames", tuple(self.static_argnames))
+
+  def options(self, backend: Optional[str] = None) -> Dict[str, Any]:
+    """The compiler options the loop gets on `backend` (default: JAX's)."""
+    backend = jax.default_backend() if backend is None else backend
+    return dict(self.cpu_options) if backend == "cpu" else {}
+
+  def jitted(self, backend: Optional[str] = None) -> Callable[..., Any]:
+    """The loop jitted with the options for `backend` (default: JAX's)."""
+    options = self.options(backend)
+    key = tuple(sorted(options.items()))
+    if key not in self._jitted:
+      self._jitted[key] = jax.jit(self.loop,
+                                  static_argnames=self.static_argnames,
+                                  compiler_options=options or None)
+    return self._jitted[key]
+
+  def __call__(self, *args, **kwargs):
+    return self.jitted()(*args, **kwargs)
