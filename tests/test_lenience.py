@@ -252,7 +252,7 @@ def test_greedy_lenience_by_hand():
                           gamma=4, max_decode_length=8, eos_id=EOS)
   strict = run(acceptance=acceptance.LenientAcceptance(0.5))
   np.testing.assert_array_equal(strict.tokens, [path[:8]])
-  np.testing.assert_array_equal(strict.trace_num_accepted[0, :3], [2, 4, 0])
+  np.testing.assert_array_equal(strict.trace_num_accepted[0, :3], [2, 4, -1])
   loose = run(acceptance=acceptance.LenientAcceptance(0.3))
   np.testing.assert_array_equal(loose.tokens, [[2, 3, 6, 5, 6, 2, 3, 4]])
   np.testing.assert_array_equal(loose.trace_num_accepted[0, :2], [4, 3])

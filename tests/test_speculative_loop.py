@@ -68,8 +68,8 @@ def assert_trace(out, rows):
     np.testing.assert_array_equal(out.trace_draft_tokens[b, :n], drafts)
     np.testing.assert_array_equal(out.trace_num_accepted[b, :n], accepted)
     np.testing.assert_array_equal(out.trace_next_token[b, :n], nexts)
-    # Slots past the row's calls are never written.
-    assert not np.any(np.asarray(out.trace_num_accepted[b, n:]))
+    # Slots past the row's calls are never written (-1: no call).
+    assert np.all(np.asarray(out.trace_num_accepted[b, n:]) == -1)
     assert not np.any(np.asarray(out.trace_draft_tokens[b, n:]))
 
 

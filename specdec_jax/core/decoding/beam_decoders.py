@@ -24,6 +24,8 @@ from specdec_jax.core import kernels
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import speculative_beam
 from specdec_jax.core.decoding.checks import check_eos_id
+from specdec_jax.core.decoding.outputs import CallStatistics
+from specdec_jax.core.decoding.outputs import OneTokenPerCall
 from specdec_jax.core.decoding.programs import LoopProgram
 from specdec_jax.core.decoding.checks import check_target
 from specdec_jax.core.decoding.checks import check_vocab_sizes
@@ -34,7 +36,7 @@ Array = jax.Array
 
 
 @flax.struct.dataclass
-class BeamDecodeOutput:
+class BeamDecodeOutput(OneTokenPerCall):
   """The top beam of `beam_search`, as a run reads a decoder's output.
 
   Attributes:
@@ -49,7 +51,7 @@ class BeamDecodeOutput:
 
 
 @flax.struct.dataclass
-class SpeculativeBeamDecodeOutput:
+class SpeculativeBeamDecodeOutput(CallStatistics):
   """The top beam of `speculative_beam_search`, with its step counts.
 
   Attributes:

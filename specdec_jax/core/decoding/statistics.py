@@ -61,7 +61,7 @@ class SpeculativeStatistics:
     trace_draft_tokens: [B, T, γ] int32 the guesses of iteration i (row i of
       the trace; iterations past target_calls are 0).
     trace_num_accepted: [B, T] int32 guesses of iteration i kept in the
-      output.
+      output; -1 past target_calls (as every `CallStatistics` trace).
     trace_next_token: [B, T] int32 the target's token emitted after them,
       or NO_TOKEN (-1) when the output ended inside the guesses.
   """
@@ -80,11 +80,13 @@ class SpeculativeStatistics:
     def z(*shape):
       return jnp.zeros(shape, jnp.int32)
 
-    return cls(target_calls=z(batch), accepted_histogram=z(batch, gamma + 1),
-               beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=z(batch),
-               trace_draft_tokens=z(batch, max_decode_length, gamma),
-               trace_num_accepted=z(batch, max_decode_length),
-               trace_next_token=z(batch, max_decode_length))
+    return cls(
+        target_calls=z(batch), accepted_histogram=z(batch, gamma + 1),
+        beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=z(batch),
+        trace_draft_tokens=z(batch, max_decode_length,
+                             gamma), trace_num_accepted=jnp.full(
+                                 (batch, max_decode_length), -1, jnp.int32),
+        trace_next_token=z(batch, max_decode_length))
 
   def update(self, *, active: Array, draft_tokens: Array, verdict: Verdict,
              beta: Array, num_kept: Array,

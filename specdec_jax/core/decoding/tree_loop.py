@@ -28,6 +28,7 @@ from specdec_jax.core.decoding.loops import _start_buffer
 from specdec_jax.core.decoding.loops import emit_verdict
 from specdec_jax.core.decoding.loops import EOS_ID
 from specdec_jax.core.decoding.loops import iteration_inputs
+from specdec_jax.core.decoding.outputs import CallStatistics
 from specdec_jax.core.decoding.programs import LoopProgram
 from specdec_jax.core.decoding.tree_acceptance import chain_parents
 from specdec_jax.core.decoding.tree_acceptance import path_nodes
@@ -43,7 +44,7 @@ Array = jax.Array
 
 
 @flax.struct.dataclass
-class TreeOutput:
+class TreeOutput(CallStatistics):
   """Result of `tree_speculative_sample`.
 
   Attributes:
@@ -61,23 +62,6 @@ class TreeOutput:
   target_calls: Array
   accepted_histogram: Array
   trace_num_accepted: Array
-
-  @property
-  def tokens_per_target_call(self) -> Array:
-    """Mean generated tokens per target call over the batch (scalar)."""
-    return jnp.sum(self.lengths) / jnp.maximum(jnp.sum(self.target_calls), 1)
-
-  def statistics(self) -> dict:
-    """Host-side summary (Python numbers)."""
-    return {
-        "gamma": self.accepted_histogram.shape[-1] - 1,
-        "tokens_generated": int(jnp.sum(self.lengths)),
-        "target_calls": int(jnp.sum(self.target_calls)),
-        "tokens_per_target_call": float(self.tokens_per_target_call),
-        "accepted_histogram": [
-            int(x) for x in jnp.sum(self.accepted_histogram, axis=0)
-        ],
-    }
 
 
 @flax.struct.dataclass
