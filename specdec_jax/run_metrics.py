@@ -108,7 +108,12 @@ class RunMetrics:
     cost_coefficient_c: c = draft_step_s / target_step_s (Definition 3.7;
       the median of the per-round ratios); null for DECODE='beam' (not
       priced, as are the step and call seconds and the theory keys below:
-      Theorem 3.8 models one sampled sequence, not a beam search).
+      Theorem 3.8 models one sampled sequence, not a beam search) and with
+      PRICE_CALL_COST=False.
+    call_cost_priced: false when PRICE_CALL_COST=False skipped pricing the
+      calls after the decode: c, the step and call seconds, the overheads
+      and every theory key are then null, and the summary gives no theory
+      (absent when priced, and for DECODE='beam', which is never priced).
     theoretical_speedup: Theorem 3.8 at the measured α, γ and c
       (ACCEPTANCE='tree': still the one-branch formula, a reference, not
       the tree's prediction); null for DECODE='beam'.
@@ -139,7 +144,10 @@ class RunMetrics:
       walltime per example that does not grow with its loop's iterations
       (dispatch, both encoders, set-up): the intercept of a least-squares
       line of each batch's seconds against its iterations, over its rows;
-      null with fewer than 3 batches or a single iteration count.
+      null with fewer than 3 batches or a single iteration count. A fitted
+      intercept, not a measured time: it can be negative (timing noise, or
+      batches whose seconds do not grow in a straight line), and then
+      means "no fixed cost measurable", not a gain.
     marginal_baseline_overhead: that line's slope for the baseline (one
       more token) / target_step_s: baseline_overhead without the fixed
       cost.
@@ -168,8 +176,9 @@ class RunMetrics:
       inputs_length - 1 tokens plus EOS).
     longest_input_tokens: the longest input, EOS included, before cutting.
     settings: what the OVERWRITE rule compares: every run argument but
-      OUTPUT_DIR / OVERWRITE / MODE, both model configs (DRAFTER='feature':
-      the draft's own feature_config.json), the vocabulary.
+      OUTPUT_DIR / OVERWRITE / MODE / PRICE_CALL_COST, both model configs
+      (DRAFTER='feature': the draft's own feature_config.json), the
+      vocabulary.
     drafter: DRAFTER ('model' before the option existed).
     drafter_settings: the drafter's own settings (`DrafterSettings.record`).
     lenience: Appendix A.5's l (1: exact).
@@ -208,6 +217,18 @@ class RunMetrics:
     steps_per_target_call: DECODE='beam': beam-search steps per
       speculative target call (the baseline: 1), over the batch elements
       still searching.
+    speculation: 'off' when the target alone decoded (SPECULATION='off',
+      or 'auto' chose it: only the baseline decoder ran, its output and
+      seconds are the speculative columns, speedup 1 by definition);
+      'auto' when SPECULATION='auto' chose a speculative mode (absent:
+      'on').
+    auto: SPECULATION='auto': `choice` (mode, γ, k, predicted speedup),
+      `reason` (the stdout line `auto: ...`), `candidates` (each mode, γ,
+      k with its predicted speedup and the α, c, call cost and tokens per
+      call it used), `pilots` (α per mode and tree width, each from a
+      pilot decode sized by its 95% interval), `prices` (the measured
+      call costs and whether they were `cached`), `min_gain` and the
+      seconds the choice took (absent for other runs).
   """
   task: str = _key(NAME)
   target_model: str = _key(TEXT)
@@ -234,6 +255,7 @@ class RunMetrics:
   target_step_s: Optional[float] = _key(NONNEG, None)
   draft_step_s: Optional[float] = _key(NONNEG, None)
   cost_coefficient_c: Optional[float] = _key(NONNEG, None)
+  call_cost_priced: Optional[bool] = _key(BOOL, None, omit_none=True)
   theoretical_speedup: Optional[float] = _key(POS, None)
   verification_call_s: Optional[float] = _key(NONNEG, None)
   verification_cost_ratio: Optional[float] = _key(NONNEG, None)
@@ -284,6 +306,8 @@ class RunMetrics:
   beam_width: Optional[int] = _key(POS_INT, None, omit_none=True)
   beam_rows: Optional[int] = _key(POS_INT, None, omit_none=True)
   steps_per_target_call: Optional[float] = _key(NONNEG, None, omit_none=True)
+  speculation: Optional[str] = _key(NAME, None, omit_none=True)
+  auto: Optional[Dict[str, Any]] = _key(OBJECT, None, omit_none=True)
 
   @classmethod
   def from_dict(cls, data: Any) -> "RunMetrics":

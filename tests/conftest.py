@@ -1,5 +1,4 @@
 """Shared test helpers: tiny model configs and the ../shared fixtures."""
-import importlib.util
 import os
 import pathlib
 
@@ -38,15 +37,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 T5X_TINY = SHARED / "fixtures" / "t5x_tiny"
 MULTI30K = SHARED / "data" / "multi30k"
-
-
-def load_script(name: str):
-  """scripts/<name>.py imported as a module (scripts are not a package)."""
-  spec = importlib.util.spec_from_file_location(name,
-                                                REPO / "scripts" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def require_shared(path: pathlib.Path) -> pathlib.Path:

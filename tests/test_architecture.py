@@ -9,6 +9,7 @@ another without a cycle. Read from the source with `ast`: nothing is
 imported, so a cycle that import order would hide is still seen.
 """
 import ast
+import re
 import sys
 import pathlib
 from typing import Dict, Iterator, Set, Tuple
@@ -260,3 +261,24 @@ def test_the_mode_string_check_sees_a_comparison():
       _mode_string_comparisons('if a.acceptance == "tree": pass')) == [1]
   assert list(_mode_string_comparisons('x = a in ("block", "t")')) == [1]
   assert not list(_mode_string_comparisons('x = {"tree": 1}["tree"]'))
+
+
+def _imports_a_script_by_path(source: str) -> bool:
+  """True when test code loads a file under scripts/ as a module."""
+  return bool(
+      re.search(r"spec_from_file_location|runpy\.run_path|SourceFileLoader",
+                source)) and "scripts" in source
+
+
+def test_no_test_imports_a_script_by_path():
+  """Scripts are entry points; what tests exercise lives in the library."""
+  tests = pathlib.Path(__file__).resolve().parent
+  offenders = [
+      p.name
+      for p in sorted(tests.rglob("*.py"))
+      if p.name != pathlib.Path(__file__).name and
+      _imports_a_script_by_path(p.read_text(encoding="utf-8"))
+  ]
+  assert not offenders, offenders
+  assert _imports_a_script_by_path(
+      'importlib.util.spec_from_file_location(n, REPO / "scripts" / f)')

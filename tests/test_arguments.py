@@ -9,17 +9,12 @@ import pytest
 from specdec_jax import gin_utils
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import loading  # noqa: F401  # registers vocabulary
+from specdec_jax.tools import generate_docs
 
 from conftest import REPO
-from conftest import load_script
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
 FIELDS = dataclasses.fields(arguments.RunArguments)
-
-
-@pytest.fixture(scope="module")
-def generator():
-  return load_script("generate_docs")
 
 
 def _default(field: dataclasses.Field):
@@ -37,8 +32,8 @@ def test_every_field_names_its_own_macro():
   assert dict(arguments.MACROS) == {f.name: m for f, m in zip(FIELDS, macros)}
 
 
-def test_run_gin_binds_every_field_to_its_macro_with_its_default(generator):
-  values, bindings = generator.run_gin()
+def test_run_gin_binds_every_field_to_its_macro_with_its_default():
+  values, bindings = generate_docs.run_gin()
   bound = {arg: macro for conf, arg, macro in bindings if conf == "run"}
   assert bound == dict(arguments.MACROS)
   for field in FIELDS:
@@ -47,22 +42,22 @@ def test_run_gin_binds_every_field_to_its_macro_with_its_default(generator):
     assert values[field.metadata["macro"]] == _default(field), field.name
 
 
-def test_docs_generator_names_a_binding_to_another_macro(generator, tmp_path):
+def test_docs_generator_names_a_binding_to_another_macro(tmp_path):
   text = (REPO / "gin" / "run.gin").read_text(encoding="utf-8")
   bad = tmp_path / "run.gin"
   bad.write_text(
       text.replace("run.gamma = %GAMMA",
                    "run.gamma = %GAMA").replace("run.seed = %SEED\n", ""),
       encoding="utf-8")
-  with pytest.raises(generator.DocsError) as e:
-    generator.macro_rows(str(bad))
+  with pytest.raises(generate_docs.DocsError) as e:
+    generate_docs.macro_rows(str(bad))
   assert ("RunArguments.gamma is set by %GAMMA, but gin/run.gin binds "
           "run.gamma = %GAMA") in str(e.value)
   assert "run.seed is not bound to %SEED in gin/run.gin" in str(e.value)
 
 
-def test_docs_table_lists_every_macro_in_field_order(generator):
-  rows = generator.macro_rows()
+def test_docs_table_lists_every_macro_in_field_order():
+  rows = generate_docs.macro_rows()
   run_rows = [(macro, binding)
               for macro, _, binding, _ in rows
               if binding.startswith("run.")]

@@ -1,38 +1,12 @@
-"""scripts/benchmark_loop_overhead.py on tiny random models: what it
-measures adds up (no timing asserted: the machine may be shared)."""
-import ast
-import contextlib
-
-from absl import flags
+"""benchmarking.loop_overhead (scripts/benchmark_loop_overhead.py) on tiny
+random models: what it measures adds up (no timing asserted: the machine may
+be shared)."""
 import numpy as np
 import pytest
 
-from conftest import REPO, load_script, random_model, tiny_config
+from specdec_jax.benchmarking import loop_overhead
 
-
-@contextlib.contextmanager
-def _own_flags(script: str):
-  """The script's absl flags defined for the block only: another script
-  loaded into the same test process (xdist) may define the same names."""
-  tree = ast.parse((REPO / "scripts" / f"{script}.py").read_text())
-  names = {
-      node.args[0].value
-      for node in ast.walk(tree)
-      if isinstance(node, ast.Call) and
-      getattr(node.func, "attr", "").startswith("DEFINE") and node.args and
-      isinstance(node.args[0], ast.Constant)
-  }
-  saved = {n: flags.FLAGS[n] for n in names if n in flags.FLAGS}
-  for n in saved:
-    delattr(flags.FLAGS, n)
-  try:
-    yield
-  finally:
-    for n in names:
-      if n in flags.FLAGS:
-        delattr(flags.FLAGS, n)
-    for n, flag in saved.items():
-      flags.FLAGS[n] = flag
+from conftest import random_model, tiny_config
 
 
 @pytest.mark.slow
@@ -40,10 +14,8 @@ def test_iteration_split_adds_up():
   target = random_model(tiny_config(), seed=0)
   draft = random_model(tiny_config(num_decoder_layers=1), seed=1)
   inputs = [np.asarray([[5, 6, 7, 1]], np.int32)]
-  with _own_flags("benchmark_loop_overhead"):
-    script = load_script("benchmark_loop_overhead")
-    result = script.measure(target, draft, inputs, gamma=2, short=2, long=6,
-                            rounds=2)
+  result = loop_overhead.measure(target, draft, inputs, gamma=2, short=2,
+                                 long=6, rounds=2)
   split = result["iteration_split_s"]
   assert sorted(split) == sorted([
       "draft_propose", "draft_model_steps", "verification_call", "bookkeeping",

@@ -1,5 +1,6 @@
-"""scripts/compare_with_t5x.py (and `benchmarking.t5x_pair`, its real-pair
-mode): its flags, and the real-pair mode end to end.
+"""`benchmarking.t5x_comparison` (scripts/compare_with_t5x.py; and
+`benchmarking.t5x_pair`, its real-pair mode): its flags, and the real-pair
+mode end to end.
 
 Flag checks need neither T5X nor a model: a bad --pair or --gammas must fail
 with the flag, the value and what is allowed, before T5X is imported or
@@ -16,80 +17,73 @@ import numpy as np
 import pytest
 
 from specdec_jax.core import decoding
+from specdec_jax.benchmarking import t5x_comparison
 from specdec_jax.benchmarking import t5x_pair
 from specdec_jax.benchmarking import t5x_reference
 
 from conftest import REPO
-from conftest import load_script
 
 SCRIPT = REPO / "scripts" / "compare_with_t5x.py"
 T5X_PATH = pathlib.Path(os.environ.get("T5X_PATH", "/tmp/t5x"))
 
 
-@pytest.fixture(scope="module")
-def script():
-  return load_script("compare_with_t5x")
-
-
-def _error(script, argv, capsys) -> str:
+def _error(argv, capsys) -> str:
   with pytest.raises(SystemExit) as e:
-    script.parse_args(argv)
+    t5x_comparison.parse_args(argv)
   assert e.value.code == 2
   return capsys.readouterr().err
 
 
 @pytest.mark.parametrize("pair", ["pretrianed", "no_such.gin", ""])
-def test_bad_pair_names_flag_value_and_choices(script, capsys, pair):
-  err = _error(script, [f"--pair={pair}"], capsys)
+def test_bad_pair_names_flag_value_and_choices(capsys, pair):
+  err = _error([f"--pair={pair}"], capsys)
   assert f"--pair={pair!r}" in err
   assert "pretrained" in err and "TARGET_CHECKPOINT_PATH" in err
 
 
 @pytest.mark.parametrize("gammas", ["3,x", "0", "3,3", "", "2,-1"])
-def test_bad_gammas_names_flag_and_value(script, capsys, gammas):
-  err = _error(script, ["--pair=pretrained", f"--gammas={gammas}"], capsys)
+def test_bad_gammas_names_flag_and_value(capsys, gammas):
+  err = _error(["--pair=pretrained", f"--gammas={gammas}"], capsys)
   assert f"--gammas={gammas!r}" in err and "integers >= 1" in err
 
 
-def test_pair_only_and_random_only_flags(script, capsys):
-  err = _error(script, ["--gammas=3"], capsys)
+def test_pair_only_and_random_only_flags(capsys):
+  err = _error(["--gammas=3"], capsys)
   assert "--gammas=3: only used with --pair" in err
-  err = _error(script, ["--pair=pretrained", "--model=tiny", "--seed=1"],
-               capsys)
+  err = _error(["--pair=pretrained", "--model=tiny", "--seed=1"], capsys)
   assert "--model=tiny, --seed=1: only used with random weights" in err
-  err = _error(script, ["--pair=pretrained", "--num_examples=0"], capsys)
+  err = _error(["--pair=pretrained", "--num_examples=0"], capsys)
   assert "--num_examples=0: must be >= 1" in err
 
 
-def test_flags_parse(script):
-  args = script.parse_args(["--pair=pretrained", "--gammas=3,6"])
+def test_flags_parse():
+  args = t5x_comparison.parse_args(["--pair=pretrained", "--gammas=3,6"])
   assert args.gammas == (3, 6) and args.max_decode_length is None
-  assert script.resolve_pair("pretrained").endswith(
+  assert t5x_pair.resolve_pair("pretrained").endswith(
       os.path.join("gin", "pretrained_multi30k.gin"))
   # The random-weights mode keeps its defaults.
-  args = script.parse_args([])
+  args = t5x_comparison.parse_args([])
   assert (args.model, args.dtype, args.max_decode_length, args.input_length,
           args.batch_size, args.eos_id, args.seed) == ("small", "float32", 64,
                                                        64, 1, -1, 0)
 
 
-def test_bad_pair_fails_before_t5x(script, capsys):
+def test_bad_pair_fails_before_t5x(capsys):
   # No --t5x_path either: the --pair error comes first, before any import.
   with pytest.raises(SystemExit):
-    script.main(["--pair=nope"])
+    t5x_comparison.main(["--pair=nope"])
   assert "--pair='nope'" in capsys.readouterr().err
 
 
-def test_pair_without_checkpoints_fails_before_loading(script, clean_gin,
-                                                       no_load):
-  args = script.parse_args(["--pair=local_tiny.gin"])
+def test_pair_without_checkpoints_fails_before_loading(clean_gin, no_load):
+  args = t5x_comparison.parse_args(["--pair=local_tiny.gin"])
   with pytest.raises(
       SystemExit, match="binds no TARGET_CHECKPOINT_PATH or "
       "DRAFT_CHECKPOINT_PATH"):
     t5x_pair.pair_experiment(t5x_pair.resolve_pair(args.pair), args)
 
 
-def test_input_widths_round_up_to_the_bucket(script):
+def test_input_widths_round_up_to_the_bucket():
   inputs = np.zeros((4, 40), np.int32)
   for row, n in enumerate([1, 16, 17, 40]):
     inputs[row, :n] = 5

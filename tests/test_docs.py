@@ -17,17 +17,12 @@ from specdec_jax.experiment import arguments
 from specdec_jax.experiment import runner
 from specdec_jax.experiment import summary
 from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.tools import generate_docs
 
 from conftest import REPO
-from conftest import load_script
 
 DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
-
-
-@pytest.fixture(scope="module")
-def generator():
-  return load_script("generate_docs")
 
 
 def _section(text: str, heading: str) -> str:
@@ -51,8 +46,8 @@ def _readme() -> str:
 # ---------------------------------------------------------------------------
 # Generated pages.
 # ---------------------------------------------------------------------------
-def test_generated_pages_are_the_generators_output(generator, tmp_path):
-  written = generator.write_pages(str(tmp_path))
+def test_generated_pages_are_the_generators_output(tmp_path):
+  written = generate_docs.write_pages(str(tmp_path))
   assert sorted(
       pathlib.Path(p).name for p in written) == ["macros.md", "outputs.md"]
   for path in written:
@@ -63,10 +58,10 @@ def test_generated_pages_are_the_generators_output(generator, tmp_path):
         "run `python scripts/generate_docs.py` and commit the result.")
 
 
-def test_macros_page_covers_every_run_argument(generator):
-  rows = generator.macro_rows()
+def test_macros_page_covers_every_run_argument():
+  rows = generate_docs.macro_rows()
   bound = {binding for _, _, binding, _ in rows}
-  fields = generator.arguments.RunArguments.__dataclass_fields__
+  fields = arguments.RunArguments.__dataclass_fields__
   assert {f"run.{f}" for f in fields} <= bound
   by_macro = {macro: (default, meaning) for macro, default, _, meaning in rows}
   assert by_macro["GAMMA"][0] == "5" and "'auto'" in by_macro["GAMMA"][1]
@@ -74,7 +69,7 @@ def test_macros_page_covers_every_run_argument(generator):
   assert all(meaning for _, _, _, meaning in rows)
 
 
-def test_generator_names_what_is_missing(generator, monkeypatch, tmp_path):
+def test_generator_names_what_is_missing(monkeypatch, tmp_path):
 
   class Undocumented:
     """A configurable.
@@ -83,15 +78,16 @@ def test_generator_names_what_is_missing(generator, monkeypatch, tmp_path):
       output_dir: documented.
     """
 
-  monkeypatch.setitem(generator.DOCUMENTED, "run", (Undocumented, "Attributes"))
-  with pytest.raises(generator.DocsError,
+  monkeypatch.setitem(generate_docs.DOCUMENTED, "run",
+                      (Undocumented, "Attributes"))
+  with pytest.raises(generate_docs.DocsError,
                      match=r"run.gamma \(%GAMMA\) has no docstring entry"):
-    generator.macro_rows()
-  assert generator.main(["--out", str(tmp_path)]) == 1
+    generate_docs.macro_rows()
+  assert generate_docs.main(["--out", str(tmp_path)]) == 1
   assert not list(tmp_path.iterdir())  # nothing half-written
 
 
-def test_docstring_entries_join_continuations_and_groups(generator):
+def test_docstring_entries_join_continuations_and_groups():
 
   class Documented:
     """Summary.
@@ -105,7 +101,7 @@ def test_docstring_entries_join_continuations_and_groups(generator):
       nothing.
     """
 
-  assert generator.docstring_entries(Documented, "Args") == {
+  assert generate_docs.docstring_entries(Documented, "Args") == {
       "a": "first continued.",
       "b": "first continued.",
       "c": "second.",

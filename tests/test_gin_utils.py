@@ -8,9 +8,9 @@ from specdec_jax import gin_macros
 from specdec_jax import gin_utils
 from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=unused-import
 from specdec_jax.core.models import T5Config
+from specdec_jax.tools import generate_model_gin
 
 from conftest import REPO
-from conftest import load_script
 
 DEFAULT = T5Config()  # No gin bindings are live at import time.
 
@@ -173,13 +173,8 @@ def test_parse_gin_silences_gin_lookup_noise(caplog):
 # ---------------------------------------------------------------------------
 # Model sizes written once: the scoped copies are generated.
 # ---------------------------------------------------------------------------
-def _model_gin_generator():
-  return load_script("generate_model_gin")
-
-
 def test_scoped_model_files_are_the_generators_output():
-  generator = _model_gin_generator()
-  assert not generator.stale(), (
+  assert not generate_model_gin.stale(), (
       "run `python scripts/generate_model_gin.py` and commit the result")
   # Every scoped copy of an unscoped file is generated; only the two tiny
   # smoke-test models (different for each role) are written by hand.
@@ -190,25 +185,24 @@ def test_scoped_model_files_are_the_generators_output():
         for p in (models / role).glob("*.gin")
         if (models / p.name).exists()
     }
-    assert copies == set(generator.SCOPED[role]), role
+    assert copies == set(generate_model_gin.SCOPED[role]), role
     assert {p.stem for p in (models / role).glob("*.gin")} - copies == {"tiny"}
 
 
 def test_model_gin_generator_scopes_bindings_and_macros(tmp_path):
-  generator = _model_gin_generator()
   (tmp_path / "m.gin").write_text(
       "# A model.\nMODEL_DTYPE = 'bfloat16'\nT5Config.emb_dim = 8  # note\n"
       "T5Config.dtype = %MODEL_DTYPE\n")
-  text = generator.scoped_text("m", "draft", str(tmp_path))
+  text = generate_model_gin.scoped_text("m", "draft", str(tmp_path))
   assert text.endswith("DRAFT_DTYPE = 'bfloat16'\ndraft/T5Config.emb_dim = 8"
                        "  # note\ndraft/T5Config.dtype = %DRAFT_DTYPE\n")
   gin_file = tmp_path / "draft.gin"
   gin_file.write_text(text)
   assert gin_utils.read_t5_config(str(gin_file), "draft").emb_dim == 8
   (tmp_path / "bad.gin").write_text("include 'x.gin'\nT5Config.emb_dim = 8\n")
-  with pytest.raises(generator.ModelGinError, match=r"bad.gin:1: "
+  with pytest.raises(generate_model_gin.ModelGinError, match=r"bad.gin:1: "
                      r"\"include 'x.gin'\""):
-    generator.scoped_text("bad", "target", str(tmp_path))
+    generate_model_gin.scoped_text("bad", "target", str(tmp_path))
 
 
 # ---------------------------------------------------------------------------

@@ -1,14 +1,10 @@
-"""scripts/plot_call_cost.py: the call-cost table and figure from benchmarks."""
+"""specdec_jax.reporting.call_cost (scripts/plot_call_cost.py): the
+call-cost table and figure from benchmarks."""
 import json
 
 import pytest
 
-from conftest import load_script
-
-
-@pytest.fixture(scope="module")
-def script():
-  return load_script("plot_call_cost")
+from specdec_jax.reporting import call_cost
 
 
 def _bench(path, ratios, step_ms, decoder_bytes):
@@ -23,11 +19,11 @@ def _bench(path, ratios, step_ms, decoder_bytes):
   return str(path)
 
 
-def test_table_and_figure(script, tmp_path, capsys):
+def test_table_and_figure(tmp_path, capsys):
   small = _bench(tmp_path / "a.json", {1: 1.0, 4: 2.5}, 0.5, 24e6)
   big = _bench(tmp_path / "b.json", {1: 1.0, 2: 1.05, 4: 1.2}, 4.0, 117e6)
   out = str(tmp_path / "cc")
-  assert script.main(
+  assert call_cost.main(
       ["--bench", f"11M={small}", "--bench", f"38M={big}", "--out", out]) == 0
   table = (tmp_path / "cc.md").read_text()
   assert "| 11M | 24 MB | 0.50 ms | 1.00 | – | 2.50 |" in table
@@ -36,14 +32,14 @@ def test_table_and_figure(script, tmp_path, capsys):
   assert table in capsys.readouterr().out
 
 
-def test_bad_inputs_name_the_flag(script, tmp_path, capsys):
+def test_bad_inputs_name_the_flag(tmp_path, capsys):
   with pytest.raises(SystemExit):
-    script.main(["--bench", "nolabel", "--out", str(tmp_path / "x")])
+    call_cost.main(["--bench", "nolabel", "--out", str(tmp_path / "x")])
   assert "--bench must be LABEL=JSON_PATH, got 'nolabel'" in (
       capsys.readouterr().err)
   (tmp_path / "other.json").write_text("{}")
   with pytest.raises(SystemExit):
-    script.main([
+    call_cost.main([
         "--bench", f"a={tmp_path / 'other.json'}", "--out",
         str(tmp_path / "x")
     ])

@@ -22,8 +22,8 @@ from specdec_jax.core.decoding import beam_decoders
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import summary
+from specdec_jax.reporting import beam_table
 
-from conftest import load_script
 from conftest import random_model
 from conftest import tiny_config
 
@@ -238,8 +238,7 @@ def test_a_sweep_over_beam_width(tmp_path):
   assert [m["beam_width"] for m in written] == [2, 4]
   assert all(m["greedy_outputs_identical"] for m in written)
   # scripts/beam_table.py: one row per beam run (the report leaves them out).
-  page = load_script("beam_table").render(
-      load_script("beam_table").load_runs(str(results)))
+  page = beam_table.render(beam_table.load_runs(str(results)))
   rows = [
       line for line in page.splitlines() if line.startswith("| BEAM_WIDTH=")
   ]

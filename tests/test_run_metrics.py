@@ -119,9 +119,12 @@ def test_round_trip_and_quality_key():
   tree_keys = ("tree_width", "tree_without_replacement")
   beam_keys = ("beam_size", "beam_alpha", "beam_width", "beam_rows",
                "steps_per_target_call")
+  # Keys written only when set: PRICE_CALL_COST=False's, SPECULATION's
+  # ('off' / 'auto').
+  unpriced_keys = ("call_cost_priced", "speculation", "auto")
   assert list(written) == [
-      f for f in FIELDS
-      if f != "rouge" and f not in tree_keys and f not in beam_keys
+      f for f in FIELDS if f != "rouge" and f not in tree_keys and
+      f not in beam_keys and f not in unpriced_keys
   ]
   assert written["decode"] == "sample"
   beam = _full_metrics(decode="beam", beam_size=4, beam_alpha=0.6, beam_width=8,

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_jax.benchmarking import beam as beam_benchmark
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import speculative_beam
 
-from conftest import load_script
 from conftest import perturbed
 from conftest import random_model
 from test_beam_search import assert_same_beams
@@ -164,14 +164,14 @@ def test_38m_with_shipped_draft_identical():
 
 
 def test_benchmark_script_configurations():
-  """scripts/benchmark_beam.py times the baseline and γ × u configurations
-  (u as multiples of k, R = 2u unless given), and rejects bad counts."""
-  bench = load_script("benchmark_beam")
-  args = bench.parse_args(["--gammas", "2,3", "--widths", "1,2"])
-  names = [c["name"] for c in bench.configurations(args)]
+  """benchmarking.beam (scripts/benchmark_beam.py) times the baseline and
+  γ × u configurations (u as multiples of k, R = 2u unless given), and
+  rejects bad counts."""
+  args = beam_benchmark.parse_args(["--gammas", "2,3", "--widths", "1,2"])
+  names = [c["name"] for c in beam_benchmark.configurations(args)]
   assert names == [
       "beam", "spec_g2_u4_r8", "spec_g2_u8_r16", "spec_g3_u4_r8",
       "spec_g3_u8_r16"
   ]
   with pytest.raises(SystemExit):
-    bench.parse_args(["--rounds", "0"])
+    beam_benchmark.parse_args(["--rounds", "0"])

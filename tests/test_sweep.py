@@ -9,9 +9,9 @@ import pytest
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import make_decoders
 from specdec_jax import sweep
+from specdec_jax.benchmarking import soak
 
 from conftest import REPO
-from conftest import load_script
 
 # A cleared gin configuration before and after each test (conftest.py).
 # End to end through the harness: `pytest -m "not slow"` leaves it out.
@@ -207,11 +207,10 @@ def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
 
 
 def test_soak_script_points_are_the_gamma_seed_grid():
-  """scripts/soak_sweep.py built its points from itertools.product over an
-  endless itertools.count(): product reads its inputs whole, and the
-  script's memory grew without end before the first point (issue 37's
-  soak run)."""
-  soak = load_script("soak_sweep")
+  """benchmarking.soak (scripts/soak_sweep.py) built its points from
+  itertools.product over an endless itertools.count(): product reads its
+  inputs whole, and the script's memory grew without end before the first
+  point (issue 37's soak run)."""
   assert soak.points(7) == [{
       "GAMMA": g,
       "SEED": s

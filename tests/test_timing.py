@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from specdec_jax import timing
+from specdec_jax.benchmarking import timing_noise
 
-from conftest import load_script, random_model, tiny_config
+from conftest import random_model, tiny_config
 
 
 def test_call_seconds_interleaves_rounds(monkeypatch):
@@ -65,17 +66,12 @@ def test_call_seconds_rejects_a_call_that_does_not_fit(fill, k):
                         cache_len=6)
 
 
-def _noise_script():
-  return load_script("benchmark_timing_noise")
-
-
 @pytest.mark.slow
 def test_timing_noise_benchmark_summarizes_both_ways():
   # Also `call_seconds` on real (tiny) models, both ways.
-  script = _noise_script()
   target = random_model(tiny_config(), seed=0)
   draft = random_model(tiny_config(num_decoder_layers=1), seed=1)
-  result = script.measure(target, draft, gamma=1, fill=2, trials=2)
+  result = timing_noise.measure(target, draft, gamma=1, fill=2, trials=2)
   assert sorted(result) == ["back_to_back", "interleaved"]
   for way in result.values():
     for key in ("verification_cost_ratio", "cost_coefficient_c"):

@@ -52,10 +52,17 @@ acceptance rule), `bandwidth` (the memory-bandwidth bound),
 `formatting` (the console summary). Random weights come from
 `specdec_jax.parameters.random_params`, as `run`'s without checkpoints.
 
-Also here, imported on their own (not by this package): `t5x_reference`
-(T5X's own greedy decoder from a checkout, and checks that it runs our
-model) and `t5x_pair` (a trained pair against T5X), behind
-`scripts/compare_with_t5x.py`.
+Also here, imported on their own (not by this package), each a command
+(`python -m specdec_jax.benchmarking.X`) behind a thin script in scripts/:
+`t5x_comparison` (our decoders against T5X's: `scripts/compare_with_t5x.py`)
+with `t5x_reference` (T5X's own greedy decoder from a checkout, and checks
+that it runs our model) and `t5x_pair` (a trained pair against T5X);
+`loop_overhead` (`scripts/benchmark_loop_overhead.py`: where a decode's time
+goes), `tree` (`scripts/benchmark_tree.py`: tree against token
+verification), `beam` (`scripts/benchmark_beam.py`: speculative beam search
+against beam search), `timing_noise` (`scripts/benchmark_timing_noise.py`:
+how steady run's c is) and `soak` (`scripts/soak_sweep.py`: a long sweep's
+memory).
 """
 from specdec_jax.benchmarking.bandwidth import DEVICE_BANDWIDTH_GBPS
 from specdec_jax.benchmarking.bandwidth import default_bandwidth_gbps

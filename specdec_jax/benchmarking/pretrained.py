@@ -1,8 +1,8 @@
-"""A trained checkpoint loaded for decoding, as the benchmark scripts use it.
+"""A trained checkpoint loaded for decoding, as the benchmarks use it.
 
-`scripts/benchmark_loop_overhead.py`, `benchmark_tree.py`, `benchmark_beam.py`
-and `iteration_hlo.py` read checkpoints such as those in `pretrained/`
-outside `run` (no RunPlan, no vocabulary checks).
+`benchmarking.loop_overhead`, `tree`, `beam` and `scripts/iteration_hlo.py`
+read checkpoints such as those in `pretrained/` outside `run` (no RunPlan,
+no vocabulary checks).
 """
 from specdec_jax import checkpoints
 from specdec_jax import gin_utils

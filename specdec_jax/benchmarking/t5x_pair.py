@@ -164,8 +164,8 @@ def load_pair(args, t5x: t5x_reference.T5X, log) -> Pair:
   max_len = a.max_decode_length
   t5x_module, t5x_predict = t5x_reference.make_t5x_predict(
       t5x, exp.target_config, max_decode_length=max_len, eos_id=decoding.EOS_ID)
-  exp = exp.loaded(exp.load_models())  # run's loader: float32, packed
-  mesh, target = exp.models.mesh, exp.models.target
+  loaded = exp.load(exp.load_models())  # run's loader: float32, packed
+  mesh, target = loaded.models.mesh, loaded.models.target
   # T5X reads the same weights in its own layout (packing is a layout).
   t5x_params = target.params["params"]
   leaves = t5x_reference.check_same_tree(t5x_module, t5x_params,
@@ -178,10 +178,10 @@ def load_pair(args, t5x: t5x_reference.T5X, log) -> Pair:
   # Run's own decoders (the plan's: what `run` times).
   programs = {
       T5X: lambda x, key: t5x_predict(t5x_params, x, key),
-      BASELINE: exp.baseline
+      BASELINE: loaded.decoding().baseline
   }
   for g in gammas:
-    programs[f"{SPECULATIVE}{g}"] = exp.with_gamma(g).speculative
+    programs[f"{SPECULATIVE}{g}"] = loaded.decoding(gamma=g).speculative
   widths = input_widths(inputs, runner.INPUT_BUCKET)
   sharding = partitioning.data_sharding(mesh, 1)
   rng = jax.random.PRNGKey(a.seed)

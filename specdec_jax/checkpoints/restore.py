@@ -7,6 +7,7 @@ from metadata alone, and only then is array data read (`reads`).
 import logging
 import os
 import posixpath
+import time
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from flax import traverse_util
@@ -118,6 +119,7 @@ def load_t5x_params(path, *, expected=None, dtype=None,
   ckpt = os.fspath(path)
   if not paths.is_url(ckpt):
     ckpt = os.path.abspath(ckpt)
+  start = time.perf_counter()
   # DIGESTS.json, when exported with one; without, nothing is verified.
   if io_utils.isdir(ckpt) and not digests.verify_manifest(ckpt):
     logger.warning(
@@ -141,8 +143,13 @@ def load_t5x_params(path, *, expected=None, dtype=None,
   })
   open_all(ckpt, sources, context)
   _check_opened(ckpt, sources, exp_flat, shard_flat)
-  return traverse_util.unflatten_dict(
-      reads.read_all(ckpt, sources, shard_flat, dtype))
+  flat = reads.read_all(ckpt, sources, shard_flat, dtype)
+  # One progress line per read (issue 44): what, how much, how long.
+  logger.info("Read checkpoint %s: %d arrays, %.1f MB, in %.1f s", ckpt,
+              len(flat),
+              sum(getattr(a, "nbytes", 0) for a in flat.values()) / 1e6,
+              time.perf_counter() - start)
+  return traverse_util.unflatten_dict(flat)
 
 
 def _expected_shapes(ckpt: str, sources: Mapping[ParamPath, Source],

@@ -3,9 +3,11 @@ command line).
 
 * `arguments`: the run's arguments as gin binds them (`RunArguments`),
   checked once when built.
-* `plan`: `RunPlan`, the run built once (configs, vocabulary, models,
-  drafter, acceptance rule, decoders), every setting checked before
-  anything is loaded; `Providers`, what it takes from outside.
+* `plan`: the run in three stages, each built once: `RunPlan` (configs,
+  vocabulary, acceptance rule: every setting checked before anything is
+  loaded), `Loaded` (its models and drafter: what pilots use) and
+  `DecodePlan` (every choice made, the two decoders); `Providers`, what
+  it takes from outside.
 * `runner`: `execute(plan)`: OUTPUT_DIR, the examples, the models, a mode.
 * `walltime`: MODE='walltime', the one decode path (compile, decode, text,
   rows, step costs, metrics.json).

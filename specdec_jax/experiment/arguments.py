@@ -163,6 +163,19 @@ class RunArguments:
       call (each a live beam and γ draft tokens), an integer from
       BEAM_SIZE to GAMMA·u + BEAM_SIZE; None = 2u (at most GAMMA·u +
       BEAM_SIZE).
+    price_call_cost: MODE='walltime': True prices c and the verification
+      call after the decode (seconds; Theorem 3.8 at the measured call
+      cost); False skips it: metrics.json says `call_cost_priced`: false,
+      and c, the step and call seconds and the theory keys are null
+      (GAMMA / TREE_WIDTH 'auto' still price in their pilot).
+    speculation: 'on' (speculative decoding, the default), 'off' (the
+      target alone: only the baseline decoder runs; speedup 1 by
+      definition) or 'auto' (before the timed decode the run prices the
+      target alone, token and block verification at each γ, trees (γ, k)
+      where the drafter drafts them, or for DECODE='beam' speculative
+      beams vs the plain beam search, on this machine, and runs the one
+      of the best predicted walltime: metrics.json's `auto`, and a stdout
+      line `auto: ...`).
   """
   output_dir: str = _arg("OUTPUT_DIR")
   target_checkpoint_path: Optional[str] = _arg("TARGET_CHECKPOINT_PATH", None)
@@ -211,6 +224,8 @@ class RunArguments:
   beam_alpha: float = _arg("BEAM_ALPHA", 0.6)
   beam_width: Optional[int] = _arg("BEAM_WIDTH", None)
   beam_rows: Optional[int] = _arg("BEAM_ROWS", None)
+  price_call_cost: bool = _arg("PRICE_CALL_COST", True)
+  speculation: str = _arg("SPECULATION", "on")
 
   def __post_init__(self):
     # As gin gives them: a list for MESH_SHAPE = [1, 4]; one dict that
@@ -377,7 +392,7 @@ def _type_words(annotation: Any) -> str:
 # Checked later with their own words: GAMMA is 'an integer >= 1, or
 # 'auto'' (`check_gamma`, `_check_gamma_and_length`), not "an integer or
 # a string".
-_OWN_TYPE_WORDS = ("gamma", "tree_width")
+_OWN_TYPE_WORDS = ("gamma", "tree_width", "speculation")
 
 
 def check_types(args: RunArguments) -> None:

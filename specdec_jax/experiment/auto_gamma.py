@@ -11,9 +11,10 @@ import numpy as np
 
 from specdec_jax import analysis
 from specdec_jax import multihost
+from specdec_jax import progress
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import step_costs
-from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.experiment.plan import DecodePlan
 
 AUTO_GAMMA = arguments.AUTO_GAMMA
 # GAMMA='auto': decode the first AUTO_GAMMA_EXAMPLES examples with γ =
@@ -108,7 +109,7 @@ def pilot_confidence(examples: int, kept: int, trials: int,
   }
 
 
-def pilot_gamma(pilot: RunPlan, feed) -> Dict[str, Any]:
+def pilot_gamma(pilot: DecodePlan, feed) -> Dict[str, Any]:
   """GAMMA='auto': α and c on the first batches, then Theorem 3.8.
 
   Args:
@@ -126,19 +127,27 @@ def pilot_gamma(pilot: RunPlan, feed) -> Dict[str, Any]:
   batches = min(feed.num_batches, max(1,
                                       AUTO_GAMMA_EXAMPLES // args.batch_size))
   kept = trials = tokens = rows = 0
-  for b in range(batches):
-    stats = multihost.to_host(pilot.speculative(feed.batch(b),
-                                                rng)).statistics()
-    kept += int(np.arange(gamma + 1) @ np.asarray(stats["accepted_histogram"]))
-    trials += stats["acceptance_trials"]
-    tokens += stats["tokens_generated"]
-    rows += args.batch_size
+  sample = min(batches * args.batch_size, getattr(feed, "num_examples",
+                                                  1 << 30))
+  with progress.phase(
+      f"GAMMA='auto': pilot decode of the first {sample} examples "
+      f"({batches} batches, γ={gamma}; compiling first)"):
+    for b in range(batches):
+      stats = multihost.to_host(pilot.speculative(feed.batch(b),
+                                                  rng)).statistics()
+      kept += int(
+          np.arange(gamma + 1) @ np.asarray(stats["accepted_histogram"]))
+      trials += stats["acceptance_trials"]
+      tokens += stats["tokens_generated"]
+      rows += args.batch_size
   alpha = kept / max(trials, 1)
   fill = max(1, tokens // rows)
-  by_k, t_draft = step_costs.price_calls(
-      args, pilot.drafter, pilot.models.target, feed.batch(0),
-      AUTO_GAMMA_CALL_KS, fill,
-      pilot.baseline(feed.batch(0), rng).tokens)
+  with progress.phase("GAMMA='auto': pricing c and the target calls of K = "
+                      f"{', '.join(map(str, AUTO_GAMMA_CALL_KS))} tokens"):
+    by_k, t_draft = step_costs.price_calls(
+        args, pilot.drafter, pilot.models.target, feed.batch(0),
+        AUTO_GAMMA_CALL_KS, fill,
+        pilot.baseline(feed.batch(0), rng).tokens)
   c = t_draft / by_k[1]
   costs = call_costs(by_k)
   chosen = best_gamma(alpha, c, costs)

@@ -17,6 +17,7 @@ call over 1 + k·γ nodes (C(N): its measured cost in steps). The predicted
 speedup is E / (γ·c_k + C(1 + k·γ)); with k = 1 and a_1 = a = α it is
 Theorem 3.8 with the measured call cost (`auto_gamma.best_gamma`).
 """
+import functools
 from typing import Any, Dict, Mapping, Sequence, Tuple
 
 from absl import logging
@@ -24,10 +25,11 @@ import jax
 import numpy as np
 
 from specdec_jax import multihost
+from specdec_jax import progress
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import tree_costs
-from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.experiment.plan import Loaded
 
 # TREE_WIDTH='auto' tries k = 1 .. AUTO_TREE_MAX_WIDTH branches.
 AUTO_TREE_MAX_WIDTH = 4
@@ -161,12 +163,12 @@ def best_tree_shape(acceptance: Mapping[int, Acceptance],
              key=_nodes_then_width)
 
 
-def _pilot_acceptance(plan: RunPlan, feed, gamma: int, width: int,
+def _pilot_acceptance(plan: Loaded, feed, gamma: int, width: int,
                       batches: int) -> Tuple[Acceptance, int]:
   """((a_1, a), tokens per row) of a pilot decode of `batches` batches
   with a k = `width` tree of γ guesses per branch (k = 1: (α, α), α
   pooled over depths as GAMMA='auto' measures it)."""
-  pilot = plan.with_gamma(gamma, tree_width=width)
+  pilot = plan.decoding(gamma=gamma, tree_width=width)
   rng = jax.random.PRNGKey(plan.args.seed)
   histogram = np.zeros(gamma + 1, np.int64)
   tokens = 0
@@ -185,7 +187,27 @@ def _pilot_acceptance(plan: RunPlan, feed, gamma: int, width: int,
   return rates, tokens // (batches * plan.args.batch_size)
 
 
-def pilot_tree_shape(plan: RunPlan, feed) -> Dict[str, Any]:
+def _pilot_widths(plan: Loaded, feed, gamma: int, widths: Sequence[int],
+                  batches: int) -> Tuple[Dict[int, Acceptance], int]:
+  """`_pilot_acceptance` for each k in `widths`, a progress line each:
+  ({k: (a_1, a)}, the last pilot's tokens per row)."""
+  acceptance, fills = {}, []
+
+  def pilot(k):
+    acceptance[k], fill = _pilot_acceptance(plan, feed, gamma, k, batches)
+    fills.append(fill)
+
+  logging.info(
+      "GAMMA/TREE_WIDTH='auto': pilot decodes of the first %d examples (%d "
+      "batches, γ=%d) with k in %s, each compiled first",
+      min(batches * plan.args.batch_size,
+          getattr(feed, "num_examples", 1 << 30)), batches, gamma, widths)
+  progress.numbered([(f"k={k}", functools.partial(pilot, k)) for k in widths],
+                    doing="pilot decode", done="pilot decode")
+  return acceptance, fills[-1]
+
+
+def pilot_tree_shape(plan: Loaded, feed) -> Dict[str, Any]:
   """(γ, k) for a tree run with GAMMA='auto' and/or TREE_WIDTH='auto': a
   pilot decode of the first examples with each k considered, the calls
   priced (`tree_costs.price_tree_shapes`), then `best_tree_shape`.
@@ -211,15 +233,16 @@ def pilot_tree_shape(plan: RunPlan, feed) -> Dict[str, Any]:
     widths = [k for k in widths if k <= plan.target_config.vocab_size]
   batches = min(feed.num_batches,
                 max(1, auto_gamma.AUTO_GAMMA_EXAMPLES // args.batch_size))
-  acceptance, fill = {}, 1
-  for k in widths:
-    acceptance[k], fill = _pilot_acceptance(plan, feed, gamma, k, batches)
+  acceptance, fill = _pilot_widths(plan, feed, gamma, widths, batches)
   rng = jax.random.PRNGKey(args.seed)
-  base = plan.with_gamma(gamma, tree_width=widths[0])
-  seconds = tree_costs.price_tree_shapes(
-      args, plan.drafter, plan.models.target, feed.batch(0), max(1, fill),
-      base.baseline(feed.batch(0), rng).tokens, gamma=gamma, widths=widths,
-      nodes=AUTO_TREE_CALL_NODES)
+  base = plan.decoding(gamma=gamma, tree_width=widths[0])
+  with progress.phase(
+      f"GAMMA/TREE_WIDTH='auto': pricing a target step, the tree call at N "
+      f"in {list(AUTO_TREE_CALL_NODES)} nodes and the draft at k in {widths}"):
+    seconds = tree_costs.price_tree_shapes(
+        args, plan.drafter, plan.models.target, feed.batch(0), max(1, fill),
+        base.baseline(feed.batch(0), rng).tokens, gamma=gamma, widths=widths,
+        nodes=AUTO_TREE_CALL_NODES)
   c_by_width = {
       k: t / seconds["step"] for k, t in seconds["draft_depth"].items()
   }

@@ -29,6 +29,7 @@ from specdec_jax.experiment import arguments
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import runner
 from specdec_jax.experiment.plan import Models
+from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import RunPlan
 
 
@@ -51,12 +52,12 @@ class CertifySettings:
 
 
 def _plan(args: arguments.RunArguments, models: Optional[Models],
-          **changes) -> Tuple[RunPlan, Models]:
+          **changes) -> Tuple[DecodePlan, Models]:
   """The run's plan with `changes` to its arguments, loaded (models
   reused)."""
   plan = RunPlan.build(dataclasses.replace(args, **changes))
   models = plan.load_models(models)
-  return plan.loaded(models), models
+  return plan.load(models).decoding(), models
 
 
 def greedy_identity(

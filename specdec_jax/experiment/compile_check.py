@@ -35,9 +35,11 @@ import dataclasses
 import math
 import os
 import re
+import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
@@ -148,8 +150,22 @@ def compile_concurrently(jobs: Dict[str, Callable[[], Any]],
   that program's own wall time, overlapping the others'.
   """
   workers = workers or max(1, min(4, os.cpu_count() or 1))
+  lock, finished = threading.Lock(), [0]
+
+  def counted(name: str, job: Callable[[], Any]) -> Any:
+    start = time.perf_counter()
+    result = job()
+    with lock:  # one progress line per program, as each one ends
+      finished[0] += 1
+      logging.info("compiled %d/%d (%s) in %.1f s", finished[0], len(jobs),
+                   name,
+                   time.perf_counter() - start)
+    return result
+
   with futures.ThreadPoolExecutor(max_workers=workers) as pool:
-    pending = {name: pool.submit(job) for name, job in jobs.items()}
+    pending = {
+        name: pool.submit(counted, name, job) for name, job in jobs.items()
+    }
     return {name: f.result() for name, f in pending.items()}
 
 

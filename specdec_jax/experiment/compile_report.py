@@ -22,17 +22,21 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence
 
+from absl import logging
+
 from specdec_jax import analysis
 from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax.core import kernels
 from specdec_jax import partitioning
+from specdec_jax import progress
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import compile_check
 from specdec_jax.experiment import drafter_registry
+from specdec_jax.experiment import libtpu_log
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import tpu_topologies
 
@@ -192,7 +196,40 @@ def smallest_fitting_mesh(num_chips: int, mesh_shape: Sequence[int], hbm: int,
 
 def compile_topology(args: arguments.RunArguments, value: Any,
                      gin_files: Sequence[str]) -> Dict[str, Any]:
-  """Compiles the run's programs for the topology; writes compile.json."""
+  """Compiles the run's programs for the topology; writes compile.json.
+
+  libtpu's start-up lines about the TPU VM it is not on are kept off the
+  console and saved in OUTPUT_DIR/libtpu.log, named in one line
+  (`libtpu_log`); progress lines say what compiles, and for how long.
+  """
+  noise: List[str] = []
+  with libtpu_log.captured_libtpu_noise(noise):
+    record = _compile_topology(args, value, gin_files)
+  libtpu_log.save_noise(noise, args.output_dir)
+  return record
+
+
+def _compiled(compile_all, what: str) -> Dict[str, Any]:
+  """`compile_all()` as one progress phase, then one line of every
+  program's own seconds (they compile side by side)."""
+  with progress.phase(f"{MACRO}: compiling {what} (XLA:TPU, several "
+                      "programs side by side; minutes for T5-XXL)"):
+    compiled = compile_all()
+  seconds = {
+      name: rec["compile_seconds"] for group in ("programs", "calls")
+      for name, rec in compiled.get(group, {}).items()
+      if isinstance(rec, dict) and rec.get("compile_seconds") is not None
+  }
+  logging.info(
+      "%s: compiled %d programs: %s", MACRO, len(seconds),
+      ", ".join(f"{k} {v:.1f} s"
+                for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])))
+  return compiled
+
+
+def _compile_topology(args: arguments.RunArguments, value: Any,
+                      gin_files: Sequence[str]) -> Dict[str, Any]:
+  """`compile_topology`'s work."""
   topology = check_compile_settings(args, value)
   try:
     devices = tpu_topologies.devices(topology)
@@ -216,10 +253,11 @@ def compile_topology(args: arguments.RunArguments, value: Any,
     return decoding.as_drafter(
         args.drafting.build(draft, None, target_config.vocab_size))
 
-  compiled = compile_check.compile_all(target_config, draft_config, mesh,
-                                       shapes, build_drafter, args.method(),
-                                       acceptance,
-                                       args.tree_without_replacement)
+  compiled = _compiled(
+      lambda: compile_check.compile_all(
+          target_config, draft_config, mesh, shapes, build_drafter, args.method(
+          ), acceptance, args.tree_without_replacement),
+      f"the run's programs for {value} at MESH_SHAPE={args.mesh_shape}")
   record = _record(args, value, topology, devices, target_config, draft_config,
                    compiled, gin_files)
   memory = record["memory_per_device"]
@@ -232,8 +270,10 @@ def compile_topology(args: arguments.RunArguments, value: Any,
                                              args.method(), acceptance,
                                              args.tree_without_replacement)
 
-    memory["smallest_fitting_mesh_shape"] = smallest_fitting_mesh(
-        topology.num_chips, args.mesh_shape, memory["hbm_bytes"], total_bytes)
+    with progress.phase(f"{MACRO}: it does not fit; compiling the "
+                        "speculative program at other MESH_SHAPEs"):
+      memory["smallest_fitting_mesh_shape"] = smallest_fitting_mesh(
+          topology.num_chips, args.mesh_shape, memory["hbm_bytes"], total_bytes)
   io_utils.makedirs(args.output_dir)
   io_utils.write_json(os.path.join(args.output_dir, COMPILE_FILE), record)
   return record

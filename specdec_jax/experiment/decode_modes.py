@@ -7,7 +7,10 @@ The registry beside the drafter registry (`drafter_registry`):
 * `block`: block verification (exact, never fewer kept guesses);
 * `tree`: tree verification over TREE_WIDTH draft branches;
 * `beam`: speculative beam search (DECODE='beam': the target's own beam
-  search, exactly).
+  search, exactly);
+* the target alone (`TargetAloneMode`, SPECULATION='off' or 'auto'
+  choosing it): the run's baseline decoder in the speculative decoder's
+  place, for any of the modes above.
 
 A mode owns what differs between them: its checks, its acceptance rule, its
 two decoders, the rows its caches hold, the pricing of its calls, its cost
@@ -29,12 +32,17 @@ from specdec_jax.core.decoding import block_acceptance
 from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import step_costs
+from specdec_jax.experiment import target_alone as target_alone_lib
 from specdec_jax.experiment import tree_costs
 
 Decoder = decoding.Decoder
 # DECODE's values: sampling (each ACCEPTANCE) or beam search.
 SAMPLE = "sample"
 DECODES = (SAMPLE, "beam")
+# SPECULATION's values: speculative decoding (the default), the target
+# alone, or the run's choice between them (`auto_mode`).
+SPECULATION_ON, SPECULATION_OFF, SPECULATION_AUTO = "on", "off", "auto"
+SPECULATIONS = (SPECULATION_ON, SPECULATION_OFF, SPECULATION_AUTO)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +62,8 @@ class DecodeMode:
     own_settings: the run arguments only this mode records (a run of
       another mode drops them: earlier results stay the same run).
     exactness_tests: where the chi-square tests of its distribution are.
+    target_alone: the target alone holds the speculative decoder's place
+      (`TargetAloneMode`).
   """
   name: str = "token"
   description: str = "Algorithm 1"
@@ -63,6 +73,7 @@ class DecodeMode:
   beam: bool = False
   own_settings: Tuple[str, ...] = ()
   exactness_tests: str = "tests/test_decoding.py"
+  target_alone: bool = False
 
   def check(self, args: Any) -> None:
     """What this mode needs of the other settings; ValueError."""
@@ -280,6 +291,61 @@ class BeamMode(DecodeMode):
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class TargetAloneMode(DecodeMode):
+  """SPECULATION='off' (or 'auto' choosing it): the target alone, with the
+  settings of the mode it replaces (`search`: its baseline decoder, its
+  checks and recorded settings); nothing is drafted or priced, and a
+  walltime run decodes once (`target_alone.TargetAloneDecoder`)."""
+  name: str = "off"
+  description: str = "the target alone (SPECULATION='off')"
+  one_path: bool = False
+  priced: bool = False
+  target_alone: bool = True
+  search: Optional[DecodeMode] = None
+
+  def check(self, args):
+    self.search.check(args)
+
+  def acceptance_rule(self, args):
+    return self.search.acceptance_rule(args)
+
+  def decoders(self, args, target, drafter, gamma, acceptance):
+    del drafter, acceptance  # nothing is drafted
+    baseline = self.baseline_decoder(args, target)
+    return baseline, target_alone_lib.TargetAloneDecoder(baseline, gamma)
+
+  def baseline_decoder(self, args, target):
+    return self.search.baseline_decoder(args, target)
+
+  def cache_rows(self, args):
+    return self.search.cache_rows(args)
+
+  def label(self, args):
+    del args
+    return " speculation off"
+
+  def price(self, args, drafter, target, batch, fill, context):
+    raise ValueError("SPECULATION='off': nothing is drafted, so c and "
+                     "Theorem 3.8 are not priced.")
+
+  def guesses_per_call(self, args):
+    del args
+    return 0
+
+  def metrics(self, args, decoded):
+    return self.search.metrics(args, decoded)
+
+
+def target_alone(mode: DecodeMode) -> TargetAloneMode:
+  """The target alone in `mode`'s place (its baseline, checks, settings)."""
+  if mode.target_alone:
+    return mode  # type: ignore[return-value]
+  return TargetAloneMode(search=mode, branches=mode.branches, beam=mode.beam,
+                         own_settings=mode.own_settings,
+                         exactness_tests=mode.exactness_tests)
+
+
 TOKEN = TokenMode()
 BLOCK = BlockMode()
 TREE = TreeMode()
@@ -298,19 +364,33 @@ def register(mode: DecodeMode) -> None:
   SAMPLING[mode.name] = mode
 
 
-def mode_of(args: Any) -> DecodeMode:
-  """The run's mode: DECODE='beam', else its ACCEPTANCE's."""
+def search_mode_of(args: Any) -> DecodeMode:
+  """The mode DECODE and ACCEPTANCE name: DECODE='beam', else ACCEPTANCE's
+  (whatever SPECULATION says)."""
   if args.decode == BEAM.name:
     return BEAM
   return SAMPLING[args.acceptance]
+
+
+def mode_of(args: Any) -> DecodeMode:
+  """The run's mode: `search_mode_of`, or with SPECULATION='off' the
+  target alone in its place."""
+  mode = search_mode_of(args)
+  if getattr(args, "speculation", SPECULATION_ON) == SPECULATION_OFF:
+    return target_alone(mode)
+  return mode
 
 
 def of_metrics(record: Mapping[str, Any]) -> DecodeMode:
   """The mode a metrics.json (or compile.json's settings) recorded; runs
   from before these keys: token verification."""
   if record.get("decode") == BEAM.name:
-    return BEAM
-  return SAMPLING.get(record.get("acceptance") or TOKEN.name, TOKEN)
+    mode: DecodeMode = BEAM
+  else:
+    mode = SAMPLING.get(record.get("acceptance") or TOKEN.name, TOKEN)
+  if record.get("speculation") == SPECULATION_OFF:
+    return target_alone(mode)
+  return mode
 
 
 def check_values(args: Any) -> None:
@@ -325,9 +405,39 @@ def check_values(args: Any) -> None:
                      f"{', '.join(repr(a) for a in SAMPLING)} ({words}).")
 
 
+def check_speculation(args: Any) -> None:
+  """SPECULATION among its values, and what 'off' / 'auto' cannot run
+  with; ValueError naming the macro, the value and what is allowed."""
+  value = getattr(args, "speculation", SPECULATION_ON)
+  if not isinstance(value, str) or value not in SPECULATIONS:
+    raise ValueError(
+        f"SPECULATION={value!r}: allowed: 'on' (speculative decoding, the "
+        "default), 'off' (the target alone) or 'auto' (the run prices the "
+        "decode modes on this machine and picks the fastest, the target "
+        "alone included).")
+  if value == SPECULATION_ON:
+    return
+  if args.mode == "alpha":
+    raise ValueError(f"SPECULATION={value!r} with MODE='alpha': α is "
+                     "measured with the draft; allowed: SPECULATION='on' "
+                     "with MODE='alpha'.")
+  if args.compile_topology is not None:
+    raise ValueError(f"SPECULATION={value!r} with COMPILE_TOPOLOGY="
+                     f"{args.compile_topology!r}: the programs are compiled "
+                     "for one decode mode; allowed: SPECULATION='on'.")
+  if value == SPECULATION_AUTO and (args.lenience != 1 or
+                                    args.adaptive_threshold is not None):
+    raise ValueError(
+        "SPECULATION='auto' with LENIENCE="
+        f"{args.lenience!r}, ADAPTIVE_THRESHOLD={args.adaptive_threshold!r}: "
+        "'auto' chooses among exact modes of fixed γ; allowed: LENIENCE=1 "
+        "and ADAPTIVE_THRESHOLD=None with 'auto', or SPECULATION='on'.")
+
+
 def check(args: Any) -> None:
   """The run's mode against the other settings (ValueError naming the
   macro, its value and what is allowed)."""
+  check_speculation(args)
   check_values(args)
   beam_settings.check_values(args)
   mode = mode_of(args)

@@ -9,6 +9,7 @@ at the end: counts, walltime, α and tokens per target call, BLEU / ROUGE
 against the references. The same seed and settings give the rows of a
 MODE='walltime' run's `speculative` column (the same rng per batch).
 """
+import functools
 import os
 import time
 from typing import Any, Callable, Dict, List, Sequence
@@ -19,25 +20,34 @@ import numpy as np
 
 from specdec_jax import analysis
 from specdec_jax import multihost
+from specdec_jax import progress
 from specdec_jax import quality as quality_lib
 from specdec_jax import run_metrics
 from specdec_jax import tasks
 from specdec_jax import timing
+from specdec_jax.experiment import auto_mode
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import predictions
-from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.experiment.plan import DecodePlan
 
 
-def compile_speculative(plan: RunPlan, feed: multihost.Feeder) -> float:
+def compile_speculative(plan: DecodePlan, feed: multihost.Feeder) -> float:
   """Compiles and runs the speculative decoder once per input width; the
   seconds."""
   t0 = time.perf_counter()
   widths = feed.first_of_each_width()
-  for n, b in enumerate(widths, 1):
-    logging.info("Compiling the speculative decoder: input width %d (%d/%d)",
-                 feed.batch_width(b), n, len(widths))
-    jax.block_until_ready(plan.speculative(feed.batch(b), plan.rng))
+  logging.info("Compiling the speculative decoder for input widths %s",
+               [feed.batch_width(b) for b in widths])
+  progress.numbered([
+      (f"the speculative decoder, input width {feed.batch_width(b)}",
+       functools.partial(_compile_width, plan, feed, b)) for b in widths
+  ])
   return time.perf_counter() - t0
+
+
+def _compile_width(plan: DecodePlan, feed: multihost.Feeder, b: int) -> None:
+  """Compiles (or reads from the cache) and runs the decoder on batch b."""
+  jax.block_until_ready(plan.speculative(feed.batch(b), plan.rng))
 
 
 def _eta(done: int, total: int, seconds: float) -> str:
@@ -47,7 +57,7 @@ def _eta(done: int, total: int, seconds: float) -> str:
   return f"ETA {seconds / done * (total - done):.0f} s"
 
 
-def run_infer(plan: RunPlan, feed: multihost.Feeder,
+def run_infer(plan: DecodePlan, feed: multihost.Feeder,
               examples: Sequence[Dict[str, Any]], data_info: Dict[str, Any],
               on_result: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
   """MODE='infer' end to end; `on_result(record)` before anything is
@@ -105,7 +115,7 @@ def _row(index: int, example: Dict[str, Any], text: str,
   return row
 
 
-def infer_record(plan: RunPlan, examples: Sequence[Dict[str, Any]],
+def infer_record(plan: DecodePlan, examples: Sequence[Dict[str, Any]],
                  texts: List[str], tokens: int, calls: int,
                  histogram: np.ndarray, decode_s: float, compile_s: float,
                  data_info: Dict[str, Any]) -> Dict[str, Any]:
@@ -135,4 +145,5 @@ def infer_record(plan: RunPlan, examples: Sequence[Dict[str, Any]],
       "quality": quality,
       **data_info,
       "settings": plan.settings,
+      **auto_mode.metrics_keys(args, plan.auto),  # SPECULATION off / auto
   }

@@ -76,9 +76,28 @@ def vocabulary(spm_model_path: Optional[str] = vocab_lib.DEFAULT_SPM_PATH,
                       "vocabulary.byte_level = True).")
   path = resolve(spm_model_path)
   if not paths.is_url(path) and not os.path.exists(path):
-    raise ConfigError(f"SPM_MODEL_PATH={spm_model_path!r} does not exist "
-                      f"(looked for {path}).")
+    raise ConfigError(
+        f"SPM_MODEL_PATH={spm_model_path!r} does not exist "
+        f"(looked for {path}){trained_here_hint(spm_model_path)}.")
   return _load_vocabulary(path, extra_ids, False)
+
+
+# Where `train` writes (gin/train/*.gin): a missing path there was never
+# trained on this machine.
+TRAINED_HERE = "outputs/"
+
+
+def trained_here_hint(path: str) -> str:
+  """For a missing path under outputs/: where it comes from, and the
+  shipped pairs that need no training ('' for any other path)."""
+  if not os.path.normpath(path).startswith(os.path.normpath(TRAINED_HERE)):
+    return ""
+  return ("; outputs/ holds models trained on this machine by `python -m "
+          "specdec_jax.train` (docs/usage/running.md, \"train\"). The shipped "
+          "pairs in pretrained/multi30k/ need no training: "
+          "--gin_file=pretrained_multi30k.gin (the README's main job), or on "
+          "Multi30k's test set multi30k_38m_1m.gin / "
+          "multi30k_38m_1m_distill.gin")
 
 
 @functools.lru_cache(maxsize=None)
@@ -230,6 +249,11 @@ def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,
   shardings = partitioning.param_shardings(mesh, shapes)
   if checkpoint_path:
     path = checkpoint_dir(checkpoint_path)
+    if not paths.is_url(path) and not os.path.exists(path):
+      raise checkpoints.CheckpointError(
+          f"{what.upper()}_CHECKPOINT_PATH={checkpoint_path!r}: {path} does "
+          "not exist (allowed: a T5X checkpoint_<N> folder, or a folder of "
+          f"them){trained_here_hint(checkpoint_path)}.")
     logging.info("Loading %s from %s", what, path)
     params = checkpoints.load_t5x_params(path, expected=shapes,
                                          dtype=config.dtype,

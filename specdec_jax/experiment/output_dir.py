@@ -40,8 +40,10 @@ PREDICTIONS_FILES = (run_metrics.PREDICTIONS_FILE, PARTIAL_PREDICTIONS_FILE)
 # Every file a run's results are in, whole or partial (the OVERWRITE rule).
 RESULT_FILES = (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE,
                 run_metrics.INFER_FILE) + PREDICTIONS_FILES
-# Arguments that do not make a run's results different.
-NOT_SETTINGS = ("output_dir", "overwrite", "mode", "compile_topology")
+# Arguments that do not make a run's results different (PRICE_CALL_COST:
+# whether c is priced after the same decode; metrics.json says which).
+NOT_SETTINGS = ("output_dir", "overwrite", "mode", "compile_topology",
+                "price_call_cost")
 
 
 def settings_record(args: arguments.RunArguments, target_config: T5Config,
@@ -63,6 +65,8 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
   # in its runs only; Algorithm 1 is the default.
   for k in decode_modes.settings_to_drop(args):
     run_args.pop(k)
+  if args.speculation == decode_modes.SPECULATION_ON:  # as before it existed
+    run_args.pop("speculation")
   record = {
       "run": run_args,
       "target": gin_utils.t5_config_fields(target_config),

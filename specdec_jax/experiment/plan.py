@@ -1,19 +1,25 @@
-"""A run's plan: what the run is, built once, every setting checked once.
+"""A run's plan, in three stages, each built once and complete.
 
-`RunPlan.build(args)` checks everything that needs no model, in one place,
-before anything is loaded: the arguments (already checked when built), the
-model configs against each other and against DRAFTER, the vocabulary
-against both models' vocab_size, NGRAM_CORPUS (counted into the n-gram
-table), the memory the lengths need, the task kind. `plan.loaded()` adds
-the mesh, the two models, the drafter (one, from the registry,
-`drafter_registry`) and the two decoders, checked once
-(`decoding.speculative_decoder`: no host-side checks per batch).
+1. `RunPlan.build(args)` checks everything that needs no model, in one
+   place, before anything is loaded: the arguments (already checked when
+   built), the model configs against each other and against DRAFTER, the
+   vocabulary against both models' vocab_size, NGRAM_CORPUS (counted into
+   the n-gram table), the memory the lengths need, the task kind. Its
+   mesh is built once, on first use.
+2. `plan.load(models)` -> `Loaded`: the plan with its models and its
+   drafter (one, from the registry, `drafter_registry`): what the pilots
+   of GAMMA / TREE_WIDTH / SPECULATION 'auto' decode with.
+3. `loaded.decoding(...)` -> `DecodePlan`: every choice made (γ, k, the
+   mode), the two decoders built and checked once
+   (`decoding.speculative_decoder`: no host-side checks per batch). What
+   the timed decode runs. No field of any stage waits to be filled later.
 
 Everything a run takes from outside — the vocabulary, the models, the
 decoders — comes through `Providers`, so that tests and the multi-host test
 workers hand in fakes as an argument rather than patching modules.
 """
 import dataclasses
+import functools
 import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -84,11 +90,10 @@ class Models:
 
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
-  """One run, checked (`build`), then loaded (`loaded`).
+  """One run's settings, checked (`build`); nothing loaded.
 
   Attributes:
-    args: the run's arguments (GAMMA='auto': with the chosen γ once
-      `with_gamma` was called).
+    args: the run's arguments (GAMMA / TREE_WIDTH may still be 'auto').
     target_config, draft_config: the two models' T5Configs.
     vocab: the shared vocabulary.
     ngram_table: the n-gram drafter's table, or None.
@@ -97,9 +102,6 @@ class RunPlan:
     task_kind: 'translation' (BLEU) or 'summarization' (ROUGE).
     settings: what makes the results what they are (the OVERWRITE rule).
     providers: where the vocabulary, models and decoders come from.
-    models: the loaded `Models` (None before `loaded`).
-    drafter: what guesses (None before `loaded`).
-    baseline, speculative: the two decoders (None before `loaded`).
   """
   args: arguments.RunArguments
   target_config: Any
@@ -110,10 +112,6 @@ class RunPlan:
   task_kind: str
   settings: Dict[str, Any]
   providers: Providers
-  models: Optional[Models] = None
-  drafter: Any = None
-  baseline: Optional[Decoder] = None
-  speculative: Optional[Decoder] = None
 
   @classmethod
   def build(cls, args: arguments.RunArguments,
@@ -167,14 +165,12 @@ class RunPlan:
     model bindings: `sweep`) are kept, a missing draft is loaded."""
     a, load = self.args, self.providers.load_model
     if reuse is None:
-      try:
-        mesh = partitioning.make_mesh(*a.mesh_shape)
-      except ValueError as e:
-        raise ConfigError(f"MESH_SHAPE={a.mesh_shape!r}: {e}") from None
       reuse = Models(
-          mesh,
-          load(self.target_config, a.target_checkpoint_path, a.seed, mesh,
+          self.mesh,
+          load(self.target_config, a.target_checkpoint_path, a.seed, self.mesh,
                "target"))
+    if decode_modes.mode_of(a).target_alone:  # SPECULATION='off': no draft
+      return reuse
     feature = a.drafting.spec.reads_target_features
     if reuse.draft is not None and feature != isinstance(
         reuse.draft, models_lib.FeatureDraftModel):  # a sweep's other kind
@@ -193,35 +189,28 @@ class RunPlan:
       reuse = dataclasses.replace(reuse, draft=draft)
     return reuse
 
+  @functools.cached_property
   def mesh(self) -> Any:
-    """The (data, model) mesh, before any model is loaded."""
-    if self.models is not None:
-      return self.models.mesh
+    """The (data, model) mesh: built once, before any model is loaded."""
     try:
       return partitioning.make_mesh(*self.args.mesh_shape)
     except ValueError as e:
       raise ConfigError(f"MESH_SHAPE={self.args.mesh_shape!r}: {e}") from None
 
-  def loaded(self, models: Models) -> "RunPlan":
-    """This plan with `models`, its drafter and its decoders (built once)."""
+  def at(self, args: Optional[arguments.RunArguments] = None,
+         **changes: Any) -> "RunPlan":
+    """This plan with other arguments (`args`, or these `changes`: a
+    pilot's or a candidate's γ, k or mode) and their acceptance rule."""
+    args = dataclasses.replace(args or self.args, **changes)
+    return dataclasses.replace(
+        self, args=args,
+        acceptance=decode_modes.mode_of(args).acceptance_rule(args))
+
+  def load(self, models: Models) -> "Loaded":
+    """This plan with `models` and its drafter (built once)."""
     drafter = self.args.drafting.build(models.draft, self.ngram_table,
                                        self.target_config.vocab_size)
-    plan = dataclasses.replace(self, models=models, drafter=drafter)
-    return plan.with_gamma(self.args.gamma)
-
-  def with_gamma(self, gamma: Any, tree_width: Any = None) -> "RunPlan":
-    """This loaded plan at γ (GAMMA='auto': the chosen one; the pilot's)
-    and, given, TREE_WIDTH k (TREE_WIDTH='auto': likewise); 'auto' itself
-    builds no decoders yet."""
-    args = dataclasses.replace(self.args, gamma=gamma)
-    if tree_width is not None:
-      args = dataclasses.replace(args, tree_width=tree_width)
-    plan = dataclasses.replace(self, args=args)
-    if args.auto_gamma or args.auto_tree_width:
-      return plan
-    baseline, speculative = self.providers.decoders(plan, self.models.target,
-                                                    self.drafter, int(gamma))
-    return dataclasses.replace(plan, baseline=baseline, speculative=speculative)
+    return Loaded(self, models, drafter)
 
   # -- results ----------------------------------------------------------------
   def quality(self, base_text, spec_text, references) -> Dict[str, Any]:
@@ -234,6 +223,69 @@ class RunPlan:
   @property
   def rng(self) -> jax.Array:
     return jax.random.PRNGKey(self.args.seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+  """A plan with its models and drafter: what the pilots decode with.
+
+  Attributes:
+    plan: the checked `RunPlan`.
+    models: its loaded `Models`.
+    drafter: what guesses (`DrafterSpec.build`).
+  """
+  plan: RunPlan
+  models: Models
+  drafter: Any
+
+  args = property(lambda self: self.plan.args)
+  rng = property(lambda self: self.plan.rng)
+  settings = property(lambda self: self.plan.settings)
+  target_config = property(lambda self: self.plan.target_config)
+
+  def decoding(self, args: Optional[arguments.RunArguments] = None,
+               **changes: Any) -> "DecodePlan":
+    """The decoders at the plan's settings, or at `args` / `changes` (a
+    pilot's or the chosen γ, k or mode): built and checked now."""
+    plan = self.plan.at(args, **changes) if (args or changes) else self.plan
+    a = plan.args
+    if a.auto_gamma or a.auto_tree_width:
+      raise ValueError("GAMMA and TREE_WIDTH 'auto' are chosen before the "
+                       "decoders are built (`walltime.choose_shape`).")
+    baseline, speculative = plan.providers.decoders(plan, self.models.target,
+                                                    self.drafter, int(a.gamma))
+    return DecodePlan(plan, self.models, self.drafter, baseline, speculative)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+  """Everything the timed decode needs, decided: the settings at the chosen
+  γ, k and mode, the models, the drafter and the two decoders.
+
+  Attributes:
+    plan: the `RunPlan` at the chosen settings.
+    models, drafter: as `Loaded`'s.
+    baseline, speculative: the two decoders, (inputs [B, S], rng) -> output.
+    auto: SPECULATION='auto''s record (candidates, prices, choice:
+      metrics.json's `auto`); None for a run that chose nothing.
+  """
+  plan: RunPlan
+  models: Models
+  drafter: Any
+  baseline: Decoder
+  speculative: Decoder
+  auto: Optional[Dict[str, Any]] = None
+
+  args = property(lambda self: self.plan.args)
+  rng = property(lambda self: self.plan.rng)
+  vocab = property(lambda self: self.plan.vocab)
+  settings = property(lambda self: self.plan.settings)
+  task_kind = property(lambda self: self.plan.task_kind)
+  acceptance = property(lambda self: self.plan.acceptance)
+  target_config = property(lambda self: self.plan.target_config)
+
+  def quality(self, base_text, spec_text, references) -> Dict[str, Any]:
+    return self.plan.quality(base_text, spec_text, references)
 
 
 def _bound_value(name: str, default: Any) -> Any:

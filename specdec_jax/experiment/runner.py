@@ -2,7 +2,7 @@
 
 `execute(plan)` takes OUTPUT_DIR (created, probed and locked for the run's
 life: `output_dir.check_output_dir`), reads this process's slice of the
-examples and shares them (`multihost`), loads the models (`plan.loaded`),
+examples and shares them (`multihost`), loads the models (`plan.load`),
 and hands everything to the mode: `walltime.run_walltime` (both decoders
 timed, metrics.json), MODE='alpha' (alpha.json) or MODE='infer' (the
 speculative decoder only: `infer.run_infer`, infer.json).
@@ -77,15 +77,15 @@ def execute(plan: RunPlan, *, on_result: Optional[OnResult] = None,
     multihost.barrier("models_loaded")
     if plan.args.mode == "alpha":
       return _run_alpha(plan, models, data, on_result), models
+    # Every choice (GAMMA, TREE_WIDTH or SPECULATION 'auto') is made
+    # before the timed decode starts, then the decoders are built once.
+    decode_plan, gamma_auto = walltime.choose_shape(plan.load(models),
+                                                    data.feed)
     if plan.args.mode == "infer":  # the speculative decoder only
-      loaded, _ = walltime.choose_shape(plan.loaded(models), data.feed)
-      return infer.run_infer(loaded, data.feed, data.examples, data.info,
+      return infer.run_infer(decode_plan, data.feed, data.examples, data.info,
                              on_result), models
-    # Every choice (GAMMA='auto', TREE_WIDTH='auto') is made before the
-    # timed decode starts.
-    loaded, gamma_auto = walltime.choose_shape(plan.loaded(models), data.feed)
-    return walltime.run_walltime(loaded, data.feed, data.examples, data.info,
-                                 on_result, gamma_auto), models
+    return walltime.run_walltime(decode_plan, data.feed, data.examples,
+                                 data.info, on_result, gamma_auto), models
 
 
 class _output_folder:  # pylint: disable=invalid-name
@@ -125,7 +125,7 @@ def read_examples(plan: RunPlan) -> RunData:
   """Each process reads its slice of the examples, encodes it and shares
   texts and token counts, so every process knows all of them."""
   a = plan.args
-  sharding = partitioning.data_sharding(plan.mesh(), a.batch_size)
+  sharding = partitioning.data_sharding(plan.mesh, a.batch_size)
   try:
     layout = multihost.data_layout(sharding, a.batch_size)
   except ValueError as e:

@@ -7,16 +7,20 @@ import os
 from typing import Any, Dict, List, Optional
 
 from specdec_jax import run_metrics
+from specdec_jax.experiment import auto_mode
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import arguments
 
 
-def _speed_words(speedup: float, theory: float, label: str = "theory") -> str:
+def _speed_words(speedup: float, theory: Optional[float],
+                 label: str = "theory") -> str:
+  """The speedup in words, beside a theory (None: c was not priced)."""
+  words = (f"{label} {theory:.2f}x" if theory is not None else
+           "no theory: PRICE_CALL_COST=False skipped pricing c")
   if speedup >= 1:
-    return (f"{speedup:.2f}x faster than the target alone ({label} "
-            f"{theory:.2f}x)")
+    return f"{speedup:.2f}x faster than the target alone ({words})"
   return (f"{1 / speedup:.2f}x slower than the target alone ({speedup:.2f}x; "
-          f"{label} {theory:.2f}x)")
+          f"{words})")
 
 
 def _quality_words(metrics: Dict[str, Any]) -> Optional[str]:
@@ -111,6 +115,8 @@ def _theory_words(metrics: Dict[str, Any]) -> str:
   if decode_modes.of_metrics(metrics).branches and tree is not None:
     return _speed_words(metrics["speedup"], tree,
                         "the tree's measured tokens per call and call costs:")
+  if metrics.get("call_cost_priced") is False:  # PRICE_CALL_COST=False
+    return _speed_words(metrics["speedup"], None)
   # Theorem 3.8 at the measured call cost leads: at call cost 1 (the
   # paper's TPUs) it flatters a CPU several times over (issue 44).
   measured = metrics.get("theoretical_speedup_measured_call_cost")
@@ -142,8 +148,21 @@ def _beam_line(metrics: Dict[str, Any]) -> str:
   return words
 
 
+def _target_alone_line(metrics: Dict[str, Any]) -> str:
+  """SPECULATION='off' (or 'auto' choosing it): only the baseline ran."""
+  decoder = ("the target's own beam search"
+             if decode_modes.of_metrics(metrics).beam else "the target alone")
+  return (f"speculation off: {decoder} decoded all {metrics['num_examples']} "
+          f"examples in {metrics['walltime_baseline_s']:.1f} s; nothing was "
+          "drafted (speedup 1 by definition)")
+
+
 def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
   """Speed, α, exactness, drafting and quality of a walltime run."""
+  if decode_modes.of_metrics(metrics).target_alone:
+    quality = _quality_words(metrics)
+    return [_target_alone_line(metrics)
+           ] + ([f"quality: {quality}"] if quality else [])
   if decode_modes.of_metrics(metrics).beam:
     quality = _quality_words(metrics)
     if quality:  # both sides are top beams
@@ -164,9 +183,12 @@ def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
 
 def _infer_lines(metrics: Dict[str, Any]) -> List[str]:
   """MODE='infer': what was decoded, how fast, how well."""
+  how = (f"speculatively ({metrics['decode_mode']})"
+         if metrics.get("speculation") != decode_modes.SPECULATION_OFF else
+         "by the target alone (speculation off)")
   lines = [
-      f"inference: {metrics['num_examples']} examples decoded speculatively "
-      f"({metrics['decode_mode']}) in {metrics['decode_s']:.1f} s "
+      f"inference: {metrics['num_examples']} examples decoded {how} in "
+      f"{metrics['decode_s']:.1f} s "
       f"({metrics['tokens_per_second']:.0f} tokens/s, compilation "
       f"{metrics['compile_time_s']:.1f} s apart); alpha "
       f"{metrics['alpha']:.2f}, {metrics['tokens_per_target_call']:.2f} "
@@ -243,7 +265,7 @@ def summary_lines(metrics: Dict[str, Any],
     body = _walltime_lines(metrics, temp)
     files = [run_metrics.METRICS_FILE, run_metrics.PREDICTIONS_FILE]
   return [
-      head, *body, *_notes(metrics),
+      head, *auto_mode.summary_lines(metrics), *body, *_notes(metrics),
       "results: " + ", ".join(os.path.join(out, f) for f in files) +
       " (docs/usage/outputs.md)"
   ]

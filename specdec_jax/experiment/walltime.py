@@ -12,6 +12,7 @@ draft step (or one guess) and the (γ+1)-token verification call the one way
 write metrics.json.
 """
 import dataclasses
+import functools
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -23,17 +24,21 @@ import numpy as np
 from specdec_jax import analysis
 from specdec_jax.core import decoding
 from specdec_jax import multihost
+from specdec_jax import progress
 from specdec_jax import run_metrics
 from specdec_jax import tasks
 from specdec_jax import timing
 from specdec_jax.experiment import overheads
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
+from specdec_jax.experiment import auto_mode
+from specdec_jax.experiment import auto_run
 from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import predictions
 from specdec_jax.experiment import traces
-from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.experiment.plan import DecodePlan
+from specdec_jax.experiment.plan import Loaded
 
 Decoder = decoding.Decoder
 
@@ -125,10 +130,11 @@ def compile_decoders(feed: multihost.Feeder, baseline: Decoder,
       "Compiling both decoders for input widths %s (read from the "
       "persistent compilation cache after a first run)",
       [feed.batch_width(b) for b in widths])
-  for b in widths:
-    batch = feed.batch(b)
-    jax.block_until_ready(baseline(batch, rng))
-    jax.block_until_ready(speculative(batch, rng))
+  progress.numbered([(f"the {name} decoder, input width {feed.batch_width(b)}",
+                      functools.partial(_compile_one, fn, feed, b, rng))
+                     for b in widths
+                     for name, fn in (("baseline", baseline), ("speculative",
+                                                               speculative))])
   compile_s = time.perf_counter() - t0
   logging.info(
       "Compiled and warmed up both decoders for input widths %s "
@@ -136,7 +142,13 @@ def compile_decoders(feed: multihost.Feeder, baseline: Decoder,
   return compile_s
 
 
-def decode_examples(plan: RunPlan, feed: multihost.Feeder,
+def _compile_one(decoder: Decoder, feed: multihost.Feeder, b: int,
+                 rng: jax.Array) -> None:
+  """Compiles (or reads from the cache) and runs `decoder` on batch b."""
+  jax.block_until_ready(decoder(feed.batch(b), rng))
+
+
+def decode_examples(plan: DecodePlan, feed: multihost.Feeder,
                     examples: Sequence[Dict[str, Any]],
                     writer: predictions.PredictionsWriter) -> Decoded:
   """Both decoders on every batch (same rng per batch), each call timed;
@@ -154,13 +166,16 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
   # A tree or beam run counts kept guesses per call only (no β, no trace
   # of guesses: `traces.tree_traces`).
   one_path = decode_modes.mode_of(plan.args).one_path
+  # SPECULATION='off': one decode, the baseline's, fills both columns.
+  target_alone = decode_modes.mode_of(plan.args).target_alone
   beta_sum: Optional[float] = 0.0 if one_path else None
   beta_count: Optional[float] = 0.0 if one_path else None
   per_batch: List[Tuple[float, float, int, int, int]] = []
   for i, (batch, keep) in enumerate(feed.batches()):
     brng = jax.random.fold_in(rng, i)
     out_b, dt_b = timing.timed(plan.baseline, batch, brng)
-    out_s, dt_s = timing.timed(plan.speculative, batch, brng)
+    out_s, dt_s = ((plan.speculative.of_baseline(out_b), dt_b) if target_alone
+                   else timing.timed(plan.speculative, batch, brng))
     out_b, out_s = multihost.to_host((out_b, out_s))  # every row
     time_base += dt_b
     time_spec += dt_s
@@ -202,26 +217,33 @@ def decode_examples(plan: RunPlan, feed: multihost.Feeder,
 
 
 def choose_shape(
-    plan: RunPlan,
-    feed: multihost.Feeder) -> Tuple[RunPlan, Optional[Dict[str, Any]]]:
-  """GAMMA='auto' (and a tree's TREE_WIDTH='auto'): the pilot, run before
-  the timed decode, and the plan at the chosen γ (and k), with the
-  pilot's record; otherwise the plan as it is and None."""
-  args = plan.args
+    loaded: Loaded,
+    feed: multihost.Feeder) -> Tuple[DecodePlan, Optional[Dict[str, Any]]]:
+  """Every choice, before the timed decode: GAMMA='auto' (and a tree's
+  TREE_WIDTH='auto') by its pilot, with the pilot's record; SPECULATION
+  'auto' (`auto_run.choose_mode`; its record in `DecodePlan.auto`) or
+  'off' (the target alone). Returns the `DecodePlan` at the choice (the
+  run's own settings when there is nothing to choose) and the γ pilot's
+  record or None."""
+  args = loaded.args
+  if args.speculation == decode_modes.SPECULATION_AUTO:
+    return auto_run.choose_mode(loaded, feed), None
+  if decode_modes.mode_of(args).target_alone:
+    return auto_run.target_alone_plan(loaded), None
   if decode_modes.mode_of(args).branches and (args.auto_gamma or
                                               args.auto_tree_width):
-    gamma_auto = auto_tree.pilot_tree_shape(plan, feed)  # (γ, k)
-    return plan.with_gamma(
-        gamma_auto["chosen_gamma"],
-        tree_width=gamma_auto["chosen_tree_width"]), (gamma_auto)
+    gamma_auto = auto_tree.pilot_tree_shape(loaded, feed)  # (γ, k)
+    return loaded.decoding(
+        gamma=gamma_auto["chosen_gamma"],
+        tree_width=gamma_auto["chosen_tree_width"]), gamma_auto
   if args.auto_gamma:
-    pilot = plan.with_gamma(auto_gamma.AUTO_GAMMA_PILOT)
+    pilot = loaded.decoding(gamma=auto_gamma.AUTO_GAMMA_PILOT)
     gamma_auto = auto_gamma.pilot_gamma(pilot, feed)
-    return plan.with_gamma(gamma_auto["chosen_gamma"]), gamma_auto
-  return plan, None
+    return loaded.decoding(gamma=gamma_auto["chosen_gamma"]), gamma_auto
+  return loaded.decoding(), None
 
 
-def run_walltime(plan: RunPlan, feed: multihost.Feeder,
+def run_walltime(plan: DecodePlan, feed: multihost.Feeder,
                  examples: Sequence[Dict[str, Any]], data_info: Dict[str, Any],
                  on_result: Callable[[Dict[str, Any]], None],
                  gamma_auto: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -249,15 +271,20 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
     logging.info(
         "%s: c and Theorem 3.8 are not priced (they model sampling "
         "one sequence)", mode.description)
+  elif not plan.args.price_call_cost:
+    logging.info("PRICE_CALL_COST=False: c and the verification call are "
+                 "not priced (metrics.json: call_cost_priced false, no "
+                 "theory)")
   else:
-    logging.info(mode.pricing_words(plan.args))
-    steps = step_times(plan, feed.batch(0),
-                       int(decoded.tokens_generated / len(examples)))
+    with progress.phase(mode.pricing_words(plan.args)):
+      steps = step_times(plan, feed.batch(0),
+                         int(decoded.tokens_generated / len(examples)))
   decoded, compile_s, steps = slowest_process(decoded, compile_s, steps)
   quality = plan.quality(decoded.base_text, decoded.spec_text,
                          [e["reference"] for e in examples])
   metrics = walltime_metrics(plan.args, decoded, quality, compile_s, steps,
-                             data_info, plan.settings, gamma_auto).to_dict()
+                             data_info, plan.settings, gamma_auto,
+                             plan.auto).to_dict()
   on_result(metrics)
 
   multihost.run_on_first(  # the others wait for it
@@ -274,7 +301,7 @@ def run_walltime(plan: RunPlan, feed: multihost.Feeder,
   return metrics
 
 
-def step_times(plan: RunPlan, batch: jax.Array, fill: int) -> StepTimes:
+def step_times(plan: DecodePlan, batch: jax.Array, fill: int) -> StepTimes:
   """One target step, one guess and the verification call (this process's
   seconds: `slowest`); ACCEPTANCE='tree': one depth of the k-branch draft
   and the tree call over 1 + k·γ nodes (`tree_costs.price_tree_calls`).
@@ -311,11 +338,12 @@ def slowest_process(decoded: Decoded, compile_s: float,
 
 
 def walltime_metrics(
-    args: arguments.RunArguments, decoded: Decoded,
-    quality: Dict[str, Dict[str, Any]], compile_s: float,
-    steps: Optional[StepTimes], data_info: Dict[str, Any], settings: Dict[str,
-                                                                          Any],
-    gamma_auto: Optional[Dict[str, Any]]) -> run_metrics.RunMetrics:
+    args: arguments.RunArguments, decoded: Decoded, quality: Dict[str,
+                                                                  Dict[str,
+                                                                       Any]],
+    compile_s: float, steps: Optional[StepTimes], data_info: Dict[str, Any],
+    settings: Dict[str, Any], gamma_auto: Optional[Dict[str, Any]],
+    auto: Optional[Dict[str, Any]] = None) -> run_metrics.RunMetrics:
   """The run's metrics.json.
 
   Args:
@@ -323,11 +351,12 @@ def walltime_metrics(
     decoded: both decoders' outputs.
     quality: {'bleu' or 'rouge': {'baseline': ..., 'speculative': ...}}.
     compile_s: `compile_decoders`' seconds (the slowest process's).
-    steps: `step_times`; None for a beam run (not priced: c, Theorem 3.8
-      and the call costs are null).
+    steps: `step_times`; None for a beam run or PRICE_CALL_COST=False (not
+      priced: c, Theorem 3.8 and the call costs are null).
     data_info: the examples' counts (`run_metrics.RunMetrics`' data keys).
     settings: the run's settings record (`output_dir.settings_record`).
     gamma_auto: GAMMA='auto''s pilot and choice, or None.
+    auto: SPECULATION='auto''s candidates and choice (`plan.auto`), or None.
   """
   gamma, c = args.gamma, None if steps is None else steps.cost_coefficient
   alpha = decoded.alpha
@@ -360,6 +389,8 @@ def walltime_metrics(
       target_step_s=None if steps is None else steps.target_step_s,
       draft_step_s=None if steps is None else steps.draft_step_s,
       cost_coefficient_c=c,
+      call_cost_priced=(False if steps is None and
+                        decode_modes.mode_of(args).priced else None),
       **(unpriced_theory_metrics() if steps is None else theory_metrics(
           args, decoded, steps)),
       # Token-for-token identity is the test of exactness at T = 0 only:
@@ -377,12 +408,14 @@ def walltime_metrics(
       **data_info,
       settings=settings,
       **drafting_metrics(args, decoded.per_example, tokens, c, gamma_auto),
-      **beam_metrics(args, decoded))
+      **beam_metrics(args, decoded),
+      **auto_mode.metrics_keys(args, auto))
 
 
 def unpriced_theory_metrics() -> Dict[str, Any]:
   """`theory_metrics`' keys of a run that is not priced (DECODE='beam':
-  Theorem 3.8 and c model one sampled sequence, not a beam search)."""
+  Theorem 3.8 and c model one sampled sequence, not a beam search;
+  PRICE_CALL_COST=False: skipped)."""
   return dict.fromkeys(
       ("theoretical_speedup", "verification_call_s", "verification_cost_ratio",
        "theoretical_speedup_measured_call_cost", "iteration_overhead",
@@ -463,7 +496,7 @@ def drafting_metrics(args: arguments.RunArguments,
     per_example: predictions.jsonl's records (their traces: guesses made
       and kept per target call).
     tokens: tokens generated.
-    c: the measured cost coefficient.
+    c: the measured cost coefficient (None: not priced).
     gamma_auto: `choose_gamma`'s record, or None.
   """
   mode = decode_modes.mode_of(args)
@@ -477,8 +510,8 @@ def drafting_metrics(args: arguments.RunArguments,
   else:
     kept = [t["num_accepted"] for e in per_example for t in e["trace"]]
     guessed = [len(t["draft_tokens"]) for e in per_example for t in e["trace"]]
-    bound = analysis.per_iteration_gamma_bound(kept, guessed, args.gamma, c,
-                                               tokens)
+    bound = None if c is None else analysis.per_iteration_gamma_bound(
+        kept, guessed, args.gamma, c, tokens)  # c None: not priced
   return {
       "drafter": args.drafter,
       "draft_model": draft_label(args, gamma_auto),

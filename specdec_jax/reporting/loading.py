@@ -48,6 +48,18 @@ def load_metrics(path: str) -> Dict[str, Any]:
   return run_metrics.as_mapping(metrics, data)
 
 
+def _unpriced(metrics: Dict[str, Any], dirpath: str) -> bool:
+  """A PRICE_CALL_COST=False run (no c, no Theorem 3.8, which every table
+  here prints): left out, said so."""
+  if metrics.get("call_cost_priced") is not False:
+    return False
+  logging.warning(
+      "%s: a PRICE_CALL_COST=False run (no c, no Theorem 3.8), left out of "
+      "the report, whose tables need them; re-run it with "
+      "PRICE_CALL_COST=True, or read its metrics.json directly", dirpath)
+  return True
+
+
 def load_results(results_dir: str,
                  exclude: Optional[str] = None) -> List[Dict[str, Any]]:
   """Loads every run under `results_dir` (one metrics.json per directory).
@@ -69,7 +81,7 @@ def load_results(results_dir: str,
   if not os.path.isdir(results_dir):
     raise ReportError(f"{results_dir}: not a directory")
   skip = os.path.realpath(exclude) if exclude else None
-  runs, beams = [], 0
+  runs, beams, unpriced = [], 0, 0
   for dirpath, dirnames, filenames in os.walk(results_dir, onerror=None):
     dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and
                          os.path.realpath(os.path.join(dirpath, d)) != skip)
@@ -84,6 +96,15 @@ def load_results(results_dir: str,
           "Theorem 3.8's, which models sampling one sequence); read its "
           "metrics.json directly", dirpath)
       beams += 1
+      continue
+    if decode_modes.of_metrics(metrics).target_alone:
+      logging.warning(
+          "%s: a SPECULATION='off' run (the target alone: nothing drafted, "
+          "no c), left out of the report; read its metrics.json directly",
+          dirpath)
+      continue
+    if _unpriced(metrics, dirpath):
+      unpriced += 1
       continue
     rel = os.path.relpath(dirpath, results_dir)
     metrics["run_name"] = os.path.basename(
@@ -107,6 +128,10 @@ def load_results(results_dir: str,
         f"{results_dir}: only DECODE='beam' runs ({beams}), which the "
         "report leaves out (its tables are Theorem 3.8's); tabulate them "
         "with scripts/beam_table.py")
+  if not runs and unpriced:
+    raise ReportError(
+        f"{results_dir}: only PRICE_CALL_COST=False runs ({unpriced}), which "
+        "the report leaves out (its tables need c and Theorem 3.8)")
   if not runs:
     raise ReportError(f"{results_dir}: no run directories with a "
                       f"{run_metrics.METRICS_FILE} found")

@@ -128,8 +128,12 @@ def clean_staging(model_dir: str) -> None:
 
 
 def save_checkpoint(model_dir: str, step: int, params, opt_state,
-                    config: T5Config, keep: Optional[int] = None) -> str:
-  """Writes checkpoint_<step> (params + optimizer state) atomically.
+                    config: T5Config, keep: Optional[int] = None,
+                    vocabulary_file: Optional[str] = None) -> str:
+  """Writes checkpoint_<step> (params + optimizer state) atomically, with
+  its DIGESTS.json (every file's SHA-256 and, given `vocabulary_file`, the
+  SentencePiece model's: `checkpoints.digests`), so `run` loads it
+  verified.
 
   Then only the last `keep` checkpoints are kept (all if None or 0).
 
@@ -155,6 +159,7 @@ def save_checkpoint(model_dir: str, step: int, params, opt_state,
     io_utils.atomic_write(os.path.join(path, TRAIN_STATE_FILE),
                           serialization.to_bytes(state))
     write_model_config(path, config)
+    digests.write_manifest(path, vocabulary_file)  # last: lists the rest
     os.rename(path, final)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
@@ -191,3 +196,56 @@ def restore_checkpoint(ckpt: str, config: T5Config,
         f"not match the configured optimizer: {e}") from e
   opt_state = jax.tree_util.tree_map(jnp.asarray, state["opt_state"])
   return int(state["step"]), {"params": params}, opt_state
+
+
+# The gin files `train` writes beside its checkpoints (`write_run_gin_files`).
+RUN_GIN_FILES = {"target": "as_target.gin", "draft": "as_draft.gin"}
+
+
+def run_gin_text(role: str, model_dir: str, config: T5Config,
+                 spm_model_path: str) -> str:
+  """A gin file that makes `model_dir`'s model a run's `role` ('target' or
+  'draft'): its T5Config under the role's scope, its checkpoint (the latest
+  in `model_dir`), its name (the folder's) and its vocabulary."""
+  macro = role.upper()
+  name = os.path.basename(os.path.normpath(model_dir))
+  files = {
+      r: (os.path.join(model_dir, f) if r == role else f"<{r} model dir>/{f}")
+      for r, f in RUN_GIN_FILES.items()
+  }
+  lines = [
+      f"# Written by `python -m specdec_jax.train`: {name} as a run's {role}",
+      "# (its sizes from model_config.json; rewritten by every train here).",
+      "# Give it after an experiment file, which sets the data and OUTPUT_DIR:",
+      "#   python -m specdec_jax.run --gin_file=pretrained_multi30k.gin \\",
+      f"#     --gin_file={files['target']} \\",
+      f"#     --gin_file={files['draft']}",
+  ]
+  for key, value in gin_utils.t5_config_fields(config).items():
+    value = tuple(value) if isinstance(value, list) else value
+    lines.append(f"{role}/T5Config.{key} = {value!r}")
+  lines += [
+      f"{macro}_CHECKPOINT_PATH = {model_dir!r}  # its latest checkpoint_N",
+      f"{macro}_NAME = {name!r}",
+      f"SPM_MODEL_PATH = {spm_model_path!r}",
+      "EXTRA_IDS = 0  # train's vocabularies have no sentinel ids",
+  ]
+  if role == "draft" and not config.has_encoder:
+    lines.append("DRAFTER = 'shared_encoder'  # reads the target's encoder")
+  return "\n".join(lines) + "\n"
+
+
+def write_run_gin_files(model_dir: str, config: T5Config,
+                        spm_model_path: str) -> Dict[str, str]:
+  """`model_dir`/as_target.gin and as_draft.gin (`run_gin_text`;
+  a model without an encoder only drafts), atomically; {role: path}."""
+  model_dir = os.path.abspath(model_dir)
+  spm = (spm_model_path
+         if paths.is_url(spm_model_path) else os.path.abspath(spm_model_path))
+  roles = ("target", "draft") if config.has_encoder else ("draft",)
+  written = {}
+  for role in roles:
+    path = os.path.join(model_dir, RUN_GIN_FILES[role])
+    io_utils.atomic_write(path, run_gin_text(role, model_dir, config, spm))
+    written[role] = path
+  return written

@@ -42,6 +42,7 @@ from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import parameters
 from specdec_jax import paths
+from specdec_jax import progress as progress_lib
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.t5 import T5Model
 from specdec_jax.training import checkpointing
@@ -108,6 +109,20 @@ class _Progress:
     self._window_start: Optional[float] = None
     self._window_steps = self._window_tokens = 0
     self.total_time, self.total_steps, self.total_tokens = 0.0, 0, 0
+    self._last_line = time.time()  # the last progress line's time
+
+  @contextlib.contextmanager
+  def step(self, step: int):
+    """Around one step: the first (which compiles the train step) as a
+    progress phase, with its seconds; later ones as they are."""
+    if self._window_start is not None:
+      yield
+      return
+    with progress_lib.phase(f"step {step + 1}/{self._num_steps}: compiling "
+                            "the train step (the first step; later steps "
+                            "reuse it)"):
+      yield
+    self._last_line = time.time()
 
   def record(self, step: int, metrics, batch) -> None:
     self._pending.append((step, metrics))
@@ -118,6 +133,14 @@ class _Progress:
       self._window_steps += 1
       self._window_tokens += int((batch["decoder_target_tokens"] > 0).sum() +
                                  (batch["encoder_input_tokens"] > 0).sum())
+      # Between log_every_steps lines, a line at least every HEARTBEAT_S
+      # (the first steps of a slow model are not silent).
+      now = time.time()
+      if (now - self._last_line >= progress_lib.HEARTBEAT_S and
+          step % self._log_every and step != self._num_steps):
+        logging.info("step %d/%d (%.2f steps/s)", step, self._num_steps,
+                     self._window_steps / max(now - self._window_start, 1e-9))
+        self._last_line = now
 
   def flush(self) -> None:
     """Fetches the pending steps' metrics; stops at a non-finite loss."""
@@ -156,6 +179,7 @@ class _Progress:
         self._window_tokens / elapsed if timed else 0.0)
     self._window_start, self._window_steps, self._window_tokens = (time.time(),
                                                                    0, 0)
+    self._last_line = self._window_start
 
   @contextlib.contextmanager
   def paused(self):
@@ -188,38 +212,44 @@ class _Progress:
 
 
 def _initial_state(model: T5Config, tx, model_dir: str, init_rng) -> _State:
-  """Fresh parameters and optimizer state, or the latest checkpoint's."""
-  params = {"params": parameters.random_params(model, init_rng)}
-  opt_state = tx.init(params)
-  last = checkpoints.latest_checkpoint(model_dir)
-  if last is None:
-    return _State(0, params, opt_state, checkpoint=None, saved_step=None)
-  step, params, opt_state = checkpointing.restore_checkpoint(
-      last, model, opt_state)
+  """Fresh parameters and optimizer state, or the latest checkpoint's (a
+  progress phase)."""
+  with progress_lib.phase(
+      f"Setting up {model.num_params} parameters and the optimizer state "
+      f"(fresh, or the latest checkpoint in {model_dir})"):
+    params = {"params": parameters.random_params(model, init_rng)}
+    opt_state = tx.init(params)
+    last = checkpoints.latest_checkpoint(model_dir)
+    if last is None:
+      return _State(0, params, opt_state, checkpoint=None, saved_step=None)
+    step, params, opt_state = checkpointing.restore_checkpoint(
+        last, model, opt_state)
   logging.info("Resuming from %s at step %d.", last, step)
   return _State(step, params, opt_state, checkpoint=last, saved_step=step)
 
 
-def _train_loop(config: TrainConfig, model: T5Config, model_dir: str,
+def _train_loop(config: TrainConfig, model: T5Config, files: TrainPaths,
                 state: _State, dataset: data_lib.ParallelData, step_fn,
                 teacher_params, dropout_rng, progress: _Progress) -> _State:
-  """Steps from `state.step` to `num_steps`, logging and checkpointing."""
+  """Steps from `state.step` to `num_steps`, logging and checkpointing
+  (each checkpoint with its DIGESTS.json, the vocabulary recorded)."""
 
   def save():
     with progress.paused():
       state.checkpoint = checkpointing.save_checkpoint(
-          model_dir, state.step, state.params, state.opt_state, model,
-          keep=config.keep_checkpoints)
+          files.model_dir, state.step, state.params, state.opt_state, model,
+          keep=config.keep_checkpoints, vocabulary_file=files.spm_model_path)
     state.saved_step = state.step
     logging.info("Saved %s", state.checkpoint)
 
   while state.step < config.num_steps:
     batch = dataset.batch(state.step)
-    state.params, state.opt_state, metrics = step_fn(
-        state.params, state.opt_state, batch, dropout_rng,
-        jnp.asarray(state.step, jnp.int32), teacher_params)
-    state.step += 1
-    progress.record(state.step, metrics, batch)
+    with progress.step(state.step):
+      state.params, state.opt_state, metrics = step_fn(
+          state.params, state.opt_state, batch, dropout_rng,
+          jnp.asarray(state.step, jnp.int32), teacher_params)
+      state.step += 1
+      progress.record(state.step, metrics, batch)
     last = state.step == config.num_steps
     if state.step % config.log_every_steps == 0 or last:
       progress.log(state.step, metrics)
@@ -327,8 +357,9 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
   # 5. Train.
   progress = _Progress(config.log_every_steps, config.num_steps,
                        optimizer.schedule())
-  state = _train_loop(config, model, files.model_dir, state, dataset, step_fn,
-                      teacher and teacher.params, dropout_rng, progress)
+  state = _train_loop(config, model, files, state, dataset, step_fn, teacher and
+                      teacher.params, dropout_rng, progress)
+  _write_run_gins(files, model)
   # 6. Evaluate and write metrics.
   metrics = _run_metrics(config, files, model, state, start_step, sp,
                          len(dataset), progress, teacher)
@@ -342,6 +373,15 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
                      params=state.params, opt_state=state.opt_state,
                      history=progress.history, metrics=metrics,
                      checkpoint=state.checkpoint, config=model)
+
+
+def _write_run_gins(files: TrainPaths, model: T5Config) -> None:
+  """as_target.gin / as_draft.gin beside the checkpoints, and a line."""
+  gins = checkpointing.write_run_gin_files(files.model_dir, model,
+                                           files.spm_model_path)
+  logging.info(
+      "Wrote %s: this model as a run's %s (give it after an experiment "
+      "file)", ", ".join(gins.values()), " or ".join(gins))
 
 
 def _train_feature_drafter(config: TrainConfig) -> TrainResult:

@@ -1,0 +1,334 @@
+"""SPECULATION='auto' and 'off' in a run: the plan to decode with, chosen
+before the timed decode (`walltime.choose_shape` calls `choose_mode`).
+
+`choose_mode` lists the candidates (`auto_mode.candidates`), decodes a
+pilot per mode (and per tree width) on the run's first examples, as many
+as the 95% interval of its α needs (`auto_mode.pilot_done`), prices the
+calls the candidates make on this machine (`step_costs.price_calls`,
+`tree_costs.price_tree_shapes`; cached per machine, pair and input width:
+`price_cache`), predicts every candidate (`auto_mode.predict`), chooses
+(`auto_mode.choose`) and returns the plan at the choice with its record
+(`DecodePlan.auto`: metrics.json's `auto`). Nothing here changes what a mode
+decodes: the choice is made once, before the first timed batch, and every
+candidate is exact.
+"""
+import dataclasses
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from absl import logging
+import jax
+import numpy as np
+
+from specdec_jax import multihost
+from specdec_jax import progress
+from specdec_jax import timing
+from specdec_jax.experiment import auto_gamma
+from specdec_jax.experiment import auto_mode
+from specdec_jax.experiment import auto_tree
+from specdec_jax.experiment import decode_modes
+from specdec_jax.experiment import price_cache
+from specdec_jax.experiment import step_costs
+from specdec_jax.experiment import tree_costs
+from specdec_jax.experiment.plan import DecodePlan
+from specdec_jax.experiment.plan import Loaded
+
+Candidate = auto_mode.Candidate
+
+
+def _integer(value: Any, default: int) -> int:
+  return default if isinstance(value, str) else int(value)
+
+
+def candidate_args(args: Any, candidate: Candidate) -> Any:
+  """The run arguments that decode `candidate` (checked again: a
+  `RunArguments`)."""
+  mode = candidate.mode
+  if mode.target_alone:
+    return dataclasses.replace(args, speculation=decode_modes.SPECULATION_OFF,
+                               gamma=_integer(args.gamma, 1),
+                               tree_width=_integer(args.tree_width, 1))
+  if mode.beam:
+    return dataclasses.replace(args, gamma=candidate.gamma)
+  return dataclasses.replace(args, acceptance=mode.name, gamma=candidate.gamma,
+                             tree_width=candidate.tree_width or 1)
+
+
+def plan_at(loaded: Loaded, candidate: Candidate) -> DecodePlan:
+  """`candidate`'s arguments, acceptance rule and decoders (built, not
+  compiled) on the loaded models."""
+  return loaded.decoding(candidate_args(loaded.args, candidate))
+
+
+def target_alone_plan(plan: Loaded) -> DecodePlan:
+  """SPECULATION='off': the plan with the target alone in the speculative
+  decoder's place (GAMMA / TREE_WIDTH 'auto': nothing to choose)."""
+  return plan_at(plan, Candidate(decode_modes.mode_of(plan.args)))
+
+
+def run_pilot(pilot: DecodePlan, feed: multihost.Feeder, cap: int,
+              timed: bool) -> Dict[str, Any]:
+  """A pilot decode of the run's first batches with `pilot`'s speculative
+  decoder, until `auto_mode.pilot_done`.
+
+  Args:
+    pilot: the plan at the candidate's mode and the pilot's γ (and k).
+    feed: the run's batches.
+    cap: the most examples (`auto_mode.pilot_cap`).
+    timed: also time both decoders on each batch (speculative beams: their
+      walltime ratio is the prediction), after one untimed call of each per
+      input width (compilation).
+
+  Returns:
+    {'gamma', 'tree_width', 'examples', 'batches', 'acceptance_trials',
+    'alpha', 'alpha_interval', 'mean_output_tokens'; trees: 'first_depth',
+    'deeper' (`auto_tree.depth_acceptance`); timed: 'speedup',
+    'baseline_s', 'speculative_s'}.
+  """
+  gamma = int(pilot.args.gamma)
+  n = np.arange(gamma + 1)
+  per_call = np.minimum(n + 1, gamma)
+  kept: List[float] = []
+  trials: List[float] = []
+  lengths: List[int] = []
+  histogram = np.zeros(gamma + 1, np.int64)
+  seconds = np.zeros(2)
+  examples = batches = 0
+  interval = (0.0, 1.0)
+  warm = set()
+  for b in range(feed.num_batches):
+    batch, keep, rng = feed.batch(b), feed.kept_rows(b), jax.random.fold_in(
+        pilot.rng, b)
+    if timed and feed.batch_width(b) not in warm:
+      # Each input width compiles first: the timed calls are decodes only.
+      warm.add(feed.batch_width(b))
+      for decoder in (pilot.baseline, pilot.speculative):
+        jax.block_until_ready(decoder(batch, rng))
+    if timed:
+      seconds[0] += timing.timed(pilot.baseline, batch, rng)[1]
+    out, seconds_s = timing.timed(pilot.speculative, batch, rng)
+    seconds[1] += seconds_s
+    out = multihost.to_host(out)
+    rows = np.asarray(out.accepted_histogram)[keep]  # [rows, γ + 1]
+    kept += (rows @ n).tolist()
+    trials += (rows @ per_call).tolist()
+    lengths += np.asarray(out.lengths)[keep].tolist()
+    histogram += rows.sum(0)
+    examples, batches = examples + len(keep), batches + 1
+    interval = auto_mode.alpha_interval(kept, trials)
+    if auto_mode.pilot_done(examples, interval, cap):
+      break
+  record: Dict[str, Any] = {
+      "gamma": gamma,
+      "tree_width": (int(pilot.args.tree_width)
+                     if decode_modes.mode_of(pilot.args).branches else None),
+      "examples": examples,
+      "batches": batches,
+      "acceptance_trials": int(sum(trials)),
+      "alpha": float(sum(kept) / max(sum(trials), 1.0)),
+      "alpha_interval": [float(x) for x in interval],
+      "mean_output_tokens": float(np.mean(lengths)) if lengths else 0.0,
+  }
+  if record["tree_width"] is not None:
+    record["first_depth"], record["deeper"] = auto_tree.depth_acceptance(
+        histogram)
+  if timed:
+    record.update(baseline_s=float(seconds[0]), speculative_s=float(seconds[1]),
+                  speedup=float(seconds[0] / max(seconds[1], 1e-12)))
+  return record
+
+
+def _pilot_candidates(candidates: Sequence[Candidate],
+                      gamma: int) -> Dict[str, Candidate]:
+  """{pilot_key: the candidate its pilot decodes}: each speculative mode
+  (and tree width) at the pilot γ, or the largest γ its trees allow."""
+  out: Dict[str, Candidate] = {}
+  for c in candidates:
+    if c.mode.target_alone:
+      continue
+    largest = max(d.gamma for d in candidates if d.pilot_key == c.pilot_key)
+    out.setdefault(c.pilot_key, dataclasses.replace(c,
+                                                    gamma=min(gamma, largest)))
+  return out
+
+
+def run_pilots(plan: Loaded, feed: multihost.Feeder,
+               candidates: Sequence[Candidate]) -> Tuple[Dict[str, Any], Any]:
+  """({pilot_key: `run_pilot`'s record}, the first pilot's plan: its
+  baseline gives the pricing its context)."""
+  cap = auto_mode.pilot_cap(feed.num_examples)
+  pilots: Dict[str, Any] = {}
+  first = None
+  for key, candidate in _pilot_candidates(
+      candidates, auto_mode.pilot_gamma(plan.args.gamma)).items():
+    pilot = plan_at(plan, candidate)
+    first = first or pilot
+    with progress.phase(f"SPECULATION='auto': pilot decode of {key} "
+                        f"(γ={candidate.gamma}), until its α is known to "
+                        f"±{auto_mode.AUTO_ALPHA_TOLERANCE / 2:g} or "
+                        f"{cap} examples"):
+      pilots[key] = run_pilot(pilot, feed, cap, timed=not candidate.mode.priced)
+  return pilots, first
+
+
+def price_fields(plan: Loaded, feed: multihost.Feeder, ks: Sequence[int],
+                 tree: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+  """The price cache's key fields (`price_cache`): machine, pair, input
+  width and what is priced."""
+  args = plan.args
+  return {
+      "machine": price_cache.machine_fields(),
+      "pair": {
+          "target": plan.settings.get("target"),
+          "draft": plan.settings.get("draft"),
+          "target_checkpoint_path": args.target_checkpoint_path,
+          "draft_checkpoint_path": args.draft_checkpoint_path,
+          "drafter": args.drafter,
+          "drafter_settings": args.drafting.record(),
+      },
+      "input_width": feed.batch_width(0),
+      "batch_size": args.batch_size,
+      "max_decode_length": args.max_decode_length,
+      "method": [args.temperature, args.top_k, args.top_p],
+      "tree_without_replacement": args.tree_without_replacement,
+      "call_ks": list(ks),
+      "tree": tree,
+  }
+
+
+def _priced_shapes(args: Any, candidates: Sequence[Candidate]):
+  """(the K of the target calls to price, the trees' {'gamma', 'widths',
+  'nodes'} or None)."""
+  one_path = [
+      c for c in candidates
+      if c.mode.priced and not c.mode.branches and not c.mode.target_alone
+  ]
+  ks: Tuple[int, ...] = ()
+  if one_path:
+    ks = (auto_gamma.AUTO_GAMMA_CALL_KS if args.auto_gamma else
+          (1, int(args.gamma) + 1))
+  trees = [c for c in candidates if c.mode.branches]
+  if not trees:
+    return ks or (1, 2), None
+  nodes = sorted({1} | {1 + c.tree_width * c.gamma for c in trees}
+                 if not args.auto_gamma else auto_tree.AUTO_TREE_CALL_NODES)
+  return ks or (1, 2), {
+      "gamma": auto_mode.pilot_gamma(args.gamma),
+      "widths": sorted({c.tree_width for c in trees}),
+      "nodes": [int(n) for n in nodes],
+  }
+
+
+def measure_prices(plan: Loaded, feed: multihost.Feeder, ks: Sequence[int],
+                   tree: Optional[Dict[str, Any]], fill: int,
+                   context_plan: DecodePlan) -> Dict[str, Any]:
+  """The calls' costs in target steps, timed now (`price_cache`'s entry:
+  string keys)."""
+  args, batch = plan.args, feed.batch(0)
+  target, drafter = plan.models.target, plan.drafter
+  context = context_plan.baseline(batch, plan.rng).tokens
+  by_k, guess = step_costs.price_calls(args, drafter, target, batch, tuple(ks),
+                                       fill, context)
+  entry: Dict[str, Any] = {
+      "target_step_s": by_k[1],
+      "call_cost_by_k": {
+          str(k): by_k[k] / by_k[1] for k in sorted(by_k)
+      },
+      "cost_coefficient_c": guess / by_k[1],
+  }
+  if tree is not None:
+    seconds = tree_costs.price_tree_shapes(args, drafter, target, batch, fill,
+                                           context, gamma=tree["gamma"],
+                                           widths=tree["widths"],
+                                           nodes=tree["nodes"])
+    step = seconds["step"]
+    entry["tree_call_cost_by_nodes"] = {
+        str(n): s / step for n, s in sorted(seconds["tree"].items())
+    }
+    entry["cost_coefficient_by_tree_width"] = {
+        str(k): s / step for k, s in sorted(seconds["draft_depth"].items())
+    }
+  return entry
+
+
+def prices_for(
+    plan: Loaded, feed: multihost.Feeder, candidates: Sequence[Candidate],
+    fill: int,
+    context_plan: DecodePlan) -> Tuple[auto_mode.Prices, Dict[str, Any]]:
+  """The candidates' prices, from the cache or measured (then cached),
+  and metrics.json's `auto.prices` (`cached`, `file`, `seconds`)."""
+  ks, tree = _priced_shapes(plan.args, candidates)
+  fields = price_fields(plan, feed, ks, tree)
+  t0 = time.perf_counter()
+  entry = price_cache.load(fields)
+  cached = entry is not None
+  if entry is None:
+    with progress.phase("SPECULATION='auto': pricing the target's calls of "
+                        f"K = {', '.join(map(str, ks))} tokens, the drafter" +
+                        (", the tree calls" if tree else "") +
+                        " on this machine (cached for the next run)"):
+      entry = measure_prices(plan, feed, ks, tree, fill, context_plan)
+    price_cache.store(fields, entry)
+  prices = auto_mode.Prices(
+      call_cost_by_k={
+          int(k): v for k, v in entry["call_cost_by_k"].items()
+      }, cost_coefficient=entry["cost_coefficient_c"], tree_call_cost_by_nodes={
+          int(n): v
+          for n, v in entry.get("tree_call_cost_by_nodes", {}).items()
+      }, cost_coefficient_by_width={
+          int(k): v
+          for k, v in entry.get("cost_coefficient_by_tree_width", {}).items()
+      })
+  return prices, {
+      "cached": cached,
+      "file": price_cache.path(fields) if price_cache.enabled() else None,
+      "seconds": time.perf_counter() - t0,
+      "input_width": fields["input_width"],
+      **entry
+  }
+
+
+def choose_mode(plan: Loaded, feed: multihost.Feeder) -> DecodePlan:
+  """SPECULATION='auto': the plan at the candidate of the best predicted
+  walltime, with its record (`DecodePlan.auto`); logs the `auto:` line."""
+  t0 = time.perf_counter()
+  args = plan.args
+  spec = args.drafting.spec
+  # A feature draft's trees are not priced by `tree_costs.price_tree_shapes`.
+  supported = tuple(
+      n for n in spec.decode_modes
+      if not (spec.reads_target_features and n == decode_modes.TREE.name))
+  search = decode_modes.search_mode_of(args)
+  gammas = ([auto_mode.pilot_gamma(args.gamma)]
+            if search.beam else auto_mode.gammas_considered(args.gamma))
+  candidates = auto_mode.candidates(search, supported, gammas,
+                                    args.method().is_greedy,
+                                    plan.target_config.vocab_size)
+  pilots, first = run_pilots(plan, feed, candidates)
+  pilot_s = time.perf_counter() - t0
+  prices, price_record = None, None
+  if any(c.mode.priced and not c.mode.target_alone for c in candidates):
+    fill = max(1, int(next(iter(pilots.values()))["mean_output_tokens"]))
+    prices, price_record = prices_for(plan, feed, candidates, fill, first)
+  rows = [auto_mode.predict(c, prices, pilots) for c in candidates]
+  chosen = auto_mode.choose(rows)
+  beam_examples = next(
+      (p["examples"] for p in pilots.values() if "speedup" in p), None)
+  record = {
+      "choice": rows[chosen],
+      "reason": auto_mode.reason(rows, chosen, pilot_examples=beam_examples),
+      "candidates": rows,
+      "pilots": pilots,
+      "prices": price_record,
+      "min_gain": auto_mode.AUTO_MIN_GAIN,
+      "alpha_tolerance": auto_mode.AUTO_ALPHA_TOLERANCE,
+      "pilot_cap_examples": auto_mode.pilot_cap(feed.num_examples),
+      "pilot_s": pilot_s,
+      "choice_s": time.perf_counter() - t0,
+  }
+  # Every process decodes what process 0 chose (timings differ by host).
+  record = multihost.allgather("speculation_auto", record)[0]
+  logging.info("%s", record["reason"])
+  chosen = next(i for i, r in enumerate(rows)
+                if (r["label"] == record["choice"]["label"]))
+  return dataclasses.replace(plan_at(plan, candidates[chosen]), auto=record)

@@ -1,0 +1,367 @@
+"""SPECULATION='auto' / 'off' (issue 45): the candidates, the prediction and
+the choice as pure functions; the price cache; the target alone in the
+speculative decoder's place; and tiny end-to-end runs (the `auto:` line,
+metrics.json's table, token identity at T = 0, 'off' running the baseline
+only, bad values refused before anything is loaded)."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+
+from specdec_jax import analysis
+from specdec_jax import gin_utils
+from specdec_jax import run as run_lib
+from specdec_jax.benchmarking import auto_prediction
+from specdec_jax.core import decoding
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import auto_mode
+from specdec_jax.experiment import auto_run
+from specdec_jax.experiment import auto_tree
+from specdec_jax.experiment import decode_modes
+from specdec_jax.experiment import loading
+from specdec_jax.experiment import output_dir
+from specdec_jax.experiment import plan
+from specdec_jax.experiment import price_cache
+from specdec_jax.experiment import step_costs
+from specdec_jax.experiment import summary
+from specdec_jax.experiment import target_alone
+
+Candidate = auto_mode.Candidate
+MODEL_MODES = ("token", "block", "tree", "beam")  # DRAFTER='model'
+
+
+def _prices(call_cost: float, c: float) -> auto_mode.Prices:
+  """Every K-token call (K >= 2) at `call_cost` steps, a guess at c."""
+  return auto_mode.Prices(call_cost_by_k={
+      1: 1.0,
+      2: call_cost,
+      13: call_cost
+  }, cost_coefficient=c)
+
+
+def _rows(prices, pilots, candidates):
+  return [auto_mode.predict(c, prices, pilots) for c in candidates]
+
+
+def test_costly_calls_and_low_alpha_choose_the_target_alone():
+  candidates = auto_mode.candidates(decode_modes.TOKEN, ("token", "block"),
+                                    auto_mode.gammas_considered("auto"),
+                                    greedy=True, vocab_size=100)
+  rows = _rows(_prices(1.6, 0.3), {"token": {"alpha": 0.4}}, candidates)
+  chosen = auto_mode.choose(rows)
+  assert chosen == 0 and rows[0]["label"] == "the target alone"
+  assert all(r["predicted_speedup"] < 1 for r in rows[1:])
+  line = auto_mode.reason(rows, chosen)
+  assert line.startswith("auto: speculation off — on this machine a ")
+  assert "-token call costs 1.60 steps and α is 0.40" in line
+  assert "the target alone is fastest" in line
+
+
+def test_cheap_calls_and_high_alpha_choose_section_3_4s_gamma():
+  alpha, c = 0.8, 0.02
+  candidates = auto_mode.candidates(decode_modes.TOKEN, ("token", "block"),
+                                    auto_mode.gammas_considered("auto"),
+                                    greedy=True, vocab_size=100)
+  rows = _rows(_prices(1.0, c), {"token": {"alpha": alpha}}, candidates)
+  choice = rows[auto_mode.choose(rows)]
+  assert choice["mode"] == "token"
+  assert choice["gamma"] == analysis.optimal_gamma(alpha, c, max_gamma=12)
+  assert choice["predicted_speedup"] == pytest.approx(
+      analysis.expected_speedup(alpha, choice["gamma"], c))
+  line = auto_mode.reason(rows, auto_mode.choose(rows))
+  assert line.startswith(f"auto: chose token γ={choice['gamma']}, predicted "
+                         f"{choice['predicted_speedup']:.2f}×")
+
+
+def test_a_speculative_mode_must_beat_the_target_alone_by_min_gain():
+  rows = [{"predicted_speedup": 1.0}, {"predicted_speedup": 1.03}]
+  assert auto_mode.choose(rows) == 0
+  assert auto_mode.choose(rows, min_gain=1.02) == 1
+  # Ties go to the earlier row: fewer guesses, simpler mode.
+  assert auto_mode.choose([{
+      "predicted_speedup": 1.0
+  }] + [{
+      "predicted_speedup": 1.2
+  }] * 2) == 1
+
+
+def test_the_prediction_is_the_summarys_formula_at_the_measured_call_cost():
+  prices = auto_mode.Prices(call_cost_by_k={
+      1: 1.0,
+      2: 1.1,
+      5: 1.3
+  }, cost_coefficient=0.05)
+  row = auto_mode.predict(Candidate(decode_modes.TOKEN, 3), prices,
+                          {"token": {
+                              "alpha": 0.6
+                          }})
+  call = float(np.interp(4, [1, 2, 5], [1.0, 1.1, 1.3]))
+  assert row["call_cost"] == pytest.approx(call)
+  assert row["predicted_speedup"] == pytest.approx(
+      decode_modes.TOKEN.measured_theory(0.6, 3, 0.05, call, 0.0))
+  assert row["tokens_per_call"] == pytest.approx(
+      analysis.expected_tokens_per_iteration(0.6, 3))
+
+
+def test_a_trees_prediction_is_auto_trees():
+  nodes = {1: 1.0, 5: 1.5, 9: 2.3, 13: 2.9}
+  prices = auto_mode.Prices(call_cost_by_k={
+      1: 1.0,
+      5: 1.3
+  }, cost_coefficient=0.05, tree_call_cost_by_nodes=nodes,
+                            cost_coefficient_by_width={
+                                2: 0.06,
+                                3: 0.07
+                            })
+  pilots = {
+      "tree k=2": {
+          "alpha": 0.6,
+          "first_depth": 0.8,
+          "deeper": 0.6
+      },
+      "tree k=3": {
+          "alpha": 0.6,
+          "first_depth": 0.85,
+          "deeper": 0.6
+      }
+  }
+  costs = np.interp(np.arange(1, 26), sorted(nodes),
+                    [nodes[n] for n in sorted(nodes)])
+  expected = auto_tree.predicted_speedups({
+      2: (0.8, 0.6),
+      3: (0.85, 0.6)
+  }, {
+      2: 0.06,
+      3: 0.07
+  }, costs, [2, 4])
+  for (gamma, k), speedup in expected.items():
+    row = auto_mode.predict(Candidate(decode_modes.TREE, gamma, k), prices,
+                            pilots)
+    assert row["predicted_speedup"] == pytest.approx(speedup)
+    assert row["first_depth_alpha"] == pilots[f"tree k={k}"]["first_depth"]
+
+
+def test_candidates_follow_the_drafter_the_temperature_and_the_tree_size():
+  every = auto_mode.candidates(decode_modes.TOKEN, MODEL_MODES, [1, 6, 12],
+                               greedy=False, vocab_size=100)
+  labels = [c.label for c in every]
+  assert labels[0] == "the target alone" and every[0].mode.target_alone
+  assert {"token γ=6", "block γ=6", "tree γ=6 k=4",
+          "tree γ=12 k=2"} <= set(labels)
+  assert "tree γ=12 k=3" not in labels  # 37 nodes > AUTO_TREE_MAX_NODES
+  greedy = auto_mode.candidates(decode_modes.TOKEN, ("token", "block"), [3],
+                                greedy=True, vocab_size=100)
+  assert [c.label for c in greedy] == ["the target alone", "token γ=3"]
+  beams = auto_mode.candidates(decode_modes.BEAM, MODEL_MODES, [3], greedy=True,
+                               vocab_size=100)
+  assert [c.label for c in beams
+         ] == ["the target's own beam search", "speculative beams γ=3"]
+  assert beams[0].mode.beam and beams[0].mode.target_alone
+
+
+def test_speculative_beams_are_predicted_by_their_pilots_walltime():
+  beams = auto_mode.candidates(decode_modes.BEAM, MODEL_MODES, [3], greedy=True,
+                               vocab_size=100)
+  rows = _rows(None, {"beam": {"alpha": 0.5, "speedup": 0.36}}, beams)
+  assert rows[1]["predicted_speedup"] == 0.36
+  line = auto_mode.reason(rows, auto_mode.choose(rows), pilot_examples=8)
+  assert line == (
+      "auto: speculation off — speculative beams γ=3 ran 0.36× the target's "
+      "own beam search on the pilot's 8 examples; the target's own beam "
+      "search is fastest (best speculative: speculative beams γ=3, predicted "
+      "0.36×, below the 1.05× it must reach)")
+
+
+def test_the_pilot_stops_on_its_interval_or_its_cap():
+  assert auto_mode.alpha_interval([3], [5]) == (0.0, 1.0)
+  few = auto_mode.alpha_interval([3, 3], [5, 5])
+  many = auto_mode.alpha_interval([3] * 40, [5] * 40)
+  assert few[1] - few[0] > many[1] - many[0] and many[0] < 0.6 < many[1]
+  # Sentences that differ widen it beyond Wilson's (trials not independent).
+  mixed = auto_mode.alpha_interval([5, 0] * 20, [5] * 40)
+  assert mixed[1] - mixed[0] > many[1] - many[0]
+  assert auto_mode.pilot_cap(12) == auto_mode.AUTO_PILOT_MIN_EXAMPLES
+  assert auto_mode.pilot_cap(1000) == 50
+  assert auto_mode.pilot_cap(10**6) == auto_mode.AUTO_PILOT_MAX_EXAMPLES
+  assert auto_mode.pilot_done(64, (0.0, 1.0), cap=64)
+  assert not auto_mode.pilot_done(3, (0.5, 0.52), cap=64)
+  assert auto_mode.pilot_done(4, (0.5, 0.55), cap=64)
+  assert not auto_mode.pilot_done(40, (0.4, 0.6), cap=64)
+
+
+def test_price_cache_round_trip(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path))
+  monkeypatch.delenv(price_cache.ENV_OFF, raising=False)
+  fields = {"machine": {"host": "h"}, "input_width": 16, "call_ks": [1, 5]}
+  assert price_cache.load(fields) is None
+  price_cache.store(fields, {"call_cost_by_k": {"1": 1.0, "5": 1.3}})
+  assert price_cache.path(fields).startswith(str(tmp_path / "auto-prices"))
+  assert price_cache.load(fields) == {"call_cost_by_k": {"1": 1.0, "5": 1.3}}
+  assert price_cache.load({**fields, "input_width": 32}) is None
+  with open(price_cache.path(fields), "w", encoding="utf-8") as f:
+    f.write("{not json")
+  assert price_cache.load(fields) is None
+  price_cache.store(fields, {"x": 1})
+  monkeypatch.setenv(price_cache.ENV_OFF, "0")
+  assert price_cache.load(fields) is None
+
+
+def test_the_target_alone_reads_as_a_run_without_guesses():
+  out = decoding.DecodeOutput(tokens=np.array([[5, 6, 1, 0], [7, 1, 0, 0]]),
+                              lengths=np.array([3, 2]),
+                              target_calls=np.array([3, 2]))
+  alone = target_alone.as_target_alone_output(out, gamma=3)
+  np.testing.assert_array_equal(alone.accepted_histogram,
+                                [[3, 0, 0, 0], [2, 0, 0, 0]])
+  np.testing.assert_array_equal(alone.trace_num_accepted,
+                                [[0, 0, 0, -1], [0, 0, -1, -1]])
+  np.testing.assert_array_equal(alone.tokens, out.tokens)
+  assert float(alone.tokens_per_target_call) == 1.0
+
+
+def _parse(tmp_path, *bindings):
+  gin_utils.parse_gin(["local_tiny.gin"],
+                      [f"OUTPUT_DIR = '{tmp_path / 'out'}'", *bindings],
+                      finalize=False)
+
+
+@pytest.mark.usefixtures("clean_gin")
+@pytest.mark.parametrize("bindings, words", [
+    (["SPECULATION = 'maybe'"], "SPECULATION='maybe': allowed: 'on'"),
+    (["SPECULATION = 1"], "SPECULATION=1: allowed: 'on'"),
+    (["SPECULATION = 'auto'", "MODE = 'alpha'"], "with MODE='alpha'"),
+    (["SPECULATION = 'auto'", "LENIENCE = 0.5"], "chooses among exact modes"),
+])
+def test_bad_speculation_fails_before_loading(bindings, words, tmp_path,
+                                              no_load):
+  _parse(tmp_path, *bindings)
+  with pytest.raises(arguments.ConfigError, match=".*") as e:
+    run_lib.run(providers=no_load)
+  assert words in str(e.value)
+  if "maybe" in words:
+    assert "'off'" in str(e.value) and "'auto'" in str(e.value)
+  assert not (tmp_path / "out").exists()
+
+
+def _no_speculative_decoder(*args, **kwargs):
+  raise AssertionError("SPECULATION='off' built a speculative decoder")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("clean_gin")
+def test_off_runs_only_the_baseline(tmp_path, monkeypatch):
+  monkeypatch.setattr(decoding, "speculative_decoder", _no_speculative_decoder)
+  monkeypatch.setattr(step_costs, "price_calls", _no_speculative_decoder)
+  loaded = []
+
+  def load_model(config, path, seed, mesh, what):
+    loaded.append(what)
+    return loading.load_model(config, path, seed, mesh, what)
+
+  _parse(tmp_path, "SPECULATION = 'off'", "NUM_EXAMPLES = 2")
+  metrics = run_lib.run(providers=plan.Providers(load_model=load_model))
+  assert loaded == ["target"]  # no draft is loaded
+  assert metrics["speculation"] == "off" and "auto" not in metrics
+  assert metrics["speedup"] == 1.0
+  assert metrics["walltime_speculative_s"] == metrics["walltime_baseline_s"]
+  assert metrics["target_calls_speculative"] == metrics["target_calls_baseline"]
+  assert metrics["alpha"] == 0.0 and metrics["greedy_outputs_identical"]
+  assert metrics["settings"]["run"]["speculation"] == "off"
+  lines = summary.summary_lines(metrics, arguments.run_arguments())
+  assert lines[1].startswith("speculation off: the target alone decoded all 2")
+  rows = [
+      json.loads(line)
+      for line in (tmp_path / "out" /
+                   "predictions.jsonl").read_text().splitlines()
+  ]
+  assert all(r["speculative"] == r["baseline"] for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("clean_gin")
+def test_auto_writes_its_table_says_why_and_stays_exact(tmp_path, monkeypatch):
+  """A tiny T = 0 run made to choose token verification (random weights
+  would choose the target alone): its outputs are the target's, token for
+  token; metrics.json holds the table; a second run reads the prices from
+  the cache."""
+  monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path / "cache"))
+  monkeypatch.delenv(price_cache.ENV_OFF, raising=False)
+  monkeypatch.setattr(auto_mode, "AUTO_TREE_WIDTHS", (2,))
+  monkeypatch.setattr(auto_mode, "choose", lambda rows, min_gain=1.05: 1)
+  for cached in (False, True):
+    _parse(tmp_path, "SPECULATION = 'auto'", "NUM_EXAMPLES = 2", "GAMMA = 3")
+    metrics = run_lib.run()
+    auto = metrics["auto"]
+    assert auto["prices"]["cached"] is cached
+    assert auto["choice"]["label"] == "token γ=3"
+    assert metrics["acceptance"] == "token" and metrics["gamma"] == 3
+    assert metrics["speculation"] == "auto"
+    assert metrics["greedy_outputs_identical"] is True
+    assert [r["label"] for r in auto["candidates"]
+           ] == ["the target alone", "token γ=3", "tree γ=3 k=2"]
+    for row in auto["candidates"][1:]:
+      assert row["predicted_speedup"] > 0 and row["call_cost"] > 0
+      assert 0 <= row["alpha"] <= 1 and row["cost_coefficient_c"] > 0
+    assert set(auto["pilots"]) == {"token", "tree k=2"}
+    assert auto["pilots"]["token"]["examples"] >= 1
+    lines = summary.summary_lines(metrics, arguments.run_arguments())
+    assert [l for l in lines if l.startswith("auto:")] == [
+        auto["reason"] + ("; call prices from the cache" if cached else "")
+    ]
+    assert auto["reason"].startswith("auto: chose token γ=3, predicted ")
+  written = json.loads((tmp_path / "out" / "metrics.json").read_text())
+  assert written["auto"]["choice"] == metrics["auto"]["choice"]
+
+
+def test_candidate_arguments_are_the_runs_at_the_choice():
+  args = arguments.RunArguments(output_dir="/tmp/x", gamma="auto",
+                                speculation="auto")
+  tree = auto_run.candidate_args(args, Candidate(decode_modes.TREE, 4, 2))
+  assert (tree.acceptance, tree.gamma, tree.tree_width) == ("tree", 4, 2)
+  assert decode_modes.mode_of(tree) is decode_modes.TREE
+  alone = auto_run.candidate_args(
+      args, Candidate(decode_modes.target_alone(decode_modes.TOKEN)))
+  assert alone.speculation == "off" and alone.gamma == 1
+  assert decode_modes.mode_of(alone).target_alone
+
+
+class _Vocab:
+  vocab_size = 16
+
+
+@pytest.mark.parametrize("value, recorded", [("on", False), ("off", True),
+                                             ("auto", True)])
+def test_only_off_and_auto_are_recorded_in_the_settings(value, recorded):
+  """SPECULATION='on' is recorded as before the macro existed: earlier
+  results stay the same run (the OVERWRITE rule)."""
+  args = arguments.RunArguments(output_dir="/tmp/x", speculation=value)
+  run = output_dir.settings_record(args, tiny_config(), tiny_config(),
+                                   _Vocab())["run"]
+  assert ("speculation" in run) is recorded
+
+
+def test_the_prediction_script_reads_its_configs_and_fixes_a_candidate():
+  script = auto_prediction
+  assert script.parse_config("local_tiny.gin GAMMA='auto' TEMPERATURE=1.0") == (
+      ["local_tiny.gin"], ["GAMMA='auto'", "TEMPERATURE=1.0"])
+  tree = {"mode": "tree", "gamma": 4, "tree_width": 2}
+  assert script.fixed_bindings(tree) == [
+      "SPECULATION = 'on'", "GAMMA = 4", "ACCEPTANCE = 'tree'", "TREE_WIDTH = 2"
+  ]
+  assert script.fixed_bindings({
+      "mode": "beam",
+      "gamma": 3,
+      "tree_width": None
+  }) == ["SPECULATION = 'on'", "GAMMA = 3"]
+  row = {
+      "label": "token γ=3",
+      "predicted_speedup": 1.2,
+      "alpha": 0.6,
+      "call_cost": 1.2
+  }
+  line = script.compare("x.gin", row, {"speedup": 1.0, "alpha": 0.5}, True)
+  assert line["error"] == pytest.approx(0.2)
+  assert "| x.gin | token γ=3 | yes | 1.20 | 1.00 | +20% |" in script.table(
+      [line])
