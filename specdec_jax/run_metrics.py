@@ -228,7 +228,26 @@ class RunMetrics:
       call it used), `pilots` (α per mode and tree width, each from a
       pilot decode sized by its 95% interval), `prices` (the measured
       call costs and whether they were `cached`), `min_gain` and the
-      seconds the choice took (absent for other runs).
+      seconds the choice took; `segments`, the batches each choice decoded
+      in a row (label, mode, γ, k, first batch, batches, examples, its
+      predicted and measured speedup with its 95% interval, both
+      decoders' seconds, α by the pilots' estimator, its [γ + 1]
+      histogram, target calls, tokens per call, seconds compiling it),
+      and `switches`, each re-choice between batches (after which batch,
+      from and to, the measured speedup and interval against the
+      prediction, the measured α, κ = the cost model's measured error,
+      the candidates predicted again, the `auto:` line) (absent for other
+      runs). A run that switched: the speed, token and call keys cover
+      every batch; `accepted_histogram` counts every batch's calls padded
+      to the largest γ any choice ran, and `gamma` is that γ; `alpha` is
+      kept guesses over acceptance trials of the speculative batches,
+      each counted as its choice counts them (alpha_beta: the token and
+      block batches' β, null if a tree or beam choice ran); `acceptance`,
+      `tree_width` and the DECODE='beam' keys are the last speculative
+      choice's; `speculation` is 'auto'; c, the step and call seconds and
+      every theory key are null (no one cost model covers batches decoded
+      by different modes: `segments` puts each choice's prediction beside
+      its measurement).
   """
   task: str = _key(NAME)
   target_model: str = _key(TEXT)

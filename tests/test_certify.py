@@ -119,14 +119,13 @@ class _Planted(acceptance.ExactAcceptance):
 
   def __call__(self, rng, target_logits, draft_tokens, draft_probs, method):
     if self.bug == "top_p_before_temperature":  # nucleus of the T = 1 probs
-      nucleus = sampling.Sampling(1.0, 0,
-                                  method.top_p).standardize(target_logits) > 0
+      nucleus = method.replace(temperature=1.0,
+                               top_k=0).standardize(target_logits) > 0
       tempered = jax.nn.softmax(target_logits / method.temperature, axis=-1)
       p = tempered * nucleus
       p = p / p.sum(-1, keepdims=True)
     elif self.bug == "top_k_on_q_only":  # p without the draft's top-k
-      p = sampling.Sampling(method.temperature, 0,
-                            method.top_p).standardize(target_logits)
+      p = method.replace(top_k=0).standardize(target_logits)
     else:
       p = method.standardize(target_logits)
     return _verdict(rng, p, draft_probs, draft_tokens,

@@ -160,6 +160,20 @@ def test_the_report_leaves_beam_runs_out(tmp_path):
   assert [r["run_name"] for r in runs] == ["sample"]
 
 
+def test_the_report_leaves_runs_that_switched_modes_out(tmp_path):
+  """SPECULATION='auto' runs that switched between batches have no single
+  c or theory: left out (one that kept its choice stays)."""
+  from specdec_jax.reporting import loading  # pylint: disable=g-import-not-at-top
+  kept = {"choice": {"label": "token γ=3"}, "switches": []}
+  switched = {**kept, "switches": [{"after_batch": 4}]}
+  for name, auto in (("kept", kept), ("switched", switched)):
+    (tmp_path / name).mkdir()
+    record = {**_full_metrics().to_dict(), "speculation": "auto", "auto": auto}
+    (tmp_path / name / "metrics.json").write_text(json.dumps(record))
+  assert [r["run_name"] for r in loading.load_results(str(tmp_path))
+         ] == ["kept"]
+
+
 def test_files_of_earlier_versions_load_with_defaults():
   oldest = {
       "task": "ende",

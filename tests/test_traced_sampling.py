@@ -36,10 +36,9 @@ def test_values_are_leaves_and_the_filters_are_static():
   assert not jax.tree_util.tree_leaves(sampling.Greedy())
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 3, 1.0),
-                                                     (1.3, 0, 0.8),
-                                                     (0.5, 2, 0.9),
-                                                     (1.0, 9, 1.0)])
+@pytest.mark.parametrize("temperature,top_k,top_p",
+                         [(0.7, 3, 1.0), (1.3, 0, 0.8), (0.5, 2, 0.9),
+                          (1.0, 9, 1.0)])
 def test_traced_values_give_the_constants_numbers(temperature, top_k, top_p):
   logits = jax.random.normal(jax.random.PRNGKey(3), (4, 9)) * 3.0
   method = sampling.Sampling(temperature, top_k, top_p)
@@ -49,8 +48,9 @@ def test_traced_values_give_the_constants_numbers(temperature, top_k, top_p):
       lambda x: sampling.standardize(x, temperature, top_k, top_p))(logits)
   np.testing.assert_allclose(traced, constant, rtol=2e-7, atol=1e-8)
   # The same support: a filter never keeps or drops another token.
-  np.testing.assert_array_equal(np.asarray(traced) > 0,
-                                np.asarray(constant) > 0)
+  np.testing.assert_array_equal(
+      np.asarray(traced) > 0,
+      np.asarray(constant) > 0)
 
 
 def _count(program) -> int:
@@ -63,15 +63,15 @@ def test_a_sweep_over_sampling_values_compiles_each_loop_once():
   draft = perturbed(target, scale=0.3, seed=32)
   inputs = np.random.default_rng(0).integers(2, 32, (2, 5)).astype(np.int32)
   settings = [(0.6, 4, 0.95), (1.4, 7, 0.7), (1.0, 4, 0.95)]
-  before = {p: _count(p) for p in (loops.BASELINE_PROGRAM,
-                                   loops.SPECULATIVE_PROGRAM)}
+  before = {
+      p: _count(p) for p in (loops.BASELINE_PROGRAM, loops.SPECULATIVE_PROGRAM)
+  }
   outputs = []
   for temperature, top_k, top_p in settings:
     method = sampling.Sampling(temperature, top_k, top_p)
     rng = jax.random.PRNGKey(0)
-    base = decoding.temperature_sample(target, inputs, rng,
-                                       max_decode_length=8, method=method,
-                                       eos_id=-1)
+    base = decoding.temperature_sample(target, inputs, rng, max_decode_length=8,
+                                       method=method, eos_id=-1)
     spec = decoding.speculative_sample(target, draft, inputs, rng, gamma=3,
                                        max_decode_length=8, method=method,
                                        eos_id=-1)
@@ -115,3 +115,27 @@ def test_a_method_without_tree_flatten_is_static():
   np.testing.assert_allclose(probs(_Scaled(0.5), logits),
                              jax.nn.softmax(logits * 0.5), rtol=1e-6)
   assert traces == [2.0, 0.5]
+
+
+def test_a_variant_of_a_traced_method_is_built_with_replace():
+  """A user's rule inside the jitted loop builds `method.replace(...)`; the
+  constructor refuses traced values with a line saying so."""
+  logits = jax.random.normal(jax.random.PRNGKey(5), (3, 9)) * 3.0
+  method = sampling.Sampling(0.7, top_k=3, top_p=0.9)
+
+  @jax.jit
+  def without_top_k(m, x):
+    return m.replace(top_k=0).standardize(x)
+
+  np.testing.assert_allclose(without_top_k(method, logits),
+                             sampling.standardize(logits, 0.7, 0, 0.9),
+                             rtol=2e-7, atol=1e-8)
+  assert method.replace(top_p=1.0) == sampling.Sampling(0.7, 3, 1.0)
+  assert jax.tree_util.tree_structure(method.replace(
+      top_p=1.0)) == jax.tree_util.tree_structure(sampling.Sampling(0.7, 3))
+  with pytest.raises(ValueError, match="top_k"):
+    method.replace(top_k=-1)
+  with pytest.raises(ValueError, match="unknown fields"):
+    method.replace(temp=1.0)
+  with pytest.raises(ValueError, match="method.replace"):
+    jax.jit(lambda m: sampling.Sampling(m.temperature, 0, 1.0).top_k)(method)

@@ -31,6 +31,7 @@ from specdec_jax import compilation_cache
 from specdec_jax import gin_utils
 from specdec_jax import io_utils
 from specdec_jax import run as run_lib
+from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import price_cache
 
@@ -70,8 +71,11 @@ def fixed_bindings(row: Dict[str, Any]) -> List[str]:
 
 def compare(config: str, row: Dict[str, Any], metrics: Dict[str, Any],
             chosen: bool) -> Dict[str, Any]:
-  """One line of the table: `row`'s prediction against `metrics`."""
-  measured = float(metrics["speedup"])
+  """One line of the table: `row`'s prediction against `metrics` (a run
+  that switched between batches: against its first choice's segment)."""
+  auto = metrics.get("auto")
+  measured = float(auto["segments"][0]["measured_speedup"] if auto_switch.
+                   switched(auto) else metrics["speedup"])
   predicted = float(row["predicted_speedup"])
   return {
       "config": config,

@@ -96,6 +96,13 @@ class Sampling(SamplingMethod):
                                             repr=False, compare=False)
 
   def __post_init__(self):
+    if any(
+        isinstance(v, jax.core.Tracer)
+        for v in (self.temperature, self.top_k, self.top_p)):
+      raise ValueError(
+          "Sampling(...) was given a traced value (inside jax.jit a "
+          "method's values are traced); build a variant of a method with "
+          "method.replace(top_k=0, ...) instead.")
     validate_sampling_args(self.temperature, self.top_k, self.top_p)
     if self.temperature == 0.0:
       raise ValueError(
@@ -107,6 +114,38 @@ class Sampling(SamplingMethod):
     object.__setattr__(self, "top_k", int(self.top_k))
     object.__setattr__(self, "top_p", float(self.top_p))
     object.__setattr__(self, "_filters", (self.top_k > 0, self.top_p < 1.0))
+
+  def replace(self, **changes) -> "Sampling":
+    """This method with some values changed; works inside jax.jit too.
+
+    A changed value must be concrete (a Python number): it is validated and
+    sets its filter on or off; unchanged values, traced or not, keep theirs.
+    """
+    unknown = set(changes) - {"temperature", "top_k", "top_p"}
+    if unknown:
+      raise ValueError(f"replace: unknown fields {sorted(unknown)}; allowed: "
+                       "temperature, top_k, top_p.")
+    check = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, **changes}
+    validate_sampling_args(check["temperature"], check["top_k"], check["top_p"])
+    kinds = {"temperature": float, "top_k": int, "top_p": float}
+    values = {
+        "temperature": self.temperature,
+        "top_k": self.top_k,
+        "top_p": self.top_p,
+        **{
+            k: kinds[k](v) for k, v in changes.items()
+        }
+    }
+    if check["temperature"] == 0.0:
+      raise ValueError("temperature must be > 0 for Sampling, got 0.")
+    top_k_filters, top_p_filters = self._filters
+    if "top_k" in changes:
+      top_k_filters = changes["top_k"] > 0
+    if "top_p" in changes:
+      top_p_filters = changes["top_p"] < 1.0
+    return type(self).tree_unflatten(
+        (top_k_filters, top_p_filters),
+        [values["temperature"], values["top_k"], values["top_p"]])
 
   def tree_flatten(self):
     return (self.temperature, self.top_k, self.top_p), self._filters

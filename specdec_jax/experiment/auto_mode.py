@@ -343,11 +343,12 @@ def metrics_keys(args: Any, record: Optional[Mapping[str,
 
 
 def summary_lines(metrics: Mapping[str, Any]) -> List[str]:
-  """The `auto:` line of a run whose metrics hold a choice (else none)."""
+  """The `auto:` lines of a run whose metrics hold a choice (else none):
+  the first choice, then each switch (`auto_switch`)."""
   record = metrics.get("auto")
   if not record:
     return []
   words = record["reason"]
   if record.get("prices") and record["prices"].get("cached"):
     words += "; call prices from the cache"
-  return [words]
+  return [words] + [s["reason"] for s in record.get("switches") or []]

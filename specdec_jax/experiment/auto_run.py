@@ -8,11 +8,14 @@ calls the candidates make on this machine (`step_costs.price_calls`,
 `tree_costs.price_tree_shapes`; cached per machine, pair and input width:
 `price_cache`), predicts every candidate (`auto_mode.predict`), chooses
 (`auto_mode.choose`) and returns the plan at the choice with its record
-(`DecodePlan.auto`: metrics.json's `auto`). Nothing here changes what a mode
-decodes: the choice is made once, before the first timed batch, and every
-candidate is exact.
+(`DecodePlan.auto`: metrics.json's `auto`) and its online correction
+(`DecodePlan.online`: `auto_switch.OnlineChoice`, which may choose again
+between batches). Nothing here changes what a mode decodes: the first
+choice is made before the first timed batch, a later one between batches
+from past batches only, and every candidate is exact.
 """
 import dataclasses
+import functools
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -25,6 +28,7 @@ from specdec_jax import progress
 from specdec_jax import timing
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import auto_mode
+from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import price_cache
@@ -309,7 +313,8 @@ def choose_mode(plan: Loaded, feed: multihost.Feeder) -> DecodePlan:
   prices, price_record = None, None
   if any(c.mode.priced and not c.mode.target_alone for c in candidates):
     fill = max(1, int(next(iter(pilots.values()))["mean_output_tokens"]))
-    prices, price_record = prices_for(plan, feed, candidates, fill, first)
+    price = plan.plan.providers.auto_prices or prices_for
+    prices, price_record = price(plan, feed, candidates, fill, first)
   rows = [auto_mode.predict(c, prices, pilots) for c in candidates]
   chosen = auto_mode.choose(rows)
   beam_examples = next(
@@ -331,4 +336,9 @@ def choose_mode(plan: Loaded, feed: multihost.Feeder) -> DecodePlan:
   logging.info("%s", record["reason"])
   chosen = next(i for i, r in enumerate(rows)
                 if (r["label"] == record["choice"]["label"]))
-  return dataclasses.replace(plan_at(plan, candidates[chosen]), auto=record)
+  decode_plan = plan_at(plan, candidates[chosen])
+  online = auto_switch.OnlineChoice(
+      candidates, rows, chosen, pilots, prices,
+      functools.partial(plan_at, plan), decode_plan,
+      target_step_s=(price_record or {}).get("target_step_s"))
+  return dataclasses.replace(decode_plan, auto=record, online=online)

@@ -8,11 +8,13 @@ when the data has references, and the row's target calls), and infer.json
 at the end: counts, walltime, α and tokens per target call, BLEU / ROUGE
 against the references. The same seed and settings give the rows of a
 MODE='walltime' run's `speculative` column (the same rng per batch).
+SPECULATION='auto' may change its choice between batches (`auto_switch`:
+the target alone's seconds estimated from the priced target step).
 """
 import functools
 import os
 import time
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from absl import logging
 import jax
@@ -24,8 +26,8 @@ from specdec_jax import progress
 from specdec_jax import quality as quality_lib
 from specdec_jax import run_metrics
 from specdec_jax import tasks
-from specdec_jax import timing
 from specdec_jax.experiment import auto_mode
+from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import predictions
 from specdec_jax.experiment.plan import DecodePlan
@@ -68,18 +70,22 @@ def run_infer(plan: DecodePlan, feed: multihost.Feeder,
   texts: List[str] = []
   tokens = calls = 0
   histogram = np.zeros(plan.args.gamma + 1, np.int64)
-  decode_s = 0.0
+  decode_s = trials = 0.0
+  current = plan  # SPECULATION='auto': the choice of the batches before
   try:
     for i, (batch, keep) in enumerate(feed.batches()):
-      result, seconds = timing.timed(plan.speculative, batch,
-                                     jax.random.fold_in(plan.rng, i))
+      result, seconds = plan.plan.providers.clock(
+          current.speculative, batch, jax.random.fold_in(plan.rng, i))
       decode_s += seconds
       result = multihost.to_host(result)
       rows = np.asarray(result.tokens)[keep]
       row_calls = np.asarray(result.target_calls)[keep]
       tokens += int(np.sum(rows != 0))
       calls += int(np.sum(row_calls))
-      histogram += np.asarray(result.accepted_histogram)[keep].sum(0)
+      counts = np.asarray(result.accepted_histogram)[keep].sum(0)
+      histogram = auto_switch.padded_sum(histogram, counts)
+      if not decode_modes.mode_of(current.args).target_alone:
+        trials += auto_switch.acceptance_trials(counts, counts.size - 1)
       start = len(texts)
       texts += tasks.decode_tokens(plan.vocab, rows)
       writer.add([
@@ -89,12 +95,14 @@ def run_infer(plan: DecodePlan, feed: multihost.Feeder,
       logging.info("infer: batch %d/%d, %d examples, %.1f s, %s", i + 1,
                    feed.num_batches, len(texts), decode_s,
                    _eta(i + 1, feed.num_batches, decode_s))
+      if plan.online is not None:  # the next batch's choice
+        current = plan.online.after_batch(i, None, seconds, result, keep, feed)
   except KeyboardInterrupt:
     writer.close()
     raise KeyboardInterrupt(f"kept {writer.kept()}; {run_metrics.INFER_FILE} "
                             "was not written") from None
-  record = infer_record(plan, examples, texts, tokens, calls, histogram,
-                        decode_s, compile_s, data_info)
+  record = infer_record(plan, examples, texts, tokens, calls,
+                        (histogram, trials), decode_s, compile_s, data_info)
   on_result(record)
 
   multihost.run_on_first(
@@ -117,11 +125,22 @@ def _row(index: int, example: Dict[str, Any], text: str,
 
 def infer_record(plan: DecodePlan, examples: Sequence[Dict[str, Any]],
                  texts: List[str], tokens: int, calls: int,
-                 histogram: np.ndarray, decode_s: float, compile_s: float,
-                 data_info: Dict[str, Any]) -> Dict[str, Any]:
-  """infer.json's dict: what was decoded, how fast, how well."""
-  args = plan.args
+                 acceptance: Tuple[np.ndarray, float], decode_s: float,
+                 compile_s: float, data_info: Dict[str, Any]) -> Dict[str, Any]:
+  """infer.json's dict: what was decoded, how fast, how well.
+
+  `acceptance`: (the calls by kept guesses, as wide as the largest γ; the
+  acceptance trials of the speculative batches, each at its own γ). A run
+  that switched choices (SPECULATION='auto') pools α over its speculative
+  batches and records the last speculative choice's settings, γ the
+  largest (`auto_switch.outcome`).
+  """
+  args, auto, switch_compile_s = auto_switch.outcome(plan)
   mode = decode_modes.mode_of(args)
+  histogram, trials = acceptance
+  alpha = (analysis.alpha_from_acceptance_counts(histogram, args.gamma)
+           if not auto_switch.switched(auto) else
+           float(np.arange(histogram.size) @ histogram) / max(trials, 1.0))
   references = [e.get("reference") for e in examples]
   quality = None
   if all(r is not None for r in references):
@@ -138,12 +157,12 @@ def infer_record(plan: DecodePlan, examples: Sequence[Dict[str, Any]],
       "tokens_generated": tokens,
       "target_calls": calls,
       "tokens_per_target_call": tokens / max(calls, 1),
-      "alpha": analysis.alpha_from_acceptance_counts(histogram, args.gamma),
+      "alpha": alpha,
       "decode_s": decode_s,
-      "compile_time_s": compile_s,
+      "compile_time_s": compile_s + switch_compile_s,
       "tokens_per_second": tokens / max(decode_s, 1e-9),
       "quality": quality,
       **data_info,
       "settings": plan.settings,
-      **auto_mode.metrics_keys(args, plan.auto),  # SPECULATION off / auto
+      **auto_mode.metrics_keys(args, auto),  # SPECULATION off / auto
   }

@@ -30,6 +30,7 @@ import jax
 from specdec_jax.core import decoding
 from specdec_jax import gin_utils
 from specdec_jax import quality as quality_lib
+from specdec_jax import timing
 from specdec_jax.core import models as models_lib
 from specdec_jax import partitioning
 from specdec_jax import vocab as vocab_lib
@@ -73,11 +74,19 @@ class Providers:
     decoders: (plan, target, drafter, gamma) -> (baseline, speculative).
     load_feature_draft: (checkpoint_path, target) -> a feature-level draft
       (DRAFTER='feature').
+    clock: (decoder, inputs, rng) -> (its output, ready; seconds): how the
+      timed decode times each call (`timing.timed`).
+    auto_prices: SPECULATION='auto''s call prices, (loaded, feed,
+      candidates, fill, context plan) -> (`auto_mode.Prices`, metrics.json's
+      `auto.prices`); None: measured on this machine or read from the price
+      cache (`auto_run.prices_for`).
   """
   vocabulary: Callable[[], Any] = loading.vocabulary
   load_model: Callable[..., Any] = loading.load_model
   decoders: Callable[..., Tuple[Decoder, Decoder]] = make_decoders
   load_feature_draft: Callable[[str, Any], Any] = load_feature_draft
+  clock: Callable[..., Tuple[Any, float]] = timing.timed
+  auto_prices: Optional[Callable[..., Tuple[Any, Dict[str, Any]]]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,6 +277,9 @@ class DecodePlan:
     baseline, speculative: the two decoders, (inputs [B, S], rng) -> output.
     auto: SPECULATION='auto''s record (candidates, prices, choice:
       metrics.json's `auto`); None for a run that chose nothing.
+    online: SPECULATION='auto''s online correction
+      (`auto_switch.OnlineChoice`: the plan each batch decodes with, which
+      may change between batches); None for a run that chose nothing.
   """
   plan: RunPlan
   models: Models
@@ -275,9 +287,11 @@ class DecodePlan:
   baseline: Decoder
   speculative: Decoder
   auto: Optional[Dict[str, Any]] = None
+  online: Any = None
 
   args = property(lambda self: self.plan.args)
   rng = property(lambda self: self.plan.rng)
+  mesh = property(lambda self: self.models.mesh)
   vocab = property(lambda self: self.plan.vocab)
   settings = property(lambda self: self.plan.settings)
   task_kind = property(lambda self: self.plan.task_kind)

@@ -12,11 +12,12 @@ from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import arguments
 
 
-def _speed_words(speedup: float, theory: Optional[float],
-                 label: str = "theory") -> str:
-  """The speedup in words, beside a theory (None: c was not priced)."""
-  words = (f"{label} {theory:.2f}x" if theory is not None else
-           "no theory: PRICE_CALL_COST=False skipped pricing c")
+def _speed_words(speedup: float, theory: Optional[float], label: str = "theory",
+                 none: str = "PRICE_CALL_COST=False skipped pricing c") -> str:
+  """The speedup in words, beside a theory (None: c was not priced, for
+  the reason `none`)."""
+  words = (f"{label} {theory:.2f}x"
+           if theory is not None else f"no theory: {none}")
   if speedup >= 1:
     return f"{speedup:.2f}x faster than the target alone ({words})"
   return (f"{1 / speedup:.2f}x slower than the target alone ({speedup:.2f}x; "
@@ -117,6 +118,10 @@ def _theory_words(metrics: Dict[str, Any]) -> str:
                         "the tree's measured tokens per call and call costs:")
   if metrics.get("call_cost_priced") is False:  # PRICE_CALL_COST=False
     return _speed_words(metrics["speedup"], None)
+  if (metrics.get("auto") or {}).get("switches"):  # SPECULATION='auto'
+    return _speed_words(
+        metrics["speedup"], None, none="the run switched decode modes (the "
+        "auto: lines; metrics.json's auto.segments)")
   # Theorem 3.8 at the measured call cost leads: at call cost 1 (the
   # paper's TPUs) it flatters a CPU several times over (issue 44).
   measured = metrics.get("theoretical_speedup_measured_call_cost")

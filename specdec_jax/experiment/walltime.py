@@ -5,7 +5,8 @@ experiment), the cost coefficient c, and the `RunMetrics` they make.
 before anything is timed; `run_walltime` is the one decode path, end to
 end: compile every decoder for every input width
 (`compile_decoders`); decode each batch with the target alone and with
-speculative decoding, timing each call, decoding its text once and writing
+speculative decoding (SPECULATION='auto': the choice of the batches before,
+`auto_switch`), timing each call, decoding its text once and writing
 its predictions.jsonl rows (`decode_examples`); time one target step, one
 draft step (or one guess) and the (γ+1)-token verification call the one way
 `timing` defines (`step_times`); put it together (`walltime_metrics`) and
@@ -27,12 +28,12 @@ from specdec_jax import multihost
 from specdec_jax import progress
 from specdec_jax import run_metrics
 from specdec_jax import tasks
-from specdec_jax import timing
 from specdec_jax.experiment import overheads
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import auto_mode
 from specdec_jax.experiment import auto_run
+from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import predictions
@@ -60,6 +61,11 @@ class Decoded:
       for a tree run (`TreeOutput` computes no β: `alpha` counts trials
       from the histogram).
     batches: each batch's seconds and iterations (`BatchTimes`), or None.
+    trials: a run that switched choices (SPECULATION='auto'): the
+      acceptance trials of its speculative batches, each counted as its
+      choice counts them (β's for token and block verification, min(n + 1,
+      γ) per call for trees and beams); `histogram` is then as wide as
+      the largest γ. None otherwise.
   """
   base_tokens: np.ndarray
   spec_tokens: np.ndarray
@@ -74,6 +80,7 @@ class Decoded:
   beta_sum: Optional[float]
   beta_count: Optional[float]
   batches: Optional[overheads.BatchTimes] = None
+  trials: Optional[float] = None
 
   @property
   def tokens_generated(self) -> int:
@@ -86,6 +93,8 @@ class Decoded:
     tree run: the accepted path's trials, min(n + 1, γ) per call that kept
     n, as `analysis.alpha_from_acceptance_counts` counts them)."""
     kept = float(np.arange(len(self.histogram)) @ self.histogram)
+    if self.trials is not None:  # a run that switched choices
+      return kept / max(self.trials, 1.0)
     if self.beta_count is None:
       gamma = len(self.histogram) - 1
       trials = float(
@@ -153,29 +162,31 @@ def decode_examples(plan: DecodePlan, feed: multihost.Feeder,
                     writer: predictions.PredictionsWriter) -> Decoded:
   """Both decoders on every batch (same rng per batch), each call timed;
   each batch's text decoded once and its predictions.jsonl rows written as
-  it finishes.
+  it finishes. SPECULATION='auto': the speculative column of each batch is
+  decoded by the choice of the batches before it (`plan.online`).
 
   Nothing measured goes in the rows: same settings and seed, same file.
   """
-  vocab, rng = plan.vocab, plan.rng
+  vocab, rng, clock = plan.vocab, plan.rng, plan.plan.providers.clock
   base_tokens, spec_tokens, base_text, spec_text, per_example = ([], [], [], [],
                                                                  [])
-  time_base = time_spec = 0.0
+  time_base = time_spec = trials = 0.0
   calls_base = calls_spec = 0
   histogram = np.zeros(plan.args.gamma + 1, np.int64)
   # A tree or beam run counts kept guesses per call only (no β, no trace
   # of guesses: `traces.tree_traces`).
   one_path = decode_modes.mode_of(plan.args).one_path
-  # SPECULATION='off': one decode, the baseline's, fills both columns.
-  target_alone = decode_modes.mode_of(plan.args).target_alone
-  beta_sum: Optional[float] = 0.0 if one_path else None
-  beta_count: Optional[float] = 0.0 if one_path else None
+  beta: Optional[List[float]] = [0.0, 0.0] if one_path else None
   per_batch: List[Tuple[float, float, int, int, int]] = []
+  current = plan
   for i, (batch, keep) in enumerate(feed.batches()):
+    mode = decode_modes.mode_of(current.args)
     brng = jax.random.fold_in(rng, i)
-    out_b, dt_b = timing.timed(plan.baseline, batch, brng)
-    out_s, dt_s = ((plan.speculative.of_baseline(out_b), dt_b) if target_alone
-                   else timing.timed(plan.speculative, batch, brng))
+    out_b, dt_b = clock(plan.baseline, batch, brng)
+    if mode.target_alone:  # one decode, the baseline's, fills both columns
+      out_s, dt_s = current.speculative.of_baseline(out_b), dt_b
+    else:
+      out_s, dt_s = clock(current.speculative, batch, brng)
     out_b, out_s = multihost.to_host((out_b, out_s))  # every row
     time_base += dt_b
     time_spec += dt_s
@@ -185,17 +196,17 @@ def decode_examples(plan: DecodePlan, feed: multihost.Feeder,
     calls_spec += int(np.sum(rows_s[keep]))
     per_batch.append(
         (dt_b, dt_s, int(rows_b.max()), int(rows_s.max()), rows_b.shape[0]))
-    histogram += np.asarray(out_s.accepted_histogram)[keep].sum(0)
-    if beta_sum is not None and beta_count is not None:  # not a tree
-      beta_sum += float(np.sum(np.asarray(out_s.beta_sum)[keep]))
-      beta_count += float(np.sum(np.asarray(out_s.beta_count)[keep]))
+    counts, batch_trials = auto_switch.batch_acceptance(mode, out_s, keep)
+    histogram = auto_switch.padded_sum(histogram, counts)
+    trials += batch_trials
+    beta = _add_beta(beta, mode, out_s, keep)
     base_tokens.append(np.asarray(out_b.tokens)[keep])
     spec_tokens.append(np.asarray(out_s.tokens)[keep])
     start = len(per_example)
     base_text += tasks.decode_tokens(vocab, base_tokens[-1])
     spec_text += tasks.decode_tokens(vocab, spec_tokens[-1])
     records = (traces.traces(vocab, out_s, keep)
-               if one_path else traces.tree_traces(out_s, keep))
+               if mode.one_path else traces.tree_traces(out_s, keep))
     per_example.extend(records)
     writer.add([{
         "index": start + j,
@@ -209,11 +220,29 @@ def decode_examples(plan: DecodePlan, feed: multihost.Feeder,
         "batch %d/%d: baseline %.3fs, speculative %.3fs (running speedup "
         "%.2fx)", i + 1, feed.num_batches, dt_b, dt_s,
         time_base / max(time_spec, 1e-9))
+    if plan.online is not None:  # the next batch's choice (between batches)
+      current = plan.online.after_batch(i, dt_b, dt_s, out_s, keep, feed)
   columns = [np.asarray(c) for c in zip(*per_batch)]
-  return Decoded(np.concatenate(base_tokens), np.concatenate(spec_tokens),
-                 base_text, spec_text, per_example, time_base, time_spec,
-                 calls_base, calls_spec, histogram, beta_sum, beta_count,
-                 overheads.BatchTimes(*columns) if columns else None)
+  return Decoded(
+      np.concatenate(base_tokens), np.concatenate(spec_tokens), base_text,
+      spec_text, per_example, time_base, time_spec, calls_base, calls_spec,
+      histogram, *(beta or (None, None)),
+      overheads.BatchTimes(*columns) if columns else None,
+      trials if plan.online is not None and plan.online.switched else None)
+
+
+def _add_beta(beta: Optional[List[float]], mode: decode_modes.DecodeMode,
+              out: Any, keep: np.ndarray) -> Optional[List[float]]:
+  """[Σ β, its trials] with a batch added: one-path batches add theirs, a
+  tree or beam batch ends it (None: no β), the target alone adds none."""
+  if beta is None or mode.target_alone:
+    return beta
+  if not mode.one_path:
+    return None
+  return [
+      beta[0] + float(np.sum(np.asarray(out.beta_sum)[keep])),
+      beta[1] + float(np.sum(np.asarray(out.beta_count)[keep]))
+  ]
 
 
 def choose_shape(
@@ -255,7 +284,6 @@ def run_walltime(plan: DecodePlan, feed: multihost.Feeder,
   `on_result(metrics)` is called before anything is written (the summary:
   a failed write loses no result). Returns metrics.json's dict.
   """
-  mode = decode_modes.mode_of(plan.args)
   compile_s = compile_decoders(feed, plan.baseline, plan.speculative, plan.rng)
   out = plan.args.output_dir
   writer = predictions.PredictionsWriter(out, multihost.is_first())
@@ -266,8 +294,16 @@ def run_walltime(plan: DecodePlan, feed: multihost.Feeder,
     raise KeyboardInterrupt(f"kept {writer.kept()}; "
                             f"{run_metrics.METRICS_FILE} was not "
                             "written") from None
+  # SPECULATION='auto': the choice the run ended with, its record.
+  args, auto, switch_compile_s = auto_switch.outcome(plan)
+  compile_s += switch_compile_s
+  mode = decode_modes.mode_of(args)
   steps = None
-  if not mode.priced:
+  if auto_switch.switched(auto):
+    logging.info("SPECULATION='auto' switched choices: c and the theory are "
+                 "not priced (metrics.json's auto.segments: each choice's "
+                 "predicted and measured speedup)")
+  elif not mode.priced:
     logging.info(
         "%s: c and Theorem 3.8 are not priced (they model sampling "
         "one sequence)", mode.description)
@@ -282,9 +318,9 @@ def run_walltime(plan: DecodePlan, feed: multihost.Feeder,
   decoded, compile_s, steps = slowest_process(decoded, compile_s, steps)
   quality = plan.quality(decoded.base_text, decoded.spec_text,
                          [e["reference"] for e in examples])
-  metrics = walltime_metrics(plan.args, decoded, quality, compile_s, steps,
+  metrics = walltime_metrics(args, decoded, quality, compile_s, steps,
                              data_info, plan.settings, gamma_auto,
-                             plan.auto).to_dict()
+                             auto).to_dict()
   on_result(metrics)
 
   multihost.run_on_first(  # the others wait for it
@@ -347,7 +383,8 @@ def walltime_metrics(
   """The run's metrics.json.
 
   Args:
-    args: the run's arguments (GAMMA='auto': with the chosen γ).
+    args: the run's arguments (GAMMA='auto': with the chosen γ;
+      SPECULATION='auto': `auto_switch.outcome`'s).
     decoded: both decoders' outputs.
     quality: {'bleu' or 'rouge': {'baseline': ..., 'speculative': ...}}.
     compile_s: `compile_decoders`' seconds (the slowest process's).
@@ -356,7 +393,8 @@ def walltime_metrics(
     data_info: the examples' counts (`run_metrics.RunMetrics`' data keys).
     settings: the run's settings record (`output_dir.settings_record`).
     gamma_auto: GAMMA='auto''s pilot and choice, or None.
-    auto: SPECULATION='auto''s candidates and choice (`plan.auto`), or None.
+    auto: SPECULATION='auto''s candidates, choice, segments and switches
+      (`auto_switch.outcome`), or None.
   """
   gamma, c = args.gamma, None if steps is None else steps.cost_coefficient
   alpha = decoded.alpha
@@ -374,7 +412,9 @@ def walltime_metrics(
       alpha=float(alpha),
       alpha_beta=decoded.alpha_beta,
       alpha_stderr=float(
-          analysis.alpha_standard_error_from_counts(decoded.histogram, gamma)),
+          analysis.alpha_standard_error_from_counts(decoded.histogram, gamma)
+          if decoded.trials is None else  # a run that switched: pooled
+          np.sqrt(alpha * (1 - alpha) / max(decoded.trials, 1.0))),
       accepted_histogram=decoded.histogram.tolist(),
       num_examples=len(base),
       tokens_generated=tokens,
@@ -390,7 +430,8 @@ def walltime_metrics(
       draft_step_s=None if steps is None else steps.draft_step_s,
       cost_coefficient_c=c,
       call_cost_priced=(False if steps is None and
-                        decode_modes.mode_of(args).priced else None),
+                        decode_modes.mode_of(args).priced and
+                        not auto_switch.switched(auto) else None),
       **(unpriced_theory_metrics() if steps is None else theory_metrics(
           args, decoded, steps)),
       # Token-for-token identity is the test of exactness at T = 0 only:
@@ -508,8 +549,10 @@ def drafting_metrics(args: arguments.RunArguments,
     guessed = [per_call]
     bound = None
   else:
-    kept = [t["num_accepted"] for e in per_example for t in e["trace"]]
-    guessed = [len(t["draft_tokens"]) for e in per_example for t in e["trace"]]
+    # A run that switched (SPECULATION='auto'): the one-path calls only.
+    calls = [t for e in per_example for t in e["trace"] or ()]
+    kept = [t["num_accepted"] for t in calls]
+    guessed = [len(t["draft_tokens"]) for t in calls]
     bound = None if c is None else analysis.per_iteration_gamma_bound(
         kept, guessed, args.gamma, c, tokens)  # c None: not priced
   return {

@@ -10,6 +10,7 @@ import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from specdec_jax import run_metrics
+from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import decode_modes
 
 
@@ -105,6 +106,14 @@ def load_results(results_dir: str,
       continue
     if _unpriced(metrics, dirpath):
       unpriced += 1
+      continue
+    if auto_switch.switched(metrics.get("auto")):
+      # c and the theory are per setting; a run that switched has several.
+      logging.warning(
+          "%s: a SPECULATION='auto' run that switched decode modes between "
+          "batches (no single c or Theorem 3.8), left out of the report; "
+          "its metrics.json's auto.segments has each setting's numbers",
+          dirpath)
       continue
     rel = os.path.relpath(dirpath, results_dir)
     metrics["run_name"] = os.path.basename(

@@ -1,0 +1,446 @@
+"""SPECULATION='auto''s online correction (issue 45): the rule as pure
+functions (a switch when the measured speedup falls below the prediction
+by more than its noise, not on noise, not more often than allowed), and
+tiny end-to-end runs made to switch by a clock and call prices handed in
+through `Providers`: at T = 0 the outputs are the target's, token for
+token, and metrics.json / infer.json record the segments; at T > 0 the
+outputs of a run that switches between batches follow the target's exact
+distribution (chi-square, significance 1e-3, with a power check)."""
+import json
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from decoding_helpers import chisquare_pvalue
+from decoding_helpers import count_sequences
+from decoding_helpers import reference_standardize
+from decoding_helpers import sequence_distribution
+
+from specdec_jax import analysis
+from specdec_jax import gin_utils
+from specdec_jax import run as run_lib
+from specdec_jax import run_metrics
+from specdec_jax.core.models import Transformer
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import auto_mode
+from specdec_jax.experiment import auto_switch
+from specdec_jax.experiment import decode_modes
+from specdec_jax.experiment import loading
+from specdec_jax.experiment import plan
+from specdec_jax.experiment import summary
+from specdec_jax.experiment import target_alone
+
+Candidate = auto_mode.Candidate
+MIN = auto_switch.AUTO_SWITCH_MIN_BATCHES
+C = 0.02  # the drafter's cost coefficient in the pure tests
+
+
+# ---------------------------------------------------------------------------
+# The rule, pure.
+# ---------------------------------------------------------------------------
+def test_the_speedup_interval_is_the_ratio_estimators_t_interval():
+  assert auto_switch.speedup_interval([1.0] * 5, [2.0] * 5) == (0.5, 0.5, 0.5)
+  assert auto_switch.speedup_interval([1.0], [2.0])[2] == float("inf")
+  rng = np.random.default_rng(0)
+  spec = rng.uniform(0.5, 1.5, 30)
+  base = 1.2 * spec * rng.lognormal(0, 0.2, 30)
+  speedup, low, high = auto_switch.speedup_interval(base, spec)
+  assert speedup == pytest.approx(base.sum() / spec.sum())
+  assert low < speedup < high and low < 1.2 < high
+  assert auto_switch.t975(1) == 12.706 and auto_switch.t975(30) == 2.042
+  assert auto_switch.t975(60) == pytest.approx(2.000, abs=2e-3)
+  with pytest.raises(ValueError, match="one positive time per batch"):
+    auto_switch.speedup_interval([1.0, 1.0], [1.0])
+
+
+def test_a_test_fires_only_below_the_prediction_by_more_than_its_noise():
+  # Measured 0.5x against a predicted 2x, after the minimum batches.
+  assert auto_switch.below_prediction(2.0, [1.0] * MIN, [2.0] * MIN)
+  assert not auto_switch.below_prediction(2.0, [1.0] * (MIN - 1), [2.0] *
+                                          (MIN - 1))
+  # Measured 1.8x on average, but noisy: 2x is inside its interval.
+  noisy = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+  spec = [1 / 1.2, 1 / 2.4, 1 / 1.3, 1 / 2.3, 1 / 1.4, 1 / 2.2]
+  assert not auto_switch.below_prediction(2.0, noisy, spec)
+  # The same mean measured steadily is below it.
+  assert auto_switch.below_prediction(2.0, [1.0] * 6, [1 / 1.8] * 6)
+
+
+def test_a_choice_measuring_its_prediction_within_noise_is_rarely_tested():
+  """One look at 8 batches whose speedup is the prediction (20% noise per
+  batch): the one-sided 97.5% bound is below it about 2.5% of the time."""
+  rng = np.random.default_rng(1)
+  fired = 0
+  for _ in range(2000):
+    spec = rng.uniform(0.5, 1.5, 8)
+    base = 1.3 * spec * rng.lognormal(0, 0.2, 8)
+    fired += auto_switch.below_prediction(1.3 * np.exp(0.02), base, spec)
+  assert fired / 2000 < 0.05
+
+
+def _histogram(alpha: float, gamma: int, calls: int = 10**6) -> np.ndarray:
+  """Calls by kept guesses as i.i.d. acceptance at `alpha` makes them."""
+  n = np.arange(gamma + 1)
+  probs = np.where(n < gamma, alpha**n * (1 - alpha), alpha**gamma)
+  return np.round(probs * calls).astype(np.int64)
+
+
+def _token_candidates():
+  return auto_mode.candidates(decode_modes.TOKEN, ("token",),
+                              auto_mode.gammas_considered("auto"), greedy=True,
+                              vocab_size=100)
+
+
+def _prices():
+  return auto_mode.Prices(call_cost_by_k={1: 1.0, 13: 1.0}, cost_coefficient=C)
+
+
+def test_the_measured_alpha_moves_gamma_and_the_measured_cost_error_scales():
+  """GAMMA='auto' chose γ = 12 from a pilot's α of 0.95; the run measures
+  α = 0.6: Section 3.4's γ for 0.6 is chosen. A run measuring a third of its
+  prediction at the measured α switches to the target alone."""
+  candidates = _token_candidates()
+  pilots = {"token": {"alpha": 0.95}}
+  rows = [auto_mode.predict(c, _prices(), pilots) for c in candidates]
+  first = auto_mode.choose(rows)
+  assert candidates[first].gamma == 12
+  measured_pilots = auto_switch.with_measured_alpha(pilots, candidates[first],
+                                                    _histogram(0.6, 12))
+  assert measured_pilots["token"]["alpha"] == pytest.approx(0.6, abs=1e-4)
+  at_06 = float(analysis.expected_speedup(0.6, 12, C))
+  rows, kappa = auto_switch.corrected_rows(candidates, first, at_06, _prices(),
+                                           measured_pilots, {})
+  assert kappa == pytest.approx(1.0, abs=1e-3)
+  assert rows[first]["basis"] == "measured"
+  chosen = auto_switch.rechoose(rows, first)
+  assert candidates[chosen].gamma == analysis.optimal_gamma(
+      0.6, C, max_gamma=12)
+  # A third of the prediction at the measured α: κ = 1/3 scales every
+  # candidate below the target alone.
+  rows, kappa = auto_switch.corrected_rows(candidates, first, at_06 / 3,
+                                           _prices(), measured_pilots, {})
+  assert kappa == pytest.approx(1 / 3, abs=1e-3)
+  assert max(r["predicted_speedup"] for r in rows[1:]) < 1.0
+  assert auto_switch.rechoose(rows, first) == 0  # the target alone
+
+
+def test_hysteresis_keeps_a_choice_within_min_gain_of_the_best():
+  rows = [{
+      "predicted_speedup": 1.0
+  }, {
+      "predicted_speedup": 1.2
+  }, {
+      "predicted_speedup": 1.24
+  }]
+  assert auto_mode.choose(rows) == 2
+  assert auto_switch.rechoose(rows, 1) == 1  # 1.24 < 1.05 × 1.2
+  rows[2]["predicted_speedup"] = 1.3
+  assert auto_switch.rechoose(rows, 1) == 2
+  # Measured 0.97x: the target alone (1.0) is within the gain: kept.
+  assert auto_switch.rechoose([{
+      "predicted_speedup": 1.0
+  }, {
+      "predicted_speedup": 0.97
+  }], 1) == 1
+
+
+class _Out(types.SimpleNamespace):
+  """A decoder's output as the run reads it (one row)."""
+
+
+def _batch(histogram):
+  return _Out(accepted_histogram=np.asarray(histogram)[None], tokens=np.ones(
+      (1, 3), np.int32), target_calls=np.array([int(np.sum(histogram))]),
+              lengths=np.array([3]))
+
+
+def _online(candidates, rows, chosen, pilots):
+  built = []
+
+  def build(candidate):
+    built.append(candidate.label)
+    args = arguments.RunArguments(output_dir="/tmp/x", gamma=candidate.gamma or
+                                  1)
+    return types.SimpleNamespace(args=args, speculative=None, rng=None)
+
+  first = build(candidates[chosen])
+  feed = types.SimpleNamespace(first_of_each_width=lambda: [])
+  online = auto_switch.OnlineChoice(candidates, rows, chosen, pilots, _prices(),
+                                    build, first)
+  return online, feed, built
+
+
+def test_a_run_switches_at_most_once_per_min_batches_and_max_times():
+  """The pilot's α was 0.95 (γ = 12), the data's is 0.6: γ = 6 next. It
+  runs at half its prediction: back to γ = 12, measured better. Then γ = 12
+  runs at 0.3x, and stays: no switch is left."""
+  candidates = _token_candidates()
+  pilots = {"token": {"alpha": 0.95}}
+  rows = [auto_mode.predict(c, _prices(), pilots) for c in candidates]
+  online, feed, built = _online(candidates, rows, auto_mode.choose(rows),
+                                pilots)
+  switched_after = []
+  for batch in range(6 * MIN):
+    gamma = online.plan.args.gamma
+    factor = (1.0, 0.5, 0.3 / 2.013)[len(online.switches)]
+    speedup = float(analysis.expected_speedup(0.6, gamma, C)) * factor
+    before = len(online.switches)
+    online.after_batch(batch, 1.0, 1.0 / speedup,
+                       _batch(_histogram(0.6, gamma, 1000)), np.array([0]),
+                       feed)
+    if len(online.switches) > before:
+      switched_after.append(batch + 1)
+  assert built == ["token γ=12", "token γ=6"]  # γ = 12's plan is kept
+  assert switched_after == [MIN, 2 * MIN]
+  assert len(online.switches) == auto_switch.AUTO_SWITCH_MAX_SWITCHES
+  record = online.record()
+  assert [s["label"] for s in record["segments"]
+         ] == ["token γ=12", "token γ=6", "token γ=12"]
+  assert [s["batches"] for s in record["segments"]] == [MIN, MIN, 4 * MIN]
+  assert record["segments"][1]["alpha"] == pytest.approx(0.6, abs=0.01)
+  assert record["segments"][2]["measured_speedup"] == pytest.approx(
+      0.3, rel=1e-3)
+  first, second = record["switches"]
+  assert first["reason"].startswith(f"auto: after batch {MIN}, token γ=12 ran ")
+  assert first["kappa"] == pytest.approx(1.0, abs=1e-2)
+  assert second["kappa"] == pytest.approx(0.5, abs=1e-2)
+  assert second["candidates"][12]["basis"] == "measured"
+  assert online.metrics_args().gamma == 12  # the histogram's width
+
+
+def test_a_candidate_that_ran_is_predicted_by_its_measurement():
+  candidates = _token_candidates()
+  rows, _ = auto_switch.corrected_rows(candidates, 3, 0.9, _prices(),
+                                       {"token": {
+                                           "alpha": 0.5
+                                       }}, {5: 0.8})
+  assert rows[5]["predicted_speedup"] == 0.8 and rows[5]["basis"] == "measured"
+  assert rows[3]["predicted_speedup"] == 0.9
+  assert rows[0]["predicted_speedup"] == 1.0
+  assert rows[0]["basis"] == "target alone"
+
+
+def test_histograms_of_two_gammas_add_padded():
+  total = auto_switch.padded_sum(np.array([3, 1]), np.array([1, 2, 3, 4]))
+  np.testing.assert_array_equal(total, [4, 3, 3, 4])
+  assert auto_switch.acceptance_trials(np.array([1, 2, 3, 4]),
+                                       3) == 1 + 4 + 9 + 12
+  alone = decode_modes.target_alone(decode_modes.TOKEN)
+  out = types.SimpleNamespace(accepted_histogram=np.array([[5, 0], [2, 0]]))
+  counts, trials = auto_switch.batch_acceptance(alone, out, np.array([0]))
+  np.testing.assert_array_equal(counts, [5, 0])
+  assert trials == 0.0
+
+
+# ---------------------------------------------------------------------------
+# End to end: a clock and prices handed in make the first choice measure
+# badly; the run switches to the target alone.
+# ---------------------------------------------------------------------------
+class SlowSpeculation:
+  """`Providers.decoders` and `.clock`: every decoder runs for real; the
+  clock says each call of a speculative decoder took 2 s and each of the
+  target alone 1 s. Records each timed call's (is it the target alone,
+  tokens)."""
+
+  def __init__(self):
+    self.baselines = []
+    self.calls = []
+
+  def decoders(self, run_plan, *args):
+    baseline, speculative = plan.make_decoders(run_plan, *args)
+    self.baselines.append(baseline)
+    if isinstance(speculative, target_alone.TargetAloneDecoder):
+      self.baselines.append(speculative)
+    return baseline, speculative
+
+  def __call__(self, decoder, inputs, rng):
+    out = jax.block_until_ready(decoder(inputs, rng))
+    alone = any(decoder is b for b in self.baselines)
+    self.calls.append((alone, np.asarray(out.tokens)))
+    return out, 1.0 if alone else 2.0
+
+  def speculative_columns(self):
+    """Each timed batch's speculative tokens (MODE='walltime': a batch
+    decoded by the target alone has no speculative call)."""
+    columns = []
+    for alone, tokens in self.calls:
+      if alone:
+        columns.append(tokens)
+      else:
+        columns[-1] = tokens
+    return columns
+
+
+def cheap_calls(loaded, feed, candidates, fill, context_plan):
+  """`Providers.auto_prices`: every K-token call at a quarter of a step and
+  a guess at 0.001 (token verification predicted far above 1), tree calls
+  at 50 steps (trees lose)."""
+  del loaded, feed, fill, context_plan
+  widths = {c.tree_width for c in candidates if c.tree_width}
+  prices = auto_mode.Prices(call_cost_by_k={
+      1: 1.0,
+      2: 0.25,
+      13: 0.25
+  }, cost_coefficient=0.001, tree_call_cost_by_nodes={
+      1: 1.0,
+      2: 50.0
+  }, cost_coefficient_by_width={k: 1.0 for k in widths})
+  return prices, {
+      "cached": False,
+      "file": None,
+      "seconds": 0.0,
+      "target_step_s": 0.001,
+      "handed_in": True
+  }
+
+
+def _parse(tmp_path, *bindings):
+  gin_utils.parse_gin(["local_tiny.gin"],
+                      [f"OUTPUT_DIR = '{tmp_path / 'out'}'", *bindings],
+                      finalize=False)
+
+
+def _self_draft(config, path, seed, mesh, what):
+  """The target drafting for itself (α = 1 at T = 0: GAMMA='auto' picks
+  γ = 12), from the target's config and seed."""
+  del config
+  if what == "draft":
+    seed -= 1
+  return loading.load_model(loading.model_config("target"), path, seed, mesh,
+                            what)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("clean_gin")
+@pytest.mark.parametrize("mode", ["walltime", "infer"])
+def test_a_run_measuring_badly_switches_and_stays_exact(tmp_path, monkeypatch,
+                                                        mode):
+  monkeypatch.setattr(auto_mode, "AUTO_TREE_WIDTHS", (2,))
+  clock = SlowSpeculation()
+  providers = plan.Providers(load_model=_self_draft, decoders=clock.decoders,
+                             clock=clock, auto_prices=cheap_calls)
+  _parse(tmp_path, "SPECULATION = 'auto'", "GAMMA = 'auto'", f"MODE = '{mode}'")
+  result = run_lib.run(providers=providers)
+  auto = result["auto"]
+  assert auto["choice"]["label"] == "token γ=12"
+  assert [(s["label"], s["first_batch"], s["batches"]) for s in auto["segments"]
+         ] == [("token γ=12", 0, MIN), ("the target alone", MIN, 12 - MIN)]
+  (switch,) = auto["switches"]
+  assert switch["after_batch"] == MIN and switch["to"] == "the target alone"
+  assert switch["reason"].startswith(f"auto: after batch {MIN}, token γ=12 ran")
+  assert result["speculation"] == "auto" and result["gamma"] == 12
+  # The token segment's guesses, all kept (MODE='infer' counts the trials
+  # from the histogram: a call cut by the output's end counts one failed).
+  assert result["alpha"] == 1.0 if mode == "walltime" else result["alpha"] > 0.9
+  lines = summary.summary_lines(result, arguments.run_arguments())
+  assert switch["reason"] in lines
+  name = run_metrics.METRICS_FILE if mode == "walltime" else (
+      run_metrics.INFER_FILE)
+  written = json.loads((tmp_path / "out" / name).read_text())
+  assert written["auto"]["segments"] == auto["segments"]
+  rows = [
+      json.loads(line)
+      for line in (tmp_path / "out" /
+                   "predictions.jsonl").read_text().splitlines()
+  ]
+  if mode == "infer":
+    assert auto["segments"][0]["baseline_estimated"] is True
+    assert result["decode_s"] == pytest.approx(2.0 * MIN + 12 - MIN)
+    return
+  run_metrics.RunMetrics.from_dict(written)  # well-formed
+  assert result["greedy_outputs_identical"] is True
+  assert all(r["speculative"] == r["baseline"] for r in rows)
+  assert result["speedup"] == pytest.approx(12 / (2.0 * MIN + 12 - MIN))
+  assert len(result["accepted_histogram"]) == 13
+  assert sum(result["accepted_histogram"]) == result["target_calls_speculative"]
+  assert result["theoretical_speedup"] is None
+  assert "call_cost_priced" not in result
+  assert auto["segments"][1]["measured_speedup"] == 1.0
+  assert any("no theory: the run switched decode modes" in l for l in lines)
+
+
+# ---------------------------------------------------------------------------
+# T > 0: a run that switches between batches samples the target's
+# distribution.
+# ---------------------------------------------------------------------------
+VOCAB = 5
+STEPS = 3
+EOS = 1
+BATCH = 1000
+BATCHES = 2 * MIN
+SIGNIFICANCE = 1e-3
+
+
+class _ConstantVocabulary:
+  """Every text is the same input; outputs decoded as their ids."""
+  eos_id = EOS
+  vocab_size = VOCAB
+
+  def encode(self, text):
+    del text
+    return [3, 4, 2]
+
+  def decode(self, ids):
+    return " ".join(map(str, ids))
+
+
+def _exact_distribution(model, inputs, temperature):
+  """{first STEPS tokens (0 after EOS): probability} by enumeration."""
+  prefixes = [()] + [(a,) for a in range(VOCAB)
+                    ] + [(a, b) for a in range(VOCAB) for b in range(VOCAB)]
+  dec = np.zeros((len(prefixes), STEPS), np.int32)
+  for i, prefix in enumerate(prefixes):
+    dec[i, 1:len(prefix) + 1] = prefix
+  enc = np.repeat(inputs, len(prefixes), axis=0)
+  logits = jax.jit(Transformer(model.config).apply)(model.params, enc, dec,
+                                                    np.ones_like(dec))
+  last = np.asarray(logits)[np.arange(len(prefixes)),
+                            [len(p) for p in prefixes]]
+  probs = reference_standardize(last, temperature, 0, 1.0)
+  table = dict(zip(prefixes, probs))
+  return sequence_distribution(lambda p: table[p], VOCAB, STEPS, EOS)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("clean_gin")
+def test_a_run_that_switches_at_t_above_0_samples_the_targets_distribution(
+    tmp_path, monkeypatch):
+  monkeypatch.setattr(auto_mode, "AUTO_TREE_WIDTHS", (2,))
+  source = tmp_path / "same.tsv"
+  source.write_text("same input\tsame output\n" * (BATCH * BATCHES))
+  models = {}
+
+  def load_model(config, path, seed, mesh, what):
+    models[what] = loading.load_model(config, path, seed, mesh, what)
+    return models[what]
+
+  clock = SlowSpeculation()
+  providers = plan.Providers(vocabulary=_ConstantVocabulary,
+                             load_model=load_model, decoders=clock.decoders,
+                             clock=clock, auto_prices=cheap_calls)
+  _parse(tmp_path, "SPECULATION = 'auto'", "GAMMA = 2", "TEMPERATURE = 1.0",
+         f"SOURCE_FILE = '{source}'", f"NUM_EXAMPLES = {BATCH * BATCHES}",
+         f"BATCH_SIZE = {BATCH}", f"target/T5Config.vocab_size = {VOCAB}",
+         f"draft/T5Config.vocab_size = {VOCAB}",
+         f"TASK_FEATURE_LENGTHS = {{'inputs': 8, 'targets': {STEPS}}}")
+  metrics = run_lib.run(providers=providers)
+  segments = metrics["auto"]["segments"]
+  assert [s["batches"] for s in segments] == [MIN, BATCHES - MIN]
+  assert segments[0]["mode"] in ("token", "block")
+  assert segments[1]["label"] == "the target alone"
+  assert 0.05 < segments[0]["alpha"] < 0.95  # guesses kept and rejected
+  columns = clock.speculative_columns()
+  assert len(columns) == BATCHES
+  inputs = np.array([[3, 4, 2, EOS]], np.int32)
+  exact = _exact_distribution(models["target"], inputs, 1.0)
+  assert abs(sum(exact.values()) - 1.0) < 1e-5 and len(exact) >= 8
+  for tokens in (np.concatenate(columns), np.concatenate(columns[:MIN]),
+                 np.concatenate(columns[MIN:])):
+    observed, expected = count_sequences(tokens, exact)
+    assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
+  # Power: the same samples refute a distribution 10% colder.
+  colder = _exact_distribution(models["target"], inputs, 0.9)
+  observed, expected = count_sequences(np.concatenate(columns), colder)
+  assert chisquare_pvalue(observed, expected) < SIGNIFICANCE
