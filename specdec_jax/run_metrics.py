@@ -3,7 +3,7 @@
 
 `run` builds a `RunMetrics` and writes `to_dict()` (docs/usage/outputs.md
 is generated from this class and its docstring by scripts/generate_docs.py;
-tests/test_docs.py keeps the page in step). Readers call `load` /
+tests/project/test_docs.py keeps the page in step). Readers call `load` /
 `RunMetrics.from_dict`, which checks every key it knows (kind and range,
 `MetricsError` naming the key and the value) and fills the keys that older
 files lack with the defaults below: files written before a key existed stay
@@ -157,7 +157,7 @@ class RunMetrics:
     greedy_outputs_identical: at T = 0, whether every example's speculative
       tokens equal the target's, which exact speculative decoding
       guarantees; null at T > 0, where outputs are samples, compared by
-      distribution instead (the chi-square tests of tests/test_decoding.py,
+      distribution instead (the chi-square tests of tests/core/test_decoding.py,
       and alpha vs alpha_beta).
     greedy_identical_examples: at T = 0, how many examples are identical.
     bleu: {"baseline", "speculative"} corpus BLEU (translation tasks).

@@ -54,7 +54,7 @@ class SentencePieceFile:
   """A local SentencePiece model without extra ids, read without seqio.
 
   Encodes and decodes exactly as ``seqio.SentencePieceVocabulary(path,
-  extra_ids=0)`` (`tests/test_tasks.py` compares them): ``encode`` is the
+  extra_ids=0)`` (`tests/harness/test_tasks.py` compares them): ``encode`` is the
   model's ids without EOS; ``decode`` maps ids beyond the model to unk and
   stops after the first EOS. What this project reads of a vocabulary
   (`vocab_size`, `eos_id`, `unk_id`, `tokenizer`, `extra_ids`,

@@ -3,7 +3,7 @@ import os
 import pathlib
 
 # The suite runs on the host CPU even where libtpu is installed (CI
-# installs the tpu extra for tests/test_compile_check.py): without this,
+# installs the tpu extra for tests/harness/test_compile_check.py): without this,
 # every process that starts JAX would first try to open a TPU (about 0.5 s
 # and libtpu's warnings on stderr). libtpu's topology API, which compiles
 # for a TPU without one, works under it. Set before jax is imported; an

@@ -4,7 +4,7 @@ Reads the optimized HLO text of a compiled program (`compiled.as_text()`)
 and counts, per while-loop body, its ops by kind and by the part of the
 iteration they come from (the named scopes of `decoding.loops`), and its
 copies with their bytes (`scripts/iteration_hlo.py`,
-`tests/test_in_place_caches.py`).
+`tests/core/test_in_place_caches.py`).
 """
 import collections
 import re

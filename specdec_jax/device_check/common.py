@@ -3,7 +3,7 @@
 `Settings` holds the check's sizes; `FULL` (a GPU) and `SMALL` (the same
 steps at tiny shapes, for a CPU) are the two presets. `t5_size` gives the
 T5 v1.1 shapes of `gin/models/t5_1_1_*.gin` without reading gin (the GPU
-image has no gin-config; `tests/test_device_check.py` holds the two
+image has no gin-config; `tests/benchmarks/test_device_check.py` holds the two
 together). `device_params` builds random weights on the device in their
 storage dtype, leaf by leaf, so that an XXL target (11B parameters, 22 GB in
 bfloat16) is never materialised in float32 nor read from disk. `Recorder`

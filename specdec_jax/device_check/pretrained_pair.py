@@ -38,7 +38,7 @@ from specdec_jax.core.models import T5Model
 from specdec_jax.device_check import common
 from specdec_jax.device_check import stats
 
-# gin/pretrained_multi30k.gin's values (tests/test_device_check.py).
+# gin/pretrained_multi30k.gin's values (tests/benchmarks/test_device_check.py).
 PAIR_DIR = paths.REPO_DIR / "pretrained" / "multi30k"
 TARGET_DIR = PAIR_DIR / "target_38m"
 DRAFT_DIR = PAIR_DIR / "draft_1m_distill_38m"

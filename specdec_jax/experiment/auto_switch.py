@@ -3,7 +3,7 @@ measuring its choice batch by batch and chooses again, between batches,
 when the measured speedup falls below the prediction by more than its
 noise.
 
-The rule (pure functions, `tests/test_auto_switch.py`):
+The rule (pure functions, `tests/harness/test_auto_switch.py`):
 
 * measure: after each batch, the choice's seconds and the target alone's
   (MODE='walltime' decodes both anyway; MODE='infer' estimates the target

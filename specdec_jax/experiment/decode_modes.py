@@ -17,7 +17,7 @@ two decoders, the rows its caches hold, the pricing of its calls, its cost
 model, its metrics keys and its label. The run picks one (`mode_of`), the
 report and the summary read it back from metrics.json (`of_metrics`).
 Outside this module no code compares ACCEPTANCE or DECODE to a string
-(`tests/test_architecture.py`); a drafter declares the modes it supports
+(`tests/project/test_architecture.py`); a drafter declares the modes it supports
 (`DrafterSpec.decode_modes`).
 """
 import dataclasses
@@ -72,7 +72,7 @@ class DecodeMode:
   branches: bool = False
   beam: bool = False
   own_settings: Tuple[str, ...] = ()
-  exactness_tests: str = "tests/test_decoding.py"
+  exactness_tests: str = "tests/core/test_decoding.py"
   target_alone: bool = False
 
   def check(self, args: Any) -> None:
@@ -186,7 +186,7 @@ class TreeMode(DecodeMode):
   branches: bool = True
   own_settings: Tuple[str, ...] = ("acceptance", "tree_width",
                                    "tree_without_replacement")
-  exactness_tests: str = "tests/test_tree_acceptance.py"
+  exactness_tests: str = "tests/core/test_tree_acceptance.py"
 
   def check(self, args):
     _exact_only(self, args)
@@ -238,7 +238,7 @@ class BeamMode(DecodeMode):
   beam: bool = True
   own_settings: Tuple[str, ...] = ("decode", "beam_size", "beam_alpha",
                                    "beam_width", "beam_rows")
-  exactness_tests: str = "tests/test_speculative_beam.py"
+  exactness_tests: str = "tests/core/test_speculative_beam.py"
 
   def check(self, args):
     if SAMPLING[args.acceptance] is not TOKEN:

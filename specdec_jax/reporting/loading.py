@@ -49,16 +49,21 @@ def load_metrics(path: str) -> Dict[str, Any]:
   return run_metrics.as_mapping(metrics, data)
 
 
-def _unpriced(metrics: Dict[str, Any], dirpath: str) -> bool:
-  """A PRICE_CALL_COST=False run (no c, no Theorem 3.8, which every table
-  here prints): left out, said so."""
-  if metrics.get("call_cost_priced") is not False:
-    return False
-  logging.warning(
-      "%s: a PRICE_CALL_COST=False run (no c, no Theorem 3.8), left out of "
-      "the report, whose tables need them; re-run it with "
-      "PRICE_CALL_COST=True, or read its metrics.json directly", dirpath)
-  return True
+def left_out(metrics: Dict[str, Any]) -> Optional[str]:
+  """Why a run has no single c and Theorem 3.8 for the tables, or None."""
+  mode = decode_modes.of_metrics(metrics)
+  if mode.beam:
+    return ("a DECODE='beam' run (Theorem 3.8 models sampling one sequence; "
+            "tabulate beams with scripts/beam_table.py)")
+  if mode.target_alone:
+    return "a SPECULATION='off' run (the target alone: nothing drafted, no c)"
+  if metrics.get("call_cost_priced") is False:
+    return ("a PRICE_CALL_COST=False run (no c, no Theorem 3.8; re-run it "
+            "with PRICE_CALL_COST=True)")
+  if auto_switch.switched(metrics.get("auto")):
+    return ("a SPECULATION='auto' run that switched decode modes between "
+            "batches (its auto.segments has each setting's numbers)")
+  return None
 
 
 def load_results(results_dir: str,
@@ -89,31 +94,15 @@ def load_results(results_dir: str,
     if run_metrics.METRICS_FILE not in filenames:
       continue
     metrics = load_metrics(os.path.join(dirpath, run_metrics.METRICS_FILE))
-    if decode_modes.of_metrics(metrics).beam:
-      # Beam runs have no c and no Theorem 3.8 (metrics.json: null), which
-      # every table here prints: left out, said so.
+    why = left_out(metrics)
+    if why:
+      # Each table here prints c and Theorem 3.8: runs without one setting
+      # of them are left out, said so.
       logging.warning(
-          "%s: a DECODE='beam' run, left out of the report (its tables are "
-          "Theorem 3.8's, which models sampling one sequence); read its "
-          "metrics.json directly", dirpath)
-      beams += 1
-      continue
-    if decode_modes.of_metrics(metrics).target_alone:
-      logging.warning(
-          "%s: a SPECULATION='off' run (the target alone: nothing drafted, "
-          "no c), left out of the report; read its metrics.json directly",
-          dirpath)
-      continue
-    if _unpriced(metrics, dirpath):
-      unpriced += 1
-      continue
-    if auto_switch.switched(metrics.get("auto")):
-      # c and the theory are per setting; a run that switched has several.
-      logging.warning(
-          "%s: a SPECULATION='auto' run that switched decode modes between "
-          "batches (no single c or Theorem 3.8), left out of the report; "
-          "its metrics.json's auto.segments has each setting's numbers",
-          dirpath)
+          "%s: %s, left out of the report; read its "
+          "metrics.json directly", dirpath, why)
+      beams += decode_modes.of_metrics(metrics).beam
+      unpriced += metrics.get("call_cost_priced") is False
       continue
     rel = os.path.relpath(dirpath, results_dir)
     metrics["run_name"] = os.path.basename(

@@ -15,6 +15,7 @@ run with another one, even of the same size, would train on ids that now
 mean other pieces, so `check_vocabulary` refuses it.
 """
 import contextlib
+import logging as std_logging
 import json
 import os
 import shutil
@@ -43,14 +44,20 @@ VOCABULARY_FILE = "vocabulary.json"
 
 @contextlib.contextmanager
 def quiet_absl():
-  """Hides INFO logs (Orbax logs every file it writes) inside the block."""
-  level = logging.get_verbosity()
-  if level >= logging.INFO:
-    logging.set_verbosity(logging.WARNING)
+  """Hides INFO logs (Orbax logs every file it writes) inside the block.
+
+  The absl logger's own level is put back as it was (NOTSET included):
+  restoring the *effective* verbosity instead would pin it, and the
+  progress lines after the block would vanish.
+  """
+  logger = logging.get_absl_logger()
+  level = logger.level
+  if logger.getEffectiveLevel() <= std_logging.INFO:
+    logger.setLevel(std_logging.WARNING)
   try:
     yield
   finally:
-    logging.set_verbosity(level)
+    logger.setLevel(level)
 
 
 def write_model_config(directory: str, config: T5Config) -> None:

@@ -183,7 +183,7 @@ def speculative_target(target: Any, drafter: Any) -> Any:
   `target.with_features()` when the drafter reads the target's hidden
   states (a feature-level draft, `Drafter.reads_target_features`), else
   `target` itself. The baseline always runs the plain target: the same
-  weights and logits (bit for bit, `tests/test_feature_drafter.py`), without
+  weights and logits (bit for bit, `tests/core/test_feature_drafter.py`), without
   the features' cache, whose writes are the speculative loop's own cost.
   """
   reads = as_drafter(drafter).reads_target_features

@@ -30,6 +30,8 @@ class CallStatistics:
   """
   lengths: Array
   target_calls: Array
+  accepted_histogram: Array
+  trace_num_accepted: Array
 
   @property
   def gamma(self) -> int:
@@ -78,13 +80,14 @@ class OneTokenPerCall(CallStatistics):
   is one step, in histogram column 0."""
   tokens: Array
 
+  # Derived here, fields elsewhere: read-only by design.
   @property
-  def accepted_histogram(self) -> Array:
+  def accepted_histogram(self) -> Array:  # type: ignore[override]
     """[B, 1] int32: every call kept 0 guesses."""
     return self.target_calls[:, None]
 
   @property
-  def trace_num_accepted(self) -> Array:
+  def trace_num_accepted(self) -> Array:  # type: ignore[override]
     """[B, T] int32: 0 for each of the row's calls, -1 after the last."""
     steps = jnp.arange(self.tokens.shape[1])
     return jnp.where(steps[None, :] < self.target_calls[:, None], 0,

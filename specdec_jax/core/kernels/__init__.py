@@ -75,7 +75,7 @@ _loaded: Dict[str, Any] = {}
 # KV-cache array twice per call inside a while loop (the attention reads the
 # cache that the same call then writes in place), 41 copies and 2.6 MB per
 # iteration on the shipped 38M target; its region analysis proves the reads
-# come first and inserts none (`tests/test_in_place_caches.py`). Same
+# come first and inserts none (`tests/core/test_in_place_caches.py`). Same
 # arithmetic, same tokens. The baseline keeps XLA's default: in place, its
 # loop ran 6% slower on the main job (host B, interleaved; probably the
 # copies had run beside the attention on Eigen's threads)

@@ -15,7 +15,8 @@ import pytest
 from specdec_jax import report
 from specdec_jax.reporting import tree_figure
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "results_small")
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures",
+                       "results_small")
 SOURCE = os.path.join(FIXTURE, "ende_xxl_small_g5_t0", "metrics.json")
 # Tokens per call by (temperature, k); token verification's by temperature.
 TREE = {

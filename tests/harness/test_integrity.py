@@ -24,7 +24,7 @@ from specdec_jax.core import kernels
 from specdec_jax.core.models import T5Config
 from specdec_jax.training import checkpointing
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _env(**extra):

@@ -9,7 +9,7 @@ from specdec_jax import run as run_lib
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import summary
 
-BEFORE_43 = pathlib.Path(__file__).parent / "fixtures" / "before_issue43"
+BEFORE_43 = pathlib.Path(__file__).parents[1] / "fixtures" / "before_issue43"
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
 

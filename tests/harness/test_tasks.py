@@ -69,8 +69,8 @@ def test_import_does_not_load_tensorflow():
           "specdec_jax.quality; "
           "bad = [m for m in ('tensorflow', 'seqio', 'tensorflow_datasets') "
           "if m in sys.modules]; assert not bad, bad")
-  subprocess.run([sys.executable, "-c", code], check=True,
-                 cwd=os.path.dirname(os.path.dirname(__file__)))
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(
+      os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_train_sentencepiece_uses_t5_ids(spm_path):

@@ -15,8 +15,10 @@ from specdec_jax import analysis
 from specdec_jax import report
 from specdec_jax.reporting import trace as trace_lib
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "results_small")
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures",
+                       "results_small")
+REPO_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ALL_OUTPUTS = [
     "table2.md", "table2.csv", "table4.md", "speedup_vs_gamma.png",

@@ -362,7 +362,7 @@ def test_output_dir_probed_at_startup(tmp_path, no_load):
       run_lib.run(providers=no_load)
     assert f"OUTPUT_DIR={str(out)!r}: not a writable directory" in str(e.value)
   assert a_file.read_text() == "mine"
-  # gs:// is written for real (tests/test_gcs.py); other URLs are refused.
+  # gs:// is written for real (tests/harness/test_gcs.py); other URLs are refused.
   gin.clear_config()
   _parse(["local_tiny.gin"], ["OUTPUT_DIR = 's3://bucket/run'"])
   with pytest.raises(run_lib.ConfigError,

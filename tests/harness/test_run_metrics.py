@@ -23,7 +23,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(run_metrics.RunMetrics)}
 
 def _outputs_table():
   """{key: (meaning, value, older files)} of docs/usage/outputs.md's
-  metrics.json table (written by scripts/generate_docs.py; tests/test_docs.py
+  metrics.json table (written by scripts/generate_docs.py; tests/project/test_docs.py
   checks that the committed page is its output)."""
   text = (REPO / "docs" / "usage" / "outputs.md").read_text(encoding="utf-8")
   section = text.split("## metrics.json", 1)[1].split("\n## ")[0]

@@ -22,7 +22,7 @@ from specdec_jax.checkpoints import source
 from specdec_jax.checkpoints import (CheckpointError, latest_checkpoint,
                                      load_t5x_params, save_params)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO.parent / "shared" / "fixtures" / "t5x_tiny"
 LEGACY = FIXTURE / "legacy" / "checkpoint_0"
 ORBAX = FIXTURE / "orbax" / "checkpoint_0"

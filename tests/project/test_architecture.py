@@ -272,7 +272,7 @@ def _imports_a_script_by_path(source: str) -> bool:
 
 def test_no_test_imports_a_script_by_path():
   """Scripts are entry points; what tests exercise lives in the library."""
-  tests = pathlib.Path(__file__).resolve().parent
+  tests = pathlib.Path(__file__).resolve().parents[1]
   offenders = [
       p.name
       for p in sorted(tests.rglob("*.py"))

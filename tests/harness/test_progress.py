@@ -5,6 +5,7 @@ import json
 import logging
 import time
 
+from absl import logging as absl_logging
 import pytest
 
 from conftest import REPO
@@ -14,6 +15,7 @@ from specdec_jax import progress
 from specdec_jax import run as run_lib
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_check
+from specdec_jax.training import checkpointing
 from specdec_jax.experiment import summary
 from specdec_jax.reporting import loading as report_loading
 
@@ -143,3 +145,22 @@ def test_compile_concurrently_says_k_of_n_as_each_program_ends(caplog):
   assert {line.split(" (")[0] for line in lines
          } == {"compiled 1/2", "compiled 2/2"}
   assert any("(speculative)" in line for line in lines)
+
+
+def test_quiet_absl_puts_the_absl_level_back_as_it_was():
+  """Orbax's INFO lines are hidden while a checkpoint is written, and the
+  absl logger's own level (NOTSET: follow the root) comes back as it was,
+  so that later progress lines are not silenced."""
+  logger = absl_logging.get_absl_logger()
+  before = logger.level
+  logger.setLevel(logging.NOTSET)
+  root = logging.getLogger()
+  root_level = root.level
+  root.setLevel(logging.INFO)
+  try:
+    with checkpointing.quiet_absl():
+      assert not logger.isEnabledFor(logging.INFO)
+    assert logger.level == logging.NOTSET and logger.isEnabledFor(logging.INFO)
+  finally:
+    logger.setLevel(before)
+    root.setLevel(root_level)

@@ -44,7 +44,7 @@ from specdec_jax.core.models import T5Config
 from specdec_jax.training import TrainConfig
 from specdec_jax.training import trainer
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 PRETRAINED = REPO / "pretrained" / "multi30k"
 
 pytestmark = pytest.mark.usefixtures("clean_gin")

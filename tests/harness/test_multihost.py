@@ -32,7 +32,7 @@ from specdec_jax import sweep
 from specdec_jax import tasks
 from specdec_jax.core.models import init_params
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "multihost_worker.py"
 GROUP_TIMEOUT_S = 900
 COORDINATION_TIMEOUT_S = 600

@@ -29,7 +29,7 @@ from specdec_jax import partitioning as pt
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import param_shapes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 T5X_TINY = REPO.parent / "shared" / "fixtures" / "t5x_tiny"
 
 # ---------------------------------------------------------------------------

@@ -270,7 +270,7 @@ def test_a_sampled_tree_run(tmp_path, monkeypatch):
   assert written["settings"]["run"]["tree_without_replacement"] is False
   lines = summary.summary_lines(metrics, arguments.run_arguments())
   assert "outputs are samples (T=1)" in lines[1]
-  assert "chi-square tests in tests/test_tree_acceptance.py" in lines[1]
+  assert "chi-square tests in tests/core/test_tree_acceptance.py" in lines[1]
   assert "Σ min(p, q)" not in lines[1]
 
 
