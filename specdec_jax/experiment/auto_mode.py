@@ -218,12 +218,40 @@ def predict(candidate: Candidate, prices: Optional[Prices],
     alpha = deeper
   else:
     c, call = float(prices.cost_coefficient), prices.call_cost(gamma + 1)
-    tokens = float(analysis.expected_tokens_per_iteration(alpha, gamma))
-  row.update(
-      cost_coefficient_c=c, call_cost=call, tokens_per_call=tokens,
-      predicted_speedup=float(
-          mode.measured_theory(alpha, gamma, c, call, tokens)))
+    lengths = pilot.get("output_lengths")
+    # Each output's last call is cut at its end: short outputs buy fewer
+    # tokens per call than Equation (1) says, the more so the larger γ.
+    tokens = float(
+        analysis.expected_tokens_per_call_with_ends(alpha, gamma, lengths)
+        if lengths and sum(lengths) else analysis.
+        expected_tokens_per_iteration(alpha, gamma))
+  # Theorem 3.8 at the measured call cost; for a chain, with Equation (1)'s
+  # tokens per call cut at the pilot's output ends when it has them.
+  speedup = (mode.measured_theory(alpha, gamma, c, call, tokens)
+             if mode.branches else tokens / (gamma * c + call))
+  row.update(cost_coefficient_c=c, call_cost=call, tokens_per_call=tokens,
+             predicted_speedup=float(speedup))
   return row
+
+
+def calibrated(
+    rows: Sequence[Dict[str, Any]], measured: float, predicted: float,
+    bounds: Tuple[float, float] = (0.25, 4.0)
+) -> Tuple[List[Dict[str, Any]], float]:
+  """The priced speculative rows scaled by κ = measured / predicted, the
+  cost model's error on this machine as a timed pilot saw it (the loop's
+  own work beside the priced calls: acceptance, rollback, the outer loop);
+  κ is clipped to `bounds`. Returns (rows, κ)."""
+  kappa = measured / predicted if predicted > 0 else 1.0
+  kappa = float(min(max(kappa, bounds[0]), bounds[1]))
+  out = []
+  for row in rows:
+    row = dict(row)
+    if row.get("call_cost") is not None and row.get("alpha") is not None:
+      row.update(model_speedup=row["predicted_speedup"],
+                 predicted_speedup=row["predicted_speedup"] * kappa)
+    out.append(row)
+  return out, kappa
 
 
 def choose(rows: Sequence[Mapping[str, Any]],

@@ -132,6 +132,7 @@ def run_pilot(pilot: DecodePlan, feed: multihost.Feeder, cap: int,
       "alpha": float(sum(kept) / max(sum(trials), 1.0)),
       "alpha_interval": [float(x) for x in interval],
       "mean_output_tokens": float(np.mean(lengths)) if lengths else 0.0,
+      "output_lengths": [int(x) for x in lengths],
   }
   if record["tree_width"] is not None:
     record["first_depth"], record["deeper"] = auto_tree.depth_acceptance(
@@ -163,16 +164,38 @@ def run_pilots(plan: Loaded, feed: multihost.Feeder,
   cap = auto_mode.pilot_cap(feed.num_examples)
   pilots: Dict[str, Any] = {}
   first = None
+  calibrating = True  # the first chain pilot is timed: `calibration`
   for key, candidate in _pilot_candidates(
       candidates, auto_mode.pilot_gamma(plan.args.gamma)).items():
     pilot = plan_at(plan, candidate)
     first = first or pilot
+    chain = candidate.mode.priced and not candidate.mode.branches
+    timed = not candidate.mode.priced or (chain and calibrating)
+    calibrating = calibrating and not chain
     with progress.phase(f"SPECULATION='auto': pilot decode of {key} "
                         f"(γ={candidate.gamma}), until its α is known to "
                         f"±{auto_mode.AUTO_ALPHA_TOLERANCE / 2:g} or "
                         f"{cap} examples"):
-      pilots[key] = run_pilot(pilot, feed, cap, timed=not candidate.mode.priced)
+      pilots[key] = run_pilot(pilot, feed, cap, timed=timed)
   return pilots, first
+
+
+def calibration(candidates: Sequence[Candidate], pilots: Dict[str, Any],
+                prices: auto_mode.Prices) -> Optional[Dict[str, Any]]:
+  """The timed chain pilot's measured speedup beside the model's at its own
+  setting (κ for `auto_mode.calibrated`), or None without one."""
+  for c in candidates:
+    record = pilots.get(c.pilot_key) if c.mode.priced else None
+    if record is not None and "speedup" in record and not c.mode.branches:
+      at_pilot = dataclasses.replace(c, gamma=int(record["gamma"]))
+      model = auto_mode.predict(at_pilot, prices, pilots)["predicted_speedup"]
+      return {
+          "pilot": c.pilot_key,
+          "gamma": int(record["gamma"]),
+          "measured_speedup": float(record["speedup"]),
+          "model_speedup": float(model)
+      }
+  return None
 
 
 def price_fields(plan: Loaded, feed: multihost.Feeder, ks: Sequence[int],
@@ -316,6 +339,10 @@ def choose_mode(plan: Loaded, feed: multihost.Feeder) -> DecodePlan:
     price = plan.plan.providers.auto_prices or prices_for
     prices, price_record = price(plan, feed, candidates, fill, first)
   rows = [auto_mode.predict(c, prices, pilots) for c in candidates]
+  calibrated = prices and calibration(candidates, pilots, prices)
+  if calibrated:
+    rows, calibrated["kappa"] = auto_mode.calibrated(
+        rows, calibrated["measured_speedup"], calibrated["model_speedup"])
   chosen = auto_mode.choose(rows)
   beam_examples = next(
       (p["examples"] for p in pilots.values() if "speedup" in p), None)
@@ -325,6 +352,7 @@ def choose_mode(plan: Loaded, feed: multihost.Feeder) -> DecodePlan:
       "candidates": rows,
       "pilots": pilots,
       "prices": price_record,
+      "calibration": calibrated or None,
       "min_gain": auto_mode.AUTO_MIN_GAIN,
       "alpha_tolerance": auto_mode.AUTO_ALPHA_TOLERANCE,
       "pilot_cap_examples": auto_mode.pilot_cap(feed.num_examples),

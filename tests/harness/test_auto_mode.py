@@ -105,6 +105,37 @@ def test_the_prediction_is_the_summarys_formula_at_the_measured_call_cost():
       analysis.expected_tokens_per_iteration(0.6, 3))
 
 
+def test_short_outputs_buy_fewer_tokens_per_call_and_a_timed_pilot_calibrates():
+  """With the pilot's output lengths each output's last call is cut at its
+  end (the larger γ, the more it costs); a timed chain pilot scales every
+  priced row by κ = its measured / its modelled speedup."""
+  prices = auto_mode.Prices(call_cost_by_k={
+      1: 1.0,
+      9: 1.4
+  }, cost_coefficient=0.02)
+  short = {"token": {"alpha": 0.9, "output_lengths": [11, 9, 12]}}
+  long = {"token": {"alpha": 0.9}}
+  cut = auto_mode.predict(Candidate(decode_modes.TOKEN, 8), prices, short)
+  full = auto_mode.predict(Candidate(decode_modes.TOKEN, 8), prices, long)
+  assert cut["tokens_per_call"] == pytest.approx(
+      analysis.expected_tokens_per_call_with_ends(0.9, 8, [11, 9, 12]))
+  assert cut["tokens_per_call"] < 0.8 * full["tokens_per_call"]
+  assert cut["predicted_speedup"] < full["predicted_speedup"]
+  alone = {
+      "label": "the target alone",
+      "predicted_speedup": 1.0,
+      "alpha": None,
+      "call_cost": 1.0
+  }
+  rows, kappa = auto_mode.calibrated([alone, cut], measured=1.5, predicted=2.0)
+  assert kappa == pytest.approx(0.75)
+  assert rows[0]["predicted_speedup"] == 1.0  # the target alone is 1
+  assert rows[1]["predicted_speedup"] == pytest.approx(0.75 *
+                                                       cut["predicted_speedup"])
+  assert rows[1]["model_speedup"] == cut["predicted_speedup"]
+  assert auto_mode.calibrated([cut], measured=50.0, predicted=1.0)[1] == 4.0
+
+
 def test_a_trees_prediction_is_auto_trees():
   nodes = {1: 1.0, 5: 1.5, 9: 2.3, 13: 2.9}
   prices = auto_mode.Prices(call_cost_by_k={
