@@ -227,7 +227,9 @@ class RunMetrics:
       k with its predicted speedup and the α, c, call cost and tokens per
       call it used), `pilots` (α per mode and tree width, each from a
       pilot decode sized by its 95% interval), `prices` (the measured
-      call costs and whether they were `cached`), `min_gain` and the
+      call costs and whether they were `cached`), `calibration` (the timed
+      chain pilot's measured and modelled speedup and κ, their ratio,
+      which scales every priced prediction), `min_gain` and the
       seconds the choice took; `segments`, the batches each choice decoded
       in a row (label, mode, γ, k, first batch, batches, examples, its
       predicted and measured speedup with its 95% interval, both
