@@ -232,8 +232,13 @@ def test_every_command_shown_names_what_exists():
       for name in gin_files:
         assert (REPO / "gin" / name).is_file(), where
       for w in words:
-        if w.startswith("--sweep=") or w.startswith("configs/"):
-          assert (REPO / w.split("=")[-1]).is_file(), where
+        value = w[len("--sweep="):] if w.startswith("--sweep=") else w
+        if w.startswith("configs/") or (w.startswith("--sweep=") and
+                                        "=" not in value):  # a YAML file
+          assert (REPO / value).is_file(), where
+        elif w.startswith("--sweep="):  # a grid: KEY=v1,v2 of a known macro
+          assert value.split("=")[0] in gin_utils.gin_file_macros(
+              gin_files or ["run.gin"]), where
       known = gin_utils.gin_file_macros(gin_files or ["run.gin"])
       for flag in flags:
         if flag[0].startswith("gin."):
