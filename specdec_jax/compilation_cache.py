@@ -26,6 +26,35 @@ _READ_ERROR = re.compile(
 # (COMPILE_TOPOLOGY) cannot be loaded without a TPU client; it is kept.
 _NO_CLIENT = "must be constructed with a Client"
 
+# The cache folder's size limit (least recently used entries go beyond it).
+MAX_SIZE_BYTES = 32 << 30
+
+
+def add_missing_atimes(folder: str) -> int:
+  """Gives every entry of a cache folder written without a size limit its
+  access-time file (JAX's locked, size-limited cache reads one per entry
+  and fails to write new entries without it). Returns how many were added.
+  """
+  added = 0
+  try:
+    names = set(os.listdir(folder))
+  except OSError:  # no folder yet
+    return 0
+  for name in names:
+    if not name.endswith("-cache"):
+      continue
+    atime = name[:-len("-cache")] + "-atime"
+    if atime in names:
+      continue
+    try:
+      mtime = os.stat(os.path.join(folder, name)).st_mtime_ns
+      with open(os.path.join(folder, atime), "xb") as f:
+        f.write(int(mtime).to_bytes(8, "little"))
+      added += 1
+    except OSError:  # another process added it, or the entry went
+      pass
+  return added
+
 
 def cache_dir() -> str:
   """The folder the commands cache compiled programs in."""
@@ -45,6 +74,13 @@ def enable() -> str:
   # but a run compiles several per input width.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  # A size limit makes JAX lock the folder for every read and write
+  # (`filelock`): processes sharing it (a sweep beside a run, several
+  # hosts' processes on one machine, test workers) never read an entry
+  # another is still writing, which aborts XLA. The limit itself is far
+  # above what a user's programs take.
+  jax.config.update("jax_compilation_cache_max_size", MAX_SIZE_BYTES)
+  add_missing_atimes(folder)  # a folder filled before the limit was set
   _watch_read_errors(folder)
   return folder
 

@@ -25,6 +25,12 @@ if os.environ.get("SPECDEC_JAX_TEST_CACHE", "1") != "0":
           "jax-test-compilation-cache"))
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+  # A size limit makes JAX lock the cache folder (filelock) for each read
+  # and write: the two workers and their subprocesses share it, and an
+  # entry read while another process writes it aborts XLA.
+  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(32 << 30))
+  from specdec_jax import compilation_cache as _cache  # no jax import
+  _cache.add_missing_atimes(os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 import jax
 import pytest

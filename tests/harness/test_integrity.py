@@ -306,3 +306,35 @@ def test_invalid_feature_config_names_the_file(tmp_path, text):
   with pytest.raises(ValueError) as e:
     feature_draft.read_config(str(tmp_path))
   assert str(path) in str(e.value) and "allowed" in str(e.value).lower()
+
+
+def test_the_compilation_cache_is_locked_between_processes():
+  """A size limit turns on JAX's file lock for every read and write of the
+  cache folder: a process never reads an entry another is still writing
+  (XLA aborted on one in a warm CI run's two workers)."""
+  script = ("import jax; from jax._src import compilation_cache as cc\n"
+            "from specdec_jax import compilation_cache\n"
+            "compilation_cache.enable()\n"
+            "jax.jit(lambda x: x + 1)(1.0)\n"
+            "print(jax.config.jax_compilation_cache_max_size,"
+            " cc._cache.eviction_enabled)")
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMP")}
+  env["JAX_COMPILATION_CACHE_DIR"] = os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                                    "")
+  done = subprocess.run([sys.executable, "-c", script], env={
+      k: v for k, v in env.items() if v
+  }, capture_output=True, text=True, timeout=120, check=True)
+  size, locked = done.stdout.split()
+  assert int(size) == compilation_cache.MAX_SIZE_BYTES > 0
+  assert locked == "True"
+
+
+def test_a_cache_folder_from_before_the_lock_gets_its_access_times(tmp_path):
+  (tmp_path / "jit_f-abc-cache").write_bytes(b"x")
+  (tmp_path / "jit_g-def-cache").write_bytes(b"y")
+  (tmp_path / "jit_g-def-atime").write_bytes((7).to_bytes(8, "little"))
+  assert compilation_cache.add_missing_atimes(str(tmp_path)) == 1
+  assert len((tmp_path / "jit_f-abc-atime").read_bytes()) == 8
+  assert (tmp_path / "jit_g-def-atime").read_bytes() == (7).to_bytes(
+      8, "little")
+  assert compilation_cache.add_missing_atimes(str(tmp_path / "none")) == 0
