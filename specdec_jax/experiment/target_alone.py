@@ -43,18 +43,16 @@ class TargetAloneOutput(outputs.CallStatistics):
 
 
 def as_target_alone_output(out: Any, gamma: int) -> TargetAloneOutput:
-  """The baseline's `out` (`tokens` [B, T], `lengths` [B], `target_calls`
-  [B]) with the statistics of a run that made no guess, for γ + 1
-  histogram columns."""
-  calls = jnp.asarray(out.target_calls, jnp.int32)
-  tokens = jnp.asarray(out.tokens)
-  histogram = jnp.zeros((calls.shape[0], int(gamma) + 1),
-                        jnp.int32).at[:, 0].set(calls)
-  steps = jnp.arange(tokens.shape[1], dtype=jnp.int32)
-  trace = jnp.where(steps[None, :] < calls[:, None], 0, -1).astype(jnp.int32)
-  return TargetAloneOutput(tokens=tokens, lengths=jnp.asarray(out.lengths),
-                           target_calls=calls, accepted_histogram=histogram,
-                           trace_num_accepted=trace)
+  """The baseline's `out` (a `CallStatistics` with γ = 0: every call in
+  histogram column 0) with its histogram widened to γ + 1 columns."""
+  histogram = jnp.asarray(out.accepted_histogram, jnp.int32)
+  histogram = jnp.pad(histogram,
+                      ((0, 0), (0, int(gamma) + 1 - histogram.shape[1])))
+  return TargetAloneOutput(
+      tokens=jnp.asarray(out.tokens), lengths=jnp.asarray(out.lengths),
+      target_calls=jnp.asarray(out.target_calls,
+                               jnp.int32), accepted_histogram=histogram,
+      trace_num_accepted=jnp.asarray(out.trace_num_accepted, jnp.int32))
 
 
 class TargetAloneDecoder:
