@@ -25,7 +25,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec_jax import io_utils  # pylint: disable=g-import-not-at-top
+from specdec_jax.files import io_utils  # pylint: disable=g-import-not-at-top
 
 KEYS = ("speedup", "walltime_baseline_s", "walltime_speculative_s",
         "compile_time_s", "alpha", "tokens_per_target_call",

@@ -36,8 +36,8 @@ import sentencepiece as spm
 from specdec_jax import checkpoints
 from specdec_jax.core import decoding
 from specdec_jax.core import drafters
-from specdec_jax import gin_utils
-from specdec_jax import tasks
+from specdec_jax.config import gin_reader
+from specdec_jax.data import tasks
 from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models.t5 import param_shapes
@@ -220,8 +220,8 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.num_examples < 1 or args.gamma < 1 or args.batch < 1:
     parser.error("--num_examples, --gamma and --batch must be >= 1")
-  config = gin_utils.read_t5_config(TARGET_GIN,
-                                    search_paths=gin_utils.search_paths())
+  config = gin_reader.read_t5_config(TARGET_GIN,
+                                     search_paths=gin_reader.search_paths())
   with checkpointing.quiet_absl():
     plain = load_t5(TARGET, config)
     target = plain.with_features()

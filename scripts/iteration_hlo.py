@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from specdec_jax.benchmarking import pretrained  # pylint: disable=g-import-not-at-top
-from specdec_jax import io_utils
+from specdec_jax.files import io_utils
 from specdec_jax.benchmarking import hlo_ops
 from specdec_jax.core import decoding
 from specdec_jax.core import kernels

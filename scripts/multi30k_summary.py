@@ -19,14 +19,15 @@ import numpy as np
 
 from specdec_jax import checkpoints
 from specdec_jax.core import decoding
-from specdec_jax import gin_utils
-from specdec_jax import io_utils
-from specdec_jax import quality as metrics
-from specdec_jax import tasks
-from specdec_jax import vocab as vocab_lib
+from specdec_jax.config import gin_reader
+from specdec_jax.config import paths
+from specdec_jax.files import io_utils
+from specdec_jax.metrics import quality as metrics
+from specdec_jax.data import tasks
+from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.core.models import T5Model
 
-REPO = gin_utils.GIN_DIR.parent
+REPO = paths.GIN_DIR.parent
 MODELS = {  # name -> (model dir, model gin file)
     "target": ("target", "models/multi30k_target.gin"),
     "1m": ("draft_1m", "models/multi30k_draft_1m.gin"),
@@ -42,7 +43,7 @@ def model_bleu(out_dir, name, sources, references, vocab, max_len=64):
   if ckpt is None or not os.path.exists(
       os.path.join(out_dir, model_dir, "train_metrics.json")):
     return None  # not trained, or training not finished
-  config = gin_utils.read_t5_config(gin_file)
+  config = gin_reader.read_t5_config(gin_file)
   params = checkpoints.load_t5x_params(ckpt)
   model = T5Model(config, {"params": params})
   inputs = tasks.encode_batch(vocab, sources, max_len)

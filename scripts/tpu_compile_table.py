@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from specdec_jax import io_utils
+from specdec_jax.files import io_utils
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = ("ende_small.gin", "ende_base.gin", "ende_large.gin", "cnndm_small.gin",

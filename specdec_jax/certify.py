@@ -18,10 +18,10 @@ from typing import Optional, Sequence
 
 from absl import flags
 
-from specdec_jax import compilation_cache
-from specdec_jax import console
-from specdec_jax import gin_utils
-from specdec_jax import io_utils
+from specdec_jax.files import compilation_cache
+from specdec_jax.terminal import console
+from specdec_jax.config import gin_utils
+from specdec_jax.files import io_utils
 from specdec_jax import run as run_lib
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import certificate

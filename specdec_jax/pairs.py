@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax import vocab as vocab_lib
+from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.core import decoding
 from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models import T5Model

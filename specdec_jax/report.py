@@ -44,9 +44,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 
-from specdec_jax import flag_utils
-from specdec_jax import io_utils
-from specdec_jax import run_metrics
+from specdec_jax.config import flag_utils
+from specdec_jax.files import io_utils
+from specdec_jax.metrics import run_metrics
 from specdec_jax.reporting import examples
 from specdec_jax.reporting import figures
 from specdec_jax.reporting import tree_figure

@@ -50,9 +50,9 @@ from typing import Any, Dict, Optional, Sequence
 import gin
 
 from specdec_jax import checkpoints
-from specdec_jax import compilation_cache
-from specdec_jax import console
-from specdec_jax import gin_utils
+from specdec_jax.files import compilation_cache
+from specdec_jax.terminal import console
+from specdec_jax.config import gin_utils
 from specdec_jax import multihost
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_report

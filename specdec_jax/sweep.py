@@ -47,18 +47,19 @@ import jax
 import yaml
 
 from specdec_jax import checkpoints
-from specdec_jax import compilation_cache
-from specdec_jax import console
-from specdec_jax import gin_macros
-from specdec_jax import gin_utils
-from specdec_jax import paths
-from specdec_jax import io_utils
+from specdec_jax.files import compilation_cache
+from specdec_jax.terminal import console
+from specdec_jax.config import gin_macros
+from specdec_jax.config import gin_reader
+from specdec_jax.config import gin_utils
+from specdec_jax.config import paths
+from specdec_jax.files import io_utils
 from specdec_jax import multihost
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import runner
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import RunPlan
-from specdec_jax import run_metrics
+from specdec_jax.metrics import run_metrics
 
 SWEEP_FILE = "sweep.json"
 GIN_FILE_KEY = "gin_file"
@@ -286,11 +287,11 @@ def check_keys(points, base_files, base_bindings, search_paths) -> None:
   """Every sweep key must name a macro or binding the config knows.
 
   Macros (bare names, and those that `--gin.NAME=VALUE` defines) go through
-  the check `run` uses (`gin_utils.check_macro_bindings`); full bindings
+  the check `run` uses (`gin_macros.check_macro_bindings`); full bindings
   (`run.top_k`) are checked by gin when each point is parsed
   (`validate_points`).
   """
-  paths = gin_utils.search_paths(search_paths)
+  paths = gin_reader.search_paths(search_paths)
   checked = set()
   for point in points:
     files, _ = point_gin(point, base_files)
@@ -300,14 +301,14 @@ def check_keys(points, base_files, base_bindings, search_paths) -> None:
       continue
     checked.add((tuple(files), macro_keys))
     try:
-      known = gin_utils.gin_file_macros(files, paths)
-      gin_utils.check_macro_bindings(base_bindings, known)
+      known = gin_reader.gin_file_macros(files, paths)
+      gin_macros.check_macro_bindings(base_bindings, known)
     except ValueError as e:
       raise SweepError(f"gin files {files}: {e}") from None
     for key in macro_keys:
       if key not in known:
         raise SweepError(f"--sweep key {key!r} (gin files {files}): " +
-                         gin_utils.unknown_macro_message(key, sorted(known)))
+                         gin_macros.unknown_macro_message(key, sorted(known)))
 
 
 def validate_points(points, results_dir: str, base_files, base_bindings,

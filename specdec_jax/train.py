@@ -25,9 +25,10 @@ from typing import List, Optional, Sequence
 from absl import flags
 from absl import logging
 
-from specdec_jax import console
-from specdec_jax import gin_utils
-from specdec_jax import paths
+from specdec_jax.terminal import console
+from specdec_jax.config import gin_reader
+from specdec_jax.config import gin_utils
+from specdec_jax.config import paths
 from specdec_jax.training import TrainConfig
 from specdec_jax.training import TrainResult
 from specdec_jax.training import train_and_evaluate
@@ -102,7 +103,7 @@ def parse_gin(
   """
   gin_utils.parse_gin(gin_files, gin_bindings, gin_search_paths, finalize=False,
                       check_macros=True)
-  return gin_utils.search_paths(gin_search_paths)
+  return gin_reader.search_paths(gin_search_paths)
 
 
 def main(argv: Sequence[str]) -> None:

@@ -29,7 +29,7 @@ if os.environ.get("SPECDEC_JAX_TEST_CACHE", "1") != "0":
   # and write: the two workers and their subprocesses share it, and an
   # entry read while another process writes it aborts XLA.
   os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(32 << 30))
-  from specdec_jax import compilation_cache as _cache  # no jax import
+  from specdec_jax.files import compilation_cache as _cache  # no jax import
   _cache.add_missing_atimes(os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 import jax

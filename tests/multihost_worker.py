@@ -68,7 +68,7 @@ def main() -> int:
   command, argv = sys.argv[1], sys.argv[2:]
   from specdec_jax import run as run_lib  # pylint: disable=g-import-not-at-top
   from specdec_jax import sweep as sweep_lib  # pylint: disable=g-import-not-at-top
-  from specdec_jax import console  # pylint: disable=g-import-not-at-top
+  from specdec_jax.terminal import console  # pylint: disable=g-import-not-at-top
   console.setup = lambda: None
   _forgetful(sweep_lib)
   module = {"run": run_lib, "sweep": sweep_lib}[command]

@@ -33,7 +33,7 @@ lives in this package only; `decoding` never uses it unless it is passed as
 the loop's acceptance rule, as this benchmark does. The output says
 `"synthetic_acceptance": true`.
 
-Timing method (`specdec_jax.timing`, which `run` times c with too). Every
+Timing method (`specdec_jax.metrics.timing`, which `run` times c with too). Every
 timed function is jitted; the first call (compile and
 first run) is a warm-up whose excess over the median run is reported as
 `compile_time_s`, never part of a timing. Timings are medians over
@@ -50,7 +50,7 @@ Modules: `config` (settings and their checks), `cli` (absl flags, `main`),
 acceptance rule), `bandwidth` (the memory-bandwidth bound),
 `greedy_identity` (the temperature-0 exactness check with real acceptance),
 `formatting` (the console summary). Random weights come from
-`specdec_jax.parameters.random_params`, as `run`'s without checkpoints.
+`specdec_jax.checkpoints.parameters.random_params`, as `run`'s without checkpoints.
 
 Also here, imported on their own (not by this package), each a command
 (`python -m specdec_jax.benchmarking.X`) behind a thin script in scripts/:

@@ -27,9 +27,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gin
 
-from specdec_jax import compilation_cache
-from specdec_jax import gin_utils
-from specdec_jax import io_utils
+from specdec_jax.files import compilation_cache
+from specdec_jax.config import gin_utils
+from specdec_jax.files import io_utils
 from specdec_jax import run as run_lib
 from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import decode_modes

@@ -14,8 +14,8 @@ from typing import Optional, Sequence
 
 from absl import flags
 
-from specdec_jax import flag_utils
-from specdec_jax import io_utils
+from specdec_jax.config import flag_utils
+from specdec_jax.files import io_utils
 from specdec_jax.benchmarking import config as config_lib
 from specdec_jax.benchmarking import formatting
 from specdec_jax.benchmarking import measure

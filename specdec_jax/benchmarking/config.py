@@ -12,8 +12,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import flag_utils
-from specdec_jax import gin_utils
+from specdec_jax.config import flag_utils
+from specdec_jax.config import gin_reader
+from specdec_jax.config import paths
 from specdec_jax.core.models.config import T5Config
 
 # Size names of --target/--draft -> model gin files (under gin/): the T5 v1.1
@@ -80,11 +81,11 @@ def resolve_model_config(spec: str,
                          flag: str) -> Tuple[T5Config, str, List[str]]:
   """A size name or a gin file path -> (config, label, warnings).
 
-  The file is read by `gin_utils.read_t5_config_for_role` under the `flag`
+  The file is read by `gin_reader.read_t5_config_for_role` under the `flag`
   scope ('target' or 'draft'), without gin's global configuration.
   """
   if spec in MODEL_SIZES:
-    path = gin_utils.GIN_DIR / MODEL_SIZES[spec]
+    path = paths.GIN_DIR / MODEL_SIZES[spec]
   elif not (spec.endswith(".gin") or os.sep in spec):
     raise flag_error(
         flag, spec, "one of " + ", ".join(MODEL_SIZES) +
@@ -95,7 +96,7 @@ def resolve_model_config(spec: str,
   else:
     path = spec
   try:
-    config, scope = gin_utils.read_t5_config_for_role(path, role=flag)
+    config, scope = gin_reader.read_t5_config_for_role(path, role=flag)
   except ValueError as e:
     raise flag_error(flag, spec, f"a gin file binding T5Config; {e}") from None
   warnings = []

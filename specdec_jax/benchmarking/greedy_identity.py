@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.core import decoding
-from specdec_jax import timing
+from specdec_jax.metrics import timing
 from specdec_jax.core.models.t5 import T5Model
 
 Array = jax.Array

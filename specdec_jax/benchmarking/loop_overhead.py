@@ -11,7 +11,7 @@ captions of `configs/data/captions_en_de.tsv`):
   per-call costs cancel in the difference;
 * fixed cost per example: the decode at the short length minus its tokens
   (or iterations) at the marginal cost: encoders, cache set-up, dispatch;
-* the parts, timed by `specdec_jax.timing` in the same process: a target
+* the parts, timed by `specdec_jax.metrics.timing` in the same process: a target
   step t1, a draft step d1 (c = d1 / t1) and a verification call tv;
 * an iteration split (`iteration_split_s`): the draft's `propose` as the
   loop runs it, the verification call, the bookkeeping left over in one
@@ -44,12 +44,12 @@ import numpy as np
 
 from specdec_jax.benchmarking import pretrained
 from specdec_jax.core import decoding
-from specdec_jax import flag_utils
-from specdec_jax import io_utils
+from specdec_jax.config import flag_utils
+from specdec_jax.files import io_utils
 from specdec_jax.core import sampling
-from specdec_jax import timing
-from specdec_jax import vocab as vocab_lib
-from specdec_jax.paths import REPO_DIR
+from specdec_jax.metrics import timing
+from specdec_jax.data import vocab as vocab_lib
+from specdec_jax.config.paths import REPO_DIR
 
 REPO = str(REPO_DIR)
 PRETRAINED = os.path.join(REPO, "pretrained", "multi30k")

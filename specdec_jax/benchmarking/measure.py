@@ -17,12 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax.core import decoding
-from specdec_jax import gin_utils
-from specdec_jax import parameters
+from specdec_jax.config import gin_reader
+from specdec_jax.checkpoints import parameters
 from specdec_jax.core import sampling
-from specdec_jax import timing
+from specdec_jax.metrics import timing
 from specdec_jax.benchmarking import bandwidth
 from specdec_jax.benchmarking import synthetic
 from specdec_jax.benchmarking.config import BenchmarkConfig
@@ -309,7 +309,7 @@ def _settings(cfg: BenchmarkConfig) -> Dict[str, Any]:
 
   def config_fields(config):
     return {
-        **gin_utils.t5_config_fields(config), "num_params": config.num_params
+        **gin_reader.t5_config_fields(config), "num_params": config.num_params
     }
 
   device = jax.devices()[0]

@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any, Dict, List
 
-from specdec_jax import io_utils
+from specdec_jax.files import io_utils
 from specdec_jax import sweep
 
 

@@ -99,8 +99,8 @@ import numpy as np
 
 from specdec_jax import benchmarking
 from specdec_jax.core import decoding
-from specdec_jax import io_utils
-from specdec_jax import timing
+from specdec_jax.files import io_utils
+from specdec_jax.metrics import timing
 from specdec_jax.benchmarking import t5x_pair
 from specdec_jax.benchmarking import t5x_reference
 from specdec_jax.benchmarking.t5x_pair import parse_gammas

@@ -21,14 +21,14 @@ import jax
 import numpy as np
 
 from specdec_jax.core import decoding
-from specdec_jax import gin_utils
-from specdec_jax import partitioning
+from specdec_jax.config import gin_utils
+from specdec_jax.multihost import partitioning
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import runner
 from specdec_jax.experiment.plan import RunPlan
-from specdec_jax import timing
+from specdec_jax.metrics import timing
 from specdec_jax.benchmarking import t5x_reference
-from specdec_jax.paths import GIN_DIR
+from specdec_jax.config.paths import GIN_DIR
 
 # --pair aliases: the README's main job.
 PAIRS = {

@@ -2,7 +2,7 @@
 
 `run` prices Theorem 3.8 with c (draft step / target step) and the
 verification cost (the target's (γ+1)-token call / target step), timed by
-`specdec_jax.timing.call_seconds`. This benchmark repeats that measurement
+`specdec_jax.metrics.timing.call_seconds`. This benchmark repeats that measurement
 `--trials` times two ways, alternating, in one process:
 
 * back to back (how `run` timed them before): each kind of call on its own,
@@ -32,10 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import flag_utils
-from specdec_jax import io_utils
-from specdec_jax import parameters
-from specdec_jax import timing
+from specdec_jax.config import flag_utils
+from specdec_jax.files import io_utils
+from specdec_jax.checkpoints import parameters
+from specdec_jax.metrics import timing
 from specdec_jax.benchmarking import config as benchmark_config
 from specdec_jax.core.models import T5Model
 

@@ -46,12 +46,12 @@ import numpy as np
 
 from specdec_jax.benchmarking import pretrained
 from specdec_jax.core import decoding
-from specdec_jax import flag_utils
-from specdec_jax import io_utils
+from specdec_jax.config import flag_utils
+from specdec_jax.files import io_utils
 from specdec_jax.core import sampling
-from specdec_jax import timing
-from specdec_jax import vocab as vocab_lib
-from specdec_jax.paths import REPO_DIR
+from specdec_jax.metrics import timing
+from specdec_jax.data import vocab as vocab_lib
+from specdec_jax.config.paths import REPO_DIR
 
 REPO = str(REPO_DIR)
 PRETRAINED = os.path.join(REPO, "pretrained", "multi30k")

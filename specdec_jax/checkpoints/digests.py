@@ -25,8 +25,8 @@ import os
 import stat
 from typing import Any, Dict, List, Optional
 
-from specdec_jax import io_utils
-from specdec_jax import paths
+from specdec_jax.files import io_utils
+from specdec_jax.config import paths
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import check_inside
 from specdec_jax.checkpoints.layout import join

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax import io_utils
+from specdec_jax.files import io_utils
 from specdec_jax.core.models.feature_drafter import FeatureDraftModel
 from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 from specdec_jax.core.models.feature_drafter import init_feature_params

@@ -10,8 +10,8 @@ import posixpath
 import re
 from typing import List, Optional, Tuple
 
-from specdec_jax import io_utils
-from specdec_jax import paths
+from specdec_jax.files import io_utils
+from specdec_jax.config import paths
 
 # The key T5X uses for the model parameters inside the train state.
 TARGET = "target"

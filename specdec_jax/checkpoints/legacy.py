@@ -25,8 +25,8 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-from specdec_jax import io_utils
-from specdec_jax import paths
+from specdec_jax.files import io_utils
+from specdec_jax.config import paths
 from specdec_jax.checkpoints import orbax
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import ParamPath

@@ -13,7 +13,7 @@ zarr v3 format. Only the ``target`` leaves are listed.
 import json
 from typing import Dict
 
-from specdec_jax import io_utils
+from specdec_jax.files import io_utils
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import ORBAX_METADATA
 from specdec_jax.checkpoints.layout import ParamPath

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import tensorstore as ts
 
-from specdec_jax import io_utils
-from specdec_jax import paths
+from specdec_jax.files import io_utils
+from specdec_jax.config import paths
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import legacy
 from specdec_jax.checkpoints import orbax

@@ -12,8 +12,8 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-from specdec_jax import io_utils
-from specdec_jax import paths
+from specdec_jax.files import io_utils
+from specdec_jax.config import paths
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import STATE_DIR
 from specdec_jax.checkpoints.layout import TARGET

@@ -11,7 +11,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 import tensorstore as ts
 
-from specdec_jax import paths
+from specdec_jax.config import paths
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import ParamPath
 

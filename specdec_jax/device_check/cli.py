@@ -22,8 +22,8 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Sequence
 
-from specdec_jax import compilation_cache
-from specdec_jax import io_utils
+from specdec_jax.files import compilation_cache
+from specdec_jax.files import io_utils
 from specdec_jax.device_check import common
 from specdec_jax.device_check import preflight
 from specdec_jax.device_check import summary

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import io_utils
+from specdec_jax.files import io_utils
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import param_shapes
 

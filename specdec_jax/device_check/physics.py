@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import timing
+from specdec_jax.metrics import timing
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.core.models import T5Model

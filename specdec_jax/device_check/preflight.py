@@ -12,7 +12,7 @@ import os
 import subprocess
 from typing import Dict, Iterable, List, Sequence, Tuple
 
-from specdec_jax import paths
+from specdec_jax.config import paths
 
 LIMIT_BYTES = 64 * 2**20
 # What the check reads, relative to the repository root.

@@ -28,10 +28,10 @@ from typing import Any, Dict, List, Sequence, Tuple
 import jax
 import numpy as np
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax import checkpoints
-from specdec_jax import paths
-from specdec_jax import timing
+from specdec_jax.config import paths
+from specdec_jax.metrics import timing
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
 from specdec_jax.core.models import T5Model

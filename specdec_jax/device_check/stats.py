@@ -19,8 +19,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from specdec_jax import analysis
-from specdec_jax import paths
+from specdec_jax.metrics import analysis
+from specdec_jax.config import paths
 
 # "temperature 0 (gamma=7: paper alpha=0.75, 3.4x)" and "the temperature-1
 # row is gamma=7 (paper alpha=0.62, 2.6x)" (gin/ende_small.gin's comments).

@@ -27,6 +27,6 @@ command line).
   COMPILE_TOPOLOGY's ahead-of-time TPU compilation.
 * `values`: what a setting's value is (integer, finite real).
 
-Nothing is imported here: `report` reads `specdec_jax.run_metrics` without
+Nothing is imported here: `report` reads `specdec_jax.metrics.run_metrics` without
 loading JAX.
 """

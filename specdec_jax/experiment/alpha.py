@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax.core import decoding
 from specdec_jax import multihost
 from specdec_jax.core import sampling

@@ -16,8 +16,9 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 import gin
 
 from specdec_jax.core import decoding
-from specdec_jax import gin_utils
-from specdec_jax import quality
+from specdec_jax.config import gin_reader
+from specdec_jax.config import gin_utils
+from specdec_jax.metrics import quality
 from specdec_jax.core import sampling
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import drafter_registry
@@ -295,7 +296,7 @@ def unknown_arguments_message(names: Sequence[str]) -> str:
   """'Unknown run arguments [...]; did you mean ...? known: ...'."""
   close = list(
       dict.fromkeys(c for name in names
-                    for c in gin_utils.closest_names(name, list(MACROS))))
+                    for c in gin_reader.closest_names(name, list(MACROS))))
   hint = f"did you mean {' or '.join(close)}? " if close else ""
   return (f"Unknown run arguments {sorted(names)}; {hint}known: "
           f"{sorted(MACROS)}.")

@@ -9,11 +9,11 @@ from absl import logging
 import jax
 import numpy as np
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax import multihost
-from specdec_jax import progress
+from specdec_jax.terminal import progress
 from specdec_jax.experiment import arguments
-from specdec_jax.experiment import step_costs
+from specdec_jax.metrics import step_costs
 from specdec_jax.experiment.plan import DecodePlan
 
 AUTO_GAMMA = arguments.AUTO_GAMMA

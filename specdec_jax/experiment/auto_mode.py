@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import decode_modes

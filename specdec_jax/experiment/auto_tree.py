@@ -25,10 +25,10 @@ import jax
 import numpy as np
 
 from specdec_jax import multihost
-from specdec_jax import progress
+from specdec_jax.terminal import progress
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
-from specdec_jax.experiment import tree_costs
+from specdec_jax.metrics import tree_costs
 from specdec_jax.experiment.plan import Loaded
 
 # TREE_WIDTH='auto' tries k = 1 .. AUTO_TREE_MAX_WIDTH branches.

@@ -48,7 +48,7 @@ from jax.sharding import PartitionSpec
 from specdec_jax.core import decoding
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import speculative_beam as speculative_beam_lib
-from specdec_jax import partitioning
+from specdec_jax.multihost import partitioning
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.core.drafters import tree as tree_drafters
 from specdec_jax.experiment import hlo_reads

@@ -24,13 +24,14 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from absl import logging
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax.core import decoding
-from specdec_jax import gin_utils
-from specdec_jax import io_utils
+from specdec_jax.config import gin_reader
+from specdec_jax.config import gin_utils
+from specdec_jax.files import io_utils
 from specdec_jax.core import kernels
-from specdec_jax import partitioning
-from specdec_jax import progress
+from specdec_jax.multihost import partitioning
+from specdec_jax.terminal import progress
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import beam_settings
@@ -54,7 +55,7 @@ def paper_row(gin_files: Sequence[str], temperature: float,
   """The paper's α and measured speedup for (temperature, γ), as the gin
   files' comments state them; None when none states this row."""
   for name in gin_files:
-    path = gin_utils.find_gin_file(name)
+    path = gin_reader.find_gin_file(name)
     if path is None:
       continue
     with open(path) as f:

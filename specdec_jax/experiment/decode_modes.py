@@ -25,15 +25,15 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax.core import decoding
 from specdec_jax.core.decoding import beam_decoders
 from specdec_jax.core.decoding import block_acceptance
 from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import drafter_registry
-from specdec_jax.experiment import step_costs
+from specdec_jax.metrics import step_costs
 from specdec_jax.experiment import target_alone as target_alone_lib
-from specdec_jax.experiment import tree_costs
+from specdec_jax.metrics import tree_costs
 
 Decoder = decoding.Decoder
 # DECODE's values: sampling (each ACCEPTANCE) or beam search.

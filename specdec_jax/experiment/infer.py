@@ -20,12 +20,12 @@ from absl import logging
 import jax
 import numpy as np
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax import multihost
-from specdec_jax import progress
-from specdec_jax import quality as quality_lib
-from specdec_jax import run_metrics
-from specdec_jax import tasks
+from specdec_jax.terminal import progress
+from specdec_jax.metrics import quality as quality_lib
+from specdec_jax.metrics import run_metrics
+from specdec_jax.data import tasks
 from specdec_jax.experiment import auto_mode
 from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import decode_modes

@@ -28,7 +28,7 @@ from typing import Iterator, List
 
 from absl import logging
 
-from specdec_jax import io_utils
+from specdec_jax.files import io_utils
 
 LOG_FILE = "libtpu.log"
 # libtpu's lines about the TPU VM it looks for (accelerator type, worker

@@ -11,13 +11,13 @@ import gin
 import jax
 
 from specdec_jax import checkpoints
-from specdec_jax import console
-from specdec_jax import io_utils
-from specdec_jax import gin_utils
-from specdec_jax import parameters
-from specdec_jax import partitioning
-from specdec_jax import paths
-from specdec_jax import vocab as vocab_lib
+from specdec_jax.terminal import console
+from specdec_jax.files import io_utils
+from specdec_jax.config import gin_utils
+from specdec_jax.checkpoints import parameters
+from specdec_jax.multihost import partitioning
+from specdec_jax.config import paths
+from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.checkpoints import digests
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model

@@ -23,7 +23,7 @@ from typing import Dict
 import jax
 import numpy as np
 
-from specdec_jax.flag_utils import ConfigError
+from specdec_jax.config.flag_utils import ConfigError
 from specdec_jax.core.models import T5Config
 
 

@@ -18,7 +18,7 @@ from typing import Any, List, Sequence
 
 import numpy as np
 
-from specdec_jax import io_utils
+from specdec_jax.files import io_utils
 
 # More unknown pieces than this (share of all tokens) means another
 # vocabulary's language or script.

@@ -19,10 +19,11 @@ from typing import Any, Dict
 from absl import logging
 import jax.numpy as jnp
 
-from specdec_jax import gin_utils
-from specdec_jax import io_utils
-from specdec_jax import paths
-from specdec_jax import run_metrics
+from specdec_jax.config import gin_reader
+from specdec_jax.config import gin_utils
+from specdec_jax.files import io_utils
+from specdec_jax.config import paths
+from specdec_jax.metrics import run_metrics
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import arguments
@@ -69,8 +70,8 @@ def settings_record(args: arguments.RunArguments, target_config: T5Config,
     run_args.pop("speculation")
   record = {
       "run": run_args,
-      "target": gin_utils.t5_config_fields(target_config),
-      "draft": gin_utils.t5_config_fields(draft_config),
+      "target": gin_reader.t5_config_fields(target_config),
+      "draft": gin_reader.t5_config_fields(draft_config),
       "vocabulary": {
           # `vocab.SentencePieceFile` reads as seqio's vocabulary does and
           # is recorded under its name: the same results, the same run.

@@ -28,12 +28,12 @@ import gin
 import jax
 
 from specdec_jax.core import decoding
-from specdec_jax import gin_utils
-from specdec_jax import quality as quality_lib
-from specdec_jax import timing
+from specdec_jax.config import gin_utils
+from specdec_jax.metrics import quality as quality_lib
+from specdec_jax.metrics import timing
 from specdec_jax.core import models as models_lib
-from specdec_jax import partitioning
-from specdec_jax import vocab as vocab_lib
+from specdec_jax.multihost import partitioning
+from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.checkpoints import feature_draft
 from specdec_jax.core.decoding import beam_decoders
 from specdec_jax.experiment import arguments
@@ -394,6 +394,6 @@ def _task_kind(args) -> str:
   if args.task_kind:
     return args.task_kind
   if args.mixture_or_task_name:
-    from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
+    from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
     return tasks.get_task_kind(args.mixture_or_task_name)
   return quality_lib.TRANSLATION

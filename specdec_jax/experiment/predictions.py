@@ -25,9 +25,9 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
-from specdec_jax import io_utils
-from specdec_jax import paths
-from specdec_jax import run_metrics
+from specdec_jax.files import io_utils
+from specdec_jax.config import paths
+from specdec_jax.metrics import run_metrics
 
 
 class OutputWriteError(OSError):

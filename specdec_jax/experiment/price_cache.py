@@ -22,7 +22,7 @@ from typing import Any, Dict, Mapping, Optional
 from absl import logging
 import jax
 
-from specdec_jax import io_utils
+from specdec_jax.files import io_utils
 
 ENV_OFF = "SPECDEC_JAX_PRICE_CACHE"
 # Bumped when what a price means changes: older entries are then misses.

@@ -31,9 +31,9 @@ from typing import Any, Dict, Iterator, Optional
 
 from absl import logging
 
-from specdec_jax import io_utils
-from specdec_jax import paths
-from specdec_jax.flag_utils import ConfigError
+from specdec_jax.files import io_utils
+from specdec_jax.config import paths
+from specdec_jax.config.flag_utils import ConfigError
 
 LOCK_FILE = ".specdec.lock"
 DEFAULT_STALE_AFTER_S = 24 * 3600.0

@@ -15,10 +15,10 @@ from absl import logging
 import numpy as np
 
 from specdec_jax import multihost
-from specdec_jax import partitioning
-from specdec_jax import paths
-from specdec_jax import run_metrics
-from specdec_jax import tasks
+from specdec_jax.multihost import partitioning
+from specdec_jax.config import paths
+from specdec_jax.metrics import run_metrics
+from specdec_jax.data import tasks
 from specdec_jax.experiment import alpha as alpha_mode
 from specdec_jax.experiment import infer
 from specdec_jax.experiment import loading

@@ -6,7 +6,7 @@
 import os
 from typing import Any, Dict, List, Optional
 
-from specdec_jax import run_metrics
+from specdec_jax.metrics import run_metrics
 from specdec_jax.experiment import auto_mode
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import arguments

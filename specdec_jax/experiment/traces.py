@@ -11,7 +11,7 @@ from typing import List, Sequence
 import numpy as np
 
 from specdec_jax.core import decoding
-from specdec_jax import vocab as vocab_lib
+from specdec_jax.data import vocab as vocab_lib
 
 
 def traces(vocab, out: decoding.SpeculativeOutput,

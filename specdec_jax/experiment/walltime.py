@@ -22,13 +22,13 @@ from absl import logging
 import jax
 import numpy as np
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax.core import decoding
 from specdec_jax import multihost
-from specdec_jax import progress
-from specdec_jax import run_metrics
-from specdec_jax import tasks
-from specdec_jax.experiment import overheads
+from specdec_jax.terminal import progress
+from specdec_jax.metrics import run_metrics
+from specdec_jax.data import tasks
+from specdec_jax.metrics import overheads
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import auto_mode

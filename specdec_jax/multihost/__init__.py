@@ -30,6 +30,9 @@ the processes share the work as follows:
   sweep points are done?) are taken by process 0 and sent to all
   (`run_on_first`), so no process can skip a point another one runs.
 
+`partitioning` lays the parameters and inputs over the ('data', 'model')
+mesh with T5X's rules.
+
 Coordination goes through the key-value store of JAX's coordination service
 (`coordination`), with a deadline on every wait; a process that fails ends
 every process with its error (`failures`).

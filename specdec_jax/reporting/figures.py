@@ -8,7 +8,7 @@ from typing import Any, Dict, Sequence
 
 import numpy as np
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax.reporting import tables
 
 # Figures are rendered at this resolution (text metrics depend on it).

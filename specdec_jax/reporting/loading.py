@@ -9,7 +9,7 @@ import logging
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from specdec_jax import run_metrics
+from specdec_jax.metrics import run_metrics
 from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import decode_modes
 

@@ -11,7 +11,7 @@ import csv
 import io
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 
 # T5 model sizes, smallest first, to order drafts as in the paper's tables.
 _SIZE_ORDER = ("tiny", "mini", "small", "base", "large", "xl", "xxl")

@@ -28,11 +28,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gin import config_parser
 
-from specdec_jax import io_utils
-from specdec_jax import run_metrics
+from specdec_jax.files import io_utils
+from specdec_jax.metrics import run_metrics
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import loading
-from specdec_jax.paths import REPO_DIR
+from specdec_jax.config.paths import REPO_DIR
 
 REPO = str(REPO_DIR)
 
@@ -253,7 +253,7 @@ _OUTPUTS_INTRO = """\
 
 ## metrics.json
 
-One `specdec_jax.run_metrics.RunMetrics`: `run` writes it and `report` reads
+One `specdec_jax.metrics.run_metrics.RunMetrics`: `run` writes it and `report` reads
 it through that class, which checks every key (its kind: the "value"
 column) and gives the keys an older file lacks their defaults (the last
 column; "–": in every file ever written, "absent": left out when the run
@@ -287,8 +287,9 @@ def render_outputs() -> str:
   rows = [(f"`{key}`", meaning, value, older)
           for key, meaning, value, older in output_rows()]
   return "\n".join([
-      BANNER.format(sources="specdec_jax/run_metrics.py (RunMetrics: its "
-                    "fields and docstring)"), "", "# What the outputs mean", "",
+      BANNER.format(
+          sources="specdec_jax/metrics/run_metrics.py (RunMetrics: its "
+          "fields and docstring)"), "", "# What the outputs mean", "",
       _OUTPUTS_INTRO, " ".join(about.split()), "",
       _table(["key", "meaning", "value", "older files"], rows), "", _OUTPUTS_END
   ])

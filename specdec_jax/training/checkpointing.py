@@ -4,7 +4,7 @@
 (`checkpoints.save_params`, so `checkpoints.load_t5x_params` and `run` read
 it) with two files beside its ``state/`` item: ``train_state.msgpack`` (flax
 msgpack of {'step', 'opt_state'}) and ``model_config.json``
-(`gin_utils.t5_config_fields`). The directory is assembled under a hidden
+(`gin_reader.t5_config_fields`). The directory is assembled under a hidden
 staging name and renamed into place, so a crash leaves either no
 ``checkpoint_<step>`` or a complete one. Listing and naming checkpoints is
 `checkpoints`' (`list_checkpoints`, `latest_checkpoint`).
@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax import gin_utils
-from specdec_jax import io_utils
-from specdec_jax import paths
+from specdec_jax.config import gin_reader
+from specdec_jax.files import io_utils
+from specdec_jax.config import paths
 from specdec_jax.checkpoints import digests
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.t5 import param_shapes
@@ -64,13 +64,13 @@ def write_model_config(directory: str, config: T5Config) -> None:
   """``directory/model_config.json``, atomically."""
   io_utils.atomic_write(
       os.path.join(directory, MODEL_CONFIG_FILE),
-      json.dumps(gin_utils.t5_config_fields(config), indent=2))
+      json.dumps(gin_reader.t5_config_fields(config), indent=2))
 
 
 def read_model_config(path: str) -> T5Config:
   """A ``model_config.json`` file's T5Config (global gin bindings never apply)."""
   with open(path, "r", encoding="utf-8") as f:
-    return gin_utils.t5_config_from_fields(json.load(f), "model config")
+    return gin_reader.t5_config_from_fields(json.load(f), "model config")
 
 
 def vocabulary_record(spm_model_path: str) -> Dict[str, Any]:
@@ -228,7 +228,7 @@ def run_gin_text(role: str, model_dir: str, config: T5Config,
       f"#     --gin_file={files['target']} \\",
       f"#     --gin_file={files['draft']}",
   ]
-  for key, value in gin_utils.t5_config_fields(config).items():
+  for key, value in gin_reader.t5_config_fields(config).items():
     value = tuple(value) if isinstance(value, list) else value
     lines.append(f"{role}/T5Config.{key} = {value!r}")
   lines += [

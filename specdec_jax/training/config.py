@@ -13,8 +13,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import gin
 
-from specdec_jax import gin_utils
-from specdec_jax import paths
+from specdec_jax.config import gin_reader
+from specdec_jax.config import gin_utils
+from specdec_jax.config import paths
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 from specdec_jax.training.loss import LossSettings
@@ -273,7 +274,7 @@ class TrainConfig:
 
   def search_paths(self) -> Sequence[str]:
     if self.gin_search_paths is None:
-      return gin_utils.search_paths()
+      return gin_reader.search_paths()
     return self.gin_search_paths
 
   def resolved_paths(self) -> TrainPaths:

@@ -15,8 +15,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from specdec_jax import paths
-from specdec_jax import tasks
+from specdec_jax.config import paths
+from specdec_jax.data import tasks
 
 
 def read_training_pairs(

@@ -5,10 +5,10 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
-from specdec_jax import batching
+from specdec_jax.data import batching
 from specdec_jax.core import decoding
-from specdec_jax import quality as metrics
-from specdec_jax import tasks
+from specdec_jax.metrics import quality as metrics
+from specdec_jax.data import tasks
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models.t5 import T5Model

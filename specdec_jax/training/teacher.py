@@ -3,7 +3,7 @@
 ``distill_from`` names a teacher model_dir (its latest checkpoint) or one
 ``checkpoint_<step>`` directory. The teacher's config comes from
 ``teacher_config`` (e.g. ``@teacher/T5Config()``), from ``teacher_model_gin``
-(a model gin file read with `gin_utils.read_t5_config`, without touching the
+(a model gin file read with `gin_reader.read_t5_config`, without touching the
 global gin config), or from the ``model_config.json`` that this trainer wrote
 next to the teacher's checkpoints; a given config must agree with that file.
 Its vocab_size must equal the student's (the KL compares distributions token
@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence, Tuple
 import jax.numpy as jnp
 
 from specdec_jax import checkpoints
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_reader
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.t5 import param_shapes
 from specdec_jax.training import checkpointing
@@ -87,7 +87,7 @@ def teacher_config(distill_from: str, config: Optional[T5Config],
     raise ValueError("Give at most one of teacher_config and "
                      "teacher_model_gin.")
   if model_gin is not None:
-    config = gin_utils.read_t5_config(model_gin, search_paths=search_paths)
+    config = gin_reader.read_t5_config(model_gin, search_paths=search_paths)
   if config is None:
     if stored is None:
       raise ValueError(

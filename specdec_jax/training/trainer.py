@@ -38,11 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax import gin_utils
-from specdec_jax import io_utils
-from specdec_jax import parameters
-from specdec_jax import paths
-from specdec_jax import progress as progress_lib
+from specdec_jax.config import gin_reader
+from specdec_jax.files import io_utils
+from specdec_jax.checkpoints import parameters
+from specdec_jax.config import paths
+from specdec_jax.terminal import progress as progress_lib
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.t5 import T5Model
 from specdec_jax.training import checkpointing
@@ -51,7 +51,7 @@ from specdec_jax.training import evaluation
 from specdec_jax.training import feature_trainer
 from specdec_jax.training import step as step_lib
 from specdec_jax.training import teacher as teacher_lib
-from specdec_jax import vocab as vocabulary
+from specdec_jax.data import vocab as vocabulary
 from specdec_jax.training.config import TrainConfig
 from specdec_jax.training.config import TrainPaths
 
@@ -283,7 +283,7 @@ def _run_metrics(config: TrainConfig, files: TrainPaths, model: T5Config, state,
       "step": state.step,
       "start_step": start_step,
       "num_params": model.num_params,
-      "model_config": gin_utils.t5_config_fields(model),
+      "model_config": gin_reader.t5_config_fields(model),
       "checkpoint": state.checkpoint,
       "spm_model_path": (files.spm_model_path if paths.is_url(
           files.spm_model_path) else os.path.abspath(files.spm_model_path)),

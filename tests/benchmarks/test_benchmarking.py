@@ -13,9 +13,9 @@ import pytest
 
 from specdec_jax import benchmarking
 from specdec_jax.core import decoding
-from specdec_jax import gin_utils
-from specdec_jax import parameters
-from specdec_jax.gin_utils import GIN_DIR
+from specdec_jax.config import gin_reader
+from specdec_jax.checkpoints import parameters
+from specdec_jax.config.paths import GIN_DIR
 from specdec_jax.core.models import T5Model
 
 ROWS = 20_000
@@ -251,15 +251,15 @@ def test_gin_file_scopes(tmp_path):
                       "T5Config.num_heads = 2\n"
                       "target/T5Config.emb_dim = 64\n"
                       "draft/T5Config.emb_dim = 16\n")
-  target, scope = gin_utils.read_t5_config_for_role(gin_file, role="target")
+  target, scope = gin_reader.read_t5_config_for_role(gin_file, role="target")
   assert scope == "target"
-  draft, _ = gin_utils.read_t5_config_for_role(gin_file, role="draft")
+  draft, _ = gin_reader.read_t5_config_for_role(gin_file, role="draft")
   assert (target.emb_dim, draft.emb_dim) == (64, 16)
   assert target.num_heads == draft.num_heads == 2  # Unscoped base.
   only_draft = tmp_path / "draft_only.gin"
   only_draft.write_text("draft/T5Config.emb_dim = 24\n"
                         "draft/T5Config.vocab_size = 128\n")
-  config, scope = gin_utils.read_t5_config_for_role(only_draft, role="target")
+  config, scope = gin_reader.read_t5_config_for_role(only_draft, role="target")
   assert (config.emb_dim, scope) == (24, "draft")  # The file's only scope.
   _, _, warnings = benchmarking.resolve_model_config(str(only_draft), "target")
   assert warnings and "draft/" in warnings[0]
@@ -292,7 +292,7 @@ def test_experiment_gin_file_as_target_and_draft():
       ["--target", "gin/local_tiny.gin", "--draft", "gin/local_tiny.gin"])
   for role, config in (("target", cfg.target_config), ("draft",
                                                        cfg.draft_config)):
-    expected = gin_utils.read_t5_config(f"models/{role}/tiny.gin", scope=role)
+    expected = gin_reader.read_t5_config(f"models/{role}/tiny.gin", scope=role)
     assert config == expected.replace(dtype=config.dtype), role
   assert cfg.target_config.emb_dim != cfg.draft_config.emb_dim
 
@@ -304,12 +304,12 @@ def test_size_names_are_gin_files(size):
   config, label, warnings = benchmarking.resolve_model_config(size, "target")
   assert (label, warnings) == (size, [])
   # Read under target/, an unscoped file gives its unscoped bindings.
-  assert config == gin_utils.read_t5_config(str(path))
+  assert config == gin_reader.read_t5_config(str(path))
   for role in ("target", "draft"):  # The scoped copies, where there are.
     scoped = GIN_DIR / "models" / role / path.name
     if scoped.exists():
-      assert config == gin_utils.read_t5_config_for_role(scoped,
-                                                         role)[0], scoped
+      assert config == gin_reader.read_t5_config_for_role(scoped,
+                                                          role)[0], scoped
 
 
 def test_t5_1_1_sizes_match_t5x():

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import analysis
-from specdec_jax import gin_utils
+from specdec_jax.metrics import analysis
+from specdec_jax.config import gin_reader
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import param_shapes
 from specdec_jax.device_check import cli
@@ -196,7 +196,7 @@ def test_verdicts_and_summary():
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("size", ["small", "base", "large", "xl", "xxl"])
 def test_t5_sizes_are_the_gin_files(size):
-  assert common.t5_size(size) == gin_utils.read_t5_config(
+  assert common.t5_size(size) == gin_reader.read_t5_config(
       f"models/t5_1_1_{size}.gin")
 
 
@@ -207,7 +207,7 @@ def test_shipped_pair_configs_are_the_main_jobs(role, directory):
   ckpt = os.path.join(directory, os.listdir(directory)[0])
   with open(os.path.join(ckpt, "model_config.json"), encoding="utf-8") as f:
     fields = json.load(f)
-  assert T5Config(**fields) == gin_utils.read_t5_config(
+  assert T5Config(**fields) == gin_reader.read_t5_config(
       "pretrained_multi30k.gin", scope=role)
 
 
@@ -230,8 +230,8 @@ def test_main_job_settings_are_the_gin_files():
 
 
 def test_captions_are_encoded_as_the_main_job_encodes_them():
-  from specdec_jax import tasks  # pylint: disable=g-import-not-at-top
-  from specdec_jax import vocab  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import vocab  # pylint: disable=g-import-not-at-top
   pair = pretrained_pair
   sources = [s for s, _ in tasks.read_parallel_text(pair.SOURCE_FILE)]
   expected = tasks.encode_batch(vocab.SentencePieceFile(str(pair.SPM_MODEL)),

@@ -4,7 +4,7 @@ through each batch's seconds against its loop iterations
 import numpy as np
 import pytest
 
-from specdec_jax.experiment import overheads
+from specdec_jax.metrics import overheads
 
 
 def test_the_line_is_recovered_from_noisy_batches():

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import timing
+from specdec_jax.metrics import timing
 from specdec_jax.benchmarking import timing_noise
 
 from conftest import random_model, tiny_config

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax.core import decoding
 from specdec_jax.core import drafters
 from specdec_jax.experiment import auto_gamma

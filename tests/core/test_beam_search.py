@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_reader
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
@@ -47,7 +47,7 @@ def load_tiny_target() -> T5Model:
 
 def load_pretrained(name: str, gin_file: str) -> T5Model:
   """A model shipped in pretrained/multi30k, float32, prepared."""
-  config = gin_utils.read_t5_config(gin_file)
+  config = gin_reader.read_t5_config(gin_file)
   ckpt = checkpoints.latest_checkpoint(str(PRETRAINED / name))
   assert ckpt is not None, f"no checkpoint in {PRETRAINED / name}"
   params = checkpoints.load_t5x_params(ckpt,

@@ -313,8 +313,8 @@ def test_shipped_feature_draft_loads_and_decodes_exactly():
   greedy output identical and most guesses kept on a simple caption."""
   import gin  # pylint: disable=g-import-not-at-top
   from specdec_jax import checkpoints
-  from specdec_jax import gin_utils
-  from specdec_jax import vocab as vocab_lib
+  from specdec_jax.config import gin_reader
+  from specdec_jax.data import vocab as vocab_lib
   from specdec_jax.core.models import T5Model
   from specdec_jax.core.models import param_shapes
   from specdec_jax.checkpoints import feature_draft as feature_checkpoint
@@ -325,7 +325,7 @@ def test_shipped_feature_draft_loads_and_decodes_exactly():
   gin.parse_config_file(
       str(REPO / "gin" / "models" / "multi30k_feature_drafter.gin"))
   assert feature_checkpoint.read_config(ckpt) == FeatureDrafterConfig()  # pylint: disable=no-value-for-parameter
-  config = gin_utils.read_t5_config("models/multi30k_target_38m.gin")
+  config = gin_reader.read_t5_config("models/multi30k_target_38m.gin")
   params = checkpoints.load_t5x_params(
       checkpoints.latest_checkpoint(str(shipped / "target_38m")),
       expected=param_shapes(config)["params"], dtype=np.float32)

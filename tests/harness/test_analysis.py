@@ -1,10 +1,10 @@
-"""Tests for specdec_jax.analysis against hand-computed values."""
+"""Tests for specdec_jax.metrics.analysis against hand-computed values."""
 import math
 
 import numpy as np
 import pytest
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 
 
 class TestExpectedTokens:

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_reader
+from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import loading  # noqa: F401  # registers vocabulary
 from specdec_jax.tools import generate_docs
@@ -65,7 +66,7 @@ def test_docs_table_lists_every_macro_in_field_order():
 
 
 def test_every_macro_passes_the_typo_check_and_a_typo_is_named():
-  known = gin_utils.gin_file_macros(["run.gin"])
+  known = gin_reader.gin_file_macros(["run.gin"])
   assert set(arguments.MACROS.values()) <= known
   with pytest.raises(gin_utils.ConfigError) as e:
     gin_utils.parse_gin(["local_tiny.gin"], ["NUM_EXAMPLE=3"], finalize=False,

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import tiny_config
 
-from specdec_jax import analysis
-from specdec_jax import gin_utils
+from specdec_jax.metrics import analysis
+from specdec_jax.config import gin_utils
 from specdec_jax import run as run_lib
 from specdec_jax.benchmarking import auto_prediction
 from specdec_jax.core import decoding
@@ -24,7 +24,7 @@ from specdec_jax.experiment import loading
 from specdec_jax.experiment import output_dir
 from specdec_jax.experiment import plan
 from specdec_jax.experiment import price_cache
-from specdec_jax.experiment import step_costs
+from specdec_jax.metrics import step_costs
 from specdec_jax.experiment import summary
 from specdec_jax.experiment import target_alone
 

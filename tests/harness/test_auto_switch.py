@@ -18,10 +18,10 @@ from decoding_helpers import count_sequences
 from decoding_helpers import reference_standardize
 from decoding_helpers import sequence_distribution
 
-from specdec_jax import analysis
-from specdec_jax import gin_utils
+from specdec_jax.metrics import analysis
+from specdec_jax.config import gin_utils
 from specdec_jax import run as run_lib
-from specdec_jax import run_metrics
+from specdec_jax.metrics import run_metrics
 from specdec_jax.core.models import Transformer
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_mode

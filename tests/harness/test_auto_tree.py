@@ -12,7 +12,7 @@
 import numpy as np
 import pytest
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import auto_tree
 

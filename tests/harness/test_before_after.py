@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_utils
 from specdec_jax import run as run_lib
 from specdec_jax import sweep
 from specdec_jax.experiment import arguments

@@ -8,7 +8,7 @@ import gin
 import jax.numpy as jnp
 import pytest
 
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_utils
 from specdec_jax.core import acceptance
 from specdec_jax.core import sampling
 from specdec_jax.core.protocols import Verdict

@@ -14,7 +14,7 @@ from absl import flags
 import gin
 import pytest
 
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_utils
 from specdec_jax import run as run_lib
 from specdec_jax import sweep
 from specdec_jax import train as train_lib

@@ -16,10 +16,10 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import analysis
-from specdec_jax import gin_utils
+from specdec_jax.metrics import analysis
+from specdec_jax.config import gin_utils
 from specdec_jax.core import kernels
-from specdec_jax import partitioning
+from specdec_jax.multihost import partitioning
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_report
 from specdec_jax.experiment import loading

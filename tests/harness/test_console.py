@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from specdec_jax import console
-from specdec_jax import io_utils
+from specdec_jax.terminal import console
+from specdec_jax.files import io_utils
 
 # Lines TensorFlow prints from C++ while being imported on a CPU-only host.
 TF_NOISE = [

@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
-from specdec_jax import console
-from specdec_jax import gin_utils
-from specdec_jax import io_utils
+from specdec_jax.terminal import console
+from specdec_jax.config import gin_utils
+from specdec_jax.files import io_utils
 from specdec_jax import run as run_lib
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import legacy
@@ -921,7 +921,7 @@ def test_sigterm_while_exiting_is_143_with_a_line():
   during the interpreter's shutdown, ended it with -15 and no line."""
   code = textwrap.dedent("""
       import atexit, os, signal, threading, time
-      from specdec_jax import console
+      from specdec_jax.terminal import console
       atexit.register(time.sleep, 20)  # a slow shutdown (JAX's threads)
       threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
       console.exit_process(0)

@@ -24,15 +24,15 @@ import pytest
 from specdec_jax import checkpoints
 from specdec_jax.core import decoding
 from specdec_jax.core import drafters
-from specdec_jax import gin_utils
-from specdec_jax import tasks
+from specdec_jax.config import gin_reader
+from specdec_jax.data import tasks
 from specdec_jax import train as train_lib
 from specdec_jax.core.models import FeatureDrafterConfig
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import init_params
 from specdec_jax.training import checkpointing
 from specdec_jax.checkpoints import feature_draft as feature_checkpoint
-from specdec_jax import vocab as vocabulary
+from specdec_jax.data import vocab as vocabulary
 from specdec_jax.training.feature_trainer import head_tokens_from_targets
 
 from conftest import MULTI30K
@@ -59,7 +59,7 @@ def test_shipped_gin_files_parse():
   try:
     train_lib.parse_gin([GIN], [])
     config = FeatureDrafterConfig()  # pylint: disable=no-value-for-parameter
-    target = gin_utils.read_t5_config(
+    target = gin_reader.read_t5_config(
         gin.query_parameter("train.teacher_model_gin"))
     assert config.feature_dim == target.emb_dim
     assert config.vocab_size == target.vocab_size

@@ -22,7 +22,7 @@ import pytest
 from conftest import T5X_TINY
 from conftest import require_shared
 import multihost_worker
-from specdec_jax import io_utils
+from specdec_jax.files import io_utils
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import make_decoders
 from specdec_jax import sweep
@@ -227,7 +227,7 @@ class _CommitOnComplete:
 
 _WRITER = """
 import sys
-from specdec_jax import io_utils
+from specdec_jax.files import io_utils
 io_utils.write_json(sys.argv[1], {"settings": {}, "padding": "x" * (8 << 20)})
 """
 

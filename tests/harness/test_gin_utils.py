@@ -1,11 +1,12 @@
-"""gin_utils.read_t5_config: a model gin file's T5Config without global gin."""
+"""gin_reader.read_t5_config: a model gin file's T5Config without global gin."""
 
 import gin
 import jax.numpy as jnp
 import pytest
 
-from specdec_jax import gin_macros
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_macros
+from specdec_jax.config import gin_reader
+from specdec_jax.config import gin_utils
 from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=unused-import
 from specdec_jax.core.models import T5Config
 from specdec_jax.tools import generate_model_gin
@@ -24,19 +25,19 @@ def test_scopes_macros_and_includes(tmp_path):
       "target/T5Config.mlp_activations = ('relu',)\n"
       "other.thing = @foo()\n")  # Other configurables: skipped.
   (tmp_path / "top.gin").write_text("include 'm.gin'\nW = 40\n")
-  unscoped = gin_utils.read_t5_config(str(tmp_path / "m.gin"))
+  unscoped = gin_reader.read_t5_config(str(tmp_path / "m.gin"))
   assert (unscoped.emb_dim, unscoped.mlp_activations) == (16, ("gelu",
                                                                "linear"))
-  config = gin_utils.read_t5_config("top.gin", scope="target",
-                                    search_paths=[str(tmp_path)])
+  config = gin_reader.read_t5_config("top.gin", scope="target",
+                                     search_paths=[str(tmp_path)])
   # target/ overrides unscoped; a macro takes its last value, as in gin.
   assert (config.emb_dim, config.mlp_activations) == (40, ("relu",))
   assert config.num_heads == 2  # Unscoped, inherited under target/.
   assert config.head_dim == DEFAULT.head_dim  # Not bound: the default.
-  assert gin_utils.t5_config_scopes("top.gin",
-                                    [str(tmp_path)]) == {"", "target"}
+  assert gin_reader.t5_config_scopes("top.gin",
+                                     [str(tmp_path)]) == {"", "target"}
   with pytest.raises(ValueError, match="nope.gin.*not found"):
-    gin_utils.read_t5_config("nope.gin", search_paths=[str(tmp_path)])
+    gin_reader.read_t5_config("nope.gin", search_paths=[str(tmp_path)])
 
 
 def test_block_form_and_module_qualified_selector(tmp_path):
@@ -46,13 +47,13 @@ def test_block_form_and_module_qualified_selector(tmp_path):
                   "  emb_dim = 48\n"
                   "  dtype = 'bfloat16'\n"
                   "draft/network.T5Config.num_heads = 3\n")
-  config = gin_utils.read_t5_config(str(path), scope="draft")
+  config = gin_reader.read_t5_config(str(path), scope="draft")
   assert (config.emb_dim, config.num_heads, config.dtype) == (48, 3,
                                                               jnp.bfloat16)
 
 
 def test_repository_gin_folder_is_searched():
-  small = gin_utils.read_t5_config("models/t5_1_1_small.gin")
+  small = gin_reader.read_t5_config("models/t5_1_1_small.gin")
   assert (small.emb_dim, small.dtype) == (512, jnp.bfloat16)  # %MODEL_DTYPE.
 
 
@@ -62,7 +63,7 @@ def test_global_gin_config_neither_used_nor_touched(tmp_path):
   gin.clear_config()
   try:
     gin.parse_config("T5Config.num_heads = 1\nMODEL_DIR = 'live'")
-    config = gin_utils.read_t5_config(str(path))
+    config = gin_reader.read_t5_config(str(path))
     assert (config.emb_dim, config.num_heads) == (16, DEFAULT.num_heads)
     assert gin.query_parameter("T5Config.num_heads") == 1
     assert gin.query_parameter("%MODEL_DIR") == "live"
@@ -87,7 +88,7 @@ def test_errors_name_the_file(text, match, tmp_path):
   path = tmp_path / "t.gin"
   path.write_text(text)
   with pytest.raises(ValueError, match=match) as e:
-    gin_utils.read_t5_config(str(path), search_paths=[str(tmp_path)])
+    gin_reader.read_t5_config(str(path), search_paths=[str(tmp_path)])
   assert str(path) in str(e.value)
 
 
@@ -95,12 +96,12 @@ def test_errors_name_the_file(text, match, tmp_path):
 def test_allow_unresolved_dtype(dtype, tmp_path):
   path = tmp_path / "m.gin"
   path.write_text(f"T5Config.emb_dim = 16\nT5Config.dtype = {dtype}\n")
-  config = gin_utils.read_t5_config(str(path), allow_unresolved_dtype=True)
+  config = gin_reader.read_t5_config(str(path), allow_unresolved_dtype=True)
   assert (config.emb_dim, config.dtype) == (16, DEFAULT.dtype)
   # Only the dtype: other fields must still resolve.
   path.write_text("T5Config.emb_dim = %EMB\nT5Config.dtype = %MODEL_DTYPE\n")
   with pytest.raises(ValueError, match="%EMB"):
-    gin_utils.read_t5_config(str(path), allow_unresolved_dtype=True)
+    gin_reader.read_t5_config(str(path), allow_unresolved_dtype=True)
 
 
 # ---------------------------------------------------------------------------
@@ -109,10 +110,10 @@ def test_allow_unresolved_dtype(dtype, tmp_path):
 def test_file_macros_include_definitions_references_and_includes(tmp_path):
   (tmp_path / "inc.gin").write_text("A = 1\nrun.x = %B\n")
   (tmp_path / "top.gin").write_text("include 'inc.gin'\nC = {'k': %D}\n")
-  assert gin_utils.gin_file_macros(["top.gin"],
-                                   [str(tmp_path)]) == {"A", "B", "C", "D"}
+  assert gin_reader.gin_file_macros(["top.gin"],
+                                    [str(tmp_path)]) == {"A", "B", "C", "D"}
   assert {"GAMMA", "TEMPERATURE", "OUTPUT_DIR",
-          "OVERWRITE"} <= (gin_utils.gin_file_macros(["local_tiny.gin"]))
+          "OVERWRITE"} <= (gin_reader.gin_file_macros(["local_tiny.gin"]))
 
 
 @pytest.mark.parametrize(
@@ -123,9 +124,9 @@ def test_file_macros_include_definitions_references_and_includes(tmp_path):
         ("TEMPERATUR=1.0", "TEMPERATURE"),
     ])
 def test_unknown_macro_names_binding_and_closest(binding, suggestion):
-  known = gin_utils.gin_file_macros(["local_tiny.gin"])
+  known = gin_reader.gin_file_macros(["local_tiny.gin"])
   with pytest.raises(gin_utils.ConfigError) as e:
-    gin_utils.check_macro_bindings([binding], known)
+    gin_macros.check_macro_bindings([binding], known)
   message = str(e.value)
   assert message.startswith(f"--gin.{binding}: unknown gin macro")
   assert f"did you mean {suggestion}" in message
@@ -133,8 +134,8 @@ def test_unknown_macro_names_binding_and_closest(binding, suggestion):
 
 
 def test_known_and_full_bindings_pass():
-  known = gin_utils.gin_file_macros(["local_tiny.gin"])
-  gin_utils.check_macro_bindings(
+  known = gin_reader.gin_file_macros(["local_tiny.gin"])
+  gin_macros.check_macro_bindings(
       [
           "GAMMA=3",
           "run.top_k = 2",
@@ -198,7 +199,7 @@ def test_model_gin_generator_scopes_bindings_and_macros(tmp_path):
                        "  # note\ndraft/T5Config.dtype = %DRAFT_DTYPE\n")
   gin_file = tmp_path / "draft.gin"
   gin_file.write_text(text)
-  assert gin_utils.read_t5_config(str(gin_file), "draft").emb_dim == 8
+  assert gin_reader.read_t5_config(str(gin_file), "draft").emb_dim == 8
   (tmp_path / "bad.gin").write_text("include 'x.gin'\nT5Config.emb_dim = 8\n")
   with pytest.raises(generate_model_gin.ModelGinError, match=r"bad.gin:1: "
                      r"\"include 'x.gin'\""):

@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_utils
 from specdec_jax import run as run_lib
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import summary

@@ -13,14 +13,14 @@ import types
 import numpy as np
 import pytest
 
-from specdec_jax import console
-from specdec_jax import gin_utils
+from specdec_jax.terminal import console
+from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import loading  # noqa: F401  # registers vocabulary
 from specdec_jax.experiment import plan as plan_lib
-from specdec_jax.experiment import step_costs
+from specdec_jax.metrics import step_costs
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
 ConfigError = gin_utils.ConfigError

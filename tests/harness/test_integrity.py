@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from specdec_jax import compilation_cache
+from specdec_jax.files import compilation_cache
 from specdec_jax import checkpoints
-from specdec_jax import io_utils
+from specdec_jax.files import io_utils
 from specdec_jax import train as train_lib
-from specdec_jax import vocab as vocabulary
+from specdec_jax.data import vocab as vocabulary
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import feature_draft
 from specdec_jax.core import kernels
@@ -246,7 +246,7 @@ def test_resume_refuses_another_vocabulary(tmp_path, two_vocabularies):
 # 4. A corrupt compilation cache entry is named once and removed.
 # ---------------------------------------------------------------------------
 _JIT = ("import jax, jax.numpy as jnp\n"
-        "from specdec_jax import compilation_cache\n"
+        "from specdec_jax.files import compilation_cache\n"
         "compilation_cache.enable()\n"
         "print(jax.jit(lambda x: x * 2 + 1)(jnp.arange(3.0)))\n")
 
@@ -313,7 +313,7 @@ def test_the_compilation_cache_is_locked_between_processes():
   cache folder: a process never reads an entry another is still writing
   (XLA aborted on one in a warm CI run's two workers)."""
   script = ("import jax; from jax._src import compilation_cache as cc\n"
-            "from specdec_jax import compilation_cache\n"
+            "from specdec_jax.files import compilation_cache\n"
             "compilation_cache.enable()\n"
             "jax.jit(lambda x: x + 1)(1.0)\n"
             "print(jax.config.jax_compilation_cache_max_size,"

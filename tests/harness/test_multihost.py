@@ -24,12 +24,12 @@ import pytest
 import multihost_worker
 from specdec_jax import checkpoints
 from specdec_jax import multihost
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_utils
 from specdec_jax import run as run_lib
 from specdec_jax.experiment import loading
 from specdec_jax.experiment.plan import Providers
 from specdec_jax import sweep
-from specdec_jax import tasks
+from specdec_jax.data import tasks
 from specdec_jax.core.models import init_params
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -196,7 +196,7 @@ def test_local_files_are_sliced_by_stride(tmp_path):
 
 def test_one_process_layout_and_bad_flags():
   import jax  # pylint: disable=g-import-not-at-top
-  from specdec_jax import partitioning  # pylint: disable=g-import-not-at-top
+  from specdec_jax.multihost import partitioning  # pylint: disable=g-import-not-at-top
   mesh = partitioning.make_mesh(1, 1)
   layout = multihost.data_layout(partitioning.data_sharding(mesh, 3), 3)
   assert layout == multihost.DataLayout(0, 1, 3)

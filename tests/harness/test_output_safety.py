@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-from specdec_jax import console
-from specdec_jax import io_utils
+from specdec_jax.terminal import console
+from specdec_jax.files import io_utils
 from specdec_jax.experiment import output_dir
 from specdec_jax.experiment import predictions as predictions_lib
 from specdec_jax.experiment import run_lock
-from specdec_jax.flag_utils import ConfigError
+from specdec_jax.config.flag_utils import ConfigError
 
 PARTIAL = output_dir.PARTIAL_PREDICTIONS_FILE
 

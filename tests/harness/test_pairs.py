@@ -4,8 +4,8 @@ import pytest
 
 from specdec_jax import checkpoints
 from specdec_jax import pairs
-from specdec_jax import tasks
-from specdec_jax import vocab as vocab_lib
+from specdec_jax.data import tasks
+from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.core.models import SharedEncoderModel
 
 from conftest import REPO

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from specdec_jax import partitioning as pt
+from specdec_jax.multihost import partitioning as pt
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import param_shapes
 
@@ -39,7 +39,7 @@ _SCRIPT = r'''
 import json, sys, warnings
 import jax, numpy as np
 from jax.sharding import PartitionSpec as P
-from specdec_jax import partitioning as pt
+from specdec_jax.multihost import partitioning as pt
 from specdec_jax.core import decoding
 from specdec_jax.core.models import T5Config, T5Model, param_shapes
 

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import plan as plan_lib
 

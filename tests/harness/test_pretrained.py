@@ -11,8 +11,8 @@ import pytest
 
 from specdec_jax import checkpoints
 from specdec_jax.core import decoding
-from specdec_jax import gin_utils
-from specdec_jax import vocab as vocab_lib
+from specdec_jax.config import gin_reader
+from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
@@ -23,7 +23,7 @@ PRETRAINED = REPO / "pretrained" / "multi30k"
 
 
 def _load(name, gin_file):
-  config = gin_utils.read_t5_config(gin_file)
+  config = gin_reader.read_t5_config(gin_file)
   ckpt = checkpoints.latest_checkpoint(str(PRETRAINED / name))
   assert ckpt is not None, f"no checkpoint in {PRETRAINED / name}"
   params = checkpoints.load_t5x_params(ckpt,

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import REPO
 from specdec_jax import checkpoints
-from specdec_jax import gin_utils
-from specdec_jax import progress
+from specdec_jax.config import gin_utils
+from specdec_jax.terminal import progress
 from specdec_jax import run as run_lib
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_check

@@ -1,8 +1,8 @@
-"""Tests for specdec_jax.quality (offline, fast)."""
+"""Tests for specdec_jax.metrics.quality (offline, fast)."""
 
 import pytest
 
-from specdec_jax import quality as metrics
+from specdec_jax.metrics import quality as metrics
 
 REFS = [
     "the quick brown fox jumps over the lazy dog .",

@@ -11,7 +11,7 @@ from matplotlib.transforms import Bbox
 import numpy as np
 import pytest
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 from specdec_jax import report
 from specdec_jax.reporting import trace as trace_lib
 

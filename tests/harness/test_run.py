@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from specdec_jax import checkpoints
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_reader
+from specdec_jax.config import gin_utils
 from specdec_jax import run as run_lib
 from specdec_jax.experiment.plan import RunPlan
 from specdec_jax.experiment.plan import Providers
@@ -19,11 +20,11 @@ from specdec_jax.experiment import summary
 from specdec_jax.experiment import runner
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import arguments
-from specdec_jax import run_metrics
+from specdec_jax.metrics import run_metrics
 from specdec_jax.core.models import init_params
 from specdec_jax.core.models import param_shapes
 
-GIN_DIR = gin_utils.GIN_DIR
+GIN_DIR = gin_reader.GIN_DIR
 REPO = GIN_DIR.parent
 EXPERIMENTS = sorted(
     p.name for p in GIN_DIR.glob("*.gin") if p.name not in ("run.gin",))

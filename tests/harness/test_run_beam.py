@@ -14,9 +14,9 @@ import json
 import numpy as np
 import pytest
 
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_utils
 from specdec_jax import run as run_lib
-from specdec_jax import run_metrics
+from specdec_jax.metrics import run_metrics
 from specdec_jax import sweep
 from specdec_jax.core.decoding import beam_decoders
 from specdec_jax.core.decoding import beam_search

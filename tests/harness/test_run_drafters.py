@@ -17,9 +17,9 @@ import pytest
 
 from specdec_jax.core import drafters
 from specdec_jax import run as run_lib
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_utils
 from specdec_jax import sweep
-from specdec_jax import timing
+from specdec_jax.metrics import timing
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import runner

@@ -27,8 +27,8 @@ import pytest
 
 from specdec_jax import run as run_lib
 from specdec_jax import sweep
-from specdec_jax import gin_utils
-from specdec_jax import timing
+from specdec_jax.config import gin_utils
+from specdec_jax.metrics import timing
 from specdec_jax.core import decoding
 from specdec_jax.core import drafters
 from specdec_jax.core.models import FeatureDraftModel
@@ -38,8 +38,8 @@ from specdec_jax.checkpoints import digests
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import loading
-from specdec_jax.experiment import step_costs
-from specdec_jax.experiment import tree_costs
+from specdec_jax.metrics import step_costs
+from specdec_jax.metrics import tree_costs
 from specdec_jax.experiment.plan import Models
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import RunPlan
@@ -313,7 +313,7 @@ def test_checks_and_loading_work_with_gin_locked(checkpoint):
   other test has imported it."""
   code = (
       "import sys\n"
-      "from specdec_jax import gin_utils\n"
+      "from specdec_jax.config import gin_utils\n"
       "from specdec_jax.experiment import arguments, plan\n"
       "gin_utils.parse_gin(['local_tiny.gin'], [\"DRAFTER = 'feature'\", "
       f"\"DRAFT_CHECKPOINT_PATH = '{checkpoint}'\"], finalize=True)\n"

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from specdec_jax import report
-from specdec_jax import run_metrics
+from specdec_jax.metrics import run_metrics
 from specdec_jax import sweep
 from specdec_jax.experiment import output_dir
 

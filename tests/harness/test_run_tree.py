@@ -19,19 +19,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_utils
 from specdec_jax import run as run_lib
 from specdec_jax import sweep
-from specdec_jax import timing
+from specdec_jax.metrics import timing
 from specdec_jax.core import drafters
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import auto_tree
-from specdec_jax.experiment import step_costs
+from specdec_jax.metrics import step_costs
 from specdec_jax.experiment import summary
-from specdec_jax.experiment import tree_costs
+from specdec_jax.metrics import tree_costs
 
 from conftest import perturbed
 from conftest import random_model

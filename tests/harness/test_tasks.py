@@ -1,4 +1,4 @@
-"""Tests for specdec_jax.vocab and specdec_jax.tasks (offline).
+"""Tests for specdec_jax.data.vocab and specdec_jax.data.tasks (offline).
 
 A tiny SentencePiece model is trained in the test; the TFDS datasets are
 mocked with ``tfds.testing.mock_data(policy=MockPolicy.USE_CODE)``, which
@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from specdec_jax import tasks
-from specdec_jax import vocab as vocab_lib
+from specdec_jax.data import tasks
+from specdec_jax.data import vocab as vocab_lib
 
 TEST_SUFFIX = "_pytest_tiny_spm"
 
@@ -65,8 +65,8 @@ def task_names(spm_path):
 
 @pytest.mark.slow
 def test_import_does_not_load_tensorflow():
-  code = ("import sys, specdec_jax.tasks, specdec_jax.vocab, "
-          "specdec_jax.quality; "
+  code = ("import sys, specdec_jax.data.tasks, specdec_jax.data.vocab, "
+          "specdec_jax.metrics.quality; "
           "bad = [m for m in ('tensorflow', 'seqio', 'tensorflow_datasets') "
           "if m in sys.modules]; assert not bad, bad")
   subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(

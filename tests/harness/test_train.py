@@ -19,14 +19,15 @@ from conftest import MULTI30K
 from conftest import require_shared
 from specdec_jax import checkpoints
 from specdec_jax.core import decoding
-from specdec_jax import gin_utils
-from specdec_jax import paths
-from specdec_jax import tasks
+from specdec_jax.config import gin_reader
+from specdec_jax.config import gin_utils
+from specdec_jax.config import paths
+from specdec_jax.data import tasks
 from specdec_jax import train as train_lib
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
 from specdec_jax.training import optimizer as optimizer_lib
-from specdec_jax import vocab as vocabulary
+from specdec_jax.data import vocab as vocabulary
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import init_params
@@ -119,8 +120,8 @@ def test_checkpoints_and_metrics(workdir, target, draft):
     for f in ("train_state.msgpack", "model_config.json"):
       assert (model_dir / f"checkpoint_{STEPS}" / f).is_file()
     stored = json.loads((model_dir / "model_config.json").read_text())
-    assert gin_utils.t5_config_from_fields(stored,
-                                           "model config") == result.config
+    assert gin_reader.t5_config_from_fields(stored,
+                                            "model config") == result.config
     metrics = json.loads((model_dir / "train_metrics.json").read_text())
     assert metrics["step"] == STEPS and metrics["steps_per_second"] > 0
     assert metrics["tokens_per_second"] > 0
@@ -279,7 +280,7 @@ def test_shared_encoder_draft_trains_on_the_frozen_target_encoder(
   jax.tree_util.tree_map(np.testing.assert_array_equal, loaded,
                          jax.device_get(params))
   stored = json.loads((model_dir / "model_config.json").read_text())
-  assert gin_utils.t5_config_from_fields(stored, "model config") == config
+  assert gin_reader.t5_config_from_fields(stored, "model config") == config
   # It drafts for the target: greedy identity, some guesses kept.
   target_model = T5Model(target.config, {"params": after})
   draft_model = T5Model(config, {"params": loaded})
@@ -401,7 +402,7 @@ def test_bad_teacher(tmp_path, workdir, spm_path, target):
 def test_model_gin_files_sizes():
   sizes = {}
   for name in ("multi30k_target", "multi30k_draft_4m", "multi30k_draft_1m"):
-    config = gin_utils.read_t5_config(f"models/{name}.gin")
+    config = gin_reader.read_t5_config(f"models/{name}.gin")
     assert config.vocab_size == 8000
     assert config.mlp_activations == ("gelu", "linear")
     assert not config.logits_via_embedding
@@ -421,7 +422,7 @@ def test_train_gin_files_parse(name, model):
   gin.clear_config()
   try:
     train_lib.parse_gin([f"train/{name}.gin"], [])
-    assert T5Config() == gin_utils.read_t5_config(f"models/{model}.gin")
+    assert T5Config() == gin_reader.read_t5_config(f"models/{model}.gin")
     assert gin.query_parameter("%MODEL_DIR") == (
         f"outputs/multi30k/{name[len('multi30k_'):]}")
     assert gin.query_parameter("%SPM_MODEL_PATH") == (
@@ -429,9 +430,9 @@ def test_train_gin_files_parse(name, model):
     assert gin.query_parameter("%MULTI30K_DIR") == "../shared/data/multi30k"
     assert gin.query_parameter("%NUM_STEPS") > 0
     if name.endswith("distill"):
-      teacher = gin_utils.read_t5_config(
+      teacher = gin_reader.read_t5_config(
           gin.query_parameter("train.teacher_model_gin"))
-      assert teacher == gin_utils.read_t5_config("models/multi30k_target.gin")
+      assert teacher == gin_reader.read_t5_config("models/multi30k_target.gin")
       assert gin.query_parameter("%TEACHER_DIR") == "outputs/multi30k/target"
   finally:
     gin.clear_config()
@@ -443,13 +444,13 @@ def test_shared_encoder_gin_files(size):
   reading the 38M target's width; distilled from the shipped target; the
   run's draft/ file binds the same config."""
   name = f"multi30k_shared_encoder_{size}"
-  config = gin_utils.read_t5_config(f"models/{name}.gin")
-  standalone = gin_utils.read_t5_config(f"models/multi30k_draft_{size}.gin")
-  teacher = gin_utils.read_t5_config("models/multi30k_target_38m.gin")
+  config = gin_reader.read_t5_config(f"models/{name}.gin")
+  standalone = gin_reader.read_t5_config(f"models/multi30k_draft_{size}.gin")
+  teacher = gin_reader.read_t5_config("models/multi30k_target_38m.gin")
   assert config == standalone.replace(num_encoder_layers=0,
                                       encoder_width=teacher.emb_dim)
-  assert gin_utils.read_t5_config(f"models/draft/{name}.gin",
-                                  scope="draft") == config
+  assert gin_reader.read_t5_config(f"models/draft/{name}.gin",
+                                   scope="draft") == config
   gin.clear_config()
   try:
     train_lib.parse_gin([f"train/{name}.gin"], [])
@@ -457,7 +458,7 @@ def test_shared_encoder_gin_files(size):
     assert gin.query_parameter("%MODEL_DIR") == f"outputs/multi30k/{name[9:]}"
     assert gin.query_parameter("%TEACHER_DIR") == (
         "pretrained/multi30k/target_38m")
-    assert gin_utils.read_t5_config(
+    assert gin_reader.read_t5_config(
         gin.query_parameter("train.teacher_model_gin")) == teacher
     assert gin.query_parameter("train.distill_weight") == 1.0
     assert gin.query_parameter("train.train_vocab") is False

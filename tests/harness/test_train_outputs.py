@@ -15,8 +15,8 @@ from conftest import MULTI30K
 from conftest import require_shared
 from conftest import tiny_config
 from specdec_jax import checkpoints
-from specdec_jax import gin_utils
-from specdec_jax import partitioning
+from specdec_jax.config import gin_utils
+from specdec_jax.multihost import partitioning
 from specdec_jax import run as run_lib
 from specdec_jax import train as train_lib
 from specdec_jax.checkpoints import digests

@@ -77,7 +77,7 @@ def _file_imports(path: pathlib.Path) -> Iterator[Tuple[int, str]]:
 
 def _unit_of(module: str) -> str:
   """'specdec_jax.core.decoding.loops' -> 'decoding' (and the alias
-  'specdec_jax.decoding.loops' too); 'specdec_jax.timing' -> 'timing';
+  'specdec_jax.decoding.loops' too); 'specdec_jax.metrics.timing' -> 'metrics';
   '' outside the package."""
   parts = module.split(".")
   if parts[0] != "specdec_jax" or len(parts) < 2:
@@ -158,14 +158,14 @@ def test_the_check_sees_a_forbidden_import():
   source = ("import jax\n"
             "from specdec_jax import sampling\n"
             "from specdec_jax.core.protocols import Target\n"
-            "from specdec_jax import timing\n"
+            "from specdec_jax.metrics import timing\n"
             "def f():\n  import gin\n"
             "from ...experiment import drafter_registry\n")
   found = sorted(
       _violations(_imports(source, "specdec_jax.core.decoding.bad", False)))
   assert found == [
-      "line 4: specdec_jax.timing", "line 6: gin",
-      "line 7: specdec_jax.experiment",
+      "line 4: specdec_jax.metrics", "line 4: specdec_jax.metrics.timing",
+      "line 6: gin", "line 7: specdec_jax.experiment",
       "line 7: specdec_jax.experiment.drafter_registry"
   ], found
 
@@ -180,6 +180,43 @@ def test_no_import_cycle_between_core_units():
 def test_cycle_finder_finds_a_cycle():
   assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) is not None
   assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+# The package's root: the commands and the Python facade; everything else
+# sits in a package named for what it holds (docs/architecture.md).
+ROOT_MODULES = {
+    "__init__", "run", "sweep", "train", "report", "certify", "pairs"
+}
+
+
+def _module_graph() -> Dict[str, Set[str]]:
+  """Every specdec_jax module -> the modules it imports (inside functions
+  too). A submodule importing its own package's facade is no edge: the
+  package imports its submodules, not the reverse."""
+  files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+  graph: Dict[str, Set[str]] = {m: set() for m in files}
+  for module, path in files.items():
+    for _, name in _file_imports(path):
+      while name and name not in files:
+        name = name.rpartition(".")[0]
+      if name and name != module and not module.startswith(name + "."):
+        graph[module].add(name)
+  return graph
+
+
+def test_no_import_cycle_in_the_package():
+  """No two modules import each other, directly or around a loop (a lazy
+  import inside a function hid the one between gin_utils and gin_macros)."""
+  graph = _module_graph()
+  assert len(graph) > 100
+  assert "specdec_jax.config.gin_macros" in graph[
+      "specdec_jax.config.gin_utils"]
+  assert _find_cycle(graph) is None, _find_cycle(graph)
+
+
+def test_the_root_holds_only_the_commands():
+  root = {p.stem for p in PACKAGE.glob("*.py")}
+  assert root == ROOT_MODULES, sorted(root ^ ROOT_MODULES)
 
 
 def test_the_core_is_its_own_folder():

@@ -12,7 +12,8 @@ import shlex
 import numpy as np
 import pytest
 
-from specdec_jax import gin_utils
+from specdec_jax.config import gin_reader
+from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import runner
 from specdec_jax.experiment import summary
@@ -237,9 +238,9 @@ def test_every_command_shown_names_what_exists():
                                         "=" not in value):  # a YAML file
           assert (REPO / value).is_file(), where
         elif w.startswith("--sweep="):  # a grid: KEY=v1,v2 of a known macro
-          assert value.split("=")[0] in gin_utils.gin_file_macros(
+          assert value.split("=")[0] in gin_reader.gin_file_macros(
               gin_files or ["run.gin"]), where
-      known = gin_utils.gin_file_macros(gin_files or ["run.gin"])
+      known = gin_reader.gin_file_macros(gin_files or ["run.gin"])
       for flag in flags:
         if flag[0].startswith("gin."):
           assert flag[0][4:] in known, where

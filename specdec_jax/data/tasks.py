@@ -8,7 +8,7 @@ seqio tasks (T5 conventions, cf. T5's ``wmt_t2t_ende_v003`` and
 * ``specdec_cnn_dailymail``: TFDS ``cnn_dailymail:3.4.0``; inputs
   ``"summarize: " + article``, targets ``highlights``; ROUGE.
 
-Both tokenize with :func:`specdec_jax.vocab.get_vocabulary` (T5's default
+Both tokenize with :func:`specdec_jax.data.vocab.get_vocabulary` (T5's default
 SentencePiece model on gs://, loaded lazily by seqio, so registering does not
 touch it) and append EOS. :func:`register_tasks` registers the same tasks with
 another SentencePiece model under suffixed names.
@@ -37,11 +37,11 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import gin
 import numpy as np
 
-from specdec_jax import console
-from specdec_jax import quality as metrics
-from specdec_jax import vocab as vocab_lib
-from specdec_jax.vocab import DEFAULT_EXTRA_IDS
-from specdec_jax.vocab import DEFAULT_SPM_PATH
+from specdec_jax.terminal import console
+from specdec_jax.metrics import quality as metrics
+from specdec_jax.data import vocab as vocab_lib
+from specdec_jax.data.vocab import DEFAULT_EXTRA_IDS
+from specdec_jax.data.vocab import DEFAULT_SPM_PATH
 
 logger = logging.getLogger(__name__)
 
@@ -374,7 +374,7 @@ def get_task_kind(mixture_or_task_name: str) -> str:
   if mixture_or_task_name not in _REGISTERED:
     raise ValueError(
         f"Unknown task {mixture_or_task_name!r}: not registered by "
-        f"specdec_jax.tasks (known: {sorted(_REGISTERED)}).")
+        f"specdec_jax.data.tasks (known: {sorted(_REGISTERED)}).")
   return _REGISTERED[mixture_or_task_name][0]
 
 

@@ -16,11 +16,11 @@ import numpy as np
 
 from specdec_jax import multihost
 from specdec_jax.core import decoding
-from specdec_jax import timing
+from specdec_jax.metrics import timing
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.core.drafters import tree as tree_drafters
 from specdec_jax.core.protocols import target_encoder_output
-from specdec_jax.experiment import step_costs
+from specdec_jax.metrics import step_costs
 
 
 @flax.struct.dataclass

@@ -1,11 +1,13 @@
-"""Which gin macros files and bindings define and read (`gin_utils`).
+"""Which gin macros files and bindings define and read.
 
 A macro defined and read by nothing is a typo gin accepts in silence:
 `GAMA = 3` in an experiment file, `--gin.NUM_STEP=3` on `train`'s command
 line. `check_unused_macros` refuses one, naming the file and line (or the
 binding) and the closest macro that is read; `binding_statements` parses a
 `--gin_bindings` string with a message that names what the user typed.
-`gin_utils.parse_gin` calls both (`run`, `sweep` and `train`).
+`gin_utils.parse_gin` calls both (`run`, `sweep` and `train`);
+`check_macro_bindings` refuses a binding that defines a macro no gin file
+knows (`--gin.GAMA=3`).
 """
 import re
 import tokenize
@@ -13,10 +15,8 @@ from typing import Dict, Optional, Sequence, Set
 
 from gin import config_parser
 
-from specdec_jax import gin_utils
-from specdec_jax.flag_utils import ConfigError
-
-# pylint: disable=protected-access  # gin_utils' parser helpers
+from specdec_jax.config import gin_reader
+from specdec_jax.config.flag_utils import ConfigError
 
 # Macros that code reads with gin.query_parameter, "%NAME", rather than
 # through a `%NAME` in a binding: none today (COMPILE_TOPOLOGY is bound to
@@ -32,7 +32,7 @@ def binding_statements(text: str):
       message shows an `<ast.Name object at 0x...>` for `GAMMA=x`).
   """
   try:
-    return list(config_parser.ConfigParser(text, gin_utils._ParserDelegate()))
+    return list(config_parser.ConfigParser(text, gin_reader.ParserDelegate()))
   except (SyntaxError, tokenize.TokenError) as e:
     token = re.search(r"Failed to parse token '([^']*)'", str(e))
     why = (f"{token.group(1)!r} is not a gin value (a number, True/False, "
@@ -59,24 +59,24 @@ def check_unused_macros(gin_files: Sequence[str], gin_bindings: Sequence[str],
     ConfigError: naming the file and line (or the binding), the macro and
       the closest macro that is read.
   """
-  paths = gin_utils._search_paths_or_default(search_paths_)
+  paths = gin_reader.search_paths_or_default(search_paths_)
   defined: Dict[str, str] = {}
   used: Set[str] = set(MACROS_READ_BY_CODE)
   for path in gin_files:
-    for st, where in gin_utils._gin_statements(path, paths):
+    for st, where in gin_reader.gin_statements(path, paths):
       if isinstance(st, config_parser.BindingStatement):
         if not st.arg_name:
           defined.setdefault(st.selector, f"{where}: {st.selector} = ...")
-        used |= gin_utils._macro_references(st.value)
+        used |= gin_reader.macro_references(st.value)
   for text in gin_bindings:
     for st in binding_statements(text):
       if isinstance(st, config_parser.BindingStatement):
         if not st.arg_name:
           defined[st.selector] = binding_flag(text)
-        used |= gin_utils._macro_references(st.value)
+        used |= gin_reader.macro_references(st.value)
   for name, where in defined.items():
     if name not in used:
-      close = gin_utils.closest_names(name, sorted(used))
+      close = gin_reader.closest_names(name, sorted(used))
       hint = (f"did you mean {' or '.join(close)}? " if close else "")
       raise ConfigError(
           f"{where}: macro {name!r} is defined but nothing reads it (no "
@@ -89,3 +89,43 @@ def binding_flag(text: str) -> str:
   text = text.strip()
   return (f"--gin.{text}"
           if not any(c.isspace() for c in text) else f"--gin_bindings={text!r}")
+
+
+def unknown_macro_message(name: str, known: Sequence[str]) -> str:
+  """'unknown gin macro X ...; closest known: ...; known macros: ...'."""
+  close = gin_reader.closest_names(name, known)
+  hint = (f"did you mean {' or '.join(close)}? " if close else "")
+  return (f"unknown gin macro {name!r}: no gin file defines or uses it, so "
+          f"it would be silently ignored; {hint}known macros: "
+          f"{', '.join(sorted(known))}.")
+
+
+def check_macro_bindings(gin_bindings: Sequence[str], known: Set[str]) -> None:
+  """Rejects bindings that define a macro nothing knows.
+
+  A binding `NAME = value` defines a gin macro. When no gin file defines or
+  uses `%NAME` (and no other binding uses it), nothing reads it: a typo such
+  as `--gin.GAMA=3` would run with the default γ. Full bindings
+  (`run.gamma = 3`, `target/T5Config.emb_dim = 8`) are checked by gin itself.
+
+  Args:
+    gin_bindings: binding strings as given to `--gin_bindings` (or
+      `--gin.NAME=VALUE`).
+    known: macros the gin files define or use (`gin_file_macros`).
+
+  Raises:
+    ConfigError: naming the binding, the unknown macro and the closest known
+      macros.
+  """
+  parsed = []
+  used = set(known)
+  for text in gin_bindings:
+    for st in binding_statements(text):
+      if isinstance(st, config_parser.BindingStatement):
+        used |= gin_reader.macro_references(st.value)
+        if not st.arg_name:
+          parsed.append((text, st.selector))
+  for text, name in parsed:
+    if name not in used:
+      raise ConfigError(f"{binding_flag(text)}: "
+                        f"{unknown_macro_message(name, sorted(known))}")

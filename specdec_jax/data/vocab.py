@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from absl import logging
 import gin
 
-from specdec_jax import paths
+from specdec_jax.config import paths
 
 DEFAULT_SPM_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 DEFAULT_EXTRA_IDS = 100
@@ -44,7 +44,7 @@ UNK_ID = 2
 def get_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
                    extra_ids: int = DEFAULT_EXTRA_IDS):
   """Returns a ``seqio.SentencePieceVocabulary`` (model loaded lazily)."""
-  from specdec_jax import console  # pylint: disable=g-import-not-at-top
+  from specdec_jax.terminal import console  # pylint: disable=g-import-not-at-top
   console.import_tensorflow_quietly()  # seqio imports TensorFlow
   import seqio  # pylint: disable=g-import-not-at-top
   return seqio.SentencePieceVocabulary(spm_model_path, extra_ids=extra_ids)
@@ -239,7 +239,7 @@ def check_t5_vocabulary(vocab) -> None:
         "expected pad_id=0, eos_id=1, unk_id=2 but got "
         f"pad_id={got['pad']}, eos_id={got['eos']}, unk_id={got['unk']} "
         f"(mismatched: {', '.join(bad)}). Train it with pad_id=0 eos_id=1 "
-        "unk_id=2 bos_id=-1 (see specdec_jax.vocab.train_sentencepiece).")
+        "unk_id=2 bos_id=-1 (see specdec_jax.data.vocab.train_sentencepiece).")
 
 
 # ---------------------------------------------------------------------------

@@ -51,7 +51,7 @@ import urllib.parse
 import uuid
 from typing import Any, Iterator, List, Tuple, Union
 
-from specdec_jax import paths
+from specdec_jax.config import paths
 
 logger = logging.getLogger(__name__)
 

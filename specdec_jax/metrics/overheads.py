@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from specdec_jax import analysis
+from specdec_jax.metrics import analysis
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,22 +1,10 @@
-"""Gin plumbing shared by the entry points (T5X style), and gin files read
-beside a live configuration.
+"""Gin files read without gin's global configuration.
 
-Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable),
-`--gin_search_paths` (comma-separated), and `--gin.NAME=VALUE` for
-`--gin_bindings='NAME=VALUE'`. The repository's `gin/` folder is always on
-the search path (`--gin_file=ende_small.gin`). `check_macro_bindings` (run,
-sweep) rejects a binding that defines a macro no gin file knows
-(`--gin.GAMA=3`), which gin would accept and nothing would read.
-`read_t5_config` reads the `T5Config` a model gin file binds, leaving gin's
-global configuration alone; `t5_config_fields` / `t5_config_from_fields`
-turn a T5Config into JSON-ready fields and back.
-
-What gin does here, and what it cannot (gin-config 0.5). Experiments are
-parsed by gin itself (`parse_gin`: `gin.parse_config_files_and_bindings`),
-and every file or binding read here is parsed by gin's own parser
-(`gin.config_parser.ConfigParser`: statements, values, includes, scopes,
-block form, module-qualified selectors). Written here, on the parser's
-statements, is only what gin has no public API for:
+What gin does, and what it cannot (gin-config 0.5). Experiments are parsed
+by gin itself (`gin_utils.parse_gin`), and every file or binding read here
+is parsed by gin's own parser (`gin.config_parser.ConfigParser`: statements,
+values, includes, scopes, block form, module-qualified selectors). Written
+here, on the parser's statements, is only what gin has no public API for:
 
 * A second configuration. gin keeps one process-global configuration (the
   module globals of `gin.config`) and has no public way to parse into
@@ -24,9 +12,10 @@ statements, is only what gin has no public API for:
   operative config). A file read beside a live configuration (a
   distillation teacher's model file next to the student's training config;
   a target and a draft file that both bind unscoped ``T5Config``) has its
-  includes expanded (`_gin_statements`), each macro taken at its last
+  includes expanded (`gin_statements`), each macro taken at its last
   definition (`_resolve`) and scopes inherited (`read_t5_config`) as gin's
-  `get_bindings` does.
+  `get_bindings` does. `t5_config_fields` / `t5_config_from_fields` turn a
+  T5Config into JSON-ready fields and back.
 * Files written for T5X. gin resolves selectors through its registry: a
   file with ``from __gin__ import dynamic_registration`` fails (NameError
   "'T5Config' was not provided by an import statement", also with
@@ -39,61 +28,20 @@ statements, is only what gin has no public API for:
 * Listing before parsing. gin cannot list the macros files define or use,
   or the scopes a file binds a configurable under (`gin_file_macros`,
   `t5_config_scopes`), so that ``--gin.GAMA=3`` fails before anything is
-  parsed into gin.
+  parsed into gin (`gin_macros`).
 """
 import dataclasses
 import difflib
-import logging as std_logging
 import os
 import stat
-import sys
 import tokenize
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from absl import flags
-import gin
 from gin import config_parser
 import jax.numpy as jnp
 
-# `gin_utils.ConfigError` is what `run` and `sweep` catch.
-from specdec_jax.flag_utils import ConfigError
+from specdec_jax.config.paths import GIN_DIR
 from specdec_jax.core.models.config import T5Config
-from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
-from specdec_jax.paths import GIN_DIR
-
-# The core never imports gin: the model config is made configurable here,
-# in place and under its own name, so gin files bind `T5Config.*`.
-gin.configurable(T5Config)
-gin.configurable(FeatureDrafterConfig)
-
-
-def define_gin_flags() -> None:
-  """Defines the T5X-style gin flags (idempotent)."""
-  if "gin_file" in flags.FLAGS:
-    return
-  flags.DEFINE_multi_string(
-      "gin_file", [], "Gin files to parse, in order; "
-      "bare names are looked up on the search path.")
-  flags.DEFINE_multi_string(
-      "gin_bindings", [], "Individual gin bindings, "
-      "applied after the files.")
-  flags.DEFINE_list(
-      "gin_search_paths", [], "Extra folders searched for gin "
-      "files (the package's gin/ folder is always searched).")
-
-
-def rewrite_gin_args(argv: Sequence[str]) -> List[str]:
-  """Turns `--gin.NAME=VALUE` into `--gin_bindings=NAME=VALUE` (as T5X)."""
-  out = []
-  for arg in argv:
-    if arg.startswith("--gin."):
-      name_value = arg[len("--gin."):]
-      if "=" not in name_value:
-        raise ValueError(f"{arg!r}: expected --gin.NAME=VALUE.")
-      out.append(f"--gin_bindings={name_value}")
-    else:
-      out.append(arg)
-  return out
 
 
 def search_paths(extra: Sequence[str] = ()) -> List[str]:
@@ -102,78 +50,18 @@ def search_paths(extra: Sequence[str] = ()) -> List[str]:
   return [os.getcwd(), *extra, str(GIN_DIR)]
 
 
-class _DropGinLookupNoise(std_logging.Filter):
-  """Drops gin's per-folder lookup lines for a bare file name.
-
-  gin tries every search path in turn, and for each it also asks its
-  Python-package reader, which logs `system_path_file_exists:NAME` and an
-  ERROR `Path not found: NAME` for every folder that lacks the file. Those
-  are not errors; a file found nowhere is reported by `parse_gin` itself.
-  """
-
-  def filter(self, record):
-    return not (record.pathname.endswith(
-        os.path.join("gin", "resource_reader.py")) and
-                str(record.msg).startswith(
-                    ("Path not found", "system_path_file_exists")))
-
-
-def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
-              extra_search_paths: Sequence[str] = (), finalize: bool = True,
-              check_macros: bool = False) -> None:
-  """Parses gin files and bindings with the search paths set up.
-
-  A missing file raises ValueError naming it and the folders searched. With
-  `check_macros`, a binding that defines a macro the files neither define
-  nor use raises ConfigError first (see `check_macro_bindings`). gin's
-  lookup lines for bare file names are not logged.
-  """
-  from specdec_jax import gin_macros  # pylint: disable=g-import-not-at-top  # it imports this module
-  paths = search_paths(extra_search_paths)
-  for path in paths:
-    gin.add_config_file_search_path(path)
-  for name in gin_files:
-    if _find_gin_file(name, paths) is None:
-      raise ConfigError(f"--gin_file={name!r} {_not_a_gin_file(name, paths)}")
-  if check_macros:
-    check_macro_bindings(gin_bindings, gin_file_macros(gin_files, paths))
-  # Always: a macro that files or bindings define and nothing reads is a
-  # typo (`GAMA = 3` in a file; `--gin.NUM_STEP=3`), silently ignored by gin.
-  gin_macros.check_unused_macros(gin_files, gin_bindings, paths)
-  quiet = _DropGinLookupNoise()
-  root = std_logging.getLogger()
-  root.addFilter(quiet)
-  try:
-    gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
-                                        finalize_config=finalize)
-  finally:
-    root.removeFilter(quiet)
-
-
-def gin_files_flag() -> List[str]:
-  """The --gin_file values, in order."""
-  return list(flags.FLAGS.gin_file)
-
-
-def parse_from_flags(finalize: bool = True, check_macros: bool = True) -> None:
-  """Parses --gin_file/--gin_bindings; unknown macros raise ConfigError."""
-  f = flags.FLAGS
-  parse_gin(f.gin_file, f.gin_bindings, f.gin_search_paths, finalize,
-            check_macros=check_macros)
-
-
 # ---------------------------------------------------------------------------
 # Macro names: a typo in `--gin.NAME=VALUE` must not pass silently.
 # ---------------------------------------------------------------------------
-def _macro_references(value: Any) -> Set[str]:
+def macro_references(value: Any) -> Set[str]:
   """Names of the `%MACRO`s inside a parsed value."""
   if isinstance(value, _Macro):
     return {value.name}
   if isinstance(value, dict):
-    return set().union(*map(_macro_references, value.keys()),
-                       *map(_macro_references, value.values()))
+    return set().union(*map(macro_references, value.keys()),
+                       *map(macro_references, value.values()))
   if isinstance(value, (list, tuple, set)):
-    return set().union(*map(_macro_references, value))
+    return set().union(*map(macro_references, value))
   return set()
 
 
@@ -183,14 +71,14 @@ def gin_file_macros(gin_files: Sequence[str],
 
   Read without gin's global configuration.
   """
-  paths = _search_paths_or_default(search_paths_)
+  paths = search_paths_or_default(search_paths_)
   names: Set[str] = set()
   for path in gin_files:
-    for st, _ in _gin_statements(path, paths):
+    for st, _ in gin_statements(path, paths):
       if isinstance(st, config_parser.BindingStatement):
         if not st.arg_name:
           names.add(st.selector)
-        names |= _macro_references(st.value)
+        names |= macro_references(st.value)
   return names
 
 
@@ -201,54 +89,6 @@ def closest_names(name: str, known: Sequence[str], n: int = 3) -> List[str]:
       by_upper[k] for k in difflib.get_close_matches(name.upper(), list(
           by_upper), n=n, cutoff=0.6)
   ]
-
-
-def unknown_macro_message(name: str, known: Sequence[str]) -> str:
-  """'unknown gin macro X ...; closest known: ...; known macros: ...'."""
-  close = closest_names(name, known)
-  hint = (f"did you mean {' or '.join(close)}? " if close else "")
-  return (f"unknown gin macro {name!r}: no gin file defines or uses it, so "
-          f"it would be silently ignored; {hint}known macros: "
-          f"{', '.join(sorted(known))}.")
-
-
-def check_macro_bindings(gin_bindings: Sequence[str], known: Set[str]) -> None:
-  """Rejects bindings that define a macro nothing knows.
-
-  A binding `NAME = value` defines a gin macro. When no gin file defines or
-  uses `%NAME` (and no other binding uses it), nothing reads it: a typo such
-  as `--gin.GAMA=3` would run with the default γ. Full bindings
-  (`run.gamma = 3`, `target/T5Config.emb_dim = 8`) are checked by gin itself.
-
-  Args:
-    gin_bindings: binding strings as given to `--gin_bindings` (or
-      `--gin.NAME=VALUE`).
-    known: macros the gin files define or use (`gin_file_macros`).
-
-  Raises:
-    ConfigError: naming the binding, the unknown macro and the closest known
-      macros.
-  """
-  from specdec_jax import gin_macros  # pylint: disable=g-import-not-at-top  # it imports this module
-  parsed = []
-  used = set(known)
-  for text in gin_bindings:
-    for st in gin_macros.binding_statements(text):
-      if isinstance(st, config_parser.BindingStatement):
-        used |= _macro_references(st.value)
-        if not st.arg_name:
-          parsed.append((text, st.selector))
-  for text, name in parsed:
-    if name not in used:
-      raise ConfigError(f"{gin_macros.binding_flag(text)}: "
-                        f"{unknown_macro_message(name, sorted(known))}")
-
-
-def run_main(main, argv: Optional[Sequence[str]] = None) -> None:
-  """`absl.app.run(main)` with `--gin.X=Y` shorthand support."""
-  from absl import app  # pylint: disable=g-import-not-at-top
-  argv = rewrite_gin_args(sys.argv if argv is None else argv)
-  app.run(main, argv=argv)
 
 
 # ---------------------------------------------------------------------------
@@ -270,7 +110,7 @@ class _Reference:
   evaluate: bool
 
 
-class _ParserDelegate(config_parser.ParserDelegate):
+class ParserDelegate(config_parser.ParserDelegate):
   """Keeps macros and references as placeholders instead of looking them up."""
 
   def configurable_reference(self, scoped_configurable_name, evaluate):
@@ -295,7 +135,7 @@ def _candidates(path: str, folders: Sequence[str]) -> List[str]:
   return [os.path.join(p, path) for p in folders]
 
 
-def _find_gin_file(path: str, folders: Sequence[str]) -> Optional[str]:
+def find_in(path: str, folders: Sequence[str]) -> Optional[str]:
   """The first existing candidate for `path` (`_candidates`), or None."""
   return next((c for c in _candidates(path, folders) if os.path.isfile(c)),
               None)
@@ -306,8 +146,8 @@ _GIN_FILES_ALLOWED = ("allowed: a gin file (a regular text file of bindings), "
                       "pretrained_multi30k.gin or local_tiny.gin")
 
 
-def _not_a_gin_file(path: str, folders: Sequence[str]) -> str:
-  """Why `path` names no gin file (`_find_gin_file` found none): what the
+def not_a_gin_file(path: str, folders: Sequence[str]) -> str:
+  """Why `path` names no gin file (`find_in` found none): what the
   first thing of that name is (a directory, a device), or not found."""
   for candidate in _candidates(path, folders):
     if os.path.isdir(candidate):
@@ -334,10 +174,10 @@ def _not_a_gin_file(path: str, folders: Sequence[str]) -> str:
 def find_gin_file(
     path: str, extra_search_paths: Sequence[str] = ()) -> Optional[str]:
   """Where `--gin_file=path` is read from (`search_paths`), or None."""
-  return _find_gin_file(path, search_paths(extra_search_paths))
+  return find_in(path, search_paths(extra_search_paths))
 
 
-def _gin_statements(path: str, search_paths: Sequence[str]):
+def gin_statements(path: str, search_paths: Sequence[str]):
   """Yields (statement, "file:line") of a gin file, includes expanded in place.
 
   Raises:
@@ -348,14 +188,14 @@ def _gin_statements(path: str, search_paths: Sequence[str]):
     if depth > _MAX_INCLUDE_DEPTH:
       raise ValueError(f"{path}: include depth > {_MAX_INCLUDE_DEPTH} "
                        "(include cycle?).")
-    full = _find_gin_file(file_path, search_paths)
+    full = find_in(file_path, search_paths)
     if full is None:
       raise ValueError(
-          f"gin file {file_path!r} {_not_a_gin_file(file_path, search_paths)}")
+          f"gin file {file_path!r} {not_a_gin_file(file_path, search_paths)}")
     try:
       with open(full, "r", encoding="utf-8") as f:
         text = f.read()
-      statements = list(config_parser.ConfigParser(text, _ParserDelegate()))
+      statements = list(config_parser.ConfigParser(text, ParserDelegate()))
     # The parser reports bad syntax as SyntaxError, or as tokenize's
     # TokenError (an unclosed bracket) which is no ValueError.
     except (OSError, SyntaxError, tokenize.TokenError) as e:
@@ -383,7 +223,7 @@ def _read_statements(
   """
   bindings: List[_Binding] = []
   macros: Dict[str, Any] = {}
-  for st, where in _gin_statements(path, search_paths):
+  for st, where in gin_statements(path, search_paths):
     if isinstance(st, config_parser.BindingStatement):
       if not st.arg_name:  # A macro definition: `NAME = value`.
         macros[st.selector] = st.value
@@ -416,7 +256,7 @@ def _resolve(value: Any, macros: Mapping[str, Any], where: str,
   return value
 
 
-def _search_paths_or_default(folders: Optional[Sequence[str]]) -> List[str]:
+def search_paths_or_default(folders: Optional[Sequence[str]]) -> List[str]:
   """`folders`, or by default `search_paths()` (a parameter of the public
   readers shadows that function's name)."""
   return search_paths() if folders is None else list(folders)
@@ -477,7 +317,7 @@ def t5_config_scopes(path: str,
   Raises:
     ValueError: as `read_t5_config`, for a missing file or bad syntax.
   """
-  bindings, _ = _read_statements(path, _search_paths_or_default(search_paths))
+  bindings, _ = _read_statements(path, search_paths_or_default(search_paths))
   return {scope for scope, _, _, _ in bindings}
 
 
@@ -520,7 +360,7 @@ def read_t5_config(path: str, scope: str = "",
       rejects.
   """
   bindings, macros = _read_statements(path,
-                                      _search_paths_or_default(search_paths))
+                                      search_paths_or_default(search_paths))
   parts = scope.split("/") if scope else []
   # The scopes that apply under `scope`, least specific first: '', 'a', 'a/b'.
   applicable = ["/".join(parts[:i]) for i in range(len(parts) + 1)]

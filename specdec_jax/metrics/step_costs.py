@@ -12,7 +12,7 @@ import numpy as np
 
 from specdec_jax.core import decoding
 from specdec_jax import multihost
-from specdec_jax import timing
+from specdec_jax.metrics import timing
 from specdec_jax.core.protocols import Drafter
 from specdec_jax.core.protocols import target_encoder_output
 

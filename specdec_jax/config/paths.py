@@ -15,7 +15,7 @@ from typing import Optional, Union
 
 PathLike = Union[str, os.PathLike]
 
-REPO_DIR = pathlib.Path(__file__).resolve().parents[1]
+REPO_DIR = pathlib.Path(__file__).resolve().parents[2]
 GIN_DIR = REPO_DIR / "gin"  # Always on the gin search path (`gin_utils`).
 
 
