@@ -43,6 +43,10 @@ _CHUNK = flags.DEFINE_integer("chunk", _DEFAULTS.chunk,
 _SIGNIFICANCE = flags.DEFINE_float(
     "significance", _DEFAULTS.significance,
     "The test fails below this p; the power check must.")
+_FAIL_FAST = flags.DEFINE_bool(
+    "fail_fast", _DEFAULTS.fail_fast, "Stop at the first failed test: a "
+    "failed greedy identity skips the distribution test, a failed "
+    "distribution test its power check.")
 
 
 def settings_from_flags() -> certificate.CertifySettings:
@@ -56,7 +60,8 @@ def settings_from_flags() -> certificate.CertifySettings:
   if not 0 < _SIGNIFICANCE.value < 1:
     raise gin_utils.ConfigError(f"--significance={_SIGNIFICANCE.value}: "
                                 "allowed: a number in (0, 1).")
-  return certificate.CertifySettings(significance=_SIGNIFICANCE.value, **values)
+  return certificate.CertifySettings(significance=_SIGNIFICANCE.value,
+                                     fail_fast=_FAIL_FAST.value, **values)
 
 
 def main(argv: Sequence[str]) -> None:

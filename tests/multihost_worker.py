@@ -1,4 +1,4 @@
-"""One process of a multi-process test (`tests/harness/test_multihost.py`).
+"""One process of a multi-process test (`tests/e2e/test_multihost.py`).
 
   python tests/multihost_worker.py run|sweep [the command's flags...]
 

@@ -281,9 +281,12 @@ def speculative_statistics(
   }
 
 
-def time_rounds(pair: Pair, repeats: int, log) -> Dict[str, Any]:
+def time_rounds(pair: Pair, repeats: int, log,
+                clock=timing.timed) -> Dict[str, Any]:
   """`repeats` interleaved rounds (`timing.InterleavedTimer`, rotated):
-  seconds per round, medians, ms per token and per-round ratios."""
+  seconds per round, medians, ms per token and per-round ratios. `clock`
+  times one call, (fn, round) -> (its output, seconds) (tests hand in a
+  fake)."""
 
   def program(name):
 
@@ -293,7 +296,7 @@ def time_rounds(pair: Pair, repeats: int, log) -> Dict[str, Any]:
 
     return decode_every_sentence
 
-  timer = timing.InterleavedTimer(repeats, log, rotate=True)
+  timer = timing.InterleavedTimer(repeats, log, rotate=True, clock=clock)
   round_s, _ = timer({name: program(name) for name in pair.programs})
   per_round = {f"{T5X}_over_{BASELINE}": round_s[T5X] / round_s[BASELINE]}
   for g in pair.gammas:

@@ -15,13 +15,16 @@ from specdec_jax.terminal import progress
 from specdec_jax.experiment import arguments
 from specdec_jax.metrics import step_costs
 from specdec_jax.experiment.plan import DecodePlan
+from specdec_jax.experiment.plan import PILOT_SIZES
+from specdec_jax.experiment.plan import Providers
 
 AUTO_GAMMA = arguments.AUTO_GAMMA
 # GAMMA='auto': decode the first AUTO_GAMMA_EXAMPLES examples with γ =
 # AUTO_GAMMA_PILOT, then take Theorem 3.8's best γ <= AUTO_GAMMA_MAX for
-# the measured α and c.
-AUTO_GAMMA_PILOT = 4
-AUTO_GAMMA_MAX = 12
+# the measured α and c (the defaults of `PilotSizes`, which a run takes
+# from `Providers.pilot_sizes`).
+AUTO_GAMMA_PILOT = PILOT_SIZES.gamma_pilot
+AUTO_GAMMA_MAX = PILOT_SIZES.gamma_max
 AUTO_GAMMA_EXAMPLES = 8
 # The verification call's cost is measured at these K = γ + 1 and
 # interpolated linearly in between (on a CPU it grows with K; the theorem's
@@ -32,26 +35,28 @@ AUTO_GAMMA_CALL_KS = (1, 2, 4, 7, AUTO_GAMMA_MAX + 1)
 _Z95 = 1.96
 
 
-def call_costs(call_seconds: Dict[int, float]) -> np.ndarray:
-  """[AUTO_GAMMA_MAX] verification-call costs in target steps, entry γ-1
-  for γ: the K = γ+1 call's seconds over the K = 1 call's, linearly
+def call_costs(call_seconds: Dict[int, float],
+               max_gamma: int = AUTO_GAMMA_MAX) -> np.ndarray:
+  """[max_gamma] verification-call costs in target steps, entry γ-1 for
+  γ: the K = γ+1 call's seconds over the K = 1 call's, linearly
   interpolated between the measured K (`call_seconds`: K -> seconds, K = 1
   included)."""
   ks = sorted(call_seconds)
   if ks[0] != 1:
     raise ValueError(f"call_seconds needs K=1 (the target step); got K={ks}")
   ratios = [call_seconds[k] / call_seconds[1] for k in ks]
-  return np.interp(np.arange(2, AUTO_GAMMA_MAX + 2), ks, ratios)
+  return np.interp(np.arange(2, max_gamma + 2), ks, ratios)
 
 
 def best_gamma(alpha: float, cost_coefficient: float,
-               costs: Optional[np.ndarray] = None) -> int:
-  """GAMMA='auto': the γ <= AUTO_GAMMA_MAX maximizing Theorem 3.8, with the
-  verification call priced by `costs` ([AUTO_GAMMA_MAX], `call_costs`) or
-  at one step when None."""
+               costs: Optional[np.ndarray] = None,
+               max_gamma: int = AUTO_GAMMA_MAX) -> int:
+  """GAMMA='auto': the γ <= max_gamma maximizing Theorem 3.8, with the
+  verification call priced by `costs` ([max_gamma], `call_costs`) or at
+  one step when None."""
   alpha = min(max(float(alpha), 0.0), 1.0)
   return analysis.optimal_gamma(alpha, max(float(cost_coefficient), 0.0),
-                                max_gamma=AUTO_GAMMA_MAX, call_costs=costs)
+                                max_gamma=max_gamma, call_costs=costs)
 
 
 def alpha_interval(kept: int, trials: int) -> Tuple[float, float]:
@@ -87,7 +92,10 @@ def pilot_confidence(examples: int, kept: int, trials: int,
     (logged as a warning), else None.
   """
   low, high = alpha_interval(kept, trials)
-  gammas = [int(best_gamma(a, cost_coefficient, costs)) for a in (low, high)]
+  gammas = [
+      int(best_gamma(a, cost_coefficient, costs, len(costs)))
+      for a in (low, high)
+  ]
   caveat = None
   if examples < AUTO_GAMMA_EXAMPLES:
     caveat = (
@@ -109,20 +117,24 @@ def pilot_confidence(examples: int, kept: int, trials: int,
   }
 
 
-def pilot_gamma(pilot: DecodePlan, feed) -> Dict[str, Any]:
+def pilot_gamma(pilot: DecodePlan, feed,
+                providers: Optional[Providers] = None) -> Dict[str, Any]:
   """GAMMA='auto': α and c on the first batches, then Theorem 3.8.
 
   Args:
-    pilot: the loaded plan at γ = AUTO_GAMMA_PILOT.
+    pilot: the loaded plan at the pilot γ (`PilotSizes.gamma_pilot`).
     feed: the run's batches (`multihost.Feeder`).
+    providers: the run's: its pilot sizes (the largest γ) and pricing
+      (None: the defaults).
 
   Returns:
     metrics.json's `gamma_auto`: the pilot's γ and batches, its α and c,
     the verification costs by γ, the maximum and the chosen γ, and how
     firm the choice is (`pilot_confidence`: a caveat for a small pilot).
   """
-  args = pilot.args
-  gamma = args.gamma  # AUTO_GAMMA_PILOT
+  args, providers = pilot.args, providers or Providers()
+  gamma = args.gamma  # the pilot γ
+  max_gamma = providers.pilot_sizes.gamma_max
   rng = jax.random.PRNGKey(args.seed)
   batches = min(feed.num_batches, max(1,
                                       AUTO_GAMMA_EXAMPLES // args.batch_size))
@@ -147,10 +159,10 @@ def pilot_gamma(pilot: DecodePlan, feed) -> Dict[str, Any]:
     by_k, t_draft = step_costs.price_calls(
         args, pilot.drafter, pilot.models.target, feed.batch(0),
         AUTO_GAMMA_CALL_KS, fill,
-        pilot.baseline(feed.batch(0), rng).tokens)
+        pilot.baseline(feed.batch(0), rng).tokens, providers.pricing)
   c = t_draft / by_k[1]
-  costs = call_costs(by_k)
-  chosen = best_gamma(alpha, c, costs)
+  costs = call_costs(by_k, max_gamma)
+  chosen = best_gamma(alpha, c, costs, max_gamma)
   # The last batch may hold padding rows: count the examples.
   examples = min(rows, getattr(feed, "num_examples", rows))
   confidence = pilot_confidence(examples, kept, trials, c, costs)
@@ -164,7 +176,7 @@ def pilot_gamma(pilot: DecodePlan, feed) -> Dict[str, Any]:
       "alpha": alpha,
       "cost_coefficient_c": c,
       "call_cost_by_gamma": [float(x) for x in costs],
-      "max_gamma": AUTO_GAMMA_MAX,
+      "max_gamma": max_gamma,
       "chosen_gamma": chosen,
       **confidence
   }

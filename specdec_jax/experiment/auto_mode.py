@@ -29,6 +29,8 @@ from specdec_jax.metrics import analysis
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import decode_modes
+from specdec_jax.experiment.plan import PILOT_SIZES
+from specdec_jax.experiment.plan import PilotSizes
 
 DecodeMode = decode_modes.DecodeMode
 # A speculative candidate must be predicted this much faster than the
@@ -36,8 +38,9 @@ DecodeMode = decode_modes.DecodeMode
 # Theorem 3.8 at the measured call cost 10-30% above the walltime).
 AUTO_MIN_GAIN = 1.05
 # Tree candidates: k = 2 .. AUTO_TREE_MAX_WIDTH branches (k = 1 is token
-# verification run by the tree loop), trees of at most AUTO_TREE_MAX_NODES.
-AUTO_TREE_WIDTHS = tuple(range(2, auto_tree.AUTO_TREE_MAX_WIDTH + 1))
+# verification run by the tree loop), trees of at most AUTO_TREE_MAX_NODES
+# (a run's: `PilotSizes.auto_tree_widths`).
+AUTO_TREE_WIDTHS = PILOT_SIZES.auto_tree_widths
 # A pilot stops when the 95% interval of its α is narrower than this ...
 AUTO_ALPHA_TOLERANCE = 0.1
 # ... after at least this many examples, and at the latest after
@@ -84,16 +87,16 @@ class Candidate:
     return f"{self.mode.name} γ={self.gamma}"
 
 
-def pilot_gamma(gamma: Any) -> int:
+def pilot_gamma(gamma: Any, sizes: PilotSizes = PILOT_SIZES) -> int:
   """The γ pilots decode at: GAMMA itself, or for GAMMA='auto' the
-  pilot γ of `auto_gamma`."""
-  return auto_gamma.AUTO_GAMMA_PILOT if isinstance(gamma, str) else int(gamma)
+  pilot γ of `sizes` (`Providers.pilot_sizes`)."""
+  return sizes.gamma_pilot if isinstance(gamma, str) else int(gamma)
 
 
-def gammas_considered(gamma: Any) -> List[int]:
-  """GAMMA='auto': γ = 1 .. AUTO_GAMMA_MAX; an integer GAMMA: itself."""
+def gammas_considered(gamma: Any, sizes: PilotSizes = PILOT_SIZES) -> List[int]:
+  """GAMMA='auto': γ = 1 .. `sizes.gamma_max`; an integer GAMMA: itself."""
   if isinstance(gamma, str):
-    return list(range(1, auto_gamma.AUTO_GAMMA_MAX + 1))
+    return list(sizes.gammas)
   return [int(gamma)]
 
 
@@ -377,6 +380,11 @@ def summary_lines(metrics: Mapping[str, Any]) -> List[str]:
   if not record:
     return []
   words = record["reason"]
-  if record.get("prices") and record["prices"].get("cached"):
-    words += "; call prices from the cache"
+  cached = [
+      what for what, part in (("call prices", record.get("prices")),
+                              ("pilots", record.get("pilot_cache")))
+      if part and part.get("cached")
+  ]
+  if cached:
+    words += f"; {' and '.join(cached)} from the cache"
   return [words] + [s["reason"] for s in record.get("switches") or []]

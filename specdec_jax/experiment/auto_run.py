@@ -3,11 +3,13 @@ before the timed decode (`walltime.choose_shape` calls `choose_mode`).
 
 `choose_mode` lists the candidates (`auto_mode.candidates`), decodes a
 pilot per mode (and per tree width) on the run's first examples, as many
-as the 95% interval of its α needs (`auto_mode.pilot_done`), prices the
-calls the candidates make on this machine (`step_costs.price_calls`,
+as the 95% interval of its α needs (`auto_mode.pilot_done`; cached per
+settings, weights and inputs: `pilots_for`), prices the calls the
+candidates make on this machine (`step_costs.price_calls`,
 `tree_costs.price_tree_shapes`; cached per machine, pair and input width:
 `price_cache`), predicts every candidate (`auto_mode.predict`), chooses
-(`auto_mode.choose`) and returns the plan at the choice with its record
+(`auto_mode.choose`) and returns the plan at the choice (a pilot's own
+decoders when the choice is its setting: `Plans`) with its record
 (`DecodePlan.auto`: metrics.json's `auto`) and its online correction
 (`DecodePlan.online`: `auto_switch.OnlineChoice`, which may choose again
 between batches). Nothing here changes what a mode decodes: the first
@@ -15,9 +17,9 @@ choice is made before the first timed batch, a later one between batches
 from past batches only, and every candidate is exact.
 """
 import dataclasses
-import functools
+import hashlib
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
@@ -36,6 +38,7 @@ from specdec_jax.metrics import step_costs
 from specdec_jax.metrics import tree_costs
 from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import Loaded
+from specdec_jax.experiment.plan import PilotSizes
 
 Candidate = auto_mode.Candidate
 
@@ -143,6 +146,21 @@ def run_pilot(pilot: DecodePlan, feed: multihost.Feeder, cap: int,
   return record
 
 
+class Plans:
+  """candidate -> its `DecodePlan` (`plan_at`), built once: a pilot's
+  decoders, compiled by its decode, are the run's when the choice is the
+  pilot's own setting (no second build or compile)."""
+
+  def __init__(self, loaded: Loaded):
+    self.loaded = loaded
+    self.built: Dict[Candidate, DecodePlan] = {}
+
+  def __call__(self, candidate: Candidate) -> DecodePlan:
+    if candidate not in self.built:
+      self.built[candidate] = plan_at(self.loaded, candidate)
+    return self.built[candidate]
+
+
 def _pilot_candidates(candidates: Sequence[Candidate],
                       gamma: int) -> Dict[str, Candidate]:
   """{pilot_key: the candidate its pilot decodes}: each speculative mode
@@ -157,27 +175,86 @@ def _pilot_candidates(candidates: Sequence[Candidate],
   return out
 
 
-def run_pilots(plan: Loaded, feed: multihost.Feeder,
-               candidates: Sequence[Candidate]) -> Tuple[Dict[str, Any], Any]:
-  """({pilot_key: `run_pilot`'s record}, the first pilot's plan: its
-  baseline gives the pricing its context)."""
-  cap = auto_mode.pilot_cap(feed.num_examples)
-  pilots: Dict[str, Any] = {}
-  first = None
-  calibrating = True  # the first chain pilot is timed: `calibration`
-  for key, candidate in _pilot_candidates(
-      candidates, auto_mode.pilot_gamma(plan.args.gamma)).items():
-    pilot = plan_at(plan, candidate)
-    first = first or pilot
+def _timed_pilots(pilots: Mapping[str, Candidate]) -> Dict[str, bool]:
+  """{pilot_key: is it timed}: unpriced modes (beams: their walltime ratio
+  is the prediction) and the first chain pilot (`calibration`)."""
+  timed, calibrating = {}, True
+  for key, candidate in pilots.items():
     chain = candidate.mode.priced and not candidate.mode.branches
-    timed = not candidate.mode.priced or (chain and calibrating)
+    timed[key] = not candidate.mode.priced or (chain and calibrating)
     calibrating = calibrating and not chain
+  return timed
+
+
+def pilot_fields(plan: Loaded, pilots: Mapping[str, Candidate],
+                 timed: Mapping[str, bool], cap: int) -> Dict[str, Any]:
+  """The pilot cache's key fields (`price_cache.PILOTS`): what the pilots'
+  α depends on — the run's settings (task, examples, seed, sampling,
+  drafter, the models' configs), the weights themselves, each pilot's
+  mode, γ, k, and the pilot's size rule; the machine too when a pilot is
+  timed (its walltime ratio is this machine's). The pilot's inputs are
+  checked on reading (`pilots_for`)."""
+  return {
+      "settings": plan.settings,
+      "weights": price_cache.weights_digest((plan.models.target, plan.drafter)),
+      "pilots": {
+          key: [c.mode.name, c.gamma, c.tree_width, timed[key]]
+          for key, c in pilots.items()
+      },
+      "cap": cap,
+      "tolerance": auto_mode.AUTO_ALPHA_TOLERANCE,
+      "min_examples": auto_mode.AUTO_PILOT_MIN_EXAMPLES,
+      "machine":
+          (price_cache.machine_fields() if any(timed.values()) else None),
+  }
+
+
+def inputs_digest(feed: multihost.Feeder, batches: int) -> str:
+  """A digest of the first `batches` batches' rows (what a pilot read)."""
+  digest = hashlib.sha256()
+  for b in range(min(int(batches), feed.num_batches)):
+    digest.update(np.ascontiguousarray(feed.host_rows(b)).tobytes())
+    digest.update(np.asarray(feed.kept_rows(b), np.int64).tobytes())
+  return digest.hexdigest()[:24]
+
+
+def pilots_for(plan: Loaded, feed: multihost.Feeder, pilots: Mapping[str,
+                                                                     Candidate],
+               plans: Plans) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+  """({pilot_key: `run_pilot`'s record}, metrics.json's `auto.pilot_cache`:
+  'cached', 'file', 'decoded' (the pilots decoded now; [] when cached)).
+
+  The records come from the pilot cache when a run with the same fields
+  (`pilot_fields`) decoded them from the same inputs; else each pilot is
+  decoded (`plans`: its decoders kept for the run) and the records cached.
+  """
+  cap = auto_mode.pilot_cap(feed.num_examples)
+  timed = _timed_pilots(pilots)
+  # Off (or several processes, whose weights no one process holds): no
+  # digest, no file.
+  fields = (pilot_fields(plan, pilots, timed, cap)
+            if pilots and price_cache.enabled() else None)
+  file = fields and price_cache.path(fields, price_cache.PILOTS)
+  entry = fields and price_cache.load(fields, price_cache.PILOTS)
+  if (entry and isinstance(entry.get("records"), dict) and
+      entry.get("inputs") == inputs_digest(feed, entry.get("batches", 0))):
+    return dict(entry["records"]), {"cached": True, "file": file, "decoded": []}
+  records: Dict[str, Any] = {}
+  for key, candidate in pilots.items():
     with progress.phase(f"SPECULATION='auto': pilot decode of {key} "
                         f"(γ={candidate.gamma}), until its α is known to "
                         f"±{auto_mode.AUTO_ALPHA_TOLERANCE / 2:g} or "
                         f"{cap} examples"):
-      pilots[key] = run_pilot(pilot, feed, cap, timed=timed)
-  return pilots, first
+      records[key] = run_pilot(plans(candidate), feed, cap, timed=timed[key])
+  if fields:
+    batches = max(r["batches"] for r in records.values())
+    price_cache.store(
+        fields, {
+            "records": records,
+            "batches": batches,
+            "inputs": inputs_digest(feed, batches)
+        }, price_cache.PILOTS)
+  return records, {"cached": False, "file": file, "decoded": list(records)}
 
 
 def calibration(candidates: Sequence[Candidate], pilots: Dict[str, Any],
@@ -223,7 +300,8 @@ def price_fields(plan: Loaded, feed: multihost.Feeder, ks: Sequence[int],
   }
 
 
-def _priced_shapes(args: Any, candidates: Sequence[Candidate]):
+def _priced_shapes(args: Any, candidates: Sequence[Candidate],
+                   sizes: PilotSizes):
   """(the K of the target calls to price, the trees' {'gamma', 'widths',
   'nodes'} or None)."""
   one_path = [
@@ -240,7 +318,7 @@ def _priced_shapes(args: Any, candidates: Sequence[Candidate]):
   nodes = sorted({1} | {1 + c.tree_width * c.gamma for c in trees}
                  if not args.auto_gamma else auto_tree.AUTO_TREE_CALL_NODES)
   return ks or (1, 2), {
-      "gamma": auto_mode.pilot_gamma(args.gamma),
+      "gamma": auto_mode.pilot_gamma(args.gamma, sizes),
       "widths": sorted({c.tree_width for c in trees}),
       "nodes": [int(n) for n in nodes],
   }
@@ -254,8 +332,9 @@ def measure_prices(plan: Loaded, feed: multihost.Feeder, ks: Sequence[int],
   args, batch = plan.args, feed.batch(0)
   target, drafter = plan.models.target, plan.drafter
   context = context_plan.baseline(batch, plan.rng).tokens
+  pricing = plan.plan.providers.pricing
   by_k, guess = step_costs.price_calls(args, drafter, target, batch, tuple(ks),
-                                       fill, context)
+                                       fill, context, pricing)
   entry: Dict[str, Any] = {
       "target_step_s": by_k[1],
       "call_cost_by_k": {
@@ -267,7 +346,7 @@ def measure_prices(plan: Loaded, feed: multihost.Feeder, ks: Sequence[int],
     seconds = tree_costs.price_tree_shapes(args, drafter, target, batch, fill,
                                            context, gamma=tree["gamma"],
                                            widths=tree["widths"],
-                                           nodes=tree["nodes"])
+                                           nodes=tree["nodes"], pricing=pricing)
     step = seconds["step"]
     entry["tree_call_cost_by_nodes"] = {
         str(n): s / step for n, s in sorted(seconds["tree"].items())
@@ -284,7 +363,8 @@ def prices_for(
     context_plan: DecodePlan) -> Tuple[auto_mode.Prices, Dict[str, Any]]:
   """The candidates' prices, from the cache or measured (then cached),
   and metrics.json's `auto.prices` (`cached`, `file`, `seconds`)."""
-  ks, tree = _priced_shapes(plan.args, candidates)
+  ks, tree = _priced_shapes(plan.args, candidates,
+                            plan.plan.providers.pilot_sizes)
   fields = price_fields(plan, feed, ks, tree)
   t0 = time.perf_counter()
   entry = price_cache.load(fields)
@@ -315,29 +395,42 @@ def prices_for(
   }
 
 
-def choose_mode(plan: Loaded, feed: multihost.Feeder) -> DecodePlan:
-  """SPECULATION='auto': the plan at the candidate of the best predicted
-  walltime, with its record (`DecodePlan.auto`); logs the `auto:` line."""
-  t0 = time.perf_counter()
-  args = plan.args
+def _candidates(plan: Loaded) -> List[Candidate]:
+  """The run's candidates (`auto_mode.candidates`), at the γ and k of
+  `Providers.pilot_sizes`."""
+  args, sizes = plan.args, plan.plan.providers.pilot_sizes
   spec = args.drafting.spec
   # A feature draft's trees are not priced by `tree_costs.price_tree_shapes`.
   supported = tuple(
       n for n in spec.decode_modes
       if not (spec.reads_target_features and n == decode_modes.TREE.name))
   search = decode_modes.search_mode_of(args)
-  gammas = ([auto_mode.pilot_gamma(args.gamma)]
-            if search.beam else auto_mode.gammas_considered(args.gamma))
-  candidates = auto_mode.candidates(search, supported, gammas,
-                                    args.method().is_greedy,
-                                    plan.target_config.vocab_size)
-  pilots, first = run_pilots(plan, feed, candidates)
+  gammas = ([auto_mode.pilot_gamma(args.gamma, sizes)]
+            if search.beam else auto_mode.gammas_considered(args.gamma, sizes))
+  return auto_mode.candidates(search, supported, gammas,
+                              args.method().is_greedy,
+                              plan.target_config.vocab_size,
+                              tree_widths=sizes.auto_tree_widths)
+
+
+def choose_mode(plan: Loaded, feed: multihost.Feeder) -> DecodePlan:
+  """SPECULATION='auto': the plan at the candidate of the best predicted
+  walltime, with its record (`DecodePlan.auto`); logs the `auto:` line."""
+  t0 = time.perf_counter()
+  candidates = _candidates(plan)
+  plans = Plans(plan)
+  pilot_candidates = _pilot_candidates(
+      candidates,
+      auto_mode.pilot_gamma(plan.args.gamma, plan.plan.providers.pilot_sizes))
+  pilots, pilot_cache = pilots_for(plan, feed, pilot_candidates, plans)
   pilot_s = time.perf_counter() - t0
   prices, price_record = None, None
   if any(c.mode.priced and not c.mode.target_alone for c in candidates):
     fill = max(1, int(next(iter(pilots.values()))["mean_output_tokens"]))
     price = plan.plan.providers.auto_prices or prices_for
-    prices, price_record = price(plan, feed, candidates, fill, first)
+    # The first pilot's baseline gives the pricing its context.
+    prices, price_record = price(plan, feed, candidates, fill,
+                                 plans(next(iter(pilot_candidates.values()))))
   rows = [auto_mode.predict(c, prices, pilots) for c in candidates]
   calibrated = prices and calibration(candidates, pilots, prices)
   if calibrated:
@@ -351,6 +444,7 @@ def choose_mode(plan: Loaded, feed: multihost.Feeder) -> DecodePlan:
       "reason": auto_mode.reason(rows, chosen, pilot_examples=beam_examples),
       "candidates": rows,
       "pilots": pilots,
+      "pilot_cache": pilot_cache,
       "prices": price_record,
       "calibration": calibrated or None,
       "min_gain": auto_mode.AUTO_MIN_GAIN,
@@ -364,9 +458,11 @@ def choose_mode(plan: Loaded, feed: multihost.Feeder) -> DecodePlan:
   logging.info("%s", record["reason"])
   chosen = next(i for i, r in enumerate(rows)
                 if (r["label"] == record["choice"]["label"]))
-  decode_plan = plan_at(plan, candidates[chosen])
+  # A pilot's own setting: its decoders, built and compiled before the
+  # choice, decode the run.
+  record["decoders_reused"] = candidates[chosen] in plans.built
+  decode_plan = plans(candidates[chosen])
   online = auto_switch.OnlineChoice(
-      candidates, rows, chosen, pilots, prices,
-      functools.partial(plan_at, plan), decode_plan,
+      candidates, rows, chosen, pilots, prices, plans, decode_plan,
       target_step_s=(price_record or {}).get("target_step_s"))
   return dataclasses.replace(decode_plan, auto=record, online=online)

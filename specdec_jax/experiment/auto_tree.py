@@ -30,9 +30,11 @@ from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.metrics import tree_costs
 from specdec_jax.experiment.plan import Loaded
+from specdec_jax.experiment.plan import PILOT_SIZES
 
-# TREE_WIDTH='auto' tries k = 1 .. AUTO_TREE_MAX_WIDTH branches.
-AUTO_TREE_MAX_WIDTH = 4
+# TREE_WIDTH='auto' tries k = 1 .. AUTO_TREE_MAX_WIDTH branches (the
+# default of `PilotSizes`, which a run takes from `Providers.pilot_sizes`).
+AUTO_TREE_MAX_WIDTH = PILOT_SIZES.tree_max_width
 # Trees of at most this many nodes 1 + k·γ (24 guesses and the root).
 AUTO_TREE_MAX_NODES = arguments.AUTO_TREE_MAX_NODES
 # The tree call's cost is measured at these N and interpolated linearly.
@@ -221,14 +223,11 @@ def pilot_tree_shape(plan: Loaded, feed) -> Dict[str, Any]:
     a) and c_k by k, the tree call's costs by N, the predicted speedups,
     the chosen γ and k.
   """
-  args = plan.args
-  gamma = auto_gamma.AUTO_GAMMA_PILOT if args.auto_gamma else int(args.gamma)
-  gammas = [args.gamma]
-  if args.auto_gamma:
-    gammas = list(range(1, auto_gamma.AUTO_GAMMA_MAX + 1))
-  widths = [args.tree_width]
-  if args.auto_tree_width:
-    widths = list(range(1, AUTO_TREE_MAX_WIDTH + 1))
+  args, sizes = plan.args, plan.plan.providers.pilot_sizes
+  gamma = sizes.gamma_pilot if args.auto_gamma else int(args.gamma)
+  gammas = list(sizes.gammas) if args.auto_gamma else [args.gamma]
+  widths = list(
+      sizes.tree_widths) if args.auto_tree_width else [args.tree_width]
   if args.method().is_greedy:  # greedy branches start with distinct tokens
     widths = [k for k in widths if k <= plan.target_config.vocab_size]
   batches = min(feed.num_batches,
@@ -242,7 +241,7 @@ def pilot_tree_shape(plan: Loaded, feed) -> Dict[str, Any]:
     seconds = tree_costs.price_tree_shapes(
         args, plan.drafter, plan.models.target, feed.batch(0), max(1, fill),
         base.baseline(feed.batch(0), rng).tokens, gamma=gamma, widths=widths,
-        nodes=AUTO_TREE_CALL_NODES)
+        nodes=AUTO_TREE_CALL_NODES, pricing=plan.plan.providers.pricing)
   c_by_width = {
       k: t / seconds["step"] for k, t in seconds["draft_depth"].items()
   }

@@ -120,13 +120,16 @@ class DecodeMode:
     return ("Pricing c: target calls of 1 and γ+1 = "
             f"{args.gamma + 1} tokens and the drafter's guesses, interleaved")
 
-  def price(self, args: Any, drafter: Any, target: Any, batch: Any, fill: int,
-            context: Any) -> Tuple[float, float, float]:
+  def price(
+      self, args: Any, drafter: Any, target: Any, batch: Any, fill: int,
+      context: Any, pricing: step_costs.Pricing = step_costs.PRICING
+  ) -> Tuple[float, float, float]:
     """(a target step, one guess, the verification call) in seconds
     (`step_costs.price_calls`; arguments as there)."""
     gamma = args.gamma
     by_k, t_draft = step_costs.price_calls(args, drafter, target, batch,
-                                           (1, gamma + 1), fill, context)
+                                           (1, gamma + 1), fill, context,
+                                           pricing)
     return by_k[1], t_draft, by_k[gamma + 1]
 
   def measured_theory(self, alpha: float, gamma: int, c: float,
@@ -214,9 +217,10 @@ class TreeMode(DecodeMode):
             f"{1 + args.tree_width * args.gamma} nodes and the drafter's k "
             "branches, interleaved")
 
-  def price(self, args, drafter, target, batch, fill, context):
+  def price(self, args, drafter, target, batch, fill, context,
+            pricing=step_costs.PRICING):
     return tree_costs.price_tree_calls(args, drafter, target, batch, fill,
-                                       context)
+                                       context, pricing)
 
   def measured_theory(self, alpha, gamma, c, call_cost, tokens_per_call):
     # The tree's own cost model: the measured tokens per call over an
@@ -270,7 +274,8 @@ class BeamMode(DecodeMode):
     return (f" beam k={args.beam_size} u={beam_settings.width(args)} "
             f"rows={beam_settings.rows(args)}")
 
-  def price(self, args, drafter, target, batch, fill, context):
+  def price(self, args, drafter, target, batch, fill, context,
+            pricing=step_costs.PRICING):
     raise ValueError("DECODE='beam': c and Theorem 3.8 are not priced (they "
                      "model sampling one sequence, not beams).")
 
@@ -325,7 +330,8 @@ class TargetAloneMode(DecodeMode):
     del args
     return " speculation off"
 
-  def price(self, args, drafter, target, batch, fill, context):
+  def price(self, args, drafter, target, batch, fill, context,
+            pricing=step_costs.PRICING):
     raise ValueError("SPECULATION='off': nothing is drafted, so c and "
                      "Theorem 3.8 are not priced.")
 

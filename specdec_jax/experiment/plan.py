@@ -15,8 +15,9 @@
    the timed decode runs. No field of any stage waits to be filled later.
 
 Everything a run takes from outside — the vocabulary, the models, the
-decoders — comes through `Providers`, so that tests and the multi-host test
-workers hand in fakes as an argument rather than patching modules.
+decoders, the clocks and the pilots' sizes — comes through `Providers`, so
+that tests and the multi-host test workers hand in fakes as an argument
+rather than patching modules.
 """
 import dataclasses
 import functools
@@ -30,6 +31,7 @@ import jax
 from specdec_jax.core import decoding
 from specdec_jax.config import gin_utils
 from specdec_jax.metrics import quality as quality_lib
+from specdec_jax.metrics import step_costs
 from specdec_jax.metrics import timing
 from specdec_jax.core import models as models_lib
 from specdec_jax.multihost import partitioning
@@ -65,6 +67,43 @@ def load_feature_draft(checkpoint_path: str, target: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
+class PilotSizes:
+  """How far GAMMA / TREE_WIDTH / SPECULATION 'auto' look (`Providers`;
+  tests hand in small ones: fewer programs to compile).
+
+  Attributes:
+    gamma_pilot: the γ a pilot decodes at when GAMMA='auto'
+      (`auto_gamma.AUTO_GAMMA_PILOT`).
+    gamma_max: GAMMA='auto' considers γ = 1 .. gamma_max
+      (`auto_gamma.AUTO_GAMMA_MAX`).
+    tree_max_width: TREE_WIDTH='auto' considers k = 1 .. tree_max_width,
+      SPECULATION='auto''s tree candidates k = 2 .. tree_max_width (k = 1
+      is token verification) (`auto_tree.AUTO_TREE_MAX_WIDTH`).
+  """
+  gamma_pilot: int = 4
+  gamma_max: int = 12
+  tree_max_width: int = 4
+
+  @property
+  def gammas(self) -> Tuple[int, ...]:
+    """The γ GAMMA='auto' considers."""
+    return tuple(range(1, self.gamma_max + 1))
+
+  @property
+  def tree_widths(self) -> Tuple[int, ...]:
+    """The k TREE_WIDTH='auto' considers."""
+    return tuple(range(1, self.tree_max_width + 1))
+
+  @property
+  def auto_tree_widths(self) -> Tuple[int, ...]:
+    """The k of SPECULATION='auto''s tree candidates."""
+    return tuple(range(2, self.tree_max_width + 1))
+
+
+PILOT_SIZES = PilotSizes()  # the defaults
+
+
+@dataclasses.dataclass(frozen=True)
 class Providers:
   """What a run takes from outside (tests hand in fakes).
 
@@ -76,6 +115,10 @@ class Providers:
       (DRAFTER='feature').
     clock: (decoder, inputs, rng) -> (its output, ready; seconds): how the
       timed decode times each call (`timing.timed`).
+    pricing: how the calls are priced: c, the verification call, the
+      'auto' pilots' prices (`step_costs.Pricing`: `timing.call_seconds`
+      at `step_costs.STEPS` calls, `step_costs.REPEATS` rounds).
+    pilot_sizes: the γ and k the 'auto' pilots consider (`PilotSizes`).
     auto_prices: SPECULATION='auto''s call prices, (loaded, feed,
       candidates, fill, context plan) -> (`auto_mode.Prices`, metrics.json's
       `auto.prices`); None: measured on this machine or read from the price
@@ -86,6 +129,8 @@ class Providers:
   decoders: Callable[..., Tuple[Decoder, Decoder]] = make_decoders
   load_feature_draft: Callable[[str, Any], Any] = load_feature_draft
   clock: Callable[..., Tuple[Any, float]] = timing.timed
+  pricing: step_costs.Pricing = step_costs.PRICING
+  pilot_sizes: PilotSizes = PILOT_SIZES
   auto_prices: Optional[Callable[..., Tuple[Any, Dict[str, Any]]]] = None
 
 

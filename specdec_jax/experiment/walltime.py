@@ -266,8 +266,8 @@ def choose_shape(
         gamma=gamma_auto["chosen_gamma"],
         tree_width=gamma_auto["chosen_tree_width"]), gamma_auto
   if args.auto_gamma:
-    pilot = loaded.decoding(gamma=auto_gamma.AUTO_GAMMA_PILOT)
-    gamma_auto = auto_gamma.pilot_gamma(pilot, feed)
+    pilot = loaded.decoding(gamma=loaded.plan.providers.pilot_sizes.gamma_pilot)
+    gamma_auto = auto_gamma.pilot_gamma(pilot, feed, loaded.plan.providers)
     return loaded.decoding(gamma=gamma_auto["chosen_gamma"]), gamma_auto
   return loaded.decoding(), None
 
@@ -350,7 +350,8 @@ def step_times(plan: DecodePlan, batch: jax.Array, fill: int) -> StepTimes:
   """
   context = plan.baseline(batch, plan.rng).tokens
   return StepTimes(*decode_modes.mode_of(plan.args).price(
-      plan.args, plan.drafter, plan.models.target, batch, fill, context))
+      plan.args, plan.drafter, plan.models.target, batch, fill, context,
+      plan.plan.providers.pricing))
 
 
 def slowest_process(decoded: Decoded, compile_s: float,

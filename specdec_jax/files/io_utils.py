@@ -19,7 +19,7 @@ gs:// URLs alike. GCS has no folders: a "folder" is the prefix of the
 objects in it, so `makedirs` does nothing there and a folder exists once
 an object is in it. TensorStore finds credentials as Google's client
 libraries do, and reads the endpoint from `TENSORSTORE_GCS_HTTP_URL` (e.g.
-a local GCS emulator; `tests/harness/test_gcs.py`).
+a local GCS emulator; `tests/e2e/test_gcs.py`).
 
 Every gs:// operation waits at most `remote_timeout_s()` seconds (60, or
 the environment's SPECDEC_GCS_TIMEOUT_S) and then raises `RemoteTimeout`

@@ -3,7 +3,8 @@ the drafter as the loop makes it, timed the one way `timing` defines. c of
 Definition 3.7 and the verification call's cost in target steps come from
 here.
 """
-from typing import Any, Dict, Tuple
+import dataclasses
+from typing import Any, Callable, Dict, Mapping, Tuple
 
 import flax
 import jax
@@ -22,9 +23,33 @@ from specdec_jax.core.protocols import target_encoder_output
 STEPS, REPEATS = 32, 5
 
 
+@dataclasses.dataclass(frozen=True)
+class Pricing:
+  """How a run prices its calls: the clock and its sizes (a run takes it
+  from `plan.Providers.pricing`; tests hand in stand-in seconds).
+
+  Attributes:
+    call_seconds: (calls, encoder_input_tokens, *, fill, cache_len, steps,
+      repeats) -> {name: seconds of one call} (`timing.call_seconds`).
+    steps, repeats: calls per timed program, timed rounds.
+  """
+  call_seconds: Callable[..., Dict[Any, float]] = timing.call_seconds
+  steps: int = STEPS
+  repeats: int = REPEATS
+
+  def __call__(self, calls: Mapping[Any, Tuple[Any, int]], inputs: Any, *,
+               fill: int, cache_len: int) -> Dict[Any, float]:
+    """`call_seconds` of `calls` at this pricing's steps and repeats."""
+    return self.call_seconds(calls, inputs, fill=fill, cache_len=cache_len,
+                             steps=self.steps, repeats=self.repeats)
+
+
+PRICING = Pricing()
+
+
 def price_calls(args: Any, drafter, target, batch: jax.Array,
-                target_ks: Tuple[int, ...], fill: int,
-                context: jax.Array) -> Tuple[Dict[int, float], float]:
+                target_ks: Tuple[int, ...], fill: int, context: jax.Array,
+                pricing: Pricing = PRICING) -> Tuple[Dict[int, float], float]:
   """The target's k-token calls and one guess of the drafter, in seconds.
 
   Timed the one way `timing.call_seconds` defines, in interleaved rounds,
@@ -48,6 +73,7 @@ def price_calls(args: Any, drafter, target, batch: jax.Array,
     fill: the mean output length (clipped to the cache).
     context: [B, T] the target's own output for `batch` (what the drafter
       reads: e.g. `plan.baseline(batch, rng).tokens`).
+    pricing: the clock and its sizes (`Pricing`).
 
   Returns:
     ({k: seconds of the target's k-token call}, seconds of one guess: c's
@@ -81,9 +107,8 @@ def price_calls(args: Any, drafter, target, batch: jax.Array,
       for k in sorted(set(target_ks) | {1})
   }
   calls["draft"] = (proposer, gamma)
-  seconds = timing.call_seconds(calls, np.asarray(inputs), fill=fill,
-                                cache_len=cache_len, steps=STEPS,
-                                repeats=REPEATS)
+  seconds = dict(
+      pricing(calls, np.asarray(inputs), fill=fill, cache_len=cache_len))
   return seconds, seconds.pop("draft") / gamma
 
 

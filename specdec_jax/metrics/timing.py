@@ -26,7 +26,8 @@ and interleaves the programs it compares (`InterleavedTimer`).
 """
 import functools
 import time
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Sequence, Tuple
+from typing import (Any, Callable, Dict, List, Mapping, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 import jax
 import jax.numpy as jnp
@@ -97,9 +98,13 @@ class Proposer(NamedTuple):
   method: Any
 
 
-def call_seconds(calls: Mapping[str, Tuple[Any, int]],
-                 encoder_input_tokens: np.ndarray, *, fill: int, cache_len: int,
-                 steps: int = 64, repeats: int = 9) -> Dict[str, float]:
+def call_seconds(calls: Mapping[str,
+                                Tuple[Any,
+                                      int]], encoder_input_tokens: np.ndarray,
+                 *, fill: int, cache_len: int, steps: int = 64,
+                 repeats: int = 9, clock: Callable[..., Tuple[Any,
+                                                              float]] = timed,
+                 programs: Optional["CallPrograms"] = None) -> Dict[str, float]:
   """Median seconds of one decoder call of each kind (compilation excluded).
 
   The kinds are timed in interleaved rounds (`InterleavedTimer`), so a load
@@ -122,10 +127,14 @@ def call_seconds(calls: Mapping[str, Tuple[Any, int]],
     fill: cache positions already written before each call.
     cache_len: cache slots, as in the decoding loop being priced.
     steps, repeats: calls per timed program, timed rounds.
+    clock: (fn, round) -> (fn(round) ready, seconds) (`timed`).
+    programs: the programs timed (`CallPrograms`: `start`, `call_loop`,
+      `propose_loop`).
 
   Returns:
     name -> seconds of one call.
   """
+  programs = programs or CallPrograms()
   for name, (caller, k) in calls.items():
     if isinstance(caller, Proposer):
       continue  # its state was built for its buffer
@@ -138,20 +147,21 @@ def call_seconds(calls: Mapping[str, Tuple[Any, int]],
 
   # One cache per model: every call rewinds it to `fill` (nothing donated).
   caches = {
-      id(model): start(model, inputs, max_len=cache_len)
+      id(model): programs.start(model, inputs, max_len=cache_len)
       for model, _ in calls.values()
       if not isinstance(model, Proposer)
   }
 
   def program(model, k):
     if isinstance(model, Proposer):  # one propose of γ = k guesses
-      return lambda _: propose_loop(
+      return lambda _: programs.propose_loop(
           model.drafter, model.state, model.buffer, fill_rows,
           jax.random.PRNGKey(0), gamma=k, method=model.method, steps=steps)
     cache = caches[id(model)]
-    return lambda _: call_loop(model, cache, fill_rows, k=k, steps=steps)
+    return lambda _: programs.call_loop(model, cache, fill_rows, k=k, steps=
+                                        steps)
 
-  times, _ = InterleavedTimer(repeats, log=lambda _: None)({
+  times, _ = InterleavedTimer(repeats, log=lambda _: None, clock=clock)({
       name: program(model, k) for name, (model, k) in calls.items()
   })
   reference = times[next(iter(calls))]
@@ -251,6 +261,15 @@ iteration_loop = LoopProgram(_iteration_loop,
                              ("gamma", "max_decode_length", "steps"), _IN_PLACE)
 
 
+class CallPrograms(NamedTuple):
+  """The programs `call_seconds` times (tests hand in stand-ins): the
+  cache (`start`), k-token calls (`call_loop`), a drafter's proposes
+  (`propose_loop`)."""
+  start: Callable[..., Any] = start
+  call_loop: Callable[..., Any] = call_loop
+  propose_loop: Callable[..., Any] = propose_loop
+
+
 class InterleavedTimer:
   """Interleaved timing: warm-up each program, then `repeats` rounds.
 
@@ -263,8 +282,10 @@ class InterleavedTimer:
   (`compile_time_s`).
   """
 
-  def __init__(self, repeats: int, log: Callable[[str], None],
-               rotate: bool = False):
+  def __init__(self, repeats: int, log: Callable[[str],
+                                                 None], rotate: bool = False,
+               clock: Callable[..., Tuple[Any, float]] = timed):
+    self.clock = clock  # (fn, round) -> (its output, ready; seconds)
     self.repeats = repeats
     self.compile_time_s: Dict[str, float] = {}
     self.first_call_s: Dict[str, float] = {}
@@ -283,12 +304,12 @@ class InterleavedTimer:
     Returns:
       (seconds per round [repeats] by name, outputs per round for `keep`).
     """
-    first = {name: timed(fn, -1)[1] for name, fn in fns.items()}
+    first = {name: self.clock(fn, -1)[1] for name, fn in fns.items()}
     times = {name: [] for name in fns}
     outs = {name: [] for name in keep}
     for r in range(self.repeats):
       for name in self._order(list(fns), r):
-        out, seconds = timed(fns[name], r)
+        out, seconds = self.clock(fns[name], r)
         times[name].append(seconds)
         if name in outs:
           outs[name].append(out)

@@ -77,8 +77,10 @@ class TreeProposer:
     return state, tokens.reshape(batch, -1), probs
 
 
-def price_tree_calls(args: Any, drafter, target, batch: jax.Array, fill: int,
-                     context: jax.Array) -> Tuple[float, float, float]:
+def price_tree_calls(
+    args: Any, drafter, target, batch: jax.Array, fill: int, context: jax.Array,
+    pricing: step_costs.Pricing = step_costs.PRICING
+) -> Tuple[float, float, float]:
   """(one-token target step, one depth of the k-branch draft, the tree call
   over 1 + k·γ nodes), in seconds, interleaved (`timing.call_seconds`).
 
@@ -94,6 +96,7 @@ def price_tree_calls(args: Any, drafter, target, batch: jax.Array, fill: int,
     batch: [B, S] the encoder inputs.
     fill: the mean output length (clipped to the caches).
     context: [B, T] the target's own output for `batch`.
+    pricing: the clock and its sizes (`step_costs.Pricing`).
   """
   gamma, width = int(args.gamma), int(args.tree_width)
   nodes = 1 + width * gamma
@@ -120,20 +123,20 @@ def price_tree_calls(args: Any, drafter, target, batch: jax.Array, fill: int,
       target_encoder_output(target,
                             timing.start(target, inputs, max_len=cache_len)))
   parents = tuple(int(p) for p in tree_acceptance.chain_parents(width, gamma))
-  seconds = timing.call_seconds(
+  seconds = pricing(
       {
           "step": (target, 1),
           "tree": (TreeCall(verifier, parents), nodes),
           "draft":
               (timing.Proposer(proposer, state, buffer, args.method()), gamma),
-      }, np.asarray(inputs), fill=fill, cache_len=cache_len,
-      steps=step_costs.STEPS, repeats=step_costs.REPEATS)
+      }, np.asarray(inputs), fill=fill, cache_len=cache_len)
   return seconds["step"], seconds["draft"] / gamma, seconds["tree"]
 
 
-def price_tree_shapes(args: Any, drafter, target, batch: jax.Array, fill: int,
-                      context: jax.Array, *, gamma: int, widths: Sequence[int],
-                      nodes: Sequence[int]) -> Dict[str, Any]:
+def price_tree_shapes(
+    args: Any, drafter, target, batch: jax.Array, fill: int, context: jax.Array,
+    *, gamma: int, widths: Sequence[int], nodes: Sequence[int],
+    pricing: step_costs.Pricing = step_costs.PRICING) -> Dict[str, Any]:
   """What GAMMA='auto' / TREE_WIDTH='auto' price (`auto_tree`): one target
   step, the tree call over each N in `nodes` and one depth of the k-branch
   draft for each k in `widths`, in seconds, interleaved
@@ -150,6 +153,7 @@ def price_tree_shapes(args: Any, drafter, target, batch: jax.Array, fill: int,
     gamma: the guesses per branch the draft is priced at.
     widths: the k to price the draft at.
     nodes: the N to price the tree call at (1: the step itself).
+    pricing: the clock and its sizes (`step_costs.Pricing`).
 
   Returns:
     {'step': seconds, 'tree': {N: seconds}, 'draft_depth': {k: seconds of
@@ -176,9 +180,7 @@ def price_tree_shapes(args: Any, drafter, target, batch: jax.Array, fill: int,
                                                              encoder_output)
     calls[f"draft_{k}"] = (timing.Proposer(proposer, state, buffer,
                                            args.method()), gamma)
-  seconds = timing.call_seconds(calls, np.asarray(inputs), fill=fill,
-                                cache_len=cache_len, steps=step_costs.STEPS,
-                                repeats=step_costs.REPEATS)
+  seconds = pricing(calls, np.asarray(inputs), fill=fill, cache_len=cache_len)
   tree = {n: seconds.get(f"tree_{n}", seconds["step"]) for n in nodes}
   return {
       "step": seconds["step"],

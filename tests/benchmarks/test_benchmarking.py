@@ -1,8 +1,8 @@
-"""The decode benchmark: synthetic acceptance, end-to-end JSON, flag errors.
+"""The decode benchmark: synthetic acceptance, flag errors, gin files (its
+JSON end to end: tests/e2e/test_benchmarking_e2e.py).
 
 No timing is asserted beyond positivity (the machine may be shared).
 """
-import json
 import math
 
 import jax
@@ -14,9 +14,7 @@ import pytest
 from specdec_jax import benchmarking
 from specdec_jax.core import decoding
 from specdec_jax.config import gin_reader
-from specdec_jax.checkpoints import parameters
 from specdec_jax.config.paths import GIN_DIR
-from specdec_jax.core.models import T5Model
 
 ROWS = 20_000
 
@@ -46,99 +44,6 @@ def test_synthetic_accept_mean_matches_truncated_bernoulli_runs(alpha, gamma):
 def test_synthetic_accept_extremes():
   assert np.all(_accepted(1.0, 3) == 3)
   assert np.all(_accepted(0.0, 3) == 0)
-
-
-@pytest.fixture(scope="module")
-def e2e_result(tmp_path_factory):
-  """One end-to-end CLI run on tiny/mini configs (compiled less optimized)."""
-  previous = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  try:
-    out = tmp_path_factory.mktemp("bench") / "bench.json"
-    status = benchmarking.main([
-        "--target", "tiny", "--draft", "mini", "--alphas", "0.75", "--gammas",
-        "1", "--chunk_sizes", "1,2", "--input_length", "4",
-        "--max_decode_length", "8", "--repeats", "1", "--inner_steps", "2",
-        "--dtype", "float32", "--device_bandwidth_gbps", "100",
-        "--check_greedy_identity", "--output",
-        str(out)
-    ])
-  finally:
-    jax.config.update("jax_disable_most_optimizations", previous)
-  assert status == 0
-  return json.loads(out.read_text()), out
-
-
-@pytest.mark.slow
-def test_end_to_end_json(e2e_result):
-  r, path = e2e_result
-  assert not list(path.parent.glob("*.tmp"))  # Atomic write left no temp.
-  for key in ("backend", "device_kind", "jax_version", "target", "draft",
-              "dtype", "baseline_ms_per_token", "target_cost_ratio_by_k",
-              "draft_ms_per_step", "target_ms_per_step", "cost_coefficient_c",
-              "iteration_split_ms", "compile_time_s", "points",
-              "baseline_bandwidth_bound_ms_per_token",
-              "baseline_to_bandwidth_bound_ratio"):
-    assert key in r, key
-  assert r["synthetic_acceptance"] is True
-  assert r["backend"] == jax.default_backend()
-  assert r["target"] == "tiny" and r["draft"] == "mini"
-  assert r["dtype"] == "float32"
-  assert r["target_cost_ratio_by_k"]["1"] == 1.0
-  assert set(r["target_cost_ratio_by_k"]) == {"1", "2"}
-  for key in ("baseline_ms_per_token", "draft_ms_per_step",
-              "target_ms_per_step", "cost_coefficient_c",
-              "baseline_bandwidth_bound_ms_per_token"):
-    assert r[key] > 0, key
-  assert all(v > 0 for v in r["target_cost_ratio_by_k"].values())
-  assert r["cost_coefficient_c"] == pytest.approx(r["draft_ms_per_step"] /
-                                                  r["target_ms_per_step"])
-  assert r["compile_time_s"] >= 0
-  split = r["iteration_split_ms"]["1"]
-  for key in ("draft_ms", "target_ms", "total_ms"):
-    assert split[key] > 0, key
-  assert split["other_ms"] == pytest.approx(split["total_ms"] -
-                                            split["draft_ms"] -
-                                            split["target_ms"])
-  [point] = r["points"]
-  assert point["alpha"] == 0.75 and point["gamma"] == 1
-  for key in ("measured_speedup", "theoretical_speedup", "efficiency",
-              "tokens_per_target_call"):
-    assert point[key] > 0, key
-  assert point["efficiency"] == pytest.approx(point["measured_speedup"] /
-                                              point["theoretical_speedup"])
-  # γ=1: 1 or 2 tokens per target call.
-  assert 1.0 <= point["tokens_per_target_call"] <= 2.0
-  # The exactness check ran with real acceptance: float32 on CPU is exact.
-  g = r["greedy_identity"]
-  assert g["gamma"] == 1 and g["rows"] == 1
-  assert g["rows_identical"] == 1 and g["first_difference"] == [None]
-  assert g["chunk_vs_step_argmax_agreement"] == 1.0
-  assert g["chunk_vs_step_max_abs_logit_diff"] < 1e-4
-
-
-@pytest.mark.slow
-def test_greedy_identity_check_reports_a_difference(monkeypatch):
-  """A speculative decoder that diverges is reported row by row."""
-  config = benchmarking.resolve_model_config("tiny", "target")[0]
-  target = T5Model(
-      config, {
-          "params": parameters.random_params(config, jax.random.PRNGKey(0),
-                                             dtype=jnp.float32)
-      })
-  inputs = jnp.full((2, 4), 5, jnp.int32)
-  real = decoding.speculative_sample
-
-  def diverging(*args, **kwargs):
-    out = real(*args, **kwargs)
-    return out.replace(tokens=out.tokens.at[1, 3].add(1))
-
-  monkeypatch.setattr(decoding, "speculative_sample", diverging)
-  g = benchmarking.greedy_identity_check(target, target, inputs, gamma=2,
-                                         max_decode_length=6)
-  assert g["rows"] == 2 and g["rows_identical"] == 1
-  assert g["first_difference"] == [None, 3]
-  assert g["alpha_hat"] == 1.0  # The target drafting for itself.
 
 
 @pytest.mark.parametrize("flag,value", [

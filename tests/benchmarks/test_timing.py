@@ -1,7 +1,8 @@
 """`timing.call_seconds`: the one way run prices c and the verification call.
 
 No timing is asserted beyond positivity (the machine may be shared); what
-is asserted is what is timed and in which order.
+is asserted is what is timed and in which order (on real tiny models:
+tests/e2e/test_timing_e2e.py).
 """
 
 import jax.numpy as jnp
@@ -9,32 +10,32 @@ import numpy as np
 import pytest
 
 from specdec_jax.metrics import timing
-from specdec_jax.benchmarking import timing_noise
-
-from conftest import random_model, tiny_config
 
 
-def test_call_seconds_interleaves_rounds(monkeypatch):
+def _no_cache(model, inputs, max_len):
+  del model, inputs, max_len
+
+
+def test_call_seconds_interleaves_rounds():
   order = []
 
   def call_loop(model, cache, fill, *, k, steps):
     order.append((model, k, steps, int(fill[0])))
     return jnp.zeros(())
 
-  monkeypatch.setattr(timing, "start", lambda model, inputs, max_len: None)
-  monkeypatch.setattr(timing, "call_loop", call_loop)
   timing.call_seconds(
       {
           "a": ("target", 1),
           "b": ("target", 3),
           "c": ("draft", 1)
-      }, np.zeros((1, 4), np.int32), fill=2, cache_len=6, steps=5, repeats=3)
+      }, np.zeros((1, 4), np.int32), fill=2, cache_len=6, steps=5, repeats=3,
+      programs=timing.CallPrograms(start=_no_cache, call_loop=call_loop))
   kinds = [("target", 1, 5, 2), ("target", 3, 5, 2), ("draft", 1, 5, 2)]
   # A warm-up (compilation) round, then `repeats` rounds of every kind.
   assert order == kinds * 4
 
 
-def test_call_seconds_takes_medians_of_ratios_within_rounds(monkeypatch):
+def test_call_seconds_takes_medians_of_ratios_within_rounds():
   # Stand-in wall times by (kind, round); round 1 is a load burst that
   # slows both kinds alike.
   seconds = iter([
@@ -47,12 +48,12 @@ def test_call_seconds_takes_medians_of_ratios_within_rounds(monkeypatch):
       1.0,
       3.0
   ])
-  monkeypatch.setattr(timing, "start", lambda model, inputs, max_len: None)
-  monkeypatch.setattr(timing, "timed", lambda fn, r: (None, next(seconds)))
   result = timing.call_seconds({
       "step": ("m", 1),
       "call": ("m", 3)
-  }, np.zeros((1, 4), np.int32), fill=2, cache_len=6, steps=4, repeats=3)
+  }, np.zeros((1, 4), np.int32), fill=2, cache_len=6, steps=4, repeats=3,
+                               clock=lambda fn, r: (None, next(seconds)),
+                               programs=timing.CallPrograms(start=_no_cache))
   assert result["step"] == pytest.approx(1.0 / 4)  # median of 1, 10, 1
   # Per-round ratios 2, 1, 3: their median, not 3 / 1 (ratio of medians).
   assert result["call"] / result["step"] == pytest.approx(2.0)
@@ -66,26 +67,12 @@ def test_call_seconds_rejects_a_call_that_does_not_fit(fill, k):
                         cache_len=6)
 
 
-@pytest.mark.slow
-def test_timing_noise_benchmark_summarizes_both_ways():
-  # Also `call_seconds` on real (tiny) models, both ways.
-  target = random_model(tiny_config(), seed=0)
-  draft = random_model(tiny_config(num_decoder_layers=1), seed=1)
-  result = timing_noise.measure(target, draft, gamma=1, fill=2, trials=2)
-  assert sorted(result) == ["back_to_back", "interleaved"]
-  for way in result.values():
-    for key in ("verification_cost_ratio", "cost_coefficient_c"):
-      s = way[key]
-      assert len(s["values"]) == 2 and all(v > 0 for v in s["values"])
-      assert s["min"] <= s["median"] <= s["max"]
-      assert 0 <= s["iqr"] <= s["max"] - s["min"]
-
-
-def test_interleaved_timer_rotates_the_order_per_round(monkeypatch):
+def test_interleaved_timer_rotates_the_order_per_round():
   order = []
-  monkeypatch.setattr(timing, "timed", lambda fn, r: (fn(r), 1.0 + (r >= 0)))
+  clock = lambda fn, r: (fn(r), 1.0 + (r >= 0))  # pylint: disable=unnecessary-lambda-assignment
   fns = {name: (lambda r, name=name: order.append((r, name))) for name in "abc"}
-  timer = timing.InterleavedTimer(4, log=lambda _: None, rotate=True)
+  timer = timing.InterleavedTimer(4, log=lambda _: None, rotate=True,
+                                  clock=clock)
   times, _ = timer(fns)
   assert order == [
       (-1, "a"),
@@ -112,30 +99,30 @@ def test_interleaved_timer_rotates_the_order_per_round(monkeypatch):
   assert timer.first_call_s == dict.fromkeys("abc", 1.0)
   # Without rotate every round runs in the given order.
   order.clear()
-  timing.InterleavedTimer(2, log=lambda _: None)(fns)
+  timing.InterleavedTimer(2, log=lambda _: None, clock=clock)(fns)
   assert [n for r, n in order if r >= 0] == list("abcabc")
 
 
-def test_a_proposer_is_priced_by_its_propose_loop(monkeypatch):
+def test_a_proposer_is_priced_by_its_propose_loop():
   """A `Proposer` entry runs `propose_loop` with γ = its k, interleaved
   with the target's calls, on its own state (no cache built for it)."""
   seen = []
-  monkeypatch.setattr(timing, "start", lambda model, inputs, max_len: model)
-  monkeypatch.setattr(
-      timing, "call_loop", lambda model, cache, fill, k, steps: seen.append(
-          ("call", k, steps)))
 
   def propose_loop(drafter, state, buffer, fill, rng, *, gamma, method, steps):
     seen.append(("propose", gamma, steps, drafter, state, method))
 
-  monkeypatch.setattr(timing, "propose_loop", propose_loop)
-  monkeypatch.setattr(timing, "timed", lambda fn, r: (fn(r), 2.0 + r % 2))
+  programs = timing.CallPrograms(
+      start=lambda model, inputs, max_len: model,
+      call_loop=lambda model, cache, fill, k, steps: seen.append(
+          ("call", k, steps)), propose_loop=propose_loop)
   proposer = timing.Proposer("drafter", "state", np.zeros((1, 9), np.int32),
                              "greedy")
   result = timing.call_seconds({
       "step": ("target", 1),
       "draft": (proposer, 3)
-  }, np.zeros((1, 4), np.int32), fill=5, cache_len=6, steps=4, repeats=2)
+  }, np.zeros((1, 4), np.int32), fill=5, cache_len=6, steps=4, repeats=2,
+                               clock=lambda fn, r: (fn(r), 2.0 + r % 2),
+                               programs=programs)
   assert ("propose", 3, 4, "drafter", "state", "greedy") in seen
   assert ("call", 1, 4) in seen and all(
       s[1] != 3 for s in seen if s[0] == "call")

@@ -20,6 +20,7 @@ What must hold:
   T5, for k = 1, 2 and 4, batch 3 (with and without EOS).
 """
 import contextlib
+import functools
 import itertools
 from unittest import mock
 
@@ -236,6 +237,14 @@ def test_rule_outcomes_follow_the_reference(tree, distinct):
   assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
 
 
+@functools.partial(jax.jit, static_argnums=4)
+def _both_verdicts(rng, logits, tokens, probs, method):
+  """(k = 1 tree rule's, Algorithm 1's) verdicts, jitted as the decoder runs
+  them (one program per method instead of one per eager op)."""
+  return (TreeAcceptance()(rng, logits, tokens, probs, method),
+          decoding.ExactAcceptance()(rng, logits, tokens, probs, method))
+
+
 def test_one_branch_is_algorithm_1_draw_for_draw():
   rs = np.random.RandomState(0)
   batch, gamma, vocab = 2000, 3, 6
@@ -244,15 +253,13 @@ def test_one_branch_is_algorithm_1_draw_for_draw():
   method = sampling.Sampling(0.9, top_k=4)
   tokens, probs = method.draw(jax.random.PRNGKey(1), draft_logits)
   rng = jax.random.PRNGKey(2)
-  tree = TreeAcceptance()(rng, logits, tokens, probs, method)
-  exact = decoding.ExactAcceptance()(rng, logits, tokens, probs, method)
+  tree, exact = _both_verdicts(rng, logits, tokens, probs, method)
   np.testing.assert_array_equal(tree.num_accepted, exact.num_accepted)
   np.testing.assert_array_equal(tree.next_token, exact.next_token)
   assert len(set(np.asarray(exact.num_accepted).tolist())) == gamma + 1
   greedy = sampling.Greedy()
   argmax = jnp.argmax(draft_logits, -1).astype(jnp.int32)
-  tree = TreeAcceptance()(rng, logits, argmax, None, greedy)
-  exact = decoding.ExactAcceptance()(rng, logits, argmax, None, greedy)
+  tree, exact = _both_verdicts(rng, logits, argmax, None, greedy)
   np.testing.assert_array_equal(tree.num_accepted, exact.num_accepted)
   np.testing.assert_array_equal(tree.next_token, exact.next_token)
 
@@ -332,13 +339,20 @@ def test_a_wrong_rule_fails_the_decoder_test():
   assert pvalue < SIGNIFICANCE
 
 
-@pytest.mark.parametrize("width,eos", [(1, -1), (2, 1), (4, -1)])
-def test_greedy_is_token_identical_to_the_target_alone(width, eos):
-  config = tiny_config(vocab_size=32)
-  target = random_model(config, seed=1)
+@pytest.fixture(scope="module")
+def tiny_pair():
+  """A tiny T5 target, a noisy copy as its draft, and 3 inputs (one padded):
+  the greedy tests' case (shared shapes: one program per width)."""
+  target = random_model(tiny_config(vocab_size=32), seed=1)
   draft = perturbed(target, 0.3, seed=2)
   enc = np.random.default_rng(0).integers(2, 32, size=(3, 5)).astype(np.int32)
   enc[1, 3:] = 0
+  return target, draft, enc
+
+
+@pytest.mark.parametrize("width,eos", [(1, -1), (2, 1), (4, -1)])
+def test_greedy_is_token_identical_to_the_target_alone(tiny_pair, width, eos):
+  target, draft, enc = tiny_pair
   ref = decoding.temperature_sample(target, enc, jax.random.PRNGKey(0),
                                     max_decode_length=10, eos_id=eos)
   out = decoding.tree_speculative_sample(target, draft, enc,
@@ -360,11 +374,10 @@ def test_greedy_is_token_identical_to_the_target_alone(width, eos):
     assert np.sum(made + 1) >= out.lengths[row]  # n kept + 1 token per call
 
 
-def test_checked_decoder_and_bad_arguments():
-  config = tiny_config(vocab_size=32)
-  target = random_model(config, seed=1)
-  draft = perturbed(target, 0.3, seed=2)
-  enc = np.random.default_rng(0).integers(2, 32, size=(2, 5)).astype(np.int32)
+def test_checked_decoder_and_bad_arguments(tiny_pair):
+  """`tree_decoder` (settings checked once) decodes as the target alone;
+  bad settings are named. The greedy k = 2 test's shapes: its programs."""
+  target, draft, enc = tiny_pair
   decode = decoding.tree_decoder(target, draft, gamma=3, tree_width=2,
                                  max_decode_length=10, method=sampling.Greedy())
   ref = decoding.temperature_sample(target, enc, jax.random.PRNGKey(0),
@@ -410,11 +423,9 @@ class _NoTree:
     return self.model.truncate(state, length)
 
 
-def test_one_branch_decodes_exactly_as_algorithm_1():
+def test_one_branch_decodes_exactly_as_algorithm_1(tiny_pair):
   """k = 1 is `speculative_sample`, token for token, with the same key."""
-  config = tiny_config(vocab_size=32)
-  target = random_model(config, seed=1)
-  draft = perturbed(target, 0.3, seed=2)
+  target, draft, _ = tiny_pair
   enc = np.random.default_rng(0).integers(2, 32, size=(4, 5)).astype(np.int32)
   method = sampling.Sampling(0.7, top_p=0.9)
   token = decoding.speculative_sample(target, draft, enc, jax.random.PRNGKey(5),

@@ -1,17 +1,16 @@
 """SPECULATION='auto' / 'off' (issue 45): the candidates, the prediction and
 the choice as pure functions; the price cache; the target alone in the
-speculative decoder's place; and tiny end-to-end runs (the `auto:` line,
-metrics.json's table, token identity at T = 0, 'off' running the baseline
-only, bad values refused before anything is loaded)."""
-import json
+speculative decoder's place; bad values refused before anything is
+loaded (tiny runs end to end: tests/e2e/test_auto_mode_e2e.py)."""
+import types
 
 import numpy as np
 import pytest
 
 from conftest import tiny_config
+from run_helpers import parse_local_tiny_out
 
 from specdec_jax.metrics import analysis
-from specdec_jax.config import gin_utils
 from specdec_jax import run as run_lib
 from specdec_jax.benchmarking import auto_prediction
 from specdec_jax.core import decoding
@@ -20,12 +19,8 @@ from specdec_jax.experiment import auto_mode
 from specdec_jax.experiment import auto_run
 from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import decode_modes
-from specdec_jax.experiment import loading
 from specdec_jax.experiment import output_dir
-from specdec_jax.experiment import plan
 from specdec_jax.experiment import price_cache
-from specdec_jax.metrics import step_costs
-from specdec_jax.experiment import summary
 from specdec_jax.experiment import target_alone
 
 Candidate = auto_mode.Candidate
@@ -239,6 +234,50 @@ def test_price_cache_round_trip(tmp_path, monkeypatch):
   assert price_cache.load(fields) is None
 
 
+def test_the_pilot_cache_is_its_own_kind_and_knows_the_weights(
+    tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path))
+  monkeypatch.delenv(price_cache.ENV_OFF, raising=False)
+  fields = {"settings": {"seed": 0}, "weights": "w"}
+  price_cache.store(fields, {"records": {
+      "token": {
+          "alpha": 0.5
+      }
+  }}, price_cache.PILOTS)
+  assert price_cache.path(fields, price_cache.PILOTS).startswith(
+      str(tmp_path / "auto-pilots"))
+  assert price_cache.load(fields, price_cache.PILOTS) == {
+      "records": {
+          "token": {
+              "alpha": 0.5
+          }
+      }
+  }
+  assert price_cache.load(fields) is None  # not a price entry
+  # Other weights (one value of one array) are another digest.
+  weights = {"a": np.arange(10000, dtype=np.float32), "b": np.ones((3, 4))}
+  digest = price_cache.weights_digest(weights)
+  assert digest == price_cache.weights_digest(dict(weights))
+  for changed in ({
+      **weights, "a": weights["a"] + 1e-3
+  }, {
+      **weights, "b": np.ones((4, 3))
+  }):
+    assert price_cache.weights_digest(changed) != digest
+
+
+def test_a_pilot_reads_the_cache_only_for_the_same_inputs():
+  rows = {0: np.array([[3, 4, 1]]), 1: np.array([[5, 1, 0]])}
+  feed = types.SimpleNamespace(num_batches=2, host_rows=lambda b: rows[b],
+                               kept_rows=lambda b: np.array([0]))
+  first = auto_run.inputs_digest(feed, 1)
+  assert first != auto_run.inputs_digest(feed, 2)  # what the pilot read
+  rows[1] = np.array([[6, 1, 0]])  # a batch after the pilot's: the same
+  assert auto_run.inputs_digest(feed, 1) == first
+  rows[0] = np.array([[3, 5, 1]])
+  assert auto_run.inputs_digest(feed, 1) != first
+
+
 def test_the_target_alone_reads_as_a_run_without_guesses():
   out = decoding.DecodeOutput(tokens=np.array([[5, 6, 1, 0], [7, 1, 0, 0]]),
                               lengths=np.array([3, 2]),
@@ -252,12 +291,6 @@ def test_the_target_alone_reads_as_a_run_without_guesses():
   assert float(alone.tokens_per_target_call) == 1.0
 
 
-def _parse(tmp_path, *bindings):
-  gin_utils.parse_gin(["local_tiny.gin"],
-                      [f"OUTPUT_DIR = '{tmp_path / 'out'}'", *bindings],
-                      finalize=False)
-
-
 @pytest.mark.usefixtures("clean_gin")
 @pytest.mark.parametrize("bindings, words", [
     (["SPECULATION = 'maybe'"], "SPECULATION='maybe': allowed: 'on'"),
@@ -267,83 +300,13 @@ def _parse(tmp_path, *bindings):
 ])
 def test_bad_speculation_fails_before_loading(bindings, words, tmp_path,
                                               no_load):
-  _parse(tmp_path, *bindings)
+  parse_local_tiny_out(tmp_path, *bindings)
   with pytest.raises(arguments.ConfigError, match=".*") as e:
     run_lib.run(providers=no_load)
   assert words in str(e.value)
   if "maybe" in words:
     assert "'off'" in str(e.value) and "'auto'" in str(e.value)
   assert not (tmp_path / "out").exists()
-
-
-def _no_speculative_decoder(*args, **kwargs):
-  raise AssertionError("SPECULATION='off' built a speculative decoder")
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("clean_gin")
-def test_off_runs_only_the_baseline(tmp_path, monkeypatch):
-  monkeypatch.setattr(decoding, "speculative_decoder", _no_speculative_decoder)
-  monkeypatch.setattr(step_costs, "price_calls", _no_speculative_decoder)
-  loaded = []
-
-  def load_model(config, path, seed, mesh, what):
-    loaded.append(what)
-    return loading.load_model(config, path, seed, mesh, what)
-
-  _parse(tmp_path, "SPECULATION = 'off'", "NUM_EXAMPLES = 2")
-  metrics = run_lib.run(providers=plan.Providers(load_model=load_model))
-  assert loaded == ["target"]  # no draft is loaded
-  assert metrics["speculation"] == "off" and "auto" not in metrics
-  assert metrics["speedup"] == 1.0
-  assert metrics["walltime_speculative_s"] == metrics["walltime_baseline_s"]
-  assert metrics["target_calls_speculative"] == metrics["target_calls_baseline"]
-  assert metrics["alpha"] == 0.0 and metrics["greedy_outputs_identical"]
-  assert metrics["settings"]["run"]["speculation"] == "off"
-  lines = summary.summary_lines(metrics, arguments.run_arguments())
-  assert lines[1].startswith("speculation off: the target alone decoded all 2")
-  rows = [
-      json.loads(line)
-      for line in (tmp_path / "out" /
-                   "predictions.jsonl").read_text().splitlines()
-  ]
-  assert all(r["speculative"] == r["baseline"] for r in rows)
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("clean_gin")
-def test_auto_writes_its_table_says_why_and_stays_exact(tmp_path, monkeypatch):
-  """A tiny T = 0 run made to choose token verification (random weights
-  would choose the target alone): its outputs are the target's, token for
-  token; metrics.json holds the table; a second run reads the prices from
-  the cache."""
-  monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path / "cache"))
-  monkeypatch.delenv(price_cache.ENV_OFF, raising=False)
-  monkeypatch.setattr(auto_mode, "AUTO_TREE_WIDTHS", (2,))
-  monkeypatch.setattr(auto_mode, "choose", lambda rows, min_gain=1.05: 1)
-  for cached in (False, True):
-    _parse(tmp_path, "SPECULATION = 'auto'", "NUM_EXAMPLES = 2", "GAMMA = 3")
-    metrics = run_lib.run()
-    auto = metrics["auto"]
-    assert auto["prices"]["cached"] is cached
-    assert auto["choice"]["label"] == "token γ=3"
-    assert metrics["acceptance"] == "token" and metrics["gamma"] == 3
-    assert metrics["speculation"] == "auto"
-    assert metrics["greedy_outputs_identical"] is True
-    assert [r["label"] for r in auto["candidates"]
-           ] == ["the target alone", "token γ=3", "tree γ=3 k=2"]
-    for row in auto["candidates"][1:]:
-      assert row["predicted_speedup"] > 0 and row["call_cost"] > 0
-      assert 0 <= row["alpha"] <= 1 and row["cost_coefficient_c"] > 0
-    assert set(auto["pilots"]) == {"token", "tree k=2"}
-    assert auto["pilots"]["token"]["examples"] >= 1
-    lines = summary.summary_lines(metrics, arguments.run_arguments())
-    assert [l for l in lines if l.startswith("auto:")] == [
-        auto["reason"] + ("; call prices from the cache" if cached else "")
-    ]
-    assert auto["reason"].startswith("auto: chose token γ=3, predicted ")
-  written = json.loads((tmp_path / "out" / "metrics.json").read_text())
-  assert written["auto"]["choice"] == metrics["auto"]["choice"]
 
 
 def test_candidate_arguments_are_the_runs_at_the_choice():

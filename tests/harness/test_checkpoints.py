@@ -1,14 +1,12 @@
 """Tests of specdec_jax.checkpoints on a real checkpoint written by T5X.
 
 The fixture (`../shared/fixtures/t5x_tiny`, see its README.md) holds the same
-tiny T5 v1.1 model in T5X's legacy (msgpack + zarr) and Orbax layouts.
+tiny T5 v1.1 model in T5X's legacy (msgpack + zarr) and Orbax layouts
+(restored to shards on 8 fake devices: tests/e2e/test_partitioning_e2e.py).
 """
 import json
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import jax
@@ -514,78 +512,3 @@ def test_sharding_for_unknown_param():
   s = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   msg = load_error(LEGACY, shardings={"decoder": {"nope": {"kernel": s}}})
   assert "decoder/nope/kernel" in msg
-
-
-# ----------------------------------------------------- 4. sharded restore
-
-_SHARDED_SCRIPT = textwrap.dedent("""
-    import sys
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from specdec_jax.checkpoints import load_t5x_params
-    legacy, orbax = sys.argv[1], sys.argv[2]
-    assert jax.device_count() == 8, jax.devices()
-    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-    specs = {
-        ("encoder", "layers_0", "mlp", "wi_0", "kernel"): P(None, "model"),
-        ("token_embedder", "embedding"): P("model", None),
-        ("decoder", "layers_1", "self_attention", "query", "kernel"):
-            P("data", "model"),
-        ("decoder", "logits_dense", "kernel"): P(),
-    }
-    shardings = {}
-    for path, spec in specs.items():
-        node = shardings
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = NamedSharding(mesh, spec)
-
-    def get(tree, path):
-        for k in path:
-            tree = tree[k]
-        return tree
-
-    ref = load_t5x_params(legacy)
-    for ckpt in (legacy, orbax):
-        for dtype in (None, jnp.bfloat16):
-            got = load_t5x_params(ckpt, shardings=shardings, dtype=dtype)
-            assert jax.tree.structure(got) == jax.tree.structure(ref)
-            for path, spec in specs.items():
-                arr, want = get(got, path), np.asarray(get(ref, path))
-                if dtype is not None:
-                    want = np.asarray(jnp.asarray(want).astype(dtype))
-                assert arr.sharding == NamedSharding(mesh, spec), path
-                assert len(arr.addressable_shards) == 8
-                shard_shape = arr.sharding.shard_shape(arr.shape)
-                for shard in arr.addressable_shards:
-                    assert shard.data.shape == shard_shape, path
-                    np.testing.assert_array_equal(
-                        np.asarray(shard.data), want[shard.index])
-                assert np.asarray(arr).tobytes() == want.tobytes(), path
-            # Unsharded parameters: default device, same values.
-            norm = get(got, ("encoder", "encoder_norm", "scale"))
-            assert norm.devices() == {jax.devices()[0]}
-    # One sharding for every parameter.
-    rep = NamedSharding(mesh, P())
-    got = load_t5x_params(orbax, shardings=rep)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
-        assert a.sharding == rep
-        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
-    print("SHARDED_OK")
-""")
-
-
-@pytest.mark.slow
-def test_sharded_restore_subprocess():
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      " --xla_force_host_platform_device_count=8").strip()
-  env["JAX_PLATFORMS"] = "cpu"
-  env["PYTHONPATH"] = os.pathsep.join(
-      [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-  proc = subprocess.run(
-      [sys.executable, "-c", _SHARDED_SCRIPT,
-       str(LEGACY),
-       str(ORBAX)], env=env, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stdout + proc.stderr
-  assert "SHARDED_OK" in proc.stdout

@@ -7,8 +7,6 @@ is refused with one line naming the setting, the value and what is allowed
 (exit 2), before anything is loaded or written.
 """
 import os
-import subprocess
-import sys
 
 from absl import flags
 import gin
@@ -18,8 +16,6 @@ from specdec_jax.config import gin_utils
 from specdec_jax import run as run_lib
 from specdec_jax import sweep
 from specdec_jax import train as train_lib
-
-from conftest import REPO
 
 # A cleared gin configuration before and after each test (conftest.py).
 pytestmark = pytest.mark.usefixtures("clean_gin")
@@ -145,7 +141,8 @@ def test_sweep_points_equal_by_value_run_once(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# (3) `run` without an experiment file; a --gin_file that is no file.
+# (3) `run` without an experiment file (in a subprocess too:
+# tests/e2e/test_run_e2e.py); a --gin_file that is no file.
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("argv", [["run"], ["run", "--gin.GAMMA=3"],
                                   ["run", "--gin_bindings=run.gamma = 3"]])
@@ -178,17 +175,6 @@ def test_gin_file_that_is_no_file_says_what_it_is(name, what, tmp_path):
   message = str(e.value)
   assert message.startswith(f"--gin_file={name!r} {what}"), message
   assert "not found" not in message and "allowed: " in message, message
-
-
-@pytest.mark.slow
-def test_run_without_arguments_subprocess():
-  proc = subprocess.run([sys.executable, "-m", "specdec_jax.run"], cwd=REPO,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"), text=True,
-                        capture_output=True, timeout=120)
-  assert proc.returncode == 2, proc.stderr[-3000:]
-  assert "Traceback" not in proc.stderr
-  errors = [l for l in proc.stderr.splitlines() if l.startswith("run: ")]
-  assert len(errors) == 1 and "--gin_file is required" in errors[0]
 
 
 # ---------------------------------------------------------------------------

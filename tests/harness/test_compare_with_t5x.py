@@ -1,17 +1,12 @@
 """`benchmarking.t5x_comparison` (scripts/compare_with_t5x.py; and
-`benchmarking.t5x_pair`, its real-pair mode): its flags, and the real-pair
-mode end to end.
+`benchmarking.t5x_pair`, its real-pair mode): its flags and its pieces.
 
 Flag checks need neither T5X nor a model: a bad --pair or --gammas must fail
 with the flag, the value and what is allowed, before T5X is imported or
-anything is loaded. The end-to-end test needs a T5X checkout (not a
-dependency) at $T5X_PATH or /tmp/t5x and skips without one.
+anything is loaded. The real-pair mode end to end (with a T5X checkout):
+tests/e2e/test_pairs_e2e.py.
 """
-import json
 import os
-import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,11 +15,6 @@ from specdec_jax.core import decoding
 from specdec_jax.benchmarking import t5x_comparison
 from specdec_jax.benchmarking import t5x_pair
 from specdec_jax.benchmarking import t5x_reference
-
-from conftest import REPO
-
-SCRIPT = REPO / "scripts" / "compare_with_t5x.py"
-T5X_PATH = pathlib.Path(os.environ.get("T5X_PATH", "/tmp/t5x"))
 
 
 def _error(argv, capsys) -> str:
@@ -162,11 +152,9 @@ def test_speculative_statistics_pool_the_sentences():
   }
 
 
-def test_time_rounds_rotates_and_takes_per_round_ratios(monkeypatch):
+def test_time_rounds_rotates_and_takes_per_round_ratios():
   calls = []
   seconds = iter([1.0] * 3 + [2.0, 1.0, 1.0, 4.0, 4.0, 2.0])
-  monkeypatch.setattr(t5x_pair.timing, "timed", lambda fn, r:
-                      (fn(r), next(seconds)))
   programs = {
       name: (lambda x, key, name=name: calls.append((name, x)))
       for name in ("t5x", "baseline", "speculative_gamma3")
@@ -175,7 +163,8 @@ def test_time_rounds_rotates_and_takes_per_round_ratios(monkeypatch):
                        inputs=None, max_decode_length=8, t5x_module=None,
                        t5x_params=None, param_leaves=0, programs=programs,
                        rows=["x0", "x1"], keys=[0, 1], widths=None)
-  timed = t5x_pair.time_rounds(pair, 2, log=lambda _: None)
+  timed = t5x_pair.time_rounds(pair, 2, log=lambda _: None, clock=lambda fn, r:
+                               (fn(r), next(seconds)))
   # Round 0 in order, round 1 from the second program; each decodes both
   # sentences.
   assert [n for n, _ in calls[6:]] == [
@@ -189,30 +178,4 @@ def test_time_rounds_rotates_and_takes_per_round_ratios(monkeypatch):
       "t5x_over_baseline": [2.0, 0.5],
       "t5x_over_speculative_gamma3": [2.0, 0.5],
       "baseline_over_speculative_gamma3": [1.0, 1.0]
-  }
-
-
-@pytest.mark.slow
-def test_pretrained_pair_against_t5x(tmp_path):
-  if not (T5X_PATH / "t5x" / "decoding.py").is_file():
-    pytest.skip(f"no T5X checkout at {T5X_PATH} (set T5X_PATH): T5X is not "
-                "a dependency of this project.")
-  output = tmp_path / "t5x_pair.json"
-  env = dict(
-      os.environ,
-      PYTHONPATH=os.pathsep.join([str(REPO),
-                                  os.environ.get("PYTHONPATH", "")]))
-  proc = subprocess.run([
-      sys.executable,
-      str(SCRIPT), f"--t5x_path={T5X_PATH}", "--pair=pretrained",
-      "--num_examples=2", "--gammas=2", "--max_decode_length=8", "--repeats=1",
-      f"--output={output}"
-  ], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  pair = json.loads(output.read_text())["pair"]
-  assert pair["all_identical"] and pair["params_tree_matches_t5x_init"]
-  assert pair["identical_to_baseline"] == {"t5x": 2, "speculative_gamma2": 2}
-  assert set(pair["ratio_median"]) == {
-      "t5x_over_baseline", "t5x_over_speculative_gamma2",
-      "baseline_over_speculative_gamma2"
   }

@@ -4,8 +4,9 @@ NGRAM_ORDER, PROMPT_LOOKUP_MAX and INNER_GAMMA are bounded (100000 hung
 or compiled a 720 GB allocation), SEED must fit the PRNG key, OUTPUT_DIR
 on gs:// names a bucket, TOPK / TOPP are refused with DECODE='beam',
 SPM_MODEL_PATH / EXTRA_IDS with a byte-level vocabulary, and GAMMA='auto'
-records a caveat when its pilot is smaller than it needs. All checked
-without a model: the argument checks are called directly.
+records a caveat when its pilot is smaller than it needs. The argument
+checks are called directly, without a model; GAMMA='auto''s pilot starts a
+tiny random target, whose calls the `Providers.pricing` handed in prices.
 """
 import re
 import types
@@ -21,6 +22,9 @@ from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import loading  # noqa: F401  # registers vocabulary
 from specdec_jax.experiment import plan as plan_lib
 from specdec_jax.metrics import step_costs
+
+from conftest import random_model
+from conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
 ConfigError = gin_utils.ConfigError
@@ -157,39 +161,67 @@ def test_output_dir_on_gcs_with_a_bucket_passes(tiny):
     }).output_dir == path
 
 
-def _pilot(examples: int, batch_size: int = 1, gamma: int = 4):
-  """A pilot plan and feed whose every guess is kept (α = 1.00)."""
+@pytest.fixture(scope="module")
+def tiny_target():
+  """A one-layer random target: `step_costs.price_calls` starts it, and its
+  own drafter, on the pilot's batch before it prices the calls."""
+  return random_model(tiny_config(num_encoder_layers=1, num_decoder_layers=1),
+                      seed=0)
+
+
+def _pilot(target, examples: int, batch_size: int = 1, gamma: int = 4):
+  """A pilot plan and feed whose every guess is kept (α = 1.00); the
+  target drafts for itself."""
   calls = 8
   stats = {
       "accepted_histogram": [0] * gamma + [calls],
       "acceptance_trials": calls * gamma,
       "tokens_generated": calls * (gamma + 1),
   }
-  args = types.SimpleNamespace(gamma=gamma, seed=0, batch_size=batch_size)
+  args = arguments.RunArguments(
+      output_dir="/tmp/unused", gamma=gamma, batch_size=batch_size,
+      task_feature_lengths={
+          "inputs": 4,
+          "targets": 4
+      })
   pilot = types.SimpleNamespace(
-      args=args, drafter=None, models=types.SimpleNamespace(target=None),
+      args=args, drafter=target, models=types.SimpleNamespace(target=target),
       speculative=lambda batch, rng: types.SimpleNamespace(statistics=lambda:
                                                            stats),
-      baseline=lambda batch, rng: types.SimpleNamespace(tokens=None))
-  feed = types.SimpleNamespace(num_batches=-(-examples // batch_size),
-                               num_examples=examples, batch=lambda b: None)
+      baseline=lambda batch, rng: types.SimpleNamespace(tokens=np.full(
+          (batch_size, 4), 5, np.int32)))
+  feed = types.SimpleNamespace(
+      num_batches=-(-examples // batch_size), num_examples=examples,
+      batch=lambda b: np.full((batch_size, 4), 3, np.int32))
   return pilot, feed
 
 
 @pytest.fixture
-def cheap_calls(monkeypatch):
-  """Verification calls that cost one step, guesses a tenth of one."""
-  monkeypatch.setattr(
-      step_costs, "price_calls", lambda *a, **k: ({
-          k: 1.0 for k in auto_gamma.AUTO_GAMMA_CALL_KS
-      }, 0.1))
+def cheap_calls():
+  """`Providers` whose pricing says verification calls cost one step and
+  guesses a tenth of one (no clock); and the list of the calls priced."""
+  priced = []
+
+  def call_seconds(calls, *args, **kwargs):
+    del args, kwargs
+    priced.append(set(calls))
+    return {
+        name: 0.1 * k if name == "draft" else 1.0
+        for name, (_, k) in calls.items()
+    }
+
+  return plan_lib.Providers(pricing=step_costs.Pricing(call_seconds)), priced
 
 
-def test_auto_gamma_on_one_example_records_a_caveat(cheap_calls):
+def test_auto_gamma_on_one_example_records_a_caveat(tiny_target, cheap_calls):
   """GAMMA='auto' on one example picked γ = 12 from α = 1.00 (32 trials)
   and said nothing about how little that is."""
-  pilot, feed = _pilot(examples=1)
-  record = auto_gamma.pilot_gamma(pilot, feed)
+  pilot, feed = _pilot(tiny_target, examples=1)
+  providers, priced = cheap_calls
+  record = auto_gamma.pilot_gamma(pilot, feed, providers)
+  # The calls were priced by the pricing handed in: each K, and a guess.
+  assert priced == [set(auto_gamma.AUTO_GAMMA_CALL_KS) | {"draft"}]
+  assert record["cost_coefficient_c"] == pytest.approx(0.1)
   assert record["alpha"] == 1.0 and record["chosen_gamma"] == 12
   assert record["pilot_examples"] == 1
   assert record["acceptance_trials"] == 32
@@ -204,9 +236,9 @@ def test_auto_gamma_on_one_example_records_a_caveat(cheap_calls):
   assert f"NUM_EXAMPLES >= {need}" in caveat and "\n" not in caveat
 
 
-def test_auto_gamma_on_a_full_pilot_has_no_caveat(cheap_calls):
-  pilot, feed = _pilot(examples=20)
-  record = auto_gamma.pilot_gamma(pilot, feed)
+def test_auto_gamma_on_a_full_pilot_has_no_caveat(tiny_target, cheap_calls):
+  pilot, feed = _pilot(tiny_target, examples=20)
+  record = auto_gamma.pilot_gamma(pilot, feed, cheap_calls[0])
   assert record["pilot_examples"] == auto_gamma.AUTO_GAMMA_EXAMPLES
   assert record["caveat"] is None
 

@@ -3,11 +3,11 @@
 A crafted DIGESTS.json, a truncated cached CPU kernel, a vocabulary swapped
 under a training run, a corrupt compilation cache, a garbled
 feature_config.json: each is refused or repaired, with a message naming the
-file, instead of reading anything, crashing or training on garbage.
+file, instead of reading anything, crashing or training on garbage (those
+that start processes or train: tests/e2e/test_integrity_e2e.py).
 """
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -16,21 +16,11 @@ import pytest
 from specdec_jax.files import compilation_cache
 from specdec_jax import checkpoints
 from specdec_jax.files import io_utils
-from specdec_jax import train as train_lib
-from specdec_jax.data import vocab as vocabulary
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import feature_draft
 from specdec_jax.core import kernels
-from specdec_jax.core.models import T5Config
-from specdec_jax.training import checkpointing
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _env(**extra):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.update(extra)
-  return env
+import kernel_helpers
 
 
 # ---------------------------------------------------------------------------
@@ -117,162 +107,35 @@ def test_manifest_inside_entries_still_verify(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# 2. A truncated cached CPU kernel is rebuilt, not loaded.
+# 2. A truncated cached CPU kernel is rebuilt, not loaded (in a fresh
+#    process too: tests/e2e/test_integrity_e2e.py).
 # ---------------------------------------------------------------------------
 @pytest.fixture
 def kernel_cache(tmp_path, monkeypatch):
-  """A cache dir whose 'compiler' copies a good library (fast) and counts
-  its calls in `builds.txt`."""
-  compiler = kernels._compiler()  # pylint: disable=protected-access
-  if compiler is None:
-    pytest.skip("no C++ compiler: the CPU kernel is never built here.")
-  good = tmp_path / "good.so"
-  good.write_bytes(kernels.build().read_bytes())
-  fake = tmp_path / "fake-cxx"
-  fake.write_text("#!/bin/sh\n"
-                  f"echo build >> {tmp_path / 'builds.txt'}\n"
-                  'while [ $# -gt 0 ]; do\n'
-                  f'  if [ "$1" = -o ]; then cp {good} "$2"; exit 0; fi\n'
-                  "  shift\n"
-                  "done\n"
-                  "exit 1\n")
-  fake.chmod(0o755)
-  cache = tmp_path / "cache"
-  monkeypatch.setenv("SPECDEC_JAX_CACHE", str(cache))
-  monkeypatch.setenv("CXX", str(fake))
-  return tmp_path
-
-
-def _builds(root):
-  path = root / "builds.txt"
-  return len(path.read_text().splitlines()) if path.exists() else 0
+  return kernel_helpers.fake_compiler(tmp_path, monkeypatch)
 
 
 def test_truncated_kernel_is_rebuilt_by_build(kernel_cache):
   path = kernels.build()
   size = path.stat().st_size
-  assert _builds(kernel_cache) == 1
-  assert kernels.build() == path and _builds(kernel_cache) == 1  # Cached.
+  assert kernel_helpers.builds(kernel_cache) == 1
+  assert kernels.build(
+  ) == path and kernel_helpers.builds(kernel_cache) == 1  # Cached.
   with open(path, "r+b") as f:
     f.truncate(size // 2)
-  assert kernels.build() == path and _builds(kernel_cache) == 2
+  assert kernels.build() == path and kernel_helpers.builds(kernel_cache) == 2
   assert path.stat().st_size == size
   # A library without its record (an older version's) is rebuilt too.
   for record in path.parent.glob("*.json"):
     record.unlink()
   kernels.build()
-  assert _builds(kernel_cache) == 3
-
-
-@pytest.mark.slow
-def test_truncated_kernel_does_not_crash_the_process(kernel_cache):
-  path = kernels.build()
-  size = path.stat().st_size
-  code = ("from specdec_jax.core import kernels; "
-          "print('available', kernels.available())")
-  for command in ([sys.executable, "-c",
-                   code], [sys.executable, "-m", "specdec_jax.core.kernels"]):
-    with open(path, "r+b") as f:
-      f.truncate(size // 2)  # ELF headers intact: loading it is a SIGBUS.
-    done = subprocess.run(command, capture_output=True, text=True, env=_env(),
-                          cwd=REPO, timeout=300, check=False)
-    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    assert path.stat().st_size == size
-  assert "available True" in subprocess.run([sys.executable, "-c", code],
-                                            capture_output=True, text=True,
-                                            env=_env(), cwd=REPO, timeout=300,
-                                            check=True).stdout
-  assert _builds(kernel_cache) == 3
+  assert kernel_helpers.builds(kernel_cache) == 3
 
 
 # ---------------------------------------------------------------------------
-# 3. train refuses to resume with another vocabulary of the same size.
+# 3. A corrupt compilation cache entry is named once and removed (in a
+#    fresh process: tests/e2e/test_integrity_e2e.py).
 # ---------------------------------------------------------------------------
-def _corpus(path, words, n=60):
-  lines = [
-      f"{words[i % len(words)]} {words[(3 * i) % len(words)]} {i}"
-      for i in range(n)
-  ]
-  path.write_text("\n".join(lines) + "\n")
-  return str(path)
-
-
-@pytest.fixture(scope="module")
-def two_vocabularies(tmp_path_factory):
-  """Two T5-style SentencePiece models of the same size, other pieces."""
-  root = tmp_path_factory.mktemp("vocab")
-  out = []
-  for name, words in (("a", ["dog", "cat", "man", "runs", "sits", "red"]),
-                      ("b", ["hund", "katze", "mann", "lauft", "rot",
-                             "sitzt"])):
-    corpus = _corpus(root / f"{name}.txt", words)
-    out.append(vocabulary.train_sentencepiece(corpus, root / name, 30))
-  sizes = [vocabulary.load_sentencepiece(p).get_piece_size() for p in out]
-  assert sizes == [30, 30]
-  return root, out
-
-
-def _train_kwargs(root, model_dir, spm):
-  return dict(
-      model_dir=str(model_dir), num_steps=0, spm_model_path=spm,
-      model_config=T5Config(vocab_size=128, emb_dim=8, num_heads=1, head_dim=4,
-                            mlp_dim=8, num_encoder_layers=1,
-                            num_decoder_layers=1),
-      source_file=str(root / "a.txt"), reference_file=str(root / "b.txt"),
-      batch_size=2, eval_num_examples=0)
-
-
-@pytest.mark.slow
-def test_resume_refuses_another_vocabulary(tmp_path, two_vocabularies):
-  root, (spm_a, spm_b) = two_vocabularies
-  model_dir = tmp_path / "model"
-  train_lib.train(**_train_kwargs(root, model_dir, spm_a))
-  assert [s for s, _ in checkpoints.list_checkpoints(str(model_dir))] == [0]
-  config_gin = model_dir / "config.gin"
-  config_gin.write_text("# the first run's record\n")
-  with pytest.raises(ValueError) as e:
-    train_lib.train(**_train_kwargs(root, model_dir, spm_b))
-  message = str(e.value)
-  assert spm_b in message and os.path.basename(spm_a) in message
-  assert config_gin.read_text() == "# the first run's record\n"
-  # The same vocabulary resumes.
-  result = train_lib.train(**_train_kwargs(root, model_dir, spm_a))
-  assert result.start_step == 0
-  record = json.loads((model_dir / checkpointing.VOCABULARY_FILE).read_text())
-  assert record["sha256"] == digests.digest(pathlib.Path(spm_a).read_bytes())
-
-
-# ---------------------------------------------------------------------------
-# 4. A corrupt compilation cache entry is named once and removed.
-# ---------------------------------------------------------------------------
-_JIT = ("import jax, jax.numpy as jnp\n"
-        "from specdec_jax.files import compilation_cache\n"
-        "compilation_cache.enable()\n"
-        "print(jax.jit(lambda x: x * 2 + 1)(jnp.arange(3.0)))\n")
-
-
-def _jit_run(folder):
-  return subprocess.run([sys.executable, "-c", _JIT], capture_output=True,
-                        text=True, env=_env(JAX_COMPILATION_CACHE_DIR=folder),
-                        cwd=REPO, timeout=300, check=True)
-
-
-@pytest.mark.slow
-def test_corrupt_compilation_cache_is_named_and_repaired(tmp_path):
-  folder = str(tmp_path / "jax-cache")
-  _jit_run(folder)
-  entries = sorted(pathlib.Path(folder).glob("*-cache"))
-  assert len(entries) >= 2
-  for entry in entries:
-    entry.write_bytes(b"garbage")
-  err = _jit_run(folder).stderr
-  lines = [line for line in err.splitlines() if "compilation cache" in line]
-  assert len(lines) == 1, err
-  assert folder in lines[0] and "rm -rf" in lines[0]
-  assert all(e.stat().st_size > 100 for e in entries)  # Written again.
-  assert "compilation cache" not in _jit_run(folder).stderr
-
-
 def test_cache_repair_removes_only_that_module_entries(tmp_path):
   folder = tmp_path / "jax-cache"
   folder.mkdir()
@@ -294,7 +157,7 @@ def test_cache_repair_removes_only_that_module_entries(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# 5. An invalid feature_config.json is named.
+# 4. An invalid feature_config.json is named.
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("text", [
     "{not json", '{"nope": 1}', "[1, 2]", '{"vocab_size": -3}',

@@ -1,7 +1,6 @@
 """Issue 44: a progress line for every phase over ~2 s (`progress`), and
 PRICE_CALL_COST=False (walltime without pricing c, said in metrics.json
-and the summary)."""
-import json
+and the summary; a run's lines end to end: tests/e2e/test_run_e2e.py)."""
 import logging
 import time
 
@@ -12,12 +11,9 @@ from conftest import REPO
 from specdec_jax import checkpoints
 from specdec_jax.config import gin_utils
 from specdec_jax.terminal import progress
-from specdec_jax import run as run_lib
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_check
 from specdec_jax.training import checkpointing
-from specdec_jax.experiment import summary
-from specdec_jax.reporting import loading as report_loading
 
 
 def _messages(caplog):
@@ -62,61 +58,6 @@ def test_checkpoint_read_is_one_line_with_size_and_seconds(caplog):
   assert len(read) == 1
   assert "checkpoint_1800" in read[0] and " arrays, " in read[0]
   assert " MB, in " in read[0]
-
-
-def _run_tiny(tmp_path, *bindings):
-  gin_utils.parse_gin(["local_tiny.gin"], [
-      f"OUTPUT_DIR = '{tmp_path}'", "NUM_EXAMPLES = 3",
-      "TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 8}", *bindings
-  ], finalize=False)
-  return run_lib.run()
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("clean_gin")
-def test_run_says_what_it_compiles_pilots_and_prices(tmp_path, caplog):
-  caplog.set_level("INFO")
-  metrics = _run_tiny(tmp_path, "GAMMA = 'auto'", "BATCH_SIZE = 3")
-  lines = _messages(caplog)
-  # Every decoder program, counted, with its seconds.
-  compiled = [l for l in lines if l.startswith("compiled ")]
-  assert compiled and all(" in " in l for l in compiled)
-  n = len(compiled)
-  assert compiled[0].startswith(f"compiled 1/{n} (the baseline decoder, ")
-  assert compiled[-1].startswith(f"compiled {n}/{n} (the speculative decoder")
-  # The pilot with its sample size, then its pricing, each with seconds.
-  assert ("GAMMA='auto': pilot decode of the first 3 examples (1 batches, "
-          "γ=4; compiling first): done in ") in "\n".join(lines)
-  assert any(
-      l.startswith("GAMMA='auto': pricing c") and ": done in " in l
-      for l in lines)
-  # The run's own pricing of c.
-  assert any(l.startswith("Pricing c") and ": done in " in l for l in lines)
-  assert metrics["cost_coefficient_c"] is not None
-  assert "call_cost_priced" not in metrics
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("clean_gin")
-def test_price_call_cost_false_skips_pricing_and_says_so(tmp_path, caplog):
-  caplog.set_level("INFO")
-  metrics = _run_tiny(tmp_path, "PRICE_CALL_COST = False")
-  assert not any(l.startswith("Pricing c") for l in _messages(caplog))
-  written = json.loads((tmp_path / "metrics.json").read_text())
-  assert written["call_cost_priced"] is False
-  for key in ("cost_coefficient_c", "target_step_s", "draft_step_s",
-              "theoretical_speedup", "theoretical_speedup_measured_call_cost",
-              "verification_call_s", "per_iteration_gamma"):
-    assert written[key] is None, key
-  assert written["speedup"] > 0 and written["greedy_outputs_identical"]
-  line = summary.summary_lines(metrics, arguments.run_arguments())[1]
-  assert "no theory: PRICE_CALL_COST=False skipped pricing c" in line
-  # The same decode: a re-run with pricing replaces it without OVERWRITE.
-  assert "price_call_cost" not in written["settings"]["run"]
-  # `report` leaves it out (its tables need c), saying why.
-  with pytest.raises(report_loading.ReportError,
-                     match=r"only PRICE_CALL_COST=False runs \(1\)"):
-    report_loading.load_results(str(tmp_path))
 
 
 @pytest.mark.usefixtures("clean_gin")

@@ -1,11 +1,10 @@
-"""Tests for specdec_jax.report on the tiny fixture in fixtures/results_small."""
+"""Tests for specdec_jax.report on the tiny fixture in fixtures/results_small
+(the command in a fresh process: tests/e2e/test_report_e2e.py)."""
 import csv
 import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 from matplotlib.transforms import Bbox
 import numpy as np
@@ -15,10 +14,9 @@ from specdec_jax.metrics import analysis
 from specdec_jax import report
 from specdec_jax.reporting import trace as trace_lib
 
-FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures",
-                       "results_small")
-REPO_ROOT = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from report_helpers import FIXTURE
+from report_helpers import copy_fixture
+from report_helpers import foreign_metrics
 
 ALL_OUTPUTS = [
     "table2.md", "table2.csv", "table4.md", "speedup_vs_gamma.png",
@@ -242,21 +240,9 @@ class TestRougeTable:
     assert [r["starred"] for r in rows] == ["0", "1"]
 
 
-def _copy_fixture(tmp_path):
-  root = tmp_path / "results"
-  shutil.copytree(FIXTURE, root)
-  return root
-
-
 def _corrupt(root):
   path = root / "ende_xxl_base_g5_t0" / "metrics.json"
   path.write_text('{"task": "ende", "gamma": 5,')  # Truncated JSON.
-  return path
-
-
-def _foreign(root):
-  path = root / "ende_xxl_small_g3_t0" / "metrics.json"
-  path.write_text(json.dumps({"loss": 1.23, "step": 1000}))
   return path
 
 
@@ -292,7 +278,7 @@ class TestBadInput:
 
   @pytest.mark.parametrize("make_bad,expect", [
       (_corrupt, "not valid JSON"),
-      (_foreign, "missing required keys"),
+      (foreign_metrics, "missing required keys"),
       (_list_json, "expected a JSON object"),
       (_bad_alpha, "'alpha' must be a number in [0, 1], got 1.5"),
       (_bad_predictions, "not valid JSON"),
@@ -300,7 +286,7 @@ class TestBadInput:
   ])
   def test_bad_file_exit_2_nothing_written(self, tmp_path, capsys, make_bad,
                                            expect):
-    root = _copy_fixture(tmp_path)
+    root = copy_fixture(tmp_path)
     bad = make_bad(root)
     # An existing output dir with an old report must stay untouched.
     out = tmp_path / "out"
@@ -334,23 +320,6 @@ class TestBadInput:
     assert f"{empty}: no run directories with a metrics.json found" in err
     assert os.listdir(empty) == ["sub"]
 
-  @pytest.mark.slow
-  def test_subprocess_cli(self, tmp_path):
-    root = _copy_fixture(tmp_path)
-    bad = _foreign(root)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, "-m", "specdec_jax.report",
-         str(root)], capture_output=True, text=True, cwd=REPO_ROOT, env=env,
-        timeout=60)
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and str(bad) in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert not (root / "report").exists()
-
 
 def test_skips_absent_figures(tmp_path, caplog):
   """Without predictions.jsonl, the trace and timeline are skipped, logged."""
@@ -370,7 +339,7 @@ def test_skips_absent_figures(tmp_path, caplog):
 
 
 def test_alpha_json_from_alpha_mode_is_merged(tmp_path):
-  root = _copy_fixture(tmp_path)
+  root = copy_fixture(tmp_path)
   run_dir = sorted(
       d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))[0]
   with open(os.path.join(root, run_dir, "alpha.json"), "w") as f:
@@ -422,7 +391,7 @@ def test_speedup_vs_gamma_tells_temperatures_apart():
 
 
 def test_alpha_labels_clear_error_bars_and_diamonds(tmp_path):
-  root = _copy_fixture(tmp_path)
+  root = copy_fixture(tmp_path)
   _vary_alphas(root)
   fig = report.render_alpha_by_draft(report.load_results(str(root)))
   ax = fig.axes[0]
@@ -497,7 +466,7 @@ def _predictions_without_timeline(root):
 
 
 def test_example_trace_is_most_informative_and_timeline_modeled(tmp_path):
-  root = _copy_fixture(tmp_path)
+  root = copy_fixture(tmp_path)
   _predictions_without_timeline(root)
   out = tmp_path / "out"
   written = report.render_report(str(root), str(out))
@@ -525,7 +494,7 @@ def test_example_trace_is_most_informative_and_timeline_modeled(tmp_path):
 def test_example_index_out_of_range_is_named(tmp_path):
   """Issue 37: --example_index=999 said "no trace" instead of "no such
   example"; an index that exists still draws its trace."""
-  root = _copy_fixture(tmp_path)
+  root = copy_fixture(tmp_path)
   with pytest.raises(
       report.ReportError, match=r"--example_index=999: no such example in .*; "
       r"allowed: 0 to \d+\."):

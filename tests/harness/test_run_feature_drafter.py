@@ -3,19 +3,15 @@
 * Bad settings stop the run before any model is loaded, naming the macro:
   no DRAFT_CHECKPOINT_PATH, a checkpoint that is not a feature draft's, one
   for another target width or vocabulary, MODE='alpha', adaptive γ.
-* One run at T = 0 loads the draft from its checkpoint against the loaded
-  target, hands the speculative decoder `target.with_features()` and the
-  baseline the plain target, writes predictions identical to the baseline
-  on every example, and records the drafter, its config, α and c (priced
-  through `propose` with the target's features); a run at T = 1 works too.
-* c's pricing of a feature draft runs for real (`step_costs.price_calls`).
-* ACCEPTANCE='tree': the draft's top-k branches, with the features target
-  in the tree decoder only; greedy predictions identical; the tree call and
-  the branches priced with the target's features (for real, too).
+* c's pricing of a feature draft runs for real (`step_costs.price_calls`),
+  and with ACCEPTANCE='tree' the tree call and the branches, with the
+  target's features.
 * A sweep's models of another drafter kind are not reused for it.
 * Checking and loading work with gin's config locked, as `run` has it.
+
+Runs end to end (exact at T = 0, recorded; T = 1; a tree):
+tests/e2e/test_run_feature_drafter_e2e.py.
 """
-import json
 import os
 import subprocess
 import sys
@@ -27,8 +23,6 @@ import pytest
 
 from specdec_jax import run as run_lib
 from specdec_jax import sweep
-from specdec_jax.config import gin_utils
-from specdec_jax.metrics import timing
 from specdec_jax.core import decoding
 from specdec_jax.core import drafters
 from specdec_jax.core.models import FeatureDraftModel
@@ -36,41 +30,23 @@ from specdec_jax.core.models import FeatureDrafterConfig
 from specdec_jax.core.models.feature_drafter import init_feature_params
 from specdec_jax.checkpoints import digests
 from specdec_jax.experiment import arguments
-from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import loading
 from specdec_jax.metrics import step_costs
 from specdec_jax.metrics import tree_costs
 from specdec_jax.experiment.plan import Models
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import RunPlan
-from specdec_jax.checkpoints import feature_draft as feature_checkpoint
 
 from conftest import REPO
 from conftest import random_model
 from conftest import tiny_config
+from feature_helpers import VOCAB
+from feature_helpers import WIDTH
+from feature_helpers import write_feature_checkpoint
+from run_helpers import parse_local_tiny
 
 # A cleared gin configuration before and after each test (conftest.py).
 pytestmark = pytest.mark.usefixtures("clean_gin")
-
-VOCAB = 259  # local_tiny.gin's byte vocabulary
-WIDTH = 64  # local_tiny.gin's target emb_dim
-SMALL = [
-    "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
-    "target/T5Config.num_encoder_layers = 1",
-    "target/T5Config.num_decoder_layers = 1"
-]
-
-
-def write_feature_checkpoint(folder, feature_dim=WIDTH, vocab_size=VOCAB,
-                             seed=0) -> str:
-  """A random tiny feature draft's checkpoint (as training writes it);
-  its head: the first 100 ids (EOS among them)."""
-  config = FeatureDrafterConfig(vocab_size=vocab_size, feature_dim=feature_dim,
-                                emb_dim=8, num_heads=2, head_dim=4, mlp_dim=16,
-                                head_size=100)
-  params = init_feature_params(config, jax.random.PRNGKey(seed))
-  feature_checkpoint.save(str(folder), 10, params, np.arange(100), config)
-  return str(folder)
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +61,8 @@ def _fail(*args, **kwargs):
 NO_LOAD = Providers(load_model=_fail, decoders=_fail, load_feature_draft=_fail)
 
 
-def _parse(bindings):
-  gin_utils.parse_gin(["local_tiny.gin"], bindings, finalize=False)
-
-
 def _run_error(out, bindings) -> str:
-  _parse([f"OUTPUT_DIR = '{out}'", "DRAFTER = 'feature'", *bindings])
+  parse_local_tiny([f"OUTPUT_DIR = '{out}'", "DRAFTER = 'feature'", *bindings])
   with pytest.raises(run_lib.ConfigError) as e:
     run_lib.run(providers=NO_LOAD)
   assert not out.exists()
@@ -132,95 +104,8 @@ def test_a_draft_for_another_target_fails_before_loading(
          f"{WIDTH}, vocab_size = {VOCAB})" in message
 
 
-def _spy_decoders(monkeypatch):
-  """Which targets the two decoders were built with (keep_features)."""
-  used = {"baseline": [], "speculative": [], "tree": []}
-  for name in used:
-    original = getattr(decoding, f"{name}_decoder")
-
-    def spy(target, *args, _original=original, _name=name, **kwargs):
-      used[_name].append(target.keep_features)
-      return _original(target, *args, **kwargs)
-
-    monkeypatch.setattr(decoding, f"{name}_decoder", spy)
-  return used
-
-
-def _stand_in_timing(monkeypatch):
-  """Stand-in seconds (timing is tested elsewhere); records the calls."""
-  priced = []
-
-  def call_seconds(calls, *args, **kwargs):
-    priced.append(dict(calls))
-    return {name: 1e-3 * (1 + k / 10) for name, (_, k) in calls.items()}
-
-  monkeypatch.setattr(timing, "call_seconds", call_seconds)
-  return priced
-
-
-@pytest.mark.slow
-def test_feature_run_is_exact_and_recorded(tmp_path, checkpoint, monkeypatch):
-  used = _spy_decoders(monkeypatch)
-  priced = _stand_in_timing(monkeypatch)
-  out = tmp_path / "out"
-  _parse([
-      f"OUTPUT_DIR = '{out}'", "DRAFTER = 'feature'",
-      f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "DRAFT_NAME = 'feature_tiny'",
-      "GAMMA = 3", "NUM_EXAMPLES = 3", *SMALL
-  ])
-  metrics = run_lib.run()
-  # The speculative loop runs the target keeping its features; the
-  # baseline the plain target.
-  assert used == {"baseline": [False], "speculative": [True], "tree": []}
-  rows = [json.loads(line) for line in (out / "predictions.jsonl").open()]
-  assert len(rows) == 3
-  for row in rows:
-    assert row["speculative"] == row["baseline"], row
-  assert metrics["greedy_outputs_identical"] is True
-  assert metrics["greedy_identical_examples"] == 3
-  written = json.loads((out / "metrics.json").read_text())
-  assert written["drafter"] == "feature"
-  assert written["draft_model"] == "feature_tiny"
-  assert written["drafter_settings"]["drafter"] == "feature"
-  assert 0.0 <= written["alpha"] <= 1.0 and written["exact"] is True
-  # The draft's own config, not the gin draft/T5Config, is recorded.
-  assert written["settings"]["draft"]["feature_dim"] == WIDTH
-  assert written["settings"]["draft"]["head_size"] == 100
-  assert written["settings"]["run"]["draft_checkpoint_path"] == checkpoint
-  # c: one propose of γ = 3 guesses (stand-in 1.3 ms) per guess over a
-  # target step (1.1 ms); the propose handed the target's features.
-  assert written["cost_coefficient_c"] == pytest.approx(1.3 / 3 / 1.1)
-  (calls,) = priced
-  assert calls[1][0].keep_features is False  # a baseline step
-  assert calls[4][0].keep_features is True  # the loop's verification
-  proposer = calls["draft"][0]
-  assert isinstance(proposer.drafter, step_costs.FeaturesGiven)
-  assert isinstance(proposer.drafter.drafter, drafters.FeatureDrafter)
-
-
-@pytest.mark.slow
-def test_feature_run_at_temperature_one(tmp_path, checkpoint, monkeypatch):
-  """With GAMMA='auto' too: the pilot prices the feature draft the same way
-  (a pilot γ of 1 and α ≈ 0: one program for pilot and run)."""
-  priced = _stand_in_timing(monkeypatch)
-  monkeypatch.setattr(auto_gamma, "AUTO_GAMMA_PILOT", 1)
-  out = tmp_path / "out"
-  _parse([
-      f"OUTPUT_DIR = '{out}'", "DRAFTER = 'feature'",
-      f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "GAMMA = 'auto'",
-      "TEMPERATURE = 1.0", "NUM_EXAMPLES = 2", *SMALL
-  ])
-  metrics = run_lib.run()
-  assert metrics["greedy_outputs_identical"] is None
-  written = json.loads((out / "metrics.json").read_text())
-  assert written["drafter"] == "feature" and written["temperature"] == 1.0
-  assert written["gamma"] == written["gamma_auto"]["chosen_gamma"]
-  pilot = priced[0]  # the pilot's calls: K = 1 plain, the rest keeping
-  assert pilot[1][0].keep_features is False
-  assert all(pilot[k][0].keep_features for k in pilot if k not in (1, "draft"))
-  assert isinstance(pilot["draft"][0].drafter, step_costs.FeaturesGiven)
-  assert 0.0 <= written["alpha"] <= 1.0 and written["exact"] is True
-  assert len((out / "predictions.jsonl").read_text().splitlines()) == 2
+# Few timed calls: nothing is compared in time.
+FEW_STEPS = step_costs.Pricing(steps=2, repeats=1)
 
 
 def _tiny_pair():
@@ -235,11 +120,9 @@ def _tiny_pair():
   return target, draft
 
 
-def test_pricing_a_feature_draft_runs_its_propose(monkeypatch):
+def test_pricing_a_feature_draft_runs_its_propose():
   """c's numerator: one real propose of γ guesses with the target's
   features over the context (few steps: nothing is compared in time)."""
-  monkeypatch.setattr(step_costs, "STEPS", 2)
-  monkeypatch.setattr(step_costs, "REPEATS", 1)
   target, draft = _tiny_pair()
   args = arguments.RunArguments(
       gamma=2, output_dir="/tmp/unused", task_feature_lengths={
@@ -256,7 +139,7 @@ def test_pricing_a_feature_draft_runs_its_propose(monkeypatch):
         jnp.zeros((2, 9), jnp.int32), jnp.zeros((2,), jnp.int32),
         jax.random.PRNGKey(0), gamma=2, method=args.method())
   by_k, t_draft = step_costs.price_calls(args, drafter, target, inputs, (1, 3),
-                                         3, context)
+                                         3, context, FEW_STEPS)
   assert set(by_k) == {1, 3}
   assert t_draft > 0 and np.isfinite(t_draft)
   # The features handed over are the target's own over the context.
@@ -284,7 +167,8 @@ def test_a_sweep_reloads_the_draft_of_another_kind(tmp_path, checkpoint):
   t5_draft = random_model(tiny_config(vocab_size=32), seed=3)
   providers = Providers(load_model=lambda *a: t5_draft,
                         load_feature_draft=load_feature_draft)
-  _parse(["DRAFTER = 'feature'", f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'"])
+  parse_local_tiny(
+      ["DRAFTER = 'feature'", f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'"])
   feature_plan = RunPlan.build(arguments.run_arguments(), providers)
   models = feature_plan.load_models(Models(None, target, t5_draft))
   assert models.draft is draft and loaded == [checkpoint]
@@ -292,7 +176,7 @@ def test_a_sweep_reloads_the_draft_of_another_kind(tmp_path, checkpoint):
   assert len(loaded) == 1
   import gin  # pylint: disable=g-import-not-at-top
   gin.clear_config()
-  _parse(["DRAFTER = 'model'"])
+  parse_local_tiny(["DRAFTER = 'model'"])
   model_plan = RunPlan.build(arguments.run_arguments(), providers)
   again = model_plan.load_models(models)
   assert again.draft is t5_draft and again.target is target
@@ -327,33 +211,7 @@ def test_checks_and_loading_work_with_gin_locked(checkpoint):
   assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.slow
-def test_feature_tree_run(tmp_path, checkpoint, monkeypatch):
-  used = _spy_decoders(monkeypatch)
-  priced = _stand_in_timing(monkeypatch)
-  out = tmp_path / "out"
-  _parse([
-      f"OUTPUT_DIR = '{out}'", "DRAFTER = 'feature'",
-      f"DRAFT_CHECKPOINT_PATH = '{checkpoint}'", "ACCEPTANCE = 'tree'",
-      "TREE_WIDTH = 2", "GAMMA = 2", "NUM_EXAMPLES = 2", *SMALL
-  ])
-  metrics = run_lib.run()
-  assert used == {"baseline": [False], "speculative": [], "tree": [True]}
-  assert metrics["greedy_outputs_identical"] is True
-  written = json.loads((out / "metrics.json").read_text())
-  assert written["drafter"] == "feature" and written["acceptance"] == "tree"
-  assert written["tree_width"] == 2 and written["exact"] is True
-  (calls,) = priced
-  assert calls["step"][0].keep_features is False
-  assert calls["tree"][0].target.keep_features is True
-  given = calls["draft"][0].drafter.drafter
-  assert isinstance(given, step_costs.FeaturesGiven)
-  assert isinstance(given.drafter, drafters.FeatureTreeDrafter)
-
-
-def test_pricing_a_feature_tree_runs_its_propose_tree(monkeypatch):
-  monkeypatch.setattr(step_costs, "STEPS", 2)
-  monkeypatch.setattr(step_costs, "REPEATS", 1)
+def test_pricing_a_feature_tree_runs_its_propose_tree():
   target, draft = _tiny_pair()
   args = arguments.RunArguments(
       gamma=2, output_dir="/tmp/unused", acceptance="tree", tree_width=2,
@@ -364,7 +222,8 @@ def test_pricing_a_feature_tree_runs_its_propose_tree(monkeypatch):
   inputs = jnp.asarray([[3, 4, 5, 1], [6, 7, 1, 0]], jnp.int32)
   context = jnp.asarray([[5, 6, 7, 8, 9, 1], [9, 8, 7, 1, 0, 0]], jnp.int32)
   step, per_guess, tree = tree_costs.price_tree_calls(
-      args, drafters.FeatureDrafter(draft), target, inputs, 3, context)
+      args, drafters.FeatureDrafter(draft), target, inputs, 3, context,
+      FEW_STEPS)
   assert min(step, per_guess, tree) > 0
   assert np.isfinite([step, per_guess, tree]).all()
 

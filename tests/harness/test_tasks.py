@@ -1,16 +1,11 @@
 """Tests for specdec_jax.data.vocab and specdec_jax.data.tasks (offline).
 
-A tiny SentencePiece model is trained in the test; the TFDS datasets are
-mocked with ``tfds.testing.mock_data(policy=MockPolicy.USE_CODE)``, which
-builds random examples from the dataset classes shipped with TFDS (no
-metadata files, no downloads, GCS access is mocked out).
+A tiny SentencePiece model is trained in the test (`task_helpers`); the
+seqio tasks read local files. The TFDS tasks on mocked data, and the
+import without TensorFlow in a fresh process: tests/e2e/test_tasks_e2e.py.
 """
-
 import os
 import random
-import string
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,34 +13,14 @@ import pytest
 from specdec_jax.data import tasks
 from specdec_jax.data import vocab as vocab_lib
 
+from task_helpers import tiny_spm
+
 TEST_SUFFIX = "_pytest_tiny_spm"
-
-
-def _write_corpus(path):
-  rng = random.Random(0)
-  syllables = ("ka ne ri to mu sa le di pho gra ber ung sch ein der die das "
-               "und the and of to in is was house haus").split()
-  lines = []
-  for _ in range(400):
-    words = [
-        "".join(rng.choice(syllables)
-                for _ in range(rng.randint(1, 3)))
-        for _ in range(rng.randint(3, 12))
-    ]
-    lines.append(" ".join(words))
-  # Cover all characters that mocked TFDS text / the task prefixes use.
-  lines.append(" ".join(string.ascii_letters + string.digits))
-  lines.append(tasks.WMT_ENDE_PREFIX + tasks.CNN_DM_PREFIX)
-  path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-  return path
 
 
 @pytest.fixture(scope="module")
 def spm_path(tmp_path_factory):
-  d = tmp_path_factory.mktemp("spm")
-  corpus = _write_corpus(d / "corpus.txt")
-  path = vocab_lib.train_sentencepiece([corpus], d / "tiny", vocab_size=160)
-  return path
+  return tiny_spm(tmp_path_factory.mktemp("spm"))
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +36,6 @@ def task_names(spm_path):
 # ----------------------------------------------------------------------------
 # Vocabulary.
 # ----------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_import_does_not_load_tensorflow():
-  code = ("import sys, specdec_jax.data.tasks, specdec_jax.data.vocab, "
-          "specdec_jax.metrics.quality; "
-          "bad = [m for m in ('tensorflow', 'seqio', 'tensorflow_datasets') "
-          "if m in sys.modules]; assert not bad, bad")
-  subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(
-      os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_train_sentencepiece_uses_t5_ids(spm_path):
@@ -321,44 +286,6 @@ def test_register_tasks_is_idempotent(task_names, spm_path):
                               suffix=TEST_SUFFIX) == task_names
   with pytest.raises(ValueError, match="different configuration"):
     tasks.register_tasks(spm_path, extra_ids=0, suffix=TEST_SUFFIX)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("index,prefix", [(0, tasks.WMT_ENDE_PREFIX),
-                                          (1, tasks.CNN_DM_PREFIX)])
-def test_tfds_tasks_end_to_end_with_mock_data(task_names, vocab, index, prefix):
-  import seqio
-  import tensorflow_datasets as tfds
-  name = task_names[index]
-  task = seqio.get_mixture_or_task(name)
-  assert task.output_features["inputs"].vocabulary.sentencepiece_model_file \
-      == vocab.sentencepiece_model_file
-  with tfds.testing.mock_data(num_examples=3,
-                              policy=tfds.testing.MockPolicy.USE_CODE):
-    ds = task.get_dataset(sequence_length={
-        "inputs": 512,
-        "targets": 512
-    }, split="validation", shuffle=False, try_in_mem_cache=False)
-    exs = list(ds.as_numpy_iterator())
-    loaded = tasks.load_examples(mixture_or_task_name=name, split="test",
-                                 num_examples=2)
-  assert len(exs) == 3
-  for ex in exs:
-    assert ex["inputs"][-1] == 1 and ex["targets"][-1] == 1
-    assert 1 not in ex["inputs"][:-1].tolist()
-    decoded = vocab.decode(ex["inputs"].tolist())
-    assert decoded.startswith(prefix.strip())
-    raw = ex["inputs_pretokenized"].decode()
-    assert raw.startswith(prefix)
-    # The tiny vocab covers the mock alphabet: decoding is lossless up to
-    # whitespace normalization.
-    assert decoded == " ".join(raw.split())
-  assert len(loaded) == 2
-  for ex, got in zip(exs, loaded):  # deterministic mock data, same order
-    assert set(got) == {"input", "reference"}
-    assert got["input"] == ex["inputs_pretokenized"].decode()
-    assert got["reference"] == ex["targets_pretokenized"].decode()
-    assert got["input"].startswith(prefix)
 
 
 def test_local_task_end_to_end(tmp_path, spm_path, vocab):

@@ -319,3 +319,82 @@ def test_no_test_imports_a_script_by_path():
   assert not offenders, offenders
   assert _imports_a_script_by_path(
       'importlib.util.spec_from_file_location(n, REPO / "scripts" / f)')
+
+
+# The end-to-end tests (`slow`) live in tests/e2e/, and only there: the
+# quick set is the other folders (README, "Run the tests").
+TESTS = REPO / "tests"
+E2E = TESTS / "e2e"
+
+
+def _marks_slow(node: ast.AST) -> bool:
+  """Whether `node` holds `pytest.mark.slow` (or `mark.slow`)."""
+  return any(
+      isinstance(n, ast.Attribute) and n.attr == "slow" and
+      isinstance(n.value, ast.Attribute) and n.value.attr == "mark"
+      for n in ast.walk(node))
+
+
+def _pytestmark_is_slow(body) -> bool:
+  return any(
+      isinstance(n, ast.Assign) and any(
+          isinstance(t, ast.Name) and t.id == "pytestmark"
+          for t in n.targets) and _marks_slow(n.value)
+      for n in body)
+
+
+def _slow_by_test(source: str) -> Dict[str, bool]:
+  """Each test of a module (`test_x`, `TestY.test_z`) -> whether it is
+  marked slow: by the module's `pytestmark`, its class's or its own
+  decorators."""
+  tree = ast.parse(source)
+  module = _pytestmark_is_slow(tree.body)
+  found = {}
+  for node in tree.body:
+    if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+      found[node.name] = module or any(
+          _marks_slow(d) for d in node.decorator_list)
+    elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+      cls = (module or _pytestmark_is_slow(node.body) or
+             any(_marks_slow(d) for d in node.decorator_list))
+      for item in node.body:
+        if isinstance(item, ast.FunctionDef) and item.name.startswith("test"):
+          found[f"{node.name}.{item.name}"] = cls or any(
+              _marks_slow(d) for d in item.decorator_list)
+  return found
+
+
+def test_the_slow_check_sees_each_way_to_mark_a_test():
+  source = "\n".join([
+      "import pytest", "pytestmark = pytest.mark.usefixtures('x')",
+      "@pytest.mark.slow", "@pytest.mark.parametrize('a', [1])",
+      "def test_a(a): pass", "def test_b(): pass", "def helper(): pass",
+      "@pytest.mark.slow", "class TestC:", "  def test_d(self): pass",
+      "class TestE:", "  @pytest.mark.slow", "  def test_f(self): pass",
+      "  def test_g(self): pass"
+  ])
+  assert _slow_by_test(source) == {
+      "test_a": True,
+      "test_b": False,
+      "TestC.test_d": True,
+      "TestE.test_f": True,
+      "TestE.test_g": False
+  }
+  module = "import pytest\npytestmark = [pytest.mark.slow]\ndef test_h(): pass"
+  assert _slow_by_test(module) == {"test_h": True}
+
+
+def test_slow_tests_live_in_e2e_and_only_there():
+  """`pytest tests/e2e` is the end-to-end set and the other folders the
+  quick one: a test in tests/e2e/ is marked slow (so `-m "not slow"` agrees)
+  and no test elsewhere is."""
+  files = sorted(TESTS.rglob("test_*.py"))
+  assert len([p for p in files if p.parent == E2E]) > 10
+  wrong = []
+  for path in files:
+    name = str(path.relative_to(REPO))
+    for test, slow in _slow_by_test(path.read_text(encoding="utf-8")).items():
+      if slow != (path.parent == E2E):
+        wrong.append(f"{name}::{test}: " + (
+            "marked slow outside tests/e2e/" if slow else "not marked slow"))
+  assert not wrong, "\n".join(wrong)

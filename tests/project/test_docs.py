@@ -1,8 +1,8 @@
 """README.md and docs/: the generated pages are the generator's output, every
 relative link resolves, and the commands shown are the ones that run (the
-install lines are .ci/run's, the Python API block and the main job execute,
-every other command names modules, scripts, gin files, macros and flags
-that exist)."""
+install lines are .ci/run's, the Python API block executes, every other
+command names modules, scripts, gin files, macros and flags that exist; the
+main job runs in tests/e2e/test_docs_e2e.py)."""
 import importlib.util
 import os
 import pathlib
@@ -13,35 +13,16 @@ import numpy as np
 import pytest
 
 from specdec_jax.config import gin_reader
-from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
-from specdec_jax.experiment import runner
-from specdec_jax.experiment import summary
-from specdec_jax.experiment.plan import RunPlan
 from specdec_jax.tools import generate_docs
 
 from conftest import REPO
+from docs_helpers import fenced
+from docs_helpers import readme
+from docs_helpers import section
 
 DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
-
-
-def _section(text: str, heading: str) -> str:
-  """The text under a Markdown heading, up to the next heading of its level
-  or above."""
-  level = len(heading) - len(heading.lstrip("#"))
-  body = text.split(heading + "\n", 1)[1]
-  stop = re.search(rf"^#{{1,{level}}} ", body, re.M)
-  return body[:stop.start()] if stop else body
-
-
-def _fenced(text: str, lang: str = "") -> list:
-  """The fenced code blocks of `text` (```lang ... ```)."""
-  return re.findall(rf"^```{lang}\n(.*?)^```", text, re.M | re.S)
-
-
-def _readme() -> str:
-  return (REPO / "README.md").read_text(encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------
@@ -129,9 +110,9 @@ def test_every_relative_link_points_at_an_existing_file():
 
 
 def test_readme_is_short_and_indexes_every_docs_page():
-  text = _readme()
+  text = readme()
   assert len(text.splitlines()) <= 250
-  index = _section(text, "## Documentation")
+  index = section(text, "## Documentation")
   for page in sorted(DOCS.glob("*.md")) + sorted(DOCS.glob("*/*.md")):
     if page.parent.name == "results" and page.name != "README.md":
       continue  # one dated page per result: indexed by results/README.md
@@ -150,9 +131,9 @@ def test_install_and_test_commands_are_ci_runs():
       for line in (REPO / ".ci" / "run").read_text().splitlines()
       if line.startswith("python ")
   ]
-  text = _readme()
-  install = _fenced(_section(text, "## Install"))[0].splitlines()
-  tests = _fenced(_section(text, "## Run the tests"))[0].splitlines()
+  text = readme()
+  install = fenced(section(text, "## Install"))[0].splitlines()
+  tests = fenced(section(text, "## Run the tests"))[0].splitlines()
   # CI also installs the tpu extra, as the README's TPU check says, so
   # that the ahead-of-time TPU compile tests run there.
   tpu = "python -m pip install -q -e '.[tpu]'"
@@ -163,9 +144,17 @@ def test_install_and_test_commands_are_ci_runs():
   assert install[0].startswith("python -m venv ") and ci[0].startswith(
       "python -m venv ") and "activate" in install[0] + ci[0]
   assert install[1:] == ci[1:-1] and len(install) == 3
-  # The whole suite, then the same without the `slow` tests.
+  # The whole suite, then the quick set: every test folder but tests/e2e/.
   assert tests[:1] == ci[-1:] == ["python -m pytest -q -n 2 tests"]
-  assert tests[1:] == ['python -m pytest -q -n 2 -m "not slow" tests']
+  assert len(tests) == 2, tests
+  words = tests[1].split()
+  assert words[:6] == ["python", "-m", "pytest", "-q", "-n", "2"], tests
+  folders = {
+      p.parent.relative_to(REPO).as_posix()
+      for p in (REPO / "tests").glob("*/test_*.py")
+  }
+  assert "tests/e2e" in folders and len(folders) > 2
+  assert sorted(words[6:]) == sorted(folders - {"tests/e2e"}), tests
 
 
 def test_check_command_is_the_one_ci_runs_before_the_tests():
@@ -178,11 +167,11 @@ def test_check_command_is_the_one_ci_runs_before_the_tests():
   assert len(checks) == 1 and checks[0] < ci.index(
       "python -m pytest -q -n 2 tests")
   assert os.access(REPO / "scripts" / "check.sh", os.X_OK)
-  assert "`scripts/check.sh`" in _section(_readme(), "## Run the tests")
+  assert "`scripts/check.sh`" in section(readme(), "## Run the tests")
 
 
 def test_readme_python_api_block_runs(capsys):
-  code = _fenced(_section(_readme(), "## Use it from Python"), "python")
+  code = fenced(section(readme(), "## Use it from Python"), "python")
   assert len(code) == 1 and len(code[0].splitlines()) <= 16
   namespace = {}
   exec(code[0], namespace)  # pylint: disable=exec-used
@@ -196,7 +185,7 @@ def _commands(text: str) -> list:
   """The `python -m specdec_jax.X` / `python scripts/X.py` command lines of
   a page: in fenced blocks (continuation lines joined) and inline code."""
   found = []
-  for block in _fenced(text):
+  for block in fenced(text):
     for line in block.replace("\\\n", " ").splitlines():
       line = line.strip()
       if line.startswith("python "):
@@ -248,39 +237,3 @@ def test_every_command_shown_names_what_exists():
           assert re.search(rf"[\"'](--)?{flag[0]}[\"']", sources), where
       checked += 1
   assert checked >= 30
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("clean_gin")
-def test_readme_main_job_runs_and_prints_what_the_readme_shows(tmp_path):
-  """The main job's command on 2 of its captions, 16 tokens at most."""
-  text = _section(_readme(), "## The main job (offline, CPU, no downloads)")
-  command, shown = _fenced(text)[:2]
-  words = shlex.split(command)
-  assert words[:3] == ["python", "-m", "specdec_jax.run"]
-  files = [w.split("=", 1)[1] for w in words if w.startswith("--gin_file=")]
-  out = tmp_path / "out"
-  gin_utils.parse_gin(files, [
-      f"OUTPUT_DIR = '{out}'", "NUM_EXAMPLES = 2",
-      "TASK_FEATURE_LENGTHS = {'inputs': 64, "
-      "'targets': 16}"
-  ], finalize=False)
-  plan = RunPlan.build(arguments.run_arguments())
-  metrics, _ = runner.execute(plan)
-  lines = summary.summary_lines(metrics, plan.args)
-  shown = shown.replace("/tmp/specdec_jax/pretrained_multi30k", str(out))
-  shown = shown.replace("60/60", "2/2").replace("60 examples",
-                                                "2 examples").splitlines()
-  assert lines[0] == shown[0]
-  assert lines[-1] == shown[-1]
-  assert lines[1].startswith("speculative decoding: ")
-  assert shown[1].split(":")[0] == lines[1].split(":")[0]
-  assert lines[1].endswith(shown[1][shown[1].index("; greedy"):])
-  # The theory shown is Theorem 3.8 at the measured call cost (issue 44:
-  # at call cost 1 it read 7.13x beside a measured 2.51x).
-  theory = f"{metrics['theoretical_speedup_measured_call_cost']:.2f}x)"
-  assert f"theory at the measured call cost {theory}; alpha" in lines[1]
-  assert lines[2].startswith("quality: BLEU ")
-  assert metrics["random_weights"] is False
-  assert (out / "metrics.json").is_file()
-  assert (out / "predictions.jsonl").is_file()

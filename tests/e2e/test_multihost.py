@@ -58,7 +58,7 @@ BINDINGS = {
 }
 
 # A cleared gin configuration before and after each test (conftest.py).
-# End to end through the harness: `pytest -m "not slow"` leaves it out.
+# End to end: marked slow, like every test in tests/e2e/.
 pytestmark = [pytest.mark.usefixtures("clean_gin"), pytest.mark.slow]
 
 

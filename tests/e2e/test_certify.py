@@ -1,22 +1,23 @@
-"""`certify`: a certificate of exactness for the run's configuration."""
+"""`certify`: a certificate of exactness for the run's configuration, end to
+end (its checks before decoding: tests/harness/test_certify_checks.py)."""
 import dataclasses
 import json
 
 import flax
 import jax
-import gin
 import jax.numpy as jnp
 import pytest
 
-from specdec_jax.config import gin_utils
 from specdec_jax.core import acceptance
 from specdec_jax.core import sampling
 from specdec_jax.core.protocols import Verdict
-from specdec_jax.experiment import arguments
 from specdec_jax.experiment import certificate
 from specdec_jax.experiment import decode_modes
+from specdec_jax.experiment import plan as plan_lib
 
-pytestmark = pytest.mark.usefixtures("clean_gin")
+import run_helpers
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_gin")]
 
 
 @flax.struct.dataclass
@@ -44,31 +45,12 @@ class _BuggyMode(decode_modes.TokenMode):
 
 
 def _args(bindings, gin_file="local_tiny.gin"):
-  gin.clear_config()
-  gin_utils.parse_gin([gin_file],
-                      ["OUTPUT_DIR = '/tmp/unused_certify'", *bindings],
-                      finalize=False)
-  return arguments.run_arguments()
+  return run_helpers.certify_arguments(bindings, gin_file)
 
 
-def test_lenience_is_reported_not_exact_by_design_without_decoding():
-  record = certificate.certify(_args(["TEMPERATURE = 1.0", "LENIENCE = 0.5"]),
-                               certificate.CertifySettings())
-  assert record["certified"] is False and record["failed"] is False
-  assert record["verdict"].startswith("not exact by design: LENIENCE=0.5 < 1")
-  assert "2·p(x)" in record["verdict"] and "greedy_identity" not in record
-
-
-def test_auto_gamma_is_refused():
-  with pytest.raises(ValueError, match="GAMMA='auto'"):
-    certificate.check(_args(["GAMMA = 'auto'"]))
-
-
-@pytest.mark.slow
-def test_the_run_is_certified_and_a_planted_bug_is_caught(tmp_path):
-  """Greedy identity through the run's own registries: Algorithm 1 passes;
-  a decode mode registered with a bonus-token off-by-one fails, naming
-  each mismatch's first differing position."""
+def test_the_run_is_certified():
+  """Greedy identity through the run's own registries: Algorithm 1 passes
+  on N = 4 examples; at T = 0 there is no distribution test."""
   settings = certificate.CertifySettings(examples=4)
   good = certificate.certify(_args([]), settings)
   assert good["certified"] and not good["failed"]
@@ -79,18 +61,43 @@ def test_the_run_is_certified_and_a_planted_bug_is_caught(tmp_path):
   }
   assert good["verdict"].startswith("certified exact: identity 4/4, T = 0")
   assert "distribution" not in good  # T = 0: nothing to sample
+
+
+def _certify_buggy(bindings, settings):
+  """certify with the greedy bonus off-by-one registered as a decode mode."""
   decode_modes.register(_BuggyMode())
   try:
-    bad = certificate.certify(
-        _args(["ACCEPTANCE = 'planted_bonus_off_by_one'"]), settings)
+    return certificate.certify(
+        _args(["ACCEPTANCE = 'planted_bonus_off_by_one'", *bindings]), settings)
   finally:
     decode_modes.SAMPLING.pop(_BuggyMode.name)
+
+
+def test_a_planted_greedy_bug_is_caught():
+  """A decode mode registered with a bonus-token off-by-one fails greedy
+  identity, naming each mismatch's first differing position."""
+  bad = _certify_buggy([], certificate.CertifySettings(examples=4))
   assert bad["failed"] and not bad["certified"]
   identity = bad["greedy_identity"]
   assert identity["identical"] < 4 and identity["mismatches"]
   assert all(m["position"] >= 0 for m in identity["mismatches"])
   assert bad["verdict"].startswith("NOT certified: identity ")
   json.dumps(bad)  # certificate.json's content
+
+
+def test_a_certificate_fails_fast():
+  """With fail_fast, a failed greedy identity at T = 1 skips the
+  distribution test (which would otherwise draw `samples` rows twice);
+  without it, certify would run it (`sampled`), as the record shows."""
+  settings = certificate.CertifySettings(examples=4, samples=64, chunk=64,
+                                         fail_fast=True)
+  bad = _certify_buggy(["TEMPERATURE = 1.0"], settings)
+  assert bad["failed"] and not bad["certified"]
+  assert bad["greedy_identity"]["identical"] < 4
+  assert "distribution" not in bad and bad["skipped"] == ["distribution"]
+  assert bad["verdict"].startswith("NOT certified: identity ")
+  assert "fail fast: distribution skipped" in bad["verdict"]
+  json.dumps(bad)
 
 
 def _verdict(rng, target_probs, draft_probs, draft_tokens, late=False,
@@ -149,29 +156,52 @@ PLANTED = {  # (bindings, draws of 8 tokens: 1,000 missed the residual's)
     "residual_without_max": (["TEMPERATURE = 1.0"], 2000),
     "bonus_off_by_one": (["TEMPERATURE = 1.0"], 2000),
 }
+CONTROL = sorted(PLANTED)[0]  # Algorithm 1 is tested at this bug's settings.
 
 
 def _pair_args(bindings):
   return _args(bindings, "pretrained_multi30k.gin")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("bug", sorted(PLANTED))
-def test_certify_fails_each_planted_sampling_bug(bug):
-  """The shipped pair with a verifier bug the peers shipped: the
-  distribution test fails (p < 0.001) while its power check holds; the
-  same settings with Algorithm 1 pass (tested once, with the first bug's
-  settings). 2,000 draws of 2 tokens each."""
+@pytest.fixture(scope="module")
+def pair_models():
+  """The shipped pair, loaded once for the module's distribution tests."""
+  return plan_lib.RunPlan.build(_pair_args(["TEMPERATURE = 1.0"])).load_models()
+
+
+def _distribution(bug, pair_models, planted=True):
+  """certify's distribution test of the shipped pair at PLANTED[bug]'s
+  settings (fail fast), with the planted rule `bug` (or Algorithm 1)."""
   bindings, samples = PLANTED[bug]
   settings = certificate.CertifySettings(length=8, samples=samples,
-                                         chunk=samples)
+                                         chunk=samples, fail_fast=True)
+  if not planted:
+    return certificate.distribution_test(_pair_args(bindings), settings,
+                                         pair_models)[0]
   decode_modes.register(_PlantedMode(name=bug))
   try:
-    record, _ = certificate.distribution_test(
-        _pair_args([*bindings, f"ACCEPTANCE = '{bug}'"]), settings)
+    return certificate.distribution_test(
+        _pair_args([*bindings, f"ACCEPTANCE = '{bug}'"]), settings,
+        pair_models)[0]
   finally:
     decode_modes.SAMPLING.pop(bug)
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_certify_fails_each_planted_sampling_bug(bug, pair_models):
+  """The shipped pair with a verifier bug the peers shipped: the
+  distribution test fails (p < 0.001; 1,000 or 2,000 draws of 8 tokens),
+  and failing fast skips the power check."""
+  record = _distribution(bug, pair_models)
   assert not record["passed"], record["test"]
-  if bug == sorted(PLANTED)[0]:
-    exact, _ = certificate.distribution_test(_pair_args(bindings), settings)
-    assert exact["passed"] and exact["power_ok"], exact
+  assert record["power_check"] is None and record["skipped"] == ["power_check"]
+
+
+def test_algorithm_1_passes_the_planted_bugs_test(pair_models):
+  """The control: the same settings as the first planted bug (T = 1, 2,000
+  draws of 8 tokens) with Algorithm 1 pass, and the power check (the
+  target at T x 0.9) fails as it must, so the bugs' failures are the
+  bugs'."""
+  exact = _distribution(CONTROL, pair_models, planted=False)
+  assert exact["passed"] and exact["power_ok"], exact
+  assert "skipped" not in exact

@@ -34,7 +34,7 @@ try:
 except ImportError:  # pragma: no cover
   create_server = None
 
-# End to end through the harness: `pytest -m "not slow"` leaves it out.
+# End to end: marked slow, like every test in tests/e2e/.
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
