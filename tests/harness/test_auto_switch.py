@@ -108,6 +108,21 @@ def test_the_measured_alpha_moves_gamma_and_the_measured_cost_error_scales():
   assert auto_switch.rechoose(rows, first) == 0  # the target alone
 
 
+def test_the_target_alone_replaces_a_choice_only_measured_slower_than_it():
+  # The 11M pair at T = 1 (docs/results/2026-11-27-auto-vs-fixed-table2.md):
+  # 5 sentences measured block γ=2 below 0.95x, the interval reaching 1.3x;
+  # it ran 1.12x fixed. Only an interval wholly below 1 ends speculation.
+  assert not auto_switch.may_leave_for_the_target_alone(1.3)
+  assert not auto_switch.may_leave_for_the_target_alone(1.0)
+  assert auto_switch.may_leave_for_the_target_alone(0.98)
+  # Five batches like those: 0.93x in all, one slow batch among them.
+  baseline = [1.0, 1.0, 1.0, 1.0, 1.0]
+  speculative = [1.0, 0.95, 1.4, 0.9, 1.1]
+  speedup, _, high = auto_switch.speedup_interval(baseline, speculative)
+  assert speedup < 0.952  # 1.05 x 0.93 < 1: rechoose would pick the alone
+  assert not auto_switch.may_leave_for_the_target_alone(high)
+
+
 def test_hysteresis_keeps_a_choice_within_min_gain_of_the_best():
   rows = [{
       "predicted_speedup": 1.0
