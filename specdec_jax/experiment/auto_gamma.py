@@ -20,10 +20,9 @@ from specdec_jax.experiment.plan import Providers
 
 AUTO_GAMMA = arguments.AUTO_GAMMA
 # GAMMA='auto': decode the first AUTO_GAMMA_EXAMPLES examples with γ =
-# AUTO_GAMMA_PILOT, then take Theorem 3.8's best γ <= AUTO_GAMMA_MAX for
-# the measured α and c (the defaults of `PilotSizes`, which a run takes
+# `PilotSizes.gamma_pilot`, then take Theorem 3.8's best γ <= AUTO_GAMMA_MAX
+# for the measured α and c (the default of `PilotSizes`, which a run takes
 # from `Providers.pilot_sizes`).
-AUTO_GAMMA_PILOT = PILOT_SIZES.gamma_pilot
 AUTO_GAMMA_MAX = PILOT_SIZES.gamma_max
 AUTO_GAMMA_EXAMPLES = 8
 # The verification call's cost is measured at these K = γ + 1 and

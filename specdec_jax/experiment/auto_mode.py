@@ -37,7 +37,7 @@ DecodeMode = decode_modes.DecodeMode
 # target alone to be chosen (the prediction's own error: issue 45 measured
 # Theorem 3.8 at the measured call cost 10-30% above the walltime).
 AUTO_MIN_GAIN = 1.05
-# Tree candidates: k = 2 .. AUTO_TREE_MAX_WIDTH branches (k = 1 is token
+# Tree candidates: k = 2 .. `PilotSizes.tree_max_width` branches (k = 1 is token
 # verification run by the tree loop), trees of at most AUTO_TREE_MAX_NODES
 # (a run's: `PilotSizes.auto_tree_widths`).
 AUTO_TREE_WIDTHS = PILOT_SIZES.auto_tree_widths

@@ -30,11 +30,7 @@ from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.metrics import tree_costs
 from specdec_jax.experiment.plan import Loaded
-from specdec_jax.experiment.plan import PILOT_SIZES
 
-# TREE_WIDTH='auto' tries k = 1 .. AUTO_TREE_MAX_WIDTH branches (the
-# default of `PilotSizes`, which a run takes from `Providers.pilot_sizes`).
-AUTO_TREE_MAX_WIDTH = PILOT_SIZES.tree_max_width
 # Trees of at most this many nodes 1 + k·γ (24 guesses and the root).
 AUTO_TREE_MAX_NODES = arguments.AUTO_TREE_MAX_NODES
 # The tree call's cost is measured at these N and interpolated linearly.

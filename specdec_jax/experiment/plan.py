@@ -72,13 +72,12 @@ class PilotSizes:
   tests hand in small ones: fewer programs to compile).
 
   Attributes:
-    gamma_pilot: the γ a pilot decodes at when GAMMA='auto'
-      (`auto_gamma.AUTO_GAMMA_PILOT`).
+    gamma_pilot: the γ a pilot decodes at when GAMMA='auto'.
     gamma_max: GAMMA='auto' considers γ = 1 .. gamma_max
       (`auto_gamma.AUTO_GAMMA_MAX`).
     tree_max_width: TREE_WIDTH='auto' considers k = 1 .. tree_max_width,
       SPECULATION='auto''s tree candidates k = 2 .. tree_max_width (k = 1
-      is token verification) (`auto_tree.AUTO_TREE_MAX_WIDTH`).
+      is token verification).
   """
   gamma_pilot: int = 4
   gamma_max: int = 12

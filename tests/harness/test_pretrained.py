@@ -9,29 +9,21 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import checkpoints
 from specdec_jax.core import decoding
-from specdec_jax.config import gin_reader
 from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.core.models import SharedEncoderModel
-from specdec_jax.core.models import T5Model
-from specdec_jax.core.models import param_shapes
 
-from conftest import REPO
-
-PRETRAINED = REPO / "pretrained" / "multi30k"
+from beam_helpers import PRETRAINED
+from beam_helpers import load_pretrained
 
 
 def _load(name, gin_file):
-  config = gin_reader.read_t5_config(gin_file)
-  ckpt = checkpoints.latest_checkpoint(str(PRETRAINED / name))
-  assert ckpt is not None, f"no checkpoint in {PRETRAINED / name}"
-  params = checkpoints.load_t5x_params(ckpt,
-                                       expected=param_shapes(config)["params"],
-                                       dtype=config.dtype)
-  leaves = jax.tree_util.tree_leaves(params)
+  """A shipped model (`beam_helpers.load_pretrained`), its parameters
+  float32 in memory (the checkpoint stores bfloat16)."""
+  model = load_pretrained(name, gin_file)
+  leaves = jax.tree_util.tree_leaves(model.params)
   assert all(x.dtype == np.float32 for x in leaves)
-  return T5Model(config, {"params": params}).prepared_for_decoding()
+  return model
 
 
 # (target, its model gin, draft, its model gin): the main job's pair first.
