@@ -31,6 +31,11 @@ if os.environ.get("SPECDEC_JAX_TEST_CACHE", "1") != "0":
   os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(32 << 30))
   from specdec_jax.files import compilation_cache as _cache  # no jax import
   _cache.add_missing_atimes(os.environ["JAX_COMPILATION_CACHE_DIR"])
+  # The suite writes thousands of entries (most of them eager one-op
+  # programs): with JAX's eviction scan on every write, a cold run spent
+  # most of its compile time listing the folder, the other worker waiting
+  # on the lock.
+  _cache.skip_eviction_scans()
 
 import jax
 import pytest
@@ -84,6 +89,25 @@ def perturbed(model: T5Model, scale: float, seed: int) -> T5Model:
                         jax.tree_util.tree_unflatten(treedef, noisy))
   return noisy_model.prepared_for_decoding() if model.is_packed else (
       noisy_model)
+
+
+_JITTED = {}
+
+
+def jit_call(model, method: str, *args):
+  """`model.method(*args)` compiled as one program: the model a pytree
+  argument, Python ints static.
+
+  Eagerly, a model call dispatches each of its hundreds of operations as a
+  program of its own, compiled once per shape: a cold run of the suite
+  spent minutes on them. One program per method and shapes instead.
+  """
+  static = tuple(i + 1 for i, a in enumerate(args) if isinstance(a, int))
+  key = (method, static)
+  if key not in _JITTED:
+    _JITTED[key] = jax.jit(lambda m, *a: getattr(m, method)(*a),
+                           static_argnums=static)
+  return _JITTED[key](model, *args)
 
 
 @pytest.fixture

@@ -26,7 +26,8 @@ _READ_ERROR = re.compile(
 # (COMPILE_TOPOLOGY) cannot be loaded without a TPU client; it is kept.
 _NO_CLIENT = "must be constructed with a Client"
 
-# The cache folder's size limit (least recently used entries go beyond it).
+# The cache folder's size limit, set for JAX's lock; nothing is evicted
+# (`skip_eviction_scans`).
 MAX_SIZE_BYTES = 32 << 30
 
 
@@ -56,6 +57,34 @@ def add_missing_atimes(folder: str) -> int:
   return added
 
 
+def skip_eviction_scans() -> bool:
+  """Turns off the size-limited cache's eviction scan in this process;
+  returns whether it could.
+
+  The size limit is set only for JAX's lock (`enable`). With it, JAX lists
+  and stats every entry, and reads every access-time file, on each write,
+  holding the folder's lock: a write costs time in the number of entries
+  (~20 ms at 850 entries; the test suite's thousands of eager one-op
+  programs made a cold run several times slower, the other processes
+  waiting on the lock). Nothing is evicted then: the folder grows as
+  without a limit (JAX's default); clear it with rm -rf. Reads and writes
+  keep the lock. A JAX without this private class keeps its own behaviour.
+  """
+  try:
+    from jax._src import lru_cache  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  cache = getattr(lru_cache, "LRUCache", None)
+  if cache is None or not hasattr(cache, "_evict_if_needed"):
+    return False
+  cache._evict_if_needed = _no_eviction  # pylint: disable=protected-access
+  return True
+
+
+def _no_eviction(self, *, additional_size: int = 0) -> None:
+  del self, additional_size
+
+
 def cache_dir() -> str:
   """The folder the commands cache compiled programs in."""
   parent = os.environ.get("SPECDEC_JAX_CACHE", "~/.cache/specdec_jax")
@@ -80,6 +109,7 @@ def enable() -> str:
   # another is still writing, which aborts XLA. The limit itself is far
   # above what a user's programs take.
   jax.config.update("jax_compilation_cache_max_size", MAX_SIZE_BYTES)
+  skip_eviction_scans()
   add_missing_atimes(folder)  # a folder filled before the limit was set
   _watch_read_errors(folder)
   return folder

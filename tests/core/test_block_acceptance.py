@@ -36,9 +36,27 @@ from test_sampling import DRAWS
 from test_sampling import SIGNIFICANCE
 from test_sampling import V
 from test_sampling import _assert_matches
+from test_sampling import _one_hot
 from test_sampling import _pq_pairs
 
 GAMMA = 3
+
+# The rule's functions jitted, as the decoder runs them: eagerly, each of
+# their operations is a program of its own, compiled once per shape (the
+# families below give blocks of many shapes); jitted, one program per
+# function and shapes. Sampling methods are static (frozen, hashable).
+_expected_accepted = jax.jit(block_acceptance.expected_accepted)
+_stop_probabilities = jax.jit(block_acceptance.stop_probabilities)
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _block_verdict(rng, logits, tokens, draft, method):
+  return block_acceptance.BlockAcceptance()(rng, logits, tokens, draft, method)
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _token_verdict(rng, logits, tokens, draft, method):
+  return decoding.ExactAcceptance()(rng, logits, tokens, draft, method)
 
 
 def _blocks(p, q, gamma):
@@ -68,8 +86,7 @@ def test_papers_two_token_example():
   token = float(np.sum(weight *
                        _token_expected_accepted(target, draft, tokens)))
   block = float(
-      np.sum(weight * np.asarray(
-          block_acceptance.expected_accepted(target, draft, tokens))))
+      np.sum(weight * np.asarray(_expected_accepted(target, draft, tokens))))
   assert token == pytest.approx(10 / 9, abs=1e-6)
   assert block == pytest.approx(11 / 9, abs=1e-6)
 
@@ -82,9 +99,9 @@ def test_never_fewer_kept_guesses_than_token_verification(index):
   token = np.sum(
       weight[keep] *
       _token_expected_accepted(target[keep], draft[keep], tokens[keep]))
-  block = np.sum(weight[keep] * np.asarray(
-      block_acceptance.expected_accepted(target[keep], draft[keep],
-                                         tokens[keep])))
+  block = np.sum(
+      weight[keep] *
+      np.asarray(_expected_accepted(target[keep], draft[keep], tokens[keep])))
   assert block >= token - 1e-5, (block, token)
 
 
@@ -93,7 +110,7 @@ def _iteration_outputs(p, q, gamma):
   (context-independent p, q)."""
   target, draft, tokens, weight = _blocks(p, q, gamma)
   w, h = (np.asarray(a, np.float64)
-          for a in block_acceptance.stop_probabilities(target, draft, tokens))
+          for a in _stop_probabilities(target, draft, tokens))
   out = {}
   for b in np.flatnonzero(weight > 0):
     for tau in range(gamma + 1):
@@ -161,12 +178,12 @@ def test_first_emitted_token_follows_p_with_one_hot_q(index):
 
 def test_empty_slots_are_never_kept():
   p = np.array([0.1, 0.2, 0.3, 0.4, 0.0, 0.0])
-  target = jnp.broadcast_to(jnp.asarray(p, jnp.float32), (4000, 4, V))
-  tokens = jnp.broadcast_to(jnp.array([3, 3, decoding.NO_GUESS]), (4000, 3))
-  draft = jax.nn.one_hot(tokens, V)  # Zero rows at the empty slot.
-  verdict = block_acceptance.BlockAcceptance()(jax.random.PRNGKey(0),
-                                               jnp.log(target), tokens, draft,
-                                               sampling.Sampling(1.0))
+  target = np.broadcast_to(p.astype(np.float32), (4000, 4, V))
+  tokens = np.broadcast_to(np.array([3, 3, decoding.NO_GUESS], np.int32),
+                           (4000, 3))
+  draft = _one_hot(tokens, V)  # Zero rows at the empty slot.
+  verdict = _block_verdict(jax.random.PRNGKey(0), jnp.log(target), tokens,
+                           draft, sampling.Sampling(1.0))
   kept = np.asarray(verdict.num_accepted)
   assert kept.max() == 2 and kept.min() == 0 and (kept == 2).any()
   # After both real guesses the next token is p's own draw (q := 0).
@@ -176,16 +193,14 @@ def test_empty_slots_are_never_kept():
 
 def test_greedy_verdict_is_the_token_rules():
   rs = np.random.RandomState(0)
-  logits = jnp.asarray(rs.randn(64, GAMMA + 1, V), jnp.float32)
-  argmax = np.asarray(jnp.argmax(logits, -1))
+  logits = np.asarray(rs.randn(64, GAMMA + 1, V), np.float32)
+  argmax = np.argmax(logits, -1)
   tokens = np.where(
       rs.rand(64, GAMMA) < 0.7, argmax[:, :GAMMA],
       (argmax[:, :GAMMA] + 1) % V).astype(np.int32)
   method = sampling.Greedy()
-  block = block_acceptance.BlockAcceptance()(jax.random.PRNGKey(1), logits,
-                                             jnp.asarray(tokens), None, method)
-  token = decoding.ExactAcceptance()(jax.random.PRNGKey(2), logits,
-                                     jnp.asarray(tokens), None, method)
+  block = _block_verdict(jax.random.PRNGKey(1), logits, tokens, None, method)
+  token = _token_verdict(jax.random.PRNGKey(2), logits, tokens, None, method)
   np.testing.assert_array_equal(block.num_accepted, token.num_accepted)
   np.testing.assert_array_equal(block.next_token, token.next_token)
   assert len(set(np.asarray(block.num_accepted).tolist())) > 2

@@ -20,6 +20,7 @@ from specdec_jax.core import drafters
 from specdec_jax.core import protocols
 from specdec_jax.core import sampling
 
+from conftest import jit_call
 from decoder_only_helpers import DecoderOnlyLM
 from decoder_only_helpers import next_logits
 from decoding_helpers import chisquare_pvalue
@@ -50,14 +51,14 @@ def test_decoder_only_model_implements_the_target_protocol():
   model = DecoderOnlyLM.random(0, V)
   assert isinstance(model, protocols.Target)
   decoding.check_target(model)  # No error.
-  state = model.start(jnp.asarray(PROMPTS), 4)
-  np.testing.assert_array_equal(model.length(state), [0, 0, 0])
-  np.testing.assert_array_equal(model.start_token(jnp.asarray(PROMPTS)),
-                                [2, 5, 4])
-  _, state = model.decode_chunk(jnp.ones((3, 2), jnp.int32), state)
-  np.testing.assert_array_equal(model.length(state), [2, 2, 2])
-  state = model.truncate(state, jnp.array([1, 3, 0]))
-  np.testing.assert_array_equal(model.length(state), [1, 2, 0])
+  state = jit_call(model, "start", jnp.asarray(PROMPTS), 4)
+  np.testing.assert_array_equal(jit_call(model, "length", state), [0, 0, 0])
+  np.testing.assert_array_equal(
+      jit_call(model, "start_token", jnp.asarray(PROMPTS)), [2, 5, 4])
+  _, state = jit_call(model, "decode_chunk", jnp.ones((3, 2), jnp.int32), state)
+  np.testing.assert_array_equal(jit_call(model, "length", state), [2, 2, 2])
+  state = jit_call(model, "truncate", state, jnp.array([1, 3, 0]))
+  np.testing.assert_array_equal(jit_call(model, "length", state), [1, 2, 0])
 
 
 def test_decoder_only_logits_follow_the_prompt_and_the_cache():
@@ -66,8 +67,9 @@ def test_decoder_only_logits_follow_the_prompt_and_the_cache():
   model = DecoderOnlyLM.random(1, V)
   inputs = jnp.asarray(PROMPTS)
   chunk = np.array([[3, 4], [2, 5], [4, 4]], np.int32)
-  logits, _ = model.decode_chunk(jnp.asarray(chunk), model.start(inputs, 4))
-  state = model.start(inputs, 4)
+  logits, _ = jit_call(model, "decode_chunk", jnp.asarray(chunk),
+                       jit_call(model, "start", inputs, 4))
+  state = jit_call(model, "start", inputs, 4)
   for b, row in enumerate(PROMPTS):
     prompt = _prompt(row)
     # The chunk's first token is fed after the prompt's last one: the
@@ -78,7 +80,8 @@ def test_decoder_only_logits_follow_the_prompt_and_the_cache():
                                     prompt[:-1] + tuple(chunk[b, :j + 1])),
           rtol=1e-5, atol=1e-5)
   for j in range(2):
-    one, state = model.decode_chunk(jnp.asarray(chunk[:, j:j + 1]), state)
+    one, state = jit_call(model, "decode_chunk", jnp.asarray(chunk[:, j:j + 1]),
+                          state)
     np.testing.assert_allclose(one[:, 0], logits[:, j], rtol=1e-6, atol=1e-6)
 
 

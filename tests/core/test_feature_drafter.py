@@ -14,6 +14,8 @@
   1e-3, fixed seeds), with a head that leaves a token out; power: the same
   check on the same draws from the lenient rule (not exact) fails.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,6 +33,7 @@ from specdec_jax.core.models.feature_drafter import low_rank_head
 from specdec_jax.core.models.feature_drafter import restrict_head
 from specdec_jax.core.models.feature_drafter import shifted_features
 
+from conftest import jit_call
 from conftest import random_model
 from conftest import tiny_config
 from decoding_helpers import chisquare_pvalue
@@ -63,24 +66,27 @@ def test_kept_features_equal_a_teacher_forced_pass():
   keeping = target.with_features()
   inputs = jnp.asarray([[3, 4, 5, 1, 0], [6, 7, 1, 0, 0]], jnp.int32)
   dec = jnp.asarray([[0, 5, 6, 9, 2, 4], [0, 7, 8, 3, 3, 11]], jnp.int32)
-  plain_cache = target.start(inputs, 8)
+  plain_cache = jit_call(target, "start", inputs, 8)
   assert plain_cache.features is None
   with pytest.raises(ValueError, match="with_features"):
     target.features(plain_cache)
-  cache = keeping.start(inputs, 8)
+  cache = jit_call(keeping, "start", inputs, 8)
   # Feed 3 positions, roll back to 2 (as after a rejection), feed 4.
   for lo, hi in ((0, 3), (2, 6)):
-    cache = keeping.truncate(cache, jnp.asarray([lo, lo]))
-    plain_cache = target.truncate(plain_cache, jnp.asarray([lo, lo]))
-    logits, cache = keeping.decode_chunk(dec[:, lo:hi], cache)
-    expected, plain_cache = target.decode_chunk(dec[:, lo:hi], plain_cache)
+    cache = jit_call(keeping, "truncate", cache, jnp.asarray([lo, lo]))
+    plain_cache = jit_call(target, "truncate", plain_cache,
+                           jnp.asarray([lo, lo]))
+    logits, cache = jit_call(keeping, "decode_chunk", dec[:, lo:hi], cache)
+    expected, plain_cache = jit_call(target, "decode_chunk", dec[:, lo:hi],
+                                     plain_cache)
     np.testing.assert_array_equal(logits, expected)  # Same decode path.
   module = Transformer(target.config)
   params = target.unpacked().params
-  encoded = module.apply(params, inputs, method=Transformer.encode)
-  hidden, logits = module.apply(params, encoded, inputs, dec,
-                                jnp.ones_like(dec),
-                                method=Transformer.decode_hidden)
+  encode = jax.jit(functools.partial(module.apply, method=Transformer.encode))
+  decode = jax.jit(
+      functools.partial(module.apply, method=Transformer.decode_hidden))
+  encoded = encode(params, inputs)
+  hidden, logits = decode(params, encoded, inputs, dec, jnp.ones_like(dec))
   features = np.asarray(keeping.features(cache))
   assert features.shape == (2, 8, target.config.emb_dim)
   np.testing.assert_allclose(features[:, :6], hidden, rtol=1e-4, atol=1e-5)
@@ -109,18 +115,20 @@ def test_cached_decoding_equals_teacher_forcing_and_q_is_off_head_zero():
   feats = jnp.asarray(rs.randn(batch, length, width), jnp.float32)
   tokens = jnp.asarray(rs.randint(0, 16, size=(batch, length)), jnp.int32)
   inputs = jnp.asarray([[3, 4, 5, 1], [6, 7, 1, 0]], jnp.int32)
-  enc = target.encoder_output(target.start(inputs, 8))
+  enc = target.encoder_output(jit_call(target, "start", inputs, 8))
   prev = shifted_features(feats)
   assert float(jnp.abs(prev[:, 0]).max()) == 0.0
   np.testing.assert_array_equal(prev[:, 1:], feats[:, :-1])
-  forced_f, forced_l = FeatureDecoder(draft.config).apply(
-      draft.params, prev, jnp.take(draft.embedding, tokens, axis=0),
-      enc.encoded, enc.valid, jnp.ones((batch, length), bool))
-  cache = draft.start_from_encoder_output(enc, 8)
+  forced = jax.jit(FeatureDecoder(draft.config).apply)
+  forced_f, forced_l = forced(draft.params, prev,
+                              jnp.take(draft.embedding, tokens, axis=0),
+                              enc.encoded, enc.valid,
+                              jnp.ones((batch, length), bool))
+  cache = jit_call(draft, "start_from_encoder_output", enc, 8)
   outs = []
   for lo, hi in ((0, 1), (1, 4), (4, 6)):
-    f, logits, cache = draft.decode_chunk(prev[:, lo:hi], tokens[:, lo:hi],
-                                          cache)
+    f, logits, cache = jit_call(draft, "decode_chunk", prev[:, lo:hi],
+                                tokens[:, lo:hi], cache)
     outs.append((f, logits))
   np.testing.assert_allclose(jnp.concatenate([o[0] for o in outs], 1), forced_f,
                              rtol=1e-4, atol=1e-5)
@@ -156,11 +164,11 @@ def _step_logits(draft, target):
   """Logits [2, 3, V] of one 3-position chunk of `draft` from a fresh cache."""
   rs = np.random.RandomState(5)
   inputs = jnp.asarray([[3, 4, 5, 1], [6, 7, 1, 0]], jnp.int32)
-  enc = target.encoder_output(target.start(inputs, 8))
+  enc = target.encoder_output(jit_call(target, "start", inputs, 8))
   feats = jnp.asarray(rs.randn(2, 3, target.config.emb_dim), jnp.float32)
   tokens = jnp.asarray(rs.randint(0, 16, size=(2, 3)), jnp.int32)
-  _, logits, _ = draft.decode_chunk(feats, tokens,
-                                    draft.start_from_encoder_output(enc, 8))
+  _, logits, _ = jit_call(draft, "decode_chunk", feats, tokens,
+                          jit_call(draft, "start_from_encoder_output", enc, 8))
   return np.asarray(logits)
 
 
@@ -314,6 +322,7 @@ def test_shipped_feature_draft_loads_and_decodes_exactly():
   import gin  # pylint: disable=g-import-not-at-top
   from specdec_jax import checkpoints
   from specdec_jax.config import gin_reader
+  from specdec_jax.config import gin_utils  # registers FeatureDrafterConfig
   from specdec_jax.data import vocab as vocab_lib
   from specdec_jax.core.models import T5Model
   from specdec_jax.core.models import param_shapes

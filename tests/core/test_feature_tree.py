@@ -11,6 +11,8 @@
   significance 1e-3, fixed seeds); power: the same check on the same draws
   fails with a rule that forgets the residual (not exact).
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +22,7 @@ from specdec_jax.core import decoding
 from specdec_jax.core import drafters
 from specdec_jax.core import sampling
 
+from conftest import jit_call
 from conftest import random_model
 from conftest import tiny_config
 from decoding_helpers import chisquare_pvalue
@@ -31,23 +34,42 @@ MAX_LEN = 14
 SIGNIFICANCE = 1e-3
 
 
+# The drafter's calls as one program each (eagerly, each of their
+# operations is a program of its own: minutes on a cold compilation cache).
+@functools.partial(jax.jit, static_argnames=("gamma", "method"))
+def _propose(drafter, state, buffer, length, rng, *, gamma, method,
+             target_features):
+  return drafter.propose(state, buffer, length, rng, gamma=gamma, method=method,
+                         target_features=target_features)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "width", "method"))
+def _propose_tree(drafter, state, buffer, length, rng, *, gamma, width, method,
+                  target_features):
+  return drafter.propose_tree(state, buffer, length, rng, gamma=gamma,
+                              width=width, method=method,
+                              target_features=target_features)
+
+
 def test_commit_path_moves_the_kept_hidden_states():
   target = random_model(tiny_config(vocab_size=16), seed=5).with_features()
   inputs = jnp.asarray([[3, 4, 5, 1, 0], [6, 7, 1, 0, 0]], jnp.int32)
   prefix = jnp.asarray([[0, 5, 6], [0, 7, 8]], jnp.int32)
-  state = target.decode_chunk(prefix, target.start(inputs, 12))[1]
-  state = target.truncate(state, jnp.asarray([3, 2]))
+  state = jit_call(target, "decode_chunk", prefix,
+                   jit_call(target, "start", inputs, 12))[1]
+  state = jit_call(target, "truncate", state, jnp.asarray([3, 2]))
   # A root and two chains of two: nodes 1-2 and 3-4.
   parents = jnp.asarray([-1, 0, 1, 0, 3], jnp.int32)
   nodes = jnp.asarray([[9, 10, 11, 12, 13], [4, 5, 6, 7, 8]], jnp.int32)
-  _, tree_state = target.decode_tree(nodes, parents, state)
+  _, tree_state = jit_call(target, "decode_tree", nodes, parents, state)
   paths = jnp.asarray([[0, 3, 4], [0, 1, 2]], jnp.int32)
   kept = jnp.asarray([3, 2], jnp.int32)
-  committed = target.commit_path(tree_state, paths, kept)
+  committed = jit_call(target, "commit_path", tree_state, paths, kept)
   for b, held in enumerate((3, 2)):
     path_tokens = nodes[b, paths[b, :int(kept[b])]]
-    row = target.truncate(state, jnp.asarray([held, held]))
-    _, ref = target.decode_chunk(jnp.tile(path_tokens[None], (2, 1)), row)
+    row = jit_call(target, "truncate", state, jnp.asarray([held, held]))
+    chunk = jnp.tile(path_tokens[None], (2, 1))
+    _, ref = jit_call(target, "decode_chunk", chunk, row)
     end = held + int(kept[b])
     np.testing.assert_allclose(
         target.features(committed)[b, :end],
@@ -69,22 +91,22 @@ def test_branches_start_with_the_top_k_of_q1(greedy_case):
   keeping = target.with_features()
   tree = drafters.as_tree_drafter(drafters.FeatureDrafter(draft))
   assert isinstance(tree, drafters.FeatureTreeDrafter)
-  state = keeping.start(jnp.asarray(inputs), 16)
+  state = jit_call(keeping, "start", jnp.asarray(inputs), 16)
   buffer = jnp.zeros((4, 16), jnp.int32).at[:, 1:4].set(5)
-  state = keeping.decode_chunk(buffer[:, :3], state)[1]
+  state = jit_call(keeping, "decode_chunk", buffer[:, :3], state)[1]
   length = jnp.full((4,), 3, jnp.int32)
   kwargs = dict(gamma=3, method=sampling.Greedy(),
                 target_features=keeping.features(state))
-  start = tree.init(jnp.asarray(inputs), 16, keeping.encoder_output(state))
-  _, one, _ = tree.propose(start, buffer, length, jax.random.PRNGKey(0),
-                           **kwargs)
-  _, branches, probs = tree.propose_tree(start, buffer, length,
-                                         jax.random.PRNGKey(0), width=3,
-                                         **kwargs)
+  start = jit_call(tree, "init", jnp.asarray(inputs), 16,
+                   keeping.encoder_output(state))
+  _, one, _ = _propose(tree, start, buffer, length, jax.random.PRNGKey(0),
+                       **kwargs)
+  _, branches, probs = _propose_tree(tree, start, buffer, length,
+                                     jax.random.PRNGKey(0), width=3, **kwargs)
   assert probs is None and branches.shape == (4, 3, 3)
   np.testing.assert_array_equal(branches[:, 0], one)  # branch 0: propose's
-  q1_logits, _, _ = tree.catch_up(start, buffer, length, 3,
-                                  keeping.features(state))
+  q1_logits, _, _ = jit_call(tree, "catch_up", start, buffer, length, 3,
+                             keeping.features(state))
   np.testing.assert_array_equal(branches[:, :, 0],
                                 jax.lax.top_k(q1_logits, 3)[1])
 

@@ -22,6 +22,7 @@ from specdec_jax.core import decoding
 from specdec_jax.core import kernels
 
 from conftest import REPO
+from conftest import jit_call
 from conftest import random_model
 from conftest import tiny_config
 
@@ -29,6 +30,12 @@ needs_kernel = pytest.mark.skipif(
     not kernels.available(),
     reason="the CPU kernel could not be built here (no C++ compiler?); "
     "decoding falls back to XLA's dot, tested elsewhere")
+
+
+@jax.jit
+def _forward(model, inputs, tokens, targets):
+  """The teacher-forced forward pass of `model`, compiled as one program."""
+  return model.module.apply(model.variables, inputs, tokens, targets)
 
 
 def _matmul(x, w):
@@ -123,15 +130,15 @@ def test_prepared_model_decodes_like_the_unpacked_one():
   tokens = jnp.asarray([[0, 4, 9, 11, 2], [0, 8, 8, 30, 6]], jnp.int32)
   logits = {}
   for name, model in (("plain", plain), ("packed", packed)):
-    cache = model.start(inputs, 8)
-    logits[name], _ = model.decode_chunk(tokens, cache)
+    cache = jit_call(model, "start", inputs, 8)
+    logits[name], _ = jit_call(model, "decode_chunk", tokens, cache)
   np.testing.assert_allclose(logits["packed"], logits["plain"], atol=2e-5,
                              rtol=2e-5)
   # The teacher-forced forward pass (more rows) works on packed weights too.
-  forward = packed.module.apply(packed.variables, inputs, tokens, tokens + 1)
-  np.testing.assert_allclose(
-      forward, plain.module.apply(plain.variables, inputs, tokens, tokens + 1),
-      atol=2e-5, rtol=2e-5)
+  forward = _forward(packed, inputs, tokens, tokens + 1)
+  np.testing.assert_allclose(forward, _forward(plain, inputs, tokens,
+                                               tokens + 1), atol=2e-5,
+                             rtol=2e-5)
 
 
 @needs_kernel

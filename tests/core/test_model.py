@@ -4,6 +4,8 @@ Chunked decode (any chunk sizes), one-token-at-a-time decode and the full
 teacher-forced forward must give the same logits (fp32 tolerance), also after
 a rollback by length, and with rows of a batch at different positions.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,10 +15,17 @@ from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import Transformer
 from specdec_jax.core.models import param_shapes
 
+from conftest import jit_call
 from conftest import random_model
 from conftest import tiny_config
 
 ATOL = 2e-5
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _full_forward(config, params, enc, dec, target):
+  """The teacher-forced forward pass, compiled as one program."""
+  return Transformer(config).apply(params, enc, dec, target)
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +38,16 @@ def setup():
   enc[2, 2:] = 0
   dec = rng.integers(2, 32, size=(3, 9)).astype(np.int32)
   dec[:, 0] = 0  # start token
-  full = Transformer(config).apply(model.params, enc, dec, np.ones_like(dec))
+  full = _full_forward(config, model.params, enc, dec, np.ones_like(dec))
   return model, enc, dec, np.asarray(full)
 
 
 def _decode_in_chunks(model, enc, dec, sizes, max_len=12):
-  cache = model.start(enc, max_len)
+  cache = jit_call(model, "start", jnp.asarray(enc), max_len)
   logits, pos = [], 0
   for k in sizes:
-    out, cache = model.decode_chunk(jnp.asarray(dec[:, pos:pos + k]), cache)
+    out, cache = jit_call(model, "decode_chunk",
+                          jnp.asarray(dec[:, pos:pos + k]), cache)
     logits.append(np.asarray(out))
     pos += k
   return np.concatenate(logits, axis=1), cache
@@ -54,11 +64,11 @@ def test_chunked_decode_matches_full_forward(setup, sizes):
 def test_rollback_by_length_then_continue(setup):
   """Garbage written past the kept prefix is masked, then overwritten."""
   model, enc, dec, full = setup
-  cache = model.start(enc, 12)
-  _, cache = model.decode_chunk(jnp.asarray(dec[:, :4]), cache)
+  cache = jit_call(model, "start", jnp.asarray(enc), 12)
+  _, cache = jit_call(model, "decode_chunk", jnp.asarray(dec[:, :4]), cache)
   # Speculate 5 wrong tokens, then keep only 1, 0 and 3 of them per row.
   garbage = jnp.full((3, 5), 17, jnp.int32)
-  _, cache = model.decode_chunk(garbage, cache)
+  _, cache = jit_call(model, "decode_chunk", garbage, cache)
   keep = np.array([1, 0, 3])
   cache = cache.replace(length=jnp.asarray(4 + keep, jnp.int32))
   # Row r now continues from position 4 + keep[r]. Rows whose kept garbage
@@ -68,18 +78,17 @@ def test_rollback_by_length_then_continue(setup):
   for r in range(3):
     held[r, 4:4 + keep[r]] = 17
   new_full = np.asarray(
-      Transformer(model.config).apply(model.params, enc, held,
-                                      np.ones_like(held)))
+      _full_forward(model.config, model.params, enc, held, np.ones_like(held)))
   # Feed 2 more true tokens at each row's own position.
   nxt = np.stack([held[r, 4 + keep[r]:6 + keep[r]] for r in range(3)])
-  out, cache = model.decode_chunk(jnp.asarray(nxt), cache)
+  out, cache = jit_call(model, "decode_chunk", jnp.asarray(nxt), cache)
   for r in range(3):
     np.testing.assert_allclose(out[r], new_full[r, 4 + keep[r]:6 + keep[r]],
                                atol=ATOL)
   np.testing.assert_array_equal(cache.length, 6 + keep)
   # A full rollback to 0 then re-decoding reproduces the original logits.
   cache = cache.replace(length=jnp.zeros(3, jnp.int32))
-  out, _ = model.decode_chunk(jnp.asarray(dec[:, :5]), cache)
+  out, _ = jit_call(model, "decode_chunk", jnp.asarray(dec[:, :5]), cache)
   np.testing.assert_allclose(out, full[:, :5], atol=ATOL)
 
 

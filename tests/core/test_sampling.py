@@ -21,6 +21,49 @@ SIGNIFICANCE = 1e-3
 DRAWS = 100_000
 V = 6
 
+# The sampling functions jitted, as the decoders run them: eagerly, each of
+# their operations is a program of its own, compiled once per shape (tens of
+# seconds on a cold compilation cache); jitted, one program per function and
+# shapes. The arguments standardize checks are static, as are the sampling
+# methods (frozen, hashable): the same constants eager calls see. The tests
+# of standardize itself call it eagerly: their parameters share its eager
+# programs, and one jitted program per (temperature, top_k, top_p) compiled
+# slower.
+_standardize = jax.jit(sampling.standardize,
+                       static_argnames=("temperature", "top_k", "top_p"))
+_greedy_accept = jax.jit(sampling.greedy_accept)
+_speculative_accept = jax.jit(sampling.speculative_accept)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _method_draw(method, rng, logits):
+  return method.draw(rng, logits)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _method_standardize(method, logits):
+  return method.standardize(logits)
+
+
+@functools.partial(jax.jit, static_argnames=("draws",))
+def _accept_rows(rng, p, q, draws):
+  """Algorithm 1 on `draws` rows of the same p [γ+1, V] and q [γ, V], with
+  x ~ q drawn first: (n, extra token) per row."""
+  gamma = q.shape[0]
+  draw_rng, accept_rng = jax.random.split(rng)
+  draft = jnp.broadcast_to(q, (draws, gamma, V))
+  tokens = sampling.sample_from(draw_rng, draft)
+  return sampling.speculative_accept(accept_rng,
+                                     jnp.broadcast_to(p, (draws, gamma + 1, V)),
+                                     draft, tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("draws",))
+def _sample_rows(rng, probs, draws):
+  """`sample_from` on `draws` copies of probs [R, V]: [draws, R] tokens."""
+  return sampling.sample_from(rng, jnp.broadcast_to(probs,
+                                                    (draws, *probs.shape)))
+
 
 def _dist(*values):
   x = np.asarray(values, np.float64)
@@ -104,14 +147,8 @@ def test_bonus_token_after_all_accepted_is_from_last_target_row():
   gamma = 2
   p = np.stack([_dist(1, 1, 1, 1, 1, 1)] * gamma + [_dist(5, 0, 1, 2, 0, 3)])
   q = np.full((gamma, V), 1.0 / V)  # q == p on the first rows: always accept
-  rng = jax.random.PRNGKey(7)
-  draw_rng, accept_rng = jax.random.split(rng)
-  draft = jnp.broadcast_to(jnp.asarray(q, jnp.float32), (DRAWS, gamma, V))
-  tokens = sampling.sample_from(draw_rng, draft)
-  n, extra = sampling.speculative_accept(
-      accept_rng,
-      jnp.broadcast_to(jnp.asarray(p, jnp.float32), (DRAWS, gamma + 1, V)),
-      draft, tokens)
+  n, extra = _accept_rows(jax.random.PRNGKey(7), np.asarray(p, np.float32),
+                          np.asarray(q, np.float32), draws=DRAWS)
   assert np.all(np.asarray(n) == gamma)
   _assert_matches(extra, p[-1], "bonus")
 
@@ -126,19 +163,21 @@ def test_tokens_per_call_follows_eq1(gamma, beta):
   q = np.array([beta / 2, beta / 2, 0, 1 - beta, 0, 0])
   assert np.isclose(np.minimum(p, q).sum(), beta)
   draws = 50_000
-  rng = jax.random.PRNGKey(gamma)
-  draw_rng, accept_rng = jax.random.split(rng)
-  draft = jnp.broadcast_to(jnp.asarray(q, jnp.float32), (draws, gamma, V))
-  tokens = sampling.sample_from(draw_rng, draft)
-  n, _ = sampling.speculative_accept(
-      accept_rng,
-      jnp.broadcast_to(jnp.asarray(p, jnp.float32), (draws, gamma + 1, V)),
-      draft, tokens)
+  n, _ = _accept_rows(jax.random.PRNGKey(gamma),
+                      np.tile(np.asarray(p, np.float32), (gamma + 1, 1)),
+                      np.tile(np.asarray(q, np.float32), (gamma, 1)),
+                      draws=draws)
   per_call = np.asarray(n) + 1.0
   expected = (1 - beta**(gamma + 1)) / (1 - beta)
   stderr = per_call.std() / np.sqrt(draws)
   assert abs(per_call.mean() - expected) < 5 * stderr, (per_call.mean(),
                                                         expected, stderr)
+
+
+def _one_hot(tokens, vocab):
+  """`jax.nn.one_hot` in numpy: float32, a zero row for an index outside
+  [0, vocab)."""
+  return (np.asarray(tokens)[..., None] == np.arange(vocab)).astype(np.float32)
 
 
 def test_greedy_accept_equals_speculative_accept_on_one_hot():
@@ -150,11 +189,12 @@ def test_greedy_accept_equals_speculative_accept_on_one_hot():
   draft_tokens = np.where(
       rng.random((batch, gamma)) < 0.7, target_tokens[:, :gamma],
       rng.integers(0, 3, (batch, gamma)))
-  n, extra = sampling.greedy_accept(jnp.asarray(target_tokens),
-                                    jnp.asarray(draft_tokens))
-  ref_n, ref_extra = sampling.speculative_accept(
-      jax.random.PRNGKey(0), jax.nn.one_hot(target_tokens, 3),
-      jax.nn.one_hot(draft_tokens, 3), jnp.asarray(draft_tokens))
+  n, extra = _greedy_accept(jnp.asarray(target_tokens),
+                            jnp.asarray(draft_tokens))
+  ref_n, ref_extra = _speculative_accept(jax.random.PRNGKey(0),
+                                         _one_hot(target_tokens, 3),
+                                         _one_hot(draft_tokens, 3),
+                                         jnp.asarray(draft_tokens))
   np.testing.assert_array_equal(n, ref_n)
   np.testing.assert_array_equal(extra, ref_extra)
   assert set(np.asarray(n).tolist()) == set(range(gamma + 1))
@@ -219,9 +259,9 @@ def test_sample_from_draws_each_row_from_its_distribution():
   probs[5] = rng.dirichlet(np.full(vocab, 0.3))
   probs[5, rng.random(vocab) < 0.5] = 0.0
   probs /= probs.sum(axis=-1, keepdims=True)
-  batch = jnp.broadcast_to(jnp.asarray(probs, jnp.float32),
-                           (draws, *probs.shape))
-  tokens = np.asarray(sampling.sample_from(jax.random.PRNGKey(11), batch))
+  tokens = np.asarray(
+      _sample_rows(jax.random.PRNGKey(11), np.asarray(probs, np.float32),
+                   draws=draws))
   assert tokens.shape == (draws, probs.shape[0])
   for row, p in enumerate(probs):
     counts = np.bincount(tokens[:, row], minlength=vocab)
@@ -282,11 +322,10 @@ def test_none_draft_probs_equals_explicit_one_hot_q():
   p = rng.dirichlet(np.full(V, 0.7), size=(batch, gamma + 1))
   tokens = rng.integers(0, V, (batch, gamma))
   key = jax.random.PRNGKey(4)
-  got = sampling.speculative_accept(key, jnp.asarray(p, jnp.float32), None,
-                                    jnp.asarray(tokens))
-  want = sampling.speculative_accept(key, jnp.asarray(p, jnp.float32),
-                                     jax.nn.one_hot(tokens, V),
-                                     jnp.asarray(tokens))
+  got = _speculative_accept(key, jnp.asarray(p, jnp.float32), None,
+                            jnp.asarray(tokens))
+  want = _speculative_accept(key, jnp.asarray(p, jnp.float32),
+                             _one_hot(tokens, V), jnp.asarray(tokens))
   np.testing.assert_array_equal(got[0], want[0])
   np.testing.assert_array_equal(got[1], want[1])
   assert len(set(np.asarray(got[0]).tolist())) == gamma + 1
@@ -327,15 +366,14 @@ def test_sampling_methods_are_static_values():
 
 def test_method_draw_and_standardize():
   logits = jnp.array([[0.1, 2.0, -1.0, 2.0], [5.0, 0.0, 0.0, 0.0]])
-  tokens, probs = sampling.Greedy().draw(jax.random.PRNGKey(0), logits)
+  tokens, probs = _method_draw(sampling.Greedy(), jax.random.PRNGKey(0), logits)
   np.testing.assert_array_equal(tokens, [1, 0])
   assert probs is None
-  np.testing.assert_array_equal(sampling.Greedy().standardize(logits),
+  np.testing.assert_array_equal(_method_standardize(sampling.Greedy(), logits),
                                 [[0, 1, 0, 0], [1, 0, 0, 0]])
   method = sampling.Sampling(0.5, top_k=2)
-  tokens, probs = method.draw(jax.random.PRNGKey(0), logits)
-  np.testing.assert_allclose(probs, sampling.standardize(logits, 0.5, 2),
-                             rtol=1e-6)
+  tokens, probs = _method_draw(method, jax.random.PRNGKey(0), logits)
+  np.testing.assert_allclose(probs, _standardize(logits, 0.5, 2), rtol=1e-6)
   assert np.all(np.asarray(probs)[[0, 1], np.asarray(tokens)] > 0)
 
 

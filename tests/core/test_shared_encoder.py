@@ -25,6 +25,7 @@ from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import init_params
 
+from conftest import jit_call
 from conftest import random_model
 from conftest import tiny_config
 from decoding_helpers import chisquare_pvalue
@@ -32,6 +33,12 @@ import test_decoding
 
 MAX_LEN = 14
 NONE = drafters.NO_GUESS
+
+# The loop's prefill, compiled as one program (eagerly, each of its
+# operations would be a program of its own).
+_init_speculative_state = jax.jit(
+    decoding.init_speculative_state,
+    static_argnames=("gamma", "max_decode_length", "statistics"))
 
 
 def shared_draft(target: T5Model, scale: float, seed: int) -> T5Model:
@@ -99,8 +106,8 @@ def test_pairing_checks_widths_and_standalone_start_needs_an_encoder():
   with pytest.raises(ValueError, match="has an encoder of its own"):
     SharedEncoderModel.pair(target, target)
   with pytest.raises(ValueError, match="width 16"):
-    wrong.start_from_encoder_output(target.encode(jnp.ones((1, 3), jnp.int32)),
-                                    4)
+    wrong.start_from_encoder_output(
+        jit_call(target, "encode", jnp.ones((1, 3), jnp.int32)), 4)
 
 
 def test_the_draft_starts_from_the_targets_encoding():
@@ -111,25 +118,26 @@ def test_the_draft_starts_from_the_targets_encoding():
   draft = shared_draft(target, 0.1, seed=2)
   pair = SharedEncoderModel.pair(target, draft)
   inputs = jnp.asarray([[3, 4, 5, 1, 0], [6, 7, 1, 0, 0]], jnp.int32)
-  encoder_output = target.encoder_output(target.start(inputs, 8))
+  encoder_output = target.encoder_output(jit_call(target, "start", inputs, 8))
   assert encoder_output.encoded.shape == (2, 5, 16)
   np.testing.assert_array_equal(encoder_output.valid, inputs > 0)
   for model in (draft, pair):
-    state = drafters.ModelDrafter(model).init(inputs, 8, encoder_output)
-    own = pair.start(inputs, 8)
+    state = jit_call(drafters.ModelDrafter(model), "init", inputs, 8,
+                     encoder_output)
+    own = jit_call(pair, "start", inputs, 8)
     for a, b in zip(jax.tree_util.tree_leaves(state.model_state),
                     jax.tree_util.tree_leaves(own)):
       np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
-  loop_state = decoding.init_speculative_state(target,
-                                               drafters.ModelDrafter(draft),
-                                               inputs, gamma=2,
-                                               max_decode_length=5)
+  loop_state = _init_speculative_state(target, drafters.ModelDrafter(draft),
+                                       inputs, gamma=2, max_decode_length=5)
   np.testing.assert_array_equal(loop_state.draft_state.model_state.encoded,
                                 loop_state.target_state.encoded)
   # Teacher forcing from the target's encoding = cached decoding.
   dec = jnp.asarray([[0, 5, 6], [0, 7, 8]], jnp.int32)
-  forced = pair.teacher_forced_logits(inputs, dec, jnp.ones_like(dec))
-  cached, _ = pair.decode_chunk(dec, pair.start(inputs, 8))
+  forced = jit_call(pair, "teacher_forced_logits", inputs, dec,
+                    jnp.ones_like(dec))
+  cached, _ = jit_call(pair, "decode_chunk", dec,
+                       jit_call(pair, "start", inputs, 8))
   np.testing.assert_allclose(forced, cached, rtol=1e-4, atol=1e-4)
 
 

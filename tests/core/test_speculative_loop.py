@@ -62,15 +62,20 @@ def decode(target, drafter, *, gamma, max_len, statistics=True,
 def assert_trace(out, rows):
   """rows[b] = (drafts, accepted, next) lists for the row's target calls."""
   calls = np.asarray(out.target_calls)
+  # Sliced in numpy: slicing the JAX arrays would compile a program per
+  # slice shape.
+  draft_tokens = np.asarray(out.trace_draft_tokens)
+  num_accepted = np.asarray(out.trace_num_accepted)
+  next_token = np.asarray(out.trace_next_token)
   for b, (drafts, accepted, nexts) in enumerate(rows):
     n = len(accepted)
     assert calls[b] == n, (b, calls[b])
-    np.testing.assert_array_equal(out.trace_draft_tokens[b, :n], drafts)
-    np.testing.assert_array_equal(out.trace_num_accepted[b, :n], accepted)
-    np.testing.assert_array_equal(out.trace_next_token[b, :n], nexts)
+    np.testing.assert_array_equal(draft_tokens[b, :n], drafts)
+    np.testing.assert_array_equal(num_accepted[b, :n], accepted)
+    np.testing.assert_array_equal(next_token[b, :n], nexts)
     # Slots past the row's calls are never written (-1: no call).
-    assert np.all(np.asarray(out.trace_num_accepted[b, n:]) == -1)
-    assert not np.any(np.asarray(out.trace_draft_tokens[b, n:]))
+    assert np.all(num_accepted[b, n:] == -1)
+    assert not np.any(draft_tokens[b, n:])
 
 
 # ---------------------------------------------------------------------------

@@ -11,6 +11,8 @@ What must hold (decoder-only example model as the draft, batch 2):
   and the branches past q_1's support have q = 0;
 * bad drafters are rejected with a clear error.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,11 +22,25 @@ from specdec_jax.core import drafters
 from specdec_jax.core import sampling
 from specdec_jax.core.drafters.tree import as_tree_drafter
 
+from conftest import jit_call
 from decoder_only_helpers import DecoderOnlyLM
 from decoder_only_helpers import next_logits
 
 VOCAB, GAMMA, WIDTH, MAX_LEN = 7, 3, 3, 12
 PROMPTS = np.array([[3, 2, 5], [4, 6, 0]], np.int32)
+
+
+# The drafter's calls as one program each (eagerly, each of their
+# operations is a program of its own: minutes on a cold compilation cache).
+@functools.partial(jax.jit, static_argnames=("gamma", "method"))
+def _propose(drafter, state, buffer, length, rng, *, gamma, method):
+  return drafter.propose(state, buffer, length, rng, gamma=gamma, method=method)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "width", "method"))
+def _propose_tree(drafter, state, buffer, length, rng, *, gamma, width, method):
+  return drafter.propose_tree(state, buffer, length, rng, gamma=gamma,
+                              width=width, method=method)
 
 
 def _prompt(b):
@@ -34,7 +50,7 @@ def _prompt(b):
 def _setup():
   model = DecoderOnlyLM.random(5, VOCAB)
   drafter = as_tree_drafter(model)
-  state = drafter.init(jnp.asarray(PROMPTS), MAX_LEN)
+  state = jit_call(drafter, "init", jnp.asarray(PROMPTS), MAX_LEN)
   buffer = jnp.zeros(
       (2, MAX_LEN + 1),
       jnp.int32).at[:, 0].set(model.start_token(jnp.asarray(PROMPTS)))
@@ -44,9 +60,9 @@ def _setup():
 def test_greedy_branches_are_the_top_k_then_greedy():
   model, drafter, state, buffer = _setup()
   length = jnp.zeros((2,), jnp.int32)
-  _, tokens, probs = drafter.propose_tree(state, buffer, length,
-                                          jax.random.PRNGKey(0), gamma=GAMMA,
-                                          width=WIDTH, method=sampling.Greedy())
+  _, tokens, probs = _propose_tree(drafter, state, buffer, length,
+                                   jax.random.PRNGKey(0), gamma=GAMMA,
+                                   width=WIDTH, method=sampling.Greedy())
   assert probs is None and tokens.shape == (2, WIDTH, GAMMA)
   for b in range(2):
     first = np.argsort(-next_logits(model, _prompt(b)), kind="stable")
@@ -61,16 +77,16 @@ def test_sampled_branches_carry_their_own_q_and_rollback_keeps_one():
   model, drafter, state, buffer = _setup()
   method = sampling.Sampling(1.0, top_k=4)
   length = jnp.zeros((2,), jnp.int32)
-  tree_state, tokens, probs = drafter.propose_tree(state, buffer, length,
-                                                   jax.random.PRNGKey(1),
-                                                   gamma=GAMMA, width=WIDTH,
-                                                   method=method)
+  tree_state, tokens, probs = _propose_tree(drafter, state, buffer, length,
+                                            jax.random.PRNGKey(1), gamma=GAMMA,
+                                            width=WIDTH, method=method)
   assert probs.shape == (2, WIDTH, GAMMA, VOCAB)
+  standardize = jax.jit(method.standardize)
   for b in range(2):
     for j in range(WIDTH):
       for d in range(GAMMA):
         prefix = _prompt(b) + tuple(int(t) for t in tokens[b, j, :d])
-        expected = method.standardize(jnp.asarray(next_logits(model, prefix)))
+        expected = standardize(jnp.asarray(next_logits(model, prefix)))
         np.testing.assert_allclose(probs[b, j, d], expected, atol=1e-5)
         assert probs[b, j, d, tokens[b, j, d]] > 0
   # Keep branch 2 of row 0 (2 guesses + 1 token), branch 0 of row 1 (all γ
@@ -79,9 +95,10 @@ def test_sampled_branches_carry_their_own_q_and_rollback_keeps_one():
   kept = jnp.array([2, GAMMA])
   buffer = buffer.at[0, 1:3].set(tokens[0, 2, :2]).at[0, 3].set(1)
   buffer = buffer.at[1, 1:GAMMA + 1].set(tokens[1, 0]).at[1, GAMMA + 1].set(4)
-  state = drafter.rollback_tree(tree_state, kept + 1, branch)
-  _, after, _ = drafter.propose(state, buffer, kept + 1, jax.random.PRNGKey(2),
-                                gamma=GAMMA, method=sampling.Greedy())
+  state = jit_call(drafter, "rollback_tree", tree_state, kept + 1, branch)
+  _, after, _ = _propose(drafter, state, buffer, kept + 1,
+                         jax.random.PRNGKey(2), gamma=GAMMA,
+                         method=sampling.Greedy())
   for b in range(2):
     known = _prompt(b) + tuple(int(t) for t in buffer[b, 1:kept[b] + 2])
     for d in range(GAMMA):
@@ -100,7 +117,7 @@ def test_bad_drafters_are_rejected():
 def test_first_tokens_without_replacement_are_distinct():
   model = DecoderOnlyLM.random(5, VOCAB)
   drafter = as_tree_drafter(model, first_without_replacement=True)
-  state = drafter.init(jnp.asarray(PROMPTS), MAX_LEN)
+  state = jit_call(drafter, "init", jnp.asarray(PROMPTS), MAX_LEN)
   buffer = jnp.zeros(
       (2, MAX_LEN + 1),
       jnp.int32).at[:, 0].set(model.start_token(jnp.asarray(PROMPTS)))
@@ -109,11 +126,10 @@ def test_first_tokens_without_replacement_are_distinct():
   method = sampling.Sampling(8.0, top_k=2)
   seen = set()
   for seed in range(8):
-    _, tokens, probs = drafter.propose_tree(state, buffer,
-                                            jnp.zeros((2,), jnp.int32),
-                                            jax.random.PRNGKey(seed),
-                                            gamma=GAMMA, width=WIDTH,
-                                            method=method)
+    _, tokens, probs = _propose_tree(drafter, state, buffer,
+                                     jnp.zeros((2,), jnp.int32),
+                                     jax.random.PRNGKey(seed), gamma=GAMMA,
+                                     width=WIDTH, method=method)
     for b in range(2):
       first = np.asarray(tokens[b, :, 0])
       q = np.asarray(probs[b, 0, 0])

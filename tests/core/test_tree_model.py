@@ -16,6 +16,7 @@ import pytest
 
 from specdec_jax.core.models.attention import tree_visibility
 
+from conftest import jit_call
 from conftest import random_model
 from conftest import tiny_config
 from decoder_only_helpers import DecoderOnlyLM
@@ -69,17 +70,18 @@ def test_tree_logits_and_commit_match_sequential_decoding(setup):
   batch, n, max_len = inputs.shape[0], len(PARENTS), 20
   prefix = rng.integers(2, VOCAB, size=(batch, 4)).astype(np.int32)
   tokens = rng.integers(2, VOCAB, size=(batch, n)).astype(np.int32)
-  state = model.start(jnp.asarray(inputs), max_len)
-  _, state = model.decode_chunk(jnp.asarray(prefix), state)
+  state = jit_call(model, "start", jnp.asarray(inputs), max_len)
+  _, state = jit_call(model, "decode_chunk", jnp.asarray(prefix), state)
   # Rows at different lengths: 4, 2 and 3 positions held.
   lengths = np.array([4, 2, 3], np.int32)
-  state = model.truncate(state, jnp.asarray(lengths))
-  logits, tree_state = model.decode_tree(jnp.asarray(tokens),
-                                         jnp.asarray(PARENTS), state)
+  state = jit_call(model, "truncate", state, jnp.asarray(lengths))
+  logits, tree_state = jit_call(model, "decode_tree", jnp.asarray(tokens),
+                                jnp.asarray(PARENTS), state)
   np.testing.assert_array_equal(model.length(tree_state), lengths)
   for node in range(n):
     path = _path(node)
-    expected, _ = model.decode_chunk(jnp.asarray(tokens[:, path]), state)
+    expected, _ = jit_call(model, "decode_chunk", jnp.asarray(tokens[:, path]),
+                           state)
     np.testing.assert_allclose(logits[:, node], expected[:, -1], atol=ATOL,
                                err_msg=f"node {node}")
 
@@ -87,18 +89,19 @@ def test_tree_logits_and_commit_match_sequential_decoding(setup):
   paths = np.array([[0, 1, 3, 4, 5], [0, 6, 0, 0, 0], [7, 0, 0, 0, 0]],
                    np.int32)
   kept = np.array([5, 2, 1], np.int32)
-  committed = model.commit_path(tree_state, jnp.asarray(paths),
-                                jnp.asarray(kept))
+  committed = jit_call(model, "commit_path", tree_state, jnp.asarray(paths),
+                       jnp.asarray(kept))
   np.testing.assert_array_equal(model.length(committed), lengths + kept)
   more = rng.integers(2, VOCAB, size=(batch, 3)).astype(np.int32)
-  after, _ = model.decode_chunk(jnp.asarray(more), committed)
+  after, _ = jit_call(model, "decode_chunk", jnp.asarray(more), committed)
   for b in range(batch):
     # Sequential reference for row b: its path, then the continuation, fed
     # in one chunk after row b's prefix.
     chunk = np.concatenate([tokens[b, paths[b, :kept[b]]], more[b]])
-    ref, _ = model.decode_chunk(
-        jnp.asarray(chunk[None].repeat(batch, 0)),
-        model.truncate(state, jnp.full((batch,), lengths[b], jnp.int32)))
+    ref, _ = jit_call(
+        model, "decode_chunk", jnp.asarray(chunk[None].repeat(batch, 0)),
+        jit_call(model, "truncate", state,
+                 jnp.full((batch,), lengths[b], jnp.int32)))
     np.testing.assert_allclose(after[b], ref[b, kept[b]:], atol=ATOL,
                                err_msg=f"row {b}")
 

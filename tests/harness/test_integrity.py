@@ -192,6 +192,19 @@ def test_the_compilation_cache_is_locked_between_processes():
   assert locked == "True"
 
 
+def test_a_locked_cache_write_scans_and_evicts_nothing(tmp_path):
+  """JAX's size-limited cache scans every entry on each write (a cold test
+  suite spent most of its compile time there); after
+  `skip_eviction_scans` nothing is scanned or evicted, and the lock stays."""
+  from jax._src import lru_cache  # pylint: disable=g-import-not-at-top
+  assert compilation_cache.skip_eviction_scans()
+  cache = lru_cache.LRUCache(str(tmp_path), max_size=10)
+  cache.put("a", b"12345678")
+  cache.put("b", b"87654321")  # 16 bytes > 10: JAX's scan would evict "a"
+  assert cache.get("a") == b"12345678" and cache.get("b") == b"87654321"
+  assert cache.eviction_enabled and (tmp_path / ".lockfile").exists()
+
+
 def test_a_cache_folder_from_before_the_lock_gets_its_access_times(tmp_path):
   (tmp_path / "jit_f-abc-cache").write_bytes(b"x")
   (tmp_path / "jit_g-def-cache").write_bytes(b"y")

@@ -38,6 +38,7 @@ from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import RunPlan
 
 from conftest import REPO
+from conftest import jit_call
 from conftest import random_model
 from conftest import tiny_config
 from feature_helpers import VOCAB
@@ -133,11 +134,13 @@ def test_pricing_a_feature_draft_runs_its_propose():
   context = jnp.asarray([[5, 6, 7, 8, 9, 1], [9, 8, 7, 1, 0, 0]], jnp.int32)
   drafter = drafters.FeatureDrafter(draft)
   # Without the target's features its propose cannot run at all.
+  # (Its state built as one program each; the refused call itself eager.)
+  state = jit_call(drafter, "init", inputs, 9,
+                   target.encoder_output(jit_call(target, "start", inputs, 9)))
   with pytest.raises(ValueError, match="needs target_features"):
-    drafter.propose(
-        drafter.init(inputs, 9, target.encoder_output(target.start(inputs, 9))),
-        jnp.zeros((2, 9), jnp.int32), jnp.zeros((2,), jnp.int32),
-        jax.random.PRNGKey(0), gamma=2, method=args.method())
+    drafter.propose(state, jnp.zeros((2, 9), jnp.int32),
+                    jnp.zeros((2,), jnp.int32), jax.random.PRNGKey(0), gamma=2,
+                    method=args.method())
   by_k, t_draft = step_costs.price_calls(args, drafter, target, inputs, (1, 3),
                                          3, context, FEW_STEPS)
   assert set(by_k) == {1, 3}
@@ -146,8 +149,9 @@ def test_pricing_a_feature_draft_runs_its_propose():
   keeping = target.with_features()
   buffer = jnp.pad(context, ((0, 0), (1, 0)))[:, :5]
   features = step_costs.context_features(keeping, inputs, buffer, 9)
-  _, cache = keeping.decode_chunk(buffer, keeping.start(inputs, 9))
-  # (Jitted against op by op: float32 rounding apart.)
+  _, cache = jit_call(keeping, "decode_chunk", buffer,
+                      jit_call(keeping, "start", inputs, 9))
+  # (Two programs: float32 rounding apart.)
   np.testing.assert_allclose(features, keeping.features(cache), rtol=1e-5,
                              atol=1e-5)
   assert float(jnp.abs(features[:, :5]).sum()) > 0

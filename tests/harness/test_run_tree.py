@@ -10,6 +10,7 @@
 Tiny runs end to end (exact, recorded; a sweep over TREE_WIDTH; GAMMA=
 'auto' with TREE_WIDTH='auto'): tests/e2e/test_run_tree_e2e.py.
 """
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -25,12 +26,26 @@ from specdec_jax.experiment import arguments
 from specdec_jax.metrics import step_costs
 from specdec_jax.metrics import tree_costs
 
+from conftest import jit_call
 from conftest import perturbed
 from conftest import random_model
 from conftest import tiny_config
 from run_helpers import parse_local_tiny
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
+
+
+# The drafters' calls as one program each (eagerly, each of their
+# operations is a program of its own: minutes on a cold compilation cache).
+@functools.partial(jax.jit, static_argnames=("gamma", "method"))
+def _propose(drafter, state, buffer, length, rng, *, gamma, method):
+  return drafter.propose(state, buffer, length, rng, gamma=gamma, method=method)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "width", "method"))
+def _propose_tree(drafter, state, buffer, length, rng, *, gamma, width, method):
+  return drafter.propose_tree(state, buffer, length, rng, gamma=gamma,
+                              width=width, method=method)
 
 
 @pytest.mark.parametrize("bindings,expect", [
@@ -98,26 +113,26 @@ def test_the_tree_calls_are_priced_as_the_loop_makes_them():
   parents = tuple(int(p) for p in tree_acceptance.chain_parents(width, gamma))
   nodes = np.random.default_rng(1).integers(
       2, 32, size=(2, 1 + width * gamma)).astype(np.int32)
-  cache = target.start(enc, 20)
+  cache = jit_call(target, "start", enc, 20)
   prefix = np.random.default_rng(2).integers(2, 32, size=(2, fill))
-  _, cache = target.decode_chunk(jnp.asarray(prefix, jnp.int32), cache)
+  _, cache = jit_call(target, "decode_chunk", jnp.asarray(prefix, jnp.int32),
+                      cache)
   call = tree_costs.TreeCall(target, parents)
-  got, _ = call.decode_chunk(nodes, cache)
-  want, _ = target.decode_tree(nodes, jnp.asarray(parents), cache)
+  got, _ = jit_call(call, "decode_chunk", nodes, cache)
+  want, _ = jit_call(target, "decode_tree", nodes, jnp.asarray(parents), cache)
   np.testing.assert_allclose(got, want, atol=1e-6)
 
   tree_drafter = drafters.TreeModelDrafter(draft)
   proposer = tree_costs.TreeProposer(tree_drafter, width)
-  state = proposer.init(enc, 20)
+  state = jit_call(proposer, "init", enc, 20)
   buffer = jnp.asarray(np.pad(prefix, ((0, 0), (1, 8))), jnp.int32)
   length = jnp.full((2,), fill, jnp.int32)
   rng = jax.random.PRNGKey(0)
   method = sampling.Greedy()
-  after, tokens, probs = proposer.propose(state, buffer, length, rng,
-                                          gamma=gamma, method=method)
-  _, want_tokens, _ = tree_drafter.propose_tree(state, buffer, length, rng,
-                                                gamma=gamma, width=width,
-                                                method=method)
+  after, tokens, probs = _propose(proposer, state, buffer, length, rng,
+                                  gamma=gamma, method=method)
+  _, want_tokens, _ = _propose_tree(tree_drafter, state, buffer, length, rng,
+                                    gamma=gamma, width=width, method=method)
   assert probs is None
   np.testing.assert_array_equal(tokens, np.reshape(want_tokens, (2, -1)))
   assert isinstance(after, type(state))  # one branch kept: as `init`'s

@@ -3,6 +3,7 @@
 Our loader reads T5X's checkpoint, our model reproduces T5X's logits, and
 both our decoders reproduce T5X's greedy `decoding.temperature_sample`.
 """
+import functools
 import json
 
 import jax
@@ -22,6 +23,12 @@ from conftest import random_model
 from conftest import require_shared
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(config, params, enc, dec, target):
+  """The teacher-forced forward pass, compiled as one program."""
+  return Transformer(config).apply(params, enc, dec, target)
+
+
 @pytest.fixture(scope="module")
 def fixture():
   require_shared(T5X_TINY)
@@ -35,10 +42,8 @@ def test_model_reproduces_t5x_logits(fixture, layout):
   config, ref = fixture
   params = checkpoints.load_t5x_params(str(T5X_TINY / layout / "checkpoint_0"),
                                        expected=param_shapes(config)["params"])
-  logits = Transformer(config).apply({"params": params},
-                                     ref["encoder_input_tokens"],
-                                     ref["decoder_input_tokens"],
-                                     ref["decoder_target_tokens"])
+  logits = _forward(config, {"params": params}, ref["encoder_input_tokens"],
+                    ref["decoder_input_tokens"], ref["decoder_target_tokens"])
   np.testing.assert_allclose(logits, ref["logits"], atol=1e-4, rtol=1e-4)
 
 
