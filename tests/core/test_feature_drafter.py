@@ -322,7 +322,7 @@ def test_shipped_feature_draft_loads_and_decodes_exactly():
   import gin  # pylint: disable=g-import-not-at-top
   from specdec_jax import checkpoints
   from specdec_jax.config import gin_reader
-  from specdec_jax.config import gin_utils  # registers FeatureDrafterConfig
+  from specdec_jax.config import gin_utils  # noqa: F401 (registers FeatureDrafterConfig)
   from specdec_jax.data import vocab as vocab_lib
   from specdec_jax.core.models import T5Model
   from specdec_jax.core.models import param_shapes
