@@ -38,6 +38,7 @@ if os.environ.get("SPECDEC_JAX_TEST_CACHE", "1") != "0":
   _cache.skip_eviction_scans()
 
 import jax
+import numpy as np
 import pytest
 
 from specdec_jax.core.models import T5Config
@@ -94,20 +95,29 @@ def perturbed(model: T5Model, scale: float, seed: int) -> T5Model:
 _JITTED = {}
 
 
-def jit_call(model, method: str, *args):
-  """`model.method(*args)` compiled as one program: the model a pytree
-  argument, Python ints static.
+def jit_call(model, name: str, /, *args, **kwargs):
+  """`model.<name>(*args, **kwargs)` compiled as one program: the model and
+  the arrays traced; Python ints among args, and keywords that are not
+  arrays (γ, a sampling method), static.
 
   Eagerly, a model call dispatches each of its hundreds of operations as a
   program of its own, compiled once per shape: a cold run of the suite
   spent minutes on them. One program per method and shapes instead.
   """
   static = tuple(i + 1 for i, a in enumerate(args) if isinstance(a, int))
-  key = (method, static)
+  fixed = {
+      k: v
+      for k, v in kwargs.items()
+      if not isinstance(v, (jax.Array, np.ndarray))
+  }
+  traced = {k: v for k, v in kwargs.items() if k not in fixed}
+  key = (name, static, tuple(sorted(fixed.items(), key=lambda kv: kv[0])),
+         tuple(sorted(traced)))
   if key not in _JITTED:
-    _JITTED[key] = jax.jit(lambda m, *a: getattr(m, method)(*a),
-                           static_argnums=static)
-  return _JITTED[key](model, *args)
+    _JITTED[key] = jax.jit(
+        lambda m, *a, **t: getattr(m, name)(*a, **t, **fixed),
+        static_argnums=static)
+  return _JITTED[key](model, *args, **traced)
 
 
 @pytest.fixture

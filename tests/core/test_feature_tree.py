@@ -11,7 +11,6 @@
   significance 1e-3, fixed seeds); power: the same check on the same draws
   fails with a rule that forgets the residual (not exact).
 """
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -32,23 +31,6 @@ from test_tree_acceptance import UncorrectedTreeAcceptance
 
 MAX_LEN = 14
 SIGNIFICANCE = 1e-3
-
-
-# The drafter's calls as one program each (eagerly, each of their
-# operations is a program of its own: minutes on a cold compilation cache).
-@functools.partial(jax.jit, static_argnames=("gamma", "method"))
-def _propose(drafter, state, buffer, length, rng, *, gamma, method,
-             target_features):
-  return drafter.propose(state, buffer, length, rng, gamma=gamma, method=method,
-                         target_features=target_features)
-
-
-@functools.partial(jax.jit, static_argnames=("gamma", "width", "method"))
-def _propose_tree(drafter, state, buffer, length, rng, *, gamma, width, method,
-                  target_features):
-  return drafter.propose_tree(state, buffer, length, rng, gamma=gamma,
-                              width=width, method=method,
-                              target_features=target_features)
 
 
 def test_commit_path_moves_the_kept_hidden_states():
@@ -99,10 +81,10 @@ def test_branches_start_with_the_top_k_of_q1(greedy_case):
                 target_features=keeping.features(state))
   start = jit_call(tree, "init", jnp.asarray(inputs), 16,
                    keeping.encoder_output(state))
-  _, one, _ = _propose(tree, start, buffer, length, jax.random.PRNGKey(0),
-                       **kwargs)
-  _, branches, probs = _propose_tree(tree, start, buffer, length,
-                                     jax.random.PRNGKey(0), width=3, **kwargs)
+  _, one, _ = jit_call(tree, "propose", start, buffer, length,
+                       jax.random.PRNGKey(0), **kwargs)
+  _, branches, probs = jit_call(tree, "propose_tree", start, buffer, length,
+                                jax.random.PRNGKey(0), width=3, **kwargs)
   assert probs is None and branches.shape == (4, 3, 3)
   np.testing.assert_array_equal(branches[:, 0], one)  # branch 0: propose's
   q1_logits, _, _ = jit_call(tree, "catch_up", start, buffer, length, 3,

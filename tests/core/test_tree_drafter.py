@@ -11,7 +11,6 @@ What must hold (decoder-only example model as the draft, batch 2):
   and the branches past q_1's support have q = 0;
 * bad drafters are rejected with a clear error.
 """
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -28,19 +27,6 @@ from decoder_only_helpers import next_logits
 
 VOCAB, GAMMA, WIDTH, MAX_LEN = 7, 3, 3, 12
 PROMPTS = np.array([[3, 2, 5], [4, 6, 0]], np.int32)
-
-
-# The drafter's calls as one program each (eagerly, each of their
-# operations is a program of its own: minutes on a cold compilation cache).
-@functools.partial(jax.jit, static_argnames=("gamma", "method"))
-def _propose(drafter, state, buffer, length, rng, *, gamma, method):
-  return drafter.propose(state, buffer, length, rng, gamma=gamma, method=method)
-
-
-@functools.partial(jax.jit, static_argnames=("gamma", "width", "method"))
-def _propose_tree(drafter, state, buffer, length, rng, *, gamma, width, method):
-  return drafter.propose_tree(state, buffer, length, rng, gamma=gamma,
-                              width=width, method=method)
 
 
 def _prompt(b):
@@ -60,9 +46,9 @@ def _setup():
 def test_greedy_branches_are_the_top_k_then_greedy():
   model, drafter, state, buffer = _setup()
   length = jnp.zeros((2,), jnp.int32)
-  _, tokens, probs = _propose_tree(drafter, state, buffer, length,
-                                   jax.random.PRNGKey(0), gamma=GAMMA,
-                                   width=WIDTH, method=sampling.Greedy())
+  _, tokens, probs = jit_call(drafter, "propose_tree", state, buffer, length,
+                              jax.random.PRNGKey(0), gamma=GAMMA, width=WIDTH,
+                              method=sampling.Greedy())
   assert probs is None and tokens.shape == (2, WIDTH, GAMMA)
   for b in range(2):
     first = np.argsort(-next_logits(model, _prompt(b)), kind="stable")
@@ -77,9 +63,10 @@ def test_sampled_branches_carry_their_own_q_and_rollback_keeps_one():
   model, drafter, state, buffer = _setup()
   method = sampling.Sampling(1.0, top_k=4)
   length = jnp.zeros((2,), jnp.int32)
-  tree_state, tokens, probs = _propose_tree(drafter, state, buffer, length,
-                                            jax.random.PRNGKey(1), gamma=GAMMA,
-                                            width=WIDTH, method=method)
+  tree_state, tokens, probs = jit_call(drafter, "propose_tree",
+                                       state, buffer, length,
+                                       jax.random.PRNGKey(1), gamma=GAMMA,
+                                       width=WIDTH, method=method)
   assert probs.shape == (2, WIDTH, GAMMA, VOCAB)
   standardize = jax.jit(method.standardize)
   for b in range(2):
@@ -96,7 +83,7 @@ def test_sampled_branches_carry_their_own_q_and_rollback_keeps_one():
   buffer = buffer.at[0, 1:3].set(tokens[0, 2, :2]).at[0, 3].set(1)
   buffer = buffer.at[1, 1:GAMMA + 1].set(tokens[1, 0]).at[1, GAMMA + 1].set(4)
   state = jit_call(drafter, "rollback_tree", tree_state, kept + 1, branch)
-  _, after, _ = _propose(drafter, state, buffer, kept + 1,
+  _, after, _ = jit_call(drafter, "propose", state, buffer, kept + 1,
                          jax.random.PRNGKey(2), gamma=GAMMA,
                          method=sampling.Greedy())
   for b in range(2):
@@ -126,10 +113,10 @@ def test_first_tokens_without_replacement_are_distinct():
   method = sampling.Sampling(8.0, top_k=2)
   seen = set()
   for seed in range(8):
-    _, tokens, probs = _propose_tree(drafter, state, buffer,
-                                     jnp.zeros((2,), jnp.int32),
-                                     jax.random.PRNGKey(seed), gamma=GAMMA,
-                                     width=WIDTH, method=method)
+    _, tokens, probs = jit_call(drafter, "propose_tree", state, buffer,
+                                jnp.zeros((2,), jnp.int32),
+                                jax.random.PRNGKey(seed), gamma=GAMMA,
+                                width=WIDTH, method=method)
     for b in range(2):
       first = np.asarray(tokens[b, :, 0])
       q = np.asarray(probs[b, 0, 0])

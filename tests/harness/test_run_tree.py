@@ -10,7 +10,6 @@
 Tiny runs end to end (exact, recorded; a sweep over TREE_WIDTH; GAMMA=
 'auto' with TREE_WIDTH='auto'): tests/e2e/test_run_tree_e2e.py.
 """
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -33,19 +32,6 @@ from conftest import tiny_config
 from run_helpers import parse_local_tiny
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
-
-
-# The drafters' calls as one program each (eagerly, each of their
-# operations is a program of its own: minutes on a cold compilation cache).
-@functools.partial(jax.jit, static_argnames=("gamma", "method"))
-def _propose(drafter, state, buffer, length, rng, *, gamma, method):
-  return drafter.propose(state, buffer, length, rng, gamma=gamma, method=method)
-
-
-@functools.partial(jax.jit, static_argnames=("gamma", "width", "method"))
-def _propose_tree(drafter, state, buffer, length, rng, *, gamma, width, method):
-  return drafter.propose_tree(state, buffer, length, rng, gamma=gamma,
-                              width=width, method=method)
 
 
 @pytest.mark.parametrize("bindings,expect", [
@@ -129,10 +115,11 @@ def test_the_tree_calls_are_priced_as_the_loop_makes_them():
   length = jnp.full((2,), fill, jnp.int32)
   rng = jax.random.PRNGKey(0)
   method = sampling.Greedy()
-  after, tokens, probs = _propose(proposer, state, buffer, length, rng,
-                                  gamma=gamma, method=method)
-  _, want_tokens, _ = _propose_tree(tree_drafter, state, buffer, length, rng,
-                                    gamma=gamma, width=width, method=method)
+  after, tokens, probs = jit_call(proposer, "propose", state, buffer, length,
+                                  rng, gamma=gamma, method=method)
+  _, want_tokens, _ = jit_call(tree_drafter, "propose_tree", state, buffer,
+                               length, rng, gamma=gamma, width=width,
+                               method=method)
   assert probs is None
   np.testing.assert_array_equal(tokens, np.reshape(want_tokens, (2, -1)))
   assert isinstance(after, type(state))  # one branch kept: as `init`'s
