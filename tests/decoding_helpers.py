@@ -1,4 +1,4 @@
-"""Test doubles and references for the decode loops (no neural network).
+"""Test doubles and references for the decode loops.
 
 * `ScriptedTarget`: a target whose logits at decoder position t of row b are
   scripted: position_logits[b, t] + bigram[token fed at t]. In strict mode
@@ -11,8 +11,11 @@
 * `reference_standardize`: sort-based temperature / top-k / top-p in
   float64, the textbook definitions, independent of `sampling`.
 * `sequence_distribution`: the exact distribution of the first tokens of a
-  scripted target, by enumeration.
+  scripted target, by enumeration; `model_sequence_distribution`: the same
+  for a T5 model, from one forward pass over every prefix.
 """
+import itertools
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -21,6 +24,7 @@ from jax.experimental import checkify
 from scipy import stats
 
 from specdec_jax.core import drafters
+from specdec_jax.core.models import Transformer
 
 POISON_LOGIT = 100.0
 
@@ -193,6 +197,35 @@ def sequence_distribution(next_probs, vocab, steps, eos):
 
   walk((), 1.0)
   return out
+
+
+def model_sequence_distribution(model, inputs, method_args, vocab, steps, eos):
+  """{first `steps` tokens (0-padded after EOS): probability} of a T5 model.
+
+  Every prefix of fewer than `steps` tokens is scored in one forward pass
+  (teacher forcing, the model's own code but no decode loop) and its next
+  token's distribution taken from `reference_standardize(logits,
+  *method_args)`: the textbook definitions, not the code under test.
+
+  Args:
+    model: a `T5Model` (its `config` and `params`).
+    inputs: [1, L] int32 encoder input.
+    method_args: (temperature, top_k, top_p).
+    vocab, steps, eos: the enumeration's vocabulary size, length and EOS.
+  """
+  prefixes = [()]
+  for length in range(1, steps):
+    prefixes += list(itertools.product(range(vocab), repeat=length))
+  dec = np.zeros((len(prefixes), steps), np.int32)
+  for i, prefix in enumerate(prefixes):
+    dec[i, 1:len(prefix) + 1] = prefix
+  enc = np.repeat(inputs, len(prefixes), axis=0)
+  logits = jax.jit(Transformer(model.config).apply)(model.params, enc, dec,
+                                                    np.ones_like(dec))
+  lengths = np.array([len(p) for p in prefixes])
+  last = np.asarray(logits)[np.arange(len(prefixes)), lengths]
+  table = dict(zip(prefixes, reference_standardize(last, *method_args)))
+  return sequence_distribution(lambda p: table[p], vocab, steps, eos)
 
 
 def scripted_next_probs(target: ScriptedTarget, method_args):

@@ -15,7 +15,6 @@
 The loop's bookkeeping case by case (scripted stubs, hand-written
 expectations) is in test_speculative_loop.py.
 """
-import itertools
 import re
 
 import flax
@@ -31,14 +30,13 @@ from specdec_jax.core import kernels
 from specdec_jax.core import models
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import loops
-from specdec_jax.core.models import Transformer
 
 from conftest import REPO
 from conftest import perturbed
 from conftest import random_model
 from conftest import tiny_config
 from decoding_helpers import chisquare_pvalue
-from decoding_helpers import reference_standardize
+from decoding_helpers import model_sequence_distribution
 
 SIGNIFICANCE = 1e-3
 
@@ -148,36 +146,10 @@ EOS = 1
 
 
 def _exact_sequence_distribution(model, inputs, temperature, top_k, top_p):
-  """P(first STEPS tokens) by enumeration of every prefix (EOS ends early).
-
-  Returns {tuple(tokens, 0-padded after EOS): probability}.
-  """
-  prefixes = [()]
-  for length in range(1, STEPS):
-    prefixes += list(itertools.product(range(VOCAB), repeat=length))
-  dec = np.zeros((len(prefixes), STEPS), np.int32)
-  for i, prefix in enumerate(prefixes):
-    dec[i, 1:len(prefix) + 1] = prefix
-  enc = np.repeat(inputs, len(prefixes), axis=0)
-  logits = jax.jit(Transformer(model.config).apply)(model.params, enc, dec,
-                                                    np.ones_like(dec))
-  lengths = np.array([len(p) for p in prefixes])
-  last = np.asarray(logits)[np.arange(len(prefixes)), lengths]
-  # The textbook definitions (sort-based, float64), not the code under test.
-  probs = reference_standardize(last, temperature, top_k, top_p)
-  next_probs = {p: probs[i] for i, p in enumerate(prefixes)}
-  out = {}
-
-  def walk(prefix, mass):
-    if len(prefix) == STEPS or (prefix and prefix[-1] == EOS):
-      out[prefix + (0,) * (STEPS - len(prefix))] = mass
-      return
-    for tok in range(VOCAB):
-      if next_probs[prefix][tok] > 0:
-        walk(prefix + (tok,), mass * next_probs[prefix][tok])
-
-  walk((), 1.0)
-  return out
+  """P(first STEPS tokens) by enumeration of every prefix (EOS ends early):
+  {tuple(tokens, 0-padded after EOS): probability}."""
+  return model_sequence_distribution(model, inputs, (temperature, top_k, top_p),
+                                     VOCAB, STEPS, EOS)
 
 
 @pytest.mark.parametrize(

@@ -13,13 +13,11 @@ import pytest
 
 from decoding_helpers import chisquare_pvalue
 from decoding_helpers import count_sequences
-from decoding_helpers import reference_standardize
-from decoding_helpers import sequence_distribution
+from decoding_helpers import model_sequence_distribution
 from run_helpers import parse_local_tiny_out
 
 from specdec_jax import run as run_lib
 from specdec_jax.metrics import run_metrics
-from specdec_jax.core.models import Transformer
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_mode
 from specdec_jax.experiment import auto_switch
@@ -186,19 +184,8 @@ class _ConstantVocabulary:
 
 def _exact_distribution(model, inputs, temperature):
   """{first STEPS tokens (0 after EOS): probability} by enumeration."""
-  prefixes = [()] + [(a,) for a in range(VOCAB)
-                    ] + [(a, b) for a in range(VOCAB) for b in range(VOCAB)]
-  dec = np.zeros((len(prefixes), STEPS), np.int32)
-  for i, prefix in enumerate(prefixes):
-    dec[i, 1:len(prefix) + 1] = prefix
-  enc = np.repeat(inputs, len(prefixes), axis=0)
-  logits = jax.jit(Transformer(model.config).apply)(model.params, enc, dec,
-                                                    np.ones_like(dec))
-  last = np.asarray(logits)[np.arange(len(prefixes)),
-                            [len(p) for p in prefixes]]
-  probs = reference_standardize(last, temperature, 0, 1.0)
-  table = dict(zip(prefixes, probs))
-  return sequence_distribution(lambda p: table[p], VOCAB, STEPS, EOS)
+  return model_sequence_distribution(model, inputs, (temperature, 0, 1.0),
+                                     VOCAB, STEPS, EOS)
 
 
 def test_a_run_that_switches_at_t_above_0_samples_the_targets_distribution(
