@@ -28,8 +28,9 @@ if os.environ.get("SPECDEC_JAX_TEST_CACHE", "1") != "0":
   # A size limit makes JAX lock the cache folder (filelock) for each read
   # and write: the two workers and their subprocesses share it, and an
   # entry read while another process writes it aborts XLA.
-  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(32 << 30))
   from specdec_jax.files import compilation_cache as _cache  # no jax import
+  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE",
+                        str(_cache.MAX_SIZE_BYTES))
   _cache.add_missing_atimes(os.environ["JAX_COMPILATION_CACHE_DIR"])
   # The suite writes thousands of entries (most of them eager one-op
   # programs): with JAX's eviction scan on every write, a cold run spent
