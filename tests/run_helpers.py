@@ -11,9 +11,12 @@ its end-to-end ones (tests/e2e/).
   (COMPILE_TOPOLOGY; skips without libtpu).
 * `run_cli`: the command in a subprocess; `subprocess_env`: the
   environment of one that runs this checkout.
+* `gcs_at` / `refused_gcs`: gs:// paths served by a loopback port (a
+  stand-in endpoint; one nothing listens on).
 """
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -109,3 +112,20 @@ def subprocess_env() -> dict:
   env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
   env.pop("TENSORSTORE_GCS_HTTP_URL", None)
   return env
+
+
+def gcs_at(monkeypatch, port: int, token: str = "loopback") -> None:
+  """gs:// paths served by 127.0.0.1:port (tensorstore's stand-in
+  endpoint), with a test token instead of credentials."""
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{port}")
+  monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", token)
+
+
+def refused_gcs(monkeypatch) -> int:
+  """gs:// paths served by a loopback port nothing listens on (every
+  connection refused); returns the port."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]  # closed again: connections are refused
+  gcs_at(monkeypatch, port)
+  return port

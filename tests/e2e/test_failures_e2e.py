@@ -25,6 +25,8 @@ from specdec_jax.experiment import run_lock
 from specdec_jax.experiment import runner
 
 from conftest import REPO
+from run_helpers import gcs_at
+from run_helpers import refused_gcs
 from run_helpers import subprocess_env
 from run_helpers import tiny_run_plan
 
@@ -158,8 +160,7 @@ def silent_gcs(monkeypatch):
   thread = threading.Thread(target=accept, daemon=True)
   thread.start()
   port = server.getsockname()[1]
-  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{port}")
-  monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "loopback")
+  gcs_at(monkeypatch, port)
   monkeypatch.setenv(io_utils.TIMEOUT_ENV, "1.5")
   yield port
   stop.set()
@@ -183,11 +184,7 @@ def test_gcs_without_answer_fails_within_the_deadline(silent_gcs):
 
 
 def test_gcs_refused_port_fails_with_the_path(monkeypatch):
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]  # closed again: connections are refused
-  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{port}")
-  monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "loopback")
+  refused_gcs(monkeypatch)
   monkeypatch.setenv(io_utils.TIMEOUT_ENV, "1.5")
   start = time.monotonic()
   with pytest.raises(Exception) as e:

@@ -22,6 +22,7 @@ import pytest
 from conftest import T5X_TINY
 from conftest import require_shared
 import multihost_worker
+from run_helpers import gcs_at
 from specdec_jax.files import io_utils
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import make_decoders
@@ -78,8 +79,7 @@ def emulator():
         pass
 
     mp.setattr(emulator_objects, "download", download_with_generation)
-    mp.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{port}")
-    mp.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
+    gcs_at(mp, port, token="emulator")
     yield port, f"gs://{BUCKET}"
   server.stop()
 

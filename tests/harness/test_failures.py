@@ -15,7 +15,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import textwrap
 import sys
@@ -45,6 +44,7 @@ from specdec_jax.training import trainer
 
 from conftest import REPO
 from run_helpers import parse_gin_files
+from run_helpers import refused_gcs
 from run_helpers import subprocess_env
 from run_helpers import tiny_run_plan
 
@@ -572,11 +572,7 @@ def test_lock_without_hard_links_still_works(tmp_path, monkeypatch):
 
 def test_gcs_refused_port_fails_in_seconds(monkeypatch):
   """Weak spot: a refused connection waited out the 60 s deadline."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]  # closed again: connections are refused
-  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{port}")
-  monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "loopback")
+  port = refused_gcs(monkeypatch)
   for name in io_utils._PROXY_ENVS:  # pylint: disable=protected-access
     monkeypatch.delenv(name, raising=False)
   start = time.monotonic()
