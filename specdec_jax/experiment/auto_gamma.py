@@ -143,8 +143,10 @@ def pilot_gamma(pilot: DecodePlan, feed,
   with progress.phase(
       f"GAMMA='auto': pilot decode of the first {sample} examples "
       f"({batches} batches, γ={gamma}; compiling first)"):
+    # One width for every pilot batch: one compile (`Feeder.widest`).
+    width = feed.widest(batches)
     for b in range(batches):
-      stats = multihost.to_host(pilot.speculative(feed.batch(b),
+      stats = multihost.to_host(pilot.speculative(feed.batch(b, width),
                                                   rng)).statistics()
       kept += int(
           np.arange(gamma + 1) @ np.asarray(stats["accepted_histogram"]))

@@ -68,9 +68,8 @@ class Candidate:
   @property
   def pilot_key(self) -> str:
     """The pilot whose acceptance this candidate's prediction reads: one
-    per mode, and per k for trees ('token', 'tree k=2')."""
-    if self.mode.branches and self.tree_width is not None:
-      return f"{self.mode.name} k={self.tree_width}"
+    per mode ('token', 'tree'); one tree pilot, with the widest k, serves
+    every k (`first_depth`)."""
     return self.mode.name
 
   @property
@@ -180,7 +179,8 @@ def predict(candidate: Candidate, prices: Optional[Prices],
   Args:
     candidate: the setting.
     prices: the measured call costs (None: nothing priced, beams).
-    pilots: {pilot_key: {'alpha', and for trees 'first_depth' (a_1) and
+    pilots: {pilot_key: {'alpha', and for trees 'first_depth' (a_1),
+      'first_depth_by_width' (a_1 of k = 1, 2, ...: `first_depth`) and
       'deeper' (a); for beams 'speedup', their measured ratio}}.
 
   Returns:
@@ -213,7 +213,7 @@ def predict(candidate: Candidate, prices: Optional[Prices],
   assert prices is not None and gamma is not None
   if mode.branches:
     assert width is not None
-    first, deeper = float(pilot["first_depth"]), float(pilot["deeper"])
+    first, deeper = first_depth(pilot, width), float(pilot["deeper"])
     c = float(prices.cost_coefficient_by_width[width])
     call = prices.tree_call_cost(1 + width * gamma)
     tokens = auto_tree.expected_tree_tokens(first, deeper, gamma)
@@ -237,19 +237,39 @@ def predict(candidate: Candidate, prices: Optional[Prices],
   return row
 
 
+def first_depth(pilot: Mapping[str, Any], width: int) -> float:
+  """a_1 of a tree of k = `width` branches from a tree pilot's record: its
+  'first_depth_by_width' entry k - 1 (a pilot with k' >= k branches keeps
+  a guess on a call with k branches exactly when its first round is below
+  k: `tree_acceptance.first_round`), else its own 'first_depth'.
+
+  The pilot's deeper a serves every k: a narrower tree, with fewer
+  repeated first guesses to carry on, keeps no more than it at depth 2.
+  """
+  by_width = pilot.get("first_depth_by_width") or ()
+  if 1 <= width <= len(by_width):
+    return float(by_width[width - 1])
+  return float(pilot["first_depth"])
+
+
 def calibrated(
     rows: Sequence[Dict[str, Any]], measured: float, predicted: float,
-    bounds: Tuple[float, float] = (0.25, 4.0)
-) -> Tuple[List[Dict[str, Any]], float]:
+    bounds: Tuple[float, float] = (0.25, 4.0),
+    trees: Optional[bool] = None) -> Tuple[List[Dict[str, Any]], float]:
   """The priced speculative rows scaled by κ = measured / predicted, the
   cost model's error on this machine as a timed pilot saw it (the loop's
   own work beside the priced calls: acceptance, rollback, the outer loop);
-  κ is clipped to `bounds`. Returns (rows, κ)."""
+  κ is clipped to `bounds`. `trees`: scale only the tree rows (True), only
+  the chain rows (False: a tree pilot calibrates the trees, whose loop
+  does other work), or every priced row (None). Returns (rows, κ)."""
   kappa = measured / predicted if predicted > 0 else 1.0
   kappa = float(min(max(kappa, bounds[0]), bounds[1]))
   out = []
   for row in rows:
     row = dict(row)
+    if trees is not None and (row.get("tree_width") is not None) != trees:
+      out.append(row)
+      continue
     if row.get("call_cost") is not None and row.get("alpha") is not None:
       row.update(model_speedup=row["predicted_speedup"],
                  predicted_speedup=row["predicted_speedup"] * kappa)

@@ -2,7 +2,8 @@
 before the timed decode (`walltime.choose_shape` calls `choose_mode`).
 
 `choose_mode` lists the candidates (`auto_mode.candidates`), decodes a
-pilot per mode (and per tree width) on the run's first examples, as many
+pilot per mode (one tree pilot at the widest k serves every k) on the
+run's first examples, each batch at one input width, as many
 as the 95% interval of its α needs (`auto_mode.pilot_done`; cached per
 settings, weights and inputs: `pilots_for`), prices the calls the
 candidates make on this machine (`step_costs.price_calls`,
@@ -88,8 +89,13 @@ def run_pilot(pilot: DecodePlan, feed: multihost.Feeder, cap: int,
 
   Returns:
     {'gamma', 'tree_width', 'examples', 'batches', 'acceptance_trials',
-    'alpha', 'alpha_interval', 'mean_output_tokens'; trees: 'first_depth',
-    'deeper' (`auto_tree.depth_acceptance`); timed: 'speedup',
+    'alpha', 'alpha_interval', 'mean_output_tokens', 'input_width' (the
+    run's most common: every batch decoded at it, one compile),
+    'batches_read' (the batches up to the last one decoded, wider ones
+    skipped); trees: 'first_depth',
+    'deeper' (`auto_tree.depth_acceptance`), 'first_depth_by_width'
+    ([k]: a_1 of k' = 1..k branches, `auto_mode.first_depth`); timed:
+    'speedup',
     'baseline_s', 'speculative_s'}.
   """
   gamma = int(pilot.args.gamma)
@@ -99,16 +105,25 @@ def run_pilot(pilot: DecodePlan, feed: multihost.Feeder, cap: int,
   trials: List[float] = []
   lengths: List[int] = []
   histogram = np.zeros(gamma + 1, np.int64)
+  rounds = None  # trees: [k + 1] calls by their first round
   seconds = np.zeros(2)
   examples = batches = 0
   interval = (0.0, 1.0)
-  warm = set()
+  # One input width: one compile, not one per width (3-5 s each for the
+  # 38M's loops on a 2-core host). The run's most common width, so that a
+  # timed pilot times its usual shape: narrower batches are padded to it,
+  # wider ones skipped.
+  width = feed.common_width(-(-cap // pilot.args.batch_size))
+  read = 0
   for b in range(feed.num_batches):
-    batch, keep, rng = feed.batch(b), feed.kept_rows(b), jax.random.fold_in(
-        pilot.rng, b)
-    if timed and feed.batch_width(b) not in warm:
-      # Each input width compiles first: the timed calls are decodes only.
-      warm.add(feed.batch_width(b))
+    if feed.batch_width(b) > width:
+      continue
+    read = b + 1
+    batch, keep, rng = feed.batch(b,
+                                  width), feed.kept_rows(b), jax.random.fold_in(
+                                      pilot.rng, b)
+    if timed and not batches:
+      # Compiled first: the timed calls are decodes only.
       for decoder in (pilot.baseline, pilot.speculative):
         jax.block_until_ready(decoder(batch, rng))
     if timed:
@@ -121,6 +136,9 @@ def run_pilot(pilot: DecodePlan, feed: multihost.Feeder, cap: int,
     trials += (rows @ per_call).tolist()
     lengths += np.asarray(out.lengths)[keep].tolist()
     histogram += rows.sum(0)
+    if hasattr(out, "first_round_histogram"):
+      counted = np.asarray(out.first_round_histogram)[keep].sum(0)
+      rounds = counted if rounds is None else rounds + counted
     examples, batches = examples + len(keep), batches + 1
     interval = auto_mode.alpha_interval(kept, trials)
     if auto_mode.pilot_done(examples, interval, cap):
@@ -131,6 +149,8 @@ def run_pilot(pilot: DecodePlan, feed: multihost.Feeder, cap: int,
                      if decode_modes.mode_of(pilot.args).branches else None),
       "examples": examples,
       "batches": batches,
+      "batches_read": read,
+      "input_width": width,
       "acceptance_trials": int(sum(trials)),
       "alpha": float(sum(kept) / max(sum(trials), 1.0)),
       "alpha_interval": [float(x) for x in interval],
@@ -140,6 +160,11 @@ def run_pilot(pilot: DecodePlan, feed: multihost.Feeder, cap: int,
   if record["tree_width"] is not None:
     record["first_depth"], record["deeper"] = auto_tree.depth_acceptance(
         histogram)
+    if rounds is not None and rounds.sum():
+      # a_1 of every narrower tree: its calls' first round below its k.
+      record["first_depth_by_width"] = [
+          float(x) for x in np.cumsum(rounds[:-1]) / rounds.sum()
+      ]
   if timed:
     record.update(baseline_s=float(seconds[0]), speculative_s=float(seconds[1]),
                   speedup=float(seconds[0] / max(seconds[1], 1e-12)))
@@ -163,26 +188,31 @@ class Plans:
 
 def _pilot_candidates(candidates: Sequence[Candidate],
                       gamma: int) -> Dict[str, Candidate]:
-  """{pilot_key: the candidate its pilot decodes}: each speculative mode
-  (and tree width) at the pilot γ, or the largest γ its trees allow."""
+  """{pilot_key: the candidate its pilot decodes}: each speculative mode at
+  the pilot γ, or the largest γ its candidates allow; trees at their
+  widest k (one pilot measures every narrower tree's a_1)."""
   out: Dict[str, Candidate] = {}
   for c in candidates:
-    if c.mode.target_alone:
+    if c.mode.target_alone or c.pilot_key in out:
       continue
-    largest = max(d.gamma for d in candidates if d.pilot_key == c.pilot_key)
-    out.setdefault(c.pilot_key, dataclasses.replace(c,
-                                                    gamma=min(gamma, largest)))
+    same = [d for d in candidates if d.pilot_key == c.pilot_key]
+    width = max((d.tree_width or 0) for d in same) or None
+    largest = max(d.gamma for d in same if d.tree_width == width)
+    out[c.pilot_key] = dataclasses.replace(c, gamma=min(gamma, largest),
+                                           tree_width=width)
   return out
 
 
 def _timed_pilots(pilots: Mapping[str, Candidate]) -> Dict[str, bool]:
   """{pilot_key: is it timed}: unpriced modes (beams: their walltime ratio
-  is the prediction) and the first chain pilot (`calibration`)."""
-  timed, calibrating = {}, True
+  is the prediction), the first chain pilot and the tree pilot
+  (`calibration`: κ of the chains and of the trees)."""
+  timed, calibrated = {}, set()
   for key, candidate in pilots.items():
-    chain = candidate.mode.priced and not candidate.mode.branches
-    timed[key] = not candidate.mode.priced or (chain and calibrating)
-    calibrating = calibrating and not chain
+    family = bool(candidate.mode.branches)
+    timed[key] = not candidate.mode.priced or family not in calibrated
+    if candidate.mode.priced:
+      calibrated.add(family)
   return timed
 
 
@@ -247,7 +277,7 @@ def pilots_for(plan: Loaded, feed: multihost.Feeder, pilots: Mapping[str,
                         f"{cap} examples"):
       records[key] = run_pilot(plans(candidate), feed, cap, timed=timed[key])
   if fields:
-    batches = max(r["batches"] for r in records.values())
+    batches = max(r["batches_read"] for r in records.values())
     price_cache.store(
         fields, {
             "records": records,
@@ -258,17 +288,22 @@ def pilots_for(plan: Loaded, feed: multihost.Feeder, pilots: Mapping[str,
 
 
 def calibration(candidates: Sequence[Candidate], pilots: Dict[str, Any],
-                prices: auto_mode.Prices) -> Optional[Dict[str, Any]]:
-  """The timed chain pilot's measured speedup beside the model's at its own
-  setting (κ for `auto_mode.calibrated`), or None without one."""
+                prices: auto_mode.Prices,
+                trees: bool = False) -> Optional[Dict[str, Any]]:
+  """The timed chain (`trees`: tree) pilot's measured speedup beside the
+  model's at its own setting (κ for `auto_mode.calibrated`), or None
+  without one."""
   for c in candidates:
     record = pilots.get(c.pilot_key) if c.mode.priced else None
-    if record is not None and "speedup" in record and not c.mode.branches:
-      at_pilot = dataclasses.replace(c, gamma=int(record["gamma"]))
+    if (record is not None and "speedup" in record and
+        bool(c.mode.branches) == trees):
+      at_pilot = dataclasses.replace(c, gamma=int(record["gamma"]),
+                                     tree_width=record.get("tree_width"))
       model = auto_mode.predict(at_pilot, prices, pilots)["predicted_speedup"]
       return {
           "pilot": c.pilot_key,
           "gamma": int(record["gamma"]),
+          "tree_width": record.get("tree_width"),
           "measured_speedup": float(record["speedup"]),
           "model_speedup": float(model)
       }
@@ -300,6 +335,28 @@ def price_fields(plan: Loaded, feed: multihost.Feeder, ks: Sequence[int],
   }
 
 
+def target_price_fields(plan: Loaded, fields: Mapping[str,
+                                                      Any]) -> Dict[str, Any]:
+  """The key of the target's call prices alone (`price_fields` less the
+  draft and the sampling method, which the target's calls do not read):
+  a run with another draft or temperature on the same target and machine
+  prices only its drafter. The verifier is the target keeping its hidden
+  states when the drafter reads them (another program)."""
+  tree = fields["tree"]
+  return {
+      "machine": fields["machine"],
+      "target": fields["pair"]["target"],
+      "target_checkpoint_path": fields["pair"]["target_checkpoint_path"],
+      "verifier_keeps_features": bool(
+          plan.args.drafting.spec.reads_target_features),
+      "input_width": fields["input_width"],
+      "batch_size": fields["batch_size"],
+      "max_decode_length": fields["max_decode_length"],
+      "call_ks": fields["call_ks"],
+      "tree_nodes": tree and tree["nodes"],
+  }
+
+
 def _priced_shapes(args: Any, candidates: Sequence[Candidate],
                    sizes: PilotSizes):
   """(the K of the target calls to price, the trees' {'gamma', 'widths',
@@ -324,17 +381,27 @@ def _priced_shapes(args: Any, candidates: Sequence[Candidate],
   }
 
 
-def measure_prices(plan: Loaded, feed: multihost.Feeder, ks: Sequence[int],
-                   tree: Optional[Dict[str, Any]], fill: int,
-                   context_plan: DecodePlan) -> Dict[str, Any]:
+def measure_prices(
+    plan: Loaded, feed: multihost.Feeder, ks: Sequence[int],
+    tree: Optional[Dict[str, Any]], fill: int, context_plan: DecodePlan,
+    target: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
   """The calls' costs in target steps, timed now (`price_cache`'s entry:
-  string keys)."""
+  string keys).
+
+  Args:
+    target: the target's call prices from the cache (`target_price_fields`:
+      'target_step_s', 'call_cost_by_k', 'tree_call_cost_by_nodes'), or
+      None: timed now as well. Given, only a step is timed beside the
+      drafter (c is a ratio to a step of the same rounds).
+  """
   args, batch = plan.args, feed.batch(0)
-  target, drafter = plan.models.target, plan.drafter
+  model, drafter = plan.models.target, plan.drafter
   context = context_plan.baseline(batch, plan.rng).tokens
   pricing = plan.plan.providers.pricing
-  by_k, guess = step_costs.price_calls(args, drafter, target, batch, tuple(ks),
-                                       fill, context, pricing)
+  by_k, guess = step_costs.price_calls(args, drafter, model, batch,
+                                       (1,) if target else tuple(ks), fill,
+                                       context, pricing,
+                                       draft_gamma=max(ks) - 1)
   entry: Dict[str, Any] = {
       "target_step_s": by_k[1],
       "call_cost_by_k": {
@@ -343,10 +410,10 @@ def measure_prices(plan: Loaded, feed: multihost.Feeder, ks: Sequence[int],
       "cost_coefficient_c": guess / by_k[1],
   }
   if tree is not None:
-    seconds = tree_costs.price_tree_shapes(args, drafter, target, batch, fill,
-                                           context, gamma=tree["gamma"],
-                                           widths=tree["widths"],
-                                           nodes=tree["nodes"], pricing=pricing)
+    seconds = tree_costs.price_tree_shapes(
+        args, drafter, model, batch, fill, context, gamma=tree["gamma"],
+        widths=tree["widths"], nodes=[1] if target else tree["nodes"],
+        pricing=pricing)
     step = seconds["step"]
     entry["tree_call_cost_by_nodes"] = {
         str(n): s / step for n, s in sorted(seconds["tree"].items())
@@ -354,7 +421,13 @@ def measure_prices(plan: Loaded, feed: multihost.Feeder, ks: Sequence[int],
     entry["cost_coefficient_by_tree_width"] = {
         str(k): s / step for k, s in sorted(seconds["draft_depth"].items())
     }
+  if target:
+    entry.update({k: target[k] for k in _TARGET_PRICES if k in target})
   return entry
+
+
+# The entries of the prices that are the target's alone (`target_price_fields`).
+_TARGET_PRICES = ("target_step_s", "call_cost_by_k", "tree_call_cost_by_nodes")
 
 
 def prices_for(
@@ -362,20 +435,30 @@ def prices_for(
     fill: int,
     context_plan: DecodePlan) -> Tuple[auto_mode.Prices, Dict[str, Any]]:
   """The candidates' prices, from the cache or measured (then cached),
-  and metrics.json's `auto.prices` (`cached`, `file`, `seconds`)."""
+  and metrics.json's `auto.prices` (`cached`, `target_cached`: the
+  target's calls from an entry of another draft or method, `file`,
+  `seconds`)."""
   ks, tree = _priced_shapes(plan.args, candidates,
                             plan.plan.providers.pilot_sizes)
   fields = price_fields(plan, feed, ks, tree)
+  target_fields = target_price_fields(plan, fields)
   t0 = time.perf_counter()
   entry = price_cache.load(fields)
   cached = entry is not None
+  target = None if cached else price_cache.load(target_fields)
   if entry is None:
-    with progress.phase("SPECULATION='auto': pricing the target's calls of "
-                        f"K = {', '.join(map(str, ks))} tokens, the drafter" +
-                        (", the tree calls" if tree else "") +
-                        " on this machine (cached for the next run)"):
-      entry = measure_prices(plan, feed, ks, tree, fill, context_plan)
+    what = ("the drafter" + (" and its trees" if tree else "") +
+            " beside a target step (the target's calls from the cache)"
+            if target else f"the target's calls of K = "
+            f"{', '.join(map(str, ks))} tokens, the drafter" +
+            (", the tree calls" if tree else ""))
+    with progress.phase(f"SPECULATION='auto': pricing {what} on this machine "
+                        "(cached for the next run)"):
+      entry = measure_prices(plan, feed, ks, tree, fill, context_plan, target)
     price_cache.store(fields, entry)
+    if target is None:
+      price_cache.store(target_fields,
+                        {k: entry[k] for k in _TARGET_PRICES if k in entry})
   prices = auto_mode.Prices(
       call_cost_by_k={
           int(k): v for k, v in entry["call_cost_by_k"].items()
@@ -388,6 +471,7 @@ def prices_for(
       })
   return prices, {
       "cached": cached,
+      "target_cached": cached or target is not None,
       "file": price_cache.path(fields) if price_cache.enabled() else None,
       "seconds": time.perf_counter() - t0,
       "input_width": fields["input_width"],
@@ -433,9 +517,16 @@ def choose_mode(plan: Loaded, feed: multihost.Feeder) -> DecodePlan:
                                  plans(next(iter(pilot_candidates.values()))))
   rows = [auto_mode.predict(c, prices, pilots) for c in candidates]
   calibrated = prices and calibration(candidates, pilots, prices)
-  if calibrated:
+  tree_calibrated = prices and calibration(candidates, pilots, prices,
+                                           trees=True)
+  if calibrated:  # the chains; the trees too when no tree pilot was timed
     rows, calibrated["kappa"] = auto_mode.calibrated(
-        rows, calibrated["measured_speedup"], calibrated["model_speedup"])
+        rows, calibrated["measured_speedup"], calibrated["model_speedup"],
+        trees=False if tree_calibrated else None)
+  if tree_calibrated:
+    rows, tree_calibrated["kappa"] = auto_mode.calibrated(
+        rows, tree_calibrated["measured_speedup"],
+        tree_calibrated["model_speedup"], trees=True)
   chosen = auto_mode.choose(rows)
   beam_examples = next(
       (p["examples"] for p in pilots.values() if "speedup" in p), None)
@@ -447,6 +538,7 @@ def choose_mode(plan: Loaded, feed: multihost.Feeder) -> DecodePlan:
       "pilot_cache": pilot_cache,
       "prices": price_record,
       "calibration": calibrated or None,
+      "tree_calibration": tree_calibrated or None,
       "min_gain": auto_mode.AUTO_MIN_GAIN,
       "alpha_tolerance": auto_mode.AUTO_ALPHA_TOLERANCE,
       "pilot_cap_examples": auto_mode.pilot_cap(feed.num_examples),

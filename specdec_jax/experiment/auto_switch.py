@@ -129,8 +129,14 @@ def with_measured_alpha(pilots: Mapping[str, Mapping[str, Any]],
       counts, gamma)
   out[key] = dict(out[key], alpha=alpha)
   if candidate.mode.branches:
-    out[key]["first_depth"], out[key]["deeper"] = auto_tree.depth_acceptance(
-        counts)
+    first, out[key]["deeper"] = auto_tree.depth_acceptance(counts)
+    # The pilot's a_1 by width, with this width's as measured.
+    by_width = list(out[key].get("first_depth_by_width") or ())
+    if candidate.tree_width and candidate.tree_width <= len(by_width):
+      by_width[candidate.tree_width - 1] = first
+      out[key]["first_depth_by_width"] = by_width
+    else:
+      out[key]["first_depth"] = first
   return out
 
 

@@ -170,8 +170,9 @@ def _pilot_acceptance(plan: Loaded, feed, gamma: int, width: int,
   rng = jax.random.PRNGKey(plan.args.seed)
   histogram = np.zeros(gamma + 1, np.int64)
   tokens = 0
+  width = feed.widest(batches)  # one compile per pilot, not per width
   for b in range(batches):
-    stats = multihost.to_host(pilot.speculative(feed.batch(b),
+    stats = multihost.to_host(pilot.speculative(feed.batch(b, width),
                                                 rng)).statistics()
     histogram += np.asarray(stats["accepted_histogram"])
     tokens += stats["tokens_generated"]

@@ -12,7 +12,9 @@ miss. `SPECDEC_JAX_PRICE_CACHE=0` turns both kinds off.
   device kind and count, JAX version, the CPU kernel switch), pair (both
   model configs, checkpoints, the drafter's settings) and what the calls
   are priced at (input width, batch size, decode length, sampling method,
-  the K and tree shapes priced).
+  the K and tree shapes priced); and the target's calls alone, per
+  machine, target and shapes (`auto_run.target_price_fields`), so that
+  another draft or method on the same target prices only its drafter.
 * `auto-pilots` (`PILOTS`): the pilots' α (`auto_run.pilots_for`), per run
   settings, weights (`weights_digest`), pilot shapes and the pilot's
   inputs; per machine as well when a pilot is timed (its walltime ratio

@@ -4,7 +4,7 @@ Definition 3.7 and the verification call's cost in target steps come from
 here.
 """
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import flax
 import jax
@@ -47,9 +47,10 @@ class Pricing:
 PRICING = Pricing()
 
 
-def price_calls(args: Any, drafter, target, batch: jax.Array,
-                target_ks: Tuple[int, ...], fill: int, context: jax.Array,
-                pricing: Pricing = PRICING) -> Tuple[Dict[int, float], float]:
+def price_calls(
+    args: Any, drafter, target, batch: jax.Array, target_ks: Tuple[int, ...],
+    fill: int, context: jax.Array, pricing: Pricing = PRICING,
+    draft_gamma: Optional[int] = None) -> Tuple[Dict[int, float], float]:
   """The target's k-token calls and one guess of the drafter, in seconds.
 
   Timed the one way `timing.call_seconds` defines, in interleaved rounds,
@@ -74,12 +75,18 @@ def price_calls(args: Any, drafter, target, batch: jax.Array,
     context: [B, T] the target's own output for `batch` (what the drafter
       reads: e.g. `plan.baseline(batch, rng).tokens`).
     pricing: the clock and its sizes (`Pricing`).
+    draft_gamma: the γ of the timed `propose` (None: max(target_ks) - 1;
+      given when the target's calls are known and only a step is timed
+      beside the drafter: target_ks = (1,)).
 
   Returns:
     ({k: seconds of the target's k-token call}, seconds of one guess: c's
     numerator).
   """
-  gamma = max(target_ks) - 1
+  gamma = max(target_ks) - 1 if draft_gamma is None else int(draft_gamma)
+  if gamma < 1 or max(target_ks) > gamma + 1:
+    raise ValueError(f"draft_gamma={draft_gamma} with target_ks={target_ks}: "
+                     "allowed: γ >= 1 guesses and K <= γ + 1.")
   cache_len = args.max_decode_length + gamma + 1
   fill = min(max(1, fill), cache_len - gamma - 1)
   inputs = jnp.asarray(multihost.to_host(batch), jnp.int32)

@@ -9,7 +9,7 @@ semantics) and feed them as consecutive rows of their block (`DataLayout`,
 outputs are gathered after each batch (`to_host`).
 """
 import dataclasses
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
@@ -203,8 +203,28 @@ class Feeder:
     longest = max(int(self.shared.lengths[i]) if i >= 0 else 1 for i in fed)
     return min(self.width, -(-longest // self.bucket) * self.bucket)
 
-  def host_rows(self, batch: int) -> np.ndarray:
-    """This process's rows of batch `batch` [rows_per_shard, width]."""
+  def widest(self, batches: int) -> int:
+    """The widest of the first `batches` batches (at least one): the one
+    width a pilot pads them to, so that it compiles its decoders once."""
+    return max(
+        self.batch_width(b)
+        for b in range(min(max(int(batches), 1), self.num_batches)))
+
+  def common_width(self, batches: int) -> int:
+    """The most common width of the first `batches` batches (at least one;
+    a tie: the narrower): a timed pilot's, whose batches are then this
+    run's usual shape (a wider one would price every step's attention
+    over padding)."""
+    widths = [
+        self.batch_width(b)
+        for b in range(min(max(int(batches), 1), self.num_batches))
+    ]
+    return min(set(widths), key=lambda w: (-widths.count(w), w))
+
+  def host_rows(self, batch: int, width: Optional[int] = None) -> np.ndarray:
+    """This process's rows of batch `batch` [rows_per_shard, width]
+    (`width`: 0-padded to it, at least the batch's own width; None: the
+    batch's own)."""
     layout = self.layout
     fed, _ = layout.fed_examples(batch, self.num_examples)
     k = layout.rows_per_shard
@@ -215,11 +235,15 @@ class Feeder:
         rows[j, 0] = 1  # EOS only: this shard has no example at all
       else:
         rows[j] = self.local_inputs[example // layout.num_shards]
-    return rows[:, :self.batch_width(batch)]
+    own = self.batch_width(batch)
+    if width is not None and not own <= width <= self.width:
+      raise ValueError(f"width={width} must be in [{own}, {self.width}]: "
+                       f"batch {batch}'s own width up to the inputs'.")
+    return rows[:, :own if width is None else width]
 
-  def batch(self, batch: int) -> jax.Array:
-    """Batch `batch` [B, width] on the mesh."""
-    rows = self.host_rows(batch)
+  def batch(self, batch: int, width: Optional[int] = None) -> jax.Array:
+    """Batch `batch` [B, width] on the mesh (`width`: see `host_rows`)."""
+    rows = self.host_rows(batch, width)
     if not is_multiprocess():
       return jax.device_put(rows, self.sharding)
     shape = (self.layout.batch_size, rows.shape[1])

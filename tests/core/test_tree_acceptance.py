@@ -237,6 +237,34 @@ def test_rule_outcomes_follow_the_reference(tree, distinct):
   assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
 
 
+@pytest.mark.parametrize("tree,distinct", [(((0, 0), (0, 1), (0, 2)), False),
+                                           (((2, 1), (2, 2), (0, 1)), False),
+                                           (((2, 2), (0, 2), (1, 2)), True)])
+def test_first_round_below_k_is_a_narrower_trees_acceptance(tree, distinct):
+  """`first_round` < k' on a tree of k branches happens exactly as often as
+  a tree of its first k' branches keeps a guess (enumerated). The first
+  trees repeat their first guess: the rule often keeps a later branch
+  (`verdict.branch` > 0) whose first guess branch 0 already passed."""
+  p_fn, q_fn = _tables(7)
+  logits, draft, tokens = _tree_inputs(tree, p_fn, q_fn)
+  rule = TreeAcceptance(first_without_replacement=distinct)
+  rounds = np.asarray(
+      jax.jit(lambda *a: tree_acceptance.first_round(a[2], rule(*a)),
+              static_argnums=4)(jax.random.PRNGKey(5), logits, tokens, draft,
+                                sampling.Sampling(1.0)))
+  assert rounds.min() >= 0 and rounds.max() <= len(tree)
+  for narrower in range(1, len(tree) + 1):
+    kept = sum(mass for emitted, mass in iteration_outcomes(
+        tree[:narrower], (), p_fn, q_fn, distinct=distinct).items()
+               if len(emitted) > 1)
+    below = int(np.sum(rounds < narrower))
+    if kept > 1 - 1e-12:  # its branches cover every token p can draw
+      assert below == ROWS
+      continue
+    assert kept > 0 and chisquare_pvalue(np.array(
+        [below, ROWS - below]), np.array([kept, 1 - kept])) > SIGNIFICANCE
+
+
 @functools.partial(jax.jit, static_argnums=4)
 def _both_verdicts(rng, logits, tokens, probs, method):
   """(k = 1 tree rule's, Algorithm 1's) verdicts, jitted as the decoder runs
@@ -378,6 +406,10 @@ def test_greedy_is_token_identical_to_the_target_alone(tiny_pair, width, eos):
     np.testing.assert_array_equal(np.bincount(made, minlength=4),
                                   out.accepted_histogram[row])
     assert np.sum(made + 1) >= out.lengths[row]  # n kept + 1 token per call
+    # Every call has its first round: branch j < k kept a guess, or k none.
+    rounds = np.asarray(out.first_round_histogram[row])
+    assert rounds.shape == (width + 1,) and rounds.sum() == calls[row]
+    assert rounds[width] == out.accepted_histogram[row][0]
 
 
 def test_checked_decoder_and_bad_arguments(tiny_pair):

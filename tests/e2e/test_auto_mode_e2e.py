@@ -113,7 +113,17 @@ def test_auto_writes_its_table_says_why_and_stays_exact(tmp_path, monkeypatch):
     for row in auto["candidates"][1:]:
       assert row["predicted_speedup"] > 0 and row["call_cost"] > 0
       assert 0 <= row["alpha"] <= 1 and row["cost_coefficient_c"] > 0
-    assert set(auto["pilots"]) == {"token", "tree k=2"}
+    assert set(auto["pilots"]) == {"token", "tree"}
+    tree = auto["pilots"]["tree"]  # one pilot, a_1 of k = 1 and 2
+    assert tree["tree_width"] == 2 and len(tree["first_depth_by_width"]) == 2
+    assert tree["first_depth_by_width"][-1] == pytest.approx(
+        tree["first_depth"])
+    assert tree["first_depth_by_width"][0] <= tree["first_depth"]
+    # Both families timed: κ of the chains and of the trees.
+    assert auto["calibration"]["pilot"] == "token"
+    assert auto["tree_calibration"]["pilot"] == "tree"
+    assert auto["tree_calibration"]["tree_width"] == 2
+    assert "speedup" in tree and "speedup" in auto["pilots"]["token"]
     assert auto["pilots"]["token"]["examples"] >= 1
     assert auto["choice_s"] >= auto["pilot_s"] >= 0
     if cached:  # nothing piloted: the run's own decoders only
@@ -121,7 +131,7 @@ def test_auto_writes_its_table_says_why_and_stays_exact(tmp_path, monkeypatch):
       assert auto["pilots"] == first["pilots"]
       assert decoders.built == [("token", 3, 1)]
     else:  # a pilot per mode; the token pilot's decoders decode the run
-      assert auto["pilot_cache"]["decoded"] == ["token", "tree k=2"]
+      assert auto["pilot_cache"]["decoded"] == ["token", "tree"]
       assert decoders.built == [("token", 3, 1), ("tree", 3, 2)]
     lines = summary.summary_lines(metrics, arguments.run_arguments())
     assert [l for l in lines if l.startswith("auto:")] == [
@@ -132,3 +142,46 @@ def test_auto_writes_its_table_says_why_and_stays_exact(tmp_path, monkeypatch):
     first = first or auto
   written = json.loads((tmp_path / "out" / "metrics.json").read_text())
   assert written["auto"]["choice"] == metrics["auto"]["choice"]
+
+
+class _PricedCalls:
+  """`Pricing.call_seconds` as `_token_pays`, recording the (name, k) of
+  the calls of each session it was asked to time."""
+
+  def __init__(self):
+    self.sessions = []
+
+  def __call__(self, calls, *args, **kwargs):
+    self.sessions.append([(str(name), int(k)) for name, (_, k) in calls.items()
+                         ])
+    return _token_pays(calls, *args, **kwargs)
+
+
+def test_another_temperature_prices_only_its_drafter(tmp_path, monkeypatch):
+  """The target's call prices are cached per target, not per draft or
+  sampling method: a run at another temperature times its drafter and
+  one step only, and takes the target's K-token and tree calls from the
+  first run's entry."""
+  monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path / "cache"))
+  monkeypatch.delenv(price_cache.ENV_OFF, raising=False)
+  runs = []
+  for temperature in ("0.0", "1.0"):
+    pricing = _PricedCalls()
+    parse_local_tiny_out(tmp_path / temperature, "SPECULATION = 'auto'",
+                         "NUM_EXAMPLES = 2", "GAMMA = 3",
+                         f"TEMPERATURE = {temperature}")
+    metrics = run_lib.run(providers=plan.Providers(
+        pricing=step_costs.Pricing(pricing), pilot_sizes=plan.PilotSizes(
+            tree_max_width=2)))
+    # The choice's two sessions (chains, trees); the summary's come after.
+    runs.append((metrics["auto"]["prices"], sum(pricing.sessions[:2], [])))
+  (first, first_timed), (second, second_timed) = runs
+  assert not first["cached"] and not first["target_cached"]
+  assert not second["cached"] and second["target_cached"]
+  # The first timed the target's 4-token and 7-node calls; the second
+  # timed steps and its drafter's guesses only.
+  assert {(4, "4"), (7, "tree_7")} <= {(k, n) for n, k in first_timed}
+  assert {k for n, k in second_timed if not n.startswith("draft")} == {1}
+  assert {"draft", "draft_2"} <= {n for n, _ in second_timed}
+  for key in ("call_cost_by_k", "tree_call_cost_by_nodes", "target_step_s"):
+    assert second[key] == first[key]

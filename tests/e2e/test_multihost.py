@@ -19,6 +19,7 @@ import time
 
 import gin
 import jax
+import numpy as np
 import pytest
 
 import multihost_worker
@@ -224,6 +225,31 @@ def test_one_process_layout_and_bad_flags():
   with pytest.raises(ValueError, match="--process_index=0 without"):
     multihost.initialize(process_index=0)
   assert not jax.distributed.is_initialized()
+
+
+def test_a_pilot_pads_its_batches_to_one_width():
+  """`Feeder.widest` / `common_width` / `batch(b, width)`: a pilot's
+  batches at one width (one compile), 0-padded; a width below a batch's
+  own is refused."""
+  from specdec_jax.multihost import partitioning  # pylint: disable=g-import-not-at-top
+  sharding = partitioning.data_sharding(partitioning.make_mesh(1, 1), 1)
+  layout = multihost.data_layout(sharding, 1)
+  inputs = np.zeros((3, 48), np.int32)
+  for row, n in enumerate([5, 20, 3]):
+    inputs[row, :n] = 7
+  shared = multihost.share_examples(layout, [{}] * 3, inputs,
+                                    np.array([5, 20, 3]))
+  feed = multihost.Feeder(layout, inputs, shared, sharding, 16)
+  assert [feed.batch_width(b) for b in range(3)] == [16, 32, 16]
+  assert feed.widest(1) == 16 and feed.widest(2) == feed.widest(9) == 32
+  # A timed pilot's: the most common (a tie: the narrower).
+  assert feed.common_width(3) == feed.common_width(2) == 16
+  padded = np.asarray(feed.batch(2, 32))
+  assert padded.shape == (1, 32) and padded[0, :3].tolist() == [7] * 3
+  assert not padded[0, 3:].any()
+  assert np.asarray(feed.batch(2)).shape == (1, 16)
+  with pytest.raises(ValueError, match="width=16 must be in \\[32, 48\\]"):
+    feed.batch(1, 16)
 
 
 # ---------------------------------------------------------------------------

@@ -129,6 +129,12 @@ def test_short_outputs_buy_fewer_tokens_per_call_and_a_timed_pilot_calibrates():
                                                        cut["predicted_speedup"])
   assert rows[1]["model_speedup"] == cut["predicted_speedup"]
   assert auto_mode.calibrated([cut], measured=50.0, predicted=1.0)[1] == 4.0
+  # A timed tree pilot scales the tree rows, the chain pilot the others.
+  tree = dict(cut, tree_width=2, label="tree γ=8 k=2")
+  rows, _ = auto_mode.calibrated([alone, cut, tree], 1.5, 2.0, trees=False)
+  rows, _ = auto_mode.calibrated(rows, 1.0, 2.0, trees=True)
+  assert [r["predicted_speedup"] for r in rows] == pytest.approx(
+      [1.0, 0.75 * cut["predicted_speedup"], 0.5 * cut["predicted_speedup"]])
 
 
 def test_a_trees_prediction_is_auto_trees():
@@ -141,15 +147,12 @@ def test_a_trees_prediction_is_auto_trees():
                                 2: 0.06,
                                 3: 0.07
                             })
+  # One pilot with k = 3 gives a_1 of k = 1, 2, 3 (its first rounds).
   pilots = {
-      "tree k=2": {
-          "alpha": 0.6,
-          "first_depth": 0.8,
-          "deeper": 0.6
-      },
-      "tree k=3": {
+      "tree": {
           "alpha": 0.6,
           "first_depth": 0.85,
+          "first_depth_by_width": [0.7, 0.8, 0.85],
           "deeper": 0.6
       }
   }
@@ -166,7 +169,11 @@ def test_a_trees_prediction_is_auto_trees():
     row = auto_mode.predict(Candidate(decode_modes.TREE, gamma, k), prices,
                             pilots)
     assert row["predicted_speedup"] == pytest.approx(speedup)
-    assert row["first_depth_alpha"] == pilots[f"tree k={k}"]["first_depth"]
+    assert row["first_depth_alpha"] == {2: 0.8, 3: 0.85}[k]
+  # A record without a_1 by width (a pilot of one k): its own a_1.
+  alone = {"tree": dict(pilots["tree"], first_depth_by_width=None)}
+  assert auto_mode.predict(Candidate(decode_modes.TREE, 2, 2), prices,
+                           alone)["first_depth_alpha"] == 0.85
 
 
 def test_candidates_follow_the_drafter_the_temperature_and_the_tree_size():

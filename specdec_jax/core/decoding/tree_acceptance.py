@@ -79,6 +79,27 @@ class TreeVerdict(NamedTuple):
   branch: Array
 
 
+def first_round(draft_tokens: Array, verdict: TreeVerdict) -> Array:
+  """[B] int32: the branch whose guess the first depth accepted, in the
+  order the rule tests them, or k where no guess was kept.
+
+  It is the first branch carrying the kept path's first guess: a guess the
+  rule rejects has no residual mass left, so a later copy of it is never
+  kept. The rule tests branch j only after branches 0..j-1, each drawn as
+  in a tree of j + 1 branches, so a row kept a guess with k' < k branches
+  exactly when this is below k' (`auto` prices every narrower tree from
+  one pilot with k branches).
+
+  Args:
+    draft_tokens: [B, k, γ] the branches' guesses.
+    verdict: the rule's `TreeVerdict` for them.
+  """
+  batch, width = draft_tokens.shape[:2]
+  kept_first = draft_tokens[jnp.arange(batch), verdict.branch, 0]
+  first = jnp.argmax(draft_tokens[:, :, 0] == kept_first[:, None], axis=1)
+  return jnp.where(verdict.num_accepted > 0, first, width).astype(jnp.int32)
+
+
 def _residual(r: Array, q: Union[Array, float]) -> Array:
   """norm(max(0, r - q)) over [B, V]; r itself where no mass is left (the
   rejection then had probability 0: rounding only)."""

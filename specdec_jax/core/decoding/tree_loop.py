@@ -31,6 +31,7 @@ from specdec_jax.core.decoding.loops import iteration_inputs
 from specdec_jax.core.decoding.outputs import CallStatistics
 from specdec_jax.core.decoding.programs import LoopProgram
 from specdec_jax.core.decoding.tree_acceptance import chain_parents
+from specdec_jax.core.decoding.tree_acceptance import first_round
 from specdec_jax.core.decoding.tree_acceptance import path_nodes
 from specdec_jax.core.decoding.tree_acceptance import TreeAcceptance
 from specdec_jax.core.decoding.tree_acceptance import TreeVerdict
@@ -56,12 +57,17 @@ class TreeOutput(CallStatistics):
     trace_num_accepted: [B, max_decode_length] int32; entry i is the
       guesses the row's (i+1)-th tree call kept (as the histogram counts
       them); -1 after the row's last call (`target_calls`).
+    first_round_histogram: [B, k+1] int32; entry j < k counts the row's
+      calls whose first depth kept branch j's guess (`first_round`: a tree
+      of k' < k branches would have kept a guess on the calls of entries
+      j < k'), entry k the calls that kept none.
   """
   tokens: Array
   lengths: Array
   target_calls: Array
   accepted_histogram: Array
   trace_num_accepted: Array
+  first_round_histogram: Array
 
 
 @flax.struct.dataclass
@@ -72,7 +78,8 @@ class TreeState:
     iteration: [] int32; target_state (holds positions 0..ℓ-1);
     draft_state (`ModelDrafterState`); buffer [B, T] int32; length [B] ℓ;
     done [B] bool; target_calls [B] int32; accepted_histogram [B, γ+1];
-    trace_num_accepted [B, max_decode_length] int32 (-1: no call yet).
+    trace_num_accepted [B, max_decode_length] int32 (-1: no call yet);
+    first_round_histogram [B, k+1] int32.
   """
   iteration: Array
   target_state: Any
@@ -83,6 +90,7 @@ class TreeState:
   target_calls: Array
   accepted_histogram: Array
   trace_num_accepted: Array
+  first_round_histogram: Array
 
 
 def tree_iteration(target: Any, drafter: TreeModelDrafter,
@@ -127,13 +135,16 @@ def tree_iteration(target: Any, drafter: TreeModelDrafter,
   slot = jnp.minimum(s.target_calls, s.trace_num_accepted.shape[1] - 1)
   trace = s.trace_num_accepted.at[rows, slot].set(
       jnp.where(active, kept, s.trace_num_accepted[rows, slot]))
+  rounds = s.first_round_histogram + (active[:, None] & (jnp.arange(width + 1)[
+      None, :] == first_round(draft_tokens, verdict)[:, None]))
   return TreeState(
       iteration=s.iteration + 1, target_state=target_state,
       draft_state=drafter.rollback_tree(draft_state, new_length,
                                         verdict.branch), buffer=buffer,
       length=new_length, done=done,
       target_calls=s.target_calls + active.astype(jnp.int32),
-      accepted_histogram=histogram, trace_num_accepted=trace)
+      accepted_histogram=histogram, trace_num_accepted=trace,
+      first_round_histogram=rounds)
 
 
 def tree_loop(target: Any, drafter: TreeModelDrafter,
@@ -160,7 +171,9 @@ def tree_loop(target: Any, drafter: TreeModelDrafter,
           (batch,), bool), target_calls=jnp.zeros(
               (batch,), jnp.int32), accepted_histogram=jnp.zeros(
                   (batch, gamma + 1), jnp.int32), trace_num_accepted=jnp.full(
-                      (batch, max_decode_length), -1, jnp.int32))
+                      (batch, max_decode_length), -1,
+                      jnp.int32), first_round_histogram=jnp.zeros(
+                          (batch, width + 1), jnp.int32))
 
   def body(s):
     return tree_iteration(target, drafter, acceptance, s, rng, eos_id,
@@ -173,7 +186,8 @@ def tree_loop(target: Any, drafter: TreeModelDrafter,
       tokens=_finish(state.buffer, state.length, max_decode_length),
       lengths=state.length, target_calls=state.target_calls,
       accepted_histogram=state.accepted_histogram,
-      trace_num_accepted=state.trace_num_accepted)
+      trace_num_accepted=state.trace_num_accepted,
+      first_round_histogram=state.first_round_histogram)
 
 
 TREE_PROGRAM = LoopProgram(tree_loop, ("gamma", "width", "max_decode_length"),
