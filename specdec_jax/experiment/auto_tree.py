@@ -10,14 +10,15 @@ an iteration of a k-branch tree with γ guesses per branch yields
 tokens, where a_1(k) is the chance that some depth-1 candidate is kept and
 a(k) that of each deeper depth (without replacement only one branch carries
 the prefix below depth 1; i.i.d. branches may carry it on several, which
-a(k) averages in). Both are measured by a pilot decode with k branches
-(`depth_acceptance`). It costs γ·c_k + C(1 + k·γ) target steps: γ depths
+a(k) averages in). Both come from one pilot decode with the widest k
+(`_pilot_widths`): a_1(k) from its first rounds (a narrower tree keeps a
+first guess exactly when the wide one's first round is below k), a from
+its deeper depths (`depth_acceptance`), for every k. It costs γ·c_k + C(1 + k·γ) target steps: γ depths
 of the k-branch draft (c_k: one depth over one target step) and the tree
 call over 1 + k·γ nodes (C(N): its measured cost in steps). The predicted
 speedup is E / (γ·c_k + C(1 + k·γ)); with k = 1 and a_1 = a = α it is
 Theorem 3.8 with the measured call cost (`auto_gamma.best_gamma`).
 """
-import functools
 from typing import Any, Dict, Mapping, Sequence, Tuple
 
 from absl import logging
@@ -161,49 +162,40 @@ def best_tree_shape(acceptance: Mapping[int, Acceptance],
              key=_nodes_then_width)
 
 
-def _pilot_acceptance(plan: Loaded, feed, gamma: int, width: int,
-                      batches: int) -> Tuple[Acceptance, int]:
-  """((a_1, a), tokens per row) of a pilot decode of `batches` batches
-  with a k = `width` tree of γ guesses per branch (k = 1: (α, α), α
-  pooled over depths as GAMMA='auto' measures it)."""
+def _pilot_widths(plan: Loaded, feed, gamma: int, widths: Sequence[int],
+                  batches: int) -> Tuple[Dict[int, Acceptance], int]:
+  """({k: (a_1, a)} for each k in `widths`, tokens per row) from one pilot
+  decode of `batches` batches with the widest k: a tree of k branches
+  keeps a first guess exactly when the wide tree's first round
+  (`tree_acceptance.first_round`) is below k; a, the deeper depths' rate,
+  is the wide pilot's for every k."""
+  width = max(widths)
   pilot = plan.decoding(gamma=gamma, tree_width=width)
   rng = jax.random.PRNGKey(plan.args.seed)
   histogram = np.zeros(gamma + 1, np.int64)
+  rounds = np.zeros(width + 1, np.int64)
   tokens = 0
-  width = feed.widest(batches)  # one compile per pilot, not per width
-  for b in range(batches):
-    stats = multihost.to_host(pilot.speculative(feed.batch(b, width),
-                                                rng)).statistics()
-    histogram += np.asarray(stats["accepted_histogram"])
-    tokens += stats["tokens_generated"]
-  if width == 1:
-    n = np.arange(gamma + 1)
-    alpha = float(n @ histogram) / max(
-        float(np.minimum(n + 1, gamma) @ histogram), 1.0)
-    rates = (alpha, alpha)
-  else:
-    rates = depth_acceptance(histogram)
-  return rates, tokens // (batches * plan.args.batch_size)
-
-
-def _pilot_widths(plan: Loaded, feed, gamma: int, widths: Sequence[int],
-                  batches: int) -> Tuple[Dict[int, Acceptance], int]:
-  """`_pilot_acceptance` for each k in `widths`, a progress line each:
-  ({k: (a_1, a)}, the last pilot's tokens per row)."""
-  acceptance, fills = {}, []
-
-  def pilot(k):
-    acceptance[k], fill = _pilot_acceptance(plan, feed, gamma, k, batches)
-    fills.append(fill)
-
-  logging.info(
-      "GAMMA/TREE_WIDTH='auto': pilot decodes of the first %d examples (%d "
-      "batches, γ=%d) with k in %s, each compiled first",
-      min(batches * plan.args.batch_size,
-          getattr(feed, "num_examples", 1 << 30)), batches, gamma, widths)
-  progress.numbered([(f"k={k}", functools.partial(pilot, k)) for k in widths],
-                    doing="pilot decode", done="pilot decode")
-  return acceptance, fills[-1]
+  with progress.phase(
+      f"GAMMA/TREE_WIDTH='auto': pilot decode of the first "
+      f"{min(batches * plan.args.batch_size, getattr(feed, 'num_examples', 1 << 30))}"
+      f" examples ({batches} batches, γ={gamma}, k={width}; compiling first)"):
+    padded = feed.widest(batches)  # one compile, not one per width
+    for b in range(batches):
+      out = multihost.to_host(pilot.speculative(feed.batch(b, padded), rng))
+      stats = out.statistics()
+      histogram += np.asarray(stats["accepted_histogram"])
+      rounds += np.asarray(out.first_round_histogram).sum(0)
+      tokens += stats["tokens_generated"]
+  deeper = depth_acceptance(histogram)[1]
+  if gamma == 1 or not np.any(histogram[2:]):
+    deeper = None  # no deeper test: each k's own a_1 (as depth_acceptance)
+  first = np.cumsum(rounds[:-1]) / max(int(rounds.sum()), 1)
+  acceptance = {
+      int(k): (float(first[k - 1]),
+               float(first[k - 1]) if deeper is None else deeper)
+      for k in widths
+  }
+  return acceptance, tokens // (batches * plan.args.batch_size)
 
 
 def pilot_tree_shape(plan: Loaded, feed) -> Dict[str, Any]:

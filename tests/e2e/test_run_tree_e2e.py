@@ -129,7 +129,8 @@ def test_a_sampled_tree_run(tmp_path):
 
 
 def test_auto_gamma_and_tree_width_end_to_end(tmp_path):
-  """GAMMA='auto', TREE_WIDTH='auto': a pilot per k, the calls priced
+  """GAMMA='auto', TREE_WIDTH='auto': one pilot with the widest k (a_1 of
+  every k from its first rounds, k = 1's the lowest), the calls priced
   (stand-in seconds), the (γ, k) of the best predicted speedup recorded and
   decoded with, exactly."""
   out = tmp_path / "out"
@@ -150,7 +151,10 @@ def test_auto_gamma_and_tree_width_end_to_end(tmp_path):
   predicted = auto["predicted_speedup"]
   assert len(predicted) == 3 * 2
   best = max(predicted, key=predicted.get)
-  rates = auto["acceptance_by_tree_width"][str(auto["chosen_tree_width"])]
+  by_width = auto["acceptance_by_tree_width"]
+  assert by_width["1"]["first_depth"] <= by_width["2"]["first_depth"]
+  assert by_width["1"]["deeper_depths"] == by_width["2"]["deeper_depths"]
+  rates = by_width[str(auto["chosen_tree_width"])]
   assert auto["predicted_tokens_per_call"] == pytest.approx(
       auto_tree.expected_tree_tokens(rates["first_depth"],
                                      rates["deeper_depths"],
