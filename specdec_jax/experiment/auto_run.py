@@ -74,6 +74,55 @@ def target_alone_plan(plan: Loaded) -> DecodePlan:
   return plan_at(plan, Candidate(decode_modes.mode_of(plan.args)))
 
 
+class _PilotTally:
+  """What a pilot counts over its batches: per example the guesses kept,
+  the acceptance trials and the output length; the kept histogram; for
+  trees, the calls by their first round."""
+
+  def __init__(self, gamma: int):
+    self.n = np.arange(gamma + 1)
+    self.per_call = np.minimum(self.n + 1, gamma)
+    self.kept: List[float] = []
+    self.trials: List[float] = []
+    self.lengths: List[int] = []
+    self.histogram = np.zeros(gamma + 1, np.int64)
+    self.rounds: Optional[np.ndarray] = None  # trees: [k + 1]
+
+  def add(self, out: Any, keep: np.ndarray) -> None:
+    """One batch's output (on the host), its rows `keep`."""
+    rows = np.asarray(out.accepted_histogram)[keep]  # [rows, γ + 1]
+    self.kept += (rows @ self.n).tolist()
+    self.trials += (rows @ self.per_call).tolist()
+    self.lengths += np.asarray(out.lengths)[keep].tolist()
+    self.histogram += rows.sum(0)
+    if hasattr(out, "first_round_histogram"):
+      counted = np.asarray(out.first_round_histogram)[keep].sum(0)
+      self.rounds = counted if self.rounds is None else self.rounds + counted
+
+  def interval(self) -> Tuple[float, float]:
+    return auto_mode.alpha_interval(self.kept, self.trials)
+
+  def record(self, tree: bool) -> Dict[str, Any]:
+    """α, its interval, the output lengths; a tree's a_1 (by width) and a."""
+    out: Dict[str, Any] = {
+        "acceptance_trials": int(sum(self.trials)),
+        "alpha": float(sum(self.kept) / max(sum(self.trials), 1.0)),
+        "alpha_interval": [float(x) for x in self.interval()],
+        "mean_output_tokens":
+            (float(np.mean(self.lengths)) if self.lengths else 0.0),
+        "output_lengths": [int(x) for x in self.lengths],
+    }
+    if tree:
+      out["first_depth"], out["deeper"] = auto_tree.depth_acceptance(
+          self.histogram)
+      if self.rounds is not None and self.rounds.sum():
+        # a_1 of every narrower tree: its calls' first round below its k.
+        out["first_depth_by_width"] = [
+            float(x) for x in np.cumsum(self.rounds[:-1]) / self.rounds.sum()
+        ]
+    return out
+
+
 def run_pilot(pilot: DecodePlan, feed: multihost.Feeder, cap: int,
               timed: bool) -> Dict[str, Any]:
   """A pilot decode of the run's first batches with `pilot`'s speculative
@@ -84,44 +133,32 @@ def run_pilot(pilot: DecodePlan, feed: multihost.Feeder, cap: int,
     feed: the run's batches.
     cap: the most examples (`auto_mode.pilot_cap`).
     timed: also time both decoders on each batch (speculative beams: their
-      walltime ratio is the prediction), after one untimed call of each per
-      input width (compilation).
+      walltime ratio is the prediction), after one untimed call of each
+      (compilation).
 
   Returns:
     {'gamma', 'tree_width', 'examples', 'batches', 'acceptance_trials',
-    'alpha', 'alpha_interval', 'mean_output_tokens', 'input_width' (the
-    run's most common: every batch decoded at it, one compile),
-    'batches_read' (the batches up to the last one decoded, wider ones
-    skipped); trees: 'first_depth',
-    'deeper' (`auto_tree.depth_acceptance`), 'first_depth_by_width'
-    ([k]: a_1 of k' = 1..k branches, `auto_mode.first_depth`); timed:
-    'speedup',
+    'alpha', 'alpha_interval', 'mean_output_tokens', 'output_lengths',
+    'input_width' (the run's most common: every batch decoded at it, one
+    compile), 'batches_read' (the batches up to the last one decoded,
+    wider ones skipped); trees: 'first_depth', 'deeper'
+    (`auto_tree.depth_acceptance`), 'first_depth_by_width' ([k]: a_1 of
+    k' = 1..k branches, `auto_mode.first_depth`); timed: 'speedup',
     'baseline_s', 'speculative_s'}.
   """
-  gamma = int(pilot.args.gamma)
-  n = np.arange(gamma + 1)
-  per_call = np.minimum(n + 1, gamma)
-  kept: List[float] = []
-  trials: List[float] = []
-  lengths: List[int] = []
-  histogram = np.zeros(gamma + 1, np.int64)
-  rounds = None  # trees: [k + 1] calls by their first round
+  tally = _PilotTally(int(pilot.args.gamma))
   seconds = np.zeros(2)
-  examples = batches = 0
-  interval = (0.0, 1.0)
+  examples = batches = read = 0
   # One input width: one compile, not one per width (3-5 s each for the
   # 38M's loops on a 2-core host). The run's most common width, so that a
   # timed pilot times its usual shape: narrower batches are padded to it,
   # wider ones skipped.
   width = feed.common_width(-(-cap // pilot.args.batch_size))
-  read = 0
   for b in range(feed.num_batches):
     if feed.batch_width(b) > width:
       continue
-    read = b + 1
-    batch, keep, rng = feed.batch(b,
-                                  width), feed.kept_rows(b), jax.random.fold_in(
-                                      pilot.rng, b)
+    batch, keep = feed.batch(b, width), feed.kept_rows(b)
+    rng = jax.random.fold_in(pilot.rng, b)
     if timed and not batches:
       # Compiled first: the timed calls are decodes only.
       for decoder in (pilot.baseline, pilot.speculative):
@@ -130,41 +167,20 @@ def run_pilot(pilot: DecodePlan, feed: multihost.Feeder, cap: int,
       seconds[0] += timing.timed(pilot.baseline, batch, rng)[1]
     out, seconds_s = timing.timed(pilot.speculative, batch, rng)
     seconds[1] += seconds_s
-    out = multihost.to_host(out)
-    rows = np.asarray(out.accepted_histogram)[keep]  # [rows, γ + 1]
-    kept += (rows @ n).tolist()
-    trials += (rows @ per_call).tolist()
-    lengths += np.asarray(out.lengths)[keep].tolist()
-    histogram += rows.sum(0)
-    if hasattr(out, "first_round_histogram"):
-      counted = np.asarray(out.first_round_histogram)[keep].sum(0)
-      rounds = counted if rounds is None else rounds + counted
-    examples, batches = examples + len(keep), batches + 1
-    interval = auto_mode.alpha_interval(kept, trials)
-    if auto_mode.pilot_done(examples, interval, cap):
+    tally.add(multihost.to_host(out), keep)
+    examples, batches, read = examples + len(keep), batches + 1, b + 1
+    if auto_mode.pilot_done(examples, tally.interval(), cap):
       break
+  tree = decode_modes.mode_of(pilot.args).branches
   record: Dict[str, Any] = {
-      "gamma": gamma,
-      "tree_width": (int(pilot.args.tree_width)
-                     if decode_modes.mode_of(pilot.args).branches else None),
+      "gamma": int(pilot.args.gamma),
+      "tree_width": int(pilot.args.tree_width) if tree else None,
       "examples": examples,
       "batches": batches,
       "batches_read": read,
       "input_width": width,
-      "acceptance_trials": int(sum(trials)),
-      "alpha": float(sum(kept) / max(sum(trials), 1.0)),
-      "alpha_interval": [float(x) for x in interval],
-      "mean_output_tokens": float(np.mean(lengths)) if lengths else 0.0,
-      "output_lengths": [int(x) for x in lengths],
+      **tally.record(bool(tree)),
   }
-  if record["tree_width"] is not None:
-    record["first_depth"], record["deeper"] = auto_tree.depth_acceptance(
-        histogram)
-    if rounds is not None and rounds.sum():
-      # a_1 of every narrower tree: its calls' first round below its k.
-      record["first_depth_by_width"] = [
-          float(x) for x in np.cumsum(rounds[:-1]) / rounds.sum()
-      ]
   if timed:
     record.update(baseline_s=float(seconds[0]), speculative_s=float(seconds[1]),
                   speedup=float(seconds[0] / max(seconds[1], 1e-12)))

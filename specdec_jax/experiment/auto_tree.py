@@ -192,8 +192,7 @@ def _pilot_widths(plan: Loaded, feed, gamma: int, widths: Sequence[int],
   first = np.cumsum(rounds[:-1]) / max(int(rounds.sum()), 1)
   acceptance = {
       int(k): (float(first[k - 1]),
-               float(first[k - 1]) if deeper is None else deeper)
-      for k in widths
+               float(first[k - 1]) if deeper is None else deeper) for k in widths
   }
   return acceptance, tokens // (batches * plan.args.batch_size)
 

@@ -225,11 +225,16 @@ class RunMetrics:
     auto: SPECULATION='auto': `choice` (mode, γ, k, predicted speedup),
       `reason` (the stdout line `auto: ...`), `candidates` (each mode, γ,
       k with its predicted speedup and the α, c, call cost and tokens per
-      call it used), `pilots` (α per mode and tree width, each from a
-      pilot decode sized by its 95% interval), `prices` (the measured
-      call costs and whether they were `cached`), `calibration` (the timed
-      chain pilot's measured and modelled speedup and κ, their ratio,
-      which scales every priced prediction), `min_gain` and the
+      call it used), `pilots` (α per mode, each from a pilot decode
+      sized by its 95% interval; one tree pilot at the widest k, with
+      every k's a_1 in `first_depth_by_width`), `prices` (the measured
+      call costs, whether they were `cached`, and `target_cached`: the
+      target's calls from an entry of another draft or method),
+      `calibration` (the timed chain pilot's measured and modelled
+      speedup and κ, their ratio, which scales the chain predictions, and
+      the tree predictions too when no tree pilot was timed),
+      `tree_calibration` (the same for the tree pilot, scaling the tree
+      predictions), `min_gain` and the
       seconds the choice took; `segments`, the batches each choice decoded
       in a row (label, mode, γ, k, first batch, batches, examples, its
       predicted and measured speedup with its 95% interval, both
