@@ -16,6 +16,8 @@ line names the folder and how to clear it (`repair_entry`).
 import os
 import re
 import sys
+import time
+from typing import Any
 import warnings
 
 ENV_OFF = "SPECDEC_JAX_COMPILATION_CACHE"
@@ -57,6 +59,66 @@ def add_missing_atimes(folder: str) -> int:
   return added
 
 
+def _lru_cache_class() -> Any:
+  """JAX's `LRUCache` (the persistent cache's files), or None when this JAX
+  lacks it or its entry layout (`<key>-cache`, `<key>-atime`) changed: the
+  patches below then keep JAX's own behaviour."""
+  try:
+    from jax._src import lru_cache  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  cache = getattr(lru_cache, "LRUCache", None)
+  if (cache is None or not hasattr(cache, "_evict_if_needed") or
+      getattr(lru_cache, "_CACHE_SUFFIX", None) != "-cache" or
+      getattr(lru_cache, "_ATIME_SUFFIX", None) != "-atime"):
+    return None
+  return cache
+
+
+def atomic_writes() -> bool:
+  """Makes this process write each cache entry whole or not at all;
+  returns whether it could.
+
+  JAX writes an entry in place. A process killed while writing (a sweep
+  stopped with SIGKILL, a test that kills a run) leaves a half-written
+  entry, and a later process that reads it can abort inside XLA, with no
+  Python exception for `repair_entry` to see. Written to a temporary file
+  and renamed instead, an entry appears only once it is whole.
+  """
+  cache = _lru_cache_class()
+  if cache is None:
+    return False
+  cache.put = _atomic_put
+  return True
+
+
+def _atomic_put(self, key: str, value: bytes) -> None:
+  """`LRUCache.put`, the entry renamed into place once written."""
+  if not key:
+    raise ValueError("key cannot be empty")
+  if self.eviction_enabled and len(value) > self.max_size:
+    warnings.warn(f"Cache value for key {key!r} of size {len(value)} bytes "
+                  f"exceeds the maximum cache size of {self.max_size} bytes")
+    return
+  entry = self.path / f"{key}-cache"
+  if self.eviction_enabled:
+    self.lock.acquire(timeout=self.lock_timeout_secs)
+  try:
+    if entry.exists():
+      return
+    self._evict_if_needed(additional_size=len(value))
+    # Not `*-cache`: never read, listed or evicted as an entry.
+    partial = self.path / f".{key}.{os.getpid()}.partial"
+    partial.write_bytes(value)
+    partial.rename(entry)
+    if self.eviction_enabled:
+      (self.path / f"{key}-atime").write_bytes(time.time_ns().to_bytes(
+          8, "little"))
+  finally:
+    if self.eviction_enabled:
+      self.lock.release()
+
+
 def skip_eviction_scans() -> bool:
   """Turns off the size-limited cache's eviction scan in this process;
   returns whether it could.
@@ -70,12 +132,8 @@ def skip_eviction_scans() -> bool:
   without a limit (JAX's default); clear it with rm -rf. Reads and writes
   keep the lock. A JAX without this private class keeps its own behaviour.
   """
-  try:
-    from jax._src import lru_cache  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return False
-  cache = getattr(lru_cache, "LRUCache", None)
-  if cache is None or not hasattr(cache, "_evict_if_needed"):
+  cache = _lru_cache_class()
+  if cache is None:
     return False
   cache._evict_if_needed = _no_eviction  # pylint: disable=protected-access
   return True
@@ -110,6 +168,7 @@ def enable() -> str:
   # above what a user's programs take.
   jax.config.update("jax_compilation_cache_max_size", MAX_SIZE_BYTES)
   skip_eviction_scans()
+  atomic_writes()
   add_missing_atimes(folder)  # a folder filled before the limit was set
   _watch_read_errors(folder)
   return folder

@@ -205,6 +205,35 @@ def test_a_locked_cache_write_scans_and_evicts_nothing(tmp_path):
   assert cache.eviction_enabled and (tmp_path / ".lockfile").exists()
 
 
+def test_a_cache_entry_appears_whole_or_not_at_all(tmp_path, monkeypatch):
+  """`atomic_writes`: a writer that dies mid-write (here: the write raises
+  after half the bytes) leaves no entry for a reader to abort on; the next
+  write puts the whole entry in place, and no partial file is left."""
+  from jax._src import lru_cache  # pylint: disable=g-import-not-at-top
+  assert compilation_cache.atomic_writes()
+  cache = lru_cache.LRUCache(str(tmp_path), max_size=1 << 20)
+  path_type = type(cache.path)  # etils' epath.Path where installed
+  write = path_type.write_bytes
+
+  def dies_halfway(self, data):
+    write(self, data[:len(data) // 2])
+    raise OSError("killed")
+
+  monkeypatch.setattr(path_type, "write_bytes", dies_halfway)
+  with pytest.raises(OSError, match="killed"):
+    cache.put("k", b"0123456789")
+  assert not (tmp_path / "k-cache").exists() and cache.get("k") is None
+  monkeypatch.setattr(path_type, "write_bytes", write)
+  cache.put("k", b"0123456789")
+  assert cache.get("k") == b"0123456789"
+  assert sorted(
+      p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+          "k-atime", "k-cache"
+      ]
+  # This process's next write reused its partial file's name.
+  assert not list(tmp_path.glob(".k.*.partial"))
+
+
 def test_a_cache_folder_from_before_the_lock_gets_its_access_times(tmp_path):
   (tmp_path / "jit_f-abc-cache").write_bytes(b"x")
   (tmp_path / "jit_g-def-cache").write_bytes(b"y")
