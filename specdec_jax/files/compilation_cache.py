@@ -97,8 +97,10 @@ def _atomic_put(self, key: str, value: bytes) -> None:
   if not key:
     raise ValueError("key cannot be empty")
   if self.eviction_enabled and len(value) > self.max_size:
-    warnings.warn(f"Cache value for key {key!r} of size {len(value)} bytes "
-                  f"exceeds the maximum cache size of {self.max_size} bytes")
+    warnings.warn(
+        f"Cache value for key {key!r} of size {len(value)} bytes "
+        f"exceeds the maximum cache size of {self.max_size} bytes",
+        stacklevel=2)
     return
   entry = self.path / f"{key}-cache"
   if self.eviction_enabled:
