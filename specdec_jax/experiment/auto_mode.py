@@ -243,8 +243,10 @@ def first_depth(pilot: Mapping[str, Any], width: int) -> float:
   a guess on a call with k branches exactly when its first round is below
   k: `tree_acceptance.first_round`), else its own 'first_depth'.
 
-  The pilot's deeper a serves every k: a narrower tree, with fewer
-  repeated first guesses to carry on, keeps no more than it at depth 2.
+  The pilot's deeper a serves every k. With distinct first guesses (the
+  default) one branch carries the kept prefix at any k; with i.i.d. ones
+  a wider tree may carry a repeated guess on several branches, so a
+  narrower tree's a can be lower than the pilot's.
   """
   by_width = pilot.get("first_depth_by_width") or ()
   if 1 <= width <= len(by_width):

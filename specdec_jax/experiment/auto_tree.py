@@ -13,8 +13,8 @@ the prefix below depth 1; i.i.d. branches may carry it on several, which
 a(k) averages in). Both come from one pilot decode with the widest k
 (`_pilot_widths`): a_1(k) from its first rounds (a narrower tree keeps a
 first guess exactly when the wide one's first round is below k), a from
-its deeper depths (`depth_acceptance`), for every k. It costs γ·c_k + C(1 + k·γ) target steps: γ depths
-of the k-branch draft (c_k: one depth over one target step) and the tree
+its deeper depths (`depth_acceptance`), for every k. An iteration costs
+γ·c_k + C(1 + k·γ) target steps: γ depths of the k-branch draft (c_k: one depth over one target step) and the tree
 call over 1 + k·γ nodes (C(N): its measured cost in steps). The predicted
 speedup is E / (γ·c_k + C(1 + k·γ)); with k = 1 and a_1 = a = α it is
 Theorem 3.8 with the measured call cost (`auto_gamma.best_gamma`).
@@ -175,10 +175,11 @@ def _pilot_widths(plan: Loaded, feed, gamma: int, widths: Sequence[int],
   histogram = np.zeros(gamma + 1, np.int64)
   rounds = np.zeros(width + 1, np.int64)
   tokens = 0
+  examples = min(batches * plan.args.batch_size,
+                 getattr(feed, "num_examples", 1 << 30))
   with progress.phase(
-      f"GAMMA/TREE_WIDTH='auto': pilot decode of the first "
-      f"{min(batches * plan.args.batch_size, getattr(feed, 'num_examples', 1 << 30))}"
-      f" examples ({batches} batches, γ={gamma}, k={width}; compiling first)"):
+      f"GAMMA/TREE_WIDTH='auto': pilot decode of the first {examples} "
+      f"examples ({batches} batches, γ={gamma}, k={width}; compiling first)"):
     padded = feed.widest(batches)  # one compile, not one per width
     for b in range(batches):
       out = multihost.to_host(pilot.speculative(feed.batch(b, padded), rng))

@@ -203,22 +203,23 @@ class Feeder:
     longest = max(int(self.shared.lengths[i]) if i >= 0 else 1 for i in fed)
     return min(self.width, -(-longest // self.bucket) * self.bucket)
 
-  def widest(self, batches: int) -> int:
-    """The widest of the first `batches` batches (at least one): the one
-    width a pilot pads them to, so that it compiles its decoders once."""
-    return max(
-        self.batch_width(b)
-        for b in range(min(max(int(batches), 1), self.num_batches)))
-
-  def common_width(self, batches: int) -> int:
-    """The most common width of the first `batches` batches (at least one;
-    a tie: the narrower): a timed pilot's, whose batches are then this
-    run's usual shape (a wider one would price every step's attention
-    over padding)."""
-    widths = [
+  def _first_widths(self, batches: int) -> List[int]:
+    """The widths of the first `batches` batches (at least one)."""
+    return [
         self.batch_width(b)
         for b in range(min(max(int(batches), 1), self.num_batches))
     ]
+
+  def widest(self, batches: int) -> int:
+    """The widest of the first `batches` batches: the one width an untimed
+    pilot pads them to, so that it compiles its decoder once."""
+    return max(self._first_widths(batches))
+
+  def common_width(self, batches: int) -> int:
+    """The most common width of the first `batches` batches (a tie: the
+    narrower): a timed pilot's, whose batches are then this run's usual
+    shape (a wider one would time every step's attention over padding)."""
+    widths = self._first_widths(batches)
     return min(set(widths), key=lambda w: (-widths.count(w), w))
 
   def host_rows(self, batch: int, width: Optional[int] = None) -> np.ndarray:
