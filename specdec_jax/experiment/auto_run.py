@@ -116,10 +116,8 @@ class _PilotTally:
       out["first_depth"], out["deeper"] = auto_tree.depth_acceptance(
           self.histogram)
       if self.rounds is not None and self.rounds.sum():
-        # a_1 of every narrower tree: its calls' first round below its k.
-        out["first_depth_by_width"] = [
-            float(x) for x in np.cumsum(self.rounds[:-1]) / self.rounds.sum()
-        ]
+        out["first_depth_by_width"] = auto_tree.first_depth_by_width(
+            self.rounds)
     return out
 
 
@@ -397,6 +395,10 @@ def _priced_shapes(args: Any, candidates: Sequence[Candidate],
   }
 
 
+# The entries of the prices that are the target's alone (`target_price_fields`).
+_TARGET_PRICES = ("target_step_s", "call_cost_by_k", "tree_call_cost_by_nodes")
+
+
 def measure_prices(
     plan: Loaded, feed: multihost.Feeder, ks: Sequence[int],
     tree: Optional[Dict[str, Any]], fill: int, context_plan: DecodePlan,
@@ -442,10 +444,6 @@ def measure_prices(
   return entry
 
 
-# The entries of the prices that are the target's alone (`target_price_fields`).
-_TARGET_PRICES = ("target_step_s", "call_cost_by_k", "tree_call_cost_by_nodes")
-
-
 def prices_for(
     plan: Loaded, feed: multihost.Feeder, candidates: Sequence[Candidate],
     fill: int,
@@ -463,11 +461,12 @@ def prices_for(
   cached = entry is not None
   target = None if cached else price_cache.load(target_fields)
   if entry is None:
-    what = ("the drafter" + (" and its trees" if tree else "") +
-            " beside a target step (the target's calls from the cache)"
-            if target else f"the target's calls of K = "
-            f"{', '.join(map(str, ks))} tokens, the drafter" +
-            (", the tree calls" if tree else ""))
+    if target:
+      what = (f"the drafter{' and its trees' if tree else ''} beside a "
+              "target step (the target's calls from the cache)")
+    else:
+      what = (f"the target's calls of K = {', '.join(map(str, ks))} tokens, "
+              f"the drafter{', the tree calls' if tree else ''}")
     with progress.phase(f"SPECULATION='auto': pricing {what} on this machine "
                         "(cached for the next run)"):
       entry = measure_prices(plan, feed, ks, tree, fill, context_plan, target)

@@ -14,12 +14,12 @@ a(k) averages in). Both come from one pilot decode with the widest k
 (`_pilot_widths`): a_1(k) from its first rounds (a narrower tree keeps a
 first guess exactly when the wide one's first round is below k), a from
 its deeper depths (`depth_acceptance`), for every k. An iteration costs
-γ·c_k + C(1 + k·γ) target steps: γ depths of the k-branch draft (c_k: one depth over one target step) and the tree
-call over 1 + k·γ nodes (C(N): its measured cost in steps). The predicted
+γ·c_k + C(1 + k·γ) target steps: γ depths of the k-branch draft (c_k: one
+depth over one target step) and the tree call over 1 + k·γ nodes (C(N): its measured cost in steps). The predicted
 speedup is E / (γ·c_k + C(1 + k·γ)); with k = 1 and a_1 = a = α it is
 Theorem 3.8 with the measured call cost (`auto_gamma.best_gamma`).
 """
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from absl import logging
 import jax
@@ -66,6 +66,14 @@ def depth_acceptance(histogram: Sequence[int]) -> Acceptance:
   deeper_kept = float((n - 1) @ counts[1:])
   deeper_tests = float(np.minimum(n, gamma - 1) @ counts[1:])
   return first, (deeper_kept / deeper_tests if deeper_tests else first)
+
+
+def first_depth_by_width(rounds: Sequence[int]) -> List[float]:
+  """[k] a_1 of trees of k' = 1..k branches from a k-branch tree's calls
+  counted by their first round ([k + 1]: `TreeOutput.first_round_histogram`
+  summed over rows): the share of calls whose first round is below k'."""
+  counts = np.asarray(rounds, np.float64)
+  return [float(x) for x in np.cumsum(counts[:-1]) / max(counts.sum(), 1.0)]
 
 
 def expected_tree_tokens(first: float, deeper: float, gamma: int) -> float:
@@ -188,13 +196,8 @@ def _pilot_widths(plan: Loaded, feed, gamma: int, widths: Sequence[int],
       rounds += np.asarray(out.first_round_histogram).sum(0)
       tokens += stats["tokens_generated"]
   deeper = depth_acceptance(histogram)[1]
-  if gamma == 1 or not np.any(histogram[2:]):
-    deeper = None  # no deeper test: each k's own a_1 (as depth_acceptance)
-  first = np.cumsum(rounds[:-1]) / max(int(rounds.sum()), 1)
-  acceptance = {
-      int(k): (float(first[k - 1]),
-               float(first[k - 1]) if deeper is None else deeper) for k in widths
-  }
+  first = first_depth_by_width(rounds)
+  acceptance = {int(k): (first[k - 1], deeper) for k in widths}
   return acceptance, tokens // (batches * plan.args.batch_size)
 
 
