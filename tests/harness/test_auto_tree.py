@@ -172,6 +172,6 @@ def test_bad_histograms_fail_clearly():
 def test_narrower_trees_a1_is_the_share_of_calls_whose_first_round_is_below_k():
   # 10 calls of a 3-branch tree: 4 kept branch 0's guess, 3 branch 1's,
   # 1 branch 2's, 2 none.
-  assert auto_tree.first_depth_by_width([4, 3, 1, 2]) == pytest.approx(
-      [0.4, 0.7, 0.8])
+  assert auto_tree.first_depth_by_width([4, 3, 1,
+                                         2]) == pytest.approx([0.4, 0.7, 0.8])
   assert auto_tree.first_depth_by_width([0, 0, 5]) == [0.0, 0.0]
