@@ -1,4 +1,5 @@
 """Shared test helpers: tiny model configs and the ../shared fixtures."""
+import gc
 import os
 import pathlib
 
@@ -121,6 +122,29 @@ def jit_call(model, name: str, /, *args, **kwargs):
         lambda m, *a, **t: getattr(m, name)(*a, **t, **fixed),
         static_argnums=static)
   return _JITTED[key](model, *args, **traced)
+
+
+def free_compiled_programs() -> None:
+  """Drops every compiled program this process holds (`jax.clear_caches`,
+  `jit_call`'s wrappers).
+
+  XLA:CPU maps each loaded program's code into a few memory regions of its
+  own, and a jit cache keeps every program it ever compiled. A test worker
+  that runs half the suite held ~65,000 regions, Linux's default limit
+  (vm.max_map_count = 65530); the next program it loaded from the cache
+  then segfaulted inside XLA (a "worker crashed" in CI).
+  """
+  _JITTED.clear()
+  jax.clear_caches()
+  gc.collect()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_programs_after_module():
+  """Each test file's programs are freed when it ends: a later file that
+  needs one again reads it from the persistent cache."""
+  yield
+  free_compiled_programs()
 
 
 @pytest.fixture
