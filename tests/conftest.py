@@ -33,6 +33,7 @@ if os.environ.get("SPECDEC_JAX_TEST_CACHE", "1") != "0":
   os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE",
                         str(_cache.MAX_SIZE_BYTES))
   _cache.add_missing_atimes(os.environ["JAX_COMPILATION_CACHE_DIR"])
+  _cache.remove_stale_partials(os.environ["JAX_COMPILATION_CACHE_DIR"])
   # The suite writes thousands of entries (most of them eager one-op
   # programs): with JAX's eviction scan on every write, a cold run spent
   # most of its compile time listing the folder, the other worker waiting

@@ -31,6 +31,8 @@ _NO_CLIENT = "must be constructed with a Client"
 # The cache folder's size limit, set for JAX's lock; nothing is evicted
 # (`skip_eviction_scans`).
 MAX_SIZE_BYTES = 32 << 30
+# `atomic_writes`' temporary files: `.<key>.<pid>.partial`.
+_PARTIAL = ".partial"
 
 
 def add_missing_atimes(folder: str) -> int:
@@ -57,6 +59,28 @@ def add_missing_atimes(folder: str) -> int:
     except OSError:  # another process added it, or the entry went
       pass
   return added
+
+
+def remove_stale_partials(folder: str, older_than_s: float = 3600.0) -> int:
+  """Removes the temporary files of writers killed mid-write
+  (`atomic_writes`: `.<key>.<pid>.partial`) last touched over
+  `older_than_s` ago; a live writer's is seconds old. Returns how many."""
+  removed, now = 0, time.time()
+  try:
+    names = os.listdir(folder)
+  except OSError:  # no folder yet
+    return 0
+  for name in names:
+    if not (name.startswith(".") and name.endswith(_PARTIAL)):
+      continue
+    path = os.path.join(folder, name)
+    try:
+      if now - os.stat(path).st_mtime > older_than_s:
+        os.remove(path)
+        removed += 1
+    except OSError:  # another process removed or renamed it
+      pass
+  return removed
 
 
 def _lru_cache_class() -> Any:
@@ -110,7 +134,7 @@ def _atomic_put(self, key: str, value: bytes) -> None:
       return
     self._evict_if_needed(additional_size=len(value))
     # Not `*-cache`: never read, listed or evicted as an entry.
-    partial = self.path / f".{key}.{os.getpid()}.partial"
+    partial = self.path / f".{key}.{os.getpid()}{_PARTIAL}"
     partial.write_bytes(value)
     partial.rename(entry)
     if self.eviction_enabled:
@@ -172,6 +196,7 @@ def enable() -> str:
   skip_eviction_scans()
   atomic_writes()
   add_missing_atimes(folder)  # a folder filled before the limit was set
+  remove_stale_partials(folder)
   _watch_read_errors(folder)
   return folder
 

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -243,3 +244,18 @@ def test_a_cache_folder_from_before_the_lock_gets_its_access_times(tmp_path):
   assert (tmp_path / "jit_g-def-atime").read_bytes() == (7).to_bytes(
       8, "little")
   assert compilation_cache.add_missing_atimes(str(tmp_path / "none")) == 0
+
+
+def test_a_killed_writers_old_partial_file_is_removed(tmp_path):
+  """`remove_stale_partials`: an hour-old `.<key>.<pid>.partial` goes; a
+  fresh one (a writer still writing) and the entries stay."""
+  old, fresh = tmp_path / ".k.123.partial", tmp_path / ".j.456.partial"
+  entry = tmp_path / "k-cache"
+  for path in (old, fresh, entry):
+    path.write_bytes(b"x")
+  hour_ago = time.time() - 3601
+  os.utime(old, (hour_ago, hour_ago))
+  os.utime(entry, (hour_ago, hour_ago))
+  assert compilation_cache.remove_stale_partials(str(tmp_path)) == 1
+  assert not old.exists() and fresh.exists() and entry.exists()
+  assert compilation_cache.remove_stale_partials(str(tmp_path / "none")) == 0
