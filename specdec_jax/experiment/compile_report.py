@@ -203,7 +203,7 @@ def compile_topology(args: arguments.RunArguments, value: Any,
   console and saved in OUTPUT_DIR/libtpu.log, named in one line
   (`libtpu_log`); progress lines say what compiles, and for how long.
   """
-  noise: List[str] = []
+  noise: List[str] = libtpu_log.startup_noise()
   with libtpu_log.captured_libtpu_noise(noise):
     record = _compile_topology(args, value, gin_files)
   libtpu_log.save_noise(noise, args.output_dir)

@@ -18,8 +18,15 @@ kept aside (then saved to OUTPUT_DIR/libtpu.log and named in one line),
 every other line goes to the console as it comes, at once (progress lines
 included). If the compile fails, the kept lines are written to the console
 too: nothing that might explain a failure is hidden.
+
+Every command meets the same lines, at JAX's first use, wherever the tpu
+extra is installed on a machine without a TPU (CI; a workstation that
+compiles for TPU ahead of time): JAX then runs on the CPU as without
+libtpu. `start_backends_quietly` starts the backends at the command's start
+with them kept aside the same way (COMPILE_TOPOLOGY saves them too).
 """
 import contextlib
+import importlib.util
 import os
 import re
 import sys
@@ -41,6 +48,40 @@ _NOISE = re.compile(
 _TRACE_START = re.compile(r"^=== Source Location Trace: ?===\s*$")
 # A trace's lines: one source location each (`dir/file.cc:327`).
 _TRACE_LINE = re.compile(r"^\s*[\w./+-]+\.(cc|h|c|cpp):\d+\s*$")
+
+# libtpu's lines kept aside by `start_backends_quietly` (once per process).
+_STARTUP_NOISE: List[str] = []
+
+
+def _libtpu_without_a_tpu() -> bool:
+  """libtpu installed, no TPU chip on this machine, JAX_PLATFORMS unset
+  (a user's choice of backends is theirs) and no backend started yet."""
+  if (os.environ.get("JAX_PLATFORMS") or
+      importlib.util.find_spec("libtpu") is None):
+    return False
+  try:  # JAX's own test for TPU chips (PCI vendor ids); private
+    from jax._src import hardware_utils  # pylint: disable=g-import-not-at-top
+    from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+    chips = hardware_utils.num_available_tpu_chips_and_device_id()[0]
+    return chips == 0 and not xla_bridge.backends_are_initialized()
+  except (ImportError, AttributeError, OSError):
+    return False
+
+
+def start_backends_quietly() -> None:
+  """Starts JAX's backends now with libtpu's noise kept aside
+  (`startup_noise`), where libtpu can only fail to find a TPU
+  (`_libtpu_without_a_tpu`); elsewhere nothing happens."""
+  if not _libtpu_without_a_tpu():
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  with captured_libtpu_noise(_STARTUP_NOISE):
+    jax.devices()
+
+
+def startup_noise() -> List[str]:
+  """The lines `start_backends_quietly` kept aside in this process."""
+  return list(_STARTUP_NOISE)
 
 
 class LibtpuNoise:

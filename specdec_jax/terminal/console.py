@@ -14,6 +14,9 @@ of hardware this project never asks for:
   found no CUDA driver, failed `cuInit`, or registered cuDNN/cuFFT/cuBLAS
   twice. `import_tensorflow_quietly` imports it with the process's stderr
   captured and writes back every line except those known, harmless ones.
+* With the tpu extra on a machine without a TPU, JAX's first use loads
+  libtpu, which prints an error block while it searches for a TPU VM
+  (`libtpu_log.start_backends_quietly` keeps it off the console).
 """
 import contextlib
 import logging
@@ -24,6 +27,8 @@ import sys
 import tempfile
 import threading
 from typing import Callable, Iterator
+
+from specdec_jax.experiment import libtpu_log
 
 # TensorFlow's import-time lines that say nothing about this program's run
 # (TF is used for input pipelines only, on the CPU).
@@ -101,12 +106,14 @@ def quiet_backend_probing() -> None:
 
 
 def setup() -> None:
-  """Console set-up for `run` and `sweep` (call at the start of main).
+  """Console set-up for `run`, `sweep` and `certify` (call at the start
+  of main, after `multihost`'s initialization: it starts JAX's backends).
 
   TensorFlow is not imported here: a run that needs neither a seqio task
   nor a seqio vocabulary never imports it (each import site goes through
   `import_tensorflow_quietly`)."""
   quiet_backend_probing()
+  libtpu_log.start_backends_quietly()
 
 
 # ---------------------------------------------------------------------------
