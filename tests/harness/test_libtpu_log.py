@@ -1,7 +1,7 @@
-"""Issue 44: COMPILE_TOPOLOGY (and every command: `console.setup`) keeps libtpu's start-up noise (its search
-for a TPU VM, which reads like a crash) off the console, saves it, and
-says so in one line; every other stderr line passes at once. Tested on
-libtpu's real text, not on a TPU."""
+"""Issue 44: COMPILE_TOPOLOGY (and every command: `console.setup`) keeps
+libtpu's start-up noise (its search for a TPU VM, which reads like a
+crash) off the console, saves it, and says so in one line; every other
+stderr line passes at once. Tested on libtpu's real text, not on a TPU."""
 import importlib.util
 import os
 import subprocess
