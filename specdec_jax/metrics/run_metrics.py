@@ -99,8 +99,9 @@ class RunMetrics:
     speedup: walltime_baseline_s / walltime_speculative_s.
     compile_time_s: seconds spent compiling and warming up both decoders.
     target_step_s: one one-token target call (`timing.call_seconds`: 32
-      calls in one compiled loop, 5 rounds interleaved with the drafter's
-      guesses and the verification call, median).
+      calls in one compiled loop, fewer at a batch over 16 rows, 5 rounds
+      interleaved with the drafter's guesses and the verification call,
+      median).
     draft_step_s: one guess as the loop makes it: a `propose` of γ guesses
       (a draft model's γ steps with their sampling and bookkeeping, state
       rolled back each call), divided by γ; ACCEPTANCE='tree': one

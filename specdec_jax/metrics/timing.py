@@ -98,6 +98,43 @@ class Proposer(NamedTuple):
   method: Any
 
 
+# A timed program of `steps` calls over at most this many rows (batch x
+# tokens) keeps all its calls; a wider call gets fewer (`steps_for_rows`).
+FULL_STEP_ROWS = 16
+MIN_STEPS = 16
+
+
+def steps_for_rows(steps: int, rows: int) -> int:
+  """Calls per timed program for a call over `rows` rows (batch x tokens):
+  `steps` up to `FULL_STEP_ROWS` rows, fewer in proportion beyond (at least
+  `MIN_STEPS`).
+
+  On XLA:CPU a call over many rows costs several steps (at batch 8 on
+  host A: 5.7 for 13 tokens, 9.5 for a 25-node tree), so 32 of them took
+  2-3 s per round, and timing was most of the 92 s that pricing a batch-8
+  run's candidates took. With calls in proportion to 16 / rows, each
+  program lasts about as long as the reference step's. Not below 16: a
+  program also pays a fixed cost (~4 steps for a 13-token call at batch 8),
+  which programs of 10 calls priced 3.5-7% above programs of 32, 5 calls
+  11-15% (interleaved in one process, host A:
+  benchmarks/auto_first_run/call_steps_bias.json)."""
+  return max(min(steps, MIN_STEPS),
+             min(steps, round(steps * FULL_STEP_ROWS / max(rows, 1))))
+
+
+def _steps_by_call(calls: Mapping[str, Tuple[Any, int]], steps: int,
+                   batch: int) -> Dict[str, int]:
+  """`call_seconds`' calls per timed program, by name: `steps_for_rows` of
+  each call's batch x k rows on the CPU; on an accelerator, where a wide
+  call costs about a step, and for a propose, `steps`."""
+  cpu = jax.default_backend() == "cpu"
+  return {
+      name: steps_for_rows(steps, batch *
+                           k) if cpu and not isinstance(model, Proposer) else
+            steps for name, (model, k) in calls.items()
+  }
+
+
 def call_seconds(calls: Mapping[str,
                                 Tuple[Any,
                                       int]], encoder_input_tokens: np.ndarray,
@@ -126,7 +163,9 @@ def call_seconds(calls: Mapping[str,
     encoder_input_tokens: [B, S] int32 inputs the caches are built from.
     fill: cache positions already written before each call.
     cache_len: cache slots, as in the decoding loop being priced.
-    steps, repeats: calls per timed program, timed rounds.
+    steps, repeats: calls per timed program (on the CPU a call over more
+      than `FULL_STEP_ROWS` rows: fewer, `steps_for_rows`; a propose: all),
+      timed rounds.
     clock: (fn, round) -> (fn(round) ready, seconds) (`timed`).
     programs: the programs timed (`CallPrograms`: `start`, `call_loop`,
       `propose_loop`).
@@ -152,23 +191,26 @@ def call_seconds(calls: Mapping[str,
       if not isinstance(model, Proposer)
   }
 
-  def program(model, k):
+  steps_of = _steps_by_call(calls, steps, inputs.shape[0])
+
+  def program(name, model, k):
     if isinstance(model, Proposer):  # one propose of γ = k guesses
       return lambda _: programs.propose_loop(
           model.drafter, model.state, model.buffer, fill_rows,
           jax.random.PRNGKey(0), gamma=k, method=model.method, steps=steps)
     cache = caches[id(model)]
     return lambda _: programs.call_loop(model, cache, fill_rows, k=k, steps=
-                                        steps)
+                                        steps_of[name])
 
   times, _ = InterleavedTimer(repeats, log=lambda _: None, clock=clock)({
-      name: program(model, k) for name, (model, k) in calls.items()
+      name: program(name, model, k) for name, (model, k) in calls.items()
   })
-  reference = times[next(iter(calls))]
-  per_call = float(np.median(reference)) / steps
+  # Seconds of one call in each round.
+  per_call = {name: t / steps_of[name] for name, t in times.items()}
+  reference = per_call[next(iter(calls))]
   return {
-      name: per_call * float(np.median(t / reference))
-      for name, t in times.items()
+      name: float(np.median(reference)) * float(np.median(t / reference))
+      for name, t in per_call.items()
   }
 
 

@@ -59,6 +59,42 @@ def test_call_seconds_takes_medians_of_ratios_within_rounds():
   assert result["call"] / result["step"] == pytest.approx(2.0)
 
 
+def test_a_wide_call_is_timed_in_fewer_calls_and_priced_per_call():
+  """Batch 8: a 13-token call (104 rows) runs 16 calls per timed program
+  (`steps_for_rows`), the step all 32; each is priced per call."""
+  cost = {1: 0.01, 13: 0.06}  # stand-in seconds of one call, by k
+  ran = []
+
+  def call_loop(model, cache, fill, *, k, steps):
+    del model, cache, fill
+    ran.append((k, steps))
+    return jnp.zeros(())
+
+  def clock(fn, r):
+    fn(r)
+    k, steps = ran[-1]
+    return None, steps * cost[k] * (3.0 if r == 1 else 1.0)  # a load burst
+
+  result = timing.call_seconds({
+      "step": ("m", 1),
+      "call": ("m", 13)
+  }, np.zeros((8, 4), np.int32), fill=2, cache_len=16, steps=32, repeats=3,
+                               clock=clock, programs=timing.CallPrograms(
+                                   start=_no_cache, call_loop=call_loop))
+  assert sorted(set(ran)) == [(1, 32), (13, timing.MIN_STEPS)]
+  assert result["step"] == pytest.approx(0.01)
+  assert result["call"] == pytest.approx(0.06)
+
+
+def test_steps_for_rows():
+  assert timing.steps_for_rows(32, 16) == 32
+  assert timing.steps_for_rows(32, 32) == 16
+  assert timing.steps_for_rows(32, 24) == 21
+  assert timing.steps_for_rows(32, 40) == timing.MIN_STEPS == 16
+  assert timing.steps_for_rows(32, 200) == timing.MIN_STEPS
+  assert timing.steps_for_rows(3, 200) == 3  # never more than asked
+
+
 @pytest.mark.parametrize("fill,k", [(6, 1), (4, 3), (-1, 1)])
 def test_call_seconds_rejects_a_call_that_does_not_fit(fill, k):
   with pytest.raises(ValueError, match=rf"fill={fill} and k={k}.*"
