@@ -15,9 +15,10 @@ a(k) averages in). Both come from one pilot decode with the widest k
 first guess exactly when the wide one's first round is below k), a from
 its deeper depths (`depth_acceptance`), for every k. An iteration costs
 γ·c_k + C(1 + k·γ) target steps: γ depths of the k-branch draft (c_k: one
-depth over one target step) and the tree call over 1 + k·γ nodes (C(N): its measured cost in steps). The predicted
-speedup is E / (γ·c_k + C(1 + k·γ)); with k = 1 and a_1 = a = α it is
-Theorem 3.8 with the measured call cost (`auto_gamma.best_gamma`).
+depth over one target step) and the tree call over 1 + k·γ nodes (C(N):
+its measured cost in steps). The predicted speedup is
+E / (γ·c_k + C(1 + k·γ)); with k = 1 and a_1 = a = α it is Theorem 3.8
+with the measured call cost (`auto_gamma.best_gamma`).
 """
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
