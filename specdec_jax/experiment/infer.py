@@ -22,6 +22,7 @@ import numpy as np
 
 from specdec_jax.metrics import analysis
 from specdec_jax import multihost
+from specdec_jax.terminal import console
 from specdec_jax.terminal import progress
 from specdec_jax.metrics import quality as quality_lib
 from specdec_jax.metrics import run_metrics
@@ -74,6 +75,7 @@ def run_infer(plan: DecodePlan, feed: multihost.Feeder,
   current = plan  # SPECULATION='auto': the choice of the batches before
   try:
     for i, (batch, keep) in enumerate(feed.batches()):
+      console.raise_if_terminated()
       result, seconds = plan.plan.providers.clock(
           current.speculative, batch, jax.random.fold_in(plan.rng, i))
       decode_s += seconds

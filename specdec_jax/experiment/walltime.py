@@ -25,6 +25,7 @@ import numpy as np
 from specdec_jax.metrics import analysis
 from specdec_jax.core import decoding
 from specdec_jax import multihost
+from specdec_jax.terminal import console
 from specdec_jax.terminal import progress
 from specdec_jax.metrics import run_metrics
 from specdec_jax.data import tasks
@@ -180,6 +181,7 @@ def decode_examples(plan: DecodePlan, feed: multihost.Feeder,
   per_batch: List[Tuple[float, float, int, int, int]] = []
   current = plan
   for i, (batch, keep) in enumerate(feed.batches()):
+    console.raise_if_terminated()
     mode = decode_modes.mode_of(current.args)
     brng = jax.random.fold_in(rng, i)
     out_b, dt_b = clock(plan.baseline, batch, brng)

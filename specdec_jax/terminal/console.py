@@ -193,6 +193,22 @@ def _stdout_is_stderr() -> bool:
     return False
 
 
+# The SIGTERMs `sigterm_as_interrupt` received in its body
+# (`raise_if_terminated`).
+_PENDING_SIGTERM: list = []
+
+
+def raise_if_terminated() -> None:
+  """Raises KeyboardInterrupt if `sigterm_as_interrupt` received a SIGTERM
+  whose KeyboardInterrupt did not end its body: Python runs a handler at
+  the next bytecode, and raised while a finalizer or a weakref callback
+  runs, the exception is only printed ("Exception ignored") and the body
+  goes on. Long loops call it between their units of work (a decode's
+  batches)."""
+  if _PENDING_SIGTERM:
+    raise KeyboardInterrupt()
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt(received: list) -> Iterator[None]:
   """SIGTERM (what batch schedulers and `kill` send) ends the body as
@@ -207,6 +223,7 @@ def sigterm_as_interrupt(received: list) -> Iterator[None]:
   def interrupt(signum, frame):
     del frame
     received.append(signum)
+    _PENDING_SIGTERM.append(signum)
     raise KeyboardInterrupt()
 
   previous = signal.signal(signal.SIGTERM, interrupt)
@@ -214,6 +231,7 @@ def sigterm_as_interrupt(received: list) -> Iterator[None]:
     yield
   finally:
     signal.signal(signal.SIGTERM, previous)
+    _PENDING_SIGTERM.clear()
 
 
 def exit_process(code: int) -> None:

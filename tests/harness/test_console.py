@@ -2,6 +2,8 @@
 import json
 import logging
 import os
+import signal
+import time
 
 import pytest
 
@@ -116,3 +118,22 @@ def test_probe_writable_dir(tmp_path):
     with pytest.raises(ValueError, match="not a writable directory"):
       io_utils.probe_writable_dir(path)
   assert a_file.read_text() == "x"
+
+
+def test_a_sigterm_whose_interrupt_was_swallowed_still_ends_the_loop():
+  """`sigterm_as_interrupt`: a SIGTERM's KeyboardInterrupt that something
+  swallowed (here an except clause; in a run, a finalizer that was
+  running) is raised again by `raise_if_terminated`, and only inside."""
+  received, before = [], signal.getsignal(signal.SIGTERM)
+  with console.sigterm_as_interrupt(received):
+    console.raise_if_terminated()  # nothing received yet
+    try:
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(1)  # the handler runs at the next bytecode
+    except KeyboardInterrupt:
+      pass  # swallowed
+    assert received == [signal.SIGTERM]
+    with pytest.raises(KeyboardInterrupt):
+      console.raise_if_terminated()
+  console.raise_if_terminated()  # the body is over: nothing pending
+  assert signal.getsignal(signal.SIGTERM) is before
