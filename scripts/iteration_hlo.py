@@ -24,7 +24,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec_jax.benchmarking import pretrained  # pylint: disable=g-import-not-at-top
+from specdec_jax.benchmarking import config  # pylint: disable=g-import-not-at-top
 from specdec_jax.files import io_utils
 from specdec_jax.benchmarking import hlo_ops
 from specdec_jax.core import decoding
@@ -40,12 +40,11 @@ _OUTPUT = flags.DEFINE_string("output", None, "Write the counts as JSON.")
 
 def main(argv):
   del argv
-  target = pretrained.load_for_decoding(os.path.join(PRETRAINED, "target_38m"),
-                                        "models/multi30k_target_38m.gin")
+  target = config.load_for_decoding(os.path.join(PRETRAINED, "target_38m"),
+                                    "models/multi30k_target_38m.gin")
   draft = decoding.ModelDrafter(
-      pretrained.load_for_decoding(
-          os.path.join(PRETRAINED, "draft_1m_distill_38m"),
-          "models/multi30k_draft_1m.gin"))
+      config.load_for_decoding(os.path.join(PRETRAINED, "draft_1m_distill_38m"),
+                               "models/multi30k_draft_1m.gin"))
   inputs = np.ones((1, 64), np.int32)
   rng, eos, greedy = jax.random.PRNGKey(0), np.int32(1), sampling.Greedy()
   length = _LENGTH.value

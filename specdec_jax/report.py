@@ -21,15 +21,15 @@ an `alpha.json`. Written into DIR (default RESULTS_DIR/report):
   (`reporting.figures`), `example_trace.{html,png}` (Figure 1 style,
   `reporting.trace`), `timeline.{png,svg}` (Figure 5 style, modeled from
   the example's accepted counts and the run's step times,
-  `reporting.timeline`), and for a sweep with tree runs at several
+  `reporting.trace`), and for a sweep with tree runs at several
   TREE_WIDTH values `tokens_per_call_vs_tree_width.{png,svg}` (tokens per
-  target call against k, `reporting.tree_figure`). Figures whose data are
+  target call against k, `reporting.figures`). Figures whose data are
   absent are skipped with a log message.
 
 The example comes from the most informative run (highest α, then
 temperature 0, then highest speedup) and, in it, the example whose trace
 fits the figure and shows accepted and rejected guesses
-(`reporting.examples`); `--example_run` / `--example_index` choose instead.
+(`find_example`); `--example_run` / `--example_index` choose instead.
 
 Bad input (missing / empty directory, a metrics.json that is not JSON or not
 a `RunMetrics`, a malformed predictions.jsonl or alpha.json) stops the report
@@ -40,19 +40,16 @@ atomically (temporary file + os.replace).
 import logging
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import flags
 
 from specdec_jax.config import flag_utils
 from specdec_jax.files import io_utils
 from specdec_jax.metrics import run_metrics
-from specdec_jax.reporting import examples
 from specdec_jax.reporting import figures
-from specdec_jax.reporting import tree_figure
 from specdec_jax.reporting import loading
 from specdec_jax.reporting import tables
-from specdec_jax.reporting import timeline
 from specdec_jax.reporting import trace
 
 logger = logging.getLogger(__name__)
@@ -72,15 +69,15 @@ render_table4 = tables.render_table4
 render_speedup_vs_gamma = figures.render_speedup_vs_gamma
 render_alpha_by_draft = figures.render_alpha_by_draft
 render_tokens_per_call_vs_tree_width = (
-    tree_figure.render_tokens_per_call_vs_tree_width)
+    figures.render_tokens_per_call_vs_tree_width)
 # Tokens per target call against k (a sweep over TREE_WIDTH).
 TREE_FIGURE = "tokens_per_call_vs_tree_width"
 trace_lines = trace.trace_lines
 render_trace_html = trace.render_trace_html
 render_trace_png = trace.render_trace_png
-modeled_timeline = timeline.modeled_timeline
-example_timeline = timeline.example_timeline
-render_timeline = timeline.render_timeline
+modeled_timeline = trace.modeled_timeline
+example_timeline = trace.example_timeline
+render_timeline = trace.render_timeline
 
 Run = Dict[str, Any]
 Example = Dict[str, Any]
@@ -106,15 +103,14 @@ def _chosen_examples(runs: List[Run], results_dir: str,
       r["run_name"] for r in runs
   }:
     raise ReportError(f"{results_dir}: no run named {example_run!r}")
-  trace_pair = examples.find_example(runs,
-                                     lambda ex, run: bool(ex.get("trace")),
-                                     example_run, example_index,
-                                     rank=examples.trace_informativeness)
-  timeline_pair = examples.find_example(
+  trace_pair = find_example(runs, lambda ex, run: bool(ex.get("trace")),
+                            example_run, example_index,
+                            rank=trace_informativeness)
+  timeline_pair = find_example(
       runs, lambda ex, run: bool(example_timeline(ex, run)), example_run,
       example_index, prefer=trace_pair if trace_pair[1] is not None else None)
   if example_index is not None and trace_pair[1] is None:
-    count = examples.index_count(runs, example_run)
+    count = index_count(runs, example_run)
     if not 0 <= example_index < count:  # not "no trace": no such example
       where = results_dir + (f" (run {example_run!r})" if example_run else "")
       allowed = (f"allowed: 0 to {count - 1}"
@@ -138,8 +134,8 @@ def _render(runs: List[Run], trace_pair: Tuple[Run, Optional[Example]],
     fig = render(runs)
     for fmt in ("png", "svg"):
       artifacts[f"{name}.{fmt}"] = figures.figure_bytes(fig, fmt)
-  if tree_figure.has_several_tree_widths(runs):
-    fig = tree_figure.render_tokens_per_call_vs_tree_width(runs)
+  if figures.has_several_tree_widths(runs):
+    fig = figures.render_tokens_per_call_vs_tree_width(runs)
     for fmt in ("png", "svg"):
       artifacts[f"{TREE_FIGURE}.{fmt}"] = figures.figure_bytes(fig, fmt)
   else:
@@ -288,6 +284,75 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   for path in written.values():
     print(path)
   return 0
+
+
+# -- examples --------------------------------------------------------------
+# Which decoded example the report draws (Figure 1's trace, Figure 5's
+# timeline): from the most informative run (highest α, then temperature 0,
+# then highest speedup), the most informative example, unless the user
+# chose (`--example_run`, `--example_index`).
+def _run_informativeness(run: Mapping[str, Any]):
+  """Sort key, best first: highest α, then T = 0, then highest speedup."""
+  return (-run["alpha"], run["temperature"], -run["speedup"], run["run_name"])
+
+
+def trace_informativeness(ex: Mapping[str, Any], max_lines: int = 16):
+  """Sort key, best first, of an example's trace for Figure 1.
+
+  A trace that fits the figure, that shows both accepted and rejected
+  guesses and a fully accepted call, with many accepted tokens per call.
+  """
+  trace = ex["trace"]
+  accepted = [s["num_accepted"] for s in trace]
+  proposed = [len(s["draft_tokens"]) for s in trace]
+  mixed = any(accepted) and any(a < p for a, p in zip(accepted, proposed))
+  full = any(a == p > 0 for a, p in zip(accepted, proposed))
+  return (len(trace)
+          > max_lines, not mixed, not full, -sum(accepted) / len(trace),
+          ex.get("index", 0))
+
+
+def find_example(runs, has_data, example_run: Optional[str],
+                 example_index: Optional[int], prefer=None, rank=None):
+  """The (run, example) to draw, or (None, None).
+
+  Runs are searched best first (`_run_informativeness`); in the first run
+  with a usable example (`has_data(example, run)`), the example with
+  `example_index`, or else the best by `rank` (an example sort key; default:
+  file order). `prefer`, a (run, example) pair, is taken when usable.
+
+  The whole predictions.jsonl of a searched run is read and validated, so a
+  malformed line anywhere in the file the example comes from is reported.
+  """
+  candidates = sorted((r for r in runs if r["predictions_path"]),
+                      key=_run_informativeness)
+  if example_run is not None:
+    candidates = [r for r in candidates if r["run_name"] == example_run]
+  if prefer is not None:
+    run, ex = prefer
+    if has_data(ex, run):
+      return run, ex
+  for run in candidates:
+    usable = [
+        ex for ex in loading.iter_predictions(run["predictions_path"])
+        if has_data(ex, run) and
+        (example_index is None or ex.get("index") == example_index)
+    ]
+    if usable:
+      return run, (min(usable, key=rank) if rank else usable[0])
+  return None, None
+
+
+def index_count(runs, example_run: Optional[str]) -> int:
+  """How many examples the predictions of `runs` (or of `example_run`)
+  hold at most: valid --example_index values are 0 to this - 1."""
+  counts = [
+      sum(1
+          for _ in loading.iter_predictions(r["predictions_path"]))
+      for r in runs
+      if r["predictions_path"] and example_run in (None, r["run_name"])
+  ]
+  return max(counts, default=0)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,6 @@ import yaml
 from specdec_jax import checkpoints
 from specdec_jax.files import compilation_cache
 from specdec_jax.terminal import console
-from specdec_jax.config import gin_macros
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
 from specdec_jax.config import paths
@@ -240,13 +239,13 @@ def check_points(points: Sequence[Dict[str, Any]], results_dir: str,
         raise SweepError(f"sweep key {key!r} (point {point!r}): {allowed}.")
   for text in base_bindings:
     try:
-      statements = gin_macros.binding_statements(text)
+      statements = gin_utils.binding_statements(text)
     except ValueError:  # named by `check_keys`
       continue
     for st in statements:
       if (isinstance(st, config_parser.BindingStatement) and _is_output_dir(
           f"{st.selector}.{st.arg_name}" if st.arg_name else st.selector)):
-        raise SweepError(f"{gin_macros.binding_flag(text)}: {allowed}.")
+        raise SweepError(f"{gin_utils.binding_flag(text)}: {allowed}.")
   by_name: Dict[str, int] = {}
   for i, point in enumerate(points):
     name = point_name(point)
@@ -287,7 +286,7 @@ def check_keys(points, base_files, base_bindings, search_paths) -> None:
   """Every sweep key must name a macro or binding the config knows.
 
   Macros (bare names, and those that `--gin.NAME=VALUE` defines) go through
-  the check `run` uses (`gin_macros.check_macro_bindings`); full bindings
+  the check `run` uses (`gin_utils.check_macro_bindings`); full bindings
   (`run.top_k`) are checked by gin when each point is parsed
   (`validate_points`).
   """
@@ -302,13 +301,13 @@ def check_keys(points, base_files, base_bindings, search_paths) -> None:
     checked.add((tuple(files), macro_keys))
     try:
       known = gin_reader.gin_file_macros(files, paths)
-      gin_macros.check_macro_bindings(base_bindings, known)
+      gin_utils.check_macro_bindings(base_bindings, known)
     except ValueError as e:
       raise SweepError(f"gin files {files}: {e}") from None
     for key in macro_keys:
       if key not in known:
         raise SweepError(f"--sweep key {key!r} (gin files {files}): " +
-                         gin_macros.unknown_macro_message(key, sorted(known)))
+                         gin_utils.unknown_macro_message(key, sorted(known)))
 
 
 def validate_points(points, results_dir: str, base_files, base_bindings,

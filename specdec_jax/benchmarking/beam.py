@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax.benchmarking import pretrained
+from specdec_jax.benchmarking import config as config_lib
 from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import speculative_beam
@@ -94,7 +94,7 @@ def host_info() -> Dict[str, Any]:
 def load_model(name: str, gin_file: str) -> T5Model:
   if checkpoints.latest_checkpoint(str(PRETRAINED / name)) is None:
     raise SystemExit(f"no checkpoint in {PRETRAINED / name}")
-  return pretrained.load_for_decoding(str(PRETRAINED / name), gin_file)
+  return config_lib.load_for_decoding(str(PRETRAINED / name), gin_file)
 
 
 def encode_batches(args: argparse.Namespace) -> List[np.ndarray]:

@@ -16,6 +16,9 @@ from specdec_jax.config import flag_utils
 from specdec_jax.config import gin_reader
 from specdec_jax.config import paths
 from specdec_jax.core.models.config import T5Config
+from specdec_jax import checkpoints
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import param_shapes
 
 # Size names of --target/--draft -> model gin files (under gin/): the T5 v1.1
 # sizes (T5X's t5_1_1/*.gin hyperparameters) plus small test/CPU configs.
@@ -235,3 +238,21 @@ def validate(*, target="small", draft="xsmall", alphas="0.5,0.75,0.9",
   return BenchmarkConfig(target=target_label, draft=draft_label,
                          target_config=target_config, draft_config=draft_config,
                          warnings=tuple(warnings), **settings)
+
+
+# -- pretrained ------------------------------------------------------------
+# A trained checkpoint loaded for decoding, as the benchmarks use it.
+#
+# `benchmarking.loop_overhead`, `tree`, `beam` and `scripts/iteration_hlo.py`
+# read checkpoints such as those in `pretrained/` outside `run` (no RunPlan,
+# no vocabulary checks).
+def load_for_decoding(path: str, gin_file: str) -> T5Model:
+  """The model `gin_file` binds (a T5Config), with the latest checkpoint in
+  `path` (or `path` itself), in the config's dtype, prepared for decoding
+  (`T5Model.prepared_for_decoding`)."""
+  config = gin_reader.read_t5_config(gin_file)
+  ckpt = checkpoints.latest_checkpoint(path) or path
+  params = checkpoints.load_t5x_params(ckpt,
+                                       expected=param_shapes(config)["params"],
+                                       dtype=config.dtype)
+  return T5Model(config, {"params": params}).prepared_for_decoding()

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.benchmarking import pretrained
+from specdec_jax.benchmarking import config
 from specdec_jax.core import decoding
 from specdec_jax.config import flag_utils
 from specdec_jax.files import io_utils
@@ -285,8 +285,8 @@ def main(argv, f: types.SimpleNamespace):
   """The command; `f`: the values of `define_flags`' flags by name."""
   del argv
   short, long = _check_flags(f)
-  target = pretrained.load_for_decoding(f.target, f.target_gin)
-  draft = pretrained.load_for_decoding(f.draft, f.draft_gin)
+  target = config.load_for_decoding(f.target, f.target_gin)
+  draft = config.load_for_decoding(f.draft, f.draft_gin)
   result = measure(target, draft, _inputs(f), gamma=f.gamma, short=short,
                    long=long, rounds=f.rounds)
   ms = lambda s: f"{1e3 * s:.3f} ms"  # pylint: disable=unnecessary-lambda-assignment

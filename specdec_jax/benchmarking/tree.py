@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.benchmarking import pretrained
+from specdec_jax.benchmarking import config
 from specdec_jax.core import decoding
 from specdec_jax.config import flag_utils
 from specdec_jax.files import io_utils
@@ -297,8 +297,8 @@ def main(argv, f: types.SimpleNamespace):
   """The command; `f`: the values of `define_flags`' flags by name."""
   del argv
   widths, nodes, temperatures = _check_flags(f)
-  target = pretrained.load_for_decoding(f.target, f.target_gin)
-  draft = pretrained.load_for_decoding(f.draft, f.draft_gin)
+  target = config.load_for_decoding(f.target, f.target_gin)
+  draft = config.load_for_decoding(f.draft, f.draft_gin)
   inputs = _inputs(f)
   result = {
       "host_before": _host(),

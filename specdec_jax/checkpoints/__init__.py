@@ -37,8 +37,8 @@ from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import checkpoint_step
 from specdec_jax.checkpoints.layout import latest_checkpoint
 from specdec_jax.checkpoints.layout import list_checkpoints
-from specdec_jax.checkpoints.model_folder import load_model
-from specdec_jax.checkpoints.model_folder import model_config
+from specdec_jax.checkpoints.restore import load_model
+from specdec_jax.checkpoints.restore import model_config
 from specdec_jax.checkpoints.restore import load_t5x_params
 from specdec_jax.checkpoints.save import save_params
 

@@ -28,7 +28,7 @@ here, on the parser's statements, is only what gin has no public API for:
 * Listing before parsing. gin cannot list the macros files define or use,
   or the scopes a file binds a configurable under (`gin_file_macros`,
   `t5_config_scopes`), so that ``--gin.GAMA=3`` fails before anything is
-  parsed into gin (`gin_macros`).
+  parsed into gin (`gin_utils`).
 """
 import dataclasses
 import difflib

@@ -4,23 +4,25 @@ Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable),
 `--gin_search_paths` (comma-separated), and `--gin.NAME=VALUE` for
 `--gin_bindings='NAME=VALUE'`. The repository's `gin/` folder is always on
 the search path (`--gin_file=ende_small.gin`). `parse_gin` refuses macros
-that nothing reads (`gin_macros`) before gin parses anything. Gin files read
+that nothing reads (`check_macro_bindings`) before gin parses anything. Gin files read
 beside a live configuration (a model's `T5Config`) are `gin_reader`.
 """
 import logging as std_logging
 import os
 import sys
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 from absl import flags
 import gin
 
-from specdec_jax.config import gin_macros
 from specdec_jax.config import gin_reader
 # `gin_utils.ConfigError` is what `run` and `sweep` catch.
 from specdec_jax.config.flag_utils import ConfigError
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
+import re
+import tokenize
+from gin import config_parser
 
 # The core never imports gin: the model config is made configurable here,
 # in place and under its own name, so gin files bind `T5Config.*`.
@@ -91,11 +93,11 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
       raise ConfigError(
           f"--gin_file={name!r} {gin_reader.not_a_gin_file(name, paths)}")
   if check_macros:
-    gin_macros.check_macro_bindings(
-        gin_bindings, gin_reader.gin_file_macros(gin_files, paths))
+    check_macro_bindings(gin_bindings,
+                         gin_reader.gin_file_macros(gin_files, paths))
   # Always: a macro that files or bindings define and nothing reads is a
   # typo (`GAMA = 3` in a file; `--gin.NUM_STEP=3`), silently ignored by gin.
-  gin_macros.check_unused_macros(gin_files, gin_bindings, paths)
+  check_unused_macros(gin_files, gin_bindings, paths)
   quiet = _DropGinLookupNoise()
   root = std_logging.getLogger()
   root.addFilter(quiet)
@@ -123,3 +125,127 @@ def run_main(main, argv: Optional[Sequence[str]] = None) -> None:
   from absl import app  # pylint: disable=g-import-not-at-top
   argv = rewrite_gin_args(sys.argv if argv is None else argv)
   app.run(main, argv=argv)
+
+
+# Macros that code reads with gin.query_parameter, "%NAME", rather than
+# through a `%NAME` in a binding: none today (COMPILE_TOPOLOGY is bound to
+# `run.compile_topology`). Add one here if code reads it so.
+# -- gin macros ----------------------------------------------------------------
+# Which gin macros files and bindings define and read.
+#
+# A macro defined and read by nothing is a typo gin accepts in silence:
+# `GAMA = 3` in an experiment file, `--gin.NUM_STEP=3` on `train`'s command
+# line. `check_unused_macros` refuses one, naming the file and line (or the
+# binding) and the closest macro that is read; `binding_statements` parses a
+# `--gin_bindings` string with a message that names what the user typed.
+# `gin_utils.parse_gin` calls both (`run`, `sweep` and `train`);
+# `check_macro_bindings` refuses a binding that defines a macro no gin file
+# knows (`--gin.GAMA=3`).
+MACROS_READ_BY_CODE: frozenset = frozenset()
+
+
+def binding_statements(text: str):
+  """The statements of one `--gin_bindings` string.
+
+  Raises:
+    ConfigError: it does not parse; says how to quote a string (gin's own
+      message shows an `<ast.Name object at 0x...>` for `GAMMA=x`).
+  """
+  try:
+    return list(config_parser.ConfigParser(text, gin_reader.ParserDelegate()))
+  except (SyntaxError, tokenize.TokenError) as e:
+    token = re.search(r"Failed to parse token '([^']*)'", str(e))
+    why = (f"{token.group(1)!r} is not a gin value (a number, True/False, "
+           "None, a quoted string, a list, tuple or dict of those, or "
+           "%MACRO / @configurable; a string needs quotes, e.g. "
+           "--gin.NAME=\"'text'\")"
+           if token else _AST_REPR.sub("", str(e)).strip())
+    raise ConfigError(f"{binding_flag(text)}: not a gin binding: {why}.") \
+        from None
+
+
+_AST_REPR = re.compile(r":?\s*<ast\.\w+ object at 0x[0-9a-f]+>")
+
+
+def check_unused_macros(gin_files: Sequence[str], gin_bindings: Sequence[str],
+                        search_paths_: Optional[Sequence[str]] = None) -> None:
+  """Refuses a macro that a file or binding defines and nothing reads.
+
+  gin accepts `GAMA = 3` in an experiment file or `--gin.NUM_STEP=3` and
+  ignores it: the run goes on with the default. A macro is read when some
+  file or binding uses `%NAME`, or code reads it (`MACROS_READ_BY_CODE`).
+
+  Raises:
+    ConfigError: naming the file and line (or the binding), the macro and
+      the closest macro that is read.
+  """
+  paths = gin_reader.search_paths_or_default(search_paths_)
+  defined: Dict[str, str] = {}
+  used: Set[str] = set(MACROS_READ_BY_CODE)
+  for path in gin_files:
+    for st, where in gin_reader.gin_statements(path, paths):
+      if isinstance(st, config_parser.BindingStatement):
+        if not st.arg_name:
+          defined.setdefault(st.selector, f"{where}: {st.selector} = ...")
+        used |= gin_reader.macro_references(st.value)
+  for text in gin_bindings:
+    for st in binding_statements(text):
+      if isinstance(st, config_parser.BindingStatement):
+        if not st.arg_name:
+          defined[st.selector] = binding_flag(text)
+        used |= gin_reader.macro_references(st.value)
+  for name, where in defined.items():
+    if name not in used:
+      close = gin_reader.closest_names(name, sorted(used))
+      hint = (f"did you mean {' or '.join(close)}? " if close else "")
+      raise ConfigError(
+          f"{where}: macro {name!r} is defined but nothing reads it (no "
+          f"%{name} in any gin file or binding), so it would be silently "
+          f"ignored; {hint}macros read: {', '.join(sorted(used))}.")
+
+
+def binding_flag(text: str) -> str:
+  """How the user typed a binding: --gin.NAME=VALUE or --gin_bindings=."""
+  text = text.strip()
+  return (f"--gin.{text}"
+          if not any(c.isspace() for c in text) else f"--gin_bindings={text!r}")
+
+
+def unknown_macro_message(name: str, known: Sequence[str]) -> str:
+  """'unknown gin macro X ...; closest known: ...; known macros: ...'."""
+  close = gin_reader.closest_names(name, known)
+  hint = (f"did you mean {' or '.join(close)}? " if close else "")
+  return (f"unknown gin macro {name!r}: no gin file defines or uses it, so "
+          f"it would be silently ignored; {hint}known macros: "
+          f"{', '.join(sorted(known))}.")
+
+
+def check_macro_bindings(gin_bindings: Sequence[str], known: Set[str]) -> None:
+  """Rejects bindings that define a macro nothing knows.
+
+  A binding `NAME = value` defines a gin macro. When no gin file defines or
+  uses `%NAME` (and no other binding uses it), nothing reads it: a typo such
+  as `--gin.GAMA=3` would run with the default γ. Full bindings
+  (`run.gamma = 3`, `target/T5Config.emb_dim = 8`) are checked by gin itself.
+
+  Args:
+    gin_bindings: binding strings as given to `--gin_bindings` (or
+      `--gin.NAME=VALUE`).
+    known: macros the gin files define or use (`gin_file_macros`).
+
+  Raises:
+    ConfigError: naming the binding, the unknown macro and the closest known
+      macros.
+  """
+  parsed = []
+  used = set(known)
+  for text in gin_bindings:
+    for st in binding_statements(text):
+      if isinstance(st, config_parser.BindingStatement):
+        used |= gin_reader.macro_references(st.value)
+        if not st.arg_name:
+          parsed.append((text, st.selector))
+  for text, name in parsed:
+    if name not in used:
+      raise ConfigError(f"{binding_flag(text)}: "
+                        f"{unknown_macro_message(name, sorted(known))}")

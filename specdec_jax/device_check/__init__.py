@@ -22,10 +22,10 @@ had measured):
   each of the paper's Table 2 rows.
 
 `--small` runs the same phases at tiny shapes on a CPU. Modules: `cli`
-(the command line, the phases as child processes), `common` (settings,
-random weights on the device, records), `env`, `exactness`,
-`pretrained_pair`, `physics`, `stats` (the chi-square test, Table 2's rows,
-Theorem 3.8's table), `summary` (verdicts, the last lines), `preflight`
-(whether the working tree fits a device call). Nothing in
+(the command line, the phases as child processes, the verdicts and the
+last lines), `common` (settings, random weights on the device, records),
+`env` (also whether the working tree fits a device call: `--preflight`),
+`exactness`, `pretrained_pair`, `physics`, `stats` (the chi-square test,
+Table 2's rows, Theorem 3.8's table). Nothing in
 `specdec_jax.core` imports this package.
 """

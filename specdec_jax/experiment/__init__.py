@@ -8,10 +8,10 @@ command line).
   loaded), `Loaded` (its models and drafter: what pilots use) and
   `DecodePlan` (every choice made, the two decoders); `Providers`, what
   it takes from outside.
-* `runner`: `execute(plan)`: OUTPUT_DIR, the examples, the models, a mode.
+* `runner`: `execute(plan)`: OUTPUT_DIR, the examples, the models, a mode;
+  MODE='alpha' (α as Corollary 3.6's mean β, `alpha.json`).
 * `walltime`: MODE='walltime', the one decode path (compile, decode, text,
   rows, step costs, metrics.json).
-* `alpha`: α as Corollary 3.6's mean β (MODE='alpha', `alpha.json`).
 * `loading`: model configs, the vocabulary and loading the models.
 * `drafter_registry`: DRAFTER's values, each a spec that checks, builds,
   labels and records itself (`register_drafter`).
@@ -19,9 +19,8 @@ command line).
   `step_costs`: a target call's and a draft step's seconds (c).
 * `output_dir`: what a run's results record as its settings, and the
   OVERWRITE rule; `run_lock`: one run per OUTPUT_DIR; `predictions`:
-  predictions.jsonl as it goes.
+  predictions.jsonl as it goes, and its per-example records (traces).
 * `ngram_corpus`: reading (and writing) the corpus an n-gram drafter counts.
-* `traces`: the per-example records of `predictions.jsonl`.
 * `summary`: the plain-words lines the command ends with.
 * `compile_report`, `compile_check`, `hlo_reads`, `tpu_topologies`:
   COMPILE_TOPOLOGY's ahead-of-time TPU compilation.

@@ -11,7 +11,7 @@ import numpy as np
 
 from specdec_jax.metrics import analysis
 from specdec_jax import multihost
-from specdec_jax.terminal import progress
+from specdec_jax.terminal import console
 from specdec_jax.experiment import arguments
 from specdec_jax.metrics import step_costs
 from specdec_jax.experiment.plan import DecodePlan
@@ -140,7 +140,7 @@ def pilot_gamma(pilot: DecodePlan, feed,
   kept = trials = tokens = rows = 0
   sample = min(batches * args.batch_size, getattr(feed, "num_examples",
                                                   1 << 30))
-  with progress.phase(
+  with console.phase(
       f"GAMMA='auto': pilot decode of the first {sample} examples "
       f"({batches} batches, γ={gamma}; compiling first)"):
     # One width for every pilot batch: one compile (`Feeder.widest`).
@@ -155,8 +155,8 @@ def pilot_gamma(pilot: DecodePlan, feed,
       rows += args.batch_size
   alpha = kept / max(trials, 1)
   fill = max(1, tokens // rows)
-  with progress.phase("GAMMA='auto': pricing c and the target calls of K = "
-                      f"{', '.join(map(str, AUTO_GAMMA_CALL_KS))} tokens"):
+  with console.phase("GAMMA='auto': pricing c and the target calls of K = "
+                     f"{', '.join(map(str, AUTO_GAMMA_CALL_KS))} tokens"):
     by_k, t_draft = step_costs.price_calls(
         args, pilot.drafter, pilot.models.target, feed.batch(0),
         AUTO_GAMMA_CALL_KS, fill,

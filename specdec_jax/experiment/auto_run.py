@@ -7,7 +7,7 @@ run's first examples, each batch at one input width, as many
 as the 95% interval of its α needs (`auto_mode.pilot_done`; cached per
 settings, weights and inputs: `pilots_for`), prices the calls the
 candidates make on this machine (`step_costs.price_calls`,
-`tree_costs.price_tree_shapes`; cached per machine, pair and input width:
+`step_costs.price_tree_shapes`; cached per machine, pair and input width:
 `price_cache`), predicts every candidate (`auto_mode.predict`), chooses
 (`auto_mode.choose`) and returns the plan at the choice (a pilot's own
 decoders when the choice is its setting: `Plans`) with its record
@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from specdec_jax import multihost
-from specdec_jax.terminal import progress
+from specdec_jax.terminal import console
 from specdec_jax.metrics import timing
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import auto_mode
@@ -36,7 +36,6 @@ from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import price_cache
 from specdec_jax.metrics import step_costs
-from specdec_jax.metrics import tree_costs
 from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import Loaded
 from specdec_jax.experiment.plan import PilotSizes
@@ -285,10 +284,10 @@ def pilots_for(plan: Loaded, feed: multihost.Feeder, pilots: Mapping[str,
     return dict(entry["records"]), {"cached": True, "file": file, "decoded": []}
   records: Dict[str, Any] = {}
   for key, candidate in pilots.items():
-    with progress.phase(f"SPECULATION='auto': pilot decode of {key} "
-                        f"(γ={candidate.gamma}), until its α is known to "
-                        f"±{auto_mode.AUTO_ALPHA_TOLERANCE / 2:g} or "
-                        f"{cap} examples"):
+    with console.phase(f"SPECULATION='auto': pilot decode of {key} "
+                       f"(γ={candidate.gamma}), until its α is known to "
+                       f"±{auto_mode.AUTO_ALPHA_TOLERANCE / 2:g} or "
+                       f"{cap} examples"):
       records[key] = run_pilot(plans(candidate), feed, cap, timed=timed[key])
   if fields:
     batches = max(r["batches_read"] for r in records.values())
@@ -428,7 +427,7 @@ def measure_prices(
       "cost_coefficient_c": guess / by_k[1],
   }
   if tree is not None:
-    seconds = tree_costs.price_tree_shapes(
+    seconds = step_costs.price_tree_shapes(
         args, drafter, model, batch, fill, context, gamma=tree["gamma"],
         widths=tree["widths"], nodes=[1] if target else tree["nodes"],
         pricing=pricing)
@@ -467,8 +466,8 @@ def prices_for(
     else:
       what = (f"the target's calls of K = {', '.join(map(str, ks))} tokens, "
               f"the drafter{', the tree calls' if tree else ''}")
-    with progress.phase(f"SPECULATION='auto': pricing {what} on this machine "
-                        "(cached for the next run)"):
+    with console.phase(f"SPECULATION='auto': pricing {what} on this machine "
+                       "(cached for the next run)"):
       entry = measure_prices(plan, feed, ks, tree, fill, context_plan, target)
     price_cache.store(fields, entry)
     if target is None:
@@ -499,7 +498,7 @@ def _candidates(plan: Loaded) -> List[Candidate]:
   `Providers.pilot_sizes`."""
   args, sizes = plan.args, plan.plan.providers.pilot_sizes
   spec = args.drafting.spec
-  # A feature draft's trees are not priced by `tree_costs.price_tree_shapes`.
+  # A feature draft's trees are not priced by `step_costs.price_tree_shapes`.
   supported = tuple(
       n for n in spec.decode_modes
       if not (spec.reads_target_features and n == decode_modes.TREE.name))

@@ -27,10 +27,10 @@ import jax
 import numpy as np
 
 from specdec_jax import multihost
-from specdec_jax.terminal import progress
+from specdec_jax.terminal import console
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
-from specdec_jax.metrics import tree_costs
+from specdec_jax.metrics import step_costs
 from specdec_jax.experiment.plan import Loaded
 
 # Trees of at most this many nodes 1 + k·γ (24 guesses and the root).
@@ -186,7 +186,7 @@ def _pilot_widths(plan: Loaded, feed, gamma: int, widths: Sequence[int],
   tokens = 0
   examples = min(batches * plan.args.batch_size,
                  getattr(feed, "num_examples", 1 << 30))
-  with progress.phase(
+  with console.phase(
       f"GAMMA/TREE_WIDTH='auto': pilot decode of the first {examples} "
       f"examples ({batches} batches, γ={gamma}, k={width}; compiling first)"):
     padded = feed.widest(batches)  # one compile, not one per width
@@ -205,7 +205,7 @@ def _pilot_widths(plan: Loaded, feed, gamma: int, widths: Sequence[int],
 def pilot_tree_shape(plan: Loaded, feed) -> Dict[str, Any]:
   """(γ, k) for a tree run with GAMMA='auto' and/or TREE_WIDTH='auto': a
   pilot decode of the first examples with each k considered, the calls
-  priced (`tree_costs.price_tree_shapes`), then `best_tree_shape`.
+  priced (`step_costs.price_tree_shapes`), then `best_tree_shape`.
 
   Args:
     plan: the loaded plan (GAMMA and/or TREE_WIDTH 'auto').
@@ -228,10 +228,10 @@ def pilot_tree_shape(plan: Loaded, feed) -> Dict[str, Any]:
   acceptance, fill = _pilot_widths(plan, feed, gamma, widths, batches)
   rng = jax.random.PRNGKey(args.seed)
   base = plan.decoding(gamma=gamma, tree_width=widths[0])
-  with progress.phase(
+  with console.phase(
       f"GAMMA/TREE_WIDTH='auto': pricing a target step, the tree call at N "
       f"in {list(AUTO_TREE_CALL_NODES)} nodes and the draft at k in {widths}"):
-    seconds = tree_costs.price_tree_shapes(
+    seconds = step_costs.price_tree_shapes(
         args, plan.drafter, plan.models.target, feed.batch(0), max(1, fill),
         base.baseline(feed.batch(0), rng).tokens, gamma=gamma, widths=widths,
         nodes=AUTO_TREE_CALL_NODES, pricing=plan.plan.providers.pricing)

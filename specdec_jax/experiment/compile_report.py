@@ -31,7 +31,7 @@ from specdec_jax.config import gin_utils
 from specdec_jax.files import io_utils
 from specdec_jax.core import kernels
 from specdec_jax.multihost import partitioning
-from specdec_jax.terminal import progress
+from specdec_jax.terminal import console
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import beam_settings
@@ -213,8 +213,8 @@ def compile_topology(args: arguments.RunArguments, value: Any,
 def _compiled(compile_all, what: str) -> Dict[str, Any]:
   """`compile_all()` as one progress phase, then one line of every
   program's own seconds (they compile side by side)."""
-  with progress.phase(f"{MACRO}: compiling {what} (XLA:TPU, several "
-                      "programs side by side; minutes for T5-XXL)"):
+  with console.phase(f"{MACRO}: compiling {what} (XLA:TPU, several "
+                     "programs side by side; minutes for T5-XXL)"):
     compiled = compile_all()
   seconds = {
       name: rec["compile_seconds"] for group in ("programs", "calls")
@@ -271,8 +271,8 @@ def _compile_topology(args: arguments.RunArguments, value: Any,
                                              args.method(), acceptance,
                                              args.tree_without_replacement)
 
-    with progress.phase(f"{MACRO}: it does not fit; compiling the "
-                        "speculative program at other MESH_SHAPEs"):
+    with console.phase(f"{MACRO}: it does not fit; compiling the "
+                       "speculative program at other MESH_SHAPEs"):
       memory["smallest_fitting_mesh_shape"] = smallest_fitting_mesh(
           topology.num_chips, args.mesh_shape, memory["hbm_bytes"], total_bytes)
   io_utils.makedirs(args.output_dir)

@@ -23,7 +23,6 @@ import numpy as np
 from specdec_jax.metrics import analysis
 from specdec_jax import multihost
 from specdec_jax.terminal import console
-from specdec_jax.terminal import progress
 from specdec_jax.metrics import quality as quality_lib
 from specdec_jax.metrics import run_metrics
 from specdec_jax.data import tasks
@@ -41,7 +40,7 @@ def compile_speculative(plan: DecodePlan, feed: multihost.Feeder) -> float:
   widths = feed.first_of_each_width()
   logging.info("Compiling the speculative decoder for input widths %s",
                [feed.batch_width(b) for b in widths])
-  progress.numbered([
+  console.numbered([
       (f"the speculative decoder, input width {feed.batch_width(b)}",
        functools.partial(_compile_width, plan, feed, b)) for b in widths
   ])

@@ -19,7 +19,6 @@ from specdec_jax.multihost import partitioning
 from specdec_jax.config import paths
 from specdec_jax.metrics import run_metrics
 from specdec_jax.data import tasks
-from specdec_jax.experiment import alpha as alpha_mode
 from specdec_jax.experiment import infer
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import output_dir as output_dir_lib
@@ -28,6 +27,13 @@ from specdec_jax.experiment import walltime
 from specdec_jax.experiment.plan import ConfigError
 from specdec_jax.experiment.plan import Models
 from specdec_jax.experiment.plan import RunPlan
+import jax
+import jax.numpy as jnp
+from specdec_jax.metrics import analysis
+from specdec_jax.core import decoding
+from specdec_jax.core import sampling
+from specdec_jax.experiment import arguments
+from specdec_jax.core.models import T5Model
 
 # Encoder input widths are multiples of this: a batch's inputs are cut to its
 # longest row rounded up to it (`multihost.Feeder`), so the encoder runs on
@@ -190,10 +196,9 @@ def check_truncation(a, lengths: np.ndarray) -> Dict[str, Any]:
 def _run_alpha(plan: RunPlan, models: Models, data: RunData,
                on_result: OnResult) -> Dict[str, Any]:
   """α as the mean of β over target-sampled positions (Corollary 3.6)."""
-  betas = alpha_mode.sampled_betas(plan.args, data.feed, models.target,
-                                   models.draft)
-  result = alpha_mode.alpha_record(plan.args, betas, len(data.examples),
-                                   data.info, plan.settings)
+  betas = sampled_betas(plan.args, data.feed, models.target, models.draft)
+  result = alpha_record(plan.args, betas, len(data.examples), data.info,
+                        plan.settings)
   on_result(result)
   path = os.path.join(plan.args.output_dir, run_metrics.ALPHA_FILE)
   multihost.run_on_first(
@@ -202,3 +207,70 @@ def _run_alpha(plan: RunPlan, models: Models, data: RunData,
   logging.info("alpha = %.4f ± %.4f over %d positions", result["alpha_beta"],
                result["alpha_beta_stderr"], betas.size)
   return result
+
+
+# -- alpha -----------------------------------------------------------------
+# MODE='alpha': α as Corollary 3.6 measures it, without walltimes.
+#
+# Sample from the target, then average β = Σ_x min(p(x), q(x)) over the
+# positions of those samples (`alpha.json`): cheap enough to run for many
+# (task, draft, temperature) settings.
+@jax.jit
+def beta_per_position(target: T5Model, draft: T5Model, inputs, outputs, lengths,
+                      method: sampling.SamplingMethod):
+  """β_t = Σ_x min(p_t(x), q_t(x)) along target-generated outputs [B, T].
+
+  Both models read the same teacher-forced prefixes (the target's samples),
+  so β_t is Definition 3.1's β at position t of a target sequence.
+
+  Returns (beta [B, T], valid [B, T]) with valid = positions < lengths [B].
+  """
+  decoder_inputs = jnp.pad(outputs[:, :-1], ((0, 0), (1, 0)))
+  valid = jnp.arange(outputs.shape[1])[None, :] < lengths[:, None]
+  ones = jnp.ones_like(outputs)
+  logits_p = target.teacher_forced_logits(inputs, decoder_inputs, ones)
+  # A shared-encoder draft (`SharedEncoderModel`) reads the target's encoder.
+  logits_q = draft.teacher_forced_logits(inputs, decoder_inputs, ones)
+  p = method.standardize(logits_p)
+  q = method.standardize(logits_q)
+  return sampling.acceptance_beta(p, q), valid
+
+
+def sampled_betas(args: arguments.RunArguments, feed: multihost.Feeder,
+                  target: T5Model, draft: T5Model) -> np.ndarray:
+  """[positions] β at every position of target samples, over all batches."""
+  rng = jax.random.PRNGKey(args.seed)
+  method = args.method()
+  betas = []
+  for i, (batch, keep) in enumerate(feed.batches()):
+    out = decoding.temperature_sample(target, batch, jax.random.fold_in(rng, i),
+                                      max_decode_length=args.max_decode_length,
+                                      method=method)
+    beta, valid = beta_per_position(target, draft, batch, out.tokens,
+                                    out.lengths, method)
+    beta, valid = multihost.to_host((beta, valid))  # every row
+    beta, valid = np.asarray(beta)[keep], np.asarray(valid)[keep]
+    betas.append(beta[valid])
+  return np.concatenate(betas)
+
+
+def alpha_record(args: arguments.RunArguments, betas: np.ndarray,
+                 num_examples: int, data_info: Dict[str, Any],
+                 settings: Dict[str, Any]) -> Dict[str, Any]:
+  """alpha.json: Corollary 3.6's α (mean β) with its standard error."""
+  mean, stderr = analysis.alpha_from_beta_samples(betas)
+  return {
+      "task": args.label,
+      "target_model": args.target_name,
+      "draft_model": args.draft_name,
+      "temperature": args.temperature,
+      "top_k": args.top_k,
+      "top_p": args.top_p,
+      "num_examples": num_examples,
+      "num_positions": int(betas.size),
+      "alpha_beta": mean,
+      "alpha_beta_stderr": stderr,
+      "random_weights": args.random_weights,
+      **data_info,
+      "settings": settings,
+  }

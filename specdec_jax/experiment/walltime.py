@@ -26,7 +26,6 @@ from specdec_jax.metrics import analysis
 from specdec_jax.core import decoding
 from specdec_jax import multihost
 from specdec_jax.terminal import console
-from specdec_jax.terminal import progress
 from specdec_jax.metrics import run_metrics
 from specdec_jax.data import tasks
 from specdec_jax.metrics import overheads
@@ -38,7 +37,6 @@ from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import predictions
-from specdec_jax.experiment import traces
 from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import Loaded
 
@@ -54,7 +52,7 @@ class Decoded:
     base_tokens: [N, T] the target alone's tokens (0 after EOS).
     spec_tokens: [N, T] speculative decoding's tokens.
     base_text / spec_text: N decoded strings of each.
-    per_example: N predictions.jsonl records (`traces.traces`).
+    per_example: N predictions.jsonl records (`predictions.traces`).
     time_base / time_spec: seconds of all timed calls of each decoder.
     calls_base / calls_spec: target calls of each decoder.
     histogram: [γ + 1] target calls that kept n = 0..γ guesses.
@@ -140,11 +138,11 @@ def compile_decoders(feed: multihost.Feeder, baseline: Decoder,
       "Compiling both decoders for input widths %s (read from the "
       "persistent compilation cache after a first run)",
       [feed.batch_width(b) for b in widths])
-  progress.numbered([(f"the {name} decoder, input width {feed.batch_width(b)}",
-                      functools.partial(_compile_one, fn, feed, b, rng))
-                     for b in widths
-                     for name, fn in (("baseline", baseline), ("speculative",
-                                                               speculative))])
+  console.numbered([(f"the {name} decoder, input width {feed.batch_width(b)}",
+                     functools.partial(_compile_one, fn, feed, b, rng))
+                    for b in widths
+                    for name, fn in (("baseline", baseline), ("speculative",
+                                                              speculative))])
   compile_s = time.perf_counter() - t0
   logging.info(
       "Compiled and warmed up both decoders for input widths %s "
@@ -175,7 +173,7 @@ def decode_examples(plan: DecodePlan, feed: multihost.Feeder,
   calls_base = calls_spec = 0
   histogram = np.zeros(plan.args.gamma + 1, np.int64)
   # A tree or beam run counts kept guesses per call only (no β, no trace
-  # of guesses: `traces.tree_traces`).
+  # of guesses: `predictions.tree_traces`).
   one_path = decode_modes.mode_of(plan.args).one_path
   beta: Optional[List[float]] = [0.0, 0.0] if one_path else None
   per_batch: List[Tuple[float, float, int, int, int]] = []
@@ -207,8 +205,8 @@ def decode_examples(plan: DecodePlan, feed: multihost.Feeder,
     start = len(per_example)
     base_text += tasks.decode_tokens(vocab, base_tokens[-1])
     spec_text += tasks.decode_tokens(vocab, spec_tokens[-1])
-    records = (traces.traces(vocab, out_s, keep)
-               if mode.one_path else traces.tree_traces(out_s, keep))
+    records = (predictions.traces(vocab, out_s, keep)
+               if mode.one_path else predictions.tree_traces(out_s, keep))
     per_example.extend(records)
     writer.add([{
         "index": start + j,
@@ -314,7 +312,7 @@ def run_walltime(plan: DecodePlan, feed: multihost.Feeder,
                  "not priced (metrics.json: call_cost_priced false, no "
                  "theory)")
   else:
-    with progress.phase(mode.pricing_words(plan.args)):
+    with console.phase(mode.pricing_words(plan.args)):
       steps = step_times(plan, feed.batch(0),
                          int(decoded.tokens_generated / len(examples)))
   decoded, compile_s, steps = slowest_process(decoded, compile_s, steps)
@@ -342,7 +340,7 @@ def run_walltime(plan: DecodePlan, feed: multihost.Feeder,
 def step_times(plan: DecodePlan, batch: jax.Array, fill: int) -> StepTimes:
   """One target step, one guess and the verification call (this process's
   seconds: `slowest`); ACCEPTANCE='tree': one depth of the k-branch draft
-  and the tree call over 1 + k·γ nodes (`tree_costs.price_tree_calls`).
+  and the tree call over 1 + k·γ nodes (`step_costs.price_tree_calls`).
 
   All are timed the one way `timing` defines, interleaved
   (`step_costs.price_calls`): on `batch`, with the speculative loop's cache

@@ -3,7 +3,7 @@
 * `analysis`: the paper's closed forms (Theorem 3.8, optimal γ), numpy only.
 * `timing`: how a decoder call is timed (c and the K-curve), the one way
   every call price below is measured.
-* `step_costs` / `tree_costs`: a run's calls priced on this machine (c and
+* `step_costs`: a run's calls priced on this machine (c and
   the verification call in target steps; the tree call for k branches).
 * `overheads`: where walltime goes beyond Theorem 3.8 (efficiency split,
   fixed and marginal costs).

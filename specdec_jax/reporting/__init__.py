@@ -1,7 +1,7 @@
 """The pieces of `python -m specdec_jax.report` (`specdec_jax.report` ties
 them): `loading` (a results folder, checked), `tables` (Table 2 and Table 4),
-`figures` (speedup vs γ, α per draft), `trace` (Figure 1), `timeline`
-(Figure 5) and `examples` (which decoded example to draw).
+`figures` (speedup vs γ, α per draft, tokens per call vs tree width) and
+`trace` (Figures 1 and 5 for one example).
 
 Commands of their own (`python -m specdec_jax.reporting.X`, or the thin
 script in scripts/): `beam_table` (`scripts/beam_table.py`: DECODE='beam'

@@ -26,9 +26,11 @@ import signal
 import sys
 import tempfile
 import threading
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, List, Sequence, Tuple
 
 from specdec_jax.experiment import libtpu_log
+import time
+from absl import logging as absl_logging
 
 # TensorFlow's import-time lines that say nothing about this program's run
 # (TF is used for input pipelines only, on the CPU).
@@ -268,3 +270,74 @@ def _flush_and_exit(code: int) -> None:
   for handler in logging.getLogger().handlers:
     handler.flush()
   os._exit(code)  # pylint: disable=protected-access
+
+
+# While a phase runs, a line every this many seconds ("still ...").
+# -- progress ------------------------------------------------------------------
+# One plain progress line for every phase that takes more than a moment.
+#
+# `run`, `sweep` and `train` say on stderr (absl logging, as every other
+# progress line) what they are doing whenever it takes longer than about
+# 2 s, so that no wait is silent (issue 44): compiling (each program, "k/n",
+# with its seconds), GAMMA='auto' / TREE_WIDTH='auto' pilots (with their
+# sample size), pricing c, reading a checkpoint, the train step's compile
+# and first steps, COMPILE_TOPOLOGY.
+#
+# * `phase(start)`: logs `start` when the phase begins, "... still running"
+#   every `HEARTBEAT_S` seconds while it runs, and "`start`: done in X s"
+#   when it ends.
+# * `numbered(items, verb)`: runs (label, fn) items one by one, logging
+#   "compiled 2/4 (the speculative decoder, input width 16) in 3.1 s" after
+#   each, with the same heartbeat while one runs.
+#
+# Each line is one line, in words; nothing here changes what is computed.
+HEARTBEAT_S = 30.0
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, every_s: float = HEARTBEAT_S) -> Iterator[None]:
+  """Logs "`what`: still running, N s so far" every `every_s` seconds
+  until the block ends (a daemon thread; nothing when it ends sooner)."""
+  done = threading.Event()
+  start = time.perf_counter()
+
+  def beat():
+    while not done.wait(every_s):
+      absl_logging.info("%s: still running, %.0f s so far", what,
+                        time.perf_counter() - start)
+
+  thread = threading.Thread(target=beat, name="progress-heartbeat", daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+    thread.join()
+
+
+@contextlib.contextmanager
+def phase(start: str, every_s: float = HEARTBEAT_S) -> Iterator[None]:
+  """Logs `start`, a heartbeat while the block runs, then "`start`: done
+  in X s" (nothing more when the block raises: its error says why)."""
+  absl_logging.info("%s", start)
+  t0 = time.perf_counter()
+  with heartbeat(start, every_s):
+    yield
+  absl_logging.info("%s: done in %.1f s", start, time.perf_counter() - t0)
+
+
+def numbered(items: Sequence[Tuple[str, Callable[[], Any]]],
+             doing: str = "compiling", done: str = "compiled",
+             every_s: float = HEARTBEAT_S) -> List[float]:
+  """Runs each (label, fn) in order; after each, one line "`done` k/n
+  (label) in X s" (while one runs: "`doing` k/n (label): still running").
+  Returns each item's seconds."""
+  seconds = []
+  n = len(items)
+  for k, (label, fn) in enumerate(items, 1):
+    t0 = time.perf_counter()
+    with heartbeat(f"{doing} {k}/{n} ({label})", every_s):
+      fn()
+    seconds.append(time.perf_counter() - t0)
+    absl_logging.info("%s %d/%d (%s) in %.1f s", done, k, n, label, seconds[-1])
+  return seconds

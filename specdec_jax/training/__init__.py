@@ -9,10 +9,10 @@ step by step, over one module per concern:
 * `vocabulary`: the SentencePiece model, loaded or trained, T5 conventions.
 * `optimizer`: AdamW / Adafactor and the warmup-then-decay schedule.
 * `loss`: cross-entropy or distillation KL, z-loss.
-* `step`: the jitted train step (cached across runs).
 * `checkpointing`: parameters + optimizer state + step, atomically.
 * `teacher`: the distillation teacher's checkpoint, config and weights.
 * `evaluation`: greedy decoding and sacrebleu BLEU on validation text.
+* `trainer`: the run, step by step, and its jitted step (cached across runs).
 """
 from specdec_jax.training.config import TrainConfig
 from specdec_jax.training.trainer import TrainResult

@@ -178,7 +178,7 @@ class TrainConfig:
     feature_drafter: None, or a feature-level draft to train instead of a
       T5 model (e.g. ``@FeatureDrafterConfig()``; `feature_trainer`): it
       reads the frozen teacher's features, so distill_from is required.
-    feature_weight: its loss's feature-regression weight (`feature_loss`).
+    feature_weight: its loss's feature-regression weight (`loss.feature_losses`).
     unroll_weight: its loss's weight of the pass on its own predicted
       features (0: no second pass).
     feature_init_from: None, or a feature-level draft's checkpoint_<step>

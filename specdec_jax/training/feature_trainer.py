@@ -8,7 +8,7 @@ optimizer as every other run; what differs:
    draft reads its features, encoder output and embedding table.
 2. The head's tokens: the ``head_size`` most frequent tokens of the
    training targets (EOS included; ties by id), counted once.
-3. The step minimises `feature_loss.feature_losses`.
+3. The step minimises `loss.feature_losses`.
 4. Checkpoints (`checkpoints.feature_draft`: T5X's Orbax layout, the draft's
    parameters, ``head_tokens`` [K] int32 and ``feature_config.json``); a
    model_dir that holds one already is refused (no resumption); a run
@@ -42,8 +42,8 @@ from specdec_jax.checkpoints import feature_draft as feature_checkpoint
 from specdec_jax.training import teacher as teacher_lib
 from specdec_jax.data import vocab as vocabulary
 from specdec_jax.training.config import TrainConfig
-from specdec_jax.training.feature_loss import feature_losses
-from specdec_jax.training.feature_loss import FeatureLossSettings
+from specdec_jax.training.loss import feature_losses
+from specdec_jax.training.loss import FeatureLossSettings
 
 METRICS_FILE = "train_metrics.json"
 

@@ -13,7 +13,7 @@ In order, every check before the first step:
 4. State: fresh parameters (`parameters.random_params`) and optimizer state,
    or, if ``model_dir`` holds a checkpoint, parameters, optimizer state and
    step restored from the latest one (`checkpointing`).
-5. Training: the jitted step (`step`: `loss`, `optimizer`) over
+5. Training: the jitted step (`train_step_fn`: `loss`, `optimizer`) over
    `data.ParallelData`'s batches; loss, learning rate, steps/s and tokens/s
    logged every ``log_every_steps``; a checkpoint every
    ``save_every_steps`` and at the end, keeping the last
@@ -42,18 +42,22 @@ from specdec_jax.config import gin_reader
 from specdec_jax.files import io_utils
 from specdec_jax.checkpoints import parameters
 from specdec_jax.config import paths
-from specdec_jax.terminal import progress as progress_lib
+from specdec_jax.terminal import console
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.t5 import T5Model
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
 from specdec_jax.training import evaluation
 from specdec_jax.training import feature_trainer
-from specdec_jax.training import step as step_lib
 from specdec_jax.training import teacher as teacher_lib
 from specdec_jax.data import vocab as vocabulary
 from specdec_jax.training.config import TrainConfig
 from specdec_jax.training.config import TrainPaths
+import functools
+import optax
+from specdec_jax.training.loss import LossSettings
+from specdec_jax.training.loss import compute_losses
+from specdec_jax.training.optimizer import OptimizerSettings
 
 METRICS_FILE = "train_metrics.json"
 
@@ -118,9 +122,9 @@ class _Progress:
     if self._window_start is not None:
       yield
       return
-    with progress_lib.phase(f"step {step + 1}/{self._num_steps}: compiling "
-                            "the train step (the first step; later steps "
-                            "reuse it)"):
+    with console.phase(f"step {step + 1}/{self._num_steps}: compiling "
+                       "the train step (the first step; later steps "
+                       "reuse it)"):
       yield
     self._last_line = time.time()
 
@@ -136,7 +140,7 @@ class _Progress:
       # Between log_every_steps lines, a line at least every HEARTBEAT_S
       # (the first steps of a slow model are not silent).
       now = time.time()
-      if (now - self._last_line >= progress_lib.HEARTBEAT_S and
+      if (now - self._last_line >= console.HEARTBEAT_S and
           step % self._log_every and step != self._num_steps):
         logging.info("step %d/%d (%.2f steps/s)", step, self._num_steps,
                      self._window_steps / max(now - self._window_start, 1e-9))
@@ -214,7 +218,7 @@ class _Progress:
 def _initial_state(model: T5Config, tx, model_dir: str, init_rng) -> _State:
   """Fresh parameters and optimizer state, or the latest checkpoint's (a
   progress phase)."""
-  with progress_lib.phase(
+  with console.phase(
       f"Setting up {model.num_params} parameters and the optimizer state "
       f"(fresh, or the latest checkpoint in {model_dir})"):
     params = {"params": parameters.random_params(model, init_rng)}
@@ -342,8 +346,8 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
                                   sort_window=config.sort_window)
   # 4. State: fresh or resumed.
   optimizer = config.optimizer_settings()
-  tx, step_fn = step_lib.train_step_fn(model, teacher and teacher.config,
-                                       config.loss_settings(), optimizer)
+  tx, step_fn = train_step_fn(model, teacher and teacher.config,
+                              config.loss_settings(), optimizer)
   os.makedirs(files.model_dir, exist_ok=True)
   checkpointing.clean_staging(files.model_dir)
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -412,3 +416,34 @@ def _evaluate(config: TrainConfig, model: T5Config, params, sp, examples,
     logging.info("  %s\n    ref: %s\n    hyp: %s", s["input"], s["reference"],
                  s["prediction"])
   return ev
+
+
+# -- step ------------------------------------------------------------------
+# One jitted training step: loss, gradients, an optimizer update.
+@functools.lru_cache(maxsize=16)
+def train_step_fn(config: T5Config, teacher_config: Optional[T5Config],
+                  loss: LossSettings, optimizer: OptimizerSettings):
+  """(optax optimizer, jitted step), cached so repeated runs reuse compilations.
+
+  The step is ``step_fn(params, opt_state, batch, rng, step, teacher_params)
+  -> (params, opt_state, metrics)``: `compute_losses`' metrics plus
+  grad_norm and input_tokens; dropout's key is `rng` folded with `step`, so
+  a resumed run draws the keys an uninterrupted one would.
+  """
+  tx = optimizer.make()
+
+  def step_fn(params, opt_state, batch, rng, step, teacher_params):
+    dropout_rng = jax.random.fold_in(rng, step)
+    grad_fn = jax.value_and_grad(
+        functools.partial(compute_losses, config=config, settings=loss,
+                          teacher_config=teacher_config,
+                          teacher_params=teacher_params), has_aux=True)
+    (_, metrics), grads = grad_fn(params, batch, dropout_rng)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    metrics["grad_norm"] = jnp.sqrt(
+        sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads)))
+    metrics["input_tokens"] = (batch["encoder_input_tokens"] > 0).sum()
+    return params, opt_state, metrics
+
+  return tx, jax.jit(step_fn)

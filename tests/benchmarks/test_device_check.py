@@ -26,11 +26,8 @@ from specdec_jax.core.models import param_shapes
 from specdec_jax.device_check import cli
 from specdec_jax.device_check import common
 from specdec_jax.device_check import env
-from specdec_jax.device_check import preflight
 from specdec_jax.device_check import pretrained_pair
 from specdec_jax.device_check import stats
-from specdec_jax.device_check import summary
-
 from conftest import REPO
 
 
@@ -176,17 +173,17 @@ def _report(**exactness_ok):
 
 def test_verdicts_and_summary():
   good = _report(token=True, beam=True)
-  v = summary.verdicts(good)
+  v = cli.verdicts(good)
   assert v["all_ok"] and v["pretrained_identical_count"] == "3/3"
   assert v["exactness_token"] and v["main_job_speedup"] == 1.5
-  text = summary.format_summary({**good, "verdicts": v})
+  text = cli.format_summary({**good, "verdicts": v})
   assert "greedy identical 3/3; main job speedup 1.50x" in text
   assert text.splitlines()[-1] == "all checks hold: True"
   bad = _report(token=True, beam=False)
-  assert not summary.verdicts(bad)["all_ok"]
+  assert not cli.verdicts(bad)["all_ok"]
   bad = _report(token=True)
   bad["phases"]["physics"]["status"] = "timed out"
-  assert not summary.verdicts(bad)["all_ok"]
+  assert not cli.verdicts(bad)["all_ok"]
 
 
 # ---------------------------------------------------------------------------
@@ -279,7 +276,7 @@ def test_command_line_rejects_unknown_phases(capsys):
 
 
 def test_preflight_names_what_the_check_reads():
-  assert preflight.is_needed("pretrained/multi30k/target_38m/checkpoint_1/x")
-  assert not preflight.is_needed("pretrained/multi30k/target")
-  folders = preflight.by_folder({"a/b/c/d": 3, "a/b/c/e": 4, "x": 1})
+  assert env.is_needed("pretrained/multi30k/target_38m/checkpoint_1/x")
+  assert not env.is_needed("pretrained/multi30k/target")
+  folders = env.by_folder({"a/b/c/d": 3, "a/b/c/e": 4, "x": 1})
   assert folders == [("a/b/c", 7), ("x", 1)]

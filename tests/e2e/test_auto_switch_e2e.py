@@ -24,8 +24,7 @@ from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import plan
 from specdec_jax.experiment import summary
-from specdec_jax.experiment import target_alone
-
+from specdec_jax.experiment import decode_modes
 # A cleared gin configuration before and after each test (conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_gin")]
 
@@ -49,7 +48,7 @@ class SlowSpeculation:
   def decoders(self, run_plan, *args):
     baseline, speculative = plan.make_decoders(run_plan, *args)
     self.baselines.append(baseline)
-    if isinstance(speculative, target_alone.TargetAloneDecoder):
+    if isinstance(speculative, decode_modes.TargetAloneDecoder):
       self.baselines.append(speculative)
     return baseline, speculative
 

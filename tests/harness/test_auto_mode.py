@@ -21,7 +21,6 @@ from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import output_dir
 from specdec_jax.experiment import price_cache
-from specdec_jax.experiment import target_alone
 
 Candidate = auto_mode.Candidate
 MODEL_MODES = ("token", "block", "tree", "beam")  # DRAFTER='model'
@@ -289,7 +288,7 @@ def test_the_target_alone_reads_as_a_run_without_guesses():
   out = decoding.DecodeOutput(tokens=np.array([[5, 6, 1, 0], [7, 1, 0, 0]]),
                               lengths=np.array([3, 2]),
                               target_calls=np.array([3, 2]))
-  alone = target_alone.as_target_alone_output(out, gamma=3)
+  alone = decode_modes.as_target_alone_output(out, gamma=3)
   np.testing.assert_array_equal(alone.accepted_histogram,
                                 [[3, 0, 0, 0], [2, 0, 0, 0]])
   np.testing.assert_array_equal(alone.trace_num_accepted,

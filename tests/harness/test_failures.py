@@ -33,7 +33,7 @@ from specdec_jax import run as run_lib
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import legacy
 from specdec_jax.experiment import arguments
-from specdec_jax.experiment import memory
+from specdec_jax.experiment import plan
 from specdec_jax.experiment import predictions as predictions_lib
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import run_lock
@@ -308,12 +308,12 @@ def test_lengths_beyond_memory_refused(tmp_path, no_load):
 def test_memory_estimate_counts_the_cache():
   config = T5Config(vocab_size=16, emb_dim=8, num_heads=2, head_dim=4,
                     mlp_dim=8, num_encoder_layers=1, num_decoder_layers=3)
-  parts = memory.estimate(config, batch=2, inputs=10, targets=7)
+  parts = plan.estimate(config, batch=2, inputs=10, targets=7)
   assert parts["decoder cache"] == 3 * 2 * 2 * 7 * 8 * 4
   assert parts["encoder attention logits"] == 2 * 2 * 10 * 10 * 4
-  memory.check_fits({"t": config}, 2, 10, 7, available=10**6)
+  plan.check_fits({"t": config}, 2, 10, 7, available=10**6)
   with pytest.raises(run_lib.ConfigError, match="BATCH_SIZE=2"):
-    memory.check_fits({"t": config}, 2, 10, 7, available=100)
+    plan.check_fits({"t": config}, 2, 10, 7, available=100)
 
 
 # ---------------------------------------------------------------------------

@@ -4,7 +4,6 @@ import gin
 import jax.numpy as jnp
 import pytest
 
-from specdec_jax.config import gin_macros
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
 from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=unused-import
@@ -126,7 +125,7 @@ def test_file_macros_include_definitions_references_and_includes(tmp_path):
 def test_unknown_macro_names_binding_and_closest(binding, suggestion):
   known = gin_reader.gin_file_macros(["local_tiny.gin"])
   with pytest.raises(gin_utils.ConfigError) as e:
-    gin_macros.check_macro_bindings([binding], known)
+    gin_utils.check_macro_bindings([binding], known)
   message = str(e.value)
   assert message.startswith(f"--gin.{binding}: unknown gin macro")
   assert f"did you mean {suggestion}" in message
@@ -135,7 +134,7 @@ def test_unknown_macro_names_binding_and_closest(binding, suggestion):
 
 def test_known_and_full_bindings_pass():
   known = gin_reader.gin_file_macros(["local_tiny.gin"])
-  gin_macros.check_macro_bindings(
+  gin_utils.check_macro_bindings(
       [
           "GAMMA=3",
           "run.top_k = 2",
@@ -235,12 +234,11 @@ def test_unused_macro_binding_is_refused_without_check_macros():
       gin_utils.ConfigError,
       match=r"--gin.NUM_EXAMPLE=3: macro 'NUM_EXAMPLE' is "
       "defined but nothing reads it.*did you mean NUM_EXAMPLES"):
-    gin_macros.check_unused_macros(["local_tiny.gin"], ["NUM_EXAMPLE=3"])
+    gin_utils.check_unused_macros(["local_tiny.gin"], ["NUM_EXAMPLE=3"])
   # Read by a binding: fine.
-  gin_macros.check_unused_macros(["local_tiny.gin"],
-                                 ["MY_GAMMA = 2", "run.gamma = %MY_GAMMA"])
-  gin_macros.check_unused_macros(["local_tiny.gin"],
-                                 ["COMPILE_TOPOLOGY='v4-8'"])
+  gin_utils.check_unused_macros(["local_tiny.gin"],
+                                ["MY_GAMMA = 2", "run.gamma = %MY_GAMMA"])
+  gin_utils.check_unused_macros(["local_tiny.gin"], ["COMPILE_TOPOLOGY='v4-8'"])
 
 
 def test_macros_that_code_reads_are_declared():
@@ -252,7 +250,7 @@ def test_macros_that_code_reads_are_declared():
            if "query_parameter(" in line and not line.strip().startswith("#")]
   undeclared = [(name, line)
                 for name, line in calls
-                if not any(m in line for m in gin_macros.MACROS_READ_BY_CODE)]
+                if not any(m in line for m in gin_utils.MACROS_READ_BY_CODE)]
   assert not undeclared, undeclared
 
 
@@ -264,7 +262,7 @@ def test_every_shipped_top_level_gin_file_reads_all_its_macros():
   ]
   assert len(files) > 20
   for name in files:
-    gin_macros.check_unused_macros([name], [])
+    gin_utils.check_unused_macros([name], [])
 
 
 @pytest.mark.parametrize("binding,token",
@@ -272,7 +270,7 @@ def test_every_shipped_top_level_gin_file_reads_all_its_macros():
                           ("train.learning_rate=float('nan')", "float")])
 def test_unparsable_value_is_named_without_ast_objects(binding, token):
   with pytest.raises(gin_utils.ConfigError) as e:
-    gin_macros.check_unused_macros(["local_tiny.gin"], [binding])
+    gin_utils.check_unused_macros(["local_tiny.gin"], [binding])
   message = str(e.value)
   assert "ast." not in message and "object at 0x" not in message
   assert f"'{token}' is not a gin value" in message

@@ -1,4 +1,4 @@
-"""Issue 44: a progress line for every phase over ~2 s (`progress`), and
+"""Issue 44: a progress line for every phase over ~2 s (`console`), and
 PRICE_CALL_COST=False (walltime without pricing c, said in metrics.json
 and the summary; a run's lines end to end: tests/e2e/test_run_e2e.py)."""
 import logging
@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 from specdec_jax import checkpoints
 from specdec_jax.config import gin_utils
-from specdec_jax.terminal import progress
+from specdec_jax.terminal import console
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_check
 from specdec_jax.training import checkpointing
@@ -22,7 +22,7 @@ def _messages(caplog):
 
 def test_phase_says_when_it_starts_how_it_goes_and_how_long_it_took(caplog):
   caplog.set_level("INFO")
-  with progress.phase("Pricing c", every_s=0.05):
+  with console.phase("Pricing c", every_s=0.05):
     time.sleep(0.3)
   lines = _messages(caplog)
   assert lines[0] == "Pricing c"
@@ -34,7 +34,7 @@ def test_phase_says_when_it_starts_how_it_goes_and_how_long_it_took(caplog):
 def test_phase_says_nothing_more_when_its_body_fails(caplog):
   caplog.set_level("INFO")
   with pytest.raises(ValueError):
-    with progress.phase("Loading", every_s=10):
+    with console.phase("Loading", every_s=10):
       raise ValueError("bad")
   assert _messages(caplog) == ["Loading"]
 
@@ -42,8 +42,8 @@ def test_phase_says_nothing_more_when_its_body_fails(caplog):
 def test_numbered_counts_k_of_n_with_each_ones_seconds(caplog):
   caplog.set_level("INFO")
   ran = []
-  seconds = progress.numbered([("a", lambda: ran.append("a")),
-                               ("b", lambda: ran.append("b"))])
+  seconds = console.numbered([("a", lambda: ran.append("a")),
+                              ("b", lambda: ran.append("b"))])
   assert ran == ["a", "b"] and len(seconds) == 2
   lines = _messages(caplog)
   assert lines[0].startswith("compiled 1/2 (a) in ")

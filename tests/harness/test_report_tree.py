@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from specdec_jax import report
-from specdec_jax.reporting import tree_figure
+from specdec_jax.reporting import figures
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures",
                        "results_small")
@@ -57,7 +57,7 @@ def _stub_sweep(root, widths=(1, 2, 3, 4)):
 
 def test_the_series_hold_each_runs_tokens_per_call(tmp_path):
   runs = report.load_results(str(_stub_sweep(tmp_path / "sweep")))
-  series = tree_figure.tree_width_series(runs)
+  series = figures.tree_width_series(runs)
   task, target = runs[0]["task"], runs[0]["target_model"]
   assert sorted(series) == [(task, target, "small", 0.0, 4),
                             (task, target, "small", 1.0, 4)]
@@ -69,7 +69,7 @@ def test_the_series_hold_each_runs_tokens_per_call(tmp_path):
     assert list(tokens) == pytest.approx(
         [TREE[temp][k] for k in sorted(TREE[temp])])
     assert got["token"] == pytest.approx(TOKEN[temp])
-  assert tree_figure.has_several_tree_widths(runs)
+  assert figures.has_several_tree_widths(runs)
 
 
 def test_the_figure_draws_those_values(tmp_path):
@@ -108,4 +108,4 @@ def test_no_figure_without_several_tree_widths(tmp_path, caplog):
   # Nor for the fixture's token runs alone.
   copy = tmp_path / "fixture"
   shutil.copytree(FIXTURE, copy)
-  assert not tree_figure.has_several_tree_widths(report.load_results(str(copy)))
+  assert not figures.has_several_tree_widths(report.load_results(str(copy)))

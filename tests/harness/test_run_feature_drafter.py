@@ -32,7 +32,6 @@ from specdec_jax.checkpoints import digests
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import loading
 from specdec_jax.metrics import step_costs
-from specdec_jax.metrics import tree_costs
 from specdec_jax.experiment.plan import Models
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import RunPlan
@@ -225,7 +224,7 @@ def test_pricing_a_feature_tree_runs_its_propose_tree():
       })
   inputs = jnp.asarray([[3, 4, 5, 1], [6, 7, 1, 0]], jnp.int32)
   context = jnp.asarray([[5, 6, 7, 8, 9, 1], [9, 8, 7, 1, 0, 0]], jnp.int32)
-  step, per_guess, tree = tree_costs.price_tree_calls(
+  step, per_guess, tree = step_costs.price_tree_calls(
       args, drafters.FeatureDrafter(draft), target, inputs, 3, context,
       FEW_STEPS)
   assert min(step, per_guess, tree) > 0

@@ -4,7 +4,7 @@
   model without adaptive γ) stop the run before any model is loaded,
   naming the macro; nothing is written.
 * The tree loop's two calls are priced as the loop makes them
-  (`tree_costs`: the tree call over 1 + k·γ nodes scores what
+  (`step_costs`: the tree call over 1 + k·γ nodes scores what
   `decode_tree` scores; the tree drafter proposes what `propose_tree` does).
 
 Tiny runs end to end (exact, recorded; a sweep over TREE_WIDTH; GAMMA=
@@ -23,8 +23,6 @@ from specdec_jax.core import sampling
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.experiment import arguments
 from specdec_jax.metrics import step_costs
-from specdec_jax.metrics import tree_costs
-
 from conftest import jit_call
 from conftest import perturbed
 from conftest import random_model
@@ -103,13 +101,13 @@ def test_the_tree_calls_are_priced_as_the_loop_makes_them():
   prefix = np.random.default_rng(2).integers(2, 32, size=(2, fill))
   _, cache = jit_call(target, "decode_chunk", jnp.asarray(prefix, jnp.int32),
                       cache)
-  call = tree_costs.TreeCall(target, parents)
+  call = step_costs.TreeCall(target, parents)
   got, _ = jit_call(call, "decode_chunk", nodes, cache)
   want, _ = jit_call(target, "decode_tree", nodes, jnp.asarray(parents), cache)
   np.testing.assert_allclose(got, want, atol=1e-6)
 
   tree_drafter = drafters.TreeModelDrafter(draft)
-  proposer = tree_costs.TreeProposer(tree_drafter, width)
+  proposer = step_costs.TreeProposer(tree_drafter, width)
   state = jit_call(proposer, "init", enc, 20)
   buffer = jnp.asarray(np.pad(prefix, ((0, 0), (1, 8))), jnp.int32)
   length = jnp.full((2,), fill, jnp.int32)
@@ -143,7 +141,7 @@ def test_the_tree_calls_are_priced_as_the_loop_makes_them():
     timed.append((kw["steps"], kw["repeats"]))
     return timing.call_seconds(calls, *a, **kw)
 
-  step, depth, tree = tree_costs.price_tree_calls(
+  step, depth, tree = step_costs.price_tree_calls(
       args, draft, target, enc, fill, jnp.asarray(prefix),
       step_costs.Pricing(spy, steps=2, repeats=1))
   assert timed == [{
