@@ -25,12 +25,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from specdec_jax.benchmarking import config  # pylint: disable=g-import-not-at-top
-from specdec_jax.files import io_utils
 from specdec_jax.benchmarking import hlo_ops
 from specdec_jax.core import decoding
 from specdec_jax.core import kernels
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import loops
+from specdec_jax.files import io_utils
 
 PRETRAINED = os.path.join(REPO, "pretrained", "multi30k")
 _GAMMA = flags.DEFINE_integer("gamma", 3, "Draft guesses per iteration γ.")

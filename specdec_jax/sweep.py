@@ -47,18 +47,18 @@ import jax
 import yaml
 
 from specdec_jax import checkpoints
-from specdec_jax.files import compilation_cache
-from specdec_jax.terminal import console
+from specdec_jax import multihost
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
 from specdec_jax.config import paths
-from specdec_jax.files import io_utils
-from specdec_jax import multihost
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import runner
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.files import compilation_cache
+from specdec_jax.files import io_utils
 from specdec_jax.metrics import run_metrics
+from specdec_jax.terminal import console
 
 SWEEP_FILE = "sweep.json"
 GIN_FILE_KEY = "gin_file"

@@ -45,11 +45,11 @@ pay no per-call dispatch. Each call resets the cache length to the fill
 length (alternating +0/+1 so nothing is loop-invariant); all per-call
 timings use one cache capacity (max_decode_length + max K + 2).
 
-Modules: `config` (settings and their checks), `cli` (absl flags, `main`),
+Modules: `config` (settings and their checks), `cli` (absl flags, `main`, the
+console summary),
 `measure` (`run_benchmark`, step by step), `synthetic` (the timing-only
 acceptance rule), `bandwidth` (the memory-bandwidth bound),
-`greedy_identity` (the temperature-0 exactness check with real acceptance),
-`formatting` (the console summary). Random weights come from
+`greedy_identity` (the temperature-0 exactness check with real acceptance). Random weights come from
 `specdec_jax.checkpoints.parameters.random_params`, as `run`'s without checkpoints.
 
 Also here, imported on their own (not by this package), each a command
@@ -66,15 +66,15 @@ memory).
 """
 from specdec_jax.benchmarking.bandwidth import DEVICE_BANDWIDTH_GBPS
 from specdec_jax.benchmarking.bandwidth import default_bandwidth_gbps
+from specdec_jax.benchmarking.cli import format_report
 from specdec_jax.benchmarking.cli import main
 from specdec_jax.benchmarking.cli import parse_flags
-from specdec_jax.benchmarking.config import BenchmarkConfig
-from specdec_jax.benchmarking.config import BenchmarkFlagError
 from specdec_jax.benchmarking.config import DTYPES
 from specdec_jax.benchmarking.config import MODEL_SIZES
+from specdec_jax.benchmarking.config import BenchmarkConfig
+from specdec_jax.benchmarking.config import BenchmarkFlagError
 from specdec_jax.benchmarking.config import resolve_model_config
 from specdec_jax.benchmarking.config import validate
-from specdec_jax.benchmarking.formatting import format_report
 from specdec_jax.benchmarking.greedy_identity import greedy_identity_check
 from specdec_jax.benchmarking.measure import run_benchmark
 from specdec_jax.benchmarking.synthetic import SyntheticAcceptance

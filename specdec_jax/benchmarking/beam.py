@@ -36,11 +36,11 @@ import numpy as np
 
 from specdec_jax import checkpoints
 from specdec_jax.benchmarking import config as config_lib
-from specdec_jax.data import vocab as vocab_lib
+from specdec_jax.config.paths import REPO_DIR as REPO
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import speculative_beam
 from specdec_jax.core.models import T5Model
-from specdec_jax.config.paths import REPO_DIR as REPO
+from specdec_jax.data import vocab as vocab_lib
 
 PRETRAINED = REPO / "pretrained" / "multi30k"
 DATA = REPO.parent / "shared" / "data" / "multi30k"

@@ -12,13 +12,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import checkpoints
 from specdec_jax.config import flag_utils
 from specdec_jax.config import gin_reader
 from specdec_jax.config import paths
-from specdec_jax.core.models.config import T5Config
-from specdec_jax import checkpoints
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
+from specdec_jax.core.models.config import T5Config
 
 # Size names of --target/--draft -> model gin files (under gin/): the T5 v1.1
 # sizes (T5X's t5_1_1/*.gin hyperparameters) plus small test/CPU configs.

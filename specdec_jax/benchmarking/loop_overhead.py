@@ -43,13 +43,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.benchmarking import config
-from specdec_jax.core import decoding
 from specdec_jax.config import flag_utils
-from specdec_jax.files import io_utils
-from specdec_jax.core import sampling
-from specdec_jax.metrics import timing
-from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.config.paths import REPO_DIR
+from specdec_jax.core import decoding
+from specdec_jax.core import sampling
+from specdec_jax.data import vocab as vocab_lib
+from specdec_jax.files import io_utils
+from specdec_jax.metrics import timing
 
 REPO = str(REPO_DIR)
 PRETRAINED = os.path.join(REPO, "pretrained", "multi30k")

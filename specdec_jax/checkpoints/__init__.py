@@ -22,7 +22,7 @@ attention output kernel ``[heads * head_dim, emb]`` (reshaped to
 ``[emb, heads, head_dim]`` / ``[heads, head_dim, emb]`` only inside the layer).
 This package returns exactly the stored shapes.
 
-Everything is read through TensorStore directly (`source`), so only the
+Everything is read through TensorStore directly (`reads`), so only the
 ``target`` arrays are touched (never the optimizer state, which for
 Adafactor on T5-XXL is large), all array metadata is checked before any
 array data is read (`restore`), and each device reads only its own shard
@@ -38,8 +38,8 @@ from specdec_jax.checkpoints.layout import checkpoint_step
 from specdec_jax.checkpoints.layout import latest_checkpoint
 from specdec_jax.checkpoints.layout import list_checkpoints
 from specdec_jax.checkpoints.restore import load_model
-from specdec_jax.checkpoints.restore import model_config
 from specdec_jax.checkpoints.restore import load_t5x_params
+from specdec_jax.checkpoints.restore import model_config
 from specdec_jax.checkpoints.save import save_params
 
 __all__ = [

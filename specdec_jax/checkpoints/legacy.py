@@ -25,17 +25,17 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-from specdec_jax.files import io_utils
-from specdec_jax.config import paths
 from specdec_jax.checkpoints import orbax
+from specdec_jax.checkpoints.layout import TARGET
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import ParamPath
-from specdec_jax.checkpoints.layout import TARGET
 from specdec_jax.checkpoints.layout import check_inside
 from specdec_jax.checkpoints.layout import join
-from specdec_jax.checkpoints.source import Source
-from specdec_jax.checkpoints.source import as_dir
-from specdec_jax.checkpoints.source import kvstore
+from specdec_jax.checkpoints.reads import Source
+from specdec_jax.checkpoints.reads import as_dir
+from specdec_jax.checkpoints.reads import kvstore
+from specdec_jax.config import paths
+from specdec_jax.files import io_utils
 
 # Placeholder leaves of the msgpack tree of old (pre-_METADATA) Orbax versions.
 _ORBAX_PLACEHOLDER = "PLACEHOLDER://"

@@ -13,16 +13,16 @@ zarr v3 format. Only the ``target`` leaves are listed.
 import json
 from typing import Dict
 
-from specdec_jax.files import io_utils
-from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import ORBAX_METADATA
-from specdec_jax.checkpoints.layout import ParamPath
 from specdec_jax.checkpoints.layout import TARGET
+from specdec_jax.checkpoints.layout import CheckpointError
+from specdec_jax.checkpoints.layout import ParamPath
 from specdec_jax.checkpoints.layout import check_inside
 from specdec_jax.checkpoints.layout import join
-from specdec_jax.checkpoints.source import Source
-from specdec_jax.checkpoints.source import as_dir
-from specdec_jax.checkpoints.source import kvstore
+from specdec_jax.checkpoints.reads import Source
+from specdec_jax.checkpoints.reads import as_dir
+from specdec_jax.checkpoints.reads import kvstore
+from specdec_jax.files import io_utils
 
 _CONTAINERS = ("None", "Dict", "List", "Tuple", "NamedTuple")
 _ARRAYS = ("jax.Array", "np.ndarray", "scalar")

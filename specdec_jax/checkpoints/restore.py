@@ -4,6 +4,7 @@ The layout is detected (`checkpoint_sources`), every parameter's name and
 stored shape is checked against the model's (`expected`) and its sharding
 from metadata alone, and only then is array data read (`reads`).
 """
+import json
 import logging
 import os
 import posixpath
@@ -15,25 +16,24 @@ import jax
 import numpy as np
 import tensorstore as ts
 
-from specdec_jax.files import io_utils
-from specdec_jax.config import paths
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import legacy
 from specdec_jax.checkpoints import orbax
 from specdec_jax.checkpoints import reads
-from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import MSGPACK_FILE
 from specdec_jax.checkpoints.layout import ORBAX_METADATA
-from specdec_jax.checkpoints.layout import ParamPath
 from specdec_jax.checkpoints.layout import STATE_DIR
+from specdec_jax.checkpoints.layout import CheckpointError
+from specdec_jax.checkpoints.layout import ParamPath
 from specdec_jax.checkpoints.layout import join
-from specdec_jax.checkpoints.source import Source
-from specdec_jax.checkpoints.source import open_all
-import json
 from specdec_jax.checkpoints.layout import latest_checkpoint
+from specdec_jax.checkpoints.reads import Source
+from specdec_jax.checkpoints.reads import open_all
+from specdec_jax.config import paths
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
+from specdec_jax.files import io_utils
 
 logger = logging.getLogger(__name__)
 

@@ -9,20 +9,21 @@ beside a live configuration (a model's `T5Config`) are `gin_reader`.
 """
 import logging as std_logging
 import os
+import re
 import sys
+import tokenize
 from typing import Dict, List, Optional, Sequence, Set
 
 from absl import flags
 import gin
+from gin import config_parser
 
 from specdec_jax.config import gin_reader
+
 # `gin_utils.ConfigError` is what `run` and `sweep` catch.
 from specdec_jax.config.flag_utils import ConfigError
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
-import re
-import tokenize
-from gin import config_parser
 
 # The core never imports gin: the model config is made configurable here,
 # in place and under its own name, so gin files bind `T5Config.*`.

@@ -22,10 +22,10 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Sequence
 
-from specdec_jax.files import compilation_cache
-from specdec_jax.files import io_utils
 from specdec_jax.device_check import common
 from specdec_jax.device_check import env
+from specdec_jax.files import compilation_cache
+from specdec_jax.files import io_utils
 
 PROGRAM = "device_check"
 RESULT_FILE = "device_check.json"

@@ -13,6 +13,7 @@ GPU-aware.
   full check on a CPU, is an error of one line (exit 2) before anything is
   measured.
 """
+import collections
 import importlib
 import importlib.metadata
 import os
@@ -27,12 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.config import paths
 from specdec_jax.core import kernels
 from specdec_jax.core.decoding import loops
 from specdec_jax.device_check import common
 from specdec_jax.device_check import exactness
-import collections
-from specdec_jax.config import paths
 
 PACKAGES = ("jax", "jaxlib", "flax", "numpy", "scipy", "optax",
             "orbax-checkpoint", "tensorstore", "sentencepiece", "absl-py",

@@ -9,14 +9,14 @@ from absl import logging
 import jax
 import numpy as np
 
-from specdec_jax.metrics import analysis
 from specdec_jax import multihost
-from specdec_jax.terminal import console
 from specdec_jax.experiment import arguments
-from specdec_jax.metrics import step_costs
-from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import PILOT_SIZES
+from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import Providers
+from specdec_jax.metrics import analysis
+from specdec_jax.metrics import step_costs
+from specdec_jax.terminal import console
 
 AUTO_GAMMA = arguments.AUTO_GAMMA
 # GAMMA='auto': decode the first AUTO_GAMMA_EXAMPLES examples with γ =

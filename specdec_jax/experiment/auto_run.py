@@ -27,18 +27,18 @@ import jax
 import numpy as np
 
 from specdec_jax import multihost
-from specdec_jax.terminal import console
-from specdec_jax.metrics import timing
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import auto_mode
 from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import price_cache
-from specdec_jax.metrics import step_costs
 from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import Loaded
 from specdec_jax.experiment.plan import PilotSizes
+from specdec_jax.metrics import step_costs
+from specdec_jax.metrics import timing
+from specdec_jax.terminal import console
 
 Candidate = auto_mode.Candidate
 

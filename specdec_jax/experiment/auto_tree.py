@@ -27,11 +27,11 @@ import jax
 import numpy as np
 
 from specdec_jax import multihost
-from specdec_jax.terminal import console
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
-from specdec_jax.metrics import step_costs
 from specdec_jax.experiment.plan import Loaded
+from specdec_jax.metrics import step_costs
+from specdec_jax.terminal import console
 
 # Trees of at most this many nodes 1 + k·γ (24 guesses and the root).
 AUTO_TREE_MAX_NODES = arguments.AUTO_TREE_MAX_NODES

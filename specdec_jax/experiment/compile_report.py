@@ -24,22 +24,21 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from absl import logging
 
-from specdec_jax.metrics import analysis
-from specdec_jax.core import decoding
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
-from specdec_jax.files import io_utils
+from specdec_jax.core import decoding
 from specdec_jax.core import kernels
-from specdec_jax.multihost import partitioning
-from specdec_jax.terminal import console
 from specdec_jax.experiment import arguments
-from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import compile_check
+from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import drafter_registry
-from specdec_jax.experiment import libtpu_log
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import tpu_topologies
+from specdec_jax.files import io_utils
+from specdec_jax.metrics import analysis
+from specdec_jax.multihost import partitioning
+from specdec_jax.terminal import console
 
 ConfigError = gin_utils.ConfigError
 COMPILE_FILE = "compile.json"
@@ -201,12 +200,12 @@ def compile_topology(args: arguments.RunArguments, value: Any,
 
   libtpu's start-up lines about the TPU VM it is not on are kept off the
   console and saved in OUTPUT_DIR/libtpu.log, named in one line
-  (`libtpu_log`); progress lines say what compiles, and for how long.
+  (`console.captured_libtpu_noise`); progress lines say what compiles, and for how long.
   """
-  noise: List[str] = libtpu_log.startup_noise()
-  with libtpu_log.captured_libtpu_noise(noise):
+  noise: List[str] = console.startup_noise()
+  with console.captured_libtpu_noise(noise):
     record = _compile_topology(args, value, gin_files)
-  libtpu_log.save_noise(noise, args.output_dir)
+  console.save_noise(noise, args.output_dir)
   return record
 
 

@@ -23,19 +23,19 @@ Outside this module no code compares ACCEPTANCE or DECODE to a string
 import dataclasses
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-import numpy as np
-
-from specdec_jax.metrics import analysis
-from specdec_jax.core import decoding
-from specdec_jax.core.decoding import beam_decoders
-from specdec_jax.core.decoding import block_acceptance
-from specdec_jax.experiment import beam_settings
-from specdec_jax.experiment import drafter_registry
-from specdec_jax.metrics import step_costs
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.core import decoding
+from specdec_jax.core.decoding import beam_decoders
+from specdec_jax.core.decoding import block_acceptance
 from specdec_jax.core.decoding import outputs
+from specdec_jax.experiment import beam_settings
+from specdec_jax.experiment import drafter_registry
+from specdec_jax.metrics import analysis
+from specdec_jax.metrics import step_costs
 
 Decoder = decoding.Decoder
 # DECODE's values: sampling (each ACCEPTANCE) or beam search.

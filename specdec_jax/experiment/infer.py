@@ -20,17 +20,17 @@ from absl import logging
 import jax
 import numpy as np
 
-from specdec_jax.metrics import analysis
 from specdec_jax import multihost
-from specdec_jax.terminal import console
-from specdec_jax.metrics import quality as quality_lib
-from specdec_jax.metrics import run_metrics
 from specdec_jax.data import tasks
 from specdec_jax.experiment import auto_mode
 from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import predictions
 from specdec_jax.experiment.plan import DecodePlan
+from specdec_jax.metrics import analysis
+from specdec_jax.metrics import quality as quality_lib
+from specdec_jax.metrics import run_metrics
+from specdec_jax.terminal import console
 
 
 def compile_speculative(plan: DecodePlan, feed: multihost.Feeder) -> float:

@@ -27,24 +27,24 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from absl import logging
 import gin
 import jax
+import numpy as np
 
-from specdec_jax.core import decoding
-from specdec_jax.config import gin_utils
-from specdec_jax.metrics import quality as quality_lib
-from specdec_jax.metrics import step_costs
-from specdec_jax.metrics import timing
-from specdec_jax.core import models as models_lib
-from specdec_jax.multihost import partitioning
-from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.checkpoints import feature_draft
+from specdec_jax.config import gin_utils
+from specdec_jax.core import decoding
+from specdec_jax.core import models as models_lib
 from specdec_jax.core.decoding import beam_decoders
+from specdec_jax.core.models import T5Config
+from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import output_dir as output_dir_lib
-import numpy as np
-from specdec_jax.core.models import T5Config
+from specdec_jax.metrics import quality as quality_lib
+from specdec_jax.metrics import step_costs
+from specdec_jax.metrics import timing
+from specdec_jax.multihost import partitioning
 
 ConfigError = gin_utils.ConfigError
 Decoder = decoding.Decoder

@@ -21,17 +21,18 @@ would follow and overwrite) is unlinked first, and the file is created
 with `O_CREAT | O_EXCL | O_NOFOLLOW`.
 """
 import errno
+import functools
 import json
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
-from specdec_jax.files import io_utils
-from specdec_jax.config import paths
-from specdec_jax.metrics import run_metrics
-import functools
 import numpy as np
+
+from specdec_jax.config import paths
 from specdec_jax.core import decoding
 from specdec_jax.data import vocab as vocab_lib
+from specdec_jax.files import io_utils
+from specdec_jax.metrics import run_metrics
 
 
 class OutputWriteError(OSError):

@@ -12,13 +12,17 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from absl import logging
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import multihost
-from specdec_jax.multihost import partitioning
 from specdec_jax.config import paths
-from specdec_jax.metrics import run_metrics
+from specdec_jax.core import decoding
+from specdec_jax.core import sampling
+from specdec_jax.core.models import T5Model
 from specdec_jax.data import tasks
+from specdec_jax.experiment import arguments
 from specdec_jax.experiment import infer
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import output_dir as output_dir_lib
@@ -27,13 +31,9 @@ from specdec_jax.experiment import walltime
 from specdec_jax.experiment.plan import ConfigError
 from specdec_jax.experiment.plan import Models
 from specdec_jax.experiment.plan import RunPlan
-import jax
-import jax.numpy as jnp
 from specdec_jax.metrics import analysis
-from specdec_jax.core import decoding
-from specdec_jax.core import sampling
-from specdec_jax.experiment import arguments
-from specdec_jax.core.models import T5Model
+from specdec_jax.metrics import run_metrics
+from specdec_jax.multihost import partitioning
 
 # Encoder input widths are multiples of this: a batch's inputs are cut to its
 # longest row rounded up to it (`multihost.Feeder`), so the encoder runs on

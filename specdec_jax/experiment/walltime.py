@@ -22,13 +22,9 @@ from absl import logging
 import jax
 import numpy as np
 
-from specdec_jax.metrics import analysis
-from specdec_jax.core import decoding
 from specdec_jax import multihost
-from specdec_jax.terminal import console
-from specdec_jax.metrics import run_metrics
+from specdec_jax.core import decoding
 from specdec_jax.data import tasks
-from specdec_jax.metrics import overheads
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_gamma
 from specdec_jax.experiment import auto_mode
@@ -39,6 +35,10 @@ from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import predictions
 from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import Loaded
+from specdec_jax.metrics import analysis
+from specdec_jax.metrics import overheads
+from specdec_jax.metrics import run_metrics
+from specdec_jax.terminal import console
 
 Decoder = decoding.Decoder
 

@@ -11,13 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.core import decoding
 from specdec_jax import multihost
-from specdec_jax.metrics import timing
-from specdec_jax.core.protocols import Drafter
-from specdec_jax.core.protocols import target_encoder_output
+from specdec_jax.core import decoding
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.core.drafters import tree as tree_drafters
+from specdec_jax.core.protocols import Drafter
+from specdec_jax.core.protocols import target_encoder_output
+from specdec_jax.metrics import timing
 
 # Calls per timed program and interleaved rounds: ~1/4 of `timing`'s
 # defaults, so that pricing c costs a run seconds, not tens of seconds; the

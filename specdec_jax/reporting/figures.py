@@ -10,14 +10,14 @@ horizontal line of the same colour: what k branches buy over one path.
 """
 import collections
 import io
+import re
 from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from specdec_jax.experiment import decode_modes
 from specdec_jax.metrics import analysis
 from specdec_jax.reporting import tables
-import re
-from specdec_jax.experiment import decode_modes
 
 # Figures are rendered at this resolution (text metrics depend on it).
 DPI = 100

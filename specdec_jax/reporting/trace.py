@@ -16,8 +16,8 @@ lone combining marks, U+FFFD, glyphs the figure's font lacks) are shown
 escaped (`\\n`, `\\u200b`), never as look-alikes (`piece`).
 """
 import html
-import unicodedata
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+import unicodedata
 
 from specdec_jax.reporting import figures
 from specdec_jax.reporting import tables

@@ -11,11 +11,11 @@ import jax
 import numpy as np
 
 from specdec_jax.core import decoding
-from specdec_jax.metrics import quality as metrics
-from specdec_jax.data import tasks
-from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models import SharedEncoderModel
+from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.t5 import T5Model
+from specdec_jax.data import tasks
+from specdec_jax.metrics import quality as metrics
 
 
 def evaluate_bleu(config: T5Config, params, sp,

@@ -31,19 +31,19 @@ import numpy as np
 import optax
 
 from specdec_jax import checkpoints
-from specdec_jax.files import io_utils
+from specdec_jax.checkpoints import feature_draft as feature_checkpoint
 from specdec_jax.config import paths
-from specdec_jax.data import tasks
 from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 from specdec_jax.core.models.feature_drafter import init_feature_params
+from specdec_jax.data import tasks
+from specdec_jax.data import vocab as vocabulary
+from specdec_jax.files import io_utils
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
-from specdec_jax.checkpoints import feature_draft as feature_checkpoint
 from specdec_jax.training import teacher as teacher_lib
-from specdec_jax.data import vocab as vocabulary
 from specdec_jax.training.config import TrainConfig
-from specdec_jax.training.loss import feature_losses
 from specdec_jax.training.loss import FeatureLossSettings
+from specdec_jax.training.loss import feature_losses
 
 METRICS_FILE = "train_metrics.json"
 

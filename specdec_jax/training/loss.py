@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.core.models.config import T5Config
-from specdec_jax.core.models.t5 import Transformer
 from specdec_jax.core.models.feature_drafter import FeatureDecoder
 from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 from specdec_jax.core.models.feature_drafter import shifted_features
+from specdec_jax.core.models.t5 import Transformer
 
 # -- feature loss --------------------------------------------------------------
 # The loss of a feature-level draft (`models.feature_drafter`), distilled.

@@ -25,6 +25,7 @@ In order, every check before the first step:
 """
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -36,25 +37,24 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from specdec_jax import checkpoints
-from specdec_jax.config import gin_reader
-from specdec_jax.files import io_utils
 from specdec_jax.checkpoints import parameters
+from specdec_jax.config import gin_reader
 from specdec_jax.config import paths
-from specdec_jax.terminal import console
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.t5 import T5Model
+from specdec_jax.data import vocab as vocabulary
+from specdec_jax.files import io_utils
+from specdec_jax.terminal import console
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
 from specdec_jax.training import evaluation
 from specdec_jax.training import feature_trainer
 from specdec_jax.training import teacher as teacher_lib
-from specdec_jax.data import vocab as vocabulary
 from specdec_jax.training.config import TrainConfig
 from specdec_jax.training.config import TrainPaths
-import functools
-import optax
 from specdec_jax.training.loss import LossSettings
 from specdec_jax.training.loss import compute_losses
 from specdec_jax.training.optimizer import OptimizerSettings

@@ -14,12 +14,12 @@ import json
 import os
 import re
 
+from conftest import REPO
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.metrics import analysis
 from specdec_jax.config import gin_reader
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import param_shapes
@@ -28,7 +28,7 @@ from specdec_jax.device_check import common
 from specdec_jax.device_check import env
 from specdec_jax.device_check import pretrained_pair
 from specdec_jax.device_check import stats
-from conftest import REPO
+from specdec_jax.metrics import analysis
 
 
 # ---------------------------------------------------------------------------

@@ -7,24 +7,24 @@ switches between batches follow the target's exact distribution
 (chi-square, significance 1e-3, with a power check)."""
 import json
 
-import jax
-import numpy as np
-import pytest
-
 from decoding_helpers import chisquare_pvalue
 from decoding_helpers import count_sequences
 from decoding_helpers import model_sequence_distribution
+import jax
+import numpy as np
+import pytest
 from run_helpers import parse_local_tiny_out
 
 from specdec_jax import run as run_lib
-from specdec_jax.metrics import run_metrics
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto_mode
 from specdec_jax.experiment import auto_switch
+from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import plan
 from specdec_jax.experiment import summary
-from specdec_jax.experiment import decode_modes
+from specdec_jax.metrics import run_metrics
+
 # A cleared gin configuration before and after each test (conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_gin")]
 

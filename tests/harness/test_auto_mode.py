@@ -4,13 +4,11 @@ speculative decoder's place; bad values refused before anything is
 loaded (tiny runs end to end: tests/e2e/test_auto_mode_e2e.py)."""
 import types
 
+from conftest import tiny_config
 import numpy as np
 import pytest
-
-from conftest import tiny_config
 from run_helpers import parse_local_tiny_out
 
-from specdec_jax.metrics import analysis
 from specdec_jax import run as run_lib
 from specdec_jax.benchmarking import auto_prediction
 from specdec_jax.core import decoding
@@ -21,6 +19,7 @@ from specdec_jax.experiment import auto_tree
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import output_dir
 from specdec_jax.experiment import price_cache
+from specdec_jax.metrics import analysis
 
 Candidate = auto_mode.Candidate
 MODEL_MODES = ("token", "block", "tree", "beam")  # DRAFTER='model'

@@ -6,19 +6,21 @@ tiny T5 v1.1 model in T5X's legacy (msgpack + zarr) and Orbax layouts
 """
 import json
 import os
-import shutil
 from pathlib import Path
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_jax.checkpoints import CheckpointError
+from specdec_jax.checkpoints import latest_checkpoint
 from specdec_jax.checkpoints import legacy
+from specdec_jax.checkpoints import load_t5x_params
+from specdec_jax.checkpoints import reads
 from specdec_jax.checkpoints import save as save_lib
-from specdec_jax.checkpoints import source
-from specdec_jax.checkpoints import (CheckpointError, latest_checkpoint,
-                                     load_t5x_params, save_params)
+from specdec_jax.checkpoints import save_params
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO.parent / "shared" / "fixtures" / "t5x_tiny"
@@ -257,7 +259,7 @@ def test_gs_paths_map_to_gcs_kvstore():
       "path": "m/checkpoint_1000000/target.decoder.logits_dense.kernel/"
   }
   assert spec["metadata"] == {"shape": [4, 8]}
-  assert source.kvstore("gs://bucket/a/state/") == {
+  assert reads.kvstore("gs://bucket/a/state/") == {
       "driver": "gcs",
       "bucket": "bucket",
       "path": "a/state/"

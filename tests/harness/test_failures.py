@@ -16,37 +16,36 @@ import os
 import pathlib
 import signal
 import subprocess
-import textwrap
 import sys
+import textwrap
 import time
 import types
 
+from conftest import REPO
 import gin
 import numpy as np
 import pytest
-
-from specdec_jax import checkpoints
-from specdec_jax.terminal import console
-from specdec_jax.config import gin_utils
-from specdec_jax.files import io_utils
-from specdec_jax import run as run_lib
-from specdec_jax.checkpoints import digests
-from specdec_jax.checkpoints import legacy
-from specdec_jax.experiment import arguments
-from specdec_jax.experiment import plan
-from specdec_jax.experiment import predictions as predictions_lib
-from specdec_jax.experiment import loading
-from specdec_jax.experiment import run_lock
-from specdec_jax.experiment.plan import RunPlan
-from specdec_jax.core.models import T5Config
-from specdec_jax.training import TrainConfig
-from specdec_jax.training import trainer
-
-from conftest import REPO
 from run_helpers import parse_gin_files
 from run_helpers import refused_gcs
 from run_helpers import subprocess_env
 from run_helpers import tiny_run_plan
+
+from specdec_jax import checkpoints
+from specdec_jax import run as run_lib
+from specdec_jax.checkpoints import digests
+from specdec_jax.checkpoints import legacy
+from specdec_jax.config import gin_utils
+from specdec_jax.core.models import T5Config
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import loading
+from specdec_jax.experiment import plan
+from specdec_jax.experiment import predictions as predictions_lib
+from specdec_jax.experiment import run_lock
+from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.files import io_utils
+from specdec_jax.terminal import console
+from specdec_jax.training import TrainConfig
+from specdec_jax.training import trainer
 
 PRETRAINED = REPO / "pretrained" / "multi30k"
 

@@ -1,16 +1,15 @@
 """gin_reader.read_t5_config: a model gin file's T5Config without global gin."""
 
+from conftest import REPO
 import gin
 import jax.numpy as jnp
 import pytest
 
+from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=unused-import
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
-from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=unused-import
 from specdec_jax.core.models import T5Config
 from specdec_jax.tools import generate_model_gin
-
-from conftest import REPO
 
 DEFAULT = T5Config()  # No gin bindings are live at import time.
 

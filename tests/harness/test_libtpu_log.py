@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from specdec_jax.experiment import libtpu_log
+from specdec_jax.terminal import console
 
 # What libtpu 0.0.42 wrote on fd 2 for `get_topology_desc('v4:2x2x1')` on a
 # CPU host (copied from a real run).
@@ -36,7 +36,7 @@ REAL = ("E0000 00:00:1795786967.1 1 tpu_compiler.cc:99] RESOURCE_EXHAUSTED: "
 
 
 def test_known_noise_is_split_from_everything_else():
-  kept, noise = libtpu_log.split_noise(LIBTPU + REAL)
+  kept, noise = console.split_noise(LIBTPU + REAL)
   assert "".join(noise) == LIBTPU
   assert "".join(kept) == REAL
 
@@ -47,14 +47,14 @@ def test_a_trace_block_ends_at_its_last_source_location():
           "third_party/x/y.h:22\n"
           "real line after the trace\n"
           "learning/a/b.cc:1\n")  # no longer in a trace: kept
-  kept, noise = libtpu_log.split_noise(text)
+  kept, noise = console.split_noise(text)
   assert noise == text.splitlines(keepends=True)[:3]
   assert kept == ["real line after the trace\n", "learning/a/b.cc:1\n"]
 
 
 def test_fd2_noise_is_kept_aside_and_the_rest_passes(capfd, tmp_path):
   noise = []
-  with libtpu_log.captured_libtpu_noise(noise):
+  with console.captured_libtpu_noise(noise):
     os.write(2, (LIBTPU + REAL).encode())  # as C++ writes: fd 2
     print("python's own stderr line", file=sys.stderr)
   err = capfd.readouterr().err
@@ -62,25 +62,25 @@ def test_fd2_noise_is_kept_aside_and_the_rest_passes(capfd, tmp_path):
   assert "Source Location Trace" not in err
   assert "RESOURCE_EXHAUSTED" in err and "python's own stderr line" in err
   assert "".join(noise) == LIBTPU
-  libtpu_log.save_noise(noise, str(tmp_path))
-  assert (tmp_path / libtpu_log.LOG_FILE).read_text() == LIBTPU
+  console.save_noise(noise, str(tmp_path))
+  assert (tmp_path / console.LOG_FILE).read_text() == LIBTPU
 
 
 def test_save_noise_names_the_file_in_one_line(tmp_path, caplog):
   caplog.set_level("INFO")
-  libtpu_log.save_noise(["a\n", "b\n"], str(tmp_path))
+  console.save_noise(["a\n", "b\n"], str(tmp_path))
   lines = [r.getMessage() for r in caplog.records]
   assert len(lines) == 1 and lines[0].startswith("libtpu: 2 log lines "
                                                  "suppressed")
-  assert str(tmp_path / libtpu_log.LOG_FILE) in lines[0]
-  libtpu_log.save_noise([], str(tmp_path / "none"))  # nothing said: nothing
+  assert str(tmp_path / console.LOG_FILE) in lines[0]
+  console.save_noise([], str(tmp_path / "none"))  # nothing said: nothing
   assert not (tmp_path / "none").exists()
 
 
 def test_on_a_failure_the_noise_is_shown_too(capfd):
   noise = []
   with pytest.raises(RuntimeError):
-    with libtpu_log.captured_libtpu_noise(noise):
+    with console.captured_libtpu_noise(noise):
       os.write(2, LIBTPU.encode())
       raise RuntimeError("compile failed")
   assert "unexpected worker hostname" in capfd.readouterr().err
@@ -108,8 +108,7 @@ def test_a_command_on_a_machine_without_a_tpu_starts_jax_quietly():
     pytest.skip("this libtpu prints no worker-hostname block here")
   out, err = started(
       "from specdec_jax.terminal import console; console.setup(); "
-      "from specdec_jax.experiment import libtpu_log as log; "
-      "print(len(log.startup_noise())); ")
-  kept_aside = len(libtpu_log.split_noise(plain_err)[1])
+      "print(len(console.startup_noise())); ")
+  kept_aside = len(console.split_noise(plain_err)[1])
   assert out == f"{kept_aside}\n{plain_out}" and plain_out == "cpu\n"
-  assert not libtpu_log.split_noise(err)[1], err
+  assert not console.split_noise(err)[1], err

@@ -5,14 +5,14 @@ import logging
 import time
 
 from absl import logging as absl_logging
+from conftest import REPO
 import pytest
 
-from conftest import REPO
 from specdec_jax import checkpoints
 from specdec_jax.config import gin_utils
-from specdec_jax.terminal import console
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_check
+from specdec_jax.terminal import console
 from specdec_jax.training import checkpointing
 
 

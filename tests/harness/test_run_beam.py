@@ -8,17 +8,16 @@
 
 A run and a sweep end to end: tests/e2e/test_run_beam_e2e.py.
 """
+from conftest import random_model
+from conftest import tiny_config
 import numpy as np
 import pytest
+from run_helpers import parse_local_tiny
 
 from specdec_jax import run as run_lib
 from specdec_jax.core.decoding import beam_decoders
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.experiment import arguments
-
-from conftest import random_model
-from conftest import tiny_config
-from run_helpers import parse_local_tiny
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
 

@@ -16,26 +16,6 @@ import os
 import subprocess
 import sys
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import pytest
-
-from specdec_jax import run as run_lib
-from specdec_jax import sweep
-from specdec_jax.core import decoding
-from specdec_jax.core import drafters
-from specdec_jax.core.models import FeatureDraftModel
-from specdec_jax.core.models import FeatureDrafterConfig
-from specdec_jax.core.models.feature_drafter import init_feature_params
-from specdec_jax.checkpoints import digests
-from specdec_jax.experiment import arguments
-from specdec_jax.experiment import loading
-from specdec_jax.metrics import step_costs
-from specdec_jax.experiment.plan import Models
-from specdec_jax.experiment.plan import Providers
-from specdec_jax.experiment.plan import RunPlan
-
 from conftest import REPO
 from conftest import jit_call
 from conftest import random_model
@@ -43,7 +23,26 @@ from conftest import tiny_config
 from feature_helpers import VOCAB
 from feature_helpers import WIDTH
 from feature_helpers import write_feature_checkpoint
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
 from run_helpers import parse_local_tiny
+
+from specdec_jax import run as run_lib
+from specdec_jax import sweep
+from specdec_jax.checkpoints import digests
+from specdec_jax.core import decoding
+from specdec_jax.core import drafters
+from specdec_jax.core.models import FeatureDrafterConfig
+from specdec_jax.core.models import FeatureDraftModel
+from specdec_jax.core.models.feature_drafter import init_feature_params
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import loading
+from specdec_jax.experiment.plan import Models
+from specdec_jax.experiment.plan import Providers
+from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.metrics import step_costs
 
 # A cleared gin configuration before and after each test (conftest.py).
 pytestmark = pytest.mark.usefixtures("clean_gin")

@@ -11,23 +11,23 @@ Tiny runs end to end (exact, recorded; a sweep over TREE_WIDTH; GAMMA=
 'auto' with TREE_WIDTH='auto'): tests/e2e/test_run_tree_e2e.py.
 """
 
+from conftest import jit_call
+from conftest import perturbed
+from conftest import random_model
+from conftest import tiny_config
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from run_helpers import parse_local_tiny
 
 from specdec_jax import run as run_lib
-from specdec_jax.metrics import timing
 from specdec_jax.core import drafters
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.experiment import arguments
 from specdec_jax.metrics import step_costs
-from conftest import jit_call
-from conftest import perturbed
-from conftest import random_model
-from conftest import tiny_config
-from run_helpers import parse_local_tiny
+from specdec_jax.metrics import timing
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
 

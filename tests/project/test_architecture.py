@@ -9,14 +9,13 @@ another without a cycle. Read from the source with `ast`: nothing is
 imported, so a cycle that import order would hide is still seen.
 """
 import ast
+import pathlib
 import re
 import sys
-import pathlib
 from typing import Dict, Iterator, Set, Tuple
 
-import pytest
-
 from conftest import REPO
+import pytest
 
 PACKAGE = REPO / "specdec_jax"
 CORE_DIR = PACKAGE / "core"
@@ -239,6 +238,7 @@ def test_each_core_module_has_one_import_path(unit):
   hook gave every core module a second name that mypy, IDEs and readers
   could not see)."""
   import importlib  # pylint: disable=g-import-not-at-top
+
   import specdec_jax  # pylint: disable=g-import-not-at-top
   assert importlib.import_module(f"specdec_jax.core.{unit}")
   with pytest.raises(ModuleNotFoundError):
