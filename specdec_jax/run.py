@@ -27,7 +27,7 @@ and run arguments, the vocabulary against both models' `vocab_size`,
 TASK_FEATURE_LENGTHS, and OUTPUT_DIR (created and probed with a temporary
 file; a metrics.json / alpha.json there from a run with other settings is
 not replaced unless OVERWRITE=True), and OUTPUT_DIR is locked for the run's
-life (`experiment.run_lock`: a second run there is refused). The run itself
+life (`experiment.output_dir.acquire`: a second run there is refused). The run itself
 is `experiment.runner.execute`; this module is its command line. The command prints a plain-words summary (`summary_lines`) before
 it writes the result files, so a failed write loses no result; errors are
 one line (docs/usage/failures.md).
@@ -50,16 +50,16 @@ from typing import Any, Dict, Optional, Sequence
 import gin
 
 from specdec_jax import checkpoints
-from specdec_jax.files import compilation_cache
-from specdec_jax.terminal import console
-from specdec_jax.config import gin_utils
 from specdec_jax import multihost
+from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_report
 from specdec_jax.experiment import runner
 from specdec_jax.experiment import summary
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.files import compilation_cache
+from specdec_jax.terminal import console
 
 ConfigError = gin_utils.ConfigError
 

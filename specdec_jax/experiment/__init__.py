@@ -18,7 +18,7 @@ command line).
 * `auto_gamma`: GAMMA='auto' (Theorem 3.8 on the first examples);
   `step_costs`: a target call's and a draft step's seconds (c).
 * `output_dir`: what a run's results record as its settings, and the
-  OVERWRITE rule; `run_lock`: one run per OUTPUT_DIR; `predictions`:
+  OVERWRITE rule, one run per OUTPUT_DIR (its lock); `predictions`:
   predictions.jsonl as it goes, and its per-example records (traces).
 * `ngram_corpus`: reading (and writing) the corpus an n-gram drafter counts.
 * `summary`: the plain-words lines the command ends with.

@@ -47,9 +47,9 @@ import re
 import socket
 import stat
 import tempfile
+from typing import Any, Iterator, List, Tuple, Union
 import urllib.parse
 import uuid
-from typing import Any, Iterator, List, Tuple, Union
 
 from specdec_jax.config import paths
 
@@ -284,7 +284,7 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[str,
 
 
 # ---------------------------------------------------------------------------
-# Create-if-absent and conditional delete (`experiment.run_lock`).
+# Create-if-absent and conditional delete (`experiment.output_dir`'s lock).
 # ---------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def _no_value_generation() -> bytes:

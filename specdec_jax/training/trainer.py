@@ -13,12 +13,12 @@ In order, every check before the first step:
 4. State: fresh parameters (`parameters.random_params`) and optimizer state,
    or, if ``model_dir`` holds a checkpoint, parameters, optimizer state and
    step restored from the latest one (`checkpointing`).
-5. Training: the jitted step (`train_step_fn`: `loss`, `optimizer`) over
+5. Training: the jitted step (`train_step_fn`: `loss`, `config.make_optimizer`) over
    `data.ParallelData`'s batches; loss, learning rate, steps/s and tokens/s
    logged every ``log_every_steps``; a checkpoint every
    ``save_every_steps`` and at the end, keeping the last
    ``keep_checkpoints``.
-6. Evaluation (`evaluation`): greedy decoding of the first
+6. Evaluation (`evaluate_bleu`): greedy decoding of the first
    ``eval_num_examples`` validation examples, corpus BLEU, logged and
    written with the training metrics to ``model_dir/train_metrics.json``
    (atomically).
@@ -30,7 +30,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
 import gin
@@ -43,21 +43,24 @@ from specdec_jax import checkpoints
 from specdec_jax.checkpoints import parameters
 from specdec_jax.config import gin_reader
 from specdec_jax.config import paths
+from specdec_jax.core import decoding
+from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.t5 import T5Model
+from specdec_jax.data import tasks
 from specdec_jax.data import vocab as vocabulary
 from specdec_jax.files import io_utils
+from specdec_jax.metrics import quality as metrics
 from specdec_jax.terminal import console
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
-from specdec_jax.training import evaluation
 from specdec_jax.training import feature_trainer
 from specdec_jax.training import teacher as teacher_lib
+from specdec_jax.training.config import OptimizerSettings
 from specdec_jax.training.config import TrainConfig
 from specdec_jax.training.config import TrainPaths
 from specdec_jax.training.loss import LossSettings
 from specdec_jax.training.loss import compute_losses
-from specdec_jax.training.optimizer import OptimizerSettings
 
 METRICS_FILE = "train_metrics.json"
 
@@ -399,12 +402,12 @@ def _train_feature_drafter(config: TrainConfig) -> TrainResult:
 
 def _evaluate(config: TrainConfig, model: T5Config, params, sp, examples,
               teacher=None) -> Dict[str, Any]:
-  """Greedy validation BLEU (`evaluation.evaluate_bleu`), logged; a
+  """Greedy validation BLEU (`evaluate_bleu`), logged; a
   shared-encoder student decodes on the teacher's encoder."""
   encoder = None
   if not model.has_encoder:
     encoder = T5Model(teacher.config, teacher.params)
-  ev = evaluation.evaluate_bleu(
+  ev = evaluate_bleu(
       model, params, sp, examples, encoder=encoder,
       batch_size=config.eval_batch_size,
       max_input_length=config.max_input_length,
@@ -447,3 +450,82 @@ def train_step_fn(config: T5Config, teacher_config: Optional[T5Config],
     return params, opt_state, metrics
 
   return tx, jax.jit(step_fn)
+
+
+# -- evaluation ----------------------------------------------------------------
+# Validation BLEU: greedy decoding of held-out sentences, scored by sacrebleu.
+#
+# Batches have one shape (`padded_batches`): a jitted decoder compiles once per
+# input shape, so a short last batch is padded by repeating its last row (a
+# real input) and the extra rows' outputs are dropped.
+def evaluate_bleu(config: T5Config, params, sp,
+                  examples: Sequence[Mapping[str, str]], *, batch_size: int,
+                  max_input_length: int, max_decode_length: int,
+                  encoder: Optional[T5Model] = None) -> Dict[str, Any]:
+  """Greedy-decodes examples [{'input', 'reference'}]; corpus BLEU and samples.
+
+  Args:
+    config, params: the model ({'params': ...}); dropout is switched off.
+    sp: the SentencePiece vocabulary.
+    batch_size: decoding batch (at most the number of examples); the last
+      batch is padded (`padded_batches`), so one compilation serves all.
+    max_input_length, max_decode_length: truncation and decode lengths.
+    encoder: for a decoder without an encoder (a shared-encoder draft), the
+      model whose encoder it reads (`SharedEncoderModel`).
+
+  Returns:
+    bleu (`metrics.bleu`, sacrebleu), num_examples, decode_seconds, and the
+    first 5 samples {input, reference, prediction}.
+  """
+  model = T5Model(config.replace(dropout_rate=0.0), params)
+  if encoder is not None:
+    model = SharedEncoderModel.pair(encoder, model)
+  inputs = tasks.encode_batch(sp, [ex["input"] for ex in examples],
+                              max_input_length)
+  inputs = inputs[:, :max(1, int((inputs > 0).sum(1).max()))]
+  batch_size = max(1, min(batch_size, len(examples)))
+  pieces = sp.get_piece_size()
+  predictions = []
+  start = time.time()
+  for chunk, real in padded_batches(inputs, batch_size):
+    out = decoding.temperature_sample(model, chunk, jax.random.PRNGKey(0),
+                                      max_decode_length=max_decode_length,
+                                      temperature=0.0)
+    tokens = np.asarray(out.tokens)[:real]
+    # Ids past the vocabulary (vocab_size may exceed it) decode as padding.
+    tokens = np.where(tokens < pieces, tokens, 0)
+    predictions.extend(tasks.decode_tokens(sp, tokens))
+  return {
+      "bleu": metrics.bleu(predictions, [ex["reference"] for ex in examples]),
+      "num_examples": len(examples),
+      "decode_seconds": time.time() - start,
+      "samples": [{
+          "input": ex["input"],
+          "reference": ex["reference"],
+          "prediction": p
+      } for ex, p in list(zip(examples, predictions))[:5]],
+  }
+
+
+def pad_rows(rows: np.ndarray, batch_size: int) -> np.ndarray:
+  """`rows` [n, ...] with its last row repeated up to [batch_size, ...]."""
+  n = rows.shape[0]
+  if not 1 <= n <= batch_size:
+    raise ValueError(f"pad_rows: {n} rows for batch_size {batch_size} "
+                     "(allowed: 1 to batch_size rows).")
+  if n == batch_size:
+    return rows
+  return np.concatenate([rows, np.repeat(rows[-1:], batch_size - n, axis=0)])
+
+
+def padded_batches(array: np.ndarray,
+                   batch_size: int) -> Iterator[Tuple[np.ndarray, int]]:
+  """Yields (batch [batch_size, ...], number of real rows) over `array`'s rows.
+
+  Every batch has `batch_size` rows; the last one is padded by `pad_rows`.
+  """
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+  for start in range(0, len(array), batch_size):
+    chunk = array[start:start + batch_size]
+    yield pad_rows(chunk, batch_size), len(chunk)

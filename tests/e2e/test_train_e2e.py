@@ -11,27 +11,27 @@ The bad-input tests need the trained vocabulary and target (a teacher).
 import json
 import os
 
+from conftest import MULTI30K
+from conftest import require_shared
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import MULTI30K
-from conftest import require_shared
 from specdec_jax import checkpoints
-from specdec_jax.core import decoding
+from specdec_jax import train as train_lib
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
-from specdec_jax.data import tasks
-from specdec_jax import train as train_lib
-from specdec_jax.training import checkpointing
-from specdec_jax.training import optimizer as optimizer_lib
-from specdec_jax.data import vocab as vocabulary
+from specdec_jax.core import decoding
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import init_params
 from specdec_jax.core.models import param_shapes
+from specdec_jax.data import tasks
+from specdec_jax.data import vocab as vocabulary
+from specdec_jax.training import checkpointing
+from specdec_jax.training import config
 
 pytestmark = pytest.mark.slow
 
@@ -425,12 +425,11 @@ def test_command_line_resumes_finished_run(workdir, spm_path, draft):
 # ---------------------------------------------------------------------------
 # Each optimizer descends on a toy loss.
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("optimizer", optimizer_lib.OPTIMIZERS)
+@pytest.mark.parametrize("optimizer", config.OPTIMIZERS)
 def test_optimizers_descend(optimizer):
-  tx = optimizer_lib.make_optimizer(optimizer=optimizer,
-                                    schedule=lambda count: 0.01,
-                                    weight_decay=0.01, grad_clip_norm=1.0,
-                                    adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9)
+  tx = config.make_optimizer(optimizer=optimizer, schedule=lambda count: 0.01,
+                             weight_decay=0.01, grad_clip_norm=1.0, adam_b1=0.9,
+                             adam_b2=0.98, adam_eps=1e-9)
   params = {"w": jnp.ones((4, 3)), "scale": jnp.ones((3,))}
   loss = lambda p: jnp.sum(jnp.square(p["w"])) + jnp.sum(p["scale"]**2)
   state = tx.init(params)

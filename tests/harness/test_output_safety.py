@@ -15,12 +15,11 @@ import time
 
 import pytest
 
-from specdec_jax.terminal import console
-from specdec_jax.files import io_utils
+from specdec_jax.config.flag_utils import ConfigError
 from specdec_jax.experiment import output_dir
 from specdec_jax.experiment import predictions as predictions_lib
-from specdec_jax.experiment import run_lock
-from specdec_jax.config.flag_utils import ConfigError
+from specdec_jax.files import io_utils
+from specdec_jax.terminal import console
 
 PARTIAL = output_dir.PARTIAL_PREDICTIONS_FILE
 
@@ -77,7 +76,7 @@ def test_atomic_write_sets_mode_on_its_own_file(tmp_path, monkeypatch):
 
   monkeypatch.setattr(io_utils.os, "chmod", no_chmod)
   io_utils.write_json(tmp_path / "metrics.json", {"a": 1})
-  assert io_utils.create_new(str(tmp_path / run_lock.LOCK_FILE), b"x")
+  assert io_utils.create_new(str(tmp_path / output_dir.LOCK_FILE), b"x")
   mode = (tmp_path / "metrics.json").stat().st_mode & 0o777
   assert mode == 0o666 & ~io_utils._umask()  # pylint: disable=protected-access
 
@@ -167,7 +166,7 @@ def test_empty_partial_of_a_killed_run_blocks_nothing(tmp_path):
   out = str(tmp_path)
   output_dir.check_output_dir(out, _settings(4), overwrite=False)  # held...
   (tmp_path / PARTIAL).write_text("")
-  (tmp_path / run_lock.LOCK_FILE).unlink()  # ...and killed
+  (tmp_path / output_dir.LOCK_FILE).unlink()  # ...and killed
   output_dir.check_output_dir(out, _settings(7), overwrite=False).release()
 
 
@@ -182,8 +181,8 @@ def _race(folder, starters):
   def start():
     barrier.wait()
     try:
-      results.append(run_lock.acquire(folder, "racer"))
-    except run_lock.LockedError as e:
+      results.append(output_dir.acquire(folder, "racer"))
+    except output_dir.LockedError as e:
       results.append(e)
 
   threads = [threading.Thread(target=start) for _ in range(starters)]
@@ -202,7 +201,7 @@ def test_stale_lock_is_taken_over_by_exactly_one(tmp_path, monkeypatch):
   real_unlink = os.unlink
 
   def slow_unlink(path, *args, **kwargs):
-    if os.path.basename(os.fspath(path)) == run_lock.LOCK_FILE:
+    if os.path.basename(os.fspath(path)) == output_dir.LOCK_FILE:
       time.sleep(random.uniform(0, 0.02))
     return real_unlink(path, *args, **kwargs)
 
@@ -216,9 +215,9 @@ def test_stale_lock_is_taken_over_by_exactly_one(tmp_path, monkeypatch):
       "token": "stale"
   }
   for trial in range(8):
-    (tmp_path / run_lock.LOCK_FILE).write_text(json.dumps(stale))
+    (tmp_path / output_dir.LOCK_FILE).write_text(json.dumps(stale))
     results = _race(str(tmp_path), starters=6)
-    holders = [r for r in results if isinstance(r, run_lock.Lock)]
+    holders = [r for r in results if isinstance(r, output_dir.Lock)]
     for lock in holders:
       lock.release()
     assert len(results) == 6, (trial, results)
@@ -231,7 +230,7 @@ def test_stale_lock_is_taken_over_by_exactly_one(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------
 def test_lock_that_is_a_folder_is_one_clear_line(tmp_path, capsys):
   """The probe's case: a bare "[Errno 21] Is a directory"."""
-  lock = tmp_path / run_lock.LOCK_FILE
+  lock = tmp_path / output_dir.LOCK_FILE
   lock.mkdir()
 
   def body():
@@ -252,7 +251,7 @@ def test_lock_that_is_a_link_is_refused_not_read(tmp_path):
   target.write_text("{}")
   out = tmp_path / "out"
   out.mkdir()
-  (out / run_lock.LOCK_FILE).symlink_to(target)
-  with pytest.raises(run_lock.LockedError, match="is a symbolic link, not a"):
-    run_lock.acquire(str(out))
-  assert (out / run_lock.LOCK_FILE).is_symlink()
+  (out / output_dir.LOCK_FILE).symlink_to(target)
+  with pytest.raises(output_dir.LockedError, match="is a symbolic link, not a"):
+    output_dir.acquire(str(out))
+  assert (out / output_dir.LOCK_FILE).is_symlink()

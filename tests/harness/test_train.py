@@ -8,13 +8,13 @@ import gin
 import numpy as np
 import pytest
 
+from specdec_jax import train as train_lib
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
 from specdec_jax.config import paths
-from specdec_jax import train as train_lib
-from specdec_jax.training import data as data_lib
-from specdec_jax.training import optimizer as optimizer_lib
 from specdec_jax.core.models import T5Config
+from specdec_jax.training import config
+from specdec_jax.training import data as data_lib
 
 
 # ---------------------------------------------------------------------------
@@ -126,19 +126,18 @@ def test_gin_search_path_and_flag_rewrite():
 # Pieces (no model).
 # ---------------------------------------------------------------------------
 def test_schedules():
-  cos = optimizer_lib.make_schedule(learning_rate=1.0, warmup_steps=10,
-                                    decay="cosine", decay_steps=110,
-                                    final_learning_rate_fraction=0.1)
+  cos = config.make_schedule(learning_rate=1.0, warmup_steps=10, decay="cosine",
+                             decay_steps=110, final_learning_rate_fraction=0.1)
   np.testing.assert_allclose(
       [float(cos(s)) for s in (0, 4, 9, 10, 60, 110, 200)],
       [0.1, 0.5, 1.0, 1.0, 0.55, 0.1, 0.1], rtol=1e-5)
-  rsqrt = optimizer_lib.make_schedule(learning_rate=1.0, warmup_steps=100,
-                                      decay="rsqrt", decay_steps=0)
+  rsqrt = config.make_schedule(learning_rate=1.0, warmup_steps=100,
+                               decay="rsqrt", decay_steps=0)
   np.testing.assert_allclose([float(rsqrt(s)) for s in (49, 99, 399)],
                              [0.5, 1.0, 0.5], rtol=1e-5)
   with pytest.raises(ValueError, match="Unknown decay"):
-    optimizer_lib.make_schedule(learning_rate=1.0, warmup_steps=1, decay="step",
-                                decay_steps=1)
+    config.make_schedule(learning_rate=1.0, warmup_steps=1, decay="step",
+                         decay_steps=1)
 
 
 class _CharVocab:
