@@ -286,7 +286,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   return 0
 
 
-# -- examples --------------------------------------------------------------
+# -- examples ------------------------------------------------------------------
 # Which decoded example the report draws (Figure 1's trace, Figure 5's
 # timeline): from the most informative run (highest α, then temperature 0,
 # then highest speedup), the most informative example, unless the user

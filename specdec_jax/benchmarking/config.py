@@ -240,7 +240,7 @@ def validate(*, target="small", draft="xsmall", alphas="0.5,0.75,0.9",
                          warnings=tuple(warnings), **settings)
 
 
-# -- pretrained ------------------------------------------------------------
+# -- pretrained ----------------------------------------------------------------
 # A trained checkpoint loaded for decoding, as the benchmarks use it.
 #
 # `benchmarking.loop_overhead`, `tree`, `beam` and `scripts/iteration_hlo.py`

@@ -188,7 +188,7 @@ def run(s: common.Settings, record: common.Recorder,
   return bool(aware["ok"])
 
 
-# -- preflight -------------------------------------------------------------
+# -- preflight -----------------------------------------------------------------
 # `python -m specdec_jax.device_check --preflight`: will the tree travel?
 #
 # Run here, before a device call (no JAX, no device time): the device tool

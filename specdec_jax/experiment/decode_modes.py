@@ -482,7 +482,7 @@ def _check_drafter(mode: DecodeMode, args: Any, why: str) -> None:
                    f"{' or '.join(repr(d) for d in supported)}.")
 
 
-# -- target alone ----------------------------------------------------------
+# -- target alone --------------------------------------------------------------
 # SPECULATION='off' (or 'auto' choosing it): the target alone in the place
 # of the speculative decoder.
 #

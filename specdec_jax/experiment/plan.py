@@ -443,7 +443,7 @@ def _task_kind(args) -> str:
   return quality_lib.TRANSLATION
 
 
-# -- memory ----------------------------------------------------------------
+# -- memory --------------------------------------------------------------------
 # Will the decode fit? A lower bound on its memory, checked at startup.
 #
 # TASK_FEATURE_LENGTHS = {'inputs': S, 'targets': T} of 1e6 would not fail

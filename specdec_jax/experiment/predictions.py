@@ -195,7 +195,7 @@ def write_result(path: str, record: Dict[str, Any], kept: str) -> None:
         f"cannot write {path}: {e.strerror or e}. Kept: {kept}.") from None
 
 
-# -- traces ----------------------------------------------------------------
+# -- traces --------------------------------------------------------------------
 # predictions.jsonl's per-example records of a speculative decode: the
 # accepted count of every target call and a Figure-1-style trace of its
 # guesses, as text (`token_text`: one token as SentencePiece writes it).

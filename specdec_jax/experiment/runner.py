@@ -209,7 +209,7 @@ def _run_alpha(plan: RunPlan, models: Models, data: RunData,
   return result
 
 
-# -- alpha -----------------------------------------------------------------
+# -- alpha ---------------------------------------------------------------------
 # MODE='alpha': α as Corollary 3.6 measures it, without walltimes.
 #
 # Sample from the target, then average β = Σ_x min(p(x), q(x)) over the

@@ -421,7 +421,7 @@ def _evaluate(config: TrainConfig, model: T5Config, params, sp, examples,
   return ev
 
 
-# -- step ------------------------------------------------------------------
+# -- step ----------------------------------------------------------------------
 # One jitted training step: loss, gradients, an optimizer update.
 @functools.lru_cache(maxsize=16)
 def train_step_fn(config: T5Config, teacher_config: Optional[T5Config],
