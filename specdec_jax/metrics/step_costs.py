@@ -98,17 +98,13 @@ def price_calls(
       drafter, inputs,
       target_encoder_output(target,
                             timing.start(target, inputs, max_len=cache_len)))
-  buffer = jnp.asarray(
-      np.pad(np.asarray(multihost.to_host(context)), ((0, 0), (1, gamma + 2))),
-      jnp.int32)
+  buffer = _context_buffer(context, gamma)
   # The verification calls as the loop makes them: with the target's
   # features kept when the drafter reads them; a step (k = 1) is the
   # baseline's, the plain target's.
   verifier = decoding.speculative_target(target, drafter)
-  if drafter.reads_target_features:
-    drafter = FeaturesGiven(
-        drafter,
-        context_features(verifier, inputs, buffer[:, :fill + 2], cache_len))
+  drafter = _given_features(drafter, verifier, inputs, buffer[:, :fill + 2],
+                            cache_len)
   proposer = timing.Proposer(drafter, state, buffer, args.method())
   # k = 1 first: the reference the others' ratios are taken to.
   calls: Dict[Any, Any] = {
@@ -119,6 +115,25 @@ def price_calls(
   seconds = dict(
       pricing(calls, np.asarray(inputs), fill=fill, cache_len=cache_len))
   return seconds, seconds.pop("draft") / gamma
+
+
+def _context_buffer(context: jax.Array, gamma: int) -> jax.Array:
+  """[B, 1 + T + γ + 2] int32: a start slot (0), `context` [B, T] (the
+  target's own output), then room for the γ + 2 tokens a call writes."""
+  return jnp.asarray(
+      np.pad(np.asarray(multihost.to_host(context)), ((0, 0), (1, gamma + 2))),
+      jnp.int32)
+
+
+def _given_features(proposing: Any, verifier: Any, inputs: jax.Array,
+                    tokens: jax.Array, cache_len: int) -> Any:
+  """`proposing` (a drafter or tree drafter) as it is, or, when it reads the
+  target's hidden states, given the verifier's over `tokens` [B, n]
+  (`FeaturesGiven`), as the loop gives them from the target's state."""
+  if not proposing.reads_target_features:
+    return proposing
+  return FeaturesGiven(proposing,
+                       context_features(verifier, inputs, tokens, cache_len))
 
 
 def context_features(target: Any, inputs: jax.Array, tokens: jax.Array,
@@ -141,15 +156,6 @@ def context_features(target: Any, inputs: jax.Array, tokens: jax.Array,
   return fed(target, inputs, tokens)
 
 
-# -- tree costs ----------------------------------------------------------------
-# What an ACCEPTANCE='tree' run's calls cost: the target's tree call over
-# 1 + k·γ nodes and one depth of the k-branch draft, timed as `step_costs`
-# times a token-verification run's calls (`timing.call_seconds`).
-#
-# `timing` times anything with `start` and `decode_chunk` (a target call) or
-# `propose` and `rollback` (a drafter); `TreeCall` and `TreeProposer` give the
-# tree loop's two calls those shapes, so that they are timed the one way the
-# project defines, interleaved with the one-token target step.
 @flax.struct.dataclass
 class FeaturesGiven(Drafter):
   """A drafter that reads the target's hidden states, with them fixed.
@@ -192,6 +198,15 @@ class FeaturesGiven(Drafter):
     return self.drafter.rollback_tree(state, length, branch)
 
 
+# -- tree costs ----------------------------------------------------------------
+# What an ACCEPTANCE='tree' run's calls cost: the target's tree call over
+# 1 + k·γ nodes and one depth of the k-branch draft, timed as `price_calls`
+# times a token-verification run's calls (`timing.call_seconds`).
+#
+# `timing` times anything with `start` and `decode_chunk` (a target call) or
+# `propose` and `rollback` (a drafter); `TreeCall` and `TreeProposer` give the
+# tree loop's two calls those shapes, so that they are timed the one way the
+# project defines, interleaved with the one-token target step.
 @flax.struct.dataclass
 class TreeCall:
   """The tree loop's target call as a k-token call (`timing.call_loop`):
@@ -274,16 +289,12 @@ def price_tree_calls(args: Any, drafter, target, batch: jax.Array, fill: int,
   inputs = jnp.asarray(multihost.to_host(batch), jnp.int32)
   tree_drafter = tree_drafters.as_tree_drafter(drafter,
                                                args.tree_without_replacement)
-  buffer = jnp.asarray(
-      np.pad(np.asarray(multihost.to_host(context)), ((0, 0), (1, gamma + 2))),
-      jnp.int32)
+  buffer = _context_buffer(context, gamma)
   # A feature-level draft: the tree call on the target keeping its hidden
   # states, the draft given them over the context (`step_costs`).
   verifier = decoding.speculative_target(target, drafter)
-  if tree_drafter.reads_target_features:
-    tree_drafter = FeaturesGiven(
-        tree_drafter,
-        context_features(verifier, inputs, buffer[:, :fill + 2], cache_len))
+  tree_drafter = _given_features(tree_drafter, verifier, inputs,
+                                 buffer[:, :fill + 2], cache_len)
   proposer = TreeProposer(tree_drafter, width)
   state = jax.jit(lambda d, x, e: d.init(x, draft_len, e))(
       proposer, inputs,
@@ -332,9 +343,7 @@ def price_tree_shapes(args: Any, drafter, target, batch: jax.Array, fill: int,
   inputs = jnp.asarray(multihost.to_host(batch), jnp.int32)
   encoder_output = target_encoder_output(
       target, timing.start(target, inputs, max_len=cache_len))
-  buffer = jnp.asarray(
-      np.pad(np.asarray(multihost.to_host(context)), ((0, 0), (1, gamma + 2))),
-      jnp.int32)
+  buffer = _context_buffer(context, gamma)
   calls: Dict[str, Any] = {"step": (target, 1)}
   for n in sorted(set(nodes) - {1}):
     parents = tuple(int(p) for p in tree_acceptance.chain_parents(1, n - 1))

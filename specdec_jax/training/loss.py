@@ -24,29 +24,6 @@ from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 from specdec_jax.core.models.feature_drafter import shifted_features
 from specdec_jax.core.models.t5 import Transformer
 
-# -- feature loss --------------------------------------------------------------
-# The loss of a feature-level draft (`models.feature_drafter`), distilled.
-#
-# The frozen target (the teacher) encodes each batch once and decodes it by
-# teacher forcing, giving its top hidden states f_t [B, T, F] and its
-# distributions p_t [B, T, V]. The draft reads (f_{t-1}, x_t) at each
-# position (pass 1: the target's features, as at the first guess of an
-# iteration) and, in an unrolled pass 2, (f̂_{t-1}, x_t) with its own
-# predictions f̂ from pass 1 in place of the target's (as at its later
-# guesses, where it feeds back its own predicted state: EAGLE-3's training-time
-# test, one step deep). Per pass and non-pad position:
-#
-#   head loss     -sum_{k in head} p_t(k) log q_t(k): the KL from the teacher's
-#                 distribution restricted to the head to q (q is 0 off the head,
-#                 so the full KL would be infinite; the mass off the head is a
-#                 constant of the draft and reported as `off_head`);
-#   feature loss  |f̂_t - f_t|^2 / mean |f_t|^2: EAGLE's regression of the
-#                 next feature, scaled so that 1 means "predicts zeros".
-#
-# loss = head_1 + w_u head_2 + w_f (feature_1 + w_u feature_2). Metrics also
-# give the acceptance rates the draft would have on its first and later
-# guesses: `alpha0_*` (argmax q = argmax p, temperature 0) and `alpha1_*`
-# (sum_v min(p, q), temperature 1, the paper's β).
 Array = jax.Array
 
 
@@ -176,9 +153,29 @@ def compute_losses(
   return loss, metrics
 
 
-Array = jax.Array
-
-
+# -- feature loss --------------------------------------------------------------
+# The loss of a feature-level draft (`models.feature_drafter`), distilled.
+#
+# The frozen target (the teacher) encodes each batch once and decodes it by
+# teacher forcing, giving its top hidden states f_t [B, T, F] and its
+# distributions p_t [B, T, V]. The draft reads (f_{t-1}, x_t) at each
+# position (pass 1: the target's features, as at the first guess of an
+# iteration) and, in an unrolled pass 2, (f̂_{t-1}, x_t) with its own
+# predictions f̂ from pass 1 in place of the target's (as at its later
+# guesses, where it feeds back its own predicted state: EAGLE-3's training-time
+# test, one step deep). Per pass and non-pad position:
+#
+#   head loss     -sum_{k in head} p_t(k) log q_t(k): the KL from the teacher's
+#                 distribution restricted to the head to q (q is 0 off the head,
+#                 so the full KL would be infinite; the mass off the head is a
+#                 constant of the draft and reported as `off_head`);
+#   feature loss  |f̂_t - f_t|^2 / mean |f_t|^2: EAGLE's regression of the
+#                 next feature, scaled so that 1 means "predicts zeros".
+#
+# loss = head_1 + w_u head_2 + w_f (feature_1 + w_u feature_2). Metrics also
+# give the acceptance rates the draft would have on its first and later
+# guesses: `alpha0_*` (argmax q = argmax p, temperature 0) and `alpha1_*`
+# (sum_v min(p, q), temperature 1, the paper's β).
 @dataclasses.dataclass(frozen=True)
 class FeatureLossSettings:
   """Weights of the feature draft's loss (hashable: a compiled step's key).
