@@ -20,8 +20,8 @@ import pytest
 PACKAGE = REPO / "specdec_jax"
 CORE_DIR = PACKAGE / "core"
 # The core's units: a package (directory) or a top-level module.
-CORE = ("protocols", "sampling", "acceptance", "kernels", "models", "drafters",
-        "decoding")
+CORE = ("environment", "protocols", "sampling", "acceptance", "kernels",
+        "models", "drafters", "decoding")
 # Third-party packages of the harness.
 FORBIDDEN_THIRD_PARTY = ("gin", "absl", "seqio", "tensorflow", "orbax",
                          "matplotlib")
