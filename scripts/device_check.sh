@@ -11,11 +11,27 @@
 # the repository goes on PYTHONPATH, and nothing it imports here needs
 # gin, seqio or TensorFlow. PYTHON picks the interpreter (default python3,
 # the GPU image's JAX); DEVICE_CHECK_TIMEOUT_S the hard limit (480 s).
+# A bad DEVICE_CHECK_TIMEOUT_S or an OUT that cannot be a folder is one
+# line and exit 2, before anything runs. The log is written under a
+# temporary name and renamed at the end, unless the check refused to start
+# (exit 2: a bad setting, or another check holding OUT): a refused second
+# check never overwrites the first one's log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
 out="${OUT:-/tmp/specdec_jax/device_check}"
-mkdir -p "$out"
+limit="${DEVICE_CHECK_TIMEOUT_S:-480}"
+if ! [[ "$limit" =~ ^([0-9]+[.]?[0-9]*|[.][0-9]+)$ && "$limit" =~ [1-9] ]]; then
+  echo "device_check: error: DEVICE_CHECK_TIMEOUT_S='$limit': allowed: a" \
+    "number of seconds > 0 (unset: 480)." >&2
+  exit 2
+fi
+if ! mkdir -p "$out" 2>/dev/null || [ ! -d "$out" ] || [ ! -w "$out" ]; then
+  echo "device_check: error: OUT='$out' is not a folder this user can" \
+    "write (a file, or a path under one?); allowed: a folder, or a path" \
+    "where one can be created." >&2
+  exit 2
+fi
 if compgen -G ".whl/*.whl" >/dev/null; then
   echo "[device_check] installing $(ls .whl/*.whl | wc -l) carried wheels" >&2
   "$python" -m pip install -q --no-index --no-deps --no-compile \
@@ -25,7 +41,14 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-timeout -k 10 "${DEVICE_CHECK_TIMEOUT_S:-480}" \
+log="$(mktemp "$out/.device_check.log.XXXXXX")" || exit 1
+timeout -k 10 "$limit" \
   "$python" -m specdec_jax.device_check --out "$out" "$@" 2>&1 |
-  tee "$out/device_check.log"
-exit "${PIPESTATUS[0]}"
+  tee "$log"
+code="${PIPESTATUS[0]}"
+if [ "$code" = 2 ]; then
+  rm -f "$log"
+else
+  mv -f "$log" "$out/device_check.log"
+fi
+exit "$code"

@@ -10,23 +10,31 @@ tests greedy identity on the run's data and, at T > 0, the decoder's
 distribution with a power check (`experiment.certificate`), prints one
 verdict line and writes OUTPUT_DIR/certificate.json. Exit status 0 when
 certified (or not exact by design, said so), 1 when a test fails, 2 for a
-bad setting.
+bad setting (a flag, a macro, an environment variable, an OUTPUT_DIR that
+cannot be claimed), before any test runs.
+
+OUTPUT_DIR is claimed as `run` claims it (`files.output_folder.claim`):
+one command at a time, and a certificate.json of other settings (the
+run's and certify's flags) is replaced only with the run's own
+OVERWRITE=True.
 """
 import os
 import time
-from typing import Optional, Sequence
+from typing import Any, Dict, Iterator, Optional, Sequence
 
 from absl import flags
 
 from specdec_jax.files import compilation_cache
+from specdec_jax.files import output_folder
 from specdec_jax.terminal import console
 from specdec_jax.config import gin_utils
 from specdec_jax.files import io_utils
 from specdec_jax import run as run_lib
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import certificate
+from specdec_jax.experiment import output_dir
 
-CERTIFICATE_FILE = "certificate.json"
+CERTIFICATE_FILE = certificate.CERTIFICATE_FILE
 EXIT_NOT_CERTIFIED = 1
 _DEFAULTS = certificate.CertifySettings()
 _EXAMPLES = flags.DEFINE_integer(
@@ -37,7 +45,7 @@ _LENGTH = flags.DEFINE_integer(
     "compares.")
 _SAMPLES = flags.DEFINE_integer(
     "samples", _DEFAULTS.samples, "M: draws of each decoder for the "
-    "distribution test.")
+    "distribution test (exactly M).")
 _CHUNK = flags.DEFINE_integer("chunk", _DEFAULTS.chunk,
                               "Rows decoded per call (one compiled shape).")
 _SIGNIFICANCE = flags.DEFINE_float(
@@ -57,11 +65,37 @@ def settings_from_flags() -> certificate.CertifySettings:
     if value < 1:
       raise gin_utils.ConfigError(f"--{name}={value}: allowed: an integer "
                                   ">= 1.")
+  if values["length"] > arguments.MAX_DECODE_LENGTH:
+    raise gin_utils.ConfigError(
+        f"--length={values['length']}: allowed: 1 to "
+        f"{arguments.MAX_DECODE_LENGTH} (the tokens the distribution test "
+        "compares; each draw decodes that many).")
   if not 0 < _SIGNIFICANCE.value < 1:
     raise gin_utils.ConfigError(f"--significance={_SIGNIFICANCE.value}: "
                                 "allowed: a number in (0, 1).")
   return certificate.CertifySettings(significance=_SIGNIFICANCE.value,
                                      fail_fast=_FAIL_FAST.value, **values)
+
+
+def _certificates(folder: str) -> Iterator[output_folder.Result]:
+  """The certificate.json in `folder`, with the settings it records (one
+  from before certificates recorded the run's settings records none)."""
+  path = os.path.join(folder, CERTIFICATE_FILE)
+  if io_utils.isfile(path):
+    settings = output_folder.recorded_settings(path)
+    if not (isinstance(settings, dict) and "certify" in settings):
+      settings = None
+    yield output_folder.Result(CERTIFICATE_FILE,
+                               output_dir.comparable(settings))
+
+
+def claim_output_dir(args: arguments.RunArguments,
+                     settings: Dict[str, Any]) -> output_folder.Claim:
+  """OUTPUT_DIR claimed for certify (the module docstring)."""
+  return output_folder.claim(args.output_dir, output_dir.comparable(settings),
+                             _certificates, name="OUTPUT_DIR",
+                             program="certify", overwrite=args.overwrite,
+                             overwrite_flag="OVERWRITE=True")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -80,13 +114,15 @@ def main(argv: Sequence[str]) -> None:
     certificate.check(args)
   except ValueError as e:
     raise gin_utils.ConfigError(str(e)) from None
-  compilation_cache.enable()
-  start = time.perf_counter()
-  record = certificate.certify(args, settings)
-  record["seconds"] = time.perf_counter() - start
-  io_utils.makedirs(args.output_dir)
+  recorded = certificate.settings_record(args, settings)
   path = os.path.join(args.output_dir, CERTIFICATE_FILE)
-  io_utils.write_json(path, record)
+  with claim_output_dir(args, recorded):
+    compilation_cache.enable()
+    start = time.perf_counter()
+    record = certificate.certify(args, settings)
+    record["settings"] = recorded
+    record["seconds"] = time.perf_counter() - start
+    io_utils.write_json(path, record)
   print(record["verdict"])
   print(f"certificate: {path}", flush=True)
   if record["failed"]:

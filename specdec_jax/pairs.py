@@ -8,20 +8,26 @@ decode from Python in three lines:
     print(pair.decode(out.tokens))  # ['Ein Hund rennt.']
 
 Each folder's `model_config.json` gives the model's sizes and dtype
-(`checkpoints.load_model`); a draft decoder without an encoder of its own
+(`checkpoints.check_model`, which checks it against the checkpoint before
+anything is built); the vocabulary is checked as `run` checks it. A draft
+decoder without an encoder of its own
 (a shared-encoder draft) is paired with the target's encoder. Inputs are
 encoded as the run encodes them (SentencePiece ids, then EOS, cut to the
 input length) and outputs decoded up to the first EOS.
 """
 import dataclasses
+import os
 from typing import Any, List, Optional, Sequence
 
 import jax
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax.data import vocab as vocab_lib
+from specdec_jax.config import paths
 from specdec_jax.core import decoding
+from specdec_jax.data import vocab as vocab_lib
+from specdec_jax.experiment import loading
+from specdec_jax.files import compilation_cache as cache_lib
 from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models import T5Model
 
@@ -79,19 +85,56 @@ class Pair:
                                        eos_id=self.eos_id, **sampling)
 
 
-def load_pair(target_folder: str, draft_folder: str,
-              spm_model_path: str) -> Pair:
+# How the vocabulary checks (`loading.vocabulary_fits`,
+# `loading.check_vocabulary_digest`, as `run` applies them) name
+# `load_pair`'s arguments.
+NAMES = loading.Names(vocabulary="spm_model_path", extra_ids=None,
+                      vocab_size="{role}_folder's model_config.json vocab_size",
+                      checkpoint="{role}_folder", size_mismatch=None)
+
+
+def load_pair(target_folder: str, draft_folder: str, spm_model_path: str, *,
+              compilation_cache: bool = True) -> Pair:
   """The pair in two checkpoint folders (each a checkpoint or a folder of
-  them: the latest) with the SentencePiece model at `spm_model_path`;
-  ValueError when the three do not fit together."""
-  target = checkpoints.load_model(target_folder)
-  draft = checkpoints.load_model(draft_folder)
-  vocabulary = vocab_lib.SentencePieceFile(spm_model_path)
-  sizes = {target.config.vocab_size, draft.config.vocab_size}
-  if len(sizes) != 1 or vocabulary.vocab_size > target.config.vocab_size:
-    raise ValueError(
-        f"load_pair: target vocab_size {target.config.vocab_size}, draft "
-        f"{draft.config.vocab_size}, SentencePiece model {spm_model_path} "
-        f"{vocabulary.vocab_size} pieces; allowed: one vocabulary for all "
-        "three (the models' vocab_size at least the pieces).")
-  return Pair(target, SharedEncoderModel.draft_for(target, draft), vocabulary)
+  them, such as `train`'s MODEL_DIR: the latest) with the SentencePiece
+  model at `spm_model_path`.
+
+  Relative paths resolve as the commands resolve them (from here, else
+  from the repository: `paths.resolve_path`). Everything `run` checks is
+  checked before any shape is built or array read: each folder and its
+  model_config.json (`checkpoints.check_model`: digests, sizes against the
+  stored arrays and this machine's memory), the vocabulary (a SentencePiece
+  model with T5's ids; one vocab_size for all three; the vocabulary each
+  checkpoint's DIGESTS.json records).
+
+  Args:
+    target_folder, draft_folder: the two models' checkpoint folders.
+    spm_model_path: their SentencePiece model.
+    compilation_cache: turn on the persistent compilation cache the
+      commands use (`compilation_cache.enable`), so that a new process
+      does not compile the decoders again.
+
+  Raises:
+    ValueError (`CheckpointError`, `ConfigError`): one line naming the
+      argument, the resolved path and what is allowed.
+  """
+  target = checkpoints.check_model(target_folder, "target_folder")
+  draft = checkpoints.check_model(draft_folder, "draft_folder")
+  spm_path = paths.resolve_path(os.fspath(spm_model_path))
+  vocabulary = vocab_lib.load_vocabulary(spm_path, 0, what="spm_model_path")
+  try:
+    decoding.check_vocab_sizes(target.config.vocab_size,
+                               draft.config.vocab_size)
+  except ValueError as e:
+    raise loading.ConfigError(
+        f"target_folder, draft_folder: {e} Allowed: a target and a draft "
+        "trained with one vocabulary.") from None
+  loading.vocabulary_fits(vocabulary, target.config, draft.config, names=NAMES)
+  for role, model in (("target", target), ("draft", draft)):
+    loading.check_vocabulary_digest(vocabulary, role, model.path, NAMES)
+  if compilation_cache:
+    cache_lib.enable()
+  target_model = target.load()
+  return Pair(target_model,
+              SharedEncoderModel.draft_for(target_model, draft.load()),
+              vocabulary)

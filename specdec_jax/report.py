@@ -45,6 +45,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from absl import flags
 
 from specdec_jax.config import flag_utils
+from specdec_jax.core import environment
 from specdec_jax.files import io_utils
 from specdec_jax.metrics import run_metrics
 from specdec_jax.reporting import figures
@@ -59,6 +60,8 @@ METRICS_FILE = run_metrics.METRICS_FILE
 ALPHA_FILE = run_metrics.ALPHA_FILE
 PREDICTIONS_FILE = run_metrics.PREDICTIONS_FILE
 ReportError = loading.ReportError
+# One line and exit 2: a bad input file or folder, a bad SPECDEC_* variable.
+BAD_INPUT = (ReportError, environment.BadEnvironment)
 load_metrics = loading.load_metrics
 load_results = loading.load_results
 iter_predictions = loading.iter_predictions
@@ -275,7 +278,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     written = render_report(args[0], fv.output_dir, example_run=fv.example_run,
                             example_index=fv.example_index)
-  except ReportError as e:
+  except BAD_INPUT as e:
     print(f"report: error: {e}", file=sys.stderr)
     return 2
   finally:

@@ -27,7 +27,7 @@ and run arguments, the vocabulary against both models' `vocab_size`,
 TASK_FEATURE_LENGTHS, and OUTPUT_DIR (created and probed with a temporary
 file; a metrics.json / alpha.json there from a run with other settings is
 not replaced unless OVERWRITE=True), and OUTPUT_DIR is locked for the run's
-life (`experiment.output_dir.acquire`: a second run there is refused). The run itself
+life (`files.output_folder.claim`: a second run there is refused). The run itself
 is `experiment.runner.execute`; this module is its command line. The command prints a plain-words summary (`summary_lines`) before
 it writes the result files, so a failed write loses no result; errors are
 one line (docs/usage/failures.md).
@@ -52,6 +52,7 @@ import gin
 from specdec_jax import checkpoints
 from specdec_jax import multihost
 from specdec_jax.config import gin_utils
+from specdec_jax.core import environment
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_report
 from specdec_jax.experiment import runner
@@ -140,9 +141,11 @@ def main(argv: Sequence[str], providers: Optional[Providers] = None) -> None:
     runner.execute(RunPlan.build(args, providers), on_result=print_summary)
 
 
-# Errors of the input (settings, checkpoints, a folder in use): one line,
-# exit 2. A failed write or an unreachable gs:// (OSError): one line, exit 1.
-BAD_INPUT = (ConfigError, checkpoints.CheckpointError)
+# Errors of the input (settings, checkpoints, a folder in use, a SPECDEC_*
+# variable): one line, exit 2. A failed write or an unreachable gs://
+# (OSError): one line, exit 1. `certify` reuses it.
+BAD_INPUT = (ConfigError, checkpoints.CheckpointError,
+             environment.BadEnvironment)
 
 
 def cli(argv: Optional[Sequence[str]] = None,

@@ -51,6 +51,7 @@ from specdec_jax import multihost
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
 from specdec_jax.config import paths
+from specdec_jax.core import environment
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import runner
 from specdec_jax.experiment.plan import Providers
@@ -249,6 +250,7 @@ def check_points(points: Sequence[Dict[str, Any]], results_dir: str,
   by_name: Dict[str, int] = {}
   for i, point in enumerate(points):
     name = point_name(point)
+    _check_name_length(point, name)
     first = by_name.setdefault(name, i)
     if first != i:
       other = points[first]
@@ -258,6 +260,24 @@ def check_points(points: Sequence[Dict[str, Any]], results_dir: str,
           "gin files' base names and replace characters other than "
           "A-Za-z0-9=+._- with '_'); allowed: points whose names differ "
           "(rename a gin file), or separate sweeps (--results_dir).")
+
+
+def _check_name_length(point: Dict[str, Any], name: str) -> None:
+  """A point's folder name must fit the filesystem's limit
+  (`arguments.NAME_MAX` bytes): a longer one failed at that point, after
+  sweep.json was written. SweepError naming the longest key."""
+  size = len(name.encode("utf-8"))
+  if size <= arguments.NAME_MAX:
+    return
+  key = max(point, key=lambda k: len(point_name({k: point[k]})))
+  part = len(point_name({key: point[key]}))
+  task = (f" (TASK: at most {arguments.TASK_MAX_BYTES} bytes)"
+          if key == "TASK" else "")
+  raise SweepError(
+      f"sweep key {key!r} (point {name[:60]}...): the point's folder name "
+      f"would have {size} bytes, {part} of them {key}'s, more than the "
+      f"{arguments.NAME_MAX} a folder name may have; allowed: shorter "
+      f"values{task}.")
 
 
 # ---------------------------------------------------------------------------
@@ -493,7 +513,7 @@ def main(argv: Sequence[str], providers: Optional[Providers] = None) -> None:
   except ValueError as e:
     raise SweepError(str(e)) from None
   with multihost.failures_end_every_process(
-      "sweep", (SweepError, gin_utils.ConfigError)):
+      "sweep", (SweepError, gin_utils.ConfigError, environment.BadEnvironment)):
     console.setup()
     compilation_cache.enable()  # a re-run compiles nothing
     run_sweep(points, f.results_dir, f.gin_file, f.gin_bindings,
@@ -514,7 +534,8 @@ def cli(argv: Optional[Sequence[str]] = None,
   console.define_traceback_flag()
   return console.run_cli(
       "sweep", lambda: gin_utils.run_main(lambda a: main(a, providers), argv),
-      (SweepError, gin_utils.ConfigError, checkpoints.CheckpointError))
+      (SweepError, gin_utils.ConfigError, checkpoints.CheckpointError,
+       environment.BadEnvironment))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ import gc
 import os
 import pathlib
 
+from specdec_jax.core import environment
+
 # The suite runs on the host CPU even where libtpu is installed (CI
 # installs the tpu extra for tests/harness/test_compile_check.py): without this,
 # every process that starts JAX would first try to open a TPU (about 0.5 s
@@ -20,10 +22,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 if os.environ.get("SPECDEC_JAX_TEST_CACHE", "1") != "0":
   os.environ.setdefault(
       "JAX_COMPILATION_CACHE_DIR",
-      os.path.join(
-          os.path.expanduser(
-              os.environ.get("SPECDEC_JAX_CACHE", "~/.cache/specdec_jax")),
-          "jax-test-compilation-cache"))
+      os.path.join(environment.cache_dir(), "jax-test-compilation-cache"))
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
   # A size limit makes JAX lock the cache folder (filelock) for each read

@@ -29,17 +29,24 @@ array data is read (`restore`), and each device reads only its own shard
 when ``shardings`` are given (`reads`). `save` writes T5X's Orbax layout.
 
 Public names (``from specdec_jax import checkpoints``): `load_t5x_params`,
-`save_params`, `list_checkpoints`, `latest_checkpoint`, `checkpoint_step`,
-`CheckpointError`, and from a checkpoint folder alone (its
-`model_config.json`): `model_config`, `load_model`.
+`open_checkpoint`, `save_params`, `list_checkpoints`, `latest_checkpoint`,
+`checkpoint_path`, `checkpoint_step`, `CheckpointError`; from a checkpoint
+folder alone (its `model_config.json`, `restore`): `model_config`,
+`check_model` (everything checked, nothing built or read), `load_model`;
+and `check_checkpoint`: any config against a checkpoint's stored shapes
+and this machine's memory (`sizes`), before any shape is built.
 """
 from specdec_jax.checkpoints.layout import CheckpointError
+from specdec_jax.checkpoints.layout import checkpoint_path
 from specdec_jax.checkpoints.layout import checkpoint_step
 from specdec_jax.checkpoints.layout import latest_checkpoint
 from specdec_jax.checkpoints.layout import list_checkpoints
+from specdec_jax.checkpoints.restore import check_checkpoint
+from specdec_jax.checkpoints.restore import check_model
 from specdec_jax.checkpoints.restore import load_model
-from specdec_jax.checkpoints.restore import load_t5x_params
 from specdec_jax.checkpoints.restore import model_config
+from specdec_jax.checkpoints.restore import load_t5x_params
+from specdec_jax.checkpoints.restore import open_checkpoint
 from specdec_jax.checkpoints.save import save_params
 
 __all__ = [
@@ -51,4 +58,8 @@ __all__ = [
     "checkpoint_step",
     "load_model",
     "model_config",
+    "check_model",
+    "check_checkpoint",
+    "checkpoint_path",
+    "open_checkpoint",
 ]

@@ -62,7 +62,7 @@ def write_manifest(folder: str, vocabulary_file: Optional[str] = None) -> str:
   """
   files: Dict[str, Dict[str, object]] = {}
   for rel in _local_files(folder):
-    data = io_utils.read_bytes(os.path.join(folder, rel))
+    data = io_utils.read_bytes(os.path.join(folder, rel), max_bytes=None)
     files[rel] = {"bytes": len(data), "sha256": digest(data)}
   manifest: Dict[str, Any] = {"algorithm": "sha256", "files": files}
   if vocabulary_file is not None:
@@ -82,14 +82,35 @@ def file_record(path: str) -> Dict[str, Any]:
   }
 
 
+def _manifest_text(folder: str) -> Optional[str]:
+  """`folder`'s DIGESTS.json, or None when there is none.
+
+  Raises:
+    CheckpointError: something else is there (a FIFO, a link to /dev/zero,
+      a folder: `io_utils.read_text` refuses it), not read.
+  """
+  try:
+    return io_utils.read_text(join(folder, MANIFEST_FILE))
+  except (FileNotFoundError, NotADirectoryError):
+    return None
+  except io_utils.RefusedFile as e:
+    raise CheckpointError(
+        f"Checkpoint {folder}: {e}. Allowed: the {MANIFEST_FILE} written "
+        "with the checkpoint (a regular file), or none.") from None
+
+
 def vocabulary_record(folder: str) -> Optional[Dict[str, Any]]:
   """The vocabulary `folder`'s DIGESTS.json records (`write_manifest`);
-  None when it has no manifest, or one without a vocabulary."""
-  path = join(folder, MANIFEST_FILE)
-  if not io_utils.isfile(path):
+  None when it has no manifest, or one without a vocabulary.
+
+  Raises:
+    CheckpointError: its DIGESTS.json is not a regular file.
+  """
+  text = _manifest_text(folder)
+  if text is None:
     return None
   try:
-    record = json.loads(io_utils.read_text(path)).get(VOCABULARY_KEY)
+    record = json.loads(text).get(VOCABULARY_KEY)
   except (ValueError, AttributeError):
     return None
   return record if isinstance(record, dict) and "sha256" in record else None
@@ -140,15 +161,15 @@ def verify_manifest(folder: str) -> bool:
   """Checks `folder` against its DIGESTS.json; False when it has none.
 
   Raises:
-    CheckpointError: naming an entry outside the folder or not a regular
-      file (before any is read), or the first file that is missing, has
-      another size or digest, or (locally) is not listed.
+    CheckpointError: DIGESTS.json or an entry is not a regular file inside
+      the folder (before any entry is read), or the first file that is
+      missing, has another size or digest, or (locally) is not listed.
   """
-  path = join(folder, MANIFEST_FILE)
-  if not io_utils.isfile(path):
+  text = _manifest_text(folder)
+  if text is None:
     return False
   try:
-    manifest = json.loads(io_utils.read_text(path))
+    manifest = json.loads(text)
     files = manifest["files"]
     assert manifest.get("algorithm") == "sha256" and isinstance(files, dict)
   except (ValueError, KeyError, TypeError, AssertionError) as e:
@@ -156,8 +177,8 @@ def verify_manifest(folder: str) -> bool:
                           f"digest manifest this program writes ({e}).") from e
   _check_entries(folder, files)
   for rel, want in sorted(files.items()):
-    try:
-      data = io_utils.read_bytes(join(folder, rel))
+    try:  # its size is compared with the record's
+      data = io_utils.read_bytes(join(folder, rel), max_bytes=None)
     except FileNotFoundError:
       raise CheckpointError(f"Checkpoint {folder}: {rel} is listed in "
                             f"{MANIFEST_FILE} but missing.") from None

@@ -60,8 +60,9 @@ def checkpoint_step(path) -> Optional[int]:
   return int(m.group(1)) if m else None
 
 
-def _is_complete(ckpt: str) -> bool:
-  """A legacy ``checkpoint`` file or an Orbax ``state/`` checkpoint exists."""
+def is_checkpoint(ckpt: str) -> bool:
+  """A legacy ``checkpoint`` file or an Orbax ``state/`` checkpoint exists
+  in `ckpt` (a complete step folder)."""
   state = join(ckpt, STATE_DIR)
   return (io_utils.isfile(join(ckpt, MSGPACK_FILE)) or
           io_utils.isfile(join(state, ORBAX_METADATA)) or
@@ -87,7 +88,7 @@ def list_checkpoints(directory) -> List[Tuple[int, str]]:
   found = []
   for name in io_utils.listdir(directory):
     step = checkpoint_step(name)
-    if step is not None and _is_complete(join(directory, name)):
+    if step is not None and is_checkpoint(join(directory, name)):
       found.append((step, join(directory, name)))
   return sorted(found)
 
@@ -99,3 +100,18 @@ def latest_checkpoint(directory) -> Optional[str]:
   """
   found = list_checkpoints(directory)
   return found[-1][1] if found else None
+
+
+def checkpoint_path(folder) -> str:
+  """The step folder that `folder` stands for: itself when it is one (its
+  own layout files), else its latest ``checkpoint_<N>``, else `folder` (for
+  the loader to say what is wrong with it).
+
+  A model dir that `train` writes holds its own ``model_config.json``
+  beside its ``checkpoint_<N>`` folders: only layout files make a
+  checkpoint, so that folder stands for its latest step.
+  """
+  folder = os.fspath(folder)
+  if is_checkpoint(folder):
+    return folder
+  return latest_checkpoint(folder) or folder

@@ -99,7 +99,7 @@ def _read_state(ckpt: str, msgpack_path: str) -> Mapping[str, Any]:
   """The msgpack file's train state: a mapping with the `target` key."""
   from flax import serialization  # pylint: disable=g-import-not-at-top
   try:
-    raw = io_utils.read_bytes(msgpack_path)
+    raw = io_utils.read_bytes(msgpack_path, max_bytes=None)  # GBs
   except Exception as e:
     raise CheckpointError(
         f"Checkpoint {ckpt}: cannot read {msgpack_path}: {e}") from e

@@ -1,9 +1,12 @@
 """`load_t5x_params`: a T5X checkpoint's parameters, checked, then read.
 
-The layout is detected (`checkpoint_sources`), every parameter's name and
-stored shape is checked against the model's (`expected`) and its sharding
-from metadata alone, and only then is array data read (`reads`).
+The digests are verified, the layout is detected (`checkpoint_sources`)
+and every array opened, metadata only (`open_checkpoint`: what a model's
+config is checked against before its shapes are built, `check_model`);
+every parameter's name and stored shape is checked against the model's
+(`expected`) and its sharding, and only then is array data read (`reads`).
 """
+import dataclasses
 import json
 import logging
 import os
@@ -20,15 +23,17 @@ from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import legacy
 from specdec_jax.checkpoints import orbax
 from specdec_jax.checkpoints import reads
+from specdec_jax.checkpoints import sizes
 from specdec_jax.checkpoints.layout import MSGPACK_FILE
 from specdec_jax.checkpoints.layout import ORBAX_METADATA
 from specdec_jax.checkpoints.layout import STATE_DIR
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import ParamPath
+from specdec_jax.checkpoints.layout import checkpoint_path
 from specdec_jax.checkpoints.layout import join
-from specdec_jax.checkpoints.layout import latest_checkpoint
 from specdec_jax.checkpoints.reads import Source
 from specdec_jax.checkpoints.reads import open_all
+from specdec_jax.config import gin_reader
 from specdec_jax.config import paths
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
@@ -76,6 +81,59 @@ def checkpoint_sources(ckpt: str) -> Tuple[str, Dict[ParamPath, Source]]:
       "(Orbax layout) found.")
 
 
+@dataclasses.dataclass(frozen=True)
+class OpenedCheckpoint:
+  """A checkpoint whose digests were verified and whose arrays were opened
+  (metadata only: every stored shape known, no array data read).
+
+  Attributes:
+    ckpt: the step folder (absolute, or a URL).
+    sources: each parameter's opened `Source`, by parameter path.
+    context: the TensorStore context the arrays were opened in.
+  """
+  ckpt: str
+  sources: Mapping[ParamPath, Source]
+  context: Any
+
+  @property
+  def shapes(self) -> Dict[ParamPath, Tuple[int, ...]]:
+    """Each parameter's stored shape."""
+    return {p: src.shape for p, src in self.sources.items()}
+
+
+def open_checkpoint(path) -> OpenedCheckpoint:
+  """Verifies `path`'s DIGESTS.json (when it has one) and opens its arrays'
+  metadata; reads no array data. What a caller checks a model's config
+  against before building any shape (`check_model`).
+
+  Raises:
+    CheckpointError: as `load_t5x_params`, for everything but the checks
+      against `expected`.
+  """
+  ckpt = os.fspath(path)
+  if not paths.is_url(ckpt):
+    ckpt = os.path.abspath(ckpt)
+  # DIGESTS.json, when exported with one; without, nothing is verified.
+  if io_utils.isdir(ckpt) and not digests.verify_manifest(ckpt):
+    logger.warning(
+        "Checkpoint %s has no %s: loaded unverified (a changed or corrupt "
+        "file would go unnoticed; T5X's format has no checksums).", ckpt,
+        digests.MANIFEST_FILE)
+  _, sources = checkpoint_sources(ckpt)
+  if not sources:
+    raise CheckpointError(f"Checkpoint {ckpt}: it holds no parameters.")
+  context = ts.Context({
+      "cache_pool": {
+          "total_bytes_limit": 64 << 20
+      },
+      "file_io_concurrency": {
+          "limit": 64
+      },
+  })
+  open_all(ckpt, sources, context)
+  return OpenedCheckpoint(ckpt, sources, context)
+
+
 def load_t5x_params(path, *, expected=None, dtype=None,
                     shardings=None) -> Dict[str, Any]:
   """Loads the model parameters of a T5X checkpoint (either layout).
@@ -84,7 +142,9 @@ def load_t5x_params(path, *, expected=None, dtype=None,
     path: a T5X step directory ``.../checkpoint_<N>`` (local path or
       ``gs://bucket/...``), in the legacy layout (msgpack ``checkpoint`` file
       plus zarr folders) or the Orbax layout (``state/`` PyTree checkpoint).
-      The legacy msgpack file itself may also be given.
+      The legacy msgpack file itself may also be given. Or the
+      `OpenedCheckpoint` of one (`open_checkpoint`: verified and opened
+      already).
     expected: optional nested dict with the same structure as the result whose
       leaves have a ``.shape`` (e.g. ``jax.ShapeDtypeStruct`` from
       ``jax.eval_shape(model.init, ...)``; a ``{'params': ...}`` wrapper and
@@ -117,36 +177,18 @@ def load_t5x_params(path, *, expected=None, dtype=None,
   Raises:
     CheckpointError: a file differs from the checkpoint's DIGESTS.json
       (`digests`; checked first, when there is one), the directory or its
-      ``checkpoint`` / Orbax metadata is missing, an array cannot be opened or read (missing, truncated or
-      corrupt file), or the parameters do not match ``expected``. The message
-      names the checkpoint and the slash-joined parameter path.
+      ``checkpoint`` / Orbax metadata is missing, an array cannot be opened
+      or read (missing, truncated or corrupt file), or the parameters do not
+      match ``expected``. The message names the checkpoint and the
+      slash-joined parameter path.
   """
-  ckpt = os.fspath(path)
-  if not paths.is_url(ckpt):
-    ckpt = os.path.abspath(ckpt)
   start = time.perf_counter()
-  # DIGESTS.json, when exported with one; without, nothing is verified.
-  if io_utils.isdir(ckpt) and not digests.verify_manifest(ckpt):
-    logger.warning(
-        "Checkpoint %s has no %s: loaded unverified (a changed or corrupt "
-        "file would go unnoticed; T5X's format has no checksums).", ckpt,
-        digests.MANIFEST_FILE)
-  _, sources = checkpoint_sources(ckpt)
-  if not sources:
-    raise CheckpointError(f"Checkpoint {ckpt}: it holds no parameters.")
+  opened = path if isinstance(path, OpenedCheckpoint) else open_checkpoint(path)
+  ckpt, sources = opened.ckpt, opened.sources
   dtype = None if dtype is None else np.dtype(dtype)
   # Every check reads metadata only; array data is read last.
   exp_flat = _expected_shapes(ckpt, sources, expected)
   shard_flat = _shardings_by_param(ckpt, sources, shardings)
-  context = ts.Context({
-      "cache_pool": {
-          "total_bytes_limit": 64 << 20
-      },
-      "file_io_concurrency": {
-          "limit": 64
-      },
-  })
-  open_all(ckpt, sources, context)
   _check_opened(ckpt, sources, exp_flat, shard_flat)
   flat = reads.read_all(ckpt, sources, shard_flat, dtype)
   # One progress line per read (issue 44): what, how much, how long.
@@ -286,43 +328,136 @@ def _fmt_paths(paths: Iterable[ParamPath], limit: int = 10) -> str:
 # Every checkpoint `train` and the export scripts write holds the model's
 # `T5Config` as `model_config.json` beside the arrays; this reads it, then
 # the parameters at that config's shapes and dtype (`load_t5x_params`), so
-# no gin file has to repeat the model's sizes. No gin, no seqio.
+# no gin file has to repeat the model's sizes. No gin configuration, no seqio.
+#
+# Everything that can refuse a model is checked before its shapes are
+# built or an array is read (`check_model`): the folder and its config
+# (each bad field named with the file), the checkpoint's digests (a copied
+# folder with an edited config is a digest mismatch), the config against
+# the shapes the checkpoint stores and the parameters against this
+# machine's memory (`sizes`): a config edited to 10^7 layers is refused in
+# a second, not after a minute and gigabytes.
 MODEL_CONFIG_FILE = "model_config.json"
+FOLDER_EXAMPLE = "pretrained/multi30k/target_38m"
+# `T5Config.mlp_activations`' names: 'linear', or a flax.linen activation
+# applied elementwise (`layers.MlpBlock`).
+ACTIVATIONS = ("linear", "celu", "elu", "gelu", "hard_sigmoid", "hard_silu",
+               "hard_swish", "hard_tanh", "leaky_relu", "log_sigmoid", "relu",
+               "relu6", "selu", "sigmoid", "silu", "soft_sign", "softplus",
+               "swish", "tanh")
 
 
-def checkpoint_path(folder: str) -> str:
-  """`folder` itself when it is a checkpoint, else its latest
-  `checkpoint_<step>`."""
-  if os.path.isfile(os.path.join(folder, MODEL_CONFIG_FILE)):
-    return folder
-  return latest_checkpoint(folder) or folder
+def check_folder(folder: str, what: str = "folder") -> str:
+  """`folder` (a path relative to here or to the repository, as the
+  commands resolve it: `paths.resolve_path`), resolved; CheckpointError
+  naming `what` and the resolved path when it is missing or a file."""
+  resolved = paths.resolve_path(os.fspath(folder))
+  if paths.is_url(resolved) or io_utils.isdir(resolved):
+    return resolved
+  problem = ("is a file, not a folder"
+             if os.path.lexists(resolved) else "does not exist")
+  raise CheckpointError(
+      f"{what}={os.fspath(folder)!r}: {resolved} {problem}; allowed: a "
+      "checkpoint folder written by `train` or the export scripts (its "
+      f"checkpoint_<N>, or the folder of them; e.g. {FOLDER_EXAMPLE}).")
 
 
-def model_config(folder: str) -> T5Config:
-  """The `T5Config` a checkpoint folder records; CheckpointError naming the
-  file when it is missing or not a config."""
-  path = os.path.join(checkpoint_path(folder), MODEL_CONFIG_FILE)
+def _check_activations(value: Any, where: str) -> None:
+  """`mlp_activations` must be a list of names (a bare string would be
+  read as one activation per letter)."""
+  if isinstance(value, (list, tuple)) and value and all(
+      isinstance(a, str) and a in ACTIVATIONS for a in value):
+    return
+  raise CheckpointError(
+      f"{where}mlp_activations = {value!r}: allowed: a non-empty list of "
+      f"activation names, each one of {', '.join(ACTIVATIONS)} (T5 v1.1: "
+      "['gelu', 'linear'], T5: ['relu']).")
+
+
+def model_config(folder: str, what: str = "folder") -> T5Config:
+  """The `T5Config` a checkpoint folder records (`folder` as `check_folder`
+  takes it); CheckpointError naming the file (and the field) when it is
+  missing or not a config."""
+  return _read_config(
+      os.path.join(checkpoint_path(check_folder(folder, what)),
+                   MODEL_CONFIG_FILE))
+
+
+def _read_config(path: str) -> T5Config:
+  """`model_config`'s reading of the file at `path`."""
   try:
-    with open(path, encoding="utf-8") as f:
-      return T5Config(**json.load(f))
+    fields = json.loads(io_utils.read_text(path))
   except FileNotFoundError:
     raise CheckpointError(
         f"{path} not found: a checkpoint folder written by `train` or the "
         "export scripts holds its model's config there; allowed: such a "
-        "folder (e.g. pretrained/multi30k/target_38m), or a gin file of "
-        "T5Config bindings with `run`.") from None
-  except (ValueError, TypeError) as e:
+        f"folder (e.g. {FOLDER_EXAMPLE}), or a gin file of T5Config "
+        "bindings with `run`.") from None
+  except (OSError, ValueError) as e:
     raise CheckpointError(f"{path}: not a T5Config ({e}).") from None
+  if not isinstance(fields, dict):
+    raise CheckpointError(f"{path}: not a T5Config (a JSON "
+                          f"{type(fields).__name__}, not an object).")
+  if "mlp_activations" in fields:
+    _check_activations(fields["mlp_activations"], f"{path}: ")
+  try:
+    return gin_reader.t5_config_from_fields(fields, path)
+  except ValueError as e:
+    raise CheckpointError(str(e)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedModel:
+  """A model folder checked (`check_model`), nothing built or read yet.
+
+  Attributes:
+    config: its `model_config.json`.
+    checkpoint: its step folder, digests verified, arrays opened (metadata).
+  """
+  config: T5Config
+  checkpoint: OpenedCheckpoint
+
+  @property
+  def path(self) -> str:
+    """The step folder."""
+    return self.checkpoint.ckpt
+
+  def load(self, prepared: bool = True) -> T5Model:
+    """Its parameters in its config's dtype, wrapped as `T5Model` expects
+    ({'params': ...}); `prepared`: packed for the CPU kernel where decoding
+    uses it (`T5Model.prepared_for_decoding`)."""
+    params = load_t5x_params(self.checkpoint,
+                             expected=param_shapes(self.config)["params"],
+                             dtype=self.config.dtype)
+    model = T5Model(self.config, {"params": params})
+    return model.prepared_for_decoding() if prepared else model
+
+
+def check_checkpoint(path: str, config: T5Config, fields: str,
+                     available: Optional[int] = None) -> OpenedCheckpoint:
+  """`path`'s digests verified and its arrays opened (metadata only), then
+  `config` against their stored shapes and the parameters against
+  `available` bytes (`sizes`); nothing is built or read."""
+  opened = open_checkpoint(path)
+  sizes.check_against_checkpoint(config, opened.shapes, fields, opened.ckpt)
+  sizes.check_fits_memory(config, fields, available)
+  return opened
+
+
+def check_model(folder: str, what: str = "folder") -> CheckedModel:
+  """The model in `folder` (a checkpoint, or a folder of them: the latest),
+  checked as the module docstring says; `what` names the folder in
+  messages (an argument's name)."""
+  path = checkpoint_path(check_folder(folder, what))
+  config_file = os.path.join(path, MODEL_CONFIG_FILE)
+  config = _read_config(config_file)
+  return CheckedModel(config, check_checkpoint(path, config,
+                                               f"{config_file}: "))
 
 
 def load_model(folder: str, prepared: bool = True) -> T5Model:
   """The model in `folder` (a checkpoint, or a folder of them: the latest),
-  its parameters in its config's dtype, wrapped as `T5Model` expects
-  ({'params': ...}); `prepared`: packed for the CPU kernel where decoding
-  uses it (`T5Model.prepared_for_decoding`)."""
-  config = model_config(folder)
-  params = load_t5x_params(checkpoint_path(folder),
-                           expected=param_shapes(config)["params"],
-                           dtype=config.dtype)
-  model = T5Model(config, {"params": params})
-  return model.prepared_for_decoding() if prepared else model
+  checked (`check_model`), its parameters in its config's dtype, wrapped as
+  `T5Model` expects ({'params': ...}); `prepared`: packed for the CPU
+  kernel where decoding uses it (`T5Model.prepared_for_decoding`)."""
+  return check_model(folder).load(prepared)

@@ -122,10 +122,19 @@ def parse_from_flags(finalize: bool = True, check_macros: bool = True) -> None:
 
 
 def run_main(main, argv: Optional[Sequence[str]] = None) -> None:
-  """`absl.app.run(main)` with `--gin.X=Y` shorthand support."""
+  """`absl.app.run(main)` with `--gin.X=Y` shorthand support; a bad flag
+  is a ConfigError (one line, exit 2), not absl's "FATAL Flags parsing
+  error" and exit 1."""
   from absl import app  # pylint: disable=g-import-not-at-top
   argv = rewrite_gin_args(sys.argv if argv is None else argv)
-  app.run(main, argv=argv)
+  app.run(main, argv=argv, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv: Sequence[str]) -> Sequence[str]:
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    raise ConfigError(str(e)) from None
 
 
 # Macros that code reads with gin.query_parameter, "%NAME", rather than

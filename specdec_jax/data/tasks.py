@@ -29,6 +29,7 @@ either a registered task or local files.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -71,24 +72,29 @@ _REGISTERED: Dict[str, Tuple[str, tuple]] = {}
 # ---------------------------------------------------------------------------
 
 
-def _read_lines(path: PathLike, what: str) -> List[str]:
+def _read_lines(path: PathLike, what: str,
+                max_lines: Optional[int] = None) -> List[str]:
+  """The file's lines (without their '\n' or '\r\n'), the first
+  `max_lines` only when given: read line by line, so that 12 examples of a
+  3 GB file read a few kilobytes."""
   path = os.fspath(path)
   if not os.path.exists(path):
     raise ValueError(f"{what} file not found: {path}")
   if not os.path.isfile(path):
     raise ValueError(f"{what} path is not a regular file: {path}")
+  lines = []
   try:
-    with open(path, "r", encoding="utf-8", newline="") as f:
-      text = f.read()
+    # newline="\n": lines end at '\n' only, as the file was split before
+    # (a lone '\r' stays inside its line).
+    with open(path, "r", encoding="utf-8", newline="\n") as f:
+      for line in itertools.islice(f, max_lines):
+        line = line[:-1] if line.endswith("\n") else line
+        lines.append(line[:-1] if line.endswith("\r") else line)
   except UnicodeDecodeError as e:
     raise ValueError(f"{what} file {path} is not valid UTF-8: {e}") from e
-  if text.startswith("\ufeff"):  # UTF-8 BOM
-    text = text[1:]
-  lines = text.split("\n")
-  if lines and lines[-1] == "":  # trailing newline at end of file
-    lines.pop()
-  lines = [l[:-1] if l.endswith("\r") else l for l in lines]
-  if not lines:
+  if lines and lines[0].startswith("\ufeff"):  # UTF-8 BOM
+    lines[0] = lines[0][1:]
+  if not lines and max_lines != 0:
     raise ValueError(f"{what} file {path} is empty (no examples).")
   return lines
 
@@ -99,8 +105,8 @@ def _check_nonempty(line: str, path: str, lineno: int, what: str) -> None:
 
 
 def read_parallel_text(
-    source_file: PathLike,
-    reference_file: Optional[PathLike] = None) -> List[Tuple[str, str]]:
+    source_file: PathLike, reference_file: Optional[PathLike] = None,
+    max_lines: Optional[int] = None) -> List[Tuple[str, str]]:
   """Reads (source, reference) pairs from local text files.
 
   Args:
@@ -109,6 +115,8 @@ def read_parallel_text(
       tab-separated columns per line: source, reference.
     reference_file: a file with one reference per line, line-aligned with
       ``source_file`` (e.g. ``newstest.de``).
+    max_lines: read (and check) only the first `max_lines` lines of each
+      file; None: all of them.
 
   Returns:
     A list of ``(source, reference)`` string pairs.
@@ -120,7 +128,7 @@ def read_parallel_text(
   """
   source_path = os.fspath(source_file)
   if reference_file is None:
-    lines = _read_lines(source_path, "TSV")
+    lines = _read_lines(source_path, "TSV", max_lines)
     pairs = []
     for i, line in enumerate(lines, start=1):
       cols = line.split("\t")
@@ -134,15 +142,20 @@ def read_parallel_text(
     return pairs
 
   reference_path = os.fspath(reference_file)
-  sources = _read_lines(source_path, "Source")
-  references = _read_lines(reference_path, "Reference")
+  sources = _read_lines(source_path, "Source", max_lines)
+  references = _read_lines(reference_path, "Reference", max_lines)
   if len(sources) != len(references):
     n = min(len(sources), len(references))
     longer = source_path if len(sources) > len(references) else reference_path
+
+    def count(lines):  # the longer file is read up to max_lines only
+      more = len(lines) > n and len(lines) == max_lines
+      return f"{'at least ' if more else ''}{len(lines)}"
+
     raise ValueError(
-        f"Line count mismatch: {source_path} has {len(sources)} lines but "
-        f"{reference_path} has {len(references)} lines (first unmatched line: "
-        f"{longer}:{n + 1}).")
+        f"Line count mismatch: {source_path} has {count(sources)} lines but "
+        f"{reference_path} has {count(references)} lines (first unmatched "
+        f"line: {longer}:{n + 1}).")
   for i, (s, r) in enumerate(zip(sources, references), start=1):
     _check_nonempty(s, source_path, i, "source")
     _check_nonempty(r, reference_path, i, "reference")
@@ -433,9 +446,8 @@ def load_examples(*, mixture_or_task_name: Optional[str] = None,
     raise ValueError(f"num_examples must be >= 0, got {num_examples}.")
 
   if source_file is not None:
-    pairs = read_parallel_text(source_file, reference_file)
-    if num_examples is not None:
-      pairs = pairs[:num_examples]
+    # Only the rows asked for are read (and checked).
+    pairs = read_parallel_text(source_file, reference_file, num_examples)
     if shard_info is not None:
       pairs = pairs[shard_info.index::shard_info.num_shards]
     return [{"input": input_prefix + s, "reference": r} for s, r in pairs]

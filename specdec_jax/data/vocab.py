@@ -30,6 +30,7 @@ from absl import logging
 import gin
 
 from specdec_jax.config import paths
+from specdec_jax.files import io_utils
 
 DEFAULT_SPM_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 DEFAULT_EXTRA_IDS = 100
@@ -66,8 +67,7 @@ class SentencePieceFile:
   def __init__(self, path: str):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     self.sentencepiece_model_file = path
-    with open(path, "rb") as f:
-      proto = f.read()
+    proto = io_utils.read_bytes(path)  # a regular file (a FIFO would block)
     self.tokenizer = spm.SentencePieceProcessor()
     self.tokenizer.LoadFromSerializedProto(proto)
 
@@ -130,10 +130,20 @@ def load_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
     raise ValueError(
         f"{what}={spm_model_path!r} is not a SentencePiece model: expected a "
         "`.model` file written by SentencePiece's trainer (such as T5's "
-        f"{DEFAULT_SPM_PATH}); reading it failed with "
-        f"{type(e).__name__}: {e}") from None
+        f"{DEFAULT_SPM_PATH}); reading it failed: {_reading_error(e)}"
+    ) from None
   check_t5_vocabulary(vocab)
   return vocab
+
+
+def _reading_error(e: BaseException) -> str:
+  """Why a SentencePiece model could not be read, in words: SentencePiece's
+  own parse error is a line of its C++ source ("INTERNAL:
+  ...sentencepiece_processor.cc(109) [model_proto->ParseFromArray(...)]")."""
+  text = str(e).strip()
+  if "ParseFromArray" in text or "DecodeError" in type(e).__name__:
+    return "its bytes are not a serialized SentencePiece model."
+  return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def train_sentencepiece(input_files: Union[str, os.PathLike,

@@ -9,11 +9,21 @@ phase. A phase gets min(its cap, what is left of the total); the last
 takes what is left. Exit status: 0 when every phase ran and every check
 held, 1 when a check failed or a phase did not finish, 2 on a bad setting
 (one line, before anything is measured).
+
+Before the first phase the parent reads the SPECDEC_* variables the
+phases read (`compilation_cache.check_environment`: a bad value is one
+line, exit 2, not a phase quietly taking its fallback, as
+SPECDEC_JAX_KERNEL_ISA=avx9000 ran XLA's dot and the check said "all
+checks hold"), then claims --out as every command claims its folder (`files.output_folder.claim`): a file or a path under
+one is refused, one check at a time per folder (a second is refused,
+naming the first), and a device_check.json of other settings (--small or
+not, --phases) is replaced only with --overwrite.
 """
 import argparse
 import datetime
 import importlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -22,10 +32,12 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Sequence
 
+from specdec_jax.core import environment
 from specdec_jax.device_check import common
 from specdec_jax.device_check import env
 from specdec_jax.files import compilation_cache
 from specdec_jax.files import io_utils
+from specdec_jax.files import output_folder
 
 PROGRAM = "device_check"
 RESULT_FILE = "device_check.json"
@@ -50,6 +62,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
       "--total_s", type=float, default=None,
       help="the whole check's time budget in seconds (default: "
       "the mode's)")
+  p.add_argument("--overwrite", action="store_true",
+                 help="replace a device_check.json of other settings in --out")
   p.add_argument("--preflight", action="store_true",
                  help="no JAX: whether the working tree fits a device run")
   p.add_argument("--carry", default="",
@@ -64,8 +78,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   if bad or not phases:
     p.error(f"--phases={args.phases!r}: allowed: a comma-separated subset "
             f"of {','.join(common.PHASES)}.")
-  if args.total_s is not None and not args.total_s > 0:
-    p.error(f"--total_s={args.total_s!r}: allowed: a number > 0.")
+  if args.total_s is not None and not (math.isfinite(args.total_s) and
+                                       args.total_s > 0):
+    p.error(f"--total_s={args.total_s!r}: allowed: a finite number of "
+            "seconds > 0.")
   args.phases = [x for x in common.PHASES if x in phases]
   return args
 
@@ -86,7 +102,7 @@ def run_phase(name: str, mode: str, json_path: str, cap_s: float) -> int:
   except Exception as e:  # pylint: disable=broad-except
     line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     record.set("error", line)
-    if isinstance(e, common.SettingsError):
+    if isinstance(e, (common.SettingsError, environment.BadEnvironment)):
       print(f"{PROGRAM}: error: {e}", file=sys.stderr, flush=True)
       return 2
     traceback.print_exc()
@@ -126,8 +142,7 @@ def _child(name: str, mode: str, cap_s: float) -> Dict[str, Any]:
     code, status = None, "timed out"
   data: Dict[str, Any] = {}
   if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
+    data = json.loads(io_utils.read_text(path))
     os.unlink(path)
   return {
       "record": data,
@@ -154,11 +169,11 @@ def orchestrate(args: argparse.Namespace) -> int:
   mode = "small" if args.small else "full"
   settings = common.settings_for(mode)
   total_s = args.total_s or settings.total_s
-  os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, RESULT_FILE)
   report: Dict[str, Any] = {
       "schema": SCHEMA,
       "mode": mode,
+      "settings": settings_record(args),
       "argv": sys.argv[1:],
       "started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
       "total_s": total_s,
@@ -191,6 +206,25 @@ def orchestrate(args: argparse.Namespace) -> int:
   return 0 if report["verdicts"]["all_ok"] else 1
 
 
+def settings_record(args: argparse.Namespace) -> Dict[str, Any]:
+  """What makes a check's results what they are (the overwrite rule): the
+  mode and the phases, not the time budget."""
+  return {"mode": "small" if args.small else "full", "phases": args.phases}
+
+
+def claim_out(args: argparse.Namespace) -> output_folder.Claim:
+  """The environment checked, then --out claimed (the module docstring).
+
+  Raises:
+    BadEnvironment, FolderError: one line each (exit 2).
+  """
+  compilation_cache.check_environment()
+  return output_folder.claim(args.out, settings_record(args), [RESULT_FILE],
+                             name="--out", program=PROGRAM,
+                             overwrite=args.overwrite,
+                             overwrite_flag="--overwrite")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parse_args(argv)
   if args.preflight:
@@ -198,7 +232,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.phase:
     return run_phase(args.phase, "small" if args.small else "full",
                      args.phase_json, args.cap_s or 60.0)
-  return orchestrate(args)
+  try:
+    held = claim_out(args)
+  except (environment.BadEnvironment, output_folder.FolderError) as e:
+    print(f"{PROGRAM}: error: {e}", file=sys.stderr, flush=True)
+    return 2
+  with held:
+    return orchestrate(args)
 
 
 # -- summary -------------------------------------------------------------------

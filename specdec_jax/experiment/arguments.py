@@ -42,6 +42,12 @@ MAX_DECODE_LENGTH = 8192
 # jax_enable_x64), so 2**32 would repeat seed 0 and -1 seed 2**32 - 1, and
 # a seed beyond int64 fails in `jax.random.PRNGKey` with a traceback.
 MAX_SEED = 2**32 - 1
+# The longest folder name most filesystems take (ext4, XFS, APFS: 255
+# bytes). A sweep names a point's folder after its settings, 'TASK=<value>'
+# among them (`sweep.point_name`): a longer TASK failed at the sweep's first
+# point, after sweep.json was written.
+NAME_MAX = 255
+TASK_MAX_BYTES = NAME_MAX - len("TASK=")
 # OUTPUT_DIR on gs:// names its bucket ('gs://' made a local folder 'gs:').
 _GCS_DIR = re.compile(r"gs://[^/]+(/.*)?", re.DOTALL)
 
@@ -341,6 +347,13 @@ def check_settings(args: RunArguments) -> None:
         f"TASK_FEATURE_LENGTHS['inputs']={inputs!r}: allowed: an integer >= 2 "
         "(input tokens per example, EOS included; longer inputs are "
         "truncated and counted in metrics.json).")
+  task = args.task_name
+  if isinstance(task, str) and len(task.encode("utf-8")) > TASK_MAX_BYTES:
+    raise ConfigError(
+        f"TASK={task[:40]!r}... ({len(task.encode('utf-8'))} bytes, "
+        f"run.task_name): allowed: at most {TASK_MAX_BYTES} bytes (a sweep "
+        f"names a point's folder 'TASK=<value>', and a folder name has at "
+        f"most {NAME_MAX} bytes).")
   output_dir = args.output_dir
   if not isinstance(output_dir, str) or not output_dir:
     raise bad("output_dir", "a directory path")

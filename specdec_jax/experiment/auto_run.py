@@ -278,9 +278,11 @@ def pilots_for(plan: Loaded, feed: multihost.Feeder, pilots: Mapping[str,
   fields = (pilot_fields(plan, pilots, timed, cap)
             if pilots and price_cache.enabled() else None)
   file = fields and price_cache.path(fields, price_cache.PILOTS)
-  entry = fields and price_cache.load(fields, price_cache.PILOTS)
-  if (entry and isinstance(entry.get("records"), dict) and
-      entry.get("inputs") == inputs_digest(feed, entry.get("batches", 0))):
+  # Every cached value checked like an input (a bad one: measured again).
+  entry = fields and price_cache.load(
+      fields, price_cache.PILOTS,
+      lambda e: price_cache.check_pilots(e, fields["pilots"]))
+  if entry and entry["inputs"] == inputs_digest(feed, entry["batches"]):
     return dict(entry["records"]), {"cached": True, "file": file, "decoded": []}
   records: Dict[str, Any] = {}
   for key, candidate in pilots.items():
@@ -456,9 +458,12 @@ def prices_for(
   fields = price_fields(plan, feed, ks, tree)
   target_fields = target_price_fields(plan, fields)
   t0 = time.perf_counter()
-  entry = price_cache.load(fields)
+  entry = price_cache.load(
+      fields, check=lambda e: price_cache.check_prices(e, ks, tree))
   cached = entry is not None
-  target = None if cached else price_cache.load(target_fields)
+  target = None if cached else price_cache.load(
+      target_fields,
+      check=lambda e: price_cache.check_prices(e, ks, tree, target_only=True))
   if entry is None:
     if target:
       what = (f"the drafter{' and its trees' if tree else ''} beside a "

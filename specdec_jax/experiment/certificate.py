@@ -21,14 +21,24 @@ With `CertifySettings.fail_fast` (`--fail_fast`) a certificate stops at the
 first failed test: a failed greedy identity skips the distribution test, a
 failed distribution test its power check (the certificate fails either
 way; the record says what was skipped).
+
+`settings_record` builds every plan the tests will decode with before any
+test runs (a setting they cannot decode with is refused naming certify's
+flag), and is what certificate.json records as its `settings` (the
+OVERWRITE rule). Each phase logs a progress line on stderr
+(`console.phase`), and the distribution test's draws how many are drawn
+and about how long the rest will take.
 """
 import dataclasses
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.config.flag_utils import ConfigError
 from specdec_jax.device_check import stats
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import decode_modes
@@ -36,6 +46,11 @@ from specdec_jax.experiment import runner
 from specdec_jax.experiment.plan import Models
 from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.terminal import console
+
+# Where certify records its results (`certificate.json`); its warnings
+# name it and certify's own flags.
+CERTIFICATE_FILE = "certificate.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +60,9 @@ class CertifySettings:
   Attributes:
     examples: N, greedy identity's examples of the run's data.
     length: L, the tokens compared by the distribution test.
-    samples: M, draws of each decoder (rounded up to whole chunks).
-    chunk: rows decoded per call (one compiled shape).
+    samples: M, draws of each decoder, exactly (any M >= 1: the power
+      check says when M was too few to tell anything).
+    chunk: rows decoded per call (one compiled shape; at most M).
     significance: p below this fails the test (the power check must).
     fail_fast: stop at the first failed test (see the module doc).
   """
@@ -67,14 +83,73 @@ def _plan(args: arguments.RunArguments, models: Optional[Models],
   return plan.load(models).decoding(), models
 
 
+def _chunk(settings: CertifySettings) -> int:
+  """Rows per call: --chunk, or M when fewer (M is drawn exactly)."""
+  return min(settings.chunk, settings.samples)
+
+
+def _distribution_changes(args: arguments.RunArguments,
+                          settings: CertifySettings) -> Dict[str, Any]:
+  """The distribution test's changes to the run's arguments: at least γ
+  target tokens (a run's check), of which the first L are compared; one
+  input, `_chunk` rows per call."""
+  lengths = dict(args.task_feature_lengths, targets=max(settings.length,
+                                                        int(args.gamma)))
+  return dict(task_feature_lengths=lengths, batch_size=_chunk(settings),
+              num_examples=1)
+
+
+def _sampled(args: arguments.RunArguments) -> bool:
+  """Whether certify runs the distribution test (T > 0, no beams)."""
+  return args.temperature > 0 and not decode_modes.mode_of(args).beam
+
+
+def settings_record(args: arguments.RunArguments, settings: CertifySettings,
+                    providers: Any = None) -> Dict[str, Any]:
+  """certificate.json's `settings`: the run's (`RunPlan.settings`, as its
+  metrics.json records them) and certify's flags (`certify`).
+
+  The distribution test's plan is built here too, before any test runs.
+
+  Raises:
+    ConfigError: a bad setting; one the distribution test cannot decode
+      with names --length and --chunk (the user set no
+      TASK_FEATURE_LENGTHS['targets'] or BATCH_SIZE of its own).
+  """
+  record = dict(RunPlan.build(args, providers).settings)
+  record["certify"] = dataclasses.asdict(settings)
+  if not _sampled(args):
+    return record
+  changes = _distribution_changes(args, settings)
+  try:
+    RunPlan.build(dataclasses.replace(args, **changes), providers)
+  except ConfigError as e:
+    raise ConfigError(
+        f"--length={settings.length}, --chunk={settings.chunk}: the "
+        f"distribution test decodes {changes['batch_size']} rows of "
+        f"max(--length, GAMMA) = {changes['task_feature_lengths']['targets']}"
+        " tokens per call (as TASK_FEATURE_LENGTHS['targets'] and "
+        f"BATCH_SIZE): {e} Allowed: a smaller --length or --chunk.") from None
+  return record
+
+
 def greedy_identity(
     args: arguments.RunArguments, settings: CertifySettings,
     models: Optional[Models] = None) -> Tuple[Dict[str, Any], Models]:
   """({'examples', 'identical', 'mismatches': [{'index', 'position'}]},
   the models): the T = 0 variant on the run's first N examples."""
-  plan, models = _plan(args, models, temperature=0.0, top_k=0, top_p=1.0,
-                       num_examples=settings.examples)
-  data = runner.read_examples(plan)
+  with console.phase("certify: loading the models for greedy identity"):
+    plan, models = _plan(args, models, temperature=0.0, top_k=0, top_p=1.0,
+                         num_examples=settings.examples)
+  data = runner.read_examples(plan, asked="--examples",
+                              recorded_in=CERTIFICATE_FILE)
+  with console.phase(f"certify: greedy identity on {len(data.examples)} "
+                     "examples (speculative and target alone)"):
+    return _identity(plan, data), models
+
+
+def _identity(plan: DecodePlan, data: runner.RunData) -> Dict[str, Any]:
+  """`greedy_identity`'s record: each batch decoded both ways."""
   mismatches: List[Dict[str, int]] = []
   done = 0
   for i, (batch, keep) in enumerate(data.feed.batches()):
@@ -90,21 +165,25 @@ def greedy_identity(
       "examples": done,
       "identical": done - len(mismatches),
       "mismatches": mismatches
-  }, models
+  }
 
 
 def _draws(decoder, inputs: np.ndarray, rng: jax.Array,
-           settings: CertifySettings) -> np.ndarray:
-  """[M, L] the first L tokens of M decodes of one input, in chunks."""
-  batch = jnp.asarray(np.repeat(inputs[None], settings.chunk, axis=0))
-  chunks = -(-settings.samples // settings.chunk)
-  out = [
-      np.asarray(decoder(batch,
-                         jax.random.fold_in(rng,
-                                            c)).tokens)[:, :settings.length]
-      for c in range(chunks)
-  ]
-  return np.concatenate(out)
+           settings: CertifySettings, what: str = "draws") -> np.ndarray:
+  """[M, L] the first L tokens of exactly M decodes of one input, in
+  chunks; after each chunk a progress line: drawn so far, time left."""
+  chunk = _chunk(settings)
+  batch = jnp.asarray(np.repeat(inputs[None], chunk, axis=0))
+  chunks = -(-settings.samples // chunk)
+  out, start = [], time.perf_counter()
+  for c in range(chunks):
+    tokens = decoder(batch, jax.random.fold_in(rng, c)).tokens
+    out.append(np.asarray(tokens)[:, :settings.length])
+    drawn = min((c + 1) * chunk, settings.samples)
+    left = (time.perf_counter() - start) / drawn * (settings.samples - drawn)
+    logging.info("certify: %s: %d/%d samples drawn, about %.0f s left", what,
+                 drawn, settings.samples, left)
+  return np.concatenate(out)[:settings.samples]
 
 
 def distribution_test(
@@ -112,16 +191,17 @@ def distribution_test(
     models: Optional[Models] = None) -> Tuple[Dict[str, Any], Models]:
   """The chi-square of speculative vs target-alone draws, and its power
   check against the target at temperature × 0.9."""
-  # At least γ target tokens (a run's check); the first L are compared.
-  lengths = dict(args.task_feature_lengths, targets=max(settings.length,
-                                                        int(args.gamma)))
-  plan, models = _plan(args, models, task_feature_lengths=lengths,
-                       batch_size=settings.chunk, num_examples=1)
+  changes = _distribution_changes(args, settings)
+  plan, models = _plan(args, models, **changes)
   inputs = np.asarray(next(iter(
       runner.read_examples(plan).feed.batches()))[0])[0]
   rng = plan.rng
-  spec = _draws(plan.speculative, inputs, jax.random.fold_in(rng, 1), settings)
-  base = _draws(plan.baseline, inputs, jax.random.fold_in(rng, 2), settings)
+  with console.phase(f"certify: distribution test, {settings.samples} draws "
+                     f"of {settings.length} tokens by each decoder"):
+    spec = _draws(plan.speculative, inputs, jax.random.fold_in(rng, 1),
+                  settings, "speculative draws")
+    base = _draws(plan.baseline, inputs, jax.random.fold_in(rng, 2), settings,
+                  "target-alone draws")
   test = stats.two_sample_chisquare(spec, base)
   record: Dict[str, Any] = {
       "samples": int(len(spec)),
@@ -132,10 +212,11 @@ def distribution_test(
   if settings.fail_fast and not record["passed"]:
     record.update(power_check=None, power_ok=None, skipped=["power_check"])
     return record, models
-  wrong, _ = _plan(args, models, task_feature_lengths=lengths,
-                   batch_size=settings.chunk, num_examples=1,
-                   temperature=args.temperature * 0.9)
-  off = _draws(wrong.baseline, inputs, jax.random.fold_in(rng, 3), settings)
+  wrong, _ = _plan(args, models, temperature=args.temperature * 0.9, **changes)
+  with console.phase("certify: power check, the target at temperature "
+                     "× 0.9"):
+    off = _draws(wrong.baseline, inputs, jax.random.fold_in(rng, 3), settings,
+                 "wrong-target draws")
   power = stats.two_sample_chisquare(spec, off)
   record.update(power_check=power, power_ok=power["p_value"]
                 < settings.significance)
@@ -144,12 +225,19 @@ def distribution_test(
 
 def check(args: arguments.RunArguments) -> None:
   """What certify needs of the run's settings: one fixed γ and k (the
-  'auto' pilots choose them by measuring); ValueError."""
+  'auto' pilots choose them by measuring), and something speculative to
+  certify; ValueError."""
   if args.auto_gamma or args.auto_tree_width:
     raise ValueError(
         f"GAMMA={args.gamma!r}, TREE_WIDTH={args.tree_width!r}: certify tests "
         "one configuration; allowed: integers (the run's metrics.json "
         "records the γ and k 'auto' chose).")
+  if args.speculation == decode_modes.SPECULATION_OFF:
+    raise ValueError(
+        "SPECULATION='off': the target decodes alone, so there is nothing "
+        "speculative to certify (its output is the target's own by "
+        "construction). Allowed: SPECULATION='on', or 'auto' (certify "
+        "tests its speculative choice).")
 
 
 def certify(args: arguments.RunArguments,
@@ -158,6 +246,7 @@ def certify(args: arguments.RunArguments,
   mode = decode_modes.mode_of(args)
   record: Dict[str, Any] = {
       "decode_mode": mode.name,
+      "speculation": args.speculation,
       "gamma": args.gamma,
       "temperature": args.temperature,
       "top_k": args.top_k,
@@ -176,7 +265,7 @@ def certify(args: arguments.RunArguments,
   identity, models = greedy_identity(args, settings)
   record["greedy_identity"] = identity
   ok = identity["identical"] == identity["examples"]
-  sampled = args.temperature > 0 and not mode.beam
+  sampled = _sampled(args)
   if sampled and settings.fail_fast and not ok:
     record["skipped"] = ["distribution"]
   elif sampled:
@@ -207,6 +296,9 @@ def verdict_line(record: Dict[str, Any]) -> str:
   if record["top_p"] != 1:
     words.append(f"top-p {record['top_p']:g}")
   words.append(f"{record['decode_mode']} γ = {record['gamma']}")
+  if record.get("speculation") == decode_modes.SPECULATION_AUTO:
+    words.append("SPECULATION='auto': its speculative choice tested (its "
+                 "other, the target alone, is the target's own)")
   head = "certified exact" if record["certified"] else "NOT certified"
   if record.get("skipped"):
     words.append(f"fail fast: {', '.join(record['skipped'])} skipped")

@@ -2,6 +2,7 @@
 'draft'), the shared vocabulary (gin's `vocabulary.*`), and the models
 (a T5X checkpoint, or random weights), sharded over the run's mesh.
 """
+import dataclasses
 import functools
 import os
 from typing import Optional
@@ -19,6 +20,7 @@ from specdec_jax.multihost import partitioning
 from specdec_jax.config import paths
 from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.checkpoints import digests
+from specdec_jax.checkpoints import sizes
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
@@ -112,13 +114,43 @@ def _load_vocabulary(spm_model_path, extra_ids, byte_level):
     raise ConfigError(str(e)) from None
 
 
-def describe_vocabulary(vocab) -> str:
+@dataclasses.dataclass(frozen=True)
+class Names:
+  """How the vocabulary checks name what the user chose: gin's macros for
+  `run` (`RUN_NAMES`), `pairs.load_pair`'s arguments for the Python facade.
+  `{role}` is 'target' or 'draft', `{ROLE}` the same in capitals.
+
+  Attributes:
+    vocabulary: the SentencePiece model's path.
+    extra_ids: the sentinel ids appended to it (None: none can be).
+    vocab_size: each model's vocab_size.
+    checkpoint: each model's checkpoint.
+    size_mismatch: how to allow models larger than the vocabulary (None:
+      not at all).
+  """
+  vocabulary: str = "SPM_MODEL_PATH"
+  extra_ids: Optional[str] = "EXTRA_IDS"
+  vocab_size: str = "{role}/T5Config.vocab_size"
+  checkpoint: str = "{ROLE}_CHECKPOINT_PATH"
+  size_mismatch: Optional[str] = (
+      "bind check_vocabulary_fits.allow_size_mismatch = True")
+
+  def of(self, name: str, role: str) -> str:
+    """Field `name`, for `role`."""
+    return getattr(self, name).format(role=role, ROLE=role.upper())
+
+
+RUN_NAMES = Names()
+
+
+def describe_vocabulary(vocab, names: Names = RUN_NAMES) -> str:
   """How the user chose `vocab` (for messages)."""
   path = getattr(vocab, "sentencepiece_model_file", None)
   if path is None:
     return f"{type(vocab).__name__} (vocabulary.byte_level = True)"
-  return (f"SPM_MODEL_PATH={path!r} with EXTRA_IDS="
-          f"{getattr(vocab, 'extra_ids', '?')}")
+  extra = (f" with {names.extra_ids}={getattr(vocab, 'extra_ids', '?')}"
+           if names.extra_ids else "")
+  return f"{names.vocabulary}={path!r}{extra}"
 
 
 # T5X pads a model's vocab_size up to a multiple of this (32100 ids ->
@@ -135,6 +167,14 @@ def padded_vocab_size(size: int) -> int:
 def check_vocabulary_fits(vocab, target_config: T5Config,
                           draft_config: T5Config,
                           allow_size_mismatch: bool = False) -> None:
+  """`vocabulary_fits` as a run asks it (gin binds `allow_size_mismatch`;
+  messages name gin's macros)."""
+  vocabulary_fits(vocab, target_config, draft_config, allow_size_mismatch)
+
+
+def vocabulary_fits(vocab, target_config: T5Config, draft_config: T5Config,
+                    allow_size_mismatch: bool = False,
+                    names: Names = RUN_NAMES) -> None:
   """Every id of `vocab` must be a row of both models' embedding tables, and
   the models must not be much larger than the vocabulary.
 
@@ -144,40 +184,42 @@ def check_vocabulary_fits(vocab, target_config: T5Config,
   rule) was trained with another vocabulary: its ids mean other pieces, and
   the output is garbage too, unless `allow_size_mismatch` (gin:
   `check_vocabulary_fits.allow_size_mismatch = True`) says it is deliberate.
+  `names`: how messages name the vocabulary and the models' vocab_size.
+
+  Raises:
+    ConfigError: naming the vocabulary, the vocab_size and what is allowed.
   """
   size = int(vocab.vocab_size)
+  words = describe_vocabulary(vocab, names)
+  extra = f"(and {names.extra_ids}) " if names.extra_ids else ""
+  deliberate = (f"; or {names.size_mismatch} if this is deliberate"
+                if names.size_mismatch else "")
   for role, config in (("target", target_config), ("draft", draft_config)):
+    vocab_size = names.of("vocab_size", role)
     if size > config.vocab_size:
       raise ConfigError(
-          f"the vocabulary has {size} ids ({describe_vocabulary(vocab)}) but "
-          f"{role}/T5Config.vocab_size = {config.vocab_size}: ids >= "
-          f"{config.vocab_size} would be clamped by the {role}'s embedding "
-          "lookup and decode to garbage. Allowed: a vocabulary of at most "
-          f"{config.vocab_size} ids, or {role}/T5Config.vocab_size >= {size} "
-          "(if the checkpoint was trained with that many).")
+          f"the vocabulary has {size} ids ({words}) but {vocab_size} = "
+          f"{config.vocab_size}: ids >= {config.vocab_size} would be clamped "
+          f"by the {role}'s embedding lookup and decode to garbage. Allowed: "
+          f"a vocabulary of at most {config.vocab_size} ids, or {vocab_size} "
+          f">= {size} (if the checkpoint was trained with that many).")
     if config.vocab_size > padded_vocab_size(size) and not (
         allow_size_mismatch):
       raise ConfigError(
-          f"the vocabulary has {size} ids ({describe_vocabulary(vocab)}) but "
-          f"{role}/T5Config.vocab_size = {config.vocab_size}, more than "
+          f"the vocabulary has {size} ids ({words}) but {vocab_size} = "
+          f"{config.vocab_size}, more than "
           f"{padded_vocab_size(size)} (the vocabulary's size padded to a "
           f"multiple of {VOCAB_PADDING}, T5X's rule): the {role} was trained "
           "with another vocabulary, whose ids mean other pieces, and would "
-          "decode garbage. Allowed: the SentencePiece model (and EXTRA_IDS) "
-          "the checkpoints were trained with; or bind "
-          "check_vocabulary_fits.allow_size_mismatch = True if this is "
-          "deliberate.")
+          "decode garbage. Allowed: the SentencePiece model "
+          f"{extra}the checkpoints were trained with{deliberate}.")
 
 
 def checkpoint_dir(checkpoint_path: str) -> str:
   """The step folder a *_CHECKPOINT_PATH names: itself, or the latest
-  `checkpoint_N` in a model dir (as `train` writes)."""
-  path = resolve(checkpoint_path)
-  latest = checkpoints.latest_checkpoint(path)
-  if latest and not os.path.basename(
-      os.path.normpath(checkpoint_path)).startswith("checkpoint_"):
-    path = resolve(latest)
-  return path
+  `checkpoint_N` in a model dir (as `train` writes;
+  `checkpoints.checkpoint_path`)."""
+  return checkpoints.checkpoint_path(resolve(checkpoint_path))
 
 
 def check_vocabulary_for_run(vocab, args) -> None:
@@ -197,29 +239,33 @@ def check_vocabulary_for_run(vocab, args) -> None:
     raise ConfigError(
         f"TOPK={args.top_k} is more than the vocabulary's {size} ids "
         f"({describe_vocabulary(vocab)}): allowed: 0 (off) to {size}.")
-  paths = [("TARGET_CHECKPOINT_PATH", args.target_checkpoint_path)]
+  paths = [("target", args.target_checkpoint_path)]
   if args.drafting.uses_draft_model:
-    paths.append(("DRAFT_CHECKPOINT_PATH", args.draft_checkpoint_path))
-  for macro, path in paths:
+    paths.append(("draft", args.draft_checkpoint_path))
+  for role, path in paths:
     if path:
-      _check_vocabulary_digest(vocab, macro, checkpoint_dir(path))
+      check_vocabulary_digest(vocab, role, checkpoint_dir(path))
 
 
-def _check_vocabulary_digest(vocab, macro: str, ckpt: str) -> None:
-  """`vocab`'s file against `ckpt`'s recorded vocabulary (if any)."""
+def check_vocabulary_digest(vocab, role: str, ckpt: str,
+                            names: Names = RUN_NAMES) -> None:
+  """`vocab`'s file against the vocabulary `ckpt` (the `role` model's step
+  folder) records in its DIGESTS.json, if any (`check_vocabulary_for_run`);
+  ConfigError naming both."""
   if not io_utils.isdir(ckpt):
     return  # `load_model` says what is wrong with the path
+  macro = names.of("checkpoint", role)
   record = digests.vocabulary_record(ckpt)
   if record is None:
-    _warn_unverified(macro, ckpt, describe_vocabulary(vocab))
+    _warn_unverified(macro, ckpt, describe_vocabulary(vocab, names))
     return
   path = getattr(vocab, "sentencepiece_model_file", None)
   got = _file_digest(path) if path else None
   if got != record.get("sha256"):
-    what = (f"{path!r} (sha256 {got[:16]}...)"
-            if got else describe_vocabulary(vocab))
+    what = (f"{path!r} (sha256 {got[:16]}...)" if got else describe_vocabulary(
+        vocab, names))
     raise ConfigError(
-        f"SPM_MODEL_PATH: the vocabulary {what} is not the one {macro}'s "
+        f"{names.vocabulary}: the vocabulary {what} is not the one {macro}'s "
         f"checkpoint {ckpt} was trained with ({record.get('file')!r}, sha256 "
         f"{str(record.get('sha256'))[:16]}..., recorded in its "
         f"{digests.MANIFEST_FILE}): its ids would mean other pieces and the "
@@ -243,10 +289,14 @@ def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,
                mesh, what: str) -> T5Model:
   """Loads a T5X checkpoint (or random weights) sharded over `mesh`.
 
-  A model dir (as `train` writes) stands for its latest checkpoint.
+  A model dir (as `train` writes) stands for its latest checkpoint. Before
+  any shape is built: the checkpoint's digests, `config` against the
+  shapes it stores, the parameters against the devices' memory
+  (`checkpoints.check_checkpoint`; random weights: the memory only).
   """
-  shapes = param_shapes(config)["params"]
-  shardings = partitioning.param_shardings(mesh, shapes)
+  fields = f"{what}/T5Config."
+  available = sizes.available_bytes() * jax.device_count()
+  opened = None
   if checkpoint_path:
     path = checkpoint_dir(checkpoint_path)
     if not paths.is_url(path) and not os.path.exists(path):
@@ -254,8 +304,14 @@ def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,
           f"{what.upper()}_CHECKPOINT_PATH={checkpoint_path!r}: {path} does "
           "not exist (allowed: a T5X checkpoint_<N> folder, or a folder of "
           f"them){trained_here_hint(checkpoint_path)}.")
-    logging.info("Loading %s from %s", what, path)
-    params = checkpoints.load_t5x_params(path, expected=shapes,
+    opened = checkpoints.check_checkpoint(path, config, fields, available)
+  else:
+    sizes.check_fits_memory(config, fields, available)
+  shapes = param_shapes(config)["params"]
+  shardings = partitioning.param_shardings(mesh, shapes)
+  if opened is not None:
+    logging.info("Loading %s from %s", what, opened.ckpt)
+    params = checkpoints.load_t5x_params(opened, expected=shapes,
                                          dtype=config.dtype,
                                          shardings=shardings)
   else:

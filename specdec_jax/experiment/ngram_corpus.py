@@ -13,7 +13,6 @@ Two formats:
   `vocab_size`, or an id outside it, is refused.
 """
 import io
-import os
 from typing import Any, List, Sequence
 
 import numpy as np
@@ -50,16 +49,24 @@ def read_corpus(path: str, vocab: Any, vocab_size: int,
 
   Raises:
     ValueError: naming `what`, the path and what is wrong: missing, empty,
+      not a regular file (a FIFO), over `io_utils.DEFAULT_MAX_BYTES`,
       not UTF-8, in another vocabulary.
   """
-  if not path or not os.path.isfile(path):
-    raise ValueError(f"{what}={path!r}: no such file (a text file with one "
-                     "sentence per line, or a .npz of token ids).")
-  if path.endswith(".npz"):
-    return _read_ids(path, vocab_size, what)
+  allowed = "a text file with one sentence per line, or a .npz of token ids"
   try:
-    with open(path, encoding="utf-8") as f:
-      lines = [line.strip() for line in f]
+    data = io_utils.read_bytes(path) if path else None
+  except (FileNotFoundError, NotADirectoryError):
+    data = None
+  except io_utils.RefusedFile as e:
+    raise ValueError(f"{what}={path!r}: {e.strerror}. Allowed: "
+                     f"{allowed}.") from None
+  if data is None:
+    raise ValueError(f"{what}={path!r}: no such file ({allowed}).")
+  if path.endswith(".npz"):
+    return _read_ids(data, path, vocab_size, what)
+  try:
+    # Lines as a text file reads them (universal newlines).
+    lines = [line.strip() for line in io.StringIO(data.decode("utf-8"), None)]
   except UnicodeDecodeError as e:
     raise ValueError(f"{what}={path!r} is not UTF-8 text ({e}).") from None
   sentences = [
@@ -79,9 +86,10 @@ def read_corpus(path: str, vocab: Any, vocab_size: int,
   return sentences
 
 
-def _read_ids(path: str, vocab_size: int, what: str) -> List[np.ndarray]:
+def _read_ids(raw: bytes, path: str, vocab_size: int,
+              what: str) -> List[np.ndarray]:
   try:
-    with np.load(path) as data:
+    with np.load(io.BytesIO(raw)) as data:
       ids, lengths = data["ids"], data["lengths"]
       corpus_vocab = int(data["vocab_size"])
   except (OSError, ValueError, KeyError) as e:

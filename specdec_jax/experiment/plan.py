@@ -30,6 +30,7 @@ import jax
 import numpy as np
 
 from specdec_jax.checkpoints import feature_draft
+from specdec_jax.checkpoints import sizes
 from specdec_jax.config import gin_utils
 from specdec_jax.core import decoding
 from specdec_jax.core import models as models_lib
@@ -180,7 +181,7 @@ class RunPlan:
     drafting = args.drafting
     try:
       corpus = loading.resolve(drafting.ngram_corpus)
-      if drafting.order is not None and not os.path.isfile(corpus):
+      if drafting.order is not None and not os.path.lexists(corpus):
         raise ValueError(f"NGRAM_CORPUS={drafting.ngram_corpus!r}: no "
                          "such file (a text file with one sentence per "
                          "line, or a .npz of token ids).")
@@ -392,7 +393,7 @@ def _check_memory(args, target_config, draft_config) -> None:
   try:
     check_fits(configs, _decoded_rows(args),
                args.task_feature_lengths["inputs"], args.max_decode_length,
-               available_bytes() * jax.device_count())
+               sizes.available_bytes() * jax.device_count())
   except ConfigError as e:
     if not decode_modes.mode_of(args).beam:
       raise
@@ -478,22 +479,6 @@ def estimate(config: T5Config, batch: int, inputs: int,
   }
 
 
-def available_bytes() -> int:
-  """The first device's memory limit (accelerators), else the host's RAM."""
-  stats = None
-  try:
-    stats = jax.devices()[0].memory_stats()
-  except Exception:  # pylint: disable=broad-except  # not reported here
-    pass
-  if stats and stats.get("bytes_limit"):
-    return int(stats["bytes_limit"])
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _gib(n: float) -> str:
-  return f"{n / 2**30:.3g} GiB"
-
-
 def check_fits(configs: Dict[str, T5Config], batch: int, inputs: int,
                targets: int, available: int) -> None:
   """Refuses lengths whose estimated bytes exceed `available`.
@@ -512,8 +497,8 @@ def check_fits(configs: Dict[str, T5Config], batch: int, inputs: int,
   top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
   raise ConfigError(
       f"TASK_FEATURE_LENGTHS={{'inputs': {inputs}, 'targets': {targets}}} "
-      f"with BATCH_SIZE={batch} needs at least {_gib(total)} (" +
-      ", ".join(f"{name} {_gib(n)}" for name, n in top) +
-      f") but this machine has {_gib(available)}. Allowed: lengths whose "
+      f"with BATCH_SIZE={batch} needs at least {sizes.gib(total)} (" +
+      ", ".join(f"{name} {sizes.gib(n)}" for name, n in top) +
+      f") but this machine has {sizes.gib(available)}. Allowed: lengths whose "
       "examples fit (captions: 64/64; news: 512/128), or a smaller "
       "BATCH_SIZE.")

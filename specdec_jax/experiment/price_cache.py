@@ -6,7 +6,12 @@ One small JSON file per key under the project's cache folder
 kernel caches), `<kind>/<key>.json`, written atomically
 (`io_utils.write_json`). The key is a hash of the entry's fields; the entry
 holds the fields themselves, so a collision or a stale layout is read as a
-miss. `SPECDEC_JAX_PRICE_CACHE=0` turns both kinds off.
+miss. Every value read back is checked like an input (`check_prices`,
+`check_pilots`: types, finite, in range, every size priced): an entry
+that is not (hand-edited, another version's) is a miss too, said in one
+warning naming the file and the value, then measured again and rewritten.
+An entry is read only if it is a small regular file (`io_utils`).
+`SPECDEC_JAX_PRICE_CACHE=0` (or false, no, off) turns both kinds off.
 
 * `auto-prices` (`PRICES`): per machine (host, CPU model, JAX backend,
   device kind and count, JAX version, the CPU kernel switch), pair (both
@@ -23,14 +28,17 @@ miss. `SPECDEC_JAX_PRICE_CACHE=0` turns both kinds off.
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from absl import logging
 import jax
 import numpy as np
 
+from specdec_jax.core import environment
+from specdec_jax.core import kernels
 from specdec_jax.files import io_utils
 
 ENV_OFF = "SPECDEC_JAX_PRICE_CACHE"
@@ -41,19 +49,26 @@ PRICES, PILOTS = "auto-prices", "auto-pilots"
 _PAYLOAD = {PRICES: "prices", PILOTS: "pilots"}
 # Values sampled per array by `weights_digest`.
 _SAMPLED = 4096
+# The largest entry read (one is a few kB).
+MAX_ENTRY_BYTES = 4 << 20
 
 
 def folder(kind: str = PRICES) -> str:
-  """Where the `kind` files live."""
-  parent = os.environ.get("SPECDEC_JAX_CACHE", "~/.cache/specdec_jax")
-  return os.path.join(os.path.expanduser(parent), kind)
+  """Where the `kind` files live (`environment.cache_dir`: an empty
+  SPECDEC_JAX_CACHE is the default, never the current folder)."""
+  return os.path.join(environment.cache_dir(), kind)
+
+
+def switched_on() -> bool:
+  """SPECDEC_JAX_PRICE_CACHE (`environment.flag`; BadEnvironment)."""
+  return environment.flag(ENV_OFF, True)
 
 
 def enabled() -> bool:
-  """Off with SPECDEC_JAX_PRICE_CACHE=0, and on several processes (each
-  would find its own cache: one pricing while another does not would
-  leave the others waiting in a collective)."""
-  return os.environ.get(ENV_OFF, "1") != "0" and jax.process_count() == 1
+  """Off with SPECDEC_JAX_PRICE_CACHE=0 (or false, no, off), and on
+  several processes (each would find its own cache: one pricing while
+  another does not would leave the others waiting in a collective)."""
+  return switched_on() and jax.process_count() == 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,7 +94,7 @@ def machine_fields() -> Dict[str, Any]:
       "device_kind": device.device_kind,
       "devices": jax.device_count(),
       "jax": jax.__version__,
-      "cpu_kernel": os.environ.get("SPECDEC_JAX_CPU_KERNEL", ""),
+      "cpu_kernel": kernels.switched_on(),
   }
 
 
@@ -116,21 +131,171 @@ def _normalized(fields: Mapping[str, Any]) -> Any:
       }, sort_keys=True, default=str))
 
 
-def load(fields: Mapping[str, Any],
-         kind: str = PRICES) -> Optional[Dict[str, Any]]:
+def load(
+    fields: Mapping[str, Any], kind: str = PRICES,
+    check: Optional[Callable[[Dict[str, Any]], None]] = None
+) -> Optional[Dict[str, Any]]:
   """The `kind` entry stored for `fields`, or None (a miss, an unreadable
-  file, other fields, the cache off)."""
+  file, other fields, the cache off).
+
+  Args:
+    fields: the entry's key fields.
+    kind: PRICES or PILOTS.
+    check: raises `BadEntry` naming a value out of its type or range
+      (`check_prices`, `check_pilots`): such an entry is a miss too, said
+      in one warning naming the file and the value; the caller measures it
+      again and `store` rewrites it.
+  """
   if not enabled():
     return None
   file = path(fields, kind)
-  try:
-    entry = json.loads(io_utils.read_text(file))
-  except (OSError, ValueError):
+  try:  # a cache entry is a few kB; a FIFO or /dev/zero there is refused
+    entry = json.loads(io_utils.read_text(file, max_bytes=MAX_ENTRY_BYTES))
+  except OSError as e:
+    if not isinstance(e, FileNotFoundError):
+      logging.warning("SPECULATION='auto': %s; measured again.", e)
+    return None
+  except ValueError as e:
+    logging.warning(
+        "SPECULATION='auto': %s is not a cache entry (%s); "
+        "measured again.", file, e)
     return None
   if not isinstance(entry, dict) or entry.get("fields") != _normalized(fields):
     return None
   value = entry.get(_PAYLOAD[kind])
-  return value if isinstance(value, dict) else None
+  if not isinstance(value, dict):
+    return None
+  try:
+    if check is not None:
+      check(value)
+  except BadEntry as e:
+    logging.warning(
+        "SPECULATION='auto': the cached %s in %s are invalid (%s); measured "
+        "again and rewritten.", _PAYLOAD[kind], file, e)
+    return None
+  return value
+
+
+class BadEntry(ValueError):
+  """A cached value out of its type or range: the entry is a miss."""
+
+
+_MISSING = object()
+# A timed pilot's speedup is at most this times γ + 1 (a call gives at
+# most γ + 1 tokens; the rest leaves room for outputs of other lengths).
+_SPEEDUP_ROOM = 10.0
+
+
+def _number(value: Any, name: str, low: float = 0.0, high: float = math.inf,
+            low_open: bool = True) -> float:
+  """`value`, a finite number in its range; else BadEntry naming it."""
+  if value is _MISSING:
+    raise BadEntry(f"{name} is missing")
+  if not (isinstance(value, (int, float)) and not isinstance(value, bool) and
+          math.isfinite(value) and
+          (value > low if low_open else value >= low) and value <= high):
+    above = f"{'>' if low_open else '>='} {low:g}"
+    below = f" and <= {high:g}" if math.isfinite(high) else ""
+    raise BadEntry(f"{name}={value!r}: allowed: a finite number {above}"
+                   f"{below}")
+  return float(value)
+
+
+def _integer(value: Any, name: str, low: int = 0) -> None:
+  if value is _MISSING:
+    raise BadEntry(f"{name} is missing")
+  if not (isinstance(value, int) and not isinstance(value, bool) and
+          value >= low):
+    raise BadEntry(f"{name}={value!r}: allowed: an integer >= {low}")
+
+
+def _costs(entry: Mapping[str, Any], key: str, wanted: Any) -> None:
+  """entry[key]: {'n': finite > 0} with every n of `wanted` (checked when
+  `wanted` or present: the reader converts every key to an integer)."""
+  table = entry.get(key, _MISSING)
+  if table is _MISSING and not wanted:
+    return
+  if not isinstance(table, dict):
+    raise BadEntry(f"{key} is missing" if table is
+                   _MISSING else f"{key}={table!r}: allowed: {{size: cost}}")
+  for n in wanted or ():
+    if str(n) not in table:
+      raise BadEntry(f"{key} has no cost of {n}")
+  for n, cost in table.items():
+    if not (n.isdigit() and int(n) >= 1):
+      raise BadEntry(f"{key} key {n!r}: allowed: an integer >= 1")
+    _number(cost, f"{key}[{n!r}]")
+
+
+def check_prices(entry: Mapping[str, Any], ks: Any, tree: Any = None,
+                 target_only: bool = False) -> None:
+  """Raises BadEntry unless `entry` holds the prices `auto_run` measures
+  for the call sizes `ks` (and `tree`'s nodes and widths): target_step_s
+  and every cost finite > 0, a one-token call 1 step; `target_only`: the
+  target's calls alone (`auto_run.target_price_fields`)."""
+  _number(entry.get("target_step_s", _MISSING), "target_step_s")
+  _costs(entry, "call_cost_by_k", ks)
+  if abs(entry["call_cost_by_k"].get("1", 1.0) - 1.0) > 1e-9:
+    raise BadEntry(f"call_cost_by_k['1']={entry['call_cost_by_k']['1']!r}: "
+                   "allowed: 1 (a one-token call is the unit)")
+  _costs(entry, "tree_call_cost_by_nodes", tree and tree["nodes"])
+  if not target_only:
+    _number(entry.get("cost_coefficient_c", _MISSING), "cost_coefficient_c")
+    _costs(entry, "cost_coefficient_by_tree_width", tree and tree["widths"])
+
+
+def check_pilots(entry: Mapping[str, Any], pilots: Mapping[str, Any]) -> None:
+  """Raises BadEntry unless `entry` holds a record of every pilot of
+  `pilots` ({key: [mode, γ, k, timed]}: `auto_run.pilot_fields`) as
+  `auto_run.run_pilot` writes it, each value in its range."""
+  records = entry.get("records", _MISSING)
+  if not isinstance(records, dict):
+    raise BadEntry("records: allowed: {pilot: record}")
+  _integer(entry.get("batches", _MISSING), "batches", 1)
+  if not isinstance(entry.get("inputs"), str):
+    raise BadEntry(f"inputs={entry.get('inputs')!r}: allowed: a digest")
+  for key, (_, gamma, width, timed) in pilots.items():
+    record = records.get(key, _MISSING)
+    if not isinstance(record, dict):
+      raise BadEntry(f"records[{key!r}] is missing")
+    _check_record(record, f"records[{key!r}].", gamma, width, timed)
+
+
+def _check_record(record: Mapping[str, Any], where: str, gamma: int,
+                  width: Optional[int], timed: bool) -> None:
+  """One pilot's record (`check_pilots`)."""
+  if (record.get("gamma"), record.get("tree_width")) != (gamma, width):
+    raise BadEntry(f"{where}gamma, tree_width = {record.get('gamma')!r}, "
+                   f"{record.get('tree_width')!r}: allowed: {gamma}, "
+                   f"{width} (the entry's own key)")
+  for name in ("examples", "batches_read", "input_width"):
+    _integer(record.get(name, _MISSING), where + name, 1)
+  _integer(record.get("acceptance_trials", _MISSING),
+           where + "acceptance_trials")
+  rates = ("alpha", "first_depth", "deeper") if width else ("alpha",)
+  for name in rates:
+    _number(record.get(name, _MISSING), where + name, 0.0, 1.0, False)
+  for name in ("alpha_interval", "first_depth_by_width", "output_lengths"):
+    values = record.get(name, [] if name == "first_depth_by_width" else None)
+    if not isinstance(values, list):
+      raise BadEntry(f"{where}{name}={values!r}: allowed: a list")
+    for i, value in enumerate(values):
+      if name == "output_lengths":
+        _integer(value, f"{where}{name}[{i}]")
+      else:
+        _number(value, f"{where}{name}[{i}]", 0.0, 1.0, False)
+  _number(record.get("mean_output_tokens", _MISSING),
+          where + "mean_output_tokens")
+  if timed or "speedup" in record:
+    seconds = [
+        _number(record.get(name, _MISSING), where + name)
+        for name in ("baseline_s", "speculative_s")
+    ]
+    speedup = _number(record.get("speedup", _MISSING), where + "speedup",
+                      high=_SPEEDUP_ROOM * (gamma + 1))
+    if not math.isclose(speedup, seconds[0] / seconds[1], rel_tol=1e-6):
+      raise BadEntry(f"{where}speedup={speedup!r}: allowed: baseline_s / "
+                     f"speculative_s = {seconds[0] / seconds[1]:g}")
 
 
 def store(fields: Mapping[str, Any], value: Mapping[str, Any],

@@ -127,9 +127,11 @@ class _output_folder:  # pylint: disable=invalid-name
     return False
 
 
-def read_examples(plan: RunPlan) -> RunData:
+def read_examples(plan: RunPlan, asked: str = "NUM_EXAMPLES",
+                  recorded_in: str = "metrics.json") -> RunData:
   """Each process reads its slice of the examples, encodes it and shares
-  texts and token counts, so every process knows all of them."""
+  texts and token counts, so every process knows all of them (`asked`,
+  `recorded_in`: `check_examples`)."""
   a = plan.args
   sharding = partitioning.data_sharding(plan.mesh, a.batch_size)
   try:
@@ -139,7 +141,7 @@ def read_examples(plan: RunPlan) -> RunData:
   local, inputs, full_lengths = encoded_examples(
       plan, layout.shard_info if layout.num_shards > 1 else None)
   shared = multihost.share_examples(layout, local, inputs, full_lengths)
-  info = check_examples(a, shared.examples)
+  info = check_examples(a, shared.examples, asked, recorded_in)
   info.update(check_truncation(a, shared.full_lengths))
   feed = multihost.Feeder(layout, inputs, shared, sharding, INPUT_BUCKET)
   return RunData(shared.examples, feed, info)
@@ -164,18 +166,21 @@ def encoded_examples(plan: RunPlan, shard_info: Any = None):
   return examples, inputs, full_lengths
 
 
-def check_examples(a, examples) -> Dict[str, Any]:
+def check_examples(a, examples, asked: str = "NUM_EXAMPLES",
+                   recorded_in: str = "metrics.json") -> Dict[str, Any]:
   """All examples (every process's): none is an error; fewer than
-  NUM_EXAMPLES is logged and recorded."""
+  NUM_EXAMPLES is logged and recorded (the line names the setting that
+  asked for them, `asked`, and the file recording both, `recorded_in`:
+  certify's --examples and certificate.json)."""
   source = (f"task {a.mixture_or_task_name!r} split {a.split!r}"
             if a.mixture_or_task_name else f"SOURCE_FILE={a.source_file!r}")
   if not examples:
     raise ConfigError(f"No examples to decode in {source}.")
   if len(examples) < a.num_examples:
     logging.warning(
-        "NUM_EXAMPLES=%d but %s has only %d examples: decoding "
-        "%d (metrics.json records both numbers).", a.num_examples, source,
-        len(examples), len(examples))
+        "%s=%d but %s has only %d examples: decoding %d (%s records both "
+        "numbers).", asked, a.num_examples, source, len(examples),
+        len(examples), recorded_in)
   return {"num_examples_requested": a.num_examples}
 
 

@@ -11,14 +11,26 @@ it off; an explicit JAX_COMPILATION_CACHE_DIR (the test suite's) wins.
 JAX never replaces an entry it cannot read (a truncated or garbled file):
 it warns and compiles again on every run. `enable` therefore watches for
 that warning: the entry is removed (so this run writes it again) and one
-line names the folder and how to clear it (`repair_entry`).
+line names the folder and how to clear it (`repair_entry`). An entry that
+is not a regular file (a FIFO would block the read, a link to /dev/zero
+never end it) or is over MAX_ENTRY_BYTES is a miss, removed with one line
+(`_checked_get`). A folder the cache cannot use (a file, read-only) turns
+it off for the run, said in one line, instead of a warning per program.
+
+`enable` also reads, at a command's start, every SPECDEC_* variable the
+caches and the CPU kernel read later (`check_environment`): a bad value is
+refused before anything is loaded.
 """
 import os
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 import warnings
+
+from specdec_jax.config import paths
+from specdec_jax.core import environment
+from specdec_jax.files import io_utils
 
 ENV_OFF = "SPECDEC_JAX_COMPILATION_CACHE"
 # jax/_src/compiler.py's warning when an entry fails to load.
@@ -33,6 +45,8 @@ _NO_CLIENT = "must be constructed with a Client"
 MAX_SIZE_BYTES = 32 << 30
 # `atomic_writes`' temporary files: `.<key>.<pid>.partial`.
 _PARTIAL = ".partial"
+# The largest entry read (a compiled program; the shipped pair's are < 10 MB).
+MAX_ENTRY_BYTES = 4 << 30
 
 
 def add_missing_atimes(folder: str) -> int:
@@ -100,8 +114,9 @@ def _lru_cache_class() -> Any:
 
 
 def atomic_writes() -> bool:
-  """Makes this process write each cache entry whole or not at all;
-  returns whether it could.
+  """Makes this process write each cache entry whole or not at all, and
+  read only entries that are regular files (`_checked_get`); returns
+  whether it could.
 
   JAX writes an entry in place. A process killed while writing (a sweep
   stopped with SIGKILL, a test that kills a run) leaves a half-written
@@ -113,7 +128,50 @@ def atomic_writes() -> bool:
   if cache is None:
     return False
   cache.put = _atomic_put
+  cache.get = _checked_get
   return True
+
+
+_told_refused = []
+
+
+def _checked_get(self, key: str) -> Optional[bytes]:
+  """`LRUCache.get`, reading the entry through `io_utils.read_bytes`: one
+  that is not a regular file of at most MAX_ENTRY_BYTES is a miss, removed
+  (a folder is skipped), with one line per process."""
+  if not key:
+    raise ValueError("key cannot be empty")
+  entry = self.path / f"{key}-cache"
+  if self.eviction_enabled:
+    self.lock.acquire(timeout=self.lock_timeout_secs)
+  try:
+    if paths.is_url(str(entry)):  # a remote folder: JAX's own reading
+      return entry.read_bytes() if entry.exists() else None
+    try:
+      value = io_utils.read_bytes(str(entry), max_bytes=MAX_ENTRY_BYTES)
+    except FileNotFoundError:
+      return None
+    except io_utils.RefusedFile as e:
+      done = "skipped"
+      if not os.path.isdir(entry):
+        try:
+          os.unlink(entry)  # a link goes, never what it points to
+          done = "removed"
+        except OSError:
+          pass
+      if not _told_refused:
+        _told_refused.append(entry)
+        print(
+            f"specdec_jax: compilation cache entry {e}; {done}, compiled "
+            "again.", file=sys.stderr)
+      return None
+    if self.eviction_enabled:
+      (self.path / f"{key}-atime").write_bytes(time.time_ns().to_bytes(
+          8, "little"))
+    return value
+  finally:
+    if self.eviction_enabled:
+      self.lock.release()
 
 
 def _atomic_put(self, key: str, value: bytes) -> None:
@@ -170,18 +228,65 @@ def _no_eviction(self, *, additional_size: int = 0) -> None:
 
 
 def cache_dir() -> str:
-  """The folder the commands cache compiled programs in."""
-  parent = os.environ.get("SPECDEC_JAX_CACHE", "~/.cache/specdec_jax")
-  return os.path.join(os.path.expanduser(parent), "jax-compilation-cache")
+  """The folder the commands cache compiled programs in (BadEnvironment:
+  SPECDEC_JAX_CACHE is a file; empty is the default folder)."""
+  return os.path.join(environment.cache_dir(), "jax-compilation-cache")
+
+
+def check_environment() -> None:
+  """Reads every SPECDEC_* variable a command's caches and the CPU kernel
+  read later: SPECDEC_JAX_CACHE, SPECDEC_JAX_COMPILATION_CACHE,
+  SPECDEC_JAX_PRICE_CACHE, SPECDEC_JAX_CPU_KERNEL, SPECDEC_JAX_KERNEL_ISA.
+
+  Raises:
+    environment.BadEnvironment: one of them has a value it does not allow
+      (the commands: one line, exit 2, before anything is loaded).
+  """
+  # Here, not at the top: tests/conftest.py sets JAX's variables after
+  # importing this module, before anything imports JAX.
+  # pylint: disable=g-import-not-at-top
+  from specdec_jax.core import kernels
+  from specdec_jax.experiment import price_cache
+  # pylint: enable=g-import-not-at-top
+  cache_dir()
+  environment.flag(ENV_OFF, True)
+  price_cache.switched_on()
+  kernels.check_environment()
+
+
+def unusable(folder: str) -> Optional[str]:
+  """Why `folder` cannot hold the cache (a file, not writable), or None."""
+  if paths.is_url(folder):
+    return None  # JAX's own (etils) reading and writing
+  if os.path.exists(folder) and not os.path.isdir(folder):
+    return "is a file, not a folder"
+  try:
+    io_utils.probe_writable_dir(folder)
+  except ValueError as e:
+    return f"is {e}"
+  return None
 
 
 def enable() -> str:
   """Turns the cache on for this process (before the first compile);
-  returns its folder, or '' when turned off."""
+  returns its folder, or '' when turned off or its folder is unusable
+  (one line says why; the run compiles everything).
+
+  Raises:
+    environment.BadEnvironment: from `check_environment`, at once.
+  """
   import jax  # pylint: disable=g-import-not-at-top
-  if os.environ.get(ENV_OFF, "1") == "0":
+  check_environment()
+  if not environment.flag(ENV_OFF, True):
     return ""
   folder = os.environ.get("JAX_COMPILATION_CACHE_DIR") or cache_dir()
+  why = unusable(folder)
+  if why is not None:
+    jax.config.update("jax_enable_compilation_cache", False)
+    print(
+        f"specdec_jax: the compilation cache is off for this run: {folder} "
+        f"{why.rstrip('.')}. (Or turn it off: {ENV_OFF}=0.)", file=sys.stderr)
+    return ""
   jax.config.update("jax_compilation_cache_dir", folder)
   # Every program: the step programs compile in well under a second each,
   # but a run compiles several per input width.

@@ -26,6 +26,11 @@ the environment's SPECDEC_GCS_TIMEOUT_S) and then raises `RemoteTimeout`
 naming the operation and the path: missing credentials or an unreachable
 endpoint fail in a minute with a clear message instead of hanging.
 
+Every file read back from a cache, an output folder or a checkpoint goes
+through `read_bytes` / `read_text` / `open_text`: a regular file (through a
+link or not) of bounded size, or `RefusedFile` naming it and what it is (a
+FIFO blocks its reader, a link to /dev/zero reads until memory runs out).
+
 JSON is always valid JSON: a non-finite float (which `json` would write as
 `Infinity` / `NaN`) is written as null, with a warning naming its key.
 `probe_writable_dir` lets a command check its output folder at startup.
@@ -47,11 +52,12 @@ import re
 import socket
 import stat
 import tempfile
-from typing import Any, Iterator, List, Tuple, Union
+from typing import IO, Any, Iterator, List, Optional, Tuple, Union
 import urllib.parse
 import uuid
 
 from specdec_jax.config import paths
+from specdec_jax.core import environment
 
 logger = logging.getLogger(__name__)
 
@@ -64,16 +70,12 @@ class RemoteTimeout(TimeoutError):
 
 
 def remote_timeout_s() -> float:
-  """Seconds any one gs:// operation may take (SPECDEC_GCS_TIMEOUT_S)."""
-  text = os.environ.get(TIMEOUT_ENV, "")
-  try:
-    value = float(text) if text else DEFAULT_REMOTE_TIMEOUT_S
-  except ValueError:
-    value = -1.0
-  if not (value > 0 and math.isfinite(value)):
-    raise ValueError(f"{TIMEOUT_ENV}={text!r}: allowed: a number of seconds "
-                     "> 0.")
-  return value
+  """Seconds any one gs:// operation may take (SPECDEC_GCS_TIMEOUT_S).
+
+  Raises:
+    environment.BadEnvironment: not a finite number of seconds > 0.
+  """
+  return environment.seconds(TIMEOUT_ENV, DEFAULT_REMOTE_TIMEOUT_S)
 
 
 def wait(future, what: str, path: str):
@@ -183,20 +185,114 @@ def _gcs_read(path: str, byte_range=None):
   return result.value if result.state == "value" else None
 
 
-def read_bytes(path: Union[str, os.PathLike]) -> bytes:
-  """The file's bytes. Raises FileNotFoundError if there is none."""
+# The most a read takes unless its caller says otherwise: the files the
+# project reads back (metrics, configs, manifests) are far smaller.
+DEFAULT_MAX_BYTES = 256 << 20
+
+
+class RefusedFile(OSError):
+  """A file not read: not a regular file (a FIFO blocks its reader,
+  /dev/zero never ends), or over the caller's size limit."""
+
+  def __str__(self) -> str:
+    return f"{self.filename}: {self.strerror}"
+
+
+def _refuse(path: str, mode: int) -> RefusedFile:
+  """The error for `path`, which is not a regular file (`mode`)."""
+  kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+           (stat.S_ISCHR, "a character device"),
+           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+  what = next((name for test, name in kinds if test(mode)), "a special file")
+  if os.path.islink(path):
+    what = f"a link to {os.path.realpath(path)}, {what}"
+  return RefusedFile(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL,
+                     f"{what}, not a regular file; not read", path)
+
+
+def _too_large(path: str, size: int, max_bytes: int) -> RefusedFile:
+  return RefusedFile(
+      errno.EFBIG, f"{size} bytes, over the {max_bytes}-byte "
+      "limit of what is read there; not read", path)
+
+
+def _open_regular(path: str, max_bytes: Optional[int],
+                  follow: bool = True) -> Tuple[int, int]:
+  """(a descriptor, the size) of the regular file `path` (local).
+
+  Opened without blocking (a FIFO's open waits for a writer) and checked by
+  its descriptor before anything is read: a FIFO, a device (a link to
+  /dev/zero), a socket or a folder is refused, as is a file over
+  `max_bytes` (None: no limit). `follow=False` refuses a link as well
+  (ELOOP): a lock is only ever a file a run wrote.
+
+  Raises:
+    RefusedFile: naming the path and what it is; FileNotFoundError.
+  """
+  flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+  try:
+    fd = os.open(path, flags)
+  except OSError as e:
+    if e.errno != errno.ENXIO:  # a socket cannot be opened
+      raise
+    raise _refuse(path, os.stat(path).st_mode) from None
+  try:
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+      raise _refuse(path, info.st_mode)
+    if max_bytes is not None and info.st_size > max_bytes:
+      raise _too_large(path, info.st_size, max_bytes)
+  except BaseException:
+    os.close(fd)
+    raise
+  return fd, info.st_size
+
+
+def _read_regular(path: str, max_bytes: Optional[int] = DEFAULT_MAX_BYTES,
+                  follow: bool = True) -> bytes:
+  """The bytes of the regular file `path` (`_open_regular`)."""
+  fd, expected = _open_regular(path, max_bytes, follow)
+  try:
+    chunks, size = [], 0
+    while True:  # the file may grow while it is read
+      chunk = os.read(fd, max(expected + 1 - size, 1 << 16))
+      if not chunk:
+        return b"".join(chunks)
+      size += len(chunk)
+      if max_bytes is not None and size > max_bytes:
+        raise _too_large(path, size, max_bytes)
+      chunks.append(chunk)
+  finally:
+    os.close(fd)
+
+
+def open_text(path: str, max_bytes: Optional[int] = None) -> IO[str]:
+  """The local regular file `path` opened as UTF-8 text, to read line by
+  line (a file too large to hold); refused as `read_bytes` refuses."""
+  fd, _ = _open_regular(path, max_bytes)
+  return os.fdopen(fd, "r", encoding="utf-8")
+
+
+def read_bytes(path: Union[str, os.PathLike],
+               max_bytes: Optional[int] = DEFAULT_MAX_BYTES) -> bytes:
+  """The file's bytes: a regular file (`_open_regular`) or gs:// object of
+  at most `max_bytes` (None: no limit); else RefusedFile naming it and why,
+  or FileNotFoundError."""
   path = os.fspath(path)
   if not paths.is_url(path):
-    with open(path, "rb") as f:
-      return f.read()
+    return _read_regular(path, max_bytes)
   data = _gcs_read(path)
   if data is None:
     raise FileNotFoundError(f"No such object: {path}")
+  if max_bytes is not None and len(data) > max_bytes:
+    raise _too_large(path, len(data), max_bytes)
   return data
 
 
-def read_text(path: Union[str, os.PathLike]) -> str:
-  return read_bytes(path).decode("utf-8")
+def read_text(path: Union[str, os.PathLike],
+              max_bytes: Optional[int] = DEFAULT_MAX_BYTES) -> str:
+  """`read_bytes` decoded as UTF-8 (UnicodeDecodeError: not UTF-8)."""
+  return read_bytes(path, max_bytes).decode("utf-8")
 
 
 def isfile(path: Union[str, os.PathLike]) -> bool:
@@ -353,33 +449,6 @@ def _create_exclusive(path: str, data: bytes) -> bool:
   return True
 
 
-def _read_regular(path: str) -> bytes:
-  """The bytes of the regular file `path`, not through a link.
-
-  A lock is only ever a file a run wrote: a folder, a link (possibly to a
-  FIFO or /dev/zero) or a device is refused rather than read.
-
-  Raises:
-    OSError: ELOOP for a link, EISDIR for a folder, EINVAL for anything
-      else that is not a regular file; FileNotFoundError.
-  """
-  fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-  try:
-    mode = os.fstat(fd).st_mode
-    if stat.S_ISDIR(mode):
-      raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-    if not stat.S_ISREG(mode):
-      raise OSError(errno.EINVAL, "not a regular file", path)
-    chunks = []
-    while True:
-      chunk = os.read(fd, 1 << 16)
-      if not chunk:
-        return b"".join(chunks)
-      chunks.append(chunk)
-  finally:
-    os.close(fd)
-
-
 @contextlib.contextmanager
 def _folder_locked(folder: str) -> Iterator[None]:
   """Holds an exclusive `flock` of `folder` (local) for the block.
@@ -409,11 +478,11 @@ def _folder_locked(folder: str) -> Iterator[None]:
 def read_versioned(path: str) -> Tuple[Any, Any]:
   """(bytes, version) of `path`, or (None, None) when it does not exist.
 
-  Locally `path` must be a regular file (see `_read_regular`).
+  Locally `path` must be a regular file, not a link (`_read_regular`).
   """
   if not paths.is_url(path):
     try:
-      data = _read_regular(path)
+      data = _read_regular(path, follow=False)
       return data, data
     except FileNotFoundError:
       return None, None
@@ -437,7 +506,7 @@ def remove_if_unchanged(path: str, version: Any) -> bool:
   if not paths.is_url(path):
     with _folder_locked(os.path.dirname(path) or "."):
       try:
-        if _read_regular(path) != version:
+        if _read_regular(path, follow=False) != version:
           return False
         os.unlink(path)
         return True

@@ -20,6 +20,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from specdec_jax.experiment import decode_modes
+from specdec_jax.files import io_utils
 
 HEADER = ("| run | k | u | R | γ | BLEU beam (target) | BLEU beam "
           "(speculative) | speedup | steps / call | kept / tried | "
@@ -31,8 +32,8 @@ def load_runs(results_dir: str) -> List[Dict[str, Any]]:
   runs = []
   for dirpath, _, filenames in sorted(os.walk(results_dir)):
     if "metrics.json" in filenames:
-      with open(os.path.join(dirpath, "metrics.json"), encoding="utf-8") as f:
-        metrics = json.load(f)
+      metrics = json.loads(
+          io_utils.read_text(os.path.join(dirpath, "metrics.json")))
       metrics["run"] = os.path.relpath(dirpath, results_dir)
       runs.append(metrics)
   return runs

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from typing import Dict, List, Tuple
 
+from specdec_jax.files import io_utils
+
 
 def _parse_bench(text: str) -> Tuple[str, str]:
   label, sep, path = text.partition("=")
@@ -34,8 +36,7 @@ def _parse_bench(text: str) -> Tuple[str, str]:
 
 def load_curve(path: str) -> Dict[str, object]:
   """{'k': [K...], 'ratio': [cost / step...], 'step_ms', 'decoder_mb'}."""
-  with open(path) as f:
-    bench = json.load(f)
+  bench = json.loads(io_utils.read_text(path))
   if "target_cost_ratio_by_k" not in bench:
     raise ValueError(f"{path}: no target_cost_ratio_by_k (not a "
                      "scripts/benchmark_decode.py output?)")

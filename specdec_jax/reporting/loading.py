@@ -9,6 +9,7 @@ import logging
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from specdec_jax.files import io_utils
 from specdec_jax.metrics import run_metrics
 from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import decode_modes
@@ -19,15 +20,16 @@ class ReportError(Exception):
 
 
 def _read_json(path: str) -> Any:
+  """`path`'s JSON; a regular file of bounded size (`io_utils.read_text`:
+  a FIFO or a link to /dev/zero is refused, never read)."""
   try:
-    with open(path, "r", encoding="utf-8") as f:
-      return json.load(f)
+    return json.loads(io_utils.read_text(path))
   except json.JSONDecodeError as e:
     raise ReportError(f"{path}: not valid JSON ({e})") from None
   except UnicodeDecodeError as e:
     raise ReportError(f"{path}: not UTF-8 text ({e.reason})") from None
   except OSError as e:
-    raise ReportError(f"{path}: cannot read ({e.strerror})") from None
+    raise ReportError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def load_metrics(path: str) -> Dict[str, Any]:
@@ -202,9 +204,10 @@ def check_prediction(path: str, lineno: int, ex: Any) -> Dict[str, Any]:
 
 
 def iter_predictions(path: str) -> Iterator[Dict[str, Any]]:
-  """Yields validated predictions.jsonl records (raises ReportError)."""
+  """Yields validated predictions.jsonl records (raises ReportError); read
+  line by line from a regular file (`io_utils.open_text`)."""
   try:
-    with open(path, "r", encoding="utf-8") as f:
+    with io_utils.open_text(path) as f:
       for lineno, line in enumerate(f, 1):
         if not line.strip():
           continue
@@ -216,4 +219,4 @@ def iter_predictions(path: str) -> Iterator[Dict[str, Any]]:
   except UnicodeDecodeError as e:
     raise ReportError(f"{path}: not UTF-8 text ({e.reason})") from None
   except OSError as e:
-    raise ReportError(f"{path}: cannot read ({e.strerror})") from None
+    raise ReportError(f"{path}: cannot read ({e.strerror or e})") from None

@@ -12,15 +12,32 @@ staging name and renamed into place, so a crash leaves either no
 ``model_dir/vocabulary.json`` records the SentencePiece model the
 checkpoints were trained with (its name, path, size and SHA-256): a resumed
 run with another one, even of the same size, would train on ids that now
-mean other pieces, so `check_vocabulary` refuses it.
+mean other pieces, so `check_vocabulary` refuses it (without that file,
+the latest checkpoint's DIGESTS.json, which records it too, is asked).
+
+MODEL_DIR is claimed as every command claims its folder
+(`claim_model_dir`, `files.output_folder.claim`): created and probed,
+locked for the training's life (a second `train` into it is refused at
+start, naming the first, before anything is written), and the overwrite
+rule: each checkpoint records its training's settings
+(`settings_record`, in ``checkpoint_<step>/train_settings.json``); a
+MODEL_DIR whose latest checkpoint records other settings is refused
+unless ``train.overwrite=True``, which trains afresh and replaces its
+checkpoints. The settings are what makes the checkpoints what they are
+(the model, the data, the optimizer and loss, the seed, the teacher), not
+num_steps (a resumed run continues to more steps), the saving, logging
+and evaluation periods, or where the vocabulary is (it is compared by its
+digest, `check_vocabulary`). A checkpoint of an older version (no record)
+is resumed with a warning.
 """
 import contextlib
+import dataclasses
 import logging as std_logging
 import json
 import os
 import shutil
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 from absl import logging
 from flax import serialization
@@ -31,6 +48,7 @@ import numpy as np
 from specdec_jax import checkpoints
 from specdec_jax.config import gin_reader
 from specdec_jax.files import io_utils
+from specdec_jax.files import output_folder
 from specdec_jax.config import paths
 from specdec_jax.checkpoints import digests
 from specdec_jax.core.models.config import T5Config
@@ -40,6 +58,14 @@ TRAIN_STATE_FILE = "train_state.msgpack"
 MODEL_CONFIG_FILE = "model_config.json"
 STAGING_PREFIX = ".staging-"
 VOCABULARY_FILE = "vocabulary.json"
+SETTINGS_FILE = "train_settings.json"
+# `TrainConfig` fields that do not change what the checkpoints hold (the
+# module docstring).
+NOT_SETTINGS = ("model_dir", "num_steps", "save_every_steps",
+                "keep_checkpoints", "log_every_steps", "eval_source_file",
+                "eval_reference_file", "eval_num_examples", "eval_batch_size",
+                "eval_max_decode_length", "gin_search_paths", "spm_model_path",
+                "train_vocab", "spm_vocab_size", "spm_options", "overwrite")
 
 
 @contextlib.contextmanager
@@ -69,8 +95,8 @@ def write_model_config(directory: str, config: T5Config) -> None:
 
 def read_model_config(path: str) -> T5Config:
   """A ``model_config.json`` file's T5Config (global gin bindings never apply)."""
-  with open(path, "r", encoding="utf-8") as f:
-    return gin_reader.t5_config_from_fields(json.load(f), "model config")
+  return gin_reader.t5_config_from_fields(
+      json.loads(io_utils.read_text(path, max_bytes=1 << 20)), "model config")
 
 
 def vocabulary_record(spm_model_path: str) -> Dict[str, Any]:
@@ -86,38 +112,124 @@ def check_vocabulary(model_dir: str, spm_model_path: str) -> None:
 
   Checked before anything is written (config.gin included), so the record
   of the first run survives a refused one. A model_dir without checkpoints
-  is a fresh start (any record is replaced); checkpoints without a record
-  (written before records existed) are resumed with a warning.
+  is a fresh start (any record is replaced). Without vocabulary.json the
+  latest checkpoint's DIGESTS.json is asked; with neither (written before
+  records existed) the checkpoints are resumed with a warning.
 
   Raises:
-    ValueError: naming both vocabularies (the record's and `spm_model_path`).
+    ValueError: naming both vocabularies (the record's and `spm_model_path`)
+      and the file that records the first.
   """
-  path = os.path.join(model_dir, VOCABULARY_FILE)
-  if checkpoints.latest_checkpoint(model_dir) is None:
+  last = checkpoints.latest_checkpoint(model_dir)
+  if last is None:
     return
-  if not os.path.isfile(path):
+  want, where = _recorded_vocabulary(model_dir, last)
+  if want is None:
     logging.warning(
         "%s has checkpoints but no %s: the vocabulary %s could not be "
         "verified against them (recorded from now on).", model_dir,
         VOCABULARY_FILE, spm_model_path)
     return
-  try:
-    want = json.loads(io_utils.read_text(path))
-    want_sha = want["sha256"]
-  except (ValueError, KeyError, TypeError) as e:
-    raise ValueError(
-        f"{path} is not a vocabulary record ({e}); allowed: the JSON this "
-        "program writes. Delete it to resume with the current vocabulary "
-        "unverified.") from None
   got = vocabulary_record(spm_model_path)
-  if got["sha256"] != want_sha:
+  if got["sha256"] != want["sha256"]:
     raise ValueError(
         f"spm_model_path: the vocabulary {got['path']!r} (sha256 "
         f"{got['sha256'][:16]}...) is not the one the checkpoints in "
-        f"{model_dir} were trained with ({want.get('path')!r}, sha256 "
-        f"{str(want_sha)[:16]}..., recorded in {VOCABULARY_FILE}): resuming "
+        f"{model_dir} were trained with "
+        f"({want.get('path') or want.get('file')!r}, sha256 "
+        f"{str(want['sha256'])[:16]}..., recorded in {where}): resuming "
         "would train on ids that now mean other pieces. Allowed: that "
         "SentencePiece model, or a fresh model_dir.")
+
+
+def _recorded_vocabulary(model_dir: str,
+                         last: str) -> Tuple[Optional[Dict[str, Any]], str]:
+  """(the vocabulary record, the file it is in): vocabulary.json, else the
+  latest checkpoint's DIGESTS.json; (None, '') when neither records one.
+
+  Raises:
+    ValueError: vocabulary.json is there but is not a record.
+  """
+  path = os.path.join(model_dir, VOCABULARY_FILE)
+  if not os.path.lexists(path):
+    where = os.path.join(os.path.basename(last), digests.MANIFEST_FILE)
+    want = digests.vocabulary_record(last)
+    return (want, where) if want is not None else (None, "")
+  try:
+    want = json.loads(io_utils.read_text(path))
+    if not isinstance(want.get("sha256"), str):
+      raise ValueError("no 'sha256'")
+  except (OSError, ValueError, AttributeError) as e:
+    raise ValueError(
+        f"{path} is not a vocabulary record ({e}); allowed: the JSON this "
+        "program writes. Delete it to resume with the vocabulary the "
+        f"checkpoint's {digests.MANIFEST_FILE} records, if any.") from None
+  return want, VOCABULARY_FILE
+
+
+def settings_record(config: Any, model: T5Config) -> Dict[str, Any]:
+  """A training's settings (the module docstring), JSON-normalized:
+  `config`'s (a `TrainConfig`) fields but NOT_SETTINGS, its model
+  resolved."""
+  fields = {
+      f.name: getattr(config, f.name)
+      for f in dataclasses.fields(config)
+      if f.name not in NOT_SETTINGS
+  }
+  fields["model_config"] = gin_reader.t5_config_fields(model)
+  if isinstance(fields.get("teacher_config"), T5Config):
+    fields["teacher_config"] = gin_reader.t5_config_fields(
+        fields["teacher_config"])
+  return json.loads(json.dumps({"train": fields}, sort_keys=True, default=str))
+
+
+def _latest_settings(model_dir: str) -> Iterator[output_folder.Result]:
+  """The latest checkpoint and the settings it records (none when it
+  records none: an older version's, resumed with a warning)."""
+  last = checkpoints.latest_checkpoint(model_dir)
+  if last is None:
+    return
+  path = os.path.join(last, SETTINGS_FILE)
+  if not os.path.lexists(path):
+    logging.warning(
+        "%s records no training settings (written by an older version): "
+        "resumed without comparing them.", last)
+    return
+  yield output_folder.Result(os.path.basename(last),
+                             output_folder.recorded_settings(path))
+
+
+def claim_model_dir(model_dir: str, settings: Optional[Dict[str, Any]],
+                    overwrite: bool) -> Tuple[output_folder.Claim, bool]:
+  """(MODEL_DIR claimed, whether its checkpoints are to be replaced): see
+  the module docstring. `settings` None (a feature-level draft, which
+  never resumes): the lock only.
+
+  Raises:
+    FolderError: MODEL_DIR cannot be a folder, another training holds
+      it, or its latest checkpoint records other settings (or none
+      readable) and `overwrite` is False.
+  """
+  listed = []
+
+  def results(folder: str) -> Iterator[output_folder.Result]:
+    if settings is not None:
+      listed.extend(_latest_settings(folder))
+    return iter(listed)
+
+  held = output_folder.claim(model_dir, settings, results, name="MODEL_DIR",
+                             program="train", overwrite=overwrite,
+                             overwrite_flag="train.overwrite=True")
+  return held, any(r.settings != settings for r in listed)
+
+
+def remove_checkpoints(model_dir: str) -> None:
+  """Removes every checkpoint_<step> and the vocabulary record: a training
+  of other settings replaces them (``train.overwrite=True``)."""
+  for _, path in checkpoints.list_checkpoints(model_dir):
+    shutil.rmtree(path)
+  with contextlib.suppress(FileNotFoundError):
+    os.unlink(os.path.join(model_dir, VOCABULARY_FILE))
 
 
 def write_vocabulary_record(model_dir: str, spm_model_path: str) -> None:
@@ -136,11 +248,12 @@ def clean_staging(model_dir: str) -> None:
 
 def save_checkpoint(model_dir: str, step: int, params, opt_state,
                     config: T5Config, keep: Optional[int] = None,
-                    vocabulary_file: Optional[str] = None) -> str:
+                    vocabulary_file: Optional[str] = None,
+                    settings: Optional[Dict[str, Any]] = None) -> str:
   """Writes checkpoint_<step> (params + optimizer state) atomically, with
   its DIGESTS.json (every file's SHA-256 and, given `vocabulary_file`, the
   SentencePiece model's: `checkpoints.digests`), so `run` loads it
-  verified.
+  verified; given `settings` (`settings_record`), its SETTINGS_FILE.
 
   Then only the last `keep` checkpoints are kept (all if None or 0).
 
@@ -166,6 +279,9 @@ def save_checkpoint(model_dir: str, step: int, params, opt_state,
     io_utils.atomic_write(os.path.join(path, TRAIN_STATE_FILE),
                           serialization.to_bytes(state))
     write_model_config(path, config)
+    if settings is not None:
+      io_utils.write_json(os.path.join(path, SETTINGS_FILE),
+                          {"settings": settings})
     digests.write_manifest(path, vocabulary_file)  # last: lists the rest
     os.rename(path, final)
   finally:
@@ -192,8 +308,7 @@ def restore_checkpoint(ckpt: str, config: T5Config,
         f"Checkpoint {ckpt} has no optimizer state ({TRAIN_STATE_FILE}); it "
         "was not written by specdec_jax.train. Use a fresh model_dir (or "
         "delete the checkpoint) to train from scratch.")
-  with open(state_file, "rb") as f:
-    raw = f.read()
+  raw = io_utils.read_bytes(state_file, max_bytes=None)
   template = {"step": np.asarray(0, np.int64), "opt_state": opt_state_template}
   try:
     state = serialization.from_bytes(template, raw)

@@ -223,7 +223,12 @@ class TrainConfig:
 
   Attributes:
     model_dir: checkpoints, model_config.json, config.gin and
-      train_metrics.json go here; a checkpoint already there is resumed.
+      train_metrics.json go here; a checkpoint already there is resumed
+      (one of other settings only with `overwrite`). Locked for the run's
+      life: one training at a time (`checkpointing.claim_model_dir`).
+    overwrite: replace a model_dir's checkpoints of another training
+      (other settings: `checkpointing.settings_record`) by training
+      afresh; False refuses them.
     num_steps: total number of steps (a resumed run continues up to it).
     model_config: the model; None: ``T5Config()`` with the gin bindings
       ``T5Config.*`` (from a model gin file).
@@ -291,6 +296,7 @@ class TrainConfig:
   """
   model_dir: str = gin.REQUIRED
   num_steps: int = gin.REQUIRED
+  overwrite: bool = False
   model_config: Optional[T5Config] = None
   # Data.
   data_dir: Optional[str] = None

@@ -2,6 +2,10 @@
 
 In order, every check before the first step:
 
+0. MODEL_DIR (`checkpointing.claim_model_dir`): created and locked for the
+   run's life (a second `train` into it is refused, naming the first); a
+   latest checkpoint of other settings is refused unless
+   ``train.overwrite=True`` (then replaced after every check passed).
 1. Data (`data`): the parallel files are read and validated.
 2. Vocabulary (`vocabulary`): loaded, or trained first if allowed; T5
    conventions and the model's vocab_size checked; a resumed model_dir
@@ -241,11 +245,14 @@ def _train_loop(config: TrainConfig, model: T5Config, files: TrainPaths,
   """Steps from `state.step` to `num_steps`, logging and checkpointing
   (each checkpoint with its DIGESTS.json, the vocabulary recorded)."""
 
+  settings = checkpointing.settings_record(config, model)
+
   def save():
     with progress.paused():
       state.checkpoint = checkpointing.save_checkpoint(
           files.model_dir, state.step, state.params, state.opt_state, model,
-          keep=config.keep_checkpoints, vocabulary_file=files.spm_model_path)
+          keep=config.keep_checkpoints, vocabulary_file=files.spm_model_path,
+          settings=settings)
     state.saved_step = state.step
     logging.info("Saved %s", state.checkpoint)
 
@@ -307,12 +314,25 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
   """Trains (or resumes training of) one T5 model; see the module docstring.
 
   Raises:
-    ValueError: bad input (data files, vocabulary, teacher), before training.
+    ValueError: bad input (MODEL_DIR, data files, vocabulary, teacher),
+      before training.
   """
-  if config.feature_drafter is not None:
-    return _train_feature_drafter(config)
-  t_begin = time.time()
+  model_dir = config.resolved_paths().model_dir
+  if config.feature_drafter is not None:  # never resumes: the lock only
+    held, _ = checkpointing.claim_model_dir(model_dir, None, config.overwrite)
+    with held:
+      return _train_feature_drafter(config)
   model = config.model_config or T5Config()  # pylint: disable=no-value-for-parameter
+  held, replace = checkpointing.claim_model_dir(
+      model_dir, checkpointing.settings_record(config, model), config.overwrite)
+  with held:
+    return _train(config, model, replace)
+
+
+def _train(config: TrainConfig, model: T5Config, replace: bool) -> TrainResult:
+  """`train_and_evaluate` in the claimed MODEL_DIR (`replace`: train
+  afresh, its checkpoints of other settings removed after the checks)."""
+  t_begin = time.time()
   files: TrainPaths = config.resolved_paths()
   # 1-3: everything that can be wrong, before anything slow.
   pairs = data_lib.read_training_pairs(files.source_file, files.reference_file,
@@ -325,7 +345,8 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
           f for f in (files.source_file, files.reference_file) if f
       ], vocab_size=config.spm_vocab_size, spm_options=config.spm_options)
   vocabulary.check_fits(sp, files.spm_model_path, model)
-  checkpointing.check_vocabulary(files.model_dir, files.spm_model_path)
+  if not replace:
+    checkpointing.check_vocabulary(files.model_dir, files.spm_model_path)
   teacher = None
   if files.distill_from is None and not model.has_encoder:
     raise ValueError(
@@ -353,6 +374,8 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
                               config.loss_settings(), optimizer)
   os.makedirs(files.model_dir, exist_ok=True)
   checkpointing.clean_staging(files.model_dir)
+  if replace:
+    checkpointing.remove_checkpoints(files.model_dir)
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   state = _initial_state(model, tx, files.model_dir, init_rng)
   start_step = state.step

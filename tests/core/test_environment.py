@@ -56,8 +56,8 @@ def test_cache_dir_empty_is_the_default_not_the_current_folder():
 
 def test_cache_dir_is_absolute(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  assert environment.cache_dir({environment.CACHE: "rel"}) == str(tmp_path /
-                                                                  "rel")
+  expected = str(tmp_path / "rel")
+  assert environment.cache_dir({environment.CACHE: "rel"}) == expected
 
 
 def test_cache_dir_refuses_a_file_or_a_path_under_one(tmp_path):

@@ -13,18 +13,23 @@ What must hold for decoding to stay exact through the kernel:
 * without the kernel (no compiler, or switched off) nothing is packed and
   XLA's dot is used.
 """
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from specdec_jax.core import decoding
+from specdec_jax.core import environment
 from specdec_jax.core import kernels
 
 from conftest import REPO
 from conftest import jit_call
 from conftest import random_model
 from conftest import tiny_config
+from file_helpers import no_hang
+from file_helpers import special
 
 needs_kernel = pytest.mark.skipif(
     not kernels.available(),
@@ -204,3 +209,76 @@ def test_kernel_source_is_package_data():
   globs = pyproject["tool"]["setuptools"]["package-data"][
       "specdec_jax.core.kernels"]
   assert any(kernels._SOURCE.match(g) for g in globs)  # pylint: disable=protected-access
+
+
+@pytest.fixture
+def fresh_available():
+  """`kernels.available` computed anew in the test, and after it."""
+  kernels.available.cache_clear()
+  yield
+  kernels.available.cache_clear()
+
+
+@pytest.mark.parametrize("text", ["false", "off", "no", "0"])
+def test_the_switch_reads_every_spelling_of_off(monkeypatch, text,
+                                                fresh_available):
+  monkeypatch.setenv("SPECDEC_JAX_CPU_KERNEL", text)
+  assert not kernels.available()
+
+
+@pytest.mark.parametrize("name,value", [("SPECDEC_JAX_KERNEL_ISA", "avx9000"),
+                                        ("SPECDEC_JAX_CPU_KERNEL", "maybe"),
+                                        ("SPECDEC_JAX_CACHE", "<file>")])
+def test_a_bad_kernel_variable_is_refused_not_a_silent_fallback(
+    monkeypatch, tmp_path, capsys, fresh_available, name, value):
+  """Issue 59: avx9000 warned and ran XLA's dot; a SPECDEC_JAX_CACHE that
+  is a file turned the kernel off silently. Now: `BadEnvironment` naming
+  the variable, and the command exits 2 with one line (nothing built)."""
+  if value == "<file>":
+    value = str(tmp_path / "file")
+    (tmp_path / "file").write_text("x")
+  monkeypatch.setenv(name, value)
+  monkeypatch.setattr(kernels, "build", _not_built)
+  with pytest.raises(environment.BadEnvironment, match=name):
+    kernels.available()
+  assert kernels.main() == 2
+  out, err = capsys.readouterr()
+  assert not out
+  assert err.startswith(f"specdec_jax.core.kernels: error: {name}=")
+  assert len(err.splitlines()) == 1
+
+
+def _not_built(force=False):
+  raise AssertionError("built with a bad variable")
+
+
+def test_the_kernel_command_fails_when_the_kernel_cannot_load(
+    monkeypatch, capsys):
+  """Issue 59: it printed "(not loadable)" and exited 0."""
+  monkeypatch.delenv("SPECDEC_JAX_CPU_KERNEL", raising=False)
+  monkeypatch.setattr(kernels, "build",
+                      lambda force=False: pathlib.Path("/cache/lib.so"))
+  monkeypatch.setattr(kernels, "available", lambda: False)
+  monkeypatch.setitem(kernels._loaded, "error", "undefined symbol")  # pylint: disable=protected-access
+  assert kernels.main() == 1
+  err = capsys.readouterr().err
+  assert "/cache/lib.so was built but cannot be loaded (undefined symbol)" in (
+      err)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_a_cached_library_record_that_is_special_is_rebuilt_not_read(
+    tmp_path, kind):
+  """`_intact` checks the record and the library are regular files before
+  reading them: a FIFO blocked the build, /dev/zero filled the memory."""
+  library = tmp_path / "libspecdec_cpu_x.so"
+  library.write_bytes(b"\x7fELF")
+  record = tmp_path / "libspecdec_cpu_x.json"
+  special(record, kind)
+  with no_hang():
+    assert not kernels._intact(library)  # pylint: disable=protected-access
+  record.unlink()
+  record.write_text('{"bytes": 4, "sha256": "x"}')
+  library.unlink()
+  library.symlink_to("/dev/zero")
+  assert not kernels._intact(library)  # pylint: disable=protected-access

@@ -3,11 +3,14 @@ end (its checks before decoding: tests/harness/test_certify_checks.py)."""
 import dataclasses
 import json
 
+from absl import flags
 import flax
+import gin
 import jax
 import jax.numpy as jnp
 import pytest
 
+from specdec_jax import certify
 from specdec_jax.core import acceptance
 from specdec_jax.core import sampling
 from specdec_jax.core.protocols import Verdict
@@ -205,3 +208,40 @@ def test_algorithm_1_passes_the_planted_bugs_test(pair_models):
   exact = _distribution(CONTROL, pair_models, planted=False)
   assert exact["passed"] and exact["power_ok"], exact
   assert "skipped" not in exact
+
+
+def test_the_command_records_its_settings_and_names_its_own_flag(
+    tmp_path, capsys, caplog):
+  """Issue 59 (3, 4) and issue 58 (5), end to end on local_tiny.gin: the
+  command claims OUTPUT_DIR, says what it is doing on stderr, names
+  --examples (not NUM_EXAMPLES, not metrics.json) when the data has
+  fewer, and certificate.json records the settings the OVERWRITE rule
+  compares."""
+  out = tmp_path / "out"
+  flags.FLAGS.unparse_flags()
+  try:
+    with caplog.at_level("INFO"):
+      certify.cli([
+          "certify", "--gin_file=local_tiny.gin", f"--gin.OUTPUT_DIR='{out}'",
+          "--examples=100"
+      ])
+  except SystemExit as e:
+    assert not e.code, capsys.readouterr().err[-2000:]
+  finally:
+    flags.FLAGS.unparse_flags()
+    gin.clear_config()
+  stdout = capsys.readouterr().out.splitlines()
+  assert stdout[-2].startswith("certified exact: identity 12/12, T = 0")
+  assert stdout[-1] == f"certificate: {out / certify.CERTIFICATE_FILE}"
+  messages = [r.getMessage() for r in caplog.records]
+  assert any(
+      m.startswith("--examples=100 but SOURCE_FILE=") and
+      "(certificate.json records both numbers)" in m
+      for m in messages), messages
+  assert any(
+      m.startswith("certify: greedy identity on 12 examples") and "done in" in m
+      for m in messages), messages
+  record = json.loads((out / certify.CERTIFICATE_FILE).read_text())
+  assert record["settings"]["certify"]["examples"] == 100
+  assert record["greedy_identity"]["examples"] == 12
+  assert record["settings"]["run"]["gamma"] == 4

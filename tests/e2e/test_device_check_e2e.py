@@ -62,3 +62,58 @@ def test_small_check_runs_end_to_end_on_the_cpu(tmp_path):
   for row in physics["table2"]:
     assert math.isfinite(row["theorem_3_8"]), row
   assert "all checks hold: True" in done.stdout
+
+
+@pytest.mark.parametrize("timeout", ["abc", "0", "-5", "1e3"])
+def test_a_bad_timeout_is_one_line_before_anything_runs(timeout, tmp_path):
+  """DEVICE_CHECK_TIMEOUT_S=abc gave coreutils' "invalid time interval",
+  rc 125."""
+  out = tmp_path / "out"
+  done = subprocess.run(
+      [str(REPO / "scripts" / "device_check.sh"), "--small"], env={
+          **os.environ, "PYTHON": sys.executable,
+          "OUT": str(out),
+          "DEVICE_CHECK_TIMEOUT_S": timeout
+      }, capture_output=True, text=True, timeout=60, check=False)
+  assert done.returncode == 2, done.stderr
+  assert done.stderr.splitlines() == [
+      f"device_check: error: DEVICE_CHECK_TIMEOUT_S='{timeout}': allowed: a "
+      "number of seconds > 0 (unset: 480)."
+  ]
+  assert not out.exists()
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_an_out_that_is_a_file_is_one_line(inside, tmp_path):
+  a_file = tmp_path / "f"
+  a_file.write_text("mine")
+  out = a_file / "sub" if inside else a_file
+  done = subprocess.run([str(REPO / "scripts" / "device_check.sh"), "--small"],
+                        env={
+                            **os.environ, "PYTHON": sys.executable,
+                            "OUT": str(out)
+                        }, capture_output=True, text=True, timeout=60,
+                        check=False)
+  assert done.returncode == 2, done.stderr
+  assert len(done.stderr.splitlines()) == 1, done.stderr
+  assert done.stderr.startswith(f"device_check: error: OUT='{out}' is not a")
+  assert a_file.read_text() == "mine"
+
+
+def test_a_refused_second_check_keeps_the_first_ones_log(tmp_path):
+  """A check refused at start (another holds OUT) exits 2 and leaves the
+  log of the check in OUT as it was."""
+  from specdec_jax.files import output_folder  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "device_check.log").write_text("the first check's log\n")
+  with output_folder.hold(str(out), "device_check", "--out"):
+    done = subprocess.run(
+        [str(REPO / "scripts" / "device_check.sh"), "--small"], env={
+            **os.environ, "PYTHON": sys.executable,
+            "OUT": str(out)
+        }, capture_output=True, text=True, timeout=120, check=False)
+  assert done.returncode == 2, done.stdout
+  assert "is in use by device_check" in done.stdout
+  assert (out / "device_check.log").read_text() == "the first check's log\n"
+  assert sorted(os.listdir(out)) == ["device_check.log"]

@@ -24,10 +24,10 @@ from run_helpers import refused_gcs
 from run_helpers import subprocess_env
 from run_helpers import tiny_run_plan
 
-from specdec_jax.experiment import output_dir
 from specdec_jax.experiment import predictions as predictions_lib
 from specdec_jax.experiment import runner
 from specdec_jax.files import io_utils
+from specdec_jax.files import output_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_gin")]
 
@@ -82,7 +82,7 @@ def test_concurrent_runs_refused_and_ctrl_c_is_one_line(tmp_path):
   source.write_text("".join(
       f"a small house number {i}\tein Haus {i}\n" for i in range(rows)))
   out = tmp_path / "same"
-  lock = out / output_dir.LOCK_FILE
+  lock = out / output_folder.LOCK_FILE
   first = subprocess.Popen(
       _run_cmd(out, source, "--gin.GAMMA=2", num_examples=rows), cwd=REPO,
       env=subprocess_env(), text=True, stdout=subprocess.DEVNULL,
@@ -231,7 +231,7 @@ def test_full_disk_keeps_summary_and_decoded_rows(tmp_path, monkeypatch):
   rows = (out / ".predictions.jsonl.partial").read_text().splitlines()
   assert [json.loads(r)["index"] for r in rows] == [0, 1]
   assert not (out / "metrics.json").exists()
-  assert not (out / output_dir.LOCK_FILE).exists()
+  assert not (out / output_folder.LOCK_FILE).exists()
 
 
 def test_full_disk_at_metrics_json(tmp_path, monkeypatch):
@@ -308,7 +308,7 @@ def test_sigterm_mid_decode_keeps_rows_and_they_are_protected(tmp_path):
   assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
   assert lines[0].startswith("run: interrupted (SIGTERM): kept ")
   assert f"predictions rows in {partial}" in lines[0]
-  assert not (out / output_dir.LOCK_FILE).exists()
+  assert not (out / output_folder.LOCK_FILE).exists()
   kept = partial.read_text()
   other = subprocess.run(_run_cmd(out, source, "--gin.GAMMA=3"), cwd=REPO,
                          env=subprocess_env(), text=True, capture_output=True,

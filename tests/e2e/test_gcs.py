@@ -24,10 +24,10 @@ import pytest
 from run_helpers import gcs_at
 
 from specdec_jax import sweep
-from specdec_jax.experiment import output_dir
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import make_decoders
 from specdec_jax.files import io_utils
+from specdec_jax.files import output_folder
 
 try:
   from gcp_storage_emulator.handlers import objects as emulator_objects
@@ -132,14 +132,15 @@ def test_run_lock_on_gcs_is_exclusive(emulator, monkeypatch):
   monkeypatch.setattr(emulator_objects, "_media_upload",
                       upload_if_generation_matches)
   folder = f"{root}/locked"
-  first = output_dir.acquire(folder, "first")
-  with pytest.raises(output_dir.LockedError, match="in use by first"):
-    output_dir.acquire(folder, "second")
+  first = output_folder.acquire(folder, "first")
+  with pytest.raises(output_folder.LockedError, match="in use by first"):
+    output_folder.acquire(folder, "second")
   # Created only if absent: the server refuses a second create.
-  assert io_utils.create_new(f"{folder}/{output_dir.LOCK_FILE}", b"x") is None
+  assert io_utils.create_new(f"{folder}/{output_folder.LOCK_FILE}",
+                             b"x") is None
   first.release()
-  assert not io_utils.isfile(f"{folder}/{output_dir.LOCK_FILE}")
-  second = output_dir.acquire(folder, "second")
+  assert not io_utils.isfile(f"{folder}/{output_folder.LOCK_FILE}")
+  second = output_folder.acquire(folder, "second")
   record = {
       "program": "gone",
       "pid": 1,
@@ -151,10 +152,10 @@ def test_run_lock_on_gcs_is_exclusive(emulator, monkeypatch):
   # (Its conditional delete, ifGenerationMatch on DELETE, is not
   # checked by this emulator: `second` is not released here.)
   del second
-  io_utils.write_json(f"{folder}/{output_dir.LOCK_FILE}", record)
-  monkeypatch.setenv(output_dir.STALE_ENV, "60")
-  output_dir.acquire(folder, "third").release()  # the stale one taken over
-  assert not io_utils.isfile(f"{folder}/{output_dir.LOCK_FILE}")
+  io_utils.write_json(f"{folder}/{output_folder.LOCK_FILE}", record)
+  monkeypatch.setenv(output_folder.STALE_ENV, "60")
+  output_folder.acquire(folder, "third").release()  # the stale one taken over
+  assert not io_utils.isfile(f"{folder}/{output_folder.LOCK_FILE}")
 
 
 class _CommitOnComplete:

@@ -38,11 +38,11 @@ from specdec_jax.config import gin_utils
 from specdec_jax.core.models import T5Config
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import loading
-from specdec_jax.experiment import output_dir
 from specdec_jax.experiment import plan
 from specdec_jax.experiment import predictions as predictions_lib
 from specdec_jax.experiment.plan import RunPlan
 from specdec_jax.files import io_utils
+from specdec_jax.files import output_folder
 from specdec_jax.terminal import console
 from specdec_jax.training import TrainConfig
 from specdec_jax.training import trainer
@@ -59,26 +59,26 @@ pytestmark = pytest.mark.usefixtures("clean_gin")
 def test_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
   holder = subprocess.Popen([
       sys.executable, "-c",
-      "import sys, time; from specdec_jax.experiment import output_dir; "
-      "output_dir.acquire(sys.argv[1], 'holder'); print('held', flush=True); "
+      "import sys, time; from specdec_jax.files import output_folder; "
+      "output_folder.acquire(sys.argv[1], 'holder'); print('held', flush=True); "
       "time.sleep(600)",
       str(tmp_path)
   ], cwd=REPO, env=subprocess_env(), text=True, stdout=subprocess.PIPE)
   try:
     assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(output_dir.LockedError, match="in use by holder"):
-      output_dir.acquire(str(tmp_path))
+    with pytest.raises(output_folder.LockedError, match="in use by holder"):
+      output_folder.acquire(str(tmp_path))
   finally:
     holder.kill()  # SIGKILL: no cleanup, the lock stays
     holder.wait()
-  assert (tmp_path / output_dir.LOCK_FILE).exists()
-  with output_dir.hold(str(tmp_path)) as lock:
+  assert (tmp_path / output_folder.LOCK_FILE).exists()
+  with output_folder.hold(str(tmp_path)) as lock:
     assert json.loads(lock.version)["pid"] == os.getpid()
-  assert not (tmp_path / output_dir.LOCK_FILE).exists()
+  assert not (tmp_path / output_folder.LOCK_FILE).exists()
 
 
 def test_lock_of_another_host_is_stale_only_when_old(tmp_path, monkeypatch):
-  path = tmp_path / output_dir.LOCK_FILE
+  path = tmp_path / output_folder.LOCK_FILE
   record = {
       "program": "run",
       "pid": 1,
@@ -88,10 +88,11 @@ def test_lock_of_another_host_is_stale_only_when_old(tmp_path, monkeypatch):
       "token": "t"
   }
   path.write_text(json.dumps(record))
-  with pytest.raises(output_dir.LockedError, match="pid 1 on elsewhere"):
-    output_dir.acquire(str(tmp_path))
-  monkeypatch.setenv(output_dir.STALE_ENV, "60")  # older than a minute: stale
-  output_dir.acquire(str(tmp_path)).release()
+  with pytest.raises(output_folder.LockedError, match="pid 1 on elsewhere"):
+    output_folder.acquire(str(tmp_path))
+  # Older than a minute: stale.
+  monkeypatch.setenv(output_folder.STALE_ENV, "60")
+  output_folder.acquire(str(tmp_path)).release()
   assert not path.exists()
 
 
@@ -457,7 +458,7 @@ def test_kept_predictions_are_protected(tmp_path, kept):
   # The run that kept them: its settings are recorded before it writes.
   output_dir.check_output_dir(out, _settings(4), overwrite=False)  # held...
   (tmp_path / kept).write_text('{"index": 0}\n')
-  (tmp_path / output_dir.LOCK_FILE).unlink()  # ...and killed
+  (tmp_path / output_folder.LOCK_FILE).unlink()  # ...and killed
   with pytest.raises(run_lib.ConfigError) as e:
     output_dir.check_output_dir(out, _settings(7), overwrite=False)
   text = str(e.value)
@@ -486,7 +487,7 @@ def test_settings_record_is_dropped_when_nothing_was_kept(tmp_path):
   lock = output_dir.check_output_dir(str(out), _settings(4), overwrite=False)
   assert (out / output_dir.SETTINGS_FILE).is_file()
   lock.release()
-  assert os.listdir(out) == []  # `run` removes the folder it made
+  assert not out.exists()  # nothing kept: the folder it made is removed
 
 
 def test_full_disk_at_the_start_removes_the_folder(tmp_path, monkeypatch):
@@ -535,21 +536,21 @@ def test_lock_is_never_seen_empty(tmp_path, monkeypatch):
     if not raced:  # another run starts while the first writes its record
       raced.append(True)
       try:
-        raced.append(output_dir.acquire(str(tmp_path), "second"))
-      except output_dir.LockedError as e:
+        raced.append(output_folder.acquire(str(tmp_path), "second"))
+      except output_folder.LockedError as e:
         raced.append(e)
     return real_write(fd, data)
 
   monkeypatch.setattr(io_utils.os, "write", racing_write)
   try:
-    first = output_dir.acquire(str(tmp_path), "first")
-  except output_dir.LockedError as e:
+    first = output_folder.acquire(str(tmp_path), "first")
+  except output_folder.LockedError as e:
     first = e
-  holders = [x for x in (first, raced[1]) if isinstance(x, output_dir.Lock)]
+  holders = [x for x in (first, raced[1]) if isinstance(x, output_folder.Lock)]
   assert len(holders) == 1, (first, raced)  # exactly one run holds it
-  record = json.loads((tmp_path / output_dir.LOCK_FILE).read_text())
+  record = json.loads((tmp_path / output_folder.LOCK_FILE).read_text())
   assert record["program"] == ("first" if holders[0] is first else "second")
-  assert [p for p in os.listdir(tmp_path) if p != output_dir.LOCK_FILE] == []
+  assert [p for p in os.listdir(tmp_path) if p != output_folder.LOCK_FILE] == []
 
 
 def test_lock_without_hard_links_still_works(tmp_path, monkeypatch):
@@ -560,10 +561,10 @@ def test_lock_without_hard_links_still_works(tmp_path, monkeypatch):
     raise PermissionError(1, "Operation not permitted")
 
   monkeypatch.setattr(io_utils.os, "link", no_link)
-  lock = output_dir.acquire(str(tmp_path), "first")
-  with pytest.raises(output_dir.LockedError, match="is in use by first"):
-    output_dir.acquire(str(tmp_path), "second")
-  assert json.loads((tmp_path / output_dir.LOCK_FILE).read_text())["program"] \
+  lock = output_folder.acquire(str(tmp_path), "first")
+  with pytest.raises(output_folder.LockedError, match="is in use by first"):
+    output_folder.acquire(str(tmp_path), "second")
+  assert json.loads((tmp_path / output_folder.LOCK_FILE).read_text())["program"] \
       == "first"
   lock.release()
   assert os.listdir(tmp_path) == []

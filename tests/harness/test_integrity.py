@@ -57,10 +57,10 @@ def reads(monkeypatch):
   seen = []
   real = io_utils.read_bytes
 
-  def read_bytes(path):
+  def read_bytes(path, *args, **kwargs):
     seen.append(os.fspath(path))
     assert not os.fspath(path).startswith("/dev/"), f"read {path}"
-    return real(path)
+    return real(path, *args, **kwargs)
 
   monkeypatch.setattr(io_utils, "read_bytes", read_bytes)
   return seen

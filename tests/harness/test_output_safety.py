@@ -19,6 +19,7 @@ from specdec_jax.config.flag_utils import ConfigError
 from specdec_jax.experiment import output_dir
 from specdec_jax.experiment import predictions as predictions_lib
 from specdec_jax.files import io_utils
+from specdec_jax.files import output_folder
 from specdec_jax.terminal import console
 
 PARTIAL = output_dir.PARTIAL_PREDICTIONS_FILE
@@ -76,7 +77,7 @@ def test_atomic_write_sets_mode_on_its_own_file(tmp_path, monkeypatch):
 
   monkeypatch.setattr(io_utils.os, "chmod", no_chmod)
   io_utils.write_json(tmp_path / "metrics.json", {"a": 1})
-  assert io_utils.create_new(str(tmp_path / output_dir.LOCK_FILE), b"x")
+  assert io_utils.create_new(str(tmp_path / output_folder.LOCK_FILE), b"x")
   mode = (tmp_path / "metrics.json").stat().st_mode & 0o777
   assert mode == 0o666 & ~io_utils._umask()  # pylint: disable=protected-access
 
@@ -166,7 +167,7 @@ def test_empty_partial_of_a_killed_run_blocks_nothing(tmp_path):
   out = str(tmp_path)
   output_dir.check_output_dir(out, _settings(4), overwrite=False)  # held...
   (tmp_path / PARTIAL).write_text("")
-  (tmp_path / output_dir.LOCK_FILE).unlink()  # ...and killed
+  (tmp_path / output_folder.LOCK_FILE).unlink()  # ...and killed
   output_dir.check_output_dir(out, _settings(7), overwrite=False).release()
 
 
@@ -181,8 +182,8 @@ def _race(folder, starters):
   def start():
     barrier.wait()
     try:
-      results.append(output_dir.acquire(folder, "racer"))
-    except output_dir.LockedError as e:
+      results.append(output_folder.acquire(folder, "racer"))
+    except output_folder.LockedError as e:
       results.append(e)
 
   threads = [threading.Thread(target=start) for _ in range(starters)]
@@ -201,7 +202,7 @@ def test_stale_lock_is_taken_over_by_exactly_one(tmp_path, monkeypatch):
   real_unlink = os.unlink
 
   def slow_unlink(path, *args, **kwargs):
-    if os.path.basename(os.fspath(path)) == output_dir.LOCK_FILE:
+    if os.path.basename(os.fspath(path)) == output_folder.LOCK_FILE:
       time.sleep(random.uniform(0, 0.02))
     return real_unlink(path, *args, **kwargs)
 
@@ -215,9 +216,9 @@ def test_stale_lock_is_taken_over_by_exactly_one(tmp_path, monkeypatch):
       "token": "stale"
   }
   for trial in range(8):
-    (tmp_path / output_dir.LOCK_FILE).write_text(json.dumps(stale))
+    (tmp_path / output_folder.LOCK_FILE).write_text(json.dumps(stale))
     results = _race(str(tmp_path), starters=6)
-    holders = [r for r in results if isinstance(r, output_dir.Lock)]
+    holders = [r for r in results if isinstance(r, output_folder.Lock)]
     for lock in holders:
       lock.release()
     assert len(results) == 6, (trial, results)
@@ -230,7 +231,7 @@ def test_stale_lock_is_taken_over_by_exactly_one(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------
 def test_lock_that_is_a_folder_is_one_clear_line(tmp_path, capsys):
   """The probe's case: a bare "[Errno 21] Is a directory"."""
-  lock = tmp_path / output_dir.LOCK_FILE
+  lock = tmp_path / output_folder.LOCK_FILE
   lock.mkdir()
 
   def body():
@@ -251,7 +252,8 @@ def test_lock_that_is_a_link_is_refused_not_read(tmp_path):
   target.write_text("{}")
   out = tmp_path / "out"
   out.mkdir()
-  (out / output_dir.LOCK_FILE).symlink_to(target)
-  with pytest.raises(output_dir.LockedError, match="is a symbolic link, not a"):
-    output_dir.acquire(str(out))
-  assert (out / output_dir.LOCK_FILE).is_symlink()
+  (out / output_folder.LOCK_FILE).symlink_to(target)
+  with pytest.raises(output_folder.LockedError,
+                     match="is a symbolic link, not a"):
+    output_folder.acquire(str(out))
+  assert (out / output_folder.LOCK_FILE).is_symlink()

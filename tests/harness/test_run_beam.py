@@ -157,6 +157,7 @@ def test_the_run_decoders_return_the_top_beam_and_per_element_counts():
 def test_the_memory_check_counts_the_beam_rows(tmp_path, monkeypatch):
   """A beam run holds B·(R + k) cache rows: refused, naming the beam macros
   (before any model loads: `plan.RunPlan.build` runs it)."""
+  from specdec_jax.checkpoints import sizes  # pylint: disable=g-import-not-at-top
   from specdec_jax.experiment import plan  # pylint: disable=g-import-not-at-top
   config = tiny_config(vocab_size=32)
   overrides = {"output_dir": str(tmp_path), "batch_size": 2, "gamma": 2}
@@ -165,7 +166,7 @@ def test_the_memory_check_counts_the_beam_rows(tmp_path, monkeypatch):
   # Room for the sampled run's 2 rows, not the beam run's 2·(8 + 4) = 24.
   need = sum(plan.estimate(config, 24, 512, 128).values()) + sum(
       plan.estimate(config, 24, 512, 128).values())
-  monkeypatch.setattr(plan, "available_bytes", lambda: need // 2)
+  monkeypatch.setattr(sizes, "available_bytes", lambda: need // 2)
   plan._check_memory(sample, config, config)  # pylint: disable=protected-access
   with pytest.raises(run_lib.ConfigError) as e:
     plan._check_memory(beam, config, config)  # pylint: disable=protected-access

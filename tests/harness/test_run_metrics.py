@@ -14,6 +14,7 @@ from specdec_jax import report
 from specdec_jax.metrics import run_metrics
 from specdec_jax import sweep
 from specdec_jax.experiment import output_dir
+from specdec_jax.files import output_folder
 
 from conftest import REPO
 
@@ -313,5 +314,5 @@ def test_settings_of_earlier_versions_are_the_same_settings(tmp_path):
   output_dir.check_output_dir(str(tmp_path), new, overwrite=False).release()
   old["run"]["gamma"] = 7
   (tmp_path / "metrics.json").write_text(json.dumps({"settings": old}))
-  with pytest.raises(output_dir.ConfigError, match="run.gamma: 7 -> 6"):
+  with pytest.raises(output_folder.FolderError, match="run.gamma: 7 -> 6"):
     output_dir.check_output_dir(str(tmp_path), new, overwrite=False)

@@ -29,11 +29,13 @@ use compiles it (~10 s). Each build records the library's size and
 SHA-256 beside it (`libspecdec_cpu_<key>.json`); a library that does not
 match its record, or has none, is rebuilt before it is loaded: loading a
 truncated one (a full disk, a killed copy) is a SIGBUS, not an error.
-Without a compiler, or with `SPECDEC_JAX_CPU_KERNEL=0`, nothing is packed
-and XLA's dot is used.
-`SPECDEC_JAX_KERNEL_ISA=avx2` (or `portable`) caps the instruction set the
-kernel uses (`instruction_set`), to compare the paths; results are the same
-bits.
+Without a compiler, or with `SPECDEC_JAX_CPU_KERNEL=0` (or false, no, off:
+`environment.flag`), nothing is packed and XLA's dot is used.
+`SPECDEC_JAX_KERNEL_ISA=avx2` (or `portable`, `avx512`) caps the
+instruction set the kernel uses (`instruction_set`), to compare the paths;
+results are the same bits. A bad value of either, or a SPECDEC_JAX_CACHE
+that is a file, is refused (`environment.BadEnvironment`), never a silent
+fallback.
 """
 
 import functools
@@ -43,6 +45,7 @@ import logging
 import os
 import pathlib
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -52,11 +55,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specdec_jax.core import environment
+
 MAX_ROWS = 64
 TARGET_NAME = "specdec_packed_matmul"
 _SOURCE = pathlib.Path(__file__).with_name("cpu_matmul.cc")
 _ENV_SWITCH = "SPECDEC_JAX_CPU_KERNEL"
-_ENV_CACHE = "SPECDEC_JAX_CACHE"
 _ENV_ISA = "SPECDEC_JAX_KERNEL_ISA"  # Caps the instruction set (benchmarks).
 
 log = logging.getLogger(__name__)
@@ -91,9 +95,31 @@ CPU_SPECULATIVE_COMPILER_OPTIONS = {
 
 
 def _cache_dir() -> pathlib.Path:
-  root = os.environ.get(_ENV_CACHE) or os.path.join(os.path.expanduser("~"),
-                                                    ".cache", "specdec_jax")
-  return pathlib.Path(root) / "kernels"
+  """Under `environment.cache_dir()` (BadEnvironment: SPECDEC_JAX_CACHE is
+  a file)."""
+  return pathlib.Path(environment.cache_dir()) / "kernels"
+
+
+def switched_on() -> bool:
+  """SPECDEC_JAX_CPU_KERNEL (`environment.flag`; BadEnvironment)."""
+  return environment.flag(_ENV_SWITCH, True)
+
+
+def _isa_cap() -> Optional[str]:
+  """SPECDEC_JAX_KERNEL_ISA, or None (`environment.choice`)."""
+  return environment.choice(_ENV_ISA, INSTRUCTION_SETS)
+
+
+def check_environment() -> None:
+  """Reads the kernel's variables (switch, cap, cache folder) now: a
+  command refuses a bad one at its start, not at the first model.
+
+  Raises:
+    environment.BadEnvironment: naming the variable and what is allowed.
+  """
+  switched_on()
+  _isa_cap()
+  _cache_dir()
 
 
 def _compiler() -> Optional[str]:
@@ -122,13 +148,32 @@ def _intact(library: pathlib.Path) -> bool:
 
   `ctypes` maps the file: a truncated library passes `dlopen`'s header
   checks and then kills the process with SIGBUS, so a cached file is
-  checked against the record before it is loaded.
+  checked against the record before it is loaded. Both must be regular
+  files, the record small and the library its recorded size, before
+  either is read (a FIFO there would block, /dev/zero never end).
   """
   try:
-    record = json.loads(_record_path(library).read_text())
+    record_path = _record_path(library)
+    if _regular_size(record_path) > _MAX_RECORD_BYTES:
+      return False
+    record = json.loads(record_path.read_text())
+    if (not isinstance(record, dict) or
+        _regular_size(library) != record.get("bytes")):
+      return False
     return record == _file_record(library)
   except (OSError, ValueError):
     return False
+
+
+_MAX_RECORD_BYTES = 4096
+
+
+def _regular_size(path: pathlib.Path) -> int:
+  """`path`'s size; OSError unless it is a regular file (links followed)."""
+  info = path.stat()
+  if not stat.S_ISREG(info.st_mode):
+    raise OSError(f"{path} is not a regular file")
+  return info.st_size
 
 
 def _write_record(library: pathlib.Path, record: Dict[str, Any]) -> None:
@@ -185,24 +230,29 @@ def build(force: bool = False) -> pathlib.Path:
 
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
-  """Whether the CPU kernel is built and registered (builds it if needed)."""
-  if os.environ.get(_ENV_SWITCH, "1") == "0":
+  """Whether the CPU kernel is built and registered (builds it if needed).
+
+  Raises:
+    environment.BadEnvironment: a bad SPECDEC_JAX_CPU_KERNEL,
+      SPECDEC_JAX_KERNEL_ISA or SPECDEC_JAX_CACHE (refused, not a silent
+      fallback to XLA's dot).
+  """
+  check_environment()
+  if not switched_on():
     return False
+  cap = _isa_cap()  # A benchmark comparing the paths.
   try:
     import ctypes  # pylint: disable=g-import-not-at-top
     library = ctypes.cdll.LoadLibrary(str(build()))
     _loaded["library"] = library
-    cap = os.environ.get(_ENV_ISA)
-    if cap:  # A benchmark comparing the paths.
-      if cap not in INSTRUCTION_SETS:
-        raise RuntimeError(f"{_ENV_ISA}={cap!r}: allowed: "
-                           f"{', '.join(INSTRUCTION_SETS)}.")
+    if cap:
       library.SpecdecKernelIsa(INSTRUCTION_SETS.index(cap))
     jax.ffi.register_ffi_target(TARGET_NAME,
                                 jax.ffi.pycapsule(library.SpecdecPackedMatmul),
                                 platform="cpu")
     return True
   except (RuntimeError, OSError) as e:
+    _loaded["error"] = str(e)
     log.warning("CPU matmul kernel unavailable, using XLA's dot: %s", e)
     return False
 
@@ -305,13 +355,30 @@ def dense(x: jax.Array, kernel: jax.Array, n_size: int) -> jax.Array:
 
 
 def main() -> int:
-  """`python -m specdec_jax.core.kernels`: build now and report the decode path."""
+  """`python -m specdec_jax.core.kernels`: build now and report the decode
+  path. Exit 2: a bad variable (one line); 1: built but not loadable; 0:
+  built and loaded, switched off, or no compiler (XLA's dot, correct)."""
+  try:
+    check_environment()
+  except environment.BadEnvironment as e:
+    print(f"specdec_jax.core.kernels: error: {e}", file=sys.stderr)
+    return 2
   try:
     path = build(force="--force" in sys.argv)
   except RuntimeError as e:
     print(f"specdec_jax: CPU matmul kernel NOT built ({e}); decoding on CPU "
           "uses XLA's dot (correct, slower verification calls).")
     return 0
-  isa = instruction_set() if available() else "not loadable"
-  print(f"specdec_jax: CPU matmul kernel built: {path} ({isa})")
+  if not switched_on():
+    print(f"specdec_jax: CPU matmul kernel built: {path}; switched off "
+          f"({_ENV_SWITCH}={os.environ.get(_ENV_SWITCH)!r}): decoding uses "
+          "XLA's dot.")
+    return 0
+  if not available():
+    print(
+        f"specdec_jax.core.kernels: error: the CPU matmul kernel {path} "
+        f"was built but cannot be loaded ({_loaded.get('error')}); "
+        "decoding would use XLA's dot.", file=sys.stderr)
+    return 1
+  print(f"specdec_jax: CPU matmul kernel built: {path} ({instruction_set()})")
   return 0
