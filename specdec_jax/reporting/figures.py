@@ -70,59 +70,107 @@ def _draft_colors(runs) -> Dict[str, Any]:
   return {d: cmap(i % 10) for i, d in enumerate(drafts)}
 
 
+def call_cost_by_gamma(runs: Sequence[Dict[str, Any]]):
+  """γ -> the (γ+1)-token call in target steps, from runs' measured
+  `verification_cost_ratio` (K = 1 costs one step by definition): linear
+  between measured K, the last two points' slope (>= 0) beyond them. None
+  when no run priced its call (older metrics.json, PRICE_CALL_COST=False).
+  """
+  measured = collections.defaultdict(list)
+  for r in runs:
+    if r.get("verification_cost_ratio") is not None:
+      measured[int(r["gamma"]) + 1].append(float(r["verification_cost_ratio"]))
+  if not measured:
+    return None
+  ks = np.array([1.0] + sorted(measured))
+  ratios = np.array([1.0] + [float(np.mean(measured[k])) for k in ks[1:]])
+  slope = max(0.0, (ratios[-1] - ratios[-2]) / (ks[-1] - ks[-2]))
+
+  def cost(gamma):
+    k = np.asarray(gamma, np.float64) + 1
+    return np.where(k <= ks[-1], np.interp(k, ks, ratios),
+                    ratios[-1] + slope * (k - ks[-1]))
+
+  return cost
+
+
 def render_speedup_vs_gamma(runs: Sequence[Dict[str, Any]]):
   """Measured speedup per gamma with Theorem 3.8 curves (one panel per task).
 
-  Each (draft, temperature) series is drawn with its measured points and the
-  curve of Theorem 3.8 at the series' mean measured alpha and c; the curve's
-  integer optimum (Figure 3) is marked with an open triangle. Colour is the
-  draft; temperature is both the marker shape of the measured points and
-  the line style of the curve, so T = 0 and T = 1 points of one draft are
-  told apart; the legend sits below the axes, off the data.
+  Each (draft, temperature) series is drawn with its measured points and
+  Theorem 3.8 at the series' mean measured α and c with the (γ+1)-token
+  call at its measured cost (`call_cost_by_gamma`), the curve a γ should be
+  chosen from; its integer optimum is marked with an open triangle. The
+  paper's ideal, a call as cheap as one step, is drawn thin and dotted and
+  labelled so (on a host where a call costs more it lies far above the
+  points); a series without measured call costs gets only the ideal.
+  Colour is the draft; temperature is the marker shape of the points and
+  the line style of the curve; the legend sits below the axes.
   """
   series = _series(runs)
   panels = sorted({(k[0], k[1]) for k in series})
   colors = _draft_colors(runs)
   temps = sorted({k[3] for k in series})
-  styles = ["-", "--", ":", "-."]
+  styles = ["-", "--", "-.", (0, (5, 1))]
   markers = ["o", "s", "D", "P", "X", "v"]
-  fig = new_figure(5.2 * len(panels), 4.2)
+  fig = new_figure(5.2 * len(panels), 4.4)
   axes = fig.subplots(1, len(panels), squeeze=False)[0]
   for ax, (task, target) in zip(axes, panels):
     keys = [k for k in series if (k[0], k[1]) == (task, target)]
-    fits = {}
-    for k in keys:
-      alpha = float(np.mean([r["alpha"] for r in series[k]]))
-      c = float(np.mean([r["cost_coefficient_c"] for r in series[k]]))
-      fits[k] = (alpha, c, analysis.optimal_gamma(alpha, c, max_gamma=64))
     gmax = max(max(r["gamma"] for r in series[k]) for k in keys)
-    gplot = min(max(gmax + 2, 8, max(f[2] for f in fits.values()) + 1), 32)
-    grid = np.linspace(1, gplot, 200)
+    grid = np.linspace(1, min(max(gmax + 2, 8), 32), 200)
+    tops = [max(r["speedup"] for k in keys for r in series[k])]
     for k in keys:
-      pts = sorted(series[k], key=lambda r: r["gamma"])
-      draft, temp = k[2], k[3]
-      color = colors[draft]
-      style = styles[temps.index(temp) % len(styles)]
-      alpha, c, g_opt = fits[k]
-      ax.plot(
-          grid, analysis.expected_speedup(alpha, grid,
-                                          c), style, color=color, lw=1.3,
-          alpha=0.8, label=f"Thm 3.8: {draft}, T={tables.fmt_temp(temp)} "
-          f"(α={alpha:.2f}, c={c:.3f})")
-      if g_opt <= gplot:
-        ax.plot([g_opt], [analysis.expected_speedup(alpha, g_opt, c)], "^",
-                color=color, ms=7, mfc="none")
-      marker = markers[temps.index(temp) % len(markers)]
-      ax.plot([r["gamma"] for r in pts], [r["speedup"] for r in pts], marker,
-              color=color, ms=6.5, mec="black", mew=0.6, ls="none",
-              label=f"measured: {draft}, T={tables.fmt_temp(temp)}")
+      tops.append(
+          _speedup_series(ax, series[k], grid, colors[k[2]],
+                          styles[temps.index(k[3]) % len(styles)],
+                          markers[temps.index(k[3]) % len(markers)]))
     ax.axhline(1.0, color="gray", lw=0.8, ls=":")
     finish_panel(ax, "γ (draft tokens per target call)", "walltime speedup (×)",
                  f"{task}: M_p = {target}", bottom=0, legend_columns=2)
+    ax.set_ylim(0, 1.25 * max(tops))
   fig.suptitle(
-      "Speedup vs γ: measured (markers, one shape per temperature) "
-      "and Theorem 3.8 (lines, △ = optimal γ)", fontsize=10)
+      "Speedup vs γ: measured (markers) and Theorem 3.8 (lines, △ = best γ)",
+      fontsize=9)
   return fig
+
+
+def _speedup_series(ax, runs, grid, color, style, marker) -> float:
+  """One series' points and curves on `ax`; the highest value that should
+  stay in view (the points and the measured-cost curve, not the ideal)."""
+  alpha = float(np.mean([r["alpha"] for r in runs]))
+  c = float(np.mean([r["cost_coefficient_c"] for r in runs]))
+  draft, temp = runs[0]["draft_model"], tables.fmt_temp(runs[0]["temperature"])
+  ideal = analysis.expected_speedup(alpha, grid, c)
+  cost = call_cost_by_gamma(runs)
+  if cost is None:
+    ax.plot(
+        grid, ideal, style, color=color, lw=1.3, alpha=0.8,
+        label=f"Thm 3.8, ideal call: {draft}, T={temp} "
+        f"(α={alpha:.2f}, c={c:.3f})")
+    top = float(np.max(ideal))
+    best = analysis.optimal_gamma(alpha, c, max_gamma=int(grid[-1]))
+  else:
+    curve = analysis.expected_speedup(alpha, grid, c, call_cost=cost(grid))
+    ax.plot(
+        grid, curve, style, color=color, lw=1.5,
+        label=f"Thm 3.8, measured call: {draft}, T={temp} "
+        f"(α={alpha:.2f}, c={c:.3f})")
+    ax.plot(grid, ideal, ":", color=color, lw=0.9, alpha=0.6,
+            label=f"ideal (call = 1 step): {draft}, T={temp}")
+    top = float(np.max(curve))
+    gammas = np.arange(1, int(grid[-1]) + 1)
+    best = int(gammas[np.argmax(
+        analysis.expected_speedup(alpha, gammas, c, call_cost=cost(gammas)))])
+  ax.plot([best], [
+      analysis.expected_speedup(alpha, best, c,
+                                call_cost=1.0 if cost is None else cost(best))
+  ], "^", color=color, ms=7, mfc="none")
+  pts = sorted(runs, key=lambda r: r["gamma"])
+  ax.plot([r["gamma"] for r in pts], [r["speedup"] for r in pts], marker,
+          color=color, ms=6.5, mec="black", mew=0.6, ls="none",
+          label=f"measured: {draft}, T={temp}")
+  return top
 
 
 def render_alpha_by_draft(runs: Sequence[Dict[str, Any]]):

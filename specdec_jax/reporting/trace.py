@@ -117,6 +117,8 @@ def render_trace_html(example: Mapping[str, Any], run: Mapping[str,
       f"{run['draft_model']}, γ = {run['gamma']}, T = "
       f"{tables.fmt_temp(run['temperature'])}; run {run['run_name']}, example "
       f"{example.get('index', '?')}")
+  tgt_words = ("token the target chose (its argmax, T = 0)"
+               if run["temperature"] == 0 else "token sampled from the target")
   fields = []
   for key in ("input", "reference", "baseline", "speculative"):
     if isinstance(example.get(key), str):
@@ -139,7 +141,7 @@ dt {{ font-weight: bold; }}
 <p>{esc(info)}</p>
 <p>One line per target-model call: <span class="acc">accepted draft tokens</span>,
 <del class="rej">rejected draft tokens</del>, and the
-<span class="tgt">token sampled from the target model</span>
+<span class="tgt">{esc(tgt_words)}</span>
 (correction after a rejection, or the extra token when all γ were accepted).</p>
 <div class="trace">
 {chr(10).join(lines)}
@@ -175,8 +177,7 @@ def _layout(shown, label_chars: int, prefix_chars: int,
   for i, (prefix, acc, rej, tgt) in enumerate(shown):
     col = label_chars
     segs.append((row, 0, f"{i + 1:>3}", "#999999", False))
-    if len(prefix) > prefix_chars:
-      prefix = "…" + prefix[-(prefix_chars - 1):]
+    prefix = _clipped(prefix, prefix_chars)
     pieces = [(prefix, PREFIX_COLOR, False)]
     pieces += [(t, ACCEPTED_COLOR, False) for t in acc]
     pieces += [(t, REJECTED_COLOR, True) for t in rej]
@@ -192,6 +193,23 @@ def _layout(shown, label_chars: int, prefix_chars: int,
       col += len(text)
     row += 1
   return segs, row
+
+
+def _clipped(prefix: str, chars: int) -> str:
+  """`prefix` in at most `chars` characters: its end after an ellipsis, cut
+  at a word boundary (a cut word reads as another word: '…lauen Hemd')."""
+  if len(prefix) <= chars:
+    return prefix
+  tail = prefix[-(chars - 1):]
+  if not prefix[-chars].isspace() and " " in tail.strip():
+    tail = tail[tail.index(" ", len(tail) - len(tail.lstrip())):]
+  return "…" + tail
+
+
+def target_words(temperature: float) -> str:
+  """What the target's own token is at this temperature (Figure 1's blue):
+  its argmax at T = 0, a sample otherwise."""
+  return "target's token (argmax)" if temperature == 0 else "target sample"
 
 
 def _draw_text(ax, x: float, y: float, text: str, color: str, struck: bool,
@@ -246,7 +264,8 @@ def render_trace_png(example: Mapping[str, Any], run: Mapping[str, Any],
   col = 0
   for text, color, struck in (("accepted", ACCEPTED_COLOR,
                                False), ("rejected", REJECTED_COLOR, True),
-                              ("target sample", TARGET_COLOR, False)):
+                              (target_words(run["temperature"]), TARGET_COLOR,
+                               False)):
     _draw_text(ax, x0 + col * char_w, 2 * line_h, text, color, struck,
                bold=not struck, **draw)
     col += len(text) + 3

@@ -1,5 +1,6 @@
 """README.md's main job runs and prints what the README shows (the other
 checks of the pages: tests/project/test_docs.py)."""
+import re
 import shlex
 
 import pytest
@@ -50,3 +51,20 @@ def test_readme_main_job_runs_and_prints_what_the_readme_shows(tmp_path):
   assert metrics["random_weights"] is False
   assert (out / "metrics.json").is_file()
   assert (out / "predictions.jsonl").is_file()
+
+
+def test_readme_python_block_runs_from_another_folder(tmp_path, monkeypatch,
+                                                      capsys):
+  """README's `load_pair` example, run where the repository is not the
+  current folder: its relative paths resolve as the commands resolve them,
+  and the printed outputs are the ones shown."""
+  code = fenced(section(readme(), "## Use it from Python"), "python")
+  assert len(code) == 1 and len(code[0].splitlines()) <= 16
+  monkeypatch.chdir(tmp_path)
+  namespace = {}
+  exec(code[0], namespace)  # pylint: disable=exec-used
+  shown = re.search(r"print\(pair.decode.*# (\[.*\])", code[0]).group(1)
+  printed = capsys.readouterr().out.splitlines()
+  assert printed[0] == shown
+  assert "tokens_per_target_call" in printed[1]
+  assert namespace["out"].tokens.shape == (2, 64)

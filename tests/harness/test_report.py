@@ -206,6 +206,43 @@ class TestRender:
     assert lines == [("", [" a"], [" b", " c"], " x"), (" a x", [" d"], [], "")]
 
 
+def test_trace_figure_cuts_a_long_prefix_at_a_word_and_names_the_target():
+  """Issue 58: a clipped prefix starts at a whole word ('…lauen Hemd' read
+  as another word), and at T = 0 the target's token is its argmax, not a
+  sample (both in the PNG's legend and the HTML)."""
+  words = [
+      f"▁{w}" for w in "Ein Mann in einem blauen Hemd fährt auf der "
+      "Straße entlang .".split()
+  ]
+  trace = [{
+      "draft_tokens": words,
+      "num_accepted": len(words),
+      "target_token": "</s>"
+  }, {
+      "draft_tokens": ["▁x"],
+      "num_accepted": 0,
+      "target_token": "▁y"
+  }]
+  run = {
+      "task": "t",
+      "target_model": "p",
+      "draft_model": "q",
+      "gamma": 3,
+      "run_name": "r"
+  }
+  for temperature, words_shown in ((0.0, "target's token (argmax)"),
+                                   (1.0, "target sample")):
+    run["temperature"] = temperature
+    fig = trace_lib.render_trace_png({"trace": trace}, run, prefix_chars=30)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert words_shown in texts
+    clipped = [t for t in texts if t.startswith("…")]
+    assert clipped == ["… der Straße entlang .</s>"]
+  html = trace_lib.render_trace_html({"trace": trace},
+                                     dict(run, temperature=0.0))
+  assert "its argmax, T = 0" in html and "sampled" not in html
+
+
 class TestRougeTable:
 
   def test_rouge_quality_and_star(self):
@@ -388,6 +425,47 @@ def test_speedup_vs_gamma_tells_temperatures_apart():
     assert t0.get_marker() != t1.get_marker()
   legend = [t.get_text() for t in ax.get_legend().get_texts()]
   assert set(measured) <= set(legend)
+
+
+def test_speedup_vs_gamma_draws_theorem_3_8_at_the_measured_call_cost(tmp_path):
+  """Issue 58: the curve a γ is chosen from prices the (γ+1)-token call as
+  measured; the ideal (a call as cheap as one step) is dotted, labelled,
+  and left out of the axis range, so it cannot suggest a far too large γ."""
+  root = copy_fixture(tmp_path)
+  for path in root.glob("*/metrics.json"):
+    m = json.loads(path.read_text())
+    m["verification_cost_ratio"] = 1.0 + 0.15 * m["gamma"]  # a CPU-like call
+    path.write_text(json.dumps(m))
+  runs = report.load_results(str(root))
+  ax = report.render_speedup_vs_gamma(runs).axes[0]
+  lines = {l.get_label(): l for l in ax.lines}
+  name = "small, T=0"
+  measured = lines[f"Thm 3.8, measured call: {name} (α=0.75, c=0.020)"]
+  ideal = lines[f"ideal (call = 1 step): {name}"]
+  assert ideal.get_linestyle() == ":" and measured.get_linestyle() == "-"
+  assert max(measured.get_ydata()) < max(ideal.get_ydata())
+  # The axis fits the points and the measured-cost curves, not the ideal.
+  in_view = [r["speedup"] for r in runs] + [
+      max(l.get_ydata())
+      for label, l in lines.items()
+      if label.startswith("Thm 3.8, measured call")
+  ]
+  assert ax.get_ylim()[1] == pytest.approx(1.25 * max(in_view))
+  small = [
+      r for r in runs if r["draft_model"] == "small" and r["temperature"] == 0
+  ]
+  alpha = np.mean([r["alpha"] for r in small])
+  gammas = np.arange(1, 10)
+  expected = gammas[np.argmax(
+      analysis.expected_speedup(alpha, gammas, 0.02,
+                                call_cost=1 + 0.15 * gammas))]
+  best = [
+      l.get_xdata()[0]
+      for l in ax.lines
+      if l.get_marker() == "^" and l.get_color() == measured.get_color()
+  ]
+  assert expected in best  # (T = 1 has its own)
+  assert expected < analysis.optimal_gamma(alpha, 0.02)
 
 
 def test_alpha_labels_clear_error_bars_and_diamonds(tmp_path):

@@ -170,8 +170,10 @@ def test_check_command_is_the_one_ci_runs_before_the_tests():
   assert "`scripts/check.sh`" in section(readme(), "## Run the tests")
 
 
-def test_readme_python_api_block_runs(capsys):
-  code = fenced(section(readme(), "## Use it from Python"), "python")
+def test_core_python_api_block_runs(capsys):
+  """docs/extending.md's example of the core alone (random weights)."""
+  text = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
+  code = fenced(section(text, "## The core alone"), "python")
   assert len(code) == 1 and len(code[0].splitlines()) <= 16
   namespace = {}
   exec(code[0], namespace)  # pylint: disable=exec-used
