@@ -3,7 +3,7 @@
 # formatter yapf (--diff: it changes nothing) and mypy on the core, all
 # configured in pyproject.toml. Installed by the `test` extra. Runs every
 # check and fails if any failed. `python -m yapf -i -r -p specdec_jax
-# scripts tests` formats the code.
+# tools tests` formats the code.
 #
 #   scripts/check.sh
 set -uo pipefail
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 failed=()
 python -m ruff check . || failed+=("ruff check")
 # Prints the changes yapf would make (none: the check passes).
-python -m yapf --diff --recursive --parallel specdec_jax scripts tests ||
+python -m yapf --diff --recursive --parallel specdec_jax tools tests ||
   failed+=("yapf --diff")
 python -m mypy || failed+=("mypy")
 if (( ${#failed[@]} )); then

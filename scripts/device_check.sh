@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The device check (issue 47; docs/usage/gpu.md): checks and measures the
+# The device check (issue 47; docs/usage/gpu.md; running it:
+# docs/contributing/device_check.md): checks and measures the
 # project on a lent GPU in one command, within 8 minutes, writing
 # $OUT/device_check.json (after every phase) and $OUT/device_check.log.
 #
 #   scripts/device_check.sh            # on the GPU machine (the `run` call)
 #   scripts/device_check.sh --small    # the same phases at tiny shapes (CPU)
+#   scripts/device_check.sh --phases=env,paths   # only the decode paths
+#   scripts/device_check.sh --path=packed        # every phase on that path
 #
 # Wheels carried in .whl/ (git-ignored through .git/info/exclude) are
 # installed first, without network; the project itself is not installed:
@@ -43,7 +46,7 @@ export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 log="$(mktemp "$out/.device_check.log.XXXXXX")" || exit 1
 timeout -k 10 "$limit" \
-  "$python" -m specdec_jax.device_check --out "$out" "$@" 2>&1 |
+  "$python" -m tools.device_check --out "$out" "$@" 2>&1 |
   tee "$log"
 code="${PIPESTATUS[0]}"
 if [ "$code" = 2 ]; then

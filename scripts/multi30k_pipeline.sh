@@ -29,7 +29,7 @@ for draft in 1m 4m 4m_distill; do
   done
 done
 python -m specdec_jax.report "$OUT/results"
-python scripts/multi30k_summary.py --out "$OUT" | tee "$OUT/summary.md"
+python -m tools.multi30k_summary --out "$OUT" | tee "$OUT/summary.md"
 
 # The paper's regime (README, "Results"): the 38M target, whose 117 MB float32
 # decoder streams from memory at every step, trained on the shipped
@@ -38,7 +38,7 @@ python scripts/multi30k_summary.py --out "$OUT" | tee "$OUT/summary.md"
 if [ -z "${SKIP_TRAIN:-}" ]; then
   python -m specdec_jax.train --gin_file=train/multi30k_target_38m.gin 2>&1 \
     | tee "$OUT/logs/train_multi30k_target_38m.log"
-  [ -d pretrained/multi30k/target_38m ] || python scripts/export_pretrained.py \
+  [ -d pretrained/multi30k/target_38m ] || python -m tools.export_pretrained \
     --model target_38m=outputs/multi30k/target_38m \
     --spm pretrained/multi30k/multi30k.model --out pretrained/multi30k
 fi
@@ -55,7 +55,7 @@ python -m specdec_jax.report "$OUT/table2_38m"
 # Call cost of each target (random weights: timing only), the 38M also with
 # the kernel capped at AVX2 (SPECDEC_JAX_KERNEL_ISA) to show the 8-row tiles.
 bench() {  # NAME TARGET_GIN [ISA]
-  SPECDEC_JAX_KERNEL_ISA=${3:-} python scripts/benchmark_decode.py \
+  SPECDEC_JAX_KERNEL_ISA=${3:-} python -m tools.benchmarks.decode \
     --target gin/models/$2.gin --draft gin/models/multi30k_draft_1m.gin \
     --gammas 3 --alphas 0.6 --chunk_sizes 2,3,4,5,6,7,8 \
     --max_decode_length 48 --output "benchmarks/call_cost_$1_cpu.json"
@@ -66,10 +66,10 @@ bench 38m_avx2 multi30k_target_38m avx2
 # Host B (a Xeon whose reported 480 MiB L3 holds the 38M decoder): the 38M
 # and a T5-base-shaped target (552 MB decoder) beyond that cache.
 #   bench 38m_xeon multi30k_target_38m
-#   python scripts/benchmark_decode.py --target base --draft xsmall --gammas 3 \
+#   python -m tools.benchmarks.decode --target base --draft xsmall --gammas 3 \
 #     --alphas 0.7 --chunk_sizes 2,3,4,5,6,8 --max_decode_length 32 \
 #     --output benchmarks/call_cost_t5base_xeon_cpu.json
-python scripts/plot_call_cost.py \
+python -m tools.benchmarks.plot_call_cost \
   --bench "A: 11M target (decoder in L3)=benchmarks/call_cost_11m_cpu.json" \
   --bench "A: 38M target (decoder from DRAM)=benchmarks/call_cost_38m_cpu.json" \
   --bench "A: 38M, kernel capped at AVX2=benchmarks/call_cost_38m_avx2_cpu.json" \

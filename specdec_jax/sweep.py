@@ -425,7 +425,7 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
   """Runs every unfinished point; returns the point folders, in order.
 
   `after_point(name)` is called after each point that ran (the soak test,
-  `scripts/soak_sweep.py`, samples the process's memory there); `providers`
+  `tools.benchmarks.soak`, samples the process's memory there); `providers`
   as `run.run`'s.
 
   Every point is validated and results_dir probed before the first model

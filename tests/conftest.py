@@ -1,4 +1,13 @@
-"""Shared test helpers: tiny model configs and the ../shared fixtures."""
+"""Shared test helpers: tiny model configs and the ../shared fixtures.
+
+One set of tiny worlds (`greedy_world`, `distribution_world`): a compiled
+decode loop is keyed by the models' configs and the shapes, not by the
+weights, so tests that decode these worlds share programs (in a worker,
+and across files and runs through the persistent compilation cache)
+instead of each compiling its own.
+"""
+import dataclasses
+import functools
 import gc
 import os
 import pathlib
@@ -96,6 +105,107 @@ def perturbed(model: T5Model, scale: float, seed: int) -> T5Model:
       noisy_model)
 
 
+# ---------------------------------------------------------------------------
+# The tiny worlds.
+# ---------------------------------------------------------------------------
+GREEDY_VOCAB = 32
+GREEDY_LEN = 14  # max_decode_length of the greedy world's decodes
+DIST_VOCAB = 5
+DIST_STEPS = 3  # the distribution world enumerates the first 3 tokens
+DIST_SAMPLES = 12_000
+DIST_EOS = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class GreedyWorld:
+  """A V = 32 target, a noisy copy of it as the draft (it agrees with the
+  target on many but not all tokens), their inputs [4, 6] (row 2 padded)
+  and an EOS id that ends one row of the target's greedy output early
+  (<= 3 tokens) and another late (>= GREEDY_LEN - 3) or never."""
+  target: T5Model
+  draft: T5Model
+  inputs: np.ndarray
+  eos: int
+
+  def baseline(self):
+    """The target's greedy output alone (GREEDY_LEN tokens)."""
+    from specdec_jax.core import decoding  # pylint: disable=g-import-not-at-top
+    return decoding.temperature_sample(self.target, self.inputs,
+                                       jax.random.PRNGKey(0),
+                                       max_decode_length=GREEDY_LEN,
+                                       eos_id=self.eos)
+
+
+@functools.lru_cache(maxsize=None)
+def greedy_world() -> GreedyWorld:
+  from specdec_jax.core import decoding  # pylint: disable=g-import-not-at-top
+  target = random_model(tiny_config(vocab_size=GREEDY_VOCAB), seed=11)
+  rng = np.random.default_rng(1)
+  inputs = rng.integers(2, GREEDY_VOCAB, size=(4, 6)).astype(np.int32)
+  inputs[2, 3:] = 0
+  # The EOS id: from the target's own greedy output with no EOS.
+  free = np.asarray(
+      decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
+                                  max_decode_length=GREEDY_LEN,
+                                  eos_id=-1).tokens)
+
+  def first(tok, row):
+    hits = np.flatnonzero(free[row] == tok)
+    return hits[0] if hits.size else GREEDY_LEN
+
+  for tok in range(2, GREEDY_VOCAB):
+    firsts = [first(tok, r) for r in range(4)]
+    if min(firsts) <= 2 and max(firsts) >= GREEDY_LEN - 4:
+      return GreedyWorld(target, perturbed(target, scale=0.2, seed=12), inputs,
+                         tok)
+  raise AssertionError("no token ends one row early and another late")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DistributionWorld:
+  """A V = 5 target whose distribution over its first DIST_STEPS tokens
+  for one input [1, 4] is enumerated exactly from its logits."""
+  target: T5Model
+  inputs: np.ndarray
+
+  def rows(self) -> np.ndarray:
+    """The input repeated DIST_SAMPLES times: one decode is all the draws."""
+    return np.repeat(self.inputs, DIST_SAMPLES, axis=0)
+
+  def pvalue(self, tokens, method, impossible_ok=False) -> float:
+    """The chi-square p-value of the rows of `tokens` [N, DIST_STEPS]
+    against the target's distribution under `method` (`sampling.Sampling`).
+
+    A row of probability 0 fails the test, unless impossible_ok (a rule
+    known to be wrong: such rows are left out and the rest compared).
+    """
+    import decoding_helpers  # pylint: disable=g-import-not-at-top
+    exact = _exact_distribution(method.temperature, method.top_k, method.top_p)
+    observed, expected = decoding_helpers.count_sequences(
+        tokens, exact, impossible_ok)
+    return decoding_helpers.chisquare_pvalue(observed, expected)
+
+
+@functools.lru_cache(maxsize=None)
+def distribution_world() -> DistributionWorld:
+  target = random_model(tiny_config(vocab_size=DIST_VOCAB), seed=21)
+  return DistributionWorld(target, np.array([[3, 4, 2, 1]], np.int32))
+
+
+@functools.lru_cache(maxsize=None)
+def _exact_distribution(temperature, top_k, top_p):
+  """{first DIST_STEPS tokens (0-padded after EOS): probability} of the
+  distribution world's target (`model_sequence_distribution`)."""
+  import decoding_helpers  # pylint: disable=g-import-not-at-top
+  world = distribution_world()
+  exact = decoding_helpers.model_sequence_distribution(
+      world.target, world.inputs, (temperature, top_k, top_p), DIST_VOCAB,
+      DIST_STEPS, DIST_EOS)
+  assert abs(sum(exact.values()) - 1.0) < 1e-5
+  assert len(exact) >= 8, exact  # A distribution worth testing.
+  return exact
+
+
 _JITTED = {}
 
 
@@ -154,6 +264,16 @@ def clean_gin():
   gin.clear_config()
   yield
   gin.clear_config()
+
+
+@pytest.fixture
+def tiny(tmp_path):
+  """local_tiny.gin parsed, not finalized, with OUTPUT_DIR = tmp_path: the
+  argument checks' configuration (use with `clean_gin`)."""
+  # pylint: disable-next=g-import-not-at-top
+  from specdec_jax.config import gin_utils
+  gin_utils.parse_gin(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path}'"],
+                      finalize=False)
 
 
 @pytest.fixture

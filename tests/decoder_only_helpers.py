@@ -23,9 +23,10 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import checkify
 
 from specdec_jax.core.models.attention import tree_visibility
+
+from decoding_helpers import check_fits
 
 Array = jax.Array
 
@@ -95,8 +96,8 @@ class DecoderOnlyLM:
 
   def decode_chunk(self, tokens: Array, state: DecoderOnlyState):
     k = tokens.shape[1]
-    checkify.debug_check(jnp.all(self.length(state) + k <= state.max_len),
-                         "decoder-only target: chunk past max_len")
+    check_fits(jnp.all(self.length(state) + k <= state.max_len),
+               "decoder-only target: chunk past max_len")
     keys = jax.vmap(
         lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at, 0)))(
             state.keys, self.emb[tokens], state.held)
@@ -117,8 +118,8 @@ class DecoderOnlyLM:
     follows the held prefix and its ancestors only, at absolute position
     held + depth_i; its embedding goes to slot held + i, held unchanged."""
     batch, n = tokens.shape
-    checkify.debug_check(jnp.all(self.length(state) + n <= state.max_len),
-                         "decoder-only target: tree past max_len")
+    check_fits(jnp.all(self.length(state) + n <= state.max_len),
+               "decoder-only target: tree past max_len")
     parents = jnp.broadcast_to(jnp.asarray(parents, jnp.int32), (batch, n))
     visible, depth = tree_visibility(parents)
     keys = jax.vmap(

@@ -21,3 +21,28 @@ def foreign_metrics(root: pathlib.Path) -> pathlib.Path:
   path = root / "ende_xxl_small_g3_t0" / "metrics.json"
   path.write_text(json.dumps({"loss": 1.23, "step": 1000}))
   return path
+
+
+def as_t5x_row(old: dict) -> dict:
+  """An older walltime predictions.jsonl row (the fixtures') in the layout
+  `run` writes since issue 58, T5X's: `inputs` an object of
+  *_pretokenized texts, `prediction` the speculative text, ours in `aux`;
+  the same values, none added but the target calls (one per accepted
+  count)."""
+  aux = {
+      "index": old["index"],
+      "baseline": old["baseline"],
+      "target_calls": len(old["accepted_counts"]),
+      "accepted_counts": old["accepted_counts"],
+      "trace": old["trace"]
+  }
+  if "timeline" in old:  # recorded by older runs only
+    aux["timeline"] = old["timeline"]
+  return {
+      "inputs": {
+          "inputs_pretokenized": old["input"],
+          "targets_pretokenized": old["reference"]
+      },
+      "prediction": old["speculative"],
+      "aux": aux
+  }

@@ -5,6 +5,8 @@ its end-to-end ones (tests/e2e/).
   files from gin/ with macro bindings, not finalized (a test may still
   read or change them); the `clean_gin` fixture (conftest.py) clears them.
 * `certify_arguments`: a gin file's `RunArguments`, gin cleared first.
+* `arguments_with`: the run's arguments with gin bindings added (how a
+  component's settings are set).
 * `tiny_run_plan`: a small local_tiny.gin run, checked, nothing loaded.
 * `stand_in_seconds`: call prices without a clock (`Pricing.call_seconds`).
 * `compile_tiny`: local_tiny.gin compiled for a TPU v4-8 with no TPU
@@ -52,6 +54,15 @@ def certify_arguments(bindings, gin_file="local_tiny.gin"):
   gin.clear_config()
   parse_gin_files([gin_file], ["OUTPUT_DIR = '/tmp/unused_certify'", *bindings])
   return arguments.run_arguments()
+
+
+def arguments_with(*bindings, **overrides) -> arguments.RunArguments:
+  """The run's arguments with gin `bindings` as a user types them
+  ("TREE_WIDTH = 2": a component's setting is bound, not overridden) added
+  to the configuration parsed so far, and `overrides` (`RunArguments`
+  fields)."""
+  gin.parse_config(list(bindings))
+  return arguments.run_arguments(overrides)
 
 
 def tiny_run_plan(tmp_path, **overrides) -> RunPlan:

@@ -2,7 +2,7 @@
 
 T5X's formats carry no checksums (zarr chunks and OCDBT data files are
 read as they are), so a flipped bit changes a weight silently. For the
-checkpoints this repository ships and exports (`scripts/export_pretrained.py`)
+checkpoints this repository ships and exports (`tools/export_pretrained.py`)
 `write_manifest` records every file of the step folder, its size and its
 SHA-256, in `checkpoint_<N>/DIGESTS.json`; `load_t5x_params` calls
 `verify_manifest` when that file is there, before reading any array, and

@@ -3,7 +3,7 @@
 ``checkpoint_<step>/`` is a T5X Orbax checkpoint (`checkpoints.save_params`)
 of the `FeatureDecoder` tree plus ``head_tokens`` [K] int32, with
 ``feature_config.json`` (the `FeatureDrafterConfig`) beside it. Shipped
-exports (bfloat16, `scripts/export_feature_drafter.py`) keep head_tokens
+exports (bfloat16, `python -m tools.export_feature_drafter`) keep head_tokens
 int32 and add DIGESTS.json, which loading verifies.
 """
 import dataclasses

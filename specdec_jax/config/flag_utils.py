@@ -1,22 +1,14 @@
 """absl flags for entry points that parse into a FlagValues of their own.
 
 `run`, `sweep` and `train` define their flags on absl's global FLAGS and run
-under `absl.app` (`gin_utils`). The benchmark and the report instead parse
-into a new `flags.FlagValues` on every call and return their exit status, so
-that their `main` can run many times in one process (tests) and next to
-other entry points' flags. Either way a bad value is a `ConfigError`: the
-entry point prints its message as one line and exits 2.
-
-Benchmarks that run under `absl.app` (`benchmarking.loop_overhead`,
-`tree`, `timing_noise`) define their flags on the global FLAGS only when
-their command runs (`run_absl_command`), not on import: the library imports
-them side by side, and their flags share names (`--target`, `--gamma`).
+under `absl.app` (`gin_utils`). The report instead parses into a new
+`flags.FlagValues` on every call and returns its exit status, so that its
+`main` can run many times in one process (tests) and next to other entry
+points' flags (the tools parse with argparse). Either way a bad value is a
+`ConfigError`: the entry point prints its message as one line and exits 2.
 """
-import sys
-import types
-from typing import Callable, List, Sequence
+from typing import List, Sequence
 
-from absl import app
 from absl import flags
 
 
@@ -55,29 +47,3 @@ def parse_flag_values(fv: flags.FlagValues, program: str,
 def flags_help(fv: flags.FlagValues, usage: str, description: str) -> str:
   """--help's text: usage line, description, then every flag."""
   return f"usage: {usage}\n\n{description}\n\n{fv.get_help()}"
-
-
-def run_absl_command(main: Callable[..., object],
-                     defined: types.SimpleNamespace) -> None:
-  """`app.run(main)`, main called as main(argv, values).
-
-  Args:
-    main: the command.
-    defined: the command's flag holders by name, just defined on the global
-      FLAGS; `values` holds their parsed values by the same names. They are
-      made key flags of the program's main module, so that `--help` lists
-      them whether the module runs as `python -m` or from a thin script in
-      scripts/.
-  """
-  for holder in vars(defined).values():
-    flags.FLAGS.register_key_flag_for_module(sys.argv[0],
-                                             flags.FLAGS[holder.name])
-
-  def command(argv):
-    return main(
-        argv,
-        types.SimpleNamespace(**{
-            name: holder.value for name, holder in vars(defined).items()
-        }))
-
-  app.run(command)

@@ -37,7 +37,6 @@ import stat
 import tokenize
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from gin import config_parser
 import jax.numpy as jnp
 
 from specdec_jax.config.paths import GIN_DIR
@@ -75,7 +74,7 @@ def gin_file_macros(gin_files: Sequence[str],
   names: Set[str] = set()
   for path in gin_files:
     for st, _ in gin_statements(path, paths):
-      if isinstance(st, config_parser.BindingStatement):
+      if isinstance(st, _gin_parser().BindingStatement):
         if not st.arg_name:
           names.add(st.selector)
         names |= macro_references(st.value)
@@ -110,8 +109,17 @@ class _Reference:
   evaluate: bool
 
 
-class ParserDelegate(config_parser.ParserDelegate):
-  """Keeps macros and references as placeholders instead of looking them up."""
+def _gin_parser():
+  """gin's parser, imported where a gin file is read, not with this module:
+  `t5_config_from_fields` builds a T5Config from a checkpoint's
+  model_config.json without gin (the device check's GPU image has none)."""
+  from gin import config_parser  # pylint: disable=g-import-not-at-top
+  return config_parser
+
+
+class ParserDelegate:
+  """Keeps macros and references as placeholders instead of looking them up
+  (gin's `config_parser.ParserDelegate`, duck-typed)."""
 
   def configurable_reference(self, scoped_configurable_name, evaluate):
     return _Reference(scoped_configurable_name, evaluate)
@@ -195,7 +203,7 @@ def gin_statements(path: str, search_paths: Sequence[str]):
     try:
       with open(full, "r", encoding="utf-8") as f:
         text = f.read()
-      statements = list(config_parser.ConfigParser(text, ParserDelegate()))
+      statements = list(_gin_parser().ConfigParser(text, ParserDelegate()))
     # The parser reports bad syntax as SyntaxError, or as tokenize's
     # TokenError (an unclosed bracket) which is no ValueError.
     except (OSError, SyntaxError, tokenize.TokenError) as e:
@@ -204,7 +212,7 @@ def gin_statements(path: str, search_paths: Sequence[str]):
       raise ValueError(f"{full}: not a gin file: not UTF-8 text ({e.reason} "
                        f"at byte {e.start}).") from None
     for st in statements:
-      if isinstance(st, config_parser.IncludeStatement):
+      if isinstance(st, _gin_parser().IncludeStatement):
         yield from parse(st.filename, depth + 1)
       else:
         yield st, f"{full}:{st.location.line_num}"
@@ -224,7 +232,7 @@ def _read_statements(
   bindings: List[_Binding] = []
   macros: Dict[str, Any] = {}
   for st, where in gin_statements(path, search_paths):
-    if isinstance(st, config_parser.BindingStatement):
+    if isinstance(st, _gin_parser().BindingStatement):
       if not st.arg_name:  # A macro definition: `NAME = value`.
         macros[st.selector] = st.value
       # `T5Config` or a module-qualified `network.T5Config` (T5X).

@@ -7,12 +7,13 @@ the search path (`--gin_file=ende_small.gin`). `parse_gin` refuses macros
 that nothing reads (`check_macro_bindings`) before gin parses anything. Gin files read
 beside a live configuration (a model's `T5Config`) are `gin_reader`.
 """
+import dataclasses
 import logging as std_logging
 import os
 import re
 import sys
 import tokenize
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from absl import flags
 import gin
@@ -259,3 +260,80 @@ def check_macro_bindings(gin_bindings: Sequence[str], known: Set[str]) -> None:
     if name not in used:
       raise ConfigError(f"{binding_flag(text)}: "
                         f"{unknown_macro_message(name, sorted(known))}")
+
+
+# -- components' settings ------------------------------------------------------
+# A component (a decode mode, a drafter spec) is a frozen dataclass whose
+# settings are fields naming the macro gin/run.gin binds them to
+# (`TreeMode.width = %TREE_WIDTH`); gin builds the one a run chooses and
+# hands it in (`run.decode_mode = @decode_mode()`, or an experiment
+# file's `@TreeMode()`). A setting is recorded under its macro's name in
+# lower case (`tree_width`: the run argument it was).
+def setting(macro: str, default: Any) -> Any:
+  """A component's setting and the gin macro that sets it."""
+  return dataclasses.field(default=default, metadata={"macro": macro})
+
+
+def settings(component: Any) -> Dict[str, Any]:
+  """{macro in lower case: value} of a component's settings (of a class:
+  their defaults)."""
+  return {
+      f.metadata["macro"].lower(): getattr(component, f.name)
+      for f in dataclasses.fields(component)
+      if "macro" in f.metadata
+  }
+
+
+def configured(component: Any) -> Any:
+  """A registered component with its settings as gin binds them: its class
+  called with its other fields (the registry's 'bigram' is
+  `NGramSpec(name='bigram', fixed_order=2)`)."""
+  return type(component)(**{
+      f.name: getattr(component, f.name)
+      for f in dataclasses.fields(component)
+      if f.init and "macro" not in f.metadata
+  })
+
+
+def choice_words(choices: Sequence[Any]) -> str:
+  """[('DRAFTER', 'model')] -> "DRAFTER='model'"; several: "DRAFTER
+  'model' or 'ngram'"."""
+  if len(choices) == 1:
+    return f"{choices[0][0]}={choices[0][1]!r}"
+  values = [repr(v) for _, v in choices]
+  return f"{choices[0][0]} {', '.join(values[:-1])} or {values[-1]}"
+
+
+def check_unread_settings(registered: Sequence[Any], read: Set[str],
+                          chosen: Any) -> None:
+  """The one rule of components' settings: gin binding a setting of a
+  component the run did not choose (its macro in no `read`) away from its
+  default would change nothing (a sweep over BEAM_SIZE that forgot
+  DECODE='beam' would measure nothing), so it is refused.
+
+  Args:
+    registered: one family's components (the decode modes, or the drafter
+      specs), each with its `choice` (macro, value) and `reads()` (macros).
+    read: the macros the run's chosen components read.
+    chosen: the run's `choice` in this family.
+
+  Raises:
+    ConfigError: naming the macro, its value, the run's choice and the
+      choices that read it.
+  """
+  for cls in dict.fromkeys(type(c) for c in registered):
+    try:
+      bound = gin.get_bindings(cls)
+    except ValueError:  # not gin-configurable: nothing bound
+      continue
+    for f in dataclasses.fields(cls):
+      macro, value = f.metadata.get("macro"), bound.get(f.name, f.default)
+      if (macro is None or macro in read or
+          (type(value) is type(f.default) and value == f.default)):
+        continue
+      owners = choice_words(
+          [c.choice for c in registered if macro in c.reads()])
+      raise ConfigError(
+          f"{macro}={value!r} with {choice_words([chosen])}: only {owners} "
+          f"read{'s' if '=' in owners else ''} it; allowed: {macro}="
+          f"{f.default!r} (its default), or {owners}.")

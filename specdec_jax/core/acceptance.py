@@ -6,10 +6,10 @@ benchmark's synthetic α) without recompiling. `ExactAcceptance` is
 Algorithm 1: the only rule under which the output is distributed exactly
 as the target's. `LenientAcceptance` is the paper's Appendix A.5 (not
 exact: each token's probability is at most p(x)/l; its exact output
-distribution is `lenient_distribution`). Others (the timing-only rule in
-`benchmarking`) subclass `AcceptanceRule` and may reuse
-`sampling.acceptance_mask`, `sampling.leading_accepted` and
-`sampling.residual_sample`.
+distribution is `lenient_distribution`). Others (the benchmarks'
+timing-only rule, `tools/benchmarks/synthetic.py`) subclass
+`AcceptanceRule` and may reuse `sampling.acceptance_mask`,
+`sampling.leading_accepted` and `sampling.residual_sample`.
 
 Guesses may end in empty slots (`drafters.NO_GUESS`, a negative id, as a
 suffix of the row; their q rows are zeros): a rule never accepts one, so

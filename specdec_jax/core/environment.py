@@ -17,6 +17,9 @@ import os
 from typing import Mapping, Optional, Sequence
 
 CACHE = "SPECDEC_JAX_CACHE"
+# The switch of SPECULATION='auto''s price and pilot caches: here, so that
+# the compilation cache's start-up check reads it without the experiment.
+PRICE_CACHE = "SPECDEC_JAX_PRICE_CACHE"
 _DEFAULT_CACHE = os.path.join("~", ".cache", "specdec_jax")
 _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")

@@ -1,11 +1,16 @@
 """The run's arguments: one frozen `RunArguments`, the gin configurable
 `run` (`run.gamma = %GAMMA`), checked once, when it is built. Each field
-names the gin macro that sets it (`MACROS`).
+names the gin macro that sets it (`MACROS`), but two: the components gin
+builds and hands in, the decode mode (`run.decode_mode`,
+`decode_modes.DecodeMode`) and the drafter (`run.drafting`,
+`drafter_registry.DrafterSpec`), each holding its own settings.
 
-The checks need no model and no I/O: every value's type and range, the
-drafter's settings (`drafter_registry`) and the decoders' own argument checks.
-What needs the model configs (vocabulary sizes) or a file (NGRAM_CORPUS) is
-checked by `plan.RunPlan.build`, still before anything is loaded.
+The checks need no model and no I/O: every value's type and range, each
+component's own checks and the decoders' own argument checks; at start-up
+(`run_arguments`) one rule refuses a setting of a component the run did not
+choose (`gin_utils.check_unread_settings`). What needs the model configs
+(vocabulary sizes) or a file (NGRAM_CORPUS) is checked by
+`plan.RunPlan.build`, still before anything is loaded.
 """
 import dataclasses
 import re
@@ -22,16 +27,13 @@ from specdec_jax.metrics import quality
 from specdec_jax.core import sampling
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import drafter_registry
-from specdec_jax.experiment import values
+from specdec_jax.experiment.drafter_registry import is_int
+from specdec_jax.experiment.drafter_registry import is_number
+from specdec_jax.experiment.drafter_registry import is_real
 
 ConfigError = gin_utils.ConfigError
 MODES = ("walltime", "alpha", "infer")
-# GAMMA='auto': γ chosen by the run (`experiment.auto_gamma`); with
-# ACCEPTANCE='tree', GAMMA and/or TREE_WIDTH 'auto': (γ, k) chosen by the
-# run (`experiment.auto_tree`).
-AUTO_GAMMA = "auto"
-# TREE_WIDTH='auto' considers trees of at most this many nodes 1 + k·γ.
-AUTO_TREE_MAX_NODES = 25
+AUTO_GAMMA = decode_modes.AUTO  # GAMMA='auto': γ chosen by the run.
 TASK_KINDS = quality.TASK_KINDS  # BLEU or ROUGE
 # The longest decode a run accepts (TASK_FEATURE_LENGTHS['targets']). The
 # models set no limit (relative-position buckets), but compiling and
@@ -51,11 +53,6 @@ TASK_MAX_BYTES = NAME_MAX - len("TASK=")
 # OUTPUT_DIR on gs:// names its bucket ('gs://' made a local folder 'gs:').
 _GCS_DIR = re.compile(r"gs://[^/]+(/.*)?", re.DOTALL)
 
-_DRAFTING = drafter_registry.DrafterSettings()  # its defaults
-# The run arguments of `experiment.drafter_registry.DrafterSettings`.
-DRAFTER_ARGS = tuple(
-    f.name for f in dataclasses.fields(drafter_registry.DrafterSettings))
-
 
 def _arg(macro: str, default: Any = dataclasses.MISSING, **kwargs) -> Any:
   """A run argument and the gin macro that sets it (gin/run.gin binds
@@ -71,8 +68,9 @@ def _arg(macro: str, default: Any = dataclasses.MISSING, **kwargs) -> Any:
 class RunArguments:
   """One run's arguments (all gin-configurable; docs/usage/macros.md).
 
-  Each field names its gin macro (`_arg`, `MACROS`). Each entry below is
-  the meaning column of docs/usage/macros.md (`scripts/generate_docs.py`).
+  Each field but the two components names its gin macro (`_arg`,
+  `MACROS`); the components' fields name theirs. Each entry below is the
+  meaning column of docs/usage/macros.md (`tools/generate_docs.py`).
 
   Attributes:
     output_dir: folder for metrics.json and predictions.jsonl (local or
@@ -117,59 +115,17 @@ class RunArguments:
     overwrite: True lets a run replace the metrics.json / alpha.json of a
       run with other settings in output_dir (default: refuse, before
       loading anything).
-    drafter: what guesses: 'model' (the draft T5 model),
-      'shared_encoder' (a draft decoder without an encoder, reading the
-      target's encoder output: draft/T5Config.num_encoder_layers = 0),
-      'unigram', 'bigram', 'ngram' (counts of ngram_corpus),
-      'prompt_lookup' (copies from the input), 'hierarchical' (the draft
-      model, itself sped up by inner_drafter) or 'feature' (a
-      feature-level, EAGLE-style draft reading the target's hidden states;
-      draft_checkpoint_path is its checkpoint, with feature_config.json).
+    decode_mode: how both decoders decode: the mode ACCEPTANCE and DECODE
+      name (`decode_modes.named`), or one an experiment file hands in
+      (`run.decode_mode = @TreeMode()`), with its own settings.
+    drafting: what guesses: the spec DRAFTER names
+      (`drafter_registry.named`), or one handed in (`run.drafting =
+      @NGramSpec()`), with its own settings.
     ngram_corpus: the n-gram drafters' corpus: text in the models'
       language, one sentence per line, or a .npz of token ids.
-    ngram_order: the n of drafter 'ngram' (None: 3), at most 16.
-    prompt_lookup_max: the longest suffix prompt lookup matches, 1 to 16.
-    inner_drafter: 'hierarchical': what speeds up the draft model
-      ('prompt_lookup' or an n-gram drafter).
-    inner_gamma: 'hierarchical': inner_drafter's guesses per draft call,
-      at most TASK_FEATURE_LENGTHS['targets'].
-    lenience: Appendix A.5's l in (0, 1]; 1 = exact (the default); l < 1
-      is NOT the target's distribution.
-    adaptive_threshold: adaptive γ: a row stops guessing after a guess
-      less likely than this, in (0, 1); None = off.
-    acceptance: how the target verifies the guesses, all exact: 'token'
-      (Algorithm 1, the default), 'block' (block verification, Sun et
-      al. 2025: never fewer kept guesses in expectation; the same as
-      'token' at temperature 0) or 'tree' (tree verification: tree_width
-      draft branches of γ guesses, scored in one target call of
-      1 + tree_width·γ tokens; needs DRAFTER 'model', 'shared_encoder' or
-      'feature').
-    tree_width: ACCEPTANCE='tree': k, the draft branches per target call
-      (an integer >= 1; k = 1 is Algorithm 1 run by the tree loop), or
-      'auto' (the k <= 4, and with GAMMA='auto' the γ, of the best
-      predicted speedup for the acceptance and call costs measured on the
-      first examples).
-    tree_without_replacement: ACCEPTANCE='tree' at T > 0: the k first
-      guesses are drawn without replacement (distinct; recursive rejection
-      sampling at depth 1) rather than independently; both exact.
     compile_topology: compile only, for this Cloud TPU slice, without a
       TPU (e.g. 'v4-8'; needs libtpu): OUTPUT_DIR/compile.json; None = a
       normal run.
-    decode: what both decoders search for: 'sample' (the default: sampling
-      or greedy decoding, TEMPERATURE) or 'beam' (beam search, as T5X's:
-      the baseline is the target's own beam search, the speculative run
-      the draft's beams verified by the target, identical beams; the top
-      beam is the prediction; docs/design/beyond_the_paper.md).
-    beam_size: DECODE='beam': k, the beams kept (T5X's num_decodes), an
-      integer >= 1 and at most half the vocabulary.
-    beam_alpha: DECODE='beam': the brevity penalty's exponent α,
-      ((5 + length) / 6) ** α, a number >= 0 (T5X's 0.6; 0 = none).
-    beam_width: DECODE='beam': u, the draft's beam width, an integer >=
-      BEAM_SIZE; None = BEAM_SIZE.
-    beam_rows: DECODE='beam': the candidate sequences the target scores per
-      call (each a live beam and γ draft tokens), an integer from
-      BEAM_SIZE to GAMMA·u + BEAM_SIZE; None = 2u (at most GAMMA·u +
-      BEAM_SIZE).
     price_call_cost: MODE='walltime': True prices c and the verification
       call after the decode (seconds; Theorem 3.8 at the measured call
       cost); False skips it: metrics.json says `call_cost_priced`: false,
@@ -211,26 +167,12 @@ class RunArguments:
   mode: str = _arg("MODE", "walltime")
   mesh_shape: Tuple[int, ...] = _arg("MESH_SHAPE", (1, 1))
   overwrite: bool = _arg("OVERWRITE", False)
-  # The drafter's defaults live in `DrafterSettings`.
-  drafter: str = _arg("DRAFTER", _DRAFTING.drafter)
-  ngram_corpus: Optional[str] = _arg("NGRAM_CORPUS", _DRAFTING.ngram_corpus)
-  ngram_order: Optional[int] = _arg("NGRAM_ORDER", _DRAFTING.ngram_order)
-  prompt_lookup_max: int = _arg("PROMPT_LOOKUP_MAX",
-                                _DRAFTING.prompt_lookup_max)
-  inner_drafter: str = _arg("INNER_DRAFTER", _DRAFTING.inner_drafter)
-  inner_gamma: int = _arg("INNER_GAMMA", _DRAFTING.inner_gamma)
-  lenience: float = _arg("LENIENCE", 1.0)
-  adaptive_threshold: Optional[float] = _arg("ADAPTIVE_THRESHOLD",
-                                             _DRAFTING.adaptive_threshold)
-  acceptance: str = _arg("ACCEPTANCE", "token")
-  tree_width: Union[int, str] = _arg("TREE_WIDTH", 1)
-  tree_without_replacement: bool = _arg("TREE_WITHOUT_REPLACEMENT", True)
+  decode_mode: decode_modes.DecodeMode = dataclasses.field(
+      default_factory=decode_modes.named)
+  drafting: drafter_registry.DrafterSpec = dataclasses.field(
+      default_factory=drafter_registry.named)
+  ngram_corpus: Optional[str] = _arg("NGRAM_CORPUS", None)
   compile_topology: Optional[str] = _arg("COMPILE_TOPOLOGY", None)
-  decode: str = _arg("DECODE", "sample")
-  beam_size: int = _arg("BEAM_SIZE", 4)
-  beam_alpha: float = _arg("BEAM_ALPHA", 0.6)
-  beam_width: Optional[int] = _arg("BEAM_WIDTH", None)
-  beam_rows: Optional[int] = _arg("BEAM_ROWS", None)
   price_call_cost: bool = _arg("PRICE_CALL_COST", True)
   speculation: str = _arg("SPECULATION", "on")
 
@@ -243,33 +185,31 @@ class RunArguments:
       object.__setattr__(self, "task_feature_lengths",
                          dict(self.task_feature_lengths))
     check_settings(self)
-    check_types(self)
+    for name, kind, example in (("decode_mode", decode_modes.DecodeMode,
+                                 "TreeMode"),
+                                ("drafting", drafter_registry.DrafterSpec,
+                                 "NGramSpec")):
+      if not isinstance(getattr(self, name), kind):
+        raise ConfigError(f"run.{name}={getattr(self, name)!r}: allowed: a "
+                          f"{kind.__name__}, e.g. @{example}().")
+    for component in (self, self.decode_mode, *self.drafting.components()):
+      check_types(component)
     try:
       check_gamma(self.gamma)
-      check_lenience(self.lenience)
-      decode_modes.check(self)  # DECODE, ACCEPTANCE and what they need
-      _check_tree(self)
-      self.drafting.check(self.mode)
+      _check_speculation(self)
+      # The mode and what it needs (the plan decides the run's mode, the
+      # target alone or not, once it is built: `plan.RunPlan.mode`).
+      self.decode_mode.check(self)
+      self.drafting.check(self)
       _check_decoding_args(self)
     except ValueError as e:  # a bad setting, not a bug: no traceback
       raise ConfigError(str(e)) from None
 
   # -- derived ----------------------------------------------------------------
   @property
-  def drafting(self) -> drafter_registry.DrafterSettings:
-    """The drafter's settings (DRAFTER, NGRAM_*, ...)."""
-    return drafter_registry.DrafterSettings(
-        **{k: getattr(self, k) for k in DRAFTER_ARGS})
-
-  @property
   def auto_gamma(self) -> bool:
     """GAMMA='auto': γ is chosen by the run."""
     return self.gamma == AUTO_GAMMA
-
-  @property
-  def auto_tree_width(self) -> bool:
-    """TREE_WIDTH='auto': k is chosen by the run (`experiment.auto_tree`)."""
-    return self.tree_width == AUTO_GAMMA
 
   @property
   def max_decode_length(self) -> int:
@@ -292,20 +232,39 @@ class RunArguments:
                  not self.drafting.uses_draft_model))
 
 
-# Each run argument's gin macro, from the fields above: the one table that
-# run.gin's bindings, docs/usage/macros.md and the typo checks are held to.
-MACROS: Mapping[str, Optional[str]] = types.MappingProxyType(
-    {f.name: f.metadata.get("macro") for f in dataclasses.fields(RunArguments)})
+# Each run argument's gin macro, from the fields above (the components'
+# fields name theirs): the one table that run.gin's bindings,
+# docs/usage/macros.md and the typo checks are held to.
+MACROS: Mapping[str, str] = types.MappingProxyType({
+    f.name: f.metadata["macro"]
+    for f in dataclasses.fields(RunArguments)
+    if "macro" in f.metadata
+})
+ARGUMENTS = tuple(f.name for f in dataclasses.fields(RunArguments))
+# The configurables gin/run.gin binds macros to and the docstring section
+# that says what each argument means (docs/usage/macros.md).
+_COMPONENTS = (decode_modes.TokenMode, decode_modes.TreeMode,
+               decode_modes.BeamMode, drafter_registry.ModelSpec,
+               drafter_registry.NGramSpec, drafter_registry.PromptLookupSpec,
+               drafter_registry.HierarchicalSpec)
+DOCUMENTED: Mapping[str, Tuple[Any, str]] = types.MappingProxyType({
+    "run": (RunArguments, "Attributes"),
+    "decode_mode": (decode_modes.named, "Args"),
+    "drafter": (drafter_registry.named, "Args"),
+    **{
+        cls.__name__: (cls, "Attributes") for cls in _COMPONENTS
+    },
+})
 
 
 def unknown_arguments_message(names: Sequence[str]) -> str:
   """'Unknown run arguments [...]; did you mean ...? known: ...'."""
   close = list(
       dict.fromkeys(c for name in names
-                    for c in gin_reader.closest_names(name, list(MACROS))))
+                    for c in gin_reader.closest_names(name, list(ARGUMENTS))))
   hint = f"did you mean {' or '.join(close)}? " if close else ""
   return (f"Unknown run arguments {sorted(names)}; {hint}known: "
-          f"{sorted(MACROS)}.")
+          f"{sorted(ARGUMENTS)}.")
 
 
 def check_settings(args: RunArguments) -> None:
@@ -322,13 +281,13 @@ def check_settings(args: RunArguments) -> None:
   # inf (`1e999`) or nan would run and then be written as `Infinity` / `NaN`,
   # which is not JSON.
   t, p = args.temperature, args.top_p
-  if not (values.is_real(t) and t >= 0):
+  if not (is_real(t) and t >= 0):
     raise bad("temperature", "a finite number >= 0 (0 = greedy)")
-  if not (values.is_real(p) and 0 < p <= 1):
+  if not (is_real(p) and 0 < p <= 1):
     raise bad("top_p", "a finite number in (0, 1] (1 = off)")
-  if not (values.is_int(args.top_k) and args.top_k >= 0):
+  if not (is_int(args.top_k) and args.top_k >= 0):
     raise bad("top_k", "an integer >= 0 (0 = off)")
-  if not values.is_int(args.seed) or not 0 <= args.seed <= MAX_SEED:
+  if not is_int(args.seed) or not 0 <= args.seed <= MAX_SEED:
     raise bad(
         "seed", f"an integer from 0 to {MAX_SEED} (JAX's PRNG keys "
         "keep 32 bits: another seed would repeat one of these)")
@@ -342,7 +301,7 @@ def check_settings(args: RunArguments) -> None:
     raise bad("task_feature_lengths",
               "{'inputs': S, 'targets': max decode length}")
   inputs = lengths.get("inputs", 2)  # the keys: `_check_decoding_args`
-  if not values.is_int(inputs) or inputs < 2:
+  if not is_int(inputs) or inputs < 2:
     raise ConfigError(
         f"TASK_FEATURE_LENGTHS['inputs']={inputs!r}: allowed: an integer >= 2 "
         "(input tokens per example, EOS included; longer inputs are "
@@ -373,9 +332,9 @@ def _type_allows(annotation: Any, value: Any) -> bool:
   if annotation is type(None):
     return value is None
   if annotation is float:
-    return values.is_number(value)
+    return is_number(value)
   if annotation is int:
-    return values.is_int(value)
+    return is_int(value)
   if origin is tuple:
     return isinstance(value, tuple) and all(
         _type_allows(typing.get_args(annotation)[0], v) for v in value)
@@ -406,26 +365,37 @@ def _type_words(annotation: Any) -> str:
 # Checked later with their own words: GAMMA is 'an integer >= 1, or
 # 'auto'' (`check_gamma`, `_check_gamma_and_length`), not "an integer or
 # a string".
-_OWN_TYPE_WORDS = ("gamma", "tree_width", "speculation")
+_OWN_TYPE_WORDS = ("GAMMA", "TREE_WIDTH", "SPECULATION")
 
 
-def check_types(args: RunArguments) -> None:
-  """Every run argument against the type its field declares (`INPUT_PREFIX
-  = 5`, `TARGET_NAME = [1, 2]` would fail late, with a traceback, or be
-  written to metrics.json as they are).
+def check_types(component: Any) -> None:
+  """Every setting of `component` (the run's arguments, or a component's)
+  against the type its field declares (`INPUT_PREFIX = 5`, `TARGET_NAME =
+  [1, 2]` would fail late, with a traceback, or be written to metrics.json
+  as they are).
 
   Raises:
-    ConfigError: naming the macro, the value and the type allowed.
+    ConfigError: naming the macro, the binding, the value and the type
+      allowed.
   """
-  hints = typing.get_type_hints(RunArguments)
-  for field in dataclasses.fields(RunArguments):
-    if field.name in _OWN_TYPE_WORDS:
+  hints = typing.get_type_hints(type(component))
+  where = "run" if isinstance(component,
+                              RunArguments) else type(component).__name__
+  for field in dataclasses.fields(component):
+    macro = field.metadata.get("macro")
+    if macro is None or macro in _OWN_TYPE_WORDS:
       continue
-    value = getattr(args, field.name)
+    value = getattr(component, field.name)
     if not _type_allows(hints[field.name], value):
       raise ConfigError(
-          f"{MACROS[field.name]}={value!r} (run.{field.name}): allowed: "
+          f"{macro}={value!r} ({where}.{field.name}): allowed: "
           f"{_type_words(hints[field.name])} (got {type(value).__name__}).")
+  if isinstance(component, RunArguments):
+    _check_files(component)
+
+
+def _check_files(args: RunArguments) -> None:
+  """TASK_KIND among the kinds; SOURCE_FILE, REFERENCE_FILE local."""
   if args.task_kind is not None and args.task_kind not in TASK_KINDS:
     raise ConfigError(f"TASK_KIND={args.task_kind!r}: allowed: None (from "
                       "the seqio task) or one of "
@@ -453,7 +423,7 @@ def _check_decoding_args(args: RunArguments) -> None:
   args.method()  # Validates temperature, top_k and top_p together.
   for name, value in (("BATCH_SIZE", args.batch_size), ("NUM_EXAMPLES",
                                                         args.num_examples)):
-    if not values.is_int(value) or value < 1:
+    if not is_int(value) or value < 1:
       raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
 
 
@@ -464,17 +434,16 @@ def _check_gamma_and_length(args: RunArguments) -> None:
   there are tokens to decode, and γ = 1000 for 32 tokens costs 1000 draft
   steps per call."""
   targets = args.task_feature_lengths.get("targets", 1)
-  if not values.is_int(targets) or not 1 <= targets <= MAX_DECODE_LENGTH:
+  if not is_int(targets) or not 1 <= targets <= MAX_DECODE_LENGTH:
     raise ValueError(
         f"TASK_FEATURE_LENGTHS['targets']={targets!r}: allowed: an integer "
         f"from 1 to {MAX_DECODE_LENGTH} (the most tokens decoded per "
         "example, EOS included; compiling and decoding take time in "
         "proportion, and nothing is printed until the first batch is "
         "done).")
-  _check_inner_gamma(args, targets)
   if args.auto_gamma:
     return
-  if not values.is_int(args.gamma) or args.gamma < 1:
+  if not is_int(args.gamma) or args.gamma < 1:
     raise ValueError(f"GAMMA={args.gamma!r}: allowed: an integer >= 1, or "
                      f"'{AUTO_GAMMA}'.")
   if args.gamma > targets:
@@ -483,28 +452,6 @@ def _check_gamma_and_length(args: RunArguments) -> None:
         f"{targets}: no target call can keep more guesses than there are "
         f"tokens to decode. Allowed: 1 to {targets}, or "
         f"'{AUTO_GAMMA}'.")
-
-
-def _check_inner_gamma(args: RunArguments, targets: int) -> None:
-  """DRAFTER='hierarchical': INNER_GAMMA no larger than the decode length,
-  as GAMMA (the draft model scores INNER_GAMMA + 1 tokens per call: 100000
-  compiled into a 720 GB allocation)."""
-  inner = args.inner_gamma
-  if (isinstance(args.drafting.spec, drafter_registry.HierarchicalSpec) and
-      inner > targets):
-    raise ValueError(
-        f"INNER_GAMMA={inner} is more than TASK_FEATURE_LENGTHS['targets']="
-        f"{targets}: an inner call cannot keep more guesses than there are "
-        f"tokens to decode. Allowed: 1 to {targets}.")
-
-
-def check_lenience(lenience: Any) -> None:
-  """LENIENCE in (0, 1] (1 = exact); raises ValueError."""
-  if not (values.is_real(lenience) and 0 < lenience <= 1):
-    raise ValueError(
-        f"LENIENCE={lenience!r}: allowed: a number in (0, 1] (1 = exact "
-        "speculative decoding; l < 1 accepts more guesses and no longer "
-        "samples the target's distribution).")
 
 
 def check_gamma(gamma: Any) -> None:
@@ -516,53 +463,58 @@ def check_gamma(gamma: Any) -> None:
                      "measured on the first examples).")
 
 
-def _check_tree(args: "RunArguments") -> None:
-  """TREE_WIDTH and TREE_WITHOUT_REPLACEMENT (ValueError): left at their
-  defaults but with tree verification; (γ, k) chosen within the trees
-  `auto_tree` considers (`decode_modes.TREE` checks the rest)."""
-  width = args.tree_width
-  if width != AUTO_GAMMA and (not values.is_int(width) or width < 1):
-    raise ValueError(f"TREE_WIDTH={width!r}: allowed: an integer >= 1 (the "
-                     "draft branches per target call of ACCEPTANCE='tree'), "
-                     f"or '{AUTO_GAMMA}' with ACCEPTANCE='tree'.")
-  if not decode_modes.mode_of(args).branches:
-    if width != 1:
-      raise ValueError(
-          f"TREE_WIDTH={width!r} with ACCEPTANCE={args.acceptance!r}: only "
-          "tree verification drafts branches; allowed: TREE_WIDTH=1, or "
-          "ACCEPTANCE='tree'.")
-    if args.tree_without_replacement is not True:
-      raise ValueError(
-          "TREE_WITHOUT_REPLACEMENT="
-          f"{args.tree_without_replacement!r} with ACCEPTANCE="
-          f"{args.acceptance!r}: only tree verification draws branches; "
-          "allowed: TREE_WITHOUT_REPLACEMENT=True (the default), or "
-          "ACCEPTANCE='tree'.")
+def _check_speculation(args: RunArguments) -> None:
+  """SPECULATION among its values, and what 'off' / 'auto' cannot run
+  with; ValueError naming the macro, the value and what is allowed."""
+  value = args.speculation
+  if not isinstance(value, str) or value not in decode_modes.SPECULATIONS:
+    raise ValueError(
+        f"SPECULATION={value!r}: allowed: 'on' (speculative decoding, the "
+        "default), 'off' (the target alone) or 'auto' (the run prices the "
+        "decode modes on this machine and picks the fastest, the target "
+        "alone included).")
+  if value == decode_modes.SPECULATION_ON:
     return
-  if (args.auto_tree_width and not args.auto_gamma and
-      values.is_int(args.gamma) and 1 + args.gamma > AUTO_TREE_MAX_NODES):
+  if args.mode == "alpha":
+    raise ValueError(f"SPECULATION={value!r} with MODE='alpha': α is "
+                     "measured with the draft; allowed: SPECULATION='on' "
+                     "with MODE='alpha'.")
+  if args.compile_topology is not None:
+    raise ValueError(f"SPECULATION={value!r} with COMPILE_TOPOLOGY="
+                     f"{args.compile_topology!r}: the programs are compiled "
+                     "for one decode mode; allowed: SPECULATION='on'.")
+  lenience = args.decode_mode.lenience
+  threshold = args.drafting.adaptive_threshold
+  if value == decode_modes.SPECULATION_AUTO and (lenience != 1 or
+                                                 threshold is not None):
     raise ValueError(
-        f"TREE_WIDTH='{AUTO_GAMMA}' with GAMMA={args.gamma}: the choice "
-        f"considers trees of at most {AUTO_TREE_MAX_NODES} nodes (1 + k·γ); "
-        f"allowed: GAMMA <= {AUTO_TREE_MAX_NODES - 1}, or GAMMA="
-        f"'{AUTO_GAMMA}', or an integer TREE_WIDTH.")
-  if args.auto_tree_width and args.compile_topology is not None:
-    raise ValueError(
-        f"TREE_WIDTH='{AUTO_GAMMA}' with COMPILE_TOPOLOGY="
-        f"{args.compile_topology!r}: the programs are compiled for one tree; "
-        "allowed: an integer TREE_WIDTH >= 1.")
+        f"SPECULATION='auto' with LENIENCE={lenience!r}, ADAPTIVE_THRESHOLD="
+        f"{threshold!r}: 'auto' chooses among exact modes of fixed γ; "
+        "allowed: LENIENCE=1 and ADAPTIVE_THRESHOLD=None with 'auto', or "
+        "SPECULATION='on'.")
 
 
 def run_arguments(
     overrides: Optional[Mapping[str, Any]] = None) -> RunArguments:
   """The run's arguments as gin binds them (`run.gamma = ...`), checked:
   `RunArguments()` with `overrides` (tests, the sweep command) replacing
-  some.
+  some; and gin's bindings of the components' settings, by one rule: a
+  setting of a component the run did not choose is refused
+  (`gin_utils.check_unread_settings`: TREE_WIDTH=3 with
+  ACCEPTANCE='token' would change nothing).
 
   Raises:
-    ConfigError: an unknown override, or a bad value (`RunArguments`).
+    ConfigError: an unknown override, a bad value (`RunArguments`), or a
+      setting of a component the run did not choose.
   """
-  unknown = set(overrides or {}) - set(MACROS)
+  unknown = set(overrides or {}) - set(ARGUMENTS)
   if unknown:
     raise ConfigError(unknown_arguments_message(sorted(unknown)))
-  return RunArguments(**(overrides or {}))  # pylint: disable=missing-kwoa
+  args = RunArguments(**(overrides or {}))  # pylint: disable=missing-kwoa
+  read = args.decode_mode.reads() | args.drafting.reads()
+  gin_utils.check_unread_settings(
+      (*decode_modes.SAMPLING.values(), decode_modes.BEAM), read,
+      args.decode_mode.choice)
+  gin_utils.check_unread_settings(tuple(drafter_registry.DRAFTERS.values()),
+                                  read, args.drafting.choice)
+  return args

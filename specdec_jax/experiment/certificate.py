@@ -11,9 +11,9 @@ is certified without new code:
 2. **Distribution**: at the configured sampling settings, the whole
    decoder's first L tokens for one input, drawn M times speculatively and
    M times by the target alone, compared by a two-sample chi-square
-   (`device_check.stats.two_sample_chisquare`: cells of enough mass, the
-   rest pooled); and the same test against a deliberately wrong target
-   (its temperature × 0.9), which must fail: the test's power.
+   (`metrics.exactness.distribution_test`: cells of enough mass, the rest
+   pooled); and the same test against a deliberately wrong target (its
+   temperature × 0.9), which must fail: the test's power.
 3. A rule that is not exact by design (LENIENCE < 1) is reported so, with
    its documented bound, not tested.
 
@@ -31,7 +31,7 @@ and about how long the rest will take.
 """
 import dataclasses
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from absl import logging
 import jax
@@ -39,13 +39,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.config.flag_utils import ConfigError
-from specdec_jax.device_check import stats
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import batches
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import runner
 from specdec_jax.experiment.plan import Models
 from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.metrics import exactness
 from specdec_jax.terminal import console
 
 # Where certify records its results (`certificate.json`); its warnings
@@ -150,22 +151,14 @@ def greedy_identity(
 
 def _identity(plan: DecodePlan, data: runner.RunData) -> Dict[str, Any]:
   """`greedy_identity`'s record: each batch decoded both ways."""
-  mismatches: List[Dict[str, int]] = []
-  done = 0
-  for i, (batch, keep) in enumerate(data.feed.batches()):
-    rng = jax.random.fold_in(plan.rng, i)
-    base = np.asarray(plan.baseline(batch, rng).tokens)[keep]
-    spec = np.asarray(plan.speculative(batch, rng).tokens)[keep]
-    for j, (b, s) in enumerate(zip(base, spec)):
-      differ = np.flatnonzero(b != s)
-      if differ.size:
-        mismatches.append({"index": done + j, "position": int(differ[0])})
-    done += len(base)
-  return {
-      "examples": done,
-      "identical": done - len(mismatches),
-      "mismatches": mismatches
-  }
+  identity = exactness.GreedyIdentity()
+  for batch in batches.batches(data.feed, plan.rng):
+    base, _ = batch.decode(plan.baseline)
+    spec, _ = batch.decode(plan.speculative)
+    identity.add(
+        np.asarray(base.tokens)[batch.keep],
+        np.asarray(spec.tokens)[batch.keep])
+  return identity.record()
 
 
 def _draws(decoder, inputs: np.ndarray, rng: jax.Array,
@@ -193,8 +186,8 @@ def distribution_test(
   check against the target at temperature × 0.9."""
   changes = _distribution_changes(args, settings)
   plan, models = _plan(args, models, **changes)
-  inputs = np.asarray(next(iter(
-      runner.read_examples(plan).feed.batches()))[0])[0]
+  first = next(batches.batches(runner.read_examples(plan).feed, plan.rng))
+  inputs = np.asarray(first.inputs)[first.keep[0]]
   rng = plan.rng
   with console.phase(f"certify: distribution test, {settings.samples} draws "
                      f"of {settings.length} tokens by each decoder"):
@@ -202,24 +195,23 @@ def distribution_test(
                   settings, "speculative draws")
     base = _draws(plan.baseline, inputs, jax.random.fold_in(rng, 2), settings,
                   "target-alone draws")
-  test = stats.two_sample_chisquare(spec, base)
+
+  def wrong_draws() -> np.ndarray:  # Drawn only when the power check runs.
+    wrong, _ = _plan(args, models, temperature=args.temperature * 0.9,
+                     **changes)
+    with console.phase("certify: power check, the target at temperature "
+                       "× 0.9"):
+      return _draws(wrong.baseline, inputs, jax.random.fold_in(rng, 3),
+                    settings, "wrong-target draws")
+
+  test = exactness.distribution_test(spec, base, wrong_draws,
+                                     significance=settings.significance,
+                                     fail_fast=settings.fail_fast)
   record: Dict[str, Any] = {
       "samples": int(len(spec)),
       "length": settings.length,
-      "test": test,
-      "passed": test["p_value"] >= settings.significance,
+      **test
   }
-  if settings.fail_fast and not record["passed"]:
-    record.update(power_check=None, power_ok=None, skipped=["power_check"])
-    return record, models
-  wrong, _ = _plan(args, models, temperature=args.temperature * 0.9, **changes)
-  with console.phase("certify: power check, the target at temperature "
-                     "× 0.9"):
-    off = _draws(wrong.baseline, inputs, jax.random.fold_in(rng, 3), settings,
-                 "wrong-target draws")
-  power = stats.two_sample_chisquare(spec, off)
-  record.update(power_check=power, power_ok=power["p_value"]
-                < settings.significance)
   return record, models
 
 
@@ -227,9 +219,10 @@ def check(args: arguments.RunArguments) -> None:
   """What certify needs of the run's settings: one fixed γ and k (the
   'auto' pilots choose them by measuring), and something speculative to
   certify; ValueError."""
-  if args.auto_gamma or args.auto_tree_width:
+  if args.auto_gamma or args.decode_mode.auto_width:
     raise ValueError(
-        f"GAMMA={args.gamma!r}, TREE_WIDTH={args.tree_width!r}: certify tests "
+        f"GAMMA={args.gamma!r}, TREE_WIDTH="
+        f"{decode_modes.tree_of(args.decode_mode).width!r}: certify tests "
         "one configuration; allowed: integers (the run's metrics.json "
         "records the γ and k 'auto' chose).")
   if args.speculation == decode_modes.SPECULATION_OFF:
@@ -251,14 +244,14 @@ def certify(args: arguments.RunArguments,
       "temperature": args.temperature,
       "top_k": args.top_k,
       "top_p": args.top_p,
-      "lenience": args.lenience,
+      "lenience": mode.lenience,
       "settings": dataclasses.asdict(settings),
   }
-  if args.lenience != 1:
+  if mode.lenience != 1:
     record.update(
         exact_by_design=False, certified=False, failed=False,
-        why=(f"LENIENCE={args.lenience:g} < 1: each token's probability is "
-             f"at most p(x)/l = {1 / args.lenience:.3g}·p(x) "
+        why=(f"LENIENCE={mode.lenience:g} < 1: each token's probability is "
+             f"at most p(x)/l = {1 / mode.lenience:.3g}·p(x) "
              "(docs/design/beyond_the_paper.md)"))
     record["verdict"] = verdict_line(record)
     return record

@@ -26,7 +26,7 @@ Only TPU code goes into these programs: the parameters stay in T5X's 2-D
 layout (never `prepared_for_decoding`, whose packing for the CPU matmul
 kernel is decided by the *host's* backend, which is the CPU here), and the
 loops are jitted here without the CPU compiler options
-(`decoding.loops.CPU_SPECULATIVE_COMPILER_OPTIONS`). Every program's custom
+(`kernels.CPU_SPECULATIVE_COMPILER_OPTIONS`). Every program's custom
 calls are recorded, so a CPU kernel that slipped in would show.
 """
 import collections

@@ -29,7 +29,6 @@ from specdec_jax.config import gin_utils
 from specdec_jax.core import decoding
 from specdec_jax.core import kernels
 from specdec_jax.experiment import arguments
-from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import compile_check
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import drafter_registry
@@ -89,7 +88,7 @@ def check_compile_settings(args: arguments.RunArguments,
         repr(k)
         for k, spec in drafter_registry.DRAFTERS.items()
         if spec.is_model_step)
-    raise ConfigError(f"DRAFTER={args.drafter!r} with {MACRO}: allowed: "
+    raise ConfigError(f"DRAFTER={args.drafting.name!r} with {MACRO}: allowed: "
                       f"{allowed} (a draft model).")
   if args.auto_gamma:
     raise ConfigError(f"GAMMA='auto' with {MACRO}: allowed: an integer "
@@ -239,12 +238,13 @@ def _compile_topology(args: arguments.RunArguments, value: Any,
   mesh = partitioning.make_mesh(data, model, devices=devices[:data * model])
   target_config = loading.model_config("target")
   draft_config = loading.model_config("draft")
-  mode = decode_modes.mode_of(args)
+  mode = decode_modes.mode_of(args)  # the run's, decided once here
+  draws = decode_modes.tree_of(mode).without_replacement
   shapes = compile_check.Shapes(
       batch=args.batch_size, inputs=args.task_feature_lengths["inputs"],
       max_decode_length=args.max_decode_length, gamma=int(args.gamma),
-      beam=beam_shapes(args),
-      tree_width=int(args.tree_width) if mode.branches else 0)
+      beam=beam_shapes(args, mode),
+      tree_width=int(mode.width) if mode.branches else 0)
   # The run's own rule (issue 42: this used to read LENIENCE alone and
   # compiled Algorithm 1 for ACCEPTANCE='block').
   acceptance = mode.acceptance_rule(args)
@@ -256,10 +256,10 @@ def _compile_topology(args: arguments.RunArguments, value: Any,
   compiled = _compiled(
       lambda: compile_check.compile_all(
           target_config, draft_config, mesh, shapes, build_drafter, args.method(
-          ), acceptance, args.tree_without_replacement),
+          ), acceptance, draws),
       f"the run's programs for {value} at MESH_SHAPE={args.mesh_shape}")
-  record = _record(args, value, topology, devices, target_config, draft_config,
-                   compiled, gin_files)
+  record = _record(args, mode, value, topology, devices, target_config,
+                   draft_config, compiled, gin_files)
   memory = record["memory_per_device"]
   if not memory["fits"]:
 
@@ -267,8 +267,7 @@ def _compile_topology(args: arguments.RunArguments, value: Any,
       other = partitioning.make_mesh(*shape, devices=devices[:math.prod(shape)])
       return compile_check.speculative_total(target_config, draft_config,
                                              other, shapes, build_drafter,
-                                             args.method(), acceptance,
-                                             args.tree_without_replacement)
+                                             args.method(), acceptance, draws)
 
     with console.phase(f"{MACRO}: it does not fit; compiling the "
                        "speculative program at other MESH_SHAPEs"):
@@ -279,23 +278,23 @@ def _compile_topology(args: arguments.RunArguments, value: Any,
   return record
 
 
-def beam_shapes(args) -> Optional[compile_check.BeamShapes]:
-  """DECODE='beam': the beam programs' sizes (None: sampling)."""
-  if not decode_modes.mode_of(args).beam:
+def beam_shapes(args, mode) -> Optional[compile_check.BeamShapes]:
+  """DECODE='beam' (`mode`, the run's): the beam programs' sizes (None:
+  sampling)."""
+  if not mode.beam:
     return None
-  return compile_check.BeamShapes(beam_size=args.beam_size,
-                                  width=beam_settings.width(args),
-                                  rows=beam_settings.rows(args),
-                                  alpha=float(args.beam_alpha))
+  return compile_check.BeamShapes(beam_size=mode.size, width=mode.draft_width(),
+                                  rows=mode.num_rows(args.gamma),
+                                  alpha=float(mode.alpha))
 
 
-def _beam_record(args) -> Dict[str, Any]:
+def _beam_record(args, mode) -> Dict[str, Any]:
   """compile.json's settings of a beam run ({} for sampling)."""
-  beam = beam_shapes(args)
+  beam = beam_shapes(args, mode)
   if beam is None:
     return {}
   return {
-      "decode": args.decode,
+      "decode": mode.decode,
       "beam_size": beam.beam_size,
       "beam_width": beam.width,
       "beam_rows": beam.rows,
@@ -303,7 +302,7 @@ def _beam_record(args) -> Dict[str, Any]:
   }
 
 
-def _record(args, value, topology, devices, target_config, draft_config,
+def _record(args, mode, value, topology, devices, target_config, draft_config,
             compiled, gin_files) -> Dict[str, Any]:
   """compile.json's dict."""
   calls, programs = compiled["calls"], compiled["programs"]
@@ -318,8 +317,8 @@ def _record(args, value, topology, devices, target_config, draft_config,
   collectives = dict(calls["target_step"]["collectives"])
   collectives["total"] = sum(collectives.values())
   # Theorem 3.8 at the paper's α models sampling one sequence, not beams.
-  paper = (None if decode_modes.mode_of(args).beam else paper_row(
-      gin_files, float(args.temperature), int(args.gamma)))
+  paper = (None if mode.beam else paper_row(gin_files, float(args.temperature),
+                                            int(args.gamma)))
   return {
       "compile_topology": value,
       "topology": {
@@ -336,9 +335,8 @@ def _record(args, value, topology, devices, target_config, draft_config,
           "max_decode_length": args.max_decode_length,
           "target": _model_words(args.target_name, target_config),
           "draft": _model_words(args.draft_name, draft_config),
-          **_beam_record(args), "acceptance": args.acceptance,
-          "tree_width": int(args.tree_width)
-                        if decode_modes.mode_of(args).branches else None
+          **_beam_record(args, mode), "acceptance": mode.acceptance,
+          "tree_width": int(mode.width) if mode.branches else None
       },
       "memory_per_device": {
           "parameter_bytes": params,
@@ -468,8 +466,9 @@ def compile_summary_lines(record: Dict[str, Any]) -> List[str]:
   if decode_modes.of_metrics(record["settings"]).beam:
     lines.append(_beam_words(record["settings"]))
   elif paper:
-    lines.append(f"Theorem 3.8 at the paper's α = {paper['alpha']} (γ = "
-                 f"{paper['gamma']}, T = {paper['temperature']:g}): "
+    lines.append(f"Theorem 3.8 at the roofline's call cost and the paper's "
+                 f"α = {paper['alpha']} (γ = {paper['gamma']}, T = "
+                 f"{paper['temperature']:g}): "
                  f"{roof['theorem_3_8_speedup']:.2f}x from XLA's bytes, "
                  f"{args['theorem_3_8_speedup']:.2f}x from the arguments; "
                  f"the paper measured {paper['speedup']}x ({paper['source']}).")

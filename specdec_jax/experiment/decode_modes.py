@@ -1,39 +1,41 @@
 """Decode modes: one object for each way a run decodes speculatively.
 
-The registry beside the drafter registry (`drafter_registry`):
+The registry beside the drafter registry (`drafter_registry`). Each mode is
+a frozen dataclass holding its own settings, each a field naming the macro
+gin/run.gin binds it to (`TreeMode.width = %TREE_WIDTH`,
+`gin_utils.setting`): `TokenMode` (ACCEPTANCE='token', Algorithm 1;
+LENIENCE < 1: Appendix A.5's lenient rule, not exact), `BlockMode`
+('block'), `TreeMode` ('tree'), `BeamMode` (DECODE='beam': the target's own
+beam search, exactly) and `TargetAloneMode` (SPECULATION='off', or 'auto'
+choosing it: the baseline decoder in the speculative decoder's place).
 
-* `token`: Algorithm 1's token verification (LENIENCE < 1: Appendix A.5's
-  lenient rule, not exact);
-* `block`: block verification (exact, never fewer kept guesses);
-* `tree`: tree verification over TREE_WIDTH draft branches;
-* `beam`: speculative beam search (DECODE='beam': the target's own beam
-  search, exactly);
-* the target alone (`TargetAloneMode`, SPECULATION='off' or 'auto'
-  choosing it): the run's baseline decoder in the speculative decoder's
-  place, for any of the modes above.
-
-A mode owns what differs between them: its checks, its acceptance rule, its
-two decoders, the rows its caches hold, the pricing of its calls, its cost
-model, its metrics keys and its label. The run picks one (`mode_of`), the
-report and the summary read it back from metrics.json (`of_metrics`).
-Outside this module no code compares ACCEPTANCE or DECODE to a string
-(`tests/project/test_architecture.py`); a drafter declares the modes it supports
-(`DrafterSpec.decode_modes`).
+`named` (gin's `decode_mode`, bound to ACCEPTANCE and DECODE) builds
+the mode they name with its settings as gin binds them; an experiment file
+may hand one in instead (`run.decode_mode = @TreeMode()`). A mode owns what
+differs between modes: its checks, its acceptance rule, its two decoders,
+the rows its caches hold, the pricing of its calls, its cost model, its
+metrics keys, its settings record and its label. A run's mode is decided
+once (`mode_of`, when its plan is built: `plan.RunPlan.mode`); the report
+and the summary read it back from metrics.json (`of_metrics`). Outside this
+module no code compares ACCEPTANCE or DECODE to a string
+(`tests/project/test_architecture.py`); a drafter declares the modes it
+supports (`DrafterSpec.decode_modes`).
 """
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple, Union
 
-import flax
-import jax
-import jax.numpy as jnp
+import gin
 import numpy as np
 
+from specdec_jax.config import gin_utils
+from specdec_jax.config.gin_utils import setting
 from specdec_jax.core import decoding
 from specdec_jax.core.decoding import beam_decoders
 from specdec_jax.core.decoding import block_acceptance
-from specdec_jax.core.decoding import outputs
-from specdec_jax.experiment import beam_settings
+from specdec_jax.experiment import batches
 from specdec_jax.experiment import drafter_registry
+from specdec_jax.experiment.drafter_registry import is_int
+from specdec_jax.experiment.drafter_registry import is_real
 from specdec_jax.metrics import analysis
 from specdec_jax.metrics import step_costs
 
@@ -42,18 +44,25 @@ Decoder = decoding.Decoder
 SAMPLE = "sample"
 DECODES = (SAMPLE, "beam")
 # SPECULATION's values: speculative decoding (the default), the target
-# alone, or the run's choice between them (`auto_mode`).
+# alone, or the run's choice between them (`pilots`).
 SPECULATION_ON, SPECULATION_OFF, SPECULATION_AUTO = "on", "off", "auto"
 SPECULATIONS = (SPECULATION_ON, SPECULATION_OFF, SPECULATION_AUTO)
+# GAMMA='auto': γ chosen by the run; with ACCEPTANCE='tree', GAMMA and/or
+# TREE_WIDTH 'auto': (γ, k) chosen by the run (`experiment.pilots`).
+AUTO = "auto"
+# TREE_WIDTH='auto' considers trees of at most this many nodes 1 + k·γ.
+AUTO_TREE_MAX_NODES = 25
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeMode:
-  """What one decode mode means; subclasses override what differs.
+  """What one decode mode means; subclasses override what differs. Its
+  settings are its fields that name a macro.
 
-  Attributes:
+  Class attributes (what the mode is):
     name: its ACCEPTANCE value ('token', 'block', 'tree'), or 'beam'.
     description: a few words for error messages.
+    decode: its DECODE value.
     one_path: each target call verifies one path of guesses: the run
       records guess traces and β, Theorem 3.8's per-iteration bound and
       the efficiency split (a tree or beam run counts kept guesses only).
@@ -61,25 +70,44 @@ class DecodeMode:
       sequence, not beams).
     branches: TREE_WIDTH draft branches per call.
     beam: DECODE='beam'.
-    own_settings: the run arguments only this mode records (a run of
-      another mode drops them: earlier results stay the same run).
     exactness_tests: where the chi-square tests of its distribution are.
     target_alone: the target alone holds the speculative decoder's place
       (`TargetAloneMode`).
+    lenience: 1: exact (`TokenMode`'s is its LENIENCE).
+    auto_width: TREE_WIDTH='auto' (`TreeMode`).
   """
-  name: str = "token"
-  description: str = "Algorithm 1"
-  one_path: bool = True
-  priced: bool = True
-  branches: bool = False
-  beam: bool = False
-  own_settings: Tuple[str, ...] = ()
-  exactness_tests: str = "tests/core/test_decoding.py"
-  target_alone: bool = False
+  name = "token"
+  description = "Algorithm 1"
+  decode = SAMPLE
+  one_path = True
+  priced = True
+  branches = False
+  beam = False
+  exactness_tests = "tests/core/test_decoding.py"
+  target_alone = False
+  lenience = 1.0
+  auto_width = False
+
+  # How a run chooses it, ('ACCEPTANCE', 'tree'); its ACCEPTANCE value.
+  choice = property(lambda self: ("ACCEPTANCE", self.name))
+  acceptance = property(lambda self: self.name)
+
+  def reads(self) -> FrozenSet[str]:
+    """The macros of its settings."""
+    return frozenset(k.upper() for k in gin_utils.settings(self))
+
+  def record(self) -> Dict[str, Any]:
+    """What its runs' settings record adds: how it was chosen (Algorithm 1
+    is the default) and its settings, under the run arguments' names."""
+    return {self.choice[0].lower(): self.choice[1], **gin_utils.settings(self)}
 
   def check(self, args: Any) -> None:
-    """What this mode needs of the other settings; ValueError."""
+    """Its own settings and what it needs of the run's; ValueError."""
     del args
+
+  def check_vocab(self, args: Any, vocab_size: int) -> None:
+    """Its settings against the models' vocab_size; ValueError."""
+    del args, vocab_size
 
   def acceptance_rule(self, args: Any) -> Optional[decoding.AcceptanceRule]:
     """The rule the speculative loop runs (None: Algorithm 1)."""
@@ -149,29 +177,46 @@ class DecodeMode:
 
   def metrics(self, args: Any, decoded: Any) -> Dict[str, Any]:
     """metrics.json's keys of this mode (DECODE and its own)."""
-    del decoded
-    return {"decode": args.decode}
+    del args, decoded
+    return {"decode": self.decode}
 
 
+@gin.configurable
 @dataclasses.dataclass(frozen=True)
 class TokenMode(DecodeMode):
-  """Algorithm 1 (LENIENCE < 1: the lenient rule)."""
+  """ACCEPTANCE='token': Algorithm 1.
 
-  def acceptance_rule(self, args):
-    if args.lenience == 1:
-      return None
-    return decoding.LenientAcceptance(np.float32(args.lenience))
+  Attributes:
+    lenience: Appendix A.5's l in (0, 1]; 1 = exact (the default); l < 1
+      is NOT the target's distribution.
+  """
+  lenience: float = setting("LENIENCE", 1.0)
 
-
-@dataclasses.dataclass(frozen=True)
-class BlockMode(DecodeMode):
-  """Block verification: exact only."""
-  name: str = "block"
-  description: str = "block verification"
-  own_settings: Tuple[str, ...] = ("acceptance",)
+  def record(self):
+    # Algorithm 1 is the default, and LENIENCE is recorded with the
+    # drafter's settings (`output_dir.settings_record`): as before the
+    # modes existed. A mode registered on this one records its name.
+    return {} if self.name == TokenMode.name else {"acceptance": self.name}
 
   def check(self, args):
-    _exact_only(self, args)
+    if not (is_real(self.lenience) and 0 < self.lenience <= 1):
+      raise ValueError(
+          f"LENIENCE={self.lenience!r}: allowed: a number in (0, 1] (1 = "
+          "exact speculative decoding; l < 1 accepts more guesses and no "
+          "longer samples the target's distribution).")
+
+  def acceptance_rule(self, args):
+    if self.lenience == 1:
+      return None
+    return decoding.LenientAcceptance(np.float32(self.lenience))
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class BlockMode(DecodeMode):
+  """ACCEPTANCE='block': block verification (exact only)."""
+  name = "block"
+  description = "block verification"
 
   def acceptance_rule(self, args):
     del args
@@ -182,41 +227,84 @@ class BlockMode(DecodeMode):
     return f" {self.name}"
 
 
+@gin.configurable
 @dataclasses.dataclass(frozen=True)
 class TreeMode(DecodeMode):
-  """Tree verification: k = TREE_WIDTH branches of γ guesses per call."""
-  name: str = "tree"
-  description: str = "tree verification"
-  one_path: bool = False
-  branches: bool = True
-  own_settings: Tuple[str, ...] = ("acceptance", "tree_width",
-                                   "tree_without_replacement")
-  exactness_tests: str = "tests/core/test_tree_acceptance.py"
+  """ACCEPTANCE='tree': k = `width` branches of γ guesses per call.
+
+  Attributes:
+    width: k, the draft branches per target call (an integer >= 1; k = 1
+      is Algorithm 1 run by the tree loop), or 'auto' (the k <= 4, and
+      with GAMMA='auto' the γ, of the best predicted speedup for the
+      acceptance and call costs measured on the first examples).
+    without_replacement: at T > 0 the k first guesses are drawn without
+      replacement (distinct; recursive rejection sampling at depth 1)
+      rather than independently; both exact.
+  """
+  width: Union[int, str] = setting("TREE_WIDTH", 1)
+  without_replacement: bool = setting("TREE_WITHOUT_REPLACEMENT", True)
+  name = "tree"
+  description = "tree verification"
+  one_path = False
+  branches = True
+  exactness_tests = "tests/core/test_tree_acceptance.py"
+
+  @property
+  def auto_width(self) -> bool:
+    return self.width == AUTO
 
   def check(self, args):
-    _exact_only(self, args)
+    width, gamma = self.width, args.gamma
+    if width != AUTO and (not is_int(width) or width < 1):
+      raise ValueError(f"TREE_WIDTH={width!r}: allowed: an integer >= 1 (the "
+                       "draft branches per target call of ACCEPTANCE='tree'), "
+                       f"or '{AUTO}'.")
     _check_drafter(self, args,
                    "tree verification drafts its branches with a draft model")
-    if args.adaptive_threshold is not None:
+    if self.auto_width and is_int(gamma) and 1 + gamma > AUTO_TREE_MAX_NODES:
       raise ValueError(
-          f"ACCEPTANCE='tree' with ADAPTIVE_THRESHOLD="
-          f"{args.adaptive_threshold!r}: tree verification drafts γ guesses "
-          "per branch every call; allowed: ADAPTIVE_THRESHOLD=None with "
-          "'tree'.")
+          f"TREE_WIDTH='{AUTO}' with GAMMA={gamma}: the choice considers "
+          f"trees of at most {AUTO_TREE_MAX_NODES} nodes (1 + k·γ); allowed: "
+          f"GAMMA <= {AUTO_TREE_MAX_NODES - 1}, or GAMMA='{AUTO}', or an "
+          "integer TREE_WIDTH.")
+    if (gamma == AUTO and is_int(width) and
+        args.speculation != SPECULATION_AUTO and
+        1 + width > AUTO_TREE_MAX_NODES):
+      raise ValueError(
+          f"GAMMA='{AUTO}' with TREE_WIDTH={width}: the choice considers "
+          f"trees of at most {AUTO_TREE_MAX_NODES} nodes (1 + k·γ); allowed: "
+          f"TREE_WIDTH <= {AUTO_TREE_MAX_NODES - 1}, or TREE_WIDTH="
+          f"'{AUTO}', or an integer GAMMA.")
+    if self.auto_width and args.compile_topology is not None:
+      raise ValueError(
+          f"TREE_WIDTH='{AUTO}' with COMPILE_TOPOLOGY="
+          f"{args.compile_topology!r}: the programs are compiled for one tree; "
+          "allowed: an integer TREE_WIDTH >= 1.")
+
+  def check_vocab(self, args, vocab_size):
+    # At T = 0 the k branches start with the k likeliest tokens, so k <=
+    # vocab_size (`tree_decoder` checks it too, after loading).
+    if (args.method().is_greedy and not self.auto_width and
+        self.width > vocab_size):
+      raise ValueError(
+          f"TREE_WIDTH={self.width} is more than the models' vocab_size "
+          f"({vocab_size}): greedy branches start with distinct tokens. "
+          f"Allowed: 1 to {vocab_size}.")
 
   def speculative_decoder(self, args, target, drafter, gamma, acceptance):
     del acceptance  # `tree_decoder` makes its own rule
-    return decoding.tree_decoder(
-        decoding.speculative_target(target, drafter), drafter, gamma=gamma,
-        tree_width=args.tree_width, max_decode_length=args.max_decode_length,
-        method=args.method(), without_replacement=args.tree_without_replacement)
+    return decoding.tree_decoder(decoding.speculative_target(target, drafter),
+                                 drafter, gamma=gamma, tree_width=self.width,
+                                 max_decode_length=args.max_decode_length,
+                                 method=args.method(),
+                                 without_replacement=self.without_replacement)
 
   def label(self, args):
-    return f" tree k={args.tree_width}"
+    return f" tree k={self.width}"
 
   def pricing_words(self, args):
     return ("Pricing c: a target step, the tree call over 1 + k·γ = "
-            f"{1 + args.tree_width * args.gamma} nodes and the drafter's k "
+            f"{1 + self.width * args.gamma} nodes and the drafter's k "
             "branches, interleaved")
 
   def price(self, args, drafter, target, batch, fill, context,
@@ -231,50 +319,107 @@ class TreeMode(DecodeMode):
     return tokens_per_call / (gamma * c + call_cost)
 
   def guesses_per_call(self, args):
-    return args.gamma * args.tree_width
+    return args.gamma * self.width
 
 
+@gin.configurable
 @dataclasses.dataclass(frozen=True)
 class BeamMode(DecodeMode):
-  """Speculative beam search: the target's beam search, exactly."""
-  name: str = "beam"
-  description: str = "speculative beam search"
-  one_path: bool = False
-  priced: bool = False
-  beam: bool = True
-  own_settings: Tuple[str, ...] = ("decode", "beam_size", "beam_alpha",
-                                   "beam_width", "beam_rows")
-  exactness_tests: str = "tests/core/test_speculative_beam.py"
+  """DECODE='beam': speculative beam search, as T5X's: the baseline is the
+  target's own beam search, the speculative run the draft's beams verified
+  by the target, identical beams; the top beam is the prediction
+  (docs/design/beyond_the_paper.md).
+
+  Attributes:
+    size: k, the beams kept (T5X's num_decodes), an integer >= 1 and at
+      most half the vocabulary.
+    alpha: the brevity penalty's exponent α, ((5 + length) / 6) ** α, a
+      number >= 0 (T5X's 0.6; 0 = none).
+    width: u, the draft's beam width, an integer >= BEAM_SIZE; None =
+      BEAM_SIZE.
+    rows: the candidate sequences the target scores per call (each a live
+      beam and γ draft tokens), an integer from BEAM_SIZE to GAMMA·u +
+      BEAM_SIZE; None = 2u (at most GAMMA·u + BEAM_SIZE).
+  """
+  size: int = setting("BEAM_SIZE", 4)
+  alpha: float = setting("BEAM_ALPHA", 0.6)  # T5X's default
+  width: Optional[int] = setting("BEAM_WIDTH", None)
+  rows: Optional[int] = setting("BEAM_ROWS", None)
+  name = "beam"
+  description = "speculative beam search"
+  decode = "beam"
+  one_path = False
+  priced = False
+  beam = True
+  exactness_tests = "tests/core/test_speculative_beam.py"
+
+  choice = property(lambda self: ("DECODE", self.decode))
+  acceptance = TokenMode.name  # the target replays its own beam steps
+
+  def draft_width(self) -> int:
+    """u, the draft's beam width (None: BEAM_SIZE)."""
+    return self.size if self.width is None else self.width
+
+  def num_rows(self, gamma: int) -> int:
+    """The candidate rows of a target call (None: 2u, at most γ·u + k,
+    all the draft's beams)."""
+    if self.rows is not None:
+      return self.rows
+    return min(2 * self.draft_width(), gamma * self.draft_width() + self.size)
 
   def check(self, args):
-    if SAMPLING[args.acceptance] is not TOKEN:
+    k, alpha, u, r, gamma = (self.size, self.alpha, self.width, self.rows,
+                             args.gamma)
+    if not is_int(k) or k < 1:
+      raise ValueError(f"BEAM_SIZE={k!r}: allowed: an integer >= 1 (the "
+                       "beams kept).")
+    if not (is_real(alpha) and alpha >= 0):
+      raise ValueError(f"BEAM_ALPHA={alpha!r}: allowed: a finite number >= 0 "
+                       "(the brevity penalty's exponent; T5X: 0.6).")
+    if u is not None and (not is_int(u) or u < k):
+      raise ValueError(f"BEAM_WIDTH={u!r} with BEAM_SIZE={k}: allowed: None "
+                       f"(= BEAM_SIZE) or an integer >= BEAM_SIZE = {k} (the "
+                       "draft's beam width u >= k).")
+    most = gamma * self.draft_width() + k if is_int(gamma) else None
+    if r is not None and most and (not is_int(r) or not k <= r <= most):
       raise ValueError(
-          f"DECODE='beam' with ACCEPTANCE={args.acceptance!r}: the target "
-          "replays its own beam steps over the draft's beams; allowed: "
-          "ACCEPTANCE='token'.")
-    beam_settings.check_rules(args)
+          f"BEAM_ROWS={r!r} with BEAM_SIZE={k}, BEAM_WIDTH="
+          f"{self.draft_width()}, GAMMA={gamma}: allowed: None (= "
+          f"2·BEAM_WIDTH) or an integer from {k} (one row per beam) to "
+          f"GAMMA·BEAM_WIDTH + BEAM_SIZE = {most} (one per draft beam and "
+          "beam).")
+    _check_beam_rules(args)
     _check_drafter(self, args, "the draft model runs its own beam search")
 
+  def check_vocab(self, args, vocab_size):
+    # Each element stops on its own, as T5X's joint stop only with 2k real
+    # candidates.
+    try:
+      beam_decoders.check_beam_vocab(self.size, vocab_size)
+    except ValueError as e:
+      raise ValueError(f"BEAM_SIZE={self.size}: {e} Allowed: 1 to "
+                       f"{vocab_size // 2}.") from None
+
   def baseline_decoder(self, args, target):
-    return beam_decoders.beam_decoder(target, beam_size=args.beam_size,
+    return beam_decoders.beam_decoder(target, beam_size=self.size,
                                       max_decode_length=args.max_decode_length,
-                                      alpha=args.beam_alpha)
+                                      alpha=self.alpha)
 
   def speculative_decoder(self, args, target, drafter, gamma, acceptance):
     del acceptance  # the target replays its own beam steps
     return beam_decoders.speculative_beam_decoder(
-        target, drafter, beam_size=args.beam_size, gamma=gamma,
-        max_decode_length=args.max_decode_length, alpha=args.beam_alpha,
-        width=beam_settings.width(args), num_rows=beam_settings.rows(args))
+        target, drafter, beam_size=self.size, gamma=gamma,
+        max_decode_length=args.max_decode_length, alpha=self.alpha,
+        width=self.draft_width(), num_rows=self.num_rows(args.gamma))
 
   def cache_rows(self, args):
     # A speculative beam call holds every element's candidate rows and
     # beams.
-    return args.batch_size * (beam_settings.rows(args) + args.beam_size)
+    return args.batch_size * (self.num_rows(args.gamma) + self.size)
 
   def label(self, args):
-    return (f" beam k={args.beam_size} u={beam_settings.width(args)} "
-            f"rows={beam_settings.rows(args)}")
+    return (f" beam k={self.size} u={self.draft_width()} "
+            f"rows={self.num_rows(args.gamma)}")
 
   def price(self, args, drafter, target, batch, fill, context,
             pricing=step_costs.PRICING):
@@ -282,58 +427,52 @@ class BeamMode(DecodeMode):
                      "model sampling one sequence, not beams).")
 
   def guesses_per_call(self, args):
-    return args.gamma * beam_settings.width(args)
+    return args.gamma * self.draft_width()
 
   def metrics(self, args, decoded):
     """`steps_per_target_call`: beam-search steps per speculative target
     call, each call m = n + 1 steps for n kept draft steps."""
-    steps = float((np.arange(len(decoded.histogram)) + 1) @ decoded.histogram)
+    histogram = decoded.spec.histogram
+    steps = float((np.arange(len(histogram)) + 1) @ histogram)
     return {
-        "decode": args.decode,
-        "beam_size": args.beam_size,
-        "beam_alpha": float(args.beam_alpha),
-        "beam_width": beam_settings.width(args),
-        "beam_rows": beam_settings.rows(args),
-        "steps_per_target_call": steps / max(decoded.calls_spec, 1),
+        "decode": self.decode,
+        "beam_size": self.size,
+        "beam_alpha": float(self.alpha),
+        "beam_width": self.draft_width(),
+        "beam_rows": self.num_rows(args.gamma),
+        "steps_per_target_call": steps / max(decoded.spec.calls, 1),
     }
 
 
 @dataclasses.dataclass(frozen=True)
-class TargetAloneMode(DecodeMode):
-  """SPECULATION='off' (or 'auto' choosing it): the target alone, with the
-  settings of the mode it replaces (`search`: its baseline decoder, its
-  checks and recorded settings); nothing is drafted or priced, and a
-  walltime run decodes once (`target_alone.TargetAloneDecoder`)."""
-  name: str = "off"
-  description: str = "the target alone (SPECULATION='off')"
-  one_path: bool = False
-  priced: bool = False
-  target_alone: bool = True
-  search: Optional[DecodeMode] = None
+class TargetAloneMode:
+  """SPECULATION='off' (or 'auto' choosing it): the target alone in the
+  place of the mode it replaces (`search`), which it is in all but what
+  follows (its baseline decoder, checks, settings and record are
+  `search`'s): nothing is drafted or priced, and a walltime run decodes
+  once (`batches.TargetAloneDecoder`)."""
+  search: DecodeMode
+  name = "off"
+  description = "the target alone (SPECULATION='off')"
+  one_path = False
+  priced = False
+  target_alone = True
 
-  def check(self, args):
-    self.search.check(args)
-
-  def acceptance_rule(self, args):
-    return self.search.acceptance_rule(args)
+  def __getattr__(self, name: str) -> Any:
+    if name == "search" or name.startswith("__"):  # a copy not yet filled
+      raise AttributeError(name)
+    return getattr(self.search, name)
 
   def decoders(self, args, target, drafter, gamma, acceptance):
     del drafter, acceptance  # nothing is drafted
-    baseline = self.baseline_decoder(args, target)
-    return baseline, TargetAloneDecoder(baseline, gamma)
-
-  def baseline_decoder(self, args, target):
-    return self.search.baseline_decoder(args, target)
-
-  def cache_rows(self, args):
-    return self.search.cache_rows(args)
+    baseline = self.search.baseline_decoder(args, target)
+    return baseline, batches.TargetAloneDecoder(baseline, gamma)
 
   def label(self, args):
     del args
     return " speculation off"
 
-  def price(self, args, drafter, target, batch, fill, context,
-            pricing=step_costs.PRICING):
+  def price(self, *args, **kwargs):
     raise ValueError("SPECULATION='off': nothing is drafted, so c and "
                      "Theorem 3.8 are not priced.")
 
@@ -341,19 +480,13 @@ class TargetAloneMode(DecodeMode):
     del args
     return 0
 
-  def metrics(self, args, decoded):
-    return self.search.metrics(args, decoded)
-
 
 def target_alone(mode: DecodeMode) -> TargetAloneMode:
   """The target alone in `mode`'s place (its baseline, checks, settings)."""
-  if mode.target_alone:
-    return mode  # type: ignore[return-value]
-  return TargetAloneMode(search=mode, branches=mode.branches, beam=mode.beam,
-                         own_settings=mode.own_settings,
-                         exactness_tests=mode.exactness_tests)
+  return mode if mode.target_alone else TargetAloneMode(search=mode)
 
 
+# Each mode with its settings' defaults (`named` configures the run's).
 TOKEN = TokenMode()
 BLOCK = BlockMode()
 TREE = TreeMode()
@@ -372,182 +505,92 @@ def register(mode: DecodeMode) -> None:
   SAMPLING[mode.name] = mode
 
 
-def search_mode_of(args: Any) -> DecodeMode:
-  """The mode DECODE and ACCEPTANCE name: DECODE='beam', else ACCEPTANCE's
-  (whatever SPECULATION says)."""
-  if args.decode == BEAM.name:
-    return BEAM
-  return SAMPLING[args.acceptance]
+@gin.configurable("decode_mode")
+def named(acceptance: str = TOKEN.name, decode: str = SAMPLE) -> DecodeMode:
+  """The mode ACCEPTANCE and DECODE name, with its settings as gin binds
+  them.
+
+  Args:
+    acceptance: how the target verifies the guesses, all exact: 'token'
+      (Algorithm 1, the default), 'block' (block verification, Sun et al.
+      2025: never fewer kept guesses in expectation; the same as 'token'
+      at temperature 0) or 'tree' (tree verification: TREE_WIDTH draft
+      branches of γ guesses, scored in one target call of 1 +
+      TREE_WIDTH·γ tokens; needs DRAFTER 'model', 'shared_encoder' or
+      'feature').
+    decode: what both decoders search for: 'sample' (the default: sampling
+      or greedy decoding, TEMPERATURE) or 'beam' (beam search, as T5X's;
+      `BeamMode`).
+
+  Raises:
+    ConfigError: naming the macro, its value and what is allowed.
+  """
+  if not isinstance(decode, str) or decode not in DECODES:
+    raise gin_utils.ConfigError(
+        f"DECODE={decode!r}: allowed: 'sample' (sampling or greedy decoding, "
+        "the default) or 'beam' (beam search).")
+  if not isinstance(acceptance, str) or acceptance not in SAMPLING:
+    words = "; ".join(f"{m.name!r}: {m.description}" for m in SAMPLING.values())
+    raise gin_utils.ConfigError(
+        f"ACCEPTANCE={acceptance!r}: allowed: "
+        f"{', '.join(repr(a) for a in SAMPLING)} ({words}).")
+  if decode == BEAM.decode:
+    if acceptance != TOKEN.name:
+      raise gin_utils.ConfigError(
+          f"DECODE='beam' with ACCEPTANCE={acceptance!r}: the target replays "
+          "its own beam steps over the draft's beams; allowed: "
+          "ACCEPTANCE='token'.")
+    return gin_utils.configured(BEAM)
+  return gin_utils.configured(SAMPLING[acceptance])
 
 
 def mode_of(args: Any) -> DecodeMode:
-  """The run's mode: `search_mode_of`, or with SPECULATION='off' the
+  """The run's mode: its `decode_mode`, or with SPECULATION='off' the
   target alone in its place."""
-  mode = search_mode_of(args)
   if getattr(args, "speculation", SPECULATION_ON) == SPECULATION_OFF:
-    return target_alone(mode)
-  return mode
+    return target_alone(args.decode_mode)
+  return args.decode_mode
+
+
+def tree_of(mode: DecodeMode) -> TreeMode:
+  """The tree settings a run's trees use: its own, or the defaults of
+  `TreeMode` (SPECULATION='auto''s tree candidates)."""
+  return mode if mode.branches else TREE
 
 
 def of_metrics(record: Mapping[str, Any]) -> DecodeMode:
   """The mode a metrics.json (or compile.json's settings) recorded; runs
   from before these keys: token verification."""
-  if record.get("decode") == BEAM.name:
-    mode: DecodeMode = BEAM
-  else:
-    mode = SAMPLING.get(record.get("acceptance") or TOKEN.name, TOKEN)
-  if record.get("speculation") == SPECULATION_OFF:
-    return target_alone(mode)
-  return mode
-
-
-def check_values(args: Any) -> None:
-  """DECODE and ACCEPTANCE among the registry's names; ValueError."""
-  if args.decode not in DECODES:
-    raise ValueError(f"DECODE={args.decode!r}: allowed: 'sample' (sampling "
-                     "or greedy decoding, the default) or 'beam' (beam "
-                     "search).")
-  if args.acceptance not in SAMPLING:
-    words = "; ".join(f"{m.name!r}: {m.description}" for m in SAMPLING.values())
-    raise ValueError(f"ACCEPTANCE={args.acceptance!r}: allowed: "
-                     f"{', '.join(repr(a) for a in SAMPLING)} ({words}).")
-
-
-def check_speculation(args: Any) -> None:
-  """SPECULATION among its values, and what 'off' / 'auto' cannot run
-  with; ValueError naming the macro, the value and what is allowed."""
-  value = getattr(args, "speculation", SPECULATION_ON)
-  if not isinstance(value, str) or value not in SPECULATIONS:
-    raise ValueError(
-        f"SPECULATION={value!r}: allowed: 'on' (speculative decoding, the "
-        "default), 'off' (the target alone) or 'auto' (the run prices the "
-        "decode modes on this machine and picks the fastest, the target "
-        "alone included).")
-  if value == SPECULATION_ON:
-    return
-  if args.mode == "alpha":
-    raise ValueError(f"SPECULATION={value!r} with MODE='alpha': α is "
-                     "measured with the draft; allowed: SPECULATION='on' "
-                     "with MODE='alpha'.")
-  if args.compile_topology is not None:
-    raise ValueError(f"SPECULATION={value!r} with COMPILE_TOPOLOGY="
-                     f"{args.compile_topology!r}: the programs are compiled "
-                     "for one decode mode; allowed: SPECULATION='on'.")
-  if value == SPECULATION_AUTO and (args.lenience != 1 or
-                                    args.adaptive_threshold is not None):
-    raise ValueError(
-        "SPECULATION='auto' with LENIENCE="
-        f"{args.lenience!r}, ADAPTIVE_THRESHOLD={args.adaptive_threshold!r}: "
-        "'auto' chooses among exact modes of fixed γ; allowed: LENIENCE=1 "
-        "and ADAPTIVE_THRESHOLD=None with 'auto', or SPECULATION='on'.")
-
-
-def check(args: Any) -> None:
-  """The run's mode against the other settings (ValueError naming the
-  macro, its value and what is allowed)."""
-  check_speculation(args)
-  check_values(args)
-  beam_settings.check_values(args)
-  mode = mode_of(args)
-  if not mode.beam:
-    beam_settings.check_unused(args)
-  mode.check(args)
-
-
-def settings_to_drop(args: Any) -> Tuple[str, ...]:
-  """Run arguments that other modes own and this run's mode does not: a
-  run records none of them (its results stay those of runs from before
-  the modes existed)."""
-  mode = mode_of(args)
-  return tuple(
-      dict.fromkeys(k for m in (*SAMPLING.values(), BEAM) if m is not mode
-                    for k in m.own_settings if k not in mode.own_settings))
-
-
-def _exact_only(mode: DecodeMode, args: Any) -> None:
-  if args.lenience != 1:
-    raise ValueError(f"ACCEPTANCE={mode.name!r} with LENIENCE="
-                     f"{args.lenience!r}: {mode.description} is exact only; "
-                     f"allowed: LENIENCE=1 with {mode.name!r}, or "
-                     "ACCEPTANCE='token'.")
+  mode = (BEAM if record.get("decode") == BEAM.decode else SAMPLING.get(
+      record.get("acceptance") or TOKEN.name, TOKEN))
+  off = record.get("speculation") == SPECULATION_OFF
+  return target_alone(mode) if off else mode
 
 
 def _check_drafter(mode: DecodeMode, args: Any, why: str) -> None:
   supported = drafter_registry.supporting(mode.name)
-  if args.drafter in supported:
-    return
-  setting = ("DECODE='beam'" if mode.beam else f"ACCEPTANCE={mode.name!r}")
-  raise ValueError(f"{setting} with DRAFTER={args.drafter!r}: {why}; "
-                   "allowed: DRAFTER "
-                   f"{' or '.join(repr(d) for d in supported)}.")
+  if args.drafting.name not in supported:
+    raise ValueError(f"{gin_utils.choice_words([mode.choice])} with DRAFTER="
+                     f"{args.drafting.name!r}: {why}; allowed: DRAFTER "
+                     f"{' or '.join(repr(d) for d in supported)}.")
 
 
-# -- target alone --------------------------------------------------------------
-# SPECULATION='off' (or 'auto' choosing it): the target alone in the place
-# of the speculative decoder.
-#
-# `TargetAloneDecoder` runs the run's baseline decoder (the target's sampling
-# or its own beam search) and returns its output in the shape the run reads
-# from a speculative decoder (`TargetAloneOutput`: every target call kept
-# n = 0 guesses), so that a walltime run, MODE='infer' and the summary need
-# no branch of their own. A walltime run does not decode twice: it takes the
-# baseline's output and seconds for the speculative column
-# (`TargetAloneDecoder.of_baseline`), so the speedup is 1 by definition.
-Array = jax.Array
-
-
-@flax.struct.dataclass
-class TargetAloneOutput(outputs.CallStatistics):
-  """The target alone's output, read as a speculative decoder's of γ
-  guesses per call (`CallStatistics` with the run's γ: a walltime run adds
-  its histogram to the speculative column's [γ + 1] one).
-
-  Attributes:
-    tokens: [B, T] int32 the target's tokens (0 after EOS).
-    lengths: [B] int32 tokens per row, EOS included.
-    target_calls: [B] int32 target calls (one per token; beam search: one
-      per step).
-    accepted_histogram: [B, γ + 1] int32: every call in column 0 (no
-      guess was made, so none was kept).
-    trace_num_accepted: [B, T] int32: 0 for each call, -1 after the last.
-  """
-  tokens: Array
-  lengths: Array
-  target_calls: Array
-  accepted_histogram: Array
-  trace_num_accepted: Array
-
-
-def as_target_alone_output(out: Any, gamma: int) -> TargetAloneOutput:
-  """The baseline's `out` (a `CallStatistics` with γ = 0: every call in
-  histogram column 0) with its histogram widened to γ + 1 columns."""
-  histogram = jnp.asarray(out.accepted_histogram, jnp.int32)
-  histogram = jnp.pad(histogram,
-                      ((0, 0), (0, int(gamma) + 1 - histogram.shape[1])))
-  return TargetAloneOutput(
-      tokens=jnp.asarray(out.tokens), lengths=jnp.asarray(out.lengths),
-      target_calls=jnp.asarray(out.target_calls,
-                               jnp.int32), accepted_histogram=histogram,
-      trace_num_accepted=jnp.asarray(out.trace_num_accepted, jnp.int32))
-
-
-class TargetAloneDecoder:
-  """The speculative decoder's place, held by the target alone.
-
-  Attributes:
-    baseline: the run's baseline decoder, (inputs [B, S], rng) -> output.
-    gamma: the histogram's γ (columns γ + 1; metrics.json's `gamma`).
-  """
-
-  def __init__(self, baseline: Callable[[Array, Array], Any], gamma: int):
-    self.baseline = baseline
-    self.gamma = int(gamma)
-
-  def __call__(self, encoder_input_tokens: Array,
-               rng: Array) -> TargetAloneOutput:
-    return self.of_baseline(self.baseline(encoder_input_tokens, rng))
-
-  def of_baseline(self, out: Any) -> TargetAloneOutput:
-    """The baseline's output of the same batch and rng, as this decoder's
-    (a walltime run decodes once: `walltime.decode_examples`)."""
-    return as_target_alone_output(out, self.gamma)
+def _check_beam_rules(args: Any) -> None:
+  """What DECODE='beam' needs of the sampling settings (it is the target's
+  own beam search, exactly); ValueError."""
+  for wrong, setting_words, why, allowed in (
+      (args.temperature != 0, f"TEMPERATURE={args.temperature!r}",
+       "beam search draws nothing", "TEMPERATURE=0"),
+      # metrics.json recorded them
+      (args.top_k != 0 or args.top_p != 1,
+       f"TOPK={args.top_k!r}" if args.top_k != 0 else f"TOPP={args.top_p!r}",
+       "beam search draws nothing, so TOPK and TOPP would change nothing",
+       "TOPK=0 and TOPP=1 (off)"),
+      (args.gamma == AUTO, "GAMMA='auto'",
+       "Theorem 3.8's choice of γ is for sampling one sequence",
+       "an integer GAMMA >= 1"),
+      (args.mode == "alpha", f"MODE={args.mode!r}",
+       "MODE='alpha' estimates α of sampling", "MODE='walltime'")):
+    if wrong:
+      raise ValueError(f"DECODE='beam' with {setting_words}: {why}; allowed: "
+                       f"{allowed}.")

@@ -42,29 +42,35 @@ RESULT_FILES = (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE,
                 run_metrics.INFER_FILE) + PREDICTIONS_FILES
 # Arguments that do not make a run's results different (PRICE_CALL_COST:
 # whether c is priced after the same decode; metrics.json says which).
+# The components record themselves (`settings_record`).
 NOT_SETTINGS = ("output_dir", "overwrite", "mode", "compile_topology",
-                "price_call_cost")
+                "price_call_cost", "decode_mode", "drafting")
 
 
-def settings_record(args: arguments.RunArguments, target_config: T5Config,
-                    draft_config: T5Config, vocab) -> Dict[str, Any]:
-  """The run's `settings` (see the module docstring), JSON-normalized."""
+def settings_record(args: arguments.RunArguments, mode: decode_modes.DecodeMode,
+                    target_config: T5Config, draft_config: T5Config,
+                    vocab) -> Dict[str, Any]:
+  """The run's `settings` (see the module docstring; `mode`: the run's),
+  JSON-normalized: `run` holds the run arguments and the components'
+  settings under the flat names they had as run arguments, each only where
+  it makes a run differ from the runs before it existed."""
   run_args = {
-      k: v for k, v in dataclasses.asdict(args).items() if k not in NOT_SETTINGS
+      f.name: getattr(args, f.name)
+      for f in dataclasses.fields(args)
+      if f.name not in NOT_SETTINGS
   }
   if args.mode == "infer":  # its predictions.jsonl rows are T5X's form
     run_args["mode"] = args.mode
-  if (args.drafting
-      == drafter_registry.DrafterSettings(ngram_corpus=args.ngram_corpus) and
-      args.lenience == 1):
-    # The paper's setting: recorded as before these options existed, so
-    # earlier results still count as the same run.
-    for k in arguments.DRAFTER_ARGS + ("lenience",):
-      run_args.pop(k)
+  # The paper's setting (its drafter, exact): recorded as before these
+  # options existed, so earlier results still count as the same run.
+  beyond = {**args.drafting.flat(), "lenience": mode.lenience}
+  if beyond != {**drafter_registry.FLAT_DEFAULTS, "lenience": 1.0}:
+    run_args.update(beyond)
+  else:
+    run_args.pop("ngram_corpus")
   # Likewise: each mode's own settings (ACCEPTANCE, a tree's, the beams')
   # in its runs only; Algorithm 1 is the default.
-  for k in decode_modes.settings_to_drop(args):
-    run_args.pop(k)
+  run_args.update(mode.record())
   if args.speculation == decode_modes.SPECULATION_ON:  # as before it existed
     run_args.pop("speculation")
   record = {

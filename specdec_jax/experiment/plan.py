@@ -14,6 +14,12 @@
    (`decoding.speculative_decoder`: no host-side checks per batch). What
    the timed decode runs. No field of any stage waits to be filled later.
 
+Each stage is the one before with more fields (`Loaded` is a `RunPlan`,
+a `DecodePlan` a `Loaded`): the run's decode mode (`RunPlan.mode`,
+decided once from the arguments, `decode_modes.mode_of`: the mode gin
+built, or the target alone in its place), its arguments,
+vocabulary and settings are read from whichever stage a function holds.
+
 Everything a run takes from outside — the vocabulary, the models, the
 decoders, the clocks and the pilots' sizes — comes through `Providers`, so
 that tests and the multi-host test workers hand in fakes as an argument
@@ -34,11 +40,9 @@ from specdec_jax.checkpoints import sizes
 from specdec_jax.config import gin_utils
 from specdec_jax.core import decoding
 from specdec_jax.core import models as models_lib
-from specdec_jax.core.decoding import beam_decoders
 from specdec_jax.core.models import T5Config
 from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.experiment import arguments
-from specdec_jax.experiment import beam_settings
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import output_dir as output_dir_lib
@@ -56,8 +60,7 @@ def make_decoders(plan: "RunPlan", target: Any, drafter: Any,
   """(baseline, speculative) for the plan's settings, checked once: the
   mode's (`DecodeMode.decoders`; a tree's speculative decoder returns a
   `TreeOutput`, beams their top beam)."""
-  return decode_modes.mode_of(plan.args).decoders(plan.args, target, drafter,
-                                                  gamma, plan.acceptance)
+  return plan.mode.decoders(plan.args, target, drafter, gamma, plan.acceptance)
 
 
 def load_feature_draft(checkpoint_path: str, target: Any) -> Any:
@@ -75,8 +78,7 @@ class PilotSizes:
 
   Attributes:
     gamma_pilot: the γ a pilot decodes at when GAMMA='auto'.
-    gamma_max: GAMMA='auto' considers γ = 1 .. gamma_max
-      (`auto_gamma.AUTO_GAMMA_MAX`).
+    gamma_max: GAMMA='auto' considers γ = 1 .. gamma_max.
     tree_max_width: TREE_WIDTH='auto' considers k = 1 .. tree_max_width,
       SPECULATION='auto''s tree candidates k = 2 .. tree_max_width (k = 1
       is token verification).
@@ -120,10 +122,10 @@ class Providers:
       'auto' pilots' prices (`step_costs.Pricing`: `timing.call_seconds`
       at `step_costs.STEPS` calls, `step_costs.REPEATS` rounds).
     pilot_sizes: the γ and k the 'auto' pilots consider (`PilotSizes`).
-    auto_prices: SPECULATION='auto''s call prices, (loaded, feed,
-      candidates, fill, context plan) -> (`auto_mode.Prices`, metrics.json's
+    auto_prices: the 'auto' choices' call prices, (loaded, feed,
+      candidates, fill, context plan) -> (`auto.Prices`, metrics.json's
       `auto.prices`); None: measured on this machine or read from the price
-      cache (`auto_run.prices_for`).
+      cache (`price_cache.prices_for`).
   """
   vocabulary: Callable[[], Any] = loading.vocabulary
   load_model: Callable[..., Any] = loading.load_model
@@ -152,8 +154,9 @@ class RunPlan:
     target_config, draft_config: the two models' T5Configs.
     vocab: the shared vocabulary.
     ngram_table: the n-gram drafter's table, or None.
-    acceptance: the acceptance rule; None = Algorithm 1 (ACCEPTANCE='tree':
-      None, `tree_decoder`'s own `TreeAcceptance`).
+    mode: the decode mode (`decode_modes.mode_of`: decided once, here).
+    acceptance: the mode's acceptance rule; None = Algorithm 1
+      (ACCEPTANCE='tree': None, `tree_decoder`'s own `TreeAcceptance`).
     task_kind: 'translation' (BLEU) or 'summarization' (ROUGE).
     settings: what makes the results what they are (the OVERWRITE rule).
     providers: where the vocabulary, models and decoders come from.
@@ -163,6 +166,7 @@ class RunPlan:
   draft_config: Any
   vocab: Any
   ngram_table: Any
+  mode: decode_modes.DecodeMode
   acceptance: Optional[decoding.AcceptanceRule]
   task_kind: str
   settings: Dict[str, Any]
@@ -176,13 +180,14 @@ class RunPlan:
     Reads the vocabulary and NGRAM_CORPUS (small files), loads no model.
     """
     providers = providers or Providers()
+    mode = decode_modes.mode_of(args)
     target_config = loading.model_config("target")
     draft_config = loading.model_config("draft")
     drafting = args.drafting
     try:
-      corpus = loading.resolve(drafting.ngram_corpus)
-      if drafting.order is not None and not os.path.lexists(corpus):
-        raise ValueError(f"NGRAM_CORPUS={drafting.ngram_corpus!r}: no "
+      corpus = loading.resolve(args.ngram_corpus)
+      if drafting.ngram_order() is not None and not os.path.lexists(corpus):
+        raise ValueError(f"NGRAM_CORPUS={args.ngram_corpus!r}: no "
                          "such file (a text file with one sentence per "
                          "line, or a .npz of token ids).")
       decoding.check_vocab_sizes(target_config.vocab_size,
@@ -191,28 +196,27 @@ class RunPlan:
       own_draft_config = drafting.check_draft_checkpoint(
           args.draft_checkpoint_path and
           loading.checkpoint_dir(args.draft_checkpoint_path), target_config)
-      _check_tree_width(args, target_config.vocab_size)
-      _check_beam_size(args, target_config.vocab_size)
+      mode.check_vocab(args, target_config.vocab_size)
     except ValueError as e:  # a bad setting, not a bug: no traceback
       raise ConfigError(str(e)) from None
     check_vocabulary_macros()
     vocab = providers.vocabulary()
     loading.check_vocabulary_fits(vocab, target_config, draft_config)
     loading.check_vocabulary_for_run(vocab, args)  # TOPK, DIGESTS.json
-    _check_memory(args, target_config, draft_config)
+    _check_memory(args, mode, target_config, draft_config)
     try:
       table = drafting.ngram_table(vocab, target_config.vocab_size, corpus)
       kind = _task_kind(args)
     except ValueError as e:
       raise ConfigError(str(e)) from None
-    settings = output_dir_lib.settings_record(args, target_config, draft_config,
-                                              vocab)
+    settings = output_dir_lib.settings_record(args, mode, target_config,
+                                              draft_config, vocab)
     if own_draft_config is not None:  # a feature draft: its own config
       settings["draft"] = own_draft_config
     return cls(args=args, target_config=target_config,
                draft_config=draft_config, vocab=vocab, ngram_table=table,
-               acceptance=decode_modes.mode_of(args).acceptance_rule(args),
-               task_kind=kind, settings=settings, providers=providers)
+               mode=mode, acceptance=mode.acceptance_rule(args), task_kind=kind,
+               settings=settings, providers=providers)
 
   # -- loading --------------------------------------------------------------
   def load_models(self, reuse: Optional[Models] = None) -> Models:
@@ -224,9 +228,9 @@ class RunPlan:
           self.mesh,
           load(self.target_config, a.target_checkpoint_path, a.seed, self.mesh,
                "target"))
-    if decode_modes.mode_of(a).target_alone:  # SPECULATION='off': no draft
+    if self.mode.target_alone:  # SPECULATION='off': no draft
       return reuse
-    feature = a.drafting.spec.reads_target_features
+    feature = a.drafting.reads_target_features
     if reuse.draft is not None and feature != isinstance(
         reuse.draft, models_lib.FeatureDraftModel):  # a sweep's other kind
       reuse = dataclasses.replace(reuse, draft=None)
@@ -253,19 +257,22 @@ class RunPlan:
       raise ConfigError(f"MESH_SHAPE={self.args.mesh_shape!r}: {e}") from None
 
   def at(self, args: Optional[arguments.RunArguments] = None,
+         mode: Optional[decode_modes.DecodeMode] = None,
          **changes: Any) -> "RunPlan":
-    """This plan with other arguments (`args`, or these `changes`: a
-    pilot's or a candidate's γ, k or mode) and their acceptance rule."""
+    """This plan (of its own stage) with other arguments (`args`, or these
+    `changes`: a pilot's or a candidate's γ, k or mode), their mode (`mode`
+    when the caller knows it: an 'auto' candidate's) and its acceptance
+    rule."""
     args = dataclasses.replace(args or self.args, **changes)
-    return dataclasses.replace(
-        self, args=args,
-        acceptance=decode_modes.mode_of(args).acceptance_rule(args))
+    mode = mode or decode_modes.mode_of(args)
+    return dataclasses.replace(self, args=args, mode=mode,
+                               acceptance=mode.acceptance_rule(args))
 
   def load(self, models: Models) -> "Loaded":
     """This plan with `models` and its drafter (built once)."""
     drafter = self.args.drafting.build(models.draft, self.ngram_table,
                                        self.target_config.vocab_size)
-    return Loaded(self, models, drafter)
+    return _stage(Loaded, self, RunPlan, models=models, drafter=drafter)
 
   # -- results ----------------------------------------------------------------
   def quality(self, base_text, spec_text, references) -> Dict[str, Any]:
@@ -280,72 +287,64 @@ class RunPlan:
     return jax.random.PRNGKey(self.args.seed)
 
 
+def _stage(cls, plan: RunPlan, base, **more: Any):
+  """A `cls` (the next stage) holding `plan`'s fields of `base` and
+  `more`."""
+  return cls(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(base)},
+             **more)
+
+
 @dataclasses.dataclass(frozen=True)
-class Loaded:
-  """A plan with its models and drafter: what the pilots decode with.
+class Loaded(RunPlan):
+  """A `RunPlan` with its models and drafter: what the pilots decode with.
 
   Attributes:
-    plan: the checked `RunPlan`.
-    models: its loaded `Models`.
+    models: its loaded `Models` (their mesh is the plan's).
     drafter: what guesses (`DrafterSpec.build`).
   """
-  plan: RunPlan
   models: Models
   drafter: Any
 
-  args = property(lambda self: self.plan.args)
-  rng = property(lambda self: self.plan.rng)
-  settings = property(lambda self: self.plan.settings)
-  target_config = property(lambda self: self.plan.target_config)
+  @property
+  def mesh(self) -> Any:
+    return self.models.mesh
 
   def decoding(self, args: Optional[arguments.RunArguments] = None,
+               mode: Optional[decode_modes.DecodeMode] = None,
                **changes: Any) -> "DecodePlan":
     """The decoders at the plan's settings, or at `args` / `changes` (a
-    pilot's or the chosen γ, k or mode): built and checked now."""
-    plan = self.plan.at(args, **changes) if (args or changes) else self.plan
+    pilot's or the chosen γ, k or mode: `RunPlan.at`): built and checked
+    now."""
+    plan = self.at(args, mode, **changes) if (args or changes) else self
     a = plan.args
-    if a.auto_gamma or a.auto_tree_width:
+    if a.auto_gamma or a.decode_mode.auto_width:
       raise ValueError("GAMMA and TREE_WIDTH 'auto' are chosen before the "
-                       "decoders are built (`walltime.choose_shape`).")
+                       "decoders are built (`pilots.choose`).")
     baseline, speculative = plan.providers.decoders(plan, self.models.target,
                                                     self.drafter, int(a.gamma))
-    return DecodePlan(plan, self.models, self.drafter, baseline, speculative)
+    return _stage(DecodePlan, plan, Loaded, baseline=baseline,
+                  speculative=speculative)
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodePlan:
-  """Everything the timed decode needs, decided: the settings at the chosen
-  γ, k and mode, the models, the drafter and the two decoders.
+class DecodePlan(Loaded):
+  """Everything the timed decode needs, decided: a `Loaded` plan at the
+  chosen γ, k and mode, with its two decoders.
 
   Attributes:
-    plan: the `RunPlan` at the chosen settings.
-    models, drafter: as `Loaded`'s.
     baseline, speculative: the two decoders, (inputs [B, S], rng) -> output.
-    auto: SPECULATION='auto''s record (candidates, prices, choice:
-      metrics.json's `auto`); None for a run that chose nothing.
-    online: SPECULATION='auto''s online correction
-      (`auto_switch.OnlineChoice`: the plan each batch decodes with, which
-      may change between batches); None for a run that chose nothing.
+    gamma_auto: GAMMA / TREE_WIDTH 'auto''s pilot and choice
+      (metrics.json's `gamma_auto`); None when they were given.
+    online: SPECULATION='auto''s choice while the run decodes
+      (`online.OnlineChoice`, injected by `pilots.choose`): the plan of
+      each next batch (`after_batch`) and what the run ended with
+      (`outcome`: metrics.json's `auto`); None for a run that chose
+      nothing.
   """
-  plan: RunPlan
-  models: Models
-  drafter: Any
   baseline: Decoder
   speculative: Decoder
-  auto: Optional[Dict[str, Any]] = None
+  gamma_auto: Optional[Dict[str, Any]] = None
   online: Any = None
-
-  args = property(lambda self: self.plan.args)
-  rng = property(lambda self: self.plan.rng)
-  mesh = property(lambda self: self.models.mesh)
-  vocab = property(lambda self: self.plan.vocab)
-  settings = property(lambda self: self.plan.settings)
-  task_kind = property(lambda self: self.plan.task_kind)
-  acceptance = property(lambda self: self.plan.acceptance)
-  target_config = property(lambda self: self.plan.target_config)
-
-  def quality(self, base_text, spec_text, references) -> Dict[str, Any]:
-    return self.plan.quality(base_text, spec_text, references)
 
 
 def _bound_value(name: str, default: Any) -> Any:
@@ -382,56 +381,28 @@ def check_vocabulary_macros() -> None:
         f"(or its default, {vocab_lib.DEFAULT_EXTRA_IDS}).")
 
 
-def _check_memory(args, target_config, draft_config) -> None:
+def _check_memory(args, mode, target_config, draft_config) -> None:
   """Refuses lengths no machine here could decode (`memory`)."""
   configs = {"target": target_config}
   # A feature draft is not the gin draft/T5Config (its cache is a fraction
   # of the target's).
   if (args.drafting.uses_draft_model and
-      not args.drafting.spec.reads_target_features):
+      not args.drafting.reads_target_features):
     configs["draft"] = draft_config
   try:
-    check_fits(configs, _decoded_rows(args),
+    check_fits(configs, mode.cache_rows(args),
                args.task_feature_lengths["inputs"], args.max_decode_length,
                sizes.available_bytes() * jax.device_count())
   except ConfigError as e:
-    if not decode_modes.mode_of(args).beam:
+    if not mode.beam:
       raise
     raise ConfigError(
         f"{e} (DECODE='beam': the BATCH_SIZE above is BATCH_SIZE="
         f"{args.batch_size} times BEAM_ROWS + BEAM_SIZE = "
-        f"{beam_settings.rows(args)} + {args.beam_size} cache rows per "
+        f"{args.decode_mode.num_rows(args.gamma)} + {args.decode_mode.size} "
+        "cache rows per "
         "example; allowed: smaller BEAM_ROWS, BEAM_SIZE or BATCH_SIZE.)"
     ) from None
-
-
-def _decoded_rows(args) -> int:
-  """The rows the decoders' caches hold (`DecodeMode.cache_rows`)."""
-  return decode_modes.mode_of(args).cache_rows(args)
-
-
-def _check_beam_size(args, vocab_size: int) -> None:
-  """DECODE='beam': BEAM_SIZE <= vocab_size / 2 (each element stops on its
-  own, as T5X's joint stop only with 2k real candidates); ValueError."""
-  if not decode_modes.mode_of(args).beam:
-    return
-  try:
-    beam_decoders.check_beam_vocab(args.beam_size, vocab_size)
-  except ValueError as e:
-    raise ValueError(f"BEAM_SIZE={args.beam_size}: {e} Allowed: 1 to "
-                     f"{vocab_size // 2}.") from None
-
-
-def _check_tree_width(args, vocab_size: int) -> None:
-  """ACCEPTANCE='tree' at T = 0: the k branches start with the k likeliest
-  tokens, so k <= vocab_size (`tree_decoder` checks it too, after
-  loading); ValueError."""
-  if (decode_modes.mode_of(args).branches and args.method().is_greedy and
-      not args.auto_tree_width and args.tree_width > vocab_size):
-    raise ValueError(
-        f"TREE_WIDTH={args.tree_width} is more than the models' vocab_size "
-        f"({vocab_size}): greedy branches start with distinct tokens. "
-        f"Allowed: 1 to {vocab_size}.")
 
 
 def _task_kind(args) -> str:

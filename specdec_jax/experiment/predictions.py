@@ -195,6 +195,41 @@ def write_result(path: str, record: Dict[str, Any], kept: str) -> None:
         f"cannot write {path}: {e.strerror or e}. Kept: {kept}.") from None
 
 
+# -- rows ----------------------------------------------------------------------
+# One schema for MODE='walltime' and MODE='infer', T5X's: t5x/infer.py's
+# `write_inferences_to_file` writes per example `inputs`, the task's
+# `*_pretokenized` features, `prediction`, the decoded text, and (mode
+# 'predict_with_aux') `aux`, the other values. Here `prediction` is the
+# speculative decoder's text and `aux` holds what T5X does not write: the
+# example's index, the target alone's text (walltime), the target calls and
+# the traces (walltime: `traces`, `tree_traces`). docs/usage/outputs.md
+# shows a row; the report reads these rows and the older layouts
+# (`reporting.loading.check_prediction`).
+def row(index: int, example: Dict[str, Any], prediction: str, target_calls: int,
+        baseline: Optional[str] = None,
+        trace: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+  """One predictions.jsonl row.
+
+  Args:
+    index: the example's position in the run's data.
+    example: its `input` and `reference` (None: none; left out, as T5X
+      leaves out a feature the task does not have).
+    prediction: the speculative decoder's text.
+    target_calls: the target calls that decoded it.
+    baseline: the target alone's text (walltime), or None (infer).
+    trace: `traces`' record of it (walltime), or None.
+  """
+  inputs = {run_metrics.INPUTS_FEATURE: example["input"]}
+  if example.get("reference") is not None:
+    inputs[run_metrics.TARGETS_FEATURE] = example["reference"]
+  aux: Dict[str, Any] = {"index": index}
+  if baseline is not None:
+    aux["baseline"] = baseline
+  aux["target_calls"] = target_calls
+  aux.update(trace or {})
+  return {"inputs": inputs, "prediction": prediction, "aux": aux}
+
+
 # -- traces --------------------------------------------------------------------
 # predictions.jsonl's per-example records of a speculative decode: the
 # accepted count of every target call and a Figure-1-style trace of its

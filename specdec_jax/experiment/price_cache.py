@@ -1,5 +1,6 @@
-"""SPECULATION='auto''s call prices and pilots, cached, so that a second
-run with the same settings prices and pilots nothing.
+"""The 'auto' choices' call prices (`prices_for`: measured on this
+machine) and pilots, cached, so that a second run with the same settings
+prices and pilots nothing.
 
 One small JSON file per key under the project's cache folder
 (`SPECDEC_JAX_CACHE`, default ~/.cache/specdec_jax, as the compilation and
@@ -14,13 +15,15 @@ An entry is read only if it is a small regular file (`io_utils`).
 `SPECDEC_JAX_PRICE_CACHE=0` (or false, no, off) turns both kinds off.
 
 * `auto-prices` (`PRICES`): per machine (host, CPU model, JAX backend,
-  device kind and count, JAX version, the CPU kernel switch), pair (both
-  model configs, checkpoints, the drafter's settings) and what the calls
-  are priced at (input width, batch size, decode length, sampling method,
-  the K and tree shapes priced); and the target's calls alone, per
-  machine, target and shapes (`auto_run.target_price_fields`), so that
-  another draft or method on the same target prices only its drafter.
-* `auto-pilots` (`PILOTS`): the pilots' α (`auto_run.pilots_for`), per run
+  device kind and count, JAX version, the CPU kernel switch), the clock
+  that priced them (`Providers.pricing`: a test's stand-in seconds are
+  never a run's), pair (both model configs, checkpoints, the drafter's
+  settings) and what the calls are priced at (input width, batch size,
+  decode length, sampling method, the K and tree shapes priced); and the
+  target's calls alone, per machine, target and shapes
+  (`target_price_fields`), so that another draft or method on the same
+  target prices only its drafter.
+* `auto-pilots` (`PILOTS`): the pilots' α (`pilots.pilots_for`), per run
   settings, weights (`weights_digest`), pilot shapes and the pilot's
   inputs; per machine as well when a pilot is timed (its walltime ratio
   is this machine's).
@@ -31,7 +34,8 @@ import json
 import math
 import os
 import platform
-from typing import Any, Callable, Dict, Mapping, Optional
+import time
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
@@ -39,11 +43,16 @@ import numpy as np
 
 from specdec_jax.core import environment
 from specdec_jax.core import kernels
+from specdec_jax.experiment import auto
+from specdec_jax.experiment import decode_modes
 from specdec_jax.files import io_utils
+from specdec_jax.metrics import step_costs
+from specdec_jax.terminal import console
 
-ENV_OFF = "SPECDEC_JAX_PRICE_CACHE"
-# Bumped when what a price means changes: older entries are then misses.
-VERSION = 1
+ENV_OFF = environment.PRICE_CACHE
+# Bumped when what a price means changes: older entries are then misses
+# (2: timed pilots warmed up and interleaved, tree-only pricing, the clock).
+VERSION = 2
 # The two kinds of entry (their folders) and what each entry holds.
 PRICES, PILOTS = "auto-prices", "auto-pilots"
 _PAYLOAD = {PRICES: "prices", PILOTS: "pilots"}
@@ -229,25 +238,27 @@ def _costs(entry: Mapping[str, Any], key: str, wanted: Any) -> None:
 
 def check_prices(entry: Mapping[str, Any], ks: Any, tree: Any = None,
                  target_only: bool = False) -> None:
-  """Raises BadEntry unless `entry` holds the prices `auto_run` measures
-  for the call sizes `ks` (and `tree`'s nodes and widths): target_step_s
-  and every cost finite > 0, a one-token call 1 step; `target_only`: the
-  target's calls alone (`auto_run.target_price_fields`)."""
+  """Raises BadEntry unless `entry` holds the prices `measure_prices`
+  measures for the call sizes `ks` (and `tree`'s nodes and widths):
+  target_step_s and every cost finite > 0, a one-token call 1 step, c when
+  a chain's call is priced (`ks` beyond 1); `target_only`: the target's
+  calls alone (`target_price_fields`)."""
   _number(entry.get("target_step_s", _MISSING), "target_step_s")
-  _costs(entry, "call_cost_by_k", ks)
+  _costs(entry, "call_cost_by_k", ks or (1,))
   if abs(entry["call_cost_by_k"].get("1", 1.0) - 1.0) > 1e-9:
     raise BadEntry(f"call_cost_by_k['1']={entry['call_cost_by_k']['1']!r}: "
                    "allowed: 1 (a one-token call is the unit)")
   _costs(entry, "tree_call_cost_by_nodes", tree and tree["nodes"])
   if not target_only:
-    _number(entry.get("cost_coefficient_c", _MISSING), "cost_coefficient_c")
+    if ks:
+      _number(entry.get("cost_coefficient_c", _MISSING), "cost_coefficient_c")
     _costs(entry, "cost_coefficient_by_tree_width", tree and tree["widths"])
 
 
 def check_pilots(entry: Mapping[str, Any], pilots: Mapping[str, Any]) -> None:
   """Raises BadEntry unless `entry` holds a record of every pilot of
-  `pilots` ({key: [mode, γ, k, timed]}: `auto_run.pilot_fields`) as
-  `auto_run.run_pilot` writes it, each value in its range."""
+  `pilots` ({key: [mode, γ, k, timed]}: `pilots.pilot_fields`) as
+  `pilots.run_pilots` writes it, each value in its range."""
   records = entry.get("records", _MISSING)
   if not isinstance(records, dict):
     raise BadEntry("records: allowed: {pilot: record}")
@@ -314,3 +325,194 @@ def store(fields: Mapping[str, Any], value: Mapping[str, Any],
     logging.warning(
         "SPECULATION='auto': could not cache the %s in %s (%s); the next "
         "run measures them again.", _PAYLOAD[kind], file, e)
+
+
+# -- prices ----------------------------------------------------------------------
+# The entries of the prices that are the target's alone (`target_price_fields`).
+_TARGET_PRICES = ("target_step_s", "call_cost_by_k", "tree_call_cost_by_nodes")
+
+
+def _clock_name(pricing: step_costs.Pricing) -> str:
+  """What priced the calls: `Pricing.call_seconds`' module and name (a
+  test's stand-in seconds are another clock), its steps and repeats."""
+  clock = pricing.call_seconds
+  name = getattr(clock, "__qualname__", type(clock).__qualname__)
+  return f"{clock.__module__}.{name}:{pricing.steps}x{pricing.repeats}"
+
+
+def price_fields(loaded: Any, feed: Any, ks: Sequence[int],
+                 tree: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+  """The price cache's key fields: machine, clock, pair, input width and
+  what is priced."""
+  args = loaded.args
+  draws = decode_modes.tree_of(args.decode_mode).without_replacement
+  return {
+      "machine": machine_fields(),
+      "clock": _clock_name(loaded.providers.pricing),
+      "pair": {
+          "target": loaded.settings.get("target"),
+          "draft": loaded.settings.get("draft"),
+          "target_checkpoint_path": args.target_checkpoint_path,
+          "draft_checkpoint_path": args.draft_checkpoint_path,
+          "drafter": args.drafting.name,
+          "drafter_settings": args.drafting.record(args.ngram_corpus),
+      },
+      "input_width": feed.batch_width(0),
+      "batch_size": args.batch_size,
+      "max_decode_length": args.max_decode_length,
+      "method": [args.temperature, args.top_k, args.top_p],
+      "tree_without_replacement": draws,
+      "call_ks": list(ks),
+      "tree": tree,
+  }
+
+
+def target_price_fields(loaded: Any, fields: Mapping[str,
+                                                     Any]) -> Dict[str, Any]:
+  """The key of the target's call prices alone (`price_fields` less the
+  draft and the sampling method, which the target's calls do not read):
+  a run with another draft or temperature on the same target and machine
+  prices only its drafter. The verifier is the target keeping its hidden
+  states when the drafter reads them (another program)."""
+  tree = fields["tree"]
+  return {
+      "machine": fields["machine"],
+      "clock": fields["clock"],
+      "target": fields["pair"]["target"],
+      "target_checkpoint_path": fields["pair"]["target_checkpoint_path"],
+      "verifier_keeps_features": bool(loaded.args.drafting.reads_target_features
+                                     ),
+      "input_width": fields["input_width"],
+      "batch_size": fields["batch_size"],
+      "max_decode_length": fields["max_decode_length"],
+      "call_ks": fields["call_ks"],
+      "tree_nodes": tree and tree["nodes"],
+  }
+
+
+def priced_shapes(
+    args: Any, candidates: Sequence[auto.Candidate],
+    sizes: Any) -> Tuple[Tuple[int, ...], Optional[Dict[str, Any]]]:
+  """(the K of the target's calls to price, () without a priced chain;
+  the trees' {'gamma', 'widths', 'nodes'} or None)."""
+  chains = [c for c in candidates if c.family == "chains"]
+  ks: Tuple[int, ...] = ()
+  if chains:
+    ks = (auto.AUTO_GAMMA_CALL_KS if args.auto_gamma else
+          (1, int(args.gamma) + 1))
+  trees = [c for c in candidates if c.family == "trees"]
+  if not trees:
+    return ks, None
+  nodes = sorted({1} | {1 + c.tree_width * c.gamma for c in trees}
+                 if not args.auto_gamma else auto.AUTO_TREE_CALL_NODES)
+  return ks, {
+      "gamma": auto.pilot_gamma(args.gamma, sizes),
+      "widths": sorted({c.tree_width for c in trees}),
+      "nodes": [int(n) for n in nodes],
+  }
+
+
+def measure_prices(
+    loaded: Any, feed: Any, ks: Sequence[int], tree: Optional[Dict[str, Any]],
+    fill: int, context_plan: Any,
+    target: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+  """The calls' costs in target steps, timed now (a cache entry: string
+  keys).
+
+  Args:
+    target: the target's call prices from the cache (`target_price_fields`:
+      'target_step_s', 'call_cost_by_k', 'tree_call_cost_by_nodes'), or
+      None: timed now as well. Given, only a step is timed beside the
+      drafter (c is a ratio to a step of the same rounds).
+  """
+  args, batch = loaded.args, feed.batch(0)
+  model, drafter = loaded.models.target, loaded.drafter
+  context = context_plan.baseline(batch, loaded.rng).tokens
+  pricing = loaded.providers.pricing
+  entry: Dict[str, Any] = {}
+  if ks:
+    by_k, guess = step_costs.price_calls(args, drafter, model, batch,
+                                         (1,) if target else tuple(ks), fill,
+                                         context, pricing,
+                                         draft_gamma=max(ks) - 1)
+    entry.update(
+        target_step_s=by_k[1],
+        call_cost_by_k={str(k): by_k[k] / by_k[1] for k in sorted(by_k)},
+        cost_coefficient_c=guess / by_k[1])
+  if tree is not None:
+    draws = decode_modes.tree_of(args.decode_mode).without_replacement
+    seconds = step_costs.price_tree_shapes(
+        args, drafter, model, batch, fill, context, gamma=tree["gamma"],
+        widths=tree["widths"], nodes=[1] if target else tree["nodes"],
+        without_replacement=draws, pricing=pricing)
+    step = seconds["step"]
+    entry.setdefault("target_step_s", step)
+    entry.setdefault("call_cost_by_k", {"1": 1.0})
+    entry["tree_call_cost_by_nodes"] = {
+        str(n): s / step for n, s in sorted(seconds["tree"].items())
+    }
+    entry["cost_coefficient_by_tree_width"] = {
+        str(k): s / step for k, s in sorted(seconds["draft_depth"].items())
+    }
+  if target:
+    entry.update({k: target[k] for k in _TARGET_PRICES if k in target})
+  return entry
+
+
+def _pricing_words(args: Any, ks: Sequence[int], tree: Any, target: Any) -> str:
+  """The progress line of a pricing (which choice, what is timed)."""
+  who = ("SPECULATION='auto'" if args.speculation == "auto" else
+         "GAMMA/TREE_WIDTH='auto'" if tree else "GAMMA='auto'")
+  drafted = "c" + (" and the trees' drafts" if tree else "")
+  if target:
+    what = (f"{drafted} beside a target step (the target's calls from the "
+            "cache)")
+  else:
+    calls = ([f"the target's calls of K = {', '.join(map(str, ks))} tokens"]
+             if ks else []) + (["the tree calls"] if tree else [])
+    what = f"{drafted}, {' and '.join(calls)}"
+  return f"{who}: pricing {what} on this machine (cached for the next run)"
+
+
+def prices_for(loaded: Any, feed: Any, candidates: Sequence[auto.Candidate],
+               fill: int,
+               context_plan: Any) -> Tuple[auto.Prices, Dict[str, Any]]:
+  """The candidates' prices, from the cache or measured (then cached),
+  and metrics.json's `auto.prices` (`cached`, `target_cached`: the
+  target's calls from an entry of another draft or method, `file`,
+  `seconds`)."""
+  ks, tree = priced_shapes(loaded.args, candidates,
+                           loaded.providers.pilot_sizes)
+  fields = price_fields(loaded, feed, ks, tree)
+  target_fields = target_price_fields(loaded, fields)
+  t0 = time.perf_counter()
+  entry = load(fields, check=lambda e: check_prices(e, ks, tree))
+  cached = entry is not None
+  target = None if cached else load(
+      target_fields,
+      check=lambda e: check_prices(e, ks, tree, target_only=True))
+  if entry is None:
+    with console.phase(_pricing_words(loaded.args, ks, tree, target)):
+      entry = measure_prices(loaded, feed, ks, tree, fill, context_plan, target)
+    store(fields, entry)
+    if target is None:
+      store(target_fields, {k: entry[k] for k in _TARGET_PRICES if k in entry})
+  prices = auto.Prices(
+      call_cost_by_k={
+          int(k): v for k, v in entry["call_cost_by_k"].items()
+      }, cost_coefficient=entry.get("cost_coefficient_c", math.nan),
+      tree_call_cost_by_nodes={
+          int(n): v
+          for n, v in entry.get("tree_call_cost_by_nodes", {}).items()
+      }, cost_coefficient_by_width={
+          int(k): v
+          for k, v in entry.get("cost_coefficient_by_tree_width", {}).items()
+      })
+  return prices, {
+      "cached": cached,
+      "target_cached": cached or target is not None,
+      "file": path(fields) if enabled() else None,
+      "seconds": time.perf_counter() - t0,
+      "input_width": fields["input_width"],
+      **entry
+  }

@@ -3,9 +3,11 @@
 `execute(plan)` takes OUTPUT_DIR (created, probed and locked for the run's
 life: `output_dir.check_output_dir`), reads this process's slice of the
 examples and shares them (`multihost`), loads the models (`plan.load`),
-and hands everything to the mode: `walltime.run_walltime` (both decoders
-timed, metrics.json), MODE='alpha' (alpha.json) or MODE='infer' (the
-speculative decoder only: `infer.run_infer`, infer.json).
+makes every choice before anything is timed (`pilots.choose`: GAMMA,
+TREE_WIDTH or SPECULATION 'auto'), and hands everything to the mode:
+`walltime.run_walltime` (both decoders timed, metrics.json), MODE='alpha'
+(alpha.json) or MODE='infer' (the speculative decoder only:
+`infer.run_infer`, infer.json).
 """
 import dataclasses
 import os
@@ -23,9 +25,11 @@ from specdec_jax.core import sampling
 from specdec_jax.core.models import T5Model
 from specdec_jax.data import tasks
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import batches as batches_lib
 from specdec_jax.experiment import infer
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import output_dir as output_dir_lib
+from specdec_jax.experiment import pilots
 from specdec_jax.experiment import predictions
 from specdec_jax.experiment import walltime
 from specdec_jax.experiment.plan import ConfigError
@@ -85,13 +89,12 @@ def execute(plan: RunPlan, *, on_result: Optional[OnResult] = None,
       return _run_alpha(plan, models, data, on_result), models
     # Every choice (GAMMA, TREE_WIDTH or SPECULATION 'auto') is made
     # before the timed decode starts, then the decoders are built once.
-    decode_plan, gamma_auto = walltime.choose_shape(plan.load(models),
-                                                    data.feed)
+    decode_plan = pilots.choose(plan.load(models), data.feed)
     if plan.args.mode == "infer":  # the speculative decoder only
       return infer.run_infer(decode_plan, data.feed, data.examples, data.info,
                              on_result), models
     return walltime.run_walltime(decode_plan, data.feed, data.examples,
-                                 data.info, on_result, gamma_auto), models
+                                 data.info, on_result), models
 
 
 class _output_folder:  # pylint: disable=invalid-name
@@ -244,17 +247,19 @@ def beta_per_position(target: T5Model, draft: T5Model, inputs, outputs, lengths,
 def sampled_betas(args: arguments.RunArguments, feed: multihost.Feeder,
                   target: T5Model, draft: T5Model) -> np.ndarray:
   """[positions] β at every position of target samples, over all batches."""
-  rng = jax.random.PRNGKey(args.seed)
   method = args.method()
-  betas = []
-  for i, (batch, keep) in enumerate(feed.batches()):
-    out = decoding.temperature_sample(target, batch, jax.random.fold_in(rng, i),
+
+  def betas_of(inputs, rng):  # (β [B, T], valid [B, T]) of target samples
+    out = decoding.temperature_sample(target, inputs, rng,
                                       max_decode_length=args.max_decode_length,
                                       method=method)
-    beta, valid = beta_per_position(target, draft, batch, out.tokens,
-                                    out.lengths, method)
-    beta, valid = multihost.to_host((beta, valid))  # every row
-    beta, valid = np.asarray(beta)[keep], np.asarray(valid)[keep]
+    return beta_per_position(target, draft, inputs, out.tokens, out.lengths,
+                             method)
+
+  betas = []
+  for batch in batches_lib.batches(feed, jax.random.PRNGKey(args.seed)):
+    (beta, valid), _ = batch.decode(betas_of)  # every row
+    beta, valid = np.asarray(beta)[batch.keep], np.asarray(valid)[batch.keep]
     betas.append(beta[valid])
   return np.concatenate(betas)
 

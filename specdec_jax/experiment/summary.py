@@ -4,24 +4,69 @@
 (metrics.json, or alpha.json in MODE='alpha') and the run's arguments.
 """
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from specdec_jax.metrics import run_metrics
-from specdec_jax.experiment import auto_mode
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import arguments
 
 
-def _speed_words(speedup: float, theory: Optional[float], label: str = "theory",
-                 none: str = "PRICE_CALL_COST=False skipped pricing c") -> str:
-  """The speedup in words, beside a theory (None: c was not priced, for
-  the reason `none`)."""
-  words = (f"{label} {theory:.2f}x"
-           if theory is not None else f"no theory: {none}")
+def _speed_words(speedup: float, theory: str) -> str:
+  """The speedup in words, beside the theory's words (`theory_words`)."""
   if speedup >= 1:
-    return f"{speedup:.2f}x faster than the target alone ({words})"
+    return f"{speedup:.2f}x faster than the target alone ({theory})"
   return (f"{1 / speedup:.2f}x slower than the target alone ({speedup:.2f}x; "
-          f"{words})")
+          f"{theory})")
+
+
+def theory(metrics: Dict[str, Any]) -> Tuple[Optional[float], str]:
+  """The theory printed beside the speedup (the summary, `run`'s log line):
+  (its value, its name: `run_metrics.THEORY_NAMES`), or (None, why there
+  is none).
+
+  Theorem 3.8 at the measured call cost leads: at call cost 1 (the
+  paper's TPUs) it flatters a CPU several times over (issue 44); an older
+  metrics.json without it gives the ideal, named as such. A tree run: the
+  tree's cost model (Theorem 3.8's formula is one branch's).
+  """
+  mode = decode_modes.of_metrics(metrics)
+  measured = metrics.get("theoretical_speedup_measured_call_cost")
+  if mode.target_alone:
+    return None, "nothing was drafted (SPECULATION='off')"
+  if mode.beam:
+    return None, ("Theorem 3.8 and c model sampling one sequence, not "
+                  "beams")
+  if mode.branches and measured is not None:
+    return measured, run_metrics.TREE_THEORY_NAME
+  if metrics.get("call_cost_priced") is False:  # PRICE_CALL_COST=False
+    return None, "PRICE_CALL_COST=False skipped pricing c"
+  if run_metrics.switched(metrics.get("auto")):  # SPECULATION='auto'
+    return None, ("the run switched decode modes (the auto: lines; "
+                  "metrics.json's auto.segments)")
+  for key, name in run_metrics.THEORY_NAMES.items():
+    if metrics.get(key) is not None:
+      return metrics[key], name
+  return None, "c was not priced"
+
+
+def theory_words(metrics: Dict[str, Any]) -> str:
+  """'Theorem 3.8 at the measured call cost 2.89x', or 'no theory: why'."""
+  value, name = theory(metrics)
+  return f"no theory: {name}" if value is None else f"{name} {value:.2f}x"
+
+
+def alpha_words(alpha: float, digits: int = 2) -> str:
+  """metrics.json's (and infer.json's) α, named as outputs.md defines it."""
+  return f"alpha {alpha:.{digits}f} ({run_metrics.ALPHA_NAME})"
+
+
+def log_words(metrics: Dict[str, Any]) -> str:
+  """`run`'s last log line (stderr): the speedup, the theory and α named
+  as the summary names them, and c."""
+  c = metrics.get("cost_coefficient_c")
+  return (f"speedup {metrics['speedup']:.2f}x ({theory_words(metrics)}), "
+          f"{alpha_words(metrics['alpha'], 3)}" +
+          ("" if c is None else f", c {c:.3f}"))
 
 
 def _quality_words(metrics: Dict[str, Any]) -> Optional[str]:
@@ -35,6 +80,22 @@ def _quality_words(metrics: Dict[str, Any]) -> Optional[str]:
         f"{k} {base[k]:.2f}/{spec[k]:.2f}"
         for k in base) + (" (target alone / speculative)")
   return None
+
+
+def _noise_words(metrics: Dict[str, Any]) -> str:
+  """At T > 0, why the two quality numbers differ (metrics.json's
+  `quality_noise`: sacrebleu's paired bootstrap, when there is one)."""
+  if metrics.get("exact") is False:
+    words = ("; T > 0: different samples, and LENIENCE < 1 samples another "
+             "distribution than the target's")
+  else:
+    words = ("; T > 0: different samples of the same distribution, so they "
+             "differ by sampling noise")
+  noise = metrics.get("quality_noise")
+  if noise and noise.get("p_value") is not None:
+    words += (f" (paired bootstrap over the {metrics['num_examples']} "
+              f"examples: p = {noise['p_value']:.2f})")
+  return words
 
 
 def _gamma_words(metrics: Dict[str, Any], args: arguments.RunArguments) -> str:
@@ -109,29 +170,6 @@ def _exactness_words(metrics: Dict[str, Any], temp: float) -> str:
   return words
 
 
-def _theory_words(metrics: Dict[str, Any]) -> str:
-  """The speedup against Theorem 3.8, or for a tree run against the tree's
-  cost model (Theorem 3.8's formula is one branch's)."""
-  tree = metrics.get("theoretical_speedup_measured_call_cost")
-  if decode_modes.of_metrics(metrics).branches and tree is not None:
-    return _speed_words(metrics["speedup"], tree,
-                        "the tree's measured tokens per call and call costs:")
-  if metrics.get("call_cost_priced") is False:  # PRICE_CALL_COST=False
-    return _speed_words(metrics["speedup"], None)
-  if (metrics.get("auto") or {}).get("switches"):  # SPECULATION='auto'
-    return _speed_words(
-        metrics["speedup"], None, none="the run switched decode modes (the "
-        "auto: lines; metrics.json's auto.segments)")
-  # Theorem 3.8 at the measured call cost leads: at call cost 1 (the
-  # paper's TPUs) it flatters a CPU several times over (issue 44).
-  measured = metrics.get("theoretical_speedup_measured_call_cost")
-  if measured is not None:
-    return _speed_words(metrics["speedup"], measured,
-                        "theory at the measured call cost")
-  return _speed_words(metrics["speedup"], metrics["theoretical_speedup"],
-                      "theory, a call costing one step:")
-
-
 def _beam_line(metrics: Dict[str, Any]) -> str:
   """DECODE='beam': speed, steps per call and identity of the beams (no
   theory: Theorem 3.8 and c model sampling one sequence, not beams)."""
@@ -174,15 +212,17 @@ def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
       quality = quality.replace("(target alone)", "(target's beam search)")
     return [_beam_line(metrics)] + ([f"quality: {quality}"] if quality else [])
   lines = [
-      "speculative decoding: " + _theory_words(metrics) +
-      f"; alpha {metrics['alpha']:.2f} (share of draft tokens accepted), "
+      "speculative decoding: " +
+      _speed_words(metrics["speedup"], theory_words(metrics)) +
+      f"; {alpha_words(metrics['alpha'])}, "
       f"{metrics['tokens_per_target_call']:.2f} tokens per target call" +
       _exactness_words(metrics, temp)
   ]
   lines.extend(_drafting_lines(metrics))
   quality = _quality_words(metrics)
   if quality:
-    lines.append(f"quality: {quality}")
+    lines.append(f"quality: {quality}" +
+                 (_noise_words(metrics) if temp > 0 else ""))
   return lines
 
 
@@ -195,10 +235,10 @@ def _infer_lines(metrics: Dict[str, Any]) -> List[str]:
       f"inference: {metrics['num_examples']} examples decoded {how} in "
       f"{metrics['decode_s']:.1f} s "
       f"({metrics['tokens_per_second']:.0f} tokens/s, compilation "
-      f"{metrics['compile_time_s']:.1f} s apart); alpha "
-      f"{metrics['alpha']:.2f}, {metrics['tokens_per_target_call']:.2f} "
-      "tokens per target call; no baseline decode (MODE='walltime' measures "
-      "the speedup)"
+      f"{metrics['compile_time_s']:.1f} s apart); "
+      f"{alpha_words(metrics['alpha'])}, "
+      f"{metrics['tokens_per_target_call']:.2f} tokens per target call; no "
+      "baseline decode (MODE='walltime' measures the speedup)"
   ]
   for name, value in (metrics.get("quality") or {}).items():
     words = (", ".join(f"{k} {v:.2f}" for k, v in value.items()) if isinstance(
@@ -236,10 +276,27 @@ def _notes(metrics: Dict[str, Any]) -> List[str]:
   return lines
 
 
+def _auto_lines(metrics: Dict[str, Any]) -> List[str]:
+  """The `auto:` lines of a run whose metrics hold a choice (else none):
+  the first choice, then each switch."""
+  record = metrics.get("auto")
+  if not record:
+    return []
+  words = record["reason"]
+  cached = [
+      what for what, part in (("call prices", record.get("prices")),
+                              ("pilots", record.get("pilot_cache")))
+      if part and part.get("cached")
+  ]
+  if cached:
+    words += f"; {' and '.join(cached)} from the cache"
+  return [words] + [s["reason"] for s in record.get("switches") or []]
+
+
 def _search_words(args: arguments.RunArguments) -> str:
   """'T=0 (greedy)', 'T=1', or 'beam search k=4' (DECODE='beam')."""
-  if decode_modes.mode_of(args).beam:
-    return f"beam search k={args.beam_size}"
+  if args.decode_mode.beam:
+    return f"beam search k={args.decode_mode.size}"
   temp = args.temperature
   return f"T={temp:g}{' (greedy)' if temp == 0 else ''}"
 
@@ -270,7 +327,7 @@ def summary_lines(metrics: Dict[str, Any],
     body = _walltime_lines(metrics, temp)
     files = [run_metrics.METRICS_FILE, run_metrics.PREDICTIONS_FILE]
   return [
-      head, *auto_mode.summary_lines(metrics), *body, *_notes(metrics),
+      head, *_auto_lines(metrics), *body, *_notes(metrics),
       "results: " + ", ".join(os.path.join(out, f) for f in files) +
       " (docs/usage/outputs.md)"
   ]

@@ -1,46 +1,40 @@
 """MODE='walltime': both decoders timed over the examples (the paper's
 experiment), the cost coefficient c, and the `RunMetrics` they make.
 
-`choose_shape` runs GAMMA='auto''s pilot (`auto_gamma`, `auto_tree`)
-before anything is timed; `run_walltime` is the one decode path, end to
-end: compile every decoder for every input width
-(`compile_decoders`); decode each batch with the target alone and with
-speculative decoding (SPECULATION='auto': the choice of the batches before,
-`auto_switch`), timing each call, decoding its text once and writing
-its predictions.jsonl rows (`decode_examples`); time one target step, one
-draft step (or one guess) and the (γ+1)-token verification call the one way
-`timing` defines (`step_times`); put it together (`walltime_metrics`) and
-write metrics.json.
+`run_walltime` is the one decode path, end to end, at the plan's choices
+(made before: `pilots.choose`): compile every decoder for every input
+width (`batches.compile_widths`); decode each batch with the target alone
+and with speculative decoding, timing each call, counting each decoder's
+outputs (`batches.Tally`), decoding its text once and writing its
+predictions.jsonl rows (`decode_examples`; with SPECULATION='auto' the plan
+carries `online`, which may change the speculative decoder between
+batches); time one target step, one draft step (or one guess) and the
+(γ+1)-token verification call the one way `timing` defines
+(`step_times`); put it together (`walltime_metrics`) and write
+metrics.json.
 """
 import dataclasses
-import functools
 import os
-import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from absl import logging
 import jax
 import numpy as np
 
 from specdec_jax import multihost
-from specdec_jax.core import decoding
 from specdec_jax.data import tasks
-from specdec_jax.experiment import arguments
-from specdec_jax.experiment import auto_gamma
-from specdec_jax.experiment import auto_mode
-from specdec_jax.experiment import auto_run
-from specdec_jax.experiment import auto_switch
-from specdec_jax.experiment import auto_tree
-from specdec_jax.experiment import decode_modes
+from specdec_jax.experiment import batches as batches_lib
 from specdec_jax.experiment import predictions
+from specdec_jax.experiment import summary
 from specdec_jax.experiment.plan import DecodePlan
-from specdec_jax.experiment.plan import Loaded
 from specdec_jax.metrics import analysis
+from specdec_jax.metrics import exactness
 from specdec_jax.metrics import overheads
+from specdec_jax.metrics import quality as quality_lib
 from specdec_jax.metrics import run_metrics
 from specdec_jax.terminal import console
 
-Decoder = decoding.Decoder
+Tally = batches_lib.Tally
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,23 +43,17 @@ class Decoded:
   length), on the host.
 
   Attributes:
+    base, spec: each decoder's counts (`batches.Tally`: calls, the
+      speculative one's histogram, α, β, each batch's seconds).
     base_tokens: [N, T] the target alone's tokens (0 after EOS).
     spec_tokens: [N, T] speculative decoding's tokens.
     base_text / spec_text: N decoded strings of each.
     per_example: N predictions.jsonl records (`predictions.traces`).
-    time_base / time_spec: seconds of all timed calls of each decoder.
-    calls_base / calls_spec: target calls of each decoder.
-    histogram: [γ + 1] target calls that kept n = 0..γ guesses.
-    beta_sum / beta_count: Σ β and the acceptance trials it is over; None
-      for a tree run (`TreeOutput` computes no β: `alpha` counts trials
-      from the histogram).
-    batches: each batch's seconds and iterations (`BatchTimes`), or None.
-    trials: a run that switched choices (SPECULATION='auto'): the
-      acceptance trials of its speculative batches, each counted as its
-      choice counts them (β's for token and block verification, min(n + 1,
-      γ) per call for trees and beams); `histogram` is then as wide as
-      the largest γ. None otherwise.
+    time_base / time_spec: seconds of all timed calls of each decoder (the
+      slowest process's: `slowest_process`).
   """
+  base: Tally
+  spec: Tally
   base_tokens: np.ndarray
   spec_tokens: np.ndarray
   base_text: List[str]
@@ -73,39 +61,18 @@ class Decoded:
   per_example: List[Dict[str, Any]]
   time_base: float
   time_spec: float
-  calls_base: int
-  calls_spec: int
-  histogram: np.ndarray
-  beta_sum: Optional[float]
-  beta_count: Optional[float]
-  batches: Optional[overheads.BatchTimes] = None
-  trials: Optional[float] = None
 
   @property
   def tokens_generated(self) -> int:
     return int(np.sum(self.spec_tokens != 0))
 
   @property
-  def alpha(self) -> float:
-    """Kept guesses / acceptance trials (beta_count counts the trials whose
-    context reached the output, so guesses cut by EOS are not counted; a
-    tree run: the accepted path's trials, min(n + 1, γ) per call that kept
-    n, as `analysis.alpha_from_acceptance_counts` counts them)."""
-    kept = float(np.arange(len(self.histogram)) @ self.histogram)
-    if self.trials is not None:  # a run that switched choices
-      return kept / max(self.trials, 1.0)
-    if self.beta_count is None:
-      gamma = len(self.histogram) - 1
-      trials = float(
-          np.minimum(np.arange(gamma + 1) + 1, gamma) @ self.histogram)
-      return kept / max(trials, 1.0)
-    return kept / max(self.beta_count, 1.0)
-
-  @property
-  def alpha_beta(self) -> Optional[float]:
-    if self.beta_sum is None or self.beta_count is None:
-      return None
-    return self.beta_sum / max(self.beta_count, 1.0)
+  def batches(self) -> overheads.BatchTimes:
+    """Each batch's seconds and loop iterations."""
+    return overheads.BatchTimes(
+        *(np.asarray(c)
+          for c in (self.base.seconds, self.spec.seconds, self.base.iterations,
+                    self.spec.iterations, self.base.rows)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,33 +96,6 @@ class StepTimes:
     return self.draft_step_s / self.target_step_s
 
 
-def compile_decoders(feed: multihost.Feeder, baseline: Decoder,
-                     speculative: Decoder, rng: jax.Array) -> float:
-  """Compiles and runs both decoders once per input width; the seconds."""
-  t0 = time.perf_counter()
-  widths = feed.first_of_each_width()
-  logging.info(
-      "Compiling both decoders for input widths %s (read from the "
-      "persistent compilation cache after a first run)",
-      [feed.batch_width(b) for b in widths])
-  console.numbered([(f"the {name} decoder, input width {feed.batch_width(b)}",
-                     functools.partial(_compile_one, fn, feed, b, rng))
-                    for b in widths
-                    for name, fn in (("baseline", baseline), ("speculative",
-                                                              speculative))])
-  compile_s = time.perf_counter() - t0
-  logging.info(
-      "Compiled and warmed up both decoders for input widths %s "
-      "in %.1fs", [feed.batch_width(b) for b in widths], compile_s)
-  return compile_s
-
-
-def _compile_one(decoder: Decoder, feed: multihost.Feeder, b: int,
-                 rng: jax.Array) -> None:
-  """Compiles (or reads from the cache) and runs `decoder` on batch b."""
-  jax.block_until_ready(decoder(feed.batch(b), rng))
-
-
 def decode_examples(plan: DecodePlan, feed: multihost.Feeder,
                     examples: Sequence[Dict[str, Any]],
                     writer: predictions.PredictionsWriter) -> Decoded:
@@ -166,125 +106,59 @@ def decode_examples(plan: DecodePlan, feed: multihost.Feeder,
 
   Nothing measured goes in the rows: same settings and seed, same file.
   """
-  vocab, rng, clock = plan.vocab, plan.rng, plan.plan.providers.clock
+  clock = plan.providers.clock
+  base, spec = Tally(), Tally()
   base_tokens, spec_tokens, base_text, spec_text, per_example = ([], [], [], [],
                                                                  [])
-  time_base = time_spec = trials = 0.0
-  calls_base = calls_spec = 0
-  histogram = np.zeros(plan.args.gamma + 1, np.int64)
-  # A tree or beam run counts kept guesses per call only (no β, no trace
-  # of guesses: `predictions.tree_traces`).
-  one_path = decode_modes.mode_of(plan.args).one_path
-  beta: Optional[List[float]] = [0.0, 0.0] if one_path else None
-  per_batch: List[Tuple[float, float, int, int, int]] = []
   current = plan
-  for i, (batch, keep) in enumerate(feed.batches()):
-    console.raise_if_terminated()
-    mode = decode_modes.mode_of(current.args)
-    brng = jax.random.fold_in(rng, i)
-    out_b, dt_b = clock(plan.baseline, batch, brng)
-    if mode.target_alone:  # one decode, the baseline's, fills both columns
+  for batch in batches_lib.batches(feed, plan.rng):
+    out_b, dt_b = batch.decode(plan.baseline, clock)
+    if current.mode.target_alone:  # one decode, the baseline's, both columns
       out_s, dt_s = current.speculative.of_baseline(out_b), dt_b
     else:
-      out_s, dt_s = clock(current.speculative, batch, brng)
-    out_b, out_s = multihost.to_host((out_b, out_s))  # every row
-    time_base += dt_b
-    time_spec += dt_s
-    rows_b = np.asarray(out_b.target_calls)  # [rows] target calls per row
-    rows_s = np.asarray(out_s.target_calls)
-    calls_base += int(np.sum(rows_b[keep]))
-    calls_spec += int(np.sum(rows_s[keep]))
-    per_batch.append(
-        (dt_b, dt_s, int(rows_b.max()), int(rows_s.max()), rows_b.shape[0]))
-    counts, batch_trials = auto_switch.batch_acceptance(mode, out_s, keep)
-    histogram = auto_switch.padded_sum(histogram, counts)
-    trials += batch_trials
-    beta = _add_beta(beta, mode, out_s, keep)
+      out_s, dt_s = batch.decode(current.speculative, clock)
+    keep = batch.keep
+    base.add(out_b, keep, seconds=dt_b)
+    spec.add(out_s, keep, current.mode, dt_s)
     base_tokens.append(np.asarray(out_b.tokens)[keep])
     spec_tokens.append(np.asarray(out_s.tokens)[keep])
     start = len(per_example)
-    base_text += tasks.decode_tokens(vocab, base_tokens[-1])
-    spec_text += tasks.decode_tokens(vocab, spec_tokens[-1])
-    records = (predictions.traces(vocab, out_s, keep)
-               if mode.one_path else predictions.tree_traces(out_s, keep))
+    base_text += tasks.decode_tokens(plan.vocab, base_tokens[-1])
+    spec_text += tasks.decode_tokens(plan.vocab, spec_tokens[-1])
+    records = (predictions.traces(plan.vocab, out_s, keep) if
+               current.mode.one_path else predictions.tree_traces(out_s, keep))
     per_example.extend(records)
-    writer.add([{
-        "index": start + j,
-        "input": examples[start + j]["input"],
-        "reference": examples[start + j]["reference"],
-        "baseline": base_text[start + j],
-        "speculative": spec_text[start + j],
-        **r
-    } for j, r in enumerate(records)])
+    writer.add([
+        predictions.row(start + j, examples[start + j], spec_text[start + j],
+                        len(r["accepted_counts"]), base_text[start + j], r)
+        for j, r in enumerate(records)
+    ])
     logging.info(
         "batch %d/%d: baseline %.3fs, speculative %.3fs (running speedup "
-        "%.2fx)", i + 1, feed.num_batches, dt_b, dt_s,
-        time_base / max(time_spec, 1e-9))
+        "%.2fx)", batch.index + 1, feed.num_batches, dt_b, dt_s,
+        sum(base.seconds) / max(sum(spec.seconds), 1e-9))
     if plan.online is not None:  # the next batch's choice (between batches)
-      current = plan.online.after_batch(i, dt_b, dt_s, out_s, keep, feed)
-  columns = [np.asarray(c) for c in zip(*per_batch)]
-  return Decoded(
-      np.concatenate(base_tokens), np.concatenate(spec_tokens), base_text,
-      spec_text, per_example, time_base, time_spec, calls_base, calls_spec,
-      histogram, *(beta or (None, None)),
-      overheads.BatchTimes(*columns) if columns else None,
-      trials if plan.online is not None and plan.online.switched else None)
-
-
-def _add_beta(beta: Optional[List[float]], mode: decode_modes.DecodeMode,
-              out: Any, keep: np.ndarray) -> Optional[List[float]]:
-  """[Σ β, its trials] with a batch added: one-path batches add theirs, a
-  tree or beam batch ends it (None: no β), the target alone adds none."""
-  if beta is None or mode.target_alone:
-    return beta
-  if not mode.one_path:
-    return None
-  return [
-      beta[0] + float(np.sum(np.asarray(out.beta_sum)[keep])),
-      beta[1] + float(np.sum(np.asarray(out.beta_count)[keep]))
-  ]
-
-
-def choose_shape(
-    loaded: Loaded,
-    feed: multihost.Feeder) -> Tuple[DecodePlan, Optional[Dict[str, Any]]]:
-  """Every choice, before the timed decode: GAMMA='auto' (and a tree's
-  TREE_WIDTH='auto') by its pilot, with the pilot's record; SPECULATION
-  'auto' (`auto_run.choose_mode`; its record in `DecodePlan.auto`) or
-  'off' (the target alone). Returns the `DecodePlan` at the choice (the
-  run's own settings when there is nothing to choose) and the γ pilot's
-  record or None."""
-  args = loaded.args
-  if args.speculation == decode_modes.SPECULATION_AUTO:
-    return auto_run.choose_mode(loaded, feed), None
-  if decode_modes.mode_of(args).target_alone:
-    return auto_run.target_alone_plan(loaded), None
-  if decode_modes.mode_of(args).branches and (args.auto_gamma or
-                                              args.auto_tree_width):
-    gamma_auto = auto_tree.pilot_tree_shape(loaded, feed)  # (γ, k)
-    return loaded.decoding(
-        gamma=gamma_auto["chosen_gamma"],
-        tree_width=gamma_auto["chosen_tree_width"]), gamma_auto
-  if args.auto_gamma:
-    pilot = loaded.decoding(gamma=loaded.plan.providers.pilot_sizes.gamma_pilot)
-    gamma_auto = auto_gamma.pilot_gamma(pilot, feed, loaded.plan.providers)
-    return loaded.decoding(gamma=gamma_auto["chosen_gamma"]), gamma_auto
-  return loaded.decoding(), None
+      current = plan.online.after_batch(batch, dt_b, dt_s, out_s, feed)
+  return Decoded(base, spec, np.concatenate(base_tokens),
+                 np.concatenate(spec_tokens), base_text, spec_text, per_example,
+                 sum(base.seconds), sum(spec.seconds))
 
 
 def run_walltime(plan: DecodePlan, feed: multihost.Feeder,
                  examples: Sequence[Dict[str, Any]], data_info: Dict[str, Any],
-                 on_result: Callable[[Dict[str, Any]], None],
-                 gamma_auto: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-  """MODE='walltime' end to end at the plan's γ (chosen before: see
-  `choose_shape`, whose record `gamma_auto` is): compile, decode, text,
-  rows, step costs, metrics; predictions.jsonl written as batches finish,
-  then metrics.json (a sweep takes it as "done").
+                 on_result: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
+  """MODE='walltime' end to end at the plan's choices (`pilots.choose`):
+  compile, decode, text, rows, step costs, metrics; predictions.jsonl
+  written as batches finish, then metrics.json (a sweep takes it as
+  "done").
 
   `on_result(metrics)` is called before anything is written (the summary:
   a failed write loses no result). Returns metrics.json's dict.
   """
-  compile_s = compile_decoders(feed, plan.baseline, plan.speculative, plan.rng)
+  compile_s = batches_lib.compile_widths(feed,
+                                         [("baseline", plan.baseline),
+                                          ("speculative", plan.speculative)],
+                                         plan.rng)
   out = plan.args.output_dir
   writer = predictions.PredictionsWriter(out, multihost.is_first())
   try:
@@ -294,47 +168,52 @@ def run_walltime(plan: DecodePlan, feed: multihost.Feeder,
     raise KeyboardInterrupt(f"kept {writer.kept()}; "
                             f"{run_metrics.METRICS_FILE} was not "
                             "written") from None
-  # SPECULATION='auto': the choice the run ended with, its record.
-  args, auto, switch_compile_s = auto_switch.outcome(plan)
-  compile_s += switch_compile_s
-  mode = decode_modes.mode_of(args)
+  # SPECULATION='auto': the settings the run ended with, its record.
+  ended, auto, switch_compile_s = (plan.online.outcome() if plan.online else
+                                   (plan, None, 0.0))
   steps = None
-  if auto_switch.switched(auto):
-    logging.info("SPECULATION='auto' switched choices: c and the theory are "
-                 "not priced (metrics.json's auto.segments: each choice's "
-                 "predicted and measured speedup)")
-  elif not mode.priced:
-    logging.info(
-        "%s: c and Theorem 3.8 are not priced (they model sampling "
-        "one sequence)", mode.description)
-  elif not plan.args.price_call_cost:
-    logging.info("PRICE_CALL_COST=False: c and the verification call are "
-                 "not priced (metrics.json: call_cost_priced false, no "
-                 "theory)")
-  else:
-    with console.phase(mode.pricing_words(plan.args)):
+  if _priced(ended, run_metrics.switched(auto)):
+    with console.phase(ended.mode.pricing_words(plan.args)):
       steps = step_times(plan, feed.batch(0),
                          int(decoded.tokens_generated / len(examples)))
-  decoded, compile_s, steps = slowest_process(decoded, compile_s, steps)
-  quality = plan.quality(decoded.base_text, decoded.spec_text,
-                         [e["reference"] for e in examples])
-  metrics = walltime_metrics(args, decoded, quality, compile_s, steps,
-                             data_info, plan.settings, gamma_auto,
-                             auto).to_dict()
+  decoded, compile_s, steps = slowest_process(decoded,
+                                              compile_s + switch_compile_s,
+                                              steps)
+  references = [e["reference"] for e in examples]
+  quality = plan.quality(decoded.base_text, decoded.spec_text, references)
+  if plan.args.temperature > 0 and "bleu" in quality and not plan.mode.beam:
+    quality["quality_noise"] = quality_lib.paired_bootstrap_bleu(
+        decoded.base_text, decoded.spec_text, references)
+  metrics = walltime_metrics(ended, decoded, quality, compile_s, steps,
+                             data_info, auto).to_dict()
   on_result(metrics)
 
   multihost.run_on_first(  # the others wait for it
       "write",
       lambda: predictions.publish(writer, len(
           examples), os.path.join(out, run_metrics.METRICS_FILE), metrics))
-  if steps is None:
-    logging.info("speedup %.2fx, alpha %.3f; wrote %s", metrics["speedup"],
-                 metrics["alpha"], out)
-  else:
-    logging.info("speedup %.2fx (theory %.2fx), alpha %.3f, c %.3f; wrote %s",
-                 metrics["speedup"], metrics["theoretical_speedup"],
-                 metrics["alpha"], metrics["cost_coefficient_c"], out)
+  logging.info("%s; wrote %s", summary.log_words(metrics), out)
   return metrics
+
+
+def _priced(plan: DecodePlan, switched: bool) -> bool:
+  """Whether c and the verification call are priced after the decode
+  (else the log line says why not)."""
+  if switched:
+    logging.info("SPECULATION='auto' switched choices: c and the theory are "
+                 "not priced (metrics.json's auto.segments: each choice's "
+                 "predicted and measured speedup)")
+  elif not plan.mode.priced:
+    logging.info(
+        "%s: c and Theorem 3.8 are not priced (they model sampling "
+        "one sequence)", plan.mode.description)
+  elif not plan.args.price_call_cost:
+    logging.info("PRICE_CALL_COST=False: c and the verification call are "
+                 "not priced (metrics.json: call_cost_priced false, no "
+                 "theory)")
+  else:
+    return True
+  return False
 
 
 def step_times(plan: DecodePlan, batch: jax.Array, fill: int) -> StepTimes:
@@ -349,9 +228,9 @@ def step_times(plan: DecodePlan, batch: jax.Array, fill: int) -> StepTimes:
   output for `batch` (the compiled baseline's).
   """
   context = plan.baseline(batch, plan.rng).tokens
-  return StepTimes(*decode_modes.mode_of(plan.args).price(
-      plan.args, plan.drafter, plan.models.target, batch, fill, context,
-      plan.plan.providers.pricing))
+  return StepTimes(
+      *plan.mode.price(plan.args, plan.drafter, plan.models.target, batch, fill,
+                       context, plan.providers.pricing))
 
 
 def slowest_process(decoded: Decoded, compile_s: float,
@@ -374,55 +253,55 @@ def slowest_process(decoded: Decoded, compile_s: float,
           StepTimes(t_target, t_draft, t_verify))
 
 
-def walltime_metrics(
-    args: arguments.RunArguments, decoded: Decoded, quality: Dict[str,
-                                                                  Dict[str,
-                                                                       Any]],
-    compile_s: float, steps: Optional[StepTimes], data_info: Dict[str, Any],
-    settings: Dict[str, Any], gamma_auto: Optional[Dict[str, Any]],
-    auto: Optional[Dict[str, Any]] = None) -> run_metrics.RunMetrics:
+def walltime_metrics(plan: DecodePlan, decoded: Decoded,
+                     quality: Dict[str, Dict[str, Any]], compile_s: float,
+                     steps: Optional[StepTimes], data_info: Dict[str, Any],
+                     auto: Optional[Dict[str, Any]]) -> run_metrics.RunMetrics:
   """The run's metrics.json.
 
   Args:
-    args: the run's arguments (GAMMA='auto': with the chosen γ;
-      SPECULATION='auto': `auto_switch.outcome`'s).
+    plan: the settings it records: the decode plan's (GAMMA='auto': at the
+      chosen γ), or SPECULATION='auto''s at the choice it ended with
+      (`online.OnlineChoice.outcome`).
     decoded: both decoders' outputs.
-    quality: {'bleu' or 'rouge': {'baseline': ..., 'speculative': ...}}.
-    compile_s: `compile_decoders`' seconds (the slowest process's).
+    quality: {'bleu' or 'rouge': {'baseline': ..., 'speculative': ...}},
+      and at T > 0 with BLEU 'quality_noise' (`quality.paired_bootstrap_bleu`).
+    compile_s: the decoders' compile seconds (the slowest process's).
     steps: `step_times`; None for a beam run or PRICE_CALL_COST=False (not
       priced: c, Theorem 3.8 and the call costs are null).
     data_info: the examples' counts (`run_metrics.RunMetrics`' data keys).
-    settings: the run's settings record (`output_dir.settings_record`).
-    gamma_auto: GAMMA='auto''s pilot and choice, or None.
-    auto: SPECULATION='auto''s candidates, choice, segments and switches
-      (`auto_switch.outcome`), or None.
+    auto: SPECULATION='auto''s candidates, choice, segments and switches,
+      or None.
   """
-  gamma, c = args.gamma, None if steps is None else steps.cost_coefficient
-  alpha = decoded.alpha
+  args, spec = plan.args, decoded.spec
+  c = None if steps is None else steps.cost_coefficient
+  alpha, switched = spec.alpha, run_metrics.switched(auto)
   greedy = args.temperature == 0
-  base, spec = decoded.base_tokens, decoded.spec_tokens
+  base_tokens, spec_tokens = decoded.base_tokens, decoded.spec_tokens
+  identity = exactness.greedy_identity(base_tokens, spec_tokens)
   tokens = decoded.tokens_generated
   return run_metrics.RunMetrics(
       task=args.label,
       target_model=args.target_name,
-      gamma=gamma,
+      gamma=args.gamma,
       temperature=args.temperature,
       top_k=args.top_k,
       top_p=args.top_p,
       batch_size=args.batch_size,
       alpha=float(alpha),
-      alpha_beta=decoded.alpha_beta,
+      alpha_beta=spec.alpha_beta,
       alpha_stderr=float(
-          analysis.alpha_standard_error_from_counts(decoded.histogram, gamma)
-          if decoded.trials is None else  # a run that switched: pooled
-          np.sqrt(alpha * (1 - alpha) / max(decoded.trials, 1.0))),
-      accepted_histogram=decoded.histogram.tolist(),
-      num_examples=len(base),
+          np.sqrt(alpha * (1 - alpha) / max(spec.trials, 1.0)
+                 ) if switched else  # pooled over the choices' trials
+          analysis.alpha_standard_error_from_counts(spec.histogram, args.gamma)
+      ),
+      accepted_histogram=spec.histogram.tolist(),
+      num_examples=len(base_tokens),
       tokens_generated=tokens,
-      tokens_generated_baseline=int(np.sum(base != 0)),
-      target_calls_baseline=decoded.calls_base,
-      target_calls_speculative=decoded.calls_spec,
-      tokens_per_target_call=tokens / max(decoded.calls_spec, 1),
+      tokens_generated_baseline=int(np.sum(base_tokens != 0)),
+      target_calls_baseline=decoded.base.calls,
+      target_calls_speculative=spec.calls,
+      tokens_per_target_call=tokens / max(spec.calls, 1),
       walltime_baseline_s=decoded.time_base,
       walltime_speculative_s=decoded.time_spec,
       speedup=decoded.time_base / decoded.time_spec,
@@ -430,17 +309,15 @@ def walltime_metrics(
       target_step_s=None if steps is None else steps.target_step_s,
       draft_step_s=None if steps is None else steps.draft_step_s,
       cost_coefficient_c=c,
-      call_cost_priced=(False if steps is None and
-                        decode_modes.mode_of(args).priced and
-                        not auto_switch.switched(auto) else None),
+      call_cost_priced=(False if steps is None and plan.mode.priced and
+                        not switched else None),
       **(unpriced_theory_metrics() if steps is None else theory_metrics(
-          args, decoded, steps)),
+          plan, decoded, steps)),
       # Token-for-token identity is the test of exactness at T = 0 only:
       # sampled outputs (T > 0) are compared by distribution (null here).
-      greedy_outputs_identical=(bool(np.array_equal(base, spec))
+      greedy_outputs_identical=(identity["identical"] == identity["examples"]
                                 if greedy else None),
-      greedy_identical_examples=(int(np.sum(np.all(base == spec, axis=1)))
-                                 if greedy else None),
+      greedy_identical_examples=identity["identical"] if greedy else None,
       **quality,
       random_weights=args.random_weights,
       backend=jax.default_backend(),
@@ -448,10 +325,10 @@ def walltime_metrics(
       num_devices=jax.device_count(),
       synthetic=False,
       **data_info,
-      settings=settings,
-      **drafting_metrics(args, decoded.per_example, tokens, c, gamma_auto),
-      **beam_metrics(args, decoded),
-      **auto_mode.metrics_keys(args, auto))
+      settings=plan.settings,
+      **drafting_metrics(plan, decoded.per_example, tokens, c),
+      **plan.mode.metrics(args, decoded),  # DECODE and the mode's own keys
+      **run_metrics.speculation_keys(args.speculation, auto))
 
 
 def unpriced_theory_metrics() -> Dict[str, Any]:
@@ -464,14 +341,7 @@ def unpriced_theory_metrics() -> Dict[str, Any]:
        "baseline_overhead"))
 
 
-def beam_metrics(args: arguments.RunArguments,
-                 decoded: Decoded) -> Dict[str, Any]:
-  """metrics.json's DECODE and the mode's own keys (`DecodeMode.metrics`:
-  beam keys None unless DECODE='beam')."""
-  return decode_modes.mode_of(args).metrics(args, decoded)
-
-
-def theory_metrics(args: arguments.RunArguments, decoded: Decoded,
+def theory_metrics(plan: DecodePlan, decoded: Decoded,
                    steps: StepTimes) -> Dict[str, Any]:
   """metrics.json's Theorem 3.8 keys, the verification call's cost and the
   loops' overheads against their own cost model (issue 32).
@@ -483,29 +353,27 @@ def theory_metrics(args: arguments.RunArguments, decoded: Decoded,
   iteration (γ draft depths, each drafting k branches, and the tree call),
   in target steps: tokens_per_target_call / (γ·c + call ratio).
   """
-  gamma, c = args.gamma, steps.cost_coefficient
-  alpha = min(decoded.alpha, 1.0)
+  gamma, c = plan.args.gamma, steps.cost_coefficient
+  calls_base, calls_spec = decoded.base.calls, decoded.spec.calls
+  alpha = min(decoded.spec.alpha, 1.0)
   ratio = steps.verification_call_s / steps.target_step_s
-  mode = decode_modes.mode_of(args)
-  measured = mode.measured_theory(
-      alpha, gamma, c, ratio,
-      decoded.tokens_generated / max(decoded.calls_spec, 1))
+  measured = plan.mode.measured_theory(
+      alpha, gamma, c, ratio, decoded.tokens_generated / max(calls_spec, 1))
   out = {
       "theoretical_speedup": float(analysis.expected_speedup(alpha, gamma, c)),
       "verification_call_s": steps.verification_call_s,
       "verification_cost_ratio": ratio,
       "theoretical_speedup_measured_call_cost": measured,
       "iteration_overhead":
-          (decoded.time_spec / max(decoded.calls_spec, 1) /
+          (decoded.time_spec / max(calls_spec, 1) /
            (gamma * steps.draft_step_s + steps.verification_call_s)),
       "baseline_overhead":
-          (decoded.time_base / max(decoded.calls_base, 1) / steps.target_step_s
-          ),
+          (decoded.time_base / max(calls_base, 1) / steps.target_step_s),
   }
-  if mode.one_path:
+  if plan.mode.one_path:
     out.update(
         overheads.efficiency_split(alpha, gamma, decoded.spec_tokens,
-                                   decoded.calls_base, decoded.calls_spec, out))
+                                   calls_base, calls_spec, out))
   out.update(
       overheads.fixed_cost_metrics(
           decoded.batches, steps.target_step_s,
@@ -513,39 +381,38 @@ def theory_metrics(args: arguments.RunArguments, decoded: Decoded,
   return out
 
 
-def draft_label(args: arguments.RunArguments, gamma_auto) -> str:
+def draft_label(plan: DecodePlan) -> str:
   """metrics.json's `draft_model`: the report tells drafts apart by it, so
   variants (adaptive γ, GAMMA='auto', lenience) get their own."""
+  args, gamma_auto = plan.args, plan.gamma_auto
   label = args.drafting.label(args.draft_name)
-  if args.adaptive_threshold is not None:
-    label += f" adaptive {args.adaptive_threshold:g}"
+  if args.drafting.adaptive_threshold is not None:
+    label += f" adaptive {args.drafting.adaptive_threshold:g}"
   if gamma_auto and "chosen_tree_width" in gamma_auto:
     label += " auto-(γ,k)"
   elif gamma_auto:
     label += " auto-γ"
-  if args.lenience != 1:
-    label += f" l={args.lenience:g}"
-  return label + decode_modes.mode_of(args).label(args)
+  if plan.mode.lenience != 1:
+    label += f" l={plan.mode.lenience:g}"
+  return label + plan.mode.label(args)
 
 
-def drafting_metrics(args: arguments.RunArguments,
-                     per_example: List[Dict[str, Any]], tokens: int, c: float,
-                     gamma_auto: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def drafting_metrics(plan: DecodePlan, per_example: List[Dict[str, Any]],
+                     tokens: int, c: Optional[float]) -> Dict[str, Any]:
   """metrics.json's drafter, lenience, adaptive-γ and GAMMA='auto' keys.
 
   Args:
-    args: the run's arguments (GAMMA='auto': with the chosen γ).
+    plan: the settings metrics.json records (`walltime_metrics`).
     per_example: predictions.jsonl's records (their traces: guesses made
       and kept per target call).
     tokens: tokens generated.
     c: the measured cost coefficient (None: not priced).
-    gamma_auto: `choose_gamma`'s record, or None.
   """
-  mode = decode_modes.mode_of(args)
+  args, mode = plan.args, plan.mode
   # A tree (k·γ guesses every call) or beams (γ draft steps of u beams):
   # a one-path bound means nothing.
   per_call = mode.guesses_per_call(args)
-  tree = mode.branches
+  tree = mode.record() if mode.branches else {}  # its TREE_* settings
   if per_call is not None:
     guessed = [per_call]
     bound = None
@@ -557,18 +424,17 @@ def drafting_metrics(args: arguments.RunArguments,
     bound = None if c is None else analysis.per_iteration_gamma_bound(
         kept, guessed, args.gamma, c, tokens)  # c None: not priced
   return {
-      "drafter": args.drafter,
-      "draft_model": draft_label(args, gamma_auto),
-      "drafter_settings": args.drafting.record(),
-      "lenience": args.lenience,
-      "acceptance": args.acceptance,
+      "drafter": args.drafting.name,
+      "draft_model": draft_label(plan),
+      "drafter_settings": args.drafting.record(args.ngram_corpus),
+      "lenience": mode.lenience,
+      "acceptance": mode.acceptance,
       # Omitted from metrics.json unless ACCEPTANCE='tree' (`RunMetrics`).
-      "tree_width": args.tree_width if tree else None,
-      "tree_without_replacement":
-          (args.tree_without_replacement if tree else None),
-      "exact": args.lenience == 1,
-      "adaptive_threshold": args.adaptive_threshold,
-      "gamma_auto": gamma_auto,
+      "tree_width": tree.get("tree_width"),
+      "tree_without_replacement": tree.get("tree_without_replacement"),
+      "exact": mode.lenience == 1,
+      "adaptive_threshold": args.drafting.adaptive_threshold,
+      "gamma_auto": plan.gamma_auto,
       "guesses_per_target_call": float(np.mean(guessed)) if guessed else 0.0,
       # §3.5: Theorem 3.8's cost model (target call 1, guess c) applied to
       # this run's iterations: every call drafting γ, drafting what it

@@ -246,11 +246,10 @@ def check_environment() -> None:
   # importing this module, before anything imports JAX.
   # pylint: disable=g-import-not-at-top
   from specdec_jax.core import kernels
-  from specdec_jax.experiment import price_cache
   # pylint: enable=g-import-not-at-top
   cache_dir()
   environment.flag(ENV_OFF, True)
-  price_cache.switched_on()
+  environment.flag(environment.PRICE_CACHE, True)
   kernels.check_environment()
 
 

@@ -10,4 +10,6 @@
 * `run_metrics`: metrics.json's one schema, written by `run`, read by
   `report`.
 * `quality`: BLEU and ROUGE as T5 computes them.
+* `exactness`: greedy identity and the two-sample distribution test with
+  its power check (certify, the device check, the benchmarks).
 """

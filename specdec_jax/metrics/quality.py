@@ -53,12 +53,62 @@ def bleu(predictions: Sequence[str], references: Sequence[str],
   """Corpus BLEU (0..100) with the settings of ``t5.evaluation.metrics.bleu``."""
   references = _flatten_references(references)
   _check_lengths(predictions, references)
-  import sacrebleu  # pylint: disable=g-import-not-at-top
-  result = sacrebleu.corpus_bleu(list(predictions), [list(references)],
-                                 smooth_method="exp", smooth_value=0.0,
-                                 force=False, lowercase=False,
-                                 tokenize=tokenize, use_effective_order=False)
-  return float(result.score)
+  return float(
+      _bleu_metric(tokenize).corpus_score(list(predictions),
+                                          [list(references)]).score)
+
+
+def _bleu_metric(tokenize: str = "intl"):
+  """sacrebleu's BLEU with `bleu`'s settings (T5's)."""
+  from sacrebleu.metrics import BLEU  # pylint: disable=g-import-not-at-top
+  return BLEU(smooth_method="exp", smooth_value=0.0, force=False,
+              lowercase=False, tokenize=tokenize, effective_order=False)
+
+
+BOOTSTRAP_RESAMPLES = 1000  # sacrebleu's default for a paired bootstrap
+
+
+def paired_bootstrap_bleu(baseline: Sequence[str], speculative: Sequence[str],
+                          references: Sequence[str]) -> Dict[str, object]:
+  """sacrebleu's paired bootstrap test of speculative vs baseline BLEU.
+
+  At T > 0 the two outputs are different samples of one distribution:
+  their BLEU differs by sampling noise, which this sizes (sacrebleu's
+  `PairedTest`, `test_type='bs'`, its fixed seed: the same texts give the
+  same p-value).
+
+  Returns:
+    {"metric": "bleu", "difference": speculative − baseline corpus BLEU,
+    "p_value": the test's, "resamples": BOOTSTRAP_RESAMPLES}; identical
+    outputs: difference 0, p_value 1, resamples 0 (sacrebleu would give
+    1/(resamples + 1): it counts no tie as chance).
+  """
+  references = _flatten_references(references)
+  _check_lengths(baseline, references)
+  _check_lengths(speculative, references)
+  if list(baseline) == list(speculative):  # sacrebleu's p would be 1/(n+1)
+    return {"metric": "bleu", "difference": 0.0, "p_value": 1.0, "resamples": 0}
+  import logging  # pylint: disable=g-import-not-at-top
+  from sacrebleu import significance  # pylint: disable=g-import-not-at-top
+  quiet = logging.getLogger("sacrebleu")  # its per-test INFO lines
+  level = quiet.level
+  quiet.setLevel(logging.WARNING)
+  try:
+    test = significance.PairedTest([("baseline", list(baseline)),
+                                    ("speculative", list(speculative))],
+                                   {"BLEU": _bleu_metric()}, [list(references)],
+                                   test_type="bs",
+                                   n_samples=BOOTSTRAP_RESAMPLES)
+    _, scores = test()
+  finally:
+    quiet.setLevel(level)
+  base, spec = scores["BLEU"]
+  return {
+      "metric": "bleu",
+      "difference": float(spec.score - base.score),
+      "p_value": float(spec.p_value),
+      "resamples": BOOTSTRAP_RESAMPLES,
+  }
 
 
 def _prepare_summary_rouge(summary: str) -> str:

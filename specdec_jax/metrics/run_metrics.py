@@ -2,7 +2,7 @@
 `report` reads it (one schema, `RunMetrics`).
 
 `run` builds a `RunMetrics` and writes `to_dict()` (docs/usage/outputs.md
-is generated from this class and its docstring by scripts/generate_docs.py;
+is generated from this class and its docstring by tools/generate_docs.py;
 tests/project/test_docs.py keeps the page in step). Readers call `load` /
 `RunMetrics.from_dict`, which checks every key it knows (kind and range,
 `MetricsError` naming the key and the value) and fills the keys that older
@@ -23,6 +23,25 @@ METRICS_FILE = "metrics.json"  # `RunMetrics`, written last: "done"
 PREDICTIONS_FILE = "predictions.jsonl"  # one record per example
 ALPHA_FILE = "alpha.json"  # MODE='alpha': Corollary 3.6's estimate
 INFER_FILE = "infer.json"  # MODE='infer': what was decoded, how fast
+
+# predictions.jsonl's `inputs`: the example's features as T5X names them
+# (t5x/infer.py writes a task's `*_pretokenized` features).
+INPUTS_FEATURE = "inputs_pretokenized"
+TARGETS_FEATURE = "targets_pretokenized"
+
+# One name per formula: the summary (stdout), `run`'s log line (stderr) and
+# the report print a theory number with its name, docs/usage/outputs.md
+# defines each under its key.
+MEASURED_THEORY_NAME = "Theorem 3.8 at the measured call cost"
+IDEAL_THEORY_NAME = "Theorem 3.8 at call cost 1 (the paper's ideal)"
+THEORY_NAMES = {
+    "theoretical_speedup_measured_call_cost": MEASURED_THEORY_NAME,
+    "theoretical_speedup": IDEAL_THEORY_NAME,
+}
+# ACCEPTANCE='tree': `theoretical_speedup_measured_call_cost` holds this.
+TREE_THEORY_NAME = "the tree's cost model at the measured call cost"
+# metrics.json's `alpha` (and infer.json's), wherever it is printed.
+ALPHA_NAME = "kept guesses / acceptance trials"
 
 
 class MetricsError(ValueError):
@@ -80,13 +99,23 @@ class RunMetrics:
     top_k: top-k of the sampling (0: off).
     top_p: top-p of the sampling (1: off).
     batch_size: rows decoded together (BATCH_SIZE; the paper: 1).
-    alpha: α̂ from acceptance counts: kept guesses / acceptance trials
-      (ACCEPTANCE='tree': along the kept path, min(n + 1, γ) trials per
-      call that kept n; with k branches it exceeds one branch's α).
+    alpha: α̂, "kept guesses / acceptance trials" wherever it is printed
+      (the summary, the log, the report's α column): the guesses kept in
+      the output over the acceptance tests whose context reached the
+      output (a call that kept n < γ guesses ran n + 1 tests, one that
+      kept all γ ran γ; tests past the output's end, EOS or the length
+      limit, are not counted). Not the share of drafted guesses kept,
+      Σ n·h[n] / (γ·Σ h[n]) of `accepted_histogram` h, which is lower: a
+      call stops testing at its first rejection. ACCEPTANCE='tree' and
+      DECODE='beam': along the kept path, min(n + 1, γ) trials per call
+      that kept n (with k branches it exceeds one branch's α).
     alpha_beta: mean of β = Σ min(p, q) over the positions visited
-      (Corollary 3.6); null for ACCEPTANCE='tree' (the tree loop computes
-      no β).
-    alpha_stderr: standard error of `alpha` (from the histogram).
+      (Corollary 3.6), another estimate of the same α; null for
+      ACCEPTANCE='tree' (the tree loop computes no β).
+    alpha_stderr: standard error of α estimated from `accepted_histogram`
+      alone (`analysis.alpha_from_acceptance_counts`: min(n + 1, γ) trials
+      per call, each output's last call included, so its α is a little
+      lower than `alpha`'s).
     accepted_histogram: [γ + 1] target calls that kept n = 0..γ guesses.
     num_examples: examples decoded.
     tokens_generated: tokens of the speculative outputs.
@@ -115,15 +144,20 @@ class RunMetrics:
       calls after the decode: c, the step and call seconds, the overheads
       and every theory key are then null, and the summary gives no theory
       (absent when priced, and for DECODE='beam', which is never priced).
-    theoretical_speedup: Theorem 3.8 at the measured α, γ and c
-      (ACCEPTANCE='tree': still the one-branch formula, a reference, not
-      the tree's prediction); null for DECODE='beam'.
+    theoretical_speedup: "Theorem 3.8 at call cost 1 (the paper's
+      ideal)": (1 − α^(γ+1)) / ((1 − α)(γc + 1)) at the measured α, γ and
+      c, the (γ+1)-token verification call costing one target step as the
+      theorem assumes (ACCEPTANCE='tree': still the one-branch formula, a
+      reference, not the tree's prediction); null for DECODE='beam'.
     verification_call_s: the target's (γ+1)-token verification call
       (ACCEPTANCE='tree': the tree call over 1 + k·γ nodes).
     verification_cost_ratio: verification_call_s / target_step_s, the median
       of the per-round ratios (Theorem 3.8 assumes 1).
-    theoretical_speedup_measured_call_cost: Theorem 3.8 with that measured
-      call cost in place of 1 (ACCEPTANCE='tree': the tree's cost model,
+    theoretical_speedup_measured_call_cost: "Theorem 3.8 at the measured
+      call cost": the same with verification_cost_ratio in place of 1,
+      (1 − α^(γ+1)) / ((1 − α)(γc + verification_cost_ratio)); the theory
+      the summary and the log print beside the speedup (ACCEPTANCE='tree':
+      "the tree's cost model at the measured call cost",
       tokens_per_target_call / (γ·c + verification_cost_ratio)).
     iteration_overhead: speculative walltime per target call (each
       example's fixed cost included) over its parts, γ·draft_step_s +
@@ -164,6 +198,13 @@ class RunMetrics:
     bleu: {"baseline", "speculative"} corpus BLEU (translation tasks).
     rouge: {"baseline", "speculative"} -> {rouge type: F-measure}
       (summarization tasks).
+    quality_noise: at T > 0 with BLEU: {"metric": "bleu", "difference":
+      speculative − baseline, "p_value", "resamples"}: sacrebleu's paired
+      bootstrap test of that difference over the examples. At T > 0 the
+      two outputs are different samples, so their BLEU differs by sampling
+      noise (exact speculative decoding samples the target's distribution);
+      a small p_value on an exact run would say otherwise. Absent at
+      T = 0, for ROUGE and in older files.
     random_weights: true when a checkpoint path is unset (α, speedup and
       quality then mean nothing).
     backend: JAX's backend ('cpu', 'gpu', 'tpu').
@@ -181,7 +222,7 @@ class RunMetrics:
       (DRAFTER='feature': the draft's own feature_config.json), the
       vocabulary.
     drafter: DRAFTER ('model' before the option existed).
-    drafter_settings: the drafter's own settings (`DrafterSettings.record`).
+    drafter_settings: the drafter's own settings (`DrafterSpec.record`).
     lenience: Appendix A.5's l (1: exact).
     acceptance: ACCEPTANCE, how the target verified the guesses: 'token'
       (Algorithm 1), 'block' (block verification) or 'tree' (tree
@@ -193,7 +234,8 @@ class RunMetrics:
       (absent for other runs).
     exact: false when lenience < 1 (outputs not the target's distribution).
     adaptive_threshold: ADAPTIVE_THRESHOLD (null: γ guesses every call).
-    gamma_auto: GAMMA='auto''s pilot measurements and choice (else null);
+    gamma_auto: GAMMA='auto''s pilot measurements and choice (else null;
+      SPECULATION='auto''s choice limited to the run's mode);
       ACCEPTANCE='tree' with GAMMA and/or TREE_WIDTH 'auto': also the
       chosen k (`chosen_tree_width`), the acceptance and c by k, the tree
       call's cost by nodes and the predicted speedup of every (γ, k).
@@ -232,8 +274,7 @@ class RunMetrics:
       call costs, whether they were `cached`, and `target_cached`: the
       target's calls from an entry of another draft or method),
       `calibration` (the timed chain pilot's measured and modelled
-      speedup and κ, their ratio, which scales the chain predictions, and
-      the tree predictions too when no tree pilot was timed),
+      speedup and κ, their ratio, which scales the chain predictions),
       `tree_calibration` (the same for the tree pilot, scaling the tree
       predictions), `min_gain` and the
       seconds the choice took; `segments`, the batches each choice decoded
@@ -243,8 +284,9 @@ class RunMetrics:
       histogram, target calls, tokens per call, seconds compiling it),
       and `switches`, each re-choice between batches (after which batch,
       from and to, the measured speedup and interval against the
-      prediction, the measured α, κ = the cost model's measured error,
-      the candidates predicted again, the `auto:` line) (absent for other
+      prediction, the measured α, κ = the cost model's measured error
+      for the choice's family, the candidates predicted again, each with
+      its `basis`, the `auto:` line) (absent for other
       runs). A run that switched: the speed, token and call keys cover
       every batch; `accepted_histogram` counts every batch's calls padded
       to the largest γ any choice ran, and `gamma` is that γ; `alpha` is
@@ -305,6 +347,7 @@ class RunMetrics:
   bleu: Optional[Dict[str, float]] = _key(BLEU, None, omit_none=True)
   rouge: Optional[Dict[str, Dict[str, float]]] = _key(ROUGE, None,
                                                       omit_none=True)
+  quality_noise: Optional[Dict[str, Any]] = _key(OBJECT, None, omit_none=True)
   random_weights: Optional[bool] = _key(BOOL, None)
   backend: Optional[str] = _key(TEXT, None)
   device_kind: Optional[str] = _key(TEXT, None)
@@ -375,6 +418,24 @@ class RunMetrics:
         continue
       out[f.name] = value
     return out
+
+
+def speculation_keys(speculation: str,
+                     auto: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+  """metrics.json's (and infer.json's) `speculation` and `auto` keys, the
+  ones that are set: SPECULATION when not 'on' ('off': the target alone
+  decoded; 'auto': 'auto' chose a speculative mode), and 'auto''s record."""
+  out: Dict[str, Any] = {}
+  if speculation != "on":
+    out["speculation"] = speculation
+  if auto is not None:
+    out["auto"] = dict(auto)
+  return out
+
+
+def switched(auto: Optional[Mapping[str, Any]]) -> bool:
+  """Whether an `auto` record (metrics.json's) switched choices."""
+  return bool(auto and auto.get("switches"))
 
 
 def load(text: str) -> RunMetrics:

@@ -273,7 +273,8 @@ def price_tree_calls(args: Any, drafter, target, batch: jax.Array, fill: int,
   branches of γ guesses (and its rollback to one branch), divided by γ.
 
   Args:
-    args: the run's arguments (ACCEPTANCE='tree': γ, TREE_WIDTH, ...).
+    args: the run's arguments (γ, and its decode mode a tree's:
+      `decode_modes.TreeMode`, its width and draws).
     drafter: the run's drafter (a draft model or `ModelDrafter`).
     target: the target model (a `protocols.TreeTarget`).
     batch: [B, S] the encoder inputs.
@@ -281,14 +282,15 @@ def price_tree_calls(args: Any, drafter, target, batch: jax.Array, fill: int,
     context: [B, T] the target's own output for `batch`.
     pricing: the clock and its sizes (`Pricing`).
   """
-  gamma, width = int(args.gamma), int(args.tree_width)
+  tree = args.decode_mode
+  gamma, width = int(args.gamma), int(tree.width)
   nodes = 1 + width * gamma
   cache_len = args.max_decode_length + nodes
   draft_len = args.max_decode_length + gamma + 1
   fill = min(max(1, fill), args.max_decode_length - 1)
   inputs = jnp.asarray(multihost.to_host(batch), jnp.int32)
   tree_drafter = tree_drafters.as_tree_drafter(drafter,
-                                               args.tree_without_replacement)
+                                               tree.without_replacement)
   buffer = _context_buffer(context, gamma)
   # A feature-level draft: the tree call on the target keeping its hidden
   # states, the draft given them over the context (`step_costs`).
@@ -313,9 +315,9 @@ def price_tree_calls(args: Any, drafter, target, batch: jax.Array, fill: int,
 
 def price_tree_shapes(args: Any, drafter, target, batch: jax.Array, fill: int,
                       context: jax.Array, *, gamma: int, widths: Sequence[int],
-                      nodes: Sequence[int],
+                      nodes: Sequence[int], without_replacement: bool,
                       pricing: Pricing = PRICING) -> Dict[str, Any]:
-  """What GAMMA='auto' / TREE_WIDTH='auto' price (`auto_tree`): one target
+  """What the 'auto' choices price for trees (`price_cache`): one target
   step, the tree call over each N in `nodes` and one depth of the k-branch
   draft for each k in `widths`, in seconds, interleaved
   (`timing.call_seconds`, the one-token step the reference).
@@ -326,11 +328,13 @@ def price_tree_shapes(args: Any, drafter, target, batch: jax.Array, fill: int,
   max(nodes) slots, the draft's max_decode_length + γ + 1, filled to `fill`.
 
   Args:
-    args: the run's arguments (its sampling method; TREE_WITHOUT_REPLACEMENT).
+    args: the run's arguments (its sampling method).
     drafter, target, batch, fill, context: as `price_tree_calls`.
     gamma: the guesses per branch the draft is priced at.
     widths: the k to price the draft at.
     nodes: the N to price the tree call at (1: the step itself).
+    without_replacement: how the trees draw their first guesses
+      (TREE_WITHOUT_REPLACEMENT).
     pricing: the clock and its sizes (`Pricing`).
 
   Returns:
@@ -350,8 +354,7 @@ def price_tree_shapes(args: Any, drafter, target, batch: jax.Array, fill: int,
     calls[f"tree_{n}"] = (TreeCall(target, parents), n)
   for k in widths:
     proposer = TreeProposer(
-        tree_drafters.as_tree_drafter(drafter, args.tree_without_replacement),
-        int(k))
+        tree_drafters.as_tree_drafter(drafter, without_replacement), int(k))
     state = jax.jit(lambda d, x, e: d.init(x, draft_len, e))(proposer, inputs,
                                                              encoder_output)
     calls[f"draft_{k}"] = (timing.Proposer(proposer, state, buffer,

@@ -152,7 +152,7 @@ def call_seconds(calls: Mapping[str,
   the same round. Under a bursty load on a 2-core CPU that kept the
   K = 4 / K = 1 ratio within 1.20–2.15 over 15 repeats, where back-to-back
   timings (16 calls, 5 repeats each) ranged over 0.56–3.53
-  (`scripts/benchmark_timing_noise.py`).
+  (`python -m tools.benchmarks.timing_noise`).
 
   Args:
     calls: name -> (model, k): a `T5Model` (or anything with `start` and

@@ -9,7 +9,7 @@ semantics) and feed them as consecutive rows of their block (`DataLayout`,
 outputs are gathered after each batch (`to_host`).
 """
 import dataclasses
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
@@ -203,23 +203,16 @@ class Feeder:
     longest = max(int(self.shared.lengths[i]) if i >= 0 else 1 for i in fed)
     return min(self.width, -(-longest // self.bucket) * self.bucket)
 
-  def _first_widths(self, batches: int) -> List[int]:
-    """The widths of the first `batches` batches (at least one)."""
-    return [
+  def common_width(self, batches: int) -> int:
+    """The most common width of the first `batches` batches (at least one;
+    a tie: the narrower): the one width a pilot pads its batches to, so
+    that it compiles its decoder once and a timed pilot times this run's
+    usual shape (a wider one would time every step's attention over
+    padding)."""
+    widths = [
         self.batch_width(b)
         for b in range(min(max(int(batches), 1), self.num_batches))
     ]
-
-  def widest(self, batches: int) -> int:
-    """The widest of the first `batches` batches: the one width an untimed
-    pilot pads them to, so that it compiles its decoder once."""
-    return max(self._first_widths(batches))
-
-  def common_width(self, batches: int) -> int:
-    """The most common width of the first `batches` batches (a tie: the
-    narrower): a timed pilot's, whose batches are then this run's usual
-    shape (a wider one would time every step's attention over padding)."""
-    widths = self._first_widths(batches)
     return min(set(widths), key=lambda w: (-widths.count(w), w))
 
   def host_rows(self, batch: int, width: Optional[int] = None) -> np.ndarray:
@@ -261,11 +254,6 @@ class Feeder:
     """Rows of batch `batch` with real examples, in example order: the
     outputs to keep (`to_host(out)[rows]`)."""
     return self.layout.kept_rows(batch, self.num_examples)
-
-  def batches(self) -> Iterator[Tuple[jax.Array, np.ndarray]]:
-    """(batch [B, width] on the mesh, rows to keep) for every batch."""
-    for b in range(self.num_batches):
-      yield self.batch(b), self.kept_rows(b)
 
 
 def to_host(tree: Any) -> Any:

@@ -1,5 +1,6 @@
 """Reading a results folder: every run's metrics.json (`RunMetrics`), the
-alpha.json beside it, and predictions.jsonl records.
+alpha.json beside it, and predictions.jsonl records (T5X's layout, which
+`run` writes, and the older ones, read into one set of names).
 
 Each check raises `ReportError` naming the file (and line), so the report
 stops with one line before anything is written.
@@ -11,7 +12,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from specdec_jax.files import io_utils
 from specdec_jax.metrics import run_metrics
-from specdec_jax.experiment import auto_switch
 from specdec_jax.experiment import decode_modes
 
 
@@ -56,13 +56,13 @@ def left_out(metrics: Dict[str, Any]) -> Optional[str]:
   mode = decode_modes.of_metrics(metrics)
   if mode.beam:
     return ("a DECODE='beam' run (Theorem 3.8 models sampling one sequence; "
-            "tabulate beams with scripts/beam_table.py)")
+            "tabulate beams with `python -m tools.beam_table`)")
   if mode.target_alone:
     return "a SPECULATION='off' run (the target alone: nothing drafted, no c)"
   if metrics.get("call_cost_priced") is False:
     return ("a PRICE_CALL_COST=False run (no c, no Theorem 3.8; re-run it "
             "with PRICE_CALL_COST=True)")
-  if auto_switch.switched(metrics.get("auto")):
+  if run_metrics.switched(metrics.get("auto")):
     return ("a SPECULATION='auto' run that switched decode modes between "
             "batches (its auto.segments has each setting's numbers)")
   return None
@@ -127,7 +127,7 @@ def load_results(results_dir: str,
     raise ReportError(
         f"{results_dir}: only DECODE='beam' runs ({beams}), which the "
         "report leaves out (its tables are Theorem 3.8's); tabulate them "
-        "with scripts/beam_table.py")
+        "with `python -m tools.beam_table`")
   if not runs and unpriced:
     raise ReportError(
         f"{results_dir}: only PRICE_CALL_COST=False runs ({unpriced}), which "
@@ -173,19 +173,59 @@ def _check_entries(where: str, key: str, value: Any,
                         f"{entry!r}")
 
 
-def check_prediction(path: str, lineno: int, ex: Any) -> Dict[str, Any]:
-  """Validates one predictions.jsonl record (the fields the report uses).
+def _flat(where: str, ex: Dict[str, Any]) -> Dict[str, Any]:
+  """A predictions.jsonl row in the report's names (`check_prediction`),
+  whichever layout wrote it."""
+  inputs = ex.get("inputs")
+  if isinstance(inputs, str):  # MODE='infer' before T5X's `inputs` object
+    names = {
+        "inputs": "input",
+        "targets": "reference",
+        "prediction": "speculative"
+    }
+    return {names.get(k, k): v for k, v in ex.items()}
+  if inputs is None:  # MODE='walltime' before T5X's layout: the report's
+    return ex
+  if not (isinstance(inputs, dict) and
+          all(isinstance(v, str) for v in inputs.values())):
+    raise ReportError(f"{where}: 'inputs' must be an object of texts (T5X's "
+                      f"*_pretokenized features), got {inputs!r}")
+  if not isinstance(ex.get("prediction"), str):
+    raise ReportError(f"{where}: 'prediction' must be a text, got "
+                      f"{ex.get('prediction')!r}")
+  aux = ex.get("aux", {})
+  if not isinstance(aux, dict):
+    raise ReportError(f"{where}: 'aux' must be an object, got {aux!r}")
+  flat = {
+      "input": inputs.get(run_metrics.INPUTS_FEATURE),
+      "reference": inputs.get(run_metrics.TARGETS_FEATURE),
+      "speculative": ex["prediction"],
+      **aux
+  }
+  return {k: v for k, v in flat.items() if v is not None}
 
-  Schema: {"index", "input", "reference", "baseline", "speculative",
-  "accepted_counts": [int per target call], "trace": [{"draft_tokens":
-  [str], "num_accepted": int, "target_token": str or null}] (one per target
-  call), "timeline": optional, older runs only [{"kind": "draft" |
-  "target", "start_s", "end_s"}]}.
+
+def check_prediction(path: str, lineno: int, ex: Any) -> Dict[str, Any]:
+  """Validates one predictions.jsonl record (the fields the report uses)
+  and returns it in the report's names.
+
+  The rows `run` writes (T5X's layout, `experiment.predictions.row`):
+  {"inputs": {"inputs_pretokenized", "targets_pretokenized"}, "prediction":
+  the speculative text, "aux": {"index", "baseline" (walltime),
+  "target_calls", "accepted_counts": [int per target call], "trace":
+  [{"draft_tokens": [str], "num_accepted": int, "target_token": str or
+  null}] (one per target call)}}. Returned as the report reads every
+  layout: {"index", "input", "reference", "baseline", "speculative",
+  "target_calls", "accepted_counts", "trace", and "timeline": older runs
+  only [{"kind": "draft" | "target", "start_s", "end_s"}]}. Older rows are
+  read too: MODE='walltime''s, already in those names, and MODE='infer''s
+  ("inputs" a text, "prediction", "targets").
   """
   where = f"{path}:{lineno}"
   if not isinstance(ex, dict):
     raise ReportError(f"{where}: expected a JSON object per line, got "
                       f"{type(ex).__name__}")
+  ex = _flat(where, ex)
   counts = ex.get("accepted_counts")
   if counts is not None and not (isinstance(counts, list) and all(
       isinstance(n, int) and not isinstance(n, bool) and n >= 0

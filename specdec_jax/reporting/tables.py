@@ -12,6 +12,7 @@ import io
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from specdec_jax.metrics import analysis
+from specdec_jax.metrics import run_metrics
 
 # T5 model sizes, smallest first, to order drafts as in the paper's tables.
 _SIZE_ORDER = ("tiny", "mini", "small", "base", "large", "xl", "xxl")
@@ -147,12 +148,24 @@ def _table2_md_rows(rows, multi_target: bool,
         _optional(r.get("theoretical_speedup_measured_call_cost"), "{:.2f}X"),
         _optional(_efficiency(r), "{:.2f}"),
     ]
-    cells += ([q[0], f"{q[1]:.2f}", f"{q[2]:.2f}"] if q else ["–"] * 3)
+    cells += ([q[0], f"{q[1]:.2f}", f"{q[2]:.2f}" +
+               _p_words(r)] if q else ["–"] * 3)
     cells.append(_greedy_cell(r))
     if drafting:
       cells += _drafting_cells(r)
     out.append(cells)
   return out
+
+
+def _p_value(r: Mapping[str, Any]) -> Optional[float]:
+  """metrics.json's paired-bootstrap p of the quality difference (T > 0
+  with BLEU), or None."""
+  return (r.get("quality_noise") or {}).get("p_value")
+
+
+def _p_words(r: Mapping[str, Any]) -> str:
+  p = _p_value(r)
+  return "" if p is None else f" (p {p:.2f})"
 
 
 def _optional(value: Optional[float], fmt: str) -> str:
@@ -182,9 +195,9 @@ def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
   """table2.md of `annotate_best`'s rows."""
   multi_target = len({r["target_model"] for r in rows}) > 1
   header = ["TASK"] + (["M_p"] if multi_target else []) + [
-      "M_q", "TEMP", "γ", "α", "c", "CALL COST", "TOKENS/CALL", "SPEED",
-      "THEORY (Thm 3.8)", "THEORY (measured call)", "EFFICIENCY", "METRIC",
-      "BASELINE", "SPECULATIVE", "GREEDY IDENTICAL"
+      "M_q", "TEMP", "γ", "α", "c", "CALL COST", "TOKENS/CALL", "SPEED", _IDEAL,
+      _MEASURED, "EFFICIENCY", "METRIC", "BASELINE", "SPECULATIVE",
+      "GREEDY IDENTICAL"
   ]
   targets = ", ".join(sorted({_target_name(r) for r in rows}))
   md = [
@@ -193,13 +206,20 @@ def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
       f"Target model(s) M_p: {targets}. One row per (task, M_q, TEMP) at the "
       "draft's best measured γ; ⋆ marks the best draft per (task, M_p, TEMP) "
       "(highest SPEED). SPEED is the measured walltime improvement over "
-      "standard decoding; THEORY is Theorem 3.8 at the run's α and c, with "
-      "a (γ+1)-token target call costing one step as the theorem assumes, "
-      "and with the CALL COST measured (that call / one step, interleaved); "
-      "EFFICIENCY is SPEED / THEORY (measured call). TOKENS/CALL: tokens "
-      "per target call. METRIC compares baseline and speculative outputs "
-      "(BLEU or ROUGE-Lsum); GREEDY IDENTICAL: examples whose speculative "
-      "tokens equal the target's (T = 0).",
+      "standard decoding; α is the run's kept guesses / acceptance trials "
+      "(metrics.json's alpha, as `run`'s summary prints it). At the run's "
+      f"α and c, {_IDEAL} is \"{run_metrics.IDEAL_THEORY_NAME}\" (a "
+      "(γ+1)-token target call costing one step, as the theorem assumes) "
+      f"and {_MEASURED} is \"{run_metrics.MEASURED_THEORY_NAME}\" (the "
+      "CALL COST measured: that call / one step, interleaved; "
+      "ACCEPTANCE='tree': "
+      f"\"{run_metrics.TREE_THEORY_NAME}\"); EFFICIENCY is SPEED / "
+      f"{_MEASURED}. TOKENS/CALL: tokens per target call. METRIC compares "
+      "baseline and speculative outputs (BLEU or ROUGE-Lsum); at TEMP > 0 "
+      "they are different samples of the same distribution, so they differ "
+      "by sampling noise (p: sacrebleu's paired bootstrap over the "
+      "examples, metrics.json's quality_noise). GREEDY IDENTICAL: examples "
+      "whose speculative tokens equal the target's (T = 0).",
       "",
       _md_table(
           header,
@@ -220,14 +240,18 @@ def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
   return "\n".join(md)
 
 
+# The theory columns; the caption gives each its name (`run_metrics`).
+_IDEAL = "THM 3.8 AT CALL COST 1"
+_MEASURED = "THM 3.8 AT MEASURED CALL COST"
+
 _CSV_FIELDS = [
     "task", "target_model", "draft_model", "temperature", "gamma", "alpha",
     "alpha_beta", "alpha_sampled", "speedup", "theoretical_speedup",
     "cost_coefficient_c", "verification_cost_ratio",
     "theoretical_speedup_measured_call_cost", "tokens_per_target_call",
     "greedy_identical_examples", "quality_metric", "quality_baseline",
-    "quality_speculative", "best_gamma_for_draft", "starred", "synthetic",
-    "drafter", "lenience", "exact", *_BOUND_KEYS, "run_name"
+    "quality_speculative", "quality_p_value", "best_gamma_for_draft", "starred",
+    "synthetic", "drafter", "lenience", "exact", *_BOUND_KEYS, "run_name"
 ]
 
 
@@ -242,7 +266,8 @@ def _table2_csv(rows: Sequence[Dict[str, Any]]) -> str:
     rec = dict(
         r, tokens_per_target_call=measured_tokens_per_call(r),
         quality_metric=q[0], quality_baseline=q[1], quality_speculative=q[2],
-        synthetic=bool(r.get("synthetic")), drafter=r.get("drafter") or "model",
+        quality_p_value=_p_value(r), synthetic=bool(r.get("synthetic")),
+        drafter=r.get("drafter") or "model",
         lenience=1.0 if lenience is None else lenience, exact=r.get("exact")
         is not False,
         **{k: (r.get("per_iteration_gamma") or {}).get(k) for k in _BOUND_KEYS})
@@ -289,15 +314,17 @@ def render_table4(runs: Sequence[Dict[str, Any]]) -> str:
                    f"{recomputed:.3f}.")
   header = [
       "TASK", "M_q", "TEMP", "γ", "α", "c", "TOKENS/CALL", "E[TOKENS/CALL]",
-      "SPEED", "THEORY", "SPEED/THEORY"
+      "SPEED", _IDEAL, "SPEED/THM 3.8"
   ]
   md = [
       "# Table 4: measured vs theoretical",
       "",
       "TOKENS/CALL: measured tokens per speculative target-model call; "
-      "E[TOKENS/CALL]: Equation (1), (1 − α^(γ+1)) / (1 − α). SPEED: measured "
-      "walltime improvement; THEORY: Theorem 3.8, (1 − α^(γ+1)) / ((1 − α)"
-      "(γc + 1)), recomputed from each run's α, γ and c.",
+      "E[TOKENS/CALL]: Equation (1), (1 − α^(γ+1)) / (1 − α), at α = kept "
+      "guesses / acceptance trials. SPEED: measured walltime improvement; "
+      f"{_IDEAL}: \"{run_metrics.IDEAL_THEORY_NAME}\", "
+      "(1 − α^(γ+1)) / ((1 − α)(γc + 1)), recomputed from each run's α, γ "
+      "and c.",
       "",
       _md_table(header, table),
   ]

@@ -1,16 +1,15 @@
 """Adaptive γ (paper §3.5): a model drafter that stops when unsure.
 
-* Exactness through the decoder: greedy identity for γ ∈ {3, 7} and
-  batch 1 (γ = 1 cannot stop early: it is the plain model drafter, whose
-  γ ∈ {1, 3, 7} test_decoding.py covers); the target's distribution at
-  T > 0 with and without top-k/top-p (drafter_helpers).
 * Bookkeeping by hand (strict scripted target drafting for itself): rows
   stop where the draft is unsure, keep all their guesses, catch up after a
   full acceptance, and α counts only real guesses.
 * The draft loop ends as soon as every row has stopped.
 * The §3.5 bound and GAMMA='auto''s choice (Theorem 3.8).
 
-The n-gram drafter's adaptive γ is tested with it in test_drafters.py.
+Exactness through the decoder (greedy identity for γ ∈ {3, 7} and batch 1,
+the target's distribution at T > 0 with and without top-k/top-p; γ = 1
+cannot stop early) is the drafter contract's: test_drafter_contract.py,
+for this drafter and the n-gram drafter's adaptive γ.
 """
 import jax
 import jax.numpy as jnp
@@ -20,54 +19,11 @@ import pytest
 from specdec_jax.metrics import analysis
 from specdec_jax.core import decoding
 from specdec_jax.core import drafters
-from specdec_jax.experiment import auto_gamma
 from specdec_jax.core import sampling
 
 from decoding_helpers import ScriptedTarget
-from drafter_helpers import GAMMAS
-from drafter_helpers import METHOD_IDS
-from drafter_helpers import METHODS
-from drafter_helpers import check_distribution
-from drafter_helpers import check_greedy_identity
 
 NONE = drafters.NO_GUESS
-
-
-def _adaptive(threshold):
-  return lambda draft, corpus: drafters.ModelDrafter(
-      draft, confidence_threshold=threshold)
-
-
-def _assert_suffixes(draft_tokens):
-  guessed = np.asarray(draft_tokens) != NONE
-  assert not np.any(np.diff(guessed.astype(int), axis=-1) > 0)
-  return guessed
-
-
-@pytest.mark.parametrize("gamma", [g for g in GAMMAS if g > 1])
-def test_greedy_identity(gamma):
-  out = check_greedy_identity(_adaptive(0.6), gamma)
-  guessed = _assert_suffixes(out.trace_draft_tokens)
-  stats = out.statistics()
-  assert 0.0 < stats["alpha_hat"] < 1.0, stats
-  # Iterations stopped early, after one guess or more.
-  calls = np.asarray(out.target_calls)
-  made = np.concatenate(
-      [guessed[b, :calls[b]].sum(-1) for b in range(len(calls))])
-  assert made.min() < gamma and made.max() > 1, made
-
-
-def test_greedy_identity_batch_of_one():
-  for row in (0, 1):
-    check_greedy_identity(_adaptive(0.6), 3, row=row, statistics=False)
-
-
-@pytest.mark.parametrize("method", METHODS, ids=METHOD_IDS)
-def test_output_has_the_target_distribution(method):
-  out = check_distribution(_adaptive(0.5), method, gamma=3)
-  guessed = _assert_suffixes(out.trace_draft_tokens)
-  assert 0 < guessed.sum() < guessed.size
-
 
 # ---------------------------------------------------------------------------
 # By hand: V = 8, γ = 4, max_decode_length = 10. The target drafts for
@@ -156,18 +112,15 @@ def test_per_iteration_gamma_bound_by_hand():
     analysis.per_iteration_gamma_bound([1, 4], [2, 3], 4, 0.1, tokens=5)
 
 
-def test_choose_gamma_prices_the_verification_call():
+def test_optimal_gamma_prices_the_verification_call():
   # A near-free drafter (c = 0) at α = 0.8: with the theorem's one-step
   # call the longest γ wins; when a (γ+1)-token call costs 1 + 0.2 γ steps,
   # (1 - 0.8^(γ+1)) / (0.2 (1 + 0.2 γ)) peaks at γ = 4.
-  assert auto_gamma.best_gamma(0.8, 0.0) == auto_gamma.AUTO_GAMMA_MAX
-  costs = auto_gamma.call_costs(
-      {k: 1.0 + 0.2 * (k - 1) for k in auto_gamma.AUTO_GAMMA_CALL_KS})
-  assert costs == pytest.approx(1 + 0.2 * np.arange(1, 13))
+  assert analysis.optimal_gamma(0.8, 0.0, max_gamma=12) == 12
+  costs = 1 + 0.2 * np.arange(1, 13)
   speedups = [(1 - 0.8**(g + 1)) / (0.2 * (1 + 0.2 * g)) for g in range(1, 13)]
-  assert auto_gamma.best_gamma(0.8, 0.0,
-                               costs) == 1 + int(np.argmax(speedups)) == 4
-  with pytest.raises(ValueError, match="needs K=1"):
-    auto_gamma.call_costs({2: 1.0, 4: 2.0})
+  assert analysis.optimal_gamma(
+      0.8, 0.0, max_gamma=12,
+      call_costs=costs) == 1 + int(np.argmax(speedups)) == 4
   with pytest.raises(ValueError, match=r"call_costs has shape \(3,\)"):
     analysis.optimal_gamma(0.8, 0.0, max_gamma=12, call_costs=[1, 1, 1])

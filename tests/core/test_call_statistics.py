@@ -9,24 +9,24 @@ from specdec_jax.core import sampling
 from specdec_jax.core.decoding import beam_decoders
 from specdec_jax.core.decoding.outputs import CallStatistics
 
-from conftest import perturbed
-from conftest import random_model
-from conftest import tiny_config
+from conftest import GREEDY_LEN
+from conftest import greedy_world
 
-GAMMA = 2
-MAX_LEN = 7
+GAMMA = 3
 
 
 @pytest.fixture(scope="module")
 def outputs():
-  """{name: output} of the five decoders on one tiny pair and batch."""
-  config = tiny_config(vocab_size=32)
-  target = random_model(config, seed=1)
-  draft = perturbed(target, scale=0.3, seed=2)
-  enc = np.random.default_rng(0).integers(2, 32, size=(3, 5)).astype(np.int32)
+  """{name: output} of the five decoders on conftest's greedy world (the
+  target-alone, token and tree programs of test_decoding.py's and
+  test_tree_acceptance.py's greedy tests)."""
+  world = greedy_world()
+  target, draft, enc = world.target, world.draft, world.inputs
   rng = jax.random.PRNGKey(0)
-  greedy = dict(max_decode_length=MAX_LEN, method=sampling.Greedy(), eos_id=5)
-  beam = dict(beam_size=2, max_decode_length=MAX_LEN, alpha=0.6, eos_id=5)
+  greedy = dict(max_decode_length=GREEDY_LEN, method=sampling.Greedy(),
+                eos_id=world.eos)
+  beam = dict(beam_size=2, max_decode_length=GREEDY_LEN, alpha=0.6,
+              eos_id=world.eos)
   return {
       "target alone": decoding.baseline_decoder(target, **greedy)(enc, rng),
       "token": decoding.speculative_decoder(target, draft, gamma=GAMMA,

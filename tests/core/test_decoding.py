@@ -31,46 +31,30 @@ from specdec_jax.core import models
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import loops
 
+from conftest import DIST_EOS
+from conftest import DIST_STEPS
+from conftest import GREEDY_LEN
 from conftest import REPO
-from conftest import perturbed
+from conftest import distribution_world
+from conftest import greedy_world
 from conftest import random_model
 from conftest import tiny_config
-from decoding_helpers import chisquare_pvalue
-from decoding_helpers import model_sequence_distribution
 
 SIGNIFICANCE = 1e-3
 
 # ---------------------------------------------------------------------------
 # Greedy identity.
 # ---------------------------------------------------------------------------
-MAX_LEN = 14
+MAX_LEN = GREEDY_LEN
 
 
 @pytest.fixture(scope="module")
 def greedy_setup():
-  config = tiny_config(vocab_size=32)
-  target = random_model(config, seed=11)
-  # A noisy copy agrees with the target on many but not all tokens, so both
-  # the accept and the reject paths are exercised.
-  draft = perturbed(target, scale=0.2, seed=12)
-  rng = np.random.default_rng(1)
-  inputs = rng.integers(2, 32, size=(4, 6)).astype(np.int32)
-  inputs[2, 3:] = 0
-  # Pick an EOS id that one row emits early and another late (or never),
-  # from the target's own greedy output with no EOS.
-  free = np.asarray(
-      decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
-                                  max_decode_length=MAX_LEN, eos_id=-1).tokens)
-
-  def first(tok, row):
-    hits = np.flatnonzero(free[row] == tok)
-    return hits[0] if hits.size else MAX_LEN
-
-  for tok in range(2, 32):
-    firsts = [first(tok, r) for r in range(4)]
-    if min(firsts) <= 2 and max(firsts) >= MAX_LEN - 4:
-      return target, draft, inputs, tok
-  raise AssertionError("no token ends one row early and another late")
+  """conftest's greedy world: EOS ends one row early and another late, and
+  the draft agrees with the target on many but not all tokens, so both the
+  accept and the reject paths are exercised."""
+  world = greedy_world()
+  return world.target, world.draft, world.inputs, world.eos
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 7])
@@ -139,17 +123,8 @@ def test_new_inputs_and_eos_do_not_recompile(greedy_setup):
 # ---------------------------------------------------------------------------
 # Distribution exactness at temperature > 0.
 # ---------------------------------------------------------------------------
-VOCAB = 5
-STEPS = 3
-SAMPLES = 12_000
-EOS = 1
-
-
-def _exact_sequence_distribution(model, inputs, temperature, top_k, top_p):
-  """P(first STEPS tokens) by enumeration of every prefix (EOS ends early):
-  {tuple(tokens, 0-padded after EOS): probability}."""
-  return model_sequence_distribution(model, inputs, (temperature, top_k, top_p),
-                                     VOCAB, STEPS, EOS)
+STEPS = DIST_STEPS
+EOS = DIST_EOS
 
 
 @pytest.mark.parametrize(
@@ -165,30 +140,18 @@ def _exact_sequence_distribution(model, inputs, temperature, top_k, top_p):
     ])
 def test_speculative_matches_target_distribution(temperature, top_k, top_p,
                                                  gamma):
-  config = tiny_config(vocab_size=VOCAB)
-  # Scaled-up logits make the distributions far from uniform (top-k/top-p
-  # then cut real mass) and far from the draft's.
-  target = random_model(config, seed=21)
-  draft = random_model(config, seed=22)
-  inputs = np.array([[3, 4, 2, 1]], np.int32)
-  exact = _exact_sequence_distribution(target, inputs, temperature, top_k,
-                                       top_p)
-  assert abs(sum(exact.values()) - 1.0) < 1e-5
-  assert len(exact) >= 8, exact  # A distribution worth testing.
+  """conftest's distribution world; a random draft of its config. Its
+  scaled-up logits make the distributions far from uniform (top-k/top-p
+  then cut real mass) and far from the draft's."""
+  world = distribution_world()
+  draft = random_model(world.target.config, seed=22)
   out = decoding.speculative_sample(
-      target, draft, np.repeat(inputs, SAMPLES, axis=0),
+      world.target, draft, world.rows(),
       jax.random.PRNGKey(int(temperature * 10) + top_k + gamma), gamma=gamma,
       max_decode_length=STEPS, temperature=temperature, top_k=top_k,
       top_p=top_p, eos_id=EOS)
-  tokens = np.asarray(out.tokens)
-  keys = sorted(exact)
-  index = {k: i for i, k in enumerate(keys)}
-  observed = np.zeros(len(keys))
-  for row in map(tuple, tokens):
-    assert row in index, f"sequence {row} has probability 0 under the target"
-    observed[index[row]] += 1
-  expected = np.array([exact[k] for k in keys])
-  assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
+  method = sampling.Sampling(temperature, top_k=top_k, top_p=top_p)
+  assert world.pvalue(out.tokens, method) > SIGNIFICANCE
   # The draft really disagrees with the target, so rejections happened.
   alpha = out.statistics()["alpha_hat"]
   assert 0.1 < alpha < 0.95, alpha
@@ -196,21 +159,12 @@ def test_speculative_matches_target_distribution(temperature, top_k, top_p,
 
 def test_baseline_matches_target_distribution():
   """The baseline sampler itself samples the enumerated distribution."""
-  config = tiny_config(vocab_size=VOCAB)
-  target = random_model(config, seed=21)
-  inputs = np.array([[3, 4, 2, 1]], np.int32)
-  exact = _exact_sequence_distribution(target, inputs, 1.0, 0, 1.0)
-  out = decoding.temperature_sample(target, np.repeat(inputs, SAMPLES, axis=0),
+  world = distribution_world()
+  out = decoding.temperature_sample(world.target, world.rows(),
                                     jax.random.PRNGKey(5),
                                     max_decode_length=STEPS, temperature=1.0,
                                     eos_id=EOS)
-  keys = sorted(exact)
-  counts = {k: 0 for k in keys}
-  for row in map(tuple, np.asarray(out.tokens)):
-    counts[row] += 1
-  observed = np.array([counts[k] for k in keys], float)
-  expected = np.array([exact[k] for k in keys])
-  assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
+  assert world.pvalue(out.tokens, sampling.Sampling(1.0)) > SIGNIFICANCE
 
 
 # ---------------------------------------------------------------------------

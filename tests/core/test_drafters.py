@@ -2,15 +2,13 @@
 
 * n-gram table construction and prompt-lookup matching: hand-written
   expectations.
-* Each drafter through the whole decoder (scripted target, see
-  drafter_helpers): greedy output == the target's alone (batch 4 and batch
-  1; γ ∈ {1, 3, 7} for the hierarchical drafter, whose inner loop depends
-  most on γ, and across the three tests for the others); at T > 0, with and
-  without top-k/top-p, the first tokens follow the target's enumerated
-  distribution (chi-square, 1e-3).
 * The hierarchical drafter proposes exactly the draft model's own greedy
   guesses (its inner loop keeps M_q's state right).
 * Bad input: clear errors.
+
+Their exactness through the decoder (greedy identity, the target's
+distribution, adaptive γ) is the drafter contract's:
+test_drafter_contract.py.
 """
 import jax
 import jax.numpy as jnp
@@ -23,11 +21,7 @@ from specdec_jax.core import sampling
 from specdec_jax.core.drafters import prompt_lookup
 
 from drafter_helpers import DIST_V
-from drafter_helpers import GAMMAS
 from drafter_helpers import GREEDY_V
-from drafter_helpers import METHOD_IDS
-from drafter_helpers import METHODS
-from drafter_helpers import check_distribution
 from drafter_helpers import check_greedy_identity
 from drafter_helpers import distribution_case
 
@@ -141,56 +135,13 @@ def test_prompt_lookup_rows_are_independent():
 
 
 # ---------------------------------------------------------------------------
-# Through the decoder: greedy identity and distribution.
-# make(draft_model, corpus) -> drafter, for the case's vocabulary.
+# The hierarchical drafter's guesses (scripted target, see drafter_helpers).
 # ---------------------------------------------------------------------------
-def _lookup(vocab):
-  return lambda draft, corpus: drafters.PromptLookupDrafter(
-      vocab=vocab, max_ngram=2)
-
-
-def _bigram(vocab, threshold=0.0):
-  return lambda draft, corpus: drafters.NGramDrafter(
-      drafters.build_ngram_table(corpus, vocab, order=2), threshold)
-
-
-def _hierarchical(inner, inner_gamma):
-  return lambda draft, corpus: drafters.HierarchicalDrafter(
-      draft, inner(draft, corpus), inner_gamma=inner_gamma)
-
-
-GREEDY_DRAFTERS = {
-    "bigram": _bigram(GREEDY_V),
-    "prompt_lookup": _lookup(GREEDY_V),
-    "hierarchical": _hierarchical(_lookup(GREEDY_V), 2),
-    "hierarchical_bigram": _hierarchical(_bigram(GREEDY_V), 3),
-}
-
-
-# Each γ is a compilation: γ ∈ GAMMAS (1, 3, 7) for the hierarchical drafter,
-# whose inner loop depends most on γ (γ < inner_gamma, several inner
-# iterations); the bigram drafter at 1 and 7 (3 in the batch-of-one test);
-# prompt lookup at 7, where guesses run past the input (3 in batch of one).
-@pytest.mark.parametrize("name,gamma", [
-    *[("hierarchical", g) for g in GAMMAS], ("bigram", 1), ("bigram", 7),
-    ("prompt_lookup", 7)
-])
-def test_greedy_identity(name, gamma):
-  stats = check_greedy_identity(GREEDY_DRAFTERS[name], gamma).statistics()
-  assert 0.0 < stats["alpha_hat"] < 1.0, stats  # Kept and rejected guesses.
-  if name == "bigram":  # Adaptive γ: the same program, rows stop early.
-    out = check_greedy_identity(_bigram(GREEDY_V, threshold=0.6), gamma)
-    guessed = np.asarray(out.trace_draft_tokens) != NONE
-    if gamma > 1:
-      assert 0 < guessed.sum() < guessed.size
-    assert not np.any(np.diff(guessed.astype(int), axis=-1) > 0)  # Suffix.
-
-
-@pytest.mark.parametrize("name",
-                         ["bigram", "prompt_lookup", "hierarchical_bigram"])
-def test_greedy_identity_batch_of_one(name):
-  for row in (0, 1):  # One row ends early, another late (greedy_case).
-    check_greedy_identity(GREEDY_DRAFTERS[name], 3, row=row, statistics=False)
+def _hierarchical(draft, corpus):
+  del corpus
+  return drafters.HierarchicalDrafter(
+      draft, drafters.PromptLookupDrafter(vocab=GREEDY_V, max_ngram=2),
+      inner_gamma=2)
 
 
 def test_hierarchical_proposes_the_draft_models_own_guesses():
@@ -199,38 +150,11 @@ def test_hierarchical_proposes_the_draft_models_own_guesses():
   outs = [
       check_greedy_identity(make, 3)
       for make in (lambda draft, corpus: drafters.ModelDrafter(draft),
-                   GREEDY_DRAFTERS["hierarchical"])
+                   _hierarchical)
   ]
   np.testing.assert_array_equal(outs[0].target_calls, outs[1].target_calls)
   np.testing.assert_array_equal(outs[0].trace_draft_tokens,
                                 outs[1].trace_draft_tokens)
-
-
-# Prompt lookup's guesses never read the method: what the method changes
-# for a deterministic drafter is the loop's (one-hot q), tested at T = 1 and
-# with top-p in test_speculative_loop.py; here it runs with top-k + top-p.
-@pytest.mark.parametrize(
-    "name,method", [
-        ("bigram", METHODS[0]),
-        ("bigram", METHODS[1]),
-        ("prompt_lookup", METHODS[1]),
-        ("hierarchical", METHODS[0]),
-        ("hierarchical_bigram", METHODS[1]),
-    ], ids=[f"bigram-{m}" for m in METHOD_IDS] + [
-        f"prompt_lookup-{METHOD_IDS[1]}", f"hierarchical-{METHOD_IDS[0]}",
-        f"hierarchical_bigram-{METHOD_IDS[1]}"
-    ])
-def test_output_has_the_target_distribution(name, method):
-  make = {
-      "bigram": _bigram(DIST_V),
-      "prompt_lookup": _lookup(DIST_V),
-      "hierarchical": _hierarchical(_lookup(DIST_V), 2),
-      "hierarchical_bigram": _hierarchical(_bigram(DIST_V), 2)
-  }[name]
-  check_distribution(make, method, gamma=2)
-  if name == "bigram":  # Adaptive γ: the same program.
-    out = check_distribution(_bigram(DIST_V, threshold=0.5), method, gamma=2)
-    assert np.any(np.asarray(out.trace_draft_tokens) == NONE)
 
 
 # ---------------------------------------------------------------------------

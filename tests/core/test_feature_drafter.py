@@ -8,11 +8,12 @@
   pass (the training path); q is 0 exactly off the head's tokens. A head
   restricted to fewer tokens gives q renormalised over them; a low-rank
   head is the SVD's best and the network reads it as its product.
-* Exactness through the loop: greedy identity with temperature_sample on
-  every row (γ 1, 3, 5; batch of 4 and of 1) and the target's distribution
-  at T = 1 and at T = 0.8 with top-k + top-p (chi-square, significance
-  1e-3, fixed seeds), with a head that leaves a token out; power: the same
-  check on the same draws from the lenient rule (not exact) fails.
+
+Exactness through the loop (greedy identity, γ 1, 3, 5, batch of 4 and of
+1; the target's distribution at T = 1 and with top-k + top-p, a head that
+leaves a token out; the lenient rule failing the same check) is the
+drafter contract's: test_drafter_contract.py. The shipped draft with the
+shipped 38M target: tests/e2e/test_feature_draft_e2e.py.
 """
 import functools
 
@@ -21,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.core import acceptance
 from specdec_jax.core import decoding
 from specdec_jax.core import drafters
 from specdec_jax.core.models import FeatureDraftModel
@@ -36,26 +36,7 @@ from specdec_jax.core.models.feature_drafter import shifted_features
 from conftest import jit_call
 from conftest import random_model
 from conftest import tiny_config
-from decoding_helpers import chisquare_pvalue
-import test_decoding
-
-MAX_LEN = 14
-SIGNIFICANCE = 1e-3
-
-
-def feature_draft(target, head_size: int, seed: int,
-                  scale: float = 1.0) -> FeatureDraftModel:
-  """A random feature draft for `target` whose head leaves out the last
-  vocab_size - head_size tokens but one (token 1, EOS, stays in)."""
-  vocab = target.config.vocab_size
-  config = FeatureDrafterConfig(vocab_size=vocab,
-                                feature_dim=target.config.emb_dim, emb_dim=8,
-                                num_heads=2, head_dim=4, mlp_dim=16,
-                                head_size=head_size)
-  params = init_feature_params(config, jax.random.PRNGKey(seed))
-  params = jax.tree_util.tree_map(lambda x: scale * x, params)
-  head = np.concatenate([np.arange(1, head_size), [vocab - 1]]).astype(np.int32)
-  return FeatureDraftModel.for_target(config, params, head, target.unpacked())
+from feature_helpers import feature_draft
 
 
 # ---------------------------------------------------------------------------
@@ -225,131 +206,3 @@ def test_a_low_rank_head_is_the_best_rank_r_head():
     low_rank_head(draft.config, draft.params, 8)
   with pytest.raises(ValueError, match="has rank 3 already"):
     low_rank_head(config, params, 2)
-
-
-# ---------------------------------------------------------------------------
-# Exactness through the loop.
-# ---------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def greedy_case():
-  target = random_model(tiny_config(vocab_size=8), seed=11)
-  # Seed 22: a random draft that agrees with the target's argmax on some
-  # guesses (α̂ 0.40 at γ = 3); the head leaves out tokens 0 and 6, and
-  # row 2's greedy output is all 0s, so those guesses are always rejected.
-  draft = feature_draft(target, 6, seed=22)
-  rng = np.random.default_rng(1)
-  inputs = rng.integers(2, 8, size=(4, 6)).astype(np.int32)
-  inputs[2, 3:] = 0
-  return target, draft, inputs
-
-
-@pytest.mark.parametrize("gamma", [1, 3, 5])
-def test_greedy_identity(greedy_case, gamma):
-  target, draft, inputs = greedy_case
-  base = decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
-                                     max_decode_length=MAX_LEN, eos_id=-1)
-  drafter = drafters.FeatureDrafter(draft)
-  spec = decoding.speculative_sample(target.with_features(), drafter, inputs,
-                                     jax.random.PRNGKey(1), gamma=gamma,
-                                     max_decode_length=MAX_LEN, eos_id=-1)
-  np.testing.assert_array_equal(spec.tokens, base.tokens)
-  np.testing.assert_array_equal(spec.lengths, base.lengths)
-  stats = spec.statistics()
-  assert 0.0 < stats["alpha_hat"] < 1.0, stats  # Kept and rejected.
-  if gamma == 3:  # Batch of one, each row alone.
-    for row in (0, 2):
-      one = decoding.speculative_sample(target.with_features(), drafter,
-                                        inputs[row:row + 1],
-                                        jax.random.PRNGKey(2), gamma=gamma,
-                                        max_decode_length=MAX_LEN, eos_id=-1)
-      np.testing.assert_array_equal(one.tokens, base.tokens[row:row + 1])
-
-
-def _sequence_counts(target, rule, temperature, top_k, top_p, gamma):
-  """(observed, expected, alpha_hat) of SAMPLES decodes of one input."""
-  draft = feature_draft(target, test_decoding.VOCAB - 1, seed=22, scale=3.0)
-  inputs = np.array([[3, 4, 2, 1]], np.int32)
-  exact = test_decoding._exact_sequence_distribution(  # pylint: disable=protected-access
-      target, inputs, temperature, top_k, top_p)
-  assert abs(sum(exact.values()) - 1.0) < 1e-5 and len(exact) >= 8
-  out = decoding.speculative_sample(
-      target.with_features(), drafters.FeatureDrafter(draft),
-      np.repeat(inputs, test_decoding.SAMPLES, axis=0),
-      jax.random.PRNGKey(7 + gamma), gamma=gamma,
-      max_decode_length=test_decoding.STEPS, temperature=temperature,
-      top_k=top_k, top_p=top_p, eos_id=test_decoding.EOS, acceptance=rule)
-  keys = sorted(exact)
-  index = {k: i for i, k in enumerate(keys)}
-  observed = np.zeros(len(keys))
-  for row in map(tuple, np.asarray(out.tokens)):
-    if rule is None:
-      assert row in index, f"sequence {row} has probability 0 under p"
-    if row in index:
-      observed[index[row]] += 1
-  expected = np.array([exact[k] for k in keys])
-  return observed, expected, out.statistics()["alpha_hat"]
-
-
-@pytest.mark.parametrize("temperature,top_k,top_p,gamma", [
-    (1.0, 0, 1.0, 3),
-    (0.8, 3, 0.9, 2),
-])
-def test_output_has_the_target_distribution(temperature, top_k, top_p, gamma):
-  target = random_model(tiny_config(vocab_size=test_decoding.VOCAB), seed=21)
-  observed, expected, alpha = _sequence_counts(target, None, temperature, top_k,
-                                               top_p, gamma)
-  assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
-  assert 0.1 < alpha < 0.95, alpha  # Kept and rejected.
-
-
-def test_power_a_lenient_rule_fails_the_same_check():
-  """The check above can fail: lenience 0.1 (not exact) on the same target,
-  draft and seed is rejected at the same significance."""
-  target = random_model(tiny_config(vocab_size=test_decoding.VOCAB), seed=21)
-  observed, expected, _ = _sequence_counts(
-      target, acceptance.LenientAcceptance(lenience=0.1), 1.0, 0, 1.0, 3)
-  assert chisquare_pvalue(observed, expected) < SIGNIFICANCE
-
-
-# ---------------------------------------------------------------------------
-# The shipped draft.
-# ---------------------------------------------------------------------------
-@pytest.mark.usefixtures("clean_gin")
-def test_shipped_feature_draft_loads_and_decodes_exactly():
-  """pretrained/multi30k/feature_1m: bfloat16 on disk (digests verified),
-  the config of its gin file, float32 after loading; with the 38M target,
-  greedy output identical and most guesses kept on a simple caption."""
-  import gin  # pylint: disable=g-import-not-at-top
-  from specdec_jax import checkpoints
-  from specdec_jax.config import gin_reader
-  from specdec_jax.config import gin_utils  # noqa: F401 (registers FeatureDrafterConfig)
-  from specdec_jax.data import vocab as vocab_lib
-  from specdec_jax.core.models import T5Model
-  from specdec_jax.core.models import param_shapes
-  from specdec_jax.checkpoints import feature_draft as feature_checkpoint
-  from conftest import REPO
-  shipped = REPO / "pretrained" / "multi30k"
-  ckpt = checkpoints.latest_checkpoint(str(shipped / "feature_1m"))
-  assert ckpt is not None
-  gin.parse_config_file(
-      str(REPO / "gin" / "models" / "multi30k_feature_drafter.gin"))
-  assert feature_checkpoint.read_config(ckpt) == FeatureDrafterConfig()  # pylint: disable=no-value-for-parameter
-  config = gin_reader.read_t5_config("models/multi30k_target_38m.gin")
-  params = checkpoints.load_t5x_params(
-      checkpoints.latest_checkpoint(str(shipped / "target_38m")),
-      expected=param_shapes(config)["params"], dtype=np.float32)
-  target = T5Model(config, {"params": params}).prepared_for_decoding()
-  draft = feature_checkpoint.load_draft_model(ckpt, target)
-  assert all(
-      x.dtype == np.float32 for x in jax.tree_util.tree_leaves(draft.params))
-  vocab = vocab_lib.get_vocabulary(str(shipped / "multi30k.model"), extra_ids=0)
-  ids = vocab.encode("A man in a blue shirt is riding a bicycle.") + [1]
-  inputs = np.asarray([ids], np.int32)
-  base = decoding.temperature_sample(target, inputs, jax.random.PRNGKey(0),
-                                     max_decode_length=16)
-  spec = decoding.speculative_sample(target.with_features(),
-                                     drafters.FeatureDrafter(draft), inputs,
-                                     jax.random.PRNGKey(0), gamma=4,
-                                     max_decode_length=16)
-  np.testing.assert_array_equal(spec.tokens, base.tokens)
-  assert float(spec.alpha_hat) > 0.5

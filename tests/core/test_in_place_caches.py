@@ -9,7 +9,7 @@ baseline keeps XLA's default, measured faster: `kernels`.)
 import jax
 import numpy as np
 
-from specdec_jax.benchmarking import hlo_ops
+from tools.benchmarks import iteration_hlo as hlo_ops
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import loops

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.benchmarking import beam as beam_benchmark
+from tools.benchmarks import beam as beam_benchmark
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import speculative_beam
 
@@ -26,7 +26,7 @@ MAX_LEN = 12
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def t5x_tiny():
   """(target, inputs [4, 10]): the T5X tiny fixture model and its inputs."""
   return load_tiny_target(), load_reference()["tiny_encoder_input_tokens"]
 
@@ -42,8 +42,8 @@ def baseline(target, inputs, k, alpha=0.6, eos_id=1):
     (2, 4, 3, None, "perturbed"),
     (4, 8, 2, 20, "random"),
 ])
-def test_identical_to_baseline_batched(tiny, k, u, gamma, rows, draft_kind):
-  target, inputs = tiny
+def test_identical_to_baseline_batched(t5x_tiny, k, u, gamma, rows, draft_kind):
+  target, inputs = t5x_tiny
   draft = (random_model(target.config.replace(num_decoder_layers=1), seed=2)
            if draft_kind == "random" else perturbed(target, 0.05, seed=1))
   # eos_id 78 is a token this random model emits often: beams finish, so
@@ -66,8 +66,8 @@ def test_identical_to_baseline_batched(tiny, k, u, gamma, rows, draft_kind):
   assert np.any(np.asarray(base.tokens) == 78)
 
 
-def test_identical_to_baseline_batch_one(tiny):
-  target, inputs = tiny
+def test_identical_to_baseline_batch_one(t5x_tiny):
+  target, inputs = t5x_tiny
   draft = perturbed(target, 0.05, seed=3)
   base = baseline(target, inputs, 4, alpha=0.0)
   for i in range(inputs.shape[0]):
@@ -78,11 +78,11 @@ def test_identical_to_baseline_batch_one(tiny):
                       base.scores[i:i + 1], f"sentence {i}")
 
 
-def test_perfect_draft_is_accepted_in_full(tiny):
+def test_perfect_draft_is_accepted_in_full(t5x_tiny):
   """The target as its own draft, every draft beam scored: each call but
   the last takes γ+1 steps (this fails if the draft's state lost track of
   the beams, which identity alone would not show)."""
-  target, inputs = tiny
+  target, inputs = t5x_tiny
   k = u = 2
   gamma = 3
   spec = speculative_beam.speculative_beam_search(target, target, inputs,
@@ -107,12 +107,12 @@ def _broken_match(match):
 
 
 @pytest.mark.parametrize("broken", ["no_membership_check", "no_threshold"])
-def test_accepting_unscored_steps_fails(tiny, monkeypatch, broken):
+def test_accepting_unscored_steps_fails(t5x_tiny, monkeypatch, broken):
   """Power: replaying a step without checking that each live beam was
   scored (taking another row's logits), or leaving unscored beams out
   without checking that they are below the step's 2k-th candidate, must
   break the identity."""
-  target, inputs = tiny
+  target, inputs = t5x_tiny
   draft = random_model(target.config.replace(num_decoder_layers=1), seed=2)
   if broken == "no_membership_check":
     monkeypatch.setattr(speculative_beam, "_match",
@@ -146,7 +146,7 @@ def test_bad_settings_are_named(kwargs, match):
 
 
 def test_benchmark_script_configurations():
-  """benchmarking.beam (scripts/benchmark_beam.py) times the baseline and
+  """tools.benchmarks.beam times the baseline and
   γ × u configurations (u as multiples of k, R = 2u unless given), and
   rejects bad counts."""
   args = beam_benchmark.parse_args(["--gammas", "2,3", "--widths", "1,2"])

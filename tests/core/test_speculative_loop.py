@@ -27,6 +27,7 @@ from decoding_helpers import ScriptedTarget
 from decoding_helpers import chisquare_pvalue
 from decoding_helpers import count_sequences
 from decoding_helpers import greedy_pair
+from decoding_helpers import overflow_checks
 from decoding_helpers import scripted_next_probs
 from decoding_helpers import sequence_distribution
 
@@ -140,15 +141,21 @@ def test_statistics_off_carries_the_algorithm_state_only(each_position):
   assert len(jax.tree_util.tree_leaves(state)) == 5
 
 
-def test_loop_never_writes_past_the_state_under_checkify(each_position):
-  """The stub asserts (checkify.debug_check) every chunk fits its state."""
-  target, drafter = each_position
-  loop = checkify.checkify(
+def _checked_loop():
+  """The loop under checkify, a fresh function (traced with the stubs'
+  overflow assertions inside `overflow_checks()`)."""
+  return checkify.checkify(
       jax.jit(
           functools.partial(decoding.speculative_loop, gamma=4,
                             max_decode_length=5, method=sampling.Greedy())))
-  err, out = loop(target, drafter, jnp.ones((5, 2), jnp.int32),
-                  jax.random.PRNGKey(0), jnp.int32(EOS))
+
+
+def test_loop_never_writes_past_the_state_under_checkify(each_position):
+  """The stub asserts (checkify.debug_check) every chunk fits its state."""
+  target, drafter = each_position
+  with overflow_checks():
+    err, out = _checked_loop()(target, drafter, jnp.ones((5, 2), jnp.int32),
+                               jax.random.PRNGKey(0), jnp.int32(EOS))
   assert err.get() is None
   np.testing.assert_array_equal(out.tokens, [[2, 3, 4, 5, 6]] * 5)
 
@@ -165,13 +172,32 @@ def test_a_drafter_overflowing_its_state_is_reported_under_checkify(
     def init(self, encoder_input_tokens, max_len, encoder_output=None):
       return drafters.ModelDrafter.init(self, encoder_input_tokens, 3)
 
-  loop = checkify.checkify(
-      jax.jit(
-          functools.partial(decoding.speculative_loop, gamma=4,
-                            max_decode_length=5, method=sampling.Greedy())))
-  err, _ = loop(target, ShortDrafter(target), jnp.ones((5, 2), jnp.int32),
-                jax.random.PRNGKey(0), jnp.int32(EOS))
+  with overflow_checks():
+    err, _ = _checked_loop()(target, ShortDrafter(target),
+                             jnp.ones((5, 2), jnp.int32), jax.random.PRNGKey(0),
+                             jnp.int32(EOS))
   assert "past max_len" in str(err.get())
+
+
+def test_a_stub_program_is_the_same_whatever_was_traced_before(each_position):
+  """Outside `overflow_checks()` the stubs trace no check: a traced checkify
+  check bakes a process-wide error code into the program, so the same loop
+  traced after another check was another program, which the persistent
+  compilation cache never served again (every scripted loop was compiled
+  in every run of the suite)."""
+  target, drafter = each_position
+
+  def lowered():
+    loop = jax.jit(
+        functools.partial(decoding.speculative_loop, gamma=4,
+                          max_decode_length=5, method=sampling.Greedy()))
+    return loop.lower(target, drafter, jnp.ones((5, 2), jnp.int32),
+                      jax.random.PRNGKey(0), jnp.int32(EOS)).as_text()
+
+  first = lowered()
+  # A check traced in between advances checkify's error codes.
+  checkify.checkify(lambda x: checkify.check(x > 0, "x <= 0"))(1.0)
+  assert lowered() == first
 
 
 # ---------------------------------------------------------------------------

@@ -36,9 +36,8 @@ from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.core.decoding.tree_acceptance import chain_parents
 from specdec_jax.core.decoding.tree_acceptance import TreeAcceptance
 
-from conftest import perturbed
-from conftest import random_model
-from conftest import tiny_config
+from conftest import GREEDY_LEN
+from conftest import greedy_world
 from decoder_only_helpers import DecoderOnlyLM
 from decoder_only_helpers import next_logits
 from decoding_helpers import chisquare_pvalue
@@ -375,23 +374,23 @@ def test_a_wrong_rule_fails_the_decoder_test():
 
 @pytest.fixture(scope="module")
 def tiny_pair():
-  """A tiny T5 target, a noisy copy as its draft, and 3 inputs (one padded):
-  the greedy tests' case (shared shapes: one program per width)."""
-  target = random_model(tiny_config(vocab_size=32), seed=1)
-  draft = perturbed(target, 0.3, seed=2)
-  enc = np.random.default_rng(0).integers(2, 32, size=(3, 5)).astype(np.int32)
-  enc[1, 3:] = 0
-  return target, draft, enc
+  """conftest's greedy world: a tiny T5 target, a noisy copy as its draft
+  and 4 inputs (one padded), shared with test_decoding.py's greedy tests
+  (the same target-alone program); one tree program per width."""
+  world = greedy_world()
+  return world.target, world.draft, world.inputs
 
 
-@pytest.mark.parametrize("width,eos", [(1, -1), (2, 1), (4, -1)])
+@pytest.mark.parametrize("width,eos", [(1, -1), (2, "world"), (4, -1)])
 def test_greedy_is_token_identical_to_the_target_alone(tiny_pair, width, eos):
   target, draft, enc = tiny_pair
+  eos = greedy_world().eos if eos == "world" else eos  # early and late
   ref = decoding.temperature_sample(target, enc, jax.random.PRNGKey(0),
-                                    max_decode_length=10, eos_id=eos)
+                                    max_decode_length=GREEDY_LEN, eos_id=eos)
   out = decoding.tree_speculative_sample(target, draft, enc,
                                          jax.random.PRNGKey(0), gamma=3,
-                                         tree_width=width, max_decode_length=10,
+                                         tree_width=width,
+                                         max_decode_length=GREEDY_LEN,
                                          eos_id=eos)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   np.testing.assert_array_equal(out.lengths, ref.lengths)
@@ -400,7 +399,7 @@ def test_greedy_is_token_identical_to_the_target_alone(tiny_pair, width, eos):
   # Each call's kept count, then -1: the histogram and calls agree with it.
   trace, calls = np.asarray(out.trace_num_accepted), np.asarray(
       out.target_calls)
-  for row in range(3):
+  for row in range(len(enc)):
     made = trace[row, :calls[row]]
     assert np.all(made >= 0) and np.all(trace[row, calls[row]:] == -1)
     np.testing.assert_array_equal(np.bincount(made, minlength=4),
@@ -417,12 +416,13 @@ def test_checked_decoder_and_bad_arguments(tiny_pair):
   bad settings are named. The greedy k = 2 test's shapes: its programs."""
   target, draft, enc = tiny_pair
   decode = decoding.tree_decoder(target, draft, gamma=3, tree_width=2,
-                                 max_decode_length=10, method=sampling.Greedy())
+                                 max_decode_length=GREEDY_LEN,
+                                 method=sampling.Greedy())
   ref = decoding.temperature_sample(target, enc, jax.random.PRNGKey(0),
-                                    max_decode_length=10)
+                                    max_decode_length=GREEDY_LEN)
   np.testing.assert_array_equal(
       decode(enc, jax.random.PRNGKey(0)).tokens, ref.tokens)
-  kwargs = dict(gamma=3, max_decode_length=10)
+  kwargs = dict(gamma=3, max_decode_length=GREEDY_LEN)
   rng = jax.random.PRNGKey(0)
   with pytest.raises(ValueError, match="tree_width must be an integer >= 1"):
     decoding.tree_speculative_sample(target, draft, enc, rng, tree_width=0,
@@ -432,7 +432,7 @@ def test_checked_decoder_and_bad_arguments(tiny_pair):
                                      **kwargs)
   with pytest.raises(ValueError, match="gamma must be an integer >= 1"):
     decoding.tree_speculative_sample(target, draft, enc, rng, tree_width=2,
-                                     gamma=0, max_decode_length=10)
+                                     gamma=0, max_decode_length=GREEDY_LEN)
   with pytest.raises(ValueError, match="TreeTarget"):
     decoding.tree_speculative_sample(_NoTree(target), draft, enc, rng,
                                      tree_width=2, **kwargs)

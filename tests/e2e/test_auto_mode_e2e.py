@@ -1,6 +1,6 @@
 """SPECULATION='auto' / 'off' (issue 45) end to end on tiny runs (the
 candidates, the prediction, the choice and the price cache as pure
-functions: tests/harness/test_auto_mode.py): 'off' runs the baseline only;
+functions: tests/harness/test_auto.py): 'off' runs the baseline only;
 'auto' writes its table to metrics.json, says why in its `auto:` line,
 stays token for token the target's at T = 0, and reads its prices and
 pilots from the cache the second time."""
@@ -53,7 +53,7 @@ def test_off_runs_only_the_baseline(tmp_path, monkeypatch):
       for line in (tmp_path / "out" /
                    "predictions.jsonl").read_text().splitlines()
   ]
-  assert all(r["speculative"] == r["baseline"] for r in rows)
+  assert all(r["prediction"] == r["aux"]["baseline"] for r in rows)
 
 
 def _token_pays(calls, *args, **kwargs):
@@ -76,8 +76,9 @@ class _BuiltDecoders:
     self.built = []
 
   def __call__(self, run_plan, *args):
-    a = run_plan.args
-    self.built.append((a.acceptance, a.gamma, a.tree_width))
+    mode = run_plan.mode
+    self.built.append(
+        (mode.acceptance, run_plan.args.gamma, getattr(mode, "width", 1)))
     return plan.make_decoders(run_plan, *args)
 
 

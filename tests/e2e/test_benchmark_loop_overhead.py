@@ -1,10 +1,10 @@
-"""benchmarking.loop_overhead (scripts/benchmark_loop_overhead.py) on tiny
+"""tools.benchmarks.loop_overhead on tiny
 random models: what it measures adds up (no timing asserted: the machine may
 be shared)."""
 import numpy as np
 import pytest
 
-from specdec_jax.benchmarking import loop_overhead
+from tools.benchmarks import loop_overhead
 
 from conftest import random_model, tiny_config
 

@@ -1,5 +1,5 @@
 """The decode benchmark end to end (synthetic acceptance, flag errors and
-gin files: tests/benchmarks/test_benchmarking.py): the command's JSON on
+gin files: tests/tools/test_benchmarking.py): the command's JSON on
 tiny/mini configs, and the greedy identity check reporting a difference.
 
 No timing is asserted beyond positivity (the machine may be shared).
@@ -10,10 +10,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from specdec_jax import benchmarking
-from specdec_jax.core import decoding
 from specdec_jax.checkpoints import parameters
+from specdec_jax.core import decoding
 from specdec_jax.core.models import T5Model
+from tools.benchmarks import common
+from tools.benchmarks import decode
+from tools.benchmarks import decode_measure
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +27,7 @@ def e2e_result(tmp_path_factory):
   jax.config.update("jax_disable_most_optimizations", True)
   try:
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    status = benchmarking.main([
+    status = decode.main([
         "--target", "tiny", "--draft", "mini", "--alphas", "0.75", "--gammas",
         "1", "--chunk_sizes", "1,2", "--input_length", "4",
         "--max_decode_length", "8", "--repeats", "1", "--inner_steps", "2",
@@ -80,15 +82,15 @@ def test_end_to_end_json(e2e_result):
   assert 1.0 <= point["tokens_per_target_call"] <= 2.0
   # The exactness check ran with real acceptance: float32 on CPU is exact.
   g = r["greedy_identity"]
-  assert g["gamma"] == 1 and g["rows"] == 1
-  assert g["rows_identical"] == 1 and g["first_difference"] == [None]
+  assert g["gamma"] == 1 and g["examples"] == 1
+  assert g["identical"] == 1 and g["mismatches"] == []
   assert g["chunk_vs_step_argmax_agreement"] == 1.0
   assert g["chunk_vs_step_max_abs_logit_diff"] < 1e-4
 
 
 def test_greedy_identity_check_reports_a_difference(monkeypatch):
   """A speculative decoder that diverges is reported row by row."""
-  config = benchmarking.resolve_model_config("tiny", "target")[0]
+  config = common.resolve_model_config("tiny", "target")[0]
   target = T5Model(
       config, {
           "params": parameters.random_params(config, jax.random.PRNGKey(0),
@@ -102,8 +104,8 @@ def test_greedy_identity_check_reports_a_difference(monkeypatch):
     return out.replace(tokens=out.tokens.at[1, 3].add(1))
 
   monkeypatch.setattr(decoding, "speculative_sample", diverging)
-  g = benchmarking.greedy_identity_check(target, target, inputs, gamma=2,
-                                         max_decode_length=6)
-  assert g["rows"] == 2 and g["rows_identical"] == 1
-  assert g["first_difference"] == [None, 3]
+  g = decode_measure.greedy_identity_check(target, target, inputs, gamma=2,
+                                           max_decode_length=6)
+  assert g["examples"] == 2 and g["identical"] == 1
+  assert g["mismatches"] == [{"index": 1, "position": 3}]
   assert g["alpha_hat"] == 1.0  # The target drafting for itself.

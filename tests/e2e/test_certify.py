@@ -152,39 +152,44 @@ class _PlantedMode(decode_modes.TokenMode):
     return _Planted(bug=self.name)
 
 
-# Each bug with sampling settings under which it changes the output.
-PLANTED = {  # (bindings, draws of 8 tokens: 1,000 missed the residual's)
-    "top_p_before_temperature": (["TEMPERATURE = 0.5", "TOPP = 0.7"], 1000),
-    "top_k_on_q_only": (["TEMPERATURE = 1.0", "TOPK = 3"], 1000),
-    "residual_without_max": (["TEMPERATURE = 1.0"], 2000),
-    "bonus_off_by_one": (["TEMPERATURE = 1.0"], 2000),
+# Each bug with sampling settings under which it changes the output of
+# local_tiny.gin's random pair: temperatures well below 1 make its nearly
+# uniform distributions over 259 tokens peaked, as a trained model's are,
+# so that 1,000 draws of 3 tokens fill cells the chi-square can compare
+# (at T = 1 nearly every sequence is unique and pooled: nothing fails).
+PLANTED = {
+    "top_p_before_temperature": ["TEMPERATURE = 0.25", "TOPP = 0.7"],
+    "top_k_on_q_only": ["TEMPERATURE = 0.25", "TOPK = 3"],
+    "residual_without_max": ["TEMPERATURE = 0.3"],
+    "bonus_off_by_one": ["TEMPERATURE = 0.25"],
 }
-CONTROL = sorted(PLANTED)[0]  # Algorithm 1 is tested at this bug's settings.
-
-
-def _pair_args(bindings):
-  return _args(bindings, "pretrained_multi30k.gin")
+SAMPLES = 1000
+# Where the control also asserts certify's own power check (the target at
+# T x 0.9 fails): top-p moves the nucleus with T, a shift 1,000 draws see.
+CONTROL = "top_p_before_temperature"
 
 
 @pytest.fixture(scope="module")
 def pair_models():
-  """The shipped pair, loaded once for the module's distribution tests."""
-  return plan_lib.RunPlan.build(_pair_args(["TEMPERATURE = 1.0"])).load_models()
+  """local_tiny.gin's pair, loaded once for the module's distribution
+  tests."""
+  return plan_lib.RunPlan.build(_args(["TEMPERATURE = 1.0"])).load_models()
 
 
 def _distribution(bug, pair_models, planted=True):
-  """certify's distribution test of the shipped pair at PLANTED[bug]'s
+  """certify's distribution test of the tiny pair at PLANTED[bug]'s
   settings (fail fast), with the planted rule `bug` (or Algorithm 1)."""
-  bindings, samples = PLANTED[bug]
-  settings = certificate.CertifySettings(length=8, samples=samples,
-                                         chunk=samples, fail_fast=True)
+  settings = certificate.CertifySettings(length=3, samples=SAMPLES,
+                                         chunk=SAMPLES, fail_fast=True)
   if not planted:
-    return certificate.distribution_test(_pair_args(bindings), settings,
+    return certificate.distribution_test(_args(PLANTED[bug]), settings,
                                          pair_models)[0]
-  decode_modes.register(_PlantedMode(name=bug))
+  # A mode's name is what it is (a class attribute): one class per bug.
+  decode_modes.register(
+      type(f"_Planted_{bug}", (_PlantedMode,), {"name": bug})())
   try:
     return certificate.distribution_test(
-        _pair_args([*bindings, f"ACCEPTANCE = '{bug}'"]), settings,
+        _args([*PLANTED[bug], f"ACCEPTANCE = '{bug}'"]), settings,
         pair_models)[0]
   finally:
     decode_modes.SAMPLING.pop(bug)
@@ -192,22 +197,23 @@ def _distribution(bug, pair_models, planted=True):
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_certify_fails_each_planted_sampling_bug(bug, pair_models):
-  """The shipped pair with a verifier bug the peers shipped: the
-  distribution test fails (p < 0.001; 1,000 or 2,000 draws of 8 tokens),
-  and failing fast skips the power check."""
+  """A verifier bug the peers shipped: the distribution test fails
+  (p < 0.001; 1,000 draws of 3 tokens), and failing fast skips the power
+  check."""
   record = _distribution(bug, pair_models)
   assert not record["passed"], record["test"]
   assert record["power_check"] is None and record["skipped"] == ["power_check"]
 
 
-def test_algorithm_1_passes_the_planted_bugs_test(pair_models):
-  """The control: the same settings as the first planted bug (T = 1, 2,000
-  draws of 8 tokens) with Algorithm 1 pass, and the power check (the
-  target at T x 0.9) fails as it must, so the bugs' failures are the
-  bugs'."""
-  exact = _distribution(CONTROL, pair_models, planted=False)
-  assert exact["passed"] and exact["power_ok"], exact
-  assert "skipped" not in exact
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_algorithm_1_passes_each_planted_bugs_test(bug, pair_models):
+  """The control: Algorithm 1 at each planted bug's settings (the same
+  draws) passes, so each failure above is the bug's; at CONTROL's the power
+  check (the target at T x 0.9) fails as it must."""
+  exact = _distribution(bug, pair_models, planted=False)
+  assert exact["passed"] and "skipped" not in exact, exact
+  if bug == CONTROL:
+    assert exact["power_ok"], exact
 
 
 def test_the_command_records_its_settings_and_names_its_own_flag(

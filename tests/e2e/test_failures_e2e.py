@@ -2,18 +2,21 @@
 processes and real runs meeting faults (the rest, without a model or a
 process: tests/harness/test_failures.py).
 
-(1) two runs on one OUTPUT_DIR (two real processes) and (6) Ctrl-C (a
-real SIGINT); (3) a gs:// endpoint that never answers or refuses (loopback
-only); (5) a full disk (an injected ENOSPC) during a tiny run; (6) a
-missing checkpoint: one line, exit 2; issue 37: SIGTERM while decoding.
+(1) two runs on one OUTPUT_DIR (two real processes), a killed holder's
+stale lock, and (6) Ctrl-C (a real SIGINT); (3) a gs:// endpoint that
+never answers or refuses (loopback only); (5) a full disk (an injected
+ENOSPC) during a tiny run; (6) a missing checkpoint: one line, exit 2;
+issue 37: SIGTERM while decoding, and while the interpreter exits.
 """
 import errno
 import json
+import os
 import pathlib
 import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -69,6 +72,27 @@ def _wait_for(path: pathlib.Path, proc, seconds: float = 240) -> None:
                            f"{proc.stderr.read()[-3000:]}")
     assert time.monotonic() < deadline, "the lock never appeared"
     time.sleep(0.2)
+
+
+def test_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
+  holder = subprocess.Popen([
+      sys.executable, "-c",
+      "import sys, time; from specdec_jax.files import output_folder; "
+      "output_folder.acquire(sys.argv[1], 'holder'); print('held', flush=True); "
+      "time.sleep(600)",
+      str(tmp_path)
+  ], cwd=REPO, env=subprocess_env(), text=True, stdout=subprocess.PIPE)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(output_folder.LockedError, match="in use by holder"):
+      output_folder.acquire(str(tmp_path))
+  finally:
+    holder.kill()  # SIGKILL: no cleanup, the lock stays
+    holder.wait()
+  assert (tmp_path / output_folder.LOCK_FILE).exists()
+  with output_folder.hold(str(tmp_path)) as lock:
+    assert json.loads(lock.version)["pid"] == os.getpid()
+  assert not (tmp_path / output_folder.LOCK_FILE).exists()
 
 
 def test_concurrent_runs_refused_and_ctrl_c_is_one_line(tmp_path):
@@ -229,7 +253,7 @@ def test_full_disk_keeps_summary_and_decoded_rows(tmp_path, monkeypatch):
   assert f"2 predictions rows in {out / '.predictions.jsonl.partial'}" in text
   assert "metrics.json was not written" in text
   rows = (out / ".predictions.jsonl.partial").read_text().splitlines()
-  assert [json.loads(r)["index"] for r in rows] == [0, 1]
+  assert [json.loads(r)["aux"]["index"] for r in rows] == [0, 1]
   assert not (out / "metrics.json").exists()
   assert not (out / output_folder.LOCK_FILE).exists()
 
@@ -316,3 +340,23 @@ def test_sigterm_mid_decode_keeps_rows_and_they_are_protected(tmp_path):
   assert other.returncode == 2, other.stderr[-3000:]
   assert "holds .predictions.jsonl.partial, which was kept" in other.stderr
   assert partial.read_text() == kept
+
+
+def test_sigterm_while_exiting_is_143_with_a_line():
+  """The soak's kill/resume run: a SIGTERM after the sweep had finished,
+  during the interpreter's shutdown, ended it with -15 and no line."""
+  code = textwrap.dedent("""
+      import atexit, os, signal, threading, time
+      from specdec_jax.terminal import console
+      atexit.register(time.sleep, 20)  # a slow shutdown (JAX's threads)
+      threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+      console.exit_process(0)
+  """)
+  start = time.monotonic()
+  proc = subprocess.run([sys.executable, "-c", code], cwd=REPO,
+                        env=subprocess_env(), text=True, capture_output=True,
+                        timeout=60)
+  assert proc.returncode == 143, proc.stderr[-2000:]
+  assert time.monotonic() - start < 15
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "interrupted (SIGTERM) while exiting: everything was already written.")

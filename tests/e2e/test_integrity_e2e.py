@@ -2,7 +2,8 @@
 42; the rest: tests/harness/test_integrity.py): a truncated cached CPU
 kernel does not crash a fresh process, `train` refuses to resume with
 another vocabulary of the same size, a corrupt compilation cache entry is
-named once and written again.
+named once and written again, and the compilation cache is locked between
+processes.
 """
 import json
 import os
@@ -18,6 +19,7 @@ from specdec_jax.checkpoints import digests
 from specdec_jax.core import kernels
 from specdec_jax.core.models import T5Config
 from specdec_jax.data import vocab as vocabulary
+from specdec_jax.files import compilation_cache
 from specdec_jax.training import checkpointing
 
 from conftest import REPO
@@ -135,3 +137,24 @@ def test_corrupt_compilation_cache_is_named_and_repaired(tmp_path):
   assert folder in lines[0] and "rm -rf" in lines[0]
   assert all(e.stat().st_size > 100 for e in entries)  # Written again.
   assert "compilation cache" not in _jit_run(folder).stderr
+
+
+def test_the_compilation_cache_is_locked_between_processes():
+  """A size limit turns on JAX's file lock for every read and write of the
+  cache folder: a process never reads an entry another is still writing
+  (XLA aborted on one in a warm CI run's two workers)."""
+  script = ("import jax; from jax._src import compilation_cache as cc\n"
+            "from specdec_jax.files import compilation_cache\n"
+            "compilation_cache.enable()\n"
+            "jax.jit(lambda x: x + 1)(1.0)\n"
+            "print(jax.config.jax_compilation_cache_max_size,"
+            " cc._cache.eviction_enabled)")
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMP")}
+  env["JAX_COMPILATION_CACHE_DIR"] = os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                                    "")
+  done = subprocess.run([sys.executable, "-c", script], env={
+      k: v for k, v in env.items() if v
+  }, capture_output=True, text=True, timeout=120, check=True)
+  size, locked = done.stdout.split()
+  assert int(size) == compilation_cache.MAX_SIZE_BYTES > 0
+  assert locked == "True"

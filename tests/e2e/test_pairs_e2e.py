@@ -1,6 +1,6 @@
 """The shipped pair end to end: `pairs.load_pair` loads it from its folders
 and decodes exactly (its other tests: tests/harness/test_pairs.py), and
-`scripts/compare_with_t5x.py --pair=pretrained` decodes it with T5X too
+`python -m tools.benchmarks.compare_with_t5x --pair=pretrained` decodes it with T5X too
 (needs a T5X checkout, not a dependency, at $T5X_PATH or /tmp/t5x; skips
 without one; its flags: tests/harness/test_compare_with_t5x.py).
 """

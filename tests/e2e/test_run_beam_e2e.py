@@ -15,7 +15,7 @@ from specdec_jax import sweep
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import summary
 from specdec_jax.metrics import run_metrics
-from specdec_jax.reporting import beam_table
+from tools import beam_table
 
 from run_helpers import parse_local_tiny
 
@@ -50,7 +50,7 @@ def test_beam_run_end_to_end(batch, k, width, gamma, tmp_path):
   run_metrics.RunMetrics.from_dict(written)  # the schema reads it back
   rows = _rows(out)
   assert len(rows) == 3
-  assert [r["speculative"] for r in rows] == [r["baseline"] for r in rows]
+  assert [r["prediction"] for r in rows] == [r["aux"]["baseline"] for r in rows]
   assert written["greedy_outputs_identical"] is True
   assert written["greedy_identical_examples"] == 3
   assert (written["decode"], written["beam_size"], written["beam_alpha"],
@@ -64,7 +64,7 @@ def test_beam_run_end_to_end(batch, k, width, gamma, tmp_path):
   for key in ("cost_coefficient_c", "theoretical_speedup", "target_step_s",
               "verification_cost_ratio", "per_iteration_gamma", "alpha_beta"):
     assert written[key] is None, key
-  counts = [n for r in rows for n in r["accepted_counts"]]
+  counts = [n for r in rows for n in r["aux"]["accepted_counts"]]
   assert len(counts) == written["target_calls_speculative"]
   assert np.bincount(counts, minlength=gamma +
                      1).tolist() == written["accepted_histogram"]
@@ -92,7 +92,7 @@ def test_a_sweep_over_beam_width(tmp_path):
       key=lambda m: m["beam_width"])
   assert [m["beam_width"] for m in written] == [2, 4]
   assert all(m["greedy_outputs_identical"] for m in written)
-  # scripts/beam_table.py: one row per beam run (the report leaves them out).
+  # tools/beam_table.py: one row per beam run (the report leaves them out).
   page = beam_table.render(beam_table.load_runs(str(results)))
   rows = [
       line for line in page.splitlines() if line.startswith("| BEAM_WIDTH=")

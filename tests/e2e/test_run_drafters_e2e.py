@@ -14,6 +14,7 @@ from specdec_jax.core import drafters
 from specdec_jax import run as run_lib
 from specdec_jax.metrics import step_costs
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import price_cache
 from specdec_jax.experiment import runner
 from specdec_jax.experiment import summary
 from specdec_jax.experiment.plan import PilotSizes
@@ -39,11 +40,12 @@ def corpus(tmp_path):
 STAND_IN = step_costs.Pricing(stand_in_seconds)
 
 
-def test_bigram_adaptive_auto_gamma_end_to_end(tmp_path, corpus):
+def test_bigram_adaptive_auto_gamma_end_to_end(tmp_path, corpus, monkeypatch):
   # Few compilations: timings are stand-ins (run's timing is tested
   # elsewhere), and the pilot's γ is the one chosen for α ≈ 0 (random
   # weights), so pilot and run share one program; a one-layer target
   # compiles faster (nothing here depends on its size).
+  monkeypatch.setenv(price_cache.ENV_OFF, "0")  # stand-in prices: not kept
   out = tmp_path / "out"
   parse_local_tiny([
       f"OUTPUT_DIR = '{out}'", "DRAFTER = 'bigram'",

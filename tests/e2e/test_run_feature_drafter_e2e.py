@@ -19,6 +19,7 @@ import pytest
 from specdec_jax import run as run_lib
 from specdec_jax.core import decoding
 from specdec_jax.core import drafters
+from specdec_jax.experiment import price_cache
 from specdec_jax.metrics import step_costs
 from specdec_jax.experiment.plan import PilotSizes
 from specdec_jax.experiment.plan import Providers
@@ -86,7 +87,7 @@ def test_feature_run_is_exact_and_recorded(tmp_path, checkpoint, monkeypatch):
   rows = [json.loads(line) for line in (out / "predictions.jsonl").open()]
   assert len(rows) == 3
   for row in rows:
-    assert row["speculative"] == row["baseline"], row
+    assert row["prediction"] == row["aux"]["baseline"], row
   assert metrics["greedy_outputs_identical"] is True
   assert metrics["greedy_identical_examples"] == 3
   written = json.loads((out / "metrics.json").read_text())
@@ -109,9 +110,10 @@ def test_feature_run_is_exact_and_recorded(tmp_path, checkpoint, monkeypatch):
   assert isinstance(proposer.drafter.drafter, drafters.FeatureDrafter)
 
 
-def test_feature_run_at_temperature_one(tmp_path, checkpoint):
+def test_feature_run_at_temperature_one(tmp_path, checkpoint, monkeypatch):
   """With GAMMA='auto' too: the pilot prices the feature draft the same way
   (a pilot γ of 1 and α ≈ 0: one program for pilot and run)."""
+  monkeypatch.setenv(price_cache.ENV_OFF, "0")  # priced now, not read
   pricing, priced = _stand_in_timing()
   out = tmp_path / "out"
   parse_local_tiny([

@@ -16,7 +16,8 @@ import pytest
 from specdec_jax import run as run_lib
 from specdec_jax import sweep
 from specdec_jax.experiment import arguments
-from specdec_jax.experiment import auto_tree
+from specdec_jax.experiment import auto as auto_lib
+from specdec_jax.experiment import price_cache
 from specdec_jax.metrics import step_costs
 from specdec_jax.experiment import summary
 from specdec_jax.experiment.plan import PilotSizes
@@ -47,7 +48,10 @@ def test_tree_verification_end_to_end(tmp_path):
   assert metrics["greedy_outputs_identical"] is True
   lines = summary.summary_lines(metrics, arguments.run_arguments())
   assert "draft tiny tree k=2" in lines[0]
-  assert "the tree's measured tokens per call and call costs" in lines[1]
+  # The tree's own cost model, named as outputs.md names it (issue 58).
+  model = metrics["theoretical_speedup_measured_call_cost"]
+  assert (f"the tree's cost model at the measured call cost {model:.2f}x)"
+          in lines[1])
   written = json.loads((out / "metrics.json").read_text())
   assert written["acceptance"] == "tree" and written["exact"] is True
   assert written["tree_width"] == 2
@@ -69,11 +73,11 @@ def test_tree_verification_end_to_end(tmp_path):
       json.loads(line)
       for line in (out / "predictions.jsonl").read_text().splitlines()
   ]
-  counts = [n for r in rows for n in r["accepted_counts"]]
+  counts = [n for r in rows for n in r["aux"]["accepted_counts"]]
   assert len(counts) == written["target_calls_speculative"]
   assert np.bincount(counts,
                      minlength=3).tolist() == written["accepted_histogram"]
-  assert all(r["trace"] is None for r in rows)
+  assert all(r["aux"]["trace"] is None for r in rows)
   kept = sum(counts)
   trials = sum(min(n + 1, 2) for n in counts)
   assert written["alpha"] == pytest.approx(kept / trials)
@@ -128,11 +132,12 @@ def test_a_sampled_tree_run(tmp_path):
   assert "Σ min(p, q)" not in lines[1]
 
 
-def test_auto_gamma_and_tree_width_end_to_end(tmp_path):
+def test_auto_gamma_and_tree_width_end_to_end(tmp_path, monkeypatch):
   """GAMMA='auto', TREE_WIDTH='auto': one pilot with the widest k (a_1 of
   every k from its first rounds, k = 1's the lowest), the calls priced
   (stand-in seconds), the (γ, k) of the best predicted speedup recorded and
   decoded with, exactly."""
+  monkeypatch.setenv(price_cache.ENV_OFF, "0")  # stand-in prices: not kept
   out = tmp_path / "out"
   parse_local_tiny([
       f"OUTPUT_DIR = '{out}'", "ACCEPTANCE = 'tree'", *SMALL, "GAMMA = 'auto'",
@@ -156,9 +161,9 @@ def test_auto_gamma_and_tree_width_end_to_end(tmp_path):
   assert by_width["1"]["deeper_depths"] == by_width["2"]["deeper_depths"]
   rates = by_width[str(auto["chosen_tree_width"])]
   assert auto["predicted_tokens_per_call"] == pytest.approx(
-      auto_tree.expected_tree_tokens(rates["first_depth"],
-                                     rates["deeper_depths"],
-                                     auto["chosen_gamma"]))
+      auto_lib.expected_tree_tokens(rates["first_depth"],
+                                    rates["deeper_depths"],
+                                    auto["chosen_gamma"]))
   assert best == (f"gamma={auto['chosen_gamma']},"
                   f"k={auto['chosen_tree_width']}")
   assert written["draft_model"].endswith(

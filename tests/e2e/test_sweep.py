@@ -9,7 +9,7 @@ import pytest
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import make_decoders
 from specdec_jax import sweep
-from specdec_jax.benchmarking import soak
+from tools.benchmarks import soak
 
 from conftest import REPO
 
@@ -207,7 +207,7 @@ def test_killed_sweep_resumes_and_runs_each_point_once(tmp_path, monkeypatch):
 
 
 def test_soak_script_points_are_the_gamma_seed_grid():
-  """benchmarking.soak (scripts/soak_sweep.py) built its points from
+  """tools.benchmarks.soak built its points from
   itertools.product over an endless itertools.count(): product reads its
   inputs whole, and the script's memory grew without end before the first
   point (issue 37's soak run)."""

@@ -6,7 +6,7 @@ No timing is asserted beyond positivity (the machine may be shared).
 """
 import pytest
 
-from specdec_jax.benchmarking import timing_noise
+from tools.benchmarks import timing_noise
 
 from conftest import random_model, tiny_config
 

@@ -14,6 +14,8 @@ from specdec_jax.metrics import analysis
 from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_report
+from specdec_jax.experiment import decode_modes
+from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import tpu_topologies
 
 from run_helpers import compile_tiny
@@ -44,7 +46,7 @@ def test_settings_compile_mode_cannot_honour_are_refused():
   for fields, words in (({
       "mesh_shape": (1, 8)
   }, "MESH_SHAPE=(1, 8) needs 8 chips"), ({
-      "drafter": "bigram",
+      "drafting": drafter_registry.DRAFTERS["bigram"],
       "ngram_corpus": __file__
   }, "DRAFTER='bigram' with COMPILE_TOPOLOGY: allowed: 'model', "
                                           "'shared_encoder'"), ({
@@ -158,8 +160,9 @@ def test_tree_width_auto_is_refused_in_compile_mode():
   with pytest.raises(
       gin_utils.ConfigError,
       match=re.escape("TREE_WIDTH='auto' with COMPILE_TOPOLOGY")):
-    arguments.RunArguments(output_dir="/tmp/unused", gamma=3, acceptance="tree",
-                           tree_width="auto", compile_topology="v4-8")
+    arguments.RunArguments(output_dir="/tmp/unused", gamma=3,
+                           decode_mode=decode_modes.TreeMode(width="auto"),
+                           compile_topology="v4-8")
 
 
 class _Compiled(Exception):

@@ -161,15 +161,13 @@ def test_a_feature_draft_needs_a_teacher(tmp_path):
 
 
 def test_export_of_a_cheaper_head(tmp_path):
-  """scripts/export_feature_drafter.py --head_size/--head_rank on the
+  """tools/export_feature_drafter.py --head_size/--head_rank on the
   shipped draft: the K most frequent of its head tokens in the training
   targets, a rank-R head, float32; other targets are refused."""
   require_shared(MULTI30K / "train.de")
-  script = REPO / "scripts" / "export_feature_drafter.py"
   shipped = REPO / "pretrained" / "multi30k" / "feature_1m"
   args = [
-      sys.executable,
-      str(script), "--model_dir",
+      sys.executable, "-m", "tools.export_feature_drafter", "--model_dir",
       str(shipped), "--spm",
       str(SPM), "--dtype", "float32", "--head_size", "500", "--head_rank", "16",
       "--train_targets"

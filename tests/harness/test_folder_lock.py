@@ -20,7 +20,7 @@ from specdec_jax import train as train_lib
 from specdec_jax.checkpoints import digests
 from specdec_jax.config.flag_utils import ConfigError
 from specdec_jax.core.models import T5Config
-from specdec_jax.device_check import cli as device_check
+from tools.device_check import cli as device_check
 from specdec_jax.experiment import output_dir
 from specdec_jax.files import output_folder
 from specdec_jax.training import TrainConfig

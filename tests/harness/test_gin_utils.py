@@ -9,7 +9,7 @@ from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
 from specdec_jax.core.models import T5Config
-from specdec_jax.tools import generate_model_gin
+from tools import generate_model_gin
 
 DEFAULT = T5Config()  # No gin bindings are live at import time.
 
@@ -174,7 +174,7 @@ def test_parse_gin_silences_gin_lookup_noise(caplog):
 # ---------------------------------------------------------------------------
 def test_scoped_model_files_are_the_generators_output():
   assert not generate_model_gin.stale(), (
-      "run `python scripts/generate_model_gin.py` and commit the result")
+      "run `python -m tools.generate_model_gin` and commit the result")
   # Every scoped copy of an unscoped file is generated; only the two tiny
   # smoke-test models (different for each role) are written by hand.
   models = REPO / "gin" / "models"

@@ -3,38 +3,25 @@
 NGRAM_ORDER, PROMPT_LOOKUP_MAX and INNER_GAMMA are bounded (100000 hung
 or compiled a 720 GB allocation), SEED must fit the PRNG key, OUTPUT_DIR
 on gs:// names a bucket, TOPK / TOPP are refused with DECODE='beam',
-SPM_MODEL_PATH / EXTRA_IDS with a byte-level vocabulary, and GAMMA='auto'
-records a caveat when its pilot is smaller than it needs. The argument
-checks are called directly, without a model; GAMMA='auto''s pilot starts a
-tiny random target, whose calls the `Providers.pricing` handed in prices.
+SPM_MODEL_PATH / EXTRA_IDS with a byte-level vocabulary (GAMMA='auto''s
+caveat for a small pilot: tests/harness/test_auto.py). The argument checks
+are called directly, without a model.
 """
-import re
-import types
 
-import numpy as np
 import pytest
+from run_helpers import certify_arguments
 
 from specdec_jax.terminal import console
 from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
-from specdec_jax.experiment import auto_gamma
+from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import loading  # noqa: F401  # registers vocabulary
 from specdec_jax.experiment import plan as plan_lib
-from specdec_jax.metrics import step_costs
-
-from conftest import random_model
-from conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
 ConfigError = gin_utils.ConfigError
 LENGTHS = {"inputs": 64, "targets": 32}  # local_tiny.gin's
-
-
-@pytest.fixture
-def tiny(tmp_path):
-  gin_utils.parse_gin(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path}'"],
-                      finalize=False)
 
 
 def _refused(overrides, message):
@@ -42,6 +29,18 @@ def _refused(overrides, message):
   prints it) starts with `message`."""
   with pytest.raises(ConfigError) as e:
     arguments.run_arguments(overrides=overrides)
+  return _one_line(e, message)
+
+
+def _refused_with(bindings, message):
+  """As `_refused`, for local_tiny.gin with gin `bindings` as a user types
+  them (a component's settings are bound, not overridden)."""
+  with pytest.raises(ConfigError) as e:
+    certify_arguments(bindings)
+  return _one_line(e, message)
+
+
+def _one_line(e, message):
   text = console.error_text(e.value)
   assert text.startswith(message), text
   assert "\n" not in text
@@ -54,48 +53,45 @@ def test_ngram_order_is_bounded(tiny):
   the table pads every corpus sentence with n tokens and holds every
   context of up to n-1 tokens."""
   most = drafter_registry.MAX_NGRAM_ORDER
-  ngram = {"drafter": "ngram", "ngram_corpus": "corpus.txt"}
-  text = _refused({
-      **ngram, "ngram_order": 100000
-  }, f"NGRAM_ORDER=100000: allowed: None (3) or an integer from 1 to {most}")
+  ngram = ["DRAFTER = 'ngram'", "NGRAM_CORPUS = 'corpus.txt'"]
+  text = _refused_with(
+      [*ngram, "NGRAM_ORDER = 100000"],
+      f"NGRAM_ORDER=100000: allowed: None (3) or an integer from 1 to {most}")
   assert "NGRAM_CORPUS" in text
-  # Unread by DRAFTER='model' too: the value itself is absurd.
-  _refused({"ngram_order": 100000}, "NGRAM_ORDER=100000: allowed")
-  assert arguments.run_arguments(overrides={
-      **ngram, "ngram_order": most
-  }).drafting.order == most
+  # Unread by DRAFTER='model': refused as such.
+  _refused_with(["NGRAM_ORDER = 100000"],
+                "NGRAM_ORDER=100000 with DRAFTER='model': only DRAFTER")
+  assert certify_arguments([*ngram, f"NGRAM_ORDER = {most}"
+                           ]).drafting.ngram_order() == most
 
 
 def test_prompt_lookup_max_is_bounded(tiny):
   """Each suffix length is compiled on its own: 128 took 504 s to compile
   at 512 input tokens, 100000 never finished."""
   most = drafter_registry.MAX_PROMPT_LOOKUP
-  lookup = {"drafter": "prompt_lookup"}
-  _refused({
-      **lookup, "prompt_lookup_max": 100000
-  }, f"PROMPT_LOOKUP_MAX=100000: allowed: an integer from 1 to {most}")
-  _refused({
-      **lookup, "prompt_lookup_max": 0
-  }, f"PROMPT_LOOKUP_MAX=0: allowed: an integer from 1 to {most}")
-  assert arguments.run_arguments(overrides={
-      **lookup, "prompt_lookup_max": most
-  }).prompt_lookup_max == most
+  lookup = "DRAFTER = 'prompt_lookup'"
+  _refused_with([lookup, "PROMPT_LOOKUP_MAX = 100000"],
+                f"PROMPT_LOOKUP_MAX=100000: allowed: an integer from 1 to "
+                f"{most}")
+  _refused_with([lookup, "PROMPT_LOOKUP_MAX = 0"],
+                f"PROMPT_LOOKUP_MAX=0: allowed: an integer from 1 to {most}")
+  assert certify_arguments([lookup, f"PROMPT_LOOKUP_MAX = {most}"
+                           ]).drafting.max_ngram == most
 
 
 def test_inner_gamma_is_bounded_by_the_decode_length(tiny):
   """INNER_GAMMA=100000 compiled into a 720 GB allocation (the draft
   model scores inner_gamma + 1 tokens per call)."""
   targets = LENGTHS["targets"]
-  hierarchical = {"drafter": "hierarchical"}
-  _refused({
-      **hierarchical, "inner_gamma": 100000
-  }, (f"INNER_GAMMA=100000 is more than TASK_FEATURE_LENGTHS['targets']="
-      f"{targets}"))
-  text = _refused({**hierarchical, "inner_gamma": targets + 1}, "INNER_GAMMA=")
+  hierarchical = "DRAFTER = 'hierarchical'"
+  _refused_with([hierarchical, "INNER_GAMMA = 100000"],
+                (f"INNER_GAMMA=100000 is more than "
+                 f"TASK_FEATURE_LENGTHS['targets']={targets}"))
+  text = _refused_with([hierarchical, f"INNER_GAMMA = {targets + 1}"],
+                       "INNER_GAMMA=")
   assert f"Allowed: 1 to {targets}" in text
-  assert arguments.run_arguments(overrides={
-      **hierarchical, "inner_gamma": targets
-  }).inner_gamma == targets
+  assert certify_arguments([hierarchical, f"INNER_GAMMA = {targets}"
+                           ]).drafting.inner_gamma == targets
 
 
 # -- 2. accepted nonsense ---------------------------------------------------
@@ -105,12 +101,12 @@ def test_inner_gamma_is_bounded_by_the_decode_length(tiny):
 ])
 def test_top_k_and_top_p_are_refused_with_beam_search(tiny, name, value, macro):
   """They were recorded in metrics.json and changed nothing."""
+  beam = {"decode_mode": decode_modes.BEAM}
   text = _refused({
-      "decode": "beam",
-      name: value
+      **beam, name: value
   }, f"DECODE='beam' with {macro}: beam search draws nothing")
   assert "allowed: TOPK=0 and TOPP=1" in text
-  assert arguments.run_arguments(overrides={"decode": "beam"}).top_k == 0
+  assert arguments.run_arguments(overrides=beam).top_k == 0
 
 
 @pytest.mark.parametrize("binding,message", [
@@ -159,99 +155,6 @@ def test_output_dir_on_gcs_with_a_bucket_passes(tiny):
     assert arguments.run_arguments(overrides={
         "output_dir": path
     }).output_dir == path
-
-
-@pytest.fixture(scope="module")
-def tiny_target():
-  """A one-layer random target: `step_costs.price_calls` starts it, and its
-  own drafter, on the pilot's batch before it prices the calls."""
-  return random_model(tiny_config(num_encoder_layers=1, num_decoder_layers=1),
-                      seed=0)
-
-
-def _pilot(target, examples: int, batch_size: int = 1, gamma: int = 4):
-  """A pilot plan and feed whose every guess is kept (α = 1.00); the
-  target drafts for itself."""
-  calls = 8
-  stats = {
-      "accepted_histogram": [0] * gamma + [calls],
-      "acceptance_trials": calls * gamma,
-      "tokens_generated": calls * (gamma + 1),
-  }
-  args = arguments.RunArguments(
-      output_dir="/tmp/unused", gamma=gamma, batch_size=batch_size,
-      task_feature_lengths={
-          "inputs": 4,
-          "targets": 4
-      })
-  pilot = types.SimpleNamespace(
-      args=args, drafter=target, models=types.SimpleNamespace(target=target),
-      speculative=lambda batch, rng: types.SimpleNamespace(statistics=lambda:
-                                                           stats),
-      baseline=lambda batch, rng: types.SimpleNamespace(tokens=np.full(
-          (batch_size, 4), 5, np.int32)))
-  feed = types.SimpleNamespace(
-      num_batches=-(-examples // batch_size), num_examples=examples,
-      batch=lambda b, width=None: np.full(
-          (batch_size, width or 4), 3, np.int32), widest=lambda batches: 4)
-  return pilot, feed
-
-
-@pytest.fixture
-def cheap_calls():
-  """`Providers` whose pricing says verification calls cost one step and
-  guesses a tenth of one (no clock); and the list of the calls priced."""
-  priced = []
-
-  def call_seconds(calls, *args, **kwargs):
-    del args, kwargs
-    priced.append(set(calls))
-    return {
-        name: 0.1 * k if name == "draft" else 1.0
-        for name, (_, k) in calls.items()
-    }
-
-  return plan_lib.Providers(pricing=step_costs.Pricing(call_seconds)), priced
-
-
-def test_auto_gamma_on_one_example_records_a_caveat(tiny_target, cheap_calls):
-  """GAMMA='auto' on one example picked γ = 12 from α = 1.00 (32 trials)
-  and said nothing about how little that is."""
-  pilot, feed = _pilot(tiny_target, examples=1)
-  providers, priced = cheap_calls
-  record = auto_gamma.pilot_gamma(pilot, feed, providers)
-  # The calls were priced by the pricing handed in: each K, and a guess.
-  assert priced == [set(auto_gamma.AUTO_GAMMA_CALL_KS) | {"draft"}]
-  assert record["cost_coefficient_c"] == pytest.approx(0.1)
-  assert record["alpha"] == 1.0 and record["chosen_gamma"] == 12
-  assert record["pilot_examples"] == 1
-  assert record["acceptance_trials"] == 32
-  low, high = record["alpha_interval"]
-  assert 0.8 < low < 0.95 and high == pytest.approx(1.0)
-  assert record["gamma_interval"][0] < 12 == record["gamma_interval"][1]
-  caveat = record["caveat"]
-  need = auto_gamma.AUTO_GAMMA_EXAMPLES
-  assert re.match(
-      f"GAMMA='auto': the pilot decoded 1 example, fewer than the {need} "
-      "it needs", caveat), caveat
-  assert f"NUM_EXAMPLES >= {need}" in caveat and "\n" not in caveat
-
-
-def test_auto_gamma_on_a_full_pilot_has_no_caveat(tiny_target, cheap_calls):
-  pilot, feed = _pilot(tiny_target, examples=20)
-  record = auto_gamma.pilot_gamma(pilot, feed, cheap_calls[0])
-  assert record["pilot_examples"] == auto_gamma.AUTO_GAMMA_EXAMPLES
-  assert record["caveat"] is None
-
-
-def test_alpha_interval():
-  assert auto_gamma.alpha_interval(0, 0) == (0.0, 1.0)
-  low, high = auto_gamma.alpha_interval(50, 100)
-  assert low == pytest.approx(0.4038, abs=1e-3)
-  assert high == pytest.approx(0.5962, abs=1e-3)
-  low, high = auto_gamma.alpha_interval(3200, 3200)
-  assert 0.998 < low and high == pytest.approx(1.0)
-  assert np.all(np.diff(auto_gamma.alpha_interval(10, 40)) > 0)
 
 
 # -- 3. SEED ----------------------------------------------------------------

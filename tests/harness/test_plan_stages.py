@@ -6,6 +6,7 @@ import pytest
 
 from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import plan as plan_lib
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
@@ -52,6 +53,6 @@ def test_decoders_are_built_once_the_choices_are_made(tmp_path):
   assert chosen.models is loaded.models and chosen.drafter is loaded.drafter
   assert callable(chosen.baseline) and callable(chosen.speculative)
   # Another mode's decoders carry that mode's acceptance rule.
-  block = loaded.decoding(gamma=2, acceptance="block")
+  block = loaded.decoding(gamma=2, decode_mode=decode_modes.BLOCK)
   assert type(block.acceptance).__name__ == "BlockAcceptance"
   assert chosen.acceptance is None  # Algorithm 1

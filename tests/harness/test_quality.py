@@ -81,3 +81,22 @@ def test_quality_metrics_dispatch():
 def test_seqio_style_metric_fns():
   assert metrics.seqio_bleu(REFS, REFS)["bleu"] == pytest.approx(100.0)
   assert metrics.seqio_rouge(REFS, REFS)["rouge2"] == pytest.approx(100.0)
+
+
+def test_paired_bootstrap_sizes_a_bleu_difference():
+  """Issue 58: at T > 0 a BLEU difference between two samples is tested
+  (sacrebleu's paired bootstrap, its fixed seed), not shown bare."""
+  refs = REFS * 10
+  good = list(refs)
+  worse = [r if i % 5 else "the fox ." for i, r in enumerate(refs)]
+  bad = ["zebra yak ."] * len(refs)
+  noise = metrics.paired_bootstrap_bleu(good, worse, refs)
+  assert noise["metric"] == "bleu" and noise["resamples"] == 1000
+  assert noise["difference"] == pytest.approx(
+      metrics.bleu(worse, refs) - metrics.bleu(good, refs))
+  assert 0 < noise["p_value"] <= 1
+  assert metrics.paired_bootstrap_bleu(good, worse, refs) == noise  # seeded
+  assert metrics.paired_bootstrap_bleu(good, bad, refs)["p_value"] < 0.01
+  # Identical outputs: nothing to test (sacrebleu would say p = 1/1001).
+  same = metrics.paired_bootstrap_bleu(good, good, refs)
+  assert same["difference"] == 0 and same["p_value"] == 1

@@ -15,6 +15,7 @@ from specdec_jax import report
 from specdec_jax.reporting import trace as trace_lib
 
 from report_helpers import FIXTURE
+from report_helpers import as_t5x_row
 from report_helpers import copy_fixture
 from report_helpers import foreign_metrics
 
@@ -137,9 +138,17 @@ class TestRender:
             f"{base['cost_coefficient_c']:.3f} | – | {tokens:.2f} | 2.26X | "
             "2.36X | – | – | BLEU | 24.31 | 24.38 | – |") in lines
     assert sum("⋆" in l for l in lines) == 2
+    # Issue 58: each theory column named as the summary and the log name
+    # its formula, α as outputs.md defines it.
     assert ("| TASK | M_q | TEMP | γ | α | c | CALL COST | TOKENS/CALL | "
-            "SPEED | THEORY (Thm 3.8) | THEORY (measured call) | EFFICIENCY |"
-           ) in text
+            "SPEED | THM 3.8 AT CALL COST 1 | THM 3.8 AT MEASURED CALL COST | "
+            "EFFICIENCY |") in text
+    assert ('THM 3.8 AT CALL COST 1 is "Theorem 3.8 at call cost 1 (the '
+            'paper\'s ideal)"') in text
+    assert ('THM 3.8 AT MEASURED CALL COST is "Theorem 3.8 at the measured '
+            'call cost"') in text
+    assert "α is the run's kept guesses / acceptance trials" in text
+    assert "at TEMP > 0 they are different samples" in text
 
   def test_table2_shows_the_measured_call_cost_and_efficiency(self):
     m = dict(_fixture_metrics()["ende_xxl_small_g7_t0"], run_name="r",
@@ -159,6 +168,21 @@ class TestRender:
     record = list(csv.DictReader(io.StringIO(csv_text)))[0]
     assert float(record["verification_cost_ratio"]) == 1.25
     assert int(record["greedy_identical_examples"]) == 7
+
+  def test_table2_gives_the_quality_difference_its_p_value(self):
+    """Issue 58: at T > 0 the speculative cell carries the paired
+    bootstrap's p (metrics.json's quality_noise), the CSV too."""
+    m = dict(
+        _fixture_metrics()["ende_xxl_base_g5_t1"], run_name="r", quality_noise={
+            "metric": "bleu",
+            "difference": 0.07,
+            "p_value": 0.8125,
+            "resamples": 1000
+        })
+    md, csv_text = report.render_table2([m])
+    assert "| BLEU | 24.31 | 24.38 (p 0.81) | – |" in md
+    record = list(csv.DictReader(io.StringIO(csv_text)))[0]
+    assert float(record["quality_p_value"]) == 0.8125
 
   def test_table4_md(self, rendered):
     _, out = rendered
@@ -182,6 +206,29 @@ class TestRender:
     assert '<span class="tgt"> wunder</span>' in text
     assert '<span class="tgt">&lt;/s&gt;</span>' in text
     assert text.count('<div class="line">') == 4
+
+  def test_trace_from_t5x_rows_is_the_trace_from_older_rows(
+      self, rendered, tmp_path):
+    """Issue 58: `run` writes T5X's rows (`inputs` an object, `prediction`,
+    `aux`); the report draws the same example from them as from the older
+    rows of the fixture, and still reads those."""
+    _, out = rendered
+    root = copy_fixture(tmp_path)
+    path = root / "ende_xxl_small_g5_t0" / "predictions.jsonl"
+    rows = [
+        as_t5x_row(json.loads(line)) for line in path.read_text().splitlines()
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    written = report.render_report(str(root), str(tmp_path / "new"))
+    for name in ("example_trace.html", "example_trace.png", "timeline.png"):
+      assert (tmp_path / "new" / name).read_bytes() == (out /
+                                                        name).read_bytes(), name
+    assert len(written) == len(ALL_OUTPUTS)
+    rows[0]["aux"] = [1]  # not T5X's: named
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(report.ReportError,
+                       match=r"predictions.jsonl:1: 'aux' must be an object"):
+      report.render_report(str(root), str(tmp_path / "bad"))
 
   def test_load_results_skips_report_dir(self, rendered):
     root, _ = rendered

@@ -93,18 +93,68 @@ def test_summary_at_temperature_one_and_rouge():
                                 target_name="xxl", draft_name="small",
                                 output_dir="/tmp/x")
   text = "\n".join(summary.summary_lines(metrics, args))
-  # Without the measured call cost (older metrics.json): the ideal, named.
-  assert ("1.62x faster than the target alone (theory, a call costing one "
-          "step: 1.71x)") in text
+  # Without the measured call cost (older metrics.json): the ideal, named
+  # as everywhere (issue 58: one name per formula).
+  assert ("1.62x faster than the target alone (Theorem 3.8 at call cost 1 "
+          "(the paper's ideal) 1.71x)") in text
   metrics["theoretical_speedup_measured_call_cost"] = 1.44
   text = "\n".join(summary.summary_lines(metrics, args))
-  assert ("1.62x faster than the target alone (theory at the measured call "
-          "cost 1.44x)") in text
-  assert "alpha 0.61 (share of draft tokens accepted)" in text
+  assert ("1.62x faster than the target alone (Theorem 3.8 at the measured "
+          "call cost 1.44x)") in text
+  # α as outputs.md defines metrics.json's alpha (not "the share of draft
+  # tokens accepted", which the histogram gives lower).
+  assert "alpha 0.61 (kept guesses / acceptance trials)" in text
+  assert "share of draft tokens" not in text
   assert "not compared token by token" in text and "chi-square" in text
   assert "identical" not in text
-  assert "ROUGE rouge1 40.00/39.00, rougeLsum 37.50/36.50" in text
+  # T > 0: the quality difference is sampling noise, said so.
+  assert ("ROUGE rouge1 40.00/39.00, rougeLsum 37.50/36.50 (target alone / "
+          "speculative); T > 0: different samples of the same distribution, "
+          "so they differ by sampling noise") in text
   assert "meaningless" not in text
+
+
+def test_theory_and_alpha_read_the_same_on_stdout_and_stderr():
+  """Issue 58: the summary said 'theory at the measured call cost 2.43x'
+  while the log said 'theory 3.19x' (the ideal): both now print the same
+  formula under the same name, α under outputs.md's name; BLEU at T > 0
+  with its paired bootstrap's p."""
+  metrics = dict(
+      task="captions", num_examples=50, speedup=1.95, theoretical_speedup=3.19,
+      theoretical_speedup_measured_call_cost=2.43, alpha=0.898, alpha_beta=0.9,
+      tokens_per_target_call=3.0, cost_coefficient_c=0.028,
+      greedy_outputs_identical=None, random_weights=False, bleu={
+          "baseline": 30.1,
+          "speculative": 29.4
+      }, quality_noise={
+          "metric": "bleu",
+          "difference": -0.7,
+          "p_value": 0.6234,
+          "resamples": 1000
+      })
+  args = arguments.RunArguments(temperature=1.0, gamma=3, mode="walltime",
+                                output_dir="/tmp/x")
+  lines = summary.summary_lines(metrics, args)
+  log = summary.log_words(metrics)
+  shown = "Theorem 3.8 at the measured call cost 2.43x"
+  assert shown in lines[1] and shown in log and "3.19" not in log
+  assert "alpha 0.90 (kept guesses / acceptance trials)" in lines[1]
+  assert log == ("speedup 1.95x (Theorem 3.8 at the measured call cost "
+                 "2.43x), alpha 0.898 (kept guesses / acceptance trials), "
+                 "c 0.028")
+  assert lines[2] == (
+      "quality: BLEU 30.10 (target alone) vs 29.40 (speculative); T > 0: "
+      "different samples of the same distribution, so they differ by "
+      "sampling noise (paired bootstrap over the 50 examples: p = 0.62)")
+  # Lenient: not the same distribution, said so; T = 0: no note.
+  lenient = summary.summary_lines(dict(metrics, exact=False, lenience=0.5),
+                                  args)
+  assert "LENIENCE < 1 samples another distribution" in lenient[2]
+  greedy = dict(metrics, greedy_outputs_identical=True,
+                greedy_identical_examples=50)
+  lines = summary.summary_lines(greedy,
+                                dataclasses.replace(args, temperature=0.0))
+  assert lines[2] == "quality: BLEU 30.10 (target alone) vs 29.40 (speculative)"
 
 
 def test_run_arguments_are_one_checked_frozen_record(tmp_path):

@@ -12,12 +12,14 @@ from conftest import random_model
 from conftest import tiny_config
 import numpy as np
 import pytest
+from run_helpers import certify_arguments
 from run_helpers import parse_local_tiny
 
 from specdec_jax import run as run_lib
 from specdec_jax.core.decoding import beam_decoders
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import decode_modes
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
 
@@ -34,19 +36,21 @@ pytestmark = pytest.mark.usefixtures("clean_gin")
          ], ["BEAM_WIDTH=3 with BEAM_SIZE=4", "an integer >= BEAM_SIZE = 4"]),
         (["DECODE = 'beam'", "BEAM_SIZE = 2", "GAMMA = 2", "BEAM_ROWS = 7"
          ], ["BEAM_ROWS=7", "from 2 (one row per beam) to", "= 6"]),
-        (["BEAM_SIZE = 2"], ["BEAM_SIZE=2 with DECODE='sample'"]),
+        (["BEAM_SIZE = 2"], [
+            "BEAM_SIZE=2 with ACCEPTANCE='token'", "only DECODE='beam' reads it"
+        ]),
         (["DECODE = 'beam'", "TEMPERATURE = 1.0"
          ], ["DECODE='beam' with TEMPERATURE=1.0", "allowed: TEMPERATURE=0"]),
         (["DECODE = 'beam'", "GAMMA = 'auto'"
          ], ["DECODE='beam' with GAMMA='auto'", "an integer GAMMA >= 1"]),
         (["DECODE = 'beam'", "LENIENCE = 0.5"
-         ], ["DECODE='beam' with LENIENCE=0.5", "allowed: LENIENCE=1"]),
+         ], ["LENIENCE=0.5 with DECODE='beam'", "allowed: LENIENCE=1.0"]),
         (["DECODE = 'beam'", "ACCEPTANCE = 'block'"
          ], ["DECODE='beam' with ACCEPTANCE='block'", "ACCEPTANCE='token'"]),
         (["DECODE = 'beam'", "ACCEPTANCE = 'tree'", "TREE_WIDTH = 2"
          ], ["DECODE='beam' with ACCEPTANCE='tree'"]),
         (["DECODE = 'beam'", "TREE_WIDTH = 2"
-         ], ["DECODE='beam' with TREE_WIDTH=2", "allowed: TREE_WIDTH=1"]),
+         ], ["TREE_WIDTH=2 with DECODE='beam'", "allowed: TREE_WIDTH=1"]),
         (["DECODE = 'beam'", "DRAFTER = 'prompt_lookup'"], [
             "DECODE='beam' with DRAFTER='prompt_lookup'",
             "allowed: DRAFTER 'model' or 'shared_encoder'"
@@ -72,31 +76,20 @@ def test_bad_beam_settings_fail_before_loading(bindings, expect, tmp_path,
     assert text in str(e.value), (text, str(e.value))
 
 
-def test_beam_defaults_and_resolved_width_and_rows(tmp_path):
-  from specdec_jax.experiment import beam_settings  # pylint: disable=g-import-not-at-top
-  args = arguments.run_arguments({"output_dir": str(tmp_path)})
-  assert (args.decode, args.beam_size, args.beam_alpha, args.beam_width,
-          args.beam_rows) == ("sample", 4, 0.6, None, None)
-  beam = arguments.run_arguments({
-      "output_dir": str(tmp_path),
-      "decode": "beam",
-      "beam_size": 2,
-      "gamma": 1
-  })
-  assert beam_settings.width(beam) == 2 and beam_settings.rows(beam) == 4
+def test_beam_defaults_and_resolved_width_and_rows():
+  assert certify_arguments(["DECODE = 'beam'"
+                           ]).decode_mode == (decode_modes.BeamMode(
+                               size=4, alpha=0.6, width=None, rows=None))
+  beam = certify_arguments(["DECODE = 'beam'", "BEAM_SIZE = 2", "GAMMA = 1"])
+  assert beam.decode_mode.draft_width() == 2
+  assert beam.decode_mode.num_rows(beam.gamma) == 4
   # 2u = 8 rows would be more than γ·u + k = 1·4 + 2 = 6: the default stops
   # at all of the draft's beams.
-  wide = arguments.run_arguments({
-      "output_dir": str(tmp_path),
-      "decode": "beam",
-      "beam_size": 2,
-      "beam_width": 4,
-      "gamma": 1
-  })
-  assert beam_settings.rows(wide) == 6
+  wide = decode_modes.BeamMode(size=2, width=4)
+  assert wide.num_rows(1) == 6
 
 
-def test_beam_settings_are_recorded_for_beam_runs_only(tmp_path):
+def test_beam_settings_are_recorded_for_beam_runs_only():
   """A sampling run's settings record is as before DECODE existed (its
   OVERWRITE comparison with earlier runs holds); a beam run's has them."""
   from specdec_jax.experiment import output_dir  # pylint: disable=g-import-not-at-top
@@ -106,13 +99,15 @@ def test_beam_settings_are_recorded_for_beam_runs_only(tmp_path):
 
   config = tiny_config(vocab_size=32)
 
-  def record(**overrides):
-    args = arguments.run_arguments({"output_dir": str(tmp_path), **overrides})
-    return output_dir.settings_record(args, config, config, Vocab())["run"]
+  def record(*bindings):
+    args = certify_arguments(list(bindings))
+    return output_dir.settings_record(args, decode_modes.mode_of(args), config,
+                                      config, Vocab())["run"]
 
   keys = {"decode", "beam_size", "beam_alpha", "beam_width", "beam_rows"}
   assert not keys & set(record())
-  beam = record(decode="beam", beam_size=2, beam_width=3, gamma=2)
+  beam = record("DECODE = 'beam'", "BEAM_SIZE = 2", "BEAM_WIDTH = 3",
+                "GAMMA = 2")
   assert {
       k: beam[k] for k in keys
   } == {
@@ -162,13 +157,16 @@ def test_the_memory_check_counts_the_beam_rows(tmp_path, monkeypatch):
   config = tiny_config(vocab_size=32)
   overrides = {"output_dir": str(tmp_path), "batch_size": 2, "gamma": 2}
   sample = arguments.run_arguments(overrides)
-  beam = arguments.run_arguments({**overrides, "decode": "beam"})
+  beam = arguments.run_arguments({
+      **overrides, "decode_mode": decode_modes.BEAM
+  })
   # Room for the sampled run's 2 rows, not the beam run's 2·(8 + 4) = 24.
   need = sum(plan.estimate(config, 24, 512, 128).values()) + sum(
       plan.estimate(config, 24, 512, 128).values())
   monkeypatch.setattr(sizes, "available_bytes", lambda: need // 2)
-  plan._check_memory(sample, config, config)  # pylint: disable=protected-access
+  modes = decode_modes.mode_of
+  plan._check_memory(sample, modes(sample), config, config)  # pylint: disable=protected-access
   with pytest.raises(run_lib.ConfigError) as e:
-    plan._check_memory(beam, config, config)  # pylint: disable=protected-access
+    plan._check_memory(beam, modes(beam), config, config)  # pylint: disable=protected-access
   assert "BATCH_SIZE=24" in str(e.value)
   assert "BEAM_ROWS + BEAM_SIZE = 8 + 4" in str(e.value)

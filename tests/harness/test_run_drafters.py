@@ -70,7 +70,7 @@ def _run_error(out, bindings, providers) -> str:
     (["ACCEPTANCE = 'forest'"
      ], ["ACCEPTANCE='forest': allowed: 'token', 'block', 'tree'"]),
     (["ACCEPTANCE = 'block'", "LENIENCE = 0.5"
-     ], ["ACCEPTANCE='block' with LENIENCE=0.5", "allowed: LENIENCE=1"]),
+     ], ["LENIENCE=0.5 with ACCEPTANCE='block'", "allowed: LENIENCE=1.0"]),
     (["DRAFTER = 'shared_encoder'"], [
         "DRAFTER='shared_encoder': the draft has an encoder of its own",
         "encoder_width = the target's emb_dim (64)"

@@ -38,6 +38,7 @@ from specdec_jax.core.models import FeatureDrafterConfig
 from specdec_jax.core.models import FeatureDraftModel
 from specdec_jax.core.models.feature_drafter import init_feature_params
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import loading
 from specdec_jax.experiment.plan import Models
 from specdec_jax.experiment.plan import Providers
@@ -216,8 +217,8 @@ def test_checks_and_loading_work_with_gin_locked(checkpoint):
 def test_pricing_a_feature_tree_runs_its_propose_tree():
   target, draft = _tiny_pair()
   args = arguments.RunArguments(
-      gamma=2, output_dir="/tmp/unused", acceptance="tree", tree_width=2,
-      task_feature_lengths={
+      gamma=2, output_dir="/tmp/unused",
+      decode_mode=decode_modes.TreeMode(width=2), task_feature_lengths={
           "inputs": 8,
           "targets": 6
       })

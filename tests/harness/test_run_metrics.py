@@ -24,7 +24,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(run_metrics.RunMetrics)}
 
 def _outputs_table():
   """{key: (meaning, value, older files)} of docs/usage/outputs.md's
-  metrics.json table (written by scripts/generate_docs.py; tests/project/test_docs.py
+  metrics.json table (written by tools/generate_docs.py; tests/project/test_docs.py
   checks that the committed page is its output)."""
   text = (REPO / "docs" / "usage" / "outputs.md").read_text(encoding="utf-8")
   section = text.split("## metrics.json", 1)[1].split("\n## ")[0]
@@ -122,7 +122,8 @@ def test_round_trip_and_quality_key():
                "steps_per_target_call")
   # Keys written only when set: PRICE_CALL_COST=False's, SPECULATION's
   # ('off' / 'auto').
-  unpriced_keys = ("call_cost_priced", "speculation", "auto")
+  # ... and T > 0's test of the quality difference.
+  unpriced_keys = ("call_cost_priced", "speculation", "auto", "quality_noise")
   assert list(written) == [
       f for f in FIELDS if f != "rouge" and f not in tree_keys and
       f not in beam_keys and f not in unpriced_keys

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from run_helpers import certify_arguments
 from run_helpers import parse_local_tiny
 
 from specdec_jax import run as run_lib
@@ -26,48 +27,57 @@ from specdec_jax.core import drafters
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import decode_modes
 from specdec_jax.metrics import step_costs
 from specdec_jax.metrics import timing
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
-@pytest.mark.parametrize("bindings,expect", [
-    (["TREE_WIDTH = 0", "ACCEPTANCE = 'tree'"
-     ], ["TREE_WIDTH=0: allowed: an integer >= 1"]),
-    (["TREE_WIDTH = 2.5", "ACCEPTANCE = 'tree'"], ["TREE_WIDTH=2.5"]),
-    (["TREE_WIDTH = 3"], [
-        "TREE_WIDTH=3 with ACCEPTANCE='token'",
-        "allowed: TREE_WIDTH=1, or ACCEPTANCE='tree'"
-    ]),
-    (["TREE_WIDTH = 2", "ACCEPTANCE = 'block'"
-     ], ["TREE_WIDTH=2 with ACCEPTANCE='block'"]),
-    (["TREE_WITHOUT_REPLACEMENT = False"
-     ], ["TREE_WITHOUT_REPLACEMENT=False with ACCEPTANCE='token'"]),
-    (["TREE_WITHOUT_REPLACEMENT = 1", "ACCEPTANCE = 'tree'"
-     ], ["TREE_WITHOUT_REPLACEMENT=1", "allowed: True or False"]),
-    (["ACCEPTANCE = 'tree'", "LENIENCE = 0.5"
-     ], ["ACCEPTANCE='tree' with LENIENCE=0.5", "allowed: LENIENCE=1"]),
-    (["ACCEPTANCE = 'tree'", "DRAFTER = 'prompt_lookup'"], [
-        "ACCEPTANCE='tree' with DRAFTER='prompt_lookup'",
-        "allowed: DRAFTER 'model' or 'shared_encoder'"
-    ]),
-    (["ACCEPTANCE = 'tree'", "ADAPTIVE_THRESHOLD = 0.5"
-     ], ["ACCEPTANCE='tree' with ADAPTIVE_THRESHOLD=0.5"]),
-    (["TREE_WIDTH = 'wide'", "ACCEPTANCE = 'tree'"
-     ], ["TREE_WIDTH='wide': allowed: an integer >= 1", "or 'auto'"]),
-    (["TREE_WIDTH = 'auto'"], ["TREE_WIDTH='auto' with ACCEPTANCE='token'"]),
-    ([
-        "ACCEPTANCE = 'tree'", "TREE_WIDTH = 'auto'", "GAMMA = 25",
-        "TASK_FEATURE_LENGTHS = {'inputs': 8, 'targets': 32}"
-    ], ["TREE_WIDTH='auto' with GAMMA=25", "allowed: GAMMA <= 24"]),
-    (["ACCEPTANCE = 'tree'", "TREE_WIDTH = 260"
-     ], ["TREE_WIDTH=260 is more than the models' vocab_size (259)"]),
-    ([
-        "ACCEPTANCE = 'tree'", "TREE_WIDTH = 'auto'",
-        "COMPILE_TOPOLOGY = 'v4-8'"
-    ], ["TREE_WIDTH='auto' with COMPILE_TOPOLOGY='v4-8'"]),
-])
+@pytest.mark.parametrize(
+    "bindings,expect",
+    [
+        (["TREE_WIDTH = 0", "ACCEPTANCE = 'tree'"
+         ], ["TREE_WIDTH=0: allowed: an integer >= 1"]),
+        (["TREE_WIDTH = 2.5", "ACCEPTANCE = 'tree'"], ["TREE_WIDTH=2.5"]),
+        (["TREE_WIDTH = 3"], [
+            "TREE_WIDTH=3 with ACCEPTANCE='token'",
+            "allowed: TREE_WIDTH=1 (its default), or ACCEPTANCE='tree'"
+        ]),
+        (["TREE_WIDTH = 2", "ACCEPTANCE = 'block'"
+         ], ["TREE_WIDTH=2 with ACCEPTANCE='block'"]),
+        (["TREE_WITHOUT_REPLACEMENT = False"
+         ], ["TREE_WITHOUT_REPLACEMENT=False with ACCEPTANCE='token'"]),
+        (["TREE_WITHOUT_REPLACEMENT = 1", "ACCEPTANCE = 'tree'"
+         ], ["TREE_WITHOUT_REPLACEMENT=1", "allowed: True or False"]),
+        (["ACCEPTANCE = 'tree'", "LENIENCE = 0.5"], [
+            "LENIENCE=0.5 with ACCEPTANCE='tree'",
+            "allowed: LENIENCE=1.0 (its default), or ACCEPTANCE='token'"
+        ]),
+        (["ACCEPTANCE = 'tree'", "DRAFTER = 'prompt_lookup'"], [
+            "ACCEPTANCE='tree' with DRAFTER='prompt_lookup'",
+            "allowed: DRAFTER 'model' or 'shared_encoder'"
+        ]),
+        (["ACCEPTANCE = 'tree'", "ADAPTIVE_THRESHOLD = 0.5"
+         ], ["ACCEPTANCE='tree' with ADAPTIVE_THRESHOLD=0.5"]),
+        (["TREE_WIDTH = 'wide'", "ACCEPTANCE = 'tree'"
+         ], ["TREE_WIDTH='wide': allowed: an integer >= 1", "or 'auto'"]),
+        (["TREE_WIDTH = 'auto'"], ["TREE_WIDTH='auto' with ACCEPTANCE='token'"
+                                  ]),
+        ([
+            "ACCEPTANCE = 'tree'", "TREE_WIDTH = 'auto'", "GAMMA = 25",
+            "TASK_FEATURE_LENGTHS = {'inputs': 8, 'targets': 32}"
+        ], ["TREE_WIDTH='auto' with GAMMA=25", "allowed: GAMMA <= 24"]),
+        # No tree GAMMA='auto' could choose (the choice failed after loading).
+        (["ACCEPTANCE = 'tree'", "TREE_WIDTH = 25", "GAMMA = 'auto'"
+         ], ["GAMMA='auto' with TREE_WIDTH=25", "allowed: TREE_WIDTH <= 24"]),
+        (["ACCEPTANCE = 'tree'", "TREE_WIDTH = 260"
+         ], ["TREE_WIDTH=260 is more than the models' vocab_size (259)"]),
+        ([
+            "ACCEPTANCE = 'tree'", "TREE_WIDTH = 'auto'",
+            "COMPILE_TOPOLOGY = 'v4-8'"
+        ], ["TREE_WIDTH='auto' with COMPILE_TOPOLOGY='v4-8'"]),
+    ])
 def test_bad_tree_settings_fail_before_loading(bindings, expect, tmp_path,
                                                no_load):
   out = tmp_path / "out"
@@ -79,13 +89,13 @@ def test_bad_tree_settings_fail_before_loading(bindings, expect, tmp_path,
     assert text in str(e.value), (text, str(e.value))
 
 
-def test_tree_width_one_is_allowed_with_every_acceptance(tmp_path):
+def test_tree_width_one_is_allowed_with_every_acceptance():
   for acceptance in ("token", "block", "tree"):
-    args = arguments.run_arguments({
-        "output_dir": str(tmp_path),
-        "acceptance": acceptance
-    })
-    assert args.tree_width == 1 and args.tree_without_replacement is True
+    args = certify_arguments([
+        f"ACCEPTANCE = '{acceptance}'", "TREE_WIDTH = 1",
+        "TREE_WITHOUT_REPLACEMENT = True"
+    ])
+    assert args.decode_mode.name == acceptance
 
 
 def test_the_tree_calls_are_priced_as_the_loop_makes_them():
@@ -125,8 +135,7 @@ def test_the_tree_calls_are_priced_as_the_loop_makes_them():
   # `price_tree_calls` times exactly these three calls (few steps here).
   args = arguments.run_arguments({
       "output_dir": "/tmp/unused",
-      "acceptance": "tree",
-      "tree_width": width,
+      "decode_mode": decode_modes.TreeMode(width=width),
       "gamma": gamma,
       "temperature": 1.0,  # the drafter's q too
       "task_feature_lengths": {

@@ -264,7 +264,7 @@ TREE = {"gamma": 3, "widths": [2], "nodes": [1, 7]}
 
 
 def _prices():
-  """A price entry as `auto_run.measure_prices` writes it."""
+  """A price entry as `price_cache.measure_prices` writes it."""
   return {
       "target_step_s": 0.004,
       "call_cost_by_k": {
@@ -287,7 +287,7 @@ PILOTS = {"token": ["token", 3, None, True], "tree": ["tree", 3, 2, False]}
 
 
 def _pilots():
-  """A pilot entry as `auto_run.pilots_for` writes it."""
+  """A pilot entry as `pilots.pilots_for` writes it."""
   common = {
       "gamma": 3,
       "examples": 8,
@@ -334,6 +334,11 @@ def test_valid_cached_entries_pass():
           for k, v in _prices().items()
           if not k.startswith(("tree", "cost_coefficient_by"))
       }, KS)
+  # Trees alone (GAMMA / TREE_WIDTH 'auto' on a tree run): no chain's c.
+  price_cache.check_prices(
+      {
+          k: v for k, v in _prices().items() if k != "cost_coefficient_c"
+      }, (), TREE)
   price_cache.check_pilots(_pilots(), PILOTS)
 
 

@@ -4,9 +4,10 @@ The core lives under `specdec_jax/core/` and nowhere else (the layout shows
 the line). The core (`protocols`, `sampling`, `acceptance`, `kernels`,
 `models`, `drafters`, `decoding`) imports only itself, JAX/Flax/NumPy and the
 standard library: never the harness (`experiment`, `run`, `timing`,
-`analysis`, `benchmarking`, ...), gin or absl. Its packages import one
-another without a cycle. Read from the source with `ast`: nothing is
-imported, so a cycle that import order would hide is still seen.
+`analysis`, ...), gin or absl. Its packages import one another without a
+cycle. The package imports nothing of the tools (`tools/`, not installed).
+Read from the source with `ast`: nothing is imported, so a cycle that
+import order would hide is still seen.
 """
 import ast
 import pathlib
@@ -207,10 +208,28 @@ def test_no_import_cycle_in_the_package():
   """No two modules import each other, directly or around a loop (a lazy
   import inside a function once hid one in the gin plumbing)."""
   graph = _module_graph()
-  assert len(graph) > 100
+  assert len(graph) > 50
   assert "specdec_jax.config.gin_reader" in graph[
       "specdec_jax.config.gin_utils"]
   assert _find_cycle(graph) is None, _find_cycle(graph)
+
+
+def test_the_package_imports_no_tool():
+  """`tools/` is not installed (pyproject's packages.find): a module of the
+  package that imported it would fail on a user's machine. Tools import
+  the package, never the reverse (issue 57: certify imported the device
+  check's chi-square)."""
+  found = [
+      f"{path.relative_to(REPO)}:{line}: {module}"
+      for path in sorted(PACKAGE.rglob("*.py"))
+      for line, module in _file_imports(path)
+      if module.split(".")[0] == "tools"
+  ]
+  assert not found, "\n".join(found)
+  installed = re.search(
+      r"\[tool\.setuptools\.packages\.find\]\n(?:#.*\n)*"
+      r"include = (.*)\n", (REPO / "pyproject.toml").read_text())
+  assert installed and "tools" not in installed.group(1)
 
 
 def test_the_root_holds_only_the_commands():
@@ -251,7 +270,7 @@ def test_the_harness_imports_the_core_by_its_own_path():
   """Code in this repository imports `specdec_jax.core.X`, never the alias
   kept for users (one spelling to grep for)."""
   found = []
-  for root in (PACKAGE, REPO / "scripts", REPO / "tests"):
+  for root in (PACKAGE, REPO / "tools", REPO / "tests"):
     for path in sorted(root.rglob("*.py")):
       if path.name == "test_architecture.py" or path == PACKAGE / "__init__.py":
         continue
@@ -286,7 +305,7 @@ def test_no_mode_string_outside_the_registry():
   ACCEPTANCE='block')."""
   registry = PACKAGE / "experiment" / "decode_modes.py"
   found = [
-      f"{path.relative_to(REPO)}:{line}" for root in (PACKAGE, REPO / "scripts")
+      f"{path.relative_to(REPO)}:{line}" for root in (PACKAGE, REPO / "tools")
       for path in sorted(root.rglob("*.py")) if path != registry
       for line in _mode_string_comparisons(path.read_text())
   ]
@@ -301,14 +320,16 @@ def test_the_mode_string_check_sees_a_comparison():
 
 
 def _imports_a_script_by_path(source: str) -> bool:
-  """True when test code loads a file under scripts/ as a module."""
+  """True when test code loads a file under scripts/ or tools/ as a
+  module."""
   return bool(
       re.search(r"spec_from_file_location|runpy\.run_path|SourceFileLoader",
-                source)) and "scripts" in source
+                source)) and ("scripts" in source or "tools" in source)
 
 
 def test_no_test_imports_a_script_by_path():
-  """Scripts are entry points; what tests exercise lives in the library."""
+  """Tests import modules (`tools.X`, `specdec_jax.X`), never a file by
+  its path."""
   tests = pathlib.Path(__file__).resolve().parents[1]
   offenders = [
       p.name

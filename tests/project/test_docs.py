@@ -4,6 +4,7 @@ install lines are .ci/run's, the Python API block executes, every other
 command names modules, scripts, gin files, macros and flags that exist; the
 main job runs in tests/e2e/test_docs_e2e.py)."""
 import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -14,7 +15,8 @@ import pytest
 
 from specdec_jax.config import gin_reader
 from specdec_jax.experiment import arguments
-from specdec_jax.tools import generate_docs
+from specdec_jax.experiment import compile_report
+from tools import generate_docs
 
 from conftest import REPO
 from docs_helpers import fenced
@@ -30,21 +32,54 @@ PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
 # ---------------------------------------------------------------------------
 def test_generated_pages_are_the_generators_output(tmp_path):
   written = generate_docs.write_pages(str(tmp_path))
-  assert sorted(
-      pathlib.Path(p).name for p in written) == ["macros.md", "outputs.md"]
+  assert sorted(pathlib.Path(p).name for p in written) == [
+      "macros.md", "outputs.md", "reproduce_table2.md", "running.md", "tpu.md"
+  ]
   for path in written:
     name = pathlib.Path(path).name
     committed = (DOCS / "usage" / name).read_text(encoding="utf-8")
     assert committed == pathlib.Path(path).read_text(encoding="utf-8"), (
-        f"docs/usage/{name} is not what scripts/generate_docs.py writes: "
-        "run `python scripts/generate_docs.py` and commit the result.")
+        f"docs/usage/{name} is not what tools/generate_docs.py writes: "
+        "run `python -m tools.generate_docs` and commit the result.")
+
+
+def test_figures_quoted_from_results_are_generated_from_them(tmp_path):
+  """Issue 58: running.md's main-job α / BLEU / identity and the example
+  compile output of tpu.md and reproduce_table2.md are filled from
+  committed results (they had drifted: α 0.87, 103.81 MB); a changed result
+  makes the committed page stale (the test above then fails)."""
+  usage = DOCS / "usage"
+  running = (usage / "running.md").read_text(encoding="utf-8")
+  main = json.loads((REPO / generate_docs.MAIN_JOB).read_text())
+  assert (f"alpha {main['alpha']:.2f} (kept guesses / acceptance trials), "
+          f"BLEU {main['bleu']['speculative']:.2f}, greedy outputs identical "
+          f"to the target's on {main['greedy_identical_examples']}/"
+          f"{main['num_examples']} examples") in running
+  assert "α 0.87" not in running
+  lines = compile_report.compile_summary_lines(
+      json.loads((REPO / generate_docs.TPU_EXAMPLE).read_text()))
+  assert "KV caches 108.00 MB" in lines[1]
+  tpu = (usage / "tpu.md").read_text(encoding="utf-8")
+  assert "```\n" + "\n".join(lines) + "\n```" in tpu
+  reproduce = (usage / "reproduce_table2.md").read_text(encoding="utf-8")
+  assert "\n".join(lines[:2] + ["..."] + lines[-4:-1]) in reproduce
+  # Another result, another page; no markers, a named error.
+  other = tmp_path / "metrics.json"
+  other.write_text(json.dumps(dict(main, alpha=0.5)))
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(generate_docs, "MAIN_JOB", str(other))
+    filled = generate_docs.fill("running.md", running)
+  assert filled != running and "alpha 0.50 (kept guesses" in filled
+  with pytest.raises(generate_docs.DocsError,
+                     match="running.md: no '<!-- generated: main_job -->'"):
+    generate_docs.fill("running.md", "α 0.87")
 
 
 def test_macros_page_covers_every_run_argument():
   rows = generate_docs.macro_rows()
   bound = {binding for _, _, binding, _ in rows}
-  fields = arguments.RunArguments.__dataclass_fields__
-  assert {f"run.{f}" for f in fields} <= bound
+  assert {f"run.{f}" for f in arguments.MACROS} <= bound  # and components':
+  assert {"TreeMode.width", "decode_mode.acceptance", "drafter.name"} <= bound
   by_macro = {macro: (default, meaning) for macro, default, _, meaning in rows}
   assert by_macro["GAMMA"][0] == "5" and "'auto'" in by_macro["GAMMA"][1]
   assert by_macro["SPM_MODEL_PATH"][1]  # vocabulary.* macros too
@@ -184,8 +219,8 @@ def test_core_python_api_block_runs(capsys):
 
 
 def _commands(text: str) -> list:
-  """The `python -m specdec_jax.X` / `python scripts/X.py` command lines of
-  a page: in fenced blocks (continuation lines joined) and inline code."""
+  """The `python -m specdec_jax.X` / `python -m tools.X` command lines of a
+  page: in fenced blocks (continuation lines joined) and inline code."""
   found = []
   for block in fenced(text):
     for line in block.replace("\\\n", " ").splitlines():
@@ -194,16 +229,20 @@ def _commands(text: str) -> list:
         # Inside `gcloud ... --command="..."`: unescape, drop the last quote.
         line = line.replace('\\"', '"')
         found.append(line[:-1] if line.count('"') % 2 else line)
-  found += re.findall(r"`(python (?:-m specdec_jax|scripts/)[^`]*)`", text)
-  return [c for c in found if re.match(r"python (-m specdec_jax|scripts/)", c)]
+  found += re.findall(r"`(python (?:-m (?:specdec_jax|tools)|scripts/)[^`]*)`",
+                      text)
+  return [
+      c for c in found
+      if re.match(r"python (-m (specdec_jax|tools)|scripts/)", c)
+  ]
 
 
 def _flag_names_in_sources() -> str:
-  """All Python source of the package and scripts (where flags are
+  """All Python source of the package and the tools (where flags are
   defined)."""
   return "\n".join(
       p.read_text(encoding="utf-8") for p in
-      [*(REPO / "specdec_jax").rglob("*.py"), *(REPO / "scripts").glob("*.py")])
+      [*(REPO / "specdec_jax").rglob("*.py"), *(REPO / "tools").rglob("*.py")])
 
 
 def test_every_command_shown_names_what_exists():

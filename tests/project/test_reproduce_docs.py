@@ -6,7 +6,7 @@ Every command is checked as `run` itself would check it, without a model
 (gin files, `--gin.X` macros that a binding reads, values, T5X's process
 flags, the compile-only settings), device check commands by its own
 argument parser; the page's twelve rows are the experiment files' (the
-comments `device_check.stats.paper_rows` reads) and each row's flags
+comments `tools.device_check.stats.paper_rows` reads) and each row's flags
 select its γ and temperature; the compile-only estimates are
 `benchmarks/tpu_compile_v4-8.json`'s; the GPU memory table is the model
 files'.
@@ -24,12 +24,12 @@ from specdec_jax import multihost
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
 from specdec_jax.data import tasks
-from specdec_jax.device_check import cli as device_check_cli
-from specdec_jax.device_check import stats
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_report
 from specdec_jax.experiment import loading  # noqa: F401  # registers vocabulary
 from specdec_jax.terminal import console
+from tools.device_check import cli as device_check_cli
+from tools.device_check import stats
 
 from conftest import REPO
 from docs_helpers import fenced
@@ -135,7 +135,8 @@ def test_a_macro_nothing_reads_is_refused():
 def test_every_program_named_exists_and_parses_its_flags(page):
   seen = 0
   for words in shell_commands(_text(page)):
-    if words[:2] == ["python", "-m"] and words[2].startswith("specdec_jax"):
+    package = words[2].split(".")[0] if len(words) > 2 else ""
+    if words[:2] == ["python", "-m"] and package in ("specdec_jax", "tools"):
       assert importlib.util.find_spec(words[2]), words
       seen += 1
     script = next((w for w in words[:2] if w.startswith("scripts/")), None)
@@ -143,7 +144,7 @@ def test_every_program_named_exists_and_parses_its_flags(page):
       assert (REPO / script).is_file(), words
       seen += 1
     program = script or (words[2] if words[1] == "-m" else "")
-    if program in ("specdec_jax.device_check", "scripts/device_check.sh"):
+    if program in ("tools.device_check", "scripts/device_check.sh"):
       rest = words[words.index(program) + 1:]
       device_check_cli.parse_args(rest)  # SystemExit on a bad flag
   assert seen >= 3, page

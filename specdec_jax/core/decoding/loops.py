@@ -320,7 +320,7 @@ def speculative_iteration(target: Target, drafter: Drafter,
                                                      s.target_state,
                                                      s.iteration, rng)
   # The named scopes label each part's ops in the compiled program
-  # (profiles, `scripts/iteration_hlo.py`); they change no computation.
+  # (profiles, `tools.benchmarks.iteration_hlo`); they change no computation.
   with jax.named_scope("propose"):
     draft_state, draft_tokens, draft_probs = drafter.propose(
         s.draft_state, s.buffer, s.length, draft_rng, gamma=gamma,

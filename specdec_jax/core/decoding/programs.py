@@ -1,17 +1,21 @@
-"""One jitted program per loop family, with XLA:CPU's options on the CPU only.
+"""One jitted program per loop family, with each backend's compiler options.
 
 Every decode loop (the baseline, speculative, tree, beam and speculative
 beam loops) is jitted the same way: its shape-setting arguments static
 (γ, widths, lengths), everything else traced (models, drafters, acceptance
 rules and sampling methods are pytrees: a new temperature, top-k, top-p or
-lenience reuses the compiled program), and the compiler options of
-`specdec_jax.core.kernels` applied only when the program runs on XLA:CPU.
-`LoopProgram` holds both jitted versions and picks one by backend.
+lenience reuses the compiled program), and compiler options by backend:
+XLA:CPU's of `specdec_jax.core.kernels` on the CPU, XLA:GPU's
+(`kernels.gpu.GPU_LOOP_OPTIONS`: none until the device check measures a
+set faster, `kernels.gpu.GPU_OPTION_SETS`) on a GPU, none elsewhere.
+`LoopProgram` holds the jitted versions and picks one by backend.
 """
 import dataclasses
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
+
+from specdec_jax.core.kernels import gpu
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -22,11 +26,15 @@ class LoopProgram:
     loop: the traceable loop function.
     static_argnames: its arguments that set shapes or control flow.
     cpu_options: XLA:CPU compiler options (`kernels.CPU_*_OPTIONS`), used
-      only when the backend is the CPU; other backends compile with none.
+      only when the backend is the CPU.
+    gpu_options: XLA:GPU compiler options, used only on a GPU (default
+      `kernels.gpu.GPU_LOOP_OPTIONS`). Other backends compile with none.
   """
   loop: Callable[..., Any]
   static_argnames: Tuple[str, ...]
   cpu_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  gpu_options: Mapping[str, Any] = dataclasses.field(
+      default_factory=lambda: dict(gpu.GPU_LOOP_OPTIONS))
   # {options: the loop jitted with them}; filled on first use.
   _jitted: Dict[Tuple[Tuple[str, Any], ...],
                 Callable[..., Any]] = dataclasses.field(default_factory=dict,
@@ -38,7 +46,8 @@ class LoopProgram:
   def options(self, backend: Optional[str] = None) -> Dict[str, Any]:
     """The compiler options the loop gets on `backend` (default: JAX's)."""
     backend = jax.default_backend() if backend is None else backend
-    return dict(self.cpu_options) if backend == "cpu" else {}
+    by_backend = {"cpu": self.cpu_options, "gpu": self.gpu_options}
+    return dict(by_backend.get(backend, {}))
 
   def jitted(self, backend: Optional[str] = None) -> Callable[..., Any]:
     """The loop jitted with the options for `backend` (default: JAX's)."""

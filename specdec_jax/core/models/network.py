@@ -3,7 +3,11 @@
 `Transformer` is T5X's `t5x/examples/t5/network.py:Transformer` (same
 parameter tree) plus the methods the decoders use: `init_cache` and
 `decode_chunk`, which appends K >= 1 tokens per row at that row's own
-length (see `DecodeCache`).
+length (see `DecodeCache`). A decoder's `decode_path` (`decode_paths`)
+picks how a decode call computes: XLA's ops on T5X's kernels ('xla', and
+'cpu_kernel', whose dense layers multiply with the CPU kernel's panels),
+XLA's ops on packed kernels ('packed'), or the GPU kernels ('fused',
+`kernels.gpu`); teacher forcing and the encoder are the same on every path.
 """
 import dataclasses
 import functools
@@ -15,6 +19,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specdec_jax.core.kernels import gpu
+from specdec_jax.core.models import decode_paths
+from specdec_jax.core.models.attention import attend
 from specdec_jax.core.models.attention import CACHED
 from specdec_jax.core.models.attention import KeyValues
 from specdec_jax.core.models.attention import MultiHeadDotProductAttention
@@ -27,6 +34,7 @@ from specdec_jax.core.models.layers import Embed
 from specdec_jax.core.models.layers import LayerNorm
 from specdec_jax.core.models.layers import mask_to_bias
 from specdec_jax.core.models.layers import MlpBlock
+from specdec_jax.core.models.layers import NEG_INF
 from specdec_jax.core.models.layers import RelativePositionBiases
 
 Array = jax.Array
@@ -130,7 +138,12 @@ def _write_chunk(cache_rows: Array, chunk: Array, start: Array) -> Array:
 
 
 class DecoderLayer(nn.Module):
+  """A decoder layer; `decode_path` ('xla', 'cpu_kernel', 'packed' or
+  'fused': `decode_paths`) picks how `decode_chunk` / `decode_chunk_fused`
+  compute, reading the 'packed' and 'fused' paths' weights from
+  `layers.PACKED_COLLECTION` (`decode_paths.pack`)."""
   config: T5Config
+  decode_path: str = "xla"
 
   def setup(self):
     cfg = self.config
@@ -152,7 +165,11 @@ class DecoderLayer(nn.Module):
     y = self.encoder_decoder_attention.attend(
         y, [KeyValues(cross_keys, cross_values, cross_bias, CACHED)])
     x = x + self.dropout(y, deterministic=deterministic)
-    y = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
+    y = self.pre_mlp_layer_norm(x)
+    if self.decode_path == "packed":
+      y = decode_paths.packed_mlp(self, y)
+    else:
+      y = self.mlp(y, deterministic)
     return x + self.dropout(y, deterministic=deterministic)
 
   def __call__(self, x, encoded, self_bias, cross_bias, deterministic=True):
@@ -184,25 +201,41 @@ class DecoderLayer(nn.Module):
       (outputs [B, K, emb], keys, values) with the chunk written in place.
     """
     y = self.pre_self_attention_layer_norm(x)
-    new_k, new_v = self.self_attention.project_kv(y)
-    attended = self.self_attention.attend(y, [
-        KeyValues(keys, values, self_bias, CACHED),
-        KeyValues(new_k, new_v, chunk_bias, PROJECTED)
-    ])
+    if self.decode_path == "packed":
+      query, new_k, new_v = decode_paths.packed_qkv(self, y)
+    else:
+      query = self.self_attention.query(y)
+      new_k, new_v = self.self_attention.project_kv(y)
+    attended = self.self_attention.out(
+        attend(query, [
+            KeyValues(keys, values, self_bias, CACHED),
+            KeyValues(new_k, new_v, chunk_bias, PROJECTED)
+        ], self.config))
     out = self._rest(x, attended, cross_keys, cross_values, cross_bias, True)
     return out, _write_chunk(keys, new_k,
                              start), _write_chunk(values, new_v, start)
+
+  def decode_chunk_fused(self, x, keys, values, start, bias, cross_keys,
+                         cross_values, cross_bias):
+    """`decode_chunk` in 6 GPU kernels ('fused': `decode_paths.fused_layer`;
+    bias: every slot's, `decode_paths.fused_self_bias`)."""
+    return decode_paths.fused_layer(self, x, keys, values, start, bias,
+                                    cross_keys, cross_values, cross_bias)
 
 
 class Decoder(nn.Module):
   config: T5Config
   shared_embedding: nn.Module
+  decode_path: str = "xla"
 
   def setup(self):
     cfg = self.config
     self.relpos_bias = RelativePositionBiases(cfg.num_heads, cfg.dtype, False)
     # A list attribute names its modules layers_0, layers_1, ... as in T5X.
-    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    self.layers = [
+        DecoderLayer(cfg, self.decode_path)
+        for _ in range(cfg.num_decoder_layers)
+    ]
     self.decoder_norm = LayerNorm(cfg.dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.logits_via_embedding:
@@ -294,6 +327,8 @@ class Decoder(nn.Module):
       (logits [B, K, V], cache with slots length..length+K-1 written).
     """
     cfg = self.config
+    if self.decode_path == "fused":
+      return self._decode_new_fused(tokens, cache, offsets, visible)
     start = cache.length
     max_len = cache.max_len
     query_pos = start[:, None] + offsets  # [B, K]
@@ -306,6 +341,11 @@ class Decoder(nn.Module):
     chunk_bias = (self.relpos_bias(offsets, offsets, max_len) +
                   mask_to_bias(visible[:, None], cfg.dtype))
     cross_bias = mask_to_bias(cache.encoder_valid[:, None, None, :], cfg.dtype)
+    if self.decode_path == "packed":
+      # Computed once per call: XLA would otherwise fuse the bias (a gather
+      # of the relative-position table) into every layer's attention.
+      self_bias, chunk_bias, cross_bias = lax.optimization_barrier(
+          (self_bias, chunk_bias, cross_bias))
     y = self.shared_embedding(tokens.astype(jnp.int32)).astype(cfg.dtype)
     new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
@@ -315,7 +355,12 @@ class Decoder(nn.Module):
       new_keys.append(lk)
       new_values.append(lv)
     y = self.decoder_norm(y)
-    logits = self._logits(y)
+    return self._finish(y, self._logits(y), cache, new_keys, new_values)
+
+  def _finish(self, y, logits, cache: DecodeCache, new_keys, new_values):
+    """(logits, the cache with the new keys/values, and the top hidden
+    states y [B, K, emb] if it keeps them)."""
+    start = cache.length
     features = cache.features
     if features is not None:  # Static: only a cache started to keep them.
       features = jax.vmap(
@@ -324,6 +369,36 @@ class Decoder(nn.Module):
     cache = dataclasses.replace(cache, keys=tuple(new_keys),
                                 values=tuple(new_values), features=features)
     return logits, cache
+
+  def _decode_new_fused(self, tokens, cache: DecodeCache, offsets, visible):
+    """`_decode_new` on the 'fused' path: 6 GPU kernels a layer, the final
+    norm and the logits in one more (`kernels.gpu`)."""
+    cfg = self.config
+    start = cache.length
+    bias = decode_paths.fused_self_bias(self.relpos_bias, start, offsets,
+                                        visible, cache.max_len, cfg.num_heads)
+    cross_bias = jnp.where(cache.encoder_valid, 0.0,
+                           NEG_INF).astype(jnp.float32)
+    y = self.shared_embedding(tokens.astype(jnp.int32)).astype(cfg.dtype)
+    new_keys, new_values = [], []
+    for i, layer in enumerate(self.layers):
+      y, lk, lv = layer.decode_chunk_fused(y, cache.keys[i], cache.values[i],
+                                           start, bias, cache.cross_keys[i],
+                                           cache.cross_values[i], cross_bias)
+      new_keys.append(lk)
+      new_values.append(lv)
+    batch, k, emb = y.shape
+    if cfg.logits_via_embedding or cache.features is not None:
+      top = self.decoder_norm(y)  # XLA: a tied output layer, or kept states.
+      logits = self._logits(top)
+    else:
+      top = y
+      kernel = self.logits_dense.variables["params"]["kernel"]
+      logits = gpu.rms_dense(y.reshape(batch * k, emb),
+                             self.decoder_norm.variables["params"]["scale"],
+                             kernel[None], ("linear",),
+                             jnp.float32).reshape(batch, k, -1)
+    return self._finish(top, logits, cache, new_keys, new_values)
 
 
 def commit_path(cache: DecodeCache, path: Array,
@@ -384,13 +459,14 @@ class Transformer(nn.Module):
       `commit_path` then keeps one path of it.
   """
   config: T5Config
+  decode_path: str = "xla"  # `decode_paths`: how decode calls compute.
 
   def setup(self):
     cfg = self.config
     self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
     if cfg.has_encoder:
       self.encoder = Encoder(cfg, self.token_embedder)
-    self.decoder = Decoder(cfg, self.token_embedder)
+    self.decoder = Decoder(cfg, self.token_embedder, self.decode_path)
 
   def _check_has_encoder(self):
     if not self.config.has_encoder:

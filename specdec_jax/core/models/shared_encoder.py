@@ -1,6 +1,6 @@
 """A draft decoder that reads its target's encoder: `SharedEncoderModel`."""
 import dataclasses
-from typing import Tuple, cast
+from typing import Optional, Tuple, cast
 
 import flax
 import jax
@@ -72,10 +72,13 @@ class SharedEncoderModel:
   def vocab_size(self) -> int:
     return self.decoder.vocab_size
 
-  def prepared_for_decoding(self) -> "SharedEncoderModel":
+  def prepared_for_decoding(self,
+                            path: Optional[str] = None) -> "SharedEncoderModel":
+    """Both prepared; `path` (`T5Model.prepared_for_decoding`) is the
+    decoder's, the one that decodes."""
     return dataclasses.replace(self,
                                encoder=self.encoder.prepared_for_decoding(),
-                               decoder=self.decoder.prepared_for_decoding())
+                               decoder=self.decoder.prepared_for_decoding(path))
 
   def start_token(self, encoder_input_tokens: Array) -> Array:
     return self.decoder.start_token(encoder_input_tokens)

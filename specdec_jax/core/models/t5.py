@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.core import kernels
+from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.layers import PACKED_COLLECTION
 from specdec_jax.core.models.network import commit_path
@@ -158,11 +159,16 @@ class T5Model:
     config: the model's hyperparameters.
     params: {'params': {...}} in T5X's layout, always: what checkpoints
       save and converters read.
-    packed: None, or the CPU kernel's panels of the encoder's and decoder's
-      kernels (`prepared_for_decoding`), a tree of its own beside `params`
-      (flax collection `layers.PACKED_COLLECTION`). When set, the dense
-      layers multiply with the panels and never read the T5X-layout kernels
-      (jit drops the unused arguments).
+    packed: None, or the decode path's weights (`prepared_for_decoding`), a
+      tree of its own beside `params` (flax collection
+      `layers.PACKED_COLLECTION`): the CPU kernel's panels of the encoder's
+      and decoder's kernels ('cpu_kernel': the dense layers multiply with
+      them and never read the T5X-layout kernels; jit drops the unused
+      arguments), or the decoder's packed kernels ('packed', 'fused':
+      `decode_paths.pack`).
+    decode_path: how decode calls compute (`decode_paths`): 'xla' (not
+      prepared), 'cpu_kernel', 'packed' or 'fused'. Static: each path is its
+      own compiled program.
     keep_features: whether `start` gives a cache that keeps the decoder's
       top hidden states (`DecodeCache.features`, read with `features`) for
       a feature-level drafter (`with_features`). False: the decode path is
@@ -172,10 +178,11 @@ class T5Model:
   params: dict
   packed: Optional[dict] = None
   keep_features: bool = flax.struct.field(pytree_node=False, default=False)
+  decode_path: str = flax.struct.field(pytree_node=False, default="xla")
 
   @property
   def module(self) -> Transformer:
-    return Transformer(self.config)
+    return Transformer(self.config, self.decode_path)
 
   @property
   def variables(self) -> dict:
@@ -184,27 +191,41 @@ class T5Model:
       return self.params
     return {**self.params, PACKED_COLLECTION: self.packed}
 
-  def prepared_for_decoding(self) -> "T5Model":
-    """The same model with the CPU kernel's panels beside its parameters.
+  def prepared_for_decoding(self, path: Optional[str] = None) -> "T5Model":
+    """The same model with its decode path's weights beside its parameters.
 
-    Where `kernels.packing_enabled` (float32 on one CPU device, kernel
-    built), every encoder and decoder kernel [in, out] gets its packed
-    panels (`kernels.pack`), once, so that decode calls of 1..64 rows (and
-    short inputs' encoding) read each weight once, and decoder calls give
-    bit-identical rows whatever their number. Elsewhere (accelerators,
-    meshes, bfloat16) it returns the model unchanged. Outputs agree with
-    the unpacked model to float32 rounding (the dot's summation order
-    differs). `params` is untouched.
+    `path` (`decode_paths.DECODE_PATHS`; None: the backend's,
+    `decode_paths.default_path`): 'cpu_kernel' packs every encoder and
+    decoder kernel [in, out] into the CPU kernel's panels
+    (`kernels.pack`), once, so that decode calls of 1..64 rows (and short
+    inputs' encoding) read each weight once and decoder calls give
+    bit-identical rows whatever their number; 'packed' and 'fused' pack
+    the decoder's kernels for the GPU (`decode_paths.pack`; 'fused' runs
+    the GPU kernels of `kernels.gpu`, in Pallas' interpret mode off a GPU:
+    tests); 'xla' packs nothing. Outputs agree with the unpacked model to
+    the dtype's rounding (sums run in another order). `params` is
+    untouched. A model already on `path` is returned as it is.
+
+    Raises:
+      ValueError: a path that cannot run here (`decode_paths.check`).
     """
-    if self.is_packed or not kernels.packing_enabled(self.config.dtype):
+    path = decode_paths.check(path, self.config)
+    if path == self.decode_path:
       return self
-    return dataclasses.replace(self,
-                               packed=_pack_kernels(self.params["params"]))
+    base = self.unpacked()
+    if path == decode_paths.XLA:
+      return base
+    if path == decode_paths.CPU_KERNEL:
+      packed = _pack_kernels(self.params["params"])
+    else:
+      packed = decode_paths.pack(self.params["params"], path, self.config)
+    return dataclasses.replace(base, packed=packed, decode_path=path)
 
   def unpacked(self) -> "T5Model":
-    """The same model without the panels (undoes `prepared_for_decoding`)."""
-    return self if self.packed is None else dataclasses.replace(
-        self, packed=None)
+    """The same model on the 'xla' path (undoes `prepared_for_decoding`)."""
+    if self.packed is None and self.decode_path == decode_paths.XLA:
+      return self
+    return dataclasses.replace(self, packed=None, decode_path=decode_paths.XLA)
 
   def with_features(self) -> "T5Model":
     """The same model, whose decode caches keep the top hidden states."""
@@ -229,7 +250,8 @@ class T5Model:
 
   @property
   def is_packed(self) -> bool:
-    """Whether the panels are there (`prepared_for_decoding`)."""
+    """Whether a decode path's weights are there (`prepared_for_decoding`;
+    which path: `decode_path`)."""
     return self.packed is not None
 
   @property

@@ -1,0 +1,581 @@
+"""GPU decode kernels: a decoder layer in 6 kernels (Pallas, Triton backend).
+
+On a GPU a batch-1 decoder step is launch-bound, not memory-bound: XLA
+compiles every matrix-vector product as a multiply fusion writing a
+weight-sized product plus a reduce fusion, ~26 kernels a T5 decoder layer
+at ~2 µs each (the H200 run of 2026-11-28). These kernels compute a
+layer's three sublayers in two kernels each:
+
+* `self_attention`: RMS norm + q/k/v (one packed weight [H, 3, E, D]) +
+  the chunk's keys/values written into the cache in place + attention over
+  the cache (online softmax over blocks of slots); one program per (row of
+  the batch, head);
+* `cross_attention`: RMS norm + q + attention over the encoder's cached
+  keys/values;
+* `rms_dense`: RMS norm + the product with one or more weights, each
+  through its activation, multiplied (the gated-GELU MLP's input side;
+  with one linear weight, the final norm + logits);
+* `dense_residual`: residual + x @ w (every output projection).
+
+A kernel's programs cannot exchange a row without atomics (whose float
+sums would depend on the programs' order) or a grid-wide barrier (Triton
+has none), so each sublayer ends where the next one needs a whole row: 6
+kernels a layer, not 3.
+
+Every row is computed by the same operations on the same shapes whatever
+the number of rows in the call, and masked cache slots add exact zeros to
+the online softmax, so a row of a K-token call is bit-identical to the
+one-token call at that position (as the CPU kernel's rows are): greedy
+speculative decoding and the greedy baseline agree exactly through these
+kernels, not only within rounding. Arithmetic is float32 inside a kernel;
+its outputs are rounded to the model's dtype where XLA's path rounds them.
+
+Pallas' Triton lowering needs every array in a kernel to have a power-of-2
+size: weights and activations are read in blocks that are powers of 2
+dividing the dimension (`block`), cache and encoder slots in blocks whose
+tail is masked; only `head_dim` itself must be a power of 2 (`supported`).
+Off a GPU the same kernels run in Pallas' interpret mode (`interpret`):
+slow, for tests; `lowering_for_gpu` lowers them for Triton on a CPU (a
+test lowers a whole decoder for CUDA that way). `Tiles` are the block
+sizes and warps, `tiles` overrides them for a measurement.
+
+`GPU_OPTION_SETS` are the XLA:GPU compiler options the device check
+measures per program (`tools/device_check`); `GPU_LOOP_OPTIONS` is what
+the decode loops get on a GPU (`decoding.programs.LoopProgram`): none
+until a set is measured faster.
+"""
+import contextlib
+import contextvars
+import dataclasses
+import functools
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
+                    Tuple)
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+F32 = jnp.float32
+NEG_INF = -1e10  # The models' mask bias (`layers.NEG_INF`).
+# The custom call a Pallas Triton kernel lowers to (what the device check
+# and the tests count).
+TRITON_CALL = "__gpu$xla.gpu.triton"
+
+# XLA:GPU options (DebugOptions fields this jaxlib accepts as per-program
+# compiler options: tests/core/test_gpu_decode.py compiles each on the
+# CPU, which parses the same fields). `xla_gpu_enable_dot_strength_reduction`,
+# the pass behind the multiply + reduce fusions, is no longer an option
+# (a reserved field name since jaxlib 0.10): these are what can still move
+# the batch-1 products and the launches.
+GPU_OPTION_SETS: Dict[str, Dict[str, Any]] = {
+    "default": {},
+    # Command buffers (CUDA graphs) for the Pallas kernels and the loops'
+    # control flow too (XLA's default set leaves some out).
+    "command_buffer_all": {
+        "xla_gpu_enable_command_buffer": ",".join(
+            ("FUSION", "CUBLAS", "CUBLASLT", "CUSTOM_CALL", "WHILE",
+             "CONDITIONAL"))
+    },
+    "graph_min_size_1": {
+        "xla_gpu_graph_min_graph_size": 1
+    },
+    # Dots to cuBLAS rather than Triton GEMM fusions (the logits' product).
+    "no_triton_gemm": {
+        "xla_gpu_enable_triton_gemm": False
+    },
+    # Every dot a GEMM call, however small (no loop fusion of small dots).
+    "gemm_rewrite_all": {
+        "xla_gpu_gemm_rewrite_size_threshold": 0
+    },
+    "no_dot_merger": {
+        "xla_gpu_dot_merger_threshold_mb": 0
+    },
+}
+GPU_LOOP_OPTIONS: Dict[str, Any] = dict(GPU_OPTION_SETS["default"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+  """Block sizes (caps: the block used is the largest power of 2 dividing
+  the dimension, at most this) and Triton's launch settings.
+
+  Attributes:
+    emb_block: contraction block of the projections from the model width.
+    in_block: contraction block of the output projections.
+    columns: output columns per program of the dense kernels.
+    slots: cache (or encoder) slots per attention step.
+    rows: rows per program of the dense kernels.
+    num_warps, num_stages: Triton's.
+  """
+  emb_block: int = 64
+  in_block: int = 128
+  columns: int = 32
+  slots: int = 64
+  rows: int = 8
+  num_warps: int = 4
+  num_stages: int = 2
+
+
+# What the device check compares (`tiles`); "default" is `Tiles()`.
+TILE_PRESETS = {
+    "default": Tiles(),
+    "wide": Tiles(emb_block=128, in_block=256, columns=64, num_warps=8),
+    "narrow": Tiles(emb_block=32, in_block=64, columns=16, slots=32,
+                    num_warps=2),
+}
+
+_INTERPRET: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
+    "specdec_jax_gpu_interpret", default=None)
+_TILES: contextvars.ContextVar[Optional[Tiles]] = contextvars.ContextVar(
+    "specdec_jax_gpu_tiles", default=None)
+
+
+def _tiles() -> Tiles:
+  return _TILES.get() or Tiles()
+
+
+def interpret() -> bool:
+  """Whether kernels traced now run in Pallas' interpret mode: off a GPU,
+  unless `lowering_for_gpu` says otherwise."""
+  forced = _INTERPRET.get()
+  return jax.default_backend() != "gpu" if forced is None else forced
+
+
+@contextlib.contextmanager
+def lowering_for_gpu() -> Iterator[None]:
+  """Within it, kernels trace for Triton even on a CPU (to lower a program
+  for CUDA here: `jax.jit(f).trace(...)` then
+  `.lower(lowering_platforms=('cuda',))`)."""
+  token = _INTERPRET.set(False)
+  try:
+    yield
+  finally:
+    _INTERPRET.reset(token)
+
+
+@contextlib.contextmanager
+def tiles(value: Tiles) -> Iterator[None]:
+  """Within it, kernels traced use `value` (trace a fresh function inside:
+  jit caches programs traced before)."""
+  token = _TILES.set(value)
+  try:
+    yield
+  finally:
+    _TILES.reset(token)
+
+
+def block(n: int, cap: int) -> int:
+  """The largest power of 2 that divides n and is at most cap."""
+  size = 1
+  while size * 2 <= cap and n % (size * 2) == 0:
+    size *= 2
+  return size
+
+
+def _pow2_at_least(n: int) -> int:
+  size = 1
+  while size < n:
+    size *= 2
+  return size
+
+
+def supported(head_dim: int) -> Optional[str]:
+  """None if the kernels take a model of this head width, else why not."""
+  if head_dim & (head_dim - 1):
+    return (f"head_dim={head_dim} is not a power of 2 (a head's keys are one "
+            "block in the Triton kernels)")
+  return None
+
+
+def _pallas():
+  # Imported on first use: the decoding package imports this module for its
+  # option table, and Pallas' Triton API costs ~0.1 s to import.
+  # pylint: disable=g-import-not-at-top
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plgpu
+  return pl, plgpu
+
+
+def _call(kernel: Callable, out_specs: Any, in_specs: Sequence[Any],
+          grid: Tuple[int, ...], name: str,
+          aliases: Optional[dict] = None) -> Callable:
+  """A pallas_call of `kernel`: out_specs and in_specs are (shape,
+  dtype-or-None, block, index map) tuples (block: `BlockSpec`'s, None for
+  a squeezed axis). Each program gets its rows' and head's block, so that
+  interpret mode copies blocks, not whole arrays, per program."""
+  pl, plgpu = _pallas()
+  t = _tiles()
+  outs = [
+      jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _, _ in out_specs
+  ]
+  return pl.pallas_call(
+      kernel, out_shape=tuple(outs), grid=grid,
+      in_specs=[pl.BlockSpec(block, index) for block, index in in_specs],
+      out_specs=tuple(
+          pl.BlockSpec(block, index) for _, _, block, index in out_specs),
+      input_output_aliases=aliases or {}, interpret=interpret(),
+      compiler_params=plgpu.CompilerParams(num_warps=t.num_warps,
+                                           num_stages=t.num_stages), name=name)
+
+
+def _whole(shape: Sequence[int]) -> Tuple[Tuple[int, ...], Callable]:
+  """A block spec giving every program the whole array."""
+  zeros = (0,) * len(shape)
+  return tuple(shape), lambda *_: zeros
+
+
+def _round(x: Array, dtype: Any) -> Array:
+  """x rounded to dtype, kept in float32 (where XLA's path rounds)."""
+  return x.astype(dtype).astype(F32)
+
+
+# ---------------------------------------------------------------------------
+# Pieces every kernel body shares (traced inside a kernel, on its blocks).
+# ---------------------------------------------------------------------------
+def _normed_products(row: Callable, weight: Callable, scale_ref, rows: int,
+                     parts: int, emb: int, eb: int, width: int,
+                     eps: float) -> List[List[Array]]:
+  """RMS-normed rows times weights: out[m][p] [width] float32, unrounded.
+
+  row(m, span) -> x[m, span] [eb]; weight(p, span) -> [eb, width]. One pass
+  over the model width: the norm's sum of squares beside the products
+  (the norm's factor is a scalar per row, applied at the end).
+  """
+  pl, _ = _pallas()
+
+  def body(i, carry):
+    sums, accs = carry
+    span = pl.ds(pl.multiple_of(i * eb, eb), eb)
+    scale = scale_ref[span].astype(F32)
+    weights = [weight(p, span).astype(F32) for p in range(parts)]
+    new_sums, new_accs = [], []
+    for m in range(rows):
+      x = row(m, span).astype(F32)
+      new_sums.append(sums[m] + jnp.sum(x * x))
+      scaled = (x * scale)[:, None]
+      for p in range(parts):
+        new_accs.append(accs[m * parts + p] +
+                        jnp.sum(scaled * weights[p], axis=0))
+    return tuple(new_sums), tuple(new_accs)
+
+  init = (tuple(jnp.zeros((), F32) for _ in range(rows)),
+          tuple(jnp.zeros((width,), F32) for _ in range(rows * parts)))
+  sums, accs = lax.fori_loop(0, emb // eb, body, init)
+  out = []
+  for m in range(rows):
+    inv = lax.rsqrt(sums[m] / emb + eps)
+    out.append([accs[m * parts + p] * inv for p in range(parts)])
+  return out
+
+
+def _project(x_ref, scale_ref, w_ref, rows: int, eb: int,
+             eps: float) -> List[List[Array]]:
+  """RMS-normed rows x[m] [E] times w[p] [E, D] (p: the parts, e.g. q, k,
+  v): out[m][p] [D] float32, rounded to x's dtype."""
+  products = _normed_products(lambda m, span: x_ref[m, span],
+                              lambda p, span: w_ref[p, span, :], scale_ref,
+                              rows, w_ref.shape[0], x_ref.shape[-1], eb,
+                              w_ref.shape[-1], eps)
+  return [[_round(v, x_ref.dtype) for v in row] for row in products]
+
+
+def _attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
+            bias_at: Callable) -> List[Array]:
+  """Each query [D] over keys/values [D, slots], online softmax over blocks
+  of lb slots (steps of them, from slot 0); bias_at(m, first, valid) ->
+  [lb] float32 bias of query m's slots first..first+lb-1 (valid: which
+  exist). Masked slots (bias -1e10) add exact zeros once a slot counted,
+  so trailing masked blocks change nothing."""
+  pl, plgpu = _pallas()
+  head_dim, length = keys_ref.shape
+
+  def body(j, carry):
+    first = pl.multiple_of(j * lb, lb)
+    valid = first + lax.iota(jnp.int32, lb) < length
+    mask = jnp.broadcast_to(valid[None, :], (head_dim, lb))
+    slots = pl.ds(first, lb)
+    keys = plgpu.load(keys_ref.at[:, slots], mask=mask, other=0.0).astype(F32)
+    values = plgpu.load(values_ref.at[:, slots], mask=mask,
+                        other=0.0).astype(F32)
+    new = []
+    for m, query in enumerate(queries):
+      top, total, acc = carry[3 * m:3 * m + 3]
+      logits = (jnp.sum(query[:, None] * keys, axis=0) +
+                bias_at(m, first, valid))
+      new_top = jnp.maximum(top, jnp.max(logits))
+      decay = jnp.exp(top - new_top)
+      weights = jnp.exp(logits - new_top)
+      new += [
+          new_top, total * decay + jnp.sum(weights),
+          acc * decay + jnp.sum(values * weights[None, :], axis=1)
+      ]
+    return tuple(new)
+
+  init = []
+  for _ in queries:
+    init += [
+        jnp.full((), -jnp.inf, F32),
+        jnp.zeros((), F32),
+        jnp.zeros((head_dim,), F32)
+    ]
+  done = lax.fori_loop(0, steps, body, tuple(init))
+  return [done[3 * m + 2] / done[3 * m + 1] for m in range(len(queries))]
+
+
+def _row_mask(size: int, row, rows_total: int) -> Array:
+  return jnp.full((size,), row < rows_total)
+
+
+# ---------------------------------------------------------------------------
+# The kernels.
+# ---------------------------------------------------------------------------
+def _self_attention_kernel(start_ref, x_ref, scale_ref, w_ref, bias_ref,
+                           keys_in, values_in, ctx_ref, keys_ref, values_ref, *,
+                           rows: int, eb: int, lb: int, eps: float,
+                           on_gpu: bool):
+  pl, plgpu = _pallas()
+  head_dim, length = keys_ref.shape
+  start = start_ref[0]
+  if not on_gpu:
+    # Interpret mode: the cache is not aliased (Pallas' interpreter notes a
+    # correctness issue with aliasing, b/370563936), so the block is copied
+    # before the chunk's slots are written. On a GPU the output is the
+    # input's buffer.
+    keys_ref[...] = keys_in[...]
+    values_ref[...] = values_in[...]
+  projected = _project(x_ref, scale_ref, w_ref, rows, eb, eps)
+  # The chunk's keys and values into the cache (the aliased outputs: read
+  # below through the same refs), then attention over the cache, its own
+  # slots included: the rows of a chunk see what one-token calls see.
+  for m, (_, key, value) in enumerate(projected):
+    slot = start + m
+    fits = jnp.full((head_dim,), slot < length)
+    plgpu.store(keys_ref.at[:, slot], key.astype(keys_ref.dtype), mask=fits)
+    plgpu.store(values_ref.at[:, slot], value.astype(values_ref.dtype),
+                mask=fits)
+  if on_gpu:  # The program's threads see each other's cache writes.
+    plgpu.debug_barrier()
+
+  def bias_at(m, first, valid):
+    # A static row as a traced scalar (interpret mode's masked loads take
+    # no Python ints).
+    return plgpu.load(bias_ref.at[jnp.int32(m), pl.ds(first, lb)], mask=valid,
+                      other=NEG_INF).astype(F32)
+
+  steps = jnp.minimum(pl.cdiv(start + rows, lb), pl.cdiv(length, lb))
+  outs = _attend([q for q, _, _ in projected], keys_ref, values_ref, steps, lb,
+                 bias_at)
+  for m, out in enumerate(outs):
+    ctx_ref[m, :] = out.astype(ctx_ref.dtype)
+
+
+def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
+                   values: Array, start: Array, bias: Array, *,
+                   eps: float = 1e-6) -> Tuple[Array, Array, Array]:
+  """A decoder chunk's self-attention up to (not including) the output
+  projection, its keys/values written into the cache in place.
+
+  Args:
+    x: [B, K, E] the layer's input (the residual stream).
+    scale: [E] the pre-attention RMS norm's scale.
+    wqkv: [H, 3, E, D] query, key and value kernels, per head.
+    keys, values: [B, H, D, L] the layer's cache (on a GPU donated: written in
+      place at slots start..start+K-1).
+    start: [B] int32 the rows' cache lengths before the chunk.
+    bias: [B or 1, H, K, L] float32: relative positions and masks of every
+      slot for each chunk token, the chunk's own slots included (-1e10:
+      not seen).
+
+  Returns:
+    (context [B, K, H, D] in x's dtype, keys, values).
+  """
+  batch, rows, emb = x.shape
+  heads, _, _, head_dim = wqkv.shape
+  length = keys.shape[-1]
+  t = _tiles()
+  kernel = functools.partial(_self_attention_kernel, rows=rows,
+                             eb=block(emb, t.emb_block),
+                             lb=min(t.slots, _pow2_at_least(length)), eps=eps,
+                             on_gpu=not interpret())
+  one_bias = bias.shape[0] == 1
+  cache = ((None, None, head_dim, length), lambda b, h: (b, h, 0, 0))
+  call = _call(
+      kernel, out_specs=[((batch, rows, heads, head_dim), x.dtype,
+                          (None, rows, None, head_dim), lambda b, h:
+                          (b, 0, h, 0)), (keys.shape, keys.dtype) + cache,
+                         (values.shape, values.dtype) + cache],
+      in_specs=[((1,), lambda b, h: (b,)),
+                ((None, rows, emb), lambda b, h: (b, 0, 0)),
+                _whole(scale.shape),
+                ((None, 3, emb, head_dim), lambda b, h: (h, 0, 0, 0)),
+                ((None, None, rows, length), lambda b, h:
+                 (0 if one_bias else b, h, 0, 0)), cache,
+                cache], grid=(batch, heads), name="decode_self_attention",
+      aliases=None if interpret() else {
+          5: 1,
+          6: 2
+      })
+  return call(start.astype(jnp.int32), x, scale, wqkv, bias.astype(F32), keys,
+              values)
+
+
+def _cross_attention_kernel(x_ref, scale_ref, w_ref, keys_ref, values_ref,
+                            bias_ref, ctx_ref, *, rows: int, eb: int, lb: int,
+                            eps: float):
+  pl, plgpu = _pallas()
+  length = keys_ref.shape[1]
+  projected = _project(x_ref, scale_ref, w_ref, rows, eb, eps)
+
+  def bias_at(m, first, valid):
+    del m  # Every query sees the same encoder positions.
+    return plgpu.load(bias_ref.at[pl.ds(first, lb)], mask=valid,
+                      other=NEG_INF).astype(F32)
+
+  outs = _attend([q for (q,) in projected], keys_ref, values_ref,
+                 pl.cdiv(length, lb), lb, bias_at)
+  for m, out in enumerate(outs):
+    ctx_ref[m, :] = out.astype(ctx_ref.dtype)
+
+
+def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
+                    values: Array, bias: Array, *, eps: float = 1e-6) -> Array:
+  """Encoder-decoder attention up to the output projection.
+
+  Args:
+    x: [B, K, E]; scale: [E] the pre-cross-attention norm's scale.
+    wq: [H, 1, E, D] the query kernel, per head.
+    keys, values: [B, H, D, S] the encoder's keys/values (the cache's).
+    bias: [B, S] float32: 0 at encoder positions, -1e10 at padding.
+
+  Returns:
+    [B, K, H, D] in x's dtype.
+  """
+  batch, rows, emb = x.shape
+  heads, _, _, head_dim = wq.shape
+  length = keys.shape[-1]
+  t = _tiles()
+  kernel = functools.partial(_cross_attention_kernel, rows=rows,
+                             eb=block(emb, t.emb_block),
+                             lb=min(t.slots, _pow2_at_least(length)), eps=eps)
+  encoded = ((None, None, head_dim, length), lambda b, h: (b, h, 0, 0))
+  call = _call(
+      kernel,
+      out_specs=[((batch, rows, heads, head_dim), x.dtype,
+                  (None, rows, None, head_dim), lambda b, h: (b, 0, h, 0))],
+      in_specs=[((None, rows, emb), lambda b, h: (b, 0, 0)),
+                _whole(scale.shape),
+                ((None, 1, emb, head_dim), lambda b, h:
+                 (h, 0, 0, 0)), encoded, encoded,
+                ((None, length), lambda b, h:
+                 (b, 0))], grid=(batch, heads), name="decode_cross_attention")
+  return call(x, scale, wq, keys, values, bias.astype(F32))[0]
+
+
+def _rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, *, rows_total: int,
+                      activations: Tuple[str, ...], eb: int, eps: float):
+  pl, plgpu = _pallas()
+  rb, emb = x_ref.shape
+  parts, _, nb = w_ref.shape
+  first_row = pl.program_id(0) * rb
+
+  def row(r, span):
+    return plgpu.load(x_ref.at[jnp.int32(r), span],
+                      mask=_row_mask(eb, first_row + r, rows_total), other=0.0)
+
+  products = _normed_products(row, lambda p, span: w_ref[p, span, :], scale_ref,
+                              rb, parts, emb, eb, nb, eps)
+  dtype = out_ref.dtype  # XLA's path: the MLP in the model's, logits in f32.
+  for r, accs in enumerate(products):
+    values = []
+    for acc, name in zip(accs, activations):
+      h = _round(acc, dtype)
+      values.append(h if name ==
+                    "linear" else _round(_activation(name)(h), dtype))
+    out = values[0]
+    for h in values[1:]:
+      out = _round(out * h, dtype)
+    plgpu.store(out_ref.at[jnp.int32(r), :], out.astype(out_ref.dtype),
+                mask=_row_mask(nb, first_row + r, rows_total))
+
+
+def _activation(name: str) -> Callable[[Array], Array]:
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return getattr(nn, name)
+
+
+def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],
+              out_dtype: Any = None, *, eps: float = 1e-6) -> Array:
+  """prod_p act_p(RMSnorm(x) @ w[p]): [M, E] -> [M, N].
+
+  The MLP's input side (w: its wi_0, wi_1 stacked [2, E, mlp], activations
+  ('gelu', 'linear')) or, with one linear weight [1, E, V], the final norm
+  and the logits (`out_dtype` float32). Products are rounded to `out_dtype`
+  (default x's), as XLA's path rounds them.
+  """
+  rows, emb = x.shape
+  parts, _, width = w.shape
+  if len(activations) != parts:
+    raise ValueError(f"rms_dense: {parts} weights but activations "
+                     f"{tuple(activations)}.")
+  t = _tiles()
+  rb, nb = min(t.rows, rows), block(width, t.columns)
+  kernel = functools.partial(_rms_dense_kernel, rows_total=rows,
+                             activations=tuple(activations),
+                             eb=block(emb, t.emb_block), eps=eps)
+  call = _call(
+      kernel, out_specs=[((rows, width), out_dtype or
+                          x.dtype, (rb, nb), lambda i, j: (i, j))],
+      in_specs=[((rb, emb), lambda i, j: (i, 0)),
+                _whole(scale.shape), ((parts, emb, nb), lambda i, j:
+                                      (0, 0, j))],
+      grid=(-(-rows // rb), width // nb), name="decode_rms_dense")
+  return call(x, scale, w)[0]
+
+
+def _dense_residual_kernel(x_ref, w_ref, res_ref, out_ref, *, rows_total: int,
+                           kb: int):
+  pl, plgpu = _pallas()
+  rb, width = x_ref.shape
+  nb = w_ref.shape[1]
+  first_row = pl.program_id(0) * rb
+
+  def body(i, accs):
+    span = pl.ds(pl.multiple_of(i * kb, kb), kb)
+    weight = w_ref[span, :].astype(F32)
+    new = []
+    for r in range(rb):
+      x = plgpu.load(x_ref.at[jnp.int32(r), span],
+                     mask=_row_mask(kb, first_row + r,
+                                    rows_total), other=0.0).astype(F32)
+      new.append(accs[r] + jnp.sum(x[:, None] * weight, axis=0))
+    return tuple(new)
+
+  accs = lax.fori_loop(0, width // kb, body,
+                       tuple(jnp.zeros((nb,), F32) for _ in range(rb)))
+  dtype = out_ref.dtype
+  for r in range(rb):
+    mask = _row_mask(nb, first_row + r, rows_total)
+    residual = plgpu.load(res_ref.at[jnp.int32(r), :], mask=mask,
+                          other=0.0).astype(F32)
+    out = _round(residual + _round(accs[r], dtype), dtype)
+    plgpu.store(out_ref.at[jnp.int32(r), :], out.astype(dtype), mask=mask)
+
+
+def dense_residual(x: Array, w: Array, residual: Array) -> Array:
+  """residual + x @ w: x [M, N] (N: heads x head_dim, or the MLP's width),
+  w [N, E], residual [M, E] -> [M, E] in residual's dtype."""
+  rows, width = x.shape
+  emb = w.shape[1]
+  t = _tiles()
+  rb, nb = min(t.rows, rows), block(emb, t.columns)
+  kernel = functools.partial(_dense_residual_kernel, rows_total=rows,
+                             kb=block(width, t.in_block))
+  call = _call(
+      kernel, out_specs=[(residual.shape, residual.dtype, (rb, nb), lambda i, j:
+                          (i, j))],
+      in_specs=[((rb, width), lambda i, j: (i, 0)),
+                ((width, nb), lambda i, j: (0, j)),
+                ((rb, nb), lambda i, j: (i, j))],
+      grid=(-(-rows // rb), emb // nb), name="decode_dense_residual")
+  return call(x, w, residual)[0]

@@ -1,0 +1,265 @@
+"""How a model's decode calls compute, chosen by backend, and their weights.
+
+A decode call (`T5Model.decode_chunk` / `decode_tree`: the target's K-token
+call, the draft's step and the baseline's step alike) takes one of four
+paths (`T5Model.decode_path`, set by `T5Model.prepared_for_decoding`):
+
+* 'xla': XLA's ops on T5X's kernels (TPUs; a CPU without the kernel;
+  several devices, whose partitioner shards T5X's kernels by their names
+  and would not shard packed ones; any model not prepared);
+* 'cpu_kernel': the CPU matmul kernel's packed panels
+  (`specdec_jax.core.kernels`; the CPU's default where it is built);
+* 'packed': XLA's ops with q/k/v packed into one kernel and wi_0/wi_1 into
+  one, the attention biases computed once per call rather than fused into
+  every layer (one GPU's default);
+* 'fused': the GPU kernels (`kernels.gpu`): 6 kernels a decoder layer and
+  one for the final norm and logits. Opt-in
+  (`prepared_for_decoding(path='fused')`, the device check's `--path`)
+  until a GPU run has shown Triton compiles them and they are exact there:
+  until then a user's run never depends on kernels no GPU has compiled.
+
+`default_path` is the backend's choice; `check` refuses a path that cannot
+run here. `pack` makes a path's weights, a tree of its own beside the
+model's T5X-layout `params` (never inside: checkpoints and converters read
+`params`): decoder layer i's entries under decoder/layers_i of
+`layers.PACKED_COLLECTION`, in the model's dtype. `packed_qkv`,
+`packed_mlp` and `fused_layer` are the paths' decoder layers, computed
+from them (`network.DecoderLayer` calls them); `fused_self_bias` is the
+'fused' path's attention bias, once per call for every layer.
+"""
+import functools
+from typing import Any, Callable, Dict, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from specdec_jax.core import kernels
+from specdec_jax.core.kernels import gpu
+from specdec_jax.core.models.config import T5Config
+from specdec_jax.core.models.layers import NEG_INF
+from specdec_jax.core.models.layers import PACKED_COLLECTION
+
+XLA, CPU_KERNEL, PACKED, FUSED = "xla", "cpu_kernel", "packed", "fused"
+DECODE_PATHS = (XLA, CPU_KERNEL, PACKED, FUSED)
+
+
+def default_path(config: T5Config) -> str:
+  """The path a model of `config` takes on this backend (the module
+  docstring): the CPU kernel where it packs, 'packed' on one GPU, else
+  'xla'."""
+  if kernels.packing_enabled(config.dtype):
+    return CPU_KERNEL
+  if jax.default_backend() == "gpu" and jax.device_count() == 1:
+    return PACKED
+  return XLA
+
+
+def check(path: Optional[str], config: T5Config) -> str:
+  """`path`, or the default for None, if it can run here.
+
+  Raises:
+    ValueError: an unknown path, 'cpu_kernel' where the CPU kernel does not
+      pack (not float32 on one CPU device with the kernel built), or
+      'fused' for a model whose head width the kernels do not take.
+  """
+  if path is None:
+    return default_path(config)
+  if path not in DECODE_PATHS:
+    raise ValueError(f"prepared_for_decoding: path={path!r}: allowed: "
+                     f"{', '.join(DECODE_PATHS)} (None: the backend's).")
+  if path == CPU_KERNEL and not kernels.packing_enabled(config.dtype):
+    raise ValueError(
+        "prepared_for_decoding: path='cpu_kernel' needs float32 weights on "
+        "one CPU device with the CPU kernel built (`python -m "
+        f"specdec_jax.core.kernels`); here dtype={jnp.dtype(config.dtype)}, "
+        f"backend {jax.default_backend()}, {jax.device_count()} device(s).")
+  why = gpu.supported(config.head_dim)
+  if path == FUSED and why:
+    raise ValueError(f"prepared_for_decoding: path='fused': {why}; allowed "
+                     "here: xla, packed.")
+  return path
+
+
+def _heads(kernel: jax.Array, config: T5Config) -> jax.Array:
+  """[E, H * D] -> [H, E, D]."""
+  emb = kernel.shape[0]
+  return kernel.reshape(emb, config.num_heads,
+                        config.head_dim).transpose(1, 0, 2)
+
+
+def _mlp_inputs(mlp: Dict[str, Any], config: T5Config):
+  """The MLP's input kernels [E, mlp], in T5X's names' order."""
+  if len(config.mlp_activations) == 1:
+    return [mlp["wi"]["kernel"]]
+  return [mlp[f"wi_{i}"]["kernel"] for i in range(len(config.mlp_activations))]
+
+
+def _layer(layer: Dict[str, Any], path: str,
+           config: T5Config) -> Dict[str, jax.Array]:
+  dtype = config.dtype
+  own, cross, mlp = (layer["self_attention"],
+                     layer["encoder_decoder_attention"], layer["mlp"])
+  qkv = [own[n]["kernel"] for n in ("query", "key", "value")]
+  if path == PACKED:
+    return {
+        "self_qkv": jnp.concatenate(qkv, axis=1).astype(dtype),
+        "mlp_wi": jnp.concatenate(_mlp_inputs(mlp, config),
+                                  axis=1).astype(dtype)
+    }
+  out = {
+      "self_qkv": jnp.stack([_heads(k, config) for k in qkv],
+                            axis=1).astype(dtype),  # [H, 3, E, D]
+      "cross_q": _heads(cross["query"]["kernel"], config)
+                 [:, None].astype(dtype),  # [H, 1, E, D]
+      "mlp_wi": jnp.stack(_mlp_inputs(mlp, config), axis=0).astype(dtype),
+  }
+  # The output kernels keep T5X's layout: copied only to change the dtype,
+  # so that a kernel reads the bytes the model computes with.
+  for name, kernel in (("self_out", own["out"]["kernel"]),
+                       ("cross_out", cross["out"]["kernel"]),
+                       ("mlp_wo", mlp["wo"]["kernel"])):
+    if kernel.dtype != jnp.dtype(dtype):
+      out[name] = kernel.astype(dtype)
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("path", "config"))
+def _pack(params: Dict[str, Any], path: str,
+          config: T5Config) -> Dict[str, Any]:
+  decoder = params["decoder"]
+  return {
+      "decoder": {
+          f"layers_{i}": _layer(decoder[f"layers_{i}"], path, config)
+          for i in range(config.num_decoder_layers)
+      }
+  }
+
+
+def pack(params: Dict[str, Any], path: str, config: T5Config) -> Dict[str, Any]:
+  """The 'packed' or 'fused' path's weights of T5X-layout `params` (without
+  the {'params': ...} wrapper), in one program: per decoder layer
+  self_qkv ('packed': [E, 3 * H * D]; 'fused': [H, 3, E, D]), mlp_wi
+  ([E, n * mlp]; [n, E, mlp]) and, for 'fused', cross_q [H, 1, E, D] and
+  the output kernels in the model's dtype where stored in another."""
+  if path not in (PACKED, FUSED):
+    raise ValueError(f"pack: path={path!r}: allowed: {PACKED}, {FUSED}.")
+  return _pack(params, path, config)
+
+
+# ---------------------------------------------------------------------------
+# The paths' decoder layers (called by `network.DecoderLayer`, bound: the
+# layer's T5X parameters and its packed weights are its variables).
+# ---------------------------------------------------------------------------
+def _dot(x: jax.Array, kernel: jax.Array, dtype) -> jax.Array:
+  """x [..., in] @ kernel [in, out] in dtype (as `layers.DenseGeneral`)."""
+  return lax.dot_general(jnp.asarray(x, dtype), jnp.asarray(kernel, dtype),
+                         (((x.ndim - 1,), (0,)), ((), ())))
+
+
+def _weight(layer: Any, name: str, dense: Dict[str, Any]) -> jax.Array:
+  """The layer's packed weight `name` if `pack` made one (a kernel stored
+  in another dtype than the model computes in), else the T5X kernel of the
+  dense layer whose params are `dense`."""
+  if layer.has_variable(PACKED_COLLECTION, name):
+    return layer.get_variable(PACKED_COLLECTION, name)
+  return dense["kernel"]
+
+
+def packed_qkv(layer: Any, y: jax.Array):
+  """'packed': queries, keys, values [B, K, H, D] from one product with the
+  packed [E, 3 * H * D] kernel."""
+  cfg = layer.config
+  qkv = _dot(y, layer.get_variable(PACKED_COLLECTION, "self_qkv"), cfg.dtype)
+  qkv = qkv.reshape(*y.shape[:-1], 3, cfg.num_heads, cfg.head_dim)
+  return qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+
+
+def packed_mlp(layer: Any, y: jax.Array) -> jax.Array:
+  """'packed': the gated MLP with its input kernels packed [E, n * mlp]."""
+  cfg = layer.config
+  h = _dot(y, layer.get_variable(PACKED_COLLECTION, "mlp_wi"), cfg.dtype)
+  h = h.reshape(*y.shape[:-1], len(cfg.mlp_activations), cfg.mlp_dim)
+  parts = [
+      h[..., i, :] if act == "linear" else getattr(nn, act)(h[..., i, :])
+      for i, act in enumerate(cfg.mlp_activations)
+  ]
+  hidden = parts[0]
+  for part in parts[1:]:
+    hidden = hidden * part
+  wo = _weight(layer, "mlp_wo", layer.mlp.variables["params"]["wo"])
+  return _dot(hidden, wo, cfg.dtype)
+
+
+def fused_layer(layer: Any, x, keys, values, start, bias, cross_keys,
+                cross_values, cross_bias):
+  """'fused': a decoder layer's chunk in 6 GPU kernels (`kernels.gpu`).
+
+  Args:
+    layer: the bound `network.DecoderLayer`.
+    x: [B, K, emb]; keys, values: [B, H, D, max_len] (written in place).
+    start: [B] the rows' cache lengths before the chunk.
+    bias: [B or 1, H, K, max_len] float32, every slot's bias for each
+      chunk token, its own slots included (`fused_self_bias`).
+    cross_keys, cross_values: [B, H, D, S]; cross_bias: [B, S] float32.
+
+  Returns:
+    (outputs [B, K, emb], keys, values).
+  """
+  batch, k, emb = x.shape
+  rows = batch * k
+
+  def scale(norm):
+    return norm.variables["params"]["scale"]
+
+  def out(name, attention):
+    return _weight(layer, name, attention.out.variables["params"])
+
+  ctx, keys, values = gpu.self_attention(
+      x, scale(layer.pre_self_attention_layer_norm),
+      layer.get_variable(PACKED_COLLECTION, "self_qkv"), keys, values, start,
+      bias)
+  y = gpu.dense_residual(ctx.reshape(rows, -1),
+                         out("self_out", layer.self_attention),
+                         x.reshape(rows, emb))
+  ctx = gpu.cross_attention(y.reshape(batch, k, emb),
+                            scale(layer.pre_cross_attention_layer_norm),
+                            layer.get_variable(PACKED_COLLECTION, "cross_q"),
+                            cross_keys, cross_values, cross_bias)
+  y = gpu.dense_residual(ctx.reshape(rows, -1),
+                         out("cross_out", layer.encoder_decoder_attention), y)
+  hidden = gpu.rms_dense(y, scale(layer.pre_mlp_layer_norm),
+                         layer.get_variable(PACKED_COLLECTION, "mlp_wi"),
+                         layer.config.mlp_activations)
+  wo = _weight(layer, "mlp_wo", layer.mlp.variables["params"]["wo"])
+  y = gpu.dense_residual(hidden, wo, y)
+  return y.reshape(batch, k, emb), keys, values
+
+
+def fused_self_bias(relpos_bias: Callable[..., jax.Array], start: jax.Array,
+                    offsets: jax.Array, visible: jax.Array, max_len: int,
+                    heads: int) -> jax.Array:
+  """[B, H, K, max_len] float32: each new token's bias over every slot,
+  its chunk's slots start..start+K-1 included (relative positions from
+  `offsets`, `visible` the chunk's mask), -1e10 where not seen. Once per
+  call, for every layer's kernel (`relpos_bias`: the decoder's
+  `layers.RelativePositionBiases`)."""
+  batch, k = start.shape[0], offsets.shape[-1]
+  key_pos = jnp.arange(max_len)
+  prefix = relpos_bias(start[:, None] + offsets, key_pos, max_len)
+  chunk = jnp.broadcast_to(relpos_bias(offsets, offsets, max_len),
+                           (batch, heads, k, k))
+  visible = jnp.broadcast_to(visible, (batch, k, k))
+  index = key_pos[None, :] - start[:, None]  # [B, L]: the slot's token
+  in_chunk = (index >= 0) & (index < k)
+  before = (index < 0)[:, None, None, :]
+  index = jnp.clip(index, 0, k - 1)
+  chunk = jnp.take_along_axis(
+      chunk, jnp.broadcast_to(index[:, None, None, :], prefix.shape), axis=-1)
+  seen = jnp.take_along_axis(
+      visible, jnp.broadcast_to(index[:, None, :], (batch, k, max_len)),
+      axis=-1)[:, None]
+  bias = jnp.where(in_chunk[:, None, None, :], jnp.where(seen, chunk, NEG_INF),
+                   jnp.where(before, prefix, NEG_INF))
+  return bias.astype(jnp.float32)

@@ -1,0 +1,580 @@
+"""The 'auto' choices' rules, as pure functions of the measured call costs
+(`Prices`) and the pilots' acceptance (`pilots` measures both).
+
+A candidate is a registry mode (`decode_modes`) with its settings: the
+target alone, token and block verification at γ, tree verification at
+(γ, k) where the drafter drafts trees, and with DECODE='beam' speculative
+beams at γ against the target's own beam search. SPECULATION='auto'
+chooses among all of them; GAMMA / TREE_WIDTH 'auto' among the run's own
+mode's shapes (`mode_candidates`).
+
+* predict (`predict`): each candidate by its mode's own cost model, the
+  one the summary uses (`DecodeMode.measured_theory`): Theorem 3.8 with the
+  measured cost of a (γ+1)-token call and the drafter's measured step cost
+  c, Equation (1)'s tokens per call cut at each pilot output's end; a
+  tree's E(γ, k) = 1 + a_1 (1 + a + ... + a^(γ-1)) tokens over
+  γ·c_k + C(1 + k·γ) (`expected_tree_tokens`; docs/design/
+  beyond_the_paper.md); speculative beams by both beam searches' walltime
+  on the pilot's examples. The target alone is 1.
+* calibrate (`predict_all`): each family's rows (`Candidate.family`:
+  chains, trees) times its own κ = a timed pilot's measured speedup over
+  its model's (the loop's own work beside the priced calls differs
+  between a chain's loop and a tree's).
+* choose (`choose`): the best, unless it is below `AUTO_MIN_GAIN` (then
+  the target alone); GAMMA / TREE_WIDTH 'auto': the best (`best`).
+
+While the run decodes (`online.OnlineChoice`) a choice is tested once it
+has AUTO_SWITCH_MIN_BATCHES batches: if the upper end of its measured
+speedup's 95% interval (`speedup_interval`) is below its prediction
+(`below_prediction`), every candidate is predicted again
+(`corrected_rows`: its own family's κ, the choice's family's from the
+measurement, a candidate that ran by its measured speedup), and the run
+switches only to one predicted above AUTO_MIN_GAIN times that interval's
+upper end (`rechoose`: hysteresis), at most AUTO_SWITCH_MAX_SWITCHES
+times.
+"""
+import dataclasses
+import math
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from specdec_jax.experiment import decode_modes
+from specdec_jax.experiment.plan import PILOT_SIZES
+from specdec_jax.experiment.plan import PilotSizes
+from specdec_jax.metrics import analysis
+
+DecodeMode = decode_modes.DecodeMode
+# A speculative candidate must be predicted this much faster than the
+# target alone to be chosen, and a switch this much faster than the choice's
+# measured speedup (the prediction's own error: issue 45 measured Theorem
+# 3.8 at the measured call cost 10-30% above the walltime).
+AUTO_MIN_GAIN = 1.05
+# A pilot stops when the 95% interval of its α is narrower than this ...
+AUTO_ALPHA_TOLERANCE = 0.1
+# ... after at least this many examples, and at the latest after
+# AUTO_PILOT_SHARE of the run's examples, clipped to [MIN, MAX].
+AUTO_PILOT_MIN_EXAMPLES = 8
+AUTO_PILOT_MAX_EXAMPLES = 64
+AUTO_PILOT_SHARE = 0.05
+# GAMMA='auto' prices the verification call at these K = γ + 1 and
+# interpolates linearly in between (on a CPU it grows with K; the
+# theorem's "one step" would make near-free drafters pick the largest γ).
+AUTO_GAMMA_CALL_KS = (1, 2, 4, 7, PILOT_SIZES.gamma_max + 1)
+# Trees of at most this many nodes 1 + k·γ (24 guesses and the root); with
+# GAMMA='auto' the tree call is priced at these N and interpolated.
+AUTO_TREE_MAX_NODES = decode_modes.AUTO_TREE_MAX_NODES
+AUTO_TREE_CALL_NODES = (1, 2, 4, 7, 13, 19, AUTO_TREE_MAX_NODES)
+# A choice is tested only once it has this many batches of its own (and so
+# a run switches at most once per this many batches), at most this often.
+AUTO_SWITCH_MIN_BATCHES = 4
+AUTO_SWITCH_MAX_SWITCHES = 2
+# κ is clipped to these bounds (a pilot's timing, not a law of nature).
+KAPPA_BOUNDS = (0.25, 4.0)
+# Student's t, 97.5% quantile, by degrees of freedom 1..30 (then
+# Cornish-Fisher's first term, within 0.1% of the table from 30 on).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_Z975 = 1.959964
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """One setting 'auto' may run.
+
+  Attributes:
+    mode: its registry mode (`decode_modes.target_alone(...)`: the target
+      alone).
+    gamma: γ (None: the target alone).
+    tree_width: k for a tree (None otherwise).
+  """
+  mode: DecodeMode
+  gamma: Optional[int] = None
+  tree_width: Optional[int] = None
+
+  @property
+  def pilot_key(self) -> str:
+    """The pilot whose acceptance this candidate's prediction reads: one
+    per mode ('token', 'tree'); one tree pilot, with the widest k, serves
+    every k (`first_depth`)."""
+    return self.mode.name
+
+  @property
+  def family(self) -> Optional[str]:
+    """Whose calibration (κ) corrects its prediction: 'trees', 'chains'
+    (token and block verification run one loop), 'beams'; None for the
+    target alone."""
+    if self.mode.target_alone:
+      return None
+    if self.mode.beam:
+      return "beams"
+    return "trees" if self.mode.branches else "chains"
+
+  @property
+  def label(self) -> str:
+    """In words: 'token γ=3', 'tree γ=4 k=2', 'speculative beams γ=3',
+    'the target alone' ('the target's own beam search')."""
+    if self.mode.target_alone:
+      return ("the target's own beam search"
+              if self.mode.beam else "the target alone")
+    if self.mode.beam:
+      return f"speculative beams γ={self.gamma}"
+    if self.tree_width is not None:
+      return f"{self.mode.name} γ={self.gamma} k={self.tree_width}"
+    return f"{self.mode.name} γ={self.gamma}"
+
+
+def pilot_gamma(gamma: Any, sizes: PilotSizes = PILOT_SIZES) -> int:
+  """The γ pilots decode at: GAMMA itself, or for GAMMA='auto' the
+  pilot γ of `sizes` (`Providers.pilot_sizes`)."""
+  return sizes.gamma_pilot if isinstance(gamma, str) else int(gamma)
+
+
+def gammas_considered(gamma: Any, sizes: PilotSizes = PILOT_SIZES) -> List[int]:
+  """GAMMA='auto': γ = 1 .. `sizes.gamma_max`; an integer GAMMA: itself."""
+  if isinstance(gamma, str):
+    return list(sizes.gammas)
+  return [int(gamma)]
+
+
+def mode_candidates(mode: DecodeMode, gammas: Sequence[int],
+                    tree_widths: Sequence[int], greedy: bool,
+                    vocab_size: int) -> List[Candidate]:
+  """`mode` at each γ in `gammas` (a tree: and each k in `tree_widths`, in
+  trees of at most AUTO_TREE_MAX_NODES nodes; greedy trees need k <=
+  vocab_size: their branches start with distinct tokens)."""
+  if not mode.branches:
+    return [Candidate(mode, int(g)) for g in gammas]
+  return [
+      Candidate(mode, int(g), int(k)) for k in tree_widths
+      if not (greedy and k > vocab_size) for g in gammas
+      if 1 + k * g <= AUTO_TREE_MAX_NODES
+  ]
+
+
+def candidates(search: DecodeMode, supported: Sequence[str],
+               gammas: Sequence[int], greedy: bool, vocab_size: int,
+               tree_widths: Optional[Sequence[int]] = None) -> List[Candidate]:
+  """Every setting SPECULATION='auto' considers, the target alone first.
+
+  Args:
+    search: the mode DECODE names (`decode_modes.search_mode_of`): beams
+      or sampling.
+    supported: the mode names the drafter drafts for
+      (`DrafterSpec.decode_modes`).
+    gammas: the γ to consider (`gammas_considered`).
+    greedy: T = 0 (block verification is then token verification: left
+      out; greedy trees need k <= vocab_size).
+    vocab_size: the models' vocabulary size.
+    tree_widths: the k of tree candidates (None: PILOT_SIZES').
+  """
+  widths = (PILOT_SIZES.auto_tree_widths
+            if tree_widths is None else tree_widths)
+  out = [Candidate(decode_modes.target_alone(search))]
+  if search.beam:
+    modes = [decode_modes.BEAM]
+  else:
+    modes = [decode_modes.TOKEN] + ([] if greedy else [decode_modes.BLOCK])
+    modes.append(decode_modes.TREE)
+  for mode in modes:
+    if mode.name in supported:
+      out += mode_candidates(mode, gammas, widths, greedy, vocab_size)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Prices:
+  """The calls' measured costs, in target steps (one-token calls).
+
+  Attributes:
+    call_cost_by_k: {K: the target's K-token call / a step} (K = 1: 1),
+      interpolated linearly in between (`call_cost`).
+    cost_coefficient: c, one guess as the loop makes it / a step.
+    tree_call_cost_by_nodes: {N: the tree call over N nodes / a step}
+      ({} without tree candidates).
+    cost_coefficient_by_width: {k: one depth of the k-branch draft / a
+      step} ({} without tree candidates).
+  """
+  call_cost_by_k: Mapping[int, float]
+  cost_coefficient: float
+  tree_call_cost_by_nodes: Mapping[int, float] = dataclasses.field(
+      default_factory=dict)
+  cost_coefficient_by_width: Mapping[int, float] = dataclasses.field(
+      default_factory=dict)
+
+  def call_cost(self, k: int) -> float:
+    """The K-token call in steps (interpolated between the priced K)."""
+    ks = sorted(self.call_cost_by_k)
+    return float(np.interp(k, ks, [self.call_cost_by_k[x] for x in ks]))
+
+  def tree_call_cost(self, nodes: int) -> float:
+    """The N-node tree call in steps, non-decreasing in N (a running
+    maximum: a call over more nodes does all the work of one over fewer,
+    so a dip is timing noise, and pricing it low would pick too big a
+    tree), interpolated between the priced N."""
+    ns = sorted(self.tree_call_cost_by_nodes)
+    ratios = np.maximum.accumulate(
+        [self.tree_call_cost_by_nodes[n] for n in ns])
+    return float(np.interp(nodes, ns, ratios))
+
+
+def predict(candidate: Candidate, prices: Optional[Prices],
+            pilots: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
+  """One row of the table: the candidate's modelled speedup over the
+  target alone (no calibration: `predict_all`) and what it was computed
+  from.
+
+  Args:
+    candidate: the setting.
+    prices: the measured call costs (None: nothing priced, beams).
+    pilots: {pilot_key: {'alpha', and for trees 'first_depth' (a_1),
+      'first_depth_by_width' (a_1 of k = 1, 2, ...: `first_depth`) and
+      'deeper' (a); for beams 'speedup', their measured ratio;
+      'output_lengths' when known}}.
+
+  Returns:
+    {'mode', 'gamma', 'tree_width', 'label', 'predicted_speedup', 'alpha',
+    'first_depth_alpha', 'cost_coefficient_c', 'call_cost' (the
+    verification call in steps), 'tokens_per_call'}.
+  """
+  mode, gamma, width = candidate.mode, candidate.gamma, candidate.tree_width
+  row: Dict[str, Any] = {
+      "mode": mode.name,
+      "gamma": gamma,
+      "tree_width": width,
+      "label": candidate.label,
+      "predicted_speedup": 1.0,
+      "alpha": None,
+      "first_depth_alpha": None,
+      "cost_coefficient_c": None,
+      "call_cost": 1.0,
+      "tokens_per_call": 1.0
+  }
+  if mode.target_alone:
+    return row
+  pilot = pilots[candidate.pilot_key]
+  alpha = min(max(float(pilot["alpha"]), 0.0), 1.0)
+  row["alpha"] = alpha
+  if not mode.priced:  # speculative beams: the pilot's walltime ratio
+    row.update(predicted_speedup=float(pilot["speedup"]), call_cost=None,
+               tokens_per_call=None)
+    return row
+  assert prices is not None and gamma is not None
+  if mode.branches:
+    assert width is not None
+    first, alpha = first_depth(pilot, width), float(pilot["deeper"])
+    c = float(prices.cost_coefficient_by_width[width])
+    call = prices.tree_call_cost(1 + width * gamma)
+    tokens = expected_tree_tokens(first, alpha, gamma)
+    row.update(alpha=alpha, first_depth_alpha=first)
+  else:
+    c, call = float(prices.cost_coefficient), prices.call_cost(gamma + 1)
+    lengths = pilot.get("output_lengths")
+    # Each output's last call is cut at its end: short outputs buy fewer
+    # tokens per call than Equation (1) says, the more so the larger γ.
+    tokens = float(
+        analysis.expected_tokens_per_call_with_ends(alpha, gamma, lengths)
+        if lengths and sum(lengths) else analysis.
+        expected_tokens_per_iteration(alpha, gamma))
+  # The mode's cost model: the tokens per call over an iteration's cost.
+  row.update(
+      cost_coefficient_c=c, call_cost=call, tokens_per_call=tokens,
+      predicted_speedup=float(
+          mode.measured_theory(alpha, gamma, c, call, tokens) if mode.
+          branches else tokens / (gamma * c + call)))
+  return row
+
+
+def kappa(measured: float, modelled: float) -> float:
+  """κ = measured / modelled speedup, clipped to KAPPA_BOUNDS."""
+  value = measured / modelled if modelled > 0 else 1.0
+  return float(min(max(value, KAPPA_BOUNDS[0]), KAPPA_BOUNDS[1]))
+
+
+def predict_all(
+    candidates_: Sequence[Candidate], prices: Optional[Prices],
+    pilots: Mapping[str, Mapping[str, Any]],
+    kappas: Optional[Mapping[str, float]] = None) -> List[Dict[str, Any]]:
+  """`predict`'s row of every candidate, each priced family's scaled by
+  its own κ (`kappas`: {family: κ}; `Candidate.family`); a scaled row
+  keeps its model's speedup in 'model_speedup'."""
+  rows = []
+  for c in candidates_:
+    row = predict(c, prices, pilots)
+    scale = (kappas or {}).get(c.family)
+    if scale is not None and row["call_cost"] is not None:
+      row.update(model_speedup=row["predicted_speedup"],
+                 predicted_speedup=row["predicted_speedup"] * scale)
+    rows.append(row)
+  return rows
+
+
+def best(rows: Sequence[Mapping[str, Any]]) -> int:
+  """The index of the row of the best predicted speedup, ties to the
+  earlier row (fewer guesses, simpler mode, a narrower tree)."""
+  if not rows:
+    raise ValueError("rows is empty: no candidate to choose from")
+  return max(range(len(rows)), key=lambda i: (rows[i]["predicted_speedup"], -i))
+
+
+def choose(rows: Sequence[Mapping[str, Any]],
+           min_gain: float = AUTO_MIN_GAIN) -> int:
+  """The index of the chosen row of `predict`'s rows (row 0: the target
+  alone): the `best`, unless it is below `min_gain`: the target alone."""
+  chosen = best(rows)
+  if chosen and rows[chosen]["predicted_speedup"] < min_gain:
+    return 0
+  return chosen
+
+
+def pilot_cap(num_examples: int) -> int:
+  """The most examples one pilot decodes: AUTO_PILOT_SHARE of the run's,
+  clipped to [AUTO_PILOT_MIN_EXAMPLES, AUTO_PILOT_MAX_EXAMPLES]."""
+  share = math.ceil(AUTO_PILOT_SHARE * max(int(num_examples), 0))
+  return min(AUTO_PILOT_MAX_EXAMPLES, max(AUTO_PILOT_MIN_EXAMPLES, share))
+
+
+def pilot_done(examples: int, interval: Tuple[float, float], cap: int,
+               tolerance: float = AUTO_ALPHA_TOLERANCE) -> bool:
+  """Whether a pilot may stop: `cap` examples, or at least
+  AUTO_PILOT_MIN_EXAMPLES with a 95% interval narrower than `tolerance`."""
+  if examples >= cap:
+    return True
+  return (examples >= AUTO_PILOT_MIN_EXAMPLES and
+          interval[1] - interval[0] <= tolerance)
+
+
+# -- trees ---------------------------------------------------------------------
+def depth_acceptance(histogram: Sequence[int]) -> Tuple[float, float]:
+  """(a_1, a) from a tree's accepted histogram [γ + 1] (calls that kept
+  n = 0..γ guesses): a_1 = calls that kept >= 1 / all calls; a = guesses
+  kept at depths >= 2 / the depth >= 2 tests made (a call that kept n >= 1
+  passed n - 1 deeper tests and failed one more when n < γ). With γ = 1 or
+  no deeper test, a = a_1."""
+  counts = np.asarray(histogram, np.float64)
+  if counts.ndim != 1 or counts.size < 2 or np.any(counts < 0):
+    raise ValueError(f"histogram={list(histogram)!r}: allowed: [γ + 1] "
+                     "counts >= 0 of the iterations that kept n = 0..γ "
+                     "guesses, γ >= 1.")
+  gamma = counts.size - 1
+  calls = counts.sum()
+  if calls == 0:
+    raise ValueError("histogram has no iterations: the pilot decoded nothing")
+  first = float(counts[1:].sum() / calls)
+  n = np.arange(1, gamma + 1)
+  deeper_kept = float((n - 1) @ counts[1:])
+  deeper_tests = float(np.minimum(n, gamma - 1) @ counts[1:])
+  return first, (deeper_kept / deeper_tests if deeper_tests else first)
+
+
+def first_depth_by_width(rounds: Sequence[int]) -> List[float]:
+  """[k] a_1 of trees of k' = 1..k branches from a k-branch tree's calls
+  counted by their first round ([k + 1]: `TreeOutput.first_round_histogram`
+  summed over rows): the share of calls whose first round is below k' (a
+  narrower tree keeps a first guess exactly then)."""
+  counts = np.asarray(rounds, np.float64)
+  return [float(x) for x in np.cumsum(counts[:-1]) / max(counts.sum(), 1.0)]
+
+
+def expected_tree_tokens(first: float, deeper: float, gamma: int) -> float:
+  """E(γ, k) = 1 + a_1 · (1 + a + ... + a^(γ-1)): the model's tokens per
+  iteration (k = 1, a_1 = a = α: Equation (1)'s (1 - α^(γ+1)) / (1 - α))."""
+  return 1.0 + first * float(np.sum(deeper**np.arange(gamma)))
+
+
+def first_depth(pilot: Mapping[str, Any], width: int) -> float:
+  """a_1 of a tree of k = `width` branches from a tree pilot's record: its
+  'first_depth_by_width' entry k - 1, else its own 'first_depth'. The
+  pilot's deeper a serves every k (with distinct first guesses, the
+  default, one branch carries the kept prefix at any k)."""
+  by_width = pilot.get("first_depth_by_width") or ()
+  if 1 <= width <= len(by_width):
+    return float(by_width[width - 1])
+  return float(pilot["first_depth"])
+
+
+# -- while the run decodes -----------------------------------------------------
+def t975(df: int) -> float:
+  """Student's t 97.5% quantile with `df` >= 1 degrees of freedom."""
+  if df < 1:
+    raise ValueError(f"df={df!r}: allowed: an integer >= 1.")
+  if df <= len(_T975):
+    return _T975[df - 1]
+  return _Z975 + (_Z975**3 + _Z975) / (4 * df)
+
+
+def speedup_interval(
+    baseline_s: Sequence[float],
+    speculative_s: Sequence[float]) -> Tuple[float, float, float]:
+  """(speedup, low, high): Σ baseline / Σ speculative over the batches and
+  its 95% interval (the ratio estimator's standard error with batches as
+  samples, Student's t with n - 1 degrees of freedom); (ratio, 0, inf)
+  with fewer than 2 batches."""
+  b = np.asarray(baseline_s, np.float64)
+  s = np.asarray(speculative_s, np.float64)
+  if b.shape != s.shape or b.ndim != 1 or not b.size or np.any(s <= 0):
+    raise ValueError("baseline_s and speculative_s: one positive time per "
+                     f"batch each, got {b.shape} and {s.shape}.")
+  ratio = float(b.sum() / s.sum())
+  n = b.size
+  if n < 2:
+    return ratio, 0.0, math.inf
+  spread = float(np.sum((b - ratio * s)**2)) / (n - 1)
+  half = t975(n - 1) * math.sqrt(spread / n) / float(s.mean())
+  return ratio, max(0.0, ratio - half), ratio + half
+
+
+def below_prediction(predicted: float, baseline_s: Sequence[float],
+                     speculative_s: Sequence[float],
+                     min_batches: int = AUTO_SWITCH_MIN_BATCHES) -> bool:
+  """Whether a choice's measured speedup is below `predicted` by more than
+  its noise: at least `min_batches` batches and the 95% interval's upper
+  end below the prediction."""
+  if len(baseline_s) < max(min_batches, 2):
+    return False
+  return speedup_interval(baseline_s, speculative_s)[2] < predicted
+
+
+def with_measured_alpha(pilots: Mapping[str, Mapping[str, Any]],
+                        candidate: Candidate,
+                        histogram: Sequence[int]) -> Dict[str, Any]:
+  """`pilots` with the acceptance of `candidate`'s mode (and tree width)
+  measured on the run's histogram [γ + 1] of its batches, by the pilots'
+  own estimator (kept / min(n + 1, γ) trials; a tree's a_1 and a).
+  Unchanged when there was no acceptance trial or no such pilot."""
+  out = dict(pilots)
+  key = candidate.pilot_key
+  counts = np.asarray(histogram, np.int64)
+  gamma = counts.size - 1
+  trials = float(np.minimum(np.arange(gamma + 1) + 1, gamma) @ counts)
+  if key not in out or gamma < 1 or not trials:
+    return out
+  out[key] = dict(out[key], alpha=float(np.arange(gamma + 1) @ counts) / trials)
+  if candidate.mode.branches:
+    first, out[key]["deeper"] = depth_acceptance(counts)
+    # The pilot's a_1 by width, with this width's as measured.
+    by_width = list(out[key].get("first_depth_by_width") or ())
+    if candidate.tree_width and candidate.tree_width <= len(by_width):
+      by_width[candidate.tree_width - 1] = first
+      out[key]["first_depth_by_width"] = by_width
+    else:
+      out[key]["first_depth"] = first
+  return out
+
+
+def corrected_rows(
+    candidates_: Sequence[Candidate], current: int, measured: float,
+    prices: Optional[Prices], pilots: Mapping[str, Mapping[str, Any]],
+    ran: Mapping[int, float],
+    kappas: Mapping[str, float]) -> Tuple[List[Dict[str, Any]], float]:
+  """Every candidate predicted again after candidate `current` measured
+  `measured`; (rows, κ of the current one's family).
+
+  Args:
+    candidates_: the run's candidates (`candidates`).
+    current: the index of the candidate that decoded the last batches.
+    measured: its measured speedup.
+    prices: the call prices (None: nothing priced, beams).
+    pilots: {pilot_key: the pilot's record}, the current candidate's with
+      the α it measured (`with_measured_alpha`).
+    ran: {index: measured speedup} of candidates that ran before.
+    kappas: {family: κ} each family's calibration so far (its pilot's, or
+      its last measured one).
+
+  Returns:
+    `predict_all`'s rows with `basis`: 'measured' (it ran: its measured
+    speedup), 'corrected' (the current one's family: its model at the
+    measured α times κ = measured / the current one's model there),
+    'calibrated' (another family: its own κ, never the current one's) or
+    'target alone' (1); and that κ.
+  """
+  rows = predict_all(candidates_, prices, pilots, kappas)
+  family = candidates_[current].family
+  own = rows[current].get("model_speedup", rows[current]["predicted_speedup"])
+  scale = measured / own if own > 0 else 1.0
+  done = {**ran, current: measured}
+  for i, (c, row) in enumerate(zip(candidates_, rows)):
+    if c.mode.target_alone:
+      row["basis"] = "target alone"
+    elif i in done:
+      row.update(predicted_speedup=float(done[i]), basis="measured")
+    elif c.family == family:
+      row.update(
+          predicted_speedup=row.get("model_speedup", row["predicted_speedup"]) *
+          scale, basis="corrected")
+    else:
+      row["basis"] = "calibrated"
+  return rows, float(scale)
+
+
+def rechoose(rows: Sequence[Mapping[str, Any]], current: int, upper: float,
+             min_gain: float = AUTO_MIN_GAIN) -> int:
+  """The candidate to run next: `choose`'s, if it is predicted above
+  `min_gain` times `upper`, the upper end of the current one's measured
+  speedup's 95% interval (the evidence must beat the choice by more than
+  its noise); else the current one."""
+  best = choose(rows, min_gain)
+  if best != current and rows[best]["predicted_speedup"] >= min_gain * upper:
+    return best
+  return current
+
+
+# -- words ---------------------------------------------------------------------
+def reason(rows: Sequence[Mapping[str, Any]], chosen: int,
+           min_gain: float = AUTO_MIN_GAIN,
+           pilot_examples: Optional[int] = None,
+           fixed_gamma: Optional[int] = None) -> str:
+  """The stdout line: 'auto: chose token γ=3, predicted 1.31× (...);
+  runner-up: tree γ=3 k=2, predicted 1.20×; γ=3 is GAMMA's, not chosen
+  (GAMMA='auto' chooses it)', or 'auto: speculation off — ...; the target
+  alone is fastest (...)'.
+
+  Args:
+    rows: `predict_all`'s rows, the target alone first.
+    chosen: `choose`'s index.
+    min_gain: what a speculative row had to reach.
+    pilot_examples: the examples a beam pilot timed (its words).
+    fixed_gamma: GAMMA when it is an integer (not chosen), else None.
+  """
+  row = rows[chosen]
+  fixed = ("" if fixed_gamma is None else
+           f"; γ={fixed_gamma} is GAMMA's, not chosen (GAMMA='auto' "
+           "chooses it)")
+  if chosen:
+    others = [r for i, r in enumerate(rows) if i != chosen]
+    second = max(others, key=lambda r: r["predicted_speedup"])
+    return (f"auto: chose {row['label']}, predicted "
+            f"{row['predicted_speedup']:.2f}× ({_inputs_words(row)}); "
+            f"runner-up: {second['label']}, predicted "
+            f"{second['predicted_speedup']:.2f}×{fixed}")
+  alone = rows[0]["label"]
+  if len(rows) == 1:
+    return (f"auto: speculation off — no speculative mode drafts for this "
+            f"run; {alone} is fastest")
+  best = max(rows[1:], key=lambda r: r["predicted_speedup"])
+  spoken = f"{best['predicted_speedup']:.2f}×"
+  if best["call_cost"] is None:  # beams: measured, not predicted
+    examples = f"{pilot_examples} " if pilot_examples else ""
+    why = (f"{best['label']} ran {spoken} {alone} on the pilot's "
+           f"{examples}examples")
+  else:
+    why = f"on this machine {_inputs_words(best)}"
+  return (f"auto: speculation off — {why}; {alone} is fastest (runner-up: "
+          f"{best['label']}, predicted {spoken}, below the {min_gain:.2f}× "
+          f"it must reach){fixed}")
+
+
+def _inputs_words(row: Mapping[str, Any]) -> str:
+  """'a 4-token call costs 1.21 steps and α is 0.62, c 0.011'."""
+  if row["call_cost"] is None:
+    return f"measured on the pilot; draft steps kept {row['alpha']:.2f}"
+  if row["tree_width"] is not None:
+    size = f"a {1 + row['tree_width'] * row['gamma']}-node tree call"
+    alpha = (f"a_1 is {row['first_depth_alpha']:.2f}, a "
+             f"{row['alpha']:.2f}")
+  else:
+    size = f"a {row['gamma'] + 1}-token call"
+    alpha = f"α is {row['alpha']:.2f}"
+  return (f"{size} costs {row['call_cost']:.2f} steps and {alpha}, c "
+          f"{row['cost_coefficient_c']:.3f}")

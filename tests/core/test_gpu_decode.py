@@ -1,0 +1,382 @@
+"""The GPU decode paths ('packed', 'fused': `models.decode_paths`,
+`kernels.gpu`), on the CPU: the Pallas kernels in interpret mode.
+
+What must hold for a GPU to decode exactly through them:
+* each kernel computes its sublayer to float32 rounding of a float64
+  reference (batch > 1, K > 1, cache slots masked, a chunk ending at the
+  cache's last slot, encoder padding);
+* a decoder on either path gives XLA's path's logits: to float32 rounding
+  in float32, and no further from float32's than XLA's own bfloat16 logits
+  in bfloat16; its cache holds the same keys/values, and nothing outside
+  the chunk's slots is written; token trees too;
+* on 'fused', a row's logits do not depend on how many tokens share the
+  call, bit for bit (the K-token call and one-token calls agree exactly,
+  as through the CPU kernel), and greedy speculative decoding equals the
+  greedy baseline;
+* the whole decoder lowers to Triton for CUDA here, 6 kernels a layer and
+  one for the logits, at T5-small's shapes too (what the GPU compiles);
+* the backend picks the path, an impossible path is one clear error, and
+  `params` keep T5X's layout;
+* the GPU option sets the device check measures are compiler options this
+  jaxlib knows, and the loops take them on a GPU only.
+
+The chi-square tests of every decode mode on 'fused' run the device
+check's exactness phase with `--path=fused`
+(tests/e2e/test_gpu_decode_e2e.py, with the shipped pair).
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax.core import decoding
+from specdec_jax.core import kernels
+from specdec_jax.core.decoding import programs
+from specdec_jax.core.kernels import gpu
+from specdec_jax.core.models import decode_paths
+from specdec_jax.core.models import init_params
+from specdec_jax.core.models import param_shapes
+from specdec_jax.core.models import SharedEncoderModel
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.metrics import exactness
+
+from conftest import jit_call
+from conftest import tiny_config
+
+F32_ATOL = 2e-5
+GPU_PATHS = ("packed", "fused")
+
+
+def _t5x(config: T5Config, seed: int = 3) -> T5Model:
+  return T5Model(config, init_params(config, jax.random.PRNGKey(seed)))
+
+
+@pytest.fixture(scope="module")
+def world():
+  """A float32 tiny model, inputs [3, 7] (row 1 padded) and 9 tokens."""
+  rng = np.random.default_rng(0)
+  enc = rng.integers(2, 32, size=(3, 7)).astype(np.int32)
+  enc[1, 4:] = 0
+  dec = rng.integers(2, 32, size=(3, 9)).astype(np.int32)
+  return _t5x(tiny_config(vocab_size=32)), enc, dec
+
+
+def _decode(model, enc, dec, sizes, max_len=9):
+  """Logits of dec fed in chunks of `sizes` (a cache of max_len slots: the
+  last chunk ends at its last slot), and the final cache."""
+  cache = jit_call(model, "start", jnp.asarray(enc), max_len)
+  out, pos = [], 0
+  for k in sizes:
+    logits, cache = jit_call(model, "decode_chunk",
+                             jnp.asarray(dec[:, pos:pos + k]), cache)
+    out.append(np.asarray(logits, np.float32))
+    pos += k
+  return np.concatenate(out, axis=1), cache
+
+
+# ---------------------------------------------------------------------------
+# The kernels against float64.
+# ---------------------------------------------------------------------------
+def _f64(x):
+  return np.asarray(x, np.float64)
+
+
+def _normed(x, scale):
+  x = _f64(x)
+  return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * _f64(scale)
+
+
+def _softmax_attend(q, keys, values, bias):
+  """q [B, K, H, D], keys/values [B, H, D, L], bias [B, H, K, L]."""
+  logits = np.einsum("bkhd,bhdl->bhkl", q, keys) + bias
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  return np.einsum("bhkl,bhdl->bkhd", weights, values)
+
+
+def _rand(rng, *shape, scale=1.0):
+  return jnp.asarray(rng.standard_normal(shape) * scale, jnp.float32)
+
+
+def test_self_attention_kernel_matches_float64():
+  """Writes the chunk's slots (one row's chunk ends at the last slot), then
+  attends over every slot its bias lets it see."""
+  rng = np.random.default_rng(0)
+  b, k, e, h, d, length = 2, 3, 32, 2, 8, 12
+  x, scale = _rand(rng, b, k, e), _rand(rng, e)
+  w = _rand(rng, h, 3, e, d, scale=0.3)
+  keys, values = _rand(rng, b, h, d, length), _rand(rng, b, h, d, length)
+  start = np.array([2, length - k], np.int32)
+  bias = np.where(
+      rng.random((b, h, k, length)) < 0.3, -1e10,
+      rng.standard_normal((b, h, k, length)))
+  for row in range(b):  # Each token sees its own slot.
+    for m in range(k):
+      bias[row, :, m, start[row] + m] = 0.5
+  ctx, new_keys, new_values = jax.jit(gpu.self_attention)(
+      x, scale, w, keys, values, jnp.asarray(start),
+      jnp.asarray(bias, jnp.float32))
+  xn = _normed(x, scale)
+  q, kk, vv = (np.einsum("bke,hed->bkhd", xn, _f64(w)[:, p]) for p in range(3))
+  want_keys, want_values = _f64(keys), _f64(values)
+  for row in range(b):
+    for m in range(k):
+      want_keys[row, :, :, start[row] + m] = kk[row, m]
+      want_values[row, :, :, start[row] + m] = vv[row, m]
+  np.testing.assert_allclose(new_keys, want_keys, atol=1e-5)
+  np.testing.assert_allclose(new_values, want_values, atol=1e-5)
+  np.testing.assert_allclose(ctx,
+                             _softmax_attend(q, want_keys, want_values, bias),
+                             atol=1e-5)
+
+
+def test_cross_attention_kernel_masks_encoder_padding():
+  rng = np.random.default_rng(1)
+  b, k, e, h, d, s = 2, 3, 48, 2, 8, 5
+  x, scale, wq = _rand(rng, b, k, e), _rand(rng, e), _rand(rng, h, 1, e, d)
+  keys, values = _rand(rng, b, h, d, s), _rand(rng, b, h, d, s)
+  valid = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+  bias = np.where(valid, 0.0, -1e10).astype(np.float32)
+  ctx = jax.jit(gpu.cross_attention)(x, scale, wq * 0.3, keys, values,
+                                     jnp.asarray(bias))
+  q = np.einsum("bke,hed->bkhd", _normed(x, scale), _f64(wq * 0.3)[:, 0])
+  want = _softmax_attend(q, _f64(keys), _f64(values),
+                         np.broadcast_to(bias[:, None, None, :], (b, h, k, s)))
+  np.testing.assert_allclose(ctx, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 11])  # 11: a last block of 3 rows.
+def test_dense_kernels_match_float64(rows):
+  rng = np.random.default_rng(2)
+  e, n = 48, 192
+  x, scale, w = _rand(rng, rows, e), _rand(rng, e), _rand(rng, 2, e, n)
+  gated = jax.jit(lambda *a: gpu.rms_dense(*a, ("gelu", "linear")))(x, scale,
+                                                                    w * 0.2)
+  xn = _normed(x, scale)
+  up = xn @ _f64(w * 0.2)[0]
+  gelu = 0.5 * up * (1 + np.tanh(np.sqrt(2 / np.pi) * (up + 0.044715 * up**3)))
+  np.testing.assert_allclose(gated, gelu * (xn @ _f64(w * 0.2)[1]), atol=1e-5)
+  h, w2, res = _rand(rng, rows, n), _rand(rng, n, e,
+                                          scale=0.1), _rand(rng, rows, e)
+  out = jax.jit(gpu.dense_residual)(h, w2, res)
+  np.testing.assert_allclose(out, _f64(res) + _f64(h) @ _f64(w2), atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# A decoder on each path against XLA's path.
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("path", GPU_PATHS)
+@pytest.mark.parametrize("sizes", [[1] * 9, [4, 1, 4]])
+def test_decoder_matches_xla_in_float32(world, path, sizes):
+  """Batch 3 (one input padded), K = 1 and K = γ+1, the last chunk ending
+  at the cache's last slot; the cache's keys/values too."""
+  model, enc, dec = world
+  want, want_cache = _decode(model, enc, dec, [9])
+  got, cache = _decode(model.prepared_for_decoding(path), enc, dec, sizes)
+  np.testing.assert_allclose(got, want, atol=F32_ATOL)
+  for mine, theirs in zip(cache.keys + cache.values,
+                          want_cache.keys + want_cache.values):
+    np.testing.assert_allclose(mine, theirs, atol=F32_ATOL)
+
+
+@pytest.mark.parametrize("path", GPU_PATHS)
+def test_decoder_in_bfloat16_is_as_close_to_float32_as_xla(world, path):
+  """bfloat16 rounds differently on each path (the kernels sum in float32
+  and round where XLA rounds its outputs): no path may be much further
+  from the float32 logits than XLA's own bfloat16 path."""
+  model, enc, dec = world
+  want, _ = _decode(model, enc, dec, [9])
+  bf16 = T5Model(model.config.replace(dtype=jnp.bfloat16), model.params)
+  xla_error = np.abs(_decode(bf16, enc, dec, [1] * 9)[0] - want).max()
+  assert xla_error > 1e-3  # bfloat16 really rounded.
+  for sizes in ([1] * 9, [4, 5]):
+    got, _ = _decode(bf16.prepared_for_decoding(path), enc, dec, sizes)
+    assert np.abs(got - want).max() <= 1.5 * xla_error
+
+
+def test_fused_rows_are_bitwise_independent_of_the_call(world):
+  """A token's logits are the same bits whether it came in a call of 1, 4
+  or 9 tokens (what greedy identity rests on: the loops compare calls of
+  γ+1 tokens with one-token calls at one batch size)."""
+  model, enc, dec = world
+  fused = model.prepared_for_decoding("fused")
+  one, _ = _decode(fused, enc, dec, [1] * 9)
+  np.testing.assert_array_equal(one, _decode(fused, enc, dec, [4, 1, 4])[0])
+  np.testing.assert_array_equal(one, _decode(fused, enc, dec, [9])[0])
+
+
+def test_fused_call_writes_only_its_chunks_slots(world):
+  model, enc, dec = world
+  fused = model.prepared_for_decoding("fused")
+  cache = jit_call(fused, "start", jnp.asarray(enc), 12)
+  _, cache = jit_call(fused, "decode_chunk", jnp.asarray(dec[:, :3]), cache)
+  cache = cache.replace(length=jnp.asarray([3, 1, 2], jnp.int32))
+  poisoned = cache.replace(keys=tuple(
+      jnp.full_like(k, 7.0) for k in cache.keys))
+  _, after = jit_call(fused, "decode_chunk", jnp.asarray(dec[:, 3:5]), poisoned)
+  for layer in after.keys:
+    layer = np.asarray(layer)
+    for row, start in enumerate([3, 1, 2]):
+      written = np.zeros(12, bool)
+      written[start:start + 2] = True
+      assert np.all(layer[row][..., ~written] == 7.0)
+      assert not np.any(layer[row][..., written] == 7.0)
+
+
+def test_fused_tree_call_matches_xla(world):
+  """decode_tree (a root, two children, a grandchild) and commit_path, then
+  a chunk after the kept path, as on XLA's path."""
+  model, enc, dec = world
+  parents = np.array([-1, 0, 0, 2], np.int32)
+  path, kept = np.array([[0, 2, 3]] * 3, np.int32), np.array([3, 1, 2],
+                                                             np.int32)
+  out = []
+  for m in (model, model.prepared_for_decoding("fused")):
+    cache = jit_call(m, "start", jnp.asarray(enc), 12)
+    _, cache = jit_call(m, "decode_chunk", jnp.asarray(dec[:, :2]), cache)
+    tree, cache = jit_call(m, "decode_tree", jnp.asarray(dec[:, 2:6]),
+                           jnp.asarray(parents), cache)
+    cache = jit_call(m, "commit_path", cache, jnp.asarray(path),
+                     jnp.asarray(kept))
+    after, _ = jit_call(m, "decode_chunk", jnp.asarray(dec[:, 6:8]), cache)
+    out.append((np.asarray(tree), np.asarray(after)))
+  np.testing.assert_allclose(out[1][0], out[0][0], atol=F32_ATOL)
+  np.testing.assert_allclose(out[1][1], out[0][1], atol=F32_ATOL)
+
+
+def test_greedy_speculative_equals_the_baseline_on_fused():
+  target = _t5x(tiny_config(vocab_size=32), seed=11)
+  noisy = jax.tree_util.tree_map(
+      lambda x: x + 0.2 * jnp.std(x) * jax.random.normal(
+          jax.random.PRNGKey(12), x.shape), target.params)
+  target = target.prepared_for_decoding("fused")
+  draft = T5Model(target.config, noisy).prepared_for_decoding("fused")
+  inputs = np.random.default_rng(1).integers(2, 32, (4, 6)).astype(np.int32)
+  inputs[2, 3:] = 0
+  rng = jax.random.PRNGKey(0)
+  base = decoding.temperature_sample(target, inputs, rng, max_decode_length=10)
+  spec = decoding.speculative_sample(target, draft, inputs, rng, gamma=3,
+                                     max_decode_length=10)
+  record = exactness.greedy_identity(base.tokens, spec.tokens)
+  assert record["identical"] == 4, record
+  assert 0 < spec.statistics()["alpha_hat"] < 1  # Guesses kept and rejected.
+
+
+# ---------------------------------------------------------------------------
+# What the GPU compiles.
+# ---------------------------------------------------------------------------
+def _triton_calls(model: T5Model, cache_len: int, k: int) -> int:
+  """Triton kernels in `decode_chunk` of k tokens lowered for CUDA here."""
+  cache = jax.eval_shape(lambda m, e: m.start(e, cache_len), model.unpacked(),
+                         jax.ShapeDtypeStruct((1, 16), jnp.int32))
+  with gpu.lowering_for_gpu():
+    lowered = jax.jit(lambda m, t, c: m.decode_chunk(t, c)).trace(
+        model, jax.ShapeDtypeStruct((1, k), jnp.int32),
+        cache).lower(lowering_platforms=("cuda",))
+  return lowered.as_text().count(gpu.TRITON_CALL)
+
+
+def test_decoder_lowers_for_cuda_in_six_kernels_a_layer(world):
+  model = world[0].prepared_for_decoding("fused")
+  assert _triton_calls(model, 12, 4) == 6 * 2 + 1
+
+
+def test_t5_small_shaped_decoder_lowers_for_cuda():
+  """T5 v1.1 small's shapes in bfloat16 (shapes only, nothing allocated):
+  blocks of every width, a cache of 52 slots, a verification call of 4."""
+  config = T5Config(vocab_size=32128, dtype=jnp.bfloat16)
+  shapes = jax.tree_util.tree_map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16),
+      param_shapes(config))
+  packed = jax.eval_shape(
+      lambda p: decode_paths.pack(p["params"], "fused", config), shapes)
+  model = T5Model(config, shapes, packed=packed, decode_path="fused")
+  assert _triton_calls(model, 52, 4) == 6 * 8 + 1
+
+
+# ---------------------------------------------------------------------------
+# Which path, and the weights beside the parameters.
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "backend,devices,head_dim,packs,want",
+    [
+        ("gpu", 1, 8, False, "packed"),  # "fused": opt-in until a GPU ran it
+        ("gpu", 2, 8, False, "xla"),
+        ("gpu", 1, 12, False, "packed"),
+        ("tpu", 1, 8, False, "xla"),
+        ("cpu", 1, 8, False, "xla"),
+        ("cpu", 1, 8, True, "cpu_kernel"),
+    ])
+def test_the_backend_picks_the_path(monkeypatch, backend, devices, head_dim,
+                                    packs, want):
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  monkeypatch.setattr(jax, "device_count", lambda: devices)
+  monkeypatch.setattr(kernels, "packing_enabled", lambda dtype: packs)
+  config = tiny_config(head_dim=head_dim)
+  assert decode_paths.default_path(config) == want
+  assert decode_paths.check(None, config) == want
+
+
+@pytest.mark.parametrize("path,config,match", [
+    ("triton", tiny_config(), "path='triton': allowed: xla, cpu_kernel, "
+     "packed, fused"),
+    ("fused", tiny_config(head_dim=12), "head_dim=12 is not a power of 2"),
+    ("cpu_kernel", tiny_config(dtype=jnp.bfloat16), "needs float32"),
+])
+def test_a_path_that_cannot_run_is_one_clear_error(path, config, match):
+  model = T5Model(config, param_shapes(config))
+  with pytest.raises(ValueError, match=match) as raised:
+    model.prepared_for_decoding(path)
+  assert "\n" not in str(raised.value)
+
+
+def test_params_keep_t5x_layout_and_paths_round_trip(world):
+  model = world[0]
+  for path in GPU_PATHS:
+    prepared = model.prepared_for_decoding(path)
+    assert prepared.decode_path == path and prepared.is_packed
+    assert prepared.params is model.params
+    assert prepared.prepared_for_decoding(path) is prepared
+    layer = prepared.packed["decoder"]["layers_1"]
+    e, h, d = 16, 2, 8
+    assert layer["self_qkv"].shape == ((e, 3 * h * d) if path == "packed" else
+                                       (h, 3, e, d))
+    assert prepared.unpacked().decode_path == "xla"
+    assert prepared.unpacked().packed is None
+  # Float32 kernels stored, bfloat16 computed: the output kernels copied in
+  # bfloat16 for the kernels; the others read from params as they are.
+  bf16 = T5Model(model.config.replace(dtype=jnp.bfloat16), model.params)
+  layer = bf16.prepared_for_decoding("fused").packed["decoder"]["layers_0"]
+  assert layer["mlp_wo"].dtype == jnp.bfloat16
+  assert "mlp_wo" not in model.prepared_for_decoding(
+      "fused").packed["decoder"]["layers_0"]
+
+
+def test_shared_encoder_draft_takes_the_path(world):
+  model = world[0]
+  decoder = _t5x(
+      tiny_config(vocab_size=32, num_encoder_layers=0, encoder_width=16), 5)
+  draft = SharedEncoderModel(encoder=model, decoder=decoder)
+  assert draft.prepared_for_decoding("packed").decoder.decode_path == "packed"
+
+
+# ---------------------------------------------------------------------------
+# XLA:GPU options per program.
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(gpu.GPU_OPTION_SETS))
+def test_gpu_option_sets_are_options_this_jaxlib_knows(name):
+  """XLA parses per-program options into its DebugOptions on every backend:
+  a misspelt or removed field fails here, not on the GPU."""
+  fn = jax.jit(lambda v: v * 2.0, compiler_options=gpu.GPU_OPTION_SETS[name])
+  np.testing.assert_array_equal(fn(jnp.ones(3)), 2.0)
+
+
+def test_loops_take_the_gpu_options_on_a_gpu_only():
+  program = programs.LoopProgram(lambda x: x, (), {"xla_cpu_a": True},
+                                 {"xla_gpu_b": 1})
+  assert program.options("gpu") == {"xla_gpu_b": 1}
+  assert program.options("cpu") == {"xla_cpu_a": True}
+  assert program.options("tpu") == {}
+  assert programs.LoopProgram(lambda x: x,
+                              ()).options("gpu") == gpu.GPU_LOOP_OPTIONS

@@ -1,0 +1,72 @@
+"""The GPU kernels' path ('fused', `kernels.gpu`) end to end on the CPU, in
+Pallas' interpret mode: the device check's exactness phase (every decode
+mode's greedy identity and chi-square, with its power check) and its
+shipped-pair phase (the 38M target and distilled 1M draft, greedy
+identical on the main job's first captions), run with `--path=fused` as
+the GPU session runs them with its default path. Slow: interpret mode runs
+each kernel program by program. The kernels one by one and the decoder
+against XLA's path: tests/core/test_gpu_decode.py.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tools.device_check import cli
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def _check(tmp_path, phase: str) -> dict:
+  """`scripts/device_check.sh --small --path=fused --phases=<phase>`, the
+  phase given the whole budget; its report."""
+  out = tmp_path / phase
+  done = subprocess.run(
+      [
+          str(REPO / "scripts" / "device_check.sh"), "--small", "--path=fused",
+          f"--phases={phase}", "--total_s=1100"
+      ], env={
+          **os.environ, "PYTHON": sys.executable,
+          "OUT": str(out),
+          "DEVICE_CHECK_TIMEOUT_S": "1200"
+      }, capture_output=True, text=True, timeout=1300, check=False)
+  assert done.returncode == 0, done.stdout[-3000:]
+  return json.loads((out / cli.RESULT_FILE).read_text())
+
+
+def test_every_decode_mode_is_exact_on_the_fused_path(tmp_path):
+  report = _check(tmp_path, "exactness")
+  assert report["exactness"]["settings"]["decode_path"] == "fused"
+  modes = report["exactness"]["modes"]
+  assert set(modes) == {"token", "block", "tree", "beam"}
+  for mode, entry in modes.items():
+    greedy = entry["greedy"]
+    assert "highest_precision" not in greedy, mode  # Identical at once.
+    assert entry["ok"] and greedy["all_identical"], mode
+    if mode != "beam":
+      assert entry["distribution"]["passed"], mode
+      assert entry["distribution"]["power_ok"], mode
+  # Each mode drew its own samples (one run of this check on the CPU
+  # scored block verification's draws equal to Algorithm 1's: not seen
+  # again; the digests tell).
+  digests = {
+      m: modes[m]["distribution"]["samples_sha256"] for m in modes if m != "beam"
+  }
+  assert len(set(digests.values())) == 3, digests
+
+
+def test_shipped_pair_is_greedy_identical_on_the_fused_path(tmp_path):
+  report = _check(tmp_path, "pretrained")["pretrained"]
+  assert report["pair"]["decode_path"] == "fused"
+  identity = report["identity"]
+  assert "highest_precision" not in identity
+  assert identity["all_identical"] and identity["default_precision"][
+      "identical"] == 3
+  by_path = report["main_job_by_path"]
+  assert set(by_path) == {"xla", "fused"}
+  assert by_path["fused"]["1"]["speedup"] > 0
+  assert by_path["fused"]["1"]["alpha"] > 0.5  # The draft agrees often.

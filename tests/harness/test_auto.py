@@ -1,0 +1,824 @@
+"""The 'auto' choices as pure functions (issues 45, 57, 58): candidates,
+predictions, calibration by family, the choice, the online rule (a switch
+only when the measurement beats the prediction by more than its noise,
+each family re-predicted with its own calibration), the tree model, the
+pilots' order (warmed up, interleaved), GAMMA='auto''s record; the price
+and pilot caches; bad values refused before anything is loaded (tiny runs
+end to end: tests/e2e/test_auto_mode_e2e.py, test_auto_switch_e2e.py)."""
+import dataclasses
+import types
+
+from conftest import tiny_config
+import jax
+import numpy as np
+import pytest
+from run_helpers import parse_local_tiny_out
+
+from specdec_jax import run as run_lib
+from specdec_jax.core import decoding
+from specdec_jax.experiment import arguments
+from specdec_jax.experiment import auto
+from specdec_jax.experiment import batches
+from specdec_jax.experiment import decode_modes
+from specdec_jax.experiment import online
+from specdec_jax.experiment import output_dir
+from specdec_jax.experiment import pilots as pilots_lib
+from specdec_jax.experiment import price_cache
+from specdec_jax.metrics import analysis
+
+Candidate = auto.Candidate
+MODEL_MODES = ("token", "block", "tree", "beam")  # DRAFTER='model'
+MIN = auto.AUTO_SWITCH_MIN_BATCHES
+C = 0.02  # the drafter's cost coefficient in the pure tests
+TOKEN3 = Candidate(decode_modes.TOKEN, 3)
+TREE32 = Candidate(decode_modes.TREE, 3, 2)
+ALONE = Candidate(decode_modes.target_alone(decode_modes.TOKEN))
+
+
+def _prices(call_cost: float = 1.0, c: float = C) -> auto.Prices:
+  """Every K-token call (K >= 2) at `call_cost` steps, a guess at c."""
+  return auto.Prices(call_cost_by_k={
+      1: 1.0,
+      2: call_cost,
+      13: call_cost
+  }, cost_coefficient=c)
+
+
+def _pilots(first_depth: float):
+  """A token pilot and a tree pilot, both at α = 0.8."""
+  return {
+      "token": {
+          "alpha": 0.8
+      },
+      "tree": {
+          "alpha": 0.8,
+          "first_depth": first_depth,
+          "deeper": 0.8
+      }
+  }
+
+
+def _token_candidates():
+  return auto.candidates(decode_modes.TOKEN, ("token",),
+                         auto.gammas_considered("auto"), greedy=True,
+                         vocab_size=100)
+
+
+# ---------------------------------------------------------------------------
+# Candidates, predictions, the first choice.
+# ---------------------------------------------------------------------------
+def test_costly_calls_and_low_alpha_choose_the_target_alone():
+  candidates = auto.candidates(decode_modes.TOKEN, ("token", "block"),
+                               auto.gammas_considered("auto"), greedy=True,
+                               vocab_size=100)
+  rows = auto.predict_all(candidates, _prices(1.6, 0.3),
+                          {"token": {
+                              "alpha": 0.4
+                          }})
+  chosen = auto.choose(rows)
+  assert chosen == 0 and rows[0]["label"] == "the target alone"
+  assert all(r["predicted_speedup"] < 1 for r in rows[1:])
+  line = auto.reason(rows, chosen)
+  assert line.startswith("auto: speculation off — on this machine a ")
+  assert "-token call costs 1.60 steps and α is 0.40" in line
+  assert "the target alone is fastest (runner-up: token γ=" in line
+
+
+def test_cheap_calls_and_high_alpha_choose_section_3_4s_gamma():
+  alpha = 0.8
+  candidates = _token_candidates()
+  rows = auto.predict_all(candidates, _prices(), {"token": {"alpha": alpha}})
+  choice = rows[auto.choose(rows)]
+  assert choice["mode"] == "token"
+  assert choice["gamma"] == analysis.optimal_gamma(alpha, C, max_gamma=12)
+  assert choice["predicted_speedup"] == pytest.approx(
+      analysis.expected_speedup(alpha, choice["gamma"], C))
+  line = auto.reason(rows, auto.choose(rows))
+  assert line.startswith(f"auto: chose token γ={choice['gamma']}, predicted "
+                         f"{choice['predicted_speedup']:.2f}×")
+
+
+def test_the_auto_line_names_the_runner_up_and_the_gamma_it_did_not_choose():
+  """Issue 58: the line named no runner-up and did not say that γ is
+  GAMMA's unless GAMMA='auto'."""
+  prices = dataclasses.replace(_prices(1.2), tree_call_cost_by_nodes={
+      1: 1.0,
+      7: 1.5
+  }, cost_coefficient_by_width={2: 0.05})
+  pilots = _pilots(first_depth=0.9)
+  rows = auto.predict_all([ALONE, TOKEN3, TREE32], prices, pilots)
+  chosen = auto.choose(rows)
+  runner_up = rows[3 - chosen]
+  line = auto.reason(rows, chosen, fixed_gamma=3)
+  assert (f"; runner-up: {runner_up['label']}, predicted "
+          f"{runner_up['predicted_speedup']:.2f}×" in line)
+  assert line.endswith("; γ=3 is GAMMA's, not chosen (GAMMA='auto' "
+                       "chooses it)")
+  assert "GAMMA's" not in auto.reason(rows, chosen)  # GAMMA='auto'
+  # The target alone chosen: the best speculative row is the runner-up.
+  rows = auto.predict_all([ALONE, TOKEN3], _prices(3.0),
+                          {"token": pilots["token"]})
+  line = auto.reason(rows, auto.choose(rows), fixed_gamma=3)
+  assert "(runner-up: token γ=3, predicted " in line and "GAMMA's" in line
+
+
+def test_a_speculative_mode_must_beat_the_target_alone_by_min_gain():
+  rows = [{"predicted_speedup": 1.0}, {"predicted_speedup": 1.03}]
+  assert auto.choose(rows) == 0
+  assert auto.choose(rows, min_gain=1.02) == 1
+  # Ties go to the earlier row: fewer guesses, simpler mode.
+  assert auto.choose([{
+      "predicted_speedup": 1.0
+  }] + [{
+      "predicted_speedup": 1.2
+  }] * 2) == 1
+  assert auto.best(rows) == 1  # GAMMA='auto': no target alone to beat
+
+
+def test_the_prediction_is_the_summarys_formula_at_the_measured_call_cost():
+  prices = auto.Prices(call_cost_by_k={
+      1: 1.0,
+      2: 1.1,
+      5: 1.3
+  }, cost_coefficient=0.05)
+  row = auto.predict(TOKEN3, prices, {"token": {"alpha": 0.6}})
+  call = float(np.interp(4, [1, 2, 5], [1.0, 1.1, 1.3]))
+  assert row["call_cost"] == pytest.approx(call)
+  assert row["predicted_speedup"] == pytest.approx(
+      decode_modes.TOKEN.measured_theory(0.6, 3, 0.05, call, 0.0))
+  assert row["tokens_per_call"] == pytest.approx(
+      analysis.expected_tokens_per_iteration(0.6, 3))
+
+
+def test_short_outputs_buy_fewer_tokens_and_each_family_has_its_kappa():
+  """With the pilot's output lengths each output's last call is cut at its
+  end (the larger γ, the more it costs); each family's rows are scaled by
+  its own κ, the target alone never."""
+  prices = auto.Prices(call_cost_by_k={1: 1.0, 9: 1.4}, cost_coefficient=0.02)
+  token8 = Candidate(decode_modes.TOKEN, 8)
+  short = {"token": {"alpha": 0.9, "output_lengths": [11, 9, 12]}}
+  cut = auto.predict(token8, prices, short)
+  full = auto.predict(token8, prices, {"token": {"alpha": 0.9}})
+  assert cut["tokens_per_call"] == pytest.approx(
+      analysis.expected_tokens_per_call_with_ends(0.9, 8, [11, 9, 12]))
+  assert cut["tokens_per_call"] < 0.8 * full["tokens_per_call"]
+  assert cut["predicted_speedup"] < full["predicted_speedup"]
+  prices = dataclasses.replace(prices, tree_call_cost_by_nodes={
+      1: 1.0,
+      9: 1.4
+  }, cost_coefficient_by_width={2: 0.02})
+  pilots = {**short, "tree": {"alpha": 0.9, "first_depth": 0.9, "deeper": 0.9}}
+  tree = Candidate(decode_modes.TREE, 4, 2)
+  raw = auto.predict_all([ALONE, token8, tree], prices, pilots)
+  rows = auto.predict_all([ALONE, token8, tree], prices, pilots, {
+      "chains": 0.75,
+      "trees": 0.5
+  })
+  assert rows[0]["predicted_speedup"] == 1.0 and "model_speedup" not in rows[0]
+  assert [r["predicted_speedup"] for r in rows[1:]] == pytest.approx(
+      [0.75 * raw[1]["predicted_speedup"], 0.5 * raw[2]["predicted_speedup"]])
+  assert rows[1]["model_speedup"] == raw[1]["predicted_speedup"]
+  assert auto.kappa(50.0, 1.0) == 4.0 and auto.kappa(1.5, 2.0) == 0.75
+
+
+def _tree_prices(nodes):
+  return auto.Prices(call_cost_by_k={
+      1: 1.0,
+      5: 1.3
+  }, cost_coefficient=0.05, tree_call_cost_by_nodes=nodes,
+                     cost_coefficient_by_width={
+                         1: 0.05,
+                         2: 0.06,
+                         3: 0.07
+                     })
+
+
+def test_a_trees_prediction_is_its_tokens_over_its_calls():
+  nodes = {1: 1.0, 5: 1.5, 9: 2.3, 13: 2.9}
+  # One pilot with k = 3 gives a_1 of k = 1, 2, 3 (its first rounds).
+  pilots = {
+      "tree": {
+          "alpha": 0.6,
+          "first_depth": 0.85,
+          "first_depth_by_width": [0.7, 0.8, 0.85],
+          "deeper": 0.6
+      }
+  }
+  prices = _tree_prices(nodes)
+  for gamma, k in ((2, 2), (4, 2), (2, 3), (4, 3)):
+    row = auto.predict(Candidate(decode_modes.TREE, gamma, k), prices, pilots)
+    first = {2: 0.8, 3: 0.85}[k]
+    call = np.interp(1 + k * gamma, sorted(nodes),
+                     [nodes[n] for n in sorted(nodes)])
+    assert row["first_depth_alpha"] == first
+    assert row["predicted_speedup"] == pytest.approx(
+        auto.expected_tree_tokens(first, 0.6, gamma) / (gamma * {
+            2: 0.06,
+            3: 0.07
+        }[k] + call))
+  # A record without a_1 by width (a pilot of one k): its own a_1.
+  alone = {"tree": dict(pilots["tree"], first_depth_by_width=None)}
+  assert auto.predict(TREE32, prices, alone)["first_depth_alpha"] == 0.85
+  # The tree call's cost never dips with more nodes (a dip is noise).
+  dipped = _tree_prices({1: 1.0, 5: 1.5, 13: 2.5, 25: 2.0})
+  assert dipped.tree_call_cost(25) == 2.5
+  assert dipped.tree_call_cost(9) == pytest.approx(2.0)
+
+
+def test_width_one_predicts_gamma_autos_theorem_3_8():
+  """A tree of one branch with a_1 = a = α is Theorem 3.8 at the measured
+  call cost: the best shape is analysis.optimal_gamma's γ, for random α, c
+  and call-cost curves."""
+  rng = np.random.default_rng(0)
+  gammas = list(range(1, 13))
+  for _ in range(100):
+    alpha = float(rng.uniform(0.05, 0.98))
+    c = float(rng.uniform(0.0, 0.6))
+    costs = np.sort(rng.uniform(1.0, 4.0, 12))
+    prices = auto.Prices(
+        call_cost_by_k={1: 1.0}, cost_coefficient=c, tree_call_cost_by_nodes={
+            1: 1.0,
+            **{
+                g + 1: costs[g - 1] for g in gammas
+            }
+        }, cost_coefficient_by_width={1: c})
+    candidates = auto.mode_candidates(decode_modes.TREE, gammas, [1], False,
+                                      100)
+    rows = auto.predict_all(
+        candidates, prices,
+        {"tree": {
+            "alpha": alpha,
+            "first_depth": alpha,
+            "deeper": alpha
+        }})
+    want = analysis.optimal_gamma(alpha, c, 12, np.maximum.accumulate(costs))
+    assert candidates[auto.best(rows)].gamma == want, (alpha, c)
+
+
+def test_candidates_follow_the_drafter_the_temperature_and_the_tree_size():
+  every = auto.candidates(decode_modes.TOKEN, MODEL_MODES, [1, 6, 12],
+                          greedy=False, vocab_size=100)
+  labels = [c.label for c in every]
+  assert labels[0] == "the target alone" and every[0].mode.target_alone
+  assert {"token γ=6", "block γ=6", "tree γ=6 k=4",
+          "tree γ=12 k=2"} <= set(labels)
+  assert "tree γ=12 k=3" not in labels  # 37 nodes > AUTO_TREE_MAX_NODES
+  assert {c.family for c in every} == {None, "chains", "trees"}
+  greedy = auto.candidates(decode_modes.TOKEN, ("token", "block"), [3],
+                           greedy=True, vocab_size=100)
+  assert [c.label for c in greedy] == ["the target alone", "token γ=3"]
+  beams = auto.candidates(decode_modes.BEAM, MODEL_MODES, [3], greedy=True,
+                          vocab_size=100)
+  assert [c.label for c in beams
+         ] == ["the target's own beam search", "speculative beams γ=3"]
+  assert beams[0].mode.beam and beams[0].mode.target_alone
+  # GAMMA / TREE_WIDTH 'auto': the run's mode only; greedy k <= vocab.
+  shapes = auto.mode_candidates(decode_modes.TREE, [1, 2], [1, 2, 3], True, 2)
+  assert [c.label for c in shapes
+         ] == ["tree γ=1 k=1", "tree γ=2 k=1", "tree γ=1 k=2", "tree γ=2 k=2"]
+
+
+def test_speculative_beams_are_predicted_by_their_pilots_walltime():
+  beams = auto.candidates(decode_modes.BEAM, MODEL_MODES, [3], greedy=True,
+                          vocab_size=100)
+  rows = auto.predict_all(beams, None,
+                          {"beam": {
+                              "alpha": 0.5,
+                              "speedup": 0.36
+                          }})
+  assert rows[1]["predicted_speedup"] == 0.36
+  line = auto.reason(rows, auto.choose(rows), pilot_examples=8)
+  assert line == (
+      "auto: speculation off — speculative beams γ=3 ran 0.36× the target's "
+      "own beam search on the pilot's 8 examples; the target's own beam "
+      "search is fastest (runner-up: speculative beams γ=3, predicted "
+      "0.36×, below the 1.05× it must reach)")
+
+
+# ---------------------------------------------------------------------------
+# The pilots: how long, in which order, warmed up; the one α interval.
+# ---------------------------------------------------------------------------
+def test_the_pilot_stops_on_its_interval_or_its_cap():
+  assert batches.alpha_interval([3], [5]) == (0.0, 1.0)
+  few = batches.alpha_interval([3, 3], [5, 5])
+  many = batches.alpha_interval([3] * 40, [5] * 40)
+  assert few[1] - few[0] > many[1] - many[0] and many[0] < 0.6 < many[1]
+  # Sentences that differ widen it beyond Wilson's (trials not independent).
+  mixed = batches.alpha_interval([5, 0] * 20, [5] * 40)
+  assert mixed[1] - mixed[0] > many[1] - many[0]
+  # Wilson's: 50 of 100 trials in two like examples.
+  assert batches.alpha_interval([25, 25], [50, 50]) == pytest.approx(
+      (0.4038, 0.5962), abs=1e-3)
+  assert auto.pilot_cap(12) == auto.AUTO_PILOT_MIN_EXAMPLES == 8
+  assert auto.pilot_cap(1000) == 50
+  assert auto.pilot_cap(10**6) == auto.AUTO_PILOT_MAX_EXAMPLES
+  assert auto.pilot_done(64, (0.0, 1.0), cap=64)
+  assert not auto.pilot_done(7, (0.5, 0.52), cap=64)
+  assert auto.pilot_done(8, (0.5, 0.55), cap=64)
+  assert not auto.pilot_done(40, (0.4, 0.6), cap=64)
+
+
+class _Decoder:
+  """A decoder that logs its calls ('<pilot> base/spec') and returns one
+  row whose every guess is kept."""
+
+  def __init__(self, log, name, gamma=3):
+    self.log, self.name, self.gamma = log, name, gamma
+
+  def __call__(self, inputs, rng):
+    del inputs, rng
+    self.log.append(self.name)
+    histogram = np.zeros((1, self.gamma + 1), np.int32)
+    histogram[0, -1] = 2
+    return types.SimpleNamespace(accepted_histogram=histogram,
+                                 target_calls=np.array([2]), tokens=np.ones(
+                                     (1, 8), np.int32), lengths=np.array([8]),
+                                 beta_count=np.array([6.0]),
+                                 beta_sum=np.array([5.0]))
+
+
+def test_pilots_warm_up_take_turns_and_alternate_what_is_timed_first():
+  """Issue 58: the timed pilot's target alone ran slower than in the run
+  (its first batches): a timed pilot now runs both decoders
+  WARMUP_CALLS times untimed first, the pilots take turns on each batch,
+  and the decoder timed first alternates."""
+  log = []
+  args = arguments.RunArguments(output_dir="/tmp/x", gamma=3)
+
+  def plan(key, mode):
+    return types.SimpleNamespace(args=args, rng=jax.random.PRNGKey(0),
+                                 mode=mode,
+                                 baseline=_Decoder(log, f"{key} base"),
+                                 speculative=_Decoder(log, f"{key} spec"))
+
+  feed = types.SimpleNamespace(num_batches=5, batch_width=lambda b: 16,
+                               common_width=lambda n: 16,
+                               batch=lambda b, w: np.zeros((1, 16), np.int32),
+                               kept_rows=lambda b: np.array([0]))
+  records = pilots_lib.run_pilots(
+      {
+          "token": plan("token", decode_modes.TOKEN),
+          "block": plan("block", decode_modes.BLOCK)
+      }, {
+          "token": True,
+          "block": False
+      }, feed, cap=3)
+  warm = ["token base", "token spec"] * pilots_lib.WARMUP_CALLS
+  assert log == [
+      *warm,
+      "token base",
+      "token spec",
+      "block spec",  # batch 0
+      "block spec",
+      "token spec",
+      "token base",  # batch 1: turns, alternated
+      "token base",
+      "token spec",
+      "block spec"  # batch 2: cap reached
+  ]
+  token = records["token"]
+  assert (token["examples"], token["batches"], token["batches_read"]) == (3, 3,
+                                                                          3)
+  assert token["alpha"] == 1.0 and token["acceptance_trials"] == 18
+  assert token["speedup"] == pytest.approx(token["baseline_s"] /
+                                           token["speculative_s"])
+  assert "speedup" not in records["block"]
+  assert token["output_lengths"] == [8, 8, 8]
+
+
+def test_a_pilot_reads_the_cache_only_for_the_same_inputs():
+  rows = {0: np.array([[3, 4, 1]]), 1: np.array([[5, 1, 0]])}
+  feed = types.SimpleNamespace(num_batches=2, host_rows=lambda b: rows[b],
+                               kept_rows=lambda b: np.array([0]))
+  first = pilots_lib.inputs_digest(feed, 1)
+  assert first != pilots_lib.inputs_digest(feed, 2)  # what the pilot read
+  rows[1] = np.array([[6, 1, 0]])  # a batch after the pilot's: the same
+  assert pilots_lib.inputs_digest(feed, 1) == first
+  rows[0] = np.array([[3, 5, 1]])
+  assert pilots_lib.inputs_digest(feed, 1) != first
+
+
+def _gamma_pilot(examples, alpha_interval):
+  return {
+      "gamma": 4,
+      "batches": examples,
+      "examples": examples,
+      "alpha": 1.0,
+      "acceptance_trials": 32 * examples,
+      "alpha_interval": list(alpha_interval)
+  }
+
+
+def test_gamma_autos_record_holds_every_gamma_and_how_firm_the_choice_is():
+  """GAMMA='auto' on one example picked γ = 12 from α = 1.00 (32 trials)
+  and said nothing about how little that is: its record gives the γ at
+  either end of α's interval, and a caveat below
+  AUTO_PILOT_MIN_EXAMPLES."""
+  candidates = auto.mode_candidates(decode_modes.TOKEN, range(1, 13), [None],
+                                    True, 100)
+  prices = auto.Prices(call_cost_by_k={
+      1: 1.0,
+      2: 1.0,
+      13: 1.0
+  }, cost_coefficient=0.1)
+  pilot = _gamma_pilot(1, batches.alpha_interval([32], [32]))
+  rows = auto.predict_all(candidates, prices, {"token": pilot})
+  record = pilots_lib.shape_record(candidates, rows, auto.best(rows), pilot,
+                                   prices, None)
+  assert record["chosen_gamma"] == 12 and record["max_gamma"] == 12
+  assert record["alpha"] == 1.0 and record["cost_coefficient_c"] == 0.1
+  assert record["call_cost_by_gamma"] == [1.0] * 12
+  assert len(record["predicted_speedup"]) == 12
+  assert record["pilot_examples"] == 1 and record["acceptance_trials"] == 32
+  assert record["alpha_interval"] == [0.0, 1.0]  # one example: no interval
+  assert record["gamma_interval"] == [1, 12]
+  need = auto.AUTO_PILOT_MIN_EXAMPLES
+  assert record["caveat"].startswith(
+      f"GAMMA='auto': the pilot decoded 1 example, fewer than the {need} "
+      "it needs")
+  assert f"NUM_EXAMPLES >= {need}" in record["caveat"]
+  full = pilots_lib.pilot_confidence(candidates,
+                                     _gamma_pilot(need, (0.97, 1.0)), prices)
+  assert full["caveat"] is None and full["gamma_interval"] == [12, 12]
+
+
+# ---------------------------------------------------------------------------
+# The tree model.
+# ---------------------------------------------------------------------------
+def test_depth_acceptance_counts_depth_one_and_the_deeper_tests():
+  # γ = 3: 2 calls kept 0, 3 kept 1, 1 kept 2, 4 kept 3 (all).
+  first, deeper = auto.depth_acceptance([2, 3, 1, 4])
+  assert first == pytest.approx(8 / 10)
+  # Deeper kept: 0·3 + 1·1 + 2·4 = 9; tests: 1·3 + 2·1 + 2·4 = 13.
+  assert deeper == pytest.approx(9 / 13)
+  assert auto.depth_acceptance([1, 3]) == (0.75, 0.75)  # γ = 1: a = a_1
+  for histogram in ([3], [1, -1, 2], [[1, 2], [3, 4]]):
+    with pytest.raises(ValueError, match="histogram="):
+      auto.depth_acceptance(histogram)
+  with pytest.raises(ValueError, match="no iterations"):
+    auto.depth_acceptance([0, 0, 0])
+
+
+def test_expected_tree_tokens_is_equation_one_at_k_one():
+  for alpha in (0.0, 0.3, 0.71, 1.0):
+    for gamma in (1, 2, 5, 12):
+      assert auto.expected_tree_tokens(alpha, alpha, gamma) == pytest.approx(
+          analysis.expected_tokens_per_iteration(alpha, gamma))
+  assert auto.expected_tree_tokens(0.9, 0.5, 3) == pytest.approx(1 + 0.9 * 1.75)
+
+
+def test_narrower_trees_a1_is_the_share_of_calls_whose_first_round_is_below_k():
+  # 10 calls of a 3-branch tree: 4 kept branch 0's guess, 3 branch 1's,
+  # 1 branch 2's, 2 none.
+  assert auto.first_depth_by_width([4, 3, 1,
+                                    2]) == pytest.approx([0.4, 0.7, 0.8])
+  assert auto.first_depth_by_width([0, 0, 5]) == [0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------
+# While the run decodes.
+# ---------------------------------------------------------------------------
+def test_the_speedup_interval_is_the_ratio_estimators_t_interval():
+  assert auto.speedup_interval([1.0] * 5, [2.0] * 5) == (0.5, 0.5, 0.5)
+  assert auto.speedup_interval([1.0], [2.0])[2] == float("inf")
+  rng = np.random.default_rng(0)
+  spec = rng.uniform(0.5, 1.5, 30)
+  base = 1.2 * spec * rng.lognormal(0, 0.2, 30)
+  speedup, low, high = auto.speedup_interval(base, spec)
+  assert speedup == pytest.approx(base.sum() / spec.sum())
+  assert low < speedup < high and low < 1.2 < high
+  assert auto.t975(1) == 12.706 and auto.t975(30) == 2.042
+  assert auto.t975(60) == pytest.approx(2.000, abs=2e-3)
+  with pytest.raises(ValueError, match="one positive time per batch"):
+    auto.speedup_interval([1.0, 1.0], [1.0])
+
+
+def test_a_test_fires_only_below_the_prediction_by_more_than_its_noise():
+  assert auto.below_prediction(2.0, [1.0] * MIN, [2.0] * MIN)
+  assert not auto.below_prediction(2.0, [1.0] * (MIN - 1), [2.0] * (MIN - 1))
+  # Measured 1.8x on average, but noisy: 2x is inside its interval.
+  spec = [1 / 1.2, 1 / 2.4, 1 / 1.3, 1 / 2.3, 1 / 1.4, 1 / 2.2]
+  assert not auto.below_prediction(2.0, [1.0] * 6, spec)
+  # The same mean measured steadily is below it.
+  assert auto.below_prediction(2.0, [1.0] * 6, [1 / 1.8] * 6)
+  # A choice measuring its prediction within 20% noise per batch is tested
+  # positive about 2.5% of the time (one look at 8 batches).
+  rng = np.random.default_rng(1)
+  fired = 0
+  for _ in range(2000):
+    spec = rng.uniform(0.5, 1.5, 8)
+    base = 1.3 * spec * rng.lognormal(0, 0.2, 8)
+    fired += auto.below_prediction(1.3 * np.exp(0.02), base, spec)
+  assert fired / 2000 < 0.05
+
+
+def _histogram(alpha: float, gamma: int, calls: int = 10**6) -> np.ndarray:
+  """Calls by kept guesses as i.i.d. acceptance at `alpha` makes them."""
+  n = np.arange(gamma + 1)
+  probs = np.where(n < gamma, alpha**n * (1 - alpha), alpha**gamma)
+  return np.round(probs * calls).astype(np.int64)
+
+
+def test_the_measured_alpha_moves_gamma_and_the_measured_cost_error_scales():
+  """GAMMA='auto' chose γ = 12 from a pilot's α of 0.95; the run measures
+  α = 0.6: Section 3.4's γ for 0.6 is chosen. A run measuring a third of
+  its prediction at the measured α switches to the target alone."""
+  candidates = _token_candidates()
+  pilots = {"token": {"alpha": 0.95}}
+  rows = auto.predict_all(candidates, _prices(), pilots)
+  first = auto.choose(rows)
+  assert candidates[first].gamma == 12
+  measured = auto.with_measured_alpha(pilots, candidates[first],
+                                      _histogram(0.6, 12))
+  assert measured["token"]["alpha"] == pytest.approx(0.6, abs=1e-4)
+  at_06 = float(analysis.expected_speedup(0.6, 12, C))
+  rows, kappa = auto.corrected_rows(candidates, first, at_06, _prices(),
+                                    measured, {}, {})
+  assert kappa == pytest.approx(1.0, abs=1e-3)
+  assert rows[first]["basis"] == "measured"
+  chosen = auto.rechoose(rows, first, upper=at_06)
+  assert candidates[chosen].gamma == analysis.optimal_gamma(
+      0.6, C, max_gamma=12)
+  rows, kappa = auto.corrected_rows(candidates, first, at_06 / 3, _prices(),
+                                    measured, {}, {})
+  assert kappa == pytest.approx(1 / 3, abs=1e-3)
+  assert max(r["predicted_speedup"] for r in rows[1:]) < 1.0
+  assert auto.rechoose(rows, first, upper=at_06 / 3) == 0  # the target alone
+
+
+def test_each_family_is_re_predicted_with_its_own_calibration():
+  """Issue 58: token chosen; measured below its prediction, the online
+  check re-predicted a tree with the token's κ (predicted 1.62×,
+  re-predicted 2.19×), switched, measured 1.70×, switched back. The tree
+  keeps its own κ: no switch."""
+  prices = auto.Prices(call_cost_by_k={
+      1: 1.0,
+      4: 1.1
+  }, cost_coefficient=0.05, tree_call_cost_by_nodes={
+      1: 1.0,
+      7: 1.1
+  }, cost_coefficient_by_width={2: 0.05})
+  pilots = _pilots(first_depth=0.95)
+  candidates = [ALONE, TOKEN3, TREE32]
+  model = [
+      r["predicted_speedup"]
+      for r in auto.predict_all(candidates, prices, pilots)
+  ]
+  kappas = {"chains": 1.0, "trees": 0.67}
+  rows = auto.predict_all(candidates, prices, pilots, kappas)
+  assert auto.choose(rows) == 1  # token: its model beats the tree's 0.67×
+  assert rows[2]["predicted_speedup"] == pytest.approx(0.67 * model[2])
+  # Token measures 0.905 of its model (95% up to 0.05 more).
+  measured = 0.905 * model[1]
+  upper = measured + 0.05
+  rows, scale = auto.corrected_rows(candidates, 1, measured, prices, pilots, {},
+                                    kappas)
+  assert scale == pytest.approx(0.905)
+  assert rows[1]["basis"] == "measured"
+  assert rows[2]["basis"] == "calibrated"
+  assert rows[2]["predicted_speedup"] == pytest.approx(0.67 * model[2])
+  assert auto.rechoose(rows, 1, upper) == 1  # stays
+  # With the token's κ the tree would have been predicted above it.
+  assert model[2] * scale > auto.AUTO_MIN_GAIN * upper
+
+
+def test_a_switch_needs_the_evidence_to_beat_the_measured_interval():
+  """Hysteresis: a candidate must be predicted above AUTO_MIN_GAIN times
+  the upper end of the choice's measured interval, not its point."""
+  rows = [{
+      "predicted_speedup": 1.0
+  }, {
+      "predicted_speedup": 1.2
+  }, {
+      "predicted_speedup": 1.24
+  }]
+  assert auto.choose(rows) == 2
+  assert auto.rechoose(rows, 1, upper=1.2) == 1  # 1.24 < 1.05 × 1.2
+  rows[2]["predicted_speedup"] = 1.3
+  assert auto.rechoose(rows, 1, upper=1.2) == 2
+  assert auto.rechoose(rows, 1, upper=1.25) == 1  # noisy: 1.3 < 1.31
+  # The target alone replaces a choice only measured below it: 5 noisy
+  # sentences measured block γ=2 at 0.93x, the interval reaching 1.3x.
+  baseline = [1.0, 1.0, 1.0, 1.0, 1.0]
+  speculative = [1.0, 0.95, 1.4, 0.9, 1.1]
+  speedup, _, high = auto.speedup_interval(baseline, speculative)
+  alone = [{"predicted_speedup": 1.0}, {"predicted_speedup": speedup}]
+  assert auto.choose(alone) == 0 and auto.rechoose(alone, 1, high) == 1
+  assert auto.rechoose(alone, 1, upper=0.9) == 0
+
+
+def test_a_candidate_that_ran_is_predicted_by_its_measurement():
+  rows, _ = auto.corrected_rows(_token_candidates(), 3, 0.9, _prices(),
+                                {"token": {
+                                    "alpha": 0.5
+                                }}, {5: 0.8}, {})
+  assert rows[5]["predicted_speedup"] == 0.8 and rows[5]["basis"] == "measured"
+  assert rows[3]["predicted_speedup"] == 0.9
+  assert rows[0]["predicted_speedup"] == 1.0
+  assert rows[0]["basis"] == "target alone"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """A `DecodePlan` as `OnlineChoice` reads it."""
+  args: arguments.RunArguments
+  mode: decode_modes.DecodeMode = decode_modes.TOKEN
+  speculative: object = None
+  rng: object = None
+
+  def at(self, mode=None, **changes):
+    return dataclasses.replace(self, mode=mode or self.mode,
+                               args=dataclasses.replace(self.args, **changes))
+
+
+def test_a_run_switches_at_most_once_per_min_batches_and_max_times():
+  """The pilot's α was 0.95 (γ = 12), the data's is 0.6: γ = 6 next. It
+  runs at half its prediction: back to γ = 12, measured better. Then γ = 12
+  runs at 0.3x, and stays: no switch is left."""
+  candidates = _token_candidates()
+  pilots = {"token": {"alpha": 0.95}}
+  rows = auto.predict_all(candidates, _prices(), pilots)
+  built = []
+
+  def build(candidate):
+    built.append(candidate.label)
+    return _Plan(
+        arguments.RunArguments(output_dir="/tmp/x", gamma=candidate.gamma or 1))
+
+  chosen = auto.choose(rows)
+  choice = online.OnlineChoice(candidates, rows, chosen, pilots, _prices(),
+                               {"chains": 1.0}, {"reason": "auto: chose"},
+                               build, build(candidates[chosen]))
+  feed = types.SimpleNamespace(first_of_each_width=lambda: [])
+  switched_after = []
+  for index in range(6 * MIN):
+    gamma = choice.plan.args.gamma
+    factor = (1.0, 0.5, 0.3 / 2.013)[len(choice.switches)]
+    speedup = float(analysis.expected_speedup(0.6, gamma, C)) * factor
+    before = len(choice.switches)
+    histogram = _histogram(0.6, gamma, 1000)[None]
+    out = types.SimpleNamespace(accepted_histogram=histogram, tokens=np.ones(
+        (1, 3), np.int32), target_calls=np.array([histogram.sum()]),
+                                lengths=np.array([3]), beta_count=np.ones(1),
+                                beta_sum=np.ones(1))
+    choice.after_batch(batches.Batch(index, None, np.array([0]), None), 1.0,
+                       1.0 / speedup, out, feed)
+    if len(choice.switches) > before:
+      switched_after.append(index + 1)
+  assert built == ["token γ=12", "token γ=6"]  # γ = 12's plan is kept
+  assert switched_after == [MIN, 2 * MIN]
+  assert len(choice.switches) == auto.AUTO_SWITCH_MAX_SWITCHES
+  ended, record, _ = choice.outcome()
+  assert record["reason"] == "auto: chose"
+  assert [s["label"] for s in record["segments"]
+         ] == ["token γ=12", "token γ=6", "token γ=12"]
+  assert [s["batches"] for s in record["segments"]] == [MIN, MIN, 4 * MIN]
+  assert record["segments"][1]["alpha"] == pytest.approx(0.6, abs=0.01)
+  assert record["segments"][2]["measured_speedup"] == pytest.approx(
+      0.3, rel=1e-3)
+  first, second = record["switches"]
+  assert first["reason"].startswith(f"auto: after batch {MIN}, token γ=12 ran ")
+  assert first["kappa"] == pytest.approx(1.0, abs=1e-2)
+  assert second["kappa"] == pytest.approx(0.5, abs=1e-2)
+  assert second["candidates"][12]["basis"] == "measured"
+  # The settings recorded: the last choice's, γ the histogram's width.
+  assert ended.args.gamma == 12 and ended.args.speculation == "auto"
+
+
+# ---------------------------------------------------------------------------
+# The one tally.
+# ---------------------------------------------------------------------------
+def _out(histogram, beta_count=None, lengths=None):
+  histogram = np.asarray(histogram)
+  rows = histogram.shape[0]
+  return types.SimpleNamespace(
+      accepted_histogram=histogram, target_calls=histogram.sum(1),
+      tokens=np.ones((rows, 4), np.int32),
+      lengths=np.asarray(lengths if lengths is not None else [4] * rows),
+      beta_count=np.asarray(beta_count if beta_count is not None else [0.0] *
+                            rows), beta_sum=np.ones(rows))
+
+
+def test_the_tally_counts_trials_as_each_mode_does_and_pads_histograms():
+  alone = decode_modes.target_alone(decode_modes.TOKEN)
+  tally = batches.Tally()
+  tally.add(_out([[1, 2, 3, 4], [9, 9, 9, 9]], beta_count=[8.0, 0.0]),
+            np.array([0]), decode_modes.TOKEN, seconds=0.5)
+  assert tally.trials == 8.0  # β's, not min(n + 1, γ) per call
+  assert tally.call_trials == 1 + 4 + 9 + 12
+  assert tally.kept == 2 + 6 + 12
+  assert tally.alpha == 20 / 8 and tally.call_alpha == 20 / 26
+  assert tally.iterations == [36] and tally.rows == [2]  # padding rows too
+  tally.add(_out([[5, 0]]), np.array([0]), alone)  # γ = 1: padded
+  np.testing.assert_array_equal(tally.histogram, [6, 2, 3, 4])
+  assert tally.trials == 8.0 and tally.alpha_beta == 1 / 8  # alone: no trials
+  tally.add(_out([[1, 2, 3]]), np.array([0]), decode_modes.TREE)
+  assert tally.trials == 8.0 + 1 + 4 + 6 and tally.beta is None
+  assert tally.examples == 3 and tally.seconds == [0.5, 0.0, 0.0]
+  np.testing.assert_array_equal(
+      batches.padded_sum(np.array([3, 1]), np.array([1, 2, 3, 4])),
+      [4, 3, 3, 4])
+  first = batches.Tally()  # the target alone from the first batch: no β
+  first.add(_out([[5, 0]]), np.array([0]), alone)
+  assert first.beta is None and first.alpha == 0.0
+
+
+def test_the_target_alone_reads_as_a_run_without_guesses():
+  out = decoding.DecodeOutput(tokens=np.array([[5, 6, 1, 0], [7, 1, 0, 0]]),
+                              lengths=np.array([3, 2]),
+                              target_calls=np.array([3, 2]))
+  alone = batches.as_target_alone_output(out, gamma=3)
+  np.testing.assert_array_equal(alone.accepted_histogram,
+                                [[3, 0, 0, 0], [2, 0, 0, 0]])
+  np.testing.assert_array_equal(alone.trace_num_accepted,
+                                [[0, 0, 0, -1], [0, 0, -1, -1]])
+  np.testing.assert_array_equal(alone.tokens, out.tokens)
+  assert float(alone.tokens_per_target_call) == 1.0
+
+
+# ---------------------------------------------------------------------------
+# Settings and caches.
+# ---------------------------------------------------------------------------
+def test_price_cache_round_trip(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path))
+  monkeypatch.delenv(price_cache.ENV_OFF, raising=False)
+  fields = {"machine": {"host": "h"}, "input_width": 16, "call_ks": [1, 5]}
+  assert price_cache.load(fields) is None
+  price_cache.store(fields, {"call_cost_by_k": {"1": 1.0, "5": 1.3}})
+  assert price_cache.path(fields).startswith(str(tmp_path / "auto-prices"))
+  assert price_cache.load(fields) == {"call_cost_by_k": {"1": 1.0, "5": 1.3}}
+  assert price_cache.load({**fields, "input_width": 32}) is None
+  with open(price_cache.path(fields), "w", encoding="utf-8") as f:
+    f.write("{not json")
+  assert price_cache.load(fields) is None
+  price_cache.store(fields, {"x": 1})
+  monkeypatch.setenv(price_cache.ENV_OFF, "0")
+  assert price_cache.load(fields) is None
+
+
+def test_the_pilot_cache_is_its_own_kind_and_knows_the_weights(
+    tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECDEC_JAX_CACHE", str(tmp_path))
+  monkeypatch.delenv(price_cache.ENV_OFF, raising=False)
+  fields = {"settings": {"seed": 0}, "weights": "w"}
+  entry = {"records": {"token": {"alpha": 0.5}}}
+  price_cache.store(fields, entry, price_cache.PILOTS)
+  assert price_cache.path(fields, price_cache.PILOTS).startswith(
+      str(tmp_path / "auto-pilots"))
+  assert price_cache.load(fields, price_cache.PILOTS) == entry
+  assert price_cache.load(fields) is None  # not a price entry
+  # Other weights (one value of one array) are another digest.
+  weights = {"a": np.arange(10000, dtype=np.float32), "b": np.ones((3, 4))}
+  digest = price_cache.weights_digest(weights)
+  assert digest == price_cache.weights_digest(dict(weights))
+  for changed in ({
+      **weights, "a": weights["a"] + 1e-3
+  }, {
+      **weights, "b": np.ones((4, 3))
+  }):
+    assert price_cache.weights_digest(changed) != digest
+
+
+@pytest.mark.usefixtures("clean_gin")
+@pytest.mark.parametrize("bindings, words", [
+    (["SPECULATION = 'maybe'"], "SPECULATION='maybe': allowed: 'on'"),
+    (["SPECULATION = 1"], "SPECULATION=1: allowed: 'on'"),
+    (["SPECULATION = 'auto'", "MODE = 'alpha'"], "with MODE='alpha'"),
+    (["SPECULATION = 'auto'", "LENIENCE = 0.5"], "chooses among exact modes"),
+])
+def test_bad_speculation_fails_before_loading(bindings, words, tmp_path,
+                                              no_load):
+  parse_local_tiny_out(tmp_path, *bindings)
+  with pytest.raises(arguments.ConfigError, match=".*") as e:
+    run_lib.run(providers=no_load)
+  assert words in str(e.value)
+  if "maybe" in words:
+    assert "'off'" in str(e.value) and "'auto'" in str(e.value)
+  assert not (tmp_path / "out").exists()
+
+
+def test_candidate_arguments_are_the_runs_at_the_choice():
+  args = arguments.RunArguments(output_dir="/tmp/x", gamma="auto",
+                                speculation="auto")
+  tree = pilots_lib.candidate_args(args, Candidate(decode_modes.TREE, 4, 2))
+  assert tree.gamma == 4
+  assert decode_modes.mode_of(tree) == decode_modes.TreeMode(width=2)
+  alone = pilots_lib.candidate_args(args, ALONE)
+  assert alone.speculation == "off" and alone.gamma == 1
+  assert decode_modes.mode_of(alone).target_alone
+
+
+class _Vocab:
+  vocab_size = 16
+
+
+@pytest.mark.parametrize("value, recorded", [("on", False), ("off", True),
+                                             ("auto", True)])
+def test_only_off_and_auto_are_recorded_in_the_settings(value, recorded):
+  """SPECULATION='on' is recorded as before the macro existed: earlier
+  results stay the same run (the OVERWRITE rule)."""
+  args = arguments.RunArguments(output_dir="/tmp/x", speculation=value)
+  run = output_dir.settings_record(args, decode_modes.mode_of(args),
+                                   tiny_config(), tiny_config(),
+                                   _Vocab())["run"]
+  assert ("speculation" in run) is recorded

@@ -1,0 +1,492 @@
+"""The device check (`tools.device_check`, docs/usage/gpu.md).
+
+* Its arithmetic: the paper's Table 2 rows read from the experiment files,
+  Theorem 3.8's table, the verdicts (the exactness tests' arithmetic:
+  tests/harness/test_exactness.py).
+* What it runs without gin is what the gin files say: the T5 v1.1 shapes,
+  the shipped pair's configs (model_config.json) and the main job's
+  settings.
+* A CPU-only setting on another backend is a one-line error.
+
+End to end on the CPU (`scripts/device_check.sh --small`):
+tests/e2e/test_device_check_e2e.py.
+"""
+import ast
+import json
+import os
+import re
+
+from conftest import REPO
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax.config import gin_reader
+from specdec_jax.core.kernels import gpu
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import param_shapes
+from specdec_jax.metrics import analysis
+from tools.device_check import cli
+from tools.device_check import common
+from tools.device_check import env
+from tools.device_check import paths
+from tools.device_check import pretrained_pair
+from tools.device_check import stats
+
+
+# ---------------------------------------------------------------------------
+# Arithmetic.
+# ---------------------------------------------------------------------------
+def test_paper_rows_are_table_2():
+  rows = stats.paper_rows()
+  assert len(rows) == 12
+  assert {(r["task"], r["draft"], r["temperature"]) for r in rows
+         } == {(t, d, temp)
+               for t in ("EnDe", "CNNDM")
+               for d in ("small", "base", "large")
+               for temp in (0.0, 1.0)}
+  ende_small = [
+      r for r in rows
+      if (r["task"], r["draft"], r["temperature"]) == ("EnDe", "small", 0.0)
+  ]
+  assert ende_small == [{
+      "task": "EnDe",
+      "draft": "small",
+      "temperature": 0.0,
+      "gamma": 7,
+      "alpha": 0.75,
+      "speedup": 3.4,
+      "source": "ende_small.gin"
+  }]
+
+
+def test_theorem_rows_use_each_drafts_c_and_the_call_cost():
+  rows = [
+      dict(task="EnDe", draft="small", temperature=0.0, gamma=3, alpha=0.7,
+           speedup=2.0),
+      dict(task="EnDe", draft="large", temperature=0.0, gamma=7, alpha=0.8,
+           speedup=1.5),
+  ]
+  out = stats.theorem_rows(rows, {"small": 0.1}, {4: 1.2})
+  theory = analysis.expected_speedup(0.7, 3, 0.1)
+  assert out[0]["theorem_3_8"] == pytest.approx(theory)
+  assert out[0]["paper_over_theorem"] == pytest.approx(2.0 / theory)
+  assert out[0]["theorem_3_8_with_call_cost"] == pytest.approx(
+      analysis.expected_speedup(0.7, 3, 0.1, call_cost=1.2))
+  assert out[1]["c"] is None and out[1]["theorem_3_8"] is None
+  assert stats.theorem_rows(
+      rows, {"small": 0.1})[0]["theorem_3_8_with_call_cost"] is None
+
+
+def test_median_ratio():
+  assert stats.median_ratio([2, 6, 3], [1, 2, 3]) == 2.0
+  with pytest.raises(ValueError):
+    stats.median_ratio([1], [1, 2])
+
+
+def _report(**exactness_ok):
+  modes = {
+      m: {
+          "ok": ok,
+          "greedy": {
+              "default_precision": {
+                  "examples": 4,
+                  "identical": 4,
+                  "mismatches": []
+              }
+          }
+      } for m, ok in exactness_ok.items()
+  }
+  return {
+      "mode": "small",
+      "phases": {
+          p: {
+              "status": "ok",
+              "seconds": 1.0
+          } for p in common.PHASES
+      },
+      "env": {
+          "gpu_awareness": {
+              "ok": True
+          },
+          "machine": {
+              "device_kind": "cpu"
+          }
+      },
+      "exactness": {
+          "all_ok": all(exactness_ok.values()),
+          "modes": modes
+      },
+      "pretrained": {
+          "identity": {
+              "all_identical": True,
+              "default_precision": {
+                  "examples": 3,
+                  "identical": 3
+              }
+          },
+          "main_job": {
+              "speedup": 1.5,
+              "theorem_3_8": 2.0,
+              "alpha": 0.9,
+              "c": 0.05
+          }
+      },
+      "physics": {
+          "ok": True
+      },
+  }
+
+
+def test_verdicts_and_summary():
+  good = _report(token=True, beam=True)
+  v = cli.verdicts(good)
+  assert v["all_ok"] and v["pretrained_identical_count"] == "3/3"
+  assert v["exactness_token"] and v["main_job_speedup"] == 1.5
+  text = cli.format_summary({**good, "verdicts": v})
+  assert "greedy identical 3/3; main job speedup 1.50x" in text
+  assert text.splitlines()[-1] == "all checks hold: True"
+  bad = _report(token=True, beam=False)
+  assert not cli.verdicts(bad)["all_ok"]
+  bad = _report(token=True)
+  bad["phases"]["physics"]["status"] = "timed out"
+  assert not cli.verdicts(bad)["all_ok"]
+
+
+def test_summary_survives_a_failed_physics_step_group():
+  """A physics phase whose first group failed records {'ok': False,
+  'error': ...} as its steps: the summary printed a traceback (KeyError
+  'c') instead of its last line."""
+  report = _report(token=True)
+  report["physics"]["steps"] = {"ok": False, "error": "RuntimeError: x"}
+  assert cli.format_summary(report).splitlines()[-1] == (
+      "all checks hold: True")
+
+
+def test_summary_shows_each_decode_path():
+  report = _report(token=True)
+  report["paths"] = {
+      "ok": True,
+      "steps": {
+          "fused": {
+              "xxl": {
+                  "step_ms": 3.0,
+                  "floor_share": 0.9
+              },
+              "small": {
+                  "step_ms": 0.1,
+                  "floor_share": 0.25,
+                  "c": 0.033
+              }
+          }
+      },
+      "kernels": {
+          "fused": {
+              "per_decoder_layer": 6
+          }
+      },
+      "option_sets": {
+          "vs_reference": {
+              "xla/default": 1.0,
+              "fused/default": 0.3
+          }
+      },
+  }
+  report["pretrained"]["main_job_by_path"] = {
+      "fused": {
+          "1": {
+              "speedup": 1.9
+          },
+          "8": {
+              "skipped": "time cap"
+          }
+      }
+  }
+  text = cli.format_summary(report)
+  assert ("fused   kernels/layer 6: xxl 3.000 ms (90% of floor), small "
+          "0.100 ms (25% of floor, c 0.033)") in text
+  assert "option_sets: fused/default 0.30 xla/default 1.00" in text
+  assert "main job on fused: batch 1 1.90x, batch 8 -x" in text
+
+
+def test_launch_ops_counts_the_programs_steps_not_fused_ops():
+  hlo = """HloModule m, entry_computation_layout={()->f32[]}
+
+%fused_add (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %a = f32[4]{0} add(f32[4]{0} %p, f32[4]{0} %p)
+}
+
+%sum (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(f32[] %x, f32[] %y)
+}
+
+%body (t: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %t = (s32[], f32[4]{0}) parameter(0)
+  %v = f32[4]{0} get-tuple-element((s32[], f32[4]{0}) %t), index=1
+  %f = f32[4]{0} fusion(f32[4]{0} %v), kind=kLoop, calls=%fused_add
+  %g = f32[4]{0} custom-call(f32[4]{0} %f), custom_call_target="t"
+  %c = f32[4]{0} copy(f32[4]{0} %g)
+  ROOT %r = (s32[], f32[4]{0}) tuple(s32[] %i, f32[4]{0} %c)
+}
+
+ENTRY %main () -> f32[] {
+  %w = (s32[], f32[4]) while((s32[], f32[4]) %init), condition=%c, body=%body
+  ROOT %out = f32[] reduce(f32[4] %x, f32[] %z), dimensions={0}, to_apply=%sum
+}
+"""
+  assert paths.launch_ops(hlo) == {
+      "fusion": 1,
+      "custom-call": 1,
+      "copy": 1,
+      "reduce": 1
+  }
+
+
+def test_decode_path_setting_reaches_every_phase(capsys):
+  assert common.settings_for("full").decode_path is None
+  assert common.settings_for("small", "fused").decode_path == "fused"
+  args = cli.parse_args(["--small", "--path=fused"])
+  assert cli.settings_record(args)["path"] == "fused"
+  with pytest.raises(SystemExit):
+    cli.parse_args(["--path=triton"])
+  err = capsys.readouterr().err
+  assert "--path='triton': allowed: xla, cpu_kernel, packed, fused" in err
+  for preset in (common.FULL, common.SMALL):
+    assert set(preset.option_sets) <= set(gpu.GPU_OPTION_SETS)
+    assert set(preset.tile_presets) <= set(gpu.TILE_PRESETS)
+    assert "xla" in preset.paths and "fused" in preset.paths
+  assert common.FULL.main_job_batches == (1, 8)
+
+
+def test_main_job_batches_leave_out_a_partial_batch():
+  inputs = np.arange(20).reshape(10, 2)
+  assert [b.shape for b in pretrained_pair.batched(inputs, 4)] == [(4, 2)] * 2
+  assert len(pretrained_pair.batched(inputs, 1)) == 10
+
+
+# ---------------------------------------------------------------------------
+# What runs without gin is what the gin files say.
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("size", ["small", "base", "large", "xl", "xxl"])
+def test_t5_sizes_are_the_gin_files(size):
+  assert common.t5_size(size) == gin_reader.read_t5_config(
+      f"models/t5_1_1_{size}.gin")
+
+
+@pytest.mark.parametrize("role,directory",
+                         [("target", pretrained_pair.TARGET_DIR),
+                          ("draft", pretrained_pair.DRAFT_DIR)])
+def test_shipped_pair_configs_are_the_main_jobs(role, directory):
+  ckpt = os.path.join(directory, os.listdir(directory)[0])
+  with open(os.path.join(ckpt, "model_config.json"), encoding="utf-8") as f:
+    fields = json.load(f)
+  assert T5Config(**fields) == gin_reader.read_t5_config(
+      "pretrained_multi30k.gin", scope=role)
+
+
+def test_main_job_settings_are_the_gin_files():
+  text = (REPO / "gin" / "pretrained_multi30k.gin").read_text()
+  macros = dict(re.findall(r"^(\w+) = (.+)$", text, flags=re.M))
+  pair = pretrained_pair
+  assert REPO / macros["TARGET_CHECKPOINT_PATH"].strip("'") == pair.TARGET_DIR
+  assert REPO / macros["DRAFT_CHECKPOINT_PATH"].strip("'") == pair.DRAFT_DIR
+  assert REPO / macros["SPM_MODEL_PATH"].strip("'") == pair.SPM_MODEL
+  assert REPO / macros["SOURCE_FILE"].strip("'") == pair.SOURCE_FILE
+  assert int(macros["GAMMA"]) == pair.GAMMA
+  assert float(macros["TEMPERATURE"]) == 0.0
+  assert int(macros["NUM_EXAMPLES"]) == common.FULL.examples
+  assert macros["TASK_FEATURE_LENGTHS"] == (
+      f"{{'inputs': {common.FULL.input_length}, 'targets': "
+      f"{common.FULL.max_decode_length}}}")
+  run_gin = (REPO / "gin" / "run.gin").read_text()
+  assert re.search(r"^BATCH_SIZE = 1$", run_gin, flags=re.M)
+
+
+def test_captions_are_encoded_as_the_main_job_encodes_them():
+  from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
+  from specdec_jax.data import vocab  # pylint: disable=g-import-not-at-top
+  pair = pretrained_pair
+  sources = [s for s, _ in tasks.read_parallel_text(pair.SOURCE_FILE)]
+  expected = tasks.encode_batch(vocab.SentencePieceFile(str(pair.SPM_MODEL)),
+                                sources, 64)
+  inputs = pair.encode_captions(len(sources), 64)
+  assert inputs.dtype == np.int32 and len(inputs) == 60
+  np.testing.assert_array_equal(inputs, expected)
+
+
+def test_device_params_are_the_models_tree_in_the_storage_dtype():
+  config = common.t5_size("xxl", tiny=True)
+  params = common.device_params(config, 0, jnp.bfloat16)["params"]
+  shapes = param_shapes(config)["params"]
+  assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(
+      shapes)
+  for leaf, shape in zip(jax.tree_util.tree_leaves(params),
+                         jax.tree_util.tree_leaves(shapes)):
+    assert leaf.shape == shape.shape and leaf.dtype == jnp.bfloat16
+    assert bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))))
+  assert bool(jnp.all(params["decoder"]["decoder_norm"]["scale"] == 1))
+
+
+# ---------------------------------------------------------------------------
+# Settings.
+# ---------------------------------------------------------------------------
+def test_cpu_only_settings_are_one_line_errors_off_the_cpu():
+  environ = {
+      "SPECDEC_JAX_KERNEL_ISA": "avx2",
+      "XLA_FLAGS": "--xla_cpu_enable_fast_math=false --xla_dump_to=x"
+  }
+  assert env.settings_errors("cpu", "small", environ) == []
+  errors = env.settings_errors("gpu", "full", environ)
+  assert len(errors) == 2 and all("\n" not in e for e in errors)
+  assert "SPECDEC_JAX_KERNEL_ISA='avx2'" in errors[0] and "CPU-only" in errors[0]
+  assert "--xla_cpu_enable_fast_math=false" in errors[1]
+  assert env.settings_errors("gpu", "full",
+                             {"XLA_FLAGS": "--xla_dump_to=x"}) == []
+  (full_on_cpu,) = env.settings_errors("cpu", "full", {})
+  assert "needs a GPU" in full_on_cpu and "--small" in full_on_cpu
+
+
+def test_command_line_rejects_unknown_phases(capsys):
+  with pytest.raises(SystemExit):
+    cli.parse_args(["--phases=env,warp"])
+  assert "allowed: a comma-separated subset" in capsys.readouterr().err
+  assert cli.parse_args(["--phases=physics,env"]).phases == ["env", "physics"]
+
+
+def test_preflight_names_what_the_check_reads():
+  assert env.is_needed("pretrained/multi30k/target_38m/checkpoint_1/x")
+  assert env.is_needed("tools/device_check/cli.py")
+  assert not env.is_needed("tools/benchmarks/decode.py")
+  assert not env.is_needed("pretrained/multi30k/target")
+  folders = env.by_folder({"a/b/c/d": 3, "a/b/c/e": 4, "x": 1})
+  assert folders == [("a/b/c", 7), ("x", 1)]
+
+
+def test_greedy_identity_is_repeated_at_highest_precision_only_if_needed():
+  """Both phases' identity: a mismatch at the default matmul precision is
+  checked again at 'highest', and the verdict is the last one's."""
+  records = [{
+      "examples": 2,
+      "identical": 1,
+      "mismatches": [{
+          "index": 1,
+          "position": 4
+      }]
+  }, {
+      "examples": 2,
+      "identical": 2,
+      "mismatches": []
+  }]
+  precisions = []
+
+  def check():
+    precisions.append(jax.config.jax_default_matmul_precision)
+    return records[len(precisions) - 1]
+
+  out = common.at_highest_if_needed(check)
+  assert precisions[1] == "highest" and len(precisions) == 2
+  assert out["default_precision"]["identical"] == 1
+  assert out["highest_precision"]["identical"] == 2 and out["all_identical"]
+  same = common.at_highest_if_needed(lambda: records[1])
+  assert "highest_precision" not in same and same["all_identical"]
+
+
+# ---------------------------------------------------------------------------
+# The GPU image has no gin, seqio or TensorFlow.
+# ---------------------------------------------------------------------------
+ABSENT_ON_THE_GPU_IMAGE = ("gin", "seqio", "tensorflow", "tensorflow_datasets")
+# Functions the device check never calls whose imports are not followed
+# (module -> function names): gin's parser, imported where a gin file is read.
+NOT_CALLED = {"specdec_jax.config.gin_reader": ("_gin_parser",)}
+
+
+def _imports(source: str, module: str, package: str) -> set:
+  """Every module `source` (module `module`) imports: at its top, in its
+  classes and in its functions (a lazy import runs when the function is
+  called; those of `NOT_CALLED` are left out). `package`: for relative
+  imports."""
+  found, stack = set(), list(ast.parse(source).body)
+  while stack:
+    node = stack.pop()
+    if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and
+        node.name in NOT_CALLED.get(module, ())):
+      continue
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+      found |= {base} | {f"{base}.{a.name}" for a in node.names}
+    stack += list(ast.iter_child_nodes(node))
+  return found
+
+
+def _file_of(module: str):
+  """The repository file of `module` (a package: its __init__.py), or None
+  outside the repository."""
+  path = REPO.joinpath(*module.split("."))
+  for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+    if candidate.is_file():
+      return candidate
+  return None
+
+
+def third_party_imports(modules) -> dict:
+  """{top-level name outside the repository: the chain of repository
+  modules that imports it}, following every import of the repository's own
+  modules (and their packages' __init__) from `modules`."""
+  todo, seen, outside = [(m, (m,)) for m in modules], set(), {}
+  while todo:
+    module, chain = todo.pop()
+    parts = module.split(".")
+    todo += [(".".join(parts[:i]), chain) for i in range(1, len(parts))]
+    path = _file_of(module)
+    if path is None:
+      if parts[0] not in ("specdec_jax", "tools"):
+        outside.setdefault(parts[0], chain)
+      continue
+    if path in seen:
+      continue
+    seen.add(path)
+    package = module if path.name == "__init__.py" else module.rpartition(
+        ".")[0]
+    todo += [
+        (m, chain + (m,))
+        for m in _imports(path.read_text(encoding="utf-8"), module, package)
+    ]
+  return outside
+
+
+def test_the_device_check_imports_no_gin_seqio_or_tensorflow():
+  """It runs on the GPU image with only the repository on the path (issue
+  57: `checkpoints` reading a model_config.json imported gin_reader, and
+  with it gin, so the pretrained phase could not start there). The
+  end-to-end run with them made unimportable:
+  tests/e2e/test_device_check_e2e.py."""
+  phases = [f"tools.device_check.{m}" for m in ("cli", *cli._MODULES.values())]  # pylint: disable=protected-access
+  outside = third_party_imports(["tools.device_check.__main__", *phases])
+  assert "jax" in outside and "numpy" in outside  # the walk reached them
+  found = [
+      " <- ".join(reversed(chain))
+      for name, chain in sorted(outside.items())
+      if name in ABSENT_ON_THE_GPU_IMAGE
+  ]
+  assert not found, "\n".join(found)
+
+
+def test_the_import_walk_sees_imports_in_functions_and_behind_modules():
+  source = ("import os\nfrom . import sibling\ntry:\n  import gin\n"
+            "except ImportError:\n  pass\ndef f():\n  import seqio\n"
+            "def _gin_parser():\n  import tensorflow\n")
+  found = _imports(source, "specdec_jax.config.gin_reader",
+                   "specdec_jax.config")
+  assert {"os", "gin", "seqio", "specdec_jax.config.sibling"} <= found
+  assert "tensorflow" not in found  # NOT_CALLED
+  # specdec_jax.config.gin_utils imports gin at its top.
+  assert "gin" in third_party_imports(["specdec_jax.config.gin_utils"])

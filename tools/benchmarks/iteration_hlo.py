@@ -1,0 +1,180 @@
+r"""What XLA runs per iteration: the decode loops' compiled ops, part by part.
+
+Compiles the baseline and speculative loops of the shipped pair (the
+README's main job: 38M target, distilled 1M draft, γ 3, T 0) on this host's
+CPU, twice: with XLA's default options and with the project's CPU options
+(`kernels.CPU_BASELINE_COMPILER_OPTIONS`, `CPU_SPECULATIVE_COMPILER_OPTIONS`),
+and counts, in each while loop's body of the optimized HLO, the ops by kind
+and by the part of the iteration they come from (the source op names JAX
+records: the model calls, the draft's propose, acceptance, the emit, the
+statistics), and the copies with their bytes. No timing: the op counts are
+the compiler's, the same on any host with this jaxlib.
+
+  python -m tools.benchmarks.iteration_hlo \
+      --output=/tmp/specdec_jax/iteration_hlo.json
+
+`loop_bodies` reads the optimized HLO text of a compiled program
+(`compiled.as_text()`) and counts, per while-loop body, its ops by kind and
+by the part of the iteration they come from (the named scopes of
+`decoding.loops`), and its copies with their bytes
+(`tests/core/test_in_place_caches.py` uses it too).
+"""
+import argparse
+import collections
+import json
+import re
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+import numpy as np
+
+from specdec_jax.core import decoding
+from specdec_jax.core import kernels
+from specdec_jax.core import sampling
+from specdec_jax.core.decoding import loops
+from specdec_jax.experiment import hlo_reads
+from specdec_jax.files import io_utils
+from tools.benchmarks import common
+
+# Source-op-name fragments -> the part of an iteration (first match wins).
+# The loops' named scopes (`decoding.loops`); the rest: the copies, the
+# loop's own bookkeeping (state updates, rng, the rollback), and ops XLA
+# made without a source name (most are the model call's).
+PARTS = (("/propose/", "draft propose"), ("/verify/", "target call"),
+         ("/acceptance/", "acceptance"), ("/emit/", "emit"), ("/statistics/",
+                                                              "statistics"))
+_SKIP = ("parameter", "get-tuple-element", "tuple", "constant", "bitcast")
+
+
+def _computations(hlo: str) -> Dict[str, List[str]]:
+  comps, name = {}, None
+  for line in hlo.splitlines():
+    header = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+    if header:
+      name = header.group(1)
+      comps[name] = []
+    elif name and line.startswith("  "):
+      comps[name].append(line.strip())
+  return comps
+
+
+def _source(line: str, comps: Dict[str, List[str]]) -> str:
+  """The JAX op name an HLO op came from (a fusion without one: the first
+  one among its fused ops)."""
+  source = re.search(r'op_name="([^"]*)"', line)
+  if source:
+    return source.group(1)
+  called = re.search(r"calls=%?([\w.\-]+)", line)
+  for inner in comps.get(called.group(1), []) if called else []:
+    source = re.search(r'op_name="([^"]*)"', inner)
+    if source:
+      return source.group(1)
+  return line.split("=", 1)[0].strip()
+
+
+def _part(line: str, comps: Dict[str, List[str]]) -> str:
+  if re.search(r"= \S+ copy\(", line):
+    return "copies"
+  text = _source(line, comps)
+  if text.startswith("%"):  # no source op name: an op XLA made
+    return "unnamed (XLA-made: dots, reductions, layouts)"
+  return next((part for key, part in PARTS if key in text + "/"),
+              "loop bookkeeping")
+
+
+def _nested_loops(comps: Dict[str, List[str]], entry: str) -> List[str]:
+  """While bodies, outermost first (depth-first from the entry)."""
+  order = []
+  for line in comps[entry]:
+    body = re.search(r"\swhile\(.*?body=%?([\w.\-]+)", " " + line)
+    if body:
+      order.append(body.group(1))
+      order.extend(_nested_loops(comps, body.group(1)))
+  return order
+
+
+def loop_bodies(hlo: str) -> Dict[str, Dict[str, Any]]:
+  """Per while body (outermost first, then the loops inside it, e.g. the
+  draft's steps): ops by kind, by part, and copies."""
+  comps = _computations(hlo)
+  entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M).group(1)
+  out = {}
+  for body in _nested_loops(comps, entry):
+    kinds, parts = collections.Counter(), collections.Counter()
+    copy_bytes, copy_shapes = 0, collections.Counter()
+    for line in comps[body]:
+      m = re.match(r"(?:ROOT )?%?[\w.\-]+ = (.*?) ([\w\-]+)\(", line)
+      if not m or m.group(2) in _SKIP:
+        continue
+      kinds[m.group(2)] += 1
+      parts[_part(line, comps)] += 1
+      if m.group(2) == "copy":
+        copy_bytes += hlo_reads.array_bytes(m.group(1))
+        copy_shapes[re.sub(r"\{.*", "", m.group(1))] += 1
+    out[f"loop_{len(out)}"] = {
+        "ops": sum(kinds.values()),
+        "by_kind": dict(kinds.most_common()),
+        "by_part": dict(parts.most_common()),
+        "copies": kinds["copy"],
+        "copy_bytes": copy_bytes,
+        "copy_shapes": dict(copy_shapes),
+    }
+  return out
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--gamma", type=int, default=3,
+                 help="draft guesses per iteration γ")
+  p.add_argument("--max_decode_length", type=int, default=48,
+                 help="decode length")
+  p.add_argument("--output", default=None, help="write the counts as JSON")
+  args = p.parse_args(argv)
+  for name in ("gamma", "max_decode_length"):
+    if getattr(args, name) < 1:
+      p.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+  return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Compiles both loops twice; prints and writes the counts."""
+  args = parse_args(argv)
+  target = common.load_for_decoding(str(common.PRETRAINED / "target_38m"),
+                                    "models/multi30k_target_38m.gin")
+  draft = decoding.ModelDrafter(
+      common.load_for_decoding(str(common.PRETRAINED / "draft_1m_distill_38m"),
+                               "models/multi30k_draft_1m.gin"))
+  inputs = np.ones((1, 64), np.int32)
+  rng, eos, greedy = jax.random.PRNGKey(0), np.int32(1), sampling.Greedy()
+  length = args.max_decode_length
+  programs = {
+      "baseline": (loops.temperature_loop, (target, inputs, rng, eos),
+                   dict(max_decode_length=length,
+                        method=greedy), kernels.CPU_BASELINE_COMPILER_OPTIONS),
+      "speculative": (loops.speculative_loop, (target, draft, inputs, rng, eos),
+                      dict(gamma=args.gamma, max_decode_length=length,
+                           method=greedy, statistics=True,
+                           acceptance=decoding.ExactAcceptance()),
+                      kernels.CPU_SPECULATIVE_COMPILER_OPTIONS),
+  }
+  result = {"jax": jax.__version__, "gamma": args.gamma}
+  for name, (fn, args, kwargs, options) in programs.items():
+    static = [k for k in kwargs if k != "acceptance"]
+    lowered = jax.jit(fn, static_argnames=static).lower(*args, **kwargs)
+    for label, opts in (("xla_defaults", {}), ("project_options", options)):
+      bodies = loop_bodies(lowered.compile(compiler_options=opts).as_text())
+      result[f"{name}/{label}"] = {"compiler_options": opts, **bodies}
+      outer = bodies["loop_0"]
+      print(f"{name}, {label}: {outer['ops']} ops per iteration "
+            f"({outer['copies']} copies, {outer['copy_bytes'] / 1e6:.2f} MB); "
+            f"by part {outer['by_part']}")
+  if args.output:
+    io_utils.write_json(args.output, result)
+    print(f"wrote {args.output}")
+  print(json.dumps(result))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,331 @@
+"""What every phase of the device check shares: settings, models, records.
+
+`Settings` holds the check's sizes; `FULL` (a GPU) and `SMALL` (the same
+steps at tiny shapes, for a CPU) are the two presets. `t5_size` gives the
+T5 v1.1 shapes of `gin/models/t5_1_1_*.gin` without reading gin (the GPU
+image has no gin-config; `tests/benchmarks/test_device_check.py` holds the two
+together). `device_params` builds random weights on the device in their
+storage dtype, leaf by leaf, so that an XXL target (11B parameters, 22 GB in
+bfloat16) is never materialised in float32 nor read from disk. `Recorder`
+writes a phase's JSON after every step, so a phase killed at its time cap
+leaves what it had measured.
+"""
+import dataclasses
+import functools
+import math
+import sys
+import time
+import traceback
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.core.kernels import gpu
+from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import param_shapes
+from specdec_jax.files import io_utils
+
+# The new measurements of issue 56 (exactness on the backend's decode path,
+# the paths side by side, the main job on each) before the paper's physics,
+# which takes what is left of the budget.
+PHASES = ("env", "exactness", "paths", "pretrained", "physics")
+
+# T5 v1.1 shapes (T5X's t5_1_1/*.gin; the repository's gin/models copies).
+_T5_1_1 = {
+    "small": dict(emb_dim=512, num_heads=6, num_encoder_layers=8,
+                  num_decoder_layers=8, mlp_dim=1024),
+    "base": dict(emb_dim=768, num_heads=12, num_encoder_layers=12,
+                 num_decoder_layers=12, mlp_dim=2048),
+    "large": dict(emb_dim=1024, num_heads=16, num_encoder_layers=24,
+                  num_decoder_layers=24, mlp_dim=2816),
+    "xl": dict(emb_dim=2048, num_heads=32, num_encoder_layers=24,
+               num_decoder_layers=24, mlp_dim=5120),
+    "xxl": dict(emb_dim=4096, num_heads=64, num_encoder_layers=24,
+                num_decoder_layers=24, mlp_dim=10240),
+}
+# `SMALL`'s stand-ins at shapes a CPU compiles in a second: a deeper
+# target; the three drafts share one shape (one compiled program).
+_TINY_DRAFT = dict(emb_dim=16, num_heads=2, num_encoder_layers=1,
+                   num_decoder_layers=1, mlp_dim=32)
+_TINY = {
+    "xxl": dict(emb_dim=32, num_heads=2, num_encoder_layers=1,
+                num_decoder_layers=2, mlp_dim=64),
+    "small": _TINY_DRAFT,
+    "base": _TINY_DRAFT,
+    "large": _TINY_DRAFT,
+}
+
+
+def t5_size(name: str, dtype: Any = jnp.bfloat16,
+            tiny: bool = False) -> T5Config:
+  """The T5 v1.1 config `name` (small .. xxl), or its tiny stand-in."""
+  table = _TINY if tiny else _T5_1_1
+  if name not in table:
+    raise ValueError(f"model size {name!r}: allowed: {', '.join(table)}.")
+  return T5Config(vocab_size=128 if tiny else 32128, dtype=dtype,
+                  head_dim=8 if tiny else 64,
+                  mlp_activations=("gelu", "linear"), dropout_rate=0.0,
+                  logits_via_embedding=False, **table[name])
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The check's sizes (see `FULL` and `SMALL`).
+
+  Attributes:
+    mode: 'full' or 'small'.
+    total_s: the whole check's wall-clock budget (all phases).
+    caps_s: phase -> its time cap in seconds (physics: what is left).
+    vocab, layers, chi_steps, chi_samples: the exactness phase's tiny
+      models' vocabulary and encoder/decoder layers, the generated tokens
+      compared, samples per decoder.
+    temperature, wrong_factor: the sampling temperature of the chi-square
+      test, and the factor of the deliberately wrong target's (power check).
+    significance: a chi-square test fails below this p-value.
+    gamma, tree_width, beam_size: the modes' draft length, tree branches,
+      beams.
+    greedy_rows, greedy_length: the greedy identity's batch and length.
+    examples, max_decode_length, input_length, rounds: the shipped pair's
+      captions, generated and input tokens, timed rounds.
+    tiny_physics: the physics phase's stand-in shapes (`t5_size`).
+    target, drafts: the physics phase's model sizes.
+    chunk_sizes, tree_widths, tree_gamma, beam_gamma, beam_rows: the calls
+      priced (K tokens; k branches of γ; the speculative-beam call over
+      `beam_rows` rows of γ+1 tokens against beam search's `beam_size`
+      rows of 1).
+    physics_input_length, fill, cache_len, inner_steps, repeats: how a
+      call is timed (`timing.call_loop`).
+    decode_path: the decode path every phase decodes on (`T5Model.
+      prepared_for_decoding`; None: the backend's; `checked_path`: 'fused'
+      on one GPU).
+    paths: the decode paths the `paths` phase and the main job compare.
+    main_job_batches: the main job's batch sizes, each on every path.
+    option_sets, tile_presets: the XLA:GPU option sets
+      (`kernels.gpu.GPU_OPTION_SETS`) and the fused kernels' tiles
+      (`kernels.gpu.TILE_PRESETS`) the `paths` phase times.
+  """
+  mode: str
+  total_s: float
+  caps_s: Mapping[str, float]
+  vocab: int = 8
+  layers: int = 2
+  chi_steps: int = 3
+  chi_samples: int = 16384
+  temperature: float = 1.0
+  wrong_factor: float = 0.9
+  significance: float = 1e-3
+  gamma: int = 3
+  tree_width: int = 2
+  beam_size: int = 4
+  greedy_rows: int = 16
+  greedy_length: int = 16
+  examples: int = 60
+  max_decode_length: int = 48
+  input_length: int = 64
+  rounds: int = 5
+  tiny_physics: bool = False
+  target: str = "xxl"
+  drafts: Tuple[str, ...] = ("small", "base", "large")
+  chunk_sizes: Tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+  tree_widths: Tuple[int, ...] = (2, 3, 4)
+  tree_gamma: int = 3
+  beam_gamma: int = 3
+  beam_rows: int = 8
+  physics_input_length: int = 64
+  fill: int = 32
+  cache_len: int = 128
+  inner_steps: int = 8
+  repeats: int = 5
+  decode_path: Optional[str] = None
+  paths: Tuple[str, ...] = ("xla", "packed", "fused")
+  main_job_batches: Tuple[int, ...] = (1, 8)
+  option_sets: Tuple[str, ...] = tuple(gpu.GPU_OPTION_SETS)
+  tile_presets: Tuple[str, ...] = tuple(gpu.TILE_PRESETS)
+
+
+FULL = Settings(
+    mode="full", total_s=450.0, caps_s={
+        "env": 60.0,
+        "exactness": 180.0,
+        "paths": 200.0,
+        "pretrained": 150.0,
+        "physics": 300.0
+    })
+# Caps with room for a loaded 2-core machine compiling everything afresh
+# (the fused kernels run in Pallas' interpret mode on a CPU: slow).
+SMALL = dataclasses.replace(
+    FULL, mode="small", total_s=420.0, layers=1, chi_samples=8192, caps_s={
+        "env": 60.0,
+        "exactness": 150.0,
+        "paths": 150.0,
+        "pretrained": 90.0,
+        "physics": 60.0
+    }, greedy_rows=4, greedy_length=8, examples=3, max_decode_length=12,
+    rounds=2, tiny_physics=True, chunk_sizes=(1, 2, 4), tree_widths=(2,),
+    physics_input_length=8, fill=4, cache_len=24, inner_steps=2, repeats=2,
+    main_job_batches=(1, 2), option_sets=("default", "command_buffer_all"),
+    tile_presets=("default", "wide"))
+
+
+def settings_for(mode: str, decode_path: Optional[str] = None) -> Settings:
+  """The mode's preset, decoding on `decode_path` (None: `checked_path`)."""
+  if mode not in ("full", "small"):
+    raise ValueError(f"mode {mode!r}: allowed: full, small.")
+  preset = FULL if mode == "full" else SMALL
+  return dataclasses.replace(preset, decode_path=decode_path or checked_path())
+
+
+def checked_path() -> Optional[str]:
+  """The path the check decodes on when --path names none: 'fused' on one
+  GPU (the kernels a user's run takes only once a check has shown them
+  compiled and exact there: `decode_paths.default_path` gives 'packed'),
+  elsewhere the backend's (None)."""
+  if jax.default_backend() == "gpu" and jax.device_count() == 1:
+    return "fused"
+  return None
+
+
+# ---------------------------------------------------------------------------
+# Random weights on the device.
+# ---------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames=("shape", "dtype", "std"))
+def _normal(key, *, shape, dtype, std):
+  # Drawn in float32 (a bfloat16 draw can round onto erf_inv's pole).
+  return (jax.random.normal(key, shape, jnp.float32) * std).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
+def _ones(*, shape, dtype):
+  return jnp.ones(shape, dtype)
+
+
+def leaf_std(name: str, shape: Tuple[int, ...]) -> float:
+  """T5X-like scales: a kernel [in, out] N(0, 1/in); embeddings N(0, 1)."""
+  if name == "kernel":
+    return 1.0 / math.sqrt(shape[0])
+  if name == "rel_embedding":
+    return 0.1
+  return 1.0
+
+
+def device_params(config: T5Config, seed: int, dtype: Any) -> Dict[str, Any]:
+  """Random parameters in T5X's layout, made on the default device.
+
+  Leaf by leaf in `dtype` (one small program per distinct shape), so the
+  peak memory is the parameters themselves: a T5-XXL in bfloat16 is 22 GB.
+  Layer-norm scales are ones.
+
+  Returns:
+    {'params': tree}, as `T5Model` takes it.
+  """
+  shapes = param_shapes(config)["params"]
+  flat = {
+      tuple(k.key for k in path): leaf for path, leaf in
+      jax.tree_util.tree_flatten_with_path(shapes)[0]
+  }
+  key = jax.random.PRNGKey(seed)
+  out: Dict[str, Any] = {}
+  for i, (path, leaf) in enumerate(sorted(flat.items())):
+    shape = tuple(leaf.shape)
+    if path[-1] == "scale":
+      value = _ones(shape=shape, dtype=dtype)
+    else:
+      value = _normal(jax.random.fold_in(key, i), shape=shape, dtype=dtype,
+                      std=leaf_std(path[-1], shape))
+    node = out
+    for name in path[:-1]:
+      node = node.setdefault(name, {})
+    node[path[-1]] = value
+  return {"params": out}
+
+
+def param_bytes(tree: Any) -> int:
+  return int(
+      sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree)))
+
+
+# ---------------------------------------------------------------------------
+# Records and progress.
+# ---------------------------------------------------------------------------
+def log(message: str) -> None:
+  """One progress line on stderr (the log the run brings back)."""
+  print(f"[device_check] {message}", file=sys.stderr, flush=True)
+
+
+def as_json(value: Any) -> Any:
+  """NumPy and JAX scalars/arrays -> Python numbers and lists."""
+  if isinstance(value, dict):
+    return {str(k): as_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [as_json(v) for v in value]
+  if isinstance(value, (np.ndarray, jax.Array)):
+    return as_json(np.asarray(value).tolist())
+  if isinstance(value, np.bool_):
+    return bool(value)
+  if isinstance(value, np.integer):
+    return int(value)
+  if isinstance(value, np.floating):
+    return float(value)
+  return value
+
+
+class Recorder:
+  """A phase's result, written to `path` (atomically) at every `set`."""
+
+  def __init__(self, path: Optional[str]):
+    self.path = path
+    self.data: Dict[str, Any] = {}
+    self.start = time.perf_counter()
+
+  def set(self, key: str, value: Any) -> None:
+    self.data[key] = as_json(value)
+    self.data["seconds"] = time.perf_counter() - self.start
+    if self.path:
+      io_utils.write_json(self.path, self.data)
+
+
+class SettingsError(ValueError):
+  """A setting this backend cannot honour (one line: what, why, the fix)."""
+
+
+def guarded(step: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+  """step(), or {'ok': False, 'error': its exception in one line}: one
+  failing step (a mode, a group of calls) leaves the others to run."""
+  try:
+    return step()
+  except Exception as e:  # pylint: disable=broad-except
+    first = str(e).splitlines()[0] if str(e) else ""
+    log(f"error: {type(e).__name__}: {first}")
+    traceback.print_exc()
+    return {"ok": False, "error": f"{type(e).__name__}: {first}"}
+
+
+def at_highest_if_needed(check: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+  """A greedy identity `check()` (`exactness.greedy_identity`'s record) at
+  the default matmul precision and, if some examples differ, again at
+  'highest' (a GPU may multiply float32 in TF32): {'default_precision',
+  'highest_precision' (when run), 'all_identical' (at the last)}."""
+  result = {"default_precision": check()}
+  last = result["default_precision"]
+  if last["identical"] != last["examples"]:
+    with jax.default_matmul_precision("highest"):
+      result["highest_precision"] = last = check()
+  result["all_identical"] = last["identical"] == last["examples"]
+  return result
+
+
+class Deadline:
+  """A phase's time cap, checked between its steps (the parent kills a
+  phase that overruns it inside a step)."""
+
+  def __init__(self, seconds: float):
+    self.end = time.perf_counter() + seconds
+
+  def left(self) -> float:
+    return self.end - time.perf_counter()
+
+  def allows(self, seconds: float) -> bool:
+    """Whether a step expected to take `seconds` fits in what is left."""
+    return self.left() > seconds

@@ -1,0 +1,256 @@
+"""The decode paths side by side (issue 56): what a decoder step costs on
+each path, per model, in one process.
+
+For the T5-XXL-shaped target and the T5-small/base/large-shaped drafts of
+the physics phase (random bfloat16 weights, batch 1, `physics.Bench`), on
+each of `Settings.paths` ('xla': XLA's ops on T5X's kernels; 'packed':
+packed kernels, biases once per call; 'fused': the GPU kernels of
+`kernels.gpu`), every step timed in one set of interleaved rounds:
+
+* `steps`: per model and path, the one-token step (ms), the share of its
+  memory floor (the decoder's weight bytes at this process's measured copy
+  rate, `env.ceilings`: floor ms / step ms) and c (a draft's step / the
+  target's step on the same path); `table2`: Theorem 3.8 per Table 2 row
+  at each path's c (`stats.theorem_rows`);
+* `kernels`: per path, the kernels of the compiled one-token loop of a
+  T5-small-shaped decoder with 1 and with 2 decoder layers
+  (`launch_ops`): the difference is the kernels a decoder layer runs, the
+  rest the step's fixed ones (embedding, logits, the loop);
+* `tiles`: the target's and the small draft's step on 'fused' with each
+  tile preset (`kernels.gpu.TILE_PRESETS`);
+* `option_sets`: the small draft's step on each path under each XLA:GPU
+  option set (`kernels.gpu.GPU_OPTION_SETS`), in ms and against the
+  default set; a set this jaxlib refuses is recorded with its error.
+
+Each group is written when measured; a group that does not fit the
+phase's time cap is marked skipped, one that fails records its error and
+the others still run.
+"""
+import collections
+import re
+from typing import Any, Callable, Dict, List
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.core.kernels import gpu
+from specdec_jax.core.models import T5Model
+from specdec_jax.metrics import timing
+from tools.device_check import common
+from tools.device_check import env
+from tools.device_check import physics
+from tools.device_check import stats
+
+# HLO ops that launch nothing of their own (the rest are kernels or copies).
+_NOT_LAUNCHES = frozenset(
+    ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
+     "conditional", "call", "opt-barrier", "after-all", "add-dependency",
+     "domain"))
+_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{$")
+_OP = re.compile(r"^\s+(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\(")
+
+
+def launch_ops(hlo: str) -> Dict[str, int]:
+  """Kernel-launching ops of a compiled program (`compiled.as_text()`), by
+  kind: those of the computations that run as its steps (the entry, loop
+  bodies and conditions, conditional branches), not the ops inside a
+  fusion or a reduction's computation."""
+  inner = set(re.findall(r"(?:calls|to_apply)=%?([\w.\-]+)", hlo))
+  counts: Dict[str, int] = collections.Counter()
+  name = None
+  for line in hlo.splitlines():
+    header = _HEADER.match(line)
+    if header:
+      name = header.group(1)
+      continue
+    op = _OP.match(line)
+    if name is not None and name not in inner and op and (op.group(1)
+                                                          not in _NOT_LAUNCHES):
+      counts[op.group(1)] += 1
+  return dict(counts)
+
+
+def _models(b: physics.Bench, s: common.Settings) -> List[str]:
+  """Every (model, path) key, each model built once and packed per path."""
+  keys = []
+  for i, name in enumerate((s.target,) + tuple(s.drafts)):
+    for path in s.paths:
+      b.model(name, seed=i, path=path)
+      keys.append(b.key(name, path))
+  return keys
+
+
+def _steps(b: physics.Bench, s: common.Settings, copy_gbps: float,
+           record: common.Recorder) -> Dict[str, Dict[str, float]]:
+  """Every model's step on every path (interleaved); returns c by path."""
+  keys = _models(b, s)
+  common.log(f"paths: steps of {len(keys)} models x paths")
+  measured = b.time({key: b.call(key, 1) for key in keys})
+  out: Dict[str, Any] = {}
+  c: Dict[str, Dict[str, float]] = {}
+  for key in keys:
+    name, path = key.split(":")
+    ms = measured["ms"][key]
+    nbytes = common.param_bytes(b.plain[name].params["params"]["decoder"])
+    floor_ms = nbytes / (copy_gbps * 1e9) * 1e3
+    target_ms = measured["ms"][b.key(s.target, path)]
+    out.setdefault(path, {})[name] = {
+        "step_ms": ms,
+        "decoder_bytes": nbytes,
+        "floor_ms": floor_ms,
+        "floor_share": floor_ms / ms,
+        "first_call_s": measured["first_call_s"][key],
+    }
+    if name != s.target:
+      c.setdefault(path, {})[name] = ms / target_ms
+      out[path][name]["c"] = ms / target_ms
+  record.set("steps", out)
+  return c
+
+
+def _kernels(s: common.Settings, record: common.Recorder) -> None:
+  """Kernels per decoder layer on each path: T5-small-shaped decoders of 1
+  and 2 layers (one encoder layer), their one-token loops compiled."""
+  out: Dict[str, Any] = {}
+  inputs = jnp.ones((1, s.physics_input_length), jnp.int32)
+  for layers in (1, 2):
+    config = common.t5_size("small", tiny=s.tiny_physics).replace(
+        num_decoder_layers=layers, num_encoder_layers=1)
+    plain = T5Model(config, common.device_params(config, 7, jnp.bfloat16))
+    cache = timing.start(plain, inputs, max_len=s.cache_len)
+    fill = jnp.full((1,), s.fill, jnp.int32)
+    for path in s.paths:
+      model = plain.prepared_for_decoding(path)
+      compiled = timing.call_loop.lower(model, cache, fill, k=1,
+                                        steps=s.inner_steps).compile()
+      ops = launch_ops(compiled.as_text())
+      out.setdefault(path, {})[f"layers_{layers}"] = {
+          "kernels": sum(ops.values()),
+          "by_kind": ops,
+          "triton_calls": compiled.as_text().count(gpu.TRITON_CALL),
+      }
+  for counts in out.values():
+    one, two = counts["layers_1"]["kernels"], counts["layers_2"]["kernels"]
+    counts["per_decoder_layer"] = two - one
+    counts["fixed"] = 2 * one - two
+  record.set("kernels", out)
+
+
+def _timed_variants(b: physics.Bench, variants: Dict[str, Callable[[int], Any]],
+                    reference: str) -> Dict[str, Any]:
+  """Times the variants that compile (interleaved), the others' errors."""
+  ok, failed = {}, {}
+  for name, fn in variants.items():
+    try:
+      jax.block_until_ready(fn(0))
+      ok[name] = fn
+    except Exception as e:  # pylint: disable=broad-except
+      failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+  out: Dict[str, Any] = {"errors": failed}
+  if ok:
+    measured = b.time(ok)
+    out["ms"] = measured["ms"]
+    base = measured["ms"].get(reference)
+    out["vs_reference"] = ({
+        n: ms / base for n, ms in measured["ms"].items()
+    } if base else None)
+  return out
+
+
+def _option_sets(b: physics.Bench, s: common.Settings,
+                 record: common.Recorder) -> None:
+  """The small draft's step on each path under each XLA:GPU option set."""
+  draft = s.drafts[0]
+  variants = {}
+  for path in s.paths:
+    for name in s.option_sets:
+      loop = physics.call_loop_with(gpu.GPU_OPTION_SETS[name])
+      variants[f"{path}/{name}"] = b.call(b.key(draft, path), 1, loop=loop)
+  common.log(f"paths: {len(variants)} option sets x paths ({draft} step)")
+  record.set("option_sets", {
+      "model": draft,
+      **_timed_variants(b, variants, f"{s.paths[0]}/default")
+  })
+
+
+def _with_tiles(fn: Callable[[int], Any], preset: str) -> Callable[[int], Any]:
+  """fn under tile preset `preset` (its fresh program is traced on its
+  first call, inside)."""
+
+  def run(r):
+    with gpu.tiles(gpu.TILE_PRESETS[preset]):
+      return fn(r)
+
+  return run
+
+
+def _tiles(b: physics.Bench, s: common.Settings,
+           record: common.Recorder) -> None:
+  """The target's and the small draft's 'fused' step with each tile preset."""
+  variants = {}
+  for name in (s.target, s.drafts[0]):
+    key = b.key(name, "fused")
+    for preset in s.tile_presets:
+      variants[f"{name}/{preset}"] = _with_tiles(
+          b.call(key, 1, loop=physics.call_loop_with({})), preset)
+  common.log(f"paths: fused kernels' tiles, {len(variants)} variants")
+  record.set(
+      "tiles", {
+          "presets": {
+              p: vars(gpu.TILE_PRESETS[p]) for p in s.tile_presets
+          },
+          **_timed_variants(b, variants, f"{s.target}/default")
+      })
+
+
+# (result key, step, the seconds it needs at the paper's sizes).
+_GROUPS = (
+    ("kernels", lambda b, s, r: _kernels(s, r), 40.0),
+    ("tiles", _tiles, 40.0),
+    ("option_sets", _option_sets, 40.0),
+)
+
+
+def run(s: common.Settings, record: common.Recorder,
+        deadline: common.Deadline) -> bool:
+  """The phase; True if every group was measured."""
+  b = physics.Bench(s)
+  copy_gbps = env.ceilings(s.mode == "small")["copy_gbps"]
+  record.set(
+      "settings", {
+          "target": s.target,
+          "drafts": list(s.drafts),
+          "paths": list(s.paths),
+          "dtype": "bfloat16",
+          "stand_in_shapes": s.tiny_physics,
+          "batch": 1,
+          "cache_len": s.cache_len,
+          "fill": s.fill,
+          "inner_steps": s.inner_steps,
+          "repeats": s.repeats,
+          "copy_gbps": copy_gbps,
+          "gpu_loop_options": gpu.GPU_LOOP_OPTIONS,
+          "backend": jax.default_backend(),
+      })
+  done = common.guarded(lambda: {"c": _steps(b, s, copy_gbps, record)})
+  if "error" in done:
+    record.set("steps", done)
+    return False
+  rows = stats.paper_rows()
+  record.set("table2", {
+      path: stats.theorem_rows(rows, c) for path, c in done["c"].items()
+  })
+  complete = True
+  scale = 10.0 if s.tiny_physics else 1.0
+  for name, step, need_s in _GROUPS:
+    if "fused" not in s.paths and name == "tiles":
+      continue
+    if not deadline.allows(need_s / scale):
+      record.set(name, {"skipped": "time cap"})
+      complete = False
+      continue
+    result = common.guarded(lambda f=step: f(b, s, record) or {"ok": True})
+    if "error" in result:
+      record.set(name, result)
+      complete = False
+  return complete

@@ -1,0 +1,234 @@
+"""The shipped main pair on this backend: greedy identity and the speedup.
+
+What `python -m specdec_jax.run --gin_file=pretrained_multi30k.gin` runs
+(the README's main job), without gin, seqio or the run harness (the GPU
+image has none of them): the 38M Multi30k target and its distilled 1M
+draft from `pretrained/multi30k/` (T5X's Orbax layout, read by
+`checkpoints.load_t5x_params`; each model's shapes from the
+`model_config.json` its export wrote, which the tests hold to the gin
+files), the captions of `configs/data/captions_en_de.tsv` encoded with the
+pair's SentencePiece model (ids, then EOS, cut to 64 tokens: as
+`tasks.encode_batch`), one caption per batch (run.gin's BATCH_SIZE), γ = 3,
+greedy, 48 tokens at most.
+
+* identity: per caption, the speculative decoder's tokens against the
+  target alone's (`exactness.greedy_identity`, must be 60/60). If they
+  differ at the backend's default matmul precision, again at 'highest',
+  both reported (`common.at_highest_if_needed`).
+* decode path: the check's (`--path`; the check's: 'fused' on one GPU)
+  for the identity and the main job; `main_job_by_path` repeats the main
+  job on 'xla' too, each path at batch 1 and 8 (`main_job_batches`;
+  consecutive captions, a last partial batch left out).
+* main job: the walltime of decoding every caption with each decoder, in
+  interleaved rounds (alternating which goes first), compilation excluded
+  (one untimed caption each first): speedup = median over rounds of target
+  alone / speculative; α, tokens per call, c and the verification call's
+  cost (`timing.call_seconds`, as `run` prices them) and Theorem 3.8 at the
+  measured α and c.
+"""
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from specdec_jax.metrics import analysis
+from specdec_jax import checkpoints
+from specdec_jax.config import paths
+from specdec_jax.metrics import timing
+from specdec_jax.core import decoding
+from specdec_jax.core import sampling
+from specdec_jax.core.models import T5Model
+from specdec_jax.metrics import exactness
+from tools.device_check import common
+from tools.device_check import stats
+
+# gin/pretrained_multi30k.gin's values (tests/tools/test_device_check.py).
+PAIR_DIR = paths.REPO_DIR / "pretrained" / "multi30k"
+TARGET_DIR = PAIR_DIR / "target_38m"
+DRAFT_DIR = PAIR_DIR / "draft_1m_distill_38m"
+SPM_MODEL = PAIR_DIR / "multi30k.model"
+SOURCE_FILE = paths.REPO_DIR / "configs" / "data" / "captions_en_de.tsv"
+GAMMA = 3
+EOS_ID = 1
+
+
+def load_model(directory: os.PathLike,
+               path: Optional[str] = None) -> Tuple[T5Model, str]:
+  """(the model in `directory`'s latest checkpoint, prepared for decoding
+  on `path` (None: the backend's); the checkpoint's path)."""
+  ckpt = checkpoints.latest_checkpoint(str(directory)) or str(directory)
+  return (checkpoints.load_model(ckpt,
+                                 prepared=False).prepared_for_decoding(path),
+          ckpt)
+
+
+def encode_captions(count: int, input_length: int) -> np.ndarray:
+  """[count, input_length] int32: the first `count` captions' ids + EOS."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  processor = spm.SentencePieceProcessor()
+  processor.LoadFromSerializedProto(SPM_MODEL.read_bytes())
+  with open(SOURCE_FILE, encoding="utf-8") as f:
+    sources = [line.split("\t")[0] for line in f if line.strip()]
+  out = np.zeros((count, input_length), np.int32)
+  for i, text in enumerate(sources[:count]):
+    ids = list(processor.EncodeAsIds(text))[:input_length - 1] + [EOS_ID]
+    out[i, :len(ids)] = ids
+  return out
+
+
+def _decoders(target, draft, max_len: int):
+  base = decoding.baseline_decoder(target, max_decode_length=max_len,
+                                   method=sampling.Greedy(), eos_id=EOS_ID)
+  spec = decoding.speculative_decoder(target, draft, gamma=GAMMA,
+                                      max_decode_length=max_len,
+                                      method=sampling.Greedy(), eos_id=EOS_ID)
+  return base, spec
+
+
+def _decode_all(decode, batches: Sequence[np.ndarray]) -> List[Any]:
+  rng = jax.random.PRNGKey(0)
+  return jax.block_until_ready([decode(b, rng) for b in batches])
+
+
+def identity(target, draft, batches, max_len: int) -> Dict[str, Any]:
+  """Greedy speculative vs target-alone tokens for every caption."""
+
+  def check():
+    base, spec = _decoders(target, draft, max_len)
+    tally = exactness.GreedyIdentity()
+    for a, b in zip(_decode_all(base, batches), _decode_all(spec, batches)):
+      tally.add(a.tokens, b.tokens)
+    return tally.record()
+
+  return common.at_highest_if_needed(check)
+
+
+def _statistics(outputs: Sequence[Any]) -> Dict[str, float]:
+  """α̂ and tokens per call over all captions' speculative outputs."""
+  runs = [o.statistics() for o in outputs]
+  kept = sum(
+      sum(k * n for k, n in enumerate(r["accepted_histogram"])) for r in runs)
+  trials = sum(r["acceptance_trials"] for r in runs)
+  tokens = sum(r["tokens_generated"] for r in runs)
+  calls = sum(r["target_calls"] for r in runs)
+  return {
+      "alpha": kept / max(trials, 1),
+      "tokens_per_target_call": tokens / max(calls, 1),
+      "tokens_generated": tokens,
+  }
+
+
+def main_job(s: common.Settings, target, draft, batches,
+             deadline: common.Deadline) -> Dict[str, Any]:
+  """The main job's speedup: interleaved rounds, compilation excluded."""
+  base, spec = _decoders(target, draft, s.max_decode_length)
+  _decode_all(base, batches[:1])  # Compiles (the one input shape).
+  _decode_all(spec, batches[:1])
+  times: Dict[str, List[float]] = {"baseline": [], "speculative": []}
+  outs = None
+  for r in range(s.rounds):
+    if r and not deadline.allows(2.5 * sum(times["baseline"]) / r):
+      break
+    order = ("baseline", "speculative") if r % 2 == 0 else ("speculative",
+                                                            "baseline")
+    for name in order:
+      start = time.perf_counter()
+      result = _decode_all(base if name == "baseline" else spec, batches)
+      times[name].append(time.perf_counter() - start)
+      if name == "speculative":
+        outs = result
+  measured = _statistics(outs)
+  tokens = measured["tokens_generated"]
+  fill = min(max(1, tokens // len(batches)), s.max_decode_length - 1)
+  seconds = timing.call_seconds(
+      {
+          "target": (target, 1),
+          "draft": (draft, 1),
+          "verify": (target, GAMMA + 1)
+      }, batches[0], fill=fill, cache_len=s.max_decode_length + GAMMA + 1,
+      steps=4 * s.inner_steps, repeats=s.repeats + 2)
+  c = seconds["draft"] / seconds["target"]
+  call_cost = seconds["verify"] / seconds["target"]
+  alpha = min(max(measured["alpha"], 0.0), 1.0)
+  return {
+      "rounds": len(times["baseline"]),
+      "baseline_s": times["baseline"],
+      "speculative_s": times["speculative"],
+      "speedup": stats.median_ratio(times["baseline"], times["speculative"]),
+      **measured,
+      "gamma": GAMMA,
+      "target_step_ms": seconds["target"] * 1e3,
+      "draft_step_ms": seconds["draft"] * 1e3,
+      "c": c,
+      "verification_call_cost": call_cost,
+      "theorem_3_8": float(analysis.expected_speedup(alpha, GAMMA, c)),
+      "theorem_3_8_with_call_cost": float(
+          analysis.expected_speedup(alpha, GAMMA, c, call_cost=call_cost)),
+  }
+
+
+def batched(inputs: np.ndarray, size: int) -> List[np.ndarray]:
+  """Consecutive batches of `size` captions (a last partial batch left
+  out: one shape, one compiled program)."""
+  return [inputs[i:i + size] for i in range(0, len(inputs) - size + 1, size)]
+
+
+def main_job_by_path(s: common.Settings, target, draft, inputs, first,
+                     deadline: common.Deadline) -> Dict[str, Any]:
+  """The main job on 'xla' and on the check's path, at each batch size of
+  `main_job_batches`: {path: {batch: main_job's record}} (`first`: the
+  check's path at batch 1, measured already)."""
+  out: Dict[str, Dict[str, Any]] = {}
+  for path in dict.fromkeys(("xla", target.decode_path)):
+    pair = (target.prepared_for_decoding(path),
+            draft.prepared_for_decoding(path))
+    for size in s.main_job_batches:
+      if path == target.decode_path and size == 1:
+        result = first
+      elif not deadline.allows(15.0):
+        result = {"skipped": "time cap"}
+      else:
+        common.log(f"pretrained: main job on {path}, batch {size}")
+        result = common.guarded(lambda p=pair, n=size: main_job(
+            s, p[0], p[1], batched(inputs, n), deadline))
+      out.setdefault(path, {})[str(size)] = result
+  return out
+
+
+def run(s: common.Settings, record: common.Recorder,
+        deadline: common.Deadline) -> bool:
+  """The phase; True if the greedy outputs are identical on every caption."""
+  start = time.perf_counter()
+  target, target_ckpt = load_model(TARGET_DIR, s.decode_path)
+  draft, draft_ckpt = load_model(DRAFT_DIR, s.decode_path)
+  inputs = encode_captions(s.examples, s.input_length)
+  batches = batched(inputs, 1)
+  record.set(
+      "pair", {
+          "target": os.path.relpath(target_ckpt, paths.REPO_DIR),
+          "draft": os.path.relpath(draft_ckpt, paths.REPO_DIR),
+          "target_params": target.config.num_params,
+          "draft_params": draft.config.num_params,
+          "examples": len(batches),
+          "max_decode_length": s.max_decode_length,
+          "gamma": GAMMA,
+          "load_s": time.perf_counter() - start,
+          "decode_path": target.decode_path
+      })
+  common.log("pretrained: greedy identity")
+  same = identity(target, draft, batches, s.max_decode_length)
+  record.set("identity", same)
+  if deadline.allows(10.0):
+    common.log("pretrained: main job speedup (interleaved rounds)")
+    record.set(
+        "main_job",
+        common.guarded(lambda: main_job(s, target, draft, batches, deadline)))
+    record.set(
+        "main_job_by_path",
+        main_job_by_path(s, target, draft, inputs, record.data["main_job"],
+                         deadline))
+  else:
+    record.set("main_job", {"skipped": "time cap"})
+  return bool(same["all_identical"])
