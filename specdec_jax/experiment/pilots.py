@@ -341,7 +341,8 @@ def _pilot_candidates(candidates: Sequence[Candidate],
 
 def _timed_pilots(pilots: Mapping[str, Candidate]) -> Dict[str, bool]:
   """{pilot_key: is it timed}: unpriced modes (beams: their walltime ratio
-  is the prediction) and the first pilot of each priced family (its κ)."""
+  is the prediction) and the first pilot of each priced family (its
+  calibration)."""
   timed, calibrated = {}, set()
   for key, candidate in pilots.items():
     timed[key] = (not candidate.mode.priced or
@@ -353,8 +354,9 @@ def _timed_pilots(pilots: Mapping[str, Candidate]) -> Dict[str, bool]:
 def calibrations(candidates: Sequence[Candidate], pilots: Mapping[str, Any],
                  prices: Optional[auto.Prices]) -> Dict[str, Dict[str, Any]]:
   """{family: its timed pilot's measured speedup beside the model's at the
-  pilot's own setting, and κ, their ratio (`auto.kappa`)} for each priced
-  family with a timed pilot."""
+  pilot's own setting, κ, their ratio (`auto.kappa`), and the overhead
+  per call that calibrates the family (`auto.overhead_steps`)} for each
+  priced family with a timed pilot."""
   out: Dict[str, Dict[str, Any]] = {}
   for c in candidates:
     record = pilots.get(c.pilot_key)
@@ -363,14 +365,17 @@ def calibrations(candidates: Sequence[Candidate], pilots: Mapping[str, Any],
       continue
     at_pilot = dataclasses.replace(c, gamma=int(record["gamma"]),
                                    tree_width=record.get("tree_width"))
-    model = auto.predict(at_pilot, prices, pilots)["predicted_speedup"]
+    row = auto.predict(at_pilot, prices, pilots)
+    model, measured = row["predicted_speedup"], float(record["speedup"])
     out[c.family] = {
         "pilot": c.pilot_key,
         "gamma": int(record["gamma"]),
         "tree_width": record.get("tree_width"),
-        "measured_speedup": float(record["speedup"]),
+        "measured_speedup": measured,
         "model_speedup": float(model),
-        "kappa": auto.kappa(float(record["speedup"]), model),
+        "kappa": auto.kappa(measured, model),
+        "overhead_steps": auto.overhead_steps(
+            auto.kappa(measured, model) * model, row),
     }
   return out
 
@@ -393,8 +398,8 @@ def choose_mode(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
   prices, price_record = _priced(loaded, feed, candidates, pilots, plans,
                                  next(iter(pilot_candidates.values()), None))
   calibrated = calibrations(candidates, pilots, prices)
-  kappas = {family: c["kappa"] for family, c in calibrated.items()}
-  rows = auto.predict_all(candidates, prices, pilots, kappas)
+  overheads = {f: c["overhead_steps"] for f, c in calibrated.items()}
+  rows = auto.predict_all(candidates, prices, pilots, overheads)
   chosen = auto.choose(rows)
   beam_examples = next(
       (p["examples"] for p in pilots.values() if "speedup" in p), None)
@@ -425,7 +430,7 @@ def choose_mode(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
   record["decoders_reused"] = candidates[chosen] in plans.built
   decode_plan = plans(candidates[chosen])
   online = online_lib.OnlineChoice(
-      candidates, rows, chosen, pilots, prices, kappas, record, plans,
+      candidates, rows, chosen, pilots, prices, overheads, record, plans,
       decode_plan, target_step_s=(price_record or {}).get("target_step_s"))
   return dataclasses.replace(decode_plan, online=online)
 

@@ -274,8 +274,9 @@ class RunMetrics:
       call costs, whether they were `cached`, and `target_cached`: the
       target's calls from an entry of another draft or method),
       `calibration` (the timed chain pilot's measured and modelled
-      speedup and κ, their ratio, which scales the chain predictions),
-      `tree_calibration` (the same for the tree pilot, scaling the tree
+      speedup, κ, their ratio, and `overhead_steps`, the loop's own work
+      per target call that κ implies, added to every chain prediction's
+      call), `tree_calibration` (the same for the tree pilot and the tree
       predictions), `min_gain` and the
       seconds the choice took; `segments`, the batches each choice decoded
       in a row (label, mode, γ, k, first batch, batches, examples, its
@@ -285,7 +286,8 @@ class RunMetrics:
       and `switches`, each re-choice between batches (after which batch,
       from and to, the measured speedup and interval against the
       prediction, the measured α, κ = the cost model's measured error
-      for the choice's family, the candidates predicted again, each with
+      for the choice's family and the `overhead_steps` it implies, the
+      candidates predicted again, each with
       its `basis`, the `auto:` line) (absent for other
       runs). A run that switched: the speed, token and call keys cover
       every batch; `accepted_histogram` counts every batch's calls padded
