@@ -316,6 +316,38 @@ def test_the_backend_picks_the_path(monkeypatch, backend, devices, head_dim,
   config = tiny_config(head_dim=head_dim)
   assert decode_paths.default_path(config) == want
   assert decode_paths.check(None, config) == want
+  # The registry's objects say it: one default at most ('xla' the rest),
+  # and the default can run here.
+  claimed = [p for p in decode_paths.PATHS.values() if p.is_default(config)]
+  assert claimed == ([] if want == "xla" else [decode_paths.PATHS[want]])
+  assert decode_paths.default(config) is decode_paths.PATHS[want]
+  assert decode_paths.default(config).unavailable(config) is None
+
+
+def test_the_registry_holds_every_path_by_its_name():
+  """Every name in DECODE_PATHS has its one object (which the modules and
+  `pack` look up), and an unknown name is refused naming the allowed."""
+  paths = decode_paths.PATHS
+  assert tuple(paths) == decode_paths.DECODE_PATHS
+  assert decode_paths.DECODE_PATHS == ("xla", "cpu_kernel", "packed", "fused")
+  for name, path in paths.items():
+    assert isinstance(path, decode_paths.DecodePath) and path.name == name
+    assert decode_paths.get(name) is path
+    hash(path)  # Frozen: a static argument of the packing program.
+  # What differs is in the objects: the fused decoder on 'fused' only, the
+  # biases behind a barrier on 'packed' only.
+  assert [p.name for p in paths.values() if p.fused] == ["fused"]
+  assert [p.name for p in paths.values() if p.biases_once] == ["packed"]
+  config = tiny_config()
+  assert decode_paths.check(None, config) == decode_paths.default(config).name
+  assert decode_paths.pack({}, "xla", config) is None
+  for call in (lambda: decode_paths.get("triton"),
+               lambda: decode_paths.pack({}, "triton", config),
+               lambda: decode_paths.check("triton", config)):
+    with pytest.raises(
+        ValueError, match="='triton': allowed: xla, "
+        "cpu_kernel, packed, fused "):
+      call()
 
 
 @pytest.mark.parametrize("path,config,match", [

@@ -18,15 +18,24 @@ paths (`T5Model.decode_path`, set by `T5Model.prepared_for_decoding`):
   until a GPU run has shown Triton compiles them and they are exact there:
   until then a user's run never depends on kernels no GPU has compiled.
 
+Each path is one `DecodePath` in `PATHS` (the registry: a new path is one
+object there), which holds all that differs between them: why it cannot
+run here (`unavailable`), whether it is the backend's default, its weights
+(`pack`), its decoder layer's self-attention projections and MLP, whether
+the per-call biases are computed once and whether the decoder runs the
+fused layer. The models carry a path's name (static: each path is its own
+compiled program) and ask its object (`get`); nothing else compares names.
+
 `default_path` is the backend's choice; `check` refuses a path that cannot
 run here. `pack` makes a path's weights, a tree of its own beside the
 model's T5X-layout `params` (never inside: checkpoints and converters read
-`params`): decoder layer i's entries under decoder/layers_i of
-`layers.PACKED_COLLECTION`, in the model's dtype. `packed_qkv`,
-`packed_mlp` and `fused_layer` are the paths' decoder layers, computed
-from them (`network.DecoderLayer` calls them); `fused_self_bias` is the
-'fused' path's attention bias, once per call for every layer.
+`params`): the CPU kernel's panels, or decoder layer i's entries under
+decoder/layers_i of `layers.PACKED_COLLECTION`, in the model's dtype.
+`packed_qkv`, `packed_mlp` and `fused_layer` are the paths' decoder layers,
+computed from them (`network.DecoderLayer` calls them); `fused_self_bias`
+is the 'fused' path's attention bias, once per call for every layer.
 """
+import dataclasses
 import functools
 from typing import Any, Callable, Dict, Optional
 
@@ -42,44 +51,183 @@ from specdec_jax.core.models.layers import NEG_INF
 from specdec_jax.core.models.layers import PACKED_COLLECTION
 
 XLA, CPU_KERNEL, PACKED, FUSED = "xla", "cpu_kernel", "packed", "fused"
-DECODE_PATHS = (XLA, CPU_KERNEL, PACKED, FUSED)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePath:
+  """One way decode calls compute: 'xla' as it is, the others below.
+
+  Attributes:
+    name: what `T5Model.decode_path` and the modules carry.
+    biases_once: the per-call attention biases are computed once, behind
+      an optimization barrier, rather than fused into every layer.
+    fused: the decoder runs `Decoder._decode_new_fused` (`fused_layer`).
+  """
+  name: str
+  biases_once: bool = False
+  fused: bool = False
+
+  def unavailable(self, config: T5Config) -> Optional[str]:
+    """None if a model of `config` can take this path here, else why not."""
+    del config
+    return None
+
+  def is_default(self, config: T5Config) -> bool:
+    """Whether this backend decodes a model of `config` on this path (one
+    path at most; none: 'xla')."""
+    del config
+    return False
+
+  def pack(self, params: Dict[str, Any],
+           config: T5Config) -> Optional[Dict[str, Any]]:
+    """The path's weights of T5X-layout `params` (None: it reads them)."""
+    del params, config
+    return None
+
+  def self_qkv(self, layer: Any, y: jax.Array):
+    """A decoder layer's queries, keys and values [B, K, H, D] of y."""
+    query = layer.self_attention.query(y)
+    keys, values = layer.self_attention.project_kv(y)
+    return query, keys, values
+
+  def mlp(self, layer: Any, y: jax.Array, deterministic: bool) -> jax.Array:
+    """A decoder layer's MLP of y."""
+    return layer.mlp(y, deterministic)
+
+
+class _CpuKernel(DecodePath):
+  """The layers' own modules, which multiply with the CPU kernel's panels."""
+
+  def unavailable(self, config: T5Config) -> Optional[str]:
+    if kernels.packing_enabled(config.dtype):
+      return None
+    return ("needs float32 weights on one CPU device with the CPU kernel "
+            "built (`python -m specdec_jax.core.kernels`); here "
+            f"dtype={jnp.dtype(config.dtype)}, backend "
+            f"{jax.default_backend()}, {jax.device_count()} device(s)")
+
+  def is_default(self, config: T5Config) -> bool:
+    return kernels.packing_enabled(config.dtype)
+
+  def pack(self, params, config):
+    del config
+    return _cpu_panels(params)
+
+
+class _Packed(DecodePath):
+  """`packed_qkv` and `packed_mlp` on `_packed_weights`."""
+
+  def is_default(self, config: T5Config) -> bool:
+    del config
+    return jax.default_backend() == "gpu" and jax.device_count() == 1
+
+  def pack(self, params, config):
+    return _pack_decoder(params, _packed_weights, config)
+
+  def self_qkv(self, layer, y):
+    return packed_qkv(layer, y)
+
+  def mlp(self, layer, y, deterministic):
+    del deterministic  # No dropout: a prepared model decodes, not trains.
+    return packed_mlp(layer, y)
+
+
+class _Fused(DecodePath):
+  """`fused_layer` on `_fused_weights`; opt-in (the module docstring)."""
+
+  def unavailable(self, config: T5Config) -> Optional[str]:
+    return gpu.supported(config.head_dim)
+
+  def pack(self, params, config):
+    return _pack_decoder(params, _fused_weights, config)
+
+
+PATHS: Dict[str, DecodePath] = {
+    p.name: p
+    for p in (DecodePath(XLA), _CpuKernel(CPU_KERNEL),
+              _Packed(PACKED, biases_once=True), _Fused(FUSED, fused=True))
+}
+DECODE_PATHS = tuple(PATHS)
+
+
+def get(name: str, what: str = "decode_path") -> DecodePath:
+  """The path named `name` (`what`: the argument that named it)."""
+  if name not in PATHS:
+    raise ValueError(f"{what}={name!r}: allowed: {', '.join(PATHS)} (None: "
+                     "the backend's).")
+  return PATHS[name]
+
+
+def default(config: T5Config) -> DecodePath:
+  """The path a model of `config` takes on this backend (the module
+  docstring): the first in `PATHS` that `is_default` (the CPU kernel where
+  it packs, 'packed' on one GPU), else 'xla'."""
+  return next((p for p in PATHS.values() if p.is_default(config)), PATHS[XLA])
 
 
 def default_path(config: T5Config) -> str:
-  """The path a model of `config` takes on this backend (the module
-  docstring): the CPU kernel where it packs, 'packed' on one GPU, else
-  'xla'."""
-  if kernels.packing_enabled(config.dtype):
-    return CPU_KERNEL
-  if jax.default_backend() == "gpu" and jax.device_count() == 1:
-    return PACKED
-  return XLA
+  """`default`'s name."""
+  return default(config).name
 
 
 def check(path: Optional[str], config: T5Config) -> str:
   """`path`, or the default for None, if it can run here.
 
   Raises:
-    ValueError: an unknown path, 'cpu_kernel' where the CPU kernel does not
-      pack (not float32 on one CPU device with the kernel built), or
-      'fused' for a model whose head width the kernels do not take.
+    ValueError: an unknown path, or one whose `unavailable` says why not
+      ('cpu_kernel' where the CPU kernel does not pack: not float32 on one
+      CPU device with the kernel built; 'fused' for a model whose head
+      width the kernels do not take).
   """
   if path is None:
     return default_path(config)
-  if path not in DECODE_PATHS:
-    raise ValueError(f"prepared_for_decoding: path={path!r}: allowed: "
-                     f"{', '.join(DECODE_PATHS)} (None: the backend's).")
-  if path == CPU_KERNEL and not kernels.packing_enabled(config.dtype):
-    raise ValueError(
-        "prepared_for_decoding: path='cpu_kernel' needs float32 weights on "
-        "one CPU device with the CPU kernel built (`python -m "
-        f"specdec_jax.core.kernels`); here dtype={jnp.dtype(config.dtype)}, "
-        f"backend {jax.default_backend()}, {jax.device_count()} device(s).")
-  why = gpu.supported(config.head_dim)
-  if path == FUSED and why:
-    raise ValueError(f"prepared_for_decoding: path='fused': {why}; allowed "
-                     "here: xla, packed.")
+  why = get(path, "prepared_for_decoding: path").unavailable(config)
+  if why:
+    here = [p.name for p in PATHS.values() if p.unavailable(config) is None]
+    raise ValueError(f"prepared_for_decoding: path={path!r}: {why}; allowed "
+                     f"here: {', '.join(here)}.")
   return path
+
+
+def pack(params: Dict[str, Any], path: str,
+         config: T5Config) -> Optional[Dict[str, Any]]:
+  """The weights of T5X-layout `params` (without the {'params': ...}
+  wrapper) that the path named `path` decodes with, in one program: None
+  for 'xla'; for 'cpu_kernel' every encoder and decoder kernel's panels;
+  for 'packed' and 'fused', per decoder layer self_qkv ('packed':
+  [E, 3 * H * D]; 'fused': [H, 3, E, D]), mlp_wi ([E, n * mlp];
+  [n, E, mlp]) and, for 'fused', cross_q [H, 1, E, D] and the output
+  kernels in the model's dtype where stored in another."""
+  return get(path, "pack: path").pack(params, config)
+
+
+@jax.jit
+def _cpu_panels(params):
+  """The CPU kernel's panels of every 2-D kernel of the encoder and decoder.
+
+  Args:
+    params: the T5X-layout tree (without the {'params': ...} wrapper).
+
+  Returns:
+    A tree with only the stacks' `kernel` entries, each [in, out] replaced
+    by its panels (`kernels.pack`): the `PACKED_COLLECTION` variables that
+    `layers.DenseGeneral` multiplies with. One program for all of them.
+  """
+
+  def packed(tree):
+    out = {}
+    for name, leaf in tree.items():
+      if isinstance(leaf, dict):
+        sub = packed(leaf)
+        if sub:
+          out[name] = sub
+      elif name == "kernel" and leaf.ndim == 2:
+        out[name] = kernels.pack(leaf)
+    return out
+
+  return packed({
+      stack: params[stack] for stack in ("encoder", "decoder") if stack in params
+  })
 
 
 def _heads(kernel: jax.Array, config: T5Config) -> jax.Array:
@@ -96,18 +244,26 @@ def _mlp_inputs(mlp: Dict[str, Any], config: T5Config):
   return [mlp[f"wi_{i}"]["kernel"] for i in range(len(config.mlp_activations))]
 
 
-def _layer(layer: Dict[str, Any], path: str,
-           config: T5Config) -> Dict[str, jax.Array]:
+def _packed_weights(layer: Dict[str, Any],
+                    config: T5Config) -> Dict[str, jax.Array]:
+  """'packed': a decoder layer's q/k/v and MLP input kernels, each set
+  concatenated into one."""
+  own = layer["self_attention"]
+  qkv = [own[n]["kernel"] for n in ("query", "key", "value")]
+  return {
+      "self_qkv": jnp.concatenate(qkv, axis=1).astype(config.dtype),
+      "mlp_wi": jnp.concatenate(_mlp_inputs(layer["mlp"], config),
+                                axis=1).astype(config.dtype)
+  }
+
+
+def _fused_weights(layer: Dict[str, Any],
+                   config: T5Config) -> Dict[str, jax.Array]:
+  """'fused': a decoder layer's kernels in the GPU kernels' layouts."""
   dtype = config.dtype
   own, cross, mlp = (layer["self_attention"],
                      layer["encoder_decoder_attention"], layer["mlp"])
   qkv = [own[n]["kernel"] for n in ("query", "key", "value")]
-  if path == PACKED:
-    return {
-        "self_qkv": jnp.concatenate(qkv, axis=1).astype(dtype),
-        "mlp_wi": jnp.concatenate(_mlp_inputs(mlp, config),
-                                  axis=1).astype(dtype)
-    }
   out = {
       "self_qkv": jnp.stack([_heads(k, config) for k in qkv],
                             axis=1).astype(dtype),  # [H, 3, E, D]
@@ -125,27 +281,17 @@ def _layer(layer: Dict[str, Any], path: str,
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("path", "config"))
-def _pack(params: Dict[str, Any], path: str,
-          config: T5Config) -> Dict[str, Any]:
+@functools.partial(jax.jit, static_argnames=("layer_weights", "config"))
+def _pack_decoder(params: Dict[str, Any], layer_weights: Callable[..., Any],
+                  config: T5Config) -> Dict[str, Any]:
+  """Every decoder layer's `layer_weights`, under decoder/layers_i."""
   decoder = params["decoder"]
   return {
       "decoder": {
-          f"layers_{i}": _layer(decoder[f"layers_{i}"], path, config)
+          f"layers_{i}": layer_weights(decoder[f"layers_{i}"], config)
           for i in range(config.num_decoder_layers)
       }
   }
-
-
-def pack(params: Dict[str, Any], path: str, config: T5Config) -> Dict[str, Any]:
-  """The 'packed' or 'fused' path's weights of T5X-layout `params` (without
-  the {'params': ...} wrapper), in one program: per decoder layer
-  self_qkv ('packed': [E, 3 * H * D]; 'fused': [H, 3, E, D]), mlp_wi
-  ([E, n * mlp]; [n, E, mlp]) and, for 'fused', cross_q [H, 1, E, D] and
-  the output kernels in the model's dtype where stored in another."""
-  if path not in (PACKED, FUSED):
-    raise ValueError(f"pack: path={path!r}: allowed: {PACKED}, {FUSED}.")
-  return _pack(params, path, config)
 
 
 # ---------------------------------------------------------------------------

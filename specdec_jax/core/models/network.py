@@ -138,12 +138,12 @@ def _write_chunk(cache_rows: Array, chunk: Array, start: Array) -> Array:
 
 
 class DecoderLayer(nn.Module):
-  """A decoder layer; `decode_path` ('xla', 'cpu_kernel', 'packed' or
-  'fused': `decode_paths`) picks how `decode_chunk` / `decode_chunk_fused`
-  compute, reading the 'packed' and 'fused' paths' weights from
-  `layers.PACKED_COLLECTION` (`decode_paths.pack`)."""
+  """A decoder layer; `decode_path` (a name in `decode_paths.PATHS`, whose
+  object gives its self-attention projections and MLP) picks how
+  `decode_chunk` / `decode_chunk_fused` compute, reading the paths' weights
+  from `layers.PACKED_COLLECTION` (`decode_paths.pack`)."""
   config: T5Config
-  decode_path: str = "xla"
+  decode_path: str = decode_paths.XLA
 
   def setup(self):
     cfg = self.config
@@ -166,10 +166,7 @@ class DecoderLayer(nn.Module):
         y, [KeyValues(cross_keys, cross_values, cross_bias, CACHED)])
     x = x + self.dropout(y, deterministic=deterministic)
     y = self.pre_mlp_layer_norm(x)
-    if self.decode_path == "packed":
-      y = decode_paths.packed_mlp(self, y)
-    else:
-      y = self.mlp(y, deterministic)
+    y = decode_paths.get(self.decode_path).mlp(self, y, deterministic)
     return x + self.dropout(y, deterministic=deterministic)
 
   def __call__(self, x, encoded, self_bias, cross_bias, deterministic=True):
@@ -201,11 +198,7 @@ class DecoderLayer(nn.Module):
       (outputs [B, K, emb], keys, values) with the chunk written in place.
     """
     y = self.pre_self_attention_layer_norm(x)
-    if self.decode_path == "packed":
-      query, new_k, new_v = decode_paths.packed_qkv(self, y)
-    else:
-      query = self.self_attention.query(y)
-      new_k, new_v = self.self_attention.project_kv(y)
+    query, new_k, new_v = decode_paths.get(self.decode_path).self_qkv(self, y)
     attended = self.self_attention.out(
         attend(query, [
             KeyValues(keys, values, self_bias, CACHED),
@@ -226,7 +219,7 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
   config: T5Config
   shared_embedding: nn.Module
-  decode_path: str = "xla"
+  decode_path: str = decode_paths.XLA
 
   def setup(self):
     cfg = self.config
@@ -327,7 +320,8 @@ class Decoder(nn.Module):
       (logits [B, K, V], cache with slots length..length+K-1 written).
     """
     cfg = self.config
-    if self.decode_path == "fused":
+    path = decode_paths.get(self.decode_path)
+    if path.fused:
       return self._decode_new_fused(tokens, cache, offsets, visible)
     start = cache.length
     max_len = cache.max_len
@@ -341,7 +335,7 @@ class Decoder(nn.Module):
     chunk_bias = (self.relpos_bias(offsets, offsets, max_len) +
                   mask_to_bias(visible[:, None], cfg.dtype))
     cross_bias = mask_to_bias(cache.encoder_valid[:, None, None, :], cfg.dtype)
-    if self.decode_path == "packed":
+    if path.biases_once:
       # Computed once per call: XLA would otherwise fuse the bias (a gather
       # of the relative-position table) into every layer's attention.
       self_bias, chunk_bias, cross_bias = lax.optimization_barrier(
@@ -459,7 +453,7 @@ class Transformer(nn.Module):
       `commit_path` then keeps one path of it.
   """
   config: T5Config
-  decode_path: str = "xla"  # `decode_paths`: how decode calls compute.
+  decode_path: str = decode_paths.XLA  # A name in `decode_paths.PATHS`.
 
   def setup(self):
     cfg = self.config

@@ -46,7 +46,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.core import kernels
 from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.layers import PACKED_COLLECTION
@@ -62,36 +61,6 @@ __all__ = [
     "DecodeCache", "EncoderOutput", "T5Model", "Transformer", "init_params",
     "param_shapes", "traced_overflow_checks"
 ]
-
-
-@jax.jit
-def _pack_kernels(params):
-  """The CPU kernel's panels of every 2-D kernel of the encoder and decoder.
-
-  Args:
-    params: the T5X-layout tree (without the {'params': ...} wrapper).
-
-  Returns:
-    A tree with only the stacks' `kernel` entries, each [in, out] replaced
-    by its panels (`kernels.pack`): the `PACKED_COLLECTION` variables that
-    `layers.DenseGeneral` multiplies with. One program for all of them.
-  """
-
-  def packed(tree):
-    out = {}
-    for name, leaf in tree.items():
-      if isinstance(leaf, dict):
-        sub = packed(leaf)
-        if sub:
-          out[name] = sub
-      elif name == "kernel" and leaf.ndim == 2:
-        out[name] = kernels.pack(leaf)
-    return out
-
-  return packed({
-      stack: params[stack] for stack in ("encoder", "decoder") if stack in params
-  })
-
 
 # Off by default: a `checkify.debug_check` is a JAX effect, and a jitted
 # program with any effect loses JAX's C++ dispatch path (every call then
@@ -178,7 +147,8 @@ class T5Model:
   params: dict
   packed: Optional[dict] = None
   keep_features: bool = flax.struct.field(pytree_node=False, default=False)
-  decode_path: str = flax.struct.field(pytree_node=False, default="xla")
+  decode_path: str = flax.struct.field(pytree_node=False,
+                                       default=decode_paths.XLA)
 
   @property
   def module(self) -> Transformer:
@@ -194,14 +164,14 @@ class T5Model:
   def prepared_for_decoding(self, path: Optional[str] = None) -> "T5Model":
     """The same model with its decode path's weights beside its parameters.
 
-    `path` (`decode_paths.DECODE_PATHS`; None: the backend's,
-    `decode_paths.default_path`): 'cpu_kernel' packs every encoder and
-    decoder kernel [in, out] into the CPU kernel's panels
-    (`kernels.pack`), once, so that decode calls of 1..64 rows (and short
-    inputs' encoding) read each weight once and decoder calls give
-    bit-identical rows whatever their number; 'packed' and 'fused' pack
-    the decoder's kernels for the GPU (`decode_paths.pack`; 'fused' runs
-    the GPU kernels of `kernels.gpu`, in Pallas' interpret mode off a GPU:
+    `path` (a name in `decode_paths.PATHS`; None: the backend's,
+    `decode_paths.default_path`), its weights from `decode_paths.pack`:
+    'cpu_kernel' packs every encoder and decoder kernel [in, out] into the
+    CPU kernel's panels (`kernels.pack`), once, so that decode calls of
+    1..64 rows (and short inputs' encoding) read each weight once and
+    decoder calls give bit-identical rows whatever their number; 'packed'
+    and 'fused' pack the decoder's kernels for the GPU ('fused' runs the
+    GPU kernels of `kernels.gpu`, in Pallas' interpret mode off a GPU:
     tests); 'xla' packs nothing. Outputs agree with the unpacked model to
     the dtype's rounding (sums run in another order). `params` is
     untouched. A model already on `path` is returned as it is.
@@ -212,14 +182,8 @@ class T5Model:
     path = decode_paths.check(path, self.config)
     if path == self.decode_path:
       return self
-    base = self.unpacked()
-    if path == decode_paths.XLA:
-      return base
-    if path == decode_paths.CPU_KERNEL:
-      packed = _pack_kernels(self.params["params"])
-    else:
-      packed = decode_paths.pack(self.params["params"], path, self.config)
-    return dataclasses.replace(base, packed=packed, decode_path=path)
+    packed = decode_paths.pack(self.params["params"], path, self.config)
+    return dataclasses.replace(self, packed=packed, decode_path=path)
 
   def unpacked(self) -> "T5Model":
     """The same model on the 'xla' path (undoes `prepared_for_decoding`)."""
