@@ -110,13 +110,12 @@ class DrafterSpec:
   def check(self, args: Any) -> None:
     """Its own settings and what it needs of the run's (`args`), before
     anything is loaded; raises ValueError naming the macro."""
-    if args.mode != "walltime" and not self.alpha_mode:
+    if args.mode == "alpha" and not self.alpha_mode:
       allowed = " or ".join(
           repr(k) for k, s in DRAFTERS.items() if s.alpha_mode)
-      raise ValueError(
-          f"DRAFTER={self.name!r} with MODE={args.mode!r}: MODE='alpha' "
-          "measures the draft model's α (Corollary 3.6); allowed: "
-          f"DRAFTER={allowed} (or MODE='walltime').")
+      raise ValueError(f"DRAFTER={self.name!r} with MODE='alpha': MODE='alpha' "
+                       "measures the draft model's α (Corollary 3.6); allowed: "
+                       f"DRAFTER={allowed} (or MODE='walltime' or 'infer').")
     threshold, mode = self.adaptive_threshold, args.decode_mode
     if threshold is not None and not (is_real(threshold) and 0 < threshold < 1):
       raise ValueError(

@@ -152,3 +152,20 @@ def test_summary_of_a_lenient_run():
                                                          temperature=1.0)))
   assert "NOT the target's distribution" in text
   assert "samples the target's distribution exactly" not in text
+
+
+@pytest.mark.parametrize("drafter,extra", [
+    ("prompt_lookup", []),
+    ("bigram", ["NGRAM_CORPUS = 'README.md'"]),
+])
+def test_infer_takes_every_drafter(drafter, extra):
+  """MODE='infer' decodes with the run's speculative decoder, whatever
+  drafts for it (it was refused with MODE='alpha''s words: only 'alpha'
+  needs the draft model's q); MODE='alpha' still refuses it."""
+  parse_local_tiny([f"DRAFTER = '{drafter}'", "MODE = 'infer'", *extra])
+  args = arguments.run_arguments()
+  assert args.mode == "infer" and args.drafting.name == drafter
+  gin.clear_config()
+  parse_local_tiny([f"DRAFTER = '{drafter}'", "MODE = 'alpha'", *extra])
+  with pytest.raises(run_lib.ConfigError, match="with MODE='alpha'"):
+    arguments.run_arguments()
