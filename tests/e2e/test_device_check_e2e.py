@@ -75,6 +75,17 @@ def test_small_check_runs_end_to_end_on_the_cpu(tmp_path):
   physics = report["physics"]
   for key in ("steps", "call_cost_by_k", "tree_call_cost", "beam_call_cost"):
     _finite(physics[key], key)
+  # The loop phase: the split on both paths, the CPU's HLO counted.
+  loop = report["loop"]
+  assert set(loop["split"]) == set(loop["kernels"]) == {"cpu_kernel", "xla"}
+  for path, split in loop["split"].items():
+    _finite(split, f"loop.split.{path}")
+    assert split["iteration_split_s"]["verification_call"] > 0, path
+    kernels = loop["kernels"][path]
+    assert kernels["body_by_part"]["target call"] > 0, path
+    assert 0 < kernels["outside_model_calls"] < kernels["body"], path
+  assert loop["main_job"]["over_theorem"] > 0
+  assert "  loop on xla: iteration " in done.stdout
   assert len(physics["table2"]) == 12
   for row in physics["table2"]:
     assert math.isfinite(row["theorem_3_8"]), row

@@ -29,7 +29,10 @@ from specdec_jax.core.models import param_shapes
 from specdec_jax.metrics import analysis
 from tools.device_check import cli
 from tools.device_check import common
+from tools.benchmarks import iteration_hlo
+from tools.benchmarks import loop_overhead
 from tools.device_check import env
+from tools.device_check import loop
 from tools.device_check import paths
 from tools.device_check import pretrained_pair
 from tools.device_check import stats
@@ -246,6 +249,199 @@ ENTRY %main () -> f32[] {
   }
 
 
+_GPU_LIKE_HLO = """HloModule m, entry_computation_layout={()->f32[]}
+
+%fused_verify (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %a = f32[4]{0} add(f32[4]{0} %p, f32[4]{0} %p), metadata={op_name="jit(f)/while/body/verify/add"}
+}
+
+%command_buffer (q: f32[4]) -> f32[4] {
+  %q = f32[4]{0} parameter(0)
+  %e = f32[4]{0} fusion(f32[4]{0} %q), kind=kLoop, calls=%fused_verify, metadata={op_name="jit(f)/while/body/emit/select"}
+  ROOT %s = f32[4]{0} fusion(f32[4]{0} %e), kind=kLoop, calls=%fused_verify, metadata={op_name="jit(f)/while/body/statistics/add"}
+}
+
+%draft_body (d: f32[4]) -> f32[4] {
+  ROOT %d = f32[4]{0} parameter(0)
+}
+
+%cond (c: (s32[], f32[4])) -> pred[] {
+  %c = (s32[], f32[4]{0}) parameter(0)
+  ROOT %done = pred[] fusion((s32[], f32[4]{0}) %c), kind=kLoop, calls=%fused_verify
+}
+
+%body (t: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %t = (s32[], f32[4]{0}) parameter(0)
+  %v = f32[4]{0} get-tuple-element((s32[], f32[4]{0}) %t), index=1
+  %g = f32[4]{0} custom-call(f32[4]{0} %v), custom_call_target="__cublas$gemm", metadata={op_name="jit(f)/while/body/verify/dot_general"}
+  %f = f32[4]{0} fusion(f32[4]{0} %g), kind=kLoop, calls=%fused_verify
+  %a = f32[4]{0} fusion(f32[4]{0} %f), kind=kLoop, calls=%fused_verify, metadata={op_name="jit(f)/while/body/acceptance/lt"}
+  %w = f32[4]{0} while(f32[4]{0} %a), condition=%cond, body=%draft_body
+  %cb = f32[4]{0} call(f32[4]{0} %w), to_apply=%command_buffer
+  %cs = (f32[4]{0}, f32[4]{0}) copy-start(f32[4]{0} %cb)
+  %cd = f32[4]{0} copy-done((f32[4]{0}, f32[4]{0}) %cs)
+  ROOT %r = (s32[], f32[4]{0}) tuple(s32[] %i, f32[4]{0} %cd)
+}
+
+ENTRY %main () -> f32[] {
+  %w = (s32[], f32[4]) while((s32[], f32[4]) %init), condition=%cond, body=%body
+  ROOT %out = f32[] reduce(f32[4] %x, f32[] %z), dimensions={0}, to_apply=%sum
+}
+"""
+
+
+def test_iteration_kernels_count_gpu_fusions_custom_calls_and_command_buffers():
+  """The loop phase's kernel count on GPU-shaped HLO (the CPU's: the e2e
+  check): fusions and custom calls by their source's part, a command
+  buffer's kernels in its place, an async copy once, the condition's."""
+  counts = iteration_hlo.iteration_kernels(_GPU_LIKE_HLO)
+  assert counts["body_by_part"] == {
+      "target call": 2,
+      "acceptance": 1,
+      "emit": 1,
+      "statistics": 1,
+      "copies": 1
+  }
+  assert counts["body"] == 6 and counts["condition"] == 1
+  assert counts["nested_loops"] == 1
+  assert counts["outside_model_calls"] == 5  # 4 in the body + the test
+  with pytest.raises(ValueError, match="no while loop"):
+    iteration_hlo.iteration_kernels("ENTRY %main () -> f32[] {\n"
+                                    "  ROOT %x = f32[] constant(0)\n}\n")
+
+
+def _split_medians(short=8, long=40):
+  """Synthetic `loop_overhead.programs` medians (seconds) and iterations:
+  one sentence, 16 calls per timed part."""
+  med = {
+      "t1": 16e-3,
+      "tv": 24e-3,
+      "d1": 4e-3,
+      "propose": 16e-3,
+      "iteration": 48e-3,
+      ("base", 0, short): 10e-3,
+      ("base", 0, long): 42e-3,
+      ("spec", 0, short): 8e-3,
+      ("spec", 0, long): 28e-3,
+  }
+  return med, {(0, short): 3, (0, long): 11}
+
+
+def test_loop_split_against_theorem_3_8():
+  """Theorem 3.8 at the split's own tokens per iteration, c and call cost,
+  and the seconds of an iteration in no model call."""
+  med, iterations = _split_medians()
+  split = loop_overhead.breakdown(med, iterations, gamma=3, short=8, long=40,
+                                  fixed=False)
+  assert "fixed_split_s" not in split
+  np.testing.assert_allclose(split["speculative_per_iteration_s"], 2.5e-3)
+  np.testing.assert_allclose(split["iteration_split_s"]["while_loop"], -0.5e-3)
+  out = loop.against_theorem(split)
+  # 4 tokens an iteration / (3 c + call cost) = 4 / (3 * 0.25 + 1.5).
+  np.testing.assert_allclose(out["theorem_3_8_at_measured"], 4 / 2.25)
+  # γ d1 + tv = 0.75 + 1.5 ms of model calls in 2.5 ms.
+  np.testing.assert_allclose(out["not_in_model_calls_s"], 0.25e-3)
+  np.testing.assert_allclose(out["not_in_model_calls_share"], 0.1)
+  # What the loops alone cost: the baseline's overhead over the
+  # speculative loop's.
+  np.testing.assert_allclose(
+      out["marginal_over_theorem"],
+      split["baseline_loop_overhead"] / split["speculative_loop_overhead"])
+
+
+def test_loop_summary_line_and_the_main_jobs_ratio():
+  report = _report(token=True)
+  report["pretrained"]["main_job"].update(speedup=1.30, theorem_3_8=2.18,
+                                          theorem_3_8_with_call_cost=1.95)
+  med, iterations = _split_medians()
+  split = loop_overhead.breakdown(med, iterations, gamma=3, short=8, long=40,
+                                  fixed=False)
+  report["loop"] = {
+      "ok": True,
+      "split": {
+          "fused": {
+              **split,
+              **loop.against_theorem(split)
+          },
+          "xla": {
+              "skipped": "time cap"
+          }
+      },
+      "kernels": {
+          "fused": {
+              "outside_model_calls": 34,
+              "condition": 1
+          }
+      },
+      "main_job": cli.main_job_against_theorem(report)
+  }
+  job = report["loop"]["main_job"]
+  np.testing.assert_allclose(job["over_theorem"], 1.30 / 2.18)
+  np.testing.assert_allclose(job["over_theorem_with_call_cost"], 1.30 / 1.95)
+  text = cli.format_summary(report)
+  assert ("  loop on fused: iteration 2.500 ms = propose 1.000 + verify 1.500"
+          " + bookkeeping 0.500 + while -0.500; not in model calls 0.250 ms "
+          "(10%), 34 kernels (condition 1); marginal 1.60x = 0.90 of "
+          "Theorem 3.8 (1.78x)") in text
+  assert "loop on xla" not in text
+  assert "  main job 1.30x = 0.60 of Theorem 3.8 (2.18x), 0.67 with the call " \
+         "cost" in text
+  assert cli.verdicts(report)["loop_complete"] is True
+  del report["pretrained"]
+  assert cli.main_job_against_theorem(report) == {
+      "skipped": "no main job measured (the pretrained phase)"
+  }
+
+
+def _fake_child(ran):
+
+  def child(name, mode, cap_s, decode_path=None):
+    del mode, decode_path
+    ran.append((name, cap_s))
+    return {
+        "record": {
+            "ok": True
+        },
+        "status": {
+            "status": "ok",
+            "exit_code": 0,
+            "cap_s": cap_s,
+            "seconds": 0.0,
+            "error": None
+        }
+    }
+
+  return child
+
+
+@pytest.mark.parametrize("total_s,runs", [(25.0, False), (40.0, True)])
+def test_the_loop_phase_is_skipped_with_a_line_when_time_is_short(
+    total_s, runs, monkeypatch, tmp_path, capsys):
+  """It needs 30 s (`common.MIN_PHASE_S`) where the others need 15 s: what
+  is left goes to the physics after it."""
+  ran = []
+  monkeypatch.setattr(cli, "_child", _fake_child(ran))
+  args = cli.parse_args([
+      "--small", "--phases=loop,physics", f"--total_s={total_s}",
+      f"--out={tmp_path}"
+  ])
+  code = cli.orchestrate(args)
+  report = json.loads((tmp_path / cli.RESULT_FILE).read_text())
+  assert [name for name, _ in ran
+         ] == (["loop", "physics"] if runs else ["physics"])
+  if runs:
+    assert code == 0 and report["loop"]["main_job"] == {
+        "skipped": "no main job measured (the pretrained phase)"
+    }
+  else:
+    assert code == 1 and report["phases"]["loop"]["status"] == "skipped (time)"
+    assert "loop" not in report
+    assert ("phase loop: skipped, 25 s left (it needs 30 s)"
+            in capsys.readouterr().err)
+  assert common.PHASES.index("loop") == common.PHASES.index("physics") - 1
+
+
 def test_decode_path_setting_reaches_every_phase(capsys):
   assert common.settings_for("full").decode_path is None
   assert common.settings_for("small", "fused").decode_path == "fused"
@@ -401,7 +597,11 @@ def test_greedy_identity_is_repeated_at_highest_precision_only_if_needed():
 ABSENT_ON_THE_GPU_IMAGE = ("gin", "seqio", "tensorflow", "tensorflow_datasets")
 # Functions the device check never calls whose imports are not followed
 # (module -> function names): gin's parser, imported where a gin file is read.
-NOT_CALLED = {"specdec_jax.config.gin_reader": ("_gin_parser",)}
+NOT_CALLED = {
+    "specdec_jax.config.gin_reader": ("_gin_parser",),
+    # The benchmarks' sentences (the loop phase reads the captions itself).
+    "tools.benchmarks.common": ("sentences",),
+}
 
 
 def _imports(source: str, module: str, package: str) -> set:

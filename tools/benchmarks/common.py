@@ -26,7 +26,6 @@ from specdec_jax.config import paths
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
 from specdec_jax.core.models.config import T5Config
-from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.metrics import timing
 
 REPO = paths.REPO_DIR
@@ -151,7 +150,10 @@ def pad_to_bucket(ids: List[int], bucket: int) -> np.ndarray:
 
 def sentences(args: argparse.Namespace, bucket: int = 1) -> List[np.ndarray]:
   """[--sentences] arrays [1, S] of encoded sentences (EOS appended),
-  padded by `pad_to_bucket`."""
+  padded by `pad_to_bucket`. (`vocab` imports gin: imported here, so
+  that the device check, on an image without gin, can import the
+  benchmarks' measuring functions.)"""
+  from specdec_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   vocab = vocab_lib.load_vocabulary(args.spm_model, extra_ids=0,
                                     what="--spm_model")
   with open(args.source_file, encoding="utf-8") as f:

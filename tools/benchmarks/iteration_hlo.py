@@ -74,7 +74,7 @@ def _source(line: str, comps: Dict[str, List[str]]) -> str:
 
 
 def _part(line: str, comps: Dict[str, List[str]]) -> str:
-  if re.search(r"= \S+ copy\(", line):
+  if re.search(r"= (?:\([^)]*\)|\S+) copy(?:-start)?\(", line):
     return "copies"
   text = _source(line, comps)
   if text.startswith("%"):  # no source op name: an op XLA made
@@ -121,6 +121,68 @@ def loop_bodies(hlo: str) -> Dict[str, Dict[str, Any]]:
         "copy_shapes": dict(copy_shapes),
     }
   return out
+
+
+# Ops that launch no kernel of their own (`iteration_kernels`; the device
+# check's `paths.launch_ops` too): the rest are kernels (fusions, custom
+# calls: cuBLAS, Triton; on the CPU, its loops) or copies.
+NOT_LAUNCHES = frozenset(
+    ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
+     "conditional", "call", "opt-barrier", "after-all", "add-dependency",
+     "domain"))
+# Parts that are the models' own calls (the rest: the loop's work).
+MODEL_PARTS = ("draft propose", "target call",
+               "unnamed (XLA-made: dots, reductions, layouts)")
+
+
+def _launches(comps: Dict[str, List[str]], name: str,
+              parts: collections.Counter) -> int:
+  """Kernels computation `name` launches per run, counted into `parts`:
+  its ops less `NOT_LAUNCHES` and the `-done` half of async pairs, with
+  the ops of a `call` (XLA:GPU's command buffers) counted in its place;
+  nested while loops: the number of them."""
+  loops = 0
+  for line in comps.get(name, []):
+    m = re.match(r"(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\(", line)
+    if not m:
+      continue
+    kind = m.group(1)
+    called = re.search(r"(?:to_apply|calls)=%?([\w.\-]+)", line)
+    if kind == "call" and called:
+      loops += _launches(comps, called.group(1), parts)
+    elif kind == "while":
+      loops += 1
+    elif kind not in NOT_LAUNCHES and not kind.endswith("-done"):
+      parts[_part(line, comps)] += 1
+  return loops
+
+
+def iteration_kernels(hlo: str) -> Dict[str, Any]:
+  """The kernels one iteration of the program's outermost while loop
+  launches (optimized HLO of any backend: the CPU's ops, the GPU's
+  fusions and custom calls): `body` by part, `condition` (the loop's
+  test, on a GPU read back by the host every iteration), `nested_loops`
+  (the draft's steps, if a loop), and `outside_model_calls`: the body's
+  and condition's kernels of no model call (`MODEL_PARTS`)."""
+  comps = _computations(hlo)
+  entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M).group(1)
+  line = next((l for l in comps[entry] if re.search(r"\swhile\(", " " + l)),
+              None)
+  if line is None:
+    raise ValueError("the program has no while loop.")
+  body, condition = collections.Counter(), collections.Counter()
+  nested = _launches(comps,
+                     re.search(r"body=%?([\w.\-]+)", line).group(1), body)
+  _launches(comps,
+            re.search(r"condition=%?([\w.\-]+)", line).group(1), condition)
+  outside = sum(n for part, n in body.items() if part not in MODEL_PARTS)
+  return {
+      "body": sum(body.values()),
+      "body_by_part": dict(body.most_common()),
+      "condition": sum(condition.values()),
+      "nested_loops": nested,
+      "outside_model_calls": outside + sum(condition.values()),
+  }
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

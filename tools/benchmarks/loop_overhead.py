@@ -147,31 +147,46 @@ def _fixed_split(med, base_fixed, spec_fixed, t1, model_iter):
   }
 
 
-def measure(target, draft, inputs, *, gamma, short, long, rounds):
-  """The breakdown (seconds and ratios) averaged over `inputs`."""
+def programs(target, draft, inputs, *, gamma, short, long, fixed=True):
+  """({name: program}, {(sentence, length): iterations}): each sentence
+  decoded by both decoders to both forced lengths (EOS off; the
+  speculative ones run once here for their iteration counts), an
+  iteration's parts (`_parts`), and with `fixed` the fixed cost's
+  (`_starts`)."""
   rng = jax.random.PRNGKey(0)
   greedy = sampling.Greedy()
-  programs, iterations = {}, {}
+  fns, iterations = {}, {}
   for i, x in enumerate(inputs):
     for length in (short, long):
-      programs[("base", i, length)] = (
-          lambda x=x, n=length: decoding.temperature_sample(
-              target, x, rng, max_decode_length=n, method=greedy, eos_id=-1))
-      programs[("spec", i,
-                length)] = (lambda x=x, n=length: decoding.speculative_sample(
-                    target, draft, x, rng, gamma=gamma, max_decode_length=n,
-                    method=greedy, eos_id=-1))
-      out = jax.block_until_ready(programs[("spec", i, length)]())
+      fns[("base", i,
+           length)] = (lambda x=x, n=length: decoding.temperature_sample(
+               target, x, rng, max_decode_length=n, method=greedy, eos_id=-1))
+      fns[("spec", i,
+           length)] = (lambda x=x, n=length: decoding.speculative_sample(
+               target, draft, x, rng, gamma=gamma, max_decode_length=n, method=
+               greedy, eos_id=-1))
+      out = jax.block_until_ready(fns[("spec", i, length)]())
       iterations[(i, length)] = int(np.asarray(out.target_calls)[0])
-  steps = 16
-  parts = _parts(target, draft, jnp.asarray(inputs[0]), gamma=gamma, long=long,
-                 steps=steps)
-  starts = _starts(target, draft, jnp.asarray(inputs[0]), gamma=gamma,
-                   short=short)
-  med, _ = common.median_seconds({**programs, **parts, **starts}, rounds)
-  t1, tv, d1 = (med[k] / steps for k in ("t1", "tv", "d1"))
-  propose, iteration = med["propose"] / steps, med["iteration"] / steps
-  n = len(inputs)
+  fns.update(
+      _parts(target, draft, jnp.asarray(inputs[0]), gamma=gamma, long=long,
+             steps=_STEPS))
+  if fixed:
+    fns.update(
+        _starts(target, draft, jnp.asarray(inputs[0]), gamma=gamma,
+                short=short))
+  return fns, iterations
+
+
+_STEPS = 16  # Calls per timed part (`_parts`).
+
+
+def breakdown(med, iterations, *, gamma, short, long, fixed=True):
+  """The breakdown from `programs`' medians `med` (seconds) and
+  `iterations`, averaged over the sentences; with `fixed`, the fixed
+  cost's split too (its programs timed)."""
+  t1, tv, d1 = (med[k] / _STEPS for k in ("t1", "tv", "d1"))
+  propose, iteration = med["propose"] / _STEPS, med["iteration"] / _STEPS
+  n = len(iterations) // 2
   tokens = long - short
   base_token = sum(med[("base", i, long)] - med[("base", i, short)]
                    for i in range(n)) / (n * tokens)
@@ -189,7 +204,7 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
   spec_fixed = sum(med[("spec", i, short)] - iterations[(i, short)] * spec_iter
                    for i in range(n)) / n
   model_iter = gamma * d1 + tv
-  return {
+  result = {
       "gamma": gamma,
       "sentences": n,
       "lengths": [short, long],
@@ -207,8 +222,9 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
       "speculative_fixed_per_example_s": spec_fixed,
       # One iteration's time, part by part (fixed length, no while loop):
       # the draft's γ guesses as the loop makes them, the verification
-      # call, the rest (acceptance, buffer, cache rollbacks), and what the
-      # while loop adds on top (its condition, the state it carries).
+      # call, the rest (acceptance, buffer and cache writes, rollbacks),
+      # and what the while loop adds on top (its condition, the state it
+      # carries).
       "iteration_split_s": {
           "draft_propose": propose,
           "draft_model_steps": gamma * d1,
@@ -217,12 +233,22 @@ def measure(target, draft, inputs, *, gamma, short, long, rounds):
           "iteration_fixed_length": iteration,
           "while_loop": spec_iter - iteration,
       },
-      "fixed_split_s": _fixed_split(med, base_fixed, spec_fixed, t1,
-                                    model_iter),
       "tokens_per_iteration": n * tokens / spec_iters,
       "marginal_speedup": base_token * n * tokens / (spec_iters * spec_iter),
       "backend": jax.default_backend(),
   }
+  if fixed:
+    result["fixed_split_s"] = _fixed_split(med, base_fixed, spec_fixed, t1,
+                                           model_iter)
+  return result
+
+
+def measure(target, draft, inputs, *, gamma, short, long, rounds):
+  """The breakdown (seconds and ratios) averaged over `inputs`."""
+  fns, iterations = programs(target, draft, inputs, gamma=gamma, short=short,
+                             long=long)
+  med, _ = common.median_seconds(fns, rounds)
+  return breakdown(med, iterations, gamma=gamma, short=short, long=long)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -4,7 +4,7 @@ lent GPU (issue 47; docs/usage/gpu.md).
 `scripts/device_check.sh` installs carried wheels if any, puts the
 repository on the path (no install, no network: gin, seqio and TensorFlow
 are never imported) and runs `python -m tools.device_check`, which
-runs five phases, each in a child process under a time cap, and writes
+runs six phases, each in a child process under a time cap, and writes
 $OUT/device_check.json after each (a phase killed at its cap keeps what it
 had measured). Every phase decodes on one decode path (`--path`; default
 the backend's: 'fused', the GPU kernels, on one GPU; `models.decode_paths`):
@@ -21,6 +21,11 @@ the backend's: 'fused', the GPU kernels, on one GPU; `models.decode_paths`):
 * `pretrained`: the shipped 38M + 1M pair on the main job's 60 captions:
   greedy identity (60/60) and the main job's speedup, on 'xla' and on the
   check's path at batch 1 and 8;
+* `loop`: the speculative loop's own cost per iteration (issue 56 item
+  4) on the shipped pair, on the check's path and 'xla': the iteration
+  split of `tools.benchmarks.loop_overhead`, the kernels an iteration
+  launches outside the model calls (`tools.benchmarks.iteration_hlo`),
+  and the main job's speedup ÷ Theorem 3.8;
 * `physics`: a T5-XXL-shaped target and T5-small/base/large-shaped drafts
   (random bfloat16 weights made on the device): c, the K-token call, the
   tree call and the speculative-beam call in steps, and Theorem 3.8 for
@@ -30,8 +35,8 @@ the backend's: 'fused', the GPU kernels, on one GPU; `models.decode_paths`):
 (the command line, the phases as child processes, the verdicts and the
 last lines), `common` (settings, random weights on the device, records),
 `env` (also whether the working tree fits a device call: `--preflight`),
-`exactness`, `paths`, `pretrained_pair`, `physics`, `stats` (Table 2's rows,
-Theorem 3.8's table). Greedy identity and the chi-square test with its
+`exactness`, `paths`, `pretrained_pair`, `loop`, `physics`, `stats`
+(Table 2's rows, Theorem 3.8's table). Greedy identity and the chi-square test with its
 power check are the package's (`specdec_jax.metrics.exactness`, which
 `certify` uses too). Nothing in `specdec_jax` imports this package.
 """

@@ -28,9 +28,14 @@ from specdec_jax.core.models import param_shapes
 from specdec_jax.files import io_utils
 
 # The new measurements of issue 56 (exactness on the backend's decode path,
-# the paths side by side, the main job on each) before the paper's physics,
-# which takes what is left of the budget.
-PHASES = ("env", "exactness", "paths", "pretrained", "physics")
+# the paths side by side, the main job on each, the loop's own cost per
+# iteration) before the paper's physics, which takes what is left of the
+# budget: the physics was measured on an H200 already (2026-11-28), the
+# loop's cost never.
+PHASES = ("env", "exactness", "paths", "pretrained", "loop", "physics")
+# A phase with less than this left is skipped (`cli`; default 15 s): the
+# loop phase's split compiles 9 programs per path before it times one.
+MIN_PHASE_S = {"loop": 30.0}
 
 # T5 v1.1 shapes (T5X's t5_1_1/*.gin; the repository's gin/models copies).
 _T5_1_1 = {
@@ -102,6 +107,9 @@ class Settings:
       on one GPU).
     paths: the decode paths the `paths` phase and the main job compare.
     main_job_batches: the main job's batch sizes, each on every path.
+    loop_sentences, loop_lengths, loop_rounds: the loop phase's split
+      (`loop_overhead.programs`): sentences, the two forced lengths,
+      interleaved rounds.
     option_sets, tile_presets: the XLA:GPU option sets
       (`kernels.gpu.GPU_OPTION_SETS`) and the fused kernels' tiles
       (`kernels.gpu.TILE_PRESETS`) the `paths` phase times.
@@ -141,6 +149,9 @@ class Settings:
   decode_path: Optional[str] = None
   paths: Tuple[str, ...] = ("xla", "packed", "fused")
   main_job_batches: Tuple[int, ...] = (1, 8)
+  loop_sentences: int = 4
+  loop_lengths: Tuple[int, int] = (8, 40)
+  loop_rounds: int = 5
   option_sets: Tuple[str, ...] = tuple(gpu.GPU_OPTION_SETS)
   tile_presets: Tuple[str, ...] = tuple(gpu.TILE_PRESETS)
 
@@ -151,6 +162,7 @@ FULL = Settings(
         "exactness": 180.0,
         "paths": 200.0,
         "pretrained": 150.0,
+        "loop": 60.0,
         "physics": 300.0
     })
 # Caps with room for a loaded 2-core machine compiling everything afresh
@@ -161,11 +173,13 @@ SMALL = dataclasses.replace(
         "exactness": 150.0,
         "paths": 150.0,
         "pretrained": 90.0,
+        "loop": 60.0,
         "physics": 60.0
     }, greedy_rows=4, greedy_length=8, examples=3, max_decode_length=12,
     rounds=2, tiny_physics=True, chunk_sizes=(1, 2, 4), tree_widths=(2,),
     physics_input_length=8, fill=4, cache_len=24, inner_steps=2, repeats=2,
-    main_job_batches=(1, 2), option_sets=("default", "command_buffer_all"),
+    main_job_batches=(1, 2), loop_sentences=1, loop_lengths=(2, 10),
+    loop_rounds=2, option_sets=("default", "command_buffer_all"),
     tile_presets=("default", "wide"))
 
 

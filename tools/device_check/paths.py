@@ -36,16 +36,12 @@ import jax.numpy as jnp
 from specdec_jax.core.kernels import gpu
 from specdec_jax.core.models import T5Model
 from specdec_jax.metrics import timing
+from tools.benchmarks import iteration_hlo
 from tools.device_check import common
 from tools.device_check import env
 from tools.device_check import physics
 from tools.device_check import stats
 
-# HLO ops that launch nothing of their own (the rest are kernels or copies).
-_NOT_LAUNCHES = frozenset(
-    ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while",
-     "conditional", "call", "opt-barrier", "after-all", "add-dependency",
-     "domain"))
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{$")
 _OP = re.compile(r"^\s+(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\(")
 
@@ -64,8 +60,8 @@ def launch_ops(hlo: str) -> Dict[str, int]:
       name = header.group(1)
       continue
     op = _OP.match(line)
-    if name is not None and name not in inner and op and (op.group(1)
-                                                          not in _NOT_LAUNCHES):
+    if name is not None and name not in inner and op and (
+        op.group(1) not in iteration_hlo.NOT_LAUNCHES):
       counts[op.group(1)] += 1
   return dict(counts)
 
