@@ -367,15 +367,16 @@ def calibrations(candidates: Sequence[Candidate], pilots: Mapping[str, Any],
                                    tree_width=record.get("tree_width"))
     row = auto.predict(at_pilot, prices, pilots)
     model, measured = row["predicted_speedup"], float(record["speedup"])
+    # A pilot's timing is held within KAPPA_BOUNDS of the model.
+    kappa = auto.kappa(measured, model)
     out[c.family] = {
         "pilot": c.pilot_key,
         "gamma": int(record["gamma"]),
         "tree_width": record.get("tree_width"),
         "measured_speedup": measured,
         "model_speedup": float(model),
-        "kappa": auto.kappa(measured, model),
-        "overhead_steps": auto.overhead_steps(
-            auto.kappa(measured, model) * model, row),
+        "kappa": kappa,
+        "overhead_steps": auto.overhead_steps(kappa * model, row),
     }
   return out
 

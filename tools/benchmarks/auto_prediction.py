@@ -29,10 +29,10 @@ import gin
 
 from specdec_jax.files import compilation_cache
 from specdec_jax.config import gin_utils
-from specdec_jax.files import io_utils
 from specdec_jax import run as run_lib
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import price_cache
+from tools.benchmarks import common
 
 
 def parse_config(text: str) -> Tuple[List[str], List[str]]:
@@ -164,9 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   print(table(rows))
   if errors:
     print(f"largest |error|: {100 * max(errors):.0f}% over {len(errors)} rows")
-  if flags.output:
-    io_utils.write_json(flags.output, record)
-    print(f"wrote {flags.output}")
+  common.write_result(flags.output, record)
   return 0
 
 

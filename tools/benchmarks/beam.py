@@ -22,7 +22,6 @@ Smoke check:
       --widths 1 --rounds 1
 """
 import argparse
-import json
 import os
 import pathlib
 import sys
@@ -181,9 +180,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 load_average_after=list(os.getloadavg()), settings=vars(args),
                 results=results)
   print_table(results)
-  if args.output:
-    pathlib.Path(args.output).write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {args.output}")
+  common.write_result(args.output, record)
   return 0
 
 

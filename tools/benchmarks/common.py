@@ -14,7 +14,7 @@ import os
 import platform
 import statistics
 import subprocess
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +26,7 @@ from specdec_jax.config import paths
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
 from specdec_jax.core.models.config import T5Config
+from specdec_jax.files import io_utils
 from specdec_jax.metrics import timing
 
 REPO = paths.REPO_DIR
@@ -181,6 +182,14 @@ def median_seconds(fns: Dict[Any, Callable[[], Any]],
   }, {
       name: out[-1] for name, out in outs.items()
   })
+
+
+def write_result(output: Optional[str], result: Any) -> None:
+  """`result` as JSON in `output` (atomically: `io_utils.write_json`) and a
+  line saying so; nothing without an `output`."""
+  if output:
+    io_utils.write_json(output, result)
+    print(f"wrote {output}")
 
 
 def host() -> Dict[str, Any]:

@@ -72,7 +72,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import jax
 
 from specdec_jax.core.models.config import T5Config
-from specdec_jax.files import io_utils
 from tools.benchmarks import common
 from tools.benchmarks import decode_measure
 from tools.benchmarks.decode_measure import BenchmarkConfig
@@ -289,9 +288,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   log = functools.partial(print, file=sys.stderr, flush=True)
   result = decode_measure.run_benchmark(cfg, log=log)
   print(format_report(result))
-  if cfg.output:
-    io_utils.write_json(cfg.output, result)
-    print(f"wrote {cfg.output}")
+  common.write_result(cfg.output, result)
   return 0
 
 

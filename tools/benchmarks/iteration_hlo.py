@@ -34,7 +34,6 @@ from specdec_jax.core import kernels
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import loops
 from specdec_jax.experiment import hlo_reads
-from specdec_jax.files import io_utils
 from tools.benchmarks import common
 
 # Source-op-name fragments -> the part of an iteration (first match wins).
@@ -231,9 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       print(f"{name}, {label}: {outer['ops']} ops per iteration "
             f"({outer['copies']} copies, {outer['copy_bytes'] / 1e6:.2f} MB); "
             f"by part {outer['by_part']}")
-  if args.output:
-    io_utils.write_json(args.output, result)
-    print(f"wrote {args.output}")
+  common.write_result(args.output, result)
   print(json.dumps(result))
   return 0
 

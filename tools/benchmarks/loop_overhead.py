@@ -40,7 +40,6 @@ import numpy as np
 
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
-from specdec_jax.files import io_utils
 from specdec_jax.metrics import timing
 from tools.benchmarks import common
 
@@ -280,9 +279,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ", ".join(f"{k} {ms(v)}" for k, v in result["fixed_split_s"].items()))
   print(f"marginal speedup (per token, fixed costs aside): "
         f"{result['marginal_speedup']:.2f}x")
-  if f.output:
-    io_utils.write_json(f.output, result)
-    print(f"wrote {f.output}")
+  common.write_result(f.output, result)
   print(json.dumps(result))
   return 0
 

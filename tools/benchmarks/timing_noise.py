@@ -32,7 +32,6 @@ import numpy as np
 
 from specdec_jax.checkpoints import parameters
 from specdec_jax.core.models import T5Model
-from specdec_jax.files import io_utils
 from specdec_jax.metrics import timing
 from tools.benchmarks import common
 
@@ -170,9 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       s = result[way][key]
       print(f"{way:13s} {key:24s} median {s['median']:.3f}  range "
             f"{s['min']:.3f}–{s['max']:.3f}  IQR {s['iqr']:.3f}")
-  if f.output:
-    io_utils.write_json(f.output, result)
-    print(f"wrote {f.output}")
+  common.write_result(f.output, result)
   return 0
 
 

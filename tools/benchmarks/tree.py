@@ -41,7 +41,6 @@ import numpy as np
 
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
-from specdec_jax.files import io_utils
 from specdec_jax.metrics import timing
 from tools.benchmarks import common
 
@@ -252,9 +251,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   for n, steps in result["call_cost"]["tree_call_steps"].items():
     print(f"tree call over N={n} nodes: {steps:.2f} target steps")
   result["host_after"] = _host()
-  if f.output:
-    io_utils.write_json(f.output, result)
-    print(f"wrote {f.output}")
+  common.write_result(f.output, result)
   print(json.dumps(result))
   return 0
 
