@@ -7,13 +7,8 @@ decode from Python in three lines:
     out = pair.speculative(pair.encode(["A dog runs."]), gamma=3)
     print(pair.decode(out.tokens))  # ['Ein Hund rennt.']
 
-Each folder's `model_config.json` gives the model's sizes and dtype
-(`checkpoints.check_model`, which checks it against the checkpoint before
-anything is built); the vocabulary is checked as `run` checks it. A draft
-decoder without an encoder of its own
-(a shared-encoder draft) is paired with the target's encoder. Inputs are
-encoded as the run encodes them (SentencePiece ids, then EOS, cut to the
-input length) and outputs decoded up to the first EOS.
+Everything is checked as `run` checks it; inputs are encoded and outputs
+decoded as the run does.
 """
 import dataclasses
 import os
@@ -23,7 +18,7 @@ import jax
 import numpy as np
 
 from specdec_jax import checkpoints
-from specdec_jax.config import paths
+from specdec_jax.files import io_utils
 from specdec_jax.core import decoding
 from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.experiment import loading
@@ -34,15 +29,8 @@ from specdec_jax.core.models import T5Model
 
 @dataclasses.dataclass(frozen=True)
 class Pair:
-  """A target, its draft (as speculative decoding runs it) and their
-  vocabulary.
-
-  Attributes:
-    target: the target model, prepared for decoding.
-    draft: the draft model (a `SharedEncoderModel` for a draft decoder
-      that reads the target's encoder).
-    vocabulary: the pair's SentencePiece model (`vocab.SentencePieceFile`).
-  """
+  """A target, its draft (a `SharedEncoderModel` for a draft decoder that
+  reads the target's encoder) and their `vocab.SentencePieceFile`."""
   target: T5Model
   draft: Any
   vocabulary: vocab_lib.SentencePieceFile
@@ -85,9 +73,7 @@ class Pair:
                                        eos_id=self.eos_id, **sampling)
 
 
-# How the vocabulary checks (`loading.vocabulary_fits`,
-# `loading.check_vocabulary_digest`, as `run` applies them) name
-# `load_pair`'s arguments.
+# How the vocabulary checks name `load_pair`'s arguments.
 NAMES = loading.Names(vocabulary="spm_model_path", extra_ids=None,
                       vocab_size="{role}_folder's model_config.json vocab_size",
                       checkpoint="{role}_folder", size_mismatch=None)
@@ -95,32 +81,14 @@ NAMES = loading.Names(vocabulary="spm_model_path", extra_ids=None,
 
 def load_pair(target_folder: str, draft_folder: str, spm_model_path: str, *,
               compilation_cache: bool = True) -> Pair:
-  """The pair in two checkpoint folders (each a checkpoint or a folder of
-  them, such as `train`'s MODEL_DIR: the latest) with the SentencePiece
-  model at `spm_model_path`.
-
-  Relative paths resolve as the commands resolve them (from here, else
-  from the repository: `paths.resolve_path`). Everything `run` checks is
-  checked before any shape is built or array read: each folder and its
-  model_config.json (`checkpoints.check_model`: digests, sizes against the
-  stored arrays and this machine's memory), the vocabulary (a SentencePiece
-  model with T5's ids; one vocab_size for all three; the vocabulary each
-  checkpoint's DIGESTS.json records).
-
-  Args:
-    target_folder, draft_folder: the two models' checkpoint folders.
-    spm_model_path: their SentencePiece model.
-    compilation_cache: turn on the persistent compilation cache the
-      commands use (`compilation_cache.enable`), so that a new process
-      does not compile the decoders again.
-
-  Raises:
-    ValueError (`CheckpointError`, `ConfigError`): one line naming the
-      argument, the resolved path and what is allowed.
-  """
+  """The pair in two checkpoint folders (a checkpoint, or a folder of them:
+  the latest) with the SentencePiece model at `spm_model_path`, resolved as
+  the commands resolve paths, and checked as `run` checks them before any
+  array is read (`CheckpointError`, `ConfigError`). `compilation_cache`:
+  turn on the commands' persistent compilation cache."""
   target = checkpoints.check_model(target_folder, "target_folder")
   draft = checkpoints.check_model(draft_folder, "draft_folder")
-  spm_path = paths.resolve_path(os.fspath(spm_model_path))
+  spm_path = io_utils.resolve_path(os.fspath(spm_model_path))
   vocabulary = vocab_lib.load_vocabulary(spm_path, 0, what="spm_model_path")
   try:
     decoding.check_vocab_sizes(target.config.vocab_size,

@@ -1,35 +1,18 @@
-r"""Runs a grid of experiments, resumably: one `run` per point.
+r"""Runs a grid of experiments, resumably: one `run` per point
+(docs/usage/running.md).
 
-  python -m specdec_jax.sweep --gin_file=ende_small.gin \
-      --sweep=configs/gamma_temperature.yaml --results_dir=/tmp/sweep
   python -m specdec_jax.sweep --gin_file=local_tiny.gin \
       --sweep GAMMA=1,2,3 --sweep TEMPERATURE=0,1 --results_dir=/tmp/sweep
-  python -m specdec_jax.sweep --sweep=configs/table2.yaml --results_dir=...
 
 A sweep spec is `KEY=v1,v2,...` (repeatable; the grid is their product) or a
 YAML file with a `grid:` mapping of KEY -> list (product) and/or a `points:`
-list of KEY -> value mappings. KEY is a gin macro (GAMMA, TEMPERATURE, ...),
-any full gin binding (`run.top_k`, `draft/T5Config.num_decoder_layers`), or
-`gin_file`: the experiment file(s) of that point (e.g. `ende_base.gin`), so
-one sweep can cover several drafts and tasks.
+list of KEY -> value mappings. KEY is a gin macro (GAMMA, ...), a full gin
+binding (`run.top_k`) or `gin_file`: the point's experiment file(s).
 
-Before the first model is loaded, every point is checked as `run` checks
-its arguments (gin macros, every value, the vocabulary against both models),
-and RESULTS_DIR is created and probed: a bad value anywhere in the grid stops
-the sweep with one line naming the point, and nothing is written. So do two
-points that would share a folder (`check_points`: gin files `a/x.gin` and
-`b/x.gin`), an OUTPUT_DIR key or binding (the sweep chooses the folders),
-and a grid key listing one value twice (`TEMPERATURE: [1, 1.0]`); points
-equal by value run once.
-
-Each point writes `RESULTS_DIR/<point name>/metrics.json` (atomically, last)
-and `predictions.jsonl`; a point whose metrics.json exists is skipped, so a
-killed sweep re-run with the same arguments finishes the rest and loses
-nothing. Models are loaded once per (gin files, model bindings) group, not
-once per point. RESULTS_DIR may be a gs:// folder. On several hosts (the
-same command on each, `multihost`) process 0 decides which points are done
-and all hosts run the rest in the same order. `python -m specdec_jax.report RESULTS_DIR` turns the results
-into the paper's tables and figures.
+Every point is checked and RESULTS_DIR probed before the first model
+loads. Each point writes RESULTS_DIR/<point name>/, metrics.json last; a
+re-run skips finished points. Models load once per group of points; on
+several hosts process 0 decides which points are done.
 """
 import itertools
 import json
@@ -46,11 +29,11 @@ from gin import config_parser
 import jax
 import yaml
 
+from specdec_jax.config import flag_utils
 from specdec_jax import checkpoints
 from specdec_jax import multihost
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
-from specdec_jax.config import paths
 from specdec_jax.core import environment
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import runner
@@ -73,20 +56,10 @@ class SweepError(ValueError):
   """A bad sweep specification or results directory (printed, no traceback)."""
 
 
-# ---------------------------------------------------------------------------
-# Specs -> points.
-# ---------------------------------------------------------------------------
-def _parse_value(text: str) -> Any:
-  """A command-line grid value: YAML scalar rules (1 -> int, 0.5 -> float)."""
-  return yaml.safe_load(text)
-
-
+# -- Specs -> points ------------------------------------------------------------
 def parse_sweep_args(specs: Sequence[str]) -> List[Dict[str, Any]]:
-  """Expands `--sweep` values (KEY=v1,v2 or YAML files) into points.
-
-  Returns:
-    A list of points, each a dict KEY -> value, in a stable order.
-  """
+  """The points (dicts KEY -> value, in a stable order, without repeats)
+  of `--sweep` values, KEY=v1,v2 or YAML files."""
   grid: Dict[str, List[Any]] = {}
   points: List[Dict[str, Any]] = []
   for spec in specs:
@@ -96,20 +69,28 @@ def parse_sweep_args(specs: Sequence[str]) -> List[Dict[str, Any]]:
       items = [v.strip() for v in values.split(",") if v.strip()]
       if not key or not items:
         raise SweepError(f"--sweep={spec!r}: expected KEY=v1,v2,...")
-      grid.setdefault(key, []).extend(_parse_value(v) for v in items)
+      # YAML scalar rules: 1 -> int, 0.5 -> float.
+      grid.setdefault(key, []).extend(yaml.safe_load(v) for v in items)
     else:
       points.extend(load_sweep_file(spec))
-  if grid:
-    grid_points = _product(grid)
-    # A command-line grid refines the points of a file (or stands alone).
-    points = ([{
-        **p,
-        **g
-    } for p in points for g in grid_points] if points else grid_points)
+  if grid:  # a command-line grid refines the points of a file
+    points = _refine(points, _product(grid))
   if not points:
     raise SweepError("The sweep is empty: give --sweep=KEY=v1,v2 or a YAML "
                      "file with a non-empty 'grid' or 'points'.")
-  return _dedupe(points)
+  unique = {}  # equal by value (`_value_key`): run once
+  for p in points:
+    unique.setdefault(_value_key(p), p)
+  return list(unique.values())
+
+
+def _refine(points: List[Dict[str, Any]],
+            grid_points: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """Every point with every grid point's values, or the grid alone."""
+  return [{
+      **p,
+      **g
+  } for p in points for g in grid_points] if points else grid_points
 
 
 def _product(grid: Dict[str, List[Any]],
@@ -137,8 +118,8 @@ def _product(grid: Dict[str, List[Any]],
 
 def load_sweep_file(path: str) -> List[Dict[str, Any]]:
   """Points of a YAML sweep file (see module docstring); a relative path
-  as `paths.resolve_path` reads it (here, else the repository's)."""
-  path = paths.resolve_path(path)
+  as `io_utils.resolve_path` reads it (here, else the repository's)."""
+  path = io_utils.resolve_path(path)
   if not os.path.exists(path):
     raise SweepError(f"sweep file {path!r} does not exist.")
   try:
@@ -161,11 +142,7 @@ def load_sweep_file(path: str) -> List[Dict[str, Any]]:
   if spec.get("grid"):
     if not isinstance(spec["grid"], dict):
       raise SweepError(f"{path}: 'grid' must be a mapping KEY -> list.")
-    grid_points = _product(spec["grid"], f"{path}:")
-    points = ([{
-        **p,
-        **g
-    } for p in points for g in grid_points] if points else grid_points)
+    points = _refine(points, _product(spec["grid"], f"{path}:"))
   if not points:
     raise SweepError(f"{path}: the sweep is empty.")
   return points
@@ -186,17 +163,6 @@ def _value_key(value: Any) -> Any:
     return ("map",
             frozenset((_value_key(k), _value_key(v)) for k, v in value.items()))
   return ("other", repr(value))
-
-
-def _dedupe(points):
-  """The points without repeats (equal by value: `_value_key`), in order."""
-  seen, out = set(), []
-  for p in points:
-    key = _value_key(p)
-    if key not in seen:
-      seen.add(key)
-      out.append(p)
-  return out
 
 
 def point_name(point: Dict[str, Any]) -> str:
@@ -220,17 +186,9 @@ def _is_output_dir(key: str) -> bool:
 
 def check_points(points: Sequence[Dict[str, Any]], results_dir: str,
                  base_bindings: Sequence[str] = ()) -> None:
-  """Refuses what would make points share or leave their folders.
-
-  The sweep chooses each point's folder, RESULTS_DIR/<point name>: an
-  OUTPUT_DIR in a point or in a `--gin` binding would be replaced in
-  silence, and two points with one name (gin files `a/x.gin` and `b/x.gin`,
-  TASK 'a/b' and 'a_b') would share a folder, so that one of them never ran
-  and a later sweep counted it as done.
-
-  Raises:
-    SweepError: naming the key or binding, or both points and their folder.
-  """
+  """SweepError naming what would make points leave or share their folder,
+  RESULTS_DIR/<point name>: an OUTPUT_DIR key or binding, two points of one
+  name (gin files `a/x.gin` and `b/x.gin`), a name over the limit."""
   allowed = ("the sweep chooses each point's folder (--results_dir/<point "
              "name>) and would replace it; allowed: --results_dir to say "
              "where the points go")
@@ -263,9 +221,8 @@ def check_points(points: Sequence[Dict[str, Any]], results_dir: str,
 
 
 def _check_name_length(point: Dict[str, Any], name: str) -> None:
-  """A point's folder name must fit the filesystem's limit
-  (`arguments.NAME_MAX` bytes): a longer one failed at that point, after
-  sweep.json was written. SweepError naming the longest key."""
+  """SweepError naming the longest key when the point's folder name has
+  more than `arguments.NAME_MAX` bytes."""
   size = len(name.encode("utf-8"))
   if size <= arguments.NAME_MAX:
     return
@@ -280,9 +237,7 @@ def _check_name_length(point: Dict[str, Any], name: str) -> None:
       f"values{task}.")
 
 
-# ---------------------------------------------------------------------------
-# Gin for one point.
-# ---------------------------------------------------------------------------
+# -- Gin for one point ---------------------------------------------------------
 def _binding(key: str, value: Any) -> str:
   if isinstance(value, float) and math.isinf(value):
     # repr gives `inf`, which gin cannot parse; 1e999 is gin for infinity
@@ -303,13 +258,8 @@ def point_gin(point: Dict[str, Any],
 
 
 def check_keys(points, base_files, base_bindings, search_paths) -> None:
-  """Every sweep key must name a macro or binding the config knows.
-
-  Macros (bare names, and those that `--gin.NAME=VALUE` defines) go through
-  the check `run` uses (`gin_utils.check_macro_bindings`); full bindings
-  (`run.top_k`) are checked by gin when each point is parsed
-  (`validate_points`).
-  """
+  """SweepError unless every macro key (and `--gin.NAME=VALUE`) names a
+  macro of the point's gin files (full bindings: `validate_points`)."""
   paths = gin_reader.search_paths(search_paths)
   checked = set()
   for point in points:
@@ -333,38 +283,36 @@ def check_keys(points, base_files, base_bindings, search_paths) -> None:
 def validate_points(points, results_dir: str, base_files, base_bindings,
                     search_paths,
                     providers: Optional[Providers] = None) -> None:
-  """Checks every point as `run` would, before any model is loaded.
-
-  Each point's gin is parsed and its plan built (`RunPlan.build`: the run
-  arguments, model configs, vocabulary against both models' vocab_size,
-  n-gram corpus and memory, all checked); nothing is loaded.
-
-  Raises:
-    SweepError: naming the first bad point and what is wrong with it.
-  """
+  """Builds every point's plan as `run` would (`RunPlan.build` checks
+  every value, nothing is loaded); SweepError naming the first bad point."""
   try:
     for point in points:
-      name = point_name(point)
       files, bindings = point_gin(point, base_files)
-      where = f"point {name} ({', '.join(bindings) or files})"
-      gin.clear_config()
+      where = f"point {point_name(point)} ({', '.join(bindings) or files})"
       try:
-        gin_utils.parse_gin(files,
-                            list(base_bindings) + bindings, search_paths,
-                            finalize=False)
-        RunPlan.build(
-            arguments.run_arguments(
-                overrides={"output_dir": os.path.join(results_dir, name)}),
-            providers)
+        _plan(point, results_dir, base_files, base_bindings, search_paths,
+              providers)
       except (ValueError, IOError, SyntaxError) as e:
         raise SweepError(f"{where}: {console.error_text(e)}") from None
   finally:
     gin.clear_config()
 
 
-# ---------------------------------------------------------------------------
-# Running.
-# ---------------------------------------------------------------------------
+# -- Running --------------------------------------------------------------------
+def _plan(point, results_dir: str, base_files, base_bindings, search_paths,
+          providers: Optional[Providers]) -> RunPlan:
+  """The point's plan, from its gin parsed afresh."""
+  files, bindings = point_gin(point, base_files)
+  gin.clear_config()
+  gin_utils.parse_gin(files,
+                      list(base_bindings) + bindings, search_paths,
+                      finalize=False)
+  return RunPlan.build(
+      arguments.run_arguments(overrides={
+          "output_dir": os.path.join(results_dir, point_name(point))
+      }), providers)
+
+
 def _model_group(point: Dict[str, Any]) -> str:
   key = {
       k: v
@@ -375,10 +323,8 @@ def _model_group(point: Dict[str, Any]) -> str:
 
 
 def is_done(point_dir: str) -> bool:
-  """A finished point has a readable metrics.json (or alpha.json in α mode),
-  written last and atomically by the run. Its keys are not checked here
-  (the report checks them, `run_metrics.RunMetrics`): a results file that
-  is there is never decoded again."""
+  """Whether the point wrote a readable metrics.json (or alpha.json), last
+  and atomically; its keys are the report's to check."""
   for name in (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE):
     try:
       json.loads(io_utils.read_text(os.path.join(point_dir, name)))
@@ -388,18 +334,10 @@ def is_done(point_dir: str) -> bool:
   return False
 
 
-def _manifest_diff(old: Any, new: Dict[str, Any]) -> str:
-  """Which of gin_files / gin_bindings differ, as 'KEY: old -> new'."""
-  if not isinstance(old, dict):
-    return f"its {SWEEP_FILE} holds {old!r}"
-  return "; ".join(f"{k}: {old.get(k)!r} in its {SWEEP_FILE}, {v!r} now"
-                   for k, v in new.items()
-                   if old.get(k) != v)
-
-
 def _check_results_dir(results_dir: str, points, base_files,
-                       base_bindings) -> None:
-  """A results dir may only be reused by the same sweep (no clobbering)."""
+                       base_bindings) -> Dict[str, Any]:
+  """SweepError unless results_dir is empty or the same sweep's (no
+  clobbering); the manifest's gin files and bindings."""
   manifest = os.path.join(results_dir, SWEEP_FILE)
   record = {"gin_files": list(base_files), "gin_bindings": list(base_bindings)}
   if io_utils.isfile(manifest):
@@ -408,13 +346,19 @@ def _check_results_dir(results_dir: str, points, base_files,
     except (OSError, ValueError):
       raise SweepError(f"{manifest} is corrupt or not a sweep manifest; "
                        "choose another --results_dir.") from None
-    if not isinstance(old, dict) or {k: old.get(k) for k in record} != record:
-      raise SweepError(
-          f"{results_dir} holds a different sweep ({_manifest_diff(old, record)}"
-          "); choose another --results_dir.")
+    if not isinstance(old, dict):
+      diff = f"its {SWEEP_FILE} holds {old!r}"
+    else:
+      diff = "; ".join(f"{k}: {old.get(k)!r} in its {SWEEP_FILE}, {v!r} now"
+                       for k, v in record.items()
+                       if old.get(k) != v)
+    if diff:
+      raise SweepError(f"{results_dir} holds a different sweep ({diff}); "
+                       "choose another --results_dir.")
   elif io_utils.isdir(results_dir) and io_utils.listdir(results_dir):
     raise SweepError(f"{results_dir} is not empty and is not a sweep's "
                      "results dir; choose another --results_dir.")
+  return record
 
 
 def run_sweep(points: List[Dict[str, Any]], results_dir: str,
@@ -422,17 +366,9 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
               search_paths: Sequence[str] = (),
               after_point: Optional[Callable[[str], None]] = None,
               providers: Optional[Providers] = None) -> List[str]:
-  """Runs every unfinished point; returns the point folders, in order.
-
-  `after_point(name)` is called after each point that ran (the soak test,
-  `tools.benchmarks.soak`, samples the process's memory there); `providers`
-  as `run.run`'s.
-
-  Every point is validated and results_dir probed before the first model
-  load; a SweepError then leaves results_dir as it was. On several hosts
-  process 0 checks results_dir and decides which points are done; every
-  process runs the same points in the same order (`multihost`).
-  """
+  """Runs every unfinished point, all validated and results_dir probed
+  first; the point folders. `after_point(name)` runs after each point run
+  (`tools.benchmarks.soak`); `providers` as `run.run`'s."""
   check_points(points, results_dir, base_bindings)
   check_keys(points, base_files, base_bindings, search_paths)
   validate_points(points, results_dir, base_files, base_bindings, search_paths,
@@ -440,16 +376,14 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
   names = [point_name(p) for p in points]
 
   def start() -> List[int]:
-    _check_results_dir(results_dir, points, base_files, base_bindings)
+    record = _check_results_dir(results_dir, points, base_files, base_bindings)
     try:
       io_utils.probe_writable_dir(results_dir)
     except ValueError as e:
       raise SweepError(f"--results_dir={results_dir!r}: {e}") from None
     io_utils.write_json(
         os.path.join(results_dir, SWEEP_FILE), {
-            "gin_files": list(base_files),
-            "gin_bindings": list(base_bindings),
-            "points": [{
+            **record, "points": [{
                 "name": n,
                 "bindings": p
             } for n, p in zip(names, points)]
@@ -471,21 +405,13 @@ def run_sweep(points: List[Dict[str, Any]], results_dir: str,
   start = time.perf_counter()
   for done_count, i in enumerate(todo):
     point, name = points[i], names[i]
-    files, bindings = point_gin(point, base_files)
-    gin.clear_config()
-    gin_utils.parse_gin(files,
-                        list(base_bindings) + bindings, search_paths,
-                        finalize=False)
     group = _model_group(point)
-    plan = RunPlan.build(
-        arguments.run_arguments(
-            overrides={"output_dir": os.path.join(results_dir, name)}),
-        providers)
+    plan = _plan(point, results_dir, base_files, base_bindings, search_paths,
+                 providers)
     _, kept = runner.execute(plan, models=models.get(group))
     models = {group: kept}  # keep one group in memory
-    # Each point compiles its own decoders; kept, their code mappings pile
-    # up until LLVM fails with "Cannot allocate memory" (vm.max_map_count)
-    # around the 25th point of a sweep.
+    # Kept, each point's compiled code piles up until LLVM fails with
+    # "Cannot allocate memory" (vm.max_map_count) around the 25th point.
     jax.clear_caches()
     elapsed = time.perf_counter() - start
     remaining = elapsed / (done_count + 1) * (len(todo) - done_count - 1)
@@ -513,7 +439,8 @@ def main(argv: Sequence[str], providers: Optional[Providers] = None) -> None:
   except ValueError as e:
     raise SweepError(str(e)) from None
   with multihost.failures_end_every_process(
-      "sweep", (SweepError, gin_utils.ConfigError, environment.BadEnvironment)):
+      "sweep",
+      (SweepError, flag_utils.ConfigError, environment.BadEnvironment)):
     console.setup()
     compilation_cache.enable()  # a re-run compiles nothing
     run_sweep(points, f.results_dir, f.gin_file, f.gin_bindings,
@@ -534,7 +461,7 @@ def cli(argv: Optional[Sequence[str]] = None,
   console.define_traceback_flag()
   return console.run_cli(
       "sweep", lambda: gin_utils.run_main(lambda a: main(a, providers), argv),
-      (SweepError, gin_utils.ConfigError, checkpoints.CheckpointError,
+      (SweepError, flag_utils.ConfigError, checkpoints.CheckpointError,
        environment.BadEnvironment))
 
 

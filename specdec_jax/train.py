@@ -3,21 +3,9 @@ r"""Trains T5 v1.1 target and draft models on local parallel text (Multi30k).
     python -m specdec_jax.train --gin_file=train/multi30k_target.gin \
         [--gin_bindings="MODEL_DIR = '/tmp/target'"] [--gin.NUM_STEPS=100]
 
-T5X-style command line: ``--gin_file`` and ``--gin_bindings`` are repeatable,
-``--gin_search_paths`` is a comma-separated list; the repository's ``gin/``
-folder is always on the search path, so bare names such as
-``train/multi30k_target.gin`` or ``models/multi30k_draft_1m.gin`` resolve from
-any working directory. ``--gin.NAME=VALUE`` is shorthand for
-``--gin_bindings='NAME = VALUE'`` (as in T5X). Relative paths (data, vocabulary,
-model_dir, distill_from) are taken from the current directory if they exist
-there, else from the repository root (`paths.resolve_path`), so the defaults
-(``../shared/data/multi30k``, ``outputs/multi30k/...``) mean the same from any
-directory; give absolute paths to write elsewhere.
-
-The gin files bind ``train.*``: the fields of `training.TrainConfig`. What a
-run does, step by step, is `training.train_and_evaluate`'s docstring; the
-pieces live in `specdec_jax.training` (data, vocabulary, optimizer, loss,
-step, checkpointing, teacher, evaluation).
+T5X-style flags; the gin files bind ``train.*``, the fields of
+`training.config.TrainConfig`. Relative paths are taken from the current
+directory if they exist there, else from the repository root.
 """
 import os
 from typing import List, Optional, Sequence
@@ -25,42 +13,33 @@ from typing import List, Optional, Sequence
 from absl import flags
 from absl import logging
 
+from specdec_jax.config import flag_utils
 from specdec_jax.terminal import console
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
-from specdec_jax.config import paths
-from specdec_jax.training import TrainConfig
-from specdec_jax.training import TrainResult
-from specdec_jax.training import train_and_evaluate
-from specdec_jax.training.trainer import METRICS_FILE
+from specdec_jax.files import io_utils
+from specdec_jax.training.checkpointing import METRICS_FILE
+from specdec_jax.training.config import TrainConfig
+from specdec_jax.training.trainer import TrainResult
 from specdec_jax.training.trainer import TrainingDiverged
+from specdec_jax.training.trainer import train_and_evaluate
 
 FLAGS = flags.FLAGS
 
 
 def train(**overrides) -> TrainResult:
-  """Trains (or resumes) one model: gin's ``train.*`` bindings, overridden.
-
-  Args:
-    **overrides: `TrainConfig` fields, winning over gin's bindings.
-
-  Raises:
-    ValueError: bad settings or input (data files, vocabulary, teacher,
-      a MODEL_DIR that cannot be a folder), before anything is trained or
-      written.
-  """
+  """Trains (or resumes) one model: gin's ``train.*`` bindings, with
+  `overrides` (`TrainConfig` fields) winning. ValueError for bad settings
+  or input, before anything is trained or written."""
   config = TrainConfig(**overrides)
   check_model_dir(config.model_dir)
   return train_and_evaluate(config)
 
 
 def check_model_dir(model_dir: str) -> None:
-  """MODEL_DIR (`train.model_dir`) is, or can become, a folder.
-
-  Checked before the vocabulary or the data are read: otherwise a file of
-  that name (or on its path) fails only when the first file is written
-  (after a vocabulary was trained), with an errno line naming neither the
-  macro nor what is allowed.
+  """MODEL_DIR (`train.model_dir`) is, or can become, a folder: checked
+  before anything is read (else a file there fails at the first write, with
+  an errno line naming neither the macro nor what is allowed).
 
   Raises:
     ConfigError: not a string, or the path (or a folder on it) exists and
@@ -68,11 +47,11 @@ def check_model_dir(model_dir: str) -> None:
   """
   allowed = "allowed: a directory, or a path where one can be created"
   if not isinstance(model_dir, str) or not model_dir:
-    raise gin_utils.ConfigError(f"MODEL_DIR={model_dir!r} (train.model_dir): "
-                                f"{allowed}.")
-  if paths.is_url(model_dir):
+    raise flag_utils.ConfigError(f"MODEL_DIR={model_dir!r} (train.model_dir): "
+                                 f"{allowed}.")
+  if io_utils.is_url(model_dir):
     return
-  resolved = os.path.abspath(paths.resolve_path(model_dir))
+  resolved = os.path.abspath(io_utils.resolve_path(model_dir))
   existing = resolved  # the path, or its deepest ancestor that exists
   while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
     existing = os.path.dirname(existing)
@@ -82,8 +61,8 @@ def check_model_dir(model_dir: str) -> None:
   what = (f"is {kind}"
           if existing == resolved else f"is inside {existing}, which is {kind}")
   shown = "" if resolved == model_dir else f", {resolved}"
-  raise gin_utils.ConfigError(f"MODEL_DIR={model_dir!r} (train.model_dir"
-                              f"{shown}) {what}; {allowed}.")
+  raise flag_utils.ConfigError(f"MODEL_DIR={model_dir!r} (train.model_dir"
+                               f"{shown}) {what}; {allowed}.")
 
 
 def define_flags() -> None:
@@ -94,13 +73,9 @@ def define_flags() -> None:
 def parse_gin(
     gin_files: Sequence[str], gin_bindings: Sequence[str],
     gin_search_paths: Sequence[str] = ()) -> List[str]:
-  """Parses gin files then bindings; returns the search paths used.
-
-  The search path is the current directory, `gin_search_paths`, then the
-  repository's gin/ folder (`gin_utils.parse_gin`); the config is not
-  finalized. A binding that does not parse, or a macro nothing reads
-  (`--gin.NUM_STEP=3`), is a ConfigError naming it.
-  """
+  """Parses gin files then bindings (not finalized); returns the search
+  paths used. A binding that does not parse, or a macro nothing reads, is a
+  ConfigError naming it."""
   gin_utils.parse_gin(gin_files, gin_bindings, gin_search_paths, finalize=False,
                       check_macros=True)
   return gin_reader.search_paths(gin_search_paths)
@@ -108,17 +83,17 @@ def parse_gin(
 
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
-    raise gin_utils.ConfigError(f"unexpected arguments: {argv[1:]}")
+    raise flag_utils.ConfigError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS.gin_file:
-    raise gin_utils.ConfigError("give at least one --gin_file, e.g. "
-                                "--gin_file=train/tiny_ci.gin.")
+    raise flag_utils.ConfigError("give at least one --gin_file, e.g. "
+                                 "--gin_file=train/tiny_ci.gin.")
   try:
     search_paths = parse_gin(FLAGS.gin_file, FLAGS.gin_bindings,
                              FLAGS.gin_search_paths)
   # gin's own message names the binding; gin reports a value it cannot
   # parse (`float('nan')`) as a SyntaxError.
   except (ValueError, SyntaxError) as e:
-    raise gin_utils.ConfigError(str(e)) from None
+    raise flag_utils.ConfigError(str(e)) from None
   result = train(gin_search_paths=search_paths)
   ev = result.metrics.get("eval", {})
   logging.info("Done: step %d, final loss %s, BLEU %s, metrics in %s",

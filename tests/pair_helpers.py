@@ -17,7 +17,7 @@ from specdec_jax.training import checkpointing
 from task_helpers import tiny_spm
 
 STEP = 5
-# 160 pieces padded to 256 rows (T5X's rule, `loading.padded_vocab_size`).
+# 160 pieces padded to 256 rows (T5X's rule, `loading.vocabulary_fits`).
 VOCAB_SIZE = 256
 CONFIGS = {
     "target": tiny_config(vocab_size=VOCAB_SIZE),

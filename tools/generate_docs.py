@@ -43,7 +43,7 @@ from specdec_jax.experiment import compile_report
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import predictions
 from specdec_jax.experiment import summary
-from specdec_jax.config.paths import REPO_DIR
+from specdec_jax.files.io_utils import REPO_DIR
 
 REPO = str(REPO_DIR)
 
@@ -307,7 +307,7 @@ tokens per target call and BLEU / ROUGE against the references.
 ## predictions.jsonl
 
 One row per example, for MODE `'walltime'` and `'infer'` alike, in the
-layout of T5X's `infer.py` (`write_inferences_to_file`, mode
+layout of T5X's `t5x/infer.py` (`write_inferences_to_file`, mode
 `'predict_with_aux'`), so that a T5X user's tools read it: `inputs`, the
 example's features as a seqio task names them (`inputs_pretokenized`, the
 input with the task's prefix; `targets_pretokenized`, the reference,

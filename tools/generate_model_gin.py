@@ -21,7 +21,7 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 from specdec_jax.files import io_utils
-from specdec_jax.config.paths import GIN_DIR
+from specdec_jax.files.io_utils import GIN_DIR
 
 MODELS = os.path.join(GIN_DIR, "models")
 _T5X_SIZES = [f"t5_1_1_{s}" for s in ("small", "base", "large", "xl", "xxl")]

@@ -19,14 +19,13 @@ import numpy as np
 from specdec_jax import checkpoints
 from specdec_jax.core import decoding
 from specdec_jax.config import gin_reader
-from specdec_jax.config import paths
 from specdec_jax.files import io_utils
 from specdec_jax.metrics import quality as metrics
 from specdec_jax.data import tasks
 from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.core.models import T5Model
 
-REPO = paths.GIN_DIR.parent
+REPO = io_utils.GIN_DIR.parent
 MODELS = {  # name -> (model dir, model gin file)
     "target": ("target", "models/multi30k_target.gin"),
     "1m": ("draft_1m", "models/multi30k_draft_1m.gin"),

@@ -1,23 +1,6 @@
-"""A manifest of SHA-256 digests beside a checkpoint: bit flips are caught.
-
-T5X's formats carry no checksums (zarr chunks and OCDBT data files are
-read as they are), so a flipped bit changes a weight silently. For the
-checkpoints this repository ships and exports (`tools/export_pretrained.py`)
-`write_manifest` records every file of the step folder, its size and its
-SHA-256, in `checkpoint_<N>/DIGESTS.json`; `load_t5x_params` calls
-`verify_manifest` when that file is there, before reading any array, and
-refuses a missing, resized, changed or unlisted file, naming it. Every
-entry must name a regular file inside the folder (`_check_entries`, before
-anything is read): a crafted manifest cannot make the loader read, and
-print the digest of, a file elsewhere or a device. Checkpoints without a
-manifest load as before, with a warning that they are unverified. The
-manifest may also record the SentencePiece model the checkpoint was
-trained with (`vocabulary_record`): a run refuses another one, even of the
-same size.
-
-The cost: every byte of the checkpoint is read once more and hashed
-(SHA-256, roughly 0.5-1 GB/s per core): milliseconds for the shipped 19 MB
-pair, about 1 s per GB otherwise. On gs:// the files are downloaded twice.
+"""`checkpoint_<N>/DIGESTS.json`: every file's size and SHA-256 (T5X's
+formats have no checksums), verified before any array is read, and the
+vocabulary the checkpoint was trained with (docs/usage/failures.md).
 """
 import hashlib
 import json
@@ -26,13 +9,11 @@ import stat
 from typing import Any, Dict, List, Optional
 
 from specdec_jax.files import io_utils
-from specdec_jax.config import paths
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import check_inside
 from specdec_jax.checkpoints.layout import join
 
 MANIFEST_FILE = "DIGESTS.json"
-# DIGESTS.json's record of the vocabulary the checkpoint was trained with.
 VOCABULARY_KEY = "vocabulary"
 
 
@@ -51,19 +32,13 @@ def digest(data: bytes) -> str:
 
 
 def write_manifest(folder: str, vocabulary_file: Optional[str] = None) -> str:
-  """Writes `folder`/DIGESTS.json for every file in it (a local folder);
-  returns its path.
-
-  Args:
-    folder: the checkpoint's step folder.
-    vocabulary_file: the SentencePiece model the checkpoint was trained
-      with: its size and digest are recorded too (`vocabulary_record`), so
-      a run can refuse another vocabulary of the same size.
-  """
-  files: Dict[str, Dict[str, object]] = {}
-  for rel in _local_files(folder):
-    data = io_utils.read_bytes(os.path.join(folder, rel), max_bytes=None)
-    files[rel] = {"bytes": len(data), "sha256": digest(data)}
+  """Writes `folder`/DIGESTS.json for every file in the (local) step
+  folder, and `vocabulary_file`'s record if given; returns its path."""
+  files = {
+      rel: _record(
+          io_utils.read_bytes(os.path.join(folder, rel),
+                              max_bytes=None)) for rel in _local_files(folder)
+  }
   manifest: Dict[str, Any] = {"algorithm": "sha256", "files": files}
   if vocabulary_file is not None:
     manifest[VOCABULARY_KEY] = file_record(vocabulary_file)
@@ -74,21 +49,16 @@ def write_manifest(folder: str, vocabulary_file: Optional[str] = None) -> str:
 
 def file_record(path: str) -> Dict[str, Any]:
   """{'file': its name, 'bytes': its size, 'sha256': its digest}."""
-  data = io_utils.read_bytes(path)
-  return {
-      "file": os.path.basename(path),
-      "bytes": len(data),
-      "sha256": digest(data)
-  }
+  return {"file": os.path.basename(path), **_record(io_utils.read_bytes(path))}
+
+
+def _record(data: bytes) -> Dict[str, Any]:
+  return {"bytes": len(data), "sha256": digest(data)}
 
 
 def _manifest_text(folder: str) -> Optional[str]:
-  """`folder`'s DIGESTS.json, or None when there is none.
-
-  Raises:
-    CheckpointError: something else is there (a FIFO, a link to /dev/zero,
-      a folder: `io_utils.read_text` refuses it), not read.
-  """
+  """`folder`'s DIGESTS.json, or None when there is none; CheckpointError
+  when it is not a regular file."""
   try:
     return io_utils.read_text(join(folder, MANIFEST_FILE))
   except (FileNotFoundError, NotADirectoryError):
@@ -100,12 +70,8 @@ def _manifest_text(folder: str) -> Optional[str]:
 
 
 def vocabulary_record(folder: str) -> Optional[Dict[str, Any]]:
-  """The vocabulary `folder`'s DIGESTS.json records (`write_manifest`);
-  None when it has no manifest, or one without a vocabulary.
-
-  Raises:
-    CheckpointError: its DIGESTS.json is not a regular file.
-  """
+  """The vocabulary `folder`'s DIGESTS.json records, or None;
+  CheckpointError when it is not a regular file."""
   text = _manifest_text(folder)
   if text is None:
     return None
@@ -117,15 +83,8 @@ def vocabulary_record(folder: str) -> Optional[Dict[str, Any]]:
 
 
 def _check_entries(folder: str, files: Dict[str, Any]) -> None:
-  """Refuses an entry that is not a regular file inside `folder`.
-
-  The names are read from a file, so a crafted one could point anywhere:
-  `../x` or `/etc/x` (the error would print its size and digest prefix),
-  `/dev/zero` (read without end). Locally the path is resolved, symlinks
-  included, and must stay under the folder's own resolved path; on gs://
-  (no symlinks or devices) the written path is checked.
-  """
-  root = None if paths.is_url(folder) else os.path.realpath(folder)
+  """Refuses an entry that is not a regular file inside `folder`."""
+  root = None if io_utils.is_url(folder) else os.path.realpath(folder)
   for rel, want in sorted(files.items()):
     where = f"Checkpoint {folder}: {MANIFEST_FILE} entry {rel!r}"
     if not isinstance(want, dict):
@@ -159,12 +118,8 @@ def _check_entries(folder: str, files: Dict[str, Any]) -> None:
 
 def verify_manifest(folder: str) -> bool:
   """Checks `folder` against its DIGESTS.json; False when it has none.
-
-  Raises:
-    CheckpointError: DIGESTS.json or an entry is not a regular file inside
-      the folder (before any entry is read), or the first file that is
-      missing, has another size or digest, or (locally) is not listed.
-  """
+  CheckpointError: a bad entry, or the first file missing, changed or
+  (locally) not listed."""
   text = _manifest_text(folder)
   if text is None:
     return False
@@ -177,7 +132,7 @@ def verify_manifest(folder: str) -> bool:
                           f"digest manifest this program writes ({e}).") from e
   _check_entries(folder, files)
   for rel, want in sorted(files.items()):
-    try:  # its size is compared with the record's
+    try:
       data = io_utils.read_bytes(join(folder, rel), max_bytes=None)
     except FileNotFoundError:
       raise CheckpointError(f"Checkpoint {folder}: {rel} is listed in "
@@ -189,7 +144,7 @@ def verify_manifest(folder: str) -> bool:
           f"{want.get('bytes')} bytes, {str(want.get('sha256'))[:16]}...): "
           "the file is corrupt or was changed; re-download or re-export "
           "the checkpoint.")
-  if not paths.is_url(folder):
+  if not io_utils.is_url(folder):
     extra = sorted(set(_local_files(folder)) - set(files))
     if extra:
       raise CheckpointError(

@@ -1,10 +1,6 @@
-"""A feature-level draft's checkpoint: parameters, head tokens and config.
-
-``checkpoint_<step>/`` is a T5X Orbax checkpoint (`checkpoints.save_params`)
-of the `FeatureDecoder` tree plus ``head_tokens`` [K] int32, with
-``feature_config.json`` (the `FeatureDrafterConfig`) beside it. Shipped
-exports (bfloat16, `python -m tools.export_feature_drafter`) keep head_tokens
-int32 and add DIGESTS.json, which loading verifies.
+"""A feature-level draft's checkpoint: a T5X Orbax checkpoint of the
+`FeatureDecoder` tree plus ``head_tokens`` [K] int32, with its
+`FeatureDrafterConfig` beside it as ``feature_config.json``.
 """
 import dataclasses
 import json
@@ -34,14 +30,8 @@ def config_fields(config: FeatureDrafterConfig) -> Dict[str, Any]:
 
 
 def read_config(ckpt: str) -> FeatureDrafterConfig:
-  """The `FeatureDrafterConfig` written beside a checkpoint (local or
-  gs://, as the weights).
-
-  Raises:
-    ValueError: no such file, or one that is not such a config (not JSON,
-      unknown fields, values out of range), naming the file: the config's
-      own message does not say where its values came from.
-  """
+  """The `FeatureDrafterConfig` written beside a checkpoint; ValueError
+  naming the file when it is missing or not such a config."""
   path = os.path.join(ckpt, FEATURE_CONFIG_FILE)
   if not io_utils.isfile(path):
     raise ValueError(f"{ckpt}: no {FEATURE_CONFIG_FILE}: not a feature-level "
@@ -73,12 +63,8 @@ def save(directory: str, step: int, params, head_tokens: np.ndarray,
 
 def load(ckpt: str,
          dtype=jnp.float32) -> Tuple[FeatureDrafterConfig, Dict, np.ndarray]:
-  """(config, {'params': ...} in `dtype`, head_tokens [K] int32).
-
-  Raises:
-    ValueError / CheckpointError: no config, a digest mismatch, or
-      parameters that do not match the config's shapes.
-  """
+  """(config, {'params': ...} in `dtype`, head_tokens [K] int32);
+  ValueError / CheckpointError as `read_config` / `load_t5x_params`."""
   config = read_config(ckpt)
   shapes = jax.eval_shape(
       lambda: init_feature_params(config, jax.random.PRNGKey(0)))["params"]

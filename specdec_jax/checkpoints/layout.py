@@ -1,9 +1,6 @@
-"""The names in a T5X step directory, and listing ``checkpoint_<N>``.
-
-A model directory holds ``checkpoint_<N>/`` step directories. A legacy one
-holds a msgpack file ``checkpoint``; an Orbax one a ``state/`` PyTree item
-with its ``_METADATA`` (or, written by old Orbax versions, a msgpack
-``state/checkpoint``). Paths are local or ``gs://`` URLs (`io_utils`).
+"""The names in a T5X step directory ``checkpoint_<N>/`` (legacy: a msgpack
+``checkpoint``; Orbax: ``state/_METADATA``, or old Orbax's msgpack
+``state/checkpoint``), and listing them; local or ``gs://``.
 """
 import os
 import posixpath
@@ -11,10 +8,8 @@ import re
 from typing import List, Optional, Tuple
 
 from specdec_jax.files import io_utils
-from specdec_jax.config import paths
 
-# The key T5X uses for the model parameters inside the train state.
-TARGET = "target"
+TARGET = "target"  # The model parameters inside T5X's train state.
 STATE_DIR = "state"  # Orbax PyTree item written by T5X's Orbax manager.
 MSGPACK_FILE = "checkpoint"  # Legacy T5X (flax msgpack) file.
 ORBAX_METADATA = "_METADATA"
@@ -28,15 +23,8 @@ class CheckpointError(ValueError):
 
 
 def check_inside(ckpt: str, name: str, rel: str) -> None:
-  """Refuses an array path that leaves the checkpoint folder.
-
-  Every layout names its arrays by paths relative to the checkpoint: T5X's
-  msgpack specs, old Orbax's `PLACEHOLDER://<name>` leaves, the keys of
-  Orbax's `_METADATA` (joined into a folder name). An absolute path or a
-  `..` that climbs out (a crafted file) could read any array on the
-  machine. Symlinks inside the folder are followed as the filesystem
-  does (only the written path is checked).
-  """
+  """Refuses an array path that is absolute or climbs out of the
+  checkpoint with `..` (a crafted file could read any array)."""
   norm = posixpath.normpath(rel.replace("\\", "/"))
   if (posixpath.isabs(norm) or norm == ".." or norm.startswith("../") or
       "://" in rel or re.match(r"^[A-Za-z]:", rel)):
@@ -48,7 +36,7 @@ def check_inside(ckpt: str, name: str, rel: str) -> None:
 
 def join(*parts: str) -> str:
   """`os.path.join`, or '/'-joined for a URL."""
-  if paths.is_url(parts[0]):
+  if io_utils.is_url(parts[0]):
     return posixpath.join(*parts)
   return os.path.join(*parts)
 
@@ -70,18 +58,8 @@ def is_checkpoint(ckpt: str) -> bool:
 
 
 def list_checkpoints(directory) -> List[Tuple[int, str]]:
-  """(N, path) of the complete ``checkpoint_<N>`` subdirectories, by N.
-
-  Args:
-    directory: a model directory (local or ``gs://``) holding T5X step
-      directories.
-
-  Returns:
-    ``(N, <directory>/checkpoint_<N>)`` for every N whose directory holds a
-    legacy ``checkpoint`` file or an Orbax ``state/`` checkpoint, sorted by
-    N (temporary ``*.orbax-checkpoint-tmp-*`` / ``*.tmp-*`` directories are
-    ignored); empty if `directory` does not exist.
-  """
+  """``(N, path)`` of the complete ``checkpoint_<N>`` folders in
+  `directory`, sorted by N; empty if it does not exist."""
   directory = os.fspath(directory)
   if not io_utils.isdir(directory):
     return []
@@ -94,23 +72,14 @@ def list_checkpoints(directory) -> List[Tuple[int, str]]:
 
 
 def latest_checkpoint(directory) -> Optional[str]:
-  """The complete ``checkpoint_<N>`` subdirectory with the largest N, or None.
-
-  See `list_checkpoints` for what counts as complete.
-  """
+  """The complete ``checkpoint_<N>`` with the largest N, or None."""
   found = list_checkpoints(directory)
   return found[-1][1] if found else None
 
 
 def checkpoint_path(folder) -> str:
-  """The step folder that `folder` stands for: itself when it is one (its
-  own layout files), else its latest ``checkpoint_<N>``, else `folder` (for
-  the loader to say what is wrong with it).
-
-  A model dir that `train` writes holds its own ``model_config.json``
-  beside its ``checkpoint_<N>`` folders: only layout files make a
-  checkpoint, so that folder stands for its latest step.
-  """
+  """`folder` if it holds layout files, else its latest
+  ``checkpoint_<N>``, else `folder` (for the loader to refuse)."""
   folder = os.fspath(folder)
   if is_checkpoint(folder):
     return folder

@@ -1,22 +1,7 @@
-"""The legacy layout (``t5x.checkpoints.Checkpointer``): a msgpack file.
-
-A flax msgpack file named ``checkpoint``, whose top level is ``{'version':
-3, 'optimizer': {'target': <params>, 'state': {'step': ...,
-'param_states': ...}}}`` (very old files lack the ``version``/``optimizer``
-wrapper). Each leaf is either a small array stored inline in the msgpack
-(flax msgpack extension type) or the JSON of a TensorStore spec such as
-``{'driver': 'zarr', 'dtype': 'float32', 'kvstore': {'driver': 'file',
-'path': 'target.encoder.layers_0.mlp.wo.kernel/'}, 'metadata': {'shape':
-[...], 'chunks': [...], 'compressor': ...}}`` whose path is *relative to the
-checkpoint directory* (the zarr folders sit next to the msgpack file).
-Specs written to GCS use ``{'driver': 'gcs', 'bucket': 't5x-dummy-bucket'}``
-(the bucket is replaced by the real one when read) and, with tensorstore <
-0.1.14, the relative path at the spec's top level instead of in
-``kvstore``. Whatever driver was recorded, the data is looked up next to
-the msgpack file (local ``file`` or ``gcs``), as T5X does.
-
-Old Orbax versions wrote the same kind of file as ``state/checkpoint``, with
-``PLACEHOLDER://<name>`` leaves for arrays stored in the Orbax way.
+"""The legacy layout (``t5x.checkpoints.Checkpointer``): a msgpack file
+``checkpoint`` whose ``target`` leaves are inline arrays or TensorStore
+specs of zarr folders, looked up beside it whatever driver was recorded
+(as T5X). Old Orbax wrote it as ``state/checkpoint`` (``PLACEHOLDER://``).
 """
 import json
 import os
@@ -34,10 +19,8 @@ from specdec_jax.checkpoints.layout import join
 from specdec_jax.checkpoints.reads import Source
 from specdec_jax.checkpoints.reads import as_dir
 from specdec_jax.checkpoints.reads import kvstore
-from specdec_jax.config import paths
 from specdec_jax.files import io_utils
 
-# Placeholder leaves of the msgpack tree of old (pre-_METADATA) Orbax versions.
 _ORBAX_PLACEHOLDER = "PLACEHOLDER://"
 
 
@@ -78,13 +61,10 @@ def legacy_spec(ckpt: str, base_dir: str, name: str,
         f"Checkpoint {ckpt}: unsupported kvstore driver {kv.get('driver')!r} "
         f"for parameter '{name}'.")
   check_inside(ckpt, name, rel)
-  # Like T5X, always resolve the path relative to the checkpoint directory,
-  # whichever driver was recorded at write time (local copies of GCS
-  # checkpoints and vice versa both work).
+  # Relative to the checkpoint, whatever driver was recorded (as T5X).
   spec["kvstore"] = kvstore(as_dir(join(base_dir, rel)))
-  # The zarr header on disk is authoritative; chunking/compression in the
-  # msgpack copy may differ from what is stored. Keep shape/dtype (TensorStore
-  # then verifies the header agrees with the msgpack).
+  # The zarr header on disk is authoritative; the shape kept here is
+  # checked against it by TensorStore.
   meta = {
       k: v for k, v in (spec.get("metadata") or {}).items() if k in ("shape",)
   }
@@ -123,17 +103,11 @@ def _read_state(ckpt: str, msgpack_path: str) -> Mapping[str, Any]:
 
 def msgpack_sources(ckpt: str, msgpack_path: str,
                     state_dir: Optional[str] = None) -> Dict[ParamPath, Source]:
-  """Sources of the `target` leaves listed in a T5X/flax msgpack file.
-
-  `state_dir` is set for old Orbax checkpoints (msgpack `state/checkpoint`
-  with `PLACEHOLDER://<name>` leaves instead of `_METADATA`).
-
-  Raises:
-    CheckpointError: the file is unreadable, not msgpack, holds no
-      `target`, or a leaf of a kind no layout writes.
-  """
+  """Sources of the `target` leaves listed in a T5X/flax msgpack file
+  (`state_dir`: an old Orbax ``state/checkpoint``). CheckpointError: the
+  file is unreadable, not msgpack, holds no `target`, or an unknown leaf."""
   state = _read_state(ckpt, msgpack_path)
-  base_dir = posixpath.dirname(msgpack_path) if paths.is_url(
+  base_dir = posixpath.dirname(msgpack_path) if io_utils.is_url(
       msgpack_path) else os.path.dirname(msgpack_path)
   sources = {}
   for path, leaf in _flatten_state(state[TARGET]).items():

@@ -1,14 +1,6 @@
-"""The Orbax layout (``t5x.checkpoints.OrbaxCheckpointManagerInterface``).
-
-An Orbax PyTree checkpoint in ``checkpoint_<N>/state/`` (plus ``dataset/``
-and ``_CHECKPOINT_METADATA``). ``state/_METADATA`` is JSON whose
-``tree_metadata`` maps every leaf, keyed by its key tuple such as
-``('target', 'encoder', 'layers_0', 'mlp', 'wo', 'kernel')`` or
-``('state', 'param_states', ..., 'v_row')``, to its value type; the arrays
-are zarr arrays named by the dot-joined key (``target.encoder.layers_0...``)
-inside one OCDBT key-value store rooted at ``state/`` (``use_ocdbt``), or in
-per-array folders ``state/<name>/`` without OCDBT; ``use_zarr3`` selects the
-zarr v3 format. Only the ``target`` leaves are listed.
+"""The Orbax layout: ``checkpoint_<N>/state/_METADATA`` maps every leaf's
+key tuple to its value type; arrays are zarr (v3 with ``use_zarr3``) named
+by the dot-joined key, in one OCDBT store or per-array folders.
 """
 import json
 from typing import Dict
@@ -29,12 +21,8 @@ _ARRAYS = ("jax.Array", "np.ndarray", "scalar")
 
 
 def orbax_sources(ckpt: str, state_dir: str) -> Dict[ParamPath, Source]:
-  """Sources of the `target` leaves of an Orbax PyTree checkpoint dir.
-
-  Raises:
-    CheckpointError: the metadata is unreadable or malformed, or a
-      parameter has a value type other than an array.
-  """
+  """Sources of the `target` leaves of an Orbax PyTree checkpoint dir;
+  CheckpointError: bad metadata, or a parameter that is not an array."""
   meta_path = join(state_dir, ORBAX_METADATA)
   try:
     meta = json.loads(io_utils.read_bytes(meta_path))
@@ -79,11 +67,8 @@ def uses_ocdbt(state_dir: str) -> bool:
 
 def array_source(state_dir: str, stored_name: str, name: str, driver: str,
                  use_ocdbt: bool, strict: bool) -> Source:
-  """The array stored as `stored_name` ('target.encoder...') in `state_dir`.
-
-  Raises:
-    CheckpointError: `stored_name` leaves `state_dir` (`check_inside`).
-  """
+  """The array stored as `stored_name` ('target.encoder...') in `state_dir`
+  (CheckpointError if it leaves it)."""
   check_inside(state_dir, name, stored_name)
   if use_ocdbt:
     kv = {

@@ -1,10 +1,6 @@
-"""Opening stored arrays (`Source`, `open_all`) and reading them into their
-shardings, shard by shard.
-
-Every distinct shard of a parameter is read from TensorStore once and only
-the shards this process's devices hold are read, so no device needs a full
-host copy. Reads of the next parameters overlap with transfers of the
-previous ones to devices, within a budget of host buffers in flight.
+"""Stored arrays opened (`Source`, `open_all`: metadata only) and read into
+their shardings: each distinct shard once, only this process's shards, the
+next reads overlapping the previous transfers within a host-memory budget.
 """
 import collections
 import os
@@ -17,21 +13,15 @@ import tensorstore as ts
 
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import ParamPath
-from specdec_jax.config import paths
+from specdec_jax.files import io_utils
 
 
-# -- source --------------------------------------------------------------------
-# One stored array: inline in a msgpack file, or a TensorStore spec.
-#
-# `kvstore` turns a local path or ``gs://`` URL into a TensorStore key-value
-# store spec; `open_all` opens every spec (metadata only) and records the
-# stored shape and dtype, before any array data is read.
 def kvstore(path: str) -> Dict[str, Any]:
   """A TensorStore kvstore spec for a local path or a gs:// URL."""
   m = re.fullmatch(r"gs://([^/]+)/?(.*)", path, re.DOTALL)
   if m is not None:
     return {"driver": "gcs", "bucket": m.group(1), "path": m.group(2)}
-  if paths.is_url(path):
+  if io_utils.is_url(path):
     raise CheckpointError(
         f"Unsupported checkpoint location {path!r}: only local paths and "
         "gs:// URLs can be read with TensorStore.")
@@ -43,12 +33,8 @@ def as_dir(path: str) -> str:
 
 
 class Source:
-  """One stored array: an inline numpy array or a TensorStore spec.
-
-  After `open_all`, `shape` and `dtype` hold the array's stored metadata
-  (read from the zarr header, not from the possibly stale msgpack copy) and
-  `store` the opened TensorStore.
-  """
+  """One stored array: an inline numpy array or a TensorStore spec; after
+  `open_all`, its stored `shape` and `dtype` (the zarr header's) and `store`."""
 
   def __init__(self, name: str, *, spec: Optional[Dict[str, Any]] = None,
                array: Optional[np.ndarray] = None, strict_missing: bool = True):
@@ -88,21 +74,15 @@ def ts_err(e: BaseException) -> str:
 
 def open_all(ckpt: str, sources: Mapping[ParamPath, Source],
              context: ts.Context) -> None:
-  """Opens every TensorStore (metadata only) and records shape/dtype.
-
-  Raises:
-    CheckpointError: an invalid spec, an array that cannot be opened, or
-      one stored as uint16 (old T5X bfloat16 encoding).
-  """
+  """Opens every TensorStore (metadata only) and records shape/dtype;
+  CheckpointError: a bad spec, an unopenable or a uint16 array."""
   futures = {}
   for path, src in sources.items():
     if src.spec is None:
       continue
     spec = dict(src.spec)
     if src.strict_missing:
-      # A missing chunk file is an error rather than silently reading the fill
-      # value (zeros). Valid for T5X/Orbax arrays: zarr v2 with fill_value null
-      # stores every chunk, and Orbax sets store_data_equal_to_fill_value.
+      # A missing chunk is an error, not zeros: T5X and Orbax store every one.
       spec["fill_missing_data_reads"] = False
     try:
       futures[path] = ts.open(spec, open=True, read=True, context=context)
@@ -207,21 +187,8 @@ def _finish(ckpt: str, pend: _Pending, dtype) -> jax.Array:
 def read_all(ckpt: str, sources: Mapping[ParamPath, Source],
              shard_flat: Mapping[ParamPath,
                                  Any], dtype) -> Dict[ParamPath, jax.Array]:
-  """Reads every opened array into its sharding (or the default device).
-
-  Args:
-    ckpt: the checkpoint, for messages.
-    sources: opened sources (`source.open_all`) by parameter path.
-    shard_flat: a `jax.sharding.Sharding` (or None) by parameter path.
-    dtype: numpy dtype to cast to on the host, or None (stored dtype).
-
-  Returns:
-    The arrays by parameter path.
-
-  Raises:
-    CheckpointError: an array's data cannot be read (missing, truncated or
-      corrupt file).
-  """
+  """Every source read into its sharding (None: default device), cast on
+  the host to `dtype` (None: as stored); CheckpointError if unreadable."""
   flat_out: Dict[ParamPath, jax.Array] = {}
   pending: collections.deque = collections.deque()
   in_flight = 0

@@ -1,10 +1,9 @@
 """`load_t5x_params`: a T5X checkpoint's parameters, checked, then read.
 
-The digests are verified, the layout is detected (`checkpoint_sources`)
-and every array opened, metadata only (`open_checkpoint`: what a model's
-config is checked against before its shapes are built, `check_model`);
-every parameter's name and stored shape is checked against the model's
-(`expected`) and its sharding, and only then is array data read (`reads`).
+Digests are verified, the layout detected and every array opened (metadata
+only); names, shapes and shardings are checked against the model before any
+array data is read (`reads`). Also a model from its folder alone
+(`model_config.json`: `check_model`, `load_model`) and `random_params`.
 """
 import dataclasses
 import json
@@ -34,24 +33,33 @@ from specdec_jax.checkpoints.layout import join
 from specdec_jax.checkpoints.reads import Source
 from specdec_jax.checkpoints.reads import open_all
 from specdec_jax.config import gin_reader
-from specdec_jax.config import paths
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import init_params
 from specdec_jax.core.models import param_shapes
 from specdec_jax.files import io_utils
 
 logger = logging.getLogger(__name__)
 
 
+def random_params(config: T5Config, rng: jax.Array, *, dtype=None,
+                  shardings: Any = None) -> Dict[str, Any]:
+  """Random parameters (T5X's initializers) in `load_t5x_params`' layout,
+  cast to `dtype` and placed in `shardings` inside one jitted program (an
+  XXL model is never whole in float32 on one device)."""
+
+  def init(key):
+    params = init_params(config, key)["params"]
+    if dtype is None:
+      return params
+    return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+
+  return jax.jit(init, out_shardings=shardings)(rng)
+
+
 def checkpoint_sources(ckpt: str) -> Tuple[str, Dict[ParamPath, Source]]:
-  """Detects the layout of `ckpt` and lists its parameters' sources.
-
-  Returns:
-    ('legacy' | 'orbax' | 'orbax-msgpack', {parameter path: Source}).
-
-  Raises:
-    CheckpointError: no such directory, or neither layout's files in it.
-  """
+  """('legacy' | 'orbax' | 'orbax-msgpack', {parameter path: Source}) of
+  `ckpt`; CheckpointError: no such directory, or neither layout in it."""
   if not io_utils.isdir(ckpt):
     if io_utils.isfile(ckpt) and posixpath.basename(
         ckpt.rstrip("/")) == MSGPACK_FILE:
@@ -83,14 +91,7 @@ def checkpoint_sources(ckpt: str) -> Tuple[str, Dict[ParamPath, Source]]:
 
 @dataclasses.dataclass(frozen=True)
 class OpenedCheckpoint:
-  """A checkpoint whose digests were verified and whose arrays were opened
-  (metadata only: every stored shape known, no array data read).
-
-  Attributes:
-    ckpt: the step folder (absolute, or a URL).
-    sources: each parameter's opened `Source`, by parameter path.
-    context: the TensorStore context the arrays were opened in.
-  """
+  """A checkpoint, digests verified and arrays opened (metadata only)."""
   ckpt: str
   sources: Mapping[ParamPath, Source]
   context: Any
@@ -103,17 +104,10 @@ class OpenedCheckpoint:
 
 def open_checkpoint(path) -> OpenedCheckpoint:
   """Verifies `path`'s DIGESTS.json (when it has one) and opens its arrays'
-  metadata; reads no array data. What a caller checks a model's config
-  against before building any shape (`check_model`).
-
-  Raises:
-    CheckpointError: as `load_t5x_params`, for everything but the checks
-      against `expected`.
-  """
+  metadata; reads no array data. CheckpointError as `load_t5x_params`."""
   ckpt = os.fspath(path)
-  if not paths.is_url(ckpt):
+  if not io_utils.is_url(ckpt):
     ckpt = os.path.abspath(ckpt)
-  # DIGESTS.json, when exported with one; without, nothing is verified.
   if io_utils.isdir(ckpt) and not digests.verify_manifest(ckpt):
     logger.warning(
         "Checkpoint %s has no %s: loaded unverified (a changed or corrupt "
@@ -139,59 +133,32 @@ def load_t5x_params(path, *, expected=None, dtype=None,
   """Loads the model parameters of a T5X checkpoint (either layout).
 
   Args:
-    path: a T5X step directory ``.../checkpoint_<N>`` (local path or
-      ``gs://bucket/...``), in the legacy layout (msgpack ``checkpoint`` file
-      plus zarr folders) or the Orbax layout (``state/`` PyTree checkpoint).
-      The legacy msgpack file itself may also be given. Or the
-      `OpenedCheckpoint` of one (`open_checkpoint`: verified and opened
-      already).
-    expected: optional nested dict with the same structure as the result whose
-      leaves have a ``.shape`` (e.g. ``jax.ShapeDtypeStruct`` from
-      ``jax.eval_shape(model.init, ...)``; a ``{'params': ...}`` wrapper and
-      flax ``nn.Partitioned`` boxes are accepted). Every expected parameter
-      must exist with exactly that shape and the checkpoint may hold no other
-      parameters; dtypes are not compared. All of this is checked from
-      metadata before any array data is read.
-    dtype: if given (e.g. ``jnp.bfloat16``), every array is cast to it on the
-      host while restoring; otherwise arrays keep their stored dtype (T5X
-      stores float32).
-    shardings: optional nested dict (same structure) of
-      ``jax.sharding.Sharding`` (``None`` leaves: default device), or one
-      ``Sharding`` for all parameters. Each array is restored directly into
-      its sharding: every distinct shard is read from TensorStore once and
-      only the addressable shards are read, so no device needs a full host
-      copy. Without it, arrays are placed on the default device.
+    path: a step directory (local or ``gs://``), the legacy msgpack file
+      itself, or an `OpenedCheckpoint`.
+    expected: optional tree of leaves with a ``.shape`` (a ``{'params':
+      ...}`` wrapper and ``nn.Partitioned`` boxes are accepted): exactly
+      these parameters at these shapes, checked from metadata.
+    dtype: cast to on the host while restoring (None: as stored).
+    shardings: a tree of ``Sharding`` (``None`` leaves: default device),
+      or one for all; each array is read shard by shard into it.
 
   Returns:
-    The ``target`` subtree of the checkpoint (without the ``target`` key) as a
-    nested dict of ``jax.Array`` in T5X's parameter layout, e.g.
-    ``params['encoder']['layers_0']['attention']['query']['kernel']``
-    (``[emb, heads * head_dim]``), ``params['encoder']['layers_0']['mlp']
-    ['wi_0']['kernel']`` (``[emb, mlp]``), ``params['decoder']
-    ['logits_dense']['kernel']`` (``[emb, vocab]``),
-    ``params['token_embedder']['embedding']`` (``[vocab, emb]``),
-    ``params['encoder']['relpos_bias']['rel_embedding']``
-    (``[heads, num_buckets]``). Use it as ``{'params': tree}`` for flax.
-    Optimizer state is never read.
+    The ``target`` subtree as a nested dict of ``jax.Array`` in T5X's
+    layout (kernels 2-D, e.g. attention query ``[emb, heads * head_dim]``).
 
   Raises:
-    CheckpointError: a file differs from the checkpoint's DIGESTS.json
-      (`digests`; checked first, when there is one), the directory or its
-      ``checkpoint`` / Orbax metadata is missing, an array cannot be opened
-      or read (missing, truncated or corrupt file), or the parameters do not
-      match ``expected``. The message names the checkpoint and the
-      slash-joined parameter path.
+    CheckpointError: a digest mismatch, a missing directory or metadata, an
+      array that cannot be opened or read, or parameters that do not match
+      ``expected``; naming the checkpoint and the parameter path.
   """
   start = time.perf_counter()
   opened = path if isinstance(path, OpenedCheckpoint) else open_checkpoint(path)
   ckpt, sources = opened.ckpt, opened.sources
   dtype = None if dtype is None else np.dtype(dtype)
-  # Every check reads metadata only; array data is read last.
   exp_flat = _expected_shapes(ckpt, sources, expected)
   shard_flat = _shardings_by_param(ckpt, sources, shardings)
   _check_opened(ckpt, sources, exp_flat, shard_flat)
   flat = reads.read_all(ckpt, sources, shard_flat, dtype)
-  # One progress line per read (issue 44): what, how much, how long.
   logger.info("Read checkpoint %s: %d arrays, %.1f MB, in %.1f s", ckpt,
               len(flat),
               sum(getattr(a, "nbytes", 0) for a in flat.values()) / 1e6,
@@ -201,12 +168,8 @@ def load_t5x_params(path, *, expected=None, dtype=None,
 
 def _expected_shapes(ckpt: str, sources: Mapping[ParamPath, Source],
                      expected: Any) -> Optional[Dict[ParamPath, Any]]:
-  """`expected` flattened, after checking that it names the same parameters.
-
-  Raises:
-    CheckpointError: parameters missing from the checkpoint, or in it but
-      not expected.
-  """
+  """`expected` flattened; CheckpointError when it names other parameters
+  than the checkpoint holds."""
   if expected is None:
     return None
   expected = _maybe_unwrap_params(expected, sources)
@@ -216,11 +179,10 @@ def _expected_shapes(ckpt: str, sources: Mapping[ParamPath, Source],
       p for p, v in exp_flat.items() if v is not None and p not in sources
   ]
   extra = [p for p in sources if p not in exp_flat]
-  problems = []
-  if missing:
-    problems.append(
-        f"{len(missing)} expected parameter(s) missing from the checkpoint: " +
-        _fmt_paths(missing))
+  problems = [
+      f"{len(missing)} expected parameter(s) missing from the checkpoint: " +
+      _fmt_paths(missing)
+  ] if missing else []
   if extra:
     problems.append(
         f"{len(extra)} parameter(s) in the checkpoint that the model does "
@@ -232,11 +194,8 @@ def _expected_shapes(ckpt: str, sources: Mapping[ParamPath, Source],
 
 def _shardings_by_param(ckpt: str, sources: Mapping[ParamPath, Source],
                         shardings: Any) -> Dict[ParamPath, Any]:
-  """One sharding (or None) per parameter, from one Sharding or a tree.
-
-  Raises:
-    CheckpointError: shardings given for parameters not in the checkpoint.
-  """
+  """One sharding (or None) per parameter, from one Sharding or a tree;
+  CheckpointError for shardings of parameters not in the checkpoint."""
   if shardings is None:
     return {}
   if isinstance(shardings, jax.sharding.Sharding):
@@ -257,12 +216,8 @@ def _shardings_by_param(ckpt: str, sources: Mapping[ParamPath, Source],
 def _check_opened(ckpt: str, sources: Mapping[ParamPath, Source],
                   exp_flat: Optional[Mapping[ParamPath, Any]],
                   shard_flat: Mapping[ParamPath, Any]) -> None:
-  """Every opened array's shape against `expected` and its sharding.
-
-  Raises:
-    CheckpointError: a shape differs from the expected one, or a sharding
-      does not fit its array.
-  """
+  """CheckpointError when an opened array's shape is not the expected one
+  or its sharding does not fit it."""
   for p in sorted(sources):
     src = sources[p]
     if exp_flat is not None and exp_flat.get(p) is not None:
@@ -322,25 +277,13 @@ def _fmt_paths(paths: Iterable[ParamPath], limit: int = 10) -> str:
 
 
 # -- model folder --------------------------------------------------------------
-# A model from its checkpoint folder alone: `model_config.json` and the
-# parameters, with the wrapping `T5Model` expects.
-#
-# Every checkpoint `train` and the export scripts write holds the model's
-# `T5Config` as `model_config.json` beside the arrays; this reads it, then
-# the parameters at that config's shapes and dtype (`load_t5x_params`), so
-# no gin file has to repeat the model's sizes. No gin configuration, no seqio.
-#
-# Everything that can refuse a model is checked before its shapes are
-# built or an array is read (`check_model`): the folder and its config
-# (each bad field named with the file), the checkpoint's digests (a copied
-# folder with an edited config is a digest mismatch), the config against
-# the shapes the checkpoint stores and the parameters against this
-# machine's memory (`sizes`): a config edited to 10^7 layers is refused in
-# a second, not after a minute and gigabytes.
+# `train` and the export scripts write the model's `T5Config` beside the
+# arrays as `model_config.json`: a model loads from its folder alone. All
+# that can refuse it (folder, config fields, digests, stored shapes, memory)
+# is checked before a shape is built or an array read (`check_model`).
 MODEL_CONFIG_FILE = "model_config.json"
 FOLDER_EXAMPLE = "pretrained/multi30k/target_38m"
-# `T5Config.mlp_activations`' names: 'linear', or a flax.linen activation
-# applied elementwise (`layers.MlpBlock`).
+# 'linear', or a flax.linen activation (`layers.MlpBlock`).
 ACTIVATIONS = ("linear", "celu", "elu", "gelu", "hard_sigmoid", "hard_silu",
                "hard_swish", "hard_tanh", "leaky_relu", "log_sigmoid", "relu",
                "relu6", "selu", "sigmoid", "silu", "soft_sign", "softplus",
@@ -348,11 +291,10 @@ ACTIVATIONS = ("linear", "celu", "elu", "gelu", "hard_sigmoid", "hard_silu",
 
 
 def check_folder(folder: str, what: str = "folder") -> str:
-  """`folder` (a path relative to here or to the repository, as the
-  commands resolve it: `paths.resolve_path`), resolved; CheckpointError
-  naming `what` and the resolved path when it is missing or a file."""
-  resolved = paths.resolve_path(os.fspath(folder))
-  if paths.is_url(resolved) or io_utils.isdir(resolved):
+  """`folder` resolved (`io_utils.resolve_path`); CheckpointError naming
+  `what` and the resolved path when it is missing or a file."""
+  resolved = io_utils.resolve_path(os.fspath(folder))
+  if io_utils.is_url(resolved) or io_utils.isdir(resolved):
     return resolved
   problem = ("is a file, not a folder"
              if os.path.lexists(resolved) else "does not exist")
@@ -375,16 +317,14 @@ def _check_activations(value: Any, where: str) -> None:
 
 
 def model_config(folder: str, what: str = "folder") -> T5Config:
-  """The `T5Config` a checkpoint folder records (`folder` as `check_folder`
-  takes it); CheckpointError naming the file (and the field) when it is
-  missing or not a config."""
+  """The `T5Config` a checkpoint folder records; CheckpointError naming the
+  file (and the field) when it is missing or not a config."""
   return _read_config(
       os.path.join(checkpoint_path(check_folder(folder, what)),
                    MODEL_CONFIG_FILE))
 
 
 def _read_config(path: str) -> T5Config:
-  """`model_config`'s reading of the file at `path`."""
   try:
     fields = json.loads(io_utils.read_text(path))
   except FileNotFoundError:
@@ -408,24 +348,17 @@ def _read_config(path: str) -> T5Config:
 
 @dataclasses.dataclass(frozen=True)
 class CheckedModel:
-  """A model folder checked (`check_model`), nothing built or read yet.
-
-  Attributes:
-    config: its `model_config.json`.
-    checkpoint: its step folder, digests verified, arrays opened (metadata).
-  """
+  """A model folder checked (`check_model`), nothing built or read yet."""
   config: T5Config
   checkpoint: OpenedCheckpoint
 
   @property
   def path(self) -> str:
-    """The step folder."""
     return self.checkpoint.ckpt
 
   def load(self, prepared: bool = True) -> T5Model:
-    """Its parameters in its config's dtype, wrapped as `T5Model` expects
-    ({'params': ...}); `prepared`: packed for the CPU kernel where decoding
-    uses it (`T5Model.prepared_for_decoding`)."""
+    """Its parameters in its config's dtype as a `T5Model`; `prepared`:
+    packed for decoding (`T5Model.prepared_for_decoding`)."""
     params = load_t5x_params(self.checkpoint,
                              expected=param_shapes(self.config)["params"],
                              dtype=self.config.dtype)
@@ -435,8 +368,7 @@ class CheckedModel:
 
 def check_checkpoint(path: str, config: T5Config, fields: str,
                      available: Optional[int] = None) -> OpenedCheckpoint:
-  """`path`'s digests verified and its arrays opened (metadata only), then
-  `config` against their stored shapes and the parameters against
+  """`open_checkpoint(path)`, then `config` against its stored shapes and
   `available` bytes (`sizes`); nothing is built or read."""
   opened = open_checkpoint(path)
   sizes.check_against_checkpoint(config, opened.shapes, fields, opened.ckpt)
@@ -446,8 +378,7 @@ def check_checkpoint(path: str, config: T5Config, fields: str,
 
 def check_model(folder: str, what: str = "folder") -> CheckedModel:
   """The model in `folder` (a checkpoint, or a folder of them: the latest),
-  checked as the module docstring says; `what` names the folder in
-  messages (an argument's name)."""
+  checked; `what` names the folder in messages."""
   path = checkpoint_path(check_folder(folder, what))
   config_file = os.path.join(path, MODEL_CONFIG_FILE)
   config = _read_config(config_file)
@@ -456,8 +387,5 @@ def check_model(folder: str, what: str = "folder") -> CheckedModel:
 
 
 def load_model(folder: str, prepared: bool = True) -> T5Model:
-  """The model in `folder` (a checkpoint, or a folder of them: the latest),
-  checked (`check_model`), its parameters in its config's dtype, wrapped as
-  `T5Model` expects ({'params': ...}); `prepared`: packed for the CPU
-  kernel where decoding uses it (`T5Model.prepared_for_decoding`)."""
+  """`check_model(folder).load(prepared)`."""
   return check_model(folder).load(prepared)

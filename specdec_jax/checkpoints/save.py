@@ -1,7 +1,7 @@
 """`save_params`: parameters written as a T5X Orbax checkpoint, atomically.
 
-Local paths are written through `os`; ``gs://`` through etils.epath
-(tf.io.gfile / gcsfs), imported only when needed, as Orbax itself does.
+``gs://`` folders are renamed and removed through etils.epath, imported only
+when needed, as Orbax itself does.
 """
 import json
 import os
@@ -13,7 +13,6 @@ import jax
 import numpy as np
 
 from specdec_jax.files import io_utils
-from specdec_jax.config import paths
 from specdec_jax.checkpoints.layout import CheckpointError
 from specdec_jax.checkpoints.layout import STATE_DIR
 from specdec_jax.checkpoints.layout import TARGET
@@ -28,24 +27,9 @@ def _epath(path: str):
   return epath.Path(path)
 
 
-def _write_text(path: str, text: str) -> None:
-  if paths.is_url(path):
-    _epath(path).write_text(text)
-  else:
-    with open(path, "w") as f:
-      f.write(text)
-
-
-def _makedirs(path: str) -> None:
-  if paths.is_url(path):
-    _epath(path).mkdir(parents=True, exist_ok=True)
-  else:
-    os.makedirs(path, exist_ok=True)
-
-
 def _rmtree(path: str) -> None:
   try:
-    if paths.is_url(path):
+    if io_utils.is_url(path):
       p = _epath(path)
       if p.exists():
         p.rmtree()
@@ -56,7 +40,7 @@ def _rmtree(path: str) -> None:
 
 
 def _rename(src: str, dst: str) -> None:
-  if paths.is_url(src):
+  if io_utils.is_url(src):
     # Not atomic on GCS (copy + delete); see `save_params`.
     _epath(src).rename(dst)
   else:
@@ -78,14 +62,14 @@ def _write_checkpoint(tmp: str, tree: Mapping[str, Any]) -> None:
   """`tree` as ``{'target': tree}`` in ``tmp/state/`` and T5X's side files."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   init_ns = time.time_ns()
-  _makedirs(tmp)
+  io_utils.makedirs(tmp)
   checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=True))
   try:
     checkpointer.save(join(tmp, STATE_DIR),
                       args=ocp.args.PyTreeSave({TARGET: tree}))
   finally:
     checkpointer.close()
-  _write_text(
+  io_utils.atomic_write(
       join(tmp, "_CHECKPOINT_METADATA"),
       json.dumps({
           "item_handlers": {
@@ -99,8 +83,8 @@ def _write_checkpoint(tmp: str, tree: Mapping[str, Any]) -> None:
               "writer": "specdec_jax.checkpoints.save_params"
           },
       }))
-  _write_text(join(tmp, "commit_success.txt"),
-              "Checkpoint commit was successful.")
+  io_utils.atomic_write(join(tmp, "commit_success.txt"),
+                        "Checkpoint commit was successful.")
 
 
 def _check_t5x_kernels(tree: dict, path: str = "") -> None:
@@ -118,38 +102,19 @@ def _check_t5x_kernels(tree: dict, path: str = "") -> None:
 
 
 def save_params(params, directory, *, step: int = 0) -> str:
-  """Writes `params` as a T5X-compatible Orbax checkpoint.
-
-  The result is ``<directory>/checkpoint_<step>/`` in the layout of T5X's
-  Orbax checkpoint manager: an Orbax PyTree checkpoint (OCDBT, zarr) in
-  ``state/`` holding ``{'target': params}`` (no optimizer state), plus
-  ``_CHECKPOINT_METADATA`` and ``commit_success.txt``. `load_t5x_params`
-  reads it back bit-identically (same dtypes, values and tree).
-
-  The checkpoint is first written completely under a temporary name
-  (``checkpoint_<step>.orbax-checkpoint-tmp-<ns>``, which neither
-  `latest_checkpoint` nor T5X/Orbax treat as a checkpoint) and then renamed,
-  which is atomic on local file systems: a crash leaves either no
-  ``checkpoint_<step>`` or a complete one. (On GCS a rename is a copy, so a
-  crash during it can leave a partial directory, as with T5X/Orbax there.)
-  Single-process only.
-
-  Args:
-    params: nested dict of arrays (``jax.Array``, possibly sharded, or numpy)
-      in T5X's layout, as returned by `load_t5x_params`; a flax
-      ``{'params': ...}`` wrapper is removed.
-    directory: the model directory (local or ``gs://``); created if needed.
-    step: training step, used in the directory name.
-
-  Returns:
-    The path of the written ``checkpoint_<step>`` directory.
+  """Writes `params` (T5X's layout; a ``{'params': ...}`` wrapper is
+  removed) as ``<directory>/checkpoint_<step>/`` in T5X's Orbax layout
+  (``state/`` holding ``{'target': params}``, ``_CHECKPOINT_METADATA``,
+  ``commit_success.txt``) and returns its path; `load_t5x_params` reads it
+  back bit-identically. Written under a temporary name, then renamed
+  (atomic locally; a copy on GCS, as with T5X). Single-process only.
 
   Raises:
     CheckpointError: ``checkpoint_<step>`` already exists.
     ValueError: a `kernel` that is not 2-D (the CPU kernel's packed panels).
   """
   directory = os.fspath(directory)
-  if not paths.is_url(directory):
+  if not io_utils.is_url(directory):
     directory = os.path.abspath(directory)
   step = int(step)
   if step < 0:
@@ -164,7 +129,7 @@ def save_params(params, directory, *, step: int = 0) -> str:
   final = join(directory, f"checkpoint_{step}")
   if io_utils.isdir(final) or io_utils.isfile(final):
     raise CheckpointError(f"Checkpoint {final} already exists.")
-  _makedirs(directory)
+  io_utils.makedirs(directory)
   tmp = join(directory,
              f"checkpoint_{step}.orbax-checkpoint-tmp-{time.time_ns()}")
   try:

@@ -1,17 +1,8 @@
-"""A model's sizes against its checkpoint and this machine, before any
-shape is built.
-
-Building a model's parameter shapes (`param_shapes` traces every layer)
-and reading or initializing its arrays cost time and memory in proportion
-to the config: a `model_config.json` edited to num_decoder_layers = 10^7
-ran a minute to a bare MemoryError, emb_dim = 10^6 asked for 4 TB. So
-first, from numbers alone: `check_against_checkpoint` compares the config
-with the shapes the checkpoint stores (its metadata, `open_checkpoint`)
-and names the first field that differs; `check_fits_memory` refuses
-parameters larger than this machine's memory, with both numbers. Both
-raise `CheckpointError` naming where the config came from (`fields`: the
-prefix of a field's name in messages, 'target/T5Config.' for gin's or
-'<folder>/model_config.json: ' for a checkpoint's own).
+"""A model's sizes against its checkpoint and this machine, from numbers
+alone, before any shape is built (a config edited to 10^7 layers once ran a
+minute to a MemoryError). Both checks raise `CheckpointError` prefixed by
+`fields` (where the config came from: 'target/T5Config.' or
+'<folder>/model_config.json: ').
 """
 import os
 import re
@@ -51,8 +42,7 @@ def parameter_bytes(config: T5Config) -> int:
 def check_fits_memory(config: T5Config, fields: str,
                       available: Optional[int] = None) -> None:
   """Refuses parameters larger than `available` bytes (default: this
-  machine's, `available_bytes`): they could never be loaded, and trying
-  ends in a MemoryError or an allocator's abort minutes later."""
+  machine's): loading them would fail minutes later."""
   available = available_bytes() if available is None else available
   need = parameter_bytes(config)
   if need <= available:
@@ -78,8 +68,8 @@ def _layers(shapes: Shapes, stack: str) -> int:
 
 
 def _stored_sizes(shapes: Shapes) -> Dict[str, Tuple[int, str]]:
-  """Field -> (its value, the arrays that show it), for what the
-  checkpoint's shapes show (fields no array shows are left out)."""
+  """Field -> (its value, the arrays that show it), for the fields the
+  checkpoint's shapes show."""
   out: Dict[str, Tuple[int, str]] = {}
 
   def take(field, path, axis):
@@ -117,10 +107,8 @@ def _stored_sizes(shapes: Shapes) -> Dict[str, Tuple[int, str]]:
 
 def check_against_checkpoint(config: T5Config, shapes: Shapes, fields: str,
                              ckpt: str) -> None:
-  """Refuses a config whose sizes are not the arrays' `ckpt` stores
-  (`shapes`, from its metadata), naming the first field that differs and
-  the array that shows it. What the shapes do not show is left to the full
-  check against the built shapes (`load_t5x_params`'s `expected`)."""
+  """Refuses a config whose sizes are not the stored `shapes` of `ckpt`,
+  naming the first field that differs and the array that shows it."""
   want = {
       "vocab_size": config.vocab_size,
       "emb_dim": config.emb_dim,

@@ -1,11 +1,7 @@
-"""absl flags for entry points that parse into a FlagValues of their own.
-
-`run`, `sweep` and `train` define their flags on absl's global FLAGS and run
-under `absl.app` (`gin_utils`). The report instead parses into a new
-`flags.FlagValues` on every call and returns its exit status, so that its
-`main` can run many times in one process (tests) and next to other entry
-points' flags (the tools parse with argparse). Either way a bad value is a
-`ConfigError`: the entry point prints its message as one line and exits 2.
+"""absl flags for entry points that parse into a FlagValues of their own
+(`report`, many times in one process), and `ConfigError`, the bad value a
+user typed: entry points print its message as one line and exit 2. Imports
+neither gin nor seqio (the device check's tools use it on the GPU image).
 """
 from typing import List, Sequence
 
@@ -13,14 +9,11 @@ from absl import flags
 
 
 class ConfigError(ValueError):
-  """A bad value the user typed (a flag, a gin macro or binding).
-
-  Entry points print its message as one line (no traceback) and exit 2.
-  """
+  """A bad value the user typed (a flag, a gin macro or binding)."""
 
 
 def new_flag_values() -> flags.FlagValues:
-  """An empty FlagValues with --help/-h (see the module docstring)."""
+  """An empty FlagValues with --help/-h."""
   fv = flags.FlagValues()
   flags.DEFINE_boolean("help", False, "show this help and exit", short_name="h",
                        flag_values=fv)
@@ -29,15 +22,8 @@ def new_flag_values() -> flags.FlagValues:
 
 def parse_flag_values(fv: flags.FlagValues, program: str,
                       argv: Sequence[str]) -> List[str]:
-  """Parses argv (without the program name) into `fv`.
-
-  Returns:
-    The positional arguments.
-
-  Raises:
-    ConfigError: an unknown flag or a value absl cannot parse (absl's
-      message names the flag and the value).
-  """
+  """Parses argv (without the program name) into `fv`; returns the
+  positional arguments. Raises ConfigError (naming the flag and value)."""
   try:
     return fv([program, *argv])[1:]
   except flags.Error as e:

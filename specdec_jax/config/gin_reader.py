@@ -1,57 +1,31 @@
-"""Gin files read without gin's global configuration.
+"""Gin files read without gin's global configuration, by gin's own parser.
 
-What gin does, and what it cannot (gin-config 0.5). Experiments are parsed
-by gin itself (`gin_utils.parse_gin`), and every file or binding read here
-is parsed by gin's own parser (`gin.config_parser.ConfigParser`: statements,
-values, includes, scopes, block form, module-qualified selectors). Written
-here, on the parser's statements, is only what gin has no public API for:
-
-* A second configuration. gin keeps one process-global configuration (the
-  module globals of `gin.config`) and has no public way to parse into
-  another one, or to save and restore it (`gin.clear_config` also drops the
-  operative config). A file read beside a live configuration (a
-  distillation teacher's model file next to the student's training config;
-  a target and a draft file that both bind unscoped ``T5Config``) has its
-  includes expanded (`gin_statements`), each macro taken at its last
-  definition (`_resolve`) and scopes inherited (`read_t5_config`) as gin's
-  `get_bindings` does. `t5_config_fields` / `t5_config_from_fields` turn a
-  T5Config into JSON-ready fields and back.
-* Files written for T5X. gin resolves selectors through its registry: a
-  file with ``from __gin__ import dynamic_registration`` fails (NameError
-  "'T5Config' was not provided by an import statement", also with
-  ``skip_unknown=True``), and ``network.T5Config.x = ...`` is an error, or
-  with ``skip_unknown=True`` silently dropped, unless t5x's ``network``
-  module is importable. The parser alone reads both.
-* Messages naming the file. gin reports a macro cycle as a RecursionError
-  and an undefined macro as "TypeError: macro() missing 1 required
-  positional argument"; here both name the file and line.
-* Listing before parsing. gin cannot list the macros files define or use,
-  or the scopes a file binds a configurable under (`gin_file_macros`,
-  `t5_config_scopes`), so that ``--gin.GAMA=3`` fails before anything is
-  parsed into gin (`gin_utils`).
+Only what gin has no public API for is written here: a second
+configuration (a file read beside a live one, e.g. a distillation teacher's
+model file: includes, last macro definitions and scopes resolved as gin's
+`get_bindings` does, `read_t5_config`); files written for T5X
+(``network.T5Config.x``), which gin cannot parse without t5x; messages
+naming the file and line; and listing macros and scopes before gin parses
+(`gin_file_macros`, `t5_config_scopes`), so that ``--gin.GAMA=3`` fails first.
 """
 import dataclasses
 import difflib
 import os
-import stat
 import tokenize
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import jax.numpy as jnp
 
-from specdec_jax.config.paths import GIN_DIR
+from specdec_jax.files import io_utils
 from specdec_jax.core.models.config import T5Config
 
 
 def search_paths(extra: Sequence[str] = ()) -> List[str]:
   """Where gin files are looked up: the current directory, `extra`, then
   the repository's gin/ folder."""
-  return [os.getcwd(), *extra, str(GIN_DIR)]
+  return [os.getcwd(), *extra, str(io_utils.GIN_DIR)]
 
 
-# ---------------------------------------------------------------------------
-# Macro names: a typo in `--gin.NAME=VALUE` must not pass silently.
-# ---------------------------------------------------------------------------
 def macro_references(value: Any) -> Set[str]:
   """Names of the `%MACRO`s inside a parsed value."""
   if isinstance(value, _Macro):
@@ -66,10 +40,7 @@ def macro_references(value: Any) -> Set[str]:
 
 def gin_file_macros(gin_files: Sequence[str],
                     search_paths_: Optional[Sequence[str]] = None) -> Set[str]:
-  """The macros that gin files (and their includes) define or use (`%NAME`).
-
-  Read without gin's global configuration.
-  """
+  """The macros that gin files (and their includes) define or use."""
   paths = search_paths_or_default(search_paths_)
   names: Set[str] = set()
   for path in gin_files:
@@ -90,9 +61,6 @@ def closest_names(name: str, known: Sequence[str], n: int = 3) -> List[str]:
   ]
 
 
-# ---------------------------------------------------------------------------
-# A model gin file's T5Config, read without gin's global configuration.
-# ---------------------------------------------------------------------------
 _MAX_INCLUDE_DEPTH = 20
 
 
@@ -110,9 +78,8 @@ class _Reference:
 
 
 def _gin_parser():
-  """gin's parser, imported where a gin file is read, not with this module:
-  `t5_config_from_fields` builds a T5Config from a checkpoint's
-  model_config.json without gin (the device check's GPU image has none)."""
+  """gin's parser, imported only where a gin file is read (the device
+  check's GPU image has no gin, and reads model_config.json here)."""
   from gin import config_parser  # pylint: disable=g-import-not-at-top
   return config_parser
 
@@ -162,16 +129,7 @@ def not_a_gin_file(path: str, folders: Sequence[str]) -> str:
       return (f"is a directory ({candidate}), not a gin file; "
               f"{_GIN_FILES_ALLOWED}.")
     if os.path.exists(candidate):
-      try:
-        mode = os.stat(candidate).st_mode
-      except OSError:
-        mode = 0
-      kind = next((what for test, what in (
-          (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a named pipe"),
-          (stat.S_ISSOCK, "a socket"),
-      ) if test(mode)), "not a file")
+      kind = io_utils.file_kind(os.stat(candidate).st_mode)
       if os.path.realpath(candidate) == os.devnull:
         kind += " that reads as empty"
       return (f"is not a regular file ({candidate}: {kind}); "
@@ -186,11 +144,8 @@ def find_gin_file(
 
 
 def gin_statements(path: str, search_paths: Sequence[str]):
-  """Yields (statement, "file:line") of a gin file, includes expanded in place.
-
-  Raises:
-    ValueError: a missing file or include, bad syntax, an include cycle.
-  """
+  """Yields (statement, "file:line") of a gin file, includes expanded in
+  place; ValueError: a missing file or include, bad syntax, a cycle."""
 
   def parse(file_path, depth):
     if depth > _MAX_INCLUDE_DEPTH:
@@ -204,8 +159,7 @@ def gin_statements(path: str, search_paths: Sequence[str]):
       with open(full, "r", encoding="utf-8") as f:
         text = f.read()
       statements = list(_gin_parser().ConfigParser(text, ParserDelegate()))
-    # The parser reports bad syntax as SyntaxError, or as tokenize's
-    # TokenError (an unclosed bracket) which is no ValueError.
+    # An unclosed bracket is tokenize's TokenError.
     except (OSError, SyntaxError, tokenize.TokenError) as e:
       raise ValueError(f"{full}: {e}") from None
     except UnicodeDecodeError as e:  # a binary file given as --gin_file
@@ -223,12 +177,8 @@ def gin_statements(path: str, search_paths: Sequence[str]):
 def _read_statements(
     path: str,
     search_paths: Sequence[str]) -> Tuple[List[_Binding], Dict[str, Any]]:
-  """The T5Config bindings of a gin file and its includes, and its macros.
-
-  Bindings are in file order (includes expanded where they stand); macros map
-  to their last definition, as in gin. Imports and other configurables'
-  bindings are skipped, so nothing needs to be registered with gin.
-  """
+  """The T5Config bindings of a gin file and its includes, in file order,
+  and its macros at their last definition, as in gin."""
   bindings: List[_Binding] = []
   macros: Dict[str, Any] = {}
   for st, where in gin_statements(path, search_paths):
@@ -265,21 +215,13 @@ def _resolve(value: Any, macros: Mapping[str, Any], where: str,
 
 
 def search_paths_or_default(folders: Optional[Sequence[str]]) -> List[str]:
-  """`folders`, or by default `search_paths()` (a parameter of the public
-  readers shadows that function's name)."""
+  """`folders`, or by default `search_paths()`."""
   return search_paths() if folders is None else list(folders)
 
 
 def t5_config_from_fields(fields: Mapping[str, Any], what: str) -> T5Config:
-  """Builds a T5Config from explicit fields only (gin bindings never apply).
-
-  Args:
-    fields: T5Config field values; missing fields keep the dataclass defaults.
-    what: names the source in error messages.
-
-  Raises:
-    ValueError: an unknown field, or a value T5Config rejects.
-  """
+  """A T5Config of `fields` (others at their defaults; gin never applies);
+  ValueError naming `what` for an unknown field or a rejected value."""
   known = {f.name: f for f in dataclasses.fields(T5Config)}
   unknown = sorted(set(fields) - set(known))
   if unknown:
@@ -288,19 +230,13 @@ def t5_config_from_fields(fields: Mapping[str, Any], what: str) -> T5Config:
   full = {name: fields.get(name, f.default) for name, f in known.items()}
   try:
     return T5Config(**full)
-  # T5Config's own checks raise ValueError; an ill-typed value (e.g. a number
-  # for mlp_activations, an unknown dtype name) raises TypeError.
   except (TypeError, ValueError) as e:
     raise ValueError(f"{what}: invalid T5Config: {e}") from None
 
 
 def t5_config_fields(config: T5Config) -> Dict[str, Any]:
-  """JSON-ready fields of a T5Config: dtype by name, tuples as lists.
-
-  The inverse of `t5_config_from_fields`. `encoder_width` is left out when
-  None (every model with its own encoder), so records and model_config.json
-  files written before the field existed compare equal.
-  """
+  """JSON-ready fields of a T5Config (`t5_config_from_fields`' inverse);
+  `encoder_width` left out when None, so older records compare equal."""
   out = {}
   for field in dataclasses.fields(config):
     value = getattr(config, field.name)
@@ -316,15 +252,8 @@ def t5_config_fields(config: T5Config) -> Dict[str, Any]:
 
 def t5_config_scopes(path: str,
                      search_paths: Optional[Sequence[str]] = None) -> Set[str]:
-  """The gin scopes that a model gin file binds T5Config under ('' unscoped).
-
-  Args:
-    path: the gin file, looked up as in `read_t5_config`.
-    search_paths: as in `read_t5_config`.
-
-  Raises:
-    ValueError: as `read_t5_config`, for a missing file or bad syntax.
-  """
+  """The gin scopes that a model gin file binds T5Config under ('' unscoped;
+  arguments and errors as `read_t5_config`)."""
   bindings, _ = _read_statements(path, search_paths_or_default(search_paths))
   return {scope for scope, _, _, _ in bindings}
 
@@ -332,40 +261,19 @@ def t5_config_scopes(path: str,
 def read_t5_config(path: str, scope: str = "",
                    search_paths: Optional[Sequence[str]] = None, *,
                    allow_unresolved_dtype: bool = False) -> T5Config:
-  """Reads the ``T5Config.*`` bindings of a model gin file into a T5Config.
+  """The ``T5Config.*`` bindings of a model gin file, read under `scope` as
+  gin would (``target/T5Config.x`` overrides enclosing scopes' and unscoped
+  bindings; macros, includes, block form and ``network.T5Config``), without
+  touching gin's global configuration; unbound fields keep the defaults.
 
-  Lets a program use a model config while another gin configuration is live
-  (e.g. a distillation teacher next to the student that the training config
-  binds), or read several files that bind the same unscoped ``T5Config``: the
-  file is parsed on its own, without touching gin's global configuration.
-
-  Reads ``T5Config.field = value`` (also in block form and module-qualified,
-  ``network.T5Config``) under `scope` as gin would: bindings under `scope`
-  (e.g. ``target/T5Config.x``) override those under its enclosing scopes and
-  unscoped ones. Values may be literals, use macros defined in the files
-  (``X = 3`` and ``%X``, with the macro's last definition, as in gin), and
-  ``include`` other files. Imports and other configurables' bindings are
-  skipped; fields not bound keep the T5Config defaults (global gin bindings
-  never apply).
-
-  Args:
-    path: the gin file; relative paths (and includes) are looked up in
-      `search_paths`.
-    scope: the gin scope to read under ('' for unscoped bindings only).
-    search_paths: folders to search, in order (default: the current
-      directory, then the repository's gin/ folder).
-    allow_unresolved_dtype: for callers that set the dtype themselves: a
-      ``dtype`` bound to a configurable reference or to a macro that the
-      files do not define keeps T5Config's default instead of raising.
-
-  Returns:
-    The T5Config.
+  `path` and its includes are looked up in `search_paths` (default:
+  `search_paths()`); with `allow_unresolved_dtype` a ``dtype`` that needs
+  gin's global state keeps the default (the caller sets it).
 
   Raises:
     ValueError: a missing file or include, bad syntax, no T5Config binding
-      under `scope` or unscoped, a value that needs gin's global state (an
-      undefined macro, a configurable reference), or fields that T5Config
-      rejects.
+      under `scope` or unscoped, a value that needs gin's global state, or
+      fields that T5Config rejects.
   """
   bindings, macros = _read_statements(path,
                                       search_paths_or_default(search_paths))
@@ -397,24 +305,10 @@ MODEL_ROLES = ("target", "draft")
 
 def read_t5_config_for_role(path: os.PathLike,
                             role: str = "") -> Tuple[T5Config, str]:
-  """The T5Config that a gin file binds for `role`, and the scope read.
-
-  `read_t5_config` under the `role` scope, as `run.model_config` reads the
-  live configuration: ``role/T5Config.x`` bindings override unscoped ones.
-  A file that binds T5Config under the other role's scope only (a
-  ``models/draft/`` file given as the target) is read under that scope.
-  Includes are looked up in the current directory, the file's folder and
-  the repository's gin/ folder. A dtype the file cannot resolve on its own
-  (``T5Config.dtype = %MODEL_DTYPE`` with the macro defined elsewhere, or a
-  configurable reference) keeps T5Config's default: the caller sets it.
-
-  Returns:
-    (config, scope): `scope` is `role`, or the other role's scope read.
-
-  Raises:
-    ValueError: the file (or an include) is missing or unparsable, binds no
-      T5Config for `role`, or binds values T5Config rejects.
-  """
+  """(config, scope): `read_t5_config` under `role`, or under the other
+  role's scope when the file binds only that one (a draft file given as
+  the target); includes also looked up in the file's folder; a dtype the
+  file cannot resolve keeps the default. ValueError as `read_t5_config`."""
   path = os.path.abspath(path)
   paths = search_paths([os.path.dirname(path)])
   scopes = t5_config_scopes(path, paths)
@@ -427,6 +321,5 @@ def read_t5_config_for_role(path: os.PathLike,
                        " unscoped (it binds both target/ and draft/T5Config).")
     if others:
       scope = others[0]
-  # Raises if nothing is bound under `scope` or unscoped.
   config = read_t5_config(path, scope, paths, allow_unresolved_dtype=True)
   return config, scope

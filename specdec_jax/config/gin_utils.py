@@ -1,11 +1,8 @@
-"""Gin plumbing shared by the entry points (T5X style).
-
-Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable),
-`--gin_search_paths` (comma-separated), and `--gin.NAME=VALUE` for
-`--gin_bindings='NAME=VALUE'`. The repository's `gin/` folder is always on
-the search path (`--gin_file=ende_small.gin`). `parse_gin` refuses macros
-that nothing reads (`check_macro_bindings`) before gin parses anything. Gin files read
-beside a live configuration (a model's `T5Config`) are `gin_reader`.
+"""Gin and absl-flag plumbing shared by the entry points (T5X style):
+`--gin_file`, `--gin_bindings`, `--gin_search_paths`, `--gin.NAME=VALUE`;
+macros nothing reads are refused before gin parses; `report` parses into a
+`FlagValues` of its own (`flag_utils.new_flag_values`). A bad value is a
+`flag_utils.ConfigError`: one line, exit 2.
 """
 import dataclasses
 import logging as std_logging
@@ -19,15 +16,12 @@ from absl import flags
 import gin
 from gin import config_parser
 
+from specdec_jax.config import flag_utils
 from specdec_jax.config import gin_reader
-
-# `gin_utils.ConfigError` is what `run` and `sweep` catch.
-from specdec_jax.config.flag_utils import ConfigError
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 
-# The core never imports gin: the model config is made configurable here,
-# in place and under its own name, so gin files bind `T5Config.*`.
+# The core never imports gin: its configs are made configurable here.
 gin.configurable(T5Config)
 gin.configurable(FeatureDrafterConfig)
 
@@ -61,53 +55,36 @@ def rewrite_gin_args(argv: Sequence[str]) -> List[str]:
   return out
 
 
-class _DropGinLookupNoise(std_logging.Filter):
-  """Drops gin's per-folder lookup lines for a bare file name.
-
-  gin tries every search path in turn, and for each it also asks its
-  Python-package reader, which logs `system_path_file_exists:NAME` and an
-  ERROR `Path not found: NAME` for every folder that lacks the file. Those
-  are not errors; a file found nowhere is reported by `parse_gin` itself.
-  """
-
-  def filter(self, record):
-    return not (record.pathname.endswith(
-        os.path.join("gin", "resource_reader.py")) and
-                str(record.msg).startswith(
-                    ("Path not found", "system_path_file_exists")))
+def _not_gin_lookup_noise(record: std_logging.LogRecord) -> bool:
+  """False for gin's lines (one an ERROR) for every search folder that
+  lacks a bare file name; a file found nowhere is reported by `parse_gin`."""
+  return not (record.pathname.endswith(os.path.join(
+      "gin", "resource_reader.py")) and str(record.msg).startswith(
+          ("Path not found", "system_path_file_exists")))
 
 
 def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
               extra_search_paths: Sequence[str] = (), finalize: bool = True,
               check_macros: bool = False) -> None:
-  """Parses gin files and bindings with the search paths set up.
-
-  A missing file raises ValueError naming it and the folders searched. With
-  `check_macros`, a binding that defines a macro the files neither define
-  nor use raises ConfigError first (see `check_macro_bindings`). gin's
-  lookup lines for bare file names are not logged.
-  """
+  """Parses gin files and bindings with the search paths set up, after the
+  checks that raise flag_utils.ConfigError (missing file, macros nothing reads)."""
   paths = gin_reader.search_paths(extra_search_paths)
   for path in paths:
     gin.add_config_file_search_path(path)
   for name in gin_files:
     if gin_reader.find_in(name, paths) is None:
-      raise ConfigError(
+      raise flag_utils.ConfigError(
           f"--gin_file={name!r} {gin_reader.not_a_gin_file(name, paths)}")
   if check_macros:
     check_macro_bindings(gin_bindings,
                          gin_reader.gin_file_macros(gin_files, paths))
-  # Always: a macro that files or bindings define and nothing reads is a
-  # typo (`GAMA = 3` in a file; `--gin.NUM_STEP=3`), silently ignored by gin.
   check_unused_macros(gin_files, gin_bindings, paths)
-  quiet = _DropGinLookupNoise()
-  root = std_logging.getLogger()
-  root.addFilter(quiet)
+  std_logging.getLogger().addFilter(_not_gin_lookup_noise)
   try:
     gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
                                         finalize_config=finalize)
   finally:
-    root.removeFilter(quiet)
+    std_logging.getLogger().removeFilter(_not_gin_lookup_noise)
 
 
 def gin_files_flag() -> List[str]:
@@ -116,52 +93,36 @@ def gin_files_flag() -> List[str]:
 
 
 def parse_from_flags(finalize: bool = True, check_macros: bool = True) -> None:
-  """Parses --gin_file/--gin_bindings; unknown macros raise ConfigError."""
+  """Parses --gin_file/--gin_bindings; unknown macros raise flag_utils.ConfigError."""
   f = flags.FLAGS
   parse_gin(f.gin_file, f.gin_bindings, f.gin_search_paths, finalize,
             check_macros=check_macros)
 
 
 def run_main(main, argv: Optional[Sequence[str]] = None) -> None:
-  """`absl.app.run(main)` with `--gin.X=Y` shorthand support; a bad flag
-  is a ConfigError (one line, exit 2), not absl's "FATAL Flags parsing
-  error" and exit 1."""
+  """`absl.app.run(main)` with `--gin.X=Y` support; a bad flag is a
+  flag_utils.ConfigError (one line, exit 2), not absl's "FATAL" and exit 1."""
   from absl import app  # pylint: disable=g-import-not-at-top
   argv = rewrite_gin_args(sys.argv if argv is None else argv)
   app.run(main, argv=argv, flags_parser=_parse_flags)
 
 
 def _parse_flags(argv: Sequence[str]) -> Sequence[str]:
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    raise ConfigError(str(e)) from None
+  return [
+      argv[0], *flag_utils.parse_flag_values(flags.FLAGS, argv[0], argv[1:])
+  ]
 
 
-# Macros that code reads with gin.query_parameter, "%NAME", rather than
-# through a `%NAME` in a binding: none today (COMPILE_TOPOLOGY is bound to
-# `run.compile_topology`). Add one here if code reads it so.
 # -- gin macros ----------------------------------------------------------------
-# Which gin macros files and bindings define and read.
-#
-# A macro defined and read by nothing is a typo gin accepts in silence:
-# `GAMA = 3` in an experiment file, `--gin.NUM_STEP=3` on `train`'s command
-# line. `check_unused_macros` refuses one, naming the file and line (or the
-# binding) and the closest macro that is read; `binding_statements` parses a
-# `--gin_bindings` string with a message that names what the user typed.
-# `gin_utils.parse_gin` calls both (`run`, `sweep` and `train`);
-# `check_macro_bindings` refuses a binding that defines a macro no gin file
-# knows (`--gin.GAMA=3`).
+# A macro defined and read by nothing is a typo gin ignores in silence
+# (`GAMA = 3` in a file, `--gin.NUM_STEP=3`). Macros read by code
+# (gin.query_parameter) rather than by a `%NAME`: none today.
 MACROS_READ_BY_CODE: frozenset = frozenset()
 
 
 def binding_statements(text: str):
-  """The statements of one `--gin_bindings` string.
-
-  Raises:
-    ConfigError: it does not parse; says how to quote a string (gin's own
-      message shows an `<ast.Name object at 0x...>` for `GAMMA=x`).
-  """
+  """The statements of one `--gin_bindings` string; flag_utils.ConfigError when it
+  does not parse, saying how to quote a string."""
   try:
     return list(config_parser.ConfigParser(text, gin_reader.ParserDelegate()))
   except (SyntaxError, tokenize.TokenError) as e:
@@ -171,7 +132,7 @@ def binding_statements(text: str):
            "%MACRO / @configurable; a string needs quotes, e.g. "
            "--gin.NAME=\"'text'\")"
            if token else _AST_REPR.sub("", str(e)).strip())
-    raise ConfigError(f"{binding_flag(text)}: not a gin binding: {why}.") \
+    raise flag_utils.ConfigError(f"{binding_flag(text)}: not a gin binding: {why}.") \
         from None
 
 
@@ -180,16 +141,8 @@ _AST_REPR = re.compile(r":?\s*<ast\.\w+ object at 0x[0-9a-f]+>")
 
 def check_unused_macros(gin_files: Sequence[str], gin_bindings: Sequence[str],
                         search_paths_: Optional[Sequence[str]] = None) -> None:
-  """Refuses a macro that a file or binding defines and nothing reads.
-
-  gin accepts `GAMA = 3` in an experiment file or `--gin.NUM_STEP=3` and
-  ignores it: the run goes on with the default. A macro is read when some
-  file or binding uses `%NAME`, or code reads it (`MACROS_READ_BY_CODE`).
-
-  Raises:
-    ConfigError: naming the file and line (or the binding), the macro and
-      the closest macro that is read.
-  """
+  """flag_utils.ConfigError for a macro a file or binding defines and nothing reads,
+  naming where, the macro and the closest one read."""
   paths = gin_reader.search_paths_or_default(search_paths_)
   defined: Dict[str, str] = {}
   used: Set[str] = set(MACROS_READ_BY_CODE)
@@ -199,20 +152,33 @@ def check_unused_macros(gin_files: Sequence[str], gin_bindings: Sequence[str],
         if not st.arg_name:
           defined.setdefault(st.selector, f"{where}: {st.selector} = ...")
         used |= gin_reader.macro_references(st.value)
+  in_bindings, used_in_bindings = _binding_macros(gin_bindings)
+  defined.update({n: binding_flag(t) for n, t in in_bindings.items()})
+  used |= used_in_bindings
+  for name, where in defined.items():
+    if name not in used:
+      raise flag_utils.ConfigError(
+          f"{where}: macro {name!r} is defined but nothing reads it (no "
+          f"%{name} in any gin file or binding), so it would be silently "
+          f"ignored; {_did_you_mean(name, sorted(used))}macros read: "
+          f"{', '.join(sorted(used))}.")
+
+
+def _binding_macros(gin_bindings: Sequence[str]):
+  """({macro: the binding defining it}, {macros the bindings use})."""
+  defined, used = {}, set()
   for text in gin_bindings:
     for st in binding_statements(text):
       if isinstance(st, config_parser.BindingStatement):
         if not st.arg_name:
-          defined[st.selector] = binding_flag(text)
+          defined[st.selector] = text
         used |= gin_reader.macro_references(st.value)
-  for name, where in defined.items():
-    if name not in used:
-      close = gin_reader.closest_names(name, sorted(used))
-      hint = (f"did you mean {' or '.join(close)}? " if close else "")
-      raise ConfigError(
-          f"{where}: macro {name!r} is defined but nothing reads it (no "
-          f"%{name} in any gin file or binding), so it would be silently "
-          f"ignored; {hint}macros read: {', '.join(sorted(used))}.")
+  return defined, used
+
+
+def _did_you_mean(name: str, known: Sequence[str]) -> str:
+  close = gin_reader.closest_names(name, known)
+  return f"did you mean {' or '.join(close)}? " if close else ""
 
 
 def binding_flag(text: str) -> str:
@@ -224,51 +190,27 @@ def binding_flag(text: str) -> str:
 
 def unknown_macro_message(name: str, known: Sequence[str]) -> str:
   """'unknown gin macro X ...; closest known: ...; known macros: ...'."""
-  close = gin_reader.closest_names(name, known)
-  hint = (f"did you mean {' or '.join(close)}? " if close else "")
   return (f"unknown gin macro {name!r}: no gin file defines or uses it, so "
-          f"it would be silently ignored; {hint}known macros: "
-          f"{', '.join(sorted(known))}.")
+          f"it would be silently ignored; {_did_you_mean(name, known)}known "
+          f"macros: {', '.join(sorted(known))}.")
 
 
 def check_macro_bindings(gin_bindings: Sequence[str], known: Set[str]) -> None:
-  """Rejects bindings that define a macro nothing knows.
-
-  A binding `NAME = value` defines a gin macro. When no gin file defines or
-  uses `%NAME` (and no other binding uses it), nothing reads it: a typo such
-  as `--gin.GAMA=3` would run with the default γ. Full bindings
-  (`run.gamma = 3`, `target/T5Config.emb_dim = 8`) are checked by gin itself.
-
-  Args:
-    gin_bindings: binding strings as given to `--gin_bindings` (or
-      `--gin.NAME=VALUE`).
-    known: macros the gin files define or use (`gin_file_macros`).
-
-  Raises:
-    ConfigError: naming the binding, the unknown macro and the closest known
-      macros.
-  """
-  parsed = []
-  used = set(known)
-  for text in gin_bindings:
-    for st in binding_statements(text):
-      if isinstance(st, config_parser.BindingStatement):
-        used |= gin_reader.macro_references(st.value)
-        if not st.arg_name:
-          parsed.append((text, st.selector))
-  for text, name in parsed:
-    if name not in used:
-      raise ConfigError(f"{binding_flag(text)}: "
-                        f"{unknown_macro_message(name, sorted(known))}")
+  """flag_utils.ConfigError for a binding `NAME = value` (`--gin.GAMA=3`) whose macro
+  no file (`known`) or binding uses, naming it and the closest known."""
+  defined, used = _binding_macros(gin_bindings)
+  for name, text in defined.items():
+    if name not in used | known:
+      raise flag_utils.ConfigError(
+          f"{binding_flag(text)}: "
+          f"{unknown_macro_message(name, sorted(known))}")
 
 
 # -- components' settings ------------------------------------------------------
 # A component (a decode mode, a drafter spec) is a frozen dataclass whose
 # settings are fields naming the macro gin/run.gin binds them to
-# (`TreeMode.width = %TREE_WIDTH`); gin builds the one a run chooses and
-# hands it in (`run.decode_mode = @decode_mode()`, or an experiment
-# file's `@TreeMode()`). A setting is recorded under its macro's name in
-# lower case (`tree_width`: the run argument it was).
+# (`TreeMode.width = %TREE_WIDTH`); a setting is recorded under its macro's
+# name in lower case (`tree_width`).
 def setting(macro: str, default: Any) -> Any:
   """A component's setting and the gin macro that sets it."""
   return dataclasses.field(default=default, metadata={"macro": macro})
@@ -286,8 +228,7 @@ def settings(component: Any) -> Dict[str, Any]:
 
 def configured(component: Any) -> Any:
   """A registered component with its settings as gin binds them: its class
-  called with its other fields (the registry's 'bigram' is
-  `NGramSpec(name='bigram', fixed_order=2)`)."""
+  called with its other fields."""
   return type(component)(**{
       f.name: getattr(component, f.name)
       for f in dataclasses.fields(component)
@@ -306,20 +247,14 @@ def choice_words(choices: Sequence[Any]) -> str:
 
 def check_unread_settings(registered: Sequence[Any], read: Set[str],
                           chosen: Any) -> None:
-  """The one rule of components' settings: gin binding a setting of a
-  component the run did not choose (its macro in no `read`) away from its
-  default would change nothing (a sweep over BEAM_SIZE that forgot
-  DECODE='beam' would measure nothing), so it is refused.
+  """Refuses a setting bound away from its default for a component the run
+  did not choose (its macro in no `read`): it would change nothing (a
+  BEAM_SIZE sweep without DECODE='beam').
 
-  Args:
-    registered: one family's components (the decode modes, or the drafter
-      specs), each with its `choice` (macro, value) and `reads()` (macros).
-    read: the macros the run's chosen components read.
-    chosen: the run's `choice` in this family.
-
-  Raises:
-    ConfigError: naming the macro, its value, the run's choice and the
-      choices that read it.
+  `registered`: one family's components, each with its `choice` (macro,
+  value) and `reads()`; `read`: the macros the run's choices read;
+  `chosen`: the run's `choice` in this family. flag_utils.ConfigError naming the
+  macro, its value, the run's choice and the choices that read it.
   """
   for cls in dict.fromkeys(type(c) for c in registered):
     try:
@@ -333,7 +268,7 @@ def check_unread_settings(registered: Sequence[Any], read: Set[str],
         continue
       owners = choice_words(
           [c.choice for c in registered if macro in c.reads()])
-      raise ConfigError(
+      raise flag_utils.ConfigError(
           f"{macro}={value!r} with {choice_words([chosen])}: only {owners} "
           f"read{'s' if '=' in owners else ''} it; allowed: {macro}="
           f"{f.default!r} (its default), or {owners}.")

@@ -1,30 +1,11 @@
 """Evaluation tasks: seqio tasks for WMT EnDe and CNN/DailyMail, local files.
 
-seqio tasks (T5 conventions, cf. T5's ``wmt_t2t_ende_v003`` and
-``cnn_dailymail_v002``):
-
-* ``specdec_wmt_ende``: TFDS ``wmt_t2t_translate/de-en:1.0.0``; inputs
-  ``"translate English to German: " + en``, targets ``de``; BLEU.
-* ``specdec_cnn_dailymail``: TFDS ``cnn_dailymail:3.4.0``; inputs
-  ``"summarize: " + article``, targets ``highlights``; ROUGE.
-
-Both tokenize with :func:`specdec_jax.data.vocab.get_vocabulary` (T5's default
-SentencePiece model on gs://, loaded lazily by seqio, so registering does not
-touch it) and append EOS. :func:`register_tasks` registers the same tasks with
-another SentencePiece model under suffixed names.
-
-Import cost: seqio (and thus TensorFlow, ~10 s) is imported lazily. The
-default tasks are registered on import *if seqio is already imported* (e.g.
-under T5X or a gin file that imports seqio first); otherwise they are
-registered on first use of any function here that needs the registry
-(:func:`load_examples`, :func:`get_task_kind`, ...). Code that imports this
-module before seqio and then calls ``seqio.get_mixture_or_task`` directly
-should call :func:`register_default_tasks` (idempotent) first.
-
-Local evaluation data (no TensorFlow needed): :func:`read_parallel_text` reads
-line-aligned ``X.en``/``X.de`` files or a two-column TSV, and
-:func:`load_examples` returns ``[{'input': ..., 'reference': ...}]`` from
-either a registered task or local files.
+``specdec_wmt_ende`` and ``specdec_cnn_dailymail`` are T5's tasks (TFDS,
+prefixes, BLEU / ROUGE) with T5's vocabulary (`register_tasks`: another).
+seqio (and TensorFlow, ~10 s) is imported lazily: they are registered on
+import only if seqio is imported already, else on first use here (call
+`register_default_tasks` before ``seqio.get_mixture_or_task``). Local files
+need no TensorFlow.
 """
 
 from __future__ import annotations
@@ -59,24 +40,16 @@ CNN_DM_PREFIX = "summarize: "
 
 SPLITS = ("train", "validation", "test")
 
-TRANSLATION = metrics.TRANSLATION
-SUMMARIZATION = metrics.SUMMARIZATION
-
 PathLike = Union[str, os.PathLike]
 
 # name -> (task kind, registration config) for tasks registered by this module.
 _REGISTERED: Dict[str, Tuple[str, tuple]] = {}
 
-# ---------------------------------------------------------------------------
-# Plain-Python local data (no TensorFlow).
-# ---------------------------------------------------------------------------
-
 
 def _read_lines(path: PathLike, what: str,
                 max_lines: Optional[int] = None) -> List[str]:
-  """The file's lines (without their '\n' or '\r\n'), the first
-  `max_lines` only when given: read line by line, so that 12 examples of a
-  3 GB file read a few kilobytes."""
+  """The file's first `max_lines` (None: all) lines, without '\n' or
+  '\r\n', read line by line (12 examples of a 3 GB file read kilobytes)."""
   path = os.fspath(path)
   if not os.path.exists(path):
     raise ValueError(f"{what} file not found: {path}")
@@ -107,19 +80,9 @@ def _check_nonempty(line: str, path: str, lineno: int, what: str) -> None:
 def read_parallel_text(
     source_file: PathLike, reference_file: Optional[PathLike] = None,
     max_lines: Optional[int] = None) -> List[Tuple[str, str]]:
-  """Reads (source, reference) pairs from local text files.
-
-  Args:
-    source_file: with ``reference_file``, a file with one source sentence per
-      line (e.g. ``newstest.en``); without it, a TSV file with exactly two
-      tab-separated columns per line: source, reference.
-    reference_file: a file with one reference per line, line-aligned with
-      ``source_file`` (e.g. ``newstest.de``).
-    max_lines: read (and check) only the first `max_lines` lines of each
-      file; None: all of them.
-
-  Returns:
-    A list of ``(source, reference)`` string pairs.
+  """``(source, reference)`` pairs: line-aligned `source_file` and
+  `reference_file`, or without it a TSV file (source, reference); the first
+  `max_lines` lines only (None: all).
 
   Raises:
     ValueError: a file is missing, empty or not UTF-8; the two files have
@@ -162,11 +125,6 @@ def read_parallel_text(
   return list(zip(sources, references))
 
 
-# ---------------------------------------------------------------------------
-# Token-level helpers (numpy; work with seqio vocabularies).
-# ---------------------------------------------------------------------------
-
-
 def _eos_id(vocab) -> int:
   eos = vocab.eos_id
   return int(eos() if callable(eos) else eos)
@@ -174,16 +132,9 @@ def _eos_id(vocab) -> int:
 
 def encode_batch(vocab, texts: Sequence[str], max_length: int, *,
                  return_lengths: bool = False):
-  """Tokenizes ``texts`` into an int32 array ``[len(texts), max_length]``.
-
-  Each row is the SentencePiece encoding followed by EOS; too-long encodings
-  are truncated to ``max_length - 1`` tokens so that EOS is always the last
-  non-pad token; rows are right-padded with 0.
-
-  With ``return_lengths``, returns ``(array, lengths)`` where ``lengths[i]``
-  is row i's full length with EOS before truncation: rows with
-  ``lengths > max_length`` were truncated.
-  """
+  """int32 ``[len(texts), max_length]``: each text's ids truncated to
+  ``max_length - 1``, then EOS, 0-padded. With ``return_lengths``, also
+  each row's length with EOS before truncation (``(array, lengths)``)."""
   if isinstance(texts, str):
     raise TypeError("encode_batch expects a sequence of strings, not a str.")
   if max_length < 1:
@@ -216,46 +167,17 @@ def decode_tokens(vocab, tokens) -> List[str]:
   return out
 
 
-# ---------------------------------------------------------------------------
-# seqio tasks.
-# ---------------------------------------------------------------------------
-
-
 def _seqio_task_names() -> set:
   import seqio  # pylint: disable=g-import-not-at-top
   return set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())
 
 
-def _make_prefix_preprocessor(input_key: str, target_key: str, prefix: str):
-  """A preprocessor mapping {input_key, target_key} -> {inputs, targets}."""
-  import seqio  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  @seqio.map_over_dataset
-  def preprocess(ex):
-    return {
-        "inputs": tf.strings.join([prefix, ex[input_key]]),
-        "targets": ex[target_key],
-    }
-
-  return preprocess
-
-
-def _output_features(spm_model_path: str, extra_ids: int):
-  import seqio  # pylint: disable=g-import-not-at-top
-  vocabulary = vocab_lib.get_vocabulary(spm_model_path, extra_ids)
-  return {
-      "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True,
-                              required=False),
-      "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True),
-  }
-
-
 def _add_task(name: str, kind: str, config: tuple, *, source, input_key: str,
               target_key: str, prefix: str, spm_model_path: str,
-              extra_ids: int) -> bool:
-  """Adds a task unless already registered; returns True if it was added."""
+              extra_ids: int) -> None:
+  """Adds a task unless already registered."""
   import seqio  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   in_seqio = name in _seqio_task_names()
   if in_seqio and name in _REGISTERED:
     if _REGISTERED[name][1] != config:
@@ -263,26 +185,39 @@ def _add_task(name: str, kind: str, config: tuple, *, source, input_key: str,
           f"Task {name!r} is already registered with a different "
           f"configuration ({_REGISTERED[name][1]} vs {config}); use another "
           "name/suffix.")
-    return False
+    return
   if in_seqio:
     logger.warning("seqio task %r already registered elsewhere; skipping.",
                    name)
-    return False
-  metric_fn = metrics.seqio_bleu if kind == TRANSLATION else metrics.seqio_rouge
+    return
+
+  @seqio.map_over_dataset
+  def with_prefix(ex):
+    return {
+        "inputs": tf.strings.join([prefix, ex[input_key]]),
+        "targets": ex[target_key],
+    }
+
+  vocabulary = vocab_lib.get_vocabulary(spm_model_path, extra_ids)
+  metric_fn = (metrics.seqio_bleu
+               if kind == metrics.TRANSLATION else metrics.seqio_rouge)
   seqio.TaskRegistry.add(
       name,
       source=source,
       preprocessors=[
-          _make_prefix_preprocessor(input_key, target_key, prefix),
+          with_prefix,
           seqio.preprocessors.tokenize,
           seqio.CacheDatasetPlaceholder(),
           seqio.preprocessors.append_eos_after_trim,
       ],
-      output_features=_output_features(spm_model_path, extra_ids),
+      output_features={
+          "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True,
+                                  required=False),
+          "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True),
+      },
       metric_fns=[metric_fn],
   )
   _REGISTERED[name] = (kind, config)
-  return True
 
 
 def register_tasks(spm_model_path: str = DEFAULT_SPM_PATH,
@@ -290,41 +225,28 @@ def register_tasks(spm_model_path: str = DEFAULT_SPM_PATH,
                    wmt_version: str = WMT_ENDE_TFDS_VERSION,
                    cnn_dm_version: str = CNN_DM_TFDS_VERSION,
                    tfds_data_dir: Optional[str] = None) -> List[str]:
-  """Registers the WMT EnDe and CNN/DM seqio tasks (idempotent).
-
-  Args:
-    spm_model_path: SentencePiece model for both inputs and targets.
-    extra_ids: number of extra (sentinel) ids of the vocabulary.
-    suffix: appended to the task names (``"specdec_wmt_ende" + suffix``), so
-      the same tasks can be registered with another vocabulary.
-    wmt_version: TFDS version of ``wmt_t2t_translate/de-en``.
-    cnn_dm_version: TFDS version of ``cnn_dailymail``.
-    tfds_data_dir: TFDS data dir (None: TFDS default).
-
-  Returns:
-    The two task names ``[wmt_ende_name, cnn_dm_name]``.
-  """
+  """Registers the WMT EnDe and CNN/DM seqio tasks (idempotent) with the
+  vocabulary `spm_model_path` (`extra_ids` sentinels), their names ending in
+  `suffix`; returns ``[wmt_ende_name, cnn_dm_name]``. `tfds_data_dir` None:
+  TFDS's default."""
   console.import_tensorflow_quietly()  # no oneDNN/CUDA banner
   import seqio  # pylint: disable=g-import-not-at-top
-  wmt_name = WMT_ENDE_TASK + suffix
-  cnn_name = CNN_DM_TASK + suffix
-  wmt_tfds = f"{WMT_ENDE_TFDS_NAME}:{wmt_version}"
-  cnn_tfds = f"{CNN_DM_TFDS_NAME}:{cnn_dm_version}"
-  common = dict(spm_model_path=spm_model_path, extra_ids=extra_ids)
-  _add_task(
-      wmt_name, TRANSLATION,
-      ("tfds", wmt_tfds, tfds_data_dir, spm_model_path, extra_ids),
-      source=seqio.TfdsDataSource(tfds_name=wmt_tfds, splits=SPLITS,
-                                  tfds_data_dir=tfds_data_dir), input_key="en",
-      target_key="de", prefix=WMT_ENDE_PREFIX, **common)
-  _add_task(
-      cnn_name, SUMMARIZATION,
-      ("tfds", cnn_tfds, tfds_data_dir, spm_model_path, extra_ids),
-      source=seqio.TfdsDataSource(tfds_name=cnn_tfds, splits=SPLITS,
-                                  tfds_data_dir=tfds_data_dir),
-      input_key="article", target_key="highlights", prefix=CNN_DM_PREFIX,
-      **common)
-  return [wmt_name, cnn_name]
+  names = []
+  for task, kind, tfds_name, version, keys, prefix in (
+      (WMT_ENDE_TASK, metrics.TRANSLATION, WMT_ENDE_TFDS_NAME, wmt_version,
+       ("en", "de"), WMT_ENDE_PREFIX),
+      (CNN_DM_TASK, metrics.SUMMARIZATION, CNN_DM_TFDS_NAME, cnn_dm_version,
+       ("article", "highlights"), CNN_DM_PREFIX)):
+    tfds = f"{tfds_name}:{version}"
+    _add_task(
+        task + suffix, kind,
+        ("tfds", tfds, tfds_data_dir, spm_model_path, extra_ids),
+        source=seqio.TfdsDataSource(tfds_name=tfds, splits=SPLITS,
+                                    tfds_data_dir=tfds_data_dir),
+        input_key=keys[0], target_key=keys[1], prefix=prefix,
+        spm_model_path=spm_model_path, extra_ids=extra_ids)
+    names.append(task + suffix)
+  return names
 
 
 def register_default_tasks() -> List[str]:
@@ -335,19 +257,13 @@ def register_default_tasks() -> List[str]:
 def register_local_task(
     name: str, source_file: PathLike, reference_file: Optional[PathLike] = None,
     *, prefix: str = WMT_ENDE_PREFIX, spm_model_path: str = DEFAULT_SPM_PATH,
-    extra_ids: int = DEFAULT_EXTRA_IDS, task_kind: str = TRANSLATION,
-    splits: Sequence[str] = ("validation",)) -> str:
-  """Registers a seqio task backed by local files (see read_parallel_text).
-
-  The files are read and validated now (ValueError on bad input); the same
-  examples are served for every split in ``splits``. Inputs are
-  ``prefix + source``, targets the reference; tokenized with the given
-  SentencePiece model, EOS appended. Metrics: BLEU for ``task_kind=
-  'translation'``, ROUGE for ``'summarization'``.
-
-  Returns:
-    ``name``.
-  """
+    extra_ids: int = DEFAULT_EXTRA_IDS, task_kind: str = metrics.TRANSLATION,
+    splits: Sequence[str] = ("validation",)
+) -> str:
+  """Registers (and returns) `name`: a seqio task of local files
+  (`read_parallel_text`, read and validated now), the same examples for
+  every split in `splits`; inputs ``prefix + source``; BLEU for
+  'translation', ROUGE for 'summarization'."""
   console.import_tensorflow_quietly()  # no oneDNN/CUDA banner
   import seqio  # pylint: disable=g-import-not-at-top
   if task_kind not in metrics.TASK_KINDS:
@@ -391,15 +307,6 @@ def get_task_kind(mixture_or_task_name: str) -> str:
   return _REGISTERED[mixture_or_task_name][0]
 
 
-def _hide_gpus_from_tensorflow() -> None:
-  """Keeps TF input pipelines off accelerators (they belong to JAX)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  try:
-    tf.config.set_visible_devices([], "GPU")
-  except (RuntimeError, ValueError):  # Already initialized; nothing to do.
-    pass
-
-
 @gin.configurable
 def load_examples(*, mixture_or_task_name: Optional[str] = None,
                   split: str = "validation", num_examples: Optional[int] = None,
@@ -407,35 +314,15 @@ def load_examples(*, mixture_or_task_name: Optional[str] = None,
                   reference_file: Optional[PathLike] = None,
                   input_prefix: str = "",
                   shard_info=None) -> List[Dict[str, str]]:
-  """Loads evaluation examples as ``[{'input': str, 'reference': str}]``.
+  """Evaluation examples ``[{'input': str, 'reference': str}]``, in order:
+  the raw text (with its prefix) of `split` of a registered seqio task or
+  mixture, or (exactly one of the two) local files (`read_parallel_text`),
+  each ``input`` ``input_prefix + source``; the first `num_examples`.
 
-  Exactly one of ``mixture_or_task_name`` and ``source_file`` must be given.
-
-  * Task: the raw text (``inputs_pretokenized``/``targets_pretokenized``) of
-    ``split`` of a registered seqio task or mixture, in order (no shuffling),
-    so ``input`` already carries the task's prefix (e.g. "translate English
-    to German: ..."). Registers the default tasks first if needed.
-  * Local files (no TensorFlow): see :func:`read_parallel_text`; ``input`` is
-    ``input_prefix + source``. ``split`` is ignored.
-
-  Args:
-    mixture_or_task_name: a registered seqio task/mixture name.
-    split: dataset split (task only).
-    num_examples: if set, only the first ``num_examples`` examples.
-    source_file: local source file, or TSV if ``reference_file`` is None.
-    reference_file: local reference file, line-aligned with ``source_file``.
-    input_prefix: prepended to each local source (e.g. WMT_ENDE_PREFIX). Not
-      used for tasks, whose preprocessors already add their prefix.
-    shard_info: a ``seqio.ShardInfo`` (or anything with ``index`` and
-      ``num_shards``): only examples ``index, index + num_shards, ...`` of
-      the first ``num_examples`` (one process's slice on several hosts,
-      `multihost`). A task is read in order and sliced by example, not
-      through ``get_dataset(shard_info=...)``: seqio would shard a source
-      with enough files by file, which changes which examples are the
-      first ``num_examples`` and loses their order.
-
-  Returns:
-    A list of dicts with keys ``input`` and ``reference``.
+  `shard_info` (anything with ``index`` and ``num_shards``): only examples
+  ``index, index + num_shards, ...`` of those (one process's slice). A task
+  is sliced by example: seqio's ``get_dataset(shard_info=...)`` shards by
+  file, which changes which examples come first.
   """
   if (mixture_or_task_name is None) == (source_file is None):
     raise ValueError(
@@ -468,7 +355,11 @@ def _task_examples(mixture_or_task_name: str, split: str,
   """`load_examples` for a seqio task or mixture (its arguments)."""
   console.import_tensorflow_quietly()  # no oneDNN/CUDA banner
   import seqio  # pylint: disable=g-import-not-at-top
-  _hide_gpus_from_tensorflow()
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:  # TF input pipelines stay off accelerators (they are JAX's).
+    tf.config.set_visible_devices([], "GPU")
+  except (RuntimeError, ValueError):  # Already initialized.
+    pass
   if mixture_or_task_name not in _seqio_task_names():
     register_default_tasks()
   task = seqio.get_mixture_or_task(mixture_or_task_name)
@@ -501,7 +392,6 @@ def _to_str(x) -> str:
   return str(x)
 
 
-# Register the defaults on import when that is cheap (seqio already loaded,
-# e.g. under T5X/gin); otherwise lazily on first use (see module docstring).
+# Register the defaults on import when cheap (module docstring).
 if "seqio" in sys.modules:
   register_default_tasks()

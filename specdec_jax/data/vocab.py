@@ -1,22 +1,7 @@
-"""SentencePiece vocabularies following T5 conventions.
-
-T5 (and T5 v1.1) vocabularies use ``pad=0, eos=1, unk=2`` and no BOS. The
-standard one is ``gs://t5-data/vocabs/cc_all.32000/sentencepiece.model`` with
-100 extra (sentinel) ids, i.e. 32100 ids in total.
-
-``seqio`` (and with it TensorFlow) is imported lazily, so importing this module
-is cheap; :func:`get_vocabulary` does not read the model file either (seqio
-loads SentencePiece models lazily on first use). A local model without extra
-ids is read by :class:`SentencePieceFile` instead, which does what seqio's
-vocabulary does in Python without importing TensorFlow (~7 s of a run's
-start-up).
-
-The one vocabulary module: reading (`load_vocabulary`, `SentencePieceFile`),
-training (`train_sentencepiece`, `prepare_vocabulary` for `train`) and
-checking (`check_t5_vocabulary`, `check_fits`). What a run binds with gin
-(`vocabulary.*`, SPM_MODEL_PATH, EXTRA_IDS) and checks against its models'
-configs and checkpoints is `experiment.loading`'s; token ids to text and
-back for a batch, `tasks.encode_batch` / `decode_tokens`.
+"""SentencePiece vocabularies following T5 conventions (pad=0, eos=1, unk=2,
+no BOS): read (`load_vocabulary`; `SentencePieceFile` without seqio, which
+would import TensorFlow: ~7 s), trained (`train_sentencepiece`,
+`prepare_vocabulary`) and checked (`check_t5_vocabulary`, `check_fits`).
 """
 
 from __future__ import annotations
@@ -29,7 +14,6 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from absl import logging
 import gin
 
-from specdec_jax.config import paths
 from specdec_jax.files import io_utils
 
 DEFAULT_SPM_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
@@ -52,15 +36,8 @@ def get_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
 
 
 class SentencePieceFile:
-  """A local SentencePiece model without extra ids, read without seqio.
-
-  Encodes and decodes exactly as ``seqio.SentencePieceVocabulary(path,
-  extra_ids=0)`` (`tests/harness/test_tasks.py` compares them): ``encode`` is the
-  model's ids without EOS; ``decode`` maps ids beyond the model to unk and
-  stops after the first EOS. What this project reads of a vocabulary
-  (`vocab_size`, `eos_id`, `unk_id`, `tokenizer`, `extra_ids`,
-  `sentencepiece_model_file`) has seqio's meaning.
-  """
+  """A local SentencePiece model without extra ids, read without seqio: as
+  ``seqio.SentencePieceVocabulary(path, extra_ids=0)`` (test_tasks.py)."""
   extra_ids = 0
   seqio_kind = "SentencePieceVocabulary"  # what run records (settings)
 
@@ -70,22 +47,10 @@ class SentencePieceFile:
     proto = io_utils.read_bytes(path)  # a regular file (a FIFO would block)
     self.tokenizer = spm.SentencePieceProcessor()
     self.tokenizer.LoadFromSerializedProto(proto)
-
-  @property
-  def vocab_size(self) -> int:
-    return self.tokenizer.GetPieceSize()
-
-  @property
-  def eos_id(self) -> int:
-    return self.tokenizer.eos_id()
-
-  @property
-  def unk_id(self) -> int:
-    return self.tokenizer.unk_id()
-
-  @property
-  def pad_id(self) -> int:
-    return PAD_ID
+    self.vocab_size = self.tokenizer.GetPieceSize()
+    self.eos_id = self.tokenizer.eos_id()
+    self.unk_id = self.tokenizer.unk_id()
+    self.pad_id = PAD_ID
 
   def encode(self, s: str) -> Sequence[int]:
     return self.tokenizer.EncodeAsIds(s)
@@ -102,16 +67,8 @@ def load_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
                     extra_ids: int = DEFAULT_EXTRA_IDS,
                     what: str = "SPM_MODEL_PATH"):
   """A ``seqio.SentencePieceVocabulary`` (a `SentencePieceFile` for a local
-  model without extra ids), its model read and checked now.
-
-  Unlike :func:`get_vocabulary` (lazy), the file is read here, so a path that
-  is not a SentencePiece model fails at startup with an error naming it,
-  instead of a protobuf traceback at the first encode.
-
-  Args:
-    spm_model_path: the ``.model`` file (local or gs://).
-    extra_ids: sentinel ids appended to the model's pieces.
-    what: how error messages name the path (the gin macro by default).
+  model without extra ids), read and checked now, not at the first encode;
+  errors name the path as `what`.
 
   Raises:
     ValueError: the file cannot be read or is not a SentencePiece model, or
@@ -124,9 +81,8 @@ def load_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
       vocab = get_vocabulary(spm_model_path, extra_ids)
       _ = vocab.tokenizer  # Reads the file.
   except Exception as e:  # pylint: disable=broad-except
-    # seqio surfaces protobuf's DecodeError for a file that is not a model,
-    # SentencePiece's RuntimeError or OSError / TF's errors for unreadable
-    # paths: all of them mean the same thing to the user.
+    # protobuf's DecodeError, SentencePiece's RuntimeError, OSError, TF's
+    # errors: all mean the same thing to the user.
     raise ValueError(
         f"{what}={spm_model_path!r} is not a SentencePiece model: expected a "
         "`.model` file written by SentencePiece's trainer (such as T5's "
@@ -137,9 +93,8 @@ def load_vocabulary(spm_model_path: str = DEFAULT_SPM_PATH,
 
 
 def _reading_error(e: BaseException) -> str:
-  """Why a SentencePiece model could not be read, in words: SentencePiece's
-  own parse error is a line of its C++ source ("INTERNAL:
-  ...sentencepiece_processor.cc(109) [model_proto->ParseFromArray(...)]")."""
+  """Why a SentencePiece model could not be read, in words (SentencePiece's
+  parse error is a line of its C++ source)."""
   text = str(e).strip()
   if "ParseFromArray" in text or "DecodeError" in type(e).__name__:
     return "its bytes are not a serialized SentencePiece model."
@@ -151,27 +106,9 @@ def train_sentencepiece(input_files: Union[str, os.PathLike,
                         model_prefix: Union[str, os.PathLike], vocab_size: int,
                         *, character_coverage: float = 1.0,
                         model_type: str = "unigram", **trainer_kwargs) -> str:
-  """Trains a SentencePiece model with T5 special ids; returns the .model path.
-
-  The model uses ``pad_id=0, eos_id=1, unk_id=2, bos_id=-1`` (T5
-  conventions). Training happens in a temporary directory next to
-  ``model_prefix``; ``<model_prefix>.model`` and ``<model_prefix>.vocab`` are
-  then moved into place with ``os.replace`` so readers never see a partially
-  written model.
-
-  Args:
-    input_files: one path or a sequence of paths of plain-text training files
-      (one sentence per line).
-    model_prefix: output prefix; writes ``<model_prefix>.model/.vocab``.
-    vocab_size: size of the SentencePiece vocabulary (without extra ids).
-    character_coverage: SentencePiece ``character_coverage``.
-    model_type: SentencePiece ``model_type`` ('unigram', 'bpe', 'char',
-      'word').
-    **trainer_kwargs: further ``SentencePieceTrainer.train`` options.
-
-  Returns:
-    The path of the written ``.model`` file.
-  """
+  """Trains a SentencePiece model with T5's ids on `input_files` (one
+  sentence per line) in a temporary folder, then moves it into place: no
+  reader sees a partial model. Returns ``<model_prefix>.model``."""
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
   if isinstance(input_files, (str, os.PathLike)):
@@ -211,32 +148,21 @@ def train_sentencepiece(input_files: Union[str, os.PathLike,
   return model_prefix + ".model"
 
 
-def _sp_processor(vocab):
-  """Returns the underlying ``SentencePieceProcessor`` of ``vocab``."""
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  if isinstance(vocab, spm.SentencePieceProcessor):
-    return vocab
-  if isinstance(vocab, (str, os.PathLike)):
-    path = os.fspath(vocab)
-    if "://" not in path and not os.path.isfile(path):
-      raise ValueError(f"SentencePiece model file not found: {path}")
-    return get_vocabulary(path, extra_ids=0).tokenizer
-  tokenizer = getattr(vocab, "tokenizer", None)
-  if tokenizer is None or not hasattr(tokenizer, "pad_id"):
-    raise TypeError(
-        "check_t5_vocabulary expects a seqio.SentencePieceVocabulary, a "
-        f"sentencepiece.SentencePieceProcessor or a model path, got {vocab!r}.")
-  return tokenizer
-
-
 def check_t5_vocabulary(vocab) -> None:
-  """Raises ValueError unless ``vocab`` uses T5 ids pad=0, eos=1, unk=2.
-
-  Args:
-    vocab: a ``seqio.SentencePieceVocabulary``, a
-      ``sentencepiece.SentencePieceProcessor``, or a path to a .model file.
-  """
-  sp = _sp_processor(vocab)
+  """Raises ValueError unless ``vocab`` (a seqio vocabulary, a
+  ``SentencePieceProcessor`` or a .model path) uses T5's ids."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  if isinstance(vocab, (str, os.PathLike)):
+    sp = load_sentencepiece(vocab)
+  elif isinstance(vocab, spm.SentencePieceProcessor):
+    sp = vocab
+  else:
+    sp = getattr(vocab, "tokenizer", None)
+    if sp is None or not hasattr(sp, "pad_id"):
+      raise TypeError(
+          "check_t5_vocabulary expects a seqio.SentencePieceVocabulary, a "
+          "sentencepiece.SentencePieceProcessor or a model path, got "
+          f"{vocab!r}.")
   got = {"pad": sp.pad_id(), "eos": sp.eos_id(), "unk": sp.unk_id()}
   want = {"pad": PAD_ID, "eos": EOS_ID, "unk": UNK_ID}
   bad = [k for k in want if got[k] != want[k]]
@@ -252,14 +178,10 @@ def check_t5_vocabulary(vocab) -> None:
         "unk_id=2 bos_id=-1 (see specdec_jax.data.vocab.train_sentencepiece).")
 
 
-# ---------------------------------------------------------------------------
-# The vocabulary a model trains with (`train`): loaded, or trained first;
-# T5's ids checked; no more pieces than the model's vocab_size.
-# ---------------------------------------------------------------------------
 def load_sentencepiece(path: str):
   """A SentencePieceProcessor for a local .model file (or gs:// via seqio)."""
   path = os.fspath(path)
-  if paths.is_url(path):
+  if io_utils.is_url(path):
     return get_vocabulary(path, extra_ids=0).tokenizer
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   if not os.path.isfile(path):
@@ -273,14 +195,10 @@ def load_sentencepiece(path: str):
 def prepare_vocabulary(spm_model_path: str, *, train_vocab: bool,
                        training_files: Sequence[str], vocab_size: int,
                        spm_options: Optional[Mapping[str, Any]] = None):
-  """Loads (training it first if needed and allowed) a T5-style vocabulary.
-
-  Raises:
-    ValueError: the model is missing and may not be trained, or does not
-      follow T5's conventions.
-  """
+  """The vocabulary a model trains with (trained first if missing and
+  `train_vocab`); ValueError if missing or not T5's ids."""
   spm_model_path = os.fspath(spm_model_path)
-  if not paths.is_url(spm_model_path) and not os.path.exists(spm_model_path):
+  if not io_utils.is_url(spm_model_path) and not os.path.exists(spm_model_path):
     if not train_vocab:
       raise ValueError(
           f"SentencePiece model {spm_model_path} does not exist; train one "

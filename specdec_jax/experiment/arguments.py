@@ -1,26 +1,17 @@
 """The run's arguments: one frozen `RunArguments`, the gin configurable
-`run` (`run.gamma = %GAMMA`), checked once, when it is built. Each field
-names the gin macro that sets it (`MACROS`), but two: the components gin
-builds and hands in, the decode mode (`run.decode_mode`,
-`decode_modes.DecodeMode`) and the drafter (`run.drafting`,
-`drafter_registry.DrafterSpec`), each holding its own settings.
-
-The checks need no model and no I/O: every value's type and range, each
-component's own checks and the decoders' own argument checks; at start-up
-(`run_arguments`) one rule refuses a setting of a component the run did not
-choose (`gin_utils.check_unread_settings`). What needs the model configs
-(vocabulary sizes) or a file (NGRAM_CORPUS) is checked by
-`plan.RunPlan.build`, still before anything is loaded.
+`run` (`run.gamma = %GAMMA`), checked once, when it is built, with no model
+and no I/O. Each field names its macro (`MACROS`) but the two components
+gin builds: the decode mode and the drafter, each holding its own settings.
 """
 import dataclasses
 import re
 import types
 import typing
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import gin
 
-from specdec_jax.core import decoding
+from specdec_jax.config import flag_utils
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
 from specdec_jax.metrics import quality
@@ -31,23 +22,15 @@ from specdec_jax.experiment.drafter_registry import is_int
 from specdec_jax.experiment.drafter_registry import is_number
 from specdec_jax.experiment.drafter_registry import is_real
 
-ConfigError = gin_utils.ConfigError
+ConfigError = flag_utils.ConfigError
 MODES = ("walltime", "alpha", "infer")
 AUTO_GAMMA = decode_modes.AUTO  # GAMMA='auto': γ chosen by the run.
 TASK_KINDS = quality.TASK_KINDS  # BLEU or ROUGE
-# The longest decode a run accepts (TASK_FEATURE_LENGTHS['targets']). The
-# models set no limit (relative-position buckets), but compiling and
-# decoding grow with it, and a run prints nothing until the first batch
-# is done: 100000 tokens looked like a hang for many minutes.
+# TASK_FEATURE_LENGTHS['targets'] at most: 100000 tokens looked like a hang.
 MAX_DECODE_LENGTH = 8192
-# The largest SEED: JAX's PRNG keys keep a seed's low 32 bits (without
-# jax_enable_x64), so 2**32 would repeat seed 0 and -1 seed 2**32 - 1, and
-# a seed beyond int64 fails in `jax.random.PRNGKey` with a traceback.
-MAX_SEED = 2**32 - 1
-# The longest folder name most filesystems take (ext4, XFS, APFS: 255
-# bytes). A sweep names a point's folder after its settings, 'TASK=<value>'
-# among them (`sweep.point_name`): a longer TASK failed at the sweep's first
-# point, after sweep.json was written.
+MAX_SEED = 2**32 - 1  # JAX's PRNG keys keep a seed's low 32 bits.
+# A folder name's bytes (ext4, XFS, APFS): a sweep names a point's folder
+# 'TASK=<value>' (`sweep.point_name`).
 NAME_MAX = 255
 TASK_MAX_BYTES = NAME_MAX - len("TASK=")
 # OUTPUT_DIR on gs:// names its bucket ('gs://' made a local folder 'gs:').
@@ -55,22 +38,15 @@ _GCS_DIR = re.compile(r"gs://[^/]+(/.*)?", re.DOTALL)
 
 
 def _arg(macro: str, default: Any = dataclasses.MISSING, **kwargs) -> Any:
-  """A run argument and the gin macro that sets it (gin/run.gin binds
-  `run.<argument> = %MACRO`; error messages and docs/usage/macros.md name
-  the macro, which is what the user typed)."""
+  """A run argument and the gin macro that sets it (what messages name)."""
   return dataclasses.field(default=default, metadata={"macro": macro}, **kwargs)
 
 
-# The one gin configurable of a run, named `run` (gin/run.gin: `run.gamma =
-# %GAMMA`): gin fills the fields a call leaves out from the bindings.
 @gin.configurable("run")
 @dataclasses.dataclass(frozen=True)
 class RunArguments:
-  """One run's arguments (all gin-configurable; docs/usage/macros.md).
-
-  Each field but the two components names its gin macro (`_arg`,
-  `MACROS`); the components' fields name theirs. Each entry below is the
-  meaning column of docs/usage/macros.md (`tools/generate_docs.py`).
+  """One run's arguments; each entry below is the meaning column of
+  docs/usage/macros.md (`tools/generate_docs.py`).
 
   Attributes:
     output_dir: folder for metrics.json and predictions.jsonl (local or
@@ -184,6 +160,7 @@ class RunArguments:
     if isinstance(self.task_feature_lengths, dict):
       object.__setattr__(self, "task_feature_lengths",
                          dict(self.task_feature_lengths))
+    check_types(self)
     check_settings(self)
     for name, kind, example in (("decode_mode", decode_modes.DecodeMode,
                                  "TreeMode"),
@@ -192,20 +169,21 @@ class RunArguments:
       if not isinstance(getattr(self, name), kind):
         raise ConfigError(f"run.{name}={getattr(self, name)!r}: allowed: a "
                           f"{kind.__name__}, e.g. @{example}().")
-    for component in (self, self.decode_mode, *self.drafting.components()):
+    for component in (self.decode_mode, *self.drafting.components()):
       check_types(component)
+    _check_files(self)
     try:
-      check_gamma(self.gamma)
+      if isinstance(self.gamma, str) and self.gamma != AUTO_GAMMA:
+        raise ValueError(f"GAMMA={self.gamma!r}: allowed: an integer >= 1, "
+                         f"or '{AUTO_GAMMA}' (Theorem 3.8's best γ for the α "
+                         "and c measured on the first examples).")
       _check_speculation(self)
-      # The mode and what it needs (the plan decides the run's mode, the
-      # target alone or not, once it is built: `plan.RunPlan.mode`).
       self.decode_mode.check(self)
       self.drafting.check(self)
       _check_decoding_args(self)
     except ValueError as e:  # a bad setting, not a bug: no traceback
       raise ConfigError(str(e)) from None
 
-  # -- derived ----------------------------------------------------------------
   @property
   def auto_gamma(self) -> bool:
     """GAMMA='auto': γ is chosen by the run."""
@@ -232,16 +210,14 @@ class RunArguments:
                  not self.drafting.uses_draft_model))
 
 
-# Each run argument's gin macro, from the fields above (the components'
-# fields name theirs): the one table that run.gin's bindings,
-# docs/usage/macros.md and the typo checks are held to.
+# The one table run.gin's bindings, macros.md and the typo checks follow.
 MACROS: Mapping[str, str] = types.MappingProxyType({
     f.name: f.metadata["macro"]
     for f in dataclasses.fields(RunArguments)
     if "macro" in f.metadata
 })
 ARGUMENTS = tuple(f.name for f in dataclasses.fields(RunArguments))
-# The configurables gin/run.gin binds macros to and the docstring section
+# The configurables gin/run.gin binds macros to, and the docstring section
 # that says what each argument means (docs/usage/macros.md).
 _COMPONENTS = (decode_modes.TokenMode, decode_modes.TreeMode,
                decode_modes.BeamMode, drafter_registry.ModelSpec,
@@ -257,29 +233,14 @@ DOCUMENTED: Mapping[str, Tuple[Any, str]] = types.MappingProxyType({
 })
 
 
-def unknown_arguments_message(names: Sequence[str]) -> str:
-  """'Unknown run arguments [...]; did you mean ...? known: ...'."""
-  close = list(
-      dict.fromkeys(c for name in names
-                    for c in gin_reader.closest_names(name, list(ARGUMENTS))))
-  hint = f"did you mean {' or '.join(close)}? " if close else ""
-  return (f"Unknown run arguments {sorted(names)}; {hint}known: "
-          f"{sorted(ARGUMENTS)}.")
-
-
 def check_settings(args: RunArguments) -> None:
-  """The run arguments `decoding` does not check (no I/O, no model).
-
-  Raises:
-    ConfigError: naming the gin macro, the value and what is allowed.
-  """
+  """The run arguments' values that neither their types (`check_types`) nor
+  `decoding` check; ConfigError naming the macro."""
 
   def bad(name, allowed):
     return ConfigError(f"{MACROS.get(name, name)}={getattr(args, name)!r} "
                        f"(run.{name}): allowed: {allowed}.")
 
-  # inf (`1e999`) or nan would run and then be written as `Infinity` / `NaN`,
-  # which is not JSON.
   t, p = args.temperature, args.top_p
   if not (is_real(t) and t >= 0):
     raise bad("temperature", "a finite number >= 0 (0 = greedy)")
@@ -290,29 +251,18 @@ def check_settings(args: RunArguments) -> None:
   if not is_int(args.seed) or not 0 <= args.seed <= MAX_SEED:
     raise bad(
         "seed", f"an integer from 0 to {MAX_SEED} (JAX's PRNG keys "
-        "keep 32 bits: another seed would repeat one of these)")
-  if not isinstance(args.overwrite, bool):
-    raise bad("overwrite", "True or False")
-  if not isinstance(args.mesh_shape, tuple):
-    raise bad("mesh_shape", "(data, model), e.g. (1, 4) shards the models "
-              "over 4 chips")
-  lengths = args.task_feature_lengths
-  if not isinstance(lengths, dict):
-    raise bad("task_feature_lengths",
-              "{'inputs': S, 'targets': max decode length}")
-  inputs = lengths.get("inputs", 2)  # the keys: `_check_decoding_args`
+        "keep 32 bits)")
+  inputs = args.task_feature_lengths.get("inputs", 2)  # keys: checked later
   if not is_int(inputs) or inputs < 2:
     raise ConfigError(
         f"TASK_FEATURE_LENGTHS['inputs']={inputs!r}: allowed: an integer >= 2 "
-        "(input tokens per example, EOS included; longer inputs are "
-        "truncated and counted in metrics.json).")
+        "(input tokens per example, EOS included).")
   task = args.task_name
   if isinstance(task, str) and len(task.encode("utf-8")) > TASK_MAX_BYTES:
     raise ConfigError(
         f"TASK={task[:40]!r}... ({len(task.encode('utf-8'))} bytes, "
         f"run.task_name): allowed: at most {TASK_MAX_BYTES} bytes (a sweep "
-        f"names a point's folder 'TASK=<value>', and a folder name has at "
-        f"most {NAME_MAX} bytes).")
+        "names a point's folder 'TASK=<value>').")
   output_dir = args.output_dir
   if not isinstance(output_dir, str) or not output_dir:
     raise bad("output_dir", "a directory path")
@@ -325,7 +275,7 @@ def check_settings(args: RunArguments) -> None:
 
 def _type_allows(annotation: Any, value: Any) -> bool:
   """Whether `value` is of a field's declared type (bool is no int, an int
-  is a float; a Dict / Tuple's own checks look at its items)."""
+  is a float)."""
   origin = typing.get_origin(annotation)
   if origin is Union:
     return any(_type_allows(a, value) for a in typing.get_args(annotation))
@@ -362,22 +312,14 @@ def _type_words(annotation: Any) -> str:
       typing.get_origin(annotation) or annotation, str(annotation))
 
 
-# Checked later with their own words: GAMMA is 'an integer >= 1, or
-# 'auto'' (`check_gamma`, `_check_gamma_and_length`), not "an integer or
-# a string".
+# Checked later, in their own words ('an integer >= 1, or 'auto'').
 _OWN_TYPE_WORDS = ("GAMMA", "TREE_WIDTH", "SPECULATION")
 
 
 def check_types(component: Any) -> None:
   """Every setting of `component` (the run's arguments, or a component's)
-  against the type its field declares (`INPUT_PREFIX = 5`, `TARGET_NAME =
-  [1, 2]` would fail late, with a traceback, or be written to metrics.json
-  as they are).
-
-  Raises:
-    ConfigError: naming the macro, the binding, the value and the type
-      allowed.
-  """
+  against the type its field declares; ConfigError naming the macro, the
+  binding, the value and the type allowed."""
   hints = typing.get_type_hints(type(component))
   where = "run" if isinstance(component,
                               RunArguments) else type(component).__name__
@@ -390,8 +332,6 @@ def check_types(component: Any) -> None:
       raise ConfigError(
           f"{macro}={value!r} ({where}.{field.name}): allowed: "
           f"{_type_words(hints[field.name])} (got {type(value).__name__}).")
-  if isinstance(component, RunArguments):
-    _check_files(component)
 
 
 def _check_files(args: RunArguments) -> None:
@@ -408,8 +348,8 @@ def _check_files(args: RunArguments) -> None:
 
 
 def _check_decoding_args(args: RunArguments) -> None:
-  """MODE, and what the decoders check (γ, max_decode_length, sampling),
-  BATCH_SIZE, NUM_EXAMPLES and TASK_FEATURE_LENGTHS' keys; ValueError."""
+  """MODE, TASK_FEATURE_LENGTHS, GAMMA, the sampling settings together,
+  BATCH_SIZE and NUM_EXAMPLES; ValueError."""
   if args.mode not in MODES:
     raise ValueError(f"MODE={args.mode!r}: allowed: one of {MODES}.")
   if set(args.task_feature_lengths) != {"inputs", "targets"}:
@@ -417,9 +357,6 @@ def _check_decoding_args(args: RunArguments) -> None:
                      "'inputs' and 'targets', got "
                      f"{args.task_feature_lengths!r}.")
   _check_gamma_and_length(args)
-  decoding.check_settings(
-      gamma=None if args.auto_gamma else args.gamma,
-      max_decode_length=args.task_feature_lengths.get("targets", 0))
   args.method()  # Validates temperature, top_k and top_p together.
   for name, value in (("BATCH_SIZE", args.batch_size), ("NUM_EXAMPLES",
                                                         args.num_examples)):
@@ -428,19 +365,14 @@ def _check_decoding_args(args: RunArguments) -> None:
 
 
 def _check_gamma_and_length(args: RunArguments) -> None:
-  """GAMMA and TASK_FEATURE_LENGTHS['targets'] by the names the user typed
-  (`decoding.check_settings` would say "gamma", "max_decode_length"), and
-  γ no larger than the decode length: a call cannot keep more guesses than
-  there are tokens to decode, and γ = 1000 for 32 tokens costs 1000 draft
-  steps per call."""
+  """GAMMA and TASK_FEATURE_LENGTHS['targets'] by the names the user typed,
+  and γ no larger than the decode length."""
   targets = args.task_feature_lengths.get("targets", 1)
   if not is_int(targets) or not 1 <= targets <= MAX_DECODE_LENGTH:
     raise ValueError(
         f"TASK_FEATURE_LENGTHS['targets']={targets!r}: allowed: an integer "
         f"from 1 to {MAX_DECODE_LENGTH} (the most tokens decoded per "
-        "example, EOS included; compiling and decoding take time in "
-        "proportion, and nothing is printed until the first batch is "
-        "done).")
+        "example, EOS included).")
   if args.auto_gamma:
     return
   if not is_int(args.gamma) or args.gamma < 1:
@@ -449,40 +381,26 @@ def _check_gamma_and_length(args: RunArguments) -> None:
   if args.gamma > targets:
     raise ValueError(
         f"GAMMA={args.gamma} is more than TASK_FEATURE_LENGTHS['targets']="
-        f"{targets}: no target call can keep more guesses than there are "
-        f"tokens to decode. Allowed: 1 to {targets}, or "
+        f"{targets}, the tokens to decode. Allowed: 1 to {targets}, or "
         f"'{AUTO_GAMMA}'.")
-
-
-def check_gamma(gamma: Any) -> None:
-  """GAMMA: 'auto' or a number (`decoding.check_settings` checks that it is
-  an integer >= 1); raises ValueError for any other string."""
-  if isinstance(gamma, str) and gamma != AUTO_GAMMA:
-    raise ValueError(f"GAMMA={gamma!r}: allowed: an integer >= 1, or "
-                     f"'{AUTO_GAMMA}' (Theorem 3.8's best γ for the α and c "
-                     "measured on the first examples).")
 
 
 def _check_speculation(args: RunArguments) -> None:
   """SPECULATION among its values, and what 'off' / 'auto' cannot run
-  with; ValueError naming the macro, the value and what is allowed."""
+  with; ValueError."""
   value = args.speculation
   if not isinstance(value, str) or value not in decode_modes.SPECULATIONS:
     raise ValueError(
         f"SPECULATION={value!r}: allowed: 'on' (speculative decoding, the "
-        "default), 'off' (the target alone) or 'auto' (the run prices the "
-        "decode modes on this machine and picks the fastest, the target "
-        "alone included).")
+        "default), 'off' (the target alone) or 'auto' (the fastest here).")
   if value == decode_modes.SPECULATION_ON:
     return
   if args.mode == "alpha":
-    raise ValueError(f"SPECULATION={value!r} with MODE='alpha': α is "
-                     "measured with the draft; allowed: SPECULATION='on' "
-                     "with MODE='alpha'.")
+    raise ValueError(f"SPECULATION={value!r} with MODE='alpha': allowed: "
+                     "SPECULATION='on' (α is measured with the draft).")
   if args.compile_topology is not None:
     raise ValueError(f"SPECULATION={value!r} with COMPILE_TOPOLOGY="
-                     f"{args.compile_topology!r}: the programs are compiled "
-                     "for one decode mode; allowed: SPECULATION='on'.")
+                     f"{args.compile_topology!r}: allowed: SPECULATION='on'.")
   lenience = args.decode_mode.lenience
   threshold = args.drafting.adaptive_threshold
   if value == decode_modes.SPECULATION_AUTO and (lenience != 1 or
@@ -496,20 +414,17 @@ def _check_speculation(args: RunArguments) -> None:
 
 def run_arguments(
     overrides: Optional[Mapping[str, Any]] = None) -> RunArguments:
-  """The run's arguments as gin binds them (`run.gamma = ...`), checked:
-  `RunArguments()` with `overrides` (tests, the sweep command) replacing
-  some; and gin's bindings of the components' settings, by one rule: a
-  setting of a component the run did not choose is refused
-  (`gin_utils.check_unread_settings`: TREE_WIDTH=3 with
-  ACCEPTANCE='token' would change nothing).
-
-  Raises:
-    ConfigError: an unknown override, a bad value (`RunArguments`), or a
-      setting of a component the run did not choose.
-  """
-  unknown = set(overrides or {}) - set(ARGUMENTS)
+  """The run's arguments as gin binds them, `overrides` (tests, the sweep
+  command) replacing some; ConfigError for an unknown override, a bad value
+  or a setting of a component the run did not choose."""
+  unknown = sorted(set(overrides or {}) - set(ARGUMENTS))
   if unknown:
-    raise ConfigError(unknown_arguments_message(sorted(unknown)))
+    close = list(
+        dict.fromkeys(c for name in unknown
+                      for c in gin_reader.closest_names(name, list(ARGUMENTS))))
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise ConfigError(f"Unknown run arguments {unknown}; {hint}known: "
+                      f"{sorted(ARGUMENTS)}.")
   args = RunArguments(**(overrides or {}))  # pylint: disable=missing-kwoa
   read = args.decode_mode.reads() | args.drafting.reads()
   gin_utils.check_unread_settings(

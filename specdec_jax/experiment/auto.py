@@ -1,31 +1,7 @@
 """The 'auto' choices' rules, as pure functions of the measured call costs
-(`Prices`) and the pilots' acceptance (`pilots` measures both).
-
-A candidate is a registry mode (`decode_modes`) with its settings: the
-target alone, token and block verification at γ, tree verification at
-(γ, k) where the drafter drafts trees, and with DECODE='beam' speculative
-beams at γ against the target's own beam search. SPECULATION='auto'
-chooses among all of them; GAMMA / TREE_WIDTH 'auto' among the run's own
-mode's shapes (`mode_candidates`).
-
-* predict (`predict`): each candidate by its mode's own cost model, the
-  one the summary uses (`DecodeMode.measured_theory`): Theorem 3.8 with the
-  measured cost of a (γ+1)-token call and the drafter's measured step cost
-  c, Equation (1)'s tokens per call cut at each pilot output's end; a
-  tree's E(γ, k) = 1 + a_1 (1 + a + ... + a^(γ-1)) tokens over
-  γ·c_k + C(1 + k·γ) (`expected_tree_tokens`; docs/design/
-  beyond_the_paper.md); speculative beams by both beam searches' walltime
-  on the pilot's examples. The target alone is 1.
-* calibrate (`predict_all`): each family's rows (`Candidate.family`:
-  chains, trees) with its own overhead per call, the loop's work beside
-  the priced calls (`overhead_steps`: from a timed pilot's measured
-  speedup over its model's, κ; it differs between a chain's loop and a
-  tree's).
-* choose (`choose`): the best, unless it is below `AUTO_MIN_GAIN` (then
-  the target alone); GAMMA / TREE_WIDTH 'auto': the best (`best`).
-
-While the run decodes, `online` tests the choice by the same rules
-(`online.corrected_rows`, `online.rechoose`).
+(`Prices`) and the pilots' acceptance: `predict` by each mode's own cost
+model, `predict_all` calibrated per family, `choose` (docs/design/
+beyond_the_paper.md derives a tree's E(γ, k)).
 """
 import dataclasses
 import math
@@ -39,30 +15,23 @@ from specdec_jax.experiment.plan import PilotSizes
 from specdec_jax.metrics import analysis
 
 DecodeMode = decode_modes.DecodeMode
-# A speculative candidate must be predicted this much faster than the
-# target alone to be chosen, and a switch this much faster than the choice's
-# measured speedup (the prediction's own error: issue 45 measured Theorem
-# 3.8 at the measured call cost 10-30% above the walltime).
+# The gain a candidate (or a switch) must be predicted to beat: the
+# prediction's own error (issue 45: 10-30%).
 AUTO_MIN_GAIN = 1.05
-# A pilot stops when the 95% interval of its α is narrower than this ...
+# A pilot stops when its α's 95% interval is narrower than this, after MIN
+# examples, at the latest after SHARE of the run's clipped to [MIN, MAX]
+# (issue 58: at 5% the pilot's α was 16% high).
 AUTO_ALPHA_TOLERANCE = 0.1
-# ... after at least this many examples, and at the latest after
-# AUTO_PILOT_SHARE of the run's examples, clipped to [MIN, MAX] (issue 58:
-# at 5%, 10 examples of 200 held-out captions gave α 0.72 where the run
-# measured 0.60, a prediction 16% high; at 25%, 50 gave 0.62).
 AUTO_PILOT_MIN_EXAMPLES = 8
 AUTO_PILOT_MAX_EXAMPLES = 64
 AUTO_PILOT_SHARE = 0.25
-# GAMMA='auto' prices the verification call at these K = γ + 1 and
-# interpolates linearly in between (on a CPU it grows with K; the
-# theorem's "one step" would make near-free drafters pick the largest γ).
+# GAMMA='auto' prices the call at these K = γ + 1, interpolated between.
 AUTO_GAMMA_CALL_KS = (1, 2, 4, 7, PILOT_SIZES.gamma_max + 1)
-# Trees of at most this many nodes 1 + k·γ (24 guesses and the root); with
-# GAMMA='auto' the tree call is priced at these N and interpolated.
+# Trees of at most this many nodes 1 + k·γ; the tree call priced at these N.
 AUTO_TREE_MAX_NODES = decode_modes.AUTO_TREE_MAX_NODES
 AUTO_TREE_CALL_NODES = (1, 2, 4, 7, 13, 19, AUTO_TREE_MAX_NODES)
-# A choice is tested only once it has this many batches of its own (and so
-# a run switches at most once per this many batches), at most this often.
+# A choice is tested after this many batches of its own, switched at most
+# this often.
 AUTO_SWITCH_MIN_BATCHES = 4
 AUTO_SWITCH_MAX_SWITCHES = 2
 # κ is clipped to these bounds (a pilot's timing, not a law of nature).
@@ -71,30 +40,22 @@ KAPPA_BOUNDS = (0.25, 4.0)
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-  """One setting 'auto' may run.
-
-  Attributes:
-    mode: its registry mode (`decode_modes.target_alone(...)`: the target
-      alone).
-    gamma: γ (None: the target alone).
-    tree_width: k for a tree (None otherwise).
-  """
+  """One setting 'auto' may run: a registry mode, γ (None: the target
+  alone) and a tree's k (None otherwise)."""
   mode: DecodeMode
   gamma: Optional[int] = None
   tree_width: Optional[int] = None
 
   @property
   def pilot_key(self) -> str:
-    """The pilot whose acceptance this candidate's prediction reads: one
-    per mode ('token', 'tree'); one tree pilot, with the widest k, serves
-    every k (`first_depth`)."""
+    """The pilot its prediction reads: one per mode (the widest tree's
+    serves every k)."""
     return self.mode.name
 
   @property
   def family(self) -> Optional[str]:
-    """Whose calibration (κ) corrects its prediction: 'trees', 'chains'
-    (token and block verification run one loop), 'beams'; None for the
-    target alone."""
+    """Whose calibration corrects it: 'trees', 'chains' (token and block:
+    one loop), 'beams'; None for the target alone."""
     if self.mode.target_alone:
       return None
     if self.mode.beam:
@@ -103,8 +64,8 @@ class Candidate:
 
   @property
   def label(self) -> str:
-    """In words: 'token γ=3', 'tree γ=4 k=2', 'speculative beams γ=3',
-    'the target alone' ('the target's own beam search')."""
+    """'token γ=3', 'tree γ=4 k=2', 'speculative beams γ=3', 'the target
+    alone'."""
     if self.mode.target_alone:
       return ("the target's own beam search"
               if self.mode.beam else "the target alone")
@@ -116,24 +77,20 @@ class Candidate:
 
 
 def pilot_gamma(gamma: Any, sizes: PilotSizes = PILOT_SIZES) -> int:
-  """The γ pilots decode at: GAMMA itself, or for GAMMA='auto' the
-  pilot γ of `sizes` (`Providers.pilot_sizes`)."""
+  """The γ pilots decode at: GAMMA, or for 'auto' `sizes.gamma_pilot`."""
   return sizes.gamma_pilot if isinstance(gamma, str) else int(gamma)
 
 
 def gammas_considered(gamma: Any, sizes: PilotSizes = PILOT_SIZES) -> List[int]:
   """GAMMA='auto': γ = 1 .. `sizes.gamma_max`; an integer GAMMA: itself."""
-  if isinstance(gamma, str):
-    return list(sizes.gammas)
-  return [int(gamma)]
+  return list(sizes.gammas) if isinstance(gamma, str) else [int(gamma)]
 
 
 def mode_candidates(mode: DecodeMode, gammas: Sequence[int],
                     tree_widths: Sequence[int], greedy: bool,
                     vocab_size: int) -> List[Candidate]:
-  """`mode` at each γ in `gammas` (a tree: and each k in `tree_widths`, in
-  trees of at most AUTO_TREE_MAX_NODES nodes; greedy trees need k <=
-  vocab_size: their branches start with distinct tokens)."""
+  """`mode` at each γ (a tree: each k, at most AUTO_TREE_MAX_NODES nodes;
+  greedy: k <= vocab_size, its branches start with distinct tokens)."""
   if not mode.branches:
     return [Candidate(mode, int(g)) for g in gammas]
   return [
@@ -146,19 +103,10 @@ def mode_candidates(mode: DecodeMode, gammas: Sequence[int],
 def candidates(search: DecodeMode, supported: Sequence[str],
                gammas: Sequence[int], greedy: bool, vocab_size: int,
                tree_widths: Optional[Sequence[int]] = None) -> List[Candidate]:
-  """Every setting SPECULATION='auto' considers, the target alone first.
-
-  Args:
-    search: the mode DECODE names (`decode_modes.search_mode_of`): beams
-      or sampling.
-    supported: the mode names the drafter drafts for
-      (`DrafterSpec.decode_modes`).
-    gammas: the γ to consider (`gammas_considered`).
-    greedy: T = 0 (block verification is then token verification: left
-      out; greedy trees need k <= vocab_size).
-    vocab_size: the models' vocabulary size.
-    tree_widths: the k of tree candidates (None: PILOT_SIZES').
-  """
+  """Every setting SPECULATION='auto' considers, the target alone first:
+  each mode of `supported` (names) that DECODE's `search` allows (greedy:
+  no block, it is token verification then) at `gammas` and `tree_widths`
+  (None: PILOT_SIZES')."""
   widths = (PILOT_SIZES.auto_tree_widths
             if tree_widths is None else tree_widths)
   out = [Candidate(decode_modes.target_alone(search))]
@@ -175,17 +123,8 @@ def candidates(search: DecodeMode, supported: Sequence[str],
 
 @dataclasses.dataclass(frozen=True)
 class Prices:
-  """The calls' measured costs, in target steps (one-token calls).
-
-  Attributes:
-    call_cost_by_k: {K: the target's K-token call / a step} (K = 1: 1),
-      interpolated linearly in between (`call_cost`).
-    cost_coefficient: c, one guess as the loop makes it / a step.
-    tree_call_cost_by_nodes: {N: the tree call over N nodes / a step}
-      ({} without tree candidates).
-    cost_coefficient_by_width: {k: one depth of the k-branch draft / a
-      step} ({} without tree candidates).
-  """
+  """Measured costs in target steps: {K: a K-token call}, c, {N: an N-node
+  tree call}, {k: one depth of a k-branch draft} (trees': {} without)."""
   call_cost_by_k: Mapping[int, float]
   cost_coefficient: float
   tree_call_cost_by_nodes: Mapping[int, float] = dataclasses.field(
@@ -199,10 +138,8 @@ class Prices:
     return float(np.interp(k, ks, [self.call_cost_by_k[x] for x in ks]))
 
   def tree_call_cost(self, nodes: int) -> float:
-    """The N-node tree call in steps, non-decreasing in N (a running
-    maximum: a call over more nodes does all the work of one over fewer,
-    so a dip is timing noise, and pricing it low would pick too big a
-    tree), interpolated between the priced N."""
+    """The N-node tree call in steps, interpolated, non-decreasing in N (a
+    dip is timing noise: a bigger call does all a smaller one does)."""
     ns = sorted(self.tree_call_cost_by_nodes)
     ratios = np.maximum.accumulate(
         [self.tree_call_cost_by_nodes[n] for n in ns])
@@ -211,23 +148,11 @@ class Prices:
 
 def predict(candidate: Candidate, prices: Optional[Prices],
             pilots: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
-  """One row of the table: the candidate's modelled speedup over the
-  target alone (no calibration: `predict_all`) and what it was computed
-  from.
-
-  Args:
-    candidate: the setting.
-    prices: the measured call costs (None: nothing priced, beams).
-    pilots: {pilot_key: {'alpha', and for trees 'first_depth' (a_1),
-      'first_depth_by_width' (a_1 of k = 1, 2, ...: `first_depth`) and
-      'deeper' (a); for beams 'speedup', their measured ratio;
-      'output_lengths' when known}}.
-
-  Returns:
-    {'mode', 'gamma', 'tree_width', 'label', 'predicted_speedup', 'alpha',
-    'first_depth_alpha', 'cost_coefficient_c', 'call_cost' (the
-    verification call in steps), 'tokens_per_call'}.
-  """
+  """The candidate's row: its modelled speedup, uncalibrated, and inputs
+  ('alpha', 'first_depth_alpha', 'cost_coefficient_c', 'call_cost' in
+  steps, 'tokens_per_call'), from `prices` (None: beams) and `pilots`
+  ({pilot_key: {'alpha'; trees: 'first_depth', 'deeper',
+  'first_depth_by_width'; beams: 'speedup'; 'output_lengths'}})."""
   mode, gamma, width = candidate.mode, candidate.gamma, candidate.tree_width
   row: Dict[str, Any] = {
       "mode": mode.name,
@@ -261,13 +186,11 @@ def predict(candidate: Candidate, prices: Optional[Prices],
   else:
     c, call = float(prices.cost_coefficient), prices.call_cost(gamma + 1)
     lengths = pilot.get("output_lengths")
-    # Each output's last call is cut at its end: short outputs buy fewer
-    # tokens per call than Equation (1) says, the more so the larger γ.
+    # Each output's last call is cut at its end (Equation (1) is not).
     tokens = float(
         analysis.expected_tokens_per_call_with_ends(alpha, gamma, lengths)
         if lengths and sum(lengths) else analysis.
         expected_tokens_per_iteration(alpha, gamma))
-  # The mode's cost model: the tokens per call over an iteration's cost.
   row.update(
       cost_coefficient_c=c, call_cost=call, tokens_per_call=tokens,
       predicted_speedup=float(
@@ -288,25 +211,17 @@ def _steps_per_call(row: Mapping[str, Any]) -> float:
 
 
 def overhead_steps(measured: float, row: Mapping[str, Any]) -> float:
-  """A family's calibration: the loop's own work per target call that the
-  cost model does not price (acceptance, cache rollback, a tree's
-  bookkeeping), in target steps: o = s (model / measured - 1), s = γ·c + C
-  the row's modelled steps per call (a pilot's `measured` is first held
-  within KAPPA_BOUNDS of the model: `kappa`).
-
-  Added to every call of the family (`calibrated`), not multiplied: a
-  fixed cost per call weighs more on a cheaper call, so a tree pilot
-  timed at its widest k predicts a narrower tree without the bias a
-  ratio had (issue 58: k = 2 predicted 14-21% above its walltime).
+  """A family's calibration: the loop's unpriced work per call in target
+  steps, o = s (model / measured - 1), s = γ·c + C. Added to each call
+  (`calibrated`), not multiplied: a ratio biased narrower trees (issue 58).
   """
   model = row.get("model_speedup", row["predicted_speedup"])
   return _steps_per_call(row) * (model / max(measured, 1e-12) - 1.0)
 
 
 def calibrated(row: Mapping[str, Any], overhead: float) -> float:
-  """A priced row's speedup with `overhead` steps added to each call:
-  tokens / (γ·c + C + o), at most KAPPA_BOUNDS[1] times the model's (a
-  negative overhead: the loop ran faster than priced)."""
+  """A priced row's speedup with `overhead` steps added to each call, at
+  most KAPPA_BOUNDS[1] times the model's."""
   model = row.get("model_speedup", row["predicted_speedup"])
   steps = _steps_per_call(row)
   ratio = steps / (steps + overhead) if steps + overhead > 0 else math.inf
@@ -317,10 +232,8 @@ def predict_all(
     candidates_: Sequence[Candidate], prices: Optional[Prices],
     pilots: Mapping[str, Mapping[str, Any]],
     overheads: Optional[Mapping[str, float]] = None) -> List[Dict[str, Any]]:
-  """`predict`'s row of every candidate, each priced family's calibrated by
-  its own overhead per call (`overheads`: {family: steps};
-  `Candidate.family`; `calibrated`); a calibrated row keeps its model's
-  speedup in 'model_speedup'."""
+  """`predict`'s rows, each priced family's calibrated by its own overhead
+  ({family: steps}); the model's speedup kept in 'model_speedup'."""
   rows = []
   for c in candidates_:
     row = predict(c, prices, pilots)
@@ -333,8 +246,7 @@ def predict_all(
 
 
 def best(rows: Sequence[Mapping[str, Any]]) -> int:
-  """The index of the row of the best predicted speedup, ties to the
-  earlier row (fewer guesses, simpler mode, a narrower tree)."""
+  """The index of the best predicted speedup, ties to the earlier row."""
   if not rows:
     raise ValueError("rows is empty: no candidate to choose from")
   return max(range(len(rows)), key=lambda i: (rows[i]["predicted_speedup"], -i))
@@ -342,8 +254,7 @@ def best(rows: Sequence[Mapping[str, Any]]) -> int:
 
 def choose(rows: Sequence[Mapping[str, Any]],
            min_gain: float = AUTO_MIN_GAIN) -> int:
-  """The index of the chosen row of `predict`'s rows (row 0: the target
-  alone): the `best`, unless it is below `min_gain`: the target alone."""
+  """The `best` row, or row 0 (the target alone) below `min_gain`."""
   chosen = best(rows)
   if chosen and rows[chosen]["predicted_speedup"] < min_gain:
     return 0
@@ -351,16 +262,14 @@ def choose(rows: Sequence[Mapping[str, Any]],
 
 
 def pilot_cap(num_examples: int) -> int:
-  """The most examples one pilot decodes: AUTO_PILOT_SHARE of the run's,
-  clipped to [AUTO_PILOT_MIN_EXAMPLES, AUTO_PILOT_MAX_EXAMPLES]."""
+  """The most examples one pilot decodes (AUTO_PILOT_SHARE, clipped)."""
   share = math.ceil(AUTO_PILOT_SHARE * max(int(num_examples), 0))
   return min(AUTO_PILOT_MAX_EXAMPLES, max(AUTO_PILOT_MIN_EXAMPLES, share))
 
 
 def pilot_done(examples: int, interval: Tuple[float, float], cap: int,
                tolerance: float = AUTO_ALPHA_TOLERANCE) -> bool:
-  """Whether a pilot may stop: `cap` examples, or at least
-  AUTO_PILOT_MIN_EXAMPLES with a 95% interval narrower than `tolerance`."""
+  """`cap` examples, or the minimum with an interval within `tolerance`."""
   if examples >= cap:
     return True
   return (examples >= AUTO_PILOT_MIN_EXAMPLES and
@@ -369,11 +278,8 @@ def pilot_done(examples: int, interval: Tuple[float, float], cap: int,
 
 # -- trees ---------------------------------------------------------------------
 def depth_acceptance(histogram: Sequence[int]) -> Tuple[float, float]:
-  """(a_1, a) from a tree's accepted histogram [γ + 1] (calls that kept
-  n = 0..γ guesses): a_1 = calls that kept >= 1 / all calls; a = guesses
-  kept at depths >= 2 / the depth >= 2 tests made (a call that kept n >= 1
-  passed n - 1 deeper tests and failed one more when n < γ). With γ = 1 or
-  no deeper test, a = a_1."""
+  """(a_1, a) from a tree's histogram [γ + 1]: a_1 = calls keeping >= 1 /
+  calls; a = guesses kept at depth >= 2 / tests there (a = a_1 if none)."""
   counts = np.asarray(histogram, np.float64)
   if counts.ndim != 1 or counts.size < 2 or np.any(counts < 0):
     raise ValueError(f"histogram={list(histogram)!r}: allowed: [γ + 1] "
@@ -391,25 +297,20 @@ def depth_acceptance(histogram: Sequence[int]) -> Tuple[float, float]:
 
 
 def first_depth_by_width(rounds: Sequence[int]) -> List[float]:
-  """[k] a_1 of trees of k' = 1..k branches from a k-branch tree's calls
-  counted by their first round ([k + 1]: `TreeOutput.first_round_histogram`
-  summed over rows): the share of calls whose first round is below k' (a
-  narrower tree keeps a first guess exactly then)."""
+  """[k] a_1 of k' = 1..k branches from the calls by first round [k + 1]
+  (`TreeOutput.first_round_histogram`): the share whose round is < k'."""
   counts = np.asarray(rounds, np.float64)
   return [float(x) for x in np.cumsum(counts[:-1]) / max(counts.sum(), 1.0)]
 
 
 def expected_tree_tokens(first: float, deeper: float, gamma: int) -> float:
-  """E(γ, k) = 1 + a_1 · (1 + a + ... + a^(γ-1)): the model's tokens per
-  iteration (k = 1, a_1 = a = α: Equation (1)'s (1 - α^(γ+1)) / (1 - α))."""
+  """E(γ, k) = 1 + a_1 · (1 + a + ... + a^(γ-1)), tokens per iteration."""
   return 1.0 + first * float(np.sum(deeper**np.arange(gamma)))
 
 
 def first_depth(pilot: Mapping[str, Any], width: int) -> float:
-  """a_1 of a tree of k = `width` branches from a tree pilot's record: its
-  'first_depth_by_width' entry k - 1, else its own 'first_depth'. The
-  pilot's deeper a serves every k (with distinct first guesses, the
-  default, one branch carries the kept prefix at any k)."""
+  """a_1 at k = `width` from a tree pilot's record ('first_depth_by_width',
+  else 'first_depth'); its deeper a serves every k."""
   by_width = pilot.get("first_depth_by_width") or ()
   if 1 <= width <= len(by_width):
     return float(by_width[width - 1])
@@ -421,18 +322,8 @@ def reason(rows: Sequence[Mapping[str, Any]], chosen: int,
            min_gain: float = AUTO_MIN_GAIN,
            pilot_examples: Optional[int] = None,
            fixed_gamma: Optional[int] = None) -> str:
-  """The stdout line: 'auto: chose token γ=3, predicted 1.31× (...);
-  runner-up: tree γ=3 k=2, predicted 1.20×; γ=3 is GAMMA's, not chosen
-  (GAMMA='auto' chooses it)', or 'auto: speculation off — ...; the target
-  alone is fastest (...)'.
-
-  Args:
-    rows: `predict_all`'s rows, the target alone first.
-    chosen: `choose`'s index.
-    min_gain: what a speculative row had to reach.
-    pilot_examples: the examples a beam pilot timed (its words).
-    fixed_gamma: GAMMA when it is an integer (not chosen), else None.
-  """
+  """The stdout line of `choose`'s choice: 'auto: chose token γ=3, ...' or
+  'auto: speculation off — ...' (`fixed_gamma`: an integer GAMMA)."""
   row = rows[chosen]
   fixed = ("" if fixed_gamma is None else
            f"; γ={fixed_gamma} is GAMMA's, not chosen (GAMMA='auto' "
@@ -462,7 +353,6 @@ def reason(rows: Sequence[Mapping[str, Any]], chosen: int,
 
 
 def _inputs_words(row: Mapping[str, Any]) -> str:
-  """'a 4-token call costs 1.21 steps and α is 0.62, c 0.011'."""
   if row["call_cost"] is None:
     return f"measured on the pilot; draft steps kept {row['alpha']:.2f}"
   if row["tree_width"] is not None:

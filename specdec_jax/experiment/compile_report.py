@@ -1,45 +1,32 @@
-"""COMPILE_TOPOLOGY's figures: compile.json and the summary in plain words.
-
-`compile_topology(args, value, gin_files)` checks the settings (no libtpu
-needed for that), compiles the run's programs for the topology
-(`compile_check`), and writes OUTPUT_DIR/compile.json (atomically):
-
-* memory per device: parameters, KV caches, the biggest program's total
-  (arguments + outputs - aliased + temporaries) against the chip's HBM, and
-  whether it fits; when it does not, the smallest MESH_SHAPE that does;
-* per call (target step, verification, draft step; ACCEPTANCE='tree': the
-  tree call over 1 + k·γ nodes too): bytes accessed and FLOPs from XLA's
-  cost analysis, bytes accessed / parameter bytes, and how many times each
-  weight is read (`hlo_reads`);
-* collectives per target step, and every custom call in any program;
-* the roofline (`roofline`): each call's time as max(bytes / HBM
-  bandwidth, FLOPs / peak), c and the call cost from them, and Theorem 3.8's
-  speedup at the paper's α for this gin file's Table 2 row (from the gin
-  file's comments, `paper_row`) beside the paper's measured speedup.
+"""COMPILE_TOPOLOGY's figures (`compile_topology`): the topology
+(`resolve`), the programs compiled (`compile_check`), compile.json (memory
+against HBM, each call's bytes, FLOPs and weight reads, the `roofline` and
+Theorem 3.8 at the paper's α) and its summary in plain words.
 """
+import dataclasses
 import math
 import os
 import re
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 
+from specdec_jax.config import flag_utils
 from specdec_jax.config import gin_reader
-from specdec_jax.config import gin_utils
 from specdec_jax.core import decoding
 from specdec_jax.core import kernels
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_check
+from specdec_jax.experiment import hlo_reads
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import loading
-from specdec_jax.experiment import tpu_topologies
 from specdec_jax.files import io_utils
 from specdec_jax.metrics import analysis
 from specdec_jax.multihost import partitioning
 from specdec_jax.terminal import console
 
-ConfigError = gin_utils.ConfigError
+ConfigError = flag_utils.ConfigError
 COMPILE_FILE = "compile.json"
 MACRO = "COMPILE_TOPOLOGY"
 # "temperature 0 (gamma=7: paper alpha=0.75, 3.4x)" and "the
@@ -48,10 +35,122 @@ _PAPER = re.compile(r"temperature[ -](\d+(?:\.\d+)?)\D*?gamma=(\d+)\W+"
                     r"paper alpha=([\d.]+),\s*([\d.]+)x")
 
 
+# -- TPU topologies --------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One TPU generation's figures per chip (public Cloud TPU docs)."""
+  generation: str
+  hbm_bytes: int
+  hbm_bytes_per_s: float
+  peak_bf16_flops: float
+  chip_config_name: str  # libtpu: 'megacore' (2 TensorCores as one device)
+  cores_in_name: int  # TensorCores per chip that a Cloud TPU name counts
+  ndims: int  # topology dimensions (3: a torus, 2: a mesh)
+
+
+GIB = 2**30
+CHIPS: Dict[str, Chip] = {
+    "v4": Chip("v4", 32 * GIB, 1.2e12, 275e12, "megacore", 2, 3),
+    "v5e": Chip("v5e", 16 * GIB, 819e9, 197e12, "default", 1, 2),
+    "v5p": Chip("v5p", 95 * GIB, 2.765e12, 459e12, "megacore", 2, 3),
+}
+FIGURES_SOURCE = ("per chip, Cloud TPU documentation: v4 32 GiB HBM at 1.2 "
+                  "TB/s, 275 TFLOP/s bf16; v5e 16 GiB at 819 GB/s, 197 "
+                  "TFLOP/s; v5p 95 GiB at 2.765 TB/s, 459 TFLOP/s")
+# Cloud TPU names -> chip grid (v4/v5p names count TensorCores, v5e chips).
+CLOUD_NAMES: Dict[str, str] = {
+    "v4-8": "v4:2x2x1",
+    "v4-16": "v4:2x2x2",
+    "v4-32": "v4:2x2x4",
+    "v4-64": "v4:2x4x4",
+    "v4-128": "v4:4x4x4",
+    "v5e-1": "v5e:1x1",
+    "v5e-4": "v5e:2x2",
+    "v5e-8": "v5e:2x4",
+    "v5e-16": "v5e:4x4",
+    "v5e-32": "v5e:4x8",
+    "v5p-8": "v5p:2x2x1",
+    "v5p-16": "v5p:2x2x2",
+    "v5p-32": "v5p:2x2x4",
+}
+_RAW = re.compile(r"^(v4|v5e|v5p):(\d+(?:x\d+)*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """A slice: its name as given, libtpu's name, the chip, chips per axis."""
+  name: str
+  topology_name: str
+  chip: Chip
+  grid: Tuple[int, ...]
+
+  @property
+  def num_chips(self) -> int:
+    return math.prod(self.grid)
+
+  def as_dict(self) -> Dict[str, Any]:
+    return {
+        "name": self.name,
+        "topology_name": self.topology_name,
+        "grid": list(self.grid),
+        "chips": self.num_chips,
+        "chip": dataclasses.asdict(self.chip),
+        "figures_source": FIGURES_SOURCE
+    }
+
+
+def resolve(name: Any, macro: str = MACRO) -> Topology:
+  """The `Topology` of a Cloud TPU name ('v4-8') or a topology name
+  ('v4:2x2x1'); ValueError naming `macro`, the value and what is allowed."""
+  raw = CLOUD_NAMES.get(name, name) if isinstance(name, str) else None
+  match = _RAW.match(raw) if isinstance(raw, str) else None
+  if match:
+    chip = CHIPS[match.group(1)]
+    grid = tuple(int(d) for d in match.group(2).split("x"))
+    if len(grid) == chip.ndims and min(grid) >= 1:
+      return Topology(name, raw, chip, grid)
+  raise ValueError(
+      f"{macro}={name!r}: unknown TPU topology; allowed: a Cloud TPU name "
+      f"({', '.join(CLOUD_NAMES)}) or a topology name GENERATION:AxBxC with "
+      f"GENERATION one of {', '.join(CHIPS)} (3 dimensions for v4/v5p, 2 "
+      "for v5e; e.g. 'v4:2x2x1', 'v5e:2x4').")
+
+
+def topology_devices(topology: Topology) -> List[Any]:
+  """The topology's devices from libtpu (no TPU needed), one per chip (a
+  v4/v5p chip's two TensorCores as one 'megacore' device, as Cloud TPU VMs
+  run); RuntimeError without libtpu or when it refuses the topology."""
+  try:
+    import libtpu  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    raise RuntimeError(
+        "compiling for a TPU topology needs libtpu, which is not installed: "
+        "pip install -e '.[tpu]' (jax[tpu] at the installed jax version; "
+        "no TPU needed).") from None
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    desc = topologies.get_topology_desc(
+        platform="tpu", topology_name=topology.topology_name,
+        chip_config_name=topology.chip.chip_config_name)
+  # libtpu raises its own error type.
+  except Exception as e:  # pylint: disable=broad-except
+    hint = (" (another process has libtpu open; processes that only "
+            "compile may share it with ALLOW_MULTIPLE_LIBTPU_LOAD=1)"
+            if "lockfile" in str(e) else "")
+    raise RuntimeError(f"libtpu refused topology "
+                       f"{topology.topology_name!r}: {e}{hint}") from None
+  found = list(desc.devices)
+  if len(found) != topology.num_chips:
+    raise RuntimeError(
+        f"libtpu gave {len(found)} devices for {topology.topology_name!r} "
+        f"({topology.num_chips} chips expected, one device per chip).")
+  return found
+
+
 def paper_row(gin_files: Sequence[str], temperature: float,
               gamma: int) -> Optional[Dict[str, Any]]:
-  """The paper's α and measured speedup for (temperature, γ), as the gin
-  files' comments state them; None when none states this row."""
+  """The paper's α and speedup at (temperature, γ) as the gin files'
+  comments state them, or None."""
   for name in gin_files:
     path = gin_reader.find_gin_file(name)
     if path is None:
@@ -73,14 +172,10 @@ def paper_row(gin_files: Sequence[str], temperature: float,
 
 
 def check_compile_settings(args: arguments.RunArguments,
-                           value: Any) -> tpu_topologies.Topology:
-  """The topology, and the settings compile mode supports; before libtpu.
-
-  Raises:
-    ConfigError: naming the macro, the value and what is allowed.
-  """
+                           value: Any) -> Topology:
+  """The topology, the settings checked (ConfigError); before libtpu."""
   try:
-    topology = tpu_topologies.resolve(value, MACRO)
+    topology = resolve(value, MACRO)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   if not args.drafting.is_model_step:
@@ -102,14 +197,9 @@ def check_compile_settings(args: arguments.RunArguments,
   return topology
 
 
-def _ratio(a: float, b: float) -> Optional[float]:
-  return a / b if b else None
-
-
-def _times(call: Dict[str, Any], chip: tpu_topologies.Chip) -> Dict[str, Any]:
-  """One call's roofline times: bytes / HBM bandwidth (XLA's bytes
-  accessed, and the call's argument bytes: what it must read at least
-  once), FLOPs / peak; each time is the larger of its bytes and FLOPs."""
+def _times(call: Dict[str, Any], chip: Chip) -> Dict[str, Any]:
+  """One call's roofline times: the larger of bytes / HBM bandwidth (XLA's,
+  or its arguments') and FLOPs / peak."""
   compute_s = call["flops"] / chip.peak_bf16_flops
   memory_s = call["bytes_accessed"] / chip.hbm_bytes_per_s
   arguments_s = call["argument_bytes"] / chip.hbm_bytes_per_s
@@ -126,8 +216,8 @@ def _times(call: Dict[str, Any], chip: tpu_topologies.Chip) -> Dict[str, Any]:
 def _pricing(times, key: str, gamma: int, paper) -> Dict[str, Any]:
   """c, the call cost and Theorem 3.8 from the `key` times."""
   step = times["target_step"][key]
-  c = _ratio(times["draft_step"][key], step)
-  call_cost = _ratio(times["verification"][key], step)
+  c = hlo_reads.ratio(times["draft_step"][key], step)
+  call_cost = hlo_reads.ratio(times["verification"][key], step)
   out = {
       "cost_coefficient_c": c,
       "call_cost": call_cost,
@@ -139,53 +229,32 @@ def _pricing(times, key: str, gamma: int, paper) -> Dict[str, Any]:
         analysis.expected_speedup(paper["alpha"], gamma, c, call_cost))
     out["theorem_3_8_speedup_call_cost_1"] = float(
         analysis.expected_speedup(paper["alpha"], gamma, c))
+  if "tree_call" in times:  # its cost in target steps
+    out["tree_call_cost"] = hlo_reads.ratio(times["tree_call"][key], step)
   return out
 
 
-def roofline(calls: Dict[str, Any], chip: tpu_topologies.Chip, gamma: int,
+def roofline(calls: Dict[str, Any], chip: Chip, gamma: int,
              paper: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-  """Each call's time at the chip's bandwidth and peak, c, the call cost
-  and Theorem 3.8 at the paper's α: from XLA's bytes accessed (top level),
-  and from the calls' argument bytes (`from_arguments`).
-
-  XLA:TPU's bytes accessed is not HBM traffic: it counts each fusion's
-  operands and outputs, prefetch copies included (two chained matmuls
-  count 3x their weights), so it overstates a step; argument bytes
-  (weights + KV cache, each read once) understate nothing a step must read.
-  """
+  """Each call's time, c, the call cost and Theorem 3.8 at the paper's α,
+  from XLA's bytes accessed (which overstates a step: prefetch copies) and
+  from the calls' argument bytes (`from_arguments`)."""
   times = {
       name: _times(calls[name], chip)
       for name in ("target_step", "verification", "draft_step", "tree_call")
       if name in calls
   }
-  out = {
+  return {
       "calls": times,
       **_pricing(times, "seconds", gamma, paper), "from_arguments": _pricing(
           times, "seconds_from_arguments", gamma, paper)
   }
-  if "tree_call" in times:  # its cost in target steps
-    for key, record in (("seconds", out), ("seconds_from_arguments",
-                                           out["from_arguments"])):
-      record["tree_call_cost"] = _ratio(times["tree_call"][key],
-                                        times["target_step"][key])
-  return out
-
-
-def _per_call(calls: Dict[str, Any]) -> None:
-  """Adds XLA's bytes accessed / the call's argument bytes (per device) to
-  each call: above 1 where XLA counts on-chip prefetch copies too
-  (`hlo_reads`), so the weight reads are counted from the HLO apart."""
-  for record in calls.values():
-    record["bytes_per_argument_byte"] = _ratio(record["bytes_accessed"],
-                                               record["argument_bytes"])
 
 
 def smallest_fitting_mesh(num_chips: int, mesh_shape: Sequence[int], hbm: int,
                           total_bytes) -> Optional[List[int]]:
-  """The first (data, model), model axis growing from MESH_SHAPE's, whose
-  `total_bytes((data, model))` per device fits `hbm`; None if none does on
-  `num_chips` chips. The parameters shard over 'model' only, so 'data'
-  stays as given."""
+  """The first (data, model), 'model' growing (the parameters shard over
+  it), whose `total_bytes` per device fits `hbm`; None if none does."""
   data, model = mesh_shape
   for m in range(model + 1, num_chips // data + 1):
     if (num_chips // data) % m == 0 and total_bytes((data, m)) <= hbm:
@@ -195,12 +264,8 @@ def smallest_fitting_mesh(num_chips: int, mesh_shape: Sequence[int], hbm: int,
 
 def compile_topology(args: arguments.RunArguments, value: Any,
                      gin_files: Sequence[str]) -> Dict[str, Any]:
-  """Compiles the run's programs for the topology; writes compile.json.
-
-  libtpu's start-up lines about the TPU VM it is not on are kept off the
-  console and saved in OUTPUT_DIR/libtpu.log, named in one line
-  (`console.captured_libtpu_noise`); progress lines say what compiles, and for how long.
-  """
+  """Compiles the run's programs for the topology; writes compile.json
+  (libtpu's start-up lines go to OUTPUT_DIR/libtpu.log)."""
   noise: List[str] = console.startup_noise()
   with console.captured_libtpu_noise(noise):
     record = _compile_topology(args, value, gin_files)
@@ -209,15 +274,13 @@ def compile_topology(args: arguments.RunArguments, value: Any,
 
 
 def _compiled(compile_all, what: str) -> Dict[str, Any]:
-  """`compile_all()` as one progress phase, then one line of every
-  program's own seconds (they compile side by side)."""
+  """`compile_all()` as one progress phase, then each program's seconds."""
   with console.phase(f"{MACRO}: compiling {what} (XLA:TPU, several "
                      "programs side by side; minutes for T5-XXL)"):
     compiled = compile_all()
   seconds = {
       name: rec["compile_seconds"] for group in ("programs", "calls")
-      for name, rec in compiled.get(group, {}).items()
-      if isinstance(rec, dict) and rec.get("compile_seconds") is not None
+      for name, rec in compiled[group].items()
   }
   logging.info(
       "%s: compiled %d programs: %s", MACRO, len(seconds),
@@ -228,10 +291,9 @@ def _compiled(compile_all, what: str) -> Dict[str, Any]:
 
 def _compile_topology(args: arguments.RunArguments, value: Any,
                       gin_files: Sequence[str]) -> Dict[str, Any]:
-  """`compile_topology`'s work."""
   topology = check_compile_settings(args, value)
   try:
-    devices = tpu_topologies.devices(topology)
+    devices = topology_devices(topology)
   except RuntimeError as e:
     raise ConfigError(f"{MACRO}={value!r}: {e}") from None
   data, model = args.mesh_shape
@@ -245,8 +307,6 @@ def _compile_topology(args: arguments.RunArguments, value: Any,
       max_decode_length=args.max_decode_length, gamma=int(args.gamma),
       beam=beam_shapes(args, mode),
       tree_width=int(mode.width) if mode.branches else 0)
-  # The run's own rule (issue 42: this used to read LENIENCE alone and
-  # compiled Algorithm 1 for ACCEPTANCE='block').
   acceptance = mode.acceptance_rule(args)
 
   def build_drafter(draft):
@@ -279,8 +339,7 @@ def _compile_topology(args: arguments.RunArguments, value: Any,
 
 
 def beam_shapes(args, mode) -> Optional[compile_check.BeamShapes]:
-  """DECODE='beam' (`mode`, the run's): the beam programs' sizes (None:
-  sampling)."""
+  """The beam programs' sizes (None: sampling)."""
   if not mode.beam:
     return None
   return compile_check.BeamShapes(beam_size=mode.size, width=mode.draft_width(),
@@ -288,26 +347,14 @@ def beam_shapes(args, mode) -> Optional[compile_check.BeamShapes]:
                                   alpha=float(mode.alpha))
 
 
-def _beam_record(args, mode) -> Dict[str, Any]:
-  """compile.json's settings of a beam run ({} for sampling)."""
-  beam = beam_shapes(args, mode)
-  if beam is None:
-    return {}
-  return {
-      "decode": mode.decode,
-      "beam_size": beam.beam_size,
-      "beam_width": beam.width,
-      "beam_rows": beam.rows,
-      "beam_alpha": beam.alpha
-  }
-
-
 def _record(args, mode, value, topology, devices, target_config, draft_config,
             compiled, gin_files) -> Dict[str, Any]:
   """compile.json's dict."""
   calls, programs = compiled["calls"], compiled["programs"]
   params, caches = compiled["params"], compiled["kv_cache"]
-  _per_call(calls)
+  for call in calls.values():  # above 1: XLA counts prefetch copies too
+    call["bytes_per_argument_byte"] = hlo_reads.ratio(call["bytes_accessed"],
+                                                      call["argument_bytes"])
   hbm = topology.chip.hbm_bytes
   peak = max(p["total_bytes"] for p in programs.values())
   custom = sorted({
@@ -316,6 +363,14 @@ def _record(args, mode, value, topology, devices, target_config, draft_config,
   })
   collectives = dict(calls["target_step"]["collectives"])
   collectives["total"] = sum(collectives.values())
+  beam = beam_shapes(args, mode)
+  beam_settings = {} if beam is None else {
+      "decode": mode.decode,
+      "beam_size": beam.beam_size,
+      "beam_width": beam.width,
+      "beam_rows": beam.rows,
+      "beam_alpha": beam.alpha
+  }
   # Theorem 3.8 at the paper's α models sampling one sequence, not beams.
   paper = (None if mode.beam else paper_row(gin_files, float(args.temperature),
                                             int(args.gamma)))
@@ -335,7 +390,7 @@ def _record(args, mode, value, topology, devices, target_config, draft_config,
           "max_decode_length": args.max_decode_length,
           "target": _model_words(args.target_name, target_config),
           "draft": _model_words(args.draft_name, draft_config),
-          **_beam_record(args, mode), "acceptance": mode.acceptance,
+          **beam_settings, "acceptance": mode.acceptance,
           "tree_width": int(mode.width) if mode.branches else None
       },
       "memory_per_device": {
@@ -376,13 +431,7 @@ def _gb(n: float) -> str:
   return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
 
 
-def _collective_words(collectives: Dict[str, int]) -> str:
-  parts = [f"{n} {k}" for k, n in collectives.items() if k != "total" and n]
-  return ", ".join(parts) if parts else "none"
-
-
 def _beam_words(settings: Dict[str, Any]) -> str:
-  """The beam programs compiled, and why Theorem 3.8 is not priced."""
   return (f"DECODE='beam' (k={settings['beam_size']}, "
           f"u={settings['beam_width']}, R={settings['beam_rows']}): the "
           f"calls above are over B·k, B·R and B·u rows; the baseline is the "
@@ -391,7 +440,6 @@ def _beam_words(settings: Dict[str, Any]) -> str:
 
 
 def _weight_read_lines(record: Dict[str, Any]) -> List[str]:
-  """Each call's weight reads, FLOPs and XLA's bytes, a line each."""
   calls, lines = record["calls"], []
   named = [
       ("target_step", "A target step (K=1)", "its"),
@@ -440,9 +488,10 @@ def compile_summary_lines(record: Dict[str, Any]) -> List[str]:
       f"{_gb(mem['hbm_bytes'])} HBM per chip: {fits}.",
   ]
   lines += _weight_read_lines(record)
-  lines.append(f"Collectives per target step: "
-               f"{_collective_words(record['collectives_per_target_step'])}"
-               ".")
+  collectives = ", ".join(
+      f"{n} {k}" for k, n in record["collectives_per_target_step"].items()
+      if k != "total" and n)
+  lines.append(f"Collectives per target step: {collectives or 'none'}.")
   t = {k: v["seconds"] * 1e3 for k, v in roof["calls"].items()}
   lines.append(
       f"Roofline from XLA's bytes accessed at "

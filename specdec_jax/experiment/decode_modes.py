@@ -1,32 +1,19 @@
 """Decode modes: one object for each way a run decodes speculatively.
 
-The registry beside the drafter registry (`drafter_registry`). Each mode is
-a frozen dataclass holding its own settings, each a field naming the macro
-gin/run.gin binds it to (`TreeMode.width = %TREE_WIDTH`,
-`gin_utils.setting`): `TokenMode` (ACCEPTANCE='token', Algorithm 1;
-LENIENCE < 1: Appendix A.5's lenient rule, not exact), `BlockMode`
-('block'), `TreeMode` ('tree'), `BeamMode` (DECODE='beam': the target's own
-beam search, exactly) and `TargetAloneMode` (SPECULATION='off', or 'auto'
-choosing it: the baseline decoder in the speculative decoder's place).
-
-`named` (gin's `decode_mode`, bound to ACCEPTANCE and DECODE) builds
-the mode they name with its settings as gin binds them; an experiment file
-may hand one in instead (`run.decode_mode = @TreeMode()`). A mode owns what
-differs between modes: its checks, its acceptance rule, its two decoders,
-the rows its caches hold, the pricing of its calls, its cost model, its
-metrics keys, its settings record and its label. A run's mode is decided
-once (`mode_of`, when its plan is built: `plan.RunPlan.mode`); the report
-and the summary read it back from metrics.json (`of_metrics`). Outside this
-module no code compares ACCEPTANCE or DECODE to a string
-(`tests/project/test_architecture.py`); a drafter declares the modes it
-supports (`DrafterSpec.decode_modes`).
+ACCEPTANCE and DECODE name a mode (`named`, gin's `decode_mode`), a frozen
+dataclass holding its own settings as fields naming their macros
+(`TreeMode.width = %TREE_WIDTH`). A mode owns what differs between modes:
+its checks, acceptance rule, decoders, cache rows, call pricing, cost
+model, metrics keys, settings record and label; no other module compares
+ACCEPTANCE or DECODE to a string (`tests/project/test_architecture.py`).
 """
 import dataclasses
-from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import gin
 import numpy as np
 
+from specdec_jax.config import flag_utils
 from specdec_jax.config import gin_utils
 from specdec_jax.config.gin_utils import setting
 from specdec_jax.core import decoding
@@ -40,42 +27,21 @@ from specdec_jax.metrics import analysis
 from specdec_jax.metrics import step_costs
 
 Decoder = decoding.Decoder
-# DECODE's values: sampling (each ACCEPTANCE) or beam search.
 SAMPLE = "sample"
 DECODES = (SAMPLE, "beam")
-# SPECULATION's values: speculative decoding (the default), the target
-# alone, or the run's choice between them (`pilots`).
 SPECULATION_ON, SPECULATION_OFF, SPECULATION_AUTO = "on", "off", "auto"
 SPECULATIONS = (SPECULATION_ON, SPECULATION_OFF, SPECULATION_AUTO)
-# GAMMA='auto': γ chosen by the run; with ACCEPTANCE='tree', GAMMA and/or
-# TREE_WIDTH 'auto': (γ, k) chosen by the run (`experiment.pilots`).
-AUTO = "auto"
+AUTO = "auto"  # GAMMA / TREE_WIDTH chosen by the run (`pilots`)
 # TREE_WIDTH='auto' considers trees of at most this many nodes 1 + k·γ.
 AUTO_TREE_MAX_NODES = 25
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeMode:
-  """What one decode mode means; subclasses override what differs. Its
-  settings are its fields that name a macro.
-
-  Class attributes (what the mode is):
-    name: its ACCEPTANCE value ('token', 'block', 'tree'), or 'beam'.
-    description: a few words for error messages.
-    decode: its DECODE value.
-    one_path: each target call verifies one path of guesses: the run
-      records guess traces and β, Theorem 3.8's per-iteration bound and
-      the efficiency split (a tree or beam run counts kept guesses only).
-    priced: c and Theorem 3.8 are priced (they model sampling one
-      sequence, not beams).
-    branches: TREE_WIDTH draft branches per call.
-    beam: DECODE='beam'.
-    exactness_tests: where the chi-square tests of its distribution are.
-    target_alone: the target alone holds the speculative decoder's place
-      (`TargetAloneMode`).
-    lenience: 1: exact (`TokenMode`'s is its LENIENCE).
-    auto_width: TREE_WIDTH='auto' (`TreeMode`).
-  """
+  """What one decode mode (`name`: its ACCEPTANCE value, or 'beam') means;
+  subclasses override what differs. `one_path`: each target call verifies
+  one path of guesses (the run records traces, β, Theorem 3.8's bound);
+  `priced`: c and Theorem 3.8 apply (they model sampling one sequence)."""
   name = "token"
   description = "Algorithm 1"
   decode = SAMPLE
@@ -88,17 +54,13 @@ class DecodeMode:
   lenience = 1.0
   auto_width = False
 
-  # How a run chooses it, ('ACCEPTANCE', 'tree'); its ACCEPTANCE value.
   choice = property(lambda self: ("ACCEPTANCE", self.name))
   acceptance = property(lambda self: self.name)
-
-  def reads(self) -> FrozenSet[str]:
-    """The macros of its settings."""
-    return frozenset(k.upper() for k in gin_utils.settings(self))
+  reads = drafter_registry.DrafterSpec.reads  # the macros of its settings
 
   def record(self) -> Dict[str, Any]:
-    """What its runs' settings record adds: how it was chosen (Algorithm 1
-    is the default) and its settings, under the run arguments' names."""
+    """What its runs' settings record adds: how it was chosen and its
+    settings, under the run arguments' names."""
     return {self.choice[0].lower(): self.choice[1], **gin_utils.settings(self)}
 
   def check(self, args: Any) -> None:
@@ -155,7 +117,7 @@ class DecodeMode:
       context: Any, pricing: step_costs.Pricing = step_costs.PRICING
   ) -> Tuple[float, float, float]:
     """(a target step, one guess, the verification call) in seconds
-    (`step_costs.price_calls`; arguments as there)."""
+    (`step_costs.price_calls`)."""
     gamma = args.gamma
     by_k, t_draft = step_costs.price_calls(args, drafter, target, batch,
                                            (1, gamma + 1), fill, context,
@@ -164,8 +126,7 @@ class DecodeMode:
 
   def measured_theory(self, alpha: float, gamma: int, c: float,
                       call_cost: float, tokens_per_call: float) -> float:
-    """The speedup this mode's cost model predicts at the measured call
-    cost (target steps per verification call)."""
+    """The speedup its cost model predicts at the measured call cost."""
     del tokens_per_call
     return float(analysis.expected_speedup(alpha, gamma, c,
                                            call_cost=call_cost))
@@ -193,17 +154,15 @@ class TokenMode(DecodeMode):
   lenience: float = setting("LENIENCE", 1.0)
 
   def record(self):
-    # Algorithm 1 is the default, and LENIENCE is recorded with the
-    # drafter's settings (`output_dir.settings_record`): as before the
-    # modes existed. A mode registered on this one records its name.
+    # As before the modes existed: LENIENCE is recorded with the drafter's
+    # settings. A mode registered on this one records its name.
     return {} if self.name == TokenMode.name else {"acceptance": self.name}
 
   def check(self, args):
     if not (is_real(self.lenience) and 0 < self.lenience <= 1):
-      raise ValueError(
-          f"LENIENCE={self.lenience!r}: allowed: a number in (0, 1] (1 = "
-          "exact speculative decoding; l < 1 accepts more guesses and no "
-          "longer samples the target's distribution).")
+      raise ValueError(f"LENIENCE={self.lenience!r}: allowed: a number in "
+                       "(0, 1] (1 = exact; l < 1 is not the target's "
+                       "distribution).")
 
   def acceptance_rule(self, args):
     if self.lenience == 1:
@@ -276,20 +235,17 @@ class TreeMode(DecodeMode):
           f"TREE_WIDTH <= {AUTO_TREE_MAX_NODES - 1}, or TREE_WIDTH="
           f"'{AUTO}', or an integer GAMMA.")
     if self.auto_width and args.compile_topology is not None:
-      raise ValueError(
-          f"TREE_WIDTH='{AUTO}' with COMPILE_TOPOLOGY="
-          f"{args.compile_topology!r}: the programs are compiled for one tree; "
-          "allowed: an integer TREE_WIDTH >= 1.")
+      raise ValueError(f"TREE_WIDTH='{AUTO}' with COMPILE_TOPOLOGY="
+                       f"{args.compile_topology!r}: allowed: an integer "
+                       "TREE_WIDTH >= 1 (the programs are compiled for one).")
 
   def check_vocab(self, args, vocab_size):
-    # At T = 0 the k branches start with the k likeliest tokens, so k <=
-    # vocab_size (`tree_decoder` checks it too, after loading).
+    # At T = 0 the k branches start with the k likeliest tokens.
     if (args.method().is_greedy and not self.auto_width and
         self.width > vocab_size):
-      raise ValueError(
-          f"TREE_WIDTH={self.width} is more than the models' vocab_size "
-          f"({vocab_size}): greedy branches start with distinct tokens. "
-          f"Allowed: 1 to {vocab_size}.")
+      raise ValueError(f"TREE_WIDTH={self.width} is more than the models' "
+                       f"vocab_size ({vocab_size}): greedy branches start with "
+                       f"distinct tokens. Allowed: 1 to {vocab_size}.")
 
   def speculative_decoder(self, args, target, drafter, gamma, acceptance):
     del acceptance  # `tree_decoder` makes its own rule
@@ -313,8 +269,7 @@ class TreeMode(DecodeMode):
                                        context, pricing)
 
   def measured_theory(self, alpha, gamma, c, call_cost, tokens_per_call):
-    # The tree's own cost model: the measured tokens per call over an
-    # iteration's measured cost (γ depths of k branches, the tree call).
+    # Tokens per call over an iteration's cost (γ depths, the tree call).
     del alpha
     return tokens_per_call / (gamma * c + call_cost)
 
@@ -325,10 +280,8 @@ class TreeMode(DecodeMode):
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class BeamMode(DecodeMode):
-  """DECODE='beam': speculative beam search, as T5X's: the baseline is the
-  target's own beam search, the speculative run the draft's beams verified
-  by the target, identical beams; the top beam is the prediction
-  (docs/design/beyond_the_paper.md).
+  """DECODE='beam': the target's own beam search, and the draft's beams
+  verified by the target, identical beams (docs/design/beyond_the_paper.md).
 
   Attributes:
     size: k, the beams kept (T5X's num_decodes), an integer >= 1 and at
@@ -383,17 +336,15 @@ class BeamMode(DecodeMode):
     most = gamma * self.draft_width() + k if is_int(gamma) else None
     if r is not None and most and (not is_int(r) or not k <= r <= most):
       raise ValueError(
-          f"BEAM_ROWS={r!r} with BEAM_SIZE={k}, BEAM_WIDTH="
-          f"{self.draft_width()}, GAMMA={gamma}: allowed: None (= "
-          f"2·BEAM_WIDTH) or an integer from {k} (one row per beam) to "
-          f"GAMMA·BEAM_WIDTH + BEAM_SIZE = {most} (one per draft beam and "
-          "beam).")
+          f"BEAM_ROWS={r!r} with BEAM_SIZE={k}, BEAM_WIDTH={self.draft_width()}"
+          f", GAMMA={gamma}: allowed: None (= 2·BEAM_WIDTH) or an integer "
+          f"from {k} (one row per beam) to GAMMA·BEAM_WIDTH + BEAM_SIZE = "
+          f"{most}.")
     _check_beam_rules(args)
     _check_drafter(self, args, "the draft model runs its own beam search")
 
   def check_vocab(self, args, vocab_size):
-    # Each element stops on its own, as T5X's joint stop only with 2k real
-    # candidates.
+    # Each element stops on its own, as T5X's only with 2k candidates.
     try:
       beam_decoders.check_beam_vocab(self.size, vocab_size)
     except ValueError as e:
@@ -413,8 +364,6 @@ class BeamMode(DecodeMode):
         width=self.draft_width(), num_rows=self.num_rows(args.gamma))
 
   def cache_rows(self, args):
-    # A speculative beam call holds every element's candidate rows and
-    # beams.
     return args.batch_size * (self.num_rows(args.gamma) + self.size)
 
   def label(self, args):
@@ -434,23 +383,17 @@ class BeamMode(DecodeMode):
     call, each call m = n + 1 steps for n kept draft steps."""
     histogram = decoded.spec.histogram
     steps = float((np.arange(len(histogram)) + 1) @ histogram)
-    return {
-        "decode": self.decode,
-        "beam_size": self.size,
-        "beam_alpha": float(self.alpha),
-        "beam_width": self.draft_width(),
-        "beam_rows": self.num_rows(args.gamma),
-        "steps_per_target_call": steps / max(decoded.spec.calls, 1),
-    }
+    return dict(decode=self.decode, beam_size=self.size,
+                beam_alpha=float(self.alpha), beam_width=self.draft_width(),
+                beam_rows=self.num_rows(args.gamma),
+                steps_per_target_call=steps / max(decoded.spec.calls, 1))
 
 
 @dataclasses.dataclass(frozen=True)
 class TargetAloneMode:
   """SPECULATION='off' (or 'auto' choosing it): the target alone in the
-  place of the mode it replaces (`search`), which it is in all but what
-  follows (its baseline decoder, checks, settings and record are
-  `search`'s): nothing is drafted or priced, and a walltime run decodes
-  once (`batches.TargetAloneDecoder`)."""
+  place of `search`, which it is in all but what follows: nothing is
+  drafted or priced, and a walltime run decodes once."""
   search: DecodeMode
   name = "off"
   description = "the target alone (SPECULATION='off')"
@@ -482,11 +425,10 @@ class TargetAloneMode:
 
 
 def target_alone(mode: DecodeMode) -> TargetAloneMode:
-  """The target alone in `mode`'s place (its baseline, checks, settings)."""
+  """The target alone in `mode`'s place."""
   return mode if mode.target_alone else TargetAloneMode(search=mode)
 
 
-# Each mode with its settings' defaults (`named` configures the run's).
 TOKEN = TokenMode()
 BLOCK = BlockMode()
 TREE = TreeMode()
@@ -496,9 +438,8 @@ SAMPLING: Dict[str, DecodeMode] = {m.name: m for m in (TOKEN, BLOCK, TREE)}
 
 
 def register(mode: DecodeMode) -> None:
-  """Makes ACCEPTANCE=mode.name decode with `mode` (an extension with its
-  own acceptance rule, or a test's planted bug); drafters that draft for
-  it list its name in their spec's `decode_modes`."""
+  """Makes ACCEPTANCE=mode.name decode with `mode` (an extension, or a
+  test's planted bug; drafters list it in their `decode_modes`)."""
   if not isinstance(mode, DecodeMode) or mode.beam:
     raise TypeError("mode must be a sampling DecodeMode, got "
                     f"{type(mode).__name__}")
@@ -522,45 +463,40 @@ def named(acceptance: str = TOKEN.name, decode: str = SAMPLE) -> DecodeMode:
       or greedy decoding, TEMPERATURE) or 'beam' (beam search, as T5X's;
       `BeamMode`).
 
-  Raises:
-    ConfigError: naming the macro, its value and what is allowed.
+  Raises ConfigError naming the macro, its value and what is allowed.
   """
   if not isinstance(decode, str) or decode not in DECODES:
-    raise gin_utils.ConfigError(
+    raise flag_utils.ConfigError(
         f"DECODE={decode!r}: allowed: 'sample' (sampling or greedy decoding, "
         "the default) or 'beam' (beam search).")
   if not isinstance(acceptance, str) or acceptance not in SAMPLING:
     words = "; ".join(f"{m.name!r}: {m.description}" for m in SAMPLING.values())
-    raise gin_utils.ConfigError(
+    raise flag_utils.ConfigError(
         f"ACCEPTANCE={acceptance!r}: allowed: "
         f"{', '.join(repr(a) for a in SAMPLING)} ({words}).")
   if decode == BEAM.decode:
     if acceptance != TOKEN.name:
-      raise gin_utils.ConfigError(
-          f"DECODE='beam' with ACCEPTANCE={acceptance!r}: the target replays "
-          "its own beam steps over the draft's beams; allowed: "
-          "ACCEPTANCE='token'.")
+      raise flag_utils.ConfigError(
+          f"DECODE='beam' with ACCEPTANCE={acceptance!r}: allowed: "
+          "ACCEPTANCE='token' (the target replays its own beam steps).")
     return gin_utils.configured(BEAM)
   return gin_utils.configured(SAMPLING[acceptance])
 
 
 def mode_of(args: Any) -> DecodeMode:
-  """The run's mode: its `decode_mode`, or with SPECULATION='off' the
-  target alone in its place."""
+  """The run's `decode_mode`, or the target alone (SPECULATION='off')."""
   if getattr(args, "speculation", SPECULATION_ON) == SPECULATION_OFF:
     return target_alone(args.decode_mode)
   return args.decode_mode
 
 
 def tree_of(mode: DecodeMode) -> TreeMode:
-  """The tree settings a run's trees use: its own, or the defaults of
-  `TreeMode` (SPECULATION='auto''s tree candidates)."""
+  """A run's tree settings: its own, or the defaults ('auto''s trees)."""
   return mode if mode.branches else TREE
 
 
 def of_metrics(record: Mapping[str, Any]) -> DecodeMode:
-  """The mode a metrics.json (or compile.json's settings) recorded; runs
-  from before these keys: token verification."""
+  """The mode a metrics.json (or compile.json's settings) recorded."""
   mode = (BEAM if record.get("decode") == BEAM.decode else SAMPLING.get(
       record.get("acceptance") or TOKEN.name, TOKEN))
   off = record.get("speculation") == SPECULATION_OFF
@@ -576,21 +512,19 @@ def _check_drafter(mode: DecodeMode, args: Any, why: str) -> None:
 
 
 def _check_beam_rules(args: Any) -> None:
-  """What DECODE='beam' needs of the sampling settings (it is the target's
-  own beam search, exactly); ValueError."""
+  """What DECODE='beam' needs of the sampling settings; ValueError."""
   for wrong, setting_words, why, allowed in (
       (args.temperature != 0, f"TEMPERATURE={args.temperature!r}",
        "beam search draws nothing", "TEMPERATURE=0"),
-      # metrics.json recorded them
       (args.top_k != 0 or args.top_p != 1,
        f"TOPK={args.top_k!r}" if args.top_k != 0 else f"TOPP={args.top_p!r}",
        "beam search draws nothing, so TOPK and TOPP would change nothing",
        "TOPK=0 and TOPP=1 (off)"),
       (args.gamma == AUTO, "GAMMA='auto'",
        "Theorem 3.8's choice of γ is for sampling one sequence",
-       "an integer GAMMA >= 1"),
-      (args.mode == "alpha", f"MODE={args.mode!r}",
-       "MODE='alpha' estimates α of sampling", "MODE='walltime'")):
+       "an integer GAMMA >= 1"), (args.mode == "alpha", f"MODE={args.mode!r}",
+                                  "MODE='alpha' estimates α of sampling",
+                                  "MODE='walltime'")):
     if wrong:
       raise ValueError(f"DECODE='beam' with {setting_words}: {why}; allowed: "
                        f"{allowed}.")

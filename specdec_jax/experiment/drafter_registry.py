@@ -1,29 +1,23 @@
 """Which drafter a run uses: a spec from a registry, owning its settings.
 
-Each DRAFTER value names a frozen spec (`DrafterSpec`) that holds the
-drafter's own settings, each a field naming the macro gin/run.gin binds it
-to (`NGramSpec.order = %NGRAM_ORDER`, `gin_utils.setting`). `named` (gin's
-`drafter`, bound to DRAFTER) builds the spec DRAFTER names
-with its settings as gin binds them; an experiment file may hand one in
-instead (`run.drafting = @NGramSpec()`). A spec checks its settings, counts
-its n-gram table, builds the drafter, labels it in metrics.json and records
-its settings. A new drafter is one `register_drafter` call (tests register
-fakes the same way). NGRAM_CORPUS is a run argument: experiment files name
-it once for all their points (gin/multi30k_1m.gin), the n-gram specs count
-it.
-
-It also holds what a setting's value is (`is_int`, `is_number`, `is_real`),
-the type tests every run-argument check uses: a bool is not a number here
-(True would pass as 1), and a real must be finite (inf and nan would run,
-then be written to JSON as Infinity/NaN).
+DRAFTER names a frozen spec (`named`, gin's `drafter`) holding its own
+settings as fields naming their macros (`NGramSpec.order = %NGRAM_ORDER`).
+A spec checks its settings, counts its n-gram table, builds the drafter,
+labels it and records its settings; a new drafter is one `register_drafter`
+call. The n-gram drafters count NGRAM_CORPUS (`read_corpus`). `is_int`,
+`is_number`, `is_real` are the type tests of every setting check: a bool
+is no number, a real is finite (inf would be written to JSON as Infinity).
 """
 import dataclasses
+import io
 import math
 import numbers
-from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 import gin
+import numpy as np
 
+from specdec_jax.config import flag_utils
 from specdec_jax.checkpoints import feature_draft
 from specdec_jax.config import gin_utils
 from specdec_jax.config.gin_utils import setting
@@ -34,17 +28,14 @@ from specdec_jax.core.drafters.ngram import NGramDrafter
 from specdec_jax.core.drafters.ngram import NGramTable
 from specdec_jax.core.drafters.ngram import build_ngram_table
 from specdec_jax.core.drafters.prompt_lookup import PromptLookupDrafter
-from specdec_jax.experiment import ngram_corpus as corpus_lib
+from specdec_jax.files import io_utils
 
 DEFAULT_NGRAM_ORDER = 3  # DRAFTER='ngram' without NGRAM_ORDER.
-# The largest NGRAM_ORDER: the table pads every corpus sentence with n
-# tokens and holds every context of 1..n-1 tokens of every corpus token, so
-# counting it grows as n² (n = 16: about 20 s and 1.3 GB for Multi30k's
-# 29,000 sentences; n = 100000 ran 10 minutes past 7 GB without a word).
+# Counting the table grows as n² (n = 16: about 20 s and 1.3 GB for
+# Multi30k's 29,000 sentences).
 MAX_NGRAM_ORDER = 16
-# The largest PROMPT_LOOKUP_MAX: each suffix length is compiled on its own,
-# and compiling grows steeply with it (512 input tokens, on a CPU: 16 in
-# 5 s, 32 in 19 s, 128 in 500 s).
+# Each suffix length is compiled on its own (on a CPU: 16 in 5 s, 128 in
+# 500 s).
 MAX_PROMPT_LOOKUP = 16
 
 
@@ -65,25 +56,10 @@ def is_real(value: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class DrafterSpec:
-  """What one DRAFTER value means; subclasses override what differs. Its
-  settings are its fields that name a macro.
-
-  Attributes:
-    name: its DRAFTER value.
-
-  Class attributes (what the drafter is):
-    uses_draft_model: the run loads the draft checkpoint.
-    is_model_step: a guess is one draft-model decoder step (priced as one
-      in c); otherwise one `propose` is timed and divided by γ.
-    alpha_mode: MODE='alpha' (β of the draft's q) applies.
-    reads_target_features: the draft reads the target's hidden states (a
-      feature-level draft): DRAFT_CHECKPOINT_PATH is its own checkpoint
-      (`check_draft_checkpoint`), not a T5 model of the gin draft/T5Config.
-    decode_modes: the decode modes (`decode_modes` names) it drafts for:
-      every drafter guesses one path; a tree needs k branches of a draft
-      model, speculative beams a draft model's own beam search.
-    adaptive_threshold: None: no adaptive γ (the specs that have it hold
-      ADAPTIVE_THRESHOLD).
+  """What one DRAFTER value (`name`) means; subclasses override what
+  differs. `is_model_step`: a guess is one draft-model decoder step (priced
+  as one in c; otherwise one `propose` over γ); `reads_target_features`: a
+  feature-level draft, whose DRAFT_CHECKPOINT_PATH carries its own config.
   """
   name: str = "model"
   uses_draft_model = False
@@ -93,7 +69,7 @@ class DrafterSpec:
   decode_modes = ("token", "block")
   adaptive_threshold = None
 
-  choice = property(lambda self: ("DRAFTER", self.name))  # how it is chosen
+  choice = property(lambda self: ("DRAFTER", self.name))
 
   def reads(self) -> FrozenSet[str]:
     """The macros of its settings."""
@@ -108,67 +84,45 @@ class DrafterSpec:
     return None
 
   def check(self, args: Any) -> None:
-    """Its own settings and what it needs of the run's (`args`), before
-    anything is loaded; raises ValueError naming the macro."""
+    """Its own settings and what it needs of the run's; ValueError."""
     if args.mode == "alpha" and not self.alpha_mode:
       allowed = " or ".join(
           repr(k) for k, s in DRAFTERS.items() if s.alpha_mode)
-      raise ValueError(f"DRAFTER={self.name!r} with MODE='alpha': MODE='alpha' "
-                       "measures the draft model's α (Corollary 3.6); allowed: "
-                       f"DRAFTER={allowed} (or MODE='walltime' or 'infer').")
+      raise ValueError(f"DRAFTER={self.name!r} with MODE='alpha': allowed: "
+                       f"DRAFTER={allowed} (the draft model's α), or "
+                       "MODE='walltime' or 'infer'.")
     threshold, mode = self.adaptive_threshold, args.decode_mode
     if threshold is not None and not (is_real(threshold) and 0 < threshold < 1):
-      raise ValueError(
-          f"ADAPTIVE_THRESHOLD={threshold!r}: allowed: a number in (0, 1) "
-          "(a row stops guessing after a guess less likely than it), or "
-          "None (off).")
+      raise ValueError(f"ADAPTIVE_THRESHOLD={threshold!r}: allowed: a number "
+                       "in (0, 1), or None (off).")
     if threshold is not None and not mode.one_path:
       raise ValueError(
           f"{gin_utils.choice_words([mode.choice])} with ADAPTIVE_THRESHOLD="
-          f"{threshold!r}: {mode.description} drafts γ guesses on each of "
-          "its paths every call (adaptive γ stops one path early); allowed: "
-          "ADAPTIVE_THRESHOLD=None with it.")
+          f"{threshold!r}: {mode.description} drafts γ guesses on every "
+          "path; allowed: ADAPTIVE_THRESHOLD=None with it.")
 
   def check_draft_config(self, draft_config: Any, target_config: Any) -> None:
     """The draft's T5Config against what this drafter needs."""
     del target_config
     if self.uses_draft_model and not draft_config.has_encoder:
-      raise ValueError(
-          f"DRAFTER={self.name!r}: the draft has no encoder of its own "
-          "(draft/T5Config.num_encoder_layers = 0: a shared-encoder draft); "
-          "allowed: DRAFTER='shared_encoder'.")
+      raise ValueError(f"DRAFTER={self.name!r}: the draft has no encoder of "
+                       "its own; allowed: DRAFTER='shared_encoder'.")
 
   def check_draft_checkpoint(self, checkpoint: Optional[str],
                              target_config: Any) -> Optional[Dict[str, Any]]:
-    """A draft checkpoint that carries its own config, against the target.
-
-    Args:
-      checkpoint: DRAFT_CHECKPOINT_PATH's step folder (resolved), or None.
-      target_config: the target's T5Config.
-
-    Returns:
-      The draft's config as settings record it, or None when the gin
-      draft/T5Config describes the draft (every drafter but 'feature').
-    """
+    """The config a draft checkpoint (DRAFT_CHECKPOINT_PATH's step folder)
+    carries, checked against the target's; None: the gin draft/T5Config's."""
     del checkpoint, target_config
     return None
 
   def ngram_table(self, vocab: Any, vocab_size: int,
                   corpus_path: str) -> Optional[NGramTable]:
-    """The n-gram table (None without an n-gram drafter), counted now.
-
-    Args:
-      vocab: the run's vocabulary (tokenizes a text corpus).
-      vocab_size: the models' vocabulary size.
-      corpus_path: NGRAM_CORPUS resolved to a path.
-
-    Raises:
-      ValueError naming NGRAM_CORPUS: missing, empty, another vocabulary.
-    """
+    """The n-gram table of NGRAM_CORPUS (resolved), counted now, or None
+    without an n-gram drafter; ValueError naming NGRAM_CORPUS."""
     order = self.ngram_order()
     if order is None:
       return None
-    sentences = corpus_lib.read_corpus(corpus_path, vocab, vocab_size)
+    sentences = read_corpus(corpus_path, vocab, vocab_size)
     try:
       return build_ngram_table(sentences, vocab_size, order)
     except ValueError as e:
@@ -189,51 +143,32 @@ class DrafterSpec:
     return {}
 
   def record(self, ngram_corpus: Optional[str]) -> Dict[str, Any]:
-    """metrics.json's `drafter_settings` (an n-gram drafter's with the
-    run's NGRAM_CORPUS, which it counts)."""
+    """metrics.json's `drafter_settings`."""
     order = self.ngram_order()
-    counted = {} if order is None else {
-        "ngram_order": order,
-        "ngram_corpus": ngram_corpus
-    }
-    return {
-        "drafter": self.name,
-        **counted,
-        **self.own_record(), "adaptive_threshold": self.adaptive_threshold
-    }
+    counted = {} if order is None else dict(ngram_order=order,
+                                            ngram_corpus=ngram_corpus)
+    return dict(drafter=self.name, **counted, **self.own_record(),
+                adaptive_threshold=self.adaptive_threshold)
 
   def flat(self) -> Dict[str, Any]:
     """DRAFTER and every built-in drafter setting, by its macro in lower
-    case (the run arguments they were: the settings record): its own
-    values, the others' defaults."""
+    case: its own values, the others' defaults (the settings record)."""
     out = {**FLAT_DEFAULTS, "drafter": self.name}
     for spec in self.components():
       out.update(gin_utils.settings(spec))
     return out
 
 
-def _check_order(order: Any) -> None:
-  if order is not None and (not is_int(order) or
-                            not 1 <= order <= MAX_NGRAM_ORDER):
-    raise ValueError(
-        f"NGRAM_ORDER={order!r}: allowed: None ({DEFAULT_NGRAM_ORDER}) or an "
-        f"integer from 1 to {MAX_NGRAM_ORDER} (the n-gram table holds every "
-        "context of up to n-1 tokens of every NGRAM_CORPUS token: counting "
-        "it grows as n²).")
-
-
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class ModelSpec(DrafterSpec):
-  """The draft model's decoder steps ('model'); with `shared_encoder`, a
-  draft decoder without an encoder reading the target's encoder output
-  (`models.SharedEncoderModel`).
+  """The draft model's decoder steps ('model'); `shared_encoder`: a draft
+  decoder without an encoder reading the target's encoder output.
 
   Attributes:
     adaptive_threshold: adaptive γ: a row stops guessing after a guess
       less likely than this, in (0, 1); None = off (DRAFTER 'model',
       'shared_encoder' and the n-gram drafters).
-    shared_encoder: DRAFTER 'shared_encoder'.
   """
   adaptive_threshold: Optional[float] = setting("ADAPTIVE_THRESHOLD", None)
   shared_encoder: bool = False
@@ -246,12 +181,10 @@ class ModelSpec(DrafterSpec):
     shared = not draft_config.has_encoder
     if self.shared_encoder and not shared:
       raise ValueError(
-          "DRAFTER='shared_encoder': the draft has an encoder of its own "
-          f"(draft/T5Config.num_encoder_layers = "
-          f"{draft_config.num_encoder_layers}); allowed: a draft decoder "
-          "with num_encoder_layers = 0 and encoder_width = the target's "
-          f"emb_dim ({target_config.emb_dim}), e.g. "
-          "gin/models/draft/multi30k_shared_encoder_1m.gin.")
+          "DRAFTER='shared_encoder': the draft has an encoder of its own; "
+          "allowed: a draft decoder with num_encoder_layers = 0 and "
+          f"encoder_width = the target's emb_dim ({target_config.emb_dim}), "
+          "e.g. gin/models/draft/multi30k_shared_encoder_1m.gin.")
     if not self.shared_encoder:
       super().check_draft_config(draft_config, target_config)
     elif draft_config.encoder_width != target_config.emb_dim:
@@ -259,12 +192,10 @@ class ModelSpec(DrafterSpec):
           f"DRAFTER='shared_encoder': draft/T5Config.encoder_width = "
           f"{draft_config.encoder_width} but the target's emb_dim is "
           f"{target_config.emb_dim}; allowed: encoder_width = "
-          f"{target_config.emb_dim} (the draft reads the target's encoder "
-          "output).")
+          f"{target_config.emb_dim}.")
 
   def build(self, draft_model, table, vocab_size):
-    # Without a threshold the draft model itself: `speculative_decoder`
-    # wraps it in a ModelDrafter as always.
+    # Without a threshold `speculative_decoder` wraps it as always.
     threshold = self.adaptive_threshold
     return (draft_model if threshold is None else ModelDrafter(
         draft_model, confidence_threshold=threshold))
@@ -282,8 +213,6 @@ class NGramSpec(DrafterSpec):
   Attributes:
     order: the n of drafter 'ngram' (None: 3), at most 16.
     adaptive_threshold: as `ModelSpec`'s.
-    fixed_order: the order the name says ('unigram' 1, 'bigram' 2), or
-      None.
   """
   name: str = "ngram"
   order: Optional[int] = setting("NGRAM_ORDER", None)
@@ -295,18 +224,22 @@ class NGramSpec(DrafterSpec):
 
   def check(self, args):
     super().check(args)
-    _check_order(self.order)
+    order = self.order
+    if order is not None and not (is_int(order) and
+                                  1 <= order <= MAX_NGRAM_ORDER):
+      raise ValueError(
+          f"NGRAM_ORDER={order!r}: allowed: None ({DEFAULT_NGRAM_ORDER}) or "
+          f"an integer from 1 to {MAX_NGRAM_ORDER} (counting NGRAM_CORPUS "
+          "grows as n²).")
     if self.order is not None and self.fixed_order is not None and (
         self.order != self.fixed_order):
-      raise ValueError(
-          f"NGRAM_ORDER={self.order!r} contradicts {self.name!r} (order "
-          f"{self.fixed_order}); allowed: None, or DRAFTER='ngram' for "
-          "another order.")
+      raise ValueError(f"NGRAM_ORDER={self.order!r} contradicts {self.name!r}"
+                       "; allowed: None, or DRAFTER='ngram'.")
     if not args.ngram_corpus:
       raise ValueError(
           f"NGRAM_CORPUS={args.ngram_corpus!r}: the {self.name!r} drafter "
-          "counts a corpus; allowed: a text file (one sentence per line, "
-          "e.g. the training targets) or a .npz of token ids.")
+          "counts a corpus; allowed: a text file (one sentence per line) or "
+          "a .npz of token ids.")
 
   def build(self, draft_model, table, vocab_size):
     threshold = self.adaptive_threshold
@@ -335,9 +268,7 @@ class PromptLookupSpec(DrafterSpec):
     if not is_int(lookup) or not 1 <= lookup <= MAX_PROMPT_LOOKUP:
       raise ValueError(
           f"PROMPT_LOOKUP_MAX={lookup!r}: allowed: an integer from 1 to "
-          f"{MAX_PROMPT_LOOKUP} (the longest suffix looked up in the input; "
-          "each length is compiled on its own, and compiling grows steeply "
-          "with it).")
+          f"{MAX_PROMPT_LOOKUP} (each length is compiled on its own).")
 
   def build(self, draft_model, table, vocab_size):
     return PromptLookupDrafter(vocab=vocab_size, max_ngram=self.max_ngram)
@@ -356,8 +287,6 @@ class HierarchicalSpec(DrafterSpec):
       drafter, with its own settings).
     inner_gamma: INNER_DRAFTER's guesses per draft call, at most
       TASK_FEATURE_LENGTHS['targets'].
-    inner_spec: inner's spec (its settings as gin binds them), or None
-      for an unknown name (`check` names it).
   """
   name: str = "hierarchical"
   inner: str = setting("INNER_DRAFTER", "prompt_lookup")
@@ -372,8 +301,7 @@ class HierarchicalSpec(DrafterSpec):
                          gin_utils.configured(INNER_DRAFTERS[self.inner]))
 
   def reads(self):
-    # The inner drafter guesses without a threshold: the draft model's
-    # call ends its inner loop.
+    # The inner drafter guesses without a threshold.
     inner = self.inner_spec.reads() if self.inner_spec else frozenset()
     return super().reads() | (inner - {"ADAPTIVE_THRESHOLD"})
 
@@ -390,17 +318,14 @@ class HierarchicalSpec(DrafterSpec):
                        f"{', '.join(map(repr, INNER_DRAFTERS))}.")
     targets = args.task_feature_lengths.get("targets")
     if not is_int(self.inner_gamma) or self.inner_gamma < 1:
-      raise ValueError(
-          f"INNER_GAMMA={self.inner_gamma!r}: allowed: an "
-          "integer >= 1 (at most TASK_FEATURE_LENGTHS['targets']).")
-    # As GAMMA: the draft model scores INNER_GAMMA + 1 tokens per call
-    # (100000 compiled into a 720 GB allocation).
+      raise ValueError(f"INNER_GAMMA={self.inner_gamma!r}: allowed: an "
+                       "integer >= 1.")
+    # As GAMMA: 100000 compiled into a 720 GB allocation.
     if is_int(targets) and self.inner_gamma > targets:
       raise ValueError(
           f"INNER_GAMMA={self.inner_gamma} is more than "
-          f"TASK_FEATURE_LENGTHS['targets']={targets}: an inner call cannot "
-          "keep more guesses than there are tokens to decode. Allowed: 1 "
-          f"to {targets}.")
+          f"TASK_FEATURE_LENGTHS['targets']={targets}. Allowed: 1 to "
+          f"{targets}.")
     self.inner_spec.check(args)
 
   def build(self, draft_model, table, vocab_size):
@@ -421,46 +346,36 @@ class HierarchicalSpec(DrafterSpec):
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class FeatureSpec(DrafterSpec):
-  """A feature-level (EAGLE-style) draft reading the target's hidden states
-  (issue 34, `drafters.FeatureDrafter`). DRAFT_CHECKPOINT_PATH is a
-  `checkpoints.feature_draft` (feature_config.json beside the weights),
-  bound to the loaded target (`load_draft_model`); the speculative decoder
-  runs `target.with_features()` (`decoding.speculative_target`). Priced as the
-  loop runs it (one `propose` over γ), like every drafter."""
+  """A feature-level (EAGLE-style) draft of the target's hidden states:
+  DRAFT_CHECKPOINT_PATH is a `checkpoints.feature_draft`."""
   name: str = "feature"
   uses_draft_model = True
   reads_target_features = True
   decode_modes = ("token", "block", "tree")
 
   def check_draft_config(self, draft_config, target_config):
-    # The gin draft/T5Config does not describe this draft: its own config
-    # is checked against the target in `check_draft_checkpoint`.
+    # Its own config is checked in `check_draft_checkpoint`.
     del draft_config, target_config
 
   def check_draft_checkpoint(self, checkpoint, target_config):
     if not checkpoint:
       raise ValueError(
-          "DRAFTER='feature' with DRAFT_CHECKPOINT_PATH=None: a feature-level "
-          "draft has no random-weight stand-in; allowed: the folder of a "
-          "feature draft's checkpoint (feature_config.json beside it), e.g. "
-          "'pretrained/multi30k/feature_1m' (trained by "
-          "train/multi30k_feature_drafter.gin).")
+          "DRAFTER='feature' with DRAFT_CHECKPOINT_PATH=None: allowed: the "
+          "folder of a feature draft's checkpoint, e.g. "
+          "'pretrained/multi30k/feature_1m'.")
     try:
       config = feature_draft.read_config(checkpoint)
     except (ValueError, TypeError) as e:
       raise ValueError(f"DRAFTER='feature' with DRAFT_CHECKPOINT_PATH: {e} "
-                       "Allowed: a feature-level draft's checkpoint (written "
-                       "by train/multi30k_feature_drafter.gin).") from None
+                       "Allowed: a feature-level draft's checkpoint.") from None
     want = (target_config.emb_dim, target_config.vocab_size)
     if (config.feature_dim, config.vocab_size) != want:
       raise ValueError(
           f"DRAFTER='feature': DRAFT_CHECKPOINT_PATH {checkpoint} reads "
           f"features of width {config.feature_dim} over a vocabulary of "
-          f"{config.vocab_size}, but the target has emb_dim "
-          f"{target_config.emb_dim} and vocab_size "
-          f"{target_config.vocab_size}; allowed: a feature draft trained "
-          f"for this target (feature_dim = {want[0]}, vocab_size = "
-          f"{want[1]}).")
+          f"{config.vocab_size}, but the target has emb_dim {want[0]} and "
+          f"vocab_size {want[1]}; allowed: a feature draft trained for this "
+          f"target (feature_dim = {want[0]}, vocab_size = {want[1]}).")
     return feature_draft.config_fields(config)
 
   def build(self, draft_model, table, vocab_size):
@@ -470,15 +385,13 @@ class FeatureSpec(DrafterSpec):
     return draft_name
 
 
-# INNER_DRAFTER's values (what speeds up the draft model in 'hierarchical').
 INNER_DRAFTERS: Mapping[str, DrafterSpec] = {
     "prompt_lookup": PromptLookupSpec(),
     "unigram": NGramSpec(name="unigram", fixed_order=1),
     "bigram": NGramSpec(name="bigram", fixed_order=2),
     "ngram": NGramSpec(),
 }
-# DRAFTER's values, each a spec with its settings' defaults (`named`
-# configures it). Insertion order is the order error messages list them.
+# DRAFTER's values, in the order error messages list them.
 DRAFTERS: Dict[str, DrafterSpec] = {
     "model": ModelSpec(),
     **{
@@ -489,8 +402,6 @@ DRAFTERS: Dict[str, DrafterSpec] = {
     "shared_encoder": ModelSpec(name="shared_encoder", shared_encoder=True),
     "feature": FeatureSpec(),
 }
-# The paper's drafter: the draft model, every built-in drafter's setting at
-# its default (`DrafterSpec.flat`).
 _BUILT_IN = (ModelSpec, NGramSpec, PromptLookupSpec, HierarchicalSpec)
 FLAT_DEFAULTS: Dict[str, Any] = {
     "drafter": "model",
@@ -514,12 +425,11 @@ def named(name: str = "model") -> DrafterSpec:
       reading the target's hidden states: draft_checkpoint_path is its
       checkpoint, with feature_config.json).
 
-  Raises:
-    ConfigError: naming DRAFTER, its value and the registered values.
+  Raises ConfigError naming DRAFTER, its value and the registered values.
   """
   if not isinstance(name, str) or name not in DRAFTERS:
-    raise gin_utils.ConfigError(f"DRAFTER={name!r}: allowed: "
-                                f"{', '.join(map(repr, DRAFTERS))}.")
+    raise flag_utils.ConfigError(f"DRAFTER={name!r}: allowed: "
+                                 f"{', '.join(map(repr, DRAFTERS))}.")
   return gin_utils.configured(DRAFTERS[name])
 
 
@@ -534,3 +444,84 @@ def register_drafter(name: str, spec: DrafterSpec) -> None:
   if not isinstance(spec, DrafterSpec):
     raise TypeError(f"spec must be a DrafterSpec, got {type(spec).__name__}")
   DRAFTERS[name] = dataclasses.replace(spec, name=name)
+
+
+# -- NGRAM_CORPUS: a text file (one sentence per line, tokenized with the
+# run's vocabulary, EOS appended; mostly unknown pieces is refused: another
+# language or script), or a `.npz` of token ids (`write_token_corpus`).
+MAX_UNKNOWN_SHARE = 0.05
+UNK_ID = 2  # T5's unknown piece.
+EOS_ID = 1
+
+
+def write_token_corpus(path: str, sentences: Sequence[Sequence[int]],
+                       vocab_size: int) -> None:
+  """Writes token-id sentences as a `.npz` corpus (atomically)."""
+  ids = [np.asarray(s, np.int32).ravel() for s in sentences]
+  buffer = io.BytesIO()
+  np.savez(buffer, ids=np.concatenate(ids) if ids else np.zeros(0, np.int32),
+           lengths=np.array([len(s) for s in ids],
+                            np.int64), vocab_size=np.int64(vocab_size))
+  io_utils.atomic_write(path, buffer.getvalue())
+
+
+def read_corpus(path: str, vocab: Any, vocab_size: int,
+                what: str = "NGRAM_CORPUS") -> List[np.ndarray]:
+  """Token-id sentences [n_i] int32 from `path`, a text file read with
+  `vocab` or a .npz of ids of a `vocab_size` vocabulary; ValueError naming
+  `what` (the macro), the path and what is wrong."""
+  allowed = "a text file with one sentence per line, or a .npz of token ids"
+  try:
+    data = io_utils.read_bytes(path) if path else None
+  except (FileNotFoundError, NotADirectoryError):
+    data = None
+  except io_utils.RefusedFile as e:
+    raise ValueError(f"{what}={path!r}: {e.strerror}. Allowed: "
+                     f"{allowed}.") from None
+  if data is None:
+    raise ValueError(f"{what}={path!r}: no such file ({allowed}).")
+  if path.endswith(".npz"):
+    return _read_ids(data, path, vocab_size, what)
+  try:
+    # Lines as a text file reads them (universal newlines).
+    lines = [line.strip() for line in io.StringIO(data.decode("utf-8"), None)]
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{what}={path!r} is not UTF-8 text ({e}).") from None
+  sentences = [
+      np.asarray(list(vocab.encode(line)) + [EOS_ID], np.int32)
+      for line in lines
+      if line
+  ]
+  if not sentences:
+    raise ValueError(f"{what}={path!r} has no sentences.")
+  tokens = np.concatenate(sentences)
+  unknown = float(np.mean(tokens == UNK_ID))
+  if unknown > MAX_UNKNOWN_SHARE:
+    raise ValueError(
+        f"{what}={path!r}: {unknown:.0%} of its tokens are unknown to the "
+        f"vocabulary (at most {MAX_UNKNOWN_SHARE:.0%} allowed): it is in "
+        "another language or vocabulary than the models'.")
+  return sentences
+
+
+def _read_ids(raw: bytes, path: str, vocab_size: int,
+              what: str) -> List[np.ndarray]:
+  try:
+    with np.load(io.BytesIO(raw)) as data:
+      ids, lengths = data["ids"], data["lengths"]
+      corpus_vocab = int(data["vocab_size"])
+  except (OSError, ValueError, KeyError) as e:
+    raise ValueError(f"{what}={path!r}: not a token corpus (.npz with ids, "
+                     f"lengths, vocab_size): {e}") from None
+  if corpus_vocab != vocab_size:
+    raise ValueError(
+        f"{what}={path!r} holds ids of a vocabulary of {corpus_vocab} ids, "
+        f"but the models' has {vocab_size}: it was tokenized with another "
+        "vocabulary.")
+  if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+    raise ValueError(f"{what}={path!r}: ids outside [0, {vocab_size}).")
+  if int(np.sum(lengths)) != ids.size or np.any(lengths < 0):
+    raise ValueError(f"{what}={path!r}: lengths do not add up to the ids.")
+  if not ids.size:
+    raise ValueError(f"{what}={path!r} has no tokens.")
+  return [s.astype(np.int32) for s in np.split(ids, np.cumsum(lengths)[:-1])]

@@ -11,27 +11,26 @@ from absl import logging
 import gin
 import jax
 
+from specdec_jax.config import flag_utils
 from specdec_jax import checkpoints
 from specdec_jax.terminal import console
 from specdec_jax.files import io_utils
-from specdec_jax.config import gin_utils
-from specdec_jax.checkpoints import parameters
 from specdec_jax.multihost import partitioning
-from specdec_jax.config import paths
 from specdec_jax.data import vocab as vocab_lib
+from specdec_jax.experiment import drafter_registry
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import sizes
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
 
-ConfigError = gin_utils.ConfigError
+ConfigError = flag_utils.ConfigError
 
 
 def resolve(path: Optional[str]) -> Optional[str]:
-  """A data path from a gin file, resolved as `paths.resolve_path` does
+  """A data path from a gin file, resolved as `io_utils.resolve_path` does
   (None and '' stay as they are: "not set")."""
-  return paths.resolve_path(path) if path else path
+  return io_utils.resolve_path(path) if path else path
 
 
 def model_config(scope: str) -> T5Config:
@@ -44,11 +43,8 @@ def model_config(scope: str) -> T5Config:
 def vocabulary(spm_model_path: Optional[str] = vocab_lib.DEFAULT_SPM_PATH,
                extra_ids: int = vocab_lib.DEFAULT_EXTRA_IDS,
                byte_level: bool = False):
-  """The shared vocabulary: a SentencePiece model, or bytes (no file).
-
-  The SentencePiece model is read now (once per path and extra_ids), so a
-  missing file or one that is not a SentencePiece model fails at startup
-  with a ConfigError naming SPM_MODEL_PATH.
+  """The shared vocabulary: a SentencePiece model (read now, once per path
+  and extra_ids: a bad file fails at start-up), or bytes.
 
   Args:
     spm_model_path: the SentencePiece model both models share (local or
@@ -61,13 +57,9 @@ def vocabulary(spm_model_path: Optional[str] = vocab_lib.DEFAULT_SPM_PATH,
                       "or False.")
   if byte_level:
     return _load_vocabulary(None, 0, True)
-  if not isinstance(extra_ids, int) or isinstance(extra_ids,
-                                                  bool) or extra_ids < 0:
-    # seqio takes a negative count as 0, and a string would be blamed on
-    # the SentencePiece file.
+  if not drafter_registry.is_int(extra_ids) or extra_ids < 0:
     raise ConfigError(f"EXTRA_IDS={extra_ids!r}: allowed: an integer >= 0 "
-                      "(sentinel ids appended to the SentencePiece pieces; "
-                      "T5: 100).")
+                      "(T5: 100).")
   if spm_model_path is not None and not isinstance(spm_model_path, str):
     raise ConfigError(f"SPM_MODEL_PATH={spm_model_path!r}: allowed: the path "
                       "of a SentencePiece .model file (a string), got "
@@ -77,22 +69,18 @@ def vocabulary(spm_model_path: Optional[str] = vocab_lib.DEFAULT_SPM_PATH,
                       "a SentencePiece .model file (or bind "
                       "vocabulary.byte_level = True).")
   path = resolve(spm_model_path)
-  if not paths.is_url(path) and not os.path.exists(path):
+  if not io_utils.is_url(path) and not os.path.exists(path):
     raise ConfigError(
         f"SPM_MODEL_PATH={spm_model_path!r} does not exist "
         f"(looked for {path}){trained_here_hint(spm_model_path)}.")
   return _load_vocabulary(path, extra_ids, False)
 
 
-# Where `train` writes (gin/train/*.gin): a missing path there was never
-# trained on this machine.
-TRAINED_HERE = "outputs/"
-
-
 def trained_here_hint(path: str) -> str:
-  """For a missing path under outputs/: where it comes from, and the
-  shipped pairs that need no training ('' for any other path)."""
-  if not os.path.normpath(path).startswith(os.path.normpath(TRAINED_HERE)):
+  """For a missing path under outputs/ (where `train` writes): where it
+  comes from, and the shipped pairs that need no training ('' for any
+  other path)."""
+  if not os.path.normpath(path).startswith("outputs"):
     return ""
   return ("; outputs/ holds models trained on this machine by `python -m "
           "specdec_jax.train` (docs/usage/running.md, \"train\"). The shipped "
@@ -117,17 +105,8 @@ def _load_vocabulary(spm_model_path, extra_ids, byte_level):
 @dataclasses.dataclass(frozen=True)
 class Names:
   """How the vocabulary checks name what the user chose: gin's macros for
-  `run` (`RUN_NAMES`), `pairs.load_pair`'s arguments for the Python facade.
-  `{role}` is 'target' or 'draft', `{ROLE}` the same in capitals.
-
-  Attributes:
-    vocabulary: the SentencePiece model's path.
-    extra_ids: the sentinel ids appended to it (None: none can be).
-    vocab_size: each model's vocab_size.
-    checkpoint: each model's checkpoint.
-    size_mismatch: how to allow models larger than the vocabulary (None:
-      not at all).
-  """
+  `run`, `pairs.load_pair`'s arguments (`{role}`: 'target' or 'draft',
+  `{ROLE}` in capitals; None: no such setting)."""
   vocabulary: str = "SPM_MODEL_PATH"
   extra_ids: Optional[str] = "EXTRA_IDS"
   vocab_size: str = "{role}/T5Config.vocab_size"
@@ -158,38 +137,24 @@ def describe_vocabulary(vocab, names: Names = RUN_NAMES) -> str:
 VOCAB_PADDING = 128
 
 
-def padded_vocab_size(size: int) -> int:
-  """`size` rounded up to T5X's multiple of VOCAB_PADDING."""
-  return -(-size // VOCAB_PADDING) * VOCAB_PADDING
-
-
 @gin.configurable(denylist=["vocab", "target_config", "draft_config"])
 def check_vocabulary_fits(vocab, target_config: T5Config,
                           draft_config: T5Config,
                           allow_size_mismatch: bool = False) -> None:
-  """`vocabulary_fits` as a run asks it (gin binds `allow_size_mismatch`;
-  messages name gin's macros)."""
+  """`vocabulary_fits` as a run asks it (gin binds `allow_size_mismatch`)."""
   vocabulary_fits(vocab, target_config, draft_config, allow_size_mismatch)
 
 
 def vocabulary_fits(vocab, target_config: T5Config, draft_config: T5Config,
                     allow_size_mismatch: bool = False,
                     names: Names = RUN_NAMES) -> None:
-  """Every id of `vocab` must be a row of both models' embedding tables, and
-  the models must not be much larger than the vocabulary.
-
-  An id >= vocab_size would be clamped by the embedding lookup (JAX does not
-  raise on an out-of-bounds gather) and the outputs would be garbage. A
-  model with more rows than the vocabulary padded to a multiple of 128 (T5X's
-  rule) was trained with another vocabulary: its ids mean other pieces, and
-  the output is garbage too, unless `allow_size_mismatch` (gin:
-  `check_vocabulary_fits.allow_size_mismatch = True`) says it is deliberate.
-  `names`: how messages name the vocabulary and the models' vocab_size.
-
-  Raises:
-    ConfigError: naming the vocabulary, the vocab_size and what is allowed.
-  """
+  """Every id of `vocab` must be a row of both models' embedding tables (a
+  larger id would be clamped by the lookup: garbage), and the models must
+  have no more rows than the vocabulary padded to T5X's multiple of 128
+  (trained with another vocabulary), unless `allow_size_mismatch`;
+  ConfigError naming the vocabulary and the vocab_size."""
   size = int(vocab.vocab_size)
+  padded = -(-size // VOCAB_PADDING) * VOCAB_PADDING
   words = describe_vocabulary(vocab, names)
   extra = f"(and {names.extra_ids}) " if names.extra_ids else ""
   deliberate = (f"; or {names.size_mismatch} if this is deliberate"
@@ -199,41 +164,27 @@ def vocabulary_fits(vocab, target_config: T5Config, draft_config: T5Config,
     if size > config.vocab_size:
       raise ConfigError(
           f"the vocabulary has {size} ids ({words}) but {vocab_size} = "
-          f"{config.vocab_size}: ids >= {config.vocab_size} would be clamped "
-          f"by the {role}'s embedding lookup and decode to garbage. Allowed: "
+          f"{config.vocab_size}: larger ids would decode to garbage. Allowed: "
           f"a vocabulary of at most {config.vocab_size} ids, or {vocab_size} "
-          f">= {size} (if the checkpoint was trained with that many).")
-    if config.vocab_size > padded_vocab_size(size) and not (
-        allow_size_mismatch):
+          f">= {size}.")
+    if config.vocab_size > padded and not allow_size_mismatch:
       raise ConfigError(
           f"the vocabulary has {size} ids ({words}) but {vocab_size} = "
-          f"{config.vocab_size}, more than "
-          f"{padded_vocab_size(size)} (the vocabulary's size padded to a "
-          f"multiple of {VOCAB_PADDING}, T5X's rule): the {role} was trained "
-          "with another vocabulary, whose ids mean other pieces, and would "
-          "decode garbage. Allowed: the SentencePiece model "
-          f"{extra}the checkpoints were trained with{deliberate}.")
+          f"{config.vocab_size}, more than {padded} (T5X's padding): the "
+          f"{role} was trained with another vocabulary. Allowed: the "
+          f"SentencePiece model {extra}the checkpoints were trained with"
+          f"{deliberate}.")
 
 
 def checkpoint_dir(checkpoint_path: str) -> str:
-  """The step folder a *_CHECKPOINT_PATH names: itself, or the latest
-  `checkpoint_N` in a model dir (as `train` writes;
-  `checkpoints.checkpoint_path`)."""
+  """The step folder a *_CHECKPOINT_PATH names: itself, or a model dir's
+  latest `checkpoint_N`."""
   return checkpoints.checkpoint_path(resolve(checkpoint_path))
 
 
 def check_vocabulary_for_run(vocab, args) -> None:
-  """What a run's own arguments ask of the vocabulary (`plan.RunPlan.build`).
-
-  TOPK must not exceed its ids. The checkpoints' DIGESTS.json may record
-  the SentencePiece model they were trained with (`checkpoints.digests`):
-  another one is refused, even of the same size (its ids mean other pieces:
-  the output is garbage, silently). A checkpoint that records none is
-  loaded with a warning that the vocabulary could not be verified.
-
-  Raises:
-    ConfigError: naming TOPK, or SPM_MODEL_PATH and the checkpoint.
-  """
+  """TOPK within the vocabulary, and the vocabulary the checkpoints'
+  DIGESTS.json records, if any (`check_vocabulary_digest`); ConfigError."""
   size = int(vocab.vocab_size)
   if args.top_k > size:
     raise ConfigError(
@@ -250,7 +201,8 @@ def check_vocabulary_for_run(vocab, args) -> None:
 def check_vocabulary_digest(vocab, role: str, ckpt: str,
                             names: Names = RUN_NAMES) -> None:
   """`vocab`'s file against the vocabulary `ckpt` (the `role` model's step
-  folder) records in its DIGESTS.json, if any (`check_vocabulary_for_run`);
+  folder) records in its DIGESTS.json: another one is refused, even of the
+  same size (its ids mean other pieces); none recorded, a warning.
   ConfigError naming both."""
   if not io_utils.isdir(ckpt):
     return  # `load_model` says what is wrong with the path
@@ -267,17 +219,15 @@ def check_vocabulary_digest(vocab, role: str, ckpt: str,
     raise ConfigError(
         f"{names.vocabulary}: the vocabulary {what} is not the one {macro}'s "
         f"checkpoint {ckpt} was trained with ({record.get('file')!r}, sha256 "
-        f"{str(record.get('sha256'))[:16]}..., recorded in its "
-        f"{digests.MANIFEST_FILE}): its ids would mean other pieces and the "
-        "output would be garbage. Allowed: that SentencePiece model.")
+        f"{str(record.get('sha256'))[:16]}..., its {digests.MANIFEST_FILE}). "
+        "Allowed: that SentencePiece model.")
 
 
 @functools.lru_cache(maxsize=None)  # once per process (a sweep's points)
 def _warn_unverified(macro: str, ckpt: str, vocabulary_words: str) -> None:
   logging.warning(
       "%s: %s records no vocabulary digest (DIGESTS.json), so %s could "
-      "not be verified: if it is not the vocabulary the checkpoint was "
-      "trained with, the output is garbage.", macro, ckpt, vocabulary_words)
+      "not be verified.", macro, ckpt, vocabulary_words)
 
 
 @functools.lru_cache(maxsize=None)
@@ -287,19 +237,15 @@ def _file_digest(path: str) -> str:
 
 def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,
                mesh, what: str) -> T5Model:
-  """Loads a T5X checkpoint (or random weights) sharded over `mesh`.
-
-  A model dir (as `train` writes) stands for its latest checkpoint. Before
-  any shape is built: the checkpoint's digests, `config` against the
-  shapes it stores, the parameters against the devices' memory
-  (`checkpoints.check_checkpoint`; random weights: the memory only).
-  """
+  """Loads a T5X checkpoint (or its model dir's latest; None: random
+  weights) sharded over `mesh`, checked before any shape is built
+  (`checkpoints.check_checkpoint`)."""
   fields = f"{what}/T5Config."
   available = sizes.available_bytes() * jax.device_count()
   opened = None
   if checkpoint_path:
     path = checkpoint_dir(checkpoint_path)
-    if not paths.is_url(path) and not os.path.exists(path):
+    if not io_utils.is_url(path) and not os.path.exists(path):
       raise checkpoints.CheckpointError(
           f"{what.upper()}_CHECKPOINT_PATH={checkpoint_path!r}: {path} does "
           "not exist (allowed: a T5X checkpoint_<N> folder, or a folder of "
@@ -316,8 +262,7 @@ def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,
                                          shardings=shardings)
   else:
     logging.warning("No %s checkpoint: random weights (seed %d).", what, seed)
-    params = parameters.random_params(config, jax.random.PRNGKey(seed),
-                                      dtype=config.dtype, shardings=shardings)
-  # Decoder weights packed once for the CPU kernel (a no-op on accelerators
-  # and meshes): verification calls cost about what one-token calls cost.
+    params = checkpoints.random_params(config, jax.random.PRNGKey(seed),
+                                       dtype=config.dtype, shardings=shardings)
+  # Decoder weights packed once for the CPU kernel (a no-op elsewhere).
   return T5Model(config, {"params": params}).prepared_for_decoding()

@@ -1,36 +1,7 @@
-"""SPECULATION='auto' while the run decodes (issue 45): the choice keeps
-being measured batch by batch and may change between batches when the
-measurement says its prediction was wrong (the rule:
-`below_prediction`, `corrected_rows`, `rechoose`).
-
-`pilots.choose_mode` injects an `OnlineChoice` into the plan it returns
-(`DecodePlan.online`); MODE='walltime' and MODE='infer' call its
-`after_batch` after each batch and its `outcome` at the end, and know
-nothing else of it. A run that chose nothing has none.
-
-* measure: after each batch, the choice's seconds and the target alone's
-  (MODE='walltime' decodes both anyway; MODE='infer' estimates the target
-  alone as the priced target step times the batch's longest output), and
-  its outputs (`batches.Tally`). The batches one choice decodes in a row
-  are a segment (`Segment`).
-* test: once the segment has AUTO_SWITCH_MIN_BATCHES batches, after every
-  batch, at most AUTO_SWITCH_MAX_SWITCHES switches per run.
-* switch: to `rechoose`'s candidate; it is compiled (and run once per
-  input width) outside the timed decode, its seconds recorded.
-
-No flapping: a new segment is tested only after AUTO_SWITCH_MIN_BATCHES
-batches of its own; each family is predicted with its own calibration
-(a tree is never re-predicted with a chain's calibration); a switch needs the
-evidence to beat the choice by more than the upper end of its measured
-interval; a candidate that ran is predicted by its measurement; the
-target alone, once chosen, is kept (it drafts nothing: there is nothing
-new to measure).
-
-Nothing here changes what a batch decodes: a choice is made between
-batches from past batches only, every candidate is exact (or the target
-alone), and batch i is decoded with the run's rng for batch i whatever
-decodes it. Several processes: process 0 decides on its own seconds, every
-process follows its decision (as for the first choice).
+"""SPECULATION='auto' while the run decodes (issue 45): the choice is
+measured batch by batch and changed between batches when it ran below its
+prediction by more than its noise (`OnlineChoice`, `DecodePlan.online`);
+the rules keep a run from flapping (docs/usage/running.md).
 """
 import dataclasses
 import math
@@ -44,31 +15,13 @@ from specdec_jax.experiment import auto
 from specdec_jax.experiment import batches as batches_lib
 from specdec_jax.experiment import decode_modes
 
-# Student's t, 97.5% quantile, by degrees of freedom 1..30 (then
-# Cornish-Fisher's first term, within 0.1% of the table from 30 on).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-_Z975 = 1.959964
-
-
-# -- the rule ------------------------------------------------------------------
-def t975(df: int) -> float:
-  """Student's t 97.5% quantile with `df` >= 1 degrees of freedom."""
-  if df < 1:
-    raise ValueError(f"df={df!r}: allowed: an integer >= 1.")
-  if df <= len(_T975):
-    return _T975[df - 1]
-  return _Z975 + (_Z975**3 + _Z975) / (4 * df)
-
 
 def speedup_interval(
     baseline_s: Sequence[float],
     speculative_s: Sequence[float]) -> Tuple[float, float, float]:
-  """(speedup, low, high): Σ baseline / Σ speculative over the batches and
-  its 95% interval (the ratio estimator's standard error with batches as
-  samples, Student's t with n - 1 degrees of freedom); (ratio, 0, inf)
-  with fewer than 2 batches."""
+  """(speedup, low, high): Σ baseline / Σ speculative and its 95% interval
+  (the ratio estimator's, batches as samples, Student's t); (ratio, 0,
+  inf) with fewer than 2 batches."""
   b = np.asarray(baseline_s, np.float64)
   s = np.asarray(speculative_s, np.float64)
   if b.shape != s.shape or b.ndim != 1 or not b.size or np.any(s <= 0):
@@ -78,17 +31,17 @@ def speedup_interval(
   n = b.size
   if n < 2:
     return ratio, 0.0, math.inf
+  from scipy import stats  # pylint: disable=g-import-not-at-top
   spread = float(np.sum((b - ratio * s)**2)) / (n - 1)
-  half = t975(n - 1) * math.sqrt(spread / n) / float(s.mean())
+  half = stats.t.ppf(0.975, n - 1) * math.sqrt(spread / n) / float(s.mean())
   return ratio, max(0.0, ratio - half), ratio + half
 
 
 def below_prediction(predicted: float, baseline_s: Sequence[float],
                      speculative_s: Sequence[float],
                      min_batches: int = auto.AUTO_SWITCH_MIN_BATCHES) -> bool:
-  """Whether a choice's measured speedup is below `predicted` by more than
-  its noise: at least `min_batches` batches and the 95% interval's upper
-  end below the prediction."""
+  """Whether `min_batches` batches put the measured interval's upper end
+  below `predicted`."""
   if len(baseline_s) < max(min_batches, 2):
     return False
   return speedup_interval(baseline_s, speculative_s)[2] < predicted
@@ -97,10 +50,9 @@ def below_prediction(predicted: float, baseline_s: Sequence[float],
 def with_measured_alpha(pilots: Mapping[str, Mapping[str, Any]],
                         candidate: auto.Candidate,
                         histogram: Sequence[int]) -> Dict[str, Any]:
-  """`pilots` with the acceptance of `candidate`'s mode (and tree width)
-  measured on the run's histogram [γ + 1] of its batches, by the pilots'
-  own estimator (kept / min(n + 1, γ) trials; a tree's a_1 and a).
-  Unchanged when there was no acceptance trial or no such pilot."""
+  """`pilots` with `candidate`'s acceptance as its batches' histogram
+  [γ + 1] measured it (the pilots' estimator; a tree's a_1 and a);
+  unchanged without a trial or such a pilot."""
   out = dict(pilots)
   key = candidate.pilot_key
   counts = np.asarray(histogram, np.int64)
@@ -111,7 +63,6 @@ def with_measured_alpha(pilots: Mapping[str, Mapping[str, Any]],
   out[key] = dict(out[key], alpha=float(np.arange(gamma + 1) @ counts) / trials)
   if candidate.mode.branches:
     first, out[key]["deeper"] = auto.depth_acceptance(counts)
-    # The pilot's a_1 by width, with this width's as measured.
     by_width = list(out[key].get("first_depth_by_width") or ())
     if candidate.tree_width and candidate.tree_width <= len(by_width):
       by_width[candidate.tree_width - 1] = first
@@ -127,26 +78,12 @@ def corrected_rows(
     ran: Mapping[int, float],
     overheads: Mapping[str, float]) -> Tuple[List[Dict[str, Any]], float]:
   """Every candidate predicted again after candidate `current` measured
-  `measured`; (rows, the overhead per call of the current one's family
-  as measured: `overhead_steps`).
+  `measured` (`pilots`: with its measured α; `ran`: {index: speedup} of
+  those that ran; `overheads`: {family: steps} so far).
 
-  Args:
-    candidates_: the run's candidates (`candidates`).
-    current: the index of the candidate that decoded the last batches.
-    measured: its measured speedup.
-    prices: the call prices (None: nothing priced, beams).
-    pilots: {pilot_key: the pilot's record}, the current candidate's with
-      the α it measured (`with_measured_alpha`).
-    ran: {index: measured speedup} of candidates that ran before.
-    overheads: {family: steps} each family's calibration so far (its
-      pilot's, or its last measured one).
-
-  Returns:
-    `predict_all`'s rows with `basis`: 'measured' (it ran: its measured
-    speedup), 'corrected' (the current one's family: its model at the
-    measured α with the overhead the measurement implies), 'calibrated'
-    (another family: its own overhead, never the current one's) or
-    'target alone' (1); and that overhead.
+  Returns (`predict_all`'s rows with `basis`: 'measured', 'corrected' (the
+  current family: the overhead the measurement implies), 'calibrated' or
+  'target alone'; that overhead).
   """
   rows = auto.predict_all(candidates_, prices, pilots, overheads)
   family = candidates_[current].family
@@ -177,10 +114,8 @@ def corrected_rows(
 
 def rechoose(rows: Sequence[Mapping[str, Any]], current: int, upper: float,
              min_gain: float = auto.AUTO_MIN_GAIN) -> int:
-  """The candidate to run next: `choose`'s, if it is predicted above
-  `min_gain` times `upper`, the upper end of the current one's measured
-  speedup's 95% interval (the evidence must beat the choice by more than
-  its noise); else the current one."""
+  """`choose`'s candidate if predicted above `min_gain` times `upper` (the
+  current one's interval's upper end), else the current one."""
   best = auto.choose(rows, min_gain)
   if best != current and rows[best]["predicted_speedup"] >= min_gain * upper:
     return best
@@ -191,8 +126,7 @@ def switch_reason(batch: int, rows: Sequence[Mapping[str, Any]], current: int,
                   chosen: int, predicted: float,
                   interval: Tuple[float, float, float], scale: float) -> str:
   """The stdout line of a switch: 'auto: after batch 4, token γ=12 ran
-  1.20× (95%: 1.10–1.30), below its predicted 2.40×; switched to token γ=6
-  (predicted 1.41× at the measured α 0.62, the cost model as this run measured it (κ 0.95))'."""
+  1.20× (95%: 1.10–1.30), below its predicted 2.40×; switched to ...'."""
   speedup, low, high = interval
   row = rows[chosen]
   if row["basis"] == "measured":
@@ -215,18 +149,9 @@ def switch_reason(batch: int, rows: Sequence[Mapping[str, Any]], current: int,
 
 @dataclasses.dataclass
 class Segment:
-  """The batches one choice decodes in a row, measured as they finish.
-
-  Attributes:
-    index: the candidate's index; candidate: it; row: its first row
-      (label, mode, γ, k); plan: its `DecodePlan`.
-    first_batch: the segment's first batch (0-based).
-    predicted: the speedup it was chosen on.
-    compile_s: seconds compiling it when the run switched to it.
-    baseline_s / speculative_s: each batch's seconds (MODE='infer': the
-      target alone's estimated).
-    tally: its outputs' counts.
-  """
+  """The batches one choice decodes in a row: its candidate (index, row,
+  plan), first batch, the speedup it was chosen on, compile seconds, each
+  batch's seconds (MODE='infer': the baseline estimated) and tally."""
   index: int
   candidate: auto.Candidate
   row: Mapping[str, Any]
@@ -241,22 +166,18 @@ class Segment:
 
   def add(self, baseline_s: Optional[float], speculative_s: float, out: Any,
           keep: np.ndarray) -> None:
-    """One batch: its seconds (baseline None: unknown) and the choice's
-    output on the host (its kept rows count)."""
+    """One batch (baseline None: unknown)."""
     if baseline_s is not None and speculative_s > 0:
       self.baseline_s.append(float(baseline_s))
       self.speculative_s.append(float(speculative_s))
     self.tally.add(out, keep, self.candidate.mode, speculative_s)
-
-  def interval(self) -> Tuple[float, float, float]:
-    return speedup_interval(self.baseline_s, self.speculative_s)
 
   def record(self, estimated: bool) -> Dict[str, Any]:
     """metrics.json's `auto.segments` entry."""
     tally = self.tally
     speedup = low = high = None
     if self.speculative_s:
-      speedup, low, high = self.interval()
+      speedup, low, high = speedup_interval(self.baseline_s, self.speculative_s)
     alone = self.candidate.mode.target_alone
     return {
         "label": self.row["label"],
@@ -282,21 +203,12 @@ class Segment:
 
 
 class OnlineChoice:
-  """SPECULATION='auto' during the timed decode: the plan the next batch
-  decodes with, each segment's measurements, and the switches (the
-  module's rule). Built by `pilots.choose_mode` (`DecodePlan.online`).
+  """SPECULATION='auto' during the timed decode: the next batch's plan,
+  the segments and the switches.
 
-  Args:
-    candidates, rows: the candidates and their first predictions.
-    chosen: the first choice's index.
-    pilots, prices, overheads: what the rows were predicted from
-      ({family: steps}: each family's calibration, `auto.predict_all`).
-    record: metrics.json's `auto` of the first choice.
-    build: candidate -> its `DecodePlan` (built, not compiled).
-    plan: the first choice's `DecodePlan`.
-    target_step_s: the priced target step in seconds (MODE='infer'
-      estimates the target alone's seconds of a batch as it times its
-      longest output; None: not priced, so MODE='infer' never switches).
+  `record`: metrics.json's `auto` of the first choice; `build`: candidate
+  -> its `DecodePlan`; `target_step_s`: the priced step (MODE='infer'
+  estimates the baseline by it; None: MODE='infer' never switches).
   """
 
   def __init__(self, candidates: Sequence[auto.Candidate],
@@ -333,15 +245,17 @@ class OnlineChoice:
   def after_batch(self, batch: batches_lib.Batch, baseline_s: Optional[float],
                   speculative_s: float, out: Any,
                   feed: multihost.Feeder) -> Any:
-    """Records `batch` (its seconds, the choice's output on the host;
-    baseline_s None in MODE='infer': estimated), tests the choice when due
-    and switches (compiling the new choice on `feed`'s input widths,
-    outside the timed decode). Returns the plan of the next batch."""
+    """Records `batch`, tests the choice when due and switches (compiled
+    outside the timed decode); the next batch's plan."""
     segment = self.segments[-1]
     if baseline_s is None and self.target_step_s is not None:
       baseline_s = self.target_step_s * float(np.max(np.asarray(out.lengths)))
     segment.add(baseline_s, speculative_s, out, batch.keep)
-    if not self._due():
+    # A test is due (batch counts: the same answer on every process)?
+    if (segment.candidate.mode.target_alone or
+        len(self.switches) >= auto.AUTO_SWITCH_MAX_SWITCHES or
+        segment.tally.batches < auto.AUTO_SWITCH_MIN_BATCHES or
+        (self.infer and self.target_step_s is None)):
       return self.plan
     mine = self._decide(batch.index) if multihost.is_first() else None
     decision = multihost.allgather("speculation_auto_switch", mine)[0]
@@ -349,27 +263,18 @@ class OnlineChoice:
       self._switch(batch.index, decision, feed)
     return self.plan
 
-  def _due(self) -> bool:
-    """A test is due: the same answer on every process (batch counts)."""
-    segment = self.segments[-1]
-    return (not segment.candidate.mode.target_alone and
-            len(self.switches) < auto.AUTO_SWITCH_MAX_SWITCHES and
-            segment.tally.batches >= auto.AUTO_SWITCH_MIN_BATCHES and
-            (not self.infer or self.target_step_s is not None))
-
   def _decide(self, batch: int) -> Optional[Dict[str, Any]]:
     """The switch after batch `batch`, or None (this process's numbers)."""
     segment = self.segments[-1]
     if not below_prediction(segment.predicted, segment.baseline_s,
                             segment.speculative_s):
       return None
-    interval = segment.interval()
+    interval = speedup_interval(segment.baseline_s, segment.speculative_s)
     pilots = with_measured_alpha(self.pilots, segment.candidate,
                                  segment.tally.histogram)
     rows, overhead = corrected_rows(self.candidates, segment.index, interval[0],
                                     self.prices, pilots, self.ran,
                                     self.overheads)
-    # κ: what this run measured over its model, for the record and line.
     scale = auto.kappa(
         interval[0], rows[segment.index].get("model_speedup",
                                              segment.predicted))
@@ -417,13 +322,9 @@ class OnlineChoice:
           feed, [("speculative", plan.speculative)], plan.rng)
 
   def outcome(self) -> Tuple[Any, Dict[str, Any], float]:
-    """After the timed decode: (the `DecodePlan` whose settings the result
-    records, metrics.json's (infer.json's) `auto` with its segments and
-    switches, seconds compiling the choices switched to).
-
-    The plan is the run's choice, or in a run that switched the last
-    speculative choice's, with SPECULATION='auto' and γ the largest any
-    segment ran (the width of the run's histogram)."""
+    """(the plan the result records: after a switch, the last speculative
+    one's at SPECULATION='auto' and the largest γ run; metrics.json's
+    `auto`; seconds compiling switches)."""
     record = {
         **self.first,
         "segments": [s.record(self.infer) for s in self.segments],

@@ -1,29 +1,7 @@
-"""Every choice a run makes before its timed decode (`choose`): one pilot
-for all of them.
-
-* GAMMA / TREE_WIDTH 'auto' (`choose_shape`): 'auto' limited to the run's
-  own mode: its shapes (γ, and a tree's k) predicted and the best decoded
-  (metrics.json's `gamma_auto`);
-* SPECULATION='auto' (`choose_mode`): every mode the drafter drafts for,
-  and the target alone, predicted; the best decoded, corrected between
-  batches (`online.OnlineChoice`, injected into the plan; metrics.json's
-  `auto`);
-* SPECULATION='off': the target alone in the speculative decoder's place.
-
-Both 'auto' choices measure the same way: a pilot decode per mode of the
-run's first batches (`run_pilots`: one tree pilot at the widest k serves
-every k), at one input width, until the 95% interval of its α is narrow
-enough (`auto.pilot_done`); the pilots that calibrate the cost model are
-timed against the target alone after a warm-up, interleaved (each pilot
-in turn on each batch, and the two decoders' order alternating), so that
-the first, slower batches favour neither; the calls priced on this
-machine (`price_cache.prices_for`). Pilots and prices are cached
-(`price_cache`). Both predict and choose by `auto`'s rules. When the
-choice is a pilot's own setting, the pilot's decoders, compiled by its
-decode, decode the run (`Plans`).
-
-Nothing here changes what a mode decodes: every choice is made before the
-first timed batch, and every candidate is exact.
+"""Every choice a run makes before its timed decode (`choose`), by one
+pilot decode per mode of the run's first batches (`run_pilots`):
+SPECULATION='auto' (`choose_mode`), GAMMA / TREE_WIDTH 'auto'
+(`choose_shape`) and 'off'; a chosen pilot's decoders decode the run.
 """
 import dataclasses
 import hashlib
@@ -46,16 +24,13 @@ from specdec_jax.metrics import timing
 from specdec_jax.terminal import console
 
 Candidate = auto.Candidate
-# Untimed calls of each timed pilot's two decoders before its first timed
-# one (the first compiles): a decoder's first calls after a compile run
-# slower (issue 58: the pilot's target alone ran 41.6 ms an example, 27.6
-# ms in the run), which biased the pilot's speedup.
+# Untimed calls of a timed pilot's decoders first: the first calls after a
+# compile run slower (issue 58: 41.6 ms an example against 27.6 ms).
 WARMUP_CALLS = 2
 
 
 def choose(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
-  """The plan the run decodes with: every choice made (SPECULATION 'auto'
-  or 'off', GAMMA / TREE_WIDTH 'auto'), or the run's own settings."""
+  """The plan the run decodes with, every choice made."""
   args = loaded.args
   if args.speculation == decode_modes.SPECULATION_AUTO:
     return choose_mode(loaded, feed)
@@ -66,14 +41,9 @@ def choose(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
   return loaded.decoding()
 
 
-def _integer(value: Any, default: int) -> int:
-  return default if isinstance(value, str) else int(value)
-
-
 def candidate_args(args: Any, candidate: Candidate) -> Any:
-  """The run arguments that decode `candidate` (checked again: a
-  `RunArguments`): its mode (a tree with the run's tree settings) at its
-  γ and k."""
+  """The run arguments that decode `candidate` (a tree with the run's tree
+  settings)."""
   mode = candidate.mode
   if mode.target_alone:
     search = args.decode_mode
@@ -81,7 +51,7 @@ def candidate_args(args: Any, candidate: Candidate) -> Any:
       search = dataclasses.replace(search, width=1)
     return dataclasses.replace(args, decode_mode=search,
                                speculation=decode_modes.SPECULATION_OFF,
-                               gamma=_integer(args.gamma, 1))
+                               gamma=1 if args.auto_gamma else int(args.gamma))
   if mode.beam:
     return dataclasses.replace(args, gamma=candidate.gamma)
   if mode.branches:
@@ -91,9 +61,8 @@ def candidate_args(args: Any, candidate: Candidate) -> Any:
 
 
 class Plans:
-  """candidate -> its `DecodePlan` (its arguments, mode and decoders,
-  built, not compiled), built once: a pilot's decoders, compiled by its
-  decode, are the run's when the choice is the pilot's own setting."""
+  """candidate -> its `DecodePlan` (built, not compiled), built once: a
+  pilot's decoders are the run's when it is chosen."""
 
   def __init__(self, loaded: Loaded):
     self.loaded = loaded
@@ -109,27 +78,13 @@ class Plans:
 # -- the pilots ----------------------------------------------------------------
 def run_pilots(pilots: Mapping[str, DecodePlan], timed: Mapping[str, bool],
                feed: multihost.Feeder, cap: int) -> Dict[str, Dict[str, Any]]:
-  """Pilot decodes of the run's first batches, each with its plan's
-  speculative decoder, until `auto.pilot_done`.
-
-  One input width: the run's most common among the batches the pilots may
-  read (narrower ones padded to it, wider ones skipped), so that a pilot
-  compiles its loop once and a timed pilot times the run's usual shape.
-  The pilots take turns on each batch (the first pilot of a batch is the
-  next one's last). A timed pilot (`timed[key]`: its speedup calibrates
-  the cost model, or is a beam's prediction) runs both decoders
-  WARMUP_CALLS times untimed first, then times both on each batch, in an
-  order that alternates from batch to batch.
-
-  Returns:
-    {key: {'gamma', 'tree_width', 'examples', 'batches', 'batches_read'
-    (up to the last one decoded, wider ones skipped), 'input_width',
-    'acceptance_trials', 'alpha', 'alpha_interval', 'mean_output_tokens',
-    'output_lengths'; trees: 'first_depth', 'deeper'
-    (`auto.depth_acceptance`), 'first_depth_by_width' ([k]: a_1 of
-    k' = 1..k branches); timed: 'baseline_s', 'speculative_s',
-    'speedup'}}.
-  """
+  """{key: its record}: pilot decodes of the run's first batches until
+  `auto.pilot_done`, at their most common input width (one compile),
+  taking turns on each batch; a timed pilot (`timed[key]`) warms both
+  decoders up, then times both, their order alternating by batch. A
+  record: 'gamma', 'tree_width', counts, 'alpha' and its interval, output
+  lengths (trees: 'first_depth', 'deeper', 'first_depth_by_width'; timed:
+  'baseline_s', 'speculative_s', 'speedup')."""
   first = next(iter(pilots.values()))
   width = feed.common_width(-(-cap // first.args.batch_size))
   tallies = {key: batches_lib.Tally() for key in pilots}
@@ -162,9 +117,8 @@ def run_pilots(pilots: Mapping[str, DecodePlan], timed: Mapping[str, bool],
 
 def _timed_pair(plan: DecodePlan, batch: batches_lib.Batch,
                 done: int) -> Tuple[Any, float, float]:
-  """(the speculative output, the baseline's seconds, the speculative
-  decoder's) of `batch`, after the warm-up on a pilot's first batch
-  (`done` = 0); the baseline first on even `done`, second on odd."""
+  """(speculative output, baseline s, speculative s) of `batch`, warmed up
+  on the first (`done` = 0); the baseline first on even `done`."""
   decoders = [plan.baseline, plan.speculative]
   if not done:
     for _ in range(WARMUP_CALLS):
@@ -178,7 +132,6 @@ def _timed_pair(plan: DecodePlan, batch: batches_lib.Batch,
 
 def _pilot_record(plan: DecodePlan, tally: batches_lib.Tally, width: int,
                   read: int, baseline_s: Optional[float]) -> Dict[str, Any]:
-  """One pilot's record (`run_pilots`)."""
   tree = plan.mode.branches
   lengths = tally.lengths
   record: Dict[str, Any] = {
@@ -208,12 +161,8 @@ def _pilot_record(plan: DecodePlan, tally: batches_lib.Tally, width: int,
 
 def pilot_fields(loaded: Loaded, pilots: Mapping[str, Candidate],
                  timed: Mapping[str, bool], cap: int) -> Dict[str, Any]:
-  """The pilot cache's key fields (`price_cache.PILOTS`): what the pilots'
-  α depends on — the run's settings (task, examples, seed, sampling,
-  drafter, the models' configs), the weights themselves, each pilot's
-  mode, γ, k, and the pilot's size rule; the machine too when a pilot is
-  timed (its walltime ratio is this machine's). The pilot's inputs are
-  checked on reading (`pilots_for`)."""
+  """The pilot cache's key: what the pilots' α depends on (settings,
+  weights, shapes, size rule; the machine when a pilot is timed)."""
   return {
       "settings": loaded.settings,
       "weights": price_cache.weights_digest(
@@ -232,7 +181,7 @@ def pilot_fields(loaded: Loaded, pilots: Mapping[str, Candidate],
 
 
 def inputs_digest(feed: multihost.Feeder, batches: int) -> str:
-  """A digest of the first `batches` batches' rows (what a pilot read)."""
+  """A digest of the first `batches` batches' rows."""
   digest = hashlib.sha256()
   for b in range(min(int(batches), feed.num_batches)):
     digest.update(np.ascontiguousarray(feed.host_rows(b)).tobytes())
@@ -245,21 +194,13 @@ def pilots_for(loaded: Loaded, feed: multihost.Feeder,
                                Candidate], timed: Mapping[str,
                                                           bool], plans: Plans,
                what: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-  """({pilot_key: `run_pilots`' record}, metrics.json's `pilot_cache`:
-  'cached', 'file', 'decoded' (the pilots decoded now; [] when cached)).
-
-  The records come from the pilot cache when a run with the same fields
-  (`pilot_fields`) decoded them from the same inputs; else the pilots are
-  decoded (`plans`: their decoders kept for the run; `what`: the choice
-  they serve, for the progress line) and the records cached.
-  """
+  """({pilot_key: `run_pilots`' record}, metrics.json's `pilot_cache`),
+  from the cache when the same fields read the same inputs, else decoded
+  (`what`: the choice served, for the progress line) and cached."""
   cap = auto.pilot_cap(feed.num_examples)
-  # Off (or several processes, whose weights no one process holds): no
-  # digest, no file.
   fields = (pilot_fields(loaded, pilots, timed, cap)
             if price_cache.enabled() else None)
   file = fields and price_cache.path(fields, price_cache.PILOTS)
-  # Every cached value checked like an input (a bad one: measured again).
   entry = fields and price_cache.load(
       fields, price_cache.PILOTS,
       lambda e: price_cache.check_pilots(e, fields["pilots"]))
@@ -292,11 +233,8 @@ def pilots_for(loaded: Loaded, feed: multihost.Feeder,
 def _priced(loaded: Loaded, feed: multihost.Feeder,
             candidates: Sequence[Candidate], pilots: Mapping[str, Any],
             plans: Plans, pilot: Candidate):
-  """(`auto.Prices`, metrics.json's `prices`) of `candidates`' calls
-  (`Providers.auto_prices`, else `price_cache.prices_for`), the cache
-  filled to the pilots' mean output length and the drafter reading
-  `pilot`'s baseline output; (None, None) when nothing is priced
-  (beams)."""
+  """(`auto.Prices`, metrics.json's `prices`), the cache filled to the
+  pilots' mean output length; (None, None) when nothing is priced."""
   if not any(c.mode.priced and not c.mode.target_alone for c in candidates):
     return None, None
   fill = max(1, int(next(iter(pilots.values()))["mean_output_tokens"]))
@@ -306,8 +244,7 @@ def _priced(loaded: Loaded, feed: multihost.Feeder,
 
 # -- SPECULATION='auto' --------------------------------------------------------
 def _candidates(loaded: Loaded) -> List[Candidate]:
-  """SPECULATION='auto''s candidates (`auto.candidates`), at the γ and k
-  of `Providers.pilot_sizes`."""
+  """SPECULATION='auto''s candidates at `Providers.pilot_sizes`."""
   args, sizes = loaded.args, loaded.providers.pilot_sizes
   spec = args.drafting
   # A feature draft's trees are not priced by `step_costs.price_tree_shapes`.
@@ -322,11 +259,12 @@ def _candidates(loaded: Loaded) -> List[Candidate]:
                          tree_widths=sizes.auto_tree_widths)
 
 
-def _pilot_candidates(candidates: Sequence[Candidate],
-                      gamma: int) -> Dict[str, Candidate]:
-  """{pilot_key: the candidate its pilot decodes}: each speculative mode at
-  the pilot γ, or the largest γ its candidates allow; trees at their
-  widest k (one pilot measures every narrower tree's a_1)."""
+def _pilot_candidates(
+    candidates: Sequence[Candidate],
+    gamma: int) -> Tuple[Dict[str, Candidate], Dict[str, bool]]:
+  """({pilot_key: its candidate}: each speculative mode at the pilot γ (at
+  most its largest), trees at their widest k; {pilot_key: timed}: unpriced
+  modes (beams) and each priced family's first pilot, its calibration)."""
   out: Dict[str, Candidate] = {}
   for c in candidates:
     if c.mode.target_alone or c.pilot_key in out:
@@ -336,27 +274,17 @@ def _pilot_candidates(candidates: Sequence[Candidate],
     largest = max(d.gamma for d in same if d.tree_width == width)
     out[c.pilot_key] = dataclasses.replace(c, gamma=min(gamma, largest),
                                            tree_width=width)
-  return out
-
-
-def _timed_pilots(pilots: Mapping[str, Candidate]) -> Dict[str, bool]:
-  """{pilot_key: is it timed}: unpriced modes (beams: their walltime ratio
-  is the prediction) and the first pilot of each priced family (its
-  calibration)."""
-  timed, calibrated = {}, set()
-  for key, candidate in pilots.items():
-    timed[key] = (not candidate.mode.priced or
-                  candidate.family not in calibrated)
-    calibrated.add(candidate.family)
-  return timed
+  firsts: Dict[Optional[str], str] = {}
+  return out, {
+      key: not c.mode.priced or firsts.setdefault(c.family, key) == key
+      for key, c in out.items()
+  }
 
 
 def calibrations(candidates: Sequence[Candidate], pilots: Mapping[str, Any],
                  prices: Optional[auto.Prices]) -> Dict[str, Dict[str, Any]]:
-  """{family: its timed pilot's measured speedup beside the model's at the
-  pilot's own setting, κ, their ratio (`auto.kappa`), and the overhead
-  per call that calibrates the family (`auto.overhead_steps`)} for each
-  priced family with a timed pilot."""
+  """{family: its timed pilot's measured and modelled speedup, κ and the
+  overhead per call that calibrates it} of each timed priced family."""
   out: Dict[str, Dict[str, Any]] = {}
   for c in candidates:
     record = pilots.get(c.pilot_key)
@@ -367,7 +295,6 @@ def calibrations(candidates: Sequence[Candidate], pilots: Mapping[str, Any],
                                    tree_width=record.get("tree_width"))
     row = auto.predict(at_pilot, prices, pilots)
     model, measured = row["predicted_speedup"], float(record["speedup"])
-    # A pilot's timing is held within KAPPA_BOUNDS of the model.
     kappa = auto.kappa(measured, model)
     out[c.family] = {
         "pilot": c.pilot_key,
@@ -382,20 +309,17 @@ def calibrations(candidates: Sequence[Candidate], pilots: Mapping[str, Any],
 
 
 def choose_mode(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
-  """SPECULATION='auto': the plan at the candidate of the best predicted
-  walltime, with its online correction (`DecodePlan.online`, whose
-  `outcome` is metrics.json's `auto`); logs the `auto:` line."""
+  """SPECULATION='auto': the plan of the best prediction, with its online
+  correction (`DecodePlan.online`); logs the `auto:` line."""
   t0 = time.perf_counter()
   args, sizes = loaded.args, loaded.providers.pilot_sizes
   candidates = _candidates(loaded)
   plans = Plans(loaded)
-  pilot_candidates = _pilot_candidates(candidates,
-                                       auto.pilot_gamma(args.gamma, sizes))
-  pilots, pilot_cache = pilots_for(loaded, feed, pilot_candidates,
-                                   _timed_pilots(pilot_candidates), plans,
+  pilot_candidates, timed = _pilot_candidates(
+      candidates, auto.pilot_gamma(args.gamma, sizes))
+  pilots, pilot_cache = pilots_for(loaded, feed, pilot_candidates, timed, plans,
                                    "SPECULATION='auto'")
   pilot_s = time.perf_counter() - t0
-  # The first pilot's baseline gives the pricing its context.
   prices, price_record = _priced(loaded, feed, candidates, pilots, plans,
                                  next(iter(pilot_candidates.values()), None))
   calibrated = calibrations(candidates, pilots, prices)
@@ -426,8 +350,6 @@ def choose_mode(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
   logging.info("%s", record["reason"])
   chosen = next(i for i, r in enumerate(rows)
                 if (r["label"] == record["choice"]["label"]))
-  # A pilot's own setting: its decoders, built and compiled before the
-  # choice, decode the run.
   record["decoders_reused"] = candidates[chosen] in plans.built
   decode_plan = plans(candidates[chosen])
   online = online_lib.OnlineChoice(
@@ -438,9 +360,8 @@ def choose_mode(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
 
 # -- GAMMA / TREE_WIDTH 'auto' ---------------------------------------------------
 def choose_shape(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
-  """GAMMA and/or (ACCEPTANCE='tree') TREE_WIDTH 'auto': 'auto' limited to
-  the run's mode, its γ (and k) of the best predicted speedup; the plan
-  there, with metrics.json's `gamma_auto` (`shape_record`)."""
+  """GAMMA / TREE_WIDTH 'auto': the run's mode at its best predicted γ
+  (and k), with metrics.json's `gamma_auto`."""
   args, sizes, mode = loaded.args, loaded.providers.pilot_sizes, loaded.mode
   widths = [None]
   if mode.branches:
@@ -471,10 +392,8 @@ def shape_record(candidates: Sequence[Candidate], rows: Sequence[Mapping[str,
                                                                          Any]],
                  chosen: int, pilot: Mapping[str, Any], prices: auto.Prices,
                  widths: Optional[Sequence[int]]) -> Dict[str, Any]:
-  """metrics.json's `gamma_auto`: the pilot (γ, batches, α), the priced
-  costs, every shape's predicted speedup, the choice; a tree's (a_1, a)
-  and c by k (`widths`: the k considered; None: chains) and the model's
-  tokens per call at the choice; a chain's `pilot_confidence`."""
+  """metrics.json's `gamma_auto` (`widths`: a tree's k considered; None:
+  chains, with `pilot_confidence`)."""
   gammas = sorted({c.gamma for c in candidates})
   choice = candidates[chosen]
   record: Dict[str, Any] = {"pilot_gamma": int(pilot["gamma"])}
@@ -487,8 +406,7 @@ def shape_record(candidates: Sequence[Candidate], rows: Sequence[Mapping[str,
                                if widths else prices.cost_coefficient))
   if widths is None:
     record["call_cost_by_gamma"] = [
-        prices.call_cost(g + 1) for g in range(1,
-                                               max(gammas) + 1)
+        prices.call_cost(g + 1) for g in range(1, gammas[-1] + 1)
     ]
   else:
     record.update(
@@ -509,7 +427,7 @@ def shape_record(candidates: Sequence[Candidate], rows: Sequence[Mapping[str,
       for c, r in sorted(zip(candidates, rows), key=lambda cr:
                          (cr[0].gamma, cr[0].tree_width or 0))
   }
-  record.update(max_gamma=max(gammas), chosen_gamma=int(choice.gamma))
+  record.update(max_gamma=gammas[-1], chosen_gamma=int(choice.gamma))
   if widths is None:
     record.update(pilot_confidence(candidates, pilot, prices))
   else:
@@ -521,11 +439,8 @@ def shape_record(candidates: Sequence[Candidate], rows: Sequence[Mapping[str,
 
 def pilot_confidence(candidates: Sequence[Candidate], pilot: Mapping[str, Any],
                      prices: auto.Prices) -> Dict[str, Any]:
-  """How firm GAMMA='auto''s choice is: `pilot_examples`,
-  `acceptance_trials`, `alpha_interval` (95%), `gamma_interval` (the γ
-  chosen at either end of it) and `caveat`: a line when the pilot decoded
-  fewer than AUTO_PILOT_MIN_EXAMPLES examples (the data had no more;
-  logged as a warning), else None."""
+  """How firm GAMMA='auto''s choice is: the γ chosen at either end of α's
+  95% interval, and a `caveat` (logged) below AUTO_PILOT_MIN_EXAMPLES."""
   low, high = pilot["alpha_interval"]
   gammas = []
   for alpha in (low, high):

@@ -1,71 +1,55 @@
-"""A run's plan, in three stages, each built once and complete.
-
-1. `RunPlan.build(args)` checks everything that needs no model, in one
-   place, before anything is loaded: the arguments (already checked when
-   built), the model configs against each other and against DRAFTER, the
-   vocabulary against both models' vocab_size, NGRAM_CORPUS (counted into
-   the n-gram table), the memory the lengths need, the task kind. Its
-   mesh is built once, on first use.
-2. `plan.load(models)` -> `Loaded`: the plan with its models and its
-   drafter (one, from the registry, `drafter_registry`): what the pilots
-   of GAMMA / TREE_WIDTH / SPECULATION 'auto' decode with.
-3. `loaded.decoding(...)` -> `DecodePlan`: every choice made (γ, k, the
-   mode), the two decoders built and checked once
-   (`decoding.speculative_decoder`: no host-side checks per batch). What
-   the timed decode runs. No field of any stage waits to be filled later.
-
-Each stage is the one before with more fields (`Loaded` is a `RunPlan`,
-a `DecodePlan` a `Loaded`): the run's decode mode (`RunPlan.mode`,
-decided once from the arguments, `decode_modes.mode_of`: the mode gin
-built, or the target alone in its place), its arguments,
-vocabulary and settings are read from whichever stage a function holds.
-
-Everything a run takes from outside — the vocabulary, the models, the
-decoders, the clocks and the pilots' sizes — comes through `Providers`, so
-that tests and the multi-host test workers hand in fakes as an argument
-rather than patching modules.
+"""A run's plan in three stages, each built once and complete
+(docs/architecture.md): `RunPlan.build(args)` checks everything that needs
+no model; `plan.load(models)` -> `Loaded` adds the models and the drafter
+(what the 'auto' pilots decode with); `loaded.decoding(...)` ->
+`DecodePlan` makes every choice and builds the two decoders, checked once.
+Each stage is the one before with more fields. `settings_record` is what
+makes a run's results what they are (the OVERWRITE rule compares it).
+Everything a run takes from outside comes through `Providers`, so tests
+hand in fakes as an argument.
 """
 import dataclasses
 import functools
+import json
 import os
+import re
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from absl import logging
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.config import flag_utils
 from specdec_jax.checkpoints import feature_draft
 from specdec_jax.checkpoints import sizes
-from specdec_jax.config import gin_utils
+from specdec_jax.config import gin_reader
 from specdec_jax.core import decoding
 from specdec_jax.core import models as models_lib
 from specdec_jax.core.models import T5Config
 from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import decode_modes
+from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import loading
-from specdec_jax.experiment import output_dir as output_dir_lib
 from specdec_jax.metrics import quality as quality_lib
 from specdec_jax.metrics import step_costs
 from specdec_jax.metrics import timing
 from specdec_jax.multihost import partitioning
 
-ConfigError = gin_utils.ConfigError
+ConfigError = flag_utils.ConfigError
 Decoder = decoding.Decoder
 
 
 def make_decoders(plan: "RunPlan", target: Any, drafter: Any,
                   gamma: int) -> Tuple[Decoder, Decoder]:
-  """(baseline, speculative) for the plan's settings, checked once: the
-  mode's (`DecodeMode.decoders`; a tree's speculative decoder returns a
-  `TreeOutput`, beams their top beam)."""
+  """(baseline, speculative) for the plan's settings: the mode's."""
   return plan.mode.decoders(plan.args, target, drafter, gamma, plan.acceptance)
 
 
 def load_feature_draft(checkpoint_path: str, target: Any) -> Any:
-  """The feature-level draft of DRAFT_CHECKPOINT_PATH bound to `target`
-  (`feature_draft.load_draft_model`: float32, digests verified)."""
+  """The feature-level draft of DRAFT_CHECKPOINT_PATH bound to `target`."""
   path = loading.checkpoint_dir(checkpoint_path)
   logging.info("Loading the feature-level draft from %s", path)
   return feature_draft.load_draft_model(path, target)
@@ -73,33 +57,24 @@ def load_feature_draft(checkpoint_path: str, target: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class PilotSizes:
-  """How far GAMMA / TREE_WIDTH / SPECULATION 'auto' look (`Providers`;
-  tests hand in small ones: fewer programs to compile).
-
-  Attributes:
-    gamma_pilot: the γ a pilot decodes at when GAMMA='auto'.
-    gamma_max: GAMMA='auto' considers γ = 1 .. gamma_max.
-    tree_max_width: TREE_WIDTH='auto' considers k = 1 .. tree_max_width,
-      SPECULATION='auto''s tree candidates k = 2 .. tree_max_width (k = 1
-      is token verification).
-  """
+  """How far GAMMA / TREE_WIDTH / SPECULATION 'auto' look: a pilot at
+  γ = gamma_pilot, γ = 1 .. gamma_max, k = 1 .. tree_max_width (tests hand
+  in small ones: fewer programs to compile)."""
   gamma_pilot: int = 4
   gamma_max: int = 12
   tree_max_width: int = 4
 
   @property
   def gammas(self) -> Tuple[int, ...]:
-    """The γ GAMMA='auto' considers."""
     return tuple(range(1, self.gamma_max + 1))
 
   @property
   def tree_widths(self) -> Tuple[int, ...]:
-    """The k TREE_WIDTH='auto' considers."""
     return tuple(range(1, self.tree_max_width + 1))
 
   @property
   def auto_tree_widths(self) -> Tuple[int, ...]:
-    """The k of SPECULATION='auto''s tree candidates."""
+    """SPECULATION='auto''s trees (k = 1 is token verification)."""
     return tuple(range(2, self.tree_max_width + 1))
 
 
@@ -108,25 +83,9 @@ PILOT_SIZES = PilotSizes()  # the defaults
 
 @dataclasses.dataclass(frozen=True)
 class Providers:
-  """What a run takes from outside (tests hand in fakes).
-
-  Attributes:
-    vocabulary: () -> the vocabulary (gin's `vocabulary.*` bindings).
-    load_model: (config, checkpoint_path, seed, mesh, what) -> a model.
-    decoders: (plan, target, drafter, gamma) -> (baseline, speculative).
-    load_feature_draft: (checkpoint_path, target) -> a feature-level draft
-      (DRAFTER='feature').
-    clock: (decoder, inputs, rng) -> (its output, ready; seconds): how the
-      timed decode times each call (`timing.timed`).
-    pricing: how the calls are priced: c, the verification call, the
-      'auto' pilots' prices (`step_costs.Pricing`: `timing.call_seconds`
-      at `step_costs.STEPS` calls, `step_costs.REPEATS` rounds).
-    pilot_sizes: the γ and k the 'auto' pilots consider (`PilotSizes`).
-    auto_prices: the 'auto' choices' call prices, (loaded, feed,
-      candidates, fill, context plan) -> (`auto.Prices`, metrics.json's
-      `auto.prices`); None: measured on this machine or read from the price
-      cache (`price_cache.prices_for`).
-  """
+  """What a run takes from outside (tests hand in fakes). `auto_prices`:
+  (loaded, feed, candidates, fill, context plan) -> (`auto.Prices`,
+  metrics.json's `auto.prices`); None: measured, or the price cache's."""
   vocabulary: Callable[[], Any] = loading.vocabulary
   load_model: Callable[..., Any] = loading.load_model
   decoders: Callable[..., Tuple[Decoder, Decoder]] = make_decoders
@@ -147,20 +106,10 @@ class Models:
 
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
-  """One run's settings, checked (`build`); nothing loaded.
-
-  Attributes:
-    args: the run's arguments (GAMMA / TREE_WIDTH may still be 'auto').
-    target_config, draft_config: the two models' T5Configs.
-    vocab: the shared vocabulary.
-    ngram_table: the n-gram drafter's table, or None.
-    mode: the decode mode (`decode_modes.mode_of`: decided once, here).
-    acceptance: the mode's acceptance rule; None = Algorithm 1
-      (ACCEPTANCE='tree': None, `tree_decoder`'s own `TreeAcceptance`).
-    task_kind: 'translation' (BLEU) or 'summarization' (ROUGE).
-    settings: what makes the results what they are (the OVERWRITE rule).
-    providers: where the vocabulary, models and decoders come from.
-  """
+  """One run's settings, checked (`build`); nothing loaded. GAMMA /
+  TREE_WIDTH may still be 'auto'; `mode` is decided once, here
+  (`decode_modes.mode_of`); `acceptance`: its rule (None: Algorithm 1, or a
+  tree's own); `settings`: `settings_record`'s."""
   args: arguments.RunArguments
   target_config: Any
   draft_config: Any
@@ -175,10 +124,8 @@ class RunPlan:
   @classmethod
   def build(cls, args: arguments.RunArguments,
             providers: Optional[Providers] = None) -> "RunPlan":
-    """Every check that needs no model; raises ConfigError naming the macro.
-
-    Reads the vocabulary and NGRAM_CORPUS (small files), loads no model.
-    """
+    """Every check that needs no model (reads the vocabulary and
+    NGRAM_CORPUS); raises ConfigError naming the macro."""
     providers = providers or Providers()
     mode = decode_modes.mode_of(args)
     target_config = loading.model_config("target")
@@ -187,9 +134,8 @@ class RunPlan:
     try:
       corpus = loading.resolve(args.ngram_corpus)
       if drafting.ngram_order() is not None and not os.path.lexists(corpus):
-        raise ValueError(f"NGRAM_CORPUS={args.ngram_corpus!r}: no "
-                         "such file (a text file with one sentence per "
-                         "line, or a .npz of token ids).")
+        raise ValueError(f"NGRAM_CORPUS={args.ngram_corpus!r}: no such file "
+                         "(allowed: a text file or a .npz of token ids).")
       decoding.check_vocab_sizes(target_config.vocab_size,
                                  draft_config.vocab_size)
       drafting.check_draft_config(draft_config, target_config)
@@ -209,8 +155,7 @@ class RunPlan:
       kind = _task_kind(args)
     except ValueError as e:
       raise ConfigError(str(e)) from None
-    settings = output_dir_lib.settings_record(args, mode, target_config,
-                                              draft_config, vocab)
+    settings = settings_record(args, mode, target_config, draft_config, vocab)
     if own_draft_config is not None:  # a feature draft: its own config
       settings["draft"] = own_draft_config
     return cls(args=args, target_config=target_config,
@@ -218,7 +163,6 @@ class RunPlan:
                mode=mode, acceptance=mode.acceptance_rule(args), task_kind=kind,
                settings=settings, providers=providers)
 
-  # -- loading --------------------------------------------------------------
   def load_models(self, reuse: Optional[Models] = None) -> Models:
     """The mesh and models; those of `reuse` (an earlier plan's, same gin
     model bindings: `sweep`) are kept, a missing draft is loaded."""
@@ -243,7 +187,7 @@ class RunPlan:
       draft = load(self.draft_config, a.draft_checkpoint_path, a.seed + 1,
                    reuse.mesh, "draft")
       # DRAFTER='shared_encoder': the draft decoder reads the target's
-      # encoder (started from the target's encoder output in the loop).
+      # encoder.
       draft = models_lib.SharedEncoderModel.draft_for(reuse.target, draft)
       reuse = dataclasses.replace(reuse, draft=draft)
     return reuse
@@ -259,10 +203,9 @@ class RunPlan:
   def at(self, args: Optional[arguments.RunArguments] = None,
          mode: Optional[decode_modes.DecodeMode] = None,
          **changes: Any) -> "RunPlan":
-    """This plan (of its own stage) with other arguments (`args`, or these
-    `changes`: a pilot's or a candidate's γ, k or mode), their mode (`mode`
-    when the caller knows it: an 'auto' candidate's) and its acceptance
-    rule."""
+    """This plan (of its own stage) at other arguments (`args`, or these
+    `changes`), their mode (`mode`, when the caller knows it) and its
+    acceptance rule."""
     args = dataclasses.replace(args or self.args, **changes)
     mode = mode or decode_modes.mode_of(args)
     return dataclasses.replace(self, args=args, mode=mode,
@@ -274,7 +217,6 @@ class RunPlan:
                                        self.target_config.vocab_size)
     return _stage(Loaded, self, RunPlan, models=models, drafter=drafter)
 
-  # -- results ----------------------------------------------------------------
   def quality(self, base_text, spec_text, references) -> Dict[str, Any]:
     """{'bleu' or 'rouge': {'baseline': ..., 'speculative': ...}}."""
     base = quality_lib.quality_metrics(self.task_kind, base_text, references)
@@ -288,20 +230,14 @@ class RunPlan:
 
 
 def _stage(cls, plan: RunPlan, base, **more: Any):
-  """A `cls` (the next stage) holding `plan`'s fields of `base` and
-  `more`."""
+  """The next stage `cls`: `plan`'s fields of `base`, and `more`."""
   return cls(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(base)},
              **more)
 
 
 @dataclasses.dataclass(frozen=True)
 class Loaded(RunPlan):
-  """A `RunPlan` with its models and drafter: what the pilots decode with.
-
-  Attributes:
-    models: its loaded `Models` (their mesh is the plan's).
-    drafter: what guesses (`DrafterSpec.build`).
-  """
+  """A `RunPlan` with its `Models` and drafter (`DrafterSpec.build`)."""
   models: Models
   drafter: Any
 
@@ -312,9 +248,8 @@ class Loaded(RunPlan):
   def decoding(self, args: Optional[arguments.RunArguments] = None,
                mode: Optional[decode_modes.DecodeMode] = None,
                **changes: Any) -> "DecodePlan":
-    """The decoders at the plan's settings, or at `args` / `changes` (a
-    pilot's or the chosen γ, k or mode: `RunPlan.at`): built and checked
-    now."""
+    """The decoders at the plan's settings, or at `args` / `changes`
+    (`RunPlan.at`), built and checked now."""
     plan = self.at(args, mode, **changes) if (args or changes) else self
     a = plan.args
     if a.auto_gamma or a.decode_mode.auto_width:
@@ -328,19 +263,10 @@ class Loaded(RunPlan):
 
 @dataclasses.dataclass(frozen=True)
 class DecodePlan(Loaded):
-  """Everything the timed decode needs, decided: a `Loaded` plan at the
-  chosen γ, k and mode, with its two decoders.
-
-  Attributes:
-    baseline, speculative: the two decoders, (inputs [B, S], rng) -> output.
-    gamma_auto: GAMMA / TREE_WIDTH 'auto''s pilot and choice
-      (metrics.json's `gamma_auto`); None when they were given.
-    online: SPECULATION='auto''s choice while the run decodes
-      (`online.OnlineChoice`, injected by `pilots.choose`): the plan of
-      each next batch (`after_batch`) and what the run ended with
-      (`outcome`: metrics.json's `auto`); None for a run that chose
-      nothing.
-  """
+  """A `Loaded` plan at the chosen γ, k and mode, with its two decoders,
+  (inputs [B, S], rng) -> output; `gamma_auto`: metrics.json's (None: γ
+  and k were given); `online`: SPECULATION='auto''s `online.OnlineChoice`
+  between batches (None: nothing chose)."""
   baseline: Decoder
   speculative: Decoder
   gamma_auto: Optional[Dict[str, Any]] = None
@@ -348,8 +274,7 @@ class DecodePlan(Loaded):
 
 
 def _bound_value(name: str, default: Any) -> Any:
-  """What gin passes to `name` ('vocabulary.extra_ids'; a macro such as
-  %EXTRA_IDS evaluated), or `default` when nothing is bound."""
+  """What gin passes to `name` ('vocabulary.extra_ids'), or `default`."""
   configurable, _, parameter = name.rpartition(".")
   try:
     bindings = gin.get_bindings(configurable)
@@ -359,33 +284,28 @@ def _bound_value(name: str, default: Any) -> Any:
 
 
 def check_vocabulary_macros() -> None:
-  """A byte-level vocabulary (`vocabulary.byte_level = True`) reads no
-  SentencePiece model and appends no sentinel ids: SPM_MODEL_PATH or
-  EXTRA_IDS set to anything but gin/run.gin's default (or None / 0) would
-  be ignored without a word; ConfigError naming the macro."""
+  """SPM_MODEL_PATH or EXTRA_IDS away from their defaults with a byte-level
+  vocabulary, which would ignore them; ConfigError naming the macro."""
   if _bound_value("vocabulary.byte_level", False) is not True:
     return
   path = _bound_value("vocabulary.spm_model_path", None)
   if path not in (None, vocab_lib.DEFAULT_SPM_PATH):
     raise ConfigError(
         f"SPM_MODEL_PATH={path!r} with vocabulary.byte_level = True: a "
-        "byte-level vocabulary reads no SentencePiece model, so it would be "
-        "ignored; allowed: vocabulary.byte_level = False to use it, or "
-        "SPM_MODEL_PATH left at its default.")
+        "byte-level vocabulary reads no SentencePiece model; allowed: "
+        "vocabulary.byte_level = False, or SPM_MODEL_PATH at its default.")
   extra_ids = _bound_value("vocabulary.extra_ids", 0)
   if extra_ids not in (0, vocab_lib.DEFAULT_EXTRA_IDS):
     raise ConfigError(
         f"EXTRA_IDS={extra_ids!r} with vocabulary.byte_level = True: a "
-        "byte-level vocabulary has no sentinel ids, so it would be ignored; "
-        "allowed: vocabulary.byte_level = False to use it, or EXTRA_IDS=0 "
-        f"(or its default, {vocab_lib.DEFAULT_EXTRA_IDS}).")
+        "byte-level vocabulary has no sentinel ids; allowed: "
+        "vocabulary.byte_level = False, or EXTRA_IDS=0 or its default.")
 
 
 def _check_memory(args, mode, target_config, draft_config) -> None:
-  """Refuses lengths no machine here could decode (`memory`)."""
+  """Refuses lengths no machine here could decode (`check_fits`)."""
   configs = {"target": target_config}
-  # A feature draft is not the gin draft/T5Config (its cache is a fraction
-  # of the target's).
+  # A feature draft is not the gin draft/T5Config.
   if (args.drafting.uses_draft_model and
       not args.drafting.reads_target_features):
     configs["draft"] = draft_config
@@ -400,9 +320,7 @@ def _check_memory(args, mode, target_config, draft_config) -> None:
         f"{e} (DECODE='beam': the BATCH_SIZE above is BATCH_SIZE="
         f"{args.batch_size} times BEAM_ROWS + BEAM_SIZE = "
         f"{args.decode_mode.num_rows(args.gamma)} + {args.decode_mode.size} "
-        "cache rows per "
-        "example; allowed: smaller BEAM_ROWS, BEAM_SIZE or BATCH_SIZE.)"
-    ) from None
+        "cache rows per example.)") from None
 
 
 def _task_kind(args) -> str:
@@ -415,49 +333,30 @@ def _task_kind(args) -> str:
   return quality_lib.TRANSLATION
 
 
-# -- memory --------------------------------------------------------------------
-# Will the decode fit? A lower bound on its memory, checked at startup.
-#
-# TASK_FEATURE_LENGTHS = {'inputs': S, 'targets': T} of 1e6 would not fail
-# until the first compiled call runs out of memory, minutes later (or swap
-# for an hour on a CPU host). `estimate` adds up what any decode of one
-# model must hold at once, per batch of B rows (float32 = 4 bytes, or the
-# config's dtype):
-#
-# * encoder self-attention logits: B x heads x S x S (one layer at a time);
-# * the decoder's self-attention cache: layers x 2 (keys, values) x B x T x
-#   heads x head_dim;
-# * the cross-attention keys and values: layers x 2 x B x S x heads x
-#   head_dim;
-# * the encoder's output: B x S x emb.
-#
-# Parameters, the logits and XLA's temporaries come on top, so the estimate
-# is a floor: a run refused by it could never fit, and one passed by it may
-# still not.
+# A lower bound on a decode's memory, checked at start-up: what one model
+# must hold at once per batch of B rows (parameters, logits and XLA's
+# temporaries come on top), so a run refused could never fit.
 def estimate(config: T5Config, batch: int, inputs: int,
              targets: int) -> Dict[str, int]:
-  """Bytes of each part (module docstring) for one model."""
+  """Bytes of each part one model holds at once: the encoder's
+  self-attention logits (one layer), the decoder's cache, the
+  cross-attention keys and values, the encoder output."""
   item = np.dtype(config.dtype).itemsize
-  kv = config.num_heads * config.head_dim
+  kv = (config.num_decoder_layers * 2 * batch * config.num_heads *
+        config.head_dim * item)  # keys and values of one position
   return {
-      "encoder attention logits": batch * config.num_heads * inputs * inputs *
-                                  4,
-      "decoder cache": config.num_decoder_layers * 2 * batch * targets * kv *
-                       item,
-      "cross-attention keys and values": config.num_decoder_layers * 2 * batch *
-                                         inputs * kv * item,
+      "encoder attention logits": batch * config.num_heads * inputs**2 * 4,
+      "decoder cache": kv * targets,
+      "cross-attention keys and values": kv * inputs,
       "encoder output": batch * inputs * config.emb_dim * item,
   }
 
 
 def check_fits(configs: Dict[str, T5Config], batch: int, inputs: int,
                targets: int, available: int) -> None:
-  """Refuses lengths whose estimated bytes exceed `available`.
-
-  Raises:
-    ConfigError: naming TASK_FEATURE_LENGTHS, BATCH_SIZE, the largest parts
-      and both byte counts.
-  """
+  """Refuses lengths whose estimated bytes exceed `available`; ConfigError
+  naming TASK_FEATURE_LENGTHS, BATCH_SIZE, the largest parts and both byte
+  counts."""
   parts = {}
   for role, config in configs.items():
     for part, n in estimate(config, batch, inputs, targets).items():
@@ -473,3 +372,69 @@ def check_fits(configs: Dict[str, T5Config], batch: int, inputs: int,
       f") but this machine has {sizes.gib(available)}. Allowed: lengths whose "
       "examples fit (captions: 64/64; news: 512/128), or a smaller "
       "BATCH_SIZE.")
+
+
+# Arguments that do not make a run's results different (the components
+# record themselves).
+NOT_SETTINGS = ("output_dir", "overwrite", "mode", "compile_topology",
+                "price_call_cost", "decode_mode", "drafting")
+
+
+def settings_record(args: arguments.RunArguments, mode: decode_modes.DecodeMode,
+                    target_config: T5Config, draft_config: T5Config,
+                    vocab) -> Dict[str, Any]:
+  """The run's `settings` (`mode`: the run's), JSON-normalized: `run` holds
+  the run arguments and the components' settings under the flat names they
+  had as run arguments, each only where it makes a run differ from the runs
+  before it existed."""
+  run_args = {
+      f.name: getattr(args, f.name)
+      for f in dataclasses.fields(args)
+      if f.name not in NOT_SETTINGS
+  }
+  if args.mode == "infer":  # its predictions.jsonl rows are T5X's form
+    run_args["mode"] = args.mode
+  # The paper's setting is recorded as before these options existed.
+  beyond = {**args.drafting.flat(), "lenience": mode.lenience}
+  if beyond != {**drafter_registry.FLAT_DEFAULTS, "lenience": 1.0}:
+    run_args.update(beyond)
+  else:
+    run_args.pop("ngram_corpus")
+  run_args.update(mode.record())
+  if args.speculation == decode_modes.SPECULATION_ON:  # as before it existed
+    run_args.pop("speculation")
+  record = {
+      "run": run_args,
+      "target": gin_reader.t5_config_fields(target_config),
+      "draft": gin_reader.t5_config_fields(draft_config),
+      "vocabulary": {
+          # `vocab.SentencePieceFile` is recorded as seqio's: same results.
+          "kind": getattr(vocab, "seqio_kind",
+                          type(vocab).__name__),
+          "size": int(vocab.vocab_size),
+          "file": getattr(vocab, "sentencepiece_model_file", None)
+      },
+  }
+  return json.loads(json.dumps(record, sort_keys=True, default=str))
+
+
+def comparable(settings: Any) -> Any:
+  """A settings record as today's version writes it, for comparison
+  (earlier ones wrote a dtype as "<class 'numpy.float32'>", a vocabulary
+  file as a relative path)."""
+  if not isinstance(settings, dict):
+    return settings
+  out = json.loads(json.dumps(settings))
+  for role in ("target", "draft"):
+    config = out.get(role)
+    dtype = config.get("dtype") if isinstance(config, dict) else None
+    match = re.fullmatch(r"<class '(?:[\w.]+\.)?(\w+)'>", str(dtype))
+    if match:
+      try:
+        config["dtype"] = jnp.dtype(match.group(1)).name
+      except TypeError:
+        pass
+  vocab = out.get("vocabulary")
+  if isinstance(vocab, dict) and isinstance(vocab.get("file"), str):
+    vocab["file"] = loading.resolve(vocab["file"])
+  return out

@@ -1,25 +1,8 @@
-"""predictions.jsonl, written as batches finish: a full disk loses no run.
-
-Rows are appended (flushed per batch) to the hidden
-`OUTPUT_DIR/.predictions.jsonl.partial` and renamed to predictions.jsonl
-when the last batch is in (after an fsync): a reader never sees half a
-file, and a run killed or stopped by a full disk keeps the rows it
-decoded. On gs:// (no append) the rows are kept in memory and uploaded at
-the end in one piece (`io_utils.atomic_write`). The rows are the same
-either way, so two runs with the same settings and seed still write the
-same file.
-
-A failed write (ENOSPC, EIO, ...) does not stop the decode: the run goes on,
-prints its summary, then raises `OutputWriteError` naming the file that
-failed and what was kept. A `.partial` that kept no row is removed (on a
-failure or Ctrl-C): it protects nothing, and would block a run of other
-settings (the OVERWRITE rule, `output_dir`).
-
-The `.partial` is always created new: whatever is there (a killed run's
-rows, or a link planted in a shared /tmp folder, which `open(..., "w")`
-would follow and overwrite) is unlinked first, and the file is created
-with `O_CREAT | O_EXCL | O_NOFOLLOW`.
+"""predictions.jsonl, written as batches finish (a full disk loses no run):
+rows go to a fresh hidden `.partial` file (never through a link), renamed
+at the end; a failed write is raised after the summary (`OutputWriteError`).
 """
+import contextlib
 import errno
 import functools
 import json
@@ -28,7 +11,6 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from specdec_jax.config import paths
 from specdec_jax.core import decoding
 from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.files import io_utils
@@ -40,45 +22,28 @@ class OutputWriteError(OSError):
 
 
 def _create_fresh(path: str) -> int:
-  """A descriptor of `path` created anew for writing, never through a link.
-
-  Raises:
-    OSError: `path` could not be removed or created (e.g. it is a folder,
-      or it reappeared each time it was removed).
-  """
+  """A descriptor of `path` created anew, never through a link (OSError:
+  it could not be removed or created)."""
   for _ in range(3):
     try:
       return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                      0o666)
     except FileExistsError:
-      try:
+      with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a link itself, not what it points to
-      except FileNotFoundError:
-        pass
   raise FileExistsError(errno.EEXIST, "recreated each time it was removed",
                         path)
 
 
-def _line(row: Dict[str, Any]) -> str:
-  return json.dumps(io_utils.json_safe(row), ensure_ascii=False,
-                    allow_nan=False) + "\n"
-
-
 class PredictionsWriter:
-  """Appends predictions.jsonl rows as they come; `finish` publishes them.
-
-  Attributes:
-    path: the final predictions.jsonl.
-    partial: where rows go meanwhile (None on gs://: held in memory).
-    written: rows safely in `partial` (or in memory).
-    error: the first write error (None: all went well).
-    failed: the file whose write failed (with `error`).
-  """
+  """Appends predictions.jsonl rows as they come; `finish` publishes them
+  (`partial`: None on gs://; `error`, `failed`: the first write error and
+  its file)."""
 
   def __init__(self, folder: str, enabled: bool = True):
     self.path = os.path.join(folder, run_metrics.PREDICTIONS_FILE)
     self.enabled = enabled
-    self.partial = (None if paths.is_url(folder) else os.path.join(
+    self.partial = (None if io_utils.is_url(folder) else os.path.join(
         folder, "." + run_metrics.PREDICTIONS_FILE + ".partial"))
     self.written = 0
     self.error: Optional[OSError] = None
@@ -98,8 +63,7 @@ class PredictionsWriter:
       raise
 
   def _guard(self, fn, path: str) -> bool:
-    """Runs `fn`; an OSError is kept (with the file, `path` unless it
-    names its own) instead of raised."""
+    """Runs `fn`; an OSError is kept (with its file, else `path`)."""
     if self.error is not None:
       return False
     try:
@@ -114,7 +78,9 @@ class PredictionsWriter:
     """Appends rows (one batch's); a failure is kept for `finish`."""
     if not self.enabled:
       return
-    text = "".join(_line(r) for r in rows)
+    text = "".join(
+        json.dumps(io_utils.json_safe(r), ensure_ascii=False, allow_nan=False) +
+        "\n" for r in rows)
     if self.partial is None:
       self._rows.append(text)
       self.written += len(rows)
@@ -161,25 +127,18 @@ class PredictionsWriter:
           f"{run_metrics.METRICS_FILE} was not written.")
 
   def close(self) -> None:
-    """Closes the partial file: kept on disk with what was decoded so far,
-    removed if that is no row (a run of other settings may then use the
-    folder)."""
+    """Closes the partial file, removed if it holds no row."""
     if self._file is not None and not self._file.closed:
-      try:
+      with contextlib.suppress(OSError):
         self._file.close()
-      except OSError:
-        pass
     if (self._file is not None and not self.written and not self._published):
-      try:
+      with contextlib.suppress(OSError):
         os.unlink(self.partial)
-      except OSError:
-        pass
 
 
 def publish(writer: PredictionsWriter, total: int, path: str,
             record: Dict[str, Any]) -> None:
-  """predictions.jsonl (`writer`, `total` rows), then the result file
-  `path`: written last, a sweep's "done" marker."""
+  """predictions.jsonl, then the result file `path` (a sweep's "done")."""
   writer.finish(total)
   write_result(
       path, record, f"the summary above and {run_metrics.PREDICTIONS_FILE} "
@@ -196,29 +155,12 @@ def write_result(path: str, record: Dict[str, Any], kept: str) -> None:
 
 
 # -- rows ----------------------------------------------------------------------
-# One schema for MODE='walltime' and MODE='infer', T5X's: t5x/infer.py's
-# `write_inferences_to_file` writes per example `inputs`, the task's
-# `*_pretokenized` features, `prediction`, the decoded text, and (mode
-# 'predict_with_aux') `aux`, the other values. Here `prediction` is the
-# speculative decoder's text and `aux` holds what T5X does not write: the
-# example's index, the target alone's text (walltime), the target calls and
-# the traces (walltime: `traces`, `tree_traces`). docs/usage/outputs.md
-# shows a row; the report reads these rows and the older layouts
-# (`reporting.loading.check_prediction`).
 def row(index: int, example: Dict[str, Any], prediction: str, target_calls: int,
         baseline: Optional[str] = None,
         trace: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-  """One predictions.jsonl row.
-
-  Args:
-    index: the example's position in the run's data.
-    example: its `input` and `reference` (None: none; left out, as T5X
-      leaves out a feature the task does not have).
-    prediction: the speculative decoder's text.
-    target_calls: the target calls that decoded it.
-    baseline: the target alone's text (walltime), or None (infer).
-    trace: `traces`' record of it (walltime), or None.
-  """
+  """One predictions.jsonl row, T5X's `write_inferences_to_file` schema
+  (docs/usage/outputs.md): `inputs`, `prediction` (the speculative text)
+  and `aux` (index, the baseline's text, target calls, `trace`)."""
   inputs = {run_metrics.INPUTS_FEATURE: example["input"]}
   if example.get("reference") is not None:
     inputs[run_metrics.TARGETS_FEATURE] = example["reference"]
@@ -231,16 +173,10 @@ def row(index: int, example: Dict[str, Any], prediction: str, target_calls: int,
 
 
 # -- traces --------------------------------------------------------------------
-# predictions.jsonl's per-example records of a speculative decode: the
-# accepted count of every target call and a Figure-1-style trace of its
-# guesses, as text (`token_text`: one token as SentencePiece writes it).
-#
-# Nothing measured goes there, so two runs with the same settings and seed
-# write the same records.
 def traces(vocab, out: decoding.SpeculativeOutput,
            keep: Sequence[int]) -> List[dict]:
-  """Accepted counts and a Figure-1-style trace of each target call, for the
-  rows `keep` of a batch's output (`out` on the host)."""
+  """Accepted counts and a Figure-1-style trace of each target call of the
+  rows `keep` (`out` on the host)."""
   rows = []
   calls = np.asarray(out.target_calls)
   drafts = np.asarray(out.trace_draft_tokens)
@@ -269,9 +205,8 @@ def traces(vocab, out: decoding.SpeculativeOutput,
 
 
 def tree_traces(out: decoding.TreeOutput, keep: Sequence[int]) -> List[dict]:
-  """The accepted count of each tree call, for the rows `keep` of a batch's
-  output (`out` on the host); "trace" is null: a tree call's k branches
-  have no one Figure-1 line (the kept path's guesses are in the output)."""
+  """The accepted count of each tree call of the rows `keep`; "trace" is
+  null (k branches have no one Figure-1 line)."""
   calls = np.asarray(out.target_calls)
   accepted = np.asarray(out.trace_num_accepted)
   return [{
@@ -288,13 +223,8 @@ _SPECIAL_PIECES = {
 
 
 def token_text(vocab, token) -> str:
-  """One token as text, keeping SentencePiece's word-initial space
-  (`vocab.decode([t])` drops it, which glues a rendered trace together).
-
-  A token that decodes to nothing on its own (T5's special ids, a byte of a
-  multi-byte character in the byte vocabulary) is written as SentencePiece
-  writes such pieces (`</s>`, `<0xC3>`), never as an empty string.
-  """
+  """One token as text, keeping SentencePiece's word-initial space; one
+  that decodes to nothing alone is written as a piece (`</s>`, `<0xC3>`)."""
   token = int(token)
   tokenizer = getattr(vocab, "tokenizer", None)
   if tokenizer is not None and 0 <= token < tokenizer.get_piece_size():

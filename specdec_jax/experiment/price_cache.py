@@ -1,32 +1,7 @@
-"""The 'auto' choices' call prices (`prices_for`: measured on this
-machine) and pilots, cached, so that a second run with the same settings
-prices and pilots nothing.
-
-One small JSON file per key under the project's cache folder
-(`SPECDEC_JAX_CACHE`, default ~/.cache/specdec_jax, as the compilation and
-kernel caches), `<kind>/<key>.json`, written atomically
-(`io_utils.write_json`). The key is a hash of the entry's fields; the entry
-holds the fields themselves, so a collision or a stale layout is read as a
-miss. Every value read back is checked like an input (`check_prices`,
-`check_pilots`: types, finite, in range, every size priced): an entry
-that is not (hand-edited, another version's) is a miss too, said in one
-warning naming the file and the value, then measured again and rewritten.
-An entry is read only if it is a small regular file (`io_utils`).
-`SPECDEC_JAX_PRICE_CACHE=0` (or false, no, off) turns both kinds off.
-
-* `auto-prices` (`PRICES`): per machine (host, CPU model, JAX backend,
-  device kind and count, JAX version, the CPU kernel switch), the clock
-  that priced them (`Providers.pricing`: a test's stand-in seconds are
-  never a run's), pair (both model configs, checkpoints, the drafter's
-  settings) and what the calls are priced at (input width, batch size,
-  decode length, sampling method, the K and tree shapes priced); and the
-  target's calls alone, per machine, target and shapes
-  (`target_price_fields`), so that another draft or method on the same
-  target prices only its drafter.
-* `auto-pilots` (`PILOTS`): the pilots' α (`pilots.pilots_for`), per run
-  settings, weights (`weights_digest`), pilot shapes and the pilot's
-  inputs; per machine as well when a pilot is timed (its walltime ratio
-  is this machine's).
+"""The 'auto' choices' call prices (`prices_for`) and pilots, cached per
+machine, settings and shapes (one JSON file per key, checked on reading
+like an input: a bad entry is a miss, said in one warning, and rewritten);
+SPECDEC_JAX_PRICE_CACHE=0 turns it off.
 """
 import functools
 import hashlib
@@ -50,34 +25,22 @@ from specdec_jax.metrics import step_costs
 from specdec_jax.terminal import console
 
 ENV_OFF = environment.PRICE_CACHE
-# Bumped when what a price means changes: older entries are then misses
-# (2: timed pilots warmed up and interleaved, tree-only pricing, the clock).
+# Bumped when what a price means changes: older entries are then misses.
 VERSION = 2
-# The two kinds of entry (their folders) and what each entry holds.
 PRICES, PILOTS = "auto-prices", "auto-pilots"
 _PAYLOAD = {PRICES: "prices", PILOTS: "pilots"}
-# Values sampled per array by `weights_digest`.
-_SAMPLED = 4096
-# The largest entry read (one is a few kB).
+_SAMPLED = 4096  # values per array `weights_digest` reads
 MAX_ENTRY_BYTES = 4 << 20
 
 
 def folder(kind: str = PRICES) -> str:
-  """Where the `kind` files live (`environment.cache_dir`: an empty
-  SPECDEC_JAX_CACHE is the default, never the current folder)."""
   return os.path.join(environment.cache_dir(), kind)
 
 
-def switched_on() -> bool:
-  """SPECDEC_JAX_PRICE_CACHE (`environment.flag`; BadEnvironment)."""
-  return environment.flag(ENV_OFF, True)
-
-
 def enabled() -> bool:
-  """Off with SPECDEC_JAX_PRICE_CACHE=0 (or false, no, off), and on
-  several processes (each would find its own cache: one pricing while
-  another does not would leave the others waiting in a collective)."""
-  return switched_on() and jax.process_count() == 1
+  """Off with SPECDEC_JAX_PRICE_CACHE=0, and on several processes (one
+  pricing while another reads its cache would hang a collective)."""
+  return environment.flag(ENV_OFF, True) and jax.process_count() == 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,21 +70,24 @@ def machine_fields() -> Dict[str, Any]:
   }
 
 
-def key(fields: Mapping[str, Any]) -> str:
-  """A stable hash of `fields` (JSON, sorted keys)."""
-  text = json.dumps({"version": VERSION, **fields}, sort_keys=True, default=str)
-  return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+def _normalized(fields: Mapping[str, Any]) -> Any:
+  """`fields` with VERSION, as JSON reads them back."""
+  return json.loads(
+      json.dumps({
+          "version": VERSION,
+          **fields
+      }, sort_keys=True, default=str))
 
 
 def path(fields: Mapping[str, Any], kind: str = PRICES) -> str:
-  return os.path.join(folder(kind), key(fields) + ".json")
+  text = json.dumps(_normalized(fields), sort_keys=True)
+  name = hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+  return os.path.join(folder(kind), name + ".json")
 
 
 def weights_digest(tree: Any) -> str:
-  """A digest of the arrays in `tree` (the models, the drafter): each
-  array's shape, dtype and _SAMPLED values strided over it. Other weights
-  (a checkpoint, a seed, a fine-tune) differ in almost every value; reading
-  the sample costs milliseconds, not a hash of every weight."""
+  """A digest of the arrays in `tree`: shapes, dtypes and _SAMPLED values
+  strided over each (other weights differ in almost every value)."""
   digest = hashlib.sha256()
   for leaf in jax.tree_util.tree_leaves(tree):
     array = np.asarray(leaf)
@@ -132,33 +98,16 @@ def weights_digest(tree: Any) -> str:
   return digest.hexdigest()[:24]
 
 
-def _normalized(fields: Mapping[str, Any]) -> Any:
-  return json.loads(
-      json.dumps({
-          "version": VERSION,
-          **fields
-      }, sort_keys=True, default=str))
-
-
 def load(
     fields: Mapping[str, Any], kind: str = PRICES,
     check: Optional[Callable[[Dict[str, Any]], None]] = None
 ) -> Optional[Dict[str, Any]]:
-  """The `kind` entry stored for `fields`, or None (a miss, an unreadable
-  file, other fields, the cache off).
-
-  Args:
-    fields: the entry's key fields.
-    kind: PRICES or PILOTS.
-    check: raises `BadEntry` naming a value out of its type or range
-      (`check_prices`, `check_pilots`): such an entry is a miss too, said
-      in one warning naming the file and the value; the caller measures it
-      again and `store` rewrites it.
-  """
+  """The `kind` entry stored for `fields`, or None (a miss, the cache off,
+  or `check` raised `BadEntry`: then said in one warning)."""
   if not enabled():
     return None
   file = path(fields, kind)
-  try:  # a cache entry is a few kB; a FIFO or /dev/zero there is refused
+  try:
     entry = json.loads(io_utils.read_text(file, max_bytes=MAX_ENTRY_BYTES))
   except OSError as e:
     if not isinstance(e, FileNotFoundError):
@@ -169,9 +118,8 @@ def load(
         "SPECULATION='auto': %s is not a cache entry (%s); "
         "measured again.", file, e)
     return None
-  if not isinstance(entry, dict) or entry.get("fields") != _normalized(fields):
-    return None
-  value = entry.get(_PAYLOAD[kind])
+  same = isinstance(entry, dict) and entry.get("fields") == _normalized(fields)
+  value = entry.get(_PAYLOAD[kind]) if same else None
   if not isinstance(value, dict):
     return None
   try:
@@ -190,37 +138,31 @@ class BadEntry(ValueError):
 
 
 _MISSING = object()
-# A timed pilot's speedup is at most this times γ + 1 (a call gives at
-# most γ + 1 tokens; the rest leaves room for outputs of other lengths).
+# A timed pilot's speedup is at most this times γ + 1 (tokens per call).
 _SPEEDUP_ROOM = 10.0
 
 
 def _number(value: Any, name: str, low: float = 0.0, high: float = math.inf,
-            low_open: bool = True) -> float:
-  """`value`, a finite number in its range; else BadEntry naming it."""
+            low_open: bool = True, kind: Any = (int, float)) -> float:
+  """`value`, a finite number of `kind` in its range; else BadEntry."""
   if value is _MISSING:
     raise BadEntry(f"{name} is missing")
-  if not (isinstance(value, (int, float)) and not isinstance(value, bool) and
+  if not (isinstance(value, kind) and not isinstance(value, bool) and
           math.isfinite(value) and
           (value > low if low_open else value >= low) and value <= high):
     above = f"{'>' if low_open else '>='} {low:g}"
     below = f" and <= {high:g}" if math.isfinite(high) else ""
-    raise BadEntry(f"{name}={value!r}: allowed: a finite number {above}"
-                   f"{below}")
+    what = "an integer" if kind is int else "a finite number"
+    raise BadEntry(f"{name}={value!r}: allowed: {what} {above}{below}")
   return float(value)
 
 
 def _integer(value: Any, name: str, low: int = 0) -> None:
-  if value is _MISSING:
-    raise BadEntry(f"{name} is missing")
-  if not (isinstance(value, int) and not isinstance(value, bool) and
-          value >= low):
-    raise BadEntry(f"{name}={value!r}: allowed: an integer >= {low}")
+  _number(value, name, low, low_open=False, kind=int)
 
 
 def _costs(entry: Mapping[str, Any], key: str, wanted: Any) -> None:
-  """entry[key]: {'n': finite > 0} with every n of `wanted` (checked when
-  `wanted` or present: the reader converts every key to an integer)."""
+  """entry[key]: {'n': finite > 0} with every n of `wanted`."""
   table = entry.get(key, _MISSING)
   if table is _MISSING and not wanted:
     return
@@ -238,11 +180,8 @@ def _costs(entry: Mapping[str, Any], key: str, wanted: Any) -> None:
 
 def check_prices(entry: Mapping[str, Any], ks: Any, tree: Any = None,
                  target_only: bool = False) -> None:
-  """Raises BadEntry unless `entry` holds the prices `measure_prices`
-  measures for the call sizes `ks` (and `tree`'s nodes and widths):
-  target_step_s and every cost finite > 0, a one-token call 1 step, c when
-  a chain's call is priced (`ks` beyond 1); `target_only`: the target's
-  calls alone (`target_price_fields`)."""
+  """Raises BadEntry unless `entry` holds `measure_prices`' prices of `ks`
+  (and `tree`'s nodes and widths; `target_only`: the target's calls)."""
   _number(entry.get("target_step_s", _MISSING), "target_step_s")
   _costs(entry, "call_cost_by_k", ks or (1,))
   if abs(entry["call_cost_by_k"].get("1", 1.0) - 1.0) > 1e-9:
@@ -256,9 +195,8 @@ def check_prices(entry: Mapping[str, Any], ks: Any, tree: Any = None,
 
 
 def check_pilots(entry: Mapping[str, Any], pilots: Mapping[str, Any]) -> None:
-  """Raises BadEntry unless `entry` holds a record of every pilot of
-  `pilots` ({key: [mode, γ, k, timed]}: `pilots.pilot_fields`) as
-  `pilots.run_pilots` writes it, each value in its range."""
+  """Raises BadEntry unless `entry` holds `pilots.run_pilots`' record of
+  each of `pilots` ({key: [mode, γ, k, timed]}), in range."""
   records = entry.get("records", _MISSING)
   if not isinstance(records, dict):
     raise BadEntry("records: allowed: {pilot: record}")
@@ -274,7 +212,6 @@ def check_pilots(entry: Mapping[str, Any], pilots: Mapping[str, Any]) -> None:
 
 def _check_record(record: Mapping[str, Any], where: str, gamma: int,
                   width: Optional[int], timed: bool) -> None:
-  """One pilot's record (`check_pilots`)."""
   if (record.get("gamma"), record.get("tree_width")) != (gamma, width):
     raise BadEntry(f"{where}gamma, tree_width = {record.get('gamma')!r}, "
                    f"{record.get('tree_width')!r}: allowed: {gamma}, "
@@ -311,8 +248,7 @@ def _check_record(record: Mapping[str, Any], where: str, gamma: int,
 
 def store(fields: Mapping[str, Any], value: Mapping[str, Any],
           kind: str = PRICES) -> None:
-  """Writes `value` (the prices, the pilots) for `fields` (atomically); a
-  failed write is logged, not raised: the run has its value."""
+  """Writes `value` for `fields`; a failure is logged, not raised."""
   if not enabled():
     return
   file = path(fields, kind)
@@ -328,27 +264,19 @@ def store(fields: Mapping[str, Any], value: Mapping[str, Any],
 
 
 # -- prices ----------------------------------------------------------------------
-# The entries of the prices that are the target's alone (`target_price_fields`).
 _TARGET_PRICES = ("target_step_s", "call_cost_by_k", "tree_call_cost_by_nodes")
-
-
-def _clock_name(pricing: step_costs.Pricing) -> str:
-  """What priced the calls: `Pricing.call_seconds`' module and name (a
-  test's stand-in seconds are another clock), its steps and repeats."""
-  clock = pricing.call_seconds
-  name = getattr(clock, "__qualname__", type(clock).__qualname__)
-  return f"{clock.__module__}.{name}:{pricing.steps}x{pricing.repeats}"
 
 
 def price_fields(loaded: Any, feed: Any, ks: Sequence[int],
                  tree: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-  """The price cache's key fields: machine, clock, pair, input width and
-  what is priced."""
-  args = loaded.args
+  """The price cache's key: machine, clock, pair, shapes priced."""
+  args, pricing = loaded.args, loaded.providers.pricing
   draws = decode_modes.tree_of(args.decode_mode).without_replacement
+  clock = pricing.call_seconds  # a test's stand-in is another clock
+  name = getattr(clock, "__qualname__", type(clock).__qualname__)
   return {
       "machine": machine_fields(),
-      "clock": _clock_name(loaded.providers.pricing),
+      "clock": f"{clock.__module__}.{name}:{pricing.steps}x{pricing.repeats}",
       "pair": {
           "target": loaded.settings.get("target"),
           "draft": loaded.settings.get("draft"),
@@ -369,11 +297,8 @@ def price_fields(loaded: Any, feed: Any, ks: Sequence[int],
 
 def target_price_fields(loaded: Any, fields: Mapping[str,
                                                      Any]) -> Dict[str, Any]:
-  """The key of the target's call prices alone (`price_fields` less the
-  draft and the sampling method, which the target's calls do not read):
-  a run with another draft or temperature on the same target and machine
-  prices only its drafter. The verifier is the target keeping its hidden
-  states when the drafter reads them (another program)."""
+  """The key of the target's call prices alone: `price_fields` less the
+  draft and the method (a verifier keeping features is another program)."""
   tree = fields["tree"]
   return {
       "machine": fields["machine"],
@@ -393,8 +318,8 @@ def target_price_fields(loaded: Any, fields: Mapping[str,
 def priced_shapes(
     args: Any, candidates: Sequence[auto.Candidate],
     sizes: Any) -> Tuple[Tuple[int, ...], Optional[Dict[str, Any]]]:
-  """(the K of the target's calls to price, () without a priced chain;
-  the trees' {'gamma', 'widths', 'nodes'} or None)."""
+  """(the K to price, () without a chain; the trees' {'gamma', 'widths',
+  'nodes'} or None)."""
   chains = [c for c in candidates if c.family == "chains"]
   ks: Tuple[int, ...] = ()
   if chains:
@@ -416,15 +341,9 @@ def measure_prices(
     loaded: Any, feed: Any, ks: Sequence[int], tree: Optional[Dict[str, Any]],
     fill: int, context_plan: Any,
     target: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-  """The calls' costs in target steps, timed now (a cache entry: string
-  keys).
-
-  Args:
-    target: the target's call prices from the cache (`target_price_fields`:
-      'target_step_s', 'call_cost_by_k', 'tree_call_cost_by_nodes'), or
-      None: timed now as well. Given, only a step is timed beside the
-      drafter (c is a ratio to a step of the same rounds).
-  """
+  """The calls' costs in target steps, timed now (a cache entry). Given
+  the target's cached prices (`target`), only a step is timed beside the
+  drafter."""
   args, batch = loaded.args, feed.batch(0)
   model, drafter = loaded.models.target, loaded.drafter
   context = context_plan.baseline(batch, loaded.rng).tokens
@@ -460,7 +379,6 @@ def measure_prices(
 
 
 def _pricing_words(args: Any, ks: Sequence[int], tree: Any, target: Any) -> str:
-  """The progress line of a pricing (which choice, what is timed)."""
   who = ("SPECULATION='auto'" if args.speculation == "auto" else
          "GAMMA/TREE_WIDTH='auto'" if tree else "GAMMA='auto'")
   drafted = "c" + (" and the trees' drafts" if tree else "")
@@ -477,10 +395,8 @@ def _pricing_words(args: Any, ks: Sequence[int], tree: Any, target: Any) -> str:
 def prices_for(loaded: Any, feed: Any, candidates: Sequence[auto.Candidate],
                fill: int,
                context_plan: Any) -> Tuple[auto.Prices, Dict[str, Any]]:
-  """The candidates' prices, from the cache or measured (then cached),
-  and metrics.json's `auto.prices` (`cached`, `target_cached`: the
-  target's calls from an entry of another draft or method, `file`,
-  `seconds`)."""
+  """(the candidates' `auto.Prices`, cached or measured, metrics.json's
+  `auto.prices`)."""
   ks, tree = priced_shapes(loaded.args, candidates,
                            loaded.providers.pilot_sizes)
   fields = price_fields(loaded, feed, ks, tree)
@@ -497,17 +413,14 @@ def prices_for(loaded: Any, feed: Any, candidates: Sequence[auto.Candidate],
     store(fields, entry)
     if target is None:
       store(target_fields, {k: entry[k] for k in _TARGET_PRICES if k in entry})
-  prices = auto.Prices(
-      call_cost_by_k={
-          int(k): v for k, v in entry["call_cost_by_k"].items()
-      }, cost_coefficient=entry.get("cost_coefficient_c", math.nan),
-      tree_call_cost_by_nodes={
-          int(n): v
-          for n, v in entry.get("tree_call_cost_by_nodes", {}).items()
-      }, cost_coefficient_by_width={
-          int(k): v
-          for k, v in entry.get("cost_coefficient_by_tree_width", {}).items()
-      })
+
+  def by_size(key):  # JSON's string keys read back as integers
+    return {int(n): v for n, v in entry.get(key, {}).items()}
+
+  prices = auto.Prices(by_size("call_cost_by_k"),
+                       entry.get("cost_coefficient_c", math.nan),
+                       by_size("tree_call_cost_by_nodes"),
+                       by_size("cost_coefficient_by_tree_width"))
   return prices, {
       "cached": cached,
       "target_cached": cached or target is not None,

@@ -1,17 +1,14 @@
-"""Runs a `RunPlan`: OUTPUT_DIR, the examples, the models, one mode.
-
-`execute(plan)` takes OUTPUT_DIR (created, probed and locked for the run's
-life: `output_dir.check_output_dir`), reads this process's slice of the
-examples and shares them (`multihost`), loads the models (`plan.load`),
-makes every choice before anything is timed (`pilots.choose`: GAMMA,
-TREE_WIDTH or SPECULATION 'auto'), and hands everything to the mode:
-`walltime.run_walltime` (both decoders timed, metrics.json), MODE='alpha'
-(alpha.json) or MODE='infer' (the speculative decoder only:
-`infer.run_infer`, infer.json).
+"""Runs a `RunPlan`: OUTPUT_DIR locked (`check_output_dir`: another run's
+results refused there unless OVERWRITE=True), this process's slice of the
+examples read and shared (`multihost`), the models loaded, every choice made
+before anything is timed (`pilots.choose`), then one mode:
+`walltime.run_walltime`, MODE='infer' (`run_infer`) or MODE='alpha' (α as
+Corollary 3.6's mean β, alpha.json).
 """
+import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
@@ -19,46 +16,47 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import multihost
-from specdec_jax.config import paths
+from specdec_jax.files import io_utils
+from specdec_jax.files import output_folder
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
 from specdec_jax.core.models import T5Model
 from specdec_jax.data import tasks
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import batches as batches_lib
-from specdec_jax.experiment import infer
 from specdec_jax.experiment import loading
-from specdec_jax.experiment import output_dir as output_dir_lib
 from specdec_jax.experiment import pilots
 from specdec_jax.experiment import predictions
 from specdec_jax.experiment import walltime
 from specdec_jax.experiment.plan import ConfigError
+from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import Models
 from specdec_jax.experiment.plan import RunPlan
+from specdec_jax.experiment.plan import comparable
 from specdec_jax.metrics import analysis
+from specdec_jax.metrics import quality as quality_lib
 from specdec_jax.metrics import run_metrics
 from specdec_jax.multihost import partitioning
 
-# Encoder input widths are multiples of this: a batch's inputs are cut to its
-# longest row rounded up to it (`multihost.Feeder`), so the encoder runs on
-# ~16-32 positions for a caption rather than on TASK_FEATURE_LENGTHS['inputs']
-# = 64 padded ones, in both decoders alike, at the price of one compilation
-# per width (all compiled before timing). Trailing padding does not change
-# any output: the encoder masks it.
+# A batch's inputs are cut to its longest row rounded up to this
+# (`multihost.Feeder`): one compilation per width, all before timing; the
+# encoder masks the padding, so no output changes.
 INPUT_BUCKET = 16
 
+# The settings of the run that last started writing here (for predictions
+# files, which record none).
+SETTINGS_FILE = ".specdec.settings.json"
+PARTIAL_PREDICTIONS_FILE = "." + run_metrics.PREDICTIONS_FILE + ".partial"
+PREDICTIONS_FILES = (run_metrics.PREDICTIONS_FILE, PARTIAL_PREDICTIONS_FILE)
+RESULT_FILES = (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE,
+                run_metrics.INFER_FILE) + PREDICTIONS_FILES
 OnResult = Callable[[Dict[str, Any]], None]
 
 
 @dataclasses.dataclass(frozen=True)
 class RunData:
-  """Every process's examples, this process's batches, their counts.
-
-  Attributes:
-    examples: all N examples ({'input', 'reference'}), in order.
-    feed: this process's batches (`multihost.Feeder`).
-    info: metrics.json's data keys (requested / truncated counts).
-  """
+  """All N examples ({'input', 'reference'}, every process's), this
+  process's batches and metrics.json's data keys (`info`)."""
   examples: List[Dict[str, Any]]
   feed: multihost.Feeder
   info: Dict[str, Any]
@@ -66,75 +64,124 @@ class RunData:
 
 def execute(plan: RunPlan, *, on_result: Optional[OnResult] = None,
             models: Optional[Models] = None) -> Tuple[Dict[str, Any], Models]:
-  """Locks OUTPUT_DIR, reads the examples, loads, decodes and writes.
-
-  Args:
-    plan: a built (checked) plan.
-    on_result: called with the result before anything is written (`run`
-      prints its summary there: a failed write loses no result).
-    models: an earlier plan's models to reuse (`sweep`).
-
-  Returns:
-    (metrics.json's dict, or alpha.json's in MODE='alpha'; the models).
-  """
+  """Locks OUTPUT_DIR, reads the examples, loads, decodes and writes;
+  returns (the result file's dict, the models). `on_result(result)` comes
+  before anything is written; `models`: an earlier plan's (`sweep`)."""
   on_result = on_result or (lambda record: None)
   with _output_folder(plan):
     data = read_examples(plan)
     logging.info("%d examples; mode=%s γ=%s T=%s", len(data.examples),
                  plan.args.mode, plan.args.gamma, plan.args.temperature)
     models = plan.load_models(models)
-    # No process enters the decoders' collectives long before the others.
     multihost.barrier("models_loaded")
     if plan.args.mode == "alpha":
       return _run_alpha(plan, models, data, on_result), models
-    # Every choice (GAMMA, TREE_WIDTH or SPECULATION 'auto') is made
-    # before the timed decode starts, then the decoders are built once.
     decode_plan = pilots.choose(plan.load(models), data.feed)
     if plan.args.mode == "infer":  # the speculative decoder only
-      return infer.run_infer(decode_plan, data.feed, data.examples, data.info,
-                             on_result), models
+      return run_infer(decode_plan, data.feed, data.examples, data.info,
+                       on_result), models
     return walltime.run_walltime(decode_plan, data.feed, data.examples,
                                  data.info, on_result), models
 
 
-class _output_folder:  # pylint: disable=invalid-name
-  """OUTPUT_DIR for the run's life: created and probed, locked (one run at
-  a time), another run's results refused (`output_dir.check_output_dir`);
-  on exit the lock is released and a folder this run made is removed if
-  it stayed empty. On several hosts process 0 (the writer) checks and
-  holds the lock, and the others follow its verdict."""
+@contextlib.contextmanager
+def _output_folder(plan: RunPlan) -> Iterator[None]:
+  """OUTPUT_DIR for the run's life (`check_output_dir`; on several hosts
+  process 0, the writer, holds it), then removed if this run made it and
+  it stayed empty."""
+  a, locks = plan.args, []
+  created = not io_utils.is_url(a.output_dir) and not os.path.exists(
+      a.output_dir)
+  prepare = lambda: locks.append(  # pylint: disable=g-long-lambda
+      check_output_dir(a.output_dir, plan.settings, a.overwrite))
+  multihost.run_on_first("output_dir", prepare)
+  try:
+    yield
+  finally:
+    for lock in locks:
+      lock.release()
+    if created and multihost.is_first():
+      with contextlib.suppress(OSError):
+        os.rmdir(a.output_dir)  # only if empty
 
-  def __init__(self, plan: RunPlan):
-    self.out = plan.args.output_dir
-    self.plan = plan
-    self.lock = None
-    self.created = not paths.is_url(self.out) and not os.path.exists(self.out)
 
-  def __enter__(self):
+def _recorded_settings(path: str) -> Any:
+  """The `settings` a results file records (None: none, or unreadable)."""
+  return comparable(output_folder.recorded_settings(path))
 
-    def prepare():
-      self.lock = output_dir_lib.check_output_dir(self.out, self.plan.settings,
-                                                  self.plan.args.overwrite)
 
-    multihost.run_on_first("output_dir", prepare)
-    return self
+def check_output_dir(out: str, settings: Dict[str, Any],
+                     overwrite: bool) -> "_ResultsLock":
+  """Claims `out` (created, probed and locked) and refuses a result file
+  there of other settings (or of none) unless `overwrite`; returns the lock
+  (the caller releases it). ConfigError."""
+  held = output_folder.claim(out, comparable(settings), _results,
+                             name="OUTPUT_DIR", program="run",
+                             overwrite=overwrite,
+                             overwrite_flag="OVERWRITE=True")
+  try:
+    # Whose results the folder will hold, before any is written: a kept
+    # predictions file (full disk, Ctrl-C) is protected as metrics.json is.
+    io_utils.write_json(os.path.join(out, SETTINGS_FILE),
+                        {"settings": settings})
+  except BaseException:
+    held.release()
+    raise
+  return _ResultsLock(held, out)
 
-  def __exit__(self, *exc):
-    if self.lock is not None:
-      self.lock.release()
-    if self.created and multihost.is_first():
-      try:
-        os.rmdir(self.out)  # only if empty
-      except OSError:
-        pass
+
+class _ResultsLock:
+  """The folder's claim; `release` also drops SETTINGS_FILE when the run
+  kept no result file (nothing to protect)."""
+
+  def __init__(self, held: output_folder.Claim, out: str):
+    self.held, self.out = held, out
+
+  def release(self) -> None:
+    record = os.path.join(self.out, SETTINGS_FILE)
+    try:
+      if io_utils.isfile(record) and not any(
+          _holds_results(self.out, name) for name in RESULT_FILES):
+        io_utils.remove(record)
+    except OSError as e:  # the results are written: only warn
+      logging.warning("could not remove %s: %s", SETTINGS_FILE, e)
+    self.held.release()
+
+
+def _holds_results(out: str, name: str) -> bool:
+  """Whether `out/name` is a result file to protect (an empty `.partial`,
+  killed before its first row, is not)."""
+  path = os.path.join(out, name)
+  if not io_utils.isfile(path):
     return False
+  if name == PARTIAL_PREDICTIONS_FILE and not io_utils.is_url(path):
+    try:
+      return os.path.getsize(path) > 0
+    except OSError:
+      return False
+  return True
+
+
+def _results(out: str) -> Iterator[output_folder.Result]:
+  """Every result file and its settings (the predictions files': those
+  metrics.json, or else SETTINGS_FILE, records)."""
+  for name in RESULT_FILES:
+    if not _holds_results(out, name):
+      continue
+    if name not in PREDICTIONS_FILES:
+      yield output_folder.Result(name,
+                                 _recorded_settings(os.path.join(out, name)))
+      continue
+    old = _recorded_settings(os.path.join(out, run_metrics.METRICS_FILE))
+    if old is None:
+      old = _recorded_settings(os.path.join(out, SETTINGS_FILE))
+    yield output_folder.Result(name, old, kept=True)
 
 
 def read_examples(plan: RunPlan, asked: str = "NUM_EXAMPLES",
                   recorded_in: str = "metrics.json") -> RunData:
-  """Each process reads its slice of the examples, encodes it and shares
-  texts and token counts, so every process knows all of them (`asked`,
-  `recorded_in`: `check_examples`)."""
+  """Each process reads and encodes its slice of the examples and shares
+  texts and token counts (`asked`, `recorded_in`: `check_examples`)."""
   a = plan.args
   sharding = partitioning.data_sharding(plan.mesh, a.batch_size)
   try:
@@ -171,10 +218,9 @@ def encoded_examples(plan: RunPlan, shard_info: Any = None):
 
 def check_examples(a, examples, asked: str = "NUM_EXAMPLES",
                    recorded_in: str = "metrics.json") -> Dict[str, Any]:
-  """All examples (every process's): none is an error; fewer than
-  NUM_EXAMPLES is logged and recorded (the line names the setting that
-  asked for them, `asked`, and the file recording both, `recorded_in`:
-  certify's --examples and certificate.json)."""
+  """All examples (every process's): none is an error; fewer than asked is
+  logged, naming the setting that asked (`asked`) and the file recording
+  both (`recorded_in`)."""
   source = (f"task {a.mixture_or_task_name!r} split {a.split!r}"
             if a.mixture_or_task_name else f"SOURCE_FILE={a.source_file!r}")
   if not examples:
@@ -201,12 +247,93 @@ def check_truncation(a, lengths: np.ndarray) -> Dict[str, Any]:
               longest_input_tokens=int(lengths.max()))
 
 
+def run_infer(plan: DecodePlan, feed: multihost.Feeder,
+              examples: Sequence[Dict[str, Any]], data_info: Dict[str, Any],
+              on_result: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
+  """MODE='infer', as T5X's `infer.py`: the speculative decoder only, each
+  batch's rows written to predictions.jsonl as it finishes, with an ETA;
+  `on_result(record)` before infer.json is written. Returns its dict."""
+  compile_s = batches_lib.compile_widths(feed,
+                                         [("speculative", plan.speculative)],
+                                         plan.rng)
+  out = plan.args.output_dir
+  writer = predictions.PredictionsWriter(out, multihost.is_first())
+  texts: List[str] = []
+  tally = batches_lib.Tally()
+  current = plan  # SPECULATION='auto': the choice of the batches before
+  try:
+    for batch in batches_lib.batches(feed, plan.rng):
+      result, seconds = batch.decode(current.speculative, plan.providers.clock)
+      tally.add(result, batch.keep, current.mode, seconds)
+      rows = np.asarray(result.tokens)[batch.keep]
+      row_calls = np.asarray(result.target_calls)[batch.keep]
+      start = len(texts)
+      texts += tasks.decode_tokens(plan.vocab, rows)
+      writer.add([
+          predictions.row(start + j, examples[start + j], texts[start + j],
+                          int(row_calls[j])) for j in range(len(rows))
+      ])
+      done, decode_s = batch.index + 1, sum(tally.seconds)
+      logging.info("infer: batch %d/%d, %d examples, %.1f s, ETA %.0f s", done,
+                   feed.num_batches, len(texts), decode_s,
+                   decode_s / done * (feed.num_batches - done))
+      if plan.online is not None:  # the next batch's choice
+        current = plan.online.after_batch(batch, None, seconds, result, feed)
+  except KeyboardInterrupt:
+    writer.close()
+    raise KeyboardInterrupt(f"kept {writer.kept()}; {run_metrics.INFER_FILE} "
+                            "was not written") from None
+  record = infer_record(plan, examples, texts, tally, compile_s, data_info)
+  on_result(record)
+
+  multihost.run_on_first(
+      "write",
+      lambda: predictions.publish(writer, len(
+          examples), os.path.join(out, run_metrics.INFER_FILE), record))
+  return record
+
+
+def infer_record(plan: DecodePlan, examples: Sequence[Dict[str, Any]],
+                 texts: List[str], tally: batches_lib.Tally, compile_s: float,
+                 data_info: Dict[str, Any]) -> Dict[str, Any]:
+  """infer.json's dict: what was decoded, how fast, how well (`tally`:
+  the speculative decoder's counts). A run that switched choices
+  (SPECULATION='auto') records the last one's settings."""
+  ended, auto, switch_compile_s = (plan.online.outcome() if plan.online else
+                                   (plan, None, 0.0))
+  args = ended.args
+  references = [e.get("reference") for e in examples]
+  quality = None
+  if all(r is not None for r in references):
+    quality = quality_lib.quality_metrics(plan.task_kind, texts, references)
+  decode_s = sum(tally.seconds)
+  return dict(
+      mode="infer", task=args.label, target_model=args.target_name,
+      draft_model=args.drafting.label(args.draft_name) + ended.mode.label(args),
+      decode_mode=ended.mode.name, gamma=args.gamma,
+      temperature=args.temperature, num_examples=len(examples),
+      tokens_generated=tally.tokens, target_calls=tally.calls,
+      tokens_per_target_call=tally.tokens / max(tally.calls, 1),
+      alpha=tally.alpha, decode_s=decode_s,
+      compile_time_s=compile_s + switch_compile_s,
+      tokens_per_second=tally.tokens / max(decode_s, 1e-9), quality=quality,
+      **data_info, settings=plan.settings,
+      **run_metrics.speculation_keys(args.speculation, auto))
+
+
 def _run_alpha(plan: RunPlan, models: Models, data: RunData,
                on_result: OnResult) -> Dict[str, Any]:
-  """α as the mean of β over target-sampled positions (Corollary 3.6)."""
-  betas = sampled_betas(plan.args, data.feed, models.target, models.draft)
-  result = alpha_record(plan.args, betas, len(data.examples), data.info,
-                        plan.settings)
+  """α as the mean of β over target-sampled positions (Corollary 3.6):
+  alpha.json, with its standard error."""
+  a = plan.args
+  betas = sampled_betas(a, data.feed, models.target, models.draft)
+  mean, stderr = analysis.alpha_from_beta_samples(betas)
+  result = dict(task=a.label, target_model=a.target_name,
+                draft_model=a.draft_name, temperature=a.temperature,
+                top_k=a.top_k, top_p=a.top_p, num_examples=len(data.examples),
+                num_positions=int(betas.size), alpha_beta=mean,
+                alpha_beta_stderr=stderr, random_weights=a.random_weights,
+                **data.info, settings=plan.settings)
   on_result(result)
   path = os.path.join(plan.args.output_dir, run_metrics.ALPHA_FILE)
   multihost.run_on_first(
@@ -217,31 +344,20 @@ def _run_alpha(plan: RunPlan, models: Models, data: RunData,
   return result
 
 
-# -- alpha ---------------------------------------------------------------------
-# MODE='alpha': α as Corollary 3.6 measures it, without walltimes.
-#
-# Sample from the target, then average β = Σ_x min(p(x), q(x)) over the
-# positions of those samples (`alpha.json`): cheap enough to run for many
-# (task, draft, temperature) settings.
 @jax.jit
 def beta_per_position(target: T5Model, draft: T5Model, inputs, outputs, lengths,
                       method: sampling.SamplingMethod):
-  """β_t = Σ_x min(p_t(x), q_t(x)) along target-generated outputs [B, T].
-
-  Both models read the same teacher-forced prefixes (the target's samples),
-  so β_t is Definition 3.1's β at position t of a target sequence.
-
-  Returns (beta [B, T], valid [B, T]) with valid = positions < lengths [B].
-  """
+  """(β [B, T], valid [B, T]): Definition 3.1's β_t = Σ_x min(p_t(x),
+  q_t(x)) along target-generated outputs [B, T], both models reading the
+  same teacher-forced prefixes; valid = positions < lengths [B]."""
   decoder_inputs = jnp.pad(outputs[:, :-1], ((0, 0), (1, 0)))
   valid = jnp.arange(outputs.shape[1])[None, :] < lengths[:, None]
   ones = jnp.ones_like(outputs)
   logits_p = target.teacher_forced_logits(inputs, decoder_inputs, ones)
   # A shared-encoder draft (`SharedEncoderModel`) reads the target's encoder.
   logits_q = draft.teacher_forced_logits(inputs, decoder_inputs, ones)
-  p = method.standardize(logits_p)
-  q = method.standardize(logits_q)
-  return sampling.acceptance_beta(p, q), valid
+  return sampling.acceptance_beta(method.standardize(logits_p),
+                                  method.standardize(logits_q)), valid
 
 
 def sampled_betas(args: arguments.RunArguments, feed: multihost.Feeder,
@@ -262,25 +378,3 @@ def sampled_betas(args: arguments.RunArguments, feed: multihost.Feeder,
     beta, valid = np.asarray(beta)[batch.keep], np.asarray(valid)[batch.keep]
     betas.append(beta[valid])
   return np.concatenate(betas)
-
-
-def alpha_record(args: arguments.RunArguments, betas: np.ndarray,
-                 num_examples: int, data_info: Dict[str, Any],
-                 settings: Dict[str, Any]) -> Dict[str, Any]:
-  """alpha.json: Corollary 3.6's α (mean β) with its standard error."""
-  mean, stderr = analysis.alpha_from_beta_samples(betas)
-  return {
-      "task": args.label,
-      "target_model": args.target_name,
-      "draft_model": args.draft_name,
-      "temperature": args.temperature,
-      "top_k": args.top_k,
-      "top_p": args.top_p,
-      "num_examples": num_examples,
-      "num_positions": int(betas.size),
-      "alpha_beta": mean,
-      "alpha_beta_stderr": stderr,
-      "random_weights": args.random_weights,
-      **data_info,
-      "settings": settings,
-  }

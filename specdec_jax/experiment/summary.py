@@ -1,8 +1,5 @@
-"""The lines `run` ends with: what happened, in plain words.
-
-`summary_lines(metrics, args)` reads the metrics dict the run wrote
-(metrics.json, or alpha.json in MODE='alpha') and the run's arguments.
-"""
+"""The lines `run` ends with (`summary_lines`): what happened, in plain
+words, from the metrics dict the run wrote and its arguments."""
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -20,15 +17,9 @@ def _speed_words(speedup: float, theory: str) -> str:
 
 
 def theory(metrics: Dict[str, Any]) -> Tuple[Optional[float], str]:
-  """The theory printed beside the speedup (the summary, `run`'s log line):
-  (its value, its name: `run_metrics.THEORY_NAMES`), or (None, why there
-  is none).
-
-  Theorem 3.8 at the measured call cost leads: at call cost 1 (the
-  paper's TPUs) it flatters a CPU several times over (issue 44); an older
-  metrics.json without it gives the ideal, named as such. A tree run: the
-  tree's cost model (Theorem 3.8's formula is one branch's).
-  """
+  """The theory printed beside the speedup: (its value, its name:
+  `run_metrics.THEORY_NAMES`, the measured call cost's first), or (None,
+  why there is none)."""
   mode = decode_modes.of_metrics(metrics)
   measured = metrics.get("theoretical_speedup_measured_call_cost")
   if mode.target_alone:
@@ -61,8 +52,7 @@ def alpha_words(alpha: float, digits: int = 2) -> str:
 
 
 def log_words(metrics: Dict[str, Any]) -> str:
-  """`run`'s last log line (stderr): the speedup, the theory and α named
-  as the summary names them, and c."""
+  """`run`'s last log line: the speedup, the theory, α and c."""
   c = metrics.get("cost_coefficient_c")
   return (f"speedup {metrics['speedup']:.2f}x ({theory_words(metrics)}), "
           f"{alpha_words(metrics['alpha'], 3)}" +
@@ -83,8 +73,7 @@ def _quality_words(metrics: Dict[str, Any]) -> Optional[str]:
 
 
 def _noise_words(metrics: Dict[str, Any]) -> str:
-  """At T > 0, why the two quality numbers differ (metrics.json's
-  `quality_noise`: sacrebleu's paired bootstrap, when there is one)."""
+  """At T > 0, why the two quality numbers differ."""
   if metrics.get("exact") is False:
     words = ("; T > 0: different samples, and LENIENCE < 1 samples another "
              "distribution than the target's")
@@ -98,27 +87,7 @@ def _noise_words(metrics: Dict[str, Any]) -> str:
   return words
 
 
-def _gamma_words(metrics: Dict[str, Any], args: arguments.RunArguments) -> str:
-  if args.auto_gamma:
-    return f"auto→{metrics.get('gamma', '?')}"
-  return str(args.gamma)
-
-
-def _lenience_words(metrics: Dict[str, Any], temp: float) -> str:
-  l = metrics["lenience"]
-  words = (f"; LENIENCE={l:g} < 1: outputs are NOT the target's "
-           f"distribution (a token's probability is at most p(x)/l = "
-           f"{1 / l:.2g} p(x); docs/design/beyond_the_paper.md)")
-  if temp == 0:
-    words += (f"; greedy outputs identical to the target's on "
-              f"{metrics.get('greedy_identical_examples', '?')}/"
-              f"{metrics['num_examples']} examples (lenience keeps guesses "
-              "that are not the target's argmax)")
-  return words
-
-
 def _drafting_lines(metrics: Dict[str, Any]) -> List[str]:
-  """Adaptive γ and GAMMA='auto', in plain words."""
   lines = []
   auto = metrics.get("gamma_auto")
   if auto and "chosen_tree_width" in auto:
@@ -147,9 +116,18 @@ def _drafting_lines(metrics: Dict[str, Any]) -> List[str]:
 
 
 def _exactness_words(metrics: Dict[str, Any], temp: float) -> str:
-  """How the outputs compare with the target's (lenience, samples, greedy)."""
+  """How the outputs compare with the target's."""
   if metrics.get("exact") is False:
-    return _lenience_words(metrics, temp)
+    l = metrics["lenience"]
+    words = (f"; LENIENCE={l:g} < 1: outputs are NOT the target's "
+             f"distribution (a token's probability is at most p(x)/l = "
+             f"{1 / l:.2g} p(x); docs/design/beyond_the_paper.md)")
+    if temp == 0:
+      words += (f"; greedy outputs identical to the target's on "
+                f"{metrics.get('greedy_identical_examples', '?')}/"
+                f"{metrics['num_examples']} examples (lenience keeps guesses "
+                "that are not the target's argmax)")
+    return words
   if metrics.get("greedy_outputs_identical") is None:
     tests = decode_modes.of_metrics(metrics).exactness_tests
     words = (f"; outputs are samples (T={temp:g}), so they are not compared "
@@ -171,8 +149,7 @@ def _exactness_words(metrics: Dict[str, Any], temp: float) -> str:
 
 
 def _beam_line(metrics: Dict[str, Any]) -> str:
-  """DECODE='beam': speed, steps per call and identity of the beams (no
-  theory: Theorem 3.8 and c model sampling one sequence, not beams)."""
+  """DECODE='beam': speed, steps per call and identity of the beams."""
   speedup = metrics["speedup"]
   speed = (f"{speedup:.2f}x faster than" if speedup >= 1 else
            f"{1 / speedup:.2f}x slower ({speedup:.2f}x) than")
@@ -191,43 +168,34 @@ def _beam_line(metrics: Dict[str, Any]) -> str:
   return words
 
 
-def _target_alone_line(metrics: Dict[str, Any]) -> str:
-  """SPECULATION='off' (or 'auto' choosing it): only the baseline ran."""
-  decoder = ("the target's own beam search"
-             if decode_modes.of_metrics(metrics).beam else "the target alone")
-  return (f"speculation off: {decoder} decoded all {metrics['num_examples']} "
-          f"examples in {metrics['walltime_baseline_s']:.1f} s; nothing was "
-          "drafted (speedup 1 by definition)")
-
-
 def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
-  """Speed, α, exactness, drafting and quality of a walltime run."""
-  if decode_modes.of_metrics(metrics).target_alone:
-    quality = _quality_words(metrics)
-    return [_target_alone_line(metrics)
-           ] + ([f"quality: {quality}"] if quality else [])
-  if decode_modes.of_metrics(metrics).beam:
-    quality = _quality_words(metrics)
+  mode, quality = decode_modes.of_metrics(metrics), _quality_words(metrics)
+  if mode.target_alone:  # SPECULATION='off' (or 'auto' choosing it)
+    decoder = ("the target's own beam search"
+               if mode.beam else "the target alone")
+    lines = [
+        f"speculation off: {decoder} decoded all {metrics['num_examples']} "
+        f"examples in {metrics['walltime_baseline_s']:.1f} s; nothing was "
+        "drafted (speedup 1 by definition)"
+    ]
+  elif mode.beam:
+    lines = [_beam_line(metrics)]
     if quality:  # both sides are top beams
       quality = quality.replace("(target alone)", "(target's beam search)")
-    return [_beam_line(metrics)] + ([f"quality: {quality}"] if quality else [])
-  lines = [
-      "speculative decoding: " +
-      _speed_words(metrics["speedup"], theory_words(metrics)) +
-      f"; {alpha_words(metrics['alpha'])}, "
-      f"{metrics['tokens_per_target_call']:.2f} tokens per target call" +
-      _exactness_words(metrics, temp)
-  ]
-  lines.extend(_drafting_lines(metrics))
-  quality = _quality_words(metrics)
-  if quality:
-    lines.append(f"quality: {quality}" +
-                 (_noise_words(metrics) if temp > 0 else ""))
-  return lines
+  else:
+    lines = [
+        "speculative decoding: " +
+        _speed_words(metrics["speedup"], theory_words(metrics)) +
+        f"; {alpha_words(metrics['alpha'])}, "
+        f"{metrics['tokens_per_target_call']:.2f} tokens per target call" +
+        _exactness_words(metrics, temp), *_drafting_lines(metrics)
+    ]
+    if quality and temp > 0:
+      quality += _noise_words(metrics)
+  return lines + ([f"quality: {quality}"] if quality else [])
 
 
 def _infer_lines(metrics: Dict[str, Any]) -> List[str]:
-  """MODE='infer': what was decoded, how fast, how well."""
   how = (f"speculatively ({metrics['decode_mode']})"
          if metrics.get("speculation") != decode_modes.SPECULATION_OFF else
          "by the target alone (speculation off)")
@@ -247,16 +215,7 @@ def _infer_lines(metrics: Dict[str, Any]) -> List[str]:
   return lines
 
 
-def _alpha_line(metrics: Dict[str, Any]) -> str:
-  """Corollary 3.6's α of a MODE='alpha' run."""
-  return (f"alpha {metrics['alpha_beta']:.3f} ± "
-          f"{metrics['alpha_beta_stderr']:.3f} (share of draft tokens the "
-          "target would accept: Corollary 3.6's mean of Σ min(p, q) over "
-          f"{metrics['num_positions']} positions of target samples)")
-
-
 def _notes(metrics: Dict[str, Any]) -> List[str]:
-  """Random weights, fewer examples than asked for, truncated inputs."""
   lines = []
   if metrics.get("random_weights"):
     lines.append(
@@ -277,8 +236,7 @@ def _notes(metrics: Dict[str, Any]) -> List[str]:
 
 
 def _auto_lines(metrics: Dict[str, Any]) -> List[str]:
-  """The `auto:` lines of a run whose metrics hold a choice (else none):
-  the first choice, then each switch."""
+  """The `auto:` lines: the first choice, then each switch."""
   record = metrics.get("auto")
   if not record:
     return []
@@ -293,32 +251,26 @@ def _auto_lines(metrics: Dict[str, Any]) -> List[str]:
   return [words] + [s["reason"] for s in record.get("switches") or []]
 
 
-def _search_words(args: arguments.RunArguments) -> str:
-  """'T=0 (greedy)', 'T=1', or 'beam search k=4' (DECODE='beam')."""
-  if args.decode_mode.beam:
-    return f"beam search k={args.decode_mode.size}"
-  temp = args.temperature
-  return f"T={temp:g}{' (greedy)' if temp == 0 else ''}"
-
-
 def summary_lines(metrics: Dict[str, Any],
                   args: arguments.RunArguments) -> List[str]:
-  """What happened, in plain words (the last lines `run` prints).
-
-  Args:
-    metrics: the dict the run wrote (metrics.json or alpha.json).
-    args: the run's arguments.
-  """
+  """What happened, in plain words, from the dict the run wrote."""
   temp = args.temperature
-  head = (
-      f"{metrics.get('task', 'run')}: target {args.target_name or '?'},"
-      f" draft {metrics.get('draft_model') or args.draft_name or '?'}, " +
-      (f"γ={_gamma_words(metrics, args)}, " if args.mode != "alpha" else "") +
-      _search_words(args) + ", "
-      f"{metrics['num_examples']} examples")
+  gamma = (f"auto→{metrics.get('gamma', '?')}"
+           if args.auto_gamma else str(args.gamma))
+  search = (f"beam search k={args.decode_mode.size}" if args.decode_mode.beam
+            else f"T={temp:g}{' (greedy)' if temp == 0 else ''}")
+  head = (f"{metrics.get('task', 'run')}: target {args.target_name or '?'},"
+          f" draft {metrics.get('draft_model') or args.draft_name or '?'}, " +
+          (f"γ={gamma}, " if args.mode != "alpha" else "") + search + ", "
+          f"{metrics['num_examples']} examples")
   out = args.output_dir
-  if args.mode == "alpha":
-    body = [_alpha_line(metrics)]
+  if args.mode == "alpha":  # Corollary 3.6's α
+    body = [
+        f"alpha {metrics['alpha_beta']:.3f} ± "
+        f"{metrics['alpha_beta_stderr']:.3f} (share of draft tokens the "
+        "target would accept: Corollary 3.6's mean of Σ min(p, q) over "
+        f"{metrics['num_positions']} positions of target samples)"
+    ]
     files = [run_metrics.ALPHA_FILE]
   elif args.mode == "infer":
     body = _infer_lines(metrics)

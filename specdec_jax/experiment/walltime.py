@@ -1,17 +1,5 @@
 """MODE='walltime': both decoders timed over the examples (the paper's
-experiment), the cost coefficient c, and the `RunMetrics` they make.
-
-`run_walltime` is the one decode path, end to end, at the plan's choices
-(made before: `pilots.choose`): compile every decoder for every input
-width (`batches.compile_widths`); decode each batch with the target alone
-and with speculative decoding, timing each call, counting each decoder's
-outputs (`batches.Tally`), decoding its text once and writing its
-predictions.jsonl rows (`decode_examples`; with SPECULATION='auto' the plan
-carries `online`, which may change the speculative decoder between
-batches); time one target step, one draft step (or one guess) and the
-(γ+1)-token verification call the one way `timing` defines
-(`step_times`); put it together (`walltime_metrics`) and write
-metrics.json.
+experiment), one call of each kind priced (`StepTimes`), and metrics.json.
 """
 import dataclasses
 import os
@@ -39,19 +27,8 @@ Tally = batches_lib.Tally
 
 @dataclasses.dataclass(frozen=True)
 class Decoded:
-  """Both decoders' outputs over all examples (N of them, T = max decode
-  length), on the host.
-
-  Attributes:
-    base, spec: each decoder's counts (`batches.Tally`: calls, the
-      speculative one's histogram, α, β, each batch's seconds).
-    base_tokens: [N, T] the target alone's tokens (0 after EOS).
-    spec_tokens: [N, T] speculative decoding's tokens.
-    base_text / spec_text: N decoded strings of each.
-    per_example: N predictions.jsonl records (`predictions.traces`).
-    time_base / time_spec: seconds of all timed calls of each decoder (the
-      slowest process's: `slowest_process`).
-  """
+  """Both decoders' tallies, [N, T] tokens (0 after EOS), texts, records
+  and seconds (the slowest process's) over the N examples, on the host."""
   base: Tally
   spec: Tally
   base_tokens: np.ndarray
@@ -68,7 +45,6 @@ class Decoded:
 
   @property
   def batches(self) -> overheads.BatchTimes:
-    """Each batch's seconds and loop iterations."""
     return overheads.BatchTimes(
         *(np.asarray(c)
           for c in (self.base.seconds, self.spec.seconds, self.base.iterations,
@@ -77,15 +53,8 @@ class Decoded:
 
 @dataclasses.dataclass(frozen=True)
 class StepTimes:
-  """Seconds of one call of each kind (`timing.call_seconds`).
-
-  Attributes:
-    target_step_s: one one-token target call.
-    draft_step_s: one guess: a `propose` of γ guesses as the loop runs it,
-      divided by γ (ACCEPTANCE='tree': a `propose_tree` of k branches).
-    verification_call_s: the target's (γ+1)-token call (ACCEPTANCE='tree':
-      the tree call over 1 + k·γ nodes).
-  """
+  """Seconds of a one-token target call, one guess (a tree: one depth of
+  k branches) and the verification call (a tree: over 1 + k·γ nodes)."""
   target_step_s: float
   draft_step_s: float
   verification_call_s: float
@@ -99,13 +68,9 @@ class StepTimes:
 def decode_examples(plan: DecodePlan, feed: multihost.Feeder,
                     examples: Sequence[Dict[str, Any]],
                     writer: predictions.PredictionsWriter) -> Decoded:
-  """Both decoders on every batch (same rng per batch), each call timed;
-  each batch's text decoded once and its predictions.jsonl rows written as
-  it finishes. SPECULATION='auto': the speculative column of each batch is
-  decoded by the choice of the batches before it (`plan.online`).
-
-  Nothing measured goes in the rows: same settings and seed, same file.
-  """
+  """Both decoders on every batch, timed; each batch's rows written as it
+  finishes (nothing measured in them). SPECULATION='auto': each batch's
+  speculative decoder is `plan.online`'s choice."""
   clock = plan.providers.clock
   base, spec = Tally(), Tally()
   base_tokens, spec_tokens, base_text, spec_text, per_example = ([], [], [], [],
@@ -147,14 +112,9 @@ def decode_examples(plan: DecodePlan, feed: multihost.Feeder,
 def run_walltime(plan: DecodePlan, feed: multihost.Feeder,
                  examples: Sequence[Dict[str, Any]], data_info: Dict[str, Any],
                  on_result: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
-  """MODE='walltime' end to end at the plan's choices (`pilots.choose`):
-  compile, decode, text, rows, step costs, metrics; predictions.jsonl
-  written as batches finish, then metrics.json (a sweep takes it as
-  "done").
-
-  `on_result(metrics)` is called before anything is written (the summary:
-  a failed write loses no result). Returns metrics.json's dict.
-  """
+  """MODE='walltime' end to end; metrics.json (a sweep's "done") written
+  last, after `on_result(metrics)` (the summary: a failed write loses no
+  result). Returns metrics.json's dict."""
   compile_s = batches_lib.compile_widths(feed,
                                          [("baseline", plan.baseline),
                                           ("speculative", plan.speculative)],
@@ -168,14 +128,18 @@ def run_walltime(plan: DecodePlan, feed: multihost.Feeder,
     raise KeyboardInterrupt(f"kept {writer.kept()}; "
                             f"{run_metrics.METRICS_FILE} was not "
                             "written") from None
-  # SPECULATION='auto': the settings the run ended with, its record.
   ended, auto, switch_compile_s = (plan.online.outcome() if plan.online else
                                    (plan, None, 0.0))
   steps = None
   if _priced(ended, run_metrics.switched(auto)):
     with console.phase(ended.mode.pricing_words(plan.args)):
-      steps = step_times(plan, feed.batch(0),
-                         int(decoded.tokens_generated / len(examples)))
+      # On batch 0, the cache filled to the mean output length, the
+      # drafter reading the baseline's output (`step_costs.price_calls`).
+      batch = feed.batch(0)
+      steps = StepTimes(*plan.mode.price(
+          plan.args, plan.drafter, plan.models.target, batch,
+          int(decoded.tokens_generated / len(examples)),
+          plan.baseline(batch, plan.rng).tokens, plan.providers.pricing))
   decoded, compile_s, steps = slowest_process(decoded,
                                               compile_s + switch_compile_s,
                                               steps)
@@ -197,8 +161,7 @@ def run_walltime(plan: DecodePlan, feed: multihost.Feeder,
 
 
 def _priced(plan: DecodePlan, switched: bool) -> bool:
-  """Whether c and the verification call are priced after the decode
-  (else the log line says why not)."""
+  """Whether c and the call are priced (else a line says why not)."""
   if switched:
     logging.info("SPECULATION='auto' switched choices: c and the theory are "
                  "not priced (metrics.json's auto.segments: each choice's "
@@ -216,41 +179,16 @@ def _priced(plan: DecodePlan, switched: bool) -> bool:
   return False
 
 
-def step_times(plan: DecodePlan, batch: jax.Array, fill: int) -> StepTimes:
-  """One target step, one guess and the verification call (this process's
-  seconds: `slowest`); ACCEPTANCE='tree': one depth of the k-branch draft
-  and the tree call over 1 + k·γ nodes (`step_costs.price_tree_calls`).
-
-  All are timed the one way `timing` defines, interleaved
-  (`step_costs.price_calls`): on `batch`, with the speculative loop's cache
-  (max_decode_length + γ + 1 slots) filled to `fill` tokens (the mean
-  output length); the drafter as the loop runs it, on the target's own
-  output for `batch` (the compiled baseline's).
-  """
-  context = plan.baseline(batch, plan.rng).tokens
-  return StepTimes(
-      *plan.mode.price(plan.args, plan.drafter, plan.models.target, batch, fill,
-                       context, plan.providers.pricing))
-
-
 def slowest_process(decoded: Decoded, compile_s: float,
                     steps: Optional[StepTimes]):
-  """(decoded, compile_s, steps) with the slowest process's seconds (the
-  user waits for it), exchanged in one collective (steps None: a beam run,
-  not priced)."""
-  if steps is None:
-    time_base, time_spec, compile_s = multihost.slowest(decoded.time_base,
-                                                        decoded.time_spec,
-                                                        compile_s)
-    return (dataclasses.replace(decoded, time_base=time_base,
-                                time_spec=time_spec), compile_s, None)
-  (time_base, time_spec, compile_s, t_target, t_draft,
-   t_verify) = multihost.slowest(decoded.time_base, decoded.time_spec,
-                                 compile_s, steps.target_step_s,
-                                 steps.draft_step_s, steps.verification_call_s)
-  return (dataclasses.replace(decoded, time_base=time_base,
-                              time_spec=time_spec), compile_s,
-          StepTimes(t_target, t_draft, t_verify))
+  """(decoded, compile_s, steps) with the slowest process's seconds, in
+  one collective (steps None: not priced)."""
+  base, spec, compile_s, *calls = multihost.slowest(
+      decoded.time_base, decoded.time_spec, compile_s,
+      *(() if steps is None else dataclasses.astuple(steps)))
+  return (dataclasses.replace(decoded,
+                              time_base=base, time_spec=spec), compile_s,
+          StepTimes(*calls) if calls else None)
 
 
 def walltime_metrics(plan: DecodePlan, decoded: Decoded,
@@ -259,19 +197,9 @@ def walltime_metrics(plan: DecodePlan, decoded: Decoded,
                      auto: Optional[Dict[str, Any]]) -> run_metrics.RunMetrics:
   """The run's metrics.json.
 
-  Args:
-    plan: the settings it records: the decode plan's (GAMMA='auto': at the
-      chosen γ), or SPECULATION='auto''s at the choice it ended with
-      (`online.OnlineChoice.outcome`).
-    decoded: both decoders' outputs.
-    quality: {'bleu' or 'rouge': {'baseline': ..., 'speculative': ...}},
-      and at T > 0 with BLEU 'quality_noise' (`quality.paired_bootstrap_bleu`).
-    compile_s: the decoders' compile seconds (the slowest process's).
-    steps: `step_times`; None for a beam run or PRICE_CALL_COST=False (not
-      priced: c, Theorem 3.8 and the call costs are null).
-    data_info: the examples' counts (`run_metrics.RunMetrics`' data keys).
-    auto: SPECULATION='auto''s candidates, choice, segments and switches,
-      or None.
+  `plan`: the settings it records (SPECULATION='auto': the choice it
+  ended with); `quality`: {'bleu' or 'rouge': {'baseline', 'speculative'}}
+  (and 'quality_noise'); `steps` None: not priced (c, theory null).
   """
   args, spec = plan.args, decoded.spec
   c = None if steps is None else steps.cost_coefficient
@@ -311,8 +239,7 @@ def walltime_metrics(plan: DecodePlan, decoded: Decoded,
       cost_coefficient_c=c,
       call_cost_priced=(False if steps is None and plan.mode.priced and
                         not switched else None),
-      **(unpriced_theory_metrics() if steps is None else theory_metrics(
-          plan, decoded, steps)),
+      **({} if steps is None else theory_metrics(plan, decoded, steps)),
       # Token-for-token identity is the test of exactness at T = 0 only:
       # sampled outputs (T > 0) are compared by distribution (null here).
       greedy_outputs_identical=(identity["identical"] == identity["examples"]
@@ -331,28 +258,11 @@ def walltime_metrics(plan: DecodePlan, decoded: Decoded,
       **run_metrics.speculation_keys(args.speculation, auto))
 
 
-def unpriced_theory_metrics() -> Dict[str, Any]:
-  """`theory_metrics`' keys of a run that is not priced (DECODE='beam':
-  Theorem 3.8 and c model one sampled sequence, not a beam search;
-  PRICE_CALL_COST=False: skipped)."""
-  return dict.fromkeys(
-      ("theoretical_speedup", "verification_call_s", "verification_cost_ratio",
-       "theoretical_speedup_measured_call_cost", "iteration_overhead",
-       "baseline_overhead"))
-
-
 def theory_metrics(plan: DecodePlan, decoded: Decoded,
                    steps: StepTimes) -> Dict[str, Any]:
-  """metrics.json's Theorem 3.8 keys, the verification call's cost and the
-  loops' overheads against their own cost model (issue 32).
-
-  ACCEPTANCE='tree': `theoretical_speedup` stays Theorem 3.8 for one branch
-  at the run's α, γ and c (a reference: a tree keeps more than one branch
-  would); `theoretical_speedup_measured_call_cost` is the tree's own cost
-  model, the measured tokens per target call over the measured cost of an
-  iteration (γ draft depths, each drafting k branches, and the tree call),
-  in target steps: tokens_per_target_call / (γ·c + call ratio).
-  """
+  """metrics.json's Theorem 3.8 keys, the call's cost and the loops'
+  overheads (issue 32); a tree's `theoretical_speedup_measured_call_cost`
+  is its own cost model (`DecodeMode.measured_theory`)."""
   gamma, c = plan.args.gamma, steps.cost_coefficient
   calls_base, calls_spec = decoded.base.calls, decoded.spec.calls
   alpha = min(decoded.spec.alpha, 1.0)
@@ -382,8 +292,7 @@ def theory_metrics(plan: DecodePlan, decoded: Decoded,
 
 
 def draft_label(plan: DecodePlan) -> str:
-  """metrics.json's `draft_model`: the report tells drafts apart by it, so
-  variants (adaptive γ, GAMMA='auto', lenience) get their own."""
+  """metrics.json's `draft_model`, variants named (the report's key)."""
   args, gamma_auto = plan.args, plan.gamma_auto
   label = args.drafting.label(args.draft_name)
   if args.drafting.adaptive_threshold is not None:
@@ -399,23 +308,14 @@ def draft_label(plan: DecodePlan) -> str:
 
 def drafting_metrics(plan: DecodePlan, per_example: List[Dict[str, Any]],
                      tokens: int, c: Optional[float]) -> Dict[str, Any]:
-  """metrics.json's drafter, lenience, adaptive-γ and GAMMA='auto' keys.
-
-  Args:
-    plan: the settings metrics.json records (`walltime_metrics`).
-    per_example: predictions.jsonl's records (their traces: guesses made
-      and kept per target call).
-    tokens: tokens generated.
-    c: the measured cost coefficient (None: not priced).
-  """
+  """metrics.json's drafter, lenience, adaptive-γ and GAMMA='auto' keys
+  (`per_example`: predictions.jsonl's traces; c None: not priced)."""
   args, mode = plan.args, plan.mode
-  # A tree (k·γ guesses every call) or beams (γ draft steps of u beams):
-  # a one-path bound means nothing.
+  # A tree or beams: a one-path bound means nothing.
   per_call = mode.guesses_per_call(args)
   tree = mode.record() if mode.branches else {}  # its TREE_* settings
   if per_call is not None:
-    guessed = [per_call]
-    bound = None
+    guessed, bound = [per_call], None
   else:
     # A run that switched (SPECULATION='auto'): the one-path calls only.
     calls = [t for e in per_example for t in e["trace"] or ()]
@@ -436,10 +336,8 @@ def drafting_metrics(plan: DecodePlan, per_example: List[Dict[str, Any]],
       "adaptive_threshold": args.drafting.adaptive_threshold,
       "gamma_auto": plan.gamma_auto,
       "guesses_per_target_call": float(np.mean(guessed)) if guessed else 0.0,
-      # §3.5: Theorem 3.8's cost model (target call 1, guess c) applied to
-      # this run's iterations: every call drafting γ, drafting what it
-      # did, and drafting exactly what was kept (the per-call oracle). A
-      # single-path model: null for a tree.
+      # §3.5: Theorem 3.8's cost model of this run's calls drafting γ,
+      # what they did, and what was kept (the oracle).
       "per_iteration_gamma": None if bound is None else {
           "fixed_gamma_speedup": bound["fixed"],
           "achieved_speedup": bound["achieved"],

@@ -1,5 +1,2 @@
-"""Files the project writes: crash-safe writes and the compilation cache.
-
-* `io_utils`: a reader sees the old file or the new one, never half.
-* `compilation_cache`: JAX's persistent compilation cache for the commands.
-"""
+"""Files read and written: paths, gs://, safe reads and writes (`io_utils`),
+the compilation cache, each command's folder (`output_folder`)."""

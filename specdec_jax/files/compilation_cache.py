@@ -1,26 +1,10 @@
-"""JAX's persistent compilation cache, on by default for the commands.
-
-A run compiles its decoders (several seconds each) and the step programs
-that price c; the same programs come back in the next run of the same gin
-file, a sweep's next point, or a re-run after a crash. With the cache the
-second run reads them from disk instead of compiling (the main job: ~10 s
-of its start). The folder is ~/.cache/specdec_jax/jax-compilation-cache
-(SPECDEC_JAX_CACHE moves the parent); SPECDEC_JAX_COMPILATION_CACHE=0 turns
-it off; an explicit JAX_COMPILATION_CACHE_DIR (the test suite's) wins.
-
-JAX never replaces an entry it cannot read (a truncated or garbled file):
-it warns and compiles again on every run. `enable` therefore watches for
-that warning: the entry is removed (so this run writes it again) and one
-line names the folder and how to clear it (`repair_entry`). An entry that
-is not a regular file (a FIFO would block the read, a link to /dev/zero
-never end it) or is over MAX_ENTRY_BYTES is a miss, removed with one line
-(`_checked_get`). A folder the cache cannot use (a file, read-only) turns
-it off for the run, said in one line, instead of a warning per program.
-
-`enable` also reads, at a command's start, every SPECDEC_* variable the
-caches and the CPU kernel read later (`check_environment`): a bad value is
-refused before anything is loaded.
+"""JAX's persistent compilation cache, on by default for the commands:
+~/.cache/specdec_jax/jax-compilation-cache (SPECDEC_JAX_CACHE moves the
+parent; SPECDEC_JAX_COMPILATION_CACHE=0 turns it off). Hardened as
+docs/usage/failures.md says: entries written whole, bad entries removed
+with one line, an unusable folder turns the cache off with one line.
 """
+import contextlib
 import os
 import re
 import sys
@@ -28,7 +12,6 @@ import time
 from typing import Any, Optional
 import warnings
 
-from specdec_jax.config import paths
 from specdec_jax.core import environment
 from specdec_jax.files import io_utils
 
@@ -36,12 +19,10 @@ ENV_OFF = "SPECDEC_JAX_COMPILATION_CACHE"
 # jax/_src/compiler.py's warning when an entry fails to load.
 _READ_ERROR = re.compile(
     r"Error reading persistent compilation cache entry for '([^']+)'")
-# Not a corrupt entry: a program compiled ahead of time for a TPU topology
-# (COMPILE_TOPOLOGY) cannot be loaded without a TPU client; it is kept.
+# Not corrupt: a COMPILE_TOPOLOGY program needs a TPU client; it is kept.
 _NO_CLIENT = "must be constructed with a Client"
 
-# The cache folder's size limit, set for JAX's lock; nothing is evicted
-# (`skip_eviction_scans`).
+# Set only for JAX's lock; nothing is evicted (`skip_eviction_scans`).
 MAX_SIZE_BYTES = 32 << 30
 # `atomic_writes`' temporary files: `.<key>.<pid>.partial`.
 _PARTIAL = ".partial"
@@ -50,10 +31,8 @@ MAX_ENTRY_BYTES = 4 << 30
 
 
 def add_missing_atimes(folder: str) -> int:
-  """Gives every entry of a cache folder written without a size limit its
-  access-time file (JAX's locked, size-limited cache reads one per entry
-  and fails to write new entries without it). Returns how many were added.
-  """
+  """Gives every entry of a cache folder written without a size limit the
+  access-time file a size-limited cache needs; returns how many."""
   added = 0
   try:
     names = set(os.listdir(folder))
@@ -76,9 +55,8 @@ def add_missing_atimes(folder: str) -> int:
 
 
 def remove_stale_partials(folder: str, older_than_s: float = 3600.0) -> int:
-  """Removes the temporary files of writers killed mid-write
-  (`atomic_writes`: `.<key>.<pid>.partial`) last touched over
-  `older_than_s` ago; a live writer's is seconds old. Returns how many."""
+  """Removes the `.<key>.<pid>.partial` files of writers killed mid-write,
+  untouched for `older_than_s`; returns how many."""
   removed, now = 0, time.time()
   try:
     names = os.listdir(folder)
@@ -98,9 +76,8 @@ def remove_stale_partials(folder: str, older_than_s: float = 3600.0) -> int:
 
 
 def _lru_cache_class() -> Any:
-  """JAX's `LRUCache` (the persistent cache's files), or None when this JAX
-  lacks it or its entry layout (`<key>-cache`, `<key>-atime`) changed: the
-  patches below then keep JAX's own behaviour."""
+  """JAX's `LRUCache`, or None when this JAX lacks it or its entry layout
+  changed (then JAX keeps its own behaviour)."""
   try:
     from jax._src import lru_cache  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -114,16 +91,8 @@ def _lru_cache_class() -> Any:
 
 
 def atomic_writes() -> bool:
-  """Makes this process write each cache entry whole or not at all, and
-  read only entries that are regular files (`_checked_get`); returns
-  whether it could.
-
-  JAX writes an entry in place. A process killed while writing (a sweep
-  stopped with SIGKILL, a test that kills a run) leaves a half-written
-  entry, and a later process that reads it can abort inside XLA, with no
-  Python exception for `repair_entry` to see. Written to a temporary file
-  and renamed instead, an entry appears only once it is whole.
-  """
+  """Makes this process write cache entries whole (a half-written one can
+  abort XLA) and read only regular files; returns whether it could."""
   cache = _lru_cache_class()
   if cache is None:
     return False
@@ -136,16 +105,13 @@ _told_refused = []
 
 
 def _checked_get(self, key: str) -> Optional[bytes]:
-  """`LRUCache.get`, reading the entry through `io_utils.read_bytes`: one
-  that is not a regular file of at most MAX_ENTRY_BYTES is a miss, removed
-  (a folder is skipped), with one line per process."""
+  """`LRUCache.get`; an entry `io_utils.read_bytes` refuses is a miss,
+  removed (a folder skipped), with one line per process."""
   if not key:
     raise ValueError("key cannot be empty")
   entry = self.path / f"{key}-cache"
-  if self.eviction_enabled:
-    self.lock.acquire(timeout=self.lock_timeout_secs)
-  try:
-    if paths.is_url(str(entry)):  # a remote folder: JAX's own reading
+  with _locked(self):
+    if io_utils.is_url(str(entry)):  # a remote folder: JAX's own reading
       return entry.read_bytes() if entry.exists() else None
     try:
       value = io_utils.read_bytes(str(entry), max_bytes=MAX_ENTRY_BYTES)
@@ -165,13 +131,8 @@ def _checked_get(self, key: str) -> Optional[bytes]:
             f"specdec_jax: compilation cache entry {e}; {done}, compiled "
             "again.", file=sys.stderr)
       return None
-    if self.eviction_enabled:
-      (self.path / f"{key}-atime").write_bytes(time.time_ns().to_bytes(
-          8, "little"))
+    _touch_atime(self, key)
     return value
-  finally:
-    if self.eviction_enabled:
-      self.lock.release()
 
 
 def _atomic_put(self, key: str, value: bytes) -> None:
@@ -185,9 +146,7 @@ def _atomic_put(self, key: str, value: bytes) -> None:
         stacklevel=2)
     return
   entry = self.path / f"{key}-cache"
-  if self.eviction_enabled:
-    self.lock.acquire(timeout=self.lock_timeout_secs)
-  try:
+  with _locked(self):
     if entry.exists():
       return
     self._evict_if_needed(additional_size=len(value))
@@ -195,27 +154,25 @@ def _atomic_put(self, key: str, value: bytes) -> None:
     partial = self.path / f".{key}.{os.getpid()}{_PARTIAL}"
     partial.write_bytes(value)
     partial.rename(entry)
-    if self.eviction_enabled:
-      (self.path / f"{key}-atime").write_bytes(time.time_ns().to_bytes(
-          8, "little"))
-  finally:
-    if self.eviction_enabled:
-      self.lock.release()
+    _touch_atime(self, key)
+
+
+def _locked(cache):
+  """The cache folder's lock (a filelock), held with a size limit."""
+  if cache.eviction_enabled:
+    return cache.lock.acquire(timeout=cache.lock_timeout_secs)
+  return contextlib.nullcontext()
+
+
+def _touch_atime(cache, key: str) -> None:
+  if cache.eviction_enabled:
+    (cache.path / f"{key}-atime").write_bytes(time.time_ns().to_bytes(
+        8, "little"))
 
 
 def skip_eviction_scans() -> bool:
-  """Turns off the size-limited cache's eviction scan in this process;
-  returns whether it could.
-
-  The size limit is set only for JAX's lock (`enable`). With it, JAX lists
-  and stats every entry, and reads every access-time file, on each write,
-  holding the folder's lock: a write costs time in the number of entries
-  (~20 ms at 850 entries; the test suite's thousands of eager one-op
-  programs made a cold run several times slower, the other processes
-  waiting on the lock). Nothing is evicted then: the folder grows as
-  without a limit (JAX's default); clear it with rm -rf. Reads and writes
-  keep the lock. A JAX without this private class keeps its own behaviour.
-  """
+  """Turns off the eviction scan of every entry on each write (nothing is
+  evicted, as without a limit); returns whether it could."""
   cache = _lru_cache_class()
   if cache is None:
     return False
@@ -234,16 +191,10 @@ def cache_dir() -> str:
 
 
 def check_environment() -> None:
-  """Reads every SPECDEC_* variable a command's caches and the CPU kernel
-  read later: SPECDEC_JAX_CACHE, SPECDEC_JAX_COMPILATION_CACHE,
-  SPECDEC_JAX_PRICE_CACHE, SPECDEC_JAX_CPU_KERNEL, SPECDEC_JAX_KERNEL_ISA.
-
-  Raises:
-    environment.BadEnvironment: one of them has a value it does not allow
-      (the commands: one line, exit 2, before anything is loaded).
-  """
-  # Here, not at the top: tests/conftest.py sets JAX's variables after
-  # importing this module, before anything imports JAX.
+  """Reads every SPECDEC_* variable the caches and CPU kernel read later:
+  BadEnvironment before anything is loaded."""
+  # Not at the top: tests/conftest.py sets JAX's variables after importing
+  # this module.
   # pylint: disable=g-import-not-at-top
   from specdec_jax.core import kernels
   # pylint: enable=g-import-not-at-top
@@ -255,7 +206,7 @@ def check_environment() -> None:
 
 def unusable(folder: str) -> Optional[str]:
   """Why `folder` cannot hold the cache (a file, not writable), or None."""
-  if paths.is_url(folder):
+  if io_utils.is_url(folder):
     return None  # JAX's own (etils) reading and writing
   if os.path.exists(folder) and not os.path.isdir(folder):
     return "is a file, not a folder"
@@ -267,13 +218,8 @@ def unusable(folder: str) -> Optional[str]:
 
 
 def enable() -> str:
-  """Turns the cache on for this process (before the first compile);
-  returns its folder, or '' when turned off or its folder is unusable
-  (one line says why; the run compiles everything).
-
-  Raises:
-    environment.BadEnvironment: from `check_environment`, at once.
-  """
+  """Turns the cache on (before the first compile); its folder, or '' when
+  off or unusable (one line says why). BadEnvironment at once."""
   import jax  # pylint: disable=g-import-not-at-top
   check_environment()
   if not environment.flag(ENV_OFF, True):
@@ -287,15 +233,11 @@ def enable() -> str:
         f"{why.rstrip('.')}. (Or turn it off: {ENV_OFF}=0.)", file=sys.stderr)
     return ""
   jax.config.update("jax_compilation_cache_dir", folder)
-  # Every program: the step programs compile in well under a second each,
-  # but a run compiles several per input width.
+  # Every program: a run compiles several fast ones per input width.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  # A size limit makes JAX lock the folder for every read and write
-  # (`filelock`): processes sharing it (a sweep beside a run, several
-  # hosts' processes on one machine, test workers) never read an entry
-  # another is still writing, which aborts XLA. The limit itself is far
-  # above what a user's programs take.
+  # A size limit makes JAX lock the folder for every read and write, so
+  # that processes sharing it never read an entry still being written.
   jax.config.update("jax_compilation_cache_max_size", MAX_SIZE_BYTES)
   skip_eviction_scans()
   atomic_writes()
@@ -306,15 +248,8 @@ def enable() -> str:
 
 
 def repair_entry(folder: str, message: str):
-  """Removes the entries of the program a JAX cache warning names.
-
-  The warning names the program (`jit_f`), not its key, so every
-  `jit_f-<hash>-cache` (and `-atime`) file goes: the unreadable one and at
-  worst a few readable ones, compiled again once.
-
-  Returns:
-    The program's name, or None when `message` is not that warning.
-  """
+  """Removes every entry of the program (`jit_f`) a JAX read-error warning
+  names (it names no key); returns the name, or None for another message."""
   match = _READ_ERROR.search(message)
   if match is None or _NO_CLIENT in message:
     return None
@@ -329,8 +264,8 @@ def repair_entry(folder: str, message: str):
 
 
 def _watch_read_errors(folder: str) -> None:
-  """Replaces JAX's warning per unreadable entry (13 on a garbled cache,
-  every run) by one line per process, and removes the entries."""
+  """Replaces JAX's warning per unreadable entry by one line per process,
+  and removes the entries."""
   previous = warnings.showwarning
   if getattr(previous, "specdec_cache_folder", None) == folder:
     return  # Already watching (a sweep enables once per point).

@@ -1,44 +1,12 @@
-"""Crash-safe file writes: a reader sees the old file or the new one, never half.
+"""Paths, the filesystem layer (local paths and gs:// alike) and safe writes.
 
-Every result file the project writes (metrics, predictions, sweep points,
-reports, benchmark JSON) goes through `atomic_write`:
-
-* a local path: write a temp file in the same folder, flush it to disk,
-  then `os.replace` it over the destination;
-* a `gs://bucket/path`: one upload of the final object (TensorStore's GCS
-  key-value store). GCS has no rename, and needs none here: an object
-  becomes visible only when its upload completes, so a crash mid-write
-  leaves the old object or none. (A temporary object copied over would add
-  a second upload and a cleanup, for nothing.) Writers that finish with a
-  "done" marker write it last (`run`: predictions.jsonl, then
-  metrics.json).
-
-The small filesystem layer beside it (`exists`, `isdir`, `listdir`,
-`read_bytes`, `read_text`, `makedirs`, `remove`) takes local paths and
-gs:// URLs alike. GCS has no folders: a "folder" is the prefix of the
-objects in it, so `makedirs` does nothing there and a folder exists once
-an object is in it. TensorStore finds credentials as Google's client
-libraries do, and reads the endpoint from `TENSORSTORE_GCS_HTTP_URL` (e.g.
-a local GCS emulator; `tests/e2e/test_gcs.py`).
-
-Every gs:// operation waits at most `remote_timeout_s()` seconds (60, or
-the environment's SPECDEC_GCS_TIMEOUT_S) and then raises `RemoteTimeout`
-naming the operation and the path: missing credentials or an unreachable
-endpoint fail in a minute with a clear message instead of hanging.
-
-Every file read back from a cache, an output folder or a checkpoint goes
-through `read_bytes` / `read_text` / `open_text`: a regular file (through a
-link or not) of bounded size, or `RefusedFile` naming it and what it is (a
-FIFO blocks its reader, a link to /dev/zero reads until memory runs out).
-
-JSON is always valid JSON: a non-finite float (which `json` would write as
-`Infinity` / `NaN`) is written as null, with a warning naming its key.
-`probe_writable_dir` lets a command check its output folder at startup.
-
-No local write follows a symbolic link (the default output folders sit
-under world-writable /tmp): files are created new (`mkstemp`, `O_EXCL`),
-set up through their descriptor, and renamed or linked into place, which
-replaces a link rather than writing through it.
+`resolve_path`: a relative path is the current directory's if it exists
+there, else the repository's if it exists there, else the current
+directory's. gs:// goes through TensorStore's GCS key-value store, each
+operation within `remote_timeout_s()` (GCS has no folders). `atomic_write`:
+a reader sees the old file or the new one, never half; no local write
+follows a link. Reads take only regular files of bounded size
+(`RefusedFile`). JSON is always valid: a non-finite float is written null.
 """
 import contextlib
 import errno
@@ -48,6 +16,7 @@ import json
 import logging
 import math
 import os
+import pathlib
 import re
 import socket
 import stat
@@ -56,10 +25,36 @@ from typing import IO, Any, Iterator, List, Optional, Tuple, Union
 import urllib.parse
 import uuid
 
-from specdec_jax.config import paths
 from specdec_jax.core import environment
 
 logger = logging.getLogger(__name__)
+
+PathLike = Union[str, os.PathLike]
+
+REPO_DIR = pathlib.Path(__file__).resolve().parents[2]
+GIN_DIR = REPO_DIR / "gin"  # Always on the gin search path (`gin_reader`).
+
+
+def is_url(path: PathLike) -> bool:
+  """True for ``gs://...`` and other URLs (never resolved locally)."""
+  return "://" in os.fspath(path)
+
+
+def resolve_path(path: Optional[PathLike],
+                 base: Optional[PathLike] = None) -> Optional[str]:
+  """An absolute path for `path` (joined to `base` first if relative), as
+  the module docstring says; None, URLs and absolute paths as given."""
+  if path is None:
+    return None
+  path = os.fspath(path)
+  if base is not None and not os.path.isabs(path) and not is_url(path):
+    path = os.path.join(os.fspath(base), path)
+  if is_url(path) or os.path.isabs(path):
+    return path
+  if os.path.exists(path) or not os.path.exists(REPO_DIR / path):
+    return os.path.abspath(path)
+  return os.path.normpath(REPO_DIR / path)
+
 
 DEFAULT_REMOTE_TIMEOUT_S = 60.0
 TIMEOUT_ENV = "SPECDEC_GCS_TIMEOUT_S"
@@ -70,11 +65,8 @@ class RemoteTimeout(TimeoutError):
 
 
 def remote_timeout_s() -> float:
-  """Seconds any one gs:// operation may take (SPECDEC_GCS_TIMEOUT_S).
-
-  Raises:
-    environment.BadEnvironment: not a finite number of seconds > 0.
-  """
+  """Seconds any one gs:// operation may take (SPECDEC_GCS_TIMEOUT_S;
+  environment.BadEnvironment unless a finite number > 0)."""
   return environment.seconds(TIMEOUT_ENV, DEFAULT_REMOTE_TIMEOUT_S)
 
 
@@ -99,9 +91,6 @@ def _umask() -> int:
   return mask
 
 
-# ---------------------------------------------------------------------------
-# gs:// through TensorStore's GCS key-value store.
-# ---------------------------------------------------------------------------
 def _split_gcs(path: str) -> Tuple[str, str]:
   """gs://bucket/a/b -> ('bucket', 'a/b'); other URLs are refused."""
   m = re.fullmatch(r"gs://([^/]+)/?(.*)", path, re.DOTALL)
@@ -121,16 +110,8 @@ _PROXY_ENVS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
 
 
 def _check_endpoint(bucket: str, endpoint: str) -> None:
-  """Fails in seconds when the GCS endpoint refuses connections.
-
-  TensorStore retries a refused connection until the deadline (60 s); a
-  refusal is an answer, so it is reported at once. Anything else (no
-  answer, a name that does not resolve, a proxy in between) is left to
-  TensorStore and the deadline.
-
-  Raises:
-    RemoteRefused: naming the bucket and the endpoint.
-  """
+  """RemoteRefused at once when the endpoint refuses connections (which
+  TensorStore would retry until the deadline)."""
   if any(os.environ.get(name) for name in _PROXY_ENVS):
     return
   url = urllib.parse.urlsplit(endpoint or _DEFAULT_GCS_ENDPOINT)
@@ -173,8 +154,7 @@ def _gcs_keys(path: str) -> List[str]:
   prefix = key + "/" if key else ""
   end = prefix[:-1] + "0" if prefix else ""  # '0' follows '/'
   found = wait(kv.list(ts.KvStore.KeyRange(prefix, end)), "listing", path)
-  # The range is sent as GCS's startOffset/endOffset; a server that ignores
-  # them (some emulators) answers with every object: filter here too.
+  # Some emulators ignore the range and answer every object: filter too.
   keys = (k.decode("utf-8") for k in found)
   return [k[len(prefix):] for k in keys if k.startswith(prefix)]
 
@@ -185,25 +165,28 @@ def _gcs_read(path: str, byte_range=None):
   return result.value if result.state == "value" else None
 
 
-# The most a read takes unless its caller says otherwise: the files the
-# project reads back (metrics, configs, manifests) are far smaller.
+# Files read back (metrics, configs, manifests) are far smaller.
 DEFAULT_MAX_BYTES = 256 << 20
 
 
 class RefusedFile(OSError):
-  """A file not read: not a regular file (a FIFO blocks its reader,
-  /dev/zero never ends), or over the caller's size limit."""
+  """A file not read: not a regular file, or over the size limit."""
 
   def __str__(self) -> str:
     return f"{self.filename}: {self.strerror}"
 
 
-def _refuse(path: str, mode: int) -> RefusedFile:
-  """The error for `path`, which is not a regular file (`mode`)."""
+def file_kind(mode: int) -> str:
+  """'a folder', 'a FIFO', ... for a file that is not a regular file."""
   kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
            (stat.S_ISCHR, "a character device"),
            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-  what = next((name for test, name in kinds if test(mode)), "a special file")
+  return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def _refuse(path: str, mode: int) -> RefusedFile:
+  """The error for `path`, which is not a regular file (`mode`)."""
+  what = file_kind(mode)
   if os.path.islink(path):
     what = f"a link to {os.path.realpath(path)}, {what}"
   return RefusedFile(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL,
@@ -218,17 +201,9 @@ def _too_large(path: str, size: int, max_bytes: int) -> RefusedFile:
 
 def _open_regular(path: str, max_bytes: Optional[int],
                   follow: bool = True) -> Tuple[int, int]:
-  """(a descriptor, the size) of the regular file `path` (local).
-
-  Opened without blocking (a FIFO's open waits for a writer) and checked by
-  its descriptor before anything is read: a FIFO, a device (a link to
-  /dev/zero), a socket or a folder is refused, as is a file over
-  `max_bytes` (None: no limit). `follow=False` refuses a link as well
-  (ELOOP): a lock is only ever a file a run wrote.
-
-  Raises:
-    RefusedFile: naming the path and what it is; FileNotFoundError.
-  """
+  """(a descriptor, the size) of the local regular file `path`, opened
+  without blocking and checked by descriptor (else RefusedFile);
+  `follow=False` refuses a link too."""
   flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
   try:
     fd = os.open(path, flags)
@@ -267,19 +242,18 @@ def _read_regular(path: str, max_bytes: Optional[int] = DEFAULT_MAX_BYTES,
 
 
 def open_text(path: str, max_bytes: Optional[int] = None) -> IO[str]:
-  """The local regular file `path` opened as UTF-8 text, to read line by
-  line (a file too large to hold); refused as `read_bytes` refuses."""
+  """The local regular file `path` opened as UTF-8 text (refused as
+  `read_bytes` refuses)."""
   fd, _ = _open_regular(path, max_bytes)
   return os.fdopen(fd, "r", encoding="utf-8")
 
 
-def read_bytes(path: Union[str, os.PathLike],
+def read_bytes(path: PathLike,
                max_bytes: Optional[int] = DEFAULT_MAX_BYTES) -> bytes:
-  """The file's bytes: a regular file (`_open_regular`) or gs:// object of
-  at most `max_bytes` (None: no limit); else RefusedFile naming it and why,
-  or FileNotFoundError."""
+  """The bytes of a regular file or gs:// object of at most `max_bytes`
+  (None: no limit); else RefusedFile naming it and why."""
   path = os.fspath(path)
-  if not paths.is_url(path):
+  if not is_url(path):
     return _read_regular(path, max_bytes)
   data = _gcs_read(path)
   if data is None:
@@ -289,38 +263,38 @@ def read_bytes(path: Union[str, os.PathLike],
   return data
 
 
-def read_text(path: Union[str, os.PathLike],
+def read_text(path: PathLike,
               max_bytes: Optional[int] = DEFAULT_MAX_BYTES) -> str:
   """`read_bytes` decoded as UTF-8 (UnicodeDecodeError: not UTF-8)."""
   return read_bytes(path, max_bytes).decode("utf-8")
 
 
-def isfile(path: Union[str, os.PathLike]) -> bool:
+def isfile(path: PathLike) -> bool:
   path = os.fspath(path)
-  if not paths.is_url(path):
+  if not is_url(path):
     return os.path.isfile(path)
   return _gcs_read(path, byte_range=slice(0, 0)) is not None  # no data read
 
 
-def isdir(path: Union[str, os.PathLike]) -> bool:
+def isdir(path: PathLike) -> bool:
   path = os.fspath(path)
-  if not paths.is_url(path):
+  if not is_url(path):
     return os.path.isdir(path)
   return bool(_gcs_keys(path))
 
 
-def exists(path: Union[str, os.PathLike]) -> bool:
+def exists(path: PathLike) -> bool:
   path = os.fspath(path)
-  if not paths.is_url(path):
+  if not is_url(path):
     return os.path.exists(path)
   return isfile(path) or isdir(path)
 
 
-def listdir(path: Union[str, os.PathLike]) -> List[str]:
+def listdir(path: PathLike) -> List[str]:
   """Names in a folder (on GCS: the first part of each object name under
-  it). Raises FileNotFoundError if there is no such folder."""
+  it); FileNotFoundError if there is none."""
   path = os.fspath(path)
-  if not paths.is_url(path):
+  if not is_url(path):
     return os.listdir(path)
   names = sorted({k.split("/", 1)[0] for k in _gcs_keys(path)})
   if not names:
@@ -328,31 +302,30 @@ def listdir(path: Union[str, os.PathLike]) -> List[str]:
   return names
 
 
-def makedirs(path: Union[str, os.PathLike]) -> None:
+def makedirs(path: PathLike) -> None:
   """`os.makedirs(path, exist_ok=True)`; nothing on GCS (no folders)."""
   path = os.fspath(path)
-  if not paths.is_url(path):
+  if not is_url(path):
     os.makedirs(path, exist_ok=True)
   else:
     _split_gcs(path)
 
 
-def remove(path: Union[str, os.PathLike]) -> None:
+def remove(path: PathLike) -> None:
   path = os.fspath(path)
-  if not paths.is_url(path):
+  if not is_url(path):
     os.unlink(path)
     return
   kv, key = _gcs(path)
   wait(kv.write(key, None), "deleting", path)
 
 
-def atomic_write(path: Union[str, os.PathLike], data: Union[str,
-                                                            bytes]) -> None:
+def atomic_write(path: PathLike, data: Union[str, bytes]) -> None:
   """Writes `data` to `path` atomically (creating parent folders)."""
   path = os.fspath(path)
   if isinstance(data, str):
     data = data.encode("utf-8")
-  if paths.is_url(path):
+  if is_url(path):
     kv, key = _gcs(path)
     wait(kv.write(key, data), "writing", path)  # one upload: all or nothing
     return
@@ -366,8 +339,7 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[str,
       f.write(data)
       f.flush()
       os.fsync(f.fileno())
-      # mkstemp creates files with 0600. By descriptor: a path could have
-      # been swapped for a link meanwhile.
+      # mkstemp's 0600, by descriptor (the path could be a link by now).
       os.fchmod(f.fileno(), 0o666 & ~_umask())
     os.replace(tmp, path)  # replaces a link at `path`, never follows it
   except BaseException as e:
@@ -379,9 +351,7 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[str,
     raise
 
 
-# ---------------------------------------------------------------------------
-# Create-if-absent and conditional delete (`experiment.output_dir`'s lock).
-# ---------------------------------------------------------------------------
+# -- create-if-absent and conditional delete (`output_folder`'s lock) --------
 @functools.lru_cache(maxsize=None)
 def _no_value_generation() -> bytes:
   """TensorStore's generation of a missing key ("must not exist")."""
@@ -391,13 +361,9 @@ def _no_value_generation() -> bytes:
 
 
 def create_new(path: str, data: bytes) -> Any:
-  """Writes `path` only if it does not exist (atomically, on the server).
-
-  Returns:
-    An opaque version of what was written (for `remove_if_unchanged`), or
-    None when `path` already existed (nothing written).
-  """
-  if not paths.is_url(path):
+  """Writes `path` only if absent (atomically); a version for
+  `remove_if_unchanged`, or None when it existed."""
+  if not is_url(path):
     return data if _create_new_local(path, data) else None
   kv, key = _gcs(path)
   stamp = wait(kv.write(key, data, if_equal=_no_value_generation()), "creating",
@@ -406,13 +372,8 @@ def create_new(path: str, data: bytes) -> Any:
 
 
 def _create_new_local(path: str, data: bytes) -> bool:
-  """Creates `path` holding `data`, whole, only if it does not exist.
-
-  The data go to a temporary file first, which is then hard-linked to
-  `path` (`link` fails if `path` exists): a reader never sees the file
-  empty or half written (an `O_EXCL` create written afterwards can be read
-  empty in between, and an empty lock would be taken over as stale).
-  """
+  """Creates `path` whole only if absent: a temporary file hard-linked to
+  it, so no reader sees it empty (an empty lock looks stale)."""
   folder = os.path.dirname(path) or "."
   fd, tmp = tempfile.mkstemp(dir=folder, prefix=".create.", suffix=".tmp")
   try:
@@ -451,14 +412,8 @@ def _create_exclusive(path: str, data: bytes) -> bool:
 
 @contextlib.contextmanager
 def _folder_locked(folder: str) -> Iterator[None]:
-  """Holds an exclusive `flock` of `folder` (local) for the block.
-
-  Serializes every check-then-unlink of a lock in the folder, between
-  processes and between threads alike (each `open` is its own lock
-  holder); the kernel drops it when its holder dies, so it is never left
-  behind. Where `flock` is not supported (some network or FUSE mounts)
-  the block runs unserialized.
-  """
+  """An exclusive `flock` of the local `folder` for the block (none where
+  `flock` is not supported)."""
   try:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
   except OSError:
@@ -476,11 +431,9 @@ def _folder_locked(folder: str) -> Iterator[None]:
 
 
 def read_versioned(path: str) -> Tuple[Any, Any]:
-  """(bytes, version) of `path`, or (None, None) when it does not exist.
-
-  Locally `path` must be a regular file, not a link (`_read_regular`).
-  """
-  if not paths.is_url(path):
+  """(bytes, version) of `path` (locally a regular file, not a link), or
+  (None, None) when it does not exist."""
+  if not is_url(path):
     try:
       data = _read_regular(path, follow=False)
       return data, data
@@ -494,16 +447,10 @@ def read_versioned(path: str) -> Tuple[Any, Any]:
 
 
 def remove_if_unchanged(path: str, version: Any) -> bool:
-  """Deletes `path` if it is still the `version` read; whether it did.
-
-  On gs:// the condition is checked by the server. Locally the check and
-  the unlink are two steps, run under an `flock` of the folder: every
-  remover takes it, and a lock is otherwise only created where none is
-  (`create_new`), so what was checked is what is unlinked. (Unserialized,
-  two takers of one stale lock both read it, and the later unlink removed
-  the first taker's new lock: both held the folder.)
-  """
-  if not paths.is_url(path):
+  """Deletes `path` if it is still `version`; whether it did. Checked by
+  the server on gs://; locally under the folder's `flock`, which every
+  remover takes (else two takers of a stale lock could both hold it)."""
+  if not is_url(path):
     with _folder_locked(os.path.dirname(path) or "."):
       try:
         if _read_regular(path, follow=False) != version:
@@ -517,16 +464,11 @@ def remove_if_unchanged(path: str, version: Any) -> bool:
   return bool(stamp.generation)
 
 
-def probe_writable_dir(path: Union[str, os.PathLike]) -> None:
-  """Creates `path` if needed and writes and removes a file in it (on
-  gs://, an object).
-
-  Raises:
-    ValueError: `path` (or a parent) is a file, or the folder cannot be
-      created or written; the message says why and what is allowed.
-  """
+def probe_writable_dir(path: PathLike) -> None:
+  """Creates `path` if needed and writes and removes a file (or gs://
+  object) in it; ValueError saying why not and what is allowed."""
   path = os.fspath(path)
-  if paths.is_url(path):
+  if is_url(path):
     remote_timeout_s()  # a bad SPECDEC_GCS_TIMEOUT_S is named as such
     probe = path.rstrip("/") + f"/.write_probe.{uuid.uuid4().hex}.tmp"
     try:
@@ -572,17 +514,9 @@ def json_safe(obj: Any, where: str = "") -> Any:
   return obj
 
 
-def write_json(path: Union[str, os.PathLike], obj: Any) -> None:
+def write_json(path: PathLike, obj: Any) -> None:
   """Atomically writes `obj` as indented JSON (non-finite floats -> null)."""
   atomic_write(
       path,
       json.dumps(json_safe(obj), indent=2, sort_keys=True, allow_nan=False) +
       "\n")
-
-
-def write_jsonl(path: Union[str, os.PathLike], rows) -> None:
-  """Atomically writes one JSON object per line (non-finite -> null)."""
-  atomic_write(
-      path, "".join(
-          json.dumps(json_safe(r), ensure_ascii=False, allow_nan=False) + "\n"
-          for r in rows))

@@ -1,25 +1,10 @@
 """The folder a command writes: one command at a time, and what it replaces.
 
-Every command that writes a folder calls `claim` at start-up, before any
-work: `run` and `sweep` (OUTPUT_DIR, `experiment.output_dir`), `certify`
-(OUTPUT_DIR), `train` (MODEL_DIR) and the device check (--out). In order:
-
-1. SPECDEC_LOCK_STALE_S is read (`stale_after_s`): a bad value is named
-   before anything is created;
-2. the folder is created if needed and probed (`prepare`): a file, a path
-   under a file or a folder this user cannot write is one line naming the
-   setting, exit 2;
-3. its lock is taken (`acquire`): a second command on the folder is
-   refused, naming the first;
-4. the overwrite rule (`refuse_others`): a result there recorded with
-   other settings than this run's, or with none, is refused unless the
-   user's overwrite setting is on; the same settings may always run again.
-
-`Claim.release` gives the lock back and removes the folder again when the
-claim created it and it stayed empty. Each command says what its settings
-are and which results it protects (`Result`); the rule, the lock and the
-messages are the same for all. This module imports no JAX and no gin (the
-device check's parent process uses it).
+Every command that writes a folder calls `claim` before any work: the
+folder is created and probed, its lock taken (stale rule:
+docs/usage/failures.md), and a result of other settings (or of none)
+refused unless overwrite is on. No JAX, no gin here (the device check's
+parent process uses it).
 """
 import contextlib
 import dataclasses
@@ -34,7 +19,6 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence
 from typing import Union
 import uuid
 
-from specdec_jax.config import paths
 from specdec_jax.config.flag_utils import ConfigError
 from specdec_jax.core import environment
 from specdec_jax.files import io_utils
@@ -51,26 +35,9 @@ class LockedError(FolderError):
 
 
 # -- lock ----------------------------------------------------------------------
-# One command at a time per folder: a lock object held for the command's life.
-#
-# `hold(folder)` creates `folder/.specdec.lock` only if it does not exist
-# (locally `O_CREAT|O_EXCL`; on gs:// a TensorStore write whose precondition
-# is "no such object", which GCS checks on the server, `ifGenerationMatch=0`).
-# It holds a JSON record: program, pid, host, start time and a random token.
-# A second command on the same folder finds it and is refused at startup,
-# naming the holder. The lock is deleted when the command ends (also on an
-# error or Ctrl-C), only if it is still the one this command wrote.
-#
-# A killed command (SIGKILL, power loss) leaves its lock behind. It is
-# *stale*, and taken over with a warning, when
-# * it names this host and its pid is not a live process here, or
-# * it is older than `stale_after_s()` (24 h, or SPECDEC_LOCK_STALE_S): the
-#   only test possible for a lock written on another host, or on gs://.
-# Otherwise delete the file by hand after checking nothing uses the folder.
-# Taking over is atomic: locally the check and the unlink run under an
-# `flock` of the folder (`io_utils.remove_if_unchanged`), so of several
-# starters exactly one takes a stale lock over. A local lock that is not a
-# regular file (a folder, a link) is refused, named, and left as it is.
+# `folder/.specdec.lock`, created only if absent (`io_utils.create_new`),
+# holding who took it; deleted at the end only if still ours. A stale one
+# (dead pid on this host, or older than `stale_after_s()`) is taken over.
 LOCK_FILE = ".specdec.lock"
 DEFAULT_STALE_AFTER_S = 24 * 3600.0
 STALE_ENV = "SPECDEC_LOCK_STALE_S"
@@ -148,8 +115,7 @@ def _not_a_lock(folder: str, name: str, path: str,
     return LockedError(f"{name}={folder!r}: cannot read its lock {path}: "
                        f"{error.strerror or error}. Check its permissions, or "
                        f"choose another {name}.")
-  kind = ("a folder" if stat.S_ISDIR(mode) else
-          "a symbolic link" if stat.S_ISLNK(mode) else "a special file")
+  kind = ("a symbolic link" if stat.S_ISLNK(mode) else io_utils.file_kind(mode))
   remove = "rmdir" if kind == "a folder" else "rm"
   return LockedError(
       f"{name}={folder!r}: {path} is {kind}, not a lock file a run "
@@ -179,14 +145,9 @@ class Lock:
 
 def acquire(folder: str, program: str = "run",
             name: str = "OUTPUT_DIR") -> Lock:
-  """Takes `folder`'s lock (the folder must exist; gs://: any prefix);
-  `name` is the setting the user gave the folder by.
-
-  Raises:
-    LockedError: another command holds it (named in the message).
-    FolderError: SPECDEC_LOCK_STALE_S is not a number of seconds > 0.
-  """
-  stale_after_s()  # a bad value is named now, not at the first stale lock
+  """Takes the existing `folder`'s lock (`name`: its setting); LockedError
+  naming the holder, FolderError for a bad SPECDEC_LOCK_STALE_S."""
+  stale_after_s()  # named now, not at the first stale lock
   path = folder.rstrip("/") + "/" + LOCK_FILE
   data = json.dumps(_record(program), sort_keys=True).encode("utf-8")
   for _ in range(3):  # a stale lock is removed, then created anew
@@ -196,7 +157,7 @@ def acquire(folder: str, program: str = "run",
     try:
       held, held_version = io_utils.read_versioned(path)
     except OSError as e:
-      if paths.is_url(path):
+      if io_utils.is_url(path):
         raise
       raise _not_a_lock(folder, name, path, e) from None
     if held is None:
@@ -209,8 +170,7 @@ def acquire(folder: str, program: str = "run",
           "writing one folder would overwrite each other's files. Wait for "
           f"it to end, or choose another {name}. (If no such run exists, "
           f"delete {path}.)")
-    # Conditional and serialized: if another starter took it over
-    # meanwhile, its new lock stays.
+    # Conditional: another starter's new lock stays.
     if io_utils.remove_if_unchanged(path, held_version):
       logger.warning("Took over the stale lock %s (%s).", path, stale)
   raise LockedError(f"{name}={folder!r}: could not take its lock {path} "
@@ -231,14 +191,8 @@ def hold(folder: str, program: str = "run",
 # -- the overwrite rule --------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Result:
-  """A result in the folder, and the settings it was written with.
-
-  Attributes:
-    name: its name in the folder (a file, or a checkpoint's folder).
-    settings: the settings it records, comparable to the run's (None: it
-      records none: another program, or an older version).
-    kept: a partial result a run that did not finish kept.
-  """
+  """A result in the folder, the settings it records (None: none), and
+  whether an unfinished run kept it."""
   name: str
   settings: Any
   kept: bool = False
@@ -253,8 +207,7 @@ def recorded_settings(path: str) -> Any:
 
 
 def json_results(names: Sequence[str]) -> Callable[[str], Iterator[Result]]:
-  """The results: those of `names` in the folder, each a JSON file with
-  its `settings` (`recorded_settings`)."""
+  """The results: the JSON files `names` in the folder."""
 
   def results(folder: str) -> Iterator[Result]:
     for file_name in names:
@@ -289,13 +242,8 @@ def how_to_pass(overwrite_flag: str) -> str:
 
 def refuse_others(folder: str, settings: Any, results: Iterable[Result], *,
                   name: str, overwrite: bool, overwrite_flag: str) -> None:
-  """The overwrite rule: every result of other settings (or of none) is
-  refused unless `overwrite` (then replaced, with a warning).
-
-  Raises:
-    FolderError: naming the result, how its settings differ, and
-      `overwrite_flag`.
-  """
+  """FolderError for a result of other settings (or none) unless
+  `overwrite` (then a warning), naming it, the diff and `overwrite_flag`."""
   for result in results:
     if result.settings == settings:
       continue
@@ -329,12 +277,8 @@ def _remove_if_empty(folder: str) -> None:
 
 def prepare(folder: str, name: str = "OUTPUT_DIR") -> bool:
   """Creates and probes `folder`; whether this call created it.
-
-  Raises:
-    FolderError: a file, a path under one, or not writable (one line
-      naming `name`, the folder and what is allowed).
-  """
-  created = not paths.is_url(folder) and not os.path.exists(folder)
+  FolderError naming `name`, the folder and what is allowed."""
+  created = not io_utils.is_url(folder) and not os.path.exists(folder)
   try:
     io_utils.probe_writable_dir(folder)
   except ValueError as e:
@@ -371,25 +315,11 @@ def claim(folder: str, settings: Any, results: ResultsOf = (), *,
           name: str = "OUTPUT_DIR", program: str = "run",
           overwrite: bool = False,
           overwrite_flag: str = "OVERWRITE=True") -> Claim:
-  """Claims `folder` for a command (the module docstring's steps 1-4).
-
-  Args:
-    folder: the folder (local or gs://).
-    settings: this run's settings record, as results record theirs.
-    results: the result files it protects (names of JSON files recording
-      `settings`), or a function listing the folder's `Result`s.
-    name: the setting the user gave it by ('OUTPUT_DIR', 'MODEL_DIR',
-      '--out'); every message names it.
-    program: the command (the lock's record: who holds the folder).
-    overwrite: replace results of other settings.
-    overwrite_flag: how the user sets `overwrite` ('OVERWRITE=True', a gin
-      macro or binding; '--overwrite', a flag).
-
-  Raises:
-    FolderError: a bad SPECDEC_LOCK_STALE_S, a folder that cannot be one,
-      another command holding it (LockedError), or a result of other
-      settings without `overwrite`.
-  """
+  """Claims `folder` (local or gs://) for `program`, as the module says:
+  `settings` is this run's record, `results` the JSON result files it
+  protects (or a function listing `Result`s), `name` the setting the user
+  gave the folder by, `overwrite_flag` how the user sets `overwrite`.
+  FolderError (LockedError: in use) for any of the module's refusals."""
   stale_after_s()
   created = prepare(folder, name)
   listed = (results if callable(results) else json_results(tuple(results)))

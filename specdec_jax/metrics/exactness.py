@@ -1,19 +1,8 @@
-"""Exactness, measured: greedy identity and the two-sample distribution test.
-
-The one place the project compares a speculative decoder's output with the
-target alone's (`certify`, the device check, the benchmarks):
-
-* `greedy_identity` (or `GreedyIdentity`, batch by batch): at T = 0 the two
-  decoders' tokens must be equal, example for example; every mismatch is
-  listed with its first differing position.
-* `two_sample_chisquare`: are two sets of generated sequences draws of one
-  distribution?
-* `distribution_test`: at T > 0, the speculative decoder's draws against the
-  target alone's (must pass) and against a deliberately wrong target's
-  (must fail: the test's power to see an error of that size).
-
-NumPy only (SciPy for the chi-square tail), no JAX and no gin: the device
-check runs it where gin is not installed, and its tests compile nothing.
+"""Exactness, measured, the one place the project compares a speculative
+decoder's output with the target alone's (`certify`, the device check, the
+benchmarks): greedy identity at T = 0 and, at T > 0, a two-sample chi-square
+test with a power check. NumPy and SciPy only (no JAX, no gin): the device
+check runs it where gin is not installed.
 """
 from typing import Any, Callable, Dict, List, Union
 
@@ -23,23 +12,16 @@ Record = Dict[str, Any]
 
 
 class GreedyIdentity:
-  """Greedy identity counted batch by batch.
-
-  `add` each batch's target-alone and speculative tokens ([B, ...], the
-  rows are examples); `record()` is `greedy_identity`'s dict over every
-  example added, indexed in the order they were added.
-  """
+  """Greedy identity counted batch by batch: `add` each batch's tokens,
+  `record()` is `greedy_identity`'s dict over every example added."""
 
   def __init__(self):
     self.examples = 0
     self.mismatches: List[Dict[str, int]] = []
 
   def add(self, base: Any, spec: Any) -> None:
-    """Compares one batch: `base` [B, ...] and `spec` of the same shape.
-
-    Raises:
-      ValueError: the shapes differ, or an array has no example axis.
-    """
+    """Compares `base` [B, ...] with `spec`; ValueError unless one shape
+    with an example axis."""
     base, spec = np.asarray(base), np.asarray(spec)
     if base.shape != spec.shape or base.ndim < 1:
       raise ValueError(
@@ -63,15 +45,9 @@ class GreedyIdentity:
 
 
 def greedy_identity(base: Any, spec: Any) -> Record:
-  """The target alone's tokens `base` [N, ...] against the speculative
-  decoder's `spec`, example by example.
-
-  Returns:
-    {'examples': N, 'identical': the examples equal in every token,
-    'mismatches': [{'index': the example, 'position': its first differing
-    token (in the flattened example when it has more than one axis, e.g.
-    beams × length)}]}.
-  """
+  """`base` [N, ...] (the target alone's tokens) against `spec`: {'examples':
+  N, 'identical': examples equal in every token, 'mismatches': [{'index',
+  'position': the flattened example's first differing token}]}."""
   tally = GreedyIdentity()
   tally.add(base, spec)
   return tally.record()
@@ -79,21 +55,8 @@ def greedy_identity(base: Any, spec: Any) -> Record:
 
 def two_sample_chisquare(a: Any, b: Any,
                          min_expected: float = 5.0) -> Dict[str, float]:
-  """Chi-square test of homogeneity of two samples of token sequences.
-
-  Each distinct row is a cell of a 2 x cells contingency table; cells whose
-  expected count under the null (one distribution) is below
-  `min_expected` in either sample are pooled into one cell.
-
-  Args:
-    a: [N, T] integer sequences (one per row).
-    b: [M, T] integer sequences of the same length T.
-    min_expected: the smallest expected count a cell keeps alone.
-
-  Returns:
-    {'statistic', 'dof', 'p_value', 'cells'}; p_value 1.0 when fewer than
-    two cells remain.
-  """
+  """Chi-square homogeneity test of rows a [N, T], b [M, T] (cells expected
+  below `min_expected` pooled): {'statistic', 'dof', 'p_value', 'cells'}."""
   a, b = np.asarray(a), np.asarray(b)
   if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
     raise ValueError(f"two samples [N, T] and [M, T] needed, got {a.shape} "
@@ -131,24 +94,10 @@ def two_sample_chisquare(a: Any, b: Any,
 def distribution_test(draws: Any, target_draws: Any,
                       wrong_draws: Union[Any, Callable[[], Any]], *,
                       significance: float, fail_fast: bool = False) -> Record:
-  """The speculative decoder's draws against the target alone's, and the
-  test's power against a deliberately wrong target's.
-
-  Args:
-    draws: [M, L] the speculative decoder's first L tokens, M draws.
-    target_draws: [M', L] the target alone's.
-    wrong_draws: [M'', L] a deliberately wrong target's (e.g. at 0.9 × the
-      temperature), or a function drawing them, called only when the power
-      check runs.
-    significance: p below this fails a test; the power check must fail.
-    fail_fast: a failed test skips the power check.
-
-  Returns:
-    {'test': `two_sample_chisquare` against the target, 'passed': its p >=
-    significance, 'power_check': against the wrong target (None when
-    skipped), 'power_ok': its p < significance (None when skipped)}, plus
-    'skipped': ['power_check'] when it was.
-  """
+  """{'test', 'passed', 'power_check', 'power_ok'}: the speculative draws
+  [M, L] against the target alone's (passed: p >= significance) and a wrong
+  target's (`wrong_draws` or a function drawing them: power_ok: p below);
+  with `fail_fast`, a failed test skips the power check ('skipped')."""
   if not 0.0 < significance < 1.0:
     raise ValueError(f"significance={significance!r}: allowed: a number in "
                      "(0, 1).")

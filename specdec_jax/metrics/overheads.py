@@ -1,14 +1,6 @@
-"""Where a run's walltime goes beyond Theorem 3.8's model (issue 32).
-
-Two views for metrics.json, both from what `walltime.decode_examples`
-measured anyway (no extra timing):
-
-* `efficiency_split`: Table 2's efficiency (speedup / Theorem 3.8 at the
-  measured call cost) as a product of factors: the outputs' sentence ends,
-  acceptance that is not i.i.d., the outputs' lengths, and time.
-* `fixed_cost_metrics`: each decoder's walltime as a fixed cost per example
-  plus a marginal cost per loop iteration, from a least-squares line
-  through its batches (`BatchTimes`, `fixed_and_marginal`).
+"""Where a run's walltime goes beyond Theorem 3.8 (issue 32), from what
+`walltime.decode_examples` measured anyway: the efficiency split and each
+decoder's fixed cost per example and marginal cost per iteration.
 """
 import dataclasses
 from typing import Any, Dict, Optional, Tuple
@@ -20,16 +12,8 @@ from specdec_jax.metrics import analysis
 
 @dataclasses.dataclass(frozen=True)
 class BatchTimes:
-  """Each timed batch's seconds and loop iterations (N batches).
-
-  Attributes:
-    seconds_base / seconds_spec: [N] each decoder's timed call.
-    iterations_base / iterations_spec: [N] the loop's iterations in that
-      call: its rows' most target calls (the loop runs until its last row
-      is done).
-    rows: [N] the batch's rows (examples and padding rows alike: every row
-      is decoded).
-  """
+  """Each of N timed batches: [N] seconds and loop iterations (its rows'
+  most target calls) of each decoder, and its rows (padding included)."""
   seconds_base: np.ndarray
   seconds_spec: np.ndarray
   iterations_base: np.ndarray
@@ -39,9 +23,8 @@ class BatchTimes:
 
 def fixed_and_marginal(seconds: np.ndarray,
                        iterations: np.ndarray) -> Optional[Tuple[float, float]]:
-  """(intercept, slope) of the least-squares line seconds = a + b·iterations
-  over the batches: a batch's fixed cost (dispatch, encoders, set-up) and
-  one iteration's; None with fewer than 3 batches or 2 distinct counts."""
+  """(fixed cost, cost of an iteration): the least-squares line of seconds
+  against iterations; None below 3 batches or 2 distinct counts."""
   if len(seconds) < 3 or len(np.unique(iterations)) < 2:
     return None
   slope, intercept = np.polyfit(np.asarray(iterations, np.float64),
@@ -51,17 +34,9 @@ def fixed_and_marginal(seconds: np.ndarray,
 
 def fixed_cost_metrics(batches: Optional[BatchTimes], target_step_s: float,
                        iteration_model_s: float) -> Dict[str, Any]:
-  """Each decoder's walltime split into a fixed cost per example and a
-  marginal cost per loop iteration ({} when the batches fix no line):
-
-    fixed_cost_per_example_s: {"baseline", "speculative"}: the line's
-      intercept over the batch's rows (dispatch, both encoders, set-up);
-    marginal_baseline_overhead: the baseline's slope / target_step_s;
-    marginal_iteration_overhead: the speculative slope /
-      iteration_model_s, an iteration's priced model calls (γ·draft step +
-      verification call; ACCEPTANCE='tree': γ draft depths and the tree
-      call).
-  """
+  """metrics.json's `fixed_cost_per_example_s` (intercept / rows) and
+  `marginal_*_overhead` (slope / target_step_s or iteration_model_s, an
+  iteration's priced calls); {} when the batches fix no line."""
   if batches is None:
     return {}
   base = fixed_and_marginal(batches.seconds_base, batches.iterations_base)
@@ -82,26 +57,11 @@ def fixed_cost_metrics(batches: Optional[BatchTimes], target_step_s: float,
 def efficiency_split(alpha: float, gamma: int, spec_tokens: np.ndarray,
                      calls_base: int, calls_spec: int,
                      theory: Dict[str, float]) -> Dict[str, Any]:
-  """Where Table 2's efficiency (speedup / Theorem 3.8 at the measured call
-  cost) goes, as factors whose product is the efficiency (batch rows each
-  count their own target calls, so this holds at any batch size):
-
-    sentence_ends: Equation (1) with each output's last call cut at its
-      end (`analysis.expected_tokens_per_call_with_ends`) / Equation (1);
-    acceptance: measured tokens per call / that: what i.i.d. acceptance at
-      the measured α does not explain (α varies by position and sentence);
-    output_lengths: the baseline's tokens / speculative decoding's (1 at
-      T = 0; sampled outputs differ in length);
-    time: baseline_overhead / iteration_overhead: each decoder's walltime
-      per target call against its priced model calls (fixed costs per
-      example, dispatch, loop work).
-
-  Args:
-    spec_tokens: [N, T] speculative decoding's tokens (0 after EOS).
-    calls_base / calls_spec: each decoder's target calls, summed over rows
-      (the baseline's are its tokens).
-    theory: `baseline_overhead` and `iteration_overhead`.
-  """
+  """metrics.json's `efficiency_split` (factors whose product is speedup /
+  Theorem 3.8 at the measured call cost, as `RunMetrics` defines them) and
+  Equation (1) without and with sentence ends, from the [N, T] speculative
+  tokens (0 after EOS), each decoder's target calls summed over rows and
+  `theory`'s `baseline_overhead` and `iteration_overhead`."""
   lengths = np.sum(spec_tokens != 0, axis=1)
   tokens = int(lengths.sum())
   if tokens == 0 or calls_spec == 0:

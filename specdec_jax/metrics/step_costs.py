@@ -1,6 +1,6 @@
-"""What a run's calls cost: the target's k-token calls and one guess of
-the drafter as the loop makes it, timed the one way `timing` defines. c of
-Definition 3.7 and the verification call's cost in target steps come from
+"""What a run's calls cost, timed the one way `timing` defines: the
+target's k-token (or tree) calls and one guess of the drafter as the loop
+makes it; c (Definition 3.7) and the call cost in target steps come from
 here.
 """
 import dataclasses
@@ -19,22 +19,15 @@ from specdec_jax.core.protocols import Drafter
 from specdec_jax.core.protocols import target_encoder_output
 from specdec_jax.metrics import timing
 
-# Calls per timed program and interleaved rounds: ~1/4 of `timing`'s
-# defaults, so that pricing c costs a run seconds, not tens of seconds; the
-# ratios are medians of per-round ratios all the same.
+# Calls per timed program and rounds: ~1/4 of `timing`'s defaults, so that
+# pricing costs a run seconds (the ratios are medians of per-round ratios).
 STEPS, REPEATS = 32, 5
 
 
 @dataclasses.dataclass(frozen=True)
 class Pricing:
-  """How a run prices its calls: the clock and its sizes (a run takes it
-  from `plan.Providers.pricing`; tests hand in stand-in seconds).
-
-  Attributes:
-    call_seconds: (calls, encoder_input_tokens, *, fill, cache_len, steps,
-      repeats) -> {name: seconds of one call} (`timing.call_seconds`).
-    steps, repeats: calls per timed program, timed rounds.
-  """
+  """How a run prices its calls (`plan.Providers.pricing`; tests hand in
+  stand-in seconds): `timing.call_seconds`' signature, steps and repeats."""
   call_seconds: Callable[..., Dict[Any, float]] = timing.call_seconds
   steps: int = STEPS
   repeats: int = REPEATS
@@ -53,38 +46,11 @@ def price_calls(
     args: Any, drafter, target, batch: jax.Array, target_ks: Tuple[int, ...],
     fill: int, context: jax.Array, pricing: Pricing = PRICING,
     draft_gamma: Optional[int] = None) -> Tuple[Dict[int, float], float]:
-  """The target's k-token calls and one guess of the drafter, in seconds.
-
-  Timed the one way `timing.call_seconds` defines, in interleaved rounds,
-  on `batch`, with a cache of max_decode_length + max(target_ks) slots (the
-  speculative loop's when max(target_ks) = γ+1) filled to `fill`. Every
-  drafter, a draft model included, is priced as the loop runs it: one
-  `propose` of γ = max(target_ks) - 1 guesses on a real context (rolled
-  back each call, sampling and bookkeeping included), divided by γ — not a
-  bare one-token draft call, which leaves out what a guess costs around it.
-
-  Args:
-    args: the run's arguments.
-    drafter: the run's drafter.
-    target: the target model (plain: the baseline's step; a drafter that
-      reads the target's hidden states gets the verification calls timed
-      on `target.with_features()`, as the loop runs them, and is given
-      the target's features over `context`: `FeaturesGiven`).
-    batch: [B, S] the encoder inputs.
-    target_ks: the target's k values to time (1, a step, is always
-      timed; γ+1: the call).
-    fill: the mean output length (clipped to the cache).
-    context: [B, T] the target's own output for `batch` (what the drafter
-      reads: e.g. `plan.baseline(batch, rng).tokens`).
-    pricing: the clock and its sizes (`Pricing`).
-    draft_gamma: the γ of the timed `propose` (None: max(target_ks) - 1;
-      given when the target's calls are known and only a step is timed
-      beside the drafter: target_ks = (1,)).
-
-  Returns:
-    ({k: seconds of the target's k-token call}, seconds of one guess: c's
-    numerator).
-  """
+  """({k: seconds of the target's k-token call, k = 1 always}, seconds of
+  one guess), timed on `batch` [B, S] with the loop's cache filled to
+  `fill`; a guess as the loop makes it, one `propose` of γ (draft_gamma, or
+  max(target_ks) - 1) guesses on `context` [B, T], rolled back, over γ (a
+  drafter reading the target's hidden states is given them)."""
   gamma = max(target_ks) - 1 if draft_gamma is None else int(draft_gamma)
   if gamma < 1 or max(target_ks) > gamma + 1:
     raise ValueError(f"draft_gamma={draft_gamma} with target_ks={target_ks}: "
@@ -93,15 +59,9 @@ def price_calls(
   fill = min(max(1, fill), cache_len - gamma - 1)
   inputs = jnp.asarray(multihost.to_host(batch), jnp.int32)
   drafter = decoding.as_drafter(drafter)
-  # Jitted: op by op, a draft model's encoder takes seconds to start.
-  state = jax.jit(lambda d, x, e: d.init(x, cache_len, e))(
-      drafter, inputs,
-      target_encoder_output(target,
-                            timing.start(target, inputs, max_len=cache_len)))
+  state = _init(drafter, inputs, cache_len, _encoded(target, inputs, cache_len))
   buffer = _context_buffer(context, gamma)
-  # The verification calls as the loop makes them: with the target's
-  # features kept when the drafter reads them; a step (k = 1) is the
-  # baseline's, the plain target's.
+  # A step (k = 1) is the baseline's, on the plain target.
   verifier = decoding.speculative_target(target, drafter)
   drafter = _given_features(drafter, verifier, inputs, buffer[:, :fill + 2],
                             cache_len)
@@ -117,6 +77,20 @@ def price_calls(
   return seconds, seconds.pop("draft") / gamma
 
 
+def _encoded(target: Any, inputs: jax.Array, cache_len: int) -> Any:
+  """The target's encoder output on `inputs`, for the drafter's init."""
+  return target_encoder_output(target,
+                               timing.start(target, inputs, max_len=cache_len))
+
+
+def _init(drafter: Any, inputs: jax.Array, max_len: int,
+          encoder_output: Any) -> Any:
+  """`drafter.init`, jitted: op by op a draft model's encoder takes seconds
+  to start."""
+  return jax.jit(lambda d, x, e: d.init(x, max_len, e))(drafter, inputs,
+                                                        encoder_output)
+
+
 def _context_buffer(context: jax.Array, gamma: int) -> jax.Array:
   """[B, 1 + T + γ + 2] int32: a start slot (0), `context` [B, T] (the
   target's own output), then room for the γ + 2 tokens a call writes."""
@@ -127,9 +101,8 @@ def _context_buffer(context: jax.Array, gamma: int) -> jax.Array:
 
 def _given_features(proposing: Any, verifier: Any, inputs: jax.Array,
                     tokens: jax.Array, cache_len: int) -> Any:
-  """`proposing` (a drafter or tree drafter) as it is, or, when it reads the
-  target's hidden states, given the verifier's over `tokens` [B, n]
-  (`FeaturesGiven`), as the loop gives them from the target's state."""
+  """`proposing` (a drafter or tree drafter), given the verifier's hidden
+  states over `tokens` [B, n] when it reads them (`FeaturesGiven`)."""
   if not proposing.reads_target_features:
     return proposing
   return FeaturesGiven(proposing,
@@ -138,15 +111,8 @@ def _given_features(proposing: Any, verifier: Any, inputs: jax.Array,
 
 def context_features(target: Any, inputs: jax.Array, tokens: jax.Array,
                      cache_len: int) -> jax.Array:
-  """[B, cache_len, F] the target's hidden states after it is fed `tokens`.
-
-  Args:
-    target: a target that keeps its features (`with_features()`).
-    inputs: [B, S] the encoder inputs.
-    tokens: [B, n] int32 the context, start token first (n <= cache_len):
-      entries [:, :n] of the result are the target's own.
-    cache_len: the cache's slots.
-  """
+  """[B, cache_len, F] hidden states of `target` (`with_features()`) after
+  it is fed `tokens` [B, n] (start token first) on `inputs` [B, S]."""
 
   @jax.jit
   def fed(target, inputs, tokens):
@@ -158,15 +124,8 @@ def context_features(target: Any, inputs: jax.Array, tokens: jax.Array,
 
 @flax.struct.dataclass
 class FeaturesGiven(Drafter):
-  """A drafter that reads the target's hidden states, with them fixed.
-
-  For pricing only (`timing.Proposer` calls `propose` as the loop calls
-  every drafter): `propose` hands `features` [B, max_len, F], the target's
-  hidden states over a real context (`context_features`), to the drafter
-  as `target_features`, as the loop does from the target's state. The
-  drafter's work is the same; the loop's read of the features is not
-  timed (a slice of an array the target call already wrote).
-  """
+  """For pricing: a drafter reading the target's hidden states, given fixed
+  `features` [B, max_len, F] as the loop gives them (that read untimed)."""
   drafter: Any
   features: jax.Array
 
@@ -189,7 +148,6 @@ class FeaturesGiven(Drafter):
     return self.drafter.rollback(state, length)
 
   def propose_tree(self, state, buffer, length, rng, *, gamma, width, method):
-    """The tree drafter's `propose_tree`, given the features as well."""
     return self.drafter.propose_tree(state, buffer, length, rng, gamma=gamma,
                                      width=width, method=method,
                                      target_features=self.features)
@@ -198,25 +156,13 @@ class FeaturesGiven(Drafter):
     return self.drafter.rollback_tree(state, length, branch)
 
 
-# -- tree costs ----------------------------------------------------------------
-# What an ACCEPTANCE='tree' run's calls cost: the target's tree call over
-# 1 + k·γ nodes and one depth of the k-branch draft, timed as `price_calls`
-# times a token-verification run's calls (`timing.call_seconds`).
-#
-# `timing` times anything with `start` and `decode_chunk` (a target call) or
-# `propose` and `rollback` (a drafter); `TreeCall` and `TreeProposer` give the
-# tree loop's two calls those shapes, so that they are timed the one way the
-# project defines, interleaved with the one-token target step.
+# -- Tree costs ----------------------------------------------------------------
+# `TreeCall` and `TreeProposer` give the tree loop's two calls the shapes
+# `timing` times (a k-token call, a `propose`).
 @flax.struct.dataclass
 class TreeCall:
-  """The tree loop's target call as a k-token call (`timing.call_loop`):
-  `decode_chunk(tokens [B, 1 + k·γ], cache)` scores them as the loop's
-  chain tree (`tree_acceptance.chain_parents`).
-
-  Attributes:
-    target: a `protocols.TreeTarget`.
-    parents: the tree's 1 + k·γ parent indices (static).
-  """
+  """The tree loop's target call (a `protocols.TreeTarget`) as a k-token
+  call: `decode_chunk` scores tokens [B, N] as the tree of `parents`."""
   target: Any
   parents: Tuple[int, ...] = flax.struct.field(pytree_node=False)
 
@@ -230,15 +176,8 @@ class TreeCall:
 
 @flax.struct.dataclass
 class TreeProposer:
-  """The tree loop's drafting as a `propose` of γ guesses
-  (`timing.propose_loop`): one `propose_tree` of k branches, then the
-  `rollback_tree` to one branch the loop makes after each call.
-
-  Attributes:
-    drafter: a tree drafter (`drafters.as_tree_drafter`), or one given
-      the target's features (`FeaturesGiven`).
-    width: k (static).
-  """
+  """The tree loop's drafting as a `propose`: one `propose_tree` of `width`
+  branches of a tree drafter, then its `rollback_tree` to one branch."""
   drafter: Any
   width: int = flax.struct.field(pytree_node=False)
 
@@ -264,24 +203,9 @@ class TreeProposer:
 def price_tree_calls(args: Any, drafter, target, batch: jax.Array, fill: int,
                      context: jax.Array,
                      pricing: Pricing = PRICING) -> Tuple[float, float, float]:
-  """(one-token target step, one depth of the k-branch draft, the tree call
-  over 1 + k·γ nodes), in seconds, interleaved (`timing.call_seconds`).
-
-  As `price_calls`, with the tree loop's caches (the target's
-  max_decode_length + 1 + k·γ slots, the draft's max_decode_length + γ + 1)
-  filled to `fill`; the draft's seconds are one `propose_tree` of k
-  branches of γ guesses (and its rollback to one branch), divided by γ.
-
-  Args:
-    args: the run's arguments (γ, and its decode mode a tree's:
-      `decode_modes.TreeMode`, its width and draws).
-    drafter: the run's drafter (a draft model or `ModelDrafter`).
-    target: the target model (a `protocols.TreeTarget`).
-    batch: [B, S] the encoder inputs.
-    fill: the mean output length (clipped to the caches).
-    context: [B, T] the target's own output for `batch`.
-    pricing: the clock and its sizes (`Pricing`).
-  """
+  """(target step, one depth of the k-branch draft, the tree call over
+  1 + k·γ nodes) in seconds, as `price_calls` with the tree loop's caches;
+  `args.decode_mode` is a `decode_modes.TreeMode`."""
   tree = args.decode_mode
   gamma, width = int(args.gamma), int(tree.width)
   nodes = 1 + width * gamma
@@ -292,16 +216,12 @@ def price_tree_calls(args: Any, drafter, target, batch: jax.Array, fill: int,
   tree_drafter = tree_drafters.as_tree_drafter(drafter,
                                                tree.without_replacement)
   buffer = _context_buffer(context, gamma)
-  # A feature-level draft: the tree call on the target keeping its hidden
-  # states, the draft given them over the context (`step_costs`).
   verifier = decoding.speculative_target(target, drafter)
   tree_drafter = _given_features(tree_drafter, verifier, inputs,
                                  buffer[:, :fill + 2], cache_len)
   proposer = TreeProposer(tree_drafter, width)
-  state = jax.jit(lambda d, x, e: d.init(x, draft_len, e))(
-      proposer, inputs,
-      target_encoder_output(target,
-                            timing.start(target, inputs, max_len=cache_len)))
+  state = _init(proposer, inputs, draft_len, _encoded(target, inputs,
+                                                      cache_len))
   parents = tuple(int(p) for p in tree_acceptance.chain_parents(width, gamma))
   seconds = pricing(
       {
@@ -317,36 +237,14 @@ def price_tree_shapes(args: Any, drafter, target, batch: jax.Array, fill: int,
                       context: jax.Array, *, gamma: int, widths: Sequence[int],
                       nodes: Sequence[int], without_replacement: bool,
                       pricing: Pricing = PRICING) -> Dict[str, Any]:
-  """What the 'auto' choices price for trees (`price_cache`): one target
-  step, the tree call over each N in `nodes` and one depth of the k-branch
-  draft for each k in `widths`, in seconds, interleaved
-  (`timing.call_seconds`, the one-token step the reference).
-
-  The tree call's cost depends on its N nodes, not on its shape (every
-  node is a decoder position); each N is timed as one chain of N - 1
-  guesses. Caches as `price_tree_calls`: the target's max_decode_length +
-  max(nodes) slots, the draft's max_decode_length + γ + 1, filled to `fill`.
-
-  Args:
-    args: the run's arguments (its sampling method).
-    drafter, target, batch, fill, context: as `price_tree_calls`.
-    gamma: the guesses per branch the draft is priced at.
-    widths: the k to price the draft at.
-    nodes: the N to price the tree call at (1: the step itself).
-    without_replacement: how the trees draw their first guesses
-      (TREE_WITHOUT_REPLACEMENT).
-    pricing: the clock and its sizes (`Pricing`).
-
-  Returns:
-    {'step': seconds, 'tree': {N: seconds}, 'draft_depth': {k: seconds of
-    one depth of k branches}}.
-  """
+  """What 'auto' prices for trees, as `price_tree_calls`: {'step', 'tree':
+  {N in `nodes`: a call over N nodes, timed as a chain (a cost of N, not of
+  the shape)}, 'draft_depth': {k in `widths`: one depth of k branches}}."""
   cache_len = args.max_decode_length + max(nodes)
   draft_len = args.max_decode_length + gamma + 1
   fill = min(max(1, fill), args.max_decode_length - 1)
   inputs = jnp.asarray(multihost.to_host(batch), jnp.int32)
-  encoder_output = target_encoder_output(
-      target, timing.start(target, inputs, max_len=cache_len))
+  encoder_output = _encoded(target, inputs, cache_len)
   buffer = _context_buffer(context, gamma)
   calls: Dict[str, Any] = {"step": (target, 1)}
   for n in sorted(set(nodes) - {1}):
@@ -355,8 +253,7 @@ def price_tree_shapes(args: Any, drafter, target, batch: jax.Array, fill: int,
   for k in widths:
     proposer = TreeProposer(
         tree_drafters.as_tree_drafter(drafter, without_replacement), int(k))
-    state = jax.jit(lambda d, x, e: d.init(x, draft_len, e))(proposer, inputs,
-                                                             encoder_output)
+    state = _init(proposer, inputs, draft_len, encoder_output)
     calls[f"draft_{k}"] = (timing.Proposer(proposer, state, buffer,
                                            args.method()), gamma)
   seconds = pricing(calls, np.asarray(inputs), fill=fill, cache_len=cache_len)

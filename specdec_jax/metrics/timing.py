@@ -1,28 +1,8 @@
-"""How a decoder call is timed: the one definition behind c and the K-curve.
-
-Theorem 3.8 prices an iteration of Algorithm 1 as γ draft steps plus one
-target call, in units of one target step. `call_seconds` times any of
-these the same way, several kinds in interleaved rounds, in the conditions
-of the decoding loop:
-
-* the model is called on a cache of `cache_len` slots (the loop's: attention
-  reads every slot, so a short cache would flatter a step), filled to
-  `fill` positions, with chunks of `k` tokens per row;
-* `steps` calls run inside one compiled `lax.fori_loop`, each rewinding the
-  cache to `fill` (a rollback by index, as the loop does), so per-call
-  dispatch is the loop's, not Python's;
-* compilation is excluded (one untimed call first); the result is the median
-  over `repeats` rounds of wall time / steps, each ending with
-  `block_until_ready`.
-
-The cost coefficient c = draft step / target step (both k = 1), and the
-verification ratio = target call at k = γ+1 / target step: Theorem 3.8
-assumes 1; on a CPU it is measured (`analysis.speedup_with_call_cost`).
-
-The decode benchmark times the parts of an iteration the same way
-(`propose_loop`: the drafter's γ steps; `iteration_loop`: a whole
-iteration), on caches prefilled to `fill` (`prefill`, `speculative_state_at`),
-and interleaves the programs it compares (`InterleavedTimer`).
+"""How a decoder call is timed, the one definition behind c and the
+K-curve (docs/design/performance.md): `call_seconds` runs calls as the loop
+does, on its cache filled to `fill`, many in one compiled loop, compilation
+excluded, kinds interleaved; the decode benchmark times an iteration's
+parts the same way (`propose_loop`, `iteration_loop`).
 """
 import functools
 import time
@@ -44,24 +24,15 @@ def start(model, encoder_input_tokens, *, max_len):
   return model.start(encoder_input_tokens, max_len)
 
 
-# The speculative loop's parts update caches in place as it does on XLA:CPU
-# (its option, given on the CPU only: `LoopProgram`); `call_loop` prices
-# steps and verification calls with XLA's defaults, as before.
+# The loop's parts update caches in place as the loop does on XLA:CPU
+# (`LoopProgram`); `call_loop` keeps XLA's defaults.
 _IN_PLACE = kernels.CPU_IN_PLACE_COMPILER_OPTIONS
 
 
 @functools.partial(jax.jit, static_argnames=("k", "steps"))
 def call_loop(model, cache, fill, *, k: int, steps: int):
-  """`steps` k-token calls at positions fill..fill+k-1; returns a checksum.
-
-  The program every per-call time in the project runs (`run`'s c and
-  verification cost, the decode benchmark's K-curve and c).
-
-  Args:
-    model: has `decode_chunk(tokens [B, k], cache)`.
-    cache: a cache from `model.start`, at least fill + k slots.
-    fill: [B] int32 cache length each call starts from.
-  """
+  """`steps` calls of `model.decode_chunk(tokens [B, k], cache)` from the
+  [B] int32 cache lengths `fill`; a checksum. Every per-call time runs it."""
   batch = fill.shape[0]
 
   def body(i, carry):
@@ -84,14 +55,8 @@ def timed(fn, *args) -> Any:
 
 
 class Proposer(NamedTuple):
-  """A drafter priced as the speculative loop runs it (`call_seconds`).
-
-  Attributes:
-    drafter: any `Drafter`; state: its state from `init` on the batch.
-    buffer: [B, T] int32 a real context (the target's own output, start
-      token first): what `propose` reads.
-    method: the sampling method (static).
-  """
+  """A drafter priced as the loop runs it: its `init` state, `buffer` [B, T]
+  int32 a real context (start token first) and the method (static)."""
   drafter: Any
   state: Any
   buffer: jax.Array
@@ -105,73 +70,35 @@ MIN_STEPS = 16
 
 
 def steps_for_rows(steps: int, rows: int) -> int:
-  """Calls per timed program for a call over `rows` rows (batch x tokens):
-  `steps` up to `FULL_STEP_ROWS` rows, fewer in proportion beyond (at least
-  `MIN_STEPS`).
-
-  On XLA:CPU a call over many rows costs several steps (at batch 8 on
-  host A: 5.7 for 13 tokens, 9.5 for a 25-node tree), so 32 of them took
-  2-3 s per round, and timing was most of the 92 s that pricing a batch-8
-  run's candidates took. With calls in proportion to 16 / rows, each
-  program lasts about as long as the reference step's. Not below 16: a
-  program also pays a fixed cost (~4 steps for a 13-token call at batch 8),
-  which programs of 10 calls priced 3.5-7% above programs of 32, 5 calls
-  11-15% (interleaved in one process, host A:
-  benchmarks/auto_first_run/call_steps_bias.json)."""
+  """Calls per timed program over `rows` rows (batch x tokens): `steps` up
+  to `FULL_STEP_ROWS`, fewer in proportion beyond, at least `MIN_STEPS`:
+  on XLA:CPU a wide call costs several steps, and shorter programs pay
+  their fixed cost (docs/results/2026-11-27-auto-first-run-cost.md)."""
   return max(min(steps, MIN_STEPS),
              min(steps, round(steps * FULL_STEP_ROWS / max(rows, 1))))
 
 
-def _steps_by_call(calls: Mapping[str, Tuple[Any, int]], steps: int,
-                   batch: int) -> Dict[str, int]:
-  """`call_seconds`' calls per timed program, by name: `steps_for_rows` of
-  each call's batch x k rows on the CPU; on an accelerator, where a wide
-  call costs about a step, and for a propose, `steps`."""
-  cpu = jax.default_backend() == "cpu"
-  return {
-      name: steps_for_rows(steps, batch *
-                           k) if cpu and not isinstance(model, Proposer) else
-            steps for name, (model, k) in calls.items()
-  }
+# (fn, round) -> (fn(round) ready, seconds), as `timed`.
+Clock = Callable[..., Tuple[Any, float]]
 
 
-def call_seconds(calls: Mapping[str,
-                                Tuple[Any,
-                                      int]], encoder_input_tokens: np.ndarray,
-                 *, fill: int, cache_len: int, steps: int = 64,
-                 repeats: int = 9, clock: Callable[..., Tuple[Any,
-                                                              float]] = timed,
+def call_seconds(calls: Mapping[str, Tuple[Any, int]],
+                 encoder_input_tokens: np.ndarray, *, fill: int, cache_len: int,
+                 steps: int = 64, repeats: int = 9, clock: Clock = timed,
                  programs: Optional["CallPrograms"] = None) -> Dict[str, float]:
-  """Median seconds of one decoder call of each kind (compilation excluded).
-
-  The kinds are timed in interleaved rounds (`InterleavedTimer`), so a load
-  change on a shared machine hits them alike. The first kind is the
-  reference: every other kind's seconds are the median over rounds of its
-  ratio to the reference, times the reference's median, so the ratios of
-  the results (c, the verification cost) are medians of ratios measured in
-  the same round. Under a bursty load on a 2-core CPU that kept the
-  K = 4 / K = 1 ratio within 1.20–2.15 over 15 repeats, where back-to-back
-  timings (16 calls, 5 repeats each) ranged over 0.56–3.53
-  (`python -m tools.benchmarks.timing_noise`).
+  """{name: median seconds of one call}, timed in interleaved rounds: the
+  median per-round ratio to the first kind, times its median (so c and the
+  call cost are medians of ratios taken in one round).
 
   Args:
-    calls: name -> (model, k): a `T5Model` (or anything with `start` and
-      `decode_chunk`) and its tokens per row per call (1 = a decode step;
-      γ+1 = a verification); or (a `Proposer`, γ): one `propose` of γ
-      guesses as the speculative loop runs it (its state rolled back to
-      `fill` each call: `propose_loop`). The first entry is the reference.
+    calls: name -> (model with `start` and `decode_chunk`, k tokens per row
+      per call), or (`Proposer`, γ): one `propose` of γ guesses rolled back
+      to `fill` each call. The first entry is the reference.
     encoder_input_tokens: [B, S] int32 inputs the caches are built from.
-    fill: cache positions already written before each call.
-    cache_len: cache slots, as in the decoding loop being priced.
-    steps, repeats: calls per timed program (on the CPU a call over more
-      than `FULL_STEP_ROWS` rows: fewer, `steps_for_rows`; a propose: all),
-      timed rounds.
-    clock: (fn, round) -> (fn(round) ready, seconds) (`timed`).
-    programs: the programs timed (`CallPrograms`: `start`, `call_loop`,
-      `propose_loop`).
-
-  Returns:
-    name -> seconds of one call.
+    fill, cache_len: positions written before each call; cache slots.
+    steps, repeats: calls per timed program (`steps_for_rows`), rounds.
+    clock: the clock (`timed`).
+    programs: the programs timed (`CallPrograms`).
   """
   programs = programs or CallPrograms()
   for name, (caller, k) in calls.items():
@@ -191,7 +118,13 @@ def call_seconds(calls: Mapping[str,
       if not isinstance(model, Proposer)
   }
 
-  steps_of = _steps_by_call(calls, steps, inputs.shape[0])
+  # A wide call costs about a step on an accelerator, several on the CPU.
+  cpu = jax.default_backend() == "cpu"
+  steps_of = {
+      name: steps_for_rows(steps, inputs.shape[0] *
+                           k) if cpu and not isinstance(model, Proposer) else
+            steps for name, (model, k) in calls.items()
+  }
 
   def program(name, model, k):
     if isinstance(model, Proposer):  # one propose of γ = k guesses
@@ -214,9 +147,7 @@ def call_seconds(calls: Mapping[str,
   }
 
 
-# ---------------------------------------------------------------------------
-# The parts of a speculative iteration (the decode benchmark).
-# ---------------------------------------------------------------------------
+# -- The parts of a speculative iteration (the decode benchmark) ---------------
 @jax.jit
 def prefill(model, cache, tokens):
   """`cache` after one `decode_chunk` of tokens [B, n] (n positions written)."""
@@ -229,13 +160,9 @@ def prefill(model, cache, tokens):
 def speculative_state_at(target, drafter, encoder_input_tokens, target_cache,
                          draft_cache, prefix, *, gamma, max_decode_length,
                          fill):
-  """A speculative loop state around caches that hold `fill` positions.
-
-  Args:
-    target_cache, draft_cache: the model drafter's and the target's caches,
-      both prefilled with `prefix[:, :fill]`.
-    prefix: [B, >= fill + 1] int32 known tokens, start token first.
-  """
+  """A speculative loop state around the target's and the draft model's
+  caches, both prefilled with `prefix[:, :fill]` (prefix: [B, >= fill + 1]
+  int32, start token first)."""
   s = decoding.init_speculative_state(target, drafter, encoder_input_tokens,
                                       gamma=gamma,
                                       max_decode_length=max_decode_length)
@@ -249,14 +176,8 @@ def speculative_state_at(target, drafter, encoder_input_tokens, target_cache,
 
 def _propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma, method,
                   steps):
-  """`steps` drafter.propose calls (γ draft steps each) at length fill(+1).
-
-  Args:
-    fill: [B] int32; call i starts from fill + i % 2 (rolled back to it).
-
-  Returns:
-    (draft state, checksum) so that nothing is optimized away.
-  """
+  """`steps` drafter.propose calls of γ guesses, call i rolled back to
+  fill + i % 2 ([B] int32); (draft state, checksum)."""
 
   def body(i, carry):
     state, acc = carry
@@ -275,14 +196,8 @@ def _propose_loop(drafter, draft_state, buffer, fill, rng, *, gamma, method,
 
 def _iteration_loop(target, drafter, acceptance, state, fill, rng, eos_id, *,
                     gamma, max_decode_length, method, steps):
-  """`steps` full speculative iterations, each from length fill(+1).
-
-  Args:
-    acceptance: the acceptance rule (a pytree: its leaves, e.g. a synthetic
-      α, are traced, so one compilation serves all their values).
-    state: from `speculative_state_at`.
-    fill: [B] int32; iteration i starts from fill + i % 2.
-  """
+  """`steps` speculative iterations from fill + i % 2; `acceptance`'s
+  leaves (a synthetic α) are traced: one compilation serves every value."""
 
   def body(i, s):
     n = fill + i % 2
@@ -304,53 +219,37 @@ iteration_loop = LoopProgram(_iteration_loop,
 
 
 class CallPrograms(NamedTuple):
-  """The programs `call_seconds` times (tests hand in stand-ins): the
-  cache (`start`), k-token calls (`call_loop`), a drafter's proposes
-  (`propose_loop`)."""
+  """The programs `call_seconds` times (tests hand in stand-ins)."""
   start: Callable[..., Any] = start
   call_loop: Callable[..., Any] = call_loop
   propose_loop: Callable[..., Any] = propose_loop
 
 
 class InterleavedTimer:
-  """Interleaved timing: warm-up each program, then `repeats` rounds.
+  """Runs each program once a round after a warm-up (`rotate`: round r
+  starts from program r mod n); keeps the warm-ups' seconds
+  (`first_call_s`) and excess over the median (`compile_time_s`)."""
 
-  Each round runs every program of a group once, in order, so that load
-  changes on a shared machine hit them alike; ratios and differences are
-  taken within a round, then the median over rounds. With `rotate`, round r
-  starts from the (r mod n)-th of the n programs, so that none always runs
-  first. The warm-up's seconds are recorded (`first_call_s`, compilation
-  included), and its excess over the median run as compile time
-  (`compile_time_s`).
-  """
-
-  def __init__(self, repeats: int, log: Callable[[str],
-                                                 None], rotate: bool = False,
-               clock: Callable[..., Tuple[Any, float]] = timed):
-    self.clock = clock  # (fn, round) -> (its output, ready; seconds)
+  def __init__(self, repeats: int, log: Callable[[str], None],
+               rotate: bool = False, clock: Clock = timed):
+    self.clock = clock
     self.repeats = repeats
     self.compile_time_s: Dict[str, float] = {}
     self.first_call_s: Dict[str, float] = {}
     self.log = log
     self.rotate = rotate
 
-  def _order(self, names: List[str], r: int) -> List[str]:
-    k = r % len(names) if self.rotate else 0
-    return names[k:] + names[:k]
-
   def __call__(
       self, fns: Dict[str, Callable[[int], Any]], keep: Sequence[str] = ()
   ) -> Tuple[Dict[str, np.ndarray], Dict[str, List[Any]]]:
-    """fns: name -> fn(round) (round -1 is the warm-up).
-
-    Returns:
-      (seconds per round [repeats] by name, outputs per round for `keep`).
-    """
+    """({name: [repeats] seconds}, {name in `keep`: outputs}) of `fns`,
+    name -> fn(round) (round -1: the warm-up)."""
     first = {name: self.clock(fn, -1)[1] for name, fn in fns.items()}
     times = {name: [] for name in fns}
     outs = {name: [] for name in keep}
     for r in range(self.repeats):
-      for name in self._order(list(fns), r):
+      k = r % len(fns) if self.rotate else 0
+      for name in list(fns)[k:] + list(fns)[:k]:
         out, seconds = self.clock(fns[name], r)
         times[name].append(seconds)
         if name in outs:

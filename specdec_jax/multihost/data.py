@@ -1,12 +1,8 @@
 """Which examples and batch rows a process holds, and gathering outputs.
 
-Batch b holds examples b*B .. b*B+B-1 (B = BATCH_SIZE, as on one host). The
-'data' axis splits a batch's rows into `num_shards` blocks of
-`rows_per_shard` = B / num_shards rows; the processes whose devices hold
-block g read examples g, g + num_shards, ... (seqio's `ShardInfo`
-semantics) and feed them as consecutive rows of their block (`DataLayout`,
-`Feeder`). Texts and token counts are exchanged once (`share_examples`);
-outputs are gathered after each batch (`to_host`).
+Batch b holds examples b*B .. b*B+B-1; the 'data' axis splits its rows into
+`num_shards` blocks; the processes holding block g read examples g, g +
+num_shards, ... (seqio's `ShardInfo`) and feed them as consecutive rows.
 """
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -29,15 +25,9 @@ class ShardInfo:
 
 @dataclasses.dataclass(frozen=True)
 class DataLayout:
-  """How one process's slice of the examples fills the rows of each batch.
-
-  Attributes:
-    shard_index: the block of batch rows this process's devices hold (and
-      the slice of the examples it reads).
-    num_shards: blocks per batch (the 'data' axis, or 1 when the batch is
-      replicated).
-    batch_size: rows per batch, all processes together (BATCH_SIZE).
-  """
+  """How one process's slice of the examples fills the rows of each batch:
+  it holds block `shard_index` of `num_shards` (1: replicated) of each
+  batch of `batch_size` rows (all processes together)."""
   shard_index: int
   num_shards: int
   batch_size: int
@@ -59,13 +49,9 @@ class DataLayout:
 
   def fed_examples(self, batch: int,
                    num_examples: int) -> Tuple[np.ndarray, np.ndarray]:
-    """(example fed to each row [B] (-1: none, an EOS-only row), real [B]).
-
-    Row g*k + j of batch b gets example (b*k + j)*n + g when that exists
-    (k = rows_per_shard, n = num_shards). Missing rows repeat the block's
-    last real row (a real input, as on one host), or, when the block has
-    none in this batch, the shard's last example.
-    """
+    """(example fed to each row [B] (-1: none, an EOS-only row), real [B]):
+    row g*k + j of batch b gets example (b*k + j)*n + g (k rows per shard,
+    n shards), else the block's last real row, else the shard's last."""
     k, n = self.rows_per_shard, self.num_shards
     fed = np.full((self.batch_size,), -1, np.int64)
     real = np.zeros((self.batch_size,), bool)
@@ -87,13 +73,9 @@ class DataLayout:
 
 
 def data_layout(sharding: jax.sharding.Sharding, batch_size: int) -> DataLayout:
-  """The `DataLayout` of input batches [batch_size, S] placed with `sharding`.
-
-  Raises:
-    ValueError: this process's devices do not hold one block of rows that
-      evenly divides the batch (a mesh whose data axis is not split evenly
-      over the processes).
-  """
+  """The `DataLayout` of input batches [batch_size, S] placed with
+  `sharding`; ValueError unless this process holds one block of rows that
+  evenly divides the batch."""
   rows = set()
   for index in sharding.addressable_devices_indices_map(
       (batch_size, 1)).values():
@@ -120,14 +102,9 @@ def data_layout(sharding: jax.sharding.Sharding, batch_size: int) -> DataLayout:
 
 @dataclasses.dataclass
 class SharedExamples:
-  """Every example (texts and token counts), from every process's slice.
-
-  Attributes:
-    examples: [{'input', 'reference'}] of all examples, in input order.
-    lengths: [N] tokens each example is fed with (EOS included, after
-      truncation); 1 for none.
-    full_lengths: [N] tokens before truncation.
-  """
+  """Every process's examples [{'input', 'reference'}] in input order, the
+  tokens each is fed with [N] (EOS included, after truncation) and before
+  truncation [N]."""
   examples: List[Dict[str, str]]
   lengths: np.ndarray
   full_lengths: np.ndarray
@@ -136,13 +113,9 @@ class SharedExamples:
 def share_examples(layout: DataLayout, local_examples: Sequence[dict],
                    local_inputs: np.ndarray,
                    local_full_lengths: np.ndarray) -> SharedExamples:
-  """Exchanges the processes' slices (texts and token counts).
-
-  Args:
-    local_examples: this process's examples (shard `layout.shard_index`).
-    local_inputs: [n_local, S] their token ids (0-padded).
-    local_full_lengths: [n_local] their lengths before truncation.
-  """
+  """Exchanges the processes' slices: `local_examples` (shard
+  `layout.shard_index`), their token ids [n_local, S] (0-padded) and
+  lengths before truncation [n_local]."""
   lengths = np.sum(np.asarray(local_inputs) != 0,
                    axis=1) if len(local_inputs) else np.zeros((0,), np.int64)
   mine = {
@@ -177,10 +150,9 @@ def share_examples(layout: DataLayout, local_examples: Sequence[dict],
 class Feeder:
   """Global input batches from one process's slice of the inputs.
 
-  Batch b's width is the batch's longest fed row rounded up to `bucket`
-  (at most S), the same on every process; each process supplies only its
-  block of rows (`jax.make_array_from_process_local_data`). With one
-  process this is `jax.device_put` of the host batch.
+  Batch b's width is its longest fed row rounded up to `bucket` (at most
+  S), the same on every process; each process supplies only its block of
+  rows.
   """
 
   def __init__(self, layout: DataLayout, local_inputs: np.ndarray,
@@ -205,10 +177,8 @@ class Feeder:
 
   def common_width(self, batches: int) -> int:
     """The most common width of the first `batches` batches (at least one;
-    a tie: the narrower): the one width a pilot pads its batches to, so
-    that it compiles its decoder once and a timed pilot times this run's
-    usual shape (a wider one would time every step's attention over
-    padding)."""
+    a tie: the narrower): a pilot pads to it, compiling once and timing
+    this run's usual shape."""
     widths = [
         self.batch_width(b)
         for b in range(min(max(int(batches), 1), self.num_batches))
@@ -217,8 +187,7 @@ class Feeder:
 
   def host_rows(self, batch: int, width: Optional[int] = None) -> np.ndarray:
     """This process's rows of batch `batch` [rows_per_shard, width]
-    (`width`: 0-padded to it, at least the batch's own width; None: the
-    batch's own)."""
+    (0-padded to `width`, at least the batch's own; None: its own)."""
     layout = self.layout
     fed, _ = layout.fed_examples(batch, self.num_examples)
     k = layout.rows_per_shard
@@ -257,11 +226,8 @@ class Feeder:
 
 
 def to_host(tree: Any) -> Any:
-  """Outputs as numpy arrays holding every row (gathered from all processes).
-
-  With one process the tree is returned as it is (numpy converts it where
-  it is read).
-  """
+  """Outputs holding every row, gathered from all processes (with one, the
+  tree as it is)."""
   if not is_multiprocess():
     return tree
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top

@@ -1,46 +1,11 @@
 """Sharding T5 parameters and inputs over a ('data', 'model') device mesh.
 
-Follows T5X's conventions (`t5x/partitioning.py`, `t5x/examples/t5/layers.py`)
-in two steps:
-
-1. Each parameter path gets *logical* axis names, exactly T5X's `kernel_axes`
-   for its layer (`T5X_PARAM_AXES`):
-
-     token_embedder/embedding              ('vocab', 'embed')
-     */relpos_bias/rel_embedding           ('heads', 'relpos_buckets')
-     */{query,key,value}/kernel            ('embed', 'joined_kv')
-     */out/kernel                          ('joined_kv', 'embed')
-     */mlp/wi, wi_0, wi_1 /kernel          ('embed', 'mlp')
-     */mlp/wo/kernel                       ('mlp', 'embed')
-     decoder/logits_dense/kernel           ('embed', 'vocab')
-     */scale  (all layer norms)            ('embed',)
-
-2. Logical names map to mesh axes by T5X's `standard_logical_axis_rules`
-   (1-D parameter partitioning): 'vocab', 'mlp', 'heads', 'joined_kv' ->
-   'model'; 'embed', 'kv', 'relpos_buckets', ... replicated; 'batch' -> 'data'.
-
-So with T5X's 2-D kernel layout, e.g. `mlp/wi_0/kernel` is
-`PartitionSpec(None, 'model')` and `attention/out/kernel` is
-`PartitionSpec('model', None)` (Megatron-style: one all-reduce per attention
-and per MLP block). Unlike T5X, a dimension that the mesh axis does not divide
-is replicated instead of failing, so tiny test models shard wherever they can.
-
-Rules are `(regex, axes)` pairs matched with `re.search` against the
-slash-joined parameter path (without a leading flax `params/` collection);
-the first match wins. `axes` is a PartitionSpec-like tuple whose entries are
-logical names, mesh axis names, tuples of mesh axes, or None; `None` (or an
-unmatched path) replicates the parameter. Both tables are gin-configurable:
-
-  param_partition_specs.additional_rules = [(r'mlp/wo/kernel$', (None, None))]
-  standard_logical_axis_rules.parameter_partitioning_dims = 2
-
-Decoding needs nothing else: shard the params (`shard_params` or
-`checkpoints.load_t5x_params(..., shardings=param_shardings(mesh, shapes))`)
-and the inputs (`shard_inputs`), then call the jitted
-`decoding.temperature_sample` / `decoding.speculative_sample`; GSPMD
-propagates the shardings through the programs, the KV caches included (their
-keys/values are written from the sharded projections; the tests check that
-sharded decoding reproduces unsharded tokens on 8 devices).
+T5X's rules (`t5x/partitioning.py`): each parameter path gets T5X's logical
+axis names (`T5X_PARAM_AXES`: `(regex, axes)`, first `re.search` match
+wins, unmatched: replicated), mapped to mesh axes by
+`standard_logical_axis_rules` (Megatron-style: `mlp/wi_0/kernel` is
+`PartitionSpec(None, 'model')`); both gin-configurable. Unlike T5X, a
+dimension the mesh axis does not divide is replicated instead of failing.
 """
 import re
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
@@ -78,19 +43,11 @@ T5X_PARAM_AXES: Tuple[Rule, ...] = (
 )
 
 
-# ---------------------------------------------------------------------------
-# Mesh.
-# ---------------------------------------------------------------------------
 @gin.configurable
 def make_mesh(data: int = 1, model: int = 1,
               devices: Optional[Sequence[Any]] = None) -> Mesh:
-  """A ('data', 'model') mesh of data * model devices.
-
-  Args:
-    data: size of the data-parallel (batch) axis.
-    model: size of the model-parallel axis (mlp, heads, vocab).
-    devices: the devices to use, exactly data * model of them; by default
-      the first data * model of `jax.devices()`.
+  """A ('data', 'model') mesh of `devices` (exactly data * model of them;
+  default: the first of `jax.devices()`, all of them with several processes).
 
   Raises:
     ValueError: non-positive sizes, or a device count that does not fit.
@@ -135,26 +92,18 @@ def make_mesh(data: int = 1, model: int = 1,
 def _axis_sizes(mesh: MeshLike) -> Optional[Mapping[str, int]]:
   if mesh is None:
     return None
-  if isinstance(mesh, Mesh):
-    return dict(mesh.shape)
-  return {str(k): int(v) for k, v in dict(mesh).items()}
+  shape = mesh.shape if isinstance(mesh, Mesh) else mesh
+  return {str(k): int(v) for k, v in dict(shape).items()}
 
 
-# ---------------------------------------------------------------------------
-# Rules.
-# ---------------------------------------------------------------------------
 @gin.configurable
 def standard_logical_axis_rules(
     parameter_partitioning_dims: int = 1,
     additional_rules: Optional[Sequence[Tuple[str, AxisEntry]]] = None
 ) -> Tuple[Tuple[str, AxisEntry], ...]:
-  """T5X's logical -> mesh axis rules (activation_partitioning_dims = 1).
-
-  Args:
-    parameter_partitioning_dims: 1 (T5X's default: 'embed' replicated) or 2
-      ('embed' also sharded over 'data', as T5X's 2-D parameter rules).
-    additional_rules: prepended, so they take precedence.
-  """
+  """T5X's logical -> mesh axis rules (activation_partitioning_dims = 1):
+  'embed' replicated (`parameter_partitioning_dims` 1) or over 'data' (2);
+  `additional_rules` take precedence."""
   if parameter_partitioning_dims not in (1, 2):
     raise ValueError(
         "standard_logical_axis_rules: parameter_partitioning_dims must be 1 "
@@ -253,23 +202,11 @@ def param_partition_specs(
     additional_rules: Optional[Sequence[Rule]] = None,
     logical_axis_rules: Optional[Sequence[Tuple[str,
                                                 AxisEntry]]] = None) -> Any:
-  """A PartitionSpec for every parameter, by path.
-
-  Args:
-    params_or_shapes: a pytree of arrays or `jax.ShapeDtypeStruct`s (e.g.
-      `models.param_shapes(config)`), with or without the `{'params': ...}`
-      wrapper.
-    mesh: a `Mesh`, or a dict of mesh axis sizes (e.g. {'data': 1,
-      'model': 8}) to plan without devices. A dimension is sharded only if the
-      mesh axis size divides it, else replicated. None: no divisibility check.
-    rules: (regex, axes) pairs replacing `T5X_PARAM_AXES`.
-    additional_rules: (regex, axes) pairs tried before `rules`.
-    logical_axis_rules: logical -> mesh axis pairs; default
-      `standard_logical_axis_rules()`.
-
-  Returns:
-    The same pytree structure with `PartitionSpec` leaves.
-  """
+  """A PartitionSpec for every leaf of `params_or_shapes` (arrays or
+  `jax.ShapeDtypeStruct`s), by path. `mesh`: a `Mesh` or a dict of axis
+  sizes (a dimension its axis does not divide is replicated; None: no
+  check). `rules` replace `T5X_PARAM_AXES`, `additional_rules` come first;
+  `logical_axis_rules` default to `standard_logical_axis_rules()`."""
   rules = tuple(additional_rules or
                 ()) + tuple(T5X_PARAM_AXES if rules is None else rules)
   compiled = [(re.compile(pattern), axes) for pattern, axes in rules]
@@ -290,19 +227,12 @@ def param_partition_specs(
   return jax.tree_util.tree_map_with_path(spec_for, params_or_shapes)
 
 
-def _is_spec(x) -> bool:
-  return isinstance(x, PartitionSpec)
-
-
 def param_shardings(mesh: Mesh, params_or_shapes: Any, **kwargs) -> Any:
-  """`NamedSharding`s for `param_partition_specs(params_or_shapes, mesh)`.
-
-  The result fits `checkpoints.load_t5x_params(..., shardings=...)`, e.g.
-  `param_shardings(mesh, models.param_shapes(config))`.
-  """
+  """`NamedSharding`s for `param_partition_specs(params_or_shapes, mesh)`
+  (for `checkpoints.load_t5x_params(..., shardings=...)`)."""
   specs = param_partition_specs(params_or_shapes, mesh, **kwargs)
   return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs,
-                                is_leaf=_is_spec)
+                                is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
 def shard_params(mesh: Mesh, params: Any, **kwargs) -> Any:
@@ -323,8 +253,10 @@ def param_bytes_per_device(params_or_shapes: Any, mesh: MeshLike,
   sizes = _axis_sizes(mesh) or {}
   specs = param_partition_specs(params_or_shapes, mesh, **kwargs)
   total = 0
-  for leaf, spec in zip(jax.tree_util.tree_leaves(params_or_shapes),
-                        jax.tree_util.tree_leaves(specs, is_leaf=_is_spec)):
+  for leaf, spec in zip(
+      jax.tree_util.tree_leaves(params_or_shapes),
+      jax.tree_util.tree_leaves(
+          specs, is_leaf=lambda x: isinstance(x, PartitionSpec))):
     count = int(np.prod(leaf.shape))
     for entry in spec:
       if entry is not None:
@@ -333,18 +265,11 @@ def param_bytes_per_device(params_or_shapes: Any, mesh: MeshLike,
   return total
 
 
-# ---------------------------------------------------------------------------
-# Inputs.
-# ---------------------------------------------------------------------------
-def _divides(mesh: Mesh, axis: str, dim: Optional[int]) -> bool:
-  return dim is None or dim % mesh.shape[axis] == 0
-
-
 def data_sharding(mesh: Mesh, batch_size: Optional[int] = None,
                   ndim: int = 2) -> NamedSharding:
   """Inputs [B, S, ...]: batch over 'data' (replicated if it does not divide
   `batch_size`)."""
-  if _divides(mesh, DATA_AXIS, batch_size):
+  if batch_size is None or batch_size % mesh.shape[DATA_AXIS] == 0:
     return NamedSharding(mesh, PartitionSpec(DATA_AXIS, *([None] * (ndim - 1))))
   return NamedSharding(mesh, PartitionSpec())
 

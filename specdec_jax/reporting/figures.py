@@ -1,12 +1,6 @@
 """The report's figures: speedup vs γ with Theorem 3.8's curves, α per
 draft and temperature, and tokens per target call against the tree width k
-(matplotlib's object API with the Agg canvas; no pyplot state).
-`new_figure` and `figure_bytes` serve every figure.
-
-The tree figure (ACCEPTANCE='tree') is drawn when a sweep has tree runs at
-several TREE_WIDTH values, one line per (task, target, draft, temperature,
-γ); token verification at the same γ, when the sweep has it, is a dotted
-horizontal line of the same colour: what k branches buy over one path.
+(matplotlib's object API on the Agg canvas: no pyplot state).
 """
 import collections
 import io
@@ -63,19 +57,9 @@ def _series(runs):
   return series
 
 
-def _draft_colors(runs) -> Dict[str, Any]:
-  import matplotlib
-  drafts = sorted({r["draft_model"] for r in runs}, key=tables.size_key)
-  cmap = matplotlib.colormaps["tab10"]
-  return {d: cmap(i % 10) for i, d in enumerate(drafts)}
-
-
 def call_cost_by_gamma(runs: Sequence[Dict[str, Any]]):
-  """γ -> the (γ+1)-token call in target steps, from runs' measured
-  `verification_cost_ratio` (K = 1 costs one step by definition): linear
-  between measured K, the last two points' slope (>= 0) beyond them. None
-  when no run priced its call (older metrics.json, PRICE_CALL_COST=False).
-  """
+  """γ -> the (γ+1)-token call in target steps, interpolated from the runs'
+  `verification_cost_ratio` (K = 1: one step); None when none priced it."""
   measured = collections.defaultdict(list)
   for r in runs:
     if r.get("verification_cost_ratio") is not None:
@@ -95,21 +79,16 @@ def call_cost_by_gamma(runs: Sequence[Dict[str, Any]]):
 
 
 def render_speedup_vs_gamma(runs: Sequence[Dict[str, Any]]):
-  """Measured speedup per gamma with Theorem 3.8 curves (one panel per task).
-
-  Each (draft, temperature) series is drawn with its measured points and
-  Theorem 3.8 at the series' mean measured α and c with the (γ+1)-token
-  call at its measured cost (`call_cost_by_gamma`), the curve a γ should be
-  chosen from; its integer optimum is marked with an open triangle. The
-  paper's ideal, a call as cheap as one step, is drawn thin and dotted and
-  labelled so (on a host where a call costs more it lies far above the
-  points); a series without measured call costs gets only the ideal.
-  Colour is the draft; temperature is the marker shape of the points and
-  the line style of the curve; the legend sits below the axes.
-  """
+  """Measured speedup per γ, a panel per (task, target), a series per
+  (draft, temperature) with Theorem 3.8 at its α, c and measured call cost
+  (△: its best γ) and at the ideal call cost of one step (dotted)."""
   series = _series(runs)
   panels = sorted({(k[0], k[1]) for k in series})
-  colors = _draft_colors(runs)
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  drafts = sorted({r["draft_model"] for r in runs}, key=tables.size_key)
+  colors = {
+      d: matplotlib.colormaps["tab10"](i % 10) for i, d in enumerate(drafts)
+  }
   temps = sorted({k[3] for k in series})
   styles = ["-", "--", "-.", (0, (5, 1))]
   markers = ["o", "s", "D", "P", "X", "v"]
@@ -143,13 +122,15 @@ def _speedup_series(ax, runs, grid, color, style, marker) -> float:
   draft, temp = runs[0]["draft_model"], tables.fmt_temp(runs[0]["temperature"])
   ideal = analysis.expected_speedup(alpha, grid, c)
   cost = call_cost_by_gamma(runs)
+  gammas = np.arange(1, int(grid[-1]) + 1)
+  best = analysis.optimal_gamma(alpha, c, int(grid[-1]),
+                                None if cost is None else cost(gammas))
   if cost is None:
     ax.plot(
         grid, ideal, style, color=color, lw=1.3, alpha=0.8,
         label=f"Thm 3.8, ideal call: {draft}, T={temp} "
         f"(α={alpha:.2f}, c={c:.3f})")
     top = float(np.max(ideal))
-    best = analysis.optimal_gamma(alpha, c, max_gamma=int(grid[-1]))
   else:
     curve = analysis.expected_speedup(alpha, grid, c, call_cost=cost(grid))
     ax.plot(
@@ -159,9 +140,6 @@ def _speedup_series(ax, runs, grid, color, style, marker) -> float:
     ax.plot(grid, ideal, ":", color=color, lw=0.9, alpha=0.6,
             label=f"ideal (call = 1 step): {draft}, T={temp}")
     top = float(np.max(curve))
-    gammas = np.arange(1, int(grid[-1]) + 1)
-    best = int(gammas[np.argmax(
-        analysis.expected_speedup(alpha, gammas, c, call_cost=cost(gammas)))])
   ax.plot([best], [
       analysis.expected_speedup(alpha, best, c,
                                 call_cost=1.0 if cost is None else cost(best))
@@ -174,13 +152,8 @@ def _speedup_series(ax, runs, grid, color, style, marker) -> float:
 
 
 def render_alpha_by_draft(runs: Sequence[Dict[str, Any]]):
-  """Bar chart of alpha per (task, draft) and temperature.
-
-  Bars are the mean acceptance-count alpha over the sweep points (error bars:
-  their range); diamonds are the Corollary 3.6 estimates (alpha_beta) when
-  present. Each bar's value is written above its error bar and diamond,
-  and the legend above all bars, so no label covers a mark.
-  """
+  """Bars of the mean α per (task, draft) and temperature (error bars: the
+  range; diamonds: alpha_beta), labels and legend above every mark."""
   series = _series(runs)
   groups = sorted({(k[0], k[1], k[2]) for k in series}, key=lambda g:
                   (g[0], g[1], tables.size_key(g[2])))
@@ -247,14 +220,9 @@ def _key(run: Dict[str, Any]) -> SeriesKey:
 
 def tree_width_series(
     runs: Sequence[Dict[str, Any]]) -> Dict[SeriesKey, Dict[str, Any]]:
-  """The figure's data: per (task, target, draft without its ' tree k=…',
-  temperature, γ) with tree runs, {'points': [(k, tokens per target
-  call)] by k (several runs of one k: their mean), 'token': token
-  verification's tokens per call at that key, or None}.
-
-  Runs without tokens per call (neither the key nor the counts) are left
-  out.
-  """
+  """Per (task, target, draft without ' tree k=…', temperature, γ) with
+  tree runs: {'points': [(k, mean tokens per target call)] by k, 'token':
+  token verification's at that key, or None}."""
   tree: Dict[SeriesKey, Dict[int, List[float]]] = {}
   token: Dict[SeriesKey, List[float]] = {}
   for run in runs:
@@ -282,9 +250,8 @@ def has_several_tree_widths(runs: Sequence[Dict[str, Any]]) -> bool:
 
 
 def render_tokens_per_call_vs_tree_width(runs: Sequence[Dict[str, Any]]):
-  """Tokens per target call against k (`tree_width_series`), one panel
-  per (task, target): a line with markers per (draft, temperature, γ);
-  token verification at the same γ dotted in the same colour."""
+  """Tokens per target call against k (`tree_width_series`), a line per
+  (draft, temperature, γ), token verification at that γ dotted."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   series = tree_width_series(runs)
   panels = sorted({k[:2] for k in series})

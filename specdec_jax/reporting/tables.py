@@ -1,10 +1,7 @@
-"""The report's tables: Table 2 (the paper's layout, best draft starred,
-every run below it with its drafter, lenience and §3.5's per-iteration-γ
-bound; Markdown and CSV) and Table 4 (measured vs Theorem 3.8 and
-Equation (1)).
-
-Tables read runs as mappings of metrics.json keys (`loading.load_results`):
-keys that older files lack read as their `RunMetrics` defaults.
+"""The report's tables, from `loading.load_results`' runs: Table 2 (the
+paper's layout, best draft starred, then every run with its drafter,
+lenience and §3.5's bound; Markdown and CSV) and Table 4 (measured vs
+Theorem 3.8 and Equation (1)).
 """
 import collections
 import csv
@@ -58,33 +55,22 @@ def measured_tokens_per_call(m: Mapping[str, Any]) -> Optional[float]:
 
 
 def annotate_best(runs: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-  """Sorted copies of the runs with `best_gamma_for_draft` and `starred`.
-
-  Within each (task, target_model, temperature) group, `best_gamma_for_draft`
-  marks each draft's highest-speedup run and `starred` the single run with
-  the highest speedup (the best draft, at its best gamma; ties go to the
-  first in table order).
-  """
-  rows = [dict(m) for m in sorted(runs, key=row_sort_key)]
-  groups = collections.OrderedDict()
+  """Sorted copies of the runs, marking per (task, target, temperature) each
+  draft's fastest (`best_gamma_for_draft`) and the fastest (`starred`)."""
+  rows = [
+      dict(m, best_gamma_for_draft=False, starred=False, **_drafting(m))
+      for m in sorted(runs, key=row_sort_key)
+  ]
+  groups = collections.defaultdict(list)
+  drafts = collections.defaultdict(list)
   for r in rows:
-    groups.setdefault((r["task"], r["target_model"], r["temperature"]),
-                      []).append(r)
+    group = (r["task"], r["target_model"], r["temperature"])
+    groups[group].append(r)
+    drafts[group + (r["draft_model"],)].append(r)
+  for runs_ in drafts.values():
+    max(runs_, key=lambda r: r["speedup"])["best_gamma_for_draft"] = True
   for group in groups.values():
-    best_of_draft = {}
-    for r in group:
-      r["best_gamma_for_draft"] = False
-      r["starred"] = False
-      b = best_of_draft.get(r["draft_model"])
-      if b is None or r["speedup"] > b["speedup"]:
-        best_of_draft[r["draft_model"]] = r
-    for b in best_of_draft.values():
-      b["best_gamma_for_draft"] = True
-    best = None
-    for r in group:
-      if best is None or r["speedup"] > best["speedup"]:
-        best = r
-    best["starred"] = True
+    max(group, key=lambda r: r["speedup"])["starred"] = True
   return rows
 
 
@@ -101,20 +87,14 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _drafting_cells(r: Mapping[str, Any]) -> List[str]:
-  """DRAFTER, LENIENCE and §3.5's bound of a run (older files, which lack
-  the keys, ran the draft model exactly: 'model', 1, '–')."""
-  lenience = r.get("lenience")
-  lenience = 1.0 if lenience is None else lenience
-  exact = r.get("exact") is not False
+def _drafting(r: Mapping[str, Any]) -> Dict[str, Any]:
+  """A run's drafter, lenience, exactness and §3.5's bound (older files,
+  which lack the keys, ran the draft model exactly)."""
   bound = r.get("per_iteration_gamma") or {}
-  speedups = [bound.get(k) for k in _BOUND_KEYS]
-  return [
-      r.get("drafter") or "model",
-      f"{lenience:g}" + ("" if exact else " (not exact)"),
-      " / ".join(f"{x:.2f}X" for x in speedups) if all(
-          x is not None for x in speedups) else "–"
-  ]
+  return dict(drafter=r.get("drafter") or "model",
+              lenience=1.0 if r.get("lenience") is None else r["lenience"],
+              exact=r.get("exact") is not False,
+              **{k: bound.get(k) for k in _BOUND_KEYS})
 
 
 _BOUND_KEYS = ("fixed_gamma_speedup", "achieved_speedup", "oracle_speedup")
@@ -125,10 +105,11 @@ _DRAFTING_HEADER = [
 
 def _table2_md_rows(rows, multi_target: bool,
                     drafting: bool = False) -> List[List[str]]:
-  """Table 2's cells; with `drafting`, each run's `_drafting_cells` too."""
+  """Table 2's cells; with `drafting`, DRAFTER, LENIENCE and the bound too."""
   out = []
   for r in rows:
     q = quality(r)
+    theory = r.get("theoretical_speedup_measured_call_cost")
     draft = r["draft_model"] + (" ⋆" if r["starred"] else "")
     if r.get("synthetic"):
       draft += " †"
@@ -145,14 +126,24 @@ def _table2_md_rows(rows, multi_target: bool,
         _optional(measured_tokens_per_call(r), "{:.2f}"),
         f"{r['speedup']:.2f}X",
         f"{r['theoretical_speedup']:.2f}X",
-        _optional(r.get("theoretical_speedup_measured_call_cost"), "{:.2f}X"),
-        _optional(_efficiency(r), "{:.2f}"),
+        _optional(theory, "{:.2f}X"),
+        _optional(r["speedup"] / theory if theory else None, "{:.2f}"),
     ]
-    cells += ([q[0], f"{q[1]:.2f}", f"{q[2]:.2f}" +
-               _p_words(r)] if q else ["–"] * 3)
-    cells.append(_greedy_cell(r))
+    p = _p_value(r)
+    cells += ([
+        q[0], f"{q[1]:.2f}", f"{q[2]:.2f}" +
+        ("" if p is None else f" (p {p:.2f})")
+    ] if q else ["–"] * 3)
+    # Examples identical to the target's at T = 0.
+    same = r.get("greedy_identical_examples")
+    cells.append("–" if same is None else f"{same}/{r['num_examples']}")
     if drafting:
-      cells += _drafting_cells(r)
+      bound = [r[k] for k in _BOUND_KEYS]
+      cells += [
+          r["drafter"],
+          f"{r['lenience']:g}" + ("" if r["exact"] else " (not exact)"),
+          "–" if None in bound else " / ".join(f"{x:.2f}X" for x in bound)
+      ]
     out.append(cells)
   return out
 
@@ -163,25 +154,8 @@ def _p_value(r: Mapping[str, Any]) -> Optional[float]:
   return (r.get("quality_noise") or {}).get("p_value")
 
 
-def _p_words(r: Mapping[str, Any]) -> str:
-  p = _p_value(r)
-  return "" if p is None else f" (p {p:.2f})"
-
-
 def _optional(value: Optional[float], fmt: str) -> str:
   return "–" if value is None else fmt.format(value)
-
-
-def _efficiency(r: Mapping[str, Any]) -> Optional[float]:
-  """Measured speedup / Theorem 3.8 with the measured call cost."""
-  theory = r.get("theoretical_speedup_measured_call_cost")
-  return r["speedup"] / theory if theory else None
-
-
-def _greedy_cell(r: Mapping[str, Any]) -> str:
-  """'n/N' examples identical to the target's at T = 0; '–' when sampled."""
-  same = r.get("greedy_identical_examples")
-  return "–" if same is None else f"{same}/{r['num_examples']}"
 
 
 _UNNAMED = "unnamed (TARGET_NAME unset)"
@@ -262,15 +236,10 @@ def _table2_csv(rows: Sequence[Dict[str, Any]]) -> str:
   writer.writerow(_CSV_FIELDS)
   for r in rows:
     q = quality(r) or ("", "", "")
-    lenience = r.get("lenience")
-    rec = dict(
-        r, tokens_per_target_call=measured_tokens_per_call(r),
-        quality_metric=q[0], quality_baseline=q[1], quality_speculative=q[2],
-        quality_p_value=_p_value(r), synthetic=bool(r.get("synthetic")),
-        drafter=r.get("drafter") or "model",
-        lenience=1.0 if lenience is None else lenience, exact=r.get("exact")
-        is not False,
-        **{k: (r.get("per_iteration_gamma") or {}).get(k) for k in _BOUND_KEYS})
+    rec = dict(r, tokens_per_target_call=measured_tokens_per_call(r),
+               quality_metric=q[0], quality_baseline=q[1],
+               quality_speculative=q[2], quality_p_value=_p_value(r),
+               synthetic=bool(r.get("synthetic")))
     writer.writerow([
         "" if rec.get(f) is None else
         (int(rec[f]) if isinstance(rec[f], bool) else rec[f])
@@ -288,12 +257,9 @@ def render_table2(runs: Sequence[Dict[str, Any]]) -> Tuple[str, str]:
 def render_table4(runs: Sequence[Dict[str, Any]]) -> str:
   """Returns table4.md: measured vs theoretical (Theorem 3.8, Eq. (1))."""
   rows = sorted(runs, key=row_sort_key)
-  points = []
-  for r in rows:
-    p = dict(r)
-    p["tokens_per_target_call"] = measured_tokens_per_call(r)
-    points.append(p)
-  compared = analysis.theory_vs_measured(points)
+  compared = analysis.theory_vs_measured([
+      dict(r, tokens_per_target_call=measured_tokens_per_call(r)) for r in rows
+  ])
   table = []
   notes = []
   for orig, r in zip(rows, compared):

@@ -1,19 +1,9 @@
-"""Figures 1 and 5 of the paper for one decoded example.
-
-Figure 1: each target call's accepted guesses, rejected guesses and the
-token the target sampled, as HTML (`render_trace_html`) and as a raster
-(`render_trace_png`).
-
-Figure 5 (`render_timeline`): when the draft and the target ran. `run`
-measures steps, not calls (the decode loop is one compiled program), so the
-timeline is modeled: each target call of the example (`accepted_counts` in
-predictions.jsonl) is drawn after γ draft steps, at the run's measured
-`draft_step_s` and `target_step_s` (metrics.json). Older predictions.jsonl
-files that carry a `timeline` are drawn as they are.
-
-Tokens that cannot be printed as they are (control and format characters,
-lone combining marks, U+FFFD, glyphs the figure's font lacks) are shown
-escaped (`\\n`, `\\u200b`), never as look-alikes (`piece`).
+"""Figures 1 and 5 of the paper for one decoded example: each target
+call's accepted and rejected guesses and the target's token (HTML and a
+raster), and when the draft and the target ran, modeled from the example's
+`accepted_counts` and the run's step times (the loop is one compiled
+program: calls are not timed one by one). Tokens that would not print as
+they are show escaped (`piece`), never as look-alikes.
 """
 import html
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -22,8 +12,7 @@ import unicodedata
 from specdec_jax.reporting import figures
 from specdec_jax.reporting import tables
 
-# Colours of Figure 1: accepted draft tokens, rejected draft tokens, and the
-# token sampled from the target model (correction or bonus token).
+# Figure 1's colours: accepted and rejected guesses, the target's token.
 ACCEPTED_COLOR = "#1a7f37"
 REJECTED_COLOR = "#cf222e"
 TARGET_COLOR = "#0969da"
@@ -40,15 +29,9 @@ def _escape_char(ch: str) -> str:
 
 
 def piece(token: Optional[str]) -> str:
-  """Display form of a decoded piece (SentencePiece '▁' becomes a space).
-
-  Characters that would print as nothing or as something else are escaped
-  (a backslash itself is doubled, so an escape is never ambiguous): control
-  and format characters (newline, tab, zero-width space), spaces other than
-  ' ' (no-break space), unassigned and private-use code points, the
-  replacement character U+FFFD (an undecodable byte), and a combining mark
-  that starts a piece (it would sit on the previous piece's last letter).
-  """
+  """Display form of a decoded piece ('▁' a space), escaping what prints as
+  nothing or as something else (control, format, unassigned characters,
+  spaces but ' ', U+FFFD, a leading combining mark) and backslashes."""
   if token is None:
     return ""
   out = []
@@ -157,8 +140,8 @@ Segment = Tuple[int, int, str, str, bool]
 
 
 def _char_width(family: str, fontsize: float) -> float:
-  """Points per character of the monospace font at the figure's DPI (glyph
-  advances are hinted at the output resolution, so measure there)."""
+  """Points per character of the monospace font, measured at the figure's
+  DPI (glyph advances are hinted at the output resolution)."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
   probe = Figure(dpi=figures.DPI)
@@ -170,8 +153,7 @@ def _char_width(family: str, fontsize: float) -> float:
 
 def _layout(shown, label_chars: int, prefix_chars: int,
             width_chars: int) -> Tuple[List[Segment], int]:
-  """Segments of the trace lines `shown` (wrapped at width_chars), and the
-  number of rows they take."""
+  """(segments of the trace lines `shown` wrapped at width_chars, rows)."""
   segs = []
   row = 0
   for i, (prefix, acc, rej, tgt) in enumerate(shown):
@@ -207,15 +189,13 @@ def _clipped(prefix: str, chars: int) -> str:
 
 
 def target_words(temperature: float) -> str:
-  """What the target's own token is at this temperature (Figure 1's blue):
-  its argmax at T = 0, a sample otherwise."""
+  """Figure 1's name of the target's token at this temperature."""
   return "target's token (argmax)" if temperature == 0 else "target sample"
 
 
 def _draw_text(ax, x: float, y: float, text: str, color: str, struck: bool,
                char_w: float, family: str, fontsize: float, bold: bool) -> None:
-  """One piece of text; struck-through pieces get a line over their
-  non-space characters."""
+  """One piece of text, `struck` through over its non-space characters."""
   ax.text(x, y, text, family=family, size=fontsize, color=color, va="center",
           ha="left", parse_math=False, weight="bold" if bold else "normal")
   if struck:
@@ -240,10 +220,8 @@ def render_trace_png(example: Mapping[str, Any], run: Mapping[str, Any],
   def esc(text):
     return escape_missing_glyphs(text, has_glyph)
 
-  shown = [(esc(prefix), [esc(t)
-                          for t in acc], [esc(t)
-                                          for t in rej], esc(tgt))
-           for prefix, acc, rej, tgt in lines[:max_lines]]
+  shown = [(esc(p), list(map(esc, a)), list(map(esc, r)), esc(t))
+           for p, a, r, t in lines[:max_lines]]
   segs, rows = _layout(shown, label_chars, prefix_chars, width_chars)
   n_rows = rows + (1 if len(lines) > max_lines else 0)
   header_h = 3 * line_h
@@ -284,12 +262,8 @@ def render_trace_png(example: Mapping[str, Any], run: Mapping[str, Any],
 def modeled_timeline(accepted_counts: Sequence[int], gamma: int,
                      draft_step_s: float,
                      target_step_s: float) -> List[Dict[str, Any]]:
-  """A Figure-5-style call timeline from measured step costs.
-
-  The decode loop is one compiled program, so calls are not timed one by
-  one: each iteration is drawn as γ draft steps of `draft_step_s` then one
-  target call of `target_step_s` (the paper's cost model, Theorem 3.8).
-  """
+  """Figure 5's events: per target call, γ draft steps of `draft_step_s`
+  then the call, `target_step_s` (Theorem 3.8's cost model)."""
   events, t = [], 0.0
   for _ in accepted_counts:
     for _ in range(gamma):
@@ -302,8 +276,7 @@ def modeled_timeline(accepted_counts: Sequence[int], gamma: int,
 
 def example_timeline(example: Mapping[str, Any],
                      run: Mapping[str, Any]) -> Optional[List[Dict[str, Any]]]:
-  """The example's timeline: recorded (older runs) or modeled; None if
-  neither is possible."""
+  """The example's timeline, recorded (older runs) or modeled, or None."""
   if example.get("timeline"):
     return example["timeline"]
   counts = example.get("accepted_counts")

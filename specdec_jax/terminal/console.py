@@ -1,22 +1,9 @@
-"""What the command-line entry points print before the real work starts.
+"""What the commands print: their own lines, one line per error, progress.
 
-A newcomer's first screen should hold the run's own lines, not the probing
-of hardware this project never asks for:
-
-* JAX tries every backend it knows and, when one is absent (no libtpu on a
-  CPU or GPU host), logs `Unable to initialize backend 'tpu': ...` at INFO.
-  That probe is expected to fail quietly; JAX raises on its own when a
-  backend the user *asked for* (`JAX_PLATFORMS`) cannot start, and those
-  errors stay visible. `quiet_backend_probing` drops only the quiet probe's
-  lines.
-* TensorFlow (imported by seqio for data pipelines; it never runs models
-  here and `tasks` hides GPUs from it) prints from C++, on import, that it
-  found no CUDA driver, failed `cuInit`, or registered cuDNN/cuFFT/cuBLAS
-  twice. `import_tensorflow_quietly` imports it with the process's stderr
-  captured and writes back every line except those known, harmless ones.
-* With the tpu extra on a machine without a TPU, JAX's first use loads
-  libtpu, which prints an error block while it searches for a TPU VM
-  (`start_backends_quietly` keeps it off the console).
+The libraries' probing noise is kept off the first screen (JAX's quiet
+backend probes, TensorFlow's CUDA lines, libtpu's search for a TPU VM);
+`run_cli` turns errors into one line and an exit status; `phase` and
+`numbered` give every phase over a moment a progress line.
 """
 import contextlib
 import importlib.util
@@ -25,17 +12,15 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
-from typing import Any, Callable, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from absl import logging as absl_logging
 
 from specdec_jax.files import io_utils
 
-# TensorFlow's import-time lines that say nothing about this program's run
-# (TF is used for input pipelines only, on the CPU).
+# TensorFlow's import-time lines (it runs input pipelines only, on the CPU).
 _TF_IMPORT_NOISE = re.compile(
     r"All log messages before absl::InitializeLog\(\) is called are written "
     r"to STDERR"
@@ -52,37 +37,6 @@ def is_tensorflow_import_noise(line: str) -> bool:
   return bool(_TF_IMPORT_NOISE.search(line))
 
 
-@contextlib.contextmanager
-def filtered_stderr(drop: Callable[[str], bool]) -> Iterator[None]:
-  """Captures file descriptor 2 (C++ logs too); replays lines not dropped.
-
-  Everything is replayed if the body raises, so nothing real is lost.
-  """
-  sys.stderr.flush()
-  saved = os.dup(2)
-  failed = False
-  with tempfile.TemporaryFile() as captured:
-    os.dup2(captured.fileno(), 2)
-    try:
-      yield
-    except BaseException:
-      failed = True
-      raise
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
-      captured.seek(0)
-      text = captured.read().decode("utf-8", errors="replace")
-      kept = [
-          line for line in text.splitlines(keepends=True)
-          if failed or not drop(line)
-      ]
-      if kept:
-        sys.stderr.write("".join(kept))
-        sys.stderr.flush()
-
-
 def import_tensorflow_quietly() -> None:
   """Imports seqio (and with it TensorFlow) without its CUDA-probe lines."""
   if "seqio" in sys.modules:
@@ -91,43 +45,31 @@ def import_tensorflow_quietly() -> None:
     import seqio  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
 
 
-class _DropQuietBackendProbe(logging.Filter):
-  """JAX's INFO line for a backend probe that failed quietly."""
-
-  def filter(self, record):
-    return not (record.levelno < logging.WARNING and
-                str(record.msg).startswith("Unable to initialize backend"))
-
-
-_PROBE_FILTER = _DropQuietBackendProbe()
+def _keep_unless_quiet_probe(record: logging.LogRecord) -> bool:
+  """False for JAX's INFO line for a backend probe that failed quietly."""
+  return not (record.levelno < logging.WARNING and
+              str(record.msg).startswith("Unable to initialize backend"))
 
 
 def quiet_backend_probing() -> None:
   """Stops JAX logging its expected, quiet backend-probe failures."""
   logger = logging.getLogger("jax._src.xla_bridge")
-  if _PROBE_FILTER not in logger.filters:
-    logger.addFilter(_PROBE_FILTER)
+  if _keep_unless_quiet_probe not in logger.filters:
+    logger.addFilter(_keep_unless_quiet_probe)
 
 
 def setup() -> None:
-  """Console set-up for `run`, `sweep` and `certify` (call at the start
-  of main, after `multihost`'s initialization: it starts JAX's backends).
-
-  TensorFlow is not imported here: a run that needs neither a seqio task
-  nor a seqio vocabulary never imports it (each import site goes through
-  `import_tensorflow_quietly`)."""
+  """Console set-up for `run`, `sweep` and `certify`, after `multihost`'s
+  initialization (it starts JAX's backends)."""
   quiet_backend_probing()
   start_backends_quietly()
 
 
-# ---------------------------------------------------------------------------
-# One line per error (`run`, `sweep`, `train`): tracebacks behind a flag.
-# ---------------------------------------------------------------------------
+# -- one line per error: tracebacks behind --traceback ------------------------
 TRACEBACK_FLAG = "traceback"
 EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, as a shell reports it
-# gin appends this to any error raised inside a configurable; it names a
-# function object, nothing the user typed.
+# gin's note on errors raised in a configurable: nothing the user typed.
 _GIN_CALL_NOTE = re.compile(r"\s*In call to configurable '[^']*' \(<[^>]*>\)")
 
 
@@ -158,11 +100,10 @@ def run_cli(program: str, body: Callable[[], None], bad_input: tuple,
             failures: tuple = (OSError,)) -> int:
   """Runs an entry point's `body`; its exit status.
 
-  `bad_input` errors (a setting, a checkpoint, a locked folder) print
-  "`program`: error: MESSAGE" and give 2; `failures` (a write that failed,
-  an unreachable gs://, a diverged training) one line and 1; Ctrl-C one
-  line (what was kept) and 130; SIGTERM the same, and 143. Anything else is a bug: its traceback is
-  shown. With --traceback every error shows its traceback.
+  `bad_input` errors print "`program`: error: MESSAGE" and give 2;
+  `failures` one line and 1; Ctrl-C one line (what was kept) and 130;
+  SIGTERM the same and 143; anything else (a bug) its traceback, as does
+  every error with --traceback.
   """
   received = []
   try:
@@ -174,9 +115,8 @@ def run_cli(program: str, body: Callable[[], None], bad_input: tuple,
     line = f"{program}: error: {error_text(e)}"
     print(line, file=sys.stderr)
     if not isinstance(e, bad_input) and not _stdout_is_stderr():
-      # A failure after the run printed its summary (a full disk): the
-      # summary's last line names the result files, which may not exist.
-      # stdout's last line says what happened instead.
+      # After the summary (a full disk): stdout's last line must not name
+      # result files that were not written.
       print(line, flush=True)
     return EXIT_BAD_INPUT if isinstance(e, bad_input) else EXIT_FAILED
   except KeyboardInterrupt as e:
@@ -197,29 +137,21 @@ def _stdout_is_stderr() -> bool:
     return False
 
 
-# The SIGTERMs `sigterm_as_interrupt` received in its body
-# (`raise_if_terminated`).
+# The SIGTERMs `sigterm_as_interrupt` received in its body.
 _PENDING_SIGTERM: list = []
 
 
 def raise_if_terminated() -> None:
-  """Raises KeyboardInterrupt if `sigterm_as_interrupt` received a SIGTERM
-  whose KeyboardInterrupt did not end its body: Python runs a handler at
-  the next bytecode, and raised while a finalizer or a weakref callback
-  runs, the exception is only printed ("Exception ignored") and the body
-  goes on. Long loops call it between their units of work (a decode's
-  batches)."""
+  """KeyboardInterrupt if a SIGTERM's did not end `sigterm_as_interrupt`'s
+  body (raised in a finalizer, it is only printed)."""
   if _PENDING_SIGTERM:
     raise KeyboardInterrupt()
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt(received: list) -> Iterator[None]:
-  """SIGTERM (what batch schedulers and `kill` send) ends the body as
-  Ctrl-C does: a KeyboardInterrupt, so the lock is released and what was
-  decoded is kept and named; `received` gets the signal. The previous
-  handler is restored afterwards. Only the main thread can set handlers:
-  elsewhere (a test's thread) the body runs as it is."""
+  """SIGTERM, appended to `received`, ends the body as Ctrl-C does (off the
+  main thread, which cannot set handlers, the body runs as it is)."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
@@ -239,18 +171,10 @@ def sigterm_as_interrupt(received: list) -> Iterator[None]:
 
 
 def exit_process(code: int) -> None:
-  """`sys.exit(code)`; after Ctrl-C, `os._exit` once output is flushed.
-
-  A KeyboardInterrupt can land while JAX or TensorStore threads are busy
-  (loading, compiling); the interpreter's normal shutdown then crashes in
-  their destructors (a segfault after the one line). Everything this
-  program writes is already flushed or renamed into place, so nothing is
-  lost by skipping it.
-
-  A SIGTERM during the shutdown (seconds, with JAX's threads) ends the
-  process at once with 143 and a line, instead of the default action's
-  silent -15: the work is done by then.
-  """
+  """`sys.exit(code)`; after Ctrl-C or SIGTERM, `os._exit` once output is
+  flushed (the normal shutdown can crash in busy JAX or TensorStore
+  threads' destructors; everything is written already). A SIGTERM during
+  the shutdown ends it at once with 143 and a line."""
   if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED):
     if threading.current_thread() is threading.main_thread():
       signal.signal(signal.SIGTERM, _terminated_while_exiting)
@@ -274,25 +198,9 @@ def _flush_and_exit(code: int) -> None:
   os._exit(code)  # pylint: disable=protected-access
 
 
-# While a phase runs, a line every this many seconds ("still ...").
 # -- progress ------------------------------------------------------------------
-# One plain progress line for every phase that takes more than a moment.
-#
-# `run`, `sweep` and `train` say on stderr (absl logging, as every other
-# progress line) what they are doing whenever it takes longer than about
-# 2 s, so that no wait is silent (issue 44): compiling (each program, "k/n",
-# with its seconds), GAMMA='auto' / TREE_WIDTH='auto' pilots (with their
-# sample size), pricing c, reading a checkpoint, the train step's compile
-# and first steps, COMPILE_TOPOLOGY.
-#
-# * `phase(start)`: logs `start` when the phase begins, "... still running"
-#   every `HEARTBEAT_S` seconds while it runs, and "`start`: done in X s"
-#   when it ends.
-# * `numbered(items, verb)`: runs (label, fn) items one by one, logging
-#   "compiled 2/4 (the speculative decoder, input width 16) in 3.1 s" after
-#   each, with the same heartbeat while one runs.
-#
-# Each line is one line, in words; nothing here changes what is computed.
+# No wait over ~2 s is silent (absl logging, stderr); while a phase runs, a
+# "still running" line every HEARTBEAT_S seconds.
 HEARTBEAT_S = 30.0
 
 
@@ -331,9 +239,8 @@ def phase(start: str, every_s: float = HEARTBEAT_S) -> Iterator[None]:
 def numbered(items: Sequence[Tuple[str, Callable[[], Any]]],
              doing: str = "compiling", done: str = "compiled",
              every_s: float = HEARTBEAT_S) -> List[float]:
-  """Runs each (label, fn) in order; after each, one line "`done` k/n
-  (label) in X s" (while one runs: "`doing` k/n (label): still running").
-  Returns each item's seconds."""
+  """Runs each (label, fn), logging "`done` k/n (label) in X s" after each
+  and a heartbeat while it runs; returns each item's seconds."""
   seconds = []
   n = len(items)
   for k, (label, fn) in enumerate(items, 1):
@@ -346,45 +253,20 @@ def numbered(items: Sequence[Tuple[str, Callable[[], Any]]],
 
 
 # -- libtpu log ----------------------------------------------------------------
-# COMPILE_TOPOLOGY without libtpu's start-up noise on the console.
-#
-# Compiling for a TPU topology on a machine without a TPU, libtpu (C++,
-# straight to file descriptor 2) first probes for the TPU VM it is not on,
-# and says so in lines that read like a crash:
-#
-#     WARNING: Logging before InitGoogle() is written to STDERR
-#     E0000 00:00:1795786967.017083   31168 common_lib.cc:554] INVALID_ARGUMENT:
-#       Error: unexpected worker hostname 'WARNING: could not determine TPU
-#       worker hostnames or IP addresses' from env var TPU_WORKER_HOSTNAMES...
-#     === Source Location Trace: ===
-#     learning/45eac/tfrc/runtime/libtpu_init_utils.cc:327
-#
-# They are expected here (nothing runs on a TPU: the programs are only
-# compiled), so `captured_libtpu_noise` sends fd 2 through a pipe while the
-# topology is built and the programs compiled: lines `LibtpuNoise` knows are
-# kept aside (then saved to OUTPUT_DIR/libtpu.log and named in one line),
-# every other line goes to the console as it comes, at once (progress lines
-# included). If the compile fails, the kept lines are written to the console
-# too: nothing that might explain a failure is hidden.
-#
-# Every command meets the same lines, at JAX's first use, wherever the tpu
-# extra is installed on a machine without a TPU (CI; a workstation that
-# compiles for TPU ahead of time): JAX then runs on the CPU as without
-# libtpu. `start_backends_quietly` starts the backends at the command's start
-# with them kept aside the same way (COMPILE_TOPOLOGY saves them too).
+# On a machine without a TPU, libtpu (C++, fd 2) searches for the TPU VM it
+# is not on, in lines that read like a crash ("unexpected worker hostname",
+# a "Source Location Trace"). They are kept aside while JAX starts and while
+# COMPILE_TOPOLOGY compiles (saved to OUTPUT_DIR/libtpu.log), every other
+# line passing at once; on a failure they are shown too.
 LOG_FILE = "libtpu.log"
-# libtpu's lines about the TPU VM it looks for (accelerator type, worker
-# hostnames), and glog's note that it logs before its own initialization.
 _NOISE = re.compile(
     r"unexpected worker hostname"
     r"|could not determine TPU (accelerator type|worker hostnames)"
     r"|Failed to find host bounds for accelerator type"
     r"|^WARNING: Logging before InitGoogle\(\) is written to STDERR")
 _TRACE_START = re.compile(r"^=== Source Location Trace: ?===\s*$")
-# A trace's lines: one source location each (`dir/file.cc:327`).
 _TRACE_LINE = re.compile(r"^\s*[\w./+-]+\.(cc|h|c|cpp):\d+\s*$")
 
-# libtpu's lines kept aside by `start_backends_quietly` (once per process).
 _STARTUP_NOISE: List[str] = []
 
 
@@ -405,8 +287,7 @@ def _libtpu_without_a_tpu() -> bool:
 
 def start_backends_quietly() -> None:
   """Starts JAX's backends now with libtpu's noise kept aside
-  (`startup_noise`), where libtpu can only fail to find a TPU
-  (`_libtpu_without_a_tpu`); elsewhere nothing happens."""
+  (`startup_noise`) where libtpu can only fail to find a TPU."""
   if not _libtpu_without_a_tpu():
     return
   import jax  # pylint: disable=g-import-not-at-top
@@ -420,9 +301,8 @@ def startup_noise() -> List[str]:
 
 
 class LibtpuNoise:
-  """Says, line by line, whether a line is libtpu's known start-up noise
-  (stateful: a `=== Source Location Trace: ===` block is noise up to its
-  last source-location line)."""
+  """Whether each line is libtpu's start-up noise (stateful: a trace block
+  is noise up to its last source-location line)."""
 
   def __init__(self):
     self._in_trace = False
@@ -442,28 +322,33 @@ def split_noise(text: str):
   return kept, noise
 
 
+def captured_libtpu_noise(noise: List[str]):
+  """`filtered_stderr` of libtpu's start-up noise."""
+  return filtered_stderr(LibtpuNoise(), noise)
+
+
 @contextlib.contextmanager
-def captured_libtpu_noise(noise: List[str]) -> Iterator[None]:
-  """Inside the block, fd 2 goes through a pipe: libtpu's noise is
-  appended to `noise`, every other line written on at once. On an error
-  the noise is written too (after the block's own lines)."""
+def filtered_stderr(drop: Callable[[str], bool],
+                    dropped: Optional[List[str]] = None) -> Iterator[None]:
+  """fd 2 through a pipe for the block: `drop`'s lines go to `dropped`
+  (written out on an error), the others pass at once."""
+  dropped = [] if dropped is None else dropped
   sys.stderr.flush()
   saved = os.dup(2)
   read_end, write_end = os.pipe()
   os.dup2(write_end, 2)
   os.close(write_end)
-  is_noise = LibtpuNoise()
 
   def pump():
     with os.fdopen(read_end, "rb") as pipe:
       for raw in pipe:
         line = raw.decode("utf-8", errors="replace")
-        if is_noise(line):
-          noise.append(line)
+        if drop(line):
+          dropped.append(line)
         else:
           os.write(saved, raw)
 
-  reader = threading.Thread(target=pump, name="libtpu-stderr", daemon=True)
+  reader = threading.Thread(target=pump, name="stderr-filter", daemon=True)
   reader.start()
   failed = False
   try:
@@ -476,8 +361,8 @@ def captured_libtpu_noise(noise: List[str]) -> Iterator[None]:
     os.dup2(saved, 2)  # closes the pipe's last write end: the reader ends
     reader.join(timeout=10)  # (unless a child process holds a copy)
     os.close(saved)
-    if failed and noise:
-      sys.stderr.write("".join(noise))
+    if failed and dropped:
+      sys.stderr.write("".join(dropped))
       sys.stderr.flush()
 
 

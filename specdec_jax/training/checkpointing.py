@@ -1,34 +1,11 @@
-"""Training checkpoints: parameters, optimizer state, step and model config.
+"""Training checkpoints, MODEL_DIR's records, and the distillation teacher.
 
-``model_dir/checkpoint_<step>/`` is a T5X Orbax checkpoint of the parameters
-(`checkpoints.save_params`, so `checkpoints.load_t5x_params` and `run` read
-it) with two files beside its ``state/`` item: ``train_state.msgpack`` (flax
-msgpack of {'step', 'opt_state'}) and ``model_config.json``
-(`gin_reader.t5_config_fields`). The directory is assembled under a hidden
-staging name and renamed into place, so a crash leaves either no
-``checkpoint_<step>`` or a complete one. Listing and naming checkpoints is
-`checkpoints`' (`list_checkpoints`, `latest_checkpoint`).
-
-``model_dir/vocabulary.json`` records the SentencePiece model the
-checkpoints were trained with (its name, path, size and SHA-256): a resumed
-run with another one, even of the same size, would train on ids that now
-mean other pieces, so `check_vocabulary` refuses it (without that file,
-the latest checkpoint's DIGESTS.json, which records it too, is asked).
-
-MODEL_DIR is claimed as every command claims its folder
-(`claim_model_dir`, `files.output_folder.claim`): created and probed,
-locked for the training's life (a second `train` into it is refused at
-start, naming the first, before anything is written), and the overwrite
-rule: each checkpoint records its training's settings
-(`settings_record`, in ``checkpoint_<step>/train_settings.json``); a
-MODEL_DIR whose latest checkpoint records other settings is refused
-unless ``train.overwrite=True``, which trains afresh and replaces its
-checkpoints. The settings are what makes the checkpoints what they are
-(the model, the data, the optimizer and loss, the seed, the teacher), not
-num_steps (a resumed run continues to more steps), the saving, logging
-and evaluation periods, or where the vocabulary is (it is compared by its
-digest, `check_vocabulary`). A checkpoint of an older version (no record)
-is resumed with a warning.
+``model_dir/checkpoint_<step>/``: a T5X Orbax checkpoint of the parameters
+(read by `run`) with ``train_state.msgpack``, ``model_config.json`` and
+``train_settings.json``, renamed into place complete. ``vocabulary.json``
+records the vocabulary's digest. MODEL_DIR is claimed as every command
+claims its folder (lock, overwrite rule: docs/usage/failures.md). The
+teacher's config must agree with its ``model_config.json``.
 """
 import contextlib
 import dataclasses
@@ -37,7 +14,7 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 from absl import logging
 from flax import serialization
@@ -49,7 +26,6 @@ from specdec_jax import checkpoints
 from specdec_jax.config import gin_reader
 from specdec_jax.files import io_utils
 from specdec_jax.files import output_folder
-from specdec_jax.config import paths
 from specdec_jax.checkpoints import digests
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.t5 import param_shapes
@@ -59,8 +35,8 @@ MODEL_CONFIG_FILE = "model_config.json"
 STAGING_PREFIX = ".staging-"
 VOCABULARY_FILE = "vocabulary.json"
 SETTINGS_FILE = "train_settings.json"
-# `TrainConfig` fields that do not change what the checkpoints hold (the
-# module docstring).
+METRICS_FILE = "train_metrics.json"
+# `TrainConfig` fields that do not change what the checkpoints hold.
 NOT_SETTINGS = ("model_dir", "num_steps", "save_every_steps",
                 "keep_checkpoints", "log_every_steps", "eval_source_file",
                 "eval_reference_file", "eval_num_examples", "eval_batch_size",
@@ -70,12 +46,9 @@ NOT_SETTINGS = ("model_dir", "num_steps", "save_every_steps",
 
 @contextlib.contextmanager
 def quiet_absl():
-  """Hides INFO logs (Orbax logs every file it writes) inside the block.
-
-  The absl logger's own level is put back as it was (NOTSET included):
-  restoring the *effective* verbosity instead would pin it, and the
-  progress lines after the block would vanish.
-  """
+  """Hides INFO logs (Orbax logs every file it writes) inside the block,
+  then restores the absl logger's own level (NOTSET included: restoring
+  the effective one would pin it and hide later progress lines)."""
   logger = logging.get_absl_logger()
   level = logger.level
   if logger.getEffectiveLevel() <= std_logging.INFO:
@@ -102,24 +75,14 @@ def read_model_config(path: str) -> T5Config:
 def vocabulary_record(spm_model_path: str) -> Dict[str, Any]:
   """{'file', 'path', 'bytes', 'sha256'} of a SentencePiece model."""
   record = digests.file_record(spm_model_path)
-  record["path"] = (spm_model_path if paths.is_url(spm_model_path) else
+  record["path"] = (spm_model_path if io_utils.is_url(spm_model_path) else
                     os.path.abspath(spm_model_path))
   return record
 
 
 def check_vocabulary(model_dir: str, spm_model_path: str) -> None:
-  """Refuses to resume `model_dir`'s checkpoints with another vocabulary.
-
-  Checked before anything is written (config.gin included), so the record
-  of the first run survives a refused one. A model_dir without checkpoints
-  is a fresh start (any record is replaced). Without vocabulary.json the
-  latest checkpoint's DIGESTS.json is asked; with neither (written before
-  records existed) the checkpoints are resumed with a warning.
-
-  Raises:
-    ValueError: naming both vocabularies (the record's and `spm_model_path`)
-      and the file that records the first.
-  """
+  """Refuses to resume `model_dir`'s checkpoints with another vocabulary
+  than vocabulary.json's, else DIGESTS.json's (neither: a warning)."""
   last = checkpoints.latest_checkpoint(model_dir)
   if last is None:
     return
@@ -144,17 +107,12 @@ def check_vocabulary(model_dir: str, spm_model_path: str) -> None:
 
 def _recorded_vocabulary(model_dir: str,
                          last: str) -> Tuple[Optional[Dict[str, Any]], str]:
-  """(the vocabulary record, the file it is in): vocabulary.json, else the
-  latest checkpoint's DIGESTS.json; (None, '') when neither records one.
-
-  Raises:
-    ValueError: vocabulary.json is there but is not a record.
-  """
+  """(the vocabulary record or None, the file it is in); ValueError if
+  vocabulary.json is not a record."""
   path = os.path.join(model_dir, VOCABULARY_FILE)
   if not os.path.lexists(path):
     where = os.path.join(os.path.basename(last), digests.MANIFEST_FILE)
-    want = digests.vocabulary_record(last)
-    return (want, where) if want is not None else (None, "")
+    return digests.vocabulary_record(last), where
   try:
     want = json.loads(io_utils.read_text(path))
     if not isinstance(want.get("sha256"), str):
@@ -168,9 +126,8 @@ def _recorded_vocabulary(model_dir: str,
 
 
 def settings_record(config: Any, model: T5Config) -> Dict[str, Any]:
-  """A training's settings (the module docstring), JSON-normalized:
-  `config`'s (a `TrainConfig`) fields but NOT_SETTINGS, its model
-  resolved."""
+  """A training's settings, JSON-normalized: `config`'s (a `TrainConfig`)
+  fields but NOT_SETTINGS, its model resolved."""
   fields = {
       f.name: getattr(config, f.name)
       for f in dataclasses.fields(config)
@@ -201,15 +158,9 @@ def _latest_settings(model_dir: str) -> Iterator[output_folder.Result]:
 
 def claim_model_dir(model_dir: str, settings: Optional[Dict[str, Any]],
                     overwrite: bool) -> Tuple[output_folder.Claim, bool]:
-  """(MODEL_DIR claimed, whether its checkpoints are to be replaced): see
-  the module docstring. `settings` None (a feature-level draft, which
-  never resumes): the lock only.
-
-  Raises:
-    FolderError: MODEL_DIR cannot be a folder, another training holds
-      it, or its latest checkpoint records other settings (or none
-      readable) and `overwrite` is False.
-  """
+  """(MODEL_DIR claimed, whether its checkpoints are to be replaced);
+  `settings` None: the lock only. FolderError: not a folder, locked, or
+  its latest checkpoint records other settings and not `overwrite`."""
   listed = []
 
   def results(folder: str) -> Iterator[output_folder.Result]:
@@ -232,12 +183,6 @@ def remove_checkpoints(model_dir: str) -> None:
     os.unlink(os.path.join(model_dir, VOCABULARY_FILE))
 
 
-def write_vocabulary_record(model_dir: str, spm_model_path: str) -> None:
-  """``model_dir/vocabulary.json``, atomically (`check_vocabulary`)."""
-  io_utils.write_json(os.path.join(model_dir, VOCABULARY_FILE),
-                      vocabulary_record(spm_model_path))
-
-
 def clean_staging(model_dir: str) -> None:
   """Removes what a crashed `save_checkpoint` left under a staging name."""
   if os.path.isdir(model_dir):
@@ -250,19 +195,9 @@ def save_checkpoint(model_dir: str, step: int, params, opt_state,
                     config: T5Config, keep: Optional[int] = None,
                     vocabulary_file: Optional[str] = None,
                     settings: Optional[Dict[str, Any]] = None) -> str:
-  """Writes checkpoint_<step> (params + optimizer state) atomically, with
-  its DIGESTS.json (every file's SHA-256 and, given `vocabulary_file`, the
-  SentencePiece model's: `checkpoints.digests`), so `run` loads it
-  verified; given `settings` (`settings_record`), its SETTINGS_FILE.
-
-  Then only the last `keep` checkpoints are kept (all if None or 0).
-
-  Returns:
-    The checkpoint's path.
-
-  Raises:
-    CheckpointError: checkpoint_<step> exists already.
-  """
+  """Writes checkpoint_<step> atomically (with `settings` if given, and
+  DIGESTS.json, `vocabulary_file`'s digest included), keeps the last `keep`
+  (None or 0: all); returns its path. CheckpointError if it exists."""
   model_dir = os.path.abspath(model_dir)
   final = os.path.join(model_dir, f"checkpoint_{step}")
   if os.path.exists(final):
@@ -294,12 +229,8 @@ def save_checkpoint(model_dir: str, step: int, params, opt_state,
 
 def restore_checkpoint(ckpt: str, config: T5Config,
                        opt_state_template) -> Tuple[int, Any, Any]:
-  """(step, {'params': ...}, opt_state) from a checkpoint of `save_checkpoint`.
-
-  Raises:
-    CheckpointError (a ValueError): parameters do not match `config`, or the
-      optimizer state is missing or does not match the optimizer.
-  """
+  """(step, {'params': ...}, opt_state) of a `save_checkpoint` checkpoint;
+  CheckpointError if they do not match `config` or the optimizer."""
   with quiet_absl():
     params = checkpoints.load_t5x_params(ckpt, expected=param_shapes(config))
   state_file = os.path.join(ckpt, TRAIN_STATE_FILE)
@@ -326,9 +257,8 @@ RUN_GIN_FILES = {"target": "as_target.gin", "draft": "as_draft.gin"}
 
 def run_gin_text(role: str, model_dir: str, config: T5Config,
                  spm_model_path: str) -> str:
-  """A gin file that makes `model_dir`'s model a run's `role` ('target' or
-  'draft'): its T5Config under the role's scope, its checkpoint (the latest
-  in `model_dir`), its name (the folder's) and its vocabulary."""
+  """A gin file that makes `model_dir`'s model (its latest checkpoint) a
+  run's `role` ('target' or 'draft')."""
   macro = role.upper()
   name = os.path.basename(os.path.normpath(model_dir))
   files = {
@@ -359,11 +289,11 @@ def run_gin_text(role: str, model_dir: str, config: T5Config,
 
 def write_run_gin_files(model_dir: str, config: T5Config,
                         spm_model_path: str) -> Dict[str, str]:
-  """`model_dir`/as_target.gin and as_draft.gin (`run_gin_text`;
-  a model without an encoder only drafts), atomically; {role: path}."""
+  """`model_dir`/as_target.gin and as_draft.gin (a model without an
+  encoder only drafts), atomically; {role: path}."""
   model_dir = os.path.abspath(model_dir)
-  spm = (spm_model_path
-         if paths.is_url(spm_model_path) else os.path.abspath(spm_model_path))
+  spm = (spm_model_path if io_utils.is_url(spm_model_path) else
+         os.path.abspath(spm_model_path))
   roles = ("target", "draft") if config.has_encoder else ("draft",)
   written = {}
   for role in roles:
@@ -371,3 +301,93 @@ def write_run_gin_files(model_dir: str, config: T5Config,
     io_utils.atomic_write(path, run_gin_text(role, model_dir, config, spm))
     written[role] = path
   return written
+
+
+# The teacher. Fields that do not change the parameters' shapes or values:
+_SHAPE_FREE_FIELDS = ("dtype", "dropout_rate", "float32_attention_logits")
+
+
+@dataclasses.dataclass(frozen=True)
+class Teacher:
+  """A loaded teacher: its checkpoint, config (no dropout) and parameters."""
+  checkpoint: str
+  config: T5Config
+  params: Any  # {'params': ...}
+
+
+def teacher_config(distill_from: str, config: Optional[T5Config],
+                   model_gin: Optional[str],
+                   search_paths: Sequence[str]) -> Tuple[str, T5Config]:
+  """(checkpoint, config without dropout) of the teacher; ValueError: no
+  checkpoint, no config, or two (a given one disagreeing with the stored)."""
+  distill_from = os.fspath(distill_from)
+  if checkpoints.checkpoint_step(distill_from) is not None:
+    ckpt = distill_from
+    if not os.path.isdir(ckpt):
+      raise ValueError(f"distill_from: checkpoint {ckpt} does not exist.")
+  else:
+    ckpt = checkpoints.latest_checkpoint(distill_from)
+    if ckpt is None:
+      raise ValueError(
+          f"distill_from: no checkpoint_<step> found in {distill_from} (train "
+          "the teacher first).")
+  # model_config.json in the checkpoint, else beside it.
+  json_path = next((os.path.join(d, MODEL_CONFIG_FILE)
+                    for d in (ckpt, os.path.dirname(os.path.normpath(ckpt)))
+                    if os.path.isfile(os.path.join(d, MODEL_CONFIG_FILE))),
+                   None)
+  stored = (None if json_path is None else read_model_config(json_path))
+  if config is not None and model_gin is not None:
+    raise ValueError("Give at most one of teacher_config and "
+                     "teacher_model_gin.")
+  if model_gin is not None:
+    config = gin_reader.read_t5_config(model_gin, search_paths=search_paths)
+  if config is None:
+    if stored is None:
+      raise ValueError(
+          f"distill_from={distill_from}: no "
+          f"{MODEL_CONFIG_FILE} next to {ckpt}; give the "
+          "teacher's config with teacher_model_gin or teacher_config (e.g. "
+          "@teacher/T5Config()).")
+    config = stored
+  elif stored is not None:
+    diff = [
+        f.name
+        for f in dataclasses.fields(T5Config)
+        if f.name not in _SHAPE_FREE_FIELDS and
+        getattr(stored, f.name) != getattr(config, f.name)
+    ]
+    if diff:
+      raise ValueError(
+          f"Teacher config mismatch: {json_path} (written with the teacher "
+          f"checkpoint) differs from the given teacher config in {diff}: " +
+          ", ".join(f"{k}={getattr(stored, k)!r} vs "
+                    f"{getattr(config, k)!r}" for k in diff))
+  return ckpt, config.replace(dropout_rate=0.0)
+
+
+def load_teacher(distill_from: str, config: Optional[T5Config],
+                 model_gin: Optional[str], search_paths: Sequence[str], *,
+                 student: T5Config) -> Teacher:
+  """The teacher, checked against the student before its weights are read."""
+  ckpt, t_config = teacher_config(distill_from, config, model_gin, search_paths)
+  if t_config.vocab_size != student.vocab_size:
+    raise ValueError(
+        f"Distillation teacher {ckpt} has vocab_size "
+        f"{t_config.vocab_size} but the student has {student.vocab_size}: "
+        "the KL loss compares their distributions token by token, so both "
+        "must use the same vocabulary.")
+  if not student.has_encoder and student.encoder_width != t_config.emb_dim:
+    raise ValueError(
+        f"The student has no encoder and reads the teacher's (width "
+        f"T5Config.encoder_width={student.encoder_width}), but teacher "
+        f"{ckpt} has emb_dim {t_config.emb_dim}: set encoder_width to it.")
+  # float32 whatever the stored dtype: a shipped bfloat16 checkpoint would
+  # otherwise run the teacher in bfloat16 matmuls (slow on CPU).
+  with quiet_absl():
+    params = {
+        "params": checkpoints.load_t5x_params(ckpt,
+                                              expected=param_shapes(t_config),
+                                              dtype=jnp.float32)
+    }
+  return Teacher(checkpoint=ckpt, config=t_config, params=params)

@@ -1,10 +1,6 @@
-"""`TrainConfig`: every setting of a training run, bound by gin as ``train.*``.
-
-The gin files under ``gin/train/`` bind ``train.model_dir``,
-``train.batch_size``, ...: ``train`` is this class's gin name, so a run's
-settings are one frozen object (flax's ``examples/wmt`` keeps them in
-``configs/default.py``), checked when it is built, before anything slow.
-`specdec_jax.train.train(**overrides)` builds it and trains.
+"""`TrainConfig`: every setting of a training run (gin's ``train.*``), one
+frozen object checked when built, before anything slow; and the optimizer
+(AdamW or Adafactor over a warmup-then-decay schedule).
 """
 import dataclasses
 import math
@@ -16,19 +12,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from specdec_jax.config import flag_utils
 from specdec_jax.config import gin_reader
-from specdec_jax.config import gin_utils
-from specdec_jax.config import paths
+from specdec_jax.files import io_utils
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 from specdec_jax.training.loss import LossSettings
 
-# -- optimizer -----------------------------------------------------------------
-# The optimizer: AdamW or Adafactor over a warmup-then-decay schedule.
-#
-# `OptimizerSettings` is the frozen, hashable description of both (it keys the
-# cache of compiled train steps, `step.train_step_fn`); `make_schedule` and
-# `make_optimizer` build them with optax.
 OPTIMIZERS = ("adamw", "adafactor")
 DECAYS = ("cosine", "rsqrt", "constant")
 
@@ -40,13 +30,10 @@ def _check_choice(name: str, value: str, allowed) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSettings:
-  """Optimizer and learning-rate schedule (see `TrainConfig` for each field).
-
-  Built by `TrainConfig.optimizer_settings()`: the defaults live there (gin's
-  ``train.*``), so this class has none. `decay_steps` is where the cosine
-  decay ends; for the other decays it plays no part and is 0, so that runs
-  of different lengths share one compiled train step.
-  """
+  """Optimizer and schedule (fields: `TrainConfig`'s), hashable: it keys
+  the cache of compiled train steps (`trainer.train_step_fn`).
+  `decay_steps` is 0 but for the cosine decay, so runs of other lengths
+  share one compiled step."""
   optimizer: str
   learning_rate: float
   warmup_steps: int
@@ -77,6 +64,17 @@ class OptimizerSettings:
                           grad_clip_norm=self.grad_clip_norm,
                           adam_b1=self.adam_b1, adam_b2=self.adam_b2,
                           adam_eps=self.adam_eps)
+
+
+def apply_step(tx: optax.GradientTransformation, loss_fn, params, opt_state,
+               *args):
+  """(params, opt_state, metrics + grad_norm): one update of `loss_fn(params,
+  *args) -> (loss, metrics)`."""
+  (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, *args)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  metrics["grad_norm"] = jnp.sqrt(
+      sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads)))
+  return optax.apply_updates(params, updates), opt_state, metrics
 
 
 def make_schedule(*, learning_rate: float, warmup_steps: int, decay: str,
@@ -126,8 +124,6 @@ def make_optimizer(*, optimizer: str, schedule, weight_decay: float,
   return tx
 
 
-# (field, test, what is allowed): every number `train` takes, checked when
-# the config is built, before anything is read or trained.
 def _int(low, high=None, none=False):
 
   def test(v):
@@ -144,9 +140,8 @@ def _real(low, high, low_open=False, high_open=False, none=False):
   def test(v):
     if v is None:
       return none
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-      return False
-    if not math.isfinite(v):
+    if isinstance(
+        v, bool) or not isinstance(v, (int, float)) or (not math.isfinite(v)):
       return False
     return ((v > low if low_open else v >= low) and
             (v < high if high_open else v <= high))
@@ -155,6 +150,7 @@ def _real(low, high, low_open=False, high_open=False, none=False):
 
 
 _INF = math.inf
+# (field, test, what is allowed): every number `train` takes.
 _NUMBERS = (
     ("num_steps", _int(0), "an integer >= 0"),
     ("num_train_examples", _int(1, none=True), "None or an integer >= 1"),
@@ -192,21 +188,18 @@ _NUMBERS = (
 
 
 def check_numbers(config: "TrainConfig") -> None:
-  """Every number of `config` in its range (`_NUMBERS`).
-
-  Raises:
-    ConfigError: naming `train.<field>`, the value and what is allowed.
-  """
+  """ConfigError (naming `train.<field>`, the value and what is allowed)
+  unless every number of `config` is in its range."""
   for name, test, allowed in _NUMBERS:
     value = getattr(config, name)
     if not test(value):
-      raise gin_utils.ConfigError(f"train.{name}={value!r}: allowed: "
-                                  f"{allowed}.")
+      raise flag_utils.ConfigError(f"train.{name}={value!r}: allowed: "
+                                   f"{allowed}.")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainPaths:
-  """A run's files as absolute paths or URLs (`paths.resolve_path`)."""
+  """A run's files as absolute paths or URLs (`io_utils.resolve_path`)."""
   model_dir: str
   spm_model_path: str
   source_file: str
@@ -219,80 +212,40 @@ class TrainPaths:
 @gin.configurable("train")
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """One training run (or the resumption of one).
+  """One training run (or the resumption of one); fields not listed mean
+  what their names say.
 
   Attributes:
-    model_dir: checkpoints, model_config.json, config.gin and
-      train_metrics.json go here; a checkpoint already there is resumed
-      (one of other settings only with `overwrite`). Locked for the run's
-      life: one training at a time (`checkpointing.claim_model_dir`).
-    overwrite: replace a model_dir's checkpoints of another training
-      (other settings: `checkpointing.settings_record`) by training
-      afresh; False refuses them.
-    num_steps: total number of steps (a resumed run continues up to it).
-    model_config: the model; None: ``T5Config()`` with the gin bindings
-      ``T5Config.*`` (from a model gin file).
+    model_dir: checkpoints and records; a checkpoint there is resumed (one
+      of other settings only with `overwrite`, which trains afresh) up to
+      `num_steps`.
+    model_config: the model; None: ``T5Config()`` with gin's bindings.
     data_dir: if set, relative data file names are taken inside it.
-      Relative paths (data_dir, files, model_dir, spm_model_path,
-      distill_from) are resolved by `paths.resolve_path`: from the current
-      directory if they exist there, else from the repository root.
-    source_file, reference_file: training data (see
-      `tasks.read_parallel_text`: line-aligned files, or one TSV file).
-    input_prefix: prepended to every source sentence.
-    num_train_examples: use only the first N training pairs.
-    max_input_length, max_target_length: truncation lengths (EOS included).
-    length_bucket: batch lengths are rounded up to a multiple of it.
+    source_file, reference_file: line-aligned files, or one TSV file.
     sort_window: if > 0, each epoch's examples are sorted by length within
-      windows of this many batches (less padding: about 1.7x faster on
-      Multi30k with 100), and the batches are then shuffled.
-    batch_size: examples per step.
-    spm_model_path: SentencePiece model (.model); trained first if missing and
-      `train_vocab`.
-    train_vocab: allow training the vocabulary.
-    spm_vocab_size: pieces of a trained vocabulary.
-    spm_options: extra `SentencePieceTrainer` options for training it.
-    optimizer: 'adamw' or 'adafactor'.
-    learning_rate: peak learning rate.
-    warmup_steps: linear warmup steps.
-    decay: 'cosine' (to `final_learning_rate_fraction` at `decay_steps`),
-      'rsqrt' or 'constant' after warmup.
-    decay_steps: end of the cosine decay (default num_steps).
-    final_learning_rate_fraction: cosine floor as a fraction of the peak.
-    weight_decay: AdamW decoupled weight decay (kernels and embeddings only) or
-      Adafactor's weight_decay_rate.
-    grad_clip_norm: global gradient-norm clipping (None/0: off).
-    adam_b1, adam_b2, adam_eps: AdamW moments.
-    label_smoothing: on the reference cross-entropy.
-    z_loss: T5X's auxiliary log(Z)^2 loss weight.
+      windows of this many batches (less padding), the batches shuffled.
+    length_bucket: batch lengths are rounded up to a multiple of it.
+    spm_model_path: SentencePiece model; trained first if missing and
+      `train_vocab` (`spm_vocab_size` pieces, `spm_options`).
+    decay: after a linear warmup, 'cosine' (to `final_learning_rate_fraction`
+      of the peak at `decay_steps`, default num_steps), 'rsqrt', 'constant'.
+    weight_decay: AdamW's (kernels and embeddings only) or Adafactor's.
+    grad_clip_norm, keep_checkpoints: None or 0: off (all checkpoints).
+    z_loss: T5X's log(Z)^2 weight.
+    distill_from: teacher model_dir or checkpoint_<step> dir: distillation,
+      with ``w T^2 KL + (1 - w) CE`` (`distill_weight`, `_temperature`).
+    teacher_config, teacher_model_gin: the teacher's T5Config (e.g.
+      ``@teacher/T5Config()``: unscoped ``T5Config.*`` bindings apply inside
+      the scope too), or a model gin file read into one.
+    eval_*: validation data for the final greedy BLEU (none: None or 0);
+      `eval_max_decode_length` defaults to max_target_length.
     seed: parameter init, data order and dropout.
-    distill_from: teacher model_dir or checkpoint_<step> dir; enables
-      distillation (`training.teacher`).
-    teacher_config: the teacher's T5Config (e.g. ``@teacher/T5Config()``; note
-      that unscoped ``T5Config.*`` bindings also apply inside a gin scope, so
-      bind every field the teacher does not share with the student).
-    teacher_model_gin: a model gin file (e.g. 'models/multi30k_target.gin')
-      read into the teacher's T5Config.
-    distill_temperature: temperature T applied to teacher and student logits.
-    distill_weight: w in ``w T^2 KL + (1 - w) CE``.
-    save_every_steps: checkpoint period (and one at the end).
-    keep_checkpoints: keep only the latest K checkpoints (None/0: all).
-    log_every_steps: logging period.
-    eval_source_file, eval_reference_file: validation data for the final
-      greedy-decoding BLEU (None: no evaluation).
-    eval_num_examples: evaluate on the first N validation pairs (0: skip).
-    eval_batch_size: decoding batch size.
-    eval_max_decode_length: default max_target_length.
-    gin_search_paths: where `teacher_model_gin` is looked up (default: the
-      current directory, then the repository's gin/ folder).
-    feature_drafter: None, or a feature-level draft to train instead of a
-      T5 model (e.g. ``@FeatureDrafterConfig()``; `feature_trainer`): it
-      reads the frozen teacher's features, so distill_from is required.
-    feature_weight: its loss's feature-regression weight (`loss.feature_losses`).
-    unroll_weight: its loss's weight of the pass on its own predicted
-      features (0: no second pass).
-    feature_init_from: None, or a feature-level draft's checkpoint_<step>
-      dir to start from (warm start: its config must equal feature_drafter,
-      its head tokens are kept; the optimizer starts fresh).
+    gin_search_paths: where `teacher_model_gin` is looked up.
+    feature_drafter: a feature-level draft to train instead of a T5 model
+      (``@FeatureDrafterConfig()``): needs distill_from; `feature_weight`
+      and `unroll_weight` weigh its loss (`loss.feature_losses`).
+    feature_init_from: a feature-level draft's checkpoint_<step> to start
+      from (same config; its head tokens kept, a fresh optimizer).
   """
   model_dir: str = gin.REQUIRED
   num_steps: int = gin.REQUIRED
@@ -391,12 +344,12 @@ class TrainConfig:
     """The run's files, resolved against the current directory now."""
 
     def data(path):
-      return paths.resolve_path(path, self.data_dir)
+      return io_utils.resolve_path(path, self.data_dir)
 
     return TrainPaths(
-        model_dir=os.path.abspath(paths.resolve_path(self.model_dir)),
-        spm_model_path=paths.resolve_path(self.spm_model_path),
+        model_dir=os.path.abspath(io_utils.resolve_path(self.model_dir)),
+        spm_model_path=io_utils.resolve_path(self.spm_model_path),
         source_file=data(self.source_file), reference_file=data(
             self.reference_file), eval_source_file=data(self.eval_source_file),
         eval_reference_file=data(self.eval_reference_file),
-        distill_from=paths.resolve_path(self.distill_from))
+        distill_from=io_utils.resolve_path(self.distill_from))

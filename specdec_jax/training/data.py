@@ -1,59 +1,52 @@
-"""Training data: parallel text read, tokenized and batched reproducibly.
-
-`read_training_pairs` and `read_eval_examples` read and validate the files
-(`tasks.read_parallel_text`: mismatched line counts, empty lines, ... raise
-ValueError naming file and line) before anything slow happens. `ParallelData`
-tokenizes the pairs (EOS appended, truncated to the maximum lengths) and
-draws batch `step` from a per-epoch permutation that is a pure function of
-(seed, step), so a resumed run sees exactly the batches the uninterrupted run
-would have. Each batch is padded to its longest row rounded up to
-``length_bucket`` (few distinct shapes, few compilations).
+"""Training data: parallel text read, tokenized and batched reproducibly:
+batch `step` comes from a per-epoch permutation that is a pure function of
+(seed, step), so a resumed run sees the batches an uninterrupted one would,
+padded to its longest row rounded up to ``length_bucket`` (few shapes).
 """
 import math
 import os
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from specdec_jax.config import paths
+from specdec_jax.core.models.config import T5Config
 from specdec_jax.data import tasks
+from specdec_jax.data import vocab as vocabulary
+from specdec_jax.files import io_utils
+from specdec_jax.training.config import TrainConfig
+from specdec_jax.training.config import TrainPaths
 
 
-def read_training_pairs(
-    source_file: str, reference_file: Optional[str],
-    num_examples: Optional[int] = None) -> List[Tuple[str, str]]:
-  """(source, reference) pairs, the first `num_examples` (None: all).
-
-  Raises:
-    ValueError: naming the file and line, and where relative paths are
-      taken from.
-  """
+def read_data(
+    config: TrainConfig, files: TrainPaths, model: T5Config, *,
+    train_vocab: bool
+) -> Tuple[List[Tuple[str, str]], List[Mapping[str, str]], Any]:
+  """(training pairs, validation examples, vocabulary fitting `model`,
+  trained first if missing and `train_vocab`); ValueError naming the file
+  and line (and where relative paths are taken from), or the vocabulary."""
   try:
-    pairs = tasks.read_parallel_text(source_file, reference_file)
+    pairs = tasks.read_parallel_text(files.source_file, files.reference_file)
   except ValueError as e:
     raise ValueError(f"Training data: {e} (relative paths are taken from "
                      f"{os.getcwd()} if they exist there, else from "
-                     f"{paths.REPO_DIR}).") from e
-  return pairs if num_examples is None else pairs[:num_examples]
-
-
-def read_eval_examples(source_file: Optional[str],
-                       reference_file: Optional[str], *, input_prefix: str,
-                       num_examples: int) -> List[Mapping[str, str]]:
-  """[{'input', 'reference'}] validation examples ([] if none are wanted)."""
-  if source_file is None or not num_examples:
-    return []
-  try:
-    return tasks.load_examples(source_file=source_file,
-                               reference_file=reference_file,
-                               input_prefix=input_prefix,
-                               num_examples=num_examples)
-  except ValueError as e:
-    raise ValueError(f"Evaluation data: {e}") from e
-
-
-def _round_up(n: int, multiple: int) -> int:
-  return int(math.ceil(n / multiple) * multiple)
+                     f"{io_utils.REPO_DIR}).") from e
+  if config.num_train_examples is not None:
+    pairs = pairs[:config.num_train_examples]
+  examples = []
+  if files.eval_source_file is not None and config.eval_num_examples:
+    try:
+      examples = tasks.load_examples(source_file=files.eval_source_file,
+                                     reference_file=files.eval_reference_file,
+                                     input_prefix=config.input_prefix,
+                                     num_examples=config.eval_num_examples)
+    except ValueError as e:
+      raise ValueError(f"Evaluation data: {e}") from e
+  sp = vocabulary.prepare_vocabulary(
+      files.spm_model_path, train_vocab=train_vocab, training_files=[
+          f for f in (files.source_file, files.reference_file) if f
+      ], vocab_size=config.spm_vocab_size, spm_options=config.spm_options)
+  vocabulary.check_fits(sp, files.spm_model_path, model)
+  return pairs, examples, sp
 
 
 class ParallelData:
@@ -115,29 +108,37 @@ class ParallelData:
     """Batch `step` (0-based) of the run; see `make_batch`."""
     epoch, index = divmod(step, self.steps_per_epoch)
     idx = self._epoch_batches(epoch)[index]
-    return self.make_batch(self.inputs[idx], self.targets[idx])
+    return make_batch(self.inputs[idx], self.targets[idx], self.length_bucket)
 
-  def make_batch(self, inputs: np.ndarray,
-                 targets: np.ndarray) -> Dict[str, np.ndarray]:
-    """Teacher-forcing arrays for inputs [B, S] and targets [B, T] (0-padded).
 
-    Returns:
-      encoder_input_tokens [B, S'], decoder_input_tokens [B, T'] (targets
-      shifted right, start token 0) and decoder_target_tokens [B, T'], where
-      S' and T' are the longest rows rounded up to `length_bucket` (at most
-      S and T).
-    """
-    in_len = min(
-        inputs.shape[1],
-        _round_up(max(1, int((inputs > 0).sum(1).max())), self.length_bucket))
-    tgt_len = min(
-        targets.shape[1],
-        _round_up(max(1, int((targets > 0).sum(1).max())), self.length_bucket))
-    targets = targets[:, :tgt_len]
-    decoder_inputs = np.zeros_like(targets)
-    decoder_inputs[:, 1:] = targets[:, :-1]  # Shift right, start token 0.
-    return {
-        "encoder_input_tokens": inputs[:, :in_len],
-        "decoder_input_tokens": decoder_inputs,
-        "decoder_target_tokens": targets,
-    }
+def training_batches(config: TrainConfig, sp,
+                     pairs: Sequence[Tuple[str, str]]) -> ParallelData:
+  """The run's `ParallelData`, as `config` sets it."""
+  return ParallelData(sp, pairs, input_prefix=config.input_prefix,
+                      max_input_length=config.max_input_length,
+                      max_target_length=config.max_target_length,
+                      batch_size=config.batch_size, seed=config.seed,
+                      length_bucket=config.length_bucket,
+                      sort_window=config.sort_window)
+
+
+def make_batch(inputs: np.ndarray, targets: np.ndarray,
+               length_bucket: int) -> Dict[str, np.ndarray]:
+  """encoder_input_tokens [B, S'], decoder_input_tokens [B, T'] (shifted
+  right, start token 0), decoder_target_tokens [B, T'] of 0-padded inputs
+  [B, S] and targets [B, T], cut to the longest rows rounded up to
+  `length_bucket`."""
+
+  def width(rows):
+    longest = max(1, int((rows > 0).sum(1).max()))
+    return min(rows.shape[1],
+               int(math.ceil(longest / length_bucket)) * length_bucket)
+
+  targets = targets[:, :width(targets)]
+  decoder_inputs = np.zeros_like(targets)
+  decoder_inputs[:, 1:] = targets[:, :-1]  # Shift right, start token 0.
+  return {
+      "encoder_input_tokens": inputs[:, :width(inputs)],
+      "decoder_input_tokens": decoder_inputs,
+      "decoder_target_tokens": targets,
+  }

@@ -1,22 +1,8 @@
-"""Trains a feature-level draft (`models.feature_drafter`) by distillation.
-
-`train_and_evaluate` hands a run here when ``train.feature_drafter`` is set
-(a `FeatureDrafterConfig`). Same data, vocabulary, teacher loading and
-optimizer as every other run; what differs:
-
-1. The teacher (``distill_from``, the frozen target) is required: the
-   draft reads its features, encoder output and embedding table.
-2. The head's tokens: the ``head_size`` most frequent tokens of the
-   training targets (EOS included; ties by id), counted once.
-3. The step minimises `loss.feature_losses`.
-4. Checkpoints (`checkpoints.feature_draft`: T5X's Orbax layout, the draft's
-   parameters, ``head_tokens`` [K] int32 and ``feature_config.json``); a
-   model_dir that holds one already is refused (no resumption); a run
-   may instead warm-start from an earlier one (``feature_init_from``: its
-   parameters and head tokens, a fresh optimizer and schedule).
-5. Evaluation: the loss's metrics (acceptance of the first and later
-   guesses, `alpha0_*`/`alpha1_*`) on the first ``eval_num_examples``
-   validation pairs, teacher-forced, in ``train_metrics.json``.
+"""Trains a feature-level draft (`models.feature_drafter`) by distillation
+(``train.feature_drafter``): the frozen target is the required teacher, the
+head's tokens the ``head_size`` most frequent of the training targets, the
+loss `loss.feature_losses`; no resumption (``feature_init_from``
+warm-starts); validation reports the loss's metrics, teacher-forced.
 """
 import functools
 import json
@@ -28,24 +14,19 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from specdec_jax import checkpoints
 from specdec_jax.checkpoints import feature_draft as feature_checkpoint
-from specdec_jax.config import paths
 from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 from specdec_jax.core.models.feature_drafter import init_feature_params
 from specdec_jax.data import tasks
-from specdec_jax.data import vocab as vocabulary
 from specdec_jax.files import io_utils
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
-from specdec_jax.training import teacher as teacher_lib
 from specdec_jax.training.config import TrainConfig
+from specdec_jax.training.config import apply_step
 from specdec_jax.training.loss import FeatureLossSettings
 from specdec_jax.training.loss import feature_losses
-
-METRICS_FILE = "train_metrics.json"
 
 
 def head_tokens_from_targets(targets: np.ndarray, head_size: int,
@@ -75,16 +56,8 @@ def _step_fn(config: FeatureDrafterConfig, teacher, settings, optimizer):
   loss_fn = functools.partial(feature_losses, config=config, teacher=teacher,
                               settings=settings)
 
-  def step(params, opt_state, batch, head_tokens, teacher_params):
-    (_, metrics), grads = jax.value_and_grad(loss_fn,
-                                             has_aux=True)(params, batch,
-                                                           head_tokens,
-                                                           teacher_params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    metrics["grad_norm"] = jnp.sqrt(
-        sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads)))
-    return optax.apply_updates(params, updates), opt_state, metrics
-
+  # step(params, opt_state, batch, head_tokens, teacher_params)
+  step = functools.partial(apply_step, tx, loss_fn)
   return tx, jax.jit(step), jax.jit(loss_fn)
 
 
@@ -95,16 +68,12 @@ def _evaluate(eval_fn, params, head_tokens, teacher_params, sp, examples,
                               config.max_input_length)
   targets = tasks.encode_batch(sp, [e["reference"] for e in examples],
                                config.max_target_length)
-  data = data_lib.ParallelData(sp, [("a", "b")], input_prefix="",
-                               max_input_length=config.max_input_length,
-                               max_target_length=config.max_target_length,
-                               batch_size=1, seed=0,
-                               length_bucket=config.length_bucket)
   sums: Dict[str, float] = {}
   total = 0.0
   size = config.eval_batch_size
   for i in range(0, len(examples), size):
-    batch = data.make_batch(inputs[i:i + size], targets[i:i + size])
+    batch = data_lib.make_batch(inputs[i:i + size], targets[i:i + size],
+                                config.length_bucket)
     _, m = eval_fn(params, batch, head_tokens, teacher_params)
     n = float(m["num_tokens"])
     total += n
@@ -114,12 +83,8 @@ def _evaluate(eval_fn, params, head_tokens, teacher_params, sp, examples,
 
 
 def _prepare(config: TrainConfig):
-  """Checks and reads everything a run needs, before anything slow.
-
-  Returns:
-    (resolved paths, vocabulary, validation examples, teacher, dataset,
-    head_tokens [K] int32).
-  """
+  """(resolved paths, vocabulary, validation examples, teacher, dataset,
+  head_tokens [K] int32), all checked before anything slow."""
   model: FeatureDrafterConfig = config.feature_drafter
   files = config.resolved_paths()
   if files.distill_from is None:
@@ -129,28 +94,14 @@ def _prepare(config: TrainConfig):
     raise ValueError(
         f"train.model_dir={files.model_dir} holds a checkpoint already; a "
         "feature-draft run does not resume: use a fresh model_dir.")
-  pairs = data_lib.read_training_pairs(files.source_file, files.reference_file,
-                                       config.num_train_examples)
-  examples = data_lib.read_eval_examples(files.eval_source_file,
-                                         files.eval_reference_file,
-                                         input_prefix=config.input_prefix,
-                                         num_examples=config.eval_num_examples)
-  sp = vocabulary.prepare_vocabulary(files.spm_model_path, train_vocab=False,
-                                     training_files=[],
-                                     vocab_size=config.spm_vocab_size,
-                                     spm_options=config.spm_options)
-  vocabulary.check_fits(sp, files.spm_model_path, model.layer_config)
-  teacher = teacher_lib.load_teacher(files.distill_from, config.teacher_config,
-                                     config.teacher_model_gin,
-                                     config.search_paths(),
-                                     student=model.layer_config)
-  dataset = data_lib.ParallelData(sp, pairs, input_prefix=config.input_prefix,
-                                  max_input_length=config.max_input_length,
-                                  max_target_length=config.max_target_length,
-                                  batch_size=config.batch_size,
-                                  seed=config.seed,
-                                  length_bucket=config.length_bucket,
-                                  sort_window=config.sort_window)
+  pairs, examples, sp = data_lib.read_data(config, files, model.layer_config,
+                                           train_vocab=False)
+  teacher = checkpointing.load_teacher(files.distill_from,
+                                       config.teacher_config,
+                                       config.teacher_model_gin,
+                                       config.search_paths(),
+                                       student=model.layer_config)
+  dataset = data_lib.training_batches(config, sp, pairs)
   head_tokens = head_tokens_from_targets(dataset.targets, model.head_size,
                                          model.vocab_size)
   return files, sp, examples, teacher, dataset, head_tokens
@@ -158,15 +109,11 @@ def _prepare(config: TrainConfig):
 
 def _warm_start(config: TrainConfig):
   """(params {'params': ...} float32, head_tokens [K] int32) of
-  ``feature_init_from``, or None when it is unset.
-
-  Raises:
-    ValueError: its config differs from ``feature_drafter`` (shapes or
-      widths would not match the run's).
-  """
+  ``feature_init_from``, or None when it is unset; ValueError if its config
+  differs from ``feature_drafter``."""
   if config.feature_init_from is None:
     return None
-  ckpt = paths.resolve_path(config.feature_init_from)
+  ckpt = io_utils.resolve_path(config.feature_init_from)
   old = feature_checkpoint.read_config(ckpt)
   new = config.feature_drafter
   old_fields = feature_checkpoint.config_fields(old)
@@ -198,16 +145,9 @@ def _log(step: int, num_steps: int, metrics, seconds: float) -> Dict:
 
 def train_feature_drafter(
     config: TrainConfig) -> Tuple[Dict[str, Any], Any, str]:
-  """One feature-draft run (see the module docstring).
-
-  Returns:
-    (metrics as written to train_metrics.json, final {'params': ...}, the
-    last checkpoint's path).
-
-  Raises:
-    ValueError: no teacher, a teacher of another width or vocabulary, or a
-      model_dir that holds a checkpoint already; before training.
-  """
+  """(metrics as written to train_metrics.json, final {'params': ...}, the
+  last checkpoint's path) of one feature-draft run; ValueError before
+  training for bad input (no teacher, or one of another width)."""
   t_begin = time.time()
   model: FeatureDrafterConfig = config.feature_drafter
   warm = _warm_start(config)
@@ -262,6 +202,7 @@ def train_feature_drafter(
     logging.info("Validation (teacher-forced, %d pairs): %s", len(examples),
                  metrics_out["eval"])
   metrics_out["wall_seconds"] = time.time() - t_begin
-  io_utils.atomic_write(os.path.join(files.model_dir, METRICS_FILE),
-                        json.dumps(metrics_out, indent=2))
+  io_utils.atomic_write(
+      os.path.join(files.model_dir, checkpointing.METRICS_FILE),
+      json.dumps(metrics_out, indent=2))
   return metrics_out, params, ckpt

@@ -1,16 +1,8 @@
-"""The training loss: cross-entropy on the references, or distillation.
-
-Teacher forcing: the decoder reads the targets shifted right (start token 0)
-and is scored at every non-pad target position. The loss is the
-cross-entropy (optionally label-smoothed), or with a teacher
-``w T^2 KL(p_teacher^T || q_student^T) + (1 - w) CE`` per non-pad position
-(``p^T``: softmax of logits / T), plus T5X's z-loss ``z_loss * log(Z)^2``.
-
-A shared-encoder student (`T5Config.num_encoder_layers = 0`: a draft
-decoder that reads the target's encoder) is trained on the teacher's
-encoder output: the teacher encodes each batch once (frozen: its
-parameters are an argument of the step, never differentiated), and that
-encoding feeds both the teacher's decoder and the student's.
+"""The training losses, teacher-forced: a T5 model's cross-entropy
+(label-smoothed) or with a teacher ``w T^2 KL(p_teacher^T || q_student^T) +
+(1 - w) CE``, plus T5X's z-loss ``z_loss * log(Z)^2`` (a shared-encoder
+student reads the frozen teacher's encoder output); a feature-level draft's
+`feature_losses` (docs/design/beyond_the_paper.md).
 """
 import dataclasses
 from typing import Any, Dict, Optional, Tuple
@@ -29,18 +21,8 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class LossSettings:
-  """The loss's weights (frozen, hashable: part of a compiled step's key).
-
-  Built by `TrainConfig.loss_settings()`, where the defaults live (gin's
-  ``train.*``).
-
-  Attributes:
-    label_smoothing: on the reference cross-entropy.
-    z_loss: T5X's auxiliary log(Z)^2 loss weight.
-    distill: whether a teacher's distribution is the target.
-    distill_temperature: T, applied to teacher and student logits; > 0.
-    distill_weight: w in ``w T^2 KL + (1 - w) CE``; in [0, 1].
-  """
+  """The loss's weights (`TrainConfig`'s; hashable: a compiled step's key);
+  `distill`: whether a teacher's distribution is the target."""
   label_smoothing: float
   z_loss: float
   distill: bool
@@ -62,23 +44,12 @@ def _logits(config: T5Config, params, batch, *, dropout_rng=None,
   from the model's own encoder, or from `encoded` [B, S, d] when given."""
   kwargs = dict(deterministic=dropout_rng is None,
                 rngs=None if dropout_rng is None else {"dropout": dropout_rng})
-  module = Transformer(config)
-  if encoded is None:
-    logits = module.apply(params, batch["encoder_input_tokens"],
-                          batch["decoder_input_tokens"],
-                          batch["decoder_target_tokens"], **kwargs)
-  else:
-    logits = module.apply(params, encoded, batch["encoder_input_tokens"],
-                          batch["decoder_input_tokens"],
-                          batch["decoder_target_tokens"],
-                          method=Transformer.decode, **kwargs)
-  return logits.astype(jnp.float32)
-
-
-def _encode(config: T5Config, params, batch) -> Array:
-  """[B, S, emb] the (teacher's) encoder output, no dropout."""
-  return Transformer(config).apply(params, batch["encoder_input_tokens"],
-                                   method=Transformer.encode)
+  tokens = (batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+            batch["decoder_target_tokens"])
+  if encoded is not None:
+    tokens, kwargs["method"] = (encoded,) + tokens, Transformer.decode
+  return Transformer(config).apply(params, *tokens,
+                                   **kwargs).astype(jnp.float32)
 
 
 def _kl(t_logits: Array, logits: Array, log_q: Array,
@@ -94,26 +65,19 @@ def compute_losses(
     params, batch, dropout_rng, *, config: T5Config, settings: LossSettings,
     teacher_config: Optional[T5Config] = None,
     teacher_params: Any = None) -> Tuple[Array, Dict[str, Array]]:
-  """Per-batch loss and metrics (all means over non-pad target tokens).
-
-  Args:
-    params: {'params': ...} of the student.
-    batch: `ParallelData.make_batch` arrays.
-    dropout_rng: PRNG key, used iff ``config.dropout_rate > 0``.
-    config, settings: the student and the loss.
-    teacher_config, teacher_params: the teacher, when ``settings.distill``.
-
-  Returns:
-    (loss [], metrics: ce, num_tokens, accuracy, z, loss, and kl when
-    distilling).
-  """
+  """(loss [], metrics: ce, num_tokens, accuracy, z, loss, and kl when
+  distilling), means over non-pad target tokens, of the student `config`,
+  `params` on a `data.make_batch` batch; `dropout_rng` used iff
+  ``config.dropout_rate > 0``; the teacher when ``settings.distill``."""
   encoded = None
   if not config.has_encoder:  # A shared-encoder student: the teacher's.
     if not settings.distill:
       raise ValueError("A student without an encoder (num_encoder_layers=0) "
                        "reads its teacher's encoder: set distill_from.")
     encoded = jax.lax.stop_gradient(
-        _encode(teacher_config, teacher_params, batch))
+        Transformer(teacher_config).apply(teacher_params,
+                                          batch["encoder_input_tokens"],
+                                          method=Transformer.encode))
   logits = _logits(
       config, params, batch,
       dropout_rng=(dropout_rng if config.dropout_rate > 0 else None),
@@ -153,38 +117,16 @@ def compute_losses(
   return loss, metrics
 
 
-# -- feature loss --------------------------------------------------------------
-# The loss of a feature-level draft (`models.feature_drafter`), distilled.
-#
-# The frozen target (the teacher) encodes each batch once and decodes it by
-# teacher forcing, giving its top hidden states f_t [B, T, F] and its
-# distributions p_t [B, T, V]. The draft reads (f_{t-1}, x_t) at each
-# position (pass 1: the target's features, as at the first guess of an
-# iteration) and, in an unrolled pass 2, (f̂_{t-1}, x_t) with its own
-# predictions f̂ from pass 1 in place of the target's (as at its later
-# guesses, where it feeds back its own predicted state: EAGLE-3's training-time
-# test, one step deep). Per pass and non-pad position:
-#
-#   head loss     -sum_{k in head} p_t(k) log q_t(k): the KL from the teacher's
-#                 distribution restricted to the head to q (q is 0 off the head,
-#                 so the full KL would be infinite; the mass off the head is a
-#                 constant of the draft and reported as `off_head`);
-#   feature loss  |f̂_t - f_t|^2 / mean |f_t|^2: EAGLE's regression of the
-#                 next feature, scaled so that 1 means "predicts zeros".
-#
-# loss = head_1 + w_u head_2 + w_f (feature_1 + w_u feature_2). Metrics also
-# give the acceptance rates the draft would have on its first and later
-# guesses: `alpha0_*` (argmax q = argmax p, temperature 0) and `alpha1_*`
-# (sum_v min(p, q), temperature 1, the paper's β).
+# The feature draft reads (f_{t-1}, x_t) with the teacher's features f (pass
+# 1), then its own pass-1 predictions f̂ (pass 2, as at its later guesses).
+# Per pass: head loss -sum_{k in head} p(k) log q(k) (the KL from p restricted
+# to the head; the mass off it is `off_head`), feature loss |f̂ - f|^2 / mean
+# |f|^2; loss = head_1 + w_u head_2 + w_f (feature_1 + w_u feature_2) + z-loss.
+# `alpha0_*`/`alpha1_*`: acceptance at temperature 0 and 1.
 @dataclasses.dataclass(frozen=True)
 class FeatureLossSettings:
-  """Weights of the feature draft's loss (hashable: a compiled step's key).
-
-  Attributes:
-    feature_weight: w_f, the feature regression's weight (>= 0).
-    unroll_weight: w_u, pass 2's weight (>= 0; 0 skips pass 2).
-    z_loss: T5X's log(Z)^2 weight on the head's logits.
-  """
+  """Weights of the feature draft's loss (hashable: a compiled step's key):
+  w_f, w_u (0 skips pass 2) and z-loss on the head's logits, all >= 0."""
   feature_weight: float = 1.0
   unroll_weight: float = 1.0
   z_loss: float = 1e-4
@@ -197,12 +139,8 @@ class FeatureLossSettings:
 
 
 def teacher_outputs(teacher: T5Config, teacher_params, batch) -> Dict[str, Any]:
-  """The frozen teacher's encoder output, features, probabilities, embedding.
-
-  Returns:
-    encoded [B, S, F], features [B, T, F], probs [B, T, V] float32 (T = 1),
-    embedded [B, T, F] (its embedding of the decoder inputs); no gradient.
-  """
+  """The frozen teacher's encoded [B, S, F], features [B, T, F], probs
+  [B, T, V] float32 and embedded decoder inputs [B, T, F]; no gradient."""
   module = Transformer(teacher)
   tokens = batch["encoder_input_tokens"]
   encoded = module.apply(teacher_params, tokens, method=Transformer.encode)
@@ -249,15 +187,9 @@ def _pass_terms(pred: Array, head_logits: Array, teacher: Dict[str, Any],
 def feature_losses(params, batch, head_tokens: Array, teacher_params, *,
                    config: FeatureDrafterConfig, teacher: T5Config,
                    settings: FeatureLossSettings) -> Tuple[Array, Dict]:
-  """(loss [], metrics) of one batch; see the module docstring.
-
-  Args:
-    params: the draft's {'params': ...}.
-    batch: `ParallelData.make_batch` arrays.
-    head_tokens: [K] int32 the head's tokens.
-    teacher_params: the frozen target's {'params': ...}.
-    config, teacher, settings: the draft, the target and the loss weights.
-  """
+  """(loss [], metrics) of the feature draft `config`, `params` (comment
+  above) on a `data.make_batch` batch, its head's tokens [K] int32, the
+  frozen target `teacher`, `teacher_params`."""
   t_out = teacher_outputs(teacher, teacher_params, batch)
   targets = batch["decoder_target_tokens"]
   mask = (targets > 0).astype(jnp.float32)

@@ -1,31 +1,11 @@
 """`train_and_evaluate`: one training run, from files to a scored checkpoint.
 
-In order, every check before the first step:
-
-0. MODEL_DIR (`checkpointing.claim_model_dir`): created and locked for the
-   run's life (a second `train` into it is refused, naming the first); a
-   latest checkpoint of other settings is refused unless
-   ``train.overwrite=True`` (then replaced after every check passed).
-1. Data (`data`): the parallel files are read and validated.
-2. Vocabulary (`vocabulary`): loaded, or trained first if allowed; T5
-   conventions and the model's vocab_size checked; a resumed model_dir
-   must have been trained with the same file (`checkpointing`).
-3. Teacher (`teacher`), when distilling: checkpoint, config and weights.
-   A shared-encoder student (`T5Config.num_encoder_layers = 0`) needs one:
-   it trains on the teacher's frozen encoder output (`loss`), and its
-   validation BLEU decodes on the teacher's encoder.
-4. State: fresh parameters (`parameters.random_params`) and optimizer state,
-   or, if ``model_dir`` holds a checkpoint, parameters, optimizer state and
-   step restored from the latest one (`checkpointing`).
-5. Training: the jitted step (`train_step_fn`: `loss`, `config.make_optimizer`) over
-   `data.ParallelData`'s batches; loss, learning rate, steps/s and tokens/s
-   logged every ``log_every_steps``; a checkpoint every
-   ``save_every_steps`` and at the end, keeping the last
-   ``keep_checkpoints``.
-6. Evaluation (`evaluate_bleu`): greedy decoding of the first
-   ``eval_num_examples`` validation examples, corpus BLEU, logged and
-   written with the training metrics to ``model_dir/train_metrics.json``
-   (atomically).
+Everything is checked before the first step: MODEL_DIR claimed, data and
+vocabulary read (a resumed model_dir must use the same vocabulary), the
+teacher loaded when distilling (a shared-encoder student trains and decodes
+on its encoder). Then the jitted step (`train_step_fn`) from a fresh or the
+latest checkpoint's state, logged and saved periodically, and the greedy
+validation BLEU, written to ``model_dir/train_metrics.json``.
 """
 import contextlib
 import dataclasses
@@ -34,56 +14,42 @@ import json
 import math
 import os
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from specdec_jax import checkpoints
-from specdec_jax.checkpoints import parameters
 from specdec_jax.config import gin_reader
-from specdec_jax.config import paths
 from specdec_jax.core import decoding
 from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.t5 import T5Model
 from specdec_jax.data import tasks
-from specdec_jax.data import vocab as vocabulary
 from specdec_jax.files import io_utils
 from specdec_jax.metrics import quality as metrics
 from specdec_jax.terminal import console
 from specdec_jax.training import checkpointing
 from specdec_jax.training import data as data_lib
 from specdec_jax.training import feature_trainer
-from specdec_jax.training import teacher as teacher_lib
 from specdec_jax.training.config import OptimizerSettings
 from specdec_jax.training.config import TrainConfig
 from specdec_jax.training.config import TrainPaths
+from specdec_jax.training.config import apply_step
 from specdec_jax.training.loss import LossSettings
 from specdec_jax.training.loss import compute_losses
-
-METRICS_FILE = "train_metrics.json"
 
 
 @dataclasses.dataclass
 class TrainResult:
-  """What `train_and_evaluate` returns.
-
-  Attributes:
-    step: the step reached (== num_steps).
-    start_step: the step training started from (> 0 when resumed).
-    params: final {'params': ...}.
-    opt_state: final optimizer state.
-    history: one dict per step run now: step, loss, ce (and kl when
-      distilling), accuracy, grad_norm.
-    metrics: what was written to model_dir/train_metrics.json.
-    checkpoint: path of the last checkpoint.
-    config: the trained model's T5Config.
-  """
+  """What `train_and_evaluate` returns: the step reached and the one it
+  started from (> 0 when resumed), the final {'params': ...} and optimizer
+  state, one dict of metrics per step run now (`history`), what was written
+  to train_metrics.json (`metrics`), the last checkpoint's path and the
+  model's T5Config."""
   step: int
   start_step: int
   params: Any
@@ -205,8 +171,7 @@ class _Progress:
     out = {}
     history, n = self.history, self._log_every
     if history:
-      head, tail = history[:min(len(history), n
-                               )], history[-min(len(history), n):]
+      head, tail = history[:n], history[-n:]
       out.update({
           "initial_loss": history[0]["loss"],
           "first_window_loss": float(np.mean([h["loss"] for h in head])),
@@ -228,7 +193,7 @@ def _initial_state(model: T5Config, tx, model_dir: str, init_rng) -> _State:
   with console.phase(
       f"Setting up {model.num_params} parameters and the optimizer state "
       f"(fresh, or the latest checkpoint in {model_dir})"):
-    params = {"params": parameters.random_params(model, init_rng)}
+    params = {"params": checkpoints.random_params(model, init_rng)}
     opt_state = tx.init(params)
     last = checkpoints.latest_checkpoint(model_dir)
     if last is None:
@@ -280,7 +245,8 @@ def _write_run_files(model_dir: str, model: T5Config, spm_path: str) -> None:
   """model_config.json, the vocabulary's record and the operative gin
   config (config.gin), after `checkpointing.check_vocabulary`."""
   checkpointing.write_model_config(model_dir, model)
-  checkpointing.write_vocabulary_record(model_dir, spm_path)
+  io_utils.write_json(os.path.join(model_dir, checkpointing.VOCABULARY_FILE),
+                      checkpointing.vocabulary_record(spm_path))
   try:
     io_utils.atomic_write(os.path.join(model_dir, "config.gin"),
                           gin.operative_config_str())
@@ -299,7 +265,7 @@ def _run_metrics(config: TrainConfig, files: TrainPaths, model: T5Config, state,
       "num_params": model.num_params,
       "model_config": gin_reader.t5_config_fields(model),
       "checkpoint": state.checkpoint,
-      "spm_model_path": (files.spm_model_path if paths.is_url(
+      "spm_model_path": (files.spm_model_path if io_utils.is_url(
           files.spm_model_path) else os.path.abspath(files.spm_model_path)),
       "vocab_pieces": sp.get_piece_size(),
       "input_prefix": config.input_prefix,
@@ -311,17 +277,17 @@ def _run_metrics(config: TrainConfig, files: TrainPaths, model: T5Config, state,
 
 
 def train_and_evaluate(config: TrainConfig) -> TrainResult:
-  """Trains (or resumes training of) one T5 model; see the module docstring.
-
-  Raises:
-    ValueError: bad input (MODEL_DIR, data files, vocabulary, teacher),
-      before training.
-  """
+  """Trains (or resumes training of) one model (module docstring);
+  ValueError for bad input, before training."""
   model_dir = config.resolved_paths().model_dir
   if config.feature_drafter is not None:  # never resumes: the lock only
     held, _ = checkpointing.claim_model_dir(model_dir, None, config.overwrite)
     with held:
-      return _train_feature_drafter(config)
+      metrics, params, ckpt = feature_trainer.train_feature_drafter(config)
+    return TrainResult(step=config.num_steps, start_step=0, params=params,
+                       opt_state=None, history=metrics["history"],
+                       metrics=metrics, checkpoint=ckpt,
+                       config=config.feature_drafter.layer_config)
   model = config.model_config or T5Config()  # pylint: disable=no-value-for-parameter
   held, replace = checkpointing.claim_model_dir(
       model_dir, checkpointing.settings_record(config, model), config.overwrite)
@@ -334,17 +300,9 @@ def _train(config: TrainConfig, model: T5Config, replace: bool) -> TrainResult:
   afresh, its checkpoints of other settings removed after the checks)."""
   t_begin = time.time()
   files: TrainPaths = config.resolved_paths()
-  # 1-3: everything that can be wrong, before anything slow.
-  pairs = data_lib.read_training_pairs(files.source_file, files.reference_file,
-                                       config.num_train_examples)
-  eval_examples = data_lib.read_eval_examples(
-      files.eval_source_file, files.eval_reference_file,
-      input_prefix=config.input_prefix, num_examples=config.eval_num_examples)
-  sp = vocabulary.prepare_vocabulary(
-      files.spm_model_path, train_vocab=config.train_vocab, training_files=[
-          f for f in (files.source_file, files.reference_file) if f
-      ], vocab_size=config.spm_vocab_size, spm_options=config.spm_options)
-  vocabulary.check_fits(sp, files.spm_model_path, model)
+  # Everything that can be wrong, before anything slow.
+  pairs, eval_examples, sp = data_lib.read_data(config, files, model,
+                                                train_vocab=config.train_vocab)
   if not replace:
     checkpointing.check_vocabulary(files.model_dir, files.spm_model_path)
   teacher = None
@@ -354,21 +312,14 @@ def _train(config: TrainConfig, model: T5Config, replace: bool) -> TrainResult:
         "reads its teacher's encoder; set distill_from (the target whose "
         "encoder it reads) and the teacher's config.")
   if files.distill_from is not None:
-    teacher = teacher_lib.load_teacher(files.distill_from,
-                                       config.teacher_config,
-                                       config.teacher_model_gin,
-                                       config.search_paths(), student=model)
+    teacher = checkpointing.load_teacher(files.distill_from,
+                                         config.teacher_config,
+                                         config.teacher_model_gin,
+                                         config.search_paths(), student=model)
     logging.info("Distilling from %s (%d params, T=%g, weight=%g).",
                  teacher.checkpoint, teacher.config.num_params,
                  config.distill_temperature, config.distill_weight)
-  dataset = data_lib.ParallelData(sp, pairs, input_prefix=config.input_prefix,
-                                  max_input_length=config.max_input_length,
-                                  max_target_length=config.max_target_length,
-                                  batch_size=config.batch_size,
-                                  seed=config.seed,
-                                  length_bucket=config.length_bucket,
-                                  sort_window=config.sort_window)
-  # 4. State: fresh or resumed.
+  dataset = data_lib.training_batches(config, sp, pairs)
   optimizer = config.optimizer_settings()
   tx, step_fn = train_step_fn(model, teacher and teacher.config,
                               config.loss_settings(), optimizer)
@@ -384,141 +335,85 @@ def _train(config: TrainConfig, model: T5Config, replace: bool) -> TrainResult:
       "Training %s: %d params, %d examples (%d steps/epoch), batch %d, "
       "steps %d -> %d.", files.model_dir, model.num_params, len(dataset),
       dataset.steps_per_epoch, config.batch_size, start_step, config.num_steps)
-  # 5. Train.
   progress = _Progress(config.log_every_steps, config.num_steps,
                        optimizer.schedule())
   state = _train_loop(config, model, files, state, dataset, step_fn, teacher and
                       teacher.params, dropout_rng, progress)
-  _write_run_gins(files, model)
-  # 6. Evaluate and write metrics.
+  gins = checkpointing.write_run_gin_files(files.model_dir, model,
+                                           files.spm_model_path)
+  logging.info(
+      "Wrote %s: this model as a run's %s (give it after an experiment "
+      "file)", ", ".join(gins.values()), " or ".join(gins))
   metrics = _run_metrics(config, files, model, state, start_step, sp,
                          len(dataset), progress, teacher)
   if eval_examples:
-    metrics["eval"] = _evaluate(config, model, state.params, sp, eval_examples,
-                                teacher)
+    metrics["eval"] = evaluate_bleu(config, model, state.params, sp,
+                                    eval_examples, teacher)
   metrics["wall_seconds"] = time.time() - t_begin
-  io_utils.atomic_write(os.path.join(files.model_dir, METRICS_FILE),
-                        json.dumps(metrics, indent=2, ensure_ascii=False))
+  io_utils.atomic_write(
+      os.path.join(files.model_dir, checkpointing.METRICS_FILE),
+      json.dumps(metrics, indent=2, ensure_ascii=False))
   return TrainResult(step=state.step, start_step=start_step,
                      params=state.params, opt_state=state.opt_state,
                      history=progress.history, metrics=metrics,
                      checkpoint=state.checkpoint, config=model)
 
 
-def _write_run_gins(files: TrainPaths, model: T5Config) -> None:
-  """as_target.gin / as_draft.gin beside the checkpoints, and a line."""
-  gins = checkpointing.write_run_gin_files(files.model_dir, model,
-                                           files.spm_model_path)
-  logging.info(
-      "Wrote %s: this model as a run's %s (give it after an experiment "
-      "file)", ", ".join(gins.values()), " or ".join(gins))
-
-
-def _train_feature_drafter(config: TrainConfig) -> TrainResult:
-  """A feature-level draft's run (`feature_trainer`)."""
-  metrics, params, ckpt = feature_trainer.train_feature_drafter(config)
-  return TrainResult(step=config.num_steps, start_step=0, params=params,
-                     opt_state=None, history=metrics["history"],
-                     metrics=metrics, checkpoint=ckpt,
-                     config=config.feature_drafter.layer_config)
-
-
-def _evaluate(config: TrainConfig, model: T5Config, params, sp, examples,
-              teacher=None) -> Dict[str, Any]:
-  """Greedy validation BLEU (`evaluate_bleu`), logged; a
-  shared-encoder student decodes on the teacher's encoder."""
-  encoder = None
-  if not model.has_encoder:
-    encoder = T5Model(teacher.config, teacher.params)
-  ev = evaluate_bleu(
-      model, params, sp, examples, encoder=encoder,
-      batch_size=config.eval_batch_size,
-      max_input_length=config.max_input_length,
-      max_decode_length=(config.eval_max_decode_length or
-                         config.max_target_length))
-  logging.info("Validation BLEU (greedy, %d examples): %.2f",
-               ev["num_examples"], ev["bleu"])
-  for s in ev["samples"][:3]:
-    logging.info("  %s\n    ref: %s\n    hyp: %s", s["input"], s["reference"],
-                 s["prediction"])
-  return ev
-
-
-# -- step ----------------------------------------------------------------------
-# One jitted training step: loss, gradients, an optimizer update.
 @functools.lru_cache(maxsize=16)
 def train_step_fn(config: T5Config, teacher_config: Optional[T5Config],
                   loss: LossSettings, optimizer: OptimizerSettings):
-  """(optax optimizer, jitted step), cached so repeated runs reuse compilations.
-
-  The step is ``step_fn(params, opt_state, batch, rng, step, teacher_params)
-  -> (params, opt_state, metrics)``: `compute_losses`' metrics plus
-  grad_norm and input_tokens; dropout's key is `rng` folded with `step`, so
-  a resumed run draws the keys an uninterrupted one would.
-  """
+  """(optax optimizer, jitted ``step_fn(params, opt_state, batch, rng, step,
+  teacher_params) -> (params, opt_state, metrics + input_tokens)``), cached
+  across runs. Dropout's key is `rng` folded with `step`: a resumed run
+  draws the keys an uninterrupted one would."""
   tx = optimizer.make()
 
   def step_fn(params, opt_state, batch, rng, step, teacher_params):
-    dropout_rng = jax.random.fold_in(rng, step)
-    grad_fn = jax.value_and_grad(
-        functools.partial(compute_losses, config=config, settings=loss,
-                          teacher_config=teacher_config,
-                          teacher_params=teacher_params), has_aux=True)
-    (_, metrics), grads = grad_fn(params, batch, dropout_rng)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    metrics["grad_norm"] = jnp.sqrt(
-        sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads)))
+    loss_fn = functools.partial(compute_losses, config=config, settings=loss,
+                                teacher_config=teacher_config,
+                                teacher_params=teacher_params)
+    params, opt_state, metrics = apply_step(tx, loss_fn, params,
+                                            opt_state, batch,
+                                            jax.random.fold_in(rng, step))
     metrics["input_tokens"] = (batch["encoder_input_tokens"] > 0).sum()
     return params, opt_state, metrics
 
   return tx, jax.jit(step_fn)
 
 
-# -- evaluation ----------------------------------------------------------------
-# Validation BLEU: greedy decoding of held-out sentences, scored by sacrebleu.
-#
-# Batches have one shape (`padded_batches`): a jitted decoder compiles once per
-# input shape, so a short last batch is padded by repeating its last row (a
-# real input) and the extra rows' outputs are dropped.
-def evaluate_bleu(config: T5Config, params, sp,
-                  examples: Sequence[Mapping[str, str]], *, batch_size: int,
-                  max_input_length: int, max_decode_length: int,
-                  encoder: Optional[T5Model] = None) -> Dict[str, Any]:
-  """Greedy-decodes examples [{'input', 'reference'}]; corpus BLEU and samples.
-
-  Args:
-    config, params: the model ({'params': ...}); dropout is switched off.
-    sp: the SentencePiece vocabulary.
-    batch_size: decoding batch (at most the number of examples); the last
-      batch is padded (`padded_batches`), so one compilation serves all.
-    max_input_length, max_decode_length: truncation and decode lengths.
-    encoder: for a decoder without an encoder (a shared-encoder draft), the
-      model whose encoder it reads (`SharedEncoderModel`).
-
-  Returns:
-    bleu (`metrics.bleu`, sacrebleu), num_examples, decode_seconds, and the
-    first 5 samples {input, reference, prediction}.
-  """
-  model = T5Model(config.replace(dropout_rate=0.0), params)
-  if encoder is not None:
-    model = SharedEncoderModel.pair(encoder, model)
+def evaluate_bleu(config: TrainConfig, model_config: T5Config, params, sp,
+                  examples: Sequence[Mapping[str, str]],
+                  teacher=None) -> Dict[str, Any]:
+  """Greedy validation BLEU of `model_config`, `params` (no dropout; a
+  shared-encoder student decodes on the teacher's encoder) on examples
+  [{'input', 'reference'}], logged: bleu (sacrebleu), num_examples,
+  decode_seconds and the first 5 samples {input, reference, prediction}.
+  Batches of ``eval_batch_size`` (the last repeats its last row: one
+  compilation)."""
+  model = T5Model(model_config.replace(dropout_rate=0.0), params)
+  if not model_config.has_encoder:
+    model = SharedEncoderModel.pair(T5Model(teacher.config, teacher.params),
+                                    model)
   inputs = tasks.encode_batch(sp, [ex["input"] for ex in examples],
-                              max_input_length)
+                              config.max_input_length)
   inputs = inputs[:, :max(1, int((inputs > 0).sum(1).max()))]
-  batch_size = max(1, min(batch_size, len(examples)))
+  batch_size = max(1, min(config.eval_batch_size, len(examples)))
   pieces = sp.get_piece_size()
   predictions = []
   start = time.time()
-  for chunk, real in padded_batches(inputs, batch_size):
-    out = decoding.temperature_sample(model, chunk, jax.random.PRNGKey(0),
-                                      max_decode_length=max_decode_length,
-                                      temperature=0.0)
+  for lo in range(0, len(inputs), batch_size):
+    chunk = inputs[lo:lo + batch_size]
+    real = len(chunk)
+    chunk = np.concatenate([chunk] + [chunk[-1:]] * (batch_size - real))
+    out = decoding.temperature_sample(
+        model, chunk, jax.random.PRNGKey(0),
+        max_decode_length=(config.eval_max_decode_length or
+                           config.max_target_length), temperature=0.0)
     tokens = np.asarray(out.tokens)[:real]
     # Ids past the vocabulary (vocab_size may exceed it) decode as padding.
     tokens = np.where(tokens < pieces, tokens, 0)
     predictions.extend(tasks.decode_tokens(sp, tokens))
-  return {
+  ev = {
       "bleu": metrics.bleu(predictions, [ex["reference"] for ex in examples]),
       "num_examples": len(examples),
       "decode_seconds": time.time() - start,
@@ -528,27 +423,9 @@ def evaluate_bleu(config: T5Config, params, sp,
           "prediction": p
       } for ex, p in list(zip(examples, predictions))[:5]],
   }
-
-
-def pad_rows(rows: np.ndarray, batch_size: int) -> np.ndarray:
-  """`rows` [n, ...] with its last row repeated up to [batch_size, ...]."""
-  n = rows.shape[0]
-  if not 1 <= n <= batch_size:
-    raise ValueError(f"pad_rows: {n} rows for batch_size {batch_size} "
-                     "(allowed: 1 to batch_size rows).")
-  if n == batch_size:
-    return rows
-  return np.concatenate([rows, np.repeat(rows[-1:], batch_size - n, axis=0)])
-
-
-def padded_batches(array: np.ndarray,
-                   batch_size: int) -> Iterator[Tuple[np.ndarray, int]]:
-  """Yields (batch [batch_size, ...], number of real rows) over `array`'s rows.
-
-  Every batch has `batch_size` rows; the last one is padded by `pad_rows`.
-  """
-  if batch_size < 1:
-    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
-  for start in range(0, len(array), batch_size):
-    chunk = array[start:start + batch_size]
-    yield pad_rows(chunk, batch_size), len(chunk)
+  logging.info("Validation BLEU (greedy, %d examples): %.2f", len(examples),
+               ev["bleu"])
+  for sample in ev["samples"][:3]:
+    logging.info("  %s\n    ref: %s\n    hyp: %s", sample["input"],
+                 sample["reference"], sample["prediction"])
+  return ev

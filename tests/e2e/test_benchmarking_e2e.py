@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from specdec_jax.checkpoints import parameters
+from specdec_jax import checkpoints
 from specdec_jax.core import decoding
 from specdec_jax.core.models import T5Model
 from tools.benchmarks import common
@@ -93,8 +93,8 @@ def test_greedy_identity_check_reports_a_difference(monkeypatch):
   config = common.resolve_model_config("tiny", "target")[0]
   target = T5Model(
       config, {
-          "params": parameters.random_params(config, jax.random.PRNGKey(0),
-                                             dtype=jnp.float32)
+          "params": checkpoints.random_params(config, jax.random.PRNGKey(0),
+                                              dtype=jnp.float32)
       })
   inputs = jnp.full((2, 4), 5, jnp.int32)
   real = decoding.speculative_sample

@@ -14,7 +14,6 @@ from specdec_jax import certify
 from specdec_jax.core import acceptance
 from specdec_jax.core import sampling
 from specdec_jax.core.protocols import Verdict
-from specdec_jax.experiment import certificate
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import plan as plan_lib
 
@@ -54,8 +53,8 @@ def _args(bindings, gin_file="local_tiny.gin"):
 def test_the_run_is_certified():
   """Greedy identity through the run's own registries: Algorithm 1 passes
   on N = 4 examples; at T = 0 there is no distribution test."""
-  settings = certificate.CertifySettings(examples=4)
-  good = certificate.certify(_args([]), settings)
+  settings = certify.CertifySettings(examples=4)
+  good = certify.certify(_args([]), settings)
   assert good["certified"] and not good["failed"]
   assert good["greedy_identity"] == {
       "examples": 4,
@@ -70,7 +69,7 @@ def _certify_buggy(bindings, settings):
   """certify with the greedy bonus off-by-one registered as a decode mode."""
   decode_modes.register(_BuggyMode())
   try:
-    return certificate.certify(
+    return certify.certify(
         _args(["ACCEPTANCE = 'planted_bonus_off_by_one'", *bindings]), settings)
   finally:
     decode_modes.SAMPLING.pop(_BuggyMode.name)
@@ -79,7 +78,7 @@ def _certify_buggy(bindings, settings):
 def test_a_planted_greedy_bug_is_caught():
   """A decode mode registered with a bonus-token off-by-one fails greedy
   identity, naming each mismatch's first differing position."""
-  bad = _certify_buggy([], certificate.CertifySettings(examples=4))
+  bad = _certify_buggy([], certify.CertifySettings(examples=4))
   assert bad["failed"] and not bad["certified"]
   identity = bad["greedy_identity"]
   assert identity["identical"] < 4 and identity["mismatches"]
@@ -92,8 +91,8 @@ def test_a_certificate_fails_fast():
   """With fail_fast, a failed greedy identity at T = 1 skips the
   distribution test (which would otherwise draw `samples` rows twice);
   without it, certify would run it (`sampled`), as the record shows."""
-  settings = certificate.CertifySettings(examples=4, samples=64, chunk=64,
-                                         fail_fast=True)
+  settings = certify.CertifySettings(examples=4, samples=64, chunk=64,
+                                     fail_fast=True)
   bad = _certify_buggy(["TEMPERATURE = 1.0"], settings)
   assert bad["failed"] and not bad["certified"]
   assert bad["greedy_identity"]["identical"] < 4
@@ -179,16 +178,16 @@ def pair_models():
 def _distribution(bug, pair_models, planted=True):
   """certify's distribution test of the tiny pair at PLANTED[bug]'s
   settings (fail fast), with the planted rule `bug` (or Algorithm 1)."""
-  settings = certificate.CertifySettings(length=3, samples=SAMPLES,
-                                         chunk=SAMPLES, fail_fast=True)
+  settings = certify.CertifySettings(length=3, samples=SAMPLES, chunk=SAMPLES,
+                                     fail_fast=True)
   if not planted:
-    return certificate.distribution_test(_args(PLANTED[bug]), settings,
-                                         pair_models)[0]
+    return certify.distribution_test(_args(PLANTED[bug]), settings,
+                                     pair_models)[0]
   # A mode's name is what it is (a class attribute): one class per bug.
   decode_modes.register(
       type(f"_Planted_{bug}", (_PlantedMode,), {"name": bug})())
   try:
-    return certificate.distribution_test(
+    return certify.distribution_test(
         _args([*PLANTED[bug], f"ACCEPTANCE = '{bug}'"]), settings,
         pair_models)[0]
   finally:

@@ -10,17 +10,17 @@ import jax
 import numpy as np
 import pytest
 
+from specdec_jax import report
 from specdec_jax import checkpoints
 from specdec_jax import run as run_lib
-from specdec_jax.config import gin_reader
 from specdec_jax.experiment import arguments
+from specdec_jax.files import io_utils
 from specdec_jax.experiment import price_cache
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import runner
 from specdec_jax.experiment import summary
 from specdec_jax.experiment.plan import RunPlan
 from specdec_jax.metrics import run_metrics
-from specdec_jax.reporting import loading as report_loading
 from specdec_jax.core.models import init_params
 from specdec_jax.core.models import param_shapes
 
@@ -28,7 +28,7 @@ from run_helpers import parse_gin_files
 from run_helpers import run_cli
 
 EXPERIMENTS = sorted(p.name
-                     for p in gin_reader.GIN_DIR.glob("*.gin")
+                     for p in io_utils.GIN_DIR.glob("*.gin")
                      if p.name not in ("run.gin",))
 BEFORE_43 = pathlib.Path(__file__).parents[1] / "fixtures" / "before_issue43"
 
@@ -243,9 +243,9 @@ def test_price_call_cost_false_skips_pricing_and_says_so(tmp_path, caplog):
   # The same decode: a re-run with pricing replaces it without OVERWRITE.
   assert "price_call_cost" not in written["settings"]["run"]
   # `report` leaves it out (its tables need c), saying why.
-  with pytest.raises(report_loading.ReportError,
+  with pytest.raises(report.ReportError,
                      match=r"only PRICE_CALL_COST=False runs \(1\)"):
-    report_loading.load_results(str(tmp_path))
+    report.load_results(str(tmp_path))
 
 
 def _rows(path: pathlib.Path):

@@ -14,6 +14,7 @@ import pytest
 from conftest import MULTI30K
 from conftest import require_shared
 from conftest import tiny_config
+from specdec_jax.config import flag_utils
 from specdec_jax import checkpoints
 from specdec_jax.config import gin_utils
 from specdec_jax.multihost import partitioning
@@ -111,7 +112,7 @@ def test_a_missing_model_under_outputs_points_to_the_shipped_pairs(
   """multi30k_1m.gin & co. read models trained here (outputs/...): when
   they are missing, the error names the shipped pairs."""
   monkeypatch.chdir(tmp_path)
-  with pytest.raises(gin_utils.ConfigError,
+  with pytest.raises(flag_utils.ConfigError,
                      match=r"does not exist .*pretrained_multi30k\.gin"):
     loading.vocabulary("outputs/no_such/spm.model", 0)
   with pytest.raises(

@@ -10,12 +10,13 @@ import pytest
 from run_helpers import arguments_with
 from run_helpers import certify_arguments
 
+from specdec_jax.config import flag_utils
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import loading  # noqa: F401  # registers vocabulary
-from specdec_jax.experiment import output_dir
+from specdec_jax.experiment import plan as plan_lib
 from tools import generate_docs
 
 from conftest import REPO
@@ -110,7 +111,7 @@ def test_docs_table_lists_every_macro():
 def test_every_macro_passes_the_typo_check_and_a_typo_is_named():
   known = gin_reader.gin_file_macros(["run.gin"])
   assert set(arguments.MACROS.values()) <= known
-  with pytest.raises(gin_utils.ConfigError) as e:
+  with pytest.raises(flag_utils.ConfigError) as e:
     gin_utils.parse_gin(["local_tiny.gin"], ["NUM_EXAMPLE=3"], finalize=False,
                         check_macros=True)
   assert str(e.value).startswith(
@@ -121,7 +122,7 @@ def test_every_macro_passes_the_typo_check_and_a_typo_is_named():
 def test_an_unknown_override_is_named_with_the_closest_arguments(tmp_path):
   gin_utils.parse_gin(["local_tiny.gin"], [f"OUTPUT_DIR = '{tmp_path}'"],
                       finalize=False)
-  with pytest.raises(gin_utils.ConfigError) as e:
+  with pytest.raises(flag_utils.ConfigError) as e:
     arguments.run_arguments(overrides={"gama": 3})
   message = str(e.value)
   assert message.startswith("Unknown run arguments ['gama']; did you mean "
@@ -147,7 +148,7 @@ def test_an_unknown_override_is_named_with_the_closest_arguments(tmp_path):
 ])
 def test_every_argument_has_its_declared_type(tiny, name, value, allowed):
   macro = arguments.MACROS[name]
-  with pytest.raises(gin_utils.ConfigError) as e:
+  with pytest.raises(flag_utils.ConfigError) as e:
     arguments.run_arguments(overrides={name: value})
   assert str(e.value).startswith(f"{macro}={value!r} (run.{name}): allowed: "
                                  f"{allowed} (got {type(value).__name__})")
@@ -172,7 +173,7 @@ def test_every_component_setting_has_its_declared_type(tiny, bindings, where,
                                                        allowed):
   macro, value = bindings[-1 if "CORPUS" not in bindings[-1] else -2].split(
       " = ")
-  with pytest.raises(gin_utils.ConfigError) as e:
+  with pytest.raises(flag_utils.ConfigError) as e:
     arguments_with(*bindings)
   assert str(e.value).startswith(f"{macro}={value} ({where}): allowed: "
                                  f"{allowed}"), str(e.value)
@@ -208,7 +209,7 @@ def test_a_setting_of_a_component_not_chosen_is_refused(tiny, bindings,
   """One rule for every component: each pairwise check it replaced
   (`_check_tree`, the beam macros' `check_unused`, the modes' "exact
   only") would let some of these pass or name them differently."""
-  with pytest.raises(gin_utils.ConfigError) as e:
+  with pytest.raises(flag_utils.ConfigError) as e:
     arguments_with(*bindings)
   assert str(e.value).startswith(refused), str(e.value)
 
@@ -236,8 +237,8 @@ def _record(args):
   class Vocab:
     vocab_size = 300
 
-  return output_dir.settings_record(args, decode_modes.mode_of(args), config,
-                                    config, Vocab())["run"]
+  return plan_lib.settings_record(args, decode_modes.mode_of(args), config,
+                                  config, Vocab())["run"]
 
 
 @pytest.mark.parametrize("macros,injected", [
@@ -297,7 +298,7 @@ def test_the_settings_record_keeps_the_flat_keys():
 @pytest.mark.parametrize("gamma", [2.5, None, "x"])
 def test_gamma_keeps_its_own_words(tiny, gamma):
   with pytest.raises(
-      gin_utils.ConfigError,
+      flag_utils.ConfigError,
       match=f"GAMMA={gamma!r}: allowed: an integer >= 1, or "
       "'auto'"):
     arguments.run_arguments(overrides={"gamma": gamma})
@@ -310,7 +311,7 @@ def test_every_default_has_its_declared_type(tiny):
 def test_task_kind_is_checked_with_the_arguments(tiny):
   """Issue 37 (6): TASK_KIND='foo' failed after the whole decode."""
   with pytest.raises(
-      gin_utils.ConfigError,
+      flag_utils.ConfigError,
       match="TASK_KIND='foo': allowed: None .* 'translation', "
       "'summarization'"):
     arguments.run_arguments(overrides={"task_kind": "foo"})
@@ -323,7 +324,7 @@ def test_task_kind_is_checked_with_the_arguments(tiny):
 @pytest.mark.parametrize("name", ["source_file", "reference_file"])
 def test_data_files_on_gcs_are_named_as_local_only(tiny, name):
   macro = arguments.MACROS[name]
-  with pytest.raises(gin_utils.ConfigError,
+  with pytest.raises(flag_utils.ConfigError,
                      match=f"{macro}='gs://b/x.tsv': only local files"):
     arguments.run_arguments(overrides={name: "gs://b/x.tsv"})
 
@@ -332,7 +333,8 @@ def test_decode_length_is_bounded(tiny):
   """Issue 37 (3): 100000 target tokens ran silently for 13+ minutes."""
   most = arguments.MAX_DECODE_LENGTH
   with pytest.raises(
-      gin_utils.ConfigError, match=r"TASK_FEATURE_LENGTHS\['targets'\]=100000: "
+      flag_utils.ConfigError,
+      match=r"TASK_FEATURE_LENGTHS\['targets'\]=100000: "
       f"allowed: an integer from 1 to {most}"):
     arguments.run_arguments(
         overrides={"task_feature_lengths": {

@@ -21,7 +21,7 @@ from specdec_jax.experiment import auto
 from specdec_jax.experiment import batches
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import online
-from specdec_jax.experiment import output_dir
+from specdec_jax.experiment import plan as plan_lib
 from specdec_jax.experiment import pilots as pilots_lib
 from specdec_jax.experiment import price_cache
 from specdec_jax.metrics import analysis
@@ -494,8 +494,9 @@ def test_the_speedup_interval_is_the_ratio_estimators_t_interval():
   speedup, low, high = online.speedup_interval(base, spec)
   assert speedup == pytest.approx(base.sum() / spec.sum())
   assert low < speedup < high and low < 1.2 < high
-  assert online.t975(1) == 12.706 and online.t975(30) == 2.042
-  assert online.t975(60) == pytest.approx(2.000, abs=2e-3)
+  # Two batches: Student's t at 1 degree of freedom, 12.706.
+  assert online.speedup_interval([1.0, 3.0], [1.0, 1.0]) == pytest.approx(
+      (2.0, 0.0, 2.0 + 12.706), abs=1e-3)
   with pytest.raises(ValueError, match="one positive time per batch"):
     online.speedup_interval([1.0, 1.0], [1.0])
 
@@ -775,7 +776,7 @@ def test_the_target_alone_reads_as_a_run_without_guesses():
   out = decoding.DecodeOutput(tokens=np.array([[5, 6, 1, 0], [7, 1, 0, 0]]),
                               lengths=np.array([3, 2]),
                               target_calls=np.array([3, 2]))
-  alone = batches.as_target_alone_output(out, gamma=3)
+  alone = batches.TargetAloneDecoder(None, gamma=3).of_baseline(out)
   np.testing.assert_array_equal(alone.accepted_histogram,
                                 [[3, 0, 0, 0], [2, 0, 0, 0]])
   np.testing.assert_array_equal(alone.trace_num_accepted,
@@ -866,7 +867,6 @@ def test_only_off_and_auto_are_recorded_in_the_settings(value, recorded):
   """SPECULATION='on' is recorded as before the macro existed: earlier
   results stay the same run (the OVERWRITE rule)."""
   args = arguments.RunArguments(output_dir="/tmp/x", speculation=value)
-  run = output_dir.settings_record(args, decode_modes.mode_of(args),
-                                   tiny_config(), tiny_config(),
-                                   _Vocab())["run"]
+  run = plan_lib.settings_record(args, decode_modes.mode_of(args),
+                                 tiny_config(), tiny_config(), _Vocab())["run"]
   assert ("speculation" in run) is recorded

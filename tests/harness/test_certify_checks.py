@@ -14,7 +14,6 @@ import pytest
 from specdec_jax import certify
 from specdec_jax.config.flag_utils import ConfigError
 from specdec_jax.core import environment
-from specdec_jax.experiment import certificate
 from specdec_jax.experiment import runner
 from specdec_jax.files import output_folder
 
@@ -28,8 +27,8 @@ def _args(bindings):
 
 
 def test_lenience_is_reported_not_exact_by_design_without_decoding():
-  record = certificate.certify(_args(["TEMPERATURE = 1.0", "LENIENCE = 0.5"]),
-                               certificate.CertifySettings())
+  record = certify.certify(_args(["TEMPERATURE = 1.0", "LENIENCE = 0.5"]),
+                           certify.CertifySettings())
   assert record["certified"] is False and record["failed"] is False
   assert record["verdict"].startswith("not exact by design: LENIENCE=0.5 < 1")
   assert "2·p(x)" in record["verdict"] and "greedy_identity" not in record
@@ -37,7 +36,7 @@ def test_lenience_is_reported_not_exact_by_design_without_decoding():
 
 def test_auto_gamma_is_refused():
   with pytest.raises(ValueError, match="GAMMA='auto'"):
-    certificate.check(_args(["GAMMA = 'auto'"]))
+    certify.check(_args(["GAMMA = 'auto'"]))
 
 
 # ---------------------------------------------------------------------------
@@ -53,7 +52,7 @@ def _certify_cli(argv, capsys, monkeypatch, record=None):
     calls.append((args, settings))
     return dict(record or {"verdict": "certified exact: stub", "failed": False})
 
-  monkeypatch.setattr(certificate, "certify", stub)
+  monkeypatch.setattr(certify, "certify", stub)
   flags.FLAGS.unparse_flags()
   try:
     code = certify.cli(["certify", "--gin_file=local_tiny.gin", *argv])
@@ -157,10 +156,9 @@ def test_length_is_named_by_its_flag(tmp_path, capsys, monkeypatch):
       "tokens the distribution test compares; each draw decodes "
       "that many)."
   ]
-  settings = certificate.CertifySettings(length=8192, samples=10**7,
-                                         chunk=10**7)
+  settings = certify.CertifySettings(length=8192, samples=10**7, chunk=10**7)
   with pytest.raises(ConfigError) as e:
-    certificate.settings_record(_args(["TEMPERATURE = 1.0"]), settings)
+    certify.settings_record(_args(["TEMPERATURE = 1.0"]), settings)
   assert str(e.value).startswith(
       "--length=8192, --chunk=10000000: the distribution test decodes "
       "10000000 rows of max(--length, GAMMA) = 8192 tokens per call")
@@ -177,15 +175,15 @@ def test_samples_are_drawn_exactly(caplog):
     rows.append(batch.shape[0])
     return types.SimpleNamespace(tokens=np.ones((batch.shape[0], 6), np.int32))
 
-  draws = certificate._draws(  # pylint: disable=protected-access
+  draws = certify._draws(  # pylint: disable=protected-access
       decoder, np.ones(5, np.int32), jax.random.PRNGKey(0),
-      certificate.CertifySettings(length=3, samples=10), "speculative draws")
+      certify.CertifySettings(length=3, samples=10), "speculative draws")
   assert draws.shape == (10, 3) and rows == [10]
   rows.clear()
   with caplog.at_level("INFO"):
-    draws = certificate._draws(  # pylint: disable=protected-access
+    draws = certify._draws(  # pylint: disable=protected-access
         decoder, np.ones(5, np.int32), jax.random.PRNGKey(0),
-        certificate.CertifySettings(length=3, samples=25, chunk=10), "draws")
+        certify.CertifySettings(length=3, samples=25, chunk=10), "draws")
   assert draws.shape == (25, 3) and rows == [10, 10, 10]
   lines = [r.getMessage() for r in caplog.records if "drawn" in r.getMessage()]
   assert len(lines) == 3 and "25/25 samples drawn" in lines[-1]
@@ -196,7 +194,7 @@ def test_speculation_off_has_nothing_to_certify():
   with pytest.raises(
       ValueError, match="SPECULATION='off': the target decodes "
       "alone, so there is nothing speculative to certify"):
-    certificate.check(_args(["SPECULATION = 'off'"]))
+    certify.check(_args(["SPECULATION = 'off'"]))
 
 
 def test_speculation_auto_says_which_mode_was_certified():
@@ -213,7 +211,7 @@ def test_speculation_auto_says_which_mode_was_certified():
           "identical": 4
       }
   }
-  assert certificate.verdict_line(record) == (
+  assert certify.verdict_line(record) == (
       "certified exact: identity 4/4, T = 0, token γ = 4, SPECULATION='auto':"
       " its speculative choice tested (its other, the target alone, is the "
       "target's own)")

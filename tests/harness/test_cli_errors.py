@@ -12,6 +12,7 @@ from absl import flags
 import gin
 import pytest
 
+from specdec_jax.config import flag_utils
 from specdec_jax.config import gin_utils
 from specdec_jax import run as run_lib
 from specdec_jax import sweep
@@ -170,7 +171,7 @@ def test_run_with_a_model_file_only_names_output_dir(capsys):
 ])
 def test_gin_file_that_is_no_file_says_what_it_is(name, what, tmp_path):
   name = str(tmp_path) if name == "DIR" else name
-  with pytest.raises(gin_utils.ConfigError) as e:
+  with pytest.raises(flag_utils.ConfigError) as e:
     gin_utils.parse_gin([name], [])
   message = str(e.value)
   assert message.startswith(f"--gin_file={name!r} {what}"), message
@@ -185,7 +186,7 @@ def test_train_model_dir_that_is_a_file(inside, tmp_path):
   a_file = tmp_path / "model"
   a_file.write_text("mine")
   model_dir = str(a_file / "sub" if inside else a_file)
-  with pytest.raises(gin_utils.ConfigError) as e:
+  with pytest.raises(flag_utils.ConfigError) as e:
     train_lib.train(model_dir=model_dir, num_steps=1,
                     source_file=str(tmp_path / "missing.en"),
                     spm_model_path=str(tmp_path / "missing.model"))

@@ -10,13 +10,13 @@ import re
 
 import pytest
 
+from specdec_jax.config import flag_utils
 from specdec_jax.metrics import analysis
 from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import compile_report
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import drafter_registry
-from specdec_jax.experiment import tpu_topologies
 
 from run_helpers import compile_tiny
 
@@ -26,16 +26,16 @@ def test_cloud_and_raw_topology_names():
                            ("v5e-8", "v5e:2x4", 8), ("v5p-8", "v5p:2x2x1", 4),
                            ("v4:2x2x2", "v4:2x2x2", 8), ("v5e:4x4", "v5e:4x4",
                                                          16)):
-    topology = tpu_topologies.resolve(name)
+    topology = compile_report.resolve(name)
     assert (topology.topology_name, topology.num_chips) == (raw, chips)
-  assert tpu_topologies.resolve("v5p-8").chip.hbm_bytes == 95 * 2**30
+  assert compile_report.resolve("v5p-8").chip.hbm_bytes == 95 * 2**30
 
 
 @pytest.mark.parametrize(
     "bad", ["v4-7", "v9-8", "v4:2x2", "v5e:2x2x1", "tpu", 8, None, "v4:0x2x1"])
 def test_bad_topology_names_list_what_is_allowed(bad):
   with pytest.raises(ValueError) as e:
-    tpu_topologies.resolve(bad)
+    compile_report.resolve(bad)
   message = str(e.value)
   assert f"COMPILE_TOPOLOGY={bad!r}" in message
   assert "v4-8" in message and "v5e-8" in message and "v4:2x2x1" in message
@@ -53,7 +53,7 @@ def test_settings_compile_mode_cannot_honour_are_refused():
                                               "gamma": "auto"
                                           }, "GAMMA='auto'")):
     args = arguments.RunArguments(**{**base, **fields})
-    with pytest.raises(gin_utils.ConfigError, match=re.escape(words)):
+    with pytest.raises(flag_utils.ConfigError, match=re.escape(words)):
       compile_report.check_compile_settings(args, "v4-8")
 
 
@@ -72,7 +72,7 @@ def test_paper_row_from_gin_comments(temperature, gamma, expected):
 
 
 def test_roofline_arithmetic():
-  chip = tpu_topologies.CHIPS["v4"]
+  chip = compile_report.CHIPS["v4"]
   calls = {
       "target_step": {
           "bytes_accessed": 6e9,
@@ -158,7 +158,7 @@ def test_the_tree_call_compiles_and_reads_each_weight_once(tmp_path):
 
 def test_tree_width_auto_is_refused_in_compile_mode():
   with pytest.raises(
-      gin_utils.ConfigError,
+      flag_utils.ConfigError,
       match=re.escape("TREE_WIDTH='auto' with COMPILE_TOPOLOGY")):
     arguments.RunArguments(output_dir="/tmp/unused", gamma=3,
                            decode_mode=decode_modes.TreeMode(width="auto"),

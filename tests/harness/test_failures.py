@@ -26,11 +26,11 @@ from run_helpers import parse_gin_files
 from run_helpers import refused_gcs
 from run_helpers import tiny_run_plan
 
+from specdec_jax.config import flag_utils
 from specdec_jax import checkpoints
 from specdec_jax import run as run_lib
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import legacy
-from specdec_jax.config import gin_utils
 from specdec_jax.core.models import T5Config
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import loading
@@ -40,7 +40,7 @@ from specdec_jax.experiment.plan import RunPlan
 from specdec_jax.files import io_utils
 from specdec_jax.files import output_folder
 from specdec_jax.terminal import console
-from specdec_jax.training import TrainConfig
+from specdec_jax.training.config import TrainConfig
 from specdec_jax.training import trainer
 
 PRETRAINED = REPO / "pretrained" / "multi30k"
@@ -122,7 +122,7 @@ def test_bad_training_settings_refused(field, value, allowed):
   fields = dict(model_dir="/nonexistent/m", num_steps=10, source_file="x",
                 spm_model_path="x.model")
   fields[field] = value
-  with pytest.raises(gin_utils.ConfigError) as e:
+  with pytest.raises(flag_utils.ConfigError) as e:
     TrainConfig(**fields)
   assert f"train.{field}={value!r}" in str(e.value)
   assert allowed in str(e.value)
@@ -169,8 +169,8 @@ def test_atomic_write_names_the_file_on_enospc(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("error,code", [
     (checkpoints.CheckpointError("Checkpoint /x: truncated"), 2),
-    (gin_utils.ConfigError("GAMMA=0: allowed: ...\n  In call to "
-                           "configurable 'run' (<function f at 0x7f>)"), 2),
+    (flag_utils.ConfigError("GAMMA=0: allowed: ...\n  In call to "
+                            "configurable 'run' (<function f at 0x7f>)"), 2),
     (OSError(errno.ENOSPC, "No space left on device", "/x/m.json"), 1),
     (KeyboardInterrupt("kept 3 predictions rows in /x"), 130),
 ])
@@ -180,7 +180,7 @@ def test_run_cli_prints_one_line(error, code, capsys):
     raise error
 
   rc = console.run_cli("run", body,
-                       (gin_utils.ConfigError, checkpoints.CheckpointError))
+                       (flag_utils.ConfigError, checkpoints.CheckpointError))
   err = capsys.readouterr().err
   assert rc == code
   assert len(err.strip().splitlines()) == 1, err
@@ -428,46 +428,46 @@ def _settings(gamma):
 def test_kept_predictions_are_protected(tmp_path, kept):
   """Issue 37 (8): after a full disk or Ctrl-C the error said the rows were
   kept; a run of other settings replaced them silently."""
-  from specdec_jax.experiment import output_dir  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiment import runner  # pylint: disable=g-import-not-at-top
   out = str(tmp_path)
   # The run that kept them: its settings are recorded before it writes.
-  output_dir.check_output_dir(out, _settings(4), overwrite=False)  # held...
+  runner.check_output_dir(out, _settings(4), overwrite=False)  # held...
   (tmp_path / kept).write_text('{"index": 0}\n')
   (tmp_path / output_folder.LOCK_FILE).unlink()  # ...and killed
   with pytest.raises(run_lib.ConfigError) as e:
-    output_dir.check_output_dir(out, _settings(7), overwrite=False)
+    runner.check_output_dir(out, _settings(7), overwrite=False)
   text = str(e.value)
   assert f"holds {kept}, which was kept from a run that did not finish" in text
   assert "run.gamma: 4 -> 7" in text and "OVERWRITE=True" in text
   assert (tmp_path / kept).read_text() == '{"index": 0}\n'
   # The same settings may resume; OVERWRITE=True may replace.
-  output_dir.check_output_dir(out, _settings(4), overwrite=False).release()
-  output_dir.check_output_dir(out, _settings(7), overwrite=True).release()
+  runner.check_output_dir(out, _settings(4), overwrite=False).release()
+  runner.check_output_dir(out, _settings(7), overwrite=True).release()
   # Without a record (an older version, another program): refused too.
-  (tmp_path / output_dir.SETTINGS_FILE).unlink()
+  (tmp_path / runner.SETTINGS_FILE).unlink()
   with pytest.raises(run_lib.ConfigError, match="of unknown ones"):
-    output_dir.check_output_dir(out, _settings(7), overwrite=False)
+    runner.check_output_dir(out, _settings(7), overwrite=False)
 
 
 def test_partial_file_name_is_the_writers(tmp_path):
-  from specdec_jax.experiment import output_dir  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiment import runner  # pylint: disable=g-import-not-at-top
   writer = predictions_lib.PredictionsWriter(str(tmp_path))
   writer.close()
-  assert os.path.basename(writer.partial) == output_dir.PARTIAL_PREDICTIONS_FILE
+  assert os.path.basename(writer.partial) == runner.PARTIAL_PREDICTIONS_FILE
 
 
 def test_settings_record_is_dropped_when_nothing_was_kept(tmp_path):
-  from specdec_jax.experiment import output_dir  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiment import runner  # pylint: disable=g-import-not-at-top
   out = tmp_path / "new"
-  lock = output_dir.check_output_dir(str(out), _settings(4), overwrite=False)
-  assert (out / output_dir.SETTINGS_FILE).is_file()
+  lock = runner.check_output_dir(str(out), _settings(4), overwrite=False)
+  assert (out / runner.SETTINGS_FILE).is_file()
   lock.release()
   assert not out.exists()  # nothing kept: the folder it made is removed
 
 
 def test_full_disk_at_the_start_removes_the_folder(tmp_path, monkeypatch):
   """Weak spot: docs/usage/failures.md said so; the empty folder stayed."""
-  from specdec_jax.experiment import output_dir  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiment import runner  # pylint: disable=g-import-not-at-top
 
   def full(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
@@ -475,7 +475,7 @@ def test_full_disk_at_the_start_removes_the_folder(tmp_path, monkeypatch):
   monkeypatch.setattr(io_utils.tempfile, "mkstemp", full)
   out = tmp_path / "new"
   with pytest.raises(run_lib.ConfigError, match="No space left on device"):
-    output_dir.check_output_dir(str(out), _settings(4), overwrite=False)
+    runner.check_output_dir(str(out), _settings(4), overwrite=False)
   assert not out.exists()
 
 
@@ -492,7 +492,7 @@ def test_sigterm_is_handled_as_ctrl_c(capsys):
       unwound.append(True)  # the run's `finally`s (the lock) run
 
   before = signal.getsignal(signal.SIGTERM)
-  code = console.run_cli("run", body, (gin_utils.ConfigError,))
+  code = console.run_cli("run", body, (flag_utils.ConfigError,))
   assert code == 143 and unwound == [True]
   err = capsys.readouterr().err.strip().splitlines()
   assert err == [
@@ -582,13 +582,13 @@ def test_failed_write_is_stdout_last_line(capsys):
     raise predictions_lib.OutputWriteError(
         "cannot write /o/metrics.json: No space left on device")
 
-  assert console.run_cli("run", body, (gin_utils.ConfigError,)) == 1
+  assert console.run_cli("run", body, (flag_utils.ConfigError,)) == 1
   out = capsys.readouterr().out.strip().splitlines()
   assert out[-1] == ("run: error: cannot write /o/metrics.json: No space "
                      "left on device")
 
   def bad():
-    raise gin_utils.ConfigError("GAMMA=0: allowed: ...")
+    raise flag_utils.ConfigError("GAMMA=0: allowed: ...")
 
-  assert console.run_cli("run", bad, (gin_utils.ConfigError,)) == 2
+  assert console.run_cli("run", bad, (flag_utils.ConfigError,)) == 2
   assert capsys.readouterr().out == ""  # nothing was printed before it

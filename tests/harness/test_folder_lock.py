@@ -21,9 +21,9 @@ from specdec_jax.checkpoints import digests
 from specdec_jax.config.flag_utils import ConfigError
 from specdec_jax.core.models import T5Config
 from tools.device_check import cli as device_check
-from specdec_jax.experiment import output_dir
+from specdec_jax.experiment import runner
 from specdec_jax.files import output_folder
-from specdec_jax.training import TrainConfig
+from specdec_jax.training.config import TrainConfig
 from specdec_jax.training import checkpointing
 from specdec_jax.training import trainer
 
@@ -109,7 +109,7 @@ def test_a_bad_stale_after_is_a_bad_setting_at_start(value, tmp_path,
   _another_hosts_lock(out)
   with pytest.raises(ConfigError,
                      match=f"^SPECDEC_LOCK_STALE_S={value!r}: allowed: "):
-    output_dir.check_output_dir(str(out), {"run": {}}, overwrite=False)
+    runner.check_output_dir(str(out), {"run": {}}, overwrite=False)
   new = tmp_path / "new"
   with pytest.raises(output_folder.FolderError, match="SPECDEC_LOCK_STALE_S"):
     output_folder.claim(str(new), {})

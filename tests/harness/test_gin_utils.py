@@ -5,6 +5,7 @@ import gin
 import jax.numpy as jnp
 import pytest
 
+from specdec_jax.config import flag_utils
 from specdec_jax import run  # noqa: F401  (registers `run`)  # pylint: disable=unused-import
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
@@ -123,7 +124,7 @@ def test_file_macros_include_definitions_references_and_includes(tmp_path):
     ])
 def test_unknown_macro_names_binding_and_closest(binding, suggestion):
   known = gin_reader.gin_file_macros(["local_tiny.gin"])
-  with pytest.raises(gin_utils.ConfigError) as e:
+  with pytest.raises(flag_utils.ConfigError) as e:
     gin_utils.check_macro_bindings([binding], known)
   message = str(e.value)
   assert message.startswith(f"--gin.{binding}: unknown gin macro")
@@ -148,7 +149,7 @@ def test_known_and_full_bindings_pass():
 def test_parse_gin_rejects_typo_before_touching_gin():
   gin.clear_config()
   try:
-    with pytest.raises(gin_utils.ConfigError, match="GAMA.*GAMMA"):
+    with pytest.raises(flag_utils.ConfigError, match="GAMA.*GAMMA"):
       gin_utils.parse_gin(["local_tiny.gin"], ["GAMA=3"], finalize=False,
                           check_macros=True)
     # Not parsed: gin holds no binding for run.gamma yet.
@@ -214,7 +215,7 @@ def test_unused_macro_in_a_file_is_named_with_its_line(tmp_path):
                                     "NUM_EXAMPLES = 2\nGAMA = 3\n")
   gin.clear_config()
   try:
-    with pytest.raises(gin_utils.ConfigError) as e:
+    with pytest.raises(flag_utils.ConfigError) as e:
       gin_utils.parse_gin(["exp.gin"], [], [str(tmp_path)], finalize=False)
     message = str(e.value)
     assert message.startswith(f"{tmp_path / 'exp.gin'}:3: GAMA = ...: macro "
@@ -230,7 +231,7 @@ def test_unused_macro_binding_is_refused_without_check_macros():
   """`train --gin.NUM_STEP=3` trained all steps: every caller refuses it,
   not only those asking `check_macros` (which names the known macros)."""
   with pytest.raises(
-      gin_utils.ConfigError,
+      flag_utils.ConfigError,
       match=r"--gin.NUM_EXAMPLE=3: macro 'NUM_EXAMPLE' is "
       "defined but nothing reads it.*did you mean NUM_EXAMPLES"):
     gin_utils.check_unused_macros(["local_tiny.gin"], ["NUM_EXAMPLE=3"])
@@ -268,7 +269,7 @@ def test_every_shipped_top_level_gin_file_reads_all_its_macros():
                          [("GAMMA=x", "x"),
                           ("train.learning_rate=float('nan')", "float")])
 def test_unparsable_value_is_named_without_ast_objects(binding, token):
-  with pytest.raises(gin_utils.ConfigError) as e:
+  with pytest.raises(flag_utils.ConfigError) as e:
     gin_utils.check_unused_macros(["local_tiny.gin"], [binding])
   message = str(e.value)
   assert "ast." not in message and "object at 0x" not in message

@@ -5,12 +5,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specdec_jax.config import gin_utils
+from specdec_jax.config import flag_utils
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import batches
 from specdec_jax.experiment import decode_modes
-from specdec_jax.experiment import infer
 from specdec_jax.experiment import predictions
+from specdec_jax.experiment import runner
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
 
@@ -19,7 +19,7 @@ def test_infer_is_a_mode_and_beams_may_infer():
   args = arguments.RunArguments(output_dir="/tmp/unused", mode="infer",
                                 decode_mode=decode_modes.BeamMode(size=2))
   assert args.mode == "infer"
-  with pytest.raises(gin_utils.ConfigError, match="MODE='alph'"):
+  with pytest.raises(flag_utils.ConfigError, match="MODE='alph'"):
     arguments.RunArguments(output_dir="/tmp/unused", mode="alph")
 
 
@@ -106,7 +106,7 @@ def test_infer_json_alpha_is_metrics_json_alpha():
                          gamma=2, temperature=0.0, speculation="on")
   plan = SimpleNamespace(online=None, args=args, mode=decode_modes.TOKEN,
                          task_kind="translation", settings={})
-  record = infer.infer_record(plan, [{
+  record = runner.infer_record(plan, [{
       "input": "x",
       "reference": "y"
   }], ["y"], tally, 0.0, {})

@@ -11,6 +11,7 @@ are called directly, without a model.
 import pytest
 from run_helpers import certify_arguments
 
+from specdec_jax.config import flag_utils
 from specdec_jax.terminal import console
 from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
@@ -20,7 +21,7 @@ from specdec_jax.experiment import loading  # noqa: F401  # registers vocabulary
 from specdec_jax.experiment import plan as plan_lib
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
-ConfigError = gin_utils.ConfigError
+ConfigError = flag_utils.ConfigError
 LENGTHS = {"inputs": 64, "targets": 32}  # local_tiny.gin's
 
 

@@ -16,13 +16,13 @@ import time
 import pytest
 
 from specdec_jax.config.flag_utils import ConfigError
-from specdec_jax.experiment import output_dir
+from specdec_jax.experiment import runner
 from specdec_jax.experiment import predictions as predictions_lib
 from specdec_jax.files import io_utils
 from specdec_jax.files import output_folder
 from specdec_jax.terminal import console
 
-PARTIAL = output_dir.PARTIAL_PREDICTIONS_FILE
+PARTIAL = runner.PARTIAL_PREDICTIONS_FILE
 
 
 def _settings(gamma):
@@ -39,10 +39,10 @@ def test_planted_partial_link_is_not_followed(tmp_path):
   victim.write_text("precious\n")
   out = tmp_path / "out"
   out.mkdir()
-  (out / output_dir.SETTINGS_FILE).write_text(
-      json.dumps({"settings": _settings(4)}))
+  (out / runner.SETTINGS_FILE).write_text(json.dumps({"settings": _settings(4)
+                                                     }))
   (out / PARTIAL).symlink_to(victim)
-  lock = output_dir.check_output_dir(str(out), _settings(4), overwrite=False)
+  lock = runner.check_output_dir(str(out), _settings(4), overwrite=False)
   try:
     writer = predictions_lib.PredictionsWriter(str(out))
     writer.add([{"index": 0}])
@@ -108,7 +108,7 @@ def test_full_disk_before_any_row_names_partial_and_blocks_nothing(
                       lambda *a, **k: _Full(real_open(*a, **k)), raising=False)
   out = str(tmp_path)
   partial = os.path.join(out, PARTIAL)
-  lock = output_dir.check_output_dir(out, _settings(4), overwrite=False)
+  lock = runner.check_output_dir(out, _settings(4), overwrite=False)
   try:
     writer = predictions_lib.PredictionsWriter(out)
     writer.add([{"index": 0}, {"index": 1}])
@@ -121,7 +121,7 @@ def test_full_disk_before_any_row_names_partial_and_blocks_nothing(
   assert "Kept: the summary above, no predictions rows (of 2)" in text
   assert not os.path.lexists(partial)
   assert os.listdir(out) == []  # nothing kept: the settings record went too
-  output_dir.check_output_dir(out, _settings(7), overwrite=False).release()
+  runner.check_output_dir(out, _settings(7), overwrite=False).release()
 
 
 def test_rows_kept_on_a_full_disk_stay_protected(tmp_path, monkeypatch):
@@ -147,7 +147,7 @@ def test_rows_kept_on_a_full_disk_stay_protected(tmp_path, monkeypatch):
                       lambda *a, **k: FullAfterOne(real_open(*a, **k)),
                       raising=False)
   out = str(tmp_path)
-  lock = output_dir.check_output_dir(out, _settings(4), overwrite=False)
+  lock = runner.check_output_dir(out, _settings(4), overwrite=False)
   try:
     writer = predictions_lib.PredictionsWriter(out)
     writer.add([{"index": 0}])
@@ -158,17 +158,17 @@ def test_rows_kept_on_a_full_disk_stay_protected(tmp_path, monkeypatch):
     lock.release()
   assert (tmp_path / PARTIAL).read_text() == '{"index": 0}\n'
   with pytest.raises(ConfigError, match=f"holds {PARTIAL}, which was kept"):
-    output_dir.check_output_dir(out, _settings(7), overwrite=False)
+    runner.check_output_dir(out, _settings(7), overwrite=False)
 
 
 def test_empty_partial_of_a_killed_run_blocks_nothing(tmp_path):
   """A run killed before its first row leaves an empty `.partial`: it
   holds nothing to protect."""
   out = str(tmp_path)
-  output_dir.check_output_dir(out, _settings(4), overwrite=False)  # held...
+  runner.check_output_dir(out, _settings(4), overwrite=False)  # held...
   (tmp_path / PARTIAL).write_text("")
   (tmp_path / output_folder.LOCK_FILE).unlink()  # ...and killed
-  output_dir.check_output_dir(out, _settings(7), overwrite=False).release()
+  runner.check_output_dir(out, _settings(7), overwrite=False).release()
 
 
 # ---------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def test_lock_that_is_a_folder_is_one_clear_line(tmp_path, capsys):
   lock.mkdir()
 
   def body():
-    output_dir.check_output_dir(str(tmp_path), _settings(4), overwrite=False)
+    runner.check_output_dir(str(tmp_path), _settings(4), overwrite=False)
 
   assert console.run_cli("run", body, (ConfigError,)) == 2
   err = capsys.readouterr().err.strip().splitlines()

@@ -12,7 +12,7 @@ import pytest
 from specdec_jax import checkpoints
 from specdec_jax import pairs
 from specdec_jax.checkpoints import digests
-from specdec_jax.config import paths
+from specdec_jax.files import io_utils
 from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.experiment import loading
 from specdec_jax.files import compilation_cache
@@ -171,9 +171,9 @@ def test_mlp_activations_as_a_string_is_named(pair, tmp_path):
 
 def test_relative_paths_resolve_as_the_commands_resolve_them(
     pair, tmp_path, monkeypatch, cache_calls):
-  """From here, else from the repository (`paths.resolve_path`): the
+  """From here, else from the repository (`io_utils.resolve_path`): the
   repository is the pair's folder here, the current folder another."""
-  monkeypatch.setattr(paths, "REPO_DIR", pair["spm"].parent)
+  monkeypatch.setattr(io_utils, "REPO_DIR", pair["spm"].parent)
   monkeypatch.chdir(tmp_path)
   loaded = pairs.load_pair("target", "draft", "tiny.model")
   assert loaded.vocabulary.sentencepiece_model_file == str(pair["spm"])

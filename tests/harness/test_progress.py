@@ -8,6 +8,7 @@ from absl import logging as absl_logging
 from conftest import REPO
 import pytest
 
+from specdec_jax.config import flag_utils
 from specdec_jax import checkpoints
 from specdec_jax.config import gin_utils
 from specdec_jax.experiment import arguments
@@ -64,7 +65,7 @@ def test_checkpoint_read_is_one_line_with_size_and_seconds(caplog):
 def test_price_call_cost_must_be_a_bool():
   gin_utils.parse_gin(["local_tiny.gin"], ["PRICE_CALL_COST = 1"],
                       finalize=False)
-  with pytest.raises(gin_utils.ConfigError,
+  with pytest.raises(flag_utils.ConfigError,
                      match=r"PRICE_CALL_COST=1 .*allowed: True or False"):
     arguments.run_arguments()
 

@@ -12,6 +12,8 @@ import pytest
 
 from specdec_jax.metrics import analysis
 from specdec_jax import report
+from specdec_jax.reporting import tables
+from specdec_jax.reporting import figures
 from specdec_jax.reporting import trace as trace_lib
 
 from report_helpers import FIXTURE
@@ -155,7 +157,7 @@ class TestRender:
              verification_cost_ratio=1.25,
              theoretical_speedup_measured_call_cost=2.5,
              greedy_identical_examples=7, num_examples=8)
-    md, csv_text = report.render_table2([m])
+    md, csv_text = tables.render_table2([m])
     row = [
         l for l in md.split("## All sweep points")[0].splitlines()
         if l.startswith("| ende")
@@ -179,7 +181,7 @@ class TestRender:
             "p_value": 0.8125,
             "resamples": 1000
         })
-    md, csv_text = report.render_table2([m])
+    md, csv_text = tables.render_table2([m])
     assert "| BLEU | 24.31 | 24.38 (p 0.81) | – |" in md
     record = list(csv.DictReader(io.StringIO(csv_text)))[0]
     assert float(record["quality_p_value"]) == 0.8125
@@ -238,7 +240,7 @@ class TestRender:
     assert with_preds == ["ende_xxl_small_g5_t0"]
 
   def test_trace_lines(self):
-    lines = report.trace_lines([
+    lines = trace_lib.trace_lines([
         {
             "draft_tokens": ["▁a", "▁b", "▁c"],
             "num_accepted": 1,
@@ -314,8 +316,8 @@ class TestRougeTable:
         dict(base, draft_model="small", alpha=0.65, speedup=2.1, run_name="a"),
         dict(base, draft_model="base", alpha=0.73, speedup=2.3, run_name="b")
     ]
-    assert report.quality(runs[0]) == ("ROUGE-L", 37.5, 37.5)
-    md, text = report.render_table2(runs)
+    assert tables.quality(runs[0]) == ("ROUGE-L", 37.5, 37.5)
+    md, text = tables.render_table2(runs)
     assert ("| cnndm | base ⋆ | 0 | 5 | 0.73 | 0.020 | – | 2.50 | 2.30X | "
             "2.00X |") in md
     assert "ROUGE-L | 37.50 | 37.50" in md
@@ -458,7 +460,7 @@ def _vary_alphas(root):
 
 def test_speedup_vs_gamma_tells_temperatures_apart():
   runs = report.load_results(FIXTURE)
-  fig = report.render_speedup_vs_gamma(runs)
+  fig = figures.render_speedup_vs_gamma(runs)
   ax = fig.axes[0]
   measured = {
       l.get_label(): l for l in ax.lines if l.get_label().startswith("measured")
@@ -484,7 +486,7 @@ def test_speedup_vs_gamma_draws_theorem_3_8_at_the_measured_call_cost(tmp_path):
     m["verification_cost_ratio"] = 1.0 + 0.15 * m["gamma"]  # a CPU-like call
     path.write_text(json.dumps(m))
   runs = report.load_results(str(root))
-  ax = report.render_speedup_vs_gamma(runs).axes[0]
+  ax = figures.render_speedup_vs_gamma(runs).axes[0]
   lines = {l.get_label(): l for l in ax.lines}
   name = "small, T=0"
   measured = lines[f"Thm 3.8, measured call: {name} (α=0.75, c=0.020)"]
@@ -518,7 +520,7 @@ def test_speedup_vs_gamma_draws_theorem_3_8_at_the_measured_call_cost(tmp_path):
 def test_alpha_labels_clear_error_bars_and_diamonds(tmp_path):
   root = copy_fixture(tmp_path)
   _vary_alphas(root)
-  fig = report.render_alpha_by_draft(report.load_results(str(root)))
+  fig = figures.render_alpha_by_draft(report.load_results(str(root)))
   ax = fig.axes[0]
   renderer = fig.canvas.get_renderer()
   marks = []
@@ -602,7 +604,7 @@ def test_example_trace_is_most_informative_and_timeline_modeled(tmp_path):
   assert "\\u200b" in page and "\u200b" not in page
   assert "\\ufffd" in page and "\\n" in page
   # The timeline is modeled from accepted_counts and the step times.
-  events = report.example_timeline({"accepted_counts": [2, 1]}, {
+  events = trace_lib.example_timeline({"accepted_counts": [2, 1]}, {
       "gamma": 5,
       "draft_step_s": 0.001,
       "target_step_s": 0.01

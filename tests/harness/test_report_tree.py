@@ -74,7 +74,7 @@ def test_the_series_hold_each_runs_tokens_per_call(tmp_path):
 
 def test_the_figure_draws_those_values(tmp_path):
   runs = report.load_results(str(_stub_sweep(tmp_path / "sweep")))
-  fig = report.render_tokens_per_call_vs_tree_width(runs)
+  fig = figures.render_tokens_per_call_vs_tree_width(runs)
   ax = fig.axes[0]
   lines = {l.get_label(): l for l in ax.lines}
   for temp in TREE:

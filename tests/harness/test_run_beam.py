@@ -92,7 +92,7 @@ def test_beam_defaults_and_resolved_width_and_rows():
 def test_beam_settings_are_recorded_for_beam_runs_only():
   """A sampling run's settings record is as before DECODE existed (its
   OVERWRITE comparison with earlier runs holds); a beam run's has them."""
-  from specdec_jax.experiment import output_dir  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiment import plan as plan_lib  # pylint: disable=g-import-not-at-top
 
   class Vocab:
     vocab_size = 32
@@ -101,8 +101,8 @@ def test_beam_settings_are_recorded_for_beam_runs_only():
 
   def record(*bindings):
     args = certify_arguments(list(bindings))
-    return output_dir.settings_record(args, decode_modes.mode_of(args), config,
-                                      config, Vocab())["run"]
+    return plan_lib.settings_record(args, decode_modes.mode_of(args), config,
+                                    config, Vocab())["run"]
 
   keys = {"decode", "beam_size", "beam_alpha", "beam_width", "beam_rows"}
   assert not keys & set(record())

@@ -18,8 +18,8 @@ import pytest
 from specdec_jax import run as run_lib
 from specdec_jax import sweep
 from specdec_jax.experiment import arguments
+from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import summary
-from specdec_jax.experiment import ngram_corpus as corpus_lib
 
 from conftest import REPO
 from run_helpers import parse_local_tiny
@@ -97,7 +97,7 @@ def test_bad_drafting_settings_fail_before_loading(bindings, expect, tmp_path,
 def test_corpus_in_another_vocabulary_fails_before_loading(tmp_path, no_load):
   out = tmp_path / "out"
   ids = tmp_path / "ids.npz"
-  corpus_lib.write_token_corpus(str(ids), [[5, 6, 1], [7, 1]], 32128)
+  drafter_registry.write_token_corpus(str(ids), [[5, 6, 1], [7, 1]], 32128)
   assert (f"NGRAM_CORPUS='{ids}' holds ids of a vocabulary of 32128 ids, but "
           "the models' has 259") in _run_error(
               out, ["DRAFTER = 'bigram'", f"NGRAM_CORPUS = '{ids}'"], no_load)

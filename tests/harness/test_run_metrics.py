@@ -10,10 +10,12 @@ import re
 
 import pytest
 
+from specdec_jax.reporting import tables
 from specdec_jax import report
 from specdec_jax.metrics import run_metrics
 from specdec_jax import sweep
-from specdec_jax.experiment import output_dir
+from specdec_jax.experiment import plan as plan_lib
+from specdec_jax.experiment import runner
 from specdec_jax.files import output_folder
 
 from conftest import REPO
@@ -151,29 +153,26 @@ def test_round_trip_and_quality_key():
 def test_the_report_leaves_beam_runs_out(tmp_path):
   """DECODE='beam' runs have no c and no Theorem 3.8, which every report
   table prints: loaded, then left out (a sampled run beside one stays)."""
-  from specdec_jax.reporting import loading  # pylint: disable=g-import-not-at-top
   beam = _full_metrics(decode="beam", beam_size=4, beam_alpha=0.6, beam_width=4,
                        beam_rows=8, steps_per_target_call=1.5,
                        cost_coefficient_c=None, theoretical_speedup=None)
   for name, metrics in (("beam", beam), ("sample", _full_metrics())):
     (tmp_path / name).mkdir()
     (tmp_path / name / "metrics.json").write_text(json.dumps(metrics.to_dict()))
-  runs = loading.load_results(str(tmp_path))
+  runs = report.load_results(str(tmp_path))
   assert [r["run_name"] for r in runs] == ["sample"]
 
 
 def test_the_report_leaves_runs_that_switched_modes_out(tmp_path):
   """SPECULATION='auto' runs that switched between batches have no single
   c or theory: left out (one that kept its choice stays)."""
-  from specdec_jax.reporting import loading  # pylint: disable=g-import-not-at-top
   kept = {"choice": {"label": "token γ=3"}, "switches": []}
   switched = {**kept, "switches": [{"after_batch": 4}]}
   for name, auto in (("kept", kept), ("switched", switched)):
     (tmp_path / name).mkdir()
     record = {**_full_metrics().to_dict(), "speculation": "auto", "auto": auto}
     (tmp_path / name / "metrics.json").write_text(json.dumps(record))
-  assert [r["run_name"] for r in loading.load_results(str(tmp_path))
-         ] == ["kept"]
+  assert [r["run_name"] for r in report.load_results(str(tmp_path))] == ["kept"]
 
 
 def test_files_of_earlier_versions_load_with_defaults():
@@ -250,7 +249,7 @@ def test_report_run_table_shows_drafter_lenience_and_bound():
       **_full_metrics(task="ende", target_model="xxl",
                       draft_model="small l=0.5", lenience=0.5, exact=False,
                       drafter="bigram").to_dict(), run_name="lenient")
-  md, text = report.render_table2(runs + [new])
+  md, text = tables.render_table2(runs + [new])
   everything = md.split("## All sweep points")[1]
   assert "| DRAFTER | LENIENCE | PER-ITERATION γ (FIXED / ACHIEVED / ORACLE) |" \
       in everything
@@ -309,11 +308,11 @@ def test_settings_of_earlier_versions_are_the_same_settings(tmp_path):
   old["target"]["dtype"] = "<class 'numpy.float32'>"
   old["draft"]["dtype"] = "<class 'ml_dtypes.bfloat16'>"
   old["vocabulary"]["file"] = spm
-  assert output_dir.comparable(old) == output_dir.comparable(new)
+  assert plan_lib.comparable(old) == plan_lib.comparable(new)
   (tmp_path / "metrics.json").write_text(json.dumps({"settings": old}))
   # The check takes the folder's lock for the run; this test is not one.
-  output_dir.check_output_dir(str(tmp_path), new, overwrite=False).release()
+  runner.check_output_dir(str(tmp_path), new, overwrite=False).release()
   old["run"]["gamma"] = 7
   (tmp_path / "metrics.json").write_text(json.dumps({"settings": old}))
   with pytest.raises(output_folder.FolderError, match="run.gamma: 7 -> 6"):
-    output_dir.check_output_dir(str(tmp_path), new, overwrite=False)
+    runner.check_output_dir(str(tmp_path), new, overwrite=False)

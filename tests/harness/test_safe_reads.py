@@ -33,11 +33,10 @@ from specdec_jax import report
 from specdec_jax import run as run_lib
 from specdec_jax.checkpoints import digests
 from specdec_jax.core import environment
-from specdec_jax.experiment import ngram_corpus
+from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import price_cache
 from specdec_jax.files import compilation_cache
 from specdec_jax.files import io_utils
-from specdec_jax.reporting import loading
 from specdec_jax.terminal import console
 
 HOME_CACHE = os.path.expanduser(os.path.join("~", ".cache", "specdec_jax"))
@@ -112,11 +111,11 @@ def test_a_digests_json_that_is_special_is_refused_not_unverified(
 def test_an_ngram_corpus_that_is_a_fifo_says_so(tmp_path):
   path = special(tmp_path / "corpus.txt", "fifo")
   with no_hang(), pytest.raises(ValueError) as e:
-    ngram_corpus.read_corpus(path, vocab=None, vocab_size=10)
+    drafter_registry.read_corpus(path, vocab=None, vocab_size=10)
   assert str(e.value).startswith(f"NGRAM_CORPUS={path!r}: a FIFO, not a "
                                  "regular file")
   with pytest.raises(ValueError, match="no such file"):
-    ngram_corpus.read_corpus(str(tmp_path / "none.txt"), None, 10)
+    drafter_registry.read_corpus(str(tmp_path / "none.txt"), None, 10)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
@@ -124,12 +123,12 @@ def test_a_results_file_that_is_special_is_named_by_the_report(tmp_path, kind):
   run = tmp_path / "results" / "run"
   run.mkdir(parents=True)
   path = special(run / "metrics.json", kind)
-  with no_hang(), pytest.raises(loading.ReportError) as e:
-    loading.load_results(str(tmp_path / "results"))
+  with no_hang(), pytest.raises(report.ReportError) as e:
+    report.load_results(str(tmp_path / "results"))
   assert str(e.value).startswith(f"{path}: cannot read ({KINDS[kind]}")
   predictions = special(tmp_path / "predictions.jsonl", kind)
-  with no_hang(), pytest.raises(loading.ReportError, match=KINDS[kind]):
-    list(loading.iter_predictions(predictions))
+  with no_hang(), pytest.raises(report.ReportError, match=KINDS[kind]):
+    list(report.iter_predictions(predictions))
 
 
 # ---------------------------------------------------------------------------

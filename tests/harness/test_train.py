@@ -11,7 +11,7 @@ import pytest
 from specdec_jax import train as train_lib
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
-from specdec_jax.config import paths
+from specdec_jax.files import io_utils
 from specdec_jax.core.models import T5Config
 from specdec_jax.training import config
 from specdec_jax.training import data as data_lib
@@ -99,22 +99,22 @@ def test_shared_encoder_gin_files(size):
 def test_relative_paths_cwd_then_repository(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   (tmp_path / "here").mkdir()
-  assert paths.resolve_path("here") == str(tmp_path / "here")
+  assert io_utils.resolve_path("here") == str(tmp_path / "here")
   # What exists only in the repository is read from it...
-  assert paths.resolve_path("configs/data/captions_en_de.tsv") == str(
-      paths.REPO_DIR / "configs" / "data" / "captions_en_de.tsv")
+  assert io_utils.resolve_path("configs/data/captions_en_de.tsv") == str(
+      io_utils.REPO_DIR / "configs" / "data" / "captions_en_de.tsv")
   # ...and what exists nowhere is created here, never in the checkout
   # (issue 44: MODEL_DIR='outputs/...' wrote into it).
-  assert paths.resolve_path("outputs/nowhere_x") == str(tmp_path / "outputs" /
-                                                        "nowhere_x")
-  assert paths.resolve_path("../shared/data/multi30k") == str(
-      paths.REPO_DIR.parent / "shared" / "data" / "multi30k")
-  assert paths.resolve_path("/abs/x") == "/abs/x"
+  assert io_utils.resolve_path("outputs/nowhere_x") == str(
+      tmp_path / "outputs" / "nowhere_x")
+  assert io_utils.resolve_path("../shared/data/multi30k") == str(
+      io_utils.REPO_DIR.parent / "shared" / "data" / "multi30k")
+  assert io_utils.resolve_path("/abs/x") == "/abs/x"
 
 
 def test_gin_search_path_and_flag_rewrite():
-  assert paths.GIN_DIR == pathlib.Path(train_lib.__file__).parents[1] / "gin"
-  assert (paths.GIN_DIR / "train" / "tiny_ci.gin").is_file()
+  assert io_utils.GIN_DIR == pathlib.Path(train_lib.__file__).parents[1] / "gin"
+  assert (io_utils.GIN_DIR / "train" / "tiny_ci.gin").is_file()
   assert gin_utils.rewrite_gin_args([
       "prog", "--gin.NUM_STEPS=5", "--gin_file=x.gin"
   ]) == ["prog", "--gin_bindings=NUM_STEPS=5", "--gin_file=x.gin"]

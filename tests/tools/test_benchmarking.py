@@ -15,7 +15,7 @@ import pytest
 from specdec_jax.core import decoding
 from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils  # noqa: F401  # registers T5Config
-from specdec_jax.config.paths import GIN_DIR
+from specdec_jax.files.io_utils import GIN_DIR
 from tools.benchmarks import common
 from tools.benchmarks import decode
 from tools.benchmarks import synthetic

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from specdec_jax.files import io_utils
 from specdec_jax.metrics import run_metrics
-from specdec_jax.reporting import loading
+from specdec_jax import report
 
 # The issue's bars (issue 45).
 MIN_VS_BEST_FIXED = 0.95
@@ -152,7 +152,7 @@ def markdown(rows: Sequence[Dict[str, Any]]) -> str:
 
 
 def load_runs(results_dir: str) -> List[Dict[str, Any]]:
-  """Every metrics.json under `results_dir`, checked (`loading.load_metrics`),
+  """Every metrics.json under `results_dir`, checked (`report.load_metrics`),
   in sorted path order; beam, target-alone and switched runs included (the
   report's tables leave them out)."""
   found = []
@@ -160,7 +160,7 @@ def load_runs(results_dir: str) -> List[Dict[str, Any]]:
     dirnames.sort()
     if run_metrics.METRICS_FILE in filenames:
       found.append(
-          loading.load_metrics(os.path.join(dirpath, run_metrics.METRICS_FILE)))
+          report.load_metrics(os.path.join(dirpath, run_metrics.METRICS_FILE)))
   return found
 
 

@@ -19,17 +19,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import checkpoints
 from specdec_jax.config import flag_utils
+from specdec_jax import checkpoints
 from specdec_jax.config import gin_reader
-from specdec_jax.config import paths
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.files import io_utils
 from specdec_jax.metrics import timing
 
-REPO = paths.REPO_DIR
+REPO = io_utils.REPO_DIR
 PRETRAINED = REPO / "pretrained" / "multi30k"
 CAPTIONS = REPO / "configs" / "data" / "captions_en_de.tsv"
 
@@ -69,7 +68,7 @@ def resolve_model_config(spec: str,
   scope ('target' or 'draft'), without gin's global configuration.
   """
   if spec in MODEL_SIZES:
-    path = paths.GIN_DIR / MODEL_SIZES[spec]
+    path = io_utils.GIN_DIR / MODEL_SIZES[spec]
   elif not (spec.endswith(".gin") or os.sep in spec):
     raise flag_error(
         flag, spec, "one of " + ", ".join(MODEL_SIZES) +

@@ -58,7 +58,7 @@ Every flag arrives as text and is checked by `validate`, the one check
 shared with Python callers, before any model is built or compiled: a bad
 value prints one line naming the flag, the value and what is allowed, and
 exits 2. Random weights come from
-`specdec_jax.checkpoints.parameters.random_params`, as `run`'s without
+`specdec_jax.checkpoints.random_params`, as `run`'s without
 checkpoints.
 """
 import argparse

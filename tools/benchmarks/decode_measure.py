@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.checkpoints import parameters
+from specdec_jax import checkpoints
 from specdec_jax.config import gin_reader
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
@@ -120,14 +120,14 @@ def _setup(cfg: BenchmarkConfig, log: Log) -> Tuple[_Bench, float]:
   t0 = time.perf_counter()
   dtype = DTYPES[cfg.dtype]
   target_params = {
-      "params": parameters.random_params(cfg.target_config,
-                                         jax.random.PRNGKey(cfg.seed),
-                                         dtype=dtype)
+      "params": checkpoints.random_params(cfg.target_config,
+                                          jax.random.PRNGKey(cfg.seed),
+                                          dtype=dtype)
   }
   draft_params = {
-      "params": parameters.random_params(cfg.draft_config,
-                                         jax.random.PRNGKey(cfg.seed + 1),
-                                         dtype=dtype)
+      "params": checkpoints.random_params(cfg.draft_config,
+                                          jax.random.PRNGKey(cfg.seed + 1),
+                                          dtype=dtype)
   }
   # Packed for the CPU kernel as `run` does (a no-op elsewhere).
   target = T5Model(cfg.target_config, target_params).prepared_for_decoding()

@@ -29,7 +29,7 @@ from specdec_jax.experiment.plan import RunPlan
 from specdec_jax.metrics import exactness
 from specdec_jax.metrics import timing
 from tools.benchmarks import t5x_reference
-from specdec_jax.config.paths import GIN_DIR
+from specdec_jax.files.io_utils import GIN_DIR
 
 # --pair aliases: the README's main job.
 PAIRS = {
@@ -80,7 +80,7 @@ def pair_experiment(gin_file: str, args):
   try:
     gin_utils.parse_gin([gin_file], [], finalize=False)
     settings = arguments.run_arguments()
-  except (ValueError, LookupError) as e:  # incl. gin_utils.ConfigError
+  except (ValueError, LookupError) as e:  # incl. flag_utils.ConfigError
     raise SystemExit(f"error: {where}: {e}") from None
   missing = [
       arguments.MACROS[key]

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.checkpoints import parameters
+from specdec_jax import checkpoints
 from specdec_jax.core.models import T5Model
 from specdec_jax.metrics import timing
 from tools.benchmarks import common
@@ -85,8 +85,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def _model(config, seed: int) -> T5Model:
-  params = parameters.random_params(config, jax.random.PRNGKey(seed),
-                                    dtype=jnp.float32)
+  params = checkpoints.random_params(config, jax.random.PRNGKey(seed),
+                                     dtype=jnp.float32)
   return T5Model(config, {"params": params}).prepared_for_decoding()
 
 

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from specdec_jax.config.paths import REPO_DIR
+from specdec_jax.files.io_utils import REPO_DIR
 from specdec_jax.files import io_utils
 
 REPO = str(REPO_DIR)

@@ -32,7 +32,6 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Sequence
 
-from specdec_jax.config import paths
 from specdec_jax.core import environment
 from specdec_jax.core.models import decode_paths
 from specdec_jax.files import compilation_cache
@@ -152,7 +151,7 @@ def _child(name: str, mode: str, cap_s: float,
   start = time.perf_counter()
   try:
     code: Optional[int] = subprocess.run(cmd, check=False, timeout=cap_s,
-                                         cwd=paths.REPO_DIR).returncode
+                                         cwd=io_utils.REPO_DIR).returncode
     status = _STATUS.get(code, f"exit {code}")
   except subprocess.TimeoutExpired:
     code, status = None, "timed out"

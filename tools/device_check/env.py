@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.config import paths
+from specdec_jax.files import io_utils
 from specdec_jax.core import kernels
 from specdec_jax.core.decoding import loops
 from specdec_jax.core.kernels import gpu
@@ -248,7 +248,7 @@ def is_needed(path: str) -> bool:
 
 def main(carry: Sequence[str], root: str = "") -> int:
   """Prints the verdict; 0 if the tree fits, 1 if not."""
-  root = root or str(paths.REPO_DIR)
+  root = root or str(io_utils.REPO_DIR)
   files = sizes(root, travelling_files(root))
   for c in carry:
     files.update(sizes(root, _walk(root, c)))

@@ -35,7 +35,7 @@ import numpy as np
 
 from specdec_jax.metrics import analysis
 from specdec_jax import checkpoints
-from specdec_jax.config import paths
+from specdec_jax.files import io_utils
 from specdec_jax.metrics import timing
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
@@ -45,11 +45,11 @@ from tools.device_check import common
 from tools.device_check import stats
 
 # gin/pretrained_multi30k.gin's values (tests/tools/test_device_check.py).
-PAIR_DIR = paths.REPO_DIR / "pretrained" / "multi30k"
+PAIR_DIR = io_utils.REPO_DIR / "pretrained" / "multi30k"
 TARGET_DIR = PAIR_DIR / "target_38m"
 DRAFT_DIR = PAIR_DIR / "draft_1m_distill_38m"
 SPM_MODEL = PAIR_DIR / "multi30k.model"
-SOURCE_FILE = paths.REPO_DIR / "configs" / "data" / "captions_en_de.tsv"
+SOURCE_FILE = io_utils.REPO_DIR / "configs" / "data" / "captions_en_de.tsv"
 GAMMA = 3
 EOS_ID = 1
 
@@ -207,8 +207,8 @@ def run(s: common.Settings, record: common.Recorder,
   batches = batched(inputs, 1)
   record.set(
       "pair", {
-          "target": os.path.relpath(target_ckpt, paths.REPO_DIR),
-          "draft": os.path.relpath(draft_ckpt, paths.REPO_DIR),
+          "target": os.path.relpath(target_ckpt, io_utils.REPO_DIR),
+          "draft": os.path.relpath(draft_ckpt, io_utils.REPO_DIR),
           "target_params": target.config.num_params,
           "draft_params": draft.config.num_params,
           "examples": len(batches),

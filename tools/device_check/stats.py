@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from specdec_jax.metrics import analysis
-from specdec_jax.config import paths
+from specdec_jax.files import io_utils
 
 # "temperature 0 (gamma=7: paper alpha=0.75, 3.4x)" and "the temperature-1
 # row is gamma=7 (paper alpha=0.62, 2.6x)" (gin/ende_small.gin's comments).
@@ -35,7 +35,7 @@ def paper_rows(gin_dir: Optional[str] = None) -> List[Dict[str, Any]]:
     draft ('small', 'base', 'large'), temperature, gamma, alpha, speedup
     (the paper's measured walltime improvement) and source (the file).
   """
-  gin_dir = gin_dir or str(paths.GIN_DIR)
+  gin_dir = gin_dir or str(io_utils.GIN_DIR)
   rows = []
   for task in _TASKS:
     for draft in _DRAFTS:

@@ -46,7 +46,7 @@ def baseline_decoder(target: Target, *, max_decode_length: int,
   check_eos_id(eos_id)
   eos, length = np.int32(eos_id), int(max_decode_length)
 
-  program = loops.BASELINE_PROGRAM.jitted()
+  program = loops.BASELINE_PROGRAM.jitted(target=target)
 
   def decode(encoder_input_tokens: jax.Array, rng: jax.Array):
     return program(target, jnp.asarray(encoder_input_tokens, jnp.int32), rng,

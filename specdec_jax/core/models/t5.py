@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.core.kernels import gpu
 from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.layers import PACKED_COLLECTION
@@ -211,6 +212,12 @@ class T5Model:
           "features: this cache keeps no hidden states; start it from "
           "`T5Model.with_features()` (keep_features=True).")
     return cache.features
+
+  @property
+  def interpreted_kernels(self) -> bool:
+    """Whether its decode calls run Pallas kernels in interpret mode (the
+    'fused' path off a GPU), which the loops compile for (`LoopProgram`)."""
+    return decode_paths.get(self.decode_path).fused and gpu.interpret()
 
   @property
   def is_packed(self) -> bool:
