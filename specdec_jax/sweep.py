@@ -56,7 +56,7 @@ class SweepError(ValueError):
   """A bad sweep specification or results directory (printed, no traceback)."""
 
 
-# -- Specs -> points ------------------------------------------------------------
+# -- Specs -> points -----------------------------------------------------------
 def parse_sweep_args(specs: Sequence[str]) -> List[Dict[str, Any]]:
   """The points (dicts KEY -> value, in a stable order, without repeats)
   of `--sweep` values, KEY=v1,v2 or YAML files."""
@@ -298,7 +298,7 @@ def validate_points(points, results_dir: str, base_files, base_bindings,
     gin.clear_config()
 
 
-# -- Running --------------------------------------------------------------------
+# -- Running -------------------------------------------------------------------
 def _plan(point, results_dir: str, base_files, base_bindings, search_paths,
           providers: Optional[Providers]) -> RunPlan:
   """The point's plan, from its gin parsed afresh."""

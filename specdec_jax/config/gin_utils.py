@@ -67,7 +67,8 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str],
               extra_search_paths: Sequence[str] = (), finalize: bool = True,
               check_macros: bool = False) -> None:
   """Parses gin files and bindings with the search paths set up, after the
-  checks that raise flag_utils.ConfigError (missing file, macros nothing reads)."""
+  checks that raise flag_utils.ConfigError (missing file, macros nothing
+  reads)."""
   paths = gin_reader.search_paths(extra_search_paths)
   for path in paths:
     gin.add_config_file_search_path(path)
@@ -93,7 +94,8 @@ def gin_files_flag() -> List[str]:
 
 
 def parse_from_flags(finalize: bool = True, check_macros: bool = True) -> None:
-  """Parses --gin_file/--gin_bindings; unknown macros raise flag_utils.ConfigError."""
+  """Parses --gin_file/--gin_bindings; unknown macros raise
+  flag_utils.ConfigError."""
   f = flags.FLAGS
   parse_gin(f.gin_file, f.gin_bindings, f.gin_search_paths, finalize,
             check_macros=check_macros)
@@ -121,8 +123,8 @@ MACROS_READ_BY_CODE: frozenset = frozenset()
 
 
 def binding_statements(text: str):
-  """The statements of one `--gin_bindings` string; flag_utils.ConfigError when it
-  does not parse, saying how to quote a string."""
+  """The statements of one `--gin_bindings` string; flag_utils.ConfigError
+  when it does not parse, saying how to quote a string."""
   try:
     return list(config_parser.ConfigParser(text, gin_reader.ParserDelegate()))
   except (SyntaxError, tokenize.TokenError) as e:
@@ -132,8 +134,8 @@ def binding_statements(text: str):
            "%MACRO / @configurable; a string needs quotes, e.g. "
            "--gin.NAME=\"'text'\")"
            if token else _AST_REPR.sub("", str(e)).strip())
-    raise flag_utils.ConfigError(f"{binding_flag(text)}: not a gin binding: {why}.") \
-        from None
+    raise flag_utils.ConfigError(
+        f"{binding_flag(text)}: not a gin binding: {why}.") from None
 
 
 _AST_REPR = re.compile(r":?\s*<ast\.\w+ object at 0x[0-9a-f]+>")
@@ -141,8 +143,8 @@ _AST_REPR = re.compile(r":?\s*<ast\.\w+ object at 0x[0-9a-f]+>")
 
 def check_unused_macros(gin_files: Sequence[str], gin_bindings: Sequence[str],
                         search_paths_: Optional[Sequence[str]] = None) -> None:
-  """flag_utils.ConfigError for a macro a file or binding defines and nothing reads,
-  naming where, the macro and the closest one read."""
+  """flag_utils.ConfigError for a macro a file or binding defines and
+  nothing reads, naming where, the macro and the closest one read."""
   paths = gin_reader.search_paths_or_default(search_paths_)
   defined: Dict[str, str] = {}
   used: Set[str] = set(MACROS_READ_BY_CODE)
@@ -196,8 +198,9 @@ def unknown_macro_message(name: str, known: Sequence[str]) -> str:
 
 
 def check_macro_bindings(gin_bindings: Sequence[str], known: Set[str]) -> None:
-  """flag_utils.ConfigError for a binding `NAME = value` (`--gin.GAMA=3`) whose macro
-  no file (`known`) or binding uses, naming it and the closest known."""
+  """flag_utils.ConfigError for a binding `NAME = value` (`--gin.GAMA=3`)
+  whose macro no file (`known`) or binding uses, naming it and the closest
+  known."""
   defined, used = _binding_macros(gin_bindings)
   for name, text in defined.items():
     if name not in used | known:

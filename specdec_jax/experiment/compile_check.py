@@ -96,7 +96,8 @@ def program_record(compiled, seconds: float) -> Dict[str, Any]:
 
 def _compile(fn, *args, static=(), donate=(), reads=False, **kwargs):
   """(`program_record`, compiled) of jax.jit(fn) for abstract args (with
-  `hlo_reads.weight_reads` when `reads`: a call without loops over the weights)."""
+  `hlo_reads.weight_reads` when `reads`: a call without loops over the
+  weights)."""
   start = time.perf_counter()
   compiled = jax.jit(fn, static_argnames=static,
                      donate_argnums=donate).lower(*args, **kwargs).compile()

@@ -35,7 +35,7 @@ _PAPER = re.compile(r"temperature[ -](\d+(?:\.\d+)?)\D*?gamma=(\d+)\W+"
                     r"paper alpha=([\d.]+),\s*([\d.]+)x")
 
 
-# -- TPU topologies --------------------------------------------------------------
+# -- TPU topologies ------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Chip:
   """One TPU generation's figures per chip (public Cloud TPU docs)."""
