@@ -117,6 +117,10 @@ class Target(Protocol):
   from `with_features()`). The speculative loop hands them to a drafter
   that reads them (`Drafter.reads_target_features`: a feature-level,
   EAGLE-style draft). Not part of the structural check either.
+
+  Optional: `flat_chunk_cost`, True when a K-token `decode_chunk` costs
+  about a 1-token one (T5Model on a GPU's decode path): a model drafter
+  then catches up without a branch (`flat_chunk_cost` below).
   """
 
   @property
@@ -199,6 +203,11 @@ def target_features(target: Any, state: Any) -> Any:
   """`target.features(state)` ([B, max_len, F]), or None without one."""
   method = getattr(target, "features", None)
   return None if method is None else method(state)
+
+
+def flat_chunk_cost(model: Any) -> bool:
+  """`model.flat_chunk_cost`, or False for a model without it."""
+  return bool(getattr(model, "flat_chunk_cost", False))
 
 
 def _is_array_leaf(leaf: Any) -> bool:

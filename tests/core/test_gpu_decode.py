@@ -31,8 +31,10 @@ import pytest
 
 from specdec_jax.core import decoding
 from specdec_jax.core import kernels
+from specdec_jax.core import sampling
 from specdec_jax.core.decoding import loops
 from specdec_jax.core.decoding import programs
+from specdec_jax.core.drafters import ModelDrafter
 from specdec_jax.core.kernels import gpu
 from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models import init_params
@@ -246,13 +248,17 @@ def test_fused_tree_call_matches_xla(world):
   np.testing.assert_allclose(out[1][1], out[0][1], atol=F32_ATOL)
 
 
-def test_greedy_speculative_equals_the_baseline_on_fused():
+@pytest.mark.parametrize("path", ["packed", "fused"])
+def test_greedy_speculative_equals_the_baseline_on(path):
+  """The GPU's paths, whose drafts catch up without a branch (one 2-token
+  call each iteration, also when no row lags)."""
   target = _t5x(tiny_config(vocab_size=32), seed=11)
   noisy = jax.tree_util.tree_map(
       lambda x: x + 0.2 * jnp.std(x) * jax.random.normal(
           jax.random.PRNGKey(12), x.shape), target.params)
-  target = target.prepared_for_decoding("fused")
-  draft = T5Model(target.config, noisy).prepared_for_decoding("fused")
+  target = target.prepared_for_decoding(path)
+  draft = T5Model(target.config, noisy).prepared_for_decoding(path)
+  assert draft.flat_chunk_cost
   inputs = np.random.default_rng(1).integers(2, 32, (4, 6)).astype(np.int32)
   inputs[2, 3:] = 0
   rng = jax.random.PRNGKey(0)
@@ -432,3 +438,34 @@ def test_loops_compile_in_place_for_interpreted_kernels(world):
   assert base.jitted("cpu", fused) is not base.jitted("cpu", model)
   with gpu.lowering_for_gpu():  # Traced for Triton: no interpreter.
     assert not fused.interpreted_kernels
+
+
+def _branches(draft: T5Model, target: T5Model) -> int:
+  """Branches (`lax.cond`) in the lowered speculative loop."""
+  text = jax.jit(
+      loops.speculative_loop,
+      static_argnames=("gamma", "max_decode_length", "method",
+                       "statistics")).lower(
+                           target, ModelDrafter(draft),
+                           jax.ShapeDtypeStruct(
+                               (2, 6), jnp.int32), jax.random.PRNGKey(0),
+                           jnp.int32(1), gamma=3, max_decode_length=8,
+                           method=sampling.Greedy(), statistics=False,
+                           acceptance=decoding.ExactAcceptance()).as_text()
+  return text.count("stablehlo.case") + text.count("stablehlo.if")
+
+
+def test_only_the_gpu_paths_catch_up_without_a_branch(world):
+  """A GPU reads a branch's index back to the host: on its paths, whose
+  K-token calls cost about one, the draft always feeds two tokens."""
+  model = world[0]
+  flat = {name: p.flat_chunk_cost for name, p in decode_paths.PATHS.items()}
+  assert flat == {
+      "xla": False,
+      "cpu_kernel": False,
+      "packed": True,
+      "fused": True
+  }
+  packed = model.prepared_for_decoding("packed")
+  assert _branches(model, model) == _branches(packed, model) + 1
+  assert _branches(packed, model) == 0

@@ -34,6 +34,7 @@ from tools.benchmarks import loop_overhead
 from tools.device_check import env
 from tools.device_check import loop
 from tools.device_check import paths
+from tools.device_check import physics
 from tools.device_check import pretrained_pair
 from tools.device_check import stats
 
@@ -266,6 +267,17 @@ _GPU_LIKE_HLO = """HloModule m, entry_computation_layout={()->f32[]}
   ROOT %d = f32[4]{0} parameter(0)
 }
 
+%catch_up_two (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %k1 = f32[4]{0} fusion(f32[4]{0} %x), kind=kLoop, calls=%fused_verify, metadata={op_name="jit(f)/while/body/propose/add"}
+  ROOT %k2 = f32[4]{0} fusion(f32[4]{0} %k1), kind=kLoop, calls=%fused_verify, metadata={op_name="jit(f)/while/body/propose/mul"}
+}
+
+%catch_up_one (y: f32[4]) -> f32[4] {
+  %y = f32[4]{0} parameter(0)
+  ROOT %k3 = f32[4]{0} fusion(f32[4]{0} %y), kind=kLoop, calls=%fused_verify, metadata={op_name="jit(f)/while/body/propose/add"}
+}
+
 %cond (c: (s32[], f32[4])) -> pred[] {
   %c = (s32[], f32[4]{0}) parameter(0)
   ROOT %done = pred[] fusion((s32[], f32[4]{0}) %c), kind=kLoop, calls=%fused_verify
@@ -279,6 +291,7 @@ _GPU_LIKE_HLO = """HloModule m, entry_computation_layout={()->f32[]}
   %a = f32[4]{0} fusion(f32[4]{0} %f), kind=kLoop, calls=%fused_verify, metadata={op_name="jit(f)/while/body/acceptance/lt"}
   %w = f32[4]{0} while(f32[4]{0} %a), condition=%cond, body=%draft_body
   %cb = f32[4]{0} call(f32[4]{0} %w), to_apply=%command_buffer
+  %lag = f32[4]{0} conditional(pred[] %p, f32[4]{0} %cb, f32[4]{0} %cb), true_computation=%catch_up_two, false_computation=%catch_up_one
   %cs = (f32[4]{0}, f32[4]{0}) copy-start(f32[4]{0} %cb)
   %cd = f32[4]{0} copy-done((f32[4]{0}, f32[4]{0}) %cs)
   ROOT %r = (s32[], f32[4]{0}) tuple(s32[] %i, f32[4]{0} %cd)
@@ -294,17 +307,28 @@ ENTRY %main () -> f32[] {
 def test_iteration_kernels_count_gpu_fusions_custom_calls_and_command_buffers():
   """The loop phase's kernel count on GPU-shaped HLO (the CPU's: the e2e
   check): fusions and custom calls by their source's part, a command
-  buffer's kernels in its place, an async copy once, the condition's."""
+  buffer's kernels in its place, an async copy once, the condition's, a
+  conditional's larger branch (its kernels were left out before)."""
   counts = iteration_hlo.iteration_kernels(_GPU_LIKE_HLO)
   assert counts["body_by_part"] == {
       "target call": 2,
+      "draft propose": 2,  # The conditional's larger branch.
       "acceptance": 1,
       "emit": 1,
       "statistics": 1,
       "copies": 1
   }
-  assert counts["body"] == 6 and counts["condition"] == 1
+  assert counts["body"] == 8 and counts["condition"] == 1
+  assert counts["conditionals"] == [[2, 1]]
   assert counts["nested_loops"] == 1
+  # The draft's loop: no kernel in its body, its test's fusion each step.
+  assert counts["nested"] == [{
+      "body": 0,
+      "body_by_part": {},
+      "condition": 1,
+      "nested": [],
+      "conditionals": []
+  }]
   assert counts["outside_model_calls"] == 5  # 4 in the body + the test
   with pytest.raises(ValueError, match="no while loop"):
     iteration_hlo.iteration_kernels("ENTRY %main () -> f32[] {\n"
@@ -690,3 +714,26 @@ def test_the_import_walk_sees_imports_in_functions_and_behind_modules():
   assert "tensorflow" not in found  # NOT_CALLED
   # specdec_jax.config.gin_utils imports gin at its top.
   assert "gin" in third_party_imports(["specdec_jax.config.gin_utils"])
+
+
+def test_each_call_loop_is_traced_under_the_tiles_in_force():
+  """The `tiles` group timed one program for every preset: each variant
+  jitted the same function, whose trace jit had cached under the first
+  preset. Each `call_loop_with` is a program of its own (lowered for
+  CUDA here: Triton's warps per program are the preset's)."""
+  model = paths.abstract_model(common.t5_size("small", tiny=True), "fused")
+  tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+  cache = jax.eval_shape(lambda m, e: m.start(e, 16), model.unpacked(), tokens)
+  fill = jax.ShapeDtypeStruct((1,), jnp.int32)
+
+  def warps():
+    with gpu.lowering_for_gpu():
+      text = physics.call_loop_with(
+          {}).trace(model, cache, fill, k=1,
+                    steps=2).lower(lowering_platforms=("cuda",)).as_text()
+    return set(re.findall(r"num_warps = (\d+)", text))
+
+  assert warps() == {str(gpu.Tiles().num_warps)}
+  for name in ("wide", "narrow"):
+    with gpu.tiles(gpu.TILE_PRESETS[name]):
+      assert warps() == {str(gpu.TILE_PRESETS[name].num_warps)}, name

@@ -21,6 +21,7 @@ by the part of the iteration they come from (the named scopes of
 """
 import argparse
 import collections
+import dataclasses
 import json
 import re
 import sys
@@ -134,13 +135,23 @@ MODEL_PARTS = ("draft propose", "target call",
                "unnamed (XLA-made: dots, reductions, layouts)")
 
 
-def _launches(comps: Dict[str, List[str]], name: str,
-              parts: collections.Counter) -> int:
-  """Kernels computation `name` launches per run, counted into `parts`:
-  its ops less `NOT_LAUNCHES` and the `-done` half of async pairs, with
-  the ops of a `call` (XLA:GPU's command buffers) counted in its place;
-  nested while loops: the number of them."""
-  loops = 0
+@dataclasses.dataclass
+class _Launches:
+  """What a computation launches per run: kernels by part, the while loops
+  inside it (`_loop` each) and its conditionals' branches (kernels each)."""
+  parts: collections.Counter = dataclasses.field(
+      default_factory=collections.Counter)
+  loops: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+  conditionals: List[List[int]] = dataclasses.field(default_factory=list)
+
+
+def _launches(comps: Dict[str, List[str]], name: str, out: _Launches) -> None:
+  """Counts computation `name` into `out`: its ops less `NOT_LAUNCHES` and
+  the `-done` half of async pairs, the ops of a `call` (XLA:GPU's command
+  buffers) in its place; a while loop goes to `out.loops`, not counted; a
+  conditional runs one branch: its largest is counted (on a GPU the host
+  reads the branch index back first) and every branch's kernels go to
+  `out.conditionals`."""
   for line in comps.get(name, []):
     m = re.match(r"(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\(", line)
     if not m:
@@ -148,39 +159,71 @@ def _launches(comps: Dict[str, List[str]], name: str,
     kind = m.group(1)
     called = re.search(r"(?:to_apply|calls)=%?([\w.\-]+)", line)
     if kind == "call" and called:
-      loops += _launches(comps, called.group(1), parts)
+      _launches(comps, called.group(1), out)
     elif kind == "while":
-      loops += 1
+      out.loops.append(_loop(comps, line))
+    elif kind == "conditional":
+      branches = []
+      for branch in _branches(line):
+        branches.append(_Launches())
+        _launches(comps, branch, branches[-1])
+      largest = max(branches, key=lambda b: sum(b.parts.values()))
+      out.parts.update(largest.parts)
+      out.loops.extend(largest.loops)
+      out.conditionals.extend(largest.conditionals)
+      out.conditionals.append([sum(b.parts.values()) for b in branches])
     elif kind not in NOT_LAUNCHES and not kind.endswith("-done"):
-      parts[_part(line, comps)] += 1
-  return loops
+      out.parts[_part(line, comps)] += 1
+
+
+def _branches(line: str) -> List[str]:
+  """A conditional's branch computations, in order."""
+  listed = re.search(r"branch_computations=\{([^}]*)\}", line)
+  if listed:
+    return [b.strip().lstrip("%") for b in listed.group(1).split(",")]
+  return [
+      re.search(rf"{key}_computation=%?([\w.\-]+)", line).group(1)
+      for key in ("true", "false")
+  ]
+
+
+def _loop(comps: Dict[str, List[str]], line: str) -> Dict[str, Any]:
+  """The kernels one iteration of the while loop `line` launches."""
+  body, condition = _Launches(), _Launches()
+  _launches(comps, re.search(r"body=%?([\w.\-]+)", line).group(1), body)
+  _launches(comps,
+            re.search(r"condition=%?([\w.\-]+)", line).group(1), condition)
+  return {
+      "body": sum(body.parts.values()),
+      "body_by_part": dict(body.parts.most_common()),
+      "condition": sum(condition.parts.values()),
+      "nested": body.loops,
+      "conditionals": body.conditionals,
+  }
 
 
 def iteration_kernels(hlo: str) -> Dict[str, Any]:
   """The kernels one iteration of the program's outermost while loop
   launches (optimized HLO of any backend: the CPU's ops, the GPU's
   fusions and custom calls): `body` by part, `condition` (the loop's
-  test, on a GPU read back by the host every iteration), `nested_loops`
-  (the draft's steps, if a loop), and `outside_model_calls`: the body's
-  and condition's kernels of no model call (`MODEL_PARTS`)."""
+  test, on a GPU read back by the host every iteration), `nested` (each
+  loop inside the body, e.g. the draft's steps, per iteration of its own,
+  and `nested_loops` their number), `conditionals` (each conditional's
+  branches' kernels; the largest is in `body`), and `outside_model_calls`:
+  the body's and condition's kernels of no model call (`MODEL_PARTS`)."""
   comps = _computations(hlo)
   entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M).group(1)
   line = next((l for l in comps[entry] if re.search(r"\swhile\(", " " + l)),
               None)
   if line is None:
     raise ValueError("the program has no while loop.")
-  body, condition = collections.Counter(), collections.Counter()
-  nested = _launches(comps,
-                     re.search(r"body=%?([\w.\-]+)", line).group(1), body)
-  _launches(comps,
-            re.search(r"condition=%?([\w.\-]+)", line).group(1), condition)
-  outside = sum(n for part, n in body.items() if part not in MODEL_PARTS)
+  loop = _loop(comps, line)
+  outside = sum(
+      n for part, n in loop["body_by_part"].items() if part not in MODEL_PARTS)
   return {
-      "body": sum(body.values()),
-      "body_by_part": dict(body.most_common()),
-      "condition": sum(condition.values()),
-      "nested_loops": nested,
-      "outside_model_calls": outside + sum(condition.values()),
+      **loop,
+      "nested_loops": len(loop["nested"]),
+      "outside_model_calls": outside + loop["condition"],
   }
 
 

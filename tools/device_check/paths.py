@@ -28,14 +28,15 @@ the others still run.
 """
 import collections
 import re
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from specdec_jax.core.kernels import gpu
+from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
-from specdec_jax.metrics import timing
+from specdec_jax.core.models import param_shapes
 from tools.benchmarks import iteration_hlo
 from tools.device_check import common
 from tools.device_check import env
@@ -104,32 +105,96 @@ def _steps(b: physics.Bench, s: common.Settings, copy_gbps: float,
   return c
 
 
-def _kernels(s: common.Settings, record: common.Recorder) -> None:
-  """Kernels per decoder layer on each path: T5-small-shaped decoders of 1
-  and 2 layers (one encoder layer), their one-token loops compiled."""
+def on_device(tree: Any, device: Any = None) -> Any:
+  """`tree`'s arrays as shapes (`jax.ShapeDtypeStruct`), on `device` (a
+  deviceless GPU's: `tools.benchmarks.gpu_aot`) or this backend's."""
+  sharding = None if device is None else jax.sharding.SingleDeviceSharding(
+      device)
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def abstract_model(config: T5Config, path: str, device: Any = None) -> T5Model:
+  """A model of `config` on decode path `path`, shapes only (no weights),
+  its parameters in `config.dtype`."""
+  shapes = jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, config.dtype),
+      param_shapes(config))
+  return on_device(
+      jax.eval_shape(lambda p: T5Model(config, p).prepared_for_decoding(path),
+                     shapes), device)
+
+
+def compile_shapes(jitted: Any, *args, device: Any = None,
+                   options: Optional[Dict[str, Any]] = None, **static) -> Any:
+  """`jitted` (a `jax.jit` function; `static` its static arguments)
+  compiled for `args`' shapes: for this backend, or for `device`'s GPU
+  (lowered for CUDA with the kernels for Triton, `gpu.lowering_for_gpu`).
+  """
+  if device is None:
+    return jitted.lower(*args, **static).compile(options or None)
+  with gpu.lowering_for_gpu():
+    lowered = jitted.trace(*args, **static).lower(lowering_platforms=("cuda",))
+  return lowered.compile(options or None)
+
+
+def loop_hlo(model: T5Model, *, input_length: int, cache_len: int, steps: int,
+             k: int = 1, device: Any = None,
+             options: Optional[Dict[str, Any]] = None) -> str:
+  """The compiled program (HLO text) of `steps` `k`-token calls of `model`
+  (`timing.call_loop`, batch 1, traced now: under `gpu.tiles`, with its
+  tiles; the cache's fill is an argument: its value compiles nothing)."""
+  tokens = jax.ShapeDtypeStruct((1, input_length), jnp.int32)
+  cache = jax.eval_shape(lambda m, e: m.start(e, cache_len), model.unpacked(),
+                         tokens)
+  fill = jax.ShapeDtypeStruct((1,), jnp.int32)
+  return compile_shapes(physics.call_loop_with({}), model,
+                        on_device(cache, device), on_device(fill, device),
+                        device=device, options=options, k=k,
+                        steps=steps).as_text()
+
+
+def kernel_counts(hlo: str) -> Dict[str, Any]:
+  """A compiled call loop's (`loop_hlo`) kernels: the program's, by kind,
+  those of one step (its loop's body and test) and its Triton calls."""
+  ops = launch_ops(hlo)
+  step = iteration_hlo.iteration_kernels(hlo)
+  return {
+      "kernels": sum(ops.values()),
+      "by_kind": ops,
+      "per_step": step["body"] + step["condition"],
+      "triton_calls": hlo.count(gpu.TRITON_CALL),
+  }
+
+
+def layer_kernels(config: T5Config, paths: Sequence[str], *, device: Any = None,
+                  **loop: int) -> Dict[str, Any]:
+  """Kernels per decoder layer on each path: `config` with 1 and with 2
+  decoder layers (one encoder layer), their one-token loops (`loop_hlo`'s
+  `loop` arguments) compiled from shapes; the difference of their steps'
+  kernels is what a decoder layer launches per step, the rest the step's
+  fixed ones (embedding, logits, the loop's test)."""
   out: Dict[str, Any] = {}
-  inputs = jnp.ones((1, s.physics_input_length), jnp.int32)
   for layers in (1, 2):
-    config = common.t5_size("small", tiny=s.tiny_physics).replace(
-        num_decoder_layers=layers, num_encoder_layers=1)
-    plain = T5Model(config, common.device_params(config, 7, jnp.bfloat16))
-    cache = timing.start(plain, inputs, max_len=s.cache_len)
-    fill = jnp.full((1,), s.fill, jnp.int32)
-    for path in s.paths:
-      model = plain.prepared_for_decoding(path)
-      compiled = timing.call_loop.lower(model, cache, fill, k=1,
-                                        steps=s.inner_steps).compile()
-      ops = launch_ops(compiled.as_text())
-      out.setdefault(path, {})[f"layers_{layers}"] = {
-          "kernels": sum(ops.values()),
-          "by_kind": ops,
-          "triton_calls": compiled.as_text().count(gpu.TRITON_CALL),
-      }
+    shaped = config.replace(num_decoder_layers=layers, num_encoder_layers=1)
+    for path in paths:
+      hlo = loop_hlo(abstract_model(shaped, path, device), device=device,
+                     **loop)
+      out.setdefault(path, {})[f"layers_{layers}"] = kernel_counts(hlo)
   for counts in out.values():
-    one, two = counts["layers_1"]["kernels"], counts["layers_2"]["kernels"]
+    one, two = counts["layers_1"]["per_step"], counts["layers_2"]["per_step"]
     counts["per_decoder_layer"] = two - one
     counts["fixed"] = 2 * one - two
-  record.set("kernels", out)
+  return out
+
+
+def _kernels(s: common.Settings, record: common.Recorder) -> None:
+  """`layer_kernels` of a T5-small-shaped decoder (bfloat16)."""
+  record.set(
+      "kernels",
+      layer_kernels(common.t5_size("small", tiny=s.tiny_physics), s.paths,
+                    input_length=s.physics_input_length, cache_len=s.cache_len,
+                    steps=s.inner_steps))
 
 
 def _timed_variants(b: physics.Bench, variants: Dict[str, Callable[[int], Any]],

@@ -137,8 +137,15 @@ class Bench:
 
 
 def call_loop_with(options: Dict[str, Any]) -> Callable[..., Any]:
-  """`timing.call_loop` compiled with XLA `options` (a program of its own)."""
-  return jax.jit(timing.call_loop.__wrapped__, static_argnames=("k", "steps"),
+  """`timing.call_loop` as a program of its own, compiled with XLA
+  `options`: a fresh function, traced on its first call (jit's trace cache
+  is keyed by the function: the same one would reuse a program traced
+  under other tiles, `gpu.tiles`)."""
+
+  def loop(*args, **kwargs):
+    return timing.call_loop.__wrapped__(*args, **kwargs)
+
+  return jax.jit(loop, static_argnames=("k", "steps"),
                  compiler_options=options or None)
 
 

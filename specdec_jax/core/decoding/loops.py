@@ -47,7 +47,7 @@ from specdec_jax.core.decoding.checks import resolve_method
 from specdec_jax.core.decoding.outputs import DecodeOutput
 from specdec_jax.core.decoding.outputs import SpeculativeOutput
 from specdec_jax.core.decoding.programs import LoopProgram
-from specdec_jax.core.decoding.statistics import SpeculativeStatistics
+from specdec_jax.core.decoding.statistics import StatisticsRecord
 from specdec_jax.core.decoding.statistics import guess_beta
 from specdec_jax.core.drafters import guesses
 from specdec_jax.core.protocols import AcceptanceRule
@@ -245,7 +245,8 @@ class SpeculativeState:
     buffer: [B, T] int32 tokens, start token at 0.
     length: [B] int32 ℓ, tokens generated per row.
     done: [B] bool rows finished (EOS or max_decode_length).
-    stats: `SpeculativeStatistics`, or None when not collected.
+    stats: `StatisticsRecord` (`SpeculativeStatistics` once finished), or
+      None when not collected.
   """
   iteration: Array
   target_state: Any
@@ -253,7 +254,7 @@ class SpeculativeState:
   buffer: Array
   length: Array
   done: Array
-  stats: Optional[SpeculativeStatistics] = None
+  stats: Optional[StatisticsRecord] = None
 
 
 def init_speculative_state(target: Target, drafter: Drafter,
@@ -273,7 +274,7 @@ def init_speculative_state(target: Target, drafter: Drafter,
       draft_state=drafter.init(encoder_input_tokens, state_len, encoder_output),
       buffer=_start_buffer(target, encoder_input_tokens, state_len + 1),
       length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros(
-          (batch,), bool), stats=(SpeculativeStatistics.zeros(
+          (batch,), bool), stats=(StatisticsRecord.zeros(
               batch, gamma, max_decode_length) if statistics else None))
 
 
@@ -351,9 +352,9 @@ def speculative_iteration(target: Target, drafter: Drafter,
   if stats is not None:
     with jax.named_scope("statistics"):
       stats = stats.update(
-          active=active, draft_tokens=draft_tokens, verdict=verdict,
-          beta=guess_beta(verdict, draft_tokens,
-                          draft_probs), num_kept=new_length - s.length,
+          iteration=s.iteration, active=active, draft_tokens=draft_tokens,
+          verdict=verdict, beta=guess_beta(verdict, draft_tokens, draft_probs),
+          num_kept=new_length - s.length,
           num_guesses=guesses.num_guesses(draft_tokens) if partial else None)
 
   return SpeculativeState(
@@ -393,8 +394,9 @@ def speculative_loop(target: Target, drafter: Drafter,
   state = lax.while_loop(lambda s: jnp.logical_not(jnp.all(s.done)), body,
                          state)
   return SpeculativeOutput(
-      tokens=_finish(state.buffer, state.length, max_decode_length),
-      lengths=state.length, stats=state.stats)
+      tokens=_finish(state.buffer, state.length,
+                     max_decode_length), lengths=state.length,
+      stats=None if state.stats is None else state.stats.finish())
 
 
 # XLA:CPU: per-program compiler options (`kernels.CPU_SPECULATIVE_COMPILER_

@@ -5,12 +5,15 @@ statistics=False)` carries none of these arrays through the loop. When on,
 they count only what reached the output: guesses that came after an EOS,
 or past max_decode_length, were computed but thrown away and are not
 counted as accepted (nor are their acceptance tests counted as trials).
+The loop carries a `StatisticsRecord` (one in-place write an iteration) and
+returns the `SpeculativeStatistics` counted from it.
 """
 from typing import Optional
 
 import flax
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from specdec_jax.core import sampling
 from specdec_jax.core.protocols import Verdict
@@ -73,27 +76,58 @@ class SpeculativeStatistics:
   trace_num_accepted: Array
   trace_next_token: Array
 
+
+# `StatisticsRecord.records`' columns after the γ guesses.
+_KEPT, _NEXT, _TRIALS, _BETA = 0, 1, 2, 3
+_COLUMNS = 4
+
+
+def _no_call(gamma: int) -> Array:
+  """[γ+4] int32 the record of an iteration a row did not run: the traces'
+  values past target_calls (0 guesses, -1 kept, 0 next token, 0 trials,
+  β sum +0.0)."""
+  return jnp.array((0,) * gamma + (-1, 0, 0, 0), jnp.int32)
+
+
+@flax.struct.dataclass
+class StatisticsRecord:
+  """What the loop carries for `SpeculativeStatistics` (B rows, T = max
+  length): one record per iteration, written by one in-place update.
+
+  On a GPU every kernel of the loop body costs ~2 µs of launch an
+  iteration: counters, a running β sum, a histogram and three traces
+  scattered at each row's own slot were 9 kernels. Here an iteration
+  writes one [B, 1, γ+4] slice at the iteration number (an active row's
+  call count): one kernel (plus β's own reduction over the vocabulary when
+  sampling with the draft's q). The counts and β's sum are taken from the
+  records once, after the loop (`finish`).
+
+  Attributes:
+    records: [B, T, γ+4] int32; row b's record i is iteration i's guesses
+      (γ columns), then its kept guesses, the target's next token, its
+      acceptance trials and the sum of their β (float32 bits); an
+      iteration the row did not run holds `_no_call` (the traces' values
+      past target_calls).
+  """
+  records: Array
+
   @classmethod
   def zeros(cls, batch: int, gamma: int,
-            max_decode_length: int) -> "SpeculativeStatistics":
-
-    def z(*shape):
-      return jnp.zeros(shape, jnp.int32)
-
+            max_decode_length: int) -> "StatisticsRecord":
     return cls(
-        target_calls=z(batch), accepted_histogram=z(batch, gamma + 1),
-        beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=z(batch),
-        trace_draft_tokens=z(batch, max_decode_length,
-                             gamma), trace_num_accepted=jnp.full(
-                                 (batch, max_decode_length), -1, jnp.int32),
-        trace_next_token=z(batch, max_decode_length))
+        records=jnp.broadcast_to(_no_call(gamma), (batch, max_decode_length,
+                                                   gamma + _COLUMNS)))
 
-  def update(self, *, active: Array, draft_tokens: Array, verdict: Verdict,
-             beta: Array, num_kept: Array,
-             num_guesses: Optional[Array] = None) -> "SpeculativeStatistics":
+  def update(self, *, iteration: Array, active: Array, draft_tokens: Array,
+             verdict: Verdict, beta: Array, num_kept: Array,
+             num_guesses: Optional[Array] = None) -> "StatisticsRecord":
     """Adds one iteration.
 
     Args:
+      iteration: [] int32 the loop's iteration number: the call count of
+        every active row, since rows start active and stay done once done
+        (the loop runs at most T iterations: each adds a token to every
+        active row).
       active: [B] bool rows still decoding at the start of the iteration.
       draft_tokens: [B, γ] int32 x_1..x_γ.
       verdict: the acceptance rule's decision (n, next token).
@@ -104,33 +138,51 @@ class SpeculativeStatistics:
       num_guesses: [B] int32 real guesses per row when a drafter may stop
         early (NO_GUESS slots are no trials); None: all γ.
     """
-    batch, gamma = draft_tokens.shape
-    rows = jnp.arange(batch)
-    act = active.astype(jnp.int32)
+    gamma = draft_tokens.shape[1]
     n = verdict.num_accepted
-    kept_guesses = jnp.minimum(n, num_kept)
-    next_kept = active & (num_kept > n)
     # Test i (1-based) ran with context x_1..x_{i-1}; it is on the output
     # iff i <= m. Kept guesses are its successes.
     trials = jnp.minimum(num_kept,
                          gamma if num_guesses is None else num_guesses)
     visited = jnp.arange(gamma)[None, :] < trials[:, None]
-    slot = jnp.minimum(self.target_calls, self.trace_num_accepted.shape[1] - 1)
+    record = jnp.concatenate(
+        [  # Columns: guesses, _KEPT, _NEXT, _TRIALS, _BETA.
+            draft_tokens,
+            jnp.minimum(n, num_kept)[:, None],
+            jnp.where(num_kept > n, verdict.next_token, NO_TOKEN)[:, None],
+            trials[:, None],
+            lax.bitcast_convert_type(
+                jnp.sum(jnp.where(visited, beta, 0.0), axis=1),
+                jnp.int32)[:, None],
+        ],
+        axis=1).astype(jnp.int32)
+    # A done row writes the no-call values its slot already holds: its
+    # calls ended before this iteration.
+    record = jnp.where(active[:, None], record, _no_call(gamma))
+    slot = jnp.minimum(iteration, self.records.shape[1] - 1)
+    return StatisticsRecord(
+        records=lax.dynamic_update_slice(self.records, record[:,
+                                                              None, :], (0,
+                                                                         slot,
+                                                                         0)))
 
-    def record(trace, value):
-      old = trace[rows, slot]
-      mask = active.reshape((batch,) + (1,) * (old.ndim - 1))
-      return trace.at[rows, slot].set(jnp.where(mask, value, old))
-
+  def finish(self) -> SpeculativeStatistics:
+    """The statistics, counted from the records (once, after the loop)."""
+    gamma = self.records.shape[2] - _COLUMNS
+    sums = lax.bitcast_convert_type(self.records[:, :, gamma + _BETA],
+                                    jnp.float32)
+    # Added in iteration order, one by one (as a running sum would: a
+    # reduction may pair them otherwise, and round differently); the
+    # iterations a row did not run add +0.0, which changes no sum.
+    beta_sum = jnp.zeros(sums.shape[:1], jnp.float32)
+    for i in range(sums.shape[1]):
+      beta_sum = beta_sum + sums[:, i]
+    kept = self.records[:, :, gamma + _KEPT]
+    histogram = jnp.sum(kept[:, :, None] == jnp.arange(gamma + 1), axis=1)
     return SpeculativeStatistics(
-        target_calls=self.target_calls + act,
-        accepted_histogram=self.accepted_histogram.at[rows,
-                                                      kept_guesses].add(act),
-        beta_sum=self.beta_sum + jnp.sum(jnp.where(visited, beta, 0.0), axis=1),
-        beta_count=self.beta_count + trials,
-        trace_draft_tokens=record(self.trace_draft_tokens, draft_tokens),
-        trace_num_accepted=record(self.trace_num_accepted,
-                                  kept_guesses), trace_next_token=record(
-                                      self.trace_next_token,
-                                      jnp.where(next_kept, verdict.next_token,
-                                                NO_TOKEN)))
+        target_calls=jnp.sum(kept >= 0, axis=1, dtype=jnp.int32),
+        accepted_histogram=histogram.astype(jnp.int32), beta_sum=beta_sum,
+        beta_count=jnp.sum(self.records[:, :, gamma + _TRIALS], axis=1,
+                           dtype=jnp.int32),
+        trace_draft_tokens=self.records[:, :, :gamma], trace_num_accepted=kept,
+        trace_next_token=self.records[:, :, gamma + _NEXT])

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specdec_jax.core import protocols
 from specdec_jax.core import sampling
 from specdec_jax.core.drafters import guesses
 from specdec_jax.core.protocols import NO_GUESS
@@ -128,7 +129,11 @@ class ModelDrafter(Drafter):
     Returns (logits [B, V] of the token after buffer[b, length[b]], the
     model state holding buffer[b, :length[b] + 1]). The 2-token chunk is
     only paid when some row lags: a K=2 call costs up to 2x a K=1 call on
-    compute-bound backends such as CPU.
+    compute-bound backends such as CPU. A model whose K-token calls cost
+    about one (`protocols.flat_chunk_cost`: a GPU's decode path) always
+    feeds two: no branch, whose index a GPU would read back to the host
+    every iteration (a row that does not lag reads the first logits and
+    drops the second token, as it does in a batch where another lags).
     """
     rows = jnp.arange(buffer.shape[0])
     fed = state.length  # [B]: length or length - 1.
@@ -143,8 +148,11 @@ class ModelDrafter(Drafter):
                                                     model_state)
       return logits[:, 0], model_state
 
-    logits, model_state = lax.cond(jnp.any(fed < length), feed_two, feed_one,
-                                   state.model_state)
+    if protocols.flat_chunk_cost(self.model):
+      logits, model_state = feed_two(state.model_state)
+    else:
+      logits, model_state = lax.cond(jnp.any(fed < length), feed_two, feed_one,
+                                     state.model_state)
     return logits, self.model.truncate(model_state, length + 1)
 
   def _propose_adaptive(self, model_state, length, rngs, logits, draft_tokens,

@@ -62,10 +62,15 @@ class DecodePath:
     biases_once: the per-call attention biases are computed once, behind
       an optimization barrier, rather than fused into every layer.
     fused: the decoder runs `Decoder._decode_new_fused` (`fused_layer`).
+    flat_chunk_cost: a K-token call costs about a 1-token call where the
+      path runs (one GPU, memory-bound): a draft catches up with one
+      2-token call instead of a branch on whether a row lags, whose index
+      a GPU reads back to the host every iteration (`ModelDrafter`).
   """
   name: str
   biases_once: bool = False
   fused: bool = False
+  flat_chunk_cost: bool = False
 
   def unavailable(self, config: T5Config) -> Optional[str]:
     """None if a model of `config` can take this path here, else why not."""
@@ -143,9 +148,9 @@ class _Fused(DecodePath):
 
 
 PATHS: Dict[str, DecodePath] = {
-    p.name: p
-    for p in (DecodePath(XLA), _CpuKernel(CPU_KERNEL),
-              _Packed(PACKED, biases_once=True), _Fused(FUSED, fused=True))
+    p.name: p for p in (DecodePath(XLA), _CpuKernel(CPU_KERNEL),
+                        _Packed(PACKED, biases_once=True, flat_chunk_cost=True),
+                        _Fused(FUSED, fused=True, flat_chunk_cost=True))
 }
 DECODE_PATHS = tuple(PATHS)
 

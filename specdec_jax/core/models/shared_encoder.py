@@ -69,6 +69,10 @@ class SharedEncoderModel:
     return self.decoder.config
 
   @property
+  def flat_chunk_cost(self) -> bool:
+    return self.decoder.flat_chunk_cost
+
+  @property
   def vocab_size(self) -> int:
     return self.decoder.vocab_size
 

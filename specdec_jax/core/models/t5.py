@@ -220,6 +220,12 @@ class T5Model:
     return decode_paths.get(self.decode_path).fused and gpu.interpret()
 
   @property
+  def flat_chunk_cost(self) -> bool:
+    """Whether its K-token calls cost about a 1-token call (its decode
+    path's `flat_chunk_cost`: a drafter then never branches on K)."""
+    return decode_paths.get(self.decode_path).flat_chunk_cost
+
+  @property
   def is_packed(self) -> bool:
     """Whether a decode path's weights are there (`prepared_for_decoding`;
     which path: `decode_path`)."""

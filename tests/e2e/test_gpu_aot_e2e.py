@@ -1,0 +1,56 @@
+"""The GPU programs compiled here for an H200 (`tools.benchmarks.gpu_aot`).
+
+Needs JAX's CUDA plugin, which the test environment does not have (in it,
+every JAX process would try to start CUDA): `scripts/gpu_aot.sh pytest
+tests/e2e/test_gpu_aot_e2e.py` runs this file in a virtual environment
+that has it (CI does); elsewhere it skips, saying so. No GPU needed.
+"""
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from specdec_jax.core.kernels import gpu
+
+pytestmark = pytest.mark.slow
+
+
+def _plugin() -> bool:
+  return any(
+      importlib.util.find_spec("jax_plugins") and importlib.util.find_spec(p)
+      for p in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"))
+
+
+@pytest.mark.skipif(
+    not _plugin(), reason="JAX's CUDA plugin is not installed: "
+    "scripts/gpu_aot.sh pytest tests/e2e/test_gpu_aot_e2e.py runs this file "
+    "with it (no GPU needed)")
+def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
+  """Compiled by XLA:GPU and Triton for sm_90 in a fresh process (the
+  plugin registers only before JAX's backends start): the 'fused' path
+  launches 6 Triton kernels per decoder layer per step, fewer than XLA's
+  path, and each tile preset reaches Triton; an iteration of the shipped
+  pair's speculative loop spends one kernel on its statistics."""
+  out = tmp_path / "aot.json"
+  run = subprocess.run([
+      sys.executable, "-m", "tools.benchmarks.gpu_aot", "--small",
+      "--groups=layers,tiles,loops", "--paths=xla,fused", f"--output={out}"
+  ], cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  result = json.loads(out.read_text())
+  assert result["device"] == "NVIDIA H200"
+  fused, xla = result["layers"]["fused"], result["layers"]["xla"]
+  per_layer = (fused["layers_2"]["triton_calls"] -
+               fused["layers_1"]["triton_calls"])
+  assert per_layer == 6 and fused["per_decoder_layer"] == 6, fused
+  assert xla["layers_2"]["triton_calls"] == 0
+  assert xla["per_decoder_layer"] > fused["per_decoder_layer"], xla
+  for name, preset in gpu.TILE_PRESETS.items():
+    assert result["tiles"][name]["num_warps"] == [preset.num_warps], name
+  for path in ("xla", "fused"):
+    spec = result["loops"]["shipped"][path]["speculative"]
+    assert spec["body_by_part"].get("statistics") == 1, (path, spec)
+    assert spec["nested_loops"] == 1, spec  # The draft's γ steps.

@@ -1,0 +1,104 @@
+"""The GPU programs compiled here for an H200 (`tools.benchmarks.gpu_aot`).
+
+The flags, the missing plugin's message and the summary; the compile
+itself: tests/e2e/test_gpu_aot_e2e.py.
+"""
+import importlib.util
+import os
+
+import pytest
+
+from tools.benchmarks import common
+from tools.benchmarks import gpu_aot
+
+
+@pytest.mark.parametrize("argv, flag, value", [
+    (["--groups=layers,kernels"], "--groups", "'kernels'"),
+    (["--groups="], "--groups", "''"),
+    (["--paths=xla,cpu_kernel"], "--paths", "'cpu_kernel'"),
+    (["--gamma=0"], "--gamma", "0"),
+    (["--target_config=/no/such/file.txtpb"
+     ], "--target_config", "'/no/such/file.txtpb'"),
+])
+def test_bad_flags_name_the_flag_the_value_and_what_is_allowed(
+    argv, flag, value):
+  with pytest.raises(common.BenchmarkFlagError) as e:
+    gpu_aot.parse_args(argv)
+  assert f"{flag}: invalid value {value}" in str(e.value)
+  assert "allowed" in str(e.value)
+
+
+def test_without_the_cuda_plugin_the_error_says_what_to_install(monkeypatch):
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+  with pytest.raises(RuntimeError, match=r"pip install -e '\.\[cuda\]'"):
+    gpu_aot.gpu_device(gpu_aot.H200)
+
+
+def test_summary_reads_layers_and_loops():
+  loop = {"body": 10, "condition": 1, "outside_model_calls": 4, "nested": []}
+  result = {
+      "layers": {
+          "fused": {
+              "per_decoder_layer": 6,
+              "fixed": 7
+          }
+      },
+      "loops": {
+          "shipped": {
+              "gamma": 3,
+              "max_decode_length": 48,
+              "fused": {
+                  "baseline": {
+                      **loop, "body": 5
+                  },
+                  "speculative": {
+                      **loop, "nested": [{
+                          "body": 20,
+                          "condition": 1
+                      }],
+                      "conditionals": [[7, 5]]
+                  },
+              },
+              "xla": {
+                  "baseline": {
+                      "error": "XlaRuntimeError: refused"
+                  },
+                  "speculative": loop
+              },
+          }
+      },
+  }
+  assert gpu_aot.summary(result) == [
+      "fused   6 kernels/decoder layer + 7 fixed per step (T5-small-shaped)",
+      "shipped fused: baseline 6 kernels/iteration; speculative 11 (4 "
+      "outside the model calls) + 21 per draft step; a branch (7 or 5 "
+      "kernels)",
+      "shipped xla: XlaRuntimeError: refused",
+  ]
+
+
+def test_compiles_report_the_kernels_whose_registers_spilled(capfd):
+  """ptxas' warnings come as XLA INFO lines on fd 2: kept off the terminal,
+  read into `spills`; other lines pass."""
+
+  def compile_():
+    os.write(
+        2, b"I1129 02:40:56.293020   29481 subprocess_compilation.cc:349] "
+        b"ptxas warning : Registers are spilled to local memory in function "
+        b"'decode_self_attention', 656 bytes spill stores, 532 bytes spill "
+        b"loads\nI1129 02:40:57.1 other.cc:1] noise\nE1129 a real error\n")
+    return {"kernels": 3}
+
+  out = gpu_aot._timed(compile_)
+  assert out["spills"] == {"decode_self_attention": [656, 532]}
+  assert out["kernels"] == 3 and out["compile_s"] >= 0
+  err = capfd.readouterr().err
+  assert "E1129 a real error" in err and "noise" not in err
+
+
+def test_a_refused_program_is_a_result_not_a_crash():
+
+  def refused():
+    raise ValueError("Triton refused\nmore lines")
+
+  assert gpu_aot._timed(refused) == {"error": "ValueError: Triton refused"}

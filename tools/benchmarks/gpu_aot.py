@@ -1,0 +1,388 @@
+r"""The GPU's decode programs compiled on this host for an H200: no GPU.
+
+JAX's CUDA plugin compiles for a GPU that a target config describes
+(XLA's GpuTargetConfigProto; `H200` holds the figures seen on the device
+machine) with no GPU or driver here (`pip install -e '.[cuda]'` in its own
+virtual environment: docs/usage/gpu.md). So what a GPU session would
+first establish is known before it starts, from the programs XLA:GPU and
+Triton compile (issue 56), per decode path ('xla', 'packed', 'fused'):
+
+* `layers`: kernels per decoder layer and the step's fixed ones
+  (`paths.layer_kernels`: the device check's count, T5-small-shaped);
+* `sizes`: T5 v1.1 small/base/large/xxl-shaped decoders' one-token and
+  (γ+1)-token calls, their kernels and Triton calls: Triton compiled every
+  kernel of the 'fused' path for sm_90;
+* `tiles`: the small decoder on 'fused' with each tile preset;
+* `option_sets`: each XLA:GPU option set of the device check, accepted or
+  refused by this jaxlib, and the kernels under it;
+* `loops`: per pair (the shipped one, T5-XXL with a T5-small draft) the
+  kernels one iteration of the baseline and the speculative loop launches
+  (`iteration_hlo.iteration_kernels`, the draft's steps as `nested`).
+
+Counts only: nothing runs. Compile seconds are this host's.
+
+  python -m tools.benchmarks.gpu_aot --output=benchmarks/issue56_gpu_aot.json
+"""
+import argparse
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.config import gin_reader
+from specdec_jax.core import decoding
+from specdec_jax.core import sampling
+from specdec_jax.core.decoding import loops
+from specdec_jax.core.kernels import gpu
+from specdec_jax.core.models import T5Config
+from specdec_jax.terminal import console
+from tools.benchmarks import common
+from tools.benchmarks import iteration_hlo
+from tools.device_check import common as check_common
+from tools.device_check import paths
+
+SCHEMA = "tools.benchmarks.gpu_aot/1"
+# The device machine's H200 (the device library's KINDS.md, 2026-10-28 and
+# -11-04: 132 multiprocessors, 60 MB of L2, 143771 MiB, CUDA 13.0; the
+# datasheet: 4.8 TB/s; Hopper's per-SM limits). XLA reads the compute
+# capability, the SM count and the memory limits; the rest is its cost
+# model's.
+H200 = """gpu_device_info {
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: 4800000000000
+  l2_cache_size: 62914560
+  clock_rate_ghz: 1.98
+  device_memory_size: 150755000320
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability {
+    major: 9
+    minor: 0
+  }
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info {
+  major: 9
+  minor: 12
+}
+runtime_version {
+  major: 13
+  minor: 0
+}
+device_description_str: "NVIDIA H200"
+"""
+GROUPS = ("layers", "sizes", "tiles", "option_sets", "loops")
+SIZES = ("small", "base", "large", "xxl")
+_PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
+
+
+def gpu_device(target_config: str) -> Any:
+  """The device of a deviceless one-GPU topology for `target_config`.
+
+  Raises:
+    RuntimeError: JAX's CUDA plugin is not installed, or did not register
+      (JAX's backends were started before `main` set JAX_PLATFORMS:
+      without a driver the plugin's version check fails), or XLA refused
+      the target config.
+  """
+  if not any(
+      importlib.util.find_spec(p.split(".")[0]) and importlib.util.find_spec(p)
+      for p in _PLUGINS):
+    raise RuntimeError(
+        "compiling for a GPU here needs JAX's CUDA plugin: in its own "
+        "virtual environment, pip install -e '.[cuda]' (no GPU or driver "
+        "needed; docs/usage/gpu.md).")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    desc = topologies.get_topology_desc(platform="cuda", topology="1x1x1",
+                                        target_config=target_config)
+  except (NotImplementedError, RuntimeError, ValueError) as e:
+    raise RuntimeError(
+        f"JAX's CUDA plugin gave no GPU topology ({e}); run this command "
+        "in a fresh process with JAX_PLATFORMS=cpu (no driver here).") from None
+  return desc.devices[0]
+
+
+# ptxas' warning (XLA logs it at INFO) when a kernel's registers spill.
+_SPILL = re.compile(r"spilled to local memory in function '([\w.]+)', "
+                    r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_INFO = re.compile(r"^I\d{4} ")
+
+
+def _timed(fn: Callable[[], Any]) -> Dict[str, Any]:
+  """`fn()`'s result (a dict) with its compile seconds and the kernels
+  whose registers ptxas spilled (`spills`: function -> [store, load]
+  bytes per thread), or its error: a program XLA or Triton refuses is a
+  result, not a crash. XLA's INFO lines are kept off the terminal."""
+  start, info = time.perf_counter(), []
+  try:
+    with console.filtered_stderr(lambda line: bool(_INFO.match(line)), info):
+      out = fn()
+  except Exception as e:  # pylint: disable=broad-except
+    return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+  spills = {
+      m.group(1): [int(m.group(2)), int(m.group(3))]
+      for m in map(_SPILL.search, info)
+      if m
+  }
+  return {
+      **out, "spills": spills,
+      "compile_s": round(time.perf_counter() - start, 2)
+  }
+
+
+def _small(f: argparse.Namespace) -> T5Config:
+  return check_common.t5_size("small", tiny=f.small)
+
+
+# The one-token loops' shapes (`paths.loop_hlo`) and the decode loops'
+# length: the counts do not depend on them.
+_LOOP = dict(input_length=16, cache_len=64, steps=2)
+_LENGTH = 48
+
+
+def layers(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
+  return paths.layer_kernels(_small(f), f.paths, device=device, **_LOOP)
+
+
+def sizes(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
+  """Per size and path, the one-token and the (γ+1)-token call's loop."""
+  out: Dict[str, Any] = {}
+  for name in (("small",) if f.small else SIZES):
+    config = check_common.t5_size(name, tiny=f.small)
+    for path in f.paths:
+      for k in (1, f.gamma + 1):
+        out.setdefault(name, {}).setdefault(path, {})[f"k_{k}"] = _timed(
+            lambda c=config, p=path, k=k: paths.kernel_counts(
+                paths.loop_hlo(paths.abstract_model(c, p, device), k=k, device=
+                               device, **_LOOP)))
+  return out
+
+
+def tiles(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
+  """The small decoder on 'fused' with each tile preset, and the warps per
+  program its Triton kernels were compiled with (the preset's: it was
+  traced under it)."""
+  out = {}
+  for name, preset in gpu.TILE_PRESETS.items():
+
+    def compiled(preset=preset):
+      with gpu.tiles(preset):
+        hlo = paths.loop_hlo(paths.abstract_model(_small(f), "fused", device),
+                             device=device, **_LOOP)
+      warps = sorted({int(w) for w in re.findall(r"num_warps = (\d+)", hlo)})
+      return {**paths.kernel_counts(hlo), "num_warps": warps}
+
+    out[name] = _timed(compiled)
+  return out
+
+
+def option_sets(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
+  """The small decoder on each path under each XLA:GPU option set."""
+  out: Dict[str, Any] = {}
+  for path in f.paths:
+    model = paths.abstract_model(_small(f), path, device)
+    for name, options in gpu.GPU_OPTION_SETS.items():
+      out.setdefault(
+          path,
+          {})[name] = _timed(lambda o=options, m=model: paths.kernel_counts(
+              paths.loop_hlo(m, device=device, options=o, **_LOOP)))
+  return out
+
+
+def _pairs(f: argparse.Namespace) -> Dict[str, Dict[str, Any]]:
+  shipped = {
+      "target": gin_reader.read_t5_config("models/multi30k_target_38m.gin"),
+      "draft": gin_reader.read_t5_config("models/multi30k_draft_1m.gin"),
+      "gamma": 3,
+  }
+  if f.small:
+    return {"shipped": shipped}
+  return {
+      "shipped": shipped,
+      "t5_xxl_small": {
+          "target": check_common.t5_size("xxl"),
+          "draft": check_common.t5_size("small"),
+          "gamma": 7,
+      },
+  }
+
+
+def _loop_programs(pair: Dict[str, Any], path: str, device: Any,
+                   length: int) -> Dict[str, Any]:
+  """The pair's baseline and speculative loops (greedy), compiled."""
+  target = paths.abstract_model(pair["target"], path, device)
+  draft = decoding.ModelDrafter(
+      paths.abstract_model(pair["draft"], path, device))
+  place = lambda shape, dtype: paths.on_device(
+      jax.ShapeDtypeStruct(shape, dtype), device)
+  inputs, rng = place((1, 64), jnp.int32), place((2,), jnp.uint32)
+  eos, greedy = place((), jnp.int32), sampling.Greedy()
+  programs = {
+      "baseline": (loops.temperature_loop, (target, inputs, rng, eos),
+                   dict(max_decode_length=length, method=greedy)),
+      "speculative": (loops.speculative_loop, (target, draft, inputs, rng, eos),
+                      dict(gamma=pair["gamma"], max_decode_length=length,
+                           method=greedy, statistics=True,
+                           acceptance=decoding.ExactAcceptance())),
+  }
+  out = {}
+  for name, (fn, args, kwargs) in programs.items():
+    jitted = jax.jit(
+        fn, static_argnames=tuple(k for k in kwargs if k != "acceptance"))
+    out[name] = _timed(
+        lambda j=jitted, a=args, k=kwargs: iteration_hlo.iteration_kernels(
+            paths.compile_shapes(j, *a, device=device, **k).as_text()))
+  return out
+
+
+def loops_group(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
+  """Per pair and path, the kernels of an iteration of each loop."""
+  out: Dict[str, Any] = {}
+  for name, pair in _pairs(f).items():
+    out[name] = {"gamma": pair["gamma"], "max_decode_length": _LENGTH}
+    for path in f.paths:
+      out[name][path] = _loop_programs(pair, path, device, _LENGTH)
+  return out
+
+
+_RUN = {
+    "layers": layers,
+    "sizes": sizes,
+    "tiles": tiles,
+    "option_sets": option_sets,
+    "loops": loops_group,
+}
+
+
+def summary(result: Dict[str, Any]) -> List[str]:
+  """A line per path of the layer counts and per pair and path of the
+  loops' iterations."""
+  lines = []
+  for path, c in result.get("layers", {}).items():
+    lines.append(f"{path:7s} {c['per_decoder_layer']} kernels/decoder layer "
+                 f"+ {c['fixed']} fixed per step (T5-small-shaped)")
+  for pair, by_path in result.get("loops", {}).items():
+    for path, loops_ in by_path.items():
+      if not isinstance(loops_, dict) or "speculative" not in loops_:
+        continue
+      base, spec = loops_["baseline"], loops_["speculative"]
+      if "error" in base or "error" in spec:
+        lines.append(f"{pair} {path}: {base.get('error') or spec['error']}")
+        continue
+      draft = " + ".join(f"{n['body'] + n['condition']} per draft step"
+                         for n in spec["nested"])
+      branches = "".join(f"; a branch ({' or '.join(map(str, c))} kernels)"
+                         for c in spec.get("conditionals", []))
+      lines.append(
+          f"{pair} {path}: baseline {base['body'] + base['condition']} "
+          f"kernels/iteration; speculative {spec['body'] + spec['condition']}"
+          f" ({spec['outside_model_calls']} outside the model calls)"
+          f"{' + ' + draft if draft else ''}{branches}")
+  return lines
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--groups", default=",".join(GROUPS),
+                 help=f"comma-separated, of {', '.join(GROUPS)}")
+  p.add_argument("--paths", default="xla,packed,fused",
+                 help="decode paths, comma-separated, of xla, packed, fused")
+  p.add_argument("--gamma", type=int, default=7,
+                 help="the sizes group's (γ+1)-token call")
+  p.add_argument("--small", action="store_true",
+                 help="tiny stand-in shapes and the shipped pair only (tests)")
+  p.add_argument("--target_config", default=None,
+                 help="a GpuTargetConfigProto text file (default: the H200)")
+  p.add_argument("--output", default=None, help="write the result as JSON")
+  f = p.parse_args(argv)
+  f.groups = [g for g in f.groups.split(",") if g]
+  f.paths = [x for x in f.paths.split(",") if x]
+  for flag, values, allowed in (("groups", f.groups, GROUPS),
+                                ("paths", f.paths, ("xla", "packed", "fused"))):
+    bad = [v for v in values if v not in allowed] or ([] if values else [""])
+    if bad:
+      raise common.flag_error(flag, ",".join(bad),
+                              "comma-separated names of " + ", ".join(allowed))
+  if f.gamma < 1:
+    raise common.flag_error("gamma", f.gamma, "an integer >= 1")
+  if f.target_config is not None and not os.path.isfile(f.target_config):
+    raise common.flag_error("target_config", f.target_config,
+                            "an existing GpuTargetConfigProto text file")
+  return f
+
+
+def _body(argv: Optional[Sequence[str]]) -> None:
+  f = parse_args(argv)
+  config = H200
+  if f.target_config:
+    with open(f.target_config) as fh:
+      config = fh.read()
+  with console.filtered_stderr(lambda line: bool(_INFO.match(line))):
+    device = gpu_device(config)
+  result: Dict[str, Any] = {
+      "schema": SCHEMA,
+      "jax": jax.__version__,
+      "device": str(device.device_kind),
+      "target_config": f.target_config or "built-in H200",
+      "paths": f.paths,
+      "small": f.small,
+      "host": common.host(),
+  }
+  for group in f.groups:
+    start = time.perf_counter()
+    with console.filtered_stderr(lambda line: bool(_INFO.match(line))):
+      result[group] = _RUN[group](f, device)
+    print(f"{group}: compiled in {time.perf_counter() - start:.0f} s",
+          flush=True)
+  result["summary"] = summary(result)
+  print("\n".join(result["summary"]))
+  common.write_result(f.output, result)
+  print(json.dumps({"summary": result["summary"]}))
+
+
+# Read as JAX and XLA load, before `main` runs (`main` starts the command
+# again with them, set over any value: importing JAX sets
+# TF_CPP_MIN_LOG_LEVEL itself): only the CPU's backend starts (the GPU is a
+# topology's: no CUDA client, no driver, no libtpu; with a GPU backend
+# asked for and no driver, the plugin's version check fails and it does
+# not register), and XLA's INFO lines, which carry ptxas' spill warnings
+# (`_timed` keeps them off the terminal). `_STARTED` marks the second start.
+ENVIRONMENT = {
+    "JAX_PLATFORMS": "cpu",
+    "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "0",
+}
+_STARTED = "GPU_AOT_ENVIRONMENT_SET"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  if os.environ.get(_STARTED) != "1":
+    args = list(sys.argv[1:] if argv is None else argv)
+    os.execve(sys.executable,
+              [sys.executable, "-m", "tools.benchmarks.gpu_aot", *args], {
+                  **os.environ,
+                  **ENVIRONMENT, _STARTED: "1"
+              })
+  return console.run_cli("gpu_aot", lambda: _body(argv),
+                         (common.BenchmarkFlagError,), (RuntimeError,))
+
+
+if __name__ == "__main__":
+  sys.exit(main())
