@@ -120,7 +120,10 @@ class Target(Protocol):
 
   Optional: `flat_chunk_cost`, True when a K-token `decode_chunk` costs
   about a 1-token one (T5Model on a GPU's decode path): a model drafter
-  then catches up without a branch (`flat_chunk_cost` below).
+  then catches up without a branch (`flat_chunk_cost` below); and
+  `unroll_draft_steps`, True where a loop's test costs a host round trip
+  (the same paths): a model drafter then unrolls its steps
+  (`unroll_draft_steps` below).
   """
 
   @property
@@ -208,6 +211,11 @@ def target_features(target: Any, state: Any) -> Any:
 def flat_chunk_cost(model: Any) -> bool:
   """`model.flat_chunk_cost`, or False for a model without it."""
   return bool(getattr(model, "flat_chunk_cost", False))
+
+
+def unroll_draft_steps(model: Any) -> bool:
+  """`model.unroll_draft_steps`, or False for a model without it."""
+  return bool(getattr(model, "unroll_draft_steps", False))
 
 
 def _is_array_leaf(leaf: Any) -> bool:

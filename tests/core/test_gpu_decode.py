@@ -24,6 +24,8 @@ The chi-square tests of every decode mode on 'fused' run the device
 check's exactness phase with `--path=fused`
 (tests/e2e/test_gpu_decode_e2e.py, with the shipped pair).
 """
+from typing import Tuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -440,8 +442,8 @@ def test_loops_compile_in_place_for_interpreted_kernels(world):
     assert not fused.interpreted_kernels
 
 
-def _branches(draft: T5Model, target: T5Model) -> int:
-  """Branches (`lax.cond`) in the lowered speculative loop."""
+def _control_flow(draft: T5Model, target: T5Model) -> Tuple[int, int]:
+  """Branches (`lax.cond`) and loops in the lowered speculative loop."""
   text = jax.jit(
       loops.speculative_loop,
       static_argnames=("gamma", "max_decode_length", "method",
@@ -452,20 +454,27 @@ def _branches(draft: T5Model, target: T5Model) -> int:
                            jnp.int32(1), gamma=3, max_decode_length=8,
                            method=sampling.Greedy(), statistics=False,
                            acceptance=decoding.ExactAcceptance()).as_text()
-  return text.count("stablehlo.case") + text.count("stablehlo.if")
+  return (text.count("stablehlo.case") + text.count("stablehlo.if"),
+          text.count("stablehlo.while"))
 
 
-def test_only_the_gpu_paths_catch_up_without_a_branch(world):
-  """A GPU reads a branch's index back to the host: on its paths, whose
-  K-token calls cost about one, the draft always feeds two tokens."""
+def test_only_the_gpu_paths_draft_without_branches_or_loops(world):
+  """A GPU reads a branch's index and a loop's test back to the host: on
+  its paths, whose K-token calls cost about one, the draft always feeds
+  two tokens to catch up, and its γ-1 later steps are unrolled."""
   model = world[0]
-  flat = {name: p.flat_chunk_cost for name, p in decode_paths.PATHS.items()}
-  assert flat == {
-      "xla": False,
-      "cpu_kernel": False,
-      "packed": True,
-      "fused": True
+  flags = {
+      name: (p.flat_chunk_cost, p.unroll_draft_steps)
+      for name, p in decode_paths.PATHS.items()
+  }
+  assert flags == {
+      "xla": (False, False),
+      "cpu_kernel": (False, False),
+      "packed": (True, True),
+      "fused": (True, True)
   }
   packed = model.prepared_for_decoding("packed")
-  assert _branches(model, model) == _branches(packed, model) + 1
-  assert _branches(packed, model) == 0
+  branches, whiles = _control_flow(model, model)
+  # Gone: the catch-up's branch and the draft steps' loop.
+  assert _control_flow(packed, model) == (branches - 1, whiles - 1)
+  assert branches == 1

@@ -106,7 +106,8 @@ class ModelDrafter(Drafter):
       return self._propose_adaptive(model_state, length, rngs, logits,
                                     draft_tokens, draft_probs, q, method)
 
-    # Steps 2..γ: feed x_{i-1}, guess x_i.
+    # Steps 2..γ: feed x_{i-1}, guess x_i (unrolled on a GPU's paths:
+    # `protocols.unroll_draft_steps`).
     def step(i, carry):
       model_state, draft_tokens, draft_probs = carry
       logits, model_state = self.model.decode_chunk(
@@ -117,7 +118,8 @@ class ModelDrafter(Drafter):
       return model_state, draft_tokens.at[:, i].set(token), draft_probs
 
     model_state, draft_tokens, draft_probs = lax.fori_loop(
-        1, gamma, step, (model_state, draft_tokens, draft_probs))
+        1, gamma, step, (model_state, draft_tokens, draft_probs),
+        unroll=protocols.unroll_draft_steps(self.model))
     # Fed: the prefix up to buffer[length], then x_1..x_{γ-1}.
     return (ModelDrafterState(model_state,
                               length + gamma), draft_tokens, draft_probs)

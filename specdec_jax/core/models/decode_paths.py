@@ -66,11 +66,15 @@ class DecodePath:
       path runs (one GPU, memory-bound): a draft catches up with one
       2-token call instead of a branch on whether a row lags, whose index
       a GPU reads back to the host every iteration (`ModelDrafter`).
+    unroll_draft_steps: a draft's γ-1 later steps are unrolled rather than
+      a loop, whose test a GPU reads back to the host every step
+      (`ModelDrafter`).
   """
   name: str
   biases_once: bool = False
   fused: bool = False
   flat_chunk_cost: bool = False
+  unroll_draft_steps: bool = False
 
   def unavailable(self, config: T5Config) -> Optional[str]:
     """None if a model of `config` can take this path here, else why not."""
@@ -149,8 +153,10 @@ class _Fused(DecodePath):
 
 PATHS: Dict[str, DecodePath] = {
     p.name: p for p in (DecodePath(XLA), _CpuKernel(CPU_KERNEL),
-                        _Packed(PACKED, biases_once=True, flat_chunk_cost=True),
-                        _Fused(FUSED, fused=True, flat_chunk_cost=True))
+                        _Packed(PACKED, biases_once=True, flat_chunk_cost=True,
+                                unroll_draft_steps=True),
+                        _Fused(FUSED, fused=True, flat_chunk_cost=True,
+                               unroll_draft_steps=True))
 }
 DECODE_PATHS = tuple(PATHS)
 

@@ -73,6 +73,10 @@ class SharedEncoderModel:
     return self.decoder.flat_chunk_cost
 
   @property
+  def unroll_draft_steps(self) -> bool:
+    return self.decoder.unroll_draft_steps
+
+  @property
   def vocab_size(self) -> int:
     return self.decoder.vocab_size
 

@@ -226,6 +226,11 @@ class T5Model:
     return decode_paths.get(self.decode_path).flat_chunk_cost
 
   @property
+  def unroll_draft_steps(self) -> bool:
+    """Whether a drafter unrolls its steps on it (its decode path's)."""
+    return decode_paths.get(self.decode_path).unroll_draft_steps
+
+  @property
   def is_packed(self) -> bool:
     """Whether a decode path's weights are there (`prepared_for_decoding`;
     which path: `decode_path`)."""
