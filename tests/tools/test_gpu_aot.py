@@ -30,7 +30,7 @@ def test_bad_flags_name_the_flag_the_value_and_what_is_allowed(
 
 def test_without_the_cuda_plugin_the_error_says_what_to_install(monkeypatch):
   monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-  with pytest.raises(RuntimeError, match=r"pip install -e '\.\[cuda\]'"):
+  with pytest.raises(RuntimeError, match=r"run scripts/gpu_aot\.sh"):
     gpu_aot.gpu_device(gpu_aot.H200)
 
 

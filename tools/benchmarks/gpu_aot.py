@@ -2,10 +2,11 @@ r"""The GPU's decode programs compiled on this host for an H200: no GPU.
 
 JAX's CUDA plugin compiles for a GPU that a target config describes
 (XLA's GpuTargetConfigProto; `H200` holds the figures seen on the device
-machine) with no GPU or driver here (`pip install -e '.[cuda]'` in its own
-virtual environment: docs/usage/gpu.md). So what a GPU session would
-first establish is known before it starts, from the programs XLA:GPU and
-Triton compile (issue 56), per decode path ('xla', 'packed', 'fused'):
+machine) with no GPU or driver here (`scripts/gpu_aot.sh` installs it in
+a virtual environment of its own: docs/usage/gpu.md). So what a GPU
+session would first establish is known before it starts, from the
+programs XLA:GPU and Triton compile (issue 56), per decode path ('xla',
+'packed', 'fused'):
 
 * `layers`: kernels per decoder layer and the step's fixed ones
   (`paths.layer_kernels`: the device check's count, T5-small-shaped);
@@ -105,9 +106,9 @@ def gpu_device(target_config: str) -> Any:
       importlib.util.find_spec(p.split(".")[0]) and importlib.util.find_spec(p)
       for p in _PLUGINS):
     raise RuntimeError(
-        "compiling for a GPU here needs JAX's CUDA plugin: in its own "
-        "virtual environment, pip install -e '.[cuda]' (no GPU or driver "
-        "needed; docs/usage/gpu.md).")
+        "compiling for a GPU here needs JAX's CUDA plugin: run "
+        "scripts/gpu_aot.sh, which installs it in a virtual environment of "
+        "its own (no GPU or driver needed; docs/usage/gpu.md).")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   try:
     desc = topologies.get_topology_desc(platform="cuda", topology="1x1x1",
