@@ -158,6 +158,15 @@ _LOOP = dict(input_length=16, cache_len=64, steps=2)
 _LENGTH = 48
 
 
+def _step(config: T5Config, path: str, device: Any,
+          **loop: Any) -> Dict[str, Any]:
+  """`paths.kernel_counts` of `config`'s call loop on `path` (`loop`:
+  `paths.loop_hlo`'s `k` or `options`)."""
+  return paths.kernel_counts(
+      paths.loop_hlo(paths.abstract_model(config, path, device), device=device,
+                     **_LOOP, **loop))
+
+
 def layers(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
   return paths.layer_kernels(_small(f), f.paths, device=device, **_LOOP)
 
@@ -170,9 +179,7 @@ def sizes(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
     for path in f.paths:
       for k in (1, f.gamma + 1):
         out.setdefault(name, {}).setdefault(path, {})[f"k_{k}"] = _timed(
-            lambda c=config, p=path, k=k: paths.kernel_counts(
-                paths.loop_hlo(paths.abstract_model(c, p, device), k=k, device=
-                               device, **_LOOP)))
+            lambda c=config, p=path, k=k: _step(c, p, device, k=k))
   return out
 
 
@@ -198,12 +205,9 @@ def option_sets(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
   """The small decoder on each path under each XLA:GPU option set."""
   out: Dict[str, Any] = {}
   for path in f.paths:
-    model = paths.abstract_model(_small(f), path, device)
     for name, options in gpu.GPU_OPTION_SETS.items():
-      out.setdefault(
-          path,
-          {})[name] = _timed(lambda o=options, m=model: paths.kernel_counts(
-              paths.loop_hlo(m, device=device, options=o, **_LOOP)))
+      out.setdefault(path, {})[name] = _timed(
+          lambda p=path, o=options: _step(_small(f), p, device, options=o))
   return out
 
 

@@ -125,17 +125,16 @@ def abstract_model(config: T5Config, path: str, device: Any = None) -> T5Model:
                      shapes), device)
 
 
-def compile_shapes(jitted: Any, *args, device: Any = None,
-                   options: Optional[Dict[str, Any]] = None, **static) -> Any:
-  """`jitted` (a `jax.jit` function; `static` its static arguments)
-  compiled for `args`' shapes: for this backend, or for `device`'s GPU
-  (lowered for CUDA with the kernels for Triton, `gpu.lowering_for_gpu`).
-  """
+def compile_shapes(jitted: Any, *args, device: Any = None, **static) -> Any:
+  """`jitted` (a `jax.jit` function, with its compiler options; `static`
+  its static arguments) compiled for `args`' shapes: for this backend, or
+  for `device`'s GPU (lowered for CUDA with the kernels for Triton,
+  `gpu.lowering_for_gpu`)."""
   if device is None:
-    return jitted.lower(*args, **static).compile(options or None)
+    return jitted.lower(*args, **static).compile()
   with gpu.lowering_for_gpu():
     lowered = jitted.trace(*args, **static).lower(lowering_platforms=("cuda",))
-  return lowered.compile(options or None)
+  return lowered.compile()
 
 
 def loop_hlo(model: T5Model, *, input_length: int, cache_len: int, steps: int,
@@ -148,10 +147,9 @@ def loop_hlo(model: T5Model, *, input_length: int, cache_len: int, steps: int,
   cache = jax.eval_shape(lambda m, e: m.start(e, cache_len), model.unpacked(),
                          tokens)
   fill = jax.ShapeDtypeStruct((1,), jnp.int32)
-  return compile_shapes(physics.call_loop_with({}), model,
+  return compile_shapes(physics.call_loop_with(options or {}), model,
                         on_device(cache, device), on_device(fill, device),
-                        device=device, options=options, k=k,
-                        steps=steps).as_text()
+                        device=device, k=k, steps=steps).as_text()
 
 
 def kernel_counts(hlo: str) -> Dict[str, Any]:

@@ -160,11 +160,9 @@ class StatisticsRecord:
     # calls ended before this iteration.
     record = jnp.where(active[:, None], record, _no_call(gamma))
     slot = jnp.minimum(iteration, self.records.shape[1] - 1)
-    return StatisticsRecord(
-        records=lax.dynamic_update_slice(self.records, record[:,
-                                                              None, :], (0,
-                                                                         slot,
-                                                                         0)))
+    records = lax.dynamic_update_slice(self.records, record[:, None, :],
+                                       (0, slot, 0))
+    return StatisticsRecord(records=records)
 
   def finish(self) -> SpeculativeStatistics:
     """The statistics, counted from the records (once, after the loop)."""
