@@ -211,6 +211,55 @@ def test_fused_rows_are_bitwise_independent_of_the_call(world):
   np.testing.assert_array_equal(one, _decode(fused, enc, dec, [9])[0])
 
 
+@pytest.fixture(scope="module")
+def wide_world():
+  """A float32 model wider than the default tiles' blocks (width 128, MLP
+  256), so that every preset cuts its contractions differently: on
+  'fused', its inputs [2, 5], 4 tokens, XLA's logits of them and the
+  default tiles' (one token a call)."""
+  rng = np.random.default_rng(5)
+  enc = rng.integers(2, 32, size=(2, 5)).astype(np.int32)
+  dec = rng.integers(2, 32, size=(2, 4)).astype(np.int32)
+  config = tiny_config(vocab_size=32, emb_dim=128, num_heads=2, head_dim=16,
+                       mlp_dim=256, num_encoder_layers=1, num_decoder_layers=1)
+  model = _t5x(config)
+  fused = model.prepared_for_decoding("fused")
+  want, _ = _decode(model, enc, dec, [4], max_len=4)
+  default, = _decode_traced_now(fused, enc, dec, [1] * 4)
+  return fused, enc, dec, want, default
+
+
+def _decode_traced_now(model, enc, dec, *chunkings, max_len=4):
+  """`_decode`'s logits for each chunking of dec, through programs traced
+  now (under the current `gpu.tiles`; `jit_call`'s are cached, traced under
+  the tiles of their first call)."""
+  start = jax.jit(lambda m, e: m.start(e, max_len))
+  step = jax.jit(lambda m, t, c: m.decode_chunk(t, c))
+  results = []
+  for sizes in chunkings:
+    cache, out, pos = start(model, jnp.asarray(enc)), [], 0
+    for k in sizes:
+      logits, cache = step(model, jnp.asarray(dec[:, pos:pos + k]), cache)
+      out.append(np.asarray(logits, np.float32))
+      pos += k
+    results.append(np.concatenate(out, axis=1))
+  return results
+
+
+@pytest.mark.parametrize("preset", sorted(set(gpu.TILE_PRESETS) - {"default"}))
+def test_every_tile_preset_is_exact_and_row_independent(wide_world, preset):
+  """The device check times each preset as a candidate default: each must
+  compute what XLA computes and give a token the same bits in a call of 1
+  or of 4 tokens (its blocks do not depend on the call's rows); and it
+  must be in effect (its sums run in other blocks than the default's)."""
+  fused, enc, dec, want, default = wide_world
+  with gpu.tiles(gpu.TILE_PRESETS[preset]):
+    one, chunked = _decode_traced_now(fused, enc, dec, [1] * 4, [3, 1])
+  np.testing.assert_allclose(one, want, atol=F32_ATOL)
+  np.testing.assert_array_equal(one, chunked)
+  assert not np.array_equal(one, default)
+
+
 def test_fused_call_writes_only_its_chunks_slots(world):
   model, enc, dec = world
   fused = model.prepared_for_decoding("fused")

@@ -51,6 +51,7 @@ def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
   assert xla["per_decoder_layer"] > fused["per_decoder_layer"], xla
   for name, preset in gpu.TILE_PRESETS.items():
     assert result["tiles"][name]["num_warps"] == [preset.num_warps], name
+    assert result["tiles"][name]["spills"] == {}, name  # At one token.
   for path, loops_and_branches in (("xla", (1, 1)), ("fused", (0, 0))):
     spec = result["loops"]["shipped"][path]["speculative"]
     assert spec["body_by_part"].get("statistics") == 1, (path, spec)

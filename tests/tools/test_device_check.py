@@ -83,6 +83,56 @@ def test_theorem_rows_use_each_drafts_c_and_the_call_cost():
       rows, {"small": 0.1})[0]["theorem_3_8_with_call_cost"] is None
 
 
+def test_table2_pairs_mix_the_paths_and_pick_each_rows_best():
+  """The draft's path and the target's chosen apart (`run`'s
+  TARGET_DECODE_PATH / DRAFT_DECODE_PATH): a draft fast on one path and a
+  target whose verification call is cheap on another make the best pair."""
+  rows = [
+      dict(task="EnDe", draft="small", temperature=0.0, gamma=7, alpha=0.75,
+           speedup=3.4),
+      dict(task="CNNDM", draft="small", temperature=0.0, gamma=5, alpha=0.65,
+           speedup=3.1),
+  ]
+  by_path = {
+      "xla": {
+          "ms": {
+              "xxl": 4.0,
+              "small": 0.5
+          },
+          "call_cost": {
+              8: 1.0
+          }
+      },
+      "fused": {
+          "ms": {
+              "xxl": 3.6,
+              "small": 0.1
+          },
+          "call_cost": {
+              8: 2.0
+          }
+      },
+  }
+  out = paths.table2_pairs(rows, by_path, "xxl")
+  assert set(
+      out["pairs"]) == {"xla+xla", "xla+fused", "fused+xla", "fused+fused"}
+  mixed = out["pairs"]["xla+fused"][0]
+  assert mixed["c"] == pytest.approx(0.1 / 4.0)
+  assert mixed["theorem_3_8_with_call_cost"] == pytest.approx(
+      analysis.expected_speedup(0.75, 7, 0.025, call_cost=1.0))
+  # Against the target alone on its fastest path ('fused', 3.6 ms).
+  assert mixed["against_fastest_target"] == pytest.approx(
+      mixed["theorem_3_8_with_call_cost"] * 3.6 / 4.0)
+  ende, cnndm = out["best"]
+  # EnDe (γ 7, the call measured): the fused target's call costs 2 steps.
+  assert ende["pair"] == "xla+fused"
+  assert ende["of_paper"] == pytest.approx(ende["against_fastest_target"] / 3.4)
+  # CNNDM (γ 5: no call measured) goes by c: the fused target is faster.
+  assert cnndm["pair"] == "fused+fused"
+  assert cnndm["against_fastest_target"] == pytest.approx(
+      analysis.expected_speedup(0.65, 5, 0.1 / 3.6))
+
+
 def test_median_ratio():
   assert stats.median_ratio([2, 6, 3], [1, 2, 3]) == 2.0
   with pytest.raises(ValueError):
@@ -207,9 +257,26 @@ def test_summary_shows_each_decode_path():
           }
       }
   }
+  report["paths"]["steps"]["fused"]["xxl"].update(call_k=8, call_cost=1.04)
+  report["paths"]["table2_pairs"] = {
+      "best": [{
+          "task": "EnDe",
+          "draft": "small",
+          "temperature": 0.0,
+          "gamma": 7,
+          "paper": 3.4,
+          "pair": "xla+fused",
+          "against_fastest_target": 3.0,
+          "of_paper": 3.0 / 3.4
+      }]
+  }
   text = cli.format_summary(report)
   assert ("fused   kernels/layer 6: xxl 3.000 ms (90% of floor), small "
           "0.100 ms (25% of floor, c 0.033)") in text
+  assert "fused   target's 8-token call: 1.04 steps" in text
+  assert ("best pair EnDe  small T=0 γ=7: xla+fused (target+draft path) "
+          "Theorem 3.8 3.00x over the fastest target alone, 0.88 of the "
+          "paper's 3.4x") in text
   assert "option_sets: fused/default 0.30 xla/default 1.00" in text
   assert "main job on fused: batch 1 1.90x, batch 8 -x" in text
 

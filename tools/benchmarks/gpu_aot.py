@@ -13,7 +13,9 @@ programs XLA:GPU and Triton compile (issue 56), per decode path ('xla',
 * `sizes`: T5 v1.1 small/base/large/xxl-shaped decoders' one-token and
   (γ+1)-token calls, their kernels and Triton calls: Triton compiled every
   kernel of the 'fused' path for sm_90;
-* `tiles`: the small decoder on 'fused' with each tile preset;
+* `tiles`: the small decoder on 'fused' with each tile preset, and the
+  registers ptxas spilled under each in the (γ+1)-token call and the XXL
+  target's calls;
 * `option_sets`: each XLA:GPU option set of the device check, accepted or
   refused by this jaxlib, and the kernels under it;
 * `loops`: per pair (the shipped one, T5-XXL with a T5-small draft) the
@@ -186,7 +188,8 @@ def sizes(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
 def tiles(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
   """The small decoder on 'fused' with each tile preset, and the warps per
   program its Triton kernels were compiled with (the preset's: it was
-  traced under it)."""
+  traced under it); `calls`: the registers ptxas spilled per preset in
+  the (γ+1)-token call and, at the paper's sizes, the XXL target's calls."""
   out = {}
   for name, preset in gpu.TILE_PRESETS.items():
 
@@ -198,6 +201,21 @@ def tiles(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
       return {**paths.kernel_counts(hlo), "num_warps": warps}
 
     out[name] = _timed(compiled)
+    calls = [("small", f.gamma + 1)]
+    if not f.small:
+      calls += [("xxl", 1), ("xxl", f.gamma + 1)]
+    out[name]["calls"] = {}
+    for size, k in calls:
+
+      def call(preset=preset, size=size, k=k):
+        with gpu.tiles(preset):
+          return _step(check_common.t5_size(size, tiny=f.small), "fused",
+                       device, k=k)
+
+      result = _timed(call)
+      out[name]["calls"][f"{size}/k_{k}"] = {
+          key: result[key] for key in ("spills", "error") if key in result
+      }
   return out
 
 
@@ -283,6 +301,16 @@ def summary(result: Dict[str, Any]) -> List[str]:
   for path, c in result.get("layers", {}).items():
     lines.append(f"{path:7s} {c['per_decoder_layer']} kernels/decoder layer "
                  f"+ {c['fixed']} fixed per step (T5-small-shaped)")
+  for name, t in result.get("tiles", {}).items():
+    spilled = [
+        f"{call} {fn} {stores} B" for call, r in sorted(
+            dict(t.get("calls", {}), **{
+                "small/k_1": t
+            }).items())
+        for fn, (stores, _) in sorted(r.get("spills", {}).items())
+    ]
+    lines.append(f"tiles {name}: " +
+                 ("spills " + ", ".join(spilled) if spilled else "no spills"))
   for pair, by_path in result.get("loops", {}).items():
     for path, loops_ in by_path.items():
       if not isinstance(loops_, dict) or "speculative" not in loops_:

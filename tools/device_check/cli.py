@@ -387,9 +387,10 @@ def _physics_lines(report: Dict[str, Any]) -> List[str]:
 
 
 def _paths_lines(report: Dict[str, Any]) -> List[str]:
-  """Per decode path: each model's step, its memory-floor share and c;
-  kernels a decoder layer; the option sets and tiles against the default;
-  the main job at each batch size."""
+  """Per decode path: each model's step, its memory-floor share and c,
+  the target's verification call in steps; kernels a decoder layer; per
+  Table 2 row the best (target, draft) pair of paths; the option sets and
+  tiles against the default; the main job at each batch size."""
   p = report.get("paths") or {}
   lines = []
   for path, models in (p.get("steps") or {}).items():
@@ -401,6 +402,19 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
             f"{name} {m['step_ms']:.3f} ms ({m['floor_share']:.0%} of floor" +
             (f", c {m['c']:.3f})" if "c" in m else ")")
             for name, m in models.items()))
+    target = next((m for m in models.values() if "call_cost" in m), None)
+    if target:
+      lines.append(f"  {path:7s} target's {target['call_k']}-token call: "
+                   f"{target['call_cost']:.2f} steps")
+  for row in _get(p, "table2_pairs", "best") or []:
+    if row["task"] != "EnDe":  # Issue 56's rows (every row: the JSON).
+      continue
+    lines.append(
+        f"  best pair {row['task']:5s} {row['draft']:5s} "
+        f"T={row['temperature']:g} γ={row['gamma']}: {row['pair']} (target+"
+        f"draft path) Theorem 3.8 {row['against_fastest_target']:.2f}x over "
+        f"the fastest target alone, {row['of_paper']:.2f} of the paper's "
+        f"{row['paper']:.1f}x")
   for group in ("option_sets", "tiles"):
     ratios = _get(p, group, "vs_reference") or {}
     if ratios:

@@ -10,8 +10,12 @@ packed kernels, biases once per call; 'fused': the GPU kernels of
 * `steps`: per model and path, the one-token step (ms), the share of its
   memory floor (the decoder's weight bytes at this process's measured copy
   rate, `env.ceilings`: floor ms / step ms) and c (a draft's step / the
-  target's step on the same path); `table2`: Theorem 3.8 per Table 2 row
-  at each path's c (`stats.theorem_rows`);
+  target's step on the same path), and the target's `max(chunk_sizes)`
+  -token call (the verification call of Table 2's γ = 7 rows) in target
+  steps (`call_cost`); `table2`: Theorem 3.8 per Table 2 row at each
+  path's c and call cost (`stats.theorem_rows`); `table2_pairs`: the same
+  for every (target's path, draft's path) pair, and per row the best
+  against the target alone on its fastest path (`table2_pairs`);
 * `kernels`: per path, the kernels of the compiled one-token loop of a
   T5-small-shaped decoder with 1 and with 2 decoder layers
   (`launch_ops`): the difference is the kernels a decoder layer runs, the
@@ -78,13 +82,31 @@ def _models(b: physics.Bench, s: common.Settings) -> List[str]:
 
 
 def _steps(b: physics.Bench, s: common.Settings, copy_gbps: float,
-           record: common.Recorder) -> Dict[str, Dict[str, float]]:
-  """Every model's step on every path (interleaved); returns c by path."""
+           record: common.Recorder) -> Dict[str, Dict[str, Any]]:
+  """Every model's step and the target's `max(chunk_sizes)`-token call on
+  every path (interleaved); returns per path c by draft, the step's ms by
+  model and the call's cost in target steps."""
   keys = _models(b, s)
-  common.log(f"paths: steps of {len(keys)} models x paths")
-  measured = b.time({key: b.call(key, 1) for key in keys})
+  k = max(s.chunk_sizes)
+  calls = {f"{b.key(s.target, p)}@k{k}": b.key(s.target, p) for p in s.paths}
+  common.log(f"paths: steps of {len(keys)} models x paths, the target's "
+             f"{k}-token call on {len(calls)} paths")
+  measured = b.time({
+      **{
+          key: b.call(key, 1) for key in keys
+      },
+      **{
+          name: b.call(key, k) for name, key in calls.items()
+      }
+  })
   out: Dict[str, Any] = {}
-  c: Dict[str, Dict[str, float]] = {}
+  by_path: Dict[str, Dict[str, Any]] = {
+      p: {
+          "c": {},
+          "ms": {},
+          "call_cost": {}
+      } for p in s.paths
+  }
   for key in keys:
     name, path = key.split(":")
     ms = measured["ms"][key]
@@ -98,11 +120,71 @@ def _steps(b: physics.Bench, s: common.Settings, copy_gbps: float,
         "floor_share": floor_ms / ms,
         "first_call_s": measured["first_call_s"][key],
     }
+    by_path[path]["ms"][name] = ms
     if name != s.target:
-      c.setdefault(path, {})[name] = ms / target_ms
+      by_path[path]["c"][name] = ms / target_ms
       out[path][name]["c"] = ms / target_ms
+  for name, key in calls.items():
+    path = key.split(":")[1]
+    cost = measured["ms"][name] / out[path][s.target]["step_ms"]
+    out[path][s.target].update(call_k=k, call_ms=measured["ms"][name],
+                               call_cost=cost)
+    by_path[path]["call_cost"] = {k: cost}
   record.set("steps", out)
-  return c
+  return by_path
+
+
+def _against(row: Dict[str, Any], scale: float) -> Optional[float]:
+  """A `stats.theorem_rows` row's Theorem 3.8 (with the call cost where
+  measured) times `scale`; None where its draft was not measured."""
+  value = row["theorem_3_8_with_call_cost"]
+  value = row["theorem_3_8"] if value is None else value
+  return None if value is None else value * scale
+
+
+def table2_pairs(rows: Sequence[Dict[str, Any]], by_path: Dict[str, Dict[str,
+                                                                         Any]],
+                 target: str) -> Dict[str, Any]:
+  """Theorem 3.8 per Table 2 row for every (target's path, draft's path)
+  pair (`run`'s TARGET_DECODE_PATH and DRAFT_DECODE_PATH): c = the draft's
+  step on its path / the target's on its own, the target's call cost on
+  its path (where measured at the row's γ+1). Each row also gets
+  `against_fastest_target`: the speedup over the target alone on its
+  fastest path (a pair whose target is slow has a small c, and beats only
+  a slow baseline); `best` per row is the pair of the highest, its
+  `of_paper` that ÷ the paper's speedup."""
+  fastest = min(m["ms"][target] for m in by_path.values())
+  pairs = {}
+  for t_path, t in by_path.items():
+    for d_path, d in by_path.items():
+      c = {
+          name: ms / t["ms"][target]
+          for name, ms in d["ms"].items()
+          if name != target
+      }
+      pairs[f"{t_path}+{d_path}"] = [
+          dict(row, against_fastest_target=_against(row,
+                                                    fastest / t["ms"][target]))
+          for row in stats.theorem_rows(rows, c, t["call_cost"])
+      ]
+  best = []
+  for i, row in enumerate(rows):
+    scored = [(r[i]["against_fastest_target"], pair)
+              for pair, r in pairs.items()
+              if r[i]["against_fastest_target"] is not None]
+    if scored:
+      value, pair = max(scored)
+      best.append({
+          "task": row["task"],
+          "draft": row["draft"],
+          "temperature": row["temperature"],
+          "gamma": row["gamma"],
+          "paper": row["speedup"],
+          "pair": pair,
+          "against_fastest_target": value,
+          "of_paper": value / row["speedup"]
+      })
+  return {"pairs": pairs, "best": best}
 
 
 def on_device(tree: Any, device: Any = None) -> Any:
@@ -291,14 +373,17 @@ def run(s: common.Settings, record: common.Recorder,
           "gpu_loop_options": gpu.GPU_LOOP_OPTIONS,
           "backend": jax.default_backend(),
       })
-  done = common.guarded(lambda: {"c": _steps(b, s, copy_gbps, record)})
+  done = common.guarded(lambda: {"by_path": _steps(b, s, copy_gbps, record)})
   if "error" in done:
     record.set("steps", done)
     return False
   rows = stats.paper_rows()
-  record.set("table2", {
-      path: stats.theorem_rows(rows, c) for path, c in done["c"].items()
-  })
+  record.set(
+      "table2", {
+          path: stats.theorem_rows(rows, m["c"], m["call_cost"])
+          for path, m in done["by_path"].items()
+      })
+  record.set("table2_pairs", table2_pairs(rows, done["by_path"], s.target))
   complete = True
   scale = 10.0 if s.tiny_physics else 1.0
   for name, step, need_s in _GROUPS:

@@ -101,7 +101,10 @@ class Tiles:
   the dimension, at most this) and Triton's launch settings.
 
   Attributes:
-    emb_block: contraction block of the projections from the model width.
+    emb_block: contraction block of the attention kernels' projections
+      from the model width (their columns are a head: fixed).
+    dense_emb_block: contraction block of `rms_dense` (the MLP's input
+      side, the logits).
     in_block: contraction block of the output projections.
     columns: output columns per program of the dense kernels.
     slots: cache (or encoder) slots per attention step.
@@ -109,6 +112,7 @@ class Tiles:
     num_warps, num_stages: Triton's.
   """
   emb_block: int = 64
+  dense_emb_block: int = 64
   in_block: int = 128
   columns: int = 32
   slots: int = 64
@@ -117,12 +121,24 @@ class Tiles:
   num_stages: int = 2
 
 
-# What the device check compares (`tiles`); "default" is `Tiles()`.
+# What the device check compares (`tiles`); "default" is `Tiles()`. A
+# program runs its contraction as a chain of dependent loads (Triton does
+# not pipeline loads that feed no dot: the compiled PTX has no cp.async),
+# so at batch 1 a kernel costs about its launch plus one memory latency
+# per block of its contraction: "tall" reads the dense kernels' weights
+# in 1-2 blocks (512 and 1024 deep, 8 columns: more programs, each one
+# short), "tall_wide" also halves the attention kernels' chain (128 deep,
+# 8 warps). ptxas spills none of their registers at 1 token
+# (`tools.benchmarks.gpu_aot`).
 TILE_PRESETS = {
     "default": Tiles(),
-    "wide": Tiles(emb_block=128, in_block=256, columns=64, num_warps=8),
-    "narrow": Tiles(emb_block=32, in_block=64, columns=16, slots=32,
-                    num_warps=2),
+    "wide": Tiles(emb_block=128, dense_emb_block=128, in_block=256, columns=64,
+                  num_warps=8),
+    "narrow": Tiles(emb_block=32, dense_emb_block=32, in_block=64, columns=16,
+                    slots=32, num_warps=2),
+    "tall": Tiles(dense_emb_block=512, in_block=1024, columns=8),
+    "tall_wide": Tiles(emb_block=128, dense_emb_block=512, in_block=1024,
+                       columns=16, num_warps=8),
 }
 
 _INTERPRET: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
@@ -522,7 +538,7 @@ def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],
   rb, nb = min(t.rows, rows), block(width, t.columns)
   kernel = functools.partial(_rms_dense_kernel, rows_total=rows,
                              activations=tuple(activations),
-                             eb=block(emb, t.emb_block), eps=eps)
+                             eb=block(emb, t.dense_emb_block), eps=eps)
   call = _call(
       kernel, out_specs=[((rows, width), out_dtype or
                           x.dtype, (rb, nb), lambda i, j: (i, j))],
