@@ -328,16 +328,25 @@ def captured_libtpu_noise(noise: List[str]):
 
 
 @contextlib.contextmanager
-def filtered_stderr(drop: Callable[[str], bool],
-                    dropped: Optional[List[str]] = None) -> Iterator[None]:
+def filtered_stderr(drop: Callable[[str],
+                                   bool], dropped: Optional[List[str]] = None,
+                    join_s: float = 10.0) -> Iterator[None]:
   """fd 2 through a pipe for the block: `drop`'s lines go to `dropped`
-  (written out on an error), the others pass at once."""
+  (written out on an error), the others pass at once.
+
+  A child process started in the block keeps a copy of the pipe's write
+  end: the reader then outlives the block (`join_s` waited) and goes on
+  passing the child's lines to the real stderr, whose descriptor it closes
+  itself when the pipe ends (closed here, the number could be reused by a
+  file opened next, and the child's lines written into that file).
+  """
   dropped = [] if dropped is None else dropped
   sys.stderr.flush()
   saved = os.dup(2)
   read_end, write_end = os.pipe()
   os.dup2(write_end, 2)
   os.close(write_end)
+  lock, state = threading.Lock(), {"done": False, "handed_over": False}
 
   def pump():
     with os.fdopen(read_end, "rb") as pipe:
@@ -347,6 +356,10 @@ def filtered_stderr(drop: Callable[[str], bool],
           dropped.append(line)
         else:
           os.write(saved, raw)
+    with lock:
+      state["done"] = True
+      if state["handed_over"]:
+        os.close(saved)
 
   reader = threading.Thread(target=pump, name="stderr-filter", daemon=True)
   reader.start()
@@ -359,8 +372,12 @@ def filtered_stderr(drop: Callable[[str], bool],
   finally:
     sys.stderr.flush()
     os.dup2(saved, 2)  # closes the pipe's last write end: the reader ends
-    reader.join(timeout=10)  # (unless a child process holds a copy)
-    os.close(saved)
+    reader.join(timeout=join_s)  # (unless a child process holds a copy)
+    with lock:
+      if state["done"]:
+        os.close(saved)
+      else:
+        state["handed_over"] = True
     if failed and dropped:
       sys.stderr.write("".join(dropped))
       sys.stderr.flush()

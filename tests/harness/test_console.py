@@ -3,6 +3,8 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -45,6 +47,26 @@ def test_everything_replayed_when_the_body_fails(capfd):
       os.write(2, TF_NOISE[1].encode())
       raise RuntimeError("import failed")
   assert capfd.readouterr().err == TF_NOISE[1]
+
+
+def test_a_childs_late_lines_reach_stderr_not_a_file_opened_after(
+    capfd, tmp_path):
+  """A child that outlives the block keeps the pipe open: its late line
+  still goes to stderr, never into a file that took the number of the
+  block's saved stderr (closed too early, it was the lowest free one)."""
+  with console.filtered_stderr(lambda line: False, join_s=0.1):
+    child = subprocess.Popen([
+        sys.executable, "-c",
+        "import sys, time; time.sleep(1); sys.stderr.write('late\\n')"
+    ])
+  opened = open(tmp_path / "after.txt", "w", encoding="utf-8")
+  try:
+    assert child.wait(timeout=30) == 0
+    time.sleep(0.5)  # The reader passes the line on.
+  finally:
+    opened.close()
+  assert (tmp_path / "after.txt").read_text(encoding="utf-8") == ""
+  assert "late" in capfd.readouterr().err
 
 
 def test_quiet_backend_probe_dropped_real_errors_kept():
