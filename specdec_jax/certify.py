@@ -32,6 +32,7 @@ from specdec_jax.config.flag_utils import ConfigError
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import batches
 from specdec_jax.experiment import decode_modes
+from specdec_jax.experiment import plan as plan_lib
 from specdec_jax.experiment import runner
 from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import Models
@@ -78,12 +79,16 @@ _FAIL_FAST = flags.DEFINE_bool(
     "failed greedy identity skips the distribution test, a failed "
     "distribution test its power check.")
 
+# certify decodes with both decoders, as MODE='walltime' does: its plans
+# are built so (the memory check counts the target-alone loop).
+_BOTH = "walltime"
+
 
 def _plan(args: arguments.RunArguments, models: Optional[Models],
           **changes) -> Tuple[DecodePlan, Models]:
   """The run's plan with `changes` to its arguments, loaded (models
   reused)."""
-  plan = RunPlan.build(dataclasses.replace(args, **changes))
+  plan = RunPlan.build(dataclasses.replace(args, **changes, mode=_BOTH))
   models = plan.load_models(models)
   return plan.load(models).decoding(), models
 
@@ -113,15 +118,20 @@ def settings_record(args: arguments.RunArguments, settings: CertifySettings,
   if not _sampled(args):
     return record
   changes = _distribution_changes(args, settings)
+  rows, length = changes["batch_size"], changes["task_feature_lengths"]
+  words = (f"--length={settings.length}, --chunk={settings.chunk}: the "
+           f"distribution test decodes {rows} rows of max(--length, GAMMA) "
+           f"= {length['targets']} tokens per call")
   try:
-    RunPlan.build(dataclasses.replace(args, **changes), providers)
+    RunPlan.build(dataclasses.replace(args, **changes, mode=_BOTH), providers)
+  except plan_lib.MemoryRefused as e:
+    raise ConfigError(f"{words}, which {e.detail}. Allowed: " + (
+        f"--chunk at most {e.rows} at this --length, or a smaller --length."
+        if e.rows else "a smaller --length.")) from None
   except ConfigError as e:
     raise ConfigError(
-        f"--length={settings.length}, --chunk={settings.chunk}: the "
-        f"distribution test decodes {changes['batch_size']} rows of "
-        f"max(--length, GAMMA) = {changes['task_feature_lengths']['targets']}"
-        " tokens per call (as TASK_FEATURE_LENGTHS['targets'] and "
-        f"BATCH_SIZE): {e} Allowed: a smaller --length or --chunk.") from None
+        f"{words} (as TASK_FEATURE_LENGTHS['targets'] and BATCH_SIZE): {e} "
+        "Allowed: a smaller --length or --chunk.") from None
   return record
 
 
@@ -156,8 +166,17 @@ def _draws(decoder, inputs: np.ndarray, rng: jax.Array,
   chunks = -(-settings.samples // chunk)
   out, start = [], time.perf_counter()
   for c in range(chunks):
-    tokens = decoder(batch, jax.random.fold_in(rng, c)).tokens
-    out.append(np.asarray(tokens)[:, :settings.length])
+    try:
+      tokens = np.asarray(decoder(batch, jax.random.fold_in(rng, c)).tokens)
+    except jax.errors.JaxRuntimeError as e:  # past the start-up estimate
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      raise ConfigError(
+          f"--length={settings.length}, --chunk={settings.chunk}: the {what} "
+          f"ran out of this machine's memory ({str(e).splitlines()[0]}), "
+          "which the start-up check, a lower bound, did not foresee. "
+          "Allowed: a smaller --chunk or --length.") from None
+    out.append(tokens[:, :settings.length])
     drawn = min((c + 1) * chunk, settings.samples)
     left = (time.perf_counter() - start) / drawn * (settings.samples - drawn)
     logging.info("certify: %s: %d/%d samples drawn, about %.0f s left", what,

@@ -4,6 +4,7 @@ and no I/O. Each field names its macro (`MACROS`) but the two components
 gin builds: the decode mode and the drafter, each holding its own settings.
 """
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -16,6 +17,7 @@ from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
 from specdec_jax.metrics import quality
 from specdec_jax.core import sampling
+from specdec_jax.core.models import decode_paths
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment.drafter_registry import is_int
@@ -115,6 +117,18 @@ class RunArguments:
       beams vs the plain beam search, on this machine, and runs the one
       of the best predicted walltime: metrics.json's `auto`, and a stdout
       line `auto: ...`).
+    target_decode_path: how the target's decode calls compute
+      (docs/usage/gpu.md, "Decode path"): 'xla' (XLA's ops on T5X's
+      kernels), 'cpu_kernel' (the CPU matmul kernel: float32 on one CPU),
+      'packed' (q/k/v and the MLP's input kernels packed) or 'fused' (the
+      GPU kernels; Pallas' interpret mode off a GPU: slow); None = the
+      backend's ('cpu_kernel' where it is built, 'packed' on one GPU, else
+      'xla'). Checked at start-up against the model's T5Config; with
+      MESH_SHAPE of several devices or COMPILE_TOPOLOGY only 'xla'.
+      metrics.json's `decode_paths` records the path each model ran on.
+    draft_decode_path: the same for the draft model (DRAFTER 'model',
+      'hierarchical', and 'shared_encoder': its decoder); None with a
+      drafter that decodes no T5 draft (n-grams, prompt lookup, 'feature').
   """
   output_dir: str = _arg("OUTPUT_DIR")
   target_checkpoint_path: Optional[str] = _arg("TARGET_CHECKPOINT_PATH", None)
@@ -151,6 +165,8 @@ class RunArguments:
   compile_topology: Optional[str] = _arg("COMPILE_TOPOLOGY", None)
   price_call_cost: bool = _arg("PRICE_CALL_COST", True)
   speculation: str = _arg("SPECULATION", "on")
+  target_decode_path: Optional[str] = _arg("TARGET_DECODE_PATH", None)
+  draft_decode_path: Optional[str] = _arg("DRAFT_DECODE_PATH", None)
 
   def __post_init__(self):
     # As gin gives them: a list for MESH_SHAPE = [1, 4]; one dict that
@@ -178,6 +194,7 @@ class RunArguments:
                          f"or '{AUTO_GAMMA}' (Theorem 3.8's best γ for the α "
                          "and c measured on the first examples).")
       _check_speculation(self)
+      _check_decode_paths(self)
       self.decode_mode.check(self)
       self.drafting.check(self)
       _check_decoding_args(self)
@@ -201,6 +218,13 @@ class RunArguments:
   def method(self) -> sampling.SamplingMethod:
     """The sampling method (greedy at temperature 0)."""
     return sampling.make_method(self.temperature, self.top_k, self.top_p)
+
+  def chosen_decode_paths(self) -> Dict[str, str]:
+    """{macro: path} of TARGET_DECODE_PATH / DRAFT_DECODE_PATH where set
+    (None: the backend's)."""
+    paths = (("TARGET_DECODE_PATH", self.target_decode_path),
+             ("DRAFT_DECODE_PATH", self.draft_decode_path))
+    return {macro: path for macro, path in paths if path is not None}
 
   @property
   def random_weights(self) -> bool:
@@ -410,6 +434,40 @@ def _check_speculation(args: RunArguments) -> None:
         f"{threshold!r}: 'auto' chooses among exact modes of fixed γ; "
         "allowed: LENIENCE=1 and ADAPTIVE_THRESHOLD=None with 'auto', or "
         "SPECULATION='on'.")
+
+
+def _check_decode_paths(args: RunArguments) -> None:
+  """TARGET_DECODE_PATH / DRAFT_DECODE_PATH: a path's name
+  (`decode_paths.get`), a draft's only with a T5 draft model, and 'xla'
+  alone where the models are sharded or compiled for a TPU; ValueError.
+  What a model's T5Config allows is checked with the configs
+  (`loading.check_decode_paths`)."""
+  drafting = args.drafting
+  mesh = args.mesh_shape
+  devices = math.prod(mesh) if all(is_int(n) and n >= 1 for n in mesh) else 1
+  for macro, path in args.chosen_decode_paths().items():
+    decode_paths.get(path, macro)  # an unknown name
+    if macro == "DRAFT_DECODE_PATH" and not drafting.decodes_draft_model:
+      allowed = ", ".join(
+          repr(k)
+          for k, spec in drafter_registry.DRAFTERS.items()
+          if spec.decodes_draft_model)
+      raise ValueError(
+          f"DRAFT_DECODE_PATH={path!r} with DRAFTER={drafting.name!r}: that "
+          "drafter decodes no T5 draft model; allowed: DRAFT_DECODE_PATH="
+          f"None, or DRAFTER={allowed}.")
+    if path == decode_paths.XLA:
+      continue
+    if args.compile_topology is not None:
+      raise ValueError(
+          f"{macro}={path!r} with COMPILE_TOPOLOGY={args.compile_topology!r}"
+          ": compile.json compiles the TPU's path, 'xla'; allowed: None or "
+          "'xla'.")
+    if devices > 1:
+      raise ValueError(
+          f"{macro}={path!r} with MESH_SHAPE={mesh!r}: {path!r} decodes on "
+          f"one device (the partitioner shards T5X's kernels, not its packed "
+          f"ones); allowed with a mesh of {devices} devices: None or 'xla'.")
 
 
 def run_arguments(

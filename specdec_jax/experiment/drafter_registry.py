@@ -71,6 +71,12 @@ class DrafterSpec:
 
   choice = property(lambda self: ("DRAFTER", self.name))
 
+  @property
+  def decodes_draft_model(self) -> bool:
+    """Whether it drafts with the gin draft/T5Config's T5 model, whose
+    decode path DRAFT_DECODE_PATH chooses (a feature draft is no T5)."""
+    return self.uses_draft_model and not self.reads_target_features
+
   def reads(self) -> FrozenSet[str]:
     """The macros of its settings."""
     return frozenset(k.upper() for k in gin_utils.settings(self))

@@ -5,7 +5,7 @@
 import dataclasses
 import functools
 import os
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from absl import logging
 import gin
@@ -21,7 +21,9 @@ from specdec_jax.experiment import drafter_registry
 from specdec_jax.checkpoints import digests
 from specdec_jax.checkpoints import sizes
 from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models import param_shapes
 
 ConfigError = flag_utils.ConfigError
@@ -236,10 +238,11 @@ def _file_digest(path: str) -> str:
 
 
 def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,
-               mesh, what: str) -> T5Model:
+               mesh, what: str, decode_path: Optional[str] = None) -> T5Model:
   """Loads a T5X checkpoint (or its model dir's latest; None: random
   weights) sharded over `mesh`, checked before any shape is built
-  (`checkpoints.check_checkpoint`)."""
+  (`checkpoints.check_checkpoint`), prepared for `decode_path` (None: the
+  backend's; `check_decode_paths` checked it)."""
   fields = f"{what}/T5Config."
   available = sizes.available_bytes() * jax.device_count()
   opened = None
@@ -264,5 +267,56 @@ def load_model(config: T5Config, checkpoint_path: Optional[str], seed: int,
     logging.warning("No %s checkpoint: random weights (seed %d).", what, seed)
     params = checkpoints.random_params(config, jax.random.PRNGKey(seed),
                                        dtype=config.dtype, shardings=shardings)
-  # Decoder weights packed once for the CPU kernel (a no-op elsewhere).
-  return T5Model(config, {"params": params}).prepared_for_decoding()
+  # The path's weights, packed once (none for 'xla').
+  model = T5Model(config, {"params": params}).prepared_for_decoding(decode_path)
+  logging.info(
+      "The %s decodes on the %r path (%s).", what, model.decode_path,
+      "the backend's" if decode_path is None else f"{what.upper()}_DECODE_PATH")
+  return model
+
+
+def check_decode_paths(args, target_config: T5Config,
+                       draft_config: T5Config) -> None:
+  """TARGET_DECODE_PATH / DRAFT_DECODE_PATH (the names: `arguments`) can
+  run here for the model's config (`DecodePath.unavailable`: 'cpu_kernel'
+  needs float32 on one CPU with the kernel built, 'fused' a head width the
+  GPU kernels take); ConfigError naming the macro, the value, why not and
+  the paths allowed here."""
+  configs = {
+      "TARGET_DECODE_PATH": target_config,
+      "DRAFT_DECODE_PATH": draft_config
+  }
+  for macro, path in args.chosen_decode_paths().items():
+    config = configs[macro]
+    why = decode_paths.get(path, macro).unavailable(config)
+    if why:
+      here = [
+          n for n, p in decode_paths.PATHS.items() if not p.unavailable(config)
+      ]
+      raise ConfigError(f"{macro}={path!r}: {why}; allowed here: None (the "
+                        f"backend's) or {', '.join(map(repr, here))}.")
+
+
+def on_decode_paths(target: Any, draft: Any, args) -> Dict[str, Any]:
+  """{'target', 'draft'}: models loaded for an earlier run (`sweep`) on
+  this run's paths (each itself if already on it; a shared-encoder draft
+  re-paired with the target)."""
+  target = target.prepared_for_decoding(args.target_decode_path)
+  if isinstance(draft, SharedEncoderModel):
+    decoder = draft.decoder.prepared_for_decoding(args.draft_decode_path)
+    if decoder is not draft.decoder or target is not draft.encoder:
+      draft = SharedEncoderModel.pair(target, decoder)
+  elif isinstance(draft, T5Model):
+    draft = draft.prepared_for_decoding(args.draft_decode_path)
+  return {"target": target, "draft": draft}
+
+
+def decode_paths_record(target: Any, draft: Any) -> Dict[str, Optional[str]]:
+  """metrics.json's `decode_paths`: the path each model decodes on (None:
+  no T5 draft; a shared-encoder draft's: its decoder's)."""
+  if isinstance(draft, SharedEncoderModel):
+    draft = draft.decoder
+  return {
+      role: model.decode_path if isinstance(model, T5Model) else None
+      for role, model in (("target", target), ("draft", draft))
+  }

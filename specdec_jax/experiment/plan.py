@@ -26,7 +26,9 @@ from specdec_jax.checkpoints import feature_draft
 from specdec_jax.checkpoints import sizes
 from specdec_jax.config import gin_reader
 from specdec_jax.core import decoding
+from specdec_jax.core import kernels
 from specdec_jax.core import models as models_lib
+from specdec_jax.core.decoding import loops
 from specdec_jax.core.models import T5Config
 from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.experiment import arguments
@@ -139,6 +141,7 @@ class RunPlan:
       decoding.check_vocab_sizes(target_config.vocab_size,
                                  draft_config.vocab_size)
       drafting.check_draft_config(draft_config, target_config)
+      loading.check_decode_paths(args, target_config, draft_config)
       own_draft_config = drafting.check_draft_checkpoint(
           args.draft_checkpoint_path and
           loading.checkpoint_dir(args.draft_checkpoint_path), target_config)
@@ -171,7 +174,10 @@ class RunPlan:
       reuse = Models(
           self.mesh,
           load(self.target_config, a.target_checkpoint_path, a.seed, self.mesh,
-               "target"))
+               "target", a.target_decode_path))
+    else:  # another point's paths, maybe (`sweep`)
+      reuse = dataclasses.replace(
+          reuse, **loading.on_decode_paths(reuse.target, reuse.draft, a))
     if self.mode.target_alone:  # SPECULATION='off': no draft
       return reuse
     feature = a.drafting.reads_target_features
@@ -185,7 +191,7 @@ class RunPlan:
                                                   reuse.target))
     if reuse.draft is None and a.drafting.uses_draft_model:
       draft = load(self.draft_config, a.draft_checkpoint_path, a.seed + 1,
-                   reuse.mesh, "draft")
+                   reuse.mesh, "draft", a.draft_decode_path)
       # DRAFTER='shared_encoder': the draft decoder reads the target's
       # encoder.
       draft = models_lib.SharedEncoderModel.draft_for(reuse.target, draft)
@@ -303,17 +309,27 @@ def check_vocabulary_macros() -> None:
 
 
 def _check_memory(args, mode, target_config, draft_config) -> None:
-  """Refuses lengths no machine here could decode (`check_fits`)."""
+  """Refuses lengths no machine here could decode (`check_fits`): the
+  loops the run decodes with: the speculative one unless SPECULATION='off'
+  or MODE='alpha' (target samples, then teacher forcing), the target-alone
+  one unless MODE='infer' with SPECULATION='on'; a beam run's speculative
+  loop only (its other terms are not measured)."""
   configs = {"target": target_config}
   # A feature draft is not the gin draft/T5Config.
   if (args.drafting.uses_draft_model and
       not args.drafting.reads_target_features):
     configs["draft"] = draft_config
+  gamma = 1 if args.auto_gamma else int(args.gamma)  # 'auto': at least 1
+  alone = (args.mode != "infer" or
+           args.speculation != decode_modes.SPECULATION_ON)
+  speculative = mode.beam or not (mode.target_alone or args.mode == "alpha")
   try:
     check_fits(configs, mode.cache_rows(args),
                args.task_feature_lengths["inputs"], args.max_decode_length,
-               sizes.available_bytes() * jax.device_count())
-  except ConfigError as e:
+               sizes.available_bytes() * jax.device_count(),
+               verified=0 if mode.beam else gamma + 1, speculative=speculative,
+               target_alone=alone and not mode.beam)
+  except MemoryRefused as e:
     if not mode.beam:
       raise
     raise ConfigError(
@@ -333,14 +349,35 @@ def _task_kind(args) -> str:
   return quality_lib.TRANSLATION
 
 
-# A lower bound on a decode's memory, checked at start-up: what one model
-# must hold at once per batch of B rows (parameters, logits and XLA's
-# temporaries come on top), so a run refused could never fit.
+# A lower bound on a decode's memory, checked at start-up: what each phase
+# of its compiled programs must hold at once per batch of B rows
+# (parameters and XLA's other temporaries come on top), so a run refused
+# could never fit. The encoder's parts are dead before the loop's are all
+# live, so each phase is counted on its own. Measured on XLA:CPU
+# (`memory_analysis` of the compiled loops,
+# tests/harness/test_memory_estimate.py): the verification call's attention
+# over the cache holds three [B, H, γ+1, T] arrays at once (the cache
+# part's logits, all logits and their exponentials, the weights); other
+# backends are not measured: one.
+CPU_SCORE_ARRAYS = 3
+ENCODER_PARTS = ("encoder attention logits", "encoder output")
+LOOP_PARTS = ("decoder cache", "cross-attention keys and values")
+
+
+class MemoryRefused(ConfigError):
+  """`check_fits`' refusal; `detail`: what is needed and what this machine
+  has, `rows`: the most rows the estimate lets fit (0: not even one)."""
+
+  def __init__(self, message: str, detail: str, rows: int):
+    super().__init__(message)
+    self.detail, self.rows = detail, rows
+
+
 def estimate(config: T5Config, batch: int, inputs: int,
              targets: int) -> Dict[str, int]:
-  """Bytes of each part one model holds at once: the encoder's
-  self-attention logits (one layer), the decoder's cache, the
-  cross-attention keys and values, the encoder output."""
+  """Bytes of each part one model holds: the encoder's self-attention
+  logits (one layer), the decoder's cache, the cross-attention keys and
+  values, the encoder output."""
   item = np.dtype(config.dtype).itemsize
   kv = (config.num_decoder_layers * 2 * batch * config.num_heads *
         config.head_dim * item)  # keys and values of one position
@@ -352,26 +389,92 @@ def estimate(config: T5Config, batch: int, inputs: int,
   }
 
 
+def cache_copies(backend: str) -> int:
+  """Caches the target-alone loop holds at once on `backend`: 2 on XLA:CPU
+  under XLA's default copy insertion (`loops.BASELINE_PROGRAM`'s options):
+  each call reads the cache it then writes, and XLA copies it; 1 under
+  region analysis (`kernels.CPU_IN_PLACE_COMPILER_OPTIONS`) or elsewhere
+  (not measured)."""
+  if backend != "cpu":
+    return 1
+  options = loops.BASELINE_PROGRAM.options("cpu")
+  in_place = kernels.CPU_IN_PLACE_COMPILER_OPTIONS.items() <= options.items()
+  return 1 if in_place else 2
+
+
+def program_estimates(
+    configs: Dict[str, T5Config], batch: int, inputs: int, targets: int, *,
+    verified: int = 0, speculative: bool = True, target_alone: bool = False,
+    backend: Optional[str] = None) -> Dict[str, Dict[str, int]]:
+  """{phase: {part: bytes}} of the decode's programs at `batch` rows
+  (`configs`: the target first, then the draft, if any; `estimate`'s
+  parts):
+
+  * 'encoder': the largest encoder's attention logits and output;
+  * 'speculative loop' (if `speculative`): every model's cache and
+    cross-attention keys and values, and the target's attention over its
+    cache when a call verifies `verified` positions (γ+1; 0: not counted):
+    [B, H, γ+1, T] logits, `CPU_SCORE_ARRAYS` of them at once on XLA:CPU;
+  * 'target-alone loop' (if `target_alone`: a run's baseline, certify's
+    draws): the target's cache and cross-attention keys and values, and
+    its cache again where XLA copies it (`cache_copies`).
+  """
+  backend = backend or jax.default_backend()
+  role, target = next(iter(configs.items()))
+  models = configs if speculative else {role: target}
+  each = {
+      name: estimate(config, batch, inputs, targets)
+      for name, config in models.items()
+  }
+  encoders = [{
+      f"{name} {part}": parts[part] for part in ENCODER_PARTS
+  } for name, parts in each.items()]
+  phases = {"encoder": max(encoders, key=lambda p: sum(p.values()))}
+  if speculative:
+    loop = {
+        f"{name} {part}": parts[part] for name, parts in each.items()
+        for part in LOOP_PARTS
+    }
+    if verified:
+      item = 4 if target.float32_attention_logits else np.dtype(
+          target.dtype).itemsize
+      loop[f"{role} verification attention"] = (
+          (CPU_SCORE_ARRAYS if backend == "cpu" else 1) * batch *
+          target.num_heads * verified * targets * item)
+    phases["speculative loop"] = loop
+  if target_alone:
+    loop = {f"{role} {part}": each[role][part] for part in LOOP_PARTS}
+    copies = cache_copies(backend)
+    if copies > 1:
+      loop[f"{role} decoder cache (XLA's copy)"] = ((copies - 1) *
+                                                    each[role]["decoder cache"])
+    phases["target-alone loop"] = loop
+  return phases
+
+
 def check_fits(configs: Dict[str, T5Config], batch: int, inputs: int,
-               targets: int, available: int) -> None:
-  """Refuses lengths whose estimated bytes exceed `available`; ConfigError
-  naming TASK_FEATURE_LENGTHS, BATCH_SIZE, the largest parts and both byte
-  counts."""
-  parts = {}
-  for role, config in configs.items():
-    for part, n in estimate(config, batch, inputs, targets).items():
-      parts[f"{role} {part}"] = n
+               targets: int, available: int, **programs: Any) -> None:
+  """Refuses lengths whose largest phase (`program_estimates`, given
+  `programs`: verified, speculative, target_alone, backend) exceeds
+  `available` bytes; `MemoryRefused` naming TASK_FEATURE_LENGTHS,
+  BATCH_SIZE, the phase, its largest parts, both byte counts and the most
+  rows that could fit."""
+  estimates = program_estimates(configs, batch, inputs, targets, **programs)
+  name, parts = max(estimates.items(), key=lambda kv: sum(kv[1].values()))
   total = sum(parts.values())
   if total <= available:
     return
+  rows = available * batch // total  # every part grows with the rows
   top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
-  raise ConfigError(
+  detail = (f"needs at least {sizes.gib(total)} in the {name} (" +
+            ", ".join(f"{part} {sizes.gib(n)}" for part, n in top) +
+            f") but this machine has {sizes.gib(available)}")
+  smaller = (f", or BATCH_SIZE at most {rows}"
+             if rows else " (not even BATCH_SIZE=1 fits these)")
+  raise MemoryRefused(
       f"TASK_FEATURE_LENGTHS={{'inputs': {inputs}, 'targets': {targets}}} "
-      f"with BATCH_SIZE={batch} needs at least {sizes.gib(total)} (" +
-      ", ".join(f"{name} {sizes.gib(n)}" for name, n in top) +
-      f") but this machine has {sizes.gib(available)}. Allowed: lengths whose "
-      "examples fit (captions: 64/64; news: 512/128), or a smaller "
-      "BATCH_SIZE.")
+      f"with BATCH_SIZE={batch} {detail}. Allowed: lengths whose examples "
+      f"fit (captions: 64/64; news: 512/128){smaller}.", detail, rows)
 
 
 # Arguments that do not make a run's results different (the components
@@ -403,6 +506,9 @@ def settings_record(args: arguments.RunArguments, mode: decode_modes.DecodeMode,
   run_args.update(mode.record())
   if args.speculation == decode_modes.SPECULATION_ON:  # as before it existed
     run_args.pop("speculation")
+  for name in ("target_decode_path", "draft_decode_path"):
+    if run_args[name] is None:  # the backend's, as before they existed
+      run_args.pop(name)
   record = {
       "run": run_args,
       "target": gin_reader.t5_config_fields(target_config),

@@ -284,6 +284,8 @@ def price_fields(loaded: Any, feed: Any, ks: Sequence[int],
           "draft_checkpoint_path": args.draft_checkpoint_path,
           "drafter": args.drafting.name,
           "drafter_settings": args.drafting.record(args.ngram_corpus),
+          # TARGET/DRAFT_DECODE_PATH where set: another program's prices.
+          **args.chosen_decode_paths(),
       },
       "input_width": feed.batch_width(0),
       "batch_size": args.batch_size,
@@ -299,12 +301,14 @@ def target_price_fields(loaded: Any, fields: Mapping[str,
                                                      Any]) -> Dict[str, Any]:
   """The key of the target's call prices alone: `price_fields` less the
   draft and the method (a verifier keeping features is another program)."""
-  tree = fields["tree"]
+  tree, pair = fields["tree"], fields["pair"]
+  path = {k: pair[k] for k in ("TARGET_DECODE_PATH",) if k in pair}  # if set
   return {
       "machine": fields["machine"],
       "clock": fields["clock"],
-      "target": fields["pair"]["target"],
-      "target_checkpoint_path": fields["pair"]["target_checkpoint_path"],
+      "target": pair["target"],
+      "target_checkpoint_path": pair["target_checkpoint_path"],
+      **path,
       "verifier_keeps_features": bool(loaded.args.drafting.reads_target_features
                                      ),
       "input_width": fields["input_width"],

@@ -56,7 +56,8 @@ OnResult = Callable[[Dict[str, Any]], None]
 @dataclasses.dataclass(frozen=True)
 class RunData:
   """All N examples ({'input', 'reference'}, every process's), this
-  process's batches and metrics.json's data keys (`info`)."""
+  process's batches and the result file's keys known before decoding
+  (`info`: the data's; once the models are loaded, their `decode_paths`)."""
   examples: List[Dict[str, Any]]
   feed: multihost.Feeder
   info: Dict[str, Any]
@@ -74,6 +75,8 @@ def execute(plan: RunPlan, *, on_result: Optional[OnResult] = None,
                  plan.args.mode, plan.args.gamma, plan.args.temperature)
     models = plan.load_models(models)
     multihost.barrier("models_loaded")
+    paths = loading.decode_paths_record(models.target, models.draft)
+    data = dataclasses.replace(data, info={**data.info, "decode_paths": paths})
     if plan.args.mode == "alpha":
       return _run_alpha(plan, models, data, on_result), models
     decode_plan = pilots.choose(plan.load(models), data.feed)

@@ -196,6 +196,12 @@ class RunMetrics:
     backend: JAX's backend ('cpu', 'gpu', 'tpu').
     device_kind: the first device's kind.
     num_devices: devices over all hosts.
+    decode_paths: {"target", "draft"}: the decode path each model ran on,
+      'xla', 'cpu_kernel', 'packed' or 'fused' (docs/usage/gpu.md, "Decode
+      path"): TARGET_DECODE_PATH / DRAFT_DECODE_PATH, or the backend's where
+      None; the draft's null without a T5 draft model (the n-gram, prompt
+      lookup and feature drafters, SPECULATION='off'). alpha.json and
+      infer.json record it too.
     synthetic: true for numbers that are not model measurements (fixtures).
     num_examples_requested: NUM_EXAMPLES (more than num_examples when the data
       has fewer).
@@ -322,6 +328,7 @@ class RunMetrics:
   backend: Optional[str] = _key(TEXT, None)
   device_kind: Optional[str] = _key(TEXT, None)
   num_devices: Optional[int] = _key(POS_INT, None)
+  decode_paths: Optional[Dict[str, Any]] = _key(OBJECT, None, omit_none=True)
   synthetic: bool = _key(BOOL, False)
   num_examples_requested: Optional[int] = _key(INT, None)
   inputs_length: Optional[int] = _key(INT, None)

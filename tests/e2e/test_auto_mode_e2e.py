@@ -31,9 +31,9 @@ def test_off_runs_only_the_baseline(tmp_path, monkeypatch):
   monkeypatch.setattr(decoding, "speculative_decoder", _no_speculative_decoder)
   loaded = []
 
-  def load_model(config, path, seed, mesh, what):
+  def load_model(config, path, seed, mesh, what, decode_path=None):
     loaded.append(what)
-    return loading.load_model(config, path, seed, mesh, what)
+    return loading.load_model(config, path, seed, mesh, what, decode_path)
 
   parse_local_tiny_out(tmp_path, "SPECULATION = 'off'", "NUM_EXAMPLES = 2")
   metrics = run_lib.run(providers=plan.Providers(

@@ -97,14 +97,14 @@ def cheap_calls(loaded, feed, candidates, fill, context_plan):
 TREES_OF_2 = plan.PilotSizes(tree_max_width=2)
 
 
-def _self_draft(config, path, seed, mesh, what):
+def _self_draft(config, path, seed, mesh, what, decode_path=None):
   """The target drafting for itself (α = 1 at T = 0: GAMMA='auto' picks
   γ = 12), from the target's config and seed."""
   del config
   if what == "draft":
     seed -= 1
   return loading.load_model(loading.model_config("target"), path, seed, mesh,
-                            what)
+                            what, decode_path)
 
 
 @pytest.mark.parametrize("mode", ["walltime", "infer"])
@@ -194,8 +194,9 @@ def test_a_run_that_switches_at_t_above_0_samples_the_targets_distribution(
   source.write_text("same input\tsame output\n" * (BATCH * BATCHES))
   models = {}
 
-  def load_model(config, path, seed, mesh, what):
-    models[what] = loading.load_model(config, path, seed, mesh, what)
+  def load_model(config, path, seed, mesh, what, decode_path=None):
+    models[what] = loading.load_model(config, path, seed, mesh, what,
+                                      decode_path)
     return models[what]
 
   clock = SlowSpeculation()

@@ -21,6 +21,7 @@ from specdec_jax.experiment import runner
 from specdec_jax.experiment import summary
 from specdec_jax.experiment.plan import RunPlan
 from specdec_jax.metrics import run_metrics
+from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models import init_params
 from specdec_jax.core.models import param_shapes
 
@@ -167,6 +168,9 @@ def test_self_draft_from_checkpoint_accepts_everything(tmp_path):
   assert alpha["alpha_beta"] == pytest.approx(1.0, abs=1e-6)
   assert alpha["num_positions"] == metrics["tokens_generated"]
   assert alpha["random_weights"] is False
+  # The paths the models ran on, as metrics.json records them.
+  assert alpha["decode_paths"] == metrics["decode_paths"]
+  assert set(metrics["decode_paths"]) == {"target", "draft"}
   lines = summary.summary_lines(
       alpha, arguments.run_arguments(overrides={"mode": "alpha"}))
   assert lines[1].startswith("alpha 1.000 ± 0.000 (share of draft tokens")
@@ -281,6 +285,7 @@ def test_infer_writes_the_speculative_column_of_a_walltime_run(
   written = json.loads((out / "infer.json").read_text())
   assert written == json.loads(json.dumps(record))
   assert written["mode"] == "infer" and written["decode_mode"] == "tree"
+  assert written["decode_paths"]["draft"] in decode_paths.DECODE_PATHS
   assert written["num_examples"] == len(walltime) == 12
   assert written["target_calls"] == sum(r["aux"]["target_calls"] for r in rows)
   assert written["tokens_per_target_call"] > 1 and 0 <= written["alpha"] <= 1

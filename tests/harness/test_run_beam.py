@@ -160,9 +160,11 @@ def test_the_memory_check_counts_the_beam_rows(tmp_path, monkeypatch):
   beam = arguments.run_arguments({
       **overrides, "decode_mode": decode_modes.BEAM
   })
-  # Room for the sampled run's 2 rows, not the beam run's 2·(8 + 4) = 24.
-  need = sum(plan.estimate(config, 24, 512, 128).values()) + sum(
-      plan.estimate(config, 24, 512, 128).values())
+  # Room for the sampled run's 2 rows, not the beam run's 2·(8 + 4) = 24
+  # (its largest phase: `plan.program_estimates`).
+  both = {"target": config, "draft": config}
+  phases = plan.program_estimates(both, 24, 512, 128)
+  need = max(sum(parts.values()) for parts in phases.values())
   monkeypatch.setattr(sizes, "available_bytes", lambda: need // 2)
   modes = decode_modes.mode_of
   plan._check_memory(sample, modes(sample), config, config)  # pylint: disable=protected-access

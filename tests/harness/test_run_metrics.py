@@ -66,7 +66,10 @@ def _full_metrics(**changes):
           "baseline": 20.0,
           "speculative": 20.0
       }, random_weights=False, backend="cpu", device_kind="cpu", num_devices=1,
-      synthetic=False, num_examples_requested=10, inputs_length=64,
+      decode_paths={
+          "target": "cpu_kernel",
+          "draft": "packed"
+      }, synthetic=False, num_examples_requested=10, inputs_length=64,
       inputs_truncated=0, longest_input_tokens=30, settings={
           "run": {
               "gamma": 3
