@@ -17,6 +17,7 @@ import os
 import re
 
 from conftest import REPO
+from conftest import tiny_config
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,8 +26,11 @@ import pytest
 from specdec_jax.config import gin_reader
 from specdec_jax.core.kernels import gpu
 from specdec_jax.core.models import T5Config
+from specdec_jax.core.models import T5Model
+from specdec_jax.core.models import init_params
 from specdec_jax.core.models import param_shapes
 from specdec_jax.metrics import analysis
+from specdec_jax.metrics import timing
 from tools.device_check import cli
 from tools.device_check import common
 from tools.benchmarks import iteration_hlo
@@ -131,6 +135,23 @@ def test_table2_pairs_mix_the_paths_and_pick_each_rows_best():
   assert cnndm["pair"] == "fused+fused"
   assert cnndm["against_fastest_target"] == pytest.approx(
       analysis.expected_speedup(0.65, 5, 0.1 / 3.6))
+
+
+def test_rows_identical_tells_row_independent_paths_from_the_others():
+  """The GPU check of what greedy identity rests on, per tile preset: on
+  'fused' (CUDA or tensor cores, interpret mode here) a token's logits are
+  the same bits in one-token calls and in one 4-token call; through XLA's
+  dots on the CPU they are not."""
+  config = tiny_config(vocab_size=32, emb_dim=128, num_heads=2, head_dim=16,
+                       mlp_dim=256, num_encoder_layers=1, num_decoder_layers=1)
+  model = T5Model(config, init_params(config, jax.random.PRNGKey(0)))
+  cache = timing.start(model, jnp.ones((1, 6), jnp.int32), max_len=8)
+  fused = model.prepared_for_decoding("fused")
+  for preset in ("default", "mma"):
+    out = paths.rows_identical(fused, cache, 4, preset)
+    assert out == {"k": 4, "identical": True, "max_abs_diff": 0.0}, preset
+  xla = paths.rows_identical(model, cache, 4, "default")
+  assert not xla["identical"] and xla["max_abs_diff"] > 0
 
 
 def test_median_ratio():
@@ -270,7 +291,23 @@ def test_summary_shows_each_decode_path():
           "of_paper": 3.0 / 3.4
       }]
   }
+  report["paths"]["tiles"] = {
+      "rows_identical": {
+          "default": {
+              "k": 8,
+              "identical": True,
+              "max_abs_diff": 0.0
+          },
+          "mma": {
+              "k": 8,
+              "identical": False,
+              "max_abs_diff": 1e-3
+          },
+      }
+  }
   text = cli.format_summary(report)
+  assert ("tiles: a token's logits the same bits in one-token calls and in "
+          "one call: default yes (k 8), mma NO (k 8)") in text
   assert ("fused   kernels/layer 6: xxl 3.000 ms (90% of floor), small "
           "0.100 ms (25% of floor, c 0.033)") in text
   assert "fused   target's 8-token call: 1.04 steps" in text
@@ -545,6 +582,7 @@ def test_decode_path_setting_reaches_every_phase(capsys):
   for preset in (common.FULL, common.SMALL):
     assert set(preset.option_sets) <= set(gpu.GPU_OPTION_SETS)
     assert set(preset.tile_presets) <= set(gpu.TILE_PRESETS)
+    assert set(preset.tile_call_presets) <= set(preset.tile_presets)
     assert "xla" in preset.paths and "fused" in preset.paths
   assert common.FULL.main_job_batches == (1, 8)
 

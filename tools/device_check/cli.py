@@ -415,6 +415,12 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
         f"draft path) Theorem 3.8 {row['against_fastest_target']:.2f}x over "
         f"the fastest target alone, {row['of_paper']:.2f} of the paper's "
         f"{row['paper']:.1f}x")
+  identical = _get(p, "tiles", "rows_identical") or {}
+  if identical:
+    lines.append("  tiles: a token's logits the same bits in one-token "
+                 "calls and in one call: " + ", ".join(
+                     f"{n} {'yes' if r['identical'] else 'NO'} (k {r['k']})"
+                     for n, r in identical.items()))
   for group in ("option_sets", "tiles"):
     ratios = _get(p, group, "vs_reference") or {}
     if ratios:

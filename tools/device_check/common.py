@@ -112,7 +112,9 @@ class Settings:
       interleaved rounds.
     option_sets, tile_presets: the XLA:GPU option sets
       (`kernels.gpu.GPU_OPTION_SETS`) and the fused kernels' tiles
-      (`kernels.gpu.TILE_PRESETS`) the `paths` phase times.
+      (`kernels.gpu.TILE_PRESETS`) the `paths` phase times;
+      tile_call_presets: those whose target's `max(chunk_sizes)`-token
+      call it times too (tensor cores or not).
   """
   mode: str
   total_s: float
@@ -153,7 +155,11 @@ class Settings:
   loop_lengths: Tuple[int, int] = (8, 40)
   loop_rounds: int = 5
   option_sets: Tuple[str, ...] = tuple(gpu.GPU_OPTION_SETS)
-  tile_presets: Tuple[str, ...] = tuple(gpu.TILE_PRESETS)
+  # CUDA cores' chains of dependent loads (default, tall_wide) against
+  # tensor cores with pipelined loads (mma, tall_mma):
+  # docs/design/performance.md.
+  tile_presets: Tuple[str, ...] = ("default", "tall_wide", "mma", "tall_mma")
+  tile_call_presets: Tuple[str, ...] = ("default", "mma")
 
 
 FULL = Settings(
@@ -183,7 +189,7 @@ SMALL = dataclasses.replace(
     physics_input_length=8, fill=4, cache_len=24, inner_steps=2, repeats=2,
     main_job_batches=(1,), loop_sentences=1, loop_lengths=(2, 10),
     loop_rounds=2, option_sets=("default", "command_buffer_all"),
-    tile_presets=("default", "wide"))
+    tile_presets=("default", "mma"))
 
 
 def settings_for(mode: str, decode_path: Optional[str] = None) -> Settings:

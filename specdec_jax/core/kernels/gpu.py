@@ -30,6 +30,10 @@ speculative decoding and the greedy baseline agree exactly through these
 kernels, not only within rounding. Arithmetic is float32 inside a kernel;
 its outputs are rounded to the model's dtype where XLA's path rounds them.
 
+The kernels' bodies share `_gpu_pieces`: the RMS-normed projections,
+summed on CUDA cores or (`Tiles.dot`) one tensor-core dot per block on
+rows in tiles of 16, and the attention over a cache.
+
 Pallas' Triton lowering needs every array in a kernel to have a power-of-2
 size: weights and activations are read in blocks that are powers of 2
 dividing the dimension (`block`), cache and encoder slots in blocks whose
@@ -48,15 +52,15 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
-                    Tuple)
+from typing import (Any, Callable, Dict, Iterator, Optional, Sequence, Tuple)
 
 import jax
 import jax.numpy as jnp
-from jax import lax
+
+from specdec_jax.core.kernels import _gpu_pieces as _pieces
 
 Array = jax.Array
-F32 = jnp.float32
+F32 = _pieces.F32
 NEG_INF = -1e10  # The models' mask bias (`layers.NEG_INF`).
 # The custom call a Pallas Triton kernel lowers to (what the device check
 # and the tests count).
@@ -108,8 +112,13 @@ class Tiles:
     in_block: contraction block of the output projections.
     columns: output columns per program of the dense kernels.
     slots: cache (or encoder) slots per attention step.
-    rows: rows per program of the dense kernels.
+    rows: rows per program of the dense kernels (with `dot`: 16, a tile).
     num_warps, num_stages: Triton's.
+    dot: the projections on tensor cores (`_gpu_pieces`: rows in tiles of
+      16, one `tl.dot` per block; x * scale rounded to the weights' dtype
+      first; where a block or its columns are under 16, CUDA cores) rather
+      than products summed on CUDA cores: a K-token call then multiplies
+      as fast as a one-token call.
   """
   emb_block: int = 64
   dense_emb_block: int = 64
@@ -119,17 +128,23 @@ class Tiles:
   rows: int = 8
   num_warps: int = 4
   num_stages: int = 2
+  dot: bool = False
+
+  @property
+  def row_block(self) -> int:
+    """Rows per program of the dense kernels."""
+    return _pieces.TILE_ROWS if self.dot else self.rows
 
 
-# What the device check compares (`tiles`); "default" is `Tiles()`. A
-# program runs its contraction as a chain of dependent loads (Triton does
-# not pipeline loads that feed no dot: the compiled PTX has no cp.async),
-# so at batch 1 a kernel costs about its launch plus one memory latency
-# per block of its contraction: "tall" reads the dense kernels' weights
-# in 1-2 blocks (512 and 1024 deep, 8 columns: more programs, each one
-# short), "tall_wide" also halves the attention kernels' chain (128 deep,
-# 8 warps). ptxas spills none of their registers at 1 token
-# (`tools.benchmarks.gpu_aot`).
+# What the device check compares (`tiles`); "default" is `Tiles()`. On
+# CUDA cores Triton pipelines no load (they feed no dot): a program's
+# contraction is a chain of dependent loads, one memory latency per block,
+# and the 8-token self-attention spills registers. "tall" reads the dense
+# kernels' weights in 1-2 blocks (512 and 1024 deep), "tall_wide" also the
+# attention projections in 128-deep ones (8 warps). On tensor cores
+# (`Tiles.dot`: "mma", "tall_mma") Triton pipelines the weights' loads
+# (cp.async, one block ahead) and nothing spills at 8 tokens. ptxas spills
+# none at 1 token (`tools.benchmarks.gpu_aot`).
 TILE_PRESETS = {
     "default": Tiles(),
     "wide": Tiles(emb_block=128, dense_emb_block=128, in_block=256, columns=64,
@@ -139,6 +154,8 @@ TILE_PRESETS = {
     "tall": Tiles(dense_emb_block=512, in_block=1024, columns=8),
     "tall_wide": Tiles(emb_block=128, dense_emb_block=512, in_block=1024,
                        columns=16, num_warps=8),
+    "mma": Tiles(dot=True),
+    "tall_mma": Tiles(dot=True, dense_emb_block=512, in_block=1024, columns=16),
 }
 
 _INTERPRET: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
@@ -204,15 +221,6 @@ def supported(head_dim: int) -> Optional[str]:
   return None
 
 
-def _pallas():
-  # Imported on first use: the decoding package imports this module for its
-  # option table, and Pallas' Triton API costs ~0.1 s to import.
-  # pylint: disable=g-import-not-at-top
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plgpu
-  return pl, plgpu
-
-
 def _call(kernel: Callable, out_specs: Any, in_specs: Sequence[Any],
           grid: Tuple[int, ...], name: str,
           aliases: Optional[dict] = None) -> Callable:
@@ -220,7 +228,7 @@ def _call(kernel: Callable, out_specs: Any, in_specs: Sequence[Any],
   dtype-or-None, block, index map) tuples (block: `BlockSpec`'s, None for
   a squeezed axis). Each program gets its rows' and head's block, so that
   interpret mode copies blocks, not whole arrays, per program."""
-  pl, plgpu = _pallas()
+  pl, plgpu = _pieces.pallas()
   t = _tiles()
   outs = [
       jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _, _ in out_specs
@@ -241,116 +249,14 @@ def _whole(shape: Sequence[int]) -> Tuple[Tuple[int, ...], Callable]:
   return tuple(shape), lambda *_: zeros
 
 
-def _round(x: Array, dtype: Any) -> Array:
-  """x rounded to dtype, kept in float32 (where XLA's path rounds)."""
-  return x.astype(dtype).astype(F32)
-
-
-# ---------------------------------------------------------------------------
-# Pieces every kernel body shares (traced inside a kernel, on its blocks).
-# ---------------------------------------------------------------------------
-def _normed_products(row: Callable, weight: Callable, scale_ref, rows: int,
-                     parts: int, emb: int, eb: int, width: int,
-                     eps: float) -> List[List[Array]]:
-  """RMS-normed rows times weights: out[m][p] [width] float32, unrounded.
-
-  row(m, span) -> x[m, span] [eb]; weight(p, span) -> [eb, width]. One pass
-  over the model width: the norm's sum of squares beside the products
-  (the norm's factor is a scalar per row, applied at the end).
-  """
-  pl, _ = _pallas()
-
-  def body(i, carry):
-    sums, accs = carry
-    span = pl.ds(pl.multiple_of(i * eb, eb), eb)
-    scale = scale_ref[span].astype(F32)
-    weights = [weight(p, span).astype(F32) for p in range(parts)]
-    new_sums, new_accs = [], []
-    for m in range(rows):
-      x = row(m, span).astype(F32)
-      new_sums.append(sums[m] + jnp.sum(x * x))
-      scaled = (x * scale)[:, None]
-      for p in range(parts):
-        new_accs.append(accs[m * parts + p] +
-                        jnp.sum(scaled * weights[p], axis=0))
-    return tuple(new_sums), tuple(new_accs)
-
-  init = (tuple(jnp.zeros((), F32) for _ in range(rows)),
-          tuple(jnp.zeros((width,), F32) for _ in range(rows * parts)))
-  sums, accs = lax.fori_loop(0, emb // eb, body, init)
-  out = []
-  for m in range(rows):
-    inv = lax.rsqrt(sums[m] / emb + eps)
-    out.append([accs[m * parts + p] * inv for p in range(parts)])
-  return out
-
-
-def _project(x_ref, scale_ref, w_ref, rows: int, eb: int,
-             eps: float) -> List[List[Array]]:
-  """RMS-normed rows x[m] [E] times w[p] [E, D] (p: the parts, e.g. q, k,
-  v): out[m][p] [D] float32, rounded to x's dtype."""
-  products = _normed_products(lambda m, span: x_ref[m, span],
-                              lambda p, span: w_ref[p, span, :], scale_ref,
-                              rows, w_ref.shape[0], x_ref.shape[-1], eb,
-                              w_ref.shape[-1], eps)
-  return [[_round(v, x_ref.dtype) for v in row] for row in products]
-
-
-def _attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
-            bias_at: Callable) -> List[Array]:
-  """Each query [D] over keys/values [D, slots], online softmax over blocks
-  of lb slots (steps of them, from slot 0); bias_at(m, first, valid) ->
-  [lb] float32 bias of query m's slots first..first+lb-1 (valid: which
-  exist). Masked slots (bias -1e10) add exact zeros once a slot counted,
-  so trailing masked blocks change nothing."""
-  pl, plgpu = _pallas()
-  head_dim, length = keys_ref.shape
-
-  def body(j, carry):
-    first = pl.multiple_of(j * lb, lb)
-    valid = first + lax.iota(jnp.int32, lb) < length
-    mask = jnp.broadcast_to(valid[None, :], (head_dim, lb))
-    slots = pl.ds(first, lb)
-    keys = plgpu.load(keys_ref.at[:, slots], mask=mask, other=0.0).astype(F32)
-    values = plgpu.load(values_ref.at[:, slots], mask=mask,
-                        other=0.0).astype(F32)
-    new = []
-    for m, query in enumerate(queries):
-      top, total, acc = carry[3 * m:3 * m + 3]
-      logits = (jnp.sum(query[:, None] * keys, axis=0) +
-                bias_at(m, first, valid))
-      new_top = jnp.maximum(top, jnp.max(logits))
-      decay = jnp.exp(top - new_top)
-      weights = jnp.exp(logits - new_top)
-      new += [
-          new_top, total * decay + jnp.sum(weights),
-          acc * decay + jnp.sum(values * weights[None, :], axis=1)
-      ]
-    return tuple(new)
-
-  init = []
-  for _ in queries:
-    init += [
-        jnp.full((), -jnp.inf, F32),
-        jnp.zeros((), F32),
-        jnp.zeros((head_dim,), F32)
-    ]
-  done = lax.fori_loop(0, steps, body, tuple(init))
-  return [done[3 * m + 2] / done[3 * m + 1] for m in range(len(queries))]
-
-
-def _row_mask(size: int, row, rows_total: int) -> Array:
-  return jnp.full((size,), row < rows_total)
-
-
 # ---------------------------------------------------------------------------
 # The kernels.
 # ---------------------------------------------------------------------------
 def _self_attention_kernel(start_ref, x_ref, scale_ref, w_ref, bias_ref,
                            keys_in, values_in, ctx_ref, keys_ref, values_ref, *,
                            rows: int, eb: int, lb: int, eps: float,
-                           on_gpu: bool):
-  pl, plgpu = _pallas()
+                           on_gpu: bool, dot: bool):
+  pl, plgpu = _pieces.pallas()
   head_dim, length = keys_ref.shape
   start = start_ref[0]
   if not on_gpu:
@@ -360,7 +266,8 @@ def _self_attention_kernel(start_ref, x_ref, scale_ref, w_ref, bias_ref,
     # input's buffer.
     keys_ref[...] = keys_in[...]
     values_ref[...] = values_in[...]
-  projected = _project(x_ref, scale_ref, w_ref, rows, eb, eps)
+  projected = _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot,
+                              on_gpu)
   # The chunk's keys and values into the cache (the aliased outputs: read
   # below through the same refs), then attention over the cache, its own
   # slots included: the rows of a chunk see what one-token calls see.
@@ -380,8 +287,8 @@ def _self_attention_kernel(start_ref, x_ref, scale_ref, w_ref, bias_ref,
                       other=NEG_INF).astype(F32)
 
   steps = jnp.minimum(pl.cdiv(start + rows, lb), pl.cdiv(length, lb))
-  outs = _attend([q for q, _, _ in projected], keys_ref, values_ref, steps, lb,
-                 bias_at)
+  outs = _pieces.attend([q for q, _, _ in projected], keys_ref, values_ref,
+                        steps, lb, bias_at)
   for m, out in enumerate(outs):
     ctx_ref[m, :] = out.astype(ctx_ref.dtype)
 
@@ -413,7 +320,7 @@ def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
   kernel = functools.partial(_self_attention_kernel, rows=rows,
                              eb=block(emb, t.emb_block),
                              lb=min(t.slots, _pow2_at_least(length)), eps=eps,
-                             on_gpu=not interpret())
+                             on_gpu=not interpret(), dot=t.dot)
   one_bias = bias.shape[0] == 1
   cache = ((None, None, head_dim, length), lambda b, h: (b, h, 0, 0))
   call = _call(
@@ -438,18 +345,19 @@ def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
 
 def _cross_attention_kernel(x_ref, scale_ref, w_ref, keys_ref, values_ref,
                             bias_ref, ctx_ref, *, rows: int, eb: int, lb: int,
-                            eps: float):
-  pl, plgpu = _pallas()
+                            eps: float, dot: bool, on_gpu: bool):
+  pl, plgpu = _pieces.pallas()
   length = keys_ref.shape[1]
-  projected = _project(x_ref, scale_ref, w_ref, rows, eb, eps)
+  projected = _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot,
+                              on_gpu)
 
   def bias_at(m, first, valid):
     del m  # Every query sees the same encoder positions.
     return plgpu.load(bias_ref.at[pl.ds(first, lb)], mask=valid,
                       other=NEG_INF).astype(F32)
 
-  outs = _attend([q for (q,) in projected], keys_ref, values_ref,
-                 pl.cdiv(length, lb), lb, bias_at)
+  outs = _pieces.attend([q for (q,) in projected], keys_ref, values_ref,
+                        pl.cdiv(length, lb), lb, bias_at)
   for m, out in enumerate(outs):
     ctx_ref[m, :] = out.astype(ctx_ref.dtype)
 
@@ -473,7 +381,8 @@ def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
   t = _tiles()
   kernel = functools.partial(_cross_attention_kernel, rows=rows,
                              eb=block(emb, t.emb_block),
-                             lb=min(t.slots, _pow2_at_least(length)), eps=eps)
+                             lb=min(t.slots, _pow2_at_least(length)), eps=eps,
+                             dot=t.dot, on_gpu=not interpret())
   encoded = ((None, None, head_dim, length), lambda b, h: (b, h, 0, 0))
   call = _call(
       kernel,
@@ -489,30 +398,33 @@ def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
 
 
 def _rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, *, rows_total: int,
-                      activations: Tuple[str, ...], eb: int, eps: float):
-  pl, plgpu = _pallas()
+                      activations: Tuple[str, ...], eb: int, eps: float,
+                      dot: bool, on_gpu: bool):
+  pl, plgpu = _pieces.pallas()
   rb, emb = x_ref.shape
   parts, _, nb = w_ref.shape
   first_row = pl.program_id(0) * rb
 
   def row(r, span):
     return plgpu.load(x_ref.at[jnp.int32(r), span],
-                      mask=_row_mask(eb, first_row + r, rows_total), other=0.0)
+                      mask=_pieces.row_mask(eb, first_row + r,
+                                            rows_total), other=0.0)
 
-  products = _normed_products(row, lambda p, span: w_ref[p, span, :], scale_ref,
-                              rb, parts, emb, eb, nb, eps)
+  products = _pieces.normed_products(row, lambda p, span: w_ref[p, span, :],
+                                     scale_ref, rb, parts, emb, eb, nb, eps,
+                                     dot, on_gpu)
   dtype = out_ref.dtype  # XLA's path: the MLP in the model's, logits in f32.
   for r, accs in enumerate(products):
     values = []
     for acc, name in zip(accs, activations):
-      h = _round(acc, dtype)
+      h = _pieces.round_to(acc, dtype)
       values.append(h if name ==
-                    "linear" else _round(_activation(name)(h), dtype))
+                    "linear" else _pieces.round_to(_activation(name)(h), dtype))
     out = values[0]
     for h in values[1:]:
-      out = _round(out * h, dtype)
+      out = _pieces.round_to(out * h, dtype)
     plgpu.store(out_ref.at[jnp.int32(r), :], out.astype(out_ref.dtype),
-                mask=_row_mask(nb, first_row + r, rows_total))
+                mask=_pieces.row_mask(nb, first_row + r, rows_total))
 
 
 def _activation(name: str) -> Callable[[Array], Array]:
@@ -535,10 +447,11 @@ def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],
     raise ValueError(f"rms_dense: {parts} weights but activations "
                      f"{tuple(activations)}.")
   t = _tiles()
-  rb, nb = min(t.rows, rows), block(width, t.columns)
+  rb, nb = min(t.row_block, rows), block(width, t.columns)
   kernel = functools.partial(_rms_dense_kernel, rows_total=rows,
                              activations=tuple(activations),
-                             eb=block(emb, t.dense_emb_block), eps=eps)
+                             eb=block(emb, t.dense_emb_block), eps=eps,
+                             dot=t.dot, on_gpu=not interpret())
   call = _call(
       kernel, out_specs=[((rows, width), out_dtype or
                           x.dtype, (rb, nb), lambda i, j: (i, j))],
@@ -550,31 +463,25 @@ def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],
 
 
 def _dense_residual_kernel(x_ref, w_ref, res_ref, out_ref, *, rows_total: int,
-                           kb: int):
-  pl, plgpu = _pallas()
+                           kb: int, dot: bool, on_gpu: bool):
+  pl, plgpu = _pieces.pallas()
   rb, width = x_ref.shape
   nb = w_ref.shape[1]
   first_row = pl.program_id(0) * rb
 
-  def body(i, accs):
-    span = pl.ds(pl.multiple_of(i * kb, kb), kb)
-    weight = w_ref[span, :].astype(F32)
-    new = []
-    for r in range(rb):
-      x = plgpu.load(x_ref.at[jnp.int32(r), span],
-                     mask=_row_mask(kb, first_row + r,
-                                    rows_total), other=0.0).astype(F32)
-      new.append(accs[r] + jnp.sum(x[:, None] * weight, axis=0))
-    return tuple(new)
+  def row(r, span):
+    return plgpu.load(x_ref.at[jnp.int32(r), span],
+                      mask=_pieces.row_mask(kb, first_row + r,
+                                            rows_total), other=0.0)
 
-  accs = lax.fori_loop(0, width // kb, body,
-                       tuple(jnp.zeros((nb,), F32) for _ in range(rb)))
+  accs = _pieces.dense_products(row, lambda span: w_ref[span, :], rb,
+                                width // kb, kb, nb, dot, on_gpu)
   dtype = out_ref.dtype
   for r in range(rb):
-    mask = _row_mask(nb, first_row + r, rows_total)
+    mask = _pieces.row_mask(nb, first_row + r, rows_total)
     residual = plgpu.load(res_ref.at[jnp.int32(r), :], mask=mask,
                           other=0.0).astype(F32)
-    out = _round(residual + _round(accs[r], dtype), dtype)
+    out = _pieces.round_to(residual + _pieces.round_to(accs[r], dtype), dtype)
     plgpu.store(out_ref.at[jnp.int32(r), :], out.astype(dtype), mask=mask)
 
 
@@ -584,9 +491,10 @@ def dense_residual(x: Array, w: Array, residual: Array) -> Array:
   rows, width = x.shape
   emb = w.shape[1]
   t = _tiles()
-  rb, nb = min(t.rows, rows), block(emb, t.columns)
+  rb, nb = min(t.row_block, rows), block(emb, t.columns)
   kernel = functools.partial(_dense_residual_kernel, rows_total=rows,
-                             kb=block(width, t.in_block))
+                             kb=block(width, t.in_block), dot=t.dot,
+                             on_gpu=not interpret())
   call = _call(
       kernel, out_specs=[(residual.shape, residual.dtype, (rb, nb), lambda i, j:
                           (i, j))],

@@ -1,0 +1,249 @@
+"""Pieces the GPU kernels' bodies share (`kernels.gpu`), traced inside a
+kernel on its blocks: the RMS-normed projections, the online-softmax
+attention over a cache, the dense products.
+
+A projection runs on CUDA cores (products summed per row) or, with `dot`,
+on tensor cores: rows in tiles of 16 (`TILE_ROWS`, zeros past the call's
+rows) times the weights' block, one `jnp.dot` (Triton's `tl.dot`) per
+block. A tile is 16 rows whatever the call's rows, so a row's sums are
+the same operations in a 1-token and an 8-token call: row-independent as
+the CUDA-core products are.
+"""
+from typing import Callable, List, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+F32 = jnp.float32
+# Rows of a tensor-core tile: the smallest M of Triton's dot.
+TILE_ROWS = 16
+
+
+def pallas():
+  """(pallas, pallas.triton), imported on first use: the decoding package
+  imports `kernels.gpu` for its option table, and Pallas' Triton API costs
+  ~0.1 s to import."""
+  # pylint: disable=g-import-not-at-top
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plgpu
+  return pl, plgpu
+
+
+def round_to(x: Array, dtype) -> Array:
+  """x rounded to dtype, kept in float32 (where XLA's path rounds)."""
+  return x.astype(dtype).astype(F32)
+
+
+def row_mask(size: int, row, rows_total: int) -> Array:
+  """[size] bool: whether `row` is one of the call's rows."""
+  return jnp.full((size,), row < rows_total)
+
+
+def rows_tile(load: Callable[[int], Array], count: int, width: int) -> Array:
+  """[TILE_ROWS, width] float32: load(r) [width] in row r < count, zeros
+  below."""
+  rows = lax.broadcasted_iota(jnp.int32, (TILE_ROWS, width), 0)
+  tile = jnp.zeros((TILE_ROWS, width), F32)
+  for r in range(count):
+    tile = jnp.where(rows == r, load(r).astype(F32)[None, :], tile)
+  return tile
+
+
+def tile_row(tile: Array, r: int) -> Array:
+  """Row r of a [TILE_ROWS, ...] tile (the other rows' exact zeros added)."""
+  rows = lax.broadcasted_iota(jnp.int32, tile.shape, 0)
+  return jnp.sum(jnp.where(rows == r, tile, 0.0), axis=0)
+
+
+def use_dot(dot: bool, *dims: int) -> bool:
+  """Tensor cores where asked and every dimension of the product (its
+  contraction block and its columns) is at least 16 (Triton's `tl.dot`);
+  decided by shapes alone, never by the call's rows."""
+  return dot and min(dims) >= TILE_ROWS
+
+
+def tile_dot(a: Array, b: Array, on_gpu: bool) -> Array:
+  """a [16, k] @ b [k, n] in float32 on tensor cores (`tl.dot`). Off a GPU
+  (interpret mode) each element's products summed over k alone: XLA:CPU's
+  dot rounds a row by its place in the tile (its kernels block the rows),
+  a GPU's mma computes every element alike, so that the tests see the
+  rows' independence the GPU gives (which the device check verifies
+  there)."""
+  if on_gpu:
+    return jnp.dot(a, b, preferred_element_type=F32)
+  return jnp.sum(a.astype(F32)[:, :, None] * b.astype(F32)[None, :, :], axis=1)
+
+
+def _groups(rows: int):
+  """(first row, rows) of each tile of a call's rows."""
+  return [(g, min(TILE_ROWS, rows - g)) for g in range(0, rows, TILE_ROWS)]
+
+
+def normed_products(row: Callable, weight: Callable, scale_ref, rows: int,
+                    parts: int, emb: int, eb: int, width: int, eps: float,
+                    dot: bool = False,
+                    on_gpu: bool = True) -> List[List[Array]]:
+  """RMS-normed rows times weights: out[m][p] [width] float32, unrounded.
+
+  row(m, span) -> x[m, span] [eb]; weight(p, span) -> [eb, width]. One pass
+  over the model width: the norm's sum of squares beside the products
+  (the norm's factor is a scalar per row, applied at the end). `dot`
+  (`use_dot`): the products on tensor cores, x * scale rounded to the
+  weights' dtype first; `on_gpu`: `tile_dot`'s).
+  """
+  if use_dot(dot, eb, width):
+    return _normed_products_dot(row, weight, scale_ref, rows, parts, emb, eb,
+                                width, eps, on_gpu)
+  pl, _ = pallas()
+
+  def body(i, carry):
+    sums, accs = carry
+    span = pl.ds(pl.multiple_of(i * eb, eb), eb)
+    scale = scale_ref[span].astype(F32)
+    weights = [weight(p, span).astype(F32) for p in range(parts)]
+    new_sums, new_accs = [], []
+    for m in range(rows):
+      x = row(m, span).astype(F32)
+      new_sums.append(sums[m] + jnp.sum(x * x))
+      scaled = (x * scale)[:, None]
+      for p in range(parts):
+        new_accs.append(accs[m * parts + p] +
+                        jnp.sum(scaled * weights[p], axis=0))
+    return tuple(new_sums), tuple(new_accs)
+
+  init = (tuple(jnp.zeros((), F32) for _ in range(rows)),
+          tuple(jnp.zeros((width,), F32) for _ in range(rows * parts)))
+  sums, accs = lax.fori_loop(0, emb // eb, body, init)
+  out = []
+  for m in range(rows):
+    inv = lax.rsqrt(sums[m] / emb + eps)
+    out.append([accs[m * parts + p] * inv for p in range(parts)])
+  return out
+
+
+def _normed_products_dot(row, weight, scale_ref, rows, parts, emb, eb, width,
+                         eps, on_gpu) -> List[List[Array]]:
+  """`normed_products` on tensor cores: per tile of 16 rows and block of
+  the width, sums of squares [16] and one dot per weight."""
+  pl, _ = pallas()
+  groups = _groups(rows)
+
+  def body(i, carry):
+    sums, accs = carry
+    span = pl.ds(pl.multiple_of(i * eb, eb), eb)
+    scale = scale_ref[span].astype(F32)
+    weights = [weight(p, span) for p in range(parts)]
+    new_sums, new_accs = [], []
+    for g, (first, count) in enumerate(groups):
+      x = rows_tile(lambda r, f=first: row(f + r, span), count, eb)
+      new_sums.append(sums[g] + jnp.sum(x * x, axis=1))
+      scaled = (x * scale[None, :]).astype(weights[0].dtype)
+      for p in range(parts):
+        new_accs.append(accs[g * parts + p] +
+                        tile_dot(scaled, weights[p], on_gpu))
+    return tuple(new_sums), tuple(new_accs)
+
+  init = (tuple(jnp.zeros((TILE_ROWS,), F32) for _ in groups),
+          tuple(
+              jnp.zeros((TILE_ROWS, width), F32)
+              for _ in range(len(groups) * parts)))
+  sums, accs = lax.fori_loop(0, emb // eb, body, init)
+  out = []
+  for g, (_, count) in enumerate(groups):
+    inv = lax.rsqrt(sums[g] / emb + eps)[:, None]
+    for r in range(count):
+      out.append([tile_row(accs[g * parts + p] * inv, r) for p in range(parts)])
+  return out
+
+
+def project(x_ref, scale_ref, w_ref, rows: int, eb: int, eps: float,
+            dot: bool = False, on_gpu: bool = True) -> List[List[Array]]:
+  """RMS-normed rows x[m] [E] times w[p] [E, D] (p: the parts, e.g. q, k,
+  v): out[m][p] [D] float32, rounded to x's dtype."""
+  products = normed_products(lambda m, span: x_ref[m, span],
+                             lambda p, span: w_ref[p, span, :], scale_ref, rows,
+                             w_ref.shape[0], x_ref.shape[-1], eb,
+                             w_ref.shape[-1], eps, dot, on_gpu)
+  return [[round_to(v, x_ref.dtype) for v in row] for row in products]
+
+
+def dense_products(row: Callable, weight: Callable, rows: int, steps: int,
+                   kb: int, width: int, dot: bool = False,
+                   on_gpu: bool = True) -> List[Array]:
+  """x[m] @ w over `steps` blocks of kb: out[m] [width] float32 (row(m,
+  span) -> x[m, span] [kb], weight(span) -> [kb, width]); `dot` as in
+  `normed_products`."""
+  pl, _ = pallas()
+  tensor_cores = use_dot(dot, kb, width)
+  groups = _groups(rows)
+
+  def body(i, accs):
+    span = pl.ds(pl.multiple_of(i * kb, kb), kb)
+    if tensor_cores:
+      weight_block = weight(span)
+      return tuple(acc + tile_dot(
+          rows_tile(lambda r, f=first: row(f + r, span), count, kb).astype(
+              weight_block.dtype), weight_block, on_gpu)
+                   for acc, (first, count) in zip(accs, groups))
+    weight_block = weight(span).astype(F32)
+    return tuple(
+        acc + jnp.sum(row(m, span).astype(F32)[:, None] * weight_block, axis=0)
+        for m, acc in enumerate(accs))
+
+  if tensor_cores:
+    tiles = lax.fori_loop(
+        0, steps, body,
+        tuple(jnp.zeros((TILE_ROWS, width), F32) for _ in groups))
+    return [
+        tile_row(tile, r)
+        for tile, (_, count) in zip(tiles, groups)
+        for r in range(count)
+    ]
+  return list(
+      lax.fori_loop(0, steps, body,
+                    tuple(jnp.zeros((width,), F32) for _ in range(rows))))
+
+
+def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
+           bias_at: Callable) -> List[Array]:
+  """Each query [D] over keys/values [D, slots], online softmax over blocks
+  of lb slots (steps of them, from slot 0); bias_at(m, first, valid) ->
+  [lb] float32 bias of query m's slots first..first+lb-1 (valid: which
+  exist). Masked slots (bias -1e10) add exact zeros once a slot counted,
+  so trailing masked blocks change nothing."""
+  pl, plgpu = pallas()
+  head_dim, length = keys_ref.shape
+
+  def body(j, carry):
+    first = pl.multiple_of(j * lb, lb)
+    valid = first + lax.iota(jnp.int32, lb) < length
+    mask = jnp.broadcast_to(valid[None, :], (head_dim, lb))
+    slots = pl.ds(first, lb)
+    keys = plgpu.load(keys_ref.at[:, slots], mask=mask, other=0.0).astype(F32)
+    values = plgpu.load(values_ref.at[:, slots], mask=mask,
+                        other=0.0).astype(F32)
+    new = []
+    for m, query in enumerate(queries):
+      top, total, acc = carry[3 * m:3 * m + 3]
+      logits = (jnp.sum(query[:, None] * keys, axis=0) +
+                bias_at(m, first, valid))
+      new_top = jnp.maximum(top, jnp.max(logits))
+      decay = jnp.exp(top - new_top)
+      weights = jnp.exp(logits - new_top)
+      new += [
+          new_top, total * decay + jnp.sum(weights),
+          acc * decay + jnp.sum(values * weights[None, :], axis=1)
+      ]
+    return tuple(new)
+
+  init = []
+  for _ in queries:
+    init += [
+        jnp.full((), -jnp.inf, F32),
+        jnp.zeros((), F32),
+        jnp.zeros((head_dim,), F32)
+    ]
+  done = lax.fori_loop(0, steps, body, tuple(init))
+  return [done[3 * m + 2] / done[3 * m + 1] for m in range(len(queries))]
