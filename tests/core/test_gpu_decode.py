@@ -260,6 +260,18 @@ def test_every_tile_preset_is_exact_and_row_independent(wide_world, preset):
   assert not np.array_equal(one, default)
 
 
+def test_tensor_core_rows_are_bitwise_independent_of_the_call(world):
+  """As above on tensor cores (the 'mma' preset; the dense kernels' blocks
+  are 16 wide and more here), whose tile of 16 rows holds a token at
+  another place in each call: its sums must not depend on the place."""
+  model, enc, dec = world
+  fused = model.prepared_for_decoding("fused")
+  with gpu.tiles(gpu.TILE_PRESETS["mma"]):
+    one, chunked = _decode_traced_now(fused, enc, dec, [1] * 9, [4, 1, 4],
+                                      max_len=9)
+  np.testing.assert_array_equal(one, chunked)
+
+
 def test_fused_call_writes_only_its_chunks_slots(world):
   model, enc, dec = world
   fused = model.prepared_for_decoding("fused")
@@ -318,6 +330,34 @@ def test_greedy_speculative_equals_the_baseline_on(path):
                                      max_decode_length=10)
   record = exactness.greedy_identity(base.tokens, spec.tokens)
   assert record["identical"] == 4, record
+  assert 0 < spec.statistics()["alpha_hat"] < 1  # Guesses kept and rejected.
+
+
+def test_greedy_speculative_equals_the_baseline_on_tensor_cores():
+  """`Tiles.dot` (the 'mma' preset) in a model wide enough for its tiles
+  (width 128, heads of 16): the loops' K-token calls and one-token calls
+  agree to the bit, so greedy speculative decoding is the baseline."""
+  config = tiny_config(vocab_size=32, emb_dim=128, num_heads=2, head_dim=16,
+                       mlp_dim=256, num_encoder_layers=1, num_decoder_layers=2)
+  target = _t5x(config, seed=13)
+  noisy = jax.tree_util.tree_map(
+      lambda x: x + 0.3 * jnp.std(x) * jax.random.normal(
+          jax.random.PRNGKey(14), x.shape), target.params)
+  target = target.prepared_for_decoding("fused")
+  draft = T5Model(config, noisy).prepared_for_decoding("fused")
+  inputs = np.random.default_rng(2).integers(2, 32, (2, 6)).astype(np.int32)
+  rng = jax.random.PRNGKey(0)
+  jax.clear_caches()  # The loops traced here, under the preset: not reused.
+  try:
+    with gpu.tiles(gpu.TILE_PRESETS["mma"]):
+      base = decoding.temperature_sample(target, inputs, rng,
+                                         max_decode_length=8)
+      spec = decoding.speculative_sample(target, draft, inputs, rng, gamma=3,
+                                         max_decode_length=8)
+  finally:
+    jax.clear_caches()
+  record = exactness.greedy_identity(base.tokens, spec.tokens)
+  assert record["identical"] == 2, record
   assert 0 < spec.statistics()["alpha_hat"] < 1  # Guesses kept and rejected.
 
 

@@ -64,18 +64,6 @@ def use_dot(dot: bool, *dims: int) -> bool:
   return dot and min(dims) >= TILE_ROWS
 
 
-def tile_dot(a: Array, b: Array, on_gpu: bool) -> Array:
-  """a [16, k] @ b [k, n] in float32 on tensor cores (`tl.dot`). Off a GPU
-  (interpret mode) each element's products summed over k alone: XLA:CPU's
-  dot rounds a row by its place in the tile (its kernels block the rows),
-  a GPU's mma computes every element alike, so that the tests see the
-  rows' independence the GPU gives (which the device check verifies
-  there)."""
-  if on_gpu:
-    return jnp.dot(a, b, preferred_element_type=F32)
-  return jnp.sum(a.astype(F32)[:, :, None] * b.astype(F32)[None, :, :], axis=1)
-
-
 def _groups(rows: int):
   """(first row, rows) of each tile of a call's rows."""
   return [(g, min(TILE_ROWS, rows - g)) for g in range(0, rows, TILE_ROWS)]
@@ -83,19 +71,18 @@ def _groups(rows: int):
 
 def normed_products(row: Callable, weight: Callable, scale_ref, rows: int,
                     parts: int, emb: int, eb: int, width: int, eps: float,
-                    dot: bool = False,
-                    on_gpu: bool = True) -> List[List[Array]]:
+                    dot: bool = False) -> List[List[Array]]:
   """RMS-normed rows times weights: out[m][p] [width] float32, unrounded.
 
   row(m, span) -> x[m, span] [eb]; weight(p, span) -> [eb, width]. One pass
   over the model width: the norm's sum of squares beside the products
   (the norm's factor is a scalar per row, applied at the end). `dot`
   (`use_dot`): the products on tensor cores, x * scale rounded to the
-  weights' dtype first; `on_gpu`: `tile_dot`'s).
+  weights' dtype first).
   """
   if use_dot(dot, eb, width):
     return _normed_products_dot(row, weight, scale_ref, rows, parts, emb, eb,
-                                width, eps, on_gpu)
+                                width, eps)
   pl, _ = pallas()
 
   def body(i, carry):
@@ -124,9 +111,10 @@ def normed_products(row: Callable, weight: Callable, scale_ref, rows: int,
 
 
 def _normed_products_dot(row, weight, scale_ref, rows, parts, emb, eb, width,
-                         eps, on_gpu) -> List[List[Array]]:
+                         eps) -> List[List[Array]]:
   """`normed_products` on tensor cores: per tile of 16 rows and block of
-  the width, sums of squares [16] and one dot per weight."""
+  the width one dot per weight; each row's sum of squares on its own, as
+  on CUDA cores (a tile's row reduction may sum a row by its place)."""
   pl, _ = pallas()
   groups = _groups(rows)
 
@@ -135,43 +123,43 @@ def _normed_products_dot(row, weight, scale_ref, rows, parts, emb, eb, width,
     span = pl.ds(pl.multiple_of(i * eb, eb), eb)
     scale = scale_ref[span].astype(F32)
     weights = [weight(p, span) for p in range(parts)]
-    new_sums, new_accs = [], []
+    xs = [row(m, span).astype(F32) for m in range(rows)]
+    new_sums = [total + jnp.sum(x * x) for total, x in zip(sums, xs)]
+    new_accs = []
     for g, (first, count) in enumerate(groups):
-      x = rows_tile(lambda r, f=first: row(f + r, span), count, eb)
-      new_sums.append(sums[g] + jnp.sum(x * x, axis=1))
+      x = rows_tile(lambda r, f=first: xs[f + r], count, eb)
       scaled = (x * scale[None, :]).astype(weights[0].dtype)
       for p in range(parts):
         new_accs.append(accs[g * parts + p] +
-                        tile_dot(scaled, weights[p], on_gpu))
+                        jnp.dot(scaled, weights[p], preferred_element_type=F32))
     return tuple(new_sums), tuple(new_accs)
 
-  init = (tuple(jnp.zeros((TILE_ROWS,), F32) for _ in groups),
+  init = (tuple(jnp.zeros((), F32) for _ in range(rows)),
           tuple(
               jnp.zeros((TILE_ROWS, width), F32)
               for _ in range(len(groups) * parts)))
   sums, accs = lax.fori_loop(0, emb // eb, body, init)
   out = []
-  for g, (_, count) in enumerate(groups):
-    inv = lax.rsqrt(sums[g] / emb + eps)[:, None]
+  for g, (first, count) in enumerate(groups):
     for r in range(count):
-      out.append([tile_row(accs[g * parts + p] * inv, r) for p in range(parts)])
+      inv = lax.rsqrt(sums[first + r] / emb + eps)
+      out.append([tile_row(accs[g * parts + p], r) * inv for p in range(parts)])
   return out
 
 
 def project(x_ref, scale_ref, w_ref, rows: int, eb: int, eps: float,
-            dot: bool = False, on_gpu: bool = True) -> List[List[Array]]:
+            dot: bool = False) -> List[List[Array]]:
   """RMS-normed rows x[m] [E] times w[p] [E, D] (p: the parts, e.g. q, k,
   v): out[m][p] [D] float32, rounded to x's dtype."""
   products = normed_products(lambda m, span: x_ref[m, span],
                              lambda p, span: w_ref[p, span, :], scale_ref, rows,
                              w_ref.shape[0], x_ref.shape[-1], eb,
-                             w_ref.shape[-1], eps, dot, on_gpu)
+                             w_ref.shape[-1], eps, dot)
   return [[round_to(v, x_ref.dtype) for v in row] for row in products]
 
 
 def dense_products(row: Callable, weight: Callable, rows: int, steps: int,
-                   kb: int, width: int, dot: bool = False,
-                   on_gpu: bool = True) -> List[Array]:
+                   kb: int, width: int, dot: bool = False) -> List[Array]:
   """x[m] @ w over `steps` blocks of kb: out[m] [width] float32 (row(m,
   span) -> x[m, span] [kb], weight(span) -> [kb, width]); `dot` as in
   `normed_products`."""
@@ -183,9 +171,9 @@ def dense_products(row: Callable, weight: Callable, rows: int, steps: int,
     span = pl.ds(pl.multiple_of(i * kb, kb), kb)
     if tensor_cores:
       weight_block = weight(span)
-      return tuple(acc + tile_dot(
+      return tuple(acc + jnp.dot(
           rows_tile(lambda r, f=first: row(f + r, span), count, kb).astype(
-              weight_block.dtype), weight_block, on_gpu)
+              weight_block.dtype), weight_block, preferred_element_type=F32)
                    for acc, (first, count) in zip(accs, groups))
     weight_block = weight(span).astype(F32)
     return tuple(

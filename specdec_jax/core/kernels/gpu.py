@@ -266,8 +266,7 @@ def _self_attention_kernel(start_ref, x_ref, scale_ref, w_ref, bias_ref,
     # input's buffer.
     keys_ref[...] = keys_in[...]
     values_ref[...] = values_in[...]
-  projected = _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot,
-                              on_gpu)
+  projected = _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot)
   # The chunk's keys and values into the cache (the aliased outputs: read
   # below through the same refs), then attention over the cache, its own
   # slots included: the rows of a chunk see what one-token calls see.
@@ -345,11 +344,10 @@ def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
 
 def _cross_attention_kernel(x_ref, scale_ref, w_ref, keys_ref, values_ref,
                             bias_ref, ctx_ref, *, rows: int, eb: int, lb: int,
-                            eps: float, dot: bool, on_gpu: bool):
+                            eps: float, dot: bool):
   pl, plgpu = _pieces.pallas()
   length = keys_ref.shape[1]
-  projected = _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot,
-                              on_gpu)
+  projected = _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot)
 
   def bias_at(m, first, valid):
     del m  # Every query sees the same encoder positions.
@@ -381,8 +379,8 @@ def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
   t = _tiles()
   kernel = functools.partial(_cross_attention_kernel, rows=rows,
                              eb=block(emb, t.emb_block),
-                             lb=min(t.slots, _pow2_at_least(length)), eps=eps,
-                             dot=t.dot, on_gpu=not interpret())
+                             lb=min(t.slots,
+                                    _pow2_at_least(length)), eps=eps, dot=t.dot)
   encoded = ((None, None, head_dim, length), lambda b, h: (b, h, 0, 0))
   call = _call(
       kernel,
@@ -398,8 +396,8 @@ def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
 
 
 def _rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, *, rows_total: int,
-                      activations: Tuple[str, ...], eb: int, eps: float,
-                      dot: bool, on_gpu: bool):
+                      activations: Tuple[str,
+                                         ...], eb: int, eps: float, dot: bool):
   pl, plgpu = _pieces.pallas()
   rb, emb = x_ref.shape
   parts, _, nb = w_ref.shape
@@ -412,7 +410,7 @@ def _rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, *, rows_total: int,
 
   products = _pieces.normed_products(row, lambda p, span: w_ref[p, span, :],
                                      scale_ref, rb, parts, emb, eb, nb, eps,
-                                     dot, on_gpu)
+                                     dot)
   dtype = out_ref.dtype  # XLA's path: the MLP in the model's, logits in f32.
   for r, accs in enumerate(products):
     values = []
@@ -450,8 +448,8 @@ def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],
   rb, nb = min(t.row_block, rows), block(width, t.columns)
   kernel = functools.partial(_rms_dense_kernel, rows_total=rows,
                              activations=tuple(activations),
-                             eb=block(emb, t.dense_emb_block), eps=eps,
-                             dot=t.dot, on_gpu=not interpret())
+                             eb=block(emb,
+                                      t.dense_emb_block), eps=eps, dot=t.dot)
   call = _call(
       kernel, out_specs=[((rows, width), out_dtype or
                           x.dtype, (rb, nb), lambda i, j: (i, j))],
@@ -463,7 +461,7 @@ def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],
 
 
 def _dense_residual_kernel(x_ref, w_ref, res_ref, out_ref, *, rows_total: int,
-                           kb: int, dot: bool, on_gpu: bool):
+                           kb: int, dot: bool):
   pl, plgpu = _pieces.pallas()
   rb, width = x_ref.shape
   nb = w_ref.shape[1]
@@ -475,7 +473,7 @@ def _dense_residual_kernel(x_ref, w_ref, res_ref, out_ref, *, rows_total: int,
                                             rows_total), other=0.0)
 
   accs = _pieces.dense_products(row, lambda span: w_ref[span, :], rb,
-                                width // kb, kb, nb, dot, on_gpu)
+                                width // kb, kb, nb, dot)
   dtype = out_ref.dtype
   for r in range(rb):
     mask = _pieces.row_mask(nb, first_row + r, rows_total)
@@ -493,8 +491,7 @@ def dense_residual(x: Array, w: Array, residual: Array) -> Array:
   t = _tiles()
   rb, nb = min(t.row_block, rows), block(emb, t.columns)
   kernel = functools.partial(_dense_residual_kernel, rows_total=rows,
-                             kb=block(width, t.in_block), dot=t.dot,
-                             on_gpu=not interpret())
+                             kb=block(width, t.in_block), dot=t.dot)
   call = _call(
       kernel, out_specs=[(residual.shape, residual.dtype, (rb, nb), lambda i, j:
                           (i, j))],
