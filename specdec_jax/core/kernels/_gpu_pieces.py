@@ -7,7 +7,11 @@ on tensor cores: rows in tiles of 16 (`TILE_ROWS`, zeros past the call's
 rows) times the weights' block, one `jnp.dot` (Triton's `tl.dot`) per
 block. A tile is 16 rows whatever the call's rows, so a row's sums are
 the same operations in a 1-token and an 8-token call: row-independent as
-the CUDA-core products are.
+the CUDA-core products are, given a dot that computes an element alike
+wherever its row sits in the tile (XLA:CPU's here; a GPU's mma, which the
+device check checks: `paths.rows_identical`). Each row's sum of squares
+is a reduction of its own (a tile's row reduction summed a row by its
+place, on XLA:CPU).
 """
 from typing import Callable, List, Sequence
 
