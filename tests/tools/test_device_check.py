@@ -524,8 +524,8 @@ def test_loop_summary_line_and_the_main_jobs_ratio():
 
 def _fake_child(ran):
 
-  def child(name, mode, cap_s, decode_path=None):
-    del mode, decode_path
+  def child(name, mode, cap_s, decode_path=None, tiles=None):
+    del mode, decode_path, tiles
     ran.append((name, cap_s))
     return {
         "record": {
@@ -579,6 +579,12 @@ def test_decode_path_setting_reaches_every_phase(capsys):
     cli.parse_args(["--path=triton"])
   err = capsys.readouterr().err
   assert "--path='triton': allowed: xla, cpu_kernel, packed, fused" in err
+  assert "tiles" not in cli.settings_record(args)  # Older records match.
+  args = cli.parse_args(["--small", "--tiles=mma"])
+  assert cli.settings_record(args)["tiles"] == "mma"
+  with pytest.raises(SystemExit):
+    cli.parse_args(["--tiles=huge"])
+  assert "--tiles='huge': allowed: default, wide" in capsys.readouterr().err
   for preset in (common.FULL, common.SMALL):
     assert set(preset.option_sets) <= set(gpu.GPU_OPTION_SETS)
     assert set(preset.tile_presets) <= set(gpu.TILE_PRESETS)

@@ -33,6 +33,7 @@ import traceback
 from typing import Any, Dict, List, Optional, Sequence
 
 from specdec_jax.core import environment
+from specdec_jax.core.kernels import gpu
 from specdec_jax.core.models import decode_paths
 from specdec_jax.files import compilation_cache
 from specdec_jax.files import io_utils
@@ -65,6 +66,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
       f"{', '.join(decode_paths.DECODE_PATHS)} (default: 'fused' on one GPU, "
       "else the backend's; the paths phase compares them all)")
   p.add_argument(
+      "--tiles", default=None,
+      help="the GPU kernels' tile preset every phase decodes with: "
+      f"{', '.join(gpu.TILE_PRESETS)} (default: 'default'; the paths phase "
+      "times several)")
+  p.add_argument(
       "--total_s", type=float, default=None,
       help="the whole check's time budget in seconds (default: "
       "the mode's)")
@@ -87,6 +93,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   if args.path is not None and args.path not in decode_paths.DECODE_PATHS:
     p.error(f"--path={args.path!r}: allowed: "
             f"{', '.join(decode_paths.DECODE_PATHS)}.")
+  if args.tiles is not None and args.tiles not in gpu.TILE_PRESETS:
+    p.error(f"--tiles={args.tiles!r}: allowed: "
+            f"{', '.join(gpu.TILE_PRESETS)}.")
   if args.total_s is not None and not (math.isfinite(args.total_s) and
                                        args.total_s > 0):
     p.error(f"--total_s={args.total_s!r}: allowed: a finite number of "
@@ -99,9 +108,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 # A child: one phase.
 # ---------------------------------------------------------------------------
 def run_phase(name: str, mode: str, json_path: str, cap_s: float,
-              path: Optional[str] = None) -> int:
+              path: Optional[str] = None, tiles: Optional[str] = None) -> int:
   """Runs phase `name` in this process, decoding on `path` (None: the
-  backend's); returns its exit status."""
+  backend's) with the GPU kernels' tile preset `tiles` (None: the
+  default); returns its exit status."""
   settings = common.settings_for(mode, path)
   if mode == "small":  # Reruns on a CPU compile nothing (as `run` does).
     compilation_cache.enable()
@@ -109,7 +119,8 @@ def run_phase(name: str, mode: str, json_path: str, cap_s: float,
   deadline = common.Deadline(max(cap_s - _GRACE_S, 1.0))
   module = importlib.import_module(f"tools.device_check.{_MODULES[name]}")
   try:
-    ok = module.run(settings, record, deadline)
+    with gpu.tiles(gpu.TILE_PRESETS[tiles or "default"]):
+      ok = module.run(settings, record, deadline)
   except Exception as e:  # pylint: disable=broad-except
     line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     record.set("error", line)
@@ -137,7 +148,8 @@ _STATUS = {0: "ok", 1: "check failed", 2: "bad setting", 3: "crashed"}
 # The parent: every phase, each in a child under its cap.
 # ---------------------------------------------------------------------------
 def _child(name: str, mode: str, cap_s: float,
-           decode_path: Optional[str] = None) -> Dict[str, Any]:
+           decode_path: Optional[str] = None,
+           tiles: Optional[str] = None) -> Dict[str, Any]:
   """Runs one phase in a child process; returns its record and status."""
   fd, path = tempfile.mkstemp(prefix=f"device_check_{name}_", suffix=".json")
   os.close(fd)
@@ -148,6 +160,7 @@ def _child(name: str, mode: str, cap_s: float,
       str(cap_s)
   ] + (["--small"] if mode == "small" else [])
   cmd += ["--path", decode_path] if decode_path else []
+  cmd += ["--tiles", tiles] if tiles else []
   start = time.perf_counter()
   try:
     code: Optional[int] = subprocess.run(cmd, check=False, timeout=cap_s,
@@ -205,7 +218,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                  f"{need:.0f} s)")
       continue
     common.log(f"phase {name}: start (cap {cap:.0f} s)")
-    done = _child(name, mode, cap, args.path)
+    done = _child(name, mode, cap, args.path, args.tiles)
     report[name], report["phases"][name] = done["record"], done["status"]
     if name == "loop":
       report["loop"]["main_job"] = main_job_against_theorem(report)
@@ -227,12 +240,16 @@ def orchestrate(args: argparse.Namespace) -> int:
 
 def settings_record(args: argparse.Namespace) -> Dict[str, Any]:
   """What makes a check's results what they are (the overwrite rule): the
-  mode, the phases and the decode path, not the time budget."""
-  return {
+  mode, the phases, the decode path and a tile preset other than the
+  default, not the time budget."""
+  record = {
       "mode": "small" if args.small else "full",
       "phases": args.phases,
       "path": args.path
   }
+  if args.tiles is not None:
+    record["tiles"] = args.tiles
+  return record
 
 
 def claim_out(args: argparse.Namespace) -> output_folder.Claim:
@@ -254,7 +271,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return env.main([c for c in args.carry.split(",") if c])
   if args.phase:
     return run_phase(args.phase, "small" if args.small else "full",
-                     args.phase_json, args.cap_s or 60.0, args.path)
+                     args.phase_json, args.cap_s or 60.0, args.path, args.tiles)
   try:
     held = claim_out(args)
   except (environment.BadEnvironment, output_folder.FolderError) as e:
