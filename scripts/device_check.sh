@@ -8,7 +8,7 @@
 #   scripts/device_check.sh --small    # the same phases at tiny shapes (CPU)
 #   scripts/device_check.sh --phases=env,paths   # only the decode paths
 #   scripts/device_check.sh --path=packed        # every phase on that path
-#   scripts/device_check.sh --tiles=mma          # the GPU kernels' tiles
+#   scripts/device_check.sh --tiles=default      # the GPU kernels' tiles
 #
 # Wheels carried in .whl/ (git-ignored through .git/info/exclude) are
 # installed first, without network; the project itself is not installed:

@@ -579,9 +579,9 @@ def test_decode_path_setting_reaches_every_phase(capsys):
     cli.parse_args(["--path=triton"])
   err = capsys.readouterr().err
   assert "--path='triton': allowed: xla, cpu_kernel, packed, fused" in err
-  assert "tiles" not in cli.settings_record(args)  # Older records match.
-  args = cli.parse_args(["--small", "--tiles=mma"])
-  assert cli.settings_record(args)["tiles"] == "mma"
+  assert cli.settings_record(args)["tiles"] == common.CHECKED_TILES == "mma"
+  args = cli.parse_args(["--small", "--tiles=default"])
+  assert cli.settings_record(args)["tiles"] == "default"
   with pytest.raises(SystemExit):
     cli.parse_args(["--tiles=huge"])
   assert "--tiles='huge': allowed: default, wide" in capsys.readouterr().err

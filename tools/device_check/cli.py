@@ -68,8 +68,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p.add_argument(
       "--tiles", default=None,
       help="the GPU kernels' tile preset every phase decodes with: "
-      f"{', '.join(gpu.TILE_PRESETS)} (default: 'default'; the paths phase "
-      "times several)")
+      f"{', '.join(gpu.TILE_PRESETS)} (default: '{common.CHECKED_TILES}', "
+      "the tensor-core candidate; the paths phase times several)")
   p.add_argument(
       "--total_s", type=float, default=None,
       help="the whole check's time budget in seconds (default: "
@@ -110,8 +110,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def run_phase(name: str, mode: str, json_path: str, cap_s: float,
               path: Optional[str] = None, tiles: Optional[str] = None) -> int:
   """Runs phase `name` in this process, decoding on `path` (None: the
-  backend's) with the GPU kernels' tile preset `tiles` (None: the
-  default); returns its exit status."""
+  backend's) with the GPU kernels' tile preset `tiles` (None:
+  `common.CHECKED_TILES`); returns its exit status."""
   settings = common.settings_for(mode, path)
   if mode == "small":  # Reruns on a CPU compile nothing (as `run` does).
     compilation_cache.enable()
@@ -119,7 +119,7 @@ def run_phase(name: str, mode: str, json_path: str, cap_s: float,
   deadline = common.Deadline(max(cap_s - _GRACE_S, 1.0))
   module = importlib.import_module(f"tools.device_check.{_MODULES[name]}")
   try:
-    with gpu.tiles(gpu.TILE_PRESETS[tiles or "default"]):
+    with gpu.tiles(gpu.TILE_PRESETS[tiles or common.CHECKED_TILES]):
       ok = module.run(settings, record, deadline)
   except Exception as e:  # pylint: disable=broad-except
     line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -240,16 +240,14 @@ def orchestrate(args: argparse.Namespace) -> int:
 
 def settings_record(args: argparse.Namespace) -> Dict[str, Any]:
   """What makes a check's results what they are (the overwrite rule): the
-  mode, the phases, the decode path and a tile preset other than the
-  default, not the time budget."""
-  record = {
+  mode, the phases, the decode path and the tile preset, not the time
+  budget."""
+  return {
       "mode": "small" if args.small else "full",
       "phases": args.phases,
-      "path": args.path
+      "path": args.path,
+      "tiles": args.tiles or common.CHECKED_TILES
   }
-  if args.tiles is not None:
-    record["tiles"] = args.tiles
-  return record
 
 
 def claim_out(args: argparse.Namespace) -> output_folder.Claim:
@@ -492,7 +490,8 @@ def format_summary(report: Dict[str, Any]) -> str:
   lines = [
       f"device_check ({report.get('mode')}) on "
       f"{machine.get('device_kind', '?')}, jax "
-      f"{_get(machine, 'versions', 'jax') or '?'}"
+      f"{_get(machine, 'versions', 'jax') or '?'}, tiles "
+      f"{_get(report, 'settings', 'tiles') or '?'}"
   ]
   for name, status in report.get("phases", {}).items():
     extra = f": {status['error']}" if status.get("error") else ""

@@ -200,6 +200,14 @@ def settings_for(mode: str, decode_path: Optional[str] = None) -> Settings:
   return dataclasses.replace(preset, decode_path=decode_path or checked_path())
 
 
+# The GPU kernels' tile preset the check decodes with when --tiles names
+# none: the tensor-core candidate (pipelined loads, no spill at 8 tokens;
+# docs/design/performance.md), which a user's 'fused' takes only once a
+# check has shown it exact and faster (`kernels.gpu.Tiles()` is the CUDA
+# cores': --tiles=default).
+CHECKED_TILES = "mma"
+
+
 def checked_path() -> Optional[str]:
   """The path the check decodes on when --path names none: 'fused' on one
   GPU (the kernels a user's run takes only once a check has shown them
