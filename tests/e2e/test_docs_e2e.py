@@ -45,9 +45,12 @@ def test_readme_main_job_runs_and_prints_what_the_readme_shows(tmp_path):
   assert lines[1].endswith(shown[1][shown[1].index("; greedy"):])
   # The theory shown is Theorem 3.8 at the measured call cost (issue 44:
   # at call cost 1 it read 7.13x beside a measured 2.51x), named so (issue
-  # 58), and α as outputs.md defines it.
+  # 58), and α as outputs.md defines it. Two short captions time a few
+  # milliseconds: beside the suite's other worker the speculative decoder
+  # may measure slower ("1.39x slower than the target alone (0.72x;
+  # Theorem 3.8 ..."), and the line says so.
   theory = f"{metrics['theoretical_speedup_measured_call_cost']:.2f}x)"
-  assert (f"(Theorem 3.8 at the measured call cost {theory}; alpha "
+  assert (f"Theorem 3.8 at the measured call cost {theory}; alpha "
           f"{metrics['alpha']:.2f} (kept guesses / acceptance trials), "
           in lines[1])
   assert lines[2].startswith("quality: BLEU ")
