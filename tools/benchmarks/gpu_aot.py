@@ -303,11 +303,9 @@ def summary(result: Dict[str, Any]) -> List[str]:
                  f"+ {c['fixed']} fixed per step (T5-small-shaped)")
   for name, t in result.get("tiles", {}).items():
     spilled = [
-        f"{call} {fn} {stores} B" for call, r in sorted(
-            dict(t.get("calls", {}), **{
-                "small/k_1": t
-            }).items())
-        for fn, (stores, _) in sorted(r.get("spills", {}).items())
+        f"{call} {fn} {stores} B" for call, r in sorted({
+            **t.get("calls", {}), "small/k_1": t
+        }.items()) for fn, (stores, _) in sorted(r.get("spills", {}).items())
     ]
     lines.append(f"tiles {name}: " +
                  ("spills " + ", ".join(spilled) if spilled else "no spills"))

@@ -88,8 +88,8 @@ def _models(b: physics.Bench, s: common.Settings) -> List[str]:
 def _steps(b: physics.Bench, s: common.Settings, copy_gbps: float,
            record: common.Recorder) -> Dict[str, Dict[str, Any]]:
   """Every model's step and the target's `max(chunk_sizes)`-token call on
-  every path (interleaved); returns per path c by draft, the step's ms by
-  model and the call's cost in target steps."""
+  every path (interleaved); returns per path the step's ms by model and
+  the call's cost in target steps (`_pair_rows` reads them)."""
   keys = _models(b, s)
   k = max(s.chunk_sizes)
   calls = {f"{b.key(s.target, p)}@k{k}": b.key(s.target, p) for p in s.paths}
@@ -106,7 +106,6 @@ def _steps(b: physics.Bench, s: common.Settings, copy_gbps: float,
   out: Dict[str, Any] = {}
   by_path: Dict[str, Dict[str, Any]] = {
       p: {
-          "c": {},
           "ms": {},
           "call_cost": {}
       } for p in s.paths
@@ -126,7 +125,6 @@ def _steps(b: physics.Bench, s: common.Settings, copy_gbps: float,
     }
     by_path[path]["ms"][name] = ms
     if name != s.target:
-      by_path[path]["c"][name] = ms / target_ms
       out[path][name]["c"] = ms / target_ms
   for name, key in calls.items():
     path = key.split(":")[1]
@@ -146,6 +144,18 @@ def _against(row: Dict[str, Any], scale: float) -> Optional[float]:
   return None if value is None else value * scale
 
 
+def _pair_rows(rows: Sequence[Dict[str, Any]], t: Dict[str, Any],
+               d: Dict[str, Any], target: str) -> List[Dict[str, Any]]:
+  """`stats.theorem_rows` with the drafts' steps of `d` over the target's
+  of `t` as c (`_steps`' per-path records) and `t`'s call cost."""
+  c = {
+      name: ms / t["ms"][target]
+      for name, ms in d["ms"].items()
+      if name != target
+  }
+  return stats.theorem_rows(rows, c, t["call_cost"])
+
+
 def table2_pairs(rows: Sequence[Dict[str, Any]], by_path: Dict[str, Dict[str,
                                                                          Any]],
                  target: str) -> Dict[str, Any]:
@@ -161,15 +171,10 @@ def table2_pairs(rows: Sequence[Dict[str, Any]], by_path: Dict[str, Dict[str,
   pairs = {}
   for t_path, t in by_path.items():
     for d_path, d in by_path.items():
-      c = {
-          name: ms / t["ms"][target]
-          for name, ms in d["ms"].items()
-          if name != target
-      }
       pairs[f"{t_path}+{d_path}"] = [
           dict(row, against_fastest_target=_against(row,
                                                     fastest / t["ms"][target]))
-          for row in stats.theorem_rows(rows, c, t["call_cost"])
+          for row in _pair_rows(rows, t, d, target)
       ]
   best = []
   for i, row in enumerate(rows):
@@ -421,11 +426,10 @@ def run(s: common.Settings, record: common.Recorder,
     record.set("steps", done)
     return False
   rows = stats.paper_rows()
-  record.set(
-      "table2", {
-          path: stats.theorem_rows(rows, m["c"], m["call_cost"])
-          for path, m in done["by_path"].items()
-      })
+  record.set("table2", {
+      path: _pair_rows(rows, m, m, s.target)
+      for path, m in done["by_path"].items()
+  })
   record.set("table2_pairs", table2_pairs(rows, done["by_path"], s.target))
   complete = True
   scale = 10.0 if s.tiny_physics else 1.0
