@@ -6,8 +6,10 @@ store; every wait fails after `--coordination_timeout_s` naming the process
 it waited for, or at once with another's published error (`PeerFailed`).
 `failures_end_every_process`: one process's error ends every process with
 its message (a watcher thread; `os._exit` once the others saw it, as
-`jax.distributed.shutdown` would wait for them forever).
+`jax.distributed.shutdown` would wait for them forever). The watcher stops
+at exit before Python finalizes (`stop_watcher`).
 """
+import atexit
 import contextlib
 import inspect
 import json
@@ -30,9 +32,11 @@ POLL_S = 0.05  # between two looks at the key-value store while waiting
 WATCH_S = 0.5  # between two looks for another process's error
 _CHUNK_BYTES = 1 << 20  # values are stored in pieces of this size
 _EXIT_WAIT_S = 10.0  # how long a failing process waits for the others to see it
+_STOP_WAIT_S = 30.0  # how long exiting waits for the watcher's last look
 
 _state = {"timeout_s": DEFAULT_TIMEOUT_S, "counters": {}, "exiting": False}
 _exit_lock = threading.Lock()
+_stop_watching = threading.Event()
 
 
 class CoordinationError(RuntimeError):
@@ -346,8 +350,7 @@ def _wait_for_all(store, what: str, count: int) -> None:
 
 
 def _watch() -> None:
-  while not _state["exiting"]:
-    time.sleep(WATCH_S)
+  while not _stop_watching.wait(WATCH_S) and not _state["exiting"]:
     try:
       published = errors()
     except Exception:  # pylint: disable=broad-except
@@ -366,7 +369,21 @@ def start_watcher() -> None:
   thread = threading.Thread(target=_watch, daemon=True,
                             name="multihost-error-watcher")
   _state["watcher"] = thread
+  _stop_watching.clear()
+  # Runs before JAX's own exit handler (atexit is last in, first out).
+  atexit.register(stop_watcher)
   thread.start()
+
+
+def stop_watcher() -> None:
+  """Stops the watcher and waits for its last look (at exit: a daemon
+  thread inside a JAX client call when Python finalizes aborts the process,
+  'FATAL: exception not rethrown', after all the work was done)."""
+  _stop_watching.set()
+  thread = _state.pop("watcher", None)
+  if thread is not None and thread is not threading.current_thread():
+    thread.join(timeout=_STOP_WAIT_S)
+  atexit.unregister(stop_watcher)
 
 
 def _peer_errors(e: BaseException,
