@@ -52,7 +52,8 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from typing import (Any, Callable, Dict, Iterator, Optional, Sequence, Tuple)
+from typing import (Any, Callable, ContextManager, Dict, Iterator, Optional,
+                    Sequence, Tuple)
 
 import jax
 import jax.numpy as jnp
@@ -175,16 +176,34 @@ def interpret() -> bool:
   return jax.default_backend() != "gpu" if forced is None else forced
 
 
+# The GPU a program lowered here without one is for (the device check's).
+LOWERING_GPU_KIND = "NVIDIA H200"
+
+
 @contextlib.contextmanager
-def lowering_for_gpu() -> Iterator[None]:
+def lowering_for_gpu(device_kind: str = LOWERING_GPU_KIND) -> Iterator[None]:
   """Within it, kernels trace for Triton even on a CPU (to lower a program
   for CUDA here: `jax.jit(f).trace(...)` then
-  `.lower(lowering_platforms=('cuda',))`)."""
+  `.lower(lowering_platforms=('cuda',))`), for a GPU of `device_kind`
+  where none is here."""
   token = _INTERPRET.set(False)
   try:
-    yield
+    with _abstract_gpu(device_kind):
+      yield
   finally:
     _INTERPRET.reset(token)
+
+
+def _abstract_gpu(device_kind: str) -> ContextManager[Any]:
+  """Off a GPU, an abstract mesh with no axes (it shards nothing) whose
+  device is a GPU of `device_kind`: JAX >= 0.11's Triton lowering reads
+  the GPU from it (older JAX assumed compute capability 9.0)."""
+  if jax.default_backend() == "gpu":
+    return contextlib.nullcontext()
+  device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=None,
+                                       platform="gpu")
+  return jax.sharding.use_abstract_mesh(
+      jax.sharding.AbstractMesh((), (), abstract_device=device))
 
 
 @contextlib.contextmanager
