@@ -439,6 +439,24 @@ def test_iteration_kernels_count_gpu_fusions_custom_calls_and_command_buffers():
                                     "  ROOT %x = f32[] constant(0)\n}\n")
 
 
+def test_iteration_kernels_find_the_loop_inside_a_call():
+  """XLA:CPU from JAX 0.12 wraps the loop in a `call` of the entry (its
+  device check found no loop); the loop counted is the same."""
+  entry_line = ("  %w = (s32[], f32[4]) while((s32[], f32[4]) %init), "
+                "condition=%cond, body=%body")
+  assert entry_line in _GPU_LIKE_HLO
+  wrapped = _GPU_LIKE_HLO.replace(
+      entry_line,
+      "  %w = (s32[], f32[4]) call((s32[], f32[4]) %init), to_apply=%wrap"
+  ).replace(
+      "\nENTRY", "\n%wrap (i: (s32[], f32[4])) -> (s32[], f32[4]) {\n"
+      "  %i = (s32[], f32[4]) parameter(0)\n"
+      "  ROOT %v = (s32[], f32[4]) while((s32[], f32[4]) %i), "
+      "condition=%cond, body=%body\n}\n\nENTRY")
+  assert iteration_hlo.iteration_kernels(
+      wrapped) == iteration_hlo.iteration_kernels(_GPU_LIKE_HLO)
+
+
 def _split_medians(short=8, long=40):
   """Synthetic `loop_overhead.programs` medians (seconds) and iterations:
   one sentence, 16 calls per timed part."""

@@ -202,6 +202,22 @@ def _loop(comps: Dict[str, List[str]], line: str) -> Dict[str, Any]:
   }
 
 
+def _outermost_while(comps: Dict[str, List[str]], name: str) -> Optional[str]:
+  """The first while op of computation `name`, else the first of the
+  computations it `call`s (XLA:CPU from JAX 0.12 wraps the loop in one),
+  or None."""
+  lines = comps.get(name, [])
+  for line in lines:
+    if re.search(r"\swhile\(", " " + line):
+      return line
+  for line in lines:
+    called = re.search(r"\scall\(.*?to_apply=%?([\w.\-]+)", " " + line)
+    found = _outermost_while(comps, called.group(1)) if called else None
+    if found:
+      return found
+  return None
+
+
 def iteration_kernels(hlo: str) -> Dict[str, Any]:
   """The kernels one iteration of the program's outermost while loop
   launches (optimized HLO of any backend: the CPU's ops, the GPU's
@@ -213,8 +229,7 @@ def iteration_kernels(hlo: str) -> Dict[str, Any]:
   the body's and condition's kernels of no model call (`MODEL_PARTS`)."""
   comps = _computations(hlo)
   entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M).group(1)
-  line = next((l for l in comps[entry] if re.search(r"\swhile\(", " " + l)),
-              None)
+  line = _outermost_while(comps, entry)
   if line is None:
     raise ValueError("the program has no while loop.")
   loop = _loop(comps, line)
