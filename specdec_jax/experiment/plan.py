@@ -316,8 +316,7 @@ def _check_memory(args, mode, target_config, draft_config) -> None:
   loop only (its other terms are not measured)."""
   configs = {"target": target_config}
   # A feature draft is not the gin draft/T5Config.
-  if (args.drafting.uses_draft_model and
-      not args.drafting.reads_target_features):
+  if args.drafting.decodes_draft_model:
     configs["draft"] = draft_config
   gamma = 1 if args.auto_gamma else int(args.gamma)  # 'auto': at least 1
   alone = (args.mode != "infer" or

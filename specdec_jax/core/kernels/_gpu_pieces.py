@@ -45,6 +45,18 @@ def row_mask(size: int, row, rows_total: int) -> Array:
   return jnp.full((size,), row < rows_total)
 
 
+def row_loader(x_ref, size: int, first_row, rows_total: int) -> Callable:
+  """row(r, span) -> x_ref[r, span] [size], zeros where program row r
+  (the call's row first_row + r) is past the call's `rows_total`."""
+  _, plgpu = pallas()
+
+  def row(r, span):
+    return plgpu.load(x_ref.at[jnp.int32(r), span],
+                      mask=row_mask(size, first_row + r, rows_total), other=0.0)
+
+  return row
+
+
 def rows_tile(load: Callable[[int], Array], count: int, width: int) -> Array:
   """[TILE_ROWS, width] float32: load(r) [width] in row r < count, zeros
   below."""

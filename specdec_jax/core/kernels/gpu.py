@@ -421,12 +421,7 @@ def _rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, *, rows_total: int,
   rb, emb = x_ref.shape
   parts, _, nb = w_ref.shape
   first_row = pl.program_id(0) * rb
-
-  def row(r, span):
-    return plgpu.load(x_ref.at[jnp.int32(r), span],
-                      mask=_pieces.row_mask(eb, first_row + r,
-                                            rows_total), other=0.0)
-
+  row = _pieces.row_loader(x_ref, eb, first_row, rows_total)
   products = _pieces.normed_products(row, lambda p, span: w_ref[p, span, :],
                                      scale_ref, rb, parts, emb, eb, nb, eps,
                                      dot)
@@ -485,12 +480,7 @@ def _dense_residual_kernel(x_ref, w_ref, res_ref, out_ref, *, rows_total: int,
   rb, width = x_ref.shape
   nb = w_ref.shape[1]
   first_row = pl.program_id(0) * rb
-
-  def row(r, span):
-    return plgpu.load(x_ref.at[jnp.int32(r), span],
-                      mask=_pieces.row_mask(kb, first_row + r,
-                                            rows_total), other=0.0)
-
+  row = _pieces.row_loader(x_ref, kb, first_row, rows_total)
   accs = _pieces.dense_products(row, lambda span: w_ref[span, :], rb,
                                 width // kb, kb, nb, dot)
   dtype = out_ref.dtype
