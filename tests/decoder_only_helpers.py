@@ -19,11 +19,11 @@ row b's prompt is its n_b > 0 leading non-zero tokens. The loop's buffer
 position 0 holds the last prompt token (`start_token`), the state holds
 the n_b - 1 before it: loop length L is absolute position n_b - 1 + L.
 """
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.core import structs
 from specdec_jax.core.models.attention import tree_visibility
 
 from decoding_helpers import check_fits
@@ -31,7 +31,7 @@ from decoding_helpers import check_fits
 Array = jax.Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class DecoderOnlyState:
   """The decode state of `DecoderOnlyLM` (B rows, C = S + max_len slots).
 
@@ -45,7 +45,7 @@ class DecoderOnlyState:
   keys: Array
   held: Array
   offset: Array
-  max_len: int = flax.struct.field(pytree_node=False)
+  max_len: int = structs.field(pytree_node=False)
 
 
 def prompt_lengths(inputs: Array) -> Array:
@@ -53,7 +53,7 @@ def prompt_lengths(inputs: Array) -> Array:
   return jnp.sum(jnp.cumprod(inputs != 0, axis=1), axis=1).astype(jnp.int32)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class DecoderOnlyLM:
   """Implements `protocols.Target` for a decoder-only model (module doc).
 

@@ -21,7 +21,6 @@ import contextlib
 import contextvars
 import itertools
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,6 +28,7 @@ from jax.experimental import checkify
 from scipy import stats
 
 from specdec_jax.core import drafters
+from specdec_jax.core import structs
 from specdec_jax.core.models import Transformer
 
 POISON_LOGIT = 100.0
@@ -61,14 +61,14 @@ def check_fits(pred, message: str) -> None:
     checkify.debug_check(pred, message)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class StubState:
   """A target state: only the per-row length L (positions 0..L-1 held)."""
   length: jax.Array
-  max_len: int = flax.struct.field(pytree_node=False)
+  max_len: int = structs.field(pytree_node=False)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class ScriptedTarget:
   """Implements `decoding.Target` with scripted logits (see the module doc).
 
@@ -119,7 +119,7 @@ class ScriptedTarget:
     return state.replace(length=jnp.minimum(state.length, length))
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class ScriptedDrafter(drafters.Drafter):
   """Guesses guess_logits[b, t] for buffer position t, whatever the context.
 
@@ -127,7 +127,7 @@ class ScriptedDrafter(drafters.Drafter):
   each guess with the loop's method and returns its q.
   """
   guess_logits: jax.Array  # [B or 1, T, V]
-  sample: bool = flax.struct.field(pytree_node=False, default=False)
+  sample: bool = structs.field(pytree_node=False, default=False)
 
   @property
   def vocab_size(self) -> int:

@@ -1,6 +1,6 @@
 """Acceptance rules: how many of the γ guesses to keep, and the next token.
 
-A rule is a pytree (`flax.struct.dataclass`) passed to the jitted loop as an
+A rule is a pytree (`structs.dataclass`) passed to the jitted loop as an
 argument, so its fields may be traced (e.g. a lenience parameter, or the
 benchmark's synthetic α) without recompiling. `ExactAcceptance` is
 Algorithm 1: the only rule under which the output is distributed exactly
@@ -18,19 +18,19 @@ p itself (q := 0 there, as after all γ guesses).
 """
 from typing import Optional
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.protocols import AcceptanceRule
 from specdec_jax.core.protocols import Verdict
 
 Array = jax.Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class ExactAcceptance(AcceptanceRule):
   """Algorithm 1: keep x_i while r_i < p_i(x_i) / q_i(x_i), then draw from
   norm(max(0, p_{n+1} - q_{n+1})) (or p_{γ+1} when all γ were kept).
@@ -86,7 +86,7 @@ def _accept_guesses(rng: Array, target_probs: Array,
   return num_accepted, next_token
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class LenientAcceptance(AcceptanceRule):
   """Appendix A.5's lenience l in (0, 1): NOT exact (l = 1 is Algorithm 1).
 

@@ -238,15 +238,15 @@ def check_pytree(name: str, obj: Any) -> None:
     raise ValueError(
         f"{name} must be a JAX pytree (it is passed to jax.jit), got a plain "
         f"{type(obj).__name__} object. Declare the class with "
-        "@flax.struct.dataclass (arrays as fields, Python settings as "
-        "flax.struct.field(pytree_node=False)) or register it with "
+        "@specdec_jax.core.structs.dataclass (arrays as fields, Python "
+        "settings as structs.field(pytree_node=False)) or register it with "
         "jax.tree_util.register_pytree_node_class.")
   for path, leaf in jax.tree_util.tree_flatten_with_path(obj)[0]:
     if not _is_array_leaf(leaf):
       raise ValueError(
           f"{name}{jax.tree_util.keystr(path)} is a {type(leaf).__name__}, "
           "not an array: a pytree's leaves must be arrays (mark Python "
-          "settings as flax.struct.field(pytree_node=False)).")
+          "settings as structs.field(pytree_node=False)).")
 
 
 # ---------------------------------------------------------------------------
@@ -262,11 +262,12 @@ NO_GUESS = -1
 class Drafter(abc.ABC):
   """Guesses γ tokens per iteration, with the distributions q they came from.
 
-  Implementations must be pytrees (e.g. `flax.struct.dataclass`, arrays as
-  leaves and Python values as `pytree_node=False` fields) so that they pass
-  through `jax.jit` as arguments; `decoding.check_speculative_args` rejects
-  anything else before compiling. Their `state` is any pytree (a KV cache,
-  an n-gram table, nothing at all).
+  Implementations must be pytrees (`specdec_jax.core.structs.dataclass`:
+  arrays as leaves, Python values as `pytree_node=False` fields) so that
+  they pass through `jax.jit` as arguments;
+  `decoding.check_speculative_args` rejects anything else before
+  compiling. Their `state` is any pytree (a KV cache, an n-gram table,
+  nothing at all).
 
   Positions are those of the loop's token buffer: buffer[:, 0] is the
   decoder start token and buffer[:, t] the t-th generated token, so after

@@ -9,12 +9,12 @@ import time
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from absl import logging
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import multihost
+from specdec_jax.core import structs
 from specdec_jax.core.decoding import outputs
 from specdec_jax.terminal import console
 
@@ -202,7 +202,7 @@ def alpha_interval(kept: Sequence[float],
 
 
 # -- the target alone ----------------------------------------------------------
-@flax.struct.dataclass
+@structs.dataclass
 class TargetAloneOutput(outputs.CallStatistics):
   """The target alone's output as a speculative decoder's of γ guesses
   per call: [B, T] tokens, [B] lengths and target calls, [B, γ + 1]

@@ -6,13 +6,13 @@ here.
 import dataclasses
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import multihost
 from specdec_jax.core import decoding
+from specdec_jax.core import structs
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.core.drafters import tree as tree_drafters
 from specdec_jax.core.protocols import Drafter
@@ -122,7 +122,7 @@ def context_features(target: Any, inputs: jax.Array, tokens: jax.Array,
   return fed(target, inputs, tokens)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class FeaturesGiven(Drafter):
   """For pricing: a drafter reading the target's hidden states, given fixed
   `features` [B, max_len, F] as the loop gives them (that read untimed)."""
@@ -159,12 +159,12 @@ class FeaturesGiven(Drafter):
 # -- Tree costs ----------------------------------------------------------------
 # `TreeCall` and `TreeProposer` give the tree loop's two calls the shapes
 # `timing` times (a k-token call, a `propose`).
-@flax.struct.dataclass
+@structs.dataclass
 class TreeCall:
   """The tree loop's target call (a `protocols.TreeTarget`) as a k-token
   call: `decode_chunk` scores tokens [B, N] as the tree of `parents`."""
   target: Any
-  parents: Tuple[int, ...] = flax.struct.field(pytree_node=False)
+  parents: Tuple[int, ...] = structs.field(pytree_node=False)
 
   def start(self, encoder_input_tokens, max_len):
     return self.target.start(encoder_input_tokens, max_len)
@@ -174,12 +174,12 @@ class TreeCall:
                                    cache)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class TreeProposer:
   """The tree loop's drafting as a `propose`: one `propose_tree` of `width`
   branches of a tree drafter, then its `rollback_tree` to one branch."""
   drafter: Any
-  width: int = flax.struct.field(pytree_node=False)
+  width: int = structs.field(pytree_node=False)
 
   def init(self, encoder_input_tokens, max_len, encoder_output=None):
     return self.drafter.init(encoder_input_tokens, max_len, encoder_output)

@@ -17,7 +17,6 @@ expectations) is in test_speculative_loop.py.
 """
 import re
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,6 +28,7 @@ from specdec_jax.core import drafters
 from specdec_jax.core import kernels
 from specdec_jax.core import models
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.decoding import loops
 
 from conftest import DIST_EOS
@@ -317,7 +317,7 @@ class _PlainDrafter(drafters.Drafter):
     return state
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class _StringLeafDrafter(_PlainDrafter):
   """A pytree whose leaf is a Python string (should have been static)."""
   name: str = "ngram"
@@ -328,7 +328,7 @@ def test_drafter_and_target_must_be_pytrees_with_the_protocols(
   rng = jax.random.PRNGKey(0)
   with pytest.raises(
       ValueError, match=r"drafter must be a JAX pytree .*_PlainDrafter.*"
-      r"flax.struct.dataclass"):
+      r"specdec_jax.core.structs.dataclass"):
     decoding.speculative_sample(model8, _PlainDrafter(), GOOD, rng, gamma=2,
                                 max_decode_length=4)
   with pytest.raises(ValueError, match=r"drafter.name is a str"):

@@ -11,7 +11,6 @@ Conventions: V = 8, EOS = 1, tokens 2..6 are ordinary, 7 is POISON;
 """
 import functools
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +20,7 @@ from jax.experimental import checkify
 from specdec_jax.core import decoding
 from specdec_jax.core import drafters
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 
 from decoding_helpers import ScriptedDrafter
 from decoding_helpers import ScriptedTarget
@@ -166,7 +166,7 @@ def test_a_drafter_overflowing_its_state_is_reported_under_checkify(
   the target protocol's overflow assertion fires instead of a silent clamp."""
   target, _ = each_position
 
-  @flax.struct.dataclass
+  @structs.dataclass
   class ShortDrafter(drafters.ModelDrafter):
 
     def init(self, encoder_input_tokens, max_len, encoder_output=None):

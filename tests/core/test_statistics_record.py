@@ -15,7 +15,6 @@ draft's q, and a drafter that stops early (NO_GUESS slots).
 import functools
 from typing import Optional
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,6 +24,7 @@ from jax import lax
 from specdec_jax.core import decoding
 from specdec_jax.core import drafters
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 
 from decoding_helpers import ScriptedDrafter
 from decoding_helpers import ScriptedTarget
@@ -40,7 +40,7 @@ def _wrong(token):
   return 2 if token != 2 else 3
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class OldStatistics(decoding.SpeculativeStatistics):
   """The per-row update the record replaced (the oracle)."""
 

@@ -24,7 +24,6 @@ import functools
 import itertools
 from unittest import mock
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,6 +31,7 @@ import pytest
 
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.decoding import tree_acceptance
 from specdec_jax.core.decoding.tree_acceptance import chain_parents
 from specdec_jax.core.decoding.tree_acceptance import TreeAcceptance
@@ -307,7 +307,7 @@ EOS = 1
 PROMPT = (3, 2)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class UncorrectedTreeAcceptance(TreeAcceptance):
   """A wrong rule: after a rejected candidate the next one is tested
   against p itself, and a row that rejects all draws from p."""
@@ -438,7 +438,7 @@ def test_checked_decoder_and_bad_arguments(tiny_pair):
                                      tree_width=2, **kwargs)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class _NoTree:
   """A `Target` without the tree call."""
   model: object

@@ -4,7 +4,6 @@ import dataclasses
 import json
 
 from absl import flags
-import flax
 import gin
 import jax
 import jax.numpy as jnp
@@ -13,6 +12,7 @@ import pytest
 from specdec_jax import certify
 from specdec_jax.core import acceptance
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.protocols import Verdict
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import plan as plan_lib
@@ -22,7 +22,7 @@ import run_helpers
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_gin")]
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class _BonusOffByOne(acceptance.ExactAcceptance):
   """A planted bug: after n kept guesses the next token is the target's
   choice at position n + 2 (p_{n+2}), not n + 1."""
@@ -121,10 +121,10 @@ def _verdict(rng, target_probs, draft_probs, draft_tokens, late=False,
   return Verdict(kept, token, target_probs, None)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class _Planted(acceptance.ExactAcceptance):
   """The peers' verifier bugs (issue 46), one per `bug`."""
-  bug: str = flax.struct.field(pytree_node=False, default="")
+  bug: str = structs.field(pytree_node=False, default="")
 
   def __call__(self, rng, target_logits, draft_tokens, draft_probs, method):
     if self.bug == "top_p_before_temperature":  # nucleus of the T = 1 probs

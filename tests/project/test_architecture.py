@@ -21,8 +21,8 @@ import pytest
 PACKAGE = REPO / "specdec_jax"
 CORE_DIR = PACKAGE / "core"
 # The core's units: a package (directory) or a top-level module.
-CORE = ("environment", "protocols", "sampling", "acceptance", "kernels",
-        "models", "drafters", "decoding")
+CORE = ("environment", "protocols", "structs", "sampling", "acceptance",
+        "kernels", "models", "drafters", "decoding")
 # Third-party packages of the harness.
 FORBIDDEN_THIRD_PARTY = ("gin", "absl", "seqio", "tensorflow", "orbax",
                          "matplotlib")
@@ -317,6 +317,43 @@ def test_the_mode_string_check_sees_a_comparison():
       _mode_string_comparisons('if a.acceptance == "tree": pass')) == [1]
   assert list(_mode_string_comparisons('x = a in ("block", "t")')) == [1]
   assert not list(_mode_string_comparisons('x = {"tree": 1}["tree"]'))
+
+
+def _dataclass_registrations(source: str) -> Iterator[int]:
+  """Lines declaring a pytree class as a JAX register_dataclass node
+  (`flax.struct`, `jax.tree_util.register_dataclass`)."""
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Attribute) and (
+        node.attr == "register_dataclass" or
+        (node.attr == "struct" and isinstance(node.value, ast.Name) and
+         node.value.id == "flax")):
+      yield node.lineno
+    elif isinstance(node, ast.ImportFrom) and (
+        node.module == "flax.struct" or
+        node.module == "flax" and any(a.name == "struct" for a in node.names)):
+      yield node.lineno
+
+
+def test_every_pytree_class_is_a_struct():
+  """Pytree classes are `core.structs.dataclass` (a node type per class),
+  never register_dataclass nodes: on JAX 0.10 jit ran one such class's
+  program for another of the same fields (tests/core/test_structs.py)."""
+  found = [
+      f"{path.relative_to(REPO)}:{line}" for root in (PACKAGE, REPO / "tools",
+                                                      TESTS)
+      for path in sorted(root.rglob("*.py"))
+      for line in _dataclass_registrations(path.read_text())
+  ]
+  assert not found, "\n".join(found)
+
+
+def test_the_struct_check_sees_each_way_to_declare_one():
+  source = ("import flax\n@flax.struct.dataclass\nclass A: pass\n"
+            "from flax import struct\nfrom flax.struct import field\n"
+            "jax.tree_util.register_dataclass(A, [], [])\n"
+            "from specdec_jax.core import structs\n@structs.dataclass\n"
+            "class B: pass\n")
+  assert sorted(set(_dataclass_registrations(source))) == [2, 4, 5, 6]
 
 
 def _imports_a_script_by_path(source: str) -> bool:

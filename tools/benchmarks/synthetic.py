@@ -10,12 +10,12 @@ rule unless it is passed as the loop's acceptance rule, as the benchmark does.
 import functools
 from typing import Any, Tuple
 
-import flax
 import jax
 import numpy as np
 
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 
 Array = jax.Array
 
@@ -38,7 +38,7 @@ def synthetic_accept(rng: Array, shape: Tuple[int, int], *, alpha) -> Array:
   return jax.random.uniform(rng, shape) < alpha
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class SyntheticAcceptance(decoding.AcceptanceRule):
   """An acceptance rule at a chosen α, for timing only (not exact).
 

@@ -26,11 +26,11 @@ is left of the phase's time cap is marked skipped.
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.core import structs
 from specdec_jax.metrics import timing
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import tree_acceptance
@@ -42,13 +42,13 @@ REFERENCE = "target_k1"
 _gather_rows = jax.jit(beam_search.gather_rows)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class TreeCall:
   """The tree loop's target call as a K-token call (`timing.call_loop`):
   `decode_chunk(tokens [B, 1 + k·γ], cache)` scores them as the chain tree
   (`tree_acceptance.chain_parents`)."""
   target: Any
-  parents: Tuple[int, ...] = flax.struct.field(pytree_node=False)
+  parents: Tuple[int, ...] = structs.field(pytree_node=False)
 
   def decode_chunk(self, tokens, cache):
     return self.target.decode_tree(tokens, jnp.asarray(self.parents, jnp.int32),

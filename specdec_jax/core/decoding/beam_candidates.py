@@ -9,11 +9,11 @@ decides only how many target steps a call covers, never the beams
 """
 from typing import Any, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specdec_jax.core import structs
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding.beam_search import Beams
 from specdec_jax.core.decoding.beam_search import beam_rows
@@ -23,7 +23,7 @@ from specdec_jax.core.protocols import Target
 Array = jax.Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class DraftTree:
   """Every beam of the draft's beam search (width u, γ depths): N = γ·u nodes.
 

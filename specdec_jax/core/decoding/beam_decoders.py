@@ -15,12 +15,12 @@ guesses.
 """
 from typing import Any, Optional
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.core import kernels
+from specdec_jax.core import structs
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import speculative_beam
 from specdec_jax.core.decoding.checks import check_eos_id
@@ -35,7 +35,7 @@ Array = jax.Array
 # (`kernels`; the baseline keeps XLA's default); other backends ignore it.
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class BeamDecodeOutput(OneTokenPerCall):
   """The top beam of `beam_search`, as a run reads a decoder's output.
 
@@ -50,7 +50,7 @@ class BeamDecodeOutput(OneTokenPerCall):
   target_calls: Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class SpeculativeBeamDecodeOutput(CallStatistics):
   """The top beam of `speculative_beam_search`, with its step counts.
 

@@ -33,12 +33,12 @@ were generated.
 """
 from typing import Any, Optional, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from specdec_jax.core import structs
 from specdec_jax.core.decoding.checks import check_encoder_inputs
 from specdec_jax.core.decoding.checks import check_eos_id
 from specdec_jax.core.decoding.checks import check_target
@@ -94,7 +94,7 @@ def beam_rows(indices: Array, width: int) -> Array:
   return (jnp.arange(batch)[:, None] * width + indices).reshape(-1)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class Beams:
   """The beams of a search after `step` steps (T5X's `BeamState` without
   its cache; the target's state is kept beside it).
@@ -287,7 +287,7 @@ def final_beams(beams: Beams) -> Tuple[Array, Array]:
   return seqs[:, :, 1:], scores
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class BeamOutput:
   """Result of `beam_search`.
 

@@ -32,12 +32,12 @@ later one 0, so τ = n and the next token is the argmax at n + 1, exactly
 """
 from typing import Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 
 from specdec_jax.core import acceptance
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.protocols import AcceptanceRule
 from specdec_jax.core.protocols import Verdict
 
@@ -92,7 +92,7 @@ def _one_hot_draft(draft_tokens: Array, vocab_size: int, dtype) -> Array:
   return jax.nn.one_hot(draft_tokens, vocab_size, dtype=dtype)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class BlockAcceptance(AcceptanceRule):
   """Block verification: exact, and never fewer kept guesses in expectation
   than `ExactAcceptance` (module docstring)."""

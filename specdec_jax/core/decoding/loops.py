@@ -27,7 +27,6 @@ public names are importable from here too.
 """
 from typing import Any, Callable, Dict, Optional, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +34,7 @@ from jax import lax
 
 from specdec_jax.core import kernels
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.acceptance import ExactAcceptance
 from specdec_jax.core.decoding.checks import as_drafter
 from specdec_jax.core.decoding.checks import check_encoder_inputs
@@ -139,7 +139,7 @@ def _start_buffer(target: Target, inputs: Array, size: int) -> Array:
 # ---------------------------------------------------------------------------
 # Baseline: the target alone.
 # ---------------------------------------------------------------------------
-@flax.struct.dataclass
+@structs.dataclass
 class _BaselineState:
   """Loop state of `temperature_sample` (B rows, T = max_decode_length + 1)."""
   step: Array  # [] int32 loop counter (folded into the rng).
@@ -232,7 +232,7 @@ def temperature_sample(target: Target, encoder_input_tokens: Array, rng: Array,
 # ---------------------------------------------------------------------------
 # Speculative decoding.
 # ---------------------------------------------------------------------------
-@flax.struct.dataclass
+@structs.dataclass
 class SpeculativeState:
   """Loop state of the speculative decoder: Algorithm 1's state only.
 

@@ -1,7 +1,7 @@
 """What the decode loops return, and the one statistics interface they share.
 
 Every output (`DecodeOutput`, `SpeculativeOutput`, the tree's and the beam
-decoders') is a pytree (`flax.struct.dataclass`), so a jitted loop returns
+decoders') is a pytree (`structs.dataclass`), so a jitted loop returns
 it, and a `CallStatistics`: per-row `lengths`, `target_calls`, the
 histogram of kept guesses and the per-call trace, from which it gives
 tokens per target call, α̂ and a host-side `statistics()` summary with the
@@ -10,10 +10,10 @@ kept no guess.
 """
 from typing import Any, Dict, Optional
 
-import flax
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.core import structs
 from specdec_jax.core.decoding.statistics import SpeculativeStatistics
 
 Array = jax.Array
@@ -94,7 +94,7 @@ class OneTokenPerCall(CallStatistics):
                      -1).astype(jnp.int32)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class DecodeOutput(OneTokenPerCall):
   """Result of `temperature_sample`.
 
@@ -110,7 +110,7 @@ class DecodeOutput(OneTokenPerCall):
   target_calls: Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class SpeculativeOutput(CallStatistics):
   """Result of `speculative_sample`, with Algorithm 1's statistics.
 

@@ -54,13 +54,13 @@ V >= 2k, so that live beams are never NEG_INF fillers after step 0;
 import dataclasses
 from typing import Any, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from specdec_jax.core import kernels
+from specdec_jax.core import structs
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding.beam_search import Beams
 from specdec_jax.core.decoding.beam_search import beam_rows
@@ -80,7 +80,7 @@ from specdec_jax.core.protocols import target_encoder_output
 Array = jax.Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class SpeculativeBeamOutput:
   """Result of `speculative_beam_search`.
 
@@ -117,7 +117,7 @@ class SpeculativeBeamOutput:
             jnp.maximum(jnp.sum(counts), 1))
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class _LoopState:
   """The speculative search between iterations (B elements, k beams).
 

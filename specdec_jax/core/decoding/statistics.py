@@ -10,12 +10,12 @@ returns the `SpeculativeStatistics` counted from it.
 """
 from typing import Optional
 
-import flax
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.protocols import Verdict
 
 Array = jax.Array
@@ -48,7 +48,7 @@ def guess_beta(verdict: Verdict, draft_tokens: Array,
   return sampling.acceptance_beta(p, draft_probs)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class SpeculativeStatistics:
   """Per-row statistics of Algorithm 1 (B rows, γ guesses, T = max length).
 
@@ -89,7 +89,7 @@ def _no_call(gamma: int) -> Array:
   return jnp.array((0,) * gamma + (-1, 0, 0, 0), jnp.int32)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class StatisticsRecord:
   """What the loop carries for `SpeculativeStatistics` (B rows, T = max
   length): one record per iteration, written by one in-place update.

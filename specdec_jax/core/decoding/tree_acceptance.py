@@ -37,12 +37,12 @@ probabilities are built).
 """
 from typing import NamedTuple, Optional, Tuple, Union
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.protocols import AcceptanceRule
 from specdec_jax.core.protocols import Verdict
 
@@ -224,7 +224,7 @@ def greedy_tree_accept(target_tokens: Array,
   return num_accepted, path_tokens[rows, branch, num_accepted], branch
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class TreeAcceptance(AcceptanceRule):
   """Exact multi-draft verification (module doc).
 
@@ -240,8 +240,8 @@ class TreeAcceptance(AcceptanceRule):
       which must agree): they are then tested with recursive rejection
       sampling (module doc). Static.
   """
-  first_without_replacement: bool = flax.struct.field(pytree_node=False,
-                                                      default=False)
+  first_without_replacement: bool = structs.field(pytree_node=False,
+                                                  default=False)
 
   def __call__(self, rng, target_logits, draft_tokens, draft_probs, method):
     if draft_tokens.ndim == 2:

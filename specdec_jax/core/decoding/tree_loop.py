@@ -14,7 +14,6 @@ k = 1 it is Algorithm 1. Bookkeeping (buffer, lengths, EOS, frozen rows) is
 """
 from typing import Any, Optional, cast
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +21,7 @@ from jax import lax
 
 from specdec_jax.core import kernels
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.decoding import checks
 from specdec_jax.core.decoding.loops import _finish
 from specdec_jax.core.decoding.loops import _start_buffer
@@ -44,7 +44,7 @@ from specdec_jax.core.protocols import target_encoder_output
 Array = jax.Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class TreeOutput(CallStatistics):
   """Result of `tree_speculative_sample`.
 
@@ -70,7 +70,7 @@ class TreeOutput(CallStatistics):
   first_round_histogram: Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class TreeState:
   """Loop state (B rows): as `loops.SpeculativeState`, with counters.
 

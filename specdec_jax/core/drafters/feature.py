@@ -1,12 +1,12 @@
 """A feature-level (EAGLE-style) drafter: drafts from the target's state."""
 from typing import Optional, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.models.feature_drafter import FeatureDraftModel
 from specdec_jax.core.models.network import DecodeCache
 from specdec_jax.core.protocols import Drafter
@@ -14,7 +14,7 @@ from specdec_jax.core.protocols import Drafter
 Array = jax.Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class FeatureDrafterState:
   """State of `FeatureDrafter`.
 
@@ -28,7 +28,7 @@ class FeatureDrafterState:
   length: Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class FeatureDrafter(Drafter):
   """Guesses with a `FeatureDraftModel` reading the target's hidden states.
 

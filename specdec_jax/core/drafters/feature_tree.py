@@ -17,12 +17,12 @@ and `rollback_tree` needs no branch.
 """
 from typing import Optional, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.drafters.branches import branch_buffers
 from specdec_jax.core.drafters.branches import first_guesses
 from specdec_jax.core.drafters.branches import put_guess
@@ -33,7 +33,7 @@ from specdec_jax.core.drafters.feature import FeatureDrafterState
 Array = jax.Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class FeatureTreeDrafter(FeatureDrafter):
   """A `FeatureDrafter` that also proposes k branches per row (module doc).
 
@@ -42,8 +42,8 @@ class FeatureTreeDrafter(FeatureDrafter):
       replacement from q_1 (the acceptance rule must be told,
       `TreeAcceptance.first_without_replacement`). Static.
   """
-  first_without_replacement: bool = flax.struct.field(pytree_node=False,
-                                                      default=False)
+  first_without_replacement: bool = structs.field(pytree_node=False,
+                                                  default=False)
 
   def propose_tree(
       self, state: FeatureDrafterState, buffer: Array, length: Array,

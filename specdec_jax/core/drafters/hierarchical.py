@@ -20,12 +20,12 @@ lagging row is caught up by one one-token call before the inner loop.
 """
 from typing import Any, Optional, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.acceptance import ExactAcceptance
 from specdec_jax.core.drafters import guesses
 from specdec_jax.core.drafters import model as model_lib
@@ -36,7 +36,7 @@ from specdec_jax.core.drafters.prompt_lookup import PromptLookupDrafter
 Array = jax.Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class HierarchicalState:
   """State of `HierarchicalDrafter`.
 
@@ -50,7 +50,7 @@ class HierarchicalState:
   inner_state: Any
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class HierarchicalDrafter(Drafter):
   """M_q drafting with its own negligible-cost drafter (module docstring).
 
@@ -62,7 +62,7 @@ class HierarchicalDrafter(Drafter):
   """
   model: Any
   inner: Drafter
-  inner_gamma: int = flax.struct.field(pytree_node=False, default=4)
+  inner_gamma: int = structs.field(pytree_node=False, default=4)
 
   def __post_init__(self):
     if not isinstance(self.inner, (PromptLookupDrafter, NGramDrafter)):

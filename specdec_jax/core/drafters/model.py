@@ -1,13 +1,13 @@
 """A draft model M_q with its own decode state (the paper's drafter)."""
 from typing import Any, Optional, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from specdec_jax.core import protocols
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.drafters import guesses
 from specdec_jax.core.protocols import NO_GUESS
 from specdec_jax.core.protocols import Drafter
@@ -27,7 +27,7 @@ def start_model(model: Any, encoder_input_tokens: Array, max_len: int,
   return model.start(encoder_input_tokens, max_len)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class ModelDrafterState:
   """State of `ModelDrafter`.
 
@@ -40,7 +40,7 @@ class ModelDrafterState:
   length: Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class ModelDrafter(Drafter):
   """Drafts with a smaller model that has the target's interface.
 
@@ -70,8 +70,8 @@ class ModelDrafter(Drafter):
   passes to `init` (`start_model`), so drafting encodes nothing.
   """
   model: Any
-  confidence_threshold: Optional[float] = flax.struct.field(
-      pytree_node=False, default=None)
+  confidence_threshold: Optional[float] = structs.field(pytree_node=False,
+                                                        default=None)
 
   @property
   def vocab_size(self) -> int:

@@ -26,13 +26,13 @@ first is found (the other backs off, which costs only guess quality).
 """
 from typing import Any, Iterable, Sequence, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.drafters import guesses
 from specdec_jax.core.protocols import NO_GUESS
 from specdec_jax.core.protocols import Drafter
@@ -52,7 +52,7 @@ def context_hash(contexts):
   return h
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class NGramLevel:
   """The contexts of one length k >= 1 and their stored continuations.
 
@@ -74,7 +74,7 @@ class NGramLevel:
   tokens: Array
   probs: Array
   backoff: Array
-  width: int = flax.struct.field(pytree_node=False)
+  width: int = structs.field(pytree_node=False)
 
   def add_to(self, lower: Array, context: Array) -> Array:
     """a_c + b_c · lower for contexts [B, k] and lower [B, V] float32."""
@@ -92,7 +92,7 @@ class NGramLevel:
         jnp.where(stored, self.probs[slots], 0.0))
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class NGramTable:
   """A smoothed n-gram model as arrays (see the module docstring).
 
@@ -213,7 +213,7 @@ def _build_level(contexts: np.ndarray, following: np.ndarray,
                           jnp.float32), width=int(per_context.max()))
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class NGramDrafter(Drafter):
   """Guesses by sampling its own smoothed n-gram q (argmax at T = 0).
 

@@ -14,11 +14,11 @@ without a match costs one target step, like the target alone.
 """
 from typing import Any, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.protocols import NO_GUESS
 from specdec_jax.core.protocols import Drafter
 
@@ -57,15 +57,15 @@ def lookup_start(inputs: Array, buffer: Array, length: Array,
   return start.astype(jnp.int32)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class PromptLookupDrafter(Drafter):
   """Copies from the encoder input (see the module docstring).
 
   Attributes:
     max_ngram: longest suffix of the generated tokens looked up (static).
   """
-  vocab: int = flax.struct.field(pytree_node=False)
-  max_ngram: int = flax.struct.field(pytree_node=False, default=3)
+  vocab: int = structs.field(pytree_node=False)
+  max_ngram: int = structs.field(pytree_node=False, default=3)
 
   @property
   def vocab_size(self) -> int:

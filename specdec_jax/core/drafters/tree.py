@@ -27,12 +27,12 @@ usual. The model state's leaves must all have the batch axis first (T5's
 """
 from typing import Any, Optional, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from specdec_jax.core import sampling
+from specdec_jax.core import structs
 from specdec_jax.core.drafters.branches import branch_buffers
 from specdec_jax.core.drafters.branches import first_guesses
 from specdec_jax.core.drafters.branches import put_guess
@@ -45,7 +45,7 @@ from specdec_jax.core.drafters.model import ModelDrafterState
 Array = jax.Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class TreeDraftState:
   """The draft's state between `propose_tree` and `rollback_tree`.
 
@@ -57,10 +57,10 @@ class TreeDraftState:
   """
   model_state: Any
   length: Array
-  width: int = flax.struct.field(pytree_node=False)
+  width: int = structs.field(pytree_node=False)
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class TreeModelDrafter(ModelDrafter):
   """A `ModelDrafter` that also proposes k branches per row (module doc).
 
@@ -73,8 +73,8 @@ class TreeModelDrafter(ModelDrafter):
       never kept) instead of i.i.d.; the acceptance rule must be told
       (`TreeAcceptance.first_without_replacement`). Static.
   """
-  first_without_replacement: bool = flax.struct.field(pytree_node=False,
-                                                      default=False)
+  first_without_replacement: bool = structs.field(pytree_node=False,
+                                                  default=False)
 
   def propose_tree(
       self, state: ModelDrafterState, buffer: Array, length: Array, rng: Array,

@@ -39,12 +39,12 @@ and, beside it in a checkpoint, `head_tokens` [K] int32 (not trained).
 import dataclasses
 from typing import Any, Optional, Sequence, Tuple, cast
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.core import structs
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.layers import DenseGeneral
 from specdec_jax.core.models.layers import LayerNorm
@@ -337,7 +337,7 @@ def init_feature_params(config: FeatureDrafterConfig, rng: Array,
                                      jnp.ones((1, decoder_length), bool))
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class FeatureDraftModel:
   """A `FeatureDecoder` bound to its parameters and its target's tables.
 
@@ -349,7 +349,7 @@ class FeatureDraftModel:
     head_tokens: [K] int32 the head's token ids (distinct).
     embedding: [V, F] the target's token embedding table (read, frozen).
   """
-  config: FeatureDrafterConfig = flax.struct.field(pytree_node=False)
+  config: FeatureDrafterConfig = structs.field(pytree_node=False)
   params: dict
   head_tokens: Array
   embedding: Array

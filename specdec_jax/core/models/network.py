@@ -13,12 +13,12 @@ import dataclasses
 import functools
 from typing import Optional, Tuple
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specdec_jax.core import structs
 from specdec_jax.core.kernels import gpu
 from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models.attention import attend
@@ -84,7 +84,7 @@ class Encoder(nn.Module):
 # ---------------------------------------------------------------------------
 # Decoder with a chunked, per-row-length cache.
 # ---------------------------------------------------------------------------
-@flax.struct.dataclass
+@structs.dataclass
 class DecodeCache:
   """Decoder state for cached decoding.
 

@@ -2,9 +2,9 @@
 import dataclasses
 from typing import Optional, Tuple, cast
 
-import flax
 import jax
 
+from specdec_jax.core import structs
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.network import DecodeCache
 from specdec_jax.core.models.network import Transformer
@@ -14,7 +14,7 @@ from specdec_jax.core.models.t5 import T5Model
 Array = jax.Array
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class SharedEncoderModel:
   """A decoder reading another T5 model's encoder: a shared-encoder draft.
 

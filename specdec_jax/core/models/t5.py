@@ -40,12 +40,12 @@ import contextvars
 import dataclasses
 from typing import Iterator, NamedTuple, Optional, Tuple, cast
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.core import structs
 from specdec_jax.core.kernels import gpu
 from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models.config import T5Config
@@ -117,7 +117,7 @@ def _check_parents(parents, shape) -> None:
         f"earlier node's index in [0, i), got {values.tolist()}.")
 
 
-@flax.struct.dataclass
+@structs.dataclass
 class T5Model:
   """A T5 `Transformer` bound to its parameters, as the decoders use it.
 
@@ -144,12 +144,11 @@ class T5Model:
       a feature-level drafter (`with_features`). False: the decode path is
       exactly the plain one.
   """
-  config: T5Config = flax.struct.field(pytree_node=False)
+  config: T5Config = structs.field(pytree_node=False)
   params: dict
   packed: Optional[dict] = None
-  keep_features: bool = flax.struct.field(pytree_node=False, default=False)
-  decode_path: str = flax.struct.field(pytree_node=False,
-                                       default=decode_paths.XLA)
+  keep_features: bool = structs.field(pytree_node=False, default=False)
+  decode_path: str = structs.field(pytree_node=False, default=decode_paths.XLA)
 
   @property
   def module(self) -> Transformer:
