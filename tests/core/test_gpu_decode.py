@@ -24,6 +24,7 @@ The chi-square tests of every decode mode on 'fused' run the device
 check's exactness phase with `--path=fused`
 (tests/e2e/test_gpu_decode_e2e.py, with the shipped pair).
 """
+import dataclasses
 from typing import Tuple
 
 import jax
@@ -286,6 +287,24 @@ def test_every_tile_preset_is_exact_and_row_independent(wide_world, preset):
   np.testing.assert_allclose(one, want, atol=F32_ATOL)
   np.testing.assert_array_equal(one, chunked)
   assert not np.array_equal(one, default)
+
+
+@pytest.mark.parametrize("base", ["default", "mma"])
+def test_split_heads_computes_the_same_bits(wide_world, base):
+  """`Tiles.split_heads` moves the attention projections into a kernel of
+  their own over more programs: the same sums, rounded alike, so the same
+  logits to the bit (here; on a GPU a dot of other columns may round
+  otherwise: the device check's rows_identical and exactness), and it is
+  in effect: lowered for CUDA, a layer is 8 kernels, not 6."""
+  fused, enc, dec, _, _ = wide_world
+  tiles = gpu.TILE_PRESETS[base]
+  got, kernels_a_layer = {}, {}
+  for split in (False, True):
+    with gpu.tiles(dataclasses.replace(tiles, split_heads=split)):
+      got[split], = _decode_traced_now(fused, enc, dec, [1, 3])
+      kernels_a_layer[split] = _triton_calls(fused, 4, 1) - 1  # 1 layer
+  assert kernels_a_layer == {False: 6, True: 8}
+  np.testing.assert_array_equal(got[False], got[True])
 
 
 def test_tensor_core_rows_are_bitwise_independent_of_the_call(world):

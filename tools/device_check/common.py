@@ -156,10 +156,12 @@ class Settings:
   loop_rounds: int = 5
   option_sets: Tuple[str, ...] = tuple(gpu.GPU_OPTION_SETS)
   # CUDA cores' chains of dependent loads (default, tall_wide) against
-  # tensor cores with pipelined loads (mma, tall_mma):
+  # tensor cores with pipelined loads (mma, tall_mma), and those with the
+  # attention projections over many programs, not one per head (_split):
   # docs/design/performance.md.
-  tile_presets: Tuple[str, ...] = ("default", "tall_wide", "mma", "tall_mma")
-  tile_call_presets: Tuple[str, ...] = ("default", "mma")
+  tile_presets: Tuple[str, ...] = ("default", "tall_wide", "mma", "tall_mma",
+                                   "mma_split", "tall_mma_split")
+  tile_call_presets: Tuple[str, ...] = ("default", "mma", "mma_split")
 
 
 FULL = Settings(
@@ -189,7 +191,7 @@ SMALL = dataclasses.replace(
     physics_input_length=8, fill=4, cache_len=24, inner_steps=2, repeats=2,
     main_job_batches=(1,), loop_sentences=1, loop_lengths=(2, 10),
     loop_rounds=2, option_sets=("default", "command_buffer_all"),
-    tile_presets=("default", "mma"))
+    tile_presets=("default", "mma", "mma_split"))
 
 
 def settings_for(mode: str, decode_path: Optional[str] = None) -> Settings:

@@ -17,6 +17,9 @@ layer's three sublayers in two kernels each:
   with one linear weight, the final norm + logits);
 * `dense_residual`: residual + x @ w (every output projection).
 
+With `Tiles.split_heads` the attention kernels' projections are a kernel
+of their own (`head_projections`) over many more programs: 8 a layer.
+
 A kernel's programs cannot exchange a row without atomics (whose float
 sums would depend on the programs' order) or a grid-wide barrier (Triton
 has none), so each sublayer ends where the next one needs a whole row: 6
@@ -120,6 +123,15 @@ class Tiles:
       first; where a block or its columns are under 16, CUDA cores) rather
       than products summed on CUDA cores: a K-token call then multiplies
       as fast as a one-token call.
+    split_heads: the attention kernels' projections (self: q, k, v; cross:
+      q) in a kernel of their own (`head_projections`), one program per
+      (row of the batch, head, part, block of `columns` columns), and the
+      attention kernels reading them: one kernel more per sublayer, but
+      ~12x the programs reading those weights (T5-small: 6 programs read
+      196 KB each; split, 36-72 read 8-16 KB), where one program per head
+      leaves most of the GPU idle (64 heads: XXL's half of an H200's 132
+      SMs). The same sums as unsplit, rounded alike: the same bits on CUDA
+      cores.
   """
   emb_block: int = 64
   dense_emb_block: int = 64
@@ -130,6 +142,7 @@ class Tiles:
   num_warps: int = 4
   num_stages: int = 2
   dot: bool = False
+  split_heads: bool = False
 
   @property
   def row_block(self) -> int:
@@ -145,7 +158,9 @@ class Tiles:
 # attention projections in 128-deep ones (8 warps). On tensor cores
 # (`Tiles.dot`: "mma", "tall_mma") Triton pipelines the weights' loads
 # (cp.async, one block ahead) and nothing spills at 8 tokens. ptxas spills
-# none at 1 token (`tools.benchmarks.gpu_aot`).
+# none at 1 token (`tools.benchmarks.gpu_aot`). "_split" (`Tiles.
+# split_heads`): the attention projections over many programs, not one per
+# head.
 TILE_PRESETS = {
     "default": Tiles(),
     "wide": Tiles(emb_block=128, dense_emb_block=128, in_block=256, columns=64,
@@ -157,6 +172,9 @@ TILE_PRESETS = {
                        columns=16, num_warps=8),
     "mma": Tiles(dot=True),
     "tall_mma": Tiles(dot=True, dense_emb_block=512, in_block=1024, columns=16),
+    "mma_split": Tiles(dot=True, split_heads=True),
+    "tall_mma_split": Tiles(dot=True, dense_emb_block=512, in_block=1024,
+                            columns=16, split_heads=True),
 }
 
 _INTERPRET: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
@@ -271,11 +289,78 @@ def _whole(shape: Sequence[int]) -> Tuple[Tuple[int, ...], Callable]:
 # ---------------------------------------------------------------------------
 # The kernels.
 # ---------------------------------------------------------------------------
-def _self_attention_kernel(start_ref, x_ref, scale_ref, w_ref, bias_ref,
-                           keys_in, values_in, ctx_ref, keys_ref, values_ref, *,
-                           rows: int, eb: int, lb: int, eps: float,
-                           on_gpu: bool, dot: bool):
+def _head_projection_kernel(x_ref, scale_ref, w_ref, out_ref, *, eb: int,
+                            eps: float, dot: bool):
+  rows, emb = x_ref.shape
+  width = w_ref.shape[-1]
+  products = _pieces.normed_products(lambda m, span: x_ref[m, span],
+                                     lambda p, span: w_ref[span, :], scale_ref,
+                                     rows, 1, emb, eb, width, eps, dot)
+  for m, (value,) in enumerate(products):
+    out_ref[m, :] = _pieces.round_to(value, x_ref.dtype).astype(out_ref.dtype)
+
+
+def head_projections(x: Array, scale: Array, w: Array, *,
+                     eps: float = 1e-6) -> Array:
+  """RMSnorm(x) @ w[h, p] for every head h and part p (`Tiles.
+  split_heads`): x [B, K, E], w [H, P, E, D] -> [B, K, H, P, D] in x's
+  dtype, one program per (row of the batch, head and part, block of
+  columns). The attention kernels' `project` computes the same."""
+  batch, rows, emb = x.shape
+  heads, parts, _, head_dim = w.shape
+  t = _tiles()
+  cols = block(head_dim, t.columns)
+  kernel = functools.partial(_head_projection_kernel,
+                             eb=block(emb, t.emb_block), eps=eps, dot=t.dot)
+  call = _call(
+      kernel, out_specs=[((batch, rows, heads, parts, head_dim), x.dtype,
+                          (None, rows, None, None, cols), lambda b, hp, c:
+                          (b, 0, hp // parts, hp % parts, c))], in_specs=[
+                              ((None, rows, emb), lambda b, hp, c: (b, 0, 0)),
+                              _whole(scale.shape),
+                              ((None, None, emb, cols), lambda b, hp, c:
+                               (hp // parts, hp % parts, 0, c))
+                          ], grid=(batch, heads * parts, head_dim // cols),
+      name="decode_head_projection")
+  return call(x, scale, w)[0]
+
+
+def _projected_rows(refs, rows: int, eb: int, eps: float, dot: bool,
+                    split: bool):
+  """(each row's [P] parts [D] float32 rounded to the model's dtype, the
+  refs after them): computed here from (x, scale, w), or (`split`) read
+  from one [rows, P, D] block of `head_projections`."""
+  if split:
+    projected = refs[0]
+    parts = projected.shape[1]
+    return [[projected[m, p, :].astype(F32)
+             for p in range(parts)]
+            for m in range(rows)], refs[1:]
+  x_ref, scale_ref, w_ref = refs[:3]
+  return _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot), refs[3:]
+
+
+def _head_inputs(x: Array, scale: Array, w: Array, eps: float):
+  """(arrays, block specs) an attention kernel reads its head's
+  projections from: x, the norm's scale and the head's weights, or with
+  `Tiles.split_heads` their `head_projections` [B, K, H, P, D]."""
+  batch, rows, emb = x.shape
+  _, parts, _, head_dim = w.shape
+  if _tiles().split_heads:
+    return [head_projections(x, scale, w, eps=eps)], [
+        ((None, rows, None, parts, head_dim), lambda b, h: (b, 0, h, 0, 0))
+    ]
+  return [x, scale, w], [((None, rows, emb), lambda b, h: (b, 0, 0)),
+                         _whole(scale.shape),
+                         ((None, parts, emb, head_dim), lambda b, h:
+                          (h, 0, 0, 0))]
+
+
+def _self_attention_kernel(start_ref, *refs, rows: int, eb: int, lb: int,
+                           eps: float, on_gpu: bool, dot: bool, split: bool):
   pl, plgpu = _pieces.pallas()
+  projected, refs = _projected_rows(refs, rows, eb, eps, dot, split)
+  bias_ref, keys_in, values_in, ctx_ref, keys_ref, values_ref = refs
   head_dim, length = keys_ref.shape
   start = start_ref[0]
   if not on_gpu:
@@ -285,7 +370,6 @@ def _self_attention_kernel(start_ref, x_ref, scale_ref, w_ref, bias_ref,
     # input's buffer.
     keys_ref[...] = keys_in[...]
     values_ref[...] = values_in[...]
-  projected = _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot)
   # The chunk's keys and values into the cache (the aliased outputs: read
   # below through the same refs), then attention over the cache, its own
   # slots included: the rows of a chunk see what one-token calls see.
@@ -338,7 +422,10 @@ def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
   kernel = functools.partial(_self_attention_kernel, rows=rows,
                              eb=block(emb, t.emb_block),
                              lb=min(t.slots, _pow2_at_least(length)), eps=eps,
-                             on_gpu=not interpret(), dot=t.dot)
+                             on_gpu=not interpret(), dot=t.dot,
+                             split=t.split_heads)
+  heads_in, heads_specs = _head_inputs(x, scale, wqkv, eps)
+  cached = 2 + len(heads_in)  # keys' and values' places among the inputs
   one_bias = bias.shape[0] == 1
   cache = ((None, None, head_dim, length), lambda b, h: (b, h, 0, 0))
   call = _call(
@@ -346,27 +433,24 @@ def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
                           (None, rows, None, head_dim), lambda b, h:
                           (b, 0, h, 0)), (keys.shape, keys.dtype) + cache,
                          (values.shape, values.dtype) + cache],
-      in_specs=[((1,), lambda b, h: (b,)),
-                ((None, rows, emb), lambda b, h: (b, 0, 0)),
-                _whole(scale.shape),
-                ((None, 3, emb, head_dim), lambda b, h: (h, 0, 0, 0)),
+      in_specs=[((1,), lambda b, h: (b,)), *heads_specs,
                 ((None, None, rows, length), lambda b, h:
                  (0 if one_bias else b, h, 0, 0)), cache,
                 cache], grid=(batch, heads), name="decode_self_attention",
       aliases=None if interpret() else {
-          5: 1,
-          6: 2
+          cached: 1,
+          cached + 1: 2
       })
-  return call(start.astype(jnp.int32), x, scale, wqkv, bias.astype(F32), keys,
+  return call(start.astype(jnp.int32), *heads_in, bias.astype(F32), keys,
               values)
 
 
-def _cross_attention_kernel(x_ref, scale_ref, w_ref, keys_ref, values_ref,
-                            bias_ref, ctx_ref, *, rows: int, eb: int, lb: int,
-                            eps: float, dot: bool):
+def _cross_attention_kernel(*refs, rows: int, eb: int, lb: int, eps: float,
+                            dot: bool, split: bool):
   pl, plgpu = _pieces.pallas()
+  projected, refs = _projected_rows(refs, rows, eb, eps, dot, split)
+  keys_ref, values_ref, bias_ref, ctx_ref = refs
   length = keys_ref.shape[1]
-  projected = _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot)
 
   def bias_at(m, first, valid):
     del m  # Every query sees the same encoder positions.
@@ -398,20 +482,18 @@ def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
   t = _tiles()
   kernel = functools.partial(_cross_attention_kernel, rows=rows,
                              eb=block(emb, t.emb_block),
-                             lb=min(t.slots,
-                                    _pow2_at_least(length)), eps=eps, dot=t.dot)
+                             lb=min(t.slots, _pow2_at_least(length)), eps=eps,
+                             dot=t.dot, split=t.split_heads)
+  heads_in, heads_specs = _head_inputs(x, scale, wq, eps)
   encoded = ((None, None, head_dim, length), lambda b, h: (b, h, 0, 0))
   call = _call(
-      kernel,
-      out_specs=[((batch, rows, heads, head_dim), x.dtype,
-                  (None, rows, None, head_dim), lambda b, h: (b, 0, h, 0))],
-      in_specs=[((None, rows, emb), lambda b, h: (b, 0, 0)),
-                _whole(scale.shape),
-                ((None, 1, emb, head_dim), lambda b, h:
-                 (h, 0, 0, 0)), encoded, encoded,
-                ((None, length), lambda b, h:
-                 (b, 0))], grid=(batch, heads), name="decode_cross_attention")
-  return call(x, scale, wq, keys, values, bias.astype(F32))[0]
+      kernel, out_specs=[((batch, rows, heads, head_dim), x.dtype,
+                          (None, rows, None, head_dim), lambda b, h:
+                          (b, 0, h, 0))], in_specs=[
+                              *heads_specs, encoded, encoded,
+                              ((None, length), lambda b, h: (b, 0))
+                          ], grid=(batch, heads), name="decode_cross_attention")
+  return call(*heads_in, keys, values, bias.astype(F32))[0]
 
 
 def _rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, *, rows_total: int,
