@@ -160,7 +160,9 @@ class Tiles:
 # (cp.async, one block ahead) and nothing spills at 8 tokens. ptxas spills
 # none at 1 token (`tools.benchmarks.gpu_aot`). "_split" (`Tiles.
 # split_heads`): the attention projections over many programs, not one per
-# head.
+# head; "tall_mma_split" reads them 256 deep: a pipelined program keeps
+# num_stages blocks in flight, and bandwidth is bytes in flight / latency
+# (XXL's 768 projection programs at 16 columns x 64 deep: ~4 KB each).
 TILE_PRESETS = {
     "default": Tiles(),
     "wide": Tiles(emb_block=128, dense_emb_block=128, in_block=256, columns=64,
@@ -173,8 +175,8 @@ TILE_PRESETS = {
     "mma": Tiles(dot=True),
     "tall_mma": Tiles(dot=True, dense_emb_block=512, in_block=1024, columns=16),
     "mma_split": Tiles(dot=True, split_heads=True),
-    "tall_mma_split": Tiles(dot=True, dense_emb_block=512, in_block=1024,
-                            columns=16, split_heads=True),
+    "tall_mma_split": Tiles(dot=True, emb_block=256, dense_emb_block=512,
+                            in_block=1024, columns=16, split_heads=True),
 }
 
 _INTERPRET: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
