@@ -307,6 +307,27 @@ def test_split_heads_computes_the_same_bits(wide_world, base):
   np.testing.assert_array_equal(got[False], got[True])
 
 
+@pytest.mark.parametrize("base", ["default", "mma"])
+def test_a_small_layer_in_one_kernel_computes_the_same_bits(wide_world, base):
+  """`Tiles.layer_bytes`: a layer whose weights fit runs as one kernel, one
+  program per row of the batch, the six kernels' bodies in turn: the same
+  logits to the bit, rows independent of the call, and in effect (lowered
+  for CUDA, a layer is 1 kernel, not 6) only at or under the threshold."""
+  fused, enc, dec, _, _ = wide_world
+  tiles = gpu.TILE_PRESETS[base]
+  got, kernels_a_layer = {}, {}
+  for limit in (0, 1 << 30):
+    with gpu.tiles(dataclasses.replace(tiles, layer_bytes=limit)):
+      got[limit], chunked = _decode_traced_now(fused, enc, dec, [1] * 4, [3, 1])
+      np.testing.assert_array_equal(got[limit], chunked)
+      kernels_a_layer[limit] = _triton_calls(fused, 4, 1) - 1  # 1 layer
+  assert kernels_a_layer == {0: 6, 1 << 30: 1}
+  np.testing.assert_array_equal(got[0], got[1 << 30])
+  assert gpu.one_kernel_layer(100) is False  # off by default
+  with gpu.tiles(dataclasses.replace(tiles, layer_bytes=100)):
+    assert gpu.one_kernel_layer(100) and not gpu.one_kernel_layer(101)
+
+
 def test_tensor_core_rows_are_bitwise_independent_of_the_call(world):
   """As above on tensor cores (the 'mma' preset; the dense kernels' blocks
   are 16 wide and more here), whose tile of 16 rows holds a token at

@@ -58,3 +58,10 @@ def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
     # On a GPU's path the draft steps are unrolled, its catch-up no branch.
     assert (spec["nested_loops"],
             len(spec["conditionals"])) == loops_and_branches, (path, spec)
+  # The shipped draft's layers as one kernel each (`Tiles.layer_bytes`):
+  # Triton compiles the layer kernel for an H200 without spills, and an
+  # iteration launches 5 kernels fewer per draft layer and step.
+  fused = result["loops"]["shipped"]["fused"]["speculative"]
+  one = result["loops"]["shipped"]["fused@mma_layer"]["speculative"]
+  assert one["spills"] == {}, one
+  assert fused["body"] - one["body"] == 5 * 2 * 3, (fused["body"], one["body"])

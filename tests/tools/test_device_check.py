@@ -278,6 +278,22 @@ def test_summary_shows_each_decode_path():
           }
       }
   }
+  report["pretrained"]["main_job_by_tiles"] = {
+      "mma_layer": {
+          "identity": {
+              "default_precision": {
+                  "examples": 60,
+                  "identical": 60
+              }
+          },
+          "1": {
+              "speedup": 2.1
+          },
+          "8": {
+              "error": "RuntimeError: x"
+          }
+      }
+  }
   report["paths"]["steps"]["fused"]["xxl"].update(call_k=8, call_cost=1.04)
   report["paths"]["table2_pairs"] = {
       "best": [{
@@ -316,6 +332,8 @@ def test_summary_shows_each_decode_path():
           "paper's 3.4x") in text
   assert "option_sets: fused/default 0.30 xla/default 1.00" in text
   assert "main job on fused: batch 1 1.90x, batch 8 -x" in text
+  assert ("main job on fused, tiles mma_layer: identity 60/60, batch 1 "
+          "2.10x, batch 8 -x") in text
 
 
 def test_launch_ops_counts_the_programs_steps_not_fused_ops():

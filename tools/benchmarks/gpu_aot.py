@@ -27,6 +27,7 @@ Counts only: nothing runs. Compile seconds are this host's.
   python -m tools.benchmarks.gpu_aot --output=benchmarks/issue56_gpu_aot.json
 """
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -267,8 +268,9 @@ def _loop_programs(pair: Dict[str, Any], path: str, device: Any,
   }
   out = {}
   for name, (fn, args, kwargs) in programs.items():
-    jitted = jax.jit(
-        fn, static_argnames=tuple(k for k in kwargs if k != "acceptance"))
+    jitted = jax.jit(  # A fresh function: traced under the tiles in force.
+        functools.partial(fn),
+        static_argnames=tuple(k for k in kwargs if k != "acceptance"))
     out[name] = _timed(
         lambda j=jitted, a=args, k=kwargs: iteration_hlo.iteration_kernels(
             paths.compile_shapes(j, *a, device=device, **k).as_text()))
@@ -276,12 +278,21 @@ def _loop_programs(pair: Dict[str, Any], path: str, device: Any,
 
 
 def loops_group(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
-  """Per pair and path, the kernels of an iteration of each loop."""
+  """Per pair and path, the kernels of an iteration of each loop; on
+  'fused' also under each tile preset that runs small layers as one kernel
+  (`Tiles.layer_bytes`: 'fused@<preset>')."""
   out: Dict[str, Any] = {}
+  layer_presets = {
+      n: t for n, t in gpu.TILE_PRESETS.items() if t.layer_bytes
+  } if "fused" in f.paths else {}
   for name, pair in _pairs(f).items():
     out[name] = {"gamma": pair["gamma"], "max_decode_length": _LENGTH}
     for path in f.paths:
       out[name][path] = _loop_programs(pair, path, device, _LENGTH)
+    for preset, tiles_ in layer_presets.items():
+      with gpu.tiles(tiles_):  # Traced inside: fresh jits.
+        out[name][f"fused@{preset}"] = _loop_programs(pair, "fused", device,
+                                                      _LENGTH)
   return out
 
 
@@ -321,11 +332,13 @@ def summary(result: Dict[str, Any]) -> List[str]:
                          for n in spec["nested"])
       branches = "".join(f"; a branch ({' or '.join(map(str, c))} kernels)"
                          for c in spec.get("conditionals", []))
+      spilled = sorted({**base.get("spills", {}), **spec.get("spills", {})})
       lines.append(
           f"{pair} {path}: baseline {base['body'] + base['condition']} "
           f"kernels/iteration; speculative {spec['body'] + spec['condition']}"
           f" ({spec['outside_model_calls']} outside the model calls)"
-          f"{' + ' + draft if draft else ''}{branches}")
+          f"{' + ' + draft if draft else ''}{branches}"
+          f"{'; spills in ' + ', '.join(spilled) if spilled else ''}")
   return lines
 
 

@@ -447,6 +447,14 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
     lines.append(f"  main job on {path}: " +
                  ", ".join(f"batch {b} {_num(r.get('speedup'), '{:.2f}')}x"
                            for b, r in by_batch.items()))
+  for preset, r in (_get(report, "pretrained", "main_job_by_tiles") or
+                    {}).items():
+    same = (r.get("identity") or {}).get("default_precision") or {}
+    lines.append(f"  main job on fused, tiles {preset}: identity "
+                 f"{same.get('identical', '?')}/{same.get('examples', '?')}, " +
+                 ", ".join(f"batch {b} {_num(m.get('speedup'), '{:.2f}')}x"
+                           for b, m in r.items()
+                           if b.isdigit()))
   return lines
 
 

@@ -114,7 +114,8 @@ class Settings:
       (`kernels.gpu.GPU_OPTION_SETS`) and the fused kernels' tiles
       (`kernels.gpu.TILE_PRESETS`) the `paths` phase times;
       tile_call_presets: those whose target's `max(chunk_sizes)`-token
-      call it times too (tensor cores or not).
+      call it times too (tensor cores or not); main_job_tiles: those the
+      pretrained phase's identity and main job run under too ('fused').
   """
   mode: str
   total_s: float
@@ -162,6 +163,10 @@ class Settings:
   tile_presets: Tuple[str, ...] = ("default", "tall_wide", "mma", "tall_mma",
                                    "mma_split", "tall_mma_split")
   tile_call_presets: Tuple[str, ...] = ("default", "mma", "mma_split")
+  # The shipped draft's 184 KB layers as one kernel each (`Tiles.
+  # layer_bytes`; its 6 a layer cost launches, not bytes): the pretrained
+  # phase's identity and main job under them too.
+  main_job_tiles: Tuple[str, ...] = ("mma_layer",)
 
 
 FULL = Settings(

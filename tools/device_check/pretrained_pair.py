@@ -18,7 +18,9 @@ greedy, 48 tokens at most.
 * decode path: the check's (`--path`; the check's: 'fused' on one GPU)
   for the identity and the main job; `main_job_by_path` repeats the main
   job on 'xla' too, each path at batch 1 and 8 (`main_job_batches`;
-  consecutive captions, a last partial batch left out).
+  consecutive captions, a last partial batch left out);
+  `main_job_by_tiles` the identity and the main job on 'fused' under
+  other tiles (`main_job_tiles`: the draft's layers as one kernel each).
 * main job: the walltime of decoding every caption with each decoder, in
   interleaved rounds (alternating which goes first), compilation excluded
   (one untimed caption each first): speedup = median over rounds of target
@@ -39,6 +41,7 @@ from specdec_jax.files import io_utils
 from specdec_jax.metrics import timing
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
+from specdec_jax.core.kernels import gpu
 from specdec_jax.core.models import T5Model
 from specdec_jax.metrics import exactness
 from tools.device_check import common
@@ -197,6 +200,35 @@ def main_job_by_path(s: common.Settings, target, draft, inputs, first,
   return out
 
 
+def by_tiles(s: common.Settings, target, draft, inputs,
+             deadline: common.Deadline) -> Dict[str, Any]:
+  """On 'fused', under each of `main_job_tiles` (the draft's small layers
+  as one kernel: `Tiles.layer_bytes`): {preset: {'identity', batch: main
+  job}}, the programs traced afresh under it (and again after)."""
+  out: Dict[str, Any] = {}
+  if target.decode_path != "fused":
+    return out
+  for preset in s.main_job_tiles:
+    if not deadline.allows(20.0):
+      out[preset] = {"skipped": "time cap"}
+      continue
+    common.log(f"pretrained: identity and main job under tiles {preset}")
+    jax.clear_caches()  # The loops traced under the check's tiles.
+    try:
+      with gpu.tiles(gpu.TILE_PRESETS[preset]):
+        record: Dict[str, Any] = {
+            "identity": common.guarded(lambda: identity(
+                target, draft, batched(inputs, 1), s.max_decode_length))
+        }
+        for size in s.main_job_batches:
+          record[str(size)] = common.guarded(lambda n=size: main_job(
+              s, target, draft, batched(inputs, n), deadline))
+    finally:
+      jax.clear_caches()
+    out[preset] = record
+  return out
+
+
 def run(s: common.Settings, record: common.Recorder,
         deadline: common.Deadline) -> bool:
   """The phase; True if the greedy outputs are identical on every caption."""
@@ -229,6 +261,8 @@ def run(s: common.Settings, record: common.Recorder,
         "main_job_by_path",
         main_job_by_path(s, target, draft, inputs, record.data["main_job"],
                          deadline))
+    record.set("main_job_by_tiles", by_tiles(s, target, draft, inputs,
+                                             deadline))
   else:
     record.set("main_job", {"skipped": "time cap"})
   return bool(same["all_identical"])

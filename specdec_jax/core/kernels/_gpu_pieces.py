@@ -13,7 +13,7 @@ device check checks: `paths.rows_identical`). Each row's sum of squares
 is a reduction of its own (a tile's row reduction summed a row by its
 place, on XLA:CPU).
 """
-from typing import Callable, List, Sequence
+from typing import Callable, List, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,7 @@ Array = jax.Array
 F32 = jnp.float32
 # Rows of a tensor-core tile: the smallest M of Triton's dot.
 TILE_ROWS = 16
+ALL = slice(None)  # a whole axis, in an index tuple
 
 
 def pallas():
@@ -164,13 +165,14 @@ def _normed_products_dot(row, weight, scale_ref, rows, parts, emb, eb, width,
 
 
 def project(x_ref, scale_ref, w_ref, rows: int, eb: int, eps: float,
-            dot: bool = False) -> List[List[Array]]:
-  """RMS-normed rows x[m] [E] times w[p] [E, D] (p: the parts, e.g. q, k,
-  v): out[m][p] [D] float32, rounded to x's dtype."""
+            dot: bool = False, head: Tuple = ()) -> List[List[Array]]:
+  """RMS-normed rows x[m] [E] times w[*head, p] [E, D] (p: the parts, e.g.
+  q, k, v; `head`: leading indices of w_ref, none when it is one head's
+  block): out[m][p] [D] float32, rounded to x's dtype."""
   products = normed_products(lambda m, span: x_ref[m, span],
-                             lambda p, span: w_ref[p, span, :], scale_ref, rows,
-                             w_ref.shape[0], x_ref.shape[-1], eb,
-                             w_ref.shape[-1], eps, dot)
+                             lambda p, span: w_ref[head + (p, span, ALL)],
+                             scale_ref, rows, w_ref.shape[len(head)],
+                             x_ref.shape[-1], eb, w_ref.shape[-1], eps, dot)
   return [[round_to(v, x_ref.dtype) for v in row] for row in products]
 
 
@@ -211,22 +213,24 @@ def dense_products(row: Callable, weight: Callable, rows: int, steps: int,
 
 
 def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
-           bias_at: Callable) -> List[Array]:
-  """Each query [D] over keys/values [D, slots], online softmax over blocks
-  of lb slots (steps of them, from slot 0); bias_at(m, first, valid) ->
-  [lb] float32 bias of query m's slots first..first+lb-1 (valid: which
-  exist). Masked slots (bias -1e10) add exact zeros once a slot counted,
-  so trailing masked blocks change nothing."""
+           bias_at: Callable, head: Tuple = ()) -> List[Array]:
+  """Each query [D] over keys/values [*head, D, slots] (`head`: leading
+  indices, as in `project`), online softmax over blocks of lb slots (steps
+  of them, from slot 0); bias_at(m, first, valid) -> [lb] float32 bias of
+  query m's slots first..first+lb-1 (valid: which exist). Masked slots
+  (bias -1e10) add exact zeros once a slot counted, so trailing masked
+  blocks change nothing."""
   pl, plgpu = pallas()
-  head_dim, length = keys_ref.shape
+  head_dim, length = keys_ref.shape[len(head):]
 
   def body(j, carry):
     first = pl.multiple_of(j * lb, lb)
     valid = first + lax.iota(jnp.int32, lb) < length
     mask = jnp.broadcast_to(valid[None, :], (head_dim, lb))
     slots = pl.ds(first, lb)
-    keys = plgpu.load(keys_ref.at[:, slots], mask=mask, other=0.0).astype(F32)
-    values = plgpu.load(values_ref.at[:, slots], mask=mask,
+    keys = plgpu.load(keys_ref.at[head + (ALL, slots)], mask=mask,
+                      other=0.0).astype(F32)
+    values = plgpu.load(values_ref.at[head + (ALL, slots)], mask=mask,
                         other=0.0).astype(F32)
     new = []
     for m, query in enumerate(queries):

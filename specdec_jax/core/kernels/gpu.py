@@ -19,6 +19,10 @@ layer's three sublayers in two kernels each:
 
 With `Tiles.split_heads` the attention kernels' projections are a kernel
 of their own (`head_projections`) over many more programs: 8 a layer.
+With `Tiles.layer_bytes` a small layer (a draft's) is one kernel
+(`decoder_layer`): one program per row of the batch runs the six bodies
+in turn, each stage's rows through its own scratch, read back after a
+barrier; the same operations on the same blocks, so the same bits.
 
 A kernel's programs cannot exchange a row without atomics (whose float
 sums would depend on the programs' order) or a grid-wide barrier (Triton
@@ -61,11 +65,11 @@ from typing import (Any, Callable, ContextManager, Dict, Iterator, Optional,
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.core.kernels import _gpu_bodies as _bodies
 from specdec_jax.core.kernels import _gpu_pieces as _pieces
 
 Array = jax.Array
 F32 = _pieces.F32
-NEG_INF = -1e10  # The models' mask bias (`layers.NEG_INF`).
 # The custom call a Pallas Triton kernel lowers to (what the device check
 # and the tests count).
 TRITON_CALL = "__gpu$xla.gpu.triton"
@@ -132,6 +136,10 @@ class Tiles:
       leaves most of the GPU idle (64 heads: XXL's half of an H200's 132
       SMs). The same sums as unsplit, rounded alike: the same bits on CUDA
       cores.
+    layer_bytes: a decoder layer whose weights take at most this many
+      bytes runs as one kernel (`decoder_layer`), one program per row of
+      the batch: a small draft's six kernels a layer cost six launches
+      (~2 us each on an H200), not their bytes. 0: never.
   """
   emb_block: int = 64
   dense_emb_block: int = 64
@@ -143,6 +151,7 @@ class Tiles:
   num_stages: int = 2
   dot: bool = False
   split_heads: bool = False
+  layer_bytes: int = 0
 
   @property
   def row_block(self) -> int:
@@ -177,6 +186,7 @@ TILE_PRESETS = {
     "mma_split": Tiles(dot=True, split_heads=True),
     "tall_mma_split": Tiles(dot=True, emb_block=256, dense_emb_block=512,
                             in_block=1024, columns=16, split_heads=True),
+    "mma_layer": Tiles(dot=True, layer_bytes=1 << 20),
 }
 
 _INTERPRET: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
@@ -245,6 +255,12 @@ def block(n: int, cap: int) -> int:
   return size
 
 
+def one_kernel_layer(weight_bytes: int) -> bool:
+  """Whether a decoder layer of `weight_bytes` runs as one kernel
+  (`Tiles.layer_bytes`)."""
+  return 0 < weight_bytes <= _tiles().layer_bytes
+
+
 def _pow2_at_least(n: int) -> int:
   size = 1
   while size < n:
@@ -291,17 +307,6 @@ def _whole(shape: Sequence[int]) -> Tuple[Tuple[int, ...], Callable]:
 # ---------------------------------------------------------------------------
 # The kernels.
 # ---------------------------------------------------------------------------
-def _head_projection_kernel(x_ref, scale_ref, w_ref, out_ref, *, eb: int,
-                            eps: float, dot: bool):
-  rows, emb = x_ref.shape
-  width = w_ref.shape[-1]
-  products = _pieces.normed_products(lambda m, span: x_ref[m, span],
-                                     lambda p, span: w_ref[span, :], scale_ref,
-                                     rows, 1, emb, eb, width, eps, dot)
-  for m, (value,) in enumerate(products):
-    out_ref[m, :] = _pieces.round_to(value, x_ref.dtype).astype(out_ref.dtype)
-
-
 def head_projections(x: Array, scale: Array, w: Array, *,
                      eps: float = 1e-6) -> Array:
   """RMSnorm(x) @ w[h, p] for every head h and part p (`Tiles.
@@ -312,7 +317,7 @@ def head_projections(x: Array, scale: Array, w: Array, *,
   heads, parts, _, head_dim = w.shape
   t = _tiles()
   cols = block(head_dim, t.columns)
-  kernel = functools.partial(_head_projection_kernel,
+  kernel = functools.partial(_bodies.head_projection_kernel,
                              eb=block(emb, t.emb_block), eps=eps, dot=t.dot)
   call = _call(
       kernel, out_specs=[((batch, rows, heads, parts, head_dim), x.dtype,
@@ -325,21 +330,6 @@ def head_projections(x: Array, scale: Array, w: Array, *,
                           ], grid=(batch, heads * parts, head_dim // cols),
       name="decode_head_projection")
   return call(x, scale, w)[0]
-
-
-def _projected_rows(refs, rows: int, eb: int, eps: float, dot: bool,
-                    split: bool):
-  """(each row's [P] parts [D] float32 rounded to the model's dtype, the
-  refs after them): computed here from (x, scale, w), or (`split`) read
-  from one [rows, P, D] block of `head_projections`."""
-  if split:
-    projected = refs[0]
-    parts = projected.shape[1]
-    return [[projected[m, p, :].astype(F32)
-             for p in range(parts)]
-            for m in range(rows)], refs[1:]
-  x_ref, scale_ref, w_ref = refs[:3]
-  return _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot), refs[3:]
 
 
 def _head_inputs(x: Array, scale: Array, w: Array, eps: float):
@@ -356,45 +346,6 @@ def _head_inputs(x: Array, scale: Array, w: Array, eps: float):
                          _whole(scale.shape),
                          ((None, parts, emb, head_dim), lambda b, h:
                           (h, 0, 0, 0))]
-
-
-def _self_attention_kernel(start_ref, *refs, rows: int, eb: int, lb: int,
-                           eps: float, on_gpu: bool, dot: bool, split: bool):
-  pl, plgpu = _pieces.pallas()
-  projected, refs = _projected_rows(refs, rows, eb, eps, dot, split)
-  bias_ref, keys_in, values_in, ctx_ref, keys_ref, values_ref = refs
-  head_dim, length = keys_ref.shape
-  start = start_ref[0]
-  if not on_gpu:
-    # Interpret mode: the cache is not aliased (Pallas' interpreter notes a
-    # correctness issue with aliasing, b/370563936), so the block is copied
-    # before the chunk's slots are written. On a GPU the output is the
-    # input's buffer.
-    keys_ref[...] = keys_in[...]
-    values_ref[...] = values_in[...]
-  # The chunk's keys and values into the cache (the aliased outputs: read
-  # below through the same refs), then attention over the cache, its own
-  # slots included: the rows of a chunk see what one-token calls see.
-  for m, (_, key, value) in enumerate(projected):
-    slot = start + m
-    fits = jnp.full((head_dim,), slot < length)
-    plgpu.store(keys_ref.at[:, slot], key.astype(keys_ref.dtype), mask=fits)
-    plgpu.store(values_ref.at[:, slot], value.astype(values_ref.dtype),
-                mask=fits)
-  if on_gpu:  # The program's threads see each other's cache writes.
-    plgpu.debug_barrier()
-
-  def bias_at(m, first, valid):
-    # A static row as a traced scalar (interpret mode's masked loads take
-    # no Python ints).
-    return plgpu.load(bias_ref.at[jnp.int32(m), pl.ds(first, lb)], mask=valid,
-                      other=NEG_INF).astype(F32)
-
-  steps = jnp.minimum(pl.cdiv(start + rows, lb), pl.cdiv(length, lb))
-  outs = _pieces.attend([q for q, _, _ in projected], keys_ref, values_ref,
-                        steps, lb, bias_at)
-  for m, out in enumerate(outs):
-    ctx_ref[m, :] = out.astype(ctx_ref.dtype)
 
 
 def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
@@ -421,7 +372,7 @@ def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
   heads, _, _, head_dim = wqkv.shape
   length = keys.shape[-1]
   t = _tiles()
-  kernel = functools.partial(_self_attention_kernel, rows=rows,
+  kernel = functools.partial(_bodies.self_attention_kernel, rows=rows,
                              eb=block(emb, t.emb_block),
                              lb=min(t.slots, _pow2_at_least(length)), eps=eps,
                              on_gpu=not interpret(), dot=t.dot,
@@ -447,24 +398,6 @@ def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
               values)
 
 
-def _cross_attention_kernel(*refs, rows: int, eb: int, lb: int, eps: float,
-                            dot: bool, split: bool):
-  pl, plgpu = _pieces.pallas()
-  projected, refs = _projected_rows(refs, rows, eb, eps, dot, split)
-  keys_ref, values_ref, bias_ref, ctx_ref = refs
-  length = keys_ref.shape[1]
-
-  def bias_at(m, first, valid):
-    del m  # Every query sees the same encoder positions.
-    return plgpu.load(bias_ref.at[pl.ds(first, lb)], mask=valid,
-                      other=NEG_INF).astype(F32)
-
-  outs = _pieces.attend([q for (q,) in projected], keys_ref, values_ref,
-                        pl.cdiv(length, lb), lb, bias_at)
-  for m, out in enumerate(outs):
-    ctx_ref[m, :] = out.astype(ctx_ref.dtype)
-
-
 def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
                     values: Array, bias: Array, *, eps: float = 1e-6) -> Array:
   """Encoder-decoder attention up to the output projection.
@@ -482,7 +415,7 @@ def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
   heads, _, _, head_dim = wq.shape
   length = keys.shape[-1]
   t = _tiles()
-  kernel = functools.partial(_cross_attention_kernel, rows=rows,
+  kernel = functools.partial(_bodies.cross_attention_kernel, rows=rows,
                              eb=block(emb, t.emb_block),
                              lb=min(t.slots, _pow2_at_least(length)), eps=eps,
                              dot=t.dot, split=t.split_heads)
@@ -498,34 +431,95 @@ def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
   return call(*heads_in, keys, values, bias.astype(F32))[0]
 
 
-def _rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, *, rows_total: int,
-                      activations: Tuple[str,
-                                         ...], eb: int, eps: float, dot: bool):
-  pl, plgpu = _pieces.pallas()
-  rb, emb = x_ref.shape
-  parts, _, nb = w_ref.shape
-  first_row = pl.program_id(0) * rb
-  row = _pieces.row_loader(x_ref, eb, first_row, rows_total)
-  products = _pieces.normed_products(row, lambda p, span: w_ref[p, span, :],
-                                     scale_ref, rb, parts, emb, eb, nb, eps,
-                                     dot)
-  dtype = out_ref.dtype  # XLA's path: the MLP in the model's, logits in f32.
-  for r, accs in enumerate(products):
-    values = []
-    for acc, name in zip(accs, activations):
-      h = _pieces.round_to(acc, dtype)
-      values.append(h if name ==
-                    "linear" else _pieces.round_to(_activation(name)(h), dtype))
-    out = values[0]
-    for h in values[1:]:
-      out = _pieces.round_to(out * h, dtype)
-    plgpu.store(out_ref.at[jnp.int32(r), :], out.astype(out_ref.dtype),
-                mask=_pieces.row_mask(nb, first_row + r, rows_total))
+def _layer_specs(x: Array, keys: Array, cross_keys: Array, bias: Array,
+                 weights: Sequence[Array]):
+  """`decoder_layer`'s (out_specs, in_specs) for `_call`: a row of the
+  batch's blocks per program, the weights whole; out: the layer's outputs,
+  the cache, and the scratch its stages hand rows through (the attention
+  context, the two residual streams, the MLP's hidden rows)."""
+  batch, rows, emb = x.shape
+  heads, head_dim, length = keys.shape[1:]
+  enc, mlp = cross_keys.shape[-1], weights[7].shape[-1]
+
+  def per_row(*shape):
+    return (None, *shape), lambda b: (b,) + (0,) * len(shape)
+
+  def whole(a):
+    return tuple(a.shape), lambda b: (0,) * a.ndim
+
+  def rows_of(width):
+    return (batch, rows, width), x.dtype, *per_row(rows, width)
+
+  cache = per_row(heads, head_dim, length)
+  encoded = per_row(heads, head_dim, enc)
+  out_specs = [
+      rows_of(emb), (keys.shape, keys.dtype, *cache),
+      (keys.shape, keys.dtype, *cache),
+      rows_of(heads * head_dim),
+      rows_of(emb),
+      rows_of(emb),
+      rows_of(mlp)
+  ]
+  one_bias = bias.shape[0] == 1
+  in_specs = [((1,), lambda b: (b,)),
+              per_row(rows, emb), *map(whole, weights[:2]),
+              ((None, heads, rows, length), lambda b:
+               (0 if one_bias else b, 0, 0, 0)), cache, cache,
+              *map(whole, weights[2:5]), encoded, encoded,
+              per_row(enc), *map(whole, weights[5:])]
+  return out_specs, in_specs
 
 
-def _activation(name: str) -> Callable[[Array], Array]:
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  return getattr(nn, name)
+def decoder_layer(x: Array, keys: Array, values: Array, start: Array,
+                  bias: Array, cross_keys: Array, cross_values: Array,
+                  cross_bias: Array, weights: Sequence[Array],
+                  activations: Sequence[str], *,
+                  eps: float = 1e-6) -> Tuple[Array, Array, Array]:
+  """A whole decoder layer in one kernel, one program per row of the
+  batch (`Tiles.layer_bytes`): for a small draft, whose six kernels a
+  layer each cost a launch, not their bytes. The same operations on the
+  same blocks as the six kernels (`self_attention`, `dense_residual`,
+  `cross_attention`, `dense_residual`, `rms_dense`, `dense_residual`).
+
+  Args:
+    x: [B, K, E]; keys, values: [B, H, D, L] the layer's cache (donated on
+      a GPU: written in place); start: [B]; bias: [B or 1, H, K, L] float32;
+      cross_keys, cross_values: [B, H, D, S]; cross_bias: [B, S] float32.
+    weights: (self-attention norm scale [E], wqkv [H, 3, E, D], its output
+      [H*D, E], cross-attention norm scale [E], wq [H, 1, E, D], its output
+      [H*D, E], MLP norm scale [E], wi [P, E, M], wo [M, E]).
+    activations: the MLP's, one per wi part.
+
+  Returns:
+    (outputs [B, K, E] in x's dtype, keys, values).
+  """
+  (self_scale, wqkv, self_out, cross_scale, wq, cross_out, mlp_scale, wi,
+   wo) = weights
+  batch, _, emb = x.shape
+  heads, _, _, head_dim = wqkv.shape
+  length, enc = keys.shape[-1], cross_keys.shape[-1]
+  mlp = wi.shape[-1]
+  t = _tiles()
+  kernel = functools.partial(
+      _bodies.layer_kernel, heads=heads, eb=block(emb, t.emb_block),
+      lb=min(t.slots,
+             _pow2_at_least(length)), cross_lb=min(t.slots,
+                                                   _pow2_at_least(enc)),
+      kb=block(heads * head_dim, t.in_block), mlp_kb=block(mlp, t.in_block),
+      nb=block(emb, t.columns), mb=block(mlp, t.columns), eps=eps,
+      on_gpu=not interpret(), dot=t.dot, activations=tuple(activations))
+  out_specs, in_specs = _layer_specs(x, keys, cross_keys, bias, weights)
+  call = _call(kernel, out_specs=out_specs, in_specs=in_specs, grid=(batch,),
+               name="decode_layer", aliases=None if interpret() else {
+                   5: 1,
+                   6: 2
+               })
+  y, keys, values, *_ = call(start.astype(jnp.int32), x, self_scale, wqkv,
+                             bias.astype(F32), keys, values, self_out,
+                             cross_scale, wq, cross_keys, cross_values,
+                             cross_bias.astype(F32), cross_out, mlp_scale, wi,
+                             wo)
+  return y, keys, values
 
 
 def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],
@@ -544,7 +538,7 @@ def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],
                      f"{tuple(activations)}.")
   t = _tiles()
   rb, nb = min(t.row_block, rows), block(width, t.columns)
-  kernel = functools.partial(_rms_dense_kernel, rows_total=rows,
+  kernel = functools.partial(_bodies.rms_dense_kernel, rows_total=rows,
                              activations=tuple(activations),
                              eb=block(emb,
                                       t.dense_emb_block), eps=eps, dot=t.dot)
@@ -558,24 +552,6 @@ def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],
   return call(x, scale, w)[0]
 
 
-def _dense_residual_kernel(x_ref, w_ref, res_ref, out_ref, *, rows_total: int,
-                           kb: int, dot: bool):
-  pl, plgpu = _pieces.pallas()
-  rb, width = x_ref.shape
-  nb = w_ref.shape[1]
-  first_row = pl.program_id(0) * rb
-  row = _pieces.row_loader(x_ref, kb, first_row, rows_total)
-  accs = _pieces.dense_products(row, lambda span: w_ref[span, :], rb,
-                                width // kb, kb, nb, dot)
-  dtype = out_ref.dtype
-  for r in range(rb):
-    mask = _pieces.row_mask(nb, first_row + r, rows_total)
-    residual = plgpu.load(res_ref.at[jnp.int32(r), :], mask=mask,
-                          other=0.0).astype(F32)
-    out = _pieces.round_to(residual + _pieces.round_to(accs[r], dtype), dtype)
-    plgpu.store(out_ref.at[jnp.int32(r), :], out.astype(dtype), mask=mask)
-
-
 def dense_residual(x: Array, w: Array, residual: Array) -> Array:
   """residual + x @ w: x [M, N] (N: heads x head_dim, or the MLP's width),
   w [N, E], residual [M, E] -> [M, E] in residual's dtype."""
@@ -583,7 +559,7 @@ def dense_residual(x: Array, w: Array, residual: Array) -> Array:
   emb = w.shape[1]
   t = _tiles()
   rb, nb = min(t.row_block, rows), block(emb, t.columns)
-  kernel = functools.partial(_dense_residual_kernel, rows_total=rows,
+  kernel = functools.partial(_bodies.dense_residual_kernel, rows_total=rows,
                              kb=block(width, t.in_block), dot=t.dot)
   call = _call(
       kernel, out_specs=[(residual.shape, residual.dtype, (rb, nb), lambda i, j:

@@ -373,6 +373,19 @@ def fused_layer(layer: Any, x, keys, values, start, bias, cross_keys,
   def out(name, attention):
     return _weight(layer, name, attention.out.variables["params"])
 
+  weights = (scale(layer.pre_self_attention_layer_norm),
+             layer.get_variable(PACKED_COLLECTION, "self_qkv"),
+             out("self_out", layer.self_attention),
+             scale(layer.pre_cross_attention_layer_norm),
+             layer.get_variable(PACKED_COLLECTION, "cross_q"),
+             out("cross_out", layer.encoder_decoder_attention),
+             scale(layer.pre_mlp_layer_norm),
+             layer.get_variable(PACKED_COLLECTION, "mlp_wi"),
+             _weight(layer, "mlp_wo", layer.mlp.variables["params"]["wo"]))
+  if gpu.one_kernel_layer(sum(w.size * w.dtype.itemsize for w in weights)):
+    return gpu.decoder_layer(x, keys, values, start, bias, cross_keys,
+                             cross_values, cross_bias, weights,
+                             layer.config.mlp_activations)
   ctx, keys, values = gpu.self_attention(
       x, scale(layer.pre_self_attention_layer_norm),
       layer.get_variable(PACKED_COLLECTION, "self_qkv"), keys, values, start,

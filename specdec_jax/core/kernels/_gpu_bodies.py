@@ -1,0 +1,232 @@
+"""The GPU kernels' bodies (`kernels.gpu`), each a function of its
+program's refs: the six kernels' (self-attention, cross-attention, the
+RMS-normed dense product, the dense product plus residual), the split
+heads' projections, and the one-kernel layer that runs the six in turn
+(`gpu.decoder_layer`), which is why they live apart from their calls.
+"""
+from typing import Any, Callable, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.core.kernels import _gpu_pieces as _pieces
+
+Array = jax.Array
+F32 = _pieces.F32
+NEG_INF = -1e10  # The models' mask bias (`layers.NEG_INF`).
+
+
+def head_projection_kernel(x_ref, scale_ref, w_ref, out_ref, *, eb: int,
+                           eps: float, dot: bool):
+  rows, emb = x_ref.shape
+  width = w_ref.shape[-1]
+  products = _pieces.normed_products(lambda m, span: x_ref[m, span],
+                                     lambda p, span: w_ref[span, :], scale_ref,
+                                     rows, 1, emb, eb, width, eps, dot)
+  for m, (value,) in enumerate(products):
+    out_ref[m, :] = _pieces.round_to(value, x_ref.dtype).astype(out_ref.dtype)
+
+
+def projected_rows(refs, rows: int, eb: int, eps: float, dot: bool, split: bool,
+                   head: Tuple = ()):
+  """(each row's [P] parts [D] float32 rounded to the model's dtype, the
+  refs after them): computed here from (x, scale, w), or (`split`) read
+  from one [rows, P, D] block of `head_projections`."""
+  if split:
+    projected = refs[0]
+    parts = projected.shape[1]
+    return [[projected[m, p, :].astype(F32)
+             for p in range(parts)]
+            for m in range(rows)], refs[1:]
+  x_ref, scale_ref, w_ref = refs[:3]
+  return _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot,
+                         head), refs[3:]
+
+
+def self_attention_kernel(start_ref, *refs, rows: int, eb: int, lb: int,
+                          eps: float, on_gpu: bool, dot: bool, split: bool,
+                          head: Tuple = (), ctx_cols: Any = _pieces.ALL,
+                          copy_cache: bool = True):
+  """One head's self-attention (`head`: its leading index in the weight,
+  bias and cache refs, none when they are its blocks; `ctx_cols`: its
+  columns of ctx_ref)."""
+  pl, plgpu = _pieces.pallas()
+  projected, refs = projected_rows(refs, rows, eb, eps, dot, split, head)
+  bias_ref, keys_in, values_in, ctx_ref, keys_ref, values_ref = refs
+  head_dim, length = keys_ref.shape[len(head):]
+  start = start_ref[0]
+  if not on_gpu and copy_cache:
+    # Interpret mode: the cache is not aliased (Pallas' interpreter notes a
+    # correctness issue with aliasing, b/370563936), so the block is copied
+    # before the chunk's slots are written. On a GPU the output is the
+    # input's buffer.
+    keys_ref[...] = keys_in[...]
+    values_ref[...] = values_in[...]
+  # The chunk's keys and values into the cache (the aliased outputs: read
+  # below through the same refs), then attention over the cache, its own
+  # slots included: the rows of a chunk see what one-token calls see.
+  for m, (_, key, value) in enumerate(projected):
+    slot = start + m
+    fits = jnp.full((head_dim,), slot < length)
+    at = head + (_pieces.ALL, slot)
+    plgpu.store(keys_ref.at[at], key.astype(keys_ref.dtype), mask=fits)
+    plgpu.store(values_ref.at[at], value.astype(values_ref.dtype), mask=fits)
+  if on_gpu:  # The program's threads see each other's cache writes.
+    plgpu.debug_barrier()
+
+  def bias_at(m, first, valid):
+    # A static row as a traced scalar (interpret mode's masked loads take
+    # no Python ints).
+    return plgpu.load(bias_ref.at[head + (jnp.int32(m), pl.ds(first, lb))],
+                      mask=valid, other=NEG_INF).astype(F32)
+
+  steps = jnp.minimum(pl.cdiv(start + rows, lb), pl.cdiv(length, lb))
+  outs = _pieces.attend([q for q, _, _ in projected], keys_ref, values_ref,
+                        steps, lb, bias_at, head)
+  for m, out in enumerate(outs):
+    ctx_ref[m, ctx_cols] = out.astype(ctx_ref.dtype)
+
+
+def cross_attention_kernel(*refs, rows: int, eb: int, lb: int, eps: float,
+                           dot: bool, split: bool, head: Tuple = (),
+                           ctx_cols: Any = _pieces.ALL):
+  """One head's cross-attention (`head`, `ctx_cols`: as the self-
+  attention's)."""
+  pl, plgpu = _pieces.pallas()
+  projected, refs = projected_rows(refs, rows, eb, eps, dot, split, head)
+  keys_ref, values_ref, bias_ref, ctx_ref = refs
+  length = keys_ref.shape[-1]
+
+  def bias_at(m, first, valid):
+    del m  # Every query sees the same encoder positions.
+    return plgpu.load(bias_ref.at[pl.ds(first, lb)], mask=valid,
+                      other=NEG_INF).astype(F32)
+
+  outs = _pieces.attend([q for (q,) in projected], keys_ref, values_ref,
+                        pl.cdiv(length, lb), lb, bias_at, head)
+  for m, out in enumerate(outs):
+    ctx_ref[m, ctx_cols] = out.astype(ctx_ref.dtype)
+
+
+def layer_kernel(start_ref, x_ref, self_scale, wqkv, bias_ref, keys_in,
+                 values_in, self_out, cross_scale, wq, cross_keys, cross_values,
+                 cross_bias, cross_out, mlp_scale, wi, wo, y_ref, keys_ref,
+                 values_ref, ctx_ref, mid_ref, mid2_ref, hidden_ref, *,
+                 heads: int, eb: int, lb: int, cross_lb: int, kb: int,
+                 mlp_kb: int, nb: int, mb: int, eps: float, on_gpu: bool,
+                 dot: bool, activations: Tuple[str, ...]):
+  """`decoder_layer`: one program, a row of the batch's K tokens through
+  the layer's six kernels' bodies in turn, each stage's rows written to
+  this program's scratch and read back after a barrier."""
+  pl, plgpu = _pieces.pallas()
+  rows, emb = x_ref.shape
+  head_dim, mlp = wqkv.shape[-1], wi.shape[-1]
+
+  def barrier():
+    if on_gpu:  # The program's threads see each other's stores.
+      plgpu.debug_barrier()
+
+  def heads_ctx(h):
+    return pl.ds(h * head_dim, head_dim)
+
+  if not on_gpu:  # Interpret mode: the cache is copied (as the kernel's).
+    keys_ref[...] = keys_in[...]
+    values_ref[...] = values_in[...]
+
+  def residual(x, w, res, out, kb_):
+    for j in range(emb // nb):
+      dense_residual_body(x, w, res, out, 0, rows_total=rows, kb=kb_, dot=dot,
+                          first_col=j * nb, nb=nb)
+
+  for h in range(heads):
+    self_attention_kernel(start_ref, x_ref, self_scale, wqkv, bias_ref, keys_in,
+                          values_in, ctx_ref, keys_ref, values_ref, rows=rows,
+                          eb=eb, lb=lb, eps=eps, on_gpu=on_gpu, dot=dot,
+                          split=False, head=(jnp.int32(h),),
+                          ctx_cols=heads_ctx(h), copy_cache=False)
+  barrier()
+  residual(ctx_ref, self_out, x_ref, mid_ref, kb)
+  barrier()
+  for h in range(heads):
+    cross_attention_kernel(mid_ref, cross_scale, wq, cross_keys, cross_values,
+                           cross_bias, ctx_ref, rows=rows, eb=eb, lb=cross_lb,
+                           eps=eps, dot=dot, split=False, head=(jnp.int32(h),),
+                           ctx_cols=heads_ctx(h))
+  barrier()
+  residual(ctx_ref, cross_out, mid_ref, mid2_ref, kb)
+  barrier()
+  for j in range(mlp // mb):
+    rms_dense_body(mid2_ref, mlp_scale, wi, hidden_ref, 0, rows_total=rows,
+                   activations=activations, eb=eb, eps=eps, dot=dot,
+                   first_col=j * mb, nb=mb)
+  barrier()
+  residual(hidden_ref, wo, mid2_ref, y_ref, mlp_kb)
+
+
+def rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, **kw):
+  pl, _ = _pieces.pallas()
+  rms_dense_body(x_ref, scale_ref, w_ref, out_ref,
+                 pl.program_id(0) * x_ref.shape[0], **kw)
+
+
+def rms_dense_body(x_ref, scale_ref, w_ref, out_ref, first_row, *,
+                   rows_total: int, activations: Tuple[str, ...], eb: int,
+                   eps: float, dot: bool, first_col=0,
+                   nb: Optional[int] = None):
+  """`rms_dense` on a program's rows (the call's first_row onwards) and nb
+  columns from first_col (default: all of w_ref's) of w_ref and out_ref."""
+  pl, plgpu = _pieces.pallas()
+  rb, emb = x_ref.shape
+  parts, _, width = w_ref.shape
+  nb = nb or width
+  cols = pl.ds(first_col, nb)
+  row = _pieces.row_loader(x_ref, eb, first_row, rows_total)
+  products = _pieces.normed_products(row, lambda p, span: w_ref[p, span, cols],
+                                     scale_ref, rb, parts, emb, eb, nb, eps,
+                                     dot)
+  dtype = out_ref.dtype  # XLA's path: the MLP in the model's, logits in f32.
+  for r, accs in enumerate(products):
+    values = []
+    for acc, name in zip(accs, activations):
+      h = _pieces.round_to(acc, dtype)
+      values.append(h if name ==
+                    "linear" else _pieces.round_to(activation(name)(h), dtype))
+    out = values[0]
+    for h in values[1:]:
+      out = _pieces.round_to(out * h, dtype)
+    plgpu.store(out_ref.at[jnp.int32(r), cols], out.astype(out_ref.dtype),
+                mask=_pieces.row_mask(nb, first_row + r, rows_total))
+
+
+def activation(name: str) -> Callable[[Array], Array]:
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return getattr(nn, name)
+
+
+def dense_residual_kernel(x_ref, w_ref, res_ref, out_ref, **kw):
+  pl, _ = _pieces.pallas()
+  dense_residual_body(x_ref, w_ref, res_ref, out_ref,
+                      pl.program_id(0) * x_ref.shape[0], **kw)
+
+
+def dense_residual_body(x_ref, w_ref, res_ref, out_ref, first_row, *,
+                        rows_total: int, kb: int, dot: bool, first_col=0,
+                        nb: Optional[int] = None):
+  """`dense_residual` on a program's rows (the call's first_row onwards)
+  and nb columns from first_col (default: all of w_ref's) of w_ref,
+  res_ref and out_ref (columns by offset, not a view: a view of a view
+  is misread in interpret mode)."""
+  pl, plgpu = _pieces.pallas()
+  rb, width = x_ref.shape
+  nb = nb or w_ref.shape[1]
+  cols = pl.ds(first_col, nb)
+  row = _pieces.row_loader(x_ref, kb, first_row, rows_total)
+  accs = _pieces.dense_products(row, lambda span: w_ref[span, cols], rb,
+                                width // kb, kb, nb, dot)
+  dtype = out_ref.dtype
+  for r in range(rb):
+    mask = _pieces.row_mask(nb, first_row + r, rows_total)
+    residual = plgpu.load(res_ref.at[jnp.int32(r), cols], mask=mask,
+                          other=0.0).astype(F32)
+    out = _pieces.round_to(residual + _pieces.round_to(accs[r], dtype), dtype)
+    plgpu.store(out_ref.at[jnp.int32(r), cols], out.astype(dtype), mask=mask)
