@@ -319,11 +319,16 @@ def test_summary_shows_each_decode_path():
               "identical": False,
               "max_abs_diff": 1e-3
           },
+          "mma_split": {
+              "ok": False,
+              "error": "RuntimeError: x"
+          },
       }
   }
   text = cli.format_summary(report)
   assert ("tiles: a token's logits the same bits in one-token calls and in "
-          "one call: default yes (k 8), mma NO (k 8)") in text
+          "one call: default yes (k 8), mma NO (k 8), mma_split error "
+          "(RuntimeError: x) (k ?)") in text
   assert ("fused   kernels/layer 6: xxl 3.000 ms (90% of floor), small "
           "0.100 ms (25% of floor, c 0.033)") in text
   assert "fused   target's 8-token call: 1.04 steps" in text

@@ -433,9 +433,9 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
   identical = _get(p, "tiles", "rows_identical") or {}
   if identical:
     lines.append("  tiles: a token's logits the same bits in one-token "
-                 "calls and in one call: " + ", ".join(
-                     f"{n} {'yes' if r['identical'] else 'NO'} (k {r['k']})"
-                     for n, r in identical.items()))
+                 "calls and in one call: " +
+                 ", ".join(f"{n} {_identical_word(r)} (k {r.get('k', '?')})"
+                           for n, r in identical.items()))
   for group in ("option_sets", "tiles"):
     ratios = _get(p, group, "vs_reference") or {}
     if ratios:
@@ -456,6 +456,13 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
                            for b, m in r.items()
                            if b.isdigit()))
   return lines
+
+
+def _identical_word(r: Dict[str, Any]) -> str:
+  """'yes', 'NO', or the error a preset's rows check ended in."""
+  if "identical" not in r:
+    return f"error ({r.get('error', '?')})"
+  return "yes" if r["identical"] else "NO"
 
 
 def _loop_lines(report: Dict[str, Any]) -> List[str]:

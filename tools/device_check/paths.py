@@ -376,8 +376,9 @@ def _tiles(b: physics.Bench, s: common.Settings,
         preset)
   common.log(f"paths: fused kernels' tiles, {len(variants)} variants")
   draft = b.key(s.drafts[0], "fused")
-  identical = {
-      p: rows_identical(b.models[draft], b.cache(draft, 1), k, p)
+  identical = {  # A preset that fails to compile is its own error.
+      p: common.guarded(
+          lambda p=p: rows_identical(b.models[draft], b.cache(draft, 1), k, p))
       for p in s.tile_call_presets
   }
   record.set(
