@@ -18,13 +18,10 @@ NEG_INF = -1e10  # The models' mask bias (`layers.NEG_INF`).
 
 def head_projection_kernel(x_ref, scale_ref, w_ref, out_ref, *, eb: int,
                            eps: float, dot: bool):
-  rows, emb = x_ref.shape
-  width = w_ref.shape[-1]
-  products = _pieces.normed_products(lambda m, span: x_ref[m, span],
-                                     lambda p, span: w_ref[span, :], scale_ref,
-                                     rows, 1, emb, eb, width, eps, dot)
-  for m, (value,) in enumerate(products):
-    out_ref[m, :] = _pieces.round_to(value, x_ref.dtype).astype(out_ref.dtype)
+  """`project` of one head's part (w_ref [1, E, columns]) into out_ref."""
+  for m, (value,) in enumerate(
+      _pieces.project(x_ref, scale_ref, w_ref, x_ref.shape[0], eb, eps, dot)):
+    out_ref[m, :] = value.astype(out_ref.dtype)
 
 
 def projected_rows(refs, rows: int, eb: int, eps: float, dot: bool, split: bool,
@@ -49,7 +46,8 @@ def self_attention_kernel(start_ref, *refs, rows: int, eb: int, lb: int,
                           copy_cache: bool = True):
   """One head's self-attention (`head`: its leading index in the weight,
   bias and cache refs, none when they are its blocks; `ctx_cols`: its
-  columns of ctx_ref)."""
+  columns of ctx_ref; `copy_cache`: in interpret mode, copy the whole
+  cache block in first: once per kernel, before any head writes it)."""
   pl, plgpu = _pieces.pallas()
   projected, refs = projected_rows(refs, rows, eb, eps, dot, split, head)
   bias_ref, keys_in, values_in, ctx_ref, keys_ref, values_ref = refs
@@ -129,10 +127,6 @@ def layer_kernel(start_ref, x_ref, self_scale, wqkv, bias_ref, keys_in,
   def heads_ctx(h):
     return pl.ds(h * head_dim, head_dim)
 
-  if not on_gpu:  # Interpret mode: the cache is copied (as the kernel's).
-    keys_ref[...] = keys_in[...]
-    values_ref[...] = values_in[...]
-
   def residual(x, w, res, out, kb_):
     for j in range(emb // nb):
       dense_residual_body(x, w, res, out, 0, rows_total=rows, kb=kb_, dot=dot,
@@ -143,7 +137,7 @@ def layer_kernel(start_ref, x_ref, self_scale, wqkv, bias_ref, keys_in,
                           values_in, ctx_ref, keys_ref, values_ref, rows=rows,
                           eb=eb, lb=lb, eps=eps, on_gpu=on_gpu, dot=dot,
                           split=False, head=(jnp.int32(h),),
-                          ctx_cols=heads_ctx(h), copy_cache=False)
+                          ctx_cols=heads_ctx(h), copy_cache=h == 0)
   barrier()
   residual(ctx_ref, self_out, x_ref, mid_ref, kb)
   barrier()

@@ -325,7 +325,7 @@ def head_projections(x: Array, scale: Array, w: Array, *,
                           (b, 0, hp // parts, hp % parts, c))], in_specs=[
                               ((None, rows, emb), lambda b, hp, c: (b, 0, 0)),
                               _whole(scale.shape),
-                              ((None, None, emb, cols), lambda b, hp, c:
+                              ((None, 1, emb, cols), lambda b, hp, c:
                                (hp // parts, hp % parts, 0, c))
                           ], grid=(batch, heads * parts, head_dim // cols),
       name="decode_head_projection")

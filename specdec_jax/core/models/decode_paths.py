@@ -351,7 +351,8 @@ def packed_mlp(layer: Any, y: jax.Array) -> jax.Array:
 
 def fused_layer(layer: Any, x, keys, values, start, bias, cross_keys,
                 cross_values, cross_bias):
-  """'fused': a decoder layer's chunk in 6 GPU kernels (`kernels.gpu`).
+  """'fused': a decoder layer's chunk in 6 GPU kernels (`kernels.gpu`),
+  or in one where its weights fit `Tiles.layer_bytes`.
 
   Args:
     layer: the bound `network.DecoderLayer`.
@@ -386,23 +387,15 @@ def fused_layer(layer: Any, x, keys, values, start, bias, cross_keys,
     return gpu.decoder_layer(x, keys, values, start, bias, cross_keys,
                              cross_values, cross_bias, weights,
                              layer.config.mlp_activations)
-  ctx, keys, values = gpu.self_attention(
-      x, scale(layer.pre_self_attention_layer_norm),
-      layer.get_variable(PACKED_COLLECTION, "self_qkv"), keys, values, start,
-      bias)
-  y = gpu.dense_residual(ctx.reshape(rows, -1),
-                         out("self_out", layer.self_attention),
-                         x.reshape(rows, emb))
-  ctx = gpu.cross_attention(y.reshape(batch, k, emb),
-                            scale(layer.pre_cross_attention_layer_norm),
-                            layer.get_variable(PACKED_COLLECTION, "cross_q"),
+  (self_scale, wqkv, self_out, cross_scale, wq, cross_out, mlp_scale, wi,
+   wo) = weights
+  ctx, keys, values = gpu.self_attention(x, self_scale, wqkv, keys, values,
+                                         start, bias)
+  y = gpu.dense_residual(ctx.reshape(rows, -1), self_out, x.reshape(rows, emb))
+  ctx = gpu.cross_attention(y.reshape(batch, k, emb), cross_scale, wq,
                             cross_keys, cross_values, cross_bias)
-  y = gpu.dense_residual(ctx.reshape(rows, -1),
-                         out("cross_out", layer.encoder_decoder_attention), y)
-  hidden = gpu.rms_dense(y, scale(layer.pre_mlp_layer_norm),
-                         layer.get_variable(PACKED_COLLECTION, "mlp_wi"),
-                         layer.config.mlp_activations)
-  wo = _weight(layer, "mlp_wo", layer.mlp.variables["params"]["wo"])
+  y = gpu.dense_residual(ctx.reshape(rows, -1), cross_out, y)
+  hidden = gpu.rms_dense(y, mlp_scale, wi, layer.config.mlp_activations)
   y = gpu.dense_residual(hidden, wo, y)
   return y.reshape(batch, k, emb), keys, values
 
