@@ -328,6 +328,36 @@ def test_a_small_layer_in_one_kernel_computes_the_same_bits(wide_world, base):
     assert gpu.one_kernel_layer(100) and not gpu.one_kernel_layer(101)
 
 
+@pytest.mark.parametrize("base", ["default", "mma"])
+def test_folded_layers_are_exact_and_row_independent(world, base):
+  """`Tiles.fold_bytes`: layers whose weights fit run as three kernels,
+  the output projections' partial sums carried to the next kernel (here
+  from layer to layer, then summed before the logits): XLA's logits, a
+  token's same bits in a call of 1 or 4 tokens, not the six kernels' bits
+  (the projections summed in another order: in effect), and lowered for
+  CUDA 3 kernels a layer; a layer over the threshold, or of one kernel
+  (`layer_bytes`), is not folded."""
+  model, enc, dec = world
+  fused = model.prepared_for_decoding("fused")
+  want, _ = _decode(model, enc, dec, [9])
+  tiles = gpu.TILE_PRESETS[base]
+  got, kernels = {}, {}
+  for limit in (0, 1 << 30):
+    with gpu.tiles(dataclasses.replace(tiles, fold_bytes=limit)):
+      got[limit], chunked = _decode_traced_now(fused, enc, dec, [1] * 9,
+                                               [4, 1, 4], max_len=9)
+      kernels[limit] = _triton_calls(fused, 12, 4)
+    np.testing.assert_allclose(got[limit], want, atol=F32_ATOL)
+    np.testing.assert_array_equal(got[limit], chunked)
+  assert kernels == {0: 6 * 2 + 1, 1 << 30: 3 * 2 + 1}
+  assert not np.array_equal(got[0], got[1 << 30])
+  assert gpu.folded_layer(100) is False  # off by default
+  with gpu.tiles(dataclasses.replace(tiles, fold_bytes=100)):
+    assert gpu.folded_layer(100) and not gpu.folded_layer(101)
+    with gpu.tiles(dataclasses.replace(tiles, fold_bytes=100, layer_bytes=100)):
+      assert not gpu.folded_layer(100)
+
+
 def test_tensor_core_rows_are_bitwise_independent_of_the_call(world):
   """As above on tensor cores (the 'mma' preset; the dense kernels' blocks
   are 16 wide and more here), whose tile of 16 rows holds a token at
@@ -401,10 +431,13 @@ def test_greedy_speculative_equals_the_baseline_on(path):
   assert 0 < spec.statistics()["alpha_hat"] < 1  # Guesses kept and rejected.
 
 
-def test_greedy_speculative_equals_the_baseline_on_tensor_cores():
-  """`Tiles.dot` (the 'mma' preset) in a model wide enough for its tiles
-  (width 128, heads of 16): the loops' K-token calls and one-token calls
-  agree to the bit, so greedy speculative decoding is the baseline."""
+@pytest.mark.parametrize("preset", ["mma", "mma_fold"])
+def test_greedy_speculative_equals_the_baseline_on_tensor_cores(preset):
+  """`Tiles.dot` (the 'mma' preset; 'mma_fold': its layers folded, the
+  partial sums carried from layer to layer) in a model wide enough for its
+  tiles (width 128, heads of 16): the loops' K-token calls and one-token
+  calls agree to the bit, so greedy speculative decoding is the
+  baseline."""
   config = tiny_config(vocab_size=32, emb_dim=128, num_heads=2, head_dim=16,
                        mlp_dim=256, num_encoder_layers=1, num_decoder_layers=2)
   target = _t5x(config, seed=13)
@@ -417,7 +450,7 @@ def test_greedy_speculative_equals_the_baseline_on_tensor_cores():
   rng = jax.random.PRNGKey(0)
   jax.clear_caches()  # The loops traced here, under the preset: not reused.
   try:
-    with gpu.tiles(gpu.TILE_PRESETS["mma"]):
+    with gpu.tiles(gpu.TILE_PRESETS[preset]):
       base = decoding.temperature_sample(target, inputs, rng,
                                          max_decode_length=8)
       spec = decoding.speculative_sample(target, draft, inputs, rng, gamma=3,

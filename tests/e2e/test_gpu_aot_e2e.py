@@ -65,3 +65,14 @@ def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
   one = result["loops"]["shipped"]["fused@mma_layer"]["speculative"]
   assert one["spills"] == {}, one
   assert fused["body"] - one["body"] == 5 * 2 * 3, (fused["body"], one["body"])
+  # And the 38M target's 8 layers in three kernels each (`Tiles.
+  # fold_bytes`), their partial sums added once in XLA before the logits:
+  # 3 kernels fewer a layer, one more a call, in both loops.
+  for loop, unfolded in (("speculative", one),
+                         ("baseline",
+                          result["loops"]["shipped"]["fused"]["baseline"])):
+    folded = result["loops"]["shipped"]["fused@mma_layer_fold"][loop]
+    assert folded["spills"] == {}, folded
+    assert unfolded["body"] - folded["body"] == 3 * 8 - 1, (loop,
+                                                            unfolded["body"],
+                                                            folded["body"])

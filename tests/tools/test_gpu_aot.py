@@ -16,6 +16,7 @@ from tools.benchmarks import gpu_aot
     (["--groups=layers,kernels"], "--groups", "'kernels'"),
     (["--groups="], "--groups", "''"),
     (["--paths=xla,cpu_kernel"], "--paths", "'cpu_kernel'"),
+    (["--presets=mma,huge"], "--presets", "'huge'"),
     (["--gamma=0"], "--gamma", "0"),
     (["--target_config=/no/such/file.txtpb"
      ], "--target_config", "'/no/such/file.txtpb'"),

@@ -13,9 +13,9 @@ programs XLA:GPU and Triton compile (issue 56), per decode path ('xla',
 * `sizes`: T5 v1.1 small/base/large/xxl-shaped decoders' one-token and
   (γ+1)-token calls, their kernels and Triton calls: Triton compiled every
   kernel of the 'fused' path for sm_90;
-* `tiles`: the small decoder on 'fused' with each tile preset, and the
-  registers ptxas spilled under each in the (γ+1)-token call and the XXL
-  target's calls;
+* `tiles`: the small decoder on 'fused' with each tile preset (those of
+  `--presets`), and the registers ptxas spilled under each in the
+  (γ+1)-token call and the XXL target's calls;
 * `option_sets`: each XLA:GPU option set of the device check, accepted or
   refused by this jaxlib, and the kernels under it;
 * `loops`: per pair (the shipped one, T5-XXL with a T5-small draft) the
@@ -192,7 +192,8 @@ def tiles(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
   traced under it); `calls`: the registers ptxas spilled per preset in
   the (γ+1)-token call and, at the paper's sizes, the XXL target's calls."""
   out = {}
-  for name, preset in gpu.TILE_PRESETS.items():
+  for name in f.presets:
+    preset = gpu.TILE_PRESETS[name]
 
     def compiled(preset=preset):
       with gpu.tiles(preset):
@@ -280,10 +281,12 @@ def _loop_programs(pair: Dict[str, Any], path: str, device: Any,
 def loops_group(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
   """Per pair and path, the kernels of an iteration of each loop; on
   'fused' also under each tile preset that runs small layers as one kernel
-  (`Tiles.layer_bytes`: 'fused@<preset>')."""
+  or three (`Tiles.layer_bytes`, `fold_bytes`: 'fused@<preset>')."""
   out: Dict[str, Any] = {}
   layer_presets = {
-      n: t for n, t in gpu.TILE_PRESETS.items() if t.layer_bytes
+      n: gpu.TILE_PRESETS[n]
+      for n in f.presets
+      if gpu.TILE_PRESETS[n].layer_bytes or gpu.TILE_PRESETS[n].fold_bytes
   } if "fused" in f.paths else {}
   for name, pair in _pairs(f).items():
     out[name] = {"gamma": pair["gamma"], "max_decode_length": _LENGTH}
@@ -348,6 +351,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                  help=f"comma-separated, of {', '.join(GROUPS)}")
   p.add_argument("--paths", default="xla,packed,fused",
                  help="decode paths, comma-separated, of xla, packed, fused")
+  p.add_argument(
+      "--presets", default=",".join(gpu.TILE_PRESETS),
+      help="the tiles and loops groups' tile presets "
+      "(kernels.gpu.TILE_PRESETS), comma-separated")
   p.add_argument("--gamma", type=int, default=7,
                  help="the sizes group's (γ+1)-token call")
   p.add_argument("--small", action="store_true",
@@ -358,8 +365,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   f = p.parse_args(argv)
   f.groups = [g for g in f.groups.split(",") if g]
   f.paths = [x for x in f.paths.split(",") if x]
+  f.presets = [x for x in f.presets.split(",") if x]
   for flag, values, allowed in (("groups", f.groups, GROUPS),
-                                ("paths", f.paths, ("xla", "packed", "fused"))):
+                                ("paths", f.paths, ("xla", "packed", "fused")),
+                                ("presets", f.presets,
+                                 tuple(gpu.TILE_PRESETS))):
     bad = [v for v in values if v not in allowed] or ([] if values else [""])
     if bad:
       raise common.flag_error(flag, ",".join(bad),
@@ -386,6 +396,7 @@ def _body(argv: Optional[Sequence[str]]) -> None:
       "device": str(device.device_kind),
       "target_config": f.target_config or "built-in H200",
       "paths": f.paths,
+      "presets": f.presets,
       "small": f.small,
       "host": common.host(),
   }

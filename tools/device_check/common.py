@@ -157,16 +157,20 @@ class Settings:
   loop_rounds: int = 5
   option_sets: Tuple[str, ...] = tuple(gpu.GPU_OPTION_SETS)
   # CUDA cores' chains of dependent loads (default, tall_wide) against
-  # tensor cores with pipelined loads (mma, tall_mma), and those with the
-  # attention projections over many programs, not one per head (_split):
-  # docs/design/performance.md.
+  # tensor cores with pipelined loads (mma, tall_mma), those with the
+  # attention projections over many programs, not one per head (_split),
+  # and with a small model's layers in three kernels, not six (_fold: the
+  # T5-small draft's; not XXL's): docs/design/performance.md.
   tile_presets: Tuple[str, ...] = ("default", "tall_wide", "mma", "tall_mma",
-                                   "mma_split", "tall_mma_split")
-  tile_call_presets: Tuple[str, ...] = ("default", "mma", "mma_split")
+                                   "mma_split", "tall_mma_split", "mma_fold",
+                                   "tall_mma_fold")
+  tile_call_presets: Tuple[str,
+                           ...] = ("default", "mma", "mma_split", "mma_fold")
   # The shipped draft's 184 KB layers as one kernel each (`Tiles.
-  # layer_bytes`; its 6 a layer cost launches, not bytes): the pretrained
+  # layer_bytes`; its 6 a layer cost launches, not bytes), and with the
+  # shipped target's 12 MB layers in three (`fold_bytes`): the pretrained
   # phase's identity and main job under them too.
-  main_job_tiles: Tuple[str, ...] = ("mma_layer",)
+  main_job_tiles: Tuple[str, ...] = ("mma_layer_fold", "mma_layer")
 
 
 FULL = Settings(
@@ -196,7 +200,9 @@ SMALL = dataclasses.replace(
     physics_input_length=8, fill=4, cache_len=24, inner_steps=2, repeats=2,
     main_job_batches=(1,), loop_sentences=1, loop_lengths=(2, 10),
     loop_rounds=2, option_sets=("default", "command_buffer_all"),
-    tile_presets=("default", "mma", "mma_split"))
+    tile_presets=("default", "mma", "mma_split"),
+    tile_call_presets=("default", "mma",
+                       "mma_split"), main_job_tiles=("mma_layer_fold",))
 
 
 def settings_for(mode: str, decode_path: Optional[str] = None) -> Settings:

@@ -1,8 +1,9 @@
 """The GPU kernels' bodies (`kernels.gpu`), each a function of its
 program's refs: the six kernels' (self-attention, cross-attention, the
 RMS-normed dense product, the dense product plus residual), the split
-heads' projections, and the one-kernel layer that runs the six in turn
-(`gpu.decoder_layer`), which is why they live apart from their calls.
+heads' projections, the one-kernel layer that runs the six in turn
+(`gpu_layers.decoder_layer`), which is why they live apart from their
+calls, and a folded layer's three (`gpu_layers`).
 """
 from typing import Any, Callable, Optional, Tuple
 
@@ -48,9 +49,22 @@ def self_attention_kernel(start_ref, *refs, rows: int, eb: int, lb: int,
   bias and cache refs, none when they are its blocks; `ctx_cols`: its
   columns of ctx_ref; `copy_cache`: in interpret mode, copy the whole
   cache block in first: once per kernel, before any head writes it)."""
-  pl, plgpu = _pieces.pallas()
   projected, refs = projected_rows(refs, rows, eb, eps, dot, split, head)
   bias_ref, keys_in, values_in, ctx_ref, keys_ref, values_ref = refs
+  outs = self_attend(start_ref, projected, bias_ref, keys_in, values_in,
+                     keys_ref, values_ref, on_gpu=on_gpu, lb=lb, head=head,
+                     copy_cache=copy_cache)
+  for m, out in enumerate(outs):
+    ctx_ref[m, ctx_cols] = out.astype(ctx_ref.dtype)
+
+
+def self_attend(start_ref, projected, bias_ref, keys_in, values_in, keys_ref,
+                values_ref, *, on_gpu: bool, lb: int, head: Tuple = (),
+                copy_cache: bool = True):
+  """The chunk's keys/values (projected[m]: row m's q, k, v) written into
+  the cache, then each row's query over it: [D] float32 per row."""
+  pl, plgpu = _pieces.pallas()
+  rows = len(projected)
   head_dim, length = keys_ref.shape[len(head):]
   start = start_ref[0]
   if not on_gpu and copy_cache:
@@ -79,10 +93,8 @@ def self_attention_kernel(start_ref, *refs, rows: int, eb: int, lb: int,
                       mask=valid, other=NEG_INF).astype(F32)
 
   steps = jnp.minimum(pl.cdiv(start + rows, lb), pl.cdiv(length, lb))
-  outs = _pieces.attend([q for q, _, _ in projected], keys_ref, values_ref,
+  return _pieces.attend([q for q, _, _ in projected], keys_ref, values_ref,
                         steps, lb, bias_at, head)
-  for m, out in enumerate(outs):
-    ctx_ref[m, ctx_cols] = out.astype(ctx_ref.dtype)
 
 
 def cross_attention_kernel(*refs, rows: int, eb: int, lb: int, eps: float,
@@ -90,9 +102,19 @@ def cross_attention_kernel(*refs, rows: int, eb: int, lb: int, eps: float,
                            ctx_cols: Any = _pieces.ALL):
   """One head's cross-attention (`head`, `ctx_cols`: as the self-
   attention's)."""
-  pl, plgpu = _pieces.pallas()
   projected, refs = projected_rows(refs, rows, eb, eps, dot, split, head)
   keys_ref, values_ref, bias_ref, ctx_ref = refs
+  outs = cross_attend(projected, keys_ref, values_ref, bias_ref, lb=lb,
+                      head=head)
+  for m, out in enumerate(outs):
+    ctx_ref[m, ctx_cols] = out.astype(ctx_ref.dtype)
+
+
+def cross_attend(projected, keys_ref, values_ref, bias_ref, *, lb: int,
+                 head: Tuple = ()):
+  """Each row's query (projected[m]: its [q]) over the encoder's keys and
+  values: [D] float32 per row."""
+  pl, plgpu = _pieces.pallas()
   length = keys_ref.shape[-1]
 
   def bias_at(m, first, valid):
@@ -100,10 +122,86 @@ def cross_attention_kernel(*refs, rows: int, eb: int, lb: int, eps: float,
     return plgpu.load(bias_ref.at[pl.ds(first, lb)], mask=valid,
                       other=NEG_INF).astype(F32)
 
-  outs = _pieces.attend([q for (q,) in projected], keys_ref, values_ref,
+  return _pieces.attend([q for (q,) in projected], keys_ref, values_ref,
                         pl.cdiv(length, lb), lb, bias_at, head)
-  for m, out in enumerate(outs):
-    ctx_ref[m, ctx_cols] = out.astype(ctx_ref.dtype)
+
+
+# ---------------------------------------------------------------------------
+# A folded layer's three kernels (`gpu.Tiles.fold_bytes`). Each reads the
+# residual stream as x plus the previous kernel's partial sums (`summed`:
+# whether there are any; its program 0 then writes the summed rows out)
+# and ends with its own output projection's partial sums.
+# ---------------------------------------------------------------------------
+def _stream_refs(refs, summed: bool):
+  """(x_ref, parts_ref or None, the refs after them)."""
+  if summed:
+    return refs[0], refs[1], refs[2:]
+  return refs[0], None, refs[1:]
+
+
+def _stream_row(x_ref, parts_ref, sum_ref, eb: int):
+  """A folded kernel's row loader: x + the partial sums, written out by
+  the kernel's program 0 along its second grid axis."""
+  pl, _ = _pieces.pallas()
+  rows = x_ref.shape[0]
+  return _pieces.summed_row_loader(x_ref, parts_ref, eb, 0, rows, sum_ref,
+                                   pl.program_id(1) == 0)
+
+
+def folded_self_attention_kernel(start_ref, *refs, summed: bool, eb: int,
+                                 lb: int, nb: int, eps: float, on_gpu: bool,
+                                 dot: bool):
+  """One (row of the batch, head): the stream's rows normed and projected
+  to q, k, v, the cache written, attention, and the head's share of the
+  output projection (its rows of w_out) into its partial sums."""
+  x_ref, parts_ref, refs = _stream_refs(refs, summed)
+  (scale_ref, w_ref, bias_ref, keys_in, values_in, wo_ref, *outs) = refs
+  sum_ref = outs.pop(0) if summed else None
+  partial_ref, keys_ref, values_ref = outs
+  rows = x_ref.shape[0]
+  projected = _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot,
+                              row=_stream_row(x_ref, parts_ref, sum_ref, eb))
+  outs = self_attend(start_ref, projected, bias_ref, keys_in, values_in,
+                     keys_ref, values_ref, on_gpu=on_gpu, lb=lb)
+  _pieces.partial_products([_pieces.round_to(o, x_ref.dtype) for o in outs],
+                           wo_ref, partial_ref, nb, dot)
+
+
+def folded_cross_attention_kernel(*refs, summed: bool, eb: int, lb: int,
+                                  nb: int, eps: float, dot: bool):
+  """`folded_self_attention_kernel`'s cross-attention: the head's query
+  over the encoder's keys/values, then its share of the output
+  projection."""
+  x_ref, parts_ref, refs = _stream_refs(refs, summed)
+  (scale_ref, w_ref, keys_ref, values_ref, bias_ref, wo_ref, *outs) = refs
+  sum_ref = outs.pop(0) if summed else None
+  partial_ref, = outs
+  rows = x_ref.shape[0]
+  projected = _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot,
+                              row=_stream_row(x_ref, parts_ref, sum_ref, eb))
+  outs = cross_attend(projected, keys_ref, values_ref, bias_ref, lb=lb)
+  _pieces.partial_products([_pieces.round_to(o, x_ref.dtype) for o in outs],
+                           wo_ref, partial_ref, nb, dot)
+
+
+def folded_mlp_kernel(*refs, summed: bool, activations: Tuple[str, ...],
+                      eb: int, nb: int, eps: float, dot: bool):
+  """One (row of the batch, block of the MLP's width): the stream's rows
+  normed, times the block's columns of each input weight through its
+  activation, multiplied, then times the block's rows of wo into its
+  partial sums."""
+  x_ref, parts_ref, refs = _stream_refs(refs, summed)
+  scale_ref, wi_ref, wo_ref, *outs = refs
+  sum_ref = outs.pop(0) if summed else None
+  partial_ref, = outs
+  rows, emb = x_ref.shape
+  parts, _, width = wi_ref.shape
+  products = _pieces.normed_products(
+      _stream_row(x_ref, parts_ref, sum_ref,
+                  eb), lambda p, span: wi_ref[p, span, _pieces.ALL], scale_ref,
+      rows, parts, emb, eb, width, eps, dot)
+  hidden = [gated(accs, activations, x_ref.dtype) for accs in products]
+  _pieces.partial_products(hidden, wo_ref, partial_ref, nb, dot)
 
 
 def layer_kernel(start_ref, x_ref, self_scale, wqkv, bias_ref, keys_in,
@@ -180,16 +278,23 @@ def rms_dense_body(x_ref, scale_ref, w_ref, out_ref, first_row, *,
                                      dot)
   dtype = out_ref.dtype  # XLA's path: the MLP in the model's, logits in f32.
   for r, accs in enumerate(products):
-    values = []
-    for acc, name in zip(accs, activations):
-      h = _pieces.round_to(acc, dtype)
-      values.append(h if name ==
-                    "linear" else _pieces.round_to(activation(name)(h), dtype))
-    out = values[0]
-    for h in values[1:]:
-      out = _pieces.round_to(out * h, dtype)
-    plgpu.store(out_ref.at[jnp.int32(r), cols], out.astype(out_ref.dtype),
+    plgpu.store(out_ref.at[jnp.int32(r), cols],
+                gated(accs, activations, dtype).astype(dtype),
                 mask=_pieces.row_mask(nb, first_row + r, rows_total))
+
+
+def gated(accs, activations: Tuple[str, ...], dtype) -> Array:
+  """prod_p act_p(accs[p]), each product and activation rounded to dtype
+  (where XLA's path rounds), float32."""
+  values = []
+  for acc, name in zip(accs, activations):
+    h = _pieces.round_to(acc, dtype)
+    values.append(h if name ==
+                  "linear" else _pieces.round_to(activation(name)(h), dtype))
+  out = values[0]
+  for h in values[1:]:
+    out = _pieces.round_to(out * h, dtype)
+  return out
 
 
 def activation(name: str) -> Callable[[Array], Array]:

@@ -1,6 +1,7 @@
 """Pieces the GPU kernels' bodies share (`kernels.gpu`), traced inside a
 kernel on its blocks: the RMS-normed projections, the online-softmax
-attention over a cache, the dense products.
+attention over a cache, the dense products, a folded layer's partial sums
+and the rows they are added to.
 
 A projection runs on CUDA cores (products summed per row) or, with `dot`,
 on tensor cores: rows in tiles of 16 (`TILE_ROWS`, zeros past the call's
@@ -13,7 +14,7 @@ device check checks: `paths.rows_identical`). Each row's sum of squares
 is a reduction of its own (a tile's row reduction summed a row by its
 place, on XLA:CPU).
 """
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -54,6 +55,47 @@ def row_loader(x_ref, size: int, first_row, rows_total: int) -> Callable:
   def row(r, span):
     return plgpu.load(x_ref.at[jnp.int32(r), span],
                       mask=row_mask(size, first_row + r, rows_total), other=0.0)
+
+  return row
+
+
+def summed_row_loader(x_ref, parts_ref, size: int, first_row, rows_total: int,
+                      sum_ref=None, writes=None) -> Callable:
+  """`row_loader` of the residual stream of a folded layer
+  (`gpu.Tiles.fold_bytes`): row(r, span) -> x[r, span] + the previous
+  kernel's partial sums parts_ref[:, r, span] (float32, loaded as a few
+  2-D blocks of powers of 2 and summed over them: each row's the same
+  operations in any call; the total rounded to x's dtype, then the sum:
+  where the six-kernel layer's `dense_residual` rounds), in x's dtype.
+  Where `writes` (one program of the kernel) it also stores the row into
+  sum_ref: the stream's residual for the next kernel. parts_ref None:
+  `row_loader`'s rows."""
+  pl, plgpu = pallas()
+  load = row_loader(x_ref, size, first_row, rows_total)
+  if parts_ref is None:
+    return load
+  chunks, first = [], 0
+  for bit in reversed(range(parts_ref.shape[0].bit_length())):
+    if parts_ref.shape[0] & (1 << bit):
+      chunks.append((first, 1 << bit))
+      first += 1 << bit
+
+  def row(r, span):
+    mask = row_mask(size, first_row + r, rows_total)
+    total = None
+    for first, count in chunks:
+      part = jnp.sum(
+          plgpu.load(parts_ref.at[pl.ds(first, count),
+                                  jnp.int32(r), span],
+                     mask=jnp.broadcast_to(mask[None, :], (count, size)),
+                     other=0.0).astype(F32), axis=0)
+      total = part if total is None else total + part
+    x = round_to(
+        load(r, span).astype(F32) + round_to(total, x_ref.dtype),
+        x_ref.dtype).astype(x_ref.dtype)
+    if sum_ref is not None:
+      plgpu.store(sum_ref.at[jnp.int32(r), span], x, mask=mask & writes)
+    return x
 
   return row
 
@@ -165,11 +207,13 @@ def _normed_products_dot(row, weight, scale_ref, rows, parts, emb, eb, width,
 
 
 def project(x_ref, scale_ref, w_ref, rows: int, eb: int, eps: float,
-            dot: bool = False, head: Tuple = ()) -> List[List[Array]]:
+            dot: bool = False, head: Tuple = (),
+            row: Optional[Callable] = None) -> List[List[Array]]:
   """RMS-normed rows x[m] [E] times w[*head, p] [E, D] (p: the parts, e.g.
   q, k, v; `head`: leading indices of w_ref, none when it is one head's
-  block): out[m][p] [D] float32, rounded to x's dtype."""
-  products = normed_products(lambda m, span: x_ref[m, span],
+  block): out[m][p] [D] float32, rounded to x's dtype (`row`: how a row's
+  block is read, default x_ref's)."""
+  products = normed_products(row or (lambda m, span: x_ref[m, span]),
                              lambda p, span: w_ref[head + (p, span, ALL)],
                              scale_ref, rows, w_ref.shape[len(head)],
                              x_ref.shape[-1], eb, w_ref.shape[-1], eps, dot)
@@ -210,6 +254,27 @@ def dense_products(row: Callable, weight: Callable, rows: int, steps: int,
   return list(
       lax.fori_loop(0, steps, body,
                     tuple(jnp.zeros((width,), F32) for _ in range(rows))))
+
+
+def partial_products(values: Sequence[Array], w_ref, out_ref, nb: int,
+                     dot: bool = False) -> None:
+  """out_ref[m, :] = values[m] @ w_ref, float32, unrounded: a folded
+  layer's partial sums of an output projection (a head's, or a block of
+  the MLP's width). values[m] [N] float32 (rounded to the model's dtype),
+  w_ref [N, E], out_ref [rows, E]; E in blocks of nb columns, N in one."""
+  pl, _ = pallas()
+  width, emb = w_ref.shape
+
+  def columns(c, carry):
+    cols = pl.ds(pl.multiple_of(c * nb, nb), nb)
+    sums = dense_products(lambda m, span: values[m],
+                          lambda span: w_ref[span, cols], len(values), 1, width,
+                          nb, dot)
+    for m, total in enumerate(sums):
+      out_ref[m, cols] = total.astype(out_ref.dtype)
+    return carry
+
+  lax.fori_loop(0, emb // nb, columns, 0)
 
 
 def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,

@@ -19,15 +19,12 @@ layer's three sublayers in two kernels each:
 
 With `Tiles.split_heads` the attention kernels' projections are a kernel
 of their own (`head_projections`) over many more programs: 8 a layer.
-With `Tiles.layer_bytes` a small layer (a draft's) is one kernel
-(`decoder_layer`): one program per row of the batch runs the six bodies
-in turn, each stage's rows through its own scratch, read back after a
-barrier; the same operations on the same blocks, so the same bits.
-
 A kernel's programs cannot exchange a row without atomics (whose float
 sums would depend on the programs' order) or a grid-wide barrier (Triton
 has none), so each sublayer ends where the next one needs a whole row: 6
-kernels a layer, not 3.
+kernels a layer. `gpu_layers` runs a layer in fewer: a small one in one
+program per row (`Tiles.layer_bytes`), or one kernel a sublayer with the
+output projections as partial sums (`Tiles.fold_bytes`).
 
 Every row is computed by the same operations on the same shapes whatever
 the number of rows in the call, and masked cache slots add exact zeros to
@@ -48,7 +45,8 @@ tail is masked; only `head_dim` itself must be a power of 2 (`supported`).
 Off a GPU the same kernels run in Pallas' interpret mode (`interpret`):
 slow, for tests; `lowering_for_gpu` lowers them for Triton on a CPU (a
 test lowers a whole decoder for CUDA that way). `Tiles` are the block
-sizes and warps, `tiles` overrides them for a measurement.
+sizes and warps, `tiles` overrides them for a measurement; `pallas_call`, `current_tiles`
+and the block helpers are what `gpu_layers` builds its kernels with.
 
 `GPU_OPTION_SETS` are the XLA:GPU compiler options the device check
 measures per program (`tools/device_check`); `GPU_LOOP_OPTIONS` is what
@@ -118,7 +116,8 @@ class Tiles:
     dense_emb_block: contraction block of `rms_dense` (the MLP's input
       side, the logits).
     in_block: contraction block of the output projections.
-    columns: output columns per program of the dense kernels.
+    columns: output columns per program of the dense kernels (of a folded
+      layer's MLP: its width).
     slots: cache (or encoder) slots per attention step.
     rows: rows per program of the dense kernels (with `dot`: 16, a tile).
     num_warps, num_stages: Triton's.
@@ -137,9 +136,21 @@ class Tiles:
       SMs). The same sums as unsplit, rounded alike: the same bits on CUDA
       cores.
     layer_bytes: a decoder layer whose weights take at most this many
-      bytes runs as one kernel (`decoder_layer`), one program per row of
-      the batch: a small draft's six kernels a layer cost six launches
-      (~2 us each on an H200), not their bytes. 0: never.
+      bytes runs as one kernel (`gpu_layers.decoder_layer`), one program
+      per row of the batch: a small draft's six kernels a layer cost six
+      launches (~2 us each on an H200), not their bytes. 0: never.
+    fold_bytes: a decoder layer over `layer_bytes` whose weights take at
+      most this many bytes runs as three kernels, one a sublayer
+      (`gpu_layers.folded_self_attention`, `folded_cross_attention`,
+      `folded_mlp`): each program ends with its share of the sublayer's
+      output projection (a head's rows of it; a block of `columns` of the
+      MLP's width) as float32 partial sums, which the next kernel's
+      programs add to the residual as they read it. Half the launches of six kernels, where
+      launches cost more than the partial sums' reads (a T5-small-shaped
+      layer; not XXL's). Their projections are never split
+      (`split_heads`). 0: never.
+    out_columns: a folded kernel's partial sums: columns of the model
+      width per block of their product.
   """
   emb_block: int = 64
   dense_emb_block: int = 64
@@ -152,6 +163,8 @@ class Tiles:
   dot: bool = False
   split_heads: bool = False
   layer_bytes: int = 0
+  fold_bytes: int = 0
+  out_columns: int = 128
 
   @property
   def row_block(self) -> int:
@@ -172,6 +185,11 @@ class Tiles:
 # head; "tall_mma_split" reads them 256 deep: a pipelined program keeps
 # num_stages blocks in flight, and bandwidth is bytes in flight / latency
 # (XXL's 768 projection programs at 16 columns x 64 deep: ~4 KB each).
+# "_fold" (`Tiles.fold_bytes`): a small model's layer in 3 kernels; one
+# program per head still reads a head's weights (T5-small: 260 KB), so
+# "tall_mma_fold" reads them in blocks twice as deep, its MLP's weights 4x
+# as deep (at 8 tokens a block of each row's partial sums is in shared
+# memory: 256 deep, or 64 MLP programs' sums, exceeded it).
 TILE_PRESETS = {
     "default": Tiles(),
     "wide": Tiles(emb_block=128, dense_emb_block=128, in_block=256, columns=64,
@@ -187,6 +205,10 @@ TILE_PRESETS = {
     "tall_mma_split": Tiles(dot=True, emb_block=256, dense_emb_block=512,
                             in_block=1024, columns=16, split_heads=True),
     "mma_layer": Tiles(dot=True, layer_bytes=1 << 20),
+    "mma_fold": Tiles(dot=True, fold_bytes=64 << 20),
+    "tall_mma_fold": Tiles(dot=True, emb_block=128, dense_emb_block=256,
+                           fold_bytes=64 << 20),
+    "mma_layer_fold": Tiles(dot=True, layer_bytes=1 << 20, fold_bytes=64 << 20),
 }
 
 _INTERPRET: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
@@ -195,7 +217,7 @@ _TILES: contextvars.ContextVar[Optional[Tiles]] = contextvars.ContextVar(
     "specdec_jax_gpu_tiles", default=None)
 
 
-def _tiles() -> Tiles:
+def current_tiles() -> Tiles:
   return _TILES.get() or Tiles()
 
 
@@ -258,10 +280,17 @@ def block(n: int, cap: int) -> int:
 def one_kernel_layer(weight_bytes: int) -> bool:
   """Whether a decoder layer of `weight_bytes` runs as one kernel
   (`Tiles.layer_bytes`)."""
-  return 0 < weight_bytes <= _tiles().layer_bytes
+  return 0 < weight_bytes <= current_tiles().layer_bytes
 
 
-def _pow2_at_least(n: int) -> int:
+def folded_layer(weight_bytes: int) -> bool:
+  """Whether a decoder layer of `weight_bytes` runs as three kernels
+  (`Tiles.fold_bytes`; a layer of one kernel is not folded)."""
+  return (not one_kernel_layer(weight_bytes) and
+          0 < weight_bytes <= current_tiles().fold_bytes)
+
+
+def pow2_at_least(n: int) -> int:
   size = 1
   while size < n:
     size *= 2
@@ -276,15 +305,15 @@ def supported(head_dim: int) -> Optional[str]:
   return None
 
 
-def _call(kernel: Callable, out_specs: Any, in_specs: Sequence[Any],
-          grid: Tuple[int, ...], name: str,
-          aliases: Optional[dict] = None) -> Callable:
+def pallas_call(kernel: Callable, out_specs: Any, in_specs: Sequence[Any],
+                grid: Tuple[int, ...], name: str,
+                aliases: Optional[dict] = None) -> Callable:
   """A pallas_call of `kernel`: out_specs and in_specs are (shape,
   dtype-or-None, block, index map) tuples (block: `BlockSpec`'s, None for
   a squeezed axis). Each program gets its rows' and head's block, so that
   interpret mode copies blocks, not whole arrays, per program."""
   pl, plgpu = _pieces.pallas()
-  t = _tiles()
+  t = current_tiles()
   outs = [
       jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _, _ in out_specs
   ]
@@ -298,7 +327,7 @@ def _call(kernel: Callable, out_specs: Any, in_specs: Sequence[Any],
                                            num_stages=t.num_stages), name=name)
 
 
-def _whole(shape: Sequence[int]) -> Tuple[Tuple[int, ...], Callable]:
+def whole_block(shape: Sequence[int]) -> Tuple[Tuple[int, ...], Callable]:
   """A block spec giving every program the whole array."""
   zeros = (0,) * len(shape)
   return tuple(shape), lambda *_: zeros
@@ -315,16 +344,16 @@ def head_projections(x: Array, scale: Array, w: Array, *,
   columns). The attention kernels' `project` computes the same."""
   batch, rows, emb = x.shape
   heads, parts, _, head_dim = w.shape
-  t = _tiles()
+  t = current_tiles()
   cols = block(head_dim, t.columns)
   kernel = functools.partial(_bodies.head_projection_kernel,
                              eb=block(emb, t.emb_block), eps=eps, dot=t.dot)
-  call = _call(
+  call = pallas_call(
       kernel, out_specs=[((batch, rows, heads, parts, head_dim), x.dtype,
                           (None, rows, None, None, cols), lambda b, hp, c:
                           (b, 0, hp // parts, hp % parts, c))], in_specs=[
                               ((None, rows, emb), lambda b, hp, c: (b, 0, 0)),
-                              _whole(scale.shape),
+                              whole_block(scale.shape),
                               ((None, 1, emb, cols), lambda b, hp, c:
                                (hp // parts, hp % parts, 0, c))
                           ], grid=(batch, heads * parts, head_dim // cols),
@@ -338,12 +367,12 @@ def _head_inputs(x: Array, scale: Array, w: Array, eps: float):
   `Tiles.split_heads` their `head_projections` [B, K, H, P, D]."""
   batch, rows, emb = x.shape
   _, parts, _, head_dim = w.shape
-  if _tiles().split_heads:
+  if current_tiles().split_heads:
     return [head_projections(x, scale, w, eps=eps)], [
         ((None, rows, None, parts, head_dim), lambda b, h: (b, 0, h, 0, 0))
     ]
   return [x, scale, w], [((None, rows, emb), lambda b, h: (b, 0, 0)),
-                         _whole(scale.shape),
+                         whole_block(scale.shape),
                          ((None, parts, emb, head_dim), lambda b, h:
                           (h, 0, 0, 0))]
 
@@ -371,17 +400,17 @@ def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
   batch, rows, emb = x.shape
   heads, _, _, head_dim = wqkv.shape
   length = keys.shape[-1]
-  t = _tiles()
+  t = current_tiles()
   kernel = functools.partial(_bodies.self_attention_kernel, rows=rows,
                              eb=block(emb, t.emb_block),
-                             lb=min(t.slots, _pow2_at_least(length)), eps=eps,
+                             lb=min(t.slots, pow2_at_least(length)), eps=eps,
                              on_gpu=not interpret(), dot=t.dot,
                              split=t.split_heads)
   heads_in, heads_specs = _head_inputs(x, scale, wqkv, eps)
   cached = 2 + len(heads_in)  # keys' and values' places among the inputs
   one_bias = bias.shape[0] == 1
   cache = ((None, None, head_dim, length), lambda b, h: (b, h, 0, 0))
-  call = _call(
+  call = pallas_call(
       kernel, out_specs=[((batch, rows, heads, head_dim), x.dtype,
                           (None, rows, None, head_dim), lambda b, h:
                           (b, 0, h, 0)), (keys.shape, keys.dtype) + cache,
@@ -414,14 +443,14 @@ def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
   batch, rows, emb = x.shape
   heads, _, _, head_dim = wq.shape
   length = keys.shape[-1]
-  t = _tiles()
+  t = current_tiles()
   kernel = functools.partial(_bodies.cross_attention_kernel, rows=rows,
                              eb=block(emb, t.emb_block),
-                             lb=min(t.slots, _pow2_at_least(length)), eps=eps,
+                             lb=min(t.slots, pow2_at_least(length)), eps=eps,
                              dot=t.dot, split=t.split_heads)
   heads_in, heads_specs = _head_inputs(x, scale, wq, eps)
   encoded = ((None, None, head_dim, length), lambda b, h: (b, h, 0, 0))
-  call = _call(
+  call = pallas_call(
       kernel, out_specs=[((batch, rows, heads, head_dim), x.dtype,
                           (None, rows, None, head_dim), lambda b, h:
                           (b, 0, h, 0))], in_specs=[
@@ -429,97 +458,6 @@ def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
                               ((None, length), lambda b, h: (b, 0))
                           ], grid=(batch, heads), name="decode_cross_attention")
   return call(*heads_in, keys, values, bias.astype(F32))[0]
-
-
-def _layer_specs(x: Array, keys: Array, cross_keys: Array, bias: Array,
-                 weights: Sequence[Array]):
-  """`decoder_layer`'s (out_specs, in_specs) for `_call`: a row of the
-  batch's blocks per program, the weights whole; out: the layer's outputs,
-  the cache, and the scratch its stages hand rows through (the attention
-  context, the two residual streams, the MLP's hidden rows)."""
-  batch, rows, emb = x.shape
-  heads, head_dim, length = keys.shape[1:]
-  enc, mlp = cross_keys.shape[-1], weights[7].shape[-1]
-
-  def per_row(*shape):
-    return (None, *shape), lambda b: (b,) + (0,) * len(shape)
-
-  def whole(a):
-    return tuple(a.shape), lambda b: (0,) * a.ndim
-
-  def rows_of(width):
-    return (batch, rows, width), x.dtype, *per_row(rows, width)
-
-  cache = per_row(heads, head_dim, length)
-  encoded = per_row(heads, head_dim, enc)
-  out_specs = [
-      rows_of(emb), (keys.shape, keys.dtype, *cache),
-      (keys.shape, keys.dtype, *cache),
-      rows_of(heads * head_dim),
-      rows_of(emb),
-      rows_of(emb),
-      rows_of(mlp)
-  ]
-  one_bias = bias.shape[0] == 1
-  in_specs = [((1,), lambda b: (b,)),
-              per_row(rows, emb), *map(whole, weights[:2]),
-              ((None, heads, rows, length), lambda b:
-               (0 if one_bias else b, 0, 0, 0)), cache, cache,
-              *map(whole, weights[2:5]), encoded, encoded,
-              per_row(enc), *map(whole, weights[5:])]
-  return out_specs, in_specs
-
-
-def decoder_layer(x: Array, keys: Array, values: Array, start: Array,
-                  bias: Array, cross_keys: Array, cross_values: Array,
-                  cross_bias: Array, weights: Sequence[Array],
-                  activations: Sequence[str], *,
-                  eps: float = 1e-6) -> Tuple[Array, Array, Array]:
-  """A whole decoder layer in one kernel, one program per row of the
-  batch (`Tiles.layer_bytes`): for a small draft, whose six kernels a
-  layer each cost a launch, not their bytes. The same operations on the
-  same blocks as the six kernels (`self_attention`, `dense_residual`,
-  `cross_attention`, `dense_residual`, `rms_dense`, `dense_residual`).
-
-  Args:
-    x: [B, K, E]; keys, values: [B, H, D, L] the layer's cache (donated on
-      a GPU: written in place); start: [B]; bias: [B or 1, H, K, L] float32;
-      cross_keys, cross_values: [B, H, D, S]; cross_bias: [B, S] float32.
-    weights: (self-attention norm scale [E], wqkv [H, 3, E, D], its output
-      [H*D, E], cross-attention norm scale [E], wq [H, 1, E, D], its output
-      [H*D, E], MLP norm scale [E], wi [P, E, M], wo [M, E]).
-    activations: the MLP's, one per wi part.
-
-  Returns:
-    (outputs [B, K, E] in x's dtype, keys, values).
-  """
-  (self_scale, wqkv, self_out, cross_scale, wq, cross_out, mlp_scale, wi,
-   wo) = weights
-  batch, _, emb = x.shape
-  heads, _, _, head_dim = wqkv.shape
-  length, enc = keys.shape[-1], cross_keys.shape[-1]
-  mlp = wi.shape[-1]
-  t = _tiles()
-  kernel = functools.partial(
-      _bodies.layer_kernel, heads=heads, eb=block(emb, t.emb_block),
-      lb=min(t.slots,
-             _pow2_at_least(length)), cross_lb=min(t.slots,
-                                                   _pow2_at_least(enc)),
-      kb=block(heads * head_dim, t.in_block), mlp_kb=block(mlp, t.in_block),
-      nb=block(emb, t.columns), mb=block(mlp, t.columns), eps=eps,
-      on_gpu=not interpret(), dot=t.dot, activations=tuple(activations))
-  out_specs, in_specs = _layer_specs(x, keys, cross_keys, bias, weights)
-  call = _call(kernel, out_specs=out_specs, in_specs=in_specs, grid=(batch,),
-               name="decode_layer", aliases=None if interpret() else {
-                   5: 1,
-                   6: 2
-               })
-  y, keys, values, *_ = call(start.astype(jnp.int32), x, self_scale, wqkv,
-                             bias.astype(F32), keys, values, self_out,
-                             cross_scale, wq, cross_keys, cross_values,
-                             cross_bias.astype(F32), cross_out, mlp_scale, wi,
-                             wo)
-  return y, keys, values
 
 
 def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],
@@ -536,18 +474,18 @@ def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],
   if len(activations) != parts:
     raise ValueError(f"rms_dense: {parts} weights but activations "
                      f"{tuple(activations)}.")
-  t = _tiles()
+  t = current_tiles()
   rb, nb = min(t.row_block, rows), block(width, t.columns)
   kernel = functools.partial(_bodies.rms_dense_kernel, rows_total=rows,
                              activations=tuple(activations),
                              eb=block(emb,
                                       t.dense_emb_block), eps=eps, dot=t.dot)
-  call = _call(
+  call = pallas_call(
       kernel, out_specs=[((rows, width), out_dtype or
                           x.dtype, (rb, nb), lambda i, j: (i, j))],
       in_specs=[((rb, emb), lambda i, j: (i, 0)),
-                _whole(scale.shape), ((parts, emb, nb), lambda i, j:
-                                      (0, 0, j))],
+                whole_block(scale.shape),
+                ((parts, emb, nb), lambda i, j: (0, 0, j))],
       grid=(-(-rows // rb), width // nb), name="decode_rms_dense")
   return call(x, scale, w)[0]
 
@@ -557,11 +495,11 @@ def dense_residual(x: Array, w: Array, residual: Array) -> Array:
   w [N, E], residual [M, E] -> [M, E] in residual's dtype."""
   rows, width = x.shape
   emb = w.shape[1]
-  t = _tiles()
+  t = current_tiles()
   rb, nb = min(t.row_block, rows), block(emb, t.columns)
   kernel = functools.partial(_bodies.dense_residual_kernel, rows_total=rows,
                              kb=block(width, t.in_block), dot=t.dot)
-  call = _call(
+  call = pallas_call(
       kernel, out_specs=[(residual.shape, residual.dtype, (rb, nb), lambda i, j:
                           (i, j))],
       in_specs=[((rb, width), lambda i, j: (i, 0)),

@@ -12,8 +12,9 @@ paths (`T5Model.decode_path`, set by `T5Model.prepared_for_decoding`):
 * 'packed': XLA's ops with q/k/v packed into one kernel and wi_0/wi_1 into
   one, the attention biases computed once per call rather than fused into
   every layer (one GPU's default);
-* 'fused': the GPU kernels (`kernels.gpu`): 6 kernels a decoder layer and
-  one for the final norm and logits. Opt-in
+* 'fused': the GPU kernels (`kernels.gpu`): 6 kernels a decoder layer (1
+  or 3 under `Tiles.layer_bytes` / `fold_bytes`) and one for the final
+  norm and logits. Opt-in
   (`prepared_for_decoding(path='fused')`, the device check's `--path`)
   until a GPU run has shown Triton compiles them and they are exact there:
   until then a user's run never depends on kernels no GPU has compiled.
@@ -46,6 +47,7 @@ from jax import lax
 
 from specdec_jax.core import kernels
 from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_layers
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.layers import NEG_INF
 from specdec_jax.core.models.layers import PACKED_COLLECTION
@@ -349,21 +351,26 @@ def packed_mlp(layer: Any, y: jax.Array) -> jax.Array:
   return _dot(hidden, wo, cfg.dtype)
 
 
-def fused_layer(layer: Any, x, keys, values, start, bias, cross_keys,
+def fused_layer(layer: Any, x, partials, keys, values, start, bias, cross_keys,
                 cross_values, cross_bias):
   """'fused': a decoder layer's chunk in 6 GPU kernels (`kernels.gpu`),
-  or in one where its weights fit `Tiles.layer_bytes`.
+  in one where its weights fit `Tiles.layer_bytes`, or in three where they
+  fit `Tiles.fold_bytes`.
 
   Args:
     layer: the bound `network.DecoderLayer`.
-    x: [B, K, emb]; keys, values: [B, H, D, max_len] (written in place).
+    x, partials: the residual stream: x [B, K, emb] plus, after a folded
+      layer, its partial sums [P, B, K, emb] float32 (`gpu_layers.summed`; None:
+      x alone).
+    keys, values: [B, H, D, max_len] (written in place).
     start: [B] the rows' cache lengths before the chunk.
     bias: [B or 1, H, K, max_len] float32, every slot's bias for each
       chunk token, its own slots included (`fused_self_bias`).
     cross_keys, cross_values: [B, H, D, S]; cross_bias: [B, S] float32.
 
   Returns:
-    (outputs [B, K, emb], keys, values).
+    (outputs [B, K, emb] and their partial sums, as x and partials; keys,
+    values).
   """
   batch, k, emb = x.shape
   rows = batch * k
@@ -383,21 +390,34 @@ def fused_layer(layer: Any, x, keys, values, start, bias, cross_keys,
              scale(layer.pre_mlp_layer_norm),
              layer.get_variable(PACKED_COLLECTION, "mlp_wi"),
              _weight(layer, "mlp_wo", layer.mlp.variables["params"]["wo"]))
-  if gpu.one_kernel_layer(sum(w.size * w.dtype.itemsize for w in weights)):
-    return gpu.decoder_layer(x, keys, values, start, bias, cross_keys,
-                             cross_values, cross_bias, weights,
-                             layer.config.mlp_activations)
   (self_scale, wqkv, self_out, cross_scale, wq, cross_out, mlp_scale, wi,
    wo) = weights
+  weight_bytes = sum(w.size * w.dtype.itemsize for w in weights)
+  activations = layer.config.mlp_activations
+  if gpu.folded_layer(weight_bytes):
+    x, partials, keys, values = gpu_layers.folded_self_attention(
+        x, partials, self_scale, wqkv, self_out, keys, values, start, bias)
+    x, partials = gpu_layers.folded_cross_attention(x, partials, cross_scale,
+                                                    wq, cross_out, cross_keys,
+                                                    cross_values, cross_bias)
+    x, partials = gpu_layers.folded_mlp(x, partials, mlp_scale, wi, wo,
+                                        activations)
+    return x, partials, keys, values
+  x = gpu_layers.summed(x, partials)
+  if gpu.one_kernel_layer(weight_bytes):
+    y, keys, values = gpu_layers.decoder_layer(x, keys, values, start, bias,
+                                               cross_keys, cross_values,
+                                               cross_bias, weights, activations)
+    return y, None, keys, values
   ctx, keys, values = gpu.self_attention(x, self_scale, wqkv, keys, values,
                                          start, bias)
   y = gpu.dense_residual(ctx.reshape(rows, -1), self_out, x.reshape(rows, emb))
   ctx = gpu.cross_attention(y.reshape(batch, k, emb), cross_scale, wq,
                             cross_keys, cross_values, cross_bias)
   y = gpu.dense_residual(ctx.reshape(rows, -1), cross_out, y)
-  hidden = gpu.rms_dense(y, mlp_scale, wi, layer.config.mlp_activations)
+  hidden = gpu.rms_dense(y, mlp_scale, wi, activations)
   y = gpu.dense_residual(hidden, wo, y)
-  return y.reshape(batch, k, emb), keys, values
+  return y.reshape(batch, k, emb), None, keys, values
 
 
 def fused_self_bias(relpos_bias: Callable[..., jax.Array], start: jax.Array,

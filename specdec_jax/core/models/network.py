@@ -20,6 +20,7 @@ from jax import lax
 
 from specdec_jax.core import structs
 from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_layers
 from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models.attention import attend
 from specdec_jax.core.models.attention import CACHED
@@ -208,12 +209,13 @@ class DecoderLayer(nn.Module):
     return out, _write_chunk(keys, new_k,
                              start), _write_chunk(values, new_v, start)
 
-  def decode_chunk_fused(self, x, keys, values, start, bias, cross_keys,
-                         cross_values, cross_bias):
-    """`decode_chunk` in 6 GPU kernels ('fused': `decode_paths.fused_layer`;
-    bias: every slot's, `decode_paths.fused_self_bias`)."""
-    return decode_paths.fused_layer(self, x, keys, values, start, bias,
-                                    cross_keys, cross_values, cross_bias)
+  def decode_chunk_fused(self, x, partials, keys, values, start, bias,
+                         cross_keys, cross_values, cross_bias):
+    """`decode_chunk` in GPU kernels ('fused': `decode_paths.fused_layer`;
+    x, partials: the residual stream; bias: every slot's,
+    `decode_paths.fused_self_bias`)."""
+    return decode_paths.fused_layer(self, x, partials, keys, values, start,
+                                    bias, cross_keys, cross_values, cross_bias)
 
 
 class Decoder(nn.Module):
@@ -374,13 +376,17 @@ class Decoder(nn.Module):
     cross_bias = jnp.where(cache.encoder_valid, 0.0,
                            NEG_INF).astype(jnp.float32)
     y = self.shared_embedding(tokens.astype(jnp.int32)).astype(cfg.dtype)
+    partials = None  # The residual stream's partial sums (folded layers).
     new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
-      y, lk, lv = layer.decode_chunk_fused(y, cache.keys[i], cache.values[i],
-                                           start, bias, cache.cross_keys[i],
-                                           cache.cross_values[i], cross_bias)
+      y, partials, lk, lv = layer.decode_chunk_fused(y, partials, cache.keys[i],
+                                                     cache.values[i], start,
+                                                     bias, cache.cross_keys[i],
+                                                     cache.cross_values[i],
+                                                     cross_bias)
       new_keys.append(lk)
       new_values.append(lv)
+    y = gpu_layers.summed(y, partials)
     batch, k, emb = y.shape
     if cfg.logits_via_embedding or cache.features is not None:
       top = self.decoder_norm(y)  # XLA: a tied output layer, or kept states.
