@@ -889,3 +889,22 @@ def test_each_call_loop_is_traced_under_the_tiles_in_force():
   for name in ("wide", "narrow"):
     with gpu.tiles(gpu.TILE_PRESETS[name]):
       assert warps() == {str(gpu.TILE_PRESETS[name].num_warps)}, name
+
+
+def test_folds_nothing_weighs_a_models_layer_against_the_presets(monkeypatch):
+  """A preset that folds layers up to some bytes (`Tiles.fold_bytes`)
+  computes a target whose layers weigh more as its unfolded twin: not
+  timed twice. Layers at or under the threshold, and presets that fold
+  nothing, are timed."""
+  config = tiny_config()
+  model = T5Model(config, init_params(config, jax.random.PRNGKey(0)))
+  layer = model.params["params"]["decoder"]["layers_0"]
+  weight_bytes = sum(
+      x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(layer))
+  presets = dict(gpu.TILE_PRESETS, under=gpu.Tiles(fold_bytes=weight_bytes - 1),
+                 at=gpu.Tiles(fold_bytes=weight_bytes))
+  monkeypatch.setattr(gpu, "TILE_PRESETS", presets)
+  assert paths.folds_nothing(model, "under")
+  assert not paths.folds_nothing(model, "at")
+  assert not paths.folds_nothing(model, "mma")
+  assert not paths.folds_nothing(model, "mma_fold")  # 64 MiB: a tiny layer

@@ -358,22 +358,38 @@ def rows_identical(model: T5Model, cache: Any, k: int,
   }
 
 
+def folds_nothing(model: T5Model, preset: str) -> bool:
+  """Whether tile preset `preset` folds layers (`Tiles.fold_bytes`) but
+  none of `model`'s, whose decoder layer 0 weighs more (its T5X weights):
+  the model's program is then its unfolded twin's, not timed again."""
+  tiles = gpu.TILE_PRESETS[preset]
+  layer = model.params["params"]["decoder"]["layers_0"]
+  weight_bytes = sum(
+      x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(layer))
+  return 0 < tiles.fold_bytes < weight_bytes
+
+
 def _tiles(b: physics.Bench, s: common.Settings,
            record: common.Recorder) -> None:
   """The target's and the small draft's 'fused' step with each tile preset,
   and the target's `max(chunk_sizes)`-token call with each of
-  `tile_call_presets`."""
+  `tile_call_presets`; for the target, not the presets that fold none of
+  its layers (`folds_nothing`)."""
   variants = {}
   k = max(s.chunk_sizes)
+  target = b.key(s.target, "fused")
   for name in (s.target, s.drafts[0]):
     key = b.key(name, "fused")
     for preset in s.tile_presets:
+      if key == target and folds_nothing(b.models[key], preset):
+        continue
       variants[f"{name}/{preset}"] = _with_tiles(
           b.call(key, 1, loop=physics.call_loop_with({})), preset)
   for preset in s.tile_call_presets:
+    if folds_nothing(b.models[target], preset):
+      continue
     variants[f"{s.target}@k{k}/{preset}"] = _with_tiles(
-        b.call(b.key(s.target, "fused"), k, loop=physics.call_loop_with({})),
-        preset)
+        b.call(target, k, loop=physics.call_loop_with({})), preset)
   common.log(f"paths: fused kernels' tiles, {len(variants)} variants")
   draft = b.key(s.drafts[0], "fused")
   identical = {  # A preset that fails to compile is its own error.
