@@ -336,7 +336,9 @@ def test_folded_layers_are_exact_and_row_independent(world, base):
   token's same bits in a call of 1 or 4 tokens, not the six kernels' bits
   (the projections summed in another order: in effect), and lowered for
   CUDA 3 kernels a layer; a layer over the threshold, or of one kernel
-  (`layer_bytes`), is not folded."""
+  (`layer_bytes`), is not folded. The rows compared compiled without
+  LLVM's optimizations, as in `test_fused_rows_are_bitwise_independent_of_
+  the_call` (JAX 0.11's XLA:CPU: 1 ulp in a batch's last row)."""
   model, enc, dec = world
   fused = model.prepared_for_decoding("fused")
   want, _ = _decode(model, enc, dec, [9])
@@ -344,8 +346,8 @@ def test_folded_layers_are_exact_and_row_independent(world, base):
   got, kernels = {}, {}
   for limit in (0, 1 << 30):
     with gpu.tiles(dataclasses.replace(tiles, fold_bytes=limit)):
-      got[limit], chunked = _decode_traced_now(fused, enc, dec, [1] * 9,
-                                               [4, 1, 4], max_len=9)
+      got[limit] = _decode_unoptimized(fused, enc, dec, [1] * 9)
+      chunked = _decode_unoptimized(fused, enc, dec, [4, 1, 4])
       kernels[limit] = _triton_calls(fused, 12, 4)
     np.testing.assert_allclose(got[limit], want, atol=F32_ATOL)
     np.testing.assert_array_equal(got[limit], chunked)
