@@ -360,13 +360,15 @@ def rows_identical(model: T5Model, cache: Any, k: int,
 
 def folds_nothing(model: T5Model, preset: str) -> bool:
   """Whether tile preset `preset` folds layers (`Tiles.fold_bytes`) but
-  none of `model`'s, whose decoder layer 0 weighs more (its T5X weights):
-  the model's program is then its unfolded twin's, not timed again."""
+  none of `model`'s (`gpu.folded_layer` of decoder layer 0's T5X weights'
+  bytes): the model's program is then its unfolded twin's, not timed
+  again."""
   tiles = gpu.TILE_PRESETS[preset]
   layer = model.params["params"]["decoder"]["layers_0"]
   weight_bytes = sum(
       x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(layer))
-  return 0 < tiles.fold_bytes < weight_bytes
+  with gpu.tiles(tiles):
+    return tiles.fold_bytes > 0 and not gpu.folded_layer(weight_bytes)
 
 
 def _tiles(b: physics.Bench, s: common.Settings,

@@ -143,8 +143,7 @@ def _stream_row(x_ref, parts_ref, sum_ref, eb: int):
   """A folded kernel's row loader: x + the partial sums, written out by
   the kernel's program 0 along its second grid axis."""
   pl, _ = _pieces.pallas()
-  rows = x_ref.shape[0]
-  return _pieces.summed_row_loader(x_ref, parts_ref, eb, 0, rows, sum_ref,
+  return _pieces.summed_row_loader(x_ref, parts_ref, eb, sum_ref,
                                    pl.program_id(1) == 0)
 
 

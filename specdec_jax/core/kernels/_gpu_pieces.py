@@ -59,8 +59,8 @@ def row_loader(x_ref, size: int, first_row, rows_total: int) -> Callable:
   return row
 
 
-def summed_row_loader(x_ref, parts_ref, size: int, first_row, rows_total: int,
-                      sum_ref=None, writes=None) -> Callable:
+def summed_row_loader(x_ref, parts_ref, size: int, sum_ref=None,
+                      writes=None) -> Callable:
   """`row_loader` of the residual stream of a folded layer
   (`gpu.Tiles.fold_bytes`): row(r, span) -> x[r, span] + the previous
   kernel's partial sums parts_ref[:, r, span] (float32, loaded as a few
@@ -69,9 +69,11 @@ def summed_row_loader(x_ref, parts_ref, size: int, first_row, rows_total: int,
   where the six-kernel layer's `dense_residual` rounds), in x's dtype.
   Where `writes` (one program of the kernel) it also stores the row into
   sum_ref: the stream's residual for the next kernel. parts_ref None:
-  `row_loader`'s rows."""
+  `row_loader`'s rows. A program's rows are all the call's (a folded
+  kernel's programs take a row of the batch's K tokens)."""
   pl, plgpu = pallas()
-  load = row_loader(x_ref, size, first_row, rows_total)
+  rows = x_ref.shape[0]
+  load = row_loader(x_ref, size, 0, rows)
   if parts_ref is None:
     return load
   chunks, first = [], 0
@@ -81,7 +83,7 @@ def summed_row_loader(x_ref, parts_ref, size: int, first_row, rows_total: int,
       first += 1 << bit
 
   def row(r, span):
-    mask = row_mask(size, first_row + r, rows_total)
+    mask = row_mask(size, r, rows)
     total = None
     for first, count in chunks:
       part = jnp.sum(
