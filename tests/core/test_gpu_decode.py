@@ -105,24 +105,51 @@ def _rand(rng, *shape, scale=1.0):
   return jnp.asarray(rng.standard_normal(shape) * scale, jnp.float32)
 
 
-def test_self_attention_kernel_matches_float64():
+def _self_bias(rng, b, h, k, length, start, tree: bool):
+  """A random `gpu.SelfBias` (random buckets; with `tree`, a tree's offsets
+  and visibility in row 0 and a chain's in row 1; else a chain's, None)
+  and the [B, H, K, L] bias it stands for, by its definition."""
+  embedding = rng.standard_normal((h, 8)).astype(np.float32)
+  buckets = rng.integers(0, 8, size=2 * length - 1).astype(np.int32)
+  offsets = np.array([[0, 1, 1], [0, 1, 2]], np.int32)[:, :k]
+  visible = np.tril(np.ones((b, k, k), bool))
+  if tree:
+    visible[0, 2, 1] = False  # Row 0: tokens 1 and 2 are siblings.
+  else:
+    offsets[0] = np.arange(k)
+  want = np.full((b, h, k, length), -1e10)
+  for row in range(b):
+    for m in range(k):
+      query = start[row] + offsets[row, m]
+      cached = np.arange(start[row]) - query + length - 1
+      want[row, :, m, :start[row]] = embedding[:, buckets[cached]]
+      for c in range(k):
+        if visible[row, m, c]:
+          at = offsets[row, c] - offsets[row, m] + length - 1
+          want[row, :, m, start[row] + c] = embedding[:, buckets[at]]
+  bias = gpu.SelfBias(jnp.asarray(embedding), jnp.asarray(buckets))
+  if tree:
+    bias = bias.replace(offsets=jnp.asarray(offsets),
+                        visible=jnp.asarray(visible))
+  return bias, want
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_self_attention_kernel_matches_float64(tree):
   """Writes the chunk's slots (one row's chunk ends at the last slot), then
-  attends over every slot its bias lets it see."""
+  attends over every slot its bias lets it see (a chain's, or a token
+  tree's in one row)."""
   rng = np.random.default_rng(0)
   b, k, e, h, d, length = 2, 3, 32, 2, 8, 12
   x, scale = _rand(rng, b, k, e), _rand(rng, e)
   w = _rand(rng, h, 3, e, d, scale=0.3)
   keys, values = _rand(rng, b, h, d, length), _rand(rng, b, h, d, length)
   start = np.array([2, length - k], np.int32)
-  bias = np.where(
-      rng.random((b, h, k, length)) < 0.3, -1e10,
-      rng.standard_normal((b, h, k, length)))
-  for row in range(b):  # Each token sees its own slot.
-    for m in range(k):
-      bias[row, :, m, start[row] + m] = 0.5
-  ctx, new_keys, new_values = jax.jit(gpu.self_attention)(
-      x, scale, w, keys, values, jnp.asarray(start),
-      jnp.asarray(bias, jnp.float32))
+  bias, want_bias = _self_bias(rng, b, h, k, length, start, tree)
+  ctx, new_keys, new_values = jax.jit(gpu.self_attention)(x, scale, w, keys,
+                                                          values,
+                                                          jnp.asarray(start),
+                                                          bias)
   xn = _normed(x, scale)
   q, kk, vv = (np.einsum("bke,hed->bkhd", xn, _f64(w)[:, p]) for p in range(3))
   want_keys, want_values = _f64(keys), _f64(values)
@@ -132,9 +159,8 @@ def test_self_attention_kernel_matches_float64():
       want_values[row, :, :, start[row] + m] = vv[row, m]
   np.testing.assert_allclose(new_keys, want_keys, atol=1e-5)
   np.testing.assert_allclose(new_values, want_values, atol=1e-5)
-  np.testing.assert_allclose(ctx,
-                             _softmax_attend(q, want_keys, want_values, bias),
-                             atol=1e-5)
+  np.testing.assert_allclose(
+      ctx, _softmax_attend(q, want_keys, want_values, want_bias), atol=1e-5)
 
 
 def test_cross_attention_kernel_masks_encoder_padding():
@@ -145,7 +171,7 @@ def test_cross_attention_kernel_masks_encoder_padding():
   valid = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
   bias = np.where(valid, 0.0, -1e10).astype(np.float32)
   ctx = jax.jit(gpu.cross_attention)(x, scale, wq * 0.3, keys, values,
-                                     jnp.asarray(bias))
+                                     jnp.asarray(valid))
   q = np.einsum("bke,hed->bkhd", _normed(x, scale), _f64(wq * 0.3)[:, 0])
   want = _softmax_attend(q, _f64(keys), _f64(values),
                          np.broadcast_to(bias[:, None, None, :], (b, h, k, s)))
@@ -467,15 +493,31 @@ def test_greedy_speculative_equals_the_baseline_on_tensor_cores(preset):
 # ---------------------------------------------------------------------------
 # What the GPU compiles.
 # ---------------------------------------------------------------------------
-def _triton_calls(model: T5Model, cache_len: int, k: int) -> int:
-  """Triton kernels in `decode_chunk` of k tokens lowered for CUDA here."""
+def _lowered(model: T5Model, cache_len: int, k: int) -> str:
+  """`decode_chunk` of k tokens lowered for CUDA here (StableHLO text)."""
   cache = jax.eval_shape(lambda m, e: m.start(e, cache_len), model.unpacked(),
                          jax.ShapeDtypeStruct((1, 16), jnp.int32))
   with gpu.lowering_for_gpu():
     lowered = jax.jit(lambda m, t, c: m.decode_chunk(t, c)).trace(
         model, jax.ShapeDtypeStruct((1, k), jnp.int32),
         cache).lower(lowering_platforms=("cuda",))
-  return lowered.as_text().count(gpu.TRITON_CALL)
+  return lowered.as_text()
+
+
+def _triton_calls(model: T5Model, cache_len: int, k: int) -> int:
+  """Triton kernels in `decode_chunk` of k tokens lowered for CUDA here."""
+  return _lowered(model, cache_len, k).count(gpu.TRITON_CALL)
+
+
+def _t5_small_shaped() -> T5Model:
+  """T5 v1.1 small's shapes in bfloat16 on 'fused' (nothing allocated)."""
+  config = T5Config(vocab_size=32128, dtype=jnp.bfloat16)
+  shapes = jax.tree_util.tree_map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16),
+      param_shapes(config))
+  packed = jax.eval_shape(
+      lambda p: decode_paths.pack(p["params"], "fused", config), shapes)
+  return T5Model(config, shapes, packed=packed, decode_path="fused")
 
 
 def test_decoder_lowers_for_cuda_in_six_kernels_a_layer(world):
@@ -484,16 +526,25 @@ def test_decoder_lowers_for_cuda_in_six_kernels_a_layer(world):
 
 
 def test_t5_small_shaped_decoder_lowers_for_cuda():
-  """T5 v1.1 small's shapes in bfloat16 (shapes only, nothing allocated):
-  blocks of every width, a cache of 52 slots, a verification call of 4."""
-  config = T5Config(vocab_size=32128, dtype=jnp.bfloat16)
-  shapes = jax.tree_util.tree_map(
-      lambda s: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16),
-      param_shapes(config))
-  packed = jax.eval_shape(
-      lambda p: decode_paths.pack(p["params"], "fused", config), shapes)
-  model = T5Model(config, shapes, packed=packed, decode_path="fused")
-  assert _triton_calls(model, 52, 4) == 6 * 8 + 1
+  """T5 v1.1 small's shapes in bfloat16: blocks of every width, a cache of
+  52 slots, a verification call of 4."""
+  assert _triton_calls(_t5_small_shaped(), 52, 4) == 6 * 8 + 1
+
+
+def test_a_folded_decoder_is_its_kernels_alone():
+  """Folded (`mma_fold`), a T5-small-shaped call is 3 kernels a layer and
+  the logits', with nothing for XLA to gather, select or convert around
+  them (each an XLA kernel per call on a GPU) but the last layer's partial
+  sums (`gpu_layers.summed`): the kernels gather the embedding and build
+  the attention biases and masks from the parameters as they are."""
+  with gpu.tiles(gpu.TILE_PRESETS["mma_fold"]):
+    text = _lowered(_t5_small_shaped(), 52, 4)
+  assert text.count(gpu.TRITON_CALL) == 3 * 8 + 1
+  outside = [line for line in text.splitlines() if gpu.TRITON_CALL not in line]
+  for op in ("stablehlo.gather", "stablehlo.select"):
+    assert not [line for line in outside if op in line], op
+  converts = [line for line in outside if "stablehlo.convert" in line]
+  assert converts and all("tensor<1x4x512x" in line for line in converts)
 
 
 # ---------------------------------------------------------------------------

@@ -147,6 +147,10 @@ class _BaselineState:
   buffer: Array  # [B, T] int32 tokens, start token at 0.
   length: Array  # [B] int32 ℓ, tokens generated.
   done: Array  # [B] bool.
+  # [B] int32 the token fed next: buffer[:, ℓ] in a row not done (any
+  # token in one done: what it computes is never kept), carried as drawn,
+  # not read back from the buffer (a gather: on a GPU a kernel of its own).
+  last: Array
 
 
 def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
@@ -156,19 +160,20 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
   `temperature_sample`)."""
   batch = encoder_input_tokens.shape[0]
   rows = jnp.arange(batch)
+  buffer = _start_buffer(target, encoder_input_tokens, max_decode_length + 1)
   state = _BaselineState(
       step=jnp.array(0, jnp.int32),
       target_state=target.start(encoder_input_tokens, max_decode_length + 1),
-      buffer=_start_buffer(target, encoder_input_tokens, max_decode_length + 1),
-      length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros((batch,), bool))
+      buffer=buffer, length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros(
+          (batch,), bool), last=buffer[:, 0])
 
   def cond(s):
     return jnp.logical_not(jnp.all(s.done))
 
   def body(s):
     with jax.named_scope("verify"):  # the target step
-      logits, target_state = target.decode_chunk(
-          s.buffer[rows, s.length][:, None], s.target_state)
+      logits, target_state = target.decode_chunk(s.last[:, None],
+                                                 s.target_state)
     with jax.named_scope("acceptance"):  # here: sampling the token
       token = method.sample(jax.random.fold_in(rng, s.step), logits[:, 0])
     active = jnp.logical_not(s.done)
@@ -178,7 +183,8 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
     done = s.done | (token == eos_id) | (length >= max_decode_length)
     return _BaselineState(step=s.step + 1,
                           target_state=target.truncate(target_state, length),
-                          buffer=buffer, length=length, done=done)
+                          buffer=buffer, length=length, done=done,
+                          last=token.astype(jnp.int32))
 
   state = lax.while_loop(cond, body, state)
   return DecodeOutput(

@@ -106,8 +106,10 @@ class ModelDrafter(Drafter):
       return self._propose_adaptive(model_state, length, rngs, logits,
                                     draft_tokens, draft_probs, q, method)
 
-    # Steps 2..γ: feed x_{i-1}, guess x_i (unrolled on a GPU's paths:
-    # `protocols.unroll_draft_steps`).
+    if protocols.unroll_draft_steps(self.model):
+      return self._propose_unrolled(model_state, length, rngs, token, q, method)
+
+    # Steps 2..γ: feed x_{i-1}, guess x_i.
     def step(i, carry):
       model_state, draft_tokens, draft_probs = carry
       logits, model_state = self.model.decode_chunk(
@@ -118,11 +120,27 @@ class ModelDrafter(Drafter):
       return model_state, draft_tokens.at[:, i].set(token), draft_probs
 
     model_state, draft_tokens, draft_probs = lax.fori_loop(
-        1, gamma, step, (model_state, draft_tokens, draft_probs),
-        unroll=protocols.unroll_draft_steps(self.model))
+        1, gamma, step, (model_state, draft_tokens, draft_probs))
     # Fed: the prefix up to buffer[length], then x_1..x_{γ-1}.
     return (ModelDrafterState(model_state,
                               length + gamma), draft_tokens, draft_probs)
+
+  def _propose_unrolled(self, model_state, length, rngs, token, q, method):
+    """Steps 2..γ of `propose` unrolled (a GPU's paths:
+    `protocols.unroll_draft_steps`), from step 1's model state, token x_1
+    [B] and q_1 [B, V] or None. Each step feeds the token as drawn and the
+    guesses are stacked once at the end: no loop counter, slice or scatter
+    for XLA to run as kernels of their own between the model's."""
+    tokens, probs = [token], [q]
+    for i in range(1, rngs.shape[0]):
+      logits, model_state = self.model.decode_chunk(tokens[-1][:, None],
+                                                    model_state)
+      token, q = method.draw(rngs[i], logits[:, 0])
+      tokens.append(token)
+      probs.append(q)
+    draft_probs = None if q is None else jnp.stack(probs, axis=1)
+    return (ModelDrafterState(model_state, length + len(tokens)),
+            jnp.stack(tokens, axis=1), draft_probs)
 
   def catch_up(self, state: ModelDrafterState, buffer: Array,
                length: Array) -> Tuple[Array, Any]:

@@ -5,16 +5,32 @@ heads' projections, the one-kernel layer that runs the six in turn
 (`gpu_layers.decoder_layer`), which is why they live apart from their
 calls, and a folded layer's three (`gpu_layers`).
 """
-from typing import Any, Callable, Optional, Tuple
+import dataclasses
+from typing import Any, Callable, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from specdec_jax.core.kernels import _gpu_pieces as _pieces
 
 Array = jax.Array
 F32 = _pieces.F32
 NEG_INF = -1e10  # The models' mask bias (`layers.NEG_INF`).
+
+
+@dataclasses.dataclass(frozen=True)
+class BiasForm:
+  """The refs a self-attention kernel's bias is built from
+  (`gpu.SelfBias`): a chain's (the learned biases and the bucket table) or
+  also a tree's offsets and visibility; and the dtype the biases are
+  rounded to."""
+  chain: bool
+  dtype: Any
+
+  @property
+  def refs(self) -> int:
+    return 2 if self.chain else 4
 
 
 def head_projection_kernel(x_ref, scale_ref, w_ref, out_ref, *, eb: int,
@@ -41,28 +57,30 @@ def projected_rows(refs, rows: int, eb: int, eps: float, dot: bool, split: bool,
                          head), refs[3:]
 
 
-def self_attention_kernel(start_ref, *refs, rows: int, eb: int, lb: int,
-                          eps: float, on_gpu: bool, dot: bool, split: bool,
-                          head: Tuple = (), ctx_cols: Any = _pieces.ALL,
-                          copy_cache: bool = True):
+def self_attention_kernel(start_ref, *refs, bias: BiasForm, rows: int, eb: int,
+                          lb: int, eps: float, on_gpu: bool, dot: bool,
+                          split: bool, head: Tuple = (),
+                          ctx_cols: Any = _pieces.ALL, copy_cache: bool = True):
   """One head's self-attention (`head`: its leading index in the weight,
   bias and cache refs, none when they are its blocks; `ctx_cols`: its
   columns of ctx_ref; `copy_cache`: in interpret mode, copy the whole
   cache block in first: once per kernel, before any head writes it)."""
   projected, refs = projected_rows(refs, rows, eb, eps, dot, split, head)
-  bias_ref, keys_in, values_in, ctx_ref, keys_ref, values_ref = refs
-  outs = self_attend(start_ref, projected, bias_ref, keys_in, values_in,
-                     keys_ref, values_ref, on_gpu=on_gpu, lb=lb, head=head,
-                     copy_cache=copy_cache)
+  bias_refs, refs = refs[:bias.refs], refs[bias.refs:]
+  keys_in, values_in, ctx_ref, keys_ref, values_ref = refs
+  outs = self_attend(start_ref, projected, bias_refs, keys_in, values_in,
+                     keys_ref, values_ref, bias=bias, on_gpu=on_gpu, lb=lb,
+                     head=head, copy_cache=copy_cache)
   for m, out in enumerate(outs):
     ctx_ref[m, ctx_cols] = out.astype(ctx_ref.dtype)
 
 
-def self_attend(start_ref, projected, bias_ref, keys_in, values_in, keys_ref,
-                values_ref, *, on_gpu: bool, lb: int, head: Tuple = (),
-                copy_cache: bool = True):
+def self_attend(start_ref, projected, bias_refs, keys_in, values_in, keys_ref,
+                values_ref, *, bias: BiasForm, on_gpu: bool, lb: int,
+                head: Tuple = (), copy_cache: bool = True):
   """The chunk's keys/values (projected[m]: row m's q, k, v) written into
-  the cache, then each row's query over it: [D] float32 per row."""
+  the cache, then each row's query over it, its bias from bias_refs (the
+  refs of a `gpu.SelfBias` of form `bias`): [D] float32 per row."""
   pl, plgpu = _pieces.pallas()
   rows = len(projected)
   head_dim, length = keys_ref.shape[len(head):]
@@ -86,15 +104,62 @@ def self_attend(start_ref, projected, bias_ref, keys_in, values_in, keys_ref,
   if on_gpu:  # The program's threads see each other's cache writes.
     plgpu.debug_barrier()
 
-  def bias_at(m, first, valid):
-    # A static row as a traced scalar (interpret mode's masked loads take
-    # no Python ints).
-    return plgpu.load(bias_ref.at[head + (jnp.int32(m), pl.ds(first, lb))],
-                      mask=valid, other=NEG_INF).astype(F32)
-
   steps = jnp.minimum(pl.cdiv(start + rows, lb), pl.cdiv(length, lb))
   return _pieces.attend([q for q, _, _ in projected], keys_ref, values_ref,
-                        steps, lb, bias_at, head)
+                        steps, lb,
+                        self_bias(start, bias_refs, bias, rows, lb, head), head)
+
+
+def self_bias(start, bias_refs, form: BiasForm, rows: int, lb: int,
+              head: Tuple = ()):
+  """`_pieces.attend`'s bias_at(m, first, valid) of a chunk's rows from the
+  refs of a `gpu.SelfBias` (embedding [*head, buckets], buckets [2L - 1],
+  a tree's offsets [K] and visible [K, K]; `head` as `self_attend`'s):
+  for cache slots a contiguous load of the bucket table, then a gather of
+  their learned biases; the chunk's own slots' K x K biases read once. A
+  row past the cache's slots (start + offsets[m] >= L: never kept) reads
+  nothing before the table."""
+  pl, plgpu = _pieces.pallas()
+  embedding_ref, buckets_ref = bias_refs[:2]
+  centre = (buckets_ref.shape[0] - 1) // 2  # relative position 0
+
+  def learned(bucket):  # the biases of bucket(s), rounded as the model's
+    return _pieces.round_to(embedding_ref[head + (bucket,)].astype(F32),
+                            form.dtype)
+
+  if form.chain:
+    offsets: List[Any] = list(range(rows))
+  else:
+    offsets_ref, visible_ref = bias_refs[2:]
+    offsets = [offsets_ref[jnp.int32(c)] for c in range(rows)]
+
+  def chunk(m, c):  # chunk slot c as chunk row m sees it; None: never
+    if form.chain and c > m:
+      return None
+    # Indices as traced scalars (interpret mode's loads take no Python
+    # ints).
+    value = learned(buckets_ref[jnp.asarray(offsets[c] - offsets[m] + centre,
+                                            jnp.int32)])
+    if form.chain:
+      return value
+    return jnp.where(visible_ref[jnp.int32(m), jnp.int32(c)] != 0, value,
+                     NEG_INF)
+
+  chunks = [[chunk(m, c) for c in range(rows)] for m in range(rows)]
+
+  def bias_at(m, first, valid):
+    lanes = lax.iota(jnp.int32, lb)
+    slots = first + lanes
+    at = first - start - offsets[m] + centre  # the table's entry of `first`
+    cached = valid & (slots < start) & (at + lanes >= 0)
+    buckets = plgpu.load(buckets_ref.at[pl.ds(at, lb)], mask=cached, other=0)
+    bias = jnp.where(cached, learned(buckets), NEG_INF)
+    for c, value in enumerate(chunks[m]):
+      if value is not None:
+        bias = jnp.where(valid & (slots == start + c), value, bias)
+    return bias
+
+  return bias_at
 
 
 def cross_attention_kernel(*refs, rows: int, eb: int, lb: int, eps: float,
@@ -103,24 +168,25 @@ def cross_attention_kernel(*refs, rows: int, eb: int, lb: int, eps: float,
   """One head's cross-attention (`head`, `ctx_cols`: as the self-
   attention's)."""
   projected, refs = projected_rows(refs, rows, eb, eps, dot, split, head)
-  keys_ref, values_ref, bias_ref, ctx_ref = refs
-  outs = cross_attend(projected, keys_ref, values_ref, bias_ref, lb=lb,
+  keys_ref, values_ref, valid_ref, ctx_ref = refs
+  outs = cross_attend(projected, keys_ref, values_ref, valid_ref, lb=lb,
                       head=head)
   for m, out in enumerate(outs):
     ctx_ref[m, ctx_cols] = out.astype(ctx_ref.dtype)
 
 
-def cross_attend(projected, keys_ref, values_ref, bias_ref, *, lb: int,
+def cross_attend(projected, keys_ref, values_ref, valid_ref, *, lb: int,
                  head: Tuple = ()):
   """Each row's query (projected[m]: its [q]) over the encoder's keys and
-  values: [D] float32 per row."""
+  values, masked where valid_ref [S] (bool) is False: [D] float32 per
+  row."""
   pl, plgpu = _pieces.pallas()
   length = keys_ref.shape[-1]
 
   def bias_at(m, first, valid):
     del m  # Every query sees the same encoder positions.
-    return plgpu.load(bias_ref.at[pl.ds(first, lb)], mask=valid,
-                      other=NEG_INF).astype(F32)
+    seen = plgpu.load(valid_ref.at[pl.ds(first, lb)], mask=valid, other=False)
+    return jnp.where(seen, 0.0, NEG_INF).astype(F32)
 
   return _pieces.attend([q for (q,) in projected], keys_ref, values_ref,
                         pl.cdiv(length, lb), lb, bias_at, head)
@@ -147,21 +213,41 @@ def _stream_row(x_ref, parts_ref, sum_ref, eb: int):
                                    pl.program_id(1) == 0)
 
 
-def folded_self_attention_kernel(start_ref, *refs, summed: bool, eb: int,
-                                 lb: int, nb: int, eps: float, on_gpu: bool,
-                                 dot: bool):
+def _embedded_row(tokens_ref, table_ref, x_ref, eb: int):
+  """A first folded kernel's row loader: the tokens' embeddings, written
+  out (into x_ref) by the kernel's program 0 along its second grid axis."""
+  pl, _ = _pieces.pallas()
+  return _pieces.embedded_row_loader(tokens_ref, table_ref, x_ref, eb,
+                                     pl.program_id(1) == 0)
+
+
+def folded_self_attention_kernel(start_ref, *refs, bias: BiasForm, summed: bool,
+                                 embedded: bool, eb: int, lb: int, nb: int,
+                                 eps: float, on_gpu: bool, dot: bool):
   """One (row of the batch, head): the stream's rows normed and projected
   to q, k, v, the cache written, attention, and the head's share of the
-  output projection (its rows of w_out) into its partial sums."""
-  x_ref, parts_ref, refs = _stream_refs(refs, summed)
-  (scale_ref, w_ref, bias_ref, keys_in, values_in, wo_ref, *outs) = refs
-  sum_ref = outs.pop(0) if summed else None
+  output projection (its rows of w_out) into its partial sums. `embedded`:
+  the stream is the tokens and the embedding table (the first layer's),
+  its rows gathered here and written out."""
+  if embedded:
+    tokens_ref, table_ref, refs = refs[0], refs[1], refs[2:]
+  else:
+    x_ref, parts_ref, refs = _stream_refs(refs, summed)
+  scale_ref, w_ref, *rest = refs
+  bias_refs = rest[:bias.refs]
+  keys_in, values_in, wo_ref, *outs = rest[bias.refs:]
+  sum_ref = outs.pop(0) if summed or embedded else None
   partial_ref, keys_ref, values_ref = outs
+  if embedded:
+    x_ref = sum_ref  # the stream's rows: their shape and dtype
+    row = _embedded_row(tokens_ref, table_ref, sum_ref, eb)
+  else:
+    row = _stream_row(x_ref, parts_ref, sum_ref, eb)
   rows = x_ref.shape[0]
   projected = _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot,
-                              row=_stream_row(x_ref, parts_ref, sum_ref, eb))
-  outs = self_attend(start_ref, projected, bias_ref, keys_in, values_in,
-                     keys_ref, values_ref, on_gpu=on_gpu, lb=lb)
+                              row=row)
+  outs = self_attend(start_ref, projected, bias_refs, keys_in, values_in,
+                     keys_ref, values_ref, bias=bias, on_gpu=on_gpu, lb=lb)
   _pieces.partial_products([_pieces.round_to(o, x_ref.dtype) for o in outs],
                            wo_ref, partial_ref, nb, dot)
 
@@ -172,13 +258,13 @@ def folded_cross_attention_kernel(*refs, summed: bool, eb: int, lb: int,
   over the encoder's keys/values, then its share of the output
   projection."""
   x_ref, parts_ref, refs = _stream_refs(refs, summed)
-  (scale_ref, w_ref, keys_ref, values_ref, bias_ref, wo_ref, *outs) = refs
+  (scale_ref, w_ref, keys_ref, values_ref, valid_ref, wo_ref, *outs) = refs
   sum_ref = outs.pop(0) if summed else None
   partial_ref, = outs
   rows = x_ref.shape[0]
   projected = _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot,
                               row=_stream_row(x_ref, parts_ref, sum_ref, eb))
-  outs = cross_attend(projected, keys_ref, values_ref, bias_ref, lb=lb)
+  outs = cross_attend(projected, keys_ref, values_ref, valid_ref, lb=lb)
   _pieces.partial_products([_pieces.round_to(o, x_ref.dtype) for o in outs],
                            wo_ref, partial_ref, nb, dot)
 
@@ -203,17 +289,26 @@ def folded_mlp_kernel(*refs, summed: bool, activations: Tuple[str, ...],
   _pieces.partial_products(hidden, wo_ref, partial_ref, nb, dot)
 
 
-def layer_kernel(start_ref, x_ref, self_scale, wqkv, bias_ref, keys_in,
-                 values_in, self_out, cross_scale, wq, cross_keys, cross_values,
-                 cross_bias, cross_out, mlp_scale, wi, wo, y_ref, keys_ref,
-                 values_ref, ctx_ref, mid_ref, mid2_ref, hidden_ref, *,
-                 heads: int, eb: int, lb: int, cross_lb: int, kb: int,
-                 mlp_kb: int, nb: int, mb: int, eps: float, on_gpu: bool,
-                 dot: bool, activations: Tuple[str, ...]):
+def layer_kernel(start_ref, *refs, embedded: bool, bias: BiasForm, heads: int,
+                 eb: int, lb: int, cross_lb: int, kb: int, mlp_kb: int, nb: int,
+                 mb: int, eps: float, on_gpu: bool, dot: bool,
+                 activations: Tuple[str, ...]):
   """`decoder_layer`: one program, a row of the batch's K tokens through
   the layer's six kernels' bodies in turn, each stage's rows written to
-  this program's scratch and read back after a barrier."""
+  this program's scratch and read back after a barrier (`embedded`: the
+  input is the tokens and the embedding table, the rows gathered first
+  into the last output)."""
   pl, plgpu = _pieces.pallas()
+  if embedded:
+    tokens_ref, table_ref, x_ref = refs[0], refs[1], refs[-1]
+    refs = refs[2:-1]
+  else:
+    x_ref, refs = refs[0], refs[1:]
+  self_scale, wqkv, refs = refs[0], refs[1], refs[2:]
+  bias_refs, refs = refs[:bias.refs], refs[bias.refs:]
+  (keys_in, values_in, self_out, cross_scale, wq, cross_keys, cross_values,
+   encoder_valid, cross_out, mlp_scale, wi, wo, y_ref, keys_ref, values_ref,
+   ctx_ref, mid_ref, mid2_ref, hidden_ref) = refs
   rows, emb = x_ref.shape
   head_dim, mlp = wqkv.shape[-1], wi.shape[-1]
 
@@ -229,20 +324,27 @@ def layer_kernel(start_ref, x_ref, self_scale, wqkv, bias_ref, keys_in,
       dense_residual_body(x, w, res, out, 0, rows_total=rows, kb=kb_, dot=dot,
                           first_col=j * nb, nb=nb)
 
+  if embedded:
+    row = _pieces.embedded_row_loader(tokens_ref, table_ref, x_ref, eb, True)
+    for r in range(rows):
+      for j in range(emb // eb):
+        row(r, pl.ds(j * eb, eb))
+    barrier()
   for h in range(heads):
-    self_attention_kernel(start_ref, x_ref, self_scale, wqkv, bias_ref, keys_in,
-                          values_in, ctx_ref, keys_ref, values_ref, rows=rows,
-                          eb=eb, lb=lb, eps=eps, on_gpu=on_gpu, dot=dot,
-                          split=False, head=(jnp.int32(h),),
-                          ctx_cols=heads_ctx(h), copy_cache=h == 0)
+    self_attention_kernel(start_ref, x_ref, self_scale, wqkv, *bias_refs,
+                          keys_in, values_in, ctx_ref, keys_ref, values_ref,
+                          bias=bias, rows=rows, eb=eb, lb=lb, eps=eps,
+                          on_gpu=on_gpu, dot=dot, split=False,
+                          head=(jnp.int32(h),), ctx_cols=heads_ctx(h),
+                          copy_cache=h == 0)
   barrier()
   residual(ctx_ref, self_out, x_ref, mid_ref, kb)
   barrier()
   for h in range(heads):
     cross_attention_kernel(mid_ref, cross_scale, wq, cross_keys, cross_values,
-                           cross_bias, ctx_ref, rows=rows, eb=eb, lb=cross_lb,
-                           eps=eps, dot=dot, split=False, head=(jnp.int32(h),),
-                           ctx_cols=heads_ctx(h))
+                           encoder_valid, ctx_ref, rows=rows, eb=eb,
+                           lb=cross_lb, eps=eps, dot=dot, split=False,
+                           head=(jnp.int32(h),), ctx_cols=heads_ctx(h))
   barrier()
   residual(ctx_ref, cross_out, mid_ref, mid2_ref, kb)
   barrier()

@@ -102,6 +102,28 @@ def summed_row_loader(x_ref, parts_ref, size: int, sum_ref=None,
   return row
 
 
+def embedded_row_loader(tokens_ref, table_ref, out_ref, size: int,
+                        writes) -> Callable:
+  """`row_loader` of the residual stream before the first layer: row(r,
+  span) -> token r's embedding table_ref[tokens_ref[r], span] in out_ref's
+  dtype (NaN for a token outside the table, as `jnp.take`'s fill), also
+  stored into out_ref[r, span] where `writes` (one program of the kernel):
+  gathered in the first kernel, not by an XLA kernel of its own."""
+  _, plgpu = pallas()
+  vocab = table_ref.shape[0]
+
+  def row(r, span):
+    token = tokens_ref[jnp.int32(r)]
+    inside = jnp.full((size,), (token >= 0) & (token < vocab))
+    x = plgpu.load(table_ref.at[token, span], mask=inside,
+                   other=jnp.nan).astype(out_ref.dtype)
+    plgpu.store(out_ref.at[jnp.int32(r), span], x, mask=jnp.full((size,),
+                                                                 writes))
+    return x
+
+  return row
+
+
 def rows_tile(load: Callable[[int], Array], count: int, width: int) -> Array:
   """[TILE_ROWS, width] float32: load(r) [width] in row r < count, zeros
   below."""

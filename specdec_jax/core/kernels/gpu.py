@@ -8,10 +8,11 @@ layer's three sublayers in two kernels each:
 
 * `self_attention`: RMS norm + q/k/v (one packed weight [H, 3, E, D]) +
   the chunk's keys/values written into the cache in place + attention over
-  the cache (online softmax over blocks of slots); one program per (row of
+  the cache (online softmax over blocks of slots), each block's bias
+  built from T5's learned biases (`SelfBias`); one program per (row of
   the batch, head);
 * `cross_attention`: RMS norm + q + attention over the encoder's cached
-  keys/values;
+  keys/values, masked with the encoder's padding;
 * `rms_dense`: RMS norm + the product with one or more weights, each
   through its activation, multiplied (the gated-GELU MLP's input side;
   with one linear weight, the final norm + logits);
@@ -57,12 +58,13 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from typing import (Any, Callable, ContextManager, Dict, Iterator, Optional,
-                    Sequence, Tuple)
+from typing import (Any, Callable, ContextManager, Dict, Iterator, List,
+                    Optional, Sequence, Tuple)
 
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.core import structs
 from specdec_jax.core.kernels import _gpu_bodies as _bodies
 from specdec_jax.core.kernels import _gpu_pieces as _pieces
 
@@ -361,6 +363,72 @@ def head_projections(x: Array, scale: Array, w: Array, *,
   return call(x, scale, w)[0]
 
 
+@structs.dataclass
+class SelfBias:
+  """A chunk's self-attention bias, as the attention kernels build it for
+  each block of cache slots they read, from T5's learned bias per bucket
+  and its static bucket table (rather than read as a [B, H, K, L] array:
+  XLA's kernels making one would cost launches on every call).
+
+  Slot j < start (the cache) is seen by chunk token m at position
+  q = start + offsets[m] with embedding[h, buckets[j - q + L - 1]]; the
+  chunk's own slot start + c with embedding[h, buckets[offsets[c] -
+  offsets[m] + L - 1]] where visible[m, c]; every other slot -1e10; each
+  value rounded to `dtype`: XLA's path's bias, value for value.
+
+  Attributes:
+    embedding: [H, buckets] the decoder's relative-position biases (T5's
+      rel_embedding, in its parameters' dtype).
+    buckets: [2L - 1] int32: the bucket of a key r = key - query positions
+      away at r + L - 1 (`layers.bucket_table`; L: the cache's slots).
+    offsets: [B or 1, K] int32, each chunk token's position minus start;
+      None: a chain, 0..K-1.
+    visible: [B or 1, K, K] int32, nonzero where chunk token m sees c;
+      None: a chain's, c <= m.
+    dtype: the model's, which the biases are rounded to.
+  """
+  embedding: Array
+  buckets: Array
+  offsets: Optional[Array] = None
+  visible: Optional[Array] = None
+  dtype: Any = structs.field(pytree_node=False, default=jnp.float32)
+
+  @property
+  def form(self) -> _bodies.BiasForm:
+    """What the kernels' bodies read it as."""
+    return _bodies.BiasForm(chain=self.offsets is None, dtype=self.dtype)
+
+
+def self_bias_inputs(bias: SelfBias, per_head: bool):
+  """(arrays, block specs) of a self-attention kernel's `SelfBias`, for a
+  grid over (row of the batch, head) or (`per_head` False) rows alone:
+  then each program reads every head's biases."""
+  heads, num_buckets = bias.embedding.shape
+  specs: List[Any]
+  if per_head:
+    specs = [((None, num_buckets), lambda b, h: (h, 0))]
+  else:
+    specs = [whole_block(bias.embedding.shape)]
+  specs.append(whole_block(bias.buckets.shape))
+  # The biases as they are: a bfloat16 model's are widened in the kernel
+  # (converted here, an XLA kernel on every call).
+  arrays: List[Any] = [bias.embedding, bias.buckets.astype(jnp.int32)]
+  if bias.offsets is not None:
+    one = bias.offsets.shape[0] == 1
+    k = bias.offsets.shape[-1]
+
+    def row(b):
+      return 0 if one else b
+
+    specs += [((None, k), lambda b, *_: (row(b), 0)),
+              ((None, k, k), lambda b, *_: (row(b), 0, 0))]
+    arrays += [
+        bias.offsets.astype(jnp.int32),
+        jnp.asarray(bias.visible, jnp.int32)
+    ]
+  return arrays, specs
+
+
 def _head_inputs(x: Array, scale: Array, w: Array, eps: float):
   """(arrays, block specs) an attention kernel reads its head's
   projections from: x, the norm's scale and the head's weights, or with
@@ -378,7 +446,7 @@ def _head_inputs(x: Array, scale: Array, w: Array, eps: float):
 
 
 def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
-                   values: Array, start: Array, bias: Array, *,
+                   values: Array, start: Array, bias: SelfBias, *,
                    eps: float = 1e-6) -> Tuple[Array, Array, Array]:
   """A decoder chunk's self-attention up to (not including) the output
   projection, its keys/values written into the cache in place.
@@ -390,9 +458,8 @@ def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
     keys, values: [B, H, D, L] the layer's cache (on a GPU donated: written in
       place at slots start..start+K-1).
     start: [B] int32 the rows' cache lengths before the chunk.
-    bias: [B or 1, H, K, L] float32: relative positions and masks of every
-      slot for each chunk token, the chunk's own slots included (-1e10:
-      not seen).
+    bias: the relative positions and masks of every slot for each chunk
+      token, the chunk's own slots included (`SelfBias`).
 
   Returns:
     (context [B, K, H, D] in x's dtype, keys, values).
@@ -401,41 +468,40 @@ def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
   heads, _, _, head_dim = wqkv.shape
   length = keys.shape[-1]
   t = current_tiles()
-  kernel = functools.partial(_bodies.self_attention_kernel, rows=rows,
-                             eb=block(emb, t.emb_block),
+  kernel = functools.partial(_bodies.self_attention_kernel, bias=bias.form,
+                             rows=rows, eb=block(emb, t.emb_block),
                              lb=min(t.slots, pow2_at_least(length)), eps=eps,
                              on_gpu=not interpret(), dot=t.dot,
                              split=t.split_heads)
   heads_in, heads_specs = _head_inputs(x, scale, wqkv, eps)
-  cached = 2 + len(heads_in)  # keys' and values' places among the inputs
-  one_bias = bias.shape[0] == 1
+  bias_in, bias_specs = self_bias_inputs(bias, per_head=True)
+  cached = 1 + len(heads_in) + len(bias_in)  # keys' and values' places
   cache = ((None, None, head_dim, length), lambda b, h: (b, h, 0, 0))
   call = pallas_call(
       kernel, out_specs=[((batch, rows, heads, head_dim), x.dtype,
                           (None, rows, None, head_dim), lambda b, h:
                           (b, 0, h, 0)), (keys.shape, keys.dtype) + cache,
                          (values.shape, values.dtype) + cache],
-      in_specs=[((1,), lambda b, h: (b,)), *heads_specs,
-                ((None, None, rows, length), lambda b, h:
-                 (0 if one_bias else b, h, 0, 0)), cache,
+      in_specs=[((1,), lambda b, h: (b,)), *heads_specs, *bias_specs, cache,
                 cache], grid=(batch, heads), name="decode_self_attention",
       aliases=None if interpret() else {
           cached: 1,
           cached + 1: 2
       })
-  return call(start.astype(jnp.int32), *heads_in, bias.astype(F32), keys,
-              values)
+  return call(start.astype(jnp.int32), *heads_in, *bias_in, keys, values)
 
 
 def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
-                    values: Array, bias: Array, *, eps: float = 1e-6) -> Array:
+                    values: Array, encoder_valid: Array, *,
+                    eps: float = 1e-6) -> Array:
   """Encoder-decoder attention up to the output projection.
 
   Args:
     x: [B, K, E]; scale: [E] the pre-cross-attention norm's scale.
     wq: [H, 1, E, D] the query kernel, per head.
     keys, values: [B, H, D, S] the encoder's keys/values (the cache's).
-    bias: [B, S] float32: 0 at encoder positions, -1e10 at padding.
+    encoder_valid: [B, S] bool, False at encoder padding (masked in the
+      kernel: no XLA kernel makes a bias of it per call).
 
   Returns:
     [B, K, H, D] in x's dtype.
@@ -457,7 +523,7 @@ def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
                               *heads_specs, encoded, encoded,
                               ((None, length), lambda b, h: (b, 0))
                           ], grid=(batch, heads), name="decode_cross_attention")
-  return call(*heads_in, keys, values, bias.astype(F32))[0]
+  return call(*heads_in, keys, values, encoder_valid.astype(bool))[0]
 
 
 def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],

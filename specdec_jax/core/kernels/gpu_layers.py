@@ -13,11 +13,15 @@
   (`_gpu_pieces.summed_row_loader`); `summed` adds the last layer's once,
   in XLA. Exact (a row's sums are the same operations in any call), but
   not the six kernels' bits: the projections are summed in another order.
+* `Embedded`: the first layer's input as the tokens and the embedding
+  table, whose rows either kind of layer gathers in its first kernel
+  (`rows`: XLA's gather, for the six kernels).
 
 Their tiles, interpret mode and lowering are `kernels.gpu`'s.
 """
+import dataclasses
 import functools
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -29,15 +33,61 @@ Array = jax.Array
 F32 = gpu.F32
 
 
-def _layer_specs(x: Array, keys: Array, cross_keys: Array, bias: Array,
-                 weights: Sequence[Array]):
+@dataclasses.dataclass(frozen=True)
+class Embedded:
+  """The residual stream before the first layer as its first kernel reads
+  it: the tokens and the embedding table, each row gathered in a folded
+  or one-kernel layer's kernel (`Tiles.fold_bytes`, `Tiles.layer_bytes`)
+  rather than by an XLA kernel of its own on every call.
+
+  Attributes:
+    tokens: [B, K] int32.
+    table: [V, E] the embedding (`layers.Embed`'s).
+    dtype: the rows' (the model's; `layers.Embed` rounds to it).
+  """
+  tokens: Array
+  table: Array
+  dtype: Any
+
+  @property
+  def shape(self) -> Tuple[int, int, int]:
+    batch, rows = self.tokens.shape
+    return batch, rows, self.table.shape[-1]
+
+  def rows(self) -> Array:
+    """[B, K, E] the rows, gathered by XLA as `layers.Embed` does (NaN
+    for a token outside the table): for kernels that read rows."""
+    return jnp.take(jnp.asarray(self.table, self.dtype), self.tokens, axis=0)
+
+
+def rows(x: Union[Array, Embedded]) -> Array:
+  """x's rows [B, K, E]: an `Embedded`'s gathered by XLA."""
+  return x.rows() if isinstance(x, Embedded) else x
+
+
+def _rows_in(x: Union[Array, Embedded], per_row: Callable):
+  """(arrays, block specs) of a kernel's input rows: x [B, K, E] a row of
+  the batch's block per program (`per_row(*block)`: its spec), or an
+  `Embedded`'s tokens (the row's) and table (whole)."""
+  _, count, emb = x.shape
+  if isinstance(x, Embedded):
+    return ([x.tokens.astype(jnp.int32),
+             x.table], [per_row(count),
+                        gpu.whole_block(x.table.shape)])
+  return [x], [per_row(count, emb)]
+
+
+def _layer_specs(x: Union[Array, Embedded], keys: Array, cross_keys: Array,
+                 bias_specs, weights: Sequence[Array]):
   """`decoder_layer`'s (out_specs, in_specs) for `gpu.pallas_call`: a row of the
   batch's blocks per program, the weights whole; out: the layer's outputs,
   the cache, and the scratch its stages hand rows through (the attention
-  context, the two residual streams, the MLP's hidden rows)."""
+  context, the two residual streams, the MLP's hidden rows; with an
+  `Embedded` x, its gathered rows last)."""
   batch, rows, emb = x.shape
   heads, head_dim, length = keys.shape[1:]
   enc, mlp = cross_keys.shape[-1], weights[7].shape[-1]
+  dtype = x.dtype
 
   def per_row(*shape):
     return (None, *shape), lambda b: (b,) + (0,) * len(shape)
@@ -46,7 +96,7 @@ def _layer_specs(x: Array, keys: Array, cross_keys: Array, bias: Array,
     return tuple(a.shape), lambda b: (0,) * a.ndim
 
   def rows_of(width):
-    return (batch, rows, width), x.dtype, *per_row(rows, width)
+    return (batch, rows, width), dtype, *per_row(rows, width)
 
   cache = per_row(heads, head_dim, length)
   encoded = per_row(heads, head_dim, enc)
@@ -58,20 +108,19 @@ def _layer_specs(x: Array, keys: Array, cross_keys: Array, bias: Array,
       rows_of(emb),
       rows_of(mlp)
   ]
-  one_bias = bias.shape[0] == 1
-  in_specs = [((1,), lambda b: (b,)),
-              per_row(rows, emb), *map(whole, weights[:2]),
-              ((None, heads, rows, length), lambda b:
-               (0 if one_bias else b, 0, 0, 0)), cache, cache,
+  if isinstance(x, Embedded):
+    out_specs.append(rows_of(emb))
+  in_specs = [((1,), lambda b: (b,)), *_rows_in(x, per_row)[1],
+              *map(whole, weights[:2]), *bias_specs, cache, cache,
               *map(whole, weights[2:5]), encoded, encoded,
               per_row(enc), *map(whole, weights[5:])]
   return out_specs, in_specs
 
 
-def decoder_layer(x: Array, keys: Array, values: Array, start: Array,
-                  bias: Array, cross_keys: Array, cross_values: Array,
-                  cross_bias: Array, weights: Sequence[Array],
-                  activations: Sequence[str], *,
+def decoder_layer(x: Union[Array, Embedded], keys: Array, values: Array,
+                  start: Array, bias: gpu.SelfBias, cross_keys: Array,
+                  cross_values: Array, encoder_valid: Array,
+                  weights: Sequence[Array], activations: Sequence[str], *,
                   eps: float = 1e-6) -> Tuple[Array, Array, Array]:
   """A whole decoder layer in one kernel, one program per row of the
   batch (`Tiles.layer_bytes`): for a small draft, whose six kernels a
@@ -80,9 +129,10 @@ def decoder_layer(x: Array, keys: Array, values: Array, start: Array,
   `cross_attention`, `dense_residual`, `rms_dense`, `dense_residual`).
 
   Args:
-    x: [B, K, E]; keys, values: [B, H, D, L] the layer's cache (donated on
-      a GPU: written in place); start: [B]; bias: [B or 1, H, K, L] float32;
-      cross_keys, cross_values: [B, H, D, S]; cross_bias: [B, S] float32.
+    x: [B, K, E] or the first layer's `Embedded`; keys, values: [B, H, D,
+      L] the layer's cache (donated on a GPU: written in place); start:
+      [B]; bias: the self-attention's (`gpu.SelfBias`); cross_keys,
+      cross_values: [B, H, D, S]; encoder_valid: [B, S] bool.
     weights: (self-attention norm scale [E], wqkv [H, 3, E, D], its output
       [H*D, E], cross-attention norm scale [E], wq [H, 1, E, D], its output
       [H*D, E], MLP norm scale [E], wi [P, E, M], wo [M, E]).
@@ -99,26 +149,31 @@ def decoder_layer(x: Array, keys: Array, values: Array, start: Array,
   mlp = wi.shape[-1]
   t = gpu.current_tiles()
   kernel = functools.partial(
-      _bodies.layer_kernel, heads=heads, eb=gpu.block(emb, t.emb_block),
-      lb=min(t.slots,
-             gpu.pow2_at_least(length)), cross_lb=min(t.slots,
-                                                      gpu.pow2_at_least(enc)),
+      _bodies.layer_kernel, embedded=isinstance(x, Embedded), bias=bias.form,
+      heads=heads, eb=gpu.block(emb,
+                                t.emb_block), lb=min(t.slots,
+                                                     gpu.pow2_at_least(length)),
+      cross_lb=min(t.slots, gpu.pow2_at_least(enc)),
       kb=gpu.block(heads * head_dim,
                    t.in_block), mlp_kb=gpu.block(mlp, t.in_block),
       nb=gpu.block(emb, t.columns), mb=gpu.block(mlp, t.columns), eps=eps,
       on_gpu=not gpu.interpret(), dot=t.dot, activations=tuple(activations))
-  out_specs, in_specs = _layer_specs(x, keys, cross_keys, bias, weights)
-  call = gpu.pallas_call(kernel, out_specs=out_specs, in_specs=in_specs,
-                         grid=(batch,), name="decode_layer",
-                         aliases=None if gpu.interpret() else {
-                             5: 1,
-                             6: 2
-                         })
-  y, keys, values, *_ = call(start.astype(jnp.int32), x, self_scale, wqkv,
-                             bias.astype(F32), keys, values, self_out,
+  bias_in, bias_specs = gpu.self_bias_inputs(bias, per_head=False)
+  out_specs, in_specs = _layer_specs(x, keys, cross_keys, bias_specs, weights)
+  rows_in = _rows_in(x, lambda *_: None)[0]
+  # keys' and values' places among the inputs
+  cached = 3 + len(rows_in) + len(bias_in)
+  call = gpu.pallas_call(
+      kernel, out_specs=out_specs, in_specs=in_specs, grid=(batch,),
+      name="decode_layer", aliases=None if gpu.interpret() else {
+          cached: 1,
+          cached + 1: 2
+      })
+  y, keys, values, *_ = call(start.astype(jnp.int32), *rows_in, self_scale,
+                             wqkv, *bias_in, keys, values, self_out,
                              cross_scale, wq, cross_keys, cross_values,
-                             cross_bias.astype(F32), cross_out, mlp_scale, wi,
-                             wo)
+                             encoder_valid.astype(bool), cross_out, mlp_scale,
+                             wi, wo)
   return y, keys, values
 
 
@@ -142,24 +197,28 @@ def summed(x: Array, partials: Optional[Array]) -> Array:
   return (x.astype(F32) + total.astype(x.dtype).astype(F32)).astype(x.dtype)
 
 
-def _stream(x: Array, partials: Optional[Array]):
+def _stream(x: Union[Array, Embedded], partials: Optional[Array]):
   """(arrays, block specs, out_specs) of a folded kernel over (row of the
-  batch, head or part): the stream's x and partials in, and with partials
-  the summed rows out (written by the programs of head or part 0)."""
+  batch, head or part): the stream's x (or the first layer's `Embedded`)
+  and partials in, and with partials (or embedded) the summed (gathered)
+  rows out, written by the programs of head or part 0."""
   batch, rows, emb = x.shape
-  arrays = [x]
-  specs: List[Any] = [((None, rows, emb), lambda b, j: (b, 0, 0))]
-  outs = []
+
+  def per_row(*block):
+    return (None, *block), lambda b, j: (b,) + (0,) * len(block)
+
+  arrays, specs = _rows_in(x, per_row)
   if partials is not None:
     arrays.append(partials)
     specs.append(((partials.shape[0], None, rows, emb), lambda b, j:
                   (0, b, 0, 0)))
-    outs.append(((batch, rows, emb), x.dtype, (None, rows, emb), lambda b, j:
-                 (b, 0, 0)))
+  outs = []
+  if partials is not None or isinstance(x, Embedded):
+    outs.append(((batch, rows, emb), x.dtype, *per_row(rows, emb)))
   return arrays, specs, outs
 
 
-def _partials_out(x: Array, parts: int):
+def _partials_out(x: Union[Array, Embedded], parts: int):
   """The out_spec of a folded kernel's partial sums [parts, B, K, E]: one
   [K, E] block per program (row of the batch, part)."""
   batch, rows, emb = x.shape
@@ -177,22 +236,24 @@ def _folded_attention_blocks(emb: int, length: int) -> Dict[str, Any]:
               nb=gpu.block(emb, t.out_columns), dot=t.dot)
 
 
-def _folded(x: Array, partials: Optional[Array], results) -> Tuple:
+def _folded(x: Union[Array, Embedded], partials: Optional[Array],
+            results) -> Tuple:
   """(the stream's x after the kernel, its partial sums, the rest)."""
-  if partials is not None:
+  if partials is not None or isinstance(x, Embedded):
     x, *results = results
   return (x, *results)
 
 
-def folded_self_attention(x: Array, partials: Optional[Array], scale: Array,
-                          wqkv: Array, w_out: Array, keys: Array, values: Array,
-                          start: Array, bias: Array, *, eps: float = 1e-6):
+def folded_self_attention(x: Union[Array, Embedded], partials: Optional[Array],
+                          scale: Array, wqkv: Array, w_out: Array, keys: Array,
+                          values: Array, start: Array, bias: gpu.SelfBias, *,
+                          eps: float = 1e-6):
   """A folded layer's self-attention sublayer in one kernel, one program
   per (row of the batch, head).
 
   Args:
-    x, partials: the residual stream ([B, K, E]; [P, B, K, E] float32 or
-      None: `summed`).
+    x, partials: the residual stream ([B, K, E] or the first layer's
+      `Embedded`; [P, B, K, E] float32 or None: `summed`).
     scale, wqkv, keys, values, start, bias: as `self_attention`'s.
     w_out: [H*D, E] the output projection.
 
@@ -205,12 +266,14 @@ def folded_self_attention(x: Array, partials: Optional[Array], scale: Array,
   length = keys.shape[-1]
   stream, stream_specs, sum_out = _stream(x, partials)
   kernel = functools.partial(_bodies.folded_self_attention_kernel,
-                             summed=partials is not None, eps=eps,
+                             bias=bias.form, summed=partials is not None,
+                             embedded=isinstance(x, Embedded), eps=eps,
                              on_gpu=not gpu.interpret(),
                              **_folded_attention_blocks(emb, length))
-  one_bias = bias.shape[0] == 1
+  bias_in, bias_specs = gpu.self_bias_inputs(bias, per_head=True)
   cache = ((None, None, head_dim, length), lambda b, h: (b, h, 0, 0))
-  cached = 4 + len(stream)  # keys' and values' places among the inputs
+  # keys' and values' places among the inputs
+  cached = 3 + len(stream) + len(bias_in)
   outs = len(sum_out) + 1
   call = gpu.pallas_call(
       kernel, out_specs=[
@@ -220,8 +283,7 @@ def folded_self_attention(x: Array, partials: Optional[Array], scale: Array,
       ], in_specs=[((1,), lambda b, h: (b,)), *stream_specs,
                    gpu.whole_block(scale.shape),
                    ((None, 3, emb, head_dim), lambda b, h: (h, 0, 0, 0)),
-                   ((None, None, rows, length), lambda b, h:
-                    (0 if one_bias else b, h, 0, 0)), cache, cache,
+                   *bias_specs, cache, cache,
                    ((head_dim, emb), lambda b, h: (h, 0))], grid=(batch, heads),
       name="decode_folded_self_attention",
       aliases=None if gpu.interpret() else {
@@ -230,13 +292,13 @@ def folded_self_attention(x: Array, partials: Optional[Array], scale: Array,
       })
   return _folded(
       x, partials,
-      call(start.astype(jnp.int32), *stream, scale, wqkv, bias.astype(F32),
-           keys, values, w_out))
+      call(start.astype(jnp.int32), *stream, scale, wqkv, *bias_in, keys,
+           values, w_out))
 
 
 def folded_cross_attention(x: Array, partials: Optional[Array], scale: Array,
                            wq: Array, w_out: Array, keys: Array, values: Array,
-                           bias: Array, *, eps: float = 1e-6):
+                           encoder_valid: Array, *, eps: float = 1e-6):
   """A folded layer's cross-attention sublayer in one kernel, one program
   per (row of the batch, head): `cross_attention`'s arguments, the stream
   and the output projection w_out [H*D, E] as `folded_self_attention`'s.
@@ -262,7 +324,7 @@ def folded_cross_attention(x: Array, partials: Optional[Array], scale: Array,
       ], grid=(batch, heads), name="decode_folded_cross_attention")
   return _folded(
       x, partials,
-      call(*stream, scale, wq, keys, values, bias.astype(F32), w_out))
+      call(*stream, scale, wq, keys, values, encoder_valid.astype(bool), w_out))
 
 
 def folded_mlp(x: Array, partials: Optional[Array], scale: Array, wi: Array,

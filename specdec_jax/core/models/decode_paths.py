@@ -33,8 +33,9 @@ model's T5X-layout `params` (never inside: checkpoints and converters read
 `params`): the CPU kernel's panels, or decoder layer i's entries under
 decoder/layers_i of `layers.PACKED_COLLECTION`, in the model's dtype.
 `packed_qkv`, `packed_mlp` and `fused_layer` are the paths' decoder layers,
-computed from them (`network.DecoderLayer` calls them); `fused_self_bias`
-is the 'fused' path's attention bias, once per call for every layer.
+computed from them (`network.DecoderLayer` calls them);
+`self_bias` is what the 'fused' path's kernels build their attention bias
+from.
 """
 import dataclasses
 import functools
@@ -49,7 +50,7 @@ from specdec_jax.core import kernels
 from specdec_jax.core.kernels import gpu
 from specdec_jax.core.kernels import gpu_layers
 from specdec_jax.core.models.config import T5Config
-from specdec_jax.core.models.layers import NEG_INF
+from specdec_jax.core.models.layers import bucket_table
 from specdec_jax.core.models.layers import PACKED_COLLECTION
 
 XLA, CPU_KERNEL, PACKED, FUSED = "xla", "cpu_kernel", "packed", "fused"
@@ -352,21 +353,22 @@ def packed_mlp(layer: Any, y: jax.Array) -> jax.Array:
 
 
 def fused_layer(layer: Any, x, partials, keys, values, start, bias, cross_keys,
-                cross_values, cross_bias):
+                cross_values, encoder_valid):
   """'fused': a decoder layer's chunk in 6 GPU kernels (`kernels.gpu`),
   in one where its weights fit `Tiles.layer_bytes`, or in three where they
   fit `Tiles.fold_bytes`.
 
   Args:
     layer: the bound `network.DecoderLayer`.
-    x, partials: the residual stream: x [B, K, emb] plus, after a folded
-      layer, its partial sums [P, B, K, emb] float32 (`gpu_layers.summed`; None:
-      x alone).
+    x, partials: the residual stream: x [B, K, emb] (the first layer's:
+      `gpu_layers.Embedded`, gathered in its first kernel if it folds or is
+      one kernel) plus, after a folded layer, its partial sums [P, B, K,
+      emb] float32 (`gpu_layers.summed`; None: x alone).
     keys, values: [B, H, D, max_len] (written in place).
     start: [B] the rows' cache lengths before the chunk.
-    bias: [B or 1, H, K, max_len] float32, every slot's bias for each
-      chunk token, its own slots included (`fused_self_bias`).
-    cross_keys, cross_values: [B, H, D, S]; cross_bias: [B, S] float32.
+    bias: every slot's bias for each chunk token, its own slots included
+      (`gpu.SelfBias`).
+    cross_keys, cross_values: [B, H, D, S]; encoder_valid: [B, S] bool.
 
   Returns:
     (outputs [B, K, emb] and their partial sums, as x and partials; keys,
@@ -394,12 +396,14 @@ def fused_layer(layer: Any, x, partials, keys, values, start, bias, cross_keys,
    wo) = weights
   weight_bytes = sum(w.size * w.dtype.itemsize for w in weights)
   activations = layer.config.mlp_activations
+  if not (gpu.folded_layer(weight_bytes) or gpu.one_kernel_layer(weight_bytes)):
+    x = gpu_layers.rows(x)  # The six kernels read rows.
   if gpu.folded_layer(weight_bytes):
     x, partials, keys, values = gpu_layers.folded_self_attention(
         x, partials, self_scale, wqkv, self_out, keys, values, start, bias)
     x, partials = gpu_layers.folded_cross_attention(x, partials, cross_scale,
                                                     wq, cross_out, cross_keys,
-                                                    cross_values, cross_bias)
+                                                    cross_values, encoder_valid)
     x, partials = gpu_layers.folded_mlp(x, partials, mlp_scale, wi, wo,
                                         activations)
     return x, partials, keys, values
@@ -407,42 +411,29 @@ def fused_layer(layer: Any, x, partials, keys, values, start, bias, cross_keys,
   if gpu.one_kernel_layer(weight_bytes):
     y, keys, values = gpu_layers.decoder_layer(x, keys, values, start, bias,
                                                cross_keys, cross_values,
-                                               cross_bias, weights, activations)
+                                               encoder_valid, weights,
+                                               activations)
     return y, None, keys, values
   ctx, keys, values = gpu.self_attention(x, self_scale, wqkv, keys, values,
                                          start, bias)
   y = gpu.dense_residual(ctx.reshape(rows, -1), self_out, x.reshape(rows, emb))
   ctx = gpu.cross_attention(y.reshape(batch, k, emb), cross_scale, wq,
-                            cross_keys, cross_values, cross_bias)
+                            cross_keys, cross_values, encoder_valid)
   y = gpu.dense_residual(ctx.reshape(rows, -1), cross_out, y)
   hidden = gpu.rms_dense(y, mlp_scale, wi, activations)
   y = gpu.dense_residual(hidden, wo, y)
   return y.reshape(batch, k, emb), None, keys, values
 
 
-def fused_self_bias(relpos_bias: Callable[..., jax.Array], start: jax.Array,
-                    offsets: jax.Array, visible: jax.Array, max_len: int,
-                    heads: int) -> jax.Array:
-  """[B, H, K, max_len] float32: each new token's bias over every slot,
-  its chunk's slots start..start+K-1 included (relative positions from
-  `offsets`, `visible` the chunk's mask), -1e10 where not seen. Once per
-  call, for every layer's kernel (`relpos_bias`: the decoder's
-  `layers.RelativePositionBiases`)."""
-  batch, k = start.shape[0], offsets.shape[-1]
-  key_pos = jnp.arange(max_len)
-  prefix = relpos_bias(start[:, None] + offsets, key_pos, max_len)
-  chunk = jnp.broadcast_to(relpos_bias(offsets, offsets, max_len),
-                           (batch, heads, k, k))
-  visible = jnp.broadcast_to(visible, (batch, k, k))
-  index = key_pos[None, :] - start[:, None]  # [B, L]: the slot's token
-  in_chunk = (index >= 0) & (index < k)
-  before = (index < 0)[:, None, None, :]
-  index = jnp.clip(index, 0, k - 1)
-  chunk = jnp.take_along_axis(
-      chunk, jnp.broadcast_to(index[:, None, None, :], prefix.shape), axis=-1)
-  seen = jnp.take_along_axis(
-      visible, jnp.broadcast_to(index[:, None, :], (batch, k, max_len)),
-      axis=-1)[:, None]
-  bias = jnp.where(in_chunk[:, None, None, :], jnp.where(seen, chunk, NEG_INF),
-                   jnp.where(before, prefix, NEG_INF))
-  return bias.astype(jnp.float32)
+def self_bias(relpos_bias: Any, max_len: int, offsets: Optional[jax.Array],
+              visible: Optional[jax.Array]) -> gpu.SelfBias:
+  """The 'fused' path's self-attention bias for a chunk (`gpu.SelfBias`):
+  the decoder's learned relative-position biases (`relpos_bias`: its bound
+  `layers.RelativePositionBiases`) and their static bucket table over a
+  cache of max_len slots; offsets [B or 1, K] and visible [B or 1, K, K]
+  as `network.Decoder._decode_new`'s, None for a chain (0..K-1, causal).
+  Arrays the kernels read as they are: no XLA kernel per call."""
+  return gpu.SelfBias(
+      relpos_bias.variables["params"]["rel_embedding"],
+      jnp.asarray(bucket_table(max_len, relpos_bias.bidirectional)), offsets,
+      visible, relpos_bias.dtype)

@@ -67,7 +67,7 @@ def relative_position_bucket(
 
 
 @functools.lru_cache(maxsize=64)
-def _bucket_table(max_len: int, bidirectional: bool) -> np.ndarray:
+def bucket_table(max_len: int, bidirectional: bool) -> np.ndarray:
   """Buckets for every relative position in [-(max_len-1), max_len-1].
 
   Entry `r + max_len - 1` is the bucket of relative position r. Indexing this
@@ -101,7 +101,7 @@ class RelativePositionBiases(nn.Module):
         "rel_embedding",
         nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
         (self.num_heads, NUM_RELPOS_BUCKETS), jnp.float32)
-    table = jnp.asarray(_bucket_table(max_len, self.bidirectional))
+    table = jnp.asarray(bucket_table(max_len, self.bidirectional))
     relative = (jnp.expand_dims(key_positions, -2) -
                 query_positions[:, :, None])
     buckets = table[relative + max_len - 1]  # [B, Q, K]

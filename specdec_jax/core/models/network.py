@@ -11,7 +11,7 @@ XLA's ops on packed kernels ('packed'), or the GPU kernels ('fused',
 """
 import dataclasses
 import functools
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -35,7 +35,6 @@ from specdec_jax.core.models.layers import Embed
 from specdec_jax.core.models.layers import LayerNorm
 from specdec_jax.core.models.layers import mask_to_bias
 from specdec_jax.core.models.layers import MlpBlock
-from specdec_jax.core.models.layers import NEG_INF
 from specdec_jax.core.models.layers import RelativePositionBiases
 
 Array = jax.Array
@@ -210,12 +209,12 @@ class DecoderLayer(nn.Module):
                              start), _write_chunk(values, new_v, start)
 
   def decode_chunk_fused(self, x, partials, keys, values, start, bias,
-                         cross_keys, cross_values, cross_bias):
+                         cross_keys, cross_values, encoder_valid):
     """`decode_chunk` in GPU kernels ('fused': `decode_paths.fused_layer`;
-    x, partials: the residual stream; bias: every slot's,
-    `decode_paths.fused_self_bias`)."""
+    x, partials: the residual stream; bias: every slot's, `gpu.SelfBias`)."""
     return decode_paths.fused_layer(self, x, partials, keys, values, start,
-                                    bias, cross_keys, cross_values, cross_bias)
+                                    bias, cross_keys, cross_values,
+                                    encoder_valid)
 
 
 class Decoder(nn.Module):
@@ -291,13 +290,9 @@ class Decoder(nn.Module):
                             self.config.dtype) if keep_features else None))
 
   def decode_chunk(self, tokens, cache: DecodeCache):
-    k = tokens.shape[1]
-    chunk_pos = jnp.arange(k)
-    # The chunk attends to itself causally.
-    causal = chunk_pos[None, :] <= chunk_pos[:, None]
-    logits, cache = self._decode_new(tokens, cache, chunk_pos[None],
-                                     causal[None])
-    return logits, dataclasses.replace(cache, length=cache.length + k)
+    logits, cache = self._decode_new(tokens, cache, None, None)
+    return logits, dataclasses.replace(cache,
+                                       length=cache.length + tokens.shape[1])
 
   def decode_tree(self, tokens, parents, cache: DecodeCache):
     """Scores a token tree [B, N] after the cached prefix (`tree_visibility`).
@@ -315,8 +310,10 @@ class Decoder(nn.Module):
     Args:
       tokens: [B, K] int.
       cache: the cache; its length is left as it is.
-      offsets: [B or 1, K] int, each token's position minus cache.length.
-      visible: [B or 1, K, K] bool, which new tokens each one attends to.
+      offsets: [B or 1, K] int, each token's position minus cache.length;
+        None: a chain, 0..K-1 (`decode_chunk`).
+      visible: [B or 1, K, K] bool, which new tokens each one attends to;
+        None with offsets: a chain's, causal.
 
     Returns:
       (logits [B, K, V], cache with slots length..length+K-1 written).
@@ -325,6 +322,10 @@ class Decoder(nn.Module):
     path = decode_paths.get(self.decode_path)
     if path.fused:
       return self._decode_new_fused(tokens, cache, offsets, visible)
+    if offsets is None:  # A chain: the chunk attends to itself causally.
+      chunk_pos = jnp.arange(tokens.shape[1])
+      offsets = chunk_pos[None]
+      visible = (chunk_pos[None, :] <= chunk_pos[:, None])[None]
     start = cache.length
     max_len = cache.max_len
     query_pos = start[:, None] + offsets  # [B, K]
@@ -367,15 +368,22 @@ class Decoder(nn.Module):
     return logits, cache
 
   def _decode_new_fused(self, tokens, cache: DecodeCache, offsets, visible):
-    """`_decode_new` on the 'fused' path: 6 GPU kernels a layer, the final
-    norm and the logits in one more (`kernels.gpu`)."""
+    """`_decode_new` on the 'fused' path: 6 GPU kernels a layer (or fewer:
+    `gpu.Tiles`), the final norm and the logits in one more (`kernels.gpu`);
+    the embedding gathered and the attention masks applied in the
+    kernels."""
     cfg = self.config
     start = cache.length
-    bias = decode_paths.fused_self_bias(self.relpos_bias, start, offsets,
-                                        visible, cache.max_len, cfg.num_heads)
-    cross_bias = jnp.where(cache.encoder_valid, 0.0,
-                           NEG_INF).astype(jnp.float32)
-    y = self.shared_embedding(tokens.astype(jnp.int32)).astype(cfg.dtype)
+    bias = decode_paths.self_bias(self.relpos_bias, cache.max_len, offsets,
+                                  visible)
+    tokens = tokens.astype(jnp.int32)
+    embed = self.shared_embedding
+    y: Any  # the residual stream's rows, first as the kernels gather them
+    if getattr(embed, "dtype", None) == cfg.dtype:  # `layers.Embed`'s rows
+      y = gpu_layers.Embedded(tokens, embed.variables["params"]["embedding"],
+                              cfg.dtype)
+    else:
+      y = embed(tokens).astype(cfg.dtype)
     partials = None  # The residual stream's partial sums (folded layers).
     new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
@@ -383,7 +391,7 @@ class Decoder(nn.Module):
                                                      cache.values[i], start,
                                                      bias, cache.cross_keys[i],
                                                      cache.cross_values[i],
-                                                     cross_bias)
+                                                     cache.encoder_valid)
       new_keys.append(lk)
       new_values.append(lv)
     y = gpu_layers.summed(y, partials)
