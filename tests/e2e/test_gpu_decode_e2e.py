@@ -66,6 +66,13 @@ def test_shipped_pair_is_greedy_identical_on_the_fused_path(tmp_path):
   assert "highest_precision" not in identity
   assert identity["all_identical"] and identity["default_precision"][
       "identical"] == 3
+  # The kernels' tokens are XLA's path's too.
+  matches = report["matches_xla"]
+  assert matches["identical"] == matches["examples"] == 3, matches
+  # Their logits too, to float32's rounding (with the cache's relative-
+  # position biases dropped in the kernel they were 0.15 apart).
+  assert matches["logits_steps"] > 1, matches
+  assert matches["logits_max_abs_diff"] < 1e-3, matches
   by_path = report["main_job_by_path"]
   assert set(by_path) == {"xla", "fused"}
   assert by_path["fused"]["1"]["speedup"] > 0

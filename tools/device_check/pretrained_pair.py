@@ -15,6 +15,9 @@ greedy, 48 tokens at most.
   target alone's (`exactness.greedy_identity`, must be 60/60). If they
   differ at the backend's default matmul precision, again at 'highest',
   both reported (`common.at_highest_if_needed`).
+* matches_xla: on a path other than 'xla', the target alone's tokens
+  there against its tokens on 'xla' (`matches_xla`): identity compares
+  two loops on one path, this the path's kernels against XLA's.
 * decode path: the check's (`--path`; the check's: 'fused' on one GPU)
   for the identity and the main job; `main_job_by_path` repeats the main
   job on 'xla' too, each path at batch 1 and 8 (`main_job_batches`;
@@ -106,6 +109,53 @@ def identity(target, draft, batches, max_len: int) -> Dict[str, Any]:
     return tally.record()
 
   return common.at_highest_if_needed(check)
+
+
+def matches_xla(target, batches, max_len: int) -> Dict[str, Any]:
+  """The target alone's greedy tokens on its decode path against the same
+  model's on 'xla', per caption: the GPU kernels as this device compiled
+  them (their masks, biases and gathers, which interpret mode checked on
+  the CPU) against XLA's own ops. Float32 sums in another order may part
+  two captions at a near-tie; a kernel compiled wrong parts most."""
+
+  def tokens(model):
+    base, _ = _decoders(model, model, max_len)
+    return _decode_all(base, batches)
+
+  xla = tokens(target.unpacked())
+  tally = exactness.GreedyIdentity()
+  for a, b in zip(xla, tokens(target)):
+    tally.add(a.tokens, b.tokens)
+  return {**tally.record(), **_logits_apart(target, batches[0], xla[0])}
+
+
+def _logits_apart(target, inputs: np.ndarray, decoded: Any) -> Dict[str, Any]:
+  """The first caption's tokens as XLA decoded them fed one at a time on
+  both paths: how far apart their logits are (float32 sums in another
+  order: 2e-5 on the CPU, logits up to 17; a kernel compiled wrong: more,
+  0.15 on the CPU with the cache's relative-position biases dropped)."""
+  step = jax.jit(lambda m, t, c: m.decode_chunk(t, c))
+  length = int(np.asarray(decoded.lengths)[0])
+  fed = np.concatenate(  # The start token, then what XLA's path decoded.
+      [
+          np.zeros((1, 1), np.int32),
+          np.asarray(decoded.tokens, np.int32)[:, :length]
+      ], axis=1)
+  models = (target, target.unpacked())
+  caches = [model.start(inputs, fed.shape[1]) for model in models]
+  apart, largest = 0.0, 0.0
+  for i in range(fed.shape[1]):
+    outs = []
+    for j, model in enumerate(models):
+      logits, caches[j] = step(model, fed[:, i:i + 1], caches[j])
+      outs.append(np.asarray(logits, np.float32))
+    apart = max(apart, float(np.abs(outs[0] - outs[1]).max()))
+    largest = max(largest, float(np.abs(outs[1]).max()))
+  return {
+      "logits_max_abs_diff": apart,
+      "logits_max_abs": largest,
+      "logits_steps": int(fed.shape[1])
+  }
 
 
 def _statistics(outputs: Sequence[Any]) -> Dict[str, float]:
@@ -252,6 +302,12 @@ def run(s: common.Settings, record: common.Recorder,
   common.log("pretrained: greedy identity")
   same = identity(target, draft, batches, s.max_decode_length)
   record.set("identity", same)
+  if target.decode_path != "xla":
+    common.log("pretrained: the target's tokens on its path against 'xla'")
+    record.set(
+        "matches_xla",
+        common.guarded(
+            lambda: matches_xla(target, batches, s.max_decode_length)))
   if deadline.allows(10.0):
     common.log("pretrained: main job speedup (interleaved rounds)")
     record.set(
