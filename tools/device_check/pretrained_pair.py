@@ -84,9 +84,13 @@ def encode_captions(count: int, input_length: int) -> np.ndarray:
   return out
 
 
-def _decoders(target, draft, max_len: int):
-  base = decoding.baseline_decoder(target, max_decode_length=max_len,
+def _baseline(target, max_len: int):
+  return decoding.baseline_decoder(target, max_decode_length=max_len,
                                    method=sampling.Greedy(), eos_id=EOS_ID)
+
+
+def _decoders(target, draft, max_len: int):
+  base = _baseline(target, max_len)
   spec = decoding.speculative_decoder(target, draft, gamma=GAMMA,
                                       max_decode_length=max_len,
                                       method=sampling.Greedy(), eos_id=EOS_ID)
@@ -119,8 +123,7 @@ def matches_xla(target, batches, max_len: int) -> Dict[str, Any]:
   two captions at a near-tie; a kernel compiled wrong parts most."""
 
   def tokens(model):
-    base, _ = _decoders(model, model, max_len)
-    return _decode_all(base, batches)
+    return _decode_all(_baseline(model, max_len), batches)
 
   xla = tokens(target.unpacked())
   tally = exactness.GreedyIdentity()
@@ -138,7 +141,7 @@ def _logits_apart(target, inputs: np.ndarray, decoded: Any) -> Dict[str, Any]:
   length = int(np.asarray(decoded.lengths)[0])
   fed = np.concatenate(  # The start token, then what XLA's path decoded.
       [
-          np.zeros((1, 1), np.int32),
+          np.asarray(target.start_token(inputs), np.int32)[:, None],
           np.asarray(decoded.tokens, np.int32)[:, :length]
       ], axis=1)
   models = (target, target.unpacked())

@@ -46,8 +46,9 @@ tail is masked; only `head_dim` itself must be a power of 2 (`supported`).
 Off a GPU the same kernels run in Pallas' interpret mode (`interpret`):
 slow, for tests; `lowering_for_gpu` lowers them for Triton on a CPU (a
 test lowers a whole decoder for CUDA that way). `Tiles` are the block
-sizes and warps, `tiles` overrides them for a measurement; `pallas_call`, `current_tiles`
-and the block helpers are what `gpu_layers` builds its kernels with.
+sizes and warps, `tiles` overrides them for a measurement;
+`pallas_call`, `current_tiles` and the block helpers are what
+`gpu_layers` builds its kernels with.
 
 `GPU_OPTION_SETS` are the XLA:GPU compiler options the device check
 measures per program (`tools/device_check`); `GPU_LOOP_OPTIONS` is what
@@ -147,9 +148,9 @@ class Tiles:
       `folded_mlp`): each program ends with its share of the sublayer's
       output projection (a head's rows of it; a block of `columns` of the
       MLP's width) as float32 partial sums, which the next kernel's
-      programs add to the residual as they read it. Half the launches of six kernels, where
-      launches cost more than the partial sums' reads (a T5-small-shaped
-      layer; not XXL's). Their projections are never split
+      programs add to the residual as they read it. Half the launches of
+      six kernels, where launches cost more than the partial sums' reads
+      (a T5-small-shaped layer; not XXL's). Their projections are never split
       (`split_heads`). 0: never.
     out_columns: a folded kernel's partial sums: columns of the model
       width per block of their product.
@@ -383,7 +384,7 @@ class SelfBias:
       away at r + L - 1 (`layers.bucket_table`; L: the cache's slots).
     offsets: [B or 1, K] int32, each chunk token's position minus start;
       None: a chain, 0..K-1.
-    visible: [B or 1, K, K] int32, nonzero where chunk token m sees c;
+    visible: [B or 1, K, K] bool (or int), where chunk token m sees c;
       None: a chain's, c <= m.
     dtype: the model's, which the biases are rounded to.
   """
@@ -403,7 +404,7 @@ def self_bias_inputs(bias: SelfBias, per_head: bool):
   """(arrays, block specs) of a self-attention kernel's `SelfBias`, for a
   grid over (row of the batch, head) or (`per_head` False) rows alone:
   then each program reads every head's biases."""
-  heads, num_buckets = bias.embedding.shape
+  num_buckets = bias.embedding.shape[1]
   specs: List[Any]
   if per_head:
     specs = [((None, num_buckets), lambda b, h: (h, 0))]

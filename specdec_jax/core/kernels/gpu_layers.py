@@ -65,6 +65,11 @@ def rows(x: Union[Array, Embedded]) -> Array:
   return x.rows() if isinstance(x, Embedded) else x
 
 
+def _per_row(*block):
+  """A block spec over a grid of rows of the batch: row b's block."""
+  return (None, *block), lambda b: (b,) + (0,) * len(block)
+
+
 def _rows_in(x: Union[Array, Embedded], per_row: Callable):
   """(arrays, block specs) of a kernel's input rows: x [B, K, E] a row of
   the batch's block per program (`per_row(*block)`: its spec), or an
@@ -78,7 +83,7 @@ def _rows_in(x: Union[Array, Embedded], per_row: Callable):
 
 
 def _layer_specs(x: Union[Array, Embedded], keys: Array, cross_keys: Array,
-                 bias_specs, weights: Sequence[Array]):
+                 rows_specs, bias_specs, weights: Sequence[Array]):
   """`decoder_layer`'s (out_specs, in_specs) for `gpu.pallas_call`: a row of the
   batch's blocks per program, the weights whole; out: the layer's outputs,
   the cache, and the scratch its stages hand rows through (the attention
@@ -88,9 +93,7 @@ def _layer_specs(x: Union[Array, Embedded], keys: Array, cross_keys: Array,
   heads, head_dim, length = keys.shape[1:]
   enc, mlp = cross_keys.shape[-1], weights[7].shape[-1]
   dtype = x.dtype
-
-  def per_row(*shape):
-    return (None, *shape), lambda b: (b,) + (0,) * len(shape)
+  per_row = _per_row
 
   def whole(a):
     return tuple(a.shape), lambda b: (0,) * a.ndim
@@ -110,9 +113,9 @@ def _layer_specs(x: Union[Array, Embedded], keys: Array, cross_keys: Array,
   ]
   if isinstance(x, Embedded):
     out_specs.append(rows_of(emb))
-  in_specs = [((1,), lambda b: (b,)), *_rows_in(x, per_row)[1],
-              *map(whole, weights[:2]), *bias_specs, cache, cache,
-              *map(whole, weights[2:5]), encoded, encoded,
+  in_specs = [((1,), lambda b:
+               (b,)), *rows_specs, *map(whole, weights[:2]), *bias_specs, cache,
+              cache, *map(whole, weights[2:5]), encoded, encoded,
               per_row(enc), *map(whole, weights[5:])]
   return out_specs, in_specs
 
@@ -158,9 +161,10 @@ def decoder_layer(x: Union[Array, Embedded], keys: Array, values: Array,
                    t.in_block), mlp_kb=gpu.block(mlp, t.in_block),
       nb=gpu.block(emb, t.columns), mb=gpu.block(mlp, t.columns), eps=eps,
       on_gpu=not gpu.interpret(), dot=t.dot, activations=tuple(activations))
+  rows_in, rows_specs = _rows_in(x, _per_row)
   bias_in, bias_specs = gpu.self_bias_inputs(bias, per_head=False)
-  out_specs, in_specs = _layer_specs(x, keys, cross_keys, bias_specs, weights)
-  rows_in = _rows_in(x, lambda *_: None)[0]
+  out_specs, in_specs = _layer_specs(x, keys, cross_keys, rows_specs,
+                                     bias_specs, weights)
   # keys' and values' places among the inputs
   cached = 3 + len(rows_in) + len(bias_in)
   call = gpu.pallas_call(
@@ -236,10 +240,11 @@ def _folded_attention_blocks(emb: int, length: int) -> Dict[str, Any]:
               nb=gpu.block(emb, t.out_columns), dot=t.dot)
 
 
-def _folded(x: Union[Array, Embedded], partials: Optional[Array],
+def _folded(x: Union[Array, Embedded], rows_out: Sequence[Any],
             results) -> Tuple:
-  """(the stream's x after the kernel, its partial sums, the rest)."""
-  if partials is not None or isinstance(x, Embedded):
+  """(the stream's x after the kernel: its rows out if it wrote them
+  (`_stream`'s rows_out), its partial sums, the rest)."""
+  if rows_out:
     x, *results = results
   return (x, *results)
 
@@ -291,7 +296,7 @@ def folded_self_attention(x: Union[Array, Embedded], partials: Optional[Array],
           cached + 1: outs + 1
       })
   return _folded(
-      x, partials,
+      x, sum_out,
       call(start.astype(jnp.int32), *stream, scale, wqkv, *bias_in, keys,
            values, w_out))
 
@@ -323,7 +328,7 @@ def folded_cross_attention(x: Array, partials: Optional[Array], scale: Array,
           ((head_dim, emb), lambda b, h: (h, 0))
       ], grid=(batch, heads), name="decode_folded_cross_attention")
   return _folded(
-      x, partials,
+      x, sum_out,
       call(*stream, scale, wq, keys, values, encoder_valid.astype(bool), w_out))
 
 
@@ -357,4 +362,4 @@ def folded_mlp(x: Array, partials: Optional[Array], scale: Array, wi: Array,
           ((parts, emb, mb), lambda b, j: (0, 0, j)),
           ((mb, emb), lambda b, j: (j, 0))
       ], grid=(batch, mlp // mb), name="decode_folded_mlp")
-  return _folded(x, partials, call(*stream, scale, wi, wo))
+  return _folded(x, sum_out, call(*stream, scale, wi, wo))

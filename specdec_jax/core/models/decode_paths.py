@@ -396,8 +396,6 @@ def fused_layer(layer: Any, x, partials, keys, values, start, bias, cross_keys,
    wo) = weights
   weight_bytes = sum(w.size * w.dtype.itemsize for w in weights)
   activations = layer.config.mlp_activations
-  if not (gpu.folded_layer(weight_bytes) or gpu.one_kernel_layer(weight_bytes)):
-    x = gpu_layers.rows(x)  # The six kernels read rows.
   if gpu.folded_layer(weight_bytes):
     x, partials, keys, values = gpu_layers.folded_self_attention(
         x, partials, self_scale, wqkv, self_out, keys, values, start, bias)
@@ -414,6 +412,7 @@ def fused_layer(layer: Any, x, partials, keys, values, start, bias, cross_keys,
                                                encoder_valid, weights,
                                                activations)
     return y, None, keys, values
+  x = gpu_layers.rows(x)  # The six kernels read rows.
   ctx, keys, values = gpu.self_attention(x, self_scale, wqkv, keys, values,
                                          start, bias)
   y = gpu.dense_residual(ctx.reshape(rows, -1), self_out, x.reshape(rows, emb))
