@@ -218,6 +218,12 @@ def unroll_draft_steps(model: Any) -> bool:
   return bool(getattr(model, "unroll_draft_steps", False))
 
 
+def argmax_in_call(model: Any) -> bool:
+  """`model.argmax_in_call` (then it has `decode_argmax`), or False for a
+  model without it."""
+  return bool(getattr(model, "argmax_in_call", False))
+
+
 def _is_array_leaf(leaf: Any) -> bool:
   return isinstance(leaf, (jax.Array, np.ndarray, np.generic, numbers.Number))
 

@@ -354,6 +354,92 @@ def test_a_small_layer_in_one_kernel_computes_the_same_bits(wide_world, base):
     assert gpu.one_kernel_layer(100) and not gpu.one_kernel_layer(101)
 
 
+def test_the_kernels_argmax_is_jnp_argmax():
+  """`_gpu_pieces.argmax_token`, in blocks of 8 of a row of 37: the
+  first of equal maxima within a block and across blocks, the first NaN
+  (above +inf), a row of -inf, the maximum in the last, partial block."""
+  from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
+  from specdec_jax.core.kernels import _gpu_pieces  # pylint: disable=g-import-not-at-top
+  rows = np.random.default_rng(4).standard_normal((7, 37)).astype(np.float32)
+  rows[0, [3, 5]] = 9.0  # equal maxima in one block
+  rows[1, [5, 20]] = 9.0  # in two blocks
+  rows[2, [4, 30]] = [np.inf, np.nan]  # NaN after +inf
+  rows[3, [2, 9]] = np.nan
+  rows[4] = -np.inf
+  rows[5, 36] = 9.0  # in the last block, which overlaps the one before
+  rows[6, 0] = 9.0
+
+  def kernel(logits_ref, out_ref):
+    for r in range(rows.shape[0]):
+      out_ref[r] = _gpu_pieces.argmax_token(logits_ref, r, block=8)
+
+  got = pl.pallas_call(
+      kernel, interpret=True, out_shape=jax.ShapeDtypeStruct(
+          (rows.shape[0],), jnp.int32))(jnp.asarray(rows))
+  want = np.asarray(jnp.argmax(jnp.asarray(rows), axis=-1))
+  np.testing.assert_array_equal(got, want)
+  assert list(want) == [3, 5, 30, 2, 0, 36, 0]
+
+
+@pytest.mark.parametrize("tiles", ["six", "layer", "fold"])
+def test_decode_argmax_feeds_the_logits_argmax(world, tiles):
+  """`decode_argmax(logits)` is `decode_chunk(argmax(logits))` to the bit,
+  the argmax taken by XLA before six kernels a layer, and in the first
+  kernel of layers run together or folded; on 'xla' too."""
+  model, enc, dec = world
+  fused = model.prepared_for_decoding("fused")
+  logits = np.random.default_rng(6).standard_normal(
+      (3, 2, 32)).astype(np.float32)
+  logits[0, 1, [4, 7]] = 9.0  # a tie: the first
+  chosen = {
+      "six": gpu.Tiles(),
+      "layer": gpu.Tiles(layer_bytes=1 << 30),
+      "fold": gpu.Tiles(fold_bytes=1 << 30)
+  }[tiles]
+  for m in (fused, model):
+    cache = jax.jit(lambda m, e: m.start(e, 6))(m, jnp.asarray(enc))
+    cache = jax.jit(lambda m, t, c: m.decode_chunk(t, c)[1])(
+        m, jnp.asarray(dec[:, :2]), cache)
+    with gpu.tiles(chosen):
+      got, got_cache = jax.jit(lambda m, x, c: m.decode_argmax(x, c))(
+          m, jnp.asarray(logits), cache)
+      want, want_cache = jax.jit(lambda m, t, c: m.decode_chunk(t, c))(
+          m, jnp.argmax(jnp.asarray(logits), -1).astype(jnp.int32), cache)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_cache.keys[1], want_cache.keys[1])
+    np.testing.assert_array_equal(got_cache.length, want_cache.length)
+
+
+def test_small_layers_run_together_in_one_kernel(world):
+  """`Tiles.layer_bytes` bounds the layers run together: the longest runs
+  of consecutive layers that fit, each one kernel (here both of the tiny
+  model's 2 layers: 2 Triton calls with the logits', not 13), with the
+  same logits to the bit as six kernels a layer, rows independent of the
+  call; a layer over the bound is a run of its own."""
+  fused = world[0].prepared_for_decoding("fused")
+  enc, dec = world[1], world[2]
+  got, kernels = {}, {}
+  for limit in (0, 1 << 30):
+    with gpu.tiles(gpu.Tiles(layer_bytes=limit)):
+      # Compiled unoptimized: XLA:CPU 0.11 rounds a 3-row program's last
+      # row apart (`test_fused_rows_are_bitwise_independent_of_the_call`).
+      got[limit] = _decode_unoptimized(fused, enc, dec, [1] * 4, max_len=4)
+      np.testing.assert_array_equal(
+          got[limit], _decode_unoptimized(fused, enc, dec, [3, 1], max_len=4))
+      kernels[limit] = _triton_calls(fused, 4, 1)
+  assert kernels == {0: 6 * 2 + 1, 1 << 30: 1 + 1}
+  np.testing.assert_array_equal(got[0], got[1 << 30])
+  with gpu.tiles(gpu.Tiles(layer_bytes=10)):
+    assert gpu.layer_runs([4, 5, 2, 11, 3, 3, 3, 3]) == [
+        range(0, 2),
+        range(2, 3),
+        range(3, 4),
+        range(4, 7),
+        range(7, 8)
+    ]
+  assert gpu.layer_runs([4, 5]) == [range(0, 1), range(1, 2)]  # off
+
+
 @pytest.mark.parametrize("base", ["default", "mma"])
 def test_folded_layers_are_exact_and_row_independent(world, base):
   """`Tiles.fold_bytes`: layers whose weights fit run as three kernels,
@@ -459,10 +545,11 @@ def test_greedy_speculative_equals_the_baseline_on(path):
   assert 0 < spec.statistics()["alpha_hat"] < 1  # Guesses kept and rejected.
 
 
-@pytest.mark.parametrize("preset", ["mma", "mma_fold"])
+@pytest.mark.parametrize("preset", ["mma", "mma_fold", "mma_layer"])
 def test_greedy_speculative_equals_the_baseline_on_tensor_cores(preset):
   """`Tiles.dot` (the 'mma' preset; 'mma_fold': its layers folded, the
-  partial sums carried from layer to layer) in a model wide enough for its
+  partial sums carried from layer to layer; 'mma_layer': both layers one
+  kernel, which takes the draft's argmax) in a model wide enough for its
   tiles (width 128, heads of 16): the loops' K-token calls and one-token
   calls agree to the bit, so greedy speculative decoding is the
   baseline."""

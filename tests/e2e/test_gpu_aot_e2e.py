@@ -58,17 +58,18 @@ def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
     # On a GPU's path the draft steps are unrolled, its catch-up no branch.
     assert (spec["nested_loops"],
             len(spec["conditionals"])) == loops_and_branches, (path, spec)
-  # The shipped draft's layers as one kernel each (`Tiles.layer_bytes`):
-  # Triton compiles the layer kernel for an H200 without spills, and an
-  # iteration launches 5 kernels fewer per draft layer and step, and its
-  # first layer gathers the embedding: one kernel fewer in each of draft
-  # steps 2..γ (in the catch-up step XLA fuses the gather with the chunk's
-  # tokens, which remain).
+  # The shipped draft's two layers as one kernel (`Tiles.layer_bytes`):
+  # Triton compiles it for an H200 without spills, and an iteration
+  # launches 2 x 6 - 1 kernels fewer per draft step; in steps 2..γ the
+  # kernel also takes the argmax of the last step's logits and gathers the
+  # embedding (XLA: a reduce and a gather each), but the catch-up's row of
+  # logits is then selected by a kernel of its own (XLA fuses it into the
+  # argmax otherwise).
   fused = result["loops"]["shipped"]["fused"]["speculative"]
   one = result["loops"]["shipped"]["fused@mma_layer"]["speculative"]
   assert one["spills"] == {}, one
-  assert fused["body"] - one["body"] == 5 * 2 * 3 + 2, (fused["body"],
-                                                        one["body"])
+  assert fused["body"] - one["body"] == (2 * 6 - 1) * 3 + 2 * 2 - 1, (
+      fused["body"], one["body"])
   # And the 38M target's 8 layers in three kernels each (`Tiles.
   # fold_bytes`), their partial sums added once in XLA before the logits:
   # 3 kernels fewer a layer, one more a call, in both loops; and in the

@@ -166,8 +166,8 @@ class Settings:
                                    "tall_mma_fold")
   tile_call_presets: Tuple[str,
                            ...] = ("default", "mma", "mma_split", "mma_fold")
-  # The shipped draft's 184 KB layers as one kernel each (`Tiles.
-  # layer_bytes`; its 6 a layer cost launches, not bytes), and with the
+  # The shipped draft's two 184 KB layers as one kernel (`Tiles.
+  # layer_bytes`; their 6 a layer cost launches, not bytes), and with the
   # shipped target's 12 MB layers in three (`fold_bytes`): the pretrained
   # phase's identity and main job under them too.
   main_job_tiles: Tuple[str, ...] = ("mma_layer_fold", "mma_layer")

@@ -23,7 +23,7 @@ greedy, 48 tokens at most.
   job on 'xla' too, each path at batch 1 and 8 (`main_job_batches`;
   consecutive captions, a last partial batch left out);
   `main_job_by_tiles` the identity and the main job on 'fused' under
-  other tiles (`main_job_tiles`: the draft's layers as one kernel each).
+  other tiles (`main_job_tiles`: the draft's layers as one kernel).
 * main job: the walltime of decoding every caption with each decoder, in
   interleaved rounds (alternating which goes first), compilation excluded
   (one untimed caption each first): speedup = median over rounds of target

@@ -106,6 +106,8 @@ class ModelDrafter(Drafter):
       return self._propose_adaptive(model_state, length, rngs, logits,
                                     draft_tokens, draft_probs, q, method)
 
+    if method.is_greedy and protocols.argmax_in_call(self.model):
+      return self._propose_argmax_in_calls(model_state, length, logits, gamma)
     if protocols.unroll_draft_steps(self.model):
       return self._propose_unrolled(model_state, length, rngs, token, q, method)
 
@@ -141,6 +143,20 @@ class ModelDrafter(Drafter):
     draft_probs = None if q is None else jnp.stack(probs, axis=1)
     return (ModelDrafterState(model_state, length + len(tokens)),
             jnp.stack(tokens, axis=1), draft_probs)
+
+  def _propose_argmax_in_calls(self, model_state, length, logits, gamma):
+    """Greedy steps 2..γ of `propose` on a model that takes a step's argmax
+    in its next call's first kernel (`protocols.argmax_in_call`), from
+    step 1's model state and logits [B, V]: each step is fed the last
+    one's logits, and the γ guesses are their argmax, taken once at the
+    end (one XLA kernel, not one a step)."""
+    fed = [logits[:, None]]
+    for _ in range(1, gamma):
+      step_logits, model_state = self.model.decode_argmax(fed[-1], model_state)
+      fed.append(step_logits)
+    guesses = jnp.argmax(jnp.concatenate(fed, axis=1), axis=-1)
+    return (ModelDrafterState(model_state,
+                              length + gamma), guesses.astype(jnp.int32), None)
 
   def catch_up(self, state: ModelDrafterState, buffer: Array,
                length: Array) -> Tuple[Array, Any]:

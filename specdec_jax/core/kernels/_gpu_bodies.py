@@ -2,10 +2,11 @@
 program's refs: the six kernels' (self-attention, cross-attention, the
 RMS-normed dense product, the dense product plus residual), the split
 heads' projections, the one-kernel layer that runs the six in turn
-(`gpu_layers.decoder_layer`), which is why they live apart from their
+(`gpu_layers.decoder_layers`), which is why they live apart from their
 calls, and a folded layer's three (`gpu_layers`).
 """
 import dataclasses
+import functools
 from typing import Any, Callable, List, Optional, Tuple
 
 import jax
@@ -289,27 +290,70 @@ def folded_mlp_kernel(*refs, summed: bool, activations: Tuple[str, ...],
   _pieces.partial_products(hidden, wo_ref, partial_ref, nb, dot)
 
 
-def layer_kernel(start_ref, *refs, embedded: bool, bias: BiasForm, heads: int,
-                 eb: int, lb: int, cross_lb: int, kb: int, mlp_kb: int, nb: int,
-                 mb: int, eps: float, on_gpu: bool, dot: bool,
-                 activations: Tuple[str, ...]):
-  """`decoder_layer`: one program, a row of the batch's K tokens through
-  the layer's six kernels' bodies in turn, each stage's rows written to
-  this program's scratch and read back after a barrier (`embedded`: the
-  input is the tokens and the embedding table, the rows gathered first
-  into the last output)."""
+# A layer's refs in `layers_kernel`, in order.
+LAYER_REFS = ("self_scale", "wqkv", "keys", "values", "self_out", "cross_scale",
+              "wq", "cross_keys", "cross_values", "cross_out", "mlp_scale",
+              "wi", "wo")
+
+
+def layers_kernel(start_ref, *refs, layers: int, embedded: bool, bias: BiasForm,
+                  heads: int, eb: int, lb: int, cross_lb: int, kb: int,
+                  mlp_kb: int, nb: int, mb: int, eps: float, on_gpu: bool,
+                  dot: bool, activations: Tuple[str, ...]):
+  """`decoder_layers`: one program, a row of the batch's K tokens through
+  `layers` decoder layers in turn, each the six kernels' bodies in turn,
+  each stage's rows written to this program's scratch and read back after
+  a barrier; a layer's outputs (y_ref) are the next one's input
+  (`embedded`: the first's input is the tokens and the embedding table,
+  the rows gathered first into the last output).
+
+  Refs: start, the input rows (x, or tokens and table), the bias's refs,
+  encoder_valid, each layer's `LAYER_REFS`; out: y, each layer's keys and
+  values, the scratch (ctx, mid, mid2, hidden) and with `embedded` the
+  gathered rows."""
   pl, plgpu = _pieces.pallas()
   if embedded:
     tokens_ref, table_ref, x_ref = refs[0], refs[1], refs[-1]
     refs = refs[2:-1]
   else:
     x_ref, refs = refs[0], refs[1:]
-  self_scale, wqkv, refs = refs[0], refs[1], refs[2:]
   bias_refs, refs = refs[:bias.refs], refs[bias.refs:]
-  (keys_in, values_in, self_out, cross_scale, wq, cross_keys, cross_values,
-   encoder_valid, cross_out, mlp_scale, wi, wo, y_ref, keys_ref, values_ref,
-   ctx_ref, mid_ref, mid2_ref, hidden_ref) = refs
-  rows, emb = x_ref.shape
+  encoder_valid, refs = refs[0], refs[1:]
+  count = len(LAYER_REFS)
+  weights = [refs[i * count:(i + 1) * count] for i in range(layers)]
+  y_ref, outs = refs[layers * count], refs[layers * count + 1:]
+  caches, scratch = outs[:2 * layers], outs[2 * layers:]
+  rows, emb = y_ref.shape
+  layer = functools.partial(_layer, bias=bias, heads=heads, eb=eb, lb=lb,
+                            cross_lb=cross_lb, kb=kb, mlp_kb=mlp_kb, nb=nb,
+                            mb=mb, eps=eps, on_gpu=on_gpu, dot=dot,
+                            activations=activations)
+
+  if embedded:
+    row = _pieces.embedded_row_loader(tokens_ref, table_ref, x_ref, eb, True)
+    for r in range(rows):
+      for j in range(emb // eb):
+        row(r, pl.ds(j * eb, eb))
+  for i in range(layers):
+    if on_gpu and (embedded or i):  # The threads see the input's rows.
+      plgpu.debug_barrier()
+    layer(start_ref, x_ref if i == 0 else y_ref, bias_refs, encoder_valid,
+          weights[i], caches[2 * i:2 * i + 2], y_ref, *scratch)
+
+
+def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
+           ctx_ref, mid_ref, mid2_ref, hidden_ref, *, bias: BiasForm,
+           heads: int, eb: int, lb: int, cross_lb: int, kb: int, mlp_kb: int,
+           nb: int, mb: int, eps: float, on_gpu: bool, dot: bool,
+           activations: Tuple[str, ...]):
+  """One layer of `layers_kernel`: x_ref's rows through the six kernels'
+  bodies into y_ref (which may be x_ref: x is read only before the first
+  barrier)."""
+  pl, plgpu = _pieces.pallas()
+  (self_scale, wqkv, keys_in, values_in, self_out, cross_scale, wq, cross_keys,
+   cross_values, cross_out, mlp_scale, wi, wo) = weights
+  keys_ref, values_ref = caches
+  rows, emb = y_ref.shape
   head_dim, mlp = wqkv.shape[-1], wi.shape[-1]
 
   def barrier():
@@ -324,12 +368,6 @@ def layer_kernel(start_ref, *refs, embedded: bool, bias: BiasForm, heads: int,
       dense_residual_body(x, w, res, out, 0, rows_total=rows, kb=kb_, dot=dot,
                           first_col=j * nb, nb=nb)
 
-  if embedded:
-    row = _pieces.embedded_row_loader(tokens_ref, table_ref, x_ref, eb, True)
-    for r in range(rows):
-      for j in range(emb // eb):
-        row(r, pl.ds(j * eb, eb))
-    barrier()
   for h in range(heads):
     self_attention_kernel(start_ref, x_ref, self_scale, wqkv, *bias_refs,
                           keys_in, values_in, ctx_ref, keys_ref, values_ref,

@@ -105,15 +105,24 @@ def summed_row_loader(x_ref, parts_ref, size: int, sum_ref=None,
 def embedded_row_loader(tokens_ref, table_ref, out_ref, size: int,
                         writes) -> Callable:
   """`row_loader` of the residual stream before the first layer: row(r,
-  span) -> token r's embedding table_ref[tokens_ref[r], span] in out_ref's
-  dtype (NaN for a token outside the table, as `jnp.take`'s fill), also
-  stored into out_ref[r, span] where `writes` (one program of the kernel):
-  gathered in the first kernel, not by an XLA kernel of its own."""
+  span) -> token r's embedding table_ref[token, span] in out_ref's dtype
+  (NaN for a token outside the table, as `jnp.take`'s fill), also stored
+  into out_ref[r, span] where `writes` (one program of the kernel):
+  gathered in the first kernel, not by an XLA kernel of its own.
+  tokens_ref: [K] the token ids, or [K, V] logits whose argmax are
+  (`argmax_token`: a greedy draft's previous step's, taken here rather
+  than by a kernel of its own). Call it at the kernel's top level: it
+  reads the tokens there."""
   _, plgpu = pallas()
   vocab = table_ref.shape[0]
+  rows = tokens_ref.shape[0]
+  if len(tokens_ref.shape) == 2:
+    tokens = [argmax_token(tokens_ref, r) for r in range(rows)]
+  else:
+    tokens = [tokens_ref[jnp.int32(r)] for r in range(rows)]
 
   def row(r, span):
-    token = tokens_ref[jnp.int32(r)]
+    token = tokens[r]
     inside = jnp.full((size,), (token >= 0) & (token < vocab))
     x = plgpu.load(table_ref.at[token, span], mask=inside,
                    other=jnp.nan).astype(out_ref.dtype)
@@ -122,6 +131,33 @@ def embedded_row_loader(tokens_ref, table_ref, out_ref, size: int,
     return x
 
   return row
+
+
+def argmax_token(logits_ref, r: int, block: int = 1024) -> Array:
+  """The argmax of logits_ref[r] ([K, V]) as `jnp.argmax` takes it, int32:
+  the first NaN if any, else the first of the equal maxima. The row in
+  blocks (`block`, a power of 2, halved while over V), the last one ending
+  at V (overlapping the one before: a maximum there that beats the
+  earlier blocks' lies past them)."""
+  pl, plgpu = pallas()
+  vocab = logits_ref.shape[1]
+  while block > vocab:
+    block //= 2
+  best, best_at = jnp.float32(-jnp.inf), jnp.int32(0)
+  first_nan = jnp.int32(vocab)
+  for first in range(0, vocab, block):
+    first = min(first, vocab - block)
+    lanes = first + lax.iota(jnp.int32, block)
+    values = plgpu.load(logits_ref.at[jnp.int32(r),
+                                      pl.ds(first, block)]).astype(F32)
+    nan = jnp.isnan(values)
+    first_nan = jnp.minimum(first_nan, jnp.min(jnp.where(nan, lanes, vocab)))
+    values = jnp.where(nan, -jnp.inf, values)
+    top = jnp.max(values)
+    at = jnp.min(jnp.where(values == top, lanes, vocab))
+    better = top > best  # equal maxima: the earlier block's
+    best, best_at = jnp.where(better, top, best), jnp.where(better, at, best_at)
+  return jnp.where(first_nan < vocab, first_nan, best_at)
 
 
 def rows_tile(load: Callable[[int], Array], count: int, width: int) -> Array:

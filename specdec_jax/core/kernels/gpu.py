@@ -138,10 +138,11 @@ class Tiles:
       leaves most of the GPU idle (64 heads: XXL's half of an H200's 132
       SMs). The same sums as unsplit, rounded alike: the same bits on CUDA
       cores.
-    layer_bytes: a decoder layer whose weights take at most this many
-      bytes runs as one kernel (`gpu_layers.decoder_layer`), one program
-      per row of the batch: a small draft's six kernels a layer cost six
-      launches (~2 us each on an H200), not their bytes. 0: never.
+    layer_bytes: consecutive decoder layers whose weights together take
+      at most this many bytes run as one kernel
+      (`gpu_layers.decoder_layers`, `layer_runs`), one program per row of
+      the batch: a small draft's six kernels a layer cost six launches
+      (~2 us each on an H200), not their bytes. 0: never.
     fold_bytes: a decoder layer over `layer_bytes` whose weights take at
       most this many bytes runs as three kernels, one a sublayer
       (`gpu_layers.folded_self_attention`, `folded_cross_attention`,
@@ -284,6 +285,23 @@ def one_kernel_layer(weight_bytes: int) -> bool:
   """Whether a decoder layer of `weight_bytes` runs as one kernel
   (`Tiles.layer_bytes`)."""
   return 0 < weight_bytes <= current_tiles().layer_bytes
+
+
+def layer_runs(weight_bytes: Sequence[int]) -> List[range]:
+  """A decoder's layers (their weights' bytes, in order) as runs of
+  consecutive layers: the longest runs whose weights together fit
+  `Tiles.layer_bytes`, each one kernel (`gpu_layers.decoder_layers`),
+  and every other layer a run of its own."""
+  runs: List[range] = []
+  total = 0
+  for i, size in enumerate(weight_bytes):
+    if runs and one_kernel_layer(total + size):
+      runs[-1] = range(runs[-1].start, i + 1)
+      total += size
+    else:
+      runs.append(range(i, i + 1))
+      total = size
+  return runs
 
 
 def folded_layer(weight_bytes: int) -> bool:

@@ -1,8 +1,8 @@
 """A GPU decoder layer in fewer kernels than `kernels.gpu`'s six.
 
-* `decoder_layer` (`gpu.Tiles.layer_bytes`): a small layer (a draft's) as
-  one kernel, one program per row of the batch running the six kernels'
-  bodies in turn, each stage's rows through its own scratch, read back
+* `decoder_layers` (`gpu.Tiles.layer_bytes`): small layers (a draft's) as
+  one kernel, one program per row of the batch running each layer's six
+  kernels' bodies in turn, each stage's rows through its own scratch, read back
   after a barrier: the same operations on the same blocks, so the same
   bits as the six kernels.
 * `folded_self_attention`, `folded_cross_attention`, `folded_mlp`
@@ -21,7 +21,7 @@ Their tiles, interpret mode and lowering are `kernels.gpu`'s.
 """
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple, Union)
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +41,9 @@ class Embedded:
   rather than by an XLA kernel of its own on every call.
 
   Attributes:
-    tokens: [B, K] int32.
+    tokens: [B, K] int32, or [B, K, V] logits whose argmax over V are the
+      tokens (a greedy draft's previous step's: the kernel takes it,
+      `_pieces.argmax_token`).
     table: [V, E] the embedding (`layers.Embed`'s).
     dtype: the rows' (the model's; `layers.Embed` rounds to it).
   """
@@ -51,13 +53,20 @@ class Embedded:
 
   @property
   def shape(self) -> Tuple[int, int, int]:
-    batch, rows = self.tokens.shape
+    batch, rows = self.tokens.shape[:2]
     return batch, rows, self.table.shape[-1]
+
+  def token_ids(self) -> Array:
+    """[B, K] int32 the tokens (the logits' argmax: XLA's)."""
+    if self.tokens.ndim == 3:
+      return jnp.argmax(self.tokens, axis=-1).astype(jnp.int32)
+    return self.tokens.astype(jnp.int32)
 
   def rows(self) -> Array:
     """[B, K, E] the rows, gathered by XLA as `layers.Embed` does (NaN
     for a token outside the table): for kernels that read rows."""
-    return jnp.take(jnp.asarray(self.table, self.dtype), self.tokens, axis=0)
+    return jnp.take(jnp.asarray(self.table, self.dtype), self.token_ids(),
+                    axis=0)
 
 
 def rows(x: Union[Array, Embedded]) -> Array:
@@ -76,22 +85,25 @@ def _rows_in(x: Union[Array, Embedded], per_row: Callable):
   `Embedded`'s tokens (the row's) and table (whole)."""
   _, count, emb = x.shape
   if isinstance(x, Embedded):
-    return ([x.tokens.astype(jnp.int32),
-             x.table], [per_row(count),
-                        gpu.whole_block(x.table.shape)])
+    tokens = x.tokens if x.tokens.ndim == 3 else x.tokens.astype(jnp.int32)
+    return ([tokens, x.table],
+            [per_row(*tokens.shape[1:]),
+             gpu.whole_block(x.table.shape)])
   return [x], [per_row(count, emb)]
 
 
-def _layer_specs(x: Union[Array, Embedded], keys: Array, cross_keys: Array,
-                 rows_specs, bias_specs, weights: Sequence[Array]):
-  """`decoder_layer`'s (out_specs, in_specs) for `gpu.pallas_call`: a row of the
-  batch's blocks per program, the weights whole; out: the layer's outputs,
-  the cache, and the scratch its stages hand rows through (the attention
-  context, the two residual streams, the MLP's hidden rows; with an
-  `Embedded` x, its gathered rows last)."""
+def _layers_specs(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
+                  rows_specs, bias_specs):
+  """`decoder_layers`' (out_specs, in_specs) for `gpu.pallas_call`: a row of
+  the batch's blocks per program, the weights whole; in: start, the rows,
+  the bias, encoder_valid, each layer's `_bodies.LAYER_REFS`; out: the
+  outputs, each layer's cache, and the scratch its stages hand rows
+  through (the attention context, the two residual streams, the MLP's
+  hidden rows; with an `Embedded` x, its gathered rows last)."""
   batch, rows, emb = x.shape
+  keys, cross_keys, wi = layers[0][2], layers[0][7], layers[0][11]
   heads, head_dim, length = keys.shape[1:]
-  enc, mlp = cross_keys.shape[-1], weights[7].shape[-1]
+  enc, mlp = cross_keys.shape[-1], wi.shape[-1]
   dtype = x.dtype
   per_row = _per_row
 
@@ -103,9 +115,10 @@ def _layer_specs(x: Union[Array, Embedded], keys: Array, cross_keys: Array,
 
   cache = per_row(heads, head_dim, length)
   encoded = per_row(heads, head_dim, enc)
-  out_specs = [
-      rows_of(emb), (keys.shape, keys.dtype, *cache),
-      (keys.shape, keys.dtype, *cache),
+  out_specs = [rows_of(emb)]
+  for _ in layers:
+    out_specs += [(keys.shape, keys.dtype, *cache)] * 2
+  out_specs += [
       rows_of(heads * head_dim),
       rows_of(emb),
       rows_of(emb),
@@ -113,49 +126,58 @@ def _layer_specs(x: Union[Array, Embedded], keys: Array, cross_keys: Array,
   ]
   if isinstance(x, Embedded):
     out_specs.append(rows_of(emb))
-  in_specs = [((1,), lambda b:
-               (b,)), *rows_specs, *map(whole, weights[:2]), *bias_specs, cache,
-              cache, *map(whole, weights[2:5]), encoded, encoded,
-              per_row(enc), *map(whole, weights[5:])]
+  in_specs = [((1,), lambda b: (b,)), *rows_specs, *bias_specs, per_row(enc)]
+  blocks = dict(keys=cache, values=cache, cross_keys=encoded,
+                cross_values=encoded)  # the rest whole
+  for layer in layers:
+    in_specs += [
+        blocks[name] if name in blocks else whole(w)
+        for name, w in zip(_bodies.LAYER_REFS, layer)
+    ]
   return out_specs, in_specs
 
 
-def decoder_layer(x: Union[Array, Embedded], keys: Array, values: Array,
-                  start: Array, bias: gpu.SelfBias, cross_keys: Array,
-                  cross_values: Array, encoder_valid: Array,
-                  weights: Sequence[Array], activations: Sequence[str], *,
-                  eps: float = 1e-6) -> Tuple[Array, Array, Array]:
-  """A whole decoder layer in one kernel, one program per row of the
-  batch (`Tiles.layer_bytes`): for a small draft, whose six kernels a
-  layer each cost a launch, not their bytes. The same operations on the
-  same blocks as the six kernels (`self_attention`, `dense_residual`,
-  `cross_attention`, `dense_residual`, `rms_dense`, `dense_residual`).
+def decoder_layers(x: Union[Array, Embedded], keys: Sequence[Array],
+                   values: Sequence[Array], start: Array, bias: gpu.SelfBias,
+                   cross_keys: Sequence[Array], cross_values: Sequence[Array],
+                   encoder_valid: Array, weights: Sequence[Sequence[Array]],
+                   activations: Sequence[str], *,
+                   eps: float = 1e-6) -> Tuple[Array, List[Array], List[Array]]:
+  """Decoder layers in one kernel, one program per row of the batch
+  (`Tiles.layer_bytes`): for a small draft, whose six kernels a layer
+  each cost a launch, not their bytes. Each layer the same operations on
+  the same blocks as the six kernels (`self_attention`, `dense_residual`,
+  `cross_attention`, `dense_residual`, `rms_dense`, `dense_residual`), its
+  outputs the next one's input.
 
   Args:
-    x: [B, K, E] or the first layer's `Embedded`; keys, values: [B, H, D,
-      L] the layer's cache (donated on a GPU: written in place); start:
-      [B]; bias: the self-attention's (`gpu.SelfBias`); cross_keys,
-      cross_values: [B, H, D, S]; encoder_valid: [B, S] bool.
-    weights: (self-attention norm scale [E], wqkv [H, 3, E, D], its output
-      [H*D, E], cross-attention norm scale [E], wq [H, 1, E, D], its output
-      [H*D, E], MLP norm scale [E], wi [P, E, M], wo [M, E]).
+    x: [B, K, E] or the first layer's `Embedded`; keys, values: each
+      layer's [B, H, D, L] cache (donated on a GPU: written in place);
+      start: [B]; bias: the self-attention's (`gpu.SelfBias`); cross_keys,
+      cross_values: each layer's [B, H, D, S]; encoder_valid: [B, S] bool.
+    weights: each layer's (self-attention norm scale [E], wqkv [H, 3, E,
+      D], its output [H*D, E], cross-attention norm scale [E], wq [H, 1,
+      E, D], its output [H*D, E], MLP norm scale [E], wi [P, E, M], wo [M,
+      E]).
     activations: the MLP's, one per wi part.
 
   Returns:
-    (outputs [B, K, E] in x's dtype, keys, values).
+    (the last layer's outputs [B, K, E] in x's dtype, each layer's keys,
+    values).
   """
-  (self_scale, wqkv, self_out, cross_scale, wq, cross_out, mlp_scale, wi,
-   wo) = weights
+  layers = [(s, wqkv, k, v, so, cs, wq, ck, cv, co, ms, wi, wo) for (
+      s, wqkv, so, cs, wq, co, ms, wi,
+      wo), k, v, ck, cv in zip(weights, keys, values, cross_keys, cross_values)]
   batch, _, emb = x.shape
-  heads, _, _, head_dim = wqkv.shape
-  length, enc = keys.shape[-1], cross_keys.shape[-1]
-  mlp = wi.shape[-1]
+  heads, _, _, head_dim = weights[0][1].shape
+  length, enc = keys[0].shape[-1], cross_keys[0].shape[-1]
+  mlp = weights[0][7].shape[-1]
   t = gpu.current_tiles()
   kernel = functools.partial(
-      _bodies.layer_kernel, embedded=isinstance(x, Embedded), bias=bias.form,
-      heads=heads, eb=gpu.block(emb,
-                                t.emb_block), lb=min(t.slots,
-                                                     gpu.pow2_at_least(length)),
+      _bodies.layers_kernel, layers=len(layers),
+      embedded=isinstance(x, Embedded), bias=bias.form, heads=heads,
+      eb=gpu.block(emb, t.emb_block), lb=min(t.slots,
+                                             gpu.pow2_at_least(length)),
       cross_lb=min(t.slots, gpu.pow2_at_least(enc)),
       kb=gpu.block(heads * head_dim,
                    t.in_block), mlp_kb=gpu.block(mlp, t.in_block),
@@ -163,22 +185,21 @@ def decoder_layer(x: Union[Array, Embedded], keys: Array, values: Array,
       on_gpu=not gpu.interpret(), dot=t.dot, activations=tuple(activations))
   rows_in, rows_specs = _rows_in(x, _per_row)
   bias_in, bias_specs = gpu.self_bias_inputs(bias, per_head=False)
-  out_specs, in_specs = _layer_specs(x, keys, cross_keys, rows_specs,
-                                     bias_specs, weights)
-  # keys' and values' places among the inputs
-  cached = 3 + len(rows_in) + len(bias_in)
-  call = gpu.pallas_call(
-      kernel, out_specs=out_specs, in_specs=in_specs, grid=(batch,),
-      name="decode_layer", aliases=None if gpu.interpret() else {
-          cached: 1,
-          cached + 1: 2
-      })
-  y, keys, values, *_ = call(start.astype(jnp.int32), *rows_in, self_scale,
-                             wqkv, *bias_in, keys, values, self_out,
-                             cross_scale, wq, cross_keys, cross_values,
-                             encoder_valid.astype(bool), cross_out, mlp_scale,
-                             wi, wo)
-  return y, keys, values
+  out_specs, in_specs = _layers_specs(x, layers, rows_specs, bias_specs)
+  # Layer i's keys and values among the inputs and the outputs.
+  first = 2 + len(rows_in) + len(bias_in)
+  count = len(_bodies.LAYER_REFS)
+  aliases = {}
+  for i in range(len(layers)):
+    aliases[first + i * count + 2] = 1 + 2 * i
+    aliases[first + i * count + 3] = 2 + 2 * i
+  call = gpu.pallas_call(kernel, out_specs=out_specs, in_specs=in_specs,
+                         grid=(batch,), name="decode_layers",
+                         aliases=None if gpu.interpret() else aliases)
+  y, *caches = call(start.astype(jnp.int32), *rows_in, *bias_in,
+                    encoder_valid.astype(bool),
+                    *[w for layer in layers for w in layer])
+  return y, caches[0:2 * len(layers):2], caches[1:2 * len(layers):2]
 
 
 # ---------------------------------------------------------------------------

@@ -12,8 +12,9 @@ paths (`T5Model.decode_path`, set by `T5Model.prepared_for_decoding`):
 * 'packed': XLA's ops with q/k/v packed into one kernel and wi_0/wi_1 into
   one, the attention biases computed once per call rather than fused into
   every layer (one GPU's default);
-* 'fused': the GPU kernels (`kernels.gpu`): 6 kernels a decoder layer (1
-  or 3 under `Tiles.layer_bytes` / `fold_bytes`) and one for the final
+* 'fused': the GPU kernels (`kernels.gpu`): 6 kernels a decoder layer (3
+  under `Tiles.fold_bytes`; small layers together in 1 under
+  `Tiles.layer_bytes`) and one for the final
   norm and logits. Opt-in
   (`prepared_for_decoding(path='fused')`, the device check's `--path`)
   until a GPU run has shown Triton compiles them and they are exact there:
@@ -32,14 +33,14 @@ run here. `pack` makes a path's weights, a tree of its own beside the
 model's T5X-layout `params` (never inside: checkpoints and converters read
 `params`): the CPU kernel's panels, or decoder layer i's entries under
 decoder/layers_i of `layers.PACKED_COLLECTION`, in the model's dtype.
-`packed_qkv`, `packed_mlp` and `fused_layer` are the paths' decoder layers,
+`packed_qkv`, `packed_mlp` and `fused_layers` are the paths' decoder layers,
 computed from them (`network.DecoderLayer` calls them);
 `self_bias` is what the 'fused' path's kernels build their attention bias
 from.
 """
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -352,18 +353,82 @@ def packed_mlp(layer: Any, y: jax.Array) -> jax.Array:
   return _dot(hidden, wo, cfg.dtype)
 
 
+def fused_layers(layers: Sequence[Any], x, keys, values, start, bias,
+                 cross_keys, cross_values, encoder_valid):
+  """'fused': the decoder layers' chunk in GPU kernels: runs of small
+  layers in one kernel (`gpu.layer_runs`, `gpu_layers.decoder_layers`),
+  every other layer in `fused_layer`'s.
+
+  Args:
+    layers: the bound `network.DecoderLayer`s.
+    x: [B, K, emb] or the first layer's `gpu_layers.Embedded` (gathered in
+      the first kernel if that folds or runs layers).
+    keys, values: each layer's [B, H, D, max_len] (written in place).
+    start, bias, encoder_valid: as `fused_layer`'s; cross_keys,
+      cross_values: each layer's.
+
+  Returns:
+    (outputs [B, K, emb] and their partial sums, as `fused_layer`'s;
+    each layer's keys, values).
+  """
+  weights = [fused_weights(layer) for layer in layers]
+  sizes = [sum(w.size * w.dtype.itemsize for w in ws) for ws in weights]
+  partials = None
+  new_keys, new_values = [], []
+  for run in gpu.layer_runs(sizes):
+    if gpu.one_kernel_layer(sum(sizes[i] for i in run)):
+      x, run_keys, run_values = gpu_layers.decoder_layers(
+          gpu_layers.summed(x, partials), [keys[i] for i in run],
+          [values[i] for i in run], start, bias, [cross_keys[i] for i in run],
+          [cross_values[i] for i in run], encoder_valid,
+          [weights[i] for i in run], layers[run.start].config.mlp_activations)
+      partials = None
+    else:
+      i, = run
+      x, partials, layer_keys, layer_values = layers[i].decode_chunk_fused(
+          x, partials, keys[i], values[i], start, bias, cross_keys[i],
+          cross_values[i], encoder_valid)
+      run_keys, run_values = [layer_keys], [layer_values]
+    new_keys += run_keys
+    new_values += run_values
+  return x, partials, new_keys, new_values
+
+
+def fused_weights(layer: Any) -> Tuple[jax.Array, ...]:
+  """A bound `network.DecoderLayer`'s weights as the GPU kernels read them:
+  (self-attention norm scale [E], wqkv [H, 3, E, D], its output [H*D, E],
+  cross-attention norm scale [E], wq [H, 1, E, D], its output [H*D, E],
+  MLP norm scale [E], wi [P, E, M], wo [M, E])."""
+
+  def scale(norm):
+    return norm.variables["params"]["scale"]
+
+  def out(name, attention):
+    return _weight(layer, name, attention.out.variables["params"])
+
+  return (scale(layer.pre_self_attention_layer_norm),
+          layer.get_variable(PACKED_COLLECTION,
+                             "self_qkv"), out("self_out", layer.self_attention),
+          scale(layer.pre_cross_attention_layer_norm),
+          layer.get_variable(PACKED_COLLECTION, "cross_q"),
+          out("cross_out",
+              layer.encoder_decoder_attention), scale(layer.pre_mlp_layer_norm),
+          layer.get_variable(PACKED_COLLECTION, "mlp_wi"),
+          _weight(layer, "mlp_wo", layer.mlp.variables["params"]["wo"]))
+
+
 def fused_layer(layer: Any, x, partials, keys, values, start, bias, cross_keys,
                 cross_values, encoder_valid):
-  """'fused': a decoder layer's chunk in 6 GPU kernels (`kernels.gpu`),
-  in one where its weights fit `Tiles.layer_bytes`, or in three where they
-  fit `Tiles.fold_bytes`.
+  """'fused': a decoder layer's chunk in 6 GPU kernels (`kernels.gpu`), or
+  in three where its weights fit `Tiles.fold_bytes` (a layer that runs
+  in one: `fused_layers`).
 
   Args:
     layer: the bound `network.DecoderLayer`.
     x, partials: the residual stream: x [B, K, emb] (the first layer's:
-      `gpu_layers.Embedded`, gathered in its first kernel if it folds or is
-      one kernel) plus, after a folded layer, its partial sums [P, B, K,
-      emb] float32 (`gpu_layers.summed`; None: x alone).
+      `gpu_layers.Embedded`, gathered in its first kernel if it folds) plus,
+      after a folded layer, its partial sums [P, B, K, emb] float32
+      (`gpu_layers.summed`; None: x alone).
     keys, values: [B, H, D, max_len] (written in place).
     start: [B] the rows' cache lengths before the chunk.
     bias: every slot's bias for each chunk token, its own slots included
@@ -376,27 +441,11 @@ def fused_layer(layer: Any, x, partials, keys, values, start, bias, cross_keys,
   """
   batch, k, emb = x.shape
   rows = batch * k
-
-  def scale(norm):
-    return norm.variables["params"]["scale"]
-
-  def out(name, attention):
-    return _weight(layer, name, attention.out.variables["params"])
-
-  weights = (scale(layer.pre_self_attention_layer_norm),
-             layer.get_variable(PACKED_COLLECTION, "self_qkv"),
-             out("self_out", layer.self_attention),
-             scale(layer.pre_cross_attention_layer_norm),
-             layer.get_variable(PACKED_COLLECTION, "cross_q"),
-             out("cross_out", layer.encoder_decoder_attention),
-             scale(layer.pre_mlp_layer_norm),
-             layer.get_variable(PACKED_COLLECTION, "mlp_wi"),
-             _weight(layer, "mlp_wo", layer.mlp.variables["params"]["wo"]))
+  weights = fused_weights(layer)
   (self_scale, wqkv, self_out, cross_scale, wq, cross_out, mlp_scale, wi,
    wo) = weights
-  weight_bytes = sum(w.size * w.dtype.itemsize for w in weights)
   activations = layer.config.mlp_activations
-  if gpu.folded_layer(weight_bytes):
+  if gpu.folded_layer(sum(w.size * w.dtype.itemsize for w in weights)):
     x, partials, keys, values = gpu_layers.folded_self_attention(
         x, partials, self_scale, wqkv, self_out, keys, values, start, bias)
     x, partials = gpu_layers.folded_cross_attention(x, partials, cross_scale,
@@ -405,14 +454,7 @@ def fused_layer(layer: Any, x, partials, keys, values, start, bias, cross_keys,
     x, partials = gpu_layers.folded_mlp(x, partials, mlp_scale, wi, wo,
                                         activations)
     return x, partials, keys, values
-  x = gpu_layers.summed(x, partials)
-  if gpu.one_kernel_layer(weight_bytes):
-    y, keys, values = gpu_layers.decoder_layer(x, keys, values, start, bias,
-                                               cross_keys, cross_values,
-                                               encoder_valid, weights,
-                                               activations)
-    return y, None, keys, values
-  x = gpu_layers.rows(x)  # The six kernels read rows.
+  x = gpu_layers.rows(gpu_layers.summed(x, partials))  # six kernels read rows
   ctx, keys, values = gpu.self_attention(x, self_scale, wqkv, keys, values,
                                          start, bias)
   y = gpu.dense_residual(ctx.reshape(rows, -1), self_out, x.reshape(rows, emb))

@@ -294,6 +294,16 @@ class Decoder(nn.Module):
     return logits, dataclasses.replace(cache,
                                        length=cache.length + tokens.shape[1])
 
+  def decode_argmax(self, logits, cache: DecodeCache):
+    """`decode_chunk` of the tokens argmax(logits [B, K, V], -1): on the
+    'fused' path taken in the call's first kernel, elsewhere by XLA."""
+    if not decode_paths.get(self.decode_path).fused:
+      return self.decode_chunk(
+          jnp.argmax(logits, axis=-1).astype(jnp.int32), cache)
+    out, cache = self._decode_new_fused(logits, cache, None, None)
+    return out, dataclasses.replace(cache,
+                                    length=cache.length + logits.shape[1])
+
   def decode_tree(self, tokens, parents, cache: DecodeCache):
     """Scores a token tree [B, N] after the cached prefix (`tree_visibility`).
 
@@ -371,29 +381,23 @@ class Decoder(nn.Module):
     """`_decode_new` on the 'fused' path: 6 GPU kernels a layer (or fewer:
     `gpu.Tiles`), the final norm and the logits in one more (`kernels.gpu`);
     the embedding gathered and the attention masks applied in the
-    kernels."""
+    kernels. tokens: [B, K] int, or [B, K, V] logits whose argmax are the
+    tokens (`decode_argmax`)."""
     cfg = self.config
     start = cache.length
     bias = decode_paths.self_bias(self.relpos_bias, cache.max_len, offsets,
                                   visible)
-    tokens = tokens.astype(jnp.int32)
     embed = self.shared_embedding
     y: Any  # the residual stream's rows, first as the kernels gather them
     if getattr(embed, "dtype", None) == cfg.dtype:  # `layers.Embed`'s rows
       y = gpu_layers.Embedded(tokens, embed.variables["params"]["embedding"],
                               cfg.dtype)
     else:
-      y = embed(tokens).astype(cfg.dtype)
-    partials = None  # The residual stream's partial sums (folded layers).
-    new_keys, new_values = [], []
-    for i, layer in enumerate(self.layers):
-      y, partials, lk, lv = layer.decode_chunk_fused(y, partials, cache.keys[i],
-                                                     cache.values[i], start,
-                                                     bias, cache.cross_keys[i],
-                                                     cache.cross_values[i],
-                                                     cache.encoder_valid)
-      new_keys.append(lk)
-      new_values.append(lv)
+      ids = tokens if tokens.ndim == 2 else jnp.argmax(tokens, axis=-1)
+      y = embed(ids.astype(jnp.int32)).astype(cfg.dtype)
+    y, partials, new_keys, new_values = decode_paths.fused_layers(
+        self.layers, y, cache.keys, cache.values, start, bias, cache.cross_keys,
+        cache.cross_values, cache.encoder_valid)
     y = gpu_layers.summed(y, partials)
     batch, k, emb = y.shape
     if cfg.logits_via_embedding or cache.features is not None:
@@ -519,6 +523,9 @@ class Transformer(nn.Module):
 
   def decode_chunk(self, tokens, cache):
     return self.decoder.decode_chunk(tokens, cache)
+
+  def decode_argmax(self, logits, cache):
+    return self.decoder.decode_argmax(logits, cache)
 
   def decode_tree(self, tokens, parents, cache):
     return self.decoder.decode_tree(tokens, parents, cache)

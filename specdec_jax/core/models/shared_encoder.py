@@ -77,6 +77,10 @@ class SharedEncoderModel:
     return self.decoder.unroll_draft_steps
 
   @property
+  def argmax_in_call(self) -> bool:
+    return self.decoder.argmax_in_call
+
+  @property
   def vocab_size(self) -> int:
     return self.decoder.vocab_size
 
@@ -116,6 +120,10 @@ class SharedEncoderModel:
   def decode_chunk(self, tokens: Array,
                    cache: DecodeCache) -> Tuple[Array, DecodeCache]:
     return self.decoder.decode_chunk(tokens, cache)
+
+  def decode_argmax(self, logits: Array,
+                    cache: DecodeCache) -> Tuple[Array, DecodeCache]:
+    return self.decoder.decode_argmax(logits, cache)
 
   def truncate(self, cache: DecodeCache, length: Array) -> DecodeCache:
     return self.decoder.truncate(cache, length)

@@ -230,6 +230,12 @@ class T5Model:
     return decode_paths.get(self.decode_path).unroll_draft_steps
 
   @property
+  def argmax_in_call(self) -> bool:
+    """Whether `decode_argmax` takes the argmax in the call's first kernel
+    (the 'fused' path) rather than in an XLA kernel of its own."""
+    return decode_paths.get(self.decode_path).fused
+
+  @property
   def is_packed(self) -> bool:
     """Whether a decode path's weights are there (`prepared_for_decoding`;
     which path: `decode_path`)."""
@@ -333,6 +339,18 @@ class T5Model:
         Tuple[Array, DecodeCache],
         self.module.apply(self.variables, tokens, cache,
                           method=Transformer.decode_chunk))
+
+  def decode_argmax(self, logits: Array,
+                    cache: DecodeCache) -> Tuple[Array, DecodeCache]:
+    """`decode_chunk` of the tokens argmax(logits [B, K, V], -1) (as
+    `jnp.argmax` takes it): a greedy draft's next step fed its last step's
+    logits, the argmax taken in the call's first kernel where
+    `argmax_in_call` (no kernel of its own between the two calls)."""
+    self._check_chunk_fits(logits.shape[1], cache)
+    return cast(
+        Tuple[Array, DecodeCache],
+        self.module.apply(self.variables, logits, cache,
+                          method=Transformer.decode_argmax))
 
   @staticmethod
   def _check_chunk_fits(k: int, cache: DecodeCache) -> None:
