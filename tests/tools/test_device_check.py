@@ -287,7 +287,8 @@ def test_summary_shows_each_decode_path():
               }
           },
           "1": {
-              "speedup": 2.1
+              "speedup": 2.1,
+              "alpha": 0.6984
           },
           "8": {
               "error": "RuntimeError: x"
@@ -338,7 +339,7 @@ def test_summary_shows_each_decode_path():
   assert "option_sets: fused/default 0.30 xla/default 1.00" in text
   assert "main job on fused: batch 1 1.90x, batch 8 -x" in text
   assert ("main job on fused, tiles mma_layer: identity 60/60, batch 1 "
-          "2.10x, batch 8 -x") in text
+          "2.10x (α 0.70), batch 8 -x") in text
 
 
 def test_launch_ops_counts_the_programs_steps_not_fused_ops():

@@ -445,17 +445,24 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
   for path, by_batch in (_get(report, "pretrained", "main_job_by_path") or
                          {}).items():
     lines.append(f"  main job on {path}: " +
-                 ", ".join(f"batch {b} {_num(r.get('speedup'), '{:.2f}')}x"
-                           for b, r in by_batch.items()))
+                 ", ".join(_main_job_word(b, r) for b, r in by_batch.items()))
   for preset, r in (_get(report, "pretrained", "main_job_by_tiles") or
                     {}).items():
     same = (r.get("identity") or {}).get("default_precision") or {}
     lines.append(f"  main job on fused, tiles {preset}: identity "
                  f"{same.get('identical', '?')}/{same.get('examples', '?')}, " +
-                 ", ".join(f"batch {b} {_num(m.get('speedup'), '{:.2f}')}x"
-                           for b, m in r.items()
-                           if b.isdigit()))
+                 ", ".join(
+                     _main_job_word(b, m) for b, m in r.items() if b.isdigit()))
   return lines
+
+
+def _main_job_word(batch: str, r: Dict[str, Any]) -> str:
+  """'batch 1 1.90x (α 0.70)': a main job's speedup and, where measured,
+  its α (under tiles whose kernel takes the draft's argmax, the check that
+  it fed the argmax: identity holds whatever it fed)."""
+  alpha = r.get("alpha")
+  return (f"batch {batch} {_num(r.get('speedup'), '{:.2f}')}x" +
+          ("" if alpha is None else f" (α {alpha:.2f})"))
 
 
 def _identical_word(r: Dict[str, Any]) -> str:
