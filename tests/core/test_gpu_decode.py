@@ -39,6 +39,7 @@ from specdec_jax.core.decoding import loops
 from specdec_jax.core.decoding import programs
 from specdec_jax.core.drafters import ModelDrafter
 from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_layers
 from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models import init_params
 from specdec_jax.core.models import param_shapes
@@ -355,11 +356,11 @@ def test_a_small_layer_in_one_kernel_computes_the_same_bits(wide_world, base):
 
 
 def test_the_kernels_argmax_is_jnp_argmax():
-  """`_gpu_pieces.argmax_token`, in blocks of 8 of a row of 37: the
-  first of equal maxima within a block and across blocks, the first NaN
-  (above +inf), a row of -inf, the maximum in the last, partial block."""
-  from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
-  from specdec_jax.core.kernels import _gpu_pieces  # pylint: disable=g-import-not-at-top
+  """`_gpu_pieces.argmax_token` (through `gpu_layers.argmax`), in blocks of
+  8 of a row of 37: the first of equal maxima within a block and across
+  blocks, the first NaN (above +inf), a row of -inf, the maximum in the
+  last block, which overlaps the one before; and at the shipped vocabulary
+  (8000) in its blocks of 1024."""
   rows = np.random.default_rng(4).standard_normal((7, 37)).astype(np.float32)
   rows[0, [3, 5]] = 9.0  # equal maxima in one block
   rows[1, [5, 20]] = 9.0  # in two blocks
@@ -368,17 +369,13 @@ def test_the_kernels_argmax_is_jnp_argmax():
   rows[4] = -np.inf
   rows[5, 36] = 9.0  # in the last block, which overlaps the one before
   rows[6, 0] = 9.0
-
-  def kernel(logits_ref, out_ref):
-    for r in range(rows.shape[0]):
-      out_ref[r] = _gpu_pieces.argmax_token(logits_ref, r, block=8)
-
-  got = pl.pallas_call(
-      kernel, interpret=True, out_shape=jax.ShapeDtypeStruct(
-          (rows.shape[0],), jnp.int32))(jnp.asarray(rows))
   want = np.asarray(jnp.argmax(jnp.asarray(rows), axis=-1))
-  np.testing.assert_array_equal(got, want)
   assert list(want) == [3, 5, 30, 2, 0, 36, 0]
+  np.testing.assert_array_equal(gpu_layers.argmax(jnp.asarray(rows), 8), want)
+  wide = np.random.default_rng(5).standard_normal((3, 8000)).astype(np.float32)
+  wide[1, [1500, 7990]] = 9.0
+  np.testing.assert_array_equal(gpu_layers.argmax(jnp.asarray(wide)),
+                                np.argmax(wide, axis=-1))
 
 
 @pytest.mark.parametrize("tiles", ["six", "layer", "fold"])

@@ -41,6 +41,8 @@ def _check(tmp_path, phase: str) -> dict:
 def test_every_decode_mode_is_exact_on_the_fused_path(tmp_path):
   report = _check(tmp_path, "exactness")
   assert report["exactness"]["settings"]["decode_path"] == "fused"
+  argmax = report["exactness"]["argmax_kernel"]
+  assert argmax["ok"] and argmax["by_vocab"]["32128"]["agree"] == 8, argmax
   modes = report["exactness"]["modes"]
   assert set(modes) == {"token", "block", "tree", "beam"}
   for mode, entry in modes.items():

@@ -326,7 +326,22 @@ def test_summary_shows_each_decode_path():
           },
       }
   }
+  report["exactness"]["argmax_kernel"] = {
+      "ok": False,
+      "by_vocab": {
+          "8000": {
+              "rows": 8,
+              "agree": 8
+          },
+          "32128": {
+              "rows": 8,
+              "agree": 7
+          }
+      }
+  }
   text = cli.format_summary(report)
+  assert ("argmax kernel: V 8000 8/8 rows as jnp.argmax, V 32128 7/8 rows as "
+          "jnp.argmax") in text
   assert ("tiles: a token's logits the same bits in one-token calls and in "
           "one call: default yes (k 8), mma NO (k 8), mma_split error "
           "(RuntimeError: x) (k ?)") in text

@@ -351,6 +351,12 @@ def _num(x: Any, fmt: str = "{:.3g}") -> str:
 
 def _exactness_lines(report: Dict[str, Any]) -> List[str]:
   lines = []
+  argmax = _get(report, "exactness", "argmax_kernel")
+  if argmax:
+    agree = argmax.get("by_vocab") or {}
+    lines.append("  argmax kernel: " + (", ".join(
+        f"V {v} {r['agree']}/{r['rows']} rows as jnp.argmax"
+        for v, r in agree.items()) or f"error ({argmax.get('error')})"))
   for mode, e in (_get(report, "exactness", "modes") or {}).items():
     if "skipped" in e:
       lines.append(f"  {mode:6s} skipped ({e['skipped']})")

@@ -31,6 +31,7 @@ from specdec_jax.core import decoding
 from specdec_jax.core.decoding import beam_search
 from specdec_jax.core.decoding import speculative_beam
 from specdec_jax.core.decoding.block_acceptance import BlockAcceptance
+from specdec_jax.core.kernels import gpu_layers
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
@@ -40,6 +41,35 @@ from tools.device_check import common
 MODES = ("token", "block", "tree", "beam")
 _SHARPEN = 3.0  # logits x 3: far from uniform, so T x 0.9 is visible.
 _NOISE = 0.5  # the draft: the target + 0.5 std of noise on every weight.
+
+
+def argmax_kernel() -> Dict[str, Any]:
+  """The GPU kernels' argmax (`gpu_layers.argmax`: what a layer's kernel
+  fed a greedy draft's logits takes) against `jnp.argmax`, 8 rows at the
+  shipped vocabulary (8000) and at T5's (32128): equal maxima in one block
+  and in two, NaN after +inf, a row of -inf, the maximum last, and random
+  rows. {'ok', 'by_vocab': {V: {'rows', 'agree'}}}; not part of the
+  modes' exactness (the target verifies whatever a draft is fed), but
+  their α under the tiles that run it."""
+  rng = np.random.default_rng(8)
+  by_vocab = {}
+  for vocab in (8000, 32128):
+    logits = rng.standard_normal((8, vocab)).astype(np.float32)
+    logits[0, [3, 5]] = 9.0
+    logits[1, [5, 2000]] = 9.0
+    logits[2, [4, vocab - 1]] = [np.inf, np.nan]
+    logits[3] = -np.inf
+    logits[4, vocab - 1] = 9.0
+    got = np.asarray(gpu_layers.argmax(jnp.asarray(logits)))
+    want = np.asarray(jnp.argmax(jnp.asarray(logits), axis=-1))
+    by_vocab[str(vocab)] = {
+        "rows": len(want),
+        "agree": int((got == want).sum())
+    }
+  return {
+      "ok": all(v["agree"] == v["rows"] for v in by_vocab.values()),
+      "by_vocab": by_vocab
+  }
 
 
 def _with_logits_scaled(params: Dict[str, Any], factor: float):
@@ -221,6 +251,9 @@ def run(s: common.Settings, record: common.Recorder,
                    s.chi_steps, 1)
   wrong = _baseline(wrong_target, chi_inputs, jax.random.PRNGKey(6),
                     s.temperature, s.chi_steps, 1)
+  if target.decode_path == "fused":
+    common.log("exactness: the kernels' argmax")
+    record.set("argmax_kernel", common.guarded(argmax_kernel))
   results, all_ok = {}, True
   for mode in MODES:
     if not deadline.allows(5.0):

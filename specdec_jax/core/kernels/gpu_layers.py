@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.core.kernels import _gpu_bodies as _bodies
+from specdec_jax.core.kernels import _gpu_pieces as _pieces
 from specdec_jax.core.kernels import gpu
 
 Array = jax.Array
@@ -67,6 +68,23 @@ class Embedded:
     for a token outside the table): for kernels that read rows."""
     return jnp.take(jnp.asarray(self.table, self.dtype), self.token_ids(),
                     axis=0)
+
+
+def argmax(logits: Array, block: int = 1024) -> Array:
+  """[R] int32 each row's argmax of logits [R, V], as `Embedded`'s kernels
+  take it (`_pieces.argmax_token`, in blocks of `block`), one program per
+  row: for a check on the GPU against `jnp.argmax` (the device check's
+  exactness phase)."""
+  rows, vocab = logits.shape
+
+  def kernel(logits_ref, out_ref):
+    out_ref[0] = _pieces.argmax_token(logits_ref, 0, block)
+
+  call = gpu.pallas_call(kernel, out_specs=[((rows,), jnp.int32, (1,), lambda r:
+                                             (r,))],
+                         in_specs=[((1, vocab), lambda r:
+                                    (r, 0))], grid=(rows,), name="argmax")
+  return call(logits)[0]
 
 
 def rows(x: Union[Array, Embedded]) -> Array:
