@@ -57,17 +57,19 @@ class Embedded:
     batch, rows = self.tokens.shape[:2]
     return batch, rows, self.table.shape[-1]
 
-  def token_ids(self) -> Array:
-    """[B, K] int32 the tokens (the logits' argmax: XLA's)."""
-    if self.tokens.ndim == 3:
-      return jnp.argmax(self.tokens, axis=-1).astype(jnp.int32)
-    return self.tokens.astype(jnp.int32)
-
   def rows(self) -> Array:
     """[B, K, E] the rows, gathered by XLA as `layers.Embed` does (NaN
     for a token outside the table): for kernels that read rows."""
-    return jnp.take(jnp.asarray(self.table, self.dtype), self.token_ids(),
+    return jnp.take(jnp.asarray(self.table, self.dtype), token_ids(self.tokens),
                     axis=0)
+
+
+def token_ids(tokens: Array) -> Array:
+  """[B, K] int32: `Embedded.tokens` as ids, token ids [B, K] or the argmax
+  of logits [B, K, V] (XLA's)."""
+  if tokens.ndim == 3:
+    return jnp.argmax(tokens, axis=-1).astype(jnp.int32)
+  return tokens.astype(jnp.int32)
 
 
 def argmax(logits: Array, block: int = 1024) -> Array:
@@ -123,16 +125,15 @@ def _layers_specs(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
   heads, head_dim, length = keys.shape[1:]
   enc, mlp = cross_keys.shape[-1], wi.shape[-1]
   dtype = x.dtype
-  per_row = _per_row
 
   def whole(a):
     return tuple(a.shape), lambda b: (0,) * a.ndim
 
   def rows_of(width):
-    return (batch, rows, width), dtype, *per_row(rows, width)
+    return (batch, rows, width), dtype, *_per_row(rows, width)
 
-  cache = per_row(heads, head_dim, length)
-  encoded = per_row(heads, head_dim, enc)
+  cache = _per_row(heads, head_dim, length)
+  encoded = _per_row(heads, head_dim, enc)
   out_specs = [rows_of(emb)]
   for _ in layers:
     out_specs += [(keys.shape, keys.dtype, *cache)] * 2
@@ -144,7 +145,7 @@ def _layers_specs(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
   ]
   if isinstance(x, Embedded):
     out_specs.append(rows_of(emb))
-  in_specs = [((1,), lambda b: (b,)), *rows_specs, *bias_specs, per_row(enc)]
+  in_specs = [((1,), lambda b: (b,)), *rows_specs, *bias_specs, _per_row(enc)]
   blocks = dict(keys=cache, values=cache, cross_keys=encoded,
                 cross_values=encoded)  # the rest whole
   for layer in layers:

@@ -372,7 +372,7 @@ def fused_layers(layers: Sequence[Any], x, keys, values, start, bias,
     each layer's keys, values).
   """
   weights = [fused_weights(layer) for layer in layers]
-  sizes = [sum(w.size * w.dtype.itemsize for w in ws) for ws in weights]
+  sizes = [_weight_bytes(ws) for ws in weights]
   partials = None
   new_keys, new_values = [], []
   for run in gpu.layer_runs(sizes):
@@ -386,8 +386,8 @@ def fused_layers(layers: Sequence[Any], x, keys, values, start, bias,
     else:
       i, = run
       x, partials, layer_keys, layer_values = layers[i].decode_chunk_fused(
-          x, partials, keys[i], values[i], start, bias, cross_keys[i],
-          cross_values[i], encoder_valid)
+          weights[i], x, partials, keys[i], values[i], start, bias,
+          cross_keys[i], cross_values[i], encoder_valid)
       run_keys, run_values = [layer_keys], [layer_values]
     new_keys += run_keys
     new_values += run_values
@@ -417,14 +417,18 @@ def fused_weights(layer: Any) -> Tuple[jax.Array, ...]:
           _weight(layer, "mlp_wo", layer.mlp.variables["params"]["wo"]))
 
 
-def fused_layer(layer: Any, x, partials, keys, values, start, bias, cross_keys,
-                cross_values, encoder_valid):
+def _weight_bytes(weights: Sequence[jax.Array]) -> int:
+  return sum(w.size * w.dtype.itemsize for w in weights)
+
+
+def fused_layer(layer: Any, weights: Sequence[jax.Array], x, partials, keys,
+                values, start, bias, cross_keys, cross_values, encoder_valid):
   """'fused': a decoder layer's chunk in 6 GPU kernels (`kernels.gpu`), or
   in three where its weights fit `Tiles.fold_bytes` (a layer that runs
   in one: `fused_layers`).
 
   Args:
-    layer: the bound `network.DecoderLayer`.
+    layer: the bound `network.DecoderLayer`; weights: its `fused_weights`.
     x, partials: the residual stream: x [B, K, emb] (the first layer's:
       `gpu_layers.Embedded`, gathered in its first kernel if it folds) plus,
       after a folded layer, its partial sums [P, B, K, emb] float32
@@ -441,11 +445,10 @@ def fused_layer(layer: Any, x, partials, keys, values, start, bias, cross_keys,
   """
   batch, k, emb = x.shape
   rows = batch * k
-  weights = fused_weights(layer)
   (self_scale, wqkv, self_out, cross_scale, wq, cross_out, mlp_scale, wi,
    wo) = weights
   activations = layer.config.mlp_activations
-  if gpu.folded_layer(sum(w.size * w.dtype.itemsize for w in weights)):
+  if gpu.folded_layer(_weight_bytes(weights)):
     x, partials, keys, values = gpu_layers.folded_self_attention(
         x, partials, self_scale, wqkv, self_out, keys, values, start, bias)
     x, partials = gpu_layers.folded_cross_attention(x, partials, cross_scale,

@@ -208,12 +208,13 @@ class DecoderLayer(nn.Module):
     return out, _write_chunk(keys, new_k,
                              start), _write_chunk(values, new_v, start)
 
-  def decode_chunk_fused(self, x, partials, keys, values, start, bias,
+  def decode_chunk_fused(self, weights, x, partials, keys, values, start, bias,
                          cross_keys, cross_values, encoder_valid):
     """`decode_chunk` in GPU kernels ('fused': `decode_paths.fused_layer`;
-    x, partials: the residual stream; bias: every slot's, `gpu.SelfBias`)."""
-    return decode_paths.fused_layer(self, x, partials, keys, values, start,
-                                    bias, cross_keys, cross_values,
+    weights: `decode_paths.fused_weights`; x, partials: the residual
+    stream; bias: every slot's, `gpu.SelfBias`)."""
+    return decode_paths.fused_layer(self, weights, x, partials, keys, values,
+                                    start, bias, cross_keys, cross_values,
                                     encoder_valid)
 
 
@@ -298,8 +299,7 @@ class Decoder(nn.Module):
     """`decode_chunk` of the tokens argmax(logits [B, K, V], -1): on the
     'fused' path taken in the call's first kernel, elsewhere by XLA."""
     if not decode_paths.get(self.decode_path).fused:
-      return self.decode_chunk(
-          jnp.argmax(logits, axis=-1).astype(jnp.int32), cache)
+      return self.decode_chunk(gpu_layers.token_ids(logits), cache)
     out, cache = self._decode_new_fused(logits, cache, None, None)
     return out, dataclasses.replace(cache,
                                     length=cache.length + logits.shape[1])
@@ -393,8 +393,7 @@ class Decoder(nn.Module):
       y = gpu_layers.Embedded(tokens, embed.variables["params"]["embedding"],
                               cfg.dtype)
     else:
-      ids = tokens if tokens.ndim == 2 else jnp.argmax(tokens, axis=-1)
-      y = embed(ids.astype(jnp.int32)).astype(cfg.dtype)
+      y = embed(gpu_layers.token_ids(tokens)).astype(cfg.dtype)
     y, partials, new_keys, new_values = decode_paths.fused_layers(
         self.layers, y, cache.keys, cache.values, start, bias, cache.cross_keys,
         cache.cross_values, cache.encoder_valid)
