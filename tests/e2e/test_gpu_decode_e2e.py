@@ -79,3 +79,13 @@ def test_shipped_pair_is_greedy_identical_on_the_fused_path(tmp_path):
   assert set(by_path) == {"xla", "fused"}
   assert by_path["fused"]["1"]["speedup"] > 0
   assert by_path["fused"]["1"]["alpha"] > 0.5  # The draft agrees often.
+  # The loops under an XLA:GPU option set, interleaved with the library's
+  # own (on the CPU the same programs): identical, α as on 'fused'.
+  options = report["main_job_by_options"]
+  assert set(options) == {"current", "command_buffer_all"}, options
+  for record in options.values():
+    assert record["identity"]["identical"] == 3, record
+    assert record["alpha"] == by_path["fused"]["1"]["alpha"]
+  assert set(options["command_buffer_all"]["vs_current"]) == {
+      "baseline", "speculative"
+  }

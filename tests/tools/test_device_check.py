@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 
 from specdec_jax.config import gin_reader
+from specdec_jax.core.decoding import loops
+from specdec_jax.core.decoding import programs
 from specdec_jax.core.kernels import gpu
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
@@ -278,6 +280,23 @@ def test_summary_shows_each_decode_path():
           }
       }
   }
+  report["pretrained"]["main_job_by_options"] = {
+      "current": {
+          "speedup": 1.5
+      },
+      "command_buffer_all": {
+          "speedup": 1.4,
+          "alpha": 0.9,
+          "identity": {
+              "examples": 60,
+              "identical": 60
+          },
+          "vs_current": {
+              "baseline": 1.3,
+              "speculative": 1.2
+          }
+      }
+  }
   report["pretrained"]["main_job_by_tiles"] = {
       "mma_layer": {
           "identity": {
@@ -355,6 +374,9 @@ def test_summary_shows_each_decode_path():
   assert "main job on fused: batch 1 1.90x, batch 8 -x" in text
   assert ("main job on fused, tiles mma_layer: identity 60/60, batch 1 "
           "2.10x (α 0.70), batch 8 -x") in text
+  assert ("main job, options command_buffer_all: identity 60/60, batch 1 "
+          "1.40x (α 0.90) (current's 1.50x); baseline 1.30x, speculative "
+          "1.20x as fast as under the current options") in text
 
 
 def test_launch_ops_counts_the_programs_steps_not_fused_ops():
@@ -644,10 +666,52 @@ def test_decode_path_setting_reaches_every_phase(capsys):
   assert "--tiles='huge': allowed: default, wide" in capsys.readouterr().err
   for preset in (common.FULL, common.SMALL):
     assert set(preset.option_sets) <= set(gpu.GPU_OPTION_SETS)
+    assert set(preset.main_job_option_sets) <= set(gpu.GPU_OPTION_SETS)
     assert set(preset.tile_presets) <= set(gpu.TILE_PRESETS)
     assert set(preset.tile_call_presets) <= set(preset.tile_presets)
     assert "xla" in preset.paths and "fused" in preset.paths
   assert common.FULL.main_job_batches == (1, 8)
+
+
+def test_interleaved_rounds_rotate_the_decoders_and_stop_at_the_deadline():
+  calls = []
+
+  def decoder(name):
+
+    def decode(batch, rng):
+      del rng
+      calls.append(name)
+      return np.asarray(batch) + len(name)
+
+    return decode
+
+  batches = [np.zeros((1, 2), np.int32)] * 2
+  names = ("a", "bb", "ccc")
+  times, outs = pretrained_pair.interleaved({n: decoder(n) for n in names},
+                                            batches, 3, common.Deadline(60.0))
+  # One untimed caption each, then every caption per decoder per round,
+  # the first decoder of each round rotating.
+  assert calls == ["a", "bb", "ccc"] + [
+      n for first in range(3) for n in (names[first:] + names[:first])
+      for _ in batches
+  ]
+  assert {n: len(t) for n, t in times.items()} == {n: 3 for n in names}
+  assert [int(o[0, 0]) for o in outs["ccc"]] == [3, 3]
+  calls.clear()
+  times, _ = pretrained_pair.interleaved({"a": decoder("a")}, batches, 5,
+                                         common.Deadline(0.0))
+  assert len(times["a"]) == 1  # A first round always; no time for more.
+
+
+def test_gpu_loop_options_swap_only_the_gpus_for_loops_built_inside():
+  program = loops.BASELINE_PROGRAM
+  own = program.options("gpu")
+  with programs.gpu_loop_options({"xla_gpu_graph_min_graph_size": 1}):
+    assert program.options("gpu") == {"xla_gpu_graph_min_graph_size": 1}
+    assert program.options("cpu") == loops.BASELINE_PROGRAM.cpu_options
+    inside = program.jitted("gpu")
+  assert program.options("gpu") == own
+  assert program.jitted("gpu") is not inside
 
 
 def test_main_job_batches_leave_out_a_partial_batch():

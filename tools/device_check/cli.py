@@ -452,6 +452,10 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
                          {}).items():
     lines.append(f"  main job on {path}: " +
                  ", ".join(_main_job_word(b, r) for b, r in by_batch.items()))
+  options = _get(report, "pretrained", "main_job_by_options") or {}
+  for name, r in options.items():
+    if name != "current" and isinstance(r, dict) and "vs_current" in r:
+      lines.append(_options_line(name, r, options.get("current") or {}))
   for preset, r in (_get(report, "pretrained", "main_job_by_tiles") or
                     {}).items():
     same = (r.get("identity") or {}).get("default_precision") or {}
@@ -460,6 +464,17 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
                  ", ".join(
                      _main_job_word(b, m) for b, m in r.items() if b.isdigit()))
   return lines
+
+
+def _options_line(name: str, r: Dict[str, Any], current: Dict[str, Any]) -> str:
+  """A main job under an XLA:GPU option set against the library's own."""
+  same = r.get("identity") or {}
+  vs = r["vs_current"]
+  return (f"  main job, options {name}: identity {same.get('identical', '?')}/"
+          f"{same.get('examples', '?')}, {_main_job_word('1', r)} "
+          f"(current's {_num(current.get('speedup'), '{:.2f}')}x); "
+          f"baseline {vs['baseline']:.2f}x, speculative "
+          f"{vs['speculative']:.2f}x as fast as under the current options")
 
 
 def _main_job_word(batch: str, r: Dict[str, Any]) -> str:

@@ -116,6 +116,9 @@ class Settings:
       tile_call_presets: those whose target's `max(chunk_sizes)`-token
       call it times too (tensor cores or not); main_job_tiles: those the
       pretrained phase's identity and main job run under too ('fused').
+    main_job_option_sets: the XLA:GPU option sets the pretrained phase's
+      main job (batch 1) compiles its loops under too, interleaved with
+      the library's own (`GPU_LOOP_OPTIONS`).
   """
   mode: str
   total_s: float
@@ -171,6 +174,11 @@ class Settings:
   # shipped target's 12 MB layers in three (`fold_bytes`): the pretrained
   # phase's identity and main job under them too.
   main_job_tiles: Tuple[str, ...] = ("mma_layer_fold", "mma_layer")
+  # The decode loops' while in a CUDA graph (WHILE, CONDITIONAL): its test
+  # then stays on the GPU, not read back by the host every iteration (the
+  # step loops of `paths` showed no change at 0.5 ms a step; an iteration
+  # of the fused path's ~50 kernels is about 0.1 ms).
+  main_job_option_sets: Tuple[str, ...] = ("command_buffer_all",)
 
 
 FULL = Settings(
@@ -178,7 +186,7 @@ FULL = Settings(
         "env": 60.0,
         "exactness": 180.0,
         "paths": 200.0,
-        "pretrained": 150.0,
+        "pretrained": 180.0,
         "loop": 60.0,
         "physics": 300.0
     })

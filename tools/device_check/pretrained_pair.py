@@ -22,8 +22,11 @@ greedy, 48 tokens at most.
   for the identity and the main job; `main_job_by_path` repeats the main
   job on 'xla' too, each path at batch 1 and 8 (`main_job_batches`;
   consecutive captions, a last partial batch left out);
-  `main_job_by_tiles` the identity and the main job on 'fused' under
-  other tiles (`main_job_tiles`: the draft's layers as one kernel).
+  `main_job_by_options` the main job at batch 1 with its loops compiled
+  under XLA:GPU option sets (`main_job_option_sets`) against the
+  library's own, interleaved; `main_job_by_tiles` the identity and the
+  main job on 'fused' under other tiles (`main_job_tiles`: the draft's
+  layers as one kernel).
 * main job: the walltime of decoding every caption with each decoder, in
   interleaved rounds (alternating which goes first), compilation excluded
   (one untimed caption each first): speedup = median over rounds of target
@@ -44,6 +47,7 @@ from specdec_jax.files import io_utils
 from specdec_jax.metrics import timing
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
+from specdec_jax.core.decoding import programs
 from specdec_jax.core.kernels import gpu
 from specdec_jax.core.models import T5Model
 from specdec_jax.metrics import exactness
@@ -180,22 +184,11 @@ def main_job(s: common.Settings, target, draft, batches,
              deadline: common.Deadline) -> Dict[str, Any]:
   """The main job's speedup: interleaved rounds, compilation excluded."""
   base, spec = _decoders(target, draft, s.max_decode_length)
-  _decode_all(base, batches[:1])  # Compiles (the one input shape).
-  _decode_all(spec, batches[:1])
-  times: Dict[str, List[float]] = {"baseline": [], "speculative": []}
-  outs = None
-  for r in range(s.rounds):
-    if r and not deadline.allows(2.5 * sum(times["baseline"]) / r):
-      break
-    order = ("baseline", "speculative") if r % 2 == 0 else ("speculative",
-                                                            "baseline")
-    for name in order:
-      start = time.perf_counter()
-      result = _decode_all(base if name == "baseline" else spec, batches)
-      times[name].append(time.perf_counter() - start)
-      if name == "speculative":
-        outs = result
-  measured = _statistics(outs)
+  times, outs = interleaved({
+      "baseline": base,
+      "speculative": spec
+  }, batches, s.rounds, deadline)
+  measured = _statistics(outs["speculative"])
   tokens = measured["tokens_generated"]
   fill = min(max(1, tokens // len(batches)), s.max_decode_length - 1)
   seconds = timing.call_seconds(
@@ -223,6 +216,29 @@ def main_job(s: common.Settings, target, draft, batches,
       "theorem_3_8_with_call_cost": float(
           analysis.expected_speedup(alpha, GAMMA, c, call_cost=call_cost)),
   }
+
+
+def interleaved(
+    decoders: Dict[str, Any], batches: Sequence[np.ndarray], rounds: int,
+    deadline: common.Deadline
+) -> Tuple[Dict[str, List[float]], Dict[str, List[Any]]]:
+  """Every caption decoded by each decoder once per round, the decoders'
+  order rotated each round, compilation excluded (one untimed caption
+  each first): ({name: seconds per round}, {name: the last round's
+  outputs}). Stops early when another round would not fit `deadline`."""
+  for decode in decoders.values():
+    _decode_all(decode, batches[:1])  # Compiles (the one input shape).
+  names = list(decoders)
+  times: Dict[str, List[float]] = {name: [] for name in names}
+  outs: Dict[str, List[Any]] = {}
+  for r in range(rounds):
+    if r and not deadline.allows(1.25 * sum(map(sum, times.values())) / r):
+      break
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      start = time.perf_counter()
+      outs[name] = _decode_all(decoders[name], batches)
+      times[name].append(time.perf_counter() - start)
+  return times, outs
 
 
 def batched(inputs: np.ndarray, size: int) -> List[np.ndarray]:
@@ -282,6 +298,53 @@ def by_tiles(s: common.Settings, target, draft, inputs,
   return out
 
 
+def by_options(s: common.Settings, target, draft, inputs,
+               deadline: common.Deadline) -> Dict[str, Any]:
+  """The main job at batch 1 with its loops compiled under each XLA:GPU
+  option set of `main_job_option_sets` (`kernels.gpu.GPU_OPTION_SETS`;
+  e.g. the while loop in a CUDA graph: no read back of its test to the
+  host every iteration) and under the library's ('current':
+  `GPU_LOOP_OPTIONS`), every decoder in one set of interleaved rounds:
+  {'current': main job, set: main job + 'vs_current' (the median ratio of
+  current's seconds to the set's, per decoder: above 1, faster)}; each
+  with the greedy identity of its last round. Off a GPU every set
+  compiles the same programs (the options are XLA:GPU's)."""
+  if not s.main_job_option_sets:
+    return {}
+  if not deadline.allows(30.0):
+    return {"skipped": "time cap"}
+  common.log("pretrained: main job under XLA:GPU option sets " +
+             ", ".join(s.main_job_option_sets))
+  decoders: Dict[str, Any] = {}
+  for name in ("current", *s.main_job_option_sets):
+    options = (gpu.GPU_LOOP_OPTIONS
+               if name == "current" else gpu.GPU_OPTION_SETS[name])
+    with programs.gpu_loop_options(options):
+      base, spec = _decoders(target, draft, s.max_decode_length)
+    decoders.update({(name, "baseline"): base, (name, "speculative"): spec})
+  times, outs = interleaved(decoders, batched(inputs, 1), s.rounds, deadline)
+  out: Dict[str, Any] = {}
+  for name in ("current", *s.main_job_option_sets):
+    tally = exactness.GreedyIdentity()
+    for a, b in zip(outs[name, "baseline"], outs[name, "speculative"]):
+      tally.add(a.tokens, b.tokens)
+    base_s, spec_s = times[name, "baseline"], times[name, "speculative"]
+    out[name] = {
+        "rounds": len(base_s),
+        "baseline_s": base_s,
+        "speculative_s": spec_s,
+        "speedup": stats.median_ratio(base_s, spec_s),
+        "identity": tally.record(),
+        **_statistics(outs[name, "speculative"]),
+    }
+    if name != "current":
+      out[name]["vs_current"] = {
+          part: stats.median_ratio(times["current", part], times[name, part])
+          for part in ("baseline", "speculative")
+      }
+  return out
+
+
 def run(s: common.Settings, record: common.Recorder,
         deadline: common.Deadline) -> bool:
   """The phase; True if the greedy outputs are identical on every caption."""
@@ -320,6 +383,9 @@ def run(s: common.Settings, record: common.Recorder,
         "main_job_by_path",
         main_job_by_path(s, target, draft, inputs, record.data["main_job"],
                          deadline))
+    record.set(
+        "main_job_by_options",
+        common.guarded(lambda: by_options(s, target, draft, inputs, deadline)))
     record.set("main_job_by_tiles", by_tiles(s, target, draft, inputs,
                                              deadline))
   else:

@@ -8,15 +8,37 @@ lenience reuses the compiled program), and compiler options by backend:
 XLA:CPU's of `specdec_jax.core.kernels` on the CPU, XLA:GPU's
 (`kernels.gpu.GPU_LOOP_OPTIONS`: none until the device check measures a
 set faster, `kernels.gpu.GPU_OPTION_SETS`) on a GPU, none elsewhere.
-`LoopProgram` holds the jitted versions and picks one by backend.
+`LoopProgram` holds the jitted versions and picks one by backend;
+`gpu_loop_options` swaps the XLA:GPU options for a measurement.
 """
+import contextlib
+import contextvars
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import jax
 
 from specdec_jax.core import kernels
 from specdec_jax.core.kernels import gpu
+
+# The XLA:GPU options of every loop jitted while `gpu_loop_options` is in
+# force; None: each program's own `gpu_options`.
+_GPU_OPTIONS: contextvars.ContextVar[Optional[Dict[str, Any]]] = (
+    contextvars.ContextVar("gpu_loop_options", default=None))
+
+
+@contextlib.contextmanager
+def gpu_loop_options(options: Mapping[str, Any]) -> Iterator[None]:
+  """Every `LoopProgram` jitted inside compiles for a GPU with `options`
+  (e.g. a set of `kernels.gpu.GPU_OPTION_SETS`) instead of its own
+  `gpu_options`: the device check's main job under an option set. A
+  decoder keeps the program it was built with; other backends' options
+  are unchanged."""
+  token = _GPU_OPTIONS.set(dict(options))
+  try:
+    yield
+  finally:
+    _GPU_OPTIONS.reset(token)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -49,7 +71,11 @@ class LoopProgram:
     """The compiler options the loop gets on `backend` (default: JAX's)
     decoding with `target` (its first argument)."""
     backend = jax.default_backend() if backend is None else backend
-    by_backend = {"cpu": self.cpu_options, "gpu": self.gpu_options}
+    swapped = _GPU_OPTIONS.get()
+    by_backend = {
+        "cpu": self.cpu_options,
+        "gpu": self.gpu_options if swapped is None else swapped
+    }
     options = dict(by_backend.get(backend, {}))
     if backend == "cpu" and getattr(target, "interpreted_kernels", False):
       # Pallas' interpreter writes each kernel program's blocks into whole
