@@ -321,26 +321,27 @@ def by_options(s: common.Settings, target, draft, inputs,
                if name == "current" else gpu.GPU_OPTION_SETS[name])
     with programs.gpu_loop_options(options):
       base, spec = _decoders(target, draft, s.max_decode_length)
-    decoders.update({(name, "baseline"): base, (name, "speculative"): spec})
+    decoders.update({f"{name}/baseline": base, f"{name}/speculative": spec})
   times, outs = interleaved(decoders, batched(inputs, 1), s.rounds, deadline)
   out: Dict[str, Any] = {}
   for name in ("current", *s.main_job_option_sets):
     tally = exactness.GreedyIdentity()
-    for a, b in zip(outs[name, "baseline"], outs[name, "speculative"]):
+    for a, b in zip(outs[f"{name}/baseline"], outs[f"{name}/speculative"]):
       tally.add(a.tokens, b.tokens)
-    base_s, spec_s = times[name, "baseline"], times[name, "speculative"]
+    base_s, spec_s = times[f"{name}/baseline"], times[f"{name}/speculative"]
     out[name] = {
         "rounds": len(base_s),
         "baseline_s": base_s,
         "speculative_s": spec_s,
         "speedup": stats.median_ratio(base_s, spec_s),
         "identity": tally.record(),
-        **_statistics(outs[name, "speculative"]),
+        **_statistics(outs[f"{name}/speculative"]),
     }
     if name != "current":
       out[name]["vs_current"] = {
-          part: stats.median_ratio(times["current", part], times[name, part])
-          for part in ("baseline", "speculative")
+          part: stats.median_ratio(
+              times[f"current/{part}"],
+              times[f"{name}/{part}"]) for part in ("baseline", "speculative")
       }
   return out
 
