@@ -50,6 +50,7 @@ from specdec_jax.core.models.layers import DenseGeneral
 from specdec_jax.core.models.layers import LayerNorm
 from specdec_jax.core.models.layers import mask_to_bias
 from specdec_jax.core.models.layers import RelativePositionBiases
+from specdec_jax.core.models.network import decode_layers
 from specdec_jax.core.models.network import DecodeCache
 from specdec_jax.core.models.network import DecoderLayer
 
@@ -232,13 +233,8 @@ class FeatureDecoder(nn.Module):
                                          cache.max_len, start, cfg.dtype)
     cross_bias = mask_to_bias(cache.encoder_valid[:, None, None, :], cfg.dtype)
     y = self._fused(features_prev, embedded)
-    new_keys, new_values = [], []
-    for i, layer in enumerate(self.layers):
-      y, lk, lv = layer.decode_chunk(y, cache.keys[i], cache.values[i], start,
-                                     self_bias, chunk_bias, cache.cross_keys[i],
-                                     cache.cross_values[i], cross_bias)
-      new_keys.append(lk)
-      new_values.append(lv)
+    y, new_keys, new_values = decode_layers(self.layers, y, cache, self_bias,
+                                            chunk_bias, cross_bias)
     features, logits = self._heads(y)
     cache = dataclasses.replace(cache, keys=tuple(new_keys),
                                 values=tuple(new_values), length=start + k)

@@ -11,7 +11,7 @@ XLA's ops on packed kernels ('packed'), or the GPU kernels ('fused',
 """
 import dataclasses
 import functools
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -218,6 +218,23 @@ class DecoderLayer(nn.Module):
                                     encoder_valid)
 
 
+def decode_layers(layers: Sequence[DecoderLayer], y: Array, cache: DecodeCache,
+                  self_bias: Array, chunk_bias: Array,
+                  cross_bias: Array) -> Tuple[Array, List[Array], List[Array]]:
+  """Each layer's `DecoderLayer.decode_chunk` of y [B, K, E] in turn, the
+  new tokens at cache.length: (y, the new keys per layer, the new values
+  per layer)."""
+  new_keys, new_values = [], []
+  for i, layer in enumerate(layers):
+    y, lk, lv = layer.decode_chunk(y, cache.keys[i], cache.values[i],
+                                   cache.length, self_bias, chunk_bias,
+                                   cache.cross_keys[i], cache.cross_values[i],
+                                   cross_bias)
+    new_keys.append(lk)
+    new_values.append(lv)
+  return y, new_keys, new_values
+
+
 class Decoder(nn.Module):
   config: T5Config
   shared_embedding: nn.Module
@@ -354,13 +371,8 @@ class Decoder(nn.Module):
       self_bias, chunk_bias, cross_bias = lax.optimization_barrier(
           (self_bias, chunk_bias, cross_bias))
     y = self.shared_embedding(tokens.astype(jnp.int32)).astype(cfg.dtype)
-    new_keys, new_values = [], []
-    for i, layer in enumerate(self.layers):
-      y, lk, lv = layer.decode_chunk(y, cache.keys[i], cache.values[i], start,
-                                     self_bias, chunk_bias, cache.cross_keys[i],
-                                     cache.cross_values[i], cross_bias)
-      new_keys.append(lk)
-      new_values.append(lv)
+    y, new_keys, new_values = decode_layers(self.layers, y, cache, self_bias,
+                                            chunk_bias, cross_bias)
     y = self.decoder_norm(y)
     return self._finish(y, self._logits(y), cache, new_keys, new_values)
 
