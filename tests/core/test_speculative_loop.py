@@ -21,6 +21,8 @@ from specdec_jax.core import decoding
 from specdec_jax.core import drafters
 from specdec_jax.core import sampling
 from specdec_jax.core import structs
+from specdec_jax.core.decoding import loops
+from specdec_jax.core.drafters import guesses
 
 from decoding_helpers import ScriptedDrafter
 from decoding_helpers import ScriptedTarget
@@ -332,3 +334,51 @@ def test_scripted_output_has_the_target_distribution(method, sample_draft,
   assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
   alpha = out.statistics()["alpha_hat"]
   assert 0.05 < alpha < 0.95, alpha  # Both paths of the accept step ran.
+
+
+def _emit_with_scatter(buffer, length, done, guessed, num_accepted, next_token,
+                       eos_id, max_decode_length, written=None):
+  """`loops.emit_verdict` as it was written before 2026-11-29: the window
+  stacked, its EOS by argmax, written by a vmapped dynamic_update_slice."""
+  gamma = guessed.shape[1]
+  emitted = jnp.concatenate([guessed, next_token[:, None]], axis=1)
+  emitted = jnp.where(
+      jnp.arange(gamma + 1)[None, :] == num_accepted[:, None],
+      next_token[:, None], emitted)
+  active = jnp.logical_not(done)
+  valid = jnp.arange(gamma + 1)[None, :] < (num_accepted + 1)[:, None]
+  is_eos = (emitted == eos_id) & valid
+  hit_eos = jnp.any(is_eos, axis=1)
+  num_new = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, num_accepted + 1)
+  new_length = jnp.where(active, jnp.minimum(length + num_new,
+                                             max_decode_length), length)
+  buffer = jax.vmap(
+      lambda row, new, start: jax.lax.dynamic_update_slice(row, new, (start,)))(
+          buffer, emitted if written is None else written(emitted), length + 1)
+  done = done | (active & (hit_eos | (new_length >= max_decode_length)))
+  return buffer, new_length, done
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_emit_verdict_is_the_scattered_window(partial):
+  # The buffer written by selects, the EOS found by selects: the same
+  # buffer, lengths and done flags as a scatter and an argmax, over random
+  # verdicts with EOS anywhere, rows done, and windows that start at the
+  # buffer's end (where dynamic_update_slice clamps the start).
+  rng = np.random.default_rng(0)
+  batch, gamma, max_len = 64, 3, 12
+  size = max_len + gamma + 2
+  for _ in range(20):
+    buffer = rng.integers(0, 5, (batch, size)).astype(np.int32)
+    length = rng.integers(0, size, batch).astype(np.int32)
+    done = rng.random(batch) < 0.3
+    guessed = rng.integers(-1 if partial else 0, 5,
+                           (batch, gamma)).astype(np.int32)
+    num_accepted = rng.integers(0, gamma + 1, batch).astype(np.int32)
+    next_token = rng.integers(0, 5, batch).astype(np.int32)
+    args = (buffer, length, done, guessed, num_accepted, next_token,
+            np.int32(EOS), max_len, guesses.feedable if partial else None)
+    got = loops.emit_verdict(*args)
+    want = _emit_with_scatter(*args)
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

@@ -58,6 +58,10 @@ def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
     # On a GPU's path the draft steps are unrolled, its catch-up no branch.
     assert (spec["nested_loops"],
             len(spec["conditionals"])) == loops_and_branches, (path, spec)
+  # The emit is the buffer's select and `done` (`loops.emit_verdict`: no
+  # stacked window, no scatter, no EOS reduction: each a kernel of its own).
+  spec = result["loops"]["shipped"]["fused"]["speculative"]
+  assert spec["body_by_part"]["emit"] == 2, spec
   # The shipped draft's two layers as one kernel (`Tiles.layer_bytes`):
   # Triton compiles it for an H200 without spills, and an iteration
   # launches 2 x 6 - 1 kernels fewer per draft step; in steps 2..γ the

@@ -25,7 +25,7 @@ The entry points run the host-side argument checks of `decoding.checks`
 anything is traced or compiled, and return `decoding.outputs`' classes. Their
 public names are importable from here too.
 """
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -71,23 +71,46 @@ def _finish(buffer: Array, lengths: Array, max_decode_length: int) -> Array:
   return jnp.where(positions[None, :] <= lengths[:, None], tokens, 0)
 
 
-def _truncate_at_eos(window: Array, num_new: Array,
+def _truncate_at_eos(columns: Sequence[Array], num_new: Array,
                      eos_id: Array) -> Tuple[Array, Array]:
   """Cuts a row's new tokens after its first EOS.
 
   Args:
-    window: [B, W] the tokens just emitted (first num_new of each row valid).
-    num_new: [B] number of valid tokens in the window.
+    columns: the W tokens just emitted, each [B] (the first num_new of
+      each row valid).
+    num_new: [B] number of valid tokens.
     eos_id: [] int32.
 
   Returns:
     (num_kept [B], hit_eos [B] bool).
   """
-  valid = jnp.arange(window.shape[1])[None, :] < num_new[:, None]
-  is_eos = (window == eos_id) & valid
-  hit_eos = jnp.any(is_eos, axis=1)
-  first = jnp.argmax(is_eos, axis=1)
+  width = len(columns)
+  # The first EOS by selects, not a reduction over a stacked window: XLA
+  # fuses selects into the ops that read them, where a reduction (an
+  # argmax most of all) is a kernel of its own on a GPU.
+  first = jnp.full(num_new.shape, width, jnp.int32)
+  for j in reversed(range(width)):
+    first = jnp.where((columns[j] == eos_id) & (j < num_new), j, first)
+  hit_eos = first < width
   return jnp.where(hit_eos, first + 1, num_new), hit_eos
+
+
+def _write_window(buffer: Array, columns: Sequence[Array],
+                  start: Array) -> Array:
+  """buffer [B, T] with each row's W tokens (`columns`, each [B]) written
+  from start [B] on, as `lax.dynamic_update_slice` writes a window
+  (start clamped to [0, T-W]).
+
+  One select over the buffer: a vmapped dynamic_update_slice is a
+  scatter, which XLA:GPU runs as a bounds check, the window's select
+  against the old tokens and the write."""
+  width = len(columns)
+  start = jnp.clip(start, 0, buffer.shape[1] - width)
+  offset = jnp.arange(buffer.shape[1])[None, :] - start[:, None]  # [B, T]
+  out = buffer
+  for j, column in enumerate(columns):
+    out = jnp.where(offset == j, column[:, None].astype(out.dtype), out)
+  return out
 
 
 def emit_verdict(
@@ -105,7 +128,7 @@ def emit_verdict(
     next_token: [B] int32 the token sampled after them.
     eos_id: [] int32.
     max_decode_length: static.
-    written: maps the emitted tokens [B, γ+1] to what goes to the buffer
+    written: maps emitted tokens to what goes to the buffer, elementwise
       (partial guesses: `guesses.feedable`); None: the emitted ones.
 
   Returns:
@@ -113,18 +136,20 @@ def emit_verdict(
     the extra token get overwritten later or masked at the end; finished
     rows write past their final length too (masked).
   """
-  gamma = guessed.shape[1]
-  emitted = jnp.concatenate([guessed, next_token[:, None]], axis=1)
-  emitted = jnp.where(
-      jnp.arange(gamma + 1)[None, :] == num_accepted[:, None],
-      next_token[:, None], emitted)
+  # The emitted tokens x_1..x_n, the extra token, then stale guesses, as
+  # γ+1 columns [B], never stacked: XLA fuses their selects into each op
+  # that reads them, where a stacked window is a kernel of its own on a GPU.
+  emitted = [
+      jnp.where(num_accepted == j, next_token, guessed[:, j])
+      for j in range(guessed.shape[1])
+  ] + [next_token]
   active = jnp.logical_not(done)
   num_new, hit_eos = _truncate_at_eos(emitted, num_accepted + 1, eos_id)
   new_length = jnp.where(active, jnp.minimum(length + num_new,
                                              max_decode_length), length)
-  buffer = jax.vmap(
-      lambda row, new, start: lax.dynamic_update_slice(row, new, (start,)))(
-          buffer, emitted if written is None else written(emitted), length + 1)
+  buffer = _write_window(
+      buffer, emitted if written is None else [written(c) for c in emitted],
+      length + 1)
   done = done | (active & (hit_eos | (new_length >= max_decode_length)))
   return buffer, new_length, done
 
@@ -159,7 +184,6 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
   """The traceable baseline loop (no argument checks; see
   `temperature_sample`)."""
   batch = encoder_input_tokens.shape[0]
-  rows = jnp.arange(batch)
   buffer = _start_buffer(target, encoder_input_tokens, max_decode_length + 1)
   state = _BaselineState(
       step=jnp.array(0, jnp.int32),
@@ -177,8 +201,12 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
     with jax.named_scope("acceptance"):  # here: sampling the token
       token = method.sample(jax.random.fold_in(rng, s.step), logits[:, 0])
     active = jnp.logical_not(s.done)
-    buffer = s.buffer.at[rows, s.length + 1].set(
-        jnp.where(active, token, s.buffer[rows, s.length + 1]))
+    # A select over the buffer, not a scatter (`_write_window`); a done
+    # row, whose length + 1 may lie past the buffer, writes nothing.
+    buffer = jnp.where(
+        active[:, None] &
+        (jnp.arange(s.buffer.shape[1])[None, :] == (s.length + 1)[:, None]),
+        token[:, None].astype(s.buffer.dtype), s.buffer)
     length = jnp.where(active, s.length + 1, s.length)
     done = s.done | (token == eos_id) | (length >= max_decode_length)
     return _BaselineState(step=s.step + 1,
