@@ -187,7 +187,7 @@ FULL = Settings(
         "exactness": 180.0,
         "paths": 200.0,
         "pretrained": 180.0,
-        "loop": 60.0,
+        "loop": 90.0,
         "physics": 300.0
     })
 # Caps with room for a loaded 2-core machine compiling everything afresh
@@ -201,7 +201,7 @@ SMALL = dataclasses.replace(
         "exactness": 150.0,
         "paths": 150.0,
         "pretrained": 90.0,
-        "loop": 60.0,
+        "loop": 120.0,
         "physics": 60.0
     }, greedy_rows=4, greedy_length=8, examples=3, max_decode_length=12,
     rounds=2, tiny_physics=True, chunk_sizes=(1, 2, 4), tree_widths=(2,),
