@@ -308,8 +308,10 @@ def by_options(s: common.Settings, target, draft, inputs,
   {'current': main job, set: main job + 'vs_current' (the median ratio of
   current's seconds to the set's, per decoder: above 1, faster)}; each
   with the greedy identity of its last round. Off a GPU every set
-  compiles the same programs (the options are XLA:GPU's)."""
-  if not s.main_job_option_sets:
+  compiles the same programs (the options are XLA:GPU's): there it runs
+  on 'fused' only, as the GPU decodes (the check of this code on a CPU)."""
+  if not s.main_job_option_sets or (jax.default_backend() != "gpu" and
+                                    target.decode_path != "fused"):
     return {}
   if not deadline.allows(30.0):
     return {"skipped": "time cap"}
