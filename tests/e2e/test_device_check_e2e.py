@@ -75,6 +75,16 @@ def test_small_check_runs_end_to_end_on_the_cpu(tmp_path):
   physics = report["physics"]
   for key in ("steps", "call_cost_by_k", "tree_call_cost", "beam_call_cost"):
     _finite(physics[key], key)
+  # The paths phase's device profiles: every step traced, and on a CPU
+  # no device plane, said so (not counted as none).
+  profile = report["paths"]["profile"]
+  assert set(profile) == {
+      f"{m}:{p}" for m in ("small", "xxl") for p in ("xla", "packed", "fused")
+  } | {"small:fused/default"}
+  for name, r in profile.items():
+    assert r == {"kernels": 0, "note": "no device activity in the trace"}, name
+  assert "  profile small:fused: no device activity in the trace" in (
+      done.stdout)
   # The loop phase: the split on both paths, the CPU's HLO counted.
   loop = report["loop"]
   assert set(loop["split"]) == set(loop["kernels"]) == {"cpu_kernel", "xla"}

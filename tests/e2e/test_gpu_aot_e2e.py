@@ -24,10 +24,24 @@ def _plugin() -> bool:
       for p in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"))
 
 
-@pytest.mark.skipif(
+_NEEDS_PLUGIN = pytest.mark.skipif(
     not _plugin(), reason="JAX's CUDA plugin is not installed: "
     "scripts/gpu_aot.sh pytest tests/e2e/test_gpu_aot_e2e.py runs this file "
     "with it (no GPU needed)")
+
+
+def _compiled(tmp_path, *flags, timeout=600):
+  """`gpu_aot --small` with `flags` in a fresh process: its JSON."""
+  out = tmp_path / "aot.json"
+  run = subprocess.run([
+      sys.executable, "-m", "tools.benchmarks.gpu_aot", "--small", *flags,
+      f"--output={out}"
+  ], cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  return json.loads(out.read_text())
+
+
+@_NEEDS_PLUGIN
 def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
   """Compiled by XLA:GPU and Triton for sm_90 in a fresh process (the
   plugin registers only before JAX's backends start): the 'fused' path
@@ -35,13 +49,8 @@ def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
   path, and each tile preset reaches Triton; an iteration of the shipped
   pair's speculative loop spends one kernel on its statistics, and on
   'fused' has no loop or branch inside."""
-  out = tmp_path / "aot.json"
-  run = subprocess.run([
-      sys.executable, "-m", "tools.benchmarks.gpu_aot", "--small",
-      "--groups=layers,tiles,loops", "--paths=xla,fused", f"--output={out}"
-  ], cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
-  assert run.returncode == 0, run.stderr[-3000:]
-  result = json.loads(out.read_text())
+  result = _compiled(tmp_path, "--groups=layers,tiles,loops",
+                     "--paths=xla,fused")
   assert result["device"] == "NVIDIA H200"
   fused, xla = result["layers"]["fused"], result["layers"]["xla"]
   per_layer = (fused["layers_2"]["triton_calls"] -
@@ -85,3 +94,25 @@ def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
     assert folded["spills"] == {}, folded
     assert unfolded["body"] - folded["body"] == 3 * 8 - 1 + gather, (
         loop, unfolded["body"], folded["body"])
+
+
+@_NEEDS_PLUGIN
+def test_grids_read_each_triton_calls_programs(tmp_path):
+  """The grids group reads the programs of every Triton call of the fused
+  step: one program per head in the attention kernels (the tiny model's
+  2), and with the projections split out (`Tiles.split_heads`) a kernel
+  more per attention sublayer, with more programs than heads."""
+  grids = _compiled(tmp_path, "--groups=grids", "--presets=mma,mma_split",
+                    timeout=300)["grids"]["small"]
+  one = grids["mma"]["by_kernel"]
+  assert sum(r["calls"] for r in one.values()) == 6 + 1, one  # A layer's
+  # six, the logits'.
+  assert one["decode_self_attention@2"]["calls"] == 1
+  assert one["decode_cross_attention@2"]["calls"] == 1
+  split = grids["mma_split"]["by_kernel"]
+  heads = [r["programs"] for n, r in split.items() if "head_projection" in n]
+  assert sum(r["calls"] for r in split.values()) == 6 + 1 + 2, split
+  assert max(heads) > 2, split
+  for g in grids.values():
+    assert all(r["bytes_per_program"] > 0 for r in g["by_kernel"].values())
+    assert g["predicted_ms"] > 0

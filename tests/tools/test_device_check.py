@@ -312,6 +312,9 @@ def test_summary_shows_each_decode_path():
           "8": {
               "error": "RuntimeError: x"
           }
+      },
+      "mma_layer_fold": {
+          "skipped": "time cap"
       }
   }
   report["paths"]["steps"]["fused"]["xxl"].update(call_k=8, call_cost=1.04)
@@ -371,7 +374,8 @@ def test_summary_shows_each_decode_path():
           "Theorem 3.8 3.00x over the fastest target alone, 0.88 of the "
           "paper's 3.4x") in text
   assert "option_sets: fused/default 0.30 xla/default 1.00" in text
-  assert "main job on fused: batch 1 1.90x, batch 8 -x" in text
+  assert "main job on fused: batch 1 1.90x, batch 8 skipped (time cap)" in text
+  assert "main job on fused, tiles mma_layer_fold: skipped (time cap)" in text
   assert ("main job on fused, tiles mma_layer: identity 60/60, batch 1 "
           "2.10x (α 0.70), batch 8 -x") in text
   assert ("main job, options command_buffer_all: identity 60/60, batch 1 "
@@ -603,8 +607,8 @@ def test_loop_summary_line_and_the_main_jobs_ratio():
 
 def _fake_child(ran):
 
-  def child(name, mode, cap_s, decode_path=None, tiles=None):
-    del mode, decode_path, tiles
+  def child(name, mode, cap_s, decode_path=None, tiles=None, paths_groups=None):
+    del mode, decode_path, tiles, paths_groups
     ran.append((name, cap_s))
     return {
         "record": {

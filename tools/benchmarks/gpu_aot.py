@@ -20,7 +20,13 @@ programs XLA:GPU and Triton compile (issue 56), per decode path ('xla',
   refused by this jaxlib, and the kernels under it;
 * `loops`: per pair (the shipped one, T5-XXL with a T5-small draft) the
   kernels one iteration of the baseline and the speculative loop launches
-  (`iteration_hlo.iteration_kernels`, the draft's steps as `nested`).
+  (`iteration_hlo.iteration_kernels`, the draft's steps as `nested`);
+* `grids` (only when `--groups` names it: a compile per size and preset):
+  per size and tile preset, the 'fused' one-token step's Triton
+  calls (`kernel_grid.by_kernel`: programs and bytes per program) and the
+  step `kernel_grid.predict_ms` gives; with `--device_check` (a device
+  check's JSON), the model fitted to the steps it measured on 'fused'
+  (`grids_fit`, under the check's tile preset).
 
 Counts only: nothing runs. Compile seconds are this host's.
 
@@ -48,6 +54,7 @@ from specdec_jax.core.models import T5Config
 from specdec_jax.terminal import console
 from tools.benchmarks import common
 from tools.benchmarks import iteration_hlo
+from tools.benchmarks import kernel_grid
 from tools.device_check import common as check_common
 from tools.device_check import paths
 
@@ -91,7 +98,8 @@ runtime_version {
 }
 device_description_str: "NVIDIA H200"
 """
-GROUPS = ("layers", "sizes", "tiles", "option_sets", "loops")
+GROUPS = ("layers", "sizes", "tiles", "option_sets", "loops", "grids")
+DEFAULT_GROUPS = GROUPS[:-1]
 SIZES = ("small", "base", "large", "xxl")
 _PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
 
@@ -299,12 +307,64 @@ def loops_group(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
   return out
 
 
+_HLO_DTYPES = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}
+
+
+def grids(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
+  """Per size and preset, the 'fused' one-token step's Triton calls by
+  kernel, their bytes per program summed, and the model's step
+  (`kernel_grid`, at the H200's fitted constants)."""
+  out: Dict[str, Any] = {}
+  for name in (("small",) if f.small else SIZES):
+    for preset in f.presets:
+
+      def step(name=name, preset=preset):
+        config = check_common.t5_size(name, tiny=f.small)
+        with gpu.tiles(gpu.TILE_PRESETS[preset]):
+          hlo = paths.loop_hlo(paths.abstract_model(config, "fused", device),
+                               device=device, **_LOOP)
+        calls = kernel_grid.triton_calls(
+            hlo, gathered=(f"{_HLO_DTYPES[jnp.dtype(config.dtype).name]}"
+                           f"[{config.vocab_size},{config.emb_dim}]",))
+        return {
+            "calls": calls,
+            "by_kernel": kernel_grid.by_kernel(calls),
+            "predicted_ms": kernel_grid.predict_ms(calls),
+        }
+
+      out.setdefault(name, {})[preset] = _timed(step)
+  return out
+
+
+def grids_fit(result: Dict[str, Any], device_check: str) -> Dict[str, Any]:
+  """`kernel_grid.fit` of the 'fused' steps a device check measured
+  (its JSON at `device_check`) against `result['grids']`' calls under the
+  check's tile preset."""
+  with open(device_check) as fh:
+    check = json.load(fh)
+  preset = check["settings"]["tiles"]
+  measured = check["paths"]["steps"]["fused"]
+  sizes_ = [
+      n for n in SIZES if n in measured and
+      "calls" in result["grids"].get(n, {}).get(preset, {})
+  ]
+  fitted = kernel_grid.fit([(result["grids"][n][preset]["calls"],
+                             measured[n]["step_ms"]) for n in sizes_])
+  return {
+      "device_check": device_check,
+      "tiles": preset,
+      "sizes": sizes_,
+      **fitted
+  }
+
+
 _RUN = {
     "layers": layers,
     "sizes": sizes,
     "tiles": tiles,
     "option_sets": option_sets,
     "loops": loops_group,
+    "grids": grids,
 }
 
 
@@ -323,6 +383,25 @@ def summary(result: Dict[str, Any]) -> List[str]:
     ]
     lines.append(f"tiles {name}: " +
                  ("spills " + ", ".join(spilled) if spilled else "no spills"))
+  for size, by_preset in result.get("grids", {}).items():
+    for preset, g in by_preset.items():
+      if "error" in g:
+        lines.append(f"grids {size} {preset}: {g['error']}")
+        continue
+      fewest = min(r["programs"] for r in g["by_kernel"].values())
+      lines.append(
+          f"grids {size} {preset}: "
+          f"{sum(r['calls'] for r in g['by_kernel'].values())} Triton calls, "
+          f"{fewest} programs in the narrowest, model "
+          f"{g['predicted_ms']:.3f} ms")
+  fitted = result.get("grids_fit")
+  if fitted:
+    lines.append(
+        f"grids fit ({fitted['tiles']}, {', '.join(fitted['sizes'])}): "
+        f"{fitted['program_gbps']:.1f} GB/s a program, "
+        f"{fitted['kernel_us']:.2f} µs a call; model/measured " + " ".join(
+            f"{p / m:.2f}"
+            for p, m in zip(fitted["predicted_ms"], fitted["measured_ms"])))
   for pair, by_path in result.get("loops", {}).items():
     for path, loops_ in by_path.items():
       if not isinstance(loops_, dict) or "speculative" not in loops_:
@@ -347,7 +426,7 @@ def summary(result: Dict[str, Any]) -> List[str]:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--groups", default=",".join(GROUPS),
+  p.add_argument("--groups", default=",".join(DEFAULT_GROUPS),
                  help=f"comma-separated, of {', '.join(GROUPS)}")
   p.add_argument("--paths", default="xla,packed,fused",
                  help="decode paths, comma-separated, of xla, packed, fused")
@@ -362,6 +441,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p.add_argument("--target_config", default=None,
                  help="a GpuTargetConfigProto text file (default: the H200)")
   p.add_argument("--output", default=None, help="write the result as JSON")
+  p.add_argument(
+      "--device_check", default=None,
+      help="with the grids group: a device check's JSON whose 'fused' "
+      "steps the kernels' model is fitted to")
   f = p.parse_args(argv)
   f.groups = [g for g in f.groups.split(",") if g]
   f.paths = [x for x in f.paths.split(",") if x]
@@ -376,6 +459,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                               "comma-separated names of " + ", ".join(allowed))
   if f.gamma < 1:
     raise common.flag_error("gamma", f.gamma, "an integer >= 1")
+  if f.device_check is not None and ("grids" not in f.groups or
+                                     not os.path.isfile(f.device_check)):
+    raise common.flag_error(
+        "device_check", f.device_check,
+        "an existing device check JSON, with the grids group")
   if f.target_config is not None and not os.path.isfile(f.target_config):
     raise common.flag_error("target_config", f.target_config,
                             "an existing GpuTargetConfigProto text file")
@@ -406,6 +494,11 @@ def _body(argv: Optional[Sequence[str]]) -> None:
       result[group] = _RUN[group](f, device)
     print(f"{group}: compiled in {time.perf_counter() - start:.0f} s",
           flush=True)
+  if f.device_check:
+    result["grids_fit"] = grids_fit(result, f.device_check)
+  for by_preset in result.get("grids", {}).values():
+    for g in by_preset.values():  # `by_kernel` has them (and a file 1/10).
+      g.pop("calls", None)
   result["summary"] = summary(result)
   print("\n".join(result["summary"]))
   common.write_result(f.output, result)

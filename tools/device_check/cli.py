@@ -71,6 +71,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
       f"{', '.join(gpu.TILE_PRESETS)} (default: '{common.CHECKED_TILES}', "
       "the tensor-core candidate; the paths phase times several)")
   p.add_argument(
+      "--paths_groups", default=None,
+      help="the paths phase's groups, a comma-separated subset of "
+      f"{','.join(common.PATHS_GROUPS)} (default: "
+      f"{','.join(common.FULL.paths_groups)}; --small: all)")
+  p.add_argument(
       "--total_s", type=float, default=None,
       help="the whole check's time budget in seconds (default: "
       "the mode's)")
@@ -96,6 +101,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   if args.tiles is not None and args.tiles not in gpu.TILE_PRESETS:
     p.error(f"--tiles={args.tiles!r}: allowed: "
             f"{', '.join(gpu.TILE_PRESETS)}.")
+  if args.paths_groups is not None:
+    groups = [x.strip() for x in args.paths_groups.split(",") if x.strip()]
+    if not groups or any(x not in common.PATHS_GROUPS for x in groups):
+      p.error(f"--paths_groups={args.paths_groups!r}: allowed: a "
+              f"comma-separated subset of {','.join(common.PATHS_GROUPS)}.")
+    args.paths_groups = ",".join(x for x in common.PATHS_GROUPS if x in groups)
   if args.total_s is not None and not (math.isfinite(args.total_s) and
                                        args.total_s > 0):
     p.error(f"--total_s={args.total_s!r}: allowed: a finite number of "
@@ -108,11 +119,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 # A child: one phase.
 # ---------------------------------------------------------------------------
 def run_phase(name: str, mode: str, json_path: str, cap_s: float,
-              path: Optional[str] = None, tiles: Optional[str] = None) -> int:
+              path: Optional[str] = None, tiles: Optional[str] = None,
+              paths_groups: Optional[str] = None) -> int:
   """Runs phase `name` in this process, decoding on `path` (None: the
   backend's) with the GPU kernels' tile preset `tiles` (None:
-  `common.CHECKED_TILES`); returns its exit status."""
-  settings = common.settings_for(mode, path)
+  `common.CHECKED_TILES`), the paths phase measuring `paths_groups`
+  (comma-separated; None: the mode's); returns its exit status."""
+  settings = common.settings_for(
+      mode, path,
+      tuple(paths_groups.split(",")) if paths_groups else None)
   if mode == "small":  # Reruns on a CPU compile nothing (as `run` does).
     compilation_cache.enable()
   record = common.Recorder(json_path)
@@ -148,8 +163,8 @@ _STATUS = {0: "ok", 1: "check failed", 2: "bad setting", 3: "crashed"}
 # The parent: every phase, each in a child under its cap.
 # ---------------------------------------------------------------------------
 def _child(name: str, mode: str, cap_s: float,
-           decode_path: Optional[str] = None,
-           tiles: Optional[str] = None) -> Dict[str, Any]:
+           decode_path: Optional[str] = None, tiles: Optional[str] = None,
+           paths_groups: Optional[str] = None) -> Dict[str, Any]:
   """Runs one phase in a child process; returns its record and status."""
   fd, path = tempfile.mkstemp(prefix=f"device_check_{name}_", suffix=".json")
   os.close(fd)
@@ -161,6 +176,7 @@ def _child(name: str, mode: str, cap_s: float,
   ] + (["--small"] if mode == "small" else [])
   cmd += ["--path", decode_path] if decode_path else []
   cmd += ["--tiles", tiles] if tiles else []
+  cmd += ["--paths_groups", paths_groups] if paths_groups else []
   start = time.perf_counter()
   try:
     code: Optional[int] = subprocess.run(cmd, check=False, timeout=cap_s,
@@ -218,7 +234,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                  f"{need:.0f} s)")
       continue
     common.log(f"phase {name}: start (cap {cap:.0f} s)")
-    done = _child(name, mode, cap, args.path, args.tiles)
+    done = _child(name, mode, cap, args.path, args.tiles, args.paths_groups)
     report[name], report["phases"][name] = done["record"], done["status"]
     if name == "loop":
       report["loop"]["main_job"] = main_job_against_theorem(report)
@@ -246,7 +262,8 @@ def settings_record(args: argparse.Namespace) -> Dict[str, Any]:
       "mode": "small" if args.small else "full",
       "phases": args.phases,
       "path": args.path,
-      "tiles": args.tiles or common.CHECKED_TILES
+      "tiles": args.tiles or common.CHECKED_TILES,
+      "paths_groups": args.paths_groups
   }
 
 
@@ -269,7 +286,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return env.main([c for c in args.carry.split(",") if c])
   if args.phase:
     return run_phase(args.phase, "small" if args.small else "full",
-                     args.phase_json, args.cap_s or 60.0, args.path, args.tiles)
+                     args.phase_json, args.cap_s or 60.0, args.path, args.tiles,
+                     args.paths_groups)
   try:
     held = claim_out(args)
   except (environment.BadEnvironment, output_folder.FolderError) as e:
@@ -442,6 +460,9 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
                  "calls and in one call: " +
                  ", ".join(f"{n} {_identical_word(r)} (k {r.get('k', '?')})"
                            for n, r in identical.items()))
+  for name, r in (p.get("profile") or {}).items():
+    if isinstance(r, dict):
+      lines.append(_profile_line(name, r))
   for group in ("option_sets", "tiles"):
     ratios = _get(p, group, "vs_reference") or {}
     if ratios:
@@ -458,6 +479,10 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
       lines.append(_options_line(name, r, options.get("current") or {}))
   for preset, r in (_get(report, "pretrained", "main_job_by_tiles") or
                     {}).items():
+    if "skipped" in r:
+      lines.append(f"  main job on fused, tiles {preset}: skipped "
+                   f"({r['skipped']})")
+      continue
     same = (r.get("identity") or {}).get("default_precision") or {}
     lines.append(f"  main job on fused, tiles {preset}: identity "
                  f"{same.get('identical', '?')}/{same.get('examples', '?')}, " +
@@ -481,9 +506,23 @@ def _main_job_word(batch: str, r: Dict[str, Any]) -> str:
   """'batch 1 1.90x (α 0.70)': a main job's speedup and, where measured,
   its α (under tiles whose kernel takes the draft's argmax, the check that
   it fed the argmax: identity holds whatever it fed)."""
+  if "skipped" in r:
+    return f"batch {batch} skipped ({r['skipped']})"
   alpha = r.get("alpha")
   return (f"batch {batch} {_num(r.get('speedup'), '{:.2f}')}x" +
           ("" if alpha is None else f" (α {alpha:.2f})"))
+
+
+def _profile_line(name: str, r: Dict[str, Any]) -> str:
+  """A step's device profile (`kernel_profile.summarize`) in one line: its
+  kernels, busy and wall µs, idle share and the three costliest kernels."""
+  if not r.get("kernels"):
+    return f"  profile {name}: {r.get('note') or r.get('error') or '?'}"
+  top = ", ".join(f"{t['name'][:40]} {t['per_step']:.0f}x{t['mean_us']:.1f}"
+                  for t in r["top"][:3])
+  return (f"  profile {name}: {r['kernels']:.0f} kernels a step, busy "
+          f"{r['busy_us']:.1f} of {r['wall_us']:.1f} µs ({r['idle_share']:.0%}"
+          f" idle), mean kernel {r['mean_kernel_us']:.1f} µs; top µs: {top}")
 
 
 def _identical_word(r: Dict[str, Any]) -> str:

@@ -36,6 +36,8 @@ PHASES = ("env", "exactness", "paths", "pretrained", "loop", "physics")
 # A phase with less than this left is skipped (`cli`; default 15 s): the
 # loop phase's split compiles 9 programs per path before it times one.
 MIN_PHASE_S = {"loop": 30.0}
+# The paths phase's groups (`paths`), in the order they run.
+PATHS_GROUPS = ("steps", "profile", "tiles", "option_sets", "kernels")
 
 # T5 v1.1 shapes (T5X's t5_1_1/*.gin; the repository's gin/models copies).
 _T5_1_1 = {
@@ -110,6 +112,7 @@ class Settings:
     loop_sentences, loop_lengths, loop_rounds: the loop phase's split
       (`loop_overhead.programs`): sentences, the two forced lengths,
       interleaved rounds.
+    paths_groups: the groups of `PATHS_GROUPS` the paths phase measures.
     option_sets, tile_presets: the XLA:GPU option sets
       (`kernels.gpu.GPU_OPTION_SETS`) and the fused kernels' tiles
       (`kernels.gpu.TILE_PRESETS`) the `paths` phase times;
@@ -158,6 +161,9 @@ class Settings:
   loop_sentences: int = 4
   loop_lengths: Tuple[int, int] = (8, 40)
   loop_rounds: int = 5
+  # Not the option sets: on an H200 no set moved a step by 5% on any path
+  # (2026-11-28 and 2026-11-29); `--paths_groups` still names them.
+  paths_groups: Tuple[str, ...] = ("steps", "profile", "tiles", "kernels")
   option_sets: Tuple[str, ...] = tuple(gpu.GPU_OPTION_SETS)
   # CUDA cores' chains of dependent loads (default, tall_wide) against
   # tensor cores with pipelined loads (mma, tall_mma), those with the
@@ -170,10 +176,11 @@ class Settings:
   tile_call_presets: Tuple[str,
                            ...] = ("default", "mma", "mma_split", "mma_fold")
   # The shipped draft's two 184 KB layers as one kernel (`Tiles.
-  # layer_bytes`; their 6 a layer cost launches, not bytes), and with the
-  # shipped target's 12 MB layers in three (`fold_bytes`): the pretrained
-  # phase's identity and main job under them too.
-  main_job_tiles: Tuple[str, ...] = ("mma_layer_fold", "mma_layer")
+  # layer_bytes`; their 6 a layer cost launches, not bytes): the pretrained
+  # phase's identity and main job under it too. Not 'mma_layer_fold' (the
+  # target's 12 MB layers in three kernels too): on the H200 its main job
+  # ran 1.15x against 'mma''s 1.49x (2026-11-29).
+  main_job_tiles: Tuple[str, ...] = ("mma_layer",)
   # The decode loops' while in a CUDA graph (WHILE, CONDITIONAL): its test
   # then stays on the GPU, not read back by the host every iteration (the
   # step loops of `paths` showed no change at 0.5 ms a step; an iteration
@@ -206,19 +213,23 @@ SMALL = dataclasses.replace(
     }, greedy_rows=4, greedy_length=8, examples=3, max_decode_length=12,
     rounds=2, tiny_physics=True, chunk_sizes=(1, 2, 4), tree_widths=(2,),
     physics_input_length=8, fill=4, cache_len=24, inner_steps=2, repeats=2,
-    main_job_batches=(1,), loop_sentences=1, loop_lengths=(2, 10),
-    loop_rounds=2, option_sets=("default", "command_buffer_all"),
+    main_job_batches=(1,), loop_sentences=1, loop_lengths=(2,
+                                                           10), loop_rounds=2,
+    paths_groups=PATHS_GROUPS, option_sets=("default", "command_buffer_all"),
     tile_presets=("default", "mma", "mma_split"),
     tile_call_presets=("default", "mma",
                        "mma_split"), main_job_tiles=("mma_layer_fold",))
 
 
-def settings_for(mode: str, decode_path: Optional[str] = None) -> Settings:
-  """The mode's preset, decoding on `decode_path` (None: `checked_path`)."""
+def settings_for(mode: str, decode_path: Optional[str] = None,
+                 paths_groups: Optional[Tuple[str, ...]] = None) -> Settings:
+  """The mode's preset, decoding on `decode_path` (None: `checked_path`),
+  its paths phase measuring `paths_groups` (None: the preset's)."""
   if mode not in ("full", "small"):
     raise ValueError(f"mode {mode!r}: allowed: full, small.")
   preset = FULL if mode == "full" else SMALL
-  return dataclasses.replace(preset, decode_path=decode_path or checked_path())
+  return dataclasses.replace(preset, decode_path=decode_path or checked_path(),
+                             paths_groups=paths_groups or preset.paths_groups)
 
 
 # The GPU kernels' tile preset the check decodes with when --tiles names

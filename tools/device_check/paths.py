@@ -27,11 +27,16 @@ packed kernels, biases once per call; 'fused': the GPU kernels of
   bits in one-token calls and in one call (`rows_identical`);
 * `option_sets`: the small draft's step on each path under each XLA:GPU
   option set (`kernels.gpu.GPU_OPTION_SETS`), in ms and against the
-  default set; a set this jaxlib refuses is recorded with its error.
+  default set; a set this jaxlib refuses is recorded with its error;
+* `profile`: where the small draft's and the target's step spend their
+  device time on each path (`kernel_profile`: the kernels a step runs on
+  the device, their time, the device's idle share, the costliest by name),
+  and the small draft's on 'fused' under the CUDA cores' tiles too.
 
-Each group is written when measured; a group that does not fit the
-phase's time cap is marked skipped, one that fails records its error and
-the others still run.
+`Settings.paths_groups` picks the groups (`steps` and the tables from
+it, then the others in `_GROUPS`' order). Each group is written when
+measured; a group that does not fit the phase's time cap is marked
+skipped, one that fails records its error and the others still run.
 """
 import collections
 import re
@@ -48,6 +53,7 @@ from specdec_jax.core.models import param_shapes
 from tools.benchmarks import iteration_hlo
 from tools.device_check import common
 from tools.device_check import env
+from tools.device_check import kernel_profile
 from tools.device_check import physics
 from tools.device_check import stats
 
@@ -409,10 +415,33 @@ def _tiles(b: physics.Bench, s: common.Settings,
       })
 
 
+def _profile(b: physics.Bench, s: common.Settings,
+             record: common.Recorder) -> None:
+  """`kernel_profile.profile` of the small draft's and the target's step
+  (one `inner_steps` loop a call) on each path, and of the small draft's
+  on 'fused' under the CUDA cores' tiles ('default')."""
+  runs: Dict[str, Callable[[int], Any]] = {}
+  for name in (s.drafts[0], s.target):
+    for path in s.paths:
+      runs[f"{name}:{path}"] = b.call(b.key(name, path), 1)
+  if "fused" in s.paths:
+    runs[f"{s.drafts[0]}:fused/default"] = _with_tiles(
+        b.call(b.key(s.drafts[0], "fused"), 1, loop=physics.call_loop_with({})),
+        "default")
+  common.log(f"paths: device profiles of {len(runs)} steps")
+  out: Dict[str, Any] = {}
+  for name, fn in runs.items():
+    out[name] = common.guarded(
+        lambda f=fn: kernel_profile.profile(f, s.repeats, s.inner_steps))
+    record.set("profile", out)
+
+
 # (result key, step, the seconds it needs at the paper's sizes). The
-# kernel counts last: `scripts/gpu_aot.sh` counts the same programs without
+# profile first (the question the 2026-11-29 H200 run left: why a fused
+# kernel took ~11 µs); the kernel counts last: `scripts/gpu_aot.sh` counts the same programs without
 # a GPU (and matched the H200's), the times only a GPU can give.
 _GROUPS = (
+    ("profile", _profile, 30.0),
     ("tiles", _tiles, 95.0),
     ("option_sets", _option_sets, 40.0),
     ("kernels", lambda b, s, r: _kernels(s, r), 40.0),
@@ -440,20 +469,25 @@ def run(s: common.Settings, record: common.Recorder,
           "gpu_loop_options": gpu.GPU_LOOP_OPTIONS,
           "backend": jax.default_backend(),
       })
-  done = common.guarded(lambda: {"by_path": _steps(b, s, copy_gbps, record)})
-  if "error" in done:
-    record.set("steps", done)
-    return False
-  rows = stats.paper_rows()
-  record.set("table2", {
-      path: _pair_rows(rows, m, m, s.target)
-      for path, m in done["by_path"].items()
-  })
-  record.set("table2_pairs", table2_pairs(rows, done["by_path"], s.target))
+  if "steps" in s.paths_groups:
+    done = common.guarded(lambda: {"by_path": _steps(b, s, copy_gbps, record)})
+    if "error" in done:
+      record.set("steps", done)
+      return False
+    rows = stats.paper_rows()
+    record.set(
+        "table2", {
+            path: _pair_rows(rows, m, m, s.target)
+            for path, m in done["by_path"].items()
+        })
+    record.set("table2_pairs", table2_pairs(rows, done["by_path"], s.target))
+  else:
+    _models(b, s)
   complete = True
   scale = 10.0 if s.tiny_physics else 1.0
   for name, step, need_s in _GROUPS:
-    if "fused" not in s.paths and name == "tiles":
+    if name not in s.paths_groups or ("fused" not in s.paths and
+                                      name == "tiles"):
       continue
     if not deadline.allows(need_s / scale):
       record.set(name, {"skipped": "time cap"})
