@@ -662,7 +662,8 @@ def test_decode_path_setting_reaches_every_phase(capsys):
     cli.parse_args(["--path=triton"])
   err = capsys.readouterr().err
   assert "--path='triton': allowed: xla, cpu_kernel, packed, fused" in err
-  assert cli.settings_record(args)["tiles"] == common.CHECKED_TILES == "mma"
+  assert cli.settings_record(
+      args)["tiles"] == common.CHECKED_TILES == "mma_split"
   args = cli.parse_args(["--small", "--tiles=default"])
   assert cli.settings_record(args)["tiles"] == "default"
   with pytest.raises(SystemExit):

@@ -175,12 +175,13 @@ class Settings:
                                    "tall_mma_fold")
   tile_call_presets: Tuple[str,
                            ...] = ("default", "mma", "mma_split", "mma_fold")
-  # The shipped draft's two 184 KB layers as one kernel (`Tiles.
-  # layer_bytes`; their 6 a layer cost launches, not bytes): the pretrained
-  # phase's identity and main job under it too. Not 'mma_layer_fold' (the
-  # target's 12 MB layers in three kernels too): on the H200 its main job
-  # ran 1.15x against 'mma''s 1.49x (2026-11-29).
-  main_job_tiles: Tuple[str, ...] = ("mma_layer",)
+  # 'mma' (the tiles of the H200's main job of 2026-11-29: 1.49x), and the
+  # shipped draft's two 184 KB layers as one kernel (`Tiles.layer_bytes`;
+  # their 6 a layer cost launches, not bytes): the pretrained phase's
+  # identity and main job under them too, beside the check's tiles'. Not
+  # 'mma_layer_fold' (the target's 12 MB layers in three kernels too): on
+  # the H200 its main job ran 1.15x (2026-11-29).
+  main_job_tiles: Tuple[str, ...] = ("mma", "mma_layer")
   # The decode loops' while in a CUDA graph (WHILE, CONDITIONAL): its test
   # then stays on the GPU, not read back by the host every iteration (the
   # step loops of `paths` showed no change at 0.5 ms a step; an iteration
@@ -233,11 +234,16 @@ def settings_for(mode: str, decode_path: Optional[str] = None,
 
 
 # The GPU kernels' tile preset the check decodes with when --tiles names
-# none: the tensor-core candidate (pipelined loads, no spill at 8 tokens;
-# docs/design/performance.md), which a user's 'fused' takes only once a
-# check has shown it exact and faster (`kernels.gpu.Tiles()` is the CUDA
-# cores': --tiles=default).
-CHECKED_TILES = "mma"
+# none: the candidate, which a user's 'fused' takes only once a check has
+# shown it exact and faster (`kernels.gpu.Tiles()` is the CUDA cores':
+# --tiles=default). 'mma' (tensor cores, pipelined loads) ran exact on the
+# H200 but slower than XLA's path (2026-11-29); the grids' model fitted to
+# it (`tools.benchmarks.kernel_grid`) prices this one 0.45 ms a T5-small
+# step against 'mma''s 0.58, and the shipped float32 target 0.69 against
+# 1.01. 'tall_mma_split' it prices faster still, but its 512-1024 deep
+# blocks, sized for bfloat16, spill 5 KB a thread in float32 (the shipped
+# pair's decode_rms_dense, compiled for an H200).
+CHECKED_TILES = "mma_split"
 
 
 def checked_path() -> Optional[str]:
