@@ -190,7 +190,24 @@ def test_v4_predictions_in_the_rows_are_the_compile_records():
     roof = records[name]["compile"]["roofline"]["from_arguments"]
     predicted = f"{roof['theorem_3_8_speedup']:.2f}×"
     # The T = 1 rows were not compiled.
-    assert cells[8] == (predicted if cells[2] == "0" else "–"), cells
+    assert cells[9] == (predicted if cells[2] == "0" else "–"), cells
+
+
+def test_h200_packed_column_is_the_device_checks_best_pairs():
+  """The 'H200, `packed`' column: per row the device check's best pair of
+  paths (2026-11-29), Theorem 3.8 over the fastest target alone."""
+  check = json.loads((REPO / "benchmarks" /
+                      "issue56_h200_2026-11-29_device_check.json").read_text())
+  best = {
+      (r["task"], r["draft"], r["temperature"], r["gamma"]): r
+      for r in check["paths"]["table2_pairs"]["best"]
+  }
+  rows = _row_cells(_text(TABLE2))
+  assert len(rows) == len(best) == 12
+  for cells in rows:
+    r = best[(cells[0], cells[1], float(cells[2]), int(cells[3]))]
+    assert r["pair"] == "packed+packed", r
+    assert cells[8] == f"{r['against_fastest_target']:.2f}×", cells
 
 
 def test_estimates_per_file_are_the_compile_records():
