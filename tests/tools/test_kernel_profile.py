@@ -42,6 +42,15 @@ def test_only_the_device_planes_stream_lines_count():
       Kernel("MemcpyD2H", 20.0, 2.0),
       Kernel("b", 30.0, 5.0)
   ]
+  # Streams named otherwise: every line but the derived ones.
+  other = types.SimpleNamespace(planes=[
+      _plane("/device:GPU:1", {
+          "13": [("c", 5, 1)],
+          "XLA Ops": [("c", 5, 1)],
+          "Steps": [("0", 0, 9)]
+      })
+  ])
+  assert kernel_profile.device_kernels(other) == [Kernel("c", 5.0, 1.0)]
 
 
 def test_busy_time_is_the_union_of_overlapping_kernels():

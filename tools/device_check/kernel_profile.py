@@ -37,20 +37,28 @@ class Kernel(NamedTuple):
   duration_ns: float
 
 
+# Lines a device plane may hold that restate its streams' time.
+_DERIVED = ("XLA Ops", "XLA Modules", "Steps", "Framework Ops",
+            "Framework Name Scope", "Source code", "Launch Stats")
+
+
 def device_kernels(profile: Any) -> List[Kernel]:
   """The activities on the device planes' stream lines of `profile` (a
   `jax.profiler.ProfileData`), in start order. The derived lines a device
-  plane may also hold ('XLA Ops', 'XLA Modules', 'Steps') restate the same
-  time, so only 'Stream' lines count."""
+  plane may also hold ('XLA Ops', 'XLA Modules', 'Steps', ...) restate the
+  same time, so only 'Stream' lines count; a plane whose lines are named
+  otherwise counts every line but those."""
   out = []
   for plane in profile.planes:
     if not plane.name.startswith("/device:") or "CUSTOM" in plane.name:
       continue
-    for line in plane.lines:
-      if line.name.startswith("Stream"):
-        out.extend(
-            Kernel(e.name, float(e.start_ns), float(e.duration_ns))
-            for e in line.events)
+    lines = [line for line in plane.lines if line.name.startswith("Stream")]
+    if not lines:
+      lines = [line for line in plane.lines if line.name not in _DERIVED]
+    for line in lines:
+      out.extend(
+          Kernel(e.name, float(e.start_ns), float(e.duration_ns))
+          for e in line.events)
   return sorted(out, key=lambda k: k.start_ns)
 
 
