@@ -33,6 +33,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from specdec_jax.experiment import hlo_reads
+
 # `fit` of the H200's fused steps of 2026-11-29
 # (benchmarks/issue56_h200_2026-11-29_device_check.json, `paths.steps.
 # fused`) against `triton_calls` of the same programs compiled here for
@@ -44,28 +46,9 @@ H200_KERNEL_US = 2.9
 H200_CHIP_GBPS = 3230.0
 
 _CALL = "__gpu$xla.gpu.triton"
-_BYTES = {
-    "bf16": 2,
-    "f16": 2,
-    "f32": 4,
-    "s32": 4,
-    "u32": 4,
-    "s8": 1,
-    "u8": 1,
-    "pred": 1
-}
-_SHAPE = re.compile(r"\b(\w+)\[([\d,]*)\]")
+_SHAPE = re.compile(r"\b\w+\[[\d,]*\]")
 _OPERANDS = re.compile(r"operand_layout_constraints=\{(.*?)\}, "
                        r"(?:output_to_operand_aliasing|api_version)")
-
-
-def _shape_bytes(dtype: str, dims: str) -> int:
-  count = 1
-  for d in dims.split(","):
-    if d:
-      count *= int(d)
-  return count * _BYTES[dtype]
-
 
 # The kernel that reads the whole token embedding: the logits'.
 _READS_TABLE = ("decode_rms_dense",)
@@ -89,10 +72,10 @@ def triton_calls(
     found = re.search(r'name = "([^"]+)"', line)
     name = found.group(1) if found else "?"
     nbytes = 0
-    for dtype, dims in (_SHAPE.findall(operands.group(1)) if operands else ()):
-      size = _shape_bytes(dtype, dims)
-      if f"{dtype}[{dims}]" in gathered and name not in _READS_TABLE:
-        size //= int(dims.split(",")[0])
+    for shape in (_SHAPE.findall(operands.group(1)) if operands else ()):
+      size = hlo_reads.array_bytes(shape)
+      if shape in gathered and name not in _READS_TABLE:
+        size //= int(shape.split("[")[1].split(",")[0])
       nbytes += size
     fields = {
         key: re.search(rf"{key} = (\w+)", line)

@@ -90,11 +90,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p.add_argument("--phase_json", default=None, help=argparse.SUPPRESS)
   p.add_argument("--cap_s", type=float, default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
-  phases = [x.strip() for x in args.phases.split(",") if x.strip()]
-  bad = [x for x in phases if x not in common.PHASES]
-  if bad or not phases:
-    p.error(f"--phases={args.phases!r}: allowed: a comma-separated subset "
-            f"of {','.join(common.PHASES)}.")
+  args.phases = _subset(p, "phases", args.phases, common.PHASES)
   if args.path is not None and args.path not in decode_paths.DECODE_PATHS:
     p.error(f"--path={args.path!r}: allowed: "
             f"{', '.join(decode_paths.DECODE_PATHS)}.")
@@ -102,17 +98,24 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.error(f"--tiles={args.tiles!r}: allowed: "
             f"{', '.join(gpu.TILE_PRESETS)}.")
   if args.paths_groups is not None:
-    groups = [x.strip() for x in args.paths_groups.split(",") if x.strip()]
-    if not groups or any(x not in common.PATHS_GROUPS for x in groups):
-      p.error(f"--paths_groups={args.paths_groups!r}: allowed: a "
-              f"comma-separated subset of {','.join(common.PATHS_GROUPS)}.")
-    args.paths_groups = ",".join(x for x in common.PATHS_GROUPS if x in groups)
+    args.paths_groups = ",".join(
+        _subset(p, "paths_groups", args.paths_groups, common.PATHS_GROUPS))
   if args.total_s is not None and not (math.isfinite(args.total_s) and
                                        args.total_s > 0):
     p.error(f"--total_s={args.total_s!r}: allowed: a finite number of "
             "seconds > 0.")
-  args.phases = [x for x in common.PHASES if x in phases]
   return args
+
+
+def _subset(p: argparse.ArgumentParser, flag: str, value: str,
+            allowed: Sequence[str]) -> List[str]:
+  """--flag's comma-separated names, in `allowed`'s order; a name not in
+  it, or none, is the parser's error (exit 2)."""
+  names = [x.strip() for x in value.split(",") if x.strip()]
+  if not names or any(x not in allowed for x in names):
+    p.error(f"--{flag}={value!r}: allowed: a comma-separated subset of "
+            f"{','.join(allowed)}.")
+  return [x for x in allowed if x in names]
 
 
 # ---------------------------------------------------------------------------
