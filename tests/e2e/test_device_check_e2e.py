@@ -72,6 +72,12 @@ def test_small_check_runs_end_to_end_on_the_cpu(tmp_path):
   assert report["pretrained"]["identity"]["all_identical"]
   assert report["pretrained"]["main_job"]["speedup"] > 0
   _finite(report["pretrained"]["main_job"], "main_job")
+  # Each model on a path of its own: the draft's fused kernels (interpret
+  # mode here) with the target's packed ones, still identical.
+  mixed = report["pretrained"]["main_job_by_mixed_paths"]["packed+fused"]
+  assert mixed["identity"]["all_identical"], mixed
+  assert mixed["1"]["speedup"] > 0
+  assert report["verdicts"]["pretrained_identical_other_pairs"] is True
   physics = report["physics"]
   for key in ("steps", "call_cost_by_k", "tree_call_cost", "beam_call_cost"):
     _finite(physics[key], key)

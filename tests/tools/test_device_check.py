@@ -43,6 +43,7 @@ from tools.device_check import paths
 from tools.device_check import physics
 from tools.device_check import pretrained_pair
 from tools.device_check import stats
+from tools.device_check import summary
 
 
 # ---------------------------------------------------------------------------
@@ -218,17 +219,17 @@ def _report(**exactness_ok):
 
 def test_verdicts_and_summary():
   good = _report(token=True, beam=True)
-  v = cli.verdicts(good)
+  v = summary.verdicts(good)
   assert v["all_ok"] and v["pretrained_identical_count"] == "3/3"
   assert v["exactness_token"] and v["main_job_speedup"] == 1.5
-  text = cli.format_summary({**good, "verdicts": v})
+  text = summary.format_summary({**good, "verdicts": v})
   assert "greedy identical 3/3; main job speedup 1.50x" in text
   assert text.splitlines()[-1] == "all checks hold: True"
   bad = _report(token=True, beam=False)
-  assert not cli.verdicts(bad)["all_ok"]
+  assert not summary.verdicts(bad)["all_ok"]
   bad = _report(token=True)
   bad["phases"]["physics"]["status"] = "timed out"
-  assert not cli.verdicts(bad)["all_ok"]
+  assert not summary.verdicts(bad)["all_ok"]
 
 
 def test_summary_survives_a_failed_physics_step_group():
@@ -237,7 +238,7 @@ def test_summary_survives_a_failed_physics_step_group():
   'c') instead of its last line."""
   report = _report(token=True)
   report["physics"]["steps"] = {"ok": False, "error": "RuntimeError: x"}
-  assert cli.format_summary(report).splitlines()[-1] == (
+  assert summary.format_summary(report).splitlines()[-1] == (
       "all checks hold: True")
 
 
@@ -317,6 +318,23 @@ def test_summary_shows_each_decode_path():
           "skipped": "time cap"
       }
   }
+  report["pretrained"]["main_job_by_mixed_paths"] = {
+      "packed+fused": {
+          "identity": {
+              "default_precision": {
+                  "examples": 60,
+                  "identical": 59
+              }
+          },
+          "1": {
+              "speedup": 1.7,
+              "alpha": 0.9
+          }
+      },
+      "xla+fused": {
+          "skipped": "time cap"
+      }
+  }
   report["paths"]["steps"]["fused"]["xxl"].update(call_k=8, call_cost=1.04)
   report["paths"]["table2_pairs"] = {
       "best": [{
@@ -361,7 +379,7 @@ def test_summary_shows_each_decode_path():
           }
       }
   }
-  text = cli.format_summary(report)
+  text = summary.format_summary(report)
   assert ("argmax kernel: V 8000 8/8 rows as jnp.argmax, V 32128 7/8 rows as "
           "jnp.argmax") in text
   assert ("tiles: a token's logits the same bits in one-token calls and in "
@@ -376,6 +394,18 @@ def test_summary_shows_each_decode_path():
   assert "option_sets: fused/default 0.30 xla/default 1.00" in text
   assert "main job on fused: batch 1 1.90x, batch 8 skipped (time cap)" in text
   assert "main job on fused, tiles mma_layer_fold: skipped (time cap)" in text
+  assert ("main job target on packed, draft on fused: identity 59/60, batch "
+          "1 1.70x (α 0.90)") in text
+  assert "main job target on xla, draft on fused: skipped (time cap)" in text
+  # Identity records without a verdict ('default_precision' only) count
+  # as unmeasured; one that did not hold fails the check.
+  assert summary.verdicts(report)["pretrained_identical_other_pairs"] is None
+  mixed = report["pretrained"]["main_job_by_mixed_paths"]["packed+fused"]
+  mixed["identity"]["all_identical"] = False
+  assert summary.verdicts(report)["pretrained_identical_other_pairs"] is False
+  assert summary.verdicts(report)["all_ok"] is False
+  mixed["identity"]["all_identical"] = True
+  assert summary.verdicts(report)["pretrained_identical_other_pairs"] is True
   assert ("main job on fused, tiles mma_layer: identity 60/60, batch 1 "
           "2.10x (α 0.70), batch 8 -x") in text
   assert ("main job, options command_buffer_all: identity 60/60, batch 1 "
@@ -585,12 +615,12 @@ def test_loop_summary_line_and_the_main_jobs_ratio():
               "condition": 1
           }
       },
-      "main_job": cli.main_job_against_theorem(report)
+      "main_job": summary.main_job_against_theorem(report)
   }
   job = report["loop"]["main_job"]
   np.testing.assert_allclose(job["over_theorem"], 1.30 / 2.18)
   np.testing.assert_allclose(job["over_theorem_with_call_cost"], 1.30 / 1.95)
-  text = cli.format_summary(report)
+  text = summary.format_summary(report)
   assert ("  loop on fused: iteration 2.500 ms = propose 1.000 + verify 1.500"
           " + bookkeeping 0.500 + while -0.500; not in model calls 0.250 ms "
           "(10%), 34 kernels (condition 1); marginal 1.60x = 0.90 of "
@@ -598,17 +628,18 @@ def test_loop_summary_line_and_the_main_jobs_ratio():
   assert "loop on xla" not in text
   assert "  main job 1.30x = 0.60 of Theorem 3.8 (2.18x), 0.67 with the call " \
          "cost" in text
-  assert cli.verdicts(report)["loop_complete"] is True
+  assert summary.verdicts(report)["loop_complete"] is True
   del report["pretrained"]
-  assert cli.main_job_against_theorem(report) == {
+  assert summary.main_job_against_theorem(report) == {
       "skipped": "no main job measured (the pretrained phase)"
   }
 
 
 def _fake_child(ran):
 
-  def child(name, mode, cap_s, decode_path=None, tiles=None, paths_groups=None):
-    del mode, decode_path, tiles, paths_groups
+  def child(name, mode, cap_s, decode_path=None, tiles=None, paths_groups=None,
+            tile_presets=None):
+    del mode, decode_path, tiles, paths_groups, tile_presets
     ran.append((name, cap_s))
     return {
         "record": {
@@ -993,3 +1024,33 @@ def test_folds_nothing_weighs_a_models_layer_against_the_presets(monkeypatch):
   assert not paths.folds_nothing(model, "at")
   assert not paths.folds_nothing(model, "mma")
   assert not paths.folds_nothing(model, "mma_fold")  # 64 MiB: a tiny layer
+
+
+class _Bench:
+  """`physics.Bench.time`'s shape: 1 ms for each variant it is given."""
+
+  def __init__(self):
+    self.timed = None
+
+  def time(self, fns):
+    self.timed = list(fns)
+    return {"ms": {n: 1.0 for n in fns}}
+
+
+def _failing(_):
+  raise ValueError("no tiles\nsecond line")
+
+
+def test_timed_variants_time_what_compiled_before_the_deadline():
+  variants = {"a": lambda _: jnp.ones(2), "b": _failing, "c": jnp.ones}
+  b = _Bench()
+  out = paths._timed_variants(b, variants, "a", common.Deadline(100.0))
+  assert b.timed == ["a", "c"] and out["skipped"] == []
+  assert out["errors"] == {"b": "ValueError: no tiles"}
+  assert set(out["compile_s"]) == {"a", "b", "c"}
+  assert out["vs_reference"] == {"a": 1.0, "c": 1.0}
+  # No time left: nothing compiled or timed, every variant named skipped.
+  b = _Bench()
+  out = paths._timed_variants(b, variants, "a", common.Deadline(1.0))
+  assert b.timed is None and "ms" not in out
+  assert out["skipped"] == ["a", "b", "c"]

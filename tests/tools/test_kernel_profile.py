@@ -11,6 +11,7 @@ import pytest
 from tools.device_check import cli
 from tools.device_check import common
 from tools.device_check import kernel_profile
+from tools.device_check import summary
 from tools.device_check.kernel_profile import Kernel
 
 
@@ -104,7 +105,7 @@ def test_a_cpu_trace_has_no_device_plane_and_says_so():
 
 
 def test_the_summary_line_names_the_costliest_kernels():
-  line = cli._profile_line(
+  line = summary._profile_line(
       "small:fused", {
           "kernels": 55.0,
           "busy_us": 300.0,
@@ -120,7 +121,7 @@ def test_the_summary_line_names_the_costliest_kernels():
   assert line == ("  profile small:fused: 55 kernels a step, busy 300.0 of "
                   "600.0 µs (50% idle), mean kernel 5.5 µs; top µs: "
                   "decode_rms_dense 16x10.0")
-  assert cli._profile_line("small:xla", {
+  assert summary._profile_line("small:xla", {
       "kernels": 0,
       "note": "none"
   }) == ("  profile small:xla: none")
@@ -139,3 +140,16 @@ def test_paths_groups_are_chosen_on_the_command_line(capsys):
   assert ("--paths_groups='steps,gaps': allowed: a comma-separated subset "
           "of steps,profile,tiles,option_sets,kernels.") in (
               capsys.readouterr().err)
+
+
+def test_tile_presets_are_chosen_on_the_command_line(capsys):
+  args = cli.parse_args(["--tile_presets=tall_mma_split,mma_split"])
+  assert args.tile_presets == "mma_split,tall_mma_split"  # Presets' order.
+  assert cli.settings_record(args)["tile_presets"] == "mma_split,tall_mma_split"
+  s = common.settings_for("full", None, None, ("mma", "deep_mma_split"))
+  assert s.tile_presets == s.tile_call_presets == ("mma", "deep_mma_split")
+  assert common.settings_for("full").tile_presets == common.FULL.tile_presets
+  with pytest.raises(SystemExit):
+    cli.parse_args(["--tile_presets=mma,bogus"])
+  assert "--tile_presets='mma,bogus': allowed: a comma-separated subset of " \
+      "default," in capsys.readouterr().err

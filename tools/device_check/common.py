@@ -119,6 +119,8 @@ class Settings:
       tile_call_presets: those whose target's `max(chunk_sizes)`-token
       call it times too (tensor cores or not); main_job_tiles: those the
       pretrained phase's identity and main job run under too ('fused').
+    main_job_mixed_paths: (target's path, draft's path) pairs the
+      pretrained phase's identity and main job run on too (batch 1).
     main_job_option_sets: the XLA:GPU option sets the pretrained phase's
       main job (batch 1) compiles its loops under too, interleaved with
       the library's own (`GPU_LOOP_OPTIONS`).
@@ -182,6 +184,11 @@ class Settings:
   # 'mma_layer_fold' (the target's 12 MB layers in three kernels too): on
   # the H200 its main job ran 1.15x (2026-11-29).
   main_job_tiles: Tuple[str, ...] = ("mma", "mma_layer")
+  # (target's path, draft's path): on the H200 the shipped target's step
+  # was fastest on 'xla' (0.411 ms; 'fused' 0.440-0.478) and its draft's
+  # on 'fused' (0.051-0.063 ms; 'xla' 0.076) (2026-11-29, 2026-11-30).
+  main_job_mixed_paths: Tuple[Tuple[str, str],
+                              ...] = (("packed", "fused"), ("xla", "fused"))
   # The decode loops' while in a CUDA graph (WHILE, CONDITIONAL): its test
   # then stays on the GPU, not read back by the host every iteration (the
   # step loops of `paths` showed no change at 0.5 ms a step; an iteration
@@ -218,19 +225,25 @@ SMALL = dataclasses.replace(
                                                            10), loop_rounds=2,
     paths_groups=PATHS_GROUPS, option_sets=("default", "command_buffer_all"),
     tile_presets=("default", "mma", "mma_split"),
-    tile_call_presets=("default", "mma",
-                       "mma_split"), main_job_tiles=("mma_layer_fold",))
+    tile_call_presets=("default", "mma", "mma_split"),
+    main_job_tiles=("mma_layer_fold",), main_job_mixed_paths=(("packed",
+                                                               "fused"),))
 
 
 def settings_for(mode: str, decode_path: Optional[str] = None,
-                 paths_groups: Optional[Tuple[str, ...]] = None) -> Settings:
+                 paths_groups: Optional[Tuple[str, ...]] = None,
+                 tile_presets: Optional[Tuple[str, ...]] = None) -> Settings:
   """The mode's preset, decoding on `decode_path` (None: `checked_path`),
-  its paths phase measuring `paths_groups` (None: the preset's)."""
+  its paths phase measuring `paths_groups` and timing the steps and the
+  target's K-token calls under `tile_presets` (None: the preset's)."""
   if mode not in ("full", "small"):
     raise ValueError(f"mode {mode!r}: allowed: full, small.")
   preset = FULL if mode == "full" else SMALL
-  return dataclasses.replace(preset, decode_path=decode_path or checked_path(),
-                             paths_groups=paths_groups or preset.paths_groups)
+  return dataclasses.replace(
+      preset, decode_path=decode_path or checked_path(),
+      paths_groups=paths_groups or preset.paths_groups,
+      tile_presets=tile_presets or preset.tile_presets,
+      tile_call_presets=tile_presets or preset.tile_call_presets)
 
 
 # The GPU kernels' tile preset the check decodes with when --tiles names

@@ -40,6 +40,7 @@ skipped, one that fails records its error and the others still run.
 """
 import collections
 import re
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import jax
@@ -57,6 +58,9 @@ from tools.device_check import kernel_profile
 from tools.device_check import physics
 from tools.device_check import stats
 
+# Seconds kept for timing the compiled variants (interleaved rounds of
+# `Settings.repeats` calls; an XXL step is ~10 ms) after the last compile.
+_TIMING_RESERVE_S = 15.0
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{$")
 _OP = re.compile(r"^\s+(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\(")
 
@@ -292,17 +296,36 @@ def _kernels(s: common.Settings, record: common.Recorder) -> None:
                     steps=s.inner_steps))
 
 
-def _timed_variants(b: physics.Bench, variants: Dict[str, Callable[[int], Any]],
-                    reference: str) -> Dict[str, Any]:
-  """Times the variants that compile (interleaved), the others' errors."""
-  ok, failed = {}, {}
+def _timed_variants(
+    b: physics.Bench, variants: Dict[str, Callable[[int], Any]], reference: str,
+    deadline: Optional[common.Deadline] = None) -> Dict[str, Any]:
+  """Times the variants that compile (interleaved), the others' errors.
+
+  With `deadline`, compiles a variant only while the slowest compile so
+  far plus the timing's reserve (`_TIMING_RESERVE_S`) still fits: the
+  others are `skipped` (named), so a group that runs out of time still
+  times what it compiled rather than being killed with nothing written.
+  """
+  ok, failed, skipped, compile_s = {}, {}, [], {}
+  slowest = 0.0
   for name, fn in variants.items():
+    if deadline is not None and not deadline.allows(slowest +
+                                                    _TIMING_RESERVE_S):
+      skipped.append(name)
+      continue
+    start = time.perf_counter()
     try:
       jax.block_until_ready(fn(0))
       ok[name] = fn
     except Exception as e:  # pylint: disable=broad-except
       failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-  out: Dict[str, Any] = {"errors": failed}
+    compile_s[name] = time.perf_counter() - start
+    slowest = max(slowest, compile_s[name])
+  out: Dict[str, Any] = {
+      "errors": failed,
+      "skipped": skipped,
+      "compile_s": compile_s
+  }
   if ok:
     measured = b.time(ok)
     out["ms"] = measured["ms"]
@@ -313,8 +336,8 @@ def _timed_variants(b: physics.Bench, variants: Dict[str, Callable[[int], Any]],
   return out
 
 
-def _option_sets(b: physics.Bench, s: common.Settings,
-                 record: common.Recorder) -> None:
+def _option_sets(b: physics.Bench, s: common.Settings, record: common.Recorder,
+                 deadline: common.Deadline) -> None:
   """The small draft's step on each path under each XLA:GPU option set."""
   draft = s.drafts[0]
   variants = {}
@@ -323,10 +346,11 @@ def _option_sets(b: physics.Bench, s: common.Settings,
       loop = physics.call_loop_with(gpu.GPU_OPTION_SETS[name])
       variants[f"{path}/{name}"] = b.call(b.key(draft, path), 1, loop=loop)
   common.log(f"paths: {len(variants)} option sets x paths ({draft} step)")
-  record.set("option_sets", {
-      "model": draft,
-      **_timed_variants(b, variants, f"{s.paths[0]}/default")
-  })
+  record.set(
+      "option_sets", {
+          "model": draft,
+          **_timed_variants(b, variants, f"{s.paths[0]}/default", deadline)
+      })
 
 
 def _with_tiles(fn: Callable[[int], Any], preset: str) -> Callable[[int], Any]:
@@ -377,18 +401,20 @@ def folds_nothing(model: T5Model, preset: str) -> bool:
     return tiles.fold_bytes > 0 and not gpu.folded_layer(weight_bytes)
 
 
-def _tiles(b: physics.Bench, s: common.Settings,
-           record: common.Recorder) -> None:
+def _tiles(b: physics.Bench, s: common.Settings, record: common.Recorder,
+           deadline: common.Deadline) -> None:
   """The target's and the small draft's 'fused' step with each tile preset,
   and the target's `max(chunk_sizes)`-token call with each of
   `tile_call_presets`; for the target, not the presets that fold none of
-  its layers (`folds_nothing`)."""
+  its layers (`folds_nothing`). Compiled in that order while `deadline`
+  allows (`_timed_variants`), then `rows_identical` per call preset while
+  it still does."""
   variants = {}
   k = max(s.chunk_sizes)
   target = b.key(s.target, "fused")
-  for name in (s.target, s.drafts[0]):
-    key = b.key(name, "fused")
-    for preset in s.tile_presets:
+  for preset in s.tile_presets:
+    for name in (s.drafts[0], s.target):
+      key = b.key(name, "fused")
       if key == target and folds_nothing(b.models[key], preset):
         continue
       variants[f"{name}/{preset}"] = _with_tiles(
@@ -399,11 +425,14 @@ def _tiles(b: physics.Bench, s: common.Settings,
     variants[f"{s.target}@k{k}/{preset}"] = _with_tiles(
         b.call(target, k, loop=physics.call_loop_with({})), preset)
   common.log(f"paths: fused kernels' tiles, {len(variants)} variants")
+  timed = _timed_variants(b, variants, f"{s.target}/{s.tile_presets[0]}",
+                          deadline)
   draft = b.key(s.drafts[0], "fused")
   identical = {  # A preset that fails to compile is its own error.
-      p: common.guarded(
-          lambda p=p: rows_identical(b.models[draft], b.cache(draft, 1), k, p))
-      for p in s.tile_call_presets
+      p: (common.guarded(lambda p=p: rows_identical(b.models[
+          draft], b.cache(draft, 1), k, p)) if deadline.allows(10.0) else {
+              "skipped": "time cap"
+          }) for p in s.tile_call_presets
   }
   record.set(
       "tiles", {
@@ -411,12 +440,12 @@ def _tiles(b: physics.Bench, s: common.Settings,
               p: vars(gpu.TILE_PRESETS[p]) for p in s.tile_presets
           },
           "rows_identical": identical,
-          **_timed_variants(b, variants, f"{s.target}/default")
+          **timed
       })
 
 
-def _profile(b: physics.Bench, s: common.Settings,
-             record: common.Recorder) -> None:
+def _profile(b: physics.Bench, s: common.Settings, record: common.Recorder,
+             deadline: common.Deadline) -> None:
   """`kernel_profile.profile` of the small draft's and the target's step
   (one `inner_steps` loop a call) on each path, and of the small draft's
   on 'fused' under the CUDA cores' tiles ('default')."""
@@ -431,8 +460,10 @@ def _profile(b: physics.Bench, s: common.Settings,
   common.log(f"paths: device profiles of {len(runs)} steps")
   out: Dict[str, Any] = {}
   for name, fn in runs.items():
-    out[name] = common.guarded(
-        lambda f=fn: kernel_profile.profile(f, s.repeats, s.inner_steps))
+    out[name] = (common.guarded(lambda f=fn: kernel_profile.profile(
+        f, s.repeats, s.inner_steps)) if deadline.allows(10.0) else {
+            "skipped": "time cap"
+        })
     record.set("profile", out)
 
 
@@ -444,7 +475,7 @@ _GROUPS = (
     ("profile", _profile, 30.0),
     ("tiles", _tiles, 95.0),
     ("option_sets", _option_sets, 40.0),
-    ("kernels", lambda b, s, r: _kernels(s, r), 40.0),
+    ("kernels", lambda b, s, r, d: _kernels(s, r), 40.0),
 )
 
 
@@ -493,7 +524,8 @@ def run(s: common.Settings, record: common.Recorder,
       record.set(name, {"skipped": "time cap"})
       complete = False
       continue
-    result = common.guarded(lambda f=step: f(b, s, record) or {"ok": True})
+    result = common.guarded(
+        lambda f=step: f(b, s, record, deadline) or {"ok": True})
     if "error" in result:
       record.set(name, result)
       complete = False

@@ -26,7 +26,9 @@ greedy, 48 tokens at most.
   under XLA:GPU option sets (`main_job_option_sets`) against the
   library's own, interleaved; `main_job_by_tiles` (first, after the main
   job) the identity and the main job at batch 1 on 'fused' under other
-  tiles (`main_job_tiles`).
+  tiles (`main_job_tiles`); `main_job_by_mixed_paths` (before them) the
+  identity and the main job at batch 1 with the target and the draft on
+  paths of their own (`main_job_mixed_paths`).
 * main job: the walltime of decoding every caption with each decoder, in
   interleaved rounds (alternating which goes first), compilation excluded
   (one untimed caption each first): speedup = median over rounds of target
@@ -269,11 +271,24 @@ def main_job_by_path(s: common.Settings, target, draft, inputs, first,
   return out
 
 
+def _identity_and_main_job(s: common.Settings, target, draft, inputs,
+                           deadline: common.Deadline) -> Dict[str, Any]:
+  """{'identity', '1': the main job at batch 1} of one pair."""
+  return {
+      "identity": common.guarded(lambda: identity(
+          target, draft, batched(inputs, 1), s.max_decode_length)),
+      "1": common.guarded(
+          lambda: main_job(s, target, draft, batched(inputs, 1), deadline)),
+  }
+
+
 def by_tiles(s: common.Settings, target, draft, inputs,
              deadline: common.Deadline) -> Dict[str, Any]:
   """On 'fused', under each of `main_job_tiles` (the draft's small layers
-  as one kernel: `Tiles.layer_bytes`): {preset: {'identity', batch: main
-  job}}, the programs traced afresh under it (and again after)."""
+  as one kernel: `Tiles.layer_bytes`): {preset: {'identity', '1': main
+  job}}, the programs traced afresh under it (and again after). Batch 1
+  only: on the H200 'fused' at batch 8 did not compile in the phase's
+  time (2026-11-29); `main_job_by_path` has it."""
   out: Dict[str, Any] = {}
   if target.decode_path != "fused":
     return out
@@ -285,17 +300,33 @@ def by_tiles(s: common.Settings, target, draft, inputs,
     jax.clear_caches()  # The loops traced under the check's tiles.
     try:
       with gpu.tiles(gpu.TILE_PRESETS[preset]):
-        record: Dict[str, Any] = {
-            "identity": common.guarded(lambda: identity(
-                target, draft, batched(inputs, 1), s.max_decode_length))
-        }
-        # Batch 1 only: on the H200 'fused' at batch 8 did not compile in
-        # the phase's time (2026-11-29); `main_job_by_path` has it.
-        record["1"] = common.guarded(
-            lambda: main_job(s, target, draft, batched(inputs, 1), deadline))
+        out[preset] = _identity_and_main_job(s, target, draft, inputs, deadline)
     finally:
       jax.clear_caches()
-    out[preset] = record
+  return out
+
+
+def by_mixed_paths(s: common.Settings, target, draft, inputs,
+                   deadline: common.Deadline) -> Dict[str, Any]:
+  """Each model on a path of its own (`main_job_mixed_paths`: the run's
+  TARGET_DECODE_PATH and DRAFT_DECODE_PATH; e.g. the target on XLA's
+  fastest path, the draft on the fused kernels, where each step is
+  fastest): {'<target's path>+<draft's path>': {'identity', '1': main
+  job}}; not the pairs whose paths are the same, which the main job on
+  its path is."""
+  out: Dict[str, Any] = {}
+  for target_path, draft_path in s.main_job_mixed_paths:
+    if target_path == draft_path:
+      continue
+    name = f"{target_path}+{draft_path}"
+    if not deadline.allows(20.0):
+      out[name] = {"skipped": "time cap"}
+      continue
+    common.log(f"pretrained: identity and main job, target on {target_path}"
+               f", draft on {draft_path}")
+    out[name] = _identity_and_main_job(
+        s, target.prepared_for_decoding(target_path),
+        draft.prepared_for_decoding(draft_path), inputs, deadline)
   return out
 
 
@@ -383,8 +414,11 @@ def run(s: common.Settings, record: common.Recorder,
     record.set(
         "main_job",
         common.guarded(lambda: main_job(s, target, draft, batches, deadline)))
-    # The tiles first: the main job under other tiles than the check's in
-    # the same process (then 'xla' and batch 8, then the option sets).
+    # Mixed paths first (each model where its step is fastest), then the
+    # tiles: the main job under other tiles than the check's in the same
+    # process (then 'xla' and batch 8, then the option sets).
+    record.set("main_job_by_mixed_paths",
+               by_mixed_paths(s, target, draft, inputs, deadline))
     record.set("main_job_by_tiles", by_tiles(s, target, draft, inputs,
                                              deadline))
     record.set(

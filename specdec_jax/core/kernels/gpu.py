@@ -193,7 +193,10 @@ class Tiles:
 # program per head still reads a head's weights (T5-small: 260 KB), so
 # "tall_mma_fold" reads them in blocks twice as deep, its MLP's weights 4x
 # as deep (at 8 tokens a block of each row's partial sums is in shared
-# memory: 256 deep, or 64 MLP programs' sums, exceeded it).
+# memory: 256 deep, or 64 MLP programs' sums, exceeded it). "deep_mma_split":
+# "mma_split"'s blocks (no float32 spill) over twice the programs (16
+# columns), 4 blocks in flight a program, not 2: on the H200 a program of
+# 'mma_split' read ~5-8 GB/s (2026-11-30 profile; a block is 2-4 KB).
 TILE_PRESETS = {
     "default": Tiles(),
     "wide": Tiles(emb_block=128, dense_emb_block=128, in_block=256, columns=64,
@@ -206,6 +209,8 @@ TILE_PRESETS = {
     "mma": Tiles(dot=True),
     "tall_mma": Tiles(dot=True, dense_emb_block=512, in_block=1024, columns=16),
     "mma_split": Tiles(dot=True, split_heads=True),
+    "deep_mma_split": Tiles(dot=True, columns=16, num_stages=4,
+                            split_heads=True),
     "tall_mma_split": Tiles(dot=True, emb_block=256, dense_emb_block=512,
                             in_block=1024, columns=16, split_heads=True),
     "mma_layer": Tiles(dot=True, layer_bytes=1 << 20),
