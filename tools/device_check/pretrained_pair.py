@@ -24,11 +24,13 @@ greedy, 48 tokens at most.
   consecutive captions, a last partial batch left out);
   `main_job_by_options` the main job at batch 1 with its loops compiled
   under XLA:GPU option sets (`main_job_option_sets`) against the
-  library's own, interleaved; `main_job_by_tiles` (first, after the main
-  job) the identity and the main job at batch 1 on 'fused' under other
-  tiles (`main_job_tiles`); `main_job_by_mixed_paths` (before them) the
-  identity and the main job at batch 1 with the target and the draft on
-  paths of their own (`main_job_mixed_paths`).
+  library's own, interleaved; `main_job_by_tiles` the identity and the
+  main job at batch 1 on 'fused' under other tiles (`main_job_tiles`);
+  `main_job_by_mixed_paths` the identity and the main job at batch 1
+  with the target and the draft on paths of their own
+  (`main_job_mixed_paths`). In the order mixed paths, options, tiles,
+  then `main_job_by_path` (the last two runs left the first three
+  unmeasured).
 * main job: the walltime of decoding every caption with each decoder, in
   interleaved rounds (alternating which goes first), compilation excluded
   (one untimed caption each first): speedup = median over rounds of target
@@ -414,20 +416,20 @@ def run(s: common.Settings, record: common.Recorder,
     record.set(
         "main_job",
         common.guarded(lambda: main_job(s, target, draft, batches, deadline)))
-    # Mixed paths first (each model where its step is fastest), then the
-    # tiles: the main job under other tiles than the check's in the same
-    # process (then 'xla' and batch 8, then the option sets).
+    # What two H200 runs left unmeasured first: each model on its fastest
+    # path, the loops' while in a CUDA graph, other tiles; then 'xla' and
+    # batch 8 (measured on 2026-11-29).
     record.set("main_job_by_mixed_paths",
                by_mixed_paths(s, target, draft, inputs, deadline))
+    record.set(
+        "main_job_by_options",
+        common.guarded(lambda: by_options(s, target, draft, inputs, deadline)))
     record.set("main_job_by_tiles", by_tiles(s, target, draft, inputs,
                                              deadline))
     record.set(
         "main_job_by_path",
         main_job_by_path(s, target, draft, inputs, record.data["main_job"],
                          deadline))
-    record.set(
-        "main_job_by_options",
-        common.guarded(lambda: by_options(s, target, draft, inputs, deadline)))
   else:
     record.set("main_job", {"skipped": "time cap"})
   return bool(same["all_identical"])
