@@ -240,14 +240,21 @@ class InterleavedTimer:
     self.rotate = rotate
 
   def __call__(
-      self, fns: Dict[str, Callable[[int], Any]], keep: Sequence[str] = ()
+      self, fns: Dict[str, Callable[[int], Any]], keep: Sequence[str] = (),
+      allows: Optional[Callable[[float], bool]] = None
   ) -> Tuple[Dict[str, np.ndarray], Dict[str, List[Any]]]:
-    """({name: [repeats] seconds}, {name in `keep`: outputs}) of `fns`,
-    name -> fn(round) (round -1: the warm-up)."""
+    """({name: [rounds] seconds}, {name in `keep`: outputs}) of `fns`,
+    name -> fn(round) (round -1: the warm-up). With `allows` (a deadline's:
+    whether a step of so many seconds still fits), a round after the first
+    runs only if 1.25x the mean round so far does: fewer than `repeats`
+    rounds rather than a time cap overrun."""
     first = {name: self.clock(fn, -1)[1] for name, fn in fns.items()}
     times = {name: [] for name in fns}
     outs = {name: [] for name in keep}
     for r in range(self.repeats):
+      if r and allows is not None and not allows(
+          1.25 * sum(map(sum, times.values())) / r):
+        break
       k = r % len(fns) if self.rotate else 0
       for name in list(fns)[k:] + list(fns)[:k]:
         out, seconds = self.clock(fns[name], r)
@@ -261,7 +268,7 @@ class InterleavedTimer:
       self.first_call_s[name] = first[name]
       self.compile_time_s[name] = max(self.compile_time_s.get(name, 0.0),
                                       first[name] - median, 0.0)
-      self.log(f"  {name}: {median * 1e3:.3f} ms (median of {self.repeats}; "
+      self.log(f"  {name}: {median * 1e3:.3f} ms (median of {len(t)}; "
                f"warm-up {first[name]:.2f} s)")
       result[name] = t
     return result, outs

@@ -139,6 +139,30 @@ def test_interleaved_timer_rotates_the_order_per_round():
   assert [n for r, n in order if r >= 0] == list("abcabc")
 
 
+def test_interleaved_timer_stops_before_a_round_that_would_not_fit():
+  """Each round of two programs takes 2 x 2 s here: with 10 s left a
+  second round (1.25 x 4 s) fits, a third (after 8 s) does not."""
+  left = [10.0]
+  clock = lambda fn, r: (fn(r), 2.0)  # pylint: disable=unnecessary-lambda-assignment
+  asked = []
+
+  def allows(seconds):
+    asked.append(seconds)
+    return left[0] - 4.0 * len(asked) > seconds
+
+  fns = {name: (lambda r: r) for name in "ab"}
+  times, outs = timing.InterleavedTimer(5, log=lambda _: None,
+                                        clock=clock)(fns, keep=["b"],
+                                                     allows=allows)
+  assert asked == [5.0, 5.0]  # Before rounds 1 and 2, never before 0.
+  assert {n: len(t) for n, t in times.items()} == {"a": 2, "b": 2}
+  assert outs == {"b": [0, 1]}
+  # Nothing allowed: the first round still runs (a median needs one).
+  times, _ = timing.InterleavedTimer(5, log=lambda _: None,
+                                     clock=clock)(fns, allows=lambda _: False)
+  assert {n: len(t) for n, t in times.items()} == {"a": 1, "b": 1}
+
+
 def test_a_proposer_is_priced_by_its_propose_loop():
   """A `Proposer` entry runs `propose_loop` with γ = its k, interleaved
   with the target's calls, on its own state (no cache built for it)."""

@@ -38,6 +38,7 @@ greedy, 48 tokens at most.
   cost (`timing.call_seconds`, as `run` prices them) and Theorem 3.8 at the
   measured α and c.
 """
+import functools
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -229,20 +230,25 @@ def interleaved(
   """Every caption decoded by each decoder once per round, the decoders'
   order rotated each round, compilation excluded (one untimed caption
   each first): ({name: seconds per round}, {name: the last round's
-  outputs}). Stops early when another round would not fit `deadline`."""
-  for decode in decoders.values():
-    _decode_all(decode, batches[:1])  # Compiles (the one input shape).
-  names = list(decoders)
-  times: Dict[str, List[float]] = {name: [] for name in names}
-  outs: Dict[str, List[Any]] = {}
-  for r in range(rounds):
-    if r and not deadline.allows(1.25 * sum(map(sum, times.values())) / r):
-      break
-    for name in names[r % len(names):] + names[:r % len(names)]:
-      start = time.perf_counter()
-      outs[name] = _decode_all(decoders[name], batches)
-      times[name].append(time.perf_counter() - start)
-  return times, outs
+  outputs}). Stops early when another round would not fit `deadline`
+  (`timing.InterleavedTimer`)."""
+  timer = timing.InterleavedTimer(rounds, log=lambda _: None, rotate=True)
+  times, outs = timer(
+      {
+          name: functools.partial(_round, decode, batches)
+          for name, decode in decoders.items()
+      }, keep=list(decoders), allows=deadline.allows)
+  return ({
+      name: [float(x) for x in t] for name, t in times.items()
+  }, {
+      name: o[-1] for name, o in outs.items()
+  })
+
+
+def _round(decode, batches: Sequence[np.ndarray], r: int) -> List[Any]:
+  """Round r's outputs: every caption; the warm-up's (r -1), the first
+  (it compiles the one input shape)."""
+  return _decode_all(decode, batches[:1] if r < 0 else batches)
 
 
 def batched(inputs: np.ndarray, size: int) -> List[np.ndarray]:
