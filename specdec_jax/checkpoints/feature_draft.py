@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import checkpoints
+from specdec_jax.core.models.config import json_fields
 from specdec_jax.files import io_utils
 from specdec_jax.core.models.feature_drafter import FeatureDraftModel
 from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
@@ -23,10 +24,7 @@ HEAD_TOKENS = "head_tokens"
 
 def config_fields(config: FeatureDrafterConfig) -> Dict[str, Any]:
   """JSON-ready fields of a `FeatureDrafterConfig`."""
-  fields = dataclasses.asdict(config)
-  fields["dtype"] = jnp.dtype(config.dtype).name
-  fields["mlp_activations"] = list(config.mlp_activations)
-  return fields
+  return json_fields(config)
 
 
 def read_config(ckpt: str) -> FeatureDrafterConfig:

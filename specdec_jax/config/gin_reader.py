@@ -14,9 +14,8 @@ import os
 import tokenize
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-import jax.numpy as jnp
-
 from specdec_jax.files import io_utils
+from specdec_jax.core.models.config import json_fields
 from specdec_jax.core.models.config import T5Config
 
 
@@ -237,17 +236,7 @@ def t5_config_from_fields(fields: Mapping[str, Any], what: str) -> T5Config:
 def t5_config_fields(config: T5Config) -> Dict[str, Any]:
   """JSON-ready fields of a T5Config (`t5_config_from_fields`' inverse);
   `encoder_width` left out when None, so older records compare equal."""
-  out = {}
-  for field in dataclasses.fields(config):
-    value = getattr(config, field.name)
-    if field.name == "encoder_width" and value is None:
-      continue
-    if field.name == "dtype":
-      value = jnp.dtype(value).name
-    elif isinstance(value, tuple):
-      value = list(value)
-    out[field.name] = value
-  return out
+  return json_fields(config, omit_none=("encoder_width",))
 
 
 def t5_config_scopes(path: str,

@@ -4,7 +4,9 @@ Chunked decode (any chunk sizes), one-token-at-a-time decode and the full
 teacher-forced forward must give the same logits (fp32 tolerance), also after
 a rollback by length, and with rows of a batch at different positions.
 """
+import dataclasses
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,8 @@ import pytest
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import Transformer
 from specdec_jax.core.models import param_shapes
+from specdec_jax.core.models.config import json_fields
+from specdec_jax.core.models.feature_drafter import FeatureDrafterConfig
 
 from conftest import jit_call
 from conftest import random_model
@@ -135,3 +139,23 @@ def test_t5_1_1_xxl_shapes_without_allocation():
 def test_config_rejects_bad_sizes(field, value):
   with pytest.raises(ValueError, match=field):
     T5Config(**{field: value})
+
+
+def test_json_fields_name_the_dtype_list_tuples_and_omit_what_is_asked():
+  """A checkpoint's config file and a run's record: every field, JSON-ready
+  (a dtype object or a tuple would not serialize, or not compare equal
+  after a round trip)."""
+  config = tiny_config(dtype=jnp.bfloat16)
+  fields = json_fields(config)
+  assert set(fields) == {f.name for f in dataclasses.fields(T5Config)}
+  assert fields["dtype"] == "bfloat16"
+  assert fields["mlp_activations"] == list(config.mlp_activations)
+  assert fields["encoder_width"] is None
+  assert json.loads(json.dumps(fields)) == fields
+  assert "encoder_width" not in json_fields(config,
+                                            omit_none=("encoder_width",))
+  wide = dataclasses.replace(config, num_encoder_layers=0, encoder_width=48)
+  assert json_fields(wide, omit_none=("encoder_width",))["encoder_width"] == 48
+  feature = json_fields(
+      FeatureDrafterConfig(vocab_size=8, feature_dim=4, head_size=4))
+  assert feature["dtype"] == "float32" and feature["vocab_size"] == 8

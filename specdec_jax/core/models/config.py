@@ -4,7 +4,7 @@ Mirrors `t5x/examples/t5/network.py:T5Config` so that gin files written for
 T5X bind the same names (`T5Config.emb_dim = 512`, ...). Plain data: the
 harness (`gin_utils`) registers it with gin, the core never imports gin.
 """
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import dataclasses
 
@@ -107,3 +107,21 @@ class T5Config:
     dec = self.num_decoder_layers * (attn + cross + mlp + 3 * e) + e + h * 32
     logits = 0 if self.logits_via_embedding else e * v
     return v * e + enc + dec + logits
+
+
+def json_fields(config: Any, omit_none: Sequence[str] = ()) -> Dict[str, Any]:
+  """A model config dataclass's fields, JSON-ready (what a checkpoint's
+  config file and a run's record hold): `dtype` by its name, tuples as
+  lists; the fields in `omit_none` left out where None (so that records
+  written before such a field existed compare equal)."""
+  out = {}
+  for field in dataclasses.fields(config):
+    value = getattr(config, field.name)
+    if field.name in omit_none and value is None:
+      continue
+    if field.name == "dtype":
+      value = jnp.dtype(value).name
+    elif isinstance(value, tuple):
+      value = list(value)
+    out[field.name] = value
+  return out
