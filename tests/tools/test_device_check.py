@@ -364,7 +364,14 @@ def test_summary_shows_each_decode_path():
               "ok": False,
               "error": "RuntimeError: x"
           },
-      }
+      },
+      "ms": {
+          "small/mma_split": 0.6,
+          "small/deep_mma_split": 0.4,
+          "xxl/mma_split": 10.5,
+          "xxl@k8/mma_split": 13.0
+      },
+      "skipped": ["xxl/deep_mma_split", "xxl@k8/deep_mma_split"]
   }
   report["exactness"]["argmax_kernel"] = {
       "ok": False,
@@ -392,6 +399,11 @@ def test_summary_shows_each_decode_path():
           "Theorem 3.8 3.00x over the fastest target alone, 0.88 of the "
           "paper's 3.4x") in text
   assert "option_sets: fused/default 0.30 xla/default 1.00" in text
+  assert ("tiles small (ms): deep_mma_split 0.400, mma_split 0.600\n"
+          "  tiles xxl (ms): mma_split 10.500\n"
+          "  tiles xxl@k8 (ms): mma_split 13.000\n"
+          "  tiles not compiled in time: xxl/deep_mma_split, "
+          "xxl@k8/deep_mma_split") in text
   assert "main job on fused: batch 1 1.90x, batch 8 skipped (time cap)" in text
   assert "main job on fused, tiles mma_layer_fold: skipped (time cap)" in text
   assert ("main job target on packed, draft on fused: identity 59/60, batch "

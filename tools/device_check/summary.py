@@ -180,12 +180,11 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
   for name, r in (p.get("profile") or {}).items():
     if isinstance(r, dict):
       lines.append(_profile_line(name, r))
-  for group in ("option_sets", "tiles"):
-    ratios = _get(p, group, "vs_reference") or {}
-    if ratios:
-      lines.append(f"  {group}: " + " ".join(
-          f"{k} {v:.2f}"
-          for k, v in sorted(ratios.items(), key=lambda x: x[1])))
+  ratios = _get(p, "option_sets", "vs_reference") or {}
+  if ratios:
+    lines.append("  option_sets: " + " ".join(
+        f"{k} {v:.2f}" for k, v in sorted(ratios.items(), key=lambda x: x[1])))
+  lines.extend(_tiles_lines(p.get("tiles") or {}))
   for path, by_batch in (_get(report, "pretrained", "main_job_by_path") or
                          {}).items():
     lines.append(f"  main job on {path}: " +
@@ -201,6 +200,23 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
   for preset, r in (_get(report, "pretrained", "main_job_by_tiles") or
                     {}).items():
     lines.append(_pair_line(f"on fused, tiles {preset}", r))
+  return lines
+
+
+def _tiles_lines(tiles: Dict[str, Any]) -> List[str]:
+  """Per model (the small draft's step, the target's, its K-token call),
+  each tile preset's ms, fastest first; the variants not compiled in
+  time."""
+  by_model: Dict[str, List[str]] = {}
+  for name, ms in sorted((tiles.get("ms") or {}).items(), key=lambda x: x[1]):
+    model, preset = name.split("/", 1)
+    by_model.setdefault(model, []).append(f"{preset} {ms:.3f}")
+  lines = [
+      f"  tiles {model} (ms): " + ", ".join(words)
+      for model, words in by_model.items()
+  ]
+  if tiles.get("skipped"):
+    lines.append("  tiles not compiled in time: " + ", ".join(tiles["skipped"]))
   return lines
 
 
