@@ -39,6 +39,7 @@ from specdec_jax.core.decoding import loops
 from specdec_jax.core.decoding import programs
 from specdec_jax.core.drafters import ModelDrafter
 from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.kernels import gpu_layers
 from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models import init_params
@@ -196,6 +197,47 @@ def test_dense_kernels_match_float64(rows):
   np.testing.assert_allclose(out, _f64(res) + _f64(h) @ _f64(w2), atol=1e-5)
 
 
+def test_float32_weights_take_shallower_blocks(monkeypatch):
+  """`Tiles.for_weights`: float32 weights' contraction blocks are capped
+  (the shipped pair's target spilled 5 KB a thread under 'tall_mma_split'
+  on an H200), bfloat16's are the preset's; the dense kernels use it, and
+  compute the same sums either way."""
+  tall = gpu_tiles.TILE_PRESETS["tall_mma_split"]
+  assert tall.for_weights(jnp.bfloat16) is tall
+  capped = tall.for_weights(jnp.float32)
+  assert (capped.dense_emb_block, capped.in_block) == (
+      gpu_tiles.WIDE_WEIGHT_DEPTHS["dense_emb_block"],
+      gpu_tiles.WIDE_WEIGHT_DEPTHS["in_block"]) == (128, 512)
+  assert capped.emb_block == tall.emb_block and capped.columns == tall.columns
+  seen = {}
+  for name in ("rms_dense_kernel", "dense_residual_kernel"):
+    original = getattr(gpu._bodies, name)  # pylint: disable=protected-access
+
+    def spy(*args, original=original, name=name, **kwargs):
+      seen.setdefault(name, set()).add(kwargs.get("eb", kwargs.get("kb")))
+      return original(*args, **kwargs)
+
+    monkeypatch.setattr(gpu._bodies, name, spy)  # pylint: disable=protected-access
+  rng = np.random.default_rng(4)
+  e, n = 1024, 2048
+  x, scale, w = _rand(rng, 1, e), _rand(rng, e), _rand(rng, 1, e, n, scale=0.03)
+  h, w2, res = _rand(rng, 1, n), _rand(rng, n, e, scale=0.03), _rand(rng, 1, e)
+  with gpu_tiles.tiles(tall):
+    for dtype in (jnp.float32, jnp.bfloat16):
+      up = gpu.rms_dense(x, scale, w.astype(dtype), ("linear",))
+      out = gpu.dense_residual(h, w2.astype(dtype), res)
+      np.testing.assert_allclose(up,
+                                 _normed(x, scale) @ _f64(w.astype(dtype))[0],
+                                 rtol=2e-2, atol=2e-2)
+      np.testing.assert_allclose(out,
+                                 _f64(res) + _f64(h) @ _f64(w2.astype(dtype)),
+                                 rtol=2e-2, atol=2e-2)
+  assert seen == {
+      "rms_dense_kernel": {128, 512},
+      "dense_residual_kernel": {512, 1024}
+  }
+
+
 # ---------------------------------------------------------------------------
 # A decoder on each path against XLA's path.
 # ---------------------------------------------------------------------------
@@ -302,14 +344,15 @@ def _decode_traced_now(model, enc, dec, *chunkings, max_len=4):
   return results
 
 
-@pytest.mark.parametrize("preset", sorted(set(gpu.TILE_PRESETS) - {"default"}))
+@pytest.mark.parametrize("preset",
+                         sorted(set(gpu_tiles.TILE_PRESETS) - {"default"}))
 def test_every_tile_preset_is_exact_and_row_independent(wide_world, preset):
   """The device check times each preset as a candidate default: each must
   compute what XLA computes and give a token the same bits in a call of 1
   or of 4 tokens (its blocks do not depend on the call's rows); and it
   must be in effect (its sums run in other blocks than the default's)."""
   fused, enc, dec, want, default = wide_world
-  with gpu.tiles(gpu.TILE_PRESETS[preset]):
+  with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS[preset]):
     one, chunked = _decode_traced_now(fused, enc, dec, [1] * 4, [3, 1])
   np.testing.assert_allclose(one, want, atol=F32_ATOL)
   np.testing.assert_array_equal(one, chunked)
@@ -324,10 +367,10 @@ def test_split_heads_computes_the_same_bits(wide_world, base):
   otherwise: the device check's rows_identical and exactness), and it is
   in effect: lowered for CUDA, a layer is 8 kernels, not 6."""
   fused, enc, dec, _, _ = wide_world
-  tiles = gpu.TILE_PRESETS[base]
+  tiles = gpu_tiles.TILE_PRESETS[base]
   got, kernels_a_layer = {}, {}
   for split in (False, True):
-    with gpu.tiles(dataclasses.replace(tiles, split_heads=split)):
+    with gpu_tiles.tiles(dataclasses.replace(tiles, split_heads=split)):
       got[split], = _decode_traced_now(fused, enc, dec, [1, 3])
       kernels_a_layer[split] = _triton_calls(fused, 4, 1) - 1  # 1 layer
   assert kernels_a_layer == {False: 6, True: 8}
@@ -341,17 +384,17 @@ def test_a_small_layer_in_one_kernel_computes_the_same_bits(wide_world, base):
   logits to the bit, rows independent of the call, and in effect (lowered
   for CUDA, a layer is 1 kernel, not 6) only at or under the threshold."""
   fused, enc, dec, _, _ = wide_world
-  tiles = gpu.TILE_PRESETS[base]
+  tiles = gpu_tiles.TILE_PRESETS[base]
   got, kernels_a_layer = {}, {}
   for limit in (0, 1 << 30):
-    with gpu.tiles(dataclasses.replace(tiles, layer_bytes=limit)):
+    with gpu_tiles.tiles(dataclasses.replace(tiles, layer_bytes=limit)):
       got[limit], chunked = _decode_traced_now(fused, enc, dec, [1] * 4, [3, 1])
       np.testing.assert_array_equal(got[limit], chunked)
       kernels_a_layer[limit] = _triton_calls(fused, 4, 1) - 1  # 1 layer
   assert kernels_a_layer == {0: 6, 1 << 30: 1}
   np.testing.assert_array_equal(got[0], got[1 << 30])
   assert gpu.one_kernel_layer(100) is False  # off by default
-  with gpu.tiles(dataclasses.replace(tiles, layer_bytes=100)):
+  with gpu_tiles.tiles(dataclasses.replace(tiles, layer_bytes=100)):
     assert gpu.one_kernel_layer(100) and not gpu.one_kernel_layer(101)
 
 
@@ -389,15 +432,15 @@ def test_decode_argmax_feeds_the_logits_argmax(world, tiles):
       (3, 2, 32)).astype(np.float32)
   logits[0, 1, [4, 7]] = 9.0  # a tie: the first
   chosen = {
-      "six": gpu.Tiles(),
-      "layer": gpu.Tiles(layer_bytes=1 << 30),
-      "fold": gpu.Tiles(fold_bytes=1 << 30)
+      "six": gpu_tiles.Tiles(),
+      "layer": gpu_tiles.Tiles(layer_bytes=1 << 30),
+      "fold": gpu_tiles.Tiles(fold_bytes=1 << 30)
   }[tiles]
   for m in (fused, model):
     cache = jax.jit(lambda m, e: m.start(e, 6))(m, jnp.asarray(enc))
     cache = jax.jit(lambda m, t, c: m.decode_chunk(t, c)[1])(
         m, jnp.asarray(dec[:, :2]), cache)
-    with gpu.tiles(chosen):
+    with gpu_tiles.tiles(chosen):
       got, got_cache = jax.jit(lambda m, x, c: m.decode_argmax(x, c))(
           m, jnp.asarray(logits), cache)
       want, want_cache = jax.jit(lambda m, t, c: m.decode_chunk(t, c))(
@@ -417,7 +460,7 @@ def test_small_layers_run_together_in_one_kernel(world):
   enc, dec = world[1], world[2]
   got, kernels = {}, {}
   for limit in (0, 1 << 30):
-    with gpu.tiles(gpu.Tiles(layer_bytes=limit)):
+    with gpu_tiles.tiles(gpu_tiles.Tiles(layer_bytes=limit)):
       # Compiled unoptimized: XLA:CPU 0.11 rounds a 3-row program's last
       # row apart (`test_fused_rows_are_bitwise_independent_of_the_call`).
       got[limit] = _decode_unoptimized(fused, enc, dec, [1] * 4, max_len=4)
@@ -426,7 +469,7 @@ def test_small_layers_run_together_in_one_kernel(world):
       kernels[limit] = _triton_calls(fused, 4, 1)
   assert kernels == {0: 6 * 2 + 1, 1 << 30: 1 + 1}
   np.testing.assert_array_equal(got[0], got[1 << 30])
-  with gpu.tiles(gpu.Tiles(layer_bytes=10)):
+  with gpu_tiles.tiles(gpu_tiles.Tiles(layer_bytes=10)):
     assert gpu.layer_runs([4, 5, 2, 11, 3, 3, 3, 3]) == [
         range(0, 2),
         range(2, 3),
@@ -451,10 +494,10 @@ def test_folded_layers_are_exact_and_row_independent(world, base):
   model, enc, dec = world
   fused = model.prepared_for_decoding("fused")
   want, _ = _decode(model, enc, dec, [9])
-  tiles = gpu.TILE_PRESETS[base]
+  tiles = gpu_tiles.TILE_PRESETS[base]
   got, kernels = {}, {}
   for limit in (0, 1 << 30):
-    with gpu.tiles(dataclasses.replace(tiles, fold_bytes=limit)):
+    with gpu_tiles.tiles(dataclasses.replace(tiles, fold_bytes=limit)):
       got[limit] = _decode_unoptimized(fused, enc, dec, [1] * 9)
       chunked = _decode_unoptimized(fused, enc, dec, [4, 1, 4])
       kernels[limit] = _triton_calls(fused, 12, 4)
@@ -463,9 +506,10 @@ def test_folded_layers_are_exact_and_row_independent(world, base):
   assert kernels == {0: 6 * 2 + 1, 1 << 30: 3 * 2 + 1}
   assert not np.array_equal(got[0], got[1 << 30])
   assert gpu.folded_layer(100) is False  # off by default
-  with gpu.tiles(dataclasses.replace(tiles, fold_bytes=100)):
+  with gpu_tiles.tiles(dataclasses.replace(tiles, fold_bytes=100)):
     assert gpu.folded_layer(100) and not gpu.folded_layer(101)
-    with gpu.tiles(dataclasses.replace(tiles, fold_bytes=100, layer_bytes=100)):
+    with gpu_tiles.tiles(
+        dataclasses.replace(tiles, fold_bytes=100, layer_bytes=100)):
       assert not gpu.folded_layer(100)
 
 
@@ -475,7 +519,7 @@ def test_tensor_core_rows_are_bitwise_independent_of_the_call(world):
   another place in each call: its sums must not depend on the place."""
   model, enc, dec = world
   fused = model.prepared_for_decoding("fused")
-  with gpu.tiles(gpu.TILE_PRESETS["mma"]):
+  with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS["mma"]):
     one, chunked = _decode_traced_now(fused, enc, dec, [1] * 9, [4, 1, 4],
                                       max_len=9)
   np.testing.assert_array_equal(one, chunked)
@@ -562,7 +606,7 @@ def test_greedy_speculative_equals_the_baseline_on_tensor_cores(preset):
   rng = jax.random.PRNGKey(0)
   jax.clear_caches()  # The loops traced here, under the preset: not reused.
   try:
-    with gpu.tiles(gpu.TILE_PRESETS[preset]):
+    with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS[preset]):
       base = decoding.temperature_sample(target, inputs, rng,
                                          max_decode_length=8)
       spec = decoding.speculative_sample(target, draft, inputs, rng, gamma=3,
@@ -621,7 +665,7 @@ def test_a_folded_decoder_is_its_kernels_alone():
   them (each an XLA kernel per call on a GPU) but the last layer's partial
   sums (`gpu_layers.summed`): the kernels gather the embedding and build
   the attention biases and masks from the parameters as they are."""
-  with gpu.tiles(gpu.TILE_PRESETS["mma_fold"]):
+  with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS["mma_fold"]):
     text = _lowered(_t5_small_shaped(), 52, 4)
   assert text.count(gpu.TRITON_CALL) == 3 * 8 + 1
   outside = [line for line in text.splitlines() if gpu.TRITON_CALL not in line]

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_tiles
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
   assert per_layer == 6 and fused["per_decoder_layer"] == 6, fused
   assert xla["layers_2"]["triton_calls"] == 0
   assert xla["per_decoder_layer"] > fused["per_decoder_layer"], xla
-  for name, preset in gpu.TILE_PRESETS.items():
+  for name, preset in gpu_tiles.TILE_PRESETS.items():
     assert result["tiles"][name]["num_warps"] == [preset.num_warps], name
     assert result["tiles"][name]["spills"] == {}, name  # At one token.
   for path, loops_and_branches in (("xla", (1, 1)), ("fused", (0, 0))):

@@ -27,6 +27,7 @@ from specdec_jax.config import gin_reader
 from specdec_jax.core.decoding import loops
 from specdec_jax.core.decoding import programs
 from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import init_params
@@ -715,7 +716,7 @@ def test_decode_path_setting_reaches_every_phase(capsys):
   for preset in (common.FULL, common.SMALL):
     assert set(preset.option_sets) <= set(gpu.GPU_OPTION_SETS)
     assert set(preset.main_job_option_sets) <= set(gpu.GPU_OPTION_SETS)
-    assert set(preset.tile_presets) <= set(gpu.TILE_PRESETS)
+    assert set(preset.tile_presets) <= set(gpu_tiles.TILE_PRESETS)
     assert set(preset.tile_call_presets) <= set(preset.tile_presets)
     assert "xla" in preset.paths and "fused" in preset.paths
   assert common.FULL.main_job_batches == (1, 8)
@@ -1013,10 +1014,10 @@ def test_each_call_loop_is_traced_under_the_tiles_in_force():
                     steps=2).lower(lowering_platforms=("cuda",)).as_text()
     return set(re.findall(r"num_warps = (\d+)", text))
 
-  assert warps() == {str(gpu.Tiles().num_warps)}
+  assert warps() == {str(gpu_tiles.Tiles().num_warps)}
   for name in ("wide", "narrow"):
-    with gpu.tiles(gpu.TILE_PRESETS[name]):
-      assert warps() == {str(gpu.TILE_PRESETS[name].num_warps)}, name
+    with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS[name]):
+      assert warps() == {str(gpu_tiles.TILE_PRESETS[name].num_warps)}, name
 
 
 def test_folds_nothing_weighs_a_models_layer_against_the_presets(monkeypatch):
@@ -1029,9 +1030,10 @@ def test_folds_nothing_weighs_a_models_layer_against_the_presets(monkeypatch):
   layer = model.params["params"]["decoder"]["layers_0"]
   weight_bytes = sum(
       x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(layer))
-  presets = dict(gpu.TILE_PRESETS, under=gpu.Tiles(fold_bytes=weight_bytes - 1),
-                 at=gpu.Tiles(fold_bytes=weight_bytes))
-  monkeypatch.setattr(gpu, "TILE_PRESETS", presets)
+  presets = dict(gpu_tiles.TILE_PRESETS,
+                 under=gpu_tiles.Tiles(fold_bytes=weight_bytes - 1),
+                 at=gpu_tiles.Tiles(fold_bytes=weight_bytes))
+  monkeypatch.setattr(gpu_tiles, "TILE_PRESETS", presets)
   assert paths.folds_nothing(model, "under")
   assert not paths.folds_nothing(model, "at")
   assert not paths.folds_nothing(model, "mma")

@@ -50,6 +50,7 @@ from specdec_jax.core import decoding
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import loops
 from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.models import T5Config
 from specdec_jax.terminal import console
 from tools.benchmarks import common
@@ -201,10 +202,10 @@ def tiles(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
   the (γ+1)-token call and, at the paper's sizes, the XXL target's calls."""
   out = {}
   for name in f.presets:
-    preset = gpu.TILE_PRESETS[name]
+    preset = gpu_tiles.TILE_PRESETS[name]
 
     def compiled(preset=preset):
-      with gpu.tiles(preset):
+      with gpu_tiles.tiles(preset):
         hlo = paths.loop_hlo(paths.abstract_model(_small(f), "fused", device),
                              device=device, **_LOOP)
       warps = sorted({int(w) for w in re.findall(r"num_warps = (\d+)", hlo)})
@@ -218,7 +219,7 @@ def tiles(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
     for size, k in calls:
 
       def call(preset=preset, size=size, k=k):
-        with gpu.tiles(preset):
+        with gpu_tiles.tiles(preset):
           return _step(check_common.t5_size(size, tiny=f.small), "fused",
                        device, k=k)
 
@@ -292,16 +293,17 @@ def loops_group(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
   or three (`Tiles.layer_bytes`, `fold_bytes`: 'fused@<preset>')."""
   out: Dict[str, Any] = {}
   layer_presets = {
-      n: gpu.TILE_PRESETS[n]
+      n: gpu_tiles.TILE_PRESETS[n]
       for n in f.presets
-      if gpu.TILE_PRESETS[n].layer_bytes or gpu.TILE_PRESETS[n].fold_bytes
+      if gpu_tiles.TILE_PRESETS[n].layer_bytes or
+      gpu_tiles.TILE_PRESETS[n].fold_bytes
   } if "fused" in f.paths else {}
   for name, pair in _pairs(f).items():
     out[name] = {"gamma": pair["gamma"], "max_decode_length": _LENGTH}
     for path in f.paths:
       out[name][path] = _loop_programs(pair, path, device, _LENGTH)
     for preset, tiles_ in layer_presets.items():
-      with gpu.tiles(tiles_):  # Traced inside: fresh jits.
+      with gpu_tiles.tiles(tiles_):  # Traced inside: fresh jits.
         out[name][f"fused@{preset}"] = _loop_programs(pair, "fused", device,
                                                       _LENGTH)
   return out
@@ -320,7 +322,7 @@ def grids(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
 
       def step(name=name, preset=preset):
         config = check_common.t5_size(name, tiny=f.small)
-        with gpu.tiles(gpu.TILE_PRESETS[preset]):
+        with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS[preset]):
           hlo = paths.loop_hlo(paths.abstract_model(config, "fused", device),
                                device=device, **_LOOP)
         calls = kernel_grid.triton_calls(
@@ -431,9 +433,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p.add_argument("--paths", default="xla,packed,fused",
                  help="decode paths, comma-separated, of xla, packed, fused")
   p.add_argument(
-      "--presets", default=",".join(gpu.TILE_PRESETS),
+      "--presets", default=",".join(gpu_tiles.TILE_PRESETS),
       help="the tiles and loops groups' tile presets "
-      "(kernels.gpu.TILE_PRESETS), comma-separated")
+      "(kernels.gpu_tiles.TILE_PRESETS), comma-separated")
   p.add_argument("--gamma", type=int, default=7,
                  help="the sizes group's (γ+1)-token call")
   p.add_argument("--small", action="store_true",
@@ -452,7 +454,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   for flag, values, allowed in (("groups", f.groups, GROUPS),
                                 ("paths", f.paths, ("xla", "packed", "fused")),
                                 ("presets", f.presets,
-                                 tuple(gpu.TILE_PRESETS))):
+                                 tuple(gpu_tiles.TILE_PRESETS))):
     bad = [v for v in values if v not in allowed] or ([] if values else [""])
     if bad:
       raise common.flag_error(flag, ",".join(bad),

@@ -33,7 +33,7 @@ import traceback
 from typing import Any, Dict, List, Optional, Sequence
 
 from specdec_jax.core import environment
-from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.models import decode_paths
 from specdec_jax.files import compilation_cache
 from specdec_jax.files import io_utils
@@ -69,7 +69,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p.add_argument(
       "--tiles", default=None,
       help="the GPU kernels' tile preset every phase decodes with: "
-      f"{', '.join(gpu.TILE_PRESETS)} (default: '{common.CHECKED_TILES}', "
+      f"{', '.join(gpu_tiles.TILE_PRESETS)} (default: '{common.CHECKED_TILES}', "
       "the tensor-core candidate; the paths phase times several)")
   p.add_argument(
       "--paths_groups", default=None,
@@ -80,7 +80,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
       "--tile_presets", default=None,
       help="the tile presets the paths phase's tiles group times (each "
       "model's step and the target's K-token call), a comma-separated "
-      f"subset of {','.join(gpu.TILE_PRESETS)} (default: the mode's)")
+      f"subset of {','.join(gpu_tiles.TILE_PRESETS)} (default: the mode's)")
   p.add_argument(
       "--total_s", type=float, default=None,
       help="the whole check's time budget in seconds (default: "
@@ -100,15 +100,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   if args.path is not None and args.path not in decode_paths.DECODE_PATHS:
     p.error(f"--path={args.path!r}: allowed: "
             f"{', '.join(decode_paths.DECODE_PATHS)}.")
-  if args.tiles is not None and args.tiles not in gpu.TILE_PRESETS:
+  if args.tiles is not None and args.tiles not in gpu_tiles.TILE_PRESETS:
     p.error(f"--tiles={args.tiles!r}: allowed: "
-            f"{', '.join(gpu.TILE_PRESETS)}.")
+            f"{', '.join(gpu_tiles.TILE_PRESETS)}.")
   if args.paths_groups is not None:
     args.paths_groups = ",".join(
         _subset(p, "paths_groups", args.paths_groups, common.PATHS_GROUPS))
   if args.tile_presets is not None:
     args.tile_presets = ",".join(
-        _subset(p, "tile_presets", args.tile_presets, list(gpu.TILE_PRESETS)))
+        _subset(p, "tile_presets", args.tile_presets,
+                list(gpu_tiles.TILE_PRESETS)))
   if args.total_s is not None and not (math.isfinite(args.total_s) and
                                        args.total_s > 0):
     p.error(f"--total_s={args.total_s!r}: allowed: a finite number of "
@@ -149,7 +150,7 @@ def run_phase(name: str, mode: str, json_path: str, cap_s: float,
   deadline = common.Deadline(max(cap_s - _GRACE_S, 1.0))
   module = importlib.import_module(f"tools.device_check.{_MODULES[name]}")
   try:
-    with gpu.tiles(gpu.TILE_PRESETS[tiles or common.CHECKED_TILES]):
+    with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS[tiles or common.CHECKED_TILES]):
       ok = module.run(settings, record, deadline)
   except Exception as e:  # pylint: disable=broad-except
     line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

@@ -115,7 +115,7 @@ class Settings:
     paths_groups: the groups of `PATHS_GROUPS` the paths phase measures.
     option_sets, tile_presets: the XLA:GPU option sets
       (`kernels.gpu.GPU_OPTION_SETS`) and the fused kernels' tiles
-      (`kernels.gpu.TILE_PRESETS`) the `paths` phase times;
+      (`kernels.gpu_tiles.TILE_PRESETS`) the `paths` phase times;
       tile_call_presets: those whose target's `max(chunk_sizes)`-token
       call it times too (tensor cores or not); main_job_tiles: those the
       pretrained phase's identity and main job run under too ('fused').
@@ -252,14 +252,14 @@ def settings_for(mode: str, decode_path: Optional[str] = None,
 
 # The GPU kernels' tile preset the check decodes with when --tiles names
 # none: the candidate, which a user's 'fused' takes only once a check has
-# shown it exact and faster (`kernels.gpu.Tiles()` is the CUDA cores':
+# shown it exact and faster (`kernels.gpu_tiles.Tiles()` is the CUDA cores':
 # --tiles=default). 'mma' (tensor cores, pipelined loads) ran exact on the
 # H200 but slower than XLA's path (2026-11-29); the grids' model fitted to
 # it (`tools.benchmarks.kernel_grid`) prices this one 0.45 ms a T5-small
 # step against 'mma''s 0.58, and the shipped float32 target 0.69 against
-# 1.01. 'tall_mma_split' it prices faster still, but its 512-1024 deep
-# blocks, sized for bfloat16, spill 5 KB a thread in float32 (the shipped
-# pair's decode_rms_dense, compiled for an H200).
+# 1.01. 'tall_mma_split' it prices faster still (its 512-1024 deep
+# blocks, sized for bfloat16, are capped for float32 weights:
+# `Tiles.for_weights`); the next run times both (`--tile_presets`).
 CHECKED_TILES = "mma_split"
 
 

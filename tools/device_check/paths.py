@@ -21,7 +21,7 @@ packed kernels, biases once per call; 'fused': the GPU kernels of
   (`launch_ops`): the difference is the kernels a decoder layer runs, the
   rest the step's fixed ones (embedding, logits, the loop);
 * `tiles`: the target's and the small draft's step on 'fused' with each
-  of `Settings.tile_presets` (`kernels.gpu.TILE_PRESETS`), and the
+  of `Settings.tile_presets` (`kernels.gpu_tiles.TILE_PRESETS`), and the
   target's `max(chunk_sizes)`-token call with each of `tile_call_presets`,
   and under each of those whether the small draft's logits are the same
   bits in one-token calls and in one call (`rows_identical`);
@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
@@ -358,7 +359,7 @@ def _with_tiles(fn: Callable[[int], Any], preset: str) -> Callable[[int], Any]:
   first call, inside)."""
 
   def run(r):
-    with gpu.tiles(gpu.TILE_PRESETS[preset]):
+    with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS[preset]):
       return fn(r)
 
   return run
@@ -373,7 +374,7 @@ def rows_identical(model: T5Model, cache: Any, k: int,
   tokens = jnp.asarray(
       np.random.default_rng(1).integers(2, model.config.vocab_size, (1, k)),
       jnp.int32)
-  with gpu.tiles(gpu.TILE_PRESETS[preset]):
+  with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS[preset]):
     step = jax.jit(lambda m, t, c: m.decode_chunk(t, c))  # Traced here.
     one, state = [], cache
     for i in range(k):
@@ -393,11 +394,11 @@ def folds_nothing(model: T5Model, preset: str) -> bool:
   none of `model`'s (`gpu.folded_layer` of decoder layer 0's T5X weights'
   bytes): the model's program is then its unfolded twin's, not timed
   again."""
-  tiles = gpu.TILE_PRESETS[preset]
+  tiles = gpu_tiles.TILE_PRESETS[preset]
   layer = model.params["params"]["decoder"]["layers_0"]
   weight_bytes = sum(
       x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(layer))
-  with gpu.tiles(tiles):
+  with gpu_tiles.tiles(tiles):
     return tiles.fold_bytes > 0 and not gpu.folded_layer(weight_bytes)
 
 
@@ -437,7 +438,7 @@ def _tiles(b: physics.Bench, s: common.Settings, record: common.Recorder,
   record.set(
       "tiles", {
           "presets": {
-              p: vars(gpu.TILE_PRESETS[p]) for p in s.tile_presets
+              p: vars(gpu_tiles.TILE_PRESETS[p]) for p in s.tile_presets
           },
           "rows_identical": identical,
           **timed

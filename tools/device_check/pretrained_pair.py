@@ -54,6 +54,7 @@ from specdec_jax.core import decoding
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import programs
 from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.models import T5Model
 from specdec_jax.metrics import exactness
 from tools.device_check import common
@@ -307,7 +308,7 @@ def by_tiles(s: common.Settings, target, draft, inputs,
     common.log(f"pretrained: identity and main job under tiles {preset}")
     jax.clear_caches()  # The loops traced under the check's tiles.
     try:
-      with gpu.tiles(gpu.TILE_PRESETS[preset]):
+      with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS[preset]):
         out[preset] = _identity_and_main_job(s, target, draft, inputs, deadline)
     finally:
       jax.clear_caches()

@@ -194,7 +194,7 @@ def cross_attend(projected, keys_ref, values_ref, valid_ref, *, lb: int,
 
 
 # ---------------------------------------------------------------------------
-# A folded layer's three kernels (`gpu.Tiles.fold_bytes`). Each reads the
+# A folded layer's three kernels (`gpu_tiles.Tiles.fold_bytes`). Each reads the
 # residual stream as x plus the previous kernel's partial sums (`summed`:
 # whether there are any; its program 0 then writes the summed rows out)
 # and ends with its own output projection's partial sums.

@@ -62,7 +62,7 @@ def row_loader(x_ref, size: int, first_row, rows_total: int) -> Callable:
 def summed_row_loader(x_ref, parts_ref, size: int, sum_ref=None,
                       writes=None) -> Callable:
   """`row_loader` of the residual stream of a folded layer
-  (`gpu.Tiles.fold_bytes`): row(r, span) -> x[r, span] + the previous
+  (`gpu_tiles.Tiles.fold_bytes`): row(r, span) -> x[r, span] + the previous
   kernel's partial sums parts_ref[:, r, span] (float32, loaded as a few
   2-D blocks of powers of 2 and summed over them: each row's the same
   operations in any call; the total rounded to x's dtype, then the sum:

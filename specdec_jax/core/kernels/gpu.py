@@ -45,10 +45,10 @@ dividing the dimension (`block`), cache and encoder slots in blocks whose
 tail is masked; only `head_dim` itself must be a power of 2 (`supported`).
 Off a GPU the same kernels run in Pallas' interpret mode (`interpret`):
 slow, for tests; `lowering_for_gpu` lowers them for Triton on a CPU (a
-test lowers a whole decoder for CUDA that way). `Tiles` are the block
-sizes and warps, `tiles` overrides them for a measurement;
-`pallas_call`, `current_tiles` and the block helpers are what
-`gpu_layers` builds its kernels with.
+test lowers a whole decoder for CUDA that way). The block sizes and
+warps are `gpu_tiles`' (`tiles` overrides them for a measurement);
+`pallas_call` and the block helpers are what `gpu_layers` builds its
+kernels with.
 
 `GPU_OPTION_SETS` are the XLA:GPU compiler options the device check
 measures per program (`tools/device_check`); `GPU_LOOP_OPTIONS` is what
@@ -57,7 +57,6 @@ until a set is measured faster.
 """
 import contextlib
 import contextvars
-import dataclasses
 import functools
 from typing import (Any, Callable, ContextManager, Dict, Iterator, List,
                     Optional, Sequence, Tuple)
@@ -68,6 +67,7 @@ import jax.numpy as jnp
 from specdec_jax.core import structs
 from specdec_jax.core.kernels import _gpu_bodies as _bodies
 from specdec_jax.core.kernels import _gpu_pieces as _pieces
+from specdec_jax.core.kernels import gpu_tiles
 
 Array = jax.Array
 F32 = _pieces.F32
@@ -107,127 +107,8 @@ GPU_OPTION_SETS: Dict[str, Dict[str, Any]] = {
 }
 GPU_LOOP_OPTIONS: Dict[str, Any] = dict(GPU_OPTION_SETS["default"])
 
-
-@dataclasses.dataclass(frozen=True)
-class Tiles:
-  """Block sizes (caps: the block used is the largest power of 2 dividing
-  the dimension, at most this) and Triton's launch settings.
-
-  Attributes:
-    emb_block: contraction block of the attention kernels' projections
-      from the model width (their columns are a head: fixed).
-    dense_emb_block: contraction block of `rms_dense` (the MLP's input
-      side, the logits).
-    in_block: contraction block of the output projections.
-    columns: output columns per program of the dense kernels (of a folded
-      layer's MLP: its width).
-    slots: cache (or encoder) slots per attention step.
-    rows: rows per program of the dense kernels (with `dot`: 16, a tile).
-    num_warps, num_stages: Triton's.
-    dot: the projections on tensor cores (`_gpu_pieces`: rows in tiles of
-      16, one `tl.dot` per block; x * scale rounded to the weights' dtype
-      first; where a block or its columns are under 16, CUDA cores) rather
-      than products summed on CUDA cores: a K-token call then multiplies
-      as fast as a one-token call.
-    split_heads: the attention kernels' projections (self: q, k, v; cross:
-      q) in a kernel of their own (`head_projections`), one program per
-      (row of the batch, head, part, block of `columns` columns), and the
-      attention kernels reading them: one kernel more per sublayer, but
-      ~12x the programs reading those weights (T5-small: 6 programs read
-      196 KB each; split, 36-72 read 8-16 KB), where one program per head
-      leaves most of the GPU idle (64 heads: XXL's half of an H200's 132
-      SMs). The same sums as unsplit, rounded alike: the same bits on CUDA
-      cores.
-    layer_bytes: consecutive decoder layers whose weights together take
-      at most this many bytes run as one kernel
-      (`gpu_layers.decoder_layers`, `layer_runs`), one program per row of
-      the batch: a small draft's six kernels a layer cost six launches
-      (~2 us each on an H200), not their bytes. 0: never.
-    fold_bytes: a decoder layer over `layer_bytes` whose weights take at
-      most this many bytes runs as three kernels, one a sublayer
-      (`gpu_layers.folded_self_attention`, `folded_cross_attention`,
-      `folded_mlp`): each program ends with its share of the sublayer's
-      output projection (a head's rows of it; a block of `columns` of the
-      MLP's width) as float32 partial sums, which the next kernel's
-      programs add to the residual as they read it. Half the launches of
-      six kernels, where launches cost more than the partial sums' reads
-      (a T5-small-shaped layer; not XXL's). Their projections are never split
-      (`split_heads`). 0: never.
-    out_columns: a folded kernel's partial sums: columns of the model
-      width per block of their product.
-  """
-  emb_block: int = 64
-  dense_emb_block: int = 64
-  in_block: int = 128
-  columns: int = 32
-  slots: int = 64
-  rows: int = 8
-  num_warps: int = 4
-  num_stages: int = 2
-  dot: bool = False
-  split_heads: bool = False
-  layer_bytes: int = 0
-  fold_bytes: int = 0
-  out_columns: int = 128
-
-  @property
-  def row_block(self) -> int:
-    """Rows per program of the dense kernels."""
-    return _pieces.TILE_ROWS if self.dot else self.rows
-
-
-# What the device check compares (`tiles`); "default" is `Tiles()`. On
-# CUDA cores Triton pipelines no load (they feed no dot): a program's
-# contraction is a chain of dependent loads, one memory latency per block,
-# and the 8-token self-attention spills registers. "tall" reads the dense
-# kernels' weights in 1-2 blocks (512 and 1024 deep), "tall_wide" also the
-# attention projections in 128-deep ones (8 warps). On tensor cores
-# (`Tiles.dot`: "mma", "tall_mma") Triton pipelines the weights' loads
-# (cp.async, one block ahead) and nothing spills at 8 tokens. ptxas spills
-# none at 1 token (`tools.benchmarks.gpu_aot`). "_split" (`Tiles.
-# split_heads`): the attention projections over many programs, not one per
-# head; "tall_mma_split" reads them 256 deep: a pipelined program keeps
-# num_stages blocks in flight, and bandwidth is bytes in flight / latency
-# (XXL's 768 projection programs at 16 columns x 64 deep: ~4 KB each).
-# "_fold" (`Tiles.fold_bytes`): a small model's layer in 3 kernels; one
-# program per head still reads a head's weights (T5-small: 260 KB), so
-# "tall_mma_fold" reads them in blocks twice as deep, its MLP's weights 4x
-# as deep (at 8 tokens a block of each row's partial sums is in shared
-# memory: 256 deep, or 64 MLP programs' sums, exceeded it). "deep_mma_split":
-# "mma_split"'s blocks (no float32 spill) over twice the programs (16
-# columns), 4 blocks in flight a program, not 2: on the H200 a program of
-# 'mma_split' read ~5-8 GB/s (2026-11-30 profile; a block is 2-4 KB).
-TILE_PRESETS = {
-    "default": Tiles(),
-    "wide": Tiles(emb_block=128, dense_emb_block=128, in_block=256, columns=64,
-                  num_warps=8),
-    "narrow": Tiles(emb_block=32, dense_emb_block=32, in_block=64, columns=16,
-                    slots=32, num_warps=2),
-    "tall": Tiles(dense_emb_block=512, in_block=1024, columns=8),
-    "tall_wide": Tiles(emb_block=128, dense_emb_block=512, in_block=1024,
-                       columns=16, num_warps=8),
-    "mma": Tiles(dot=True),
-    "tall_mma": Tiles(dot=True, dense_emb_block=512, in_block=1024, columns=16),
-    "mma_split": Tiles(dot=True, split_heads=True),
-    "deep_mma_split": Tiles(dot=True, columns=16, num_stages=4,
-                            split_heads=True),
-    "tall_mma_split": Tiles(dot=True, emb_block=256, dense_emb_block=512,
-                            in_block=1024, columns=16, split_heads=True),
-    "mma_layer": Tiles(dot=True, layer_bytes=1 << 20),
-    "mma_fold": Tiles(dot=True, fold_bytes=64 << 20),
-    "tall_mma_fold": Tiles(dot=True, emb_block=128, dense_emb_block=256,
-                           fold_bytes=64 << 20),
-    "mma_layer_fold": Tiles(dot=True, layer_bytes=1 << 20, fold_bytes=64 << 20),
-}
-
 _INTERPRET: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
     "specdec_jax_gpu_interpret", default=None)
-_TILES: contextvars.ContextVar[Optional[Tiles]] = contextvars.ContextVar(
-    "specdec_jax_gpu_tiles", default=None)
-
-
-def current_tiles() -> Tiles:
-  return _TILES.get() or Tiles()
 
 
 def interpret() -> bool:
@@ -267,17 +148,6 @@ def _abstract_gpu(device_kind: str) -> ContextManager[Any]:
       jax.sharding.AbstractMesh((), (), abstract_device=device))
 
 
-@contextlib.contextmanager
-def tiles(value: Tiles) -> Iterator[None]:
-  """Within it, kernels traced use `value` (trace a fresh function inside:
-  jit caches programs traced before)."""
-  token = _TILES.set(value)
-  try:
-    yield
-  finally:
-    _TILES.reset(token)
-
-
 def block(n: int, cap: int) -> int:
   """The largest power of 2 that divides n and is at most cap."""
   size = 1
@@ -289,7 +159,7 @@ def block(n: int, cap: int) -> int:
 def one_kernel_layer(weight_bytes: int) -> bool:
   """Whether a decoder layer of `weight_bytes` runs as one kernel
   (`Tiles.layer_bytes`)."""
-  return 0 < weight_bytes <= current_tiles().layer_bytes
+  return 0 < weight_bytes <= gpu_tiles.current_tiles().layer_bytes
 
 
 def layer_runs(weight_bytes: Sequence[int]) -> List[range]:
@@ -313,7 +183,7 @@ def folded_layer(weight_bytes: int) -> bool:
   """Whether a decoder layer of `weight_bytes` runs as three kernels
   (`Tiles.fold_bytes`; a layer of one kernel is not folded)."""
   return (not one_kernel_layer(weight_bytes) and
-          0 < weight_bytes <= current_tiles().fold_bytes)
+          0 < weight_bytes <= gpu_tiles.current_tiles().fold_bytes)
 
 
 def pow2_at_least(n: int) -> int:
@@ -339,7 +209,7 @@ def pallas_call(kernel: Callable, out_specs: Any, in_specs: Sequence[Any],
   a squeezed axis). Each program gets its rows' and head's block, so that
   interpret mode copies blocks, not whole arrays, per program."""
   pl, plgpu = _pieces.pallas()
-  t = current_tiles()
+  t = gpu_tiles.current_tiles()
   outs = [
       jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _, _ in out_specs
   ]
@@ -370,7 +240,7 @@ def head_projections(x: Array, scale: Array, w: Array, *,
   columns). The attention kernels' `project` computes the same."""
   batch, rows, emb = x.shape
   heads, parts, _, head_dim = w.shape
-  t = current_tiles()
+  t = gpu_tiles.current_tiles()
   cols = block(head_dim, t.columns)
   kernel = functools.partial(_bodies.head_projection_kernel,
                              eb=block(emb, t.emb_block), eps=eps, dot=t.dot)
@@ -459,7 +329,7 @@ def _head_inputs(x: Array, scale: Array, w: Array, eps: float):
   `Tiles.split_heads` their `head_projections` [B, K, H, P, D]."""
   batch, rows, emb = x.shape
   _, parts, _, head_dim = w.shape
-  if current_tiles().split_heads:
+  if gpu_tiles.current_tiles().split_heads:
     return [head_projections(x, scale, w, eps=eps)], [
         ((None, rows, None, parts, head_dim), lambda b, h: (b, 0, h, 0, 0))
     ]
@@ -491,7 +361,7 @@ def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
   batch, rows, emb = x.shape
   heads, _, _, head_dim = wqkv.shape
   length = keys.shape[-1]
-  t = current_tiles()
+  t = gpu_tiles.current_tiles()
   kernel = functools.partial(_bodies.self_attention_kernel, bias=bias.form,
                              rows=rows, eb=block(emb, t.emb_block),
                              lb=min(t.slots, pow2_at_least(length)), eps=eps,
@@ -533,7 +403,7 @@ def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
   batch, rows, emb = x.shape
   heads, _, _, head_dim = wq.shape
   length = keys.shape[-1]
-  t = current_tiles()
+  t = gpu_tiles.current_tiles()
   kernel = functools.partial(_bodies.cross_attention_kernel, rows=rows,
                              eb=block(emb, t.emb_block),
                              lb=min(t.slots, pow2_at_least(length)), eps=eps,
@@ -564,7 +434,7 @@ def rms_dense(x: Array, scale: Array, w: Array, activations: Sequence[str],
   if len(activations) != parts:
     raise ValueError(f"rms_dense: {parts} weights but activations "
                      f"{tuple(activations)}.")
-  t = current_tiles()
+  t = gpu_tiles.current_tiles().for_weights(w.dtype)
   rb, nb = min(t.row_block, rows), block(width, t.columns)
   kernel = functools.partial(_bodies.rms_dense_kernel, rows_total=rows,
                              activations=tuple(activations),
@@ -585,7 +455,7 @@ def dense_residual(x: Array, w: Array, residual: Array) -> Array:
   w [N, E], residual [M, E] -> [M, E] in residual's dtype."""
   rows, width = x.shape
   emb = w.shape[1]
-  t = current_tiles()
+  t = gpu_tiles.current_tiles().for_weights(w.dtype)
   rb, nb = min(t.row_block, rows), block(emb, t.columns)
   kernel = functools.partial(_bodies.dense_residual_kernel, rows_total=rows,
                              kb=block(width, t.in_block), dot=t.dot)

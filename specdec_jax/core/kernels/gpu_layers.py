@@ -1,12 +1,12 @@
 """A GPU decoder layer in fewer kernels than `kernels.gpu`'s six.
 
-* `decoder_layers` (`gpu.Tiles.layer_bytes`): small layers (a draft's) as
+* `decoder_layers` (`gpu_tiles.Tiles.layer_bytes`): small layers (a draft's) as
   one kernel, one program per row of the batch running each layer's six
   kernels' bodies in turn, each stage's rows through its own scratch, read back
   after a barrier: the same operations on the same blocks, so the same
   bits as the six kernels.
 * `folded_self_attention`, `folded_cross_attention`, `folded_mlp`
-  (`gpu.Tiles.fold_bytes`): a layer as one kernel a sublayer. Each program
+  (`gpu_tiles.Tiles.fold_bytes`): a layer as one kernel a sublayer. Each program
   ends with its share of the sublayer's output projection (a head's rows
   of it; a block of the MLP's width) as float32 partial sums, and the next
   kernel's programs each add them to the residual as they read it
@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from specdec_jax.core.kernels import _gpu_bodies as _bodies
 from specdec_jax.core.kernels import _gpu_pieces as _pieces
 from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_tiles
 
 Array = jax.Array
 F32 = gpu.F32
@@ -191,7 +192,7 @@ def decoder_layers(x: Union[Array, Embedded], keys: Sequence[Array],
   heads, _, _, head_dim = weights[0][1].shape
   length, enc = keys[0].shape[-1], cross_keys[0].shape[-1]
   mlp = weights[0][7].shape[-1]
-  t = gpu.current_tiles()
+  t = gpu_tiles.current_tiles().for_weights(weights[0][7].dtype)
   kernel = functools.partial(
       _bodies.layers_kernel, layers=len(layers),
       embedded=isinstance(x, Embedded), bias=bias.form, heads=heads,
@@ -274,7 +275,7 @@ def _folded_attention_blocks(emb: int, length: int) -> Dict[str, Any]:
   """A folded attention kernel's blocks: of its projections' contraction
   (eb), of cache slots (lb), of its partial sums' columns (nb), and
   whether on tensor cores."""
-  t = gpu.current_tiles()
+  t = gpu_tiles.current_tiles()
   return dict(eb=gpu.block(emb, t.emb_block), lb=min(t.slots,
                                                      gpu.pow2_at_least(length)),
               nb=gpu.block(emb, t.out_columns), dot=t.dot)
@@ -387,7 +388,7 @@ def folded_mlp(x: Array, partials: Optional[Array], scale: Array, wi: Array,
   """
   batch, rows, emb = x.shape
   parts, _, mlp = wi.shape
-  t = gpu.current_tiles()
+  t = gpu_tiles.current_tiles().for_weights(wi.dtype)
   mb = gpu.block(mlp, t.columns)
   stream, stream_specs, sum_out = _stream(x, partials)
   kernel = functools.partial(_bodies.folded_mlp_kernel, summed=partials

@@ -391,7 +391,7 @@ class Decoder(nn.Module):
 
   def _decode_new_fused(self, tokens, cache: DecodeCache, offsets, visible):
     """`_decode_new` on the 'fused' path: 6 GPU kernels a layer (or fewer:
-    `gpu.Tiles`), the final norm and the logits in one more (`kernels.gpu`);
+    `gpu_tiles.Tiles`), the final norm and the logits in one more (`kernels.gpu`);
     the embedding gathered and the attention masks applied in the
     kernels. tokens: [B, K] int, or [B, K, V] logits whose argmax are the
     tokens (`decode_argmax`)."""
