@@ -177,13 +177,14 @@ class Settings:
                                    "tall_mma_fold")
   tile_call_presets: Tuple[str,
                            ...] = ("default", "mma", "mma_split", "mma_fold")
-  # The shipped draft's two 184 KB layers as one kernel (`Tiles.
-  # layer_bytes`; their 6 a layer cost launches, not bytes): the pretrained
-  # phase's identity and main job under it too, beside the check's tiles'.
-  # Not 'mma' (1.49x on the H200, 2026-11-29, as 'mma_split' on -30), nor
-  # 'mma_layer_fold' (the target's 12 MB layers in three kernels too:
-  # 1.15x, 2026-11-29).
-  main_job_tiles: Tuple[str, ...] = ("mma_layer",)
+  # Deeper blocks (capped for the pair's float32 weights: `Tiles.
+  # for_weights`), and the shipped draft's two 184 KB layers as one kernel
+  # (`Tiles.layer_bytes`; their 6 a layer cost launches, not bytes): the
+  # pretrained phase's identity and main job under them too, beside the
+  # check's tiles'. Not 'mma' (1.49x on the H200, 2026-11-29, as
+  # 'mma_split' on -30), nor 'mma_layer_fold' (the target's 12 MB layers
+  # in three kernels too: 1.15x, 2026-11-29).
+  main_job_tiles: Tuple[str, ...] = ("tall_mma_split", "mma_layer")
   # (target's path, draft's path): on the H200 the shipped target's step
   # was fastest on 'xla' (0.411 ms; 'fused' 0.440-0.478) and its draft's
   # on 'fused' (0.051-0.063 ms; 'xla' 0.076) (2026-11-29, 2026-11-30).
