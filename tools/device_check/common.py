@@ -167,16 +167,20 @@ class Settings:
   # (2026-11-28 and 2026-11-29); `--paths_groups` still names them.
   paths_groups: Tuple[str, ...] = ("steps", "profile", "tiles", "kernels")
   option_sets: Tuple[str, ...] = tuple(gpu.GPU_OPTION_SETS)
-  # CUDA cores' chains of dependent loads (default, tall_wide) against
-  # tensor cores with pipelined loads (mma, tall_mma), those with the
-  # attention projections over many programs, not one per head (_split),
-  # and with a small model's layers in three kernels, not six (_fold: the
-  # T5-small draft's; not XXL's): docs/design/performance.md.
-  tile_presets: Tuple[str, ...] = ("default", "tall_wide", "mma", "tall_mma",
-                                   "mma_split", "tall_mma_split", "mma_fold",
-                                   "tall_mma_fold")
-  tile_call_presets: Tuple[str,
-                           ...] = ("default", "mma", "mma_split", "mma_fold")
+  # Tensor cores with pipelined loads and the attention projections over
+  # many programs (_split: the check's, then more bytes in flight a
+  # program, deep_ and tall_), then without the split (mma, tall_mma),
+  # CUDA cores' chains of dependent loads (default, tall_wide) and a small
+  # model's layers in three kernels, not six (_fold: the T5-small draft's;
+  # not XXL's): docs/design/performance.md. In this order: the group
+  # compiles them while its deadline allows (the first is the reference).
+  tile_presets: Tuple[str,
+                      ...] = ("mma_split", "deep_mma_split", "tall_mma_split",
+                              "mma", "tall_mma", "default", "tall_wide",
+                              "mma_fold", "tall_mma_fold")
+  tile_call_presets: Tuple[str, ...] = ("mma_split", "deep_mma_split",
+                                        "tall_mma_split", "mma", "default",
+                                        "mma_fold")
   # Deeper blocks (capped for the pair's float32 weights: `Tiles.
   # for_weights`), and the shipped draft's two 184 KB layers as one kernel
   # (`Tiles.layer_bytes`; their 6 a layer cost launches, not bytes): the
