@@ -297,21 +297,20 @@ def _kernels(s: common.Settings, record: common.Recorder) -> None:
                     steps=s.inner_steps))
 
 
-def _timed_variants(
-    b: physics.Bench, variants: Dict[str, Callable[[int], Any]], reference: str,
-    deadline: Optional[common.Deadline] = None) -> Dict[str, Any]:
+def _timed_variants(b: physics.Bench, variants: Dict[str, Callable[[int], Any]],
+                    reference: str,
+                    deadline: common.Deadline) -> Dict[str, Any]:
   """Times the variants that compile (interleaved), the others' errors.
 
-  With `deadline`, compiles a variant only while the slowest compile so
-  far plus the timing's reserve (`_TIMING_RESERVE_S`) still fits: the
+  Compiles a variant only while the slowest compile so far plus the
+  timing's reserve (`_TIMING_RESERVE_S`) still fits `deadline`: the
   others are `skipped` (named), so a group that runs out of time still
   times what it compiled rather than being killed with nothing written.
   """
   ok, failed, skipped, compile_s = {}, {}, [], {}
   slowest = 0.0
   for name, fn in variants.items():
-    if deadline is not None and not deadline.allows(slowest +
-                                                    _TIMING_RESERVE_S):
+    if not deadline.allows(slowest + _TIMING_RESERVE_S):
       skipped.append(name)
       continue
     start = time.perf_counter()
