@@ -586,11 +586,13 @@ def test_greedy_speculative_equals_the_baseline_on(path):
   assert 0 < spec.statistics()["alpha_hat"] < 1  # Guesses kept and rejected.
 
 
-@pytest.mark.parametrize("preset", ["mma", "mma_fold", "mma_layer"])
+@pytest.mark.parametrize("preset",
+                         ["mma", "mma_fold", "mma_layer", "mma_persistent"])
 def test_greedy_speculative_equals_the_baseline_on_tensor_cores(preset):
   """`Tiles.dot` (the 'mma' preset; 'mma_fold': its layers folded, the
   partial sums carried from layer to layer; 'mma_layer': both layers one
-  kernel, which takes the draft's argmax) in a model wide enough for its
+  kernel, which takes the draft's argmax; 'mma_persistent': that kernel's
+  stages over many programs) in a model wide enough for its
   tiles (width 128, heads of 16): the loops' K-token calls and one-token
   calls agree to the bit, so greedy speculative decoding is the
   baseline."""
@@ -635,6 +637,41 @@ def _lowered(model: T5Model, cache_len: int, k: int) -> str:
 def _triton_calls(model: T5Model, cache_len: int, k: int) -> int:
   """Triton kernels in `decode_chunk` of k tokens lowered for CUDA here."""
   return _lowered(model, cache_len, k).count(gpu.TRITON_CALL)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_layers_over_many_programs_compute_the_same_bits(wide_world, split):
+  """`Tiles.programs`: the one-kernel layer's stages divided among each
+  row's programs (3 here: blocks of 2, 6 and 8 do not divide evenly),
+  apart by barriers, compute what the layer's own kernels compute on the
+  same blocks (with `split_heads`, eight a layer) to the bit, rows
+  independent of the call; one kernel a layer lowered for CUDA, its
+  barriers an atomic counter and the lowering's only atomics."""
+  fused, enc, dec, _, _ = wide_world
+  base = gpu_tiles.Tiles(dot=True, columns=16, split_heads=split)
+  many = dataclasses.replace(base, programs=6)  # layers of any size
+  got = {}
+  for name, tiles in (("kernels", base), ("programs", many)):
+    with gpu_tiles.tiles(tiles):
+      got[name], chunked = _decode_traced_now(fused, enc, dec, [1] * 4, [3, 1])
+      np.testing.assert_array_equal(got[name], chunked)
+  np.testing.assert_array_equal(got["kernels"], got["programs"])
+  assert not gpu.layers_kernel(1)
+  with gpu_tiles.tiles(many):
+    assert gpu_layers.programs_per_row(2) == 3
+    assert gpu.layers_kernel(1) and not gpu.folded_layer(1)
+    text = _lowered(fused, 4, 1)
+  assert text.count(gpu.TRITON_CALL) - 1 == 1  # 1 layer, then the logits
+  assert "atomic_rmw" in text
+
+
+def test_programs_are_divided_among_the_rows():
+  """Every program resident at once: `Tiles.programs` in all, each row at
+  least one; none without it."""
+  assert gpu_layers.programs_per_row(1) == 0
+  with gpu_tiles.tiles(gpu_tiles.Tiles(programs=128)):
+    assert [gpu_layers.programs_per_row(b) for b in (1, 3, 8, 200)
+           ] == [128, 42, 16, 1]
 
 
 def _t5_small_shaped() -> T5Model:

@@ -94,6 +94,16 @@ def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
     assert folded["spills"] == {}, folded
     assert unfolded["body"] - folded["body"] == 3 * 8 - 1 + gather, (
         loop, unfolded["body"], folded["body"])
+  # Layers over the whole GPU apart by barriers (`Tiles.programs`): the
+  # target's 8 layers a kernel each, the draft's two one kernel; Triton
+  # compiles the barriers' atomics for an H200 (the draft's steps that
+  # take the last one's argmax spill 8 B a thread), and an iteration
+  # launches under a third of the kernels of the six a layer.
+  for loop in ("baseline", "speculative"):
+    many = result["loops"]["shipped"]["fused@mma_persistent"][loop]
+    assert all(store <= 16 for store, _ in many["spills"].values()), many
+    six = result["loops"]["shipped"]["fused"][loop]["body"]
+    assert 3 * many["body"] < six, (many["body"], six)
 
 
 @_NEEDS_PLUGIN

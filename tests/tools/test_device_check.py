@@ -145,17 +145,28 @@ def test_rows_identical_tells_row_independent_paths_from_the_others():
   """The GPU check of what greedy identity rests on, per tile preset: on
   'fused' (CUDA or tensor cores, interpret mode here) a token's logits are
   the same bits in one-token calls and in one 4-token call; through XLA's
-  dots on the CPU they are not."""
+  dots on the CPU they are not; and each call's logits are XLA's path's
+  to float32 rounding, argmax for argmax (a preset whose programs share
+  a layer's stages through barriers, 'mma_persistent', among them)."""
   config = tiny_config(vocab_size=32, emb_dim=128, num_heads=2, head_dim=16,
                        mlp_dim=256, num_encoder_layers=1, num_decoder_layers=1)
   model = T5Model(config, init_params(config, jax.random.PRNGKey(0)))
   cache = timing.start(model, jnp.ones((1, 6), jnp.int32), max_len=8)
   fused = model.prepared_for_decoding("fused")
-  for preset in ("default", "mma"):
+  for preset in ("default", "mma", "mma_persistent"):
     out = paths.rows_identical(fused, cache, 4, preset)
-    assert out == {"k": 4, "identical": True, "max_abs_diff": 0.0}, preset
+    vs_xla = out.pop("vs_xla_max_abs_diff")
+    assert out.pop("logits_max_abs") > 1.0
+    assert out == {
+        "k": 4,
+        "identical": True,
+        "max_abs_diff": 0.0,
+        "vs_xla_argmax_agree": 4
+    }, preset
+    assert 0 < vs_xla < 1e-4, preset
   xla = paths.rows_identical(model, cache, 4, "default")
   assert not xla["identical"] and xla["max_abs_diff"] > 0
+  assert xla["vs_xla_max_abs_diff"] == 0.0
 
 
 def test_median_ratio():
@@ -354,7 +365,10 @@ def test_summary_shows_each_decode_path():
           "default": {
               "k": 8,
               "identical": True,
-              "max_abs_diff": 0.0
+              "max_abs_diff": 0.0,
+              "vs_xla_max_abs_diff": 0.012,
+              "vs_xla_argmax_agree": 7,
+              "logits_max_abs": 4.5
           },
           "mma": {
               "k": 8,
@@ -391,7 +405,8 @@ def test_summary_shows_each_decode_path():
   assert ("argmax kernel: V 8000 8/8 rows as jnp.argmax, V 32128 7/8 rows as "
           "jnp.argmax") in text
   assert ("tiles: a token's logits the same bits in one-token calls and in "
-          "one call: default yes (k 8), mma NO (k 8), mma_split error "
+          "one call: default yes, 0.012 from xla's of 4.5, argmax 7/8 (k 8), "
+          "mma NO (k 8), mma_split error "
           "(RuntimeError: x) (k ?)") in text
   assert ("fused   kernels/layer 6: xxl 3.000 ms (90% of floor), small "
           "0.100 ms (25% of floor, c 0.033)") in text

@@ -174,21 +174,26 @@ class Settings:
   # model's layers in three kernels, not six (_fold: the T5-small draft's;
   # not XXL's): docs/design/performance.md. In this order: the group
   # compiles them while its deadline allows (the first is the reference).
+  # 'mma_persistent' second: the one preset whose launches are few enough
+  # for issue 56's 0.10 ms (`Tiles.programs`).
   tile_presets: Tuple[str,
-                      ...] = ("mma_split", "deep_mma_split", "tall_mma_split",
-                              "mma", "tall_mma", "default", "tall_wide",
-                              "mma_fold", "tall_mma_fold")
-  tile_call_presets: Tuple[str, ...] = ("mma_split", "deep_mma_split",
-                                        "tall_mma_split", "mma", "default",
-                                        "mma_fold")
+                      ...] = ("mma_split", "mma_persistent", "deep_mma_split",
+                              "tall_mma_split", "mma", "tall_mma", "default",
+                              "tall_wide", "mma_fold", "tall_mma_fold")
+  tile_call_presets: Tuple[str, ...] = ("mma_split", "mma_persistent",
+                                        "deep_mma_split", "tall_mma_split",
+                                        "mma", "default", "mma_fold")
   # Deeper blocks (capped for the pair's float32 weights: `Tiles.
   # for_weights`), and the shipped draft's two 184 KB layers as one kernel
   # (`Tiles.layer_bytes`; their 6 a layer cost launches, not bytes): the
   # pretrained phase's identity and main job under them too, beside the
   # check's tiles'. Not 'mma' (1.49x on the H200, 2026-11-29, as
   # 'mma_split' on -30), nor 'mma_layer_fold' (the target's 12 MB layers
-  # in three kernels too: 1.15x, 2026-11-29).
-  main_job_tiles: Tuple[str, ...] = ("tall_mma_split", "mma_layer")
+  # in three kernels too: 1.15x, 2026-11-29). 'mma_persistent' first: the
+  # draft's step one layers kernel over 128 programs, the target's 8
+  # (`Tiles.programs`).
+  main_job_tiles: Tuple[str,
+                        ...] = ("mma_persistent", "tall_mma_split", "mma_layer")
   # (target's path, draft's path): on the H200 the shipped target's step
   # was fastest on 'xla' (0.411 ms; 'fused' 0.440-0.478) and its draft's
   # on 'fused' (0.051-0.063 ms; 'xla' 0.076) (2026-11-29, 2026-11-30).
@@ -233,10 +238,10 @@ SMALL = dataclasses.replace(
     main_job_batches=(1,), loop_sentences=1, loop_lengths=(2,
                                                            10), loop_rounds=2,
     paths_groups=PATHS_GROUPS, option_sets=("default", "command_buffer_all"),
-    tile_presets=("default", "mma", "mma_split"),
-    tile_call_presets=("default", "mma", "mma_split"),
-    main_job_tiles=("mma_layer_fold",), main_job_mixed_paths=(("packed",
-                                                               "fused"),))
+    tile_presets=("default", "mma", "mma_split", "mma_persistent"),
+    tile_call_presets=("default", "mma", "mma_split", "mma_persistent"),
+    main_job_tiles=("mma_layer_fold", "mma_persistent"),
+    main_job_mixed_paths=(("packed", "fused"),))
 
 
 def settings_for(mode: str, decode_path: Optional[str] = None,

@@ -369,7 +369,12 @@ def rows_identical(model: T5Model, cache: Any, k: int,
   """Whether k tokens' logits are the same bits from k one-token calls as
   from one k-token call of `model` from `cache` (batch 1), under tile
   preset `preset`: what greedy identity rests on (on tensor cores, that a
-  GPU's dot rounds a row alike wherever it sits in the tile)."""
+  GPU's dot rounds a row alike wherever it sits in the tile); and how far
+  the call's logits are from XLA's path's (`vs_xla_max_abs_diff`, of
+  `logits_max_abs`; `vs_xla_argmax_agree`: the tokens whose argmax
+  agree): a kernel compiled wrong, or programs that read each other's
+  rows too early (`Tiles.programs`' barriers), parts by far more than
+  rounding."""
   tokens = jnp.asarray(
       np.random.default_rng(1).integers(2, model.config.vocab_size, (1, k)),
       jnp.int32)
@@ -380,11 +385,15 @@ def rows_identical(model: T5Model, cache: Any, k: int,
       logits, state = step(model, tokens[:, i:i + 1], state)
       one.append(np.asarray(logits, np.float32))
     chunk = np.asarray(step(model, tokens, cache)[0], np.float32)
+  xla = np.asarray(step(model.unpacked(), tokens, cache)[0], np.float32)
   single = np.concatenate(one, axis=1)
   return {
       "k": k,
       "identical": bool(np.array_equal(single, chunk)),
       "max_abs_diff": float(np.abs(single - chunk).max()),
+      "vs_xla_max_abs_diff": float(np.abs(chunk - xla).max()),
+      "vs_xla_argmax_agree": int((chunk.argmax(-1) == xla.argmax(-1)).sum()),
+      "logits_max_abs": float(np.abs(xla).max()),
   }
 
 

@@ -269,7 +269,12 @@ def _identical_word(r: Dict[str, Any]) -> str:
   """'yes', 'NO', or the error a preset's rows check ended in."""
   if "identical" not in r:
     return f"error ({r.get('error', '?')})"
-  return "yes" if r["identical"] else "NO"
+  word = "yes" if r["identical"] else "NO"
+  if "vs_xla_max_abs_diff" in r:  # Checks from 2026-11-30 on.
+    word += (f", {r['vs_xla_max_abs_diff']:.3g} from xla's of "
+             f"{r['logits_max_abs']:.3g}, argmax {r['vs_xla_argmax_agree']}/"
+             f"{r['k']}")
+  return word
 
 
 def _loop_lines(report: Dict[str, Any]) -> List[str]:

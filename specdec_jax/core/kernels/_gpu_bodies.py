@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specdec_jax.core.kernels import _gpu_grid as _grid
 from specdec_jax.core.kernels import _gpu_pieces as _pieces
 
 Array = jax.Array
@@ -42,17 +43,40 @@ def head_projection_kernel(x_ref, scale_ref, w_ref, out_ref, *, eb: int,
     out_ref[m, :] = value.astype(out_ref.dtype)
 
 
+def head_projection_block(x_ref, scale_ref, w_ref, out_ref, i, *, cols: int,
+                          eb: int, eps: float, dot: bool):
+  """`head_projection_kernel`'s block i of a one-kernel layer's stage
+  (`gpu_tiles.Tiles.programs`): w_ref [H, P, E, D] whole, block i its
+  (head, part, `cols` columns), into out_ref [rows, H, P, D]. The same
+  operations as the kernel's on its block: the same bits."""
+  pl, _ = _pieces.pallas()
+  parts, _, head_dim = w_ref.shape[1:]
+  per_part = head_dim // cols
+  h, p = i // (parts * per_part), (i // per_part) % parts
+  span = pl.ds(_grid.at(i % per_part, cols), cols)
+  rows, emb = x_ref.shape
+  products = _pieces.normed_products(lambda m, s: x_ref[m, s],
+                                     lambda _, s: w_ref[h, p, s, span],
+                                     scale_ref, rows, 1, emb, eb, cols, eps,
+                                     dot)
+  for m, (value,) in enumerate(products):
+    out_ref[jnp.int32(m), h, p,
+            span] = _pieces.round_to(value, x_ref.dtype).astype(out_ref.dtype)
+
+
 def projected_rows(refs, rows: int, eb: int, eps: float, dot: bool, split: bool,
                    head: Tuple = ()):
   """(each row's [P] parts [D] float32 rounded to the model's dtype, the
   refs after them): computed here from (x, scale, w), or (`split`) read
-  from one [rows, P, D] block of `head_projections`."""
+  from one [rows, P, D] block of `head_projections` (with `head`: [rows,
+  H, P, D], a one-kernel layer's)."""
   if split:
     projected = refs[0]
-    parts = projected.shape[1]
-    return [[projected[m, p, :].astype(F32)
-             for p in range(parts)]
-            for m in range(rows)], refs[1:]
+    parts = projected.shape[1 + len(head)]
+    return [[
+        projected[(jnp.int32(m),) + head +
+                  (jnp.int32(p), _pieces.ALL)].astype(F32) for p in range(parts)
+    ] for m in range(rows)], refs[1:]
   x_ref, scale_ref, w_ref = refs[:3]
   return _pieces.project(x_ref, scale_ref, w_ref, rows, eb, eps, dot,
                          head), refs[3:]
@@ -299,18 +323,24 @@ LAYER_REFS = ("self_scale", "wqkv", "keys", "values", "self_out", "cross_scale",
 def layers_kernel(start_ref, *refs, layers: int, embedded: bool, bias: BiasForm,
                   heads: int, eb: int, lb: int, cross_lb: int, kb: int,
                   mlp_kb: int, nb: int, mb: int, eps: float, on_gpu: bool,
-                  dot: bool, activations: Tuple[str, ...]):
-  """`decoder_layers`: one program, a row of the batch's K tokens through
-  `layers` decoder layers in turn, each the six kernels' bodies in turn,
-  each stage's rows written to this program's scratch and read back after
-  a barrier; a layer's outputs (y_ref) are the next one's input
+                  dot: bool, activations: Tuple[str, ...], programs: int = 0,
+                  split: bool = False, cols: int = 0, run: int = 0):
+  """`decoder_layers`: a row of the batch's K tokens through `layers`
+  decoder layers in turn, each the six kernels' bodies in turn as stages
+  (`_layer`), each stage's rows written to scratch and read back after a
+  barrier; a layer's outputs (y_ref) are the next one's input
   (`embedded`: the first's input is the tokens and the embedding table,
-  the rows gathered first into the last output).
+  the rows gathered first into the last output). One program runs every
+  stage (`programs` 0), or each row's `programs` share each stage's blocks
+  (`_gpu_grid.Stages`; `split`: the attention projections a stage of their
+  own, blocks of (head, part, `cols` columns), as `head_projections`').
 
   Refs: start, the input rows (x, or tokens and table), the bias's refs,
-  encoder_valid, each layer's `LAYER_REFS`; out: y, each layer's keys and
-  values, the scratch (ctx, mid, mid2, hidden) and with `embedded` the
-  gathered rows."""
+  encoder_valid, each layer's `LAYER_REFS`, with programs the barriers'
+  counters [R, B] (row `run` this kernel's, zeros); out: y, each layer's keys and values, the scratch
+  (ctx, mid, mid2, hidden; with programs the self- and cross-attention's
+  projections [K, H, 3, D], [K, H, 1, D] and the counters) and with
+  `embedded` the gathered rows."""
   pl, plgpu = _pieces.pallas()
   if embedded:
     tokens_ref, table_ref, x_ref = refs[0], refs[1], refs[-1]
@@ -321,77 +351,101 @@ def layers_kernel(start_ref, *refs, layers: int, embedded: bool, bias: BiasForm,
   encoder_valid, refs = refs[0], refs[1:]
   count = len(LAYER_REFS)
   weights = [refs[i * count:(i + 1) * count] for i in range(layers)]
-  y_ref, outs = refs[layers * count], refs[layers * count + 1:]
-  caches, scratch = outs[:2 * layers], outs[2 * layers:]
+  refs = refs[layers * count + (1 if programs else 0):]  # less the zeros
+  y_ref, outs = refs[0], refs[1:]
+  caches, scratch = outs[:2 * layers], list(outs[2 * layers:])
+  counter_ref = scratch.pop() if programs else None
   rows, emb = y_ref.shape
-  layer = functools.partial(_layer, bias=bias, heads=heads, eb=eb, lb=lb,
-                            cross_lb=cross_lb, kb=kb, mlp_kb=mlp_kb, nb=nb,
-                            mb=mb, eps=eps, on_gpu=on_gpu, dot=dot,
-                            activations=activations)
+  stages = _grid.Stages(programs, on_gpu, counter_ref, run)
+  layer = functools.partial(_layer, stages=stages, bias=bias, heads=heads,
+                            eb=eb, lb=lb, cross_lb=cross_lb, kb=kb,
+                            mlp_kb=mlp_kb, nb=nb, mb=mb, eps=eps, on_gpu=on_gpu,
+                            dot=dot, activations=activations, split=split and
+                            bool(programs), cols=cols)
 
-  if embedded:
+  if embedded:  # Each program gathers every row: the same bits stored.
     row = _pieces.embedded_row_loader(tokens_ref, table_ref, x_ref, eb, True)
     for r in range(rows):
       for j in range(emb // eb):
         row(r, pl.ds(j * eb, eb))
-  for i in range(layers):
-    if on_gpu and (embedded or i):  # The threads see the input's rows.
+    if on_gpu:  # The program's threads see the rows.
       plgpu.debug_barrier()
+  for i in range(layers):
+    if i:
+      stages.wait()
     layer(start_ref, x_ref if i == 0 else y_ref, bias_refs, encoder_valid,
           weights[i], caches[2 * i:2 * i + 2], y_ref, *scratch)
 
 
 def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
-           ctx_ref, mid_ref, mid2_ref, hidden_ref, *, bias: BiasForm,
-           heads: int, eb: int, lb: int, cross_lb: int, kb: int, mlp_kb: int,
-           nb: int, mb: int, eps: float, on_gpu: bool, dot: bool,
-           activations: Tuple[str, ...]):
+           ctx_ref, mid_ref, mid2_ref, hidden_ref, self_proj=None,
+           cross_proj=None, *, stages: _grid.Stages, bias: BiasForm, heads: int,
+           eb: int, lb: int, cross_lb: int, kb: int, mlp_kb: int, nb: int,
+           mb: int, eps: float, on_gpu: bool, dot: bool,
+           activations: Tuple[str, ...], split: bool, cols: int):
   """One layer of `layers_kernel`: x_ref's rows through the six kernels'
-  bodies into y_ref (which may be x_ref: x is read only before the first
-  barrier)."""
-  pl, plgpu = _pieces.pallas()
+  bodies (with `split`, eight: `head_projections`' before each attention)
+  as stages into y_ref (which may be x_ref: the stages that read x end
+  before the last one writes y)."""
+  pl, _ = _pieces.pallas()
   (self_scale, wqkv, keys_in, values_in, self_out, cross_scale, wq, cross_keys,
    cross_values, cross_out, mlp_scale, wi, wo) = weights
   keys_ref, values_ref = caches
   rows, emb = y_ref.shape
   head_dim, mlp = wqkv.shape[-1], wi.shape[-1]
+  if not on_gpu:
+    # Interpret mode: the cache is not aliased (`self_attend`), so its block
+    # is copied in before any head writes it.
+    keys_ref[...] = keys_in[...]
+    values_ref[...] = values_in[...]
 
-  def barrier():
-    if on_gpu:  # The program's threads see each other's stores.
-      plgpu.debug_barrier()
-
-  def heads_ctx(h):
-    return pl.ds(h * head_dim, head_dim)
+  def projections(x, scale, w, out):
+    """The refs an attention stage reads its heads' projections from: x,
+    scale and w, or (`split`) `out`, written by a stage of their own."""
+    if not split:
+      return x, scale, w
+    stages.run(
+        heads * w.shape[1] * (head_dim // cols),
+        lambda i: head_projection_block(x, scale, w, out, i, cols=cols, eb=eb,
+                                        eps=eps, dot=dot))
+    stages.wait()
+    return (out,)
 
   def residual(x, w, res, out, kb_):
-    for j in range(emb // nb):
-      dense_residual_body(x, w, res, out, 0, rows_total=rows, kb=kb_, dot=dot,
-                          first_col=j * nb, nb=nb)
+    stages.run(
+        emb // nb,
+        lambda j: dense_residual_body(x, w, res, out, 0, rows_total=rows,
+                                      kb=kb_, dot=dot, first_col=_grid.at(
+                                          j, nb), nb=nb))
+    stages.wait()
 
-  for h in range(heads):
-    self_attention_kernel(start_ref, x_ref, self_scale, wqkv, *bias_refs,
-                          keys_in, values_in, ctx_ref, keys_ref, values_ref,
-                          bias=bias, rows=rows, eb=eb, lb=lb, eps=eps,
-                          on_gpu=on_gpu, dot=dot, split=False,
-                          head=(jnp.int32(h),), ctx_cols=heads_ctx(h),
-                          copy_cache=h == 0)
-  barrier()
+  self_in = projections(x_ref, self_scale, wqkv, self_proj)
+  stages.run(
+      heads, lambda h: self_attention_kernel(
+          start_ref, *self_in, *bias_refs, keys_in, values_in, ctx_ref,
+          keys_ref, values_ref, bias=bias, rows=rows, eb=eb, lb=lb, eps=eps,
+          on_gpu=on_gpu, dot=dot, split=split, head=(_grid.index(h),), ctx_cols=
+          pl.ds(_grid.at(h, head_dim), head_dim), copy_cache=False))
+  stages.wait()
   residual(ctx_ref, self_out, x_ref, mid_ref, kb)
-  barrier()
-  for h in range(heads):
-    cross_attention_kernel(mid_ref, cross_scale, wq, cross_keys, cross_values,
-                           encoder_valid, ctx_ref, rows=rows, eb=eb,
-                           lb=cross_lb, eps=eps, dot=dot, split=False,
-                           head=(jnp.int32(h),), ctx_cols=heads_ctx(h))
-  barrier()
+  cross_in = projections(mid_ref, cross_scale, wq, cross_proj)
+  stages.run(
+      heads, lambda h: cross_attention_kernel(
+          *cross_in, cross_keys, cross_values, encoder_valid, ctx_ref, rows=
+          rows, eb=eb, lb=cross_lb, eps=eps, dot=dot, split=split, head
+          =(_grid.index(h),), ctx_cols=pl.ds(_grid.at(h, head_dim), head_dim)))
+  stages.wait()
   residual(ctx_ref, cross_out, mid_ref, mid2_ref, kb)
-  barrier()
-  for j in range(mlp // mb):
-    rms_dense_body(mid2_ref, mlp_scale, wi, hidden_ref, 0, rows_total=rows,
-                   activations=activations, eb=eb, eps=eps, dot=dot,
-                   first_col=j * mb, nb=mb)
-  barrier()
-  residual(hidden_ref, wo, mid2_ref, y_ref, mlp_kb)
+  stages.run(
+      mlp // mb, lambda j: rms_dense_body(
+          mid2_ref, mlp_scale, wi, hidden_ref, 0, rows_total=rows,
+          activations=activations, eb=eb, eps=eps, dot=dot, first_col=_grid.at(
+              j, mb), nb=mb))
+  stages.wait()
+  stages.run(
+      emb // nb, lambda j:
+      dense_residual_body(hidden_ref, wo, mid2_ref, y_ref, 0, rows_total=rows,
+                          kb=mlp_kb, dot=dot, first_col=_grid.at(j, nb), nb=nb))
 
 
 def rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, **kw):

@@ -24,8 +24,10 @@ A kernel's programs cannot exchange a row without atomics (whose float
 sums would depend on the programs' order) or a grid-wide barrier (Triton
 has none), so each sublayer ends where the next one needs a whole row: 6
 kernels a layer. `gpu_layers` runs a layer in fewer: a small one in one
-program per row (`Tiles.layer_bytes`), or one kernel a sublayer with the
-output projections as partial sums (`Tiles.fold_bytes`).
+program per row (`Tiles.layer_bytes`), the same over many programs
+apart by barriers built of an integer atomic counter (`Tiles.programs`,
+`_gpu_grid`), or one kernel a sublayer with the output projections as
+partial sums (`Tiles.fold_bytes`).
 
 Every row is computed by the same operations on the same shapes whatever
 the number of rows in the call, and masked cache slots add exact zeros to
@@ -179,10 +181,19 @@ def layer_runs(weight_bytes: Sequence[int]) -> List[range]:
   return runs
 
 
+def layers_kernel(run_bytes: int) -> bool:
+  """Whether a run of decoder layers (`layer_runs`) whose weights take
+  `run_bytes` runs as one kernel (`gpu_layers.decoder_layers`): it fits
+  `Tiles.layer_bytes`, or `Tiles.programs` spreads a layer of any size
+  over the GPU."""
+  return one_kernel_layer(run_bytes) or (run_bytes > 0 and
+                                         gpu_tiles.current_tiles().programs > 0)
+
+
 def folded_layer(weight_bytes: int) -> bool:
   """Whether a decoder layer of `weight_bytes` runs as three kernels
   (`Tiles.fold_bytes`; a layer of one kernel is not folded)."""
-  return (not one_kernel_layer(weight_bytes) and
+  return (not layers_kernel(weight_bytes) and
           0 < weight_bytes <= gpu_tiles.current_tiles().fold_bytes)
 
 

@@ -96,8 +96,9 @@ def rows(x: Union[Array, Embedded]) -> Array:
 
 
 def _per_row(*block):
-  """A block spec over a grid of rows of the batch: row b's block."""
-  return (None, *block), lambda b: (b,) + (0,) * len(block)
+  """A block spec over a grid of rows of the batch (and their programs):
+  row b's block."""
+  return (None, *block), lambda b, *_: (b,) + (0,) * len(block)
 
 
 def _rows_in(x: Union[Array, Embedded], per_row: Callable):
@@ -114,13 +115,15 @@ def _rows_in(x: Union[Array, Embedded], per_row: Callable):
 
 
 def _layers_specs(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
-                  rows_specs, bias_specs):
+                  rows_specs, bias_specs, counters: Optional[Array]):
   """`decoder_layers`' (out_specs, in_specs) for `gpu.pallas_call`: a row of
   the batch's blocks per program, the weights whole; in: start, the rows,
-  the bias, encoder_valid, each layer's `_bodies.LAYER_REFS`; out: the
-  outputs, each layer's cache, and the scratch its stages hand rows
-  through (the attention context, the two residual streams, the MLP's
-  hidden rows; with an `Embedded` x, its gathered rows last)."""
+  the bias, encoder_valid, each layer's `_bodies.LAYER_REFS` (with
+  `counters`, the barriers' [R, B]); out: the outputs, each layer's
+  cache, and the scratch its stages hand rows through (the attention
+  context, the two residual streams, the MLP's hidden rows; with
+  `counters` the attention projections and the counters; with an
+  `Embedded` x, its gathered rows last)."""
   batch, rows, emb = x.shape
   keys, cross_keys, wi = layers[0][2], layers[0][7], layers[0][11]
   heads, head_dim, length = keys.shape[1:]
@@ -128,7 +131,7 @@ def _layers_specs(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
   dtype = x.dtype
 
   def whole(a):
-    return tuple(a.shape), lambda b: (0,) * a.ndim
+    return tuple(a.shape), lambda *_: (0,) * a.ndim
 
   def rows_of(width):
     return (batch, rows, width), dtype, *_per_row(rows, width)
@@ -144,9 +147,15 @@ def _layers_specs(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
       rows_of(emb),
       rows_of(mlp)
   ]
+  if counters is not None:
+    for parts in (3, 1):
+      out_specs.append(((batch, rows, heads, parts, head_dim), dtype,
+                        *_per_row(rows, heads, parts, head_dim)))
+    out_specs.append((counters.shape, counters.dtype, *whole(counters)))
   if isinstance(x, Embedded):
     out_specs.append(rows_of(emb))
-  in_specs = [((1,), lambda b: (b,)), *rows_specs, *bias_specs, _per_row(enc)]
+  in_specs = [((1,), lambda b, *_: (b,)), *rows_specs, *bias_specs,
+              _per_row(enc)]
   blocks = dict(keys=cache, values=cache, cross_keys=encoded,
                 cross_values=encoded)  # the rest whole
   for layer in layers:
@@ -154,21 +163,27 @@ def _layers_specs(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
         blocks[name] if name in blocks else whole(w)
         for name, w in zip(_bodies.LAYER_REFS, layer)
     ]
+  if counters is not None:
+    in_specs.append(whole(counters))
   return out_specs, in_specs
 
 
-def decoder_layers(x: Union[Array, Embedded], keys: Sequence[Array],
-                   values: Sequence[Array], start: Array, bias: gpu.SelfBias,
-                   cross_keys: Sequence[Array], cross_values: Sequence[Array],
-                   encoder_valid: Array, weights: Sequence[Sequence[Array]],
-                   activations: Sequence[str], *,
-                   eps: float = 1e-6) -> Tuple[Array, List[Array], List[Array]]:
-  """Decoder layers in one kernel, one program per row of the batch
-  (`Tiles.layer_bytes`): for a small draft, whose six kernels a layer
-  each cost a launch, not their bytes. Each layer the same operations on
-  the same blocks as the six kernels (`self_attention`, `dense_residual`,
-  `cross_attention`, `dense_residual`, `rms_dense`, `dense_residual`), its
-  outputs the next one's input.
+def decoder_layers(
+    x: Union[Array, Embedded], keys: Sequence[Array], values: Sequence[Array],
+    start: Array, bias: gpu.SelfBias, cross_keys: Sequence[Array],
+    cross_values: Sequence[Array], encoder_valid: Array,
+    weights: Sequence[Sequence[Array]], activations: Sequence[str], *,
+    counters: Optional[Array] = None, run: int = 0, eps: float = 1e-6
+) -> Tuple[Array, List[Array], List[Array], Optional[Array]]:
+  """Decoder layers in one kernel (`Tiles.layer_bytes`), one program per
+  row of the batch, or (`Tiles.programs`) each row's share of the
+  programs dividing each stage's blocks, apart by barriers
+  (`_gpu_grid`): for a small model, whose six kernels a layer each cost a
+  launch, not their bytes. Each layer the same operations on the same
+  blocks as the six kernels (`self_attention`, `dense_residual`,
+  `cross_attention`, `dense_residual`, `rms_dense`, `dense_residual`; with
+  programs and `Tiles.split_heads`, eight: `head_projections` before
+  each attention), its outputs the next one's input.
 
   Args:
     x: [B, K, E] or the first layer's `Embedded`; keys, values: each
@@ -180,46 +195,88 @@ def decoder_layers(x: Union[Array, Embedded], keys: Sequence[Array],
       E, D], its output [H*D, E], MLP norm scale [E], wi [P, E, M], wo [M,
       E]).
     activations: the MLP's, one per wi part.
+    counters: with `Tiles.programs`, the barriers' counters [R, B] int32,
+      zeros where unused (`barrier_counters`: one array for a call's R
+      runs of layers, so that XLA zeroes one buffer, not one a kernel);
+      this run counts in row `run` (in place). None: a [1, B] of its own.
 
   Returns:
     (the last layer's outputs [B, K, E] in x's dtype, each layer's keys,
-    values).
+    values, the counters (None without programs)).
   """
   layers = [(s, wqkv, k, v, so, cs, wq, ck, cv, co, ms, wi, wo) for (
       s, wqkv, so, cs, wq, co, ms, wi,
       wo), k, v, ck, cv in zip(weights, keys, values, cross_keys, cross_values)]
-  batch, _, emb = x.shape
-  heads, _, _, head_dim = weights[0][1].shape
-  length, enc = keys[0].shape[-1], cross_keys[0].shape[-1]
-  mlp = weights[0][7].shape[-1]
-  t = gpu_tiles.current_tiles().for_weights(weights[0][7].dtype)
-  kernel = functools.partial(
-      _bodies.layers_kernel, layers=len(layers),
-      embedded=isinstance(x, Embedded), bias=bias.form, heads=heads,
-      eb=gpu.block(emb, t.emb_block), lb=min(t.slots,
-                                             gpu.pow2_at_least(length)),
-      cross_lb=min(t.slots, gpu.pow2_at_least(enc)),
-      kb=gpu.block(heads * head_dim,
-                   t.in_block), mlp_kb=gpu.block(mlp, t.in_block),
-      nb=gpu.block(emb, t.columns), mb=gpu.block(mlp, t.columns), eps=eps,
-      on_gpu=not gpu.interpret(), dot=t.dot, activations=tuple(activations))
+  batch = x.shape[0]
+  programs = programs_per_row(batch)
+  kernel = _layers_kernel(x, layers, bias, activations, programs, run, eps)
   rows_in, rows_specs = _rows_in(x, _per_row)
   bias_in, bias_specs = gpu.self_bias_inputs(bias, per_head=False)
-  out_specs, in_specs = _layers_specs(x, layers, rows_specs, bias_specs)
-  # Layer i's keys and values among the inputs and the outputs.
+  if not programs:
+    counters = None
+  elif counters is None:
+    counters = barrier_counters(batch, 1)
+  out_specs, in_specs = _layers_specs(x, layers, rows_specs, bias_specs,
+                                      counters)
+  # Layer i's keys and values among the inputs and the outputs; the
+  # barriers' counters after the layers' inputs and the scratch.
   first = 2 + len(rows_in) + len(bias_in)
   count = len(_bodies.LAYER_REFS)
   aliases = {}
   for i in range(len(layers)):
     aliases[first + i * count + 2] = 1 + 2 * i
     aliases[first + i * count + 3] = 2 + 2 * i
+  counted = [] if counters is None else [counters]
+  if counted:
+    aliases[first + len(layers) * count] = 2 * len(layers) + 7
+  # Interpret mode: one program per row runs the stages for every program.
+  grid = (batch,
+          programs if not gpu.interpret() else 1) if programs else (batch,)
   call = gpu.pallas_call(kernel, out_specs=out_specs, in_specs=in_specs,
-                         grid=(batch,), name="decode_layers",
+                         grid=grid, name="decode_layers",
                          aliases=None if gpu.interpret() else aliases)
-  y, *caches = call(start.astype(jnp.int32), *rows_in, *bias_in,
-                    encoder_valid.astype(bool),
-                    *[w for layer in layers for w in layer])
-  return y, caches[0:2 * len(layers):2], caches[1:2 * len(layers):2]
+  y, *outs = call(start.astype(jnp.int32), *rows_in, *bias_in,
+                  encoder_valid.astype(bool),
+                  *[w for layer in layers for w in layer], *counted)
+  return (y, outs[0:2 * len(layers):2], outs[1:2 * len(layers):2],
+          outs[2 * len(layers) + 6] if counted else None)
+
+
+def _layers_kernel(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
+                   bias: gpu.SelfBias, activations: Sequence[str],
+                   programs: int, run: int, eps: float) -> Callable:
+  """`decoder_layers`' kernel: `_bodies.layers_kernel` with its blocks
+  (the current tiles', for the layers' weights' dtype)."""
+  _, _, emb = x.shape
+  _, wqkv, keys, _, _, _, _, cross_keys, _, _, _, wi, _ = layers[0]
+  heads, _, _, head_dim = wqkv.shape
+  length, enc, mlp = keys.shape[-1], cross_keys.shape[-1], wi.shape[-1]
+  t = gpu_tiles.current_tiles().for_weights(wi.dtype)
+  return functools.partial(
+      _bodies.layers_kernel, layers=len(layers),
+      embedded=isinstance(x, Embedded), bias=bias.form, heads=heads,
+      eb=gpu.block(emb, t.emb_block), lb=min(t.slots,
+                                             gpu.pow2_at_least(length)),
+      cross_lb=min(t.slots, gpu.pow2_at_least(enc)),
+      kb=gpu.block(heads * head_dim, t.in_block),
+      mlp_kb=gpu.block(mlp, t.in_block), nb=gpu.block(emb, t.columns),
+      mb=gpu.block(mlp, t.columns), eps=eps, on_gpu=not gpu.interpret(),
+      dot=t.dot, activations=tuple(activations), programs=programs,
+      split=t.split_heads, cols=gpu.block(head_dim, t.columns), run=run)
+
+
+def barrier_counters(batch: int, runs: int) -> Array:
+  """[runs, B] int32 zeros: the barriers' counters of a call's `runs` runs
+  of layers over many programs (`decoder_layers`' `counters`)."""
+  return jnp.zeros((runs, batch), jnp.int32)
+
+
+def programs_per_row(batch: int) -> int:
+  """Each row of the batch's programs in a one-kernel run of layers:
+  `Tiles.programs` divided among the rows, at least 1; 0 without
+  (one program per row)."""
+  total = gpu_tiles.current_tiles().programs
+  return max(1, total // batch) if total else 0
 
 
 # ---------------------------------------------------------------------------

@@ -60,6 +60,16 @@ class Tiles:
       (`split_heads`). 0: never.
     out_columns: a folded kernel's partial sums: columns of the model
       width per block of their product.
+    programs: the programs a one-kernel run of layers runs on (runs as
+      `layer_bytes` groups them; a layer over it runs alone), all rows of
+      the batch together (each row gets programs // B, at least 1): each
+      stage of a layer (with `split_heads` the
+      attention projections, each attention, each dense product) is
+      divided among a row's programs by blocks, which wait for each other
+      between stages at a barrier in global memory (`_gpu_grid`): a small
+      model's step in one kernel over the whole GPU, not ~8 launches a
+      layer. At most the GPU's multiprocessors (every program must be
+      resident: an H200 has 132). 0: one program per row runs every stage.
   """
   emb_block: int = 64
   dense_emb_block: int = 64
@@ -74,6 +84,7 @@ class Tiles:
   layer_bytes: int = 0
   fold_bytes: int = 0
   out_columns: int = 128
+  programs: int = 0
 
   @property
   def row_block(self) -> int:
@@ -122,6 +133,14 @@ WIDE_WEIGHT_DEPTHS = {"dense_emb_block": 128, "in_block": 512}
 # "mma_split"'s blocks (no float32 spill) over twice the programs (16
 # columns), 4 blocks in flight a program, not 2: on the H200 a program of
 # 'mma_split' read ~5-8 GB/s (2026-11-30 profile; a block is 2-4 KB).
+# "mma_persistent" (`Tiles.programs`): decoder layers up to 16 MB together
+# (T5-small's in pairs; a larger layer alone) in one kernel over 128
+# programs, `mma_split`'s
+# blocks over 16 columns, its stages apart by barriers: at T5-small the
+# profile's ~1.9 us gaps and ~2.9 us fixed cost of 70 kernels (~0.34 ms of
+# a 0.58 ms step) become 4 kernels and 60 barriers, each an L2 round trip
+# or two. Not all 8 layers in one: compiled here for an H200, its 4-token
+# call took 155 s (two a kernel: 18 s).
 TILE_PRESETS = {
     "default": Tiles(),
     "wide": Tiles(emb_block=128, dense_emb_block=128, in_block=256, columns=64,
@@ -143,6 +162,8 @@ TILE_PRESETS = {
     "tall_mma_fold": Tiles(dot=True, emb_block=128, dense_emb_block=256,
                            fold_bytes=64 << 20),
     "mma_layer_fold": Tiles(dot=True, layer_bytes=1 << 20, fold_bytes=64 << 20),
+    "mma_persistent": Tiles(dot=True, columns=16, split_heads=True,
+                            layer_bytes=16 << 20, programs=128),
 }
 
 _TILES: contextvars.ContextVar[Optional[Tiles]] = contextvars.ContextVar(

@@ -375,13 +375,18 @@ def fused_layers(layers: Sequence[Any], x, keys, values, start, bias,
   sizes = [_weight_bytes(ws) for ws in weights]
   partials = None
   new_keys, new_values = [], []
-  for run in gpu.layer_runs(sizes):
-    if gpu.one_kernel_layer(sum(sizes[i] for i in run)):
-      x, run_keys, run_values = gpu_layers.decoder_layers(
+  runs = gpu.layer_runs(sizes)
+  counters = None  # The barriers' (`Tiles.programs`): one zeroed array.
+  if gpu_layers.programs_per_row(x.shape[0]):
+    counters = gpu_layers.barrier_counters(x.shape[0], len(runs))
+  for r, run in enumerate(runs):
+    if gpu.layers_kernel(sum(sizes[i] for i in run)):
+      x, run_keys, run_values, counters = gpu_layers.decoder_layers(
           gpu_layers.summed(x, partials), [keys[i] for i in run],
           [values[i] for i in run], start, bias, [cross_keys[i] for i in run],
           [cross_values[i] for i in run], encoder_valid,
-          [weights[i] for i in run], layers[run.start].config.mlp_activations)
+          [weights[i] for i in run], layers[run.start].config.mlp_activations,
+          counters=counters, run=r)
       partials = None
     else:
       i, = run
