@@ -434,23 +434,25 @@ def _tiles(b: physics.Bench, s: common.Settings, record: common.Recorder,
     variants[f"{s.target}@k{k}/{preset}"] = _with_tiles(
         b.call(target, k, loop=physics.call_loop_with({})), preset)
   common.log(f"paths: fused kernels' tiles, {len(variants)} variants")
-  timed = _timed_variants(b, variants, f"{s.target}/{s.tile_presets[0]}",
-                          deadline)
-  draft = b.key(s.drafts[0], "fused")
-  identical = {  # A preset that fails to compile is its own error.
-      p: (common.guarded(lambda p=p: rows_identical(b.models[
-          draft], b.cache(draft, 1), k, p)) if deadline.allows(10.0) else {
-              "skipped": "time cap"
-          }) for p in s.tile_call_presets
+  tiles = {
+      "presets": {
+          p: vars(gpu_tiles.TILE_PRESETS[p]) for p in s.tile_presets
+      },
+      **_timed_variants(b, variants, f"{s.target}/{s.tile_presets[0]}", deadline),
+      "rows_identical": {},
   }
-  record.set(
-      "tiles", {
-          "presets": {
-              p: vars(gpu_tiles.TILE_PRESETS[p]) for p in s.tile_presets
-          },
-          "rows_identical": identical,
-          **timed
-      })
+  # Written before each rows check and after it: a check's compile that
+  # outlasts the phase's cap (a '_persistent' preset's 8-token call took
+  # minutes here) loses nothing measured before it.
+  draft = b.key(s.drafts[0], "fused")
+  for p in s.tile_call_presets:
+    record.set("tiles", tiles)
+    tiles["rows_identical"][p] = (  # A preset that fails: its own error.
+        common.guarded(lambda p=p: rows_identical(b.models[
+            draft], b.cache(draft, 1), k, p)) if deadline.allows(10.0) else {
+                "skipped": "time cap"
+            })
+  record.set("tiles", tiles)
 
 
 def _profile(b: physics.Bench, s: common.Settings, record: common.Recorder,

@@ -321,10 +321,11 @@ LAYER_REFS = ("self_scale", "wqkv", "keys", "values", "self_out", "cross_scale",
 
 
 def layers_kernel(start_ref, *refs, layers: int, embedded: bool, bias: BiasForm,
-                  heads: int, eb: int, lb: int, cross_lb: int, kb: int,
-                  mlp_kb: int, nb: int, mb: int, eps: float, on_gpu: bool,
-                  dot: bool, activations: Tuple[str, ...], programs: int = 0,
-                  split: bool = False, cols: int = 0, run: int = 0):
+                  heads: int, eb: int, mlp_eb: int, lb: int, cross_lb: int,
+                  kb: int, mlp_kb: int, nb: int, mb: int, eps: float,
+                  on_gpu: bool, dot: bool, activations: Tuple[str, ...],
+                  programs: int = 0, split: bool = False, cols: int = 0,
+                  run: int = 0):
   """`decoder_layers`: a row of the batch's K tokens through `layers`
   decoder layers in turn, each the six kernels' bodies in turn as stages
   (`_layer`), each stage's rows written to scratch and read back after a
@@ -337,10 +338,10 @@ def layers_kernel(start_ref, *refs, layers: int, embedded: bool, bias: BiasForm,
 
   Refs: start, the input rows (x, or tokens and table), the bias's refs,
   encoder_valid, each layer's `LAYER_REFS`, with programs the barriers'
-  counters [R, B] (row `run` this kernel's, zeros); out: y, each layer's keys and values, the scratch
-  (ctx, mid, mid2, hidden; with programs the self- and cross-attention's
-  projections [K, H, 3, D], [K, H, 1, D] and the counters) and with
-  `embedded` the gathered rows."""
+  counters [R, B] (row `run` this kernel's, zeros); out: y, each layer's
+  keys and values, the scratch (ctx, mid, mid2, hidden; with programs the
+  self- and cross-attention's projections [K, H, 3, D], [K, H, 1, D] and
+  the counters) and with `embedded` the gathered rows."""
   pl, plgpu = _pieces.pallas()
   if embedded:
     tokens_ref, table_ref, x_ref = refs[0], refs[1], refs[-1]
@@ -358,10 +359,10 @@ def layers_kernel(start_ref, *refs, layers: int, embedded: bool, bias: BiasForm,
   rows, emb = y_ref.shape
   stages = _grid.Stages(programs, on_gpu, counter_ref, run)
   layer = functools.partial(_layer, stages=stages, bias=bias, heads=heads,
-                            eb=eb, lb=lb, cross_lb=cross_lb, kb=kb,
-                            mlp_kb=mlp_kb, nb=nb, mb=mb, eps=eps, on_gpu=on_gpu,
-                            dot=dot, activations=activations, split=split and
-                            bool(programs), cols=cols)
+                            eb=eb, mlp_eb=mlp_eb, lb=lb, cross_lb=cross_lb,
+                            kb=kb, mlp_kb=mlp_kb, nb=nb, mb=mb, eps=eps,
+                            on_gpu=on_gpu, dot=dot, activations=activations,
+                            split=split and bool(programs), cols=cols)
 
   if embedded:  # Each program gathers every row: the same bits stored.
     row = _pieces.embedded_row_loader(tokens_ref, table_ref, x_ref, eb, True)
@@ -380,8 +381,8 @@ def layers_kernel(start_ref, *refs, layers: int, embedded: bool, bias: BiasForm,
 def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
            ctx_ref, mid_ref, mid2_ref, hidden_ref, self_proj=None,
            cross_proj=None, *, stages: _grid.Stages, bias: BiasForm, heads: int,
-           eb: int, lb: int, cross_lb: int, kb: int, mlp_kb: int, nb: int,
-           mb: int, eps: float, on_gpu: bool, dot: bool,
+           eb: int, mlp_eb: int, lb: int, cross_lb: int, kb: int, mlp_kb: int,
+           nb: int, mb: int, eps: float, on_gpu: bool, dot: bool,
            activations: Tuple[str, ...], split: bool, cols: int):
   """One layer of `layers_kernel`: x_ref's rows through the six kernels'
   bodies (with `split`, eight: `head_projections`' before each attention)
@@ -412,40 +413,49 @@ def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
     return (out,)
 
   def residual(x, w, res, out, kb_):
-    stages.run(
-        emb // nb,
-        lambda j: dense_residual_body(x, w, res, out, 0, rows_total=rows,
-                                      kb=kb_, dot=dot, first_col=_grid.at(
-                                          j, nb), nb=nb))
+    """res + x @ w into out, a stage; then its barrier."""
+
+    def block(j):
+      dense_residual_body(x, w, res, out, 0, rows_total=rows, kb=kb_, dot=dot,
+                          first_col=_grid.at(j, nb), nb=nb)
+
+    stages.run(emb // nb, block)
     stages.wait()
 
-  self_in = projections(x_ref, self_scale, wqkv, self_proj)
-  stages.run(
-      heads, lambda h: self_attention_kernel(
-          start_ref, *self_in, *bias_refs, keys_in, values_in, ctx_ref,
-          keys_ref, values_ref, bias=bias, rows=rows, eb=eb, lb=lb, eps=eps,
-          on_gpu=on_gpu, dot=dot, split=split, head=(_grid.index(h),), ctx_cols=
-          pl.ds(_grid.at(h, head_dim), head_dim), copy_cache=False))
+  def self_attention(h, refs):  # head h: its index, its columns of ctx
+    index, cols_ = (_grid.index(h),), pl.ds(_grid.at(h, head_dim), head_dim)
+    self_attention_kernel(start_ref, *refs, *bias_refs, keys_in, values_in,
+                          ctx_ref, keys_ref, values_ref, bias=bias, rows=rows,
+                          eb=eb, lb=lb, eps=eps, on_gpu=on_gpu, dot=dot,
+                          split=split, head=index, ctx_cols=cols_,
+                          copy_cache=False)
+
+  def cross_attention(h, refs):
+    index, cols_ = (_grid.index(h),), pl.ds(_grid.at(h, head_dim), head_dim)
+    cross_attention_kernel(*refs, cross_keys, cross_values, encoder_valid,
+                           ctx_ref, rows=rows, eb=eb, lb=cross_lb, eps=eps,
+                           dot=dot, split=split, head=index, ctx_cols=cols_)
+
+  def mlp_in(j):
+    rms_dense_body(mid2_ref, mlp_scale, wi, hidden_ref, 0, rows_total=rows,
+                   activations=activations, eb=mlp_eb, eps=eps, dot=dot,
+                   first_col=_grid.at(j, mb), nb=mb)
+
+  def mlp_out(j):
+    dense_residual_body(hidden_ref, wo, mid2_ref, y_ref, 0, rows_total=rows,
+                        kb=mlp_kb, dot=dot, first_col=_grid.at(j, nb), nb=nb)
+
+  refs = projections(x_ref, self_scale, wqkv, self_proj)
+  stages.run(heads, lambda h: self_attention(h, refs))
   stages.wait()
   residual(ctx_ref, self_out, x_ref, mid_ref, kb)
-  cross_in = projections(mid_ref, cross_scale, wq, cross_proj)
-  stages.run(
-      heads, lambda h: cross_attention_kernel(
-          *cross_in, cross_keys, cross_values, encoder_valid, ctx_ref, rows=
-          rows, eb=eb, lb=cross_lb, eps=eps, dot=dot, split=split, head
-          =(_grid.index(h),), ctx_cols=pl.ds(_grid.at(h, head_dim), head_dim)))
+  refs = projections(mid_ref, cross_scale, wq, cross_proj)
+  stages.run(heads, lambda h: cross_attention(h, refs))
   stages.wait()
   residual(ctx_ref, cross_out, mid_ref, mid2_ref, kb)
-  stages.run(
-      mlp // mb, lambda j: rms_dense_body(
-          mid2_ref, mlp_scale, wi, hidden_ref, 0, rows_total=rows,
-          activations=activations, eb=eb, eps=eps, dot=dot, first_col=_grid.at(
-              j, mb), nb=mb))
+  stages.run(mlp // mb, mlp_in)
   stages.wait()
-  stages.run(
-      emb // nb, lambda j:
-      dense_residual_body(hidden_ref, wo, mid2_ref, y_ref, 0, rows_total=rows,
-                          kb=mlp_kb, dot=dot, first_col=_grid.at(j, nb), nb=nb))
+  stages.run(emb // nb, mlp_out)
 
 
 def rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, **kw):

@@ -13,8 +13,10 @@ program's threads go on together. A program waiting holds its
 multiprocessor, so every program of the kernel must be resident at once:
 the rows' programs together at most the GPU's multiprocessors
 (`gpu_layers.decoder_layers` divides `Tiles.programs` among the rows). A
-wait that outlasts `SPIN_LIMIT` reads goes on, its results wrong and the
-device check's exactness failing, rather than hanging the GPU.
+wait that outlasts `SPIN_LIMIT` reads gives up and marks the counter so
+that the kernel's later waits do too (`GAVE_UP`): its results wrong and
+the device check's comparison with XLA's path failing, rather than the
+GPU hanging.
 
 In interpret mode (the CPU's tests) a kernel's programs run one after
 another, so no program could wait for a later one: there one program per
@@ -31,8 +33,12 @@ from jax import lax
 from specdec_jax.core.kernels import _gpu_pieces as _pieces
 
 # Reads of the counter before a wait gives up (each an L2 round trip, about
-# 0.5-1 us: 0.5-1 s).
-SPIN_LIMIT = 1 << 20
+# 0.5-1 us: 30-70 ms, where a wait takes microseconds), and the counter's
+# value then: negative, so that every later wait of the kernel (which
+# reads it negative) goes on at once, and the kernel ends in one give-up,
+# not one a barrier.
+SPIN_LIMIT = 1 << 16
+GAVE_UP = -(1 << 30)
 
 
 @dataclasses.dataclass
@@ -90,26 +96,29 @@ class Stages:
     program reads after it."""
     if not self.on_gpu:
       return  # Interpret mode: the stage ran for every program.
-    _, plgpu = _pieces.pallas()
+    pl, plgpu = _pieces.pallas()
     plgpu.debug_barrier()  # This program's threads' stores are done.
     if self.programs <= 1:
       return
-    pl, _ = _pieces.pallas()
     self.waits += 1
-    at_ = (jnp.int32(self.counter_row), pl.program_id(0)
-          )  # this run's, this row's
+    slot = (jnp.int32(self.counter_row), pl.program_id(0))  # run's, row's
     arrived = self.waits * self.programs
-    plgpu.atomic_add(self.counter_ref, at_, jnp.int32(1))
+    plgpu.atomic_add(self.counter_ref, slot, jnp.int32(1))
 
     def waiting(carry):
       seen, spins = carry
-      return (seen < arrived) & (spins < SPIN_LIMIT)
+      return (seen >= 0) & (seen < arrived) & (spins < SPIN_LIMIT)
 
     def read(carry):
-      return (plgpu.atomic_add(self.counter_ref, at_,
+      return (plgpu.atomic_add(self.counter_ref, slot,
                                jnp.int32(0)), carry[1] + 1)
 
-    lax.while_loop(waiting, read, (jnp.int32(0), jnp.int32(0)))
+    _, spins = lax.while_loop(waiting, read, (jnp.int32(0), jnp.int32(0)))
+
+    @pl.when(spins >= SPIN_LIMIT)
+    def give_up():  # Every wait of the kernel's after it gives up too.
+      plgpu.atomic_xchg(self.counter_ref, slot, jnp.int32(GAVE_UP))
+
     plgpu.debug_barrier()  # The program's threads go on together.
 
 
