@@ -1053,6 +1053,12 @@ def test_folds_nothing_weighs_a_models_layer_against_the_presets(monkeypatch):
   assert not paths.folds_nothing(model, "at")
   assert not paths.folds_nothing(model, "mma")
   assert not paths.folds_nothing(model, "mma_fold")  # 64 MiB: a tiny layer
+  # The tiles group leaves the target out under both, and under a preset
+  # that spreads layers over many programs (for small models).
+  assert [
+      paths.target_skips(model, p)
+      for p in ("under", "at", "mma", "mma_persistent", "tall_mma_persistent")
+  ] == [True, False, False, True, True]
 
 
 class _Bench:

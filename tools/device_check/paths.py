@@ -410,26 +410,35 @@ def folds_nothing(model: T5Model, preset: str) -> bool:
     return tiles.fold_bytes > 0 and not gpu.folded_layer(weight_bytes)
 
 
+def target_skips(model: T5Model, preset: str) -> bool:
+  """Whether the `tiles` group leaves the target out under tile preset
+  `preset`: one that folds none of its layers (`folds_nothing`), or one
+  that spreads layers over the GPU's programs (`Tiles.programs`: for
+  small models; an XXL step under them the grids' model prices at 10.1
+  ms, 6.9 split, and its 8-token call took 82-326 s to compile here)."""
+  return folds_nothing(model,
+                       preset) or gpu_tiles.TILE_PRESETS[preset].programs > 0
+
+
 def _tiles(b: physics.Bench, s: common.Settings, record: common.Recorder,
            deadline: common.Deadline) -> None:
   """The target's and the small draft's 'fused' step with each tile preset,
   and the target's `max(chunk_sizes)`-token call with each of
-  `tile_call_presets`; for the target, not the presets that fold none of
-  its layers (`folds_nothing`). Compiled in that order while `deadline`
-  allows (`_timed_variants`), then `rows_identical` per call preset while
-  it still does."""
+  `tile_call_presets`; for the target, not the presets `target_skips`.
+  Compiled in that order while `deadline` allows (`_timed_variants`),
+  then `rows_identical` per call preset while it still does."""
   variants = {}
   k = max(s.chunk_sizes)
   target = b.key(s.target, "fused")
   for preset in s.tile_presets:
     for name in (s.drafts[0], s.target):
       key = b.key(name, "fused")
-      if key == target and folds_nothing(b.models[key], preset):
+      if key == target and target_skips(b.models[key], preset):
         continue
       variants[f"{name}/{preset}"] = _with_tiles(
           b.call(key, 1, loop=physics.call_loop_with({})), preset)
   for preset in s.tile_call_presets:
-    if folds_nothing(b.models[target], preset):
+    if target_skips(b.models[target], preset):
       continue
     variants[f"{s.target}@k{k}/{preset}"] = _with_tiles(
         b.call(target, k, loop=physics.call_loop_with({})), preset)

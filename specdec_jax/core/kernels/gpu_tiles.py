@@ -133,14 +133,14 @@ WIDE_WEIGHT_DEPTHS = {"dense_emb_block": 128, "in_block": 512}
 # "mma_split"'s blocks (no float32 spill) over twice the programs (16
 # columns), 4 blocks in flight a program, not 2: on the H200 a program of
 # 'mma_split' read ~5-8 GB/s (2026-11-30 profile; a block is 2-4 KB).
-# "mma_persistent" (`Tiles.programs`): decoder layers up to 16 MB together
-# (T5-small's three at a time; a larger one alone) in one kernel over 128
+# "mma_persistent" (`Tiles.programs`): decoder layers up to 12 MB together
+# (T5-small's in pairs; a larger one alone) in one kernel over 128
 # programs, `mma_split`'s blocks over 16 columns, its stages apart by
 # barriers: at T5-small the profile's ~1.9 us gaps and ~2.9 us fixed cost
-# of 70 kernels (~0.34 ms of a 0.58 ms step) become 4 kernels and 61
+# of 70 kernels (~0.34 ms of a 0.58 ms step) become 5 kernels and 60
 # barriers, each an L2 round trip or two. Not all 8 layers in one:
 # compiled here for an H200, its 4-token call took 155 s (three a kernel:
-# 38 s). "tall_mma_persistent": the same with `tall_mma_split`'s blocks: a
+# 38 s, 120 s at 8 tokens; two 18 s and 73 s). "tall_mma_persistent": the same with `tall_mma_split`'s blocks: a
 # program's block of a stage is then one or two loads in flight at once,
 # not 4-8 in a row two at a time (T5-small's MLP input: 32 KB a block of
 # columns).
@@ -166,10 +166,10 @@ TILE_PRESETS = {
                            fold_bytes=64 << 20),
     "mma_layer_fold": Tiles(dot=True, layer_bytes=1 << 20, fold_bytes=64 << 20),
     "mma_persistent": Tiles(dot=True, columns=16, split_heads=True,
-                            layer_bytes=16 << 20, programs=128),
+                            layer_bytes=12 << 20, programs=128),
     "tall_mma_persistent": Tiles(dot=True, emb_block=256, dense_emb_block=512,
                                  in_block=1024, columns=16, split_heads=True,
-                                 layer_bytes=16 << 20, programs=128),
+                                 layer_bytes=12 << 20, programs=128),
 }
 
 _TILES: contextvars.ContextVar[Optional[Tiles]] = contextvars.ContextVar(
