@@ -656,10 +656,10 @@ def test_layers_over_many_programs_compute_the_same_bits(wide_world, split):
       got[name], chunked = _decode_traced_now(fused, enc, dec, [1] * 4, [3, 1])
       np.testing.assert_array_equal(got[name], chunked)
   np.testing.assert_array_equal(got["kernels"], got["programs"])
-  assert not gpu.layers_kernel(1)
+  assert not gpu.one_kernel_run(1)
   with gpu_tiles.tiles(many):
     assert gpu_layers.programs_per_row(2) == 3
-    assert gpu.layers_kernel(1) and not gpu.folded_layer(1)
+    assert gpu.one_kernel_run(1) and not gpu.folded_layer(1)
     text = _lowered(fused, 4, 1)
   assert text.count(gpu.TRITON_CALL) - 1 == 1  # 1 layer, then the logits
   assert "atomic_rmw" in text
@@ -669,9 +669,11 @@ def test_programs_are_divided_among_the_rows():
   """Every program resident at once: `Tiles.programs` in all, each row at
   least one; none without it."""
   assert gpu_layers.programs_per_row(1) == 0
+  assert gpu_layers.barrier_counters(1, 4) is None
   with gpu_tiles.tiles(gpu_tiles.Tiles(programs=128)):
     assert [gpu_layers.programs_per_row(b) for b in (1, 3, 8, 200)
            ] == [128, 42, 16, 1]
+    assert gpu_layers.barrier_counters(8, 4).shape == (4, 8)
 
 
 def _t5_small_shaped() -> T5Model:

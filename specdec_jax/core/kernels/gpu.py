@@ -181,7 +181,7 @@ def layer_runs(weight_bytes: Sequence[int]) -> List[range]:
   return runs
 
 
-def layers_kernel(run_bytes: int) -> bool:
+def one_kernel_run(run_bytes: int) -> bool:
   """Whether a run of decoder layers (`layer_runs`) whose weights take
   `run_bytes` runs as one kernel (`gpu_layers.decoder_layers`): it fits
   `Tiles.layer_bytes`, or `Tiles.programs` spreads a layer of any size
@@ -193,7 +193,7 @@ def layers_kernel(run_bytes: int) -> bool:
 def folded_layer(weight_bytes: int) -> bool:
   """Whether a decoder layer of `weight_bytes` runs as three kernels
   (`Tiles.fold_bytes`; a layer of one kernel is not folded)."""
-  return (not layers_kernel(weight_bytes) and
+  return (not one_kernel_run(weight_bytes) and
           0 < weight_bytes <= gpu_tiles.current_tiles().fold_bytes)
 
 

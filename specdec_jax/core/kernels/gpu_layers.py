@@ -209,13 +209,16 @@ def decoder_layers(
       wo), k, v, ck, cv in zip(weights, keys, values, cross_keys, cross_values)]
   batch = x.shape[0]
   programs = programs_per_row(batch)
-  kernel = _layers_kernel(x, layers, bias, activations, programs, run, eps)
+  kernel = _layers_body(x, layers, bias, activations, programs, run, eps)
   rows_in, rows_specs = _rows_in(x, _per_row)
   bias_in, bias_specs = gpu.self_bias_inputs(bias, per_head=False)
   if not programs:
     counters = None
   elif counters is None:
     counters = barrier_counters(batch, 1)
+  # The counters' place among the outputs (`_layers_specs`): after y, the
+  # caches and the 6 scratch outputs.
+  counters_out = 1 + 2 * len(layers) + 6
   out_specs, in_specs = _layers_specs(x, layers, rows_specs, bias_specs,
                                       counters)
   # Layer i's keys and values among the inputs and the outputs; the
@@ -228,7 +231,7 @@ def decoder_layers(
     aliases[first + i * count + 3] = 2 + 2 * i
   counted = [] if counters is None else [counters]
   if counted:
-    aliases[first + len(layers) * count] = 2 * len(layers) + 7
+    aliases[first + len(layers) * count] = counters_out
   # Interpret mode: one program per row runs the stages for every program.
   grid = (batch,
           programs if not gpu.interpret() else 1) if programs else (batch,)
@@ -239,12 +242,12 @@ def decoder_layers(
                   encoder_valid.astype(bool),
                   *[w for layer in layers for w in layer], *counted)
   return (y, outs[0:2 * len(layers):2], outs[1:2 * len(layers):2],
-          outs[2 * len(layers) + 6] if counted else None)
+          outs[counters_out - 1] if counted else None)
 
 
-def _layers_kernel(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
-                   bias: gpu.SelfBias, activations: Sequence[str],
-                   programs: int, run: int, eps: float) -> Callable:
+def _layers_body(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
+                 bias: gpu.SelfBias, activations: Sequence[str], programs: int,
+                 run: int, eps: float) -> Callable:
   """`decoder_layers`' kernel: `_bodies.layers_kernel` with its blocks
   (the current tiles', for the layers' weights' dtype)."""
   _, _, emb = x.shape
@@ -266,9 +269,12 @@ def _layers_kernel(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
       split=t.split_heads, cols=gpu.block(head_dim, t.columns), run=run)
 
 
-def barrier_counters(batch: int, runs: int) -> Array:
+def barrier_counters(batch: int, runs: int) -> Optional[Array]:
   """[runs, B] int32 zeros: the barriers' counters of a call's `runs` runs
-  of layers over many programs (`decoder_layers`' `counters`)."""
+  of layers over many programs (`decoder_layers`' `counters`); None
+  without `Tiles.programs`."""
+  if not programs_per_row(batch):
+    return None
   return jnp.zeros((runs, batch), jnp.int32)
 
 

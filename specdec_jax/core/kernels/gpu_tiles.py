@@ -63,13 +63,13 @@ class Tiles:
     programs: the programs a one-kernel run of layers runs on (runs as
       `layer_bytes` groups them; a layer over it runs alone), all rows of
       the batch together (each row gets programs // B, at least 1): each
-      stage of a layer (with `split_heads` the
-      attention projections, each attention, each dense product) is
-      divided among a row's programs by blocks, which wait for each other
-      between stages at a barrier in global memory (`_gpu_grid`): a small
-      model's step in one kernel over the whole GPU, not ~8 launches a
-      layer. At most the GPU's multiprocessors (every program must be
-      resident: an H200 has 132). 0: one program per row runs every stage.
+      stage of a layer (with `split_heads` the attention projections, each
+      attention, each dense product) is divided among a row's programs by
+      blocks, which wait for each other between stages at a barrier in
+      global memory (`_gpu_grid`): a small model's step in a few kernels
+      over the whole GPU, not ~8 launches a layer. At most the GPU's
+      multiprocessors (every program must be resident: an H200 has 132).
+      0: one program per row runs every stage.
   """
   emb_block: int = 64
   dense_emb_block: int = 64
@@ -140,10 +140,10 @@ WIDE_WEIGHT_DEPTHS = {"dense_emb_block": 128, "in_block": 512}
 # of 70 kernels (~0.34 ms of a 0.58 ms step) become 5 kernels and 60
 # barriers, each an L2 round trip or two. Not all 8 layers in one:
 # compiled here for an H200, its 4-token call took 155 s (three a kernel:
-# 38 s, 120 s at 8 tokens; two 18 s and 73 s). "tall_mma_persistent": the same with `tall_mma_split`'s blocks: a
-# program's block of a stage is then one or two loads in flight at once,
-# not 4-8 in a row two at a time (T5-small's MLP input: 32 KB a block of
-# columns).
+# 38 s, 120 s at 8 tokens; two 18 s and 73 s). "tall_mma_persistent": the
+# same with `tall_mma_split`'s blocks: a program's block of a stage is then
+# one or two loads in flight at once, not 4-8 in a row two at a time
+# (T5-small's MLP input: 32 KB a block of columns).
 TILE_PRESETS = {
     "default": Tiles(),
     "wide": Tiles(emb_block=128, dense_emb_block=128, in_block=256, columns=64,

@@ -376,11 +376,10 @@ def fused_layers(layers: Sequence[Any], x, keys, values, start, bias,
   partials = None
   new_keys, new_values = [], []
   runs = gpu.layer_runs(sizes)
-  counters = None  # The barriers' (`Tiles.programs`): one zeroed array.
-  if gpu_layers.programs_per_row(x.shape[0]):
-    counters = gpu_layers.barrier_counters(x.shape[0], len(runs))
+  # The barriers' (`Tiles.programs`): one zeroed array for every run.
+  counters = gpu_layers.barrier_counters(x.shape[0], len(runs))
   for r, run in enumerate(runs):
-    if gpu.layers_kernel(sum(sizes[i] for i in run)):
+    if gpu.one_kernel_run(sum(sizes[i] for i in run)):
       x, run_keys, run_values, counters = gpu_layers.decoder_layers(
           gpu_layers.summed(x, partials), [keys[i] for i in run],
           [values[i] for i in run], start, bias, [cross_keys[i] for i in run],
