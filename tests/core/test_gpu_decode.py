@@ -209,6 +209,10 @@ def test_float32_weights_take_shallower_blocks(monkeypatch):
       gpu_tiles.WIDE_WEIGHT_DEPTHS["dense_emb_block"],
       gpu_tiles.WIDE_WEIGHT_DEPTHS["in_block"]) == (128, 512)
   assert capped.emb_block == tall.emb_block and capped.columns == tall.columns
+  # Prefetched blocks, held across a barrier, shallower still.
+  held = gpu_tiles.TILE_PRESETS["tall_mma_persistent_prefetch"]
+  assert (held.for_weights(jnp.float32).in_block,
+          held.for_weights(jnp.bfloat16).in_block) == (256, 1024)
   seen = {}
   for name in ("rms_dense_kernel", "dense_residual_kernel"):
     original = getattr(gpu._bodies, name)  # pylint: disable=protected-access
@@ -639,17 +643,23 @@ def _triton_calls(model: T5Model, cache_len: int, k: int) -> int:
   return _lowered(model, cache_len, k).count(gpu.TRITON_CALL)
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_layers_over_many_programs_compute_the_same_bits(wide_world, split):
+@pytest.mark.parametrize("split,prefetch", [(False, False), (True, False),
+                                            (True, True)])
+def test_layers_over_many_programs_compute_the_same_bits(
+    wide_world, split, prefetch):
   """`Tiles.programs`: the one-kernel layer's stages divided among each
   row's programs (3 here: blocks of 2, 6 and 8 do not divide evenly),
   apart by barriers, compute what the layer's own kernels compute on the
-  same blocks (with `split_heads`, eight a layer) to the bit, rows
-  independent of the call; one kernel a layer lowered for CUDA, its
-  barriers an atomic counter and the lowering's only atomics."""
+  same blocks (with `split_heads`, eight a layer; with `prefetch`, each
+  block's first weights, biases or encoder keys loaded apart and its
+  contraction's or attention's first block run on them; attention in
+  blocks of 2 slots, so that more follow) to the bit, rows independent of
+  the call; one kernel a layer lowered for CUDA, its barriers an atomic
+  counter and the lowering's only atomics."""
   fused, enc, dec, _, _ = wide_world
-  base = gpu_tiles.Tiles(dot=True, columns=16, split_heads=split)
-  many = dataclasses.replace(base, programs=6)  # layers of any size
+  base = gpu_tiles.Tiles(dot=True, columns=16, split_heads=split, slots=2)
+  many = dataclasses.replace(base, programs=6,
+                             prefetch=prefetch)  # layers of any size
   got = {}
   for name, tiles in (("kernels", base), ("programs", many)):
     with gpu_tiles.tiles(tiles):
@@ -669,11 +679,11 @@ def test_programs_are_divided_among_the_rows():
   """Every program resident at once: `Tiles.programs` in all, each row at
   least one; none without it."""
   assert gpu_layers.programs_per_row(1) == 0
-  assert gpu_layers.barrier_counters(1, 4) is None
+  assert gpu_layers.barrier_counters(1) is None
   with gpu_tiles.tiles(gpu_tiles.Tiles(programs=128)):
     assert [gpu_layers.programs_per_row(b) for b in (1, 3, 8, 200)
            ] == [128, 42, 16, 1]
-    assert gpu_layers.barrier_counters(8, 4).shape == (4, 8)
+    assert gpu_layers.barrier_counters(8).shape == (8,)
 
 
 def _t5_small_shaped() -> T5Model:

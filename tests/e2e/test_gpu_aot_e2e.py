@@ -97,13 +97,36 @@ def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
   # Layers over the whole GPU apart by barriers (`Tiles.programs`): the
   # target's 8 layers a kernel each, the draft's two one kernel; Triton
   # compiles the barriers' atomics for an H200 (the draft's steps that
-  # take the last one's argmax spill 8 B a thread), and an iteration
-  # launches under a third of the kernels of the six a layer.
-  for loop in ("baseline", "speculative"):
-    many = result["loops"]["shipped"]["fused@mma_persistent"][loop]
-    assert all(store <= 16 for store, _ in many["spills"].values()), many
-    six = result["loops"]["shipped"]["fused"][loop]["body"]
-    assert 3 * many["body"] < six, (many["body"], six)
+  # take the last one's argmax spill 8 B a thread; with `Tiles.prefetch`
+  # the float32 target's blocks held across barriers spill nothing), and
+  # an iteration launches under a third of the kernels of the six a layer.
+  for preset in ("mma_persistent", "tall_mma_persistent_prefetch"):
+    for loop in ("baseline", "speculative"):
+      many = result["loops"]["shipped"][f"fused@{preset}"][loop]
+      assert all(store <= 16 for store, _ in many["spills"].values()), many
+      six = result["loops"]["shipped"]["fused"][loop]["body"]
+      assert 3 * many["body"] < six, (many["body"], six)
+
+
+@_NEEDS_PLUGIN
+def test_prefetched_weights_are_loaded_before_each_barrier(tmp_path):
+  """`Tiles.prefetch` in the PTX XLA gives ptxas (`ptx_barriers`): in each
+  run of layers of the small decoder's one-token and 8-token calls a
+  program issues loads for the next stage before every barrier (its
+  weights; before an attention its biases or the encoder's keys), and
+  none without it; nothing spills."""
+  result = _compiled(
+      tmp_path, "--groups=barriers",
+      "--presets=tall_mma_persistent,tall_mma_persistent_prefetch",
+      timeout=300)["barriers"]
+  for preset, prefetch in (("tall_mma_persistent", False),
+                           ("tall_mma_persistent_prefetch", True)):
+    assert set(result[preset]) == {"k_1", "k_8"}, result[preset]
+    for call, r in result[preset].items():
+      assert r["spills"] == {} and r["loads"], (preset, call, r)
+      for kernel, counts in r["loads"].items():
+        assert [c > 0 for c in counts
+               ] == [prefetch] * len(counts), (preset, call, kernel, counts)
 
 
 @_NEEDS_PLUGIN

@@ -103,3 +103,28 @@ def test_a_refused_program_is_a_result_not_a_crash():
     raise ValueError("Triton refused\nmore lines")
 
   assert gpu_aot._timed(refused) == {"error": "ValueError: Triton refused"}
+
+
+def test_summary_reads_the_barriers_loads():
+  """A line per preset and call: the barriers with loads issued before
+  them, of all the runs' barriers, or the compile's error."""
+  result = {
+      "barriers": {
+          "tall_mma_persistent_prefetch": {
+              "k_1": {
+                  "loads": {
+                      "a.ptx:decode_layers": [0, 4, 2],
+                      "b.ptx:decode_layers": [0, 4]
+                  }
+              },
+              "k_8": {
+                  "error": "XlaRuntimeError: refused"
+              },
+          }
+      }
+  }
+  assert gpu_aot.summary(result) == [
+      "barriers tall_mma_persistent_prefetch k_1: 3 of 5 with loads issued "
+      "before them (10 loads)",
+      "barriers tall_mma_persistent_prefetch k_8: XlaRuntimeError: refused",
+  ]

@@ -26,7 +26,13 @@ programs XLA:GPU and Triton compile (issue 56), per decode path ('xla',
   calls (`kernel_grid.by_kernel`: programs and bytes per program) and the
   step `kernel_grid.predict_ms` gives; with `--device_check` (a device
   check's JSON), the model fitted to the steps it measured on 'fused'
-  (`grids_fit`, under the check's tile preset).
+  (`grids_fit`, under the check's tile preset);
+* `barriers` (only when `--groups` names it): per preset of `--presets`
+  with `Tiles.programs`, the small decoder's one-token and (γ+1)-token
+  calls on 'fused' compiled with XLA's dump on, and in the PTX of each
+  run of layers the loads issued between a stage's stores and the
+  barrier after it (`ptx_barriers`: the next stage's weights under
+  `Tiles.prefetch`, none without).
 
 Counts only: nothing runs. Compile seconds are this host's.
 
@@ -39,6 +45,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -56,6 +63,7 @@ from specdec_jax.terminal import console
 from tools.benchmarks import common
 from tools.benchmarks import iteration_hlo
 from tools.benchmarks import kernel_grid
+from tools.benchmarks import ptx_barriers
 from tools.device_check import common as check_common
 from tools.device_check import paths
 
@@ -99,8 +107,9 @@ runtime_version {
 }
 device_description_str: "NVIDIA H200"
 """
-GROUPS = ("layers", "sizes", "tiles", "option_sets", "loops", "grids")
-DEFAULT_GROUPS = GROUPS[:-1]
+GROUPS = ("layers", "sizes", "tiles", "option_sets", "loops", "grids",
+          "barriers")
+DEFAULT_GROUPS = GROUPS[:5]
 SIZES = ("small", "base", "large", "xxl")
 _PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
 
@@ -309,6 +318,31 @@ def loops_group(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
   return out
 
 
+def barriers(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
+  """Per preset with programs and call (k_1, k_<γ+1>): each run of layers'
+  loads at its barriers (`ptx_barriers.dumped`), with the compile's
+  spills and seconds."""
+  out: Dict[str, Any] = {}
+  for name in f.presets:
+    preset = gpu_tiles.TILE_PRESETS[name]
+    if not preset.programs:
+      continue
+    for k in (1, f.gamma + 1):
+      with tempfile.TemporaryDirectory() as folder:
+        with gpu_tiles.tiles(preset):
+          result = _timed(lambda k=k, d=folder: _step(
+              _small(f), "fused", device, k=k, options={"xla_dump_to": d}))
+        if "error" not in result:
+          result = {
+              "loads": ptx_barriers.dumped(folder),
+              **{
+                  key: result[key] for key in ("spills", "compile_s")
+              }
+          }
+      out.setdefault(name, {})[f"k_{k}"] = result
+  return out
+
+
 _HLO_DTYPES = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}
 
 
@@ -367,6 +401,7 @@ _RUN = {
     "option_sets": option_sets,
     "loops": loops_group,
     "grids": grids,
+    "barriers": barriers,
 }
 
 
@@ -404,6 +439,13 @@ def summary(result: Dict[str, Any]) -> List[str]:
         f"{fitted['kernel_us']:.2f} µs a call; model/measured " + " ".join(
             f"{p / m:.2f}"
             for p, m in zip(fitted["predicted_ms"], fitted["measured_ms"])))
+  for preset, by_call in result.get("barriers", {}).items():
+    for call, r in by_call.items():
+      counts = [c for runs in r.get("loads", {}).values() for c in runs]
+      lines.append(f"barriers {preset} {call}: " +
+                   (r["error"] if "error" in r else
+                    f"{sum(c > 0 for c in counts)} of {len(counts)} with "
+                    f"loads issued before them ({sum(counts)} loads)"))
   for pair, by_path in result.get("loops", {}).items():
     for path, loops_ in by_path.items():
       if not isinstance(loops_, dict) or "speculative" not in loops_:

@@ -174,13 +174,17 @@ class Settings:
   # model's layers in three kernels, not six (_fold: the T5-small draft's;
   # not XXL's): docs/design/performance.md. In this order: the group
   # compiles them while its deadline allows (the first is the reference).
-  # 'mma_persistent' second: the one preset whose launches are few enough
-  # for issue 56's 0.10 ms (`Tiles.programs`).
+  # The '_persistent' presets next: the only ones whose launches are few
+  # enough for issue 56's 0.10 ms (`Tiles.programs`; '_prefetch': the
+  # weights' loads in flight while a program waits, `Tiles.prefetch`).
   tile_presets: Tuple[str,
-                      ...] = ("mma_split", "mma_persistent", "deep_mma_split",
+                      ...] = ("mma_split", "mma_persistent",
+                              "tall_mma_persistent",
+                              "tall_mma_persistent_prefetch", "deep_mma_split",
                               "tall_mma_split", "mma", "tall_mma", "default",
                               "tall_wide", "mma_fold", "tall_mma_fold")
   tile_call_presets: Tuple[str, ...] = ("mma_split", "mma_persistent",
+                                        "tall_mma_persistent_prefetch",
                                         "deep_mma_split", "tall_mma_split",
                                         "mma", "default", "mma_fold")
   # Deeper blocks (capped for the pair's float32 weights: `Tiles.
@@ -189,11 +193,12 @@ class Settings:
   # pretrained phase's identity and main job under them too, beside the
   # check's tiles'. Not 'mma' (1.49x on the H200, 2026-11-29, as
   # 'mma_split' on -30), nor 'mma_layer_fold' (the target's 12 MB layers
-  # in three kernels too: 1.15x, 2026-11-29). 'mma_persistent' first: the
-  # draft's step one layers kernel over 128 programs, the target's 8
-  # (`Tiles.programs`).
-  main_job_tiles: Tuple[str,
-                        ...] = ("mma_persistent", "tall_mma_split", "mma_layer")
+  # in three kernels too: 1.15x, 2026-11-29). The '_persistent' presets
+  # first: the draft's step one layers kernel over 128 programs, the
+  # target's 8 (`Tiles.programs`).
+  main_job_tiles: Tuple[str, ...] = ("mma_persistent",
+                                     "tall_mma_persistent_prefetch",
+                                     "tall_mma_split", "mma_layer")
   # (target's path, draft's path): on the H200 the shipped target's step
   # was fastest on 'xla' (0.411 ms; 'fused' 0.440-0.478) and its draft's
   # on 'fused' (0.051-0.063 ms; 'xla' 0.076) (2026-11-29, 2026-11-30).

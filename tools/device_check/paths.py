@@ -39,8 +39,8 @@ measured; a group that does not fit the phase's time cap is marked
 skipped, one that fails records its error and the others still run.
 """
 import collections
+import functools
 import re
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import jax
@@ -54,6 +54,7 @@ from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
 from tools.benchmarks import iteration_hlo
 from tools.device_check import common
+from tools.device_check import compiles
 from tools.device_check import env
 from tools.device_check import kernel_profile
 from tools.device_check import physics
@@ -302,25 +303,20 @@ def _timed_variants(b: physics.Bench, variants: Dict[str, Callable[[int], Any]],
                     deadline: common.Deadline) -> Dict[str, Any]:
   """Times the variants that compile (interleaved), the others' errors.
 
-  Compiles a variant only while the slowest compile so far plus the
-  timing's reserve (`_TIMING_RESERVE_S`) still fits `deadline`: the
-  others are `skipped` (named), so a group that runs out of time still
-  times what it compiled rather than being killed with nothing written.
+  Compiles the variants several at once (`compiles.concurrently`),
+  starting one only while the slowest compile so far plus the timing's
+  reserve (`_TIMING_RESERVE_S`) still fits `deadline`: the others are
+  `skipped` (named), so a group that runs out of time still times what
+  it compiled rather than being killed with nothing written.
   """
-  ok, failed, skipped, compile_s = {}, {}, [], {}
-  slowest = 0.0
-  for name, fn in variants.items():
-    if not deadline.allows(slowest + _TIMING_RESERVE_S):
-      skipped.append(name)
-      continue
-    start = time.perf_counter()
-    try:
-      jax.block_until_ready(fn(0))
-      ok[name] = fn
-    except Exception as e:  # pylint: disable=broad-except
-      failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-    compile_s[name] = time.perf_counter() - start
-    slowest = max(slowest, compile_s[name])
+  done, skipped = compiles.concurrently(
+      {
+          n: functools.partial(_first_call, fn) for n, fn in variants.items()
+      }, lambda slowest: deadline.allows(slowest + _TIMING_RESERVE_S),
+      count=compiles.workers())
+  ok = {n: variants[n] for n, d in done.items() if d.error is None}
+  failed = {n: d.error for n, d in done.items() if d.error is not None}
+  compile_s = {n: d.seconds for n, d in done.items()}
   out: Dict[str, Any] = {
       "errors": failed,
       "skipped": skipped,
@@ -351,6 +347,11 @@ def _option_sets(b: physics.Bench, s: common.Settings, record: common.Recorder,
           "model": draft,
           **_timed_variants(b, variants, f"{s.paths[0]}/default", deadline)
       })
+
+
+def _first_call(fn: Callable[[int], Any]) -> None:
+  """fn(0) to its end: a variant's compile (and one run)."""
+  jax.block_until_ready(fn(0))
 
 
 def _with_tiles(fn: Callable[[int], Any], preset: str) -> Callable[[int], Any]:
@@ -450,17 +451,31 @@ def _tiles(b: physics.Bench, s: common.Settings, record: common.Recorder,
       **_timed_variants(b, variants, f"{s.target}/{s.tile_presets[0]}", deadline),
       "rows_identical": {},
   }
-  # Written before each rows check and after it: a check's compile that
+  # Written before the rows checks and after each: a check's compile that
   # outlasts the phase's cap (a '_persistent' preset's 8-token call took
-  # minutes here) loses nothing measured before it.
+  # minutes here) loses nothing measured before it. The checks several at
+  # once (`compiles.concurrently`); a preset that fails: its own error.
   draft = b.key(s.drafts[0], "fused")
-  for p in s.tile_call_presets:
+  model, cache = b.models[draft], b.cache(draft, 1)
+  checks = tiles["rows_identical"]
+
+  def checked(p: str, done: compiles.Done) -> None:
+    checks[p] = done.result if done.error is None else {
+        "ok": False,
+        "error": done.error
+    }
     record.set("tiles", tiles)
-    tiles["rows_identical"][p] = (  # A preset that fails: its own error.
-        common.guarded(lambda p=p: rows_identical(b.models[
-            draft], b.cache(draft, 1), k, p)) if deadline.allows(10.0) else {
-                "skipped": "time cap"
-            })
+
+  record.set("tiles", tiles)
+  compiles.concurrently(
+      {
+          p: functools.partial(rows_identical, model, cache, k, p)
+          for p in s.tile_call_presets
+      }, lambda _: deadline.allows(10.0), count=compiles.workers(),
+      on_done=checked)
+  tiles["rows_identical"] = {
+      p: checks.get(p, {"skipped": "time cap"}) for p in s.tile_call_presets
+  }
   record.set("tiles", tiles)
 
 

@@ -1,12 +1,11 @@
 """The GPU kernels' bodies (`kernels.gpu`), each a function of its
 program's refs: the six kernels' (self-attention, cross-attention, the
-RMS-normed dense product, the dense product plus residual), the split
-heads' projections, the one-kernel layer that runs the six in turn
-(`gpu_layers.decoder_layers`), which is why they live apart from their
-calls, and a folded layer's three (`gpu_layers`).
+RMS-normed dense product, the dense product plus residual) and the split
+heads' projections, which a run of layers' kernel also runs in turn
+(`_gpu_layers_body`), which is why they live apart from their calls; and
+a folded layer's three (`gpu_layers`).
 """
 import dataclasses
-import functools
 from typing import Any, Callable, List, Optional, Tuple
 
 import jax
@@ -43,25 +42,37 @@ def head_projection_kernel(x_ref, scale_ref, w_ref, out_ref, *, eb: int,
     out_ref[m, :] = value.astype(out_ref.dtype)
 
 
-def head_projection_block(x_ref, scale_ref, w_ref, out_ref, i, *, cols: int,
-                          eb: int, eps: float, dot: bool):
+def head_projection_block(x_ref, scale_ref, w_ref, out_ref, i, first=None, *,
+                          cols: int, eb: int, eps: float, dot: bool):
   """`head_projection_kernel`'s block i of a one-kernel layer's stage
   (`gpu_tiles.Tiles.programs`): w_ref [H, P, E, D] whole, block i its
-  (head, part, `cols` columns), into out_ref [rows, H, P, D]. The same
-  operations as the kernel's on its block: the same bits."""
+  (head, part, `cols` columns), into out_ref [rows, H, P, D] (`first`: its
+  first weights, `head_projection_first`'s). The same operations as the
+  kernel's on its block: the same bits."""
+  h, p, span, weight = _head_block(w_ref, i, cols)
+  rows, emb = x_ref.shape
+  products = _pieces.normed_products(lambda m, s: x_ref[m, s], weight,
+                                     scale_ref, rows, 1, emb, eb, cols, eps,
+                                     dot, first)
+  for m, (value,) in enumerate(products):
+    out_ref[jnp.int32(m), h, p,
+            span] = _pieces.round_to(value, x_ref.dtype).astype(out_ref.dtype)
+
+
+def head_projection_first(w_ref, i, *, cols: int, eb: int):
+  """Block i's first weights of `head_projection_block`, loaded now."""
+  return _pieces.first_block(_head_block(w_ref, i, cols)[3], eb, parts=1)
+
+
+def _head_block(w_ref, i, cols: int):
+  """Block i of `head_projection_block` (w_ref [H, P, E, D]): its head,
+  part, span of D and weight(_, span) [eb, cols]."""
   pl, _ = _pieces.pallas()
   parts, _, head_dim = w_ref.shape[1:]
   per_part = head_dim // cols
   h, p = i // (parts * per_part), (i // per_part) % parts
-  span = pl.ds(_grid.at(i % per_part, cols), cols)
-  rows, emb = x_ref.shape
-  products = _pieces.normed_products(lambda m, s: x_ref[m, s],
-                                     lambda _, s: w_ref[h, p, s, span],
-                                     scale_ref, rows, 1, emb, eb, cols, eps,
-                                     dot)
-  for m, (value,) in enumerate(products):
-    out_ref[jnp.int32(m), h, p,
-            span] = _pieces.round_to(value, x_ref.dtype).astype(out_ref.dtype)
+  span = pl.ds(_pieces.block_start(i % per_part, cols), cols)
+  return h, p, span, lambda _, s: w_ref[h, p, s, span]
 
 
 def projected_rows(refs, rows: int, eb: int, eps: float, dot: bool, split: bool,
@@ -85,27 +96,31 @@ def projected_rows(refs, rows: int, eb: int, eps: float, dot: bool, split: bool,
 def self_attention_kernel(start_ref, *refs, bias: BiasForm, rows: int, eb: int,
                           lb: int, eps: float, on_gpu: bool, dot: bool,
                           split: bool, head: Tuple = (),
-                          ctx_cols: Any = _pieces.ALL, copy_cache: bool = True):
+                          ctx_cols: Any = _pieces.ALL, copy_cache: bool = True,
+                          first: Optional[Tuple] = None):
   """One head's self-attention (`head`: its leading index in the weight,
   bias and cache refs, none when they are its blocks; `ctx_cols`: its
   columns of ctx_ref; `copy_cache`: in interpret mode, copy the whole
-  cache block in first: once per kernel, before any head writes it)."""
+  cache block in first: once per kernel, before any head writes it;
+  `first`: `self_attention_first`'s)."""
   projected, refs = projected_rows(refs, rows, eb, eps, dot, split, head)
   bias_refs, refs = refs[:bias.refs], refs[bias.refs:]
   keys_in, values_in, ctx_ref, keys_ref, values_ref = refs
   outs = self_attend(start_ref, projected, bias_refs, keys_in, values_in,
                      keys_ref, values_ref, bias=bias, on_gpu=on_gpu, lb=lb,
-                     head=head, copy_cache=copy_cache)
+                     head=head, copy_cache=copy_cache, first=first)
   for m, out in enumerate(outs):
     ctx_ref[m, ctx_cols] = out.astype(ctx_ref.dtype)
 
 
 def self_attend(start_ref, projected, bias_refs, keys_in, values_in, keys_ref,
                 values_ref, *, bias: BiasForm, on_gpu: bool, lb: int,
-                head: Tuple = (), copy_cache: bool = True):
+                head: Tuple = (), copy_cache: bool = True,
+                first: Optional[Tuple] = None):
   """The chunk's keys/values (projected[m]: row m's q, k, v) written into
   the cache, then each row's query over it, its bias from bias_refs (the
-  refs of a `gpu.SelfBias` of form `bias`): [D] float32 per row."""
+  refs of a `gpu.SelfBias` of form `bias`; `first`: its first block's,
+  `self_attention_first`'s): [D] float32 per row."""
   pl, plgpu = _pieces.pallas()
   rows = len(projected)
   head_dim, length = keys_ref.shape[len(head):]
@@ -129,10 +144,24 @@ def self_attend(start_ref, projected, bias_refs, keys_in, values_in, keys_ref,
   if on_gpu:  # The program's threads see each other's cache writes.
     plgpu.debug_barrier()
 
-  steps = jnp.minimum(pl.cdiv(start + rows, lb), pl.cdiv(length, lb))
+  # The blocks up to the chunk's last slot: one where the cache is one
+  # block (known here: no loop to compile around it).
+  steps = 1 if length <= lb else jnp.minimum(pl.cdiv(start + rows, lb),
+                                             pl.cdiv(length, lb))
   return _pieces.attend([q for q, _, _ in projected], keys_ref, values_ref,
                         steps, lb,
-                        self_bias(start, bias_refs, bias, rows, lb, head), head)
+                        self_bias(start, bias_refs, bias, rows, lb,
+                                  head), head, first)
+
+
+def self_attention_first(start_ref, bias_refs, keys_ref, h, *, bias: BiasForm,
+                         rows: int, lb: int) -> Tuple:
+  """Head h's first block of self-attention biases (a one-kernel layer's
+  keys_ref [H, D, L]), loaded now: not its keys, which its stage writes."""
+  head = (_grid.index(h),)
+  bias_at = self_bias(start_ref[0], bias_refs, bias, rows, lb, head)
+  return _pieces.attend_first(keys_ref, keys_ref, lb, bias_at, rows, head,
+                              kv=False)
 
 
 def self_bias(start, bias_refs, form: BiasForm, rows: int, lb: int,
@@ -189,32 +218,50 @@ def self_bias(start, bias_refs, form: BiasForm, rows: int, lb: int,
 
 def cross_attention_kernel(*refs, rows: int, eb: int, lb: int, eps: float,
                            dot: bool, split: bool, head: Tuple = (),
-                           ctx_cols: Any = _pieces.ALL):
+                           ctx_cols: Any = _pieces.ALL,
+                           first: Optional[Tuple] = None):
   """One head's cross-attention (`head`, `ctx_cols`: as the self-
-  attention's)."""
+  attention's; `first`: `cross_attention_first`'s)."""
   projected, refs = projected_rows(refs, rows, eb, eps, dot, split, head)
   keys_ref, values_ref, valid_ref, ctx_ref = refs
   outs = cross_attend(projected, keys_ref, values_ref, valid_ref, lb=lb,
-                      head=head)
+                      head=head, first=first)
   for m, out in enumerate(outs):
     ctx_ref[m, ctx_cols] = out.astype(ctx_ref.dtype)
 
 
 def cross_attend(projected, keys_ref, values_ref, valid_ref, *, lb: int,
-                 head: Tuple = ()):
+                 head: Tuple = (), first: Optional[Tuple] = None):
   """Each row's query (projected[m]: its [q]) over the encoder's keys and
-  values, masked where valid_ref [S] (bool) is False: [D] float32 per
-  row."""
-  pl, plgpu = _pieces.pallas()
+  values, masked where valid_ref [S] (bool) is False (`first`: the first
+  block's, `cross_attention_first`'s): [D] float32 per row."""
+  pl, _ = _pieces.pallas()
   length = keys_ref.shape[-1]
+  return _pieces.attend([q for (q,) in projected], keys_ref, values_ref,
+                        pl.cdiv(length, lb), lb, _cross_bias(valid_ref, lb),
+                        head, first)
+
+
+def cross_attention_first(keys_ref, values_ref, valid_ref, h, *, rows: int,
+                          lb: int) -> Tuple:
+  """Head h's first block of the encoder's keys, values and mask (keys_ref
+  [H, D, S]), loaded now."""
+  return _pieces.attend_first(keys_ref, values_ref, lb,
+                              _cross_bias(valid_ref, lb), rows,
+                              (_grid.index(h),))
+
+
+def _cross_bias(valid_ref, lb: int) -> Callable:
+  """`_pieces.attend`'s bias_at: 0 where valid_ref [S] (bool), else
+  NEG_INF."""
+  pl, plgpu = _pieces.pallas()
 
   def bias_at(m, first, valid):
     del m  # Every query sees the same encoder positions.
     seen = plgpu.load(valid_ref.at[pl.ds(first, lb)], mask=valid, other=False)
     return jnp.where(seen, 0.0, NEG_INF).astype(F32)
 
-  return _pieces.attend([q for (q,) in projected], keys_ref, values_ref,
-                        pl.cdiv(length, lb), lb, bias_at, head)
+  return bias_at
 
 
 # ---------------------------------------------------------------------------
@@ -314,150 +361,6 @@ def folded_mlp_kernel(*refs, summed: bool, activations: Tuple[str, ...],
   _pieces.partial_products(hidden, wo_ref, partial_ref, nb, dot)
 
 
-# A layer's refs in `layers_kernel`, in order.
-LAYER_REFS = ("self_scale", "wqkv", "keys", "values", "self_out", "cross_scale",
-              "wq", "cross_keys", "cross_values", "cross_out", "mlp_scale",
-              "wi", "wo")
-
-
-def layers_kernel(start_ref, *refs, layers: int, embedded: bool, bias: BiasForm,
-                  heads: int, eb: int, mlp_eb: int, lb: int, cross_lb: int,
-                  kb: int, mlp_kb: int, nb: int, mb: int, eps: float,
-                  on_gpu: bool, dot: bool, activations: Tuple[str, ...],
-                  programs: int = 0, split: bool = False, cols: int = 0,
-                  run: int = 0):
-  """`decoder_layers`: a row of the batch's K tokens through `layers`
-  decoder layers in turn, each the six kernels' bodies in turn as stages
-  (`_layer`), each stage's rows written to scratch and read back after a
-  barrier; a layer's outputs (y_ref) are the next one's input
-  (`embedded`: the first's input is the tokens and the embedding table,
-  the rows gathered first into the last output). One program runs every
-  stage (`programs` 0), or each row's `programs` share each stage's blocks
-  (`_gpu_grid.Stages`; `split`: the attention projections a stage of their
-  own, blocks of (head, part, `cols` columns), as `head_projections`').
-
-  Refs: start, the input rows (x, or tokens and table), the bias's refs,
-  encoder_valid, each layer's `LAYER_REFS`, with programs the barriers'
-  counters [R, B] (row `run` this kernel's, zeros); out: y, each layer's
-  keys and values, the scratch (ctx, mid, mid2, hidden; with programs the
-  self- and cross-attention's projections [K, H, 3, D], [K, H, 1, D] and
-  the counters) and with `embedded` the gathered rows."""
-  pl, plgpu = _pieces.pallas()
-  if embedded:
-    tokens_ref, table_ref, x_ref = refs[0], refs[1], refs[-1]
-    refs = refs[2:-1]
-  else:
-    x_ref, refs = refs[0], refs[1:]
-  bias_refs, refs = refs[:bias.refs], refs[bias.refs:]
-  encoder_valid, refs = refs[0], refs[1:]
-  count = len(LAYER_REFS)
-  weights = [refs[i * count:(i + 1) * count] for i in range(layers)]
-  refs = refs[layers * count + (1 if programs else 0):]  # less the zeros
-  y_ref, outs = refs[0], refs[1:]
-  caches, scratch = outs[:2 * layers], list(outs[2 * layers:])
-  counter_ref = scratch.pop() if programs else None
-  rows, emb = y_ref.shape
-  stages = _grid.Stages(programs, on_gpu, counter_ref, run)
-  layer = functools.partial(_layer, stages=stages, bias=bias, heads=heads,
-                            eb=eb, mlp_eb=mlp_eb, lb=lb, cross_lb=cross_lb,
-                            kb=kb, mlp_kb=mlp_kb, nb=nb, mb=mb, eps=eps,
-                            on_gpu=on_gpu, dot=dot, activations=activations,
-                            split=split and bool(programs), cols=cols)
-
-  if embedded:  # Each program gathers every row: the same bits stored.
-    row = _pieces.embedded_row_loader(tokens_ref, table_ref, x_ref, eb, True)
-    for r in range(rows):
-      for j in range(emb // eb):
-        row(r, pl.ds(j * eb, eb))
-    if on_gpu:  # The program's threads see the rows.
-      plgpu.debug_barrier()
-  for i in range(layers):
-    if i:
-      stages.wait()
-    layer(start_ref, x_ref if i == 0 else y_ref, bias_refs, encoder_valid,
-          weights[i], caches[2 * i:2 * i + 2], y_ref, *scratch)
-
-
-def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
-           ctx_ref, mid_ref, mid2_ref, hidden_ref, self_proj=None,
-           cross_proj=None, *, stages: _grid.Stages, bias: BiasForm, heads: int,
-           eb: int, mlp_eb: int, lb: int, cross_lb: int, kb: int, mlp_kb: int,
-           nb: int, mb: int, eps: float, on_gpu: bool, dot: bool,
-           activations: Tuple[str, ...], split: bool, cols: int):
-  """One layer of `layers_kernel`: x_ref's rows through the six kernels'
-  bodies (with `split`, eight: `head_projections`' before each attention)
-  as stages into y_ref (which may be x_ref: the stages that read x end
-  before the last one writes y)."""
-  pl, _ = _pieces.pallas()
-  (self_scale, wqkv, keys_in, values_in, self_out, cross_scale, wq, cross_keys,
-   cross_values, cross_out, mlp_scale, wi, wo) = weights
-  keys_ref, values_ref = caches
-  rows, emb = y_ref.shape
-  head_dim, mlp = wqkv.shape[-1], wi.shape[-1]
-  if not on_gpu:
-    # Interpret mode: the cache is not aliased (`self_attend`), so its block
-    # is copied in before any head writes it.
-    keys_ref[...] = keys_in[...]
-    values_ref[...] = values_in[...]
-
-  def projections(x, scale, w, out):
-    """The refs an attention stage reads its heads' projections from: x,
-    scale and w, or (`split`) `out`, written by a stage of their own."""
-    if not split:
-      return x, scale, w
-    stages.run(
-        heads * w.shape[1] * (head_dim // cols),
-        lambda i: head_projection_block(x, scale, w, out, i, cols=cols, eb=eb,
-                                        eps=eps, dot=dot))
-    stages.wait()
-    return (out,)
-
-  def residual(x, w, res, out, kb_):
-    """res + x @ w into out, a stage; then its barrier."""
-
-    def block(j):
-      dense_residual_body(x, w, res, out, 0, rows_total=rows, kb=kb_, dot=dot,
-                          first_col=_grid.at(j, nb), nb=nb)
-
-    stages.run(emb // nb, block)
-    stages.wait()
-
-  def self_attention(h, refs):  # head h: its index, its columns of ctx
-    index, cols_ = (_grid.index(h),), pl.ds(_grid.at(h, head_dim), head_dim)
-    self_attention_kernel(start_ref, *refs, *bias_refs, keys_in, values_in,
-                          ctx_ref, keys_ref, values_ref, bias=bias, rows=rows,
-                          eb=eb, lb=lb, eps=eps, on_gpu=on_gpu, dot=dot,
-                          split=split, head=index, ctx_cols=cols_,
-                          copy_cache=False)
-
-  def cross_attention(h, refs):
-    index, cols_ = (_grid.index(h),), pl.ds(_grid.at(h, head_dim), head_dim)
-    cross_attention_kernel(*refs, cross_keys, cross_values, encoder_valid,
-                           ctx_ref, rows=rows, eb=eb, lb=cross_lb, eps=eps,
-                           dot=dot, split=split, head=index, ctx_cols=cols_)
-
-  def mlp_in(j):
-    rms_dense_body(mid2_ref, mlp_scale, wi, hidden_ref, 0, rows_total=rows,
-                   activations=activations, eb=mlp_eb, eps=eps, dot=dot,
-                   first_col=_grid.at(j, mb), nb=mb)
-
-  def mlp_out(j):
-    dense_residual_body(hidden_ref, wo, mid2_ref, y_ref, 0, rows_total=rows,
-                        kb=mlp_kb, dot=dot, first_col=_grid.at(j, nb), nb=nb)
-
-  refs = projections(x_ref, self_scale, wqkv, self_proj)
-  stages.run(heads, lambda h: self_attention(h, refs))
-  stages.wait()
-  residual(ctx_ref, self_out, x_ref, mid_ref, kb)
-  refs = projections(mid_ref, cross_scale, wq, cross_proj)
-  stages.run(heads, lambda h: cross_attention(h, refs))
-  stages.wait()
-  residual(ctx_ref, cross_out, mid_ref, mid2_ref, kb)
-  stages.run(mlp // mb, mlp_in)
-  stages.wait()
-  stages.run(emb // nb, mlp_out)
-
-
 def rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, **kw):
   pl, _ = _pieces.pallas()
   rms_dense_body(x_ref, scale_ref, w_ref, out_ref,
@@ -466,24 +369,47 @@ def rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, **kw):
 
 def rms_dense_body(x_ref, scale_ref, w_ref, out_ref, first_row, *,
                    rows_total: int, activations: Tuple[str, ...], eb: int,
-                   eps: float, dot: bool, first_col=0,
-                   nb: Optional[int] = None):
+                   eps: float, dot: bool, first_col=0, nb: Optional[int] = None,
+                   first=None):
   """`rms_dense` on a program's rows (the call's first_row onwards) and nb
-  columns from first_col (default: all of w_ref's) of w_ref and out_ref."""
+  columns from first_col (default: all of w_ref's) of w_ref and out_ref
+  (`first`: the columns' first weights, `rms_dense_first`'s)."""
   pl, plgpu = _pieces.pallas()
   rb, emb = x_ref.shape
   parts, _, width = w_ref.shape
   nb = nb or width
   cols = pl.ds(first_col, nb)
   row = _pieces.row_loader(x_ref, eb, first_row, rows_total)
-  products = _pieces.normed_products(row, lambda p, span: w_ref[p, span, cols],
-                                     scale_ref, rb, parts, emb, eb, nb, eps,
-                                     dot)
+  products = _pieces.normed_products(row, _columns(w_ref, first_col,
+                                                   nb), scale_ref, rb, parts,
+                                     emb, eb, nb, eps, dot, first)
   dtype = out_ref.dtype  # XLA's path: the MLP in the model's, logits in f32.
   for r, accs in enumerate(products):
     plgpu.store(out_ref.at[jnp.int32(r), cols],
                 gated(accs, activations, dtype).astype(dtype),
                 mask=_pieces.row_mask(nb, first_row + r, rows_total))
+
+
+def rms_dense_first(w_ref, first_col, *, eb: int, nb: int):
+  """`rms_dense_body`'s first weights of nb columns from first_col (w_ref
+  [P, E, F]), loaded now."""
+  return _pieces.first_block(_columns(w_ref, first_col, nb), eb,
+                             parts=w_ref.shape[0])
+
+
+def dense_first(w_ref, first_col, *, kb: int, nb: int):
+  """`dense_residual_body`'s first weights of nb columns from first_col
+  (w_ref [F, E]), loaded now."""
+  return _pieces.first_block(_columns(w_ref, first_col, nb), kb)
+
+
+def _columns(w_ref, first_col, nb: int) -> Callable:
+  """weight([p,] span) [depth, nb]: nb columns of w_ref from first_col."""
+  pl, _ = _pieces.pallas()
+  cols = pl.ds(first_col, nb)
+  if len(w_ref.shape) == 3:
+    return lambda p, span: w_ref[p, span, cols]
+  return lambda span: w_ref[span, cols]
 
 
 def gated(accs, activations: Tuple[str, ...], dtype) -> Array:
@@ -513,18 +439,18 @@ def dense_residual_kernel(x_ref, w_ref, res_ref, out_ref, **kw):
 
 def dense_residual_body(x_ref, w_ref, res_ref, out_ref, first_row, *,
                         rows_total: int, kb: int, dot: bool, first_col=0,
-                        nb: Optional[int] = None):
+                        nb: Optional[int] = None, first=None):
   """`dense_residual` on a program's rows (the call's first_row onwards)
   and nb columns from first_col (default: all of w_ref's) of w_ref,
   res_ref and out_ref (columns by offset, not a view: a view of a view
-  is misread in interpret mode)."""
+  is misread in interpret mode; `first`: `dense_first`'s)."""
   pl, plgpu = _pieces.pallas()
   rb, width = x_ref.shape
   nb = nb or w_ref.shape[1]
   cols = pl.ds(first_col, nb)
   row = _pieces.row_loader(x_ref, kb, first_row, rows_total)
-  accs = _pieces.dense_products(row, lambda span: w_ref[span, cols], rb,
-                                width // kb, kb, nb, dot)
+  accs = _pieces.dense_products(row, _columns(w_ref, first_col, nb), rb,
+                                width // kb, kb, nb, dot, first)
   dtype = out_ref.dtype
   for r in range(rb):
     mask = _pieces.row_mask(nb, first_row + r, rows_total)

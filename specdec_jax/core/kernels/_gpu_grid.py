@@ -4,8 +4,17 @@ stages in global memory (`Stages.wait`).
 
 Triton has no grid-wide barrier, so each program adds one to its row of
 the batch's counter (an integer: the order the programs arrive in changes
-no sum) and waits until every program of the row has: the k-th barrier
-ends when the counter reaches k x programs. Before it a program's threads
+no sum) and waits until every program of the row has: until the counter
+reaches the next multiple of programs above what its add returned (the
+count before it: every program passed the last barrier, and those that
+came to this one first wait for it, so at most programs - 1 more). The
+counter goes on counting from barrier to barrier and from kernel to
+kernel of a call (one zeroed array a call, `gpu_layers.
+barrier_counters`): no barrier needs to know how many came before it, so
+a call's runs of layers of the same shapes are the same kernel, which
+XLA compiles once (for an H200 here, T5-small's 4-token call under
+'tall_mma_persistent' in 23 s, not 40, when each run had counted in a
+counter of its own). Before it a program's threads
 finish their stores (`debug_barrier`, CUDA's __syncthreads); the counter's
 atomics are acquire-release at the GPU's scope, as CUDA's grid
 synchronisation orders the blocks' stores and loads; after it the
@@ -25,7 +34,7 @@ stage's end is its barrier. The blocks, each program's share of them and
 the operations on each are the GPU's: the same bits.
 """
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax.numpy as jnp
 from jax import lax
@@ -50,60 +59,88 @@ class Stages:
       block of each stage, a Python loop over them (`Tiles.layer_bytes`
       alone).
     on_gpu: lowered for a GPU (else interpret mode: virtual programs).
-    counter_ref: [R, B] int32, row `counter_row` zeros at the kernel's
+    counter_ref: [B] int32, each a multiple of programs at the kernel's
       start: the rows' barrier counters (written: an aliased output); None
       where programs is 0.
-    counter_row: this kernel's row of counter_ref.
-    waits: the barriers traced so far.
+    prefetch: what a stage's first block reads first loaded before the
+      barrier it waits at (`Tiles.prefetch`).
+    owed: a barrier the next stage waits at (`wait`), once its first
+      block's loads are issued.
   """
   programs: int
   on_gpu: bool
   counter_ref: Any = None
-  counter_row: int = 0
-  waits: int = 0
+  prefetch: bool = False
+  owed: bool = False
 
-  def run(self, count: int, block: Callable[[Any], None]) -> None:
+  def run(self, count: int, block: Callable[..., None],
+          fetch: Optional[Callable[[Any], Any]] = None) -> None:
     """block(i) for each of a stage's `count` blocks: program p of the
     row's runs blocks p, p + programs, ... (i traced); with no programs,
-    one program runs all (i a Python int)."""
+    one program runs all (i a Python int). With `prefetch`, fetch(i) loads
+    what block i reads first (weights, biases, keys: never what a stage
+    before writes) and block(i, fetch(i)) runs on it: a program's first
+    block's before the barrier the stage waits at, so that the loads are
+    in flight while it waits."""
     if not self.programs:
       for i in range(count):
         block(i)
       return
     pl, _ = _pieces.pallas()
     rounds = -(-count // self.programs)
+    fetch = fetch if self.prefetch else None
 
-    def program(p):
+    def one(i, first=None):
 
-      def one(j, carry):
-        i = p + j * self.programs
-
-        @pl.when(i < count)
-        def _():
+      @pl.when(i < count)
+      def _():
+        if fetch is None:
           block(i)
+        else:
+          block(i, fetch(i) if first is None else first)
 
-        return carry
-
-      lax.fori_loop(0, rounds, one, 0)
+    def program(p, first=None):
+      start = 0
+      if first is not None:  # Round 0 on what was loaded already.
+        one(p, first)
+        start = 1
+      if rounds > start:
+        lax.fori_loop(start, rounds, lambda j, c:
+                      (one(p + j * self.programs), c)[1], 0)
 
     if self.on_gpu:
-      program(pl.program_id(1))
+      p = pl.program_id(1)
+      # A program past the stage's blocks loads its last block's: a read,
+      # never used.
+      first = fetch(jnp.minimum(p, count - 1)) if fetch and self.owed else None
+      self._pay()
+      program(p, first)
     else:
       lax.fori_loop(0, self.programs, lambda p, c: (program(p), c)[1], 0)
 
   def wait(self) -> None:
     """The end of a stage: what every program stored before it, every
-    program reads after it."""
+    program reads after it (the barrier waited at by the next `run`, or
+    at once where no program waits for another)."""
     if not self.on_gpu:
       return  # Interpret mode: the stage ran for every program.
+    if self.programs <= 1:
+      _, plgpu = _pieces.pallas()
+      plgpu.debug_barrier()  # This program's threads' stores are done.
+      return
+    self.owed = True
+
+  def _pay(self) -> None:
+    """The barrier `wait` owes, if any."""
+    if not self.owed:
+      return
+    self.owed = False
     pl, plgpu = _pieces.pallas()
     plgpu.debug_barrier()  # This program's threads' stores are done.
-    if self.programs <= 1:
-      return
-    self.waits += 1
-    slot = (jnp.int32(self.counter_row), pl.program_id(0))  # run's, row's
-    arrived = self.waits * self.programs
-    plgpu.atomic_add(self.counter_ref, slot, jnp.int32(1))
+    slot = (pl.program_id(0),)  # the row's
+    before = plgpu.atomic_add(self.counter_ref, slot, jnp.int32(1))
+    programs = jnp.int32(self.programs)
+    arrived = (lax.div(before, programs) + 1) * programs
 
     def waiting(carry):
       seen, spins = carry
@@ -120,15 +157,6 @@ class Stages:
       plgpu.atomic_xchg(self.counter_ref, slot, jnp.int32(GAVE_UP))
 
     plgpu.debug_barrier()  # The program's threads go on together.
-
-
-def at(i: Any, size: int) -> Any:
-  """Block i's first index, blocks of `size`: a Python int for a Python
-  int; traced, marked a multiple of size (Triton's loads vectorise)."""
-  if isinstance(i, int):
-    return i * size
-  pl, _ = _pieces.pallas()
-  return pl.multiple_of(i * size, size)
 
 
 def index(i: Any) -> Any:

@@ -190,25 +190,29 @@ def _groups(rows: int):
 
 def normed_products(row: Callable, weight: Callable, scale_ref, rows: int,
                     parts: int, emb: int, eb: int, width: int, eps: float,
-                    dot: bool = False) -> List[List[Array]]:
+                    dot: bool = False,
+                    first: Optional[List[Array]] = None) -> List[List[Array]]:
   """RMS-normed rows times weights: out[m][p] [width] float32, unrounded.
 
   row(m, span) -> x[m, span] [eb]; weight(p, span) -> [eb, width]. One pass
   over the model width: the norm's sum of squares beside the products
   (the norm's factor is a scalar per row, applied at the end). `dot`
   (`use_dot`): the products on tensor cores, x * scale rounded to the
-  weights' dtype first).
+  weights' dtype first). `first`: block 0's weights, loaded already
+  (`first_block`).
   """
   if use_dot(dot, eb, width):
     return _normed_products_dot(row, weight, scale_ref, rows, parts, emb, eb,
-                                width, eps)
-  pl, _ = pallas()
+                                width, eps, first)
 
-  def body(i, carry):
+  def body(i, carry, loaded=None):
     sums, accs = carry
-    span = pl.ds(pl.multiple_of(i * eb, eb), eb)
+    span = block_span(i, eb)
     scale = scale_ref[span].astype(F32)
-    weights = [weight(p, span).astype(F32) for p in range(parts)]
+    weights = [
+        w.astype(F32)
+        for w in loaded or [weight(p, span) for p in range(parts)]
+    ]
     new_sums, new_accs = [], []
     for m in range(rows):
       x = row(m, span).astype(F32)
@@ -221,7 +225,7 @@ def normed_products(row: Callable, weight: Callable, scale_ref, rows: int,
 
   init = (tuple(jnp.zeros((), F32) for _ in range(rows)),
           tuple(jnp.zeros((width,), F32) for _ in range(rows * parts)))
-  sums, accs = lax.fori_loop(0, emb // eb, body, init)
+  sums, accs = blocks_loop(emb // eb, body, init, first)
   out = []
   for m in range(rows):
     inv = lax.rsqrt(sums[m] / emb + eps)
@@ -230,18 +234,17 @@ def normed_products(row: Callable, weight: Callable, scale_ref, rows: int,
 
 
 def _normed_products_dot(row, weight, scale_ref, rows, parts, emb, eb, width,
-                         eps) -> List[List[Array]]:
+                         eps, first) -> List[List[Array]]:
   """`normed_products` on tensor cores: per tile of 16 rows and block of
   the width one dot per weight; each row's sum of squares on its own, as
   on CUDA cores (a tile's row reduction may sum a row by its place)."""
-  pl, _ = pallas()
   groups = _groups(rows)
 
-  def body(i, carry):
+  def body(i, carry, loaded=None):
     sums, accs = carry
-    span = pl.ds(pl.multiple_of(i * eb, eb), eb)
+    span = block_span(i, eb)
     scale = scale_ref[span].astype(F32)
-    weights = [weight(p, span) for p in range(parts)]
+    weights = loaded or [weight(p, span) for p in range(parts)]
     xs = [row(m, span).astype(F32) for m in range(rows)]
     new_sums = [total + jnp.sum(x * x) for total, x in zip(sums, xs)]
     new_accs = []
@@ -257,7 +260,7 @@ def _normed_products_dot(row, weight, scale_ref, rows, parts, emb, eb, width,
           tuple(
               jnp.zeros((TILE_ROWS, width), F32)
               for _ in range(len(groups) * parts)))
-  sums, accs = lax.fori_loop(0, emb // eb, body, init)
+  sums, accs = blocks_loop(emb // eb, body, init, first)
   out = []
   for g, (first, count) in enumerate(groups):
     for r in range(count):
@@ -281,39 +284,77 @@ def project(x_ref, scale_ref, w_ref, rows: int, eb: int, eps: float,
 
 
 def dense_products(row: Callable, weight: Callable, rows: int, steps: int,
-                   kb: int, width: int, dot: bool = False) -> List[Array]:
+                   kb: int, width: int, dot: bool = False,
+                   first: Optional[List[Array]] = None) -> List[Array]:
   """x[m] @ w over `steps` blocks of kb: out[m] [width] float32 (row(m,
-  span) -> x[m, span] [kb], weight(span) -> [kb, width]); `dot` as in
-  `normed_products`."""
-  pl, _ = pallas()
+  span) -> x[m, span] [kb], weight(span) -> [kb, width]); `dot` and
+  `first` ([block 0's weights]) as in `normed_products`."""
   tensor_cores = use_dot(dot, kb, width)
   groups = _groups(rows)
 
-  def body(i, accs):
-    span = pl.ds(pl.multiple_of(i * kb, kb), kb)
+  def body(i, accs, loaded=None):
+    span = block_span(i, kb)
+    weight_block = loaded[0] if loaded else weight(span)
     if tensor_cores:
-      weight_block = weight(span)
       return tuple(acc + jnp.dot(
           rows_tile(lambda r, f=first: row(f + r, span), count, kb).astype(
               weight_block.dtype), weight_block, preferred_element_type=F32)
                    for acc, (first, count) in zip(accs, groups))
-    weight_block = weight(span).astype(F32)
+    weight_block = weight_block.astype(F32)
     return tuple(
         acc + jnp.sum(row(m, span).astype(F32)[:, None] * weight_block, axis=0)
         for m, acc in enumerate(accs))
 
   if tensor_cores:
-    tiles = lax.fori_loop(
-        0, steps, body,
-        tuple(jnp.zeros((TILE_ROWS, width), F32) for _ in groups))
+    tiles = blocks_loop(
+        steps, body, tuple(jnp.zeros((TILE_ROWS, width), F32) for _ in groups),
+        first)
     return [
         tile_row(tile, r)
         for tile, (_, count) in zip(tiles, groups)
         for r in range(count)
     ]
   return list(
-      lax.fori_loop(0, steps, body,
-                    tuple(jnp.zeros((width,), F32) for _ in range(rows))))
+      blocks_loop(steps, body,
+                  tuple(jnp.zeros((width,), F32) for _ in range(rows)), first))
+
+
+def first_block(weight: Callable, depth: int, parts: int = 0) -> List[Array]:
+  """A contraction's block 0 of weights, loaded now (`Tiles.prefetch`: before
+  a barrier, for `blocks_loop`'s `first`): [weight(span)] [depth, width],
+  or with `parts`, weight(p, span) for each part."""
+  span = block_span(0, depth)
+  if parts:
+    return [weight(p, span) for p in range(parts)]
+  return [weight(span)]
+
+
+def blocks_loop(steps: int, body: Callable, init, first: Optional[List[Array]]):
+  """lax.fori_loop(0, steps, body, init) over a contraction's blocks; with
+  `first` (block 0's weights, `first_block`'s), block 0 on them, then the
+  loop from 1: the same operations, so the same bits."""
+  if first is None:
+    return lax.fori_loop(0, steps, body, init)
+  carry = body(0, init, first)
+  if isinstance(steps, int) and steps <= 1:
+    return carry  # No loop of no steps: its body would be compiled too.
+  return lax.fori_loop(1, steps, body, carry)
+
+
+def block_span(i, size: int):
+  """Block i of `size`: a slice from `block_start`."""
+  pl, _ = pallas()
+  return pl.ds(block_start(i, size), size)
+
+
+def block_start(i, size: int):
+  """Block i's first index, blocks of `size`: a Python int for a Python
+  int (Triton's lowering marks no constant); traced, marked a multiple of
+  size (Triton's loads vectorise)."""
+  if isinstance(i, int):
+    return i * size
+  pl, _ = pallas()
+  return pl.multiple_of(i * size, size)
 
 
 def partial_products(values: Sequence[Array], w_ref, out_ref, nb: int,
@@ -338,30 +379,29 @@ def partial_products(values: Sequence[Array], w_ref, out_ref, nb: int,
 
 
 def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
-           bias_at: Callable, head: Tuple = ()) -> List[Array]:
+           bias_at: Callable, head: Tuple = (),
+           first: Optional[Tuple] = None) -> List[Array]:
   """Each query [D] over keys/values [*head, D, slots] (`head`: leading
   indices, as in `project`), online softmax over blocks of lb slots (steps
   of them, from slot 0); bias_at(m, first, valid) -> [lb] float32 bias of
   query m's slots first..first+lb-1 (valid: which exist). Masked slots
   (bias -1e10) add exact zeros once a slot counted, so trailing masked
-  blocks change nothing."""
-  pl, plgpu = pallas()
-  head_dim, length = keys_ref.shape[len(head):]
+  blocks change nothing. `first`: block 0's biases (and keys and values),
+  loaded already (`attend_first`): each step then loads the next block's
+  before it computes (carried: no block is compiled twice)."""
+  head_dim = keys_ref.shape[len(head)]
+  rows = len(queries)
 
-  def body(j, carry):
-    first = pl.multiple_of(j * lb, lb)
-    valid = first + lax.iota(jnp.int32, lb) < length
-    mask = jnp.broadcast_to(valid[None, :], (head_dim, lb))
-    slots = pl.ds(first, lb)
-    keys = plgpu.load(keys_ref.at[head + (ALL, slots)], mask=mask,
-                      other=0.0).astype(F32)
-    values = plgpu.load(values_ref.at[head + (ALL, slots)], mask=mask,
-                        other=0.0).astype(F32)
+  def step(j, state, loaded):
+    kv, biases = loaded
+    start, valid, load = _slots(keys_ref, j, lb, head)
+    keys, values = (
+        x.astype(F32) for x in kv or (load(keys_ref), load(values_ref)))
     new = []
     for m, query in enumerate(queries):
-      top, total, acc = carry[3 * m:3 * m + 3]
+      top, total, acc = state[3 * m:3 * m + 3]
       logits = (jnp.sum(query[:, None] * keys, axis=0) +
-                bias_at(m, first, valid))
+                (biases[m] if biases else bias_at(m, start, valid)))
       new_top = jnp.maximum(top, jnp.max(logits))
       decay = jnp.exp(top - new_top)
       weights = jnp.exp(logits - new_top)
@@ -371,6 +411,9 @@ def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
       ]
     return tuple(new)
 
+  def block(j, kv: bool):
+    return _block_loads(keys_ref, values_ref, j, lb, bias_at, rows, head, kv)
+
   init = []
   for _ in queries:
     init += [
@@ -378,5 +421,46 @@ def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
         jnp.zeros((), F32),
         jnp.zeros((head_dim,), F32)
     ]
-  done = lax.fori_loop(0, steps, body, tuple(init))
-  return [done[3 * m + 2] / done[3 * m + 1] for m in range(len(queries))]
+  if first is None:
+    done = lax.fori_loop(0, steps, lambda j, c: step(j, c, (None, None)),
+                         tuple(init))
+  else:
+    kv_too = first[0] is not None
+
+    def pipelined(j, carry):
+      state, loaded = carry
+      following = block(j + 1, kv=kv_too)  # in flight while j computes
+      return step(j, state, loaded), following
+
+    done, _ = lax.fori_loop(0, steps, pipelined, (tuple(init), first))
+  return [done[3 * m + 2] / done[3 * m + 1] for m in range(rows)]
+
+
+def attend_first(keys_ref, values_ref, lb: int, bias_at: Callable, rows: int,
+                 head: Tuple = (), kv: bool = True) -> Tuple:
+  """`attend`'s `first`, loaded now (`Tiles.prefetch`): block 0's (keys
+  and values [D, lb] or, without `kv`, None; each of `rows` queries' bias
+  [lb])."""
+  return _block_loads(keys_ref, values_ref, 0, lb, bias_at, rows, head, kv)
+
+
+def _block_loads(keys_ref, values_ref, j, lb: int, bias_at: Callable, rows: int,
+                 head: Tuple, kv: bool) -> Tuple:
+  """Block j's (keys and values, or None without `kv`; each row's
+  bias)."""
+  start, valid, load = _slots(keys_ref, j, lb, head)
+  loaded = (load(keys_ref), load(values_ref)) if kv else None
+  return loaded, [bias_at(m, start, valid) for m in range(rows)]
+
+
+def _slots(keys_ref, j, lb: int, head: Tuple):
+  """`attend`'s block j of lb slots of keys_ref [*head, D, L]: (its first
+  slot, which exist [lb], a loader of a keys' or values' ref's block [D,
+  lb], zeros where none)."""
+  plgpu = pallas()[1]
+  head_dim, length = keys_ref.shape[len(head):]
+  start = block_start(j, lb)
+  valid = start + lax.iota(jnp.int32, lb) < length
+  mask = jnp.broadcast_to(valid[None, :], (head_dim, lb))
+  at = head + (ALL, block_span(j, lb))
+  return start, valid, lambda ref: plgpu.load(ref.at[at], mask=mask, other=0.0)

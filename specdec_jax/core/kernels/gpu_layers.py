@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.core.kernels import _gpu_bodies as _bodies
+from specdec_jax.core.kernels import _gpu_layers_body as _run_kernel
 from specdec_jax.core.kernels import _gpu_pieces as _pieces
 from specdec_jax.core.kernels import gpu
 from specdec_jax.core.kernels import gpu_tiles
@@ -118,8 +119,8 @@ def _layers_specs(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
                   rows_specs, bias_specs, counters: Optional[Array]):
   """`decoder_layers`' (out_specs, in_specs) for `gpu.pallas_call`: a row of
   the batch's blocks per program, the weights whole; in: start, the rows,
-  the bias, encoder_valid, each layer's `_bodies.LAYER_REFS` (with
-  `counters`, the barriers' [R, B]); out: the outputs, each layer's
+  the bias, encoder_valid, each layer's `_run_kernel.LAYER_REFS` (with
+  `counters`, the barriers' [B]); out: the outputs, each layer's
   cache, and the scratch its stages hand rows through (the attention
   context, the two residual streams, the MLP's hidden rows; with
   `counters` the attention projections and the counters; with an
@@ -161,7 +162,7 @@ def _layers_specs(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
   for layer in layers:
     in_specs += [
         blocks[name] if name in blocks else whole(w)
-        for name, w in zip(_bodies.LAYER_REFS, layer)
+        for name, w in zip(_run_kernel.LAYER_REFS, layer)
     ]
   if counters is not None:
     in_specs.append(whole(counters))
@@ -173,7 +174,7 @@ def decoder_layers(
     start: Array, bias: gpu.SelfBias, cross_keys: Sequence[Array],
     cross_values: Sequence[Array], encoder_valid: Array,
     weights: Sequence[Sequence[Array]], activations: Sequence[str], *,
-    counters: Optional[Array] = None, run: int = 0, eps: float = 1e-6
+    counters: Optional[Array] = None, eps: float = 1e-6
 ) -> Tuple[Array, List[Array], List[Array], Optional[Array]]:
   """Decoder layers in one kernel (`Tiles.layer_bytes`), one program per
   row of the batch, or (`Tiles.programs`) each row's share of the
@@ -195,10 +196,11 @@ def decoder_layers(
       E, D], its output [H*D, E], MLP norm scale [E], wi [P, E, M], wo [M,
       E]).
     activations: the MLP's, one per wi part.
-    counters: with `Tiles.programs`, the barriers' counters [R, B] int32,
-      zeros where unused (`barrier_counters`: one array for a call's R
-      runs of layers, so that XLA zeroes one buffer, not one a kernel);
-      this run counts in row `run` (in place). None: a [1, B] of its own.
+    counters: with `Tiles.programs`, the barriers' counters [B] int32
+      (`barrier_counters`: one array for a call's runs of layers, each
+      counting on from the last one's count, so that XLA zeroes one
+      buffer, not one a kernel, and the runs' kernels are the same
+      program: `_gpu_grid`). None: zeros of its own.
 
   Returns:
     (the last layer's outputs [B, K, E] in x's dtype, each layer's keys,
@@ -209,13 +211,13 @@ def decoder_layers(
       wo), k, v, ck, cv in zip(weights, keys, values, cross_keys, cross_values)]
   batch = x.shape[0]
   programs = programs_per_row(batch)
-  kernel = _layers_body(x, layers, bias, activations, programs, run, eps)
+  kernel = _layers_body(x, layers, bias, activations, programs, eps)
   rows_in, rows_specs = _rows_in(x, _per_row)
   bias_in, bias_specs = gpu.self_bias_inputs(bias, per_head=False)
   if not programs:
     counters = None
   elif counters is None:
-    counters = barrier_counters(batch, 1)
+    counters = barrier_counters(batch)
   # The counters' place among the outputs (`_layers_specs`): after y, the
   # caches and the 6 scratch outputs.
   counters_out = 1 + 2 * len(layers) + 6
@@ -224,7 +226,7 @@ def decoder_layers(
   # Layer i's keys and values among the inputs and the outputs; the
   # barriers' counters after the layers' inputs and the scratch.
   first = 2 + len(rows_in) + len(bias_in)
-  count = len(_bodies.LAYER_REFS)
+  count = len(_run_kernel.LAYER_REFS)
   aliases = {}
   for i in range(len(layers)):
     aliases[first + i * count + 2] = 1 + 2 * i
@@ -247,8 +249,8 @@ def decoder_layers(
 
 def _layers_body(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
                  bias: gpu.SelfBias, activations: Sequence[str], programs: int,
-                 run: int, eps: float) -> Callable:
-  """`decoder_layers`' kernel: `_bodies.layers_kernel` with its blocks
+                 eps: float) -> Callable:
+  """`decoder_layers`' kernel: `_run_kernel.layers_kernel` with its blocks
   (the current tiles', for the layers' weights' dtype)."""
   _, _, emb = x.shape
   _, wqkv, keys, _, _, _, _, cross_keys, _, _, _, wi, _ = layers[0]
@@ -256,7 +258,7 @@ def _layers_body(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
   length, enc, mlp = keys.shape[-1], cross_keys.shape[-1], wi.shape[-1]
   t = gpu_tiles.current_tiles().for_weights(wi.dtype)
   return functools.partial(
-      _bodies.layers_kernel, layers=len(layers),
+      _run_kernel.layers_kernel, layers=len(layers),
       embedded=isinstance(x, Embedded), bias=bias.form, heads=heads,
       eb=gpu.block(emb, t.emb_block), mlp_eb=gpu.block(emb, t.dense_emb_block),
       lb=min(t.slots,
@@ -266,16 +268,17 @@ def _layers_body(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
       mlp_kb=gpu.block(mlp, t.in_block), nb=gpu.block(emb, t.columns),
       mb=gpu.block(mlp, t.columns), eps=eps, on_gpu=not gpu.interpret(),
       dot=t.dot, activations=tuple(activations), programs=programs,
-      split=t.split_heads, cols=gpu.block(head_dim, t.columns), run=run)
+      split=t.split_heads, cols=gpu.block(head_dim,
+                                          t.columns), prefetch=t.prefetch)
 
 
-def barrier_counters(batch: int, runs: int) -> Optional[Array]:
-  """[runs, B] int32 zeros: the barriers' counters of a call's `runs` runs
-  of layers over many programs (`decoder_layers`' `counters`); None
-  without `Tiles.programs`."""
+def barrier_counters(batch: int) -> Optional[Array]:
+  """[B] int32 zeros: the barriers' counters of a call's runs of layers
+  over many programs (`decoder_layers`' `counters`); None without
+  `Tiles.programs`."""
   if not programs_per_row(batch):
     return None
-  return jnp.zeros((runs, batch), jnp.int32)
+  return jnp.zeros((batch,), jnp.int32)
 
 
 def programs_per_row(batch: int) -> int:

@@ -70,6 +70,13 @@ class Tiles:
       over the whole GPU, not ~8 launches a layer. At most the GPU's
       multiprocessors (every program must be resident: an H200 has 132).
       0: one program per row runs every stage.
+    prefetch: with `programs`, each program loads what its first block of
+      a stage reads first and no stage before writes (a dense product's
+      or split projection's first weights; a self-attention's first
+      block of relative-position biases; a cross-attention's first block
+      of the encoder's keys, values and mask) before the barrier the
+      stage waits at, not after: its memory latency spent while the
+      program waits. The same operations: the same bits.
   """
   emb_block: int = 64
   dense_emb_block: int = 64
@@ -85,6 +92,7 @@ class Tiles:
   fold_bytes: int = 0
   out_columns: int = 128
   programs: int = 0
+  prefetch: bool = False
 
   @property
   def row_block(self) -> int:
@@ -94,13 +102,17 @@ class Tiles:
   def for_weights(self, dtype: Any) -> "Tiles":
     """These tiles for weights of `dtype`: 4-byte weights' contraction
     blocks no deeper than `WIDE_WEIGHT_DEPTHS` (their products take twice
-    the registers); 2-byte weights' as they are."""
+    the registers; with `prefetch`, `PREFETCHED_WIDE_DEPTHS` too); 2-byte
+    weights' as they are."""
     if jnp.dtype(dtype).itemsize <= 2:
       return self
+    caps = {
+        **WIDE_WEIGHT_DEPTHS,
+        **(PREFETCHED_WIDE_DEPTHS if self.prefetch else {})
+    }
     return dataclasses.replace(
         self, **{
-            name: min(getattr(self, name), cap)
-            for name, cap in WIDE_WEIGHT_DEPTHS.items()
+            name: min(getattr(self, name), cap) for name, cap in caps.items()
         })
 
 
@@ -111,6 +123,11 @@ class Tiles:
 # -30); at 128 and 512 nothing spills. bfloat16 blocks 512 and 1024 deep
 # spill nothing.
 WIDE_WEIGHT_DEPTHS = {"dense_emb_block": 128, "in_block": 512}
+# And with `Tiles.prefetch`, whose first blocks are held in registers
+# across a barrier: the shipped pair's float32 target under
+# 'tall_mma_persistent_prefetch' spilled 220-356 B a thread with its output
+# projections' blocks 512 deep, none at 256 (2026-11-30).
+PREFETCHED_WIDE_DEPTHS = {"in_block": 256}
 
 # What the device check compares (`tiles`); "default" is `Tiles()`. On
 # CUDA cores Triton pipelines no load (they feed no dot): a program's
@@ -144,6 +161,11 @@ WIDE_WEIGHT_DEPTHS = {"dense_emb_block": 128, "in_block": 512}
 # same with `tall_mma_split`'s blocks: a program's block of a stage is then
 # one or two loads in flight at once, not 4-8 in a row two at a time
 # (T5-small's MLP input: 32 KB a block of columns).
+# "tall_mma_persistent_prefetch" (`Tiles.prefetch`): a stage's first
+# block of weights (at T5-small the MLP's whole blocks), biases or encoder
+# keys loaded before each barrier, so that the barrier's wait hides their
+# round trip to memory (60 barriers a step) and after it a stage first
+# reads the rows the stage before wrote (in L2).
 TILE_PRESETS = {
     "default": Tiles(),
     "wide": Tiles(emb_block=128, dense_emb_block=128, in_block=256, columns=64,
@@ -170,6 +192,11 @@ TILE_PRESETS = {
     "tall_mma_persistent": Tiles(dot=True, emb_block=256, dense_emb_block=512,
                                  in_block=1024, columns=16, split_heads=True,
                                  layer_bytes=12 << 20, programs=128),
+    "tall_mma_persistent_prefetch": Tiles(dot=True, emb_block=256,
+                                          dense_emb_block=512, in_block=1024,
+                                          columns=16, split_heads=True,
+                                          layer_bytes=12 << 20, programs=128,
+                                          prefetch=True),
 }
 
 _TILES: contextvars.ContextVar[Optional[Tiles]] = contextvars.ContextVar(

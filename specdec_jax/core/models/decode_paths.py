@@ -377,15 +377,15 @@ def fused_layers(layers: Sequence[Any], x, keys, values, start, bias,
   new_keys, new_values = [], []
   runs = gpu.layer_runs(sizes)
   # The barriers' (`Tiles.programs`): one zeroed array for every run.
-  counters = gpu_layers.barrier_counters(x.shape[0], len(runs))
-  for r, run in enumerate(runs):
+  counters = gpu_layers.barrier_counters(x.shape[0])
+  for run in runs:
     if gpu.one_kernel_run(sum(sizes[i] for i in run)):
       x, run_keys, run_values, counters = gpu_layers.decoder_layers(
           gpu_layers.summed(x, partials), [keys[i] for i in run],
           [values[i] for i in run], start, bias, [cross_keys[i] for i in run],
           [cross_values[i] for i in run], encoder_valid,
           [weights[i] for i in run], layers[run.start].config.mlp_activations,
-          counters=counters, run=r)
+          counters=counters)
       partials = None
     else:
       i, = run
