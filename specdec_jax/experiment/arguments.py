@@ -17,6 +17,7 @@ from specdec_jax.config import gin_reader
 from specdec_jax.config import gin_utils
 from specdec_jax.metrics import quality
 from specdec_jax.core import sampling
+from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.models import decode_paths
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import drafter_registry
@@ -129,6 +130,15 @@ class RunArguments:
     draft_decode_path: the same for the draft model (DRAFTER 'model',
       'hierarchical', and 'shared_encoder': its decoder); None with a
       drafter that decodes no T5 draft (n-grams, prompt lookup, 'feature').
+    target_tiles: the block sizes and launch settings of the target's GPU
+      kernels (docs/usage/gpu.md, "Tiles"): a preset of
+      `gpu_tiles.TILE_PRESETS` (e.g. 'mma_split'), with
+      TARGET_DECODE_PATH='fused' only; None = `gpu_tiles.Tiles()`. The
+      same operations under every preset (the same tokens); what the
+      device check times differs.
+    draft_tiles: the same for the draft model, with
+      DRAFT_DECODE_PATH='fused' (e.g. 'tall_mma_persistent_prefetch': the
+      draft's step one kernel over the GPU's multiprocessors).
   """
   output_dir: str = _arg("OUTPUT_DIR")
   target_checkpoint_path: Optional[str] = _arg("TARGET_CHECKPOINT_PATH", None)
@@ -167,6 +177,8 @@ class RunArguments:
   speculation: str = _arg("SPECULATION", "on")
   target_decode_path: Optional[str] = _arg("TARGET_DECODE_PATH", None)
   draft_decode_path: Optional[str] = _arg("DRAFT_DECODE_PATH", None)
+  target_tiles: Optional[str] = _arg("TARGET_TILES", None)
+  draft_tiles: Optional[str] = _arg("DRAFT_TILES", None)
 
   def __post_init__(self):
     # As gin gives them: a list for MESH_SHAPE = [1, 4]; one dict that
@@ -195,6 +207,7 @@ class RunArguments:
                          "and c measured on the first examples).")
       _check_speculation(self)
       _check_decode_paths(self)
+      _check_tiles(self)
       self.decode_mode.check(self)
       self.drafting.check(self)
       _check_decoding_args(self)
@@ -225,6 +238,12 @@ class RunArguments:
     paths = (("TARGET_DECODE_PATH", self.target_decode_path),
              ("DRAFT_DECODE_PATH", self.draft_decode_path))
     return {macro: path for macro, path in paths if path is not None}
+
+  def chosen_tiles(self) -> Dict[str, str]:
+    """{macro: preset} of TARGET_TILES / DRAFT_TILES where set."""
+    tiles = (("TARGET_TILES", self.target_tiles), ("DRAFT_TILES",
+                                                   self.draft_tiles))
+    return {macro: name for macro, name in tiles if name is not None}
 
   @property
   def random_weights(self) -> bool:
@@ -434,6 +453,23 @@ def _check_speculation(args: RunArguments) -> None:
         f"{threshold!r}: 'auto' chooses among exact modes of fixed γ; "
         "allowed: LENIENCE=1 and ADAPTIVE_THRESHOLD=None with 'auto', or "
         "SPECULATION='on'.")
+
+
+def _check_tiles(args: RunArguments) -> None:
+  """TARGET_TILES / DRAFT_TILES: a preset's name, and only for a model
+  whose decode path is set to 'fused' (the GPU kernels they are the tiles
+  of); ValueError."""
+  for macro, name in args.chosen_tiles().items():
+    if name not in gpu_tiles.TILE_PRESETS:
+      raise ValueError(f"{macro}={name!r}: allowed: None (the kernels' own) "
+                       f"or {', '.join(gpu_tiles.TILE_PRESETS)}.")
+    path_macro = macro.replace("TILES", "DECODE_PATH")
+    path = args.chosen_decode_paths().get(path_macro)
+    if path != decode_paths.FUSED:
+      raise ValueError(
+          f"{macro}={name!r} with {path_macro}={path!r}: tiles are the "
+          f"'{decode_paths.FUSED}' path's GPU kernels'; allowed: "
+          f"{macro}=None, or {path_macro}='{decode_paths.FUSED}'.")
 
 
 def _check_decode_paths(args: RunArguments) -> None:

@@ -23,6 +23,7 @@ from specdec_jax.checkpoints import sizes
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models import T5Model
+from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models import param_shapes
 
@@ -297,17 +298,30 @@ def check_decode_paths(args, target_config: T5Config,
                         f"backend's) or {', '.join(map(repr, here))}.")
 
 
+def with_tiles(model: Any, name: Optional[str]) -> Any:
+  """`model` under the tiles preset `name` (TARGET_TILES / DRAFT_TILES,
+  checked by `arguments`; None: the kernels' own): itself if already."""
+  tiles = None if name is None else gpu_tiles.TILE_PRESETS[name]
+  if getattr(model, "tiles", None) == tiles:
+    return model
+  return model.with_tiles(tiles)
+
+
 def on_decode_paths(target: Any, draft: Any, args) -> Dict[str, Any]:
   """{'target', 'draft'}: models loaded for an earlier run (`sweep`) on
-  this run's paths (each itself if already on it; a shared-encoder draft
-  re-paired with the target)."""
-  target = target.prepared_for_decoding(args.target_decode_path)
+  this run's paths and tiles (each itself if already on them; a
+  shared-encoder draft re-paired with the target)."""
+  target = with_tiles(target.prepared_for_decoding(args.target_decode_path),
+                      args.target_tiles)
   if isinstance(draft, SharedEncoderModel):
-    decoder = draft.decoder.prepared_for_decoding(args.draft_decode_path)
+    decoder = with_tiles(
+        draft.decoder.prepared_for_decoding(args.draft_decode_path),
+        args.draft_tiles)
     if decoder is not draft.decoder or target is not draft.encoder:
       draft = SharedEncoderModel.pair(target, decoder)
   elif isinstance(draft, T5Model):
-    draft = draft.prepared_for_decoding(args.draft_decode_path)
+    draft = with_tiles(draft.prepared_for_decoding(args.draft_decode_path),
+                       args.draft_tiles)
   return {"target": target, "draft": draft}
 
 

@@ -173,8 +173,9 @@ class RunPlan:
     if reuse is None:
       reuse = Models(
           self.mesh,
-          load(self.target_config, a.target_checkpoint_path, a.seed, self.mesh,
-               "target", a.target_decode_path))
+          loading.with_tiles(
+              load(self.target_config, a.target_checkpoint_path, a.seed,
+                   self.mesh, "target", a.target_decode_path), a.target_tiles))
     else:  # another point's paths, maybe (`sweep`)
       reuse = dataclasses.replace(
           reuse, **loading.on_decode_paths(reuse.target, reuse.draft, a))
@@ -190,8 +191,9 @@ class RunPlan:
           draft=self.providers.load_feature_draft(a.draft_checkpoint_path,
                                                   reuse.target))
     if reuse.draft is None and a.drafting.uses_draft_model:
-      draft = load(self.draft_config, a.draft_checkpoint_path, a.seed + 1,
-                   reuse.mesh, "draft", a.draft_decode_path)
+      draft = loading.with_tiles(
+          load(self.draft_config, a.draft_checkpoint_path, a.seed + 1,
+               reuse.mesh, "draft", a.draft_decode_path), a.draft_tiles)
       # DRAFTER='shared_encoder': the draft decoder reads the target's
       # encoder.
       draft = models_lib.SharedEncoderModel.draft_for(reuse.target, draft)
@@ -505,7 +507,8 @@ def settings_record(args: arguments.RunArguments, mode: decode_modes.DecodeMode,
   run_args.update(mode.record())
   if args.speculation == decode_modes.SPECULATION_ON:  # as before it existed
     run_args.pop("speculation")
-  for name in ("target_decode_path", "draft_decode_path"):
+  for name in ("target_decode_path", "draft_decode_path", "target_tiles",
+               "draft_tiles"):
     if run_args[name] is None:  # the backend's, as before they existed
       run_args.pop(name)
   record = {

@@ -284,8 +284,10 @@ def price_fields(loaded: Any, feed: Any, ks: Sequence[int],
           "draft_checkpoint_path": args.draft_checkpoint_path,
           "drafter": args.drafting.name,
           "drafter_settings": args.drafting.record(args.ngram_corpus),
-          # TARGET/DRAFT_DECODE_PATH where set: another program's prices.
+          # TARGET/DRAFT_DECODE_PATH and _TILES where set: another
+          # program's prices.
           **args.chosen_decode_paths(),
+          **args.chosen_tiles(),
       },
       "input_width": feed.batch_width(0),
       "batch_size": args.batch_size,
@@ -302,7 +304,9 @@ def target_price_fields(loaded: Any, fields: Mapping[str,
   """The key of the target's call prices alone: `price_fields` less the
   draft and the method (a verifier keeping features is another program)."""
   tree, pair = fields["tree"], fields["pair"]
-  path = {k: pair[k] for k in ("TARGET_DECODE_PATH",) if k in pair}  # if set
+  path = {
+      k: pair[k] for k in ("TARGET_DECODE_PATH", "TARGET_TILES") if k in pair
+  }  # if set
   return {
       "machine": fields["machine"],
       "clock": fields["clock"],

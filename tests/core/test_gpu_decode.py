@@ -38,6 +38,7 @@ from specdec_jax.core import sampling
 from specdec_jax.core.decoding import loops
 from specdec_jax.core.decoding import programs
 from specdec_jax.core.drafters import ModelDrafter
+from specdec_jax.core.kernels import _gpu_grid
 from specdec_jax.core.kernels import gpu
 from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.kernels import gpu_layers
@@ -686,6 +687,22 @@ def test_programs_are_divided_among_the_rows():
     assert gpu_layers.barrier_counters(8).shape == (8,)
 
 
+def test_a_program_past_a_stages_blocks_loads_nothing_early():
+  """`Tiles.prefetch`: program p loads its first block (p) early; one past
+  the stage's blocks the last block's addresses with its loads masked
+  (live False), so that a stage of 8 heads on 128 programs reads 8
+  blocks, not 128; where every program has a block, no mask."""
+  stages = _gpu_grid.Stages(programs=4, on_gpu=True, prefetch=True)
+
+  def fetch(i, live=None):
+    return int(i), None if live is None else bool(live)
+
+  assert [stages.first_loads(fetch, jnp.int32(p), 2) for p in range(4)
+         ] == [(0, True), (1, True), (1, False), (1, False)]
+  assert [stages.first_loads(fetch, jnp.int32(p), 6) for p in range(4)
+         ] == [(p, None) for p in range(4)]
+
+
 def _t5_small_shaped() -> T5Model:
   """T5 v1.1 small's shapes in bfloat16 on 'fused' (nothing allocated)."""
   config = T5Config(vocab_size=32128, dtype=jnp.bfloat16)
@@ -700,6 +717,32 @@ def _t5_small_shaped() -> T5Model:
 def test_decoder_lowers_for_cuda_in_six_kernels_a_layer(world):
   model = world[0].prepared_for_decoding("fused")
   assert _triton_calls(model, 12, 4) == 6 * 2 + 1
+
+
+def test_a_model_traces_its_kernels_under_its_own_tiles(world):
+  """`T5Model.with_tiles`: its decode calls' kernels traced under its tiles
+  (folded: 3 kernels a layer, not 6), over the context's; part of the jit
+  cache's key (a model under other tiles traced anew, not served the
+  other's program; the same tiles again, not retraced); kept through
+  `prepared_for_decoding`; anything but Tiles refused."""
+  model = world[0]
+  folded = model.with_tiles(
+      gpu_tiles.TILE_PRESETS["mma_fold"]).prepared_for_decoding("fused")
+  plain = folded.with_tiles(gpu_tiles.Tiles())
+  assert _triton_calls(folded, 12, 4) == 3 * 2 + 1
+  with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS["mma_fold"]):
+    assert _triton_calls(plain, 12, 4) == 6 * 2 + 1
+  traced = []
+  step = jax.jit(lambda m, t, c:
+                 (traced.append(m.tiles), m.decode_chunk(t, c))[1])
+  cache = jax.eval_shape(lambda m, e: m.start(e, 12), model,
+                         jax.ShapeDtypeStruct((1, 16), jnp.int32))
+  tokens = jax.ShapeDtypeStruct((1, 4), jnp.int32)
+  for m in (folded, plain, folded):
+    jax.eval_shape(step, m, tokens, cache)
+  assert traced == [folded.tiles, plain.tiles]
+  with pytest.raises(TypeError, match="with_tiles: tiles='mma_fold'"):
+    model.with_tiles("mma_fold")
 
 
 def test_t5_small_shaped_decoder_lowers_for_cuda():

@@ -53,3 +53,20 @@ def test_a_draft_on_the_packed_path_writes_the_default_runs_predictions(
   assert [r["prediction"] for r in packed_rows
          ] == [r["prediction"] for r in default_rows]
   assert len(packed_rows) == 3
+
+
+def test_a_draft_under_chosen_tiles_writes_the_default_runs_predictions(
+    tmp_path):
+  """DRAFT_TILES: the draft's GPU kernels (interpret mode here) as one
+  kernel over many programs with loads before each barrier; the same
+  predictions, the preset recorded."""
+  _, _, default_rows = _run(tmp_path / "default")
+  gin.clear_config()
+  _, tiled, tiled_rows = _run(tmp_path / "tiled", "DRAFT_DECODE_PATH = 'fused'",
+                              "DRAFT_TILES = 'tall_mma_persistent_prefetch'")
+  assert tiled["decode_paths"]["draft"] == "fused"
+  assert tiled["settings"]["run"]["draft_tiles"] == (
+      "tall_mma_persistent_prefetch")
+  assert tiled["greedy_outputs_identical"] is True
+  assert [r["prediction"] for r in tiled_rows
+         ] == [r["prediction"] for r in default_rows]

@@ -21,6 +21,7 @@ import jax
 import pytest
 
 from specdec_jax import run as run_lib
+from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import decode_paths
@@ -95,6 +96,18 @@ def _run_error(tmp_path, no_load, *bindings) -> str:
         ]),
         (["DRAFT_DECODE_PATH = 'packed'", "DRAFTER = 'feature'"
          ], ["DRAFT_DECODE_PATH='packed' with DRAFTER='feature'"]),
+        # Tiles: a preset's name, for a model set on 'fused'.
+        (["TARGET_DECODE_PATH = 'fused'", "TARGET_TILES = 'huge'"], [
+            "TARGET_TILES='huge': allowed: None (the kernels' own) or "
+            "default, wide"
+        ]),
+        (["DRAFT_TILES = 'mma_split'"], [
+            "DRAFT_TILES='mma_split' with DRAFT_DECODE_PATH=None: tiles are the "
+            "'fused' path's GPU kernels'; allowed: DRAFT_TILES=None, or "
+            "DRAFT_DECODE_PATH='fused'."
+        ]),
+        (["TARGET_DECODE_PATH = 'packed'", "TARGET_TILES = 'mma_split'"
+         ], ["TARGET_TILES='mma_split' with TARGET_DECODE_PATH='packed'"]),
     ])
 def test_bad_decode_paths_stop_the_run_before_loading(bindings, expect,
                                                       tmp_path, no_load):
@@ -147,6 +160,41 @@ def test_the_loader_prepares_each_model_for_its_path(tmp_path):
   assert again.target is kept.target and again.draft is kept.draft
 
 
+def test_the_loader_puts_each_model_under_its_tiles(tmp_path):
+  """TARGET_TILES / DRAFT_TILES: each model carries its preset
+  (`T5Model.with_tiles`); a later sweep point's own (None: the kernels'
+  own), and the same tiles keep the very models."""
+  presets = gpu_tiles.TILE_PRESETS
+  parse_local_tiny([
+      f"OUTPUT_DIR = '{tmp_path}'", "NUM_EXAMPLES = 2",
+      "TARGET_DECODE_PATH = 'fused'", "DRAFT_DECODE_PATH = 'fused'",
+      "TARGET_TILES = 'mma_split'",
+      "DRAFT_TILES = 'tall_mma_persistent_prefetch'"
+  ])
+  plan = plan_lib.RunPlan.build(arguments.run_arguments())
+  models = plan.load_models()
+  assert models.target.tiles == presets["mma_split"]
+  assert models.draft.tiles == presets["tall_mma_persistent_prefetch"]
+  assert plan.settings["run"]["draft_tiles"] == "tall_mma_persistent_prefetch"
+  later = plan.at(target_tiles=None, draft_tiles="mma_split")
+  kept = later.load_models(models)
+  assert kept.target.tiles is None
+  assert kept.draft.tiles == presets["mma_split"]
+  assert kept.target.params is models.target.params
+  assert later.load_models(kept).draft is kept.draft
+  # A shared-encoder draft's tiles are its decoder's.
+  config = tiny_config(vocab_size=32)
+  decoder_config = tiny_config(vocab_size=32, num_encoder_layers=0,
+                               encoder_width=config.emb_dim)
+  draft = SharedEncoderModel.pair(
+      T5Model(config, init_params(config, jax.random.PRNGKey(0))),
+      T5Model(decoder_config, init_params(decoder_config,
+                                          jax.random.PRNGKey(1))))
+  tiled = loading.with_tiles(draft, "mma_split")
+  assert tiled.decoder.tiles == tiled.tiles == presets["mma_split"]
+  assert loading.with_tiles(tiled, "mma_split") is tiled
+
+
 def test_a_shared_encoder_draft_moves_with_its_target():
   config = tiny_config(vocab_size=32)
   decoder_config = tiny_config(vocab_size=32, num_encoder_layers=0,
@@ -156,7 +204,8 @@ def test_a_shared_encoder_draft_moves_with_its_target():
                     init_params(decoder_config, jax.random.PRNGKey(1)))
   draft = SharedEncoderModel.pair(target, decoder)
   paths = types.SimpleNamespace(target_decode_path="packed",
-                                draft_decode_path="xla")
+                                draft_decode_path="xla", target_tiles=None,
+                                draft_tiles=None)
   moved = loading.on_decode_paths(target, draft, paths)
   assert moved["target"].decode_path == "packed"
   # The draft reads the moved target's encoder; its decoder stays on 'xla'.
@@ -181,15 +230,18 @@ def test_a_chosen_path_is_a_setting_and_another_price(tmp_path):
   parse_local_tiny([f"OUTPUT_DIR = '{tmp_path}'"])
   default = arguments.run_arguments()
   chosen = arguments.run_arguments({
-      "target_decode_path": "xla",
-      "draft_decode_path": "packed"
+      "target_decode_path": "fused",
+      "draft_decode_path": "packed",
+      "target_tiles": "mma_split"
   })
   plans = [plan_lib.RunPlan.build(a) for a in (default, chosen)]
   run_default, run_chosen = (p.settings["run"] for p in plans)
   assert "target_decode_path" not in run_default
   assert "draft_decode_path" not in run_default
-  assert run_chosen["target_decode_path"] == "xla"
+  assert run_chosen["target_decode_path"] == "fused"
   assert run_chosen["draft_decode_path"] == "packed"
+  assert run_chosen["target_tiles"] == "mma_split"
+  assert "target_tiles" not in run_default
 
   feed = types.SimpleNamespace(batch_width=lambda index: 16)
   loaded = [
@@ -205,6 +257,8 @@ def test_a_chosen_path_is_a_setting_and_another_price(tmp_path):
   target_fields = [
       price_cache.target_price_fields(l, f) for l, f in zip(loaded, fields)
   ]
-  assert target_fields[1]["TARGET_DECODE_PATH"] == "xla"
+  assert target_fields[1]["TARGET_DECODE_PATH"] == "fused"
+  assert target_fields[1]["TARGET_TILES"] == "mma_split"
+  assert "TARGET_TILES" not in target_fields[0]
   assert "DRAFT_DECODE_PATH" not in target_fields[1]
   assert "TARGET_DECODE_PATH" not in target_fields[0]

@@ -1089,3 +1089,20 @@ def test_timed_variants_time_what_compiled_before_the_deadline():
   out = paths._timed_variants(b, variants, "a", common.Deadline(1.0))
   assert b.timed is None and "ms" not in out
   assert out["skipped"] == ["a", "b", "c"]
+
+
+def test_main_job_tiles_name_a_preset_or_a_pair_of_them():
+  """`common.tiles_pair`: 'p' for both models, 'a+b' the target's and the
+  draft's; anything else refused naming the setting and what is allowed
+  (checked by `settings_for`, before any phase)."""
+  presets = gpu_tiles.TILE_PRESETS
+  assert common.tiles_pair("mma_split") == (presets["mma_split"],) * 2
+  assert common.tiles_pair("mma_split+mma_persistent") == (
+      presets["mma_split"], presets["mma_persistent"])
+  for bad in ("huge", "mma_split+huge", "mma+mma+mma"):
+    with pytest.raises(
+        ValueError, match=f"main_job_tiles: '{re.escape(bad)}'"
+        "; allowed: a preset or 'target's\\+draft's'"):
+      common.tiles_pair(bad)
+  for mode in ("full", "small"):
+    assert any("+" in n for n in common.settings_for(mode).main_job_tiles)

@@ -4,11 +4,12 @@ import threading
 from tools.device_check import compiles
 
 
-def test_tasks_run_at_once_in_order_and_stop_when_time_runs_out():
+def test_tasks_run_at_once_in_order_and_stop_when_time_runs_out(capsys):
   """Two tasks that each wait for the other end only if they run at once
   (count 2; one at a time the first's wait breaks); results come back in
-  the tasks' order with their errors in one line, on_done in the calling
-  thread; once `fits` says no, nothing more starts."""
+  the tasks' order with their errors in one line (logged with their
+  tracebacks), on_done in the calling thread; once `fits` says no, nothing
+  more starts."""
   meet = threading.Barrier(2, timeout=5)
   tasks = {"a": lambda: meet.wait() * 0 + 1, "b": lambda: meet.wait() * 0 + 2}
   seen = []
@@ -34,4 +35,6 @@ def test_tasks_run_at_once_in_order_and_stop_when_time_runs_out():
       }, lambda slowest: slowest == 0.0, count=1)
   assert list(done) == ["x"] and skipped == ["y", "z"]
   assert done["x"].error == "ValueError: first line" and done["x"].seconds > 0
+  logged = capsys.readouterr().err
+  assert "error: ValueError: first line" in logged and "in fail" in logged
   assert 2 <= compiles.workers() <= 8

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.models import T5Config
 from specdec_jax.core.models import param_shapes
 from specdec_jax.files import io_utils
@@ -118,7 +119,8 @@ class Settings:
       (`kernels.gpu_tiles.TILE_PRESETS`) the `paths` phase times;
       tile_call_presets: those whose target's `max(chunk_sizes)`-token
       call it times too (tensor cores or not); main_job_tiles: those the
-      pretrained phase's identity and main job run under too ('fused').
+      pretrained phase's identity and main job run under too ('fused'; a
+      preset, or 'target's+draft's').
     main_job_mixed_paths: (target's path, draft's path) pairs the
       pretrained phase's identity and main job run on too (batch 1).
     main_job_option_sets: the XLA:GPU option sets the pretrained phase's
@@ -195,10 +197,12 @@ class Settings:
   # 'mma_split' on -30), nor 'mma_layer_fold' (the target's 12 MB layers
   # in three kernels too: 1.15x, 2026-11-29). The '_persistent' presets
   # first: the draft's step one layers kernel over 128 programs, the
-  # target's 8 (`Tiles.programs`).
+  # target's 8 (`Tiles.programs`); last, the target on the check's tiles
+  # and the draft persistent (`tiles_pair`).
   main_job_tiles: Tuple[str, ...] = ("mma_persistent",
                                      "tall_mma_persistent_prefetch",
-                                     "tall_mma_split", "mma_layer")
+                                     "tall_mma_split", "mma_layer",
+                                     "mma_split+tall_mma_persistent_prefetch")
   # (target's path, draft's path): on the H200 the shipped target's step
   # was fastest on 'xla' (0.411 ms; 'fused' 0.440-0.478) and its draft's
   # on 'fused' (0.051-0.063 ms; 'xla' 0.076) (2026-11-29, 2026-11-30).
@@ -245,7 +249,7 @@ SMALL = dataclasses.replace(
     paths_groups=PATHS_GROUPS, option_sets=("default", "command_buffer_all"),
     tile_presets=("default", "mma", "mma_split", "mma_persistent"),
     tile_call_presets=("default", "mma", "mma_split", "mma_persistent"),
-    main_job_tiles=("mma_layer_fold", "mma_persistent"),
+    main_job_tiles=("mma_layer_fold", "mma_split+mma_persistent"),
     main_job_mixed_paths=(("packed", "fused"),))
 
 
@@ -258,6 +262,8 @@ def settings_for(mode: str, decode_path: Optional[str] = None,
   if mode not in ("full", "small"):
     raise ValueError(f"mode {mode!r}: allowed: full, small.")
   preset = FULL if mode == "full" else SMALL
+  for name in preset.main_job_tiles:
+    tiles_pair(name)  # A bad name fails here, before any phase runs.
   return dataclasses.replace(
       preset, decode_path=decode_path or checked_path(),
       paths_groups=paths_groups or preset.paths_groups,
@@ -276,6 +282,21 @@ def settings_for(mode: str, decode_path: Optional[str] = None,
 # blocks, sized for bfloat16, are capped for float32 weights:
 # `Tiles.for_weights`); the next run times both (`--tile_presets`).
 CHECKED_TILES = "mma_split"
+
+
+def tiles_pair(name: str) -> Tuple[gpu_tiles.Tiles, gpu_tiles.Tiles]:
+  """(the target's tiles, the draft's) of a `main_job_tiles` entry: a
+  preset of `gpu_tiles.TILE_PRESETS` for both, or 'target's+draft's'.
+
+  Raises:
+    ValueError: a name that is no preset.
+  """
+  names = name.split("+")
+  if len(names) > 2 or any(n not in gpu_tiles.TILE_PRESETS for n in names):
+    raise ValueError(
+        f"main_job_tiles: {name!r}; allowed: a preset or 'target's+draft's', "
+        f"each one of {', '.join(gpu_tiles.TILE_PRESETS)}.")
+  return (gpu_tiles.TILE_PRESETS[names[0]], gpu_tiles.TILE_PRESETS[names[-1]])
 
 
 def checked_path() -> Optional[str]:

@@ -13,6 +13,8 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from tools.device_check import common
+
 
 def workers() -> int:
   """Compiles at once: half the host's cores, 2 to 8."""
@@ -28,14 +30,10 @@ class Done:
 
 
 def _run(task: Callable[[], Any]) -> Done:
+  """task() timed; an error logged with its traceback (`common.guarded`)."""
   start = time.perf_counter()
-  try:
-    result = task()
-  except Exception as e:  # pylint: disable=broad-except
-    first = str(e).splitlines()[0][:300] if str(e) else ""
-    return Done(time.perf_counter() - start,
-                error=f"{type(e).__name__}: {first}")
-  return Done(time.perf_counter() - start, result)
+  out = common.guarded(lambda: {"result": task()})
+  return Done(time.perf_counter() - start, out.get("result"), out.get("error"))
 
 
 def concurrently(

@@ -25,7 +25,9 @@ greedy, 48 tokens at most.
   `main_job_by_options` the main job at batch 1 with its loops compiled
   under XLA:GPU option sets (`main_job_option_sets`) against the
   library's own, interleaved; `main_job_by_tiles` the identity and the
-  main job at batch 1 on 'fused' under other tiles (`main_job_tiles`);
+  main job at batch 1 on 'fused' under other tiles (`main_job_tiles`: a
+  preset for both models, or the target's and the draft's), compiled
+  several at once first;
   `main_job_by_mixed_paths` the identity and the main job at batch 1
   with the target and the draft on paths of their own
   (`main_job_mixed_paths`). In the order mixed paths, options, tiles,
@@ -54,10 +56,10 @@ from specdec_jax.core import decoding
 from specdec_jax.core import sampling
 from specdec_jax.core.decoding import programs
 from specdec_jax.core.kernels import gpu
-from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.models import T5Model
 from specdec_jax.metrics import exactness
 from tools.device_check import common
+from tools.device_check import compiles
 from tools.device_check import stats
 
 # gin/pretrained_multi30k.gin's values (tests/tools/test_device_check.py).
@@ -291,27 +293,51 @@ def _identity_and_main_job(s: common.Settings, target, draft, inputs,
   }
 
 
+def _compiled(target, draft, inputs: np.ndarray, max_len: int) -> None:
+  """The pair's decoders compiled (one caption each: the main job's
+  shape)."""
+  base, spec = _decoders(target, draft, max_len)
+  for decode in (base, spec):
+    _decode_all(decode, batched(inputs, 1)[:1])
+
+
 def by_tiles(s: common.Settings, target, draft, inputs,
              deadline: common.Deadline) -> Dict[str, Any]:
-  """On 'fused', under each of `main_job_tiles` (the draft's small layers
-  as one kernel: `Tiles.layer_bytes`): {preset: {'identity', '1': main
-  job}}, the programs traced afresh under it (and again after). Batch 1
-  only: on the H200 'fused' at batch 8 did not compile in the phase's
-  time (2026-11-29); `main_job_by_path` has it."""
-  out: Dict[str, Any] = {}
+  """On 'fused', under each of `main_job_tiles` (`common.tiles_pair`; the
+  draft's small layers as one kernel: `Tiles.layer_bytes`): {name:
+  {'identity', '1': main job, 'compile_s'}}, each model carrying its
+  tiles (`T5Model.with_tiles`: no cache to clear). Their decoders compile
+  several at once first (`compiles.concurrently`), so that nothing
+  compiles while anything is timed. Batch 1 only: on the H200 'fused' at
+  batch 8 did not compile in the phase's time (2026-11-29);
+  `main_job_by_path` has it."""
   if target.decode_path != "fused":
-    return out
-  for preset in s.main_job_tiles:
-    if not deadline.allows(20.0):
-      out[preset] = {"skipped": "time cap"}
-      continue
-    common.log(f"pretrained: identity and main job under tiles {preset}")
-    jax.clear_caches()  # The loops traced under the check's tiles.
-    try:
-      with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS[preset]):
-        out[preset] = _identity_and_main_job(s, target, draft, inputs, deadline)
-    finally:
-      jax.clear_caches()
+    return {}
+  pairs = {}
+  for name in s.main_job_tiles:
+    target_tiles, draft_tiles = common.tiles_pair(name)
+    pairs[name] = (target.with_tiles(target_tiles),
+                   draft.with_tiles(draft_tiles))
+  common.log("pretrained: compiling the main job under tiles " +
+             ", ".join(pairs))
+  done, _ = compiles.concurrently(
+      {
+          name: functools.partial(_compiled, *pair, inputs, s.max_decode_length)
+          for name, pair in pairs.items()
+      }, lambda slowest: deadline.allows(20.0 + slowest),
+      count=compiles.workers())
+  out: Dict[str, Any] = {}
+  for name, pair in pairs.items():
+    if name not in done or not deadline.allows(20.0):
+      out[name] = {"skipped": "time cap"}
+    elif done[name].error:
+      out[name] = {"ok": False, "error": done[name].error}
+    else:
+      common.log(f"pretrained: identity and main job under tiles {name}")
+      out[name] = {
+          **_identity_and_main_job(s, *pair, inputs, deadline), "compile_s":
+              done[name].seconds
+      }
   return out
 
 

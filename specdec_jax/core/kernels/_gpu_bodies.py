@@ -59,20 +59,21 @@ def head_projection_block(x_ref, scale_ref, w_ref, out_ref, i, first=None, *,
             span] = _pieces.round_to(value, x_ref.dtype).astype(out_ref.dtype)
 
 
-def head_projection_first(w_ref, i, *, cols: int, eb: int):
-  """Block i's first weights of `head_projection_block`, loaded now."""
-  return _pieces.first_block(_head_block(w_ref, i, cols)[3], eb, parts=1)
+def head_projection_first(w_ref, i, live=None, *, cols: int, eb: int):
+  """Block i's first weights of `head_projection_block`, loaded now (where
+  `live`: `_pieces.load`'s)."""
+  return _pieces.first_block(_head_block(w_ref, i, cols, live)[3], eb, parts=1)
 
 
-def _head_block(w_ref, i, cols: int):
+def _head_block(w_ref, i, cols: int, live=None):
   """Block i of `head_projection_block` (w_ref [H, P, E, D]): its head,
-  part, span of D and weight(_, span) [eb, cols]."""
+  part, span of D and weight(_, span) [eb, cols] (read where `live`)."""
   pl, _ = _pieces.pallas()
   parts, _, head_dim = w_ref.shape[1:]
   per_part = head_dim // cols
   h, p = i // (parts * per_part), (i // per_part) % parts
   span = pl.ds(_pieces.block_start(i % per_part, cols), cols)
-  return h, p, span, lambda _, s: w_ref[h, p, s, span]
+  return h, p, span, lambda _, s: _pieces.load(w_ref, (h, p, s, span), live)
 
 
 def projected_rows(refs, rows: int, eb: int, eps: float, dot: bool, split: bool,
@@ -154,14 +155,15 @@ def self_attend(start_ref, projected, bias_refs, keys_in, values_in, keys_ref,
                                   head), head, first)
 
 
-def self_attention_first(start_ref, bias_refs, keys_ref, h, *, bias: BiasForm,
-                         rows: int, lb: int) -> Tuple:
+def self_attention_first(start_ref, bias_refs, keys_ref, h, live=None, *,
+                         bias: BiasForm, rows: int, lb: int) -> Tuple:
   """Head h's first block of self-attention biases (a one-kernel layer's
-  keys_ref [H, D, L]), loaded now: not its keys, which its stage writes."""
+  keys_ref [H, D, L]), loaded now: not its keys, which its stage writes
+  (`live`: `_pieces.attend_first`'s; the chunk's own few biases read
+  anyway)."""
   head = (_grid.index(h),)
   bias_at = self_bias(start_ref[0], bias_refs, bias, rows, lb, head)
-  return _pieces.attend_first(keys_ref, keys_ref, lb, bias_at, rows, head,
-                              kv=False)
+  return _pieces.attend_first(keys_ref, None, lb, bias_at, rows, head, live)
 
 
 def self_bias(start, bias_refs, form: BiasForm, rows: int, lb: int,
@@ -242,13 +244,13 @@ def cross_attend(projected, keys_ref, values_ref, valid_ref, *, lb: int,
                         head, first)
 
 
-def cross_attention_first(keys_ref, values_ref, valid_ref, h, *, rows: int,
-                          lb: int) -> Tuple:
+def cross_attention_first(keys_ref, values_ref, valid_ref, h, live=None, *,
+                          rows: int, lb: int) -> Tuple:
   """Head h's first block of the encoder's keys, values and mask (keys_ref
-  [H, D, S]), loaded now."""
+  [H, D, S]), loaded now (`live`: `_pieces.attend_first`'s)."""
   return _pieces.attend_first(keys_ref, values_ref, lb,
                               _cross_bias(valid_ref, lb), rows,
-                              (_grid.index(h),))
+                              (_grid.index(h),), live)
 
 
 def _cross_bias(valid_ref, lb: int) -> Callable:
@@ -390,26 +392,27 @@ def rms_dense_body(x_ref, scale_ref, w_ref, out_ref, first_row, *,
                 mask=_pieces.row_mask(nb, first_row + r, rows_total))
 
 
-def rms_dense_first(w_ref, first_col, *, eb: int, nb: int):
+def rms_dense_first(w_ref, first_col, live=None, *, eb: int, nb: int):
   """`rms_dense_body`'s first weights of nb columns from first_col (w_ref
-  [P, E, F]), loaded now."""
-  return _pieces.first_block(_columns(w_ref, first_col, nb), eb,
+  [P, E, F]), loaded now (where `live`: `_pieces.load`'s)."""
+  return _pieces.first_block(_columns(w_ref, first_col, nb, live), eb,
                              parts=w_ref.shape[0])
 
 
-def dense_first(w_ref, first_col, *, kb: int, nb: int):
+def dense_first(w_ref, first_col, live=None, *, kb: int, nb: int):
   """`dense_residual_body`'s first weights of nb columns from first_col
-  (w_ref [F, E]), loaded now."""
-  return _pieces.first_block(_columns(w_ref, first_col, nb), kb)
+  (w_ref [F, E]), loaded now (where `live`)."""
+  return _pieces.first_block(_columns(w_ref, first_col, nb, live), kb)
 
 
-def _columns(w_ref, first_col, nb: int) -> Callable:
-  """weight([p,] span) [depth, nb]: nb columns of w_ref from first_col."""
+def _columns(w_ref, first_col, nb: int, live=None) -> Callable:
+  """weight([p,] span) [depth, nb]: nb columns of w_ref from first_col
+  (read where `live`: `_pieces.load`'s)."""
   pl, _ = _pieces.pallas()
   cols = pl.ds(first_col, nb)
   if len(w_ref.shape) == 3:
-    return lambda p, span: w_ref[p, span, cols]
-  return lambda span: w_ref[span, cols]
+    return lambda p, span: _pieces.load(w_ref, (p, span, cols), live)
+  return lambda span: _pieces.load(w_ref, (span, cols), live)
 
 
 def gated(accs, activations: Tuple[str, ...], dtype) -> Array:

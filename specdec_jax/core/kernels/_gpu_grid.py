@@ -30,8 +30,9 @@ GPU hanging.
 In interpret mode (the CPU's tests) a kernel's programs run one after
 another, so no program could wait for a later one: there one program per
 row runs each stage for every program in turn (virtual programs), and a
-stage's end is its barrier. The blocks, each program's share of them and
-the operations on each are the GPU's: the same bits.
+stage's end is its barrier. The blocks, each program's share of them,
+what it loads early (`prefetch`, masked for a program with no block)
+and the operations on each are the GPU's: the same bits.
 """
 import dataclasses
 from typing import Any, Callable, Optional
@@ -74,12 +75,13 @@ class Stages:
   owed: bool = False
 
   def run(self, count: int, block: Callable[..., None],
-          fetch: Optional[Callable[[Any], Any]] = None) -> None:
+          fetch: Optional[Callable[..., Any]] = None) -> None:
     """block(i) for each of a stage's `count` blocks: program p of the
     row's runs blocks p, p + programs, ... (i traced); with no programs,
-    one program runs all (i a Python int). With `prefetch`, fetch(i) loads
-    what block i reads first (weights, biases, keys: never what a stage
-    before writes) and block(i, fetch(i)) runs on it: a program's first
+    one program runs all (i a Python int). With `prefetch`, fetch(i[,
+    live]) loads what block i reads first (weights, biases, keys: never
+    what a stage before writes; `live`: whether to read at all, as
+    `_pieces.load`'s) and block(i, fetch(i)) runs on it: a program's first
     block's before the barrier the stage waits at, so that the loads are
     in flight while it waits."""
     if not self.programs:
@@ -89,6 +91,7 @@ class Stages:
     pl, _ = _pieces.pallas()
     rounds = -(-count // self.programs)
     fetch = fetch if self.prefetch else None
+    early = fetch is not None and self.owed
 
     def one(i, first=None):
 
@@ -108,33 +111,44 @@ class Stages:
         lax.fori_loop(start, rounds, lambda j, c:
                       (one(p + j * self.programs), c)[1], 0)
 
+    def early_loads(p):
+      return self.first_loads(fetch, p, count) if early else None
+
     if self.on_gpu:
       p = pl.program_id(1)
-      # A program past the stage's blocks loads its last block's: a read,
-      # never used.
-      first = fetch(jnp.minimum(p, count - 1)) if fetch and self.owed else None
+      first = early_loads(p)  # in flight through the barrier
       self._pay()
       program(p, first)
-    else:
-      lax.fori_loop(0, self.programs, lambda p, c: (program(p), c)[1], 0)
+    else:  # Virtual programs, each loading first as a GPU's would.
+      self._pay()
+      lax.fori_loop(0, self.programs, lambda p, c:
+                    (program(p, early_loads(p)), c)[1], 0)
+
+  def first_loads(self, fetch: Callable[..., Any], p, count: int) -> Any:
+    """fetch's loads of program p's first block of a stage; a program past
+    the stage's blocks reads nothing (the last block's addresses,
+    masked)."""
+    if count >= self.programs:
+      return fetch(p)
+    return fetch(jnp.minimum(p, count - 1), p < count)
 
   def wait(self) -> None:
     """The end of a stage: what every program stored before it, every
-    program reads after it (the barrier waited at by the next `run`, or
-    at once where no program waits for another)."""
-    if not self.on_gpu:
-      return  # Interpret mode: the stage ran for every program.
-    if self.programs <= 1:
+    program reads after it (the barrier paid by the next `run`, or at
+    once where no program waits for another)."""
+    if self.programs > 1:
+      self.owed = True
+    elif self.on_gpu:
       _, plgpu = _pieces.pallas()
       plgpu.debug_barrier()  # This program's threads' stores are done.
-      return
-    self.owed = True
 
   def _pay(self) -> None:
     """The barrier `wait` owes, if any."""
     if not self.owed:
       return
     self.owed = False
+    if not self.on_gpu:
+      return  # Interpret mode: the stage before ran for every program.
     pl, plgpu = _pieces.pallas()
     plgpu.debug_barrier()  # This program's threads' stores are done.
     slot = (pl.program_id(0),)  # the row's

@@ -102,9 +102,11 @@ def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
                            eb=eb, eps=eps, dot=dot, split=split)
   residual = functools.partial(_residual_stage, stages, nb=nb, dot=dot)
 
-  def self_attention(h, refs, first=None):  # head h: its index, ctx columns
-    index, cols_ = (_grid.index(h),), pl.ds(_pieces.block_start(h, head_dim),
-                                            head_dim)
+  def head_at(h):  # head h's index in the weights, its columns of ctx
+    return (_grid.index(h),), pl.ds(_pieces.block_start(h, head_dim), head_dim)
+
+  def self_attention(h, refs, first=None):
+    index, cols_ = head_at(h)
     _bodies.self_attention_kernel(start_ref, *refs, *bias_refs, keys_in,
                                   values_in, ctx_ref, keys_ref, values_ref,
                                   bias=bias, rows=rows, eb=eb, lb=lb, eps=eps,
@@ -113,8 +115,7 @@ def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
                                   first=first)
 
   def cross_attention(h, refs, first=None):
-    index, cols_ = (_grid.index(h),), pl.ds(_pieces.block_start(h, head_dim),
-                                            head_dim)
+    index, cols_ = head_at(h)
     _bodies.cross_attention_kernel(*refs, cross_keys, cross_values,
                                    encoder_valid, ctx_ref, rows=rows, eb=eb,
                                    lb=cross_lb, eps=eps, dot=dot, split=split,
@@ -130,20 +131,20 @@ def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
   refs = proj(x_ref, self_scale, wqkv, self_proj)
   stages.run(
       heads, lambda h, first=None: self_attention(h, refs, first),
-      lambda h: _bodies.self_attention_first(start_ref, bias_refs, keys_ref, h,
-                                             bias=bias, rows=rows, lb=lb))
+      lambda h, live=None: _bodies.self_attention_first(
+          start_ref, bias_refs, keys_ref, h, live, bias=bias, rows=rows, lb=lb))
   stages.wait()
   residual(ctx_ref, self_out, x_ref, mid_ref, kb=kb)
   refs = proj(mid_ref, cross_scale, wq, cross_proj)
   stages.run(
       heads, lambda h, first=None: cross_attention(h, refs, first),
-      lambda h: _bodies.cross_attention_first(
-          cross_keys, cross_values, encoder_valid, h, rows=rows, lb=cross_lb))
+      functools.partial(_bodies.cross_attention_first, cross_keys, cross_values,
+                        encoder_valid, rows=rows, lb=cross_lb))
   stages.wait()
   residual(ctx_ref, cross_out, mid_ref, mid2_ref, kb=kb)
   stages.run(
-      mlp // mb, mlp_in, lambda j: _bodies.rms_dense_first(
-          wi, _pieces.block_start(j, mb), eb=mlp_eb, nb=mb))
+      mlp // mb, mlp_in, lambda j, live=None: _bodies.rms_dense_first(
+          wi, _pieces.block_start(j, mb), live, eb=mlp_eb, nb=mb))
   stages.wait()
   residual(hidden_ref, wo, mid2_ref, y_ref, kb=mlp_kb, last=True)
 
@@ -160,7 +161,8 @@ def _projection_stage(stages: _grid.Stages, x, scale, w, out, *, heads: int,
       heads * w.shape[1] * (w.shape[-1] // cols),
       lambda i, first=None: _bodies.head_projection_block(
           x, scale, w, out, i, first, cols=cols, eb=eb, eps=eps, dot=dot),
-      lambda i: _bodies.head_projection_first(w, i, cols=cols, eb=eb))
+      lambda i, live=None: _bodies.head_projection_first(
+          w, i, live, cols=cols, eb=eb))
   stages.wait()
   return (out,)
 
@@ -177,7 +179,7 @@ def _residual_stage(stages: _grid.Stages, x, w, res, out, *, kb: int, nb: int,
                                 nb=nb, first=first)
 
   stages.run(
-      emb // nb, block, lambda j: _bodies.dense_first(
-          w, _pieces.block_start(j, nb), kb=kb, nb=nb))
+      emb // nb, block, lambda j, live=None: _bodies.dense_first(
+          w, _pieces.block_start(j, nb), live, kb=kb, nb=nb))
   if not last:
     stages.wait()

@@ -319,6 +319,17 @@ def dense_products(row: Callable, weight: Callable, rows: int, steps: int,
                   tuple(jnp.zeros((width,), F32) for _ in range(rows)), first))
 
 
+def load(ref, at: Tuple, live=None) -> Array:
+  """ref[at]; with `live` (a traced bool: whether the program has the
+  block, `_gpu_grid.Stages.run`'s), zeros where it does not, not read."""
+  if live is None:
+    return ref[at]
+  _, plgpu = pallas()
+  # Indices traced (interpret mode's masked loads take no Python ints).
+  view = ref.at[tuple(jnp.int32(a) if isinstance(a, int) else a for a in at)]
+  return plgpu.load(view, mask=jnp.full(view.shape, live), other=0)
+
+
 def first_block(weight: Callable, depth: int, parts: int = 0) -> List[Array]:
   """A contraction's block 0 of weights, loaded now (`Tiles.prefetch`: before
   a barrier, for `blocks_loop`'s `first`): [weight(span)] [depth, width],
@@ -394,9 +405,9 @@ def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
 
   def step(j, state, loaded):
     kv, biases = loaded
-    start, valid, load = _slots(keys_ref, j, lb, head)
-    keys, values = (
-        x.astype(F32) for x in kv or (load(keys_ref), load(values_ref)))
+    start, valid, load_block = _slots(keys_ref, j, lb, head)
+    keys, values = (x.astype(F32) for x in kv or (load_block(keys_ref),
+                                                  load_block(values_ref)))
     new = []
     for m, query in enumerate(queries):
       top, total, acc = state[3 * m:3 * m + 3]
@@ -412,7 +423,8 @@ def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
     return tuple(new)
 
   def block(j, kv: bool):
-    return _block_loads(keys_ref, values_ref, j, lb, bias_at, rows, head, kv)
+    return _block_loads(keys_ref, values_ref if kv else None, j, lb, bias_at,
+                        rows, head)
 
   init = []
   for _ in queries:
@@ -437,30 +449,35 @@ def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
 
 
 def attend_first(keys_ref, values_ref, lb: int, bias_at: Callable, rows: int,
-                 head: Tuple = (), kv: bool = True) -> Tuple:
+                 head: Tuple = (), live=None) -> Tuple:
   """`attend`'s `first`, loaded now (`Tiles.prefetch`): block 0's (keys
-  and values [D, lb] or, without `kv`, None; each of `rows` queries' bias
-  [lb])."""
-  return _block_loads(keys_ref, values_ref, 0, lb, bias_at, rows, head, kv)
+  and values [D, lb], or None where values_ref is None: the biases alone;
+  each of `rows` queries' bias [lb]); `live` as `load`'s (its slots all
+  masked where it is False)."""
+  return _block_loads(keys_ref, values_ref, 0, lb, bias_at, rows, head, live)
 
 
 def _block_loads(keys_ref, values_ref, j, lb: int, bias_at: Callable, rows: int,
-                 head: Tuple, kv: bool) -> Tuple:
-  """Block j's (keys and values, or None without `kv`; each row's
-  bias)."""
-  start, valid, load = _slots(keys_ref, j, lb, head)
-  loaded = (load(keys_ref), load(values_ref)) if kv else None
+                 head: Tuple, live=None) -> Tuple:
+  """Block j's (keys and values, or None where values_ref is None; each
+  row's bias)."""
+  start, valid, load_block = _slots(keys_ref, j, lb, head, live)
+  loaded = None
+  if values_ref is not None:
+    loaded = (load_block(keys_ref), load_block(values_ref))
   return loaded, [bias_at(m, start, valid) for m in range(rows)]
 
 
-def _slots(keys_ref, j, lb: int, head: Tuple):
+def _slots(keys_ref, j, lb: int, head: Tuple, live=None):
   """`attend`'s block j of lb slots of keys_ref [*head, D, L]: (its first
-  slot, which exist [lb], a loader of a keys' or values' ref's block [D,
-  lb], zeros where none)."""
+  slot, which exist [lb] (none where `live` is False), a loader of a keys'
+  or values' ref's block [D, lb], zeros where none)."""
   plgpu = pallas()[1]
   head_dim, length = keys_ref.shape[len(head):]
   start = block_start(j, lb)
   valid = start + lax.iota(jnp.int32, lb) < length
+  if live is not None:
+    valid = valid & live
   mask = jnp.broadcast_to(valid[None, :], (head_dim, lb))
   at = head + (ALL, block_span(j, lb))
   return start, valid, lambda ref: plgpu.load(ref.at[at], mask=mask, other=0.0)

@@ -92,6 +92,16 @@ class SharedEncoderModel:
                                encoder=self.encoder.prepared_for_decoding(),
                                decoder=self.decoder.prepared_for_decoding(path))
 
+  @property
+  def tiles(self):
+    """Its decoder's `T5Model.tiles`."""
+    return self.decoder.tiles
+
+  def with_tiles(self, tiles) -> "SharedEncoderModel":
+    """Its decoder's `T5Model.with_tiles` (the encoder runs no GPU
+    kernels)."""
+    return dataclasses.replace(self, decoder=self.decoder.with_tiles(tiles))
+
   def start_token(self, encoder_input_tokens: Array) -> Array:
     return self.decoder.start_token(encoder_input_tokens)
 

@@ -47,6 +47,7 @@ import numpy as np
 
 from specdec_jax.core import structs
 from specdec_jax.core.kernels import gpu
+from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models.config import T5Config
 from specdec_jax.core.models.layers import PACKED_COLLECTION
@@ -143,12 +144,17 @@ class T5Model:
       top hidden states (`DecodeCache.features`, read with `features`) for
       a feature-level drafter (`with_features`). False: the decode path is
       exactly the plain one.
+    tiles: the GPU kernels' tiles its decode calls trace with
+      (`with_tiles`); None: the context's (`gpu_tiles.current_tiles`).
+      Static: a model under other tiles is another compiled program.
   """
   config: T5Config = structs.field(pytree_node=False)
   params: dict
   packed: Optional[dict] = None
   keep_features: bool = structs.field(pytree_node=False, default=False)
   decode_path: str = structs.field(pytree_node=False, default=decode_paths.XLA)
+  tiles: Optional[gpu_tiles.Tiles] = structs.field(pytree_node=False,
+                                                   default=None)
 
   @property
   def module(self) -> Transformer:
@@ -190,6 +196,27 @@ class T5Model:
     if self.packed is None and self.decode_path == decode_paths.XLA:
       return self
     return dataclasses.replace(self, packed=None, decode_path=decode_paths.XLA)
+
+  def with_tiles(self, tiles: Optional[gpu_tiles.Tiles]) -> "T5Model":
+    """The same model, its decode calls' GPU kernels traced with `tiles`
+    (the 'fused' path's; None: the context's): e.g. a draft on one preset
+    of `gpu_tiles.TILE_PRESETS`, its target on another. Part of the jit
+    cache's key, unlike the context's, so models under different tiles
+    compile apart (and may compile at once, in threads)."""
+    if tiles is not None and not isinstance(tiles, gpu_tiles.Tiles):
+      raise TypeError(f"with_tiles: tiles={tiles!r}; a gpu_tiles.Tiles (e.g. "
+                      "one of gpu_tiles.TILE_PRESETS) or None.")
+    if tiles == self.tiles:
+      return self
+    return dataclasses.replace(self, tiles=tiles)
+
+  def _decoding(self, *args, method) -> Tuple[Array, DecodeCache]:
+    """module.apply of a decode method, its kernels traced under
+    `tiles`."""
+    with (gpu_tiles.tiles(self.tiles)
+          if self.tiles is not None else contextlib.nullcontext()):
+      return cast(Tuple[Array, DecodeCache],
+                  self.module.apply(self.variables, *args, method=method))
 
   def with_features(self) -> "T5Model":
     """The same model, whose decode caches keep the top hidden states."""
@@ -335,10 +362,7 @@ class T5Model:
     """
     self._check_chunk_fits(tokens.shape[1], cache)
     # `apply` returns the method's value (no collection is mutable here).
-    return cast(
-        Tuple[Array, DecodeCache],
-        self.module.apply(self.variables, tokens, cache,
-                          method=Transformer.decode_chunk))
+    return self._decoding(tokens, cache, method=Transformer.decode_chunk)
 
   def decode_argmax(self, logits: Array,
                     cache: DecodeCache) -> Tuple[Array, DecodeCache]:
@@ -347,10 +371,7 @@ class T5Model:
     logits, the argmax taken in the call's first kernel where
     `argmax_in_call` (no kernel of its own between the two calls)."""
     self._check_chunk_fits(logits.shape[1], cache)
-    return cast(
-        Tuple[Array, DecodeCache],
-        self.module.apply(self.variables, logits, cache,
-                          method=Transformer.decode_argmax))
+    return self._decoding(logits, cache, method=Transformer.decode_argmax)
 
   @staticmethod
   def _check_chunk_fits(k: int, cache: DecodeCache) -> None:
@@ -411,10 +432,8 @@ class T5Model:
     self._check_chunk_fits(tokens.shape[1], cache)
     _check_parents(parents, tokens.shape)
     parents = jnp.broadcast_to(jnp.asarray(parents, jnp.int32), tokens.shape)
-    return cast(
-        Tuple[Array, DecodeCache],
-        self.module.apply(self.variables, tokens, parents, cache,
-                          method=Transformer.decode_tree))
+    return self._decoding(tokens, parents, cache,
+                          method=Transformer.decode_tree)
 
   def commit_path(self, cache: DecodeCache, path: Array,
                   path_length: Array) -> DecodeCache:
