@@ -133,9 +133,9 @@ class RunArguments:
     target_tiles: the block sizes and launch settings of the target's GPU
       kernels (docs/usage/gpu.md, "Tiles"): a preset of
       `gpu_tiles.TILE_PRESETS` (e.g. 'mma_split'), with
-      TARGET_DECODE_PATH='fused' only; None = `gpu_tiles.Tiles()`. The
-      same operations under every preset (the same tokens); what the
-      device check times differs.
+      TARGET_DECODE_PATH='fused' only; None = `gpu_tiles.Tiles()`. Exact
+      under every preset (the target alone decodes on its tiles too);
+      what the device check times differs.
     draft_tiles: the same for the draft model, with
       DRAFT_DECODE_PATH='fused' (e.g. 'tall_mma_persistent_prefetch': the
       draft's step one kernel over the GPU's multiprocessors).
