@@ -324,10 +324,15 @@ def test_summary_shows_each_decode_path():
           },
           "8": {
               "error": "RuntimeError: x"
-          }
+          },
+          "compile_s": 41.4
       },
       "mma_layer_fold": {
           "skipped": "time cap"
+      },
+      "mma_split+mma_persistent": {
+          "ok": False,
+          "error": "XlaRuntimeError: ptxas failed"
       }
   }
   report["pretrained"]["main_job_by_mixed_paths"] = {
@@ -422,6 +427,8 @@ def test_summary_shows_each_decode_path():
           "xxl@k8/deep_mma_split") in text
   assert "main job on fused: batch 1 1.90x, batch 8 skipped (time cap)" in text
   assert "main job on fused, tiles mma_layer_fold: skipped (time cap)" in text
+  assert ("main job on fused, tiles mma_split+mma_persistent: XlaRuntimeError:"
+          " ptxas failed") in text
   assert ("main job target on packed, draft on fused: identity 59/60, batch "
           "1 1.70x (α 0.90)") in text
   assert "main job target on xla, draft on fused: skipped (time cap)" in text
@@ -435,7 +442,7 @@ def test_summary_shows_each_decode_path():
   mixed["identity"]["all_identical"] = True
   assert summary.verdicts(report)["pretrained_identical_other_pairs"] is True
   assert ("main job on fused, tiles mma_layer: identity 60/60, batch 1 "
-          "2.10x (α 0.70), batch 8 -x") in text
+          "2.10x (α 0.70), batch 8 -x (compiled in 41 s)") in text
   assert ("main job, options command_buffer_all: identity 60/60, batch 1 "
           "1.40x (α 0.90) (current's 1.50x); baseline 1.30x, speculative "
           "1.20x as fast as under the current options") in text

@@ -225,10 +225,15 @@ def _pair_line(label: str, r: Dict[str, Any]) -> str:
   {'skipped'}) as `  main job <label>: ...`."""
   if "skipped" in r:
     return f"  main job {label}: skipped ({r['skipped']})"
+  if "error" in r:  # its decoders did not compile
+    return f"  main job {label}: {r['error']}"
   same = (r.get("identity") or {}).get("default_precision") or {}
+  compiled = (f" (compiled in {r['compile_s']:.0f} s)" if isinstance(
+      r.get("compile_s"), (int, float)) else "")
   return (f"  main job {label}: identity "
           f"{same.get('identical', '?')}/{same.get('examples', '?')}, " +
-          ", ".join(_main_job_word(b, m) for b, m in r.items() if b.isdigit()))
+          ", ".join(_main_job_word(b, m) for b, m in r.items() if b.isdigit()) +
+          compiled)
 
 
 def _options_line(name: str, r: Dict[str, Any], current: Dict[str, Any]) -> str:
