@@ -78,6 +78,10 @@ def test_small_check_runs_end_to_end_on_the_cpu(tmp_path):
   assert mixed["identity"]["all_identical"], mixed
   assert mixed["1"]["speedup"] > 0
   assert report["verdicts"]["pretrained_identical_other_pairs"] is True
+  # Stages apart by barriers: each program's count right (interpret mode
+  # runs them one after another: the group's code, not the barriers).
+  assert report["paths"]["barriers"]["all_held"] is True
+  assert report["verdicts"]["barriers_held"] is True
   physics = report["physics"]
   for key in ("steps", "call_cost_by_k", "tree_call_cost", "beam_call_cost"):
     _finite(physics[key], key)

@@ -393,6 +393,20 @@ def test_summary_shows_each_decode_path():
       },
       "skipped": ["xxl/deep_mma_split", "xxl@k8/deep_mma_split"]
   }
+  report["paths"]["barriers"] = {
+      "passes": 64,
+      "held": {
+          "p8/n64": True,
+          "p8/n0": True,
+          "p128/n64": True,
+          "p128/n0": True
+      },
+      "all_held": True,
+      "us_per_barrier": {
+          "8": 0.8,
+          "128": 1.25
+      }
+  }
   report["exactness"]["argmax_kernel"] = {
       "ok": False,
       "by_vocab": {
@@ -426,6 +440,9 @@ def test_summary_shows_each_decode_path():
           "  tiles not compiled in time: xxl/deep_mma_split, "
           "xxl@k8/deep_mma_split") in text
   assert "main job on fused: batch 1 1.90x, batch 8 skipped (time cap)" in text
+  assert ("barriers (64 a kernel): 128 programs 1.25 µs, 8 programs 0.80 µs "
+          "each; held in 4/4 kernels") in text
+  assert summary.verdicts(report)["barriers_held"] is True
   assert "main job on fused, tiles mma_layer_fold: skipped (time cap)" in text
   assert ("main job on fused, tiles mma_split+mma_persistent: XlaRuntimeError:"
           " ptxas failed") in text

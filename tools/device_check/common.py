@@ -38,7 +38,8 @@ PHASES = ("env", "exactness", "paths", "pretrained", "loop", "physics")
 # loop phase's split compiles 9 programs per path before it times one.
 MIN_PHASE_S = {"loop": 30.0}
 # The paths phase's groups (`paths`), in the order they run.
-PATHS_GROUPS = ("steps", "profile", "tiles", "option_sets", "kernels")
+PATHS_GROUPS = ("steps", "profile", "barriers", "tiles", "option_sets",
+                "kernels")
 
 # T5 v1.1 shapes (T5X's t5_1_1/*.gin; the repository's gin/models copies).
 _T5_1_1 = {
@@ -114,6 +115,8 @@ class Settings:
       (`loop_overhead.programs`): sentences, the two forced lengths,
       interleaved rounds.
     paths_groups: the groups of `PATHS_GROUPS` the paths phase measures.
+    barrier_passes, barrier_programs: the `barriers` group's barriers a
+      kernel and its numbers of programs.
     option_sets, tile_presets: the XLA:GPU option sets
       (`kernels.gpu.GPU_OPTION_SETS`) and the fused kernels' tiles
       (`kernels.gpu_tiles.TILE_PRESETS`) the `paths` phase times;
@@ -167,7 +170,12 @@ class Settings:
   loop_rounds: int = 5
   # Not the option sets: on an H200 no set moved a step by 5% on any path
   # (2026-11-28 and 2026-11-29); `--paths_groups` still names them.
-  paths_groups: Tuple[str, ...] = ("steps", "profile", "tiles", "kernels")
+  paths_groups: Tuple[str, ...] = ("steps", "profile", "barriers", "tiles",
+                                   "kernels")
+  # The `barriers` group's kernels: stages apart by barriers, over each
+  # number of programs ('_persistent' presets: 128).
+  barrier_passes: int = 64
+  barrier_programs: Tuple[int, ...] = (8, 128)
   option_sets: Tuple[str, ...] = tuple(gpu.GPU_OPTION_SETS)
   # Tensor cores with pipelined loads and the attention projections over
   # many programs (_split: the check's, then more bytes in flight a
@@ -244,10 +252,11 @@ SMALL = dataclasses.replace(
     }, greedy_rows=4, greedy_length=8, examples=3, max_decode_length=12,
     rounds=2, tiny_physics=True, chunk_sizes=(1, 2, 4), tree_widths=(2,),
     physics_input_length=8, fill=4, cache_len=24, inner_steps=2, repeats=2,
-    main_job_batches=(1,), loop_sentences=1, loop_lengths=(2,
-                                                           10), loop_rounds=2,
-    paths_groups=PATHS_GROUPS, option_sets=("default", "command_buffer_all"),
-    tile_presets=("default", "mma", "mma_split", "mma_persistent"),
+    main_job_batches=(1,), loop_sentences=1, loop_lengths=(2, 10),
+    loop_rounds=2, paths_groups=PATHS_GROUPS,
+    option_sets=("default", "command_buffer_all"), barrier_passes=4,
+    barrier_programs=(2, 4), tile_presets=("default", "mma", "mma_split",
+                                           "mma_persistent"),
     tile_call_presets=("default", "mma", "mma_split", "mma_persistent"),
     main_job_tiles=("mma_layer_fold", "mma_split+mma_persistent"),
     main_job_mixed_paths=(("packed", "fused"),))

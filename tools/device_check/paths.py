@@ -54,6 +54,7 @@ from specdec_jax.core.models import T5Model
 from specdec_jax.core.models import param_shapes
 from tools.benchmarks import iteration_hlo
 from tools.device_check import common
+from tools.device_check import barriers
 from tools.device_check import compiles
 from tools.device_check import env
 from tools.device_check import kernel_profile
@@ -508,6 +509,8 @@ def _profile(b: physics.Bench, s: common.Settings, record: common.Recorder,
 # a GPU (and matched the H200's), the times only a GPU can give.
 _GROUPS = (
     ("profile", _profile, 30.0),
+    ("barriers",
+     lambda b, s, r, d: barriers.measure(b, s, r, d, _timed_variants), 15.0),
     ("tiles", _tiles, 95.0),
     ("option_sets", _option_sets, 40.0),
     ("kernels", lambda b, s, r, d: _kernels(s, r), 40.0),

@@ -38,6 +38,8 @@ def verdicts(report: Dict[str, Any]) -> Dict[str, Any]:
   out["pretrained_identical_count"] = (f"{same['identical']}/{same['examples']}"
                                        if same else None)
   out["pretrained_identical_other_pairs"] = _other_pairs_identical(report)
+  # Only where the group ran: None (not measured) else.
+  out["barriers_held"] = _get(report, "paths", "barriers", "all_held")
   out["main_job_speedup"] = _get(report, "pretrained", "main_job", "speedup")
   out["physics_complete"] = _get(report, "physics", "ok")
   out["paths_complete"] = _get(report, "paths", "ok")
@@ -180,6 +182,8 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
   for name, r in (p.get("profile") or {}).items():
     if isinstance(r, dict):
       lines.append(_profile_line(name, r))
+  if isinstance(p.get("barriers"), dict) and "held" in p["barriers"]:
+    lines.append(_barriers_line(p["barriers"]))
   ratios = _get(p, "option_sets", "vs_reference") or {}
   if ratios:
     lines.append("  option_sets: " + " ".join(
@@ -201,6 +205,15 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
                     {}).items():
     lines.append(_pair_line(f"on fused, tiles {preset}", r))
   return lines
+
+
+def _barriers_line(r: Dict[str, Any]) -> str:
+  """'barriers: 128 programs 1.20 µs each, 8 programs 0.80 µs; held 4/4'."""
+  costs = ", ".join(f"{p} programs {us:.2f} µs" for p, us in sorted(
+      r.get("us_per_barrier", {}).items(), key=lambda x: -int(x[0])))
+  held = r["held"]
+  return (f"  barriers ({r['passes']} a kernel): {costs or 'not timed'} "
+          f"each; held in {sum(held.values())}/{len(held)} kernels")
 
 
 def _tiles_lines(tiles: Dict[str, Any]) -> List[str]:
