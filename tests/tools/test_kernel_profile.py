@@ -138,7 +138,7 @@ def test_paths_groups_are_chosen_on_the_command_line(capsys):
   with pytest.raises(SystemExit):
     cli.parse_args(["--paths_groups=steps,gaps"])
   assert ("--paths_groups='steps,gaps': allowed: a comma-separated subset "
-          "of steps,profile,tiles,option_sets,kernels.") in (
+          "of steps,profile,barriers,tiles,option_sets,kernels.") in (
               capsys.readouterr().err)
 
 
