@@ -192,12 +192,10 @@ TILE_PRESETS = {
     "tall_mma_persistent": Tiles(dot=True, emb_block=256, dense_emb_block=512,
                                  in_block=1024, columns=16, split_heads=True,
                                  layer_bytes=12 << 20, programs=128),
-    "tall_mma_persistent_prefetch": Tiles(dot=True, emb_block=256,
-                                          dense_emb_block=512, in_block=1024,
-                                          columns=16, split_heads=True,
-                                          layer_bytes=12 << 20, programs=128,
-                                          prefetch=True),
 }
+# The A/B of `Tiles.prefetch`: 'tall_mma_persistent' with it, nothing else.
+TILE_PRESETS["tall_mma_persistent_prefetch"] = dataclasses.replace(
+    TILE_PRESETS["tall_mma_persistent"], prefetch=True)
 
 _TILES: contextvars.ContextVar[Optional[Tiles]] = contextvars.ContextVar(
     "specdec_jax_gpu_tiles", default=None)
