@@ -300,11 +300,10 @@ def check_decode_paths(args, target_config: T5Config,
 
 def with_tiles(model: Any, name: Optional[str]) -> Any:
   """`model` under the tiles preset `name` (TARGET_TILES / DRAFT_TILES,
-  checked by `arguments`; None: the kernels' own): itself if already."""
-  tiles = None if name is None else gpu_tiles.TILE_PRESETS[name]
-  if getattr(model, "tiles", None) == tiles:
-    return model
-  return model.with_tiles(tiles)
+  checked by `arguments`; None: the kernels' own): itself if already
+  (`with_tiles`)."""
+  return model.with_tiles(None if name is
+                          None else gpu_tiles.TILE_PRESETS[name])
 
 
 def on_decode_paths(target: Any, draft: Any, args) -> Dict[str, Any]:

@@ -78,6 +78,14 @@ def test_small_check_runs_end_to_end_on_the_cpu(tmp_path):
   assert mixed["identity"]["all_identical"], mixed
   assert mixed["1"]["speedup"] > 0
   assert report["verdicts"]["pretrained_identical_other_pairs"] is True
+  # Each loop of the main job traced: no device plane here, said so, with
+  # the iterations a caption its host waits would be read against.
+  job_profile = report["pretrained"]["main_job_profile"]
+  assert set(job_profile) == {"baseline", "speculative"}
+  for name, r in job_profile.items():
+    assert r["note"] == "no device activity in the trace", name
+  assert (job_profile["baseline"]["iterations_per_caption"] >
+          job_profile["speculative"]["iterations_per_caption"] > 0)
   # Stages apart by barriers: each program's count right (interpret mode
   # runs them one after another: the group's code, not the barriers).
   assert report["paths"]["barriers"]["all_held"] is True

@@ -193,6 +193,8 @@ def test_the_loader_puts_each_model_under_its_tiles(tmp_path):
   tiled = loading.with_tiles(draft, "mma_split")
   assert tiled.decoder.tiles == tiled.tiles == presets["mma_split"]
   assert loading.with_tiles(tiled, "mma_split") is tiled
+  assert tiled.with_tiles(presets["mma_split"]) is tiled
+  assert tiled.with_tiles(None).decoder.tiles is None
 
 
 def test_a_shared_encoder_draft_moves_with_its_target():

@@ -39,6 +39,7 @@ from tools.device_check import common
 from tools.benchmarks import iteration_hlo
 from tools.benchmarks import loop_overhead
 from tools.device_check import env
+from tools.device_check import kernel_profile
 from tools.device_check import loop
 from tools.device_check import paths
 from tools.device_check import physics
@@ -789,6 +790,47 @@ def test_interleaved_rounds_rotate_the_decoders_and_stop_at_the_deadline():
   times, _ = pretrained_pair.interleaved({"a": decoder("a")}, batches, 5,
                                          common.Deadline(0.0))
   assert len(times["a"]) == 1  # A first round always; no time for more.
+
+
+def test_the_main_jobs_profile_traces_each_loop_per_caption(monkeypatch):
+  decoded = []
+  monkeypatch.setattr(
+      pretrained_pair, "_decoders", lambda t, d, n:
+      (lambda b, rng: decoded.append(
+          ("baseline", len(b))), lambda b, rng: decoded.append(
+              ("speculative", len(b)))))
+  monkeypatch.setattr(
+      kernel_profile, "profile", lambda fn, calls, steps_per_call: (fn(0), {
+          "kernels": 0,
+          "steps": steps_per_call
+      })[1])
+  batches = [np.zeros((1, 2), np.int32)] * 4
+  job = {"tokens_generated": 40, "tokens_per_target_call": 2.5}
+  r = pretrained_pair.main_job_profile(common.SMALL, None, None, batches, job,
+                                       common.Deadline(60.0))
+  assert r == {
+      "baseline": {
+          "kernels": 0,
+          "steps": 4,
+          "iterations_per_caption": 10.0
+      },
+      "speculative": {
+          "kernels": 0,
+          "steps": 4,
+          "iterations_per_caption": 4.0
+      }
+  }
+  assert decoded == [("baseline", 1)] * 4 + [("speculative", 1)] * 4
+  r = pretrained_pair.main_job_profile(common.SMALL, None, None, batches, {},
+                                       common.Deadline(0.0))
+  assert r == {
+      "baseline": {
+          "skipped": "time cap"
+      },
+      "speculative": {
+          "skipped": "time cap"
+      }
+  }
 
 
 def test_gpu_loop_options_swap_only_the_gpus_for_loops_built_inside():

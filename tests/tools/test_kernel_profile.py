@@ -92,7 +92,24 @@ def test_summary_per_step_and_the_costliest_kernels_first(monkeypatch):
       "mean_us": 1.0
   }
   assert r["rest_us"] == pytest.approx(0.5)
+  # The gaps: 1 µs between kernels, and 8.5 µs from the first step's
+  # last kernel to the second's first: the one over 5 µs (none after the
+  # last kernel: the trace's end is not the device's).
+  assert r["long_gaps"] == 0.5 and r["long_gap_us"] == pytest.approx(4.25)
   assert kernel_profile.summarize([], 2, 1.0)["kernels"] == 0
+
+
+def test_idle_gaps_are_the_holes_in_the_busy_time():
+  kernels = [
+      Kernel("a", 0, 10),
+      Kernel("b", 5, 10),
+      Kernel("c", 40, 5),
+      Kernel("d", 41, 1),
+      Kernel("e", 45, 5)
+  ]
+  assert kernel_profile.idle_gaps_ns(kernels) == [25]
+  assert kernel_profile.idle_gaps_ns(list(reversed(kernels))) == [25]
+  assert kernel_profile.idle_gaps_ns([]) == []
 
 
 def test_a_cpu_trace_has_no_device_plane_and_says_so():
@@ -121,6 +138,22 @@ def test_the_summary_line_names_the_costliest_kernels():
   assert line == ("  profile small:fused: 55 kernels a step, busy 300.0 of "
                   "600.0 µs (50% idle), mean kernel 5.5 µs; top µs: "
                   "decode_rms_dense 16x10.0")
+  caption = {
+      "kernels": 900.0,
+      "busy_us": 3000.0,
+      "wall_us": 5000.0,
+      "idle_share": 0.4,
+      "mean_kernel_us": 3.3,
+      "long_gaps": 12.5,
+      "long_gap_us": 1500.0,
+      "long_gap_over_us": 5.0,
+      "iterations_per_caption": 10.2,
+      "top": []
+  }
+  assert summary._profile_line("main job baseline", caption, "caption") == (
+      "  profile main job baseline: 900 kernels a caption, busy 3000.0 of "
+      "5000.0 µs (40% idle), 12.5 waits over 5 µs (1500.0 µs) to 10.2 "
+      "iterations, mean kernel 3.3 µs; top µs: ")
   assert summary._profile_line("small:xla", {
       "kernels": 0,
       "note": "none"

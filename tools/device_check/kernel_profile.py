@@ -28,6 +28,10 @@ import jax
 
 # How many kernels `summarize` lists by name (the rest summed).
 TOP = 12
+# An idle gap longer than this is not a launch's (~1-2 µs on an H200,
+# 2026-11-30) but a wait on the host: a while loop's condition or a
+# conditional's branch index read back, a program's dispatch.
+LONG_GAP_US = 5.0
 
 
 class Kernel(NamedTuple):
@@ -73,12 +77,26 @@ def busy_ns(kernels: Sequence[Kernel]) -> float:
   return total
 
 
+def idle_gaps_ns(kernels: Sequence[Kernel]) -> List[float]:
+  """The idle intervals between `kernels`' busy ones (their union's
+  holes), in time order."""
+  out, end = [], None
+  for k in sorted(kernels, key=lambda k: k.start_ns):
+    if end is not None and k.start_ns > end:
+      out.append(k.start_ns - end)
+    stop = k.start_ns + k.duration_ns
+    end = stop if end is None else max(end, stop)
+  return out
+
+
 def summarize(kernels: Sequence[Kernel], steps: int,
               wall_s: float) -> Dict[str, Any]:
   """Per step of `steps` traced in `wall_s` seconds (host wall clock):
   'kernels' (activities), 'kernel_us' (their summed time), 'busy_us',
   'wall_us', 'idle_share' (1 − busy ÷ wall: launches, gaps, host round
-  trips), 'mean_kernel_us'; 'top': the `TOP` names with the most time,
+  trips), 'mean_kernel_us', 'long_gaps' and 'long_gap_us' (the idle
+  gaps over `LONG_GAP_US` µs between the first kernel and the last: the
+  host's waits), 'top': the `TOP` names with the most time,
   each {'name', 'per_step', 'us_per_step', 'mean_us'}, and 'rest_us' the
   others' time per step."""
   if not kernels:
@@ -88,6 +106,7 @@ def summarize(kernels: Sequence[Kernel], steps: int,
     by_name[k.name].append(k.duration_ns)
   ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
   total_ns = sum(k.duration_ns for k in kernels)
+  long_gaps = [g for g in idle_gaps_ns(kernels) if g > LONG_GAP_US * 1e3]
   wall_us = wall_s * 1e6 / steps
   busy_us = busy_ns(kernels) / 1e3 / steps
   top = [{
@@ -103,6 +122,9 @@ def summarize(kernels: Sequence[Kernel], steps: int,
       "wall_us": wall_us,
       "idle_share": max(0.0, 1.0 - busy_us / wall_us),
       "mean_kernel_us": total_ns / 1e3 / len(kernels),
+      "long_gaps": len(long_gaps) / steps,
+      "long_gap_us": sum(long_gaps) / 1e3 / steps,
+      "long_gap_over_us": LONG_GAP_US,
       "top": top,
       "rest_us": sum(sum(t) for _, t in ranked[TOP:]) / 1e3 / steps,
   }

@@ -39,6 +39,11 @@ greedy, 48 tokens at most.
   alone / speculative; α, tokens per call, c and the verification call's
   cost (`timing.call_seconds`, as `run` prices them) and Theorem 3.8 at the
   measured α and c.
+* main job profile: each loop's round of every caption on the device's
+  own timeline (`main_job_profile`), per caption: what the main job's
+  time outside its model calls is (on 2026-11-30, 0.85 ms a caption and
+  80 µs a speculative iteration): kernels, idle time, and the host's
+  waits (gaps over `kernel_profile.LONG_GAP_US`) against the iterations.
 """
 import functools
 import os
@@ -60,6 +65,7 @@ from specdec_jax.core.models import T5Model
 from specdec_jax.metrics import exactness
 from tools.device_check import common
 from tools.device_check import compiles
+from tools.device_check import kernel_profile
 from tools.device_check import stats
 
 # gin/pretrained_multi30k.gin's values (tests/tools/test_device_check.py).
@@ -224,6 +230,34 @@ def main_job(s: common.Settings, target, draft, batches,
       "theorem_3_8_with_call_cost": float(
           analysis.expected_speedup(alpha, GAMMA, c, call_cost=call_cost)),
   }
+
+
+def main_job_profile(s: common.Settings, target, draft, batches, job: Dict[str,
+                                                                           Any],
+                     deadline: common.Deadline) -> Dict[str, Any]:
+  """{'baseline', 'speculative'}: `kernel_profile.profile` of one round of
+  every caption (after an untraced one), per caption, with
+  `iterations_per_caption` (the baseline's: a token each; the speculative
+  loop's: its target calls, from `job`, the main job's record): on a GPU
+  each iteration's condition is read back by the host, a long gap each
+  unless the loop runs in a CUDA graph. On a CPU: `note` (no device
+  plane)."""
+  base, spec = _decoders(target, draft, s.max_decode_length)
+  tokens = job.get("tokens_generated", 0) / len(batches)
+  iterations = {
+      "baseline": tokens,
+      "speculative": tokens / max(job.get("tokens_per_target_call", 1), 1e-9)
+  }
+  out: Dict[str, Any] = {}
+  for name, decode in (("baseline", base), ("speculative", spec)):
+    if not deadline.allows(10.0):
+      out[name] = {"skipped": "time cap"}
+      continue
+    out[name] = {
+        **kernel_profile.profile(functools.partial(_round, decode, batches), calls=1, steps_per_call=len(batches)), "iterations_per_caption":
+            iterations[name]
+    }
+  return out
 
 
 def interleaved(
@@ -449,6 +483,10 @@ def run(s: common.Settings, record: common.Recorder,
     record.set(
         "main_job",
         common.guarded(lambda: main_job(s, target, draft, batches, deadline)))
+    record.set(
+        "main_job_profile",
+        common.guarded(lambda: main_job_profile(
+            s, target, draft, batches, record.data["main_job"], deadline)))
     # What two H200 runs left unmeasured first: each model on its fastest
     # path, the loops' while in a CUDA graph, other tiles; then 'xla' and
     # batch 8 (measured on 2026-11-29).

@@ -271,16 +271,25 @@ def _main_job_word(batch: str, r: Dict[str, Any]) -> str:
           ("" if alpha is None else f" (α {alpha:.2f})"))
 
 
-def _profile_line(name: str, r: Dict[str, Any]) -> str:
-  """A step's device profile (`kernel_profile.summarize`) in one line: its
-  kernels, busy and wall µs, idle share and the three costliest kernels."""
+def _profile_line(name: str, r: Dict[str, Any], unit: str = "step") -> str:
+  """A device profile (`kernel_profile.summarize`, per `unit`) in one
+  line: its kernels, busy and wall µs, idle share, the host's waits (with
+  a loop's iterations a `unit`, when given) and the three costliest
+  kernels."""
   if not r.get("kernels"):
     return f"  profile {name}: {r.get('note') or r.get('error') or '?'}"
   top = ", ".join(f"{t['name'][:40]} {t['per_step']:.0f}x{t['mean_us']:.1f}"
                   for t in r["top"][:3])
-  return (f"  profile {name}: {r['kernels']:.0f} kernels a step, busy "
+  waits = ""
+  if "long_gaps" in r:
+    waits = (f", {r['long_gaps']:.1f} waits over {r['long_gap_over_us']:g} "
+             f"µs ({r['long_gap_us']:.1f} µs)")
+    if "iterations_per_caption" in r:
+      waits += f" to {r['iterations_per_caption']:.1f} iterations"
+  return (f"  profile {name}: {r['kernels']:.0f} kernels a {unit}, busy "
           f"{r['busy_us']:.1f} of {r['wall_us']:.1f} µs ({r['idle_share']:.0%}"
-          f" idle), mean kernel {r['mean_kernel_us']:.1f} µs; top µs: {top}")
+          f" idle){waits}, mean kernel {r['mean_kernel_us']:.1f} µs; top µs: "
+          f"{top}")
 
 
 def _identical_word(r: Dict[str, Any]) -> str:
@@ -298,7 +307,8 @@ def _identical_word(r: Dict[str, Any]) -> str:
 def _loop_lines(report: Dict[str, Any]) -> List[str]:
   """Per path: an iteration part by part, its seconds in no model call,
   its kernels in no model call, the marginal speedup against Theorem 3.8;
-  then the main job's ratio."""
+  each main job loop's device profile a caption; then the main job's
+  ratio."""
   p = report.get("loop") or {}
   lines = []
   kernels = p.get("kernels") or {}
@@ -320,6 +330,9 @@ def _loop_lines(report: Dict[str, Any]) -> List[str]:
         f"(condition {_num(k.get('condition'), '{}')}); marginal "
         f"{r['marginal_speedup']:.2f}x = {r['marginal_over_theorem']:.2f} of "
         f"Theorem 3.8 ({r['theorem_3_8_at_measured']:.2f}x)")
+  for name, r in (_get(report, "pretrained", "main_job_profile") or {}).items():
+    if isinstance(r, dict):
+      lines.append(_profile_line(f"main job {name}", r, unit="caption"))
   job = p.get("main_job") or {}
   if "over_theorem" in job:
     lines.append(f"  main job {job['speedup']:.2f}x = "

@@ -99,8 +99,11 @@ class SharedEncoderModel:
 
   def with_tiles(self, tiles) -> "SharedEncoderModel":
     """Its decoder's `T5Model.with_tiles` (the encoder runs no GPU
-    kernels)."""
-    return dataclasses.replace(self, decoder=self.decoder.with_tiles(tiles))
+    kernels): itself when the decoder's tiles are already `tiles`."""
+    decoder = self.decoder.with_tiles(tiles)
+    if decoder is self.decoder:
+      return self
+    return dataclasses.replace(self, decoder=decoder)
 
   def start_token(self, encoder_input_tokens: Array) -> Array:
     return self.decoder.start_token(encoder_input_tokens)
