@@ -591,13 +591,17 @@ def test_greedy_speculative_equals_the_baseline_on(path):
   assert 0 < spec.statistics()["alpha_hat"] < 1  # Guesses kept and rejected.
 
 
-@pytest.mark.parametrize("preset",
-                         ["mma", "mma_fold", "mma_layer", "mma_persistent"])
+@pytest.mark.parametrize("preset", [
+    "mma", "mma_fold", "mma_layer", "mma_persistent",
+    "tall_mma_persistent_prefetch_fold"
+])
 def test_greedy_speculative_equals_the_baseline_on_tensor_cores(preset):
   """`Tiles.dot` (the 'mma' preset; 'mma_fold': its layers folded, the
   partial sums carried from layer to layer; 'mma_layer': both layers one
   kernel, which takes the draft's argmax; 'mma_persistent': that kernel's
-  stages over many programs) in a model wide enough for its
+  stages over many programs; '..._fold': their attentions' output
+  projections summed by the next stage, layer after layer) in a model
+  wide enough for its
   tiles (width 128, heads of 16): the loops' K-token calls and one-token
   calls agree to the bit, so greedy speculative decoding is the
   baseline."""
@@ -674,6 +678,35 @@ def test_layers_over_many_programs_compute_the_same_bits(
     text = _lowered(fused, 4, 1)
   assert text.count(gpu.TRITON_CALL) - 1 == 1  # 1 layer, then the logits
   assert "atomic_rmw" in text
+
+
+def test_folded_outputs_take_two_barriers_fewer_a_layer(wide_world,
+                                                        monkeypatch):
+  """`Tiles.fold_outputs`: each attention's stage ends with its output
+  projection's partial sums (blocks of (head, 64 columns) here: 6
+  programs a row, 2 heads), read by the next stage as it reads the
+  residual: 5 barriers in a layer, not 7, still XLA's logits, a token's
+  the same bits in a call of 1 or of 3."""
+  fused, enc, dec, want, _ = wide_world
+  waits = []
+  wait = _gpu_grid.Stages.wait
+  monkeypatch.setattr(_gpu_grid.Stages, "wait", lambda self:
+                      (waits.append(1), wait(self))[1])
+  counted = {}
+  for fold in (False, True):
+    waits.clear()
+    tiles = gpu_tiles.Tiles(dot=True, columns=16, split_heads=True, slots=2,
+                            programs=12, prefetch=True, fold_outputs=fold)
+    with gpu_tiles.tiles(tiles):
+      one, chunked = _decode_traced_now(fused, enc, dec, [1] * 4, [3, 1])
+    np.testing.assert_allclose(one, want, atol=F32_ATOL)
+    np.testing.assert_array_equal(one, chunked)
+    counted[fold] = len(waits) / 2  # traced for k 1 and 3, 1 layer each
+  assert counted == {False: 7, True: 5}
+  assert [
+      gpu_layers.out_columns(*a)
+      for a in ((512, 6, 128), (128, 2, 64), (768, 12, 128), (128, 2, 6))
+  ] == [32, 16, 128, 64]
 
 
 def test_programs_are_divided_among_the_rows():

@@ -186,15 +186,18 @@ class Settings:
   # compiles them while its deadline allows (the first is the reference).
   # The '_persistent' presets next: the only ones whose launches are few
   # enough for issue 56's 0.10 ms (`Tiles.programs`; '_prefetch': the
-  # weights' loads in flight while a program waits, `Tiles.prefetch`).
-  tile_presets: Tuple[str,
-                      ...] = ("mma_split", "mma_persistent",
-                              "tall_mma_persistent",
-                              "tall_mma_persistent_prefetch", "deep_mma_split",
-                              "tall_mma_split", "mma", "tall_mma", "default",
-                              "tall_wide", "mma_fold", "tall_mma_fold")
+  # weights' loads in flight while a program waits, `Tiles.prefetch`;
+  # '_fold': 6 stages a layer, not 8, `Tiles.fold_outputs`).
+  tile_presets: Tuple[str, ...] = ("mma_split", "mma_persistent",
+                                   "tall_mma_persistent",
+                                   "tall_mma_persistent_prefetch",
+                                   "tall_mma_persistent_prefetch_fold",
+                                   "deep_mma_split", "tall_mma_split", "mma",
+                                   "tall_mma", "default", "tall_wide",
+                                   "mma_fold", "tall_mma_fold")
   tile_call_presets: Tuple[str, ...] = ("mma_split", "mma_persistent",
                                         "tall_mma_persistent_prefetch",
+                                        "tall_mma_persistent_prefetch_fold",
                                         "deep_mma_split", "tall_mma_split",
                                         "mma", "default", "mma_fold")
   # Deeper blocks (capped for the pair's float32 weights: `Tiles.
@@ -206,11 +209,13 @@ class Settings:
   # in three kernels too: 1.15x, 2026-11-29). The '_persistent' presets
   # first: the draft's step one layers kernel over 128 programs, the
   # target's 8 (`Tiles.programs`); last, the target on the check's tiles
-  # and the draft persistent (`tiles_pair`).
-  main_job_tiles: Tuple[str, ...] = ("mma_persistent",
-                                     "tall_mma_persistent_prefetch",
-                                     "tall_mma_split", "mma_layer",
-                                     "mma_split+tall_mma_persistent_prefetch")
+  # and the draft persistent (`tiles_pair`), its barriers then 6 a layer.
+  main_job_tiles: Tuple[str,
+                        ...] = ("mma_persistent",
+                                "tall_mma_persistent_prefetch",
+                                "tall_mma_split", "mma_layer",
+                                "mma_split+tall_mma_persistent_prefetch",
+                                "mma_split+tall_mma_persistent_prefetch_fold")
   # (target's path, draft's path): on the H200 the shipped target's step
   # was fastest on 'xla' (0.411 ms; 'fused' 0.440-0.478) and its draft's
   # on 'fused' (0.051-0.063 ms; 'xla' 0.076) (2026-11-29, 2026-11-30).

@@ -43,15 +43,17 @@ def head_projection_kernel(x_ref, scale_ref, w_ref, out_ref, *, eb: int,
 
 
 def head_projection_block(x_ref, scale_ref, w_ref, out_ref, i, first=None, *,
-                          cols: int, eb: int, eps: float, dot: bool):
+                          cols: int, eb: int, eps: float, dot: bool,
+                          row: Optional[Callable] = None):
   """`head_projection_kernel`'s block i of a one-kernel layer's stage
   (`gpu_tiles.Tiles.programs`): w_ref [H, P, E, D] whole, block i its
   (head, part, `cols` columns), into out_ref [rows, H, P, D] (`first`: its
-  first weights, `head_projection_first`'s). The same operations as the
-  kernel's on its block: the same bits."""
+  first weights, `head_projection_first`'s; `row`: how x's rows are read,
+  default x_ref's). The same operations as the kernel's on its block: the
+  same bits."""
   h, p, span, weight = _head_block(w_ref, i, cols)
   rows, emb = x_ref.shape
-  products = _pieces.normed_products(lambda m, s: x_ref[m, s], weight,
+  products = _pieces.normed_products(row or (lambda m, s: x_ref[m, s]), weight,
                                      scale_ref, rows, 1, emb, eb, cols, eps,
                                      dot, first)
   for m, (value,) in enumerate(products):
@@ -372,16 +374,17 @@ def rms_dense_kernel(x_ref, scale_ref, w_ref, out_ref, **kw):
 def rms_dense_body(x_ref, scale_ref, w_ref, out_ref, first_row, *,
                    rows_total: int, activations: Tuple[str, ...], eb: int,
                    eps: float, dot: bool, first_col=0, nb: Optional[int] = None,
-                   first=None):
+                   first=None, row: Optional[Callable] = None):
   """`rms_dense` on a program's rows (the call's first_row onwards) and nb
   columns from first_col (default: all of w_ref's) of w_ref and out_ref
-  (`first`: the columns' first weights, `rms_dense_first`'s)."""
+  (`first`: the columns' first weights, `rms_dense_first`'s; `row`: how
+  x's rows are read, default `_pieces.row_loader`'s)."""
   pl, plgpu = _pieces.pallas()
   rb, emb = x_ref.shape
   parts, _, width = w_ref.shape
   nb = nb or width
   cols = pl.ds(first_col, nb)
-  row = _pieces.row_loader(x_ref, eb, first_row, rows_total)
+  row = row or _pieces.row_loader(x_ref, eb, first_row, rows_total)
   products = _pieces.normed_products(row, _columns(w_ref, first_col,
                                                    nb), scale_ref, rb, parts,
                                      emb, eb, nb, eps, dot, first)

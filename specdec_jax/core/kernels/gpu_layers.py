@@ -116,15 +116,17 @@ def _rows_in(x: Union[Array, Embedded], per_row: Callable):
 
 
 def _layers_specs(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
-                  rows_specs, bias_specs, counters: Optional[Array]):
+                  rows_specs, bias_specs, counters: Optional[Array],
+                  fold: bool = False):
   """`decoder_layers`' (out_specs, in_specs) for `gpu.pallas_call`: a row of
   the batch's blocks per program, the weights whole; in: start, the rows,
   the bias, encoder_valid, each layer's `_run_kernel.LAYER_REFS` (with
   `counters`, the barriers' [B]); out: the outputs, each layer's
   cache, and the scratch its stages hand rows through (the attention
   context, the two residual streams, the MLP's hidden rows; with
-  `counters` the attention projections and the counters; with an
-  `Embedded` x, its gathered rows last)."""
+  `counters` the attention projections, with `fold` the heads' partial
+  sums [H, K, E] float32, and the counters; with an `Embedded` x, its
+  gathered rows last)."""
   batch, rows, emb = x.shape
   keys, cross_keys, wi = layers[0][2], layers[0][7], layers[0][11]
   heads, head_dim, length = keys.shape[1:]
@@ -152,6 +154,9 @@ def _layers_specs(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
     for parts in (3, 1):
       out_specs.append(((batch, rows, heads, parts, head_dim), dtype,
                         *_per_row(rows, heads, parts, head_dim)))
+    if fold:
+      out_specs.append(
+          ((batch, heads, rows, emb), F32, *_per_row(heads, rows, emb)))
     out_specs.append((counters.shape, counters.dtype, *whole(counters)))
   if isinstance(x, Embedded):
     out_specs.append(rows_of(emb))
@@ -212,6 +217,7 @@ def decoder_layers(
   batch = x.shape[0]
   programs = programs_per_row(batch)
   kernel = _layers_body(x, layers, bias, activations, programs, eps)
+  fold = _folds(programs)
   rows_in, rows_specs = _rows_in(x, _per_row)
   bias_in, bias_specs = gpu.self_bias_inputs(bias, per_head=False)
   if not programs:
@@ -219,10 +225,10 @@ def decoder_layers(
   elif counters is None:
     counters = barrier_counters(batch)
   # The counters' place among the outputs (`_layers_specs`): after y, the
-  # caches and the 6 scratch outputs.
-  counters_out = 1 + 2 * len(layers) + 6
+  # caches and the 6 scratch outputs (7 with `fold`).
+  counters_out = 1 + 2 * len(layers) + 6 + fold
   out_specs, in_specs = _layers_specs(x, layers, rows_specs, bias_specs,
-                                      counters)
+                                      counters, fold)
   # Layer i's keys and values among the inputs and the outputs; the
   # barriers' counters after the layers' inputs and the scratch.
   first = 2 + len(rows_in) + len(bias_in)
@@ -257,19 +263,37 @@ def _layers_body(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
   heads, _, _, head_dim = wqkv.shape
   length, enc, mlp = keys.shape[-1], cross_keys.shape[-1], wi.shape[-1]
   t = gpu_tiles.current_tiles().for_weights(wi.dtype)
+  fold = _folds(programs)
   return functools.partial(
-      _run_kernel.layers_kernel, layers=len(layers),
+      _run_kernel.layers_kernel, layers=len(layers), fold=fold,
+      ob=out_columns(emb, heads, programs) if fold else 0,
       embedded=isinstance(x, Embedded), bias=bias.form, heads=heads,
       eb=gpu.block(emb, t.emb_block), mlp_eb=gpu.block(emb, t.dense_emb_block),
       lb=min(t.slots,
              gpu.pow2_at_least(length)), cross_lb=min(t.slots,
                                                       gpu.pow2_at_least(enc)),
-      kb=gpu.block(heads * head_dim, t.in_block),
-      mlp_kb=gpu.block(mlp, t.in_block), nb=gpu.block(emb, t.columns),
-      mb=gpu.block(mlp, t.columns), eps=eps, on_gpu=not gpu.interpret(),
-      dot=t.dot, activations=tuple(activations), programs=programs,
-      split=t.split_heads, cols=gpu.block(head_dim,
-                                          t.columns), prefetch=t.prefetch)
+      kb=gpu.block(heads * head_dim,
+                   t.in_block), mlp_kb=gpu.block(mlp, t.in_block),
+      nb=gpu.block(emb, t.columns), mb=gpu.block(mlp, t.columns), eps=eps,
+      on_gpu=not gpu.interpret(), dot=t.dot, activations=tuple(activations),
+      programs=programs, split=t.split_heads, cols=gpu.block(
+          head_dim, t.columns), prefetch=t.prefetch)
+
+
+def _folds(programs: int) -> bool:
+  """Whether a run of layers over `programs` folds its attentions' output
+  projections (`Tiles.fold_outputs`, with `split_heads`)."""
+  t = gpu_tiles.current_tiles()
+  return bool(t.fold_outputs and t.split_heads and programs)
+
+
+def out_columns(emb: int, heads: int, programs: int) -> int:
+  """`Tiles.fold_outputs`' blocks of the model width: the narrowest (at
+  least 16 columns, a tensor core's tile) for which a row's `programs`
+  take every (head, block) at once, where they can (T5-small, 6 heads on
+  128: 32 columns, 96 blocks)."""
+  per_head = max(1, programs // heads)
+  return gpu.block(emb, max(16, gpu.pow2_at_least(-(-emb // per_head))))
 
 
 def barrier_counters(batch: int) -> Optional[Array]:
