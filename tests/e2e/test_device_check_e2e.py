@@ -62,6 +62,11 @@ def test_small_check_runs_end_to_end_on_the_cpu(tmp_path):
     assert f"phase {phase}: ok in" in log
   assert report["verdicts"]["all_ok"] and report["mode"] == "small"
   assert report["env"]["gpu_awareness"]["ok"]
+  rates = report["env"]["ceilings"]
+  assert rates["read_gbps"] > 0 and rates["copy_gbps"] > 0
+  for path, models in report["paths"]["steps"].items():
+    for name, m in models.items():
+      assert 0 < m["read_floor_share"], (path, name)
   modes = report["exactness"]["modes"]
   assert set(modes) == {"token", "block", "tree", "beam"}
   for mode, entry in modes.items():

@@ -245,6 +245,22 @@ def test_verdicts_and_summary():
   assert not summary.verdicts(bad)["all_ok"]
 
 
+def test_summary_names_the_ceilings_when_measured():
+  report = _report(token=True)
+  assert not any(
+      line.startswith("ceilings")
+      for line in summary.format_summary(report).splitlines())
+  report["env"] = {
+      "ceilings": {
+          "copy_gbps": 3230.4,
+          "read_gbps": 4012.6,
+          "bf16_matmul_tflops": 701.2
+      }
+  }
+  assert ("ceilings: copy 3230 GB/s, read 4013 GB/s (a sum), bf16 matmul "
+          "701 TFLOP/s") in summary.format_summary(report).splitlines()
+
+
 def test_summary_survives_a_failed_physics_step_group():
   """A physics phase whose first group failed records {'ok': False,
   'error': ...} as its steps: the summary printed a traceback (KeyError

@@ -106,16 +106,20 @@ def _median_seconds(fn, *args, repeats: int = 5) -> float:
 
 
 def ceilings(small: bool) -> Dict[str, float]:
-  """A copy's GB/s (read + written) and a bfloat16 product's TFLOP/s."""
+  """A copy's GB/s (read + written), a sum's (read only: what a decode
+  step mostly does, reading weights and writing little) and a bfloat16
+  product's TFLOP/s."""
   n = 1 << (20 if small else 28)  # float32 elements: 4 MiB or 1 GiB.
   x = jax.random.normal(jax.random.PRNGKey(0), (n,), jnp.float32)
   copy_s = _median_seconds(jax.jit(lambda v: v * 1.0001), x)
+  read_s = _median_seconds(jax.jit(jnp.sum), x)
   d = 256 if small else 8192
   a = jax.random.normal(jax.random.PRNGKey(1), (d, d), jnp.bfloat16)
   b = jax.random.normal(jax.random.PRNGKey(2), (d, d), jnp.bfloat16)
   matmul_s = _median_seconds(jax.jit(jnp.matmul), a, b)
   return {
       "copy_gbps": 2 * 4 * n / copy_s / 1e9,
+      "read_gbps": 4 * n / read_s / 1e9,
       "copy_bytes": 4 * n,
       "bf16_matmul_tflops": 2 * d**3 / matmul_s / 1e12,
       "matmul_size": d,

@@ -9,7 +9,8 @@ packed kernels, biases once per call; 'fused': the GPU kernels of
 
 * `steps`: per model and path, the one-token step (ms), the share of its
   memory floor (the decoder's weight bytes at this process's measured copy
-  rate, `env.ceilings`: floor ms / step ms) and c (a draft's step / the
+  rate, `env.ceilings`: floor ms / step ms; `read_floor_share` at its read
+  rate, a sum's) and c (a draft's step / the
   target's step on the same path), and the target's `max(chunk_sizes)`
   -token call (the verification call of Table 2's γ = 7 rows) in target
   steps (`call_cost`); `table2`: Theorem 3.8 per Table 2 row at each
@@ -98,7 +99,7 @@ def _models(b: physics.Bench, s: common.Settings) -> List[str]:
   return keys
 
 
-def _steps(b: physics.Bench, s: common.Settings, copy_gbps: float,
+def _steps(b: physics.Bench, s: common.Settings, rates: Dict[str, float],
            record: common.Recorder) -> Dict[str, Dict[str, Any]]:
   """Every model's step and the target's `max(chunk_sizes)`-token call on
   every path (interleaved); returns per path the step's ms by model and
@@ -127,13 +128,14 @@ def _steps(b: physics.Bench, s: common.Settings, copy_gbps: float,
     name, path = key.split(":")
     ms = measured["ms"][key]
     nbytes = common.param_bytes(b.plain[name].params["params"]["decoder"])
-    floor_ms = nbytes / (copy_gbps * 1e9) * 1e3
+    floor_ms = nbytes / (rates["copy_gbps"] * 1e9) * 1e3
     target_ms = measured["ms"][b.key(s.target, path)]
     out.setdefault(path, {})[name] = {
         "step_ms": ms,
         "decoder_bytes": nbytes,
         "floor_ms": floor_ms,
         "floor_share": floor_ms / ms,
+        "read_floor_share": nbytes / (rates["read_gbps"] * 1e6) / ms,
         "first_call_s": measured["first_call_s"][key],
     }
     by_path[path]["ms"][name] = ms
@@ -521,7 +523,7 @@ def run(s: common.Settings, record: common.Recorder,
         deadline: common.Deadline) -> bool:
   """The phase; True if every group was measured."""
   b = physics.Bench(s)
-  copy_gbps = env.ceilings(s.mode == "small")["copy_gbps"]
+  rates = env.ceilings(s.mode == "small")
   record.set(
       "settings", {
           "target": s.target,
@@ -534,12 +536,13 @@ def run(s: common.Settings, record: common.Recorder,
           "fill": s.fill,
           "inner_steps": s.inner_steps,
           "repeats": s.repeats,
-          "copy_gbps": copy_gbps,
+          "copy_gbps": rates["copy_gbps"],
+          "read_gbps": rates["read_gbps"],
           "gpu_loop_options": gpu.GPU_LOOP_OPTIONS,
           "backend": jax.default_backend(),
       })
   if "steps" in s.paths_groups:
-    done = common.guarded(lambda: {"by_path": _steps(b, s, copy_gbps, record)})
+    done = common.guarded(lambda: {"by_path": _steps(b, s, rates, record)})
     if "error" in done:
       record.set("steps", done)
       return False

@@ -355,6 +355,11 @@ def format_summary(report: Dict[str, Any]) -> str:
     extra = f": {status['error']}" if status.get("error") else ""
     lines.append(f"phase {name:10s} {status.get('status')} "
                  f"({_num(status.get('seconds'), '{:.1f}')} s){extra}")
+  rates = _get(report, "env", "ceilings") or {}
+  if "read_gbps" in rates:
+    lines.append(f"ceilings: copy {rates['copy_gbps']:.0f} GB/s, read "
+                 f"{rates['read_gbps']:.0f} GB/s (a sum), bf16 matmul "
+                 f"{rates['bf16_matmul_tflops']:.0f} TFLOP/s")
   lines += _exactness_lines(report)
   v = report.get("verdicts") or verdicts(report)
   job = _get(report, "pretrained", "main_job") or {}
