@@ -86,9 +86,12 @@ def test_small_check_runs_end_to_end_on_the_cpu(tmp_path):
   # Each loop of the main job traced: no device plane here, said so, with
   # the iterations a caption its host waits would be read against.
   job_profile = report["pretrained"]["main_job_profile"]
-  assert set(job_profile) == {"baseline", "speculative"}
+  assert set(job_profile) == {
+      "baseline", "speculative", "target_k1", "target_k4"
+  }
   for name, r in job_profile.items():
     assert r["note"] == "no device activity in the trace", name
+  assert job_profile["target_k4"]["k"] == 4
   assert (job_profile["baseline"]["iterations_per_caption"] >
           job_profile["speculative"]["iterations_per_caption"] > 0)
   # Stages apart by barriers: each program's count right (interpret mode

@@ -816,6 +816,12 @@ def test_the_main_jobs_profile_traces_each_loop_per_caption(monkeypatch):
           ("baseline", len(b))), lambda b, rng: decoded.append(
               ("speculative", len(b)))))
   monkeypatch.setattr(
+      pretrained_pair, "_target_calls", lambda s, t, inputs, tokens: {
+          "target_k4": (lambda _: decoded.append(("k4", int(tokens))), 8, {
+              "k": 4
+          })
+      })
+  monkeypatch.setattr(
       kernel_profile, "profile", lambda fn, calls, steps_per_call: (fn(0), {
           "kernels": 0,
           "steps": steps_per_call
@@ -834,18 +840,21 @@ def test_the_main_jobs_profile_traces_each_loop_per_caption(monkeypatch):
           "kernels": 0,
           "steps": 4,
           "iterations_per_caption": 4.0
+      },
+      "target_k4": {
+          "kernels": 0,
+          "steps": 8,
+          "k": 4
       }
   }
-  assert decoded == [("baseline", 1)] * 4 + [("speculative", 1)] * 4
+  assert decoded == ([("baseline", 1)] * 4 + [("speculative", 1)] * 4 +
+                     [("k4", 10)])
   r = pretrained_pair.main_job_profile(common.SMALL, None, None, batches, {},
                                        common.Deadline(0.0))
   assert r == {
-      "baseline": {
+      name: {
           "skipped": "time cap"
-      },
-      "speculative": {
-          "skipped": "time cap"
-      }
+      } for name in ("baseline", "speculative", "target_k4")
   }
 
 

@@ -43,7 +43,8 @@ greedy, 48 tokens at most.
   own timeline (`main_job_profile`), per caption: what the main job's
   time outside its model calls is (on 2026-11-30, 0.85 ms a caption and
   80 µs a speculative iteration): kernels, idle time, and the host's
-  waits (gaps over `kernel_profile.LONG_GAP_US`) against the iterations.
+  waits (gaps over `kernel_profile.LONG_GAP_US`) against the iterations;
+  and the target's one-token and verification calls, a call each.
 """
 import functools
 import os
@@ -240,24 +241,49 @@ def main_job_profile(s: common.Settings, target, draft, batches, job: Dict[str,
   `iterations_per_caption` (the baseline's: a token each; the speculative
   loop's: its target calls, from `job`, the main job's record): on a GPU
   each iteration's condition is read back by the host, a long gap each
-  unless the loop runs in a CUDA graph. On a CPU: `note` (no device
-  plane)."""
+  unless the loop runs in a CUDA graph; and `_target_calls`' (a call
+  each). On a CPU: `note` (no device plane)."""
   base, spec = _decoders(target, draft, s.max_decode_length)
   tokens = job.get("tokens_generated", 0) / len(batches)
   iterations = {
       "baseline": tokens,
       "speculative": tokens / max(job.get("tokens_per_target_call", 1), 1e-9)
   }
+  runs: Dict[str, Tuple[Any, int, Dict[str, Any]]] = {
+      name: (functools.partial(_round, decode, batches), len(batches), {
+          "iterations_per_caption": iterations[name]
+      }) for name, decode in (("baseline", base), ("speculative", spec))
+  }
+  runs.update(_target_calls(s, target, batches[0], tokens))
   out: Dict[str, Any] = {}
-  for name, decode in (("baseline", base), ("speculative", spec)):
+  for name, (fn, steps, extra) in runs.items():
     if not deadline.allows(10.0):
       out[name] = {"skipped": "time cap"}
       continue
     out[name] = {
-        **kernel_profile.profile(functools.partial(_round, decode, batches), calls=1, steps_per_call=len(batches)), "iterations_per_caption":
-            iterations[name]
+        **kernel_profile.profile(fn, calls=1, steps_per_call=steps),
+        **extra
     }
   return out
+
+
+def _target_calls(s: common.Settings, target, inputs: np.ndarray,
+                  tokens: float) -> Dict[str, Tuple[Any, int, Dict]]:
+  """{'target_k1', 'target_k<γ+1>': (a loop of `inner_steps` of the
+  target's calls of that many tokens, as `timing.call_seconds` prices
+  them, its steps, {'k'})}: the kernels a verification call's extra time
+  is in (its 4-token call cost 1.30 steps on 'fused', 1.09 on 'xla',
+  2026-11-29 and -30)."""
+  fill = min(max(1, int(tokens)), s.max_decode_length - 1)
+  cache = timing.start(target, jax.numpy.asarray(inputs),
+                       max_len=s.max_decode_length + GAMMA + 1)
+  fills = jax.numpy.full((inputs.shape[0],), fill, jax.numpy.int32)
+  return {
+      f"target_k{k}": (lambda _, k=k: timing.call_loop(
+          target, cache, fills, k=k, steps=s.inner_steps), s.inner_steps, {
+              "k": k
+          }) for k in (1, GAMMA + 1)
+  }
 
 
 def interleaved(

@@ -332,7 +332,8 @@ def _loop_lines(report: Dict[str, Any]) -> List[str]:
         f"Theorem 3.8 ({r['theorem_3_8_at_measured']:.2f}x)")
   for name, r in (_get(report, "pretrained", "main_job_profile") or {}).items():
     if isinstance(r, dict):
-      lines.append(_profile_line(f"main job {name}", r, unit="caption"))
+      unit = "call" if name.startswith("target_k") else "caption"
+      lines.append(_profile_line(f"main job {name}", r, unit=unit))
   job = p.get("main_job") or {}
   if "over_theorem" in job:
     lines.append(f"  main job {job['speedup']:.2f}x = "
