@@ -131,22 +131,16 @@ def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
                                   cross_values, encoder_valid, rows=rows,
                                   lb=cross_lb)
   if fold:
-    # The residual stream after each attention: its input plus the heads'
-    # partial sums, summed by every block that reads it and written out by
-    # block 0 (read after the next barrier).
-    def stream(x, out, size):
-      return lambda i: _pieces.summed_row_loader(x, parts_ref, size, out, i == 0
-                                                )
-
     out_stage = functools.partial(_attention_out_stage, stages, parts_ref,
                                   heads=heads, ob=ob, dot=dot,
                                   dtype=x_ref.dtype)
     proj(x_ref, self_scale, wqkv, self_proj)
     out_stage(functools.partial(self_outs, (self_proj,)), self_first, self_out)
-    proj(x_ref, cross_scale, wq, cross_proj, stream(x_ref, mid_ref, eb))
+    proj(x_ref, cross_scale, wq, cross_proj,
+         _summed_rows(x_ref, parts_ref, mid_ref, eb))
     out_stage(functools.partial(cross_outs, (cross_proj,)), cross_first,
               cross_out)
-    mlp_row = stream(mid_ref, mid2_ref, mlp_eb)
+    mlp_row = _summed_rows(mid_ref, parts_ref, mid2_ref, mlp_eb)
   else:
     attention = functools.partial(_attention_stage, stages, ctx_ref,
                                   heads=heads)
@@ -162,6 +156,13 @@ def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
              mlp_row, activations=activations, eb=mlp_eb, eps=eps, dot=dot,
              mb=mb)
   residual(hidden_ref, wo, mid2_ref, y_ref, kb=mlp_kb, last=True)
+
+
+def _summed_rows(x, parts_ref, out, size: int) -> Callable:
+  """Block i's row loader of the residual stream after an attention under
+  `fold`: x plus the heads' partial sums, summed by every block that reads
+  it, written into out by block 0 (read after the next barrier)."""
+  return lambda i: _pieces.summed_row_loader(x, parts_ref, size, out, i == 0)
 
 
 def _mlp_stage(stages: _grid.Stages, x_ref, scale, wi, hidden_ref,
@@ -243,11 +244,14 @@ def _projection_stage(stages: _grid.Stages, x, scale, w, out,
   row loader of x, `_pieces.summed_row_loader`'s, else x's rows)."""
   if not split:
     return x, scale, w
+  rows_of = stream or (lambda i: None)
+
+  def block(i, first=None):
+    _bodies.head_projection_block(x, scale, w, out, i, first, cols=cols, eb=eb,
+                                  eps=eps, dot=dot, row=rows_of(i))
+
   stages.run(
-      heads * w.shape[1] * (w.shape[-1] // cols),
-      lambda i, first=None: _bodies.head_projection_block(
-          x, scale, w, out, i, first, cols=cols, eb=eb, eps=eps, dot=dot, row=
-          stream(i) if stream else None),
+      heads * w.shape[1] * (w.shape[-1] // cols), block,
       lambda i, live=None: _bodies.head_projection_first(
           w, i, live, cols=cols, eb=eb))
   stages.wait()
