@@ -709,6 +709,42 @@ def test_folded_outputs_take_two_barriers_fewer_a_layer(wide_world,
   ] == [32, 16, 128, 64]
 
 
+def test_attention_on_tensor_cores_is_exact_and_row_independent():
+  """`Tiles.attention_dot`: a head's rows over the cache (20 tokens in
+  blocks of 16 slots: the online softmax rescaled across them) and over the encoder (16
+  positions, some padding) on tensor cores, in the attention kernels and
+  in a run of layers over many programs (its first blocks prefetched,
+  the same bits as the kernels'): XLA's logits, a token's the same bits
+  in calls of 1 or of 3, and not the per-row reductions' bits (in
+  effect)."""
+  rng = np.random.default_rng(7)
+  enc = rng.integers(2, 32, size=(2, 16)).astype(np.int32)
+  enc[1, 12:] = 0  # padding: masked encoder positions
+  dec = rng.integers(2, 32, size=(2, 20)).astype(np.int32)
+  config = tiny_config(vocab_size=32, emb_dim=128, num_heads=2, head_dim=16,
+                       mlp_dim=256, num_encoder_layers=1, num_decoder_layers=1)
+  model = _t5x(config, seed=3)
+  fused = model.prepared_for_decoding("fused")
+  want, _ = _decode(model, enc, dec, [20], max_len=32)
+  split = gpu_tiles.Tiles(dot=True, split_heads=True, slots=16, columns=16)
+  got = {}
+  for name, tiles in (("rows", split),
+                      ("kernels", dataclasses.replace(split,
+                                                      attention_dot=True)),
+                      ("programs",
+                       dataclasses.replace(split, attention_dot=True,
+                                           programs=12, prefetch=True))):
+    with gpu_tiles.tiles(tiles):
+      one, chunked = _decode_traced_now(fused, enc, dec, [1] * 20,
+                                        [3] * 6 + [2], max_len=32)
+    np.testing.assert_allclose(one, want, atol=F32_ATOL)
+    np.testing.assert_array_equal(one, chunked)
+    got[name] = one
+  assert not np.array_equal(got["rows"], got["kernels"])
+  np.testing.assert_array_equal(got["kernels"], got["programs"])
+  assert gpu_tiles.TILE_PRESETS["mma_split_attention"].attention_dot
+
+
 def test_programs_are_divided_among_the_rows():
   """Every program resident at once: `Tiles.programs` in all, each row at
   least one; none without it."""

@@ -188,14 +188,15 @@ class Settings:
   # enough for issue 56's 0.10 ms (`Tiles.programs`; '_prefetch': the
   # weights' loads in flight while a program waits, `Tiles.prefetch`;
   # '_fold': 6 stages a layer, not 8, `Tiles.fold_outputs`).
-  tile_presets: Tuple[str, ...] = ("mma_split", "mma_persistent",
-                                   "tall_mma_persistent",
+  tile_presets: Tuple[str, ...] = ("mma_split", "mma_split_attention",
+                                   "mma_persistent", "tall_mma_persistent",
                                    "tall_mma_persistent_prefetch",
                                    "tall_mma_persistent_prefetch_fold",
                                    "deep_mma_split", "tall_mma_split", "mma",
                                    "tall_mma", "default", "tall_wide",
                                    "mma_fold", "tall_mma_fold")
-  tile_call_presets: Tuple[str, ...] = ("mma_split", "mma_persistent",
+  tile_call_presets: Tuple[str, ...] = ("mma_split", "mma_split_attention",
+                                        "mma_persistent",
                                         "tall_mma_persistent_prefetch",
                                         "tall_mma_persistent_prefetch_fold",
                                         "deep_mma_split", "tall_mma_split",
@@ -206,16 +207,18 @@ class Settings:
   # pretrained phase's identity and main job under them too, beside the
   # check's tiles'. Not 'mma' (1.49x on the H200, 2026-11-29, as
   # 'mma_split' on -30), nor 'mma_layer_fold' (the target's 12 MB layers
-  # in three kernels too: 1.15x, 2026-11-29). The '_persistent' presets
-  # first: the draft's step one layers kernel over 128 programs, the
-  # target's 8 (`Tiles.programs`); last, the target on the check's tiles
-  # and the draft persistent (`tiles_pair`), its barriers then 6 a layer.
-  main_job_tiles: Tuple[str,
-                        ...] = ("mma_persistent",
-                                "tall_mma_persistent_prefetch",
-                                "tall_mma_split", "mma_layer",
-                                "mma_split+tall_mma_persistent_prefetch",
-                                "mma_split+tall_mma_persistent_prefetch_fold")
+  # in three kernels too: 1.15x, 2026-11-29). In order: the '_persistent'
+  # presets (the draft's step one layers kernel over 128 programs, the
+  # target's 8: `Tiles.programs`); the target's 4-token call with its
+  # attentions' rows together ('mma_split_attention': the call cost 1.30
+  # steps on 'fused', 1.09 on 'xla'); the target on those tiles or the
+  # check's and the draft persistent (`tiles_pair`; '_fold': 6 barriers a
+  # layer); then deeper blocks and a layer a kernel.
+  main_job_tiles: Tuple[str, ...] = (
+      "mma_persistent", "tall_mma_persistent_prefetch", "mma_split_attention",
+      "mma_split+tall_mma_persistent_prefetch",
+      "mma_split_attention+tall_mma_persistent_prefetch_fold", "tall_mma_split",
+      "mma_layer")
   # (target's path, draft's path): on the H200 the shipped target's step
   # was fastest on 'xla' (0.411 ms; 'fused' 0.440-0.478) and its draft's
   # on 'fused' (0.051-0.063 ms; 'xla' 0.076) (2026-11-29, 2026-11-30).

@@ -100,18 +100,21 @@ def self_attention_kernel(start_ref, *refs, bias: BiasForm, rows: int, eb: int,
                           lb: int, eps: float, on_gpu: bool, dot: bool,
                           split: bool, head: Tuple = (),
                           ctx_cols: Any = _pieces.ALL, copy_cache: bool = True,
-                          first: Optional[Tuple] = None):
+                          first: Optional[Tuple] = None,
+                          attention_dot: bool = False):
   """One head's self-attention (`head`: its leading index in the weight,
   bias and cache refs, none when they are its blocks; `ctx_cols`: its
   columns of ctx_ref; `copy_cache`: in interpret mode, copy the whole
   cache block in first: once per kernel, before any head writes it;
-  `first`: `self_attention_first`'s)."""
+  `first`: `self_attention_first`'s; `attention_dot`: `_pieces.attend`'s
+  `dot`)."""
   projected, refs = projected_rows(refs, rows, eb, eps, dot, split, head)
   bias_refs, refs = refs[:bias.refs], refs[bias.refs:]
   keys_in, values_in, ctx_ref, keys_ref, values_ref = refs
   outs = self_attend(start_ref, projected, bias_refs, keys_in, values_in,
                      keys_ref, values_ref, bias=bias, on_gpu=on_gpu, lb=lb,
-                     head=head, copy_cache=copy_cache, first=first)
+                     head=head, copy_cache=copy_cache, first=first,
+                     dot=attention_dot)
   for m, out in enumerate(outs):
     ctx_ref[m, ctx_cols] = out.astype(ctx_ref.dtype)
 
@@ -119,11 +122,12 @@ def self_attention_kernel(start_ref, *refs, bias: BiasForm, rows: int, eb: int,
 def self_attend(start_ref, projected, bias_refs, keys_in, values_in, keys_ref,
                 values_ref, *, bias: BiasForm, on_gpu: bool, lb: int,
                 head: Tuple = (), copy_cache: bool = True,
-                first: Optional[Tuple] = None):
+                first: Optional[Tuple] = None, dot: bool = False):
   """The chunk's keys/values (projected[m]: row m's q, k, v) written into
   the cache, then each row's query over it, its bias from bias_refs (the
   refs of a `gpu.SelfBias` of form `bias`; `first`: its first block's,
-  `self_attention_first`'s): [D] float32 per row."""
+  `self_attention_first`'s; `dot`: `_pieces.attend`'s): [D] float32 per
+  row."""
   pl, plgpu = _pieces.pallas()
   rows = len(projected)
   head_dim, length = keys_ref.shape[len(head):]
@@ -154,7 +158,7 @@ def self_attend(start_ref, projected, bias_refs, keys_in, values_in, keys_ref,
   return _pieces.attend([q for q, _, _ in projected], keys_ref, values_ref,
                         steps, lb,
                         self_bias(start, bias_refs, bias, rows, lb,
-                                  head), head, first)
+                                  head), head, first, dot)
 
 
 def self_attention_first(start_ref, bias_refs, keys_ref, h, live=None, *,
@@ -223,27 +227,30 @@ def self_bias(start, bias_refs, form: BiasForm, rows: int, lb: int,
 def cross_attention_kernel(*refs, rows: int, eb: int, lb: int, eps: float,
                            dot: bool, split: bool, head: Tuple = (),
                            ctx_cols: Any = _pieces.ALL,
-                           first: Optional[Tuple] = None):
-  """One head's cross-attention (`head`, `ctx_cols`: as the self-
-  attention's; `first`: `cross_attention_first`'s)."""
+                           first: Optional[Tuple] = None,
+                           attention_dot: bool = False):
+  """One head's cross-attention (`head`, `ctx_cols`, `attention_dot`: as
+  the self-attention's; `first`: `cross_attention_first`'s)."""
   projected, refs = projected_rows(refs, rows, eb, eps, dot, split, head)
   keys_ref, values_ref, valid_ref, ctx_ref = refs
   outs = cross_attend(projected, keys_ref, values_ref, valid_ref, lb=lb,
-                      head=head, first=first)
+                      head=head, first=first, dot=attention_dot)
   for m, out in enumerate(outs):
     ctx_ref[m, ctx_cols] = out.astype(ctx_ref.dtype)
 
 
 def cross_attend(projected, keys_ref, values_ref, valid_ref, *, lb: int,
-                 head: Tuple = (), first: Optional[Tuple] = None):
+                 head: Tuple = (), first: Optional[Tuple] = None,
+                 dot: bool = False):
   """Each row's query (projected[m]: its [q]) over the encoder's keys and
   values, masked where valid_ref [S] (bool) is False (`first`: the first
-  block's, `cross_attention_first`'s): [D] float32 per row."""
+  block's, `cross_attention_first`'s; `dot`: `_pieces.attend`'s): [D]
+  float32 per row."""
   pl, _ = _pieces.pallas()
   length = keys_ref.shape[-1]
   return _pieces.attend([q for (q,) in projected], keys_ref, values_ref,
                         pl.cdiv(length, lb), lb, _cross_bias(valid_ref, lb),
-                        head, first)
+                        head, first, dot)
 
 
 def cross_attention_first(keys_ref, values_ref, valid_ref, h, live=None, *,

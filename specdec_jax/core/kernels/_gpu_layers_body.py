@@ -25,7 +25,7 @@ def layers_kernel(start_ref, *refs, layers: int, embedded: bool,
                   mb: int, eps: float, on_gpu: bool, dot: bool,
                   activations: Tuple[str, ...], programs: int = 0,
                   split: bool = False, cols: int = 0, prefetch: bool = False,
-                  fold: bool = False, ob: int = 0):
+                  fold: bool = False, ob: int = 0, attention_dot: bool = False):
   """`decoder_layers`: a row of the batch's K tokens through `layers`
   decoder layers in turn, each the six kernels' bodies in turn as stages
   (`_layer`), each stage's rows written to scratch and read back after a
@@ -36,7 +36,8 @@ def layers_kernel(start_ref, *refs, layers: int, embedded: bool,
   (`_gpu_grid.Stages`; `split`: the attention projections a stage of their
   own, blocks of (head, part, `cols` columns), as `head_projections`';
   `prefetch`: `Tiles.prefetch`; `fold`: `Tiles.fold_outputs`, each
-  attention's output projection in its blocks of (head, `ob` columns)).
+  attention's output projection in its blocks of (head, `ob` columns);
+  `attention_dot`: `Tiles.attention_dot`).
 
   Refs: start, the input rows (x, or tokens and table), the bias's refs,
   encoder_valid, each layer's `LAYER_REFS`, with programs the barriers'
@@ -66,7 +67,7 @@ def layers_kernel(start_ref, *refs, layers: int, embedded: bool,
                             kb=kb, mlp_kb=mlp_kb, nb=nb, mb=mb, eps=eps,
                             on_gpu=on_gpu, dot=dot, activations=activations,
                             split=split and bool(programs), cols=cols,
-                            fold=fold, ob=ob)
+                            fold=fold, ob=ob, attention_dot=attention_dot)
 
   if embedded:  # Each program gathers every row: the same bits stored.
     row = _pieces.embedded_row_loader(tokens_ref, table_ref, x_ref, eb, True)
@@ -88,7 +89,7 @@ def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
            bias: _bodies.BiasForm, heads: int, eb: int, mlp_eb: int, lb: int,
            cross_lb: int, kb: int, mlp_kb: int, nb: int, mb: int, eps: float,
            on_gpu: bool, dot: bool, activations: Tuple[str, ...], split: bool,
-           cols: int, fold: bool, ob: int):
+           cols: int, fold: bool, ob: int, attention_dot: bool):
   """One layer of `layers_kernel`: x_ref's rows through the six kernels'
   bodies (`split`: eight, `head_projections`' before each attention;
   `fold` too: six, an attention's stage ending in its output projection's
@@ -115,7 +116,7 @@ def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
     return _bodies.self_attend(start_ref, projected, bias_refs, keys_in,
                                values_in, keys_ref, values_ref, bias=bias,
                                on_gpu=on_gpu, lb=lb, head=index,
-                               copy_cache=False, first=first)
+                               copy_cache=False, first=first, dot=attention_dot)
 
   def cross_outs(refs, h, first=None):
     index = (_grid.index(h),)
@@ -123,7 +124,7 @@ def _layer(start_ref, x_ref, bias_refs, encoder_valid, weights, caches, y_ref,
                                           index)
     return _bodies.cross_attend(projected, cross_keys, cross_values,
                                 encoder_valid, lb=cross_lb, head=index,
-                                first=first)
+                                first=first, dot=attention_dot)
 
   self_first = lambda h, live=None: _bodies.self_attention_first(
       start_ref, bias_refs, keys_ref, h, live, bias=bias, rows=rows, lb=lb)

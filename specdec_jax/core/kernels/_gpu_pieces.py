@@ -390,8 +390,8 @@ def partial_products(values: Sequence[Array], w_ref, out_ref, nb: int,
 
 
 def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
-           bias_at: Callable, head: Tuple = (),
-           first: Optional[Tuple] = None) -> List[Array]:
+           bias_at: Callable, head: Tuple = (), first: Optional[Tuple] = None,
+           dot: bool = False) -> List[Array]:
   """Each query [D] over keys/values [*head, D, slots] (`head`: leading
   indices, as in `project`), online softmax over blocks of lb slots (steps
   of them, from slot 0); bias_at(m, first, valid) -> [lb] float32 bias of
@@ -399,9 +399,14 @@ def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
   (bias -1e10) add exact zeros once a slot counted, so trailing masked
   blocks change nothing. `first`: block 0's biases (and keys and values),
   loaded already (`attend_first`): each step then loads the next block's
-  before it computes (carried: no block is compiled twice)."""
+  before it computes (carried: no block is compiled twice). `dot`
+  (`use_dot` of D and lb): every row at once on tensor cores
+  (`_attend_tiles`), not one row after another."""
   head_dim = keys_ref.shape[len(head)]
   rows = len(queries)
+  if use_dot(dot, head_dim, lb):
+    return _attend_tiles(queries, keys_ref, values_ref, steps, lb, bias_at,
+                         head, first)
 
   def step(j, state, loaded):
     kv, biases = loaded
@@ -422,10 +427,6 @@ def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
       ]
     return tuple(new)
 
-  def block(j, kv: bool):
-    return _block_loads(keys_ref, values_ref if kv else None, j, lb, bias_at,
-                        rows, head)
-
   init = []
   for _ in queries:
     init += [
@@ -433,19 +434,92 @@ def attend(queries: Sequence[Array], keys_ref, values_ref, steps, lb: int,
         jnp.zeros((), F32),
         jnp.zeros((head_dim,), F32)
     ]
-  if first is None:
-    done = lax.fori_loop(0, steps, lambda j, c: step(j, c, (None, None)),
-                         tuple(init))
-  else:
-    kv_too = first[0] is not None
-
-    def pipelined(j, carry):
-      state, loaded = carry
-      following = block(j + 1, kv=kv_too)  # in flight while j computes
-      return step(j, state, loaded), following
-
-    done, _ = lax.fori_loop(0, steps, pipelined, (tuple(init), first))
+  done = _over_blocks(step, tuple(init), steps, first, keys_ref, values_ref, lb,
+                      bias_at, rows, head)
   return [done[3 * m + 2] / done[3 * m + 1] for m in range(rows)]
+
+
+def _over_blocks(step: Callable, init, steps, first: Optional[Tuple], keys_ref,
+                 values_ref, lb: int, bias_at: Callable, rows: int,
+                 head: Tuple):
+  """`attend`'s loop: step(j, state, loaded) over `steps` blocks of slots
+  from `init`; with `first` (block 0's loads) each step's loaded is the
+  block's, loaded while the block before computed (else (None, None):
+  the step loads its own)."""
+  if first is None:
+    return lax.fori_loop(0, steps, lambda j, c: step(j, c, (None, None)), init)
+  kv_too = first[0] is not None
+
+  def pipelined(j, carry):
+    state, loaded = carry
+    following = _block_loads(keys_ref, values_ref if kv_too else None, j + 1,
+                             lb, bias_at, rows, head)  # in flight while j runs
+    return step(j, state, loaded), following
+
+  done, _ = lax.fori_loop(0, steps, pipelined, (init, first))
+  return done
+
+
+def _attend_tiles(queries: Sequence[Array], keys_ref, values_ref, steps,
+                  lb: int, bias_at: Callable, head: Tuple,
+                  first: Optional[Tuple]) -> List[Array]:
+  """`attend` per tile of 16 rows: a block's logits one dot (the queries,
+  the model's dtype's values, in the keys' dtype), each row's running max
+  (exact in any order), the weights rounded to the values' dtype (as
+  XLA's path rounds its probabilities) and both their sums (a dot with
+  ones) and the weighted values (a dot) on tensor cores: a row's the same
+  operations in any place of a tile, so its bits do not depend on the
+  call's rows; and K rows cost about one, not K in a row."""
+  head_dim = keys_ref.shape[len(head)]
+  groups = _groups(len(queries))
+  ones = jnp.ones((lb, TILE_ROWS), values_ref.dtype)
+  first_column = lax.broadcasted_iota(jnp.int32, (TILE_ROWS, TILE_ROWS), 1) == 0
+
+  def step(j, state, loaded):
+    kv, biases = loaded
+    start, valid, load_block = _slots(keys_ref, j, lb, head)
+    keys, values = kv or (load_block(keys_ref), load_block(values_ref))
+    new = []
+    for g, (row0, count) in enumerate(groups):
+      top, total, acc = state[3 * g:3 * g + 3]
+      q = rows_tile(lambda r, f=row0: queries[f + r], count, head_dim)
+      bias = rows_tile(
+          lambda r, f=row0: biases[f + r]
+          if biases else bias_at(f + r, start, valid), count, lb)
+      logits = jnp.dot(q.astype(keys.dtype), keys,
+                       preferred_element_type=F32) + bias
+      new_top = jnp.maximum(top, jnp.max(logits, axis=1))
+      decay = jnp.exp(top - new_top)
+      weights = jnp.exp(logits - new_top[:, None]).astype(values.dtype)
+      # Each row's sum in column 0 of a dot with ones (the other columns'
+      # exact zeros added: Triton's lowering takes no slice).
+      sums = jnp.sum(
+          jnp.where(first_column,
+                    jnp.dot(weights, ones, preferred_element_type=F32), 0.0),
+          axis=1)
+      new += [
+          new_top, total * decay + sums, acc * decay[:, None] +
+          lax.dot_general(weights, values,
+                          (((1,), (1,)), ((), ())), preferred_element_type=F32)
+      ]
+    return tuple(new)
+
+  init = []
+  for _ in groups:
+    init += [
+        jnp.full((TILE_ROWS,), -jnp.inf, F32),
+        jnp.zeros((TILE_ROWS,), F32),
+        jnp.zeros((TILE_ROWS, head_dim), F32)
+    ]
+  done = _over_blocks(step, tuple(init), steps, first, keys_ref, values_ref, lb,
+                      bias_at, len(queries), head)
+  out = []
+  rows = lax.broadcasted_iota(jnp.int32, (TILE_ROWS,), 0)
+  for g, (_, count) in enumerate(groups):
+    for r in range(count):
+      total = jnp.sum(jnp.where(rows == r, done[3 * g + 1], 0.0))
+      out.append(tile_row(done[3 * g + 2], r) / total)
+  return out
 
 
 def attend_first(keys_ref, values_ref, lb: int, bias_at: Callable, rows: int,

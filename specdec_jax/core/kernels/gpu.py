@@ -377,7 +377,8 @@ def self_attention(x: Array, scale: Array, wqkv: Array, keys: Array,
                              rows=rows, eb=block(emb, t.emb_block),
                              lb=min(t.slots, pow2_at_least(length)), eps=eps,
                              on_gpu=not interpret(), dot=t.dot,
-                             split=t.split_heads)
+                             split=t.split_heads, attention_dot=t.dot and
+                             t.attention_dot)
   heads_in, heads_specs = _head_inputs(x, scale, wqkv, eps)
   bias_in, bias_specs = self_bias_inputs(bias, per_head=True)
   cached = 1 + len(heads_in) + len(bias_in)  # keys' and values' places
@@ -418,7 +419,8 @@ def cross_attention(x: Array, scale: Array, wq: Array, keys: Array,
   kernel = functools.partial(_bodies.cross_attention_kernel, rows=rows,
                              eb=block(emb, t.emb_block),
                              lb=min(t.slots, pow2_at_least(length)), eps=eps,
-                             dot=t.dot, split=t.split_heads)
+                             dot=t.dot, split=t.split_heads,
+                             attention_dot=t.dot and t.attention_dot)
   heads_in, heads_specs = _head_inputs(x, scale, wq, eps)
   encoded = ((None, None, head_dim, length), lambda b, h: (b, h, 0, 0))
   call = pallas_call(

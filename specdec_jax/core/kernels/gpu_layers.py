@@ -277,7 +277,8 @@ def _layers_body(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
       nb=gpu.block(emb, t.columns), mb=gpu.block(mlp, t.columns), eps=eps,
       on_gpu=not gpu.interpret(), dot=t.dot, activations=tuple(activations),
       programs=programs, split=t.split_heads, cols=gpu.block(
-          head_dim, t.columns), prefetch=t.prefetch)
+          head_dim, t.columns), prefetch=t.prefetch, attention_dot=t.dot and
+      t.attention_dot)
 
 
 def _folds(programs: int) -> bool:
