@@ -67,14 +67,13 @@ def device_kernels(profile: Any) -> List[Kernel]:
 
 
 def busy_ns(kernels: Sequence[Kernel]) -> float:
-  """The time at least one of `kernels` ran (their intervals' union)."""
-  total, end = 0.0, float("-inf")
-  for k in sorted(kernels, key=lambda k: k.start_ns):
-    stop = k.start_ns + k.duration_ns
-    if stop > end:
-      total += stop - max(k.start_ns, end)
-      end = stop
-  return total
+  """The time at least one of `kernels` ran (their intervals' union): from
+  the first start to the last end, less the idle gaps."""
+  if not kernels:
+    return 0.0
+  first = min(k.start_ns for k in kernels)
+  last = max(k.start_ns + k.duration_ns for k in kernels)
+  return last - first - sum(idle_gaps_ns(kernels))
 
 
 def idle_gaps_ns(kernels: Sequence[Kernel]) -> List[float]:

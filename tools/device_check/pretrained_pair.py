@@ -204,15 +204,15 @@ def main_job(s: common.Settings, target, draft, batches,
       "speculative": spec
   }, batches, s.rounds, deadline)
   measured = _statistics(outs["speculative"])
-  tokens = measured["tokens_generated"]
-  fill = min(max(1, tokens // len(batches)), s.max_decode_length - 1)
+  fill, cache_len = _priced_calls(s,
+                                  measured["tokens_generated"] / len(batches))
   seconds = timing.call_seconds(
       {
           "target": (target, 1),
           "draft": (draft, 1),
           "verify": (target, GAMMA + 1)
-      }, batches[0], fill=fill, cache_len=s.max_decode_length + GAMMA + 1,
-      steps=4 * s.inner_steps, repeats=s.repeats + 2)
+      }, batches[0], fill=fill, cache_len=cache_len, steps=4 * s.inner_steps,
+      repeats=s.repeats + 2)
   c = seconds["draft"] / seconds["target"]
   call_cost = seconds["verify"] / seconds["target"]
   alpha = min(max(measured["alpha"], 0.0), 1.0)
@@ -231,6 +231,16 @@ def main_job(s: common.Settings, target, draft, batches,
       "theorem_3_8_with_call_cost": float(
           analysis.expected_speedup(alpha, GAMMA, c, call_cost=call_cost)),
   }
+
+
+def _priced_calls(s: common.Settings,
+                  tokens_per_caption: float) -> Tuple[int, int]:
+  """(fill, cache_len) of the model calls `main_job` prices and
+  `_target_calls` profiles: a cache filled to the captions' mean output
+  length (at least 1, short of the decode's last slot), with the
+  speculative loop's slots."""
+  return (min(max(1, int(tokens_per_caption)),
+              s.max_decode_length - 1), s.max_decode_length + GAMMA + 1)
 
 
 def main_job_profile(s: common.Settings, target, draft, batches, job: Dict[str,
@@ -274,9 +284,8 @@ def _target_calls(s: common.Settings, target, inputs: np.ndarray,
   them, its steps, {'k'})}: the kernels a verification call's extra time
   is in (its 4-token call cost 1.30 steps on 'fused', 1.09 on 'xla',
   2026-11-29 and -30)."""
-  fill = min(max(1, int(tokens)), s.max_decode_length - 1)
-  cache = timing.start(target, jax.numpy.asarray(inputs),
-                       max_len=s.max_decode_length + GAMMA + 1)
+  fill, cache_len = _priced_calls(s, tokens)
+  cache = timing.start(target, jax.numpy.asarray(inputs), max_len=cache_len)
   fills = jax.numpy.full((inputs.shape[0],), fill, jax.numpy.int32)
   return {
       f"target_k{k}": (lambda _, k=k: timing.call_loop(
