@@ -120,6 +120,41 @@ def test_new_inputs_and_eos_do_not_recompile(greedy_setup):
     assert jitted._cache_size() == before, fn.__name__
 
 
+def test_decoders_bind_once_and_share_programs(greedy_setup):
+  """`baseline_decoder` / `speculative_decoder` (`LoopProgram.bound`): the
+  samplers' tokens from a host batch of int64; a decoder of the same
+  structure (other weights, another temperature) runs the compiled
+  program; another γ (static) gets a program of its own."""
+  target, draft, inputs, eos = greedy_setup
+  rng, hot = jax.random.PRNGKey(0), sampling.Sampling(temperature=0.7)
+  expected = decoding.temperature_sample(target, inputs, rng,
+                                         max_decode_length=MAX_LEN,
+                                         eos_id=eos).tokens
+  batch = np.asarray(inputs, np.int64)
+
+  def speculative(model, method, gamma=3):
+    return decoding.speculative_decoder(model, draft, gamma=gamma,
+                                        max_decode_length=MAX_LEN,
+                                        method=method, eos_id=eos)
+
+  base = decoding.baseline_decoder(target, max_decode_length=MAX_LEN,
+                                   method=sampling.Greedy(), eos_id=eos)
+  np.testing.assert_array_equal(base(batch, rng).tokens, expected)
+  np.testing.assert_array_equal(
+      speculative(target, sampling.Greedy())(batch, rng).tokens, expected)
+  jax.block_until_ready(speculative(target, hot)(inputs, rng))
+  programs = dict(loops.SPECULATIVE_PROGRAM._bound)
+  compiled = {k: p._cache_size() for k, p in programs.items()}
+  heavier = target.replace(params=jax.tree.map(lambda w: w * 2, target.params))
+  # Other weights, another temperature: the same programs, nothing compiled.
+  jax.block_until_ready(
+      speculative(heavier, hot.replace(temperature=1.3))(inputs, rng))
+  assert loops.SPECULATIVE_PROGRAM._bound == programs
+  assert {k: p._cache_size() for k, p in programs.items()} == compiled
+  jax.block_until_ready(speculative(target, hot, gamma=2)(inputs, rng))
+  assert len(loops.SPECULATIVE_PROGRAM._bound) == len(programs) + 1
+
+
 # ---------------------------------------------------------------------------
 # Distribution exactness at temperature > 0.
 # ---------------------------------------------------------------------------

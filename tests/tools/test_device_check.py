@@ -261,6 +261,19 @@ def test_summary_names_the_ceilings_when_measured():
           "701 TFLOP/s") in summary.format_summary(report).splitlines()
 
 
+def test_summary_gives_a_calls_handover_when_measured():
+  report = _report(token=True)
+  assert "handover" not in summary.format_summary(report)
+  report["pretrained"]["handover"] = {
+      "pytrees_us": 481.4,
+      "bound_us": 122.6,
+      "saved_us": 358.8,
+      "calls": 200
+  }
+  assert ("a call's handover (the host's part): 481 us as pytrees, 123 us "
+          "bound") in summary.format_summary(report).splitlines()
+
+
 def test_summary_survives_a_failed_physics_step_group():
   """A physics phase whose first group failed records {'ok': False,
   'error': ...} as its steps: the summary printed a traceback (KeyError

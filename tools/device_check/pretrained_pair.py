@@ -45,6 +45,10 @@ greedy, 48 tokens at most.
   80 µs a speculative iteration): kernels, idle time, and the host's
   waits (gaps over `kernel_profile.LONG_GAP_US`) against the iterations;
   and the target's one-token and verification calls, a call each.
+* handover: the host's part of a call (`dispatch.handover`): a program
+  that takes what the speculative loop takes and does nothing, handed
+  the pair as pytrees (as decoders did before `LoopProgram.bound`) or
+  bound, µs a call.
 """
 import functools
 import os
@@ -68,6 +72,7 @@ from tools.device_check import common
 from tools.device_check import compiles
 from tools.device_check import kernel_profile
 from tools.device_check import stats
+from tools.benchmarks import dispatch
 
 # gin/pretrained_multi30k.gin's values (tests/tools/test_device_check.py).
 PAIR_DIR = io_utils.REPO_DIR / "pretrained" / "multi30k"
@@ -507,6 +512,9 @@ def run(s: common.Settings, record: common.Recorder,
   common.log("pretrained: greedy identity")
   same = identity(target, draft, batches, s.max_decode_length)
   record.set("identity", same)
+  record.set(
+      "handover",
+      common.guarded(lambda: dispatch.handover(target, draft, batches[0])))
   if target.decode_path != "xla":
     common.log("pretrained: the target's tokens on its path against 'xla'")
     record.set(

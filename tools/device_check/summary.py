@@ -370,6 +370,11 @@ def format_summary(report: Dict[str, Any]) -> str:
         f"main job speedup {_num(job.get('speedup'), '{:.2f}')}x (Theorem 3.8"
         f" {_num(job.get('theorem_3_8'), '{:.2f}')}x), α "
         f"{_num(job.get('alpha'), '{:.3f}')}, c {_num(job.get('c'))}")
+  handover = _get(report, "pretrained", "handover") or {}
+  if "bound_us" in handover:
+    lines.append(f"a call's handover (the host's part): "
+                 f"{handover['pytrees_us']:.0f} us as pytrees, "
+                 f"{handover['bound_us']:.0f} us bound")
   lines += _paths_lines(report)
   lines += _loop_lines(report)
   lines += _physics_lines(report)

@@ -27,6 +27,7 @@ from specdec_jax.core.decoding.checks import check_eos_id
 from specdec_jax.core.decoding.outputs import CallStatistics
 from specdec_jax.core.decoding.outputs import OneTokenPerCall
 from specdec_jax.core.decoding.programs import LoopProgram
+from specdec_jax.core.decoding.programs import token_batch
 from specdec_jax.core.decoding.checks import check_target
 from specdec_jax.core.decoding.checks import check_vocab_sizes
 
@@ -98,15 +99,14 @@ def beam_decoder(target: Any, *, beam_size: int, max_decode_length: int,
                                   max_decode_len=max_decode_length)
   check_target(target)
   check_eos_id(eos_id)
-  settings = dict(beam_size=int(beam_size),
-                  max_decode_len=int(max_decode_length))
-  alpha, eos = np.float32(alpha), np.int32(eos_id)
-  program = BEAM_PROGRAM.jitted()
+  program = BEAM_PROGRAM.bound(target, alpha=np.float32(alpha),
+                               eos_id=np.int32(eos_id),
+                               beam_size=int(beam_size),
+                               max_decode_len=int(max_decode_length))
 
   def decode(encoder_input_tokens: Array, rng: Array) -> BeamDecodeOutput:
     del rng
-    return program(target, jnp.asarray(encoder_input_tokens, jnp.int32), alpha,
-                   eos, **settings)
+    return program(token_batch(encoder_input_tokens))
 
   return decode
 
@@ -163,17 +163,15 @@ def speculative_beam_decoder(target: Any, draft: Any, *, beam_size: int,
   check_vocab_sizes(target.vocab_size, draft.vocab_size)
   check_beam_vocab(beam_size, target.vocab_size)
   check_eos_id(eos_id)
-  settings = dict(beam_size=int(beam_size), width=int(width), gamma=int(gamma),
-                  num_rows=int(num_rows), max_decode_len=int(max_decode_length))
-  alpha, eos = np.float32(alpha), np.int32(eos_id)
-
-  program = SPECULATIVE_BEAM_PROGRAM.jitted()
+  program = SPECULATIVE_BEAM_PROGRAM.bound(
+      target, draft, alpha=np.float32(alpha), eos_id=np.int32(eos_id),
+      beam_size=int(beam_size), width=int(width), gamma=int(gamma),
+      num_rows=int(num_rows), max_decode_len=int(max_decode_length))
 
   def decode(encoder_input_tokens: Array,
              rng: Array) -> SpeculativeBeamDecodeOutput:
     del rng
-    return program(target, draft, jnp.asarray(encoder_input_tokens, jnp.int32),
-                   alpha, eos, **settings)
+    return program(token_batch(encoder_input_tokens))
 
   return decode
 

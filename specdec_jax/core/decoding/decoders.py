@@ -6,17 +6,18 @@ a run that decodes thousands of batches with the same models and settings
 (the checks copy the batch to the host and flatten both models' pytrees
 inside the timed region). `baseline_decoder` and `speculative_decoder` run
 the same checks once, when they are built, and return a function of the
-batch alone that calls the jitted loop directly.
+batch alone that calls the jitted loop directly, the models' and settings'
+arrays flattened once (`LoopProgram.bound`).
 """
 from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.core import sampling
 from specdec_jax.core.acceptance import ExactAcceptance
 from specdec_jax.core.decoding import loops
+from specdec_jax.core.decoding.programs import token_batch
 from specdec_jax.core.decoding.checks import as_drafter
 from specdec_jax.core.decoding.checks import check_eos_id
 from specdec_jax.core.decoding.checks import check_settings
@@ -44,13 +45,12 @@ def baseline_decoder(target: Target, *, max_decode_length: int,
   method = resolve_method(method)
   check_target(target)
   check_eos_id(eos_id)
-  eos, length = np.int32(eos_id), int(max_decode_length)
-
-  program = loops.BASELINE_PROGRAM.jitted(target=target)
+  program = loops.BASELINE_PROGRAM.bound(
+      target, eos_id=np.int32(eos_id), max_decode_length=int(max_decode_length),
+      method=method)
 
   def decode(encoder_input_tokens: jax.Array, rng: jax.Array):
-    return program(target, jnp.asarray(encoder_input_tokens, jnp.int32), rng,
-                   eos, max_decode_length=length, method=method)
+    return program(token_batch(encoder_input_tokens), rng)
 
   return decode
 
@@ -75,14 +75,13 @@ def speculative_decoder(target: Target, drafter: Any, *, gamma: int,
   check_eos_id(eos_id)
   if not isinstance(statistics, bool):
     raise ValueError(f"statistics must be True or False, got {statistics!r}.")
-  program = loops.SPECULATIVE_PROGRAM.jitted()
-  rule = ExactAcceptance() if acceptance is None else acceptance
-  eos, gamma, length = np.int32(eos_id), int(gamma), int(max_decode_length)
+  program = loops.SPECULATIVE_PROGRAM.bound(
+      target, drafter, eos_id=np.int32(eos_id), gamma=int(gamma),
+      max_decode_length=int(max_decode_length), method=method,
+      acceptance=ExactAcceptance() if acceptance is None else acceptance,
+      statistics=statistics)
 
   def decode(encoder_input_tokens: jax.Array, rng: jax.Array):
-    return program(target, drafter, jnp.asarray(encoder_input_tokens,
-                                                jnp.int32), rng, eos,
-                   gamma=gamma, max_decode_length=length, method=method,
-                   acceptance=rule, statistics=statistics)
+    return program(token_batch(encoder_input_tokens), rng)
 
   return decode

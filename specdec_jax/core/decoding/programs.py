@@ -10,13 +10,19 @@ XLA:CPU's of `specdec_jax.core.kernels` on the CPU, XLA:GPU's
 set faster, `kernels.gpu.GPU_OPTION_SETS`) on a GPU, none elsewhere.
 `LoopProgram` holds the jitted versions and picks one by backend;
 `gpu_loop_options` swaps the XLA:GPU options for a measurement.
+`LoopProgram.bound` fixes a decoder's models and settings once, so that a
+call hands JAX one list of arrays (`tools.benchmarks.dispatch` measures
+what that saves a call).
 """
 import contextlib
 import contextvars
 import dataclasses
+import functools
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax.core import kernels
 from specdec_jax.core.kernels import gpu
@@ -62,6 +68,11 @@ class LoopProgram:
   _jitted: Dict[Tuple[Tuple[str, Any], ...],
                 Callable[..., Any]] = dataclasses.field(default_factory=dict,
                                                         init=False, repr=False)
+  # {(options, tree structure, static settings): the loop jitted over one
+  # list of leaves (`bound`)}; filled on first use.
+  _bound: Dict[Tuple[Any, ...],
+               Callable[..., Any]] = dataclasses.field(default_factory=dict,
+                                                       init=False, repr=False)
 
   def __post_init__(self):
     object.__setattr__(self, "static_argnames", tuple(self.static_argnames))
@@ -98,3 +109,45 @@ class LoopProgram:
 
   def __call__(self, target, *args, **kwargs):
     return self.jitted(target=target)(target, *args, **kwargs)
+
+  def bound(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    """The loop with its leading arguments `args` (the target first: its
+    options as `jitted`'s) and keyword arguments `kwargs` fixed now:
+    call(*rest) = jitted(*args, *rest, **kwargs).
+
+    A decoder's models, drafter, method and rule are fixed batch after
+    batch; here their leaves are flattened once, and a call hands JAX one
+    list of arrays instead of the models' nodes (whose flattening runs
+    Python per node; the shipped pair: ~0.2 ms a call on a 2-core host,
+    `tools.benchmarks.dispatch`). Static settings (`static_argnames`) are
+    fixed in the program. Bindings of one tree structure and settings share
+    one jitted program (new weights or a new temperature: no compile).
+    """
+    static = {k: v for k, v in kwargs.items() if k in self.static_argnames}
+    traced = {k: v for k, v in kwargs.items() if k not in static}
+    leaves, treedef = jax.tree_util.tree_flatten((args, traced))
+    options = self.options(target=args[0] if args else None)
+    key = (tuple(sorted(options.items())), treedef,
+           tuple(sorted(static.items())))
+    if key not in self._bound:
+      self._bound[key] = jax.jit(
+          functools.partial(_unflattened, self.loop, treedef, static),
+          compiler_options=options or None)
+    return functools.partial(self._bound[key], leaves)
+
+
+def _unflattened(loop: Callable[..., Any], treedef: Any, static: Dict[str, Any],
+                 leaves: list, *rest: Any) -> Any:
+  """`loop` called with the bound arguments rebuilt from their `leaves`
+  (`LoopProgram.bound`), then `rest`."""
+  args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+  return loop(*args, *rest, **kwargs, **static)
+
+
+def token_batch(encoder_input_tokens: Any) -> Any:
+  """A batch of token ids as a decoder hands it to its program: int32; a
+  host array stays on the host (JAX's call copies it over, without
+  `jnp.asarray`'s Python on the way)."""
+  if isinstance(encoder_input_tokens, jax.Array):
+    return encoder_input_tokens.astype(jnp.int32)
+  return np.asarray(encoder_input_tokens, np.int32)

@@ -30,6 +30,7 @@ from specdec_jax.core.decoding.loops import EOS_ID
 from specdec_jax.core.decoding.loops import iteration_inputs
 from specdec_jax.core.decoding.outputs import CallStatistics
 from specdec_jax.core.decoding.programs import LoopProgram
+from specdec_jax.core.decoding.programs import token_batch
 from specdec_jax.core.decoding.tree_acceptance import chain_parents
 from specdec_jax.core.decoding.tree_acceptance import first_round
 from specdec_jax.core.decoding.tree_acceptance import path_nodes
@@ -246,15 +247,14 @@ def tree_decoder(target: Any, drafter: Any, *, gamma: int, tree_width: int,
       top_k=None, top_p=None, acceptance=acceptance,
       without_replacement=without_replacement)
   checks.check_eos_id(eos_id)
-  program = TREE_PROGRAM.jitted()
-  eos, settings = np.int32(eos_id), dict(
-      gamma=int(gamma), width=int(tree_width),
-      max_decode_length=int(max_decode_length), method=method)
+  program = TREE_PROGRAM.bound(target, drafter, eos_id=np.int32(eos_id),
+                               acceptance=rule, gamma=int(gamma),
+                               width=int(tree_width),
+                               max_decode_length=int(max_decode_length),
+                               method=method)
 
   def decode(encoder_input_tokens: Array, rng: Array) -> TreeOutput:
-    return program(target, drafter, jnp.asarray(encoder_input_tokens,
-                                                jnp.int32), rng, eos,
-                   acceptance=rule, **settings)
+    return program(token_batch(encoder_input_tokens), rng)
 
   return decode
 
