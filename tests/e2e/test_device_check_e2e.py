@@ -120,6 +120,9 @@ def test_small_check_runs_end_to_end_on_the_cpu(tmp_path):
     kernels = loop["kernels"][path]
     assert kernels["body_by_part"]["target call"] > 0, path
     assert 0 < kernels["outside_model_calls"] < kernels["body"], path
+    # Its start and finish (by part only where nothing came from the
+    # compilation cache: its key leaves out the ops' source names).
+    assert kernels["outside_loop"] > 0, path
   assert loop["main_job"]["over_theorem"] > 0
   assert "  loop on xla: iteration " in done.stdout
   assert len(physics["table2"]) == 12

@@ -579,6 +579,7 @@ _GPU_LIKE_HLO = """HloModule m, entry_computation_layout={()->f32[]}
 }
 
 ENTRY %main () -> f32[] {
+  %enc = f32[4]{0} fusion(f32[4]{0} %e0), kind=kLoop, calls=%fused_verify, metadata={op_name="jit(f)/start/Transformer.encode/add"}
   %w = (s32[], f32[4]) while((s32[], f32[4]) %init), condition=%cond, body=%body
   ROOT %out = f32[] reduce(f32[4] %x, f32[] %z), dimensions={0}, to_apply=%sum
 }
@@ -611,6 +612,9 @@ def test_iteration_kernels_count_gpu_fusions_custom_calls_and_command_buffers():
       "conditionals": []
   }]
   assert counts["outside_model_calls"] == 5  # 4 in the body + the test
+  # Once a decode, around the loop: the start's kernel and the output's.
+  assert counts["outside_loop"] == 2
+  assert counts["outside_loop_by_part"] == {"start": 1, "loop bookkeeping": 1}
   with pytest.raises(ValueError, match="no while loop"):
     iteration_hlo.iteration_kernels("ENTRY %main () -> f32[] {\n"
                                     "  ROOT %x = f32[] constant(0)\n}\n")
@@ -694,7 +698,8 @@ def test_loop_summary_line_and_the_main_jobs_ratio():
       "kernels": {
           "fused": {
               "outside_model_calls": 34,
-              "condition": 1
+              "condition": 1,
+              "outside_loop": 100
           }
       },
       "main_job": summary.main_job_against_theorem(report)
@@ -705,7 +710,8 @@ def test_loop_summary_line_and_the_main_jobs_ratio():
   text = summary.format_summary(report)
   assert ("  loop on fused: iteration 2.500 ms = propose 1.000 + verify 1.500"
           " + bookkeeping 0.500 + while -0.500; not in model calls 0.250 ms "
-          "(10%), 34 kernels (condition 1); marginal 1.60x = 0.90 of "
+          "(10%), 34 kernels (condition 1), once a decode 100; marginal "
+          "1.60x = 0.90 of "
           "Theorem 3.8 (1.78x)") in text
   assert "loop on xla" not in text
   assert "  main job 1.30x = 0.60 of Theorem 3.8 (2.18x), 0.67 with the call " \

@@ -50,10 +50,12 @@ def test_summary_reads_layers_and_loops():
               "max_decode_length": 48,
               "fused": {
                   "baseline": {
-                      **loop, "body": 5
+                      **loop, "body": 5,
+                      "outside_loop": 56
                   },
                   "speculative": {
-                      **loop, "nested": [{
+                      **loop, "outside_loop": 100,
+                      "nested": [{
                           "body": 20,
                           "condition": 1
                       }],
@@ -73,7 +75,7 @@ def test_summary_reads_layers_and_loops():
       "fused   6 kernels/decoder layer + 7 fixed per step (T5-small-shaped)",
       "shipped fused: baseline 6 kernels/iteration; speculative 11 (4 "
       "outside the model calls) + 21 per draft step; a branch (7 or 5 "
-      "kernels)",
+      "kernels); once a decode 56 / 100",
       "shipped xla: XlaRuntimeError: refused",
   ]
 

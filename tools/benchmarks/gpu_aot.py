@@ -463,9 +463,17 @@ def summary(result: Dict[str, Any]) -> List[str]:
           f"{pair} {path}: baseline {base['body'] + base['condition']} "
           f"kernels/iteration; speculative {spec['body'] + spec['condition']}"
           f" ({spec['outside_model_calls']} outside the model calls)"
-          f"{' + ' + draft if draft else ''}{branches}"
+          f"{' + ' + draft if draft else ''}{branches}{_once(base, spec)}"
           f"{'; spills in ' + ', '.join(spilled) if spilled else ''}")
   return lines
+
+
+def _once(base: Dict[str, Any], spec: Dict[str, Any]) -> str:
+  """'; once a decode <baseline's> / <speculative's>' kernels around the
+  loops (records from before 2026-11-30 have none: '')."""
+  if "outside_loop" not in base or "outside_loop" not in spec:
+    return ""
+  return f"; once a decode {base['outside_loop']} / {spec['outside_loop']}"
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

@@ -42,8 +42,8 @@ from tools.benchmarks import common
 # loop's own bookkeeping (state updates, rng, the rollback), and ops XLA
 # made without a source name (most are the model call's).
 PARTS = (("/propose/", "draft propose"), ("/verify/", "target call"),
-         ("/acceptance/", "acceptance"), ("/emit/", "emit"), ("/statistics/",
-                                                              "statistics"))
+         ("/acceptance/", "acceptance"), ("/emit/", "emit"),
+         ("/statistics/", "statistics"), ("/start/", "start"))
 _SKIP = ("parameter", "get-tuple-element", "tuple", "constant", "bitcast")
 
 
@@ -225,8 +225,11 @@ def iteration_kernels(hlo: str) -> Dict[str, Any]:
   test, on a GPU read back by the host every iteration), `nested` (each
   loop inside the body, e.g. the draft's steps, per iteration of its own,
   and `nested_loops` their number), `conditionals` (each conditional's
-  branches' kernels; the largest is in `body`), and `outside_model_calls`:
-  the body's and condition's kernels of no model call (`MODEL_PARTS`)."""
+  branches' kernels; the largest is in `body`), `outside_model_calls`:
+  the body's and condition's kernels of no model call (`MODEL_PARTS`), and
+  `outside_loop` (and by part): the kernels a decode launches once,
+  around its loop (its `start`: the models' encoders and caches; the
+  rest: the outputs), a fixed cost per call."""
   comps = _computations(hlo)
   entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M).group(1)
   line = _outermost_while(comps, entry)
@@ -235,10 +238,14 @@ def iteration_kernels(hlo: str) -> Dict[str, Any]:
   loop = _loop(comps, line)
   outside = sum(
       n for part, n in loop["body_by_part"].items() if part not in MODEL_PARTS)
+  once = _Launches()
+  _launches(comps, entry, once)
   return {
       **loop,
       "nested_loops": len(loop["nested"]),
       "outside_model_calls": outside + loop["condition"],
+      "outside_loop": sum(once.parts.values()),
+      "outside_loop_by_part": dict(once.parts.most_common()),
   }
 
 

@@ -327,7 +327,8 @@ def _loop_lines(report: Dict[str, Any]) -> List[str]:
         f"{1e3 * r['not_in_model_calls_s']:.3f} ms "
         f"({r['not_in_model_calls_share']:.0%}), "
         f"{_num(k.get('outside_model_calls'), '{}')} kernels "
-        f"(condition {_num(k.get('condition'), '{}')}); marginal "
+        f"(condition {_num(k.get('condition'), '{}')}), once a decode "
+        f"{_num(k.get('outside_loop'), '{}')}; marginal "
         f"{r['marginal_speedup']:.2f}x = {r['marginal_over_theorem']:.2f} of "
         f"Theorem 3.8 ({r['theorem_3_8_at_measured']:.2f}x)")
   for name, r in (_get(report, "pretrained", "main_job_profile") or {}).items():

@@ -184,12 +184,13 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
   """The traceable baseline loop (no argument checks; see
   `temperature_sample`)."""
   batch = encoder_input_tokens.shape[0]
-  buffer = _start_buffer(target, encoder_input_tokens, max_decode_length + 1)
-  state = _BaselineState(
-      step=jnp.array(0, jnp.int32),
-      target_state=target.start(encoder_input_tokens, max_decode_length + 1),
-      buffer=buffer, length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros(
-          (batch,), bool), last=buffer[:, 0])
+  with jax.named_scope("start"):  # once a decode: the encoder, the cache
+    buffer = _start_buffer(target, encoder_input_tokens, max_decode_length + 1)
+    state = _BaselineState(
+        step=jnp.array(0, jnp.int32),
+        target_state=target.start(encoder_input_tokens, max_decode_length + 1),
+        buffer=buffer, length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros(
+            (batch,), bool), last=buffer[:, 0])
 
   def cond(s):
     return jnp.logical_not(jnp.all(s.done))
@@ -414,10 +415,11 @@ def speculative_loop(target: Target, drafter: Drafter,
   `jax.experimental.checkify.checkify` for cache-overflow checks);
   `speculative_sample` is the checked, jitted entry point.
   """
-  state = init_speculative_state(target, drafter, encoder_input_tokens,
-                                 gamma=gamma,
-                                 max_decode_length=max_decode_length,
-                                 statistics=statistics)
+  with jax.named_scope("start"):  # once a decode: encoders, caches
+    state = init_speculative_state(target, drafter, encoder_input_tokens,
+                                   gamma=gamma,
+                                   max_decode_length=max_decode_length,
+                                   statistics=statistics)
 
   def body(s):
     return speculative_iteration(target, drafter, acceptance, s, rng, eos_id,
