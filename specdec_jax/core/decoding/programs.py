@@ -131,18 +131,23 @@ class LoopProgram:
     key = (tuple(sorted(options.items())), treedef,
            tuple(sorted(static.items())))
     if key not in self._bound:
-      self._bound[key] = jax.jit(
-          functools.partial(_unflattened, self.loop, treedef, static),
-          compiler_options=options or None)
+      self._bound[key] = jax.jit(_unflattening(self.loop, treedef, static),
+                                 compiler_options=options or None)
     return functools.partial(self._bound[key], leaves)
 
 
-def _unflattened(loop: Callable[..., Any], treedef: Any, static: Dict[str, Any],
-                 leaves: list, *rest: Any) -> Any:
-  """`loop` called with the bound arguments rebuilt from their `leaves`
-  (`LoopProgram.bound`), then `rest`."""
-  args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
-  return loop(*args, *rest, **kwargs, **static)
+def _unflattening(loop: Callable[..., Any], treedef: Any,
+                  static: Dict[str, Any]) -> Callable[..., Any]:
+  """call(leaves, *rest): `loop` with the bound arguments rebuilt from
+  their `leaves` (`LoopProgram.bound`), then `rest`; named as `loop`, so
+  that its program, dumps and profiles keep the loop's name."""
+
+  def call(leaves: list, *rest: Any) -> Any:
+    args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+    return loop(*args, *rest, **kwargs, **static)
+
+  call.__name__ = call.__qualname__ = getattr(loop, "__name__", "loop")
+  return call
 
 
 def token_batch(encoder_input_tokens: Any) -> Any:
