@@ -756,6 +756,34 @@ def test_programs_are_divided_among_the_rows():
     assert gpu_layers.barrier_counters(8).shape == (8,)
 
 
+def test_a_fused_cache_carries_the_barriers_counters(wide_world):
+  """`DecodeCache.barriers`: a 'fused' model under `Tiles.programs` (its
+  own tiles or the context's) starts its cache with [B] int32 counters
+  and its calls hand them on (XLA zeroes none a call); without programs,
+  or off 'fused', none."""
+  fused, enc, dec = wide_world[:3]
+  persistent = gpu_tiles.TILE_PRESETS["mma_persistent"]
+
+  def shapes(model):
+    cache = jax.eval_shape(lambda e: model.start(e, 6), jnp.asarray(enc))
+    _, after = jax.eval_shape(lambda t, c: model.decode_chunk(t, c),
+                              jnp.asarray(dec[:, :2]), cache)
+    return cache.barriers, after.barriers
+
+  for counters in shapes(fused.with_tiles(persistent)):
+    assert (counters.shape, counters.dtype) == ((2,), jnp.int32)
+  # A call's counters out are its kernel's, not the ones it was handed.
+  model = fused.with_tiles(persistent)
+  cache = jax.eval_shape(lambda e: model.start(e, 6), jnp.asarray(enc))
+  closed = jax.make_jaxpr(lambda t, c: model.decode_chunk(t, c)[1].barriers)(
+      jnp.asarray(dec[:, :2]), cache)
+  assert closed.jaxpr.outvars[0] not in closed.jaxpr.invars
+  with gpu_tiles.tiles(persistent):
+    assert shapes(fused)[1].shape == (2,)
+    assert shapes(fused.unpacked()) == (None, None)
+  assert shapes(fused) == (None, None)
+
+
 def test_a_program_past_a_stages_blocks_loads_nothing_early():
   """`Tiles.prefetch`: program p loads its first block (p) early; one past
   the stage's blocks the last block's addresses with its loads masked

@@ -106,6 +106,10 @@ def test_fused_layers_compile_for_an_h200_in_six_triton_kernels(tmp_path):
       assert all(store <= 16 for store, _ in many["spills"].values()), many
       six = result["loops"]["shipped"]["fused"][loop]["body"]
       assert 3 * many["body"] < six, (many["body"], six)
+      # The barriers' counters carried in the caches: no copy a call (the
+      # speculative loop's one copy is not theirs).
+      copies = many["body_by_part"].get("copies", 0)
+      assert copies == (loop == "speculative"), (preset, loop, many)
 
 
 @_NEEDS_PLUGIN

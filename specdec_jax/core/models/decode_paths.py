@@ -354,7 +354,7 @@ def packed_mlp(layer: Any, y: jax.Array) -> jax.Array:
 
 
 def fused_layers(layers: Sequence[Any], x, keys, values, start, bias,
-                 cross_keys, cross_values, encoder_valid):
+                 cross_keys, cross_values, encoder_valid, counters=None):
   """'fused': the decoder layers' chunk in GPU kernels: runs of small
   layers in one kernel (`gpu.layer_runs`, `gpu_layers.decoder_layers`),
   every other layer in `fused_layer`'s.
@@ -366,18 +366,22 @@ def fused_layers(layers: Sequence[Any], x, keys, values, start, bias,
     keys, values: each layer's [B, H, D, max_len] (written in place).
     start, bias, encoder_valid: as `fused_layer`'s; cross_keys,
       cross_values: each layer's.
+    counters: the barriers' [B] int32 (`DecodeCache.barriers`); None:
+      zeros of the call's own.
 
   Returns:
     (outputs [B, K, emb] and their partial sums, as `fused_layer`'s;
-    each layer's keys, values).
+    each layer's keys, values; the counters after the call, None without
+    `Tiles.programs`).
   """
   weights = [fused_weights(layer) for layer in layers]
   sizes = [_weight_bytes(ws) for ws in weights]
   partials = None
   new_keys, new_values = [], []
   runs = gpu.layer_runs(sizes)
-  # The barriers' (`Tiles.programs`): one zeroed array for every run.
-  counters = gpu_layers.barrier_counters(x.shape[0])
+  # The barriers' (`Tiles.programs`): one array for every run.
+  if counters is None:
+    counters = gpu_layers.barrier_counters(x.shape[0])
   for run in runs:
     if gpu.one_kernel_run(sum(sizes[i] for i in run)):
       x, run_keys, run_values, counters = gpu_layers.decoder_layers(
@@ -395,7 +399,7 @@ def fused_layers(layers: Sequence[Any], x, keys, values, start, bias,
       run_keys, run_values = [layer_keys], [layer_values]
     new_keys += run_keys
     new_values += run_values
-  return x, partials, new_keys, new_values
+  return x, partials, new_keys, new_values, counters
 
 
 def fused_weights(layer: Any) -> Tuple[jax.Array, ...]:

@@ -112,6 +112,12 @@ class DecodeCache:
       its keys; entries at positions >= `length` are stale. Kept only when
       the cache was started with `keep_features` (a feature-level drafter
       reads them, `T5Model.features`); None costs nothing.
+    barriers: None, or [B] int32 the GPU kernels' barrier counters
+      (`gpu_layers.barrier_counters`: the 'fused' path under
+      `Tiles.programs`), carried from call to call so that a call's kernels
+      count on from the last one's instead of XLA zeroing and copying a
+      buffer for every call (a wait that gave up, `_gpu_grid.SPIN_LIMIT`,
+      leaves the rest of the decode's calls wrong too, not just its own).
   """
   keys: Tuple[Array, ...]
   values: Tuple[Array, ...]
@@ -121,6 +127,7 @@ class DecodeCache:
   length: Array
   encoded: Optional[Array] = None
   features: Optional[Array] = None
+  barriers: Optional[Array] = None
 
   @property
   def max_len(self) -> int:
@@ -303,9 +310,12 @@ class Decoder(nn.Module):
     return DecodeCache(
         keys=empty, values=empty, cross_keys=tuple(keys),
         cross_values=tuple(values), encoder_valid=encoder_valid,
-        length=jnp.zeros((batch,), jnp.int32), encoded=encoded,
-        features=(jnp.zeros((batch, max_len, self.config.emb_dim),
-                            self.config.dtype) if keep_features else None))
+        length=jnp.zeros((batch,),
+                         jnp.int32), encoded=encoded, features=(jnp.zeros(
+                             (batch, max_len, self.config.emb_dim),
+                             self.config.dtype) if keep_features else None),
+        barriers=(gpu_layers.barrier_counters(batch)
+                  if decode_paths.get(self.decode_path).fused else None))
 
   def decode_chunk(self, tokens, cache: DecodeCache):
     logits, cache = self._decode_new(tokens, cache, None, None)
@@ -406,9 +416,11 @@ class Decoder(nn.Module):
                               cfg.dtype)
     else:
       y = embed(gpu_layers.token_ids(tokens)).astype(cfg.dtype)
-    y, partials, new_keys, new_values = decode_paths.fused_layers(
+    y, partials, new_keys, new_values, barriers = decode_paths.fused_layers(
         self.layers, y, cache.keys, cache.values, start, bias, cache.cross_keys,
-        cache.cross_values, cache.encoder_valid)
+        cache.cross_values, cache.encoder_valid, cache.barriers)
+    if cache.barriers is not None and barriers is not None:
+      cache = dataclasses.replace(cache, barriers=barriers)
     y = gpu_layers.summed(y, partials)
     batch, k, emb = y.shape
     if cfg.logits_via_embedding or cache.features is not None:

@@ -38,7 +38,7 @@ attention keys/values are projected once per input, not once per step.
 import contextlib
 import contextvars
 import dataclasses
-from typing import Iterator, NamedTuple, Optional, Tuple, cast
+from typing import Any, ContextManager, Iterator, NamedTuple, Optional, Tuple, cast
 
 import flax.linen as nn
 import jax
@@ -210,11 +210,15 @@ class T5Model:
       return self
     return dataclasses.replace(self, tiles=tiles)
 
+  def _under_tiles(self) -> ContextManager[Any]:
+    """Traces inside it use `tiles` (the context's if None)."""
+    return (gpu_tiles.tiles(self.tiles)
+            if self.tiles is not None else contextlib.nullcontext())
+
   def _decoding(self, *args, method) -> Tuple[Array, DecodeCache]:
     """module.apply of a decode method, its kernels traced under
     `tiles`."""
-    with (gpu_tiles.tiles(self.tiles)
-          if self.tiles is not None else contextlib.nullcontext()):
+    with self._under_tiles():
       return cast(Tuple[Array, DecodeCache],
                   self.module.apply(self.variables, *args, method=method))
 
@@ -294,7 +298,8 @@ class T5Model:
     def fn(module, tokens):
       return module.init_cache(module.encode(tokens), tokens, max_len, keep)
 
-    return nn.apply(fn, self.module)(self.variables, encoder_input_tokens)
+    with self._under_tiles():  # The cache's barriers: `tiles`' programs.
+      return nn.apply(fn, self.module)(self.variables, encoder_input_tokens)
 
   def encode(self, encoder_input_tokens: Array) -> EncoderOutput:
     """The encoder's output for [B, S] inputs (0 = padding)."""
@@ -330,11 +335,12 @@ class T5Model:
           f"start_from_encoder_output: an encoder output of width "
           f"{encoded.shape[-1]}, but this decoder's cross-attention reads "
           f"width {width} (T5Config.encoder_width).")
-    return cast(
-        DecodeCache,
-        self.module.apply(self.variables, encoded, valid, max_len,
-                          self.keep_features,
-                          method=Transformer.init_cache_from_valid))
+    with self._under_tiles():
+      return cast(
+          DecodeCache,
+          self.module.apply(self.variables, encoded, valid, max_len,
+                            self.keep_features,
+                            method=Transformer.init_cache_from_valid))
 
   def teacher_forced_logits(self, encoder_input_tokens: Array,
                             decoder_input_tokens: Array,
