@@ -307,15 +307,16 @@ class Decoder(nn.Module):
     batch = encoded.shape[0]
     shape = (batch, self.config.num_heads, self.config.head_dim, max_len)
     empty = tuple(jnp.zeros(shape, self.config.dtype) for _ in self.layers)
-    return DecodeCache(
-        keys=empty, values=empty, cross_keys=tuple(keys),
-        cross_values=tuple(values), encoder_valid=encoder_valid,
-        length=jnp.zeros((batch,),
-                         jnp.int32), encoded=encoded, features=(jnp.zeros(
-                             (batch, max_len, self.config.emb_dim),
-                             self.config.dtype) if keep_features else None),
-        barriers=(gpu_layers.barrier_counters(batch)
-                  if decode_paths.get(self.decode_path).fused else None))
+    features = None
+    if keep_features:
+      features = jnp.zeros((batch, max_len, self.config.emb_dim),
+                           self.config.dtype)
+    barriers = (gpu_layers.barrier_counters(batch)
+                if decode_paths.get(self.decode_path).fused else None)
+    return DecodeCache(keys=empty, values=empty, cross_keys=tuple(keys),
+                       cross_values=tuple(values), encoder_valid=encoder_valid,
+                       length=jnp.zeros((batch,), jnp.int32), encoded=encoded,
+                       features=features, barriers=barriers)
 
   def decode_chunk(self, tokens, cache: DecodeCache):
     logits, cache = self._decode_new(tokens, cache, None, None)
