@@ -16,8 +16,8 @@ rounds of every sentence decoded one call at a time: the median time until
 the call returns (`handover`: the host's part; on a GPU the loop's while
 returns only at its end, so there this is the whole call) and until its
 outputs are ready (`call`); and a program that takes what the speculative
-loop takes and does nothing, both ways (`handover`: the host's part alone,
-which the device check measures too). Compilation excluded (one untimed
+loop takes and does nothing, both ways (`nothing`, by `handover`: the
+host's part alone, which the device check measures too). Compilation excluded (one untimed
 call each).
 
   python -m tools.benchmarks.dispatch --output=/tmp/specdec_jax/dispatch.json
