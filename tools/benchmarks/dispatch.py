@@ -101,8 +101,9 @@ def handover(target, draft, batch: np.ndarray, *, gamma: int = 3,
   """The host's part of a decode call alone: µs per call of `NOTHING`
   handed the pair as pytrees through `jnp.asarray` (as decoders called
   their loops before `LoopProgram.bound`) and bound, interleaved in
-  blocks of 10 calls, medians; no decode's device work (the device
-  check's pretrained phase: no program of its own to compile)."""
+  blocks of 10 calls (`common.median_seconds`), medians; no decode's
+  device work (the device check's pretrained phase: no program of its
+  own to compile)."""
   greedy, eos = sampling.Greedy(), np.int32(EOS_ID)
   drafter, rule = decoding.ModelDrafter(draft), decoding.ExactAcceptance()
   settings = dict(gamma=gamma, max_decode_length=MAX_DECODE_LENGTH,
@@ -117,21 +118,25 @@ def handover(target, draft, batch: np.ndarray, *, gamma: int = 3,
                                 settings),
       "bound": lambda: bound(programs.token_batch(batch), rng),
   }
-  per_call: Dict[str, List[float]] = {way: [] for way in ways}
-  for fn in ways.values():
-    jax.block_until_ready(fn())
-  for block in range(max(1, calls // 10)):
-    for way in list(ways)[block % 2:] + list(ways)[:block % 2]:
-      start = time.perf_counter()
+
+  def ten_calls(fn: Callable[[], Any]) -> Callable[[], None]:
+
+    def run() -> None:
       for _ in range(10):
-        jax.block_until_ready(ways[way]())
-      per_call[way].append((time.perf_counter() - start) / 10)
-  med = {way: statistics.median(t) for way, t in per_call.items()}
+        jax.block_until_ready(fn())
+
+    return run
+
+  blocks = max(1, calls // 10)
+  med, _ = common.median_seconds({
+      way: ten_calls(fn) for way, fn in ways.items()
+  }, blocks)
+  us = {way: 1e6 * seconds / 10 for way, seconds in med.items()}  # a call
   return {
-      "pytrees_us": 1e6 * med["pytrees"],
-      "bound_us": 1e6 * med["bound"],
-      "saved_us": 1e6 * (med["pytrees"] - med["bound"]),
-      "calls": 10 * len(per_call["bound"]),
+      "pytrees_us": us["pytrees"],
+      "bound_us": us["bound"],
+      "saved_us": us["pytrees"] - us["bound"],
+      "calls": 10 * blocks,
   }
 
 
