@@ -14,7 +14,8 @@
 # installed first, without network; the project itself is not installed:
 # the repository goes on PYTHONPATH, and nothing it imports here needs
 # gin, seqio or TensorFlow. PYTHON picks the interpreter (default python3,
-# the GPU image's JAX); DEVICE_CHECK_TIMEOUT_S the hard limit (480 s).
+# the GPU image's JAX); DEVICE_CHECK_TIMEOUT_S the hard limit (480 s; 900 s
+# with --small: a loaded 2-core CPU, the kernels interpreted).
 # A bad DEVICE_CHECK_TIMEOUT_S or an OUT that cannot be a folder is one
 # line and exit 2, before anything runs. The log is written under a
 # temporary name and renamed at the end, unless the check refused to start
@@ -24,10 +25,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
 out="${OUT:-/tmp/specdec_jax/device_check}"
-limit="${DEVICE_CHECK_TIMEOUT_S:-480}"
+default_limit=480
+for arg in "$@"; do
+  [ "$arg" = --small ] && default_limit=900
+done
+limit="${DEVICE_CHECK_TIMEOUT_S:-$default_limit}"
 if ! [[ "$limit" =~ ^([0-9]+[.]?[0-9]*|[.][0-9]+)$ && "$limit" =~ [1-9] ]]; then
   echo "device_check: error: DEVICE_CHECK_TIMEOUT_S='$limit': allowed: a" \
-    "number of seconds > 0 (unset: 480)." >&2
+    "number of seconds > 0 (unset: $default_limit)." >&2
   exit 2
 fi
 if ! mkdir -p "$out" 2>/dev/null || [ ! -d "$out" ] || [ ! -w "$out" ]; then

@@ -52,7 +52,7 @@ def test_small_check_runs_end_to_end_on_the_cpu(tmp_path):
                             **os.environ, "PYTHON": sys.executable,
                             "OUT": str(out),
                             "PYTHONPATH": path
-                        }, capture_output=True, text=True, timeout=600,
+                        }, capture_output=True, text=True, timeout=1000,
                         check=False)
   assert done.returncode == 0, done.stdout[-3000:]
   report = json.loads((out / cli.RESULT_FILE).read_text())
@@ -131,13 +131,17 @@ def test_small_check_runs_end_to_end_on_the_cpu(tmp_path):
   assert "all checks hold: True" in done.stdout
 
 
-@pytest.mark.parametrize("timeout", ["abc", "0", "-5", "1e3"])
-def test_a_bad_timeout_is_one_line_before_anything_runs(timeout, tmp_path):
+@pytest.mark.parametrize("timeout,args,default", [("abc", ["--small"], 900),
+                                                  ("0", ["--small"], 900),
+                                                  ("-5", [], 480),
+                                                  ("1e3", [], 480)])
+def test_a_bad_timeout_is_one_line_before_anything_runs(timeout, args, default,
+                                                        tmp_path):
   """DEVICE_CHECK_TIMEOUT_S=abc gave coreutils' "invalid time interval",
-  rc 125."""
+  rc 125. The error names the default: 480 s, 900 s with --small."""
   out = tmp_path / "out"
   done = subprocess.run(
-      [str(REPO / "scripts" / "device_check.sh"), "--small"], env={
+      [str(REPO / "scripts" / "device_check.sh"), *args], env={
           **os.environ, "PYTHON": sys.executable,
           "OUT": str(out),
           "DEVICE_CHECK_TIMEOUT_S": timeout
@@ -145,7 +149,7 @@ def test_a_bad_timeout_is_one_line_before_anything_runs(timeout, tmp_path):
   assert done.returncode == 2, done.stderr
   assert done.stderr.splitlines() == [
       f"device_check: error: DEVICE_CHECK_TIMEOUT_S='{timeout}': allowed: a "
-      "number of seconds > 0 (unset: 480)."
+      f"number of seconds > 0 (unset: {default})."
   ]
   assert not out.exists()
 
