@@ -247,7 +247,7 @@ FULL = Settings(
 # Caps with room for a loaded 2-core machine compiling everything afresh
 # (the fused kernels run in Pallas' interpret mode on a CPU: slow): about
 # twice each phase's time on a quiet one (2026-11-30, 259 s in all; the
-# pretrained phase 81 s, where its cap of 90 s had cut it under the
+# pretrained phase 81 s: its cap of 90 s could cut it under the
 # suite's load).
 # The main job at batch 1 only: a batch of 2 ran the same code at
 # another shape (the kernels at several rows: tests/core/test_gpu_decode.py)
