@@ -14,7 +14,7 @@
 # installed first, without network; the project itself is not installed:
 # the repository goes on PYTHONPATH, and nothing it imports here needs
 # gin, seqio or TensorFlow. PYTHON picks the interpreter (default python3,
-# the GPU image's JAX); DEVICE_CHECK_TIMEOUT_S the hard limit (480 s; 900 s
+# the GPU image's JAX); DEVICE_CHECK_TIMEOUT_S the hard limit (480 s; 1560 s
 # with --small: a loaded 2-core CPU, the kernels interpreted).
 # A bad DEVICE_CHECK_TIMEOUT_S or an OUT that cannot be a folder is one
 # line and exit 2, before anything runs. The log is written under a
@@ -27,7 +27,7 @@ python="${PYTHON:-python3}"
 out="${OUT:-/tmp/specdec_jax/device_check}"
 default_limit=480
 for arg in "$@"; do
-  [ "$arg" = --small ] && default_limit=900
+  [ "$arg" = --small ] && default_limit=1560
 done
 limit="${DEVICE_CHECK_TIMEOUT_S:-$default_limit}"
 if ! [[ "$limit" =~ ^([0-9]+[.]?[0-9]*|[.][0-9]+)$ && "$limit" =~ [1-9] ]]; then

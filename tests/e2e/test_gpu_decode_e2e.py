@@ -23,17 +23,18 @@ pytestmark = pytest.mark.slow
 
 def _check(tmp_path, phase: str) -> dict:
   """`scripts/device_check.sh --small --path=fused --phases=<phase>`, the
-  phase given the whole budget; its report."""
+  phase given the whole budget (one of the two took 947 s of its 1100
+  beside the suite's other worker, 2026-11-30: twice that); its report."""
   out = tmp_path / phase
   done = subprocess.run(
       [
           str(REPO / "scripts" / "device_check.sh"), "--small", "--path=fused",
-          f"--phases={phase}", "--total_s=1100"
+          f"--phases={phase}", "--total_s=1900"
       ], env={
           **os.environ, "PYTHON": sys.executable,
           "OUT": str(out),
-          "DEVICE_CHECK_TIMEOUT_S": "1200"
-      }, capture_output=True, text=True, timeout=1300, check=False)
+          "DEVICE_CHECK_TIMEOUT_S": "2000"
+      }, capture_output=True, text=True, timeout=2100, check=False)
   assert done.returncode == 0, done.stdout[-3000:]
   return json.loads((out / cli.RESULT_FILE).read_text())
 

@@ -243,6 +243,11 @@ def test_verdicts_and_summary():
   bad = _report(token=True)
   bad["phases"]["physics"]["status"] = "timed out"
   assert not summary.verdicts(bad)["all_ok"]
+  assert summary.format_summary(bad).splitlines()[-1] == (
+      "all checks hold: False (failed: phases_ok)")
+  bad = _report(token=True, beam=False)
+  assert summary.format_summary(bad).splitlines()[-1] == (
+      "all checks hold: False (failed: exactness_all_modes, exactness_beam)")
 
 
 def test_summary_names_the_ceilings_when_measured():

@@ -379,5 +379,9 @@ def format_summary(report: Dict[str, Any]) -> str:
   lines += _paths_lines(report)
   lines += _loop_lines(report)
   lines += _physics_lines(report)
-  lines.append(f"all checks hold: {v.get('all_ok')}")
+  # The failed checks named on the last line: a run's tail is often all
+  # that is seen of it (a test's message, a CI log).
+  failed = [k for k, x in v.items() if x is False and k != "all_ok"]
+  lines.append(f"all checks hold: {v.get('all_ok')}" +
+               (f" (failed: {', '.join(failed)})" if failed else ""))
   return "\n".join(lines)
