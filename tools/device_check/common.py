@@ -248,8 +248,8 @@ FULL = Settings(
 # (the fused kernels run in Pallas' interpret mode on a CPU: slow): about
 # four times each phase's time on a quiet one (259 s in all, 2026-11-30).
 # Twice was not enough: beside one other test process the paths phase
-# took 229 s of its 240 (2026-12-01), and under the suite's two workers
-# the CI's run failed.
+# took 229 s of its 240 (2026-12-01); under the suite's two workers the
+# CI's run failed a check (most likely a step skipped at its cap).
 # The main job at batch 1 only: a batch of 2 ran the same code at
 # another shape (the kernels at several rows: tests/core/test_gpu_decode.py)
 # and cost 'fused' half its phase in interpret mode.
