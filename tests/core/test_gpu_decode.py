@@ -749,20 +749,24 @@ def test_attention_on_tensor_cores_is_exact_and_row_independent():
   fused = model.prepared_for_decoding("fused")
   want, _ = _decode(model, enc, dec, [20], max_len=32)
   split = gpu_tiles.Tiles(dot=True, split_heads=True, slots=16, columns=16)
-  got = {}
-  for name, tiles in (("kernels", split),
+  programs = dataclasses.replace(split, programs=12, prefetch=True)
+  got, dots = {}, {}
+  for name, tiles in (("rows", split),
+                      ("kernels", dataclasses.replace(split,
+                                                      attention_dot=True)),
                       ("programs",
-                       dataclasses.replace(split, programs=12, prefetch=True))):
+                       dataclasses.replace(programs, attention_dot=True))):
     with gpu_tiles.tiles(tiles):
-      without = _dots_in_call(fused, enc, dec[:, :3])
-    tiles = dataclasses.replace(tiles, attention_dot=True)
-    with gpu_tiles.tiles(tiles):
-      assert _dots_in_call(fused, enc, dec[:, :3]) > without, name
+      dots[name] = _dots_in_call(fused, enc, dec[:, :3])
       one, chunked = _decode_traced_now(fused, enc, dec, [1] * 20,
                                         [3] * 6 + [2], max_len=32)
     np.testing.assert_allclose(one, want, atol=F32_ATOL)
     np.testing.assert_array_equal(one, chunked)
     got[name] = one
+  with gpu_tiles.tiles(programs):
+    dots["programs_rows"] = _dots_in_call(fused, enc, dec[:, :3])
+  assert dots["kernels"] > dots["rows"], dots
+  assert dots["programs"] > dots["programs_rows"], dots
   np.testing.assert_array_equal(got["kernels"], got["programs"])
   assert gpu_tiles.TILE_PRESETS["mma_split_attention"].attention_dot
 
