@@ -43,6 +43,7 @@ from tools.device_check import kernel_profile
 from tools.device_check import loop
 from tools.device_check import paths
 from tools.device_check import physics
+from tools.device_check import pair_runs
 from tools.device_check import pretrained_pair
 from tools.device_check import stats
 from tools.device_check import summary
@@ -816,8 +817,8 @@ def test_interleaved_rounds_rotate_the_decoders_and_stop_at_the_deadline():
 
   batches = [np.zeros((1, 2), np.int32)] * 2
   names = ("a", "bb", "ccc")
-  times, outs = pretrained_pair.interleaved({n: decoder(n) for n in names},
-                                            batches, 3, common.Deadline(60.0))
+  times, outs = pair_runs.interleaved({n: decoder(n) for n in names}, batches, 3,
+                                      common.Deadline(60.0))
   # One untimed caption each, then every caption per decoder per round,
   # the first decoder of each round rotating.
   assert calls == ["a", "bb", "ccc"] + [
@@ -827,8 +828,8 @@ def test_interleaved_rounds_rotate_the_decoders_and_stop_at_the_deadline():
   assert {n: len(t) for n, t in times.items()} == {n: 3 for n in names}
   assert [int(o[0, 0]) for o in outs["ccc"]] == [3, 3]
   calls.clear()
-  times, _ = pretrained_pair.interleaved({"a": decoder("a")}, batches, 5,
-                                         common.Deadline(0.0))
+  times, _ = pair_runs.interleaved({"a": decoder("a")}, batches, 5,
+                                   common.Deadline(0.0))
   assert len(times["a"]) == 1  # A first round always; no time for more.
 
 
@@ -895,8 +896,8 @@ def test_gpu_loop_options_swap_only_the_gpus_for_loops_built_inside():
 
 def test_main_job_batches_leave_out_a_partial_batch():
   inputs = np.arange(20).reshape(10, 2)
-  assert [b.shape for b in pretrained_pair.batched(inputs, 4)] == [(4, 2)] * 2
-  assert len(pretrained_pair.batched(inputs, 1)) == 10
+  assert [b.shape for b in pair_runs.batched(inputs, 4)] == [(4, 2)] * 2
+  assert len(pair_runs.batched(inputs, 1)) == 10
 
 
 # ---------------------------------------------------------------------------
@@ -908,9 +909,8 @@ def test_t5_sizes_are_the_gin_files(size):
       f"models/t5_1_1_{size}.gin")
 
 
-@pytest.mark.parametrize("role,directory",
-                         [("target", pretrained_pair.TARGET_DIR),
-                          ("draft", pretrained_pair.DRAFT_DIR)])
+@pytest.mark.parametrize("role,directory", [("target", pair_runs.TARGET_DIR),
+                                            ("draft", pair_runs.DRAFT_DIR)])
 def test_shipped_pair_configs_are_the_main_jobs(role, directory):
   ckpt = os.path.join(directory, os.listdir(directory)[0])
   with open(os.path.join(ckpt, "model_config.json"), encoding="utf-8") as f:
@@ -922,7 +922,7 @@ def test_shipped_pair_configs_are_the_main_jobs(role, directory):
 def test_main_job_settings_are_the_gin_files():
   text = (REPO / "gin" / "pretrained_multi30k.gin").read_text()
   macros = dict(re.findall(r"^(\w+) = (.+)$", text, flags=re.M))
-  pair = pretrained_pair
+  pair = pair_runs
   assert REPO / macros["TARGET_CHECKPOINT_PATH"].strip("'") == pair.TARGET_DIR
   assert REPO / macros["DRAFT_CHECKPOINT_PATH"].strip("'") == pair.DRAFT_DIR
   assert REPO / macros["SPM_MODEL_PATH"].strip("'") == pair.SPM_MODEL
@@ -940,7 +940,7 @@ def test_main_job_settings_are_the_gin_files():
 def test_captions_are_encoded_as_the_main_job_encodes_them():
   from specdec_jax.data import tasks  # pylint: disable=g-import-not-at-top
   from specdec_jax.data import vocab  # pylint: disable=g-import-not-at-top
-  pair = pretrained_pair
+  pair = pair_runs
   sources = [s for s, _ in tasks.read_parallel_text(pair.SOURCE_FILE)]
   expected = tasks.encode_batch(vocab.SentencePieceFile(str(pair.SPM_MODEL)),
                                 sources, 64)

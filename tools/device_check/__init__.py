@@ -35,8 +35,9 @@ the backend's: 'fused', the GPU kernels, on one GPU; `models.decode_paths`):
 (the command line, the phases as child processes, the verdicts and the
 last lines), `common` (settings, random weights on the device, records),
 `env` (also whether the working tree fits a device call: `--preflight`),
-`exactness`, `paths`, `pretrained_pair`, `loop`, `physics`, `stats`
-(Table 2's rows, Theorem 3.8's table). Greedy identity and the chi-square test with its
+`exactness`, `paths`, `pretrained_pair` (its pair's decoders and rounds:
+`pair_runs`; the main job at other γ: `gamma_sweep`), `loop`, `physics`,
+`stats` (Table 2's rows, Theorem 3.8's table). Greedy identity and the chi-square test with its
 power check are the package's (`specdec_jax.metrics.exactness`, which
 `certify` uses too). Nothing in `specdec_jax` imports this package.
 """

@@ -2,7 +2,7 @@
 
 The main job ran at 0.6 of Theorem 3.8 on an H200 (1.30x against 2.18x at
 its measured c): this phase measures where the rest goes, on the shipped
-pair (`pretrained_pair`'s 38M target, distilled 1M draft and captions;
+pair (`pair_runs`' 38M target, distilled 1M draft and captions;
 `--small`: tiny random float32 stand-ins of the physics phase's shapes),
 γ = 3, batch 1, greedy, on the check's decode path and on 'xla', in one
 process:
@@ -38,9 +38,9 @@ from tools.benchmarks import common as bench_common
 from tools.benchmarks import iteration_hlo
 from tools.benchmarks import loop_overhead
 from tools.device_check import common
-from tools.device_check import pretrained_pair
+from tools.device_check import pair_runs
 
-GAMMA = pretrained_pair.GAMMA
+GAMMA = pair_runs.GAMMA
 Pairs = Dict[str, Tuple[T5Model, T5Model]]
 
 
@@ -57,11 +57,9 @@ def _pairs(s: common.Settings) -> Tuple[Pairs, List[np.ndarray]]:
         2, models[0].vocab_size, (s.loop_sentences, s.physics_input_length))
     target, draft = (m.prepared_for_decoding(s.decode_path) for m in models)
   else:
-    target, _ = pretrained_pair.load_model(pretrained_pair.TARGET_DIR,
-                                           s.decode_path)
-    draft, _ = pretrained_pair.load_model(pretrained_pair.DRAFT_DIR,
-                                          s.decode_path)
-    ids = pretrained_pair.encode_captions(s.loop_sentences, s.input_length)
+    target, _ = pair_runs.load_model(pair_runs.TARGET_DIR, s.decode_path)
+    draft, _ = pair_runs.load_model(pair_runs.DRAFT_DIR, s.decode_path)
+    ids = pair_runs.encode_captions(s.loop_sentences, s.input_length)
   pairs = {
       path: (target.prepared_for_decoding(path),
              draft.prepared_for_decoding(path)

@@ -1,15 +1,5 @@
-"""The shipped main pair on this backend: greedy identity and the speedup.
-
-What `python -m specdec_jax.run --gin_file=pretrained_multi30k.gin` runs
-(the README's main job), without gin, seqio or the run harness (the GPU
-image has none of them): the 38M Multi30k target and its distilled 1M
-draft from `pretrained/multi30k/` (T5X's Orbax layout, read by
-`checkpoints.load_t5x_params`; each model's shapes from the
-`model_config.json` its export wrote, which the tests hold to the gin
-files), the captions of `configs/data/captions_en_de.tsv` encoded with the
-pair's SentencePiece model (ids, then EOS, cut to 64 tokens: as
-`tasks.encode_batch`), one caption per batch (run.gin's BATCH_SIZE), γ = 3,
-greedy, 48 tokens at most.
+"""The shipped main pair on this backend: greedy identity and the speedup
+(the pair, its captions and decoders: `pair_runs`).
 
 * identity: per caption, the speculative decoder's tokens against the
   target alone's (`exactness.greedy_identity`, must be 60/60). If they
@@ -30,9 +20,9 @@ greedy, 48 tokens at most.
   several at once first;
   `main_job_by_mixed_paths` the identity and the main job at batch 1
   with the target and the draft on paths of their own
-  (`main_job_mixed_paths`). In the order mixed paths, options, tiles,
-  then `main_job_by_path` (the last two runs left the first three
-  unmeasured).
+  (`main_job_mixed_paths`); `main_job_by_gamma` the main job at other γ
+  (`gamma_sweep`). In the order γ, mixed paths, options, tiles, then
+  `main_job_by_path` (the last two runs left the rest unmeasured).
 * main job: the walltime of decoding every caption with each decoder, in
   interleaved rounds (alternating which goes first), compilation excluded
   (one untimed caption each first): speedup = median over rounds of target
@@ -53,77 +43,29 @@ greedy, 48 tokens at most.
 import functools
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Tuple
 
 import jax
 import numpy as np
 
 from specdec_jax.metrics import analysis
-from specdec_jax import checkpoints
 from specdec_jax.files import io_utils
 from specdec_jax.metrics import timing
-from specdec_jax.core import decoding
-from specdec_jax.core import sampling
 from specdec_jax.core.decoding import programs
 from specdec_jax.core.kernels import gpu
-from specdec_jax.core.models import T5Model
 from specdec_jax.metrics import exactness
 from tools.device_check import common
 from tools.device_check import compiles
+from tools.device_check import gamma_sweep
 from tools.device_check import kernel_profile
+from tools.device_check import pair_runs
 from tools.device_check import stats
 from tools.benchmarks import dispatch
 
-# gin/pretrained_multi30k.gin's values (tests/tools/test_device_check.py).
-PAIR_DIR = io_utils.REPO_DIR / "pretrained" / "multi30k"
-TARGET_DIR = PAIR_DIR / "target_38m"
-DRAFT_DIR = PAIR_DIR / "draft_1m_distill_38m"
-SPM_MODEL = PAIR_DIR / "multi30k.model"
-SOURCE_FILE = io_utils.REPO_DIR / "configs" / "data" / "captions_en_de.tsv"
-GAMMA = 3
-EOS_ID = 1
-
-
-def load_model(directory: os.PathLike,
-               path: Optional[str] = None) -> Tuple[T5Model, str]:
-  """(the model in `directory`'s latest checkpoint, prepared for decoding
-  on `path` (None: the backend's); the checkpoint's path)."""
-  ckpt = checkpoints.latest_checkpoint(str(directory)) or str(directory)
-  return (checkpoints.load_model(ckpt,
-                                 prepared=False).prepared_for_decoding(path),
-          ckpt)
-
-
-def encode_captions(count: int, input_length: int) -> np.ndarray:
-  """[count, input_length] int32: the first `count` captions' ids + EOS."""
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  processor = spm.SentencePieceProcessor()
-  processor.LoadFromSerializedProto(SPM_MODEL.read_bytes())
-  with open(SOURCE_FILE, encoding="utf-8") as f:
-    sources = [line.split("\t")[0] for line in f if line.strip()]
-  out = np.zeros((count, input_length), np.int32)
-  for i, text in enumerate(sources[:count]):
-    ids = list(processor.EncodeAsIds(text))[:input_length - 1] + [EOS_ID]
-    out[i, :len(ids)] = ids
-  return out
-
-
-def _baseline(target, max_len: int):
-  return decoding.baseline_decoder(target, max_decode_length=max_len,
-                                   method=sampling.Greedy(), eos_id=EOS_ID)
-
 
 def _decoders(target, draft, max_len: int):
-  base = _baseline(target, max_len)
-  spec = decoding.speculative_decoder(target, draft, gamma=GAMMA,
-                                      max_decode_length=max_len,
-                                      method=sampling.Greedy(), eos_id=EOS_ID)
-  return base, spec
-
-
-def _decode_all(decode, batches: Sequence[np.ndarray]) -> List[Any]:
-  rng = jax.random.PRNGKey(0)
-  return jax.block_until_ready([decode(b, rng) for b in batches])
+  return (pair_runs.baseline(target, max_len),
+          pair_runs.speculative(target, draft, max_len))
 
 
 def identity(target, draft, batches, max_len: int) -> Dict[str, Any]:
@@ -132,7 +74,8 @@ def identity(target, draft, batches, max_len: int) -> Dict[str, Any]:
   def check():
     base, spec = _decoders(target, draft, max_len)
     tally = exactness.GreedyIdentity()
-    for a, b in zip(_decode_all(base, batches), _decode_all(spec, batches)):
+    for a, b in zip(pair_runs.decode_all(base, batches),
+                    pair_runs.decode_all(spec, batches)):
       tally.add(a.tokens, b.tokens)
     return tally.record()
 
@@ -147,7 +90,7 @@ def matches_xla(target, batches, max_len: int) -> Dict[str, Any]:
   two captions at a near-tie; a kernel compiled wrong parts most."""
 
   def tokens(model):
-    return _decode_all(_baseline(model, max_len), batches)
+    return pair_runs.decode_all(pair_runs.baseline(model, max_len), batches)
 
   xla = tokens(target.unpacked())
   tally = exactness.GreedyIdentity()
@@ -185,37 +128,22 @@ def _logits_apart(target, inputs: np.ndarray, decoded: Any) -> Dict[str, Any]:
   }
 
 
-def _statistics(outputs: Sequence[Any]) -> Dict[str, float]:
-  """α̂ and tokens per call over all captions' speculative outputs."""
-  runs = [o.statistics() for o in outputs]
-  kept = sum(
-      sum(k * n for k, n in enumerate(r["accepted_histogram"])) for r in runs)
-  trials = sum(r["acceptance_trials"] for r in runs)
-  tokens = sum(r["tokens_generated"] for r in runs)
-  calls = sum(r["target_calls"] for r in runs)
-  return {
-      "alpha": kept / max(trials, 1),
-      "tokens_per_target_call": tokens / max(calls, 1),
-      "tokens_generated": tokens,
-  }
-
-
 def main_job(s: common.Settings, target, draft, batches,
              deadline: common.Deadline) -> Dict[str, Any]:
   """The main job's speedup: interleaved rounds, compilation excluded."""
   base, spec = _decoders(target, draft, s.max_decode_length)
-  times, outs = interleaved({
+  times, outs = pair_runs.interleaved({
       "baseline": base,
       "speculative": spec
   }, batches, s.rounds, deadline)
-  measured = _statistics(outs["speculative"])
-  fill, cache_len = _priced_calls(s,
-                                  measured["tokens_generated"] / len(batches))
+  measured = pair_runs.statistics(outs["speculative"])
+  fill, cache_len = pair_runs.priced_calls(
+      s, measured["tokens_generated"] / len(batches))
   seconds = timing.call_seconds(
       {
           "target": (target, 1),
           "draft": (draft, 1),
-          "verify": (target, GAMMA + 1)
+          "verify": (target, pair_runs.GAMMA + 1)
       }, batches[0], fill=fill, cache_len=cache_len, steps=4 * s.inner_steps,
       repeats=s.repeats + 2)
   c = seconds["draft"] / seconds["target"]
@@ -227,25 +155,17 @@ def main_job(s: common.Settings, target, draft, batches,
       "speculative_s": times["speculative"],
       "speedup": stats.median_ratio(times["baseline"], times["speculative"]),
       **measured,
-      "gamma": GAMMA,
+      "gamma": pair_runs.GAMMA,
       "target_step_ms": seconds["target"] * 1e3,
       "draft_step_ms": seconds["draft"] * 1e3,
       "c": c,
       "verification_call_cost": call_cost,
-      "theorem_3_8": float(analysis.expected_speedup(alpha, GAMMA, c)),
+      "theorem_3_8": float(analysis.expected_speedup(alpha, pair_runs.GAMMA,
+                                                     c)),
       "theorem_3_8_with_call_cost": float(
-          analysis.expected_speedup(alpha, GAMMA, c, call_cost=call_cost)),
+          analysis.expected_speedup(alpha, pair_runs.GAMMA, c,
+                                    call_cost=call_cost)),
   }
-
-
-def _priced_calls(s: common.Settings,
-                  tokens_per_caption: float) -> Tuple[int, int]:
-  """(fill, cache_len) of the model calls `main_job` prices and
-  `_target_calls` profiles: a cache filled to the captions' mean output
-  length (at least 1, short of the decode's last slot), with the
-  speculative loop's slots."""
-  return (min(max(1, int(tokens_per_caption)),
-              s.max_decode_length - 1), s.max_decode_length + GAMMA + 1)
 
 
 def main_job_profile(s: common.Settings, target, draft, batches, job: Dict[str,
@@ -265,9 +185,10 @@ def main_job_profile(s: common.Settings, target, draft, batches, job: Dict[str,
       "speculative": tokens / max(job.get("tokens_per_target_call", 1), 1e-9)
   }
   runs: Dict[str, Tuple[Any, int, Dict[str, Any]]] = {
-      name: (functools.partial(_round, decode, batches), len(batches), {
-          "iterations_per_caption": iterations[name]
-      }) for name, decode in (("baseline", base), ("speculative", spec))
+      name: (functools.partial(pair_runs.decode_round, decode, batches),
+             len(batches), {
+                 "iterations_per_caption": iterations[name]
+             }) for name, decode in (("baseline", base), ("speculative", spec))
   }
   runs.update(_target_calls(s, target, batches[0], tokens))
   out: Dict[str, Any] = {}
@@ -289,49 +210,15 @@ def _target_calls(s: common.Settings, target, inputs: np.ndarray,
   them, its steps, {'k'})}: the kernels a verification call's extra time
   is in (its 4-token call cost 1.30 steps on 'fused', 1.09 on 'xla',
   2026-11-29 and -30)."""
-  fill, cache_len = _priced_calls(s, tokens)
+  fill, cache_len = pair_runs.priced_calls(s, tokens)
   cache = timing.start(target, jax.numpy.asarray(inputs), max_len=cache_len)
   fills = jax.numpy.full((inputs.shape[0],), fill, jax.numpy.int32)
   return {
       f"target_k{k}": (lambda _, k=k: timing.call_loop(
           target, cache, fills, k=k, steps=s.inner_steps), s.inner_steps, {
               "k": k
-          }) for k in (1, GAMMA + 1)
+          }) for k in (1, pair_runs.GAMMA + 1)
   }
-
-
-def interleaved(
-    decoders: Dict[str, Any], batches: Sequence[np.ndarray], rounds: int,
-    deadline: common.Deadline
-) -> Tuple[Dict[str, List[float]], Dict[str, List[Any]]]:
-  """Every caption decoded by each decoder once per round, the decoders'
-  order rotated each round, compilation excluded (one untimed caption
-  each first): ({name: seconds per round}, {name: the last round's
-  outputs}). Stops early when another round would not fit `deadline`
-  (`timing.InterleavedTimer`)."""
-  timer = timing.InterleavedTimer(rounds, log=lambda _: None, rotate=True)
-  times, outs = timer(
-      {
-          name: functools.partial(_round, decode, batches)
-          for name, decode in decoders.items()
-      }, keep=list(decoders), allows=deadline.allows)
-  return ({
-      name: [float(x) for x in t] for name, t in times.items()
-  }, {
-      name: o[-1] for name, o in outs.items()
-  })
-
-
-def _round(decode, batches: Sequence[np.ndarray], r: int) -> List[Any]:
-  """Round r's outputs: every caption; the warm-up's (r -1), the first
-  (it compiles the one input shape)."""
-  return _decode_all(decode, batches[:1] if r < 0 else batches)
-
-
-def batched(inputs: np.ndarray, size: int) -> List[np.ndarray]:
-  """Consecutive batches of `size` captions (a last partial batch left
-  out: one shape, one compiled program)."""
-  return [inputs[i:i + size] for i in range(0, len(inputs) - size + 1, size)]
 
 
 def main_job_by_path(s: common.Settings, target, draft, inputs, first,
@@ -351,7 +238,7 @@ def main_job_by_path(s: common.Settings, target, draft, inputs, first,
       else:
         common.log(f"pretrained: main job on {path}, batch {size}")
         result = common.guarded(lambda p=pair, n=size: main_job(
-            s, p[0], p[1], batched(inputs, n), deadline))
+            s, p[0], p[1], pair_runs.batched(inputs, n), deadline))
       out.setdefault(path, {})[str(size)] = result
   return out
 
@@ -361,9 +248,9 @@ def _identity_and_main_job(s: common.Settings, target, draft, inputs,
   """{'identity', '1': the main job at batch 1} of one pair."""
   return {
       "identity": common.guarded(lambda: identity(
-          target, draft, batched(inputs, 1), s.max_decode_length)),
-      "1": common.guarded(
-          lambda: main_job(s, target, draft, batched(inputs, 1), deadline)),
+          target, draft, pair_runs.batched(inputs, 1), s.max_decode_length)),
+      "1": common.guarded(lambda: main_job(
+          s, target, draft, pair_runs.batched(inputs, 1), deadline)),
   }
 
 
@@ -372,7 +259,7 @@ def _compiled(target, draft, inputs: np.ndarray, max_len: int) -> None:
   shape)."""
   base, spec = _decoders(target, draft, max_len)
   for decode in (base, spec):
-    _decode_all(decode, batched(inputs, 1)[:1])
+    pair_runs.decode_all(decode, pair_runs.batched(inputs, 1)[:1])
 
 
 def by_tiles(s: common.Settings, target, draft, inputs,
@@ -465,7 +352,8 @@ def by_options(s: common.Settings, target, draft, inputs,
     with programs.gpu_loop_options(options):
       base, spec = _decoders(target, draft, s.max_decode_length)
     decoders.update({f"{name}/baseline": base, f"{name}/speculative": spec})
-  times, outs = interleaved(decoders, batched(inputs, 1), s.rounds, deadline)
+  times, outs = pair_runs.interleaved(decoders, pair_runs.batched(inputs, 1),
+                                      s.rounds, deadline)
   out: Dict[str, Any] = {}
   for name in ("current", *s.main_job_option_sets):
     tally = exactness.GreedyIdentity()
@@ -478,7 +366,7 @@ def by_options(s: common.Settings, target, draft, inputs,
         "speculative_s": spec_s,
         "speedup": stats.median_ratio(base_s, spec_s),
         "identity": tally.record(),
-        **_statistics(outs[f"{name}/speculative"]),
+        **pair_runs.statistics(outs[f"{name}/speculative"]),
     }
     if name != "current":
       out[name]["vs_current"] = {
@@ -493,10 +381,11 @@ def run(s: common.Settings, record: common.Recorder,
         deadline: common.Deadline) -> bool:
   """The phase; True if the greedy outputs are identical on every caption."""
   start = time.perf_counter()
-  target, target_ckpt = load_model(TARGET_DIR, s.decode_path)
-  draft, draft_ckpt = load_model(DRAFT_DIR, s.decode_path)
-  inputs = encode_captions(s.examples, s.input_length)
-  batches = batched(inputs, 1)
+  target, target_ckpt = pair_runs.load_model(pair_runs.TARGET_DIR,
+                                             s.decode_path)
+  draft, draft_ckpt = pair_runs.load_model(pair_runs.DRAFT_DIR, s.decode_path)
+  inputs = pair_runs.encode_captions(s.examples, s.input_length)
+  batches = pair_runs.batched(inputs, 1)
   record.set(
       "pair", {
           "target": os.path.relpath(target_ckpt, io_utils.REPO_DIR),
@@ -505,7 +394,7 @@ def run(s: common.Settings, record: common.Recorder,
           "draft_params": draft.config.num_params,
           "examples": len(batches),
           "max_decode_length": s.max_decode_length,
-          "gamma": GAMMA,
+          "gamma": pair_runs.GAMMA,
           "load_s": time.perf_counter() - start,
           "decode_path": target.decode_path
       })
@@ -530,9 +419,13 @@ def run(s: common.Settings, record: common.Recorder,
         "main_job_profile",
         common.guarded(lambda: main_job_profile(
             s, target, draft, batches, record.data["main_job"], deadline)))
-    # What two H200 runs left unmeasured first: each model on its fastest
-    # path, the loops' while in a CUDA graph, other tiles; then 'xla' and
-    # batch 8 (measured on 2026-11-29).
+    # What two H200 runs left unmeasured first: γ and each model on its
+    # fastest path, the loops' while in a CUDA graph, other tiles; then
+    # 'xla' and batch 8 (measured on 2026-11-29).
+    record.set(
+        "main_job_by_gamma",
+        common.guarded(
+            lambda: gamma_sweep.by_gamma(s, target, draft, inputs, deadline)))
     record.set("main_job_by_mixed_paths",
                by_mixed_paths(s, target, draft, inputs, deadline))
     record.set(

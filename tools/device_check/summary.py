@@ -61,6 +61,11 @@ def _other_pairs_identical(report: Dict[str, Any]) -> Optional[bool]:
       for r in (_get(report, "pretrained", key) or {}).values()
       if "all_identical" in (r.get("identity") or {})
   ]
+  found += [  # Each γ's last round against the target alone's tokens.
+      r["identity"]["identical"] == r["identity"]["examples"]
+      for r in (_get(report, "pretrained", "main_job_by_gamma", "gammas") or {}
+               ).values()
+  ]
   return all(found) if found else None
 
 
@@ -204,7 +209,32 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
   for preset, r in (_get(report, "pretrained", "main_job_by_tiles") or
                     {}).items():
     lines.append(_pair_line(f"on fused, tiles {preset}", r))
+  by_gamma = _get(report, "pretrained", "main_job_by_gamma") or {}
+  if by_gamma:
+    lines.append(_gamma_line(by_gamma))
   return lines
+
+
+def _gamma_line(r: Dict[str, Any]) -> str:
+  """'main job by γ, target on packed, draft on fused: γ 3 1.59x (α 0.90,
+  call 1.09 steps, Thm 3.8 2.33x), ...; identity 60/60 each; fastest γ
+  5' (or why it was not measured)."""
+  if "gammas" not in r:
+    return f"  main job by γ: {r.get('skipped') or r.get('error')}"
+  target, draft = r["paths"].split("+")
+  words = [
+      f"γ {g} {m['speedup']:.2f}x (α {m['alpha']:.2f}, call "
+      f"{m['verification_call_cost']:.2f} steps, Thm 3.8 "
+      f"{m['theorem_3_8_with_call_cost']:.2f}x)"
+      for g, m in r["gammas"].items()
+  ]
+  same = [
+      f"{m['identity']['identical']}/{m['identity']['examples']}"
+      for m in r["gammas"].values()
+  ]
+  return (f"  main job by γ, target on {target}, draft on {draft}: " +
+          ", ".join(words) + f"; identity {', '.join(same)}; fastest γ "
+          f"{r['fastest']}")
 
 
 def _barriers_line(r: Dict[str, Any]) -> str:

@@ -1,0 +1,141 @@
+"""The device check's main job at other γ (`tools.device_check.gamma_sweep`):
+what it records per γ, which γ it calls fastest, and its summary line, on
+stand-in decoders (the real pair runs in tests/e2e/test_device_check_e2e.py).
+"""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from specdec_jax.metrics import analysis
+from specdec_jax.metrics import timing
+from tools.device_check import common
+from tools.device_check import gamma_sweep
+from tools.device_check import pair_runs
+from tools.device_check import summary
+
+
+@dataclasses.dataclass(frozen=True)
+class _Model:
+  path: str = "xla"
+
+  def prepared_for_decoding(self, path):
+    return _Model(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Out:
+  tokens: np.ndarray
+  calls: int
+
+  def statistics(self):
+    # Each call keeps 2 of 3 guesses: α 2/3 over 3 trials a call.
+    return {
+        "accepted_histogram": [0, 0, self.calls],
+        "acceptance_trials": 3 * self.calls,
+        "tokens_generated": int(self.tokens.size),
+        "target_calls": self.calls,
+    }
+
+
+# Seconds a round per decoder; γ 7 the fastest, but it parts from the
+# target alone on the last caption.
+_ROUND_S = {"baseline": 1.0, "gamma_3": 0.8, "gamma_5": 0.6, "gamma_7": 0.5}
+_PRICES = {
+    "target": 1e-3,
+    "draft": 1e-4,
+    "verify_4": 1.1e-3,
+    "verify_6": 1.2e-3,
+    "verify_8": 1.4e-3
+}
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+  built, priced = [], []
+
+  def baseline(target, max_len):
+    built.append(("baseline", target.path))
+    return lambda b, rng: _Out(np.asarray(b)[:, :3], 3)
+
+  def speculative(target, draft, max_len, gamma):
+    built.append((gamma, target.path, draft.path))
+
+    def decode(b, rng):
+      tokens = np.asarray(b)[:, :3].copy()
+      if gamma == 7 and tokens[0, 0] == 2:
+        tokens[0, 1] += 1
+      return _Out(tokens, 1)
+
+    return decode
+
+  def interleaved(decoders, batches, rounds, deadline):
+    outs = {n: [d(b, None) for b in batches] for n, d in decoders.items()}
+    return {n: [_ROUND_S[n]] * rounds for n in decoders}, outs
+
+  def call_seconds(calls, inputs, **kwargs):
+    priced.append((sorted(calls), kwargs["cache_len"]))
+    return {name: _PRICES[name] for name in calls}
+
+  monkeypatch.setattr(pair_runs, "baseline", baseline)
+  monkeypatch.setattr(pair_runs, "speculative", speculative)
+  monkeypatch.setattr(pair_runs, "interleaved", interleaved)
+  monkeypatch.setattr(timing, "call_seconds", call_seconds)
+  return built, priced
+
+
+def _settings(**kwargs):
+  return dataclasses.replace(
+      common.SMALL, **{
+          "rounds": 3,
+          "main_job_gammas": (7, 3, 5),
+          "main_job_gamma_paths": ("packed", "fused"),
+          **kwargs
+      })
+
+
+def test_each_gamma_is_timed_against_the_target_alone(stand_ins):
+  built, priced = stand_ins
+  inputs = np.arange(3)[:, None] * np.ones((1, 4), np.int32)  # 3 captions
+  r = gamma_sweep.by_gamma(_settings(), _Model(), _Model(), inputs,
+                           common.Deadline(600.0))
+  # The pair on the paths named, each decoder built once.
+  assert sorted(built, key=str) == sorted([("baseline", "packed"),
+                                           (3, "packed", "fused"),
+                                           (5, "packed", "fused"),
+                                           (7, "packed", "fused")], key=str)
+  # Every verification call priced in one set of rounds, with room for the
+  # largest γ's.
+  assert priced == [(["draft", "target", "verify_4", "verify_6",
+                      "verify_8"], common.SMALL.max_decode_length + 8)]
+  assert r["paths"] == "packed+fused" and r["rounds"] == 3
+  assert list(r["gammas"]) == ["3", "5", "7"]
+  for g, cost in ((3, 1.1), (5, 1.2), (7, 1.4)):
+    m = r["gammas"][str(g)]
+    assert m["speedup"] == pytest.approx(1.0 / _ROUND_S[f"gamma_{g}"])
+    assert m["alpha"] == pytest.approx(2 / 3)
+    assert m["c"] == pytest.approx(0.1)
+    assert m["verification_call_cost"] == pytest.approx(cost)
+    assert m["theorem_3_8_with_call_cost"] == pytest.approx(
+        analysis.expected_speedup(2 / 3, g, 0.1, call_cost=cost))
+  assert r["gammas"]["5"]["identity"]["identical"] == 3
+  assert r["gammas"]["7"]["identity"]["identical"] == 2
+  # γ 7 ran fastest but parted from the target: not the one to use.
+  assert r["fastest"] == 5
+  line = summary._gamma_line(r)
+  assert line.startswith("  main job by γ, target on packed, draft on fused:")
+  assert "γ 5 1.67x (α 0.67, call 1.20 steps" in line
+  assert line.endswith("identity 3/3, 3/3, 2/3; fastest γ 5")
+  report = {"pretrained": {"main_job_by_gamma": r}}
+  assert summary._other_pairs_identical(report) is False
+
+
+def test_no_gammas_nothing_and_no_time_a_skip(stand_ins):
+  inputs = np.ones((2, 4), np.int32)
+  assert gamma_sweep.by_gamma(_settings(main_job_gammas=()), _Model(), _Model(),
+                              inputs, common.Deadline(600.0)) == {}
+  r = gamma_sweep.by_gamma(_settings(), _Model(), _Model(), inputs,
+                           common.Deadline(5.0))
+  assert r == {"skipped": "time cap"}
+  assert summary._gamma_line(r) == "  main job by γ: time cap"
+  assert stand_ins[0] == []  # Nothing built.

@@ -1,0 +1,139 @@
+"""The shipped main pair as the device check decodes it: its checkpoints,
+captions and greedy decoders, the main job's interleaved rounds and what
+they measure (`pretrained_pair`, the phase; `gamma_sweep`; `loop`).
+
+What `python -m specdec_jax.run --gin_file=pretrained_multi30k.gin` runs
+(the README's main job), without gin, seqio or the run harness (the GPU
+image has none of them): the 38M Multi30k target and its distilled 1M
+draft from `pretrained/multi30k/` (T5X's Orbax layout, read by
+`checkpoints.load_t5x_params`; each model's shapes from the
+`model_config.json` its export wrote, which the tests hold to the gin
+files), the captions of `configs/data/captions_en_de.tsv` encoded with the
+pair's SentencePiece model (ids, then EOS, cut to 64 tokens: as
+`tasks.encode_batch`), one caption per batch (run.gin's BATCH_SIZE), γ = 3,
+greedy, 48 tokens at most.
+"""
+import functools
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from specdec_jax import checkpoints
+from specdec_jax.core import decoding
+from specdec_jax.core import sampling
+from specdec_jax.core.models import T5Model
+from specdec_jax.files import io_utils
+from specdec_jax.metrics import timing
+from tools.device_check import common
+
+# gin/pretrained_multi30k.gin's values (tests/tools/test_device_check.py).
+PAIR_DIR = io_utils.REPO_DIR / "pretrained" / "multi30k"
+TARGET_DIR = PAIR_DIR / "target_38m"
+DRAFT_DIR = PAIR_DIR / "draft_1m_distill_38m"
+SPM_MODEL = PAIR_DIR / "multi30k.model"
+SOURCE_FILE = io_utils.REPO_DIR / "configs" / "data" / "captions_en_de.tsv"
+GAMMA = 3
+EOS_ID = 1
+
+
+def load_model(directory: os.PathLike,
+               path: Optional[str] = None) -> Tuple[T5Model, str]:
+  """(the model in `directory`'s latest checkpoint, prepared for decoding
+  on `path` (None: the backend's); the checkpoint's path)."""
+  ckpt = checkpoints.latest_checkpoint(str(directory)) or str(directory)
+  return (checkpoints.load_model(ckpt,
+                                 prepared=False).prepared_for_decoding(path),
+          ckpt)
+
+
+def encode_captions(count: int, input_length: int) -> np.ndarray:
+  """[count, input_length] int32: the first `count` captions' ids + EOS."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  processor = spm.SentencePieceProcessor()
+  processor.LoadFromSerializedProto(SPM_MODEL.read_bytes())
+  with open(SOURCE_FILE, encoding="utf-8") as f:
+    sources = [line.split("\t")[0] for line in f if line.strip()]
+  out = np.zeros((count, input_length), np.int32)
+  for i, text in enumerate(sources[:count]):
+    ids = list(processor.EncodeAsIds(text))[:input_length - 1] + [EOS_ID]
+    out[i, :len(ids)] = ids
+  return out
+
+
+def baseline(target, max_len: int):
+  """The target alone's greedy decoder, as the main job runs it."""
+  return decoding.baseline_decoder(target, max_decode_length=max_len,
+                                   method=sampling.Greedy(), eos_id=EOS_ID)
+
+
+def speculative(target, draft, max_len: int, gamma: int = GAMMA):
+  """The speculative greedy decoder, as the main job runs it (at γ)."""
+  return decoding.speculative_decoder(target, draft, gamma=gamma,
+                                      max_decode_length=max_len,
+                                      method=sampling.Greedy(), eos_id=EOS_ID)
+
+
+def decode_all(decode, batches: Sequence[np.ndarray]) -> List[Any]:
+  rng = jax.random.PRNGKey(0)
+  return jax.block_until_ready([decode(b, rng) for b in batches])
+
+
+def statistics(outputs: Sequence[Any]) -> Dict[str, float]:
+  """α̂ and tokens per call over all captions' speculative outputs."""
+  runs = [o.statistics() for o in outputs]
+  kept = sum(
+      sum(k * n for k, n in enumerate(r["accepted_histogram"])) for r in runs)
+  trials = sum(r["acceptance_trials"] for r in runs)
+  tokens = sum(r["tokens_generated"] for r in runs)
+  calls = sum(r["target_calls"] for r in runs)
+  return {
+      "alpha": kept / max(trials, 1),
+      "tokens_per_target_call": tokens / max(calls, 1),
+      "tokens_generated": tokens,
+  }
+
+
+def priced_calls(s: common.Settings, tokens_per_caption: float,
+                 gamma: int = GAMMA) -> Tuple[int, int]:
+  """(fill, cache_len) of the model calls `main_job` prices and
+  `_target_calls` profiles: a cache filled to the captions' mean output
+  length (at least 1, short of the decode's last slot), with the
+  speculative loop's slots at γ."""
+  return (min(max(1, int(tokens_per_caption)),
+              s.max_decode_length - 1), s.max_decode_length + gamma + 1)
+
+
+def interleaved(
+    decoders: Dict[str, Any], batches: Sequence[np.ndarray], rounds: int,
+    deadline: common.Deadline
+) -> Tuple[Dict[str, List[float]], Dict[str, List[Any]]]:
+  """Every caption decoded by each decoder once per round, the decoders'
+  order rotated each round, compilation excluded (one untimed caption
+  each first): ({name: seconds per round}, {name: the last round's
+  outputs}). Stops early when another round would not fit `deadline`
+  (`timing.InterleavedTimer`)."""
+  timer = timing.InterleavedTimer(rounds, log=lambda _: None, rotate=True)
+  times, outs = timer(
+      {
+          name: functools.partial(decode_round, decode, batches)
+          for name, decode in decoders.items()
+      }, keep=list(decoders), allows=deadline.allows)
+  return ({
+      name: [float(x) for x in t] for name, t in times.items()
+  }, {
+      name: o[-1] for name, o in outs.items()
+  })
+
+
+def decode_round(decode, batches: Sequence[np.ndarray], r: int) -> List[Any]:
+  """Round r's outputs: every caption; the warm-up's (r -1), the first
+  (it compiles the one input shape)."""
+  return decode_all(decode, batches[:1] if r < 0 else batches)
+
+
+def batched(inputs: np.ndarray, size: int) -> List[np.ndarray]:
+  """Consecutive batches of `size` captions (a last partial batch left
+  out: one shape, one compiled program)."""
+  return [inputs[i:i + size] for i in range(0, len(inputs) - size + 1, size)]
