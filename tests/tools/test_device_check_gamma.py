@@ -1,12 +1,14 @@
-"""The device check's main job at other γ (`tools.device_check.gamma_sweep`):
-what it records per γ, which γ it calls fastest, and its summary line, on
-stand-in decoders (the real pair runs in tests/e2e/test_device_check_e2e.py).
+"""The device check's main job at other γ and as trees
+(`tools.device_check.gamma_sweep`): what it records per run, which run it
+calls fastest, and its summary line, on stand-in decoders (the real pair
+runs in tests/e2e/test_device_check_e2e.py).
 """
 import dataclasses
 
 import numpy as np
 import pytest
 
+from specdec_jax.core import decoding
 from specdec_jax.metrics import analysis
 from specdec_jax.metrics import timing
 from tools.device_check import common
@@ -40,7 +42,13 @@ class _Out:
 
 # Seconds a round per decoder; γ 7 the fastest, but it parts from the
 # target alone on the last caption.
-_ROUND_S = {"baseline": 1.0, "gamma_3": 0.8, "gamma_5": 0.6, "gamma_7": 0.5}
+_ROUND_S = {
+    "baseline": 1.0,
+    "gamma_3": 0.8,
+    "gamma_5": 0.6,
+    "gamma_7": 0.5,
+    "tree_2x3": 0.7
+}
 _PRICES = {
     "target": 1e-3,
     "draft": 1e-4,
@@ -69,6 +77,11 @@ def stand_ins(monkeypatch):
 
     return decode
 
+  def tree(target, draft, *, gamma, tree_width, max_decode_length, method,
+           eos_id):
+    built.append((f"tree {tree_width}x{gamma}", target.path, draft.path))
+    return lambda b, rng: _Out(np.asarray(b)[:, :3], 2)
+
   def interleaved(decoders, batches, rounds, deadline):
     outs = {n: [d(b, None) for b in batches] for n, d in decoders.items()}
     return {n: [_ROUND_S[n]] * rounds for n in decoders}, outs
@@ -80,6 +93,7 @@ def stand_ins(monkeypatch):
   monkeypatch.setattr(pair_runs, "baseline", baseline)
   monkeypatch.setattr(pair_runs, "speculative", speculative)
   monkeypatch.setattr(pair_runs, "interleaved", interleaved)
+  monkeypatch.setattr(decoding, "tree_decoder", tree)
   monkeypatch.setattr(timing, "call_seconds", call_seconds)
   return built, priced
 
@@ -89,12 +103,13 @@ def _settings(**kwargs):
       common.SMALL, **{
           "rounds": 3,
           "main_job_gammas": (7, 3, 5),
+          "main_job_trees": ((2, 3),),
           "main_job_gamma_paths": ("packed", "fused"),
           **kwargs
       })
 
 
-def test_each_gamma_is_timed_against_the_target_alone(stand_ins):
+def test_each_gamma_and_tree_is_timed_against_the_target_alone(stand_ins):
   built, priced = stand_ins
   inputs = np.arange(3)[:, None] * np.ones((1, 4), np.int32)  # 3 captions
   r = gamma_sweep.by_gamma(_settings(), _Model(), _Model(), inputs,
@@ -103,39 +118,59 @@ def test_each_gamma_is_timed_against_the_target_alone(stand_ins):
   assert sorted(built, key=str) == sorted([("baseline", "packed"),
                                            (3, "packed", "fused"),
                                            (5, "packed", "fused"),
-                                           (7, "packed", "fused")], key=str)
+                                           (7, "packed", "fused"),
+                                           ("tree 2x3", "packed", "fused")],
+                                          key=str)
   # Every verification call priced in one set of rounds, with room for the
   # largest γ's.
   assert priced == [(["draft", "target", "verify_4", "verify_6",
                       "verify_8"], common.SMALL.max_decode_length + 8)]
   assert r["paths"] == "packed+fused" and r["rounds"] == 3
-  assert list(r["gammas"]) == ["3", "5", "7"]
+  runs = r["runs"]
+  assert list(runs) == ["gamma_3", "gamma_5", "gamma_7", "tree_2x3"]
+  for name, m in runs.items():
+    assert m["speedup"] == pytest.approx(1.0 / _ROUND_S[name]), name
+    assert m["alpha"] == pytest.approx(2 / 3), name
   for g, cost in ((3, 1.1), (5, 1.2), (7, 1.4)):
-    m = r["gammas"][str(g)]
-    assert m["speedup"] == pytest.approx(1.0 / _ROUND_S[f"gamma_{g}"])
-    assert m["alpha"] == pytest.approx(2 / 3)
-    assert m["c"] == pytest.approx(0.1)
+    m = runs[f"gamma_{g}"]
+    assert m["gamma"] == g and m["c"] == pytest.approx(0.1)
     assert m["verification_call_cost"] == pytest.approx(cost)
     assert m["theorem_3_8_with_call_cost"] == pytest.approx(
         analysis.expected_speedup(2 / 3, g, 0.1, call_cost=cost))
-  assert r["gammas"]["5"]["identity"]["identical"] == 3
-  assert r["gammas"]["7"]["identity"]["identical"] == 2
+  tree = runs["tree_2x3"]
+  assert (tree["tree_width"], tree["gamma"], tree["nodes"]) == (2, 3, 7)
+  assert tree["tokens_per_target_call"] == pytest.approx(1.5)
+  assert "theorem_3_8" not in tree  # Theorem 3.8 is a chain's.
+  assert runs["gamma_5"]["identity"]["identical"] == 3
+  assert runs["gamma_7"]["identity"]["identical"] == 2
   # γ 7 ran fastest but parted from the target: not the one to use.
-  assert r["fastest"] == 5
+  assert r["fastest"] == "gamma_5"
   line = summary._gamma_line(r)
-  assert line.startswith("  main job by γ, target on packed, draft on fused:")
+  assert line.startswith(
+      "  main job by γ and tree, target on packed, draft on fused:")
   assert "γ 5 1.67x (α 0.67, call 1.20 steps" in line
-  assert line.endswith("identity 3/3, 3/3, 2/3; fastest γ 5")
+  assert "tree 2x3 1.43x (α 0.67, 1.50 tokens a call)" in line
+  assert line.endswith("identity 3/3, 3/3, 2/3, 3/3; fastest γ 5")
   report = {"pretrained": {"main_job_by_gamma": r}}
   assert summary._other_pairs_identical(report) is False
 
 
-def test_no_gammas_nothing_and_no_time_a_skip(stand_ins):
+def test_trees_alone_are_timed_without_pricing_a_chain(stand_ins):
+  _, priced = stand_ins
+  r = gamma_sweep.by_gamma(_settings(main_job_gammas=()), _Model(), _Model(),
+                           np.ones((2, 4), np.int32), common.Deadline(600.0))
+  assert list(r["runs"]) == ["tree_2x3"] and r["fastest"] == "tree_2x3"
+  assert priced == []
+  assert summary._gamma_line(r).endswith("fastest tree 2x3")
+
+
+def test_no_runs_nothing_and_no_time_a_skip(stand_ins):
   inputs = np.ones((2, 4), np.int32)
-  assert gamma_sweep.by_gamma(_settings(main_job_gammas=()), _Model(), _Model(),
-                              inputs, common.Deadline(600.0)) == {}
+  assert gamma_sweep.by_gamma(_settings(main_job_gammas=(), main_job_trees=()),
+                              _Model(), _Model(), inputs,
+                              common.Deadline(600.0)) == {}
   r = gamma_sweep.by_gamma(_settings(), _Model(), _Model(), inputs,
                            common.Deadline(5.0))
   assert r == {"skipped": "time cap"}
-  assert summary._gamma_line(r) == "  main job by γ: time cap"
+  assert summary._gamma_line(r) == "  main job by γ and tree: time cap"
   assert stand_ins[0] == []  # Nothing built.

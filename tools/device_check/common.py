@@ -129,9 +129,10 @@ class Settings:
     main_job_option_sets: the XLA:GPU option sets the pretrained phase's
       main job (batch 1) compiles its loops under too, interleaved with
       the library's own (`GPU_LOOP_OPTIONS`).
-    main_job_gammas, main_job_gamma_paths: the γ the pretrained phase's
-      main job (batch 1) runs at too, in one set of interleaved rounds, on
-      the pair (target's path, draft's path) (`gamma_sweep`).
+    main_job_gammas, main_job_trees, main_job_gamma_paths: the γ and the
+      trees (k branches, γ) the pretrained phase's main job (batch 1) runs
+      at too, in one set of interleaved rounds, on the pair (target's
+      path, draft's path) (`gamma_sweep`).
   """
   mode: str
   total_s: float
@@ -233,9 +234,11 @@ class Settings:
   # of the fused path's ~50 kernels is about 0.1 ms).
   main_job_option_sets: Tuple[str, ...] = ("command_buffer_all",)
   # The main job's γ 3 was the CPU's choice; on the H200 (c 0.115, the
-  # 4-token call 1.09 steps on 'xla') Theorem 3.8 grows up to γ 7
-  # (`gamma_sweep`). On the first mixed pair: the one its steps favour.
+  # 4-token call 1.09 steps on 'xla') Theorem 3.8 grows up to γ 7, and an
+  # XXL-shaped tree call cost 1.01-1.05 steps (`gamma_sweep`). On the
+  # first mixed pair: the one its steps favour.
   main_job_gammas: Tuple[int, ...] = (3, 4, 5, 7)
+  main_job_trees: Tuple[Tuple[int, int], ...] = ((2, 3), (2, 4))
   main_job_gamma_paths: Tuple[str, str] = ("packed", "fused")
 
 
@@ -279,7 +282,8 @@ SMALL = dataclasses.replace(
                                            "mma_persistent"),
     tile_call_presets=("default", "mma", "mma_split", "mma_persistent"),
     main_job_tiles=("mma_layer_fold", "mma_split+mma_persistent"),
-    main_job_mixed_paths=(("packed", "fused"),), main_job_gammas=(3, 5))
+    main_job_mixed_paths=(("packed", "fused"),), main_job_gammas=(3,),
+    main_job_trees=((2, 3),))
 
 
 def settings_for(mode: str, decode_path: Optional[str] = None,

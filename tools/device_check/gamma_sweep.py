@@ -1,29 +1,36 @@
-"""The main job at other γ (issue 56): how many guesses a target call
-should check on this device.
+"""The main job at other γ and as trees (issue 56): how many guesses a
+target call should check on this device, in a chain or a tree.
 
 The main job's γ = 3 (gin/pretrained_multi30k.gin) was chosen on a CPU,
 where the 38M target's call grows 0.1-0.4 steps with each token. On the
 H200 c was 0.115 and the 4-token call 1.09 target steps on 'xla'
 (2026-11-29, -30): at α 0.9 Theorem 3.8 then grows up to γ 7, and with
 the captions' ~10 tokens (a call cut short at EOS) a model of the loop puts
-γ 4-5 about 7% above γ 3. A GPU run sets it as `--gin.GAMMA=<γ>`.
+γ 4-5 about 7% above γ 3. Trees of k branches (`tree_decoder`) kept 11-16%
+more tokens a call at T = 0 on a CPU, where their call cost 2.3-2.9 steps;
+on the H200 an XXL-shaped tree call cost 1.01-1.05 steps, and a draft step
+of k rows costs about one of a row. A GPU run sets them as `--gin.GAMMA`,
+`--gin.ACCEPTANCE="'tree'"` and `--gin.TREE_WIDTH`.
 
 One set of interleaved rounds, every caption at batch 1: the target alone
-once, the speculative decoder at each γ of `Settings.main_job_gammas`
-(the main job's among them, the reference), on the pair that
-`Settings.main_job_gamma_paths` names (the target's path, the draft's),
-compiled several at once first (`compiles.concurrently`). Per γ: the
-speedup (median over rounds of target alone ÷ speculative), α and tokens
-per call, the (γ+1)-token call in target steps (priced as the main job
-prices its call, `timing.call_seconds`, every K in one set of rounds),
-Theorem 3.8 at the measured α and c without and with that cost, and the
-greedy identity of the last round against the target alone's tokens.
+once, the speculative decoder at each γ of `Settings.main_job_gammas` (the
+main job's among them, the reference) and the tree decoder at each (k, γ)
+of `main_job_trees`, on the pair that `main_job_gamma_paths` names (the
+target's path, the draft's), compiled several at once first
+(`compiles.concurrently`). Per run: the speedup (median over rounds of
+target alone ÷ speculative), α and tokens per call, and the greedy identity
+of the last round against the target alone's tokens; per γ also the
+(γ+1)-token call in target steps (priced as the main job prices its call,
+`timing.call_seconds`, every K in one set of rounds) and Theorem 3.8 at the
+measured α and c without and with that cost.
 """
 import functools
-from typing import Any, Dict, Sequence
+from typing import Any, Callable, Dict, Sequence
 
 import numpy as np
 
+from specdec_jax.core import decoding
+from specdec_jax.core import sampling
 from specdec_jax.metrics import analysis
 from specdec_jax.metrics import exactness
 from specdec_jax.metrics import timing
@@ -35,26 +42,42 @@ from tools.device_check import stats
 BASELINE = "baseline"
 
 
-def _name(gamma: int) -> str:
+def gamma_name(gamma: int) -> str:
+  """The record's name of the speculative decoder at γ."""
   return f"gamma_{gamma}"
+
+
+def tree_name(width: int, gamma: int) -> str:
+  """The record's name of the tree decoder of `width` branches of γ."""
+  return f"tree_{width}x{gamma}"
+
+
+def _tree(target, draft, max_len: int, width: int, gamma: int) -> Callable:
+  return decoding.tree_decoder(target, draft, gamma=gamma, tree_width=width,
+                               max_decode_length=max_len,
+                               method=sampling.Greedy(),
+                               eos_id=pair_runs.EOS_ID)
 
 
 def by_gamma(s: common.Settings, target, draft, inputs: np.ndarray,
              deadline: common.Deadline) -> Dict[str, Any]:
-  """{'paths': '<target's path>+<draft's path>', 'gammas': {γ: record},
-  'fastest': the γ of the highest speedup among those identical on every
-  caption (None: none)}; {} without `main_job_gammas`; {'skipped': why}
-  when it does not fit `deadline`.
+  """{'paths': '<target's path>+<draft's path>', 'rounds', 'baseline_s',
+  'runs': {`gamma_name` or `tree_name`: record}, 'fastest': the name of the
+  highest speedup among the runs identical on every caption (None: none),
+  'compile_s'}; {} without `main_job_gammas` and `main_job_trees`;
+  {'skipped': why} when it does not fit `deadline`.
 
   Args:
-    s: the settings (`main_job_gammas`, `main_job_gamma_paths`, rounds).
+    s: the settings (`main_job_gammas`, `main_job_trees`,
+      `main_job_gamma_paths`, rounds).
     target, draft: the pair, prepared for decoding (re-prepared here for
       `main_job_gamma_paths`).
     inputs: [N, input_length] int32 captions, decoded one a batch.
     deadline: the phase's.
   """
   gammas = sorted(set(s.main_job_gammas))
-  if not gammas:
+  trees = sorted(set(s.main_job_trees))
+  if not gammas and not trees:
     return {}
   if not deadline.allows(30.0):
     return {"skipped": "time cap"}
@@ -62,12 +85,16 @@ def by_gamma(s: common.Settings, target, draft, inputs: np.ndarray,
   target = target.prepared_for_decoding(target_path)
   draft = draft.prepared_for_decoding(draft_path)
   batches = pair_runs.batched(inputs, 1)
-  decoders = {BASELINE: pair_runs.baseline(target, s.max_decode_length)}
+  max_len = s.max_decode_length
+  decoders = {BASELINE: pair_runs.baseline(target, max_len)}
   decoders.update({
-      _name(g): pair_runs.speculative(target, draft, s.max_decode_length, g)
+      gamma_name(g): pair_runs.speculative(target, draft, max_len, g)
       for g in gammas
   })
-  common.log(f"pretrained: main job at γ {', '.join(map(str, gammas))}, "
+  decoders.update({
+      tree_name(k, g): _tree(target, draft, max_len, k, g) for k, g in trees
+  })
+  common.log(f"pretrained: main job at γ {gammas} and trees (k, γ) {trees}, "
              f"target on {target_path}, draft on {draft_path}")
   done, _ = compiles.concurrently(
       {
@@ -76,42 +103,59 @@ def by_gamma(s: common.Settings, target, draft, inputs: np.ndarray,
       }, lambda slowest: deadline.allows(20.0 + slowest),
       count=compiles.workers())
   failed = {n: d.error for n, d in done.items() if d.error}
-  if len(done) < len(decoders) or failed or not deadline.allows(20.0):
+  if failed:
     return {
-        "skipped": "time cap"
-    } if not failed else {
         "ok": False,
         "error": "; ".join(f"{n}: {e}" for n, e in failed.items())
     }
+  if len(done) < len(decoders) or not deadline.allows(20.0):
+    return {"skipped": "time cap"}
   times, outs = pair_runs.interleaved(decoders, batches, s.rounds, deadline)
-  records = _records(s, target, draft, batches, times, outs, gammas)
-  identical = [g for g in gammas if _identical(records[str(g)])]
+  runs = {
+      name: {
+          "speculative_s": times[name],
+          "speedup": stats.median_ratio(times[BASELINE], times[name]),
+          "identity": _identity(outs[BASELINE], outs[name]),
+          **pair_runs.statistics(outs[name]),
+      } for name in decoders if name != BASELINE
+  }
+  for k, g in trees:
+    runs[tree_name(k, g)].update(tree_width=k, gamma=g, nodes=1 + k * g)
+  if gammas:
+    _add_theorem(s, target, draft, batches, runs, gammas)
+  identical = [n for n, r in runs.items() if _identical(r)]
   return {
       "paths": f"{target_path}+{draft_path}",
       "rounds": len(times[BASELINE]),
       "baseline_s": times[BASELINE],
-      "gammas": records,
-      "fastest": max(identical, key=lambda g: records[str(g)]["speedup"],
-                     default=None),
+      "runs": runs,
+      "fastest": max(identical, key=lambda n: runs[n]["speedup"], default=None),
       "compile_s": {
           n: d.seconds for n, d in done.items()
       },
   }
 
 
+def _identity(base: Sequence[Any], spec: Sequence[Any]) -> Dict[str, Any]:
+  """Each caption's speculative tokens against the target alone's."""
+  tally = exactness.GreedyIdentity()
+  for a, b in zip(base, spec):
+    tally.add(a.tokens, b.tokens)
+  return tally.record()
+
+
 def _identical(record: Dict[str, Any]) -> bool:
-  """Whether a γ's speculative tokens were the target alone's on every
-  caption."""
+  """Whether a run's tokens were the target alone's on every caption."""
   return record["identity"]["identical"] == record["identity"]["examples"]
 
 
-def _records(s: common.Settings, target, draft, batches: Sequence[np.ndarray],
-             times: Dict[str, Any], outs: Dict[str, Any],
-             gammas: Sequence[int]) -> Dict[str, Dict[str, Any]]:
-  """{str(γ): its speculative seconds, speedup, identity, statistics, call
-  cost and Theorem 3.8}."""
-  measured = {g: pair_runs.statistics(outs[_name(g)]) for g in gammas}
-  tokens = max(m["tokens_generated"] for m in measured.values())
+def _add_theorem(s: common.Settings, target, draft,
+                 batches: Sequence[np.ndarray], runs: Dict[str, Dict[str, Any]],
+                 gammas: Sequence[int]) -> None:
+  """Adds to each γ's run γ, c, its (γ+1)-token call's cost in target steps
+  and Theorem 3.8 without and with it: every call priced in one set of
+  rounds."""
+  tokens = max(runs[gamma_name(g)]["tokens_generated"] for g in gammas)
   fill, cache_len = pair_runs.priced_calls(s, tokens / len(batches),
                                            max(gammas))
   seconds = timing.call_seconds(
@@ -124,22 +168,12 @@ def _records(s: common.Settings, target, draft, batches: Sequence[np.ndarray],
       }, batches[0], fill=fill, cache_len=cache_len, steps=4 * s.inner_steps,
       repeats=s.repeats + 2)
   c = seconds["draft"] / seconds["target"]
-  out = {}
   for g in gammas:
-    tally = exactness.GreedyIdentity()
-    for a, b in zip(outs[BASELINE], outs[_name(g)]):
-      tally.add(a.tokens, b.tokens)
-    alpha = min(max(measured[g]["alpha"], 0.0), 1.0)
+    run = runs[gamma_name(g)]
+    alpha = min(max(run["alpha"], 0.0), 1.0)
     call_cost = seconds[f"verify_{g + 1}"] / seconds["target"]
-    out[str(g)] = {
-        "speculative_s": times[_name(g)],
-        "speedup": stats.median_ratio(times[BASELINE], times[_name(g)]),
-        "identity": tally.record(),
-        **measured[g],
-        "c": c,
-        "verification_call_cost": call_cost,
-        "theorem_3_8": float(analysis.expected_speedup(alpha, g, c)),
-        "theorem_3_8_with_call_cost": float(
-            analysis.expected_speedup(alpha, g, c, call_cost=call_cost)),
-    }
-  return out
+    run.update(
+        gamma=g, c=c, verification_call_cost=call_cost,
+        theorem_3_8=float(analysis.expected_speedup(alpha, g, c)),
+        theorem_3_8_with_call_cost=float(
+            analysis.expected_speedup(alpha, g, c, call_cost=call_cost)))

@@ -61,10 +61,10 @@ def _other_pairs_identical(report: Dict[str, Any]) -> Optional[bool]:
       for r in (_get(report, "pretrained", key) or {}).values()
       if "all_identical" in (r.get("identity") or {})
   ]
-  found += [  # Each γ's last round against the target alone's tokens.
+  runs = _get(report, "pretrained", "main_job_by_gamma", "runs") or {}
+  found += [  # Each γ's and tree's last round against the target alone's.
       r["identity"]["identical"] == r["identity"]["examples"]
-      for r in (_get(report, "pretrained", "main_job_by_gamma", "gammas") or {}
-               ).values()
+      for r in runs.values()
   ]
   return all(found) if found else None
 
@@ -216,25 +216,37 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
 
 
 def _gamma_line(r: Dict[str, Any]) -> str:
-  """'main job by γ, target on packed, draft on fused: γ 3 1.59x (α 0.90,
-  call 1.09 steps, Thm 3.8 2.33x), ...; identity 60/60 each; fastest γ
-  5' (or why it was not measured)."""
-  if "gammas" not in r:
-    return f"  main job by γ: {r.get('skipped') or r.get('error')}"
+  """'main job by γ and tree, target on packed, draft on fused: γ 3 1.59x
+  (α 0.90, call 1.09 steps, Thm 3.8 2.33x), ..., tree 2x4 1.70x (α 0.88,
+  3.40 tokens a call); identity 60/60 each; fastest tree 2x4' (or why it
+  was not measured)."""
+  if "runs" not in r:
+    return f"  main job by γ and tree: {r.get('skipped') or r.get('error')}"
   target, draft = r["paths"].split("+")
-  words = [
-      f"γ {g} {m['speedup']:.2f}x (α {m['alpha']:.2f}, call "
-      f"{m['verification_call_cost']:.2f} steps, Thm 3.8 "
-      f"{m['theorem_3_8_with_call_cost']:.2f}x)"
-      for g, m in r["gammas"].items()
-  ]
+  words = [_run_word(name, m) for name, m in r["runs"].items()]
   same = [
       f"{m['identity']['identical']}/{m['identity']['examples']}"
-      for m in r["gammas"].values()
+      for m in r["runs"].values()
   ]
-  return (f"  main job by γ, target on {target}, draft on {draft}: " +
-          ", ".join(words) + f"; identity {', '.join(same)}; fastest γ "
-          f"{r['fastest']}")
+  fastest = _run_label(r["fastest"]) if r["fastest"] else "none identical"
+  return (f"  main job by γ and tree, target on {target}, draft on {draft}: " +
+          ", ".join(words) + f"; identity {', '.join(same)}; fastest {fastest}")
+
+
+def _run_label(name: str) -> str:
+  """'γ 3' for 'gamma_3', 'tree 2x4' for 'tree_2x4'."""
+  kind, value = name.split("_", 1)
+  return f"γ {value}" if kind == "gamma" else f"tree {value}"
+
+
+def _run_word(name: str, m: Dict[str, Any]) -> str:
+  """A run's speedup and α; a γ's call cost and Theorem 3.8 too, a
+  tree's tokens a call."""
+  head = f"{_run_label(name)} {m['speedup']:.2f}x (α {m['alpha']:.2f}, "
+  if "verification_call_cost" in m:
+    return head + (f"call {m['verification_call_cost']:.2f} steps, Thm 3.8 "
+                   f"{m['theorem_3_8_with_call_cost']:.2f}x)")
+  return head + f"{m['tokens_per_target_call']:.2f} tokens a call)"
 
 
 def _barriers_line(r: Dict[str, Any]) -> str:
