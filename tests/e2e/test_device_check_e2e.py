@@ -85,18 +85,21 @@ def test_small_check_runs_end_to_end_on_the_cpu(tmp_path):
   mixed = report["pretrained"]["main_job_by_mixed_paths"]["packed+fused"]
   assert mixed["identity"]["all_identical"], mixed
   assert mixed["1"]["speedup"] > 0
-  # The main job at its γ and as a tree on that pair, in one set of
-  # rounds, each identical to the target alone.
+  # The main job at its γ, as a tree and with the shared-encoder draft on
+  # that pair, in one set of rounds, each identical to the target alone.
   by_gamma = report["pretrained"]["main_job_by_gamma"]
   assert by_gamma["paths"] == "packed+fused", by_gamma
-  assert set(by_gamma["runs"]) == {"gamma_3", "tree_2x3"}
+  assert set(
+      by_gamma["runs"]) == {"gamma_3", "tree_2x3", "draft_shared_encoder_1m"}
+  assert by_gamma["missing"] == []
   for name, m in by_gamma["runs"].items():
     assert m["identity"]["identical"] == m["identity"]["examples"] == 3, name
     assert m["speedup"] > 0 and m["tokens_per_target_call"] > 1, name
   assert by_gamma["runs"]["gamma_3"]["verification_call_cost"] > 0
   assert by_gamma["fastest"] in by_gamma["runs"]
-  assert ("  main job by γ and tree, target on packed, draft on fused: γ 3 "
-          in done.stdout)
+  assert (
+      "  main job by γ, tree and draft, target on packed, draft on fused: γ 3 "
+      in done.stdout)
   assert report["verdicts"]["pretrained_identical_other_pairs"] is True
   # Each loop of the main job traced: no device plane here, said so, with
   # the iterations a caption its host waits would be read against.

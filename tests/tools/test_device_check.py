@@ -15,6 +15,8 @@ import ast
 import json
 import os
 import re
+import subprocess
+import sys
 
 from conftest import REPO
 from conftest import tiny_config
@@ -47,6 +49,7 @@ from tools.device_check import pair_runs
 from tools.device_check import pretrained_pair
 from tools.device_check import stats
 from tools.device_check import summary
+from tools.device_check import travel
 
 
 # ---------------------------------------------------------------------------
@@ -989,12 +992,72 @@ def test_command_line_rejects_unknown_phases(capsys):
 
 
 def test_preflight_names_what_the_check_reads():
-  assert env.is_needed("pretrained/multi30k/target_38m/checkpoint_1/x")
-  assert env.is_needed("tools/device_check/cli.py")
-  assert not env.is_needed("tools/benchmarks/decode.py")
-  assert not env.is_needed("pretrained/multi30k/target")
-  folders = env.by_folder({"a/b/c/d": 3, "a/b/c/e": 4, "x": 1})
+  assert travel.is_needed("pretrained/multi30k/target_38m/checkpoint_1/x")
+  assert travel.is_needed("tools/device_check/cli.py")
+  assert not travel.is_needed("tools/benchmarks/decode.py")
+  assert not travel.is_needed("pretrained/multi30k/target")
+  folders = travel.by_folder({"a/b/c/d": 3, "a/b/c/e": 4, "x": 1})
   assert folders == [("a/b/c", 7), ("x", 1)]
+  # What goes aside is nothing the check reads.
+  for path in travel.ASIDE:
+    assert not travel.is_needed(path), path
+
+
+def test_every_module_the_check_imports_travels():
+  """`travel.NEEDED` holds every module of this repository that the
+  check's phases import (a call that left one behind would fail there)."""
+  listed = subprocess.run([
+      sys.executable, "-c", "import importlib, pkgutil, sys\n"
+      "import tools.device_check as dc\n"
+      "for m in pkgutil.iter_modules(dc.__path__):\n"
+      "  importlib.import_module('tools.device_check.' + m.name)\n"
+      "print('\\n'.join(getattr(m, '__file__', None) or '' "
+      "for m in list(sys.modules.values())))"
+  ], cwd=REPO, capture_output=True, text=True, check=True, env={
+      **os.environ, "JAX_PLATFORMS": "cpu"
+  }).stdout.split()
+  ours = [
+      os.path.relpath(f, REPO)
+      for f in listed
+      if f.startswith(str(REPO)) and "site-packages" not in f
+  ]
+  assert "tools/device_check/gamma_sweep.py" in ours
+  assert [f for f in ours if not travel.is_needed(f)] == []
+
+
+def test_the_tree_without_what_goes_aside_fits_a_device_call():
+  """What a device call sends after `--aside` is under the 64 MiB limit,
+  with 1 MiB to spare (a tree that grew past it fails here, not in a GPU
+  session's minutes)."""
+  files = travel.sizes(str(REPO), travel.travelling_files(str(REPO)))
+  sent = sum(size for f, size in files.items() if not travel.is_aside(f))
+  assert sent <= travel.LIMIT_BYTES - 2**20, sent / 2**20
+
+
+def test_aside_and_back_move_the_unread_paths_out_and_in(tmp_path, capsys):
+  root, folder = tmp_path / "repo", tmp_path / "aside"
+  for f in ("big/ckpt/a", "tests/t.py", "keep/k.py"):
+    (root / f).parent.mkdir(parents=True, exist_ok=True)
+    (root / f).write_text(f)
+  subprocess.run(["git", "init", "-q", str(root)], check=True)
+  paths = ("big/ckpt", "tests", "absent")
+  assert travel.aside(str(folder), str(root), paths) == 0
+  assert not (root / "big" / "ckpt").exists() and not (root / "tests").exists()
+  assert (folder / "big" / "ckpt" / "a").read_text() == "big/ckpt/a"
+  out = capsys.readouterr().out
+  assert "aside: moved 2 paths" in out and "travels: 1 files" in out
+  # A second aside into the same folder would mix two calls' paths.
+  (root / "tests").mkdir()
+  assert travel.aside(str(folder), str(root), paths) == 2
+  assert (folder / "tests" / "t.py").exists()
+  # Back refuses to overwrite, then returns everything once the way is
+  # clear.
+  assert travel.back(str(folder), str(root), paths) == 2
+  (root / "tests").rmdir()
+  assert travel.back(str(folder), str(root), paths) == 0
+  for f in ("big/ckpt/a", "tests/t.py", "keep/k.py"):
+    assert (root / f).read_text() == f
+  assert not folder.exists()  # Nothing left behind.
 
 
 def test_greedy_identity_is_repeated_at_highest_precision_only_if_needed():

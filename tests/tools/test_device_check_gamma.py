@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from specdec_jax.core import decoding
+from specdec_jax.core.models import shared_encoder
 from specdec_jax.metrics import analysis
 from specdec_jax.metrics import timing
 from tools.device_check import common
@@ -47,7 +48,8 @@ _ROUND_S = {
     "gamma_3": 0.8,
     "gamma_5": 0.6,
     "gamma_7": 0.5,
-    "tree_2x3": 0.7
+    "tree_2x3": 0.7,
+    "draft_shared_x": 0.75
 }
 _PRICES = {
     "target": 1e-3,
@@ -59,14 +61,22 @@ _PRICES = {
 
 
 @pytest.fixture
-def stand_ins(monkeypatch):
+def stand_ins(monkeypatch, tmp_path):
   built, priced = [], []
+  (tmp_path / "shared_x").mkdir()  # A shipped draft; 'gone' is not here.
+  monkeypatch.setattr(pair_runs, "PAIR_DIR", tmp_path)
+  monkeypatch.setattr(
+      pair_runs, "load_model", lambda directory, path:
+      (_Model(f"{directory.name} on {path}"), str(directory)))
+  monkeypatch.setattr(
+      shared_encoder.SharedEncoderModel, "draft_for",
+      classmethod(lambda cls, t, d: _Model(f"{d.path} reading {t.path}")))
 
   def baseline(target, max_len):
     built.append(("baseline", target.path))
     return lambda b, rng: _Out(np.asarray(b)[:, :3], 3)
 
-  def speculative(target, draft, max_len, gamma):
+  def speculative(target, draft, max_len, gamma=3):
     built.append((gamma, target.path, draft.path))
 
     def decode(b, rng):
@@ -104,30 +114,33 @@ def _settings(**kwargs):
           "rounds": 3,
           "main_job_gammas": (7, 3, 5),
           "main_job_trees": ((2, 3),),
+          "main_job_drafts": ("shared_x", "gone"),
           "main_job_gamma_paths": ("packed", "fused"),
           **kwargs
       })
 
 
-def test_each_gamma_and_tree_is_timed_against_the_target_alone(stand_ins):
+def test_each_gamma_tree_and_draft_is_timed_against_the_target_alone(stand_ins):
   built, priced = stand_ins
   inputs = np.arange(3)[:, None] * np.ones((1, 4), np.int32)  # 3 captions
   r = gamma_sweep.by_gamma(_settings(), _Model(), _Model(), inputs,
                            common.Deadline(600.0))
   # The pair on the paths named, each decoder built once.
-  assert sorted(built, key=str) == sorted([("baseline", "packed"),
-                                           (3, "packed", "fused"),
-                                           (5, "packed", "fused"),
-                                           (7, "packed", "fused"),
-                                           ("tree 2x3", "packed", "fused")],
-                                          key=str)
+  assert sorted(built, key=str) == sorted(
+      [("baseline", "packed"), (3, "packed", "fused"), (5, "packed", "fused"),
+       (7, "packed", "fused"), ("tree 2x3", "packed", "fused"),
+       (3, "packed", "shared_x on fused reading packed")], key=str)
   # Every verification call priced in one set of rounds, with room for the
   # largest γ's.
   assert priced == [(["draft", "target", "verify_4", "verify_6",
                       "verify_8"], common.SMALL.max_decode_length + 8)]
   assert r["paths"] == "packed+fused" and r["rounds"] == 3
   runs = r["runs"]
-  assert list(runs) == ["gamma_3", "gamma_5", "gamma_7", "tree_2x3"]
+  assert list(runs) == [
+      "gamma_3", "gamma_5", "gamma_7", "tree_2x3", "draft_shared_x"
+  ]
+  assert runs["draft_shared_x"]["draft"] == "shared_x"
+  assert r["missing"] == ["gone"]
   for name, m in runs.items():
     assert m["speedup"] == pytest.approx(1.0 / _ROUND_S[name]), name
     assert m["alpha"] == pytest.approx(2 / 3), name
@@ -147,18 +160,21 @@ def test_each_gamma_and_tree_is_timed_against_the_target_alone(stand_ins):
   assert r["fastest"] == "gamma_5"
   line = summary._gamma_line(r)
   assert line.startswith(
-      "  main job by γ and tree, target on packed, draft on fused:")
+      "  main job by γ, tree and draft, target on packed, draft on fused:")
   assert "γ 5 1.67x (α 0.67, call 1.20 steps" in line
   assert "tree 2x3 1.43x (α 0.67, 1.50 tokens a call)" in line
-  assert line.endswith("identity 3/3, 3/3, 2/3, 3/3; fastest γ 5")
+  assert "draft shared_x 1.33x (α 0.67, 3.00 tokens a call)" in line
+  assert line.endswith("identity 3/3, 3/3, 2/3, 3/3, 3/3; fastest γ 5 "
+                       "(drafts not here: gone)")
   report = {"pretrained": {"main_job_by_gamma": r}}
   assert summary._other_pairs_identical(report) is False
 
 
 def test_trees_alone_are_timed_without_pricing_a_chain(stand_ins):
   _, priced = stand_ins
-  r = gamma_sweep.by_gamma(_settings(main_job_gammas=()), _Model(), _Model(),
-                           np.ones((2, 4), np.int32), common.Deadline(600.0))
+  r = gamma_sweep.by_gamma(_settings(main_job_gammas=(), main_job_drafts=()),
+                           _Model(), _Model(), np.ones((2, 4), np.int32),
+                           common.Deadline(600.0))
   assert list(r["runs"]) == ["tree_2x3"] and r["fastest"] == "tree_2x3"
   assert priced == []
   assert summary._gamma_line(r).endswith("fastest tree 2x3")
@@ -166,11 +182,12 @@ def test_trees_alone_are_timed_without_pricing_a_chain(stand_ins):
 
 def test_no_runs_nothing_and_no_time_a_skip(stand_ins):
   inputs = np.ones((2, 4), np.int32)
-  assert gamma_sweep.by_gamma(_settings(main_job_gammas=(), main_job_trees=()),
-                              _Model(), _Model(), inputs,
-                              common.Deadline(600.0)) == {}
+  assert gamma_sweep.by_gamma(
+      _settings(main_job_gammas=(), main_job_trees=(),
+                main_job_drafts=("gone",)), _Model(), _Model(), inputs,
+      common.Deadline(600.0)) == {}
   r = gamma_sweep.by_gamma(_settings(), _Model(), _Model(), inputs,
                            common.Deadline(5.0))
   assert r == {"skipped": "time cap"}
-  assert summary._gamma_line(r) == "  main job by γ and tree: time cap"
+  assert summary._gamma_line(r) == "  main job by γ, tree and draft: time cap"
   assert stand_ins[0] == []  # Nothing built.

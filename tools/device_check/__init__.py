@@ -34,7 +34,8 @@ the backend's: 'fused', the GPU kernels, on one GPU; `models.decode_paths`):
 `--small` runs the same phases at tiny shapes on a CPU. Modules: `cli`
 (the command line, the phases as child processes, the verdicts and the
 last lines), `common` (settings, random weights on the device, records),
-`env` (also whether the working tree fits a device call: `--preflight`),
+`env`, `travel` (whether the working tree fits a device call:
+`--preflight`; what stays behind for it: `--aside`, `--back`),
 `exactness`, `paths`, `pretrained_pair` (its pair's decoders and rounds:
 `pair_runs`; the main job at other γ: `gamma_sweep`), `loop`, `physics`,
 `stats` (Table 2's rows, Theorem 3.8's table). Greedy identity and the chi-square test with its

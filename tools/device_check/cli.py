@@ -39,8 +39,8 @@ from specdec_jax.files import compilation_cache
 from specdec_jax.files import io_utils
 from specdec_jax.files import output_folder
 from tools.device_check import common
-from tools.device_check import env
 from tools.device_check import summary
+from tools.device_check import travel
 
 PROGRAM = "device_check"
 RESULT_FILE = "device_check.json"
@@ -91,6 +91,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                  help="no JAX: whether the working tree fits a device run")
   p.add_argument("--carry", default="",
                  help="with --preflight: comma-separated carried paths")
+  p.add_argument(
+      "--aside", default=None, metavar="DIR",
+      help="move what the check does not read (travel.ASIDE) to DIR, then "
+      "--preflight")
+  p.add_argument("--back", default=None, metavar="DIR",
+                 help="move what --aside=DIR moved back into the checkout")
   # Internal: one phase, in a child process.
   p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
   p.add_argument("--phase_json", default=None, help=argparse.SUPPRESS)
@@ -302,8 +308,12 @@ def claim_out(args: argparse.Namespace) -> output_folder.Claim:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parse_args(argv)
+  if args.back:
+    return travel.back(args.back)
+  if args.aside:
+    return travel.aside(args.aside)
   if args.preflight:
-    return env.main([c for c in args.carry.split(",") if c])
+    return travel.main([c for c in args.carry.split(",") if c])
   if args.phase:
     return run_phase(args.phase, "small" if args.small else "full",
                      args.phase_json, args.cap_s or 60.0, args.path, args.tiles,

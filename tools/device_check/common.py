@@ -129,10 +129,12 @@ class Settings:
     main_job_option_sets: the XLA:GPU option sets the pretrained phase's
       main job (batch 1) compiles its loops under too, interleaved with
       the library's own (`GPU_LOOP_OPTIONS`).
-    main_job_gammas, main_job_trees, main_job_gamma_paths: the γ and the
-      trees (k branches, γ) the pretrained phase's main job (batch 1) runs
-      at too, in one set of interleaved rounds, on the pair (target's
-      path, draft's path) (`gamma_sweep`).
+    main_job_gammas, main_job_trees, main_job_drafts,
+      main_job_gamma_paths: the γ, the trees (k branches, γ) and the
+      shipped drafts (folders of `pretrained/multi30k/`) the pretrained
+      phase's main job (batch 1) runs at and with too, in one set of
+      interleaved rounds, on the pair (target's path, draft's path)
+      (`gamma_sweep`).
   """
   mode: str
   total_s: float
@@ -239,6 +241,10 @@ class Settings:
   # first mixed pair: the one its steps favour.
   main_job_gammas: Tuple[int, ...] = (3, 4, 5, 7)
   main_job_trees: Tuple[Tuple[int, int], ...] = ((2, 3), (2, 4))
+  # A 1M draft's GPU step is bound by launches, not bytes: the highest α
+  # wins, and a shared-encoder draft skips an encoder (1.5 MiB: the
+  # device call still fits 64 MiB, `travel.NEEDED`).
+  main_job_drafts: Tuple[str, ...] = ("shared_encoder_1m",)
   main_job_gamma_paths: Tuple[str, str] = ("packed", "fused")
 
 

@@ -1,5 +1,6 @@
-"""The main job at other γ and as trees (issue 56): how many guesses a
-target call should check on this device, in a chain or a tree.
+"""The main job at other γ, as trees and with another draft (issue 56):
+how many guesses a target call should check on this device, in a chain or
+a tree, and from which draft.
 
 The main job's γ = 3 (gin/pretrained_multi30k.gin) was chosen on a CPU,
 where the 38M target's call grows 0.1-0.4 steps with each token. On the
@@ -9,14 +10,22 @@ the captions' ~10 tokens (a call cut short at EOS) a model of the loop puts
 γ 4-5 about 7% above γ 3. Trees of k branches (`tree_decoder`) kept 11-16%
 more tokens a call at T = 0 on a CPU, where their call cost 2.3-2.9 steps;
 on the H200 an XXL-shaped tree call cost 1.01-1.05 steps, and a draft step
-of k rows costs about one of a row. A GPU run sets them as `--gin.GAMMA`,
-`--gin.ACCEPTANCE="'tree'"` and `--gin.TREE_WIDTH`.
+of k rows costs about one of a row. On a GPU a 1M draft's step is bound by its launches, not its
+bytes, so the draft of the highest α wins: the shipped shared-encoder 1M
+(`SharedEncoderModel`, α 0.70 against the distilled 1M's 0.68 on 1000
+sentences) also skips a draft encoder (26 of the speculative program's 83
+start kernels on 'fused', compiled for an H200). A GPU run sets them as
+`--gin.GAMMA`, `--gin.ACCEPTANCE="'tree'"` and `--gin.TREE_WIDTH`,
+`--gin.DRAFTER="'shared_encoder'"` with its checkpoint
+(gin/multi30k_38m_shared_1m.gin).
 
 One set of interleaved rounds, every caption at batch 1: the target alone
 once, the speculative decoder at each γ of `Settings.main_job_gammas` (the
 main job's among them, the reference) and the tree decoder at each (k, γ)
-of `main_job_trees`, on the pair that `main_job_gamma_paths` names (the
-target's path, the draft's), compiled several at once first
+of `main_job_trees`, and the speculative decoder at the main job's γ with
+each draft of `main_job_drafts` (folders of `pretrained/multi30k/`; one not
+there is listed under `missing`), on the pair that `main_job_gamma_paths`
+names (the target's path, the draft's), compiled several at once first
 (`compiles.concurrently`). Per run: the speedup (median over rounds of
 target alone ÷ speculative), α and tokens per call, and the greedy identity
 of the last round against the target alone's tokens; per γ also the
@@ -31,6 +40,7 @@ import numpy as np
 
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
+from specdec_jax.core.models import shared_encoder
 from specdec_jax.metrics import analysis
 from specdec_jax.metrics import exactness
 from specdec_jax.metrics import timing
@@ -52,6 +62,21 @@ def tree_name(width: int, gamma: int) -> str:
   return f"tree_{width}x{gamma}"
 
 
+def draft_name(name: str) -> str:
+  """The record's name of the speculative decoder with draft `name`."""
+  return f"draft_{name}"
+
+
+def _with_draft(target, name: str, max_len: int, path: str) -> Callable:
+  """The speculative decoder at the main job's γ with the shipped draft in
+  `pretrained/multi30k/<name>` (a shared-encoder draft paired with
+  `target`, whose encoder it reads)."""
+  draft, _ = pair_runs.load_model(pair_runs.PAIR_DIR / name, path)
+  return pair_runs.speculative(
+      target, shared_encoder.SharedEncoderModel.draft_for(target, draft),
+      max_len)
+
+
 def _tree(target, draft, max_len: int, width: int, gamma: int) -> Callable:
   return decoding.tree_decoder(target, draft, gamma=gamma, tree_width=width,
                                max_decode_length=max_len,
@@ -62,14 +87,14 @@ def _tree(target, draft, max_len: int, width: int, gamma: int) -> Callable:
 def by_gamma(s: common.Settings, target, draft, inputs: np.ndarray,
              deadline: common.Deadline) -> Dict[str, Any]:
   """{'paths': '<target's path>+<draft's path>', 'rounds', 'baseline_s',
-  'runs': {`gamma_name` or `tree_name`: record}, 'fastest': the name of the
-  highest speedup among the runs identical on every caption (None: none),
-  'compile_s'}; {} without `main_job_gammas` and `main_job_trees`;
-  {'skipped': why} when it does not fit `deadline`.
+  'runs': {`gamma_name`, `tree_name` or `draft_name`: record}, 'fastest':
+  the name of the highest speedup among the runs identical on every caption
+  (None: none), 'compile_s', 'missing': the drafts not here}; {} with no
+  run to make; {'skipped': why} when it does not fit `deadline`.
 
   Args:
     s: the settings (`main_job_gammas`, `main_job_trees`,
-      `main_job_gamma_paths`, rounds).
+      `main_job_drafts`, `main_job_gamma_paths`, rounds).
     target, draft: the pair, prepared for decoding (re-prepared here for
       `main_job_gamma_paths`).
     inputs: [N, input_length] int32 captions, decoded one a batch.
@@ -77,7 +102,8 @@ def by_gamma(s: common.Settings, target, draft, inputs: np.ndarray,
   """
   gammas = sorted(set(s.main_job_gammas))
   trees = sorted(set(s.main_job_trees))
-  if not gammas and not trees:
+  drafts = [n for n in s.main_job_drafts if (pair_runs.PAIR_DIR / n).is_dir()]
+  if not gammas and not trees and not drafts:
     return {}
   if not deadline.allows(30.0):
     return {"skipped": "time cap"}
@@ -94,8 +120,12 @@ def by_gamma(s: common.Settings, target, draft, inputs: np.ndarray,
   decoders.update({
       tree_name(k, g): _tree(target, draft, max_len, k, g) for k, g in trees
   })
-  common.log(f"pretrained: main job at γ {gammas} and trees (k, γ) {trees}, "
-             f"target on {target_path}, draft on {draft_path}")
+  decoders.update({
+      draft_name(n): _with_draft(target, n, max_len, draft_path) for n in drafts
+  })
+  common.log(f"pretrained: main job at γ {gammas}, as trees (k, γ) {trees} "
+             f"and with drafts {drafts}, target on {target_path}, draft on "
+             f"{draft_path}")
   done, _ = compiles.concurrently(
       {
           name: functools.partial(pair_runs.decode_all, decode, batches[:1])
@@ -121,6 +151,8 @@ def by_gamma(s: common.Settings, target, draft, inputs: np.ndarray,
   }
   for k, g in trees:
     runs[tree_name(k, g)].update(tree_width=k, gamma=g, nodes=1 + k * g)
+  for n in drafts:
+    runs[draft_name(n)].update(draft=n, gamma=pair_runs.GAMMA)
   if gammas:
     _add_theorem(s, target, draft, batches, runs, gammas)
   identical = [n for n, r in runs.items() if _identical(r)]
@@ -133,6 +165,7 @@ def by_gamma(s: common.Settings, target, draft, inputs: np.ndarray,
       "compile_s": {
           n: d.seconds for n, d in done.items()
       },
+      "missing": [n for n in s.main_job_drafts if n not in drafts],
   }
 
 

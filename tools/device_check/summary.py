@@ -216,12 +216,12 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
 
 
 def _gamma_line(r: Dict[str, Any]) -> str:
-  """'main job by γ and tree, target on packed, draft on fused: γ 3 1.59x
+  """'main job by γ, tree and draft, target on packed, draft on fused: γ 3 1.59x
   (α 0.90, call 1.09 steps, Thm 3.8 2.33x), ..., tree 2x4 1.70x (α 0.88,
   3.40 tokens a call); identity 60/60 each; fastest tree 2x4' (or why it
   was not measured)."""
   if "runs" not in r:
-    return f"  main job by γ and tree: {r.get('skipped') or r.get('error')}"
+    return f"  main job by γ, tree and draft: {r.get('skipped') or r.get('error')}"
   target, draft = r["paths"].split("+")
   words = [_run_word(name, m) for name, m in r["runs"].items()]
   same = [
@@ -229,14 +229,18 @@ def _gamma_line(r: Dict[str, Any]) -> str:
       for m in r["runs"].values()
   ]
   fastest = _run_label(r["fastest"]) if r["fastest"] else "none identical"
-  return (f"  main job by γ and tree, target on {target}, draft on {draft}: " +
-          ", ".join(words) + f"; identity {', '.join(same)}; fastest {fastest}")
+  if r.get("missing"):
+    fastest += f" (drafts not here: {', '.join(r['missing'])})"
+  return (
+      f"  main job by γ, tree and draft, target on {target}, draft on {draft}: "
+      + ", ".join(words) + f"; identity {', '.join(same)}; fastest {fastest}")
 
 
 def _run_label(name: str) -> str:
-  """'γ 3' for 'gamma_3', 'tree 2x4' for 'tree_2x4'."""
+  """'γ 3' for 'gamma_3', 'tree 2x4' for 'tree_2x4', 'draft x' for
+  'draft_x'."""
   kind, value = name.split("_", 1)
-  return f"γ {value}" if kind == "gamma" else f"tree {value}"
+  return f"γ {value}" if kind == "gamma" else f"{kind} {value}"
 
 
 def _run_word(name: str, m: Dict[str, Any]) -> str:
