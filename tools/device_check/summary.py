@@ -62,7 +62,7 @@ def _other_pairs_identical(report: Dict[str, Any]) -> Optional[bool]:
       if "all_identical" in (r.get("identity") or {})
   ]
   runs = _get(report, "pretrained", "main_job_by_gamma", "runs") or {}
-  found += [  # Each γ's and tree's last round against the target alone's.
+  found += [  # Each run's last round against the target alone's tokens.
       r["identity"]["identical"] == r["identity"]["examples"]
       for r in runs.values()
   ]
@@ -216,10 +216,10 @@ def _paths_lines(report: Dict[str, Any]) -> List[str]:
 
 
 def _gamma_line(r: Dict[str, Any]) -> str:
-  """'main job by γ, tree and draft, target on packed, draft on fused: γ 3 1.59x
-  (α 0.90, call 1.09 steps, Thm 3.8 2.33x), ..., tree 2x4 1.70x (α 0.88,
-  3.40 tokens a call); identity 60/60 each; fastest tree 2x4' (or why it
-  was not measured)."""
+  """'main job by γ, tree and draft, target on packed, draft on fused:
+  γ 3 1.59x (α 0.90, call 1.09 steps, Thm 3.8 2.33x), ..., tree 2x4
+  1.70x (α 0.88, 3.40 tokens a call); identity 60/60, ...; fastest tree
+  2x4' (or why it was not measured)."""
   if "runs" not in r:
     return f"  main job by γ, tree and draft: {r.get('skipped') or r.get('error')}"
   target, draft = r["paths"].split("+")
