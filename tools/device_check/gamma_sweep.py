@@ -34,7 +34,7 @@ of the last round against the target alone's tokens; per γ also the
 measured α and c without and with that cost.
 """
 import functools
-from typing import Any, Callable, Dict, Sequence
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import numpy as np
 
@@ -111,18 +111,8 @@ def by_gamma(s: common.Settings, target, draft, inputs: np.ndarray,
   target = target.prepared_for_decoding(target_path)
   draft = draft.prepared_for_decoding(draft_path)
   batches = pair_runs.batched(inputs, 1)
-  max_len = s.max_decode_length
-  decoders = {BASELINE: pair_runs.baseline(target, max_len)}
-  decoders.update({
-      gamma_name(g): pair_runs.speculative(target, draft, max_len, g)
-      for g in gammas
-  })
-  decoders.update({
-      tree_name(k, g): _tree(target, draft, max_len, k, g) for k, g in trees
-  })
-  decoders.update({
-      draft_name(n): _with_draft(target, n, max_len, draft_path) for n in drafts
-  })
+  decoders = _decoders(target, draft, s.max_decode_length, gammas, trees,
+                       drafts, draft_path)
   common.log(f"pretrained: main job at γ {gammas}, as trees (k, γ) {trees} "
              f"and with drafts {drafts}, target on {target_path}, draft on "
              f"{draft_path}")
@@ -167,6 +157,24 @@ def by_gamma(s: common.Settings, target, draft, inputs: np.ndarray,
       },
       "missing": [n for n in s.main_job_drafts if n not in drafts],
   }
+
+
+def _decoders(target, draft, max_len: int, gammas: Sequence[int],
+              trees: Sequence[Tuple[int, int]], drafts: Sequence[str],
+              draft_path: str) -> Dict[str, Callable]:
+  """{name: decoder}: the target alone, then each γ, tree and draft."""
+  decoders = {BASELINE: pair_runs.baseline(target, max_len)}
+  decoders.update({
+      gamma_name(g): pair_runs.speculative(target, draft, max_len, g)
+      for g in gammas
+  })
+  decoders.update({
+      tree_name(k, g): _tree(target, draft, max_len, k, g) for k, g in trees
+  })
+  decoders.update({
+      draft_name(n): _with_draft(target, n, max_len, draft_path) for n in drafts
+  })
+  return decoders
 
 
 def _identity(base: Sequence[Any], spec: Sequence[Any]) -> Dict[str, Any]:
