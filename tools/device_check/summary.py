@@ -223,10 +223,15 @@ def _gamma_line(r: Dict[str, Any]) -> str:
   if "runs" not in r:
     return f"  main job by γ, tree and draft: {r.get('skipped') or r.get('error')}"
   target, draft = r["paths"].split("+")
-  words = [_run_word(name, m) for name, m in r["runs"].items()]
+  # γ, trees, then drafts (the report's JSON sorts its keys).
+  runs = sorted(
+      r["runs"].items(), key=lambda x:
+      (("gamma", "tree", "draft").index(x[0].split("_")[0]), x[1].get(
+          "gamma", 0), x[0]))
+  words = [_run_word(name, m) for name, m in runs]
   same = [
       f"{m['identity']['identical']}/{m['identity']['examples']}"
-      for m in r["runs"].values()
+      for _, m in runs
   ]
   fastest = _run_label(r["fastest"]) if r["fastest"] else "none identical"
   if r.get("missing"):
