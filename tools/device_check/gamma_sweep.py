@@ -42,7 +42,6 @@ from specdec_jax.core import decoding
 from specdec_jax.core import sampling
 from specdec_jax.core.models import shared_encoder
 from specdec_jax.metrics import analysis
-from specdec_jax.metrics import exactness
 from specdec_jax.metrics import timing
 from tools.device_check import common
 from tools.device_check import compiles
@@ -135,7 +134,7 @@ def by_gamma(s: common.Settings, target, draft, inputs: np.ndarray,
       name: {
           "speculative_s": times[name],
           "speedup": stats.median_ratio(times[BASELINE], times[name]),
-          "identity": _identity(outs[BASELINE], outs[name]),
+          "identity": pair_runs.identity(outs[BASELINE], outs[name]),
           **pair_runs.statistics(outs[name]),
       } for name in decoders if name != BASELINE
   }
@@ -175,14 +174,6 @@ def _decoders(target, draft, max_len: int, gammas: Sequence[int],
       draft_name(n): _with_draft(target, n, max_len, draft_path) for n in drafts
   })
   return decoders
-
-
-def _identity(base: Sequence[Any], spec: Sequence[Any]) -> Dict[str, Any]:
-  """Each caption's speculative tokens against the target alone's."""
-  tally = exactness.GreedyIdentity()
-  for a, b in zip(base, spec):
-    tally.add(a.tokens, b.tokens)
-  return tally.record()
 
 
 def _identical(record: Dict[str, Any]) -> bool:

@@ -25,6 +25,7 @@ from specdec_jax.core import decoding
 from specdec_jax.core import sampling
 from specdec_jax.core.models import T5Model
 from specdec_jax.files import io_utils
+from specdec_jax.metrics import exactness
 from specdec_jax.metrics import timing
 from tools.device_check import common
 
@@ -78,6 +79,15 @@ def speculative(target, draft, max_len: int, gamma: int = GAMMA):
 def decode_all(decode, batches: Sequence[np.ndarray]) -> List[Any]:
   rng = jax.random.PRNGKey(0)
   return jax.block_until_ready([decode(b, rng) for b in batches])
+
+
+def identity(base: Sequence[Any], spec: Sequence[Any]) -> Dict[str, Any]:
+  """Each caption's tokens in `spec` (decode outputs) against `base`'s
+  (`exactness.GreedyIdentity`'s record)."""
+  tally = exactness.GreedyIdentity()
+  for a, b in zip(base, spec):
+    tally.add(a.tokens, b.tokens)
+  return tally.record()
 
 
 def statistics(outputs: Sequence[Any]) -> Dict[str, float]:

@@ -53,7 +53,6 @@ from specdec_jax.files import io_utils
 from specdec_jax.metrics import timing
 from specdec_jax.core.decoding import programs
 from specdec_jax.core.kernels import gpu
-from specdec_jax.metrics import exactness
 from tools.device_check import common
 from tools.device_check import compiles
 from tools.device_check import gamma_sweep
@@ -73,11 +72,8 @@ def identity(target, draft, batches, max_len: int) -> Dict[str, Any]:
 
   def check():
     base, spec = _decoders(target, draft, max_len)
-    tally = exactness.GreedyIdentity()
-    for a, b in zip(pair_runs.decode_all(base, batches),
-                    pair_runs.decode_all(spec, batches)):
-      tally.add(a.tokens, b.tokens)
-    return tally.record()
+    return pair_runs.identity(pair_runs.decode_all(base, batches),
+                              pair_runs.decode_all(spec, batches))
 
   return common.at_highest_if_needed(check)
 
@@ -93,10 +89,10 @@ def matches_xla(target, batches, max_len: int) -> Dict[str, Any]:
     return pair_runs.decode_all(pair_runs.baseline(model, max_len), batches)
 
   xla = tokens(target.unpacked())
-  tally = exactness.GreedyIdentity()
-  for a, b in zip(xla, tokens(target)):
-    tally.add(a.tokens, b.tokens)
-  return {**tally.record(), **_logits_apart(target, batches[0], xla[0])}
+  return {
+      **pair_runs.identity(xla, tokens(target)),
+      **_logits_apart(target, batches[0], xla[0])
+  }
 
 
 def _logits_apart(target, inputs: np.ndarray, decoded: Any) -> Dict[str, Any]:
@@ -356,16 +352,14 @@ def by_options(s: common.Settings, target, draft, inputs,
                                       s.rounds, deadline)
   out: Dict[str, Any] = {}
   for name in ("current", *s.main_job_option_sets):
-    tally = exactness.GreedyIdentity()
-    for a, b in zip(outs[f"{name}/baseline"], outs[f"{name}/speculative"]):
-      tally.add(a.tokens, b.tokens)
     base_s, spec_s = times[f"{name}/baseline"], times[f"{name}/speculative"]
     out[name] = {
         "rounds": len(base_s),
         "baseline_s": base_s,
         "speculative_s": spec_s,
         "speedup": stats.median_ratio(base_s, spec_s),
-        "identity": tally.record(),
+        "identity": pair_runs.identity(outs[f"{name}/baseline"],
+                                       outs[f"{name}/speculative"]),
         **pair_runs.statistics(outs[f"{name}/speculative"]),
     }
     if name != "current":
