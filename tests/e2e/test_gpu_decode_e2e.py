@@ -15,21 +15,23 @@ import sys
 import pytest
 
 from tools.device_check import cli
+from tools.device_check import common
 
 from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
 
-def _check(tmp_path, phase: str) -> dict:
-  """`scripts/device_check.sh --small --path=fused --phases=<phase>`, the
-  phase given the whole budget (one of the two took 947 s of its 1100
-  beside the suite's other worker, 2026-11-30: twice that); its report."""
+def _check(tmp_path, phase: str, *flags: str) -> dict:
+  """`scripts/device_check.sh --small --path=fused --phases=<phase>
+  <flags>`, the phase given the whole budget (the pretrained phase with
+  every group took 1,066 s beside the suite's other worker in a clean
+  clone, 2026-12-01); its report."""
   out = tmp_path / phase
   done = subprocess.run(
       [
           str(REPO / "scripts" / "device_check.sh"), "--small", "--path=fused",
-          f"--phases={phase}", "--total_s=1900"
+          f"--phases={phase}", "--total_s=1900", *flags
       ], env={
           **os.environ, "PYTHON": sys.executable,
           "OUT": str(out),
@@ -63,7 +65,16 @@ def test_every_decode_mode_is_exact_on_the_fused_path(tmp_path):
 
 
 def test_shipped_pair_is_greedy_identical_on_the_fused_path(tmp_path):
-  report = _check(tmp_path, "pretrained")["pretrained"]
+  # The groups that decode on the check's path: the profile (132 of 419 s
+  # on a quiet host, 2026-12-01), the γ sweep and the mixed pairs (their
+  # own paths, 'packed' and 'fused': the same work as the CPU path's e2e)
+  # are tests/e2e/test_device_check_e2e.py's.
+  report = _check(tmp_path, "pretrained",
+                  "--pretrained_groups=by_options,by_tiles,by_path")
+  assert "main_job_by_gamma" not in report["pretrained"]
+  assert report["settings"]["pretrained_groups"] == (
+      "by_options,by_tiles,by_path")
+  report = report["pretrained"]
   assert report["pair"]["decode_path"] == "fused"
   identity = report["identity"]
   assert "highest_precision" not in identity
@@ -90,3 +101,8 @@ def test_shipped_pair_is_greedy_identical_on_the_fused_path(tmp_path):
   assert set(options["command_buffer_all"]["vs_current"]) == {
       "baseline", "speculative"
   }
+  # The pair under each of --small's tile pairs, identical on 'fused'.
+  tiles = report["main_job_by_tiles"]
+  assert set(tiles) == set(common.SMALL.main_job_tiles), tiles
+  for record in tiles.values():
+    assert record["identity"]["all_identical"], record

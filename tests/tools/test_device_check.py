@@ -732,12 +732,14 @@ def test_loop_summary_line_and_the_main_jobs_ratio():
   }
 
 
-def _fake_child(ran):
+def _fake_child(ran, handed=None):
+  """A stand-in for `cli._child`: appends (name, cap_s) to `ran` and
+  (name, mode, the flags handed on) to `handed`."""
 
-  def child(name, mode, cap_s, decode_path=None, tiles=None, paths_groups=None,
-            tile_presets=None):
-    del mode, decode_path, tiles, paths_groups, tile_presets
+  def child(name, mode, cap_s, forwarded=()):
     ran.append((name, cap_s))
+    if handed is not None:
+      handed.append((name, mode, list(forwarded)))
     return {
         "record": {
             "ok": True
@@ -752,6 +754,30 @@ def _fake_child(ran):
     }
 
   return child
+
+
+def test_the_parent_hands_each_phase_the_flags_it_was_given(
+    monkeypatch, tmp_path):
+  handed = []
+  monkeypatch.setattr(cli, "_child", _fake_child([], handed))
+  args = cli.parse_args([
+      "--small", "--phases=env,pretrained", "--path=fused", "--tiles=mma",
+      "--pretrained_groups=by_path,by_options", f"--out={tmp_path}"
+  ])
+  assert cli.orchestrate(args) == 0
+  flags = [
+      "--path", "fused", "--tiles", "mma", "--pretrained_groups",
+      "by_options,by_path"
+  ]
+  assert handed == [("env", "small", flags), ("pretrained", "small", flags)]
+  report = json.loads((tmp_path / cli.RESULT_FILE).read_text())
+  assert report["settings"]["pretrained_groups"] == "by_options,by_path"
+  # Nothing chosen: nothing handed on (each phase takes the mode's own).
+  handed.clear()
+  cli.orchestrate(
+      cli.parse_args(
+          ["--small", "--phases=env", f"--out={tmp_path}", "--overwrite"]))
+  assert handed == [("env", "small", [])]
 
 
 @pytest.mark.parametrize("total_s,runs", [(25.0, False), (40.0, True)])

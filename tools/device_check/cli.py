@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from specdec_jax.core import environment
 from specdec_jax.core.kernels import gpu_tiles
@@ -82,6 +82,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
       "model's step and the target's K-token call), a comma-separated "
       f"subset of {','.join(gpu_tiles.TILE_PRESETS)} (default: the mode's)")
   p.add_argument(
+      "--pretrained_groups", default=None,
+      help="what the pretrained phase measures after its identity and "
+      "main job (each the record main_job_<group>), a comma-separated "
+      f"subset of {','.join(common.PRETRAINED_GROUPS)} (default: all)")
+  p.add_argument(
       "--total_s", type=float, default=None,
       help="the whole check's time budget in seconds (default: "
       "the mode's)")
@@ -109,13 +114,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   if args.tiles is not None and args.tiles not in gpu_tiles.TILE_PRESETS:
     p.error(f"--tiles={args.tiles!r}: allowed: "
             f"{', '.join(gpu_tiles.TILE_PRESETS)}.")
-  if args.paths_groups is not None:
-    args.paths_groups = ",".join(
-        _subset(p, "paths_groups", args.paths_groups, common.PATHS_GROUPS))
-  if args.tile_presets is not None:
-    args.tile_presets = ",".join(
-        _subset(p, "tile_presets", args.tile_presets,
-                list(gpu_tiles.TILE_PRESETS)))
+  for flag, allowed in (("paths_groups", common.PATHS_GROUPS),
+                        ("pretrained_groups", common.PRETRAINED_GROUPS),
+                        ("tile_presets", tuple(gpu_tiles.TILE_PRESETS))):
+    if getattr(args, flag) is not None:
+      setattr(args, flag,
+              ",".join(_subset(p, flag, getattr(args, flag), allowed)))
   if args.total_s is not None and not (math.isfinite(args.total_s) and
                                        args.total_s > 0):
     p.error(f"--total_s={args.total_s!r}: allowed: a finite number of "
@@ -137,26 +141,43 @@ def _subset(p: argparse.ArgumentParser, flag: str, value: str,
 # ---------------------------------------------------------------------------
 # A child: one phase.
 # ---------------------------------------------------------------------------
+# The flags the parent hands each phase's child as it was given them.
+_FORWARDED = ("path", "tiles", "paths_groups", "tile_presets",
+              "pretrained_groups")
+
+
+def _forwarded(args: argparse.Namespace) -> List[str]:
+  """The `_FORWARDED` flags `args` sets, as a child's command line."""
+  out: List[str] = []
+  for name in _FORWARDED:
+    if getattr(args, name):
+      out += [f"--{name}", getattr(args, name)]
+  return out
+
+
+def _names(value: Optional[str]) -> Optional[Tuple[str, ...]]:
+  """A parsed comma-separated flag's names (None: not given)."""
+  return tuple(value.split(",")) if value else None
+
+
 def run_phase(name: str, mode: str, json_path: str, cap_s: float,
-              path: Optional[str] = None, tiles: Optional[str] = None,
-              paths_groups: Optional[str] = None,
-              tile_presets: Optional[str] = None) -> int:
-  """Runs phase `name` in this process, decoding on `path` (None: the
-  backend's) with the GPU kernels' tile preset `tiles` (None:
-  `common.CHECKED_TILES`), the paths phase measuring `paths_groups` and
-  timing `tile_presets` (comma-separated; None: the mode's); returns its
-  exit status."""
-  settings = common.settings_for(
-      mode, path,
-      tuple(paths_groups.split(",")) if paths_groups else None,
-      tuple(tile_presets.split(",")) if tile_presets else None)
+              args: argparse.Namespace) -> int:
+  """Runs phase `name` in this process, decoding on `args.path` (None:
+  the backend's) with the GPU kernels' tile preset `args.tiles` (None:
+  `common.CHECKED_TILES`), the paths and pretrained phases measuring the
+  groups `args` names and the paths phase timing `args.tile_presets`
+  (None: the mode's); returns its exit status."""
+  settings = common.settings_for(mode, args.path, _names(args.paths_groups),
+                                 _names(args.tile_presets),
+                                 _names(args.pretrained_groups))
   if mode == "small":  # Reruns on a CPU compile nothing (as `run` does).
     compilation_cache.enable()
   record = common.Recorder(json_path)
   deadline = common.Deadline(max(cap_s - _GRACE_S, 1.0))
   module = importlib.import_module(f"tools.device_check.{_MODULES[name]}")
   try:
-    with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS[tiles or common.CHECKED_TILES]):
+    with gpu_tiles.tiles(gpu_tiles.TILE_PRESETS[args.tiles or
+                                                common.CHECKED_TILES]):
       ok = module.run(settings, record, deadline)
   except Exception as e:  # pylint: disable=broad-except
     line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -185,10 +206,9 @@ _STATUS = {0: "ok", 1: "check failed", 2: "bad setting", 3: "crashed"}
 # The parent: every phase, each in a child under its cap.
 # ---------------------------------------------------------------------------
 def _child(name: str, mode: str, cap_s: float,
-           decode_path: Optional[str] = None, tiles: Optional[str] = None,
-           paths_groups: Optional[str] = None,
-           tile_presets: Optional[str] = None) -> Dict[str, Any]:
-  """Runs one phase in a child process; returns its record and status."""
+           forwarded: Sequence[str] = ()) -> Dict[str, Any]:
+  """Runs one phase in a child process, with the parent's `forwarded`
+  flags (`_forwarded`); returns its record and status."""
   fd, path = tempfile.mkstemp(prefix=f"device_check_{name}_", suffix=".json")
   os.close(fd)
   os.unlink(path)
@@ -196,11 +216,7 @@ def _child(name: str, mode: str, cap_s: float,
       sys.executable, "-m", f"tools.{PROGRAM}", "--phase", name, "--phase_json",
       path, "--cap_s",
       str(cap_s)
-  ] + (["--small"] if mode == "small" else [])
-  cmd += ["--path", decode_path] if decode_path else []
-  cmd += ["--tiles", tiles] if tiles else []
-  cmd += ["--paths_groups", paths_groups] if paths_groups else []
-  cmd += ["--tile_presets", tile_presets] if tile_presets else []
+  ] + (["--small"] if mode == "small" else []) + list(forwarded)
   start = time.perf_counter()
   try:
     code: Optional[int] = subprocess.run(cmd, check=False, timeout=cap_s,
@@ -258,8 +274,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                  f"{need:.0f} s)")
       continue
     common.log(f"phase {name}: start (cap {cap:.0f} s)")
-    done = _child(name, mode, cap, args.path, args.tiles, args.paths_groups,
-                  args.tile_presets)
+    done = _child(name, mode, cap, _forwarded(args))
     report[name], report["phases"][name] = done["record"], done["status"]
     if name == "loop":
       report["loop"]["main_job"] = summary.main_job_against_theorem(report)
@@ -289,7 +304,8 @@ def settings_record(args: argparse.Namespace) -> Dict[str, Any]:
       "path": args.path,
       "tiles": args.tiles or common.CHECKED_TILES,
       "paths_groups": args.paths_groups,
-      "tile_presets": args.tile_presets
+      "tile_presets": args.tile_presets,
+      "pretrained_groups": args.pretrained_groups
   }
 
 
@@ -316,8 +332,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return travel.main([c for c in args.carry.split(",") if c])
   if args.phase:
     return run_phase(args.phase, "small" if args.small else "full",
-                     args.phase_json, args.cap_s or 60.0, args.path, args.tiles,
-                     args.paths_groups, args.tile_presets)
+                     args.phase_json, args.cap_s or 60.0, args)
   try:
     held = claim_out(args)
   except (environment.BadEnvironment, output_folder.FolderError) as e:

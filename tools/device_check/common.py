@@ -40,6 +40,11 @@ MIN_PHASE_S = {"loop": 30.0}
 # The paths phase's groups (`paths`), in the order they run.
 PATHS_GROUPS = ("steps", "profile", "barriers", "tiles", "option_sets",
                 "kernels")
+# The pretrained phase's groups after its identity, the target's tokens
+# against 'xla' and the main job, in the order they run; each writes the
+# record `main_job_<group>` (`pretrained_pair`).
+PRETRAINED_GROUPS = ("profile", "by_gamma", "by_mixed_paths", "by_options",
+                     "by_tiles", "by_path")
 
 # T5 v1.1 shapes (T5X's t5_1_1/*.gin; the repository's gin/models copies).
 _T5_1_1 = {
@@ -115,6 +120,8 @@ class Settings:
       (`loop_overhead.programs`): sentences, the two forced lengths,
       interleaved rounds.
     paths_groups: the groups of `PATHS_GROUPS` the paths phase measures.
+    pretrained_groups: the groups of `PRETRAINED_GROUPS` the pretrained
+      phase measures after its main job.
     barrier_passes, barrier_programs: the `barriers` group's barriers a
       kernel and its numbers of programs.
     option_sets, tile_presets: the XLA:GPU option sets
@@ -178,6 +185,7 @@ class Settings:
   # (2026-11-28 and 2026-11-29); `--paths_groups` still names them.
   paths_groups: Tuple[str, ...] = ("steps", "profile", "barriers", "tiles",
                                    "kernels")
+  pretrained_groups: Tuple[str, ...] = PRETRAINED_GROUPS
   # The `barriers` group's kernels: stages apart by barriers, over each
   # number of programs ('_persistent' presets: 128).
   barrier_passes: int = 64
@@ -292,12 +300,15 @@ SMALL = dataclasses.replace(
     main_job_trees=((2, 3),))
 
 
-def settings_for(mode: str, decode_path: Optional[str] = None,
-                 paths_groups: Optional[Tuple[str, ...]] = None,
-                 tile_presets: Optional[Tuple[str, ...]] = None) -> Settings:
+def settings_for(
+    mode: str, decode_path: Optional[str] = None,
+    paths_groups: Optional[Tuple[str, ...]] = None,
+    tile_presets: Optional[Tuple[str, ...]] = None,
+    pretrained_groups: Optional[Tuple[str, ...]] = None) -> Settings:
   """The mode's preset, decoding on `decode_path` (None: `checked_path`),
   its paths phase measuring `paths_groups` and timing the steps and the
-  target's K-token calls under `tile_presets` (None: the preset's)."""
+  target's K-token calls under `tile_presets`, its pretrained phase
+  measuring `pretrained_groups` (None: the preset's)."""
   if mode not in ("full", "small"):
     raise ValueError(f"mode {mode!r}: allowed: full, small.")
   preset = FULL if mode == "full" else SMALL
@@ -307,7 +318,8 @@ def settings_for(mode: str, decode_path: Optional[str] = None,
       preset, decode_path=decode_path or checked_path(),
       paths_groups=paths_groups or preset.paths_groups,
       tile_presets=tile_presets or preset.tile_presets,
-      tile_call_presets=tile_presets or preset.tile_call_presets)
+      tile_call_presets=tile_presets or preset.tile_call_presets,
+      pretrained_groups=pretrained_groups or preset.pretrained_groups)
 
 
 # The GPU kernels' tile preset the check decodes with when --tiles names

@@ -371,6 +371,33 @@ def by_options(s: common.Settings, target, draft, inputs,
   return out
 
 
+def _groups(s: common.Settings, record: common.Recorder, target, draft,
+            inputs: np.ndarray, deadline: common.Deadline) -> None:
+  """The main job's other measurements, each `s.pretrained_groups` names,
+  as the records `main_job_<group>`. What two H200 runs left unmeasured
+  first: γ and each model on its fastest path, the loops' while in a CUDA
+  graph, other tiles; then 'xla' and batch 8 (measured on 2026-11-29)."""
+  job, batch_1 = record.data["main_job"], pair_runs.batched(inputs, 1)
+  groups = {
+      "profile": lambda: main_job_profile(s, target, draft, batch_1, job,
+                                          deadline),
+      "by_gamma": lambda: gamma_sweep.by_gamma(s, target, draft, inputs,
+                                               deadline),
+      "by_mixed_paths": lambda: by_mixed_paths(s, target, draft, inputs,
+                                               deadline),
+      "by_options": lambda: by_options(s, target, draft, inputs, deadline),
+      "by_tiles": lambda: by_tiles(s, target, draft, inputs, deadline),
+      "by_path": lambda: main_job_by_path(s, target, draft, inputs, job,
+                                          deadline),
+  }
+  assert tuple(groups) == common.PRETRAINED_GROUPS
+  for name in s.pretrained_groups:
+    # The other groups guard each of their runs (a pair, a preset, a path).
+    whole = name in ("profile", "by_gamma", "by_options")
+    record.set(f"main_job_{name}",
+               common.guarded(groups[name]) if whole else groups[name]())
+
+
 def run(s: common.Settings, record: common.Recorder,
         deadline: common.Deadline) -> bool:
   """The phase; True if the greedy outputs are identical on every caption."""
@@ -409,28 +436,7 @@ def run(s: common.Settings, record: common.Recorder,
     record.set(
         "main_job",
         common.guarded(lambda: main_job(s, target, draft, batches, deadline)))
-    record.set(
-        "main_job_profile",
-        common.guarded(lambda: main_job_profile(
-            s, target, draft, batches, record.data["main_job"], deadline)))
-    # What two H200 runs left unmeasured first: γ and each model on its
-    # fastest path, the loops' while in a CUDA graph, other tiles; then
-    # 'xla' and batch 8 (measured on 2026-11-29).
-    record.set(
-        "main_job_by_gamma",
-        common.guarded(
-            lambda: gamma_sweep.by_gamma(s, target, draft, inputs, deadline)))
-    record.set("main_job_by_mixed_paths",
-               by_mixed_paths(s, target, draft, inputs, deadline))
-    record.set(
-        "main_job_by_options",
-        common.guarded(lambda: by_options(s, target, draft, inputs, deadline)))
-    record.set("main_job_by_tiles", by_tiles(s, target, draft, inputs,
-                                             deadline))
-    record.set(
-        "main_job_by_path",
-        main_job_by_path(s, target, draft, inputs, record.data["main_job"],
-                         deadline))
+    _groups(s, record, target, draft, inputs, deadline)
   else:
     record.set("main_job", {"skipped": "time cap"})
   return bool(same["all_identical"])
