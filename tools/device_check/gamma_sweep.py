@@ -41,12 +41,11 @@ import numpy as np
 from specdec_jax.core import decoding
 from specdec_jax.core import sampling
 from specdec_jax.core.models import shared_encoder
-from specdec_jax.metrics import analysis
-from specdec_jax.metrics import timing
 from tools.device_check import common
 from tools.device_check import compiles
 from tools.device_check import pair_runs
 from tools.device_check import stats
+from tools.device_check import summary
 
 BASELINE = "baseline"
 
@@ -144,7 +143,9 @@ def by_gamma(s: common.Settings, target, draft, inputs: np.ndarray,
     runs[draft_name(n)].update(draft=n, gamma=pair_runs.GAMMA)
   if gammas:
     _add_theorem(s, target, draft, batches, runs, gammas)
-  identical = [n for n, r in runs.items() if _identical(r)]
+  identical = [
+      n for n, r in runs.items() if summary.identical_on_every_caption(r)
+  ]
   return {
       "paths": f"{target_path}+{draft_path}",
       "rounds": len(times[BASELINE]),
@@ -176,11 +177,6 @@ def _decoders(target, draft, max_len: int, gammas: Sequence[int],
   return decoders
 
 
-def _identical(record: Dict[str, Any]) -> bool:
-  """Whether a run's tokens were the target alone's on every caption."""
-  return record["identity"]["identical"] == record["identity"]["examples"]
-
-
 def _add_theorem(s: common.Settings, target, draft,
                  batches: Sequence[np.ndarray], runs: Dict[str, Dict[str, Any]],
                  gammas: Sequence[int]) -> None:
@@ -188,24 +184,7 @@ def _add_theorem(s: common.Settings, target, draft,
   and Theorem 3.8 without and with it: every call priced in one set of
   rounds."""
   tokens = max(runs[gamma_name(g)]["tokens_generated"] for g in gammas)
-  fill, cache_len = pair_runs.priced_calls(s, tokens / len(batches),
-                                           max(gammas))
-  seconds = timing.call_seconds(
-      {
-          "target": (target, 1),
-          "draft": (draft, 1),
-          **{
-              f"verify_{g + 1}": (target, g + 1) for g in gammas
-          }
-      }, batches[0], fill=fill, cache_len=cache_len, steps=4 * s.inner_steps,
-      repeats=s.repeats + 2)
-  c = seconds["draft"] / seconds["target"]
+  seconds = pair_runs.call_seconds(s, target, draft, batches, tokens, gammas)
   for g in gammas:
     run = runs[gamma_name(g)]
-    alpha = min(max(run["alpha"], 0.0), 1.0)
-    call_cost = seconds[f"verify_{g + 1}"] / seconds["target"]
-    run.update(
-        gamma=g, c=c, verification_call_cost=call_cost,
-        theorem_3_8=float(analysis.expected_speedup(alpha, g, c)),
-        theorem_3_8_with_call_cost=float(
-            analysis.expected_speedup(alpha, g, c, call_cost=call_cost)))
+    run.update(pair_runs.theorem_3_8(run["alpha"], g, seconds))

@@ -25,6 +25,7 @@ from specdec_jax.core import decoding
 from specdec_jax.core import sampling
 from specdec_jax.core.models import T5Model
 from specdec_jax.files import io_utils
+from specdec_jax.metrics import analysis
 from specdec_jax.metrics import exactness
 from specdec_jax.metrics import timing
 from tools.device_check import common
@@ -113,6 +114,44 @@ def priced_calls(s: common.Settings, tokens_per_caption: float,
   speculative loop's slots at γ."""
   return (min(max(1, int(tokens_per_caption)),
               s.max_decode_length - 1), s.max_decode_length + gamma + 1)
+
+
+def call_seconds(s: common.Settings, target, draft,
+                 batches: Sequence[np.ndarray], tokens_generated: int,
+                 gammas: Sequence[int]) -> Dict[str, float]:
+  """Seconds of a target step ('target'), a draft step ('draft') and each
+  γ's (γ+1)-token call ('verify_<γ+1>'), priced in one set of rounds
+  (`timing.call_seconds`) at the main job's fill (`priced_calls`, the
+  largest γ's slots) after `tokens_generated` tokens over `batches`."""
+  fill, cache_len = priced_calls(s, tokens_generated / len(batches),
+                                 max(gammas))
+  return timing.call_seconds(
+      {
+          "target": (target, 1),
+          "draft": (draft, 1),
+          **{
+              f"verify_{g + 1}": (target, g + 1) for g in gammas
+          }
+      }, batches[0], fill=fill, cache_len=cache_len, steps=4 * s.inner_steps,
+      repeats=s.repeats + 2)
+
+
+def theorem_3_8(alpha: float, gamma: int,
+                seconds: Dict[str, float]) -> Dict[str, float]:
+  """γ, c, the (γ+1)-token call's cost in target steps and Theorem 3.8
+  without and with it, at `alpha` (clipped to [0, 1]) and `call_seconds`'
+  `seconds`."""
+  alpha = min(max(alpha, 0.0), 1.0)
+  c = seconds["draft"] / seconds["target"]
+  call_cost = seconds[f"verify_{gamma + 1}"] / seconds["target"]
+  return {
+      "gamma": gamma,
+      "c": c,
+      "verification_call_cost": call_cost,
+      "theorem_3_8": float(analysis.expected_speedup(alpha, gamma, c)),
+      "theorem_3_8_with_call_cost": float(
+          analysis.expected_speedup(alpha, gamma, c, call_cost=call_cost)),
+  }
 
 
 def interleaved(

@@ -48,7 +48,6 @@ from typing import Any, Dict, Tuple
 import jax
 import numpy as np
 
-from specdec_jax.metrics import analysis
 from specdec_jax.files import io_utils
 from specdec_jax.metrics import timing
 from specdec_jax.core.decoding import programs
@@ -133,34 +132,18 @@ def main_job(s: common.Settings, target, draft, batches,
       "speculative": spec
   }, batches, s.rounds, deadline)
   measured = pair_runs.statistics(outs["speculative"])
-  fill, cache_len = pair_runs.priced_calls(
-      s, measured["tokens_generated"] / len(batches))
-  seconds = timing.call_seconds(
-      {
-          "target": (target, 1),
-          "draft": (draft, 1),
-          "verify": (target, pair_runs.GAMMA + 1)
-      }, batches[0], fill=fill, cache_len=cache_len, steps=4 * s.inner_steps,
-      repeats=s.repeats + 2)
-  c = seconds["draft"] / seconds["target"]
-  call_cost = seconds["verify"] / seconds["target"]
-  alpha = min(max(measured["alpha"], 0.0), 1.0)
+  seconds = pair_runs.call_seconds(s, target, draft, batches,
+                                   measured["tokens_generated"],
+                                   (pair_runs.GAMMA,))
   return {
       "rounds": len(times["baseline"]),
       "baseline_s": times["baseline"],
       "speculative_s": times["speculative"],
       "speedup": stats.median_ratio(times["baseline"], times["speculative"]),
       **measured,
-      "gamma": pair_runs.GAMMA,
       "target_step_ms": seconds["target"] * 1e3,
       "draft_step_ms": seconds["draft"] * 1e3,
-      "c": c,
-      "verification_call_cost": call_cost,
-      "theorem_3_8": float(analysis.expected_speedup(alpha, pair_runs.GAMMA,
-                                                     c)),
-      "theorem_3_8_with_call_cost": float(
-          analysis.expected_speedup(alpha, pair_runs.GAMMA, c,
-                                    call_cost=call_cost)),
+      **pair_runs.theorem_3_8(measured["alpha"], pair_runs.GAMMA, seconds),
   }
 
 

@@ -62,11 +62,14 @@ def _other_pairs_identical(report: Dict[str, Any]) -> Optional[bool]:
       if "all_identical" in (r.get("identity") or {})
   ]
   runs = _get(report, "pretrained", "main_job_by_gamma", "runs") or {}
-  found += [  # Each run's last round against the target alone's tokens.
-      r["identity"]["identical"] == r["identity"]["examples"]
-      for r in runs.values()
-  ]
+  found += [identical_on_every_caption(r) for r in runs.values()]
   return all(found) if found else None
+
+
+def identical_on_every_caption(run: Dict[str, Any]) -> bool:
+  """Whether a main job's run (`gamma_sweep`'s) decoded the target alone's
+  tokens on every caption (its last round's `pair_runs.identity`)."""
+  return run["identity"]["identical"] == run["identity"]["examples"]
 
 
 def main_job_against_theorem(report: Dict[str, Any]) -> Dict[str, Any]:
