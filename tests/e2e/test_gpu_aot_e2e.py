@@ -87,6 +87,11 @@ def test_the_shipped_pairs_loops_compile_for_an_h200(tmp_path):
   # stacked window, no scatter, no EOS reduction: each a kernel of its own).
   spec = result["loops"]["shipped"]["fused"]["speculative"]
   assert spec["body_by_part"]["emit"] == 2, spec
+  # Each kernel outside the model calls named (`outside_model_call_kernels`).
+  named = spec["outside_model_call_kernels"]
+  assert len(named) == spec["outside_model_calls"], named
+  assert [k.split(" -> ")[0] for k in named if k.startswith("emit:")
+         ] == ["emit: emit/or", "emit: emit/jit(_where)/select_n"], named
   # The shipped draft's two layers as one kernel (`Tiles.layer_bytes`):
   # Triton compiles it for an H200 without spills, and an iteration
   # launches 2 x 6 - 1 kernels fewer per draft step; in steps 2..γ the

@@ -621,6 +621,13 @@ def test_iteration_kernels_count_gpu_fusions_custom_calls_and_command_buffers():
       "conditionals": []
   }]
   assert counts["outside_model_calls"] == 5  # 4 in the body + the test
+  # Each named by its part, its JAX op after the loop's scope and its type
+  # (the body's, then the test's), so a reader finds it in the loops' code.
+  named = counts["outside_model_call_kernels"]
+  assert len(named) == 5 and named[:4] == [
+      "acceptance: acceptance/lt -> f32[4]", "emit: emit/select -> f32[4]",
+      "statistics: statistics/add -> f32[4]", "copies: %cs -> (f32[4], f32[4])"
+  ]
   # Once a decode, around the loop: the start's kernel and the output's.
   assert counts["outside_loop"] == 2
   assert counts["outside_loop_by_part"] == {"start": 1, "loop bookkeeping": 1}

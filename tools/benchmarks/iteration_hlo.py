@@ -25,7 +25,7 @@ import dataclasses
 import json
 import re
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -138,11 +138,13 @@ MODEL_PARTS = ("draft propose", "target call",
 @dataclasses.dataclass
 class _Launches:
   """What a computation launches per run: kernels by part, the while loops
-  inside it (`_loop` each) and its conditionals' branches (kernels each)."""
+  inside it (`_loop` each), its conditionals' branches (kernels each) and
+  each kernel as (part, `_described`)."""
   parts: collections.Counter = dataclasses.field(
       default_factory=collections.Counter)
   loops: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
   conditionals: List[List[int]] = dataclasses.field(default_factory=list)
+  kernels: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
 def _launches(comps: Dict[str, List[str]], name: str, out: _Launches) -> None:
@@ -172,8 +174,22 @@ def _launches(comps: Dict[str, List[str]], name: str, out: _Launches) -> None:
       out.loops.extend(largest.loops)
       out.conditionals.extend(largest.conditionals)
       out.conditionals.append([sum(b.parts.values()) for b in branches])
+      out.kernels.extend(largest.kernels)
     elif kind not in NOT_LAUNCHES and not kind.endswith("-done"):
-      out.parts[_part(line, comps)] += 1
+      part = _part(line, comps)
+      out.parts[part] += 1
+      out.kernels.append((part, _described(line, comps, part)))
+
+
+def _described(line: str, comps: Dict[str, List[str]], part: str) -> str:
+  """'part: source -> result type' of one kernel, the source its JAX op
+  name after the loop's scope (what a reader looks up in `decoding.loops`)
+  and the type without layouts, e.g. 'emit: emit/jit(_where)/select_n ->
+  s32[1,53]'."""
+  source = _source(line, comps).rsplit("/while/body/", 1)[-1]
+  result = re.match(r"(?:ROOT )?%?[\w.\-]+ = (.*?) [a-z][\w\-]*\(", line)
+  kind = re.sub(r"\{[^}]*\}", "", result.group(1)) if result else "?"
+  return f"{part}: {source.rsplit('/while/cond/', 1)[-1]} -> {kind}"
 
 
 def _branches(line: str) -> List[str]:
@@ -187,12 +203,18 @@ def _branches(line: str) -> List[str]:
   ]
 
 
-def _loop(comps: Dict[str, List[str]], line: str) -> Dict[str, Any]:
-  """The kernels one iteration of the while loop `line` launches."""
+def _loop(comps: Dict[str, List[str]], line: str,
+          glue: Optional[List[str]] = None) -> Dict[str, Any]:
+  """The kernels one iteration of the while loop `line` launches; those
+  of no model call (the body's of no `MODEL_PARTS`, then the condition's)
+  appended to `glue` if given."""
   body, condition = _Launches(), _Launches()
   _launches(comps, re.search(r"body=%?([\w.\-]+)", line).group(1), body)
   _launches(comps,
             re.search(r"condition=%?([\w.\-]+)", line).group(1), condition)
+  if glue is not None:
+    glue.extend(d for part, d in body.kernels if part not in MODEL_PARTS)
+    glue.extend(d for _, d in condition.kernels)
   return {
       "body": sum(body.parts.values()),
       "body_by_part": dict(body.parts.most_common()),
@@ -226,7 +248,8 @@ def iteration_kernels(hlo: str) -> Dict[str, Any]:
   loop inside the body, e.g. the draft's steps, per iteration of its own,
   and `nested_loops` their number), `conditionals` (each conditional's
   branches' kernels; the largest is in `body`), `outside_model_calls`:
-  the body's and condition's kernels of no model call (`MODEL_PARTS`), and
+  the body's and condition's kernels of no model call (`MODEL_PARTS`),
+  each in `outside_model_call_kernels` ('part: source op -> type'), and
   `outside_loop` (and by part): the kernels a decode launches once,
   around its loop (its `start`: the models' encoders and caches; the
   rest: the outputs), a fixed cost per call."""
@@ -235,7 +258,8 @@ def iteration_kernels(hlo: str) -> Dict[str, Any]:
   line = _outermost_while(comps, entry)
   if line is None:
     raise ValueError("the program has no while loop.")
-  loop = _loop(comps, line)
+  glue: List[str] = []
+  loop = _loop(comps, line, glue)
   outside = sum(
       n for part, n in loop["body_by_part"].items() if part not in MODEL_PARTS)
   once = _Launches()
@@ -244,6 +268,7 @@ def iteration_kernels(hlo: str) -> Dict[str, Any]:
       **loop,
       "nested_loops": len(loop["nested"]),
       "outside_model_calls": outside + loop["condition"],
+      "outside_model_call_kernels": glue,
       "outside_loop": sum(once.parts.values()),
       "outside_loop_by_part": dict(once.parts.most_common()),
   }
