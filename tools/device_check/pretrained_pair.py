@@ -22,7 +22,10 @@
   with the target and the draft on paths of their own
   (`main_job_mixed_paths`); `main_job_by_gamma` the main job at other γ
   (`gamma_sweep`). In the order γ, mixed paths, options, tiles, then
-  `main_job_by_path` (the last two runs left the rest unmeasured).
+  `main_job_by_path` (the last two runs left the rest unmeasured); each
+  only if `Settings.pretrained_groups` names it (`--pretrained_groups`,
+  `common.PRETRAINED_GROUPS`: the record's name less 'main_job_', the
+  profile among them).
 * main job: the walltime of decoding every caption with each decoder, in
   interleaved rounds (alternating which goes first), compilation excluded
   (one untimed caption each first): speedup = median over rounds of target
