@@ -155,10 +155,10 @@ def _launches(comps: Dict[str, List[str]], name: str, out: _Launches) -> None:
   reads the branch index back first) and every branch's kernels go to
   `out.conditionals`."""
   for line in comps.get(name, []):
-    m = re.match(r"(?:ROOT )?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\(", line)
+    m = re.match(r"(?:ROOT )?%?[\w.\-]+ = (.*?) ([a-z][\w\-]*)\(", line)
     if not m:
       continue
-    kind = m.group(1)
+    kind = m.group(2)
     called = re.search(r"(?:to_apply|calls)=%?([\w.\-]+)", line)
     if kind == "call" and called:
       _launches(comps, called.group(1), out)
@@ -178,17 +178,17 @@ def _launches(comps: Dict[str, List[str]], name: str, out: _Launches) -> None:
     elif kind not in NOT_LAUNCHES and not kind.endswith("-done"):
       part = _part(line, comps)
       out.parts[part] += 1
-      out.kernels.append((part, _described(line, comps, part)))
+      out.kernels.append((part, _described(line, comps, part, m.group(1))))
 
 
-def _described(line: str, comps: Dict[str, List[str]], part: str) -> str:
-  """'part: source -> result type' of one kernel, the source its JAX op
-  name after the loop's scope (what a reader looks up in `decoding.loops`)
-  and the type without layouts, e.g. 'emit: emit/jit(_where)/select_n ->
-  s32[1,53]'."""
+def _described(line: str, comps: Dict[str, List[str]], part: str,
+               result_type: str) -> str:
+  """'part: source -> type' of one kernel, the source its JAX op name
+  after the loop's scope (what a reader looks up in `decoding.loops`) and
+  the type its `result_type` without layouts, e.g. 'emit:
+  emit/jit(_where)/select_n -> s32[1,53]'."""
   source = _source(line, comps).rsplit("/while/body/", 1)[-1]
-  result = re.match(r"(?:ROOT )?%?[\w.\-]+ = (.*?) [a-z][\w\-]*\(", line)
-  kind = re.sub(r"\{[^}]*\}", "", result.group(1)) if result else "?"
+  kind = re.sub(r"\{[^}]*\}", "", result_type)
   return f"{part}: {source.rsplit('/while/cond/', 1)[-1]} -> {kind}"
 
 
@@ -203,18 +203,24 @@ def _branches(line: str) -> List[str]:
   ]
 
 
-def _loop(comps: Dict[str, List[str]], line: str,
-          glue: Optional[List[str]] = None) -> Dict[str, Any]:
-  """The kernels one iteration of the while loop `line` launches; those
-  of no model call (the body's of no `MODEL_PARTS`, then the condition's)
-  appended to `glue` if given."""
+def _iteration(comps: Dict[str, List[str]],
+               line: str) -> Tuple[_Launches, _Launches]:
+  """What one iteration of the while loop `line` launches: (its body's,
+  its condition's)."""
   body, condition = _Launches(), _Launches()
   _launches(comps, re.search(r"body=%?([\w.\-]+)", line).group(1), body)
   _launches(comps,
             re.search(r"condition=%?([\w.\-]+)", line).group(1), condition)
-  if glue is not None:
-    glue.extend(d for part, d in body.kernels if part not in MODEL_PARTS)
-    glue.extend(d for _, d in condition.kernels)
+  return body, condition
+
+
+def _loop(comps: Dict[str, List[str]], line: str) -> Dict[str, Any]:
+  """The kernels one iteration of the while loop `line` launches."""
+  return _counted(*_iteration(comps, line))
+
+
+def _counted(body: _Launches, condition: _Launches) -> Dict[str, Any]:
+  """An iteration's kernels by part and its nested loops (`_loop`)."""
   return {
       "body": sum(body.parts.values()),
       "body_by_part": dict(body.parts.most_common()),
@@ -258,16 +264,17 @@ def iteration_kernels(hlo: str) -> Dict[str, Any]:
   line = _outermost_while(comps, entry)
   if line is None:
     raise ValueError("the program has no while loop.")
-  glue: List[str] = []
-  loop = _loop(comps, line, glue)
-  outside = sum(
-      n for part, n in loop["body_by_part"].items() if part not in MODEL_PARTS)
+  body, condition = _iteration(comps, line)
+  loop = _counted(body, condition)
+  # The loop's test is no model call, whatever its source op's name.
+  glue = [d for part, d in body.kernels if part not in MODEL_PARTS
+         ] + [d for _, d in condition.kernels]
   once = _Launches()
   _launches(comps, entry, once)
   return {
       **loop,
       "nested_loops": len(loop["nested"]),
-      "outside_model_calls": outside + loop["condition"],
+      "outside_model_calls": len(glue),
       "outside_model_call_kernels": glue,
       "outside_loop": sum(once.parts.values()),
       "outside_loop_by_part": dict(once.parts.most_common()),
