@@ -43,30 +43,74 @@ def enabled() -> bool:
   return environment.flag(ENV_OFF, True) and jax.process_count() == 1
 
 
+# /proc/cpuinfo's lines that tell one processor kind from another: "AMD
+# EPYC" names a Zen 3 (AVX2) and a Zen 4 (AVX-512) alike.
+_CPU_IDENTITY_KEYS = ("vendor_id", "cpu family", "model", "model name",
+                      "stepping")
+
+
+def cpu_identity(cpuinfo: str) -> str:
+  """The first processor's identifying lines of /proc/cpuinfo's text
+  `cpuinfo`, as 'key: value' joined by '; ' ('' if it has none)."""
+  found: Dict[str, str] = {}
+  for line in cpuinfo.splitlines():
+    if not line.strip():
+      if found:
+        break  # the first processor's block ends
+      continue
+    key, sep, value = line.partition(":")
+    if sep and key.strip() in _CPU_IDENTITY_KEYS:
+      found.setdefault(key.strip(), value.strip())
+  return "; ".join(f"{k}: {found[k]}" for k in _CPU_IDENTITY_KEYS if k in found)
+
+
 @functools.lru_cache(maxsize=None)
 def _cpu_model() -> str:
-  """/proc/cpuinfo's model name (platform.processor() elsewhere)."""
+  """`cpu_identity` of /proc/cpuinfo (platform.processor() elsewhere)."""
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.lower().startswith("model name"):
-          return line.split(":", 1)[1].strip()
+      identity = cpu_identity(f.read())
+    if identity:
+      return identity
   except OSError:
     pass
   return platform.processor() or platform.machine()
 
 
+def _usable_cpus() -> int:
+  """The CPUs this process may run on (its affinity: a container's or
+  taskset's limit), which set XLA:CPU's threads."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    return os.cpu_count() or 1
+
+
+def _cpu_kernel() -> Any:
+  """On the CPU backend, the instruction set the CPU kernel runs
+  (`kernels.instruction_set`: SPECDEC_JAX_KERNEL_ISA's cap applied), False
+  when it is off or unavailable; None on other backends."""
+  if jax.default_backend() != "cpu":
+    return None
+  if not kernels.switched_on() or not kernels.available():
+    return False
+  return kernels.instruction_set()
+
+
 def machine_fields() -> Dict[str, Any]:
-  """What makes this machine's prices its own."""
+  """What makes this machine's prices its own: the processor's kind (not
+  only its model name), the CPUs usable, the backend and devices, JAX, and
+  the instruction set the CPU kernel runs."""
   device = jax.devices()[0]
   return {
       "host": platform.node(),
       "cpu": _cpu_model(),
+      "cpus": _usable_cpus(),
       "backend": jax.default_backend(),
       "device_kind": device.device_kind,
       "devices": jax.device_count(),
       "jax": jax.__version__,
-      "cpu_kernel": kernels.switched_on(),
+      "cpu_kernel": _cpu_kernel(),
   }
 
 

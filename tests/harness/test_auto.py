@@ -16,6 +16,7 @@ from run_helpers import parse_local_tiny_out
 
 from specdec_jax import run as run_lib
 from specdec_jax.core import decoding
+from specdec_jax.core import kernels
 from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto
 from specdec_jax.experiment import batches
@@ -803,6 +804,38 @@ def test_price_cache_round_trip(tmp_path, monkeypatch):
   price_cache.store(fields, {"x": 1})
   monkeypatch.setenv(price_cache.ENV_OFF, "0")
   assert price_cache.load(fields) is None
+
+
+_ZEN = ("processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
+        "model\t\t: {model}\nmodel name\t: AMD EPYC\nstepping\t: 1\n"
+        "flags\t\t: fpu avx2\n\n")
+
+
+def test_the_cpu_identity_tells_processor_kinds_of_one_name_apart():
+  zen3 = _ZEN.format(n=0, model=1) + _ZEN.format(n=1, model=1)
+  zen4 = _ZEN.format(n=0, model=17)
+  assert price_cache.cpu_identity(zen3) == (
+      "vendor_id: AuthenticAMD; cpu family: 25; model: 1; "
+      "model name: AMD EPYC; stepping: 1")
+  assert price_cache.cpu_identity(zen3) != price_cache.cpu_identity(zen4)
+  assert price_cache.cpu_identity("flags : avx2\n") == ""
+
+
+def test_prices_are_keyed_by_the_instruction_set_the_kernel_runs():
+  """SPECDEC_JAX_KERNEL_ISA's cap changes the kernel's speed, so a capped
+  run must not read the uncapped run's prices (nor the reverse)."""
+  if not kernels.available():
+    pytest.skip("the CPU kernel is not available here (no C++ compiler)")
+  widest = kernels.instruction_set()
+  try:
+    fields = {"machine": price_cache.machine_fields()}
+    assert fields["machine"]["cpu_kernel"] == widest
+    kernels.instruction_set("portable")
+    capped = {"machine": price_cache.machine_fields()}
+    assert capped["machine"]["cpu_kernel"] == "portable"
+    assert price_cache.path(capped) != price_cache.path(fields)
+  finally:
+    kernels.instruction_set(widest)
 
 
 def test_the_pilot_cache_is_its_own_kind_and_knows_the_weights(

@@ -5,6 +5,7 @@ tests/e2e/test_benchmarking_e2e.py).
 No timing is asserted beyond positivity (the machine may be shared).
 """
 import math
+import types
 
 import jax
 import jax.numpy as jnp
@@ -253,3 +254,40 @@ def test_the_summary_reads_the_greedy_identity_record():
   }
   [line, _] = decode._greedy_identity({"greedy_identity": record})  # pylint: disable=protected-access
   assert "1/2 rows identical" in line
+
+
+_LSCPU = """Architecture:             x86_64
+Vendor ID:                AuthenticAMD
+  Model name:             AMD EPYC
+    CPU family:           25
+    Model:                {model}
+    Stepping:             1
+    Flags:                fpu sse2 avx2 fma {wide}
+Caches (sum of all):
+  L3:                     32 MiB (1 instance)
+L3 cache:                 32 MiB (1 instance)
+"""
+
+
+@pytest.mark.parametrize("model,wide", [(1, ""), (17, "avx512f avx512bw")])
+def test_the_host_record_tells_processor_kinds_of_one_name_apart(
+    model, wide, monkeypatch):
+  """A benchmark's host record names the processor's kind, not only the
+  model name that a Zen 3 and a Zen 4 share."""
+  lscpu = _LSCPU.format(model=model, wide=wide)
+  monkeypatch.setattr(
+      common.subprocess, "run",
+      lambda *a, **k: types.SimpleNamespace(stdout=lscpu, returncode=0))
+  info = common.host()
+  assert {
+      k: info[k] for k in ("Vendor ID", "CPU family", "Model", "Model name",
+                          "Stepping", "L3 cache")
+  } == {
+      "Vendor ID": "AuthenticAMD",
+      "CPU family": "25",
+      "Model": str(model),
+      "Model name": "AMD EPYC",
+      "Stepping": "1",
+      "L3 cache": "32 MiB (1 instance)"
+  }
+  assert info["AVX-512"] is bool(wide)

@@ -192,8 +192,10 @@ def write_result(output: Optional[str], result: Any) -> None:
 
 
 def host() -> Dict[str, Any]:
-  """The machine: its name, CPUs, load average, and lscpu's CPU model and
-  L3 cache where lscpu runs."""
+  """The machine: its name, CPUs, load average, and where lscpu runs its
+  processor's kind (vendor, family, model, stepping: a model name alone,
+  "AMD EPYC", names a Zen 3 and a Zen 4 alike), whether it has AVX-512 and
+  its L3 cache."""
   info: Dict[str, Any] = {
       "host": platform.node(),
       "cpu_count": os.cpu_count(),
@@ -206,6 +208,12 @@ def host() -> Dict[str, Any]:
     return info
   for line in lines:
     key, _, value = line.partition(":")
-    if key.strip() in ("Model name", "L3 cache"):
+    if key.strip() in _LSCPU_KEYS:
       info[key.strip()] = value.strip()
+    elif key.strip() == "Flags":
+      info["AVX-512"] = "avx512f" in value.split()
   return info
+
+
+_LSCPU_KEYS = ("Vendor ID", "CPU family", "Model", "Model name", "Stepping",
+               "L3 cache")
