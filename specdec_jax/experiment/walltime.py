@@ -13,6 +13,7 @@ from specdec_jax import multihost
 from specdec_jax.data import tasks
 from specdec_jax.experiment import batches as batches_lib
 from specdec_jax.experiment import predictions
+from specdec_jax.experiment import price_cache
 from specdec_jax.experiment import summary
 from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.metrics import analysis
@@ -250,6 +251,7 @@ def walltime_metrics(plan: DecodePlan, decoded: Decoded,
       backend=jax.default_backend(),
       device_kind=jax.devices()[0].device_kind,
       num_devices=jax.device_count(),
+      machine=price_cache.machine_fields(),
       synthetic=False,
       **data_info,
       settings=plan.settings,

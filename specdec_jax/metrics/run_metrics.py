@@ -196,6 +196,13 @@ class RunMetrics:
     backend: JAX's backend ('cpu', 'gpu', 'tpu').
     device_kind: the first device's kind.
     num_devices: devices over all hosts.
+    machine: what ran it, as `auto`'s price cache keys its prices: {"host",
+      "cpu" (vendor, family, model and stepping: a model name alone, "AMD
+      EPYC", names processor kinds of different instruction sets), "cpus"
+      (those the process may use), "backend", "device_kind", "devices",
+      "jax", "cpu_kernel" (the instruction set the CPU kernel ran,
+      SPECDEC_JAX_KERNEL_ISA's cap applied; false: off; null: not a CPU
+      run)}. Absent in older files.
     decode_paths: {"target", "draft"}: the decode path each model ran on,
       'xla', 'cpu_kernel', 'packed' or 'fused' (docs/usage/gpu.md, "Decode
       path"): TARGET_DECODE_PATH / DRAFT_DECODE_PATH, or the backend's where
@@ -328,6 +335,7 @@ class RunMetrics:
   backend: Optional[str] = _key(TEXT, None)
   device_kind: Optional[str] = _key(TEXT, None)
   num_devices: Optional[int] = _key(POS_INT, None)
+  machine: Optional[Dict[str, Any]] = _key(OBJECT, None, omit_none=True)
   decode_paths: Optional[Dict[str, Any]] = _key(OBJECT, None, omit_none=True)
   synthetic: bool = _key(BOOL, False)
   num_examples_requested: Optional[int] = _key(INT, None)

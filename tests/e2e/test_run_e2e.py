@@ -171,6 +171,10 @@ def test_self_draft_from_checkpoint_accepts_everything(tmp_path):
   # The paths the models ran on, as metrics.json records them.
   assert alpha["decode_paths"] == metrics["decode_paths"]
   assert set(metrics["decode_paths"]) == {"target", "draft"}
+  # Which machine ran it, as the price cache keys it (a processor's kind).
+  assert metrics["machine"] == price_cache.machine_fields()
+  assert "cpu family" in metrics["machine"]["cpu"] or not pathlib.Path(
+      "/proc/cpuinfo").exists()
   lines = summary.summary_lines(
       alpha, arguments.run_arguments(overrides={"mode": "alpha"}))
   assert lines[1].startswith("alpha 1.000 ± 0.000 (share of draft tokens")

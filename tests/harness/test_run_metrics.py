@@ -66,7 +66,16 @@ def _full_metrics(**changes):
           "baseline": 20.0,
           "speculative": 20.0
       }, random_weights=False, backend="cpu", device_kind="cpu", num_devices=1,
-      decode_paths={
+      machine={
+          "host": "vm",
+          "cpu": "vendor_id: AuthenticAMD; cpu family: 25; model: 1",
+          "cpus": 2,
+          "backend": "cpu",
+          "device_kind": "cpu",
+          "devices": 1,
+          "jax": "0.10.2",
+          "cpu_kernel": "avx2"
+      }, decode_paths={
           "target": "cpu_kernel",
           "draft": "packed"
       }, synthetic=False, num_examples_requested=10, inputs_length=64,
