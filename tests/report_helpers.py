@@ -7,6 +7,18 @@ import shutil
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "results_small")
 
+# metrics.json's `machine` of a 2-CPU Zen 3 CPU run (price_cache's fields).
+MACHINE = {
+    "host": "vm",
+    "cpu": "vendor_id: AuthenticAMD; cpu family: 25; model: 1",
+    "cpus": 2,
+    "backend": "cpu",
+    "device_kind": "cpu",
+    "devices": 1,
+    "jax": "0.10.2",
+    "cpu_kernel": "avx2"
+}
+
 
 def copy_fixture(tmp_path: pathlib.Path) -> pathlib.Path:
   """A writable copy of the fixture: tmp_path/results."""

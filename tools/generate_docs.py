@@ -289,6 +289,10 @@ _OUTPUTS_END = """\
 The report's run table ("All sweep points" in `table2.md`, and `table2.csv`)
 shows `drafter`, `lenience` (marked "not exact" below 1) and
 `per_iteration_gamma` beside each run; for older files `model`, 1 and "–".
+Above its tables, `table2.md` names the machines its runs recorded
+(`machine`: processor kind, CPUs, the CPU kernel's instruction set, JAX)
+and says so when they are more than one: speedups measured on different
+machines do not compare.
 
 ## The names the numbers are printed under
 

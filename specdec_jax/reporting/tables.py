@@ -165,6 +165,37 @@ def _target_name(r: Mapping[str, Any]) -> str:
   return r.get("target_model") or _UNNAMED
 
 
+def _machine(r: Mapping[str, Any]) -> Optional[str]:
+  """metrics.json's `machine` in a few words (None: not recorded)."""
+  m = r.get("machine")
+  if not m:
+    return None
+  if m.get("backend") == "cpu":
+    kernel = m.get("cpu_kernel")
+    return (f"{m.get('cpu')}, {m.get('cpus')} CPUs, CPU kernel "
+            f"{kernel if kernel else 'off'}, JAX {m.get('jax')}")
+  return f"{m.get('devices')} x {m.get('device_kind')}, JAX {m.get('jax')}"
+
+
+def _machines_line(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+  """The machines the runs were measured on, as a paragraph ([] if no run
+  recorded one): speedups measured on different machines do not compare."""
+  counts = collections.Counter(_machine(r) for r in rows)
+  recorded = sorted((k, n) for k, n in counts.items() if k is not None)
+  if not recorded:
+    return []
+
+  def runs(n: int) -> str:
+    return f"({n} run{'' if n == 1 else 's'})"
+
+  named = "; ".join(f"{k} {runs(n)}" for k, n in recorded)
+  if None in counts:
+    named += f"; not recorded {runs(counts[None])}"
+  warning = (" The runs come from more than one machine: their speedups do "
+             "not compare." if len(counts) > 1 else "")
+  return [f"Measured on: {named}.{warning}", ""]
+
+
 def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
   """table2.md of `annotate_best`'s rows."""
   multi_target = len({r["target_model"] for r in rows}) > 1
@@ -195,6 +226,7 @@ def _table2_md(rows: Sequence[Dict[str, Any]]) -> str:
       "examples, metrics.json's quality_noise). GREEDY IDENTICAL: examples "
       "whose speculative tokens equal the target's (T = 0).",
       "",
+      *_machines_line(rows),
       _md_table(
           header,
           _table2_md_rows([r for r in rows if r["best_gamma_for_draft"]],

@@ -17,6 +17,7 @@ from specdec_jax.reporting import figures
 from specdec_jax.reporting import trace as trace_lib
 
 from report_helpers import FIXTURE
+from report_helpers import MACHINE
 from report_helpers import as_t5x_row
 from report_helpers import copy_fixture
 from report_helpers import foreign_metrics
@@ -628,3 +629,37 @@ def test_example_index_out_of_range_is_named(tmp_path):
     report.render_report(str(root), str(tmp_path / "out"), example_index=999)
   report.render_report(str(root), str(tmp_path / "out2"), example_index=0)
   assert ", example 0" in (tmp_path / "out2" / "example_trace.html").read_text()
+
+
+def _with_machine(root, name, **changes):
+  path = root / name / "metrics.json"
+  metrics = json.loads(path.read_text())
+  metrics["machine"] = {**MACHINE, **changes}
+  path.write_text(json.dumps(metrics))
+
+
+def test_table2_names_the_machines_and_warns_when_they_differ(tmp_path):
+  root = copy_fixture(tmp_path)
+  names = sorted(
+      n for n in os.listdir(root) if (root / n / "metrics.json").is_file())
+  for name in names:
+    _with_machine(root, name)
+  assert report.main([str(root)]) == 0
+  text = (root / "report" / "table2.md").read_text()
+  assert (f"Measured on: vendor_id: AuthenticAMD; cpu family: 25; model: 1, "
+          f"2 CPUs, CPU kernel avx2, JAX 0.10.2 ({len(names)} runs).\n") in text
+  assert "more than one machine" not in text
+  _with_machine(root, names[0], cpu_kernel="avx512", cpus=4)
+  out = tmp_path / "out"
+  assert report.main([str(root), "--output_dir", str(out)]) == 0
+  text = (out / "table2.md").read_text()
+  assert ", 4 CPUs, CPU kernel avx512, JAX 0.10.2 (1 run)" in text
+  assert f"CPU kernel avx2, JAX 0.10.2 ({len(names) - 1} runs)" in text
+  assert "more than one machine: their speedups do not compare." in text
+  path = root / names[1] / "metrics.json"
+  metrics = json.loads(path.read_text())
+  del metrics["machine"]
+  path.write_text(json.dumps(metrics))
+  assert report.main([str(root), "--output_dir", str(tmp_path / "out2")]) == 0
+  assert "; not recorded (1 run)." in (tmp_path / "out2" /
+                                       "table2.md").read_text()

@@ -19,6 +19,7 @@ from specdec_jax.experiment import runner
 from specdec_jax.files import output_folder
 
 from conftest import REPO
+from report_helpers import MACHINE
 
 FIXTURE = REPO / "tests" / "fixtures" / "results_small"
 FIELDS = {f.name: f for f in dataclasses.fields(run_metrics.RunMetrics)}
@@ -66,16 +67,7 @@ def _full_metrics(**changes):
           "baseline": 20.0,
           "speculative": 20.0
       }, random_weights=False, backend="cpu", device_kind="cpu", num_devices=1,
-      machine={
-          "host": "vm",
-          "cpu": "vendor_id: AuthenticAMD; cpu family: 25; model: 1",
-          "cpus": 2,
-          "backend": "cpu",
-          "device_kind": "cpu",
-          "devices": 1,
-          "jax": "0.10.2",
-          "cpu_kernel": "avx2"
-      }, decode_paths={
+      machine=MACHINE, decode_paths={
           "target": "cpu_kernel",
           "draft": "packed"
       }, synthetic=False, num_examples_requested=10, inputs_length=64,
