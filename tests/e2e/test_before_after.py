@@ -30,12 +30,12 @@ MEASURED = ("walltime_baseline_s", "walltime_speculative_s", "speedup",
 
 # metrics.json keys added after the fixtures were written: issue 32's overheads, issue 35's DECODE (every run says
 # whether it sampled or searched beams), issue 58's test of a T > 0 quality
-# difference, the decode path each model ran on.
+# difference, the decode path each model ran on, the machine that ran it.
 ADDED = ("iteration_overhead", "baseline_overhead", "decode",
          "theory_tokens_per_call", "theory_tokens_per_call_with_ends",
          "efficiency_split", "fixed_cost_per_example_s",
          "marginal_baseline_overhead", "marginal_iteration_overhead",
-         "quality_noise", "decode_paths")
+         "quality_noise", "decode_paths", "machine")
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_gin")]
 
