@@ -139,6 +139,28 @@ def test_corrupt_compilation_cache_is_named_and_repaired(tmp_path):
   assert "compilation cache" not in _jit_run(folder).stderr
 
 
+def test_the_compilation_cache_works_without_filelock(tmp_path):
+  """An environment without filelock (a GPU image's: the device check's
+  small mode turns the cache on): JAX refuses a size limit there; every
+  read and write failed, and each run named a valid entry unreadable."""
+  folder = str(tmp_path / "jax-cache")
+  script = "import sys; sys.modules['filelock'] = None\n" + _JIT
+
+  def run():
+    err = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                         text=True, env=_env(JAX_COMPILATION_CACHE_DIR=folder),
+                         cwd=REPO, timeout=300, check=True).stderr
+    assert "compilation cache" not in err, err
+    return {
+        e.name: e.stat().st_mtime_ns
+        for e in pathlib.Path(folder).glob("*-cache")
+    }
+
+  written = run()
+  assert len(written) >= 2
+  assert run() == written  # Read back: neither removed nor written again.
+
+
 def test_the_compilation_cache_is_locked_between_processes():
   """A size limit turns on JAX's file lock for every read and write of the
   cache folder: a process never reads an entry another is still writing

@@ -51,3 +51,11 @@ def test_only_the_runs_of_layers_are_read(tmp_path):
       "module_0001.jit_loop.9.ptx:decode_layers": [3],
       "module_0001.jit_loop.9.ptx:decode_layers_1": [0, 3],
   }
+
+
+def test_a_dump_without_ptx_is_an_error_not_no_barriers(tmp_path):
+  """JAX 0.11's XLA writes no PTX for a deviceless compile: an empty
+  reading would say a kernel has no barriers."""
+  (tmp_path / "module_0001.jit_loop.txt").write_text(_kernel("decode_layers"))
+  with pytest.raises(ValueError, match="no PTX in XLA's dump"):
+    ptx_barriers.dumped(str(tmp_path))

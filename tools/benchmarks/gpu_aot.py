@@ -333,12 +333,17 @@ def barriers(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
           result = _timed(lambda k=k, d=folder: _step(
               _small(f), "fused", device, k=k, options={"xla_dump_to": d}))
         if "error" not in result:
-          result = {
-              "loads": ptx_barriers.dumped(folder),
-              **{
-                  key: result[key] for key in ("spills", "compile_s")
-              }
-          }
+          try:
+            loads = ptx_barriers.dumped(folder)
+          except ValueError as e:
+            result = {"error": str(e)}
+          else:
+            result = {
+                "loads": loads,
+                **{
+                    key: result[key] for key in ("spills", "compile_s")
+                }
+            }
       out.setdefault(name, {})[f"k_{k}"] = result
   return out
 

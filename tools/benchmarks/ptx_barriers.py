@@ -60,11 +60,20 @@ def kernels(ptx: str) -> Dict[str, str]:
 def dumped(folder: str) -> Dict[str, List[int]]:
   """`loads_at_barriers` of every `decode_layers` kernel with barriers in
   the PTX files of an XLA dump folder (`xla_dump_to`), by file and kernel
-  name."""
+  name.
+
+  Raises:
+    ValueError: the folder holds no PTX file. JAX 0.10's XLA writes a
+      deviceless GPU compile's PTX there; 0.11's writes none (with
+      `xla_gpu_dump_llvmir` too), and "no barriers" would be a false
+      reading.
+  """
+  names = sorted(n for n in os.listdir(folder) if n.endswith(".ptx"))
+  if not names:
+    raise ValueError("no PTX in XLA's dump: this XLA (JAX 0.11 and later) "
+                     "writes none; JAX 0.10's does")
   out = {}
-  for name in sorted(os.listdir(folder)):
-    if not name.endswith(".ptx"):
-      continue
+  for name in names:
     with open(os.path.join(folder, name)) as f:
       ptx = f.read()
     for kernel, body in kernels(ptx).items():
