@@ -78,8 +78,19 @@ class _Reference:
 
 def _gin_parser():
   """gin's parser, imported only where a gin file is read (the device
-  check's GPU image has no gin, and reads model_config.json here)."""
-  from gin import config_parser  # pylint: disable=g-import-not-at-top
+  check's GPU image has no gin, and reads model_config.json here).
+
+  Raises:
+    ImportError: gin-config is not installed (from the repository's root,
+      `import gin` then finds its `gin/` folder, and fails obscurely).
+  """
+  try:
+    from gin import config_parser  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ImportError("reading a gin file needs gin-config, not installed "
+                      "here: pip install gin-config (the project's "
+                      "dependency; the repository's gin/ folder is not "
+                      "it)") from None
   return config_parser
 
 

@@ -1,5 +1,7 @@
 """gin_reader.read_t5_config: a model gin file's T5Config without global gin."""
 
+import sys
+
 from conftest import REPO
 import gin
 import jax.numpy as jnp
@@ -283,3 +285,12 @@ def test_binary_gin_file_is_named(tmp_path):
       ValueError, match=f"{tmp_path / 'bad.gin'}: not a gin "
       "file: not UTF-8 text"):
     gin_utils.parse_gin([str(tmp_path / "bad.gin")], [], finalize=False)
+
+
+def test_without_gin_config_reading_a_gin_file_says_what_to_install(
+    monkeypatch):
+  """From the repository's root, `import gin` without gin-config finds the
+  gin/ folder and fails obscurely (the GPU image: gpu_aot's loops)."""
+  monkeypatch.setitem(sys.modules, "gin", None)
+  with pytest.raises(ImportError, match="pip install gin-config"):
+    gin_reader.read_t5_config("models/multi30k_target_38m.gin")

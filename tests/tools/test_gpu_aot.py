@@ -4,7 +4,9 @@ The flags, the missing plugin's message and the summary; the compile
 itself: tests/e2e/test_gpu_aot_e2e.py.
 """
 import importlib.util
+import json
 import os
+import types
 
 import pytest
 
@@ -130,3 +132,33 @@ def test_summary_reads_the_barriers_loads():
       "before them (10 loads)",
       "barriers tall_mma_persistent_prefetch k_8: XlaRuntimeError: refused",
   ]
+
+
+def test_each_group_is_written_before_the_next_and_gin_read_first(
+    tmp_path, monkeypatch):
+  """A group's minutes of compiles survive a later group's crash; the
+  loops group's gin files are read before any group compiles."""
+  output = tmp_path / "aot.json"
+  monkeypatch.setattr(gpu_aot, "gpu_device",
+                      lambda config: types.SimpleNamespace(device_kind="H200"))
+  ran = []
+
+  def layers(f, device):
+    ran.append("layers")
+    return {"xla": {"per_decoder_layer": 26, "fixed": 8}}
+
+  def crashes(f, device):
+    raise RuntimeError("a later group's crash")
+
+  monkeypatch.setattr(gpu_aot, "_RUN", {"layers": layers, "sizes": crashes})
+  with pytest.raises(RuntimeError, match="later group"):
+    gpu_aot._body(["--groups=layers,sizes", f"--output={output}"])
+  assert json.loads(output.read_text())["layers"]["xla"]["fixed"] == 8
+
+  def no_gin(*args, **kwargs):
+    raise ImportError("reading a gin file needs gin-config")
+
+  monkeypatch.setattr(gpu_aot.gin_reader, "read_t5_config", no_gin)
+  with pytest.raises(ImportError, match="gin-config"):
+    gpu_aot._body(["--groups=layers,loops", "--small"])
+  assert ran == ["layers"]  # Nothing compiled the second time.

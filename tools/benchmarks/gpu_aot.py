@@ -59,6 +59,7 @@ from specdec_jax.core.decoding import loops
 from specdec_jax.core.kernels import gpu
 from specdec_jax.core.kernels import gpu_tiles
 from specdec_jax.core.models import T5Config
+from specdec_jax.files import io_utils
 from specdec_jax.terminal import console
 from tools.benchmarks import common
 from tools.benchmarks import iteration_hlo
@@ -545,12 +546,16 @@ def _body(argv: Optional[Sequence[str]]) -> None:
       "small": f.small,
       "host": common.host(),
   }
+  if "loops" in f.groups:
+    _pairs(f)  # Its gin files read (gin-config) before any compile.
   for group in f.groups:
     start = time.perf_counter()
     with console.filtered_stderr(lambda line: bool(_INFO.match(line))):
       result[group] = _RUN[group](f, device)
     print(f"{group}: compiled in {time.perf_counter() - start:.0f} s",
           flush=True)
+    if f.output:  # A later group's crash keeps this one's (minutes).
+      io_utils.write_json(f.output, result)
   if f.device_check:
     result["grids_fit"] = grids_fit(result, f.device_check)
   for by_preset in result.get("grids", {}).values():
@@ -586,7 +591,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   **ENVIRONMENT, _STARTED: "1"
               })
   return console.run_cli("gpu_aot", lambda: _body(argv),
-                         (common.BenchmarkFlagError,), (RuntimeError,))
+                         (common.BenchmarkFlagError,),
+                         (RuntimeError, ImportError))
 
 
 if __name__ == "__main__":
