@@ -292,7 +292,8 @@ shows `drafter`, `lenience` (marked "not exact" below 1) and
 Above its tables, `table2.md` names the machines its runs recorded
 (`machine`: processor kind, CPUs, the CPU kernel's instruction set, JAX)
 and says so when they are more than one: speedups measured on different
-machines do not compare.
+machines do not compare; `table2.csv` gives each run's in its `machine`
+column (empty: not recorded).
 
 ## The names the numbers are printed under
 

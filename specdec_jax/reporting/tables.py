@@ -257,12 +257,14 @@ _CSV_FIELDS = [
     "theoretical_speedup_measured_call_cost", "tokens_per_target_call",
     "greedy_identical_examples", "quality_metric", "quality_baseline",
     "quality_speculative", "quality_p_value", "best_gamma_for_draft", "starred",
-    "synthetic", "drafter", "lenience", "exact", *_BOUND_KEYS, "run_name"
+    "synthetic", "drafter", "lenience", "exact", *_BOUND_KEYS, "run_name",
+    "machine"
 ]
 
 
 def _table2_csv(rows: Sequence[Dict[str, Any]]) -> str:
-  """table2.csv: every run of `annotate_best`, one line each."""
+  """table2.csv: every run of `annotate_best`, one line each (`machine`:
+  `_machine`'s words, empty when not recorded)."""
   buf = io.StringIO()
   writer = csv.writer(buf, lineterminator="\n")
   writer.writerow(_CSV_FIELDS)
@@ -271,7 +273,7 @@ def _table2_csv(rows: Sequence[Dict[str, Any]]) -> str:
     rec = dict(r, tokens_per_target_call=measured_tokens_per_call(r),
                quality_metric=q[0], quality_baseline=q[1],
                quality_speculative=q[2], quality_p_value=_p_value(r),
-               synthetic=bool(r.get("synthetic")))
+               synthetic=bool(r.get("synthetic")), machine=_machine(r))
     writer.writerow([
         "" if rec.get(f) is None else
         (int(rec[f]) if isinstance(rec[f], bool) else rec[f])

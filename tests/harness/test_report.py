@@ -656,6 +656,9 @@ def test_table2_names_the_machines_and_warns_when_they_differ(tmp_path):
   assert ", 4 CPUs, CPU kernel avx512, JAX 0.10.2 (1 run)" in text
   assert f"CPU kernel avx2, JAX 0.10.2 ({len(names) - 1} runs)" in text
   assert "more than one machine: their speedups do not compare." in text
+  machines = {r["run_name"]: r["machine"] for r in _read_csv(out / "table2.csv")}
+  assert ", 4 CPUs, CPU kernel avx512" in machines[names[0]]
+  assert all(", 2 CPUs, CPU kernel avx2" in machines[n] for n in names[1:])
   path = root / names[1] / "metrics.json"
   metrics = json.loads(path.read_text())
   del metrics["machine"]
@@ -663,3 +666,5 @@ def test_table2_names_the_machines_and_warns_when_they_differ(tmp_path):
   assert report.main([str(root), "--output_dir", str(tmp_path / "out2")]) == 0
   assert "; not recorded (1 run)." in (tmp_path / "out2" /
                                        "table2.md").read_text()
+  rows = _read_csv(tmp_path / "out2" / "table2.csv")
+  assert [r["machine"] for r in rows if r["run_name"] == names[1]] == [""]
