@@ -109,6 +109,41 @@ def test_a_refused_program_is_a_result_not_a_crash():
   assert gpu_aot._timed(refused) == {"error": "ValueError: Triton refused"}
 
 
+def test_summary_names_each_presets_spills_and_refused_calls():
+  """A preset's line: its calls' spills, then each call Triton or XLA
+  refused (an XXL call over the GPU's shared memory was left out)."""
+  result = {
+      "tiles": {
+          "fold": {
+              "spills": {
+                  "decode_layers": [8, 8]
+              },
+              "calls": {
+                  "small/k_8": {
+                      "spills": {}
+                  },
+                  "xxl/k_1": {
+                      "error": "JaxRuntimeError: RESOURCE_EXHAUSTED"
+                  },
+              }
+          },
+          "split": {
+              "spills": {},
+              "calls": {
+                  "xxl/k_8": {
+                      "spills": {}
+                  }
+              }
+          },
+      }
+  }
+  assert gpu_aot.summary(result) == [
+      "tiles fold: spills small/k_1 decode_layers 8 B; xxl/k_1 "
+      "JaxRuntimeError: RESOURCE_EXHAUSTED",
+      "tiles split: no spills",
+  ]
+
+
 def test_summary_reads_the_barriers_loads():
   """A line per preset and call: the barriers with loads issued before
   them, of all the runs' barriers, or the compile's error."""

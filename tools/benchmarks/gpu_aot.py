@@ -419,13 +419,14 @@ def summary(result: Dict[str, Any]) -> List[str]:
     lines.append(f"{path:7s} {c['per_decoder_layer']} kernels/decoder layer "
                  f"+ {c['fixed']} fixed per step (T5-small-shaped)")
   for name, t in result.get("tiles", {}).items():
-    spilled = [
-        f"{call} {fn} {stores} B" for call, r in sorted({
-            **t.get("calls", {}), "small/k_1": t
-        }.items()) for fn, (stores, _) in sorted(r.get("spills", {}).items())
-    ]
+    calls = sorted({**t.get("calls", {}), "small/k_1": t}.items())
+    spilled = ", ".join(f"{call} {fn} {stores} B" for call, r in calls
+                        for fn, (stores,
+                                 _) in sorted(r.get("spills", {}).items()))
+    refused = "".join(
+        f"; {call} {r['error']}" for call, r in calls if "error" in r)
     lines.append(f"tiles {name}: " +
-                 ("spills " + ", ".join(spilled) if spilled else "no spills"))
+                 (f"spills {spilled}" if spilled else "no spills") + refused)
   for size, by_preset in result.get("grids", {}).items():
     for preset, g in by_preset.items():
       if "error" in g:
