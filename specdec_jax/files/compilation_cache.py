@@ -239,10 +239,10 @@ def enable() -> str:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   # A size limit makes JAX lock the folder for every read and write, so
   # that processes sharing it never read an entry still being written.
-  # Without filelock (an environment not installed from pyproject, e.g. a
-  # GPU image's) JAX refuses every read and write under any limit, one set
-  # by JAX_COMPILATION_CACHE_MAX_SIZE too: none then (-1), the entries'
-  # atomic writes below keeping readers safe.
+  # Without filelock (an environment not installed from pyproject, e.g.
+  # the device check's in a GPU image) JAX refuses every read and write
+  # under any limit, one set by JAX_COMPILATION_CACHE_MAX_SIZE too: none
+  # then (-1), the entries' atomic writes below keeping readers safe.
   jax.config.update(
       "jax_compilation_cache_max_size", MAX_SIZE_BYTES
       if importlib.util.find_spec("filelock") is not None else -1)

@@ -140,9 +140,10 @@ def test_corrupt_compilation_cache_is_named_and_repaired(tmp_path):
 
 
 def test_the_compilation_cache_works_without_filelock(tmp_path):
-  """An environment without filelock (a GPU image's: the device check's
-  small mode turns the cache on): JAX refuses a size limit there; every
-  read and write failed, and each run named a valid entry unreadable."""
+  """An environment without filelock (the device check's small mode, run
+  in a GPU image's packages, turns the cache on): JAX refuses a size
+  limit there; every read and write failed, and each run named a valid
+  entry unreadable."""
   folder = str(tmp_path / "jax-cache")
   script = "import sys; sys.modules['filelock'] = None\n" + _JIT
 

@@ -37,7 +37,7 @@ from tools.device_check import exactness
 
 PACKAGES = ("jax", "jaxlib", "flax", "numpy", "scipy", "optax",
             "orbax-checkpoint", "tensorstore", "sentencepiece", "absl-py",
-            "gin-config", "seqio", "tensorflow")
+            "gin-config", "seqio", "tensorflow", "filelock")
 # Environment settings that only the CPU backend reads.
 CPU_ONLY_ENV = {
     "SPECDEC_JAX_KERNEL_ISA": "the CPU matmul kernel's instruction set",
