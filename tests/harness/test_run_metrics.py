@@ -264,9 +264,9 @@ def test_report_run_table_shows_drafter_lenience_and_bound():
       l.endswith("| bigram | 0.5 (not exact) | 1.30X / 1.30X / 1.70X |")
       for l in rows)
   header, *lines = text.splitlines()
-  assert header.split(",")[-7:] == [
+  assert header.split(",")[-8:] == [
       "drafter", "lenience", "exact", "fixed_gamma_speedup", "achieved_speedup",
-      "oracle_speedup", "run_name"
+      "oracle_speedup", "run_name", "machine"
   ]
   assert sum(",model,1.0,1,,,," in l for l in lines) == 8
   assert any(",bigram,0.5,0,1.3,1.3,1.7,lenient" in l for l in lines)
