@@ -9,6 +9,7 @@ instead of each compiling its own.
 import dataclasses
 import functools
 import gc
+import importlib.util
 import os
 import pathlib
 
@@ -36,10 +37,13 @@ if os.environ.get("SPECDEC_JAX_TEST_CACHE", "1") != "0":
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
   # A size limit makes JAX lock the cache folder (filelock) for each read
   # and write: the two workers and their subprocesses share it, and an
-  # entry read while another process writes it aborts XLA.
+  # entry read while another process writes it aborts XLA. Without
+  # filelock JAX refuses every read and write under a limit: none then
+  # (the atomic writes below keep readers safe), as `enable()` does.
   from specdec_jax.files import compilation_cache as _cache  # no jax import
-  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE",
-                        str(_cache.MAX_SIZE_BYTES))
+  if importlib.util.find_spec("filelock") is not None:
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE",
+                          str(_cache.MAX_SIZE_BYTES))
   _cache.add_missing_atimes(os.environ["JAX_COMPILATION_CACHE_DIR"])
   _cache.remove_stale_partials(os.environ["JAX_COMPILATION_CACHE_DIR"])
   # The suite writes thousands of entries (most of them eager one-op

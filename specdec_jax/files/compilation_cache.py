@@ -20,8 +20,11 @@ ENV_OFF = "SPECDEC_JAX_COMPILATION_CACHE"
 # jax/_src/compiler.py's warning when an entry fails to load.
 _READ_ERROR = re.compile(
     r"Error reading persistent compilation cache entry for '([^']+)'")
-# Not corrupt: a COMPILE_TOPOLOGY program needs a TPU client; it is kept.
-_NO_CLIENT = "must be constructed with a Client"
+# Errors that are not about an entry's bytes; its entries are kept. A
+# COMPILE_TOPOLOGY program needs a TPU client to load; a cache JAX cannot
+# open (a size limit without filelock, a URL without etils) fails every
+# read, valid entries too.
+_NOT_THE_ENTRY = ("must be constructed with a Client", "Please install")
 
 # Set only for JAX's lock; nothing is evicted (`skip_eviction_scans`).
 MAX_SIZE_BYTES = 32 << 30
@@ -256,9 +259,10 @@ def enable() -> str:
 
 def repair_entry(folder: str, message: str):
   """Removes every entry of the program (`jit_f`) a JAX read-error warning
-  names (it names no key); returns the name, or None for another message."""
+  names (it names no key); returns the name, or None for another message
+  or an error that is not the entry's (`_NOT_THE_ENTRY`)."""
   match = _READ_ERROR.search(message)
-  if match is None or _NO_CLIENT in message:
+  if match is None or any(why in message for why in _NOT_THE_ENTRY):
     return None
   name = re.compile(re.escape(match.group(1)) + r"-[0-9a-f]+-(cache|atime)$")
   for entry in os.listdir(folder) if os.path.isdir(folder) else ():

@@ -154,6 +154,12 @@ def test_cache_repair_removes_only_that_module_entries(tmp_path):
       "'jit_g': JaxRuntimeError: INVALID_ARGUMENT: PjRtCompiler must be "
       "constructed with a Client to call DeserializeLoadedExecutable.") is None
   assert (folder / "jit_g-ef56-cache").exists()
+  # A cache JAX cannot open fails every read: its entries are not corrupt.
+  assert compilation_cache.repair_entry(
+      str(folder), "Error reading persistent compilation cache entry for "
+      "'jit_g': RuntimeError: Please install the `filelock` package to set "
+      "`jax_compilation_cache_max_size`") is None
+  assert (folder / "jit_g-ef56-cache").exists()
 
 
 # ---------------------------------------------------------------------------
