@@ -687,23 +687,29 @@ def test_folded_outputs_take_two_barriers_fewer_a_layer(wide_world,
   projection's partial sums (blocks of (head, 64 columns) here: 6
   programs a row, 2 heads), read by the next stage as it reads the
   residual: 5 barriers in a layer, not 7, still XLA's logits, a token's
-  the same bits in a call of 1 or of 3."""
+  the same bits in a call of 1 or of 3; not where the sums are wider than
+  `gpu_layers.FOLD_PARTS_BYTES` a row."""
   fused, enc, dec, want, _ = wide_world
   waits = []
   wait = _gpu_grid.Stages.wait
   monkeypatch.setattr(_gpu_grid.Stages, "wait", lambda self:
                       (waits.append(1), wait(self))[1])
-  counted = {}
-  for fold in (False, True):
+  counted, ones = {}, {}
+  # "wide": heads' partial sums over FOLD_PARTS_BYTES a row (XXL's):
+  # unfolded, the same bits as without fold_outputs.
+  for fold, parts_bytes in ((False, None), (True, None), ("wide", 0)):
+    if parts_bytes is not None:
+      monkeypatch.setattr(gpu_layers, "FOLD_PARTS_BYTES", parts_bytes)
     waits.clear()
     tiles = gpu_tiles.Tiles(dot=True, columns=16, split_heads=True, slots=2,
-                            programs=12, prefetch=True, fold_outputs=fold)
+                            programs=12, prefetch=True, fold_outputs=bool(fold))
     with gpu_tiles.tiles(tiles):
       one, chunked = _decode_traced_now(fused, enc, dec, [1] * 4, [3, 1])
     np.testing.assert_allclose(one, want, atol=F32_ATOL)
     np.testing.assert_array_equal(one, chunked)
-    counted[fold] = len(waits) / 2  # traced for k 1 and 3, 1 layer each
-  assert counted == {False: 7, True: 5}
+    counted[fold], ones[fold] = len(waits) / 2, one  # k 1 and 3, 1 layer
+  assert counted == {False: 7, True: 5, "wide": 7}
+  np.testing.assert_array_equal(ones["wide"], ones[False])
   assert [
       gpu_layers.out_columns(*a)
       for a in ((512, 6, 128), (128, 2, 64), (768, 12, 128), (128, 2, 6))

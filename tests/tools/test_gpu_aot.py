@@ -20,6 +20,7 @@ from tools.benchmarks import gpu_aot
     (["--paths=xla,cpu_kernel"], "--paths", "'cpu_kernel'"),
     (["--presets=mma,huge"], "--presets", "'huge'"),
     (["--gamma=0"], "--gamma", "0"),
+    (["--call_sizes=xxl,huge"], "--call_sizes", "'huge'"),
     (["--target_config=/no/such/file.txtpb"
      ], "--target_config", "'/no/such/file.txtpb'"),
 ])
@@ -35,6 +36,27 @@ def test_without_the_cuda_plugin_the_error_says_what_to_install(monkeypatch):
   monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
   with pytest.raises(RuntimeError, match=r"run scripts/gpu_aot\.sh"):
     gpu_aot.gpu_device(gpu_aot.H200)
+
+
+def test_the_tiles_group_compiles_each_call_size(monkeypatch):
+  """`--call_sizes`: each size's one- and (γ+1)-token target calls per
+  preset, after the small draft's (γ+1)-token call."""
+  compiled = []
+
+  def step(config, path, device, k):
+    compiled.append((config.emb_dim, k))
+    return {"spills": {}}
+
+  monkeypatch.setattr(gpu_aot, "_step", step)
+  monkeypatch.setattr(gpu_aot.paths, "abstract_model", lambda *a: None)
+  monkeypatch.setattr(gpu_aot.paths, "loop_hlo", lambda *a, **k: "")
+  monkeypatch.setattr(gpu_aot.paths, "kernel_counts", lambda hlo: {})
+  out = gpu_aot.tiles(
+      gpu_aot.parse_args(["--presets=mma", "--call_sizes=base,xxl"]), None)
+  assert list(out["mma"]["calls"]) == [
+      "small/k_8", "base/k_1", "base/k_8", "xxl/k_1", "xxl/k_8"
+  ]
+  assert compiled == [(512, 8), (768, 1), (768, 8), (4096, 1), (4096, 8)]
 
 
 def test_summary_reads_layers_and_loops():

@@ -15,7 +15,8 @@ programs XLA:GPU and Triton compile (issue 56), per decode path ('xla',
   kernel of the 'fused' path for sm_90;
 * `tiles`: the small decoder on 'fused' with each tile preset (those of
   `--presets`), and the registers ptxas spilled under each in the
-  (γ+1)-token call and the XXL target's calls;
+  (γ+1)-token call and the one- and (γ+1)-token calls of the sizes of
+  `--call_sizes` (the XXL target's);
 * `option_sets`: each XLA:GPU option set of the device check, accepted or
   refused by this jaxlib, and the kernels under it;
 * `loops`: per pair (the shipped one, T5-XXL with a T5-small draft) the
@@ -43,6 +44,7 @@ import functools
 import importlib.util
 import json
 import os
+import pathlib
 import re
 import sys
 import tempfile
@@ -69,45 +71,9 @@ from tools.device_check import common as check_common
 from tools.device_check import paths
 
 SCHEMA = "tools.benchmarks.gpu_aot/1"
-# The device machine's H200 (the device library's KINDS.md, 2026-10-28 and
-# -11-04: 132 multiprocessors, 60 MB of L2, 143771 MiB, CUDA 13.0; the
-# datasheet: 4.8 TB/s; Hopper's per-SM limits). XLA reads the compute
-# capability, the SM count and the memory limits; the rest is its cost
-# model's.
-H200 = """gpu_device_info {
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152
-  shared_memory_per_core: 233472
-  threads_per_core_limit: 2048
-  core_count: 132
-  fpus_per_core: 128
-  block_dim_limit_x: 2147483647
-  block_dim_limit_y: 65535
-  block_dim_limit_z: 65535
-  memory_bandwidth: 4800000000000
-  l2_cache_size: 62914560
-  clock_rate_ghz: 1.98
-  device_memory_size: 150755000320
-  shared_memory_per_block_optin: 232448
-  cuda_compute_capability {
-    major: 9
-    minor: 0
-  }
-  registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-}
-platform_name: "CUDA"
-dnn_version_info {
-  major: 9
-  minor: 12
-}
-runtime_version {
-  major: 13
-  minor: 0
-}
-device_description_str: "NVIDIA H200"
-"""
+# The device machine's H200 as XLA's GpuTargetConfigProto (its sources in
+# the file's comments).
+H200 = (pathlib.Path(__file__).parent / "h200.txtpb").read_text()
 GROUPS = ("layers", "sizes", "tiles", "option_sets", "loops", "grids",
           "barriers")
 DEFAULT_GROUPS = GROUPS[:5]
@@ -209,7 +175,8 @@ def tiles(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
   """The small decoder on 'fused' with each tile preset, and the warps per
   program its Triton kernels were compiled with (the preset's: it was
   traced under it); `calls`: the registers ptxas spilled per preset in
-  the (γ+1)-token call and, at the paper's sizes, the XXL target's calls."""
+  the (γ+1)-token call and, at the paper's sizes, the calls of the sizes
+  of `--call_sizes` (the XXL target's)."""
   out = {}
   for name in f.presets:
     preset = gpu_tiles.TILE_PRESETS[name]
@@ -224,7 +191,7 @@ def tiles(f: argparse.Namespace, device: Any) -> Dict[str, Any]:
     out[name] = _timed(compiled)
     calls = [("small", f.gamma + 1)]
     if not f.small:
-      calls += [("xxl", 1), ("xxl", f.gamma + 1)]
+      calls += [(size, k) for size in f.call_sizes for k in (1, f.gamma + 1)]
     out[name]["calls"] = {}
     for size, k in calls:
 
@@ -493,6 +460,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
       "--presets", default=",".join(gpu_tiles.TILE_PRESETS),
       help="the tiles and loops groups' tile presets "
       "(kernels.gpu_tiles.TILE_PRESETS), comma-separated")
+  p.add_argument(
+      "--call_sizes", default="xxl",
+      help="the tiles group's target calls' sizes, comma-separated, "
+      f"of {', '.join(SIZES)} (not with --small)")
   p.add_argument("--gamma", type=int, default=7,
                  help="the sizes group's (γ+1)-token call")
   p.add_argument("--small", action="store_true",
@@ -505,13 +476,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
       help="with the grids group: a device check's JSON whose 'fused' "
       "steps the kernels' model is fitted to")
   f = p.parse_args(argv)
-  f.groups = [g for g in f.groups.split(",") if g]
-  f.paths = [x for x in f.paths.split(",") if x]
-  f.presets = [x for x in f.presets.split(",") if x]
+  for name in ("groups", "paths", "presets", "call_sizes"):
+    setattr(f, name, [x for x in getattr(f, name).split(",") if x])
   for flag, values, allowed in (("groups", f.groups, GROUPS),
                                 ("paths", f.paths, ("xla", "packed", "fused")),
                                 ("presets", f.presets,
-                                 tuple(gpu_tiles.TILE_PRESETS))):
+                                 tuple(gpu_tiles.TILE_PRESETS)),
+                                ("call_sizes", f.call_sizes, SIZES)):
     bad = [v for v in values if v not in allowed] or ([] if values else [""])
     if bad:
       raise common.flag_error(flag, ",".join(bad),
@@ -544,6 +515,7 @@ def _body(argv: Optional[Sequence[str]]) -> None:
       "target_config": f.target_config or "built-in H200",
       "paths": f.paths,
       "presets": f.presets,
+      "call_sizes": [] if f.small else f.call_sizes,
       "small": f.small,
       "host": common.host(),
   }

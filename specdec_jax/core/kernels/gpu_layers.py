@@ -217,7 +217,7 @@ def decoder_layers(
   batch = x.shape[0]
   programs = programs_per_row(batch)
   kernel = _layers_body(x, layers, bias, activations, programs, eps)
-  fold = _folds(programs)
+  fold = _folds(programs, layers[0][1].shape[0], x.shape[-1])
   rows_in, rows_specs = _rows_in(x, _per_row)
   bias_in, bias_specs = gpu.self_bias_inputs(bias, per_head=False)
   if not programs:
@@ -263,7 +263,7 @@ def _layers_body(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
   heads, _, _, head_dim = wqkv.shape
   length, enc, mlp = keys.shape[-1], cross_keys.shape[-1], wi.shape[-1]
   t = gpu_tiles.current_tiles().for_weights(wi.dtype)
-  fold = _folds(programs)
+  fold = _folds(programs, heads, emb)
   return functools.partial(
       _run_kernel.layers_kernel, layers=len(layers), fold=fold,
       ob=out_columns(emb, heads, programs) if fold else 0,
@@ -281,11 +281,27 @@ def _layers_body(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
       t.attention_dot)
 
 
-def _folds(programs: int) -> bool:
-  """Whether a run of layers over `programs` folds its attentions' output
-  projections (`Tiles.fold_outputs`, with `split_heads`)."""
+# `Tiles.fold_outputs` folds layers whose heads' partial sums take at most
+# this many bytes a row, which every block of the stage after an
+# attention reads: T5-small's, base's and large's (6 x 512, 12 x 768,
+# 16 x 1024 float32: 12, 36, 64 KB; their one-layer 1- and 8-token calls
+# compiled here for an H200, 2026-12-01). XXL's are 1 MB a row (64 x 4096),
+# and its folded kernels asked for more shared memory than an H200 has
+# (227 KB): 264 KB at 1 token (a head's [64, 2048] block of the output
+# projection), 1.1 MB at 8 (at 64-deep MLP blocks, not 512: 264 KB). Wider
+# layers run unfolded: eight stages.
+FOLD_PARTS_BYTES = 64 << 10
+
+
+def _folds(programs: int, heads: int, emb: int) -> bool:
+  """Whether a run of layers over `programs`, of `heads` heads and width
+  `emb`, folds its attentions' output projections (`Tiles.fold_outputs`,
+  with `split_heads`; partial sums [heads, emb] float32 a row of at most
+  `FOLD_PARTS_BYTES`). The model's shape decides, never the call's
+  tokens: a token's bits are the same in a call of any length."""
   t = gpu_tiles.current_tiles()
-  return bool(t.fold_outputs and t.split_heads and programs)
+  return bool(t.fold_outputs and t.split_heads and programs and
+              heads * emb * 4 <= FOLD_PARTS_BYTES)
 
 
 def out_columns(emb: int, heads: int, programs: int) -> int:
