@@ -284,12 +284,13 @@ def _layers_body(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
 # `Tiles.fold_outputs` folds layers whose heads' partial sums take at most
 # this many bytes a row, which every block of the stage after an
 # attention reads: T5-small's, base's and large's (6 x 512, 12 x 768,
-# 16 x 1024 float32: 12, 36, 64 KB; their one-layer 1- and 8-token calls
-# compiled here for an H200, 2026-12-01). XXL's are 1 MB a row (64 x 4096),
-# and its folded kernels asked for more shared memory than an H200 has
-# (227 KB): 264 KB at 1 token (a head's [64, 2048] block of the output
-# projection), 1.1 MB at 8 (at 64-deep MLP blocks, not 512: 264 KB). Wider
-# layers run unfolded: eight stages.
+# 16 x 1024 float32: 12, 36, 64 KB; their 1- and 8-token calls compile for
+# an H200: benchmarks/issue56_gpu_aot_jax0112_fold_sizes.json). XXL's are
+# 1 MB a row (64 x 4096), and its folded kernels asked for more shared
+# memory than an H200 has (227 KB): 264 KB at 1 token (a head's [64, 2048]
+# block of the output projection), 1.1 MB at 8 (each row's sums at the
+# stages' 256- and 512-deep blocks; with 64-deep ones 264 KB). Wider layers
+# run unfolded: eight stages.
 FOLD_PARTS_BYTES = 64 << 10
 
 
