@@ -216,8 +216,8 @@ def decoder_layers(
       wo), k, v, ck, cv in zip(weights, keys, values, cross_keys, cross_values)]
   batch = x.shape[0]
   programs = programs_per_row(batch)
-  kernel = _layers_body(x, layers, bias, activations, programs, eps)
-  fold = _folds(programs, layers[0][1].shape[0], x.shape[-1])
+  fold = _folds(programs, layers[0][1].shape[0], x.shape[-1])  # wqkv's H
+  kernel = _layers_body(x, layers, bias, activations, programs, fold, eps)
   rows_in, rows_specs = _rows_in(x, _per_row)
   bias_in, bias_specs = gpu.self_bias_inputs(bias, per_head=False)
   if not programs:
@@ -255,15 +255,15 @@ def decoder_layers(
 
 def _layers_body(x: Union[Array, Embedded], layers: Sequence[Sequence[Array]],
                  bias: gpu.SelfBias, activations: Sequence[str], programs: int,
-                 eps: float) -> Callable:
+                 fold: bool, eps: float) -> Callable:
   """`decoder_layers`' kernel: `_run_kernel.layers_kernel` with its blocks
-  (the current tiles', for the layers' weights' dtype)."""
+  (the current tiles', for the layers' weights' dtype); `fold`:
+  `_folds`'."""
   _, _, emb = x.shape
   _, wqkv, keys, _, _, _, _, cross_keys, _, _, _, wi, _ = layers[0]
   heads, _, _, head_dim = wqkv.shape
   length, enc, mlp = keys.shape[-1], cross_keys.shape[-1], wi.shape[-1]
   t = gpu_tiles.current_tiles().for_weights(wi.dtype)
-  fold = _folds(programs, heads, emb)
   return functools.partial(
       _run_kernel.layers_kernel, layers=len(layers), fold=fold,
       ob=out_columns(emb, heads, programs) if fold else 0,
