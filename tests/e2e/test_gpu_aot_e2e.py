@@ -83,15 +83,19 @@ def test_the_shipped_pairs_loops_compile_for_an_h200(tmp_path):
     # On a GPU's path the draft steps are unrolled, its catch-up no branch.
     assert (spec["nested_loops"],
             len(spec["conditionals"])) == loops_and_branches, (path, spec)
-  # The emit is the buffer's select and `done` (`loops.emit_verdict`: no
-  # stacked window, no scatter, no EOS reduction: each a kernel of its own).
+  # The emit is the buffer's select (`loops.emit_verdict`: no stacked
+  # window, no scatter, no EOS reduction: each a kernel of its own); `done`
+  # and the loop's test are one kernel, and the test computation none
+  # (`loops.until_done`), in both loops.
   spec = result["loops"]["shipped"]["fused"]["speculative"]
-  assert spec["body_by_part"]["emit"] == 2, spec
+  assert spec["body_by_part"]["emit"] == 1, spec
+  for loop in ("baseline", "speculative"):
+    assert result["loops"]["shipped"]["fused"][loop]["condition"] == 0, loop
   # Each kernel outside the model calls named (`outside_model_call_kernels`).
   named = spec["outside_model_call_kernels"]
   assert len(named) == spec["outside_model_calls"], named
   assert [k.split(" -> ")[0] for k in named if k.startswith("emit:")
-         ] == ["emit: emit/or", "emit: emit/jit(_where)/select_n"], named
+         ] == ["emit: emit/jit(_where)/select_n"], named
   # The shipped draft's two layers as one kernel (`Tiles.layer_bytes`):
   # Triton compiles it for an H200 without spills, and an iteration
   # launches 2 x 6 - 1 kernels fewer per draft step; in steps 2..γ the

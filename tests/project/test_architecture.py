@@ -21,8 +21,8 @@ import pytest
 PACKAGE = REPO / "specdec_jax"
 CORE_DIR = PACKAGE / "core"
 # The core's units: a package (directory) or a top-level module.
-CORE = ("environment", "protocols", "structs", "sampling", "acceptance",
-        "kernels", "models", "drafters", "decoding")
+CORE = ("environment", "protocols", "structs", "carried_while", "sampling",
+        "acceptance", "kernels", "models", "drafters", "decoding")
 # Third-party packages of the harness.
 FORBIDDEN_THIRD_PARTY = ("gin", "absl", "seqio", "tensorflow", "orbax",
                          "matplotlib")

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from specdec_jax.core import carried_while
 from specdec_jax.core import structs
 from specdec_jax.core.decoding.checks import check_encoder_inputs
 from specdec_jax.core.decoding.checks import check_eos_id
@@ -344,7 +345,7 @@ def beam_search_loop(target: Target, encoder_input_tokens: Array, alpha: Array,
     return (beams, gather_rows(state, beam_rows(parents,
                                                 beam_size)), element_steps)
 
-  beams, _, element_steps = lax.while_loop(
+  beams, _, element_steps = carried_while.while_loop(
       lambda carry: beams_alive(carry[0], alpha, max_decode_len), body,
       (beams, state, jnp.zeros((batch,), jnp.int32)))
   tokens, scores = final_beams(beams)

@@ -30,8 +30,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
+from specdec_jax.core import carried_while
 from specdec_jax.core import kernels
 from specdec_jax.core import sampling
 from specdec_jax.core import structs
@@ -69,6 +69,11 @@ def _finish(buffer: Array, lengths: Array, max_decode_length: int) -> Array:
   tokens = buffer[:, 1:max_decode_length + 1]
   positions = jnp.arange(1, max_decode_length + 1)
   return jnp.where(positions[None, :] <= lengths[:, None], tokens, 0)
+
+
+def _running(s: Any) -> Array:
+  """[] bool: some row of the loop state `s` is not done."""
+  return jnp.logical_not(jnp.all(s.done))
 
 
 def _truncate_at_eos(columns: Sequence[Array], num_new: Array,
@@ -192,9 +197,6 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
         buffer=buffer, length=jnp.zeros((batch,), jnp.int32), done=jnp.zeros(
             (batch,), bool), last=buffer[:, 0])
 
-  def cond(s):
-    return jnp.logical_not(jnp.all(s.done))
-
   def body(s):
     with jax.named_scope("verify"):  # the target step
       logits, target_state = target.decode_chunk(s.last[:, None],
@@ -215,7 +217,7 @@ def temperature_loop(target: Target, encoder_input_tokens: Array, rng: Array,
                           buffer=buffer, length=length, done=done,
                           last=token.astype(jnp.int32))
 
-  state = lax.while_loop(cond, body, state)
+  state = carried_while.while_loop(_running, body, state)
   return DecodeOutput(
       tokens=_finish(state.buffer, state.length, max_decode_length),
       lengths=state.length, target_calls=state.length)
@@ -427,8 +429,7 @@ def speculative_loop(target: Target, drafter: Drafter,
                                  max_decode_length=max_decode_length,
                                  method=method)
 
-  state = lax.while_loop(lambda s: jnp.logical_not(jnp.all(s.done)), body,
-                         state)
+  state = carried_while.while_loop(_running, body, state)
   return SpeculativeOutput(
       tokens=_finish(state.buffer, state.length,
                      max_decode_length), lengths=state.length,

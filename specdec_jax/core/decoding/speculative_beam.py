@@ -59,6 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from specdec_jax.core import carried_while
 from specdec_jax.core import kernels
 from specdec_jax.core import structs
 from specdec_jax.core.decoding import beam_search
@@ -270,7 +271,7 @@ def _replay(beams: Beams, logits: Array, row_seqs: Array, depth: Array,
     return beams, offset + 1, row, ok, steps + ok.astype(jnp.int32)
 
   zeros = jnp.zeros((batch,), jnp.int32)
-  beams, _, row, _, steps = lax.while_loop(
+  beams, _, row, _, steps = carried_while.while_loop(
       cond, body, (beams, jnp.zeros(
           (), jnp.int32), jnp.zeros(
               (batch, k), jnp.int32), jnp.ones((batch,), bool), zeros))
@@ -355,7 +356,7 @@ def speculative_beam_loop(target: Target, draft: Target,
                       gamma=gamma, num_rows=num_rows,
                       max_decode_len=max_decode_len)
 
-  state = lax.while_loop(alive, iteration, state)
+  state = carried_while.while_loop(alive, iteration, state)
   tokens, scores = beam_search.final_beams(state.beams)
   return SpeculativeBeamOutput(tokens=tokens, scores=scores,
                                steps=state.beams.step, calls=state.calls,

@@ -17,13 +17,14 @@ from typing import Any, Optional, cast
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
+from specdec_jax.core import carried_while
 from specdec_jax.core import kernels
 from specdec_jax.core import sampling
 from specdec_jax.core import structs
 from specdec_jax.core.decoding import checks
 from specdec_jax.core.decoding.loops import _finish
+from specdec_jax.core.decoding.loops import _running
 from specdec_jax.core.decoding.loops import _start_buffer
 from specdec_jax.core.decoding.loops import emit_verdict
 from specdec_jax.core.decoding.loops import EOS_ID
@@ -181,8 +182,7 @@ def tree_loop(target: Any, drafter: TreeModelDrafter,
                           gamma=gamma, width=width,
                           max_decode_length=max_decode_length, method=method)
 
-  state = lax.while_loop(lambda s: jnp.logical_not(jnp.all(s.done)), body,
-                         state)
+  state = carried_while.while_loop(_running, body, state)
   return TreeOutput(
       tokens=_finish(state.buffer, state.length, max_decode_length),
       lengths=state.length, target_calls=state.target_calls,

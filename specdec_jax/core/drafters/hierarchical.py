@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specdec_jax.core import carried_while
 from specdec_jax.core import sampling
 from specdec_jax.core import structs
 from specdec_jax.core.acceptance import ExactAcceptance
@@ -162,7 +163,7 @@ class HierarchicalDrafter(Drafter):
              jnp.zeros((batch,),
                        jnp.int32), length, work, out_tokens, out_probs)
     _, model_state, inner_state, _, known, _, out_tokens, out_probs = (
-        lax.while_loop(cond, body, carry))
+        carried_while.while_loop(cond, body, carry))
     return (HierarchicalState(model_state, known,
                               inner_state), out_tokens[:, :gamma],
             None if out_probs is None else out_probs[:, :gamma])

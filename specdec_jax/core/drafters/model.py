@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specdec_jax.core import carried_while
 from specdec_jax.core import protocols
 from specdec_jax.core import sampling
 from specdec_jax.core import structs
@@ -61,8 +62,9 @@ class ModelDrafter(Drafter):
   Adaptive γ (`confidence_threshold` t in (0, 1), paper §3.5): a row stops
   after a guess whose confidence (`guesses.confidence`: q(x) of the drawn
   token, or the top softmax probability at temperature 0) is below t, and
-  fills its other slots with NO_GUESS; the draft steps run in a
-  `lax.while_loop` that ends when every row has stopped (at most γ steps).
+  fills its other slots with NO_GUESS; the draft steps run in a while
+  loop (`carried_while`) that ends when every row has stopped (at most γ
+  steps).
   The stop depends only on the draft's own draws, so Algorithm 1 stays exact.
 
   A shared-encoder draft (`models.SharedEncoderModel`: a decoder reading the
@@ -227,7 +229,7 @@ class ModelDrafter(Drafter):
                            < threshold)
       return i + 1, model_state, draft_tokens, draft_probs, stopped
 
-    _, model_state, draft_tokens, draft_probs, _ = lax.while_loop(
+    _, model_state, draft_tokens, draft_probs, _ = carried_while.while_loop(
         cond, body,
         (jnp.int32(1), model_state, draft_tokens, draft_probs, stopped))
     # Fed: the prefix up to buffer[length], then x_1..x_{g-1} (g guesses);

@@ -29,8 +29,8 @@ from typing import Any, Iterable, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
+from specdec_jax.core import carried_while
 from specdec_jax.core import sampling
 from specdec_jax.core import structs
 from specdec_jax.core.drafters import guesses
@@ -224,7 +224,7 @@ class NGramDrafter(Drafter):
   Adaptive γ: a row stops after a guess whose confidence
   (`guesses.confidence`) is below `confidence_threshold` (a traced scalar:
   0, the default, never stops; changing it does not recompile). The guesses
-  run in a `lax.while_loop` that ends when every row has stopped; a guess
+  run in a while loop (`carried_while`) that ends when every row has stopped; a guess
   costs a table lookup, so the loop is the same program either way.
   """
   table: NGramTable
@@ -276,7 +276,7 @@ class NGramDrafter(Drafter):
         (batch, gamma), NO_GUESS,
         jnp.int32), None if method.is_greedy else jnp.zeros(
             (batch, gamma, vocab), jnp.float32), jnp.zeros((batch,), bool))
-    _, _, tokens, probs, _ = lax.while_loop(cond, body, carry)
+    _, _, tokens, probs, _ = carried_while.while_loop(cond, body, carry)
     return state, tokens, probs
 
   def rollback(self, state, length: Array):
