@@ -93,19 +93,15 @@ def _spread(s: _Rows) -> _Rows:
   return s.replace(done=s.done | jnp.roll(s.done, 1).at[0].set(True))
 
 
-def _running(s: _Rows) -> jax.Array:
-  return jnp.logical_not(jnp.all(s.done))
-
-
 def test_a_computing_test_counts_as_an_op():
   """`lax.while_loop`'s test is an op each iteration, the carried one's
   none, and both end at the same state: the tests above can fail."""
 
   def computed(done):
-    return lax.while_loop(_running, _spread, _Rows(done)).done
+    return lax.while_loop(loops._running, _spread, _Rows(done)).done
 
   def carried(done):
-    return carried_while.while_loop(_running, _spread, _Rows(done)).done
+    return carried_while.while_loop(loops._running, _spread, _Rows(done)).done
 
   done = np.zeros((3,), bool)
   assert _test_ops(computed, done) >= 1

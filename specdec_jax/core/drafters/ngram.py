@@ -224,8 +224,9 @@ class NGramDrafter(Drafter):
   Adaptive γ: a row stops after a guess whose confidence
   (`guesses.confidence`) is below `confidence_threshold` (a traced scalar:
   0, the default, never stops; changing it does not recompile). The guesses
-  run in a while loop (`carried_while`) that ends when every row has stopped; a guess
-  costs a table lookup, so the loop is the same program either way.
+  run in a while loop (`carried_while`) that ends when every row has
+  stopped; a guess costs a table lookup, so the loop is the same program
+  either way.
   """
   table: NGramTable
   confidence_threshold: Any = 0.0
