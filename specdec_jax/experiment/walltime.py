@@ -284,8 +284,9 @@ def theory_metrics(plan: DecodePlan, decoded: Decoded,
   }
   if plan.mode.one_path:
     out.update(
-        overheads.efficiency_split(alpha, gamma, decoded.spec_tokens,
-                                   calls_base, calls_spec, out))
+        overheads.efficiency_split(
+            alpha, gamma, decoded.spec_tokens, (calls_base, calls_spec),
+            (sum(decoded.base.iterations), sum(decoded.spec.iterations)), out))
   out.update(
       overheads.fixed_cost_metrics(
           decoded.batches, steps.target_step_s,

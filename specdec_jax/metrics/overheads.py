@@ -1,9 +1,10 @@
 """Where a run's walltime goes beyond Theorem 3.8 (issue 32), from what
-`walltime.decode_examples` measured anyway: the efficiency split and each
-decoder's fixed cost per example and marginal cost per iteration.
+`walltime.decode_examples` measured anyway: the efficiency split (with
+what a batch's slowest row costs, `batch_factor`) and each decoder's fixed
+cost per example and marginal cost per iteration.
 """
 import dataclasses
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -54,20 +55,59 @@ def fixed_cost_metrics(batches: Optional[BatchTimes], target_step_s: float,
   }
 
 
+def batch_factor(calls_base: int, calls_spec: int, iterations_base: int,
+                 iterations_spec: int) -> float:
+  """What waiting for a batch's slowest row costs the speedup: rows' target
+  calls per loop iteration, the speculative loop's over the baseline's.
+
+  A batch's loop runs until its last row ends, so a row that ends sooner
+  waits; the speculative loop's rows end less together (a row's calls
+  follow its acceptances as well as its length). 1 at batch 1; the
+  shipped pair at batch 8: 0.88 (`batched_iterations`).
+
+  Args:
+    calls_base, calls_spec: target calls summed over the examples' rows.
+    iterations_base, iterations_spec: loop iterations summed over batches
+      (each batch's rows' most calls).
+  """
+  if min(calls_base, calls_spec, iterations_base, iterations_spec) <= 0:
+    raise ValueError("batch_factor: calls and iterations must be positive, "
+                     f"got calls {calls_base}, {calls_spec} and iterations "
+                     f"{iterations_base}, {iterations_spec}")
+  return (calls_spec / iterations_spec) / (calls_base / iterations_base)
+
+
+def batched_iterations(calls: Sequence[int], batch_size: int) -> int:
+  """Loop iterations of decoding examples with `calls` [N] target calls
+  each in consecutive batches of `batch_size` (the last one short): the sum
+  of each batch's most calls. At T = 0 a row's calls do not depend on its
+  batch, so a batch-1 run's calls predict any batch size's iterations."""
+  if batch_size < 1:
+    raise ValueError(f"batch_size={batch_size}: must be at least 1")
+  calls = np.asarray(calls, np.int64)
+  return int(
+      sum(calls[i:i + batch_size].max()
+          for i in range(0, len(calls), batch_size)))
+
+
 def efficiency_split(alpha: float, gamma: int, spec_tokens: np.ndarray,
-                     calls_base: int, calls_spec: int,
+                     calls: Tuple[int, int], iterations: Tuple[int, int],
                      theory: Dict[str, float]) -> Dict[str, Any]:
   """metrics.json's `efficiency_split` (factors whose product is speedup /
   Theorem 3.8 at the measured call cost, as `RunMetrics` defines them) and
   Equation (1) without and with sentence ends, from the [N, T] speculative
   tokens (0 after EOS), each decoder's target calls summed over rows and
+  loop iterations summed over batches ((baseline, speculative) each) and
   `theory`'s `baseline_overhead` and `iteration_overhead`."""
+  (calls_base, calls_spec), (iterations_base,
+                             iterations_spec) = calls, iterations
   lengths = np.sum(spec_tokens != 0, axis=1)
   tokens = int(lengths.sum())
-  if tokens == 0 or calls_spec == 0:
+  if tokens == 0 or min(calls) <= 0 or min(iterations) <= 0:
     return {}
   iid = float(analysis.expected_tokens_per_iteration(alpha, gamma))
   ends = analysis.expected_tokens_per_call_with_ends(alpha, gamma, lengths)
+  batch = batch_factor(calls_base, calls_spec, iterations_base, iterations_spec)
   return {
       "theory_tokens_per_call": iid,
       "theory_tokens_per_call_with_ends": ends,
@@ -75,6 +115,8 @@ def efficiency_split(alpha: float, gamma: int, spec_tokens: np.ndarray,
           "sentence_ends": ends / iid,
           "acceptance": tokens / calls_spec / ends,
           "output_lengths": calls_base / tokens,
-          "time": theory["baseline_overhead"] / theory["iteration_overhead"],
+          "batch": batch,
+          "time": (theory["baseline_overhead"] / theory["iteration_overhead"] /
+                   batch),
       },
   }

@@ -156,12 +156,16 @@ class RunMetrics:
       block verification; null for trees and beams).
     theory_tokens_per_call_with_ends: the same with each output's last call cut
       at its end (`analysis.expected_tokens_per_call_with_ends`).
-    efficiency_split: {"sentence_ends", "acceptance", "output_lengths", "time"}:
-      factors whose product is speedup / theoretical_speedup_measured_call_cost
-      (`overheads.efficiency_split`): the sentence ends' cost in tokens per
-      call, measured tokens per call over the i.i.d. prediction with ends, the
-      baseline's tokens over the speculative ones, baseline_overhead /
-      iteration_overhead.
+    efficiency_split: {"sentence_ends", "acceptance", "output_lengths",
+      "batch", "time"}: factors whose product is speedup /
+      theoretical_speedup_measured_call_cost (`overheads.efficiency_split`):
+      the sentence ends' cost in tokens per call, measured tokens per call over
+      the i.i.d. prediction with ends, the baseline's tokens over the
+      speculative ones, what waiting for a batch's slowest row costs
+      (`overheads.batch_factor`: rows' calls per loop iteration, speculative
+      over baseline; 1 at batch 1), and the rest, baseline_overhead /
+      iteration_overhead / batch: each loop's walltime per iteration over its
+      model calls' (files before 2026-12-02: no "batch", which "time" held).
     fixed_cost_per_example_s: {"baseline", "speculative"}: each decoder's
       walltime per example that does not grow with its loop's iterations
       (dispatch, both encoders, set-up): the intercept of a least-squares line

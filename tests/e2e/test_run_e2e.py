@@ -24,6 +24,7 @@ from specdec_jax.metrics import run_metrics
 from specdec_jax.core.models import decode_paths
 from specdec_jax.core.models import init_params
 from specdec_jax.core.models import param_shapes
+from tools.benchmarks import batch_waits
 
 from run_helpers import parse_gin_files
 from run_helpers import run_cli
@@ -97,6 +98,15 @@ def test_local_tiny_end_to_end(tmp_path, caplog):
   assert np.prod(list(split.values())) == pytest.approx(
       written["speedup"] / written["theoretical_speedup_measured_call_cost"],
       rel=1e-9)
+  # Batching's factor: the rows' calls as predictions.jsonl records them
+  # give each batch's iterations (tools/benchmarks/batch_waits.py).
+  tokens, calls = batch_waits.read_run(str(tmp_path / "a" /
+                                           "predictions.jsonl"))
+  assert (sum(tokens), sum(calls)) == (written["tokens_generated"],
+                                       written["target_calls_speculative"])
+  assert batch_waits.batch_table(tokens, calls,
+                                 [2])[0]["batch_factor"] == pytest.approx(
+                                     split["batch"], rel=1e-12)
   # Two batches cannot fix a line through the batches' times: no fixed
   # cost is claimed (the fit itself: test_overheads).
   assert "fixed_cost_per_example_s" not in written

@@ -1,6 +1,8 @@
 """metrics.json's fixed cost per example and marginal overheads: a line
 through each batch's seconds against its loop iterations
-(`overheads.fixed_and_marginal`, `overheads.fixed_cost_metrics`)."""
+(`overheads.fixed_and_marginal`, `overheads.fixed_cost_metrics`); what a
+batch's slowest row costs (`overheads.batch_factor`,
+`overheads.batched_iterations`) and the efficiency split it joins."""
 import numpy as np
 import pytest
 
@@ -37,3 +39,56 @@ def test_metrics_divide_by_rows_and_by_the_priced_parts():
   assert out["marginal_baseline_overhead"] == pytest.approx(0.003 / 0.0025)
   assert out["marginal_iteration_overhead"] == pytest.approx(0.005 / 0.0046)
   assert overheads.fixed_cost_metrics(None, 0.0025, 0.0046) == {}
+
+
+def test_batched_iterations_sum_each_batchs_most_calls():
+  calls = [4, 2, 3, 3, 5, 1, 2]
+  assert overheads.batched_iterations(calls, 1) == sum(calls)
+  # Batches [4, 2, 3], [3, 5, 1], [2]: the last one short.
+  assert overheads.batched_iterations(calls, 3) == 4 + 5 + 2
+  assert overheads.batched_iterations(calls, 7) == 5
+  with pytest.raises(ValueError, match="batch_size=0"):
+    overheads.batched_iterations(calls, 0)
+
+
+def test_batch_factor_is_one_at_batch_1_and_below_when_rows_wait():
+  lengths = np.array([10, 12, 9, 11])  # the baseline's calls: a token each
+  calls = np.array([3, 6, 3, 3])  # one row keeps few guesses
+  one = overheads.batch_factor(lengths.sum(), calls.sum(),
+                               overheads.batched_iterations(lengths, 1),
+                               overheads.batched_iterations(calls, 1))
+  assert one == 1.0
+  # Batch 4: the baseline waits 12 - 10.5 tokens on average, the
+  # speculative loop 6 - 3.75 calls: (15 / 6) / (42 / 12).
+  four = overheads.batch_factor(lengths.sum(), calls.sum(),
+                                overheads.batched_iterations(lengths, 4),
+                                overheads.batched_iterations(calls, 4))
+  assert four == pytest.approx((15 / 6) / (42 / 12))
+  with pytest.raises(ValueError, match="iterations 12, 0"):
+    overheads.batch_factor(42, 15, 12, 0)
+
+
+def test_the_split_multiplies_to_the_efficiency_with_batches():
+  # Two rows in one batch at T = 0: the baseline's 6 and 4 tokens (their
+  # calls), the speculative loop's 2 and 3 calls; each loop's walltime per
+  # iteration over its model calls 1.2 (baseline) and 1.5 (speculative).
+  tokens = np.array([[5, 6, 7, 8, 9, 1], [5, 6, 7, 1, 0, 0]])
+  calls, iterations = (10, 5), (6, 3)
+  theory = {
+      "baseline_overhead": 1.2 * 6 / 10,  # walltime per row call
+      "iteration_overhead": 1.5 * 3 / 5,
+  }
+  out = overheads.efficiency_split(0.8, 3, tokens, calls, iterations, theory)
+  split = out["efficiency_split"]
+  assert split["batch"] == pytest.approx((5 / 3) / (10 / 6))
+  assert split["time"] == pytest.approx(1.2 / 1.5)
+  ends = out["theory_tokens_per_call_with_ends"]
+  iid = out["theory_tokens_per_call"]
+  # speedup / Theorem 3.8 at the call's cost, as RunMetrics defines them:
+  # (tokens per call over i.i.d.) x (baseline's overhead per token over the
+  # speculative one's per call).
+  expected = (10 / 5) / iid * (theory["baseline_overhead"] /
+                               theory["iteration_overhead"])
+  assert np.prod(list(split.values())) == pytest.approx(expected)
+  assert split["sentence_ends"] == pytest.approx(ends / iid)
+  assert overheads.efficiency_split(0.8, 3, tokens, calls, (6, 0), theory) == {}

@@ -12,6 +12,7 @@ End to end on the CPU (`scripts/device_check.sh --small`):
 tests/e2e/test_device_check_e2e.py.
 """
 import ast
+import collections
 import json
 import os
 import re
@@ -325,10 +326,18 @@ def test_summary_shows_each_decode_path():
   report["pretrained"]["main_job_by_path"] = {
       "fused": {
           "1": {
-              "speedup": 1.9
+              "speedup": 1.9,
+              "batch_factor": 1.0
           },
           "8": {
               "skipped": "time cap"
+          }
+      },
+      "xla": {
+          "8": {
+              "speedup": 1.19,
+              "alpha": 0.9,
+              "batch_factor": 0.877
           }
       }
   }
@@ -479,6 +488,8 @@ def test_summary_shows_each_decode_path():
           "  tiles not compiled in time: xxl/deep_mma_split, "
           "xxl@k8/deep_mma_split") in text
   assert "main job on fused: batch 1 1.90x, batch 8 skipped (time cap)" in text
+  # Rows waiting for a batch's slowest are named only where they cost.
+  assert "main job on xla: batch 8 1.19x (α 0.90, rows waiting 0.88)" in text
   assert ("barriers (64 a kernel): 128 programs 1.25 µs, 8 programs 0.80 µs "
           "each; held in 4/4 kernels") in text
   assert summary.verdicts(report)["barriers_held"] is True
@@ -934,6 +945,19 @@ def test_main_job_batches_leave_out_a_partial_batch():
   inputs = np.arange(20).reshape(10, 2)
   assert [b.shape for b in pair_runs.batched(inputs, 4)] == [(4, 2)] * 2
   assert len(pair_runs.batched(inputs, 1)) == 10
+
+
+def test_main_job_batch_factor_counts_each_batchs_slowest_row():
+  out = collections.namedtuple("out", "target_calls")
+  # Two batches of two captions: the baseline's 10+12 and 9+9 tokens, the
+  # speculative loop's 3+6 and 3+3 calls.
+  base = [out(np.array([10, 12])), out(np.array([9, 9]))]
+  spec = [out(np.array([3, 6])), out(np.array([3, 3]))]
+  assert pair_runs.batch_factor(base, spec) == pytest.approx(
+      (15 / 9) / (40 / 21))
+  one = [out(np.array([c])) for c in (10, 12, 9, 9)]
+  assert pair_runs.batch_factor(
+      one, [out(np.array([c])) for c in (3, 6, 3, 3)]) == 1.0
 
 
 # ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from specdec_jax.core.models import T5Model
 from specdec_jax.files import io_utils
 from specdec_jax.metrics import analysis
 from specdec_jax.metrics import exactness
+from specdec_jax.metrics import overheads
 from specdec_jax.metrics import timing
 from tools.device_check import common
 
@@ -104,6 +105,23 @@ def statistics(outputs: Sequence[Any]) -> Dict[str, float]:
       "tokens_per_target_call": tokens / max(calls, 1),
       "tokens_generated": tokens,
   }
+
+
+def batch_factor(base: Sequence[Any], spec: Sequence[Any]) -> float:
+  """`overheads.batch_factor` of one round of each decoder's outputs (a
+  batch each, every row a caption): what waiting for a batch's slowest row
+  costs the speedup, 1 at batch 1."""
+
+  def calls_and_iterations(outputs):
+    calls = [np.asarray(o.target_calls) for o in outputs]
+    return sum(int(c.sum()) for c in calls), sum(int(c.max()) for c in calls)
+
+  (calls_base,
+   iterations_base), (calls_spec,
+                      iterations_spec) = (calls_and_iterations(base),
+                                          calls_and_iterations(spec))
+  return overheads.batch_factor(calls_base, calls_spec, iterations_base,
+                                iterations_spec)
 
 
 def priced_calls(s: common.Settings, tokens_per_caption: float,

@@ -317,12 +317,15 @@ def _options_line(name: str, r: Dict[str, Any], current: Dict[str, Any]) -> str:
 def _main_job_word(batch: str, r: Dict[str, Any]) -> str:
   """'batch 1 1.90x (α 0.70)': a main job's speedup and, where measured,
   its α (under tiles whose kernel takes the draft's argmax, the check that
-  it fed the argmax: identity holds whatever it fed)."""
+  it fed the argmax: identity holds whatever it fed) and, below 1, what
+  waiting for a batch's slowest row cost (`pair_runs.batch_factor`)."""
   if "skipped" in r:
     return f"batch {batch} skipped ({r['skipped']})"
-  alpha = r.get("alpha")
+  alpha, rows = r.get("alpha"), r.get("batch_factor")
+  words = ([] if alpha is None else [f"α {alpha:.2f}"]) + (
+      [f"rows waiting {rows:.2f}"] if rows is not None and rows < 1 else [])
   return (f"batch {batch} {_num(r.get('speedup'), '{:.2f}')}x" +
-          ("" if alpha is None else f" (α {alpha:.2f})"))
+          (f" ({', '.join(words)})" if words else ""))
 
 
 def _profile_line(name: str, r: Dict[str, Any], unit: str = "step") -> str:

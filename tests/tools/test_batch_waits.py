@@ -1,0 +1,79 @@
+"""tools/benchmarks/batch_waits.py: each row's tokens and calls read from a
+run's predictions.jsonl, each batch size's factor, and the runs and flags
+it refuses (a real run's factor: tests/e2e/test_run_e2e.py)."""
+import json
+
+import pytest
+
+from tools.benchmarks import batch_waits
+from tools.benchmarks import common
+
+
+def _call(accepted, token):
+  return {
+      "draft_tokens": ["a"] * 3,
+      "num_accepted": accepted,
+      "target_token": token
+  }
+
+
+def _write_run(folder, traces, identical=True):
+  rows = [{
+      "prediction": "x",
+      "aux": {
+          "index": i,
+          "target_calls": len(trace) if trace else 1,
+          "trace": trace
+      }
+  } for i, trace in enumerate(traces)]
+  (folder / "predictions.jsonl").write_text("".join(
+      json.dumps(r) + "\n" for r in rows))
+  (folder / "metrics.json").write_text(
+      json.dumps({
+          "temperature": 0.0 if identical else 1.0,
+          "greedy_outputs_identical": identical if identical else None
+      }))
+  return str(folder / "predictions.jsonl")
+
+
+def test_rows_tokens_and_calls_and_each_batch_sizes_factor(tmp_path, capsys):
+  # Row 0: 3 + " x", then 1 + EOS: 6 tokens in 2 calls. Row 1: EOS among
+  # the first call's kept guesses: 2 tokens in 1 call. Row 2: 4 tokens.
+  path = _write_run(
+      tmp_path,
+      [[_call(3, "x"), _call(1, "</s>")], [_call(2, None)], [_call(3, "</s>")]])
+  assert batch_waits.read_run(path) == ([6, 2, 4], [2, 1, 1])
+  out = batch_waits.main([
+      f"--predictions={path}", "--batch_sizes=1,2",
+      f"--output={tmp_path / 'w.json'}"
+  ])
+  one, two = out["by_batch_size"]
+  assert one["batch_factor"] == 1.0
+  # Batches [6, 2] and [4]: 10 baseline iterations, 3 speculative ones.
+  assert (two["baseline_iterations"], two["speculative_iterations"]) == (10, 3)
+  assert two["batch_factor"] == pytest.approx((4 / 3) / (12 / 10))
+  assert json.loads((tmp_path / "w.json").read_text()) == out
+  # Shortest first: batches [2, 4] and [6] (calls [1, 1] and [2]).
+  _, two = batch_waits.batch_table([6, 2, 4], [2, 1, 1], [1, 2], True)
+  assert (two["baseline_iterations"], two["speculative_iterations"]) == (10, 3)
+  _, two = batch_waits.batch_table([6, 2, 4, 3], [1, 1, 3, 1], [1, 2], True)
+  assert (two["baseline_iterations"], two["speculative_iterations"]) == (9, 4)
+  assert "batch   2: iterations 10 (target alone) / 3" in capsys.readouterr(
+  ).out
+
+
+def test_sampled_runs_trees_and_bad_flags_are_refused(tmp_path):
+  sampled = tmp_path / "s"
+  sampled.mkdir()
+  path = _write_run(sampled, [[_call(3, "x")]], identical=False)
+  with pytest.raises(ValueError, match="T=1.0 with greedy_outputs_identical"):
+    batch_waits.read_run(path)
+  tree = tmp_path / "t"
+  tree.mkdir()
+  with pytest.raises(ValueError, match="example 0: no trace"):
+    batch_waits.read_run(_write_run(tree, [None]))
+  with pytest.raises(common.BenchmarkFlagError,
+                     match=r"--batch_sizes: invalid value '8,0'"):
+    batch_waits.main([f"--predictions={path}", "--batch_sizes=8,0"])
+  with pytest.raises(common.BenchmarkFlagError, match="--predictions"):
+    batch_waits.main([f"--predictions={tmp_path / 'none.jsonl'}"])

@@ -1,0 +1,128 @@
+r"""What waiting for a batch's slowest row would cost a run's speedup at
+other batch sizes, from its predictions.jsonl (no model, no timing).
+
+  python -m tools.benchmarks.batch_waits \
+      --predictions=/tmp/specdec_jax/pretrained_multi30k/predictions.jsonl \
+      --batch_sizes=1,2,4,8,16 --output=/tmp/batch_waits.json
+
+A batch's loop runs until its last row ends. At T = 0 with identical
+outputs a row's target calls do not depend on its batch, so a batch-1
+run's rows give each batch size's loop iterations exactly
+(`overheads.batched_iterations`, consecutive examples as the run batches
+them) and `overheads.batch_factor`: the factor of metrics.json's
+`efficiency_split` that batching alone sets, whatever the device.
+"""
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Sequence, Tuple
+
+from specdec_jax.metrics import overheads
+from tools.benchmarks import common
+
+
+def row_calls(row: Dict[str, Any]) -> Tuple[int, int]:
+  """(the output's tokens, EOS included: the target alone's calls; the
+  speculative loop's target calls) of a predictions.jsonl row of a
+  one-path run: each call's kept guesses and its own token, if any."""
+  trace = row["aux"].get("trace")
+  if trace is None:
+    raise ValueError(f"example {row['aux'].get('index')}: no trace (a tree or "
+                     "beams run): only one-path runs give each row's tokens")
+  tokens = sum(
+      t["num_accepted"] + (t["target_token"] is not None) for t in trace)
+  return tokens, len(trace)
+
+
+def read_run(predictions: str) -> Tuple[List[int], List[int]]:
+  """([N] tokens, [N] target calls) of a T = 0 run whose outputs equal the
+  target alone's (its metrics.json beside `predictions`).
+
+  Raises:
+    ValueError: not such a run, or a row without a trace.
+  """
+  metrics_path = os.path.join(os.path.dirname(predictions), "metrics.json")
+  with open(metrics_path, encoding="utf-8") as f:
+    metrics = json.load(f)
+  if metrics.get("greedy_outputs_identical") is not True:
+    raise ValueError(
+        f"--predictions={predictions}: its run is at T="
+        f"{metrics.get('temperature')} with greedy_outputs_identical="
+        f"{metrics.get('greedy_outputs_identical')}; a row's calls predict "
+        "another batch size only at T = 0 with identical outputs")
+  with open(predictions, encoding="utf-8") as f:
+    pairs = [row_calls(json.loads(line)) for line in f if line.strip()]
+  return [t for t, _ in pairs], [c for _, c in pairs]
+
+
+def batch_table(tokens: Sequence[int], calls: Sequence[int],
+                batch_sizes: Sequence[int],
+                by_length: bool = False) -> List[Dict[str, Any]]:
+  """Per batch size: each loop's iterations and the batch factor; with
+  `by_length` the rows batched shortest output first (the most any
+  grouping by length could shorten the target alone's loop)."""
+  if by_length:
+    order = sorted(range(len(tokens)), key=lambda i: tokens[i])
+    tokens, calls = [tokens[i] for i in order], [calls[i] for i in order]
+  out = []
+  for size in batch_sizes:
+    base = overheads.batched_iterations(tokens, size)
+    spec = overheads.batched_iterations(calls, size)
+    out.append({
+        "batch_size": size,
+        "baseline_iterations": base,
+        "speculative_iterations": spec,
+        "batch_factor": overheads.batch_factor(sum(tokens), sum(calls), base,
+                                               spec),
+    })
+  return out
+
+
+def batch_sizes(text: str) -> List[int]:
+  """--batch_sizes' value, checked."""
+  try:
+    sizes = [int(x) for x in text.split(",")]
+  except ValueError:
+    sizes = []
+  if not sizes or min(sizes) < 1:
+    raise common.flag_error("batch_sizes", text,
+                            "comma-separated integers of at least 1")
+  return sizes
+
+
+def main(argv: Sequence[str]) -> Dict[str, Any]:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--predictions", required=True,
+                      help="a T = 0 run's predictions.jsonl")
+  parser.add_argument("--batch_sizes", default="1,2,4,8,16")
+  parser.add_argument("--by_length", action="store_true",
+                      help="batch the rows shortest output first")
+  parser.add_argument("--output", default=None, help="JSON file to write")
+  args = parser.parse_args(argv)
+  sizes = batch_sizes(args.batch_sizes)
+  if not os.path.isfile(args.predictions):
+    raise common.flag_error("predictions", args.predictions,
+                            "a predictions.jsonl file")
+  tokens, calls = read_run(args.predictions)
+  table = batch_table(tokens, calls, sizes, args.by_length)
+  print(f"{len(tokens)} examples, {sum(tokens)} tokens, {sum(calls)} target "
+        f"calls ({sum(tokens) / sum(calls):.2f} tokens a call)")
+  for r in table:
+    print(f"batch {r['batch_size']:3d}: iterations {r['baseline_iterations']}"
+          f" (target alone) / {r['speculative_iterations']} (speculative): "
+          f"batch factor {r['batch_factor']:.3f}")
+  result = {
+      "predictions": args.predictions,
+      "by_length": args.by_length,
+      "examples": len(tokens),
+      "tokens": sum(tokens),
+      "target_calls": sum(calls),
+      "by_batch_size": table,
+  }
+  common.write_result(args.output, result)
+  return result
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
