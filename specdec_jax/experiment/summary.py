@@ -103,6 +103,13 @@ def _drafting_lines(metrics: Dict[str, Any]) -> List[str]:
         f"most {auto['max_gamma']}) for alpha {auto['alpha']:.2f} and c "
         f"{auto['cost_coefficient_c']:.3f} measured on the first "
         f"{auto['pilot_batches']} batches with γ={auto['pilot_gamma']}")
+  batch = (metrics.get("efficiency_split") or {}).get("batch")
+  if batch is not None and batch < 0.995:
+    lines.append(
+        f"batch size {metrics.get('batch_size', '?')}: each batch's loop runs "
+        "to its slowest row, and the speculative loop's rows end less "
+        f"together; it cost {batch:.2f} of the speedup (efficiency_split's "
+        "batch; docs/usage/outputs.md)")
   bound = metrics.get("per_iteration_gamma")
   if metrics.get("adaptive_threshold") is not None and bound:
     lines.append(

@@ -155,6 +155,19 @@ def test_theory_and_alpha_read_the_same_on_stdout_and_stderr():
   lines = summary.summary_lines(greedy,
                                 dataclasses.replace(args, temperature=0.0))
   assert lines[2] == "quality: BLEU 30.10 (target alone) vs 29.40 (speculative)"
+  # Batch 8: what waiting for each batch's slowest row cost, said; batch 1
+  # (a factor of 1) says nothing.
+  split = {"sentence_ends": 0.89, "batch": 0.877, "time": 0.89}
+  lines = summary.summary_lines(
+      dict(greedy, batch_size=8, efficiency_split=split),
+      dataclasses.replace(args, temperature=0.0))
+  assert ("batch size 8: each batch's loop runs to its slowest row, and the "
+          "speculative loop's rows end less together; it cost 0.88 of the "
+          "speedup") in lines[2]
+  lines = summary.summary_lines(
+      dict(greedy, batch_size=1, efficiency_split=dict(split, batch=1.0)),
+      dataclasses.replace(args, temperature=0.0))
+  assert not any("slowest row" in line for line in lines)
 
 
 def test_run_arguments_are_one_checked_frozen_record(tmp_path):
