@@ -99,8 +99,8 @@ def efficiency_split(alpha: float, gamma: int, spec_tokens: np.ndarray,
   tokens (0 after EOS), each decoder's target calls summed over rows and
   loop iterations summed over batches ((baseline, speculative) each) and
   `theory`'s `baseline_overhead` and `iteration_overhead`."""
-  (calls_base, calls_spec), (iterations_base,
-                             iterations_spec) = calls, iterations
+  calls_base, calls_spec = calls
+  iterations_base, iterations_spec = iterations
   lengths = np.sum(spec_tokens != 0, axis=1)
   tokens = int(lengths.sum())
   if tokens == 0 or min(calls) <= 0 or min(iterations) <= 0:

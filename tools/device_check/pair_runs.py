@@ -116,10 +116,8 @@ def batch_factor(base: Sequence[Any], spec: Sequence[Any]) -> float:
     calls = [np.asarray(o.target_calls) for o in outputs]
     return sum(int(c.sum()) for c in calls), sum(int(c.max()) for c in calls)
 
-  (calls_base,
-   iterations_base), (calls_spec,
-                      iterations_spec) = (calls_and_iterations(base),
-                                          calls_and_iterations(spec))
+  calls_base, iterations_base = calls_and_iterations(base)
+  calls_spec, iterations_spec = calls_and_iterations(spec)
   return overheads.batch_factor(calls_base, calls_spec, iterations_base,
                                 iterations_spec)
 
