@@ -337,7 +337,8 @@ def test_summary_shows_each_decode_path():
           "8": {
               "speedup": 1.19,
               "alpha": 0.9,
-              "batch_factor": 0.877
+              "batch_factor": 0.877,
+              "free_loop_speedup": 1.474
           }
       }
   }
@@ -489,7 +490,8 @@ def test_summary_shows_each_decode_path():
           "xxl@k8/deep_mma_split") in text
   assert "main job on fused: batch 1 1.90x, batch 8 skipped (time cap)" in text
   # Rows waiting for a batch's slowest are named only where they cost.
-  assert "main job on xla: batch 8 1.19x (α 0.90, rows waiting 0.88)" in text
+  assert ("main job on xla: batch 8 1.19x (α 0.90, rows waiting 0.88, a free "
+          "loop 1.47x)") in text
   assert ("barriers (64 a kernel): 128 programs 1.25 µs, 8 programs 0.80 µs "
           "each; held in 4/4 kernels") in text
   assert summary.verdicts(report)["barriers_held"] is True
@@ -945,6 +947,21 @@ def test_main_job_batches_leave_out_a_partial_batch():
   inputs = np.arange(20).reshape(10, 2)
   assert [b.shape for b in pair_runs.batched(inputs, 4)] == [(4, 2)] * 2
   assert len(pair_runs.batched(inputs, 1)) == 10
+
+
+def test_a_free_loop_keeps_the_sentence_ends_acceptance_and_batch():
+  # α 0.5, γ 3: Equation (1) gives 1.875 tokens a call; the job made 1.5.
+  job = {
+      "alpha": 0.5,
+      "gamma": 3,
+      "tokens_per_target_call": 1.5,
+      "theorem_3_8_with_call_cost": 2.0,
+      "batch_factor": 0.9,
+      "speedup": 1.08
+  }
+  out = pair_runs.free_loop(job)
+  assert out["free_loop_speedup"] == pytest.approx(2.0 * 1.5 / 1.875 * 0.9)
+  assert out["loop_share"] == pytest.approx(1.08 / 1.44)
 
 
 def test_main_job_batch_factor_counts_each_batchs_slowest_row():

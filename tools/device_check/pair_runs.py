@@ -122,6 +122,20 @@ def batch_factor(base: Sequence[Any], spec: Sequence[Any]) -> float:
                                 iterations_spec)
 
 
+def free_loop(job: Dict[str, Any]) -> Dict[str, float]:
+  """A main job's record's (`pretrained_pair.main_job`) `free_loop_speedup`:
+  Theorem 3.8 at the measured call cost times what no loop changes, its
+  tokens a call over Equation (1)'s (the captions' sentence ends and the
+  draft's acceptance) and `batch_factor`: what the job would reach if its
+  loop cost nothing beyond its model calls; and `loop_share`, the speedup
+  over it (metrics.json's `efficiency_split` `time`)."""
+  alpha = min(max(job["alpha"], 0.0), 1.0)
+  iid = float(analysis.expected_tokens_per_iteration(alpha, job["gamma"]))
+  bound = (job["theorem_3_8_with_call_cost"] * job["tokens_per_target_call"] /
+           iid * job["batch_factor"])
+  return {"free_loop_speedup": bound, "loop_share": job["speedup"] / bound}
+
+
 def priced_calls(s: common.Settings, tokens_per_caption: float,
                  gamma: int = GAMMA) -> Tuple[int, int]:
   """(fill, cache_len) of the model calls `main_job` prices and

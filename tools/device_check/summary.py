@@ -317,13 +317,16 @@ def _options_line(name: str, r: Dict[str, Any], current: Dict[str, Any]) -> str:
 def _main_job_word(batch: str, r: Dict[str, Any]) -> str:
   """'batch 1 1.90x (α 0.70)': a main job's speedup and, where measured,
   its α (under tiles whose kernel takes the draft's argmax, the check that
-  it fed the argmax: identity holds whatever it fed) and, below 1, what
-  waiting for a batch's slowest row cost (`pair_runs.batch_factor`)."""
+  it fed the argmax: identity holds whatever it fed), below 1, what
+  waiting for a batch's slowest row cost (`pair_runs.batch_factor`), and
+  what a loop that cost nothing would reach (`pair_runs.free_loop`)."""
   if "skipped" in r:
     return f"batch {batch} skipped ({r['skipped']})"
   alpha, rows = r.get("alpha"), r.get("batch_factor")
+  free = r.get("free_loop_speedup")
   words = ([] if alpha is None else [f"α {alpha:.2f}"]) + (
-      [f"rows waiting {rows:.2f}"] if rows is not None and rows < 1 else [])
+      [f"rows waiting {rows:.2f}"] if rows is not None and rows < 1 else
+      []) + ([] if free is None else [f"a free loop {free:.2f}x"])
   return (f"batch {batch} {_num(r.get('speedup'), '{:.2f}')}x" +
           (f" ({', '.join(words)})" if words else ""))
 
