@@ -2,11 +2,14 @@
 run's predictions.jsonl, each batch size's factor, and the runs and flags
 it refuses (a real run's factor: tests/e2e/test_run_e2e.py)."""
 import json
+import pathlib
 
 import pytest
 
 from tools.benchmarks import batch_waits
 from tools.benchmarks import common
+
+from report_helpers import FIXTURE
 
 
 def _call(accepted, token):
@@ -28,11 +31,13 @@ def _write_run(folder, traces, identical=True):
   } for i, trace in enumerate(traces)]
   (folder / "predictions.jsonl").write_text("".join(
       json.dumps(r) + "\n" for r in rows))
-  (folder / "metrics.json").write_text(
-      json.dumps({
-          "temperature": 0.0 if identical else 1.0,
-          "greedy_outputs_identical": identical if identical else None
-      }))
+  # A real run's metrics.json (the report's fixture), at T = 0 with
+  # identical outputs or sampled.
+  metrics = json.loads((pathlib.Path(FIXTURE) / "ende_xxl_small_g3_t0" /
+                        "metrics.json").read_text())
+  metrics.update(temperature=0.0 if identical else 1.0,
+                 greedy_outputs_identical=identical if identical else None)
+  (folder / "metrics.json").write_text(json.dumps(metrics))
   return str(folder / "predictions.jsonl")
 
 
@@ -72,6 +77,11 @@ def test_sampled_runs_trees_and_bad_flags_are_refused(tmp_path):
   tree.mkdir()
   with pytest.raises(ValueError, match="example 0: no trace"):
     batch_waits.read_run(_write_run(tree, [None]))
+  alone = tmp_path / "alone"
+  alone.mkdir()
+  (alone / "predictions.jsonl").write_text("")
+  with pytest.raises(ValueError, match="metrics.json does not read"):
+    batch_waits.read_run(str(alone / "predictions.jsonl"))
   with pytest.raises(common.BenchmarkFlagError,
                      match=r"--batch_sizes: invalid value '8,0'"):
     batch_waits.main([f"--predictions={path}", "--batch_sizes=8,0"])

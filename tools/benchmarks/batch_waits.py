@@ -19,6 +19,7 @@ import sys
 from typing import Any, Dict, List, Sequence, Tuple
 
 from specdec_jax.metrics import overheads
+from specdec_jax.metrics import run_metrics
 from tools.benchmarks import common
 
 
@@ -40,16 +41,22 @@ def read_run(predictions: str) -> Tuple[List[int], List[int]]:
   target alone's (its metrics.json beside `predictions`).
 
   Raises:
-    ValueError: not such a run, or a row without a trace.
+    ValueError: no readable metrics.json, not such a run, or a row without
+      a trace.
   """
-  metrics_path = os.path.join(os.path.dirname(predictions), "metrics.json")
-  with open(metrics_path, encoding="utf-8") as f:
-    metrics = json.load(f)
-  if metrics.get("greedy_outputs_identical") is not True:
+  metrics_path = os.path.join(os.path.dirname(predictions),
+                              run_metrics.METRICS_FILE)
+  try:
+    with open(metrics_path, encoding="utf-8") as f:
+      metrics = run_metrics.load(f.read())
+  except (OSError, run_metrics.MetricsError) as e:
+    raise ValueError(f"--predictions={predictions}: its run's "
+                     f"{metrics_path} does not read ({e})") from None
+  if metrics.greedy_outputs_identical is not True:
     raise ValueError(
         f"--predictions={predictions}: its run is at T="
-        f"{metrics.get('temperature')} with greedy_outputs_identical="
-        f"{metrics.get('greedy_outputs_identical')}; a row's calls predict "
+        f"{metrics.temperature} with greedy_outputs_identical="
+        f"{metrics.greedy_outputs_identical}; a row's calls predict "
         "another batch size only at T = 0 with identical outputs")
   with open(predictions, encoding="utf-8") as f:
     pairs = [row_calls(json.loads(line)) for line in f if line.strip()]
