@@ -13,6 +13,7 @@ from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment.plan import PILOT_SIZES
 from specdec_jax.experiment.plan import PilotSizes
 from specdec_jax.metrics import analysis
+from specdec_jax.metrics import overheads
 
 DecodeMode = decode_modes.DecodeMode
 # The gain a candidate (or a switch) must be predicted to beat: the
@@ -150,9 +151,11 @@ def predict(candidate: Candidate, prices: Optional[Prices],
             pilots: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
   """The candidate's row: its modelled speedup, uncalibrated, and inputs
   ('alpha', 'first_depth_alpha', 'cost_coefficient_c', 'call_cost' in
-  steps, 'tokens_per_call'), from `prices` (None: beams) and `pilots`
+  steps, 'tokens_per_call', 'batch_factor': chains' rows waiting for a
+  batch's slowest, multiplied in), from `prices` (None: beams) and `pilots`
   ({pilot_key: {'alpha'; trees: 'first_depth', 'deeper',
-  'first_depth_by_width'; beams: 'speedup'; 'output_lengths'}})."""
+  'first_depth_by_width'; chains: 'batch_factor_by_gamma'; beams:
+  'speedup'; 'output_lengths'}})."""
   mode, gamma, width = candidate.mode, candidate.gamma, candidate.tree_width
   row: Dict[str, Any] = {
       "mode": mode.name,
@@ -164,7 +167,8 @@ def predict(candidate: Candidate, prices: Optional[Prices],
       "first_depth_alpha": None,
       "cost_coefficient_c": None,
       "call_cost": 1.0,
-      "tokens_per_call": 1.0
+      "tokens_per_call": 1.0,
+      "batch_factor": 1.0
   }
   if mode.target_alone:
     return row
@@ -191,11 +195,14 @@ def predict(candidate: Candidate, prices: Optional[Prices],
         analysis.expected_tokens_per_call_with_ends(alpha, gamma, lengths)
         if lengths and sum(lengths) else analysis.
         expected_tokens_per_iteration(alpha, gamma))
+    # Rows waiting for a batch's slowest, replayed at this γ (1 at batch 1).
+    row["batch_factor"] = float((pilot.get("batch_factor_by_gamma") or
+                                 {}).get(str(gamma), 1.0))
   row.update(
       cost_coefficient_c=c, call_cost=call, tokens_per_call=tokens,
       predicted_speedup=float(
           mode.measured_theory(alpha, gamma, c, call, tokens) if mode.
-          branches else tokens / (gamma * c + call)))
+          branches else tokens / (gamma * c + call) * row["batch_factor"]))
   return row
 
 
@@ -214,6 +221,8 @@ def overhead_steps(measured: float, row: Mapping[str, Any]) -> float:
   """A family's calibration: the loop's unpriced work per call in target
   steps, o = s (model / measured - 1), s = γ·c + C. Added to each call
   (`calibrated`), not multiplied: a ratio biased narrower trees (issue 58).
+  A chain's model holds its batch factor, so rows waiting for a batch's
+  slowest are not read as the loop's work (they grow with γ).
   """
   model = row.get("model_speedup", row["predicted_speedup"])
   return _steps_per_call(row) * (model / max(measured, 1e-12) - 1.0)
@@ -362,5 +371,8 @@ def _inputs_words(row: Mapping[str, Any]) -> str:
   else:
     size = f"a {row['gamma'] + 1}-token call"
     alpha = f"α is {row['alpha']:.2f}"
+  waits = row.get("batch_factor")
+  rows = (f", rows waiting {waits:.2f}"
+          if overheads.batch_waits_show(waits) else "")
   return (f"{size} costs {row['call_cost']:.2f} steps and {alpha}, c "
-          f"{row['cost_coefficient_c']:.3f}")
+          f"{row['cost_coefficient_c']:.3f}{rows}")

@@ -102,6 +102,8 @@ class Tally:
     beta: [Σ β, its trials]; None after a tree or beam batch.
     per_example: each kept row's (kept, call trials, output length).
     rounds: trees: calls by their first round [k + 1], else None.
+    chains: one-path modes: each kept row's guesses kept by each call
+      [its calls] (`replay`'s input).
   """
 
   def __init__(self):
@@ -114,6 +116,7 @@ class Tally:
     self.beta: Optional[List[float]] = [0.0, 0.0]
     self.per_example: List[Tuple[int, int, int]] = []
     self.rounds: Optional[np.ndarray] = None
+    self.chains: List[List[int]] = []
 
   def add(self, out: Any, keep: np.ndarray, mode: Any = None,
           seconds: float = 0.0) -> None:
@@ -148,6 +151,9 @@ class Tally:
       self.trials += float(trials_rows.sum())
       if not (alone and self.batches):  # a tree, beams, or alone from the 1st
         self.beta = None
+    if mode is not None and mode.one_path:
+      trace = np.asarray(out.trace_num_accepted)
+      self.chains += [trace[r, :calls[r]].tolist() for r in keep]
     self.per_example += zip(kept_rows.tolist(), trials_rows.tolist(),
                             np.asarray(out.lengths)[keep].tolist())
     if hasattr(out, "first_round_histogram"):

@@ -14,6 +14,7 @@ from specdec_jax import multihost
 from specdec_jax.experiment import auto
 from specdec_jax.experiment import batches as batches_lib
 from specdec_jax.experiment import decode_modes
+from specdec_jax.metrics import replay
 
 
 def speedup_interval(
@@ -69,6 +70,28 @@ def with_measured_alpha(pilots: Mapping[str, Mapping[str, Any]],
       out[key]["first_depth_by_width"] = by_width
     else:
       out[key]["first_depth"] = first
+  return out
+
+
+def with_measured_waits(pilots: Mapping[str, Mapping[str, Any]],
+                        candidate: auto.Candidate, tally: batches_lib.Tally,
+                        gammas: Sequence[int],
+                        batch_size: int) -> Dict[str, Any]:
+  """`pilots` with a chain `candidate`'s batch factors at `gammas` replayed
+  from its own batches' rows (`tally.chains`: more rows than its pilot's,
+  whose few batches say little of a batch's slowest row); unchanged for
+  other modes, without rows or without such a pilot."""
+  out = dict(pilots)
+  key = candidate.pilot_key
+  if not (candidate.mode.one_path and tally.chains and key in out):
+    return out
+  factors = replay.batch_factors(tally.chains, tally.lengths,
+                                 int(candidate.gamma),
+                                 sorted({int(candidate.gamma), *gammas}),
+                                 batch_size)
+  out[key] = dict(out[key], batch_factor_by_gamma={
+      str(g): b for g, b in factors.items()
+  })
   return out
 
 
@@ -270,8 +293,11 @@ class OnlineChoice:
                             segment.speculative_s):
       return None
     interval = speedup_interval(segment.baseline_s, segment.speculative_s)
-    pilots = with_measured_alpha(self.pilots, segment.candidate,
-                                 segment.tally.histogram)
+    pilots = with_measured_waits(
+        with_measured_alpha(self.pilots, segment.candidate,
+                            segment.tally.histogram), segment.candidate,
+        segment.tally, [c.gamma for c in self.candidates if c.gamma],
+        segment.plan.args.batch_size)
     rows, overhead = corrected_rows(self.candidates, segment.index, interval[0],
                                     self.prices, pilots, self.ran,
                                     self.overheads)

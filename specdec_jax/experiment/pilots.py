@@ -20,6 +20,7 @@ from specdec_jax.experiment import online as online_lib
 from specdec_jax.experiment import price_cache
 from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import Loaded
+from specdec_jax.metrics import replay
 from specdec_jax.metrics import timing
 from specdec_jax.terminal import console
 
@@ -75,16 +76,24 @@ class Plans:
     return self.built[candidate]
 
 
+# Bumped when a pilot's record gains what predictions read (2: chains'
+# batch_factor_by_gamma): an older cached record is then a miss.
+PILOT_RECORD = 2
+
+
 # -- the pilots ----------------------------------------------------------------
 def run_pilots(pilots: Mapping[str, DecodePlan], timed: Mapping[str, bool],
-               feed: multihost.Feeder, cap: int) -> Dict[str, Dict[str, Any]]:
+               feed: multihost.Feeder, cap: int, *,
+               gammas: Sequence[int] = ()) -> Dict[str, Dict[str, Any]]:
   """{key: its record}: pilot decodes of the run's first batches until
   `auto.pilot_done`, at their most common input width (one compile),
   taking turns on each batch; a timed pilot (`timed[key]`) warms both
   decoders up, then times both, their order alternating by batch. A
   record: 'gamma', 'tree_width', counts, 'alpha' and its interval, output
-  lengths (trees: 'first_depth', 'deeper', 'first_depth_by_width'; timed:
-  'baseline_s', 'speculative_s', 'speedup')."""
+  lengths (trees: 'first_depth', 'deeper', 'first_depth_by_width';
+  chains: 'batch_factor_by_gamma', {γ: `replay.batch_factors`} of the
+  pilot γ and `gammas`; timed: 'baseline_s', 'speculative_s',
+  'speedup')."""
   first = next(iter(pilots.values()))
   width = feed.common_width(-(-cap // first.args.batch_size))
   tallies = {key: batches_lib.Tally() for key in pilots}
@@ -109,9 +118,9 @@ def run_pilots(pilots: Mapping[str, DecodePlan], timed: Mapping[str, bool],
     if not active:
       break
   return {
-      key: _pilot_record(
-          pilots[key], tallies[key], width, read[key],
-          baseline_s[key] if timed[key] else None) for key in pilots
+      key: _pilot_record(pilots[key], tallies[key], width, read[key],
+                         baseline_s[key] if timed[key] else None,
+                         gammas) for key in pilots
   }
 
 
@@ -131,7 +140,8 @@ def _timed_pair(plan: DecodePlan, batch: batches_lib.Batch,
 
 
 def _pilot_record(plan: DecodePlan, tally: batches_lib.Tally, width: int,
-                  read: int, baseline_s: Optional[float]) -> Dict[str, Any]:
+                  read: int, baseline_s: Optional[float],
+                  gammas: Sequence[int]) -> Dict[str, Any]:
   tree = plan.mode.branches
   lengths = tally.lengths
   record: Dict[str, Any] = {
@@ -147,6 +157,14 @@ def _pilot_record(plan: DecodePlan, tally: batches_lib.Tally, width: int,
       "mean_output_tokens": float(np.mean(lengths)) if lengths else 0.0,
       "output_lengths": [int(x) for x in lengths],
   }
+  if plan.mode.one_path:
+    gamma = int(plan.args.gamma)
+    # What rows waiting for a batch's slowest cost each γ: more at a
+    # larger γ (the shipped pair at batch 8: 1.00 at γ 1, 0.72 at γ 7).
+    factors = replay.batch_factors(tally.chains, lengths, gamma,
+                                   sorted({gamma, *gammas}),
+                                   plan.args.batch_size)
+    record["batch_factor_by_gamma"] = {str(g): b for g, b in factors.items()}
   if tree:
     record["first_depth"], record["deeper"] = auto.depth_acceptance(
         tally.histogram)
@@ -175,6 +193,7 @@ def pilot_fields(loaded: Loaded, pilots: Mapping[str, Candidate],
       "tolerance": auto.AUTO_ALPHA_TOLERANCE,
       "min_examples": auto.AUTO_PILOT_MIN_EXAMPLES,
       "warmup": WARMUP_CALLS,
+      "record": PILOT_RECORD,
       "machine":
           (price_cache.machine_fields() if any(timed.values()) else None),
   }
@@ -214,7 +233,8 @@ def pilots_for(loaded: Loaded, feed: multihost.Feeder,
   with console.phase(f"{what}: pilot decode of {shapes} on the first "
                      "examples, until each α is known to "
                      f"±{auto.AUTO_ALPHA_TOLERANCE / 2:g} or {cap} examples"):
-    records = run_pilots(plans_by_key, timed, feed, cap)
+    records = run_pilots(plans_by_key, timed, feed, cap,
+                         gammas=loaded.providers.pilot_sizes.gammas)
   logging.info(
       "%s: the pilot%s decoded %s", what, "s" if len(records) > 1 else "",
       "; ".join(f"{key}: {r['examples']} examples ({r['batches']} batches)"
@@ -407,6 +427,10 @@ def shape_record(candidates: Sequence[Candidate], rows: Sequence[Mapping[str,
   if widths is None:
     record["call_cost_by_gamma"] = [
         prices.call_cost(g + 1) for g in range(1, gammas[-1] + 1)
+    ]
+    factors = {c.gamma: r["batch_factor"] for c, r in zip(candidates, rows)}
+    record["batch_factor_by_gamma"] = [
+        factors.get(g, 1.0) for g in range(1, gammas[-1] + 1)
     ]
   else:
     record.update(

@@ -278,6 +278,12 @@ def _check_record(record: Mapping[str, Any], where: str, gamma: int,
         _number(value, f"{where}{name}[{i}]", 0.0, 1.0, False)
   _number(record.get("mean_output_tokens", _MISSING),
           where + "mean_output_tokens")
+  factors = record.get("batch_factor_by_gamma", {})
+  if not isinstance(factors, dict):
+    raise BadEntry(f"{where}batch_factor_by_gamma={factors!r}: allowed: "
+                   "{gamma: factor}")
+  for g, value in factors.items():
+    _number(value, f"{where}batch_factor_by_gamma[{g!r}]")
   if timed or "speedup" in record:
     seconds = [
         _number(record.get(name, _MISSING), where + name)

@@ -3,6 +3,7 @@ words, from the metrics dict the run wrote and its arguments."""
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from specdec_jax.metrics import overheads
 from specdec_jax.metrics import run_metrics
 from specdec_jax.experiment import decode_modes
 from specdec_jax.experiment import arguments
@@ -87,6 +88,16 @@ def _noise_words(metrics: Dict[str, Any]) -> str:
   return words
 
 
+def _waits_words(auto: Dict[str, Any]) -> str:
+  """' and rows waiting 0.88' (GAMMA='auto' at batch > 1: the chosen γ's
+  batch factor, in its prediction), or ''."""
+  factors = auto.get("batch_factor_by_gamma") or []
+  gamma = int(auto["chosen_gamma"])
+  factor = factors[gamma - 1] if gamma <= len(factors) else None
+  return (f" and rows waiting {factor:.2f}"
+          if overheads.batch_waits_show(factor) else "")
+
+
 def _drafting_lines(metrics: Dict[str, Any]) -> List[str]:
   lines = []
   auto = metrics.get("gamma_auto")
@@ -101,10 +112,11 @@ def _drafting_lines(metrics: Dict[str, Any]) -> List[str]:
     lines.append(
         f"GAMMA='auto': γ={auto['chosen_gamma']}, Theorem 3.8's best (at "
         f"most {auto['max_gamma']}) for alpha {auto['alpha']:.2f} and c "
-        f"{auto['cost_coefficient_c']:.3f} measured on the first "
-        f"{auto['pilot_batches']} batches with γ={auto['pilot_gamma']}")
+        f"{auto['cost_coefficient_c']:.3f}{_waits_words(auto)} measured on "
+        f"the first {auto['pilot_batches']} batches with "
+        f"γ={auto['pilot_gamma']}")
   batch = (metrics.get("efficiency_split") or {}).get("batch")
-  if batch is not None and batch < 0.995:
+  if overheads.batch_waits_show(batch):
     lines.append(
         f"batch size {metrics.get('batch_size', '?')}: each batch's loop runs "
         "to its slowest row, and the speculative loop's rows end less "

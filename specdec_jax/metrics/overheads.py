@@ -77,6 +77,12 @@ def batch_factor(calls_base: int, calls_spec: int, iterations_base: int,
   return (calls_spec / iterations_spec) / (calls_base / iterations_base)
 
 
+def batch_waits_show(factor: Optional[float]) -> bool:
+  """Whether a summary names a batch factor: below 1 at the two decimals
+  it prints with (0.996 prints as 1.00, so it is not named)."""
+  return factor is not None and round(float(factor), 2) < 1
+
+
 def batched_iterations(calls: Sequence[int], batch_size: int) -> int:
   """Loop iterations of decoding examples with `calls` [N] target calls
   each in consecutive batches of `batch_size` (the last one short): the sum

@@ -240,7 +240,9 @@ class RunMetrics:
       SPECULATION='auto''s choice limited to the run's mode); ACCEPTANCE='tree'
       with GAMMA and/or TREE_WIDTH 'auto': also the chosen k
       (`chosen_tree_width`), the acceptance and c by k, the tree call's cost by
-      nodes and the predicted speedup of every (γ, k).
+      nodes and the predicted speedup of every (γ, k); chains: also
+      `batch_factor_by_gamma` [γ = 1 ..], what rows waiting for a batch's
+      slowest cost each γ (multiplied into its prediction; 1 at batch 1).
     guesses_per_target_call: real guesses made per target call (≤ γ;
       ACCEPTANCE='tree': k·γ; DECODE='beam': γ·u draft beam nodes).
     per_iteration_gamma: §3.5's bound, Theorem 3.8's cost model on the run's own
@@ -265,10 +267,13 @@ class RunMetrics:
       SPECULATION='auto' chose a speculative mode (absent: 'on').
     auto: SPECULATION='auto': `choice` (mode, γ, k, predicted speedup), `reason`
       (the stdout line `auto: ...`), `candidates` (each mode, γ, k with its
-      predicted speedup and the α, c, call cost and tokens per call it used),
-      `pilots` (α per mode, each from a pilot decode sized by its 95% interval;
-      one tree pilot at the widest k, with every k's a_1 in
-      `first_depth_by_width`), `prices` (the measured call costs, whether they
+      predicted speedup and the α, c, call cost, tokens per call and, for
+      chains, `batch_factor` it used), `pilots` (α per mode, each from a pilot
+      decode sized by its 95% interval; one tree pilot at the widest k, with
+      every k's a_1 in `first_depth_by_width`; a chain pilot's
+      `batch_factor_by_gamma`: what rows waiting for a batch's slowest cost each
+      γ, replayed from its accepted counts, 1 at batch 1; files before
+      2026-12-02: none), `prices` (the measured call costs, whether they
       were `cached`, and `target_cached`: the target's calls from an entry of
       another draft or method), `calibration` (the timed chain pilot's measured
       and modelled speedup, κ, their ratio, and `overhead_steps`, the loop's own

@@ -71,15 +71,16 @@ class SlowSpeculation:
 
 
 def cheap_calls(loaded, feed, candidates, fill, context_plan):
-  """`Providers.auto_prices`: every K-token call at a quarter of a step and
-  a guess at 0.001 (token verification predicted far above 1), tree calls
-  at 50 steps (trees lose)."""
+  """`Providers.auto_prices`: every K-token call at a tenth of a step and
+  a guess at 0.001 (token verification predicted far above 1, even with
+  batches of 1000 rows waiting for their slowest, and the pilot's κ
+  clipped at 1/4), tree calls at 50 steps (trees lose)."""
   del loaded, feed, fill, context_plan
   widths = {c.tree_width for c in candidates if c.tree_width}
   prices = auto.Prices(call_cost_by_k={
       1: 1.0,
-      2: 0.25,
-      13: 0.25
+      2: 0.1,
+      13: 0.1
   }, cost_coefficient=0.001, tree_call_cost_by_nodes={
       1: 1.0,
       2: 50.0

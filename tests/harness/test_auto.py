@@ -25,6 +25,7 @@ from specdec_jax.experiment import online
 from specdec_jax.experiment import plan as plan_lib
 from specdec_jax.experiment import pilots as pilots_lib
 from specdec_jax.experiment import price_cache
+from specdec_jax.experiment import summary
 from specdec_jax.metrics import analysis
 
 Candidate = auto.Candidate
@@ -341,6 +342,7 @@ class _Decoder:
     return types.SimpleNamespace(accepted_histogram=histogram,
                                  target_calls=np.array([2]), tokens=np.ones(
                                      (1, 8), np.int32), lengths=np.array([8]),
+                                 trace_num_accepted=_trace(histogram),
                                  beta_count=np.array([6.0]),
                                  beta_sum=np.array([5.0]))
 
@@ -392,6 +394,9 @@ def test_pilots_warm_up_take_turns_and_alternate_what_is_timed_first():
                                            token["speculative_s"])
   assert "speedup" not in records["block"]
   assert token["output_lengths"] == [8, 8, 8]
+  # One row a batch: nothing waits, at the pilot's γ or any other.
+  assert token["batch_factor_by_gamma"] == pytest.approx({"3": 1.0})
+  assert records["block"]["batch_factor_by_gamma"] == pytest.approx({"3": 1.0})
 
 
 def test_a_pilot_reads_the_cache_only_for_the_same_inputs():
@@ -448,6 +453,32 @@ def test_gamma_autos_record_holds_every_gamma_and_how_firm_the_choice_is():
   full = pilots_lib.pilot_confidence(candidates,
                                      _gamma_pilot(need, (0.97, 1.0)), prices)
   assert full["caveat"] is None and full["gamma_interval"] == [12, 12]
+  assert record["batch_factor_by_gamma"] == [1.0] * 12  # batch 1
+  assert " and rows waiting" not in summary._drafting_lines(
+      {"gamma_auto": record})[0]
+
+
+def test_gamma_auto_at_batch_8_weighs_each_gammas_rows_waiting():
+  """At α = 1 and free calls Theorem 3.8 grows with γ; rows waiting for a
+  batch's slowest more at a larger γ move GAMMA='auto' down (here to γ 6,
+  the largest whose rows do not wait)."""
+  candidates = auto.mode_candidates(decode_modes.TOKEN, range(1, 13), [None],
+                                    True, 100)
+  prices = auto.Prices(call_cost_by_k={1: 1.0, 13: 1.0}, cost_coefficient=0.1)
+  waits = {str(g): 1.0 if g <= 6 else 0.5 for g in range(1, 13)}
+  pilot = dict(_gamma_pilot(8, (0.97, 1.0)), batch_factor_by_gamma=waits)
+  rows = auto.predict_all(candidates, prices, {"token": pilot})
+  record = pilots_lib.shape_record(candidates, rows, auto.best(rows), pilot,
+                                   prices, None)
+  assert record["chosen_gamma"] == 6
+  assert record["batch_factor_by_gamma"] == [
+      waits[str(g)] for g in range(1, 13)
+  ]
+  assert record["predicted_speedup"]["gamma=12"] == pytest.approx(
+      0.5 * 13 / (12 * 0.1 + 1))
+  record["chosen_gamma"] = 7  # as if chosen where its rows wait
+  assert ("c 0.100 and rows waiting 0.50 measured on the first 8 batches"
+          in summary._drafting_lines({"gamma_auto": record})[0])
 
 
 # ---------------------------------------------------------------------------
@@ -526,6 +557,17 @@ def _histogram(alpha: float, gamma: int, calls: int = 10**6) -> np.ndarray:
   n = np.arange(gamma + 1)
   probs = np.where(n < gamma, alpha**n * (1 - alpha), alpha**gamma)
   return np.round(probs * calls).astype(np.int64)
+
+
+def _trace(histogram: np.ndarray) -> np.ndarray:
+  """[B, most calls] guesses kept by each call (-1 after a row's last), in
+  the order of kept guesses, from [B, γ + 1] calls by kept guesses."""
+  histogram = np.asarray(histogram)
+  rows = [np.repeat(np.arange(histogram.shape[1]), h) for h in histogram]
+  out = np.full((len(rows), max(map(len, rows))), -1, np.int32)
+  for r, row in enumerate(rows):
+    out[r, :len(row)] = row
+  return out
 
 
 def test_the_measured_alpha_moves_gamma_and_the_measured_cost_error_scales():
@@ -632,6 +674,35 @@ def test_a_family_calibration_is_an_overhead_per_call():
       high * narrow["predicted_speedup"])
 
 
+def test_a_chains_batch_factor_is_multiplied_in_and_not_read_as_overhead():
+  """At batch > 1 rows wait for their batch's slowest, more at a larger γ
+  (the shipped pair at batch 8: 0.88 at γ 3, 0.72 at γ 7): a chain's row
+  multiplies its γ's factor from the pilot's replay, so a pilot whose
+  measurement is its model with its factor implies no overhead and the
+  other γ keep their own factors (folded into an overhead per call, γ 7
+  would have kept γ 3's loss, less than its own)."""
+  prices = auto.Prices(call_cost_by_k={1: 1.0, 8: 1.2}, cost_coefficient=0.05)
+  waits = {"3": 0.88, "7": 0.72}
+  pilots = {"token": {"alpha": 0.8, "batch_factor_by_gamma": waits}}
+  alone = {"token": {"alpha": 0.8}}
+  token3, token7 = Candidate(decode_modes.TOKEN,
+                             3), Candidate(decode_modes.TOKEN, 7)
+  for candidate, factor in ((token3, 0.88), (token7, 0.72)):
+    row = auto.predict(candidate, prices, pilots)
+    free = auto.predict(candidate, prices, alone)
+    assert free["batch_factor"] == 1.0 and row["batch_factor"] == factor
+    assert row["predicted_speedup"] == pytest.approx(factor *
+                                                     free["predicted_speedup"])
+  pilot = auto.predict(token3, prices, pilots)
+  assert auto.overhead_steps(pilot["predicted_speedup"],
+                             pilot) == (pytest.approx(0.0, abs=1e-12))
+  rows = auto.predict_all([ALONE, token3, token7], prices, pilots,
+                          {"chains": 0.0})
+  assert rows[2]["predicted_speedup"] == pytest.approx(
+      0.72 * auto.predict(token7, prices, alone)["predicted_speedup"])
+  assert "rows waiting 0.72" in auto.reason(rows, 2)
+
+
 def test_a_switch_needs_the_evidence_to_beat_the_measured_interval():
   """Hysteresis: a candidate must be predicted above AUTO_MIN_GAIN times
   the upper end of the choice's measured interval, not its point."""
@@ -710,7 +781,8 @@ def test_a_run_switches_at_most_once_per_min_batches_and_max_times():
     out = types.SimpleNamespace(accepted_histogram=histogram, tokens=np.ones(
         (1, 3), np.int32), target_calls=np.array([histogram.sum()]),
                                 lengths=np.array([3]), beta_count=np.ones(1),
-                                beta_sum=np.ones(1))
+                                beta_sum=np.ones(1),
+                                trace_num_accepted=_trace(histogram))
     choice.after_batch(batches.Batch(index, None, np.array([0]), None), 1.0,
                        1.0 / speedup, out, feed)
     if len(choice.switches) > before:
@@ -743,10 +815,31 @@ def _out(histogram, beta_count=None, lengths=None):
   rows = histogram.shape[0]
   return types.SimpleNamespace(
       accepted_histogram=histogram, target_calls=histogram.sum(1),
-      tokens=np.ones((rows, 4), np.int32),
+      trace_num_accepted=_trace(histogram), tokens=np.ones((rows, 4), np.int32),
       lengths=np.asarray(lengths if lengths is not None else [4] * rows),
       beta_count=np.asarray(beta_count if beta_count is not None else [0.0] *
                             rows), beta_sum=np.ones(rows))
+
+
+def test_a_chain_measures_its_rows_waiting_on_its_own_batches():
+  """A pilot's few batches say little of a batch's slowest row; once a
+  chain has decoded batches of its own, its factors are replayed from
+  them (row 0: 2 calls keeping all 3 of 8 tokens; row 1: 4 keeping none)."""
+  tally = batches.Tally()
+  tally.add(_out([[0, 0, 0, 2], [4, 0, 0, 0]], lengths=[8, 4]),
+            np.array([0, 1]), decode_modes.TOKEN)
+  pilots = {"token": {"alpha": 0.8}, "tree": {"alpha": 0.8}}
+  measured = online.with_measured_waits(pilots, TOKEN3, tally, [1, 3], 2)
+  # γ 3: calls 2 and 4 (mean 3, most 4) against tokens 8 and 4 (6, 8);
+  # γ 1: 4 calls each, the baseline's rows wait for row 0.
+  assert measured["token"]["batch_factor_by_gamma"] == pytest.approx({
+      "1": (4 / 4) / (6 / 8),
+      "3": (3 / 4) / (6 / 8)
+  })
+  assert measured["tree"] == pilots["tree"] and "batch_factor_by_gamma" not in (
+      pilots["token"])
+  tree = Candidate(decode_modes.TREE, 3, 2)
+  assert online.with_measured_waits(pilots, tree, tally, [3], 2) == pilots
 
 
 def test_the_tally_counts_trials_as_each_mode_does_and_pads_histograms():

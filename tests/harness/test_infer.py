@@ -95,6 +95,7 @@ def test_infer_json_alpha_is_metrics_json_alpha():
   # output ended (EOS) after its first guess, kept (1 trial reached it).
   out = SimpleNamespace(target_calls=np.array([2]),
                         accepted_histogram=np.array([[0, 1, 1]]),
+                        trace_num_accepted=np.array([[2, 1, -1]]),
                         tokens=np.array([[5, 6, 7, 1,
                                           0]]), lengths=np.array([4]),
                         beta_count=np.array([3]), beta_sum=np.array([2.7]))

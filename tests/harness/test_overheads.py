@@ -68,6 +68,16 @@ def test_batch_factor_is_one_at_batch_1_and_below_when_rows_wait():
     overheads.batch_factor(42, 15, 12, 0)
 
 
+def test_a_batch_factor_is_named_where_it_prints_below_one():
+  # Both summaries (the run's, the device check's) print it with two
+  # decimals: 0.996 reads 1.00 and is not named, 0.994 reads 0.99.
+  assert overheads.batch_waits_show(0.88)
+  assert overheads.batch_waits_show(0.994)
+  assert not overheads.batch_waits_show(0.996)
+  assert not overheads.batch_waits_show(1.0)
+  assert not overheads.batch_waits_show(None)
+
+
 def test_the_split_multiplies_to_the_efficiency_with_batches():
   # Two rows in one batch at T = 0: the baseline's 6 and 4 tokens (their
   # calls), the speculative loop's 2 and 3 calls; each loop's walltime per

@@ -67,6 +67,31 @@ def test_rows_tokens_and_calls_and_each_batch_sizes_factor(tmp_path, capsys):
   ).out
 
 
+def test_each_rows_calls_replayed_at_other_gammas(tmp_path, capsys):
+  # The fixture's run is at γ 3. Row 0 kept 3 (the target's token unseen),
+  # then 1 before EOS; row 1 ended inside its guesses; row 2 kept 3, then
+  # EOS. At γ 1: 3, 1 and 2 calls.
+  path = _write_run(
+      tmp_path,
+      [[_call(3, "x"), _call(1, "</s>")], [_call(2, None)], [_call(3, "</s>")]])
+  assert batch_waits.read_counts(path) == [[3, 1], [2], [3]]
+  out = batch_waits.main(
+      [f"--predictions={path}", "--batch_sizes=1,2", "--gammas=1,3"])
+  assert out["gamma"] == 3
+  # Its own γ: its own table; γ 1: batches [3, 1] and [2], 5 iterations.
+  assert out["replayed_by_gamma"]["3"] == out["by_batch_size"]
+  one, two = out["replayed_by_gamma"]["1"]
+  assert one["speculative_iterations"] == 3 + 1 + 2
+  assert two["speculative_iterations"] == 5
+  assert two["batch_factor"] == pytest.approx((6 / 5) / (12 / 10))
+  assert "γ 1 (replayed from γ 3): batch 1 1.000, batch 2 1.000" in (
+      capsys.readouterr().out)
+  with pytest.raises(common.BenchmarkFlagError, match="--gammas"):
+    batch_waits.main([f"--predictions={path}", "--gammas=0"])
+  with pytest.raises(common.BenchmarkFlagError, match="not with --by_length"):
+    batch_waits.main([f"--predictions={path}", "--gammas=2", "--by_length"])
+
+
 def test_sampled_runs_trees_and_bad_flags_are_refused(tmp_path):
   sampled = tmp_path / "s"
   sampled.mkdir()

@@ -10,7 +10,9 @@ outputs a row's target calls do not depend on its batch, so a batch-1
 run's rows give each batch size's loop iterations exactly
 (`overheads.batched_iterations`, consecutive examples as the run batches
 them) and `overheads.batch_factor`: the factor of metrics.json's
-`efficiency_split` that batching alone sets, whatever the device.
+`efficiency_split` that batching alone sets, whatever the device. With
+`--gammas=1,2,5,7` each row's calls are also replayed at those γ from its
+accepted counts (`replay`), each with its table.
 """
 import argparse
 import json
@@ -19,6 +21,7 @@ import sys
 from typing import Any, Dict, List, Sequence, Tuple
 
 from specdec_jax.metrics import overheads
+from specdec_jax.metrics import replay
 from specdec_jax.metrics import run_metrics
 from tools.benchmarks import common
 
@@ -44,6 +47,24 @@ def read_run(predictions: str) -> Tuple[List[int], List[int]]:
     ValueError: no readable metrics.json, not such a run, or a row without
       a trace.
   """
+  greedy_metrics(predictions)
+  with open(predictions, encoding="utf-8") as f:
+    pairs = [row_calls(json.loads(line)) for line in f if line.strip()]
+  return [t for t, _ in pairs], [c for _, c in pairs]
+
+
+def read_counts(predictions: str) -> List[List[int]]:
+  """[N] rows' guesses kept by each target call [calls] (its trace)."""
+  with open(predictions, encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  for row in rows:
+    row_calls(row)  # a trace, or the error naming the example
+  return [[t["num_accepted"] for t in row["aux"]["trace"]] for row in rows]
+
+
+def greedy_metrics(predictions: str) -> run_metrics.RunMetrics:
+  """The metrics.json beside `predictions`, of a T = 0 run whose outputs
+  equal the target alone's; else ValueError."""
   metrics_path = os.path.join(os.path.dirname(predictions),
                               run_metrics.METRICS_FILE)
   try:
@@ -58,9 +79,20 @@ def read_run(predictions: str) -> Tuple[List[int], List[int]]:
         f"{metrics.temperature} with greedy_outputs_identical="
         f"{metrics.greedy_outputs_identical}; a row's calls predict "
         "another batch size only at T = 0 with identical outputs")
-  with open(predictions, encoding="utf-8") as f:
-    pairs = [row_calls(json.loads(line)) for line in f if line.strip()]
-  return [t for t, _ in pairs], [c for _, c in pairs]
+  return metrics
+
+
+def replayed_tables(counts: Sequence[Sequence[int]], tokens: Sequence[int],
+                    gamma: int, gammas: Sequence[int],
+                    sizes: Sequence[int]) -> Dict[str, List[Dict[str, Any]]]:
+  """{γ: `batch_table`} of each of `gammas`, each row's calls replayed from
+  its `counts` at the run's `gamma` (`replay.calls_at`: exact where the
+  run saw every position a γ's calls test)."""
+  rows = [replay.matches(c, gamma, n) for c, n in zip(counts, tokens)]
+  return {
+      str(g): batch_table(tokens, [replay.calls_at(m, g) for m in rows], sizes)
+      for g in gammas
+  }
 
 
 def batch_table(tokens: Sequence[int], calls: Sequence[int],
@@ -86,14 +118,14 @@ def batch_table(tokens: Sequence[int], calls: Sequence[int],
   return out
 
 
-def batch_sizes(text: str) -> List[int]:
-  """--batch_sizes' value, checked."""
+def batch_sizes(text: str, flag: str = "batch_sizes") -> List[int]:
+  """--batch_sizes' (or `flag`'s) value, checked."""
   try:
     sizes = [int(x) for x in text.split(",")]
   except ValueError:
     sizes = []
   if not sizes or min(sizes) < 1:
-    raise common.flag_error("batch_sizes", text,
+    raise common.flag_error(flag, text,
                             "comma-separated integers of at least 1")
   return sizes
 
@@ -105,9 +137,16 @@ def main(argv: Sequence[str]) -> Dict[str, Any]:
   parser.add_argument("--batch_sizes", default="1,2,4,8,16")
   parser.add_argument("--by_length", action="store_true",
                       help="batch the rows shortest output first")
+  parser.add_argument("--gammas", default=None,
+                      help="γ to replay the run's rows at, e.g. 1,2,5,7")
   parser.add_argument("--output", default=None, help="JSON file to write")
   args = parser.parse_args(argv)
   sizes = batch_sizes(args.batch_sizes)
+  gammas = (batch_sizes(args.gammas, "gammas")
+            if args.gammas is not None else [])
+  if gammas and args.by_length:
+    raise common.flag_error("gammas", args.gammas,
+                            "not with --by_length (consecutive rows only)")
   if not os.path.isfile(args.predictions):
     raise common.flag_error("predictions", args.predictions,
                             "a predictions.jsonl file")
@@ -127,6 +166,14 @@ def main(argv: Sequence[str]) -> Dict[str, Any]:
       "target_calls": sum(calls),
       "by_batch_size": table,
   }
+  if gammas:
+    gamma = greedy_metrics(args.predictions).gamma
+    result["gamma"] = gamma
+    result["replayed_by_gamma"] = replayed_tables(read_counts(args.predictions),
+                                                  tokens, gamma, gammas, sizes)
+    for g, rows in result["replayed_by_gamma"].items():
+      print(f"γ {g} (replayed from γ {gamma}): " + ", ".join(
+          f"batch {r['batch_size']} {r['batch_factor']:.3f}" for r in rows))
   common.write_result(args.output, result)
   return result
 

@@ -6,6 +6,8 @@ table, the part of the log that the device tool's reply always carries.
 """
 from typing import Any, Dict, List, Optional
 
+from specdec_jax.metrics import overheads
+
 
 def _get(report: Dict[str, Any], *keys: str) -> Any:
   node: Any = report
@@ -325,7 +327,7 @@ def _main_job_word(batch: str, r: Dict[str, Any]) -> str:
   alpha, rows = r.get("alpha"), r.get("batch_factor")
   free = r.get("free_loop_speedup")
   words = ([] if alpha is None else [f"α {alpha:.2f}"]) + (
-      [f"rows waiting {rows:.2f}"] if rows is not None and rows < 1 else
+      [f"rows waiting {rows:.2f}"] if overheads.batch_waits_show(rows) else
       []) + ([] if free is None else [f"a free loop {free:.2f}x"])
   return (f"batch {batch} {_num(r.get('speedup'), '{:.2f}')}x" +
           (f" ({', '.join(words)})" if words else ""))
