@@ -157,7 +157,8 @@ def _pilot_record(plan: DecodePlan, tally: batches_lib.Tally, width: int,
       "mean_output_tokens": float(np.mean(lengths)) if lengths else 0.0,
       "output_lengths": [int(x) for x in lengths],
   }
-  if plan.mode.one_path:
+  # An adaptive drafter's short call is not a rejection: no replay.
+  if plan.mode.one_path and plan.args.drafting.adaptive_threshold is None:
     gamma = int(plan.args.gamma)
     # What rows waiting for a batch's slowest cost each γ: more at a
     # larger γ (the shipped pair at batch 8: 1.00 at γ 1, 0.72 at γ 7).

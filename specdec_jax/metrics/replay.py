@@ -9,8 +9,9 @@ call keeps the run of right guesses from where it starts, at most γ, and
 the target adds one token. One γ's counts give every position but the
 target's token after a call that kept all γ; those are counted as right.
 On the shipped pair's 60 captions at batch 8 the factor replayed at γ 7
-from γ 3's counts is 0.716 (measured 0.723). At T > 0 the replay is a model: a row's
-hard positions stay hard, its lucky draws stay lucky.
+from γ 3's counts is 0.716 (measured 0.723). At T > 0 the replay is a
+model: a row's hard positions stay hard, its lucky draws stay lucky. An
+adaptive drafter's short call is no rejection: its counts do not replay.
 """
 import math
 from typing import Dict, Sequence

@@ -21,6 +21,7 @@ from specdec_jax.experiment import arguments
 from specdec_jax.experiment import auto
 from specdec_jax.experiment import batches
 from specdec_jax.experiment import decode_modes
+from specdec_jax.experiment import drafter_registry
 from specdec_jax.experiment import online
 from specdec_jax.experiment import plan as plan_lib
 from specdec_jax.experiment import pilots as pilots_lib
@@ -397,6 +398,12 @@ def test_pilots_warm_up_take_turns_and_alternate_what_is_timed_first():
   # One row a batch: nothing waits, at the pilot's γ or any other.
   assert token["batch_factor_by_gamma"] == pytest.approx({"3": 1.0})
   assert records["block"]["batch_factor_by_gamma"] == pytest.approx({"3": 1.0})
+  # An adaptive drafter's short call is no rejection: nothing replayed.
+  args = dataclasses.replace(
+      args, drafting=drafter_registry.ModelSpec(adaptive_threshold=0.5))
+  adaptive = pilots_lib.run_pilots({"token": plan("token", decode_modes.TOKEN)},
+                                   {"token": False}, feed, cap=1, gammas=[2])
+  assert "batch_factor_by_gamma" not in adaptive["token"]
 
 
 def test_a_pilot_reads_the_cache_only_for_the_same_inputs():
