@@ -6,7 +6,8 @@ decoder that guessed nothing (`TargetAloneDecoder`).
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
+                    Tuple)
 
 from absl import logging
 import jax
@@ -16,6 +17,7 @@ import numpy as np
 from specdec_jax import multihost
 from specdec_jax.core import structs
 from specdec_jax.core.decoding import outputs
+from specdec_jax.metrics import replay
 from specdec_jax.terminal import console
 
 Array = jax.Array
@@ -180,6 +182,14 @@ class Tally:
   @property
   def lengths(self) -> List[int]:
     return [length for _, _, length in self.per_example]
+
+  def batch_factor_by_gamma(self, gamma: int, gammas: Sequence[int],
+                            batch_size: int) -> Dict[str, float]:
+    """{str(γ): `replay.batch_factors`} at `gamma` and each of `gammas`,
+    replayed from `chains` (decoded at `gamma`), as records hold it."""
+    factors = replay.batch_factors(self.chains, self.lengths, gamma,
+                                   sorted({gamma, *gammas}), batch_size)
+    return {str(g): b for g, b in factors.items()}
 
   def interval(self) -> Tuple[float, float]:
     kept, trials, _ = zip(*self.per_example) if self.per_example else ((), (),

@@ -14,7 +14,6 @@ from specdec_jax import multihost
 from specdec_jax.experiment import auto
 from specdec_jax.experiment import batches as batches_lib
 from specdec_jax.experiment import decode_modes
-from specdec_jax.metrics import replay
 
 
 def speedup_interval(
@@ -85,13 +84,10 @@ def with_measured_waits(pilots: Mapping[str, Mapping[str, Any]],
   key = candidate.pilot_key
   if not (candidate.mode.one_path and tally.chains and key in out):
     return out
-  factors = replay.batch_factors(tally.chains, tally.lengths,
-                                 int(candidate.gamma),
-                                 sorted({int(candidate.gamma), *gammas}),
-                                 batch_size)
-  out[key] = dict(out[key], batch_factor_by_gamma={
-      str(g): b for g, b in factors.items()
-  })
+  out[key] = dict(
+      out[key],
+      batch_factor_by_gamma=tally.batch_factor_by_gamma(int(candidate.gamma),
+                                                        gammas, batch_size))
   return out
 
 

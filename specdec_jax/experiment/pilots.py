@@ -20,7 +20,6 @@ from specdec_jax.experiment import online as online_lib
 from specdec_jax.experiment import price_cache
 from specdec_jax.experiment.plan import DecodePlan
 from specdec_jax.experiment.plan import Loaded
-from specdec_jax.metrics import replay
 from specdec_jax.metrics import timing
 from specdec_jax.terminal import console
 
@@ -162,10 +161,8 @@ def _pilot_record(plan: DecodePlan, tally: batches_lib.Tally, width: int,
     gamma = int(plan.args.gamma)
     # What rows waiting for a batch's slowest cost each γ: more at a
     # larger γ (the shipped pair at batch 8: 1.00 at γ 1, 0.72 at γ 7).
-    factors = replay.batch_factors(tally.chains, lengths, gamma,
-                                   sorted({gamma, *gammas}),
-                                   plan.args.batch_size)
-    record["batch_factor_by_gamma"] = {str(g): b for g, b in factors.items()}
+    record["batch_factor_by_gamma"] = tally.batch_factor_by_gamma(
+        gamma, gammas, plan.args.batch_size)
   if tree:
     record["first_depth"], record["deeper"] = auto.depth_acceptance(
         tally.histogram)

@@ -14,7 +14,7 @@ model: a row's hard positions stay hard, its lucky draws stay lucky. An
 adaptive drafter's short call is no rejection: its counts do not replay.
 """
 import math
-from typing import Dict, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -53,6 +53,18 @@ def calls_at(row_matches: np.ndarray, gamma: int) -> int:
   return calls
 
 
+def calls_by_gamma(accepted_counts: Sequence[Sequence[int]],
+                   lengths: Sequence[int], gamma: int,
+                   gammas: Sequence[int]) -> Dict[int, List[int]]:
+  """{γ: [N] target calls} of each of `gammas`, each row's replayed from
+  its `accepted_counts` at `gamma` and its length (tokens, EOS included)."""
+  if len(lengths) != len(accepted_counts):
+    raise ValueError(f"lengths has {len(lengths)} rows, accepted_counts "
+                     f"{len(accepted_counts)}: they must agree")
+  rows = [matches(c, gamma, n) for c, n in zip(accepted_counts, lengths)]
+  return {int(g): [calls_at(m, g) for m in rows] for g in gammas}
+
+
 def expected_max(values: Sequence[int], batch_size: int) -> float:
   """E[the most of `batch_size` of `values` drawn without replacement]
   (all of them when there are fewer): a batch's loop iterations when its
@@ -80,17 +92,12 @@ def batch_factors(accepted_counts: Sequence[Sequence[int]],
   `expected_max`: a pilot's few batches would make a noisy maximum),
   replayed from the rows' `accepted_counts` at `gamma` and `lengths`
   (tokens, EOS included: the target alone's calls); {} without tokens."""
-  if len(lengths) != len(accepted_counts):
-    raise ValueError(f"lengths has {len(lengths)} rows, accepted_counts "
-                     f"{len(accepted_counts)}: they must agree")
+  calls = calls_by_gamma(accepted_counts, lengths, gamma, gammas)
   if not sum(lengths):
     return {}
-  rows = [matches(c, gamma, n) for c, n in zip(accepted_counts, lengths)]
   tokens = np.asarray(lengths, np.float64)
   waits_base = tokens.mean() / expected_max(tokens, batch_size)
-  out = {}
-  for g in gammas:
-    calls = np.asarray([calls_at(m, g) for m in rows], np.float64)
-    out[int(g)] = float(calls.mean() / expected_max(calls, batch_size) /
-                        waits_base)
-  return out
+  return {
+      g: float(np.mean(c) / expected_max(c, batch_size) / waits_base)
+      for g, c in calls.items()
+  }

@@ -74,7 +74,9 @@ def test_each_rows_calls_replayed_at_other_gammas(tmp_path, capsys):
   path = _write_run(
       tmp_path,
       [[_call(3, "x"), _call(1, "</s>")], [_call(2, None)], [_call(3, "</s>")]])
-  assert batch_waits.read_counts(path) == [[3, 1], [2], [3]]
+  assert [
+      batch_waits.row_counts(row) for row in batch_waits.read_rows(path)[1]
+  ] == [[3, 1], [2], [3]]
   out = batch_waits.main(
       [f"--predictions={path}", "--batch_sizes=1,2", "--gammas=1,3"])
   assert out["gamma"] == 3

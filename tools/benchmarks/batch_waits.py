@@ -47,24 +47,25 @@ def read_run(predictions: str) -> Tuple[List[int], List[int]]:
     ValueError: no readable metrics.json, not such a run, or a row without
       a trace.
   """
-  greedy_metrics(predictions)
-  with open(predictions, encoding="utf-8") as f:
-    pairs = [row_calls(json.loads(line)) for line in f if line.strip()]
+  return rows_calls(read_rows(predictions)[1])
+
+
+def rows_calls(rows: Sequence[Dict[str, Any]]) -> Tuple[List[int], List[int]]:
+  """([N] tokens, [N] target calls) of predictions.jsonl rows (`row_calls`)."""
+  pairs = [row_calls(row) for row in rows]
   return [t for t, _ in pairs], [c for _, c in pairs]
 
 
-def read_counts(predictions: str) -> List[List[int]]:
-  """[N] rows' guesses kept by each target call [calls] (its trace)."""
-  with open(predictions, encoding="utf-8") as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  for row in rows:
-    row_calls(row)  # a trace, or the error naming the example
-  return [[t["num_accepted"] for t in row["aux"]["trace"]] for row in rows]
+def row_counts(row: Dict[str, Any]) -> List[int]:
+  """The guesses each target call of a predictions.jsonl row kept."""
+  row_calls(row)  # a trace, or the error naming the example
+  return [t["num_accepted"] for t in row["aux"]["trace"]]
 
 
-def greedy_metrics(predictions: str) -> run_metrics.RunMetrics:
-  """The metrics.json beside `predictions`, of a T = 0 run whose outputs
-  equal the target alone's; else ValueError."""
+def read_rows(
+    predictions: str) -> Tuple[run_metrics.RunMetrics, List[Dict[str, Any]]]:
+  """(the metrics.json beside `predictions`, of a T = 0 run whose outputs
+  equal the target alone's, else ValueError; its predictions.jsonl rows)."""
   metrics_path = os.path.join(os.path.dirname(predictions),
                               run_metrics.METRICS_FILE)
   try:
@@ -79,7 +80,8 @@ def greedy_metrics(predictions: str) -> run_metrics.RunMetrics:
         f"{metrics.temperature} with greedy_outputs_identical="
         f"{metrics.greedy_outputs_identical}; a row's calls predict "
         "another batch size only at T = 0 with identical outputs")
-  return metrics
+  with open(predictions, encoding="utf-8") as f:
+    return metrics, [json.loads(line) for line in f if line.strip()]
 
 
 def replayed_tables(counts: Sequence[Sequence[int]], tokens: Sequence[int],
@@ -88,11 +90,8 @@ def replayed_tables(counts: Sequence[Sequence[int]], tokens: Sequence[int],
   """{γ: `batch_table`} of each of `gammas`, each row's calls replayed from
   its `counts` at the run's `gamma` (`replay.calls_at`: exact where the
   run saw every position a γ's calls test)."""
-  rows = [replay.matches(c, gamma, n) for c, n in zip(counts, tokens)]
-  return {
-      str(g): batch_table(tokens, [replay.calls_at(m, g) for m in rows], sizes)
-      for g in gammas
-  }
+  calls = replay.calls_by_gamma(counts, tokens, gamma, gammas)
+  return {str(g): batch_table(tokens, c, sizes) for g, c in calls.items()}
 
 
 def batch_table(tokens: Sequence[int], calls: Sequence[int],
@@ -150,7 +149,8 @@ def main(argv: Sequence[str]) -> Dict[str, Any]:
   if not os.path.isfile(args.predictions):
     raise common.flag_error("predictions", args.predictions,
                             "a predictions.jsonl file")
-  tokens, calls = read_run(args.predictions)
+  metrics, rows = read_rows(args.predictions)
+  tokens, calls = rows_calls(rows)
   table = batch_table(tokens, calls, sizes, args.by_length)
   print(f"{len(tokens)} examples, {sum(tokens)} tokens, {sum(calls)} target "
         f"calls ({sum(tokens) / sum(calls):.2f} tokens a call)")
@@ -167,13 +167,13 @@ def main(argv: Sequence[str]) -> Dict[str, Any]:
       "by_batch_size": table,
   }
   if gammas:
-    gamma = greedy_metrics(args.predictions).gamma
+    gamma = metrics.gamma
     result["gamma"] = gamma
-    result["replayed_by_gamma"] = replayed_tables(read_counts(args.predictions),
-                                                  tokens, gamma, gammas, sizes)
-    for g, rows in result["replayed_by_gamma"].items():
+    result["replayed_by_gamma"] = replayed_tables(
+        [row_counts(row) for row in rows], tokens, gamma, gammas, sizes)
+    for g, replayed in result["replayed_by_gamma"].items():
       print(f"γ {g} (replayed from γ {gamma}): " + ", ".join(
-          f"batch {r['batch_size']} {r['batch_factor']:.3f}" for r in rows))
+          f"batch {r['batch_size']} {r['batch_factor']:.3f}" for r in replayed))
   common.write_result(args.output, result)
   return result
 
