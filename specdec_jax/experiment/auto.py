@@ -151,10 +151,10 @@ def predict(candidate: Candidate, prices: Optional[Prices],
             pilots: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
   """The candidate's row: its modelled speedup, uncalibrated, and inputs
   ('alpha', 'first_depth_alpha', 'cost_coefficient_c', 'call_cost' in
-  steps, 'tokens_per_call', 'batch_factor': chains' rows waiting for a
-  batch's slowest, multiplied in), from `prices` (None: beams) and `pilots`
+  steps, 'tokens_per_call', 'batch_factor': rows waiting for a batch's
+  slowest, multiplied in), from `prices` (None: beams) and `pilots`
   ({pilot_key: {'alpha'; trees: 'first_depth', 'deeper',
-  'first_depth_by_width'; chains: 'batch_factor_by_gamma'; beams:
+  'first_depth_by_width'; chains, trees: 'batch_factor_by_gamma'; beams:
   'speedup'; 'output_lengths'}})."""
   mode, gamma, width = candidate.mode, candidate.gamma, candidate.tree_width
   row: Dict[str, Any] = {
@@ -195,14 +195,14 @@ def predict(candidate: Candidate, prices: Optional[Prices],
         analysis.expected_tokens_per_call_with_ends(alpha, gamma, lengths)
         if lengths and sum(lengths) else analysis.
         expected_tokens_per_iteration(alpha, gamma))
-    # Rows waiting for a batch's slowest, replayed at this γ (1 at batch 1).
-    row["batch_factor"] = float((pilot.get("batch_factor_by_gamma") or
-                                 {}).get(str(gamma), 1.0))
+  # Rows waiting for a batch's slowest, replayed at this γ (1 at batch 1).
+  row["batch_factor"] = float((pilot.get("batch_factor_by_gamma") or
+                               {}).get(str(gamma), 1.0))
   row.update(
       cost_coefficient_c=c, call_cost=call, tokens_per_call=tokens,
       predicted_speedup=float(
-          mode.measured_theory(alpha, gamma, c, call, tokens) if mode.
-          branches else tokens / (gamma * c + call) * row["batch_factor"]))
+          (mode.measured_theory(alpha, gamma, c, call, tokens) if mode.branches
+           else tokens / (gamma * c + call)) * row["batch_factor"]))
   return row
 
 
@@ -221,8 +221,8 @@ def overhead_steps(measured: float, row: Mapping[str, Any]) -> float:
   """A family's calibration: the loop's unpriced work per call in target
   steps, o = s (model / measured - 1), s = γ·c + C. Added to each call
   (`calibrated`), not multiplied: a ratio biased narrower trees (issue 58).
-  A chain's model holds its batch factor, so rows waiting for a batch's
-  slowest are not read as the loop's work (they grow with γ).
+  A chain's or tree's model holds its batch factor, so rows waiting for a
+  batch's slowest are not read as the loop's work (they grow with γ).
   """
   model = row.get("model_speedup", row["predicted_speedup"])
   return _steps_per_call(row) * (model / max(measured, 1e-12) - 1.0)

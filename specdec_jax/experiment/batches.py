@@ -104,8 +104,8 @@ class Tally:
     beta: [Σ β, its trials]; None after a tree or beam batch.
     per_example: each kept row's (kept, call trials, output length).
     rounds: trees: calls by their first round [k + 1], else None.
-    chains: one-path modes: each kept row's guesses kept by each call
-      [its calls] (`replay`'s input).
+    chains: modes whose counts replay (`replays`: chains, trees): each
+      kept row's guesses kept by each call [its calls] (`replay`'s input).
   """
 
   def __init__(self):
@@ -153,7 +153,7 @@ class Tally:
       self.trials += float(trials_rows.sum())
       if not (alone and self.batches):  # a tree, beams, or alone from the 1st
         self.beta = None
-    if mode is not None and mode.one_path:
+    if mode is not None and mode.replays:
       trace = np.asarray(out.trace_num_accepted)
       self.chains += [trace[r, :calls[r]].tolist() for r in keep]
     self.per_example += zip(kept_rows.tolist(), trials_rows.tolist(),
@@ -186,10 +186,11 @@ class Tally:
   def batch_factor_by_gamma(self, gamma: int, gammas: Sequence[int],
                             batch_size: int) -> Dict[str, float]:
     """{str(γ): `replay.batch_factors`} at `gamma` and each of `gammas`,
-    replayed from `chains` (decoded at `gamma`), as records hold it."""
+    replayed from `chains` (decoded at `gamma`), `replay.monotone`, as
+    records hold it."""
     factors = replay.batch_factors(self.chains, self.lengths, gamma,
                                    sorted({gamma, *gammas}), batch_size)
-    return {str(g): b for g, b in factors.items()}
+    return {str(g): b for g, b in replay.monotone(factors).items()}
 
   def interval(self) -> Tuple[float, float]:
     kept, trials, _ = zip(*self.per_example) if self.per_example else ((), (),

@@ -41,12 +41,15 @@ class DecodeMode:
   """What one decode mode (`name`: its ACCEPTANCE value, or 'beam') means;
   subclasses override what differs. `one_path`: each target call verifies
   one path of guesses (the run records traces, β, Theorem 3.8's bound);
-  `priced`: c and Theorem 3.8 apply (they model sampling one sequence)."""
+  `priced`: c and Theorem 3.8 apply (they model sampling one sequence);
+  `replays`: its rows' kept guesses by call replay at another γ as a
+  chain's (`replay`: exact for a chain at T = 0; a tree's, a model)."""
   name = "token"
   description = "Algorithm 1"
   decode = SAMPLE
   one_path = True
   priced = True
+  replays = True
   branches = False
   beam = False
   exactness_tests = "tests/core/test_decoding.py"
@@ -205,6 +208,9 @@ class TreeMode(DecodeMode):
   name = "tree"
   description = "tree verification"
   one_path = False
+  # Its rows' waits replay as a chain's: on the shipped pair at batch 8
+  # (k 2 and 3, γ 3-7) within 0.03 of the measured factors.
+  replays = True
   branches = True
   exactness_tests = "tests/core/test_tree_acceptance.py"
 
@@ -303,6 +309,7 @@ class BeamMode(DecodeMode):
   decode = "beam"
   one_path = False
   priced = False
+  replays = False
   beam = True
   exactness_tests = "tests/core/test_speculative_beam.py"
 
@@ -399,6 +406,7 @@ class TargetAloneMode:
   description = "the target alone (SPECULATION='off')"
   one_path = False
   priced = False
+  replays = False
   target_alone = True
 
   def __getattr__(self, name: str) -> Any:

@@ -76,13 +76,14 @@ def with_measured_waits(pilots: Mapping[str, Mapping[str, Any]],
                         candidate: auto.Candidate, tally: batches_lib.Tally,
                         gammas: Sequence[int],
                         batch_size: int) -> Dict[str, Any]:
-  """`pilots` with a chain `candidate`'s batch factors at `gammas` replayed
-  from its own batches' rows (`tally.chains`: more rows than its pilot's,
-  whose few batches say little of a batch's slowest row); unchanged for
-  other modes, without rows or without such a pilot."""
+  """`pilots` with a chain's or tree's `candidate`'s batch factors at
+  `gammas` replayed from its own batches' rows (`tally.chains`: more rows
+  than its pilot's, whose few batches say little of a batch's slowest
+  row); unchanged for other modes, without rows or without such a
+  pilot."""
   out = dict(pilots)
   key = candidate.pilot_key
-  if not (candidate.mode.one_path and tally.chains and key in out):
+  if not (candidate.mode.replays and tally.chains and key in out):
     return out
   out[key] = dict(
       out[key],

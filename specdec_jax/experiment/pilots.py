@@ -76,8 +76,9 @@ class Plans:
 
 
 # Bumped when a pilot's record gains what predictions read (2: chains'
-# batch_factor_by_gamma): an older cached record is then a miss.
-PILOT_RECORD = 2
+# batch_factor_by_gamma; 3: trees' too): an older cached record is then a
+# miss.
+PILOT_RECORD = 3
 
 
 # -- the pilots ----------------------------------------------------------------
@@ -90,8 +91,8 @@ def run_pilots(pilots: Mapping[str, DecodePlan], timed: Mapping[str, bool],
   decoders up, then times both, their order alternating by batch. A
   record: 'gamma', 'tree_width', counts, 'alpha' and its interval, output
   lengths (trees: 'first_depth', 'deeper', 'first_depth_by_width';
-  chains: 'batch_factor_by_gamma', {γ: `replay.batch_factors`} of the
-  pilot γ and `gammas`; timed: 'baseline_s', 'speculative_s',
+  chains and trees: 'batch_factor_by_gamma', {γ: `replay.batch_factors`}
+  of the pilot γ and `gammas`; timed: 'baseline_s', 'speculative_s',
   'speedup')."""
   first = next(iter(pilots.values()))
   width = feed.common_width(-(-cap // first.args.batch_size))
@@ -157,10 +158,11 @@ def _pilot_record(plan: DecodePlan, tally: batches_lib.Tally, width: int,
       "output_lengths": [int(x) for x in lengths],
   }
   # An adaptive drafter's short call is not a rejection: no replay.
-  if plan.mode.one_path and plan.args.drafting.adaptive_threshold is None:
+  if plan.mode.replays and plan.args.drafting.adaptive_threshold is None:
     gamma = int(plan.args.gamma)
     # What rows waiting for a batch's slowest cost each γ: more at a
-    # larger γ (the shipped pair at batch 8: 1.00 at γ 1, 0.72 at γ 7).
+    # larger γ (the shipped pair at batch 8: 1.00 at γ 1, 0.72 at γ 7;
+    # trees of 2 branches 0.85 at γ 3, 0.74 at γ 7).
     record["batch_factor_by_gamma"] = tally.batch_factor_by_gamma(
         gamma, gammas, plan.args.batch_size)
   if tree:
@@ -426,10 +428,6 @@ def shape_record(candidates: Sequence[Candidate], rows: Sequence[Mapping[str,
     record["call_cost_by_gamma"] = [
         prices.call_cost(g + 1) for g in range(1, gammas[-1] + 1)
     ]
-    factors = {c.gamma: r["batch_factor"] for c, r in zip(candidates, rows)}
-    record["batch_factor_by_gamma"] = [
-        factors.get(g, 1.0) for g in range(1, gammas[-1] + 1)
-    ]
   else:
     record.update(
         acceptance_by_tree_width={
@@ -443,6 +441,10 @@ def shape_record(candidates: Sequence[Candidate], rows: Sequence[Mapping[str,
             prices.tree_call_cost(n)
             for n in range(1, auto.AUTO_TREE_MAX_NODES + 1)
         ])
+  factors = {c.gamma: r["batch_factor"] for c, r in zip(candidates, rows)}
+  record["batch_factor_by_gamma"] = [
+      factors.get(g, 1.0) for g in range(1, gammas[-1] + 1)
+  ]
   record["predicted_speedup"] = {
       (f"gamma={c.gamma},k={c.tree_width}" if widths else f"gamma={c.gamma}"):
           r["predicted_speedup"]

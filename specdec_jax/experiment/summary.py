@@ -89,8 +89,8 @@ def _noise_words(metrics: Dict[str, Any]) -> str:
 
 
 def _waits_words(auto: Dict[str, Any]) -> str:
-  """' and rows waiting 0.88' (GAMMA='auto' at batch > 1: the chosen γ's
-  batch factor, in its prediction), or ''."""
+  """' and rows waiting 0.88' (GAMMA='auto', or a tree's GAMMA/TREE_WIDTH,
+  at batch > 1: the chosen γ's batch factor, in its prediction), or ''."""
   factors = auto.get("batch_factor_by_gamma") or []
   gamma = int(auto["chosen_gamma"])
   factor = factors[gamma - 1] if gamma <= len(factors) else None
@@ -105,7 +105,8 @@ def _drafting_lines(metrics: Dict[str, Any]) -> List[str]:
     lines.append(
         f"GAMMA/TREE_WIDTH='auto': γ={auto['chosen_gamma']}, "
         f"k={auto['chosen_tree_width']}, the best predicted speedup (trees "
-        f"of at most {auto['max_nodes']} nodes) for the acceptance and "
+        f"of at most {auto['max_nodes']} nodes{_waits_words(auto)}) for the "
+        "acceptance and "
         f"costs measured on the first {auto['pilot_batches']} batches with "
         f"γ={auto['pilot_gamma']} and k in {auto['pilot_tree_widths']}")
   elif auto:

@@ -282,11 +282,11 @@ def theory_metrics(plan: DecodePlan, decoded: Decoded,
       "baseline_overhead":
           (decoded.time_base / max(calls_base, 1) / steps.target_step_s),
   }
-  if plan.mode.one_path:
-    out.update(
-        overheads.efficiency_split(
-            alpha, gamma, decoded.spec_tokens, (calls_base, calls_spec),
-            (sum(decoded.base.iterations), sum(decoded.spec.iterations)), out))
+  out.update(
+      overheads.efficiency_split(
+          alpha, gamma, decoded.spec_tokens, (calls_base, calls_spec),
+          (sum(decoded.base.iterations), sum(decoded.spec.iterations)), out,
+          one_path=plan.mode.one_path))
   out.update(
       overheads.fixed_cost_metrics(
           decoded.batches, steps.target_step_s,

@@ -98,31 +98,40 @@ def batched_iterations(calls: Sequence[int], batch_size: int) -> int:
 
 def efficiency_split(alpha: float, gamma: int, spec_tokens: np.ndarray,
                      calls: Tuple[int, int], iterations: Tuple[int, int],
-                     theory: Dict[str, float]) -> Dict[str, Any]:
+                     theory: Dict[str, float],
+                     one_path: bool = True) -> Dict[str, Any]:
   """metrics.json's `efficiency_split` (factors whose product is speedup /
   Theorem 3.8 at the measured call cost, as `RunMetrics` defines them) and
   Equation (1) without and with sentence ends, from the [N, T] speculative
   tokens (0 after EOS), each decoder's target calls summed over rows and
   loop iterations summed over batches ((baseline, speculative) each) and
-  `theory`'s `baseline_overhead` and `iteration_overhead`."""
+  `theory`'s `baseline_overhead` and `iteration_overhead`. A tree's
+  (`one_path` False): no Equation (1), and its split has no
+  "sentence_ends" or "acceptance" (its model reads the measured tokens
+  per call)."""
   calls_base, calls_spec = calls
   iterations_base, iterations_spec = iterations
   lengths = np.sum(spec_tokens != 0, axis=1)
   tokens = int(lengths.sum())
   if tokens == 0 or min(calls) <= 0 or min(iterations) <= 0:
     return {}
+  batch = batch_factor(calls_base, calls_spec, iterations_base, iterations_spec)
+  split = {
+      "output_lengths": calls_base / tokens,
+      "batch": batch,
+      "time":
+          (theory["baseline_overhead"] / theory["iteration_overhead"] / batch),
+  }
+  if not one_path:
+    return {"efficiency_split": split}
   iid = float(analysis.expected_tokens_per_iteration(alpha, gamma))
   ends = analysis.expected_tokens_per_call_with_ends(alpha, gamma, lengths)
-  batch = batch_factor(calls_base, calls_spec, iterations_base, iterations_spec)
   return {
       "theory_tokens_per_call": iid,
       "theory_tokens_per_call_with_ends": ends,
       "efficiency_split": {
           "sentence_ends": ends / iid,
           "acceptance": tokens / calls_spec / ends,
-          "output_lengths": calls_base / tokens,
-          "batch": batch,
-          "time": (theory["baseline_overhead"] / theory["iteration_overhead"] /
-                   batch),
+          **split
       },
   }

@@ -166,6 +166,8 @@ class RunMetrics:
       over baseline; 1 at batch 1), and the rest, baseline_overhead /
       iteration_overhead / batch: each loop's walltime per iteration over its
       model calls' (files before 2026-12-02: no "batch", which "time" held).
+      ACCEPTANCE='tree': "output_lengths", "batch" and "time" only (its
+      model reads the measured tokens per call; none before 2026-12-02).
     fixed_cost_per_example_s: {"baseline", "speculative"}: each decoder's
       walltime per example that does not grow with its loop's iterations
       (dispatch, both encoders, set-up): the intercept of a least-squares line
@@ -240,9 +242,10 @@ class RunMetrics:
       SPECULATION='auto''s choice limited to the run's mode); ACCEPTANCE='tree'
       with GAMMA and/or TREE_WIDTH 'auto': also the chosen k
       (`chosen_tree_width`), the acceptance and c by k, the tree call's cost by
-      nodes and the predicted speedup of every (γ, k); chains: also
+      nodes and the predicted speedup of every (γ, k); both:
       `batch_factor_by_gamma` [γ = 1 ..], what rows waiting for a batch's
-      slowest cost each γ (multiplied into its prediction; 1 at batch 1).
+      slowest cost each γ (multiplied into its prediction; 1 at batch 1;
+      none before 2026-12-02, for trees before that day's second change).
     guesses_per_target_call: real guesses made per target call (≤ γ;
       ACCEPTANCE='tree': k·γ; DECODE='beam': γ·u draft beam nodes).
     per_iteration_gamma: §3.5's bound, Theorem 3.8's cost model on the run's own
@@ -268,12 +271,12 @@ class RunMetrics:
     auto: SPECULATION='auto': `choice` (mode, γ, k, predicted speedup), `reason`
       (the stdout line `auto: ...`), `candidates` (each mode, γ, k with its
       predicted speedup and the α, c, call cost, tokens per call and, for
-      chains, `batch_factor` it used), `pilots` (α per mode, each from a pilot
+      chains and trees, `batch_factor` it used), `pilots` (α per mode, each from a pilot
       decode sized by its 95% interval; one tree pilot at the widest k, with
-      every k's a_1 in `first_depth_by_width`; a chain pilot's
+      every k's a_1 in `first_depth_by_width`; a chain or tree pilot's
       `batch_factor_by_gamma`: what rows waiting for a batch's slowest cost each
-      γ, replayed from its accepted counts, 1 at batch 1; files before
-      2026-12-02: none), `prices` (the measured call costs, whether they
+      γ, replayed from its accepted counts as a chain's, 1 at batch 1; none
+      before 2026-12-02, for trees before that day's second change), `prices` (the measured call costs, whether they
       were `cached`, and `target_cached`: the target's calls from an entry of
       another draft or method), `calibration` (the timed chain pilot's measured
       and modelled speedup, κ, their ratio, and `overhead_steps`, the loop's own

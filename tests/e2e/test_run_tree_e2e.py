@@ -69,6 +69,14 @@ def test_tree_verification_end_to_end(tmp_path):
   c, ratio = written["cost_coefficient_c"], written["verification_cost_ratio"]
   assert written["theoretical_speedup_measured_call_cost"] == pytest.approx(
       written["tokens_per_target_call"] / (2 * c + ratio))
+  # Its efficiency's factors multiply to it too (no Equation (1): the
+  # model reads the measured tokens per call).
+  split = written["efficiency_split"]
+  assert set(split) == {"output_lengths", "batch", "time"}
+  assert "theory_tokens_per_call" not in written
+  assert np.prod(list(split.values())) == pytest.approx(
+      written["speedup"] / written["theoretical_speedup_measured_call_cost"],
+      rel=1e-9)
   rows = [
       json.loads(line)
       for line in (out / "predictions.jsonl").read_text().splitlines()
@@ -171,6 +179,8 @@ def test_auto_gamma_and_tree_width_end_to_end(tmp_path, monkeypatch):
   # The stand-in's tree call over N nodes: (1 + N/10) / 1.1 steps.
   costs = auto["tree_call_cost_by_nodes"]
   assert costs[4] == pytest.approx(1.5 / 1.1)
+  # Each γ's rows waiting, replayed from the pilot's rows: none at batch 1.
+  assert auto["batch_factor_by_gamma"] == [1.0] * 3
   lines = summary.summary_lines(metrics, arguments.run_arguments())
   assert any(f"γ={auto['chosen_gamma']}, k={auto['chosen_tree_width']}" in l
              for l in lines)

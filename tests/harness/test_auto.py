@@ -406,6 +406,68 @@ def test_pilots_warm_up_take_turns_and_alternate_what_is_timed_first():
   assert "batch_factor_by_gamma" not in adaptive["token"]
 
 
+class _TwoRows(_Decoder):
+  """Two rows of 8 tokens at γ 3: row 0 two calls keeping all 3 guesses,
+  row 1 eight calls keeping none."""
+
+  def __call__(self, inputs, rng):
+    histogram = np.array([[0, 0, 0, 2], [8, 0, 0, 0]], np.int32)
+    return types.SimpleNamespace(accepted_histogram=histogram,
+                                 target_calls=histogram.sum(1), tokens=np.ones(
+                                     (2, 8), np.int32), lengths=np.array([8,
+                                                                          8]),
+                                 trace_num_accepted=_trace(histogram),
+                                 beta_count=np.zeros(2), beta_sum=np.zeros(2))
+
+
+def test_a_tree_pilot_records_and_its_rows_multiply_their_waiting():
+  """Trees' rows wait for a batch's slowest as chains' do, more at a larger
+  γ (the shipped pair at batch 8, 2 branches: 0.85 at γ 3, 0.74 at γ 7,
+  each within 0.03 of a tree's counts replayed as a chain's): a tree pilot
+  records each γ's factor, a tree row multiplies its γ's, and the tree
+  pilot's calibration then reads none of it as overhead."""
+  args = arguments.RunArguments(output_dir="/tmp/x", gamma=3, batch_size=2)
+  mode = dataclasses.replace(decode_modes.TREE, width=2)
+  plan = types.SimpleNamespace(args=args, rng=jax.random.PRNGKey(0), mode=mode,
+                               baseline=_TwoRows([], "base"),
+                               speculative=_TwoRows([], "spec"))
+  feed = types.SimpleNamespace(num_batches=1, batch_width=lambda b: 16,
+                               common_width=lambda n: 16,
+                               batch=lambda b, w: np.zeros((2, 16), np.int32),
+                               kept_rows=lambda b: np.array([0, 1]))
+  record = pilots_lib.run_pilots({"tree": plan}, {"tree": False}, feed, cap=2,
+                                 gammas=[1])["tree"]
+  # The baseline's rows end together (8 tokens each). γ 3: calls 2 and 8
+  # (mean 5, most 8); γ 1: row 0 4 calls (each keeps 1 and adds 1), row 1
+  # 8 (mean 6, most 8).
+  waits = {"1": 6 / 8, "3": 5 / 8}
+  assert record["batch_factor_by_gamma"] == pytest.approx(waits)
+  prices = auto.Prices(call_cost_by_k={1: 1.0}, cost_coefficient=0.05,
+                       tree_call_cost_by_nodes={
+                           1: 1.0,
+                           7: 1.1
+                       }, cost_coefficient_by_width={2: 0.05})
+  tree = Candidate(decode_modes.TREE, 3, 2)
+  pilot = {"alpha": 0.8, "first_depth": 0.9, "deeper": 0.8}
+  free = auto.predict(tree, prices, {"tree": pilot})
+  pilot_waits = dict(pilot,
+                     batch_factor_by_gamma=record["batch_factor_by_gamma"])
+  row = auto.predict(tree, prices, {"tree": pilot_waits})
+  assert free["batch_factor"] == 1.0 and row["batch_factor"] == waits["3"] < 1
+  assert row["predicted_speedup"] == pytest.approx(waits["3"] *
+                                                   free["predicted_speedup"])
+  assert auto.overhead_steps(row["predicted_speedup"],
+                             row) == pytest.approx(0.0, abs=1e-12)
+  rows = auto.predict_all([ALONE, tree], prices, {"tree": pilot_waits})
+  assert f"rows waiting {5 / 8:.2f}" in auto.reason(rows, 1)
+  widths = pilots_lib.shape_record([tree], [row], 0,
+                                   dict(pilot_waits, batches=1, gamma=3),
+                                   prices, [2])
+  assert widths["batch_factor_by_gamma"] == [1.0, 1.0, waits["3"]]
+  assert (f"trees of at most 25 nodes and rows waiting {5 / 8:.2f}) for the "
+          "acceptance" in summary._drafting_lines({"gamma_auto": widths})[0])
+
+
 def test_a_pilot_reads_the_cache_only_for_the_same_inputs():
   rows = {0: np.array([[3, 4, 1]]), 1: np.array([[5, 1, 0]])}
   feed = types.SimpleNamespace(num_batches=2, host_rows=lambda b: rows[b],
@@ -830,23 +892,31 @@ def _out(histogram, beta_count=None, lengths=None):
 
 def test_a_chain_measures_its_rows_waiting_on_its_own_batches():
   """A pilot's few batches say little of a batch's slowest row; once a
-  chain has decoded batches of its own, its factors are replayed from
-  them (row 0: 2 calls keeping all 3 of 8 tokens; row 1: 4 keeping none)."""
+  chain (or a tree) has decoded batches of its own, its factors are
+  replayed from them (rows of 8 tokens, row 0: 2 calls keeping all 3;
+  row 1: 8 keeping none); beams' are not."""
+  expected = {"1": 6 / 8, "3": 5 / 8}
+  pilots = {"token": {"alpha": 0.8}, "tree": {"alpha": 0.8}, "beam": {}}
+  for mode, candidate in ((decode_modes.TOKEN, TOKEN3),
+                          (decode_modes.TREE, Candidate(decode_modes.TREE, 3,
+                                                        2))):
+    tally = batches.Tally()
+    tally.add(_out([[0, 0, 0, 2], [8, 0, 0, 0]], lengths=[8, 8]),
+              np.array([0, 1]), mode)
+    measured = online.with_measured_waits(pilots, candidate, tally, [1, 3], 2)
+    # The baseline's rows end together. γ 3: calls 2 and 8 (mean 5, most
+    # 8); γ 1: 4 (each keeps 1 and adds 1) and 8 (mean 6).
+    assert measured[mode.name]["batch_factor_by_gamma"] == pytest.approx(
+        expected), mode.name
+    others = {k: v for k, v in measured.items() if k != mode.name}
+    assert others == {k: v for k, v in pilots.items() if k != mode.name}
+  assert "batch_factor_by_gamma" not in pilots["token"]
   tally = batches.Tally()
   tally.add(_out([[0, 0, 0, 2], [4, 0, 0, 0]], lengths=[8, 4]),
-            np.array([0, 1]), decode_modes.TOKEN)
-  pilots = {"token": {"alpha": 0.8}, "tree": {"alpha": 0.8}}
-  measured = online.with_measured_waits(pilots, TOKEN3, tally, [1, 3], 2)
-  # γ 3: calls 2 and 4 (mean 3, most 4) against tokens 8 and 4 (6, 8);
-  # γ 1: 4 calls each, the baseline's rows wait for row 0.
-  assert measured["token"]["batch_factor_by_gamma"] == pytest.approx({
-      "1": (4 / 4) / (6 / 8),
-      "3": (3 / 4) / (6 / 8)
-  })
-  assert measured["tree"] == pilots["tree"] and "batch_factor_by_gamma" not in (
-      pilots["token"])
-  tree = Candidate(decode_modes.TREE, 3, 2)
-  assert online.with_measured_waits(pilots, tree, tally, [3], 2) == pilots
+            np.array([0, 1]), decode_modes.BEAM)
+  assert not tally.chains  # a beam's kept guesses are no path's
+  assert online.with_measured_waits(pilots, Candidate(decode_modes.BEAM, 3),
+                                    tally, [3], 2) == pilots
 
 
 def test_the_tally_counts_trials_as_each_mode_does_and_pads_histograms():

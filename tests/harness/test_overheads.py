@@ -102,3 +102,14 @@ def test_the_split_multiplies_to_the_efficiency_with_batches():
   assert np.prod(list(split.values())) == pytest.approx(expected)
   assert split["sentence_ends"] == pytest.approx(ends / iid)
   assert overheads.efficiency_split(0.8, 3, tokens, calls, (6, 0), theory) == {}
+  # A tree's model reads its measured tokens per call (`TreeMode.
+  # measured_theory`): no Equation (1), so no ends or acceptance factor,
+  # and the rest multiply to speedup / that model: the baseline's calls
+  # over the tokens, times the loops' overheads.
+  tree = overheads.efficiency_split(0.8, 3, tokens, calls, iterations, theory,
+                                    one_path=False)
+  assert set(tree) == {"efficiency_split"}
+  assert tree["efficiency_split"] == pytest.approx(
+      {k: split[k] for k in ("output_lengths", "batch", "time")})
+  assert np.prod(list(tree["efficiency_split"].values())) == pytest.approx(
+      (10 / 10) * theory["baseline_overhead"] / theory["iteration_overhead"])

@@ -94,6 +94,41 @@ def test_each_rows_calls_replayed_at_other_gammas(tmp_path, capsys):
     batch_waits.main([f"--predictions={path}", "--gammas=2", "--by_length"])
 
 
+def test_pilot_sized_windows_against_all_rows(tmp_path, capsys):
+  """`auto`'s pilot replays a batch's slowest from its few rows: each
+  window of n consecutive rows against all rows. Rows of 2 tokens at γ 1
+  (the baseline's rows end together): A, C and D take 1 call, B 2. All
+  4 at batch 2: mean 1.25 over E[most of 2 of 4] = 1 + 1/2, 0.833."""
+  counts, tokens = [[1], [0, 0], [1], [1]], [2, 2, 2, 2]
+  two, three, four = batch_waits.pilot_windows(counts, tokens, 1, [1, 2], 2,
+                                               [2, 3, 4])
+  full = 1.25 / 1.5
+  # n = 2: [A, B] 1.5 / 2 and [C, D] 1; γ 2 the same (A's guess kept all
+  # 1: its next position unseen, counted right).
+  assert (two["rows"], two["windows"]) == (2, 2)
+  assert two["mean_error"] == pytest.approx(
+      (abs(0.75 - full) + abs(1.0 - full)) / 2)
+  assert two["mean_error_monotone"] == two["mean_error"]  # already so
+  assert two["windows_worse"] == 0
+  # n = 3: one window [A, B, C], 4/3 over E[most of 2 of 3] = 1 + 2/3.
+  assert three["windows"] == 1
+  assert three["mean_error"] == pytest.approx(abs((4 / 3) / (5 / 3) - full))
+  assert four["windows"] == 1 and four["mean_error"] == pytest.approx(0.0)
+  path = _write_run(
+      tmp_path,
+      [[_call(3, "x"), _call(1, "</s>")], [_call(2, None)], [_call(3, "</s>")]])
+  out = batch_waits.main([
+      f"--predictions={path}", "--batch_sizes=2", "--gammas=1,3",
+      "--pilot_rows=2"
+  ])
+  assert [w["rows"] for w in out["pilot_windows"]] == [2]
+  assert "pilots of 2 rows (1 windows)" in capsys.readouterr().out
+  for flags in (["--pilot_rows=2"], ["--gammas=1", "--pilot_rows=2"],
+                ["--batch_sizes=8", "--gammas=1", "--pilot_rows=0"]):
+    with pytest.raises(common.BenchmarkFlagError, match="--pilot_rows"):
+      batch_waits.main([f"--predictions={path}", *flags])
+
+
 def test_sampled_runs_trees_and_bad_flags_are_refused(tmp_path):
   sampled = tmp_path / "s"
   sampled.mkdir()

@@ -12,13 +12,17 @@ run's rows give each batch size's loop iterations exactly
 them) and `overheads.batch_factor`: the factor of metrics.json's
 `efficiency_split` that batching alone sets, whatever the device. With
 `--gammas=1,2,5,7` each row's calls are also replayed at those γ from its
-accepted counts (`replay`), each with its table.
+accepted counts (`replay`), each with its table; with `--pilot_rows=16,48`
+(and one batch size) also how far each n consecutive rows' factors are
+from all rows', as `auto`'s pilots would replay them.
 """
 import argparse
 import json
 import os
 import sys
 from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
 
 from specdec_jax.metrics import overheads
 from specdec_jax.metrics import replay
@@ -94,6 +98,37 @@ def replayed_tables(counts: Sequence[Sequence[int]], tokens: Sequence[int],
   return {str(g): batch_table(tokens, c, sizes) for g, c in calls.items()}
 
 
+def pilot_windows(counts: Sequence[Sequence[int]], tokens: Sequence[int],
+                  gamma: int, gammas: Sequence[int], batch_size: int,
+                  pilot_rows: Sequence[int]) -> List[Dict[str, Any]]:
+  """Per pilot size n in `pilot_rows`: how far the factors that n
+  consecutive rows replay (every window, starting a batch apart) are from
+  all rows' (`replay.batch_factors` at each of `gammas`), as replayed and
+  after `replay.monotone`: 'mean_error' and 'mean_error_monotone' (mean
+  absolute difference over windows and γ) and 'windows_worse' (windows the
+  fit moved farther)."""
+  full = replay.batch_factors(counts, tokens, gamma, gammas, batch_size)
+  out = []
+  for n in pilot_rows:
+    raw, fitted = [], []
+    for start in range(0, len(tokens) - n + 1, batch_size):
+      window = replay.batch_factors(counts[start:start + n],
+                                    tokens[start:start + n], gamma, gammas,
+                                    batch_size)
+      for errors, factors in ((raw, window), (fitted, replay.monotone(window))):
+        errors.append(np.mean([abs(factors[g] - full[g]) for g in full]))
+    if raw:
+      out.append({
+          "rows": n,
+          "windows": len(raw),
+          "mean_error": float(np.mean(raw)),
+          "mean_error_monotone": float(np.mean(fitted)),
+          "windows_worse": int(
+              np.sum(np.asarray(fitted) > np.asarray(raw) + 1e-12)),
+      })
+  return out
+
+
 def batch_table(tokens: Sequence[int], calls: Sequence[int],
                 batch_sizes: Sequence[int],
                 by_length: bool = False) -> List[Dict[str, Any]]:
@@ -138,6 +173,11 @@ def main(argv: Sequence[str]) -> Dict[str, Any]:
                       help="batch the rows shortest output first")
   parser.add_argument("--gammas", default=None,
                       help="γ to replay the run's rows at, e.g. 1,2,5,7")
+  parser.add_argument(
+      "--pilot_rows", default=None,
+      help="with --gammas and one batch size: how far n "
+      "consecutive rows' factors are from all rows', e.g. "
+      "16,24,48 (`auto`'s pilots)")
   parser.add_argument("--output", default=None, help="JSON file to write")
   args = parser.parse_args(argv)
   sizes = batch_sizes(args.batch_sizes)
@@ -146,6 +186,12 @@ def main(argv: Sequence[str]) -> Dict[str, Any]:
   if gammas and args.by_length:
     raise common.flag_error("gammas", args.gammas,
                             "not with --by_length (consecutive rows only)")
+  pilot_rows = (batch_sizes(args.pilot_rows, "pilot_rows")
+                if args.pilot_rows is not None else [])
+  if pilot_rows and not (gammas and len(sizes) == 1):
+    raise common.flag_error(
+        "pilot_rows", args.pilot_rows,
+        "with --gammas and a single --batch_sizes (the pilot's batches)")
   if not os.path.isfile(args.predictions):
     raise common.flag_error("predictions", args.predictions,
                             "a predictions.jsonl file")
@@ -174,6 +220,15 @@ def main(argv: Sequence[str]) -> Dict[str, Any]:
     for g, replayed in result["replayed_by_gamma"].items():
       print(f"γ {g} (replayed from γ {gamma}): " + ", ".join(
           f"batch {r['batch_size']} {r['batch_factor']:.3f}" for r in replayed))
+  if pilot_rows:
+    result["pilot_windows"] = pilot_windows([row_counts(row) for row in rows],
+                                            tokens, metrics.gamma, gammas,
+                                            sizes[0], pilot_rows)
+    for w in result["pilot_windows"]:
+      print(
+          f"pilots of {w['rows']} rows ({w['windows']} windows): factors "
+          f"{w['mean_error']:.3f} from all rows', {w['mean_error_monotone']:.3f}"
+          f" made monotone; {w['windows_worse']} windows farther")
   common.write_result(args.output, result)
   return result
 
