@@ -109,10 +109,10 @@ def monotone(factors: Mapping[int, float]) -> Dict[int, float]:
   order).
 
   Every measured run's factors fall with γ (60 and 200 captions, chains
-  and trees), but a pilot's few rows replay noisily: 16 rows of the main
-  job gave 0.97, 1.02 and 1.12 at γ 2, 3 and 4 where all 60 give 0.92,
-  0.85 and 0.78, and `auto` chose γ 4 for it (0.83x measured; γ 3:
-  1.00x). The regression keeps a pilot's noise from ranking neighbouring
+  and trees), but a pilot's few rows replay noisily: a tree pilot's 16
+  rows of the main job gave 0.97, 1.02 and 1.12 at γ 2, 3 and 4 where
+  trees over all 60 measured 0.90, 0.85 and 0.80, and `auto` chose γ 4
+  for it (0.83x measured; γ 3: 1.00x). The regression keeps a pilot's noise from ranking neighbouring
   γ: over every window of 16 to 48 consecutive rows of both runs (γ 1 to
   12) it moved no window's factors farther from all rows' (mean error
   0.085 against 0.106 in 16 rows of 60, 0.092 against 0.112 of 200, 0.038

@@ -215,20 +215,20 @@ def main(argv: Sequence[str]) -> Dict[str, Any]:
   if gammas:
     gamma = metrics.gamma
     result["gamma"] = gamma
-    result["replayed_by_gamma"] = replayed_tables(
-        [row_counts(row) for row in rows], tokens, gamma, gammas, sizes)
+    counts = [row_counts(row) for row in rows]
+    result["replayed_by_gamma"] = replayed_tables(counts, tokens, gamma, gammas,
+                                                  sizes)
     for g, replayed in result["replayed_by_gamma"].items():
       print(f"γ {g} (replayed from γ {gamma}): " + ", ".join(
           f"batch {r['batch_size']} {r['batch_factor']:.3f}" for r in replayed))
-  if pilot_rows:
-    result["pilot_windows"] = pilot_windows([row_counts(row) for row in rows],
-                                            tokens, metrics.gamma, gammas,
-                                            sizes[0], pilot_rows)
-    for w in result["pilot_windows"]:
-      print(
-          f"pilots of {w['rows']} rows ({w['windows']} windows): factors "
-          f"{w['mean_error']:.3f} from all rows', {w['mean_error_monotone']:.3f}"
-          f" made monotone; {w['windows_worse']} windows farther")
+    if pilot_rows:  # with --gammas and one batch size (checked above)
+      result["pilot_windows"] = pilot_windows(counts, tokens, gamma, gammas,
+                                              sizes[0], pilot_rows)
+      for w in result["pilot_windows"]:
+        print(f"pilots of {w['rows']} rows ({w['windows']} windows): factors "
+              f"{w['mean_error']:.3f} from all rows', "
+              f"{w['mean_error_monotone']:.3f} made monotone; "
+              f"{w['windows_worse']} windows farther")
   common.write_result(args.output, result)
   return result
 
