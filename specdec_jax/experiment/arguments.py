@@ -60,8 +60,9 @@ class RunArguments:
     draft_checkpoint_path: the draft's T5X checkpoint dir, as above
       (drafter 'feature': a feature-level draft's checkpoint, required).
     gamma: Algorithm 1's γ (an integer >= 1), or 'auto' (Theorem 3.8's best
-      γ <= 12 for the α, c and call costs measured on the first examples;
-      ACCEPTANCE='tree': the tree's best γ, see TREE_WIDTH).
+      γ <= 12 for the α, c and call costs measured on the first examples,
+      calibrated by their timed pilot; ACCEPTANCE='tree': the tree's best γ,
+      see TREE_WIDTH).
     temperature: the sampling temperature (0 = greedy).
     top_k: keep the k most likely tokens (0 = off; not with DECODE='beam').
     top_p: keep the smallest set of tokens with this much mass (1 = off;

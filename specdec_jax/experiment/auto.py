@@ -185,16 +185,16 @@ def predict(candidate: Candidate, prices: Optional[Prices],
     first, alpha = first_depth(pilot, width), float(pilot["deeper"])
     c = float(prices.cost_coefficient_by_width[width])
     call = prices.tree_call_cost(1 + width * gamma)
-    tokens = expected_tree_tokens(first, alpha, gamma)
+    probs = tree_token_probs(first, alpha, gamma)
     row.update(alpha=alpha, first_depth_alpha=first)
   else:
     c, call = float(prices.cost_coefficient), prices.call_cost(gamma + 1)
-    lengths = pilot.get("output_lengths")
-    # Each output's last call is cut at its end (Equation (1) is not).
-    tokens = float(
-        analysis.expected_tokens_per_call_with_ends(alpha, gamma, lengths)
-        if lengths and sum(lengths) else analysis.
-        expected_tokens_per_iteration(alpha, gamma))
+    probs = analysis.call_token_probs(alpha, gamma)
+  lengths = pilot.get("output_lengths")
+  # Each output's last call is cut at its end (Equation (1) is not).
+  tokens = float(
+      analysis.tokens_per_call_with_ends(probs, lengths)
+      if lengths and sum(lengths) else probs @ np.arange(1, probs.size + 1))
   # Rows waiting for a batch's slowest, replayed at this γ (1 at batch 1).
   row["batch_factor"] = float((pilot.get("batch_factor_by_gamma") or
                                {}).get(str(gamma), 1.0))
@@ -223,9 +223,13 @@ def overhead_steps(measured: float, row: Mapping[str, Any]) -> float:
   (`calibrated`), not multiplied: a ratio biased narrower trees (issue 58).
   A chain's or tree's model holds its batch factor, so rows waiting for a
   batch's slowest are not read as the loop's work (they grow with γ).
+  At least 0: a measurement above the model is the calls' prices' error
+  or noise, not negative work, and taken off a smaller call's steps it
+  inflated its prediction (a 17-node tree pilot at batch 8: -1.5 steps,
+  a 4-node tree predicted 6.4× for its 1.1×).
   """
   model = row.get("model_speedup", row["predicted_speedup"])
-  return _steps_per_call(row) * (model / max(measured, 1e-12) - 1.0)
+  return max(0.0, _steps_per_call(row) * (model / max(measured, 1e-12) - 1.0))
 
 
 def calibrated(row: Mapping[str, Any], overhead: float) -> float:
@@ -315,6 +319,14 @@ def first_depth_by_width(rounds: Sequence[int]) -> List[float]:
 def expected_tree_tokens(first: float, deeper: float, gamma: int) -> float:
   """E(γ, k) = 1 + a_1 · (1 + a + ... + a^(γ-1)), tokens per iteration."""
   return 1.0 + first * float(np.sum(deeper**np.arange(gamma)))
+
+
+def tree_token_probs(first: float, deeper: float, gamma: int) -> np.ndarray:
+  """[γ + 1]: P(a tree call emits n = 1 .. γ + 1 tokens): a path kept to
+  depth 1 with probability a_1 (`first`), each deeper guess with a; its
+  mean is `expected_tree_tokens`."""
+  kept = np.concatenate([[1.0], first * deeper**np.arange(gamma)])  # P(m >= j)
+  return kept - np.append(kept[1:], 0.0)
 
 
 def first_depth(pilot: Mapping[str, Any], width: int) -> float:

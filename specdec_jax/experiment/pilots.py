@@ -396,24 +396,33 @@ def choose_shape(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
   pilot = Candidate(mode, auto.pilot_gamma(args.gamma, sizes), widths[-1])
   plans = Plans(loaded)
   what = ("GAMMA/TREE_WIDTH='auto'" if mode.branches else "GAMMA='auto'")
+  # Timed, as SPECULATION='auto''s family pilot: its calibration (the
+  # loop's work beside the model calls) is in every prediction.
   pilots, _ = pilots_for(loaded, feed, {pilot.pilot_key: pilot},
-                         {pilot.pilot_key: False}, plans, what)
+                         {pilot.pilot_key: True}, plans, what)
   prices, _ = _priced(loaded, feed, candidates, pilots, plans, pilot)
-  rows = auto.predict_all(candidates, prices, pilots)
+  calibration = calibrations(candidates, pilots, prices).get(pilot.family)
+  overheads = ({} if calibration is None else {
+      pilot.family: calibration["overhead_steps"]
+  })
+  rows = auto.predict_all(candidates, prices, pilots, overheads)
   chosen = auto.best(rows)
   record = shape_record(candidates, rows, chosen, pilots[pilot.pilot_key],
-                        prices, widths if mode.branches else None)
+                        prices, widths if mode.branches else None, calibration)
   logging.info("%s: %s -> %s (%s)", what, record["predicted_speedup"],
                candidates[chosen].label, rows[chosen]["predicted_speedup"])
   return dataclasses.replace(plans(candidates[chosen]), gamma_auto=record)
 
 
-def shape_record(candidates: Sequence[Candidate], rows: Sequence[Mapping[str,
-                                                                         Any]],
-                 chosen: int, pilot: Mapping[str, Any], prices: auto.Prices,
-                 widths: Optional[Sequence[int]]) -> Dict[str, Any]:
+def shape_record(
+    candidates: Sequence[Candidate], rows: Sequence[Mapping[str,
+                                                            Any]], chosen: int,
+    pilot: Mapping[str,
+                   Any], prices: auto.Prices, widths: Optional[Sequence[int]],
+    calibration: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
   """metrics.json's `gamma_auto` (`widths`: a tree's k considered; None:
-  chains, with `pilot_confidence`)."""
+  chains, with `pilot_confidence`; `calibration`: `calibrations`' entry
+  of the timed pilot's family, in `rows`, or None)."""
   gammas = sorted({c.gamma for c in candidates})
   choice = candidates[chosen]
   record: Dict[str, Any] = {"pilot_gamma": int(pilot["gamma"])}
@@ -451,9 +460,17 @@ def shape_record(candidates: Sequence[Candidate], rows: Sequence[Mapping[str,
       for c, r in sorted(zip(candidates, rows), key=lambda cr:
                          (cr[0].gamma, cr[0].tree_width or 0))
   }
-  record.update(max_gamma=gammas[-1], chosen_gamma=int(choice.gamma))
+  record.update(
+      max_gamma=gammas[-1], chosen_gamma=int(choice.gamma),
+      chosen_predicted_speedup=float(rows[chosen]["predicted_speedup"]),
+      chosen_model_speedup=float(rows[chosen].get(
+          "model_speedup", rows[chosen]["predicted_speedup"])),
+      calibration=None if calibration is None else dict(calibration))
   if widths is None:
-    record.update(pilot_confidence(candidates, pilot, prices))
+    overheads = ({} if calibration is None else {
+        choice.family: calibration["overhead_steps"]
+    })
+    record.update(pilot_confidence(candidates, pilot, prices, overheads))
   else:
     record.update(max_nodes=auto.AUTO_TREE_MAX_NODES,
                   chosen_tree_width=int(choice.tree_width),
@@ -461,15 +478,19 @@ def shape_record(candidates: Sequence[Candidate], rows: Sequence[Mapping[str,
   return record
 
 
-def pilot_confidence(candidates: Sequence[Candidate], pilot: Mapping[str, Any],
-                     prices: auto.Prices) -> Dict[str, Any]:
+def pilot_confidence(
+    candidates: Sequence[Candidate], pilot: Mapping[str,
+                                                    Any], prices: auto.Prices,
+    overheads: Optional[Mapping[str, float]] = None) -> Dict[str, Any]:
   """How firm GAMMA='auto''s choice is: the γ chosen at either end of α's
-  95% interval, and a `caveat` (logged) below AUTO_PILOT_MIN_EXAMPLES."""
+  95% interval (each family's `overheads` added, as in the choice), and a
+  `caveat` (logged) below AUTO_PILOT_MIN_EXAMPLES."""
   low, high = pilot["alpha_interval"]
   gammas = []
   for alpha in (low, high):
     rows = auto.predict_all(candidates, prices,
-                            {candidates[0].pilot_key: dict(pilot, alpha=alpha)})
+                            {candidates[0].pilot_key: dict(pilot, alpha=alpha)},
+                            overheads)
     gammas.append(int(candidates[auto.best(rows)].gamma))
   examples, trials = int(pilot["examples"]), int(pilot["acceptance_trials"])
   need = auto.AUTO_PILOT_MIN_EXAMPLES

@@ -98,6 +98,20 @@ def _waits_words(auto: Dict[str, Any]) -> str:
           if overheads.batch_waits_show(factor) else "")
 
 
+def _predicted_words(auto: Dict[str, Any]) -> str:
+  """', predicted 1.88× (the pilot ran 1.95×, its model 2.01×)': the
+  choice's prediction and the timed pilot that calibrated it, or ''
+  (records before 2026-12-02's third change)."""
+  predicted = auto.get("chosen_predicted_speedup")
+  if predicted is None:
+    return ""
+  calibration = auto.get("calibration")
+  pilot = ("" if not calibration else
+           f" (the pilot ran {calibration['measured_speedup']:.2f}×, its "
+           f"model {calibration['model_speedup']:.2f}×)")
+  return f", predicted {predicted:.2f}×{pilot}"
+
+
 def _drafting_lines(metrics: Dict[str, Any]) -> List[str]:
   lines = []
   auto = metrics.get("gamma_auto")
@@ -108,14 +122,15 @@ def _drafting_lines(metrics: Dict[str, Any]) -> List[str]:
         f"of at most {auto['max_nodes']} nodes{_waits_words(auto)}) for the "
         "acceptance and "
         f"costs measured on the first {auto['pilot_batches']} batches with "
-        f"γ={auto['pilot_gamma']} and k in {auto['pilot_tree_widths']}")
+        f"γ={auto['pilot_gamma']} and k in {auto['pilot_tree_widths']}"
+        f"{_predicted_words(auto)}")
   elif auto:
     lines.append(
         f"GAMMA='auto': γ={auto['chosen_gamma']}, Theorem 3.8's best (at "
         f"most {auto['max_gamma']}) for alpha {auto['alpha']:.2f} and c "
         f"{auto['cost_coefficient_c']:.3f}{_waits_words(auto)} measured on "
         f"the first {auto['pilot_batches']} batches with "
-        f"γ={auto['pilot_gamma']}")
+        f"γ={auto['pilot_gamma']}{_predicted_words(auto)}")
   batch = (metrics.get("efficiency_split") or {}).get("batch")
   if overheads.batch_waits_show(batch):
     lines.append(

@@ -73,20 +73,39 @@ def expected_tokens_per_iteration(alpha: ArrayLike,
   return _maybe_scalar(value, alpha, gamma)
 
 
+def call_token_probs(alpha: float, gamma: int) -> np.ndarray:
+  """[γ + 1]: P(a call emits n = 1 .. γ + 1 tokens), guesses kept with
+  probability alpha independently: Equation (1)'s capped geometric."""
+  a = float(_check_alpha(alpha))
+  g = int(_check_gamma(gamma))
+  return np.array([a**(n - 1) * (1 - a) for n in range(1, g + 1)] + [a**g])
+
+
 def expected_target_calls(alpha: float, gamma: int, length: int) -> float:
   """Expected target calls to emit `length` tokens (EOS included), guesses
   kept with probability alpha independently, the last call cut at the end:
   E[calls(r)] = 1 + Σ_n P(N = n) E[calls(r - n)], N Equation (1)'s capped
   geometric. ValueError: alpha, gamma or length out of range."""
-  a = float(_check_alpha(alpha))
-  g = int(_check_gamma(gamma))
+  return calls_to_emit(call_token_probs(alpha, gamma), length)
+
+
+def calls_to_emit(token_probs: Sequence[float], length: int) -> float:
+  """Expected target calls to emit `length` tokens when a call emits n
+  tokens with probability token_probs[n - 1] (n = 1 .. its size; a call
+  always emits one), the last call cut at the end. ValueError: the
+  probabilities or length out of range."""
+  probs = _in_range("token_probs", token_probs, lambda p: (p >= 0) & (p <= 1),
+                    "[0, 1] (one probability per tokens emitted, 1 ..)")
+  if probs.ndim != 1 or not probs.size or abs(probs.sum() - 1.0) > 1e-9:
+    raise ValueError(f"token_probs={list(np.ravel(probs))[:8]!r}: allowed: "
+                     "a [n] vector of P(a call emits 1 .. n tokens) "
+                     "summing to 1.")
   if not isinstance(length, (int, np.integer)) or length < 0:
     raise ValueError(f"length={length!r} is outside the allowed range: a "
                      "non-negative integer.")
-  probs = np.array([a**(n - 1) * (1 - a) for n in range(1, g + 1)] + [a**g])
   calls = np.zeros(int(length) + 1)
   for r in range(1, int(length) + 1):
-    rest = calls[np.maximum(r - np.arange(1, g + 2), 0)]
+    rest = calls[np.maximum(r - np.arange(1, probs.size + 1), 0)]
     calls[r] = 1.0 + probs @ rest
   return float(calls[-1])
 
@@ -95,10 +114,18 @@ def expected_tokens_per_call_with_ends(alpha: float, gamma: int,
                                        lengths: Sequence[int]) -> float:
   """sum(lengths) / Σ `expected_target_calls`: tokens per call with each
   output's last call cut at its end. ValueError: no positive total."""
+  return tokens_per_call_with_ends(call_token_probs(alpha, gamma), lengths)
+
+
+def tokens_per_call_with_ends(token_probs: Sequence[float],
+                              lengths: Sequence[int]) -> float:
+  """sum(lengths) / Σ `calls_to_emit`: tokens per call of calls emitting n
+  tokens with probability token_probs[n - 1], each output's last call cut
+  at its end. ValueError: no positive total."""
   lengths = [int(x) for x in lengths]
   if not lengths or sum(lengths) == 0:
     raise ValueError(f"lengths must hold a positive total, got {lengths[:8]}.")
-  calls = {n: expected_target_calls(alpha, gamma, n) for n in set(lengths)}
+  calls = {n: calls_to_emit(token_probs, n) for n in set(lengths)}
   return sum(lengths) / sum(calls[n] for n in lengths)
 
 

@@ -245,7 +245,11 @@ class RunMetrics:
       nodes and the predicted speedup of every (γ, k); both:
       `batch_factor_by_gamma` [γ = 1 ..], what rows waiting for a batch's
       slowest cost each γ (multiplied into its prediction; 1 at batch 1;
-      none before 2026-12-02, for trees before that day's second change).
+      none before 2026-12-02, for trees before that day's second change);
+      `calibration` (the timed pilot's measured and modelled speedup, κ and
+      the overhead per call in every prediction), `chosen_predicted_speedup`
+      and `chosen_model_speedup` (the choice's, with and without it; none
+      before that day's third change).
     guesses_per_target_call: real guesses made per target call (≤ γ;
       ACCEPTANCE='tree': k·γ; DECODE='beam': γ·u draft beam nodes).
     per_iteration_gamma: §3.5's bound, Theorem 3.8's cost model on the run's own

@@ -232,8 +232,8 @@ def test_run_says_what_it_compiles_pilots_and_prices(tmp_path, caplog,
   assert compiled[-1].startswith(f"compiled {n}/{n} (the speculative decoder")
   # The pilot with its sample size, then its pricing, each with seconds.
   assert any(
-      l.startswith("GAMMA='auto': pilot decode of token γ=4 on the first "
-                   "examples") and ": done in " in l for l in lines)
+      l.startswith("GAMMA='auto': pilot decode of token γ=4 (timed) on the "
+                   "first examples") and ": done in " in l for l in lines)
   assert ("GAMMA='auto': the pilot decoded token: 3 examples (1 batches)"
           in lines)
   assert any(

@@ -79,6 +79,24 @@ class TestSentenceEnds:
     assert abs(np.mean(calls) - expected) < 4 * stderr, (np.mean(calls),
                                                          expected)
 
+  def test_any_calls_distribution(self):
+    # A call emitting 1 or 3 tokens, each half the time: 3 tokens take one
+    # call half the time, else 1 + calls(2), calls(2) = 1 + 1/2 · 1 = 1.5:
+    # 1/2 · 1 + 1/2 · 2.5.
+    assert analysis.calls_to_emit([0.5, 0.0, 0.5], 3) == pytest.approx(1.75)
+    assert analysis.calls_to_emit([1.0], 5) == pytest.approx(5.0)
+    # Equation (1)'s distribution gives expected_target_calls'.
+    probs = analysis.call_token_probs(0.7, 4)
+    assert probs.shape == (5,) and probs.sum() == pytest.approx(1.0)
+    assert probs @ np.arange(1, 6) == pytest.approx(
+        analysis.expected_tokens_per_iteration(0.7, 4))
+    assert analysis.tokens_per_call_with_ends(probs, [8, 14]) == pytest.approx(
+        analysis.expected_tokens_per_call_with_ends(0.7, 4, [8, 14]))
+    with pytest.raises(ValueError, match="summing to 1"):
+      analysis.calls_to_emit([0.5, 0.4], 3)
+    with pytest.raises(ValueError, match="token_probs=1.1"):
+      analysis.calls_to_emit([1.1, -0.1], 3)
+
   def test_bad_values_are_named(self):
     with pytest.raises(ValueError, match="length=-1"):
       analysis.expected_target_calls(0.5, 2, -1)

@@ -191,6 +191,52 @@ def test_short_outputs_buy_fewer_tokens_and_each_family_has_its_overhead():
   assert auto.kappa(50.0, 1.0) == 4.0 and auto.kappa(1.5, 2.0) == 0.75
 
 
+def test_a_trees_short_outputs_cut_its_last_call_too():
+  """A tree's calls are cut at each output's end as a chain's are: a tree
+  of one branch predicts what the chain predicts at the same prices, and
+  wider trees lose the same way (2026-12-02: without it a tree of γ 8 was
+  predicted 2.94× on 10-token captions and ran 1.9×)."""
+  prices = auto.Prices(call_cost_by_k={
+      1: 1.0,
+      9: 1.4
+  }, cost_coefficient=0.02, tree_call_cost_by_nodes={
+      1: 1.0,
+      9: 1.4,
+      17: 2.0
+  }, cost_coefficient_by_width={
+      1: 0.02,
+      2: 0.03
+  })
+  lengths = [11, 9, 12]
+  pilots = {
+      "token": {
+          "alpha": 0.9,
+          "output_lengths": lengths
+      },
+      "tree": {
+          "alpha": 0.9,
+          "first_depth_by_width": [0.9, 0.95],
+          "first_depth": 0.95,
+          "deeper": 0.9,
+          "output_lengths": lengths
+      }
+  }
+  chain = auto.predict(Candidate(decode_modes.TOKEN, 8), prices, pilots)
+  one = auto.predict(Candidate(decode_modes.TREE, 8, 1), prices, pilots)
+  assert one["tokens_per_call"] == pytest.approx(chain["tokens_per_call"])
+  assert one["predicted_speedup"] == pytest.approx(chain["predicted_speedup"])
+  two = auto.predict(Candidate(decode_modes.TREE, 8, 2), prices, pilots)
+  probs = auto.tree_token_probs(0.95, 0.9, 8)
+  assert two["tokens_per_call"] == pytest.approx(
+      analysis.tokens_per_call_with_ends(probs, lengths))
+  assert two["tokens_per_call"] < 0.8 * auto.expected_tree_tokens(0.95, 0.9, 8)
+  # Without lengths: Equation (1)'s tree form, E(γ, k).
+  del pilots["tree"]["output_lengths"]
+  assert auto.predict(Candidate(decode_modes.TREE, 8, 2), prices,
+                      pilots)["tokens_per_call"] == pytest.approx(
+                          auto.expected_tree_tokens(0.95, 0.9, 8))
+
+
 def _tree_prices(nodes):
   return auto.Prices(call_cost_by_k={
       1: 1.0,
@@ -491,18 +537,23 @@ def _gamma_pilot(examples, alpha_interval):
   }
 
 
+def _gamma_candidates():
+  """Token verification at γ 1..12, every call 1 step, c 0.1."""
+  return (auto.mode_candidates(decode_modes.TOKEN, range(1, 13), [None], True,
+                               100),
+          auto.Prices(call_cost_by_k={
+              1: 1.0,
+              2: 1.0,
+              13: 1.0
+          }, cost_coefficient=0.1))
+
+
 def test_gamma_autos_record_holds_every_gamma_and_how_firm_the_choice_is():
   """GAMMA='auto' on one example picked γ = 12 from α = 1.00 (32 trials)
   and said nothing about how little that is: its record gives the γ at
   either end of α's interval, and a caveat below
   AUTO_PILOT_MIN_EXAMPLES."""
-  candidates = auto.mode_candidates(decode_modes.TOKEN, range(1, 13), [None],
-                                    True, 100)
-  prices = auto.Prices(call_cost_by_k={
-      1: 1.0,
-      2: 1.0,
-      13: 1.0
-  }, cost_coefficient=0.1)
+  candidates, prices = _gamma_candidates()
   pilot = _gamma_pilot(1, batches.alpha_interval([32], [32]))
   rows = auto.predict_all(candidates, prices, {"token": pilot})
   record = pilots_lib.shape_record(candidates, rows, auto.best(rows), pilot,
@@ -525,6 +576,45 @@ def test_gamma_autos_record_holds_every_gamma_and_how_firm_the_choice_is():
   assert record["batch_factor_by_gamma"] == [1.0] * 12  # batch 1
   assert " and rows waiting" not in summary._drafting_lines(
       {"gamma_auto": record})[0]
+
+
+def test_gamma_autos_timed_pilot_calibrates_its_choice_and_its_interval():
+  """GAMMA='auto''s pilot is timed as `auto`'s: its overhead per call is in
+  every row, the record and the summary give the choice's prediction
+  beside its model and what the pilot ran, and the γ interval is chosen
+  with the overhead too (a fixed cost a call favours a larger γ)."""
+  candidates, prices = _gamma_candidates()
+  pilot = dict(_gamma_pilot(20, (0.6, 0.8)), alpha=0.7)
+  calibration = {
+      "pilot": "token",
+      "gamma": 4,
+      "tree_width": None,
+      "measured_speedup": 0.85,
+      "model_speedup": 1.98,
+      "kappa": 0.43,
+      "overhead_steps": 2.0
+  }
+  rows = auto.predict_all(candidates, prices, {"token": pilot}, {"chains": 2.0})
+  chosen = auto.best(rows)
+  record = pilots_lib.shape_record(candidates, rows, chosen, pilot, prices,
+                                   None, calibration)
+  assert record["chosen_gamma"] == 6  # uncalibrated: 4
+  assert record["calibration"] == calibration
+  assert record["chosen_predicted_speedup"] == pytest.approx(
+      rows[chosen]["predicted_speedup"])
+  assert record["chosen_model_speedup"] == pytest.approx(
+      rows[chosen]["model_speedup"])
+  assert record["chosen_predicted_speedup"] < record["chosen_model_speedup"]
+  assert record["gamma_interval"] == [5, 9]  # uncalibrated: [3, 6]
+  assert pilots_lib.pilot_confidence(candidates, pilot,
+                                     prices)["gamma_interval"] == [3, 6]
+  line = summary._drafting_lines({"gamma_auto": record})[0]
+  assert line.endswith(
+      f", predicted {record['chosen_predicted_speedup']:.2f}× (the pilot ran "
+      "0.85×, its model 1.98×)")
+  # A record from before it (no prediction kept) says nothing of it.
+  old = {k: v for k, v in record.items() if not k.startswith("chosen_pred")}
+  assert "predicted" not in summary._drafting_lines({"gamma_auto": old})[0]
 
 
 def test_gamma_auto_at_batch_8_weighs_each_gammas_rows_waiting():
@@ -573,6 +663,12 @@ def test_expected_tree_tokens_is_equation_one_at_k_one():
       assert auto.expected_tree_tokens(alpha, alpha, gamma) == pytest.approx(
           analysis.expected_tokens_per_iteration(alpha, gamma))
   assert auto.expected_tree_tokens(0.9, 0.5, 3) == pytest.approx(1 + 0.9 * 1.75)
+  # Its distribution: P(1) = 1 - a_1, P(1 + j) = a_1 a^(j-1) (1 - a), P(γ + 1)
+  # = a_1 a^(γ-1); at a_1 = a, Equation (1)'s.
+  probs = auto.tree_token_probs(0.9, 0.5, 3)
+  np.testing.assert_allclose(probs, [0.1, 0.45, 0.225, 0.225])
+  np.testing.assert_allclose(auto.tree_token_probs(0.7, 0.7, 5),
+                             analysis.call_token_probs(0.7, 5))
 
 
 def test_narrower_trees_a1_is_the_share_of_calls_whose_first_round_is_below_k():
@@ -716,8 +812,10 @@ def test_a_family_calibration_is_an_overhead_per_call():
   steps (s = γ·c + C): at the pilot's own setting the prediction is what
   it measured; a cheaper call of the same family pays the same o, so its
   ratio to the model is lower (issue 58: a tree of k = 2 predicted from a
-  pilot at k = 4 by κ alone ran 14-21% below its prediction); a
-  negative overhead lifts it at most KAPPA_BOUNDS[1] times."""
+  pilot at k = 4 by κ alone ran 14-21% below its prediction); a pilot
+  above its model implies none (2026-12-02: a 17-node tree pilot's -1.5
+  steps lifted a 4-node tree to 6.4× for its 1.1×), and a negative
+  overhead handed in lifts it at most KAPPA_BOUNDS[1] times."""
   prices = dataclasses.replace(_tree_prices({
       1: 1.0,
       7: 1.2,
@@ -738,6 +836,9 @@ def test_a_family_calibration_is_an_overhead_per_call():
   assert auto.calibrated(narrow, o) == pytest.approx(
       narrow["tokens_per_call"] /
       (3 * narrow["cost_coefficient_c"] + narrow["call_cost"] + o))
+  assert auto.overhead_steps(1.2 * wide["predicted_speedup"], wide) == 0.0
+  assert auto.overhead_steps(wide["predicted_speedup"],
+                             wide) == pytest.approx(0.0, abs=1e-12)
   high = auto.KAPPA_BOUNDS[1]
   assert auto.calibrated(narrow, -100.0) == pytest.approx(
       high * narrow["predicted_speedup"])
