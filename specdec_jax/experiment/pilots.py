@@ -6,7 +6,7 @@ SPECULATION='auto' (`choose_mode`), GAMMA / TREE_WIDTH 'auto'
 import dataclasses
 import hashlib
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
@@ -328,6 +328,18 @@ def calibrations(candidates: Sequence[Candidate], pilots: Mapping[str, Any],
   return out
 
 
+def first_process_choice(
+    name: str, record: Dict[str, Any], candidates: Sequence[Candidate],
+    matches: Callable[[Candidate, Mapping[str, Any]], bool]
+) -> Tuple[Dict[str, Any], int]:
+  """(process 0's `record`, the index of the candidate it chose, by
+  `matches`): every process decodes what process 0 chose, since each
+  times its own pilots and prices and the processes' programs must be one
+  (`name`: the exchange's)."""
+  first = multihost.allgather(name, record)[0]
+  return first, next(i for i, c in enumerate(candidates) if matches(c, first))
+
+
 def choose_mode(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
   """SPECULATION='auto': the plan of the best prediction, with its online
   correction (`DecodePlan.online`); logs the `auto:` line."""
@@ -365,11 +377,10 @@ def choose_mode(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
       "pilot_s": pilot_s,
       "choice_s": time.perf_counter() - t0,
   }
-  # Every process decodes what process 0 chose (timings differ by host).
-  record = multihost.allgather("speculation_auto", record)[0]
+  record, chosen = first_process_choice(
+      "speculation_auto", record, candidates,
+      lambda c, r: c.label == r["choice"]["label"])
   logging.info("%s", record["reason"])
-  chosen = next(i for i, r in enumerate(rows)
-                if (r["label"] == record["choice"]["label"]))
   record["decoders_reused"] = candidates[chosen] in plans.built
   decode_plan = plans(candidates[chosen])
   online = online_lib.OnlineChoice(
@@ -409,8 +420,11 @@ def choose_shape(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
   chosen = auto.best(rows)
   record = shape_record(candidates, rows, chosen, pilots[pilot.pilot_key],
                         prices, widths if mode.branches else None, calibration)
+  record, chosen = first_process_choice(
+      "gamma_auto", record, candidates, lambda c, r: (c.gamma, c.tree_width) ==
+      (r["chosen_gamma"], r.get("chosen_tree_width")))
   logging.info("%s: %s -> %s (%s)", what, record["predicted_speedup"],
-               candidates[chosen].label, rows[chosen]["predicted_speedup"])
+               candidates[chosen].label, record["chosen_predicted_speedup"])
   return dataclasses.replace(plans(candidates[chosen]), gamma_auto=record)
 
 

@@ -617,6 +617,25 @@ def test_gamma_autos_timed_pilot_calibrates_its_choice_and_its_interval():
   assert "predicted" not in summary._drafting_lines({"gamma_auto": old})[0]
 
 
+def test_every_process_decodes_process_0s_choice(monkeypatch):
+  """Each process times its own pilots and prices, so two hosts could
+  choose two γ and compile two programs: GAMMA='auto' (like
+  SPECULATION='auto') takes process 0's record and its choice."""
+  candidates, _ = _gamma_candidates()
+  mine, first = {"chosen_gamma": 5}, {"chosen_gamma": 7}
+  exchanged = []
+
+  def allgather(name, value):
+    exchanged.append((name, value))
+    return [first, value]
+
+  monkeypatch.setattr(pilots_lib.multihost, "allgather", allgather)
+  record, chosen = pilots_lib.first_process_choice(
+      "gamma_auto", mine, candidates, lambda c, r: c.gamma == r["chosen_gamma"])
+  assert exchanged == [("gamma_auto", mine)]
+  assert record is first and candidates[chosen].gamma == 7
+
+
 def test_gamma_auto_at_batch_8_weighs_each_gammas_rows_waiting():
   """At α = 1 and free calls Theorem 3.8 grows with γ; rows waiting for a
   batch's slowest more at a larger γ move GAMMA='auto' down (here to γ 6,
