@@ -307,7 +307,9 @@ one the table above defines it by:
 
 MODE `'infer'` writes `infer.json` in place of `metrics.json`: counts,
 seconds, `alpha` (as metrics.json's: kept guesses / acceptance trials),
-tokens per target call and BLEU / ROUGE against the references.
+tokens per target call and BLEU / ROUGE against the references; with
+SPECULATION='auto' its `auto`, with GAMMA / TREE_WIDTH 'auto' its
+`gamma_auto` (as metrics.json's).
 
 ## predictions.jsonl
 

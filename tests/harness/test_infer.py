@@ -106,9 +106,17 @@ def test_infer_json_alpha_is_metrics_json_alpha():
                          drafting=SimpleNamespace(label=lambda name: name),
                          gamma=2, temperature=0.0, speculation="on")
   plan = SimpleNamespace(online=None, args=args, mode=decode_modes.TOKEN,
-                         task_kind="translation", settings={})
+                         task_kind="translation", settings={}, gamma_auto=None)
   record = runner.infer_record(plan, [{
       "input": "x",
       "reference": "y"
   }], ["y"], tally, 0.0, {})
   assert record["alpha"] == tally.alpha == 1.0
+  assert "gamma_auto" not in record
+  # GAMMA='auto': infer.json keeps how γ was chosen, as metrics.json does.
+  chosen = {"chosen_gamma": 2, "chosen_predicted_speedup": 1.5}
+  plan.gamma_auto = chosen
+  assert runner.infer_record(plan, [{
+      "input": "x",
+      "reference": "y"
+  }], ["y"], tally, 0.0, {})["gamma_auto"] == chosen
