@@ -328,6 +328,13 @@ def calibrations(candidates: Sequence[Candidate], pilots: Mapping[str, Any],
   return out
 
 
+def overheads_of(
+    calibrated: Mapping[str, Mapping[str, Any]]) -> Dict[str, float]:
+  """{family: its overhead per call in steps} of `calibrations`' entries
+  (`auto.predict_all`'s `overheads`)."""
+  return {f: float(c["overhead_steps"]) for f, c in calibrated.items()}
+
+
 def first_process_choice(
     name: str, record: Dict[str, Any], candidates: Sequence[Candidate],
     matches: Callable[[Candidate, Mapping[str, Any]], bool]
@@ -355,7 +362,7 @@ def choose_mode(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
   prices, price_record = _priced(loaded, feed, candidates, pilots, plans,
                                  next(iter(pilot_candidates.values()), None))
   calibrated = calibrations(candidates, pilots, prices)
-  overheads = {f: c["overhead_steps"] for f, c in calibrated.items()}
+  overheads = overheads_of(calibrated)
   rows = auto.predict_all(candidates, prices, pilots, overheads)
   chosen = auto.choose(rows)
   beam_examples = next(
@@ -412,14 +419,11 @@ def choose_shape(loaded: Loaded, feed: multihost.Feeder) -> DecodePlan:
   pilots, _ = pilots_for(loaded, feed, {pilot.pilot_key: pilot},
                          {pilot.pilot_key: True}, plans, what)
   prices, _ = _priced(loaded, feed, candidates, pilots, plans, pilot)
-  calibration = calibrations(candidates, pilots, prices).get(pilot.family)
-  overheads = ({} if calibration is None else {
-      pilot.family: calibration["overhead_steps"]
-  })
-  rows = auto.predict_all(candidates, prices, pilots, overheads)
+  calibrated = calibrations(candidates, pilots, prices)
+  rows = auto.predict_all(candidates, prices, pilots, overheads_of(calibrated))
   chosen = auto.best(rows)
   record = shape_record(candidates, rows, chosen, pilots[pilot.pilot_key],
-                        prices, widths if mode.branches else None, calibration)
+                        prices, widths if mode.branches else None, calibrated)
   record, chosen = first_process_choice(
       "gamma_auto", record, candidates, lambda c, r: (c.gamma, c.tree_width) ==
       (r["chosen_gamma"], r.get("chosen_tree_width")))
@@ -433,10 +437,12 @@ def shape_record(
                                                             Any]], chosen: int,
     pilot: Mapping[str,
                    Any], prices: auto.Prices, widths: Optional[Sequence[int]],
-    calibration: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    calibrated: Optional[Mapping[str, Mapping[str,
+                                              Any]]] = None) -> Dict[str, Any]:
   """metrics.json's `gamma_auto` (`widths`: a tree's k considered; None:
-  chains, with `pilot_confidence`; `calibration`: `calibrations`' entry
-  of the timed pilot's family, in `rows`, or None)."""
+  chains, with `pilot_confidence`; `calibrated`: `calibrations`' of the
+  timed pilot, in `rows`)."""
+  calibrated = calibrated or {}
   gammas = sorted({c.gamma for c in candidates})
   choice = candidates[chosen]
   record: Dict[str, Any] = {"pilot_gamma": int(pilot["gamma"])}
@@ -479,12 +485,11 @@ def shape_record(
       chosen_predicted_speedup=float(rows[chosen]["predicted_speedup"]),
       chosen_model_speedup=float(rows[chosen].get(
           "model_speedup", rows[chosen]["predicted_speedup"])),
-      calibration=None if calibration is None else dict(calibration))
+      calibration=(dict(calibrated[choice.family])
+                   if choice.family in calibrated else None))
   if widths is None:
-    overheads = ({} if calibration is None else {
-        choice.family: calibration["overhead_steps"]
-    })
-    record.update(pilot_confidence(candidates, pilot, prices, overheads))
+    record.update(
+        pilot_confidence(candidates, pilot, prices, overheads_of(calibrated)))
   else:
     record.update(max_nodes=auto.AUTO_TREE_MAX_NODES,
                   chosen_tree_width=int(choice.tree_width),

@@ -311,30 +311,21 @@ def infer_record(plan: DecodePlan, examples: Sequence[Dict[str, Any]],
   if all(r is not None for r in references):
     quality = quality_lib.quality_metrics(plan.task_kind, texts, references)
   decode_s = sum(tally.seconds)
-  return dict(
-      mode="infer",
-      task=args.label,
-      target_model=args.target_name,
+  record = dict(
+      mode="infer", task=args.label, target_model=args.target_name,
       draft_model=args.drafting.label(args.draft_name) + ended.mode.label(args),
-      decode_mode=ended.mode.name,
-      gamma=args.gamma,
-      temperature=args.temperature,
-      num_examples=len(examples),
-      tokens_generated=tally.tokens,
-      target_calls=tally.calls,
+      decode_mode=ended.mode.name, gamma=args.gamma,
+      temperature=args.temperature, num_examples=len(examples),
+      tokens_generated=tally.tokens, target_calls=tally.calls,
       tokens_per_target_call=tally.tokens / max(tally.calls, 1),
-      alpha=tally.alpha,
-      decode_s=decode_s,
+      alpha=tally.alpha, decode_s=decode_s,
       compile_time_s=compile_s + switch_compile_s,
-      tokens_per_second=tally.tokens / max(decode_s, 1e-9),
-      quality=quality,
-      **data_info,
-      settings=plan.settings,
-      **run_metrics.speculation_keys(args.speculation, auto),
-      # GAMMA / TREE_WIDTH 'auto': how the γ (and k) decoded were chosen.
-      **({} if plan.gamma_auto is None else {
-          "gamma_auto": plan.gamma_auto
-      }))
+      tokens_per_second=tally.tokens / max(decode_s, 1e-9), quality=quality,
+      **data_info, settings=plan.settings,
+      **run_metrics.speculation_keys(args.speculation, auto))
+  if plan.gamma_auto is not None:  # how the γ (and k) decoded were chosen
+    record["gamma_auto"] = plan.gamma_auto
+  return record
 
 
 def _run_alpha(plan: RunPlan, models: Models, data: RunData,

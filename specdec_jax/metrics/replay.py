@@ -112,11 +112,11 @@ def monotone(factors: Mapping[int, float]) -> Dict[int, float]:
   and trees), but a pilot's few rows replay noisily: a tree pilot's 16
   rows of the main job gave 0.97, 1.02 and 1.12 at γ 2, 3 and 4 where
   trees over all 60 measured 0.90, 0.85 and 0.80, and `auto` chose γ 4
-  for it (0.83x measured; γ 3: 1.00x). The regression keeps a pilot's noise from ranking neighbouring
-  γ: over every window of 16 to 48 consecutive rows of both runs (γ 1 to
-  12) it moved no window's factors farther from all rows' (mean error
-  0.085 against 0.106 in 16 rows of 60, 0.092 against 0.112 of 200, 0.038
-  both in 48 of 200).
+  for it (0.83x measured; γ 3: 1.00x). The regression keeps a pilot's
+  noise from ranking neighbouring γ: over every window of 16 to 48
+  consecutive rows of both runs (γ 1 to 12) it moved no window's factors
+  farther from all rows' (mean error 0.085 against 0.106 in 16 rows of 60,
+  0.092 against 0.112 of 200, 0.038 both in 48 of 200).
   """
   gammas = sorted(factors)
   # Pool adjacent violators, by hand: scipy.optimize's import (321 modules,

@@ -597,7 +597,7 @@ def test_gamma_autos_timed_pilot_calibrates_its_choice_and_its_interval():
   rows = auto.predict_all(candidates, prices, {"token": pilot}, {"chains": 2.0})
   chosen = auto.best(rows)
   record = pilots_lib.shape_record(candidates, rows, chosen, pilot, prices,
-                                   None, calibration)
+                                   None, {"chains": calibration})
   assert record["chosen_gamma"] == 6  # uncalibrated: 4
   assert record["calibration"] == calibration
   assert record["chosen_predicted_speedup"] == pytest.approx(
