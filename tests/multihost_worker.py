@@ -16,6 +16,9 @@ Fault injection, by environment variable (tests only):
 * SPECDEC_TEST_FORGETFUL=1: processes other than 0 see no finished sweep
   points (as a host whose view of RESULTS_DIR differs would): they must
   follow process 0's decision anyway.
+* SPECDEC_TEST_STOP_AT=N: every process is interrupted (KeyboardInterrupt,
+  as a preempted slice's SIGTERM) when its N-th batch's rows would be
+  written, after a checkpoint at every batch before (MODE='infer').
 """
 import os
 import sys
@@ -64,6 +67,25 @@ def _forgetful(sweep_lib) -> None:
                                    if jax.process_index() == 0 else False)
 
 
+def _stopping() -> None:
+  """SPECDEC_TEST_STOP_AT: interrupted at the N-th batch's rows."""
+  stop_at = os.environ.get("SPECDEC_TEST_STOP_AT")
+  if not stop_at:
+    return
+  from specdec_jax.experiment import predictions  # pylint: disable=g-import-not-at-top
+  from specdec_jax.experiment import resume  # pylint: disable=g-import-not-at-top
+  resume.CHECKPOINT_S = 0.0
+  add, calls = predictions.PredictionsWriter.add, []
+
+  def add_until_stopped(self, rows):
+    calls.append(len(rows))
+    if len(calls) == int(stop_at):
+      raise KeyboardInterrupt()
+    add(self, rows)
+
+  predictions.PredictionsWriter.add = add_until_stopped
+
+
 def main() -> int:
   command, argv = sys.argv[1], sys.argv[2:]
   from specdec_jax import run as run_lib  # pylint: disable=g-import-not-at-top
@@ -71,6 +93,7 @@ def main() -> int:
   from specdec_jax.terminal import console  # pylint: disable=g-import-not-at-top
   console.setup = lambda: None
   _forgetful(sweep_lib)
+  _stopping()
   module = {"run": run_lib, "sweep": sweep_lib}[command]
   return module.cli([f"specdec_jax.{command}", *argv], providers())
 

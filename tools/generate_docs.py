@@ -309,7 +309,12 @@ MODE `'infer'` writes `infer.json` in place of `metrics.json`: counts,
 seconds, `alpha` (as metrics.json's: kept guesses / acceptance trials),
 tokens per target call and BLEU / ROUGE against the references; with
 SPECULATION='auto' its `auto`, with GAMMA / TREE_WIDTH 'auto' its
-`gamma_auto` (as metrics.json's).
+`gamma_auto` (as metrics.json's). A run that resumed an interrupted one
+([running.md](running.md#just-decode-modeinfer)) adds
+`resumed_after_examples`, the examples that run had decoded; its counts
+are the whole run's and `decode_s` adds both runs' decode time. While a
+run decodes, the hidden `.infer.resume.json` holds its last checkpoint
+(removed at the end).
 
 ## predictions.jsonl
 

@@ -45,11 +45,11 @@ class Batch:
     return multihost.to_host(out), seconds
 
 
-def batches(feed: multihost.Feeder, rng: Array,
-            width: Optional[int] = None) -> Iterator[Batch]:
-  """The run's batches in order (`width`: padded to it, wider ones
-  skipped); a SIGTERM between batches ends the loop."""
-  for b in range(feed.num_batches):
+def batches(feed: multihost.Feeder, rng: Array, width: Optional[int] = None,
+            start: int = 0) -> Iterator[Batch]:
+  """The run's batches in order from batch `start` (`width`: padded to
+  it, wider ones skipped); a SIGTERM between batches ends the loop."""
+  for b in range(start, feed.num_batches):
     console.raise_if_terminated()
     if width is not None and feed.batch_width(b) > width:
       continue
@@ -163,6 +163,31 @@ class Tally:
       self.rounds = counted if self.rounds is None else self.rounds + counted
     self.batches += 1
     self.examples += len(keep)
+
+  def state(self) -> Dict[str, Any]:
+    """Every count as JSON-able values (`from_state` rebuilds the tally:
+    a resumed MODE='infer' run, `resume`)."""
+    return {
+        name: value.tolist() if isinstance(value, np.ndarray) else value
+        for name, value in vars(self).items()
+    }
+
+  @classmethod
+  def from_state(cls, state: Dict[str, Any]) -> "Tally":
+    """The tally whose `state()` was `state`."""
+    tally = cls()
+    unknown = set(state) - set(vars(tally))
+    if unknown:
+      raise ValueError(f"not a Tally's state: unknown {sorted(unknown)}")
+    for name, value in state.items():
+      if name == "histogram":
+        value = np.asarray(value, np.int64)
+      elif name == "rounds" and value is not None:
+        value = np.asarray(value, np.int64)
+      elif name == "per_example":
+        value = [tuple(v) for v in value]
+      setattr(tally, name, value)
+    return tally
 
   @property
   def alpha(self) -> float:

@@ -5,6 +5,7 @@ at the end; a failed write is raised after the summary (`OutputWriteError`).
 import contextlib
 import errno
 import functools
+import hashlib
 import json
 import os
 from typing import Any, Dict, List, Optional, Sequence
@@ -15,6 +16,14 @@ from specdec_jax.core import decoding
 from specdec_jax.data import vocab as vocab_lib
 from specdec_jax.files import io_utils
 from specdec_jax.metrics import run_metrics
+
+# The rows of a run still decoding (renamed to predictions.jsonl at the end).
+PARTIAL_FILE = "." + run_metrics.PREDICTIONS_FILE + ".partial"
+
+
+def sha256_hex(text: str) -> str:
+  """The SHA-256 of `text`'s UTF-8 bytes, in hex."""
+  return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class OutputWriteError(OSError):
@@ -37,22 +46,28 @@ def _create_fresh(path: str) -> int:
 
 class PredictionsWriter:
   """Appends predictions.jsonl rows as they come; `finish` publishes them
-  (`partial`: None on gs://; `error`, `failed`: the first write error and
-  its file)."""
+  (`partial`: None on gs://, where rows wait in memory; `error`, `failed`:
+  the first write error and its file). `kept_lines`: an interrupted run's
+  first rows, as it wrote them (`resume`), written first."""
 
-  def __init__(self, folder: str, enabled: bool = True):
+  def __init__(self, folder: str, enabled: bool = True,
+               kept_lines: Sequence[str] = ()):
     self.path = os.path.join(folder, run_metrics.PREDICTIONS_FILE)
     self.enabled = enabled
-    self.partial = (None if io_utils.is_url(folder) else os.path.join(
-        folder, "." + run_metrics.PREDICTIONS_FILE + ".partial"))
+    self.remote_partial = os.path.join(folder, PARTIAL_FILE)
+    self.partial = (None if io_utils.is_url(folder) else self.remote_partial)
     self.written = 0
     self.error: Optional[OSError] = None
     self.failed: Optional[str] = None
     self._rows: List[str] = []
     self._file = None
     self._published = False
+    self._uploaded = False  # gs://: a `durable` copy of the rows exists
+    self._sha256 = hashlib.sha256()  # of the rows counted in `written`
     if enabled and self.partial is not None:
       self._guard(self._open_partial, self.partial)
+    if kept_lines:
+      self._append("".join(kept_lines), len(kept_lines))
 
   def _open_partial(self) -> None:
     fd = _create_fresh(self.partial)
@@ -61,6 +76,26 @@ class PredictionsWriter:
     except BaseException:
       os.close(fd)
       raise
+
+  def durable(self) -> bool:
+    """Makes the rows written so far survive a kill or a power loss
+    (local: fsync; gs://: one upload of them all to `remote_partial`);
+    False if a write failed (kept for `finish`)."""
+    if not self.enabled or self.error is not None:
+      return False
+    if self.partial is None:
+
+      def upload():
+        io_utils.atomic_write(self.remote_partial, "".join(self._rows))
+        self._uploaded = True
+
+      return self._guard(upload, self.remote_partial)
+
+    def sync():
+      self._file.flush()
+      os.fsync(self._file.fileno())
+
+    return self._guard(sync, self.partial)
 
   def _guard(self, fn, path: str) -> bool:
     """Runs `fn`; an OSError is kept (with its file, else `path`)."""
@@ -78,20 +113,31 @@ class PredictionsWriter:
     """Appends rows (one batch's); a failure is kept for `finish`."""
     if not self.enabled:
       return
-    text = "".join(
-        json.dumps(io_utils.json_safe(r), ensure_ascii=False, allow_nan=False) +
-        "\n" for r in rows)
+    self._append(
+        "".join(
+            json.dumps(io_utils.json_safe(r), ensure_ascii=False,
+                       allow_nan=False) + "\n" for r in rows), len(rows))
+
+  def _append(self, text: str, count: int) -> None:
+    """`count` rows as `text`, counted once written."""
+    if not self.enabled:
+      return
     if self.partial is None:
       self._rows.append(text)
-      self.written += len(rows)
-      return
+    else:
 
-    def append():
-      self._file.write(text)
-      self._file.flush()
+      def append():
+        self._file.write(text)
+        self._file.flush()
 
-    if self._guard(append, self.partial):
-      self.written += len(rows)
+      if not self._guard(append, self.partial):
+        return
+    self._sha256.update(text.encode("utf-8"))
+    self.written += count
+
+  def digest(self) -> str:
+    """The SHA-256 (hex) of the rows counted in `written`."""
+    return self._sha256.hexdigest()
 
   def kept(self) -> str:
     """What is on disk now, in words."""
@@ -104,8 +150,11 @@ class PredictionsWriter:
     if not self.enabled:
       return
     if self.partial is None:
-      self._guard(lambda: io_utils.atomic_write(self.path, "".join(self._rows)),
-                  self.path)
+      if (self._guard(
+          lambda: io_utils.atomic_write(self.path, "".join(self._rows)),
+          self.path) and self._uploaded):
+        with contextlib.suppress(OSError):  # predictions.jsonl holds them
+          io_utils.remove(self.remote_partial)
     else:
 
       def publish():

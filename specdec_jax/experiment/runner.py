@@ -27,6 +27,7 @@ from specdec_jax.experiment import batches as batches_lib
 from specdec_jax.experiment import loading
 from specdec_jax.experiment import pilots
 from specdec_jax.experiment import predictions
+from specdec_jax.experiment import resume
 from specdec_jax.experiment import walltime
 from specdec_jax.experiment.plan import ConfigError
 from specdec_jax.experiment.plan import DecodePlan
@@ -46,7 +47,7 @@ INPUT_BUCKET = 16
 # The settings of the run that last started writing here (for predictions
 # files, which record none).
 SETTINGS_FILE = ".specdec.settings.json"
-PARTIAL_PREDICTIONS_FILE = "." + run_metrics.PREDICTIONS_FILE + ".partial"
+PARTIAL_PREDICTIONS_FILE = predictions.PARTIAL_FILE
 PREDICTIONS_FILES = (run_metrics.PREDICTIONS_FILE, PARTIAL_PREDICTIONS_FILE)
 RESULT_FILES = (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE,
                 run_metrics.INFER_FILE) + PREDICTIONS_FILES
@@ -254,18 +255,29 @@ def run_infer(plan: DecodePlan, feed: multihost.Feeder,
               examples: Sequence[Dict[str, Any]], data_info: Dict[str, Any],
               on_result: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
   """MODE='infer', as T5X's `infer.py`: the speculative decoder only, each
-  batch's rows written to predictions.jsonl as it finishes, with an ETA;
+  batch's rows written to predictions.jsonl as it finishes, with an ETA,
+  an interrupted run of the same settings resumed (`resume`);
   `on_result(record)` before infer.json is written. Returns its dict."""
   compile_s = batches_lib.compile_widths(feed,
                                          [("speculative", plan.speculative)],
                                          plan.rng)
   out = plan.args.output_dir
-  writer = predictions.PredictionsWriter(out, multihost.is_first())
-  texts: List[str] = []
-  tally = batches_lib.Tally()
+  ident = resume.identity(plan.settings, examples)
+  resumed = resume.Resumed.from_json(
+      multihost.run_on_first("resume",
+                             lambda: resume.load(out, ident).to_json()))
+  writer = predictions.PredictionsWriter(out, multihost.is_first(),
+                                         resumed.lines)
+  checkpoints = resume.Checkpointer(out, ident, writer)
+  texts, tally = resumed.texts(), resumed.new_tally()
+  if resumed.batches:
+    logging.info(
+        "infer: resuming an interrupted run after %d of %d examples (%d "
+        "batches; their rows kept)", resumed.examples, len(examples),
+        resumed.batches)
   current = plan  # SPECULATION='auto': the choice of the batches before
   try:
-    for batch in batches_lib.batches(feed, plan.rng):
+    for batch in batches_lib.batches(feed, plan.rng, start=resumed.batches):
       result, seconds = batch.decode(current.speculative, plan.providers.clock)
       tally.add(result, batch.keep, current.mode, seconds)
       rows = np.asarray(result.tokens)[batch.keep]
@@ -280,19 +292,27 @@ def run_infer(plan: DecodePlan, feed: multihost.Feeder,
       logging.info("infer: batch %d/%d, %d examples, %.1f s, ETA %.0f s", done,
                    feed.num_batches, len(texts), decode_s,
                    decode_s / done * (feed.num_batches - done))
+      checkpoints.after(tally)
       if plan.online is not None:  # the next batch's choice
         current = plan.online.after_batch(batch, None, seconds, result, feed)
   except KeyboardInterrupt:
+    checkpoints.after(tally, force=True)
     writer.close()
+    then = ("; the same command resumes after them"
+            if checkpoints.saved else "")
     raise KeyboardInterrupt(f"kept {writer.kept()}; {run_metrics.INFER_FILE} "
-                            "was not written") from None
+                            f"was not written{then}") from None
   record = infer_record(plan, examples, texts, tally, compile_s, data_info)
+  if resumed.batches:
+    record["resumed_after_examples"] = resumed.examples
   on_result(record)
 
-  multihost.run_on_first(
-      "write",
-      lambda: predictions.publish(writer, len(
-          examples), os.path.join(out, run_metrics.INFER_FILE), record))
+  def write():
+    predictions.publish(writer, len(examples),
+                        os.path.join(out, run_metrics.INFER_FILE), record)
+    checkpoints.finish()
+
+  multihost.run_on_first("write", write)
   return record
 
 

@@ -243,6 +243,9 @@ def _infer_lines(metrics: Dict[str, Any]) -> List[str]:
       f"{metrics['tokens_per_target_call']:.2f} tokens per target call; no "
       "baseline decode (MODE='walltime' measures the speedup)"
   ]
+  if metrics.get("resumed_after_examples"):
+    lines[0] += (f"; resumed: the first {metrics['resumed_after_examples']} "
+                 "were decoded (and timed) by the interrupted run")
   for name, value in (metrics.get("quality") or {}).items():
     words = (", ".join(f"{k} {v:.2f}" for k, v in value.items()) if isinstance(
         value, dict) else f"{value:.2f}")

@@ -409,6 +409,14 @@ def _publish_and_exit(program: str, e: BaseException,
   if isinstance(e, expected):
     record = {"process": me, "message": str(e), "exit_code": 2}
     line = f"{program}: error: {e}"
+  elif isinstance(e, KeyboardInterrupt):  # Ctrl-C or SIGTERM: no bug
+    kept = str(e) or "files already written in the output folder are kept"
+    record = {
+        "process": me,
+        "message": f"interrupted: {kept}",
+        "exit_code": 130
+    }
+    line = f"{program}: interrupted: {kept}."
   else:
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     record = {
@@ -429,9 +437,10 @@ def _publish_and_exit(program: str, e: BaseException,
 def failures_end_every_process(
     program: str, expected: Tuple[type, ...] = ()) -> Iterator[None]:
   """An exception in the block ends every process with its message (with
-  one, it propagates): an `expected` error as one line, exit code 2, else
-  its traceback, exit code 1; the others print "`program`: error: process
-  I: ...". An error following another process's failure yields to it."""
+  one, it propagates): an `expected` error as one line, exit code 2,
+  Ctrl-C or SIGTERM one line (what was kept), 130, else its traceback,
+  exit code 1; the others print "`program`: error: process I: ...". An
+  error following another process's failure yields to it."""
   _state["program"] = program
   try:
     yield
@@ -439,8 +448,9 @@ def failures_end_every_process(
     if not is_multiprocess() or (isinstance(e, SystemExit) and
                                  e.code in (0, None)):
       raise
-    peers = _peer_errors(e, expected)
-    if peers and not isinstance(e, expected):
+    own = expected + (KeyboardInterrupt,)  # ends with its own line
+    peers = _peer_errors(e, own)
+    if peers and not isinstance(e, own):
       record = peers[0]
       _exit_all(
           record, f"{program}: error: process {record['process']}: "

@@ -287,6 +287,19 @@ def example_timeline(example: Mapping[str, Any],
   return None
 
 
+def call_tokens(example: Mapping[str, Any], calls: int) -> Optional[List[int]]:
+  """Tokens each of the example's `calls` target calls added to its output:
+  the kept guesses and the target's token, none after the output's end
+  (a trace's `target_token` null); None if the row does not say."""
+  trace = example.get("trace")
+  if isinstance(trace, list) and len(trace) == calls:
+    return [s["num_accepted"] + (s["target_token"] is not None) for s in trace]
+  counts = example.get("accepted_counts")
+  if isinstance(counts, list) and len(counts) == calls:
+    return [n + 1 for n in counts]  # a tree's: its last call may hold fewer
+  return None
+
+
 def render_timeline(example: Mapping[str, Any], run: Mapping[str, Any]):
   """Figure-5-style timeline: draft and target calls of one example."""
   events = example_timeline(example, run)
@@ -305,15 +318,11 @@ def render_timeline(example: Mapping[str, Any], run: Mapping[str, Any]):
       ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=color,
                      edgecolors="white", linewidth=0.5, alpha=0.85)
   targets = [ev for ev in events if ev["kind"] == "target"]
-  counts = example.get("accepted_counts")
-  if not (isinstance(counts, list) and len(counts) == len(targets)):
-    calls = example.get("trace") or []
-    counts = ([s["num_accepted"] for s in calls]
-              if len(calls) == len(targets) else None)
-  if counts:
-    for ev, n in zip(targets, counts):
+  emitted = call_tokens(example, len(targets))
+  if emitted:
+    for ev, n in zip(targets, emitted):
       mid = ((ev["start_s"] + ev["end_s"]) / 2 - t0) * 1e3
-      ax.text(mid, 0, f"+{n + 1}", ha="center", va="center", fontsize=7,
+      ax.text(mid, 0, f"+{n}", ha="center", va="center", fontsize=7,
               color="white", weight="bold")
   end = max(ev["end_s"] for ev in events) - t0
   ax.set_yticks([0, 1])
@@ -323,7 +332,7 @@ def render_timeline(example: Mapping[str, Any], run: Mapping[str, Any]):
   ax.set_xlabel("time (ms)" if example.get("timeline") else
                 "time (ms), modeled: γ draft steps then one target call per "
                 "iteration, at the run's measured step times")
-  n_tokens = sum(n + 1 for n in counts) if counts else None
+  n_tokens = sum(emitted) if emitted else None
   ax.set_title(
       f"Speculative decoding timeline ({run['task']}, γ={run['gamma']}, "
       f"example {example.get('index', '?')}): {len(targets)} target calls" +

@@ -356,3 +356,42 @@ def test_a_failing_host_fails_every_host_with_its_error(tmp_path):
   assert ("run: error: process 1: RuntimeError: injected failure in "
           "process 1") in err0
   assert not (out / "metrics.json").exists()
+
+
+def test_two_hosts_infer_interrupted_resumes_with_one_hosts_rows(
+    tmp_path, model_bindings):
+  """MODE='infer' on 2 processes (MESH_SHAPE=(2, 2)) interrupted on every
+  host at its 3rd batch (a preempted slice) resumes after the 2 batches
+  process 0 checkpointed; the rows are the one-process run's (greedy)."""
+  bindings = {
+      **model_bindings, "SOURCE_FILE": repr(_data(tmp_path)),
+      "BATCH_SIZE": "2",
+      "MODE": "'infer'"
+  }
+  one = tmp_path / "one"
+  gin_utils.parse_gin(["local_tiny.gin"],
+                      [f"{k} = {v}" for k, v in bindings.items()] +
+                      [f"OUTPUT_DIR = '{one}'"], finalize=False)
+  reference = run_lib.run(providers=Providers(
+      vocabulary=multihost_worker.CharVocabulary))
+  two = tmp_path / "two"
+  flags = [
+      "--gin_file=local_tiny.gin", *_flags(bindings), "--gin.MESH_SHAPE=(2, 2)",
+      f"--gin.OUTPUT_DIR='{two}'"
+  ]
+  stopped = _launch(tmp_path, "stopped", 2, 2, "run", flags,
+                    env={"SPECDEC_TEST_STOP_AT": "3"})
+  assert all(rc == 130 for rc, _, _ in stopped), _failed(stopped)
+  lines = [l for l in stopped[0][2].splitlines() if l.startswith("run: ")]
+  assert len(lines) == 1 and "Traceback" not in stopped[0][2], _failed(stopped)
+  assert lines[0].startswith("run: interrupted: kept 4 predictions rows in ")
+  assert lines[0].endswith("the same command resumes after them.")
+  resumed = _launch(tmp_path, "resumed", 2, 2, "run", flags)
+  assert all(rc == 0 for rc, _, _ in resumed), _failed(resumed)
+  assert ("resuming an interrupted run after 4 of 7 examples (2 batches"
+          in resumed[0][2])
+  assert _rows(two) == _rows(one)
+  written = json.loads((two / "infer.json").read_text())
+  assert written["resumed_after_examples"] == 4
+  for key in ("num_examples", "tokens_generated", "target_calls", "alpha"):
+    assert written[key] == reference[key], key

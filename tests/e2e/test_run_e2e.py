@@ -17,6 +17,8 @@ from specdec_jax.experiment import arguments
 from specdec_jax.files import io_utils
 from specdec_jax.experiment import price_cache
 from specdec_jax.experiment import loading
+from specdec_jax.experiment import predictions
+from specdec_jax.experiment import resume
 from specdec_jax.experiment import runner
 from specdec_jax.experiment import summary
 from specdec_jax.experiment.plan import RunPlan
@@ -321,3 +323,62 @@ def test_run_without_arguments_subprocess():
   assert "Traceback" not in proc.stderr
   errors = [l for l in proc.stderr.splitlines() if l.startswith("run: ")]
   assert len(errors) == 1 and "--gin_file is required" in errors[0]
+
+
+def test_infer_interrupted_resumes_with_the_same_rows(tmp_path, monkeypatch,
+                                                      caplog):
+  """A MODE='infer' run interrupted after its 5th batch's decode (its rows
+  not written: the checkpoint of 4 batches stands) resumes after 4
+  examples and writes the rows and counts of an uninterrupted run (T = 1,
+  a tree: the same draws)."""
+  caplog.set_level("INFO")
+  bindings = [
+      "MODE = 'infer'", "TEMPERATURE = 1.0", "ACCEPTANCE = 'tree'",
+      "TREE_WIDTH = 2"
+  ]
+  whole, cut = tmp_path / "whole", tmp_path / "cut"
+  parse_gin_files(["local_tiny.gin"], [f"OUTPUT_DIR = '{whole}'", *bindings])
+  uninterrupted = run_lib.run()
+
+  monkeypatch.setattr(resume, "CHECKPOINT_S", 0.0)  # after every batch
+  adds = []
+  add = predictions.PredictionsWriter.add
+
+  def add_until_the_fifth(self, rows):
+    adds.append(len(rows))
+    if len(adds) == 5:
+      raise KeyboardInterrupt()
+    add(self, rows)
+
+  monkeypatch.setattr(predictions.PredictionsWriter, "add", add_until_the_fifth)
+  parse_gin_files(["local_tiny.gin"], [f"OUTPUT_DIR = '{cut}'", *bindings])
+  with pytest.raises(
+      KeyboardInterrupt, match="kept 4 predictions rows in "
+      ".*; the same command resumes after them"):
+    run_lib.run()
+  assert not (cut / "predictions.jsonl").exists()
+  assert (cut / resume.STATE_FILE).exists()
+
+  monkeypatch.setattr(predictions.PredictionsWriter, "add", add)
+  parse_gin_files(["local_tiny.gin"], [f"OUTPUT_DIR = '{cut}'", *bindings])
+  resumed = run_lib.run()
+  assert ("infer: resuming an interrupted run after 4 of 12 examples (4 "
+          "batches; their rows kept)") in _messages(caplog)
+  assert ((cut / "predictions.jsonl").read_text() == (
+      whole / "predictions.jsonl").read_text())
+  assert not (cut / resume.STATE_FILE).exists()
+  assert not (cut / runner.PARTIAL_PREDICTIONS_FILE).exists()
+  timed = {"decode_s", "compile_time_s", "tokens_per_second", "settings"}
+  assert resumed.pop("resumed_after_examples") == 4
+  assert ({
+      k: v for k, v in resumed.items() if k not in timed
+  } == {
+      k: v for k, v in uninterrupted.items() if k not in timed
+  })
+  assert json.loads(
+      (cut / "infer.json").read_text())["resumed_after_examples"] == 4
+  line = summary.summary_lines({
+      **resumed, "resumed_after_examples": 4
+  }, arguments.run_arguments())[1]
+  assert line.endswith("; resumed: the first 4 were decoded (and timed) by "
+                       "the interrupted run")

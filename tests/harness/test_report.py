@@ -619,6 +619,40 @@ def test_example_trace_is_most_informative_and_timeline_modeled(tmp_path):
       tmp_path / "out2" / "example_trace.html").read_text()
 
 
+def test_timeline_counts_no_token_after_the_output_ends():
+  """The last call of a row that ended inside its kept guesses (trace's
+  target_token null) added its guesses only: the timeline once labelled
+  it +n+1 and counted one token too many."""
+  row = {
+      "accepted_counts": [2, 1],
+      "trace": [{
+          "draft_tokens": ["▁Ein", "▁Hund"],
+          "num_accepted": 2,
+          "target_token": "▁rennt"
+      }, {
+          "draft_tokens": ["</s>", "."],
+          "num_accepted": 1,
+          "target_token": None
+      }]
+  }
+  assert trace_lib.call_tokens(row, 2) == [3, 1]
+  # Without a trace (a tree's row): kept guesses + 1 a call.
+  assert trace_lib.call_tokens({"accepted_counts": [2, 1]}, 2) == [3, 2]
+  assert trace_lib.call_tokens({"accepted_counts": [2]}, 2) is None
+  fig = trace_lib.render_timeline(
+      row, {
+          "gamma": 2,
+          "draft_step_s": 0.001,
+          "target_step_s": 0.01,
+          "task": "t",
+          "draft_model": "q",
+          "target_model": "p"
+      })
+  ax = fig.axes[0]
+  assert [t.get_text() for t in ax.texts] == ["+3", "+1"]
+  assert "2 target calls, 4 tokens" in ax.get_title()
+
+
 def test_example_index_out_of_range_is_named(tmp_path):
   """Issue 37: --example_index=999 said "no trace" instead of "no such
   example"; an index that exists still draws its trace."""
