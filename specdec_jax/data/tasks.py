@@ -98,7 +98,8 @@ def read_parallel_text(
       if len(cols) != 2:
         raise ValueError(
             f"{source_path}:{i}: expected exactly 2 tab-separated columns "
-            f"(source, reference), got {len(cols)}.")
+            f"(source, reference), got {len(cols)} (a file of inputs alone "
+            "has no tab on any line).")
       _check_nonempty(cols[0], source_path, i, "source (column 1)")
       _check_nonempty(cols[1], source_path, i, "reference (column 2)")
       pairs.append((cols[0], cols[1]))
@@ -123,6 +124,22 @@ def read_parallel_text(
     _check_nonempty(s, source_path, i, "source")
     _check_nonempty(r, reference_path, i, "reference")
   return list(zip(sources, references))
+
+
+def read_inputs_and_references(
+    source_file: PathLike, reference_file: Optional[PathLike] = None,
+    max_lines: Optional[int] = None) -> List[Tuple[str, Optional[str]]]:
+  """`read_parallel_text`'s pairs, or without `reference_file` a file of
+  inputs alone, one a line (no line holds a tab: a TSV's lines all do):
+  ``(source, None)`` each; the first `max_lines` lines only."""
+  if reference_file is None:
+    path = os.fspath(source_file)
+    lines = _read_lines(path, "Source", max_lines)
+    if not any("\t" in line for line in lines):
+      for i, line in enumerate(lines, start=1):
+        _check_nonempty(line, path, i, "source")
+      return [(line, None) for line in lines]
+  return read_parallel_text(source_file, reference_file, max_lines)
 
 
 def _eos_id(vocab) -> int:
@@ -316,8 +333,10 @@ def load_examples(*, mixture_or_task_name: Optional[str] = None,
                   shard_info=None) -> List[Dict[str, str]]:
   """Evaluation examples ``[{'input': str, 'reference': str}]``, in order:
   the raw text (with its prefix) of `split` of a registered seqio task or
-  mixture, or (exactly one of the two) local files (`read_parallel_text`),
-  each ``input`` ``input_prefix + source``; the first `num_examples`.
+  mixture, or (exactly one of the two) local files
+  (`read_inputs_and_references`: a file of inputs alone gives each
+  ``reference`` None), each ``input`` ``input_prefix + source``; the first
+  `num_examples`.
 
   `shard_info` (anything with ``index`` and ``num_shards``): only examples
   ``index, index + num_shards, ...`` of those (one process's slice). A task
@@ -334,7 +353,8 @@ def load_examples(*, mixture_or_task_name: Optional[str] = None,
 
   if source_file is not None:
     # Only the rows asked for are read (and checked).
-    pairs = read_parallel_text(source_file, reference_file, num_examples)
+    pairs = read_inputs_and_references(source_file, reference_file,
+                                       num_examples)
     if shard_info is not None:
       pairs = pairs[shard_info.index::shard_info.num_shards]
     return [{"input": input_prefix + s, "reference": r} for s, r in pairs]

@@ -76,7 +76,8 @@ class RunArguments:
     task_feature_lengths: {'inputs': S, 'targets': max decode length}
       (longer inputs are cut and counted in metrics.json).
     source_file: local data instead of a seqio task: one input per line
-      (`X.en`), or a two-column TSV (input, reference).
+      (`X.en`), or a two-column TSV (input, reference); alone and without
+      a tab, inputs without references (nothing scored).
     reference_file: the references, line-aligned with source_file
       (`X.de`).
     input_prefix: prepended to local-file inputs (e.g. 'translate English

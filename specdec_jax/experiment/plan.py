@@ -226,7 +226,10 @@ class RunPlan:
     return _stage(Loaded, self, RunPlan, models=models, drafter=drafter)
 
   def quality(self, base_text, spec_text, references) -> Dict[str, Any]:
-    """{'bleu' or 'rouge': {'baseline': ..., 'speculative': ...}}."""
+    """{'bleu' or 'rouge': {'baseline': ..., 'speculative': ...}}; {}
+    when an example has no reference (a file of inputs alone)."""
+    if any(r is None for r in references):
+      return {}
     base = quality_lib.quality_metrics(self.task_kind, base_text, references)
     spec = quality_lib.quality_metrics(self.task_kind, spec_text, references)
     key = next(iter(base))

@@ -60,6 +60,10 @@ def log_words(metrics: Dict[str, Any]) -> str:
           ("" if c is None else f", c {c:.3f}"))
 
 
+# The quality line of a run whose data holds inputs alone.
+NO_REFERENCES = "none (the examples have no references to score against)"
+
+
 def _quality_words(metrics: Dict[str, Any]) -> Optional[str]:
   if metrics.get("bleu") is not None:
     q = metrics["bleu"]
@@ -227,7 +231,7 @@ def _walltime_lines(metrics: Dict[str, Any], temp: float) -> List[str]:
     ]
     if quality and temp > 0:
       quality += _noise_words(metrics)
-  return lines + ([f"quality: {quality}"] if quality else [])
+  return lines + [f"quality: {quality or NO_REFERENCES}"]
 
 
 def _infer_lines(metrics: Dict[str, Any]) -> List[str]:
@@ -250,6 +254,8 @@ def _infer_lines(metrics: Dict[str, Any]) -> List[str]:
     words = (", ".join(f"{k} {v:.2f}" for k, v in value.items()) if isinstance(
         value, dict) else f"{value:.2f}")
     lines.append(f"quality: {name.upper()} {words}")
+  if not metrics.get("quality"):
+    lines.append(f"quality: {NO_REFERENCES}")
   return lines
 
 

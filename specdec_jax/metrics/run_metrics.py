@@ -187,7 +187,8 @@ class RunMetrics:
       (the chi-square tests of tests/core/test_decoding.py, and alpha vs
       alpha_beta).
     greedy_identical_examples: at T = 0, how many examples are identical.
-    bleu: {"baseline", "speculative"} corpus BLEU (translation tasks).
+    bleu: {"baseline", "speculative"} corpus BLEU (translation tasks; bleu
+      and rouge are absent when the examples have no references).
     rouge: {"baseline", "speculative"} -> {rouge type: F-measure} (summarization
       tasks).
     quality_noise: at T > 0 with BLEU: {"metric": "bleu", "difference":

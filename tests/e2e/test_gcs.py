@@ -22,8 +22,13 @@ from conftest import require_shared
 import multihost_worker
 import pytest
 from run_helpers import gcs_at
+from run_helpers import parse_gin_files
 
+from specdec_jax import run as run_lib
 from specdec_jax import sweep
+from specdec_jax.experiment import predictions
+from specdec_jax.experiment import resume
+from specdec_jax.experiment import runner
 from specdec_jax.experiment.plan import Providers
 from specdec_jax.experiment.plan import make_decoders
 from specdec_jax.files import io_utils
@@ -316,3 +321,42 @@ def test_sweep_on_gcs_reads_t5x_checkpoints_and_resumes(emulator, tmp_path,
       [sweep.SWEEP_FILE,
        first.rsplit("/", 1)[1],
        second.rsplit("/", 1)[1]])
+
+
+def test_infer_on_gcs_resumes_from_its_uploaded_rows(emulator, tmp_path,
+                                                     monkeypatch):
+  """MODE='infer' with OUTPUT_DIR on gs:// (no append there): a checkpoint
+  uploads the rows so far as the `.partial` object; interrupted at its 4th
+  batch and run again, the run decodes the rest and writes the rows of a
+  local uninterrupted run, leaving no hidden object behind."""
+  _, root = emulator
+  out, local = f"{root}/infer", tmp_path / "local"
+  bindings = ["MODE = 'infer'", "NUM_EXAMPLES = 6", "TEMPERATURE = 1.0"]
+  parse_gin_files(["local_tiny.gin"], [f"OUTPUT_DIR = '{local}'", *bindings])
+  run_lib.run()
+
+  monkeypatch.setattr(resume, "CHECKPOINT_S", 0.0)
+  add, adds = predictions.PredictionsWriter.add, []
+
+  def add_until_the_fourth(self, rows):
+    adds.append(len(rows))
+    if len(adds) == 4:
+      raise KeyboardInterrupt()
+    add(self, rows)
+
+  monkeypatch.setattr(predictions.PredictionsWriter, "add",
+                      add_until_the_fourth)
+  parse_gin_files(["local_tiny.gin"], [f"OUTPUT_DIR = '{out}'", *bindings])
+  with pytest.raises(KeyboardInterrupt, match="resumes after them"):
+    run_lib.run()
+  kept = io_utils.read_text(f"{out}/{predictions.PARTIAL_FILE}")
+  assert len(kept.splitlines()) == 3
+
+  monkeypatch.setattr(predictions.PredictionsWriter, "add", add)
+  parse_gin_files(["local_tiny.gin"], [f"OUTPUT_DIR = '{out}'", *bindings])
+  record = run_lib.run()
+  assert record["resumed_after_examples"] == 3
+  assert io_utils.read_text(f"{out}/predictions.jsonl") == (
+      local / "predictions.jsonl").read_text()
+  hidden = {n for n in io_utils.listdir(out) if n.startswith(".")}
+  assert hidden == {runner.SETTINGS_FILE}  # no rows or record left

@@ -382,3 +382,26 @@ def test_infer_interrupted_resumes_with_the_same_rows(tmp_path, monkeypatch,
   }, arguments.run_arguments())[1]
   assert line.endswith("; resumed: the first 4 were decoded (and timed) by "
                        "the interrupted run")
+
+
+def test_a_file_of_inputs_alone_decodes_without_quality(tmp_path):
+  """SOURCE_FILE of inputs alone (no REFERENCE_FILE, no tab): decoded and
+  timed as any data, rows without `targets_pretokenized`, no BLEU, and the
+  summary says why."""
+  source = tmp_path / "inputs.en"
+  source.write_text("A dog runs.\nTwo men play guitars.\n")
+  out = tmp_path / "out"
+  metrics = _run_tiny(out, f"SOURCE_FILE = '{source}'", "REFERENCE_FILE = None")
+  rows = _rows(out / "predictions.jsonl")
+  assert [r["inputs"] for r in rows] == [{
+      "inputs_pretokenized": "A dog runs."
+  }, {
+      "inputs_pretokenized": "Two men play guitars."
+  }]
+  written = json.loads((out / "metrics.json").read_text())
+  assert written["num_examples"] == 2 and written["speedup"] > 0
+  assert "bleu" not in written and "rouge" not in written
+  assert written["greedy_outputs_identical"] is True
+  lines = summary.summary_lines(metrics, arguments.run_arguments())
+  assert lines[2] == ("quality: none (the examples have no references to "
+                      "score against)")

@@ -168,6 +168,12 @@ def test_theory_and_alpha_read_the_same_on_stdout_and_stderr():
       dict(greedy, batch_size=1, efficiency_split=dict(split, batch=1.0)),
       dataclasses.replace(args, temperature=0.0))
   assert not any("slowest row" in line for line in lines)
+  # Examples without references (a file of inputs alone): said so.
+  bare = {k: v for k, v in greedy.items() if k not in ("bleu", "quality_noise")}
+  lines = summary.summary_lines(bare,
+                                dataclasses.replace(args, temperature=0.0))
+  assert lines[2] == ("quality: none (the examples have no references to "
+                      "score against)")
 
 
 def test_run_arguments_are_one_checked_frozen_record(tmp_path):

@@ -182,6 +182,32 @@ def test_read_parallel_text_files_and_tsv(tmp_path):
   assert tasks.read_parallel_text(tsv) == pairs
 
 
+def test_a_file_of_inputs_alone_has_no_references(tmp_path):
+  """SOURCE_FILE without REFERENCE_FILE: a file with no tab on any line is
+  inputs alone (T5X's infer decodes such files); a TSV's lines all hold
+  one tab; a mix is named at its first line of the other kind."""
+  plain = _write(tmp_path / "x.en", "A dog runs.\nTwo men play.\n")
+  assert tasks.load_examples(source_file=plain, input_prefix="p: ") == [{
+      "input": "p: A dog runs.",
+      "reference": None
+  }, {
+      "input": "p: Two men play.",
+      "reference": None
+  }]
+  assert tasks.read_inputs_and_references(plain, max_lines=1) == [
+      ("A dog runs.", None)
+  ]
+  with pytest.raises(ValueError, match=r"x\.en:2: empty source"):
+    tasks.load_examples(source_file=_write(tmp_path / "x.en", "a\n \n"))
+  with pytest.raises(
+      ValueError, match=r"m\.tsv:2: expected exactly 2 .* got "
+      r"1 \(a file of inputs alone has no tab on any line\)"):
+    tasks.load_examples(source_file=_write(tmp_path / "m.tsv", "a\tb\nc\n"))
+  # Training needs references: its reader still wants pairs.
+  with pytest.raises(ValueError, match=r"x\.en:1: expected exactly 2"):
+    tasks.read_parallel_text(_write(tmp_path / "x.en", "a\n"))
+
+
 @pytest.mark.parametrize("files,pattern", [
     ({
         "a.en": "a\nb\nc\n",
@@ -214,7 +240,7 @@ def test_read_parallel_text_files_and_tsv(tmp_path):
     ({
         "a.en": "a\n"
     }, r"Reference file not found: .*a\.de"),
-    ({}, r"TSV file not found: .*a\.tsv"),
+    ({}, r"(TSV|Source) file not found: .*a\.tsv"),
 ])
 def test_read_parallel_text_errors(tmp_path, files, pattern):
   for name, text in files.items():
