@@ -256,12 +256,19 @@ def register_tasks(spm_model_path: str = DEFAULT_SPM_PATH,
        ("article", "highlights"), CNN_DM_PREFIX)):
     tfds = f"{tfds_name}:{version}"
     _add_task(
-        task + suffix, kind,
+        task + suffix,
+        kind,
         ("tfds", tfds, tfds_data_dir, spm_model_path, extra_ids),
+        # read_only: a run never downloads or prepares TFDS data (every
+        # host of a slice would): `_task_examples` says how to prepare it.
         source=seqio.TfdsDataSource(tfds_name=tfds, splits=SPLITS,
-                                    tfds_data_dir=tfds_data_dir),
-        input_key=keys[0], target_key=keys[1], prefix=prefix,
-        spm_model_path=spm_model_path, extra_ids=extra_ids)
+                                    tfds_data_dir=tfds_data_dir,
+                                    read_only=True),
+        input_key=keys[0],
+        target_key=keys[1],
+        prefix=prefix,
+        spm_model_path=spm_model_path,
+        extra_ids=extra_ids)
     names.append(task + suffix)
   return names
 
@@ -383,8 +390,18 @@ def _task_examples(mixture_or_task_name: str, split: str,
   if mixture_or_task_name not in _seqio_task_names():
     register_default_tasks()
   task = seqio.get_mixture_or_task(mixture_or_task_name)
-  ds = task.get_dataset(sequence_length=None, split=split, shuffle=False,
-                        num_epochs=1, use_cached=False, try_in_mem_cache=False)
+  try:
+    ds = task.get_dataset(sequence_length=None, split=split, shuffle=False,
+                          num_epochs=1, use_cached=False,
+                          try_in_mem_cache=False)
+  except AssertionError as e:  # TFDS's "could not find data in ..."
+    if "could not find data" not in str(e):
+      raise
+    raise ValueError(
+        f"Task {mixture_or_task_name!r}: {e} A run does not download or "
+        "prepare TFDS data: prepare it once first (docs/usage/"
+        "reproduce_table2.md, '2. Data: TFDS'), or set TFDS_DATA_DIR to "
+        "where it is.") from None
   if num_examples is not None:
     ds = ds.take(num_examples)
   if shard_info is not None and shard_info.num_shards > 1:

@@ -307,6 +307,21 @@ def test_default_tasks_registered_without_touching_vocab():
   assert src.tfds_dataset.name == "cnn_dailymail:3.4.0"
 
 
+def test_unprepared_tfds_data_is_named_not_downloaded(tmp_path, spm_path):
+  """A task whose TFDS data is not prepared: one error naming the task, the
+  folder and how to prepare it; nothing downloaded (it had started to
+  generate WMT inside the run and died on a missing module)."""
+  names = tasks.register_tasks(spm_path, extra_ids=10, suffix="_unprepared",
+                               tfds_data_dir=str(tmp_path))
+  for name in names:
+    with pytest.raises(
+        ValueError, match=rf"Task '{name}': Dataset \w+: could not find data "
+        rf"in {tmp_path}\..* A run does not download or prepare TFDS data: "
+        r"prepare it once first \(docs/usage/reproduce_table2\.md"):
+      tasks.load_examples(mixture_or_task_name=name, num_examples=2)
+  assert not list(tmp_path.iterdir())
+
+
 def test_register_tasks_is_idempotent(task_names, spm_path):
   assert tasks.register_tasks(spm_path, extra_ids=10,
                               suffix=TEST_SUFFIX) == task_names
