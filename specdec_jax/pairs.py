@@ -25,6 +25,7 @@ from specdec_jax.experiment import loading
 from specdec_jax.files import compilation_cache as cache_lib
 from specdec_jax.core.models import SharedEncoderModel
 from specdec_jax.core.models import T5Model
+from specdec_jax.terminal import console
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +86,10 @@ def load_pair(target_folder: str, draft_folder: str, spm_model_path: str, *,
   the latest) with the SentencePiece model at `spm_model_path`, resolved as
   the commands resolve paths, and checked as `run` checks them before any
   array is read (`CheckpointError`, `ConfigError`). `compilation_cache`:
-  turn on the commands' persistent compilation cache."""
+  turn on the commands' persistent compilation cache. JAX starts as the
+  commands start it (libtpu's search for a TPU VM kept aside where it
+  can only fail: `console.start_backends_quietly`)."""
+  console.start_backends_quietly()
   target = checkpoints.check_model(target_folder, "target_folder")
   draft = checkpoints.check_model(draft_folder, "draft_folder")
   spm_path = io_utils.resolve_path(os.fspath(spm_model_path))

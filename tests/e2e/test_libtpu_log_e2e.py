@@ -39,3 +39,10 @@ def test_a_command_on_a_machine_without_a_tpu_starts_jax_quietly():
   kept_aside = len(console.split_noise(plain_err)[1])
   assert out == f"{kept_aside}\n{plain_out}" and plain_out == "cpu\n"
   assert not console.split_noise(err)[1], err
+  # The Python facade starts JAX as the commands do.
+  out, err = started(
+      "from specdec_jax import pairs; pairs.load_pair("
+      "'pretrained/multi30k/target_38m', "
+      "'pretrained/multi30k/draft_1m_distill_38m', "
+      "'pretrained/multi30k/multi30k.model', compilation_cache=False); ")
+  assert out == "cpu\n" and not console.split_noise(err)[1], err
