@@ -86,6 +86,21 @@ def left_out(metrics: Dict[str, Any]) -> Optional[str]:
   return None
 
 
+def _other_results(results_dir: str) -> str:
+  """The other modes' result files under `results_dir`, counted in words
+  ('' when none)."""
+  counts = {
+      name: 0 for name in (run_metrics.INFER_FILE, run_metrics.ALPHA_FILE)
+  }
+  for _, dirnames, filenames in os.walk(results_dir):
+    dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+    for name in counts:
+      counts[name] += name in filenames
+  return ", ".join(
+      f"{n} {name} (MODE='{name.split('.')[0]}')" for name, n in counts.items()
+      if n)
+
+
 def load_results(results_dir: str,
                  exclude: Optional[str] = None) -> List[Dict[str, Any]]:
   """Every run (a folder with a metrics.json `left_out` keeps) under
@@ -138,8 +153,12 @@ def load_results(results_dir: str,
         f"{results_dir}: only PRICE_CALL_COST=False runs ({unpriced}), which "
         "the report leaves out (its tables need c and Theorem 3.8)")
   if not runs:
-    raise ReportError(f"{results_dir}: no run directories with a "
-                      f"{run_metrics.METRICS_FILE} found")
+    other = _other_results(results_dir)
+    raise ReportError(
+        f"{results_dir}: no run directories with a "
+        f"{run_metrics.METRICS_FILE} found" +
+        (f"; {other}, which have no speedup to tabulate "
+         "(MODE='walltime' writes metrics.json)" if other else ""))
   runs.sort(key=lambda m: m["run_name"])
   return runs
 

@@ -323,15 +323,25 @@ def _model_group(point: Dict[str, Any]) -> str:
 
 
 def is_done(point_dir: str) -> bool:
-  """Whether the point wrote a readable metrics.json (or alpha.json), last
-  and atomically; its keys are the report's to check."""
-  for name in (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE):
+  """Whether the point wrote a readable metrics.json (MODE='infer':
+  infer.json; 'alpha': alpha.json), last and atomically; its keys are the
+  report's to check."""
+  for name in (run_metrics.METRICS_FILE, run_metrics.INFER_FILE,
+               run_metrics.ALPHA_FILE):
     try:
       json.loads(io_utils.read_text(os.path.join(point_dir, name)))
       return True
     except (OSError, ValueError):
       continue
   return False
+
+
+def _any_walltime(results_dir: str, points) -> bool:
+  """Whether a point wrote metrics.json (the report's input)."""
+  return any(
+      io_utils.isfile(
+          os.path.join(results_dir, point_name(p), run_metrics.METRICS_FILE))
+      for p in points)
 
 
 def _check_results_dir(results_dir: str, points, base_files,
@@ -446,8 +456,9 @@ def main(argv: Sequence[str], providers: Optional[Providers] = None) -> None:
     run_sweep(points, f.results_dir, f.gin_file, f.gin_bindings,
               f.gin_search_paths, providers=providers)
     if multihost.is_first():
-      print(f"Sweep finished: {len(points)} points in {f.results_dir}.\n"
-            f"Report: python -m specdec_jax.report {f.results_dir}")
+      print(f"Sweep finished: {len(points)} points in {f.results_dir}." +
+            (f"\nReport: python -m specdec_jax.report {f.results_dir}"
+             if _any_walltime(f.results_dir, points) else ""))
 
 
 def cli(argv: Optional[Sequence[str]] = None,

@@ -404,8 +404,22 @@ class TestBadInput:
     (empty / "sub").mkdir(parents=True)
     assert report.main([str(empty)]) == 2
     err = capsys.readouterr().err
-    assert f"{empty}: no run directories with a metrics.json found" in err
+    assert f"{empty}: no run directories with a metrics.json found\n" in err
     assert os.listdir(empty) == ["sub"]
+
+  def test_infer_and_alpha_folders_are_named(self, tmp_path, capsys):
+    """A sweep of MODE='infer' (or 'alpha') points: the error says what
+    is there and why the report cannot tabulate it."""
+    for name, file in (("g2", "infer.json"), ("g3", "infer.json"),
+                       ("a", "alpha.json")):
+      (tmp_path / name).mkdir()
+      (tmp_path / name / file).write_text("{}")
+    assert report.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert (f"{tmp_path}: no run directories with a metrics.json found; 2 "
+            "infer.json (MODE='infer'), 1 alpha.json (MODE='alpha'), which "
+            "have no speedup to tabulate (MODE='walltime' writes "
+            "metrics.json)") in err
 
 
 def test_skips_absent_figures(tmp_path, caplog):

@@ -284,6 +284,13 @@ def test_sweep_takes_a_written_metrics_json_as_done(tmp_path):
   alpha.mkdir()
   (alpha / "alpha.json").write_text(json.dumps({"alpha_beta": 0.5}))
   assert sweep.is_done(str(alpha))
+  # MODE='infer' (a finished infer point was decoded again by a re-run).
+  infer = tmp_path / "i"
+  infer.mkdir()
+  (infer / "infer.json").write_text('{"mode": "infer"')
+  assert not sweep.is_done(str(infer))
+  (infer / "infer.json").write_text(json.dumps({"mode": "infer"}))
+  assert sweep.is_done(str(infer))
 
 
 def test_settings_of_earlier_versions_are_the_same_settings(tmp_path):
