@@ -86,19 +86,54 @@ def left_out(metrics: Dict[str, Any]) -> Optional[str]:
   return None
 
 
+def _folders(results_dir: str,
+             exclude: Optional[str] = None) -> Iterator[Tuple[str, List[str]]]:
+  """(folder, its file names) of `results_dir` and every folder under it,
+  in name order, but hidden ones and `exclude` (the report's own)."""
+  skip = os.path.realpath(exclude) if exclude else None
+  for dirpath, dirnames, filenames in os.walk(results_dir):
+    dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and
+                         os.path.realpath(os.path.join(dirpath, d)) != skip)
+    yield dirpath, filenames
+
+
 def _other_results(results_dir: str) -> str:
   """The other modes' result files under `results_dir`, counted in words
   ('' when none)."""
-  counts = {
-      name: 0 for name in (run_metrics.INFER_FILE, run_metrics.ALPHA_FILE)
-  }
-  for _, dirnames, filenames in os.walk(results_dir):
-    dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+  counts = {run_metrics.INFER_FILE: 0}
+  for _, filenames in _folders(results_dir):
     for name in counts:
       counts[name] += name in filenames
   return ", ".join(
       f"{n} {name} (MODE='{name.split('.')[0]}')" for name, n in counts.items()
       if n)
+
+
+def load_alpha_runs(results_dir: str,
+                    exclude: Optional[str] = None) -> List[Dict[str, Any]]:
+  """Every MODE='alpha' run under `results_dir` but `exclude` (a folder
+  with an alpha.json and no metrics.json), its alpha.json with
+  `run_name`; ReportError: an invalid alpha.json."""
+  alphas = []
+  for dirpath, filenames in _folders(results_dir, exclude):
+    if (run_metrics.ALPHA_FILE not in filenames or
+        run_metrics.METRICS_FILE in filenames):
+      continue
+    path = os.path.join(dirpath, run_metrics.ALPHA_FILE)
+    record = _read_json(path)
+    if not (isinstance(record, dict) and all(
+        run_metrics.is_number(record.get(k))
+        for k in ("alpha_beta", "temperature", "num_positions", "num_examples"))
+            and isinstance(record.get("task"), str) and
+            isinstance(record.get("draft_model"), str)):
+      raise ReportError(f"{path}: not an alpha.json written by "
+                        "`specdec_jax.run` in alpha mode")
+    rel = os.path.relpath(dirpath, results_dir)
+    alphas.append(
+        dict(
+            record, run_name=os.path.basename(os.path.abspath(results_dir))
+            if rel == "." else rel))
+  return alphas
 
 
 def load_results(results_dir: str,
@@ -111,11 +146,8 @@ def load_results(results_dir: str,
     raise ReportError(f"{results_dir}: results directory does not exist")
   if not os.path.isdir(results_dir):
     raise ReportError(f"{results_dir}: not a directory")
-  skip = os.path.realpath(exclude) if exclude else None
   runs, beams, unpriced = [], 0, 0
-  for dirpath, dirnames, filenames in os.walk(results_dir, onerror=None):
-    dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and
-                         os.path.realpath(os.path.join(dirpath, d)) != skip)
+  for dirpath, filenames in _folders(results_dir, exclude):
     if run_metrics.METRICS_FILE not in filenames:
       continue
     metrics = load_metrics(os.path.join(dirpath, run_metrics.METRICS_FILE))
@@ -158,7 +190,8 @@ def load_results(results_dir: str,
         f"{results_dir}: no run directories with a "
         f"{run_metrics.METRICS_FILE} found" +
         (f"; {other}, which have no speedup to tabulate "
-         "(MODE='walltime' writes metrics.json)" if other else ""))
+         "(MODE='walltime' writes metrics.json, 'alpha' alpha.json: "
+         "Table 3)" if other else ""))
   runs.sort(key=lambda m: m["run_name"])
   return runs
 
@@ -370,6 +403,12 @@ def render_report(results_dir: str, output_dir: Optional[str] = None,
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise ReportError(f"{output_dir}: output path exists and is not a "
                       "directory")
+  alphas = load_alpha_runs(results_dir, exclude=output_dir)
+  if alphas and not _has_metrics(results_dir, output_dir):
+    logger.info("loaded %d MODE='alpha' runs from %s: Table 3 only",
+                len(alphas), results_dir)
+    return _write({"table3.md": tables.render_table3(alphas).encode("utf-8")},
+                  output_dir)
   runs = load_results(results_dir, exclude=output_dir)
   logger.info("loaded %d runs from %s", len(runs), results_dir)
   for run in runs:  # a malformed predictions.jsonl stops it, drawn or not
@@ -378,15 +417,24 @@ def render_report(results_dir: str, output_dir: Optional[str] = None,
         pass
   trace_pair, timeline_pair = _chosen_examples(runs, results_dir, example_run,
                                                example_index)
-  return _write(_render(runs, trace_pair, timeline_pair, example_run),
-                output_dir)
+  artifacts = _render(runs, trace_pair, timeline_pair, example_run)
+  if alphas:
+    artifacts["table3.md"] = tables.render_table3(alphas).encode("utf-8")
+  return _write(artifacts, output_dir)
+
+
+def _has_metrics(results_dir: str, exclude: str) -> bool:
+  """Whether any folder under `results_dir` but `exclude` holds a
+  metrics.json."""
+  return any(run_metrics.METRICS_FILE in filenames
+             for _, filenames in _folders(results_dir, exclude))
 
 
 PROGRAM = "python -m specdec_jax.report"
 _DESCRIPTION = (
-    "Tables (Table 2/4 style) and figures (speedup vs gamma, alpha per draft, "
-    "Figure-1 trace, Figure-5 timeline) from a directory of "
-    "speculative-decoding runs.")
+    "Tables (Table 2/4 style; Table 3 of MODE='alpha' runs) and figures "
+    "(speedup vs gamma, alpha per draft, Figure-1 trace, Figure-5 timeline) "
+    "from a directory of speculative-decoding runs.")
 
 
 def define_flags():

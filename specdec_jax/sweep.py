@@ -336,12 +336,13 @@ def is_done(point_dir: str) -> bool:
   return False
 
 
-def _any_walltime(results_dir: str, points) -> bool:
-  """Whether a point wrote metrics.json (the report's input)."""
+def _reportable(results_dir: str, points) -> bool:
+  """Whether a point wrote the report's input: metrics.json, or alpha.json
+  (its Table 3)."""
   return any(
-      io_utils.isfile(
-          os.path.join(results_dir, point_name(p), run_metrics.METRICS_FILE))
-      for p in points)
+      io_utils.isfile(os.path.join(results_dir, point_name(p), name))
+      for p in points
+      for name in (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE))
 
 
 def _check_results_dir(results_dir: str, points, base_files,
@@ -458,7 +459,7 @@ def main(argv: Sequence[str], providers: Optional[Providers] = None) -> None:
     if multihost.is_first():
       print(f"Sweep finished: {len(points)} points in {f.results_dir}." +
             (f"\nReport: python -m specdec_jax.report {f.results_dir}"
-             if _any_walltime(f.results_dir, points) else ""))
+             if _reportable(f.results_dir, points) else ""))
 
 
 def cli(argv: Optional[Sequence[str]] = None,

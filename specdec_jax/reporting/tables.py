@@ -333,3 +333,48 @@ def render_table4(runs: Sequence[Dict[str, Any]]) -> str:
   if any(r.get("synthetic") for r in rows):
     md += ["† synthetic run (not real model measurements).", ""]
   return "\n".join(md)
+
+
+def _sampling(a: Mapping[str, Any]) -> str:
+  """A run's top-k / top-p in words ('–': neither)."""
+  parts = []
+  if a.get("top_k"):
+    parts.append(f"top-k {a['top_k']}")
+  if a.get("top_p") is not None and a["top_p"] < 1:
+    parts.append(f"top-p {a['top_p']:g}")
+  return ", ".join(parts) or "–"
+
+
+def render_table3(alphas: Sequence[Mapping[str, Any]]) -> str:
+  """table3.md, the paper's Table 3: α per (task, M_p, M_q, temperature)
+  from MODE='alpha' runs (alpha.json: Corollary 3.6's mean β over the
+  positions of target samples, with its standard error)."""
+
+  def order(a):  # plain sampling before top-k / top-p at each temperature
+    return (a["task"], size_key(_target_name(a)), size_key(a["draft_model"]),
+            a["temperature"], _sampling(a) != "–", _sampling(a), a["run_name"])
+
+  rows = sorted(alphas, key=order)
+  table = [[
+      a["task"],
+      _target_name(a), a["draft_model"],
+      fmt_temp(a["temperature"]),
+      _sampling(a), f"{a['alpha_beta']:.3f}",
+      _optional(a.get("alpha_beta_stderr"), "{:.3f}"),
+      str(a["num_positions"]),
+      str(a["num_examples"]), a["run_name"]
+  ] for a in rows]
+  header = [
+      "TASK", "M_p", "M_q", "TEMP", "TOP-K / TOP-P", "α", "± STD. ERR.",
+      "POSITIONS", "EXAMPLES", "RUN"
+  ]
+  return "\n".join([
+      "# Table 3: α per draft and temperature",
+      "",
+      "α = E[β], β = Σ_x min(p(x), q(x)) (Corollary 3.6), averaged over "
+      "the positions of samples from the target (MODE='alpha', alpha.json's "
+      "`alpha_beta`); ± its standard error over the examples. No walltimes: "
+      "cheap enough for many (task, draft, temperature) settings.",
+      "",
+      _md_table(header, table),
+  ])

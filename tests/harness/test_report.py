@@ -407,19 +407,64 @@ class TestBadInput:
     assert f"{empty}: no run directories with a metrics.json found\n" in err
     assert os.listdir(empty) == ["sub"]
 
-  def test_infer_and_alpha_folders_are_named(self, tmp_path, capsys):
-    """A sweep of MODE='infer' (or 'alpha') points: the error says what
-    is there and why the report cannot tabulate it."""
-    for name, file in (("g2", "infer.json"), ("g3", "infer.json"),
-                       ("a", "alpha.json")):
+  def test_infer_folders_are_named(self, tmp_path, capsys):
+    """A sweep of MODE='infer' points: the error says what is there and
+    why the report cannot tabulate it."""
+    for name in ("g2", "g3"):
       (tmp_path / name).mkdir()
-      (tmp_path / name / file).write_text("{}")
+      (tmp_path / name / "infer.json").write_text("{}")
     assert report.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert (f"{tmp_path}: no run directories with a metrics.json found; 2 "
-            "infer.json (MODE='infer'), 1 alpha.json (MODE='alpha'), which "
-            "have no speedup to tabulate (MODE='walltime' writes "
-            "metrics.json)") in err
+            "infer.json (MODE='infer'), which have no speedup to tabulate "
+            "(MODE='walltime' writes metrics.json, 'alpha' alpha.json: "
+            "Table 3)") in err
+
+
+def _alpha_json(folder, **changes):
+  """An alpha.json as MODE='alpha' writes it (its keys the table reads)."""
+  record = dict(task="ende", target_model="xxl", draft_model="small",
+                temperature=1.0, top_k=0, top_p=1.0, alpha_beta=0.7123,
+                alpha_beta_stderr=0.0114, num_positions=800, num_examples=20)
+  record.update(changes)
+  folder.mkdir(parents=True)
+  (folder / "alpha.json").write_text(json.dumps(record))
+
+
+def test_alpha_runs_alone_make_table3(tmp_path):
+  """The paper's Table 3 from MODE='alpha' points: one row per (task,
+  M_p, M_q, T), drafts by size, then temperature."""
+  root = tmp_path / "alphas"
+  _alpha_json(root / "large_t1", draft_model="large", alpha_beta=0.8)
+  _alpha_json(root / "small_t0", temperature=0.0, alpha_beta=0.75)
+  _alpha_json(root / "small_t1")
+  _alpha_json(root / "small_topp", top_p=0.9, top_k=40, alpha_beta=0.69)
+  written = report.render_report(str(root))
+  assert sorted(written) == ["table3.md"]
+  rows = [
+      l for l in (root / "report" / "table3.md").read_text().splitlines()
+      if l.startswith("| ende")
+  ]
+  assert rows == [
+      "| ende | xxl | small | 0 | – | 0.750 | 0.011 | 800 | 20 | small_t0 |",
+      "| ende | xxl | small | 1 | – | 0.712 | 0.011 | 800 | 20 | small_t1 |",
+      "| ende | xxl | small | 1 | top-k 40, top-p 0.9 | 0.690 | 0.011 | 800 | "
+      "20 | small_topp |",
+      "| ende | xxl | large | 1 | – | 0.800 | 0.011 | 800 | 20 | large_t1 |",
+  ]
+  _alpha_json(root / "bad", alpha_beta="high")
+  with pytest.raises(report.ReportError,
+                     match=r"bad/alpha\.json: not an alpha.json"):
+    report.render_report(str(root))
+
+
+def test_alpha_runs_beside_walltime_runs_add_table3(tmp_path):
+  root = copy_fixture(tmp_path)
+  _alpha_json(root / "alpha_small")
+  written = report.render_report(str(root), str(tmp_path / "out"))
+  assert sorted(written) == sorted(ALL_OUTPUTS + ["table3.md"])
+  assert "| ende | xxl | small | 1 | – | 0.712 |" in (tmp_path / "out" /
+                                                      "table3.md").read_text()
 
 
 def test_skips_absent_figures(tmp_path, caplog):
