@@ -62,7 +62,7 @@ class PredictionsWriter:
     self._rows: List[str] = []
     self._file = None
     self._published = False
-    self._uploaded = False  # gs://: a `durable` copy of the rows exists
+    self._uploaded = 0  # gs://: the rows `durable` last uploaded
     self._sha256 = hashlib.sha256()  # of the rows counted in `written`
     if enabled and self.partial is not None:
       self._guard(self._open_partial, self.partial)
@@ -87,7 +87,7 @@ class PredictionsWriter:
 
       def upload():
         io_utils.atomic_write(self.remote_partial, "".join(self._rows))
-        self._uploaded = True
+        self._uploaded = self.written
 
       return self._guard(upload, self.remote_partial)
 
@@ -141,9 +141,15 @@ class PredictionsWriter:
 
   def kept(self) -> str:
     """What is on disk now, in words."""
-    if self.partial is None or not self.written:
+    if not self.enabled:
+      return "no predictions rows here (process 0 writes them)"
+    if self.partial is None:  # gs://: what the last `durable` uploaded
+      rows, where = self._uploaded, self.remote_partial
+    else:
+      rows, where = self.written, self.partial
+    if not rows:
       return "no predictions rows"
-    return f"{self.written} predictions rows in {self.partial}"
+    return f"{rows} predictions rows in {where}"
 
   def finish(self, total: int) -> None:
     """Publishes predictions.jsonl; OutputWriteError if a write failed."""

@@ -347,7 +347,10 @@ def test_infer_on_gcs_resumes_from_its_uploaded_rows(emulator, tmp_path,
   monkeypatch.setattr(predictions.PredictionsWriter, "add",
                       add_until_the_fourth)
   parse_gin_files(["local_tiny.gin"], [f"OUTPUT_DIR = '{out}'", *bindings])
-  with pytest.raises(KeyboardInterrupt, match="resumes after them"):
+  with pytest.raises(
+      KeyboardInterrupt, match=r"kept 3 predictions rows in "
+      r"gs://.*/infer/\.predictions\.jsonl\.partial; .* "
+      "resumes after them"):
     run_lib.run()
   kept = io_utils.read_text(f"{out}/{predictions.PARTIAL_FILE}")
   assert len(kept.splitlines()) == 3

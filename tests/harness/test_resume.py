@@ -171,6 +171,8 @@ def test_checkpoints_wait_their_period_and_need_every_row(tmp_path):
       predictions.PredictionsWriter(str(tmp_path), enabled=False), period_s=0)
   quiet.after(batches.Tally(), force=True)
   assert not state.exists() and quiet.saved == 0
+  assert quiet.writer.kept() == ("no predictions rows here (process 0 "
+                                 "writes them)")
 
 
 def test_gcs_rows_are_uploaded_at_a_checkpoint_and_dropped_at_the_end(
@@ -184,10 +186,12 @@ def test_gcs_rows_are_uploaded_at_a_checkpoint_and_dropped_at_the_end(
   writer = predictions.PredictionsWriter("gs://b/out",
                                          kept_lines=['{"a": 1}\n'])
   writer.add([{"b": 2}])
+  assert writer.kept() == "no predictions rows"  # nothing uploaded yet
   assert writer.durable()
   partial = "gs://b/out/" + predictions.PARTIAL_FILE
   assert objects[partial] == '{"a": 1}\n{"b": 2}\n'
   writer.add([{"c": 3}])
+  assert writer.kept() == f"2 predictions rows in {partial}"
   writer.finish(3)
   assert objects["gs://b/out/predictions.jsonl"] == (
       '{"a": 1}\n{"b": 2}\n{"c": 3}\n')
