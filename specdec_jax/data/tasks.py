@@ -255,20 +255,14 @@ def register_tasks(spm_model_path: str = DEFAULT_SPM_PATH,
       (CNN_DM_TASK, metrics.SUMMARIZATION, CNN_DM_TFDS_NAME, cnn_dm_version,
        ("article", "highlights"), CNN_DM_PREFIX)):
     tfds = f"{tfds_name}:{version}"
-    _add_task(
-        task + suffix,
-        kind,
-        ("tfds", tfds, tfds_data_dir, spm_model_path, extra_ids),
-        # read_only: a run never downloads or prepares TFDS data (every
-        # host of a slice would): `_task_examples` says how to prepare it.
-        source=seqio.TfdsDataSource(tfds_name=tfds, splits=SPLITS,
-                                    tfds_data_dir=tfds_data_dir,
-                                    read_only=True),
-        input_key=keys[0],
-        target_key=keys[1],
-        prefix=prefix,
-        spm_model_path=spm_model_path,
-        extra_ids=extra_ids)
+    # read_only: a run never downloads or prepares TFDS data (every host of
+    # a slice would): `_task_examples` says how to prepare it.
+    source = seqio.TfdsDataSource(tfds_name=tfds, splits=SPLITS,
+                                  tfds_data_dir=tfds_data_dir, read_only=True)
+    _add_task(task + suffix, kind,
+              ("tfds", tfds, tfds_data_dir, spm_model_path, extra_ids),
+              source=source, input_key=keys[0], target_key=keys[1],
+              prefix=prefix, spm_model_path=spm_model_path, extra_ids=extra_ids)
     names.append(task + suffix)
   return names
 

@@ -293,7 +293,12 @@ def call_tokens(example: Mapping[str, Any], calls: int) -> Optional[List[int]]:
   (a trace's `target_token` null); None if the row does not say."""
   trace = example.get("trace")
   if isinstance(trace, list) and len(trace) == calls:
-    return [s["num_accepted"] + (s["target_token"] is not None) for s in trace]
+    # A null target_token: the output ended inside the kept guesses.
+    return [
+        s["num_accepted"] +
+        ("target_token" not in s or s["target_token"] is not None)
+        for s in trace
+    ]
   counts = example.get("accepted_counts")
   if isinstance(counts, list) and len(counts) == calls:
     return [n + 1 for n in counts]  # a tree's: its last call may hold fewer
