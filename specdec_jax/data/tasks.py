@@ -77,6 +77,22 @@ def _check_nonempty(line: str, path: str, lineno: int, what: str) -> None:
     raise ValueError(f"{path}:{lineno}: empty {what} line.")
 
 
+def _tsv_pairs(lines: Sequence[str], path: str) -> List[Tuple[str, str]]:
+  """The (source, reference) pair of each of a TSV file's `lines`."""
+  pairs = []
+  for i, line in enumerate(lines, start=1):
+    cols = line.split("\t")
+    if len(cols) != 2:
+      raise ValueError(
+          f"{path}:{i}: expected exactly 2 tab-separated columns "
+          f"(source, reference), got {len(cols)} (a file of inputs alone "
+          "has no tab on any line).")
+    _check_nonempty(cols[0], path, i, "source (column 1)")
+    _check_nonempty(cols[1], path, i, "reference (column 2)")
+    pairs.append((cols[0], cols[1]))
+  return pairs
+
+
 def read_parallel_text(
     source_file: PathLike, reference_file: Optional[PathLike] = None,
     max_lines: Optional[int] = None) -> List[Tuple[str, str]]:
@@ -91,19 +107,7 @@ def read_parallel_text(
   """
   source_path = os.fspath(source_file)
   if reference_file is None:
-    lines = _read_lines(source_path, "TSV", max_lines)
-    pairs = []
-    for i, line in enumerate(lines, start=1):
-      cols = line.split("\t")
-      if len(cols) != 2:
-        raise ValueError(
-            f"{source_path}:{i}: expected exactly 2 tab-separated columns "
-            f"(source, reference), got {len(cols)} (a file of inputs alone "
-            "has no tab on any line).")
-      _check_nonempty(cols[0], source_path, i, "source (column 1)")
-      _check_nonempty(cols[1], source_path, i, "reference (column 2)")
-      pairs.append((cols[0], cols[1]))
-    return pairs
+    return _tsv_pairs(_read_lines(source_path, "TSV", max_lines), source_path)
 
   reference_path = os.fspath(reference_file)
   sources = _read_lines(source_path, "Source", max_lines)
@@ -132,14 +136,15 @@ def read_inputs_and_references(
   """`read_parallel_text`'s pairs, or without `reference_file` a file of
   inputs alone, one a line (no line holds a tab: a TSV's lines all do):
   ``(source, None)`` each; the first `max_lines` lines only."""
-  if reference_file is None:
-    path = os.fspath(source_file)
-    lines = _read_lines(path, "Source", max_lines)
-    if not any("\t" in line for line in lines):
-      for i, line in enumerate(lines, start=1):
-        _check_nonempty(line, path, i, "source")
-      return [(line, None) for line in lines]
-  return read_parallel_text(source_file, reference_file, max_lines)
+  if reference_file is not None:
+    return read_parallel_text(source_file, reference_file, max_lines)
+  path = os.fspath(source_file)
+  lines = _read_lines(path, "Source", max_lines)
+  if any("\t" in line for line in lines):
+    return _tsv_pairs(lines, path)  # read once, not again as a TSV
+  for i, line in enumerate(lines, start=1):
+    _check_nonempty(line, path, i, "source")
+  return [(line, None) for line in lines]
 
 
 def _eos_id(vocab) -> int:

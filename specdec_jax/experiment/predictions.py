@@ -21,11 +21,6 @@ from specdec_jax.metrics import run_metrics
 PARTIAL_FILE = "." + run_metrics.PREDICTIONS_FILE + ".partial"
 
 
-def sha256_hex(text: str) -> str:
-  """The SHA-256 of `text`'s UTF-8 bytes, in hex."""
-  return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 class OutputWriteError(OSError):
   """A result file could not be written; says which and what was kept."""
 

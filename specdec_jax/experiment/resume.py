@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 
+from specdec_jax.checkpoints import digests
 from specdec_jax.experiment import batches as batches_lib
 from specdec_jax.experiment import predictions
 from specdec_jax.experiment.plan import comparable
@@ -70,7 +71,7 @@ def identity(settings: Dict[str, Any],
                      ensure_ascii=False)
   return {
       "settings": comparable(settings),
-      "examples": predictions.sha256_hex(texts)
+      "examples": digests.digest(texts.encode("utf-8"))
   }
 
 
@@ -105,7 +106,7 @@ def load(folder: str, ident: Dict[str, Any]) -> Resumed:
   rows = int(state["rows"])
   lines = tuple(text.splitlines(keepends=True)[:rows])
   if (len(lines) < rows or (lines and not lines[-1].endswith("\n")) or
-      predictions.sha256_hex("".join(lines)) != state["digest"]):
+      digests.digest("".join(lines).encode("utf-8")) != state["digest"]):
     logging.warning("%s records %d rows that %s does not hold unchanged; %s",
                     path, rows, predictions.PARTIAL_FILE, start_over)
     return Resumed()

@@ -47,8 +47,7 @@ INPUT_BUCKET = 16
 # The settings of the run that last started writing here (for predictions
 # files, which record none).
 SETTINGS_FILE = ".specdec.settings.json"
-PARTIAL_PREDICTIONS_FILE = predictions.PARTIAL_FILE
-PREDICTIONS_FILES = (run_metrics.PREDICTIONS_FILE, PARTIAL_PREDICTIONS_FILE)
+PREDICTIONS_FILES = (run_metrics.PREDICTIONS_FILE, predictions.PARTIAL_FILE)
 RESULT_FILES = (run_metrics.METRICS_FILE, run_metrics.ALPHA_FILE,
                 run_metrics.INFER_FILE) + PREDICTIONS_FILES
 OnResult = Callable[[Dict[str, Any]], None]
@@ -158,7 +157,7 @@ def _holds_results(out: str, name: str) -> bool:
   path = os.path.join(out, name)
   if not io_utils.isfile(path):
     return False
-  if name == PARTIAL_PREDICTIONS_FILE and not io_utils.is_url(path):
+  if name == predictions.PARTIAL_FILE and not io_utils.is_url(path):
     try:
       return os.path.getsize(path) > 0
     except OSError:

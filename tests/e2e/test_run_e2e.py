@@ -367,7 +367,7 @@ def test_infer_interrupted_resumes_with_the_same_rows(tmp_path, monkeypatch,
   assert ((cut / "predictions.jsonl").read_text() == (
       whole / "predictions.jsonl").read_text())
   assert not (cut / resume.STATE_FILE).exists()
-  assert not (cut / runner.PARTIAL_PREDICTIONS_FILE).exists()
+  assert not (cut / predictions.PARTIAL_FILE).exists()
   timed = {"decode_s", "compile_time_s", "tokens_per_second", "settings"}
   assert resumed.pop("resumed_after_examples") == 4
   assert ({

@@ -453,7 +453,8 @@ def test_partial_file_name_is_the_writers(tmp_path):
   from specdec_jax.experiment import runner  # pylint: disable=g-import-not-at-top
   writer = predictions_lib.PredictionsWriter(str(tmp_path))
   writer.close()
-  assert os.path.basename(writer.partial) == runner.PARTIAL_PREDICTIONS_FILE
+  assert os.path.basename(writer.partial) == predictions_lib.PARTIAL_FILE
+  assert predictions_lib.PARTIAL_FILE in runner.PREDICTIONS_FILES  # protected
 
 
 def test_settings_record_is_dropped_when_nothing_was_kept(tmp_path):

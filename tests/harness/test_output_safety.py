@@ -22,7 +22,7 @@ from specdec_jax.files import io_utils
 from specdec_jax.files import output_folder
 from specdec_jax.terminal import console
 
-PARTIAL = runner.PARTIAL_PREDICTIONS_FILE
+PARTIAL = predictions_lib.PARTIAL_FILE
 
 
 def _settings(gamma):

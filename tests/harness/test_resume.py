@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from specdec_jax.checkpoints import digests
 from specdec_jax.experiment import batches
 from specdec_jax.experiment import predictions
 from specdec_jax.experiment import resume
@@ -98,7 +99,7 @@ def test_load_resumes_the_checkpointed_rows_only(tmp_path):
   writer.close()
   text = (tmp_path / predictions.PARTIAL_FILE).read_text()
   assert text == "".join(resumed.lines) and writer.written == 4
-  assert writer.digest() == predictions.sha256_hex(text)
+  assert writer.digest() == digests.digest(text.encode("utf-8"))
 
 
 @pytest.mark.parametrize("change, logged", [
